@@ -1,0 +1,76 @@
+// kernels/krn.c: element types, half-float conversion and row sizes shared by every backend.
+#include <string.h>
+
+#include "kernels/krn.h"
+
+int krn_type_known(int type) {
+  return type == KRN_F32 || type == KRN_F16 || type == KRN_Q4_0 || type == KRN_Q4_1 || type == KRN_Q8_0;
+}
+
+const char *krn_type_name(int type) {
+  // ggml's numbering, so that a refused type is refused by its name.
+  static const char *const names[] = {"F32",  "F16",  "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1",
+                                      "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
+                                      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S",
+                                      "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16"};
+  if (type < 0 || (size_t)type >= sizeof names / sizeof names[0]) return "unknown";
+  return names[type];
+}
+
+size_t krn_row_size(krn_type t, int64_t n) {
+  switch (t) {
+  case KRN_F32: return (size_t)n * 4;
+  case KRN_F16: return (size_t)n * 2;
+  case KRN_Q4_0: return (size_t)(n / KRN_QK) * sizeof(krn_block_q4_0);
+  case KRN_Q4_1: return (size_t)(n / KRN_QK) * sizeof(krn_block_q4_1);
+  case KRN_Q8_0: return (size_t)(n / KRN_QK) * sizeof(krn_block_q8_0);
+  }
+  return 0;
+}
+
+float krn_f16_to_f32(krn_f16 h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else { // subnormal: normalise
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400)) { man <<= 1; exp--; }
+      bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+krn_f16 krn_f32_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000;
+  int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+  uint32_t man = x & 0x7fffff;
+  if (((x >> 23) & 0xff) == 0xff) return (krn_f16)(sign | 0x7c00 | (man ? 0x200 : 0)); // inf / nan
+  if (exp >= 31) return (krn_f16)(sign | 0x7c00);                                      // overflow
+  if (exp <= 0) {                                                                       // subnormal or zero
+    if (exp < -10) return (krn_f16)sign;
+    man |= 0x800000;
+    uint32_t shift = (uint32_t)(14 - exp);
+    uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) half++;
+    return (krn_f16)(sign | half);
+  }
+  uint32_t half = sign | ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; // round to nearest even (may carry into exp)
+  return (krn_f16)half;
+}
+
+#ifndef DSERVE_HAVE_CUDA
+// Built without the CUDA toolkit: there is no cuda backend.
+const krn_backend *krn_cuda(void) { return NULL; }
+int krn_cuda_device_count(void) { return 0; }
+#endif

@@ -1,0 +1,108 @@
+// kernels/krn.h: numeric types, the thread pool, and the op backend table that cpu and cuda fill in.
+#ifndef DSERVE_KRN_H
+#define DSERVE_KRN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Tensor element types, numbered as GGUF/ggml number them.
+typedef enum krn_type {
+  KRN_F32 = 0,
+  KRN_F16 = 1,
+  KRN_Q4_0 = 2,
+  KRN_Q4_1 = 3,
+  KRN_Q8_0 = 8,
+} krn_type;
+
+#define KRN_QK 32 // elements per quantized block
+
+typedef uint16_t krn_f16; // IEEE half, stored as bits
+
+typedef struct krn_block_q4_0 { krn_f16 d; uint8_t qs[KRN_QK / 2]; } krn_block_q4_0;             // x = d * (q - 8)
+typedef struct krn_block_q4_1 { krn_f16 d; krn_f16 m; uint8_t qs[KRN_QK / 2]; } krn_block_q4_1;  // x = d * q + m
+typedef struct krn_block_q8_0 { krn_f16 d; int8_t qs[KRN_QK]; } krn_block_q8_0;                  // x = d * q
+// In q4 blocks, element j (j < 16) is the low nibble of qs[j], element j + 16 the high nibble.
+
+int krn_type_known(int type);              // 1 for the types above
+const char *krn_type_name(int type);       // "F32", "Q4_1", ... also for types dserve refuses ("Q4_K")
+size_t krn_row_size(krn_type t, int64_t n); // bytes holding n elements (n % 32 == 0 for quantized types)
+float krn_f16_to_f32(krn_f16 h);
+krn_f16 krn_f32_to_f16(float f);
+
+// A small fixed thread pool. krn_pool_run calls fn(arg, ith, nth) once on each of nth threads
+// (the caller is thread 0) and returns when all are done. Not reentrant: one run at a time.
+typedef struct krn_pool krn_pool;
+typedef void (*krn_task_fn)(void *arg, int ith, int nth);
+krn_pool *krn_pool_new(int n_threads, char *err, size_t errlen);
+void krn_pool_free(krn_pool *p);
+int krn_pool_threads(const krn_pool *p);
+void krn_pool_run(krn_pool *p, krn_task_fn fn, void *arg);
+
+// What an op call runs on: the cpu backends use pool; cuda uses stream/handles (owned by the backend's ctx_new).
+typedef struct krn_ctx {
+  const struct krn_backend *be; // (borrowed)
+  krn_pool *pool;               // (borrowed) cpu thread pool, may be NULL = single thread
+  void *dev;                    // (owned by be) backend private state: cuda stream, cublas handle, scratch
+} krn_ctx;
+
+// Arguments of paged attention and KV store for one layer.
+typedef struct krn_attn_args {
+  int n_tokens;                // rows of q / k / v / out
+  int n_head, n_kv_head;       // GQA: query head h reads kv head h / (n_head / n_kv_head)
+  int head_dim;
+  int block_size;              // tokens per KV block (16)
+  const int32_t *tok_seq;      // (n_tokens) sequence index of each row
+  const int32_t *tok_pos;      // (n_tokens) position of each row; row attends to positions [0, pos] of its sequence
+  const int32_t *block_tables; // (n_seqs, max_blocks) block ids of each sequence in position order
+  int max_blocks;
+  void *k_cache, *v_cache;     // (n_blocks, block_size, n_kv_head, head_dim) of kv_type, one layer
+  krn_type kv_type;            // KRN_F16 (default) or KRN_F32
+  float scale;                 // usually 1 / sqrt(head_dim)
+} krn_attn_args;
+
+// One table per backend. Pointers are host memory for cpu backends, device memory for cuda.
+typedef struct krn_backend {
+  const char *name; // "scalar", "avx2", "avx512", "cuda"
+  // memory: cpu = malloc/memcpy; cuda = cudaMalloc/cudaMemcpyAsync on the ctx stream
+  void *(*alloc)(krn_ctx *c, size_t bytes);
+  void (*free)(krn_ctx *c, void *p);
+  void (*upload)(krn_ctx *c, void *dst, const void *host_src, size_t bytes);
+  void (*download)(krn_ctx *c, void *host_dst, const void *src, size_t bytes);
+  void (*sync)(krn_ctx *c);
+  // y(n, m) = x(n, k) . w(m, k)^T; w rows of k elements in type wt, row-major
+  void (*matmul)(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m);
+  // out(n, k) = rows ids(n) of w(rows, k), dequantized (embedding lookup)
+  void (*get_rows)(krn_ctx *c, float *out, const void *w, krn_type wt, const int32_t *ids, int n, int k);
+  // out(n, d) = x / sqrt(mean(x^2) + eps) * w(d), per row; out may equal x
+  void (*rmsnorm)(krn_ctx *c, float *out, const float *x, const float *w, int n, int d, float eps);
+  // rotate x(n, n_head, head_dim) in place at pos(n); neox = 0: pairs (2i, 2i+1) (GGUF llama), 1: pairs (i, i + d/2)
+  void (*rope)(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, float theta, int neox);
+  // out(n) = silu(gate) * up; out may equal gate
+  void (*swiglu)(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n);
+  // softmax in place on each row of x(n, d)
+  void (*softmax)(krn_ctx *c, float *x, int n, int d);
+  // y(n) += x(n)
+  void (*add)(krn_ctx *c, float *y, const float *x, int64_t n);
+  // write k(n_tokens, n_kv_head*head_dim), v(same) into the caches at each row's (seq, pos) slot
+  void (*kv_store)(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a);
+  // out(n_tokens, n_head, head_dim) = softmax(q k^T * scale) v over each row's visible positions
+  void (*paged_attention)(krn_ctx *c, float *out, const float *q, const krn_attn_args *a);
+  // backend context set-up (cuda: device, stream, cublas); NULL for cpu backends
+  int (*ctx_init)(krn_ctx *c, int device, char *err, size_t errlen);
+  void (*ctx_fini)(krn_ctx *c);
+} krn_backend;
+
+const krn_backend *krn_cpu_scalar(void);               // the reference every backend is tested against
+const krn_backend *krn_cpu_best(void);                 // avx512 > avx2 > scalar by CPU feature detection
+const krn_backend *krn_cpu_by_name(const char *name);  // NULL when unknown or not supported by this CPU
+const krn_backend *krn_cuda(void);                     // NULL when built without CUDA
+int krn_cuda_device_count(void);                       // 0 without CUDA or without a GPU
+
+#ifdef __cplusplus
+}
+#endif
+#endif

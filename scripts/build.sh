@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# scripts/build.sh: configures and builds dserve into build/ (BUILD_DIR and extra cmake args may be given).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$root/build}
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} "$@" >/dev/null
+cmake --build "$build" -j"$(nproc)"

