@@ -1,0 +1,74 @@
+// models/llama.h: the Llama-family forward pass over a batch of sequences and a paged KV cache.
+#ifndef DSERVE_MDL_LLAMA_H
+#define DSERVE_MDL_LLAMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/krn.h"
+#include "models/gguf.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mdl_llama_cfg {
+  char arch[32];        // "llama", "qwen2", ...
+  int n_layer;
+  int n_embd;
+  int n_head, n_kv_head, head_dim;
+  int n_ff;
+  int n_vocab;
+  int n_ctx_train;      // context length the model was trained with
+  float rms_eps;
+  float rope_theta;
+  int rope_neox;        // 1 for NeoX-style rotation (qwen2), 0 for GGUF llama
+  int tied_embeddings;  // output projection reuses token_embd
+} mdl_llama_cfg;
+
+// The paged KV cache the forward pass reads and writes.
+// Layout of base: (n_layer, 2 /* K, V */, n_blocks, block_size, n_kv_head * head_dim) of type,
+// so each (layer, K|V, block) is one contiguous chunk of mdl_kv_chunk_bytes() bytes — the unit kvxfer moves.
+typedef struct mdl_kv {
+  void *base;       // (borrowed) backend memory (host for cpu, device for cuda)
+  krn_type type;    // KRN_F16 or KRN_F32
+  int n_blocks;
+  int block_size;   // tokens per block (16)
+} mdl_kv;
+
+size_t mdl_kv_chunk_bytes(const mdl_llama_cfg *c, const mdl_kv *kv);             // one (layer, K|V, block)
+size_t mdl_kv_block_bytes(const mdl_llama_cfg *c, krn_type type, int block_size); // one block over all layers, K and V
+void *mdl_kv_chunk(const mdl_llama_cfg *c, const mdl_kv *kv, int layer, int kv_idx /*0 K, 1 V*/, int block);
+
+// One sequence's share of a batch: n_tokens new tokens at positions [pos0, pos0 + n_tokens).
+typedef struct mdl_seq {
+  const int32_t *tokens;      // (n_tokens) (borrowed)
+  int n_tokens;
+  int pos0;                   // tokens already in the cache for this sequence
+  const int32_t *block_table; // (n_blocks) covering positions [0, pos0 + n_tokens) (borrowed)
+  int n_blocks;
+  int want_logits;            // 1: return logits of the last new token
+} mdl_seq;
+
+// Called after layer `layer` has written its K and V for every sequence of the batch
+// (the prefill worker starts pushing that layer's blocks from here while the next layer computes).
+typedef void (*mdl_layer_done_fn)(void *arg, int layer);
+
+typedef struct mdl_llama mdl_llama;
+
+// Loads hyper-parameters and weights from g (borrowed; must outlive the model). On the cpu backends
+// the weights are used in place from the mapping; on cuda they are uploaded once.
+int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, size_t errlen);
+void mdl_llama_free(mdl_llama *m);
+const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m);
+
+// Runs one step over n_seqs sequences (prefill chunks and single decode tokens mixed), writing K/V
+// into kv and the logits of each sequence with want_logits into logits (n_seqs, n_vocab) (host memory,
+// rows of sequences without want_logits are left untouched). Not thread-safe per model: one call at a time.
+int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
+                      mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

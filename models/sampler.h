@@ -1,0 +1,51 @@
+// models/sampler.h: turning logits into the next token: penalties, bias, filters, seeded sampling, logprobs.
+#ifndef DSERVE_MDL_SAMPLER_H
+#define DSERVE_MDL_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mdl_bias { int32_t token; float bias; } mdl_bias;
+
+// OpenAI / vLLM semantics. temperature 0 = greedy. Neutral values: top_k 0, top_p 1, min_p 0,
+// penalties 0 (presence, frequency) and 1 (repetition).
+typedef struct mdl_sampling {
+  float temperature;
+  int top_k;
+  float top_p;
+  float min_p;
+  float presence_penalty;   // -2..2, once per distinct token generated
+  float frequency_penalty;  // -2..2, times the count of the token generated
+  float repetition_penalty; // > 0, over prompt and generated tokens (llama.cpp / HF style)
+  uint64_t seed;            // the request's RNG seed (same seed -> same output)
+  const mdl_bias *bias;     // (borrowed) (n_bias)
+  int n_bias;
+  int n_logprobs;           // top-N logprobs to report, 0..20
+} mdl_sampling;
+
+typedef struct mdl_logprob { int32_t token; float logprob; } mdl_logprob;
+
+typedef struct mdl_sampled {
+  int32_t token;
+  float logprob;              // log-softmax of the raw logits (before penalties and filters), as OpenAI reports
+  mdl_logprob top[20];        // (n_top) the most likely tokens by the same measure
+  int n_top;
+} mdl_sampled;
+
+typedef struct mdl_sampler mdl_sampler;
+
+// prompt (n_prompt) seeds the repetition penalty's history. n_vocab sizes the scratch space.
+int mdl_sampler_new(const mdl_sampling *s, int n_vocab, const int32_t *prompt, int n_prompt, mdl_sampler **out,
+                    char *err, size_t errlen);
+void mdl_sampler_free(mdl_sampler *s);
+// Picks the next token from logits (n_vocab) (not modified) and records it in the history.
+void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
