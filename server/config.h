@@ -1,0 +1,74 @@
+// server/config.h: the cluster config file (one JSON file for every node), parsed strictly.
+#ifndef DSERVE_SRV_CONFIG_H
+#define DSERVE_SRV_CONFIG_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum srv_role { SRV_ROLE_BOTH = 0, SRV_ROLE_PREFILL = 1, SRV_ROLE_DECODE = 2 } srv_role;
+const char *srv_role_name(srv_role r); // "both", "prefill", "decode"
+
+typedef struct srv_worker_cfg {
+  char name[64];          // unique in the cluster
+  char node[64];          // the node that runs it
+  srv_role role;
+  char host[64];          // control address it listens on (and the router connects to)
+  int port;               // control port (0 = ephemeral; only for tests that read it back)
+  int threads;            // compute threads (default: CPUs of the node)
+  char kernels[16];       // "auto", "scalar", "avx2", "avx512"
+  char device[16];        // "cpu" or "cuda:N"
+  double kv_budget_mb;    // KV block pool size
+  int block_size;         // tokens per KV block (16)
+  char kv_type[8];        // "f16" or "f32"
+  int max_seqs;           // sequences in the running batch at most
+  int max_batch_tokens;   // tokens per forward step at most (prefill chunk size)
+  char kvx_backend[16];   // "auto", "tcp", "shm", "rdma", "nccl"
+  char kvx_host[64];      // kvxfer listen address
+  int kvx_port;           // 0 = ephemeral (advertised through the control hello)
+} srv_worker_cfg;
+
+typedef struct srv_router_cfg {
+  char node[64];
+  char host[64];               // HTTP bind address (default 127.0.0.1)
+  int port;                    // default 8000
+  char **api_keys;             // (owned) (n_api_keys) empty = no auth
+  int n_api_keys;
+  size_t max_body_bytes;       // default 1 MiB
+  int conn_timeout_s;          // idle HTTP connection timeout, default 60
+  int queue_limit;             // admitted-but-waiting requests at most; over it: 429 (default 256)
+  int max_tokens_limit;        // largest max_tokens accepted (default: the model's context)
+  int max_n;                   // largest n (default 8)
+  int max_stop;                // stop strings at most (default 8)
+  int request_timeout_ms;      // deadline of a request end to end (default 600000)
+  int disagg_threshold;        // prompts shorter than this (minus cached prefix) prefill on the decode worker (1000)
+  double w_overlap, w_queue, w_free; // KV-aware routing weights
+} srv_router_cfg;
+
+typedef struct srv_config {
+  char path[1024];          // the file it came from
+  char model_path[1024];    // resolved against the config file's folder when relative
+  char model_name[128];     // the id /v1/models reports (default: the GGUF's general.name)
+  char secret[128];         // cluster shared secret ("" = none); workers refuse peers without it
+  int has_router;
+  srv_router_cfg router;
+  srv_worker_cfg *workers;  // (owned) (n_workers)
+  int n_workers;
+  char **nodes;             // (owned) (n_nodes) every node named in the file
+  int n_nodes;
+} srv_config;
+
+// Parses and validates path. An unknown key, a wrong type or a bad value is an error naming the field
+// (e.g. "configs/x.json: nodes.a.workers[1].port: expected an integer 0..65535").
+int srv_config_load(const char *path, srv_config **out, char *err, size_t errlen);
+int srv_config_parse(const char *json, size_t len, const char *path_for_errors, srv_config **out, char *err,
+                     size_t errlen);
+void srv_config_free(srv_config *c);
+const srv_worker_cfg *srv_config_worker(const srv_config *c, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
