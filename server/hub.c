@@ -1,0 +1,404 @@
+// server/hub.c: accepts and opens control connections, checks the shared secret, queues messages for one loop.
+#include "server/hub.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/ctl.h"
+#include "server/sha256.h"
+
+#define HELLO_TIMEOUT_MS 5000
+
+struct srv_peer {
+  srv_hub *hub;       // (borrowed)
+  srv_ctl *ctl;       // (owned)
+  cJSON *hello;       // (owned) the other side's hello / hello_ok
+  char name[64], role[16];
+  int refs;           // guarded by hub->mu
+  int alive;          // guarded by hub->mu
+  pthread_t reader;
+  int has_reader;
+  srv_peer *next_all; // hub->peers list
+};
+
+typedef struct qitem {
+  srv_event ev;
+  struct qitem *next;
+} qitem;
+
+struct srv_hub {
+  char name[64], role[16], secret[128];
+  void (*hello_extra)(void *, cJSON *);
+  void *hello_arg;
+  int lfd, port;
+  pthread_t acceptor;
+  int has_acceptor;
+  int wake_pipe[2];
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  qitem *head, *tail; // event queue
+  int wakeups;
+  srv_peer *peers;    // every peer ever made and not yet freed
+  int stopping;
+};
+
+void srv_auth_proof(const char *secret, const char *nonce, char out[65]) {
+  uint8_t mac[32];
+  srv_hmac_sha256((const uint8_t *)secret, strlen(secret), (const uint8_t *)nonce, strlen(nonce), mac);
+  for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
+}
+
+int srv_consttime_eq(const char *a, const char *b) {
+  size_t na = strlen(a), nb = strlen(b);
+  unsigned diff = na != nb;
+  for (size_t i = 0; i < na && i < nb; i++) diff |= (unsigned char)a[i] ^ (unsigned char)b[i];
+  return diff == 0;
+}
+
+static void push(srv_hub *h, srv_peer *p, cJSON *msg) {
+  qitem *q = calloc(1, sizeof *q);
+  if (!q) {
+    cJSON_Delete(msg);
+    return;
+  }
+  q->ev.peer = p;
+  q->ev.msg = msg;
+  pthread_mutex_lock(&h->mu);
+  p->refs++;
+  if (h->tail) h->tail->next = q;
+  else h->head = q;
+  h->tail = q;
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+}
+
+static void *reader_main(void *arg) {
+  srv_peer *p = arg;
+  char err[256];
+  for (;;) {
+    cJSON *m = NULL;
+    int rc = srv_ctl_recv(p->ctl, &m, -1, err, sizeof err);
+    if (rc <= 0) break;
+    push(p->hub, p, m);
+  }
+  pthread_mutex_lock(&p->hub->mu);
+  p->alive = 0;
+  pthread_mutex_unlock(&p->hub->mu);
+  push(p->hub, p, NULL); // the closed event
+  return NULL;
+}
+
+static srv_peer *peer_new(srv_hub *h, int fd) {
+  srv_peer *p = calloc(1, sizeof *p);
+  if (!p) {
+    close(fd);
+    return NULL;
+  }
+  p->ctl = srv_ctl_new(fd);
+  if (!p->ctl) {
+    free(p);
+    return NULL;
+  }
+  p->hub = h;
+  p->refs = 1; // the hub's own reference, dropped in srv_hub_free
+  pthread_mutex_lock(&h->mu);
+  p->next_all = h->peers;
+  h->peers = p;
+  pthread_mutex_unlock(&h->mu);
+  return p;
+}
+
+static void take_names(srv_peer *p, cJSON *hello) {
+  const cJSON *n = cJSON_GetObjectItemCaseSensitive(hello, "name");
+  const cJSON *r = cJSON_GetObjectItemCaseSensitive(hello, "role");
+  snprintf(p->name, sizeof p->name, "%s", cJSON_IsString(n) ? n->valuestring : "?");
+  snprintf(p->role, sizeof p->role, "%s", cJSON_IsString(r) ? r->valuestring : "?");
+  p->hello = hello;
+}
+
+static void start_reader(srv_peer *p) {
+  pthread_mutex_lock(&p->hub->mu);
+  p->alive = 1;
+  pthread_mutex_unlock(&p->hub->mu);
+  if (pthread_create(&p->reader, NULL, reader_main, p) == 0) p->has_reader = 1;
+}
+
+static void make_nonce(char out[33]) {
+  uint8_t r[16];
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  ssize_t got = fd >= 0 ? read(fd, r, sizeof r) : -1;
+  if (fd >= 0) close(fd);
+  if (got != (ssize_t)sizeof r) { // fall back to the clock: still unique per connection
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t v = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    uint64_t pid = (uint64_t)getpid();
+    memcpy(r, &v, 8);
+    memcpy(r + 8, &pid, 8);
+  }
+  for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", r[i]);
+}
+
+// Accepted connection: challenge, then a hello with the right proof, else close with a logged reason.
+static void *handshake_main(void *arg) {
+  srv_peer *p = arg;
+  srv_hub *h = p->hub;
+  char err[256], nonce[33];
+  make_nonce(nonce);
+  cJSON *ch = cJSON_CreateObject();
+  cJSON_AddStringToObject(ch, "op", "challenge");
+  cJSON_AddStringToObject(ch, "nonce", nonce);
+  cJSON_AddStringToObject(ch, "name", h->name);
+  int ok = srv_ctl_send(p->ctl, ch) == 0;
+  cJSON_Delete(ch);
+  cJSON *m = NULL;
+  if (ok && srv_ctl_recv(p->ctl, &m, HELLO_TIMEOUT_MS, err, sizeof err) == 1 &&
+      !strcmp(cJSON_GetObjectItem(m, "op")->valuestring, "hello")) {
+    const cJSON *auth = cJSON_GetObjectItemCaseSensitive(m, "auth");
+    char want[65];
+    srv_auth_proof(h->secret, nonce, want);
+    if (h->secret[0] && !(cJSON_IsString(auth) && srv_consttime_eq(auth->valuestring, want))) {
+      fprintf(stderr, "dserve %s: refused a control peer: wrong or missing shared-secret proof\n", h->name);
+      ok = 0;
+    }
+  } else {
+    if (ok) fprintf(stderr, "dserve %s: refused a control peer: no hello (%s)\n", h->name, m ? "wrong op" : err);
+    ok = 0;
+  }
+  if (ok) {
+    take_names(p, m);
+    cJSON *reply = cJSON_CreateObject();
+    cJSON_AddStringToObject(reply, "op", "hello_ok");
+    cJSON_AddStringToObject(reply, "name", h->name);
+    cJSON_AddStringToObject(reply, "role", h->role);
+    if (h->hello_extra) h->hello_extra(h->hello_arg, reply);
+    ok = srv_ctl_send(p->ctl, reply) == 0;
+    cJSON_Delete(reply);
+  } else {
+    cJSON_Delete(m);
+  }
+  if (!ok) {
+    pthread_mutex_lock(&h->mu);
+    p->alive = 0;
+    pthread_mutex_unlock(&h->mu);
+    shutdown(srv_ctl_fd(p->ctl), SHUT_RDWR);
+    return NULL;
+  }
+  push(h, p, cJSON_Duplicate(p->hello, 1)); // the loop learns of the peer through its hello
+  pthread_mutex_lock(&h->mu);
+  p->alive = 1;
+  pthread_mutex_unlock(&h->mu);
+  reader_main(p);
+  return NULL;
+}
+
+static void *acceptor_main(void *arg) {
+  srv_hub *h = arg;
+  for (;;) {
+    struct pollfd pf[2] = {{.fd = h->lfd, .events = POLLIN}, {.fd = h->wake_pipe[0], .events = POLLIN}};
+    if (poll(pf, 2, -1) < 0 && errno != EINTR) break;
+    if (pf[1].revents) break; // stopping
+    if (!(pf[0].revents & POLLIN)) continue;
+    int fd = accept4(h->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    srv_peer *p = peer_new(h, fd);
+    if (!p) continue;
+    if (pthread_create(&p->reader, NULL, handshake_main, p) == 0) p->has_reader = 1;
+  }
+  return NULL;
+}
+
+int srv_hub_new(const srv_hub_opts *o, srv_hub **out, char *err, size_t errlen) {
+  *out = NULL;
+  srv_hub *h = calloc(1, sizeof *h);
+  if (!h) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  snprintf(h->name, sizeof h->name, "%s", o->name ? o->name : "?");
+  snprintf(h->role, sizeof h->role, "%s", o->role ? o->role : "?");
+  snprintf(h->secret, sizeof h->secret, "%s", o->secret ? o->secret : "");
+  h->hello_extra = o->hello_extra;
+  h->hello_arg = o->hello_arg;
+  h->lfd = -1;
+  pthread_mutex_init(&h->mu, NULL);
+  pthread_cond_init(&h->cv, NULL);
+  if (pipe2(h->wake_pipe, O_CLOEXEC)) {
+    snprintf(err, errlen, "pipe: %s", strerror(errno));
+    free(h);
+    return -1;
+  }
+  if (o->host) {
+    h->lfd = srv_ctl_listen(o->host, o->port, &h->port, err, errlen);
+    if (h->lfd < 0 || pthread_create(&h->acceptor, NULL, acceptor_main, h)) {
+      if (h->lfd >= 0) snprintf(err, errlen, "cannot start the accept thread");
+      srv_hub_free(h);
+      return -1;
+    }
+    h->has_acceptor = 1;
+  }
+  *out = h;
+  return 0;
+}
+
+int srv_hub_port(const srv_hub *h) { return h->port; }
+
+srv_peer *srv_hub_connect(srv_hub *h, const char *host, int port, int timeout_ms, char *err, size_t errlen) {
+  int fd = srv_ctl_connect(host, port, timeout_ms, err, errlen);
+  if (fd < 0) return NULL;
+  srv_peer *p = peer_new(h, fd);
+  if (!p) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  cJSON *ch = NULL, *ok = NULL;
+  int good = 0;
+  if (srv_ctl_recv(p->ctl, &ch, timeout_ms, err, errlen) == 1 &&
+      !strcmp(cJSON_GetObjectItem(ch, "op")->valuestring, "challenge") &&
+      cJSON_IsString(cJSON_GetObjectItemCaseSensitive(ch, "nonce"))) {
+    cJSON *hello = cJSON_CreateObject();
+    cJSON_AddStringToObject(hello, "op", "hello");
+    cJSON_AddStringToObject(hello, "name", h->name);
+    cJSON_AddStringToObject(hello, "role", h->role);
+    if (h->secret[0]) {
+      char proof[65];
+      srv_auth_proof(h->secret, cJSON_GetObjectItemCaseSensitive(ch, "nonce")->valuestring, proof);
+      cJSON_AddStringToObject(hello, "auth", proof);
+    }
+    if (srv_ctl_send(p->ctl, hello) == 0 && srv_ctl_recv(p->ctl, &ok, timeout_ms, err, errlen) == 1 &&
+        !strcmp(cJSON_GetObjectItem(ok, "op")->valuestring, "hello_ok"))
+      good = 1;
+    else if (!ok || strcmp(err, "") == 0)
+      snprintf(err, errlen, "%s:%d refused the hello (wrong shared secret?)", host, port);
+    cJSON_Delete(hello);
+  } else if (ch) {
+    snprintf(err, errlen, "%s:%d did not send a challenge", host, port);
+  }
+  cJSON_Delete(ch);
+  if (!good) {
+    cJSON_Delete(ok);
+    srv_peer_close(p);
+    return NULL;
+  }
+  take_names(p, ok);
+  pthread_mutex_lock(&h->mu);
+  p->refs++; // the caller's reference
+  pthread_mutex_unlock(&h->mu);
+  start_reader(p);
+  return p;
+}
+
+int srv_hub_next(srv_hub *h, srv_event *ev, int timeout_ms) {
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  if (timeout_ms > 0) {
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+      dl.tv_sec++;
+      dl.tv_nsec -= 1000000000L;
+    }
+  }
+  pthread_mutex_lock(&h->mu);
+  while (!h->head && !h->wakeups && timeout_ms != 0) {
+    if (timeout_ms < 0) pthread_cond_wait(&h->cv, &h->mu);
+    else if (pthread_cond_timedwait(&h->cv, &h->mu, &dl) == ETIMEDOUT) break;
+  }
+  qitem *q = h->head;
+  if (q) {
+    h->head = q->next;
+    if (!h->head) h->tail = NULL;
+  } else if (h->wakeups) {
+    h->wakeups = 0;
+  }
+  pthread_mutex_unlock(&h->mu);
+  if (!q) return 0;
+  *ev = q->ev;
+  free(q);
+  return 1;
+}
+
+void srv_hub_wake(srv_hub *h) {
+  pthread_mutex_lock(&h->mu);
+  h->wakeups = 1;
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+}
+
+void srv_event_done(srv_event *ev) {
+  cJSON_Delete(ev->msg);
+  ev->msg = NULL;
+  if (ev->peer) srv_peer_unref(ev->peer);
+  ev->peer = NULL;
+}
+
+int srv_peer_send(srv_peer *p, const cJSON *msg) { return srv_ctl_send(p->ctl, msg); }
+const char *srv_peer_name(const srv_peer *p) { return p->name; }
+const char *srv_peer_role(const srv_peer *p) { return p->role; }
+const cJSON *srv_peer_hello(const srv_peer *p) { return p->hello; }
+
+int srv_peer_alive(const srv_peer *p) {
+  pthread_mutex_lock(&p->hub->mu);
+  int a = p->alive;
+  pthread_mutex_unlock(&p->hub->mu);
+  return a;
+}
+
+void srv_peer_ref(srv_peer *p) {
+  pthread_mutex_lock(&p->hub->mu);
+  p->refs++;
+  pthread_mutex_unlock(&p->hub->mu);
+}
+
+// Peers are freed with the hub (their threads may still be running until then); unref only counts.
+void srv_peer_unref(srv_peer *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->hub->mu);
+  p->refs--;
+  pthread_mutex_unlock(&p->hub->mu);
+}
+
+void srv_peer_close(srv_peer *p) {
+  if (p) shutdown(srv_ctl_fd(p->ctl), SHUT_RDWR);
+}
+
+void srv_hub_free(srv_hub *h) {
+  if (!h) return;
+  pthread_mutex_lock(&h->mu);
+  h->stopping = 1;
+  pthread_mutex_unlock(&h->mu);
+  if (h->has_acceptor) {
+    ssize_t w = write(h->wake_pipe[1], "x", 1);
+    (void)w;
+    pthread_join(h->acceptor, NULL);
+  }
+  if (h->lfd >= 0) close(h->lfd);
+  for (srv_peer *p = h->peers; p; p = p->next_all) srv_peer_close(p);
+  for (srv_peer *p = h->peers; p; p = p->next_all)
+    if (p->has_reader) pthread_join(p->reader, NULL);
+  for (qitem *q = h->head, *n; q; q = n) {
+    n = q->next;
+    cJSON_Delete(q->ev.msg);
+    free(q);
+  }
+  for (srv_peer *p = h->peers, *n; p; p = n) {
+    n = p->next_all;
+    srv_ctl_free(p->ctl);
+    cJSON_Delete(p->hello);
+    free(p);
+  }
+  close(h->wake_pipe[0]);
+  close(h->wake_pipe[1]);
+  pthread_mutex_destroy(&h->mu);
+  pthread_cond_destroy(&h->cv);
+  free(h);
+}
