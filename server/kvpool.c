@@ -1,0 +1,138 @@
+// server/kvpool.c: the paged KV block pool: one buffer of blocks sized from a byte budget, a locked free list.
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/kvpool.h"
+
+struct srv_kvpool {
+  mdl_llama_cfg cfg;
+  krn_ctx *kc;       // (borrowed) where base was allocated
+  mdl_kv kv;         // kv.base (owned) from kc->be->alloc
+  size_t bytes;      // size of kv.base
+  pthread_mutex_t mu;
+  int32_t *free_ids; // (owned) (n_blocks) stack of free block ids; [0, n_free) are free
+  int n_free;
+};
+
+int srv_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const srv_kvpool_opts *o, srv_kvpool **out, char *err,
+                   size_t errlen) {
+  *out = NULL;
+  if (!cfg || !kc || !kc->be || !o) {
+    snprintf(err, errlen, "kvpool: missing model config, kernel context or options");
+    return -1;
+  }
+  if (o->type != KRN_F16 && o->type != KRN_F32) {
+    snprintf(err, errlen, "kvpool: KV type %s not supported (F16 or F32)", krn_type_name(o->type));
+    return -1;
+  }
+  int bs = o->block_size ? o->block_size : 16;
+  if (bs < 1 || bs > 4096) {
+    snprintf(err, errlen, "kvpool: block size %d out of range", bs);
+    return -1;
+  }
+  if (cfg->n_layer < 1 || cfg->n_kv_head < 1 || cfg->head_dim < 1) {
+    snprintf(err, errlen, "kvpool: model config has no layers or KV heads");
+    return -1;
+  }
+  size_t bb = mdl_kv_block_bytes(cfg, o->type, bs);
+  size_t nb = o->budget_bytes / bb;
+  if (nb < 1) {
+    snprintf(err, errlen, "kvpool: budget of %zu bytes holds no block (one block is %zu bytes)", o->budget_bytes, bb);
+    return -1;
+  }
+  if (nb > INT32_MAX / 2) nb = INT32_MAX / 2;
+  if (o->shareable) {
+    snprintf(err, errlen, "kvpool: shareable pools need kvxfer's host allocator (kvx_host_alloc), not built yet");
+    return -1;
+  }
+  srv_kvpool *p = calloc(1, sizeof *p);
+  if (!p) {
+    snprintf(err, errlen, "kvpool: out of memory");
+    return -1;
+  }
+  p->cfg = *cfg;
+  p->kc = kc;
+  p->kv.type = o->type;
+  p->kv.n_blocks = (int)nb;
+  p->kv.block_size = bs;
+  p->bytes = nb * bb;
+  p->free_ids = malloc(nb * sizeof *p->free_ids);
+  p->kv.base = p->free_ids ? kc->be->alloc(kc, p->bytes) : NULL;
+  if (!p->kv.base) {
+    snprintf(err, errlen, "kvpool: cannot allocate %zu bytes for %zu KV blocks on %s", p->bytes, nb, kc->be->name);
+    free(p->free_ids);
+    free(p);
+    return -1;
+  }
+  // Hand out low ids first: the stack top is block 0.
+  for (size_t i = 0; i < nb; i++) p->free_ids[i] = (int32_t)(nb - 1 - i);
+  p->n_free = (int)nb;
+  pthread_mutex_init(&p->mu, NULL);
+  *out = p;
+  return 0;
+}
+
+void srv_kvpool_free(srv_kvpool *p) {
+  if (!p) return;
+  p->kc->be->free(p->kc, p->kv.base);
+  pthread_mutex_destroy(&p->mu);
+  free(p->free_ids);
+  free(p);
+}
+
+const mdl_kv *srv_kvpool_kv(const srv_kvpool *p) { return &p->kv; }
+
+void *srv_kvpool_base(const srv_kvpool *p, size_t *bytes) {
+  if (bytes) *bytes = p->bytes;
+  return p->kv.base;
+}
+
+int srv_kvpool_free_blocks(const srv_kvpool *p) {
+  srv_kvpool *q = (srv_kvpool *)p; // the lock is not part of the pool's logical state
+  pthread_mutex_lock(&q->mu);
+  int n = q->n_free;
+  pthread_mutex_unlock(&q->mu);
+  return n;
+}
+
+int srv_kvpool_total_blocks(const srv_kvpool *p) { return p->kv.n_blocks; }
+
+int srv_blocks_reserve(srv_kvpool *p, srv_blocks *b, int n_tokens) {
+  if (n_tokens < 0) return -1;
+  int bs = p->kv.block_size;
+  int need = (int)(((int64_t)n_tokens + bs - 1) / bs);
+  if (need <= b->n) return 0;
+  int add = need - b->n;
+  if (need > b->cap) {
+    int cap = b->cap ? b->cap : 4;
+    while (cap < need) cap *= 2;
+    int32_t *ids = realloc(b->ids, (size_t)cap * sizeof *ids);
+    if (!ids) return -1;
+    b->ids = ids;
+    b->cap = cap;
+  }
+  pthread_mutex_lock(&p->mu);
+  if (p->n_free < add) {
+    pthread_mutex_unlock(&p->mu);
+    return -1;
+  }
+  for (int i = 0; i < add; i++) b->ids[b->n + i] = p->free_ids[--p->n_free];
+  pthread_mutex_unlock(&p->mu);
+  b->n = need;
+  return 0;
+}
+
+// Also frees b->ids, so a table that is released is never leaked.
+void srv_blocks_release(srv_kvpool *p, srv_blocks *b) {
+  if (!b) return;
+  if (p && b->n > 0) {
+    pthread_mutex_lock(&p->mu);
+    for (int i = b->n - 1; i >= 0 && p->n_free < p->kv.n_blocks; i--) p->free_ids[p->n_free++] = b->ids[i];
+    pthread_mutex_unlock(&p->mu);
+  }
+  free(b->ids);
+  b->ids = NULL;
+  b->n = b->cap = 0;
+}
