@@ -61,12 +61,14 @@ typedef struct srv_config {
 } srv_config;
 
 // Parses and validates path. An unknown key, a wrong type or a bad value is an error naming the field
-// (e.g. "configs/x.json: nodes.a.workers[1].port: expected an integer 0..65535").
+// (e.g. "configs/x.json: workers[1].port: expected an integer 0..65535"). configs/README.md documents every key.
 int srv_config_load(const char *path, srv_config **out, char *err, size_t errlen);
 int srv_config_parse(const char *json, size_t len, const char *path_for_errors, srv_config **out, char *err,
                      size_t errlen);
 void srv_config_free(srv_config *c);
 const srv_worker_cfg *srv_config_worker(const srv_config *c, const char *name);
+int srv_config_has_node(const srv_config *c, const char *node); // 1 when node is one of c->nodes
+int srv_role_parse(const char *s, srv_role *out);                // "both"/"prefill"/"decode"; -1 otherwise
 
 #ifdef __cplusplus
 }

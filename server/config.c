@@ -1,0 +1,617 @@
+// server/config.c: the cluster config file (configs/README.md documents every key), parsed strictly with cJSON.
+#include "server/config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+const char *srv_role_name(srv_role r) {
+  switch (r) {
+    case SRV_ROLE_BOTH: return "both";
+    case SRV_ROLE_PREFILL: return "prefill";
+    case SRV_ROLE_DECODE: return "decode";
+  }
+  return "?";
+}
+
+int srv_role_parse(const char *s, srv_role *out) {
+  if (!s) return -1;
+  if (!strcmp(s, "both")) *out = SRV_ROLE_BOTH;
+  else if (!strcmp(s, "prefill")) *out = SRV_ROLE_PREFILL;
+  else if (!strcmp(s, "decode")) *out = SRV_ROLE_DECODE;
+  else return -1;
+  return 0;
+}
+
+// ---- error reporting with field paths ----
+
+typedef struct cfg_ctx {
+  const char *file; // (borrowed) prefix of every message; may be NULL
+  char *err;        // (borrowed) (errlen)
+  size_t errlen;
+} cfg_ctx;
+
+static int cfg_fail(cfg_ctx *x, const char *field, const char *fmt, ...) {
+  if (!x->err || !x->errlen) return -1;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  const char *f = x->file && *x->file ? x->file : "config";
+  if (field && *field) snprintf(x->err, x->errlen, "%s: %s: %s", f, field, msg);
+  else snprintf(x->err, x->errlen, "%s: %s", f, msg);
+  return -1;
+}
+
+// out = path.key (or key when path is empty)
+static void cfg_join(char *out, size_t cap, const char *path, const char *key) {
+  if (path && *path) snprintf(out, cap, "%s.%s", path, key);
+  else snprintf(out, cap, "%s", key);
+}
+
+static const char *cfg_type_name(const cJSON *v) {
+  if (cJSON_IsObject(v)) return "an object";
+  if (cJSON_IsArray(v)) return "an array";
+  if (cJSON_IsString(v)) return "a string";
+  if (cJSON_IsNumber(v)) return "a number";
+  if (cJSON_IsBool(v)) return "a boolean";
+  if (cJSON_IsNull(v)) return "null";
+  return "an invalid value";
+}
+
+// Every key of obj must be in allowed (NULL-terminated) and appear once.
+static int cfg_check_keys(cfg_ctx *x, const cJSON *obj, const char *path, const char *const *allowed) {
+  char field[256];
+  for (const cJSON *it = obj->child; it; it = it->next) {
+    int ok = 0;
+    for (const char *const *a = allowed; *a; a++)
+      if (!strcmp(*a, it->string)) ok = 1;
+    cfg_join(field, sizeof field, path, it->string);
+    if (!ok) {
+      char list[512] = "";
+      size_t n = 0;
+      for (const char *const *a = allowed; *a && n < sizeof list; a++)
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", a == allowed ? "" : ", ", *a);
+      return cfg_fail(x, field, "unknown key (allowed: %s)", list);
+    }
+    for (const cJSON *jt = it->next; jt; jt = jt->next)
+      if (!strcmp(jt->string, it->string)) return cfg_fail(x, field, "duplicate key");
+  }
+  return 0;
+}
+
+static const cJSON *cfg_item(const cJSON *obj, const char *key) {
+  return obj ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
+}
+
+// String field: missing -> def (or an error when def is NULL); must fit in cap-1 bytes.
+static int cfg_str(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, char *dst, size_t cap,
+                   const char *def) {
+  char field[256];
+  cfg_join(field, sizeof field, path, key);
+  const cJSON *v = cfg_item(obj, key);
+  const char *s;
+  if (!v) {
+    if (!def) return cfg_fail(x, field, "missing (required string)");
+    s = def;
+  } else {
+    if (!cJSON_IsString(v)) return cfg_fail(x, field, "expected a string, got %s", cfg_type_name(v));
+    s = v->valuestring;
+  }
+  size_t n = strlen(s);
+  if (n >= cap) return cfg_fail(x, field, "too long (%zu bytes; at most %zu)", n, cap - 1);
+  memcpy(dst, s, n + 1);
+  return 0;
+}
+
+// Integer field in lo..hi: missing -> def (or an error when required).
+static int cfg_int(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, long long *dst, long long lo,
+                   long long hi, long long def, int required) {
+  char field[256];
+  cfg_join(field, sizeof field, path, key);
+  const cJSON *v = cfg_item(obj, key);
+  if (!v) {
+    if (required) return cfg_fail(x, field, "missing (required integer %lld..%lld)", lo, hi);
+    *dst = def;
+    return 0;
+  }
+  double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+  if (!cJSON_IsNumber(v) || !isfinite(d) || d != floor(d) || d < (double)lo || d > (double)hi)
+    return cfg_fail(x, field, "expected an integer %lld..%lld", lo, hi);
+  *dst = (long long)d;
+  return 0;
+}
+
+static int cfg_int32(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, long long lo,
+                     long long hi, long long def, int required) {
+  long long v;
+  if (cfg_int(x, obj, path, key, &v, lo, hi, def, required)) return -1;
+  *dst = (int)v;
+  return 0;
+}
+
+// Number field; min_exclusive: value must be > lo, else >= lo.
+static int cfg_num(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, double *dst, double lo,
+                   int min_exclusive, double hi, double def) {
+  char field[256];
+  cfg_join(field, sizeof field, path, key);
+  const cJSON *v = cfg_item(obj, key);
+  if (!v) {
+    *dst = def;
+    return 0;
+  }
+  double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+  if (!cJSON_IsNumber(v) || !isfinite(d) || (min_exclusive ? d <= lo : d < lo) || d > hi)
+  {
+    char upper[48] = "";
+    if (hi < 1e300) snprintf(upper, sizeof upper, " and <= %g", hi);
+    return cfg_fail(x, field, "expected a number %s %g%s", min_exclusive ? ">" : ">=", lo, upper);
+  }
+  *dst = d;
+  return 0;
+}
+
+// Optional object field: returns 0 and *out = the object or NULL when missing.
+static int cfg_obj(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, const cJSON **out) {
+  char field[256];
+  cfg_join(field, sizeof field, path, key);
+  const cJSON *v = cfg_item(obj, key);
+  *out = NULL;
+  if (!v) return 0;
+  if (!cJSON_IsObject(v)) return cfg_fail(x, field, "expected an object, got %s", cfg_type_name(v));
+  *out = v;
+  return 0;
+}
+
+static int cfg_one_of(cfg_ctx *x, const char *path, const char *key, const char *val, const char *const *set) {
+  for (const char *const *s = set; *s; s++)
+    if (!strcmp(*s, val)) return 0;
+  char field[256], list[256] = "";
+  size_t n = 0;
+  for (const char *const *s = set; *s && n < sizeof list; s++)
+    n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", s == set ? "" : ", ", *s);
+  cfg_join(field, sizeof field, path, key);
+  return cfg_fail(x, field, "\"%s\" is not one of: %s", val, list);
+}
+
+// Names (nodes, workers): 1..63 bytes of [A-Za-z0-9_.-].
+static int cfg_name_ok(const char *s) {
+  if (!*s) return 0;
+  for (const char *p = s; *p; p++) {
+    char c = *p;
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+          c == '.'))
+      return 0;
+  }
+  return 1;
+}
+
+static int cfg_name(cfg_ctx *x, const char *path, const char *key, const char *val) {
+  if (cfg_name_ok(val)) return 0;
+  char field[256];
+  cfg_join(field, sizeof field, path, key);
+  return cfg_fail(x, field, "\"%s\" is not a valid name (1..63 of A-Z a-z 0-9 _ . -)", val);
+}
+
+// ---- nodes ----
+
+typedef struct cfg_node {
+  char name[64];
+  char host[64]; // default address of the roles on this node ("" = 127.0.0.1)
+} cfg_node;
+
+static int cfg_add_node(srv_config *c, const char *name) {
+  for (int i = 0; i < c->n_nodes; i++)
+    if (!strcmp(c->nodes[i], name)) return 0;
+  char **nn = realloc(c->nodes, (size_t)(c->n_nodes + 1) * sizeof *nn);
+  if (!nn) return -1;
+  c->nodes = nn;
+  nn[c->n_nodes] = strdup(name);
+  if (!nn[c->n_nodes]) return -1;
+  c->n_nodes++;
+  return 0;
+}
+
+int srv_config_has_node(const srv_config *c, const char *node) {
+  for (int i = 0; c && node && i < c->n_nodes; i++)
+    if (!strcmp(c->nodes[i], node)) return 1;
+  return 0;
+}
+
+// ---- sections ----
+
+static const char *const K_TOP[] = {"model", "model_name", "secret", "nodes", "router", "workers", NULL};
+static const char *const K_NODE[] = {"host", NULL};
+static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",
+                                       "max_body_bytes", "conn_timeout_s", "queue_limit", "max_tokens_limit",
+                                       "max_n",         "max_stop",     "request_timeout_ms", "disagg_threshold",
+                                       "routing",       NULL};
+static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
+static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
+                                       "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
+                                       "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", NULL};
+static const char *const K_KVX[] = {"backend", "host", "port", NULL};
+static const char *const S_KERNELS[] = {"auto", "scalar", "avx2", "avx512", NULL};
+static const char *const S_KVTYPE[] = {"f16", "f32", NULL};
+static const char *const S_BACKEND[] = {"auto", "tcp", "shm", "rdma", "nccl", NULL};
+static const char *const S_ROLE[] = {"both", "prefill", "decode", NULL};
+
+static const char *cfg_node_host(const cfg_node *nodes, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(nodes[i].name, name) && nodes[i].host[0]) return nodes[i].host;
+  return "127.0.0.1";
+}
+
+// The node a role runs on when it names none: "local", or the only node of "nodes"; NULL (required) when
+// "nodes" names several.
+static const char *cfg_default_node(const cfg_node *nodes, int n_nodes, int nodes_given) {
+  if (!nodes_given) return "local";
+  return n_nodes == 1 ? nodes[0].name : NULL;
+}
+
+static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o, const cfg_node *nodes, int n_nodes,
+                      int nodes_given) {
+  const char *p = "router";
+  if (cfg_check_keys(x, r, p, K_ROUTER)) return -1;
+  const char *dn = cfg_default_node(nodes, n_nodes, nodes_given);
+  if (!present && !dn) dn = nodes[0].name;
+  if (cfg_str(x, r, p, "node", o->node, sizeof o->node, dn) || cfg_name(x, p, "node", o->node)) return -1;
+  if (nodes_given && present) {
+    int found = 0;
+    for (int i = 0; i < n_nodes; i++) found |= !strcmp(nodes[i].name, o->node);
+    if (!found) return cfg_fail(x, "router.node", "\"%s\" is not a node named in \"nodes\"", o->node);
+  }
+  if (cfg_str(x, r, p, "host", o->host, sizeof o->host, cfg_node_host(nodes, n_nodes, o->node))) return -1;
+  if (!o->host[0]) return cfg_fail(x, "router.host", "must not be empty");
+  if (cfg_int32(x, r, p, "port", &o->port, 0, 65535, 8000, 0)) return -1;
+  const cJSON *keys = cfg_item(r, "api_keys");
+  if (keys) {
+    if (!cJSON_IsArray(keys)) return cfg_fail(x, "router.api_keys", "expected an array of strings, got %s", cfg_type_name(keys));
+    int n = cJSON_GetArraySize(keys);
+    if (n > 0) {
+      o->api_keys = calloc((size_t)n, sizeof *o->api_keys);
+      if (!o->api_keys) return cfg_fail(x, "router.api_keys", "out of memory");
+    }
+    int i = 0;
+    for (const cJSON *k = keys->child; k; k = k->next, i++) {
+      char field[64];
+      snprintf(field, sizeof field, "router.api_keys[%d]", i);
+      if (!cJSON_IsString(k)) return cfg_fail(x, field, "expected a string, got %s", cfg_type_name(k));
+      if (!k->valuestring[0]) return cfg_fail(x, field, "must not be empty");
+      o->api_keys[i] = strdup(k->valuestring);
+      if (!o->api_keys[i]) return cfg_fail(x, field, "out of memory");
+      o->n_api_keys = i + 1;
+    }
+  }
+  long long body;
+  if (cfg_int(x, r, p, "max_body_bytes", &body, 1, 1LL << 40, 1 << 20, 0)) return -1;
+  o->max_body_bytes = (size_t)body;
+  if (cfg_int32(x, r, p, "conn_timeout_s", &o->conn_timeout_s, 1, 86400, 60, 0)) return -1;
+  if (cfg_int32(x, r, p, "queue_limit", &o->queue_limit, 1, 1000000, 256, 0)) return -1;
+  if (cfg_int32(x, r, p, "max_tokens_limit", &o->max_tokens_limit, 0, 1 << 30, 0, 0)) return -1;
+  if (cfg_int32(x, r, p, "max_n", &o->max_n, 1, 1024, 8, 0)) return -1;
+  if (cfg_int32(x, r, p, "max_stop", &o->max_stop, 0, 1024, 8, 0)) return -1;
+  if (cfg_int32(x, r, p, "request_timeout_ms", &o->request_timeout_ms, 1, 86400000, 600000, 0)) return -1;
+  if (cfg_int32(x, r, p, "disagg_threshold", &o->disagg_threshold, 0, 1 << 30, 1000, 0)) return -1;
+  const cJSON *rt;
+  if (cfg_obj(x, r, p, "routing", &rt)) return -1;
+  if (rt && cfg_check_keys(x, rt, "router.routing", K_ROUTING)) return -1;
+  if (cfg_num(x, rt, "router.routing", "overlap", &o->w_overlap, 0, 0, 1e308, 1.0) ||
+      cfg_num(x, rt, "router.routing", "queue", &o->w_queue, 0, 0, 1e308, 0.5) ||
+      cfg_num(x, rt, "router.routing", "free", &o->w_free, 0, 0, 1e308, 0.2))
+    return -1;
+  return 0;
+}
+
+static int cfg_device_ok(const char *d) {
+  if (!strcmp(d, "cpu") || !strcmp(d, "cuda")) return 1;
+  if (strncmp(d, "cuda:", 5) || !d[5]) return 0;
+  for (const char *p = d + 5; *p; p++)
+    if (*p < '0' || *p > '9') return 0;
+  return strlen(d + 5) <= 4;
+}
+
+static int cfg_worker(cfg_ctx *x, const cJSON *w, int idx, srv_worker_cfg *o, const cfg_node *nodes, int n_nodes,
+                      int nodes_given, int ncpu) {
+  char p[32], field[96];
+  snprintf(p, sizeof p, "workers[%d]", idx);
+  if (!cJSON_IsObject(w)) return cfg_fail(x, p, "expected an object, got %s", cfg_type_name(w));
+  if (cfg_check_keys(x, w, p, K_WORKER)) return -1;
+  char defname[16];
+  snprintf(defname, sizeof defname, "w%d", idx);
+  if (cfg_str(x, w, p, "name", o->name, sizeof o->name, defname) || cfg_name(x, p, "name", o->name)) return -1;
+  if (cfg_str(x, w, p, "node", o->node, sizeof o->node, cfg_default_node(nodes, n_nodes, nodes_given)) ||
+      cfg_name(x, p, "node", o->node))
+    return -1;
+  if (nodes_given) {
+    int found = 0;
+    for (int i = 0; i < n_nodes; i++) found |= !strcmp(nodes[i].name, o->node);
+    snprintf(field, sizeof field, "%s.node", p);
+    if (!found) return cfg_fail(x, field, "\"%s\" is not a node named in \"nodes\"", o->node);
+  }
+  char role[16];
+  if (cfg_str(x, w, p, "role", role, sizeof role, "both") || cfg_one_of(x, p, "role", role, S_ROLE)) return -1;
+  srv_role_parse(role, &o->role);
+  const char *nhost = cfg_node_host(nodes, n_nodes, o->node);
+  if (cfg_str(x, w, p, "host", o->host, sizeof o->host, nhost)) return -1;
+  snprintf(field, sizeof field, "%s.host", p);
+  if (!o->host[0]) return cfg_fail(x, field, "must not be empty");
+  if (cfg_int32(x, w, p, "port", &o->port, 0, 65535, 0, 1)) return -1;
+  if (cfg_int32(x, w, p, "threads", &o->threads, 1, 4096, ncpu, 0)) return -1;
+  if (cfg_str(x, w, p, "kernels", o->kernels, sizeof o->kernels, "auto") ||
+      cfg_one_of(x, p, "kernels", o->kernels, S_KERNELS))
+    return -1;
+  if (cfg_str(x, w, p, "device", o->device, sizeof o->device, "cpu")) return -1;
+  snprintf(field, sizeof field, "%s.device", p);
+  if (!cfg_device_ok(o->device)) return cfg_fail(x, field, "\"%s\" is not one of: cpu, cuda, cuda:N", o->device);
+  if (!strcmp(o->device, "cuda")) snprintf(o->device, sizeof o->device, "cuda:0");
+  if (cfg_num(x, w, p, "kv_budget_mb", &o->kv_budget_mb, 0, 1, 1e7, 256)) return -1;
+  if (cfg_int32(x, w, p, "block_size", &o->block_size, 1, 1024, 16, 0)) return -1;
+  if (cfg_str(x, w, p, "kv_type", o->kv_type, sizeof o->kv_type, "f16") ||
+      cfg_one_of(x, p, "kv_type", o->kv_type, S_KVTYPE))
+    return -1;
+  if (cfg_int32(x, w, p, "max_seqs", &o->max_seqs, 1, 65536, 64, 0)) return -1;
+  if (cfg_int32(x, w, p, "max_batch_tokens", &o->max_batch_tokens, 1, 1 << 20, 512, 0)) return -1;
+  const cJSON *k;
+  char kp[48];
+  snprintf(kp, sizeof kp, "%s.kvxfer", p);
+  if (cfg_obj(x, w, p, "kvxfer", &k)) return -1;
+  if (k && cfg_check_keys(x, k, kp, K_KVX)) return -1;
+  if (cfg_str(x, k, kp, "backend", o->kvx_backend, sizeof o->kvx_backend, "auto") ||
+      cfg_one_of(x, kp, "backend", o->kvx_backend, S_BACKEND))
+    return -1;
+  if (cfg_str(x, k, kp, "host", o->kvx_host, sizeof o->kvx_host, o->host)) return -1;
+  snprintf(field, sizeof field, "%s.host", kp);
+  if (!o->kvx_host[0]) return cfg_fail(x, field, "must not be empty");
+  if (cfg_int32(x, k, kp, "port", &o->kvx_port, 0, 65535, 0, 0)) return -1;
+  return 0;
+}
+
+// Two listeners of the same node on the same host and non-zero port.
+typedef struct cfg_listen {
+  const char *node, *host, *what;
+  int port;
+} cfg_listen;
+
+static int cfg_check_ports(cfg_ctx *x, const srv_config *c) {
+  int n = 0;
+  cfg_listen *l = calloc((size_t)(2 * c->n_workers + 1), sizeof *l);
+  if (!l) return cfg_fail(x, NULL, "out of memory");
+  char (*names)[48] = calloc((size_t)(2 * c->n_workers + 1), sizeof *names);
+  if (!names) {
+    free(l);
+    return cfg_fail(x, NULL, "out of memory");
+  }
+  if (c->has_router) {
+    snprintf(names[n], sizeof names[n], "router.port");
+    l[n] = (cfg_listen){c->router.node, c->router.host, names[n], c->router.port};
+    n++;
+  }
+  for (int i = 0; i < c->n_workers; i++) {
+    const srv_worker_cfg *w = &c->workers[i];
+    snprintf(names[n], sizeof names[n], "workers[%d].port", i);
+    l[n] = (cfg_listen){w->node, w->host, names[n], w->port};
+    n++;
+    snprintf(names[n], sizeof names[n], "workers[%d].kvxfer.port", i);
+    l[n] = (cfg_listen){w->node, w->kvx_host, names[n], w->kvx_port};
+    n++;
+  }
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++)
+    for (int j = 0; j < i && !rc; j++)
+      if (l[i].port && l[i].port == l[j].port && !strcmp(l[i].node, l[j].node) && !strcmp(l[i].host, l[j].host))
+        rc = cfg_fail(x, l[i].what, "%d on %s is already used by %s", l[i].port, l[i].host, l[j].what);
+  free(names);
+  free(l);
+  return rc;
+}
+
+static int cfg_resolve_model(cfg_ctx *x, srv_config *c, const char *model, const char *path) {
+  size_t n = strlen(model);
+  if (!n) return cfg_fail(x, "model", "must not be empty");
+  const char *slash = path ? strrchr(path, '/') : NULL;
+  int w;
+  if (model[0] == '/' || !slash) w = snprintf(c->model_path, sizeof c->model_path, "%s", model);
+  else w = snprintf(c->model_path, sizeof c->model_path, "%.*s/%s", (int)(slash - path), path, model);
+  if (w < 0 || (size_t)w >= sizeof c->model_path) return cfg_fail(x, "model", "path too long");
+  return 0;
+}
+
+static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, srv_config *c) {
+  if (!cJSON_IsObject(root)) return cfg_fail(x, NULL, "expected a JSON object at the top, got %s", cfg_type_name(root));
+  if (cfg_check_keys(x, root, "", K_TOP)) return -1;
+  char model[1024];
+  if (cfg_str(x, root, "", "model", model, sizeof model, NULL) || cfg_resolve_model(x, c, model, path)) return -1;
+  if (cfg_str(x, root, "", "model_name", c->model_name, sizeof c->model_name, "") ||
+      cfg_str(x, root, "", "secret", c->secret, sizeof c->secret, ""))
+    return -1;
+
+  // nodes: optional; when given, every role's node must be one of them.
+  const cJSON *jn;
+  if (cfg_obj(x, root, "", "nodes", &jn)) return -1;
+  int n_nodes = jn ? cJSON_GetArraySize(jn) : 0;
+  cfg_node *nodes = n_nodes ? calloc((size_t)n_nodes, sizeof *nodes) : NULL;
+  if (n_nodes && !nodes) return cfg_fail(x, "nodes", "out of memory");
+  int rc = 0, i = 0;
+  if (jn && !n_nodes) rc = cfg_fail(x, "nodes", "expected at least one node");
+  for (const cJSON *it = jn ? jn->child : NULL; it && !rc; it = it->next, i++) {
+    char np[128];
+    snprintf(np, sizeof np, "nodes.%.100s", it->string);
+    if (!cfg_name_ok(it->string) || strlen(it->string) >= sizeof nodes[i].name) {
+      rc = cfg_fail(x, np, "not a valid node name (1..63 of A-Z a-z 0-9 _ . -)");
+      break;
+    }
+    for (const cJSON *jt = it->next; jt && !rc; jt = jt->next)
+      if (!strcmp(jt->string, it->string)) rc = cfg_fail(x, np, "duplicate node");
+    if (rc) break;
+    if (!cJSON_IsObject(it)) {
+      rc = cfg_fail(x, np, "expected an object, got %s", cfg_type_name(it));
+      break;
+    }
+    snprintf(nodes[i].name, sizeof nodes[i].name, "%s", it->string);
+    if (cfg_check_keys(x, it, np, K_NODE) || cfg_str(x, it, np, "host", nodes[i].host, sizeof nodes[i].host, "")) rc = -1;
+    else if (cfg_add_node(c, nodes[i].name)) rc = cfg_fail(x, "nodes", "out of memory");
+  }
+
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  if (ncpu < 1) ncpu = 1;
+  if (ncpu > 4096) ncpu = 4096;
+
+  const cJSON *jr = NULL;
+  if (!rc) rc = cfg_obj(x, root, "", "router", &jr);
+  if (!rc) {
+    c->has_router = jr != NULL;
+    static const cJSON empty_obj = {.type = cJSON_Object};
+    rc = cfg_router(x, jr ? jr : &empty_obj, jr != NULL, &c->router, nodes, n_nodes, jn != NULL);
+    if (!rc && c->has_router && cfg_add_node(c, c->router.node)) rc = cfg_fail(x, "router", "out of memory");
+  }
+
+  const cJSON *jw = rc ? NULL : cfg_item(root, "workers");
+  if (!rc && !jw) rc = cfg_fail(x, "workers", "missing (an array of at least one worker)");
+  if (!rc && !cJSON_IsArray(jw)) rc = cfg_fail(x, "workers", "expected an array, got %s", cfg_type_name(jw));
+  if (!rc) {
+    int n = cJSON_GetArraySize(jw);
+    if (n < 1) rc = cfg_fail(x, "workers", "expected at least one worker");
+    else if (!(c->workers = calloc((size_t)n, sizeof *c->workers))) rc = cfg_fail(x, "workers", "out of memory");
+    i = 0;
+    for (const cJSON *it = rc ? NULL : jw->child; it && !rc; it = it->next, i++) {
+      rc = cfg_worker(x, it, i, &c->workers[i], nodes, n_nodes, jn != NULL, (int)ncpu);
+      if (rc) break;
+      c->n_workers = i + 1;
+      for (int j = 0; j < i && !rc; j++)
+        if (!strcmp(c->workers[j].name, c->workers[i].name)) {
+          char f[48];
+          snprintf(f, sizeof f, "workers[%d].name", i);
+          rc = cfg_fail(x, f, "\"%s\" is already the name of workers[%d]", c->workers[i].name, j);
+        }
+      if (!rc && cfg_add_node(c, c->workers[i].node)) rc = cfg_fail(x, "workers", "out of memory");
+    }
+  }
+  if (!rc) {
+    int has_decode = 0;
+    for (i = 0; i < c->n_workers; i++) has_decode |= c->workers[i].role == SRV_ROLE_DECODE;
+    for (i = 0; i < c->n_workers && !rc; i++)
+      if (c->workers[i].role == SRV_ROLE_PREFILL && !has_decode) {
+        char f[48];
+        snprintf(f, sizeof f, "workers[%d].role", i);
+        rc = cfg_fail(x, f, "a prefill worker needs a decode worker in the cluster, and there is none");
+      }
+  }
+  if (!rc) rc = cfg_check_ports(x, c);
+  free(nodes);
+  return rc;
+}
+
+// line:column of byte offset off in json
+static void cfg_where(const char *json, size_t len, size_t off, int *line, int *col) {
+  *line = 1;
+  *col = 1;
+  for (size_t i = 0; i < off && i < len; i++) {
+    if (json[i] == '\n') {
+      (*line)++;
+      *col = 1;
+    } else {
+      (*col)++;
+    }
+  }
+}
+
+int srv_config_parse(const char *json, size_t len, const char *path_for_errors, srv_config **out, char *err,
+                     size_t errlen) {
+  cfg_ctx x = {path_for_errors, err, errlen};
+  if (err && errlen) err[0] = 0;
+  if (!out) return cfg_fail(&x, NULL, "no output pointer");
+  *out = NULL;
+  if (!json) return cfg_fail(&x, NULL, "no text");
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+  if (!root) {
+    int line, col;
+    size_t off = end && end >= json ? (size_t)(end - json) : 0;
+    cfg_where(json, len, off, &line, &col);
+    return cfg_fail(&x, NULL, "not valid JSON (near line %d, column %d)", line, col);
+  }
+  for (const char *p = end; p && p < json + len; p++)
+    if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r' && *p != 0) {
+      int line, col;
+      cfg_where(json, len, (size_t)(p - json), &line, &col);
+      cJSON_Delete(root);
+      return cfg_fail(&x, NULL, "text after the JSON object (line %d, column %d)", line, col);
+    }
+  srv_config *c = calloc(1, sizeof *c);
+  if (!c) {
+    cJSON_Delete(root);
+    return cfg_fail(&x, NULL, "out of memory");
+  }
+  if (path_for_errors) snprintf(c->path, sizeof c->path, "%s", path_for_errors);
+  int rc = cfg_build(&x, root, path_for_errors, c);
+  cJSON_Delete(root);
+  if (rc) {
+    srv_config_free(c);
+    return -1;
+  }
+  *out = c;
+  return 0;
+}
+
+int srv_config_load(const char *path, srv_config **out, char *err, size_t errlen) {
+  cfg_ctx x = {path, err, errlen};
+  if (out) *out = NULL;
+  if (!path) return cfg_fail(&x, NULL, "no path");
+  FILE *f = fopen(path, "rb");
+  if (!f) return cfg_fail(&x, NULL, "cannot open: %s", strerror(errno));
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (len == cap) {
+      if (cap >= (64u << 20)) {
+        free(buf);
+        fclose(f);
+        return cfg_fail(&x, NULL, "larger than 64 MiB");
+      }
+      cap = cap ? cap * 2 : 8192;
+      char *nb = realloc(buf, cap + 1);
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        return cfg_fail(&x, NULL, "out of memory");
+      }
+      buf = nb;
+    }
+    size_t r = fread(buf + len, 1, cap - len, f);
+    len += r;
+    if (r == 0) break;
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) {
+    free(buf);
+    return cfg_fail(&x, NULL, "read error");
+  }
+  buf[len] = 0;
+  int rc = srv_config_parse(buf, len, path, out, err, errlen);
+  free(buf);
+  return rc;
+}
+
+void srv_config_free(srv_config *c) {
+  if (!c) return;
+  for (int i = 0; i < c->router.n_api_keys; i++) free(c->router.api_keys[i]);
+  free(c->router.api_keys);
+  free(c->workers);
+  for (int i = 0; i < c->n_nodes; i++) free(c->nodes[i]);
+  free(c->nodes);
+  free(c);
+}
+
+const srv_worker_cfg *srv_config_worker(const srv_config *c, const char *name) {
+  for (int i = 0; c && name && i < c->n_workers; i++)
+    if (!strcmp(c->workers[i].name, name)) return &c->workers[i];
+  return NULL;
+}

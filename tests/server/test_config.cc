@@ -1,0 +1,298 @@
+// tests/server/test_config.cc: the cluster config parser: shipped configs, defaults, path resolution, strict errors.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <unistd.h>
+
+extern "C" {
+#include "server/config.h"
+}
+
+namespace {
+
+std::string src(const char *rel) { return std::string(DSERVE_SOURCE_DIR) + "/" + rel; }
+
+struct Cfg {
+  srv_config *c = nullptr;
+  char err[512] = "";
+  int rc = 0;
+  Cfg(const std::string &json, const char *path = "t.json") {
+    rc = srv_config_parse(json.data(), json.size(), path, &c, err, sizeof err);
+  }
+  ~Cfg() { srv_config_free(c); }
+};
+
+const char *kMin = R"({"model": "m.gguf", "workers": [{"name": "w0", "port": 9100}]})";
+
+TEST(Config, ShippedLocal) {
+  srv_config *c = nullptr;
+  char err[512] = "";
+  std::string p = src("configs/local.json");
+  ASSERT_EQ(srv_config_load(p.c_str(), &c, err, sizeof err), 0) << err;
+  EXPECT_TRUE(c->has_router);
+  EXPECT_STREQ(c->router.node, "local");
+  EXPECT_STREQ(c->router.host, "127.0.0.1");
+  EXPECT_EQ(c->router.port, 8000);
+  ASSERT_EQ(c->n_workers, 1);
+  EXPECT_EQ(c->workers[0].role, SRV_ROLE_BOTH);
+  EXPECT_EQ(c->workers[0].threads, 2);
+  ASSERT_EQ(c->n_nodes, 1);
+  EXPECT_STREQ(c->nodes[0], "local");
+  EXPECT_EQ(std::string(c->model_path), src("configs/../models/weights/SmolLM2-135M-Instruct.Q4_1.gguf"));
+  EXPECT_STREQ(c->path, p.c_str());
+  srv_config_free(c);
+}
+
+TEST(Config, Shipped1P1D) {
+  srv_config *c = nullptr;
+  char err[512] = "";
+  ASSERT_EQ(srv_config_load(src("configs/1p1d.json").c_str(), &c, err, sizeof err), 0) << err;
+  ASSERT_EQ(c->n_workers, 2);
+  const srv_worker_cfg *p = srv_config_worker(c, "p0"), *d = srv_config_worker(c, "d0");
+  ASSERT_TRUE(p && d);
+  EXPECT_EQ(p->role, SRV_ROLE_PREFILL);
+  EXPECT_EQ(d->role, SRV_ROLE_DECODE);
+  EXPECT_STREQ(p->kvx_backend, "shm");
+  EXPECT_STREQ(p->host, "127.0.0.1");
+  EXPECT_STREQ(d->kvx_host, "127.0.0.1");
+  EXPECT_EQ(srv_config_worker(c, "nobody"), nullptr);
+  srv_config_free(c);
+}
+
+TEST(Config, ShippedCluster) {
+  srv_config *c = nullptr;
+  char err[512] = "";
+  ASSERT_EQ(srv_config_load(src("configs/cluster.json").c_str(), &c, err, sizeof err), 0) << err;
+  ASSERT_EQ(c->n_nodes, 3);
+  EXPECT_STREQ(c->nodes[0], "router");
+  EXPECT_STREQ(c->nodes[1], "prefill");
+  EXPECT_STREQ(c->nodes[2], "decode");
+  EXPECT_TRUE(srv_config_has_node(c, "decode"));
+  EXPECT_FALSE(srv_config_has_node(c, "local"));
+  EXPECT_STREQ(c->router.host, "10.77.0.1");
+  int np = 0, nd = 0;
+  for (int i = 0; i < c->n_workers; i++) {
+    const srv_worker_cfg *w = &c->workers[i];
+    EXPECT_STREQ(w->kvx_backend, "tcp");
+    if (w->role == SRV_ROLE_PREFILL) {
+      np++;
+      EXPECT_STREQ(w->node, "prefill");
+      EXPECT_STREQ(w->host, "10.77.0.2"); // from the node's host
+      EXPECT_STREQ(w->kvx_host, "10.77.0.2");
+    } else {
+      nd++;
+      EXPECT_EQ(w->role, SRV_ROLE_DECODE);
+      EXPECT_STREQ(w->host, "10.77.0.3");
+    }
+  }
+  EXPECT_EQ(np, 2);
+  EXPECT_EQ(nd, 2);
+  EXPECT_STREQ(c->secret, "change-me");
+  srv_config_free(c);
+}
+
+TEST(Config, Defaults) {
+  Cfg x(kMin, "dir/sub/t.json");
+  ASSERT_EQ(x.rc, 0) << x.err;
+  const srv_config *c = x.c;
+  EXPECT_STREQ(c->model_path, "dir/sub/m.gguf");
+  EXPECT_STREQ(c->model_name, "");
+  EXPECT_STREQ(c->secret, "");
+  EXPECT_FALSE(c->has_router);
+  EXPECT_EQ(c->router.port, 8000);
+  EXPECT_STREQ(c->router.host, "127.0.0.1");
+  EXPECT_STREQ(c->router.node, "local");
+  EXPECT_EQ(c->router.n_api_keys, 0);
+  EXPECT_EQ(c->router.max_body_bytes, (size_t)1 << 20);
+  EXPECT_EQ(c->router.conn_timeout_s, 60);
+  EXPECT_EQ(c->router.queue_limit, 256);
+  EXPECT_EQ(c->router.max_tokens_limit, 0);
+  EXPECT_EQ(c->router.max_n, 8);
+  EXPECT_EQ(c->router.max_stop, 8);
+  EXPECT_EQ(c->router.request_timeout_ms, 600000);
+  EXPECT_EQ(c->router.disagg_threshold, 1000);
+  EXPECT_DOUBLE_EQ(c->router.w_overlap, 1.0);
+  EXPECT_DOUBLE_EQ(c->router.w_queue, 0.5);
+  EXPECT_DOUBLE_EQ(c->router.w_free, 0.2);
+  ASSERT_EQ(c->n_workers, 1);
+  const srv_worker_cfg &w = c->workers[0];
+  EXPECT_STREQ(w.name, "w0");
+  EXPECT_STREQ(w.node, "local");
+  EXPECT_EQ(w.role, SRV_ROLE_BOTH);
+  EXPECT_STREQ(w.host, "127.0.0.1");
+  EXPECT_EQ(w.port, 9100);
+  EXPECT_EQ(w.threads, (int)sysconf(_SC_NPROCESSORS_ONLN));
+  EXPECT_STREQ(w.kernels, "auto");
+  EXPECT_STREQ(w.device, "cpu");
+  EXPECT_DOUBLE_EQ(w.kv_budget_mb, 256);
+  EXPECT_EQ(w.block_size, 16);
+  EXPECT_STREQ(w.kv_type, "f16");
+  EXPECT_EQ(w.max_seqs, 64);
+  EXPECT_EQ(w.max_batch_tokens, 512);
+  EXPECT_STREQ(w.kvx_backend, "auto");
+  EXPECT_STREQ(w.kvx_host, "127.0.0.1");
+  EXPECT_EQ(w.kvx_port, 0);
+  ASSERT_EQ(c->n_nodes, 1);
+  EXPECT_STREQ(c->nodes[0], "local");
+}
+
+TEST(Config, ModelPaths) {
+  {
+    Cfg x(R"({"model": "/abs/m.gguf", "workers": [{"port": 1}]})", "some/dir/c.json");
+    ASSERT_EQ(x.rc, 0) << x.err;
+    EXPECT_STREQ(x.c->model_path, "/abs/m.gguf");
+    EXPECT_STREQ(x.c->workers[0].name, "w0"); // default name
+  }
+  {
+    Cfg x(R"({"model": "../w/m.gguf", "workers": [{"port": 1}]})", "/etc/dserve/c.json");
+    ASSERT_EQ(x.rc, 0) << x.err;
+    EXPECT_STREQ(x.c->model_path, "/etc/dserve/../w/m.gguf");
+  }
+  {
+    Cfg x(R"({"model": "m.gguf", "workers": [{"port": 1}]})", "c.json"); // file in the working folder
+    ASSERT_EQ(x.rc, 0) << x.err;
+    EXPECT_STREQ(x.c->model_path, "m.gguf");
+  }
+}
+
+TEST(Config, NodeDefaults) {
+  Cfg x(R"({"model": "m", "nodes": {"n1": {"host": "10.1.2.3"}}, "router": {},
+           "workers": [{"port": 5, "kvxfer": {"port": 6}}, {"port": 7, "host": "0.0.0.0"}]})");
+  ASSERT_EQ(x.rc, 0) << x.err;
+  EXPECT_STREQ(x.c->router.node, "n1"); // the only node
+  EXPECT_STREQ(x.c->router.host, "10.1.2.3");
+  EXPECT_STREQ(x.c->workers[0].node, "n1");
+  EXPECT_STREQ(x.c->workers[0].host, "10.1.2.3");
+  EXPECT_STREQ(x.c->workers[1].host, "0.0.0.0");
+  EXPECT_STREQ(x.c->workers[1].kvx_host, "0.0.0.0"); // follows the worker's host
+  // the same port on two different nodes is fine
+  Cfg y(R"({"model": "m", "nodes": {"a": {}, "b": {}}, "router": {"node": "a"},
+           "workers": [{"node": "a", "port": 9}, {"node": "b", "port": 9}]})");
+  ASSERT_EQ(y.rc, 0) << y.err;
+  EXPECT_EQ(y.c->n_nodes, 2);
+}
+
+TEST(Config, ValuesKept) {
+  Cfg x(R"({"model": "m", "model_name": "x", "secret": "s",
+    "router": {"api_keys": ["k1", "k2"], "port": 0, "max_tokens_limit": 100, "routing": {"free": 3}},
+    "workers": [{"name": "a", "role": "prefill", "port": 0, "device": "cuda", "kv_budget_mb": 0.5,
+                 "kvxfer": {"backend": "rdma", "host": "10.0.0.9", "port": 7000}},
+                {"name": "b", "role": "decode", "port": 0, "device": "cuda:3", "kernels": "avx512", "kv_type": "f32"}]})");
+  ASSERT_EQ(x.rc, 0) << x.err;
+  const srv_config *c = x.c;
+  EXPECT_TRUE(c->has_router);
+  ASSERT_EQ(c->router.n_api_keys, 2);
+  EXPECT_STREQ(c->router.api_keys[1], "k2");
+  EXPECT_EQ(c->router.max_tokens_limit, 100);
+  EXPECT_DOUBLE_EQ(c->router.w_free, 3);
+  EXPECT_DOUBLE_EQ(c->router.w_queue, 0.5);
+  EXPECT_STREQ(c->workers[0].device, "cuda:0");
+  EXPECT_DOUBLE_EQ(c->workers[0].kv_budget_mb, 0.5);
+  EXPECT_STREQ(c->workers[0].kvx_host, "10.0.0.9");
+  EXPECT_EQ(c->workers[0].kvx_port, 7000);
+  EXPECT_STREQ(c->workers[1].device, "cuda:3");
+  EXPECT_STREQ(c->workers[1].kernels, "avx512");
+  EXPECT_STREQ(c->workers[1].kv_type, "f32");
+  EXPECT_STREQ(srv_role_name(c->workers[1].role), "decode");
+}
+
+struct BadCase {
+  const char *json;
+  const char *needle; // must appear in the message, after the file name
+};
+
+// Each case fails, and the message names the field.
+const BadCase kBad[] = {
+    {R"([1, 2])", "t.json: expected a JSON object"},
+    {R"({"model": "m", "workers": [{"port": 1}]} x)", "t.json: "},
+    {R"({"model": "m", "workers": [{"port": 1}], )", "not valid JSON"},
+    {R"({"workers": [{"port": 1}]})", "t.json: model: missing"},
+    {R"({"model": 3, "workers": [{"port": 1}]})", "t.json: model: expected a string"},
+    {R"({"model": "", "workers": [{"port": 1}]})", "t.json: model: must not be empty"},
+    {R"({"model": "m", "wrokers": []})", "t.json: wrokers: unknown key"},
+    {R"({"model": "m", "model": "n", "workers": [{"port": 1}]})", "t.json: model: duplicate key"},
+    {R"({"model": "m"})", "t.json: workers: missing"},
+    {R"({"model": "m", "workers": []})", "t.json: workers: expected at least one worker"},
+    {R"({"model": "m", "workers": {}})", "t.json: workers: expected an array"},
+    {R"({"model": "m", "workers": [7]})", "t.json: workers[0]: expected an object"},
+    {R"({"model": "m", "workers": [{"port": 1}, {"port": 70000}]})", "t.json: workers[1].port: expected an integer 0..65535"},
+    {R"({"model": "m", "workers": [{"port": 1}, {"port": "2"}]})", "t.json: workers[1].port: expected an integer 0..65535"},
+    {R"({"model": "m", "workers": [{"port": 1.5}]})", "t.json: workers[0].port: expected an integer"},
+    {R"({"model": "m", "workers": [{"port": -1}]})", "t.json: workers[0].port: expected an integer"},
+    {R"({"model": "m", "workers": [{"name": "w"}]})", "t.json: workers[0].port: missing"},
+    {R"({"model": "m", "workers": [{"port": 1, "prot": 2}]})", "t.json: workers[0].prot: unknown key"},
+    {R"({"model": "m", "workers": [{"name": "a", "port": 1}, {"name": "a", "port": 2}]})", "t.json: workers[1].name: \"a\" is already the name of workers[0]"},
+    {R"({"model": "m", "workers": [{"name": "a b", "port": 1}]})", "t.json: workers[0].name: \"a b\" is not a valid name"},
+    {R"({"model": "m", "workers": [{"role": "mixed", "port": 1}]})", "t.json: workers[0].role: \"mixed\" is not one of: both, prefill, decode"},
+    {R"({"model": "m", "workers": [{"role": "prefill", "port": 1}, {"role": "both", "port": 2}]})", "t.json: workers[0].role: a prefill worker needs a decode worker"},
+    {R"({"model": "m", "workers": [{"port": 1, "kv_budget_mb": 0}]})", "t.json: workers[0].kv_budget_mb: expected a number > 0"},
+    {R"({"model": "m", "workers": [{"port": 1, "kv_budget_mb": -5}]})", "t.json: workers[0].kv_budget_mb: expected a number > 0"},
+    {R"({"model": "m", "workers": [{"port": 1, "threads": 0}]})", "t.json: workers[0].threads: expected an integer 1..4096"},
+    {R"({"model": "m", "workers": [{"port": 1, "kernels": "neon"}]})", "t.json: workers[0].kernels: \"neon\" is not one of"},
+    {R"({"model": "m", "workers": [{"port": 1, "device": "gpu"}]})", "t.json: workers[0].device: \"gpu\" is not one of"},
+    {R"({"model": "m", "workers": [{"port": 1, "device": "cuda:x"}]})", "t.json: workers[0].device:"},
+    {R"({"model": "m", "workers": [{"port": 1, "kv_type": "q8"}]})", "t.json: workers[0].kv_type: \"q8\" is not one of: f16, f32"},
+    {R"({"model": "m", "workers": [{"port": 1, "block_size": 0}]})", "t.json: workers[0].block_size: expected an integer 1..1024"},
+    {R"({"model": "m", "workers": [{"port": 1, "max_seqs": 0}]})", "t.json: workers[0].max_seqs:"},
+    {R"({"model": "m", "workers": [{"port": 1, "max_batch_tokens": true}]})", "t.json: workers[0].max_batch_tokens:"},
+    {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"backend": "udp"}}]})", "t.json: workers[0].kvxfer.backend: \"udp\" is not one of: auto, tcp, shm, rdma, nccl"},
+    {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"bakend": "tcp"}}]})", "t.json: workers[0].kvxfer.bakend: unknown key"},
+    {R"({"model": "m", "workers": [{"port": 1, "kvxfer": "tcp"}]})", "t.json: workers[0].kvxfer: expected an object"},
+    {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"port": 65536}}]})", "t.json: workers[0].kvxfer.port: expected an integer 0..65535"},
+    {R"({"model": "m", "workers": [{"port": 1, "host": ""}]})", "t.json: workers[0].host: must not be empty"},
+    {R"({"model": "m", "workers": [{"port": 9000}, {"port": 9000}]})", "t.json: workers[1].port: 9000 on 127.0.0.1 is already used by workers[0].port"},
+    {R"({"model": "m", "router": {"port": 9000}, "workers": [{"port": 1, "kvxfer": {"port": 9000}}]})", "t.json: workers[0].kvxfer.port: 9000 on 127.0.0.1 is already used by router.port"},
+    {R"({"model": "m", "router": {"port": 80000}, "workers": [{"port": 1}]})", "t.json: router.port: expected an integer 0..65535"},
+    {R"({"model": "m", "router": {"colour": 1}, "workers": [{"port": 1}]})", "t.json: router.colour: unknown key"},
+    {R"({"model": "m", "router": [], "workers": [{"port": 1}]})", "t.json: router: expected an object"},
+    {R"({"model": "m", "router": {"api_keys": "k"}, "workers": [{"port": 1}]})", "t.json: router.api_keys: expected an array"},
+    {R"({"model": "m", "router": {"api_keys": ["a", 2]}, "workers": [{"port": 1}]})", "t.json: router.api_keys[1]: expected a string"},
+    {R"({"model": "m", "router": {"api_keys": [""]}, "workers": [{"port": 1}]})", "t.json: router.api_keys[0]: must not be empty"},
+    {R"({"model": "m", "router": {"max_n": 0}, "workers": [{"port": 1}]})", "t.json: router.max_n: expected an integer 1..1024"},
+    {R"({"model": "m", "router": {"queue_limit": 0}, "workers": [{"port": 1}]})", "t.json: router.queue_limit:"},
+    {R"({"model": "m", "router": {"routing": {"overlap": -1}}, "workers": [{"port": 1}]})", "t.json: router.routing.overlap: expected a number >= 0"},
+    {R"({"model": "m", "router": {"routing": {"prefix": 1}}, "workers": [{"port": 1}]})", "t.json: router.routing.prefix: unknown key"},
+    {R"({"model": "m", "nodes": {"a": {}}, "router": {"node": "b"}, "workers": [{"node": "a", "port": 1}]})", "t.json: router.node: \"b\" is not a node named in \"nodes\""},
+    {R"({"model": "m", "nodes": {"a": {}}, "workers": [{"node": "c", "port": 1}]})", "t.json: workers[0].node: \"c\" is not a node named in \"nodes\""},
+    {R"({"model": "m", "nodes": {"a": {"addr": "x"}}, "workers": [{"node": "a", "port": 1}]})", "t.json: nodes.a.addr: unknown key"},
+    {R"({"model": "m", "nodes": {"a": 1}, "workers": [{"node": "a", "port": 1}]})", "t.json: nodes.a: expected an object"},
+    {R"({"model": "m", "nodes": {}, "workers": [{"port": 1}]})", "t.json: nodes: expected at least one node"},
+    {R"({"model": "m", "nodes": {"a": {}, "a": {}}, "workers": [{"node": "a", "port": 1}]})", "t.json: nodes.a: duplicate node"},
+    {R"({"model": "m", "nodes": {"a": {}, "b": {}}, "workers": [{"port": 1}]})", "t.json: workers[0].node: missing"},
+    {R"({"model": "m", "nodes": {"a": {}, "b": {}}, "router": {}, "workers": [{"node": "a", "port": 1}]})", "t.json: router.node: missing"},
+    {R"({"model": "m", "secret": null, "workers": [{"port": 1}]})", "t.json: secret: expected a string, got null"},
+    {R"({"model": "m", "workers": [{"port": 1, "name": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}]})", "t.json: workers[0].name: too long"},
+};
+
+TEST(Config, BadInputsNameTheField) {
+  for (const BadCase &b : kBad) {
+    Cfg x(b.json);
+    EXPECT_NE(x.rc, 0) << b.json;
+    EXPECT_EQ(x.c, nullptr) << b.json;
+    EXPECT_NE(std::string(x.err).find(b.needle), std::string::npos)
+        << "json: " << b.json << "\nwant: " << b.needle << "\ngot:  " << x.err;
+  }
+}
+
+TEST(Config, LoadErrors) {
+  srv_config *c = nullptr;
+  char err[512] = "";
+  EXPECT_NE(srv_config_load("/nonexistent/dir/x.json", &c, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("/nonexistent/dir/x.json: cannot open"), std::string::npos) << err;
+  EXPECT_EQ(c, nullptr);
+  char tmpl[] = "/tmp/dserve_cfg_XXXXXX";
+  int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  const char *txt = "{\n  \"model\": \"m\",\n  \"workers\": [ {\"port\": 1,} ]\n}\n";
+  ASSERT_EQ(write(fd, txt, strlen(txt)), (ssize_t)strlen(txt));
+  close(fd);
+  EXPECT_NE(srv_config_load(tmpl, &c, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("not valid JSON (near line 3"), std::string::npos) << err;
+  unlink(tmpl);
+  srv_config_free(nullptr); // no-op
+  EXPECT_NE(srv_config_parse(nullptr, 0, "t.json", &c, err, sizeof err), 0);
+}
+
+} // namespace
