@@ -1,0 +1,994 @@
+#!/usr/bin/env python3
+"""bench/loadgen.py: streaming load generator for OpenAI-compatible servers (TTFT/TPOT/ITL/E2E, goodput), stdlib only."""
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import socket
+import ssl
+import sys
+import time
+import urllib.parse
+
+# Fixed vocabulary for synthetic prompts: short common English words (each about one token for BPE vocabularies).
+VOCAB = (
+    "the of and to in is you that it he was for on are as with his they at be this have from or one had by word "
+    "but not what all were we when your can said there use an each which she do how their if will up other about "
+    "out many then them these so some her would make like him into time has look two more write go see number no "
+    "way could people my than first water been call who oil its now find long down day did get come made may part "
+    "over new sound take only little work know place year live me back give most very after thing our just name "
+    "good sentence man think say great where help through much before line right too mean old any same tell boy "
+    "follow came want show also around form three small set put end does another well large must big even such "
+    "because turn here why ask went men read need land different home us move try kind hand picture again change "
+    "off play spell air away animal house point page letter mother answer found study still learn should world"
+).split()
+
+CONN_ERROR = "conn_error"
+TIMEOUT = "timeout"
+STREAM_ERROR = "stream_error"
+
+
+class LoadgenError(Exception):
+    """A clean, user-facing error (bad arguments, unreadable dataset); printed without a traceback."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Statistics (pure functions)
+
+
+def percentile(values, p):
+    """Linear-interpolation percentile (numpy's default) of a list of numbers; None for an empty list."""
+    if not values:
+        return None
+    xs = sorted(values)
+    if len(xs) == 1:
+        return float(xs[0])
+    pos = (len(xs) - 1) * (p / 100.0)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(xs) - 1)
+    frac = pos - lo
+    return float(xs[lo] + (xs[hi] - xs[lo]) * frac)
+
+
+def describe(values):
+    """mean/median/p90/p99/std/min/max/count of a list of numbers (all None when empty)."""
+    if not values:
+        return {"mean": None, "median": None, "p90": None, "p99": None, "std": None,
+                "min": None, "max": None, "count": 0}
+    n = len(values)
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / n
+    return {"mean": mean, "median": percentile(values, 50), "p90": percentile(values, 90),
+            "p99": percentile(values, 99), "std": math.sqrt(var), "min": float(min(values)),
+            "max": float(max(values)), "count": n}
+
+
+def parse_slo(text):
+    """'ttft:MS,tpot:MS,e2e:MS' (any subset) -> {'ttft': ms, ...}; raises LoadgenError on bad input."""
+    slo = {}
+    if not text:
+        return slo
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if ":" not in part:
+            raise LoadgenError("bad --slo item %r (want name:ms, e.g. ttft:500)" % part)
+        name, val = part.split(":", 1)
+        name = name.strip().lower()
+        if name not in ("ttft", "tpot", "e2e"):
+            raise LoadgenError("bad --slo metric %r (known: ttft, tpot, e2e)" % name)
+        try:
+            ms = float(val)
+        except ValueError:
+            raise LoadgenError("bad --slo value %r for %s (want milliseconds)" % (val, name)) from None
+        if not (ms > 0 and math.isfinite(ms)):
+            raise LoadgenError("--slo %s must be a positive number of milliseconds" % name)
+        slo[name] = ms
+    return slo
+
+
+def request_meets_slo(r, slo):
+    """True when a successful request result (dict with ttft/tpot/e2e in seconds) meets every given SLO (ms)."""
+    if not r.get("success"):
+        return False
+    for name, ms in slo.items():
+        v = r.get(name)
+        if name == "tpot" and v is None:
+            v = 0.0  # one output token: no decode time per token (vLLM's convention)
+        if v is None or v * 1000.0 > ms:
+            return False
+    return True
+
+
+def summarize(results, duration, slo=None, extra=None):
+    """Aggregate per-request results (list of dicts, times in seconds) over a run of `duration` seconds.
+
+    Each result: success (bool), status (str: HTTP code, conn_error, timeout, stream_error), ttft, tpot, e2e (s or
+    None), itl (list of s), output_tokens (int), input_tokens (int or None), start (s since run start),
+    token_times (list of s since run start). Returns the report dict (latencies in ms)."""
+    slo = slo or {}
+    ok = [r for r in results if r.get("success")]
+    hist = {}
+    for r in results:
+        hist[r["status"]] = hist.get(r["status"], 0) + 1
+    ms = lambda xs: [x * 1000.0 for x in xs]  # noqa: E731
+    ttfts = [r["ttft"] for r in ok if r.get("ttft") is not None]
+    tpots = [r["tpot"] for r in ok if r.get("tpot") is not None]
+    e2es = [r["e2e"] for r in ok if r.get("e2e") is not None]
+    itls = [x for r in ok for x in (r.get("itl") or [])]
+    out_tok = sum(r.get("output_tokens") or 0 for r in ok)
+    in_known = [r["input_tokens"] for r in ok if r.get("input_tokens") is not None]
+    in_tok = sum(in_known)
+    dur = duration if duration and duration > 0 else 0.0
+    good = sum(1 for r in ok if request_meets_slo(r, slo)) if slo else len(ok)
+    rep = {
+        "num_requests_sent": len(results),
+        "successful_requests": len(ok),
+        "failed_requests": len(results) - len(ok),
+        "status_histogram": dict(sorted(hist.items())),
+        "connection_errors": hist.get(CONN_ERROR, 0),
+        "timeouts": hist.get(TIMEOUT, 0),
+        "duration_s": dur,
+        "total_input_tokens": in_tok,
+        "input_tokens_unknown": len(ok) - len(in_known),
+        "total_output_tokens": out_tok,
+        "output_tokens_from_usage": sum(1 for r in ok if r.get("usage_seen")),
+        "request_throughput": len(ok) / dur if dur else 0.0,
+        "output_throughput": out_tok / dur if dur else 0.0,
+        "total_token_throughput": (in_tok + out_tok) / dur if dur else 0.0,
+        "ttft_ms": describe(ms(ttfts)),
+        "tpot_ms": describe(ms(tpots)),
+        "itl_ms": describe(ms(itls)),
+        "e2e_ms": describe(ms(e2es)),
+        "slo_ms": dict(slo),
+        "good_requests": good,
+        "goodput": (good / dur if dur else 0.0) if slo else None,
+        "peak_concurrency": peak_concurrency(results),
+        "throughput_timeline": timeline(results, dur),
+    }
+    if extra:
+        rep.update(extra)
+    return rep
+
+
+def peak_concurrency(results):
+    """Largest number of requests in flight at once, from each result's start and end (s since run start)."""
+    ev = []
+    for r in results:
+        if r.get("start") is None or r.get("end") is None:
+            continue
+        ev.append((r["start"], 1))
+        ev.append((r["end"], -1))
+    ev.sort(key=lambda e: (e[0], e[1]))  # ends before starts at the same instant
+    cur = best = 0
+    for _, d in ev:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def timeline(results, duration, bucket=1.0):
+    """Output tokens and completed requests per `bucket` seconds over the run (for the plot and the JSON)."""
+    nb = max(1, int(math.ceil(duration / bucket))) if duration else 1
+    nb = min(nb, 100000)
+    toks = [0] * nb
+    done = [0] * nb
+    for r in results:
+        if not r.get("success"):
+            continue
+        times = r.get("token_times") or []
+        # when usage says more tokens than content chunks arrived, spread the extra over the chunks' times
+        scale = (r.get("output_tokens") or 0) / len(times) if times else 0
+        for t in times:
+            toks[min(nb - 1, max(0, int(t / bucket)))] += scale
+        if r.get("end") is not None:
+            done[min(nb - 1, max(0, int(r["end"] / bucket)))] += 1
+    return {"bucket_s": bucket, "output_tokens_per_s": [round(t / bucket, 3) for t in toks],
+            "requests_completed": done}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Arrivals
+
+
+def arrival_intervals(rate, burstiness, n, rng):
+    """n inter-arrival gaps (s): gamma(shape=burstiness, scale=1/(rate*burstiness)); burstiness 1 is Poisson.
+
+    rate inf -> all zeros (everything at once)."""
+    if burstiness <= 0:
+        raise LoadgenError("--burstiness must be > 0")
+    if rate == float("inf"):
+        return [0.0] * n
+    if not rate > 0:
+        raise LoadgenError("--request-rate must be > 0 (or inf)")
+    theta = 1.0 / (rate * burstiness)
+    return [rng.gammavariate(burstiness, theta) for _ in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Datasets: each item is a list of turns; a turn is {"prompt": str, "max_tokens": int}. Single-shot items have one.
+
+
+def _words(rng, n):
+    return " ".join(rng.choice(VOCAB) for _ in range(max(1, n)))
+
+
+def _len_in_range(rng, base, ratio):
+    lo = max(1, int(base * (1.0 - ratio)))
+    hi = max(lo, int(base * (1.0 + ratio)))
+    return rng.randint(lo, hi)
+
+
+def build_dataset(args, n, rng):
+    """n conversations (list of turn lists) for the chosen dataset; lengths in ~words (about one token each)."""
+    ds = args.dataset
+    items = []
+    if ds == "random":
+        for _ in range(n):
+            il = _len_in_range(rng, args.input_len, args.range_ratio)
+            ol = _len_in_range(rng, args.output_len, args.range_ratio)
+            items.append([{"prompt": _words(rng, il), "max_tokens": ol}])
+    elif ds == "shared-prefix":
+        prefixes = [_words(rng, args.prefix_len) for _ in range(args.num_prefixes)]
+        for i in range(n):
+            sl = _len_in_range(rng, args.suffix_len, args.range_ratio)
+            ol = _len_in_range(rng, args.output_len, args.range_ratio)
+            items.append([{"prompt": prefixes[i % len(prefixes)] + " " + _words(rng, sl), "max_tokens": ol}])
+    elif ds == "multi-turn":
+        for _ in range(n):
+            conv = []
+            for _t in range(args.turns):
+                il = _len_in_range(rng, args.input_len, args.range_ratio)
+                ol = _len_in_range(rng, args.output_len, args.range_ratio)
+                conv.append({"prompt": _words(rng, il), "max_tokens": ol})
+            items.append(conv)
+    elif ds == "sharegpt":
+        items = load_sharegpt(args.dataset_path, n, rng, args.sharegpt_output_len)
+    else:
+        raise LoadgenError("unknown dataset %r" % ds)
+    return items
+
+
+def load_sharegpt(path, n, rng, fixed_out):
+    """First human turn of n ShareGPT conversations (sampled with rng); max_tokens from the reply (~4/3 per word)."""
+    if not path:
+        raise LoadgenError("--dataset sharegpt needs --dataset-path FILE")
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise LoadgenError("cannot read dataset %s: %s" % (path, e.strerror or e)) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise LoadgenError("dataset %s is not valid JSON: %s" % (path, e)) from None
+    if not isinstance(data, list):
+        raise LoadgenError("dataset %s: expected a JSON list of conversations" % path)
+    pool = []
+    for item in data:
+        conv = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(conv, list) or len(conv) < 2:
+            continue
+        a, b = conv[0], conv[1]
+        if not (isinstance(a, dict) and isinstance(b, dict)):
+            continue
+        q, ans = a.get("value"), b.get("value")
+        if not (isinstance(q, str) and isinstance(ans, str) and q.strip()):
+            continue
+        if a.get("from") not in ("human", "user"):
+            continue
+        out = fixed_out if fixed_out else max(4, min(1024, int(len(ans.split()) * 4 / 3)))
+        pool.append([{"prompt": q, "max_tokens": out}])
+    if not pool:
+        raise LoadgenError("dataset %s has no usable conversations (need human then gpt turns)" % path)
+    rng.shuffle(pool)
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# HTTP/1.1 over asyncio streams
+
+
+class Target:
+    """Parsed --base-url: scheme, host, port, path prefix."""
+
+    def __init__(self, base_url):
+        u = urllib.parse.urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise LoadgenError("--base-url must look like http://HOST:PORT (got %r)" % base_url)
+        self.scheme = u.scheme
+        self.host = u.hostname
+        try:
+            self.port = u.port or (443 if u.scheme == "https" else 80)
+        except ValueError:
+            raise LoadgenError("bad port in --base-url %r" % base_url) from None
+        self.prefix = u.path.rstrip("/")
+        self.hostport = u.netloc
+
+    def path(self, endpoint):
+        return self.prefix + endpoint
+
+
+class HTTPError(Exception):
+    """The server answered, but not with what we can use (status kept)."""
+
+    def __init__(self, status, msg):
+        super().__init__(msg)
+        self.status = status
+
+
+async def _open(target, timeout):
+    ctx = ssl.create_default_context() if target.scheme == "https" else None
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(target.host, target.port, ssl=ctx, limit=1 << 22), timeout)
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+    return reader, writer
+
+
+async def _read_head(reader):
+    line = await reader.readline()
+    if not line:
+        raise ConnectionError("server closed the connection before answering")
+    parts = line.decode("latin-1").split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise ConnectionError("bad HTTP status line %r" % line[:80])
+    status = int(parts[1])
+    headers = {}
+    for _ in range(256):
+        h = await reader.readline()
+        if h in (b"\r\n", b"\n"):
+            return status, headers
+        if not h:
+            raise ConnectionError("connection closed inside HTTP headers")
+        if b":" in h:
+            k, v = h.decode("latin-1").split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+    raise ConnectionError("too many HTTP header lines")
+
+
+async def _body(reader, headers):
+    """Async generator of body bytes: chunked, Content-Length, or until close."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        while True:
+            line = await reader.readline()
+            if not line:
+                raise ConnectionError("connection closed inside a chunked body")
+            try:
+                size = int(line.split(b";")[0].strip(), 16)
+            except ValueError:
+                raise ConnectionError("bad chunk size line %r" % line[:40]) from None
+            if size == 0:
+                for _ in range(64):  # trailers
+                    t = await reader.readline()
+                    if t in (b"\r\n", b"\n", b""):
+                        break
+                return
+            data = await reader.readexactly(size)
+            await reader.readexactly(2)
+            yield data
+    elif "content-length" in headers:
+        try:
+            left = int(headers["content-length"])
+        except ValueError:
+            raise ConnectionError("bad Content-Length") from None
+        while left > 0:
+            data = await reader.read(min(left, 65536))
+            if not data:
+                raise ConnectionError("connection closed inside the body")
+            left -= len(data)
+            yield data
+    else:
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                return
+            yield data
+
+
+def _request_bytes(target, method, path, headers, body):
+    lines = ["%s %s HTTP/1.1" % (method, path), "Host: %s" % target.hostport, "Connection: close",
+             "User-Agent: dserve-loadgen"]
+    for k, v in headers.items():
+        lines.append("%s: %s" % (k, v))
+    if body is not None:
+        lines.append("Content-Type: application/json")
+        lines.append("Content-Length: %d" % len(body))
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+
+
+async def http_get_json(target, path, headers, timeout):
+    """GET path -> parsed JSON; raises HTTPError / OSError / ConnectionError / asyncio.TimeoutError."""
+    async def go():
+        reader, writer = await _open(target, timeout)
+        try:
+            writer.write(_request_bytes(target, "GET", path, headers, None))
+            await writer.drain()
+            status, hdrs = await _read_head(reader)
+            body = b""
+            async for d in _body(reader, hdrs):
+                body += d
+                if len(body) > (8 << 20):
+                    raise HTTPError(status, "response too large")
+            if status != 200:
+                raise HTTPError(status, "HTTP %d: %s" % (status, body[:200].decode("utf-8", "replace")))
+            try:
+                return json.loads(body)
+            except ValueError:
+                raise HTTPError(status, "response is not JSON") from None
+        finally:
+            writer.close()
+    return await asyncio.wait_for(go(), timeout)
+
+
+def _sse_events(buf):
+    """Split complete SSE events off bytearray buf (in place); returns list of data payload strings."""
+    out = []
+    while True:
+        i = buf.find(b"\n\n")
+        j = buf.find(b"\r\n\r\n")
+        if i < 0 and j < 0:
+            return out
+        if j >= 0 and (i < 0 or j < i):
+            block, cut = bytes(buf[:j]), j + 4
+        else:
+            block, cut = bytes(buf[:i]), i + 2
+        del buf[:cut]
+        data = []
+        for line in block.decode("utf-8", "replace").splitlines():
+            if line.startswith("data:"):
+                data.append(line[5:][1:] if line[5:6] == " " else line[5:])
+        if data:
+            out.append("\n".join(data))
+
+
+def _chunk_text(obj):
+    text = ""
+    for c in obj.get("choices") or []:
+        if not isinstance(c, dict):
+            continue
+        t = c.get("text")
+        if t is None:
+            d = c.get("delta") or {}
+            t = d.get("content") or d.get("reasoning_content") or ""
+        text += t if isinstance(t, str) else ""
+    return text
+
+
+async def send_request(target, endpoint, headers, payload, t_ref, timeout):
+    """POST one streaming request; returns a result dict (see summarize) plus 'text' (generated text)."""
+    r = {"success": False, "status": CONN_ERROR, "ttft": None, "tpot": None, "e2e": None, "itl": [],
+         "output_tokens": 0, "input_tokens": None, "usage_seen": False, "token_times": [], "error": "",
+         "text": ""}
+    start = time.perf_counter()
+    r["start"] = start - t_ref
+    writer = None
+
+    async def go():
+        nonlocal writer
+        reader, writer = await _open(target, timeout)
+        body = json.dumps(payload).encode("utf-8")
+        writer.write(_request_bytes(target, "POST", target.path(endpoint), headers, body))
+        await writer.drain()
+        status, hdrs = await _read_head(reader)
+        r["status"] = str(status)
+        if status != 200:
+            err = b""
+            async for d in _body(reader, hdrs):
+                err += d
+                if len(err) > 4096:
+                    break
+            r["error"] = "HTTP %d: %s" % (status, err[:300].decode("utf-8", "replace").strip())
+            return
+        buf = bytearray()
+        last = None
+        chunks = 0
+        pieces = []
+        done = False
+        async for data in _body(reader, hdrs):
+            buf += data
+            if len(buf) > (16 << 20):
+                raise HTTPError(status, "SSE event too large")
+            for ev in _sse_events(buf):
+                if ev.strip() == "[DONE]":
+                    done = True
+                    break
+                try:
+                    obj = json.loads(ev)
+                except ValueError:
+                    raise HTTPError(status, "bad SSE data %r" % ev[:80]) from None
+                if not isinstance(obj, dict):
+                    continue
+                if obj.get("error"):
+                    e = obj["error"]
+                    raise HTTPError(status, "error event: %s" % (e.get("message") if isinstance(e, dict) else e))
+                u = obj.get("usage")
+                if isinstance(u, dict):
+                    if isinstance(u.get("completion_tokens"), int):
+                        r["output_tokens"] = u["completion_tokens"]
+                        r["usage_seen"] = True
+                    if isinstance(u.get("prompt_tokens"), int):
+                        r["input_tokens"] = u["prompt_tokens"]
+                text = _chunk_text(obj)
+                if text:
+                    now = time.perf_counter()
+                    if last is None:
+                        r["ttft"] = now - start
+                    else:
+                        r["itl"].append(now - last)
+                    last = now
+                    chunks += 1
+                    pieces.append(text)
+                    r["token_times"].append(now - t_ref)
+            if done:
+                break
+        end = time.perf_counter()
+        if not done and "content-length" not in hdrs and "chunked" not in hdrs.get("transfer-encoding", ""):
+            done = True  # close-delimited stream without [DONE]: the end of the body is the end
+        if not done:
+            raise HTTPError(status, "stream ended without [DONE]")
+        if r["ttft"] is None:
+            raise HTTPError(status, "no tokens in the stream")
+        if not r["usage_seen"]:
+            r["output_tokens"] = chunks
+        r["e2e"] = end - start
+        r["end"] = end - t_ref
+        r["text"] = "".join(pieces)
+        n = r["output_tokens"]
+        r["tpot"] = (r["e2e"] - r["ttft"]) / (n - 1) if n > 1 else None
+        r["success"] = True
+
+    try:
+        await asyncio.wait_for(go(), timeout)
+    except asyncio.TimeoutError:
+        r["status"], r["error"] = TIMEOUT, "no complete answer within %.0f s" % timeout
+    except HTTPError as e:
+        r["status"], r["error"] = STREAM_ERROR, str(e)
+    except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+        if r["status"] == CONN_ERROR or r["status"] == "200":
+            r["status"] = CONN_ERROR if r["status"] == CONN_ERROR else STREAM_ERROR
+        r["error"] = "%s: %s" % (type(e).__name__, e)
+    finally:
+        if writer is not None:
+            writer.close()
+    if not r["success"]:
+        r["end"] = time.perf_counter() - t_ref
+        r["token_times"] = []
+    return r
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The run
+
+
+def make_payload(args, model, messages):
+    """Request body for one turn; messages: list of {"role","content"} (rendered as text for /v1/completions)."""
+    max_tokens = messages[-1].pop("_max_tokens")
+    if args.endpoint.endswith("/chat/completions"):
+        body = {"model": model, "messages": [dict(m) for m in messages], "max_tokens": max_tokens}
+    else:
+        if len(messages) == 1:
+            prompt = messages[0]["content"]
+        else:
+            prompt = "".join("%s: %s\n" % ("User" if m["role"] == "user" else "Assistant", m["content"])
+                             for m in messages) + "Assistant:"
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
+    body.update({"stream": True, "stream_options": {"include_usage": True}, "temperature": args.temperature})
+    if args.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+class Runner:
+    """One benchmark run: arrivals, concurrency limit, conversations, and the collected results."""
+
+    def __init__(self, args, target, model, headers):
+        self.args = args
+        self.target = target
+        self.model = model
+        self.headers = headers
+        self.results = []
+        self.sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+        self.consec_conn_errors = 0
+        self.aborted = ""
+        self.t_ref = 0.0
+        self.deadline = None
+
+    async def one(self, messages, counted=True):
+        payload = make_payload(self.args, self.model, messages)
+        if self.sem:
+            async with self.sem:
+                r = await send_request(self.target, self.args.endpoint, self.headers, payload, self.t_ref,
+                                       self.args.timeout)
+        else:
+            r = await send_request(self.target, self.args.endpoint, self.headers, payload, self.t_ref,
+                                   self.args.timeout)
+        if counted:
+            self.results.append(r)
+            if r["status"] in (CONN_ERROR,):
+                self.consec_conn_errors += 1
+                if self.args.max_conn_errors and self.consec_conn_errors >= self.args.max_conn_errors:
+                    self.aborted = "%d connection errors in a row" % self.consec_conn_errors
+            else:
+                self.consec_conn_errors = 0
+        return r
+
+    def may_send(self):
+        if self.aborted:
+            return False
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            return False
+        return True
+
+    async def conversation(self, turns, budget):
+        """Replay turns one after another, each answer appended to the history; budget: turns allowed (list of 1)."""
+        history = []
+        for t in turns:
+            if budget[0] <= 0 or not self.may_send():
+                return
+            budget[0] -= 1
+            history.append({"role": "user", "content": t["prompt"]})
+            msgs = [dict(m) for m in history]
+            msgs[-1]["_max_tokens"] = t["max_tokens"]
+            r = await self.one(msgs)
+            if not r["success"]:
+                return
+            history.append({"role": "assistant", "content": r["text"]})
+
+    async def run(self, items, intervals, num_requests):
+        self.t_ref = time.perf_counter()
+        if self.args.duration:
+            self.deadline = self.t_ref + self.args.duration
+        budget = [num_requests]
+        tasks = []
+        target_t = self.t_ref
+        for i, conv in enumerate(items):
+            if budget[0] <= 0 or not self.may_send():
+                break
+            tasks.append(asyncio.ensure_future(self.conversation(conv, budget)))
+            target_t += intervals[i]
+            delay = target_t - time.perf_counter()
+            if self.deadline is not None:
+                delay = min(delay, self.deadline - time.perf_counter())
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)
+        if tasks:
+            await asyncio.gather(*tasks)
+        return time.perf_counter() - self.t_ref
+
+
+async def resolve_model(args, target, headers):
+    try:
+        data = await http_get_json(target, target.path("/v1/models"), headers, min(args.timeout, 30.0))
+        models = data.get("data") if isinstance(data, dict) else None
+        if models and isinstance(models[0], dict) and models[0].get("id"):
+            return str(models[0]["id"]), ""
+        return "default", "GET /v1/models listed no models; using 'default'"
+    except HTTPError as e:
+        return "default", "GET /v1/models failed (%s); using 'default'" % e
+    except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+        return "default", "cannot reach %s (%s: %s)" % (args.base_url, type(e).__name__, e or "timeout")
+
+
+async def run_benchmark(args):
+    """Run the whole benchmark; returns the report dict."""
+    target = Target(args.base_url)
+    headers = {"Accept": "text/event-stream"}
+    if args.api_key:
+        headers["Authorization"] = "Bearer " + args.api_key
+    notes = []
+    model = args.model
+    if not model:
+        model, note = await resolve_model(args, target, headers)
+        if note:
+            notes.append(note)
+            print("warning: " + note, file=sys.stderr)
+    rng = random.Random(args.seed)
+    turns = args.turns if args.dataset == "multi-turn" else 1
+    n_conv = int(math.ceil(args.num_requests / turns))
+    items = build_dataset(args, n_conv + args.warmup, rng)
+    warm, items = items[:args.warmup], items[args.warmup:]
+    intervals = arrival_intervals(args.request_rate, args.burstiness, len(items), random.Random(args.seed + 1))
+    runner = Runner(args, target, model, headers)
+    warm_fail = 0
+    for conv in warm:  # warm-up: one after another, not counted
+        msgs = [{"role": "user", "content": conv[0]["prompt"], "_max_tokens": conv[0]["max_tokens"]}]
+        r = await runner.one(msgs, counted=False)
+        if not r["success"]:
+            warm_fail += 1
+    if warm_fail:
+        notes.append("%d of %d warm-up requests failed" % (warm_fail, len(warm)))
+    duration = await runner.run(items, intervals, args.num_requests)
+    sent = len(runner.results)
+    if runner.aborted:
+        notes.append("stopped sending after %s; %d requests not sent" % (runner.aborted, args.num_requests - sent))
+    extra = {
+        "base_url": args.base_url, "endpoint": args.endpoint, "model": model, "dataset": args.dataset,
+        "request_rate": "inf" if args.request_rate == float("inf") else args.request_rate,
+        "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
+        "num_requests": args.num_requests, "warmup": args.warmup, "aborted": runner.aborted or None,
+        "notes": notes,
+    }
+    rep = summarize(runner.results, duration, parse_slo(args.slo), extra)
+    rep["requests"] = [
+        {k: r.get(k) for k in ("status", "start", "end", "ttft", "tpot", "e2e", "input_tokens", "output_tokens",
+                               "error")} | ({"itl": r["itl"]} if args.save_itl else {})
+        for r in runner.results]
+    return rep
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Output
+
+
+def _f(v, nd=2):
+    return "n/a" if v is None else "%.*f" % (nd, v)
+
+
+def format_report(rep):
+    """The report as vLLM's benchmark_serving prints it (plus failures, status histogram, goodput, E2E)."""
+    L = []
+    row = lambda k, v: L.append("{:<40} {:<10}".format(k, v))  # noqa: E731
+    L.append("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
+    row("Successful requests:", rep["successful_requests"])
+    row("Failed requests:", rep["failed_requests"])
+    row("HTTP status histogram:", " ".join("%s=%d" % kv for kv in rep["status_histogram"].items()) or "-")
+    row("Connection errors:", rep["connection_errors"])
+    if rep.get("max_concurrency"):
+        row("Maximum request concurrency:", rep["max_concurrency"])
+    if rep.get("request_rate") is not None:
+        row("Traffic request rate:", rep["request_rate"])
+    row("Benchmark duration (s):", _f(rep["duration_s"]))
+    row("Total input tokens:", rep["total_input_tokens"])
+    row("Total generated tokens:", rep["total_output_tokens"])
+    row("Request throughput (req/s):", _f(rep["request_throughput"]))
+    if rep.get("goodput") is not None:
+        row("Request goodput (req/s):", _f(rep["goodput"]))
+    row("Output token throughput (tok/s):", _f(rep["output_throughput"]))
+    row("Total Token throughput (tok/s):", _f(rep["total_token_throughput"]))
+    row("Peak concurrent requests:", rep["peak_concurrency"])
+    for key, title, name in (("ttft_ms", "Time to First Token", "TTFT"),
+                             ("tpot_ms", "Time per Output Token (excl. 1st token)", "TPOT"),
+                             ("itl_ms", "Inter-token Latency", "ITL"),
+                             ("e2e_ms", "End-to-end Latency", "E2EL")):
+        L.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))
+        d = rep[key]
+        row("Mean %s (ms):" % name, _f(d["mean"]))
+        row("Median %s (ms):" % name, _f(d["median"]))
+        row("P90 %s (ms):" % name, _f(d["p90"]))
+        row("P99 %s (ms):" % name, _f(d["p99"]))
+    if rep.get("slo_ms"):
+        L.append("{s:{c}^{n}}".format(s="Goodput", n=50, c="-"))
+        row("SLO (ms):", ",".join("%s:%g" % kv for kv in rep["slo_ms"].items()))
+        row("Requests meeting every SLO:", rep["good_requests"])
+    L.append("=" * 50)
+    for n in rep.get("notes") or []:
+        L.append("note: " + n)
+    if rep["input_tokens_unknown"]:
+        L.append("note: the server sent no usage for %d requests: input tokens unknown, output tokens counted as "
+                 "streamed chunks" % rep["input_tokens_unknown"])
+    return "\n".join(L)
+
+
+def first_error(rep):
+    for r in rep.get("requests") or []:
+        if r.get("error"):
+            return r["error"]
+    return ""
+
+
+def plot(rep, path):
+    """Write a PNG (latency CDFs, throughput over time); returns None on success or a reason string."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # any import failure means: no plot
+        return "matplotlib is not importable (%s)" % type(e).__name__
+    reqs = [r for r in rep["requests"] if r.get("status") == "200" and r.get("e2e") is not None]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax = axes[0]
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E")):
+        xs = sorted(r[key] * 1000 for r in reqs if r.get(key) is not None)
+        if xs:
+            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("CDF")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    ax = axes[1]
+    tl = rep["throughput_timeline"]
+    ts = [i * tl["bucket_s"] for i in range(len(tl["output_tokens_per_s"]))]
+    ax.plot(ts, tl["output_tokens_per_s"], label="output tok/s")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("output tokens/s")
+    ax2 = ax.twinx()
+    ax2.plot(ts, tl["requests_completed"], color="tab:orange", label="requests done/s")
+    ax2.set_ylabel("requests/s")
+    ax.grid(True, alpha=0.3)
+    fig.suptitle("%s %s rate=%s" % (rep["base_url"], rep["dataset"], rep["request_rate"]))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
+
+
+def compare_table(runs, baseline, ttft_limit_ms=1000.0):
+    """Table of goodput and p99 TTFT per rate for each server against `baseline`.
+
+    runs: {server: {rate(float): report dict or None}}. Returns (text, knee_rate or None)."""
+    servers = [s for s in runs if s != baseline]
+    rates = sorted({r for s in runs.values() for r in s})
+    base = runs.get(baseline, {})
+
+    def gp(rep):
+        return None if rep is None else rep.get("goodput")
+
+    def p99(rep):
+        return None if rep is None or not rep.get("successful_requests") else rep["ttft_ms"]["p99"]
+
+    def ratio(a, b):
+        return None if a is None or b is None or b == 0 else a / b
+
+    knee = None
+    for rate in rates:
+        v = p99(base.get(rate))
+        if v is not None and v > ttft_limit_ms:
+            knee = rate
+            break
+    hdr = ["rate", "%s gp" % baseline, "%s p99ttft" % baseline]
+    for s in servers:
+        hdr += ["%s gp" % s, "%s p99ttft" % s, "gp ratio", "p99ttft ratio"]
+    rows = []
+    for rate in rates:
+        b = base.get(rate)
+        row = ["%g" % rate, _f(gp(b)), _f(p99(b), 0)]
+        for s in servers:
+            x = runs[s].get(rate)
+            row += [_f(gp(x)), _f(p99(x), 0), _f(ratio(gp(x), gp(b))), _f(ratio(p99(x), p99(b)))]
+        rows.append(row)
+    w = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(hdr)]
+    out = ["  ".join(h.rjust(w[i]) for i, h in enumerate(hdr))]
+    out += ["  ".join(c.rjust(w[i]) for i, c in enumerate(r)) for r in rows]
+    out.append("(gp = goodput req/s; ratios are server/%s; p99ttft in ms)" % baseline)
+    if knee is None:
+        out.append("%s p99 TTFT never exceeded %g ms at the rates tried" % (baseline, ttft_limit_ms))
+    else:
+        out.append("rate where %s p99 TTFT first exceeds %g ms: %g req/s" % (baseline, ttft_limit_ms, knee))
+        for s in servers:
+            r = ratio(gp(runs[s].get(knee)), gp(base.get(knee)))
+            verdict = "n/a" if r is None else ("meets" if r >= 1.5 else "misses")
+            out.append("  %s/%s goodput at %g req/s: %s (target >= 1.5: %s)" % (s, baseline, knee, _f(r), verdict))
+    return "\n".join(out), knee
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _rate(text):
+    if text.lower() in ("inf", "infinity"):
+        return float("inf")
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a number: %r" % text) from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError("must be > 0 (or inf)")
+    return v
+
+
+def _pos_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer: %r" % text) from None
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return v
+
+
+def _nonneg_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not an integer: %r" % text) from None
+    if v < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return v
+
+
+def _pos_float(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a number: %r" % text) from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError("must be a positive number")
+    return v
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="Streaming load generator for OpenAI-compatible servers.")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"])
+    p.add_argument("--model", default="", help="model name (default: first of GET /v1/models)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""))
+    p.add_argument("--request-rate", type=_rate, default=float("inf"), help="requests/s (inf: all at once)")
+    p.add_argument("--burstiness", type=_pos_float, default=1.0, help="gamma shape; 1 = Poisson")
+    p.add_argument("--max-concurrency", type=_nonneg_int, default=0, help="0 = unlimited")
+    p.add_argument("--num-requests", type=_pos_int, default=100)
+    p.add_argument("--duration", type=_pos_float, default=None, help="stop sending after this many seconds")
+    p.add_argument("--warmup", type=_nonneg_int, default=0, help="requests sent first, not counted")
+    p.add_argument("--timeout", type=_pos_float, default=600.0, help="per-request limit (s)")
+    p.add_argument("--max-conn-errors", type=_nonneg_int, default=10,
+                   help="stop sending after this many connection errors in a row (0 = never)")
+    p.add_argument("--dataset", default="random", choices=["random", "shared-prefix", "multi-turn", "sharegpt"])
+    p.add_argument("--dataset-path", default="")
+    p.add_argument("--input-len", type=_pos_int, default=128, help="~words per prompt")
+    p.add_argument("--output-len", type=_pos_int, default=64, help="max_tokens")
+    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L*(1-r), L*(1+r)]")
+    p.add_argument("--prefix-len", type=_pos_int, default=256)
+    p.add_argument("--suffix-len", type=_pos_int, default=32)
+    p.add_argument("--num-prefixes", type=_pos_int, default=4)
+    p.add_argument("--turns", type=_pos_int, default=3)
+    p.add_argument("--sharegpt-output-len", type=_pos_int, default=None)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (vLLM extension)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo", default="", help="ttft:MS,tpot:MS,e2e:MS (any subset) for goodput")
+    p.add_argument("--json-out", default="")
+    p.add_argument("--save-itl", action="store_true", help="keep every ITL per request in the JSON")
+    p.add_argument("--plot", default="", help="PNG file (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no report on stdout")
+    args = p.parse_args(argv)
+    if not 0.0 <= args.range_ratio < 1.0:
+        p.error("--range-ratio must be in [0, 1)")
+    return args
+
+
+def main(argv=None):
+    """Entry point; returns the exit status (0: at least one request succeeded, 1: none did or an error)."""
+    try:
+        args = parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        parse_slo(args.slo)
+        rep = asyncio.run(run_benchmark(args))
+    except LoadgenError as e:
+        print("loadgen: error: %s" % e, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("loadgen: interrupted", file=sys.stderr)
+        return 130
+    if not args.quiet:
+        print(format_report(rep))
+    if args.json_out:
+        try:
+            with open(args.json_out, "w", encoding="utf-8") as f:
+                json.dump(rep, f, indent=1)
+        except OSError as e:
+            print("loadgen: error: cannot write %s: %s" % (args.json_out, e.strerror or e), file=sys.stderr)
+            return 1
+    if args.plot:
+        why = plot(rep, args.plot)
+        print("plot skipped: %s" % why if why else "plot written to %s" % args.plot, file=sys.stderr)
+    if rep["successful_requests"] == 0:
+        print("loadgen: error: all %d requests failed (%s)" % (rep["num_requests_sent"], first_error(rep) or
+                                                              "none sent"), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
