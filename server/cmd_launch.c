@@ -1,11 +1,75 @@
-// server/cmd_launch.c: subcommands of this module (not yet written: issue 6).
+// server/cmd_launch.c: `dserve launch --config F --node N`: load the cluster config and supervise this node's roles.
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "server/cmds.h"
+#include "server/config.h"
+#include "server/launch.h"
 
-int srv_cmd_launch(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "dserve %s: not yet (issue 6)\n", argv[0]);
-  return 3;
+static void launch_usage(FILE *f) {
+  fprintf(f,
+          "usage: dserve launch --config FILE --node NAME [--dserve PATH] [--grace-s S] [--backoff-ms MS]\n"
+          "  starts the router and workers FILE assigns to node NAME, waits for their health, restarts a crashed\n"
+          "  one with back-off (at most 5 restarts a minute), stops all on SIGTERM/SIGINT.\n"
+          "  --dserve PATH    binary the children run (default: this one)\n"
+          "  --grace-s S      seconds between SIGTERM and SIGKILL when stopping (default 10)\n"
+          "  --backoff-ms MS  first restart delay, doubled per restart (default 250)\n");
 }
 
+static int launch_num(const char *flag, const char *v, double lo, double hi, double *out) {
+  char *end = NULL;
+  double d = v ? strtod(v, &end) : 0;
+  if (!v || !*v || *end || !(d >= lo && d <= hi)) {
+    fprintf(stderr, "dserve launch: %s: expected a number %g..%g\n", flag, lo, hi);
+    return -1;
+  }
+  *out = d;
+  return 0;
+}
+
+int srv_cmd_launch(int argc, char **argv) {
+  srv_launch_opts o;
+  srv_launch_defaults(&o);
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    double d;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      launch_usage(stdout);
+      return 0;
+    } else if (!strcmp(a, "--config") && v) {
+      o.config_path = v, i++;
+    } else if (!strcmp(a, "--node") && v) {
+      o.node = v, i++;
+    } else if (!strcmp(a, "--dserve") && v) {
+      o.dserve = v, i++;
+    } else if (!strcmp(a, "--grace-s")) {
+      if (launch_num(a, v, 0, 3600, &d)) return 2;
+      o.grace_ms = (int)(d * 1000), i++;
+    } else if (!strcmp(a, "--backoff-ms")) {
+      if (launch_num(a, v, 1, 60000, &d)) return 2;
+      o.backoff_ms = (int)d, i++;
+    } else {
+      fprintf(stderr, "dserve launch: unknown or incomplete option '%s'\n", a);
+      launch_usage(stderr);
+      return 2;
+    }
+  }
+  if (!o.config_path || !o.node) {
+    fprintf(stderr, "dserve launch: --config and --node are required\n");
+    launch_usage(stderr);
+    return 2;
+  }
+  srv_config *cfg = NULL;
+  char err[1024];
+  if (srv_config_load(o.config_path, &cfg, err, sizeof err)) {
+    fprintf(stderr, "dserve launch: %s\n", err);
+    return 2;
+  }
+  err[0] = 0;
+  int rc = srv_launch_run(cfg, &o, err, sizeof err);
+  if (rc == 2 && err[0]) fprintf(stderr, "dserve launch: %s\n", err);
+  srv_config_free(cfg);
+  return rc;
+}
