@@ -33,7 +33,7 @@ typedef struct lch_child {
   char *argv[8];        // (borrowed strings) NULL-terminated
   int is_router;
   char host[64];        // where to probe
-  int port;             // 0 = cannot probe: counted up once started
+  int port;             // 0 = cannot probe: counted up after LCH_ALIVE_MS alive
   pid_t pid;            // 0 = not running
   lch_stream s[2];      // stdout, stderr
   int ready;            // answered the health probe since its last start
@@ -243,8 +243,11 @@ static int lch_http_health(const char *host, int port, int timeout_ms) {
   return !strncmp(resp, "HTTP/1.", 7) && got >= 12 && !strncmp(resp + 8, " 200", 4);
 }
 
-static int lch_probe(const lch_child *c) {
-  if (!c->port) return 1;
+// Port 0 cannot be probed: such a child counts as up once it has stayed alive this long.
+#define LCH_ALIVE_MS 500
+
+static int lch_probe(const lch_child *c, int64_t now) {
+  if (!c->port) return now - c->started_at >= LCH_ALIVE_MS;
   if (c->is_router) return lch_http_health(c->host, c->port, 500);
   int fd = lch_connect(c->host, c->port, 300);
   if (fd < 0) return 0;
@@ -445,7 +448,7 @@ int srv_launch_run(const srv_config *cfg, const srv_launch_opts *o, char *err, s
           }
         }
         if (c->pid > 0 && !c->ready && now >= c->next_probe) {
-          if (lch_probe(c)) {
+          if (lch_probe(c, now)) {
             c->ready = 1;
             if (c->was_ready) lch_say("%s is up again", c->name);
             c->was_ready = 1;
