@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# bench/compare.sh: dserve (colocated, 1P1D) vs llama.cpp's OpenAI server, same GGUF and workload at several rates; one ratio table.
+#
+# Usage: bench/compare.sh            (from anywhere; takes roughly 5-15 minutes)
+# Knobs (environment): RATES=0.25,0.5,1,2  SECS_PER_RATE=12  MIN_REQ=8  MAX_REQ=40  INPUT_LEN=32  OUTPUT_LEN=32
+#   SLO=ttft:1000,tpot:100  SERVERS="llama.cpp dserve dserve-1p1d"  HEALTH_TIMEOUT=120  REQ_TIMEOUT=120
+#   RUN_LIMIT=300 (s per loadgen run)  DSERVE_BIN=build/dserve  DSERVE_REFVENV=/work/.cache/refvenv
+#   LLAMA_PORT=18480  LLAMA_THREADS=2  COMPARE_OUT=<dir for logs and JSON>
+# Exit status: 0 when every server ran, 1 when one did not become healthy (the table is printed anyway).
+set -u
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+
+RATES=${RATES:-0.25,0.5,1,2}
+SECS_PER_RATE=${SECS_PER_RATE:-12}
+MIN_REQ=${MIN_REQ:-8}
+MAX_REQ=${MAX_REQ:-40}
+INPUT_LEN=${INPUT_LEN:-32}
+OUTPUT_LEN=${OUTPUT_LEN:-32}
+SLO=${SLO:-ttft:1000,tpot:100}
+SERVERS=${SERVERS:-llama.cpp dserve dserve-1p1d}
+HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-120}
+REQ_TIMEOUT=${REQ_TIMEOUT:-120}
+RUN_LIMIT=${RUN_LIMIT:-300}
+DSERVE_BIN=${DSERVE_BIN:-build/dserve}
+REFVENV=${DSERVE_REFVENV:-/work/.cache/refvenv}
+LLAMA_PORT=${LLAMA_PORT:-18480}
+LLAMA_THREADS=${LLAMA_THREADS:-2}
+MODEL=models/weights/SmolLM2-135M-Instruct.Q4_1.gguf
+OUT=${COMPARE_OUT:-$(mktemp -d /tmp/dserve-compare.XXXXXX)}
+mkdir -p "$OUT" || exit 1
+
+log() { printf '[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+SERVER_PID=""
+stop_server() {
+  [ -n "$SERVER_PID" ] || return 0
+  kill -TERM -- "-$SERVER_PID" 2>/dev/null || kill -TERM "$SERVER_PID" 2>/dev/null
+  for _ in $(seq 1 20); do
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.5
+  done
+  kill -KILL -- "-$SERVER_PID" 2>/dev/null || kill -KILL "$SERVER_PID" 2>/dev/null
+  wait "$SERVER_PID" 2>/dev/null
+  SERVER_PID=""
+}
+trap stop_server EXIT
+trap 'log "interrupted"; exit 130' INT TERM
+
+# port_busy PORT: true when something already listens on 127.0.0.1:PORT
+port_busy() {
+  python3 - "$1" <<'EOF'
+import socket, sys
+s = socket.socket(); s.settimeout(1)
+sys.exit(0 if s.connect_ex(("127.0.0.1", int(sys.argv[1]))) == 0 else 1)
+EOF
+}
+
+# healthy URL: true when GET URL/health or URL/v1/models answers 200
+healthy() {
+  python3 - "$1" <<'EOF'
+import sys, urllib.request
+for path in ("/health", "/v1/models"):
+    try:
+        with urllib.request.urlopen(sys.argv[1] + path, timeout=2) as r:
+            if r.status == 200:
+                sys.exit(0)
+    except Exception:
+        pass
+sys.exit(1)
+EOF
+}
+
+# start_server NAME URL CMD...: start CMD in its own process group, wait until URL is healthy; 0 ok, 1 not healthy
+start_server() {
+  local name=$1 url=$2
+  shift 2
+  local port=${url##*:}
+  if port_busy "$port"; then
+    log "$name: port $port is already in use; $name did not become healthy (not started)"
+    return 1
+  fi
+  log "$name: starting: $*  (log: $OUT/$name.server.log)"
+  setsid "$@" >"$OUT/$name.server.log" 2>&1 &
+  SERVER_PID=$!
+  local t0=$SECONDS
+  while [ $((SECONDS - t0)) -lt "$HEALTH_TIMEOUT" ]; do
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      wait "$SERVER_PID" 2>/dev/null
+      log "$name: exited with status $? before becoming healthy; $name did not become healthy. Last log lines:"
+      tail -n 5 "$OUT/$name.server.log" >&2
+      SERVER_PID=""
+      return 1
+    fi
+    if healthy "$url"; then
+      log "$name: healthy after $((SECONDS - t0)) s"
+      return 0
+    fi
+    sleep 1
+  done
+  log "$name: $name did not become healthy within $HEALTH_TIMEOUT s (log: $OUT/$name.server.log)"
+  stop_server
+  return 1
+}
+
+# ensure_refvenv: the llama-cpp-python venv with the server extra (created when absent; llama.cpp is not rebuilt)
+ensure_refvenv() {
+  if [ ! -x "$REFVENV/bin/python" ]; then
+    log "creating $REFVENV (python3 -m venv + pip install 'llama-cpp-python[server]'; builds llama.cpp, slow)"
+    python3 -m venv "$REFVENV" || return 1
+    "$REFVENV/bin/pip" install 'llama-cpp-python[server]' >"$OUT/refvenv.pip.log" 2>&1 || {
+      log "pip install failed (log: $OUT/refvenv.pip.log)"; return 1; }
+  fi
+  if ! "$REFVENV/bin/python" -c "import llama_cpp.server.app" 2>/dev/null; then
+    log "adding the server extra to $REFVENV (pip install 'llama-cpp-python[server]')"
+    "$REFVENV/bin/pip" install 'llama-cpp-python[server]' >"$OUT/refvenv.pip.log" 2>&1 || {
+      log "pip install failed (log: $OUT/refvenv.pip.log)"; return 1; }
+  fi
+  "$REFVENV/bin/python" -c "import llama_cpp.server.app" 2>/dev/null
+}
+
+# config_port FILE: the router's port in a dserve cluster config (default 8000)
+config_port() {
+  python3 - "$1" <<'EOF'
+import json, sys
+try:
+    print(int(json.load(open(sys.argv[1])).get("router", {}).get("port", 8000)))
+except Exception:
+    print(8000)
+EOF
+}
+
+PLOT_OK=0
+python3 -c "import matplotlib" 2>/dev/null && PLOT_OK=1
+
+# drive NAME URL: the same workload at every rate; JSON in $OUT/NAME.rate-R.json
+drive() {
+  local name=$1 url=$2 first=1 rate n warm seed=0
+  IFS=',' read -r -a rate_list <<<"$RATES"
+  for rate in "${rate_list[@]}"; do
+    seed=$((seed + 1)) # new prompts at every rate (no prefix-cache hits across runs), the same for every server
+    n=$(python3 -c "import math,sys; r=float(sys.argv[1]); print(max($MIN_REQ, min($MAX_REQ, math.ceil(r*$SECS_PER_RATE))))" "$rate")
+    warm=0
+    [ $first = 1 ] && warm=2
+    first=0
+    local js="$OUT/$name.rate-$rate.json"
+    local extra=()
+    [ $PLOT_OK = 1 ] && extra+=(--plot "$OUT/$name.rate-$rate.png")
+    log "$name: rate $rate req/s, $n requests"
+    timeout "$RUN_LIMIT" python3 bench/loadgen.py --base-url "$url" --endpoint /v1/completions \
+      --dataset random --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed "$seed" \
+      --num-requests "$n" --request-rate "$rate" --warmup "$warm" --timeout "$REQ_TIMEOUT" \
+      --slo "$SLO" --json-out "$js" --quiet "${extra[@]}" 2>>"$OUT/$name.loadgen.log"
+    local rc=$?
+    if [ -f "$js" ]; then
+      python3 - "$js" <<'EOF' >&2
+import json, sys
+d = json.load(open(sys.argv[1]))
+f = lambda v: "n/a" if v is None else "%.0f" % v
+print("    ok %d/%d  goodput %.2f req/s  p99 TTFT %s ms  mean TPOT %s ms  out tok %d  %s" % (
+    d["successful_requests"], d["num_requests_sent"], d["goodput"] or 0, f(d["ttft_ms"]["p99"]),
+    f(d["tpot_ms"]["mean"]), d["total_output_tokens"],
+    " ".join("%s=%d" % kv for kv in d["status_histogram"].items())))
+EOF
+    else
+      log "$name: loadgen at rate $rate produced no report (status $rc; log: $OUT/$name.loadgen.log)"
+    fi
+  done
+}
+
+STATUS=0
+for srv in $SERVERS; do
+  case $srv in
+    llama.cpp)
+      if [ ! -f "$MODEL" ]; then
+        log "llama.cpp: $MODEL is missing (run scripts/setup.sh); skipped"; STATUS=1; continue
+      fi
+      if ! ensure_refvenv; then
+        log "llama.cpp: the reference venv $REFVENV is not usable; skipped"; STATUS=1; continue
+      fi
+      url="http://127.0.0.1:$LLAMA_PORT"
+      # interrupt_requests False: otherwise a new request cuts the running stream short
+      if start_server llama.cpp "$url" "$REFVENV/bin/python" -m llama_cpp.server --model "$MODEL" \
+          --n_threads "$LLAMA_THREADS" --n_threads_batch "$LLAMA_THREADS" --host 127.0.0.1 --port "$LLAMA_PORT" \
+          --interrupt_requests False; then
+        drive llama.cpp "$url"
+      else
+        STATUS=1
+      fi
+      stop_server
+      ;;
+    dserve|dserve-1p1d)
+      cfg=configs/local.json
+      [ "$srv" = dserve-1p1d ] && cfg=configs/1p1d.json
+      if [ ! -x "$DSERVE_BIN" ]; then
+        log "$srv: $DSERVE_BIN is not built; dserve did not become healthy (not started)"; STATUS=1; continue
+      fi
+      url="http://127.0.0.1:$(config_port "$cfg")"
+      if start_server "$srv" "$url" "$DSERVE_BIN" launch --config "$cfg" --node local; then
+        drive "$srv" "$url"
+      else
+        log "$srv: dserve did not become healthy"
+        STATUS=1
+      fi
+      stop_server
+      ;;
+    *)
+      log "unknown server '$srv' in SERVERS (known: llama.cpp dserve dserve-1p1d)"; STATUS=1
+      ;;
+  esac
+done
+
+echo
+echo "== dserve vs llama.cpp: random $INPUT_LEN words in, $OUTPUT_LEN tokens out, SLO $SLO, rates $RATES =="
+python3 - "$OUT" "$RATES" $SERVERS <<'EOF'
+import json, os, sys
+sys.path.insert(0, "bench")
+import loadgen
+out, rates, servers = sys.argv[1], [float(r) for r in sys.argv[2].split(",")], sys.argv[3:]
+runs = {}
+for s in servers:
+    runs[s] = {}
+    for r, text in zip(rates, sys.argv[2].split(",")):
+        path = os.path.join(out, "%s.rate-%s.json" % (s, text))
+        try:
+            with open(path) as f:
+                runs[s][r] = json.load(f)
+        except (OSError, ValueError):
+            runs[s][r] = None
+if "llama.cpp" not in runs:
+    runs["llama.cpp"] = {r: None for r in rates}
+print(loadgen.compare_table(runs, "llama.cpp")[0])
+EOF
+echo "(logs and per-run JSON: $OUT)"
+exit $STATUS
