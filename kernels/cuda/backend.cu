@@ -1,0 +1,193 @@
+// kernels/cuda/backend.cu: the cuda krn_backend table: memory, streams, cuBLAS handle, scratch and device count.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/add.cuh"
+#include "kernels/cuda/attention_decode.cuh"
+#include "kernels/cuda/get_rows.cuh"
+#include "kernels/cuda/kv_store.cuh"
+#include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/softmax.cuh"
+#include "kernels/cuda/swiglu.cuh"
+
+krn_cuda_state *krn_cuda_st(krn_ctx *c) {
+  if (!c || !c->dev) {
+    fprintf(stderr, "krn cuda: op called on a ctx without ctx_init\n");
+    return NULL;
+  }
+  krn_cuda_state *s = (krn_cuda_state *)c->dev;
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess || cur != s->device) cudaSetDevice(s->device);
+  return s;
+}
+
+void krn_cuda_fail(krn_cuda_state *s, const char *what, const char *detail) {
+  if (!s || s->failed) return;
+  s->failed = 1;
+  snprintf(s->err, sizeof s->err, "%s: %s", what, detail);
+  fprintf(stderr, "krn cuda: %s\n", s->err);
+}
+
+int krn_cuda_check(krn_cuda_state *s, const char *what) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return 0;
+  krn_cuda_fail(s, what, cudaGetErrorString(e));
+  return -1;
+}
+
+void *krn_cuda_scratch(krn_cuda_state *s, int slot, size_t bytes) {
+  if (bytes == 0) bytes = 16;
+  if (s->scratch_bytes[slot] >= bytes) return s->scratch[slot];
+  size_t want = bytes + bytes / 4; // some headroom so that slowly growing batches do not realloc every step
+  void *p = NULL;
+  if (s->scratch[slot]) {
+    cudaStreamSynchronize(s->stream); // ops in flight may still read the old buffer
+    cudaFree(s->scratch[slot]);
+    s->scratch[slot] = NULL;
+    s->scratch_bytes[slot] = 0;
+  }
+  cudaError_t e = cudaMalloc(&p, want);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    char msg[96];
+    snprintf(msg, sizeof msg, "cudaMalloc of %zu bytes failed (%s)", want, cudaGetErrorString(e));
+    krn_cuda_fail(s, "scratch", msg);
+    return NULL;
+  }
+  s->scratch[slot] = p;
+  s->scratch_bytes[slot] = want;
+  return p;
+}
+
+static void *cu_alloc(krn_ctx *c, size_t bytes) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s) return NULL;
+  void *p = NULL;
+  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+    cudaGetLastError(); // an out-of-memory is the caller's to report, not sticky
+    return NULL;
+  }
+  return p;
+}
+
+static void cu_free(krn_ctx *c, void *p) {
+  if (!p) return;
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s) return;
+  cudaStreamSynchronize(s->stream); // the stream may still use p
+  cudaFree(p);
+}
+
+static void cu_upload(krn_ctx *c, void *dst, const void *host_src, size_t bytes) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s || bytes == 0) return;
+  // From pageable memory the copy has left host_src when the call returns; from pinned memory it has not,
+  // so sync to keep the contract simple (the source may be reused at once).
+  if (cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, s->stream) != cudaSuccess ||
+      cudaStreamSynchronize(s->stream) != cudaSuccess)
+    krn_cuda_check(s, "upload");
+}
+
+static void cu_download(krn_ctx *c, void *host_dst, const void *src, size_t bytes) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s || bytes == 0) return;
+  if (cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, s->stream) != cudaSuccess ||
+      cudaStreamSynchronize(s->stream) != cudaSuccess) {
+    krn_cuda_check(s, "download");
+    memset(host_dst, 0, bytes); // never hand back uninitialised memory
+  }
+}
+
+static void cu_sync(krn_ctx *c) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s) return;
+  cudaError_t e = cudaStreamSynchronize(s->stream);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    krn_cuda_fail(s, "sync", cudaGetErrorString(e));
+  }
+}
+
+static void cu_ctx_fini(krn_ctx *c) {
+  if (!c || !c->dev) return;
+  krn_cuda_state *s = (krn_cuda_state *)c->dev;
+  cudaSetDevice(s->device);
+  if (s->stream) cudaStreamSynchronize(s->stream);
+  for (int i = 0; i < 4; i++) cudaFree(s->scratch[i]);
+  if (s->blas) cublasDestroy(s->blas);
+  if (s->stream) cudaStreamDestroy(s->stream);
+  free(s);
+  c->dev = NULL;
+}
+
+static int cu_ctx_init(krn_ctx *c, int device, char *err, size_t errlen) {
+  if (!c) {
+    snprintf(err, errlen, "cuda: no ctx");
+    return -1;
+  }
+  c->dev = NULL;
+  int n = krn_cuda_device_count();
+  if (device < 0 || device >= n) {
+    snprintf(err, errlen, "cuda: device %d does not exist (%d CUDA device%s)", device, n, n == 1 ? "" : "s");
+    return -1;
+  }
+  krn_cuda_state *s = (krn_cuda_state *)calloc(1, sizeof *s);
+  if (!s) {
+    snprintf(err, errlen, "cuda: out of memory");
+    return -1;
+  }
+  s->device = device;
+  c->dev = s;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    snprintf(err, errlen, "cuda: device %d: %s", device, cudaGetErrorString(e));
+    cudaGetLastError();
+    cu_ctx_fini(c);
+    return -1;
+  }
+  cublasStatus_t bs = cublasCreate(&s->blas);
+  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(s->blas, s->stream);
+  if (bs != CUBLAS_STATUS_SUCCESS) {
+    snprintf(err, errlen, "cuda: cublas on device %d: %s", device, cublasGetStatusString(bs));
+    cu_ctx_fini(c);
+    return -1;
+  }
+  return 0;
+}
+
+static const krn_backend cu_backend = {
+    "cuda",
+    cu_alloc,
+    cu_free,
+    cu_upload,
+    cu_download,
+    cu_sync,
+    krn_cuda_matmul,
+    krn_cuda_get_rows,
+    krn_cuda_rmsnorm,
+    krn_cuda_rope,
+    krn_cuda_swiglu,
+    krn_cuda_softmax,
+    krn_cuda_add,
+    krn_cuda_kv_store,
+    krn_cuda_paged_attention,
+    cu_ctx_init,
+    cu_ctx_fini,
+};
+
+extern "C" const krn_backend *krn_cuda(void) { return &cu_backend; }
+
+extern "C" int krn_cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError(); // no driver / no device: not an error of any ctx
+    return 0;
+  }
+  return n;
+}

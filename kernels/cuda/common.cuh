@@ -1,0 +1,175 @@
+// kernels/cuda/common.cuh: the cuda backend's private state (stream, cuBLAS, scratch) and helpers shared by every op file.
+#ifndef DSERVE_KRN_CUDA_COMMON_CUH
+#define DSERVE_KRN_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels/krn.h"
+
+// What ctx_init hangs off krn_ctx.dev. Scratch buffers grow on demand and are freed by ctx_fini.
+typedef struct krn_cuda_state {
+  int device;
+  int n_sm;                 // multiprocessors of the device (sizes split-K grids)
+  cudaStream_t stream;      // (owned) every op and copy of this ctx runs on it
+  cublasHandle_t blas;      // (owned) bound to stream
+  void *scratch[4];         // (owned) device scratch, see KRN_CUDA_SCR_*
+  size_t scratch_bytes[4];
+  int failed;               // sticky: 1 after the first CUDA error (reported once on stderr)
+  char err[256];            // that first error
+} krn_cuda_state;
+
+enum { KRN_CUDA_SCR_W = 0, KRN_CUDA_SCR_X = 1, KRN_CUDA_SCR_ATTN = 2, KRN_CUDA_SCR_ATTN2 = 3 };
+
+// Returns the state of c after making its device current, or NULL (error recorded nowhere: no state) when
+// ctx_init was not run.
+krn_cuda_state *krn_cuda_st(krn_ctx *c);
+// Records the first failure of the ctx (and prints it once); later calls are ignored.
+void krn_cuda_fail(krn_cuda_state *s, const char *what, const char *detail);
+// Checks cudaGetLastError after a launch; 0 ok, -1 failed (recorded).
+int krn_cuda_check(krn_cuda_state *s, const char *what);
+// Scratch slot `slot` of at least bytes bytes, or NULL (recorded) when cudaMalloc fails.
+void *krn_cuda_scratch(krn_cuda_state *s, int slot, size_t bytes);
+
+// Bytes of a row of n elements of type t, 0 for an unknown type (krn_row_size without linking krn.c into this library).
+static inline size_t krn_cuda_row_bytes(int t, int64_t n) {
+  switch (t) {
+  case KRN_F32: return (size_t)n * 4;
+  case KRN_F16: return (size_t)n * 2;
+  case KRN_Q4_0: return (size_t)(n / KRN_QK) * sizeof(krn_block_q4_0);
+  case KRN_Q4_1: return (size_t)(n / KRN_QK) * sizeof(krn_block_q4_1);
+  case KRN_Q8_0: return (size_t)(n / KRN_QK) * sizeof(krn_block_q8_0);
+  }
+  return 0;
+}
+// 1 when t is a weight type the cuda ops take with rows of k elements.
+static inline int krn_cuda_type_ok(int t, int64_t k) {
+  if (t == KRN_F32 || t == KRN_F16) return 1;
+  return (t == KRN_Q4_0 || t == KRN_Q4_1 || t == KRN_Q8_0) && k % KRN_QK == 0;
+}
+
+// Number of blocks of `threads` threads covering n items, capped for grid-stride loops.
+static inline unsigned krn_cuda_blocks(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > 65535LL * 8) b = 65535LL * 8;
+  return (unsigned)b;
+}
+
+__device__ __forceinline__ float krn_cu_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float krn_cu_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float krn_cu_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+// Dequantizes the 32 elements of block b of a row of type T into out[32]. row points at the row start.
+// Block layouts are krn.h's: q4 element j < 16 is the low nibble of qs[j], j + 16 the high nibble.
+template <int T> __device__ __forceinline__ void krn_cu_deq_block(const void *row, int64_t b, float *out);
+
+template <> __device__ __forceinline__ void krn_cu_deq_block<KRN_F32>(const void *row, int64_t b, float *out) {
+  const float4 *p = (const float4 *)((const float *)row + b * 32);
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    float4 v = p[i];
+    out[4 * i] = v.x; out[4 * i + 1] = v.y; out[4 * i + 2] = v.z; out[4 * i + 3] = v.w;
+  }
+}
+template <> __device__ __forceinline__ void krn_cu_deq_block<KRN_F16>(const void *row, int64_t b, float *out) {
+  const uint4 *p = (const uint4 *)((const uint16_t *)row + b * 32);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    uint4 v = p[i];
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      float2 f = __half22float2(*(const __half2 *)&w[j]);
+      out[8 * i + 2 * j] = f.x; out[8 * i + 2 * j + 1] = f.y;
+    }
+  }
+}
+template <> __device__ __forceinline__ void krn_cu_deq_block<KRN_Q4_0>(const void *row, int64_t b, float *out) {
+  const krn_block_q4_0 *blk = (const krn_block_q4_0 *)row + b; // 18 bytes: 2-byte aligned
+  const uint16_t *q = (const uint16_t *)blk->qs;
+  float d = krn_cu_h2f(blk->d);
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    uint16_t v = q[i];
+    out[2 * i] = d * (float)((int)(v & 0xf) - 8);
+    out[2 * i + 1] = d * (float)((int)((v >> 8) & 0xf) - 8);
+    out[2 * i + 16] = d * (float)((int)((v >> 4) & 0xf) - 8);
+    out[2 * i + 17] = d * (float)((int)(v >> 12) - 8);
+  }
+}
+template <> __device__ __forceinline__ void krn_cu_deq_block<KRN_Q4_1>(const void *row, int64_t b, float *out) {
+  const krn_block_q4_1 *blk = (const krn_block_q4_1 *)row + b; // 20 bytes: 4-byte aligned
+  const uint32_t *q = (const uint32_t *)blk->qs;
+  float d = krn_cu_h2f(blk->d), m = krn_cu_h2f(blk->m);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    uint32_t v = q[i];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      uint32_t byte = (v >> (8 * j)) & 0xff;
+      out[4 * i + j] = d * (float)(byte & 0xf) + m;
+      out[4 * i + j + 16] = d * (float)(byte >> 4) + m;
+    }
+  }
+}
+template <> __device__ __forceinline__ void krn_cu_deq_block<KRN_Q8_0>(const void *row, int64_t b, float *out) {
+  const krn_block_q8_0 *blk = (const krn_block_q8_0 *)row + b; // 34 bytes: 2-byte aligned
+  const uint16_t *q = (const uint16_t *)blk->qs;
+  float d = krn_cu_h2f(blk->d);
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    uint16_t v = q[i];
+    out[2 * i] = d * (float)(int8_t)(v & 0xff);
+    out[2 * i + 1] = d * (float)(int8_t)(v >> 8);
+  }
+}
+
+// Paged attention splits rows between its two kernels by 32-row tiles: a tile whose rows come from at most
+// KRN_CU_ATTN_TILE_SEGS runs of one sequence goes to the prefill kernel (it shares K/V tiles among the rows),
+// any other tile (a decode batch: one row per sequence) to the split-K decode kernel. Both kernels and the
+// decode combine pass evaluate this same test, so each row is computed exactly once.
+#define KRN_CU_ATTN_TILE 32
+#define KRN_CU_ATTN_TILE_SEGS 4
+__device__ __forceinline__ int krn_cu_attn_tile_is_prefill(const int32_t *tok_seq, int n_tokens, int tile) {
+  const int r0 = tile * KRN_CU_ATTN_TILE, r1 = min(n_tokens, r0 + KRN_CU_ATTN_TILE);
+  int segs = 1;
+  for (int r = r0 + 1; r < r1; r++) segs += tok_seq[r] != tok_seq[r - 1];
+  return segs <= KRN_CU_ATTN_TILE_SEGS;
+}
+
+// Element j of a row of type t (any alignment; the slow generic path).
+__device__ __forceinline__ float krn_cu_deq_elem(const void *row, int t, int64_t j) {
+  const int64_t b = j / 32;
+  const int jj = (int)(j % 32);
+  switch (t) {
+  case KRN_F32: return ((const float *)row)[j];
+  case KRN_F16: return krn_cu_h2f(((const uint16_t *)row)[j]);
+  case KRN_Q4_0: {
+    const krn_block_q4_0 *k = (const krn_block_q4_0 *)row + b;
+    int q = jj < 16 ? (k->qs[jj] & 0xf) : (k->qs[jj - 16] >> 4);
+    return krn_cu_h2f(k->d) * (float)(q - 8);
+  }
+  case KRN_Q4_1: {
+    const krn_block_q4_1 *k = (const krn_block_q4_1 *)row + b;
+    int q = jj < 16 ? (k->qs[jj] & 0xf) : (k->qs[jj - 16] >> 4);
+    return krn_cu_h2f(k->d) * (float)q + krn_cu_h2f(k->m);
+  }
+  case KRN_Q8_0: {
+    const krn_block_q8_0 *k = (const krn_block_q8_0 *)row + b;
+    return krn_cu_h2f(k->d) * (float)k->qs[jj];
+  }
+  }
+  return 0.0f;
+}
+
+#endif

@@ -1,0 +1,10 @@
+// kernels/cuda/swiglu.cuh: out = silu(gate) * up.
+#ifndef DSERVE_KRN_CUDA_SWIGLU_CUH
+#define DSERVE_KRN_CUDA_SWIGLU_CUH
+
+#include "kernels/krn.h"
+
+// Pointers are device memory; the op is enqueued on the ctx stream and returns without waiting.
+void krn_cuda_swiglu(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n);
+
+#endif
