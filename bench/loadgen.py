@@ -548,6 +548,8 @@ async def send_request(target, endpoint, headers, payload, t_ref, timeout):
         await asyncio.wait_for(go(), timeout)
     except asyncio.TimeoutError:
         r["status"], r["error"] = TIMEOUT, "no complete answer within %.0f s" % timeout
+    except asyncio.CancelledError:  # the run's --max-time ran out while this request was in flight
+        r["status"], r["error"], r["success"] = TIMEOUT, "cut off by the run's --max-time limit", False
     except HTTPError as e:
         r["status"], r["error"] = STREAM_ERROR, str(e)
     except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
@@ -645,6 +647,9 @@ class Runner:
         self.t_ref = time.perf_counter()
         if self.args.duration:
             self.deadline = self.t_ref + self.args.duration
+        hard = self.t_ref + self.args.max_time if self.args.max_time else None
+        if hard is not None:
+            self.deadline = hard if self.deadline is None else min(self.deadline, hard)
         budget = [num_requests]
         tasks = []
         target_t = self.t_ref
@@ -661,7 +666,13 @@ class Runner:
             else:
                 await asyncio.sleep(0)
         if tasks:
-            await asyncio.gather(*tasks)
+            left = None if hard is None else max(0.0, hard - time.perf_counter())
+            _, pending = await asyncio.wait(tasks, timeout=left)
+            if pending:
+                self.aborted = "the --max-time limit of %g s" % self.args.max_time
+                for t in pending:
+                    t.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
         return time.perf_counter() - self.t_ref
 
 
@@ -669,7 +680,7 @@ async def resolve_model(args, target, headers):
     try:
         data = await http_get_json(target, target.path("/v1/models"), headers, min(args.timeout, 30.0))
         models = data.get("data") if isinstance(data, dict) else None
-        if models and isinstance(models[0], dict) and models[0].get("id"):
+        if isinstance(models, list) and models and isinstance(models[0], dict) and models[0].get("id"):
             return str(models[0]["id"]), ""
         return "default", "GET /v1/models listed no models; using 'default'"
     except HTTPError as e:
@@ -709,7 +720,7 @@ async def run_benchmark(args):
     duration = await runner.run(items, intervals, args.num_requests)
     sent = len(runner.results)
     if runner.aborted:
-        notes.append("stopped sending after %s; %d requests not sent" % (runner.aborted, args.num_requests - sent))
+        notes.append("stopped after %s; %d requests not sent" % (runner.aborted, args.num_requests - sent))
     extra = {
         "base_url": args.base_url, "endpoint": args.endpoint, "model": model, "dataset": args.dataset,
         "request_rate": "inf" if args.request_rate == float("inf") else args.request_rate,
@@ -930,6 +941,8 @@ def parse_args(argv):
     p.add_argument("--duration", type=_pos_float, default=None, help="stop sending after this many seconds")
     p.add_argument("--warmup", type=_nonneg_int, default=0, help="requests sent first, not counted")
     p.add_argument("--timeout", type=_pos_float, default=600.0, help="per-request limit (s)")
+    p.add_argument("--max-time", type=_pos_float, default=None,
+                   help="hard limit on the whole run (s): requests still in flight then count as timeouts")
     p.add_argument("--max-conn-errors", type=_nonneg_int, default=10,
                    help="stop sending after this many connection errors in a row (0 = never)")
     p.add_argument("--dataset", default="random", choices=["random", "shared-prefix", "multi-turn", "sharegpt"])

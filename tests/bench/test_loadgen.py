@@ -409,10 +409,16 @@ class TestAgainstFakeServer(unittest.TestCase):
             t0 = time.monotonic()
             rc, _, _, rep = self.run_fake(slow, ["--num-requests", "2", "--timeout", "0.3", "--model", "m"])
             self.assertLess(time.monotonic() - t0, 2.5)
+            t0 = time.monotonic()  # the hard limit on the whole run cuts off requests in flight
+            rc2, out2, _, rep2 = self.run_fake(slow, ["--num-requests", "3", "--max-time", "0.4", "--model", "m"])
+            self.assertLess(time.monotonic() - t0, 2.5)
         finally:
             slow.close()
         self.assertEqual(rc, 1)
         self.assertEqual(rep["status_histogram"], {"timeout": 2})
+        self.assertEqual(rc2, 1)
+        self.assertEqual(rep2["status_histogram"], {"timeout": 3})
+        self.assertIn("--max-time limit", out2)
 
 
 class TestServerDown(unittest.TestCase):
