@@ -1,7 +1,9 @@
 // server/cmd_launch.c: `dserve launch --config F --node N`: load the cluster config and supervise this node's roles.
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "server/cmds.h"
 #include "server/config.h"
@@ -67,6 +69,9 @@ int srv_cmd_launch(int argc, char **argv) {
     fprintf(stderr, "dserve launch: %s\n", err);
     return 2;
   }
+  if (access(cfg->model_path, R_OK))
+    fprintf(stderr, "dserve launch: warning: model %s is not readable here (%s); its workers will fail to start\n",
+            cfg->model_path, strerror(errno));
   err[0] = 0;
   int rc = srv_launch_run(cfg, &o, err, sizeof err);
   if (rc == 2 && err[0]) fprintf(stderr, "dserve launch: %s\n", err);
