@@ -171,7 +171,9 @@ static void *handshake_main(void *arg) {
       ok = 0;
     }
   } else {
-    if (ok) fprintf(stderr, "dserve %s: refused a control peer: no hello (%s)\n", h->name, m ? "wrong op" : err);
+    // A health probe connects and closes without a word: not worth a log line.
+    if (ok && (m || !strstr(err, "closed")))
+      fprintf(stderr, "dserve %s: refused a control peer: no hello (%s)\n", h->name, m ? "wrong op" : err);
     ok = 0;
   }
   if (ok) {

@@ -15,10 +15,10 @@ static const cmd CMDS[] = {
     {"tokenize", mdl_cmd_tokenize, "MODEL.gguf TEXT         print token ids"},
     {"generate", mdl_cmd_generate, "--model M --prompt P ... generate text on this machine"},
     {"launch", srv_cmd_launch, "--config F --node N       start the roles a cluster config gives this node"},
-    {"router", rtr_cmd_router, "--config F --node N       run the OpenAI-compatible HTTP router"},
-    {"both", dec_cmd_both, "--config F --node N         run a colocated prefill+decode worker"},
-    {"prefill", pfl_cmd_prefill, "--config F --node N      run a prefill worker"},
-    {"decode", dec_cmd_decode, "--config F --node N       run a decode worker"},
+    {"router", rtr_cmd_router, "--config F                run the OpenAI-compatible HTTP router"},
+    {"both", dec_cmd_both, "--config F --name W         run a colocated prefill+decode worker"},
+    {"prefill", pfl_cmd_prefill, "--config F --name W      run a prefill worker"},
+    {"decode", dec_cmd_decode, "--config F --name W       run a decode worker"},
     {"kvxfer-bench", kvx_cmd_bench, "--backend B ...     KV transfer bandwidth and latency"},
 };
 
