@@ -152,7 +152,7 @@ static void make_nonce(char out[33]) {
 static void *handshake_main(void *arg) {
   srv_peer *p = arg;
   srv_hub *h = p->hub;
-  char err[256], nonce[33];
+  char err[256] = "timed out", nonce[33];
   make_nonce(nonce);
   cJSON *ch = cJSON_CreateObject();
   cJSON_AddStringToObject(ch, "op", "challenge");
