@@ -4,7 +4,7 @@
 # Usage: bench/compare.sh            (from anywhere; takes roughly 5-15 minutes)
 # Knobs (environment): RATES=0.25,0.5,1,2  SECS_PER_RATE=12  MIN_REQ=8  MAX_REQ=40  INPUT_LEN=32  OUTPUT_LEN=32
 #   SLO=ttft:1000,tpot:100  SERVERS="llama.cpp dserve dserve-1p1d"  HEALTH_TIMEOUT=120  REQ_TIMEOUT=120
-#   RUN_LIMIT=300 (s per loadgen run)  DSERVE_BIN=build/dserve  DSERVE_REFVENV=/work/.cache/refvenv
+#   RUN_LIMIT=180 (s per loadgen run; requests still in flight then count as timeouts)  DSERVE_BIN=build/dserve  DSERVE_REFVENV=/work/.cache/refvenv
 #   LLAMA_PORT=18480  LLAMA_THREADS=2  COMPARE_OUT=<dir for logs and JSON>
 # Exit status: 0 when every server ran, 1 when one did not become healthy (the table is printed anyway).
 set -u
@@ -22,7 +22,7 @@ SLO=${SLO:-ttft:1000,tpot:100}
 SERVERS=${SERVERS:-llama.cpp dserve dserve-1p1d}
 HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-120}
 REQ_TIMEOUT=${REQ_TIMEOUT:-120}
-RUN_LIMIT=${RUN_LIMIT:-300}
+RUN_LIMIT=${RUN_LIMIT:-180}
 DSERVE_BIN=${DSERVE_BIN:-build/dserve}
 REFVENV=${DSERVE_REFVENV:-/work/.cache/refvenv}
 LLAMA_PORT=${LLAMA_PORT:-18480}
@@ -148,7 +148,7 @@ drive() {
     local extra=()
     [ $PLOT_OK = 1 ] && extra+=(--plot "$OUT/$name.rate-$rate.png")
     log "$name: rate $rate req/s, $n requests"
-    timeout "$RUN_LIMIT" python3 bench/loadgen.py --base-url "$url" --endpoint /v1/completions \
+    timeout $((RUN_LIMIT + 30)) python3 bench/loadgen.py --max-time "$RUN_LIMIT" --base-url "$url" --endpoint /v1/completions \
       --dataset random --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed "$seed" \
       --num-requests "$n" --request-rate "$rate" --warmup "$warm" --timeout "$REQ_TIMEOUT" \
       --slo "$SLO" --json-out "$js" --quiet "${extra[@]}" 2>>"$OUT/$name.loadgen.log"
