@@ -1,0 +1,251 @@
+// tests/cuda/cuda_bench.cc: cuda backend figures: GEMV/GEMM throughput for SmolLM2 shapes, decode attention bandwidth vs peak, full model tokens/s.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/krn.h"
+#include "models/gguf.h"
+#include "models/llama.h"
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+struct Bench {
+  krn_ctx c{};
+  const krn_backend *be = nullptr;
+  std::mt19937 rng{7};
+  std::vector<void *> bufs;
+  ~Bench() {
+    for (void *p : bufs) be->free(&c, p);
+    if (c.dev) be->ctx_fini(&c);
+  }
+  // Device buffer of random bytes; with valid_f16_scales, every 32-element block of type t gets a finite scale.
+  void *rand_buf(size_t bytes, bool valid_f16_scales, krn_type t = KRN_F32) {
+    std::vector<uint8_t> h(bytes);
+    for (auto &b : h) b = (uint8_t)rng();
+    if (valid_f16_scales) { // keep block scales finite so the figures are not of NaN arithmetic
+      const size_t bb = krn_row_size(t, 32);
+      for (size_t o = 0; o + bb <= bytes; o += bb) {
+        krn_f16 d = krn_f32_to_f16(0.01f);
+        memcpy(&h[o], &d, 2);
+        if (t == KRN_Q4_1) memcpy(&h[o + 2], &d, 2);
+      }
+    }
+    void *p = be->alloc(&c, bytes);
+    if (!p) {
+      fprintf(stderr, "cuda_bench: alloc of %zu bytes failed\n", bytes);
+      exit(1);
+    }
+    be->upload(&c, p, h.data(), bytes);
+    bufs.push_back(p);
+    return p;
+  }
+  void *f32_buf(size_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> h(n);
+    for (auto &x : h) x = u(rng);
+    void *p = be->alloc(&c, n * 4);
+    be->upload(&c, p, h.data(), n * 4);
+    bufs.push_back(p);
+    return p;
+  }
+};
+
+// SmolLM2-135M: 30 layers of q, k, v, o, gate, up, down, then the 49152-row output.
+struct Shape { int k, m; };
+const Shape kLayer[] = {{576, 576}, {576, 192}, {576, 192}, {576, 576}, {576, 1536}, {576, 1536}, {1536, 576}};
+const int kLayers = 30;
+
+// Seconds per pass of all matmuls of the model at n rows, weights in Q4_1 (distinct per layer: no L2 reuse).
+double matmul_pass(Bench &b, const std::vector<void *> &w, void *out_w, int n) {
+  float *x = (float *)b.f32_buf((size_t)n * 1536, -1, 1);
+  float *y = (float *)b.be->alloc(&b.c, (size_t)n * 49152 * 4);
+  b.bufs.push_back(y);
+  auto pass = [&]() {
+    for (int l = 0; l < kLayers; l++)
+      for (int i = 0; i < 7; i++) b.be->matmul(&b.c, y, w[l * 7 + i], KRN_Q4_1, x, n, kLayer[i].k, kLayer[i].m);
+    b.be->matmul(&b.c, y, out_w, KRN_Q4_1, x, n, 576, 49152);
+  };
+  pass();
+  b.be->sync(&b.c);
+  const int iters = n >= 512 ? 5 : 30;
+  double t0 = now_s();
+  for (int i = 0; i < iters; i++) pass();
+  b.be->sync(&b.c);
+  return (now_s() - t0) / iters;
+}
+
+// Decode attention over batch rows each at context ctx; returns K/V bytes read per second.
+double attn_bw(Bench &b, int batch, int ctx, int n_head, int n_kv, int hd) {
+  const int bs = 16, max_blocks = (ctx + bs - 1) / bs, n_blocks = batch * max_blocks;
+  const size_t kv_bytes = (size_t)n_blocks * bs * n_kv * hd * 2;
+  void *kc = b.be->alloc(&b.c, kv_bytes), *vc = b.be->alloc(&b.c, kv_bytes);
+  if (!kc || !vc) {
+    fprintf(stderr, "cuda_bench: alloc of 2 x %zu bytes of KV failed\n", kv_bytes);
+    exit(1);
+  }
+  // The kernel's speed does not depend on the values; a constant keeps them finite.
+  std::vector<uint16_t> fill(kv_bytes / 2, krn_f32_to_f16(0.5f));
+  b.be->upload(&b.c, kc, fill.data(), kv_bytes);
+  b.be->upload(&b.c, vc, fill.data(), kv_bytes);
+  std::vector<int32_t> seq(batch), pos(batch), bt((size_t)batch * max_blocks);
+  for (int i = 0; i < batch; i++) seq[i] = i, pos[i] = ctx - 1;
+  std::vector<int32_t> ids(n_blocks);
+  for (int i = 0; i < n_blocks; i++) ids[i] = i;
+  std::shuffle(ids.begin(), ids.end(), b.rng);
+  for (size_t i = 0; i < bt.size(); i++) bt[i] = ids[i];
+  auto up = [&](const std::vector<int32_t> &v) {
+    void *p = b.be->alloc(&b.c, v.size() * 4);
+    b.be->upload(&b.c, p, v.data(), v.size() * 4);
+    b.bufs.push_back(p);
+    return (const int32_t *)p;
+  };
+  krn_attn_args a{};
+  a.n_tokens = batch;
+  a.n_head = n_head;
+  a.n_kv_head = n_kv;
+  a.head_dim = hd;
+  a.block_size = bs;
+  a.tok_seq = up(seq);
+  a.tok_pos = up(pos);
+  a.block_tables = up(bt);
+  a.max_blocks = max_blocks;
+  a.k_cache = kc;
+  a.v_cache = vc;
+  a.kv_type = KRN_F16;
+  a.scale = 1.0f / std::sqrt((float)hd);
+  float *q = (float *)b.f32_buf((size_t)batch * n_head * hd, -1, 1);
+  float *out = (float *)b.be->alloc(&b.c, (size_t)batch * n_head * hd * 4);
+  b.bufs.push_back(out);
+  b.be->paged_attention(&b.c, out, q, &a);
+  b.be->sync(&b.c);
+  const int iters = 20;
+  double t0 = now_s();
+  for (int i = 0; i < iters; i++) b.be->paged_attention(&b.c, out, q, &a);
+  b.be->sync(&b.c);
+  const double t = (now_s() - t0) / iters;
+  const double bytes = (double)batch * ctx * n_kv * hd * 2 /* K and V */ * 2 /* F16 */;
+  b.be->free(&b.c, kc);
+  b.be->free(&b.c, vc);
+  return bytes / t;
+}
+
+void model_figures(Bench &b) {
+  const char *path = DSERVE_SOURCE_DIR "/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf";
+  char err[256] = "";
+  mdl_gguf *g = nullptr;
+  if (mdl_gguf_open(path, &g, err, sizeof err)) {
+    printf("model: skipped (%s)\n", err);
+    return;
+  }
+  mdl_llama *m = nullptr;
+  if (mdl_llama_load(g, &b.c, &m, err, sizeof err)) {
+    printf("model: skipped (mdl_llama_load on cuda: %s)\n", err);
+    mdl_gguf_close(g);
+    return;
+  }
+  const mdl_llama_cfg *cfg = mdl_llama_config(m);
+  const int bs = 16, ctx = 2048 + 64, per_seq = (ctx + bs - 1) / bs, n_seqs = 32;
+  mdl_kv kv{};
+  kv.type = KRN_F16;
+  kv.block_size = bs;
+  kv.n_blocks = per_seq * n_seqs;
+  kv.base = b.be->alloc(&b.c, mdl_kv_block_bytes(cfg, KRN_F16, bs) * kv.n_blocks);
+  std::vector<int32_t> bt((size_t)kv.n_blocks);
+  for (int i = 0; i < kv.n_blocks; i++) bt[i] = i;
+  std::vector<int32_t> toks(2048);
+  for (auto &t : toks) t = (int32_t)(b.rng() % cfg->n_vocab);
+  std::vector<float> logits((size_t)n_seqs * cfg->n_vocab);
+  auto step = [&](int n, int n_new, int pos0) {
+    std::vector<mdl_seq> seqs(n);
+    for (int i = 0; i < n; i++) {
+      seqs[i].tokens = toks.data();
+      seqs[i].n_tokens = n_new;
+      seqs[i].pos0 = pos0;
+      seqs[i].block_table = bt.data() + (size_t)i * per_seq;
+      seqs[i].n_blocks = per_seq;
+      seqs[i].want_logits = 1;
+    }
+    return mdl_llama_forward(m, &kv, seqs.data(), n, logits.data(), nullptr, nullptr, err, sizeof err);
+  };
+  if (!kv.base || step(1, 2048, 0)) {
+    printf("model: skipped (forward on cuda: %s)\n", kv.base ? err : "KV alloc failed");
+  } else {
+    double t0 = now_s();
+    step(1, 2048, 0);
+    const double tp = now_s() - t0;
+    printf("model prefill 2048 tokens: %.0f tokens/s\n", 2048 / tp);
+    for (int batch : {1, 32}) {
+      step(batch, 1, 2048);
+      const int iters = 20;
+      t0 = now_s();
+      for (int i = 0; i < iters; i++) step(batch, 1, 2048 + i % 64);
+      const double td = (now_s() - t0) / iters;
+      printf("model decode batch %d at context 2048: %.0f tokens/s (%.2f ms/step)\n", batch, batch / td, td * 1e3);
+    }
+  }
+  b.be->free(&b.c, kv.base);
+  mdl_llama_free(m);
+  mdl_gguf_close(g);
+}
+
+} // namespace
+
+int main() {
+  Bench b;
+  b.be = krn_cuda();
+  if (!b.be || krn_cuda_device_count() == 0) {
+    printf("cuda_bench: no CUDA device; nothing measured\n");
+    return 0;
+  }
+  char err[256] = "";
+  b.c.be = b.be;
+  if (b.be->ctx_init(&b.c, 0, err, sizeof err)) {
+    fprintf(stderr, "cuda_bench: %s\n", err);
+    return 1;
+  }
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  int clk_khz = 0, bus_bits = 0;
+  cudaDeviceGetAttribute(&clk_khz, cudaDevAttrMemoryClockRate, 0);
+  cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0);
+  const double peak = 2.0 * clk_khz * 1e3 * bus_bits / 8; // bytes/s, DDR
+  printf("device: %s, %d SMs, peak memory bandwidth %.0f GB/s (2 x %d MHz x %d bit / 8)\n", prop.name,
+         prop.multiProcessorCount, peak / 1e9, clk_khz / 1000, bus_bits);
+
+  std::vector<void *> w;
+  for (int l = 0; l < kLayers; l++)
+    for (int i = 0; i < 7; i++)
+      w.push_back(b.rand_buf(krn_row_size(KRN_Q4_1, kLayer[i].k) * kLayer[i].m, true, KRN_Q4_1));
+  void *out_w = b.rand_buf(krn_row_size(KRN_Q4_1, 576) * 49152, true, KRN_Q4_1);
+  size_t wbytes = krn_row_size(KRN_Q4_1, 576) * 49152;
+  for (int i = 0; i < 7; i++) wbytes += krn_row_size(KRN_Q4_1, kLayer[i].k) * kLayer[i].m * kLayers;
+  for (int n : {1, 32}) {
+    const double t = matmul_pass(b, w, out_w, n);
+    printf("matmul decode proxy (all SmolLM2 Q4_1 matmuls) batch %d: %.3f ms/step = %.0f tokens/s, weights %.0f GB/s (%.0f%% of peak)\n",
+           n, t * 1e3, n / t, wbytes / t / 1e9, 100 * wbytes / t / peak);
+  }
+  {
+    const double t = matmul_pass(b, w, out_w, 2048);
+    const double flops = 2.0 * 2048 * (double)wbytes / krn_row_size(KRN_Q4_1, 32) * 32;
+    printf("matmul prefill 2048 tokens: %.2f ms = %.0f tokens/s, %.1f TFLOP/s\n", t * 1e3, 2048 / t, flops / t / 1e12);
+  }
+  struct { const char *name; int nh, nkv, hd; } cfgs[] = {{"SmolLM2 9q/3kv x64", 9, 3, 64}, {"Llama-8B 32q/8kv x128", 32, 8, 128}};
+  for (auto &cf : cfgs)
+    for (int ctx : {4096, 8192, 16384, 32768}) {
+      const double bw = attn_bw(b, 32, ctx, cf.nh, cf.nkv, cf.hd);
+      printf("decode attention %s batch 32 context %d: %.0f GB/s = %.0f%% of peak\n", cf.name, ctx, bw / 1e9,
+             100 * bw / peak);
+    }
+  model_figures(b);
+  return 0;
+}

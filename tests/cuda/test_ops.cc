@@ -1,0 +1,160 @@
+// tests/cuda/test_ops.cc: each cuda op against the cpu scalar reference on random inputs of awkward sizes.
+#include "tests/cuda/cuda_util.h"
+
+TEST(CudaBackend, InitRefusesMissingDevice) {
+  // Runs without a GPU too: the table exists when built with CUDA and ctx_init names the missing device.
+  if (krn_cuda() == nullptr) GTEST_SKIP() << "built without the CUDA toolkit";
+  const krn_backend *be = krn_cuda();
+  EXPECT_STREQ(be->name, "cuda");
+  krn_ctx c{};
+  c.be = be;
+  char err[256] = "";
+  const int n = krn_cuda_device_count();
+  EXPECT_GE(n, 0);
+  EXPECT_LT(be->ctx_init(&c, n, err, sizeof err), 0);
+  EXPECT_NE(strstr(err, "does not exist"), nullptr) << err;
+  EXPECT_EQ(c.dev, nullptr);
+  EXPECT_LT(be->ctx_init(&c, -1, err, sizeof err), 0);
+  be->ctx_fini(&c); // no-op on a ctx that was never set up
+  be->ctx_fini(nullptr);
+}
+
+TEST_F(CudaTest, AllocUploadDownload) {
+  std::vector<float> h = rand_floats(rng, 1000);
+  float *d = dev(h);
+  EXPECT_EQ(down(d, h.size()), h);
+  gpu.be->free(&gpu, nullptr); // no-op
+}
+
+struct MatCase { krn_type t; int n, k, m; };
+
+TEST_F(CudaTest, MatmulMatchesReference) {
+  std::vector<MatCase> cases;
+  for (krn_type t : {KRN_F32, KRN_F16, KRN_Q4_0, KRN_Q4_1, KRN_Q8_0})
+    for (int n : {1, 3, 8, 9, 40})
+      for (int k : {32, 96, 576})
+        for (int m : {1, 7, 65}) cases.push_back({t, n, k, m});
+  for (krn_type t : {KRN_F32, KRN_F16}) // k not a multiple of 32: the generic GEMV and cuBLAS on raw rows
+    for (int n : {2, 17}) cases.push_back({t, n, 33, 5}), cases.push_back({t, n, 100, 3});
+  for (const MatCase &mc : cases) {
+    SCOPED_TRACE(testing::Message() << krn_type_name(mc.t) << " n=" << mc.n << " k=" << mc.k << " m=" << mc.m);
+    std::vector<uint8_t> w = rand_weights(rng, mc.t, mc.m, mc.k);
+    std::vector<float> x = rand_floats(rng, (size_t)mc.n * mc.k);
+    std::vector<float> ref((size_t)mc.n * mc.m);
+    cpu.be->matmul(&cpu, ref.data(), w.data(), mc.t, x.data(), mc.n, mc.k, mc.m);
+    float *dy = dev_zero<float>(ref.size());
+    gpu.be->matmul(&gpu, dy, dev(w.data(), w.size()), mc.t, dev(x), mc.n, mc.k, mc.m);
+    std::vector<float> got = down(dy, ref.size());
+    // GEMV (n <= 8) is f32 throughout; the GEMM path rounds x (and non-F32 w) to F16.
+    const double tol = mc.n <= 8 || mc.t == KRN_F32 ? 1e-4 : 4e-3;
+    EXPECT_LT(rel_err(got, ref), tol);
+  }
+}
+
+TEST_F(CudaTest, MatmulUnalignedInput) {
+  // x one float past an aligned start: the fast GEMV needs 16-byte alignment, the generic one takes this.
+  const int n = 2, k = 64, m = 9;
+  std::vector<uint8_t> w = rand_weights(rng, KRN_Q4_1, m, k);
+  std::vector<float> x = rand_floats(rng, (size_t)n * k + 1);
+  std::vector<float> ref((size_t)n * m);
+  cpu.be->matmul(&cpu, ref.data(), w.data(), KRN_Q4_1, x.data() + 1, n, k, m);
+  float *dy = dev_zero<float>(ref.size());
+  gpu.be->matmul(&gpu, dy, dev(w.data(), w.size()), KRN_Q4_1, dev(x) + 1, n, k, m);
+  EXPECT_LT(rel_err(down(dy, ref.size()), ref), 1e-4);
+}
+
+TEST_F(CudaTest, GetRowsMatchesReference) {
+  for (krn_type t : {KRN_F32, KRN_F16, KRN_Q4_0, KRN_Q4_1, KRN_Q8_0}) {
+    for (int k : {64, 33}) {
+      if (k % 32 && t != KRN_F32 && t != KRN_F16) continue;
+      SCOPED_TRACE(testing::Message() << krn_type_name(t) << " k=" << k);
+      const int rows = 50, n = 13;
+      std::vector<uint8_t> w = rand_weights(rng, t, rows, k);
+      std::vector<int32_t> ids(n);
+      for (auto &i : ids) i = (int32_t)(rng() % rows);
+      ids[1] = ids[0]; // repeats
+      ids[2] = rows - 1;
+      std::vector<float> ref((size_t)n * k);
+      cpu.be->get_rows(&cpu, ref.data(), w.data(), t, ids.data(), n, k);
+      float *d = dev_zero<float>(ref.size());
+      gpu.be->get_rows(&gpu, d, dev(w.data(), w.size()), t, dev(ids), n, k);
+      EXPECT_EQ(rel_err(down(d, ref.size()), ref), 0.0) << "dequantization is exact";
+    }
+  }
+}
+
+TEST_F(CudaTest, RmsnormMatchesReference) {
+  for (int d : {1, 37, 576, 2049}) {
+    SCOPED_TRACE(d);
+    const int n = 5;
+    std::vector<float> x = rand_floats(rng, (size_t)n * d, -3, 3), w = rand_floats(rng, d);
+    std::vector<float> ref(x.size());
+    cpu.be->rmsnorm(&cpu, ref.data(), x.data(), w.data(), n, d, 1e-5f);
+    float *dx = dev(x), *dw = dev(w), *dout = dev_zero<float>(x.size());
+    gpu.be->rmsnorm(&gpu, dout, dx, dw, n, d, 1e-5f);
+    EXPECT_LT(rel_err(down(dout, x.size()), ref), 1e-5);
+    gpu.be->rmsnorm(&gpu, dx, dx, dw, n, d, 1e-5f); // in place
+    EXPECT_LT(rel_err(down(dx, x.size()), ref), 1e-5);
+  }
+}
+
+TEST_F(CudaTest, RopeMatchesReference) {
+  for (int neox : {0, 1}) {
+    for (int hd : {64, 6, 128}) {
+      SCOPED_TRACE(testing::Message() << "neox=" << neox << " head_dim=" << hd);
+      const int n = 7, nh = 3;
+      std::vector<float> x = rand_floats(rng, (size_t)n * nh * hd);
+      std::vector<int32_t> pos = {0, 1, 2, 15, 16, 1000, 4095};
+      std::vector<float> ref = x;
+      cpu.be->rope(&cpu, ref.data(), pos.data(), n, nh, hd, 10000.0f, neox);
+      float *dx = dev(x);
+      gpu.be->rope(&gpu, dx, dev(pos), n, nh, hd, 10000.0f, neox);
+      // Angles up to 4095 rad: a 1-ulp difference in powf/sincosf moves the result by ~1e-3 at most.
+      EXPECT_LT(rel_err(down(dx, x.size()), ref), 2e-3);
+      EXPECT_NE(rel_err(x, ref), 0.0); // the rotation did something
+    }
+  }
+}
+
+TEST_F(CudaTest, ElementwiseMatchReference) {
+  for (int64_t n : {1, 1000, 100003}) {
+    SCOPED_TRACE(n);
+    std::vector<float> g = rand_floats(rng, n, -8, 8), u = rand_floats(rng, n, -2, 2);
+    std::vector<float> ref(n);
+    cpu.be->swiglu(&cpu, ref.data(), g.data(), u.data(), n);
+    float *dg = dev(g), *du = dev(u);
+    gpu.be->swiglu(&gpu, dg, dg, du, n); // out may equal gate
+    EXPECT_LT(rel_err(down(dg, n), ref), 1e-5);
+
+    std::vector<float> y = rand_floats(rng, n), x = rand_floats(rng, n), yr = y;
+    cpu.be->add(&cpu, yr.data(), x.data(), n);
+    float *dy = dev(y);
+    gpu.be->add(&gpu, dy, dev(x), n);
+    EXPECT_EQ(down(dy, n), yr);
+  }
+}
+
+TEST_F(CudaTest, SoftmaxMatchesReference) {
+  for (int d : {1, 5, 49152 / 16, 4099}) {
+    SCOPED_TRACE(d);
+    const int n = 3;
+    std::vector<float> x = rand_floats(rng, (size_t)n * d, -20, 20), ref = x;
+    cpu.be->softmax(&cpu, ref.data(), n, d);
+    float *dx = dev(x);
+    gpu.be->softmax(&gpu, dx, n, d);
+    EXPECT_LT(rel_err(down(dx, x.size()), ref), 1e-5);
+  }
+}
+
+TEST_F(CudaTest, RefusesBadArguments) {
+  // A quantized matmul with k % 32 != 0 is refused (recorded, nothing written), not run out of bounds.
+  std::vector<float> y(4, 7.0f);
+  float *dy = dev(y);
+  std::vector<uint8_t> w(64);
+  std::vector<float> x(40);
+  testing::internal::CaptureStderr();
+  gpu.be->matmul(&gpu, dy, dev(w.data(), w.size()), KRN_Q4_0, dev(x), 1, 40, 1);
+  std::string msg = testing::internal::GetCapturedStderr();
+  EXPECT_NE(msg.find("matmul"), std::string::npos) << msg;
+  EXPECT_EQ(down(dy, 4), y);
+}
