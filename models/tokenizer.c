@@ -1,0 +1,900 @@
+// models/tokenizer.c: byte-level BPE (GPT-2 style) with the smollm pre-tokenizer, special tokens, decode and streaming decode.
+#include "models/tokenizer.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/tok_unicode.h"
+
+typedef struct mrg_slot {
+  uint64_t key; // (left << 32) | right; MRG_EMPTY when free
+  int32_t rank, merged;
+} mrg_slot;
+#define MRG_EMPTY UINT64_MAX
+
+struct mdl_tok {
+  int n_vocab;
+  char *text;         // (owned) token texts, each NUL-terminated
+  uint32_t *text_off; // (owned) (n_vocab)
+  uint32_t *text_len; // (owned) (n_vocab)
+  char *piece;        // (owned) decoded bytes of each token
+  uint32_t *piece_off, *piece_len; // (owned) (n_vocab)
+  uint8_t *type;      // (owned) (n_vocab) MDL_TOK_*
+  int32_t *hmap;      // (owned) (hcap) token text -> id, -1 empty
+  size_t hcap;
+  mrg_slot *mmap;     // (owned) (mcap) pair of ids -> rank and merged id
+  size_t mcap;
+  int32_t byte_tok[256];     // id of the token for each raw byte
+  uint16_t byte_to_cp[256];  // GPT-2 byte -> printable code point
+  int16_t cp_to_byte[512];   // inverse, -1 where none
+  int32_t *special;          // (owned) (n_special) control/user/unknown ids, longest text first
+  size_t n_special;
+  int32_t bos, eos, pad, unk;
+  int add_bos;
+  int split_digits; // smollm: every \p{N} code point is its own chunk before the GPT-2 split
+  int32_t eog[8];
+  int n_eog;
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || errlen == 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+// ---- Unicode helpers ----
+
+static int in_ranges(const mdl_tok_range *r, size_t n, uint32_t cp) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (cp < r[mid].lo) hi = mid;
+    else if (cp > r[mid].hi) lo = mid + 1;
+    else return 1;
+  }
+  return 0;
+}
+
+int mdl_tok_is_letter(uint32_t cp) {
+  if (cp < 0x80) return (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z');
+  return in_ranges(mdl_tok_letters, mdl_tok_letters_n, cp);
+}
+
+int mdl_tok_is_number(uint32_t cp) {
+  if (cp < 0x80) return cp >= '0' && cp <= '9';
+  return in_ranges(mdl_tok_numbers, mdl_tok_numbers_n, cp);
+}
+
+int mdl_tok_is_space(uint32_t cp) {
+  return (cp >= 0x9 && cp <= 0xD) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+// Decodes one code point at s[*i] the way llama.cpp does (lenient: overlong forms and surrogates pass); a byte that
+// does not start a decodable sequence becomes U+FFFD and is consumed alone.
+static uint32_t cp_next(const uint8_t *s, size_t n, size_t *i) {
+  size_t o = *i;
+  uint8_t b = s[o];
+  if (b < 0x80) {
+    *i = o + 1;
+    return b;
+  }
+  if ((b & 0x40) == 0) goto bad;
+  if ((b & 0x20) == 0) {
+    if (o + 1 >= n || (s[o + 1] & 0xC0) != 0x80) goto bad;
+    *i = o + 2;
+    return ((uint32_t)(b & 0x1F) << 6) | (s[o + 1] & 0x3F);
+  }
+  if ((b & 0x10) == 0) {
+    if (o + 2 >= n || (s[o + 1] & 0xC0) != 0x80 || (s[o + 2] & 0xC0) != 0x80) goto bad;
+    *i = o + 3;
+    return ((uint32_t)(b & 0x0F) << 12) | ((uint32_t)(s[o + 1] & 0x3F) << 6) | (s[o + 2] & 0x3F);
+  }
+  if ((b & 0x08) == 0) {
+    if (o + 3 >= n || (s[o + 1] & 0xC0) != 0x80 || (s[o + 2] & 0xC0) != 0x80 || (s[o + 3] & 0xC0) != 0x80) goto bad;
+    uint32_t cp = ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(s[o + 1] & 0x3F) << 12) | ((uint32_t)(s[o + 2] & 0x3F) << 6) |
+                  (s[o + 3] & 0x3F);
+    if (cp > 0x10FFFF) goto bad;
+    *i = o + 4;
+    return cp;
+  }
+bad:
+  *i = o + 1;
+  return 0xFFFD;
+}
+
+static size_t cp_put(uint8_t *out, uint32_t cp) {
+  if (cp < 0x80) {
+    out[0] = (uint8_t)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    out[0] = (uint8_t)(0xC0 | (cp >> 6));
+    out[1] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    out[0] = (uint8_t)(0xE0 | (cp >> 12));
+    out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+    out[2] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 3;
+  }
+  out[0] = (uint8_t)(0xF0 | (cp >> 18));
+  out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+  out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+  out[3] = (uint8_t)(0x80 | (cp & 0x3F));
+  return 4;
+}
+
+// ---- hashing ----
+
+static uint64_t hash_bytes(const char *p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= (uint8_t)p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+static uint64_t hash_u64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+static int32_t find_n(const mdl_tok *t, const char *p, size_t n) {
+  size_t m = t->hcap - 1;
+  for (size_t h = (size_t)hash_bytes(p, n) & m;; h = (h + 1) & m) {
+    int32_t id = t->hmap[h];
+    if (id < 0) return -1;
+    if (t->text_len[id] == n && memcmp(t->text + t->text_off[id], p, n) == 0) return id;
+  }
+}
+
+static void hmap_put(mdl_tok *t, int32_t id) {
+  const char *p = t->text + t->text_off[id];
+  size_t n = t->text_len[id], m = t->hcap - 1;
+  for (size_t h = (size_t)hash_bytes(p, n) & m;; h = (h + 1) & m) {
+    int32_t o = t->hmap[h];
+    if (o < 0 || (t->text_len[o] == n && memcmp(t->text + t->text_off[o], p, n) == 0)) {
+      t->hmap[h] = id; // a later duplicate wins, as in llama.cpp
+      return;
+    }
+  }
+}
+
+static const mrg_slot *mrg_find(const mdl_tok *t, int32_t l, int32_t r) {
+  if (t->mcap == 0) return NULL;
+  uint64_t key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;
+  size_t m = t->mcap - 1;
+  for (size_t h = (size_t)hash_u64(key) & m;; h = (h + 1) & m) {
+    if (t->mmap[h].key == MRG_EMPTY) return NULL;
+    if (t->mmap[h].key == key) return &t->mmap[h];
+  }
+}
+
+static void mrg_put(mdl_tok *t, int32_t l, int32_t r, int32_t rank, int32_t merged) {
+  uint64_t key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;
+  size_t m = t->mcap - 1;
+  for (size_t h = (size_t)hash_u64(key) & m;; h = (h + 1) & m) {
+    if (t->mmap[h].key == key) return; // the first (lowest) rank of a repeated pair stands
+    if (t->mmap[h].key == MRG_EMPTY) {
+      t->mmap[h].key = key;
+      t->mmap[h].rank = rank;
+      t->mmap[h].merged = merged;
+      return;
+    }
+  }
+}
+
+static size_t pow2_at_least(size_t n) {
+  size_t c = 16;
+  while (c < n) c <<= 1;
+  return c;
+}
+
+// ---- load ----
+
+void mdl_tok_free(mdl_tok *t) {
+  if (!t) return;
+  free(t->text);
+  free(t->text_off);
+  free(t->text_len);
+  free(t->piece);
+  free(t->piece_off);
+  free(t->piece_len);
+  free(t->type);
+  free(t->hmap);
+  free(t->mmap);
+  free(t->special);
+  free(t);
+}
+
+static int cmp_special_len(const void *a, const void *b, void *ctx) {
+  const mdl_tok *t = ctx;
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  if (t->text_len[x] != t->text_len[y]) return t->text_len[x] > t->text_len[y] ? -1 : 1;
+  return x < y ? -1 : x > y;
+}
+
+static int get_opt_id(const mdl_gguf *g, const mdl_tok *t, const char *key, int32_t *out, char *err, size_t errlen) {
+  int64_t v;
+  *out = -1;
+  if (!mdl_gguf_find(g, key)) return 0;
+  if (mdl_gguf_get_i64(g, key, &v) != 0) {
+    seterr(err, errlen, "%s is not an integer", key);
+    return -1;
+  }
+  if (v < 0 || v >= t->n_vocab) {
+    // llama.cpp treats out-of-range special ids as absent too; say so instead of using them
+    *out = -1;
+    return 0;
+  }
+  *out = (int32_t)v;
+  return 0;
+}
+
+int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
+  *out = NULL;
+  mdl_str s;
+  if (mdl_gguf_get_str(g, "tokenizer.ggml.model", &s) != 0) {
+    seterr(err, errlen, "tokenizer.ggml.model is missing");
+    return -1;
+  }
+  if (!mdl_str_eq(s, "gpt2")) {
+    seterr(err, errlen, "tokenizer.ggml.model '%.*s' is not supported (only gpt2 byte-level BPE)", (int)(s.n > 64 ? 64 : s.n),
+           s.p);
+    return -1;
+  }
+  int split_digits = 0;
+  if (mdl_gguf_get_str(g, "tokenizer.ggml.pre", &s) == 0) {
+    if (mdl_str_eq(s, "smollm") || mdl_str_eq(s, "starcoder") || mdl_str_eq(s, "refact")) split_digits = 1;
+    else if (!mdl_str_eq(s, "gpt2") && !mdl_str_eq(s, "default")) {
+      seterr(err, errlen, "tokenizer.ggml.pre '%.*s' is not supported (smollm, gpt2 and default are)", (int)(s.n > 64 ? 64 : s.n),
+             s.p);
+      return -1;
+    }
+  }
+  const mdl_gguf_kv *toks = mdl_gguf_find(g, "tokenizer.ggml.tokens");
+  if (!toks || toks->type != MDL_GGUF_ARR || toks->arr_type != MDL_GGUF_STR) {
+    seterr(err, errlen, "tokenizer.ggml.tokens is missing or not an array of strings");
+    return -1;
+  }
+  if (toks->arr_n == 0 || toks->arr_n > (1u << 24)) {
+    seterr(err, errlen, "tokenizer.ggml.tokens has %llu entries (1 to %u accepted)", (unsigned long long)toks->arr_n, 1u << 24);
+    return -1;
+  }
+  const mdl_gguf_kv *types = mdl_gguf_find(g, "tokenizer.ggml.token_type");
+  if (types && (types->type != MDL_GGUF_ARR || types->arr_n != toks->arr_n)) {
+    seterr(err, errlen, "tokenizer.ggml.token_type is not an array of %llu entries", (unsigned long long)toks->arr_n);
+    return -1;
+  }
+  const mdl_gguf_kv *merges = mdl_gguf_find(g, "tokenizer.ggml.merges");
+  if (!merges || merges->type != MDL_GGUF_ARR || merges->arr_type != MDL_GGUF_STR) {
+    seterr(err, errlen, "tokenizer.ggml.merges is missing or not an array of strings");
+    return -1;
+  }
+  if (merges->arr_n >= (uint64_t)INT32_MAX) {
+    seterr(err, errlen, "tokenizer.ggml.merges has too many entries");
+    return -1;
+  }
+
+  mdl_tok *t = calloc(1, sizeof *t);
+  if (!t) goto oom;
+  t->split_digits = split_digits;
+  int n = (int)toks->arr_n;
+  t->n_vocab = n;
+  size_t total = 0;
+  for (int i = 0; i < n; i++) {
+    if (mdl_gguf_arr_str(toks, (uint64_t)i, &s) != 0) goto bad_tok;
+    if (s.n > MDL_TOK_MAX_PIECE) {
+      seterr(err, errlen, "token %d is %llu bytes long (at most %d accepted)", i, (unsigned long long)s.n, MDL_TOK_MAX_PIECE);
+      goto fail;
+    }
+    total += (size_t)s.n + 1;
+  }
+  if (total > UINT32_MAX) goto bad_tok;
+  t->text = malloc(total);
+  t->piece = malloc(total);
+  t->text_off = malloc((size_t)n * sizeof *t->text_off);
+  t->text_len = malloc((size_t)n * sizeof *t->text_len);
+  t->piece_off = malloc((size_t)n * sizeof *t->piece_off);
+  t->piece_len = malloc((size_t)n * sizeof *t->piece_len);
+  t->type = malloc((size_t)n);
+  t->hcap = pow2_at_least((size_t)n * 2);
+  t->hmap = malloc(t->hcap * sizeof *t->hmap);
+  if (!t->text || !t->piece || !t->text_off || !t->text_len || !t->piece_off || !t->piece_len || !t->type || !t->hmap) goto oom;
+  memset(t->hmap, 0xff, t->hcap * sizeof *t->hmap);
+
+  // GPT-2 byte <-> printable code point map: printable Latin-1 bytes map to themselves, the rest to 256 + k
+  memset(t->cp_to_byte, 0xff, sizeof t->cp_to_byte);
+  for (int b = 0, k = 0; b < 256; b++) {
+    int keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    int cp = keep ? b : 256 + k++;
+    t->byte_to_cp[b] = (uint16_t)cp;
+    t->cp_to_byte[cp] = (int16_t)b;
+  }
+
+  size_t off = 0, poff = 0;
+  for (int i = 0; i < n; i++) {
+    mdl_gguf_arr_str(toks, (uint64_t)i, &s);
+    memcpy(t->text + off, s.p, (size_t)s.n);
+    t->text[off + s.n] = 0;
+    t->text_off[i] = (uint32_t)off;
+    t->text_len[i] = (uint32_t)s.n;
+    off += (size_t)s.n + 1;
+    int64_t ty = MDL_TOK_NORMAL;
+    if (types && mdl_gguf_arr_i64(types, (uint64_t)i, &ty) != 0) {
+      seterr(err, errlen, "tokenizer.ggml.token_type is not an integer array");
+      goto fail;
+    }
+    t->type[i] = (ty >= 1 && ty <= 6) ? (uint8_t)ty : MDL_TOK_NORMAL;
+    hmap_put(t, i);
+    // piece: control/user text as it is; the rest byte-level unmapped (an unmappable character kept as UTF-8)
+    t->piece_off[i] = (uint32_t)poff;
+    const uint8_t *p = (const uint8_t *)s.p;
+    if (t->type[i] == MDL_TOK_CONTROL || t->type[i] == MDL_TOK_USER) {
+      memcpy(t->piece + poff, p, (size_t)s.n);
+      poff += (size_t)s.n;
+    } else {
+      for (size_t j = 0; j < s.n;) {
+        size_t j0 = j;
+        uint32_t cp = cp_next(p, (size_t)s.n, &j);
+        if (cp < 512 && t->cp_to_byte[cp] >= 0) {
+          t->piece[poff++] = (char)t->cp_to_byte[cp];
+        } else {
+          memcpy(t->piece + poff, p + j0, j - j0);
+          poff += j - j0;
+        }
+      }
+    }
+    t->piece_len[i] = (uint32_t)(poff - t->piece_off[i]);
+  }
+  int n_bytes = 0;
+  for (int b = 0; b < 256; b++) {
+    uint8_t u[4];
+    size_t k = cp_put(u, t->byte_to_cp[b]);
+    t->byte_tok[b] = find_n(t, (const char *)u, k); // -1 where the vocabulary lacks it (SmolLM2 lacks a few)
+    if (t->byte_tok[b] >= 0) n_bytes++;
+  }
+  if (n_bytes < 128) {
+    seterr(err, errlen, "the vocabulary has tokens for only %d of the 256 bytes (not a byte-level BPE vocabulary)", n_bytes);
+    goto fail;
+  }
+
+  // merges "left right" -> rank; pairs whose parts or result are not tokens cannot fire and are left out
+  if (merges->arr_n > 0) {
+    t->mcap = pow2_at_least((size_t)merges->arr_n * 2);
+    t->mmap = malloc(t->mcap * sizeof *t->mmap);
+    if (!t->mmap) goto oom;
+    for (size_t i = 0; i < t->mcap; i++) t->mmap[i].key = MRG_EMPTY;
+    char buf[2 * MDL_TOK_MAX_PIECE + 2];
+    for (uint64_t i = 0; i < merges->arr_n; i++) {
+      mdl_gguf_arr_str(merges, i, &s);
+      if (s.n < 3 || s.n > sizeof buf) continue;
+      const char *sp = memchr(s.p + 1, ' ', (size_t)s.n - 1);
+      if (!sp) continue;
+      size_t ln = (size_t)(sp - s.p), rn = (size_t)s.n - ln - 1;
+      int32_t l = find_n(t, s.p, ln), r = find_n(t, sp + 1, rn);
+      if (l < 0 || r < 0) continue;
+      memcpy(buf, s.p, ln);
+      memcpy(buf + ln, sp + 1, rn);
+      int32_t m = find_n(t, buf, ln + rn);
+      if (m < 0) continue;
+      mrg_put(t, l, r, (int32_t)i, m);
+    }
+  }
+
+  // special tokens matched in text, longest first
+  t->special = malloc((size_t)n * sizeof *t->special);
+  if (!t->special) goto oom;
+  for (int i = 0; i < n; i++)
+    if ((t->type[i] == MDL_TOK_CONTROL || t->type[i] == MDL_TOK_USER || t->type[i] == MDL_TOK_UNKNOWN) && t->text_len[i] > 0)
+      t->special[t->n_special++] = i;
+  qsort_r(t->special, t->n_special, sizeof *t->special, cmp_special_len, t);
+
+  if (get_opt_id(g, t, "tokenizer.ggml.bos_token_id", &t->bos, err, errlen) != 0 ||
+      get_opt_id(g, t, "tokenizer.ggml.eos_token_id", &t->eos, err, errlen) != 0 ||
+      get_opt_id(g, t, "tokenizer.ggml.padding_token_id", &t->pad, err, errlen) != 0 ||
+      get_opt_id(g, t, "tokenizer.ggml.unknown_token_id", &t->unk, err, errlen) != 0)
+    goto fail;
+  const mdl_gguf_kv *ab = mdl_gguf_find(g, "tokenizer.ggml.add_bos_token");
+  t->add_bos = ab && ab->type == MDL_GGUF_BOOL && ab->val[0] != 0;
+  if (t->eos >= 0) t->eog[t->n_eog++] = t->eos;
+  static const char *const eog_texts[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>"};
+  for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
+    int32_t id = find_n(t, eog_texts[i], strlen(eog_texts[i]));
+    if (id >= 0 && id != t->eos && t->n_eog < 8) t->eog[t->n_eog++] = id;
+  }
+  *out = t;
+  return 0;
+bad_tok:
+  seterr(err, errlen, "tokenizer.ggml.tokens is malformed");
+  goto fail;
+oom:
+  seterr(err, errlen, "out of memory");
+fail:
+  mdl_tok_free(t);
+  return -1;
+}
+
+// ---- accessors ----
+
+int mdl_tok_n_vocab(const mdl_tok *t) { return t->n_vocab; }
+int32_t mdl_tok_bos(const mdl_tok *t) { return t->bos; }
+int32_t mdl_tok_eos(const mdl_tok *t) { return t->eos; }
+int32_t mdl_tok_pad(const mdl_tok *t) { return t->pad; }
+int32_t mdl_tok_unk(const mdl_tok *t) { return t->unk; }
+int mdl_tok_add_bos(const mdl_tok *t) { return t->add_bos; }
+
+int mdl_tok_is_eog(const mdl_tok *t, int32_t id) {
+  for (int i = 0; i < t->n_eog; i++)
+    if (t->eog[i] == id) return 1;
+  return 0;
+}
+
+int mdl_tok_type(const mdl_tok *t, int32_t id) { return (id >= 0 && id < t->n_vocab) ? t->type[id] : 0; }
+int mdl_tok_is_control(const mdl_tok *t, int32_t id) { return mdl_tok_type(t, id) == MDL_TOK_CONTROL; }
+
+int32_t mdl_tok_find(const mdl_tok *t, const char *piece) { return piece ? find_n(t, piece, strlen(piece)) : -1; }
+
+size_t mdl_tok_piece(const mdl_tok *t, int32_t id, char *buf, size_t cap) {
+  if (id < 0 || id >= t->n_vocab) return 0;
+  size_t n = t->piece_len[id];
+  if (buf && cap) memcpy(buf, t->piece + t->piece_off[id], n < cap ? n : cap);
+  return n;
+}
+
+// ---- encode ----
+
+typedef struct ivec { int32_t *v; size_t n, cap; } ivec;
+
+static int ivec_push(ivec *a, int32_t x) {
+  if (a->n == a->cap) {
+    size_t nc = a->cap ? a->cap * 2 : 64;
+    int32_t *nv = realloc(a->v, nc * sizeof *nv);
+    if (!nv) return -1;
+    a->v = nv;
+    a->cap = nc;
+  }
+  a->v[a->n++] = x;
+  return 0;
+}
+
+typedef struct heap_ent { int32_t rank, pos, l, r; } heap_ent;
+
+typedef struct enc {
+  const mdl_tok *t;
+  ivec out;
+  // scratch for one word, grown as needed
+  uint8_t *bytes;
+  int32_t *sym, *prev, *next;
+  heap_ent *heap;
+  size_t cap, hcap, hn, bytes_cap;
+  uint32_t *cps; // code points of the current fragment
+  size_t cps_cap;
+} enc;
+
+static int heap_less(const heap_ent *a, const heap_ent *b) { return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos); }
+
+static int heap_push(enc *e, heap_ent x) {
+  if (e->hn == e->hcap) {
+    size_t nc = e->hcap ? e->hcap * 2 : 64;
+    heap_ent *nh = realloc(e->heap, nc * sizeof *nh);
+    if (!nh) return -1;
+    e->heap = nh;
+    e->hcap = nc;
+  }
+  size_t i = e->hn++;
+  while (i > 0) {
+    size_t p = (i - 1) / 2;
+    if (!heap_less(&x, &e->heap[p])) break;
+    e->heap[i] = e->heap[p];
+    i = p;
+  }
+  e->heap[i] = x;
+  return 0;
+}
+
+static heap_ent heap_pop(enc *e) {
+  heap_ent top = e->heap[0], x = e->heap[--e->hn];
+  size_t i = 0, n = e->hn;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= n) break;
+    if (c + 1 < n && heap_less(&e->heap[c + 1], &e->heap[c])) c++;
+    if (!heap_less(&e->heap[c], &x)) break;
+    e->heap[i] = e->heap[c];
+    i = c;
+  }
+  if (n) e->heap[i] = x;
+  return top;
+}
+
+static int try_pair(enc *e, int32_t pos) {
+  if (pos < 0) return 0;
+  int32_t nx = e->next[pos];
+  if (nx < 0 || e->sym[pos] < 0 || e->sym[nx] < 0) return 0;
+  const mrg_slot *m = mrg_find(e->t, e->sym[pos], e->sym[nx]);
+  if (!m) return 0;
+  heap_ent h = {m->rank, pos, e->sym[pos], e->sym[nx]};
+  return heap_push(e, h);
+}
+
+// BPE over one pre-tokenized word of n bytes: lowest rank first, leftmost on ties (as llama.cpp orders its queue).
+static int bpe_word(enc *e, const uint8_t *w, size_t n) {
+  const mdl_tok *t = e->t;
+  if (n == 0) return 0;
+  if (n > e->cap) {
+    size_t nc = n * 2;
+    int32_t *s = realloc(e->sym, nc * sizeof *s);
+    if (s) e->sym = s;
+    int32_t *p = realloc(e->prev, nc * sizeof *p);
+    if (p) e->prev = p;
+    int32_t *q = realloc(e->next, nc * sizeof *q);
+    if (q) e->next = q;
+    if (!s || !p || !q) return -1;
+    e->cap = nc;
+  }
+  for (size_t i = 0; i < n; i++) {
+    e->sym[i] = t->byte_tok[w[i]];
+    e->prev[i] = (int32_t)i - 1;
+    e->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+  }
+  e->hn = 0;
+  for (size_t i = 0; i + 1 < n; i++)
+    if (try_pair(e, (int32_t)i) != 0) return -1;
+  while (e->hn > 0) {
+    heap_ent h = heap_pop(e);
+    int32_t nx = e->next[h.pos];
+    if (e->sym[h.pos] != h.l || nx < 0 || e->sym[nx] != h.r) continue; // stale
+    const mrg_slot *m = mrg_find(t, h.l, h.r);
+    e->sym[h.pos] = m->merged;
+    e->sym[nx] = -1;
+    e->next[h.pos] = e->next[nx];
+    if (e->next[nx] >= 0) e->prev[e->next[nx]] = h.pos;
+    if (try_pair(e, e->prev[h.pos]) != 0 || try_pair(e, h.pos) != 0) return -1;
+  }
+  for (int32_t i = 0; i >= 0; i = e->next[i]) {
+    if (e->sym[i] >= 0) {
+      if (ivec_push(&e->out, e->sym[i]) != 0) return -1;
+      continue;
+    }
+    // a byte without a token: as llama.cpp does, try each byte of its stand-in character as a one-byte token,
+    // and drop it when there is none
+    uint8_t u[4];
+    size_t k = cp_put(u, t->byte_to_cp[w[i]]);
+    for (size_t j = 0; j < k; j++) {
+      int32_t id = find_n(t, (const char *)u + j, 1);
+      if (id >= 0 && ivec_push(&e->out, id) != 0) return -1;
+    }
+  }
+  return 0;
+}
+
+// Flags of the code point at pos within [lo, hi): 0 outside; in range: 8 | letter 1 | number 2 | space 4.
+static int cflags(const uint32_t *c, size_t lo, size_t hi, size_t pos) {
+  if (pos < lo || pos >= hi) return 0;
+  uint32_t cp = c[pos];
+  return 8 | (mdl_tok_is_letter(cp) ? 1 : 0) | (mdl_tok_is_number(cp) ? 2 : 0) | (mdl_tok_is_space(cp) ? 4 : 0);
+}
+
+static int emit_word(enc *e, size_t a, size_t b) {
+  // re-encode the code points (invalid input bytes are U+FFFD by now), then BPE
+  size_t need = (b - a) * 4;
+  if (need > e->bytes_cap) {
+    uint8_t *nb = realloc(e->bytes, need * 2);
+    if (!nb) return -1;
+    e->bytes = nb;
+    e->bytes_cap = need * 2;
+  }
+  size_t n = 0;
+  for (size_t i = a; i < b; i++) n += cp_put(e->bytes + n, e->cps[i]);
+  return bpe_word(e, e->bytes, n);
+}
+
+// The GPT-2 pattern  's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+  over one chunk.
+static int split_gpt2(enc *e, size_t lo, size_t hi) {
+  const uint32_t *c = e->cps;
+  size_t prev_end = lo;
+#define ADD(end)                                               \
+  do {                                                         \
+    size_t end_ = (end);                                       \
+    if (end_ > prev_end && emit_word(e, prev_end, end_) != 0) return -1; \
+    prev_end = end_;                                           \
+  } while (0)
+  for (size_t pos = lo; pos < hi;) {
+    uint32_t cp = c[pos];
+    int fl = cflags(c, lo, hi, pos);
+    if (cp == '\'' && pos + 1 < hi) {
+      uint32_t n1 = c[pos + 1];
+      if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
+        ADD(pos + 2);
+        pos += 2;
+        continue;
+      }
+      if (pos + 2 < hi) {
+        uint32_t n2 = c[pos + 2];
+        if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
+          ADD(pos + 3);
+          pos += 3;
+          continue;
+        }
+      }
+    }
+    int f2 = cp == ' ' ? cflags(c, lo, hi, pos + 1) : fl;
+    if (f2 & 1) {
+      pos += cp == ' ';
+      while (f2 & 1) f2 = cflags(c, lo, hi, ++pos);
+      ADD(pos);
+      continue;
+    }
+    if (f2 & 2) {
+      pos += cp == ' ';
+      while (f2 & 2) f2 = cflags(c, lo, hi, ++pos);
+      ADD(pos);
+      continue;
+    }
+    if (!(f2 & 7) && (f2 & 8)) {
+      pos += cp == ' ';
+      while (!(f2 & 7) && (f2 & 8)) f2 = cflags(c, lo, hi, ++pos);
+      ADD(pos);
+      continue;
+    }
+    size_t nws = 0;
+    while (cflags(c, lo, hi, pos + nws) & 4) nws++;
+    if (nws > 1 && pos + nws < hi) { // \s+(?!\S): leave the last space to the next word
+      pos += nws - 1;
+      ADD(pos);
+      continue;
+    }
+    if (nws > 0) {
+      pos += nws;
+      ADD(pos);
+      continue;
+    }
+    ADD(++pos);
+  }
+#undef ADD
+  return 0;
+}
+
+static int encode_raw(enc *e, const uint8_t *s, size_t n) {
+  if (n + 1 > e->cps_cap) {
+    uint32_t *nc = realloc(e->cps, (n + 1) * sizeof *nc);
+    if (!nc) return -1;
+    e->cps = nc;
+    e->cps_cap = n + 1;
+  }
+  size_t m = 0;
+  for (size_t i = 0; i < n;) e->cps[m++] = cp_next(s, n, &i);
+  if (!e->t->split_digits) return split_gpt2(e, 0, m);
+  size_t start = 0;
+  for (size_t i = 0; i < m; i++) {
+    if (mdl_tok_is_number(e->cps[i])) {
+      if (i > start && split_gpt2(e, start, i) != 0) return -1;
+      if (split_gpt2(e, i, i + 1) != 0) return -1;
+      start = i + 1;
+    }
+  }
+  return start < m ? split_gpt2(e, start, m) : 0;
+}
+
+typedef struct frag { size_t off, len; int32_t id; } frag; // id >= 0: a special token; -1: raw text
+
+int mdl_tok_encode(const mdl_tok *t, const char *text, size_t len, int parse_special, int32_t **ids, size_t *n_ids,
+                   char *err, size_t errlen) {
+  *ids = NULL;
+  *n_ids = 0;
+  if (!text && len) {
+    seterr(err, errlen, "no text");
+    return -1;
+  }
+  enc e = {0};
+  e.t = t;
+  frag *fr = malloc(sizeof *fr), *nf = NULL;
+  size_t nfr = 1;
+  int rc = -1;
+  if (!fr) goto oom;
+  fr[0] = (frag){0, len, -1};
+  // special tokens, longest first, split every raw fragment at each occurrence
+  for (size_t k = 0; k < t->n_special; k++) {
+    int32_t id = t->special[k];
+    if (!parse_special && t->type[id] != MDL_TOK_USER) continue;
+    const char *sp = t->text + t->text_off[id];
+    size_t sl = t->text_len[id];
+    size_t nn = 0, ncap = nfr + 8;
+    nf = malloc(ncap * sizeof *nf);
+    if (!nf) goto oom;
+    for (size_t i = 0; i < nfr; i++) {
+      frag f = fr[i];
+      size_t o = f.off, end = f.off + f.len;
+      for (;;) {
+        const char *hit = (f.id < 0 && end - o >= sl) ? memmem(text + o, end - o, sp, sl) : NULL;
+        size_t ho = hit ? (size_t)(hit - text) : end;
+        if (nn + 2 > ncap) {
+          size_t c2 = ncap * 2;
+          frag *g2 = realloc(nf, c2 * sizeof *g2);
+          if (!g2) goto oom;
+          nf = g2;
+          ncap = c2;
+        }
+        if (f.id >= 0) {
+          nf[nn++] = f;
+          break;
+        }
+        if (ho > o) nf[nn++] = (frag){o, ho - o, -1};
+        if (!hit) break;
+        nf[nn++] = (frag){ho, sl, id};
+        o = ho + sl;
+      }
+    }
+    free(fr);
+    fr = nf;
+    nf = NULL;
+    nfr = nn;
+  }
+  for (size_t i = 0; i < nfr; i++) {
+    if (fr[i].id >= 0) {
+      if (ivec_push(&e.out, fr[i].id) != 0) goto oom;
+    } else if (encode_raw(&e, (const uint8_t *)text + fr[i].off, fr[i].len) != 0) {
+      goto oom;
+    }
+  }
+  *ids = e.out.v;
+  *n_ids = e.out.n;
+  e.out.v = NULL;
+  rc = 0;
+  goto done;
+oom:
+  seterr(err, errlen, "out of memory");
+done:
+  free(fr);
+  free(nf);
+  free(e.out.v);
+  free(e.bytes);
+  free(e.sym);
+  free(e.prev);
+  free(e.next);
+  free(e.heap);
+  free(e.cps);
+  return rc;
+}
+
+// ---- decode ----
+
+int mdl_tok_decode(const mdl_tok *t, const int32_t *ids, size_t n, char **text, size_t *len, char *err, size_t errlen) {
+  *text = NULL;
+  *len = 0;
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (ids[i] < 0 || ids[i] >= t->n_vocab) {
+      seterr(err, errlen, "token id %d at position %zu is out of range (vocabulary of %d)", ids[i], i, t->n_vocab);
+      return -1;
+    }
+    total += t->piece_len[ids[i]];
+  }
+  char *out = malloc(total + 1);
+  if (!out) {
+    seterr(err, errlen, "out of memory");
+    return -1;
+  }
+  size_t o = 0;
+  for (size_t i = 0; i < n; i++) {
+    memcpy(out + o, t->piece + t->piece_off[ids[i]], t->piece_len[ids[i]]);
+    o += t->piece_len[ids[i]];
+  }
+  out[o] = 0;
+  *text = out;
+  *len = o;
+  return 0;
+}
+
+#define DETOK_OUT (3 * (MDL_TOK_MAX_PIECE + 4)) // worst case of one push: every byte invalid, tripled
+
+struct mdl_detok {
+  const mdl_tok *t; // (borrowed)
+  uint8_t pend[4];  // bytes of an incomplete character held back
+  int n_pend;
+  char out[DETOK_OUT];
+};
+
+int mdl_detok_new(const mdl_tok *t, mdl_detok **out, char *err, size_t errlen) {
+  *out = calloc(1, sizeof **out);
+  if (!*out) {
+    seterr(err, errlen, "out of memory");
+    return -1;
+  }
+  (*out)->t = t;
+  return 0;
+}
+
+void mdl_detok_free(mdl_detok *d) { free(d); }
+
+static void put(char *out, size_t cap, size_t *w, const void *p, size_t n) {
+  size_t room = *w < cap ? cap - *w : 0;
+  if (n > room) n = room;
+  if (n) memcpy(out + *w, p, n);
+  *w += n;
+}
+
+static const char REPL[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
+
+// Emits complete, strictly valid UTF-8 from b (n); U+FFFD for each maximal invalid subpart; an incomplete valid
+// prefix at the very end goes back into d->pend.
+static size_t utf8_emit(mdl_detok *d, const uint8_t *b, size_t n, char *out, size_t cap) {
+  size_t w = 0, i = 0;
+  d->n_pend = 0;
+  while (i < n) {
+    uint8_t c = b[i];
+    if (c < 0x80) {
+      size_t j = i;
+      while (j < n && b[j] < 0x80) j++;
+      put(out, cap, &w, b + i, j - i);
+      i = j;
+      continue;
+    }
+    int len;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) { len = 3; lo = 0xA0; }
+    else if (c >= 0xE1 && c <= 0xEF) { len = 3; if (c == 0xED) hi = 0x9F; }
+    else if (c == 0xF0) { len = 4; lo = 0x90; }
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    else if (c == 0xF4) { len = 4; hi = 0x8F; }
+    else {
+      put(out, cap, &w, REPL, 3);
+      i++;
+      continue;
+    }
+    int k = 1;
+    for (; k < len; k++) {
+      if (i + (size_t)k >= n) break;
+      uint8_t x = b[i + (size_t)k];
+      uint8_t l2 = k == 1 ? lo : 0x80, h2 = k == 1 ? hi : 0xBF;
+      if (x < l2 || x > h2) break;
+    }
+    if (k == len) {
+      put(out, cap, &w, b + i, (size_t)len);
+      i += (size_t)len;
+    } else if (i + (size_t)k >= n) { // valid so far, ran out of bytes: hold back
+      memcpy(d->pend, b + i, n - i);
+      d->n_pend = (int)(n - i);
+      i = n;
+    } else {
+      put(out, cap, &w, REPL, 3);
+      i += (size_t)k;
+    }
+  }
+  return w < cap ? w : cap;
+}
+
+int mdl_detok_push(mdl_detok *d, int32_t id, const char **text, size_t *len) {
+  const mdl_tok *t = d->t;
+  *text = d->out;
+  *len = 0;
+  if (id < 0 || id >= t->n_vocab) return -1;
+  size_t pl = t->piece_len[id];
+  uint8_t buf[4 + MDL_TOK_MAX_PIECE];
+  size_t n = (size_t)d->n_pend;
+  memcpy(buf, d->pend, n);
+  memcpy(buf + n, t->piece + t->piece_off[id], pl);
+  *len = utf8_emit(d, buf, n + pl, d->out, sizeof d->out);
+  return 0;
+}
+
+void mdl_detok_flush(mdl_detok *d, const char **text, size_t *len) {
+  size_t w = 0;
+  if (d->n_pend > 0) put(d->out, sizeof d->out, &w, REPL, 3);
+  d->n_pend = 0;
+  *text = d->out;
+  *len = w;
+}

@@ -1,0 +1,510 @@
+// tests/models/test_tokenizer.cc: BPE tokenizer, streaming detokenizer and ChatML template: tiny vocabularies + llama.cpp goldens.
+#include <gtest/gtest.h>
+
+#include <cjson/cJSON.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+extern "C" {
+#include "models/chat.h"
+#include "models/gguf.h"
+#include "models/tokenizer.h"
+}
+#include "tests/models/gguf_writer.h"
+
+using dserve_test::GgufWriter;
+
+namespace {
+
+const char *kModel = DSERVE_SOURCE_DIR "/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// GPT-2's printable stand-in for each byte, as UTF-8.
+std::string byte_char(int b) {
+  int keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+  int cp = b;
+  if (!keep) {
+    int k = 0;
+    for (int x = 0; x < b; x++)
+      if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) k++;
+    cp = 256 + k;
+  }
+  std::string s;
+  if (cp < 0x80) s += (char)cp;
+  else {
+    s += (char)(0xC0 | (cp >> 6));
+    s += (char)(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// A tiny byte-level vocabulary: 256 byte tokens, then extra tokens, with the given merges.
+struct TinyVocab {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::vector<std::string> merges;
+  std::string model = "gpt2", pre = "smollm";
+  TinyVocab() {
+    for (int b = 0; b < 256; b++) {
+      tokens.push_back(byte_char(b));
+      types.push_back(MDL_TOK_NORMAL);
+    }
+  }
+  int add(const std::string &t, int type = MDL_TOK_NORMAL) {
+    tokens.push_back(t);
+    types.push_back(type);
+    return (int)tokens.size() - 1;
+  }
+  std::vector<uint8_t> bytes(bool with_types = true) const {
+    GgufWriter w;
+    w.str("tokenizer.ggml.model", model);
+    if (!pre.empty()) w.str("tokenizer.ggml.pre", pre);
+    w.arr_str("tokenizer.ggml.tokens", tokens);
+    if (with_types) w.arr<int32_t>("tokenizer.ggml.token_type", MDL_GGUF_I32, types);
+    w.arr_str("tokenizer.ggml.merges", merges);
+    w.scalar<uint32_t>("tokenizer.ggml.eos_token_id", MDL_GGUF_U32, 256);
+    return w.bytes();
+  }
+};
+
+struct Loaded {
+  std::vector<uint8_t> buf;
+  mdl_gguf *g = nullptr;
+  mdl_tok *t = nullptr;
+  char err[256] = {0};
+  int rc = -1;
+  explicit Loaded(std::vector<uint8_t> b) : buf(std::move(b)) {
+    if (mdl_gguf_from_memory(buf.data(), buf.size(), &g, err, sizeof err) != 0) return;
+    rc = mdl_tok_load(g, &t, err, sizeof err);
+  }
+  ~Loaded() {
+    mdl_tok_free(t);
+    mdl_gguf_close(g);
+  }
+};
+
+std::vector<int32_t> enc(const mdl_tok *t, const std::string &s, bool special = false) {
+  int32_t *ids = nullptr;
+  size_t n = 0;
+  char err[256];
+  EXPECT_EQ(mdl_tok_encode(t, s.data(), s.size(), special, &ids, &n, err, sizeof err), 0) << err;
+  std::vector<int32_t> v(ids, ids + n);
+  free(ids);
+  return v;
+}
+
+std::string dec(const mdl_tok *t, const std::vector<int32_t> &ids) {
+  char *text = nullptr;
+  size_t len = 0;
+  char err[256];
+  EXPECT_EQ(mdl_tok_decode(t, ids.data(), ids.size(), &text, &len, err, sizeof err), 0) << err;
+  std::string s(text ? text : "", len);
+  free(text);
+  return s;
+}
+
+bool valid_utf8(const std::string &s) {
+  size_t i = 0, n = s.size();
+  const unsigned char *b = (const unsigned char *)s.data();
+  while (i < n) {
+    unsigned c = b[i];
+    int len = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+    if (!len || i + len > n) return false;
+    for (int k = 1; k < len; k++)
+      if ((b[i + k] & 0xC0) != 0x80) return false;
+    if (c == 0xE0 && b[i + 1] < 0xA0) return false;
+    if (c == 0xED && b[i + 1] > 0x9F) return false;
+    if (c == 0xF0 && b[i + 1] < 0x90) return false;
+    if (c == 0xF4 && b[i + 1] > 0x8F) return false;
+    i += len;
+  }
+  return true;
+}
+
+std::string stream(const mdl_tok *t, const std::vector<int32_t> &ids, std::vector<std::string> *chunks = nullptr) {
+  mdl_detok *d = nullptr;
+  char err[256];
+  EXPECT_EQ(mdl_detok_new(t, &d, err, sizeof err), 0) << err;
+  std::string out;
+  const char *p;
+  size_t n;
+  for (int32_t id : ids) {
+    EXPECT_EQ(mdl_detok_push(d, id, &p, &n), 0);
+    out.append(p, n);
+    if (chunks) chunks->push_back(std::string(p, n));
+  }
+  mdl_detok_flush(d, &p, &n);
+  out.append(p, n);
+  if (chunks) chunks->push_back(std::string(p, n));
+  mdl_detok_free(d);
+  return out;
+}
+
+std::string read_file(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string b64dec(const std::string &in) {
+  static const std::string tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  int val = 0, bits = -8;
+  for (char c : in) {
+    size_t k = tbl.find(c);
+    if (k == std::string::npos) break;
+    val = (val << 6) + (int)k;
+    bits += 6;
+    if (bits >= 0) {
+      out += (char)((val >> bits) & 0xFF);
+      bits -= 8;
+    }
+  }
+  return out;
+}
+
+// The real model, opened once per test that needs it; a missing file is a failure, not a skip.
+struct Real {
+  mdl_gguf *g = nullptr;
+  mdl_tok *t = nullptr;
+  Real() {
+    char err[256];
+    if (access(kModel, R_OK) != 0) {
+      ADD_FAILURE() << "the real model is missing: " << kModel << " (run scripts/setup.sh)";
+      return;
+    }
+    if (mdl_gguf_open(kModel, &g, err, sizeof err) != 0) {
+      ADD_FAILURE() << err;
+      return;
+    }
+    if (mdl_tok_load(g, &t, err, sizeof err) != 0) ADD_FAILURE() << err;
+  }
+  ~Real() {
+    mdl_tok_free(t);
+    mdl_gguf_close(g);
+  }
+};
+
+} // namespace
+
+TEST(TokenizerTiny, MergesApplyByRank) {
+  TinyVocab v;
+  int ab = v.add("ab"), bc = v.add("bc");
+  v.merges = {"a b", "b c"};
+  {
+    Loaded l(v.bytes());
+    ASSERT_EQ(l.rc, 0) << l.err;
+    EXPECT_EQ(enc(l.t, "abc"), (std::vector<int32_t>{ab, 'c'})); // "a b" ranks first
+  }
+  v.merges = {"b c", "a b"};
+  {
+    Loaded l(v.bytes());
+    ASSERT_EQ(l.rc, 0) << l.err;
+    EXPECT_EQ(enc(l.t, "abc"), (std::vector<int32_t>{'a', bc}));
+    EXPECT_EQ(enc(l.t, "abab"), (std::vector<int32_t>{ab, ab}));
+    EXPECT_EQ(enc(l.t, ""), (std::vector<int32_t>{}));
+  }
+}
+
+TEST(TokenizerTiny, ChainedMergesAndPieces) {
+  TinyVocab v;
+  v.add("he");
+  v.add("ll");
+  v.add("hell");
+  int hello = v.add("hello");
+  int sp_h = v.add(byte_char(' ') + "h");
+  v.merges = {"h e", "l l", "he ll", "hell o", byte_char(' ') + " h"};
+  Loaded l(v.bytes());
+  ASSERT_EQ(l.rc, 0) << l.err;
+  EXPECT_EQ(enc(l.t, "hello"), (std::vector<int32_t>{hello}));
+  // " hello": the space joins the word; "h e" (rank 0) beats " h" (rank 4), so the space stays alone
+  std::vector<int32_t> ids = enc(l.t, " hello");
+  EXPECT_EQ(dec(l.t, ids), " hello");
+  EXPECT_EQ(ids[0], ' ');
+  EXPECT_EQ(enc(l.t, " h"), (std::vector<int32_t>{sp_h}));
+  char buf[16];
+  EXPECT_EQ(mdl_tok_piece(l.t, sp_h, buf, sizeof buf), 2u);
+  EXPECT_EQ(std::string(buf, 2), " h");
+  EXPECT_EQ(mdl_tok_piece(l.t, 10, buf, sizeof buf), 1u); // byte token of '\n' unmaps to the raw byte
+  EXPECT_EQ(buf[0], '\n');
+  EXPECT_EQ(mdl_tok_piece(l.t, -1, buf, sizeof buf), 0u);
+  EXPECT_EQ(mdl_tok_find(l.t, "hello"), hello);
+  EXPECT_EQ(mdl_tok_find(l.t, "nope"), -1);
+  EXPECT_EQ(mdl_tok_n_vocab(l.t), (int)v.tokens.size());
+}
+
+TEST(TokenizerTiny, SpecialTokensOnlyWhenAsked) {
+  TinyVocab v;
+  int st = v.add("<|im_start|>", MDL_TOK_CONTROL);
+  int user = v.add("<u>", MDL_TOK_USER);
+  Loaded l(v.bytes());
+  ASSERT_EQ(l.rc, 0) << l.err;
+  std::vector<int32_t> on = enc(l.t, "x<|im_start|>y", true);
+  EXPECT_EQ(on, (std::vector<int32_t>{'x', st, 'y'}));
+  std::vector<int32_t> off = enc(l.t, "x<|im_start|>y", false);
+  EXPECT_GT(off.size(), 3u);
+  for (int32_t id : off) EXPECT_NE(id, st);
+  EXPECT_EQ(dec(l.t, off), "x<|im_start|>y");
+  EXPECT_EQ(dec(l.t, on), "x<|im_start|>y");
+  // user-defined tokens are matched either way
+  EXPECT_EQ(enc(l.t, "a<u>b", false), (std::vector<int32_t>{'a', user, 'b'}));
+  EXPECT_TRUE(mdl_tok_is_control(l.t, st));
+  EXPECT_FALSE(mdl_tok_is_control(l.t, user));
+}
+
+TEST(TokenizerTiny, PreTokenizerSplitsDigitsAndWhitespace) {
+  TinyVocab v;
+  int two = v.add("12");          // never produced by smollm: every digit is its own chunk
+  int sp2 = v.add(byte_char(' ') + byte_char(' '));
+  v.merges = {"1 2", byte_char(' ') + " " + byte_char(' ')};
+  Loaded l(v.bytes());
+  ASSERT_EQ(l.rc, 0) << l.err;
+  EXPECT_EQ(enc(l.t, "12"), (std::vector<int32_t>{'1', '2'}));
+  // "a   b": \s+(?!\S) leaves the last space to " b", so the run is "  " + " b"
+  EXPECT_EQ(enc(l.t, "a   b"), (std::vector<int32_t>{'a', sp2, ' ', 'b'}));
+  EXPECT_EQ(enc(l.t, "a  "), (std::vector<int32_t>{'a', sp2}));
+  (void)two;
+  v.pre = "gpt2"; // without the digit split, "12" merges
+  Loaded l2(v.bytes());
+  ASSERT_EQ(l2.rc, 0) << l2.err;
+  EXPECT_EQ(enc(l2.t, "12"), (std::vector<int32_t>{two}));
+}
+
+TEST(TokenizerTiny, InvalidUtf8BecomesReplacementCharacter) {
+  TinyVocab v;
+  Loaded l(v.bytes());
+  ASSERT_EQ(l.rc, 0) << l.err;
+  EXPECT_EQ(dec(l.t, enc(l.t, "a\xff" "b")), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(dec(l.t, enc(l.t, "\xe4\xbd")), "\xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
+TEST(TokenizerTiny, LoadErrors) {
+  TinyVocab v;
+  v.model = "llama";
+  Loaded a(v.bytes());
+  EXPECT_NE(a.rc, 0);
+  EXPECT_NE(std::string(a.err).find("llama"), std::string::npos) << a.err;
+  TinyVocab v2;
+  v2.pre = "qwen2";
+  Loaded b(v2.bytes());
+  EXPECT_NE(b.rc, 0);
+  EXPECT_NE(std::string(b.err).find("qwen2"), std::string::npos) << b.err;
+  TinyVocab v3;
+  for (int i = 0; i < 200; i++) v3.tokens[i] = "zz" + std::to_string(i); // most bytes have no token any more
+  Loaded c(v3.bytes());
+  EXPECT_NE(c.rc, 0);
+  EXPECT_NE(std::string(c.err).find("bytes"), std::string::npos) << c.err;
+  GgufWriter w; // no tokenizer at all
+  w.str("general.architecture", "llama");
+  Loaded d(w.bytes());
+  EXPECT_NE(d.rc, 0);
+  EXPECT_NE(std::string(d.err).find("tokenizer.ggml.model"), std::string::npos) << d.err;
+  TinyVocab v4;
+  v4.types.pop_back(); // token_type of the wrong length
+  Loaded e(v4.bytes());
+  EXPECT_NE(e.rc, 0);
+  EXPECT_NE(std::string(e.err).find("token_type"), std::string::npos) << e.err;
+  TinyVocab v5;
+  v5.add(std::string(MDL_TOK_MAX_PIECE + 1, 'x'));
+  Loaded f(v5.bytes());
+  EXPECT_NE(f.rc, 0);
+  mdl_tok_free(nullptr);
+  mdl_detok_free(nullptr);
+}
+
+TEST(TokenizerTiny, DecodeRejectsBadIds) {
+  TinyVocab v;
+  Loaded l(v.bytes());
+  ASSERT_EQ(l.rc, 0) << l.err;
+  int32_t ids[] = {65, 100000};
+  char *text = nullptr;
+  size_t len = 0;
+  char err[256];
+  EXPECT_LT(mdl_tok_decode(l.t, ids, 2, &text, &len, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("100000"), std::string::npos);
+  EXPECT_EQ(text, nullptr);
+}
+
+TEST(Detok, WaitsForCompleteCharactersAndNeverStalls) {
+  TinyVocab v;
+  Loaded l(v.bytes());
+  ASSERT_EQ(l.rc, 0) << l.err;
+  // byte tokens for the 4 bytes of U+1F600, one at a time
+  std::vector<std::string> chunks;
+  std::string out = stream(l.t, {'a', 0xF0, 0x9F, 0x98, 0x80, 'b'}, &chunks);
+  EXPECT_EQ(out, "a\xF0\x9F\x98\x80" "b");
+  ASSERT_EQ(chunks.size(), 7u);
+  EXPECT_EQ(chunks[1], "");
+  EXPECT_EQ(chunks[3], "");
+  EXPECT_EQ(chunks[4], "\xF0\x9F\x98\x80");
+  // invalid bytes come out as U+FFFD at once, not held
+  chunks.clear();
+  out = stream(l.t, {0xFF, 'x', 0xC3, '(', 0x80}, &chunks);
+  EXPECT_EQ(chunks[0], "\xEF\xBF\xBD");
+  EXPECT_EQ(chunks[3], "\xEF\xBF\xBD(");
+  EXPECT_EQ(chunks[4], "\xEF\xBF\xBD");
+  EXPECT_TRUE(valid_utf8(out));
+  // an incomplete tail is flushed as U+FFFD
+  chunks.clear();
+  out = stream(l.t, {'z', 0xE4, 0xBD}, &chunks);
+  EXPECT_EQ(chunks.back(), "\xEF\xBF\xBD");
+  EXPECT_EQ(out, "z\xEF\xBF\xBD");
+  // surrogates and overlong forms are not let through
+  EXPECT_TRUE(valid_utf8(stream(l.t, {0xED, 0xA0, 0x80, 0xC0, 0x80, 0xF4, 0x90, 0x80, 0x80})));
+  mdl_detok *d;
+  char err[64];
+  ASSERT_EQ(mdl_detok_new(l.t, &d, err, sizeof err), 0);
+  const char *p;
+  size_t n;
+  EXPECT_EQ(mdl_detok_push(d, -5, &p, &n), -1);
+  EXPECT_EQ(n, 0u);
+  mdl_detok_free(d);
+}
+
+TEST(TokenizerReal, GoldenIdsMatchLlamaCpp) {
+  Real r;
+  ASSERT_NE(r.t, nullptr);
+  std::string js = read_file(DSERVE_SOURCE_DIR "/tests/models/golden/tokenizer.json");
+  cJSON *root = cJSON_Parse(js.c_str());
+  ASSERT_NE(root, nullptr) << "tests/models/golden/tokenizer.json is missing or malformed";
+  cJSON *cases = cJSON_GetObjectItem(root, "cases");
+  ASSERT_GE(cJSON_GetArraySize(cases), 40);
+  int n_checked = 0, n_round = 0;
+  cJSON *c;
+  cJSON_ArrayForEach(c, cases) {
+    std::string text = b64dec(cJSON_GetObjectItem(c, "text_b64")->valuestring);
+    bool special = cJSON_IsTrue(cJSON_GetObjectItem(c, "special"));
+    std::vector<int32_t> want;
+    cJSON *id;
+    cJSON_ArrayForEach(id, cJSON_GetObjectItem(c, "ids")) want.push_back((int32_t)id->valuedouble);
+    std::vector<int32_t> got = enc(r.t, text, special);
+    EXPECT_EQ(got, want) << "text: \"" << text << "\" special=" << special;
+    n_checked++;
+    if (cJSON_IsTrue(cJSON_GetObjectItem(c, "roundtrip"))) {
+      EXPECT_EQ(dec(r.t, got), text) << "text: \"" << text << "\"";
+      n_round++;
+    }
+    // the stream gives the same text where it is strictly valid UTF-8, and valid UTF-8 always
+    if (valid_utf8(text) && cJSON_IsTrue(cJSON_GetObjectItem(c, "roundtrip"))) EXPECT_EQ(stream(r.t, got), text);
+    else EXPECT_TRUE(valid_utf8(stream(r.t, got)));
+  }
+  cJSON_Delete(root);
+  EXPECT_GE(n_checked, 40);
+  EXPECT_GE(n_round, 30);
+}
+
+TEST(TokenizerReal, SpecialIdsAndEog) {
+  Real r;
+  ASSERT_NE(r.t, nullptr);
+  EXPECT_EQ(mdl_tok_n_vocab(r.t), 49152);
+  EXPECT_EQ(mdl_tok_bos(r.t), 1);
+  EXPECT_EQ(mdl_tok_eos(r.t), 2);
+  EXPECT_EQ(mdl_tok_add_bos(r.t), 0);
+  int32_t im_end = mdl_tok_find(r.t, "<|im_end|>"), eot = mdl_tok_find(r.t, "<|endoftext|>");
+  EXPECT_EQ(im_end, 2);
+  EXPECT_EQ(eot, 0);
+  EXPECT_TRUE(mdl_tok_is_eog(r.t, im_end));
+  EXPECT_TRUE(mdl_tok_is_eog(r.t, eot));
+  EXPECT_FALSE(mdl_tok_is_eog(r.t, mdl_tok_find(r.t, "<|im_start|>")));
+  EXPECT_FALSE(mdl_tok_is_eog(r.t, 100));
+  char buf[32];
+  size_t n = mdl_tok_piece(r.t, 1, buf, sizeof buf);
+  EXPECT_EQ(std::string(buf, n), "<|im_start|>");
+}
+
+TEST(TokenizerReal, LongInputsEncodeAndRoundTrip) {
+  Real r;
+  ASSERT_NE(r.t, nullptr);
+  // ~100 KB of mixed text, and a 100 KB single "word": both must come back byte for byte
+  std::string text;
+  const char *parts[] = {"The quick brown fox ", "jumps over 1234 lazy dogs. ", "caf\xc3\xa9 ", "\xe4\xbd\xa0\xe5\xa5\xbd ",
+                         "\n\t  ", "x+=y*3; ", "\xf0\x9f\x98\x80 "};
+  for (int i = 0; text.size() < 100000; i++) text += parts[(i * 7 + i / 3) % 7];
+  std::vector<int32_t> ids = enc(r.t, text);
+  EXPECT_GT(ids.size(), 10000u);
+  EXPECT_EQ(dec(r.t, ids), text);
+  std::string word(100000, 'a');
+  ids = enc(r.t, word);
+  EXPECT_LE(ids.size(), word.size() / 4); // merges happen: at most one token per 4 bytes
+  EXPECT_EQ(dec(r.t, ids), word);
+  std::string spaces(100000, ' ');
+  EXPECT_EQ(dec(r.t, enc(r.t, spaces)), spaces);
+}
+
+TEST(Chat, GoldenMatchesJinjaTemplate) {
+  Real r;
+  ASSERT_NE(r.g, nullptr);
+  std::string js = read_file(DSERVE_SOURCE_DIR "/tests/models/golden/tokenizer_chat.json");
+  cJSON *root = cJSON_Parse(js.c_str());
+  ASSERT_NE(root, nullptr) << "tests/models/golden/tokenizer_chat.json is missing or malformed";
+  cJSON *c;
+  int n = 0;
+  cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "chats")) {
+    std::vector<mdl_chat_msg> msgs;
+    cJSON *m;
+    cJSON_ArrayForEach(m, cJSON_GetObjectItem(c, "messages")) {
+      msgs.push_back({cJSON_GetObjectItem(m, "role")->valuestring, cJSON_GetObjectItem(m, "content")->valuestring});
+    }
+    int agp = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
+    char *out = nullptr;
+    char err[256];
+    ASSERT_EQ(mdl_chat_apply(r.g, msgs.data(), msgs.size(), agp, &out, err, sizeof err), 0) << err;
+    EXPECT_EQ(std::string(out), std::string(cJSON_GetObjectItem(c, "rendered")->valuestring));
+    // the same without the GGUF (SmolLM2's template assumed)
+    char *out2 = nullptr;
+    ASSERT_EQ(mdl_chat_apply(nullptr, msgs.data(), msgs.size(), agp, &out2, err, sizeof err), 0) << err;
+    EXPECT_EQ(std::string(out), std::string(out2));
+    free(out);
+    free(out2);
+    n++;
+  }
+  cJSON_Delete(root);
+  EXPECT_GE(n, 5);
+  char *def = nullptr;
+  char err[256];
+  ASSERT_EQ(mdl_chat_default_system(r.g, &def, err, sizeof err), 0);
+  ASSERT_NE(def, nullptr);
+  EXPECT_EQ(std::string(def), "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  free(def);
+}
+
+TEST(Chat, RefusesBadRolesAndNonChatmlTemplates) {
+  mdl_chat_msg bad[] = {{"user", "hi"}, {"tool", "x"}};
+  char *out = nullptr;
+  char err[256];
+  EXPECT_LT(mdl_chat_apply(nullptr, bad, 2, 1, &out, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("tool"), std::string::npos);
+  EXPECT_EQ(out, nullptr);
+  mdl_chat_msg nul[] = {{nullptr, "x"}};
+  EXPECT_LT(mdl_chat_apply(nullptr, nul, 1, 1, &out, err, sizeof err), 0);
+  mdl_chat_msg noc[] = {{"user", nullptr}};
+  EXPECT_LT(mdl_chat_apply(nullptr, noc, 1, 1, &out, err, sizeof err), 0);
+  GgufWriter w;
+  w.str("tokenizer.chat_template", "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}");
+  std::vector<uint8_t> b = w.bytes();
+  mdl_gguf *g = nullptr;
+  ASSERT_EQ(mdl_gguf_from_memory(b.data(), b.size(), &g, err, sizeof err), 0) << err;
+  mdl_chat_msg ok[] = {{"user", "hi"}};
+  EXPECT_LT(mdl_chat_apply(g, ok, 1, 1, &out, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("ChatML"), std::string::npos);
+  mdl_gguf_close(g);
+  // a ChatML template without a default system prompt
+  GgufWriter w2;
+  w2.str("tokenizer.chat_template",
+         "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
+         "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}");
+  b = w2.bytes();
+  ASSERT_EQ(mdl_gguf_from_memory(b.data(), b.size(), &g, err, sizeof err), 0) << err;
+  ASSERT_EQ(mdl_chat_apply(g, ok, 1, 1, &out, err, sizeof err), 0) << err;
+  EXPECT_EQ(std::string(out), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  free(out);
+  mdl_gguf_close(g);
+}
