@@ -807,10 +807,13 @@ def plot(rep, path):
     reqs = [r for r in rep["requests"] if r.get("status") == "200" and r.get("e2e") is not None]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     ax = axes[0]
-    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E")):
-        xs = sorted(r[key] * 1000 for r in reqs if r.get(key) is not None)
+    series = [(label, [r[key] * 1000 for r in reqs if r.get(key) is not None])
+              for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E"))]
+    series.append(("ITL", [x * 1000 for r in rep["requests"] for x in (r.get("itl") or [])]))
+    for label, xs in series:
+        xs = sorted(x for x in xs if x > 0)
         if xs:
-            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=label)
+            ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", marker=".", label=label)
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms)")
     ax.set_ylabel("CDF")
@@ -819,11 +822,11 @@ def plot(rep, path):
     ax = axes[1]
     tl = rep["throughput_timeline"]
     ts = [i * tl["bucket_s"] for i in range(len(tl["output_tokens_per_s"]))]
-    ax.plot(ts, tl["output_tokens_per_s"], label="output tok/s")
+    ax.plot(ts, tl["output_tokens_per_s"], marker=".", label="output tok/s")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("output tokens/s")
     ax2 = ax.twinx()
-    ax2.plot(ts, tl["requests_completed"], color="tab:orange", label="requests done/s")
+    ax2.plot(ts, tl["requests_completed"], color="tab:orange", marker=".", label="requests done/s")
     ax2.set_ylabel("requests/s")
     ax.grid(True, alpha=0.3)
     fig.suptitle("%s %s rate=%s" % (rep["base_url"], rep["dataset"], rep["request_rate"]))

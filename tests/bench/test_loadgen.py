@@ -329,8 +329,17 @@ class TestAgainstFakeServer(unittest.TestCase):
     def test_chat_close_delimited_without_usage(self):
         srv = FakeServer(chunked=False, usage=False)
         try:
-            rc, out, err, rep = self.run_fake(srv, ["--endpoint", "/v1/chat/completions", "--num-requests", "4",
-                                                    "--model", "m1"])
+            with tempfile.TemporaryDirectory() as d:
+                png = os.path.join(d, "run.png")
+                rc, out, err, rep = self.run_fake(srv, ["--endpoint", "/v1/chat/completions", "--num-requests",
+                                                        "4", "--model", "m1", "--plot", png])
+                try:
+                    import matplotlib  # noqa: F401
+                    self.assertIn("plot written", err)
+                    with open(png, "rb") as f:
+                        self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+                except ImportError:
+                    self.assertIn("plot skipped: matplotlib is not importable", err)
         finally:
             srv.close()
         self.assertEqual(rc, 0, err)
