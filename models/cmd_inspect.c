@@ -1,17 +1,145 @@
-// models/cmd_inspect.c: subcommands of this module (not yet written: issue 2).
+// models/cmd_inspect.c: `dserve inspect` (what a GGUF holds) and `dserve tokenize` (a text's token ids).
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "models/gguf.h"
+#include "models/tokenizer.h"
 #include "server/cmds.h"
 
+static int inspect_usage(const char *name) {
+  fprintf(stderr, "usage: dserve %s MODEL.gguf [--tensors]\n", name);
+  return 2;
+}
+
+static int tokenize_usage(const char *name) {
+  fprintf(stderr, "usage: dserve %s MODEL.gguf TEXT [--special]\n", name);
+  return 2;
+}
+
+static void print_str(const mdl_gguf *g, const char *label, const char *key) {
+  mdl_str s;
+  if (mdl_gguf_get_str(g, key, &s) == 0) printf("%-22s %.*s\n", label, (int)(s.n > 200 ? 200 : s.n), s.p);
+}
+
+static void print_int(const mdl_gguf *g, const char *label, const char *arch, const char *suffix) {
+  char key[160];
+  snprintf(key, sizeof key, "%s.%s", arch, suffix);
+  int64_t v;
+  if (mdl_gguf_get_i64(g, key, &v) == 0) printf("%-22s %lld\n", label, (long long)v);
+  else printf("%-22s (absent)\n", label);
+}
+
+static void print_float(const mdl_gguf *g, const char *label, const char *arch, const char *suffix) {
+  char key[160];
+  snprintf(key, sizeof key, "%s.%s", arch, suffix);
+  float v;
+  if (mdl_gguf_get_f32(g, key, &v) == 0) printf("%-22s %g\n", label, (double)v);
+  else printf("%-22s (absent)\n", label);
+}
+
 int mdl_cmd_inspect(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "dserve %s: not yet (issue 2)\n", argv[0]);
-  return 3;
+  const char *path = NULL;
+  int tensors = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--tensors")) tensors = 1;
+    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return inspect_usage(argv[0]);
+    else if (argv[i][0] == '-' || path) return inspect_usage(argv[0]);
+    else path = argv[i];
+  }
+  if (!path) return inspect_usage(argv[0]);
+  mdl_gguf *g = NULL;
+  char err[512];
+  if (mdl_gguf_open(path, &g, err, sizeof err) != 0) {
+    fprintf(stderr, "dserve %s: %s\n", argv[0], err);
+    return 1;
+  }
+  mdl_str a;
+  char arch[64] = "";
+  if (mdl_gguf_get_str(g, "general.architecture", &a) == 0) snprintf(arch, sizeof arch, "%.*s", (int)(a.n > 63 ? 63 : a.n), a.p);
+  printf("%-22s %s\n", "file", path);
+  printf("%-22s %u\n", "gguf version", g->version);
+  printf("%-22s %s\n", "architecture", arch[0] ? arch : "(absent)");
+  print_str(g, "name", "general.name");
+  print_str(g, "tokenizer", "tokenizer.ggml.model");
+  print_str(g, "pre-tokenizer", "tokenizer.ggml.pre");
+  if (arch[0]) {
+    print_int(g, "context length", arch, "context_length");
+    print_int(g, "embedding length", arch, "embedding_length");
+    print_int(g, "block count", arch, "block_count");
+    print_int(g, "head count", arch, "attention.head_count");
+    print_int(g, "head count kv", arch, "attention.head_count_kv");
+    print_int(g, "feed-forward length", arch, "feed_forward_length");
+    print_float(g, "rope theta", arch, "rope.freq_base");
+    print_int(g, "rope dims", arch, "rope.dimension_count");
+    print_float(g, "rms eps", arch, "attention.layer_norm_rms_epsilon");
+  }
+  const mdl_gguf_kv *toks = mdl_gguf_find(g, "tokenizer.ggml.tokens");
+  int64_t vs;
+  char key[160];
+  snprintf(key, sizeof key, "%s.vocab_size", arch);
+  if (toks && toks->type == MDL_GGUF_ARR) printf("%-22s %llu\n", "vocab size", (unsigned long long)toks->arr_n);
+  else if (mdl_gguf_get_i64(g, key, &vs) == 0) printf("%-22s %lld\n", "vocab size", (long long)vs);
+  else printf("%-22s (absent)\n", "vocab size");
+  printf("%-22s %llu\n", "metadata entries", (unsigned long long)g->n_kv);
+  printf("%-22s %llu\n", "tensor count", (unsigned long long)g->n_tensors);
+  uint64_t per_type[64] = {0}, bytes_type[64] = {0}, total = 0;
+  for (uint64_t i = 0; i < g->n_tensors; i++) {
+    int t = g->tensors[i].type;
+    if (t >= 0 && t < 64) {
+      per_type[t]++;
+      bytes_type[t] += g->tensors[i].nbytes;
+    }
+    total += g->tensors[i].nbytes;
+  }
+  for (int t = 0; t < 64; t++)
+    if (per_type[t])
+      printf("  %-20s %llu tensors, %.2f MiB\n", krn_type_name(t), (unsigned long long)per_type[t], bytes_type[t] / 1048576.0);
+  printf("%-22s %.2f MiB\n", "tensor data", total / 1048576.0);
+  if (tensors) {
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+      const mdl_gguf_tensor *t = &g->tensors[i];
+      printf("%-40.*s %-5s [", (int)(t->name.n > 200 ? 200 : t->name.n), t->name.p, krn_type_name(t->type));
+      for (int d = 0; d < t->n_dims; d++) printf("%s%lld", d ? ", " : "", (long long)t->ne[d]);
+      printf("] %zu bytes @ %llu\n", t->nbytes, (unsigned long long)t->offset);
+    }
+  }
+  mdl_gguf_close(g);
+  return 0;
 }
 
 int mdl_cmd_tokenize(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "dserve %s: not yet (issue 2)\n", argv[0]);
-  return 3;
+  const char *path = NULL, *text = NULL;
+  int special = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--special")) special = 1;
+    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return tokenize_usage(argv[0]);
+    else if (!strcmp(argv[i], "--")) { // the text may start with '-'
+      if (i + 1 < argc && !text && path) text = argv[++i];
+      else return tokenize_usage(argv[0]);
+    } else if (argv[i][0] == '-' && argv[i][1] != 0) return tokenize_usage(argv[0]);
+    else if (!path) path = argv[i];
+    else if (!text) text = argv[i];
+    else return tokenize_usage(argv[0]);
+  }
+  if (!path || !text) return tokenize_usage(argv[0]);
+  mdl_gguf *g = NULL;
+  mdl_tok *t = NULL;
+  char err[512];
+  int32_t *ids = NULL;
+  size_t n = 0;
+  int rc = 1;
+  if (mdl_gguf_open(path, &g, err, sizeof err) != 0 || mdl_tok_load(g, &t, err, sizeof err) != 0 ||
+      mdl_tok_encode(t, text, strlen(text), special, &ids, &n, err, sizeof err) != 0) {
+    fprintf(stderr, "dserve %s: %s\n", argv[0], err);
+    goto done;
+  }
+  for (size_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
+  printf("\n");
+  rc = 0;
+done:
+  free(ids);
+  mdl_tok_free(t);
+  mdl_gguf_close(g);
+  return rc;
 }
-

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 extern "C" {
@@ -507,4 +508,76 @@ TEST(Chat, RefusesBadRolesAndNonChatmlTemplates) {
   EXPECT_EQ(std::string(out), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
   free(out);
   mdl_gguf_close(g);
+}
+
+namespace {
+
+// Runs the dserve binary with args (shell-quoted by the caller); returns the exit status, stdout+stderr in *out.
+int run_dserve(const std::string &args, std::string *out) {
+  std::string cmd = std::string("'") + DSERVE_BINARY + "' " + args + " 2>&1";
+  FILE *p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  out->clear();
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+} // namespace
+
+TEST(Cmd, InspectPrintsHyperParametersAndTensors) {
+  ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
+  ASSERT_EQ(access(kModel, R_OK), 0) << "the real model is missing: " << kModel << " (run scripts/setup.sh)";
+  std::string out;
+  ASSERT_EQ(run_dserve(std::string("inspect '") + kModel + "'", &out), 0) << out;
+  for (const char *want : {"architecture           llama", "block count            30", "embedding length       576",
+                           "head count kv          3", "vocab size             49152", "tensor count           272",
+                           "Q4_1", "rope theta             100000", "context length         8192"})
+    EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
+  EXPECT_EQ(out.find("token_embd.weight"), std::string::npos);
+  ASSERT_EQ(run_dserve(std::string("inspect --tensors '") + kModel + "'", &out), 0) << out;
+  EXPECT_NE(out.find("token_embd.weight"), std::string::npos);
+  EXPECT_NE(out.find("[576, 49152]"), std::string::npos);
+}
+
+TEST(Cmd, TokenizePrintsTheEncoderIds) {
+  ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
+  Real r;
+  ASSERT_NE(r.t, nullptr);
+  std::string out;
+  ASSERT_EQ(run_dserve(std::string("tokenize '") + kModel + "' 'Hello world, 2024!'", &out), 0) << out;
+  std::string want;
+  for (int32_t id : enc(r.t, "Hello world, 2024!")) want += (want.empty() ? "" : " ") + std::to_string(id);
+  EXPECT_EQ(out, want + "\n");
+  ASSERT_EQ(run_dserve(std::string("tokenize '") + kModel + "' '<|im_start|>user' --special", &out), 0) << out;
+  EXPECT_EQ(out.substr(0, 2), "1 ");
+  ASSERT_EQ(run_dserve(std::string("tokenize '") + kModel + "' '<|im_start|>user'", &out), 0) << out;
+  EXPECT_NE(out.substr(0, 2), "1 ");
+}
+
+TEST(Cmd, BadArgumentsAndBadFiles) {
+  ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
+  std::string out;
+  EXPECT_EQ(run_dserve("inspect", &out), 2);
+  EXPECT_NE(out.find("usage"), std::string::npos);
+  EXPECT_EQ(run_dserve("inspect a b", &out), 2);
+  EXPECT_EQ(run_dserve("inspect --bogus x", &out), 2);
+  EXPECT_EQ(run_dserve("tokenize", &out), 2);
+  EXPECT_EQ(run_dserve("tokenize onlymodel", &out), 2);
+  EXPECT_EQ(run_dserve("tokenize m t extra", &out), 2);
+  EXPECT_EQ(run_dserve("inspect /nonexistent/model.gguf", &out), 1);
+  EXPECT_NE(out.find("No such file"), std::string::npos) << out;
+  char path[] = "/tmp/dserve_badgguf_XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  std::vector<uint8_t> b = TinyVocab().bytes();
+  b.resize(b.size() / 2); // truncated
+  ASSERT_EQ(write(fd, b.data(), b.size()), (ssize_t)b.size());
+  close(fd);
+  EXPECT_EQ(run_dserve(std::string("inspect ") + path, &out), 1);
+  EXPECT_NE(out.find("past the end"), std::string::npos) << out;
+  EXPECT_EQ(run_dserve(std::string("tokenize ") + path + " hi", &out), 1);
+  unlink(path);
 }
