@@ -1,0 +1,271 @@
+// server/metrics.c: the Prometheus registry: series in creation order behind one mutex, text exposition format.
+#include "server/metrics.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct srv_metric {
+  srv_metrics *reg;              // (borrowed)
+  char *name, *help, *labels;    // (owned)
+  srv_metric_kind kind;
+  double value;                  // counter / gauge
+  double bounds[SRV_METRICS_MAX_BUCKETS];
+  unsigned long long counts[SRV_METRICS_MAX_BUCKETS + 1]; // (n_bounds + 1) per bucket, not cumulative
+  int n_bounds;
+  double sum;
+  unsigned long long count;
+  srv_metric *next;
+};
+
+struct srv_metrics {
+  pthread_mutex_t mu;
+  srv_metric *head, *tail; // (owned) creation order
+};
+
+srv_metrics *srv_metrics_new(void) {
+  srv_metrics *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  pthread_mutex_init(&m->mu, NULL);
+  return m;
+}
+
+void srv_metrics_free(srv_metrics *m) {
+  if (!m) return;
+  for (srv_metric *s = m->head, *n; s; s = n) {
+    n = s->next;
+    free(s->name);
+    free(s->help);
+    free(s->labels);
+    free(s);
+  }
+  pthread_mutex_destroy(&m->mu);
+  free(m);
+}
+
+static int name_ok(const char *n) {
+  if (!n || !*n) return 0;
+  for (const char *p = n; *p; p++) {
+    int c = (unsigned char)*p;
+    int alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':';
+    if (!alpha && !(p != n && c >= '0' && c <= '9')) return 0;
+  }
+  return 1;
+}
+
+static char *dup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+static srv_metric *get(srv_metrics *m, srv_metric_kind kind, const char *name, const char *help, const char *labels,
+                       const double *bounds, int nb) {
+  if (!m || !name_ok(name)) return NULL;
+  if (!labels) labels = "";
+  if (kind == SRV_METRIC_HISTOGRAM) {
+    if (nb < 0 || nb > SRV_METRICS_MAX_BUCKETS || (nb > 0 && !bounds)) return NULL;
+    for (int i = 0; i < nb; i++)
+      if (!isfinite(bounds[i]) || (i > 0 && !(bounds[i] > bounds[i - 1]))) return NULL;
+  }
+  pthread_mutex_lock(&m->mu);
+  srv_metric *first = NULL, *found = NULL;
+  for (srv_metric *s = m->head; s; s = s->next) {
+    if (strcmp(s->name, name)) continue;
+    if (!first) first = s;
+    if (!strcmp(s->labels, labels)) {
+      found = s;
+      break;
+    }
+  }
+  if (found || (first && first->kind != kind)) {
+    pthread_mutex_unlock(&m->mu);
+    return found && found->kind == kind ? found : NULL;
+  }
+  srv_metric *s = calloc(1, sizeof *s);
+  if (s) {
+    s->reg = m;
+    s->kind = kind;
+    s->name = dup(name);
+    s->help = dup(first ? first->help : (help ? help : ""));
+    s->labels = dup(labels);
+    if (first) {
+      s->n_bounds = first->n_bounds;
+      memcpy(s->bounds, first->bounds, sizeof s->bounds);
+    } else if (kind == SRV_METRIC_HISTOGRAM) {
+      s->n_bounds = nb;
+      if (nb) memcpy(s->bounds, bounds, (size_t)nb * sizeof *bounds);
+    }
+    if (!s->name || !s->help || !s->labels) {
+      free(s->name);
+      free(s->help);
+      free(s->labels);
+      free(s);
+      s = NULL;
+    } else {
+      // keep a family's series together: insert after the family's last series
+      srv_metric *after = NULL;
+      for (srv_metric *t = m->head; t; t = t->next)
+        if (!strcmp(t->name, name)) after = t;
+      if (after) {
+        s->next = after->next;
+        after->next = s;
+        if (m->tail == after) m->tail = s;
+      } else {
+        if (m->tail) m->tail->next = s;
+        else m->head = s;
+        m->tail = s;
+      }
+    }
+  }
+  pthread_mutex_unlock(&m->mu);
+  return s;
+}
+
+srv_metric *srv_metrics_counter(srv_metrics *m, const char *name, const char *help, const char *labels) {
+  return get(m, SRV_METRIC_COUNTER, name, help, labels, NULL, 0);
+}
+srv_metric *srv_metrics_gauge(srv_metrics *m, const char *name, const char *help, const char *labels) {
+  return get(m, SRV_METRIC_GAUGE, name, help, labels, NULL, 0);
+}
+srv_metric *srv_metrics_histogram(srv_metrics *m, const char *name, const char *help, const char *labels,
+                                  const double *bounds, int n_bounds) {
+  return get(m, SRV_METRIC_HISTOGRAM, name, help, labels, bounds, n_bounds);
+}
+
+void srv_metric_add(srv_metric *s, double v) {
+  if (!s || s->kind == SRV_METRIC_HISTOGRAM || !isfinite(v)) return;
+  if (s->kind == SRV_METRIC_COUNTER && v < 0) return;
+  pthread_mutex_lock(&s->reg->mu);
+  s->value += v;
+  pthread_mutex_unlock(&s->reg->mu);
+}
+
+void srv_metric_set(srv_metric *s, double v) {
+  if (!s || s->kind != SRV_METRIC_GAUGE) return;
+  pthread_mutex_lock(&s->reg->mu);
+  s->value = v;
+  pthread_mutex_unlock(&s->reg->mu);
+}
+
+void srv_metric_observe(srv_metric *s, double v) {
+  if (!s || s->kind != SRV_METRIC_HISTOGRAM || isnan(v)) return;
+  pthread_mutex_lock(&s->reg->mu);
+  int b = 0;
+  while (b < s->n_bounds && v > s->bounds[b]) b++;
+  s->counts[b]++;
+  s->count++;
+  s->sum += v;
+  pthread_mutex_unlock(&s->reg->mu);
+}
+
+double srv_metric_value(srv_metric *s) {
+  if (!s) return 0;
+  pthread_mutex_lock(&s->reg->mu);
+  double v = s->kind == SRV_METRIC_HISTOGRAM ? (double)s->count : s->value;
+  pthread_mutex_unlock(&s->reg->mu);
+  return v;
+}
+
+double srv_metric_sum(srv_metric *s) {
+  if (!s) return 0;
+  pthread_mutex_lock(&s->reg->mu);
+  double v = s->kind == SRV_METRIC_HISTOGRAM ? s->sum : 0;
+  pthread_mutex_unlock(&s->reg->mu);
+  return v;
+}
+
+typedef struct buf {
+  char *p;
+  size_t n, cap;
+  int oom;
+} buf;
+
+static void bprintf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bprintf(buf *b, const char *fmt, ...) {
+  if (b->oom) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+    va_end(ap);
+    if (k < 0) {
+      b->oom = 1;
+      return;
+    }
+    if ((size_t)k < b->cap - b->n) {
+      b->n += (size_t)k;
+      return;
+    }
+    size_t nc = b->cap * 2 + (size_t)k + 64;
+    char *np = realloc(b->p, nc);
+    if (!np) {
+      b->oom = 1;
+      return;
+    }
+    b->p = np;
+    b->cap = nc;
+  }
+}
+
+static void fmt_num(char *o, size_t cap, double v) {
+  if (isinf(v)) snprintf(o, cap, v > 0 ? "+Inf" : "-Inf");
+  else if (isnan(v)) snprintf(o, cap, "NaN");
+  else if (v == floor(v) && fabs(v) < 1e15) snprintf(o, cap, "%.0f", v);
+  else {
+    snprintf(o, cap, "%.15g", v); // shortest form that reads back as the same double
+    if (strtod(o, NULL) != v) snprintf(o, cap, "%.17g", v);
+  }
+}
+
+int srv_metrics_render(srv_metrics *m, char **out, size_t *len, char *err, size_t errlen) {
+  static const char *kinds[] = {"counter", "gauge", "histogram"};
+  buf b = {malloc(4096), 0, 4096, 0};
+  if (!b.p) b.oom = 1;
+  else b.p[0] = 0;
+  pthread_mutex_lock(&m->mu);
+  const char *last = NULL;
+  for (srv_metric *s = m->head; s; s = s->next) {
+    if (!last || strcmp(last, s->name)) {
+      bprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", s->name, s->help, s->name, kinds[s->kind]);
+      last = s->name;
+    }
+    char num[64];
+    const char *sep = s->labels[0] ? "," : "";
+    if (s->kind != SRV_METRIC_HISTOGRAM) {
+      fmt_num(num, sizeof num, s->value);
+      if (s->labels[0]) bprintf(&b, "%s{%s} %s\n", s->name, s->labels, num);
+      else bprintf(&b, "%s %s\n", s->name, num);
+      continue;
+    }
+    unsigned long long cum = 0;
+    for (int i = 0; i <= s->n_bounds; i++) {
+      cum += s->counts[i];
+      char le[64];
+      fmt_num(le, sizeof le, i < s->n_bounds ? s->bounds[i] : INFINITY);
+      if (i < s->n_bounds && s->bounds[i] != floor(s->bounds[i])) snprintf(le, sizeof le, "%g", s->bounds[i]);
+      bprintf(&b, "%s_bucket{%s%sle=\"%s\"} %llu\n", s->name, s->labels, sep, le, cum);
+    }
+    fmt_num(num, sizeof num, s->sum);
+    if (s->labels[0]) {
+      bprintf(&b, "%s_sum{%s} %s\n", s->name, s->labels, num);
+      bprintf(&b, "%s_count{%s} %llu\n", s->name, s->labels, s->count);
+    } else {
+      bprintf(&b, "%s_sum %s\n", s->name, num);
+      bprintf(&b, "%s_count %llu\n", s->name, s->count);
+    }
+  }
+  pthread_mutex_unlock(&m->mu);
+  if (b.oom) {
+    free(b.p);
+    snprintf(err, errlen, "out of memory rendering metrics");
+    return -1;
+  }
+  *out = b.p;
+  *len = b.n;
+  return 0;
+}
