@@ -158,11 +158,12 @@ std::string read_file(const std::string &path) {
 std::string b64dec(const std::string &in) {
   static const std::string tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;
-  int val = 0, bits = -8;
+  unsigned val = 0;
+  int bits = -8;
   for (char c : in) {
     size_t k = tbl.find(c);
     if (k == std::string::npos) break;
-    val = (val << 6) + (int)k;
+    val = ((val << 6) + (unsigned)k) & 0xFFFFFFu;
     bits += 6;
     if (bits >= 0) {
       out += (char)((val >> bits) & 0xFF);
