@@ -1,0 +1,50 @@
+// kernels/cpu/cpu.h: what the cpu backends share internally (not part of the public krn.h interface).
+#ifndef DSERVE_KRN_CPU_H
+#define DSERVE_KRN_CPU_H
+
+#include <stdint.h>
+
+#include "kernels/krn.h"
+
+// An activation block quantized on the fly: x[j] ~= d * qs[j]; s = d * sum(qs) (for the Q4_1 offset term).
+typedef struct krn_q8x {
+  float d, s;
+  int8_t qs[KRN_QK];
+} krn_q8x;
+
+// Run fn on c's pool, or inline as thread 0 of 1 when there is no pool.
+static inline void krn_cpu_par(krn_ctx *c, krn_task_fn fn, void *arg) {
+  if (c && c->pool && krn_pool_threads(c->pool) > 1) krn_pool_run(c->pool, fn, arg);
+  else fn(arg, 0, 1);
+}
+
+// Contiguous share [*lo, *hi) of n items for thread ith of nth.
+static inline void krn_cpu_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+  int64_t per = n / nth, rem = n % nth;
+  *lo = ith * per + (ith < rem ? ith : rem);
+  *hi = *lo + per + (ith < rem ? 1 : 0);
+}
+
+// Scalar ops the SIMD backends reuse where there is nothing to gain (memory, lookups, rope, kv_store).
+void *krn_scalar_alloc(krn_ctx *c, size_t bytes);
+void krn_scalar_free(krn_ctx *c, void *p);
+void krn_scalar_upload(krn_ctx *c, void *dst, const void *src, size_t bytes);
+void krn_scalar_download(krn_ctx *c, void *dst, const void *src, size_t bytes);
+void krn_scalar_sync(krn_ctx *c);
+void krn_scalar_get_rows(krn_ctx *c, float *out, const void *w, krn_type wt, const int32_t *ids, int n, int k);
+void krn_scalar_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, float theta, int neox);
+void krn_scalar_kv_store(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a);
+// Dequantize one row of k elements of type t into out(k).
+void krn_scalar_dequant_row(float *out, const void *row, krn_type t, int k);
+// Quantize x(k) into k/32 activation blocks (round to nearest, d = max|x| / 127).
+void krn_scalar_quant_row_q8x(krn_q8x *out, const float *x, int k);
+// Block id holding position pos of sequence seq, or -1 when outside the table.
+static inline int32_t krn_cpu_block_of(const krn_attn_args *a, int32_t seq, int32_t pos) {
+  if (seq < 0 || pos < 0 || pos / a->block_size >= a->max_blocks) return -1;
+  return a->block_tables[(int64_t)seq * a->max_blocks + pos / a->block_size];
+}
+
+const krn_backend *krn_cpu_avx2_table(void);   // only call when the CPU has AVX2+FMA+F16C
+const krn_backend *krn_cpu_avx512_table(void); // only call when the CPU has AVX-512 F/BW/VL/DQ/VNNI
+
+#endif

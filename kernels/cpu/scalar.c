@@ -1,0 +1,272 @@
+// kernels/cpu/scalar.c: the plain C reference backend ("scalar") every other backend is tested against.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+// ---- memory ----
+
+void *krn_scalar_alloc(krn_ctx *c, size_t bytes) {
+  (void)c;
+  size_t n = (bytes + 63) & ~(size_t)63;
+  if (n < bytes) return NULL; // overflow
+  return aligned_alloc(64, n ? n : 64);
+}
+void krn_scalar_free(krn_ctx *c, void *p) { (void)c; free(p); }
+void krn_scalar_upload(krn_ctx *c, void *dst, const void *src, size_t bytes) { (void)c; if (bytes) memcpy(dst, src, bytes); }
+void krn_scalar_download(krn_ctx *c, void *dst, const void *src, size_t bytes) { (void)c; if (bytes) memcpy(dst, src, bytes); }
+void krn_scalar_sync(krn_ctx *c) { (void)c; }
+
+// ---- (de)quantization ----
+
+void krn_scalar_dequant_row(float *out, const void *row, krn_type t, int k) {
+  int nb = k / KRN_QK;
+  switch (t) {
+  case KRN_F32: memcpy(out, row, (size_t)k * sizeof(float)); break;
+  case KRN_F16: {
+    const krn_f16 *h = row;
+    for (int j = 0; j < k; j++) out[j] = krn_f16_to_f32(h[j]);
+  } break;
+  case KRN_Q4_0: {
+    const krn_block_q4_0 *b = row;
+    for (int i = 0; i < nb; i++) {
+      float d = krn_f16_to_f32(b[i].d);
+      for (int j = 0; j < 16; j++) {
+        out[i * 32 + j] = d * (float)((b[i].qs[j] & 15) - 8);
+        out[i * 32 + j + 16] = d * (float)((b[i].qs[j] >> 4) - 8);
+      }
+    }
+  } break;
+  case KRN_Q4_1: {
+    const krn_block_q4_1 *b = row;
+    for (int i = 0; i < nb; i++) {
+      float d = krn_f16_to_f32(b[i].d), m = krn_f16_to_f32(b[i].m);
+      for (int j = 0; j < 16; j++) {
+        out[i * 32 + j] = d * (float)(b[i].qs[j] & 15) + m;
+        out[i * 32 + j + 16] = d * (float)(b[i].qs[j] >> 4) + m;
+      }
+    }
+  } break;
+  case KRN_Q8_0: {
+    const krn_block_q8_0 *b = row;
+    for (int i = 0; i < nb; i++) {
+      float d = krn_f16_to_f32(b[i].d);
+      for (int j = 0; j < 32; j++) out[i * 32 + j] = d * (float)b[i].qs[j];
+    }
+  } break;
+  }
+}
+
+void krn_scalar_quant_row_q8x(krn_q8x *out, const float *x, int k) {
+  for (int i = 0; i < k / KRN_QK; i++) {
+    const float *xb = x + i * KRN_QK;
+    float amax = 0;
+    for (int j = 0; j < KRN_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+    float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < KRN_QK; j++) {
+      int q = (int)lrintf(xb[j] * id);
+      q = q > 127 ? 127 : q < -127 ? -127 : q;
+      out[i].qs[j] = (int8_t)q;
+      sum += q;
+    }
+    out[i].d = d;
+    out[i].s = d * (float)sum;
+  }
+}
+
+// ---- matmul: the exact product of the dequantized weight with the f32 activation ----
+
+typedef struct mm_task {
+  float *y;
+  const void *w;
+  krn_type wt;
+  const float *x;
+  int n, k, m;
+} mm_task;
+
+static void mm_run(void *vp, int ith, int nth) {
+  mm_task *t = vp;
+  int64_t lo, hi;
+  krn_cpu_range(t->m, ith, nth, &lo, &hi);
+  if (lo >= hi) return;
+  float *row = malloc((size_t)t->k * sizeof(float));
+  if (!row) abort(); // k floats: only impossible sizes fail here
+  size_t rs = krn_row_size(t->wt, t->k);
+  for (int64_t j = lo; j < hi; j++) {
+    krn_scalar_dequant_row(row, (const char *)t->w + (size_t)j * rs, t->wt, t->k);
+    for (int i = 0; i < t->n; i++) {
+      const float *xi = t->x + (size_t)i * t->k;
+      double acc = 0;
+      for (int e = 0; e < t->k; e++) acc += (double)row[e] * xi[e];
+      t->y[(size_t)i * t->m + j] = (float)acc;
+    }
+  }
+  free(row);
+}
+
+static void scalar_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
+  mm_task t = {y, w, wt, x, n, k, m};
+  krn_cpu_par(c, mm_run, &t);
+}
+
+void krn_scalar_get_rows(krn_ctx *c, float *out, const void *w, krn_type wt, const int32_t *ids, int n, int k) {
+  (void)c;
+  size_t rs = krn_row_size(wt, k);
+  for (int i = 0; i < n; i++) krn_scalar_dequant_row(out + (size_t)i * k, (const char *)w + (size_t)ids[i] * rs, wt, k);
+}
+
+// ---- elementwise ----
+
+static void scalar_rmsnorm(krn_ctx *c, float *out, const float *x, const float *w, int n, int d, float eps) {
+  (void)c;
+  for (int i = 0; i < n; i++) {
+    const float *xi = x + (size_t)i * d;
+    float *oi = out + (size_t)i * d;
+    double ss = 0;
+    for (int j = 0; j < d; j++) ss += (double)xi[j] * xi[j];
+    float inv = (float)(1.0 / sqrt(ss / d + eps));
+    for (int j = 0; j < d; j++) oi[j] = xi[j] * inv * w[j];
+  }
+}
+
+void krn_scalar_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, float theta, int neox) {
+  (void)c;
+  int half = head_dim / 2;
+  for (int t = 0; t < n; t++) {
+    for (int i = 0; i < half; i++) {
+      float freq = powf(theta, -2.0f * (float)i / (float)head_dim);
+      float ang = (float)pos[t] * freq, cs = cosf(ang), sn = sinf(ang);
+      for (int h = 0; h < n_head; h++) {
+        float *v = x + ((size_t)t * n_head + h) * head_dim;
+        int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float x0 = v[a], x1 = v[b];
+        v[a] = x0 * cs - x1 * sn;
+        v[b] = x0 * sn + x1 * cs;
+      }
+    }
+  }
+}
+
+static void scalar_swiglu(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n) {
+  (void)c;
+  for (int64_t i = 0; i < n; i++) {
+    float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+static void scalar_softmax(krn_ctx *c, float *x, int n, int d) {
+  (void)c;
+  for (int i = 0; i < n; i++) {
+    float *r = x + (size_t)i * d, mx = -INFINITY;
+    for (int j = 0; j < d; j++) mx = fmaxf(mx, r[j]);
+    double sum = 0;
+    for (int j = 0; j < d; j++) { r[j] = expf(r[j] - mx); sum += r[j]; }
+    float inv = (float)(1.0 / sum);
+    for (int j = 0; j < d; j++) r[j] *= inv;
+  }
+}
+
+static void scalar_add(krn_ctx *c, float *y, const float *x, int64_t n) {
+  (void)c;
+  for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+// ---- KV cache and attention ----
+
+void krn_scalar_kv_store(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a) {
+  (void)c;
+  int kvd = a->n_kv_head * a->head_dim;
+  for (int t = 0; t < a->n_tokens; t++) {
+    int32_t blk = krn_cpu_block_of(a, a->tok_seq[t], a->tok_pos[t]);
+    if (blk < 0) continue; // outside the sequence's block table: nothing to write
+    size_t off = ((size_t)blk * a->block_size + (size_t)(a->tok_pos[t] % a->block_size)) * kvd;
+    const float *kt = k + (size_t)t * kvd, *vt = v + (size_t)t * kvd;
+    if (a->kv_type == KRN_F32) {
+      memcpy((float *)a->k_cache + off, kt, (size_t)kvd * sizeof(float));
+      memcpy((float *)a->v_cache + off, vt, (size_t)kvd * sizeof(float));
+    } else {
+      krn_f16 *kc = (krn_f16 *)a->k_cache + off, *vc = (krn_f16 *)a->v_cache + off;
+      for (int j = 0; j < kvd; j++) { kc[j] = krn_f32_to_f16(kt[j]); vc[j] = krn_f32_to_f16(vt[j]); }
+    }
+  }
+}
+
+static inline float kv_at(const void *cache, krn_type t, size_t i) {
+  return t == KRN_F32 ? ((const float *)cache)[i] : krn_f16_to_f32(((const krn_f16 *)cache)[i]);
+}
+
+typedef struct attn_task {
+  float *out;
+  const float *q;
+  const krn_attn_args *a;
+} attn_task;
+
+static void attn_run(void *vp, int ith, int nth) {
+  attn_task *t = vp;
+  const krn_attn_args *a = t->a;
+  int hd = a->head_dim, group = a->n_head / a->n_kv_head, kvd = a->n_kv_head * hd;
+  int64_t lo, hi;
+  krn_cpu_range((int64_t)a->n_tokens * a->n_head, ith, nth, &lo, &hi);
+  if (lo >= hi) return;
+  float *sc = malloc(((size_t)a->max_blocks * a->block_size + 1) * sizeof(float));
+  if (!sc) abort();
+  for (int64_t it = lo; it < hi; it++) {
+    int tok = (int)(it / a->n_head), h = (int)(it % a->n_head), kh = h / group;
+    int32_t seq = a->tok_seq[tok], pos = a->tok_pos[tok];
+    const float *q = t->q + ((size_t)tok * a->n_head + h) * hd;
+    float *o = t->out + ((size_t)tok * a->n_head + h) * hd;
+    float mx = -INFINITY;
+    for (int32_t p = 0; p <= pos; p++) {
+      int32_t blk = krn_cpu_block_of(a, seq, p);
+      sc[p] = -INFINITY;
+      if (blk < 0) continue;
+      size_t base = ((size_t)blk * a->block_size + (size_t)(p % a->block_size)) * kvd + (size_t)kh * hd;
+      double s = 0;
+      for (int e = 0; e < hd; e++) s += (double)q[e] * kv_at(a->k_cache, a->kv_type, base + e);
+      sc[p] = (float)s * a->scale;
+      mx = fmaxf(mx, sc[p]);
+    }
+    for (int e = 0; e < hd; e++) o[e] = 0;
+    if (mx == -INFINITY) continue; // nothing visible
+    double sum = 0;
+    for (int32_t p = 0; p <= pos; p++) { sc[p] = expf(sc[p] - mx); sum += sc[p]; }
+    for (int32_t p = 0; p <= pos; p++) {
+      int32_t blk = krn_cpu_block_of(a, seq, p);
+      if (blk < 0) continue;
+      size_t base = ((size_t)blk * a->block_size + (size_t)(p % a->block_size)) * kvd + (size_t)kh * hd;
+      float w = (float)(sc[p] / sum);
+      for (int e = 0; e < hd; e++) o[e] += w * kv_at(a->v_cache, a->kv_type, base + e);
+    }
+  }
+  free(sc);
+}
+
+static void scalar_paged_attention(krn_ctx *c, float *out, const float *q, const krn_attn_args *a) {
+  attn_task t = {out, q, a};
+  krn_cpu_par(c, attn_run, &t);
+}
+
+static const krn_backend scalar_backend = {
+    .name = "scalar",
+    .alloc = krn_scalar_alloc,
+    .free = krn_scalar_free,
+    .upload = krn_scalar_upload,
+    .download = krn_scalar_download,
+    .sync = krn_scalar_sync,
+    .matmul = scalar_matmul,
+    .get_rows = krn_scalar_get_rows,
+    .rmsnorm = scalar_rmsnorm,
+    .rope = krn_scalar_rope,
+    .swiglu = scalar_swiglu,
+    .softmax = scalar_softmax,
+    .add = scalar_add,
+    .kv_store = krn_scalar_kv_store,
+    .paged_attention = scalar_paged_attention,
+    .ctx_init = NULL,
+    .ctx_fini = NULL,
+};
+
+const krn_backend *krn_cpu_scalar(void) { return &scalar_backend; }

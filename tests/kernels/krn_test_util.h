@@ -1,0 +1,195 @@
+// tests/kernels/krn_test_util.h: random tensors, test-side dequantization and dense references for the kernel tests.
+#ifndef DSERVE_TESTS_KRN_TEST_UTIL_H
+#define DSERVE_TESTS_KRN_TEST_UTIL_H
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/krn.h"
+
+namespace krntest {
+
+// A weight matrix (m, k) of type t with random contents, as raw bytes.
+inline std::vector<uint8_t> random_weights(std::mt19937 &rng, krn_type t, int m, int k) {
+  size_t rs = krn_row_size(t, k);
+  std::vector<uint8_t> buf(rs * (size_t)m);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f), ud(0.002f, 0.05f);
+  std::uniform_int_distribution<int> b8(0, 255), q8(-127, 127);
+  for (int j = 0; j < m; j++) {
+    uint8_t *row = buf.data() + rs * j;
+    for (int b = 0; b < k / KRN_QK; b++) {
+      switch (t) {
+      case KRN_Q4_0: {
+        krn_block_q4_0 *blk = (krn_block_q4_0 *)row + b;
+        blk->d = krn_f32_to_f16(ud(rng) * (u(rng) < 0 ? -1 : 1));
+        for (auto &q : blk->qs) q = (uint8_t)b8(rng);
+      } break;
+      case KRN_Q4_1: {
+        krn_block_q4_1 *blk = (krn_block_q4_1 *)row + b;
+        blk->d = krn_f32_to_f16(ud(rng));
+        blk->m = krn_f32_to_f16(-8 * ud(rng) + 0.01f * u(rng));
+        for (auto &q : blk->qs) q = (uint8_t)b8(rng);
+      } break;
+      case KRN_Q8_0: {
+        krn_block_q8_0 *blk = (krn_block_q8_0 *)row + b;
+        blk->d = krn_f32_to_f16(ud(rng) / 8);
+        for (auto &q : blk->qs) q = (int8_t)q8(rng);
+      } break;
+      default: break;
+      }
+    }
+    if (t == KRN_F32) for (int e = 0; e < k; e++) ((float *)row)[e] = u(rng) * 0.1f;
+    if (t == KRN_F16) for (int e = 0; e < k; e++) ((krn_f16 *)row)[e] = krn_f32_to_f16(u(rng) * 0.1f);
+  }
+  return buf;
+}
+
+// Dequantize row j of w, written from the block formulas in krn.h (independent of the kernels).
+inline std::vector<double> dequant_row(const uint8_t *w, krn_type t, int k, int j) {
+  std::vector<double> out((size_t)k);
+  const uint8_t *row = w + krn_row_size(t, k) * j;
+  for (int b = 0; b < k / KRN_QK || ((t == KRN_F32 || t == KRN_F16) && b == 0); b++) {
+    if (t == KRN_F32) { for (int e = 0; e < k; e++) out[e] = ((const float *)row)[e]; break; }
+    if (t == KRN_F16) { for (int e = 0; e < k; e++) out[e] = krn_f16_to_f32(((const krn_f16 *)row)[e]); break; }
+    for (int e = 0; e < KRN_QK; e++) {
+      double v = 0;
+      if (t == KRN_Q4_0) {
+        const krn_block_q4_0 *blk = (const krn_block_q4_0 *)row + b;
+        int q = e < 16 ? (blk->qs[e] & 15) : (blk->qs[e - 16] >> 4);
+        v = krn_f16_to_f32(blk->d) * (q - 8);
+      } else if (t == KRN_Q4_1) {
+        const krn_block_q4_1 *blk = (const krn_block_q4_1 *)row + b;
+        int q = e < 16 ? (blk->qs[e] & 15) : (blk->qs[e - 16] >> 4);
+        v = (double)krn_f16_to_f32(blk->d) * q + krn_f16_to_f32(blk->m);
+      } else if (t == KRN_Q8_0) {
+        const krn_block_q8_0 *blk = (const krn_block_q8_0 *)row + b;
+        v = (double)krn_f16_to_f32(blk->d) * blk->qs[e];
+      }
+      out[(size_t)b * KRN_QK + e] = v;
+    }
+  }
+  return out;
+}
+
+inline std::vector<float> random_floats(std::mt19937 &rng, size_t n, float lo = -1, float hi = 1) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto &x : v) x = u(rng);
+  return v;
+}
+
+// A batch for paged attention: sequences with their lengths, the new tokens each brings, shuffled block ids.
+struct PagedBatch {
+  int n_head, n_kv_head, head_dim, block_size = 16, max_blocks;
+  krn_type kv_type;
+  std::vector<int32_t> tok_seq, tok_pos, tables;
+  int n_blocks;
+  std::vector<uint8_t> kc, vc;
+  // dense K/V per sequence: (seq)(len, n_kv_head, head_dim), as the cache holds them (after f16 rounding)
+  std::vector<std::vector<float>> dk, dv;
+  krn_attn_args args() {
+    krn_attn_args a{};
+    a.n_tokens = (int)tok_seq.size();
+    a.n_head = n_head;
+    a.n_kv_head = n_kv_head;
+    a.head_dim = head_dim;
+    a.block_size = block_size;
+    a.tok_seq = tok_seq.data();
+    a.tok_pos = tok_pos.data();
+    a.block_tables = tables.data();
+    a.max_blocks = max_blocks;
+    a.k_cache = kc.data();
+    a.v_cache = vc.data();
+    a.kv_type = kv_type;
+    a.scale = 1.0f / std::sqrt((float)head_dim);
+    return a;
+  }
+};
+
+// Sequence s has ctx[s] positions in total, of which the last new_toks[s] are this batch's query rows.
+// The cache is filled with kv_store from random K/V for every position (so kv_store is exercised too).
+inline PagedBatch make_batch(std::mt19937 &rng, const krn_backend *be, krn_ctx *c, int n_head, int n_kv_head, int hd,
+                             krn_type kv_type, const std::vector<int> &ctx, const std::vector<int> &new_toks) {
+  PagedBatch pb;
+  pb.n_head = n_head;
+  pb.n_kv_head = n_kv_head;
+  pb.head_dim = hd;
+  pb.kv_type = kv_type;
+  int ns = (int)ctx.size(), maxb = 0, total = 0;
+  for (int s = 0; s < ns; s++) {
+    int nb = (ctx[s] + pb.block_size - 1) / pb.block_size;
+    maxb = std::max(maxb, nb);
+    total += nb;
+  }
+  pb.max_blocks = maxb + 1;   // one spare column, left -1
+  pb.n_blocks = total + 3;    // a few blocks nobody uses
+  std::vector<int32_t> ids(pb.n_blocks);
+  for (int i = 0; i < pb.n_blocks; i++) ids[i] = i;
+  std::shuffle(ids.begin(), ids.end(), rng);
+  pb.tables.assign((size_t)ns * pb.max_blocks, -1);
+  int next = 0;
+  for (int s = 0; s < ns; s++)
+    for (int b = 0; b < (ctx[s] + pb.block_size - 1) / pb.block_size; b++) pb.tables[(size_t)s * pb.max_blocks + b] = ids[next++];
+  size_t esz = kv_type == KRN_F32 ? 4 : 2, kvd = (size_t)n_kv_head * hd;
+  pb.kc.assign((size_t)pb.n_blocks * pb.block_size * kvd * esz, 0xff); // garbage (nan) outside written slots
+  pb.vc.assign(pb.kc.size(), 0xff);
+  pb.dk.resize(ns);
+  pb.dv.resize(ns);
+  // store every position of every sequence through kv_store, in one call
+  std::vector<int32_t> ss, pp;
+  std::vector<float> k, v;
+  for (int s = 0; s < ns; s++) {
+    auto ks = random_floats(rng, (size_t)ctx[s] * kvd), vs = random_floats(rng, (size_t)ctx[s] * kvd);
+    for (int p = 0; p < ctx[s]; p++) { ss.push_back(s); pp.push_back(p); }
+    k.insert(k.end(), ks.begin(), ks.end());
+    v.insert(v.end(), vs.begin(), vs.end());
+    if (kv_type == KRN_F16) {
+      for (auto &x : ks) x = krn_f16_to_f32(krn_f32_to_f16(x));
+      for (auto &x : vs) x = krn_f16_to_f32(krn_f32_to_f16(x));
+    }
+    pb.dk[s] = ks;
+    pb.dv[s] = vs;
+  }
+  krn_attn_args a = pb.args();
+  a.n_tokens = (int)ss.size();
+  a.tok_seq = ss.data();
+  a.tok_pos = pp.data();
+  be->kv_store(c, k.data(), v.data(), &a);
+  for (int s = 0; s < ns; s++)
+    for (int p = ctx[s] - new_toks[s]; p < ctx[s]; p++) { pb.tok_seq.push_back(s); pb.tok_pos.push_back(p); }
+  return pb;
+}
+
+// Dense causal attention for the batch's query rows, in double.
+inline std::vector<double> dense_attention(const PagedBatch &pb, const std::vector<float> &q) {
+  int nt = (int)pb.tok_seq.size(), hd = pb.head_dim, group = pb.n_head / pb.n_kv_head;
+  std::vector<double> out((size_t)nt * pb.n_head * hd, 0.0);
+  double scale = 1.0 / std::sqrt((double)hd);
+  for (int t = 0; t < nt; t++) {
+    int s = pb.tok_seq[t], pos = pb.tok_pos[t];
+    for (int h = 0; h < pb.n_head; h++) {
+      int kh = h / group;
+      const float *qv = &q[((size_t)t * pb.n_head + h) * hd];
+      std::vector<double> sc(pos + 1);
+      double mx = -1e300, sum = 0;
+      for (int p = 0; p <= pos; p++) {
+        double d = 0;
+        for (int e = 0; e < hd; e++) d += (double)qv[e] * pb.dk[s][((size_t)p * pb.n_kv_head + kh) * hd + e];
+        sc[p] = d * scale;
+        mx = std::max(mx, sc[p]);
+      }
+      for (int p = 0; p <= pos; p++) { sc[p] = std::exp(sc[p] - mx); sum += sc[p]; }
+      double *o = &out[((size_t)t * pb.n_head + h) * hd];
+      for (int p = 0; p <= pos; p++)
+        for (int e = 0; e < hd; e++) o[e] += sc[p] / sum * pb.dv[s][((size_t)p * pb.n_kv_head + kh) * hd + e];
+    }
+  }
+  return out;
+}
+
+} // namespace krntest
+#endif

@@ -1,0 +1,309 @@
+// tests/kernels/test_ops.cc: every cpu backend's ops against double-precision references and against scalar.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/krn.h"
+#include "tests/kernels/krn_test_util.h"
+
+using namespace krntest;
+
+namespace {
+// (backend name, pool threads)
+class KrnOps : public ::testing::TestWithParam<std::tuple<const char *, int>> {
+protected:
+  const krn_backend *be = nullptr, *ref = nullptr;
+  krn_pool *pool = nullptr;
+  krn_ctx ctx{}, rctx{};
+  void SetUp() override {
+    const char *name = std::get<0>(GetParam());
+    be = krn_cpu_by_name(name);
+    if (!be) GTEST_SKIP() << "this CPU lacks what the " << name << " backend needs";
+    ref = krn_cpu_scalar();
+    char err[128];
+    pool = krn_pool_new(std::get<1>(GetParam()), err, sizeof err);
+    ASSERT_NE(pool, nullptr) << err;
+    ctx.be = be;
+    ctx.pool = pool;
+    rctx.be = ref;
+    rctx.pool = nullptr;
+  }
+  void TearDown() override { krn_pool_free(pool); }
+  bool is_scalar() const { return std::string(be->name) == "scalar"; }
+};
+
+const krn_type kWeightTypes[] = {KRN_F32, KRN_F16, KRN_Q4_0, KRN_Q4_1, KRN_Q8_0};
+} // namespace
+
+TEST_P(KrnOps, NameAndMemory) {
+  EXPECT_STREQ(be->name, std::get<0>(GetParam()));
+  EXPECT_EQ(be->ctx_init, nullptr);
+  EXPECT_EQ(be->ctx_fini, nullptr);
+  for (size_t sz : {0, 1, 63, 64, 1000}) {
+    void *p = be->alloc(&ctx, sz);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ((uintptr_t)p % 64, 0u);
+    std::vector<uint8_t> src(sz), dst(sz);
+    for (size_t i = 0; i < sz; i++) src[i] = (uint8_t)(i * 7 + 1);
+    be->upload(&ctx, p, src.data(), sz);
+    be->sync(&ctx);
+    be->download(&ctx, dst.data(), p, sz);
+    EXPECT_EQ(src, dst);
+    be->free(&ctx, p);
+  }
+  be->free(&ctx, nullptr);
+}
+
+// matmul. The scalar backend computes the exact product of the dequantized weight with the f32 activation
+// (double accumulation), so it is held to 1e-5 of sum|w||x| against the test's own double product.
+// SIMD backends quantize each 32-element block b of an activation row to int8 with d_b = max|x_b| / 127
+// (round to nearest, d kept in f32) for Q4_0/Q4_1/Q8_0 weights, so each element moves by at most d_b / 2
+// and |y_simd - y_scalar| <= sum_b d_b / 2 * sum_{e in b} |w_e|; they get that bound (x1.01) plus 1e-5 of
+// sum|w||x| for float rounding. F32/F16 weights are not quantized: 1e-5 of sum|w||x| alone.
+TEST_P(KrnOps, MatmulAllTypesAwkwardSizes) {
+  std::mt19937 rng(1234);
+  const int ks[] = {32, 96, 224, 576, 1440};
+  const int ms[] = {1, 7, 19, 37};
+  const int ns[] = {1, 3, 17};
+  for (krn_type t : kWeightTypes) {
+    for (int k : ks) {
+      for (int m : ms) {
+        auto w = random_weights(rng, t, m, k);
+        std::vector<std::vector<double>> wd;
+        for (int j = 0; j < m; j++) wd.push_back(dequant_row(w.data(), t, k, j));
+        for (int n : ns) {
+          auto x = random_floats(rng, (size_t)n * k);
+          for (int e = 0; e < k; e += 13) x[e] *= 8; // outliers within a block
+          std::vector<float> y((size_t)n * m, NAN), yr((size_t)n * m, NAN);
+          be->matmul(&ctx, y.data(), w.data(), t, x.data(), n, k, m);
+          ref->matmul(&rctx, yr.data(), w.data(), t, x.data(), n, k, m);
+          for (int i = 0; i < n; i++) {
+            for (int j = 0; j < m; j++) {
+              double exact = 0, mag = 0, qbound = 0;
+              for (int b = 0; b < k / 32; b++) {
+                double amax = 0, wabs = 0;
+                for (int e = b * 32; e < b * 32 + 32; e++) {
+                  double xv = x[(size_t)i * k + e];
+                  exact += wd[j][e] * xv;
+                  mag += std::fabs(wd[j][e] * xv);
+                  amax = std::max(amax, std::fabs(xv));
+                  wabs += std::fabs(wd[j][e]);
+                }
+                qbound += amax / 127 / 2 * wabs;
+              }
+              float got = y[(size_t)i * m + j], want = yr[(size_t)i * m + j];
+              ASSERT_NEAR(want, exact, 1e-5 * mag + 1e-30) << "scalar " << krn_type_name(t) << " k=" << k;
+              bool quantized = t != KRN_F32 && t != KRN_F16 && !is_scalar();
+              double tol = (quantized ? 1.01 * qbound : 0) + 1e-5 * mag + 1e-30;
+              ASSERT_NEAR(got, want, tol) << krn_type_name(t) << " k=" << k << " m=" << m << " n=" << n << " i=" << i
+                                          << " j=" << j;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(KrnOps, GetRowsDequantizes) {
+  std::mt19937 rng(7);
+  for (krn_type t : kWeightTypes) {
+    int k = 96, rows = 11;
+    auto w = random_weights(rng, t, rows, k);
+    std::vector<int32_t> ids = {3, 0, 10, 3};
+    std::vector<float> out(ids.size() * k);
+    be->get_rows(&ctx, out.data(), w.data(), t, ids.data(), (int)ids.size(), k);
+    for (size_t i = 0; i < ids.size(); i++) {
+      auto want = dequant_row(w.data(), t, k, ids[i]);
+      for (int e = 0; e < k; e++) ASSERT_NEAR(out[i * k + e], want[e], 1e-6 * std::fabs(want[e]) + 1e-9);
+    }
+  }
+}
+
+TEST_P(KrnOps, RmsnormInPlaceAndNot) {
+  std::mt19937 rng(9);
+  for (int d : {1, 7, 64, 576, 1000}) {
+    int n = 5;
+    auto x = random_floats(rng, (size_t)n * d, -3, 3), w = random_floats(rng, d);
+    std::vector<float> out((size_t)n * d), inpl = x;
+    be->rmsnorm(&ctx, out.data(), x.data(), w.data(), n, d, 1e-5f);
+    be->rmsnorm(&ctx, inpl.data(), inpl.data(), w.data(), n, d, 1e-5f);
+    for (int i = 0; i < n; i++) {
+      double ss = 0;
+      for (int j = 0; j < d; j++) ss += (double)x[i * d + j] * x[i * d + j];
+      double inv = 1 / std::sqrt(ss / d + 1e-5);
+      for (int j = 0; j < d; j++) {
+        double want = x[i * d + j] * inv * w[j];
+        ASSERT_NEAR(out[i * d + j], want, 1e-5 * std::fabs(want) + 1e-6) << "d=" << d;
+        ASSERT_EQ(inpl[i * d + j], out[i * d + j]);
+      }
+    }
+  }
+}
+
+// A hand-worked case fixes the pairing of each convention: head_dim 4, theta 100, position 1:
+// pair 0 turns by 1 rad, pair 1 by 100^(-2/4) = 0.1 rad.
+TEST_P(KrnOps, RopePairsBothConventions) {
+  for (int neox : {0, 1}) {
+    float x[4] = {1, 2, 3, 4};
+    int32_t pos = 1;
+    be->rope(&ctx, x, &pos, 1, 1, 4, 100.0f, neox);
+    int a0 = 0, b0 = neox ? 2 : 1, a1 = neox ? 1 : 2, b1 = 3;
+    float in[4] = {1, 2, 3, 4};
+    EXPECT_NEAR(x[a0], in[a0] * std::cos(1.0) - in[b0] * std::sin(1.0), 1e-5) << neox;
+    EXPECT_NEAR(x[b0], in[a0] * std::sin(1.0) + in[b0] * std::cos(1.0), 1e-5) << neox;
+    EXPECT_NEAR(x[a1], in[a1] * std::cos(0.1) - in[b1] * std::sin(0.1), 1e-5) << neox;
+    EXPECT_NEAR(x[b1], in[a1] * std::sin(0.1) + in[b1] * std::cos(0.1), 1e-5) << neox;
+  }
+}
+
+// Random heads and positions against a double reference; angles are float in the kernel, as in ggml,
+// so at position p the angle is off by about p * 2^-24 rad: 2e-4 of |x| covers positions below 2000.
+TEST_P(KrnOps, RopeRandomMatchesDouble) {
+  std::mt19937 rng(11);
+  int n = 6, nh = 9, hd = 64;
+  std::vector<int32_t> pos = {0, 1, 17, 300, 1023, 1999};
+  for (int neox : {0, 1}) {
+    auto x = random_floats(rng, (size_t)n * nh * hd), y = x;
+    be->rope(&ctx, y.data(), pos.data(), n, nh, hd, 10000.0f, neox);
+    for (int t = 0; t < n; t++)
+      for (int h = 0; h < nh; h++)
+        for (int i = 0; i < hd / 2; i++) {
+          double ang = pos[t] * std::pow(10000.0, -2.0 * i / hd);
+          size_t base = ((size_t)t * nh + h) * hd;
+          int a = neox ? i : 2 * i, b = neox ? i + hd / 2 : 2 * i + 1;
+          double x0 = x[base + a], x1 = x[base + b];
+          ASSERT_NEAR(y[base + a], x0 * std::cos(ang) - x1 * std::sin(ang), 2e-4);
+          ASSERT_NEAR(y[base + b], x0 * std::sin(ang) + x1 * std::cos(ang), 2e-4);
+        }
+  }
+}
+
+TEST_P(KrnOps, SwigluAddSoftmax) {
+  std::mt19937 rng(13);
+  for (int64_t n : {1, 7, 33, 1536, 4099}) {
+    auto g = random_floats(rng, n, -12, 12), u = random_floats(rng, n, -2, 2);
+    std::vector<float> out(n), inpl = g;
+    be->swiglu(&ctx, out.data(), g.data(), u.data(), n);
+    be->swiglu(&ctx, inpl.data(), inpl.data(), u.data(), n);
+    for (int64_t i = 0; i < n; i++) {
+      double want = g[i] / (1 + std::exp(-(double)g[i])) * u[i];
+      ASSERT_NEAR(out[i], want, 2e-6 * std::fabs(want) + 1e-7) << "swiglu n=" << n << " g=" << g[i];
+      ASSERT_EQ(inpl[i], out[i]);
+    }
+    auto y = random_floats(rng, n), x = random_floats(rng, n), y0 = y;
+    be->add(&ctx, y.data(), x.data(), n);
+    for (int64_t i = 0; i < n; i++) ASSERT_EQ(y[i], y0[i] + x[i]);
+  }
+  // softmax: large logits (max subtraction), a -inf entry, awkward widths
+  for (int d : {1, 5, 17, 49152 / 3}) {
+    int n = 3;
+    auto x = random_floats(rng, (size_t)n * d, -20, 20);
+    x[0] += 1000;
+    if (d > 2) x[1] = -INFINITY;
+    auto y = x;
+    be->softmax(&ctx, y.data(), n, d);
+    for (int i = 0; i < n; i++) {
+      double mx = -1e300, sum = 0;
+      for (int j = 0; j < d; j++) mx = std::max(mx, (double)x[i * d + j]);
+      for (int j = 0; j < d; j++) sum += std::exp(x[i * d + j] - mx);
+      for (int j = 0; j < d; j++) {
+        double want = std::exp(x[i * d + j] - mx) / sum;
+        ASSERT_NEAR(y[i * d + j], want, 2e-6 * want + 1e-9) << "softmax d=" << d;
+      }
+    }
+  }
+}
+
+TEST_P(KrnOps, KvStoreRoundTrip) {
+  std::mt19937 rng(17);
+  for (krn_type kt : {KRN_F16, KRN_F32}) {
+    PagedBatch pb = make_batch(rng, be, &ctx, 9, 3, 64, kt, {5, 16, 33}, {5, 16, 33});
+    size_t kvd = 3 * 64;
+    for (int s = 0; s < 3; s++) {
+      int len = (int)(pb.dk[s].size() / kvd);
+      for (int p = 0; p < len; p++) {
+        int32_t blk = pb.tables[(size_t)s * pb.max_blocks + p / 16];
+        size_t off = ((size_t)blk * 16 + p % 16) * kvd;
+        for (size_t e = 0; e < kvd; e++) {
+          float k = kt == KRN_F32 ? ((float *)pb.kc.data())[off + e] : krn_f16_to_f32(((krn_f16 *)pb.kc.data())[off + e]);
+          float v = kt == KRN_F32 ? ((float *)pb.vc.data())[off + e] : krn_f16_to_f32(((krn_f16 *)pb.vc.data())[off + e]);
+          ASSERT_EQ(k, pb.dk[s][p * kvd + e]) << "seq " << s << " pos " << p;
+          ASSERT_EQ(v, pb.dv[s][p * kvd + e]);
+        }
+      }
+    }
+    // a row whose position lies beyond its block table writes nothing
+    std::vector<uint8_t> before = pb.kc;
+    std::vector<int32_t> seq = {0}, pos = {pb.max_blocks * 16 + 3};
+    krn_attn_args a = pb.args();
+    a.n_tokens = 1;
+    a.tok_seq = seq.data();
+    a.tok_pos = pos.data();
+    std::vector<float> kk(kvd, 1.0f), vv(kvd, 2.0f);
+    be->kv_store(&ctx, kk.data(), vv.data(), &a);
+    EXPECT_EQ(before, pb.kc);
+  }
+}
+
+// Paged attention against the dense reference: shuffled block ids, partial last blocks, GQA 1 and 3,
+// a mixed batch (decode rows with one query, prefill rows with many causal queries, a 1-token sequence).
+// Tolerance 2e-5 absolute: outputs are convex mixtures of values in [-1, 1]; the cache's f16 rounding is
+// already in the reference, so what is left is float accumulation and exp.
+TEST_P(KrnOps, PagedAttentionMatchesDense) {
+  std::mt19937 rng(19);
+  struct Cfg { int nh, nkv, hd; };
+  for (Cfg cfg : {Cfg{4, 4, 32}, Cfg{9, 3, 64}, Cfg{6, 2, 80}}) {
+    for (krn_type kt : {KRN_F16, KRN_F32}) {
+      std::vector<int> ctxl = {1, 17, 40, 16, 70, 5};
+      std::vector<int> news = {1, 17, 1, 16, 1, 3};
+      PagedBatch pb = make_batch(rng, be, &ctx, cfg.nh, cfg.nkv, cfg.hd, kt, ctxl, news);
+      std::shuffle(pb.tok_seq.begin(), pb.tok_seq.end(), rng); // rows need not be grouped by sequence ...
+      pb.tok_pos.clear();
+      { // ... so reassign positions: each sequence's rows get its last positions, in order
+        std::vector<int> next(ctxl.size());
+        for (size_t s = 0; s < ctxl.size(); s++) next[s] = ctxl[s] - news[s];
+        for (int32_t s : pb.tok_seq) pb.tok_pos.push_back(next[s]++);
+      }
+      int nt = (int)pb.tok_seq.size();
+      auto q = random_floats(rng, (size_t)nt * cfg.nh * cfg.hd, -2, 2);
+      std::vector<float> out(q.size(), NAN);
+      krn_attn_args a = pb.args();
+      be->paged_attention(&ctx, out.data(), q.data(), &a);
+      auto want = dense_attention(pb, q);
+      for (size_t i = 0; i < out.size(); i++)
+        ASSERT_NEAR(out[i], want[i], 2e-5) << "heads " << cfg.nh << "/" << cfg.nkv << " " << krn_type_name(kt) << " at " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, KrnOps,
+                         ::testing::Combine(::testing::Values("scalar", "avx2", "avx512"), ::testing::Values(1, 3)),
+                         [](const auto &info) {
+                           return std::string(std::get<0>(info.param)) + "_t" + std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(KrnSelect, ByNameAndBest) {
+  EXPECT_EQ(krn_cpu_by_name("scalar"), krn_cpu_scalar());
+  EXPECT_EQ(krn_cpu_by_name("nonsense"), nullptr);
+  EXPECT_EQ(krn_cpu_by_name(nullptr), nullptr);
+  const krn_backend *best = krn_cpu_best();
+  ASSERT_NE(best, nullptr);
+  // best is the widest backend this CPU has (when DSERVE_KERNELS does not say otherwise)
+  if (!getenv("DSERVE_KERNELS")) {
+    const krn_backend *want = krn_cpu_by_name("avx512");
+    if (!want) want = krn_cpu_by_name("avx2");
+    if (!want) want = krn_cpu_scalar();
+    EXPECT_EQ(best, want);
+  }
+  setenv("DSERVE_KERNELS", "scalar", 1);
+  EXPECT_EQ(krn_cpu_best(), krn_cpu_scalar());
+  setenv("DSERVE_KERNELS", "bogus", 1);
+  EXPECT_NE(krn_cpu_best(), nullptr);
+  unsetenv("DSERVE_KERNELS");
+}
