@@ -301,3 +301,10 @@ done:
   if (s->count[tok] < INT32_MAX) s->count[tok]++;
   s->seen[tok] = 1;
 }
+
+void mdl_sampler_accept(mdl_sampler *s, int32_t token) {
+  if (token < 0 || token >= s->n_vocab) return;
+  if (s->p.temperature > 0) (void)rng_uniform(s->rng); // the draw mdl_sampler_sample would have made
+  if (s->count[token] < INT32_MAX) s->count[token]++;
+  s->seen[token] = 1;
+}

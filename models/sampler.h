@@ -44,6 +44,9 @@ int mdl_sampler_new(const mdl_sampling *s, int n_vocab, const int32_t *prompt, i
 void mdl_sampler_free(mdl_sampler *s);
 // Picks the next token from logits (n_vocab) (not modified) and records it in the history.
 void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out);
+// Records a token another process sampled for this request (the prefill worker's first token), as if
+// mdl_sampler_sample had picked it: penalties see it and the RNG advances by the same draw.
+void mdl_sampler_accept(mdl_sampler *s, int32_t token);
 
 #ifdef __cplusplus
 }
