@@ -1,0 +1,446 @@
+// router/openai.c: OpenAI request validation (chat, completions, tokenize, detokenize) into rtr_request, pure.
+#include "router/openai.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int rtr_fail(rtr_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...) {
+  if (!e) return -1;
+  e->status = status;
+  snprintf(e->type, sizeof e->type, "%s", type ? type : "invalid_request_error");
+  snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+  snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->message, sizeof e->message, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+char *rtr_error_json(const rtr_error *e) {
+  cJSON *root = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(root, "error");
+  if (!o) {
+    cJSON_Delete(root);
+    return NULL;
+  }
+  cJSON_AddStringToObject(o, "message", e->message);
+  cJSON_AddStringToObject(o, "type", e->type[0] ? e->type : "invalid_request_error");
+  if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
+  else cJSON_AddNullToObject(o, "param");
+  if (e->code[0]) cJSON_AddStringToObject(o, "code", e->code);
+  else cJSON_AddNullToObject(o, "code");
+  char *s = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  return s;
+}
+
+int rtr_utf8_valid(const char *str, size_t n) {
+  const unsigned char *s = (const unsigned char *)str;
+  size_t i = 0;
+  while (i < n) {
+    unsigned c = s[i];
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    int len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F; // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else
+      return 0;
+    if (i + (size_t)len > n) return 0;
+    if (s[i + 1] < lo || s[i + 1] > hi) return 0;
+    for (int k = 2; k < len; k++)
+      if (s[i + k] < 0x80 || s[i + k] > 0xBF) return 0;
+    i += (size_t)len;
+  }
+  return 1;
+}
+
+static char *dupn(const char *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (!d) return NULL;
+  memcpy(d, s, n);
+  d[n] = 0;
+  return d;
+}
+
+void rtr_request_free(rtr_request *r) {
+  if (!r) return;
+  for (int i = 0; i < r->n_msgs; i++) {
+    free(r->msgs[i].role);
+    free(r->msgs[i].content);
+  }
+  free(r->msgs);
+  free(r->prompt);
+  free(r->prompt_ids);
+  for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+  free(r->stop);
+  free(r->bias);
+  memset(r, 0, sizeof *r);
+}
+
+#define BAD(e, param, ...) rtr_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+#define OOM(e) rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory")
+
+static const cJSON *field(const cJSON *root, const char *name) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+  return cJSON_IsNull(v) ? NULL : v; // null means "not given", as OpenAI treats it
+}
+
+// A JSON number in [lo, hi]; 1 when present, 0 when absent, -1 on error.
+static int get_num(const cJSON *root, const char *name, double lo, double hi, int lo_open, double *out, rtr_error *e) {
+  const cJSON *v = field(root, name);
+  if (!v) return 0;
+  if (!cJSON_IsNumber(v)) return BAD(e, name, "'%s' must be a number", name);
+  double d = v->valuedouble;
+  if (!isfinite(d) || d < lo || d > hi || (lo_open && d == lo))
+    return BAD(e, name, "'%s' must be in %s%g, %g]", name, lo_open ? "(" : "[", lo, hi);
+  *out = d;
+  return 1;
+}
+
+// A JSON integer (a number with no fraction) in [lo, hi].
+static int get_int(const cJSON *root, const char *name, double lo, double hi, int64_t *out, rtr_error *e) {
+  const cJSON *v = field(root, name);
+  if (!v) return 0;
+  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
+    return BAD(e, name, "'%s' must be an integer", name);
+  double d = v->valuedouble;
+  if (d < lo || d > hi) return BAD(e, name, "'%s' must be in [%.0f, %.0f]", name, lo, hi);
+  *out = (int64_t)d;
+  return 1;
+}
+
+static int get_bool(const cJSON *root, const char *name, int *out, rtr_error *e) {
+  const cJSON *v = field(root, name);
+  if (!v) return 0;
+  if (!cJSON_IsBool(v)) return BAD(e, name, "'%s' must be a boolean", name);
+  *out = cJSON_IsTrue(v);
+  return 1;
+}
+
+static int parse_msgs(const cJSON *root, rtr_request *r, rtr_error *e) {
+  const cJSON *m = field(root, "messages");
+  if (!m) return BAD(e, "messages", "'messages' is required");
+  if (!cJSON_IsArray(m)) return BAD(e, "messages", "'messages' must be an array");
+  int n = cJSON_GetArraySize(m);
+  if (n == 0) return BAD(e, "messages", "'messages' must not be empty");
+  r->msgs = calloc((size_t)n, sizeof *r->msgs);
+  if (!r->msgs) return OOM(e);
+  int i = 0;
+  char param[64];
+  for (const cJSON *it = m->child; it; it = it->next, i++) {
+    snprintf(param, sizeof param, "messages[%d]", i);
+    if (!cJSON_IsObject(it)) return BAD(e, param, "'%s' must be an object", param);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+    snprintf(param, sizeof param, "messages[%d].role", i);
+    if (!cJSON_IsString(role)) return BAD(e, param, "'%s' must be a string", param);
+    const char *rs = role->valuestring;
+    if (!strcmp(rs, "developer")) rs = "system";
+    if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
+      return BAD(e, param, "'%s': unknown role '%.40s' (system, user, assistant)", param, role->valuestring);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+    snprintf(param, sizeof param, "messages[%d].content", i);
+    char *text = NULL;
+    if (cJSON_IsString(c)) {
+      text = dupn(c->valuestring, strlen(c->valuestring));
+    } else if (cJSON_IsNull(c) && !strcmp(rs, "assistant")) {
+      text = dupn("", 0);
+    } else if (cJSON_IsArray(c)) {
+      size_t total = 0;
+      for (const cJSON *p = c->child; p; p = p->next) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
+        if (!cJSON_IsObject(p) || !cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(t))
+          return BAD(e, param, "'%s': only parts {\"type\": \"text\", \"text\": \"...\"} are supported", param);
+        total += strlen(t->valuestring);
+      }
+      text = malloc(total + 1);
+      if (text) {
+        size_t off = 0;
+        for (const cJSON *p = c->child; p; p = p->next) {
+          const char *t = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+          size_t k = strlen(t);
+          memcpy(text + off, t, k);
+          off += k;
+        }
+        text[off] = 0;
+      }
+    } else if (!c) {
+      return BAD(e, param, "'%s' is required", param);
+    } else {
+      return BAD(e, param, "'%s' must be a string or an array of text parts", param);
+    }
+    if (!text) return OOM(e);
+    r->msgs[i].content = text;
+    r->msgs[i].role = dupn(rs, strlen(rs));
+    r->n_msgs = i + 1;
+    if (!r->msgs[i].role) return OOM(e);
+  }
+  return 0;
+}
+
+static int parse_ids(const cJSON *arr, const char *param, const rtr_limits *lim, int32_t **ids, int *n_ids,
+                     rtr_error *e) {
+  int n = cJSON_GetArraySize(arr);
+  *ids = malloc(((size_t)n + 1) * sizeof **ids);
+  if (!*ids) return OOM(e);
+  int i = 0;
+  for (const cJSON *t = arr->child; t; t = t->next, i++) {
+    if (!cJSON_IsNumber(t) || !isfinite(t->valuedouble) || t->valuedouble != floor(t->valuedouble))
+      return BAD(e, param, "'%s[%d]' must be an integer token id", param, i);
+    if (t->valuedouble < 0 || t->valuedouble >= (double)lim->n_vocab)
+      return BAD(e, param, "'%s[%d]': token id %.0f is outside the vocabulary [0, %d)", param, i, t->valuedouble,
+                 lim->n_vocab);
+    (*ids)[i] = (int32_t)t->valuedouble;
+  }
+  *n_ids = n;
+  return 0;
+}
+
+static int all_ints(const cJSON *arr) {
+  for (const cJSON *t = arr->child; t; t = t->next)
+    if (!cJSON_IsNumber(t)) return 0;
+  return 1;
+}
+
+static int parse_prompt(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
+  const cJSON *p = field(root, "prompt");
+  if (!p) return BAD(e, "prompt", "'prompt' is required");
+  if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+    p = p->child; // a list of one prompt
+  if (cJSON_IsString(p)) {
+    r->prompt_len = strlen(p->valuestring);
+    r->prompt = dupn(p->valuestring, r->prompt_len);
+    return r->prompt ? 0 : OOM(e);
+  }
+  if (cJSON_IsArray(p)) {
+    if (cJSON_GetArraySize(p) == 0) return BAD(e, "prompt", "'prompt' must not be empty");
+    if (!all_ints(p))
+      return BAD(e, "prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
+    return parse_ids(p, "prompt", lim, &r->prompt_ids, &r->n_prompt_ids, e);
+  }
+  return BAD(e, "prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
+}
+
+static int parse_stop(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
+  const cJSON *s = field(root, "stop");
+  if (!s) return 0;
+  int n;
+  if (cJSON_IsString(s)) n = 1;
+  else if (cJSON_IsArray(s)) n = cJSON_GetArraySize(s);
+  else return BAD(e, "stop", "'stop' must be a string or a list of strings");
+  if (n > lim->max_stop) return BAD(e, "stop", "'stop' has %d strings; at most %d are allowed", n, lim->max_stop);
+  if (n == 0) return 0;
+  r->stop = calloc((size_t)n, sizeof *r->stop);
+  if (!r->stop) return OOM(e);
+  const cJSON *it = cJSON_IsString(s) ? s : s->child;
+  for (int i = 0; i < n; i++, it = it->next) {
+    if (!cJSON_IsString(it)) return BAD(e, "stop", "'stop[%d]' must be a string", i);
+    size_t k = strlen(it->valuestring);
+    if (k == 0) return BAD(e, "stop", "'stop[%d]' must not be empty", i);
+    if (k > RTR_MAX_STOP_BYTES) return BAD(e, "stop", "'stop[%d]' is longer than %d bytes", i, RTR_MAX_STOP_BYTES);
+    r->stop[i] = dupn(it->valuestring, k);
+    if (!r->stop[i]) return OOM(e);
+    r->n_stop = i + 1;
+  }
+  return 0;
+}
+
+static int parse_bias(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
+  const cJSON *b = field(root, "logit_bias");
+  if (!b) return 0;
+  if (!cJSON_IsObject(b)) return BAD(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+  int n = cJSON_GetArraySize(b);
+  if (n > RTR_MAX_LOGIT_BIAS) return BAD(e, "logit_bias", "'logit_bias' has more than %d entries", RTR_MAX_LOGIT_BIAS);
+  if (n == 0) return 0;
+  r->bias = calloc((size_t)n, sizeof *r->bias);
+  if (!r->bias) return OOM(e);
+  for (const cJSON *it = b->child; it; it = it->next) {
+    const char *k = it->string;
+    char *end = NULL;
+    long id = -1;
+    if (k && *k >= '0' && *k <= '9' && strlen(k) <= 10) id = strtol(k, &end, 10);
+    if (id < 0 || !end || *end || id >= lim->n_vocab)
+      return BAD(e, "logit_bias", "'logit_bias' key '%.32s' is not a token id in [0, %d)", k ? k : "", lim->n_vocab);
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < -100 || it->valuedouble > 100)
+      return BAD(e, "logit_bias", "'logit_bias[%ld]' must be a number in [-100, 100]", id);
+    r->bias[r->n_bias].id = (int32_t)id;
+    r->bias[r->n_bias].bias = (float)it->valuedouble;
+    r->n_bias++;
+  }
+  return 0;
+}
+
+static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
+  int64_t iv;
+  int rc;
+  int max_limit = lim->max_tokens_limit > 0 ? lim->max_tokens_limit : lim->n_ctx;
+  if ((rc = get_int(root, "max_tokens", 1, max_limit, &iv, e)) < 0) return -1;
+  if (rc) r->max_tokens = (int)iv;
+  if ((rc = get_int(root, "max_completion_tokens", 1, max_limit, &iv, e)) < 0) return -1;
+  if (rc) r->max_tokens = (int)iv;
+  if (get_num(root, "temperature", 0, 2, 0, &r->temperature, e) < 0) return -1;
+  if (get_num(root, "top_p", 0, 1, 1, &r->top_p, e) < 0) return -1;
+  if (get_num(root, "min_p", 0, 1, 0, &r->min_p, e) < 0) return -1;
+  if (get_num(root, "presence_penalty", -2, 2, 0, &r->presence_penalty, e) < 0) return -1;
+  if (get_num(root, "frequency_penalty", -2, 2, 0, &r->frequency_penalty, e) < 0) return -1;
+  if (get_num(root, "repetition_penalty", 0, 2, 1, &r->repetition_penalty, e) < 0) return -1;
+  if ((rc = get_int(root, "top_k", -1, 1e9, &iv, e)) < 0) return -1;
+  if (rc) r->top_k = iv == 0 ? -1 : (int)iv;
+  if ((rc = get_int(root, "seed", -9223372036854775807.0, 9223372036854775807.0, &iv, e)) < 0) return -1;
+  if (rc) {
+    r->has_seed = 1;
+    r->seed = iv;
+  }
+  if ((rc = get_int(root, "n", 1, lim->max_n, &iv, e)) < 0) return -1;
+  if (rc) r->n = (int)iv;
+  if ((rc = get_int(root, "best_of", 1, lim->max_n, &iv, e)) < 0) return -1;
+  if (rc && iv != r->n) return BAD(e, "best_of", "'best_of' other than n is not supported");
+  if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
+  if (parse_stop(root, lim, r, e) < 0 || parse_bias(root, lim, r, e) < 0) return -1;
+
+  if (r->kind == RTR_CHAT) {
+    int lp = 0;
+    if (get_bool(root, "logprobs", &lp, e) < 0) return -1;
+    int64_t top = 0;
+    if ((rc = get_int(root, "top_logprobs", 0, 20, &top, e)) < 0) return -1;
+    if (rc && !lp) return BAD(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r->logprobs = lp ? (int)top : -1;
+  } else {
+    if ((rc = get_int(root, "logprobs", 0, 5, &iv, e)) < 0) return -1;
+    r->logprobs = rc ? (int)iv : -1;
+    int echo = 0;
+    if (get_bool(root, "echo", &echo, e) < 0) return -1;
+    if (echo) return BAD(e, "echo", "'echo' is not supported");
+    const cJSON *suffix = field(root, "suffix");
+    if (suffix && !(cJSON_IsString(suffix) && !suffix->valuestring[0]))
+      return BAD(e, "suffix", "'suffix' is not supported");
+  }
+
+  if (get_bool(root, "stream", &r->stream, e) < 0) return -1;
+  const cJSON *so = field(root, "stream_options");
+  if (so) {
+    if (!cJSON_IsObject(so)) return BAD(e, "stream_options", "'stream_options' must be an object");
+    if (!r->stream) return BAD(e, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+    if (get_bool(so, "include_usage", &r->include_usage, e) < 0) {
+      snprintf(e->param, sizeof e->param, "stream_options.include_usage");
+      return -1;
+    }
+  }
+  const cJSON *user = field(root, "user");
+  if (user && !cJSON_IsString(user)) return BAD(e, "user", "'user' must be a string");
+  return 0;
+}
+
+int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
+                      rtr_error *e) {
+  memset(out, 0, sizeof *out);
+  memset(e, 0, sizeof *e);
+  out->kind = kind;
+  out->max_tokens = -1;
+  out->temperature = 1;
+  out->top_p = 1;
+  out->top_k = -1;
+  out->repetition_penalty = 1;
+  out->n = 1;
+  out->logprobs = -1;
+  out->add_special = 1;
+  out->add_generation_prompt = 1;
+  if (!body || len == 0) return BAD(e, NULL, "the request body is empty; expected a JSON object");
+  if (!rtr_utf8_valid(body, len)) return BAD(e, NULL, "the request body is not valid UTF-8");
+  const char *end = NULL;
+  // cJSON refuses nesting deeper than CJSON_NESTING_LIMIT (1000) without recursing further.
+  cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+  if (!root) {
+    size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
+    return BAD(e, NULL, "malformed JSON near byte %zu", at);
+  }
+  int rc = 0;
+  size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : len;
+  while (at < len && (body[at] == ' ' || body[at] == '\t' || body[at] == '\r' || body[at] == '\n')) at++;
+  if (at < len) {
+    rc = BAD(e, NULL, "malformed JSON: unexpected bytes after the value at byte %zu", at);
+    goto done;
+  }
+  if (!cJSON_IsObject(root)) {
+    rc = BAD(e, NULL, "the request body must be a JSON object");
+    goto done;
+  }
+  const cJSON *model = field(root, "model");
+  if (model && !cJSON_IsString(model)) {
+    rc = BAD(e, "model", "'model' must be a string");
+    goto done;
+  }
+  if (model && lim->model_name && strcmp(model->valuestring, lim->model_name)) {
+    rc = rtr_fail(e, 404, "not_found_error", "model", "model_not_found", "The model '%.100s' does not exist",
+                  model->valuestring);
+    goto done;
+  }
+  switch (kind) {
+  case RTR_CHAT:
+    if ((rc = parse_msgs(root, out, e)) == 0) rc = parse_sampling(root, lim, out, e);
+    break;
+  case RTR_COMPLETION:
+    if ((rc = parse_prompt(root, lim, out, e)) == 0) rc = parse_sampling(root, lim, out, e);
+    break;
+  case RTR_TOKENIZE:
+    if (get_bool(root, "add_special_tokens", &out->add_special, e) < 0 ||
+        get_bool(root, "add_generation_prompt", &out->add_generation_prompt, e) < 0) {
+      rc = -1;
+      break;
+    }
+    if (field(root, "messages")) rc = parse_msgs(root, out, e);
+    else if (field(root, "prompt")) {
+      const cJSON *p = field(root, "prompt");
+      if (!cJSON_IsString(p)) rc = BAD(e, "prompt", "'prompt' must be a string");
+      else {
+        out->prompt_len = strlen(p->valuestring);
+        out->prompt = dupn(p->valuestring, out->prompt_len);
+        if (!out->prompt) rc = OOM(e);
+      }
+    } else
+      rc = BAD(e, "prompt", "'prompt' or 'messages' is required");
+    break;
+  case RTR_DETOKENIZE: {
+    const cJSON *t = field(root, "tokens");
+    if (!t) rc = BAD(e, "tokens", "'tokens' is required");
+    else if (!cJSON_IsArray(t)) rc = BAD(e, "tokens", "'tokens' must be a list of token ids");
+    else rc = parse_ids(t, "tokens", lim, &out->prompt_ids, &out->n_prompt_ids, e);
+    break;
+  }
+  }
+done:
+  cJSON_Delete(root);
+  if (rc < 0) {
+    rtr_request_free(out);
+    out->kind = kind;
+  }
+  return rc < 0 ? -1 : 0;
+}
+
+int rtr_check_context(int n_prompt, int max_tokens, int n_ctx, rtr_error *e) {
+  if (n_prompt <= 0) return BAD(e, "prompt", "the prompt is empty (0 tokens)");
+  if (n_prompt >= n_ctx)
+    return rtr_fail(e, 400, "invalid_request_error", "messages", "context_length_exceeded",
+                    "This model's maximum context length is %d tokens. However, your prompt has %d tokens.", n_ctx,
+                    n_prompt);
+  if (max_tokens >= 0 && (long)n_prompt + max_tokens > n_ctx)
+    return rtr_fail(e, 400, "invalid_request_error", "max_tokens", "context_length_exceeded",
+                    "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the "
+                    "prompt, %d for the completion). Please reduce the prompt or max_tokens.",
+                    n_ctx, n_prompt + max_tokens, n_prompt, max_tokens);
+  return 0;
+}

@@ -1,0 +1,97 @@
+// router/openai.h: the OpenAI request schema: a JSON body becomes a validated request, or an OpenAI-style error.
+#ifndef DSERVE_RTR_OPENAI_H
+#define DSERVE_RTR_OPENAI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum rtr_kind { RTR_CHAT = 0, RTR_COMPLETION = 1, RTR_TOKENIZE = 2, RTR_DETOKENIZE = 3 } rtr_kind;
+
+// An error as the client sees it: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+typedef struct rtr_error {
+  int status;        // HTTP status (400, 404, ...)
+  char message[512];
+  char type[32];     // "invalid_request_error", "not_found_error", "server_error", ...
+  char param[64];    // the offending field ("" = null)
+  char code[48];     // machine-readable code ("" = null), e.g. "context_length_exceeded"
+} rtr_error;
+
+// Fills e (always returns -1 so callers can `return rtr_fail(...)`).
+int rtr_fail(rtr_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+// The error object as JSON text (malloc'ed, NUL-terminated); NULL on out of memory.
+char *rtr_error_json(const rtr_error *e);
+
+typedef struct rtr_limits {
+  const char *model_name; // (borrowed) the only model served; a request naming another gets 404
+  int n_ctx;              // the model's context length
+  int max_tokens_limit;   // largest max_tokens accepted (<= 0: n_ctx)
+  int max_n;              // largest n
+  int max_stop;           // most stop strings
+  int n_vocab;            // token ids must be in [0, n_vocab)
+} rtr_limits;
+
+typedef struct rtr_msg {
+  char *role;    // (owned) "system", "user" or "assistant"
+  char *content; // (owned) UTF-8 text (array-of-text content joined)
+} rtr_msg;
+
+typedef struct rtr_bias {
+  int32_t id;
+  float bias;
+} rtr_bias;
+
+#define RTR_MAX_LOGIT_BIAS 1024
+#define RTR_MAX_STOP_BYTES 1024
+
+// A validated request. Defaults follow OpenAI / vLLM: temperature 1, top_p 1, top_k -1 (off), min_p 0,
+// penalties 0 (repetition 1), n 1, no seed, no logprobs.
+typedef struct rtr_request {
+  rtr_kind kind;
+  rtr_msg *msgs;            // (owned) (n_msgs) chat, or tokenize with messages
+  int n_msgs;
+  char *prompt;             // (owned) completion / tokenize text prompt (NUL-terminated, prompt_len bytes), or NULL
+  size_t prompt_len;
+  int32_t *prompt_ids;      // (owned) (n_prompt_ids) completion prompt given as token ids (or detokenize tokens), or NULL
+  int n_prompt_ids;
+  int max_tokens;           // -1 = not given (up to the context)
+  double temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
+  int top_k;                // -1 = off
+  int has_seed;
+  int64_t seed;
+  char **stop;              // (owned) (n_stop) non-empty strings
+  int n_stop;
+  int n;                    // choices
+  int logprobs;             // -1 = none, else how many top alternatives per token (0..20)
+  rtr_bias *bias;           // (owned) (n_bias)
+  int n_bias;
+  int stream, include_usage;
+  int ignore_eos;
+  int add_special;          // tokenize: add_special_tokens (default 1)
+  int add_generation_prompt; // tokenize with messages (default 1)
+} rtr_request;
+
+// Parses and validates body (len bytes, need not be NUL-terminated) as kind. Invalid UTF-8, malformed or too deeply
+// nested JSON, a wrong type or an out-of-range value: 400 with the field in param; another model's name: 404
+// (code model_not_found). Unknown fields are ignored. On error *out is left empty (nothing to free).
+int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
+                      rtr_error *e);
+void rtr_request_free(rtr_request *r); // frees what r owns and zeroes it; NULL is a no-op
+
+// The context check once the prompt is tokenized: n_prompt >= n_ctx, or max_tokens >= 0 and n_prompt + max_tokens
+// > n_ctx, is 400 context_length_exceeded with the counts in the message. An empty prompt is 400 too.
+int rtr_check_context(int n_prompt, int max_tokens, int n_ctx, rtr_error *e);
+
+// 1 when the n bytes at s are valid UTF-8 (no overlongs, no surrogates, nothing past U+10FFFF).
+int rtr_utf8_valid(const char *s, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,294 @@
+// tests/router/test_validate.cc: OpenAI request validation: defaults, accepted shapes, and hostile/malformed bodies.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "router/openai.h"
+}
+
+namespace {
+
+rtr_limits limits() {
+  rtr_limits l{};
+  l.model_name = "m";
+  l.n_ctx = 2048;
+  l.max_tokens_limit = 0;
+  l.max_n = 8;
+  l.max_stop = 4;
+  l.n_vocab = 1000;
+  return l;
+}
+
+struct Parsed {
+  rtr_request r{};
+  rtr_error e{};
+  int rc;
+  Parsed(rtr_kind k, const std::string &body) {
+    rtr_limits l = limits();
+    rc = rtr_request_parse(k, body.data(), body.size(), &l, &r, &e);
+  }
+  ~Parsed() { rtr_request_free(&r); }
+};
+
+TEST(Validate, ChatDefaults) {
+  Parsed p(RTR_CHAT, R"({"model":"m","messages":[{"role":"user","content":"hi"}]})");
+  ASSERT_EQ(p.rc, 0) << p.e.message;
+  EXPECT_EQ(p.r.n_msgs, 1);
+  EXPECT_STREQ(p.r.msgs[0].role, "user");
+  EXPECT_STREQ(p.r.msgs[0].content, "hi");
+  EXPECT_EQ(p.r.max_tokens, -1);
+  EXPECT_EQ(p.r.temperature, 1.0);
+  EXPECT_EQ(p.r.top_p, 1.0);
+  EXPECT_EQ(p.r.top_k, -1);
+  EXPECT_EQ(p.r.min_p, 0.0);
+  EXPECT_EQ(p.r.repetition_penalty, 1.0);
+  EXPECT_EQ(p.r.n, 1);
+  EXPECT_EQ(p.r.logprobs, -1);
+  EXPECT_EQ(p.r.has_seed, 0);
+  EXPECT_EQ(p.r.stream, 0);
+}
+
+TEST(Validate, ChatEverything) {
+  Parsed p(RTR_CHAT, R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}],
+    "max_tokens":5,"max_completion_tokens":7,"temperature":0,"top_p":0.5,"top_k":0,"min_p":0.1,"presence_penalty":-2,
+    "frequency_penalty":2,"repetition_penalty":1.2,"seed":-42,"stop":["x","yy"],"n":3,"logprobs":true,"top_logprobs":20,
+    "logit_bias":{"5":-100,"999":100},"stream":true,"stream_options":{"include_usage":true},"user":"u","whatever":[1,{"a":2}]})");
+  ASSERT_EQ(p.rc, 0) << p.e.message;
+  ASSERT_EQ(p.r.n_msgs, 3);
+  EXPECT_STREQ(p.r.msgs[1].content, "ab");
+  EXPECT_STREQ(p.r.msgs[2].content, "");
+  EXPECT_EQ(p.r.max_tokens, 7); // max_completion_tokens wins
+  EXPECT_EQ(p.r.temperature, 0.0);
+  EXPECT_EQ(p.r.top_k, -1);
+  EXPECT_EQ(p.r.seed, -42);
+  EXPECT_EQ(p.r.has_seed, 1);
+  ASSERT_EQ(p.r.n_stop, 2);
+  EXPECT_STREQ(p.r.stop[1], "yy");
+  EXPECT_EQ(p.r.n, 3);
+  EXPECT_EQ(p.r.logprobs, 20);
+  ASSERT_EQ(p.r.n_bias, 2);
+  EXPECT_EQ(p.r.bias[1].id, 999);
+  EXPECT_EQ(p.r.bias[1].bias, 100.0f);
+  EXPECT_EQ(p.r.stream, 1);
+  EXPECT_EQ(p.r.include_usage, 1);
+}
+
+TEST(Validate, CompletionPromptShapes) {
+  {
+    Parsed p(RTR_COMPLETION, R"({"prompt":"hello","logprobs":3,"stop":"\n"})");
+    ASSERT_EQ(p.rc, 0) << p.e.message;
+    EXPECT_STREQ(p.r.prompt, "hello");
+    EXPECT_EQ(p.r.logprobs, 3);
+    EXPECT_EQ(p.r.n_stop, 1);
+  }
+  {
+    Parsed p(RTR_COMPLETION, R"({"prompt":[1,2,999]})");
+    ASSERT_EQ(p.rc, 0) << p.e.message;
+    ASSERT_EQ(p.r.n_prompt_ids, 3);
+    EXPECT_EQ(p.r.prompt_ids[2], 999);
+  }
+  {
+    Parsed p(RTR_COMPLETION, R"({"prompt":["one string"]})");
+    ASSERT_EQ(p.rc, 0) << p.e.message;
+    EXPECT_STREQ(p.r.prompt, "one string");
+  }
+  {
+    Parsed p(RTR_COMPLETION, R"({"prompt":[[4,5]], "echo": false, "suffix": null, "seed": 9007199254740992})");
+    ASSERT_EQ(p.rc, 0) << p.e.message;
+    EXPECT_EQ(p.r.n_prompt_ids, 2);
+    EXPECT_EQ(p.r.seed, 9007199254740992LL);
+  }
+}
+
+TEST(Validate, TokenizeAndDetokenize) {
+  {
+    Parsed p(RTR_TOKENIZE, R"({"prompt":"abc","add_special_tokens":false})");
+    ASSERT_EQ(p.rc, 0) << p.e.message;
+    EXPECT_STREQ(p.r.prompt, "abc");
+    EXPECT_EQ(p.r.add_special, 0);
+  }
+  {
+    Parsed p(RTR_TOKENIZE, R"({"messages":[{"role":"user","content":"x"}]})");
+    ASSERT_EQ(p.rc, 0) << p.e.message;
+    EXPECT_EQ(p.r.n_msgs, 1);
+    EXPECT_EQ(p.r.add_special, 1);
+  }
+  {
+    Parsed p(RTR_DETOKENIZE, R"({"tokens":[0,1,2]})");
+    ASSERT_EQ(p.rc, 0) << p.e.message;
+    EXPECT_EQ(p.r.n_prompt_ids, 3);
+  }
+}
+
+struct Bad {
+  rtr_kind kind;
+  std::string body;
+  int status;
+  const char *param; // "" = null
+  const char *code;  // "" = null
+};
+
+std::string deep(int levels) {
+  std::string s = "{\"messages\":";
+  for (int i = 0; i < levels; i++) s += "[";
+  for (int i = 0; i < levels; i++) s += "]";
+  return s + "}";
+}
+
+const std::string M = R"("messages":[{"role":"user","content":"hi"}])";
+
+std::vector<Bad> bad_bodies() {
+  std::vector<Bad> v = {
+      {RTR_CHAT, "", 400, "", ""},
+      {RTR_CHAT, "{", 400, "", ""},
+      {RTR_CHAT, R"({"messages":[{"role":"user","content":"hi"})", 400, "", ""}, // truncated
+      {RTR_CHAT, "[1,2]", 400, "", ""},
+      {RTR_CHAT, "\"just a string\"", 400, "", ""},
+      {RTR_CHAT, "{} trailing", 400, "", ""},
+      {RTR_CHAT, "{\"messages\":\"\xff\xfe\"}", 400, "", ""},                  // not UTF-8
+      {RTR_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc0\xaf\"}]}", 400, "", ""}, // overlong
+      {RTR_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xed\xa0\x80\"}]}", 400, "", ""}, // surrogate
+      {RTR_CHAT, deep(10000), 400, "", ""},
+      {RTR_CHAT, deep(1500), 400, "", ""},
+      {RTR_CHAT, "{}", 400, "messages", ""},
+      {RTR_CHAT, R"({"messages":[]})", 400, "messages", ""},
+      {RTR_CHAT, R"({"messages":{"role":"user"}})", 400, "messages", ""},
+      {RTR_CHAT, R"({"messages":[5]})", 400, "messages[0]", ""},
+      {RTR_CHAT, R"({"messages":[{"role":"wizard","content":"x"}]})", 400, "messages[0].role", ""},
+      {RTR_CHAT, R"({"messages":[{"role":7,"content":"x"}]})", 400, "messages[0].role", ""},
+      {RTR_CHAT, R"({"messages":[{"role":"user"}]})", 400, "messages[0].content", ""},
+      {RTR_CHAT, R"({"messages":[{"role":"user","content":null}]})", 400, "messages[0].content", ""},
+      {RTR_CHAT, R"({"messages":[{"role":"user","content":12}]})", 400, "messages[0].content", ""},
+      {RTR_CHAT, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", 400,
+       "messages[0].content", ""},
+      {RTR_CHAT, "{" + M + R"(,"model":"other"})", 404, "model", "model_not_found"},
+      {RTR_CHAT, "{" + M + R"(,"model":5})", 400, "model", ""},
+      {RTR_CHAT, "{" + M + R"(,"max_tokens":-1})", 400, "max_tokens", ""},
+      {RTR_CHAT, "{" + M + R"(,"max_tokens":0})", 400, "max_tokens", ""},
+      {RTR_CHAT, "{" + M + R"(,"max_tokens":1e309})", 400, "max_tokens", ""},
+      {RTR_CHAT, "{" + M + R"(,"max_tokens":2.5})", 400, "max_tokens", ""},
+      {RTR_CHAT, "{" + M + R"(,"max_tokens":"10"})", 400, "max_tokens", ""},
+      {RTR_CHAT, "{" + M + R"(,"max_tokens":4096})", 400, "max_tokens", ""}, // over the context
+      {RTR_CHAT, "{" + M + R"(,"max_completion_tokens":-5})", 400, "max_completion_tokens", ""},
+      {RTR_CHAT, "{" + M + R"(,"temperature":2.01})", 400, "temperature", ""},
+      {RTR_CHAT, "{" + M + R"(,"temperature":-1e309})", 400, "temperature", ""},
+      {RTR_CHAT, "{" + M + R"(,"temperature":"hot"})", 400, "temperature", ""},
+      {RTR_CHAT, "{" + M + R"(,"top_p":0})", 400, "top_p", ""},
+      {RTR_CHAT, "{" + M + R"(,"top_p":1.5})", 400, "top_p", ""},
+      {RTR_CHAT, "{" + M + R"(,"top_k":-2})", 400, "top_k", ""},
+      {RTR_CHAT, "{" + M + R"(,"top_k":true})", 400, "top_k", ""},
+      {RTR_CHAT, "{" + M + R"(,"min_p":1.1})", 400, "min_p", ""},
+      {RTR_CHAT, "{" + M + R"(,"presence_penalty":3})", 400, "presence_penalty", ""},
+      {RTR_CHAT, "{" + M + R"(,"frequency_penalty":-2.5})", 400, "frequency_penalty", ""},
+      {RTR_CHAT, "{" + M + R"(,"repetition_penalty":0})", 400, "repetition_penalty", ""},
+      {RTR_CHAT, "{" + M + R"(,"repetition_penalty":2.5})", 400, "repetition_penalty", ""},
+      {RTR_CHAT, "{" + M + R"(,"seed":1.5})", 400, "seed", ""},
+      {RTR_CHAT, "{" + M + R"(,"seed":1e300})", 400, "seed", ""},
+      {RTR_CHAT, "{" + M + R"(,"seed":"7"})", 400, "seed", ""},
+      {RTR_CHAT, "{" + M + R"(,"n":0})", 400, "n", ""},
+      {RTR_CHAT, "{" + M + R"(,"n":9})", 400, "n", ""},
+      {RTR_CHAT, "{" + M + R"(,"n":[1]})", 400, "n", ""},
+      {RTR_CHAT, "{" + M + R"(,"stop":["a","b","c","d","e"]})", 400, "stop", ""},
+      {RTR_CHAT, "{" + M + R"(,"stop":[""]})", 400, "stop", ""},
+      {RTR_CHAT, "{" + M + R"(,"stop":""})", 400, "stop", ""},
+      {RTR_CHAT, "{" + M + R"(,"stop":[1]})", 400, "stop", ""},
+      {RTR_CHAT, "{" + M + R"(,"stop":{"a":1}})", 400, "stop", ""},
+      {RTR_CHAT, "{" + M + R"(,"logprobs":1})", 400, "logprobs", ""},
+      {RTR_CHAT, "{" + M + R"(,"logprobs":true,"top_logprobs":21})", 400, "top_logprobs", ""},
+      {RTR_CHAT, "{" + M + R"(,"top_logprobs":2})", 400, "top_logprobs", ""},
+      {RTR_CHAT, "{" + M + R"(,"logit_bias":{"abc":1}})", 400, "logit_bias", ""},
+      {RTR_CHAT, "{" + M + R"(,"logit_bias":{"-1":1}})", 400, "logit_bias", ""},
+      {RTR_CHAT, "{" + M + R"(,"logit_bias":{"1000":1}})", 400, "logit_bias", ""},
+      {RTR_CHAT, "{" + M + R"(,"logit_bias":{"12x":1}})", 400, "logit_bias", ""},
+      {RTR_CHAT, "{" + M + R"(,"logit_bias":{"5":101}})", 400, "logit_bias", ""},
+      {RTR_CHAT, "{" + M + R"(,"logit_bias":{"5":"1"}})", 400, "logit_bias", ""},
+      {RTR_CHAT, "{" + M + R"(,"logit_bias":[1]})", 400, "logit_bias", ""},
+      {RTR_CHAT, "{" + M + R"(,"stream":"yes"})", 400, "stream", ""},
+      {RTR_CHAT, "{" + M + R"(,"stream_options":{"include_usage":true}})", 400, "stream_options", ""},
+      {RTR_CHAT, "{" + M + R"(,"stream":true,"stream_options":{"include_usage":1}})", 400,
+       "stream_options.include_usage", ""},
+      {RTR_CHAT, "{" + M + R"(,"user":5})", 400, "user", ""},
+      {RTR_COMPLETION, "{}", 400, "prompt", ""},
+      {RTR_COMPLETION, R"({"prompt":5})", 400, "prompt", ""},
+      {RTR_COMPLETION, R"({"prompt":[]})", 400, "prompt", ""},
+      {RTR_COMPLETION, R"({"prompt":["a","b"]})", 400, "prompt", ""},
+      {RTR_COMPLETION, R"({"prompt":[1,"a"]})", 400, "prompt", ""},
+      {RTR_COMPLETION, R"({"prompt":[1,1000]})", 400, "prompt", ""},
+      {RTR_COMPLETION, R"({"prompt":[1,-1]})", 400, "prompt", ""},
+      {RTR_COMPLETION, R"({"prompt":[1.5]})", 400, "prompt", ""},
+      {RTR_COMPLETION, R"({"prompt":"x","echo":true})", 400, "echo", ""},
+      {RTR_COMPLETION, R"({"prompt":"x","suffix":"s"})", 400, "suffix", ""},
+      {RTR_COMPLETION, R"({"prompt":"x","logprobs":6})", 400, "logprobs", ""},
+      {RTR_COMPLETION, R"({"prompt":"x","logprobs":true})", 400, "logprobs", ""},
+      {RTR_COMPLETION, R"({"prompt":"x","best_of":3})", 400, "best_of", ""},
+      {RTR_TOKENIZE, R"({})", 400, "prompt", ""},
+      {RTR_TOKENIZE, R"({"prompt":[1]})", 400, "prompt", ""},
+      {RTR_TOKENIZE, R"({"prompt":"x","add_special_tokens":"no"})", 400, "add_special_tokens", ""},
+      {RTR_DETOKENIZE, R"({})", 400, "tokens", ""},
+      {RTR_DETOKENIZE, R"({"tokens":"abc"})", 400, "tokens", ""},
+      {RTR_DETOKENIZE, R"({"tokens":[1,5000]})", 400, "tokens", ""},
+  };
+  return v;
+}
+
+TEST(Validate, HostileBodies) {
+  auto v = bad_bodies();
+  ASSERT_GE(v.size(), 30u);
+  for (size_t i = 0; i < v.size(); i++) {
+    const Bad &b = v[i];
+    Parsed p(b.kind, b.body);
+    SCOPED_TRACE("case " + std::to_string(i) + ": " + b.body.substr(0, 120));
+    ASSERT_EQ(p.rc, -1);
+    EXPECT_EQ(p.e.status, b.status);
+    EXPECT_STREQ(p.e.param, b.param);
+    EXPECT_STREQ(p.e.code, b.code);
+    EXPECT_STREQ(p.e.type, b.status == 404 ? "not_found_error" : "invalid_request_error");
+    EXPECT_GT(strlen(p.e.message), 5u);
+    // nothing is left allocated on error
+    EXPECT_EQ(p.r.msgs, nullptr);
+    EXPECT_EQ(p.r.prompt, nullptr);
+    EXPECT_EQ(p.r.stop, nullptr);
+    EXPECT_EQ(p.r.bias, nullptr);
+    char *j = rtr_error_json(&p.e);
+    ASSERT_NE(j, nullptr);
+    cJSON *o = cJSON_Parse(j);
+    ASSERT_NE(o, nullptr) << j;
+    cJSON *err = cJSON_GetObjectItem(o, "error");
+    ASSERT_TRUE(cJSON_IsObject(err)) << j;
+    EXPECT_TRUE(cJSON_IsString(cJSON_GetObjectItem(err, "message")));
+    EXPECT_TRUE(cJSON_IsString(cJSON_GetObjectItem(err, "type")));
+    EXPECT_EQ(cJSON_IsNull(cJSON_GetObjectItem(err, "param")), b.param[0] == 0) << j;
+    EXPECT_EQ(cJSON_IsNull(cJSON_GetObjectItem(err, "code")), b.code[0] == 0) << j;
+    cJSON_Delete(o);
+    free(j);
+  }
+}
+
+TEST(Validate, ContextLength) {
+  rtr_error e{};
+  EXPECT_EQ(rtr_check_context(100, 10, 2048, &e), 0);
+  EXPECT_EQ(rtr_check_context(100, -1, 2048, &e), 0);
+  EXPECT_EQ(rtr_check_context(2038, 10, 2048, &e), 0);
+  ASSERT_EQ(rtr_check_context(2048, -1, 2048, &e), -1);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_STREQ(e.code, "context_length_exceeded");
+  EXPECT_NE(std::string(e.message).find("2048"), std::string::npos);
+  ASSERT_EQ(rtr_check_context(2040, 10, 2048, &e), -1);
+  EXPECT_STREQ(e.code, "context_length_exceeded");
+  EXPECT_NE(std::string(e.message).find("2050"), std::string::npos) << e.message;
+  EXPECT_NE(std::string(e.message).find("2040"), std::string::npos) << e.message;
+  ASSERT_EQ(rtr_check_context(0, -1, 2048, &e), -1);
+  EXPECT_EQ(e.status, 400);
+}
+
+TEST(Validate, Utf8) {
+  EXPECT_TRUE(rtr_utf8_valid("a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 10));
+  EXPECT_FALSE(rtr_utf8_valid("\xc3", 1));
+  EXPECT_FALSE(rtr_utf8_valid("\xf4\x90\x80\x80", 4)); // past U+10FFFF
+  EXPECT_FALSE(rtr_utf8_valid("\xe0\x80\x80", 3));     // overlong
+  EXPECT_FALSE(rtr_utf8_valid("\x80", 1));
+}
+
+} // namespace
