@@ -17,26 +17,26 @@ static int krn_os_xsave(void) {
   if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
   return (c & bit_OSXSAVE) != 0;
 }
-__attribute__((unused)) static int krn_has_avx2(void) {
+static int krn_has_avx2(void) {
   __builtin_cpu_init();
   if (!krn_os_xsave() || (krn_xgetbv0() & 0x6) != 0x6) return 0;
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
-__attribute__((unused)) static int krn_has_avx512(void) {
+static int krn_has_avx512(void) {
   if (!krn_has_avx2() || (krn_xgetbv0() & 0xe6) != 0xe6) return 0;
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx512vnni");
 }
 #else
-__attribute__((unused)) static int krn_has_avx2(void) { return 0; }
-__attribute__((unused)) static int krn_has_avx512(void) { return 0; }
+static int krn_has_avx2(void) { return 0; }
+static int krn_has_avx512(void) { return 0; }
 #endif
 
 const krn_backend *krn_cpu_by_name(const char *name) {
   if (!name) return NULL;
   if (!strcmp(name, "scalar")) return krn_cpu_scalar();
-#if defined(__x86_64__) && defined(KRN_CPU_SIMD_DONE)
+#if defined(__x86_64__)
   if (!strcmp(name, "avx2")) return krn_has_avx2() ? krn_cpu_avx2_table() : NULL;
   if (!strcmp(name, "avx512")) return krn_has_avx512() ? krn_cpu_avx512_table() : NULL;
 #endif

@@ -1,0 +1,513 @@
+// kernels/cpu/simd_body.h: the AVX2 and AVX-512 backends' ops, written once over a small vector vocabulary.
+// Included by backend_avx2.c (KRN_W512 undefined: 8-float vectors, maddubs dot products) and by
+// backend_avx512.c (KRN_W512 defined: 16-float vectors, VNNI vpdpbusd dot products on 256-bit blocks).
+// Defines one table; the including file names it KRN_SIMD_TABLE and its name string KRN_SIMD_NAME.
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+#define KRN_INLINE static inline __attribute__((always_inline))
+
+// ---- float vectors ----
+#ifdef KRN_W512
+typedef __m512 vf;
+#define VL 16
+#define v_load(p) _mm512_loadu_ps(p)
+#define v_store(p, v) _mm512_storeu_ps(p, v)
+#define v_loadh(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define v_set1(x) _mm512_set1_ps(x)
+#define v_zero() _mm512_setzero_ps()
+#define v_add(a, b) _mm512_add_ps(a, b)
+#define v_sub(a, b) _mm512_sub_ps(a, b)
+#define v_mul(a, b) _mm512_mul_ps(a, b)
+#define v_fma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define v_max(a, b) _mm512_max_ps(a, b)
+#define v_min(a, b) _mm512_min_ps(a, b)
+#define v_div(a, b) _mm512_div_ps(a, b)
+#define v_hsum(v) _mm512_reduce_add_ps(v)
+#define v_hmax(v) _mm512_reduce_max_ps(v)
+KRN_INLINE vf v_exp(vf x) {
+  __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654f));
+  vf fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
+  vf y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+  return _mm512_mask_blend_ps(under, y, _mm512_setzero_ps());
+}
+#else
+typedef __m256 vf;
+#define VL 8
+#define v_load(p) _mm256_loadu_ps(p)
+#define v_store(p, v) _mm256_storeu_ps(p, v)
+#define v_loadh(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define v_set1(x) _mm256_set1_ps(x)
+#define v_zero() _mm256_setzero_ps()
+#define v_add(a, b) _mm256_add_ps(a, b)
+#define v_sub(a, b) _mm256_sub_ps(a, b)
+#define v_mul(a, b) _mm256_mul_ps(a, b)
+#define v_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define v_max(a, b) _mm256_max_ps(a, b)
+#define v_min(a, b) _mm256_min_ps(a, b)
+#define v_div(a, b) _mm256_div_ps(a, b)
+KRN_INLINE float v_hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+KRN_INLINE float v_hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+KRN_INLINE vf v_exp(vf x) {
+  __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ);
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
+  vf fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+  vf y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(under, y);
+}
+#endif
+
+KRN_INLINE float f16f(krn_f16 h) { return _cvtsh_ss(h); }
+
+// ---- int8 block dot products: 8 int32 partial sums of u8(a) * s8(b) over 32 bytes ----
+#ifdef KRN_W512
+KRN_INLINE __m256i dot_us(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+#else
+KRN_INLINE __m256i dot_us(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+#endif
+
+// Quantize x(k) into k/32 activation blocks; same rounding as krn_scalar_quant_row_q8x.
+static void quant_row(krn_q8x *out, const float *x, int k) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int i = 0; i < k / KRN_QK; i++) {
+    const float *xb = x + i * KRN_QK;
+    __m256 a = _mm256_loadu_ps(xb), b = _mm256_loadu_ps(xb + 8), c = _mm256_loadu_ps(xb + 16), d = _mm256_loadu_ps(xb + 24);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, c), _mm256_andnot_ps(sign, d)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float amax = _mm_cvtss_f32(m4), dd = amax / 127.0f, id = dd > 0 ? 1.0f / dd : 0.0f;
+    __m256 vid = _mm256_set1_ps(id);
+    __m256i ia = _mm256_cvtps_epi32(_mm256_mul_ps(a, vid)), ib = _mm256_cvtps_epi32(_mm256_mul_ps(b, vid));
+    __m256i ic = _mm256_cvtps_epi32(_mm256_mul_ps(c, vid)), idd = _mm256_cvtps_epi32(_mm256_mul_ps(d, vid));
+    __m256i s4 = _mm256_add_epi32(_mm256_add_epi32(ia, ib), _mm256_add_epi32(ic, idd));
+    __m128i s2 = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+    s2 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0x4e));
+    s2 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xb1));
+    __m256i p16a = _mm256_packs_epi32(ia, ib), p16b = _mm256_packs_epi32(ic, idd);
+    __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)out[i].qs, p8);
+    out[i].d = dd;
+    out[i].s = dd * (float)_mm_cvtsi128_si32(s2);
+  }
+}
+
+// out[r] = dot(weight row w (nb blocks), activation row xr[r]) for r < R; R is a constant after inlining.
+KRN_INLINE void dot_q8_0(const krn_block_q8_0 *w, const krn_q8x *const *xr, int R, int nb, float *out) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int b = 0; b < nb; b++) {
+    __m256i wq = _mm256_loadu_si256((const __m256i *)w[b].qs);
+    __m256i wa = _mm256_sign_epi8(wq, wq);
+    float dw = f16f(w[b].d);
+    for (int r = 0; r < R; r++) {
+      __m256i xq = _mm256_loadu_si256((const __m256i *)xr[r][b].qs);
+      __m256i dot = dot_us(wa, _mm256_sign_epi8(xq, wq));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xr[r][b].d), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    out[r] = _mm_cvtss_f32(s);
+  }
+}
+
+// Q4_0 and Q4_1 share the unsigned-nibble dot; the offset term is (-8 d) resp. m times x's block sum s.
+KRN_INLINE __m256i unpack_nibbles(const uint8_t *qs) {
+  __m128i q = _mm_loadu_si128((const __m128i *)qs);
+  __m128i lo = _mm_and_si128(q, _mm_set1_epi8(15)), hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(15));
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+KRN_INLINE void dot_q4(const void *wv, int is_q4_1, const krn_q8x *const *xr, int R, int nb, float *out) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  float off[4] = {0, 0, 0, 0};
+  for (int b = 0; b < nb; b++) {
+    __m256i wq;
+    float dw, mw;
+    if (is_q4_1) {
+      const krn_block_q4_1 *w = (const krn_block_q4_1 *)wv + b;
+      wq = unpack_nibbles(w->qs);
+      dw = f16f(w->d);
+      mw = f16f(w->m);
+    } else {
+      const krn_block_q4_0 *w = (const krn_block_q4_0 *)wv + b;
+      wq = unpack_nibbles(w->qs);
+      dw = f16f(w->d);
+      mw = -8.0f * dw;
+    }
+    for (int r = 0; r < R; r++) {
+      __m256i xq = _mm256_loadu_si256((const __m256i *)xr[r][b].qs);
+      __m256i dot = dot_us(wq, xq);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xr[r][b].d), acc[r]);
+      off[r] += mw * xr[r][b].s;
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    out[r] = _mm_cvtss_f32(s) + off[r];
+  }
+}
+
+// Float weights (F32 / F16) against float activation rows; k need not be a multiple of the vector width.
+KRN_INLINE void dot_float(const void *wv, int is_f16, const float *const *xr, int R, int k, float *out) {
+  vf acc[4] = {v_zero(), v_zero(), v_zero(), v_zero()};
+  int e = 0;
+  for (; e + VL <= k; e += VL) {
+    vf w = is_f16 ? v_loadh((const krn_f16 *)wv + e) : v_load((const float *)wv + e);
+    for (int r = 0; r < R; r++) acc[r] = v_fma(w, v_load(xr[r] + e), acc[r]);
+  }
+  for (int r = 0; r < R; r++) {
+    float s = v_hsum(acc[r]);
+    for (int t = e; t < k; t++) s += (is_f16 ? f16f(((const krn_f16 *)wv)[t]) : ((const float *)wv)[t]) * xr[r][t];
+    out[r] = s;
+  }
+}
+
+typedef struct mm_task {
+  float *y;            // (n, m)
+  const void *w;       // (m, k) of wt
+  krn_type wt;
+  const float *x;      // (n, k)
+  krn_q8x *xq;         // (n, k / 32) quantized x, or NULL for float weights
+  int n, k, m;
+} mm_task;
+
+#define MM_JBLOCK 16 // weight rows kept hot while activation tiles stream past
+#define MM_TILE 4    // activation rows sharing each unpacked weight block
+
+KRN_INLINE void mm_rows(const mm_task *t, int64_t j, int i0, int R) {
+  size_t rs = krn_row_size(t->wt, t->k);
+  const void *wr = (const char *)t->w + (size_t)j * rs;
+  int nb = t->k / KRN_QK;
+  float out[MM_TILE];
+  if (t->xq) {
+    const krn_q8x *xr[MM_TILE];
+    for (int r = 0; r < R; r++) xr[r] = t->xq + (size_t)(i0 + r) * nb;
+    if (t->wt == KRN_Q8_0) dot_q8_0(wr, xr, R, nb, out);
+    else dot_q4(wr, t->wt == KRN_Q4_1, xr, R, nb, out);
+  } else {
+    const float *xr[MM_TILE];
+    for (int r = 0; r < R; r++) xr[r] = t->x + (size_t)(i0 + r) * t->k;
+    dot_float(wr, t->wt == KRN_F16, xr, R, t->k, out);
+  }
+  for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j] = out[r];
+}
+
+static void mm_run(void *vp, int ith, int nth) {
+  const mm_task *t = vp;
+  int64_t lo, hi;
+  krn_cpu_range(t->m, ith, nth, &lo, &hi);
+  for (int64_t j0 = lo; j0 < hi; j0 += MM_JBLOCK) {
+    int64_t j1 = j0 + MM_JBLOCK < hi ? j0 + MM_JBLOCK : hi;
+    int i = 0;
+    for (; i + MM_TILE <= t->n; i += MM_TILE)
+      for (int64_t j = j0; j < j1; j++) mm_rows(t, j, i, MM_TILE);
+    int rest = t->n - i;
+    for (int64_t j = j0; j < j1; j++) {
+      if (rest == 3) mm_rows(t, j, i, 3);
+      else if (rest == 2) mm_rows(t, j, i, 2);
+      else if (rest == 1) mm_rows(t, j, i, 1);
+    }
+  }
+}
+
+typedef struct q8_task {
+  krn_q8x *xq;
+  const float *x;
+  int n, k;
+} q8_task;
+
+static void q8_run(void *vp, int ith, int nth) {
+  const q8_task *t = vp;
+  int64_t lo, hi;
+  krn_cpu_range(t->n, ith, nth, &lo, &hi);
+  for (int64_t i = lo; i < hi; i++) quant_row(t->xq + (size_t)i * (t->k / KRN_QK), t->x + (size_t)i * t->k, t->k);
+}
+
+// Below this many multiply-adds an op runs on the calling thread: waking the pool would cost more.
+#define KRN_PAR_MIN 32768
+
+static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
+  mm_task t = {y, w, wt, x, NULL, n, k, m};
+  int par = (int64_t)n * k * m >= KRN_PAR_MIN;
+  if (wt == KRN_Q4_0 || wt == KRN_Q4_1 || wt == KRN_Q8_0) {
+    t.xq = malloc((size_t)n * (size_t)(k / KRN_QK) * sizeof(krn_q8x) + 1);
+    if (!t.xq) abort(); // the activation's own size: only impossible sizes fail here
+    q8_task q = {t.xq, x, n, k};
+    if (par && n >= 8) krn_cpu_par(c, q8_run, &q);
+    else q8_run(&q, 0, 1);
+  }
+  if (par) krn_cpu_par(c, mm_run, &t);
+  else mm_run(&t, 0, 1);
+  free(t.xq);
+}
+
+// ---- elementwise ----
+
+typedef struct ew_task {
+  float *out;
+  const float *a, *b;
+  int64_t n;      // elements (swiglu / add), or rows (rmsnorm / softmax)
+  int d;          // row width (rmsnorm / softmax)
+  float eps;
+} ew_task;
+
+static void rmsnorm_rows(const ew_task *t, int64_t lo, int64_t hi) {
+  int d = t->d;
+  for (int64_t i = lo; i < hi; i++) {
+    const float *x = t->a + (size_t)i * d;
+    float *o = t->out + (size_t)i * d;
+    vf acc = v_zero();
+    int e = 0;
+    for (; e + VL <= d; e += VL) { vf v = v_load(x + e); acc = v_fma(v, v, acc); }
+    float ss = v_hsum(acc);
+    for (int j = e; j < d; j++) ss += x[j] * x[j];
+    float inv = 1.0f / sqrtf(ss / (float)d + t->eps);
+    vf vi = v_set1(inv);
+    for (e = 0; e + VL <= d; e += VL) v_store(o + e, v_mul(v_mul(v_load(x + e), vi), v_load(t->b + e)));
+    for (int j = e; j < d; j++) o[j] = x[j] * inv * t->b[j];
+  }
+}
+static void rmsnorm_run(void *vp, int ith, int nth) {
+  const ew_task *t = vp;
+  int64_t lo, hi;
+  krn_cpu_range(t->n, ith, nth, &lo, &hi);
+  rmsnorm_rows(t, lo, hi);
+}
+static void simd_rmsnorm(krn_ctx *c, float *out, const float *x, const float *w, int n, int d, float eps) {
+  ew_task t = {out, x, w, n, d, eps};
+  if ((int64_t)n * d >= KRN_PAR_MIN && n > 1) krn_cpu_par(c, rmsnorm_run, &t);
+  else rmsnorm_rows(&t, 0, n);
+}
+
+// Split n elements into per-thread ranges aligned to 64 elements.
+static void ew_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+  int64_t chunks = (n + 63) / 64, clo, chi;
+  krn_cpu_range(chunks, ith, nth, &clo, &chi);
+  *lo = clo * 64 < n ? clo * 64 : n;
+  *hi = chi * 64 < n ? chi * 64 : n;
+}
+
+static void swiglu_span(const ew_task *t, int64_t lo, int64_t hi) {
+  int64_t i = lo;
+  const vf one = v_set1(1.0f), zero = v_zero();
+  for (; i + VL <= hi; i += VL) {
+    vf g = v_load(t->a + i);
+    vf s = v_div(g, v_add(one, v_exp(v_sub(zero, g))));
+    v_store(t->out + i, v_mul(s, v_load(t->b + i)));
+  }
+  for (; i < hi; i++) { float g = t->a[i]; t->out[i] = g / (1.0f + expf(-g)) * t->b[i]; }
+}
+static void swiglu_run(void *vp, int ith, int nth) {
+  const ew_task *t = vp;
+  int64_t lo, hi;
+  ew_range(t->n, ith, nth, &lo, &hi);
+  swiglu_span(t, lo, hi);
+}
+static void simd_swiglu(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n) {
+  ew_task t = {out, gate, up, n, 0, 0};
+  if (n >= 4 * KRN_PAR_MIN) krn_cpu_par(c, swiglu_run, &t);
+  else swiglu_span(&t, 0, n);
+}
+
+static void add_span(const ew_task *t, int64_t lo, int64_t hi) {
+  int64_t i = lo;
+  for (; i + VL <= hi; i += VL) v_store(t->out + i, v_add(v_load(t->out + i), v_load(t->a + i)));
+  for (; i < hi; i++) t->out[i] += t->a[i];
+}
+static void add_run(void *vp, int ith, int nth) {
+  const ew_task *t = vp;
+  int64_t lo, hi;
+  ew_range(t->n, ith, nth, &lo, &hi);
+  add_span(t, lo, hi);
+}
+static void simd_add(krn_ctx *c, float *y, const float *x, int64_t n) {
+  ew_task t = {y, x, NULL, n, 0, 0};
+  if (n >= 8 * KRN_PAR_MIN) krn_cpu_par(c, add_run, &t);
+  else add_span(&t, 0, n);
+}
+
+// In place on r(d): r = exp(r - max) / sum.
+static void softmax_row(float *r, int d) {
+  vf vm = v_set1(-INFINITY);
+  int e = 0;
+  for (; e + VL <= d; e += VL) vm = v_max(vm, v_load(r + e));
+  float mx = v_hmax(vm);
+  for (int j = e; j < d; j++) mx = fmaxf(mx, r[j]);
+  vf vmx = v_set1(mx), acc = v_zero();
+  for (e = 0; e + VL <= d; e += VL) {
+    vf v = v_exp(v_sub(v_load(r + e), vmx));
+    v_store(r + e, v);
+    acc = v_add(acc, v);
+  }
+  float sum = v_hsum(acc);
+  for (int j = e; j < d; j++) { r[j] = expf(r[j] - mx); sum += r[j]; }
+  float inv = 1.0f / sum;
+  vf vi = v_set1(inv);
+  for (e = 0; e + VL <= d; e += VL) v_store(r + e, v_mul(v_load(r + e), vi));
+  for (int j = e; j < d; j++) r[j] *= inv;
+}
+static void softmax_run(void *vp, int ith, int nth) {
+  const ew_task *t = vp;
+  int64_t lo, hi;
+  krn_cpu_range(t->n, ith, nth, &lo, &hi);
+  for (int64_t i = lo; i < hi; i++) softmax_row(t->out + (size_t)i * t->d, t->d);
+}
+static void simd_softmax(krn_ctx *c, float *x, int n, int d) {
+  ew_task t = {x, NULL, NULL, n, d, 0};
+  if ((int64_t)n * d >= KRN_PAR_MIN && n > 1) krn_cpu_par(c, softmax_run, &t);
+  else softmax_run(&t, 0, 1);
+}
+
+// ---- paged attention: work items are (token, head) pairs, dealt round-robin to balance causal rows ----
+
+typedef struct attn_task {
+  float *out;             // (n_tokens, n_head, head_dim)
+  const float *q;         // (n_tokens, n_head, head_dim)
+  const krn_attn_args *a; // (borrowed)
+} attn_task;
+
+KRN_INLINE float kv_dot(const float *q, const void *k, int f16, int hd) {
+  vf acc = v_zero();
+  int e = 0;
+  if (f16) for (; e + VL <= hd; e += VL) acc = v_fma(v_load(q + e), v_loadh((const krn_f16 *)k + e), acc);
+  else for (; e + VL <= hd; e += VL) acc = v_fma(v_load(q + e), v_load((const float *)k + e), acc);
+  float s = v_hsum(acc);
+  for (; e < hd; e++) s += q[e] * (f16 ? f16f(((const krn_f16 *)k)[e]) : ((const float *)k)[e]);
+  return s;
+}
+
+KRN_INLINE void kv_axpy(float *o, float w, const void *v, int f16, int hd) {
+  vf vw = v_set1(w);
+  int e = 0;
+  if (f16) for (; e + VL <= hd; e += VL) v_store(o + e, v_fma(vw, v_loadh((const krn_f16 *)v + e), v_load(o + e)));
+  else for (; e + VL <= hd; e += VL) v_store(o + e, v_fma(vw, v_load((const float *)v + e), v_load(o + e)));
+  for (; e < hd; e++) o[e] += w * (f16 ? f16f(((const krn_f16 *)v)[e]) : ((const float *)v)[e]);
+}
+
+static void attn_run(void *vp, int ith, int nth) {
+  const attn_task *t = vp;
+  const krn_attn_args *a = t->a;
+  int hd = a->head_dim, group = a->n_head / a->n_kv_head, kvd = a->n_kv_head * hd, bs = a->block_size;
+  int f16 = a->kv_type != KRN_F32;
+  size_t esz = f16 ? 2 : 4;
+  int64_t items = (int64_t)a->n_tokens * a->n_head;
+  if (ith >= items) return;
+  float *sc = malloc(((size_t)a->max_blocks * bs + VL) * sizeof(float));
+  if (!sc) abort(); // one row of scores: only impossible sizes fail here
+  for (int64_t it = ith; it < items; it += nth) {
+    int tok = (int)(it / a->n_head), h = (int)(it % a->n_head), kh = h / group;
+    int32_t seq = a->tok_seq[tok], pos = a->tok_pos[tok];
+    const float *q = t->q + ((size_t)tok * a->n_head + h) * hd;
+    float *o = t->out + ((size_t)tok * a->n_head + h) * hd;
+    memset(o, 0, (size_t)hd * sizeof(float));
+    if (seq < 0 || pos < 0) continue;
+    int32_t npos = pos + 1;
+    if ((int64_t)npos > (int64_t)a->max_blocks * bs) npos = a->max_blocks * bs;
+    const int32_t *bt = a->block_tables + (size_t)seq * a->max_blocks;
+    float mx = -INFINITY;
+    for (int32_t p0 = 0; p0 < npos; p0 += bs) {
+      int32_t blk = bt[p0 / bs], pend = p0 + bs < npos ? p0 + bs : npos;
+      if (blk < 0) { for (int32_t p = p0; p < pend; p++) sc[p] = -INFINITY; continue; }
+      const char *kb = (const char *)a->k_cache + ((size_t)blk * bs * kvd + (size_t)kh * hd) * esz;
+      for (int32_t p = p0; p < pend; p++) {
+        float s = kv_dot(q, kb + (size_t)(p - p0) * kvd * esz, f16, hd) * a->scale;
+        sc[p] = s;
+        mx = fmaxf(mx, s);
+      }
+    }
+    if (mx == -INFINITY) continue; // nothing visible
+    vf vmx = v_set1(mx), acc = v_zero();
+    int32_t p = 0;
+    for (; p + VL <= npos; p += VL) {
+      vf e = v_exp(v_sub(v_load(sc + p), vmx));
+      v_store(sc + p, e);
+      acc = v_add(acc, e);
+    }
+    float sum = v_hsum(acc);
+    for (; p < npos; p++) { sc[p] = expf(sc[p] - mx); sum += sc[p]; }
+    float inv = 1.0f / sum;
+    for (int32_t p0 = 0; p0 < npos; p0 += bs) {
+      int32_t blk = bt[p0 / bs], pend = p0 + bs < npos ? p0 + bs : npos;
+      if (blk < 0) continue;
+      const char *vb = (const char *)a->v_cache + ((size_t)blk * bs * kvd + (size_t)kh * hd) * esz;
+      for (int32_t pp = p0; pp < pend; pp++) kv_axpy(o, sc[pp] * inv, vb + (size_t)(pp - p0) * kvd * esz, f16, hd);
+    }
+  }
+  free(sc);
+}
+
+static void simd_paged_attention(krn_ctx *c, float *out, const float *q, const krn_attn_args *a) {
+  attn_task t = {out, q, a};
+  int64_t work = 0;
+  for (int i = 0; i < a->n_tokens; i++) work += (int64_t)(a->tok_pos[i] + 1) * a->n_head * a->head_dim;
+  if (work >= KRN_PAR_MIN) krn_cpu_par(c, attn_run, &t);
+  else attn_run(&t, 0, 1);
+}
+
+static const krn_backend simd_backend = {
+    .name = KRN_SIMD_NAME,
+    .alloc = krn_scalar_alloc,
+    .free = krn_scalar_free,
+    .upload = krn_scalar_upload,
+    .download = krn_scalar_download,
+    .sync = krn_scalar_sync,
+    .matmul = simd_matmul,
+    .get_rows = krn_scalar_get_rows,
+    .rmsnorm = simd_rmsnorm,
+    .rope = krn_scalar_rope,
+    .swiglu = simd_swiglu,
+    .softmax = simd_softmax,
+    .add = simd_add,
+    .kv_store = krn_scalar_kv_store,
+    .paged_attention = simd_paged_attention,
+    .ctx_init = NULL,
+    .ctx_fini = NULL,
+};
+
+const krn_backend *KRN_SIMD_TABLE(void) { return &simd_backend; }
