@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -320,6 +321,42 @@ TEST(TokenizerTiny, LoadErrors) {
   EXPECT_NE(f.rc, 0);
   mdl_tok_free(nullptr);
   mdl_detok_free(nullptr);
+}
+
+TEST(TokenizerTiny, BitFlippedVocabulariesNeverCrash) {
+  TinyVocab v;
+  v.add("he");
+  v.add("<|im_start|>", MDL_TOK_CONTROL);
+  v.add("hello");
+  v.merges = {"h e", "he l", "hel l", "hell o"};
+  std::vector<uint8_t> b = v.bytes();
+  std::mt19937 rng(777);
+  int loaded = 0, refused = 0;
+  const std::string text = "hello 123 <|im_start|> \xff caf\xc3\xa9";
+  for (int it = 0; it < 300; it++) {
+    std::vector<uint8_t> c = b;
+    for (int k = 0; k < 3; k++) c[rng() % c.size()] ^= (uint8_t)(1u << (rng() % 8));
+    Loaded l(c);
+    if (l.rc != 0) {
+      refused++;
+      EXPECT_NE(l.err[0], 0);
+      continue;
+    }
+    loaded++;
+    for (int special = 0; special < 2; special++) {
+      int32_t *ids = nullptr;
+      size_t n = 0;
+      char err[256];
+      ASSERT_EQ(mdl_tok_encode(l.t, text.data(), text.size(), special, &ids, &n, err, sizeof err), 0) << err;
+      for (size_t i = 0; i < n; i++) ASSERT_TRUE(ids[i] >= 0 && ids[i] < mdl_tok_n_vocab(l.t));
+      std::vector<int32_t> vids(ids, ids + n);
+      free(ids);
+      dec(l.t, vids);
+      EXPECT_TRUE(valid_utf8(stream(l.t, vids)));
+    }
+  }
+  EXPECT_GT(loaded, 0);
+  EXPECT_GT(refused, 0);
 }
 
 TEST(TokenizerTiny, DecodeRejectsBadIds) {
