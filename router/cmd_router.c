@@ -1,11 +1,97 @@
-// router/cmd_router.c: subcommands of this module (not yet written: issue 5).
+// router/cmd_router.c: `dserve router --config FILE`: serves the router section of a cluster config until SIGTERM.
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
+#include "models/gguf.h"
+#include "models/tokenizer.h"
+#include "router/router.h"
 #include "server/cmds.h"
+#include "server/config.h"
+#include "server/log.h"
 
-int rtr_cmd_router(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "dserve %s: not yet (issue 5)\n", argv[0]);
-  return 3;
+// The model's context length from `{general.architecture}.context_length`. 0, or -1 with err.
+static int context_length(const mdl_gguf *g, int *out, char *err, size_t errlen) {
+  mdl_str arch;
+  if (mdl_gguf_get_str(g, "general.architecture", &arch) < 0) {
+    snprintf(err, errlen, "the GGUF has no general.architecture");
+    return -1;
+  }
+  char key[160];
+  snprintf(key, sizeof key, "%.*s.context_length", (int)(arch.n > 100 ? 100 : arch.n), arch.p);
+  int64_t v;
+  if (mdl_gguf_get_i64(g, key, &v) < 0 || v <= 1 || v > (1 << 24)) {
+    snprintf(err, errlen, "the GGUF has no usable %s", key);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
 }
 
+int rtr_cmd_router(int argc, char **argv) {
+  const char *config = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
+    else if (!strcmp(argv[i], "--node") && i + 1 < argc) i++; // the router section names its own node
+    else {
+      fprintf(stderr, "usage: dserve router --config FILE [--node NAME]\n");
+      return 2;
+    }
+  }
+  if (!config) {
+    fprintf(stderr, "usage: dserve router --config FILE [--node NAME]\n");
+    return 2;
+  }
+  char err[512];
+  srv_config *cfg = NULL;
+  if (srv_config_load(config, &cfg, err, sizeof err) < 0) {
+    fprintf(stderr, "dserve router: %s\n", err);
+    return 2;
+  }
+  if (!cfg->has_router) {
+    fprintf(stderr, "dserve router: %s has no router section\n", config);
+    srv_config_free(cfg);
+    return 2;
+  }
+  mdl_gguf *g = NULL;
+  mdl_tok *tok = NULL;
+  int n_ctx = 0, rc = 1;
+  rtr_server *s = NULL;
+  if (mdl_gguf_open(cfg->model_path, &g, err, sizeof err) < 0 || mdl_tok_load(g, &tok, err, sizeof err) < 0 ||
+      context_length(g, &n_ctx, err, sizeof err) < 0) {
+    fprintf(stderr, "dserve router: %s: %s\n", cfg->model_path, err);
+    goto out;
+  }
+  char name[128];
+  snprintf(name, sizeof name, "%s", cfg->model_name);
+  mdl_str gn;
+  if (!name[0] && mdl_gguf_get_str(g, "general.name", &gn) == 0)
+    snprintf(name, sizeof name, "%.*s", (int)(gn.n > 120 ? 120 : gn.n), gn.p);
+  if (!name[0]) snprintf(name, sizeof name, "model");
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, NULL); // every thread started below inherits the mask; sigwait takes them
+  signal(SIGPIPE, SIG_IGN);
+  rtr_server_opts o = {.cfg = cfg, .gguf = g, .tok = tok, .n_ctx = n_ctx, .model_name = name};
+  if (rtr_server_new(&o, &s, err, sizeof err) < 0) {
+    fprintf(stderr, "dserve router: %s\n", err);
+    goto out;
+  }
+  srv_log("router", "serving %s (context %d) on http://%s:%d with %d worker(s)", name, n_ctx,
+          cfg->router.host[0] ? cfg->router.host : "127.0.0.1", rtr_server_port(s), cfg->n_workers);
+  int sig = 0;
+  sigwait(&set, &sig);
+  srv_log("router", "signal %d: stopping", sig);
+  rc = 0;
+out:
+  rtr_server_free(s);
+  mdl_tok_free(tok);
+  mdl_gguf_close(g);
+  srv_config_free(cfg);
+  return rc;
+}
