@@ -20,7 +20,9 @@ static int krn_os_xsave(void) {
 static int krn_has_avx2(void) {
   __builtin_cpu_init();
   if (!krn_os_xsave() || (krn_xgetbv0() & 0x6) != 0x6) return 0;
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  unsigned a, b, c, d; // f16c from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c")
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_F16C)) return 0;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 static int krn_has_avx512(void) {
   if (!krn_has_avx2() || (krn_xgetbv0() & 0xe6) != 0xe6) return 0;
