@@ -13,6 +13,7 @@ struct srv_kvpool {
   size_t bytes;      // size of kv.base
   pthread_mutex_t mu;
   int32_t *free_ids; // (owned) (n_blocks) stack of free block ids; [0, n_free) are free
+  int32_t *refs;     // (owned) (n_blocks) reference count per block; 0 = on the free list
   int n_free;
 };
 
@@ -59,10 +60,12 @@ int srv_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const srv_kvpool_opts 
   p->kv.block_size = bs;
   p->bytes = nb * bb;
   p->free_ids = malloc(nb * sizeof *p->free_ids);
-  p->kv.base = p->free_ids ? kc->be->alloc(kc, p->bytes) : NULL;
+  p->refs = calloc(nb, sizeof *p->refs);
+  p->kv.base = p->free_ids && p->refs ? kc->be->alloc(kc, p->bytes) : NULL;
   if (!p->kv.base) {
     snprintf(err, errlen, "kvpool: cannot allocate %zu bytes for %zu KV blocks on %s", p->bytes, nb, kc->be->name);
     free(p->free_ids);
+    free(p->refs);
     free(p);
     return -1;
   }
@@ -79,6 +82,7 @@ void srv_kvpool_free(srv_kvpool *p) {
   p->kc->be->free(p->kc, p->kv.base);
   pthread_mutex_destroy(&p->mu);
   free(p->free_ids);
+  free(p->refs);
   free(p);
 }
 
@@ -99,6 +103,83 @@ int srv_kvpool_free_blocks(const srv_kvpool *p) {
 
 int srv_kvpool_total_blocks(const srv_kvpool *p) { return p->kv.n_blocks; }
 
+const mdl_llama_cfg *srv_kvpool_cfg(const srv_kvpool *p) { return &p->cfg; }
+
+size_t srv_kvpool_block_bytes(const srv_kvpool *p) {
+  return mdl_kv_block_bytes(&p->cfg, p->kv.type, p->kv.block_size);
+}
+
+// Caller holds p->mu.
+static void kvpool_drop_locked(srv_kvpool *p, int32_t id) {
+  if (id < 0 || id >= p->kv.n_blocks || p->refs[id] <= 0) return;
+  if (--p->refs[id] == 0 && p->n_free < p->kv.n_blocks) p->free_ids[p->n_free++] = id;
+}
+
+void srv_kvpool_ref(srv_kvpool *p, int32_t block) {
+  if (!p || block < 0 || block >= p->kv.n_blocks) return;
+  pthread_mutex_lock(&p->mu);
+  if (p->refs[block] > 0 && p->refs[block] < INT32_MAX) p->refs[block]++;
+  pthread_mutex_unlock(&p->mu);
+}
+
+void srv_kvpool_unref(srv_kvpool *p, int32_t block) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  kvpool_drop_locked(p, block);
+  pthread_mutex_unlock(&p->mu);
+}
+
+int srv_kvpool_refcount(const srv_kvpool *p, int32_t block) {
+  if (!p || block < 0 || block >= p->kv.n_blocks) return 0;
+  srv_kvpool *q = (srv_kvpool *)p; // the lock is not part of the pool's logical state
+  pthread_mutex_lock(&q->mu);
+  int n = q->refs[block];
+  pthread_mutex_unlock(&q->mu);
+  return n;
+}
+
+int srv_kvpool_alloc(srv_kvpool *p, int32_t *ids, int n) {
+  if (!p || n < 0 || (n > 0 && !ids)) return -1;
+  pthread_mutex_lock(&p->mu);
+  if (p->n_free < n) {
+    pthread_mutex_unlock(&p->mu);
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    ids[i] = p->free_ids[--p->n_free];
+    p->refs[ids[i]] = 1;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return 0;
+}
+
+static int kvpool_copy_block(const srv_kvpool *p, int32_t block, void *host, int to_host) {
+  if (!p || !host || block < 0 || block >= p->kv.n_blocks) return -1;
+  size_t chunk = mdl_kv_chunk_bytes(&p->cfg, &p->kv);
+  char *h = host;
+  for (int l = 0; l < p->cfg.n_layer; l++)
+    for (int kvi = 0; kvi < 2; kvi++, h += chunk) {
+      void *dev = mdl_kv_chunk(&p->cfg, &p->kv, l, kvi, block);
+      if (to_host) {
+        if (p->kc->be->download) p->kc->be->download(p->kc, h, dev, chunk);
+        else memcpy(h, dev, chunk);
+      } else {
+        if (p->kc->be->upload) p->kc->be->upload(p->kc, dev, h, chunk);
+        else memcpy(dev, h, chunk);
+      }
+    }
+  if (p->kc->be->sync) p->kc->be->sync(p->kc);
+  return 0;
+}
+
+int srv_kvpool_read_block(const srv_kvpool *p, int32_t block, void *host_dst) {
+  return kvpool_copy_block(p, block, host_dst, 1);
+}
+
+int srv_kvpool_write_block(srv_kvpool *p, int32_t block, const void *host_src) {
+  return kvpool_copy_block(p, block, (void *)host_src, 0);
+}
+
 int srv_blocks_reserve(srv_kvpool *p, srv_blocks *b, int n_tokens) {
   if (n_tokens < 0) return -1;
   int bs = p->kv.block_size;
@@ -118,7 +199,10 @@ int srv_blocks_reserve(srv_kvpool *p, srv_blocks *b, int n_tokens) {
     pthread_mutex_unlock(&p->mu);
     return -1;
   }
-  for (int i = 0; i < add; i++) b->ids[b->n + i] = p->free_ids[--p->n_free];
+  for (int i = 0; i < add; i++) {
+    b->ids[b->n + i] = p->free_ids[--p->n_free];
+    p->refs[b->ids[b->n + i]] = 1;
+  }
   pthread_mutex_unlock(&p->mu);
   b->n = need;
   return 0;
@@ -129,10 +213,28 @@ void srv_blocks_release(srv_kvpool *p, srv_blocks *b) {
   if (!b) return;
   if (p && b->n > 0) {
     pthread_mutex_lock(&p->mu);
-    for (int i = b->n - 1; i >= 0 && p->n_free < p->kv.n_blocks; i--) p->free_ids[p->n_free++] = b->ids[i];
+    for (int i = b->n - 1; i >= 0; i--) kvpool_drop_locked(p, b->ids[i]);
     pthread_mutex_unlock(&p->mu);
   }
   free(b->ids);
   b->ids = NULL;
   b->n = b->cap = 0;
+}
+
+int srv_blocks_append(srv_blocks *b, const int32_t *ids, int n) {
+  if (!b || n < 0 || (n > 0 && !ids)) return -1;
+  if (n == 0) return 0;
+  if (b->n > INT32_MAX / 2 - n) return -1;
+  int need = b->n + n;
+  if (need > b->cap) {
+    int cap = b->cap ? b->cap : 4;
+    while (cap < need) cap *= 2;
+    int32_t *nid = realloc(b->ids, (size_t)cap * sizeof *nid);
+    if (!nid) return -1;
+    b->ids = nid;
+    b->cap = cap;
+  }
+  memcpy(b->ids + b->n, ids, (size_t)n * sizeof *ids);
+  b->n = need;
+  return 0;
 }

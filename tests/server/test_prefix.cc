@@ -1,0 +1,556 @@
+// tests/server/test_prefix.cc: block hash chain, pool refcounts, and the prefix block store (match/insert, sharing, LRU, collisions, events, tiers).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "server/blockhash.h"
+#include "server/kvpool.h"
+#include "server/prefix.h"
+}
+
+namespace {
+
+void *t_alloc(krn_ctx *, size_t n) { return std::calloc(1, n); }
+void t_free(krn_ctx *, void *p) { std::free(p); }
+
+constexpr int BS = 4;
+
+struct Prefix : ::testing::Test {
+  krn_backend be{};
+  krn_ctx kc{};
+  mdl_llama_cfg cfg{};
+  srv_kvpool *pool = nullptr;
+  srv_prefix *st = nullptr;
+  char err[256] = {0};
+
+  void SetUp() override {
+    be.name = "test";
+    be.alloc = t_alloc;
+    be.free = t_free;
+    kc.be = &be;
+    cfg.n_layer = 2;
+    cfg.n_kv_head = 1;
+    cfg.head_dim = 4;
+    cfg.n_head = 2;
+    cfg.n_embd = 8;
+  }
+  void TearDown() override {
+    srv_prefix_free(st);
+    srv_kvpool_free(pool);
+  }
+  void make_pool(int blocks) {
+    srv_kvpool_opts o{};
+    o.type = KRN_F32;
+    o.block_size = BS;
+    o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, BS) * (size_t)blocks;
+    ASSERT_EQ(srv_kvpool_new(&cfg, &kc, &o, &pool, err, sizeof err), 0) << err;
+  }
+  void make_store(int budget, srv_blockhash_fn fn = nullptr, int max_events = 0, int host = 0, int disk = 0,
+                  const char *path = nullptr) {
+    srv_prefix_opts o{};
+    o.budget_blocks = budget;
+    o.hash = fn;
+    o.max_events = max_events;
+    o.host_blocks = host;
+    o.disk_blocks = disk;
+    o.disk_path = path;
+    ASSERT_EQ(srv_prefix_new(pool, &o, &st, err, sizeof err), 0) << err;
+  }
+  // A sequence's prompt computed: blocks reserved for every token, then its full blocks inserted.
+  int compute(const std::vector<int32_t> &toks, srv_blocks *b) {
+    EXPECT_EQ(srv_blocks_reserve(pool, b, (int)toks.size()), 0);
+    return srv_prefix_insert(st, toks.data(), (int)toks.size(), b->ids, b->n);
+  }
+  std::vector<int32_t> match(const std::vector<int32_t> &toks) {
+    std::vector<int32_t> ids(toks.size() / BS + 1);
+    int n = srv_prefix_match(st, toks.data(), (int)toks.size(), ids.data(), (int)ids.size());
+    ids.resize(n);
+    return ids;
+  }
+  void unref_all(const std::vector<int32_t> &ids) {
+    for (int32_t id : ids) srv_kvpool_unref(pool, id);
+  }
+  std::vector<srv_kv_event> drain() {
+    std::vector<srv_kv_event> ev(srv_prefix_pending_events(st) + 1);
+    ev.resize(srv_prefix_drain_events(st, ev.data(), (int)ev.size()));
+    return ev;
+  }
+  srv_prefix_stats stats() {
+    srv_prefix_stats s;
+    srv_prefix_get_stats(st, &s);
+    return s;
+  }
+};
+
+std::vector<int32_t> seq(int n, int32_t start) {
+  std::vector<int32_t> v(n);
+  for (int i = 0; i < n; i++) v[i] = start + i;
+  return v;
+}
+
+std::vector<uint64_t> keys_of(const std::vector<int32_t> &t, srv_blockhash_fn fn = nullptr) {
+  std::vector<uint64_t> k(t.size() / BS + 1);
+  k.resize(srv_blockhash_chain(fn, t.data(), (int)t.size(), BS, k.data(), (int)k.size()));
+  return k;
+}
+
+TEST(BlockHash, ChainCoversEveryEarlierToken) {
+  std::vector<int32_t> a = seq(16, 100);
+  std::vector<uint64_t> ka = keys_of(a);
+  ASSERT_EQ(ka.size(), 4u);
+  EXPECT_EQ(ka, keys_of(a)); // deterministic
+  for (int pos = 0; pos < 16; pos++) {
+    std::vector<int32_t> b = a;
+    b[pos] ^= 1;
+    std::vector<uint64_t> kb = keys_of(b);
+    for (int blk = 0; blk < 4; blk++) {
+      if (blk < pos / BS) EXPECT_EQ(kb[blk], ka[blk]) << pos << " " << blk;
+      else EXPECT_NE(kb[blk], ka[blk]) << pos << " " << blk; // this block and every later one
+    }
+  }
+  // The same tokens under a different parent give a different key.
+  std::vector<int32_t> rep = {7, 7, 7, 7, 7, 7, 7, 7};
+  std::vector<uint64_t> kr = keys_of(rep);
+  EXPECT_NE(kr[0], kr[1]);
+  EXPECT_EQ(kr[0], srv_blockhash(SRV_BLOCKHASH_ROOT, rep.data(), BS));
+  EXPECT_EQ(kr[1], srv_blockhash(kr[0], rep.data() + BS, BS));
+  // Partial blocks have no key; bad arguments give none.
+  EXPECT_EQ(keys_of(seq(7, 0)).size(), 1u);
+  uint64_t k[4];
+  EXPECT_EQ(srv_blockhash_chain(nullptr, a.data(), 3, BS, k, 4), 0);
+  EXPECT_EQ(srv_blockhash_chain(nullptr, a.data(), 16, 0, k, 4), 0);
+  EXPECT_EQ(srv_blockhash_chain(nullptr, a.data(), 16, BS, k, 2), 2);
+}
+
+TEST_F(Prefix, PoolRefcountsAllocAppendAndBlockCopy) {
+  make_pool(6);
+  srv_blocks b{};
+  ASSERT_EQ(srv_blocks_reserve(pool, &b, 2 * BS), 0);
+  int32_t x = b.ids[0];
+  EXPECT_EQ(srv_kvpool_refcount(pool, x), 1);
+  srv_kvpool_ref(pool, x);
+  EXPECT_EQ(srv_kvpool_refcount(pool, x), 2);
+  srv_blocks_release(pool, &b);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 5); // x is still held
+  EXPECT_EQ(srv_kvpool_refcount(pool, x), 1);
+  srv_kvpool_unref(pool, x);
+  EXPECT_EQ(srv_kvpool_refcount(pool, x), 0);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 6);
+  srv_kvpool_unref(pool, x); // free already: ignored
+  srv_kvpool_ref(pool, x);   // free: ignored
+  srv_kvpool_unref(pool, 99);
+  EXPECT_EQ(srv_kvpool_refcount(pool, x), 0);
+  EXPECT_EQ(srv_kvpool_refcount(pool, -1), 0);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 6);
+  // alloc is all or nothing
+  int32_t ids[7];
+  EXPECT_LT(srv_kvpool_alloc(pool, ids, 7), 0);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 6);
+  ASSERT_EQ(srv_kvpool_alloc(pool, ids, 2), 0);
+  EXPECT_EQ(srv_kvpool_refcount(pool, ids[0]), 1);
+  // append adopts the references
+  srv_blocks c{};
+  ASSERT_EQ(srv_blocks_append(&c, ids, 2), 0);
+  ASSERT_EQ(srv_blocks_reserve(pool, &c, 3 * BS), 0); // grows past the adopted ones
+  EXPECT_EQ(c.n, 3);
+  EXPECT_EQ(c.ids[0], ids[0]);
+  // block bytes round trip, and the copy lands in the block's chunks only
+  size_t bb = srv_kvpool_block_bytes(pool);
+  EXPECT_EQ(bb, mdl_kv_block_bytes(&cfg, KRN_F32, BS));
+  std::vector<unsigned char> in(bb), out(bb);
+  for (size_t i = 0; i < bb; i++) in[i] = (unsigned char)(i * 7 + 3);
+  ASSERT_EQ(srv_kvpool_write_block(pool, c.ids[1], in.data()), 0);
+  ASSERT_EQ(srv_kvpool_read_block(pool, c.ids[1], out.data()), 0);
+  EXPECT_EQ(in, out);
+  const mdl_kv *kv = srv_kvpool_kv(pool);
+  size_t chunk = mdl_kv_chunk_bytes(&cfg, kv);
+  EXPECT_EQ(std::memcmp(mdl_kv_chunk(&cfg, kv, 1, 1, c.ids[1]), in.data() + 3 * chunk, chunk), 0);
+  ASSERT_EQ(srv_kvpool_read_block(pool, c.ids[0], out.data()), 0);
+  EXPECT_NE(in, out);
+  EXPECT_LT(srv_kvpool_read_block(pool, 6, out.data()), 0);
+  srv_blocks_release(pool, &c);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 6);
+}
+
+TEST_F(Prefix, BadOptionsAreRefused) {
+  make_pool(4);
+  srv_prefix_opts o{};
+  EXPECT_LT(srv_prefix_new(pool, &o, &st, err, sizeof err), 0);
+  EXPECT_NE(std::strstr(err, "budget"), nullptr) << err;
+  o.budget_blocks = 2;
+  o.disk_blocks = 3;
+  EXPECT_LT(srv_prefix_new(pool, &o, &st, err, sizeof err), 0);
+  EXPECT_NE(std::strstr(err, "disk_path"), nullptr) << err;
+  o.disk_path = "/nonexistent-dir-dserve/x.kv";
+  EXPECT_LT(srv_prefix_new(pool, &o, &st, err, sizeof err), 0);
+  EXPECT_NE(std::strstr(err, "/nonexistent-dir-dserve/x.kv"), nullptr) << err;
+  EXPECT_EQ(st, nullptr);
+  srv_prefix_free(nullptr);
+}
+
+TEST_F(Prefix, MatchInsertRoundTripLeavesTheLastToken) {
+  make_pool(32);
+  make_store(16);
+  std::vector<int32_t> p = seq(10 * BS + 2, 1);
+  srv_blocks b{};
+  EXPECT_EQ(compute(p, &b), 10); // the partial 11th block is not cached
+  EXPECT_EQ(stats().blocks[0], 10);
+  std::vector<int32_t> m = match(p);
+  ASSERT_EQ(m.size(), 10u);
+  for (int i = 0; i < 10; i++) {
+    EXPECT_EQ(m[i], b.ids[i]);
+    EXPECT_EQ(srv_kvpool_refcount(pool, m[i]), 3); // sequence, store, matcher
+  }
+  unref_all(m);
+  // A prompt that is exactly the cached blocks keeps its last block to compute.
+  std::vector<int32_t> exact(p.begin(), p.begin() + 3 * BS);
+  std::vector<int32_t> m2 = match(exact);
+  EXPECT_EQ(m2.size(), 2u);
+  unref_all(m2);
+  std::vector<int32_t> one_more(p.begin(), p.begin() + 3 * BS + 1);
+  std::vector<int32_t> m3 = match(one_more);
+  EXPECT_EQ(m3.size(), 3u);
+  unref_all(m3);
+  // Inserting the same prompt again adds nothing.
+  EXPECT_EQ(srv_prefix_insert(st, p.data(), (int)p.size(), b.ids, b.n), 0);
+  srv_prefix_stats s = stats();
+  EXPECT_EQ(s.queries, 3u);
+  EXPECT_EQ(s.hit_queries, 3u);
+  EXPECT_EQ(s.hit_blocks[0], 10u + 2 + 3);
+  EXPECT_EQ(s.hit_tokens[0], (10u + 2 + 3) * BS);
+  EXPECT_EQ(s.query_blocks, 10u + 2 + 3);
+  EXPECT_EQ(s.inserted, 10u);
+  srv_blocks_release(pool, &b);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 32 - 10); // the store's blocks
+  srv_prefix_clear(st);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 32);
+  EXPECT_TRUE(match(p).empty());
+}
+
+TEST_F(Prefix, PartialPrefixStopsAtTheFirstDifferentBlock) {
+  make_pool(16);
+  make_store(16);
+  std::vector<int32_t> a = seq(4 * BS, 1);
+  srv_blocks b{};
+  compute(a, &b);
+  std::vector<int32_t> q = a;
+  q[2 * BS + 1] = 999; // block 2 differs
+  std::vector<int32_t> m = match(q);
+  EXPECT_EQ(m.size(), 2u);
+  unref_all(m);
+  q = a;
+  q[0] = 999; // the first block differs: nothing, although later blocks hold the same tokens
+  EXPECT_TRUE(match(q).empty());
+  EXPECT_TRUE(match(std::vector<int32_t>(a.begin() + BS, a.end())).empty()); // shifted: not a prefix
+  EXPECT_EQ(stats().hit_queries, 1u);
+  EXPECT_EQ(stats().queries, 3u);
+  srv_blocks_release(pool, &b);
+}
+
+TEST_F(Prefix, SharedPrefixBetweenTwoSequences) {
+  make_pool(16);
+  make_store(16);
+  std::vector<int32_t> sys = seq(3 * BS, 500);
+  std::vector<int32_t> p1 = sys, p2 = sys;
+  for (int i = 0; i < 2 * BS + 1; i++) {
+    p1.push_back(10 + i);
+    p2.push_back(50 + i);
+  }
+  srv_blocks s1{}, s2{};
+  EXPECT_EQ(compute(p1, &s1), 5);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 16 - 6);
+  // The second request reuses the system prompt's blocks and computes only the rest.
+  std::vector<int32_t> m = match(p2);
+  ASSERT_EQ(m.size(), 3u);
+  ASSERT_EQ(srv_blocks_append(&s2, m.data(), (int)m.size()), 0);
+  ASSERT_EQ(srv_blocks_reserve(pool, &s2, (int)p2.size()), 0);
+  EXPECT_EQ(s2.n, 6);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 16 - 6 - 3);
+  EXPECT_EQ(srv_prefix_insert(st, p2.data(), (int)p2.size(), s2.ids, s2.n), 2);
+  for (int i = 0; i < 3; i++) {
+    EXPECT_EQ(s2.ids[i], s1.ids[i]);
+    EXPECT_EQ(srv_kvpool_refcount(pool, s1.ids[i]), 3);
+  }
+  EXPECT_EQ(srv_kvpool_refcount(pool, s2.ids[3]), 2);
+  EXPECT_EQ(srv_kvpool_refcount(pool, s2.ids[5]), 1); // partial block: the sequence's alone
+  std::vector<srv_kv_event> ev = drain();
+  ASSERT_EQ(ev.size(), 7u);
+  std::vector<uint64_t> k1 = keys_of(p1), k2 = keys_of(p2);
+  for (int i = 0; i < 5; i++) EXPECT_EQ(ev[i].key, k1[i]);
+  EXPECT_EQ(ev[5].key, k2[3]);
+  EXPECT_EQ(ev[6].key, k2[4]);
+  for (auto &e : ev) EXPECT_EQ(e.kind, SRV_KV_ADDED);
+  srv_blocks_release(pool, &s1);
+  srv_blocks_release(pool, &s2);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 16 - 7);
+  srv_prefix_clear(st);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 16);
+  ev = drain();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, SRV_KV_CLEARED);
+}
+
+TEST_F(Prefix, LruEvictionUnderBudgetIsLeafFirst) {
+  make_pool(16);
+  make_store(4);
+  std::vector<int32_t> a = seq(2 * BS, 100), b = seq(2 * BS, 200), c = seq(2 * BS, 300);
+  srv_blocks sa{}, sb{}, sc{};
+  compute(a, &sa);
+  compute(b, &sb);
+  srv_blocks_release(pool, &sa);
+  srv_blocks_release(pool, &sb);
+  drain();
+  a.push_back(1); // so both blocks of a may match
+  unref_all(match(a)); // a is now more recent than b
+  compute(c, &sc);
+  srv_blocks_release(pool, &sc);
+  std::vector<srv_kv_event> ev = drain();
+  std::vector<uint64_t> kb = keys_of(b), kc = keys_of(c);
+  ASSERT_EQ(ev.size(), 4u);
+  EXPECT_EQ(ev[0].kind, SRV_KV_ADDED);
+  EXPECT_EQ(ev[0].key, kc[0]);
+  EXPECT_EQ(ev[1].key, kc[1]);
+  EXPECT_EQ(ev[2].kind, SRV_KV_REMOVED); // b's leaf goes before its parent
+  EXPECT_EQ(ev[2].key, kb[1]);
+  EXPECT_EQ(ev[3].kind, SRV_KV_REMOVED);
+  EXPECT_EQ(ev[3].key, kb[0]);
+  b.push_back(1);
+  c.push_back(1);
+  EXPECT_TRUE(match(b).empty());
+  std::vector<int32_t> ma = match(a), mc = match(c);
+  EXPECT_EQ(ma.size(), 2u);
+  EXPECT_EQ(mc.size(), 2u);
+  unref_all(ma);
+  unref_all(mc);
+  EXPECT_EQ(stats().blocks[0], 4);
+  EXPECT_EQ(stats().removed, 2u);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 12);
+}
+
+TEST_F(Prefix, SharedParentOutlivesItsChildren) {
+  make_pool(16);
+  make_store(3);
+  // Two prompts under one first block; the older branch goes first, then the parent stays while any child does.
+  std::vector<int32_t> root = seq(BS, 1), x = root, y = root;
+  for (int i = 0; i < BS; i++) {
+    x.push_back(100 + i);
+    y.push_back(200 + i);
+  }
+  srv_blocks sx{}, sy{}, sz{};
+  compute(x, &sx);
+  compute(y, &sy);
+  srv_blocks_release(pool, &sx);
+  srv_blocks_release(pool, &sy);
+  EXPECT_EQ(stats().blocks[0], 3);
+  std::vector<int32_t> z = seq(BS, 900);
+  compute(z, &sz); // over budget by one: x's leaf (the LRU leaf) goes, not the shared root
+  srv_blocks_release(pool, &sz);
+  x.push_back(0);
+  y.push_back(0);
+  std::vector<int32_t> mx = match(x), my = match(y);
+  EXPECT_EQ(mx.size(), 1u);
+  EXPECT_EQ(my.size(), 2u);
+  unref_all(mx);
+  unref_all(my);
+}
+
+TEST_F(Prefix, EvictionNeverFreesABlockInUse) {
+  make_pool(8);
+  make_store(2);
+  std::vector<int32_t> a = seq(2 * BS, 100), b = seq(2 * BS, 200);
+  srv_blocks sa{}, sb{};
+  compute(a, &sa);
+  compute(b, &sb);                     // over budget, but every block is in use
+  EXPECT_EQ(stats().blocks[0], 4);
+  EXPECT_EQ(srv_prefix_evict_for(st, 8), 0);
+  for (int i = 0; i < 2; i++) {
+    EXPECT_EQ(srv_kvpool_refcount(pool, sa.ids[i]), 2);
+    EXPECT_EQ(srv_kvpool_refcount(pool, sb.ids[i]), 2);
+  }
+  std::vector<int32_t> m = match(std::vector<int32_t>(a.begin(), a.end()));
+  EXPECT_EQ(m.size(), 1u); // a is still cached and is now the most recent
+  srv_blocks_release(pool, &sb); // b unused by sequences now
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 4);
+  EXPECT_EQ(srv_prefix_evict_for(st, 5), 1); // one block is enough
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 5);
+  EXPECT_EQ(srv_prefix_evict_for(st, 8), 1); // b's other block; a's are in use
+  EXPECT_EQ(srv_kvpool_refcount(pool, sa.ids[0]), 3);
+  EXPECT_EQ(srv_kvpool_refcount(pool, sa.ids[1]), 2);
+  unref_all(m);
+  srv_blocks_release(pool, &sa);
+  EXPECT_EQ(srv_prefix_evict_for(st, 8), 2);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 8);
+  EXPECT_EQ(stats().blocks[0], 0);
+}
+
+uint64_t const_hash(uint64_t, const int32_t *, int) { return 42; }
+uint64_t first_token_blind(uint64_t parent, const int32_t *t, int n) { // ignores the first token
+  return srv_blockhash(parent, t + 1, n - 1);
+}
+
+TEST_F(Prefix, HashCollisionIsRejectedByTheTokenCompare) {
+  make_pool(16);
+  make_store(16, first_token_blind);
+  std::vector<int32_t> a = seq(2 * BS + 1, 10), b = a;
+  b[0] = 77; // same key as a's first block, different tokens
+  srv_blocks sa{}, sb{};
+  EXPECT_EQ(compute(a, &sa), 2);
+  EXPECT_TRUE(match(b).empty()); // the key matches, the tokens do not
+  EXPECT_EQ(compute(b, &sb), 0); // refused: the key belongs to another block
+  EXPECT_EQ(stats().collisions, 1u);
+  std::vector<int32_t> m = match(a);
+  EXPECT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0], sa.ids[0]);
+  unref_all(m);
+  srv_blocks_release(pool, &sa);
+  srv_blocks_release(pool, &sb);
+  srv_prefix_free(st);
+  st = nullptr;
+  // Every key equal: only the first block of the first prompt is ever cached; nothing wrong is served.
+  make_store(16, const_hash);
+  EXPECT_EQ(compute(a, &sa), 1);
+  EXPECT_EQ(stats().collisions, 1u);
+  EXPECT_TRUE(match(b).empty());
+  m = match(a);
+  EXPECT_EQ(m.size(), 1u);
+  unref_all(m);
+  srv_blocks_release(pool, &sa);
+}
+
+TEST_F(Prefix, EventsDrainInOrderAndOverflowClears) {
+  make_pool(16);
+  make_store(16, nullptr, 3);
+  std::vector<int32_t> a = seq(2 * BS, 1);
+  srv_blocks sa{};
+  compute(a, &sa);
+  EXPECT_EQ(srv_prefix_pending_events(st), 2);
+  srv_kv_event ev[8];
+  EXPECT_EQ(srv_prefix_drain_events(st, ev, 1), 1);
+  EXPECT_EQ(ev[0].key, keys_of(a)[0]);
+  EXPECT_EQ(srv_prefix_drain_events(st, ev, 8), 1);
+  EXPECT_EQ(ev[0].key, keys_of(a)[1]);
+  EXPECT_EQ(srv_prefix_drain_events(st, ev, 8), 0);
+  srv_blocks_release(pool, &sa);
+  // Four adds into a queue of three: the router is told to forget, then learns what follows.
+  std::vector<int32_t> b = seq(4 * BS, 100);
+  srv_blocks sb{};
+  compute(b, &sb);
+  int n = srv_prefix_drain_events(st, ev, 8);
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(ev[0].kind, SRV_KV_CLEARED);
+  EXPECT_EQ(ev[1].kind, SRV_KV_ADDED);
+  EXPECT_EQ(ev[1].key, keys_of(b)[3]);
+  EXPECT_EQ(stats().events_lost, 3u);
+  srv_blocks_release(pool, &sb);
+}
+
+// Pattern bytes for block i of a prompt: what a forward pass would have written.
+std::vector<unsigned char> pattern(size_t bytes, int i) {
+  std::vector<unsigned char> v(bytes);
+  for (size_t k = 0; k < bytes; k++) v[k] = (unsigned char)(k * 13 + (size_t)i * 101 + 5);
+  return v;
+}
+
+TEST_F(Prefix, TiersSpillToHostAndDiskAndRestoreRealBytes) {
+  make_pool(8);
+  std::string path = std::string(::testing::TempDir()) + "dserve_prefix_" + std::to_string(getpid()) + ".kv";
+  make_store(2, nullptr, 0, 2, 4, path.c_str());
+  ASSERT_EQ(access(path.c_str(), F_OK), 0);
+  size_t bb = srv_kvpool_block_bytes(pool);
+  std::vector<int32_t> p = seq(6 * BS + 1, 40);
+  srv_blocks s{};
+  ASSERT_EQ(srv_blocks_reserve(pool, &s, (int)p.size()), 0);
+  for (int i = 0; i < 6; i++) ASSERT_EQ(srv_kvpool_write_block(pool, s.ids[i], pattern(bb, i).data()), 0);
+  EXPECT_EQ(srv_prefix_insert(st, p.data(), (int)p.size(), s.ids, s.n), 6); // over budget: all in use
+  EXPECT_EQ(stats().blocks[0], 6);
+  srv_blocks_release(pool, &s);
+  // Leaf first out of the pool; the host tier passes its LRU leaves on to disk: 0, 1 end in host DRAM.
+  EXPECT_EQ(srv_prefix_evict_for(st, 8), 6);
+  srv_prefix_stats t = stats();
+  EXPECT_EQ(t.blocks[0], 0);
+  EXPECT_EQ(t.blocks[1], 2);
+  EXPECT_EQ(t.blocks[2], 4);
+  EXPECT_EQ(t.demoted, 6u + 4u);
+  EXPECT_EQ(t.removed, 0u);
+  EXPECT_EQ(srv_prefix_pending_events(st), 6); // adds only: moving between tiers is no event
+  int counts[3];
+  EXPECT_EQ(srv_prefix_peek(st, p.data(), (int)p.size(), 0, counts), 6);
+  EXPECT_EQ(counts[0], 0);
+  EXPECT_EQ(counts[1], 2);
+  EXPECT_EQ(counts[2], 4);
+  // Scrub every free pool block so a restore cannot pass by finding old bytes.
+  int nfree = srv_kvpool_free_blocks(pool);
+  ASSERT_EQ(nfree, 8);
+  std::vector<int32_t> scrub(nfree);
+  ASSERT_EQ(srv_kvpool_alloc(pool, scrub.data(), nfree), 0);
+  std::vector<unsigned char> zero(bb, 0);
+  for (int32_t id : scrub) srv_kvpool_write_block(pool, id, zero.data());
+  unref_all(scrub);
+  EXPECT_TRUE(match(p).empty()); // nothing in the pool
+  std::vector<int32_t> r(8);
+  int nr = srv_prefix_restore(st, p.data(), (int)p.size(), 0, r.data(), 8, err, sizeof err);
+  ASSERT_EQ(nr, 6) << err;
+  std::vector<unsigned char> got(bb);
+  for (int i = 0; i < 6; i++) {
+    ASSERT_EQ(srv_kvpool_read_block(pool, r[i], got.data()), 0);
+    EXPECT_EQ(got, pattern(bb, i)) << "block " << i;
+    EXPECT_EQ(srv_kvpool_refcount(pool, r[i]), 2); // store and caller
+  }
+  t = stats();
+  EXPECT_EQ(t.hit_blocks[0], 0u);
+  EXPECT_EQ(t.hit_blocks[1], 2u);
+  EXPECT_EQ(t.hit_blocks[2], 4u);
+  EXPECT_EQ(t.hit_tokens[2], 4u * BS);
+  EXPECT_EQ(t.hit_queries, 1u);
+  EXPECT_EQ(t.blocks[0], 6); // over budget while in use
+  EXPECT_EQ(t.blocks[1] + t.blocks[2], 0);
+  // Now cached in the pool: a match finds all six.
+  std::vector<int32_t> m = match(p);
+  EXPECT_EQ(m, std::vector<int32_t>(r.begin(), r.begin() + 6));
+  unref_all(m);
+  r.resize(6);
+  unref_all(r);
+  // The next insert trims to the budget: the two first blocks stay in the pool.
+  srv_blocks so{};
+  compute(seq(BS, 9000), &so);
+  srv_blocks_release(pool, &so);
+  t = stats();
+  EXPECT_EQ(t.blocks[0], 2);
+  EXPECT_EQ(t.blocks[1] + t.blocks[2], 5);
+  EXPECT_EQ(srv_prefix_peek(st, p.data(), (int)p.size(), 0, counts), 6);
+  EXPECT_EQ(counts[0], 1); // block 0 (the new prompt's block is the other resident)
+  srv_prefix_clear(st);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 8);
+  srv_prefix_free(st);
+  st = nullptr;
+  EXPECT_NE(access(path.c_str(), F_OK), 0); // the store removed its file
+}
+
+TEST_F(Prefix, RestoreStopsWhenThePoolIsShort) {
+  make_pool(5);
+  make_store(1, nullptr, 0, 4);
+  std::vector<int32_t> p = seq(4 * BS + 1, 7);
+  srv_blocks s{};
+  compute(p, &s);
+  srv_blocks_release(pool, &s);
+  EXPECT_EQ(srv_prefix_evict_for(st, 5), 4);
+  int32_t hold[4];
+  ASSERT_EQ(srv_kvpool_alloc(pool, hold, 4), 0); // someone else holds 4 of 5 blocks
+  int32_t r[4];
+  EXPECT_EQ(srv_prefix_restore(st, p.data(), (int)p.size(), 0, r, 4, err, sizeof err), 1);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 0);
+  unref_all(std::vector<int32_t>(hold, hold + 4));
+  srv_kvpool_unref(pool, r[0]);
+  // the rest is still in the host tier, in chain order after the restored block
+  int counts[3];
+  EXPECT_EQ(srv_prefix_peek(st, p.data(), (int)p.size(), 1, counts), 3);
+  EXPECT_EQ(counts[1], 3);
+}
+
+} // namespace
