@@ -44,6 +44,20 @@ static inline int32_t krn_cpu_block_of(const krn_attn_args *a, int32_t seq, int3
   return a->block_tables[(int64_t)seq * a->max_blocks + pos / a->block_size];
 }
 
+// Shapes an op cannot run with: the op then fills its output with NaN (the table has no error channel),
+// so a caller's bug shows up as NaN logits instead of a crash or silent garbage.
+static inline int krn_cpu_mm_ok(krn_type t, int n, int k, int m) {
+  if (!krn_type_known(t) || n < 0 || k <= 0 || m < 0) return 0;
+  return t == KRN_F32 || t == KRN_F16 || k % KRN_QK == 0;
+}
+static inline int krn_cpu_attn_ok(const krn_attn_args *a) {
+  return a->n_tokens >= 0 && a->n_head > 0 && a->n_kv_head > 0 && a->n_head % a->n_kv_head == 0 && a->head_dim > 0 &&
+         a->block_size > 0 && a->max_blocks >= 0 && (a->kv_type == KRN_F16 || a->kv_type == KRN_F32);
+}
+static inline void krn_cpu_fill_nan(float *out, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = __builtin_nanf("");
+}
+
 const krn_backend *krn_cpu_avx2_table(void);   // only call when the CPU has AVX2+FMA+F16C
 const krn_backend *krn_cpu_avx512_table(void); // only call when the CPU has AVX-512 F/BW/VL/DQ/VNNI
 

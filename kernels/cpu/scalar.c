@@ -107,12 +107,14 @@ static void mm_run(void *vp, int ith, int nth) {
 }
 
 static void scalar_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
+  if (!krn_cpu_mm_ok(wt, n, k, m)) { if (n > 0 && m > 0) krn_cpu_fill_nan(y, (int64_t)n * m); return; }
   mm_task t = {y, w, wt, x, n, k, m};
   krn_cpu_par(c, mm_run, &t);
 }
 
 void krn_scalar_get_rows(krn_ctx *c, float *out, const void *w, krn_type wt, const int32_t *ids, int n, int k) {
   (void)c;
+  if (!krn_cpu_mm_ok(wt, n, k, 1)) { if (n > 0 && k > 0) krn_cpu_fill_nan(out, (int64_t)n * k); return; }
   size_t rs = krn_row_size(wt, k);
   for (int i = 0; i < n; i++) krn_scalar_dequant_row(out + (size_t)i * k, (const char *)w + (size_t)ids[i] * rs, wt, k);
 }
@@ -178,6 +180,7 @@ static void scalar_add(krn_ctx *c, float *y, const float *x, int64_t n) {
 
 void krn_scalar_kv_store(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a) {
   (void)c;
+  if (!krn_cpu_attn_ok(a)) return; // nothing sensible to write
   int kvd = a->n_kv_head * a->head_dim;
   for (int t = 0; t < a->n_tokens; t++) {
     int32_t blk = krn_cpu_block_of(a, a->tok_seq[t], a->tok_pos[t]);
@@ -245,6 +248,7 @@ static void attn_run(void *vp, int ith, int nth) {
 }
 
 static void scalar_paged_attention(krn_ctx *c, float *out, const float *q, const krn_attn_args *a) {
+  if (!krn_cpu_attn_ok(a)) { if (a->n_tokens > 0 && a->n_head > 0 && a->head_dim > 0) krn_cpu_fill_nan(out, (int64_t)a->n_tokens * a->n_head * a->head_dim); return; }
   attn_task t = {out, q, a};
   krn_cpu_par(c, attn_run, &t);
 }

@@ -273,6 +273,7 @@ static void q8_run(void *vp, int ith, int nth) {
 #define KRN_PAR_MIN 32768
 
 static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
+  if (!krn_cpu_mm_ok(wt, n, k, m)) { if (n > 0 && m > 0) krn_cpu_fill_nan(y, (int64_t)n * m); return; }
   mm_task t = {y, w, wt, x, NULL, n, k, m};
   int par = (int64_t)n * k * m >= KRN_PAR_MIN;
   if (wt == KRN_Q4_0 || wt == KRN_Q4_1 || wt == KRN_Q8_0) {
@@ -483,6 +484,7 @@ static void attn_run(void *vp, int ith, int nth) {
 }
 
 static void simd_paged_attention(krn_ctx *c, float *out, const float *q, const krn_attn_args *a) {
+  if (!krn_cpu_attn_ok(a)) { if (a->n_tokens > 0 && a->n_head > 0 && a->head_dim > 0) krn_cpu_fill_nan(out, (int64_t)a->n_tokens * a->n_head * a->head_dim); return; }
   attn_task t = {out, q, a};
   int64_t work = 0;
   for (int i = 0; i < a->n_tokens; i++) work += (int64_t)(a->tok_pos[i] + 1) * a->n_head * a->head_dim;

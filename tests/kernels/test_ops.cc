@@ -282,6 +282,29 @@ TEST_P(KrnOps, PagedAttentionMatchesDense) {
   }
 }
 
+// Shapes an op cannot run with give NaN outputs (the table has no error channel), never a crash.
+TEST_P(KrnOps, BadShapesGiveNaN) {
+  std::vector<uint8_t> w(4096, 0);
+  std::vector<float> x(256, 1.0f), y(8, 0.0f);
+  be->matmul(&ctx, y.data(), w.data(), (krn_type)12, x.data(), 1, 64, 8); // Q4_K: refused type
+  for (float v : y) EXPECT_TRUE(std::isnan(v));
+  y.assign(8, 0.0f);
+  be->matmul(&ctx, y.data(), w.data(), KRN_Q4_1, x.data(), 1, 40, 8); // k not a multiple of 32
+  for (float v : y) EXPECT_TRUE(std::isnan(v));
+  y.assign(8, 0.0f);
+  be->matmul(&ctx, y.data(), w.data(), KRN_F32, x.data(), 1, 40, 8); // float weights take any k
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+  std::mt19937 rng(23);
+  PagedBatch pb = make_batch(rng, be, &ctx, 9, 3, 64, KRN_F16, {4}, {1});
+  for (int nkv : {0, 4}) {
+    krn_attn_args a = pb.args();
+    a.n_kv_head = nkv; // 9 heads cannot share 0 or 4 kv heads
+    std::vector<float> q(9 * 64, 0.5f), out(9 * 64, 0.0f);
+    be->paged_attention(&ctx, out.data(), q.data(), &a);
+    for (float v : out) ASSERT_TRUE(std::isnan(v)) << nkv;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, KrnOps,
                          ::testing::Combine(::testing::Values("scalar", "avx2", "avx512"), ::testing::Values(1, 3)),
                          [](const auto &info) {
