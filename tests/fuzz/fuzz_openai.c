@@ -1,0 +1,48 @@
+// tests/fuzz/fuzz_openai.c: libFuzzer target: the router's OpenAI request validation (rtr_request_parse) on JSON-ish bodies.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "router/openai.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+// Input: byte 0 picks the kind (chat, completion, tokenize, detokenize); the rest is the body.
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size == 0) return 0;
+  rtr_kind kind = (rtr_kind)(data[0] % 4);
+  size_t len = size - 1;
+  char *body = malloc(len ? len : 1); // exactly len bytes, not NUL-terminated
+  if (!body) return 0;
+  if (len) memcpy(body, data + 1, len);
+  rtr_limits lim = {.model_name = "SmolLM2-135M-Instruct", .n_ctx = 8192, .max_tokens_limit = 0, .max_n = 8,
+                    .max_stop = 8, .n_vocab = 49152};
+  rtr_request r;
+  memset(&r, 0x5a, sizeof r); // garbage in: the parser must set every field
+  rtr_error e;
+  memset(&e, 0, sizeof e);
+  if (rtr_request_parse(kind, body, len, &lim, &r, &e) == 0) {
+    if (r.kind != kind) abort();
+    if (r.n < 1 || r.n > lim.max_n || r.n_stop < 0 || r.n_stop > lim.max_stop) abort();
+    if (r.max_tokens < -1 || r.max_tokens > lim.n_ctx) abort();
+    for (int i = 0; i < r.n_prompt_ids; i++)
+      if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= lim.n_vocab) abort();
+    for (int i = 0; i < r.n_msgs; i++)
+      if (!r.msgs[i].role || !r.msgs[i].content || !rtr_utf8_valid(r.msgs[i].content, strlen(r.msgs[i].content)))
+        abort();
+    for (int i = 0; i < r.n_stop; i++)
+      if (!r.stop[i] || !r.stop[i][0]) abort();
+    if (r.prompt && !rtr_utf8_valid(r.prompt, r.prompt_len)) abort();
+    (void)rtr_check_context(r.n_prompt_ids, r.max_tokens, lim.n_ctx, &e);
+    rtr_request_free(&r);
+    rtr_request_free(&r); // freed twice: the second is a no-op on the zeroed struct
+  } else {
+    if (e.status < 400 || e.status > 599 || e.message[0] == 0) abort(); // an error is an HTTP error with a message
+    char *j = rtr_error_json(&e);
+    if (!j) abort();
+    free(j);
+  }
+  (void)rtr_utf8_valid(body, len);
+  free(body);
+  return 0;
+}
