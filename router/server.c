@@ -1253,8 +1253,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return reply_err(c, 413, "invalid_request_error", "request_too_large", NULL, NULL,
                          "the body is larger than %zu bytes", s->rc->max_body_bytes);
       }
-      return MHD_YES; // the body follows
     }
+    // answer on the next call, once MHD has read the (possibly empty) body: a response queued before that
+    // makes MHD close the connection instead of keeping it alive
+    return MHD_YES;
   }
   if (cs->answered) {
     *upload_size = 0; // discard whatever still arrives
@@ -1401,8 +1403,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
     return -1;
   }
   unsigned timeout = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : 60);
-  s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
-                                MHD_USE_ERROR_LOG,
+  s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL,
                             0, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000, MHD_OPTION_LISTENING_ADDRESS_REUSE,
