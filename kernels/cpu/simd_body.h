@@ -133,25 +133,11 @@ static void quant_row(krn_q8x *out, const float *x, int k) {
   }
 }
 
-// out[r] = dot(weight row w (nb blocks), activation row xr[r]) for r < R; R is a constant after inlining.
-KRN_INLINE void dot_q8_0(const krn_block_q8_0 *w, const krn_q8x *const *xr, int R, int nb, float *out) {
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int b = 0; b < nb; b++) {
-    __m256i wq = _mm256_loadu_si256((const __m256i *)w[b].qs);
-    __m256i wa = _mm256_sign_epi8(wq, wq);
-    float dw = f16f(w[b].d);
-    for (int r = 0; r < R; r++) {
-      __m256i xq = _mm256_loadu_si256((const __m256i *)xr[r][b].qs);
-      __m256i dot = dot_us(wa, _mm256_sign_epi8(xq, wq));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xr[r][b].d), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; r++) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    out[r] = _mm_cvtss_f32(s);
-  }
+KRN_INLINE float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
 }
 
 // Q4_0 and Q4_1 share the unsigned-nibble dot; the offset term is (-8 d) resp. m times x's block sum s.
@@ -161,36 +147,48 @@ KRN_INLINE __m256i unpack_nibbles(const uint8_t *qs) {
   return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
-KRN_INLINE void dot_q4(const void *wv, int is_q4_1, const krn_q8x *const *xr, int R, int nb, float *out) {
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  float off[4] = {0, 0, 0, 0};
+// out[w * 4 + r] = dot(weight row wr[w], activation row xr[r]) for w < W (1 or 2), r < R (1..4), over nb
+// blocks of type wt; W, R and wt are constants after inlining, so each unpacked weight block serves R
+// activation rows and each loaded activation block serves W weight rows.
+KRN_INLINE void dot_q(const void *const *wr, int W, krn_type wt, const krn_q8x *const *xr, int R, int nb, float *out) {
+  __m256 acc[2][4];
+  float off[2][4];
+  for (int w = 0; w < 2; w++)
+    for (int r = 0; r < 4; r++) { acc[w][r] = _mm256_setzero_ps(); off[w][r] = 0; }
   for (int b = 0; b < nb; b++) {
-    __m256i wq;
-    float dw, mw;
-    if (is_q4_1) {
-      const krn_block_q4_1 *w = (const krn_block_q4_1 *)wv + b;
-      wq = unpack_nibbles(w->qs);
-      dw = f16f(w->d);
-      mw = f16f(w->m);
-    } else {
-      const krn_block_q4_0 *w = (const krn_block_q4_0 *)wv + b;
-      wq = unpack_nibbles(w->qs);
-      dw = f16f(w->d);
-      mw = -8.0f * dw;
+    __m256i wq[2], wa[2];
+    float dw[2], mw[2];
+    for (int w = 0; w < W; w++) {
+      if (wt == KRN_Q8_0) {
+        const krn_block_q8_0 *blk = (const krn_block_q8_0 *)wr[w] + b;
+        wq[w] = _mm256_loadu_si256((const __m256i *)blk->qs);
+        wa[w] = _mm256_sign_epi8(wq[w], wq[w]);
+        dw[w] = f16f(blk->d);
+        mw[w] = 0;
+      } else if (wt == KRN_Q4_1) {
+        const krn_block_q4_1 *blk = (const krn_block_q4_1 *)wr[w] + b;
+        wa[w] = unpack_nibbles(blk->qs);
+        dw[w] = f16f(blk->d);
+        mw[w] = f16f(blk->m);
+      } else {
+        const krn_block_q4_0 *blk = (const krn_block_q4_0 *)wr[w] + b;
+        wa[w] = unpack_nibbles(blk->qs);
+        dw[w] = f16f(blk->d);
+        mw[w] = -8.0f * dw[w];
+      }
     }
     for (int r = 0; r < R; r++) {
       __m256i xq = _mm256_loadu_si256((const __m256i *)xr[r][b].qs);
-      __m256i dot = dot_us(wq, xq);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xr[r][b].d), acc[r]);
-      off[r] += mw * xr[r][b].s;
+      float dx = xr[r][b].d, sx = xr[r][b].s;
+      for (int w = 0; w < W; w++) {
+        __m256i dot = dot_us(wa[w], wt == KRN_Q8_0 ? _mm256_sign_epi8(xq, wq[w]) : xq);
+        acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw[w] * dx), acc[w][r]);
+        if (wt != KRN_Q8_0) off[w][r] += mw[w] * sx;
+      }
     }
   }
-  for (int r = 0; r < R; r++) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    out[r] = _mm_cvtss_f32(s) + off[r];
-  }
+  for (int w = 0; w < W; w++)
+    for (int r = 0; r < R; r++) out[w * 4 + r] = hsum8(acc[w][r]) + off[w][r];
 }
 
 // Float weights (F32 / F16) against float activation rows; k need not be a multiple of the vector width.
@@ -220,22 +218,43 @@ typedef struct mm_task {
 #define MM_JBLOCK 16 // weight rows kept hot while activation tiles stream past
 #define MM_TILE 4    // activation rows sharing each unpacked weight block
 
-KRN_INLINE void mm_rows(const mm_task *t, int64_t j, int i0, int R) {
-  size_t rs = krn_row_size(t->wt, t->k);
-  const void *wr = (const char *)t->w + (size_t)j * rs;
+KRN_INLINE void mm_rows_q(const mm_task *t, krn_type wt, int64_t j, int W, int i0, int R) {
+  size_t rs = krn_row_size(wt, t->k);
   int nb = t->k / KRN_QK;
+  const void *wr[2] = {(const char *)t->w + (size_t)j * rs, (const char *)t->w + (size_t)(j + W - 1) * rs};
+  const krn_q8x *xr[MM_TILE];
+  float out[2 * MM_TILE];
+  for (int r = 0; r < R; r++) xr[r] = t->xq + (size_t)(i0 + r) * nb;
+  dot_q(wr, W, wt, xr, R, nb, out);
+  for (int w = 0; w < W; w++)
+    for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j + w] = out[w * 4 + r];
+}
+
+KRN_INLINE void mm_rows_f(const mm_task *t, int64_t j, int i0, int R) {
+  const void *wr = (const char *)t->w + (size_t)j * krn_row_size(t->wt, t->k);
+  const float *xr[MM_TILE];
   float out[MM_TILE];
-  if (t->xq) {
-    const krn_q8x *xr[MM_TILE];
-    for (int r = 0; r < R; r++) xr[r] = t->xq + (size_t)(i0 + r) * nb;
-    if (t->wt == KRN_Q8_0) dot_q8_0(wr, xr, R, nb, out);
-    else dot_q4(wr, t->wt == KRN_Q4_1, xr, R, nb, out);
-  } else {
-    const float *xr[MM_TILE];
-    for (int r = 0; r < R; r++) xr[r] = t->x + (size_t)(i0 + r) * t->k;
-    dot_float(wr, t->wt == KRN_F16, xr, R, t->k, out);
-  }
+  for (int r = 0; r < R; r++) xr[r] = t->x + (size_t)(i0 + r) * t->k;
+  dot_float(wr, t->wt == KRN_F16, xr, R, t->k, out);
   for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j] = out[r];
+}
+
+// Rows [j0, j1) of w against every activation row, tiles of MM_TILE activation rows by 2 weight rows.
+KRN_INLINE void mm_block_q(const mm_task *t, krn_type wt, int64_t j0, int64_t j1) {
+  int i = 0;
+  for (; i + MM_TILE <= t->n; i += MM_TILE) {
+    int64_t j = j0;
+    for (; j + 2 <= j1; j += 2) mm_rows_q(t, wt, j, 2, i, MM_TILE);
+    if (j < j1) mm_rows_q(t, wt, j, 1, i, MM_TILE);
+  }
+  int rest = t->n - i;
+  if (!rest) return;
+  // the leftover rows (all of them at decode, n = 1): one weight row at a time
+  for (int64_t j = j0; j < j1; j++) {
+    if (rest == 3) mm_rows_q(t, wt, j, 1, i, 3);
+    else if (rest == 2) mm_rows_q(t, wt, j, 1, i, 2);
+    else mm_rows_q(t, wt, j, 1, i, 1);
+  }
 }
 
 static void mm_run(void *vp, int ith, int nth) {
@@ -244,14 +263,21 @@ static void mm_run(void *vp, int ith, int nth) {
   krn_cpu_range(t->m, ith, nth, &lo, &hi);
   for (int64_t j0 = lo; j0 < hi; j0 += MM_JBLOCK) {
     int64_t j1 = j0 + MM_JBLOCK < hi ? j0 + MM_JBLOCK : hi;
-    int i = 0;
-    for (; i + MM_TILE <= t->n; i += MM_TILE)
-      for (int64_t j = j0; j < j1; j++) mm_rows(t, j, i, MM_TILE);
-    int rest = t->n - i;
-    for (int64_t j = j0; j < j1; j++) {
-      if (rest == 3) mm_rows(t, j, i, 3);
-      else if (rest == 2) mm_rows(t, j, i, 2);
-      else if (rest == 1) mm_rows(t, j, i, 1);
+    switch (t->wt) {
+    case KRN_Q4_0: mm_block_q(t, KRN_Q4_0, j0, j1); break;
+    case KRN_Q4_1: mm_block_q(t, KRN_Q4_1, j0, j1); break;
+    case KRN_Q8_0: mm_block_q(t, KRN_Q8_0, j0, j1); break;
+    default: {
+      int i = 0;
+      for (; i + MM_TILE <= t->n; i += MM_TILE)
+        for (int64_t j = j0; j < j1; j++) mm_rows_f(t, j, i, MM_TILE);
+      int rest = t->n - i;
+      for (int64_t j = j0; j < j1; j++) {
+        if (rest == 3) mm_rows_f(t, j, i, 3);
+        else if (rest == 2) mm_rows_f(t, j, i, 2);
+        else if (rest == 1) mm_rows_f(t, j, i, 1);
+      }
+    }
     }
   }
 }
