@@ -1,17 +1,7 @@
-// decode/cmd_decode.c: subcommands of this module (not yet written: issue 6).
-#include <stdio.h>
-
+// decode/cmd_decode.c: `dserve both` and `dserve decode`.
+#include "decode/worker.h"
 #include "server/cmds.h"
+#include "server/runtime.h"
 
-int dec_cmd_decode(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "dserve %s: not yet (issue 6)\n", argv[0]);
-  return 3;
-}
-
-int dec_cmd_both(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "dserve %s: not yet (issue 6)\n", argv[0]);
-  return 3;
-}
-
+int dec_cmd_both(int argc, char **argv) { return srv_worker_cmd(argc, argv, SRV_ROLE_BOTH, dec_worker_run); }
+int dec_cmd_decode(int argc, char **argv) { return srv_worker_cmd(argc, argv, SRV_ROLE_DECODE, dec_worker_run); }

@@ -1,11 +1,6 @@
-// prefill/cmd_prefill.c: subcommands of this module (not yet written: issue 6).
-#include <stdio.h>
-
+// prefill/cmd_prefill.c: `dserve prefill`.
+#include "prefill/worker.h"
 #include "server/cmds.h"
+#include "server/runtime.h"
 
-int pfl_cmd_prefill(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "dserve %s: not yet (issue 6)\n", argv[0]);
-  return 3;
-}
-
+int pfl_cmd_prefill(int argc, char **argv) { return srv_worker_cmd(argc, argv, SRV_ROLE_PREFILL, pfl_worker_run); }

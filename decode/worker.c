@@ -1,0 +1,576 @@
+// decode/worker.c: the generation loop of a both/decode worker: admit, batch, forward, sample, stream.
+// A decode worker also receives prompts' KV from prefill workers (docs/protocol.md, "Handoff").
+#include "decode/worker.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "decode/stopstr.h"
+#include "kvxfer/kvx.h"
+#include "models/sampler.h"
+#include "models/tokenizer.h"
+#include "server/engine.h"
+#include "server/genreq.h"
+#include "server/hub.h"
+#include "server/kvpool.h"
+#include "server/kvwire.h"
+#include "server/runtime.h"
+
+#define DRAIN_MS 30000           // running requests get this long to finish after SIGTERM
+#define HANDOFF_TIMEOUT_MS 30000 // a prompt's KV must arrive this long after the request
+
+typedef struct dec_seq {
+  srv_seq seq;           // tokens, cache progress, blocks (engine state)
+  srv_genreq req;        // what was asked (prompt, sampling, stops)
+  srv_peer *router;      // (owned reference) where tokens go
+  int n_gen;
+  mdl_sampler *sampler;  // (owned)
+  mdl_detok *detok;      // (owned)
+  dec_stopstr stop;
+  int64_t deadline_ms;   // monotonic; 0 = none
+  // handoff (mode decode): the KV comes from a prefill worker
+  int handoff;           // 1 until the sequence joins the batch
+  int table_sent, got_notif, got_first;
+  mdl_sampled first;     // the prefill worker's first token
+  int64_t handoff_deadline_ms;
+  int64_t t_start_ms;
+  double kv_bytes, kv_ms; // what the handoff moved and how long it took from the request
+} dec_seq;
+
+typedef struct dec_worker {
+  srv_runtime *rt;       // (owned)
+  srv_hub *hub;          // (owned)
+  srv_engine eng;        // sequences' owner fields point at their dec_seq
+  kvx_agent *kvx;        // (owned) decode role: receives KV
+  kvx_region *kv_region; // (owned by kvx)
+  dec_seq **handoffs;    // (owned array) (n_handoffs) waiting for their KV
+  int n_handoffs, cap_handoffs;
+  srv_peer **prefills;   // (owned references) (n_prefills) connected prefill workers
+  int n_prefills, cap_prefills;
+  srv_signals sig;
+  uint64_t n_finished;
+} dec_worker;
+
+#define OWNER(sq) ((dec_seq *)(sq)->owner)
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+// ---- messages to the router ----
+
+static void send_token(dec_seq *s, const char *text, size_t len, const int32_t *ids, int n_ids,
+                       const mdl_sampled *lp) {
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "op", "token");
+  cJSON_AddStringToObject(m, "id", s->req.id);
+  char *t = malloc(len + 1);
+  if (t) {
+    memcpy(t, text, len);
+    t[len] = 0;
+  }
+  cJSON_AddStringToObject(m, "text", t ? t : "");
+  free(t);
+  cJSON *arr = cJSON_AddArrayToObject(m, "tokens");
+  for (int i = 0; i < n_ids; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+  if (lp && s->req.n_logprobs >= 0) {
+    cJSON *lps = cJSON_AddArrayToObject(m, "logprobs"), *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "token", lp->token);
+    cJSON_AddNumberToObject(e, "logprob", lp->logprob);
+    cJSON *top = cJSON_AddArrayToObject(e, "top");
+    for (int i = 0; i < lp->n_top; i++) {
+      cJSON *pair = cJSON_CreateArray();
+      cJSON_AddItemToArray(pair, cJSON_CreateNumber(lp->top[i].token));
+      cJSON_AddItemToArray(pair, cJSON_CreateNumber(lp->top[i].logprob));
+      cJSON_AddItemToArray(top, pair);
+    }
+    cJSON_AddItemToArray(lps, e);
+  }
+  srv_peer_send(s->router, m);
+  cJSON_Delete(m);
+}
+
+static void send_done(dec_seq *s, const char *finish_reason) {
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "op", "done");
+  cJSON_AddStringToObject(m, "id", s->req.id);
+  cJSON_AddStringToObject(m, "finish_reason", finish_reason);
+  cJSON_AddNumberToObject(m, "prompt_tokens", s->req.n_prompt);
+  cJSON_AddNumberToObject(m, "completion_tokens", s->n_gen);
+  cJSON_AddNumberToObject(m, "cached_tokens", 0);
+  cJSON_AddNumberToObject(m, "kv_bytes", s->kv_bytes);
+  cJSON_AddNumberToObject(m, "kv_ms", s->kv_ms);
+  srv_peer_send(s->router, m);
+  cJSON_Delete(m);
+}
+
+// ---- sequences ----
+
+static void seq_free(dec_worker *w, dec_seq *s) {
+  if (!s) return;
+  srv_seq_fini(&s->seq, w->rt->kv);
+  mdl_sampler_free(s->sampler);
+  mdl_detok_free(s->detok);
+  dec_stopstr_free(&s->stop);
+  srv_genreq_free(&s->req);
+  srv_peer_unref(s->router);
+  free(s);
+}
+
+// Takes s out of the engine (or the handoff list) and frees it.
+static void seq_drop(dec_worker *w, dec_seq *s) {
+  for (int i = 0; i < w->n_handoffs; i++)
+    if (w->handoffs[i] == s) {
+      memmove(w->handoffs + i, w->handoffs + i + 1, (size_t)(w->n_handoffs - i - 1) * sizeof *w->handoffs);
+      w->n_handoffs--;
+      break;
+    }
+  srv_engine_remove(&w->eng, &s->seq);
+  seq_free(w, s);
+}
+
+static void seq_finish(dec_worker *w, dec_seq *s, const char *reason) {
+  const char *tail;
+  size_t nt, n;
+  char *out;
+  mdl_detok_flush(s->detok, &tail, &nt);
+  if (nt) { // bytes of an unfinished character at the end: released as replacement text
+    if (dec_stopstr_push(&s->stop, tail, nt, &out, &n)) reason = "stop";
+    if (n) send_token(s, out, n, NULL, 0, NULL);
+    free(out);
+  }
+  dec_stopstr_flush(&s->stop, &out, &n); // held-back text that never became a stop string
+  if (n) send_token(s, out, n, NULL, 0, NULL);
+  free(out);
+  send_done(s, reason);
+  w->n_finished++;
+  seq_drop(w, s);
+}
+
+// Records a sampled token and streams its text; finishes the choice on a stop condition. 1 when finished.
+static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm) {
+  int32_t tok = sm->token;
+  if (srv_seq_push(&s->seq, tok)) {
+    srv_send_error(s->router, s->req.id, "internal_error", "out of memory");
+    seq_drop(w, s);
+    return 1;
+  }
+  s->n_gen++;
+  int is_stop = !s->req.ignore_eos && mdl_tok_is_eog(w->rt->tok, tok);
+  for (int i = 0; i < s->req.n_stop_ids && !is_stop; i++) is_stop = s->req.stop_ids[i] == tok;
+  if (is_stop) { // the stop token counts as generated and is reported, but has no text
+    send_token(s, "", 0, &tok, 1, sm);
+    seq_finish(w, s, "stop");
+    return 1;
+  }
+  const char *piece = "";
+  char *out = NULL;
+  size_t n = 0, n_out = 0;
+  mdl_detok_push(s->detok, tok, &piece, &n);
+  int hit = dec_stopstr_push(&s->stop, piece, n, &out, &n_out);
+  send_token(s, out ? out : "", n_out, &tok, 1, sm);
+  free(out);
+  if (hit) {
+    seq_finish(w, s, "stop");
+    return 1;
+  }
+  if (s->n_gen >= s->req.max_tokens || s->seq.n_toks >= w->rt->n_ctx) {
+    seq_finish(w, s, "length");
+    return 1;
+  }
+  return 0;
+}
+
+// Builds a sequence from a generate message; on a bad request replies with an error and returns NULL.
+static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) {
+  char code[64], e[512];
+  const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
+  const char *id = cJSON_IsString(idj) ? idj->valuestring : "";
+  if (atomic_load(&w->sig.stop)) {
+    srv_send_error(from, id, "unavailable", "worker is shutting down");
+    return NULL;
+  }
+  dec_seq *s = calloc(1, sizeof *s);
+  if (!s) {
+    srv_send_error(from, id, "internal_error", "out of memory");
+    return NULL;
+  }
+  srv_peer_ref(from);
+  s->router = from;
+  if (srv_genreq_parse(m, mdl_tok_n_vocab(w->rt->tok), w->rt->n_ctx, &s->req, code, sizeof code, e, sizeof e)) {
+    srv_send_error(from, id, code, "%s", e);
+    seq_free(w, s);
+    return NULL;
+  }
+  const char *bad = NULL;
+  int want_decode = w->rt->w->role == SRV_ROLE_DECODE;
+  if (strcmp(s->req.mode, want_decode ? "decode" : "local"))
+    bad = want_decode ? "a decode worker serves mode \"decode\" (with a prefill worker)"
+                      : "a both worker serves mode \"local\"";
+  else if (want_decode && !s->req.prefill[0])
+    bad = "mode decode needs the prefill worker's name";
+  if (!bad && srv_seq_init(&s->seq, s->req.prompt, s->req.n_prompt, s)) bad = "out of memory";
+  if (!bad && dec_stopstr_init(&s->stop, (const char *const *)s->req.stop, s->req.n_stop)) bad = "out of memory";
+  if (!bad && mdl_sampler_new(&s->req.sampling, mdl_tok_n_vocab(w->rt->tok), s->req.prompt, s->req.n_prompt,
+                              &s->sampler, e, sizeof e))
+    bad = e;
+  if (!bad && mdl_detok_new(w->rt->tok, &s->detok, e, sizeof e)) bad = e;
+  if (bad) {
+    srv_send_error(from, s->req.id, "invalid_request", "%s", bad);
+    seq_free(w, s);
+    return NULL;
+  }
+  s->t_start_ms = now_ms();
+  s->deadline_ms = s->req.deadline_ms ? s->t_start_ms + s->req.deadline_ms : 0;
+  return s;
+}
+
+// ---- looking requests up ----
+
+typedef int (*seq_pred)(const dec_seq *s, const void *arg);
+
+// Calls fn on every request that matches (running, waiting, or in handoff); fn may drop it.
+static void for_each(dec_worker *w, seq_pred match, const void *arg, void (*fn)(dec_worker *, dec_seq *, void *),
+                     void *fn_arg) {
+  for (int i = w->n_handoffs - 1; i >= 0; i--)
+    if (i < w->n_handoffs && match(w->handoffs[i], arg)) fn(w, w->handoffs[i], fn_arg);
+  for (int l = 0; l < 2; l++) {
+    srv_seq **arr = l ? w->eng.wait : w->eng.run;
+    int *n = l ? &w->eng.n_wait : &w->eng.n_run;
+    for (int i = *n - 1; i >= 0; i--)
+      if (i < *n && match(OWNER(arr[i]), arg)) fn(w, OWNER(arr[i]), fn_arg);
+  }
+}
+
+typedef struct drop_reason { const char *code, *message; } drop_reason;
+
+static void drop_fn(dec_worker *w, dec_seq *s, void *arg) {
+  const drop_reason *r = arg;
+  if (r && r->code) srv_send_error(s->router, s->req.id, r->code, "%s", r->message);
+  seq_drop(w, s);
+}
+
+static void drop_where(dec_worker *w, seq_pred match, const void *arg, const char *code, const char *message) {
+  drop_reason r = {code, message};
+  for_each(w, match, arg, drop_fn, code ? &r : NULL);
+}
+
+typedef struct id_key { const char *id; const srv_peer *router; const char *prefill; } id_key;
+
+static int has_id(const dec_seq *s, const void *arg) {
+  const id_key *k = arg;
+  return !strcmp(s->req.id, k->id) && (!k->router || s->router == k->router) &&
+         (!k->prefill || !strcmp(s->req.prefill, k->prefill));
+}
+static int routed_to(const dec_seq *s, const void *peer) { return s->router == peer; }
+static int from_prefill(const dec_seq *s, const void *name) { return s->handoff && !strcmp(s->req.prefill, name); }
+static int any(const dec_seq *s, const void *arg) { (void)s; (void)arg; return 1; }
+static int expired(const dec_seq *s, const void *now) {
+  int64_t t = *(const int64_t *)now;
+  return (s->deadline_ms && t > s->deadline_ms) || (s->handoff && t > s->handoff_deadline_ms);
+}
+
+static void first_fn(dec_worker *w, dec_seq *s, void *out) {
+  (void)w;
+  if (!*(dec_seq **)out) *(dec_seq **)out = s;
+}
+
+static dec_seq *find(dec_worker *w, const id_key *k) {
+  dec_seq *found = NULL;
+  for_each(w, has_id, k, first_fn, &found);
+  return found;
+}
+
+// ---- handoff (decode role) ----
+
+static srv_peer *prefill_peer(dec_worker *w, const char *name) {
+  for (int i = 0; i < w->n_prefills; i++)
+    if (!strcmp(srv_peer_name(w->prefills[i]), name) && srv_peer_alive(w->prefills[i])) return w->prefills[i];
+  return NULL;
+}
+
+static void try_send_table(dec_worker *w, dec_seq *s) {
+  if (s->table_sent) return;
+  if (!s->seq.blocks.n && srv_blocks_reserve(w->rt->kv, &s->seq.blocks, s->req.n_prompt + 1)) return; // later
+  srv_peer *p = prefill_peer(w, s->req.prefill);
+  if (!p) return; // sent when the prefill worker connects
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "op", "kv_table");
+  cJSON_AddStringToObject(m, "id", s->req.id);
+  cJSON *b = cJSON_AddArrayToObject(m, "blocks");
+  for (int i = 0; i < s->seq.blocks.n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(s->seq.blocks.ids[i]));
+  cJSON_AddNumberToObject(m, "skip_blocks", 0);
+  s->table_sent = srv_peer_send(p, m) == 0;
+  cJSON_Delete(m);
+}
+
+static void try_start(dec_worker *w, dec_seq *s) {
+  if (!s->handoff || !s->got_notif || !s->got_first) return;
+  for (int i = 0; i < w->n_handoffs; i++)
+    if (w->handoffs[i] == s) {
+      memmove(w->handoffs + i, w->handoffs + i + 1, (size_t)(w->n_handoffs - i - 1) * sizeof *w->handoffs);
+      w->n_handoffs--;
+      break;
+    }
+  s->handoff = 0;
+  s->seq.n_done = s->req.n_prompt;
+  s->kv_bytes = (double)s->seq.blocks.n * (double)srv_kvpool_block_bytes(w->rt->kv);
+  s->kv_ms = (double)(now_ms() - s->t_start_ms);
+  if (srv_engine_start(&w->eng, &s->seq)) {
+    srv_send_error(s->router, s->req.id, "internal_error", "out of memory");
+    seq_free(w, s);
+    return;
+  }
+  mdl_sampler_accept(s->sampler, s->first.token);
+  seq_emit(w, s, &s->first);
+}
+
+// ---- control messages ----
+
+static void stats_reply(dec_worker *w, srv_peer *to) {
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "op", "stats_ok");
+  cJSON_AddNumberToObject(m, "running", w->eng.n_run);
+  cJSON_AddNumberToObject(m, "waiting", w->eng.n_wait + w->n_handoffs);
+  cJSON_AddNumberToObject(m, "free_blocks", srv_kvpool_free_blocks(w->rt->kv));
+  cJSON_AddNumberToObject(m, "total_blocks", srv_kvpool_total_blocks(w->rt->kv));
+  cJSON_AddNumberToObject(m, "finished", (double)w->n_finished);
+  cJSON_AddNumberToObject(m, "prefix_hits", 0);
+  cJSON_AddNumberToObject(m, "prefix_queries", 0);
+  srv_peer_send(to, m);
+  cJSON_Delete(m);
+}
+
+static int handoff_push(dec_worker *w, dec_seq *s) {
+  if (w->n_handoffs == w->cap_handoffs) {
+    int cap = w->cap_handoffs ? w->cap_handoffs * 2 : 32;
+    dec_seq **h = realloc(w->handoffs, (size_t)cap * sizeof *h);
+    if (!h) return -1;
+    w->handoffs = h;
+    w->cap_handoffs = cap;
+  }
+  w->handoffs[w->n_handoffs++] = s;
+  return 0;
+}
+
+static void handle(dec_worker *w, srv_event *ev) {
+  if (!ev->msg) { // a connection closed
+    if (!strcmp(srv_peer_role(ev->peer), "prefill")) {
+      for (int i = 0; i < w->n_prefills; i++)
+        if (w->prefills[i] == ev->peer) {
+          srv_peer_unref(ev->peer);
+          w->prefills[i] = w->prefills[--w->n_prefills];
+          break;
+        }
+      drop_where(w, from_prefill, srv_peer_name(ev->peer), "worker_failure",
+                 "the prefill worker failed before the prompt's KV arrived");
+    }
+    drop_where(w, routed_to, ev->peer, NULL, NULL); // nobody left to stream to
+    return;
+  }
+  const char *op = cJSON_GetObjectItem(ev->msg, "op")->valuestring;
+  const cJSON *idj = cJSON_GetObjectItemCaseSensitive(ev->msg, "id");
+  const char *id = cJSON_IsString(idj) ? idj->valuestring : "";
+  if (!strcmp(op, "hello")) {
+    if (!strcmp(srv_peer_role(ev->peer), "prefill")) {
+      if (w->n_prefills == w->cap_prefills) {
+        int cap = w->cap_prefills ? w->cap_prefills * 2 : 8;
+        srv_peer **np = realloc(w->prefills, (size_t)cap * sizeof *np);
+        if (!np) return;
+        w->prefills = np;
+        w->cap_prefills = cap;
+      }
+      srv_peer_ref(ev->peer);
+      w->prefills[w->n_prefills++] = ev->peer;
+      for (int i = 0; i < w->n_handoffs; i++) try_send_table(w, w->handoffs[i]);
+    }
+  } else if (!strcmp(op, "generate")) {
+    dec_seq *s = seq_from_request(w, ev->peer, ev->msg);
+    if (!s) return;
+    int rc;
+    if (w->rt->w->role == SRV_ROLE_DECODE) {
+      s->handoff = 1;
+      s->handoff_deadline_ms = now_ms() + HANDOFF_TIMEOUT_MS;
+      rc = handoff_push(w, s);
+      if (!rc) try_send_table(w, s);
+    } else {
+      rc = srv_engine_queue(&w->eng, &s->seq);
+    }
+    if (rc) {
+      srv_send_error(ev->peer, s->req.id, "internal_error", "out of memory");
+      seq_free(w, s);
+    }
+  } else if (!strcmp(op, "cancel")) {
+    id_key k = {id, ev->peer, NULL};
+    dec_seq *s = find(w, &k);
+    if (s) seq_drop(w, s);
+  } else if (!strcmp(op, "stats")) {
+    stats_reply(w, ev->peer);
+  } else if (!strcmp(op, "kv_first") || !strcmp(op, "kv_fail")) {
+    id_key k = {id, NULL, srv_peer_name(ev->peer)};
+    dec_seq *s = find(w, &k);
+    if (!s || !s->handoff) return; // cancelled meanwhile
+    if (!strcmp(op, "kv_fail")) {
+      const cJSON *msg = cJSON_GetObjectItemCaseSensitive(ev->msg, "message");
+      srv_send_error(s->router, s->req.id, "worker_failure", "prefill failed: %s",
+                     cJSON_IsString(msg) ? msg->valuestring : "unknown");
+      seq_drop(w, s);
+      return;
+    }
+    if (srv_kvwire_read_sampled(ev->msg, &s->first)) {
+      srv_send_error(s->router, s->req.id, "worker_failure", "malformed kv_first from %s", srv_peer_name(ev->peer));
+      seq_drop(w, s);
+      return;
+    }
+    s->got_first = 1;
+    try_start(w, s);
+  } else {
+    fprintf(stderr, "dserve %s: ignoring control message '%s' from %s\n", w->rt->w->name, op,
+            srv_peer_name(ev->peer));
+  }
+}
+
+// kvxfer notifications: "<request id>" once a prompt's last KV write has landed.
+static void take_notifs(dec_worker *w) {
+  kvx_notif nb[32];
+  int n;
+  while ((n = kvx_get_notifs(w->kvx, nb, 32)) > 0) {
+    for (int i = 0; i < n; i++) {
+      char id[128];
+      size_t len = nb[i].len < sizeof id - 1 ? nb[i].len : sizeof id - 1;
+      memcpy(id, nb[i].msg, len);
+      id[len] = 0;
+      free(nb[i].msg);
+      id_key k = {id, NULL, nb[i].peer};
+      dec_seq *s = find(w, &k);
+      if (s && s->handoff) {
+        s->got_notif = 1;
+        try_start(w, s);
+      }
+    }
+    if (n < 32) break;
+  }
+}
+
+// ---- scheduling ----
+
+static void reject(void *arg, srv_seq *sq, int blocks_needed) {
+  dec_worker *w = arg;
+  dec_seq *s = OWNER(sq);
+  srv_send_error(s->router, s->req.id, "context_length_exceeded",
+                 "the request needs %d KV blocks; this worker's pool has %d", blocks_needed,
+                 srv_kvpool_total_blocks(w->rt->kv));
+  seq_free(w, s);
+}
+
+// One engine step, then sampling for every row that finished its prompt or decoded a token.
+static int step(dec_worker *w, char *err, size_t errlen) {
+  int rc = srv_engine_step(&w->eng, NULL, NULL, err, errlen);
+  if (rc <= 0) return rc;
+  int n_vocab = mdl_tok_n_vocab(w->rt->tok);
+  for (int i = 0; i < w->eng.n_batch; i++) {
+    srv_seq *sq = w->eng.batch_of[i];
+    if (!sq || !w->eng.batch[i].want_logits) continue;
+    mdl_sampled sm;
+    mdl_sampler_sample(OWNER(sq)->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &sm);
+    seq_emit(w, OWNER(sq), &sm);
+  }
+  return 0;
+}
+
+// ---- process ----
+
+static void hello_extra(void *arg, cJSON *ok) {
+  dec_worker *w = arg;
+  cJSON_AddNumberToObject(ok, "n_ctx", w->rt->n_ctx);
+  cJSON_AddNumberToObject(ok, "n_vocab", mdl_tok_n_vocab(w->rt->tok));
+  cJSON_AddNumberToObject(ok, "total_blocks", srv_kvpool_total_blocks(w->rt->kv));
+  srv_kvwire_add_layout(ok, w->rt->kv);
+  if (w->kvx) srv_kvwire_add_md(ok, w->kvx);
+}
+
+// Creates the kvxfer agent of a decode worker and exports its KV pool to prefill workers.
+static int open_kvx(dec_worker *w, const srv_config *cfg, char *err, size_t errlen) {
+  const srv_worker_cfg *wc = w->rt->w;
+  kvx_opts o = {.backend = wc->kvx_backend[0] ? wc->kvx_backend : "auto",
+                .listen_host = wc->kvx_host[0] ? wc->kvx_host : wc->host,
+                .listen_port = wc->kvx_port,
+                .secret = cfg->secret};
+  w->kvx = kvx_agent_new(wc->name, &o, err, errlen);
+  if (!w->kvx) return -1;
+  size_t bytes;
+  void *base = srv_kvpool_base(w->rt->kv, &bytes);
+  return kvx_register(w->kvx, base, bytes, strncmp(wc->device, "cuda", 4) ? KVX_MEM_HOST : KVX_MEM_CUDA,
+                      &w->kv_region, err, errlen);
+}
+
+int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, size_t errlen) {
+  dec_worker w;
+  memset(&w, 0, sizeof w);
+  srv_signals_block(&w.sig);
+  int decode_role = wc->role == SRV_ROLE_DECODE;
+  // A decode worker's pool must be mappable by a same-host prefill worker (shm backend).
+  if (srv_runtime_open(cfg, wc, decode_role && strncmp(wc->device, "cuda", 4), &w.rt, err, errlen)) return -1;
+  if (decode_role && open_kvx(&w, cfg, err, errlen)) {
+    kvx_agent_free(w.kvx);
+    srv_runtime_close(w.rt);
+    return -1;
+  }
+  srv_hub_opts ho = {.name = wc->name, .role = srv_role_name(wc->role), .secret = cfg->secret, .host = wc->host,
+                     .port = wc->port, .hello_extra = hello_extra, .hello_arg = &w};
+  if (srv_hub_new(&ho, &w.hub, err, errlen) || srv_signals_start(&w.sig, w.hub)) {
+    srv_hub_free(w.hub);
+    kvx_agent_free(w.kvx);
+    srv_runtime_close(w.rt);
+    return -1;
+  }
+  srv_engine_init(&w.eng, w.rt, err, errlen);
+  fprintf(stderr, "dserve %s: %s worker listening on %s:%d (%d KV blocks, %s kernels, %d threads%s%s)\n", wc->name,
+          srv_role_name(wc->role), wc->host, srv_hub_port(w.hub), srv_kvpool_total_blocks(w.rt->kv),
+          w.rt->kc.be->name, krn_pool_threads(w.rt->pool), w.kvx ? ", kvxfer " : "",
+          w.kvx ? kvx_agent_backend(w.kvx) : "");
+  int64_t drain_until = 0;
+  for (;;) {
+    srv_event ev;
+    int busy = srv_engine_busy(&w.eng);
+    // Block while idle (a handoff wakes us through kvx progress, polled every few ms); between steps take
+    // only what has already arrived.
+    int wait = busy ? 0 : (w.n_handoffs ? 2 : 1000);
+    for (int first = 1; srv_hub_next(w.hub, &ev, first ? wait : 0) == 1; first = 0) {
+      handle(&w, &ev);
+      srv_event_done(&ev);
+    }
+    if (w.kvx) take_notifs(&w);
+    for (int i = 0; i < w.n_handoffs; i++) try_send_table(&w, w.handoffs[i]);
+    if (atomic_load(&w.sig.stop)) {
+      if (!drain_until) {
+        drain_until = now_ms() + DRAIN_MS;
+        fprintf(stderr, "dserve %s: draining %d running and %d waiting requests\n", wc->name, w.eng.n_run,
+                w.eng.n_wait + w.n_handoffs);
+      }
+      if ((!srv_engine_busy(&w.eng) && !w.n_handoffs) || now_ms() > drain_until) break;
+    }
+    int64_t now = now_ms();
+    drop_where(&w, expired, &now, "timeout", "request deadline passed (or its KV never arrived)");
+    srv_engine_admit(&w.eng, reject, &w);
+    if (step(&w, err, errlen)) {
+      fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
+      drop_where(&w, any, NULL, "internal_error", "forward step failed");
+    }
+  }
+  drop_where(&w, any, NULL, "unavailable", "worker stopped before the request finished");
+  srv_engine_fini(&w.eng);
+  srv_hub_free(w.hub);
+  free(w.prefills); // the peers themselves die with the hub
+  free(w.handoffs);
+  kvx_agent_free(w.kvx);
+  srv_runtime_close(w.rt);
+  fprintf(stderr, "dserve %s: stopped\n", wc->name);
+  return 0;
+}

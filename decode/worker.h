@@ -1,0 +1,20 @@
+// decode/worker.h: the generation worker: continuous batching over a paged KV cache (roles both and decode).
+#ifndef DSERVE_DEC_WORKER_H
+#define DSERVE_DEC_WORKER_H
+
+#include <stddef.h>
+
+#include "server/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Serves worker w of cfg until SIGTERM/SIGINT (then drains: running requests finish within the drain
+// bound, new ones are refused). Returns 0 on a clean stop, -1 with err when it cannot start.
+int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *w, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,19 @@
+// prefill/worker.h: the prefill worker: computes prompts and pushes their KV, layer by layer, to decode workers.
+#ifndef DSERVE_PFL_WORKER_H
+#define DSERVE_PFL_WORKER_H
+
+#include <stddef.h>
+
+#include "server/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Serves worker w of cfg until SIGTERM/SIGINT. Returns 0 on a clean stop, -1 with err when it cannot start.
+int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *w, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,193 @@
+// server/engine.c: admission, recompute preemption and chunked batching over the paged KV pool.
+#include "server/engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+int srv_seq_init(srv_seq *s, const int32_t *toks, int n, void *owner) {
+  memset(s, 0, sizeof *s);
+  s->cap = n + 64;
+  s->toks = malloc((size_t)s->cap * sizeof *s->toks);
+  if (!s->toks) return -1;
+  memcpy(s->toks, toks, (size_t)n * sizeof *toks);
+  s->n_toks = n;
+  s->owner = owner;
+  return 0;
+}
+
+void srv_seq_fini(srv_seq *s, srv_kvpool *kv) {
+  srv_blocks_release(kv, &s->blocks);
+  free(s->blocks.ids);
+  free(s->toks);
+  memset(s, 0, sizeof *s);
+}
+
+int srv_seq_push(srv_seq *s, int32_t tok) {
+  if (s->n_toks == s->cap) {
+    int32_t *nt = realloc(s->toks, (size_t)s->cap * 2 * sizeof *nt);
+    if (!nt) return -1;
+    s->toks = nt;
+    s->cap *= 2;
+  }
+  s->toks[s->n_toks++] = tok;
+  return 0;
+}
+
+int srv_engine_init(srv_engine *e, srv_runtime *rt, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  memset(e, 0, sizeof *e);
+  e->rt = rt;
+  return 0;
+}
+
+void srv_engine_fini(srv_engine *e) {
+  free(e->run);
+  free(e->wait);
+  free(e->batch);
+  free(e->batch_of);
+  free(e->batch_chunk);
+  free(e->logits);
+  memset(e, 0, sizeof *e);
+}
+
+static int grow(srv_engine *e) {
+  if (e->n_run + e->n_wait < e->cap) return 0;
+  int cap = e->cap ? e->cap * 2 : 64;
+  srv_seq **r = realloc(e->run, (size_t)cap * sizeof *r);
+  if (r) e->run = r;
+  srv_seq **q = realloc(e->wait, (size_t)cap * sizeof *q);
+  if (q) e->wait = q;
+  mdl_seq *b = realloc(e->batch, (size_t)cap * sizeof *b);
+  if (b) e->batch = b;
+  srv_seq **bo = realloc(e->batch_of, (size_t)cap * sizeof *bo);
+  if (bo) e->batch_of = bo;
+  int *bc = realloc(e->batch_chunk, (size_t)cap * sizeof *bc);
+  if (bc) e->batch_chunk = bc;
+  if (!r || !q || !b || !bo || !bc) return -1;
+  e->cap = cap;
+  return 0;
+}
+
+static void remove_at(srv_seq **arr, int *n, int i) {
+  memmove(arr + i, arr + i + 1, (size_t)(*n - i - 1) * sizeof *arr);
+  (*n)--;
+}
+
+static int find(srv_seq *const *arr, int n, const srv_seq *s) {
+  for (int i = 0; i < n; i++)
+    if (arr[i] == s) return i;
+  return -1;
+}
+
+int srv_engine_queue(srv_engine *e, srv_seq *s) {
+  if (grow(e)) return -1;
+  e->wait[e->n_wait++] = s;
+  return 0;
+}
+
+int srv_engine_start(srv_engine *e, srv_seq *s) {
+  if (grow(e)) return -1;
+  e->run[e->n_run++] = s;
+  return 0;
+}
+
+void srv_engine_remove(srv_engine *e, srv_seq *s) {
+  int i = find(e->run, e->n_run, s);
+  if (i >= 0) remove_at(e->run, &e->n_run, i);
+  i = find(e->wait, e->n_wait, s);
+  if (i >= 0) remove_at(e->wait, &e->n_wait, i);
+  i = find(e->batch_of, e->n_batch, s);
+  if (i >= 0) e->batch_of[i] = NULL; // a row of the last step whose sequence is gone
+  srv_blocks_release(e->rt->kv, &s->blocks);
+}
+
+int srv_engine_busy(const srv_engine *e) { return e->n_run > 0 || e->n_wait > 0; }
+
+static int block_size(const srv_engine *e) { return srv_kvpool_kv(e->rt->kv)->block_size; }
+
+void srv_engine_admit(srv_engine *e, void (*reject)(void *arg, srv_seq *s, int blocks_needed), void *arg) {
+  int max_seqs = e->rt->w->max_seqs > 0 ? e->rt->w->max_seqs : 64;
+  while (e->n_wait > 0 && e->n_run < max_seqs) {
+    srv_seq *s = e->wait[0];
+    if (srv_blocks_reserve(e->rt->kv, &s->blocks, s->n_toks + 1)) {
+      if (e->n_run > 0) break; // blocks come back as running sequences finish
+      remove_at(e->wait, &e->n_wait, 0);
+      reject(arg, s, (s->n_toks + 1 + block_size(e) - 1) / block_size(e));
+      continue;
+    }
+    remove_at(e->wait, &e->n_wait, 0);
+    e->run[e->n_run++] = s;
+  }
+}
+
+// Frees the blocks of the newest sequence that is neither keep nor already in this step's batch, and
+// queues it first in line to be recomputed from its tokens.
+static int preempt(srv_engine *e, const srv_seq *keep, int n_batch) {
+  for (int i = e->n_run - 1; i >= 0; i--) {
+    srv_seq *v = e->run[i];
+    if (v == keep || find(e->batch_of, n_batch, v) >= 0) continue;
+    srv_blocks_release(e->rt->kv, &v->blocks);
+    v->n_done = 0;
+    remove_at(e->run, &e->n_run, i);
+    memmove(e->wait + 1, e->wait, (size_t)e->n_wait * sizeof *e->wait);
+    e->wait[0] = v;
+    e->n_wait++;
+    return 0;
+  }
+  return -1;
+}
+
+int srv_engine_plan(srv_engine *e) {
+  int budget = e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : 512, used = 0, n = 0;
+  e->n_batch = 0;
+  for (int pass = 0; pass < 2; pass++) { // pass 0: single decode tokens; pass 1: prefill chunks
+    for (int i = 0; i < e->n_run; i++) {
+      srv_seq *s = e->run[i];
+      int pending = s->n_toks - s->n_done;
+      if (pending < 1 || (pass == 0) != (pending == 1)) continue;
+      int chunk = pending < budget - used ? pending : budget - used;
+      if (pass == 0) chunk = 1; // decode tokens never wait behind prefills
+      if (chunk < 1) break;
+      int ok;
+      while (!(ok = !srv_blocks_reserve(e->rt->kv, &s->blocks, s->n_done + chunk)) && !preempt(e, s, n))
+        i = find(e->run, e->n_run, s); // the list shifted
+      if (!ok) continue; // nothing left to take blocks from: it waits for others to finish
+      e->batch[n] = (mdl_seq){.tokens = s->toks + s->n_done, .n_tokens = chunk, .pos0 = s->n_done,
+                              .block_table = s->blocks.ids, .n_blocks = s->blocks.n,
+                              .want_logits = s->n_done + chunk == s->n_toks};
+      e->batch_of[n] = s;
+      e->batch_chunk[n] = chunk;
+      n++;
+      used += chunk;
+    }
+  }
+  e->n_batch = n;
+  return n;
+}
+
+int srv_engine_forward(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen) {
+  int n = e->n_batch;
+  int n_vocab = mdl_llama_config(e->rt->model)->n_vocab;
+  if (n > e->cap_rows) {
+    float *l = realloc(e->logits, (size_t)n * (size_t)n_vocab * sizeof *l);
+    if (!l) {
+      snprintf(err, errlen, "out of memory for logits");
+      return -1;
+    }
+    e->logits = l;
+    e->cap_rows = n;
+  }
+  if (mdl_llama_forward(e->rt->model, srv_kvpool_kv(e->rt->kv), e->batch, n, e->logits, on_layer, arg, err, errlen))
+    return -1;
+  for (int i = 0; i < n; i++)
+    if (e->batch_of[i]) e->batch_of[i]->n_done += e->batch_chunk[i];
+  return 0;
+}
+
+int srv_engine_step(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen) {
+  if (srv_engine_plan(e) == 0) return 0;
+  return srv_engine_forward(e, on_layer, arg, err, errlen) ? -1 : 1;
+}

@@ -1,0 +1,66 @@
+// server/engine.h: continuous batching shared by every worker role: admission, chunked prefill, forward.
+#ifndef DSERVE_SRV_ENGINE_H
+#define DSERVE_SRV_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "models/llama.h"
+#include "server/kvpool.h"
+#include "server/runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// A sequence as the engine sees it: the tokens that must be in the KV cache, and how many already are.
+typedef struct srv_seq {
+  int32_t *toks;   // (owned) (cap) prompt then generated tokens
+  int n_toks, cap;
+  int n_done;      // tokens whose K/V are in the cache
+  srv_blocks blocks;
+  void *owner;     // (borrowed) the role's per-request state
+} srv_seq;
+
+int srv_seq_init(srv_seq *s, const int32_t *toks, int n, void *owner); // 0, -1 on out of memory
+void srv_seq_fini(srv_seq *s, srv_kvpool *kv);                        // releases blocks and tokens
+int srv_seq_push(srv_seq *s, int32_t tok);
+
+typedef struct srv_engine {
+  srv_runtime *rt;    // (borrowed)
+  srv_seq **run;      // (owned array) (n_run) admitted sequences in admission order
+  int n_run;
+  srv_seq **wait;     // (owned array) (n_wait) FIFO waiting for KV blocks
+  int n_wait;
+  int cap;
+  // The last step: rows of the batch, each with its sequence and chunk; logits (n_batch, n_vocab) for rows
+  // with want_logits.
+  mdl_seq *batch;      // (owned) (cap)
+  srv_seq **batch_of;  // (owned) (cap)
+  int *batch_chunk;    // (owned) (cap)
+  int n_batch;
+  float *logits;       // (owned) (cap_rows, n_vocab)
+  int cap_rows;
+} srv_engine;
+
+int srv_engine_init(srv_engine *e, srv_runtime *rt, char *err, size_t errlen);
+void srv_engine_fini(srv_engine *e); // the sequences themselves belong to the caller
+int srv_engine_queue(srv_engine *e, srv_seq *s);   // waits for admission; -1 on out of memory
+int srv_engine_start(srv_engine *e, srv_seq *s);   // joins the batch now (its blocks are already reserved)
+void srv_engine_remove(srv_engine *e, srv_seq *s); // from either list; releases its blocks
+// Admits waiting sequences while blocks and batch slots last. A sequence that can never fit (the pool
+// is too small even when idle) is removed and passed to reject.
+void srv_engine_admit(srv_engine *e, void (*reject)(void *arg, srv_seq *s, int blocks_needed), void *arg);
+// Runs one forward step (decode tokens first, then prefill chunks up to max_batch_tokens). Blocks that
+// decode growth needs are taken from the newest sequences (recompute preemption). 0 when nothing ran
+// (n_batch == 0), 1 after a step, -1 on error.
+int srv_engine_step(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen);
+// srv_engine_step in two halves, for callers that look at the planned batch before it runs:
+int srv_engine_plan(srv_engine *e); // fills batch / batch_of / batch_chunk; returns n_batch
+int srv_engine_forward(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen); // 0 / -1
+int srv_engine_busy(const srv_engine *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

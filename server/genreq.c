@@ -1,0 +1,191 @@
+// server/genreq.c: reads and checks a `generate` message; error replies and signal waiting shared by workers.
+#include "server/genreq.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int get_int(const cJSON *o, const char *k, int def, int lo, int hi, int *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  if (!v || cJSON_IsNull(v)) {
+    *out = def;
+    return 0;
+  }
+  if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi || v->valuedouble != (double)(int)v->valuedouble)
+    return -1;
+  *out = (int)v->valuedouble;
+  return 0;
+}
+
+static int get_float(const cJSON *o, const char *k, float def, float lo, float hi, float *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  if (!v || cJSON_IsNull(v)) {
+    *out = def;
+    return 0;
+  }
+  if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) return -1;
+  *out = (float)v->valuedouble;
+  return 0;
+}
+
+static int get_name(const cJSON *o, const char *k, char *out, size_t cap) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  out[0] = 0;
+  if (!v) return 0;
+  if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap) return -1;
+  snprintf(out, cap, "%s", v->valuestring);
+  return 0;
+}
+
+#define FAIL(c, ...)                                                                                                  \
+  do {                                                                                                                \
+    snprintf(code, code_len, "%s", c);                                                                                \
+    snprintf(err, errlen, __VA_ARGS__);                                                                               \
+    goto fail;                                                                                                        \
+  } while (0)
+
+int srv_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, srv_genreq *r, char *code, size_t code_len, char *err,
+                     size_t errlen) {
+  memset(r, 0, sizeof *r);
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
+  if (!cJSON_IsString(id) || !id->valuestring[0] || strlen(id->valuestring) >= sizeof r->id)
+    FAIL("invalid_request", "generate needs an id of 1..%zu characters", sizeof r->id - 1);
+  snprintf(r->id, sizeof r->id, "%s", id->valuestring);
+  const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(m, "prompt");
+  r->n_prompt = cJSON_IsArray(prompt) ? cJSON_GetArraySize(prompt) : 0;
+  if (r->n_prompt < 1) FAIL("invalid_request", "prompt must be a non-empty array of token ids");
+  if (r->n_prompt >= n_ctx)
+    FAIL("context_length_exceeded", "the prompt has %d tokens; this model's context is %d tokens", r->n_prompt, n_ctx);
+  r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt);
+  if (!r->prompt) FAIL("internal_error", "out of memory");
+  int i = 0;
+  const cJSON *t;
+  cJSON_ArrayForEach(t, prompt) {
+    if (!cJSON_IsNumber(t) || !(t->valuedouble >= 0 && t->valuedouble < n_vocab))
+      FAIL("invalid_request", "prompt[%d] is not a token id of this model (0..%d)", i, n_vocab - 1);
+    r->prompt[i++] = (int32_t)t->valuedouble;
+  }
+  if (get_int(m, "max_tokens", n_ctx - r->n_prompt, 1, 1 << 30, &r->max_tokens))
+    FAIL("invalid_request", "max_tokens must be an integer >= 1");
+  if (r->max_tokens > n_ctx - r->n_prompt) r->max_tokens = n_ctx - r->n_prompt;
+  if (get_int(m, "deadline_ms", 0, 0, 1 << 30, &r->deadline_ms)) FAIL("invalid_request", "bad deadline_ms");
+  r->ignore_eos = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "ignore_eos"));
+  if (get_name(m, "mode", r->mode, sizeof r->mode) || get_name(m, "prefill", r->prefill, sizeof r->prefill) ||
+      get_name(m, "decode", r->decode, sizeof r->decode))
+    FAIL("invalid_request", "bad mode / prefill / decode field");
+  if (!r->mode[0]) snprintf(r->mode, sizeof r->mode, "local");
+  if (strcmp(r->mode, "local") && strcmp(r->mode, "prefill") && strcmp(r->mode, "decode"))
+    FAIL("invalid_request", "mode must be local, prefill or decode");
+
+  mdl_sampling *sp = &r->sampling;
+  *sp = (mdl_sampling){.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
+  r->n_logprobs = -1;
+  const cJSON *so = cJSON_GetObjectItemCaseSensitive(m, "sampling");
+  if (so && !cJSON_IsObject(so)) FAIL("invalid_request", "sampling must be an object");
+  if (so) {
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(so, "seed");
+    if (cJSON_IsNumber(seed)) sp->seed = (uint64_t)(int64_t)seed->valuedouble;
+    else if (seed && !cJSON_IsNull(seed)) FAIL("invalid_request", "sampling.seed must be an integer");
+    if (get_float(so, "temperature", 1.0f, 0.0f, 100.0f, &sp->temperature)) FAIL("invalid_request", "bad temperature");
+    if (get_int(so, "top_k", 0, -1, 1 << 30, &sp->top_k)) FAIL("invalid_request", "bad top_k");
+    if (sp->top_k < 0) sp->top_k = 0;
+    if (get_float(so, "top_p", 1.0f, 0.0f, 1.0f, &sp->top_p)) FAIL("invalid_request", "bad top_p");
+    if (get_float(so, "min_p", 0.0f, 0.0f, 1.0f, &sp->min_p)) FAIL("invalid_request", "bad min_p");
+    if (get_float(so, "presence_penalty", 0.0f, -2.0f, 2.0f, &sp->presence_penalty) ||
+        get_float(so, "frequency_penalty", 0.0f, -2.0f, 2.0f, &sp->frequency_penalty) ||
+        get_float(so, "repetition_penalty", 1.0f, 0.0f, 100.0f, &sp->repetition_penalty))
+      FAIL("invalid_request", "bad penalty");
+    if (get_int(so, "logprobs", -1, -1, 20, &r->n_logprobs)) FAIL("invalid_request", "bad logprobs (-1..20)");
+    sp->n_logprobs = r->n_logprobs > 0 ? r->n_logprobs : 0;
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(so, "logit_bias");
+    int nb = cJSON_IsArray(lb) ? cJSON_GetArraySize(lb) : 0;
+    if (lb && !cJSON_IsArray(lb) && !cJSON_IsNull(lb)) FAIL("invalid_request", "logit_bias must be [[id, bias]...]");
+    if (nb && !(r->bias = calloc((size_t)nb, sizeof *r->bias))) FAIL("internal_error", "out of memory");
+    for (int j = 0; j < nb; j++) {
+      const cJSON *pair = cJSON_GetArrayItem(lb, j), *tok = cJSON_GetArrayItem(pair, 0), *b = cJSON_GetArrayItem(pair, 1);
+      if (!cJSON_IsNumber(tok) || !cJSON_IsNumber(b) || !(tok->valuedouble >= 0 && tok->valuedouble < n_vocab))
+        FAIL("invalid_request", "logit_bias[%d] must be [token id, bias]", j);
+      r->bias[j] = (mdl_bias){(int32_t)tok->valuedouble, (float)b->valuedouble};
+    }
+    sp->bias = r->bias;
+    sp->n_bias = nb;
+  }
+  const cJSON *stop = cJSON_GetObjectItemCaseSensitive(m, "stop");
+  if (stop && !cJSON_IsArray(stop) && !cJSON_IsNull(stop)) FAIL("invalid_request", "stop must be an array of strings");
+  int ns = cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : 0;
+  if (ns > 1024) FAIL("invalid_request", "too many stop strings");
+  if (ns && !(r->stop = calloc((size_t)ns, sizeof *r->stop))) FAIL("internal_error", "out of memory");
+  for (int j = 0; j < ns; j++) {
+    const cJSON *e = cJSON_GetArrayItem(stop, j);
+    if (!cJSON_IsString(e) || !e->valuestring[0]) FAIL("invalid_request", "stop[%d] must be a non-empty string", j);
+    if (!(r->stop[j] = strdup(e->valuestring))) FAIL("internal_error", "out of memory");
+    r->n_stop = j + 1;
+  }
+  const cJSON *sids = cJSON_GetObjectItemCaseSensitive(m, "stop_ids");
+  int nsi = cJSON_IsArray(sids) ? cJSON_GetArraySize(sids) : 0;
+  if (nsi && !(r->stop_ids = calloc((size_t)nsi, sizeof *r->stop_ids))) FAIL("internal_error", "out of memory");
+  for (int j = 0; j < nsi; j++) {
+    const cJSON *e = cJSON_GetArrayItem(sids, j);
+    if (!cJSON_IsNumber(e)) FAIL("invalid_request", "stop_ids[%d] must be a token id", j);
+    r->stop_ids[j] = (int32_t)e->valuedouble;
+    r->n_stop_ids = j + 1;
+  }
+  return 0;
+fail:
+  srv_genreq_free(r);
+  return -1;
+}
+
+void srv_genreq_free(srv_genreq *r) {
+  free(r->prompt);
+  free(r->bias);
+  for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+  free(r->stop);
+  free(r->stop_ids);
+  memset(r, 0, sizeof *r);
+}
+
+void srv_send_error(srv_peer *to, const char *id, const char *code, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "op", "error");
+  cJSON_AddStringToObject(m, "id", id);
+  cJSON_AddStringToObject(m, "message", msg);
+  cJSON_AddStringToObject(m, "code", code);
+  srv_peer_send(to, m);
+  cJSON_Delete(m);
+}
+
+void srv_signals_block(srv_signals *s) {
+  sigemptyset(&s->set);
+  sigaddset(&s->set, SIGTERM);
+  sigaddset(&s->set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &s->set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  atomic_store(&s->stop, 0);
+  s->hub = NULL;
+}
+
+static void *signal_main(void *arg) {
+  srv_signals *s = arg;
+  int sig = 0;
+  if (sigwait(&s->set, &sig) == 0) {
+    atomic_store(&s->stop, 1);
+    if (s->hub) srv_hub_wake(s->hub);
+  }
+  return NULL;
+}
+
+int srv_signals_start(srv_signals *s, srv_hub *hub) {
+  s->hub = hub;
+  pthread_t t;
+  if (pthread_create(&t, NULL, signal_main, s)) return -1;
+  pthread_detach(t);
+  return 0;
+}

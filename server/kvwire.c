@@ -1,0 +1,163 @@
+// server/kvwire.c: KV pool layout, kvxfer metadata and first-token fields of the prefill/decode handoff.
+#include "server/kvwire.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void srv_kvwire_add_layout(cJSON *msg, const srv_kvpool *kv) {
+  const mdl_llama_cfg *c = srv_kvpool_cfg(kv);
+  const mdl_kv *v = srv_kvpool_kv(kv);
+  char base[32];
+  snprintf(base, sizeof base, "%" PRIu64, (uint64_t)(uintptr_t)v->base);
+  cJSON *l = cJSON_AddObjectToObject(msg, "kv_layout");
+  cJSON_AddNumberToObject(l, "n_layer", c->n_layer);
+  cJSON_AddNumberToObject(l, "kv_dim", c->n_kv_head * c->head_dim);
+  cJSON_AddNumberToObject(l, "type", v->type);
+  cJSON_AddNumberToObject(l, "block_size", v->block_size);
+  cJSON_AddNumberToObject(l, "n_blocks", v->n_blocks);
+  cJSON_AddStringToObject(l, "base", base);
+}
+
+static int num(const cJSON *o, const char *k, double *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  if (!cJSON_IsNumber(v)) return -1;
+  *out = v->valuedouble;
+  return 0;
+}
+
+int srv_kvwire_read_layout(const cJSON *msg, const srv_kvpool *local, srv_kv_remote *out, char *err, size_t errlen) {
+  const cJSON *l = cJSON_GetObjectItemCaseSensitive(msg, "kv_layout");
+  const cJSON *base = cJSON_GetObjectItemCaseSensitive(l, "base");
+  double n_layer, kv_dim, type, bs, nb;
+  if (!cJSON_IsObject(l) || num(l, "n_layer", &n_layer) || num(l, "kv_dim", &kv_dim) || num(l, "type", &type) ||
+      num(l, "block_size", &bs) || num(l, "n_blocks", &nb) || !cJSON_IsString(base)) {
+    snprintf(err, errlen, "the peer sent no usable kv_layout");
+    return -1;
+  }
+  const mdl_llama_cfg *c = srv_kvpool_cfg(local);
+  const mdl_kv *v = srv_kvpool_kv(local);
+  if ((int)n_layer != c->n_layer || (int)kv_dim != c->n_kv_head * c->head_dim || (int)type != (int)v->type ||
+      (int)bs != v->block_size) {
+    snprintf(err, errlen,
+             "KV layouts differ (peer: %d layers, kv_dim %d, type %d, block %d; here: %d, %d, %d, %d): "
+             "both workers must serve the same model with the same kv_type and block_size",
+             (int)n_layer, (int)kv_dim, (int)type, (int)bs, c->n_layer, c->n_kv_head * c->head_dim, (int)v->type,
+             v->block_size);
+    return -1;
+  }
+  out->base = strtoull(base->valuestring, NULL, 10);
+  out->n_blocks = (int)nb;
+  out->chunk_bytes = mdl_kv_chunk_bytes(c, v);
+  return 0;
+}
+
+uint64_t srv_kv_remote_chunk(const srv_kv_remote *r, int layer, int kv, int block) {
+  return r->base + (((uint64_t)layer * 2 + (uint64_t)kv) * (uint64_t)r->n_blocks + (uint64_t)block) * r->chunk_bytes;
+}
+
+int srv_kvwire_add_md(cJSON *msg, kvx_agent *a) {
+  void *blob = NULL;
+  size_t len = 0;
+  char err[256];
+  if (kvx_pack_md(a, &blob, &len, err, sizeof err)) return -1;
+  char *b64 = srv_base64_encode(blob, len);
+  free(blob);
+  if (!b64) return -1;
+  cJSON_AddStringToObject(msg, "kvx_md", b64);
+  free(b64);
+  return 0;
+}
+
+int srv_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen) {
+  const cJSON *md = cJSON_GetObjectItemCaseSensitive(msg, "kvx_md");
+  uint8_t *blob = NULL;
+  size_t len = 0;
+  if (!cJSON_IsString(md) || srv_base64_decode(md->valuestring, &blob, &len)) {
+    snprintf(err, errlen, "the peer sent no usable kvx_md");
+    return -1;
+  }
+  int rc = kvx_load_remote_md(a, blob, len, peer, cap, err, errlen);
+  free(blob);
+  return rc;
+}
+
+void srv_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s) {
+  cJSON_AddNumberToObject(msg, "token", s->token);
+  cJSON_AddNumberToObject(msg, "logprob", s->logprob);
+  cJSON *top = cJSON_AddArrayToObject(msg, "top");
+  for (int i = 0; i < s->n_top; i++) {
+    cJSON *pair = cJSON_CreateArray();
+    cJSON_AddItemToArray(pair, cJSON_CreateNumber(s->top[i].token));
+    cJSON_AddItemToArray(pair, cJSON_CreateNumber(s->top[i].logprob));
+    cJSON_AddItemToArray(top, pair);
+  }
+}
+
+int srv_kvwire_read_sampled(const cJSON *msg, mdl_sampled *s) {
+  memset(s, 0, sizeof *s);
+  double tok, lp;
+  if (num(msg, "token", &tok) || tok < 0 || tok > INT32_MAX) return -1;
+  s->token = (int32_t)tok;
+  s->logprob = num(msg, "logprob", &lp) ? 0.0f : (float)lp; // -inf travels as null
+  const cJSON *top = cJSON_GetObjectItemCaseSensitive(msg, "top"), *pair;
+  cJSON_ArrayForEach(pair, top) {
+    if (s->n_top >= (int)(sizeof s->top / sizeof s->top[0])) break;
+    const cJSON *t = cJSON_GetArrayItem(pair, 0), *l = cJSON_GetArrayItem(pair, 1);
+    if (!cJSON_IsNumber(t) || !cJSON_IsNumber(l)) return -1;
+    s->top[s->n_top++] = (mdl_logprob){(int32_t)t->valuedouble, (float)l->valuedouble};
+  }
+  return 0;
+}
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+char *srv_base64_encode(const void *data, size_t len) {
+  const uint8_t *p = data;
+  char *out = malloc((len + 2) / 3 * 4 + 1), *o = out;
+  if (!out) return NULL;
+  for (size_t i = 0; i < len; i += 3) {
+    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < len ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < len ? p[i + 2] : 0);
+    *o++ = B64[v >> 18 & 63];
+    *o++ = B64[v >> 12 & 63];
+    *o++ = i + 1 < len ? B64[v >> 6 & 63] : '=';
+    *o++ = i + 2 < len ? B64[v & 63] : '=';
+  }
+  *o = 0;
+  return out;
+}
+
+int srv_base64_decode(const char *s, uint8_t **out, size_t *len) {
+  size_t n = strlen(s);
+  *out = NULL;
+  *len = 0;
+  if (n % 4) return -1;
+  uint8_t *b = malloc(n / 4 * 3 + 1);
+  if (!b) return -1;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i += 4) {
+    uint32_t v = 0;
+    int pad = 0;
+    for (int j = 0; j < 4; j++) {
+      char c = s[i + j];
+      const char *at = c ? strchr(B64, c) : NULL;
+      if (c == '=' && i + 4 == n && j >= 2) {
+        pad++;
+        v <<= 6;
+        continue;
+      }
+      if (!at || pad) {
+        free(b);
+        return -1;
+      }
+      v = v << 6 | (uint32_t)(at - B64);
+    }
+    b[k++] = (uint8_t)(v >> 16);
+    if (pad < 2) b[k++] = (uint8_t)(v >> 8);
+    if (pad < 1) b[k++] = (uint8_t)v;
+  }
+  *out = b;
+  *len = k;
+  return 0;
+}

@@ -1,0 +1,45 @@
+// server/kvwire.h: what prefill and decode workers tell each other about KV: pool layout, kvxfer metadata,
+// the first sampled token, and the addresses of a (layer, K|V, block) chunk in the peer's pool.
+#ifndef DSERVE_SRV_KVWIRE_H
+#define DSERVE_SRV_KVWIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "kvxfer/kvx.h"
+#include "models/sampler.h"
+#include "server/kvpool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// A peer's KV pool as its hello_ok describes it.
+typedef struct srv_kv_remote {
+  uint64_t base;       // address of its pool in its own address space
+  int n_blocks;
+  size_t chunk_bytes;  // one (layer, K|V, block)
+} srv_kv_remote;
+
+void srv_kvwire_add_layout(cJSON *msg, const srv_kvpool *kv);  // "kv_layout": {...}
+// Checks that the peer's layout matches ours (layers, KV width, type, block size) and reads where it lives.
+int srv_kvwire_read_layout(const cJSON *msg, const srv_kvpool *local, srv_kv_remote *out, char *err, size_t errlen);
+// Address of chunk (layer, kv, block) in the peer's pool.
+uint64_t srv_kv_remote_chunk(const srv_kv_remote *r, int layer, int kv, int block);
+
+int srv_kvwire_add_md(cJSON *msg, kvx_agent *a);  // "kvx_md": base64 of kvx_pack_md
+int srv_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen);
+
+void srv_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s); // token, logprob, top
+int srv_kvwire_read_sampled(const cJSON *msg, mdl_sampled *s); // 0, -1 when malformed
+
+// base64 (RFC 4648, with padding). encode: *out malloc'ed, NUL-terminated. decode: -1 on bad input.
+char *srv_base64_encode(const void *data, size_t len);
+int srv_base64_decode(const char *s, uint8_t **out, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,112 @@
+// server/runtime.c: opens a worker's model, tokenizer, compute backend and KV block pool from its config.
+#include "server/runtime.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const krn_backend *pick_backend(const srv_worker_cfg *w, char *err, size_t errlen) {
+  if (!strncmp(w->device, "cuda", 4)) {
+    const krn_backend *be = krn_cuda();
+    if (!be) snprintf(err, errlen, "device %s: this build has no CUDA backend", w->device);
+    else if (krn_cuda_device_count() == 0) {
+      snprintf(err, errlen, "device %s: no CUDA device present", w->device);
+      be = NULL;
+    }
+    return be;
+  }
+  if (!w->kernels[0] || !strcmp(w->kernels, "auto")) return krn_cpu_best();
+  const krn_backend *be = krn_cpu_by_name(w->kernels);
+  if (!be) snprintf(err, errlen, "kernels '%s' are not supported on this CPU", w->kernels);
+  return be;
+}
+
+int srv_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareable_kv, srv_runtime **out, char *err,
+                     size_t errlen) {
+  *out = NULL;
+  srv_runtime *rt = calloc(1, sizeof *rt);
+  if (!rt) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  rt->cfg = cfg;
+  rt->w = w;
+  char e[512] = "";
+  const krn_backend *be = pick_backend(w, e, sizeof e);
+  if (!be) goto fail;
+  if (mdl_gguf_open(cfg->model_path, &rt->gguf, e, sizeof e)) goto fail;
+  if (mdl_tok_load(rt->gguf, &rt->tok, e, sizeof e)) goto fail;
+  rt->pool = krn_pool_new(w->threads > 0 ? w->threads : 1, e, sizeof e);
+  if (!rt->pool) goto fail;
+  rt->kc.be = be;
+  rt->kc.pool = rt->pool;
+  if (be->ctx_init) {
+    int dev = 0;
+    if (!strncmp(w->device, "cuda:", 5)) dev = atoi(w->device + 5);
+    if (be->ctx_init(&rt->kc, dev, e, sizeof e)) goto fail;
+  }
+  if (mdl_llama_load(rt->gguf, &rt->kc, &rt->model, e, sizeof e)) goto fail;
+  const mdl_llama_cfg *mc = mdl_llama_config(rt->model);
+  rt->n_ctx = mc->n_ctx_train > 0 ? mc->n_ctx_train : 2048;
+  srv_kvpool_opts ko = {
+      .budget_bytes = (size_t)(w->kv_budget_mb * 1024.0 * 1024.0),
+      .type = !strcmp(w->kv_type, "f32") ? KRN_F32 : KRN_F16,
+      .block_size = w->block_size > 0 ? w->block_size : 16,
+      .shareable = shareable_kv,
+  };
+  if (srv_kvpool_new(mc, &rt->kc, &ko, &rt->kv, e, sizeof e)) goto fail;
+  *out = rt;
+  return 0;
+fail:
+  snprintf(err, errlen, "worker %s: %s", w->name, e);
+  srv_runtime_close(rt);
+  return -1;
+}
+
+void srv_runtime_close(srv_runtime *rt) {
+  if (!rt) return;
+  srv_kvpool_free(rt->kv);
+  mdl_llama_free(rt->model);
+  if (rt->kc.be && rt->kc.be->ctx_fini && rt->kc.dev) rt->kc.be->ctx_fini(&rt->kc);
+  krn_pool_free(rt->pool);
+  mdl_tok_free(rt->tok);
+  mdl_gguf_close(rt->gguf);
+  free(rt);
+}
+
+int srv_worker_cmd(int argc, char **argv, srv_role role, srv_worker_fn run) {
+  const char *config = NULL, *name = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
+    else if (!strcmp(argv[i], "--name") && i + 1 < argc) name = argv[++i];
+    else {
+      fprintf(stderr, "dserve %s: unknown argument '%s'\nusage: dserve %s --config FILE --name WORKER\n", argv[0],
+              argv[i], argv[0]);
+      return 2;
+    }
+  }
+  if (!config || !name) {
+    fprintf(stderr, "usage: dserve %s --config FILE --name WORKER\n", argv[0]);
+    return 2;
+  }
+  char err[1024];
+  srv_config *cfg = NULL;
+  if (srv_config_load(config, &cfg, err, sizeof err)) {
+    fprintf(stderr, "dserve %s: %s\n", argv[0], err);
+    return 2;
+  }
+  const srv_worker_cfg *w = srv_config_worker(cfg, name);
+  int rc = 0;
+  if (!w) {
+    fprintf(stderr, "dserve %s: %s has no worker named '%s'\n", argv[0], config, name);
+    rc = 2;
+  } else if (w->role != role) {
+    fprintf(stderr, "dserve %s: worker '%s' has role '%s' in %s\n", argv[0], name, srv_role_name(w->role), config);
+    rc = 2;
+  } else if (run(cfg, w, err, sizeof err)) {
+    fprintf(stderr, "dserve %s: %s\n", argv[0], err);
+    rc = 1;
+  }
+  srv_config_free(cfg);
+  return rc;
+}

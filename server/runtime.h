@@ -1,0 +1,43 @@
+// server/runtime.h: what every worker loads from its config: model file, tokenizer, weights, kernels, KV pool.
+#ifndef DSERVE_SRV_RUNTIME_H
+#define DSERVE_SRV_RUNTIME_H
+
+#include <stddef.h>
+
+#include "kernels/krn.h"
+#include "models/gguf.h"
+#include "models/llama.h"
+#include "models/tokenizer.h"
+#include "server/config.h"
+#include "server/kvpool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct srv_runtime {
+  const srv_config *cfg;       // (borrowed)
+  const srv_worker_cfg *w;     // (borrowed) this worker's section
+  mdl_gguf *gguf;              // (owned)
+  mdl_tok *tok;                // (owned)
+  krn_pool *pool;              // (owned) compute threads
+  krn_ctx kc;                  // backend and its state
+  mdl_llama *model;            // (owned)
+  srv_kvpool *kv;              // (owned)
+  int n_ctx;                   // context length served
+} srv_runtime;
+
+// Loads everything worker w needs; shareable_kv puts the pool in memory a same-host peer may map.
+int srv_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareable_kv, srv_runtime **out, char *err,
+                     size_t errlen);
+void srv_runtime_close(srv_runtime *rt);
+
+// The body of `dserve both|prefill|decode --config FILE --name WORKER`: parses the arguments, loads the
+// config, checks the worker's role and calls run. Returns the process exit status.
+typedef int (*srv_worker_fn)(const srv_config *cfg, const srv_worker_cfg *w, char *err, size_t errlen);
+int srv_worker_cmd(int argc, char **argv, srv_role role, srv_worker_fn run);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
