@@ -1,0 +1,617 @@
+// tests/kvxfer/test_safety.cc: authentication, bad and random frames on a raw socket, faults (peer killed, stalled, slow, connection cut), API and metadata errors.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <functional>
+#include <thread>
+
+#include "kvx_test_util.h"
+
+using namespace kvxt;
+
+namespace {
+
+TEST(KvxCrypto, Sha256AndHmacVectors) {
+  uint8_t d[32];
+  kvx_sha256("abc", 3, d);
+  const uint8_t abc[4] = {0xba, 0x78, 0x16, 0xbf};
+  EXPECT_EQ(memcmp(d, abc, 4), 0);
+  EXPECT_EQ(d[31], 0xad);
+  // RFC 4231 test case 2: key "Jefe", data "what do ya want for nothing?"
+  const char *msg = "what do ya want for nothing?";
+  const void *parts[1] = {msg};
+  size_t lens[1] = {strlen(msg)};
+  kvx_hmac_sha256("Jefe", 4, parts, lens, 1, d);
+  const uint8_t want[8] = {0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e};
+  EXPECT_EQ(memcmp(d, want, 8), 0);
+  EXPECT_EQ(d[31], 0x43);
+  // A 1000-byte message crosses many blocks.
+  std::string big(1000, 'a');
+  kvx_sha256(big.data(), big.size(), d);
+  EXPECT_EQ(d[0], 0x41);
+  EXPECT_EQ(d[1], 0xed);
+  EXPECT_TRUE(kvx_ct_equal("abcd", "abcd", 4));
+  EXPECT_FALSE(kvx_ct_equal("abcd", "abce", 4));
+}
+
+TEST(KvxAuth, WrongSecretIsRefused) {
+  for (const char *be : {"tcp", "shm"}) {
+    LogCap lb;
+    kvx_agent *a = agent("intruder", be, nullptr, "not-the-secret"), *b = agent("victim", be, &lb, "cluster-secret");
+    ASSERT_TRUE(a && b);
+    std::vector<uint8_t> src(4096, 1);
+    uint8_t *dst = (uint8_t *)kvx_host_alloc(4096, nullptr, 0);
+    kvx_region *rs, *rd;
+    char err[256];
+    ASSERT_EQ(kvx_register(a, src.data(), 4096, KVX_MEM_HOST, &rs, err, sizeof err), 0);
+    ASSERT_EQ(kvx_register(b, dst, 4096, KVX_MEM_HOST, &rd, err, sizeof err), 0);
+    ASSERT_TRUE(learn(a, b));
+    kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {(uint64_t)(uintptr_t)dst, 4096};
+    kvx_xfer *x;
+    ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "victim", "hi", 2, &x, err, sizeof err), 0);
+    kvx_xfer_post(x);
+    EXPECT_LT(wait_xfer(a, x, 5000), 0) << be;
+    EXPECT_NE(std::string(kvx_xfer_error(x)).find("refused authentication"), std::string::npos) << kvx_xfer_error(x);
+    for (int i = 0; i < 50 && !lb.has("wrong shared secret"); i++) usleep(10000);
+    EXPECT_TRUE(lb.has("wrong shared secret")) << lb.all();
+    EXPECT_EQ(kvx_get_notifs(b, nullptr, 0), 0);
+    kvx_notif n[1];
+    EXPECT_EQ(kvx_get_notifs(b, n, 1), 0);
+    for (int i = 0; i < 4096; i++) ASSERT_EQ(dst[i], 0) << be;
+    kvx_xfer_free(x);
+    kvx_agent_free(a);
+    kvx_agent_free(b);
+    kvx_host_free(dst, 4096);
+  }
+}
+
+// ---- raw frames against a tcp agent ----
+int raw_client(int port, const char *secret) {
+  char err[256];
+  int fd = kvx_tcp_connect("127.0.0.1", port, 2000, err, sizeof err);
+  if (fd < 0) return -1;
+  if (secret && kvx_handshake_client(fd, "raw", secret, strlen(secret), 2000, err, sizeof err)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Reads until the agent closes the connection; true if it did within ms. reason gets any ERR frame text.
+bool closed_by_agent(int fd, int ms, std::string *reason = nullptr) {
+  std::string got;
+  int64_t end = kvx_now_ms() + ms;
+  while (kvx_now_ms() < end) {
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) {
+      if (reason && got.size() > sizeof(kvx_hdr)) *reason = got.substr(sizeof(kvx_hdr));
+      return true;
+    }
+    if (n > 0) got.append(buf, (size_t)n);
+  }
+  return false;
+}
+
+void send_hdr(int fd, uint16_t op, uint64_t addr, uint64_t len, uint64_t key, const void *payload = nullptr,
+              size_t plen = 0, uint32_t magic = KVX_FRAME_MAGIC) {
+  kvx_hdr h = {magic, op, 0, 1, addr, len, key};
+  kvx_send_all(fd, &h, sizeof h, 1000);
+  if (plen) kvx_send_all(fd, payload, plen, 1000);
+}
+
+struct Victim {
+  LogCap log;
+  kvx_agent *b = nullptr;
+  std::vector<uint8_t> mem, ref;
+  kvx_region *r = nullptr;
+  const size_t R = 65536;
+  uint64_t lo = 0, key = 0;
+  Victim() {
+    b = agent("victim", "tcp", &log);
+    mem.resize(3 * R);
+    fill(mem.data(), mem.size(), 42);
+    ref = mem;
+    char err[256];
+    kvx_register(b, mem.data() + R, R, KVX_MEM_HOST, &r, err, sizeof err);
+    lo = (uint64_t)(uintptr_t)(mem.data() + R);
+    key = r->key;
+  }
+  ~Victim() { kvx_agent_free(b); }
+  bool unchanged() { return mem == ref; }
+};
+
+TEST(KvxBadFrames, CraftedFramesAreRefusedAndWriteNothing) {
+  Victim v;
+  ASSERT_TRUE(v.b && v.r);
+  int port = kvx_agent_port(v.b);
+  std::vector<uint8_t> junk(4096, 0xEE);
+  struct Case {
+    const char *what, *log;
+    std::function<void(int)> send;
+  };
+  uint64_t lo = v.lo, R = v.R, key = v.key;
+  std::vector<Case> cases = {
+      {"write past the end", "out-of-range", [&](int fd) { send_hdr(fd, KVX_F_WRITE, lo + R - 10, 100, key, junk.data(), 100); }},
+      {"write before the start", "out-of-range", [&](int fd) { send_hdr(fd, KVX_F_WRITE, lo - 1, 10, key, junk.data(), 10); }},
+      {"wrong key", "unknown region key", [&](int fd) { send_hdr(fd, KVX_F_WRITE, lo, 100, key ^ 1, junk.data(), 100); }},
+      {"huge length (wraps)", "out-of-range", [&](int fd) { send_hdr(fd, KVX_F_WRITE, lo + 16, UINT64_MAX - 8, key, junk.data(), 4096); }},
+      {"address wraps", "out-of-range", [&](int fd) { send_hdr(fd, KVX_F_WRITE, UINT64_MAX - 4, 100, key, junk.data(), 100); }},
+      {"read past the end", "out-of-range", [&](int fd) { send_hdr(fd, KVX_F_READ, lo + R, 1, key); }},
+      {"huge notification", "exceeds", [&](int fd) { send_hdr(fd, KVX_F_WRITE_END, 0, 1ull << 40, 0, junk.data(), 4096); }},
+      {"bad magic", "bad magic", [&](int fd) { send_hdr(fd, KVX_F_WRITE, lo, 10, key, junk.data(), 10, 0x12345678); }},
+      {"unknown op", "unknown op", [&](int fd) { send_hdr(fd, 77, lo, 10, key, junk.data(), 10); }},
+      {"server-bound ACK", "unknown op", [&](int fd) { send_hdr(fd, KVX_F_ACK, 0, 0, 0); }},
+      {"rdma frame without rdma", "rdma", [&](int fd) { send_hdr(fd, KVX_F_RDMA_QP, 0, 64, 0, junk.data(), 64); }},
+  };
+  for (auto &c : cases) {
+    int fd = raw_client(port, "s3cret");
+    ASSERT_GE(fd, 0) << c.what;
+    c.send(fd);
+    std::string reason;
+    EXPECT_TRUE(closed_by_agent(fd, 3000, &reason)) << c.what << ": connection left open";
+    close(fd);
+    EXPECT_TRUE(v.unchanged()) << c.what << ": memory changed";
+    EXPECT_TRUE(v.log.has(c.log)) << c.what << ": log lacks '" << c.log << "'\n" << v.log.all();
+  }
+  // Truncated header, then the peer vanishes: nothing written.
+  int fd = raw_client(port, "s3cret");
+  kvx_hdr h = {KVX_FRAME_MAGIC, KVX_F_WRITE, 0, 1, lo, 100, key};
+  kvx_send_all(fd, &h, 20, 1000);
+  close(fd);
+  // A header that promises 100 bytes, followed by fewer, then close: only what arrived may land, in range.
+  // Garbage before the handshake is refused.
+  fd = raw_client(port, nullptr);
+  char hello[36];
+  ASSERT_TRUE(read_all(fd, hello, 36) || true);
+  kvx_send_all(fd, junk.data(), 200, 1000);
+  EXPECT_TRUE(closed_by_agent(fd, 3000));
+  close(fd);
+  for (int i = 0; i < 50 && !v.log.has("malformed client hello"); i++) usleep(10000);
+  EXPECT_TRUE(v.log.has("malformed client hello")) << v.log.all();
+  EXPECT_TRUE(v.unchanged());
+
+  // A valid raw frame does land (so the refusals above are the validation, not a broken raw client).
+  fd = raw_client(port, "s3cret");
+  std::vector<uint8_t> good(256, 0x5A);
+  send_hdr(fd, KVX_F_WRITE, lo + 100, 256, key, good.data(), 256);
+  send_hdr(fd, KVX_F_WRITE_END, 0, 0, 0);
+  kvx_hdr ack;
+  ASSERT_EQ(kvx_recv_all(fd, &ack, sizeof ack, 3000, 0), 0);
+  EXPECT_EQ(ack.op, KVX_F_ACK);
+  close(fd);
+  EXPECT_EQ(memcmp(v.mem.data() + v.R + 100, good.data(), 256), 0);
+  memcpy(v.ref.data() + v.R + 100, good.data(), 256);
+  EXPECT_TRUE(v.unchanged());
+
+  // And a real agent still gets served.
+  kvx_agent *a = agent("good", "tcp");
+  std::vector<uint8_t> src(v.R);
+  fill(src.data(), src.size(), 3);
+  kvx_region *rs;
+  char err[256];
+  ASSERT_EQ(kvx_register(a, src.data(), src.size(), KVX_MEM_HOST, &rs, err, sizeof err), 0);
+  ASSERT_TRUE(learn(a, v.b));
+  kvx_desc l = {(uint64_t)(uintptr_t)src.data(), v.R}, r = {lo, v.R};
+  kvx_xfer *x;
+  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "victim", "ok", 2, &x, err, sizeof err), 0) << err;
+  kvx_xfer_post(x);
+  EXPECT_EQ(wait_xfer(a, x, 5000), KVX_DONE) << kvx_xfer_error(x);
+  EXPECT_EQ(memcmp(v.mem.data() + v.R, src.data(), v.R), 0);
+  EXPECT_EQ(wait_notifs(v.b, 1, 3000).size(), 1u);
+  kvx_xfer_free(x);
+  kvx_agent_free(a);
+}
+
+TEST(KvxBadFrames, RandomFramesNeverTouchMemory) {
+  Victim v;
+  ASSERT_TRUE(v.b);
+  int port = kvx_agent_port(v.b);
+  std::mt19937_64 rng(1234);
+  std::vector<uint8_t> junk(8192);
+  for (int i = 0; i < 60; i++) {
+    int fd = raw_client(port, "s3cret");
+    ASSERT_GE(fd, 0);
+    for (auto &c : junk) c = (uint8_t)rng();
+    uint16_t ops[] = {KVX_F_WRITE, KVX_F_READ, KVX_F_WRITE_END, KVX_F_NOTIF, KVX_F_ACK, KVX_F_READ_DATA, KVX_F_FD, 0, 99};
+    kvx_hdr h;
+    h.magic = (i % 7 == 0) ? (uint32_t)rng() : KVX_FRAME_MAGIC;
+    h.op = ops[rng() % 9];
+    h.flags = (uint16_t)rng();
+    h.req = rng();
+    // Addresses near the region (in, across and outside it) with random keys that are never the region's.
+    h.addr = (i % 3 == 0) ? rng() : v.lo - 4096 + rng() % (v.R + 8192);
+    h.len = (i % 2) ? rng() : (rng() % 100000) | (1u << 17);
+    h.key = rng();
+    if (h.key == v.key) h.key ^= 1;
+    kvx_send_all(fd, &h, sizeof h, 1000);
+    kvx_send_all(fd, junk.data(), rng() % junk.size(), 1000);
+    EXPECT_TRUE(closed_by_agent(fd, 3000)) << "frame " << i << " op " << h.op;
+    close(fd);
+    ASSERT_TRUE(v.unchanged()) << "random frame " << i << " changed memory";
+  }
+  // Totally random streams, no handshake.
+  for (int i = 0; i < 10; i++) {
+    int fd = raw_client(port, nullptr);
+    for (auto &c : junk) c = (uint8_t)rng();
+    kvx_send_all(fd, junk.data(), 1 + rng() % 512, 1000);
+    EXPECT_TRUE(closed_by_agent(fd, 3000));
+    close(fd);
+  }
+  EXPECT_TRUE(v.unchanged());
+}
+
+// ---- faults with a receiver in a child process ----
+struct Child {
+  pid_t pid = -1;
+  uint64_t dst = 0;
+  size_t len = 0;
+  int res_fd = -1;
+};
+
+// Child: tcp receiver with one len-byte region; when it gets notification "check" it verifies pattern seed 77 and
+// writes 1/0 to the result pipe. Runs until killed.
+Child spawn_receiver(size_t len, kvx_agent *parent) {
+  Child c;
+  int md[2], res[2];
+  if (pipe(md) || pipe(res)) return c;
+  c.pid = fork();
+  if (c.pid == 0) {
+    char err[256];
+    kvx_opts o = {};
+    o.backend = "tcp";
+    o.secret = "s3cret";
+    o.timeout_ms = 10000;
+    kvx_agent *b = kvx_agent_new("child", &o, err, sizeof err);
+    uint8_t *dst = (uint8_t *)calloc(1, len);
+    kvx_region *r;
+    if (!b || !dst || kvx_register(b, dst, len, KVX_MEM_HOST, &r, err, sizeof err) || !md_to_fd(b, md[1])) _exit(3);
+    for (;;) {
+      auto ns = wait_notifs(b, 1, 100000);
+      if (ns.size() == 1 && ns[0] == "check") {
+        std::vector<uint8_t> want(len);
+        fill(want.data(), len, 77);
+        uint8_t ok = memcmp(want.data(), dst, len) == 0;
+        write_all(res[1], &ok, 1);
+      }
+    }
+  }
+  close(md[1]);
+  close(res[1]);
+  char name[KVX_MAX_NAME];
+  if (!md_from_fd(parent, md[0], name)) {
+    kill(c.pid, SIGKILL);
+    reap(c.pid);
+    c.pid = -1;
+  }
+  close(md[0]);
+  c.res_fd = res[0];
+  c.len = len;
+  pthread_mutex_lock(&parent->mu);
+  c.dst = parent->peers ? parent->peers->regions[0].addr : 0;
+  pthread_mutex_unlock(&parent->mu);
+  return c;
+}
+
+struct FaultRig {
+  kvx_agent *a;
+  std::vector<uint8_t> src;
+  kvx_region *rs = nullptr;
+  Child ch;
+  FaultRig(int timeout_ms, size_t len) {
+    a = agent("parent", "tcp", nullptr, "s3cret", timeout_ms);
+    src.resize(len);
+    fill(src.data(), len, 77);
+    char err[256];
+    kvx_register(a, src.data(), len, KVX_MEM_HOST, &rs, err, sizeof err);
+    ch = spawn_receiver(len, a);
+    // Connect and authenticate first, so that the faults below hit a transfer, not the handshake.
+    kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {ch.dst, 4096};
+    kvx_xfer *x = nullptr;
+    if (ch.pid > 0 && !kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "child", nullptr, 0, &x, err, sizeof err)) {
+      kvx_xfer_post(x);
+      if (wait_xfer(a, x, 5000) != KVX_DONE) ADD_FAILURE() << "warm-up write: " << kvx_xfer_error(x);
+    }
+    kvx_xfer_free(x);
+  }
+  ~FaultRig() {
+    if (ch.pid > 0) {
+      kill(ch.pid, SIGKILL);
+      reap(ch.pid);
+    }
+    if (ch.res_fd >= 0) close(ch.res_fd);
+    kvx_agent_free(a);
+  }
+  kvx_xfer *write(const char *notif) {
+    kvx_desc l = {(uint64_t)(uintptr_t)src.data(), src.size()}, r = {ch.dst, src.size()};
+    kvx_xfer *x = nullptr;
+    char err[256];
+    if (kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "child", notif, notif ? strlen(notif) : 0, &x, err, sizeof err))
+      ADD_FAILURE() << err;
+    else
+      kvx_xfer_post(x);
+    return x;
+  }
+};
+
+TEST(KvxFaults, PeerKilledMidTransferFailsWithinTimeout) {
+  FaultRig f(1500, 64 << 20);
+  ASSERT_GT(f.ch.pid, 0);
+  kill(f.ch.pid, SIGSTOP);  // it cannot drain: the transfer stays in flight
+  std::vector<kvx_xfer *> xs;
+  for (int i = 0; i < 3; i++) xs.push_back(f.write(nullptr));
+  usleep(200000);
+  for (auto *x : xs) EXPECT_EQ(kvx_xfer_poll(x), KVX_PENDING);
+  int64_t t0 = kvx_now_ms();
+  kill(f.ch.pid, SIGKILL);
+  for (auto *x : xs) {
+    EXPECT_LT(wait_xfer(f.a, x, 5000), 0);
+    EXPECT_NE(std::string(kvx_xfer_error(x)).find("child"), std::string::npos) << kvx_xfer_error(x);
+  }
+  EXPECT_LT(kvx_now_ms() - t0, 1500 + 1000);
+  for (auto *x : xs) kvx_xfer_free(x);
+  reap(f.ch.pid);
+  f.ch.pid = -1;
+}
+
+TEST(KvxFaults, StalledPeerFailsWithinTimeout) {
+  FaultRig f(700, 32 << 20);
+  ASSERT_GT(f.ch.pid, 0);
+  kill(f.ch.pid, SIGSTOP);
+  int64_t t0 = kvx_now_ms();
+  kvx_xfer *x = f.write(nullptr);
+  EXPECT_LT(wait_xfer(f.a, x, 10000), 0);
+  int64_t dt = kvx_now_ms() - t0;
+  EXPECT_GE(dt, 600);
+  EXPECT_LT(dt, 700 + 1500);
+  EXPECT_NE(std::string(kvx_xfer_error(x)).find("stalled"), std::string::npos) << kvx_xfer_error(x);
+  kvx_xfer_free(x);
+}
+
+TEST(KvxFaults, SlowReceiverStillCompletes) {
+  FaultRig f(3000, 32 << 20);
+  ASSERT_GT(f.ch.pid, 0);
+  kill(f.ch.pid, SIGSTOP);
+  kvx_xfer *x = f.write("check");
+  usleep(600000);  // stopped for a while, but less than the timeout
+  EXPECT_EQ(kvx_xfer_poll(x), KVX_PENDING);
+  kill(f.ch.pid, SIGCONT);
+  EXPECT_EQ(wait_xfer(f.a, x, 10000), KVX_DONE) << kvx_xfer_error(x);
+  uint8_t ok = 0;
+  ASSERT_TRUE(read_all(f.ch.res_fd, &ok, 1));
+  EXPECT_EQ(ok, 1);
+  kvx_xfer_free(x);
+}
+
+// A proxy between the agents that cuts both directions after `cut` bytes.
+struct CutProxy {
+  int lfd = -1, port = 0;
+  std::thread th;
+  std::atomic<bool> stop{false};
+  CutProxy(int to_port, size_t cut) {
+    lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa = {};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(lfd, (sockaddr *)&sa, sizeof sa);
+    listen(lfd, 4);
+    socklen_t sl = sizeof sa;
+    getsockname(lfd, (sockaddr *)&sa, &sl);
+    port = ntohs(sa.sin_port);
+    th = std::thread([this, to_port, cut] {
+      int c = accept(lfd, nullptr, nullptr);
+      char err[256];
+      int s = kvx_tcp_connect("127.0.0.1", to_port, 2000, err, sizeof err);
+      size_t moved = 0;
+      std::vector<char> buf(65536);
+      while (c >= 0 && s >= 0 && moved < cut && !stop) {
+        pollfd p[2] = {{c, POLLIN, 0}, {s, POLLIN, 0}};
+        if (poll(p, 2, 100) <= 0) continue;
+        for (int k = 0; k < 2; k++)
+          if (p[k].revents) {
+            ssize_t n = recv(p[k].fd, buf.data(), buf.size(), MSG_DONTWAIT);
+            if (n <= 0) {
+              moved = cut;
+              break;
+            }
+            kvx_send_all(p[1 - k].fd, buf.data(), (size_t)n, 2000);
+            if (k == 0) moved += (size_t)n;
+          }
+      }
+      if (c >= 0) close(c);
+      if (s >= 0) close(s);
+    });
+  }
+  ~CutProxy() {
+    stop = true;
+    shutdown(lfd, SHUT_RDWR);
+    th.join();
+    close(lfd);
+  }
+};
+
+TEST(KvxFaults, ConnectionCutFailsThenReconnects) {
+  kvx_agent *a = agent("a", "tcp", nullptr, "s3cret", 5000), *b = agent("b", "tcp");
+  ASSERT_TRUE(a && b);
+  size_t len = 16 << 20;
+  std::vector<uint8_t> src(len), dst(len);
+  fill(src.data(), len, 5);
+  kvx_region *r1, *r2;
+  char err[256];
+  ASSERT_EQ(kvx_register(a, src.data(), len, KVX_MEM_HOST, &r1, err, sizeof err), 0);
+  ASSERT_EQ(kvx_register(b, dst.data(), len, KVX_MEM_HOST, &r2, err, sizeof err), 0);
+  ASSERT_TRUE(learn(a, b));
+  {
+    CutProxy px(kvx_agent_port(b), 1 << 20);
+    ASSERT_EQ(kvx_set_peer_endpoint(a, "b", "127.0.0.1", px.port, err, sizeof err), 0);
+    kvx_desc l = {(uint64_t)(uintptr_t)src.data(), len}, r = {(uint64_t)(uintptr_t)dst.data(), len};
+    kvx_xfer *x;
+    ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", "x", 1, &x, err, sizeof err), 0);
+    int64_t t0 = kvx_now_ms();
+    kvx_xfer_post(x);
+    EXPECT_LT(wait_xfer(a, x, 10000), 0);
+    EXPECT_LT(kvx_now_ms() - t0, 3000) << "a cut connection should fail at once, not at the timeout";
+    EXPECT_NE(std::string(kvx_xfer_error(x)).find("'b'"), std::string::npos) << kvx_xfer_error(x);
+    kvx_xfer_free(x);
+  }
+  EXPECT_EQ(wait_notifs(b, 1, 300).size(), 0u) << "a notification came for a write that did not finish";
+  // Direct again: a new connection is made and the same request shape succeeds.
+  ASSERT_EQ(kvx_set_peer_endpoint(a, "b", "127.0.0.1", kvx_agent_port(b), err, sizeof err), 0);
+  kvx_desc l = {(uint64_t)(uintptr_t)src.data(), len}, r = {(uint64_t)(uintptr_t)dst.data(), len};
+  kvx_xfer *x;
+  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", "y", 1, &x, err, sizeof err), 0);
+  kvx_xfer_post(x);
+  EXPECT_EQ(wait_xfer(a, x, 10000), KVX_DONE) << kvx_xfer_error(x);
+  EXPECT_EQ(src, dst);
+  kvx_xfer_free(x);
+  kvx_agent_free(a);
+  kvx_agent_free(b);
+}
+
+TEST(KvxFaults, InvalidatedPeerFailsPendingAndRefusesNew) {
+  kvx_agent *a = agent("a", "tcp"), *b = agent("b", "tcp");
+  std::vector<uint8_t> src(4096), dst(4096);
+  kvx_region *r1, *r2;
+  char err[256];
+  ASSERT_EQ(kvx_register(a, src.data(), 4096, KVX_MEM_HOST, &r1, err, sizeof err), 0);
+  ASSERT_EQ(kvx_register(b, dst.data(), 4096, KVX_MEM_HOST, &r2, err, sizeof err), 0);
+  ASSERT_TRUE(learn(a, b));
+  kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {(uint64_t)(uintptr_t)dst.data(), 4096};
+  kvx_xfer *x;
+  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
+  kvx_invalidate_peer(a, "b");
+  EXPECT_LT(kvx_xfer_post(x), 0);
+  EXPECT_NE(std::string(kvx_xfer_error(x)).find("unknown peer"), std::string::npos) << kvx_xfer_error(x);
+  EXPECT_EQ(kvx_peer_backend(a, "b"), nullptr);
+  EXPECT_LT(kvx_notify(a, "b", "x", 1, err, sizeof err), 0);
+  kvx_xfer_free(x);
+  kvx_agent_free(a);
+  kvx_agent_free(b);
+}
+
+// ---- API and metadata errors ----
+TEST(KvxApi, BadArgumentsAndMetadata) {
+  char err[256];
+  EXPECT_EQ(kvx_agent_new("bad name!", nullptr, err, sizeof err), nullptr);
+  EXPECT_NE(std::string(err).find("name"), std::string::npos);
+  kvx_opts o = {};
+  o.backend = "carrier-pigeon";
+  EXPECT_EQ(kvx_agent_new("x", &o, err, sizeof err), nullptr);
+  EXPECT_NE(std::string(err).find("unknown backend"), std::string::npos);
+  o.backend = "tcp";
+  o.listen_host = "not-an-ip";
+  EXPECT_EQ(kvx_agent_new("x", &o, err, sizeof err), nullptr);
+  EXPECT_NE(std::string(err).find("listen address"), std::string::npos) << err;
+  EXPECT_EQ(kvx_host_alloc(0, err, sizeof err), nullptr);
+  kvx_host_free(nullptr, 0);
+  kvx_agent_free(nullptr);
+  kvx_xfer_free(nullptr);
+
+  kvx_agent *a = agent("a", "tcp"), *b = agent("b", "tcp");
+  std::vector<uint8_t> m(8192);
+  kvx_region *ra, *rb;
+  EXPECT_LT(kvx_register(a, nullptr, 10, KVX_MEM_HOST, &ra, err, sizeof err), 0);
+  EXPECT_LT(kvx_register(a, m.data(), 10, 7, &ra, err, sizeof err), 0);
+  ASSERT_EQ(kvx_register(a, m.data(), 4096, KVX_MEM_HOST, &ra, err, sizeof err), 0);
+  ASSERT_EQ(kvx_register(b, m.data() + 4096, 4096, KVX_MEM_HOST, &rb, err, sizeof err), 0);
+  void *blob;
+  size_t len;
+  ASSERT_EQ(kvx_pack_md(b, &blob, &len, err, sizeof err), 0);
+  std::vector<uint8_t> md((uint8_t *)blob, (uint8_t *)blob + len);
+  free(blob);
+  char name[KVX_MAX_NAME];
+  EXPECT_LT(kvx_load_remote_md(a, md.data(), 10, name, sizeof name, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("truncated"), std::string::npos);
+  auto bad = md;
+  bad[0] ^= 1;
+  EXPECT_LT(kvx_load_remote_md(a, bad.data(), bad.size(), name, sizeof name, err, sizeof err), 0);
+  EXPECT_LT(kvx_load_remote_md(a, md.data(), md.size() - 1, name, sizeof name, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("does not match"), std::string::npos) << err;
+  std::vector<uint8_t> longer = md;
+  longer.resize(md.size() + 40);
+  EXPECT_LT(kvx_load_remote_md(a, longer.data(), longer.size(), name, sizeof name, err, sizeof err), 0);
+  // Random bit flips never crash the loader.
+  std::mt19937 rng(9);
+  for (int i = 0; i < 500; i++) {
+    auto f = md;
+    f[rng() % f.size()] ^= (uint8_t)(1 + rng() % 255);
+    kvx_load_remote_md(a, f.data(), f.size(), name, sizeof name, err, sizeof err);
+  }
+  kvx_invalidate_peer(a, "b");
+  ASSERT_EQ(kvx_load_remote_md(a, md.data(), md.size(), name, sizeof name, err, sizeof err), 0) << err;
+  ASSERT_EQ(kvx_pack_md(a, &blob, &len, err, sizeof err), 0);
+  EXPECT_LT(kvx_load_remote_md(a, blob, len, name, sizeof name, err, sizeof err), 0);  // its own
+  free(blob);
+
+  uint64_t la = (uint64_t)(uintptr_t)m.data(), lb = la + 4096;
+  kvx_desc l = {la, 4096}, r = {lb, 4096}, r_half = {lb, 2048}, l_out = {la + 100, 4096}, r_out = {lb + 1, 4096};
+  kvx_xfer *x;
+  EXPECT_LT(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "nobody", nullptr, 0, &x, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("unknown peer"), std::string::npos);
+  EXPECT_LT(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r_half, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("bytes"), std::string::npos);
+  EXPECT_LT(kvx_xfer_new(a, KVX_WRITE, &l_out, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("not in a registered region"), std::string::npos);
+  EXPECT_LT(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r_out, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("exported"), std::string::npos);
+  std::vector<uint8_t> huge(KVX_MAX_NOTIF + 1);
+  EXPECT_LT(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", huge.data(), huge.size(), &x, err, sizeof err), 0);
+  EXPECT_LT(kvx_xfer_new(a, 9, &l, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
+  EXPECT_LT(kvx_notify(a, "b", huge.data(), huge.size(), err, sizeof err), 0);
+  // A transfer that is fine on the sender side but the region was deregistered on the receiver: refused.
+  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
+  kvx_deregister(b, rb);
+  kvx_xfer_post(x);
+  EXPECT_LT(wait_xfer(a, x, 5000), 0);
+  EXPECT_NE(std::string(kvx_xfer_error(x)).find("unknown region key"), std::string::npos) << kvx_xfer_error(x);
+  kvx_xfer_free(x);
+  kvx_agent_free(a);
+  kvx_agent_free(b);
+}
+
+TEST(KvxApi, AutoPicksShmOnOneHostAndTcpForTcpOnlyPeers) {
+  kvx_agent *a = agent("a", "auto"), *b = agent("b", "auto"), *c = agent("c", "tcp");
+  ASSERT_TRUE(a && b && c);
+  ASSERT_TRUE(learn(a, b));
+  ASSERT_TRUE(learn(a, c));
+  EXPECT_STREQ(kvx_peer_backend(a, "b"), "shm");
+  EXPECT_STREQ(kvx_peer_backend(a, "c"), "tcp");
+  // An shm-only agent cannot reach a tcp-only peer: said at load time.
+  kvx_agent *s = agent("s", "shm");
+  void *blob;
+  size_t len;
+  char err[256], name[KVX_MAX_NAME];
+  ASSERT_EQ(kvx_pack_md(c, &blob, &len, err, sizeof err), 0);
+  EXPECT_LT(kvx_load_remote_md(s, blob, len, name, sizeof name, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("does not offer the shm backend"), std::string::npos) << err;
+  free(blob);
+  kvx_agent_free(s);
+  kvx_agent_free(a);
+  kvx_agent_free(b);
+  kvx_agent_free(c);
+}
+
+TEST(KvxApi, ShmNeedsHostAllocMemoryOnTheReceiver) {
+  kvx_agent *a = agent("a", "shm"), *b = agent("b", "shm");
+  std::vector<uint8_t> src(4096), plain(4096);
+  kvx_region *r1, *r2;
+  char err[256];
+  ASSERT_EQ(kvx_register(a, src.data(), 4096, KVX_MEM_HOST, &r1, err, sizeof err), 0);
+  ASSERT_EQ(kvx_register(b, plain.data(), 4096, KVX_MEM_HOST, &r2, err, sizeof err), 0);
+  ASSERT_TRUE(learn(a, b));
+  kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {(uint64_t)(uintptr_t)plain.data(), 4096};
+  kvx_xfer *x;
+  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
+  kvx_xfer_post(x);
+  EXPECT_LT(wait_xfer(a, x, 5000), 0);
+  EXPECT_NE(std::string(kvx_xfer_error(x)).find("kvx_host_alloc"), std::string::npos) << kvx_xfer_error(x);
+  kvx_xfer_free(x);
+  kvx_agent_free(a);
+  kvx_agent_free(b);
+}
+
+}  // namespace
