@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""tests/router/fake_worker.py: a fake `both` worker speaking the dserve control protocol, for the router's tests.
+
+Listens on 127.0.0.1 (port 0 = any; the chosen port is printed as "PORT <n>" on stdout), answers the handshake,
+`stats`, `cancel` and `generate`. A generation is a deterministic list of words (see `words_for`) derived from the
+prompt ids and the seed (a random seed when none is given), cut at max_tokens (finish "length"), at the first stop
+string (finish "stop", the stop string left out) or after 8 words (finish "stop"). One word per `token` message.
+"""
+import hashlib
+import json
+import random
+import socket
+import struct
+import sys
+import threading
+import time
+
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
+         "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango"]
+NATURAL_LEN = 8
+
+
+def words_for(prompt_ids, seed):
+    """The words a generation produces before any cut: a function of the prompt and the seed only."""
+    h = hashlib.sha256((",".join(map(str, prompt_ids)) + "|" + str(seed)).encode()).digest()
+    rng = random.Random(h)
+    return [rng.choice(WORDS) + " " for _ in range(NATURAL_LEN)]
+
+
+def expected(prompt_ids, seed, max_tokens=None, stop=()):
+    """(text, finish_reason, completion_tokens) the fake worker produces for these inputs."""
+    words = words_for(prompt_ids, seed)
+    n = NATURAL_LEN if max_tokens is None else min(max_tokens, NATURAL_LEN)
+    finish = "length" if max_tokens is not None and max_tokens <= NATURAL_LEN else "stop"
+    out, text = [], ""
+    for w in words[:n]:
+        cut = None
+        cand = text + w
+        for s in stop:
+            i = cand.find(s)
+            if i >= 0 and (cut is None or i < cut):
+                cut = i
+        if cut is not None:
+            out.append(cand[len(text):cut])
+            return "".join(out), "stop", len(out)
+        out.append(w)
+        text = cand
+    return "".join(out), finish, len(out)
+
+
+def send(sock, lock, msg):
+    b = json.dumps(msg).encode()
+    with lock:
+        sock.sendall(struct.pack(">I", len(b)) + b)
+
+
+def recv_exact(sock, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def recv(sock):
+    h = recv_exact(sock, 4)
+    if h is None:
+        return None
+    (n,) = struct.unpack(">I", h)
+    b = recv_exact(sock, n)
+    return None if b is None else json.loads(b)
+
+
+def serve_conn(sock, n_ctx, delay):
+    lock = threading.Lock()
+    cancelled = set()
+    send(sock, lock, {"op": "challenge", "nonce": "00" * 16, "name": "fake"})
+    hello = recv(sock)
+    if not hello or hello.get("op") != "hello":
+        sock.close()
+        return
+    send(sock, lock, {"op": "hello_ok", "role": "both", "name": "fake", "n_ctx": n_ctx, "block_size": 16})
+
+    def generate(m):
+        seed = m["sampling"].get("seed")
+        if seed is None:
+            seed = random.getrandbits(48)
+        text, finish, n = expected(m["prompt"], seed, m["max_tokens"], m.get("stop", []))
+        pieces = []
+        words = words_for(m["prompt"], seed)
+        acc = ""
+        for w in words:  # split text back into the per-token deltas
+            if len(acc) >= len(text):
+                break
+            piece = text[len(acc):len(acc) + len(w)]
+            pieces.append(piece)
+            acc += piece
+        for p in pieces:
+            if m["id"] in cancelled:
+                return
+            time.sleep(delay)
+            send(sock, lock, {"op": "token", "id": m["id"], "text": p, "tokens": [1]})
+        send(sock, lock, {"op": "done", "id": m["id"], "finish_reason": finish, "prompt_tokens": len(m["prompt"]),
+                          "completion_tokens": n, "cached_tokens": 0, "kv_bytes": 0, "kv_ms": 0})
+
+    try:
+        while True:
+            m = recv(sock)
+            if m is None:
+                break
+            op = m.get("op")
+            if op == "stats":
+                send(sock, lock, {"op": "stats_ok", "running": 0, "waiting": 0, "free_blocks": 100,
+                                  "total_blocks": 100, "prefix_hits": 0, "prefix_queries": 0})
+            elif op == "generate":
+                threading.Thread(target=generate, args=(m,), daemon=True).start()
+            elif op == "cancel":
+                cancelled.add(m["id"])
+    except (OSError, ValueError):
+        pass
+    sock.close()
+
+
+def main():
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    n_ctx = int(sys.argv[2]) if len(sys.argv) > 2 else 512
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", port))
+    ls.listen(16)
+    print("PORT", ls.getsockname()[1], flush=True)
+    while True:
+        c, _ = ls.accept()
+        threading.Thread(target=serve_conn, args=(c, n_ctx, 0.002), daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""tests/router/test_openai.py: the official openai client against `dserve router` and a fake worker process.
+
+Usage: test_openai.py DSERVE_BINARY. Writes a tiny GGUF (byte-level vocabulary, context 512) and a cluster config
+into a temp dir, starts tests/router/fake_worker.py and `dserve router --config`, then drives the router with the
+openai package: chat (stream and not), completions, n=2, stop strings, seeds, usage in stream, models.list,
+errors, and 64 concurrent streaming clients.
+"""
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import fake_worker  # noqa: E402
+
+import openai  # noqa: E402
+
+DSERVE = None
+ROUTER = None
+WORKER = None
+TMP = None
+BASE = None
+N_CTX = 512
+
+
+def byte_char(b):
+    keep = lambda x: 33 <= x <= 126 or 161 <= x <= 172 or 174 <= x <= 255  # noqa: E731
+    if keep(b):
+        return chr(b)
+    return chr(256 + sum(1 for x in range(b) if not keep(x)))
+
+
+def tiny_gguf(path):
+    def s(x):
+        x = x.encode()
+        return struct.pack("<Q", len(x)) + x
+
+    kvs = []
+
+    def kv_str(k, v):
+        kvs.append(s(k) + struct.pack("<I", 8) + s(v))
+
+    def kv_u32(k, v):
+        kvs.append(s(k) + struct.pack("<II", 4, v))
+
+    toks = [byte_char(b) for b in range(256)] + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    types = [1] * 256 + [3, 3, 3]
+    kv_str("general.architecture", "llama")
+    kv_str("general.name", "tiny")
+    kv_u32("llama.context_length", N_CTX)
+    kv_str("tokenizer.ggml.model", "gpt2")
+    kv_str("tokenizer.ggml.pre", "smollm")
+    kvs.append(s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, len(toks)) + b"".join(s(t) for t in toks))
+    kvs.append(s("tokenizer.ggml.token_type") + struct.pack("<IIQ", 9, 5, len(types)) +
+               b"".join(struct.pack("<i", t) for t in types))
+    kvs.append(s("tokenizer.ggml.merges") + struct.pack("<IIQ", 9, 8, 0))
+    kv_u32("tokenizer.ggml.eos_token_id", 256)
+    b = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs)
+    b += b"\0" * ((32 - len(b) % 32) % 32)
+    with open(path, "wb") as f:
+        f.write(b)
+
+
+def post(path, body):
+    req = urllib.request.Request(BASE + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def prompt_ids_chat(messages):
+    return post("/tokenize", {"messages": messages})["tokens"]
+
+
+def prompt_ids_text(text):
+    return post("/tokenize", {"prompt": text})["tokens"]
+
+
+def setUpModule():
+    global ROUTER, WORKER, TMP, BASE
+    TMP = tempfile.mkdtemp(prefix="dserve-router-py-")
+    tiny_gguf(os.path.join(TMP, "tiny.gguf"))
+    WORKER = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_worker.py"), "0", str(N_CTX)],
+                              stdout=subprocess.PIPE, text=True)
+    wport = int(WORKER.stdout.readline().split()[1])
+    cfg = {
+        "model": "tiny.gguf", "model_name": "tiny", "secret": "",
+        "nodes": {"local": {"host": "127.0.0.1"}},
+        "router": {"node": "local", "host": "127.0.0.1", "port": 0, "queue_limit": 256, "max_n": 4},
+        "workers": [{"name": "w0", "node": "local", "role": "both", "host": "127.0.0.1", "port": wport,
+                     "max_seqs": 64}],
+    }
+    with open(os.path.join(TMP, "cluster.json"), "w") as f:
+        json.dump(cfg, f)
+    ROUTER = subprocess.Popen([DSERVE, "router", "--config", os.path.join(TMP, "cluster.json")],
+                              stderr=subprocess.PIPE, text=True)
+    port = None
+    deadline = time.time() + 20
+    while time.time() < deadline and port is None:
+        line = ROUTER.stderr.readline()
+        if not line:
+            break
+        m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
+        if m:
+            port = int(m.group(1))
+    if port is None:
+        raise RuntimeError("the router did not start")
+    threading.Thread(target=lambda: [None for _ in ROUTER.stderr], daemon=True).start()  # keep draining its log
+    BASE = "http://127.0.0.1:%d" % port
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(BASE + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            time.sleep(0.05)
+    raise RuntimeError("the router never became healthy")
+
+
+def tearDownModule():
+    for p in (ROUTER, WORKER):
+        if p:
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def client():
+    return openai.OpenAI(base_url=BASE + "/v1", api_key="none", max_retries=0, timeout=30)
+
+
+MSGS = [{"role": "user", "content": "Say something."}]
+
+
+class OpenAITest(unittest.TestCase):
+    def test_models_list(self):
+        ids = [m.id for m in client().models.list()]
+        self.assertEqual(ids, ["tiny"])
+
+    def test_chat_non_stream(self):
+        r = client().chat.completions.create(model="tiny", messages=MSGS, seed=3, max_tokens=5)
+        want, finish, n = fake_worker.expected(prompt_ids_chat(MSGS), 3, 5)
+        self.assertTrue(r.id.startswith("chatcmpl-"))
+        self.assertEqual(r.object, "chat.completion")
+        self.assertEqual(r.choices[0].message.role, "assistant")
+        self.assertEqual(r.choices[0].message.content, want)
+        self.assertEqual(r.choices[0].finish_reason, finish)
+        self.assertEqual(r.usage.completion_tokens, n)
+        self.assertEqual(r.usage.prompt_tokens, len(prompt_ids_chat(MSGS)))
+        self.assertEqual(r.usage.total_tokens, r.usage.prompt_tokens + n)
+        self.assertEqual(r.usage.prompt_tokens_details.cached_tokens, 0)
+
+    def test_chat_stream_with_usage(self):
+        chunks = list(client().chat.completions.create(model="tiny", messages=MSGS, seed=4, stream=True,
+                                                       stream_options={"include_usage": True}))
+        want, finish, n = fake_worker.expected(prompt_ids_chat(MSGS), 4)
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        self.assertEqual(text, want)
+        finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        self.assertEqual(finals, [finish])
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, n)
+        self.assertEqual(len({c.id for c in chunks}), 1)
+
+    def test_stream_without_usage(self):
+        chunks = list(client().chat.completions.create(model="tiny", messages=MSGS, seed=4, stream=True))
+        self.assertTrue(all(c.usage is None for c in chunks))
+        self.assertTrue(all(c.choices for c in chunks))
+
+    def test_completions(self):
+        r = client().completions.create(model="tiny", prompt="Once upon a time", seed=11, max_tokens=3)
+        want, finish, n = fake_worker.expected(prompt_ids_text("Once upon a time"), 11, 3)
+        self.assertTrue(r.id.startswith("cmpl-"))
+        self.assertEqual(r.choices[0].text, want)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.usage.completion_tokens, 3)
+        # token-id prompts reach the worker as given
+        ids = prompt_ids_text("Once upon a time")
+        r2 = client().completions.create(model="tiny", prompt=ids, seed=11, max_tokens=3)
+        self.assertEqual(r2.choices[0].text, want)
+
+    def test_completions_stream(self):
+        chunks = list(client().completions.create(model="tiny", prompt="abc", seed=2, stream=True))
+        want, _, _ = fake_worker.expected(prompt_ids_text("abc"), 2)
+        self.assertEqual("".join(c.choices[0].text for c in chunks if c.choices), want)
+
+    def test_n2(self):
+        r = client().chat.completions.create(model="tiny", messages=MSGS, seed=20, n=2, max_tokens=4)
+        ids = prompt_ids_chat(MSGS)
+        self.assertEqual(sorted(c.index for c in r.choices), [0, 1])
+        for c in r.choices:
+            self.assertEqual(c.message.content, fake_worker.expected(ids, 20 + c.index, 4)[0])
+        self.assertNotEqual(r.choices[0].message.content, r.choices[1].message.content)
+        self.assertEqual(r.usage.completion_tokens, 8)
+        # streamed: both indexes, each complete
+        texts = {0: "", 1: ""}
+        for ch in client().chat.completions.create(model="tiny", messages=MSGS, seed=20, n=2, max_tokens=4,
+                                                   stream=True):
+            for c in ch.choices:
+                texts[c.index] += c.delta.content or ""
+        self.assertEqual(texts[0], r.choices[0].message.content)
+        self.assertEqual(texts[1], r.choices[1].message.content)
+
+    def test_stop_strings(self):
+        ids = prompt_ids_chat(MSGS)
+        full = fake_worker.words_for(ids, 9)
+        stop = full[2].strip()[:3]  # the start of the third word
+        r = client().chat.completions.create(model="tiny", messages=MSGS, seed=9, stop=[stop, "zzzz"])
+        want, finish, _ = fake_worker.expected(ids, 9, None, [stop, "zzzz"])
+        self.assertEqual(r.choices[0].message.content, want)
+        self.assertNotIn(stop, r.choices[0].message.content)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_seed_reproducible(self):
+        a = client().chat.completions.create(model="tiny", messages=MSGS, seed=123).choices[0].message.content
+        b = client().chat.completions.create(model="tiny", messages=MSGS, seed=123).choices[0].message.content
+        c = client().chat.completions.create(model="tiny", messages=MSGS, seed=124).choices[0].message.content
+        self.assertEqual(a, b)
+        self.assertNotEqual(a, c)
+
+    def test_errors(self):
+        with self.assertRaises(openai.BadRequestError) as e:
+            client().chat.completions.create(model="tiny", messages=MSGS, max_tokens=-1)
+        self.assertEqual(e.exception.status_code, 400)
+        with self.assertRaises(openai.NotFoundError):
+            client().chat.completions.create(model="nope", messages=MSGS)
+        with self.assertRaises(openai.BadRequestError) as e:
+            client().completions.create(model="tiny", prompt="x" * 600)
+        self.assertEqual(e.exception.code, "context_length_exceeded")
+        with self.assertRaises(openai.BadRequestError):
+            client().chat.completions.create(model="tiny", messages=[{"role": "wizard", "content": "x"}])
+        # still serving
+        self.assertTrue(client().chat.completions.create(model="tiny", messages=MSGS, max_tokens=1).choices)
+
+    def test_64_concurrent_streams(self):
+        results = {}
+        errors = []
+
+        def one(i):
+            try:
+                msgs = [{"role": "user", "content": "client %d" % i}]
+                text = ""
+                for ch in client().chat.completions.create(model="tiny", messages=msgs, seed=i, stream=True):
+                    if ch.choices:
+                        text += ch.choices[0].delta.content or ""
+                results[i] = (text, msgs)
+            except Exception as ex:  # reported below
+                errors.append("%d: %r" % (i, ex))
+
+        th = [threading.Thread(target=one, args=(i,)) for i in range(64)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join(60)
+        self.assertEqual(errors, [])
+        self.assertEqual(len(results), 64)
+        for i, (text, msgs) in results.items():
+            self.assertEqual(text, fake_worker.expected(prompt_ids_chat(msgs), i)[0], "client %d" % i)
+        self.assertEqual(len({t for t, _ in results.values()}), 64)
+
+
+if __name__ == "__main__":
+    DSERVE = sys.argv.pop(1)
+    unittest.main(verbosity=2)
