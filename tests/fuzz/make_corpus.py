@@ -156,12 +156,33 @@ def openai_seeds():
     write("fuzz_openai", "escapes.bin", b"\x01{\"prompt\":\"\\ud83d\\ude00 \\u0000 \\ud800\",\"max_tokens\":1e309}")
 
 
+# ---- kvxfer (per frame: selector byte, 40-byte header, payload; see fuzz_kvxfer.c build()) ----
+def kvx_frame(sel, op, addr, length, payload=b"", flags=0, req=1, key=0):
+    return bytes([sel]) + struct.pack("<IHHQQQQ", 0x4658564B, op, flags, req, addr & (2**64 - 1), length, key) + payload
+
+
+def kvxfer_seeds():
+    w = kvx_frame(0x04, 1, 0, 16, bytes(range(16)))
+    end = kvx_frame(0x04, 2, 0, 3, b"nfy", flags=1)
+    write("fuzz_kvxfer", "write_end.bin", w + end)
+    write("fuzz_kvxfer", "write_region1_tail.bin", kvx_frame(0x05, 1, 4096 - 8, 8, b"ABCDEFGH") + end)
+    write("fuzz_kvxfer", "read.bin", kvx_frame(0x04, 3, 100, 64) + kvx_frame(0x04, 4, 0, 0))
+    write("fuzz_kvxfer", "write_before_start.bin", kvx_frame(0x04, 1, -8, 16, bytes(16)))
+    write("fuzz_kvxfer", "write_past_end.bin", kvx_frame(0x04, 1, 4090, 16, bytes(16)))
+    write("fuzz_kvxfer", "unknown_key.bin", kvx_frame(0x07, 1, 0, 4, b"abcd"))
+    write("fuzz_kvxfer", "notif.bin", kvx_frame(0x00, 5, 0, 5, b"hello"))
+    write("fuzz_kvxfer", "huge_notif.bin", kvx_frame(0x00, 5, 0, 1 << 20))
+    write("fuzz_kvxfer", "bad_magic.bin", kvx_frame(0x08, 1, 0, 0)[:1] + b"XXXX" + kvx_frame(0x08, 1, 0, 0)[5:])
+    write("fuzz_kvxfer", "unknown_op.bin", kvx_frame(0x00, 99, 0, 0))
+    write("fuzz_kvxfer", "truncated.bin", kvx_frame(0x04, 1, 0, 64, b"short"))
+
+
 def main():
     if os.path.isdir(OUT) and "--keep" not in sys.argv:
-        for t in ("fuzz_gguf", "fuzz_tokenizer", "fuzz_chat", "fuzz_config", "fuzz_ctl", "fuzz_openai"):
+        for t in ("fuzz_gguf", "fuzz_tokenizer", "fuzz_chat", "fuzz_config", "fuzz_ctl", "fuzz_openai", "fuzz_kvxfer"):
             shutil.rmtree(os.path.join(OUT, t), ignore_errors=True)
     os.makedirs(os.path.join(OUT, "fuzz_config"), exist_ok=True)
-    gguf_seeds(); tokenizer_seeds(); chat_seeds(); config_seeds(); ctl_seeds(); openai_seeds()
+    gguf_seeds(); tokenizer_seeds(); chat_seeds(); config_seeds(); ctl_seeds(); openai_seeds(); kvxfer_seeds()
 
 
 if __name__ == "__main__":
