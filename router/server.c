@@ -25,7 +25,7 @@
 
 #define LOGC "router"
 #define STATS_EVERY_MS 1000
-#define STATS_DEAD_MS 5000   // a link that answers no stats for this long is closed
+#define STATS_DEAD_MS 15000  // a link that answers no stats for this long is closed
 #define WAIT_TICK_MS 100     // how often a waiting connection checks its client is still there
 
 typedef struct rtr_link {
@@ -78,6 +78,7 @@ typedef struct rtr_req {
   size_t out_len, out_cap, out_pos;
   int out_end;
   int fd;                      // client socket (for disconnect checks)
+  struct MHD_Connection *conn; // (borrowed) its connection, for restoring the idle timeout
   int64_t t_arrival_us, t_admit_us, t_first_us;
 } rtr_req;
 
@@ -1037,6 +1038,12 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
 
 static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn *cs, rtr_kind kind);
 
+// Back to the configured idle timeout; MHD restarts the idle clock when the timeout was 0.
+static void restore_timeout(rtr_server *s, struct MHD_Connection *c) {
+  unsigned t = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : 60);
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, t);
+}
+
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   (void)pos;
   rtr_req *r = cls;
@@ -1071,6 +1078,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     n = MHD_CONTENT_READER_END_OF_STREAM;
   }
   pthread_mutex_unlock(&s->mu);
+  if (n == MHD_CONTENT_READER_END_OF_STREAM) restore_timeout(s, r->conn);
   return n;
 }
 
@@ -1129,7 +1137,11 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   r->refs = 1; // this connection
   pthread_mutex_unlock(&s->mu);
   cs->req = r;
+  r->conn = c;
   if (rtr_request_parse(kind, cs->body, cs->len, &l, &r->q, &e) < 0) return reply_error(c, &e, NULL, NULL);
+  // no idle timeout while the worker generates (request_timeout_ms bounds it); restored, with the idle clock
+  // restarted, once the answer is ready
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
   if (tokenize(s, &r->q, &r->prompt, &r->n_prompt, &e) < 0) return reply_error(c, &e, NULL, NULL);
   if (rtr_check_context(r->n_prompt, r->q.max_tokens, s->n_ctx, &e) < 0) return reply_error(c, &e, NULL, NULL);
   r->max_tokens = r->q.max_tokens >= 0 ? r->q.max_tokens : s->n_ctx - r->n_prompt;
@@ -1158,6 +1170,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
     fail_locked(s, r, &e);
     pthread_mutex_unlock(&s->mu);
     if (!was_admitted && e.status == 499) return MHD_NO;
+    restore_timeout(s, c);
     return reply_error(c, &e, e.status == 429 ? "Retry-After" : NULL, "1");
   }
   if (r->q.stream) {
@@ -1196,6 +1209,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   if (r->failed) e = r->err;
   else o = final_response(r);
   pthread_mutex_unlock(&s->mu);
+  restore_timeout(s, c);
   if (!o) return reply_error(c, &e, NULL, NULL);
   return reply_json(c, 200, o);
 }

@@ -1,0 +1,64 @@
+// tests/router/test_sched.cc: the scheduling policy: both workers by load, decode + prefill pairing, nothing up.
+#include <gtest/gtest.h>
+
+extern "C" {
+#include "router/sched.h"
+}
+
+namespace {
+
+rtr_sched_worker W(int up, srv_role role, int running = 0, int waiting = 0, int inflight = 0, int free_blocks = 10) {
+  rtr_sched_worker w{};
+  w.up = up;
+  w.role = role;
+  w.running = running;
+  w.waiting = waiting;
+  w.inflight = inflight;
+  w.free_blocks = free_blocks;
+  w.total_blocks = 100;
+  return w;
+}
+
+TEST(Sched, NothingUp) {
+  rtr_sched_worker w[] = {W(0, SRV_ROLE_BOTH), W(1, SRV_ROLE_PREFILL)};
+  rtr_sched_target t;
+  EXPECT_EQ(rtr_sched_pick(w, 2, 10, 100, &t), -1);
+  EXPECT_EQ(rtr_sched_pick(w, 0, 10, 100, &t), -1);
+}
+
+TEST(Sched, LeastLoadedBoth) {
+  rtr_sched_worker w[] = {W(1, SRV_ROLE_BOTH, 3, 1, 2), W(1, SRV_ROLE_BOTH, 1, 0, 1), W(0, SRV_ROLE_BOTH),
+                          W(1, SRV_ROLE_DECODE)};
+  rtr_sched_target t;
+  ASSERT_EQ(rtr_sched_pick(w, 4, 5000, 100, &t), 0);
+  EXPECT_EQ(t.decode, 1);
+  EXPECT_EQ(t.prefill, -1);
+}
+
+TEST(Sched, DecodeWithPrefillForLongPrompts) {
+  rtr_sched_worker w[] = {W(1, SRV_ROLE_PREFILL, 0, 4, 1), W(1, SRV_ROLE_DECODE, 5, 0, 0, 50),
+                          W(1, SRV_ROLE_DECODE, 2, 0, 1, 5), W(1, SRV_ROLE_PREFILL, 0, 1, 0)};
+  rtr_sched_target t;
+  ASSERT_EQ(rtr_sched_pick(w, 4, 2000, 1000, &t), 0);
+  EXPECT_EQ(t.decode, 2);  // fewest running
+  EXPECT_EQ(t.prefill, 3); // shortest queue
+  ASSERT_EQ(rtr_sched_pick(w, 4, 999, 1000, &t), 0); // short prompt: prefilled on the decode worker
+  EXPECT_EQ(t.decode, 2);
+  EXPECT_EQ(t.prefill, -1);
+  w[1].running = 2; // tie on load: more free blocks wins
+  w[2].inflight = 2;
+  ASSERT_EQ(rtr_sched_pick(w, 4, 2000, 1000, &t), 0);
+  EXPECT_EQ(t.decode, 1);
+}
+
+TEST(Sched, DecodeAloneWhenNoPrefillUp) {
+  rtr_sched_worker w[] = {W(0, SRV_ROLE_PREFILL), W(1, SRV_ROLE_DECODE)};
+  rtr_sched_target t;
+  ASSERT_EQ(rtr_sched_pick(w, 2, 5000, 100, &t), 0);
+  EXPECT_EQ(t.decode, 1);
+  EXPECT_EQ(t.prefill, -1);
+  rtr_sched_worker p[] = {W(1, SRV_ROLE_PREFILL)};
+  EXPECT_EQ(rtr_sched_pick(p, 1, 5000, 100, &t), -1); // prefill alone cannot generate
+}
+
+} // namespace
