@@ -6,11 +6,14 @@
 
 #include "server/kvpool.h"
 
+#include "kvxfer/kvx.h"
+
 struct srv_kvpool {
   mdl_llama_cfg cfg;
   krn_ctx *kc;       // (borrowed) where base was allocated
-  mdl_kv kv;         // kv.base (owned) from kc->be->alloc
+  mdl_kv kv;         // kv.base (owned) from kc->be->alloc, or kvx_host_alloc when shared
   size_t bytes;      // size of kv.base
+  int shared;        // kv.base is shareable host memory (kvx_host_alloc)
   pthread_mutex_t mu;
   int32_t *free_ids; // (owned) (n_blocks) stack of free block ids; [0, n_free) are free
   int32_t *refs;     // (owned) (n_blocks) reference count per block; 0 = on the free list
@@ -44,8 +47,9 @@ int srv_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const srv_kvpool_opts 
     return -1;
   }
   if (nb > INT32_MAX / 2) nb = INT32_MAX / 2;
-  if (o->shareable) {
-    snprintf(err, errlen, "kvpool: shareable pools need kvxfer's host allocator (kvx_host_alloc), not built yet");
+  if (o->shareable && kc->be->ctx_init) {
+    snprintf(err, errlen, "kvpool: a shareable pool lives in host memory; backend %s keeps KV on its device",
+             kc->be->name);
     return -1;
   }
   srv_kvpool *p = calloc(1, sizeof *p);
@@ -61,9 +65,14 @@ int srv_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const srv_kvpool_opts 
   p->bytes = nb * bb;
   p->free_ids = malloc(nb * sizeof *p->free_ids);
   p->refs = calloc(nb, sizeof *p->refs);
-  p->kv.base = p->free_ids && p->refs ? kc->be->alloc(kc, p->bytes) : NULL;
+  char aerr[256] = "";
+  p->shared = o->shareable;
+  // A shareable pool is memfd-backed, so a prefill worker on this host can map it (kvxfer's shm backend).
+  if (p->free_ids && p->refs)
+    p->kv.base = p->shared ? kvx_host_alloc(p->bytes, aerr, sizeof aerr) : kc->be->alloc(kc, p->bytes);
   if (!p->kv.base) {
-    snprintf(err, errlen, "kvpool: cannot allocate %zu bytes for %zu KV blocks on %s", p->bytes, nb, kc->be->name);
+    snprintf(err, errlen, "kvpool: cannot allocate %zu bytes for %zu KV blocks on %s%s%s", p->bytes, nb,
+             p->shared ? "shareable host memory" : kc->be->name, aerr[0] ? ": " : "", aerr);
     free(p->free_ids);
     free(p->refs);
     free(p);
@@ -79,7 +88,8 @@ int srv_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const srv_kvpool_opts 
 
 void srv_kvpool_free(srv_kvpool *p) {
   if (!p) return;
-  p->kc->be->free(p->kc, p->kv.base);
+  if (p->shared) kvx_host_free(p->kv.base, p->bytes);
+  else p->kc->be->free(p->kc, p->kv.base);
   pthread_mutex_destroy(&p->mu);
   free(p->free_ids);
   free(p->refs);
