@@ -209,12 +209,15 @@ static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) 
     return NULL;
   }
   const char *bad = NULL;
-  int want_decode = w->rt->w->role == SRV_ROLE_DECODE;
-  if (strcmp(s->req.mode, want_decode ? "decode" : "local"))
-    bad = want_decode ? "a decode worker serves mode \"decode\" (with a prefill worker)"
-                      : "a both worker serves mode \"local\"";
-  else if (want_decode && !s->req.prefill[0])
+  // Both roles prefill short prompts themselves (mode local: conditional disaggregation); only a decode
+  // worker takes a prompt's KV from a prefill worker (mode decode).
+  int handoff = !strcmp(s->req.mode, "decode");
+  if (!strcmp(s->req.mode, "prefill") || (handoff && w->rt->w->role != SRV_ROLE_DECODE))
+    bad = w->rt->w->role == SRV_ROLE_DECODE ? "a decode worker serves modes \"local\" and \"decode\""
+                                             : "a both worker serves mode \"local\"";
+  else if (handoff && !s->req.prefill[0])
     bad = "mode decode needs the prefill worker's name";
+  s->handoff = handoff;
   if (!bad && srv_seq_init(&s->seq, s->req.prompt, s->req.n_prompt, s)) bad = "out of memory";
   if (!bad && dec_stopstr_init(&s->stop, (const char *const *)s->req.stop, s->req.n_stop)) bad = "out of memory";
   if (!bad && mdl_sampler_new(&s->req.sampling, mdl_tok_n_vocab(w->rt->tok), s->req.prompt, s->req.n_prompt,
@@ -394,8 +397,7 @@ static void handle(dec_worker *w, srv_event *ev) {
     dec_seq *s = seq_from_request(w, ev->peer, ev->msg);
     if (!s) return;
     int rc;
-    if (w->rt->w->role == SRV_ROLE_DECODE) {
-      s->handoff = 1;
+    if (s->handoff) {
       s->handoff_deadline_ms = now_ms() + HANDOFF_TIMEOUT_MS;
       rc = handoff_push(w, s);
       if (!rc) try_send_table(w, s);
