@@ -743,7 +743,7 @@ int kvx_xfer_new(kvx_agent *a, int op, const kvx_desc *local, size_t n_local, co
     s->raddr = remote[ri].addr + ro;
     s->len = n;
     s->rkey = rr->key;
-    s->lmr = lr->rdma_mr ? lr->rkey : 0;
+    s->lmr = lr->lkey;
     s->rmr = rr->rkey;
     s->lmem = lr->mem;
     s->rmem = (int)rr->mem;

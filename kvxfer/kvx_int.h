@@ -68,7 +68,7 @@ struct kvx_region {
   uint64_t shm_off;  // file offset of addr in shm_fd
   uint64_t shm_size; // whole allocation bytes
   void *rdma_mr;     // struct ibv_mr * (owned) or NULL
-  uint32_t rkey;
+  uint32_t rkey, lkey;  // rdma keys (0 without rdma)
   kvx_region *next;
 };
 
