@@ -1,0 +1,484 @@
+// models/llama.c: Llama-family forward pass (llama, qwen2) over a mixed prefill/decode batch and a paged KV cache.
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/llama.h"
+
+typedef struct mdl_w {  // one weight matrix or vector
+  const void *data;     // backend memory: the mapping (cpu) or an uploaded copy (cuda, owned by the model)
+  krn_type type;
+} mdl_w;
+
+typedef struct mdl_layer {
+  mdl_w attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, wg, wu, wd; // bq/bk/bv data NULL when absent
+} mdl_layer;
+
+struct mdl_llama {
+  mdl_llama_cfg cfg;
+  const mdl_gguf *g;   // (borrowed)
+  krn_ctx *kc;         // (borrowed)
+  int on_host;         // 1: weights used in place from the mapping
+  mdl_w tok_embd, output_norm, output;
+  mdl_layer *layers;   // (owned) (n_layer)
+  void **uploads;      // (owned) (n_uploads) device copies of the weights (cuda)
+  int n_uploads;
+
+  // Scratch, grown as needed and reused across calls; backend memory unless said host.
+  int cap_t;           // token rows the activation buffers hold
+  float *x, *xb;       // (cap_t, n_embd)
+  float *q, *att;      // (cap_t, n_head * head_dim)
+  float *k, *v;        // (cap_t, n_kv_head * head_dim)
+  float *hb, *hb2;     // (cap_t, n_ff)
+  int32_t *d_ids, *d_seq, *d_pos; // (cap_t)
+  int cap_s;           // sequences the per-sequence buffers hold
+  float *xo;           // (cap_s, n_embd) rows that want logits
+  float *lo;           // (cap_s, n_vocab) their logits
+  int32_t *d_rows;     // (cap_s) row index in x of each logits row
+  int cap_bt;          // ints in d_bt
+  int32_t *d_bt;       // (n_seqs, max_blocks) block tables
+  int32_t *h_ids, *h_seq, *h_pos; // host (cap_t)
+  int32_t *h_rows, *h_rseq;       // host (cap_s): row in x, sequence of each logits row
+  int32_t *h_bt;                  // host (cap_bt)
+};
+
+const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m) { return &m->cfg; }
+
+// ---- loading ----
+
+static int get_int(const mdl_gguf *g, const char *arch, const char *key, int required, int dflt, int *out, char *err,
+                   size_t errlen) {
+  char k[128];
+  snprintf(k, sizeof k, "%s.%s", arch, key);
+  int64_t v;
+  if (mdl_gguf_get_i64(g, k, &v) != 0) {
+    if (required) {
+      snprintf(err, errlen, "model: metadata %s missing", k);
+      return -1;
+    }
+    *out = dflt;
+    return 0;
+  }
+  if (v < 1 || v > (1 << 30)) {
+    snprintf(err, errlen, "model: metadata %s = %lld out of range", k, (long long)v);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+// Finds a tensor, checks its type and its shape (ne0 = row length, ne1 = rows; ne1 0 for a vector).
+static int get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int optional, int f32_only, mdl_w *out,
+                 char *err, size_t errlen) {
+  const mdl_gguf_tensor *t = mdl_gguf_tensor_find(m->g, name);
+  out->data = NULL;
+  out->type = KRN_F32;
+  if (!t) {
+    if (optional) return 0;
+    snprintf(err, errlen, "model: tensor %s missing", name);
+    return -1;
+  }
+  if (!krn_type_known(t->type) || (f32_only && t->type != KRN_F32)) {
+    snprintf(err, errlen, "model: tensor %s has type %s, which dserve does not support%s", name,
+             krn_type_name(t->type), f32_only ? " here (F32 needed)" : " (F32, F16, Q4_0, Q4_1, Q8_0)");
+    return -1;
+  }
+  int want_dims = ne1 ? 2 : 1;
+  int64_t have1 = t->n_dims >= 2 ? t->ne[1] : 0;
+  int extra = 0;
+  for (int d = 2; d < t->n_dims; d++) extra |= t->ne[d] != 1;
+  if (t->ne[0] != ne0 || have1 != ne1 || extra || t->n_dims < want_dims) {
+    snprintf(err, errlen, "model: tensor %s has shape (%lld, %lld), expected (%lld, %lld)", name,
+             (long long)t->ne[0], (long long)have1, (long long)ne0, (long long)ne1);
+    return -1;
+  }
+  if (t->type != KRN_F32 && t->type != KRN_F16 && ne0 % KRN_QK) {
+    snprintf(err, errlen, "model: tensor %s rows of %lld are not a multiple of %d", name, (long long)ne0, KRN_QK);
+    return -1;
+  }
+  size_t need = krn_row_size((krn_type)t->type, ne0) * (size_t)(ne1 ? ne1 : 1);
+  if (t->nbytes < need) {
+    snprintf(err, errlen, "model: tensor %s holds %zu bytes, %zu needed", name, t->nbytes, need);
+    return -1;
+  }
+  out->type = (krn_type)t->type;
+  if (m->on_host) {
+    out->data = t->data;
+    return 0;
+  }
+  void *d = m->kc->be->alloc(m->kc, need);
+  if (!d) {
+    snprintf(err, errlen, "model: cannot allocate %zu bytes for %s on %s", need, name, m->kc->be->name);
+    return -1;
+  }
+  m->kc->be->upload(m->kc, d, t->data, need);
+  m->uploads[m->n_uploads++] = d;
+  out->data = d;
+  return 0;
+}
+
+int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!g || !kc || !kc->be) {
+    snprintf(err, errlen, "model: no GGUF or no kernel context");
+    return -1;
+  }
+  mdl_str a;
+  if (mdl_gguf_get_str(g, "general.architecture", &a) != 0) {
+    snprintf(err, errlen, "model: general.architecture missing");
+    return -1;
+  }
+  char arch[32];
+  snprintf(arch, sizeof arch, "%.*s", (int)(a.n < 31 ? a.n : 31), a.p);
+  int qwen2 = !strcmp(arch, "qwen2");
+  if (strcmp(arch, "llama") && !qwen2) {
+    snprintf(err, errlen, "model: architecture '%.*s' not supported (llama, qwen2)", (int)(a.n < 64 ? a.n : 64), a.p);
+    return -1;
+  }
+  mdl_llama *m = calloc(1, sizeof *m);
+  if (!m) {
+    snprintf(err, errlen, "model: out of memory");
+    return -1;
+  }
+  m->g = g;
+  m->kc = kc;
+  m->on_host = kc->be != krn_cuda();
+  mdl_llama_cfg *c = &m->cfg;
+  snprintf(c->arch, sizeof c->arch, "%s", arch);
+  c->rope_neox = qwen2;
+  if (get_int(g, arch, "block_count", 1, 0, &c->n_layer, err, errlen) ||
+      get_int(g, arch, "embedding_length", 1, 0, &c->n_embd, err, errlen) ||
+      get_int(g, arch, "feed_forward_length", 1, 0, &c->n_ff, err, errlen) ||
+      get_int(g, arch, "attention.head_count", 1, 0, &c->n_head, err, errlen) ||
+      get_int(g, arch, "attention.head_count_kv", 0, c->n_head, &c->n_kv_head, err, errlen) ||
+      get_int(g, arch, "context_length", 0, 2048, &c->n_ctx_train, err, errlen))
+    goto fail;
+  if (c->n_embd % c->n_head || c->n_head % c->n_kv_head) {
+    snprintf(err, errlen, "model: %d heads do not divide embedding %d or are not a multiple of %d KV heads", c->n_head,
+             c->n_embd, c->n_kv_head);
+    goto fail;
+  }
+  if (get_int(g, arch, "attention.key_length", 0, c->n_embd / c->n_head, &c->head_dim, err, errlen)) goto fail;
+  int vlen, rdim;
+  if (get_int(g, arch, "attention.value_length", 0, c->head_dim, &vlen, err, errlen) ||
+      get_int(g, arch, "rope.dimension_count", 0, c->head_dim, &rdim, err, errlen))
+    goto fail;
+  if (vlen != c->head_dim || rdim != c->head_dim || (c->head_dim & 1)) {
+    snprintf(err, errlen, "model: head dims (key %d, value %d, rope %d) differ; not supported", c->head_dim, vlen, rdim);
+    goto fail;
+  }
+  char key[128];
+  snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+  if (mdl_gguf_get_f32(g, key, &c->rms_eps) != 0) c->rms_eps = 1e-5f;
+  snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+  if (mdl_gguf_get_f32(g, key, &c->rope_theta) != 0) c->rope_theta = 10000.0f;
+  if (!(c->rms_eps > 0) || !(c->rope_theta > 0)) {
+    snprintf(err, errlen, "model: rms epsilon %g or rope base %g not positive", c->rms_eps, c->rope_theta);
+    goto fail;
+  }
+  snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+  mdl_str rs;
+  if (mdl_gguf_get_str(g, key, &rs) == 0 && !mdl_str_eq(rs, "none")) {
+    snprintf(err, errlen, "model: rope scaling '%.*s' not supported", (int)(rs.n < 32 ? rs.n : 32), rs.p);
+    goto fail;
+  }
+  if (mdl_gguf_tensor_find(g, "rope_freqs.weight")) {
+    snprintf(err, errlen, "model: rope_freqs.weight (Llama-3.1 rope scaling) not supported");
+    goto fail;
+  }
+  const mdl_gguf_tensor *te = mdl_gguf_tensor_find(g, "token_embd.weight");
+  if (!te || te->n_dims < 2 || te->ne[1] < 1 || te->ne[1] > (1 << 30)) {
+    snprintf(err, errlen, "model: tensor token_embd.weight missing or not a matrix");
+    goto fail;
+  }
+  c->n_vocab = (int)te->ne[1];
+  c->tied_embeddings = mdl_gguf_tensor_find(g, "output.weight") == NULL;
+
+  int E = c->n_embd, HD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim, F = c->n_ff;
+  m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+  m->uploads = calloc((size_t)c->n_layer * 12 + 4, sizeof *m->uploads);
+  if (!m->layers || !m->uploads) {
+    snprintf(err, errlen, "model: out of memory");
+    goto fail;
+  }
+  if (get_w(m, "token_embd.weight", E, c->n_vocab, 0, 0, &m->tok_embd, err, errlen) ||
+      get_w(m, "output_norm.weight", E, 0, 0, 1, &m->output_norm, err, errlen))
+    goto fail;
+  if (c->tied_embeddings) m->output = m->tok_embd;
+  else if (get_w(m, "output.weight", E, c->n_vocab, 0, 0, &m->output, err, errlen)) goto fail;
+  for (int l = 0; l < c->n_layer; l++) {
+    mdl_layer *L = &m->layers[l];
+    char n[12][64];
+    static const char *const names[12] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q",
+                                          "attn_k", "attn_v", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+    for (int i = 0; i < 12; i++)
+      snprintf(n[i], sizeof n[i], "blk.%d.%s.%s", l, names[i], i >= 5 && i <= 7 ? "bias" : "weight");
+    if (get_w(m, n[0], E, 0, 0, 1, &L->attn_norm, err, errlen) || get_w(m, n[1], E, HD, 0, 0, &L->wq, err, errlen) ||
+        get_w(m, n[2], E, KD, 0, 0, &L->wk, err, errlen) || get_w(m, n[3], E, KD, 0, 0, &L->wv, err, errlen) ||
+        get_w(m, n[4], HD, E, 0, 0, &L->wo, err, errlen) || get_w(m, n[5], HD, 0, 1, 1, &L->bq, err, errlen) ||
+        get_w(m, n[6], KD, 0, 1, 1, &L->bk, err, errlen) || get_w(m, n[7], KD, 0, 1, 1, &L->bv, err, errlen) ||
+        get_w(m, n[8], E, 0, 0, 1, &L->ffn_norm, err, errlen) || get_w(m, n[9], E, F, 0, 0, &L->wg, err, errlen) ||
+        get_w(m, n[10], E, F, 0, 0, &L->wu, err, errlen) || get_w(m, n[11], F, E, 0, 0, &L->wd, err, errlen))
+      goto fail;
+  }
+  *out = m;
+  return 0;
+fail:
+  mdl_llama_free(m);
+  return -1;
+}
+
+static void free_scratch(mdl_llama *m) {
+  const krn_backend *be = m->kc->be;
+  void *bufs[] = {m->x, m->xb, m->q, m->att, m->k, m->v, m->hb, m->hb2, m->d_ids, m->d_seq, m->d_pos,
+                  m->xo, m->lo, m->d_rows, m->d_bt};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (bufs[i]) be->free(m->kc, bufs[i]);
+  free(m->h_ids);
+  free(m->h_seq);
+  free(m->h_pos);
+  free(m->h_rows);
+  free(m->h_rseq);
+  free(m->h_bt);
+}
+
+void mdl_llama_free(mdl_llama *m) {
+  if (!m) return;
+  free_scratch(m);
+  for (int i = 0; i < m->n_uploads; i++) m->kc->be->free(m->kc, m->uploads[i]);
+  free(m->uploads);
+  free(m->layers);
+  free(m);
+}
+
+// ---- scratch ----
+
+static void *balloc(mdl_llama *m, size_t bytes, int *ok) {
+  void *p = m->kc->be->alloc(m->kc, bytes ? bytes : 1);
+  if (!p) *ok = 0;
+  return p;
+}
+
+static void bfree(mdl_llama *m, void *p) {
+  if (p) m->kc->be->free(m->kc, p);
+}
+
+static int grow_tokens(mdl_llama *m, int T, char *err, size_t errlen) {
+  if (T <= m->cap_t) return 0;
+  int cap = m->cap_t * 2 > T ? m->cap_t * 2 : T;
+  if (cap < 16) cap = 16;
+  const mdl_llama_cfg *c = &m->cfg;
+  size_t n = (size_t)cap, E = (size_t)c->n_embd, HD = (size_t)c->n_head * c->head_dim,
+         KD = (size_t)c->n_kv_head * c->head_dim, F = (size_t)c->n_ff;
+  float **fb[] = {&m->x, &m->xb, &m->q, &m->att, &m->k, &m->v, &m->hb, &m->hb2};
+  size_t fs[] = {E, E, HD, HD, KD, KD, F, F};
+  int ok = 1;
+  for (int i = 0; i < 8; i++) {
+    bfree(m, *fb[i]);
+    *fb[i] = balloc(m, n * fs[i] * sizeof(float), &ok);
+  }
+  int32_t **ib[] = {&m->d_ids, &m->d_seq, &m->d_pos};
+  for (int i = 0; i < 3; i++) {
+    bfree(m, *ib[i]);
+    *ib[i] = balloc(m, n * sizeof(int32_t), &ok);
+  }
+  int32_t **hb[] = {&m->h_ids, &m->h_seq, &m->h_pos};
+  for (int i = 0; i < 3; i++) {
+    free(*hb[i]);
+    *hb[i] = malloc(n * sizeof(int32_t));
+    if (!*hb[i]) ok = 0;
+  }
+  m->cap_t = cap;
+  if (!ok) {
+    snprintf(err, errlen, "model: cannot allocate activations for %d tokens", cap);
+    free_scratch(m);
+    memset(&m->cap_t, 0, sizeof *m - offsetof(mdl_llama, cap_t));
+    return -1;
+  }
+  return 0;
+}
+
+static int grow_seqs(mdl_llama *m, int S, int n_bt, char *err, size_t errlen) {
+  int ok = 1;
+  const mdl_llama_cfg *c = &m->cfg;
+  if (S > m->cap_s) {
+    int cap = m->cap_s * 2 > S ? m->cap_s * 2 : S;
+    if (cap < 8) cap = 8;
+    bfree(m, m->xo);
+    bfree(m, m->lo);
+    bfree(m, m->d_rows);
+    m->xo = balloc(m, (size_t)cap * c->n_embd * sizeof(float), &ok);
+    m->lo = balloc(m, (size_t)cap * c->n_vocab * sizeof(float), &ok);
+    m->d_rows = balloc(m, (size_t)cap * sizeof(int32_t), &ok);
+    free(m->h_rows);
+    free(m->h_rseq);
+    m->h_rows = malloc((size_t)cap * sizeof(int32_t));
+    m->h_rseq = malloc((size_t)cap * sizeof(int32_t));
+    if (!m->h_rows || !m->h_rseq) ok = 0;
+    m->cap_s = cap;
+  }
+  if (ok && n_bt > m->cap_bt) {
+    int cap = m->cap_bt * 2 > n_bt ? m->cap_bt * 2 : n_bt;
+    if (cap < 256) cap = 256;
+    bfree(m, m->d_bt);
+    free(m->h_bt);
+    m->d_bt = balloc(m, (size_t)cap * sizeof(int32_t), &ok);
+    m->h_bt = malloc((size_t)cap * sizeof(int32_t));
+    if (!m->h_bt) ok = 0;
+    m->cap_bt = cap;
+  }
+  if (!ok) {
+    snprintf(err, errlen, "model: cannot allocate buffers for %d sequences", S);
+    free_scratch(m);
+    memset(&m->cap_t, 0, sizeof *m - offsetof(mdl_llama, cap_t));
+    return -1;
+  }
+  return 0;
+}
+
+// ---- forward ----
+
+int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
+                      mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) {
+  const mdl_llama_cfg *c = &m->cfg;
+  krn_ctx *kc = m->kc;
+  const krn_backend *be = kc->be;
+  if (n_seqs < 1 || !seqs || !kv || !kv->base) {
+    snprintf(err, errlen, "forward: empty batch or no KV cache");
+    return -1;
+  }
+  if ((kv->type != KRN_F16 && kv->type != KRN_F32) || kv->block_size < 1 || kv->n_blocks < 1) {
+    snprintf(err, errlen, "forward: bad KV cache (type %s, block size %d, %d blocks)", krn_type_name(kv->type),
+             kv->block_size, kv->n_blocks);
+    return -1;
+  }
+  // validate and size the batch
+  int64_t T64 = 0;
+  int max_blocks = 1, R = 0;
+  for (int s = 0; s < n_seqs; s++) {
+    const mdl_seq *q = &seqs[s];
+    if (q->n_tokens < 1 || q->pos0 < 0 || !q->tokens || q->n_blocks < 0 || (q->n_blocks > 0 && !q->block_table)) {
+      snprintf(err, errlen, "forward: sequence %d has %d tokens at position %d (needs >= 1 token)", s, q->n_tokens,
+               q->pos0);
+      return -1;
+    }
+    int64_t end = (int64_t)q->pos0 + q->n_tokens;
+    if (end > (int64_t)q->n_blocks * kv->block_size) {
+      snprintf(err, errlen, "forward: sequence %d needs %lld positions but its %d blocks hold %lld", s,
+               (long long)end, q->n_blocks, (long long)q->n_blocks * kv->block_size);
+      return -1;
+    }
+    for (int i = 0; i < q->n_blocks; i++)
+      if (q->block_table[i] < 0 || q->block_table[i] >= kv->n_blocks) {
+        snprintf(err, errlen, "forward: sequence %d block %d is id %d, outside the pool (0..%d)", s, i,
+                 (int)q->block_table[i], kv->n_blocks - 1);
+        return -1;
+      }
+    for (int i = 0; i < q->n_tokens; i++)
+      if (q->tokens[i] < 0 || q->tokens[i] >= c->n_vocab) {
+        snprintf(err, errlen, "forward: sequence %d token %d is %d, outside the vocabulary (0..%d)", s, i,
+                 (int)q->tokens[i], c->n_vocab - 1);
+        return -1;
+      }
+    if (q->n_blocks > max_blocks) max_blocks = q->n_blocks;
+    T64 += q->n_tokens;
+    R += q->want_logits != 0;
+  }
+  if (T64 > (1 << 24)) {
+    snprintf(err, errlen, "forward: batch of %lld tokens too large", (long long)T64);
+    return -1;
+  }
+  if (R > 0 && !logits) {
+    snprintf(err, errlen, "forward: logits wanted but no output buffer");
+    return -1;
+  }
+  int T = (int)T64;
+  if ((int64_t)n_seqs * max_blocks > (1 << 28)) {
+    snprintf(err, errlen, "forward: block tables too large");
+    return -1;
+  }
+  if (grow_tokens(m, T, err, errlen) || grow_seqs(m, n_seqs, n_seqs * max_blocks, err, errlen)) return -1;
+
+  // flatten the batch
+  int t = 0, r = 0;
+  for (int s = 0; s < n_seqs; s++) {
+    const mdl_seq *q = &seqs[s];
+    for (int i = 0; i < q->n_tokens; i++, t++) {
+      m->h_ids[t] = q->tokens[i];
+      m->h_seq[t] = s;
+      m->h_pos[t] = q->pos0 + i;
+    }
+    int32_t *bt = m->h_bt + (size_t)s * max_blocks;
+    memcpy(bt, q->block_table, (size_t)q->n_blocks * sizeof *bt);
+    for (int i = q->n_blocks; i < max_blocks; i++) bt[i] = 0;
+    if (q->want_logits) {
+      m->h_rows[r] = t - 1;
+      m->h_rseq[r] = s;
+      r++;
+    }
+  }
+  be->upload(kc, m->d_ids, m->h_ids, (size_t)T * 4);
+  be->upload(kc, m->d_seq, m->h_seq, (size_t)T * 4);
+  be->upload(kc, m->d_pos, m->h_pos, (size_t)T * 4);
+  be->upload(kc, m->d_bt, m->h_bt, (size_t)n_seqs * max_blocks * 4);
+  if (R) be->upload(kc, m->d_rows, m->h_rows, (size_t)R * 4);
+
+  int E = c->n_embd, HD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim, F = c->n_ff;
+  krn_attn_args a = {
+      .n_tokens = T,
+      .n_head = c->n_head,
+      .n_kv_head = c->n_kv_head,
+      .head_dim = c->head_dim,
+      .block_size = kv->block_size,
+      .tok_seq = m->d_seq,
+      .tok_pos = m->d_pos,
+      .block_tables = m->d_bt,
+      .max_blocks = max_blocks,
+      .kv_type = kv->type,
+      .scale = 1.0f / sqrtf((float)c->head_dim),
+  };
+  float *x = m->x, *xb = m->xb;
+  be->get_rows(kc, x, m->tok_embd.data, m->tok_embd.type, m->d_ids, T, E);
+  for (int l = 0; l < c->n_layer; l++) {
+    const mdl_layer *L = &m->layers[l];
+    be->rmsnorm(kc, xb, x, L->attn_norm.data, T, E, c->rms_eps);
+    be->matmul(kc, m->q, L->wq.data, L->wq.type, xb, T, E, HD);
+    be->matmul(kc, m->k, L->wk.data, L->wk.type, xb, T, E, KD);
+    be->matmul(kc, m->v, L->wv.data, L->wv.type, xb, T, E, KD);
+    // qwen2 biases: one add per row (the backend table has no broadcast add)
+    for (int i = 0; L->bq.data && i < T; i++) be->add(kc, m->q + (size_t)i * HD, L->bq.data, HD);
+    for (int i = 0; L->bk.data && i < T; i++) be->add(kc, m->k + (size_t)i * KD, L->bk.data, KD);
+    for (int i = 0; L->bv.data && i < T; i++) be->add(kc, m->v + (size_t)i * KD, L->bv.data, KD);
+    be->rope(kc, m->q, m->d_pos, T, c->n_head, c->head_dim, c->rope_theta, c->rope_neox);
+    be->rope(kc, m->k, m->d_pos, T, c->n_kv_head, c->head_dim, c->rope_theta, c->rope_neox);
+    a.k_cache = mdl_kv_chunk(c, kv, l, 0, 0);
+    a.v_cache = mdl_kv_chunk(c, kv, l, 1, 0);
+    be->kv_store(kc, m->k, m->v, &a);
+    if (on_layer) {
+      if (be->sync) be->sync(kc);
+      on_layer(on_layer_arg, l);
+    }
+    be->paged_attention(kc, m->att, m->q, &a);
+    be->matmul(kc, xb, L->wo.data, L->wo.type, m->att, T, HD, E);
+    be->add(kc, x, xb, (int64_t)T * E);
+    be->rmsnorm(kc, xb, x, L->ffn_norm.data, T, E, c->rms_eps);
+    be->matmul(kc, m->hb, L->wg.data, L->wg.type, xb, T, E, F);
+    be->matmul(kc, m->hb2, L->wu.data, L->wu.type, xb, T, E, F);
+    be->swiglu(kc, m->hb, m->hb, m->hb2, (int64_t)T * F);
+    be->matmul(kc, xb, L->wd.data, L->wd.type, m->hb, T, F, E);
+    be->add(kc, x, xb, (int64_t)T * E);
+  }
+  if (R) {
+    // only the rows that want logits: gather, norm, project
+    be->get_rows(kc, m->xo, x, KRN_F32, m->d_rows, R, E);
+    be->rmsnorm(kc, m->xo, m->xo, m->output_norm.data, R, E, c->rms_eps);
+    be->matmul(kc, m->lo, m->output.data, m->output.type, m->xo, R, E, c->n_vocab);
+    for (int i = 0; i < R; i++)
+      be->download(kc, logits + (size_t)m->h_rseq[i] * c->n_vocab, m->lo + (size_t)i * c->n_vocab,
+                   (size_t)c->n_vocab * sizeof(float));
+  }
+  if (be->sync) be->sync(kc);
+  return 0;
+}
