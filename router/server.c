@@ -925,6 +925,10 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
   pthread_mutex_lock(&s->mu);
   int up = 0;
   for (int i = 0; i < s->n_links; i++) up += s->links[i].up;
+  if (s->stopping) {
+    pthread_mutex_unlock(&s->mu);
+    return rtr_fail(e, 503, "server_error", NULL, "shutting_down", "the router is shutting down");
+  }
   if (!up) {
     pthread_mutex_unlock(&s->mu);
     return rtr_fail(e, 503, "server_error", NULL, "no_worker", "no worker is available");

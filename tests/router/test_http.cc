@@ -84,6 +84,7 @@ struct FakeWorker {
   std::thread th;
   std::atomic<bool> stop{false};
   std::atomic<int> mode{NORMAL};
+  std::atomic<size_t> hold{0}; // no tokens until this many generations are active (deterministic interleaving)
   std::mutex mu;
   std::vector<std::string> generates, cancels;
   std::vector<std::string> gen_json;
@@ -168,6 +169,8 @@ struct FakeWorker {
   }
   void tick() {
     std::lock_guard<std::mutex> l(mu);
+    if (active.size() < hold) return;
+    hold = 0;
     for (size_t i = 0; i < active.size();) {
       Active &a = active[i];
       if (a.k < a.n) {
@@ -570,6 +573,7 @@ TEST_F(Live, ChatStreamFraming) {
 }
 
 TEST_F(Live, TwoChoicesInterleaved) {
+  fw.hold = 2;
   Resp x = request(port(), "POST", "/v1/completions", R"({"prompt":"ab","n":2,"max_tokens":3,"stream":true,"seed":10})");
   ASSERT_EQ(x.status, 200);
   auto ev = sse_events(x.body);

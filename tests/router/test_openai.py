@@ -6,8 +6,10 @@ into a temp dir, starts tests/router/fake_worker.py and `dserve router --config`
 openai package: chat (stream and not), completions, n=2, stop strings, seeds, usage in stream, models.list,
 errors, and 64 concurrent streaming clients.
 """
+import http.client
 import json
 import os
+import socket
 import re
 import struct
 import subprocess
@@ -141,6 +143,105 @@ def client():
 
 
 MSGS = [{"role": "user", "content": "Say something."}]
+
+def raw(path, body, ctype="application/json", method="POST"):
+    """(status, parsed JSON body or None) over a fresh connection."""
+    u = BASE.split("//")[1]
+    host, port = u.split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=10)
+    headers = {} if ctype is None else {"Content-Type": ctype}
+    c.request(method, path, body=body, headers=headers)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    try:
+        return r.status, json.loads(data)
+    except ValueError:
+        return r.status, None
+
+
+M = '"messages":[{"role":"user","content":"hi"}]'
+BAD = [
+    ("/v1/chat/completions", b"", 400), ("/v1/chat/completions", b"{", 400),
+    ("/v1/chat/completions", b'{"messages":[{"role":"user","content":"hi"}', 400),
+    ("/v1/chat/completions", b"[]", 400), ("/v1/chat/completions", b"null", 400),
+    ("/v1/chat/completions", b"{\"messages\":\"\xff\"}", 400),
+    ("/v1/chat/completions", b'{"messages":[{"role":"user","content":"\xc3\x28"}]}', 400),
+    ("/v1/chat/completions", b"[" * 3000 + b"]" * 3000, 400),
+    ("/v1/chat/completions", b'{"messages":[]}', 400),
+    ("/v1/chat/completions", b'{"messages":[{"role":"alien","content":"x"}]}', 400),
+    ("/v1/chat/completions", b'{"messages":[{"role":"user","content":7}]}', 400),
+    ("/v1/chat/completions", ("{" + M + ',"max_tokens":-1}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"max_tokens":1e309}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"max_tokens":"5"}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"temperature":9}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"top_p":0}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"top_k":-7}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"min_p":-0.1}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"presence_penalty":2.5}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"repetition_penalty":0}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"seed":0.5}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"n":0}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"n":99}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"stop":[""]}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"stop":["a","b","c","d","e","f","g","h","i"]}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"logprobs":true,"top_logprobs":21}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"logit_bias":{"x":1}}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"logit_bias":{"5":500}}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"stream":1}').encode(), 400),
+    ("/v1/chat/completions", ("{" + M + ',"model":"gpt-9"}').encode(), 404),
+    ("/v1/completions", b'{"prompt":"x","echo":true}', 400),
+    ("/v1/completions", b'{"prompt":[1,99999]}', 400),
+    ("/v1/completions", b'{"prompt":{"a":1}}', 400),
+    ("/v1/completions", ('{"prompt":"' + "x" * 700 + '"}').encode(), 400),
+    ("/detokenize", b'{"tokens":[-1]}', 400),
+    ("/nowhere", b"{}", 404),
+]
+
+
+class BadInputTest(unittest.TestCase):
+    def healthy(self):
+        self.assertEqual(raw("/health", None, None, "GET")[0], 200)
+
+    def test_bad_bodies(self):
+        self.assertGreaterEqual(len(BAD), 30)
+        for path, body, status in BAD:
+            got, obj = raw(path, body)
+            self.assertEqual(got, status, (path, body[:80], obj))
+            self.assertIsInstance(obj, dict, body[:80])
+            err = obj["error"]
+            for k in ("message", "type", "param", "code"):
+                self.assertIn(k, err)
+            self.healthy()
+
+    def test_content_types_and_methods(self):
+        self.assertEqual(raw("/v1/completions", b'{"prompt":"a"}', "text/plain")[0], 415)
+        self.assertEqual(raw("/v1/completions", b'{"prompt":"a"}', "application/x-www-form-urlencoded")[0], 415)
+        self.assertEqual(raw("/v1/completions", b'{"prompt":"a","max_tokens":1}', "application/json; charset=utf-8")[0], 200)
+        self.assertEqual(raw("/v1/completions", b'{"prompt":"a","max_tokens":1}', None)[0], 200)
+        self.assertEqual(raw("/v1/completions", None, None, "GET")[0], 405)
+        self.assertEqual(raw("/v1/models", b"{}", None, "DELETE")[0], 405)
+        self.healthy()
+
+    def test_10mb_body(self):
+        u = BASE.split("//")[1].split(":")
+        s = socket.create_connection((u[0], int(u[1])), timeout=10)
+        n = 10 << 20
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % n)
+        try:
+            s.sendall(b" " * 65536)
+        except OSError:
+            pass
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        self.assertTrue(data.startswith(b"HTTP/1.1 413"), data[:100])
+        self.healthy()
 
 
 class OpenAITest(unittest.TestCase):
