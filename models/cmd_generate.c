@@ -1,11 +1,356 @@
-// models/cmd_generate.c: subcommands of this module (not yet written: issue 3).
+// models/cmd_generate.c: `dserve generate`: local text generation (and --bench: engine throughput) on this machine.
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "models/chat.h"
+#include "models/gguf.h"
+#include "models/llama.h"
+#include "models/sampler.h"
+#include "models/tokenizer.h"
 #include "server/cmds.h"
 
-int mdl_cmd_generate(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "dserve %s: not yet (issue 3)\n", argv[0]);
-  return 3;
+typedef struct gen_opts {
+  const char *model, *prompt, *kernels;
+  int n_gen, chat, threads, top_k, bench;
+  int bench_pp, bench_tg, bench_batch; // --bench: prompt tokens, decode steps, concurrent sequences
+  float temp, top_p;
+  uint64_t seed;
+} gen_opts;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: dserve generate --model M.gguf --prompt TEXT [options]\n"
+          "       dserve generate --model M.gguf --bench [--bench-prompt N] [--bench-gen N] [--bench-batch N]\n"
+          "options:\n"
+          "  -n N                tokens to generate (default 128)\n"
+          "  --temp T            temperature, 0 = greedy (default 0)\n"
+          "  --seed S            sampling seed (default 1)\n"
+          "  --top-k K           (default 0 = off)\n"
+          "  --top-p P           (default 1 = off)\n"
+          "  --chat              wrap the prompt in the model's chat template\n"
+          "  --threads N         cpu threads (default: number of CPUs)\n"
+          "  --kernels K         scalar|avx2|avx512|auto|cuda (default auto)\n"
+          "  --bench             time prompt processing and decode at batch 1 and batch B (no text)\n");
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_int(const char *s, long lo, long hi, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+static int parse_float(const char *s, double lo, double hi, float *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
+  *out = (float)v;
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, gen_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->n_gen = 128;
+  o->top_p = 1;
+  o->seed = 1;
+  o->kernels = "auto";
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  o->threads = ncpu > 0 ? (int)ncpu : 1;
+  o->bench_pp = 512;
+  o->bench_tg = 128;
+  o->bench_batch = 8;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
+    if (!strcmp(a, "--bench")) { o->bench = 1; continue; }
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
+    if (i + 1 >= argc) {
+      fprintf(stderr, "dserve generate: %s needs a value\n", a);
+      return -1;
+    }
+    const char *v = argv[++i];
+    int bad = 0;
+    if (!strcmp(a, "--model") || !strcmp(a, "-m")) o->model = v;
+    else if (!strcmp(a, "--prompt") || !strcmp(a, "-p")) o->prompt = v;
+    else if (!strcmp(a, "--kernels")) o->kernels = v;
+    else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) bad = parse_int(v, 0, 1 << 20, &o->n_gen);
+    else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) bad = parse_int(v, 1, 1024, &o->threads);
+    else if (!strcmp(a, "--top-k")) bad = parse_int(v, 0, 1 << 30, &o->top_k);
+    else if (!strcmp(a, "--temp")) bad = parse_float(v, 0, 100, &o->temp);
+    else if (!strcmp(a, "--top-p")) bad = parse_float(v, 1e-6, 1, &o->top_p);
+    else if (!strcmp(a, "--bench-prompt")) bad = parse_int(v, 1, 1 << 16, &o->bench_pp);
+    else if (!strcmp(a, "--bench-gen")) bad = parse_int(v, 1, 1 << 16, &o->bench_tg);
+    else if (!strcmp(a, "--bench-batch")) bad = parse_int(v, 1, 256, &o->bench_batch);
+    else if (!strcmp(a, "--seed")) {
+      char *end;
+      errno = 0;
+      unsigned long long s = strtoull(v, &end, 10);
+      bad = errno || end == v || *end || v[0] == '-';
+      o->seed = s;
+    } else {
+      fprintf(stderr, "dserve generate: unknown option %s\n", a);
+      return -1;
+    }
+    if (bad) {
+      fprintf(stderr, "dserve generate: bad value '%s' for %s\n", v, a);
+      return -1;
+    }
+  }
+  if (!o->model) {
+    fprintf(stderr, "dserve generate: --model is required\n");
+    return -1;
+  }
+  if (!o->prompt && !o->bench) {
+    fprintf(stderr, "dserve generate: --prompt is required (or --bench)\n");
+    return -1;
+  }
+  return 0;
+}
+
+// The engine: backend, thread pool, model and a KV cache of its own.
+typedef struct gen_engine {
+  mdl_gguf *g;
+  krn_pool *pool;
+  krn_ctx kc;
+  int kc_init;
+  mdl_llama *m;
+  const mdl_llama_cfg *cfg;
+  mdl_kv kv;
+} gen_engine;
+
+static void engine_close(gen_engine *e) {
+  if (e->kv.base) e->kc.be->free(&e->kc, e->kv.base);
+  mdl_llama_free(e->m);
+  if (e->kc_init && e->kc.be->ctx_fini) e->kc.be->ctx_fini(&e->kc);
+  krn_pool_free(e->pool);
+  mdl_gguf_close(e->g);
+  memset(e, 0, sizeof *e);
+}
+
+static int engine_open(gen_engine *e, const gen_opts *o, char *err, size_t errlen) {
+  memset(e, 0, sizeof *e);
+  const krn_backend *be = NULL;
+  if (!strcmp(o->kernels, "auto")) be = krn_cpu_best();
+  else if (!strcmp(o->kernels, "cuda")) be = krn_cuda();
+  else be = krn_cpu_by_name(o->kernels);
+  if (!be) {
+    snprintf(err, errlen, "kernels '%s' are not available on this machine (scalar, avx2, avx512, auto, cuda)",
+             o->kernels);
+    return -1;
+  }
+  if (mdl_gguf_open(o->model, &e->g, err, errlen) != 0) return -1;
+  e->pool = krn_pool_new(o->threads, err, errlen);
+  if (!e->pool) goto fail;
+  e->kc.be = be;
+  e->kc.pool = e->pool;
+  if (be->ctx_init) {
+    if (be->ctx_init(&e->kc, 0, err, errlen) != 0) goto fail;
+    e->kc_init = 1;
+  }
+  if (mdl_llama_load(e->g, &e->kc, &e->m, err, errlen) != 0) goto fail;
+  e->cfg = mdl_llama_config(e->m);
+  return 0;
+fail:
+  engine_close(e);
+  return -1;
+}
+
+static int engine_kv(gen_engine *e, int n_blocks, char *err, size_t errlen) {
+  e->kv.type = KRN_F16;
+  e->kv.block_size = 16;
+  e->kv.n_blocks = n_blocks;
+  size_t bytes = mdl_kv_block_bytes(e->cfg, e->kv.type, e->kv.block_size) * (size_t)n_blocks;
+  e->kv.base = e->kc.be->alloc(&e->kc, bytes);
+  if (!e->kv.base) {
+    snprintf(err, errlen, "cannot allocate %zu bytes of KV cache", bytes);
+    return -1;
+  }
+  return 0;
+}
+
+static int argmax(const float *v, int n) {
+  int b = 0;
+  for (int i = 1; i < n; i++)
+    if (v[i] > v[b]) b = i;
+  return b;
+}
+
+// --bench: prompt processing of bench_pp tokens, then bench_tg greedy decode steps at batch 1 and at batch B.
+// Every sequence starts from a 16-token prompt, as llama.cpp's side in bench/engine_bench.sh does.
+static int run_bench(gen_engine *e, const gen_opts *o, char *err, size_t errlen) {
+  int V = e->cfg->n_vocab, B = o->bench_batch, PP = o->bench_pp, TG = o->bench_tg, P0 = 16;
+  int per_seq = (P0 + TG + 15) / 16 + 1, pp_blocks = (PP + 15) / 16;
+  int nb = (B + 1) * per_seq + pp_blocks;
+  if (engine_kv(e, nb, err, errlen)) return -1;
+  int32_t *bt = malloc((size_t)nb * sizeof *bt), *toks = malloc((size_t)(PP > P0 * B ? PP : P0 * B) * sizeof *toks);
+  float *logits = malloc((size_t)B * V * sizeof *logits);
+  mdl_seq *ms = calloc((size_t)B, sizeof *ms);
+  int32_t *last = malloc((size_t)B * sizeof *last);
+  int rc = -1;
+  if (!bt || !toks || !logits || !ms || !last) {
+    snprintf(err, errlen, "out of memory");
+    goto done;
+  }
+  for (int i = 0; i < nb; i++) bt[i] = i;
+  uint64_t x = 12345;
+  for (int i = 0; i < (PP > P0 * B ? PP : P0 * B); i++) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    toks[i] = (int32_t)((x >> 33) % (uint64_t)(V - 256)) + 256;
+  }
+  // prompt processing: best of 3
+  double best_pp = 1e30;
+  for (int rep = 0; rep < 3; rep++) {
+    mdl_seq s = {toks, PP, 0, bt, pp_blocks, 1};
+    double t0 = now_s();
+    if (mdl_llama_forward(e->m, &e->kv, &s, 1, logits, NULL, NULL, err, errlen)) goto done;
+    double t = now_s() - t0;
+    if (t < best_pp) best_pp = t;
+  }
+  printf("pp%d tok/s: %.2f\n", PP, PP / best_pp);
+  fflush(stdout);
+  // decode at batch 1 and at batch B
+  int sizes[2] = {1, B};
+  for (int k = 0; k < 2; k++) {
+    int n = sizes[k];
+    for (int s = 0; s < n; s++) {
+      ms[s] = (mdl_seq){toks + s * P0, P0, 0, bt + pp_blocks + s * per_seq, per_seq, 1};
+    }
+    if (mdl_llama_forward(e->m, &e->kv, ms, n, logits, NULL, NULL, err, errlen)) goto done;
+    for (int s = 0; s < n; s++) last[s] = argmax(logits + (size_t)s * V, V);
+    double t0 = now_s();
+    for (int step = 0; step < TG; step++) {
+      for (int s = 0; s < n; s++) ms[s] = (mdl_seq){&last[s], 1, P0 + step, bt + pp_blocks + s * per_seq, per_seq, 1};
+      if (mdl_llama_forward(e->m, &e->kv, ms, n, logits, NULL, NULL, err, errlen)) goto done;
+      for (int s = 0; s < n; s++) last[s] = argmax(logits + (size_t)s * V, V);
+    }
+    double t = now_s() - t0;
+    printf("tg%d batch %d tok/s: %.2f\n", TG, n, (double)TG * n / t);
+    fflush(stdout);
+  }
+  rc = 0;
+done:
+  free(bt);
+  free(toks);
+  free(logits);
+  free(ms);
+  free(last);
+  return rc;
+}
+
+static int run_generate(gen_engine *e, const gen_opts *o, char *err, size_t errlen) {
+  int rc = -1, V = e->cfg->n_vocab;
+  mdl_tok *tok = NULL;
+  mdl_sampler *smp = NULL;
+  mdl_detok *dt = NULL;
+  char *text = NULL;
+  int32_t *ids = NULL, *bt = NULL;
+  float *logits = NULL;
+  size_t n_ids = 0;
+  if (mdl_tok_load(e->g, &tok, err, errlen)) goto done;
+  const char *src = o->prompt;
+  size_t src_len = strlen(src);
+  if (o->chat) {
+    mdl_chat_msg msg = {"user", o->prompt};
+    if (mdl_chat_apply(e->g, &msg, 1, 1, &text, err, errlen)) goto done;
+    src = text;
+    src_len = strlen(text);
+  }
+  if (mdl_tok_encode(tok, src, src_len, o->chat, &ids, &n_ids, err, errlen)) goto done;
+  if (n_ids == 0) {
+    snprintf(err, errlen, "the prompt has no tokens");
+    goto done;
+  }
+  int n_pos = (int)n_ids + o->n_gen + 1, nb = (n_pos + 15) / 16;
+  if (engine_kv(e, nb, err, errlen)) goto done;
+  bt = malloc((size_t)nb * sizeof *bt);
+  logits = malloc((size_t)V * sizeof *logits);
+  if (!bt || !logits) {
+    snprintf(err, errlen, "out of memory");
+    goto done;
+  }
+  for (int i = 0; i < nb; i++) bt[i] = i;
+  mdl_sampling sp = {.temperature = o->temp, .top_k = o->top_k, .top_p = o->top_p, .repetition_penalty = 1,
+                     .seed = o->seed};
+  if (mdl_sampler_new(&sp, V, ids, (int)n_ids, &smp, err, errlen)) goto done;
+  if (mdl_detok_new(tok, &dt, err, errlen)) goto done;
+  // prefill in chunks of 512
+  double t0 = now_s();
+  for (int at = 0; at < (int)n_ids;) {
+    int n = (int)n_ids - at > 512 ? 512 : (int)n_ids - at;
+    mdl_seq s = {ids + at, n, at, bt, nb, at + n == (int)n_ids};
+    if (mdl_llama_forward(e->m, &e->kv, &s, 1, logits, NULL, NULL, err, errlen)) goto done;
+    at += n;
+  }
+  double t1 = now_s();
+  int pos = (int)n_ids, n_done = 0;
+  for (; n_done < o->n_gen; n_done++) {
+    mdl_sampled sm;
+    mdl_sampler_sample(smp, logits, &sm);
+    if (mdl_tok_is_eog(tok, sm.token)) break;
+    const char *piece;
+    size_t plen;
+    mdl_detok_push(dt, sm.token, &piece, &plen);
+    fwrite(piece, 1, plen, stdout);
+    fflush(stdout);
+    if (n_done + 1 == o->n_gen) {
+      n_done++;
+      break;
+    }
+    int32_t t = sm.token;
+    mdl_seq s = {&t, 1, pos++, bt, nb, 1};
+    if (mdl_llama_forward(e->m, &e->kv, &s, 1, logits, NULL, NULL, err, errlen)) goto done;
+  }
+  {
+    const char *piece;
+    size_t plen;
+    mdl_detok_flush(dt, &piece, &plen);
+    fwrite(piece, 1, plen, stdout);
+  }
+  printf("\n");
+  double t2 = now_s();
+  fprintf(stderr, "prompt: %zu tokens, %.2f tok/s; generation: %d tokens, %.2f tok/s (%s, %d threads)\n", n_ids,
+          (double)n_ids / (t1 - t0), n_done, n_done > 0 ? n_done / (t2 - t1) : 0.0, e->kc.be->name, o->threads);
+  rc = 0;
+done:
+  mdl_detok_free(dt);
+  mdl_sampler_free(smp);
+  mdl_tok_free(tok);
+  free(text);
+  free(ids);
+  free(bt);
+  free(logits);
+  return rc;
+}
+
+int mdl_cmd_generate(int argc, char **argv) {
+  gen_opts o;
+  int r = parse_args(argc, argv, &o);
+  if (r != 0) {
+    usage(r > 0 ? stdout : stderr);
+    return r > 0 ? 0 : 2;
+  }
+  char err[512] = {0};
+  gen_engine e;
+  if (engine_open(&e, &o, err, sizeof err) != 0) {
+    fprintf(stderr, "dserve generate: %s\n", err);
+    return 1;
+  }
+  int rc = o.bench ? run_bench(&e, &o, err, sizeof err) : run_generate(&e, &o, err, sizeof err);
+  if (rc != 0) fprintf(stderr, "dserve generate: %s\n", err);
+  engine_close(&e);
+  return rc ? 1 : 0;
+}
