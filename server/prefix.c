@@ -172,9 +172,10 @@ static void drop(srv_prefix *s, int i) {
   s->st.removed++;
 }
 
-// LRU entry of tier t that may leave it: no child in tier <= t, not pinned, and in tier 0 unused.
-static int candidate(const srv_prefix *s, int t) {
-  for (int i = s->tier[t].tail; i >= 0; i = s->ents[i].prev) {
+// The next entry of tier t that may leave it, scanning from entry `from` toward the most recent (-1: from
+// the LRU end): no child in tier <= t, not pinned, and in tier 0 unused (only the store holds it).
+static int candidate(const srv_prefix *s, int t, int from) {
+  for (int i = from >= 0 ? from : s->tier[t].tail; i >= 0; i = s->ents[i].prev) {
     const pf_ent *e = &s->ents[i];
     int kids = 0;
     for (int k = 0; k <= t; k++) kids += e->nch[k];
@@ -182,12 +183,6 @@ static int candidate(const srv_prefix *s, int t) {
     if (t == 0 && srv_kvpool_refcount(s->pool, e->block) != 1) continue;
     return i;
   }
-  return -1;
-}
-
-static int next_tier(const srv_prefix *s, int t) {
-  for (int k = t + 1; k < NT; k++)
-    if (s->slots[k] > 0) return k;
   return -1;
 }
 
@@ -206,15 +201,12 @@ static int disk_io(srv_prefix *s, int slot, void *buf, int write) {
 
 static int make_room(srv_prefix *s, int t);
 
-// Moves candidate i out of its tier: to the next configured tier, or drops it. 0 ok, -1 when it was
-// dropped instead of moved because the move failed (no room or I/O error).
-static int demote(srv_prefix *s, int i) {
+// Copies candidate i's bytes into a free slot of tier nt (1 or 2) and moves it there. 0 ok, -1 (nothing
+// changed) on no room or an I/O error.
+static int move_down(srv_prefix *s, int i, int nt) {
   pf_ent *e = &s->ents[i];
-  int t = e->tier, nt = next_tier(s, t);
-  if (nt < 0 || make_room(s, nt) != 0) {
-    if (e->nch[0] + e->nch[1] + e->nch[2] == 0) drop(s, i);
-    return nt < 0 ? 0 : -1;
-  }
+  int t = e->tier;
+  if (make_room(s, nt) != 0) return -1;
   int slot = s->free_slot[nt][--s->n_free_slot[nt]];
   unsigned char *dst = nt == 1 ? s->arena + (size_t)slot * s->bbytes : s->scratch;
   int rc = 0;
@@ -223,7 +215,6 @@ static int demote(srv_prefix *s, int i) {
   if (rc == 0 && nt == 2) rc = disk_io(s, slot, s->scratch, 1);
   if (rc != 0) {
     s->free_slot[nt][s->n_free_slot[nt]++] = slot;
-    if (e->nch[0] + e->nch[1] + e->nch[2] == 0) drop(s, i);
     return -1;
   }
   if (t == 0) srv_kvpool_unref(s->pool, e->block);
@@ -235,23 +226,36 @@ static int demote(srv_prefix *s, int i) {
   return 0;
 }
 
-// Frees one slot in tier t (1 or 2) if none is free. 0 when a slot is free after.
-static int make_room(srv_prefix *s, int t) {
-  while (s->n_free_slot[t] == 0) {
-    int c = candidate(s, t);
-    if (c < 0) return -1;
-    demote(s, c);
+// Candidate i leaves its tier: into the first lower configured tier that takes it, else dropped when it
+// has no children. 0 when it left, -1 when it stayed (its children live in lower tiers that are full).
+static int demote(srv_prefix *s, int i) {
+  for (int nt = s->ents[i].tier + 1; nt < NT; nt++)
+    if (s->slots[nt] > 0 && move_down(s, i, nt) == 0) return 0;
+  const pf_ent *e = &s->ents[i];
+  if (e->nch[0] + e->nch[1] + e->nch[2] != 0) return -1;
+  drop(s, i);
+  return 0;
+}
+
+// Moves one candidate of tier t out (LRU first, skipping those that cannot go). 1 when one left.
+static int evict_one(srv_prefix *s, int t) {
+  for (int c = candidate(s, t, -1); c >= 0;) {
+    int prev = s->ents[c].prev;
+    if (demote(s, c) == 0) return 1;
+    c = prev >= 0 ? candidate(s, t, prev) : -1;
   }
   return 0;
 }
 
-// Evicts one unused tier-0 entry; 1 when one left the pool.
-static int evict0(srv_prefix *s) {
-  int c = candidate(s, 0);
-  if (c < 0) return 0;
-  demote(s, c);
-  return 1;
+// Frees one slot in tier t (1 or 2) if none is free. 0 when a slot is free after.
+static int make_room(srv_prefix *s, int t) {
+  while (s->n_free_slot[t] == 0)
+    if (!evict_one(s, t)) return -1;
+  return 0;
 }
+
+// Evicts one unused tier-0 entry; 1 when its pool block was given back.
+static int evict0(srv_prefix *s) { return evict_one(s, 0); }
 
 static void trim(srv_prefix *s) {
   while (s->tier[0].n > s->budget && evict0(s)) {

@@ -553,4 +553,32 @@ TEST_F(Prefix, RestoreStopsWhenThePoolIsShort) {
   EXPECT_EQ(counts[1], 3);
 }
 
+TEST_F(Prefix, BadInputsAreHarmless) {
+  make_pool(8);
+  make_store(4);
+  std::vector<int32_t> p = seq(3 * BS, 1);
+  int32_t bogus[3] = {5, 6, 7}; // free blocks: not the caller's to give
+  EXPECT_EQ(srv_prefix_insert(st, p.data(), (int)p.size(), bogus, 3), 0);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 8);
+  EXPECT_EQ(srv_prefix_insert(st, nullptr, 12, bogus, 3), 0);
+  EXPECT_EQ(srv_prefix_insert(st, p.data(), BS - 1, bogus, 3), 0);
+  int32_t out[4];
+  EXPECT_EQ(srv_prefix_match(st, nullptr, 12, out, 4), 0);
+  EXPECT_EQ(srv_prefix_match(st, p.data(), 0, out, 4), 0);
+  EXPECT_EQ(srv_prefix_match(st, p.data(), (int)p.size(), nullptr, 4), 0);
+  srv_blocks b{};
+  compute(p, &b);
+  srv_blocks_release(pool, &b);
+  // restore whose n_have is not what match returned gives nothing
+  EXPECT_EQ(srv_prefix_restore(st, p.data(), (int)p.size(), 5, out, 4, err, sizeof err), 0);
+  EXPECT_EQ(srv_prefix_restore(st, p.data(), (int)p.size(), 0, nullptr, 4, err, sizeof err), 0);
+  // without lower tiers, restore returns pool blocks like match does
+  EXPECT_EQ(srv_prefix_restore(st, p.data(), (int)p.size(), 0, out, 4, err, sizeof err), 2);
+  srv_kvpool_unref(pool, out[0]);
+  srv_kvpool_unref(pool, out[1]);
+  EXPECT_EQ(srv_prefix_evict_for(st, 8), 3);
+  EXPECT_EQ(srv_kvpool_free_blocks(pool), 8);
+  EXPECT_EQ(srv_prefix_block_size(st), BS);
+}
+
 } // namespace
