@@ -21,7 +21,7 @@ extern "C" {
 typedef struct srv_kvindex srv_kvindex;
 
 // max_workers in [1, 65536], cap_per_worker in [1, 1 << 26]. A worker's table is allocated on its first
-// ADDED event (about 24 * cap_per_worker bytes).
+// ADDED event (32 to 40 bytes per key of cap_per_worker).
 int srv_kvindex_new(int max_workers, int cap_per_worker, srv_kvindex **out, char *err, size_t errlen);
 void srv_kvindex_free(srv_kvindex *x);
 
