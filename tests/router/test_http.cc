@@ -79,7 +79,7 @@ struct TinyModel {
 // Each tick (5 ms) every active generation gets one token "c<choice>t<k> "; after max_tokens (or 3 when max_tokens
 // is larger) it sends done. Modes: normal, hang (never answers generate), die (one token, then closes the link).
 struct FakeWorker {
-  enum Mode { NORMAL, HANG, DIE };
+  enum Mode { NORMAL, HANG, DIE, FAIL };
   srv_hub *hub = nullptr;
   std::thread th;
   std::atomic<bool> stop{false};
@@ -193,6 +193,16 @@ struct FakeWorker {
         cJSON_AddItemToArray(lps, e);
         send(a.peer, t);
         a.k++;
+        if (mode == FAIL) { // the worker gives up on the request
+          cJSON *e = cJSON_CreateObject();
+          cJSON_AddStringToObject(e, "op", "error");
+          cJSON_AddStringToObject(e, "id", a.id.c_str());
+          cJSON_AddStringToObject(e, "message", "deadline passed");
+          cJSON_AddStringToObject(e, "code", "timeout");
+          send(a.peer, e);
+          active.erase(active.begin() + (long)i);
+          continue;
+        }
         if (mode == DIE) {
           srv_peer_close(a.peer);
           active.erase(active.begin() + (long)i);
@@ -371,13 +381,13 @@ struct Router {
   std::vector<char *> key_ptrs;
   rtr_server *s = nullptr;
   Router(const TinyModel &m, int worker_port, int queue_limit = 16, int max_seqs = 64,
-         std::vector<std::string> api_keys = {}) {
+         std::vector<std::string> api_keys = {}, int conn_timeout_s = 10) {
     snprintf(cfg.model_name, sizeof cfg.model_name, "tiny");
     cfg.has_router = 1;
     snprintf(cfg.router.host, sizeof cfg.router.host, "127.0.0.1");
     cfg.router.port = 0;
     cfg.router.max_body_bytes = 4096;
-    cfg.router.conn_timeout_s = 10;
+    cfg.router.conn_timeout_s = conn_timeout_s;
     cfg.router.queue_limit = queue_limit;
     cfg.router.max_n = 4;
     cfg.router.max_stop = 4;
@@ -767,6 +777,39 @@ TEST_F(Live, WorkerDiesMidStream) {
   ASSERT_TRUE(r->wait_up()); // reconnects
   for (int i = 0; i < 300 && request(port(), "GET", "/health", "").status != 200; i++) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(request(port(), "POST", "/v1/chat/completions", CHAT + R"(,"max_tokens":1})").status, 200);
+}
+
+TEST_F(Live, WorkerErrorMessage) {
+  fw.mode = FakeWorker::FAIL;
+  expect_error(request(port(), "POST", "/v1/chat/completions", CHAT + R"(,"max_tokens":3})"), 504, "timeout");
+  Resp x = request(port(), "POST", "/v1/chat/completions", CHAT + R"(,"max_tokens":3,"stream":true})");
+  EXPECT_EQ(x.status, 200);
+  auto ev = sse_events(x.body);
+  ASSERT_GE(ev.size(), 3u) << x.body; // role, the token, the error, [DONE]
+  EXPECT_EQ(ev.back(), "data: [DONE]");
+  cJSON *e = js(ev[ev.size() - 2].substr(6));
+  ASSERT_NE(e, nullptr) << x.body;
+  EXPECT_STREQ(cJSON_GetObjectItem(cJSON_GetObjectItem(e, "error"), "code")->valuestring, "timeout");
+  cJSON_Delete(e);
+  fw.mode = FakeWorker::NORMAL;
+  EXPECT_EQ(request(port(), "POST", "/v1/chat/completions", CHAT + R"(,"max_tokens":1})").status, 200);
+  // the worker already dropped the request: no cancel is sent for it
+  std::lock_guard<std::mutex> l(fw.mu);
+  EXPECT_TRUE(fw.cancels.empty());
+}
+
+TEST(Http, IdleConnectionTimesOut) {
+  TinyModel m;
+  FakeWorker fw;
+  Router r(m, fw.port(), 16, 64, {}, /*conn_timeout_s=*/1);
+  int fd = connect_to(r.port());
+  ASSERT_GE(fd, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  char b[16];
+  ssize_t k = recv(fd, b, sizeof b, 0); // nothing sent: the server closes the connection
+  EXPECT_EQ(k, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  close(fd);
 }
 
 TEST(Http, QueueFull429) {

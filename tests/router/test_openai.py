@@ -167,7 +167,7 @@ BAD = [
     ("/v1/chat/completions", b"[]", 400), ("/v1/chat/completions", b"null", 400),
     ("/v1/chat/completions", b"{\"messages\":\"\xff\"}", 400),
     ("/v1/chat/completions", b'{"messages":[{"role":"user","content":"\xc3\x28"}]}', 400),
-    ("/v1/chat/completions", b"[" * 3000 + b"]" * 3000, 400),
+    ("/v1/chat/completions", b"[" * 10000 + b"]" * 10000, 400),
     ("/v1/chat/completions", b'{"messages":[]}', 400),
     ("/v1/chat/completions", b'{"messages":[{"role":"alien","content":"x"}]}', 400),
     ("/v1/chat/completions", b'{"messages":[{"role":"user","content":7}]}', 400),
