@@ -884,6 +884,10 @@ static enum MHD_Result do_tokenize(rtr_server *s, struct MHD_Connection *c, conn
   return reply_json(c, 200, o);
 }
 
+// The `generate` message (docs/protocol.md) for choice ci. How the router fills the fields the catalogue leaves open:
+// max_tokens is always set (n_ctx - prompt when the client gave none); sampling.seed is seed + ci, and absent when the
+// client gave no seed (the worker picks one); sampling.logprobs is -1 for none; stop_ids is empty (the worker ends at
+// its own end-of-generation tokens unless ignore_eos); deadline_ms is a budget in ms from receipt, not a clock time.
 static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, const char *peer_key,
                            const char *peer_name) {
   const rtr_request *q = &r->q;
