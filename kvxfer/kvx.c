@@ -428,8 +428,9 @@ typedef struct md_head {
   char tcp_host[64];
   char shm_path[108];
   uint32_t n_regions;
-  uint32_t pad;
+  uint32_t pad, pad2;
 } md_head;
+_Static_assert(sizeof(md_head) % 8 == 0, "regions after the header stay 8-byte aligned");
 typedef struct md_region {
   uint64_t key, addr, len;
   uint32_t mem, flags, rkey, pad;
