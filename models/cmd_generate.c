@@ -110,6 +110,13 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
       return -1;
     }
   }
+  static const char *const kernels[] = {"auto", "scalar", "avx2", "avx512", "cuda"};
+  int known = 0;
+  for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) known |= !strcmp(o->kernels, kernels[i]);
+  if (!known) {
+    fprintf(stderr, "dserve generate: unknown --kernels '%s' (scalar, avx2, avx512, auto, cuda)\n", o->kernels);
+    return -1;
+  }
   if (!o->model) {
     fprintf(stderr, "dserve generate: --model is required\n");
     return -1;

@@ -206,7 +206,7 @@ void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out) {
   double z = 0;
   if (isfinite(mx))
     for (int i = 0; i < V; i++)
-      if (logits[i] > -INFINITY) z += exp((double)logits[i] - mx);
+      if (logits[i] > -INFINITY) z += expf(logits[i] - mx);
   float lse = isfinite(mx) ? mx + (float)log(z) : 0;
 
   // 2. adjusted logits: bias, repetition, presence and frequency penalties
