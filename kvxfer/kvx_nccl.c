@@ -292,14 +292,22 @@ static void *nccl_worker_main(void *p) {
 
 static int nccl_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t errlen) {
   nccl_conn *c = p->conn[KVX_BE_NCCL];
-  if (c) {
+  if (c) {  // queue on the live connection, or replace a dead one
     pthread_mutex_lock(&c->mu);
-    int dead = c->dead;
-    pthread_mutex_unlock(&c->mu);
-    if (dead) {
-      nconn_unref(c);
-      c = p->conn[KVX_BE_NCCL] = NULL;
+    int queued = !c->dead;
+    if (queued) {
+      x->qnext = NULL;
+      if (c->q_tail)
+        c->q_tail->qnext = x;
+      else
+        c->q = x;
+      c->q_tail = x;
+      pthread_cond_signal(&c->cv);
     }
+    pthread_mutex_unlock(&c->mu);
+    if (queued) return 0;
+    nconn_unref(c);
+    c = p->conn[KVX_BE_NCCL] = NULL;
   }
   if (!c) {
     if (!(c = calloc(1, sizeof *c))) {
@@ -314,6 +322,8 @@ static int nccl_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t e
     atomic_init(&c->refs, 2);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
+    x->qnext = NULL;
+    c->q = c->q_tail = x;  // queued before the thread runs: a failed connect fails x with its reason
     if (kvx_thread_start(a, nccl_worker_main, c, err, errlen)) {
       pthread_cond_destroy(&c->cv);
       pthread_mutex_destroy(&c->mu);
@@ -322,20 +332,7 @@ static int nccl_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t e
     }
     p->conn[KVX_BE_NCCL] = c;
   }
-  pthread_mutex_lock(&c->mu);
-  int dead = c->dead;
-  if (!dead) {
-    x->qnext = NULL;
-    if (c->q_tail)
-      c->q_tail->qnext = x;
-    else
-      c->q = x;
-    c->q_tail = x;
-    pthread_cond_signal(&c->cv);
-  }
-  pthread_mutex_unlock(&c->mu);
-  if (dead) kvx_set_err(err, errlen, "nccl: connection to '%s' just failed", p->name);
-  return dead ? -1 : 0;
+  return 0;
 }
 
 static void nccl_drop(kvx_agent *a, kvx_peer *p, const char *why) {

@@ -470,14 +470,22 @@ static void *rdma_worker_main(void *p) {
 
 static int rdma_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t errlen) {
   rdma_conn *c = p->conn[KVX_BE_RDMA];
-  if (c) {
+  if (c) {  // queue on the live connection, or replace a dead one
     pthread_mutex_lock(&c->mu);
-    int dead = c->dead;
-    pthread_mutex_unlock(&c->mu);
-    if (dead) {
-      rconn_unref(c);
-      c = p->conn[KVX_BE_RDMA] = NULL;
+    int queued = !c->dead;
+    if (queued) {
+      x->qnext = NULL;
+      if (c->q_tail)
+        c->q_tail->qnext = x;
+      else
+        c->q = x;
+      c->q_tail = x;
+      pthread_cond_signal(&c->cv);
     }
+    pthread_mutex_unlock(&c->mu);
+    if (queued) return 0;
+    rconn_unref(c);
+    c = p->conn[KVX_BE_RDMA] = NULL;
   }
   if (!c) {
     if (!(c = calloc(1, sizeof *c))) {
@@ -492,6 +500,8 @@ static int rdma_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t e
     atomic_init(&c->refs, 2);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
+    x->qnext = NULL;
+    c->q = c->q_tail = x;  // queued before the thread runs: a failed connect fails x with its reason
     if (kvx_thread_start(a, rdma_worker_main, c, err, errlen)) {
       pthread_cond_destroy(&c->cv);
       pthread_mutex_destroy(&c->mu);
@@ -500,20 +510,7 @@ static int rdma_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t e
     }
     p->conn[KVX_BE_RDMA] = c;
   }
-  pthread_mutex_lock(&c->mu);
-  int dead = c->dead;
-  if (!dead) {
-    x->qnext = NULL;
-    if (c->q_tail)
-      c->q_tail->qnext = x;
-    else
-      c->q = x;
-    c->q_tail = x;
-    pthread_cond_signal(&c->cv);
-  }
-  pthread_mutex_unlock(&c->mu);
-  if (dead) kvx_set_err(err, errlen, "rdma: connection to '%s' just failed", p->name);
-  return dead ? -1 : 0;
+  return 0;
 }
 
 static void rdma_drop(kvx_agent *a, kvx_peer *p, const char *why) {

@@ -435,14 +435,22 @@ static int shm_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t er
       return -1;
     }
   shm_conn *c = p->conn[KVX_BE_SHM];
-  if (c) {
+  if (c) {  // queue on the live connection, or replace a dead one
     pthread_mutex_lock(&c->mu);
-    int dead = c->dead;
-    pthread_mutex_unlock(&c->mu);
-    if (dead) {
-      shm_conn_unref(c);
-      c = p->conn[KVX_BE_SHM] = NULL;
+    int queued = !c->dead;
+    if (queued) {
+      x->qnext = NULL;
+      if (c->q_tail)
+        c->q_tail->qnext = x;
+      else
+        c->q = x;
+      c->q_tail = x;
+      pthread_cond_signal(&c->cv);
     }
+    pthread_mutex_unlock(&c->mu);
+    if (queued) return 0;
+    shm_conn_unref(c);
+    c = p->conn[KVX_BE_SHM] = NULL;
   }
   if (!c) {
     if (!p->shm_path[0]) {
@@ -461,6 +469,8 @@ static int shm_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t er
     atomic_init(&c->refs, 2);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
+    x->qnext = NULL;
+    c->q = c->q_tail = x;  // queued before the thread runs: a failed connect fails x with its reason
     if (kvx_thread_start(a, shm_worker_main, c, err, errlen)) {
       pthread_cond_destroy(&c->cv);
       pthread_mutex_destroy(&c->mu);
@@ -468,22 +478,6 @@ static int shm_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t er
       return -1;
     }
     p->conn[KVX_BE_SHM] = c;
-  }
-  pthread_mutex_lock(&c->mu);
-  int dead = c->dead;
-  if (!dead) {
-    x->qnext = NULL;
-    if (c->q_tail)
-      c->q_tail->qnext = x;
-    else
-      c->q = x;
-    c->q_tail = x;
-    pthread_cond_signal(&c->cv);
-  }
-  pthread_mutex_unlock(&c->mu);
-  if (dead) {
-    kvx_set_err(err, errlen, "shm: connection to '%s' just failed", p->name);
-    return -1;
   }
   return 0;
 }

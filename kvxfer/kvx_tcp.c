@@ -32,6 +32,19 @@ typedef struct serve_arg {
 static void srv_refuse(kvx_agent *a, int fd, const char *peer, const char *why) {
   kvx_log(a, "closing connection from '%s': %s", peer, why);
   kvx_send_frame(fd, KVX_F_ERR, 0, 0, 0, strlen(why), 0, why, strlen(why), 200);
+  // Lingering close: stop sending, discard what the peer still sends for a moment, so that it reads the reason
+  // (a close with unread data would reset the connection and could drop the ERR frame).
+  shutdown(fd, SHUT_WR);
+  char sink[16384];
+  int64_t end = kvx_now_ms() + 200;
+  while (kvx_now_ms() < end && !a->closing) {
+    int rc = kvx_recv_all(fd, sink, 1, 50, 1);
+    if (rc < 0) break;
+    if (rc == 0) {
+      ssize_t n = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+      (void)n;
+    }
+  }
 }
 
 // Serves one authenticated peer until it closes or misbehaves. Returns with the reason in why ("" = clean close).
@@ -469,6 +482,16 @@ static void *sender_main(void *p) {
     kvx_xfer_unref(x);
     if (rc) {
       snprintf(e, sizeof e, "send failed (%s)", rc == -1 ? "connection closed" : rc == -2 ? "peer stalled past the timeout" : strerror(errno));
+      if (rc == -1) {  // the peer closed: give the reader a moment to pick up its reason (an ERR frame)
+        int64_t end = kvx_now_ms() + 1000;
+        pthread_mutex_lock(&c->mu);
+        while (!c->dead && kvx_now_ms() < end) {
+          pthread_mutex_unlock(&c->mu);
+          usleep(5000);
+          pthread_mutex_lock(&c->mu);
+        }
+        pthread_mutex_unlock(&c->mu);
+      }
       conn_fail(c, e);
       break;
     }
@@ -485,14 +508,23 @@ static int tcp_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t er
       return -1;
     }
   tcp_conn *c = p->conn[KVX_BE_TCP];
-  if (c) {
+  if (c) {  // queue on the live connection, or replace a dead one
     pthread_mutex_lock(&c->mu);
-    int dead = c->dead;
-    pthread_mutex_unlock(&c->mu);
-    if (dead) {
-      conn_unref(c);
-      c = p->conn[KVX_BE_TCP] = NULL;
+    int queued = !c->dead;
+    if (queued) {
+      x->qnext = NULL;
+      if (c->q_tail)
+        c->q_tail->qnext = x;
+      else
+        c->q = x;
+      c->q_tail = x;
+      if (!c->pend && !c->sending) c->last_act = kvx_now_ms();
+      pthread_cond_signal(&c->cv);
     }
+    pthread_mutex_unlock(&c->mu);
+    if (queued) return 0;
+    conn_unref(c);
+    c = p->conn[KVX_BE_TCP] = NULL;
   }
   if (!c) {
     if (!p->tcp_port) {
@@ -512,6 +544,9 @@ static int tcp_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t er
     atomic_init(&c->refs, 2);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
+    x->qnext = NULL;
+    c->q = c->q_tail = x;  // queued before the thread runs: a failed connect fails x with its reason
+    c->last_act = kvx_now_ms();
     if (kvx_thread_start(a, sender_main, c, err, errlen)) {
       pthread_mutex_destroy(&c->mu);
       pthread_cond_destroy(&c->cv);
@@ -519,23 +554,6 @@ static int tcp_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t er
       return -1;
     }
     p->conn[KVX_BE_TCP] = c;
-  }
-  pthread_mutex_lock(&c->mu);
-  int dead = c->dead;
-  if (!dead) {
-    x->qnext = NULL;
-    if (c->q_tail)
-      c->q_tail->qnext = x;
-    else
-      c->q = x;
-    c->q_tail = x;
-    if (!c->pend && !c->sending) c->last_act = kvx_now_ms();
-    pthread_cond_signal(&c->cv);
-  }
-  pthread_mutex_unlock(&c->mu);
-  if (dead) {
-    kvx_set_err(err, errlen, "tcp: connection to '%s' just failed", p->name);
-    return -1;
   }
   return 0;
 }

@@ -125,7 +125,8 @@ inline std::vector<std::string> wait_notifs(kvx_agent *a, size_t want, int ms, s
   int64_t end = kvx_now_ms() + ms;
   while (out.size() < want && kvx_now_ms() < end) {
     kvx_notif n[16];
-    int k = kvx_get_notifs(a, n, 16);
+    size_t room = want - out.size();
+    int k = kvx_get_notifs(a, n, room < 16 ? (int)room : 16);  // never take more than asked for
     for (int i = 0; i < k; i++) {
       out.push_back(std::string((char *)n[i].msg, n[i].len));
       if (peers) peers->push_back(n[i].peer);
