@@ -158,7 +158,7 @@ struct kvx_agent {
   kvx_notif *notifs;  // ring of queued notifications
   size_t n_notifs, cap_notifs, head_notifs;
   int efd;  // eventfd
-  int closing;
+  KVX_ATOMIC(int) closing;  // set once by kvx_agent_free; read by every backend thread
   pthread_mutex_t thr_mu;  // threads (separate: threads start while mu is held)
   pthread_cond_t thr_cv;
   int threads;  // live backend threads (detached); kvx_agent_free waits for 0

@@ -1,4 +1,7 @@
 // tests/kvxfer/test_xfer.cc: round trips of many scattered blocks (WRITE, READ, notifications after data) per backend, in one process and across two.
+#include <atomic>
+#include <thread>
+
 #include "kvx_test_util.h"
 
 using namespace kvxt;
@@ -255,5 +258,74 @@ TEST_P(Xfer, TwoProcessesWriteAndRead) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Xfer, ::testing::Values("tcp", "shm"),
                          [](const ::testing::TestParamInfo<const char *> &i) { return std::string(i.param); });
+
+}  // namespace
+
+namespace {
+
+// The workers' pattern: a compute thread posts, an event-loop thread waits on kvx_agent_fd and polls; meanwhile
+// other threads send notifications.
+TEST(KvxThreads, PostOnOneThreadPollOnAnother) {
+  for (const char *be : {"tcp", "shm"}) {
+    kvx_agent *a = agent("poster", be), *b = agent("sink", be);
+    ASSERT_TRUE(a && b);
+    const size_t slot = 4096, n = 64, N = 200;
+    std::vector<uint8_t> src(slot * n);
+    fill(src.data(), src.size(), 8);
+    uint8_t *dst = (uint8_t *)kvx_host_alloc(slot * n, nullptr, 0);
+    kvx_region *r1, *r2;
+    char err[256];
+    ASSERT_EQ(kvx_register(a, src.data(), src.size(), KVX_MEM_HOST, &r1, err, sizeof err), 0);
+    ASSERT_EQ(kvx_register(b, dst, slot * n, KVX_MEM_HOST, &r2, err, sizeof err), 0);
+    ASSERT_TRUE(learn(a, b));
+    std::vector<kvx_xfer *> xs(N, nullptr);
+    std::atomic<size_t> posted{0};
+    std::thread compute([&] {
+      for (size_t i = 0; i < N; i++) {
+        kvx_desc l = {(uint64_t)(uintptr_t)src.data() + (i % n) * slot, slot};
+        kvx_desc r = {(uint64_t)(uintptr_t)dst + (i % n) * slot, slot};
+        std::string note = std::to_string(i);
+        char e[256];
+        if (kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "sink", note.data(), note.size(), &xs[i], e, sizeof e)) break;
+        kvx_xfer_post(xs[i]);
+        posted = i + 1;
+      }
+    });
+    std::thread chatter([&] {
+      char e[256];
+      for (int i = 0; i < 100; i++) kvx_notify(a, "sink", "chat", 4, e, sizeof e);
+    });
+    // Event loop: wake on the fd, clear it, poll everything posted so far.
+    size_t done = 0;
+    int64_t end = kvx_now_ms() + 20000;
+    std::vector<bool> seen(N, false);
+    while (done < N && kvx_now_ms() < end) {
+      struct pollfd p = {kvx_agent_fd(a), POLLIN, 0};
+      poll(&p, 1, 100);
+      kvx_progress(a, 0);
+      for (size_t i = 0; i < posted.load(); i++)
+        if (!seen[i] && kvx_xfer_poll(xs[i]) != KVX_PENDING) {
+          EXPECT_EQ(kvx_xfer_poll(xs[i]), KVX_DONE) << kvx_xfer_error(xs[i]);
+          seen[i] = true;
+          done++;
+        }
+    }
+    compute.join();
+    chatter.join();
+    EXPECT_EQ(done, N) << be;
+    auto ns = wait_notifs(b, N + 100, 10000);
+    EXPECT_EQ(ns.size(), N + 100) << be;
+    // Request notifications keep their order among themselves.
+    std::vector<std::string> req;
+    for (auto &s : ns)
+      if (s != "chat") req.push_back(s);
+    for (size_t i = 0; i < req.size(); i++) EXPECT_EQ(req[i], std::to_string(i));
+    EXPECT_EQ(memcmp(src.data(), dst, slot * n), 0);
+    for (auto *x : xs) kvx_xfer_free(x);
+    kvx_agent_free(a);
+    kvx_agent_free(b);
+    kvx_host_free(dst, slot * n);
+  }
+}
 
 }  // namespace
