@@ -1,0 +1,426 @@
+"""tests/e2e/e2e_util.py: helpers for the end-to-end tests: configs on free ports, `dserve launch` nodes, HTTP/SSE and control-protocol clients."""
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+DSERVE = os.environ.get("DSERVE_BINARY", "")
+SOURCE_DIR = os.environ.get("DSERVE_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+MODEL = os.path.join(SOURCE_DIR, "models", "weights", "SmolLM2-135M-Instruct.Q4_1.gguf")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def require_env(test):
+    """Skips (with the reason) when the dserve binary or the model is missing."""
+    if not DSERVE or not os.access(DSERVE, os.X_OK):
+        raise unittest.SkipTest("DSERVE_BINARY is not set to an executable (run through ctest)")
+    if not os.path.exists(MODEL):
+        raise unittest.SkipTest("the model %s is missing: run scripts/setup.sh" % MODEL)
+
+
+def free_ports(n):
+    """n distinct free TCP ports on 127.0.0.1 (bound to port 0 together, then closed)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def local_config(path, workers, disagg_threshold=1000, model=MODEL):
+    """Writes a one-node config (router + workers on 127.0.0.1, free ports) to path; returns the router port.
+
+    workers: list of dicts with at least name and role; port, threads (1), kv_budget_mb (32) are filled in."""
+    ports = free_ports(1 + len(workers))
+    ws = []
+    for w, p in zip(workers, ports[1:]):
+        w = dict(w)
+        w.setdefault("port", p)
+        w.setdefault("threads", 1)
+        w.setdefault("kv_budget_mb", 32)
+        ws.append(w)
+    cfg = {"model": model, "router": {"port": ports[0], "disagg_threshold": disagg_threshold}, "workers": ws}
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=1)
+    return ports[0]
+
+
+def _children(pid):
+    """Pids whose parent is pid."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                st = f.read()
+            if int(st[st.rindex(")") + 2:].split()[1]) == pid:
+                out.append(int(d))
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+class Node:
+    """One `dserve launch --config F --node N` process (optionally prefixed, e.g. by `ip netns exec NS`)."""
+
+    def __init__(self, config, node="local", log=None, prefix=(), backoff_ms=100):
+        self.config = config
+        self.log_path = log or (config + "." + node + ".log")
+        self.log = open(self.log_path, "wb")
+        self.seen = set()  # every child pid ever seen (killed in stop)
+        self.proc = subprocess.Popen(list(prefix) + [DSERVE, "launch", "--config", config, "--node", node,
+                                                     "--grace-s", "3", "--backoff-ms", str(backoff_ms)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.node = node
+
+    def text(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def wait_for(self, needle, timeout=30.0, after=0):
+        """Waits until the log (from offset after) contains needle; raises with the log tail otherwise."""
+        end = time.time() + timeout
+        while time.time() < end:
+            t = self.text()
+            if needle in t[after:]:
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError("launcher exited %s before '%s':\n%s" % (self.proc.returncode, needle, t[-3000:]))
+            time.sleep(0.05)
+        raise AssertionError("no '%s' within %.0f s:\n%s" % (needle, timeout, self.text()[-3000:]))
+
+    def wait_count(self, needle, n, timeout=30.0):
+        """Waits until the log contains needle at least n times."""
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.text().count(needle) >= n:
+                return
+            time.sleep(0.05)
+        raise AssertionError("'%s' not %d times within %.0f s:\n%s" % (needle, n, timeout, self.text()[-3000:]))
+
+    def wait_ready(self, timeout=60.0):
+        self.wait_for("dserve: node %s ready" % self.node, timeout)
+        self._scan()
+
+    def wait_connected(self, names, timeout=30.0, after=0):
+        """Waits until the router (on this node) has logged a connection to every worker in names."""
+        end = time.time() + timeout
+        pats = [re.compile(r"router: worker %s \((both|prefill|decode), [^)]*\) connected" % re.escape(n)) for n in names]
+        while time.time() < end:
+            t = self.text()[after:]
+            if all(p.search(t) for p in pats):
+                return
+            time.sleep(0.05)
+        raise AssertionError("the router did not connect to all of %s within %.0f s:\n%s" % (names, timeout, self.text()[-3000:]))
+
+    def _scan(self):
+        # The launcher may be a child of `ip netns exec` (which execs, so the pid is the same).
+        for c in _children(self.proc.pid):
+            self.seen.add(c)
+
+    def child_pid(self, name):
+        """The pid of the running child that runs worker name (or the router for name 'router')."""
+        for c in _children(self.proc.pid):
+            self.seen.add(c)
+            argv = _cmdline(c)
+            if name == "router" and b"router" in argv[1:2]:
+                return c
+            if b"--name" in argv and argv[argv.index(b"--name") + 1:][:1] == [name.encode()]:
+                return c
+        raise AssertionError("no running child %s of the launcher:\n%s" % (name, self.text()[-2000:]))
+
+    def ports(self):
+        """{worker name: control port} of this cluster's config."""
+        with open(self.config) as f:
+            return {w["name"]: w["port"] for w in json.load(f)["workers"]}
+
+    def stop(self):
+        """SIGTERM to the launcher (it stops its children), SIGKILL to everything left after 8 s."""
+        if self.proc.poll() is None:
+            self._scan()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(8)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for c in self.seen:
+            argv = _cmdline(c)  # only if that pid still runs dserve (not a reused pid)
+            if argv and os.path.basename(argv[0]) in (b"dserve", os.path.basename(DSERVE).encode()):
+                try:
+                    os.kill(c, signal.SIGKILL)
+                except OSError:
+                    pass
+        self.seen.clear()
+        if not self.log.closed:
+            self.log.close()
+
+
+class Cluster:
+    """A temp dir with a one-node config and its launcher; cleaned by close() (register it with addCleanup)."""
+
+    def __init__(self, workers, disagg_threshold=1000, tag="e2e", backoff_ms=100):
+        self.dir = tempfile.mkdtemp(prefix="dserve-%s-" % tag)
+        self.config = os.path.join(self.dir, "c.json")
+        self.port = local_config(self.config, workers, disagg_threshold)
+        self.closed = False
+        self.node = Node(self.config, backoff_ms=backoff_ms)
+
+    def start(self, timeout=60.0):
+        self.node.wait_ready(timeout)
+        with open(self.config) as f:
+            self.node.wait_connected([w["name"] for w in json.load(f)["workers"]], timeout)
+        wait_workers(self.port, timeout)
+        return self
+
+    def ports(self):
+        return self.node.ports()
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        self.node.stop()
+        if os.environ.get("DSERVE_E2E_KEEP"):
+            print("kept", self.dir, file=sys.stderr)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ---- HTTP ----
+
+def post(port, path, body, host="127.0.0.1", timeout=120.0):
+    """POSTs JSON; returns (status, parsed body)."""
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        try:
+            return r.status, json.loads(data)
+        except ValueError:
+            return r.status, data.decode("utf-8", "replace")
+    finally:
+        c.close()
+
+
+def get(port, path, host="127.0.0.1", timeout=30.0):
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read().decode("utf-8", "replace")
+    finally:
+        c.close()
+
+
+def metrics(port, host="127.0.0.1"):
+    """The router's /metrics as {name-with-labels: value}."""
+    st, text = get(port, "/metrics", host)
+    if st != 200:
+        raise AssertionError("/metrics: %d %s" % (st, text[:200]))
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    return out
+
+
+def wait_workers(port, timeout=30.0, host="127.0.0.1"):
+    """Waits until a one-token completion succeeds (the router has connected to its workers)."""
+    end = time.time() + timeout
+    last = None
+    while time.time() < end:
+        try:
+            last = post(port, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0}, host, 30)
+            if last[0] == 200:
+                return
+        except OSError as e:
+            last = e
+        time.sleep(0.1)
+    raise AssertionError("the router on %s:%d never served a request: %r" % (host, port, last))
+
+
+def result(kind, status, body):
+    """{status, text, finish_reason, completion_tokens, prompt_tokens} of a non-streaming response."""
+    if status != 200:
+        return {"status": status, "error": body}
+    ch = body["choices"][0]
+    text = ch["message"]["content"] if kind == "chat" else ch["text"]
+    return {"status": 200, "text": text, "finish_reason": ch["finish_reason"],
+            "completion_tokens": body["usage"]["completion_tokens"], "prompt_tokens": body["usage"]["prompt_tokens"]}
+
+
+def path_of(kind):
+    return "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+
+
+def complete(port, kind, body, host="127.0.0.1", timeout=120.0):
+    st, b = post(port, path_of(kind), dict(body, temperature=0), host, timeout)
+    return result(kind, st, b)
+
+
+def stream(port, kind, body, host="127.0.0.1", timeout=120.0, on_event=None):
+    """Streams a request; returns {status, text, finish_reason, completion_tokens, error, events, t_events, t_end}.
+
+    t_events: time.time() of each data event; t_end: when the connection ended. on_event(i, obj) is called per event;
+    when it returns True the client hangs up."""
+    out = {"status": None, "text": "", "finish_reason": None, "completion_tokens": None, "error": None,
+           "events": 0, "t_events": [], "t_end": None, "done": False, "stopped": False, "t_error": None}
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        b = dict(body, temperature=0, stream=True, stream_options={"include_usage": True})
+        c.request("POST", path_of(kind), json.dumps(b), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        out["status"] = r.status
+        if r.status != 200:
+            out["error"] = r.read().decode("utf-8", "replace")
+            return out
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            out["t_events"].append(time.time())
+            if data == b"[DONE]":
+                out["done"] = True
+                continue
+            o = json.loads(data)
+            out["events"] += 1
+            if "error" in o:
+                out["error"] = o["error"]
+                out["t_error"] = out["t_events"][-1]
+            for ch in o.get("choices", []):
+                piece = ch.get("delta", {}).get("content") if kind == "chat" else ch.get("text")
+                out["text"] += piece or ""
+                if ch.get("finish_reason"):
+                    out["finish_reason"] = ch["finish_reason"]
+            if o.get("usage"):
+                out["completion_tokens"] = o["usage"]["completion_tokens"]
+            if on_event and on_event(out["events"], o):
+                out["stopped"] = True  # the caller hung up (the router cancels the request)
+                break
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        if out["error"] is None:
+            out["error"] = "connection: %r" % (e,)
+    finally:
+        out["t_end"] = time.time()
+        c.close()
+    return out
+
+
+def run_threads(fns, timeout):
+    """Runs each fn in a thread; returns their results in order (None where one did not finish within timeout)."""
+    res = [None] * len(fns)
+
+    def wrap(i, f):
+        res[i] = f()
+
+    ts = [threading.Thread(target=wrap, args=(i, f), daemon=True) for i, f in enumerate(fns)]
+    for t in ts:
+        t.start()
+    end = time.time() + timeout
+    for t in ts:
+        t.join(max(0.0, end - time.time()))
+    return res
+
+
+# ---- the control protocol (docs/protocol.md): 4-byte big-endian length + one JSON object ----
+
+class Control:
+    """A connection to a worker's control port that speaks as a router (for `stats`)."""
+
+    def __init__(self, host, port, name="probe", timeout=10.0):
+        self.s = socket.create_connection((host, port), timeout=timeout)
+        ch = self.recv()
+        if ch.get("op") != "challenge":
+            raise AssertionError("expected challenge, got %r" % ch)
+        self.send({"op": "hello", "role": "router", "name": name})
+        ok = self.recv()
+        if ok.get("op") != "hello_ok":
+            raise AssertionError("expected hello_ok, got %r" % ok)
+        self.hello = ok
+
+    def send(self, obj):
+        data = json.dumps(obj).encode()
+        self.s.sendall(struct.pack(">I", len(data)) + data)
+
+    def _read(self, n):
+        buf = b""
+        while len(buf) < n:
+            b = self.s.recv(n - len(buf))
+            if not b:
+                raise AssertionError("the worker closed the control connection")
+            buf += b
+        return buf
+
+    def recv(self):
+        (n,) = struct.unpack(">I", self._read(4))
+        return json.loads(self._read(n))
+
+    def stats(self):
+        self.send({"op": "stats"})
+        while True:
+            m = self.recv()
+            if m.get("op") == "stats_ok":
+                return m
+
+    def close(self):
+        self.s.close()
+
+
+def worker_stats(port, host="127.0.0.1"):
+    c = Control(host, port)
+    try:
+        return c.stats()
+    finally:
+        c.close()
+
+
+def main(argv):
+    """`python3 e2e_util.py request HOST PORT KIND BODY` (for clients inside a network namespace): prints the result."""
+    if len(argv) == 6 and argv[1] == "request":
+        print(json.dumps(complete(int(argv[3]), argv[4], json.loads(argv[5]), host=argv[2])))
+        return 0
+    if len(argv) == 4 and argv[1] == "wait":
+        wait_workers(int(argv[3]), 60, host=argv[2])
+        return 0
+    if len(argv) == 4 and argv[1] == "metrics":
+        print(json.dumps(metrics(int(argv[3]), host=argv[2])))
+        return 0
+    print("usage: e2e_util.py request HOST PORT chat|completions BODY | wait HOST PORT | metrics HOST PORT",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

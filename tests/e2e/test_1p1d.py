@@ -1,0 +1,67 @@
+"""tests/e2e/test_1p1d.py: greedy outputs through one prefill + one decode worker (kvxfer shm and tcp) equal the colocated worker's."""
+
+import unittest
+
+import e2e_util as u
+
+# (kind, body): chat and completions; one prompt long enough to span several 16-token KV blocks.
+LONG = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
+        "movable metal type, oil-based ink and a wooden press adapted from those used for wine. Within fifty years "
+        "presses were running in more than two hundred cities across Europe, and the price of books fell sharply. "
+        "Summarize the consequences of this invention in one sentence:")
+REQUESTS = [
+    ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 12}),
+    ("chat", {"messages": [{"role": "system", "content": "You are terse."},
+                           {"role": "user", "content": "Name three primary colors."}], "max_tokens": 16}),
+    ("completions", {"prompt": "The capital of France is", "max_tokens": 10}),
+    ("completions", {"prompt": LONG, "max_tokens": 12}),
+]
+
+
+class OneP1D(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        u.require_env(cls)
+        co = u.Cluster([{"name": "w0", "role": "both"}], tag="coloc")
+        cls.addClassCleanup(co.close)
+        co.start()
+        cls.expected = [u.complete(co.port, k, b) for k, b in REQUESTS]
+        cls.expected_stream = u.stream(co.port, *REQUESTS[3])
+        co.close()
+        for e in cls.expected:
+            assert e["status"] == 200, e
+
+    def check_backend(self, backend):
+        c = u.Cluster([{"name": "p0", "role": "prefill", "max_batch_tokens": 32, "kvxfer": {"backend": backend}},
+                       {"name": "d0", "role": "decode", "kvxfer": {"backend": backend}}],
+                      disagg_threshold=0, tag="1p1d-" + backend)
+        self.addCleanup(c.close)
+        c.start()
+        m0 = u.metrics(c.port)
+        for (kind, body), want in zip(REQUESTS, self.expected):
+            got = u.complete(c.port, kind, body)
+            self.assertEqual(got["status"], 200, got)
+            self.assertEqual(got["text"], want["text"], (kind, body))
+            self.assertEqual(got["completion_tokens"], want["completion_tokens"], (kind, body))
+            self.assertEqual(got["prompt_tokens"], want["prompt_tokens"], (kind, body))
+            self.assertEqual(got["finish_reason"], want["finish_reason"], (kind, body))
+        s = u.stream(c.port, *REQUESTS[3])
+        self.assertIsNone(s["error"], s)
+        self.assertTrue(s["done"], s)
+        self.assertEqual(s["text"], self.expected_stream["text"])
+        self.assertEqual(s["completion_tokens"], self.expected_stream["completion_tokens"])
+        # Every request was disaggregated: KV moved for each, and the transfer time was observed per request.
+        m1 = u.metrics(c.port)
+        n = len(REQUESTS) + 1
+        self.assertEqual(m1["dserve:kv_transfer_time_seconds_count"] - m0["dserve:kv_transfer_time_seconds_count"], n)
+        self.assertGreater(m1["dserve:kv_transfer_bytes_total"] - m0["dserve:kv_transfer_bytes_total"], 0)
+
+    def test_shm(self):
+        self.check_backend("shm")
+
+    def test_tcp(self):
+        self.check_backend("tcp")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,159 @@
+"""tests/e2e/test_faults.py: kill -9 of a decode worker mid-stream and of the prefill worker mid-transfer, under `dserve launch`."""
+
+import os
+import signal
+import threading
+import time
+import unittest
+
+import e2e_util as u
+
+LONG_GEN = {"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True}
+SHORT = {"prompt": "The capital of France is", "max_tokens": 8}
+
+
+def wait_until(cond, timeout, step=0.02):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(step)
+    return cond()
+
+
+class DecodeDeath(unittest.TestCase):
+    def setUp(self):
+        u.require_env(self)
+
+    def test_kill_decode_mid_stream(self):
+        # Restarts are delayed 3 s so that the requests right after the kill can only go to the survivor.
+        tcp = {"backend": "tcp"}
+        c = u.Cluster([{"name": "p0", "role": "prefill", "kvxfer": tcp}, {"name": "d0", "role": "decode", "kvxfer": tcp},
+                       {"name": "d1", "role": "decode", "kvxfer": tcp}], disagg_threshold=0, tag="kill-decode", backoff_ms=3000)
+        self.addCleanup(c.close)
+        c.start()
+        ports = c.ports()
+        ref = u.complete(c.port, "completions", SHORT)
+        self.assertEqual(ref["status"], 200, ref)
+
+        # Two long streams: the router puts them on different decode workers (least in flight).
+        state = {"kill_at": None, "stop": threading.Event(), "error_seen": threading.Event()}
+        counts = [0, 0]
+        after_kill = [0, 0]
+
+        def on_event(k):
+            def f(i, o):
+                counts[k] = i
+                if state["kill_at"] is not None:
+                    after_kill[k] += 1
+                if "error" in o:
+                    state["error_seen"].set()
+                return state["stop"].is_set()
+            return f
+
+        results = [None, None]
+        threads = []
+        for k in range(2):
+            def run(k=k):
+                results[k] = u.stream(c.port, "completions", LONG_GEN, timeout=60, on_event=on_event(k))
+            t = threading.Thread(target=run, daemon=True)
+            t.start()
+            threads.append(t)
+            self.assertTrue(wait_until(lambda: counts[k] >= 2, 30), "stream %d produced no tokens" % k)
+        running = {d: u.worker_stats(ports[d])["running"] for d in ("d0", "d1")}
+        self.assertEqual(running, {"d0": 1, "d1": 1}, "the two streams should run on different decode workers")
+
+        victim = c.node.child_pid("d0")
+        state["kill_at"] = time.time()
+        os.kill(victim, signal.SIGKILL)
+        self.assertTrue(state["error_seen"].wait(2.0), "no error event within 2 s of the kill")
+        # New requests, once the router knows: they complete (on d1, the only decode worker up) with the same text.
+        # (A request routed in the instant between the kill and the router seeing the link drop fails with
+        # 503 worker_failure: the router does not retry on another worker.)
+        d1_before = u.worker_stats(ports["d1"])["finished"]
+        news = u.run_threads([lambda: u.complete(c.port, "completions", SHORT, timeout=60)] * 3, timeout=60)
+        for r in news:
+            self.assertIsNotNone(r)
+            self.assertEqual(r["status"], 200, r)
+            self.assertEqual(r["text"], ref["text"])
+        self.assertEqual(u.worker_stats(ports["d1"])["finished"] - d1_before, 3)
+        # The survivor keeps streaming well past the kill; then hang up.
+        time.sleep(max(0.0, state["kill_at"] + 2.5 - time.time()))
+        state["stop"].set()
+        for t in threads:
+            t.join(30)
+        self.assertTrue(all(r is not None for r in results), "a stream did not end")
+        errs = [k for k in range(2) if results[k]["error"] is not None]
+        self.assertEqual(len(errs), 1, results)
+        v, s = results[errs[0]], results[1 - errs[0]]
+        self.assertIn(v["error"].get("code") if isinstance(v["error"], dict) else None, ("worker_failure",), v["error"])
+        self.assertLessEqual(v["t_error"] - state["kill_at"], 2.0, "the error event came too late")
+        self.assertLessEqual(v["t_end"] - state["kill_at"], 2.0, "the victim's stream did not end in time")
+        self.assertTrue(v["done"], "the victim's stream should end with [DONE] after the error event")
+        self.assertIsNone(s["error"], s["error"])
+        self.assertTrue(s["stopped"])
+        self.assertGreater(after_kill[1 - errs[0]], 5, "the survivor stopped streaming after the kill")
+
+        # The launcher restarts d0 and the router uses it again.
+        c.node.wait_for("d0 is up again", 30)
+        c.node.wait_count("router: worker d0 (decode, ", 2, 30)
+        r = u.complete(c.port, "completions", SHORT)
+        self.assertEqual(r["text"], ref["text"])
+
+
+class PrefillDeath(unittest.TestCase):
+    def setUp(self):
+        u.require_env(self)
+
+    def test_kill_prefill_mid_transfer_frees_decode_blocks(self):
+        tcp = {"backend": "tcp"}
+        c = u.Cluster([{"name": "p0", "role": "prefill", "max_batch_tokens": 64, "kvxfer": tcp},
+                       {"name": "d0", "role": "decode", "kvxfer": tcp}], disagg_threshold=0, tag="kill-prefill", backoff_ms=3000)
+        self.addCleanup(c.close)
+        c.start()
+        ports = c.ports()
+        st0 = u.worker_stats(ports["d0"])
+        self.assertEqual(st0["running"] + st0["waiting"], 0, st0)
+        free0 = st0["free_blocks"]
+        self.assertEqual(wait_until(lambda: u.metrics(c.port)["dserve:kv_cache_usage_perc"] == 0, 5), True)
+
+        prompt = [100 + (i * 7919) % 20000 for i in range(1000)]  # 1000 tokens: 63 blocks of 16
+        res = {}
+        t = threading.Thread(target=lambda: res.update(
+            u.stream(c.port, "completions", {"prompt": prompt, "max_tokens": 8}, timeout=60)), daemon=True)
+        t.start()
+        # The decode worker reserves the prompt's blocks, then the prefill worker pushes into them layer by layer.
+        st = wait_until(lambda: (lambda s: s if s["free_blocks"] < free0 else None)(u.worker_stats(ports["d0"])), 20)
+        self.assertIsNotNone(st, "the decode worker never reserved blocks")
+        self.assertGreaterEqual(free0 - st["free_blocks"], 63, st)
+        time.sleep(0.3)
+        st = u.worker_stats(ports["d0"])
+        self.assertEqual((st["running"], st["waiting"]), (0, 1), "the handoff should still be in progress: %r" % st)
+        used = wait_until(lambda: u.metrics(c.port)["dserve:kv_cache_usage_perc"], 3)
+        self.assertGreater(used, 0, "the router's /metrics never showed the reserved blocks")
+
+        t_kill = time.time()
+        os.kill(c.node.child_pid("p0"), signal.SIGKILL)
+        freed = wait_until(lambda: u.worker_stats(ports["d0"])["free_blocks"] == free0, 3)
+        self.assertTrue(freed, "the decode worker kept the reserved blocks: %r" % u.worker_stats(ports["d0"]))
+        self.assertLess(time.time() - t_kill, 3)
+        # The router's /metrics (stats every second) shows the KV cache empty again.
+        self.assertTrue(wait_until(lambda: u.metrics(c.port)["dserve:kv_cache_usage_perc"] == 0, 4),
+                        u.metrics(c.port)["dserve:kv_cache_usage_perc"])
+        t.join(20)
+        self.assertIsNotNone(res.get("error"), res)
+        self.assertEqual(res["error"].get("code"), "worker_failure", res["error"])
+        st = u.worker_stats(ports["d0"])
+        self.assertEqual((st["running"], st["waiting"], st["free_blocks"]), (0, 0, free0), st)
+
+        # After the launcher restarts p0, the same prompt goes through.
+        c.node.wait_for("p0 is up again", 30)
+        c.node.wait_count("router: worker p0 (prefill, ", 2, 30)
+        r = u.complete(c.port, "completions", {"prompt": prompt, "max_tokens": 8}, timeout=60)
+        self.assertEqual(r["status"], 200, r)
+        self.assertEqual(r["completion_tokens"], 8)
+
+
+if __name__ == "__main__":
+    unittest.main()
