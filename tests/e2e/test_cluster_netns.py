@@ -1,0 +1,117 @@
+"""tests/e2e/test_cluster_netns.py: configs/cluster.json's three nodes in three network namespaces; KV crosses veth links over tcp."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import e2e_util as u
+
+ADDR = {"router": "10.77.0.1", "prefill": "10.77.0.2", "decode": "10.77.0.3"}
+REQ = {"prompt": "The capital of France is", "max_tokens": 12}
+
+
+def ip(*args):
+    r = subprocess.run(["ip"] + list(args), capture_output=True, text=True, timeout=20)
+    if r.returncode:
+        raise AssertionError("ip %s: %s" % (" ".join(args), r.stderr.strip()))
+    return r.stdout
+
+
+class ThreeNamespaces(unittest.TestCase):
+    def setUp(self):
+        u.require_env(self)
+        if os.geteuid() != 0:
+            self.skipTest("needs root to create network namespaces (ip netns add)")
+        if not shutil.which("ip"):
+            self.skipTest("the ip tool (iproute2) is missing")
+        tag = "dsv%d" % os.getpid()
+        self.ns = {n: "%s-%s" % (tag, n) for n in ADDR}
+        self.hub = tag + "-hub"  # holds the bridge the three veth links plug into
+        self.created = []
+        self.addCleanup(self.delete_namespaces)
+        for name in [self.hub] + list(self.ns.values()):
+            ip("netns", "add", name)
+            self.created.append(name)
+            ip("-n", name, "link", "set", "lo", "up")
+        ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
+        ip("-n", self.hub, "link", "set", "br0", "up")
+        for i, (node, ns) in enumerate(self.ns.items()):
+            port = "p%d" % i
+            ip("-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", self.hub)
+            ip("-n", self.hub, "link", "set", port, "master", "br0")
+            ip("-n", self.hub, "link", "set", port, "up")
+            ip("-n", ns, "addr", "add", ADDR[node] + "/24", "dev", "eth0")
+            ip("-n", ns, "link", "set", "eth0", "up")
+        self.dir = tempfile.mkdtemp(prefix="dserve-netns-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def delete_namespaces(self):
+        for name in reversed(self.created):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+
+    def in_ns(self, node):
+        return ["ip", "netns", "exec", self.ns[node]]
+
+    def client(self, node, *args):
+        r = subprocess.run(self.in_ns(node) + [sys.executable, os.path.join(u.HERE, "e2e_util.py")] + list(args),
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout) if r.stdout.strip() else None
+
+    def test_three_node_cluster(self):
+        # Colocated reference on loopback (root namespace, 127.0.0.1 only).
+        co = u.Cluster([{"name": "w0", "role": "both"}], tag="coloc")
+        self.addCleanup(co.close)
+        co.start()
+        want = u.complete(co.port, "completions", REQ)
+        co.close()
+        self.assertEqual(want["status"], 200, want)
+
+        # The shipped cluster config, with the model made absolute, smaller KV pools and every prompt disaggregated.
+        with open(os.path.join(u.SOURCE_DIR, "configs", "cluster.json")) as f:
+            cfg = json.load(f)
+        self.assertEqual({k: v["host"] for k, v in cfg["nodes"].items()}, ADDR)
+        cfg["model"] = u.MODEL
+        cfg["router"]["disagg_threshold"] = 0
+        for w in cfg["workers"]:
+            w["kv_budget_mb"] = 32
+            w["threads"] = 1
+            self.assertEqual(w["kvxfer"]["backend"], "tcp")
+        path = os.path.join(self.dir, "cluster.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f, indent=1)
+
+        nodes = {}
+        for node in ("decode", "prefill", "router"):
+            n = u.Node(path, node, os.path.join(self.dir, node + ".log"), prefix=self.in_ns(node))
+            self.addCleanup(n.stop)
+            nodes[node] = n
+        for node in ("decode", "prefill", "router"):
+            nodes[node].wait_ready(60)
+        nodes["router"].wait_connected([w["name"] for w in cfg["workers"]], 30)
+
+        rport = cfg["router"]["port"]
+        rx = lambda: int(subprocess.run(self.in_ns("decode") + ["cat", "/sys/class/net/eth0/statistics/rx_bytes"],
+                                        capture_output=True, text=True, timeout=20).stdout)
+        self.client("router", "wait", ADDR["router"], str(rport))
+        m0 = self.client("router", "metrics", ADDR["router"], str(rport))
+        rx0 = rx()
+        got = self.client("router", "request", ADDR["router"], str(rport), "completions", json.dumps(REQ))
+        self.assertEqual(got["status"], 200, got)
+        self.assertEqual(got["text"], want["text"])
+        self.assertEqual(got["completion_tokens"], want["completion_tokens"])
+        m1 = self.client("router", "metrics", ADDR["router"], str(rport))
+        kv = m1["dserve:kv_transfer_bytes_total"] - m0["dserve:kv_transfer_bytes_total"]
+        self.assertGreater(kv, 0, "no KV was transferred")
+        # The KV bytes arrived at the decode namespace over its veth link.
+        self.assertGreaterEqual(rx() - rx0, kv)
+        self.assertIn("linked to decode worker", nodes["prefill"].text())
+        self.assertIn("kvxfer tcp", nodes["prefill"].text())
+
+
+if __name__ == "__main__":
+    unittest.main()
