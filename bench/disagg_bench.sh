@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# bench/disagg_bench.sh: TTFT through 1 prefill + 1 decode worker against the colocated worker (same run), plus KV bytes/transfer time per request.
+#
+# usage: bench/disagg_bench.sh [--dserve PATH] [--lengths "256 1024 2048"] [--requests N] [--threads T] [--backend shm|tcp]
+# Starts two clusters with `dserve launch` on free loopback ports: "coloc" (one `both` worker) and "1p1d" (prefill p0 +
+# decode d0, disagg_threshold 0, kvxfer BACKEND), each worker with T threads. For each prompt length it sends N
+# sequential streaming /v1/completions requests to each, alternating (after one warm-up each), every prompt a fresh
+# random token sequence (no prefix-cache hits), max_tokens 1, and prints the median TTFT of both, the ratio
+# 1p1d/coloc, and the KV bytes and transfer time per request from the 1p1d router's /metrics
+# (dserve:kv_transfer_bytes_total, dserve:kv_transfer_time_seconds_sum/_count: the decode worker's kv_ms, measured
+# from its receipt of the request to the handoff's completion, so it includes the prefill compute it overlaps).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+dserve="$root/build/dserve"
+lengths="256 1024 2048"
+requests=3
+threads=1
+backend=shm
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dserve) dserve="$2"; shift 2 ;;
+    --lengths) lengths="$2"; shift 2 ;;
+    --requests) requests="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
+    --backend) backend="$2"; shift 2 ;;
+    -h|--help) sed -n 2,11p "$0"; exit 0 ;;
+    *) echo "disagg_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+model="$root/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf"
+[ -x "$dserve" ] || { echo "disagg_bench.sh: no dserve binary at $dserve (build it or pass --dserve)" >&2; exit 1; }
+[ -f "$model" ] || { echo "disagg_bench.sh: the model $model is missing: run scripts/setup.sh" >&2; exit 1; }
+
+exec python3 - "$dserve" "$model" "$lengths" "$requests" "$threads" "$backend" <<'PY'
+import json, os, random, shutil, signal, socket, statistics, subprocess, sys, tempfile, time, http.client
+
+dserve, model, lengths, requests, threads, backend = sys.argv[1:7]
+lengths = [int(x) for x in lengths.split()]
+requests, threads = int(requests), int(threads)
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+tmp = tempfile.mkdtemp(prefix="dserve-disagg-bench-")
+procs = []
+
+
+def launch(name, workers, threshold):
+    ports = free_ports(1 + len(workers))
+    for w, p in zip(workers, ports[1:]):
+        w.update(port=p, threads=threads, kv_budget_mb=128)
+    cfg = {"model": model, "router": {"port": ports[0], "disagg_threshold": threshold}, "workers": workers}
+    path = os.path.join(tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    log = open(os.path.join(tmp, name + ".log"), "wb")
+    p = subprocess.Popen([dserve, "launch", "--config", path, "--node", "local"], stdout=log, stderr=subprocess.STDOUT)
+    procs.append(p)
+    end = time.time() + 60
+    while b"ready (" not in open(log.name, "rb").read():
+        if p.poll() is not None or time.time() > end:
+            sys.exit("disagg_bench.sh: %s did not start:\n%s" % (name, open(log.name).read()[-2000:]))
+        time.sleep(0.1)
+    return ports[0]
+
+
+def metrics(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    out = {}
+    for line in c.getresponse().read().decode().splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    c.close()
+    return out
+
+
+def ttft(port, prompt):
+    """Seconds from sending the request to the first streamed token."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    body = json.dumps({"prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": True})
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        sys.exit("disagg_bench.sh: HTTP %d: %s" % (r.status, r.read()[:300]))
+    t1 = None
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        if line.startswith(b"data: {"):
+            o = json.loads(line[6:])
+            if "error" in o:
+                sys.exit("disagg_bench.sh: stream error: %s" % o["error"])
+            if t1 is None and o.get("choices"):
+                t1 = time.perf_counter()
+    c.close()
+    if t1 is None:
+        sys.exit("disagg_bench.sh: no token streamed")
+    return t1 - t0
+
+
+try:
+    co = launch("coloc", [{"name": "w0", "role": "both"}], 1000000)
+    pd = launch("1p1d", [{"name": "p0", "role": "prefill", "kvxfer": {"backend": backend}},
+                         {"name": "d0", "role": "decode", "kvxfer": {"backend": backend}}], 0)
+    rng = random.Random(1)
+    fresh = lambda n: [rng.randrange(100, 49000) for _ in range(n)]
+    for port in (co, pd):  # warm up (and wait until the router has its workers)
+        end = time.time() + 30
+        while True:
+            try:
+                ttft(port, fresh(16))
+                break
+            except SystemExit:
+                if time.time() > end:
+                    raise
+                time.sleep(0.2)
+    print("dserve disagg_bench: %s, 1 prefill + 1 decode (kvxfer %s) vs 1 colocated worker, %d thread(s) per worker, "
+          "%d requests per cell (median), max_tokens 1" % (os.path.basename(model), backend, threads, requests))
+    print("%8s %12s %12s %8s %12s %12s %10s" % ("prompt", "coloc ms", "1p1d ms", "ratio", "KV MiB/req", "xfer ms/req",
+                                               "xfer/ttft"))
+    for n in lengths:
+        tc, tp = [], []
+        m0 = metrics(pd)
+        for _ in range(requests):
+            tc.append(ttft(co, fresh(n)))
+            tp.append(ttft(pd, fresh(n)))
+        m1 = metrics(pd)
+        cnt = m1["dserve:kv_transfer_time_seconds_count"] - m0["dserve:kv_transfer_time_seconds_count"]
+        kvb = (m1["dserve:kv_transfer_bytes_total"] - m0["dserve:kv_transfer_bytes_total"]) / max(cnt, 1)
+        kvs = (m1["dserve:kv_transfer_time_seconds_sum"] - m0["dserve:kv_transfer_time_seconds_sum"]) / max(cnt, 1)
+        mc, mp = statistics.median(tc), statistics.median(tp)
+        print("%8d %12.1f %12.1f %7.3fx %12.2f %12.1f %10.2f" % (n, mc * 1e3, mp * 1e3, mp / mc, kvb / 2**20, kvs * 1e3,
+                                                              kvs / mp))
+        sys.stdout.flush()
+finally:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    if os.environ.get("DSERVE_BENCH_KEEP"):
+        print("logs kept in", tmp)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+PY
