@@ -255,7 +255,8 @@ struct Child {
 
 // Child: tcp receiver with one len-byte region; when it gets notification "check" it verifies pattern seed 77 and
 // writes 1/0 to the result pipe. Runs until killed.
-Child spawn_receiver(size_t len, kvx_agent *parent) {
+// Forks before the caller makes any agent (no threads exist at fork time).
+Child spawn_receiver(size_t len, std::vector<uint8_t> *md_blob) {
   Child c;
   int md[2], res[2];
   if (pipe(md) || pipe(res)) return c;
@@ -282,8 +283,8 @@ Child spawn_receiver(size_t len, kvx_agent *parent) {
   }
   close(md[1]);
   close(res[1]);
-  char name[KVX_MAX_NAME];
-  if (!md_from_fd(parent, md[0], name)) {
+  *md_blob = recv_blob(md[0]);
+  if (md_blob->empty()) {
     kill(c.pid, SIGKILL);
     reap(c.pid);
     c.pid = -1;
@@ -291,9 +292,6 @@ Child spawn_receiver(size_t len, kvx_agent *parent) {
   close(md[0]);
   c.res_fd = res[0];
   c.len = len;
-  pthread_mutex_lock(&parent->mu);
-  c.dst = parent->peers ? parent->peers->regions[0].addr : 0;
-  pthread_mutex_unlock(&parent->mu);
   return c;
 }
 
@@ -303,12 +301,22 @@ struct FaultRig {
   kvx_region *rs = nullptr;
   Child ch;
   FaultRig(int timeout_ms, size_t len) {
+    std::vector<uint8_t> blob;
+    ch = spawn_receiver(len, &blob);
     a = agent("parent", "tcp", nullptr, "s3cret", timeout_ms);
     src.resize(len);
     fill(src.data(), len, 77);
-    char err[256];
+    char err[256], name[KVX_MAX_NAME];
     kvx_register(a, src.data(), len, KVX_MEM_HOST, &rs, err, sizeof err);
-    ch = spawn_receiver(len, a);
+    if (ch.pid > 0 && kvx_load_remote_md(a, blob.data(), blob.size(), name, sizeof name, err, sizeof err)) {
+      ADD_FAILURE() << err;
+      kill(ch.pid, SIGKILL);
+      reap(ch.pid);
+      ch.pid = -1;
+    }
+    pthread_mutex_lock(&a->mu);
+    ch.dst = a->peers ? a->peers->regions[0].addr : 0;
+    pthread_mutex_unlock(&a->mu);
     // Connect and authenticate first, so that the faults below hit a transfer, not the handshake.
     kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {ch.dst, 4096};
     kvx_xfer *x = nullptr;
