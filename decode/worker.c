@@ -18,6 +18,7 @@
 #include "server/hub.h"
 #include "server/kvpool.h"
 #include "server/kvwire.h"
+#include "server/log.h"
 #include "server/runtime.h"
 
 #define DRAIN_MS 30000           // running requests get this long to finish after SIGTERM
@@ -303,6 +304,7 @@ static void try_send_table(dec_worker *w, dec_seq *s) {
   if (!s->seq.blocks.n && srv_blocks_reserve(w->rt->kv, &s->seq.blocks, s->req.n_prompt + 1)) return; // later
   srv_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return; // sent when the prefill worker connects
+  srv_debug(w->rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
   cJSON *m = cJSON_CreateObject();
   cJSON_AddStringToObject(m, "op", "kv_table");
   cJSON_AddStringToObject(m, "id", s->req.id);
@@ -431,6 +433,8 @@ static void handle(dec_worker *w, srv_event *ev) {
       return;
     }
     s->got_first = 1;
+    srv_debug(w->rt->w->name, "%s: kv_first from %s (notif %s)", s->req.id, srv_peer_name(ev->peer),
+              s->got_notif ? "in" : "not yet");
     try_start(w, s);
   } else {
     fprintf(stderr, "dserve %s: ignoring control message '%s' from %s\n", w->rt->w->name, op,
@@ -451,6 +455,7 @@ static void take_notifs(dec_worker *w) {
       free(nb[i].msg);
       id_key k = {id, NULL, nb[i].peer};
       dec_seq *s = find(w, &k);
+      srv_debug(w->rt->w->name, "notification '%s' from %s%s", id, nb[i].peer, s ? "" : " (no such request)");
       if (s && s->handoff) {
         s->got_notif = 1;
         try_start(w, s);

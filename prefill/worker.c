@@ -62,6 +62,14 @@ typedef struct pfl_worker {
   srv_signals sig;
   const srv_config *cfg;  // (borrowed)
   double bytes_pushed;
+  // Block tables that arrived before their request: the router's generate and the decode worker's
+  // kv_table travel on different connections, so either may come first.
+  struct early_table {
+    cJSON *msg;           // (owned)
+    srv_peer *from;       // (owned reference)
+    int64_t expires_ms;
+  } *early;               // (owned) (n_early)
+  int n_early, cap_early;
 } pfl_worker;
 
 #define OWNER(sq) ((pfl_req *)(sq)->owner)
@@ -279,10 +287,33 @@ static pfl_req *find(pfl_worker *w, const char *id, const char *decode) {
   return NULL;
 }
 
+static void keep_early(pfl_worker *w, srv_peer *from, const cJSON *m) {
+  if (w->n_early == w->cap_early) {
+    int cap = w->cap_early ? w->cap_early * 2 : 16;
+    struct early_table *ne = realloc(w->early, (size_t)cap * sizeof *ne);
+    if (!ne) return;
+    w->early = ne;
+    w->cap_early = cap;
+  }
+  srv_peer_ref(from);
+  w->early[w->n_early++] = (struct early_table){cJSON_Duplicate(m, 1), from, now_ms() + TABLE_TIMEOUT_MS};
+}
+
+static void drop_early(pfl_worker *w, int i) {
+  cJSON_Delete(w->early[i].msg);
+  srv_peer_unref(w->early[i].from);
+  w->early[i] = w->early[--w->n_early];
+}
+
 static void on_table(pfl_worker *w, srv_peer *from, const cJSON *m) {
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id"), *blocks = cJSON_GetObjectItemCaseSensitive(m, "blocks");
-  pfl_req *r = cJSON_IsString(id) ? find(w, id->valuestring, srv_peer_name(from)) : NULL;
-  if (!r || r->have_table) return; // cancelled meanwhile
+  if (!cJSON_IsString(id)) return;
+  pfl_req *r = find(w, id->valuestring, srv_peer_name(from));
+  if (!r) { // its generate has not arrived yet (or it was cancelled: then the table expires unused)
+    keep_early(w, from, m);
+    return;
+  }
+  if (r->have_table) return;
   int n = cJSON_IsArray(blocks) ? cJSON_GetArraySize(blocks) : 0;
   int need = (r->req.n_prompt + block_size(w) - 1) / block_size(w);
   r->remote = n ? malloc((size_t)n * sizeof *r->remote) : NULL;
@@ -350,6 +381,18 @@ static void handle(pfl_worker *w, srv_event *ev) {
     int64_t now = now_ms();
     r->table_deadline_ms = now + TABLE_TIMEOUT_MS;
     r->deadline_ms = r->req.deadline_ms ? now + r->req.deadline_ms : 0;
+    for (int i = 0; i < w->n_early; i++) {
+      const cJSON *eid = cJSON_GetObjectItemCaseSensitive(w->early[i].msg, "id");
+      if (!strcmp(eid->valuestring, r->req.id) && !strcmp(srv_peer_name(w->early[i].from), r->link->name)) {
+        cJSON *m = w->early[i].msg;
+        srv_peer *from = w->early[i].from;
+        w->early[i] = w->early[--w->n_early];
+        on_table(w, from, m);
+        cJSON_Delete(m);
+        srv_peer_unref(from);
+        break;
+      }
+    }
   } else if (!strcmp(op, "kv_table")) {
     on_table(w, ev->peer, ev->msg);
   } else if (!strcmp(op, "cancel")) {
@@ -396,6 +439,8 @@ static void reject(void *arg, srv_seq *sq, int blocks_needed) {
 
 static void expire(pfl_worker *w) {
   int64_t now = now_ms();
+  for (int i = w->n_early - 1; i >= 0; i--)
+    if (now > w->early[i].expires_ms) drop_early(w, i);
   for (int l = 0; l < 2; l++) {
     srv_seq **arr = l ? w->eng.wait : w->eng.run;
     int *n = l ? &w->eng.n_wait : &w->eng.n_run;
@@ -490,6 +535,8 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   }
   while (w.eng.n_run) req_free(&w, OWNER(w.eng.run[0]));
   while (w.eng.n_wait) req_free(&w, OWNER(w.eng.wait[0]));
+  while (w.n_early) drop_early(&w, 0);
+  free(w.early);
   srv_engine_fini(&w.eng);
   srv_hub_free(w.hub);
   free(w.links);

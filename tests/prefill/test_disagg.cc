@@ -122,7 +122,7 @@ struct Cluster {
 
 struct Result {
   std::vector<int> tokens;
-  std::string text, finish, error;
+  std::string text, finish, error, message;
   double kv_bytes = 0;
 };
 
@@ -152,6 +152,7 @@ std::map<std::string, Result> collect(Cluster &c, int n, int timeout_ms = 60000)
       finished++;
     } else if (op == "error") {
       r.error = cJSON_GetObjectItem(ev.msg, "code")->valuestring;
+      r.message = cJSON_GetObjectItem(ev.msg, "message")->valuestring;
       finished++;
     }
     srv_event_done(&ev);
@@ -220,7 +221,7 @@ void disagg_equals_colocated(const std::string &backend) {
   auto r = collect(c, 6);
   for (int i = 0; i < 3; i++) {
     std::string id = "r" + std::to_string(i);
-    EXPECT_EQ(r[id].error, "") << c.log("p0") << c.log("d0");
+    EXPECT_EQ(r[id].error, "") << r[id].message << "\n" << c.log("p0") << c.log("d0");
     EXPECT_FALSE(r[id].tokens.empty());
     EXPECT_EQ(r[id].tokens, r["w" + id].tokens) << kPrompts[i];
     EXPECT_EQ(r[id].text, r["w" + id].text);
