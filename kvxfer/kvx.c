@@ -631,6 +631,15 @@ int kvx_set_peer_endpoint(kvx_agent *a, const char *peer, const char *host, int 
   return p ? 0 : -1;
 }
 
+int kvx_peer_regions(kvx_agent *a, const char *peer, kvx_desc *out, int max) {
+  pthread_mutex_lock(&a->mu);
+  kvx_peer *p = peer_find(a, peer);
+  int n = p ? (int)p->n_regions : -1;
+  for (int i = 0; p && i < n && i < max; i++) out[i] = (kvx_desc){p->regions[i].addr, p->regions[i].len};
+  pthread_mutex_unlock(&a->mu);
+  return n;
+}
+
 const char *kvx_peer_backend(kvx_agent *a, const char *peer) {
   pthread_mutex_lock(&a->mu);
   kvx_peer *p = peer_find(a, peer);

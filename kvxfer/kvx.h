@@ -101,6 +101,9 @@ int kvx_load_remote_md(kvx_agent *a, const void *blob, size_t len, char *peer_na
 void kvx_invalidate_peer(kvx_agent *a, const char *peer);
 // Reach a peer's tcp endpoint through another address (NAT, proxies); 0 or <0 with err.
 int kvx_set_peer_endpoint(kvx_agent *a, const char *peer, const char *host, int port, char *err, size_t errlen);
+// The regions a loaded peer exported (addr, len), in its metadata's order (newest registration first);
+// returns how many there are (may exceed max; only max are written), or -1 for an unknown peer.
+int kvx_peer_regions(kvx_agent *a, const char *peer, kvx_desc *out, int max);
 // Backend chosen for a loaded peer ("tcp", "shm", ...), or NULL when unknown.
 const char *kvx_peer_backend(kvx_agent *a, const char *peer);
 

@@ -209,18 +209,12 @@ TEST_P(Xfer, TwoProcessesWriteAndRead) {
   kvx_region *rs, *rb;
   ASSERT_EQ(kvx_register(a, src.data(), sz, KVX_MEM_HOST, &rs, err, sizeof err), 0);
   ASSERT_EQ(kvx_register(a, back.data(), sz, KVX_MEM_HOST, &rb, err, sizeof err), 0);
-  // The child's regions, from its metadata (dst was registered first, so it is the lower key in the list? no:
-  // find them by size order through a probe READ below). We learn addresses by asking the child's blob.
-  kvx_peer peer_copy;
-  {
-    pthread_mutex_lock(&a->mu);
-    kvx_peer *p = a->peers;
-    ASSERT_TRUE(p && p->n_regions == 2);
-    peer_copy = *p;
-    pthread_mutex_unlock(&a->mu);
-  }
-  // Regions are packed newest first: [pat, dst].
-  uint64_t pat = peer_copy.regions[0].addr, dst = peer_copy.regions[1].addr;
+  // The child's regions from its metadata, newest first: [pat, dst].
+  kvx_desc regs[4];
+  ASSERT_EQ(kvx_peer_regions(a, "child", regs, 4), 2);
+  EXPECT_EQ(regs[0].len, sz);
+  EXPECT_EQ(kvx_peer_regions(a, "nobody", regs, 4), -1);
+  uint64_t pat = regs[0].addr, dst = regs[1].addr;
   uint64_t sbase = (uint64_t)(uintptr_t)src.data();
   ASSERT_TRUE(write_all(go[1], &sbase, 8));
   Blocks bl(sbase, dst, n, slot, 5);
