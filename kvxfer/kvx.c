@@ -157,7 +157,9 @@ void kvx_host_free(void *p, size_t len) {
   uint8_t *m = (uint8_t *)p - pg;
   host_hdr *h = (host_hdr *)m;
   int fd = (int)h->fd;
-  size_t sz = (len + pg - 1) / pg * pg;
+  if (h->magic != HOST_MAGIC) return;  // not from kvx_host_alloc: leave it alone
+  (void)len;  // the header knows the size
+  size_t sz = (h->size + pg - 1) / pg * pg;
   munmap(m, sz + pg);
   close(fd);
 }
@@ -369,7 +371,13 @@ int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out
   }
   for (int i = 0; i < KVX_NBE; i++) {
     if (!(a->enabled & (1u << i))) continue;
-    if (BACKENDS[i]->reg(a, r, err, errlen)) {
+    char e[256] = "";
+    if (BACKENDS[i]->reg(a, r, e, sizeof e)) {
+      if (!strcmp(a->backend, "auto") && i == KVX_BE_RDMA) {  // auto: the region still serves shm/tcp
+        kvx_log(a, "%s; region %p+%zu will not be reachable over rdma", e, addr, len);
+        continue;
+      }
+      kvx_set_err(err, errlen, "%s", e);
       for (int j = 0; j < i; j++)
         if (a->enabled & (1u << j)) BACKENDS[j]->dereg(a, r);
       free(r);

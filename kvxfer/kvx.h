@@ -84,7 +84,7 @@ int kvx_agent_port(const kvx_agent *a);              // bound tcp port (0 when t
 // Host memory that the shm backend can map into another process (memfd + MAP_SHARED),
 // zero-filled and page aligned. Register it to export it to same-host peers.
 void *kvx_host_alloc(size_t len, char *err, size_t errlen);
-void kvx_host_free(void *p, size_t len);
+void kvx_host_free(void *p, size_t len);  // p from kvx_host_alloc (or NULL); len is not needed (kept for symmetry)
 
 // Registration. Every registered region is exported to every authenticated peer in the
 // next kvx_pack_md. A region is shm-exportable when it spans a whole kvx_host_alloc
