@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
     --requests) requests="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --backend) backend="$2"; shift 2 ;;
-    -h|--help) sed -n 2,11p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
     *) echo "disagg_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -85,15 +85,19 @@ def metrics(port):
     return out
 
 
+class BenchError(Exception):
+    pass
+
+
 def ttft(port, prompt):
-    """Seconds from sending the request to the first streamed token."""
+    """Seconds from sending the request to the first streamed token; BenchError when the request fails."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     body = json.dumps({"prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": True})
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = c.getresponse()
     if r.status != 200:
-        sys.exit("disagg_bench.sh: HTTP %d: %s" % (r.status, r.read()[:300]))
+        raise BenchError("HTTP %d: %s" % (r.status, r.read()[:300]))
     t1 = None
     while True:
         line = r.readline()
@@ -102,15 +106,16 @@ def ttft(port, prompt):
         if line.startswith(b"data: {"):
             o = json.loads(line[6:])
             if "error" in o:
-                sys.exit("disagg_bench.sh: stream error: %s" % o["error"])
+                raise BenchError("stream error: %s" % o["error"].get("message"))
             if t1 is None and o.get("choices"):
                 t1 = time.perf_counter()
     c.close()
     if t1 is None:
-        sys.exit("disagg_bench.sh: no token streamed")
+        raise BenchError("no token streamed")
     return t1 - t0
 
 
+failed = 0
 try:
     co = launch("coloc", [{"name": "w0", "role": "both"}], 1000000)
     pd = launch("1p1d", [{"name": "p0", "role": "prefill", "kvxfer": {"backend": backend}},
@@ -123,7 +128,7 @@ try:
             try:
                 ttft(port, fresh(16))
                 break
-            except SystemExit:
+            except (BenchError, OSError):
                 if time.time() > end:
                     raise
                 time.sleep(0.2)
@@ -134,10 +139,19 @@ try:
     for n in lengths:
         tc, tp = [], []
         m0 = metrics(pd)
+        errs = []
         for _ in range(requests):
-            tc.append(ttft(co, fresh(n)))
-            tp.append(ttft(pd, fresh(n)))
+            for port, out in ((co, tc), (pd, tp)):
+                try:
+                    out.append(ttft(port, fresh(n)))
+                except BenchError as e:
+                    errs.append("%s: %s" % ("coloc" if port == co else "1p1d", e))
         m1 = metrics(pd)
+        if errs:
+            failed = 1
+            print("%8d  %d of %d requests failed: %s" % (n, len(errs), 2 * requests, "; ".join(sorted(set(errs)))))
+        if not tc or not tp:
+            continue
         cnt = m1["dserve:kv_transfer_time_seconds_count"] - m0["dserve:kv_transfer_time_seconds_count"]
         kvb = (m1["dserve:kv_transfer_bytes_total"] - m0["dserve:kv_transfer_bytes_total"]) / max(cnt, 1)
         kvs = (m1["dserve:kv_transfer_time_seconds_sum"] - m0["dserve:kv_transfer_time_seconds_sum"]) / max(cnt, 1)
@@ -157,4 +171,5 @@ finally:
         print("logs kept in", tmp)
     else:
         shutil.rmtree(tmp, ignore_errors=True)
+sys.exit(failed)
 PY
