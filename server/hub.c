@@ -23,10 +23,8 @@ struct srv_peer {
   srv_ctl *ctl;       // (owned)
   cJSON *hello;       // (owned) the other side's hello / hello_ok
   char name[64], role[16];
-  int refs;           // guarded by hub->mu
+  int refs;           // guarded by hub->mu; the connection's thread holds one while it runs
   int alive;          // guarded by hub->mu
-  pthread_t reader;
-  int has_reader;
   srv_peer *next_all; // hub->peers list
 };
 
@@ -47,7 +45,9 @@ struct srv_hub {
   pthread_cond_t cv;
   qitem *head, *tail; // event queue
   int wakeups;
-  srv_peer *peers;    // every peer ever made and not yet freed
+  srv_peer *peers;    // every live peer (freed when its last reference goes)
+  int n_threads;      // connection threads still running (detached); srv_hub_free waits for 0
+  pthread_cond_t threads_cv;
   int stopping;
 };
 
@@ -81,8 +81,49 @@ static void push(srv_hub *h, srv_peer *p, cJSON *msg) {
   pthread_mutex_unlock(&h->mu);
 }
 
-static void *reader_main(void *arg) {
-  srv_peer *p = arg;
+// Unlinks and frees p; the caller holds hub->mu and p->refs is 0.
+static void peer_destroy_locked(srv_peer *p) {
+  srv_hub *h = p->hub;
+  for (srv_peer **pp = &h->peers; *pp; pp = &(*pp)->next_all)
+    if (*pp == p) {
+      *pp = p->next_all;
+      break;
+    }
+  srv_ctl_free(p->ctl);
+  cJSON_Delete(p->hello);
+  free(p);
+}
+
+static void peer_release_locked(srv_peer *p) {
+  if (--p->refs == 0) peer_destroy_locked(p);
+}
+
+// The end of a connection thread: drop its reference, then let srv_hub_free know it is gone.
+static void thread_done(srv_peer *p) {
+  srv_hub *h = p->hub;
+  pthread_mutex_lock(&h->mu);
+  peer_release_locked(p);
+  h->n_threads--;
+  pthread_cond_broadcast(&h->threads_cv);
+  pthread_mutex_unlock(&h->mu);
+}
+
+static int start_thread(srv_hub *h, void *(*fn)(void *), srv_peer *p) {
+  pthread_t t;
+  pthread_mutex_lock(&h->mu);
+  h->n_threads++;
+  pthread_mutex_unlock(&h->mu);
+  if (pthread_create(&t, NULL, fn, p) == 0) {
+    pthread_detach(t);
+    return 0;
+  }
+  pthread_mutex_lock(&h->mu);
+  h->n_threads--;
+  pthread_mutex_unlock(&h->mu);
+  return -1;
+}
+
+static void read_until_closed(srv_peer *p) {
   char err[256];
   for (;;) {
     cJSON *m = NULL;
@@ -94,6 +135,11 @@ static void *reader_main(void *arg) {
   p->alive = 0;
   pthread_mutex_unlock(&p->hub->mu);
   push(p->hub, p, NULL); // the closed event
+}
+
+static void *reader_main(void *arg) {
+  read_until_closed(arg);
+  thread_done(arg);
   return NULL;
 }
 
@@ -109,7 +155,7 @@ static srv_peer *peer_new(srv_hub *h, int fd) {
     return NULL;
   }
   p->hub = h;
-  p->refs = 1; // the hub's own reference, dropped in srv_hub_free
+  p->refs = 1; // the connection thread's (or, until it starts, the creator's) reference
   pthread_mutex_lock(&h->mu);
   p->next_all = h->peers;
   h->peers = p;
@@ -129,7 +175,12 @@ static void start_reader(srv_peer *p) {
   pthread_mutex_lock(&p->hub->mu);
   p->alive = 1;
   pthread_mutex_unlock(&p->hub->mu);
-  if (pthread_create(&p->reader, NULL, reader_main, p) == 0) p->has_reader = 1;
+  if (start_thread(p->hub, reader_main, p)) { // no thread: the connection is dead on arrival
+    pthread_mutex_lock(&p->hub->mu);
+    p->alive = 0;
+    peer_release_locked(p);
+    pthread_mutex_unlock(&p->hub->mu);
+  }
 }
 
 static void make_nonce(char out[33]) {
@@ -193,13 +244,15 @@ static void *handshake_main(void *arg) {
     p->alive = 0;
     pthread_mutex_unlock(&h->mu);
     shutdown(srv_ctl_fd(p->ctl), SHUT_RDWR);
+    thread_done(p);
     return NULL;
   }
   push(h, p, cJSON_Duplicate(p->hello, 1)); // the loop learns of the peer through its hello
   pthread_mutex_lock(&h->mu);
   p->alive = 1;
   pthread_mutex_unlock(&h->mu);
-  reader_main(p);
+  read_until_closed(p);
+  thread_done(p);
   return NULL;
 }
 
@@ -214,7 +267,11 @@ static void *acceptor_main(void *arg) {
     if (fd < 0) continue;
     srv_peer *p = peer_new(h, fd);
     if (!p) continue;
-    if (pthread_create(&p->reader, NULL, handshake_main, p) == 0) p->has_reader = 1;
+    if (start_thread(h, handshake_main, p)) {
+      pthread_mutex_lock(&h->mu);
+      peer_release_locked(p);
+      pthread_mutex_unlock(&h->mu);
+    }
   }
   return NULL;
 }
@@ -234,6 +291,7 @@ int srv_hub_new(const srv_hub_opts *o, srv_hub **out, char *err, size_t errlen) 
   h->lfd = -1;
   pthread_mutex_init(&h->mu, NULL);
   pthread_cond_init(&h->cv, NULL);
+  pthread_cond_init(&h->threads_cv, NULL);
   if (pipe2(h->wake_pipe, O_CLOEXEC)) {
     snprintf(err, errlen, "pipe: %s", strerror(errno));
     free(h);
@@ -288,7 +346,9 @@ srv_peer *srv_hub_connect(srv_hub *h, const char *host, int port, int timeout_ms
   cJSON_Delete(ch);
   if (!good) {
     cJSON_Delete(ok);
-    srv_peer_close(p);
+    pthread_mutex_lock(&h->mu);
+    peer_release_locked(p);
+    pthread_mutex_unlock(&h->mu);
     return NULL;
   }
   take_names(p, ok);
@@ -361,12 +421,12 @@ void srv_peer_ref(srv_peer *p) {
   pthread_mutex_unlock(&p->hub->mu);
 }
 
-// Peers are freed with the hub (their threads may still be running until then); unref only counts.
 void srv_peer_unref(srv_peer *p) {
   if (!p) return;
-  pthread_mutex_lock(&p->hub->mu);
-  p->refs--;
-  pthread_mutex_unlock(&p->hub->mu);
+  srv_hub *h = p->hub;
+  pthread_mutex_lock(&h->mu);
+  peer_release_locked(p);
+  pthread_mutex_unlock(&h->mu);
 }
 
 void srv_peer_close(srv_peer *p) {
@@ -384,23 +444,22 @@ void srv_hub_free(srv_hub *h) {
     pthread_join(h->acceptor, NULL);
   }
   if (h->lfd >= 0) close(h->lfd);
+  pthread_mutex_lock(&h->mu);
   for (srv_peer *p = h->peers; p; p = p->next_all) srv_peer_close(p);
-  for (srv_peer *p = h->peers; p; p = p->next_all)
-    if (p->has_reader) pthread_join(p->reader, NULL);
-  for (qitem *q = h->head, *n; q; q = n) {
+  while (h->n_threads > 0) pthread_cond_wait(&h->threads_cv, &h->mu);
+  for (qitem *q = h->head, *n; q; q = n) { // queued events hold references
     n = q->next;
     cJSON_Delete(q->ev.msg);
+    peer_release_locked(q->ev.peer);
     free(q);
   }
-  for (srv_peer *p = h->peers, *n; p; p = n) {
-    n = p->next_all;
-    srv_ctl_free(p->ctl);
-    cJSON_Delete(p->hello);
-    free(p);
-  }
+  h->head = h->tail = NULL;
+  while (h->peers) peer_destroy_locked(h->peers); // references the caller still holds die with the hub
+  pthread_mutex_unlock(&h->mu);
   close(h->wake_pipe[0]);
   close(h->wake_pipe[1]);
   pthread_mutex_destroy(&h->mu);
   pthread_cond_destroy(&h->cv);
+  pthread_cond_destroy(&h->threads_cv);
   free(h);
 }

@@ -31,7 +31,8 @@ typedef struct srv_hub_opts {
 } srv_hub_opts;
 
 int srv_hub_new(const srv_hub_opts *o, srv_hub **out, char *err, size_t errlen);
-void srv_hub_free(srv_hub *h);   // closes every connection; pending events are dropped
+void srv_hub_free(srv_hub *h);   // closes every connection, waits for their threads; pending events and
+                                 // peers still referenced are freed with it
 int srv_hub_port(const srv_hub *h);
 // Opens a connection to another hub and completes the hello exchange (blocking, bounded by timeout_ms).
 // The peer then delivers events like an accepted one. Returns a new reference, or NULL with err.
