@@ -128,6 +128,13 @@ int kvx_nccl_serve(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, voi
       return -1;
     }
   }
+  // Ready: the initiator posts its side only after this, so a refused request never leaves it blocked in NCCL.
+  if (kvx_send_frame(fd, KVX_F_ACK, 0, h->req, 0, 0, 0, NULL, 0, to)) {
+    pthread_rwlock_unlock(&a->reg_lock);
+    free(buf);
+    kvx_set_err(why, cap, "nccl: could not answer the transfer frame");
+    return -1;
+  }
   cudaSetDevice(a->cuda_device);
   int rc = run_group(s, h->flags == KVX_READ, d, (size_t)n, 0, why, cap);
   pthread_rwlock_unlock(&a->reg_lock);
@@ -144,6 +151,9 @@ void kvx_nccl_serve_end(kvx_agent *a, void *state) {
 }
 
 // ---- initiator ----
+// Per request: NCCL_XFER frame -> ACK (receiver validated, posting its side) -> both run their grouped
+// sends/recvs -> ACK (receiver's stream done, notification queued). A peer that dies inside the NCCL group is not
+// detected by kvxfer's timeout (NCCL has none by default).
 typedef struct nccl_conn {
   kvx_agent *a;
   char peer[KVX_MAX_NAME], host[64];
@@ -225,6 +235,10 @@ static int nccl_run(nccl_conn *c, kvx_xfer *x, char *why, size_t cap) {
                ? -2
                : 0;
   free(buf);
+  if (!rc && wait_ack(c, x->id)) {  // the receiver validated the descriptors and is posting its side
+    snprintf(why, cap, "peer refused the transfer (see its log)");
+    rc = -2;
+  }
   if (!rc) {
     cudaSetDevice(c->a->cuda_device);
     rc = run_group(c->side, x->op == KVX_WRITE, loc, x->n_segs, 1, why, cap) ? -2 : 0;
