@@ -40,6 +40,7 @@ typedef struct dec_seq {
   int64_t handoff_deadline_ms;
   int64_t t_start_ms;
   double kv_bytes, kv_ms; // what the handoff moved and how long it took from the request
+  int remote_cached;      // prompt tokens the prefill worker found in its prefix cache
 } dec_seq;
 
 typedef struct dec_worker {
@@ -104,7 +105,7 @@ static void send_done(dec_seq *s, const char *finish_reason) {
   cJSON_AddStringToObject(m, "finish_reason", finish_reason);
   cJSON_AddNumberToObject(m, "prompt_tokens", s->req.n_prompt);
   cJSON_AddNumberToObject(m, "completion_tokens", s->n_gen);
-  cJSON_AddNumberToObject(m, "cached_tokens", 0);
+  cJSON_AddNumberToObject(m, "cached_tokens", s->seq.n_cached ? s->seq.n_cached : s->remote_cached);
   cJSON_AddNumberToObject(m, "kv_bytes", s->kv_bytes);
   cJSON_AddNumberToObject(m, "kv_ms", s->kv_ms);
   srv_peer_send(s->router, m);
@@ -301,7 +302,12 @@ static srv_peer *prefill_peer(dec_worker *w, const char *name) {
 
 static void try_send_table(dec_worker *w, dec_seq *s) {
   if (s->table_sent) return;
-  if (!s->seq.blocks.n && srv_blocks_reserve(w->rt->kv, &s->seq.blocks, s->req.n_prompt + 1)) return; // later
+  if (!s->seq.blocks.n && srv_blocks_reserve(w->rt->kv, &s->seq.blocks, s->req.n_prompt + 1)) {
+    int bs = srv_kvpool_kv(w->rt->kv)->block_size;
+    if (!w->eng.prefix || srv_prefix_evict_for(w->eng.prefix, (s->req.n_prompt + bs) / bs) <= 0 ||
+        srv_blocks_reserve(w->rt->kv, &s->seq.blocks, s->req.n_prompt + 1))
+      return; // later, when blocks come back
+  }
   srv_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return; // sent when the prefill worker connects
   srv_debug(w->rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
@@ -346,8 +352,7 @@ static void stats_reply(dec_worker *w, srv_peer *to) {
   cJSON_AddNumberToObject(m, "free_blocks", srv_kvpool_free_blocks(w->rt->kv));
   cJSON_AddNumberToObject(m, "total_blocks", srv_kvpool_total_blocks(w->rt->kv));
   cJSON_AddNumberToObject(m, "finished", (double)w->n_finished);
-  cJSON_AddNumberToObject(m, "prefix_hits", 0);
-  cJSON_AddNumberToObject(m, "prefix_queries", 0);
+  srv_engine_add_prefix_stats(&w->eng, m);
   srv_peer_send(to, m);
   cJSON_Delete(m);
 }
@@ -433,6 +438,8 @@ static void handle(dec_worker *w, srv_event *ev) {
       return;
     }
     s->got_first = 1;
+    const cJSON *rc = cJSON_GetObjectItemCaseSensitive(ev->msg, "cached_tokens");
+    s->remote_cached = cJSON_IsNumber(rc) ? (int)rc->valuedouble : 0;
     srv_debug(w->rt->w->name, "%s: kv_first from %s (notif %s)", s->req.id, srv_peer_name(ev->peer),
               s->got_notif ? "in" : "not yet");
     try_start(w, s);

@@ -249,6 +249,7 @@ static int maybe_finish(pfl_worker *w, pfl_req *r) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "op", "kv_first");
     cJSON_AddStringToObject(m, "id", r->req.id);
+    cJSON_AddNumberToObject(m, "cached_tokens", r->seq.n_cached);
     srv_kvwire_add_sampled(m, &r->first);
     int rc = srv_peer_send(r->link->peer, m);
     cJSON_Delete(m);
@@ -410,8 +411,7 @@ static void handle(pfl_worker *w, srv_event *ev) {
     cJSON_AddNumberToObject(m, "free_blocks", srv_kvpool_free_blocks(w->rt->kv));
     cJSON_AddNumberToObject(m, "total_blocks", srv_kvpool_total_blocks(w->rt->kv));
     cJSON_AddNumberToObject(m, "kv_bytes_pushed", w->bytes_pushed);
-    cJSON_AddNumberToObject(m, "prefix_hits", 0);
-    cJSON_AddNumberToObject(m, "prefix_queries", 0);
+    srv_engine_add_prefix_stats(&w->eng, m);
     srv_peer_send(ev->peer, m);
     cJSON_Delete(m);
   } else if (strcmp(op, "hello")) {

@@ -235,7 +235,7 @@ static const char *const K_ROUTER[] = {"node",          "host",         "port", 
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
-                                       "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", NULL};
+                                       "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", "prefix_cache_mb", NULL};
 static const char *const K_KVX[] = {"backend", "host", "port", NULL};
 static const char *const S_KERNELS[] = {"auto", "scalar", "avx2", "avx512", NULL};
 static const char *const S_KVTYPE[] = {"f16", "f32", NULL};
@@ -358,6 +358,8 @@ static int cfg_worker(cfg_ctx *x, const cJSON *w, int idx, srv_worker_cfg *o, co
     return -1;
   if (cfg_int32(x, w, p, "max_seqs", &o->max_seqs, 1, 65536, 64, 0)) return -1;
   if (cfg_int32(x, w, p, "max_batch_tokens", &o->max_batch_tokens, 1, 1 << 20, 512, 0)) return -1;
+  // Default: the prefix cache may keep up to half of the KV pool (unused cached blocks are evicted on demand).
+  if (cfg_num(x, w, p, "prefix_cache_mb", &o->prefix_cache_mb, 0, 0, 1e7, o->kv_budget_mb / 2)) return -1;
   const cJSON *k;
   char kp[48];
   snprintf(kp, sizeof kp, "%s.kvxfer", p);

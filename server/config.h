@@ -25,6 +25,7 @@ typedef struct srv_worker_cfg {
   char kv_type[8];        // "f16" or "f32"
   int max_seqs;           // sequences in the running batch at most
   int max_batch_tokens;   // tokens per forward step at most (prefill chunk size)
+  double prefix_cache_mb; // KV blocks the prefix cache may keep across requests (0 = no reuse)
   char kvx_backend[16];   // "auto", "tcp", "shm", "rdma", "nccl"
   char kvx_host[64];      // kvxfer listen address
   int kvx_port;           // 0 = ephemeral (advertised through the control hello)

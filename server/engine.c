@@ -36,14 +36,20 @@ int srv_seq_push(srv_seq *s, int32_t tok) {
 }
 
 int srv_engine_init(srv_engine *e, srv_runtime *rt, char *err, size_t errlen) {
-  (void)err;
-  (void)errlen;
   memset(e, 0, sizeof *e);
   e->rt = rt;
+  int blocks = (int)(rt->w->prefix_cache_mb * 1024.0 * 1024.0 / (double)srv_kvpool_block_bytes(rt->kv));
+  if (blocks > srv_kvpool_total_blocks(rt->kv)) blocks = srv_kvpool_total_blocks(rt->kv);
+  if (blocks >= 1) {
+    srv_prefix_opts o = {.budget_blocks = blocks};
+    if (srv_prefix_new(rt->kv, &o, &e->prefix, err, errlen)) return -1;
+  }
   return 0;
 }
 
 void srv_engine_fini(srv_engine *e) {
+  srv_prefix_free(e->prefix);
+  free(e->match_ids);
   free(e->run);
   free(e->wait);
   free(e->batch);
@@ -108,11 +114,42 @@ int srv_engine_busy(const srv_engine *e) { return e->n_run > 0 || e->n_wait > 0;
 
 static int block_size(const srv_engine *e) { return srv_kvpool_kv(e->rt->kv)->block_size; }
 
+// Takes the cached prefix of s (when it holds no blocks yet) and the blocks for the rest of its tokens.
+static int take_blocks(srv_engine *e, srv_seq *s) {
+  int bs = block_size(e);
+  if (e->prefix && s->blocks.n == 0) {
+    int want = s->n_toks / bs + 1;
+    if (want > e->cap_match) {
+      int32_t *m = realloc(e->match_ids, (size_t)want * sizeof *m);
+      if (m) {
+        e->match_ids = m;
+        e->cap_match = want;
+      }
+    }
+    int n = e->cap_match >= want ? srv_prefix_match(e->prefix, s->toks, s->n_toks, e->match_ids, want) : 0;
+    if (n > 0 && srv_blocks_append(&s->blocks, e->match_ids, n) == 0) {
+      s->n_done = s->n_cached = n * bs;
+      s->n_inserted = n;
+    } else {
+      for (int i = 0; i < n; i++) srv_kvpool_unref(e->rt->kv, e->match_ids[i]);
+    }
+  }
+  if (srv_blocks_reserve(e->rt->kv, &s->blocks, s->n_toks + 1) == 0) return 0;
+  if (e->prefix) { // cached blocks nobody is using make room
+    int need = (s->n_toks + 1 + bs - 1) / bs - s->blocks.n - srv_kvpool_free_blocks(e->rt->kv);
+    if (need > 0) srv_prefix_evict_for(e->prefix, need);
+    if (srv_blocks_reserve(e->rt->kv, &s->blocks, s->n_toks + 1) == 0) return 0;
+  }
+  srv_blocks_release(e->rt->kv, &s->blocks); // nothing held while it waits
+  s->n_done = s->n_cached = s->n_inserted = 0;
+  return -1;
+}
+
 void srv_engine_admit(srv_engine *e, void (*reject)(void *arg, srv_seq *s, int blocks_needed), void *arg) {
   int max_seqs = e->rt->w->max_seqs > 0 ? e->rt->w->max_seqs : 64;
   while (e->n_wait > 0 && e->n_run < max_seqs) {
     srv_seq *s = e->wait[0];
-    if (srv_blocks_reserve(e->rt->kv, &s->blocks, s->n_toks + 1)) {
+    if (take_blocks(e, s)) {
       if (e->n_run > 0) break; // blocks come back as running sequences finish
       remove_at(e->wait, &e->n_wait, 0);
       reject(arg, s, (s->n_toks + 1 + block_size(e) - 1) / block_size(e));
@@ -130,7 +167,7 @@ static int preempt(srv_engine *e, const srv_seq *keep, int n_batch) {
     srv_seq *v = e->run[i];
     if (v == keep || find(e->batch_of, n_batch, v) >= 0) continue;
     srv_blocks_release(e->rt->kv, &v->blocks);
-    v->n_done = 0;
+    v->n_done = v->n_cached = v->n_inserted = 0;
     remove_at(e->run, &e->n_run, i);
     memmove(e->wait + 1, e->wait, (size_t)e->n_wait * sizeof *e->wait);
     e->wait[0] = v;
@@ -152,7 +189,8 @@ int srv_engine_plan(srv_engine *e) {
       if (pass == 0) chunk = 1; // decode tokens never wait behind prefills
       if (chunk < 1) break;
       int ok;
-      while (!(ok = !srv_blocks_reserve(e->rt->kv, &s->blocks, s->n_done + chunk)) && !preempt(e, s, n))
+      while (!(ok = !srv_blocks_reserve(e->rt->kv, &s->blocks, s->n_done + chunk)) &&
+             !(e->prefix && srv_prefix_evict_for(e->prefix, 1) > 0) && !preempt(e, s, n))
         i = find(e->run, e->n_run, s); // the list shifted
       if (!ok) continue; // nothing left to take blocks from: it waits for others to finish
       e->batch[n] = (mdl_seq){.tokens = s->toks + s->n_done, .n_tokens = chunk, .pos0 = s->n_done,
@@ -182,12 +220,29 @@ int srv_engine_forward(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
   }
   if (mdl_llama_forward(e->rt->model, srv_kvpool_kv(e->rt->kv), e->batch, n, e->logits, on_layer, arg, err, errlen))
     return -1;
-  for (int i = 0; i < n; i++)
-    if (e->batch_of[i]) e->batch_of[i]->n_done += e->batch_chunk[i];
+  for (int i = 0; i < n; i++) {
+    srv_seq *s = e->batch_of[i];
+    if (!s) continue;
+    s->n_done += e->batch_chunk[i];
+    // Blocks this step filled become reusable by later requests (prompt and generated tokens alike).
+    int full = s->n_done / block_size(e);
+    if (e->prefix && full > s->n_inserted) {
+      srv_prefix_insert(e->prefix, s->toks, s->n_done, s->blocks.ids, full);
+      s->n_inserted = full;
+    }
+  }
   return 0;
 }
 
 int srv_engine_step(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen) {
   if (srv_engine_plan(e) == 0) return 0;
   return srv_engine_forward(e, on_layer, arg, err, errlen) ? -1 : 1;
+}
+
+void srv_engine_add_prefix_stats(const srv_engine *e, cJSON *msg) {
+  srv_prefix_stats st = {0};
+  if (e->prefix) srv_prefix_get_stats(e->prefix, &st);
+  cJSON_AddNumberToObject(msg, "prefix_hits", (double)(st.hit_tokens[0] + st.hit_tokens[1] + st.hit_tokens[2]));
+  cJSON_AddNumberToObject(msg, "prefix_queries", (double)st.query_tokens);
+  cJSON_AddNumberToObject(msg, "prefix_cached_blocks", st.blocks[0]);
 }

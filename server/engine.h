@@ -5,8 +5,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "models/llama.h"
 #include "server/kvpool.h"
+#include "server/prefix.h"
 #include "server/runtime.h"
 
 #ifdef __cplusplus
@@ -19,6 +22,8 @@ typedef struct srv_seq {
   int n_toks, cap;
   int n_done;      // tokens whose K/V are in the cache
   srv_blocks blocks;
+  int n_cached;    // leading tokens whose K/V came from the prefix cache at admission
+  int n_inserted;  // leading full blocks already offered to the prefix cache
   void *owner;     // (borrowed) the role's per-request state
 } srv_seq;
 
@@ -41,15 +46,20 @@ typedef struct srv_engine {
   int n_batch;
   float *logits;       // (owned) (cap_rows, n_vocab)
   int cap_rows;
+  srv_prefix *prefix;  // (owned) cross-request block store; NULL when the worker's prefix_cache_mb is 0
+  int32_t *match_ids;  // (owned) (cap_match) scratch for prefix matches
+  int cap_match;
 } srv_engine;
 
+// Also opens the prefix cache sized from the worker's prefix_cache_mb.
 int srv_engine_init(srv_engine *e, srv_runtime *rt, char *err, size_t errlen);
 void srv_engine_fini(srv_engine *e); // the sequences themselves belong to the caller
 int srv_engine_queue(srv_engine *e, srv_seq *s);   // waits for admission; -1 on out of memory
 int srv_engine_start(srv_engine *e, srv_seq *s);   // joins the batch now (its blocks are already reserved)
 void srv_engine_remove(srv_engine *e, srv_seq *s); // from either list; releases its blocks
-// Admits waiting sequences while blocks and batch slots last. A sequence that can never fit (the pool
-// is too small even when idle) is removed and passed to reject.
+// Admits waiting sequences while blocks and batch slots last, reusing the longest cached prefix of each
+// (its n_done and n_cached start past it) and evicting unused cached blocks when the pool is short.
+// A sequence that can never fit (the pool is too small even when idle) is removed and passed to reject.
 void srv_engine_admit(srv_engine *e, void (*reject)(void *arg, srv_seq *s, int blocks_needed), void *arg);
 // Runs one forward step (decode tokens first, then prefill chunks up to max_batch_tokens). Blocks that
 // decode growth needs are taken from the newest sequences (recompute preemption). 0 when nothing ran
@@ -59,6 +69,9 @@ int srv_engine_step(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, char *
 int srv_engine_plan(srv_engine *e); // fills batch / batch_of / batch_chunk; returns n_batch
 int srv_engine_forward(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen); // 0 / -1
 int srv_engine_busy(const srv_engine *e);
+// Adds the prefix cache's counters to a stats_ok message: prefix_hits / prefix_queries (tokens served from
+// the cache / prompt tokens looked up, running totals) and prefix_cached_blocks.
+void srv_engine_add_prefix_stats(const srv_engine *e, cJSON *msg);
 
 #ifdef __cplusplus
 }

@@ -102,7 +102,7 @@ struct Worker {
 struct Result {
   std::vector<int> tokens;
   std::string text, finish, error_code;
-  int prompt_tokens = 0, completion_tokens = 0;
+  int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
 
 // Collects every request's stream until each has its done or error.
@@ -126,6 +126,7 @@ std::map<std::string, Result> collect(Worker &w, int n_requests) {
       r.finish = cJSON_GetObjectItem(m, "finish_reason")->valuestring;
       r.prompt_tokens = cJSON_GetObjectItem(m, "prompt_tokens")->valueint;
       r.completion_tokens = cJSON_GetObjectItem(m, "completion_tokens")->valueint;
+      r.cached_tokens = cJSON_GetObjectItem(m, "cached_tokens")->valueint;
       finished++;
     } else if (op == "error") {
       r.error_code = cJSON_GetObjectItem(m, "code")->valuestring;
@@ -169,7 +170,8 @@ int free_blocks(Worker &w, int *total) {
     cJSON *m = w.next(10000);
     if (!m) return -1;
     if (!strcmp(cJSON_GetObjectItem(m, "op")->valuestring, "stats_ok")) {
-      int f = cJSON_GetObjectItem(m, "free_blocks")->valueint;
+      // Blocks the prefix cache keeps for later requests count as idle: nobody is using them.
+      int f = cJSON_GetObjectItem(m, "free_blocks")->valueint + cJSON_GetObjectItem(m, "prefix_cached_blocks")->valueint;
       *total = cJSON_GetObjectItem(m, "total_blocks")->valueint;
       cJSON_Delete(m);
       return f;
@@ -277,4 +279,26 @@ TEST(Worker, SmallPoolPreemptsAndStillFinishesEveryone) {
   }
   int total = 0;
   EXPECT_EQ(free_blocks(w, &total), total);
+}
+
+TEST(Worker, RepeatedPrefixIsReusedAndGivesTheSameTokens) {
+  if (access(kModel, R_OK)) GTEST_SKIP() << "model missing (see ModelIsPresent)";
+  Worker w;
+  ASSERT_NE(w.peer, nullptr);
+  std::string system = "<|im_start|>system\nYou are a careful assistant. Answer in one short sentence, and never "
+                       "use more words than needed. Be friendly.<|im_end|>\n";
+  auto a = encode(system + "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n");
+  auto b = encode(system + "<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n");
+  w.send(generate_json("first", a, 8));
+  Result first = collect(w, 1)["first"];
+  EXPECT_EQ(first.cached_tokens, 0);
+  w.send(generate_json("again", a, 8));
+  Result again = collect(w, 1)["again"];
+  EXPECT_EQ(again.tokens, first.tokens); // reuse never changes a greedy answer
+  EXPECT_GE(again.cached_tokens, (int)a.size() - 16);
+  EXPECT_EQ(again.cached_tokens % 16, 0); // whole blocks
+  w.send(generate_json("other", b, 8)); // shares only the system prompt's blocks
+  Result other = collect(w, 1)["other"];
+  EXPECT_GT(other.cached_tokens, 0);
+  EXPECT_LT(other.cached_tokens, (int)b.size());
 }

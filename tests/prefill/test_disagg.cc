@@ -192,7 +192,9 @@ int free_blocks(Cluster &c, const std::string &who, int *total) {
     srv_event ev;
     if (srv_hub_next(c.hub, &ev, 10000) != 1) return -1;
     if (ev.msg && !strcmp(cJSON_GetObjectItem(ev.msg, "op")->valuestring, "stats_ok")) {
-      int f = cJSON_GetObjectItem(ev.msg, "free_blocks")->valueint;
+      // Blocks the prefix cache keeps for later requests count as idle: nobody is using them.
+      int f = cJSON_GetObjectItem(ev.msg, "free_blocks")->valueint +
+              cJSON_GetObjectItem(ev.msg, "prefix_cached_blocks")->valueint;
       *total = cJSON_GetObjectItem(ev.msg, "total_blocks")->valueint;
       srv_event_done(&ev);
       return f;
