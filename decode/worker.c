@@ -22,7 +22,10 @@
 #include "server/runtime.h"
 
 #define DRAIN_MS 30000           // running requests get this long to finish after SIGTERM
-#define HANDOFF_TIMEOUT_MS 30000 // a prompt's KV must arrive this long after the request
+// A prompt's KV must arrive within this long after the request, plus a per-token allowance for the prefill
+// compute (a CPU prefill worker under load takes ~10 ms per token).
+#define HANDOFF_TIMEOUT_MS 30000
+#define HANDOFF_MS_PER_TOKEN 50
 
 typedef struct dec_seq {
   srv_seq seq;           // tokens, cache progress, blocks (engine state)
@@ -405,7 +408,7 @@ static void handle(dec_worker *w, srv_event *ev) {
     if (!s) return;
     int rc;
     if (s->handoff) {
-      s->handoff_deadline_ms = now_ms() + HANDOFF_TIMEOUT_MS;
+      s->handoff_deadline_ms = now_ms() + HANDOFF_TIMEOUT_MS + (int64_t)HANDOFF_MS_PER_TOKEN * s->req.n_prompt;
       rc = handoff_push(w, s);
       if (!rc) try_send_table(w, s);
     } else {

@@ -223,7 +223,7 @@ static void *handshake_main(void *arg) {
     }
   } else {
     // A health probe connects and closes without a word: not worth a log line.
-    if (ok && (m || !strstr(err, "closed")))
+    if (ok && (m || !(strstr(err, "closed") || strstr(err, "reset"))))
       fprintf(stderr, "dserve %s: refused a control peer: no hello (%s)\n", h->name, m ? "wrong op" : err);
     ok = 0;
   }
