@@ -16,6 +16,7 @@
 #include "server/engine.h"
 #include "server/genreq.h"
 #include "server/hub.h"
+#include "server/kvevents.h"
 #include "server/kvpool.h"
 #include "server/kvwire.h"
 #include "server/log.h"
@@ -56,6 +57,7 @@ typedef struct dec_worker {
   int n_handoffs, cap_handoffs;
   srv_peer **prefills;   // (owned references) (n_prefills) connected prefill workers
   int n_prefills, cap_prefills;
+  srv_kvevents kvev;     // connected routers, told of the prefix store's changes (kv_events)
   srv_signals sig;
   uint64_t n_finished;
 } dec_worker;
@@ -373,6 +375,7 @@ static int handoff_push(dec_worker *w, dec_seq *s) {
 }
 
 static void handle(dec_worker *w, srv_event *ev) {
+  srv_kvevents_on_event(&w->kvev, ev);
   if (!ev->msg) { // a connection closed
     if (!strcmp(srv_peer_role(ev->peer), "prefill")) {
       for (int i = 0; i < w->n_prefills; i++)
@@ -580,9 +583,11 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
       fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
       drop_where(&w, any, NULL, "internal_error", "forward step failed");
     }
+    srv_kvevents_flush(&w.kvev, w.eng.prefix);
   }
   drop_where(&w, any, NULL, "unavailable", "worker stopped before the request finished");
   srv_engine_fini(&w.eng);
+  srv_kvevents_fini(&w.kvev);
   srv_hub_free(w.hub);
   free(w.prefills); // the peers themselves die with the hub
   free(w.handoffs);

@@ -15,6 +15,7 @@
 #include "server/engine.h"
 #include "server/genreq.h"
 #include "server/hub.h"
+#include "server/kvevents.h"
 #include "server/kvpool.h"
 #include "server/kvwire.h"
 #include "server/runtime.h"
@@ -59,6 +60,7 @@ typedef struct pfl_worker {
   kvx_region *kv_region;  // (owned by kvx)
   pfl_link *links;        // (owned) (n_links)
   int n_links;
+  srv_kvevents kvev;      // connected routers, told of the prefix store's changes (kv_events)
   srv_signals sig;
   const srv_config *cfg;  // (borrowed)
   double bytes_pushed;
@@ -336,6 +338,7 @@ static void on_table(pfl_worker *w, srv_peer *from, const cJSON *m) {
 }
 
 static void handle(pfl_worker *w, srv_event *ev) {
+  srv_kvevents_on_event(&w->kvev, ev);
   if (!ev->msg) { // a connection closed
     for (int l = 0; l < 2; l++) {
       srv_seq **arr = l ? w->eng.wait : w->eng.run;
@@ -488,6 +491,7 @@ static void hello_extra(void *arg, cJSON *ok) {
   cJSON_AddNumberToObject(ok, "n_ctx", w->rt->n_ctx);
   cJSON_AddNumberToObject(ok, "n_vocab", mdl_tok_n_vocab(w->rt->tok));
   cJSON_AddNumberToObject(ok, "total_blocks", srv_kvpool_total_blocks(w->rt->kv));
+  srv_kvwire_add_layout(ok, w->rt->kv); // the router reads kv_layout.block_size for its prefix keys
 }
 
 int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, size_t errlen) {
@@ -532,12 +536,14 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
       fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
       while (w.eng.n_run) fail(&w, OWNER(w.eng.run[0]), "forward step failed%s", "");
     }
+    srv_kvevents_flush(&w.kvev, w.eng.prefix);
   }
   while (w.eng.n_run) req_free(&w, OWNER(w.eng.run[0]));
   while (w.eng.n_wait) req_free(&w, OWNER(w.eng.wait[0]));
   while (w.n_early) drop_early(&w, 0);
   free(w.early);
   srv_engine_fini(&w.eng);
+  srv_kvevents_fini(&w.kvev);
   srv_hub_free(w.hub);
   free(w.links);
   kvx_agent_free(w.kvx);

@@ -1,5 +1,7 @@
-// router/sched.c: the scheduling policy: least-loaded both worker, or decode worker + shortest-queue prefill worker.
+// router/sched.c: the scheduling policy: least-loaded (or best KV-overlap) both worker, or decode worker + prefill worker.
 #include "router/sched.h"
+
+#include <stdlib.h>
 
 int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, int disagg_threshold, rtr_sched_target *out) {
   int best_both = -1, best_dec = -1, best_pre = -1;
@@ -26,5 +28,71 @@ int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, int disagg_th
   if (best_dec < 0) return -1;
   out->decode = best_dec;
   out->prefill = (best_pre >= 0 && n_prompt >= disagg_threshold) ? best_pre : -1;
+  return 0;
+}
+
+static long queue_of(const rtr_sched_worker *w) {
+  return w->role == SRV_ROLE_PREFILL ? (long)w->inflight + w->waiting : (long)w->inflight + w->running + w->waiting;
+}
+
+// The best worker of role among w by score; -1 when none is up. keys: scratch (max_keys).
+static int best_by_kv(const rtr_sched_worker *w, int n, srv_role role, const int32_t *prompt, int n_prompt,
+                      const srv_kvindex *x, const srv_kvindex_weights *wt, uint64_t *keys, int max_keys,
+                      int *overlap_out) {
+  int best = -1, keys_bs = 0, n_keys = 0, best_ov = 0;
+  double best_score = 0;
+  long best_q = 0;
+  for (int i = 0; i < n; i++) {
+    if (!w[i].up || w[i].role != role) continue;
+    int bs = w[i].block_size > 0 ? w[i].block_size : 16;
+    if (bs != keys_bs) { // workers normally share one block size: the chain is computed once
+      n_keys = srv_blockhash_chain(NULL, prompt, n_prompt, bs, keys, max_keys);
+      keys_bs = bs;
+    }
+    long q = queue_of(&w[i]);
+    int ov = srv_kvindex_overlap(x, i, keys, n_keys);
+    int n_blocks = n_prompt / bs;
+    double sc = srv_kvindex_score(wt, ov, n_blocks, (int)(q > 1000000 ? 1000000 : q), w[i].free_blocks,
+                                  w[i].total_blocks);
+    if (best < 0 || sc > best_score || (sc == best_score && q < best_q)) {
+      best = i;
+      best_score = sc;
+      best_q = q;
+      best_ov = ov;
+    }
+  }
+  if (overlap_out) *overlap_out = best_ov;
+  return best;
+}
+
+int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, int n_prompt, int disagg_threshold,
+                      const srv_kvindex *x, const srv_kvindex_weights *wt, rtr_sched_target *out, int *overlap_out) {
+  if (overlap_out) *overlap_out = 0;
+  rtr_sched_target load;
+  if (rtr_sched_pick(w, n, n_prompt, disagg_threshold, &load) < 0) return -1;
+  srv_kvindex_weights dflt = srv_kvindex_weights_default();
+  if (!wt) wt = &dflt;
+  int min_bs = 0;
+  for (int i = 0; i < n; i++) {
+    int bs = w[i].block_size > 0 ? w[i].block_size : 16;
+    if (!min_bs || bs < min_bs) min_bs = bs;
+  }
+  int max_keys = n_prompt > 0 && min_bs > 0 ? n_prompt / min_bs : 0;
+  uint64_t *keys = x && max_keys > 0 ? malloc((size_t)max_keys * sizeof *keys) : NULL;
+  if (!keys) { // no index, no full block, or no memory: by load
+    *out = load;
+    return 0;
+  }
+  if (w[load.decode].role == SRV_ROLE_BOTH) {
+    out->decode = best_by_kv(w, n, SRV_ROLE_BOTH, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
+    out->prefill = -1;
+  } else if (load.prefill >= 0) {
+    out->decode = load.decode;
+    out->prefill = best_by_kv(w, n, SRV_ROLE_PREFILL, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
+  } else {
+    out->decode = best_by_kv(w, n, SRV_ROLE_DECODE, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
+    out->prefill = -1;
+  }
+  free(keys);
   return 0;
 }

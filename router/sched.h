@@ -1,8 +1,11 @@
-// router/sched.h: the scheduling policy: which worker(s) a request choice goes to (KV-aware routing comes later).
+// router/sched.h: the scheduling policy: which worker(s) a request choice goes to (by load, or KV-aware).
 #ifndef DSERVE_RTR_SCHED_H
 #define DSERVE_RTR_SCHED_H
 
+#include <stdint.h>
+
 #include "server/config.h"
+#include "server/kvindex.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,6 +19,7 @@ typedef struct rtr_sched_worker {
   int waiting;
   int free_blocks, total_blocks;
   int inflight;    // choices the router has sent it and not seen finish
+  int block_size;  // its KV block size (hello_ok kv_layout.block_size); < 1 means 16
 } rtr_sched_worker;
 
 typedef struct rtr_sched_target {
@@ -28,6 +32,18 @@ typedef struct rtr_sched_target {
 // paired with the prefill worker with the shortest queue when n_prompt >= disagg_threshold and one is up.
 // 0 with *out, -1 when no worker that can generate is up.
 int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, int disagg_threshold, rtr_sched_target *out);
+
+// KV-aware: the same shape of choice as rtr_sched_pick (both worker if any is up; else decode worker, with a
+// prefill worker when n_prompt >= disagg_threshold and one is up), but the worker that prefills (the both
+// worker; the prefill worker of a pair; the decode worker in mode local) is the eligible one with the best
+// srv_kvindex_score: x holds worker i's keys under id i, the prompt's keys come from srv_blockhash_chain with
+// that worker's block size, queue = inflight + running + waiting (prefill: inflight + waiting). Ties: shorter
+// queue, then lower index. The decode side of a pair stays by load. x NULL, or no memory for the keys: load
+// only (rtr_sched_pick). wt NULL: srv_kvindex_weights_default. *overlap_out (may be NULL): the chosen
+// worker's cached overlap in blocks. 0 with *out, -1 when no worker that can generate is up.
+int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt /* (n_prompt) */, int n_prompt,
+                      int disagg_threshold, const srv_kvindex *x, const srv_kvindex_weights *wt,
+                      rtr_sched_target *out, int *overlap_out);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,7 @@
 #include "router/openai.h"
 #include "router/sched.h"
 #include "server/hub.h"
+#include "server/kvindex.h"
 #include "server/log.h"
 #include "server/metrics.h"
 
@@ -34,6 +35,7 @@ typedef struct rtr_link {
   srv_peer *peer;              // (reference owned while up) guarded by s->mu; NULL when down
   int up;
   int n_ctx;
+  int block_size;              // hello_ok kv_layout.block_size (16 when absent): the prompt's key chain
   int running, waiting, free_blocks, total_blocks, inflight;
   double prefix_hits, prefix_queries; // last cumulative values seen
   int64_t last_stats_ms, last_stats_sent_ms;
@@ -113,6 +115,7 @@ struct rtr_server {
   int n_waiting, running_slots, capacity;
   unsigned long long next_id;
   long started;
+  srv_kvindex *kv;             // (owned) which worker (by link index) holds which prefix blocks; guarded by mu
   srv_metrics *m;              // (owned)
   srv_metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue, *m_kv_usage,
       *m_prefix_hits, *m_prefix_queries, *m_kv_bytes, *m_kv_time, *m_ok_stop, *m_ok_length, *m_fail;
@@ -545,6 +548,34 @@ static void on_stats(rtr_server *s, rtr_link *l, const cJSON *m) {
   update_kv_gauge_locked(s);
 }
 
+// {"op":"kv_events","events":[[kind, "key"], ...]}: applied in order to the link's index entries. A malformed
+// entry is skipped (the index is a hint: a missed event costs a recomputation, never a wrong answer).
+static void on_kv_events(rtr_server *s, rtr_link *l, const cJSON *m) {
+  const cJSON *evs = cJSON_GetObjectItemCaseSensitive(m, "events"), *e;
+  if (!s->kv || !cJSON_IsArray(evs)) return;
+  int li = (int)(l - s->links), n = 0;
+  srv_kv_event buf[256];
+  cJSON_ArrayForEach(e, evs) {
+    const cJSON *kind = cJSON_GetArrayItem(e, 0), *key = cJSON_GetArrayItem(e, 1);
+    if (!cJSON_IsArray(e) || !cJSON_IsNumber(kind)) continue;
+    char *end = NULL;
+    uint64_t k = 0;
+    if (cJSON_IsString(key)) {
+      errno = 0;
+      k = strtoull(key->valuestring, &end, 10);
+      if (errno || end == key->valuestring || *end) continue;
+    } else if (kind->valueint != SRV_KV_CLEARED) {
+      continue;
+    }
+    buf[n++] = (srv_kv_event){.key = k, .kind = kind->valueint};
+    if (n == (int)(sizeof buf / sizeof buf[0])) {
+      srv_kvindex_apply(s->kv, li, buf, n);
+      n = 0;
+    }
+  }
+  if (n) srv_kvindex_apply(s->kv, li, buf, n);
+}
+
 static void link_down_locked(rtr_server *s, rtr_link *l) {
   if (!l->peer) return;
   srv_warn(LOGC, "worker %s (%s:%d) disconnected", l->cfg->name, l->cfg->host, l->cfg->port);
@@ -552,6 +583,7 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
   l->peer = NULL;
   l->up = 0;
   int li = (int)(l - s->links);
+  if (s->kv) srv_kvindex_remove_worker(s->kv, li);
   rtr_error e;
   rtr_fail(&e, 503, "server_error", NULL, "worker_failure", "worker %s disconnected", l->cfg->name);
   for (rtr_req *r = s->reqs, *n; r; r = n) {
@@ -585,6 +617,8 @@ static void *dispatcher_main(void *arg) {
         const char *o = cJSON_IsString(op) ? op->valuestring : "";
         if (!strcmp(o, "stats_ok")) {
           on_stats(s, l, ev.msg);
+        } else if (!strcmp(o, "kv_events")) {
+          on_kv_events(s, l, ev.msg);
         } else if (cJSON_IsString(id) && (!strcmp(o, "token") || !strcmp(o, "done") || !strcmp(o, "error"))) {
           int ci;
           rtr_req *r = find_choice_locked(s, id->valuestring, &ci);
@@ -619,6 +653,9 @@ static void *link_main(void *arg) {
       if (p && !s->stopping) {
         const cJSON *ok = srv_peer_hello(p);
         l->n_ctx = (int)num(ok, "n_ctx", 0);
+        l->block_size = (int)num(cJSON_GetObjectItemCaseSensitive(ok, "kv_layout"), "block_size", 16);
+        if (l->block_size < 1) l->block_size = 16;
+        if (s->kv) srv_kvindex_remove_worker(s->kv, (int)(l - s->links)); // a new process: it tells us anew
         l->peer = p;
         l->up = 1;
         l->inflight = 0;
@@ -997,10 +1034,12 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     for (int i = 0; i < s->n_links; i++) {
       rtr_link *l = &s->links[i];
       w[i] = (rtr_sched_worker){l->up, l->cfg->role, l->running, l->waiting, l->free_blocks, l->total_blocks,
-                                l->inflight};
+                                l->inflight, l->block_size};
     }
     rtr_sched_target pick;
-    if (rtr_sched_pick(w, s->n_links, r->n_prompt, s->rc->disagg_threshold, &pick) < 0) {
+    srv_kvindex_weights wt = {s->rc->w_overlap, s->rc->w_queue, s->rc->w_free};
+    if (rtr_sched_pick_kv(w, s->n_links, r->prompt, r->n_prompt, s->rc->disagg_threshold, s->kv, &wt, &pick,
+                          NULL) < 0) {
       rc = rtr_fail(e, 503, "server_error", NULL, "no_worker", "no worker that can generate is available");
       break;
     }
@@ -1409,6 +1448,8 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
     return -1;
   }
   s->n_links = o->cfg->n_workers;
+  // The index is a hint: without memory for it the router routes by load.
+  if (s->n_links > 0 && srv_kvindex_new(s->n_links, 1 << 16, &s->kv, err, errlen) < 0) s->kv = NULL;
   for (int i = 0; i < s->n_links; i++) {
     s->links[i].s = s;
     s->links[i].cfg = &o->cfg->workers[i];
@@ -1465,6 +1506,7 @@ void rtr_server_free(rtr_server *s) {
     if (s->links[i].peer) srv_peer_unref(s->links[i].peer);
   srv_hub_free(s->hub);
   free(s->links);
+  srv_kvindex_free(s->kv);
   srv_metrics_free(s->m);
   pthread_cond_destroy(&s->link_cv);
   pthread_cond_destroy(&s->admit_cv);

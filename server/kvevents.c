@@ -1,0 +1,66 @@
+// server/kvevents.c: a worker's side of KV-aware routing: the routers it tells, and the kv_events messages it sends them.
+#include "server/kvevents.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KVEV_CHUNK 512
+
+void srv_kvevents_on_event(srv_kvevents *k, const srv_event *ev) {
+  if (!ev->peer || strcmp(srv_peer_role(ev->peer), "router")) return;
+  if (!ev->msg) { // closed
+    for (int i = 0; i < k->n; i++)
+      if (k->routers[i] == ev->peer) {
+        srv_peer_unref(k->routers[i]);
+        k->routers[i] = k->routers[--k->n];
+        return;
+      }
+    return;
+  }
+  const cJSON *op = cJSON_GetObjectItemCaseSensitive(ev->msg, "op");
+  if (!cJSON_IsString(op) || strcmp(op->valuestring, "hello")) return;
+  for (int i = 0; i < k->n; i++)
+    if (k->routers[i] == ev->peer) return;
+  if (k->n == k->cap) {
+    int cap = k->cap ? k->cap * 2 : 4;
+    srv_peer **np = realloc(k->routers, (size_t)cap * sizeof *np);
+    if (!np) return;
+    k->routers = np;
+    k->cap = cap;
+  }
+  srv_peer_ref(ev->peer);
+  k->routers[k->n++] = ev->peer;
+}
+
+int srv_kvevents_flush(srv_kvevents *k, srv_prefix *p) {
+  if (!p) return 0;
+  srv_kv_event ev[KVEV_CHUNK];
+  int total = 0, n;
+  while ((n = srv_prefix_drain_events(p, ev, KVEV_CHUNK)) > 0) {
+    total += n;
+    if (!k->n) continue;
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "op", "kv_events");
+    cJSON *arr = cJSON_AddArrayToObject(m, "events");
+    for (int i = 0; i < n; i++) {
+      char key[24];
+      snprintf(key, sizeof key, "%" PRIu64, ev[i].key);
+      cJSON *e = cJSON_CreateArray();
+      cJSON_AddItemToArray(e, cJSON_CreateNumber(ev[i].kind));
+      cJSON_AddItemToArray(e, cJSON_CreateString(key));
+      cJSON_AddItemToArray(arr, e);
+    }
+    for (int i = 0; i < k->n; i++) srv_peer_send(k->routers[i], m);
+    cJSON_Delete(m);
+  }
+  return total;
+}
+
+void srv_kvevents_fini(srv_kvevents *k) {
+  for (int i = 0; i < k->n; i++) srv_peer_unref(k->routers[i]);
+  free(k->routers);
+  k->routers = NULL;
+  k->n = k->cap = 0;
+}
