@@ -1,8 +1,9 @@
 """tests/router/test_openai_real.py: the official openai client against dserve serving the real SmolLM2 model.
 
 Usage: test_openai_real.py DSERVE_BINARY SOURCE_DIR. Starts `dserve launch` on a one-node colocated config with free
-ports (router + one `both` worker), then drives it with the `openai` package: chat and completions (stream and not),
-n=2, stop strings, seed reproducibility, usage in the stream, models.list and many concurrent streams. Fails when the
+ports (router + two `both` workers), then drives it with the `openai` package: chat and completions (stream and not),
+n=2, stop strings, seed reproducibility, usage in the stream, models.list, many concurrent streams, and KV-aware
+routing (a repeated long prompt lands where its prefix is cached: usage.prompt_tokens_details.cached_tokens > 0). Fails when the
 model file is missing (scripts/setup.sh fetches it)."""
 import json
 import os
@@ -41,6 +42,8 @@ def setUpModule():
         "model": MODEL, "model_name": "smollm2",
         "router": {"node": "local", "port": port, "max_n": 4},
         "workers": [{"name": "w0", "node": "local", "role": "both", "port": free_port(), "threads": 2,
+                     "kv_budget_mb": 64, "max_seqs": 64},
+                    {"name": "w1", "node": "local", "role": "both", "port": free_port(), "threads": 2,
                      "kv_budget_mb": 64, "max_seqs": 64}],
     }
     path = os.path.join(TMP, "local.json")
@@ -54,8 +57,9 @@ def setUpModule():
     while time.time() < deadline and LAUNCH.poll() is None:
         try:
             with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if r.status == 200:
+                if r.status == 200 and json.load(r).get("workers_up") == 2:
                     break
+                time.sleep(0.2)
         except Exception:
             time.sleep(0.2)
     else:
@@ -143,6 +147,27 @@ class RealModelTest(unittest.TestCase):
         for p in prompts[:3]:
             self.assertEqual(got[p], expected[p], p)  # batching does not change greedy output
         self.assertGreater(len(set(got.values())), len(prompts) // 2)  # distinct prompts, distinct answers
+
+    def test_repeated_prompt_reuses_cached_prefix(self):
+        # A long prompt, then the same prompt again while a long stream keeps one worker busy. Load-only routing
+        # sends the repeat to the idle worker whenever the busy one holds the prefix (with both idle the first
+        # worker gets the stream); KV-aware routing sends it where its blocks are, so it reports cached tokens.
+        words = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+                 "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+        prompt = " ".join(words[(i * 7) % len(words)] for i in range(400))
+        first = CLIENT.completions.create(model="smollm2", prompt=prompt, max_tokens=1, temperature=0)
+        self.assertGreater(first.usage.prompt_tokens, 256)
+        busy = CLIENT.completions.create(model="smollm2", prompt="Count slowly from one to one hundred:",
+                                         max_tokens=400, temperature=0, stream=True, extra_body={"ignore_eos": True})
+        it = iter(busy)
+        next(it)  # the stream runs on its worker from here on
+        try:
+            again = CLIENT.completions.create(model="smollm2", prompt=prompt, max_tokens=1, temperature=0)
+        finally:
+            busy.close()
+        self.assertEqual(again.usage.prompt_tokens, first.usage.prompt_tokens)
+        self.assertEqual(again.choices[0].text, first.choices[0].text)  # reuse does not change greedy output
+        self.assertGreater(again.usage.prompt_tokens_details.cached_tokens, 0)
 
 
 if __name__ == "__main__":
