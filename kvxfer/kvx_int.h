@@ -14,6 +14,7 @@
 #include <sys/uio.h>
 
 #include "kvxfer/kvx.h"
+#include "kvxfer/kvx_crypto.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -182,11 +183,7 @@ void kvx_thread_exit(kvx_agent *a);  // last call of every thread started by kvx
 int64_t kvx_now_ms(void);
 void kvx_set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-// ---- crypto (kvx_sha256.c) ----
-void kvx_sha256(const void *data, size_t len, uint8_t out[32]);
-void kvx_hmac_sha256(const void *key, size_t klen, const void *const *parts, const size_t *lens, int nparts,
-                     uint8_t out[32]);
-int kvx_ct_equal(const void *a, const void *b, size_t n);  // 1 when equal, constant time
+// ---- crypto (kvx_sha256.c): kvxfer/kvx_crypto.h ----
 
 // ---- wire helpers (kvx_wire.c) ----
 // Blocking I/O; a call stalled longer than timeout_ms (0 = no limit) fails. 0 ok, <0 error (why filled).

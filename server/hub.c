@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "server/ctl.h"
-#include "server/sha256.h"
+#include "kvxfer/kvx_crypto.h"
 
 #define HELLO_TIMEOUT_MS 5000
 
@@ -53,15 +53,15 @@ struct srv_hub {
 
 void srv_auth_proof(const char *secret, const char *nonce, char out[65]) {
   uint8_t mac[32];
-  srv_hmac_sha256((const uint8_t *)secret, strlen(secret), (const uint8_t *)nonce, strlen(nonce), mac);
+  const void *parts[] = {nonce};
+  size_t lens[] = {strlen(nonce)};
+  kvx_hmac_sha256(secret, strlen(secret), parts, lens, 1, mac);
   for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
 }
 
 int srv_consttime_eq(const char *a, const char *b) {
   size_t na = strlen(a), nb = strlen(b);
-  unsigned diff = na != nb;
-  for (size_t i = 0; i < na && i < nb; i++) diff |= (unsigned char)a[i] ^ (unsigned char)b[i];
-  return diff == 0;
+  return na == nb && kvx_ct_equal(a, b, na);
 }
 
 static void push(srv_hub *h, srv_peer *p, cJSON *msg) {

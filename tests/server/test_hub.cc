@@ -1,36 +1,15 @@
-// tests/server/test_hub.cc: SHA-256/HMAC vectors and the worker control hub (hello, secret, events).
+// tests/server/test_hub.cc: the worker control hub (secret proof, hello, events, refusal).
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "server/hub.h"
-#include "server/sha256.h"
 
-static std::string hex(const uint8_t *d, size_t n) {
-  std::string s;
-  char b[3];
-  for (size_t i = 0; i < n; i++) {
-    snprintf(b, 3, "%02x", d[i]);
-    s += b;
-  }
-  return s;
-}
-
-TEST(Sha256, KnownVectors) {
-  uint8_t out[32];
-  srv_sha256 s;
-  srv_sha256_init(&s);
-  srv_sha256_update(&s, "abc", 3);
-  srv_sha256_final(&s, out);
-  EXPECT_EQ(hex(out, 32), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  std::string m(1000000, 'a');
-  srv_sha256_init(&s);
-  srv_sha256_update(&s, m.data(), m.size());
-  srv_sha256_final(&s, out);
-  EXPECT_EQ(hex(out, 32), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-  // RFC 4231 test case 2
-  srv_hmac_sha256((const uint8_t *)"Jefe", 4, (const uint8_t *)"what do ya want for nothing?", 28, out);
-  EXPECT_EQ(hex(out, 32), "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+TEST(HubAuth, ProofIsHmacSha256OfTheNonce) {
+  // RFC 4231 test case 2: HMAC-SHA256("Jefe", "what do ya want for nothing?")
+  char proof[65];
+  srv_auth_proof("Jefe", "what do ya want for nothing?", proof);
+  EXPECT_STREQ(proof, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
 }
 
 TEST(Hub, HelloThenMessagesThenClose) {
