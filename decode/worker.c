@@ -110,7 +110,7 @@ static void send_done(dec_seq *s, const char *finish_reason) {
   cJSON_AddStringToObject(m, "finish_reason", finish_reason);
   cJSON_AddNumberToObject(m, "prompt_tokens", s->req.n_prompt);
   cJSON_AddNumberToObject(m, "completion_tokens", s->n_gen);
-  cJSON_AddNumberToObject(m, "cached_tokens", s->seq.n_cached ? s->seq.n_cached : s->remote_cached);
+  cJSON_AddNumberToObject(m, "cached_tokens", s->seq.n_cached > s->remote_cached ? s->seq.n_cached : s->remote_cached);
   cJSON_AddNumberToObject(m, "kv_bytes", s->kv_bytes);
   cJSON_AddNumberToObject(m, "kv_ms", s->kv_ms);
   srv_peer_send(s->router, m);
@@ -307,12 +307,8 @@ static srv_peer *prefill_peer(dec_worker *w, const char *name) {
 
 static void try_send_table(dec_worker *w, dec_seq *s) {
   if (s->table_sent) return;
-  if (!s->seq.blocks.n && srv_blocks_reserve(w->rt->kv, &s->seq.blocks, s->req.n_prompt + 1)) {
-    int bs = srv_kvpool_kv(w->rt->kv)->block_size;
-    if (!w->eng.prefix || srv_prefix_evict_for(w->eng.prefix, (s->req.n_prompt + bs) / bs) <= 0 ||
-        srv_blocks_reserve(w->rt->kv, &s->seq.blocks, s->req.n_prompt + 1))
-      return; // later, when blocks come back
-  }
+  // Blocks of the prompt this worker already caches (an earlier turn of the conversation) are not sent again.
+  if (!s->seq.blocks.n && srv_engine_take_blocks(&w->eng, &s->seq)) return; // later, when blocks come back
   srv_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return; // sent when the prefill worker connects
   srv_debug(w->rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
@@ -321,7 +317,7 @@ static void try_send_table(dec_worker *w, dec_seq *s) {
   cJSON_AddStringToObject(m, "id", s->req.id);
   cJSON *b = cJSON_AddArrayToObject(m, "blocks");
   for (int i = 0; i < s->seq.blocks.n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(s->seq.blocks.ids[i]));
-  cJSON_AddNumberToObject(m, "skip_blocks", 0);
+  cJSON_AddNumberToObject(m, "skip_blocks", s->seq.n_cached / srv_kvpool_kv(w->rt->kv)->block_size);
   s->table_sent = srv_peer_send(p, m) == 0;
   cJSON_Delete(m);
 }
@@ -336,7 +332,8 @@ static void try_start(dec_worker *w, dec_seq *s) {
     }
   s->handoff = 0;
   s->seq.n_done = s->req.n_prompt;
-  s->kv_bytes = (double)s->seq.blocks.n * (double)srv_kvpool_block_bytes(w->rt->kv);
+  int skipped = s->seq.n_cached / srv_kvpool_kv(w->rt->kv)->block_size;
+  s->kv_bytes = (double)(s->seq.blocks.n - skipped) * (double)srv_kvpool_block_bytes(w->rt->kv);
   s->kv_ms = (double)(now_ms() - s->t_start_ms);
   if (srv_engine_start(&w->eng, &s->seq)) {
     srv_send_error(s->router, s->req.id, "internal_error", "out of memory");

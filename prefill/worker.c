@@ -332,8 +332,12 @@ static void on_table(pfl_worker *w, srv_peer *from, const cJSON *m) {
     fail(w, r, "the decode worker sent a bad block table for %s", r->req.id);
     return;
   }
+  // Leading blocks the decode worker already holds (its own prefix cache) are not pushed.
+  const cJSON *skip = cJSON_GetObjectItemCaseSensitive(m, "skip_blocks");
+  int sk = cJSON_IsNumber(skip) && skip->valuedouble >= 0 && skip->valuedouble <= n ? (int)skip->valuedouble : 0;
   r->n_remote = n;
   r->have_table = 1;
+  if (sk > r->pushed_blocks) r->pushed_blocks = sk;
   if (catch_up(w, r) || maybe_finish(w, r)) fail(w, r, "KV push to %s failed", r->link->name);
 }
 

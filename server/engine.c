@@ -114,8 +114,7 @@ int srv_engine_busy(const srv_engine *e) { return e->n_run > 0 || e->n_wait > 0;
 
 static int block_size(const srv_engine *e) { return srv_kvpool_kv(e->rt->kv)->block_size; }
 
-// Takes the cached prefix of s (when it holds no blocks yet) and the blocks for the rest of its tokens.
-static int take_blocks(srv_engine *e, srv_seq *s) {
+int srv_engine_take_blocks(srv_engine *e, srv_seq *s) {
   int bs = block_size(e);
   if (e->prefix && s->blocks.n == 0) {
     int want = s->n_toks / bs + 1;
@@ -149,7 +148,7 @@ void srv_engine_admit(srv_engine *e, void (*reject)(void *arg, srv_seq *s, int b
   int max_seqs = e->rt->w->max_seqs > 0 ? e->rt->w->max_seqs : 64;
   while (e->n_wait > 0 && e->n_run < max_seqs) {
     srv_seq *s = e->wait[0];
-    if (take_blocks(e, s)) {
+    if (srv_engine_take_blocks(e, s)) {
       if (e->n_run > 0) break; // blocks come back as running sequences finish
       remove_at(e->wait, &e->n_wait, 0);
       reject(arg, s, (s->n_toks + 1 + block_size(e) - 1) / block_size(e));

@@ -61,6 +61,10 @@ void srv_engine_remove(srv_engine *e, srv_seq *s); // from either list; releases
 // (its n_done and n_cached start past it) and evicting unused cached blocks when the pool is short.
 // A sequence that can never fit (the pool is too small even when idle) is removed and passed to reject.
 void srv_engine_admit(srv_engine *e, void (*reject)(void *arg, srv_seq *s, int blocks_needed), void *arg);
+// What admission does for one sequence that holds no blocks: take its longest cached prefix (n_done and
+// n_cached move past it) and reserve blocks for the rest of its tokens, evicting unused cached blocks if
+// needed. 0, or -1 with nothing held when the pool is short.
+int srv_engine_take_blocks(srv_engine *e, srv_seq *s);
 // Runs one forward step (decode tokens first, then prefill chunks up to max_batch_tokens). Blocks that
 // decode growth needs are taken from the newest sequences (recompute preemption). 0 when nothing ran
 // (n_batch == 0), 1 after a step, -1 on error.

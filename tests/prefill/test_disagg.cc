@@ -262,3 +262,21 @@ TEST(Disagg, PrefillDeathFreesTheDecodeWorkersBlocks) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
   EXPECT_EQ(free_blocks(c, "d0", &total), total);
 }
+
+TEST(Disagg, DecodeWorkerReceivesOnlyTheBlocksItLacks) {
+  if (access(kModel, R_OK)) GTEST_SKIP() << "model missing: run scripts/setup.sh";
+  Cluster c("tcp");
+  ASSERT_TRUE(c.ok());
+  auto p = encode(kPrompts[1]); // several blocks long
+  c.send("p0", gen("t1", p, 6, "\"mode\":\"prefill\",\"decode\":\"d0\""));
+  c.send("d0", gen("t1", p, 6, "\"mode\":\"decode\",\"prefill\":\"p0\""));
+  Result first = collect(c, 1)["t1"];
+  ASSERT_EQ(first.error, "") << first.message;
+  c.send("p0", gen("t2", p, 6, "\"mode\":\"prefill\",\"decode\":\"d0\""));
+  c.send("d0", gen("t2", p, 6, "\"mode\":\"decode\",\"prefill\":\"p0\""));
+  Result again = collect(c, 1)["t2"];
+  ASSERT_EQ(again.error, "") << again.message;
+  EXPECT_EQ(again.tokens, first.tokens); // the same answer from the blocks d0 kept
+  EXPECT_GT(first.kv_bytes, 0);
+  EXPECT_LT(again.kv_bytes, first.kv_bytes); // only the blocks d0 did not hold crossed the wire
+}
