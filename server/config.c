@@ -235,7 +235,8 @@ static const char *const K_ROUTER[] = {"node",          "host",         "port", 
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
-                                       "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", "prefix_cache_mb", NULL};
+                                       "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", "prefix_cache_mb",
+                                       "prefix_host_mb", "prefix_disk_mb", "prefix_disk_path", NULL};
 static const char *const K_KVX[] = {"backend", "host", "port", NULL};
 static const char *const S_KERNELS[] = {"auto", "scalar", "avx2", "avx512", NULL};
 static const char *const S_KVTYPE[] = {"f16", "f32", NULL};
@@ -360,6 +361,15 @@ static int cfg_worker(cfg_ctx *x, const cJSON *w, int idx, srv_worker_cfg *o, co
   if (cfg_int32(x, w, p, "max_batch_tokens", &o->max_batch_tokens, 1, 1 << 20, 512, 0)) return -1;
   // Default: the prefix cache may keep up to half of the KV pool (unused cached blocks are evicted on demand).
   if (cfg_num(x, w, p, "prefix_cache_mb", &o->prefix_cache_mb, 0, 0, 1e7, o->kv_budget_mb / 2)) return -1;
+  // Second tier: blocks evicted from the pool are kept in host DRAM, then in one file on local disk.
+  if (cfg_num(x, w, p, "prefix_host_mb", &o->prefix_host_mb, 0, 0, 1e7, 0) ||
+      cfg_num(x, w, p, "prefix_disk_mb", &o->prefix_disk_mb, 0, 0, 1e8, 0) ||
+      cfg_str(x, w, p, "prefix_disk_path", o->prefix_disk_path, sizeof o->prefix_disk_path, ""))
+    return -1;
+  if (o->prefix_disk_mb > 0 && !o->prefix_disk_path[0]) {
+    snprintf(field, sizeof field, "%s.prefix_disk_path", p);
+    return cfg_fail(x, field, "needed when prefix_disk_mb > 0 (a file on local disk, one per worker)");
+  }
   const cJSON *k;
   char kp[48];
   snprintf(kp, sizeof kp, "%s.kvxfer", p);

@@ -26,6 +26,9 @@ typedef struct srv_worker_cfg {
   int max_seqs;           // sequences in the running batch at most
   int max_batch_tokens;   // tokens per forward step at most (prefill chunk size)
   double prefix_cache_mb; // KV blocks the prefix cache may keep across requests (0 = no reuse)
+  double prefix_host_mb;  // second tier in host DRAM for blocks evicted from the pool (0 = none)
+  double prefix_disk_mb;  // third tier: one file on local disk (0 = none)
+  char prefix_disk_path[256];
   char kvx_backend[16];   // "auto", "tcp", "shm", "rdma", "nccl"
   char kvx_host[64];      // kvxfer listen address
   int kvx_port;           // 0 = ephemeral (advertised through the control hello)

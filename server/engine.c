@@ -41,7 +41,11 @@ int srv_engine_init(srv_engine *e, srv_runtime *rt, char *err, size_t errlen) {
   int blocks = (int)(rt->w->prefix_cache_mb * 1024.0 * 1024.0 / (double)srv_kvpool_block_bytes(rt->kv));
   if (blocks > srv_kvpool_total_blocks(rt->kv)) blocks = srv_kvpool_total_blocks(rt->kv);
   if (blocks >= 1) {
-    srv_prefix_opts o = {.budget_blocks = blocks};
+    double bb = (double)srv_kvpool_block_bytes(rt->kv);
+    srv_prefix_opts o = {.budget_blocks = blocks,
+                         .host_blocks = (int)(rt->w->prefix_host_mb * 1024.0 * 1024.0 / bb),
+                         .disk_blocks = (int)(rt->w->prefix_disk_mb * 1024.0 * 1024.0 / bb),
+                         .disk_path = rt->w->prefix_disk_path};
     if (srv_prefix_new(rt->kv, &o, &e->prefix, err, errlen)) return -1;
   }
   return 0;
@@ -126,6 +130,13 @@ int srv_engine_take_blocks(srv_engine *e, srv_seq *s) {
       }
     }
     int n = e->cap_match >= want ? srv_prefix_match(e->prefix, s->toks, s->n_toks, e->match_ids, want) : 0;
+    // Blocks that were evicted to host DRAM or disk are read back: a copy costs far less than recomputing.
+    char rerr[256];
+    int tiers[3];
+    if (e->cap_match >= want && srv_prefix_peek(e->prefix, s->toks, s->n_toks, n, tiers) > tiers[0]) {
+      int r = srv_prefix_restore(e->prefix, s->toks, s->n_toks, n, e->match_ids + n, want - n, rerr, sizeof rerr);
+      if (r > 0) n += r;
+    }
     if (n > 0 && srv_blocks_append(&s->blocks, e->match_ids, n) == 0) {
       s->n_done = s->n_cached = n * bs;
       s->n_inserted = n;

@@ -29,12 +29,12 @@ struct Worker {
   srv_peer *peer = nullptr;
   std::string dir;
 
-  explicit Worker(double kv_mb = 64, int max_seqs = 16) {
+  explicit Worker(double kv_mb = 64, int max_seqs = 16, const std::string &extra = "") {
     char tmpl[] = "/tmp/dserve-worker-XXXXXX";
     dir = mkdtemp(tmpl);
     std::ofstream(dir + "/c.json") << "{\"model\": \"" << kModel << "\", \"workers\": [{\"name\": \"w0\", \"role\": "
                                    << "\"both\", \"port\": 0, \"threads\": 2, \"kv_budget_mb\": " << kv_mb
-                                   << ", \"max_seqs\": " << max_seqs << ", \"max_batch_tokens\": 64}]}";
+                                   << ", \"max_seqs\": " << max_seqs << ", \"max_batch_tokens\": 64" << extra << "}]}";
     int pipefd[2];
     EXPECT_EQ(pipe(pipefd), 0);
     pid = fork();
@@ -301,4 +301,26 @@ TEST(Worker, RepeatedPrefixIsReusedAndGivesTheSameTokens) {
   Result other = collect(w, 1)["other"];
   EXPECT_GT(other.cached_tokens, 0);
   EXPECT_LT(other.cached_tokens, (int)b.size());
+}
+
+TEST(Worker, EvictedPrefixIsReadBackFromHostMemory) {
+  if (access(kModel, R_OK)) GTEST_SKIP() << "model missing (see ModelIsPresent)";
+  // 8 pool blocks, of which the cache may keep 2; a host-DRAM tier catches what the pool evicts.
+  Worker w(3.0, 4, ", \"prefix_cache_mb\": 0.75, \"prefix_host_mb\": 4");
+  ASSERT_NE(w.peer, nullptr);
+  auto a = encode("The history of the Roman Empire spans many centuries. It began when Augustus became the first "
+                  "emperor and continued through periods of expansion, crisis and reform. Historians often divide it "
+                  "into the Principate and the Dominate.");
+  ASSERT_GT(a.size(), 32u);
+  w.send(generate_json("a1", a, 4));
+  Result first = collect(w, 1)["a1"];
+  for (const char *other : {"A completely different text about the ocean and its many creatures, deep and wide.",
+                            "Yet another passage, this one on mountains, rivers, valleys and the weather there."}) {
+    w.send(generate_json("o", encode(other), 4));
+    collect(w, 1);
+  }
+  w.send(generate_json("a2", a, 4));
+  Result again = collect(w, 1)["a2"];
+  EXPECT_EQ(again.tokens, first.tokens);
+  EXPECT_GE(again.cached_tokens, 32); // whole blocks came back from host memory instead of being recomputed
 }
