@@ -13,13 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "models/gguf.h"
-#include "models/tokenizer.h"
 #include "server/hub.h"
+#include "tests/model_tokens.h"
 
 namespace {
 
-const char *kModel = DSERVE_SOURCE_DIR "/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf";
+const char *kModel = dserve_test::model_path();
 
 // A `dserve both` child on an ephemeral control port, with a hub connected to it as "router".
 struct Worker {
@@ -137,24 +136,7 @@ std::map<std::string, Result> collect(Worker &w, int n_requests) {
   return out;
 }
 
-std::vector<int> encode(const std::string &text) {
-  char err[256];
-  mdl_gguf *g = nullptr;
-  mdl_tok *t = nullptr;
-  std::vector<int> ids;
-  if (mdl_gguf_open(kModel, &g, err, sizeof err) || mdl_tok_load(g, &t, err, sizeof err)) {
-    ADD_FAILURE() << err;
-  } else {
-    int32_t *p = nullptr;
-    size_t n = 0;
-    EXPECT_EQ(mdl_tok_encode(t, text.data(), text.size(), 1, &p, &n, err, sizeof err), 0) << err;
-    ids.assign(p, p + n);
-    free(p);
-  }
-  mdl_tok_free(t);
-  mdl_gguf_close(g);
-  return ids;
-}
+using dserve_test::encode;
 
 std::string generate_json(const std::string &id, const std::vector<int> &prompt, int max_tokens,
                           const std::string &extra = "") {
