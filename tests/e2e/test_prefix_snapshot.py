@@ -19,6 +19,7 @@ def prompt(seed, n=200):
 
 def generate(ctl, rid, toks):
     """Runs one request on a worker over its control connection; returns the done message."""
+    ctl.s.settimeout(120)  # a loaded machine or a sanitizer build computes slowly
     ctl.send({"op": "generate", "id": rid, "prompt": toks, "max_tokens": 1, "mode": "local",
               "sampling": {"temperature": 0}})
     while True:
@@ -32,7 +33,7 @@ def generate(ctl, rid, toks):
 def snapshot(ctl):
     """The kv_events messages a worker sends a router right after hello_ok: [kind, key] events, up to the last key."""
     evs = []
-    ctl.s.settimeout(10)
+    ctl.s.settimeout(60)
     m = ctl.recv()
     while m.get("op") == "kv_events":
         evs += m["events"]
@@ -41,7 +42,7 @@ def snapshot(ctl):
             m = ctl.recv()
         except OSError:
             break
-    ctl.s.settimeout(10)
+    ctl.s.settimeout(60)
     return evs
 
 
