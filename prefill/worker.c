@@ -342,7 +342,7 @@ static void on_table(pfl_worker *w, srv_peer *from, const cJSON *m) {
 }
 
 static void handle(pfl_worker *w, srv_event *ev) {
-  srv_kvevents_on_event(&w->kvev, ev);
+  srv_kvevents_on_event(&w->kvev, ev, w->eng.prefix);
   if (!ev->msg) { // a connection closed
     for (int l = 0; l < 2; l++) {
       srv_seq **arr = l ? w->eng.wait : w->eng.run;

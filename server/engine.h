@@ -74,7 +74,9 @@ int srv_engine_plan(srv_engine *e); // fills batch / batch_of / batch_chunk; ret
 int srv_engine_forward(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen); // 0 / -1
 int srv_engine_busy(const srv_engine *e);
 // Adds the prefix cache's counters to a stats_ok message: prefix_hits / prefix_queries (tokens served from
-// the cache / prompt tokens looked up, running totals) and prefix_cached_blocks.
+// the cache / prompt tokens looked up, running totals) and prefix_cached_blocks; with a cache also
+// prefix_tiers {"pool"|"host"|"disk": {hits, queries (tokens, running totals), blocks (resident now)}} for
+// each configured tier (srv_prefix_stats.hit_tokens / tier_query_tokens / blocks).
 void srv_engine_add_prefix_stats(const srv_engine *e, cJSON *msg);
 
 #ifdef __cplusplus
