@@ -418,6 +418,12 @@ static int start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
   int bs = block_size(w), n_prompt = r->req.n_prompt;
   if (want > (n_prompt - 1) / bs) want = (n_prompt - 1) / bs; // the last token is always computed
   if (!px || want < 1 || srv_prefix_peek(px, r->seq.toks, n_prompt, 0, NULL) >= want) return 0; // we hold it
+  const srv_worker_cfg *q = srv_config_worker(w->cfg, peer);
+  if (!q || q->role != SRV_ROLE_PREFILL || !strcmp(peer, w->rt->w->name)) {
+    srv_warn(w->rt->w->name, "%s: ignoring the prefix hint: '%s' is not another prefill worker of this cluster",
+             r->req.id, peer);
+    return 0;
+  }
   w->fetches++;
   char err[256];
   pfl_link *src = link_for(w, peer, SRV_ROLE_PREFILL, PULL_LINK_TIMEOUT_MS, err, sizeof err);
