@@ -108,6 +108,26 @@ TEST(Fetch, PrefillWorkerFetchesAPeersPrefixOverTcp) {
   EXPECT_NE(f.error, "");
   EXPECT_NE(f.message.find("prefix_peer"), std::string::npos) << f.message;
 
+  // The peer is stalled (SIGSTOP): p0 stops waiting after its fetch timeout and computes; the blocks it reserved
+  // for the peer stay reserved until the peer, resumed, answers (it may still write them).
+  auto late = encode("<|im_start|>user\nList the stations between Bologna and Florence on the old mountain line, "
+                     "and say which of them has a buffet open in the evening.<|im_end|>\n<|im_start|>assistant\n");
+  int kl = ((int)late.size() - 1) / 16;
+  c.send("p1", gen("l1", late, 2, "\"mode\":\"prefill\",\"decode\":\"d0\""));
+  c.send("d0", gen("l1", late, 2, "\"mode\":\"decode\",\"prefill\":\"p1\""));
+  ASSERT_EQ(collect(c, 1)["l1"].error, "");
+  kill(c.pids["p1"], SIGSTOP);
+  expect_same_as_colocated(c, "l2", "p0", late, hint("p1", kl));
+  int total = 0, idle = free_blocks(c, "p0", &total);
+  EXPECT_GE(kl, 2);
+  EXPECT_EQ(idle, total - kl); // reserved for the stalled peer
+  kill(c.pids["p1"], SIGCONT);
+  expect_idle(c, "p0");
+  s0 = stats(c, "p0");
+  EXPECT_EQ(s0["prefix_fetches"], 3);
+  EXPECT_EQ(s0["prefix_fetch_misses"], 2);
+  EXPECT_EQ(s0["prefix_fetched_blocks"], k);
+
   // The peer is dead: p0 computes at once (the connection is refused; nothing waits for the fetch timeout).
   kill(c.pids["p1"], SIGKILL);
   waitpid(c.pids["p1"], nullptr, 0);
@@ -120,8 +140,8 @@ TEST(Fetch, PrefillWorkerFetchesAPeersPrefixOverTcp) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
   expect_same_as_colocated(c, "h", "p0", later, hint("p1", k)); // p0 holds this prefix itself now
   s0 = stats(c, "p0");
-  EXPECT_EQ(s0["prefix_fetches"], 3);
-  EXPECT_EQ(s0["prefix_fetch_misses"], 2);
+  EXPECT_EQ(s0["prefix_fetches"], 4);
+  EXPECT_EQ(s0["prefix_fetch_misses"], 3);
   expect_idle(c, "p0");
   expect_idle(c, "d0");
 }
