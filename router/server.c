@@ -1099,6 +1099,14 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     if (pick.prefill >= 0) {
       s->links[pick.prefill].inflight++;
       msgs[n_msgs] = generate_msg(s, r, ci, "prefill", "decode", s->links[pick.decode].cfg->name);
+      int fetch_blocks, peer = s->rc->prefix_fetch ? rtr_sched_prefix_peer(w, s->n_links, r->prompt, r->n_prompt, s->kv,
+                                                                             pick.prefill, s->rc->prefix_fetch_min_blocks,
+                                                                             &fetch_blocks)
+                                                   : -1;
+      if (peer >= 0) { // a peer prefill worker holds more of the prefix: the prefill worker may fetch it
+        cJSON_AddStringToObject(msgs[n_msgs], "prefix_peer", s->links[peer].cfg->name);
+        cJSON_AddNumberToObject(msgs[n_msgs], "prefix_blocks", fetch_blocks);
+      }
       send_to[n_msgs++] = s->links[pick.prefill].peer;
       msgs[n_msgs] = generate_msg(s, r, ci, "decode", "prefill", s->links[pick.prefill].cfg->name);
       send_to[n_msgs++] = s->links[pick.decode].peer;

@@ -63,7 +63,9 @@ void srv_engine_remove(srv_engine *e, srv_seq *s); // from either list; releases
 void srv_engine_admit(srv_engine *e, void (*reject)(void *arg, srv_seq *s, int blocks_needed), void *arg);
 // What admission does for one sequence that holds no blocks: take its longest cached prefix (n_done and
 // n_cached move past it) and reserve blocks for the rest of its tokens, evicting unused cached blocks if
-// needed. 0, or -1 with nothing held when the pool is short.
+// needed. 0, or -1 with nothing held when the pool is short. A sequence queued with leading blocks already
+// in its table (n_done past them: a prefix a prefill worker fetched from a peer) is not matched again: only
+// the rest is reserved (on -1 it holds nothing, and is matched like any other next time).
 int srv_engine_take_blocks(srv_engine *e, srv_seq *s);
 // Runs one forward step (decode tokens first, then prefill chunks up to max_batch_tokens). Blocks that
 // decode growth needs are taken from the newest sequences (recompute preemption). 0 when nothing ran
