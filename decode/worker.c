@@ -18,6 +18,7 @@
 #include "server/hub.h"
 #include "server/kvevents.h"
 #include "server/kvpool.h"
+#include "server/kvstage.h"
 #include "server/kvwire.h"
 #include "server/log.h"
 #include "server/runtime.h"
@@ -53,6 +54,7 @@ typedef struct dec_worker {
   srv_engine eng;        // sequences' owner fields point at their dec_seq
   kvx_agent *kvx;        // (owned) decode role: receives KV
   kvx_region *kv_region; // (owned by kvx)
+  srv_kvstage *stage;    // (owned) host mirror prefill workers write into when the pool is out of their reach; or NULL
   dec_seq **handoffs;    // (owned array) (n_handoffs) waiting for their KV
   int n_handoffs, cap_handoffs;
   srv_peer **prefills;   // (owned references) (n_prefills) connected prefill workers
@@ -468,6 +470,13 @@ static void take_notifs(dec_worker *w) {
       srv_debug(w->rt->w->name, "notification '%s' from %s%s", id, nb[i].peer, s ? "" : " (no such request)");
       if (s && s->handoff) {
         s->got_notif = 1;
+        // Staging: the prompt's blocks landed in the mirror; the ones we cached ourselves were not sent.
+        int skip = s->seq.n_cached / srv_kvpool_kv(w->rt->kv)->block_size;
+        if (w->stage && srv_kvstage_in(w->stage, s->seq.blocks.ids + skip, s->seq.blocks.n - skip)) {
+          srv_send_error(s->router, s->req.id, "internal_error", "the prompt's KV blocks are outside the pool");
+          seq_drop(w, s);
+          continue;
+        }
         try_start(w, s);
       }
     }
@@ -518,13 +527,11 @@ static int open_kvx(dec_worker *w, const srv_config *cfg, char *err, size_t errl
   kvx_opts o = {.backend = wc->kvx_backend[0] ? wc->kvx_backend : "auto",
                 .listen_host = wc->kvx_host[0] ? wc->kvx_host : wc->host,
                 .listen_port = wc->kvx_port,
-                .secret = cfg->secret};
+                .secret = cfg->secret,
+                .cuda_device = strncmp(wc->device, "cuda:", 5) ? 0 : atoi(wc->device + 5)};
   w->kvx = kvx_agent_new(wc->name, &o, err, errlen);
   if (!w->kvx) return -1;
-  size_t bytes;
-  void *base = srv_kvpool_base(w->rt->kv, &bytes);
-  return kvx_register(w->kvx, base, bytes, strncmp(wc->device, "cuda", 4) ? KVX_MEM_HOST : KVX_MEM_CUDA,
-                      &w->kv_region, err, errlen);
+  return srv_kvstage_open(w->kvx, w->rt->kv, &w->rt->kc, wc, &w->stage, &w->kv_region, err, errlen);
 }
 
 int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, size_t errlen) {
@@ -536,6 +543,7 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   if (srv_runtime_open(cfg, wc, decode_role && strncmp(wc->device, "cuda", 4), &w.rt, err, errlen)) return -1;
   if (decode_role && open_kvx(&w, cfg, err, errlen)) {
     kvx_agent_free(w.kvx);
+    srv_kvstage_free(w.stage);
     srv_runtime_close(w.rt);
     return -1;
   }
@@ -544,6 +552,7 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   if (srv_hub_new(&ho, &w.hub, err, errlen) || srv_signals_start(&w.sig, w.hub)) {
     srv_hub_free(w.hub);
     kvx_agent_free(w.kvx);
+    srv_kvstage_free(w.stage);
     srv_runtime_close(w.rt);
     return -1;
   }
@@ -589,6 +598,7 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   free(w.prefills); // the peers themselves die with the hub
   free(w.handoffs);
   kvx_agent_free(w.kvx);
+  srv_kvstage_free(w.stage);
   srv_runtime_close(w.rt);
   fprintf(stderr, "dserve %s: stopped\n", wc->name);
   return 0;

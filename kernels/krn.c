@@ -1,4 +1,5 @@
 // kernels/krn.c: element types, half-float conversion and row sizes shared by every backend.
+#include <stdio.h>
 #include <string.h>
 
 #include "kernels/krn.h"
@@ -67,6 +68,46 @@ krn_f16 krn_f32_to_f16(float f) {
   uint32_t half = sign | ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fff;
   if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; // round to nearest even (may carry into exp)
   return (krn_f16)half;
+}
+
+int krn_event_new(krn_ctx *c, krn_event **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!c || !c->be) {
+    snprintf(err, errlen, "krn_event_new: no kernel context");
+    return -1;
+  }
+  if (!c->be->event_new) return 0; // ops complete when they return: nothing to wait for
+  *out = (krn_event *)c->be->event_new(c);
+  if (!*out) {
+    snprintf(err, errlen, "krn_event_new: backend %s could not create an event", c->be->name);
+    return -1;
+  }
+  return 0;
+}
+
+void krn_event_free(krn_ctx *c, krn_event *e) {
+  if (e && c->be->event_free) c->be->event_free(c, e);
+}
+
+void krn_event_record(krn_ctx *c, krn_event *e) {
+  if (e && c->be->event_record) c->be->event_record(c, e);
+}
+
+void krn_event_wait(krn_ctx *c, krn_event *e) {
+  if (e && c->be->event_wait) c->be->event_wait(c, e);
+}
+
+void krn_download_ready(krn_ctx *c, void *host_dst, const void *src, size_t bytes) {
+  if (c->be->download_ready) c->be->download_ready(c, host_dst, src, bytes);
+  else c->be->download(c, host_dst, src, bytes);
+}
+
+int krn_host_register(krn_ctx *c, void *host, size_t bytes) {
+  return c->be->host_register ? c->be->host_register(c, host, bytes) : 0;
+}
+
+void krn_host_unregister(krn_ctx *c, void *host) {
+  if (host && c->be->host_unregister) c->be->host_unregister(c, host);
 }
 
 #ifndef DSERVE_HAVE_CUDA

@@ -94,7 +94,34 @@ typedef struct krn_backend {
   // backend context set-up (cuda: device, stream, cublas); NULL for cpu backends
   int (*ctx_init)(krn_ctx *c, int device, char *err, size_t errlen);
   void (*ctx_fini)(krn_ctx *c);
+  // Optional; callers use the krn_event_*, krn_download_ready and krn_host_* wrappers below, which stand in
+  // for what a table leaves NULL. The cpu tables' events are trivial (ops have finished when they return) and
+  // they have no download_ready or host_register.
+  void *(*event_new)(krn_ctx *c);            // a marker in the ctx's queue of work; NULL when out of resources
+  void (*event_free)(krn_ctx *c, void *ev);
+  void (*event_record)(krn_ctx *c, void *ev); // ev now stands after everything queued on c so far
+  void (*event_wait)(krn_ctx *c, void *ev);   // blocks the calling thread until the work before ev has finished
+  // like download, but without waiting for the work queued on c: for memory whose writer the caller has
+  // already waited for (an event), so that the copy runs while c keeps computing
+  void (*download_ready)(krn_ctx *c, void *host_dst, const void *src, size_t bytes);
+  // page-locks host memory for faster upload/download (cuda: cudaHostRegister); 0 ok, -1 not pinned
+  int (*host_register)(krn_ctx *c, void *host, size_t bytes);
+  void (*host_unregister)(krn_ctx *c, void *host);
 } krn_backend;
+
+// Backend-neutral events, so that a consumer of one layer's output (a KV push) waits for that layer only,
+// not for the whole queue. On a table without event_new *out is NULL, which every call below accepts as
+// "already done". krn_event_new: 0, or -1 with err.
+typedef struct krn_event krn_event;
+int krn_event_new(krn_ctx *c, krn_event **out, char *err, size_t errlen);
+void krn_event_free(krn_ctx *c, krn_event *e);     // NULL: no-op
+void krn_event_record(krn_ctx *c, krn_event *e);
+void krn_event_wait(krn_ctx *c, krn_event *e);
+// be->download_ready, or be->download where the table has none.
+void krn_download_ready(krn_ctx *c, void *host_dst, const void *src, size_t bytes);
+// be->host_register / host_unregister; 0 (nothing to do) where the table has none.
+int krn_host_register(krn_ctx *c, void *host, size_t bytes);
+void krn_host_unregister(krn_ctx *c, void *host);
 
 const krn_backend *krn_cpu_scalar(void);               // the reference every backend is tested against
 const krn_backend *krn_cpu_best(void);                 // avx512 > avx2 > scalar by CPU feature detection

@@ -456,10 +456,7 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
     a.k_cache = mdl_kv_chunk(c, kv, l, 0, 0);
     a.v_cache = mdl_kv_chunk(c, kv, l, 1, 0);
     be->kv_store(kc, m->k, m->v, &a);
-    if (on_layer) {
-      if (be->sync) be->sync(kc);
-      on_layer(on_layer_arg, l);
-    }
+    if (on_layer) on_layer(on_layer_arg, l); // no sync: the callback waits for this layer only (llama.h)
     be->paged_attention(kc, m->att, m->q, &a);
     be->matmul(kc, xb, L->wo.data, L->wo.type, m->att, T, HD, E);
     be->add(kc, x, xb, (int64_t)T * E);

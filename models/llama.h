@@ -50,8 +50,11 @@ typedef struct mdl_seq {
   int want_logits;            // 1: return logits of the last new token
 } mdl_seq;
 
-// Called after layer `layer` has written its K and V for every sequence of the batch
-// (the prefill worker starts pushing that layer's blocks from here while the next layer computes).
+// Called once layer `layer`'s K and V writes for every sequence of the batch are queued on the model's
+// krn_ctx (the prefill worker starts pushing that layer's blocks from here while the next layer computes).
+// On a backend that runs ahead of the host (cuda) they may not have landed yet: a reader records a
+// krn_event on the ctx here and waits for it (krn_event_wait) before touching those blocks, which waits
+// for this layer's writes only, not for the rest of the queue. On cpu backends they have landed.
 typedef void (*mdl_layer_done_fn)(void *arg, int layer);
 
 typedef struct mdl_llama mdl_llama;

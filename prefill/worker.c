@@ -19,6 +19,7 @@
 #include "server/hub.h"
 #include "server/kvevents.h"
 #include "server/kvpool.h"
+#include "server/kvstage.h"
 #include "server/kvwire.h"
 #include "server/log.h"
 #include "server/runtime.h"
@@ -81,6 +82,8 @@ typedef struct pfl_worker {
   srv_engine eng;
   kvx_agent *kvx;         // (owned)
   kvx_region *kv_region;  // (owned by kvx)
+  srv_kvstage *stage;     // (owned) host mirror of the pool when it is out of kvxfer's reach (server/kvstage.h); or NULL
+  krn_event *layer_ev[2]; // (owned) markers after layer l's KV writes, at [l & 1]; NULL on a backend without events
   pfl_link **links;       // (owned) (n_links) each (owned)
   int n_links;
   pfl_pull *pulls;        // (owned list) prefix fetches in progress
@@ -231,9 +234,8 @@ static int catch_up(pfl_worker *w, pfl_req *r) {
   return 0;
 }
 
-// mdl_layer_done_fn: layer `layer` of this step is in our pool; push it for the live requests.
-static void on_layer(void *arg, int layer) {
-  pfl_worker *w = arg;
+// Layer `layer` of this step has landed in our pool: push it for the live requests.
+static void push_layer(pfl_worker *w, int layer) {
   for (int i = 0; i < w->eng.n_batch; i++) {
     srv_seq *sq = w->eng.batch_of[i];
     if (!sq) continue;
@@ -241,6 +243,30 @@ static void on_layer(void *arg, int layer) {
     if (!r->live || r->failed) continue;
     if (push(w, r, layer, layer + 1, r->step_b0, r->step_b1, 0)) r->failed = 1;
   }
+}
+
+// mdl_layer_done_fn: layer `layer`'s KV writes are queued. The backend may run ahead of us (cuda): mark
+// them, then push the layer before, waiting only for its marker, so the device computes this layer
+// meanwhile; flush_layers pushes the last layer once the forward pass returns. (The cpu backends' events
+// are trivial, so CPU runs take this same path.)
+static void on_layer(void *arg, int layer) {
+  pfl_worker *w = arg;
+  if (!w->layer_ev[0]) { // a backend without events: its writes have landed
+    push_layer(w, layer);
+    return;
+  }
+  krn_event_record(&w->rt->kc, w->layer_ev[layer & 1]);
+  if (layer > 0) {
+    krn_event_wait(&w->rt->kc, w->layer_ev[(layer - 1) & 1]);
+    push_layer(w, layer - 1);
+  }
+}
+
+static void flush_layers(pfl_worker *w) {
+  if (!w->layer_ev[0]) return;
+  int last = srv_kvpool_cfg(w->rt->kv)->n_layer - 1;
+  krn_event_wait(&w->rt->kc, w->layer_ev[last & 1]);
+  push_layer(w, last);
 }
 
 // After the prompt is computed, the table known and every write posted: notify and send kv_first.
@@ -385,6 +411,7 @@ static void resume(pfl_worker *w, pfl_pull *p, int got) {
   pfl_req *r = p->req;
   p->req = NULL;
   r->pull = NULL;
+  if (got > 0 && srv_kvstage_in(w->stage, p->blocks, got)) got = 0; // staging: the peer wrote into our mirror
   if (got > 0 && srv_blocks_append(&r->seq.blocks, p->blocks, got) == 0) { // the references move to r
     p->n -= got;
     memmove(p->blocks, p->blocks + got, (size_t)p->n * sizeof *p->blocks);
@@ -688,6 +715,7 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
     r->step_b1 = full_blocks(w, r, r->seq.n_done + w->eng.batch_chunk[i]);
   }
   if (srv_engine_forward(&w->eng, on_layer, w, err, errlen)) return -1;
+  flush_layers(w);
   int n_vocab = mdl_tok_n_vocab(w->rt->tok);
   for (int i = 0; i < w->eng.n_batch; i++) {
     srv_seq *sq = w->eng.batch_of[i];
@@ -721,18 +749,18 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   kvx_opts o = {.backend = wc->kvx_backend[0] ? wc->kvx_backend : "auto",
                 .listen_host = wc->kvx_host[0] ? wc->kvx_host : wc->host,
                 .listen_port = wc->kvx_port,
-                .secret = cfg->secret};
-  size_t bytes;
-  void *base = srv_kvpool_base(w.rt->kv, &bytes);
+                .secret = cfg->secret,
+                .cuda_device = strncmp(wc->device, "cuda:", 5) ? 0 : atoi(wc->device + 5)};
   w.kvx = kvx_agent_new(wc->name, &o, err, errlen);
   srv_hub_opts ho = {.name = wc->name, .role = "prefill", .secret = cfg->secret, .host = wc->host, .port = wc->port,
                      .hello_extra = hello_extra, .hello_arg = &w};
-  if (!w.kvx ||
-      kvx_register(w.kvx, base, bytes, strncmp(wc->device, "cuda", 4) ? KVX_MEM_HOST : KVX_MEM_CUDA, &w.kv_region,
-                   err, errlen) ||
+  if (!w.kvx || srv_kvstage_open(w.kvx, w.rt->kv, &w.rt->kc, wc, &w.stage, &w.kv_region, err, errlen) ||
+      krn_event_new(&w.rt->kc, &w.layer_ev[0], err, errlen) || krn_event_new(&w.rt->kc, &w.layer_ev[1], err, errlen) ||
       srv_hub_new(&ho, &w.hub, err, errlen) || srv_signals_start(&w.sig, w.hub)) {
     srv_hub_free(w.hub);
     kvx_agent_free(w.kvx);
+    srv_kvstage_free(w.stage);
+    for (int i = 0; i < 2; i++) krn_event_free(&w.rt->kc, w.layer_ev[i]);
     srv_runtime_close(w.rt);
     return -1;
   }
@@ -776,6 +804,8 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   for (int i = 0; i < w.n_links; i++) free(w.links[i]); // their peers die with the hub
   free(w.links);
   kvx_agent_free(w.kvx);
+  srv_kvstage_free(w.stage);
+  for (int i = 0; i < 2; i++) krn_event_free(&w.rt->kc, w.layer_ev[i]);
   srv_runtime_close(w.rt);
   fprintf(stderr, "dserve %s: stopped\n", wc->name);
   return 0;

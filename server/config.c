@@ -251,7 +251,8 @@ static const char *const K_WORKER[] = {"name",    "node",       "role",     "hos
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
                                        "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", "prefix_cache_mb",
                                        "prefix_host_mb", "prefix_disk_mb", "prefix_disk_path", NULL};
-static const char *const K_KVX[] = {"backend", "host", "port", NULL};
+static const char *const K_KVX[] = {"backend", "host", "port", "staging", NULL};
+static const char *const S_STAGING[] = {"auto", "on", "off", NULL};
 static const char *const S_KERNELS[] = {"auto", "scalar", "avx2", "avx512", NULL};
 static const char *const S_KVTYPE[] = {"f16", "f32", NULL};
 static const char *const S_BACKEND[] = {"auto", "tcp", "shm", "rdma", "nccl", NULL};
@@ -399,6 +400,9 @@ static int cfg_worker(cfg_ctx *x, const cJSON *w, int idx, srv_worker_cfg *o, co
   snprintf(field, sizeof field, "%s.host", kp);
   if (!o->kvx_host[0]) return cfg_fail(x, field, "must not be empty");
   if (cfg_int32(x, k, kp, "port", &o->kvx_port, 0, 65535, 0, 0)) return -1;
+  if (cfg_str(x, k, kp, "staging", o->kvx_staging, sizeof o->kvx_staging, "auto") ||
+      cfg_one_of(x, kp, "staging", o->kvx_staging, S_STAGING))
+    return -1;
   return 0;
 }
 
@@ -643,4 +647,18 @@ const srv_worker_cfg *srv_config_worker(const srv_config *c, const char *name) {
   for (int i = 0; c && name && i < c->n_workers; i++)
     if (!strcmp(c->workers[i].name, name)) return &c->workers[i];
   return NULL;
+}
+
+int srv_config_set_device(srv_config *c, const char *worker, const char *device, char *err, size_t errlen) {
+  srv_worker_cfg *w = (srv_worker_cfg *)srv_config_worker(c, worker);
+  if (!w) {
+    snprintf(err, errlen, "no worker named '%s'", worker ? worker : "");
+    return -1;
+  }
+  if (!device || !cfg_device_ok(device)) {
+    snprintf(err, errlen, "device \"%s\" is not one of: cpu, cuda, cuda:N", device ? device : "");
+    return -1;
+  }
+  snprintf(w->device, sizeof w->device, "%s", strcmp(device, "cuda") ? device : "cuda:0");
+  return 0;
 }

@@ -32,6 +32,7 @@ typedef struct srv_worker_cfg {
   char kvx_backend[16];   // "auto", "tcp", "shm", "rdma", "nccl"
   char kvx_host[64];      // kvxfer listen address
   int kvx_port;           // 0 = ephemeral (advertised through the control hello)
+  char kvx_staging[8];    // "auto", "on", "off": KV moves through a host mirror of a device pool (server/kvstage.h)
 } srv_worker_cfg;
 
 typedef struct srv_router_cfg {
@@ -73,6 +74,8 @@ int srv_config_parse(const char *json, size_t len, const char *path_for_errors, 
                      size_t errlen);
 void srv_config_free(srv_config *c);
 const srv_worker_cfg *srv_config_worker(const srv_config *c, const char *name);
+// Overrides worker's device (the command line's --device): "cpu", "cuda" (= "cuda:0") or "cuda:N"; 0, or -1 with err.
+int srv_config_set_device(srv_config *c, const char *worker, const char *device, char *err, size_t errlen);
 int srv_config_has_node(const srv_config *c, const char *node); // 1 when node is one of c->nodes
 int srv_role_parse(const char *s, srv_role *out);                // "both"/"prefill"/"decode"; -1 otherwise
 

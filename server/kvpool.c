@@ -14,6 +14,7 @@ struct srv_kvpool {
   mdl_kv kv;         // kv.base (owned) from kc->be->alloc, or kvx_host_alloc when shared
   size_t bytes;      // size of kv.base
   int shared;        // kv.base is shareable host memory (kvx_host_alloc)
+  srv_kvstage *stage; // (borrowed) host mirror peers reach instead, or NULL
   pthread_mutex_t mu;
   int32_t *free_ids; // (owned) (n_blocks) stack of free block ids; [0, n_free) are free
   int32_t *refs;     // (owned) (n_blocks) reference count per block; 0 = on the free list
@@ -114,6 +115,9 @@ int srv_kvpool_free_blocks(const srv_kvpool *p) {
 int srv_kvpool_total_blocks(const srv_kvpool *p) { return p->kv.n_blocks; }
 
 const mdl_llama_cfg *srv_kvpool_cfg(const srv_kvpool *p) { return &p->cfg; }
+
+void srv_kvpool_set_stage(srv_kvpool *p, srv_kvstage *s) { p->stage = s; }
+srv_kvstage *srv_kvpool_stage(const srv_kvpool *p) { return p->stage; }
 
 size_t srv_kvpool_block_bytes(const srv_kvpool *p) {
   return mdl_kv_block_bytes(&p->cfg, p->kv.type, p->kv.block_size);

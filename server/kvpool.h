@@ -12,6 +12,7 @@ extern "C" {
 #endif
 
 typedef struct srv_kvpool srv_kvpool;
+typedef struct srv_kvstage srv_kvstage; // server/kvstage.h
 
 typedef struct srv_kvpool_opts {
   size_t budget_bytes;  // the pool holds floor(budget / mdl_kv_block_bytes) blocks
@@ -30,6 +31,10 @@ int srv_kvpool_free_blocks(const srv_kvpool *p);
 int srv_kvpool_total_blocks(const srv_kvpool *p);
 const mdl_llama_cfg *srv_kvpool_cfg(const srv_kvpool *p);
 size_t srv_kvpool_block_bytes(const srv_kvpool *p); // one block over all layers, K and V (mdl_kv_block_bytes)
+// The host mirror peers reach instead of the pool (server/kvstage.h sets it), or NULL: srv_kvwire's layout and
+// writes go through it.
+void srv_kvpool_set_stage(srv_kvpool *p, srv_kvstage *s); // s borrowed
+srv_kvstage *srv_kvpool_stage(const srv_kvpool *p);
 
 // Reference counts. A block handed out (srv_blocks_reserve, srv_kvpool_alloc) has count 1; every holder
 // (a sequence's table, the prefix store) owns one reference, and the block returns to the free list when

@@ -6,11 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/kvstage.h"
+
 void srv_kvwire_add_layout(cJSON *msg, const srv_kvpool *kv) {
   const mdl_llama_cfg *c = srv_kvpool_cfg(kv);
   const mdl_kv *v = srv_kvpool_kv(kv);
   char base[32];
-  snprintf(base, sizeof base, "%" PRIu64, (uint64_t)(uintptr_t)v->base);
+  snprintf(base, sizeof base, "%" PRIu64, srv_kvstage_addr(srv_kvpool_stage(kv), v->base)); // the mirror, if staged
   cJSON *l = cJSON_AddObjectToObject(msg, "kv_layout");
   cJSON_AddNumberToObject(l, "n_layer", c->n_layer);
   cJSON_AddNumberToObject(l, "kv_dim", c->n_kv_head * c->head_dim);
@@ -81,6 +83,15 @@ int srv_kvwire_write_blocks(kvx_agent *a, const srv_kvpool *kv, const char *peer
         rem[i] = (kvx_desc){srv_kv_remote_chunk(remote, l, kvi, remote_ids[b]), chunk};
         i++;
       }
+  // Staging: the chunks go out of their host mirror slots, copied there now (the caller knows they are written).
+  srv_kvstage *st = srv_kvpool_stage(kv);
+  if (st && srv_kvstage_out(st, loc, (size_t)k)) {
+    free(loc);
+    free(rem);
+    snprintf(err, errlen, "a KV chunk lies outside the pool");
+    return -1;
+  }
+  for (int j = 0; st && j < k; j++) loc[j].addr = srv_kvstage_addr(st, (const void *)(uintptr_t)loc[j].addr);
   kvx_xfer *x = NULL;
   int rc = kvx_xfer_new(a, KVX_WRITE, loc, (size_t)k, rem, (size_t)k, peer, notif, notif_len, &x, err, errlen);
   free(loc);

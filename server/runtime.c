@@ -75,18 +75,20 @@ void srv_runtime_close(srv_runtime *rt) {
 }
 
 int srv_worker_cmd(int argc, char **argv, srv_role role, srv_worker_fn run) {
-  const char *config = NULL, *name = NULL;
+  const char *config = NULL, *name = NULL, *device = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
     else if (!strcmp(argv[i], "--name") && i + 1 < argc) name = argv[++i];
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
     else {
-      fprintf(stderr, "dserve %s: unknown argument '%s'\nusage: dserve %s --config FILE --name WORKER\n", argv[0],
-              argv[i], argv[0]);
+      fprintf(stderr,
+              "dserve %s: unknown argument '%s'\nusage: dserve %s --config FILE --name WORKER [--device cpu|cuda:N]\n",
+              argv[0], argv[i], argv[0]);
       return 2;
     }
   }
   if (!config || !name) {
-    fprintf(stderr, "usage: dserve %s --config FILE --name WORKER\n", argv[0]);
+    fprintf(stderr, "usage: dserve %s --config FILE --name WORKER [--device cpu|cuda:N]\n", argv[0]);
     return 2;
   }
   char err[1024];
@@ -97,7 +99,10 @@ int srv_worker_cmd(int argc, char **argv, srv_role role, srv_worker_fn run) {
   }
   const srv_worker_cfg *w = srv_config_worker(cfg, name);
   int rc = 0;
-  if (!w) {
+  if (w && device && srv_config_set_device(cfg, name, device, err, sizeof err)) { // overrides the config's "device"
+    fprintf(stderr, "dserve %s: --device: %s\n", argv[0], err);
+    rc = 2;
+  } else if (!w) {
     fprintf(stderr, "dserve %s: %s has no worker named '%s'\n", argv[0], config, name);
     rc = 2;
   } else if (w->role != role) {

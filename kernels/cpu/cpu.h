@@ -31,6 +31,10 @@ void krn_scalar_free(krn_ctx *c, void *p);
 void krn_scalar_upload(krn_ctx *c, void *dst, const void *src, size_t bytes);
 void krn_scalar_download(krn_ctx *c, void *dst, const void *src, size_t bytes);
 void krn_scalar_sync(krn_ctx *c);
+// Events of the cpu tables: ops have finished when they return, so an event is a token with nothing to wait
+// for. They exist so that a caller's event path (prefill/worker.c's per-layer pushes) runs in CPU-only tests too.
+void *krn_scalar_event_new(krn_ctx *c);
+void krn_scalar_event_noop(krn_ctx *c, void *ev);
 void krn_scalar_get_rows(krn_ctx *c, float *out, const void *w, krn_type wt, const int32_t *ids, int n, int k);
 void krn_scalar_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, float theta, int neox);
 void krn_scalar_kv_store(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a);

@@ -17,6 +17,12 @@ void krn_scalar_free(krn_ctx *c, void *p) { (void)c; free(p); }
 void krn_scalar_upload(krn_ctx *c, void *dst, const void *src, size_t bytes) { (void)c; if (bytes) memcpy(dst, src, bytes); }
 void krn_scalar_download(krn_ctx *c, void *dst, const void *src, size_t bytes) { (void)c; if (bytes) memcpy(dst, src, bytes); }
 void krn_scalar_sync(krn_ctx *c) { (void)c; }
+void *krn_scalar_event_new(krn_ctx *c) {
+  static const char token; // every cpu event is this one address: nothing is ever pending
+  (void)c;
+  return (void *)&token;
+}
+void krn_scalar_event_noop(krn_ctx *c, void *ev) { (void)c; (void)ev; }
 
 // ---- (de)quantization ----
 
@@ -271,6 +277,10 @@ static const krn_backend scalar_backend = {
     .paged_attention = scalar_paged_attention,
     .ctx_init = NULL,
     .ctx_fini = NULL,
+    .event_new = krn_scalar_event_new,
+    .event_free = krn_scalar_event_noop,
+    .event_record = krn_scalar_event_noop,
+    .event_wait = krn_scalar_event_noop,
 };
 
 const krn_backend *krn_cpu_scalar(void) { return &scalar_backend; }

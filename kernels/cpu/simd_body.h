@@ -536,6 +536,10 @@ static const krn_backend simd_backend = {
     .paged_attention = simd_paged_attention,
     .ctx_init = NULL,
     .ctx_fini = NULL,
+    .event_new = krn_scalar_event_new,
+    .event_free = krn_scalar_event_noop,
+    .event_record = krn_scalar_event_noop,
+    .event_wait = krn_scalar_event_noop,
 };
 
 const krn_backend *KRN_SIMD_TABLE(void) { return &simd_backend; }

@@ -112,6 +112,68 @@ static void cu_sync(krn_ctx *c) {
   }
 }
 
+// ---- events and copies that overlap compute ----
+
+static void *cu_event_new(krn_ctx *c) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  cudaEvent_t e = NULL;
+  if (!s) return NULL;
+  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+    krn_cuda_check(s, "event_new");
+    return NULL;
+  }
+  return (void *)e;
+}
+
+static void cu_event_free(krn_ctx *c, void *ev) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s || !ev) return;
+  cudaEventDestroy((cudaEvent_t)ev); // legal while pending: the resources go once the event completes
+}
+
+static void cu_event_record(krn_ctx *c, void *ev) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s || !ev) return;
+  if (cudaEventRecord((cudaEvent_t)ev, s->stream) != cudaSuccess) krn_cuda_check(s, "event_record");
+}
+
+static void cu_event_wait(krn_ctx *c, void *ev) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s || !ev) return;
+  cudaError_t e = cudaEventSynchronize((cudaEvent_t)ev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    krn_cuda_fail(s, "event_wait", cudaGetErrorString(e));
+  }
+}
+
+static void cu_download_ready(krn_ctx *c, void *host_dst, const void *src, size_t bytes) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s || bytes == 0) return;
+  // On the side stream: the compute stream goes on while these bytes leave the device.
+  if (cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, s->xfer) != cudaSuccess ||
+      cudaStreamSynchronize(s->xfer) != cudaSuccess) {
+    krn_cuda_check(s, "download_ready");
+    memset(host_dst, 0, bytes);
+  }
+}
+
+static int cu_host_register(krn_ctx *c, void *host, size_t bytes) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s || !host || !bytes) return -1;
+  if (cudaHostRegister(host, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+    cudaGetLastError(); // not fatal: copies from pageable memory still work, only slower
+    return -1;
+  }
+  return 0;
+}
+
+static void cu_host_unregister(krn_ctx *c, void *host) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s || !host) return;
+  if (cudaHostUnregister(host) != cudaSuccess) cudaGetLastError();
+}
+
 static void cu_ctx_fini(krn_ctx *c) {
   if (!c || !c->dev) return;
   krn_cuda_state *s = (krn_cuda_state *)c->dev;
@@ -120,6 +182,7 @@ static void cu_ctx_fini(krn_ctx *c) {
   for (int i = 0; i < 4; i++) cudaFree(s->scratch[i]);
   if (s->blas) cublasDestroy(s->blas);
   if (s->stream) cudaStreamDestroy(s->stream);
+  if (s->xfer) cudaStreamDestroy(s->xfer);
   free(s);
   c->dev = NULL;
 }
@@ -145,6 +208,7 @@ static int cu_ctx_init(krn_ctx *c, int device, char *err, size_t errlen) {
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s->xfer, cudaStreamNonBlocking);
   if (e != cudaSuccess) {
     snprintf(err, errlen, "cuda: device %d: %s", device, cudaGetErrorString(e));
     cudaGetLastError();
@@ -179,6 +243,13 @@ static const krn_backend cu_backend = {
     krn_cuda_paged_attention,
     cu_ctx_init,
     cu_ctx_fini,
+    cu_event_new,
+    cu_event_free,
+    cu_event_record,
+    cu_event_wait,
+    cu_download_ready,
+    cu_host_register,
+    cu_host_unregister,
 };
 
 extern "C" const krn_backend *krn_cuda(void) { return &cu_backend; }

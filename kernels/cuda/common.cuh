@@ -15,6 +15,7 @@ typedef struct krn_cuda_state {
   int n_sm;                 // multiprocessors of the device (sizes split-K grids)
   cudaStream_t stream;      // (owned) every op and copy of this ctx runs on it
   cublasHandle_t blas;      // (owned) bound to stream
+  cudaStream_t xfer;        // (owned) download_ready copies: they must not queue behind the compute on stream
   void *scratch[4];         // (owned) device scratch, see KRN_CUDA_SCR_*
   size_t scratch_bytes[4];
   int failed;               // sticky: 1 after the first CUDA error (reported once on stderr)

@@ -48,9 +48,9 @@ inline pid_t spawn(const std::string &role, const std::string &cfg, const std::s
 }
 
 // One worker of the generated config: 1 thread, a 32 MiB pool, plus extra (more JSON members, e.g.
-// "\"max_batch_tokens\": 32").
+// "\"max_batch_tokens\": 32") and kvx (more members of its kvxfer object, e.g. "\"staging\": \"on\"").
 struct WorkerSpec {
-  std::string name, role, extra;
+  std::string name, role, extra, kvx;
 };
 
 inline std::vector<WorkerSpec> default_workers() {
@@ -77,7 +77,7 @@ struct Cluster {
       ports[s.name] = free_port();
       js += std::string(i ? "," : "") + "{\"name\": \"" + s.name + "\", \"role\": \"" + s.role +
             "\", \"port\": " + std::to_string(ports[s.name]) + ", \"threads\": 1, \"kv_budget_mb\": 32";
-      if (s.role != "both") js += ", \"kvxfer\": {\"backend\": \"" + backend + "\"}";
+      if (s.role != "both") js += ", \"kvxfer\": {\"backend\": \"" + backend + "\"" + (s.kvx.empty() ? "" : ", " + s.kvx) + "}";
       if (!s.extra.empty()) js += ", " + s.extra;
       js += "}";
     }

@@ -15,9 +15,9 @@ const char *kPrompts[] = {
     "and continued through periods of expansion, crisis and reform. Historians often divide it into",
     "def quicksort(arr):\n    if len(arr) <= 1:\n        return arr\n"};
 
-void disagg_equals_colocated(const std::string &backend) {
+void disagg_equals_colocated(const std::string &backend, std::vector<WorkerSpec> workers = default_workers()) {
   if (access(kModel, R_OK)) GTEST_SKIP() << "model missing: run scripts/setup.sh";
-  Cluster c(backend);
+  Cluster c(backend, workers);
   ASSERT_TRUE(c.ok());
   for (int i = 0; i < 3; i++) {
     auto p = encode(kPrompts[i]);
@@ -48,6 +48,38 @@ void disagg_equals_colocated(const std::string &backend) {
 
 TEST(Disagg, GreedyOverTcpEqualsColocated) { disagg_equals_colocated("tcp"); }
 TEST(Disagg, GreedyOverShmEqualsColocated) { disagg_equals_colocated("shm"); }
+
+// Host staging (server/kvstage.h), forced on for CPU pools: the prefill worker copies each layer's blocks into
+// its mirror and pushes them from there; the decode worker exports only its mirror and copies a prompt's blocks
+// into its pool when the notification comes. Neither pool is registered, so equal output means the KV went
+// through both mirrors (they start zeroed). This is the path a GPU worker takes with a CPU peer.
+std::vector<WorkerSpec> staged(bool prefill, bool decode) {
+  auto w = default_workers();
+  for (auto &s : w)
+    if ((s.role == "prefill" && prefill) || (s.role == "decode" && decode)) s.kvx = "\"staging\": \"on\"";
+  return w;
+}
+
+TEST(Disagg, GreedyThroughHostStagingOnBothSidesEqualsColocated) { disagg_equals_colocated("tcp", staged(true, true)); }
+
+TEST(Disagg, GreedyIntoAStagingDecodeWorkerOverShmEqualsColocated) {
+  disagg_equals_colocated("shm", staged(false, true));
+}
+
+TEST(Disagg, StagingIsOnlyWhereAsked) {
+  if (access(kModel, R_OK)) GTEST_SKIP() << "model missing: run scripts/setup.sh";
+  {
+    Cluster c("tcp", staged(true, true));
+    ASSERT_TRUE(c.ok());
+    EXPECT_NE(c.log("p0").find("host mirror"), std::string::npos) << c.log("p0");
+    EXPECT_NE(c.log("d0").find("host mirror"), std::string::npos) << c.log("d0");
+  }
+  { // a CPU pool without "on" does not stage
+    Cluster c("tcp");
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(c.log("d0").find("host mirror"), std::string::npos) << c.log("d0");
+  }
+}
 
 TEST(Disagg, PrefillDeathFreesTheDecodeWorkersBlocks) {
   if (access(kModel, R_OK)) GTEST_SKIP() << "model missing: run scripts/setup.sh";

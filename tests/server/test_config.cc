@@ -181,7 +181,7 @@ TEST(Config, ValuesKept) {
     "router": {"api_keys": ["k1", "k2"], "port": 0, "max_tokens_limit": 100, "routing": {"free": 3},
                "prefix_fetch": true, "prefix_fetch_min_blocks": 2},
     "workers": [{"name": "a", "role": "prefill", "port": 0, "device": "cuda", "kv_budget_mb": 0.5,
-                 "kvxfer": {"backend": "rdma", "host": "10.0.0.9", "port": 7000}},
+                 "kvxfer": {"backend": "rdma", "host": "10.0.0.9", "port": 7000, "staging": "off"}},
                 {"name": "b", "role": "decode", "port": 0, "device": "cuda:3", "kernels": "avx512", "kv_type": "f32"}]})");
   ASSERT_EQ(x.rc, 0) << x.err;
   const srv_config *c = x.c;
@@ -201,6 +201,24 @@ TEST(Config, ValuesKept) {
   EXPECT_STREQ(c->workers[1].kernels, "avx512");
   EXPECT_STREQ(c->workers[1].kv_type, "f32");
   EXPECT_STREQ(srv_role_name(c->workers[1].role), "decode");
+  EXPECT_STREQ(c->workers[0].kvx_staging, "off");
+  EXPECT_STREQ(c->workers[1].kvx_staging, "auto"); // the default
+}
+
+TEST(Config, DeviceOverride) { // the command line's --device
+  Cfg x(kMin);
+  ASSERT_EQ(x.rc, 0) << x.err;
+  char err[256];
+  EXPECT_STREQ(srv_config_worker(x.c, "w0")->device, "cpu");
+  ASSERT_EQ(srv_config_set_device(x.c, "w0", "cuda:2", err, sizeof err), 0) << err;
+  EXPECT_STREQ(srv_config_worker(x.c, "w0")->device, "cuda:2");
+  ASSERT_EQ(srv_config_set_device(x.c, "w0", "cuda", err, sizeof err), 0) << err;
+  EXPECT_STREQ(srv_config_worker(x.c, "w0")->device, "cuda:0");
+  EXPECT_EQ(srv_config_set_device(x.c, "w0", "gpu0", err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("gpu0"), std::string::npos) << err;
+  EXPECT_STREQ(srv_config_worker(x.c, "w0")->device, "cuda:0"); // unchanged by the refused value
+  EXPECT_EQ(srv_config_set_device(x.c, "nobody", "cpu", err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("nobody"), std::string::npos) << err;
 }
 
 struct BadCase {
@@ -245,6 +263,7 @@ const BadCase kBad[] = {
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"backend": "udp"}}]})", "t.json: workers[0].kvxfer.backend: \"udp\" is not one of: auto, tcp, shm, rdma, nccl"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"bakend": "tcp"}}]})", "t.json: workers[0].kvxfer.bakend: unknown key"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": "tcp"}]})", "t.json: workers[0].kvxfer: expected an object"},
+    {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"staging": "yes"}}]})", "t.json: workers[0].kvxfer.staging: \"yes\" is not one of: auto, on, off"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"port": 65536}}]})", "t.json: workers[0].kvxfer.port: expected an integer 0..65535"},
     {R"({"model": "m", "workers": [{"port": 1, "host": ""}]})", "t.json: workers[0].host: must not be empty"},
     {R"({"model": "m", "workers": [{"port": 9000}, {"port": 9000}]})", "t.json: workers[1].port: 9000 on 127.0.0.1 is already used by workers[0].port"},

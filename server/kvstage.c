@@ -1,0 +1,144 @@
+// server/kvstage.c: host staging of KV transfers: a registered host mirror of a device pool, copied per chunk or block.
+#include "server/kvstage.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+struct srv_kvstage {
+  srv_kvpool *pool;   // (borrowed)
+  krn_ctx *kc;        // (borrowed) the context the pool lives on
+  uint8_t *base;      // (borrowed) the pool's buffer
+  size_t bytes;       // of the pool and of the mirror
+  uint8_t *mirror;    // (owned) kvx_host_alloc: same layout and block ids as the pool
+  int pinned;         // the mirror is page-locked by kc's backend
+  double out, in;     // bytes copied pool -> mirror, mirror -> pool
+};
+
+// 1 when KV of this worker moves through a mirror, 0 when peers reach the pool itself; -1 (err) when the
+// setting cannot work. *try_direct: first try to register the pool for GPUDirect (rdma), stage if that fails.
+static int want_stage(const srv_worker_cfg *wc, const krn_ctx *kc, int *try_direct, char *err, size_t errlen) {
+  const char *mode = wc->kvx_staging[0] ? wc->kvx_staging : "auto";
+  const char *be = wc->kvx_backend[0] ? wc->kvx_backend : "auto";
+  int on_device = kc->be->ctx_init != NULL; // the cpu backends keep memory on the host (kvpool.c says the same)
+  *try_direct = 0;
+  if (!strcmp(mode, "on")) {
+    if (!strcmp(be, "nccl")) {
+      snprintf(err, errlen, "kvxfer staging \"on\" does not work with backend nccl (it moves GPU memory only)");
+      return -1;
+    }
+    return 1;
+  }
+  if (!strcmp(mode, "off") || !on_device || !strcmp(be, "nccl")) return 0;
+  if (!strcmp(be, "rdma")) *try_direct = 1;
+  return 1; // tcp, shm and auto (which may pick either for a peer) cannot move GPU memory
+}
+
+int srv_kvstage_open(kvx_agent *a, srv_kvpool *pool, krn_ctx *kc, const srv_worker_cfg *wc, srv_kvstage **stage,
+                     kvx_region **region, char *err, size_t errlen) {
+  *stage = NULL;
+  *region = NULL;
+  if (!a || !pool || !kc || !kc->be || !wc) {
+    snprintf(err, errlen, "kvstage: missing agent, pool, kernel context or worker config");
+    return -1;
+  }
+  size_t bytes;
+  void *base = srv_kvpool_base(pool, &bytes);
+  int on_device = kc->be->ctx_init != NULL, try_direct;
+  int st = want_stage(wc, kc, &try_direct, err, errlen);
+  if (st < 0) return -1;
+  if (try_direct) {
+    char e[256] = "";
+    if (kvx_register(a, base, bytes, KVX_MEM_CUDA, region, e, sizeof e) == 0) return 0; // GPUDirect
+    fprintf(stderr, "dserve %s: %s; KV goes through host staging instead\n", wc->name, e);
+  }
+  if (!st) return kvx_register(a, base, bytes, on_device ? KVX_MEM_CUDA : KVX_MEM_HOST, region, err, errlen);
+
+  srv_kvstage *s = calloc(1, sizeof *s);
+  if (!s) {
+    snprintf(err, errlen, "kvstage: out of memory");
+    return -1;
+  }
+  s->pool = pool;
+  s->kc = kc;
+  s->base = base;
+  s->bytes = bytes;
+  char e[256] = "";
+  // memfd-backed, so that a same-host peer can map it (shm backend) as it would a host pool.
+  s->mirror = kvx_host_alloc(bytes, e, sizeof e);
+  if (!s->mirror) {
+    snprintf(err, errlen, "kvstage: cannot allocate a %zu-byte host mirror of the KV pool: %s", bytes, e);
+    free(s);
+    return -1;
+  }
+  s->pinned = on_device && krn_host_register(kc, s->mirror, bytes) == 0;
+  if (kvx_register(a, s->mirror, bytes, KVX_MEM_HOST, region, err, errlen)) {
+    srv_kvstage_free(s);
+    return -1;
+  }
+  srv_kvpool_set_stage(pool, s); // srv_kvwire's layout and writes name the mirror from now on
+  fprintf(stderr, "dserve %s: KV moves through a %.1f MiB host mirror of the %s pool (%s)\n", wc->name,
+          (double)bytes / (1024.0 * 1024.0), kc->be->name, s->pinned ? "pinned" : "pageable");
+  *stage = s;
+  return 0;
+}
+
+void srv_kvstage_free(srv_kvstage *s) {
+  if (!s) return;
+  if (srv_kvpool_stage(s->pool) == s) srv_kvpool_set_stage(s->pool, NULL);
+  if (s->pinned) krn_host_unregister(s->kc, s->mirror);
+  kvx_host_free(s->mirror, s->bytes);
+  free(s);
+}
+
+uint64_t srv_kvstage_addr(const srv_kvstage *s, const void *p) {
+  if (!s) return (uint64_t)(uintptr_t)p;
+  return (uint64_t)(uintptr_t)(s->mirror + ((const uint8_t *)p - s->base));
+}
+
+static int in_pool(const srv_kvstage *s, uint64_t addr, uint64_t len) {
+  uint64_t b = (uint64_t)(uintptr_t)s->base;
+  return addr >= b && len <= s->bytes && addr - b <= s->bytes - len;
+}
+
+int srv_kvstage_out(srv_kvstage *s, const kvx_desc *ranges, size_t n) {
+  if (!s) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (!in_pool(s, ranges[i].addr, ranges[i].len)) return -1;
+  const uint64_t b = (uint64_t)(uintptr_t)s->base;
+  for (size_t i = 0; i < n;) {
+    uint64_t a0 = ranges[i].addr, len = ranges[i].len;
+    size_t j = i + 1;
+    while (j < n && ranges[j].addr == a0 + len) len += ranges[j++].len; // one copy for a run of neighbours
+    krn_download_ready(s->kc, s->mirror + (a0 - b), s->base + (a0 - b), (size_t)len);
+    s->out += (double)len;
+    i = j;
+  }
+  return 0;
+}
+
+int srv_kvstage_in(srv_kvstage *s, const int32_t *blocks, int n) {
+  if (!s || n <= 0) return 0;
+  const mdl_llama_cfg *c = srv_kvpool_cfg(s->pool);
+  const mdl_kv *kv = srv_kvpool_kv(s->pool);
+  for (int i = 0; i < n; i++)
+    if (blocks[i] < 0 || blocks[i] >= kv->n_blocks) return -1;
+  const size_t chunk = mdl_kv_chunk_bytes(c, kv);
+  // Chunks of one (layer, K|V) are adjacent for consecutive block ids: copy each run of ids at once.
+  for (int l = 0; l < c->n_layer; l++)
+    for (int kvi = 0; kvi < 2; kvi++)
+      for (int i = 0; i < n;) {
+        int j = i + 1;
+        while (j < n && blocks[j] == blocks[j - 1] + 1) j++;
+        uint8_t *dst = mdl_kv_chunk(c, kv, l, kvi, blocks[i]);
+        s->kc->be->upload(s->kc, dst, s->mirror + (dst - s->base), (size_t)(j - i) * chunk);
+        s->in += (double)(j - i) * (double)chunk;
+        i = j;
+      }
+  return 0;
+}
+
+double srv_kvstage_bytes_out(const srv_kvstage *s) { return s ? s->out : 0; }
+double srv_kvstage_bytes_in(const srv_kvstage *s) { return s ? s->in : 0; }
