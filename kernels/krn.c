@@ -110,6 +110,10 @@ void krn_host_unregister(krn_ctx *c, void *host) {
   if (host && c->be->host_unregister) c->be->host_unregister(c, host);
 }
 
+int krn_ctx_error(krn_ctx *c, char *err, size_t errlen) {
+  return c && c->be && c->be->error ? c->be->error(c, err, errlen) : 0;
+}
+
 #ifndef DSERVE_HAVE_CUDA
 // Built without the CUDA toolkit: there is no cuda backend.
 const krn_backend *krn_cuda(void) { return NULL; }

@@ -107,6 +107,19 @@ typedef struct krn_backend {
   // page-locks host memory for faster upload/download (cuda: cudaHostRegister); 0 ok, -1 not pinned
   int (*host_register)(krn_ctx *c, void *host, size_t bytes);
   void (*host_unregister)(krn_ctx *c, void *host);
+  // The ctx's first failure (ops report none themselves: cuda errors are sticky on the ctx): 0 when none,
+  // else -1 with err. NULL in the cpu tables (their ops cannot fail at run time).
+  int (*error)(krn_ctx *c, char *err, size_t errlen);
+  // Step graphs (cuda graphs): graph_begin starts recording the ops then queued on c instead of running
+  // them; graph_end stops and returns a replayable graph (NULL when the recording broke: nothing ran, run the
+  // ops again without a graph). graph_launch replays it: every pointer, size and launch shape the recorded
+  // ops saw is baked in, so the caller replays only with the same buffers and shapes; -1 (nothing queued)
+  // when the backend reallocated scratch the graph uses since, after which the caller records a new one.
+  // NULL in the cpu tables.
+  int (*graph_begin)(krn_ctx *c);
+  void *(*graph_end)(krn_ctx *c);
+  int (*graph_launch)(krn_ctx *c, void *graph);
+  void (*graph_free)(krn_ctx *c, void *graph);
 } krn_backend;
 
 // Backend-neutral events, so that a consumer of one layer's output (a KV push) waits for that layer only,
@@ -122,6 +135,8 @@ void krn_download_ready(krn_ctx *c, void *host_dst, const void *src, size_t byte
 // be->host_register / host_unregister; 0 (nothing to do) where the table has none.
 int krn_host_register(krn_ctx *c, void *host, size_t bytes);
 void krn_host_unregister(krn_ctx *c, void *host);
+// be->error: 0, or -1 with the ctx's first failure in err; 0 where the table has none.
+int krn_ctx_error(krn_ctx *c, char *err, size_t errlen);
 
 const krn_backend *krn_cpu_scalar(void);               // the reference every backend is tested against
 const krn_backend *krn_cpu_best(void);                 // avx512 > avx2 > scalar by CPU feature detection

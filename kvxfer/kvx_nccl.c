@@ -8,7 +8,7 @@
 
 #include "kvxfer/kvx_int.h"
 
-#ifndef DSERVE_HAVE_CUDA
+#if !defined(DSERVE_HAVE_CUDA) || !defined(DSERVE_HAVE_NCCL)
 
 static int nccl_init(kvx_agent *a, char *err, size_t errlen) {
   (void)a;

@@ -16,6 +16,15 @@ typedef struct mdl_layer {
   mdl_w attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, wg, wu, wd; // bq/bk/bv data NULL when absent
 } mdl_layer;
 
+// The shape of a decode step that a recorded graph replays (its buffers are the model's, fixed until they grow).
+typedef struct mdl_graph_key {
+  int n_seqs, max_blocks;  // one token and one logits row per sequence; block-table width
+  const void *kv_base;
+  int kv_type, kv_block_size, kv_n_blocks;
+} mdl_graph_key;
+
+#define MDL_GRAPHS 8 // recorded decode steps kept (round robin)
+
 struct mdl_llama {
   mdl_llama_cfg cfg;
   const mdl_gguf *g;   // (borrowed)
@@ -25,6 +34,16 @@ struct mdl_llama {
   mdl_layer *layers;   // (owned) (n_layer)
   void **uploads;      // (owned) (n_uploads) device copies of the weights (cuda)
   int n_uploads;
+
+  // Step graphs (mdl_llama_set_graphs); kept before the scratch, which a failed grow clears.
+  int graphs;                      // 1: decode steps are recorded and replayed
+  struct {
+    mdl_graph_key key;
+    void *h;                       // (owned) from kc->be->graph_end
+  } gcache[MDL_GRAPHS];
+  int n_gcache, g_next;
+  mdl_graph_key last;              // the previous decode step's shape: a shape seen twice in a row is recorded
+  long n_replayed, n_recorded;
 
   // Scratch, grown as needed and reused across calls; backend memory unless said host.
   int cap_t;           // token rows the activation buffers hold
@@ -45,6 +64,28 @@ struct mdl_llama {
 };
 
 const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m) { return &m->cfg; }
+
+static void drop_graphs(mdl_llama *m) {
+  for (int i = 0; i < m->n_gcache; i++) m->kc->be->graph_free(m->kc, m->gcache[i].h);
+  m->n_gcache = m->g_next = 0;
+  memset(&m->last, 0, sizeof m->last);
+}
+
+int mdl_llama_set_graphs(mdl_llama *m, int on, char *err, size_t errlen) {
+  const krn_backend *be = m->kc->be;
+  if (on && !(be->graph_begin && be->graph_end && be->graph_launch && be->graph_free)) {
+    snprintf(err, errlen, "model: the %s backend has no step graphs", be->name);
+    return -1;
+  }
+  if (!on && m->graphs) drop_graphs(m);
+  m->graphs = on != 0;
+  return 0;
+}
+
+void mdl_llama_graph_stats(const mdl_llama *m, long *replayed, long *recorded) {
+  if (replayed) *replayed = m->n_replayed;
+  if (recorded) *recorded = m->n_recorded;
+}
 
 // ---- loading ----
 
@@ -246,6 +287,7 @@ static void free_scratch(mdl_llama *m) {
 
 void mdl_llama_free(mdl_llama *m) {
   if (!m) return;
+  if (m->graphs) drop_graphs(m);
   free_scratch(m);
   for (int i = 0; i < m->n_uploads; i++) m->kc->be->free(m->kc, m->uploads[i]);
   free(m->uploads);
@@ -267,6 +309,7 @@ static void bfree(mdl_llama *m, void *p) {
 
 static int grow_tokens(mdl_llama *m, int T, char *err, size_t errlen) {
   if (T <= m->cap_t) return 0;
+  if (m->graphs) drop_graphs(m); // they name the buffers about to move
   int cap = m->cap_t * 2 > T ? m->cap_t * 2 : T;
   if (cap < 16) cap = 16;
   const mdl_llama_cfg *c = &m->cfg;
@@ -303,6 +346,7 @@ static int grow_tokens(mdl_llama *m, int T, char *err, size_t errlen) {
 static int grow_seqs(mdl_llama *m, int S, int n_bt, char *err, size_t errlen) {
   int ok = 1;
   const mdl_llama_cfg *c = &m->cfg;
+  if (m->graphs && (S > m->cap_s || n_bt > m->cap_bt)) drop_graphs(m); // they name the buffers about to move
   if (S > m->cap_s) {
     int cap = m->cap_s * 2 > S ? m->cap_s * 2 : S;
     if (cap < 8) cap = 8;
@@ -339,6 +383,10 @@ static int grow_seqs(mdl_llama *m, int S, int n_bt, char *err, size_t errlen) {
 }
 
 // ---- forward ----
+
+static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R, mdl_layer_done_fn on_layer,
+                       void *on_layer_arg);
+static int step_graph(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a);
 
 int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
                       mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) {
@@ -395,6 +443,15 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
     return -1;
   }
   int T = (int)T64;
+  // A pure decode step (one new token and logits per sequence, no layer callback) may run from a recorded
+  // graph; its block tables are padded to a power-of-two width so that one graph serves many lengths.
+  const int graph_step = m->graphs && T == n_seqs && R == n_seqs && !on_layer;
+  if (graph_step)
+    for (int w = 16;; w *= 2)
+      if (w >= max_blocks) {
+        max_blocks = w;
+        break;
+      }
   if ((int64_t)n_seqs * max_blocks > (1 << 28)) {
     snprintf(err, errlen, "forward: block tables too large");
     return -1;
@@ -425,7 +482,6 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
   be->upload(kc, m->d_bt, m->h_bt, (size_t)n_seqs * max_blocks * 4);
   if (R) be->upload(kc, m->d_rows, m->h_rows, (size_t)R * 4);
 
-  int E = c->n_embd, HD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim, F = c->n_ff;
   krn_attn_args a = {
       .n_tokens = T,
       .n_head = c->n_head,
@@ -439,6 +495,23 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
       .kv_type = kv->type,
       .scale = 1.0f / sqrtf((float)c->head_dim),
   };
+  if (!graph_step || step_graph(m, kv, &a) != 0) run_layers(m, kv, &a, R, on_layer, on_layer_arg);
+  for (int i = 0; i < R; i++)
+    be->download(kc, logits + (size_t)m->h_rseq[i] * c->n_vocab, m->lo + (size_t)i * c->n_vocab,
+                 (size_t)c->n_vocab * sizeof(float));
+  if (be->sync) be->sync(kc);
+  return krn_ctx_error(kc, err, errlen) ? -1 : 0; // a device failure anywhere in the step (sticky on the ctx)
+}
+
+// The step's ops from the embedding lookup to the logits of the R rows that want them (left in m->lo).
+static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R, mdl_layer_done_fn on_layer,
+                       void *on_layer_arg) {
+  const mdl_llama_cfg *c = &m->cfg;
+  krn_ctx *kc = m->kc;
+  const krn_backend *be = kc->be;
+  krn_attn_args a = *ap;
+  const int T = a.n_tokens;
+  int E = c->n_embd, HD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim, F = c->n_ff;
   float *x = m->x, *xb = m->xb;
   be->get_rows(kc, x, m->tok_embd.data, m->tok_embd.type, m->d_ids, T, E);
   for (int l = 0; l < c->n_layer; l++) {
@@ -472,10 +545,51 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
     be->get_rows(kc, m->xo, x, KRN_F32, m->d_rows, R, E);
     be->rmsnorm(kc, m->xo, m->xo, m->output_norm.data, R, E, c->rms_eps);
     be->matmul(kc, m->lo, m->output.data, m->output.type, m->xo, R, E, c->n_vocab);
-    for (int i = 0; i < R; i++)
-      be->download(kc, logits + (size_t)m->h_rseq[i] * c->n_vocab, m->lo + (size_t)i * c->n_vocab,
-                   (size_t)c->n_vocab * sizeof(float));
   }
-  if (be->sync) be->sync(kc);
+}
+
+// Runs a decode step from its recorded graph, recording one when this shape came twice in a row. 0 when the
+// step ran (or is queued), -1 when the caller must run it plainly.
+static int step_graph(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a) {
+  const krn_backend *be = m->kc->be;
+  mdl_graph_key k;
+  memset(&k, 0, sizeof k); // compared with memcmp
+  k.n_seqs = a->n_tokens;
+  k.max_blocks = a->max_blocks;
+  k.kv_base = kv->base;
+  k.kv_type = kv->type;
+  k.kv_block_size = kv->block_size;
+  k.kv_n_blocks = kv->n_blocks;
+  for (int i = 0; i < m->n_gcache; i++)
+    if (!memcmp(&m->gcache[i].key, &k, sizeof k)) {
+      if (be->graph_launch(m->kc, m->gcache[i].h) == 0) {
+        m->n_replayed++;
+        return 0;
+      }
+      be->graph_free(m->kc, m->gcache[i].h); // stale (the backend moved scratch it uses): record it again
+      m->gcache[i] = m->gcache[--m->n_gcache];
+      if (m->g_next > m->n_gcache) m->g_next = 0;
+      break;
+    }
+  const int again = !memcmp(&m->last, &k, sizeof k);
+  m->last = k;
+  if (!again) return -1; // first sight of this shape: run it plainly (which also sizes the backend's scratch)
+  if (be->graph_begin(m->kc)) return -1;
+  run_layers(m, kv, a, a->n_tokens, NULL, NULL);
+  void *h = be->graph_end(m->kc);
+  if (!h) return -1; // the recording broke: nothing ran
+  int slot;
+  if (m->n_gcache < MDL_GRAPHS) {
+    slot = m->n_gcache++;
+  } else { // full: replace the oldest
+    slot = m->g_next;
+    m->g_next = (m->g_next + 1) % MDL_GRAPHS;
+    be->graph_free(m->kc, m->gcache[slot].h);
+  }
+  m->gcache[slot].key = k;
+  m->gcache[slot].h = h;
+  m->n_recorded++;
+  if (be->graph_launch(m->kc, h)) return -1;
+  m->n_replayed++;
   return 0;
 }

@@ -71,6 +71,16 @@ const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m);
 int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
                       mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen);
 
+// Step graphs, on backends that have them (cuda): a pure decode step (one new token and logits per sequence,
+// no layer callback) is recorded the second time its shape comes in a row (batch size, block-table width
+// rounded up to a power of two) and replayed after, which saves the launch cost of its few hundred kernels.
+// At most 8 shapes are kept; a scratch reallocation drops them. Off by default. on = 1 on a backend without
+// graphs: -1 with err. The numbers can differ slightly from a plain step (the padded width changes how the
+// attention kernel splits long contexts), never the batch's meaning.
+int mdl_llama_set_graphs(mdl_llama *m, int on, char *err, size_t errlen);
+// Decode steps that ran from a graph, and graphs recorded, since the model was loaded.
+void mdl_llama_graph_stats(const mdl_llama *m, long *replayed, long *recorded);
+
 #ifdef __cplusplus
 }
 #endif

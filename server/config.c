@@ -250,9 +250,10 @@ static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
                                        "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", "prefix_cache_mb",
-                                       "prefix_host_mb", "prefix_disk_mb", "prefix_disk_path", NULL};
+                                       "prefix_host_mb", "prefix_disk_mb", "prefix_disk_path", "cuda_graphs", NULL};
 static const char *const K_KVX[] = {"backend", "host", "port", "staging", NULL};
 static const char *const S_STAGING[] = {"auto", "on", "off", NULL};
+static const char *const S_ONOFF[] = {"off", "on", NULL};
 static const char *const S_KERNELS[] = {"auto", "scalar", "avx2", "avx512", NULL};
 static const char *const S_KVTYPE[] = {"f16", "f32", NULL};
 static const char *const S_BACKEND[] = {"auto", "tcp", "shm", "rdma", "nccl", NULL};
@@ -370,6 +371,9 @@ static int cfg_worker(cfg_ctx *x, const cJSON *w, int idx, srv_worker_cfg *o, co
   snprintf(field, sizeof field, "%s.device", p);
   if (!cfg_device_ok(o->device)) return cfg_fail(x, field, "\"%s\" is not one of: cpu, cuda, cuda:N", o->device);
   if (!strcmp(o->device, "cuda")) snprintf(o->device, sizeof o->device, "cuda:0");
+  if (cfg_str(x, w, p, "cuda_graphs", o->cuda_graphs, sizeof o->cuda_graphs, "off") ||
+      cfg_one_of(x, p, "cuda_graphs", o->cuda_graphs, S_ONOFF))
+    return -1;
   if (cfg_num(x, w, p, "kv_budget_mb", &o->kv_budget_mb, 0, 1, 1e7, 256)) return -1;
   if (cfg_int32(x, w, p, "block_size", &o->block_size, 1, 1024, 16, 0)) return -1;
   if (cfg_str(x, w, p, "kv_type", o->kv_type, sizeof o->kv_type, "f16") ||

@@ -20,6 +20,7 @@ typedef struct srv_worker_cfg {
   int threads;            // compute threads (default: CPUs of the node)
   char kernels[16];       // "auto", "scalar", "avx2", "avx512"
   char device[16];        // "cpu" or "cuda:N"
+  char cuda_graphs[4];    // "off" (default) or "on": decode steps replayed from CUDA graphs (models/llama.h)
   double kv_budget_mb;    // KV block pool size
   int block_size;         // tokens per KV block (16)
   char kv_type[8];        // "f16" or "f32"

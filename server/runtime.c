@@ -46,6 +46,7 @@ int srv_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareab
     if (be->ctx_init(&rt->kc, dev, e, sizeof e)) goto fail;
   }
   if (mdl_llama_load(rt->gguf, &rt->kc, &rt->model, e, sizeof e)) goto fail;
+  if (!strcmp(w->cuda_graphs, "on") && mdl_llama_set_graphs(rt->model, 1, e, sizeof e)) goto fail;
   const mdl_llama_cfg *mc = mdl_llama_config(rt->model);
   rt->n_ctx = mc->n_ctx_train > 0 ? mc->n_ctx_train : 2048;
   srv_kvpool_opts ko = {

@@ -26,6 +26,10 @@ krn_cuda_state *krn_cuda_st(krn_ctx *c) {
 }
 
 void krn_cuda_fail(krn_cuda_state *s, const char *what, const char *detail) {
+  if (s && s->capturing) { // a failure while recording a graph breaks that graph, not the ctx
+    s->capture_broken = 1;
+    return;
+  }
   if (!s || s->failed) return;
   s->failed = 1;
   snprintf(s->err, sizeof s->err, "%s: %s", what, detail);
@@ -42,6 +46,10 @@ int krn_cuda_check(krn_cuda_state *s, const char *what) {
 void *krn_cuda_scratch(krn_cuda_state *s, int slot, size_t bytes) {
   if (bytes == 0) bytes = 16;
   if (s->scratch_bytes[slot] >= bytes) return s->scratch[slot];
+  if (s->capturing) {
+    s->capture_broken = 1;
+    return NULL;
+  }
   size_t want = bytes + bytes / 4; // some headroom so that slowly growing batches do not realloc every step
   void *p = NULL;
   if (s->scratch[slot]) {
@@ -60,6 +68,7 @@ void *krn_cuda_scratch(krn_cuda_state *s, int slot, size_t bytes) {
   }
   s->scratch[slot] = p;
   s->scratch_bytes[slot] = want;
+  s->epoch++;
   return p;
 }
 
@@ -174,6 +183,17 @@ static void cu_host_unregister(krn_ctx *c, void *host) {
   if (cudaHostUnregister(host) != cudaSuccess) cudaGetLastError();
 }
 
+static int cu_error(krn_ctx *c, char *err, size_t errlen) {
+  krn_cuda_state *s = krn_cuda_st(c);
+  if (!s) {
+    snprintf(err, errlen, "cuda: ctx not initialised");
+    return -1;
+  }
+  if (!s->failed) return 0;
+  snprintf(err, errlen, "cuda: %s", s->err);
+  return -1;
+}
+
 static void cu_ctx_fini(krn_ctx *c) {
   if (!c || !c->dev) return;
   krn_cuda_state *s = (krn_cuda_state *)c->dev;
@@ -181,6 +201,7 @@ static void cu_ctx_fini(krn_ctx *c) {
   if (s->stream) cudaStreamSynchronize(s->stream);
   for (int i = 0; i < 4; i++) cudaFree(s->scratch[i]);
   if (s->blas) cublasDestroy(s->blas);
+  cudaFree(s->blas_ws);
   if (s->stream) cudaStreamDestroy(s->stream);
   if (s->xfer) cudaStreamDestroy(s->xfer);
   free(s);
@@ -217,6 +238,16 @@ static int cu_ctx_init(krn_ctx *c, int device, char *err, size_t errlen) {
   }
   cublasStatus_t bs = cublasCreate(&s->blas);
   if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(s->blas, s->stream);
+  // A workspace of its own (32 MiB, what cuBLAS asks for on Hopper), so that no cuBLAS call allocates while a
+  // step graph is being captured.
+  const size_t ws = (size_t)32 << 20;
+  if (bs == CUBLAS_STATUS_SUCCESS && cudaMalloc(&s->blas_ws, ws) != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(err, errlen, "cuda: device %d: cannot allocate the %zu-byte cuBLAS workspace", device, ws);
+    cu_ctx_fini(c);
+    return -1;
+  }
+  if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(s->blas, s->blas_ws, ws);
   if (bs != CUBLAS_STATUS_SUCCESS) {
     snprintf(err, errlen, "cuda: cublas on device %d: %s", device, cublasGetStatusString(bs));
     cu_ctx_fini(c);
@@ -250,6 +281,11 @@ static const krn_backend cu_backend = {
     cu_download_ready,
     cu_host_register,
     cu_host_unregister,
+    cu_error,
+    krn_cuda_graph_begin,
+    krn_cuda_graph_end,
+    krn_cuda_graph_launch,
+    krn_cuda_graph_free,
 };
 
 extern "C" const krn_backend *krn_cuda(void) { return &cu_backend; }

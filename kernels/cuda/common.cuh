@@ -18,8 +18,12 @@ typedef struct krn_cuda_state {
   cudaStream_t xfer;        // (owned) download_ready copies: they must not queue behind the compute on stream
   void *scratch[4];         // (owned) device scratch, see KRN_CUDA_SCR_*
   size_t scratch_bytes[4];
+  void *blas_ws;            // (owned) cuBLAS workspace, set once so that cuBLAS never allocates inside a graph capture
   int failed;               // sticky: 1 after the first CUDA error (reported once on stderr)
   char err[256];            // that first error
+  uint64_t epoch;           // bumped whenever a scratch buffer is reallocated (graphs recorded before are stale)
+  int capturing;            // between graph_begin and graph_end
+  int capture_broken;       // something failed while capturing: graph_end returns NULL, the ctx is not failed
 } krn_cuda_state;
 
 enum { KRN_CUDA_SCR_W = 0, KRN_CUDA_SCR_X = 1, KRN_CUDA_SCR_ATTN = 2, KRN_CUDA_SCR_ATTN2 = 3 };
@@ -31,8 +35,16 @@ krn_cuda_state *krn_cuda_st(krn_ctx *c);
 void krn_cuda_fail(krn_cuda_state *s, const char *what, const char *detail);
 // Checks cudaGetLastError after a launch; 0 ok, -1 failed (recorded).
 int krn_cuda_check(krn_cuda_state *s, const char *what);
-// Scratch slot `slot` of at least bytes bytes, or NULL (recorded) when cudaMalloc fails.
+// Scratch slot `slot` of at least bytes bytes, or NULL (recorded) when cudaMalloc fails. While a graph is
+// being captured it never reallocates (that would sync the capturing stream): a slot too small breaks the
+// capture instead (NULL, capture_broken).
 void *krn_cuda_scratch(krn_cuda_state *s, int slot, size_t bytes);
+
+// Step graphs (kernels/cuda/graph.cu), the table's graph_* entries.
+int krn_cuda_graph_begin(krn_ctx *c);
+void *krn_cuda_graph_end(krn_ctx *c);
+int krn_cuda_graph_launch(krn_ctx *c, void *graph);
+void krn_cuda_graph_free(krn_ctx *c, void *graph);
 
 // Bytes of a row of n elements of type t, 0 for an unknown type (krn_row_size without linking krn.c into this library).
 static inline size_t krn_cuda_row_bytes(int t, int64_t n) {

@@ -180,7 +180,7 @@ TEST(Config, ValuesKept) {
   Cfg x(R"({"model": "m", "model_name": "x", "secret": "s",
     "router": {"api_keys": ["k1", "k2"], "port": 0, "max_tokens_limit": 100, "routing": {"free": 3},
                "prefix_fetch": true, "prefix_fetch_min_blocks": 2},
-    "workers": [{"name": "a", "role": "prefill", "port": 0, "device": "cuda", "kv_budget_mb": 0.5,
+    "workers": [{"name": "a", "role": "prefill", "port": 0, "device": "cuda", "kv_budget_mb": 0.5, "cuda_graphs": "on",
                  "kvxfer": {"backend": "rdma", "host": "10.0.0.9", "port": 7000, "staging": "off"}},
                 {"name": "b", "role": "decode", "port": 0, "device": "cuda:3", "kernels": "avx512", "kv_type": "f32"}]})");
   ASSERT_EQ(x.rc, 0) << x.err;
@@ -203,6 +203,8 @@ TEST(Config, ValuesKept) {
   EXPECT_STREQ(srv_role_name(c->workers[1].role), "decode");
   EXPECT_STREQ(c->workers[0].kvx_staging, "off");
   EXPECT_STREQ(c->workers[1].kvx_staging, "auto"); // the default
+  EXPECT_STREQ(c->workers[0].cuda_graphs, "on");
+  EXPECT_STREQ(c->workers[1].cuda_graphs, "off"); // the default
 }
 
 TEST(Config, DeviceOverride) { // the command line's --device
@@ -263,6 +265,8 @@ const BadCase kBad[] = {
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"backend": "udp"}}]})", "t.json: workers[0].kvxfer.backend: \"udp\" is not one of: auto, tcp, shm, rdma, nccl"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"bakend": "tcp"}}]})", "t.json: workers[0].kvxfer.bakend: unknown key"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": "tcp"}]})", "t.json: workers[0].kvxfer: expected an object"},
+    {R"({"model": "m", "workers": [{"port": 1, "cuda_graphs": true}]})", "t.json: workers[0].cuda_graphs: expected a string"},
+    {R"({"model": "m", "workers": [{"port": 1, "cuda_graphs": "yes"}]})", "t.json: workers[0].cuda_graphs: \"yes\" is not one of: off, on"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"staging": "yes"}}]})", "t.json: workers[0].kvxfer.staging: \"yes\" is not one of: auto, on, off"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"port": 65536}}]})", "t.json: workers[0].kvxfer.port: expected an integer 0..65535"},
     {R"({"model": "m", "workers": [{"port": 1, "host": ""}]})", "t.json: workers[0].host: must not be empty"},
