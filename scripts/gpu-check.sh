@@ -91,7 +91,7 @@ if [ -f "$logs/ctest.log" ]; then
   [ "$skipped" = 0 ] || echo "tests: $skipped skipped (see $logs/ctest.log)"
 fi
 echo "-- headline --"
-grep -E "^device:|^check:" "$logs/bench.log" | sed 's/^/bench: /'
+grep -E "^device|^check:" "$logs/bench.log" | sed 's/^/bench: /'
 grep -E "^model (decode batch (1|32) |prefill 2048)" "$logs/bench.log" | sed 's/^/bench: /'
 grep -E "^decode attention .* context 32768" "$logs/bench.log" | sed 's/^/bench: /'
 echo "-- all figures --"
