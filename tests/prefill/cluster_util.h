@@ -17,6 +17,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "server/hub.h"
@@ -51,6 +52,8 @@ inline pid_t spawn(const std::string &role, const std::string &cfg, const std::s
 // "\"max_batch_tokens\": 32") and kvx (more members of its kvxfer object, e.g. "\"staging\": \"on\"").
 struct WorkerSpec {
   std::string name, role, extra, kvx;
+  WorkerSpec(std::string n, std::string r, std::string e = "", std::string k = "")
+      : name(std::move(n)), role(std::move(r)), extra(std::move(e)), kvx(std::move(k)) {}
 };
 
 inline std::vector<WorkerSpec> default_workers() {

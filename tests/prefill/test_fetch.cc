@@ -158,3 +158,18 @@ TEST(Fetch, PrefillWorkerFetchesAPeersPrefixOverShm) {
 }
 
 } // namespace
+
+// Host staging (server/kvstage.h) forced on for every pool: p1 copies the prefix into its mirror and writes it
+// from there into p0's mirror, p0 copies it into its pool when it resumes; then p0 pushes to d0 the same way.
+// No pool is registered with kvxfer, so equal output means the fetched KV came through both mirrors.
+TEST(Fetch, FetchThroughHostStagingEqualsColocated) {
+  if (access(model_path(), R_OK)) GTEST_SKIP() << "model missing: run scripts/setup.sh";
+  auto w = fetch_workers();
+  for (auto &s : w)
+    if (s.role != "both") s.kvx = "\"staging\": \"on\"";
+  Cluster c("tcp", w);
+  ASSERT_TRUE(c.ok());
+  fetch_once(c);
+  expect_idle(c, "p0");
+  expect_idle(c, "p1");
+}
