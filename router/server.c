@@ -53,6 +53,7 @@ typedef struct rtr_choice {
   cJSON *lp;                   // (owned) non-stream logprobs (chat: content array; completions: the object)
   int completion_tokens, cached_tokens, prompt_tokens;
   int retried;                 // sent again once after its decode/both worker died before its first token
+  int handed_off;              // a token came from the decode worker: it holds all the KV, plink no longer matters
   int64_t last_tok_us;
   size_t text_offset;
 } rtr_choice;
@@ -291,7 +292,7 @@ static void choice_end_locked(rtr_server *s, rtr_req *r, int ci) {
   c->finished = 1;
   r->n_done++;
   if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
-  if (c->plink >= 0 && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
 }
 
 // Fails the whole request (other choices are cancelled at their workers).
@@ -450,6 +451,10 @@ static void on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   const char *t = cJSON_IsString(text) ? text->valuestring : "";
   int ntok = cJSON_IsArray(toks) ? cJSON_GetArraySize(toks) : 1;
   int64_t now = now_us();
+  if (c->plink >= 0 && !c->handed_off) { // the handoff is over: the prefill worker is free of this choice
+    c->handed_off = 1;
+    if (s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  }
   if (!r->t_first_us) {
     r->t_first_us = now;
     srv_metric_observe(s->m_ttft, (double)(now - r->t_arrival_us) / 1e6);
@@ -518,7 +523,7 @@ static void on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   r->n_done++;
   rtr_choice *c = &r->ch[ci];
   if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
-  if (c->plink >= 0 && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
   fail_locked(s, r, &e);
 }
 
@@ -592,7 +597,8 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
     n = r->next;
     int hit = 0;
     for (int i = 0; i < r->q.n && !hit; i++)
-      if (!r->ch[i].finished && (r->ch[i].link == li || r->ch[i].plink == li) && retry_locked(s, r, i, li) < 0)
+      if (!r->ch[i].finished && (r->ch[i].link == li || (r->ch[i].plink == li && !r->ch[i].handed_off)) &&
+          retry_locked(s, r, i, li) < 0)
         hit = 1;
     if (hit) fail_locked(s, r, &e);
   }

@@ -43,10 +43,11 @@ def free_ports(n):
             s.close()
 
 
-def local_config(path, workers, disagg_threshold=1000, model=MODEL):
+def local_config(path, workers, disagg_threshold=1000, model=MODEL, router=None):
     """Writes a one-node config (router + workers on 127.0.0.1, free ports) to path; returns the router port.
 
-    workers: list of dicts with at least name and role; port, threads (1), kv_budget_mb (32) are filled in."""
+    workers: list of dicts with at least name and role; port, threads (1), kv_budget_mb (32) are filled in.
+    router: more keys of the router section (e.g. link_dead_ms)."""
     ports = free_ports(1 + len(workers))
     ws = []
     for w, p in zip(workers, ports[1:]):
@@ -55,7 +56,7 @@ def local_config(path, workers, disagg_threshold=1000, model=MODEL):
         w.setdefault("threads", 1)
         w.setdefault("kv_budget_mb", 32)
         ws.append(w)
-    cfg = {"model": model, "router": {"port": ports[0], "disagg_threshold": disagg_threshold}, "workers": ws}
+    cfg = {"model": model, "router": dict(router or {}, port=ports[0], disagg_threshold=disagg_threshold), "workers": ws}
     with open(path, "w") as f:
         json.dump(cfg, f, indent=1)
     return ports[0]
@@ -184,10 +185,10 @@ class Node:
 class Cluster:
     """A temp dir with a one-node config and its launcher; cleaned by close() (register it with addCleanup)."""
 
-    def __init__(self, workers, disagg_threshold=1000, tag="e2e", backoff_ms=100):
+    def __init__(self, workers, disagg_threshold=1000, tag="e2e", backoff_ms=100, router=None):
         self.dir = tempfile.mkdtemp(prefix="dserve-%s-" % tag)
         self.config = os.path.join(self.dir, "c.json")
-        self.port = local_config(self.config, workers, disagg_threshold)
+        self.port = local_config(self.config, workers, disagg_threshold, router=router)
         self.closed = False
         self.node = Node(self.config, backoff_ms=backoff_ms)
 

@@ -1,0 +1,102 @@
+"""tests/fault/test_kill.py: kill -9 of the prefill worker, the decode worker (1P1D and 1P2D, with the router's retry) and the router, under 16 streams."""
+
+import signal
+import time
+import unittest
+
+import fault_util as f
+from fault_util import u
+
+
+def mixed_moment(c, load, decode="d0"):
+    """Stats when every phase is populated at once: a stream decoding, a handoff (prefill running, KV in transfer to
+    the decode worker) and requests queued in the router; else None."""
+    ports = c.ports()
+    if not load.streaming():
+        return None
+    p, d = u.worker_stats(ports["p0"]), u.worker_stats(ports[decode])
+    queued = u.metrics(c.port)["dserve:num_requests_waiting"]
+    if p["running"] + p["waiting"] >= 1 and d["waiting"] >= 1 and d["running"] >= 1 and queued >= 1:
+        return {"p0": p, decode: d, "queued": queued, "streaming": load.streaming()}
+    return None
+
+
+class KillPrefill(f.FaultCase):
+    def test_kill_prefill_mid_prefill(self):
+        c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode")], "kill-p0")
+        load = f.Load(c.port)
+        m = self.wait_moment(load, lambda: mixed_moment(c, load), "decoding + prefilling + queued")
+        t = time.time()
+        f.signal_role(c, "p0", signal.SIGKILL)
+        # The streams that were decoding hold all their KV on d0: they finish with the reference answer. The requests
+        # in p0 fail at once (worker_failure); the queued ones are prefilled on d0 itself or on the restarted p0.
+        ok, err = self.check_streams(load, t, must_ok=m["streaming"])
+        self.assertGreaterEqual(len(err), 1, "p0 held %r requests, none failed" % m["p0"])
+        c.node.wait_for("p0 (pid ", 5)
+        c.node.wait_for("p0 is up again", 30)
+        self.assertIn("was killed by signal 9", c.node.text())
+        self.check_idle(c, ["p0", "d0"])
+        self.check_serves(c)
+
+
+class KillDecode(f.FaultCase):
+    def test_kill_decode_1p1d(self):
+        c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode")], "kill-d0")
+        load = f.Load(c.port)
+        m = self.wait_moment(load, lambda: mixed_moment(c, load), "decoding + prefilling + queued")
+        t = time.time()
+        f.signal_role(c, "d0", signal.SIGKILL)
+        before = load.finished()
+        # Every admitted request was on d0 (the only decode worker): an error event for those that streamed, 503 or
+        # an answer (after the restart) for the rest; p0 drops the handoffs to the dead worker.
+        ok, err = self.check_streams(load, t)
+        for i in set(m["streaming"]) - set(before):
+            self.assertIn(i, err, "stream %d was decoding on the killed worker but did not fail" % i)
+        c.node.wait_for("d0 is up again", 30)
+        self.check_idle(c, ["p0", "d0"])
+        self.check_serves(c)
+
+    def test_kill_decode_1p2d_retries_before_first_token(self):
+        # Restarts are delayed 5 s, so a retry can only go to d1.
+        c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode", max_seqs=4), f.worker("d1", "decode", max_seqs=4)],
+                       "kill-d0-2d", backoff_ms=5000)
+        ports = c.ports()
+        load = f.Load(c.port)
+        m = self.wait_moment(load, lambda: mixed_moment(c, load, "d0"), "d0 decoding and receiving a handoff")
+        t = time.time()
+        f.signal_role(c, "d0", signal.SIGKILL)
+        ok, err = self.check_streams(load, t)
+        # Only requests d0 held can fail; the handoffs to d0 (no token streamed yet) went to d1 instead.
+        held = m["d0"]["running"] + m["d0"]["waiting"]
+        self.assertLessEqual(len(err), held, "more streams failed than d0 held (%r)" % m["d0"])
+        self.assertGreaterEqual(len(ok), f.N_STREAMS - held)
+        retried = c.node.text().count("went away before the first token; retrying on d1")
+        self.assertGreaterEqual(retried, 1, "the router retried none of d0's handoffs:\n" + c.node.text()[-3000:])
+        self.check_idle(c, ["p0", "d1"])
+        c.node.wait_for("d0 is up again", 30)
+        c.node.wait_count("router: worker d0 (decode, ", 2, 30)
+        self.check_idle(c, ["p0", "d0", "d1"])
+        self.check_serves(c)
+        self.assertGreater(u.worker_stats(ports["d1"])["finished"], 0)
+
+
+class KillRouter(f.FaultCase):
+    def test_kill_router(self):
+        c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode")], "kill-router")
+        load = f.Load(c.port)
+        self.wait_moment(load, lambda: mixed_moment(c, load), "decoding + prefilling + queued")
+        t = time.time()
+        f.signal_role(c, "router", signal.SIGKILL)
+        before = load.finished()
+        # No OpenAI error is possible: every client sees its connection drop, at once.
+        ok, err = self.check_streams(load, t, conn_ok=True)
+        self.assertLessEqual(set(ok), set(before), "a stream finished although the router was killed mid-run")
+        # The workers drop what the dead router had routed and free its blocks; the launcher restarts the router.
+        c.node.wait_for("router is up again", 30)
+        self.check_idle(c, ["p0", "d0"])
+        u.wait_workers(c.port, 30)
+        self.check_serves(c)
+
+
+if __name__ == "__main__":
+    unittest.main()
