@@ -149,18 +149,33 @@ def end_time(r):
     return r["t_error"] or r["t_end"]
 
 
-def idle(ports, names, host="127.0.0.1"):
-    """{name: stats} when every named worker has nothing running or waiting and every KV block free, else None."""
+def idle(ports, names, hosts=None):
+    """{name: stats} when every named worker has nothing running or waiting and every KV block free, else None.
+    hosts: {name: address} (default 127.0.0.1)."""
     out = {}
     for n in names:
         try:
-            st = u.worker_stats(ports[n], host)
+            st = u.worker_stats(ports[n], (hosts or {}).get(n, "127.0.0.1"))
         except (OSError, AssertionError):
             return None
         if st["running"] or st["waiting"] or st["free_blocks"] != st["total_blocks"]:
             return None
         out[n] = st
     return out
+
+
+def mixed_moment(c, load, decode="d0"):
+    """Stats when every phase is populated at once: a stream decoding, a handoff (prefill running, KV in transfer to
+    the decode worker) and requests queued in the router; else None."""
+    ports, hosts = c.ports(), getattr(c, "hosts", None) or {}
+    if not load.streaming():
+        return None
+    p = u.worker_stats(ports["p0"], hosts.get("p0", "127.0.0.1"))
+    d = u.worker_stats(ports[decode], hosts.get(decode, "127.0.0.1"))
+    queued = u.metrics(c.port, getattr(c, "host", "127.0.0.1"))["dserve:num_requests_waiting"]
+    if p["running"] + p["waiting"] >= 1 and d["waiting"] >= 1 and d["running"] >= 1 and queued >= 1:
+        return {"p0": p, decode: d, "queued": queued, "streaming": load.streaming()}
+    return None
 
 
 class FaultCase(unittest.TestCase):
@@ -214,18 +229,20 @@ class FaultCase(unittest.TestCase):
         return ok, err
 
     def check_idle(self, c, names):
-        ports = c.ports()
-        st = wait_until(lambda: idle(ports, names), IDLE_S, 0.1)
+        """The named workers return to idle (their own stats) and so does the router's KV gauge.
+        c: a u.Cluster, or anything with port, ports(), and optionally host (router) and hosts ({worker: address})."""
+        ports, hosts, host = c.ports(), getattr(c, "hosts", None), getattr(c, "host", "127.0.0.1")
+        st = wait_until(lambda: idle(ports, names, hosts), IDLE_S, 0.1)
         self.assertIsNotNone(st, "workers %s did not return to idle within %.0f s: %r" %
-                             (names, IDLE_S, {n: u.worker_stats(ports[n]) for n in names}))
-        self.assertTrue(wait_until(lambda: u.metrics(c.port)["dserve:kv_cache_usage_perc"] == 0, IDLE_S, 0.2),
+                             (names, IDLE_S, {n: u.worker_stats(ports[n], (hosts or {}).get(n, "127.0.0.1"))
+                                              for n in names}))
+        self.assertTrue(wait_until(lambda: u.metrics(c.port, host)["dserve:kv_cache_usage_perc"] == 0, IDLE_S, 0.2),
                         "the router's /metrics still shows KV blocks in use")
         return st
 
-    def check_serves(self, c, host="127.0.0.1", port=None):
+    def check_serves(self, c):
         """A request after the fault gets the reference answer."""
-        port = port or c.port
-        r = u.complete(port, "completions", body(0), host=host, timeout=120)
+        r = u.complete(c.port, "completions", body(0), host=getattr(c, "host", "127.0.0.1"), timeout=120)
         self.assertEqual((r["status"], r.get("text")), (200, self.refs[0]), r)
 
 
@@ -262,6 +279,6 @@ def ip(*args):
 
 
 def tc(ns, *args):
-    """Runs tc inside namespace ns; returns (rc, stderr)."""
+    """Runs tc inside namespace ns; returns (rc, stdout or, on failure, stderr)."""
     r = subprocess.run(["ip", "netns", "exec", ns, "tc"] + list(args), capture_output=True, text=True, timeout=20)
-    return r.returncode, r.stderr.strip()
+    return r.returncode, (r.stderr if r.returncode else r.stdout).strip()

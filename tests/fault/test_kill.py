@@ -8,24 +8,11 @@ import fault_util as f
 from fault_util import u
 
 
-def mixed_moment(c, load, decode="d0"):
-    """Stats when every phase is populated at once: a stream decoding, a handoff (prefill running, KV in transfer to
-    the decode worker) and requests queued in the router; else None."""
-    ports = c.ports()
-    if not load.streaming():
-        return None
-    p, d = u.worker_stats(ports["p0"]), u.worker_stats(ports[decode])
-    queued = u.metrics(c.port)["dserve:num_requests_waiting"]
-    if p["running"] + p["waiting"] >= 1 and d["waiting"] >= 1 and d["running"] >= 1 and queued >= 1:
-        return {"p0": p, decode: d, "queued": queued, "streaming": load.streaming()}
-    return None
-
-
 class KillPrefill(f.FaultCase):
     def test_kill_prefill_mid_prefill(self):
         c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode")], "kill-p0")
         load = f.Load(c.port)
-        m = self.wait_moment(load, lambda: mixed_moment(c, load), "decoding + prefilling + queued")
+        m = self.wait_moment(load, lambda: f.mixed_moment(c, load), "decoding + prefilling + queued")
         t = time.time()
         f.signal_role(c, "p0", signal.SIGKILL)
         # The streams that were decoding hold all their KV on d0: they finish with the reference answer. The requests
@@ -43,7 +30,7 @@ class KillDecode(f.FaultCase):
     def test_kill_decode_1p1d(self):
         c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode")], "kill-d0")
         load = f.Load(c.port)
-        m = self.wait_moment(load, lambda: mixed_moment(c, load), "decoding + prefilling + queued")
+        m = self.wait_moment(load, lambda: f.mixed_moment(c, load), "decoding + prefilling + queued")
         t = time.time()
         f.signal_role(c, "d0", signal.SIGKILL)
         before = load.finished()
@@ -62,7 +49,7 @@ class KillDecode(f.FaultCase):
                        "kill-d0-2d", backoff_ms=5000)
         ports = c.ports()
         load = f.Load(c.port)
-        m = self.wait_moment(load, lambda: mixed_moment(c, load, "d0"), "d0 decoding and receiving a handoff")
+        m = self.wait_moment(load, lambda: f.mixed_moment(c, load, "d0"), "d0 decoding and receiving a handoff")
         t = time.time()
         f.signal_role(c, "d0", signal.SIGKILL)
         ok, err = self.check_streams(load, t)
@@ -84,7 +71,7 @@ class KillRouter(f.FaultCase):
     def test_kill_router(self):
         c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode")], "kill-router")
         load = f.Load(c.port)
-        self.wait_moment(load, lambda: mixed_moment(c, load), "decoding + prefilling + queued")
+        self.wait_moment(load, lambda: f.mixed_moment(c, load), "decoding + prefilling + queued")
         t = time.time()
         f.signal_role(c, "router", signal.SIGKILL)
         before = load.finished()
