@@ -84,6 +84,7 @@ class Load:
     def __init__(self, port, host="127.0.0.1", timeout=120.0):
         self.tokens = [0] * N_STREAMS
         self.first = [None] * N_STREAMS  # time of stream i's first event
+        self.ids = [None] * N_STREAMS    # the response id of stream i (from its events)
         self.res = [None] * N_STREAMS
         self.threads = []
         for i in range(N_STREAMS):
@@ -95,6 +96,7 @@ class Load:
         def on_event(k, o):
             if self.first[i] is None:
                 self.first[i] = time.time()
+                self.ids[i] = o.get("id")
             self.tokens[i] = k
             return False
         self.res[i] = u.stream(port, "completions", body(i), host=host, timeout=timeout, on_event=on_event)

@@ -1,5 +1,6 @@
 """tests/fault/test_kill.py: kill -9 of the prefill worker, the decode worker (1P1D and 1P2D, with the router's retry) and the router, under 16 streams."""
 
+import re
 import signal
 import time
 import unittest
@@ -57,8 +58,11 @@ class KillDecode(f.FaultCase):
         held = m["d0"]["running"] + m["d0"]["waiting"]
         self.assertLessEqual(len(err), held, "more streams failed than d0 held (%r)" % m["d0"])
         self.assertGreaterEqual(len(ok), f.N_STREAMS - held)
-        retried = c.node.text().count("went away before the first token; retrying on d1")
-        self.assertGreaterEqual(retried, 1, "the router retried none of d0's handoffs:\n" + c.node.text()[-3000:])
+        retried = re.findall(r"(\S+)-0: worker d0 went away before the first token; retrying on d1", c.node.text())
+        self.assertGreaterEqual(len(retried), 1, "the router retried none of d0's handoffs:\n" + c.node.text()[-3000:])
+        for rid in retried:  # each retried request is a client's stream, and it got the whole reference answer
+            self.assertIn(rid, load.ids, "retried %s is no client's stream" % rid)
+            self.assertIn(load.ids.index(rid), ok, "retried %s did not finish correctly" % rid)
         self.check_idle(c, ["p0", "d1"])
         c.node.wait_for("d0 is up again", 30)
         c.node.wait_count("router: worker d0 (decode, ", 2, 30)
