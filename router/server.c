@@ -26,6 +26,7 @@
 
 #define LOGC "router"
 #define STATS_EVERY_MS 1000
+#define LINK_DEAD_DEFAULT_MS 15000 // router.link_dead_ms when a caller's config leaves it 0
 #define WAIT_TICK_MS 100     // how often a waiting connection checks its client is still there
 
 typedef struct rtr_link {
@@ -688,8 +689,9 @@ static void *link_main(void *arg) {
       continue;
     }
     int64_t t = now_ms();
-    if (t - l->last_stats_ms > s->rc->link_dead_ms) {
-      srv_warn(LOGC, "worker %s answered no stats for %d ms; closing its link", l->cfg->name, s->rc->link_dead_ms);
+    int dead_ms = s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : LINK_DEAD_DEFAULT_MS;
+    if (t - l->last_stats_ms > dead_ms) {
+      srv_warn(LOGC, "worker %s answered no stats for %d ms; closing its link", l->cfg->name, dead_ms);
       srv_peer_close(l->peer); // the dispatcher sees the close at once and fails (or retries) its requests
       l->last_stats_ms = t;
     } else if (t - l->last_stats_sent_ms >= STATS_EVERY_MS) {

@@ -22,7 +22,10 @@ PROMPTS = [
 ]
 MAX_TOKENS = 12
 TCP = {"backend": "tcp"}
-LINK_DEAD_MS = 4000  # router.link_dead_ms in the fault configs (the default is 15000)
+# router.link_dead_ms in the fault configs (the default is 15000). Workers answer `stats` between forward steps, so it
+# must stay well above the longest step on a loaded machine (hence also max_batch_tokens 64 on the decode workers,
+# which prefill the queued prompts themselves while no prefill worker is up).
+LINK_DEAD_MS = 6000
 
 # Bounds (seconds) the cases assert; generous for a loaded 2-core machine. docs/reliability.md quotes them.
 KILL_ERROR_S = 5.0       # kill -9 of a worker: its clients get an OpenAI error this soon
@@ -53,6 +56,7 @@ def worker(name, role, **kw):
         w["max_batch_tokens"] = 32  # several steps per prompt: a kill lands mid-prefill / mid-transfer
     else:
         w["max_seqs"] = 8           # 16 streams: 8 admitted, 8 queued in the router
+        w["max_batch_tokens"] = 64  # short steps: stats answered well within LINK_DEAD_MS
     w.update(kw)
     return w
 
@@ -186,8 +190,14 @@ class FaultCase(unittest.TestCase):
     def setUp(self):
         u.require_env(self)
 
+    def logs(self):
+        """The tail of each launcher's log of the cluster under test (for failure messages)."""
+        c = getattr(self, "c", None)
+        nodes = getattr(c, "nodes", None) or ({"local": c.node} if c else {})
+        return "".join("---- %s log:\n%s\n" % (k, n.text()[-6000:]) for k, n in nodes.items())
+
     def start(self, workers, tag, backoff_ms=100):
-        c = cluster(workers, tag, backoff_ms)
+        c = self.c = cluster(workers, tag, backoff_ms)
         self.addCleanup(c.close)
         c.start()
         self.refs = references(c.port)
@@ -227,7 +237,10 @@ class FaultCase(unittest.TestCase):
         for i in must_ok:
             if i not in ok:
                 bad.append("stream %d was not affected by the fault but did not finish correctly: %r" % (i, res[i]))
-        self.assertEqual(bad, [], "ok %s, errors %s" % (ok, err))
+        self.assertEqual(bad, [], "ok %s, errors %s\n%s" % (ok, err, self.logs()))
+        lat = sorted(end_time(res[i]) - t_fault for i in err)
+        print("\n%s: %d answers, %d errors%s" % (self.id().rsplit(".", 1)[-1], len(ok), len(err),
+              " %.2f-%.2f s after the fault" % (lat[0], lat[-1]) if lat else ""), file=sys.stderr)
         return ok, err
 
     def check_idle(self, c, names):
