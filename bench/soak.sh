@@ -139,7 +139,7 @@ try:
 
     th = threading.Thread(target=sampler, daemon=True)
     th.start()
-    say("soak: %d min at %.3f req/s (at most %d requests)" % (minutes, rate, int(rate * dur * 1.5) + 10))
+    say("%d min at %.3f req/s (at most %d requests)" % (minutes, rate, int(rate * dur * 1.5) + 10))
     rep = loadgen_run("soak", "--request-rate", "%.6f" % rate, "--duration", str(dur),
                       "--num-requests", str(int(rate * dur * 1.5) + 10), "--max-concurrency", "64",
                       "--timeout", "300", "--max-time", str(dur + 180), "--seed", "7")

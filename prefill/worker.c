@@ -58,7 +58,8 @@ typedef struct pfl_worker {
   srv_engine eng;
   kvx_agent *kvx;         // (owned)
   kvx_region *kv_region;  // (owned by kvx)
-  pfl_link *links;        // (owned) (n_links)
+  pfl_link *links;        // (owned) (n_links) room for every worker of the cluster, allocated once: requests borrow
+                          // pointers into it, so it never moves
   int n_links;
   srv_kvevents kvev;      // connected routers, told of the prefix store's changes (kv_events)
   srv_signals sig;
@@ -102,12 +103,11 @@ static pfl_link *link_for(pfl_worker *w, const char *decode, char *err, size_t e
   for (int i = 0; i < w->n_links; i++)
     if (!strcmp(w->links[i].name, decode)) l = &w->links[i];
   if (!l) {
-    pfl_link *nl = realloc(w->links, (size_t)(w->n_links + 1) * sizeof *nl);
-    if (!nl) {
+    if (!w->links) w->links = calloc((size_t)w->cfg->n_workers, sizeof *w->links);
+    if (!w->links || w->n_links >= w->cfg->n_workers) {
       snprintf(err, errlen, "out of memory");
       return NULL;
     }
-    w->links = nl;
     l = &w->links[w->n_links++];
     memset(l, 0, sizeof *l);
     snprintf(l->name, sizeof l->name, "%s", decode);

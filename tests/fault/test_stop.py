@@ -1,6 +1,7 @@
 """tests/fault/test_stop.py: SIGSTOP of the decode worker (then SIGCONT) and of the prefill worker (then kill -9) under 16 streams; the router's link_dead_ms bounds the wait."""
 
 import os
+import re
 import signal
 import time
 import unittest
@@ -38,6 +39,29 @@ class StopWorker(f.FaultCase):
         self.check_idle(c, ["p0", "d0"])
         self.check_serves(c)
         self.assertNotIn("restarted d0", c.node.text(), "the launcher restarted a stopped (not dead) worker")
+
+    def test_stop_decode_1p2d_retries(self):
+        c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode", max_seqs=4), f.worker("d1", "decode", max_seqs=4)],
+                       "stop-d0-2d")
+        load = f.Load(c.port)
+        m = self.wait_moment(load, lambda: f.mixed_moment(c, load, "d0"), "d0 decoding and receiving a handoff")
+        t = time.time()
+        pid = self.stop(c, "d0")
+        # After link_dead_ms the router gives d0 up: d0's streams that had a token fail, its handoffs (no token yet)
+        # go to d1 and their clients get the whole answer.
+        ok, err = self.check_streams(load, t, bound=f.STOP_ERROR_S)
+        held = m["d0"]["running"] + m["d0"]["waiting"]
+        self.assertLessEqual(len(err), held, "more streams failed than d0 held (%r)" % m["d0"])
+        retried = re.findall(r"(\S+)-0: worker d0 went away before the first token; retrying on d1", c.node.text())
+        self.assertGreaterEqual(len(retried), 1, "the router retried none of d0's handoffs\n" + self.logs())
+        for rid in retried:
+            self.assertIn(rid, load.ids, "retried %s is no client's stream" % rid)
+            self.assertIn(load.ids.index(rid), ok, "retried %s did not finish correctly" % rid)
+        self.check_idle(c, ["p0", "d1"])
+        os.kill(pid, signal.SIGCONT)
+        c.node.wait_count("router: worker d0 (decode, ", 2, 30)
+        self.check_idle(c, ["p0", "d0", "d1"])
+        self.check_serves(c)
 
     def test_stop_prefill_then_kill(self):
         c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode")], "stop-p0")
