@@ -38,7 +38,7 @@ typedef struct rtr_link {
   int block_size;              // hello_ok kv_layout.block_size (16 when absent): the prompt's key chain
   int running, waiting, free_blocks, total_blocks, inflight;
   double prefix_hits, prefix_queries; // last cumulative values seen
-  int64_t last_stats_ms, last_stats_sent_ms;
+  int64_t last_stats_ms, last_stats_sent_ms; // last_stats_ms: when the worker last answered (stats_ok or pong)
   pthread_t thread;
   int has_thread;
 } rtr_link;
@@ -625,7 +625,9 @@ static void *dispatcher_main(void *arg) {
         const cJSON *op = cJSON_GetObjectItemCaseSensitive(ev.msg, "op");
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(ev.msg, "id");
         const char *o = cJSON_IsString(op) ? op->valuestring : "";
-        if (!strcmp(o, "stats_ok")) {
+        if (!strcmp(o, "pong")) { // from the worker's hub thread: alive, however busy its compute loop is
+          l->last_stats_ms = now_us() / 1000;
+        } else if (!strcmp(o, "stats_ok")) {
           on_stats(s, l, ev.msg);
         } else if (!strcmp(o, "kv_events")) {
           on_kv_events(s, l, ev.msg);
@@ -691,17 +693,20 @@ static void *link_main(void *arg) {
     int64_t t = now_ms();
     int dead_ms = s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : LINK_DEAD_DEFAULT_MS;
     if (t - l->last_stats_ms > dead_ms) {
-      srv_warn(LOGC, "worker %s answered no stats for %d ms; closing its link", l->cfg->name, dead_ms);
+      srv_warn(LOGC, "worker %s answered nothing for %d ms; closing its link", l->cfg->name, dead_ms);
       srv_peer_close(l->peer); // the dispatcher sees the close at once and fails (or retries) its requests
       l->last_stats_ms = t;
     } else if (t - l->last_stats_sent_ms >= STATS_EVERY_MS) {
-      cJSON *m = cJSON_CreateObject();
+      cJSON *m = cJSON_CreateObject(), *ping = cJSON_CreateObject();
       cJSON_AddStringToObject(m, "op", "stats");
+      cJSON_AddStringToObject(ping, "op", "ping");
       srv_peer *p = l->peer;
       l->last_stats_sent_ms = t;
       pthread_mutex_unlock(&s->mu);
       srv_peer_send(p, m);
+      srv_peer_send(p, ping);
       cJSON_Delete(m);
+      cJSON_Delete(ping);
       pthread_mutex_lock(&s->mu);
       continue;
     }

@@ -113,7 +113,7 @@ class NetNs(f.FaultCase):
         # prefilled on d0 itself (no prefill worker is up).
         ok, err = self.check_streams(load, t, must_ok=m["streaming"], bound=f.STOP_ERROR_S)
         self.assertGreaterEqual(len(err), 1, "p0 held %r requests, none failed" % m["p0"])
-        c.node.wait_for("router: worker p0 answered no stats for %d ms; closing its link" % f.LINK_DEAD_MS, 5)
+        c.node.wait_for("router: worker p0 answered nothing for %d ms; closing its link" % f.LINK_DEAD_MS, 5)
         self.check_idle(c, ["d0"])
         # The link comes back: the router reconnects to p0, which has dropped what the closed link routed.
         n_conn = c.node.text().count("router: worker p0 (prefill, ")
