@@ -9,10 +9,11 @@
 # (3 x concurrency requests each); the best request throughput is the saturation rate. Then loadgen sends a Poisson
 # stream at 80% of it for N minutes (default 15; at most rate*60*N*1.5 + 10 requests, every request cut off at
 # 300 s, the whole run at N minutes + 3), while the RSS of the launcher, the router, p0 and d0 is sampled every 5 s.
-# Report (stdout and DIR/soak-report.json): errors (any non-200, dropped stream or timeout; target 0), p99 TTFT and
-# E2E of the requests sent in the first and in the last minute (a third of the run when shorter than 3 minutes) and their drift, and each process's RSS growth from
-# the end of the warm-up (default: the first third of the run) to the end (target < 5%; also over the last half), plus any child the
-# launcher restarted. Exit status 0 when errors = 0, no restart and every RSS growth < 5%; 1 otherwise.
+# Report (stdout and DIR/soak-report.json): errors (any non-200, dropped stream or timeout; target 0); p99 TTFT and
+# E2E of the requests sent in the first and in the last minute (a third of the run when shorter than 3 minutes) and
+# their drift; each process's RSS growth from the end of the warm-up (default: the first third of the run) to the end
+# (target < 5%; also over the last half); any child the launcher restarted.
+# Exit status 0 when errors = 0, no restart and every RSS growth < 5%; 1 otherwise.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
