@@ -213,6 +213,43 @@ class Cluster:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# ---- network namespaces ----
+
+def ip(*args):
+    """Runs `ip ARGS`; returns its stdout, raises with its stderr on failure."""
+    r = subprocess.run(["ip"] + list(args), capture_output=True, text=True, timeout=20)
+    if r.returncode:
+        raise AssertionError("ip %s: %s" % (" ".join(args), r.stderr.strip()))
+    return r.stdout
+
+
+def netns_star(tag, addrs, created):
+    """One namespace TAG-NODE per node of addrs ({node: IPv4}, /24), each with eth0 (veth) plugged into bridge br0 of
+    a hub namespace TAG-hub. Every namespace made is appended to created (delete them with netns_delete, also after a
+    failure). Returns {node: namespace}."""
+    ns = {n: "%s-%s" % (tag, n) for n in addrs}
+    hub = tag + "-hub"
+    for name in [hub] + list(ns.values()):
+        ip("netns", "add", name)
+        created.append(name)
+        ip("-n", name, "link", "set", "lo", "up")
+    ip("-n", hub, "link", "add", "br0", "type", "bridge")
+    ip("-n", hub, "link", "set", "br0", "up")
+    for i, (node, n) in enumerate(ns.items()):
+        port = "p%d" % i
+        ip("-n", n, "link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", hub)
+        ip("-n", hub, "link", "set", port, "master", "br0")
+        ip("-n", hub, "link", "set", port, "up")
+        ip("-n", n, "addr", "add", addrs[node] + "/24", "dev", "eth0")
+        ip("-n", n, "link", "set", "eth0", "up")
+    return ns
+
+
+def netns_delete(created):
+    for name in reversed(created):
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+
+
 # ---- HTTP ----
 
 def post(port, path, body, host="127.0.0.1", timeout=120.0):

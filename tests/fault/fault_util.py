@@ -1,8 +1,8 @@
 """tests/fault/fault_util.py: helpers for the fault suite: 16 watched streams, fault moments chosen from worker stats, the checks every case makes."""
 
 import ctypes
+import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -138,7 +138,6 @@ def outcome(r, ref):
 
 def openai_error(r):
     """True when r carries an OpenAI error object: an SSE `error` event, or a non-200 JSON body with `error`."""
-    import json
     e = r["error"]
     if isinstance(e, dict):
         return "message" in e and "type" in e and "code" in e
@@ -284,13 +283,6 @@ def setns(path):
             raise OSError(e, "setns %s: %s" % (path, os.strerror(e)))
     finally:
         os.close(fd)
-
-
-def ip(*args):
-    r = subprocess.run(["ip"] + list(args), capture_output=True, text=True, timeout=20)
-    if r.returncode:
-        raise AssertionError("ip %s: %s" % (" ".join(args), r.stderr.strip()))
-    return r.stdout
 
 
 def tc(ns, *args):

@@ -4,7 +4,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 import unittest
@@ -60,23 +59,9 @@ class NetNs(f.FaultCase):
             raise unittest.SkipTest("needs root to create network namespaces (ip netns add)")
         if not shutil.which("ip") or not shutil.which("tc"):
             raise unittest.SkipTest("the ip and tc tools (iproute2) are missing")
-        tag = "dsf%d" % os.getpid()
-        cls.ns = {n: "%s-%s" % (tag, n) for n in ADDR}
-        cls.hub = tag + "-hub"
         cls.created = []
-        cls.addClassCleanup(cls.delete_namespaces)
-        for name in [cls.hub] + list(cls.ns.values()):
-            f.ip("netns", "add", name)
-            cls.created.append(name)
-            f.ip("-n", name, "link", "set", "lo", "up")
-        f.ip("-n", cls.hub, "link", "add", "br0", "type", "bridge")
-        f.ip("-n", cls.hub, "link", "set", "br0", "up")
-        for i, (node, ns) in enumerate(cls.ns.items()):
-            f.ip("-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "p%d" % i, "netns", cls.hub)
-            f.ip("-n", cls.hub, "link", "set", "p%d" % i, "master", "br0")
-            f.ip("-n", cls.hub, "link", "set", "p%d" % i, "up")
-            f.ip("-n", ns, "addr", "add", ADDR[node] + "/24", "dev", "eth0")
-            f.ip("-n", ns, "link", "set", "eth0", "up")
+        cls.addClassCleanup(u.netns_delete, cls.created)
+        cls.ns = u.netns_star("dsf%d" % os.getpid(), ADDR, cls.created)
         cls.dir = tempfile.mkdtemp(prefix="dserve-fault-netns-")
         cls.addClassCleanup(shutil.rmtree, cls.dir, True)
         # This thread (and the client threads it starts) talk from the router's namespace.
@@ -89,17 +74,12 @@ class NetNs(f.FaultCase):
         cls.c.start()
         f.references(cls.c.port, cls.c.host)
 
-    @classmethod
-    def delete_namespaces(cls):
-        for name in reversed(cls.created):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
-
     def setUp(self):
         self.refs = f.references(self.c.port, self.c.host)
         self.check_idle(self.c, ["p0", "d0"])  # each case starts from (and must leave) an idle, healthy cluster
 
     def prefill_link(self, state):
-        f.ip("-n", self.ns["prefill"], "link", "set", "eth0", state)
+        u.ip("-n", self.ns["prefill"], "link", "set", "eth0", state)
 
     def test_link_cut_mid_transfer(self):
         c = self.c
