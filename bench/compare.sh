@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/compare.sh: dserve (colocated, 1P1D) vs llama.cpp's OpenAI server, same GGUF and workload at several rates; one ratio table.
 #
-# Usage: bench/compare.sh            (from anywhere; takes roughly 5-15 minutes)
-# Knobs (environment): RATES=0.25,0.5,1,2  SECS_PER_RATE=12  MIN_REQ=8  MAX_REQ=40  INPUT_LEN=32  OUTPUT_LEN=32
+# Usage: bench/compare.sh            (from anywhere; takes roughly 15 minutes on a quiet machine)
+# Knobs (environment): RATES=0.25,0.5,0.75,1  SECS_PER_RATE=40  MIN_REQ=16  MAX_REQ=60  INPUT_LEN=32  OUTPUT_LEN=32
 #   SLO=ttft:1000,tpot:100  SERVERS="llama.cpp dserve dserve-1p1d"  HEALTH_TIMEOUT=120  REQ_TIMEOUT=120
 #   RUN_LIMIT=180 (s per loadgen run; requests still in flight then count as timeouts)  DSERVE_BIN=build/dserve  DSERVE_REFVENV=/work/.cache/refvenv
 #   LLAMA_PORT=18480  LLAMA_THREADS=2  COMPARE_OUT=<dir for logs and JSON>
@@ -12,10 +12,10 @@ set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 
-RATES=${RATES:-0.25,0.5,1,2}
-SECS_PER_RATE=${SECS_PER_RATE:-12}
-MIN_REQ=${MIN_REQ:-8}
-MAX_REQ=${MAX_REQ:-40}
+RATES=${RATES:-0.25,0.5,0.75,1}
+SECS_PER_RATE=${SECS_PER_RATE:-40}
+MIN_REQ=${MIN_REQ:-16}
+MAX_REQ=${MAX_REQ:-60}
 INPUT_LEN=${INPUT_LEN:-32}
 OUTPUT_LEN=${OUTPUT_LEN:-32}
 SLO=${SLO:-ttft:1000,tpot:100}

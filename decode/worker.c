@@ -372,7 +372,7 @@ static int handoff_push(dec_worker *w, dec_seq *s) {
 }
 
 static void handle(dec_worker *w, srv_event *ev) {
-  srv_kvevents_on_event(&w->kvev, ev);
+  srv_kvevents_on_event(&w->kvev, ev, w->eng.prefix);
   if (!ev->msg) { // a connection closed
     if (!strcmp(srv_peer_role(ev->peer), "prefill")) {
       for (int i = 0; i < w->n_prefills; i++)

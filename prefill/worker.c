@@ -1,5 +1,6 @@
 // prefill/worker.c: computes prompts in chunked batches and pushes each layer's KV to the decode worker
-// as soon as that layer is done, then sends the first token (docs/protocol.md, "Handoff").
+// as soon as that layer is done, then sends the first token (docs/protocol.md, "Handoff"); fetches a cached
+// prefix from a peer prefill worker when the router hints one holds it ("Prefix fetch").
 #include "prefill/worker.h"
 
 #include <stdatomic.h>
@@ -12,30 +13,52 @@
 #include "kvxfer/kvx.h"
 #include "models/sampler.h"
 #include "models/tokenizer.h"
+#include "prefill/serve.h"
 #include "server/engine.h"
 #include "server/genreq.h"
 #include "server/hub.h"
 #include "server/kvevents.h"
 #include "server/kvpool.h"
 #include "server/kvwire.h"
+#include "server/log.h"
 #include "server/runtime.h"
 
 #define LINK_TIMEOUT_MS 5000   // connecting to a decode worker
 #define TABLE_TIMEOUT_MS 30000 // a decode worker that never sends the block table
+#define PULL_LINK_TIMEOUT_MS 1000 // connecting to a peer prefill worker for a prefix fetch
+#define PULL_WAIT_MS 5000       // a request waits this long for its prefix fetch, then computes the prefix itself
+#define PULL_HOLD_MS 30000      // blocks of an unanswered fetch stay reserved this long (the peer may still write)
 
-// One decode worker this prefill worker pushes to.
+// One decode worker this prefill worker pushes to, or a peer prefill worker it fetches prefixes from.
 typedef struct pfl_link {
   char name[64];
   srv_peer *peer;         // (owned reference) our control connection to it
   srv_kv_remote remote;   // its pool
-  char kvx_peer[KVX_MAX_NAME];
+  char kvx_peer[KVX_MAX_NAME]; // decode workers only (a prefill peer writes to us, not we to it)
 } pfl_link;
+
+struct pfl_req;
+
+// A prefix fetch in progress: the peer src writes prompt blocks [first, first + n) into our blocks.
+typedef struct pfl_pull {
+  struct pfl_pull *next;
+  struct pfl_req *req;    // (borrowed) the request waiting for it; NULL once it went on without it
+  pfl_link *src;          // (borrowed)
+  char id[96];            // the request's id; the peer's notification is "pull:<id>"
+  int32_t *blocks;        // (owned) (n) our pool blocks the peer writes, each with a reference we hold
+  int first, n;
+  int answered, got;      // the peer answered (prefix_pulled / prefix_fail), saying it wrote got blocks
+  int notified;           // its notification arrived: the bytes have landed
+  int64_t wait_until_ms;  // the request stops waiting then
+  int64_t hold_until_ms;  // unanswered, the blocks are given back then
+} pfl_pull;
 
 typedef struct pfl_req {
   srv_seq seq;            // the prompt in our own pool
   srv_genreq req;
   srv_peer *router;       // (owned reference)
   pfl_link *link;         // (borrowed)
+  pfl_pull *pull;         // (borrowed) the prefix fetch it waits for; NULL once queued in the engine
   mdl_sampler *sampler;   // (owned) for the first token
   int32_t *remote;        // (owned) (n_remote) the decode worker's blocks for this prompt
   int n_remote;
@@ -58,9 +81,11 @@ typedef struct pfl_worker {
   srv_engine eng;
   kvx_agent *kvx;         // (owned)
   kvx_region *kv_region;  // (owned by kvx)
-  pfl_link *links;        // (owned) (n_links) room for every worker of the cluster, allocated once: requests borrow
-                          // pointers into it, so it never moves
+  pfl_link **links;       // (owned) (n_links) each (owned)
   int n_links;
+  pfl_pull *pulls;        // (owned list) prefix fetches in progress
+  pfl_serve serve;        // prefix fetches peers ask of us
+  double fetches, fetched_blocks, fetch_misses; // prefix fetch counters (stats_ok)
   srv_kvevents kvev;      // connected routers, told of the prefix store's changes (kv_events)
   srv_signals sig;
   const srv_config *cfg;  // (borrowed)
@@ -85,45 +110,48 @@ static int64_t now_ms(void) {
 
 static int block_size(const pfl_worker *w) { return srv_kvpool_kv(w->rt->kv)->block_size; }
 
-// ---- links to decode workers ----
+// ---- links to decode workers and peer prefill workers ----
 
-static pfl_link *link_for(pfl_worker *w, const char *decode, char *err, size_t errlen) {
-  for (int i = 0; i < w->n_links; i++)
-    if (!strcmp(w->links[i].name, decode)) {
-      if (srv_peer_alive(w->links[i].peer)) return &w->links[i];
-      srv_peer_unref(w->links[i].peer); // reconnect below
-      w->links[i].peer = NULL;
-    }
-  const srv_worker_cfg *d = srv_config_worker(w->cfg, decode);
-  if (!d || d->role != SRV_ROLE_DECODE) {
-    snprintf(err, errlen, "'%s' is not a decode worker of this cluster", decode);
-    return NULL;
-  }
+// The control link to worker name of role, connecting (bounded by timeout_ms) when there is none or it dropped.
+// A decode worker's link also loads its kvxfer metadata (we write into its pool); either checks that the
+// peer's KV layout matches ours.
+static pfl_link *link_for(pfl_worker *w, const char *name, srv_role role, int timeout_ms, char *err, size_t errlen) {
   pfl_link *l = NULL;
   for (int i = 0; i < w->n_links; i++)
-    if (!strcmp(w->links[i].name, decode)) l = &w->links[i];
+    if (!strcmp(w->links[i]->name, name)) l = w->links[i];
+  if (l && srv_peer_alive(l->peer)) return l;
+  const srv_worker_cfg *d = srv_config_worker(w->cfg, name);
+  if (!d || d->role != role || !strcmp(name, w->rt->w->name)) {
+    snprintf(err, errlen, "'%s' is not a%s %s worker of this cluster", name, role == SRV_ROLE_PREFILL ? "nother" : "",
+             srv_role_name(role));
+    return NULL;
+  }
   if (!l) {
-    if (!w->links) w->links = calloc((size_t)w->cfg->n_workers, sizeof *w->links);
-    if (!w->links || w->n_links >= w->cfg->n_workers) {
+    pfl_link **nl = realloc(w->links, (size_t)(w->n_links + 1) * sizeof *nl);
+    if (nl) w->links = nl;
+    if (!nl || !(l = calloc(1, sizeof *l))) {
       snprintf(err, errlen, "out of memory");
       return NULL;
     }
-    l = &w->links[w->n_links++];
-    memset(l, 0, sizeof *l);
-    snprintf(l->name, sizeof l->name, "%s", decode);
+    w->links[w->n_links++] = l;
+    snprintf(l->name, sizeof l->name, "%s", name);
   }
-  l->peer = srv_hub_connect(w->hub, d->host, d->port, LINK_TIMEOUT_MS, err, errlen);
+  srv_peer_unref(l->peer); // a dropped link: reconnect
+  l->peer = srv_hub_connect(w->hub, d->host, d->port, timeout_ms, err, errlen);
   if (!l->peer) return NULL;
   const cJSON *hello = srv_peer_hello(l->peer);
   if (srv_kvwire_read_layout(hello, w->rt->kv, &l->remote, err, errlen) ||
-      srv_kvwire_load_md(hello, w->kvx, l->kvx_peer, sizeof l->kvx_peer, err, errlen)) {
+      (role == SRV_ROLE_DECODE && srv_kvwire_load_md(hello, w->kvx, l->kvx_peer, sizeof l->kvx_peer, err, errlen))) {
     srv_peer_close(l->peer);
     srv_peer_unref(l->peer);
     l->peer = NULL;
     return NULL;
   }
-  fprintf(stderr, "dserve %s: linked to decode worker %s (kvxfer %s)\n", w->rt->w->name, decode,
-          kvx_peer_backend(w->kvx, l->kvx_peer) ? kvx_peer_backend(w->kvx, l->kvx_peer) : "?");
+  if (role == SRV_ROLE_DECODE)
+    fprintf(stderr, "dserve %s: linked to decode worker %s (kvxfer %s)\n", w->rt->w->name, name,
+            kvx_peer_backend(w->kvx, l->kvx_peer) ? kvx_peer_backend(w->kvx, l->kvx_peer) : "?");
+  else
+    fprintf(stderr, "dserve %s: linked to prefill worker %s (prefix fetch)\n", w->rt->w->name, name);
   return l;
 }
 
@@ -131,6 +159,7 @@ static pfl_link *link_for(pfl_worker *w, const char *decode, char *err, size_t e
 
 static void req_free(pfl_worker *w, pfl_req *r) {
   if (!r) return;
+  if (r->pull) r->pull->req = NULL; // the fetch's blocks stay reserved until the peer answers
   for (int i = 0; i < r->n_xf; i++) kvx_xfer_free(r->xf[i]);
   free(r->xf);
   srv_engine_remove(&w->eng, &r->seq);
@@ -160,42 +189,14 @@ static void fail(pfl_worker *w, pfl_req *r, const char *fmt, const char *detail)
 // Posts one WRITE of layers [l0, l1) of our blocks [b0, b1) into the decode worker's matching blocks.
 static int push(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1, int with_notif) {
   if (b1 > r->n_remote) b1 = r->n_remote;
-  int n = (l1 - l0) * 2 * (b1 > b0 ? b1 - b0 : 0);
-  if (n <= 0 && !with_notif) return 0;
-  const mdl_llama_cfg *c = srv_kvpool_cfg(w->rt->kv);
-  const mdl_kv *kv = srv_kvpool_kv(w->rt->kv);
-  size_t chunk = mdl_kv_chunk_bytes(c, kv);
-  kvx_desc *loc = malloc((size_t)(n ? n : 1) * sizeof *loc), *rem = malloc((size_t)(n ? n : 1) * sizeof *rem);
-  int k = 0;
-  if (!loc || !rem) {
-    free(loc);
-    free(rem);
-    return -1;
-  }
-  for (int l = l0; l < l1; l++)
-    for (int kvi = 0; kvi < 2; kvi++)
-      for (int b = b0; b < b1; b++) {
-        loc[k] = (kvx_desc){(uint64_t)(uintptr_t)mdl_kv_chunk(c, kv, l, kvi, r->seq.blocks.ids[b]), chunk};
-        rem[k] = (kvx_desc){srv_kv_remote_chunk(&r->link->remote, l, kvi, r->remote[b]), chunk};
-        k++;
-      }
   char err[256];
   kvx_xfer *x = NULL;
-  int rc = 0;
-  if (k > 0) {
-    rc = kvx_xfer_new(w->kvx, KVX_WRITE, loc, (size_t)k, rem, (size_t)k, r->link->kvx_peer, NULL, 0, &x, err,
-                      sizeof err);
-    if (!rc) rc = kvx_xfer_post(x);
-    if (rc) {
-      fprintf(stderr, "dserve %s: KV push for %s failed: %s\n", w->rt->w->name, r->req.id,
-              x ? kvx_xfer_error(x) : err);
-      kvx_xfer_free(x);
-      x = NULL;
-    }
+  if (b1 > b0 && srv_kvwire_write_blocks(w->kvx, w->rt->kv, r->link->kvx_peer, &r->link->remote,
+                                         r->seq.blocks.ids + b0, r->remote + b0, b1 - b0, l0, l1, NULL, 0, &x, err,
+                                         sizeof err)) {
+    fprintf(stderr, "dserve %s: KV push for %s failed: %s\n", w->rt->w->name, r->req.id, err);
+    return -1;
   }
-  free(loc);
-  free(rem);
-  if (rc) return -1;
   if (x) {
     if (r->n_xf == r->cap_xf) {
       int cap = r->cap_xf ? r->cap_xf * 2 : 64;
@@ -208,7 +209,7 @@ static int push(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1, int w
       r->cap_xf = cap;
     }
     r->xf[r->n_xf++] = x;
-    w->bytes_pushed += (double)k * (double)chunk;
+    w->bytes_pushed += (double)(l1 - l0) * 2.0 * (double)(b1 - b0) * (double)r->link->remote.chunk_bytes;
   }
   // The notification is queued behind this peer's earlier writes, so it lands after all of them.
   if (with_notif && kvx_notify(w->kvx, r->link->kvx_peer, r->req.id, strlen(r->req.id), err, sizeof err)) return -1;
@@ -277,16 +278,21 @@ static void reap(pfl_worker *w) {
   }
 }
 
+static int is(const pfl_req *r, const char *id, const char *decode) {
+  return !r->handed_off && !strcmp(r->req.id, id) && (!decode || (r->link && !strcmp(r->link->name, decode)));
+}
+
+// The request id (from decode worker decode, when not NULL) that is not handed off yet: queued, running or
+// waiting for a prefix fetch.
 static pfl_req *find(pfl_worker *w, const char *id, const char *decode) {
   for (int l = 0; l < 2; l++) {
     srv_seq **arr = l ? w->eng.wait : w->eng.run;
     int n = l ? w->eng.n_wait : w->eng.n_run;
-    for (int i = 0; i < n; i++) {
-      pfl_req *r = OWNER(arr[i]);
-      if (!r->handed_off && !strcmp(r->req.id, id) && (!decode || (r->link && !strcmp(r->link->name, decode))))
-        return r;
-    }
+    for (int i = 0; i < n; i++)
+      if (is(OWNER(arr[i]), id, decode)) return OWNER(arr[i]);
   }
+  for (pfl_pull *p = w->pulls; p; p = p->next)
+    if (p->req && is(p->req, id, decode)) return p->req;
   return NULL;
 }
 
@@ -338,11 +344,184 @@ static void on_table(pfl_worker *w, srv_peer *from, const cJSON *m) {
   r->n_remote = n;
   r->have_table = 1;
   if (sk > r->pushed_blocks) r->pushed_blocks = sk;
+  if (r->pull) return; // waiting for a prefix fetch: its first step pushes every layer of what it has by then
   if (catch_up(w, r) || maybe_finish(w, r)) fail(w, r, "KV push to %s failed", r->link->name);
 }
 
+// Hands over the decode worker's block table if it came before the request did.
+static void take_early_table(pfl_worker *w, pfl_req *r) {
+  for (int i = 0; i < w->n_early; i++) {
+    const cJSON *eid = cJSON_GetObjectItemCaseSensitive(w->early[i].msg, "id");
+    if (!strcmp(eid->valuestring, r->req.id) && !strcmp(srv_peer_name(w->early[i].from), r->link->name)) {
+      cJSON *m = w->early[i].msg;
+      srv_peer *from = w->early[i].from;
+      w->early[i] = w->early[--w->n_early];
+      on_table(w, from, m); // may fail (and free) r
+      cJSON_Delete(m);
+      srv_peer_unref(from);
+      return;
+    }
+  }
+}
+
+// ---- prefix fetch (docs/protocol.md, "Prefix fetch") ----
+
+// Unlinks p and gives its remaining blocks back.
+static void pull_free(pfl_worker *w, pfl_pull *p) {
+  for (pfl_pull **pp = &w->pulls; *pp; pp = &(*pp)->next)
+    if (*pp == p) {
+      *pp = p->next;
+      break;
+    }
+  if (p->req) p->req->pull = NULL;
+  for (int i = 0; i < p->n; i++) srv_kvpool_unref(w->rt->kv, p->blocks[i]);
+  free(p->blocks);
+  free(p);
+}
+
+// The request waiting for p goes on with the first got blocks the peer wrote (0: none, it computes them),
+// queued for admission like any other. Received blocks join its table and our prefix store.
+static void resume(pfl_worker *w, pfl_pull *p, int got) {
+  pfl_req *r = p->req;
+  p->req = NULL;
+  r->pull = NULL;
+  if (got > 0 && srv_blocks_append(&r->seq.blocks, p->blocks, got) == 0) { // the references move to r
+    p->n -= got;
+    memmove(p->blocks, p->blocks + got, (size_t)p->n * sizeof *p->blocks);
+    int nb = r->seq.blocks.n, bs = block_size(w);
+    r->seq.n_done = r->seq.n_cached = nb * bs;
+    r->seq.n_inserted = nb;
+    srv_prefix_insert(w->eng.prefix, r->seq.toks, nb * bs, r->seq.blocks.ids, nb);
+    w->fetched_blocks += got;
+  } else {
+    w->fetch_misses++;
+  }
+  if (srv_engine_queue(&w->eng, &r->seq)) {
+    fail(w, r, "out of memory%s", "");
+    return;
+  }
+  take_early_table(w, r);
+}
+
+// Resolves p once the peer answered and, when it wrote blocks, their notification arrived.
+static void pull_step(pfl_worker *w, pfl_pull *p) {
+  if (!p->answered || (p->req && p->got > 0 && !p->notified)) return;
+  if (p->req) resume(w, p, p->got);
+  pull_free(w, p);
+}
+
+// Asks prefill worker peer for the prompt's first want blocks (the router's hint) when our store holds fewer:
+// takes what our pool holds (m blocks) into the request's table, reserves blocks for the rest and sends
+// prefix_pull. 1 when the request now waits for the answer (resume queues it), 0 when it goes on without.
+static int start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
+  srv_prefix *px = w->eng.prefix;
+  int bs = block_size(w), n_prompt = r->req.n_prompt;
+  if (want > (n_prompt - 1) / bs) want = (n_prompt - 1) / bs; // the last token is always computed
+  if (!px || want < 1 || srv_prefix_peek(px, r->seq.toks, n_prompt, 0, NULL) >= want) return 0; // we hold it
+  const srv_worker_cfg *q = srv_config_worker(w->cfg, peer);
+  if (!q || q->role != SRV_ROLE_PREFILL || !strcmp(peer, w->rt->w->name)) {
+    srv_warn(w->rt->w->name, "%s: ignoring the prefix hint: '%s' is not another prefill worker of this cluster",
+             r->req.id, peer);
+    return 0;
+  }
+  w->fetches++;
+  char err[256];
+  pfl_link *src = link_for(w, peer, SRV_ROLE_PREFILL, PULL_LINK_TIMEOUT_MS, err, sizeof err);
+  int32_t *ids = src ? malloc((size_t)want * sizeof *ids) : NULL;
+  pfl_pull *p = ids ? calloc(1, sizeof *p) : NULL;
+  if (!p) {
+    srv_warn(w->rt->w->name, "prefix fetch for %s from %s: %s", r->req.id, peer, src ? "out of memory" : err);
+    free(ids);
+    w->fetch_misses++;
+    return 0;
+  }
+  int m = srv_prefix_match(px, r->seq.toks, n_prompt, ids, want);
+  if (m > 0 && srv_blocks_append(&r->seq.blocks, ids, m)) {
+    for (int i = 0; i < m; i++) srv_kvpool_unref(w->rt->kv, ids[i]);
+    m = 0;
+  }
+  r->seq.n_done = r->seq.n_cached = m * bs;
+  r->seq.n_inserted = m;
+  int k = want - m, sent = 0; // m < want: the pool's blocks are among the ones peek counted
+  if (srv_kvpool_alloc(w->rt->kv, ids, k) == 0 ||
+      (srv_prefix_evict_for(px, k) >= 0 && srv_kvpool_alloc(w->rt->kv, ids, k) == 0)) {
+    cJSON *msg = cJSON_CreateObject();
+    cJSON_AddStringToObject(msg, "op", "prefix_pull");
+    cJSON_AddStringToObject(msg, "id", r->req.id);
+    cJSON *t = cJSON_AddArrayToObject(msg, "tokens");
+    for (int i = 0; i < want * bs; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(r->seq.toks[i]));
+    cJSON_AddNumberToObject(msg, "first", m);
+    cJSON *b = cJSON_AddArrayToObject(msg, "blocks");
+    for (int i = 0; i < k; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(ids[i]));
+    srv_kvwire_add_layout(msg, w->rt->kv);
+    sent = srv_kvwire_add_md(msg, w->kvx) == 0 && srv_peer_send(src->peer, msg) == 0;
+    cJSON_Delete(msg);
+    if (!sent)
+      for (int i = 0; i < k; i++) srv_kvpool_unref(w->rt->kv, ids[i]);
+  }
+  if (!sent) { // no blocks to spare, or the link dropped: compute (what our pool held stays in the table)
+    free(ids);
+    free(p);
+    w->fetch_misses++;
+    return 0;
+  }
+  int64_t now = now_ms();
+  *p = (pfl_pull){.next = w->pulls, .req = r, .src = src, .blocks = ids, .first = m, .n = k,
+                  .wait_until_ms = now + PULL_WAIT_MS, .hold_until_ms = now + PULL_HOLD_MS};
+  snprintf(p->id, sizeof p->id, "%s", r->req.id);
+  w->pulls = p;
+  r->pull = p;
+  srv_debug(w->rt->w->name, "%s: fetching blocks %d..%d from %s", r->req.id, m, want - 1, peer);
+  return 1;
+}
+
+// prefix_pulled / prefix_fail from the peer asked.
+static void on_pulled(pfl_worker *w, srv_peer *from, const cJSON *m, int failed) {
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id"), *nb = cJSON_GetObjectItemCaseSensitive(m, "n_blocks");
+  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(m, "message");
+  if (!cJSON_IsString(id)) return;
+  for (pfl_pull *p = w->pulls; p; p = p->next) {
+    if (p->answered || p->src->peer != from || strcmp(p->id, id->valuestring)) continue;
+    p->answered = 1;
+    p->got = !failed && cJSON_IsNumber(nb) && nb->valuedouble >= 0 && nb->valuedouble <= p->n ? (int)nb->valuedouble : 0;
+    if (failed)
+      srv_warn(w->rt->w->name, "prefix fetch for %s from %s failed: %s", p->id, p->src->name,
+               cJSON_IsString(msg) ? msg->valuestring : "no reason given");
+    pull_step(w, p);
+    return;
+  }
+}
+
+// kvxfer notifications "pull:<id>": a peer's writes for that fetch have landed.
+static void take_notifs(pfl_worker *w) {
+  kvx_notif nb[32];
+  int n;
+  while ((n = kvx_get_notifs(w->kvx, nb, 32)) > 0)
+    for (int i = 0; i < n; i++) {
+      pfl_pull *p = NULL;
+      if (nb[i].len > 5 && !memcmp(nb[i].msg, "pull:", 5))
+        for (p = w->pulls; p; p = p->next)
+          if (!strcmp(p->src->name, nb[i].peer) && strlen(p->id) == nb[i].len - 5 &&
+              !memcmp(p->id, nb[i].msg + 5, nb[i].len - 5))
+            break;
+      if (p && !p->notified) {
+        p->notified = 1;
+        pull_step(w, p);
+      } else {
+        srv_debug(w->rt->w->name, "unexpected kvxfer notification (%zu bytes) from %s", nb[i].len, nb[i].peer);
+      }
+      free(nb[i].msg);
+    }
+}
+
+static int n_fetching(const pfl_worker *w) {
+  int n = 0;
+  for (const pfl_pull *p = w->pulls; p; p = p->next) n += p->req != NULL;
+  return n;
+}
+
 static void handle(pfl_worker *w, srv_event *ev) {
-  srv_kvevents_on_event(&w->kvev, ev);
+  srv_kvevents_on_event(&w->kvev, ev, w->eng.prefix);
   if (!ev->msg) { // a connection closed
     for (int l = 0; l < 2; l++) {
       srv_seq **arr = l ? w->eng.wait : w->eng.run;
@@ -355,6 +534,19 @@ static void handle(pfl_worker *w, srv_event *ev) {
           fail(w, r, "decode worker %s failed", r->link->name);
       }
     }
+    for (pfl_pull **pp = &w->pulls; *pp;) {
+      pfl_pull *p = *pp;
+      if (p->req && p->req->router == ev->peer) req_free(w, p->req);
+      else if (p->req && p->req->link->peer == ev->peer) fail(w, p->req, "decode worker %s failed", p->req->link->name);
+      if (p->src->peer != ev->peer) {
+        pp = &p->next;
+        continue;
+      }
+      // The peer is gone: it writes nothing more, so the request computes the prefix and the blocks go back.
+      if (p->req) resume(w, p, 0);
+      pull_free(w, p); // *pp is now the next one
+    }
+    pfl_serve_on_close(&w->serve, ev->peer);
     return;
   }
   const char *op = cJSON_GetObjectItem(ev->msg, "op")->valuestring;
@@ -367,18 +559,23 @@ static void handle(pfl_worker *w, srv_event *ev) {
     srv_peer_ref(ev->peer);
     r->router = ev->peer;
     const char *bad = NULL;
+    // The router's hint (router.prefix_fetch): prefill worker prefix_peer holds the first prefix_blocks blocks.
+    const cJSON *hp = cJSON_GetObjectItemCaseSensitive(ev->msg, "prefix_peer");
+    const cJSON *hb = cJSON_GetObjectItemCaseSensitive(ev->msg, "prefix_blocks");
     if (atomic_load(&w->sig.stop)) bad = "worker is shutting down";
+    else if ((hp || hb) && (!cJSON_IsString(hp) || !cJSON_IsNumber(hb) || hb->valuedouble < 1 ||
+                            hb->valuedouble > 1 << 30 || hb->valuedouble != (int)hb->valuedouble))
+      bad = "prefix_peer must name a prefill worker and prefix_blocks be an integer >= 1";
     else if (srv_genreq_parse(ev->msg, mdl_tok_n_vocab(w->rt->tok), w->rt->n_ctx, &r->req, code, sizeof code, e,
                               sizeof e))
       bad = e;
     else if (strcmp(r->req.mode, "prefill") || !r->req.decode[0])
       bad = "a prefill worker serves mode \"prefill\" with a decode worker";
-    else if (!(r->link = link_for(w, r->req.decode, e, sizeof e)))
+    else if (!(r->link = link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e)))
       bad = e;
     else if (srv_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
              mdl_sampler_new(&r->req.sampling, mdl_tok_n_vocab(w->rt->tok), r->req.prompt, r->req.n_prompt,
-                             &r->sampler, e, sizeof e) ||
-             srv_engine_queue(&w->eng, &r->seq))
+                             &r->sampler, e, sizeof e))
       bad = "out of memory";
     if (bad) {
       srv_send_error(ev->peer, id, bad == e && code[0] == 'c' ? code : "worker_failure", "%s", bad);
@@ -389,20 +586,17 @@ static void handle(pfl_worker *w, srv_event *ev) {
     int64_t now = now_ms();
     r->table_deadline_ms = now + TABLE_TIMEOUT_MS;
     r->deadline_ms = r->req.deadline_ms ? now + r->req.deadline_ms : 0;
-    for (int i = 0; i < w->n_early; i++) {
-      const cJSON *eid = cJSON_GetObjectItemCaseSensitive(w->early[i].msg, "id");
-      if (!strcmp(eid->valuestring, r->req.id) && !strcmp(srv_peer_name(w->early[i].from), r->link->name)) {
-        cJSON *m = w->early[i].msg;
-        srv_peer *from = w->early[i].from;
-        w->early[i] = w->early[--w->n_early];
-        on_table(w, from, m);
-        cJSON_Delete(m);
-        srv_peer_unref(from);
-        break;
-      }
+    if (!(hp && start_pull(w, r, hp->valuestring, (int)hb->valuedouble)) && srv_engine_queue(&w->eng, &r->seq)) {
+      fail(w, r, "out of memory%s", "");
+      return;
     }
+    take_early_table(w, r);
   } else if (!strcmp(op, "kv_table")) {
     on_table(w, ev->peer, ev->msg);
+  } else if (!strcmp(op, "prefix_pull")) {
+    pfl_serve_on_pull(&w->serve, ev->peer, ev->msg);
+  } else if (!strcmp(op, "prefix_pulled") || !strcmp(op, "prefix_fail")) {
+    on_pulled(w, ev->peer, ev->msg, op[7] == 'f');
   } else if (!strcmp(op, "cancel")) {
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(ev->msg, "id");
     pfl_req *r = cJSON_IsString(id) ? find(w, id->valuestring, NULL) : NULL;
@@ -418,6 +612,10 @@ static void handle(pfl_worker *w, srv_event *ev) {
     cJSON_AddNumberToObject(m, "free_blocks", srv_kvpool_free_blocks(w->rt->kv));
     cJSON_AddNumberToObject(m, "total_blocks", srv_kvpool_total_blocks(w->rt->kv));
     cJSON_AddNumberToObject(m, "kv_bytes_pushed", w->bytes_pushed);
+    cJSON_AddNumberToObject(m, "prefix_fetches", w->fetches);
+    cJSON_AddNumberToObject(m, "prefix_fetched_blocks", w->fetched_blocks);
+    cJSON_AddNumberToObject(m, "prefix_fetch_misses", w->fetch_misses);
+    cJSON_AddNumberToObject(m, "prefix_served_blocks", w->serve.served_blocks);
     srv_engine_add_prefix_stats(&w->eng, m);
     srv_peer_send(ev->peer, m);
     cJSON_Delete(m);
@@ -459,6 +657,21 @@ static void expire(pfl_worker *w) {
       else if (!r->have_table && now > r->table_deadline_ms)
         fail(w, r, "decode worker %s never sent its block table", r->link->name);
     }
+  }
+  for (pfl_pull **pp = &w->pulls; *pp;) {
+    pfl_pull *p = *pp;
+    if (p->req && p->req->deadline_ms && now > p->req->deadline_ms) {
+      fail(w, p->req, "request deadline passed%s", "");
+    } else if (p->req && now > p->wait_until_ms) {
+      srv_warn(w->rt->w->name, "prefix fetch for %s from %s timed out: computing it", p->id, p->src->name);
+      resume(w, p, 0);
+    }
+    // A request that went on without its fetch leaves the blocks reserved until the peer can no longer write.
+    if (!p->req && (p->answered || now > p->hold_until_ms)) {
+      pull_free(w, p); // *pp is now the next one
+      continue;
+    }
+    pp = &p->next;
   }
 }
 
@@ -503,7 +716,8 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   memset(&w, 0, sizeof w);
   w.cfg = cfg;
   srv_signals_block(&w.sig);
-  if (srv_runtime_open(cfg, wc, 0, &w.rt, err, errlen)) return -1;
+  // A host pool is shareable: a peer prefill worker on this host writes fetched prefixes into it over shm.
+  if (srv_runtime_open(cfg, wc, strncmp(wc->device, "cuda", 4) != 0, &w.rt, err, errlen)) return -1;
   kvx_opts o = {.backend = wc->kvx_backend[0] ? wc->kvx_backend : "auto",
                 .listen_host = wc->kvx_host[0] ? wc->kvx_host : wc->host,
                 .listen_port = wc->kvx_port,
@@ -523,6 +737,7 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     return -1;
   }
   srv_engine_init(&w.eng, w.rt, err, errlen);
+  pfl_serve_init(&w.serve, w.kvx, w.rt->kv, w.eng.prefix, wc->name);
   fprintf(stderr, "dserve %s: prefill worker listening on %s:%d (%d KV blocks, %s kernels, %d threads, kvxfer %s)\n",
           wc->name, wc->host, srv_hub_port(w.hub), srv_kvpool_total_blocks(w.rt->kv), w.rt->kc.be->name,
           krn_pool_threads(w.rt->pool), kvx_agent_backend(w.kvx));
@@ -530,9 +745,13 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     int waiting_only = w.eng.n_wait == 0;
     for (int i = 0; waiting_only && i < w.eng.n_run; i++)
       if (OWNER(w.eng.run[i])->seq.n_done < OWNER(w.eng.run[i])->seq.n_toks) waiting_only = 0;
-    // Idle, or only waiting for tables and writes: block briefly; otherwise take what has arrived.
-    drain_events(&w, !srv_engine_busy(&w.eng) ? 1000 : (waiting_only ? 2 : 0));
-    if (atomic_load(&w.sig.stop) && !srv_engine_busy(&w.eng)) break;
+    // Idle, or only waiting for tables, writes and prefix fetches (kvxfer progress is polled): block briefly;
+    // otherwise take what has arrived.
+    int idle = !srv_engine_busy(&w.eng) && !w.pulls && !w.serve.n_sending;
+    drain_events(&w, idle ? 1000 : (waiting_only ? 2 : 0));
+    take_notifs(&w);
+    pfl_serve_poll(&w.serve);
+    if (atomic_load(&w.sig.stop) && !srv_engine_busy(&w.eng) && !n_fetching(&w)) break;
     expire(&w);
     reap(&w);
     srv_engine_admit(&w.eng, reject, &w);
@@ -544,11 +763,17 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   }
   while (w.eng.n_run) req_free(&w, OWNER(w.eng.run[0]));
   while (w.eng.n_wait) req_free(&w, OWNER(w.eng.wait[0]));
+  while (w.pulls) {
+    req_free(&w, w.pulls->req);
+    pull_free(&w, w.pulls);
+  }
   while (w.n_early) drop_early(&w, 0);
   free(w.early);
+  pfl_serve_fini(&w.serve);
   srv_engine_fini(&w.eng);
   srv_kvevents_fini(&w.kvev);
   srv_hub_free(w.hub);
+  for (int i = 0; i < w.n_links; i++) free(w.links[i]); // their peers die with the hub
   free(w.links);
   kvx_agent_free(w.kvx);
   srv_runtime_close(w.rt);

@@ -96,3 +96,26 @@ int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, i
   free(keys);
   return 0;
 }
+
+int rtr_sched_prefix_peer(const rtr_sched_worker *w, int n, const int32_t *prompt, int n_prompt,
+                          const srv_kvindex *x, int chosen, int min_blocks, int *blocks_out) {
+  *blocks_out = 0;
+  if (!x || chosen < 0 || chosen >= n || w[chosen].role != SRV_ROLE_PREFILL || n_prompt < 2) return -1;
+  int bs = w[chosen].block_size > 0 ? w[chosen].block_size : 16;
+  int max_keys = (n_prompt - 1) / bs;
+  if (max_keys < 1) return -1;
+  uint64_t *keys = malloc((size_t)max_keys * sizeof *keys);
+  if (!keys) return -1;
+  int n_keys = srv_blockhash_chain(NULL, prompt, n_prompt, bs, keys, max_keys);
+  int own = srv_kvindex_overlap(x, chosen, keys, n_keys), best = -1, best_ov = 0;
+  for (int i = 0; i < n; i++) {
+    if (i == chosen || !w[i].up || w[i].role != SRV_ROLE_PREFILL || (w[i].block_size > 0 ? w[i].block_size : 16) != bs)
+      continue;
+    int ov = srv_kvindex_overlap(x, i, keys, n_keys);
+    if (ov > best_ov) best = i, best_ov = ov;
+  }
+  free(keys);
+  if (best < 0 || best_ov - own < (min_blocks > 0 ? min_blocks : 1)) return -1;
+  *blocks_out = best_ov;
+  return best;
+}

@@ -45,6 +45,14 @@ int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt /*
                       int disagg_threshold, const srv_kvindex *x, const srv_kvindex_weights *wt,
                       rtr_sched_target *out, int *overlap_out);
 
+// Prefix fetch (router.prefix_fetch): when prefill worker `chosen` (role prefill) is to compute the prompt, the
+// other up prefill worker with the same block size whose index overlap with the prompt is the longest, if it
+// exceeds chosen's own overlap by at least min_blocks. Returns its index and *blocks_out its overlap in blocks
+// (at most (n_prompt - 1) / block_size: the last token is always computed), or -1 (*blocks_out 0) when no
+// peer is worth asking, x is NULL, or memory for the prompt's keys is short.
+int rtr_sched_prefix_peer(const rtr_sched_worker *w, int n, const int32_t *prompt /* (n_prompt) */, int n_prompt,
+                          const srv_kvindex *x, int chosen, int min_blocks, int *blocks_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -38,6 +38,11 @@ typedef struct rtr_link {
   int block_size;              // hello_ok kv_layout.block_size (16 when absent): the prompt's key chain
   int running, waiting, free_blocks, total_blocks, inflight;
   double prefix_hits, prefix_queries; // last cumulative values seen
+  int connecting;              // 1 while the link thread is connecting (its peer may speak before it is stored)
+  // Per prefix-cache tier (pool, host, disk: stats_ok prefix_tiers): last cumulative hits / queries seen, and the
+  // series {worker, tier} of hits, queries and resident blocks, created when the worker first reports the tier.
+  double tier_last[3][2];
+  srv_metric *m_tier[3][3];    // (owned by s->m)
   int64_t last_stats_ms, last_stats_sent_ms; // last_stats_ms: when the worker last answered (stats_ok or pong)
   pthread_t thread;
   int has_thread;
@@ -538,16 +543,42 @@ static void update_kv_gauge_locked(rtr_server *s) {
   srv_metric_set(s->m_kv_usage, total > 0 ? used / total : 0);
 }
 
+// Adds to counter c what a worker's running total v grew by since *last (a restarted worker counts anew).
+static void counter_from_total(srv_metric *c, double v, double *last) {
+  srv_metric_add(c, v >= *last ? v - *last : v);
+  *last = v;
+}
+
+// stats_ok prefix_tiers {"pool"|"host"|"disk": {hits, queries, blocks}} into the worker's labeled series.
+static void on_prefix_tiers(rtr_server *s, rtr_link *l, const cJSON *tiers) {
+  static const char *const names[3] = {"pool", "host", "disk"};
+  for (int t = 0; t < 3; t++) {
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(tiers, names[t]);
+    if (!cJSON_IsObject(o)) continue;
+    if (!l->m_tier[t][0]) {
+      char lab[128];
+      snprintf(lab, sizeof lab, "worker=\"%s\",tier=\"%s\"", l->cfg->name, names[t]);
+      l->m_tier[t][0] = srv_metrics_counter(s->m, "dserve:prefix_cache_tier_hits_total",
+                                            "Prefix-cache hit tokens served from each tier of each worker.", lab);
+      l->m_tier[t][1] = srv_metrics_counter(s->m, "dserve:prefix_cache_tier_queries_total",
+                                            "Prefix-cache tokens looked up in each tier of each worker.", lab);
+      l->m_tier[t][2] = srv_metrics_gauge(s->m, "dserve:prefix_cache_blocks",
+                                          "Prefix-cache blocks resident in each tier of each worker.", lab);
+    }
+    counter_from_total(l->m_tier[t][0], num(o, "hits", 0), &l->tier_last[t][0]);
+    counter_from_total(l->m_tier[t][1], num(o, "queries", 0), &l->tier_last[t][1]);
+    srv_metric_set(l->m_tier[t][2], num(o, "blocks", 0));
+  }
+}
+
 static void on_stats(rtr_server *s, rtr_link *l, const cJSON *m) {
   l->running = (int)num(m, "running", 0);
   l->waiting = (int)num(m, "waiting", 0);
   l->free_blocks = (int)num(m, "free_blocks", 0);
   l->total_blocks = (int)num(m, "total_blocks", 0);
-  double h = num(m, "prefix_hits", 0), q = num(m, "prefix_queries", 0);
-  srv_metric_add(s->m_prefix_hits, h >= l->prefix_hits ? h - l->prefix_hits : h); // a restarted worker counts anew
-  srv_metric_add(s->m_prefix_queries, q >= l->prefix_queries ? q - l->prefix_queries : q);
-  l->prefix_hits = h;
-  l->prefix_queries = q;
+  counter_from_total(s->m_prefix_hits, num(m, "prefix_hits", 0), &l->prefix_hits);
+  counter_from_total(s->m_prefix_queries, num(m, "prefix_queries", 0), &l->prefix_queries);
+  on_prefix_tiers(s, l, cJSON_GetObjectItemCaseSensitive(m, "prefix_tiers"));
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   l->last_stats_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
@@ -608,6 +639,24 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
   pthread_cond_broadcast(&s->link_cv);
 }
 
+// The link whose peer is p. A worker may speak (its kv_events snapshot) as soon as it has sent hello_ok, before
+// the link thread that connected has stored the peer: a message from an unknown peer while a link of that
+// worker's name is connecting waits for it (polling, at most ~2 s) instead of being dropped. Called with mu
+// held; releases it while waiting.
+static rtr_link *link_of_locked(rtr_server *s, srv_peer *p, int is_msg) {
+  for (int tries = 0;; tries++) {
+    int connecting = 0;
+    for (int i = 0; i < s->n_links; i++) {
+      if (s->links[i].peer == p) return &s->links[i];
+      connecting |= s->links[i].connecting && !strcmp(s->links[i].cfg->name, srv_peer_name(p));
+    }
+    if (!is_msg || !connecting || s->stopping || tries >= 2000) return NULL;
+    pthread_mutex_unlock(&s->mu);
+    usleep(1000);
+    pthread_mutex_lock(&s->mu);
+  }
+}
+
 static void *dispatcher_main(void *arg) {
   rtr_server *s = arg;
   for (;;) {
@@ -616,9 +665,7 @@ static void *dispatcher_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     int stop = s->stopping;
     if (got) {
-      rtr_link *l = NULL;
-      for (int i = 0; i < s->n_links; i++)
-        if (s->links[i].peer == ev.peer) l = &s->links[i];
+      rtr_link *l = link_of_locked(s, ev.peer, ev.msg != NULL);
       if (l && !ev.msg) {
         link_down_locked(s, l);
       } else if (l) {
@@ -658,10 +705,12 @@ static void *link_main(void *arg) {
   pthread_mutex_lock(&s->mu);
   while (!s->stopping) {
     if (!l->peer) {
+      l->connecting = 1;
       pthread_mutex_unlock(&s->mu);
       char err[256] = "";
       srv_peer *p = srv_hub_connect(s->hub, l->cfg->host, l->cfg->port, 1000, err, sizeof err);
       pthread_mutex_lock(&s->mu);
+      l->connecting = 0;
       if (p && !s->stopping) {
         const cJSON *ok = srv_peer_hello(p);
         l->n_ctx = (int)num(ok, "n_ctx", 0);
@@ -997,6 +1046,14 @@ static int route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_work
   if (pick.prefill >= 0) {
     s->links[pick.prefill].inflight++;
     msgs[*n] = generate_msg(s, r, ci, "prefill", "decode", s->links[pick.decode].cfg->name);
+    int fetch_blocks, peer = s->rc->prefix_fetch ? rtr_sched_prefix_peer(w, s->n_links, r->prompt, r->n_prompt, s->kv,
+                                                                           pick.prefill, s->rc->prefix_fetch_min_blocks,
+                                                                           &fetch_blocks)
+                                                 : -1;
+    if (peer >= 0) { // a peer prefill worker holds more of the prefix: the prefill worker may fetch it
+      cJSON_AddStringToObject(msgs[*n], "prefix_peer", s->links[peer].cfg->name);
+      cJSON_AddNumberToObject(msgs[*n], "prefix_blocks", fetch_blocks);
+    }
     to[(*n)++] = pick.prefill;
     msgs[*n] = generate_msg(s, r, ci, "decode", "prefill", s->links[pick.prefill].cfg->name);
     to[(*n)++] = pick.decode;

@@ -136,6 +136,20 @@ static int cfg_int32(cfg_ctx *x, const cJSON *obj, const char *path, const char 
   return 0;
 }
 
+// Boolean field: missing -> def.
+static int cfg_bool(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, int def) {
+  char field[256];
+  cfg_join(field, sizeof field, path, key);
+  const cJSON *v = cfg_item(obj, key);
+  if (!v) {
+    *dst = def;
+    return 0;
+  }
+  if (!cJSON_IsBool(v)) return cfg_fail(x, field, "expected true or false, got %s", cfg_type_name(v));
+  *dst = cJSON_IsTrue(v);
+  return 0;
+}
+
 // Number field; min_exclusive: value must be > lo, else >= lo.
 static int cfg_num(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, double *dst, double lo,
                    int min_exclusive, double hi, double def) {
@@ -231,7 +245,8 @@ static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",
                                        "max_body_bytes", "conn_timeout_s", "queue_limit", "max_tokens_limit",
                                        "max_n",         "max_stop",     "request_timeout_ms", "disagg_threshold",
-                                       "routing",       "link_dead_ms", NULL};
+                                       "routing",       "prefix_fetch", "prefix_fetch_min_blocks",
+                                       "link_dead_ms",  NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
@@ -301,6 +316,9 @@ static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o
   if (cfg_int32(x, r, p, "request_timeout_ms", &o->request_timeout_ms, 1, 86400000, 600000, 0)) return -1;
   if (cfg_int32(x, r, p, "disagg_threshold", &o->disagg_threshold, 0, 1 << 30, 1000, 0)) return -1;
   if (cfg_int32(x, r, p, "link_dead_ms", &o->link_dead_ms, 2000, 3600000, 15000, 0)) return -1;
+  if (cfg_bool(x, r, p, "prefix_fetch", &o->prefix_fetch, 0) ||
+      cfg_int32(x, r, p, "prefix_fetch_min_blocks", &o->prefix_fetch_min_blocks, 1, 1 << 20, 4, 0))
+    return -1;
   const cJSON *rt;
   if (cfg_obj(x, r, p, "routing", &rt)) return -1;
   if (rt && cfg_check_keys(x, rt, "router.routing", K_ROUTING)) return -1;

@@ -50,6 +50,8 @@ typedef struct srv_router_cfg {
   int link_dead_ms;            // a worker link that answers no stats (sent every 1 s) this long is closed (15000)
   int disagg_threshold;        // prompts shorter than this (minus cached prefix) prefill on the decode worker (1000)
   double w_overlap, w_queue, w_free; // KV-aware routing weights
+  int prefix_fetch;            // hint a prefill worker to fetch a longer cached prefix from a peer prefill worker (0)
+  int prefix_fetch_min_blocks; // ... when the peer holds at least this many more blocks (4)
 } srv_router_cfg;
 
 typedef struct srv_config {

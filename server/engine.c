@@ -255,4 +255,14 @@ void srv_engine_add_prefix_stats(const srv_engine *e, cJSON *msg) {
   cJSON_AddNumberToObject(msg, "prefix_hits", (double)(st.hit_tokens[0] + st.hit_tokens[1] + st.hit_tokens[2]));
   cJSON_AddNumberToObject(msg, "prefix_queries", (double)st.query_tokens);
   cJSON_AddNumberToObject(msg, "prefix_cached_blocks", st.blocks[0]);
+  if (!e->prefix) return;
+  static const char *const tier_name[3] = {"pool", "host", "disk"};
+  cJSON *tiers = cJSON_AddObjectToObject(msg, "prefix_tiers");
+  for (int t = 0; tiers && t < 3; t++) {
+    if (!srv_prefix_has_tier(e->prefix, t)) continue;
+    cJSON *o = cJSON_AddObjectToObject(tiers, tier_name[t]);
+    cJSON_AddNumberToObject(o, "hits", (double)st.hit_tokens[t]);
+    cJSON_AddNumberToObject(o, "queries", (double)st.tier_query_tokens[t]);
+    cJSON_AddNumberToObject(o, "blocks", st.blocks[t]);
+  }
 }

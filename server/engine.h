@@ -63,7 +63,9 @@ void srv_engine_remove(srv_engine *e, srv_seq *s); // from either list; releases
 void srv_engine_admit(srv_engine *e, void (*reject)(void *arg, srv_seq *s, int blocks_needed), void *arg);
 // What admission does for one sequence that holds no blocks: take its longest cached prefix (n_done and
 // n_cached move past it) and reserve blocks for the rest of its tokens, evicting unused cached blocks if
-// needed. 0, or -1 with nothing held when the pool is short.
+// needed. 0, or -1 with nothing held when the pool is short. A sequence queued with leading blocks already
+// in its table (n_done past them: a prefix a prefill worker fetched from a peer) is not matched again: only
+// the rest is reserved (on -1 it holds nothing, and is matched like any other next time).
 int srv_engine_take_blocks(srv_engine *e, srv_seq *s);
 // Runs one forward step (decode tokens first, then prefill chunks up to max_batch_tokens). Blocks that
 // decode growth needs are taken from the newest sequences (recompute preemption). 0 when nothing ran
@@ -74,7 +76,9 @@ int srv_engine_plan(srv_engine *e); // fills batch / batch_of / batch_chunk; ret
 int srv_engine_forward(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen); // 0 / -1
 int srv_engine_busy(const srv_engine *e);
 // Adds the prefix cache's counters to a stats_ok message: prefix_hits / prefix_queries (tokens served from
-// the cache / prompt tokens looked up, running totals) and prefix_cached_blocks.
+// the cache / prompt tokens looked up, running totals) and prefix_cached_blocks; with a cache also
+// prefix_tiers {"pool"|"host"|"disk": {hits, queries (tokens, running totals), blocks (resident now)}} for
+// each configured tier (srv_prefix_stats.hit_tokens / tier_query_tokens / blocks).
 void srv_engine_add_prefix_stats(const srv_engine *e, cJSON *msg);
 
 #ifdef __cplusplus

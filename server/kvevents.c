@@ -8,7 +8,7 @@
 
 #define KVEV_CHUNK 512
 
-void srv_kvevents_on_event(srv_kvevents *k, const srv_event *ev) {
+void srv_kvevents_on_event(srv_kvevents *k, const srv_event *ev, srv_prefix *p) {
   if (!ev->peer || strcmp(srv_peer_role(ev->peer), "router")) return;
   if (!ev->msg) { // closed
     for (int i = 0; i < k->n; i++)
@@ -30,8 +30,31 @@ void srv_kvevents_on_event(srv_kvevents *k, const srv_event *ev) {
     k->routers = np;
     k->cap = cap;
   }
+  srv_kvevents_flush(k, p); // what the other routers have not heard yet; the snapshot covers it for this one
   srv_peer_ref(ev->peer);
   k->routers[k->n++] = ev->peer;
+  if (p) srv_kvevents_snapshot(ev->peer, p);
+}
+
+// {"op":"kv_events","events":[[kind, "key"], ...]} for ev (n); NULL on out of memory.
+static cJSON *kvev_msg(const srv_kv_event *ev, int n) {
+  cJSON *m = cJSON_CreateObject();
+  cJSON *arr = m ? cJSON_AddArrayToObject(m, "events") : NULL;
+  if (!arr || !cJSON_AddStringToObject(m, "op", "kv_events")) {
+    cJSON_Delete(m);
+    return NULL;
+  }
+  for (int i = 0; i < n; i++) {
+    char key[24];
+    snprintf(key, sizeof key, "%" PRIu64, ev[i].key);
+    cJSON *e = cJSON_CreateArray();
+    if (!e || !cJSON_AddItemToArray(arr, e) || !cJSON_AddItemToArray(e, cJSON_CreateNumber(ev[i].kind)) ||
+        !cJSON_AddItemToArray(e, cJSON_CreateString(key))) {
+      cJSON_Delete(m);
+      return NULL;
+    }
+  }
+  return m;
 }
 
 int srv_kvevents_flush(srv_kvevents *k, srv_prefix *p) {
@@ -41,21 +64,36 @@ int srv_kvevents_flush(srv_kvevents *k, srv_prefix *p) {
   while ((n = srv_prefix_drain_events(p, ev, KVEV_CHUNK)) > 0) {
     total += n;
     if (!k->n) continue;
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "op", "kv_events");
-    cJSON *arr = cJSON_AddArrayToObject(m, "events");
-    for (int i = 0; i < n; i++) {
-      char key[24];
-      snprintf(key, sizeof key, "%" PRIu64, ev[i].key);
-      cJSON *e = cJSON_CreateArray();
-      cJSON_AddItemToArray(e, cJSON_CreateNumber(ev[i].kind));
-      cJSON_AddItemToArray(e, cJSON_CreateString(key));
-      cJSON_AddItemToArray(arr, e);
-    }
-    for (int i = 0; i < k->n; i++) srv_peer_send(k->routers[i], m);
+    cJSON *m = kvev_msg(ev, n);
+    for (int i = 0; m && i < k->n; i++) srv_peer_send(k->routers[i], m);
     cJSON_Delete(m);
   }
   return total;
+}
+
+int srv_kvevents_snapshot(srv_peer *to, const srv_prefix *p) {
+  int total = srv_prefix_keys(p, NULL, 0);
+  uint64_t *keys = malloc(((size_t)total + 1) * sizeof *keys);
+  if (!keys) return -1;
+  srv_prefix_keys(p, keys, total);
+  srv_kv_event ev[KVEV_CHUNK];
+  int n = 0, rc = total;
+  ev[n++] = (srv_kv_event){0, SRV_KV_CLEARED};
+  for (int i = 0; i <= total; i++) {
+    if (n == KVEV_CHUNK || (i == total && n > 0)) {
+      cJSON *m = kvev_msg(ev, n);
+      if (!m) {
+        rc = -1;
+        break;
+      }
+      srv_peer_send(to, m);
+      cJSON_Delete(m);
+      n = 0;
+    }
+    if (i < total) ev[n++] = (srv_kv_event){keys[i], SRV_KV_ADDED};
+  }
+  free(keys);
+  return rc;
 }
 
 void srv_kvevents_fini(srv_kvevents *k) {

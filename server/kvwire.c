@@ -57,6 +57,46 @@ uint64_t srv_kv_remote_chunk(const srv_kv_remote *r, int layer, int kv, int bloc
   return r->base + (((uint64_t)layer * 2 + (uint64_t)kv) * (uint64_t)r->n_blocks + (uint64_t)block) * r->chunk_bytes;
 }
 
+int srv_kvwire_write_blocks(kvx_agent *a, const srv_kvpool *kv, const char *peer, const srv_kv_remote *remote,
+                            const int32_t *local_ids, const int32_t *remote_ids, int n, int l0, int l1,
+                            const void *notif, size_t notif_len, kvx_xfer **out, char *err, size_t errlen) {
+  *out = NULL;
+  int k = (l1 - l0) * 2 * n;
+  if (n < 1 || l1 <= l0) return 0;
+  const mdl_llama_cfg *c = srv_kvpool_cfg(kv);
+  const mdl_kv *v = srv_kvpool_kv(kv);
+  size_t chunk = mdl_kv_chunk_bytes(c, v);
+  kvx_desc *loc = malloc((size_t)k * sizeof *loc), *rem = malloc((size_t)k * sizeof *rem);
+  if (!loc || !rem) {
+    free(loc);
+    free(rem);
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  int i = 0;
+  for (int l = l0; l < l1; l++) // (layer, K|V, block) order: each layer's K blocks, then its V blocks
+    for (int kvi = 0; kvi < 2; kvi++)
+      for (int b = 0; b < n; b++) {
+        loc[i] = (kvx_desc){(uint64_t)(uintptr_t)mdl_kv_chunk(c, v, l, kvi, local_ids[b]), chunk};
+        rem[i] = (kvx_desc){srv_kv_remote_chunk(remote, l, kvi, remote_ids[b]), chunk};
+        i++;
+      }
+  kvx_xfer *x = NULL;
+  int rc = kvx_xfer_new(a, KVX_WRITE, loc, (size_t)k, rem, (size_t)k, peer, notif, notif_len, &x, err, errlen);
+  free(loc);
+  free(rem);
+  if (!rc && kvx_xfer_post(x)) {
+    snprintf(err, errlen, "%s", kvx_xfer_error(x));
+    rc = -1;
+  }
+  if (rc) {
+    kvx_xfer_free(x);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
 int srv_kvwire_add_md(cJSON *msg, kvx_agent *a) {
   void *blob = NULL;
   size_t len = 0;

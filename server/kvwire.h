@@ -29,6 +29,14 @@ int srv_kvwire_read_layout(const cJSON *msg, const srv_kvpool *local, srv_kv_rem
 // Address of chunk (layer, kv, block) in the peer's pool.
 uint64_t srv_kv_remote_chunk(const srv_kv_remote *r, int layer, int kv, int block);
 
+// Posts one kvxfer WRITE of layers [l0, l1), K and V, of our blocks local_ids (n) into the peer's blocks
+// remote_ids (n), pairwise, with notif (notif_len bytes, may be NULL) delivered after the bytes. *out is
+// the posted request (owned by the caller), or NULL when there was nothing to write (n or l1 - l0 < 1: then
+// nothing is posted and notif is not sent). -1 with err when it cannot be made or posted (nothing owned).
+int srv_kvwire_write_blocks(kvx_agent *a, const srv_kvpool *kv, const char *peer, const srv_kv_remote *remote,
+                            const int32_t *local_ids, const int32_t *remote_ids, int n, int l0, int l1,
+                            const void *notif, size_t notif_len, kvx_xfer **out, char *err, size_t errlen);
+
 int srv_kvwire_add_md(cJSON *msg, kvx_agent *a);  // "kvx_md": base64 of kvx_pack_md
 int srv_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen);
 

@@ -381,16 +381,29 @@ static int match_limit(const srv_prefix *s, int n_toks, int max_blocks) {
 int srv_prefix_match(srv_prefix *s, const int32_t *toks, int n_toks, int32_t *block_ids_out, int max_blocks) {
   s->st.queries++;
   if (!toks || n_toks < 1) return 0;
-  s->st.query_tokens += (uint64_t)n_toks;
-  s->st.query_blocks += (uint64_t)((n_toks - 1) / s->bs);
   int lim = match_limit(s, n_toks, max_blocks);
   if (lim > 0 && !block_ids_out) return 0;
+  s->st.query_tokens += (uint64_t)n_toks;
+  s->st.query_blocks += (uint64_t)((n_toks - 1) / s->bs);
   int parent = -1, n = 0;
   while (n < lim) {
     int e = lookup(s, parent, toks + (size_t)n * s->bs, NULL, NULL);
     if (e < 0 || s->ents[e].tier != 0) break;
     block_ids_out[n++] = s->ents[e].block;
     parent = e;
+  }
+  // The same walk goes on through the lower tiers: the tokens they are asked for are the ones not found before.
+  int found[NT] = {n, 0, 0};
+  for (int i = n, pe = parent; i < lim; i++) {
+    int e = lookup(s, pe, toks + (size_t)i * s->bs, NULL, NULL);
+    if (e < 0) break;
+    found[s->ents[e].tier]++;
+    pe = e;
+  }
+  uint64_t seen = 0;
+  for (int t = 0; t < NT; t++) {
+    if (t == 0 || s->slots[t] > 0) s->st.tier_query_tokens[t] += (uint64_t)n_toks - seen;
+    seen += (uint64_t)found[t] * (uint64_t)s->bs;
   }
   if (n == 0) return 0;
   touch_chain(s, parent);
@@ -569,4 +582,16 @@ int srv_prefix_pending_events(const srv_prefix *s) { return s->n_ev; }
 void srv_prefix_get_stats(const srv_prefix *s, srv_prefix_stats *out) {
   *out = s->st;
   for (int t = 0; t < NT; t++) out->blocks[t] = s->tier[t].n;
+}
+
+int srv_prefix_has_tier(const srv_prefix *s, int tier) {
+  return tier == 0 || (tier > 0 && tier < NT && s->slots[tier] > 0);
+}
+
+int srv_prefix_keys(const srv_prefix *s, uint64_t *keys_out, int max) {
+  int total = 0;
+  for (int t = NT - 1; t >= 0; t--)
+    for (int i = s->tier[t].tail; i >= 0; i = s->ents[i].prev, total++)
+      if (total < max && keys_out) keys_out[total] = s->ents[i].key;
+  return total;
 }

@@ -55,6 +55,11 @@ typedef struct srv_prefix_stats {
   uint64_t query_tokens;  // sum of n_toks
   uint64_t hit_blocks[3]; // blocks served, by tier (0 pool, 1 host DRAM, 2 disk)
   uint64_t hit_tokens[3]; // hit_blocks * block_size
+  // Tokens that reached each tier, per srv_prefix_match (one lookup): tier 0 every lookup's n_toks (so equal to
+  // query_tokens); tier 1 / 2, when configured, the tokens the tiers before it did not hold (n_toks minus the
+  // tokens of the chain's blocks found in lower-numbered tiers). hit_tokens[t] <= tier_query_tokens[t]; the
+  // unit is the one vLLM's prefix_cache_queries / prefix_cache_hits use.
+  uint64_t tier_query_tokens[3];
   uint64_t inserted;      // entries created
   uint64_t removed;       // entries dropped from every tier (eviction or clear)
   uint64_t demoted;       // moves to a lower tier
@@ -70,7 +75,8 @@ int srv_prefix_new(srv_kvpool *pool, const srv_prefix_opts *o, srv_prefix **out,
 void srv_prefix_free(srv_prefix *s);
 
 // The longest cached prefix of toks (n_toks) that is in the pool (tier 0): writes the block ids into
-// block_ids_out and returns how many (0..max_blocks). Each returned block carries a NEW reference for the
+// block_ids_out and returns how many (0..max_blocks). Counts one lookup in the stats, per tier (what the
+// host and disk tiers hold after the pool prefix counts as a query there; srv_prefix_restore counts their hits). Each returned block carries a NEW reference for the
 // caller (hand it to srv_blocks_append, or drop it with srv_kvpool_unref). Matches at most
 // (n_toks - 1) / block_size blocks, so the caller always has at least one token left to compute (the one
 // whose logits it samples): pass the whole prompt. The matched entries become most recently used.
@@ -109,6 +115,13 @@ int srv_prefix_drain_events(srv_prefix *s, srv_kv_event *out, int max);
 int srv_prefix_pending_events(const srv_prefix *s);
 
 void srv_prefix_get_stats(const srv_prefix *s, srv_prefix_stats *out);
+int srv_prefix_has_tier(const srv_prefix *s, int tier); // 1 when tier (0 pool, 1 host, 2 disk) is configured
+
+// The keys of every entry in the store (every tier), least recently used first: the disk tier's, then the
+// host tier's, then the pool's, each from its LRU end (parents are more recent than their children, so an index
+// that keeps only its newest keys keeps the heads of the chains). Writes the first min(total, max) into
+// keys_out (max; may be NULL when max is 0) and returns the total, like snprintf: call with max 0 to size.
+int srv_prefix_keys(const srv_prefix *s, uint64_t *keys_out, int max);
 int srv_prefix_block_size(const srv_prefix *s);
 
 #ifdef __cplusplus

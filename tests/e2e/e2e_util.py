@@ -47,7 +47,7 @@ def local_config(path, workers, disagg_threshold=1000, model=MODEL, router=None)
     """Writes a one-node config (router + workers on 127.0.0.1, free ports) to path; returns the router port.
 
     workers: list of dicts with at least name and role; port, threads (1), kv_budget_mb (32) are filled in.
-    router: more keys of the router section (e.g. link_dead_ms)."""
+    router: more keys of the router section (e.g. {"prefix_fetch": True}, {"link_dead_ms": 4000})."""
     ports = free_ports(1 + len(workers))
     ws = []
     for w, p in zip(workers, ports[1:]):

@@ -148,6 +148,9 @@ struct FakeWorker {
       cJSON_AddNumberToObject(r, "total_blocks", 40);
       cJSON_AddNumberToObject(r, "prefix_hits", 5);
       cJSON_AddNumberToObject(r, "prefix_queries", 9);
+      // per tier (a tier that is not an object is ignored)
+      cJSON_AddItemToObject(r, "prefix_tiers", cJSON_Parse(R"({"pool":{"hits":5,"queries":9,"blocks":3},)"
+                                                           R"("host":{"hits":0,"queries":4,"blocks":2},"disk":7})"));
       send(p, r);
     } else if (op == "generate") {
       std::string id = cJSON_GetObjectItem(m, "id")->valuestring;
@@ -697,6 +700,10 @@ TEST_F(Live, ErrorsAndKeepServing) {
   EXPECT_NE(mt.body.find("dserve:request_success_total{finished_reason=\"length\"} 3"), std::string::npos) << mt.body;
   EXPECT_NE(mt.body.find("dserve:kv_cache_usage_perc 0.25"), std::string::npos) << mt.body;
   EXPECT_NE(mt.body.find("dserve:prefix_cache_queries_total 9"), std::string::npos) << mt.body;
+  EXPECT_NE(mt.body.find("dserve:prefix_cache_tier_hits_total{worker=\"w0\",tier=\"pool\"} 5"), std::string::npos);
+  EXPECT_NE(mt.body.find("dserve:prefix_cache_tier_queries_total{worker=\"w0\",tier=\"host\"} 4"), std::string::npos);
+  EXPECT_NE(mt.body.find("dserve:prefix_cache_blocks{worker=\"w0\",tier=\"pool\"} 3"), std::string::npos);
+  EXPECT_EQ(mt.body.find("tier=\"disk\""), std::string::npos) << mt.body;
 }
 
 TEST(Http, ApiKeys) {

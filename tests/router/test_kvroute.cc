@@ -120,6 +120,40 @@ TEST_F(KvRoute, PrefillSideOfAPairAndLocalDecode) {
   EXPECT_EQ(t.decode, 1);
 }
 
+TEST_F(KvRoute, PrefixPeerHoldsMoreThanTheChosenPrefillWorker) {
+  auto p = Prompt(480, 7); // 30 blocks; at most 29 are worth fetching (the last token is computed)
+  // 0 decode, 1 prefill (chosen), 2 prefill holding 20 blocks, 3 prefill holding all 30, 4 both holding all
+  rtr_sched_worker w[] = {W(SRV_ROLE_DECODE), W(SRV_ROLE_PREFILL), W(SRV_ROLE_PREFILL), W(SRV_ROLE_PREFILL),
+                          W(SRV_ROLE_BOTH)};
+  Hold(x, 2, p, 20);
+  Hold(x, 3, p, 30);
+  Hold(x, 4, p, 30); // not a prefill worker: it cannot serve a pull
+  Hold(x, 0, p, 30);
+  int blocks = -1;
+  EXPECT_EQ(rtr_sched_prefix_peer(w, 5, p.data(), (int)p.size(), x, 1, 4, &blocks), 3);
+  EXPECT_EQ(blocks, 29);
+  // the longest holder is down: the next one
+  w[3].up = 0;
+  EXPECT_EQ(rtr_sched_prefix_peer(w, 5, p.data(), (int)p.size(), x, 1, 4, &blocks), 2);
+  EXPECT_EQ(blocks, 20);
+  // the chosen worker holds 17 itself: 3 more are under the minimum of 4, but not under 3
+  Hold(x, 1, p, 17);
+  EXPECT_EQ(rtr_sched_prefix_peer(w, 5, p.data(), (int)p.size(), x, 1, 4, &blocks), -1);
+  EXPECT_EQ(blocks, 0);
+  EXPECT_EQ(rtr_sched_prefix_peer(w, 5, p.data(), (int)p.size(), x, 1, 3, &blocks), 2);
+  // a peer with another block size keys the prompt differently: not asked
+  w[2].block_size = 32;
+  EXPECT_EQ(rtr_sched_prefix_peer(w, 5, p.data(), (int)p.size(), x, 1, 3, &blocks), -1);
+  // nobody else holds a prompt; the chosen worker must be a prefill worker; no index, no hint
+  auto q = Prompt(480, 8);
+  EXPECT_EQ(rtr_sched_prefix_peer(w, 5, q.data(), (int)q.size(), x, 1, 1, &blocks), -1);
+  w[3].up = 1;
+  EXPECT_EQ(rtr_sched_prefix_peer(w, 5, p.data(), (int)p.size(), x, 4, 1, &blocks), -1);
+  EXPECT_EQ(rtr_sched_prefix_peer(w, 5, p.data(), (int)p.size(), nullptr, 1, 1, &blocks), -1);
+  EXPECT_EQ(rtr_sched_prefix_peer(w, 5, p.data(), 16, x, 1, 1, &blocks), -1); // one block: nothing to fetch
+  EXPECT_EQ(rtr_sched_prefix_peer(w, 5, p.data(), (int)p.size(), x, 1, 1, &blocks), 3);
+}
+
 TEST_F(KvRoute, NothingUp) {
   auto p = Prompt(64, 6);
   rtr_sched_worker w[] = {W(SRV_ROLE_PREFILL)};

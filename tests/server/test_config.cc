@@ -114,6 +114,8 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c->router.request_timeout_ms, 600000);
   EXPECT_EQ(c->router.disagg_threshold, 1000);
   EXPECT_EQ(c->router.link_dead_ms, 15000);
+  EXPECT_EQ(c->router.prefix_fetch, 0);
+  EXPECT_EQ(c->router.prefix_fetch_min_blocks, 4);
   EXPECT_DOUBLE_EQ(c->router.w_overlap, 1.0);
   EXPECT_DOUBLE_EQ(c->router.w_queue, 0.5);
   EXPECT_DOUBLE_EQ(c->router.w_free, 0.2);
@@ -177,7 +179,8 @@ TEST(Config, NodeDefaults) {
 
 TEST(Config, ValuesKept) {
   Cfg x(R"({"model": "m", "model_name": "x", "secret": "s",
-    "router": {"api_keys": ["k1", "k2"], "port": 0, "max_tokens_limit": 100, "routing": {"free": 3}},
+    "router": {"api_keys": ["k1", "k2"], "port": 0, "max_tokens_limit": 100, "routing": {"free": 3},
+               "prefix_fetch": true, "prefix_fetch_min_blocks": 2},
     "workers": [{"name": "a", "role": "prefill", "port": 0, "device": "cuda", "kv_budget_mb": 0.5,
                  "kvxfer": {"backend": "rdma", "host": "10.0.0.9", "port": 7000}},
                 {"name": "b", "role": "decode", "port": 0, "device": "cuda:3", "kernels": "avx512", "kv_type": "f32"}]})");
@@ -189,6 +192,8 @@ TEST(Config, ValuesKept) {
   EXPECT_EQ(c->router.max_tokens_limit, 100);
   EXPECT_DOUBLE_EQ(c->router.w_free, 3);
   EXPECT_DOUBLE_EQ(c->router.w_queue, 0.5);
+  EXPECT_EQ(c->router.prefix_fetch, 1);
+  EXPECT_EQ(c->router.prefix_fetch_min_blocks, 2);
   EXPECT_STREQ(c->workers[0].device, "cuda:0");
   EXPECT_DOUBLE_EQ(c->workers[0].kv_budget_mb, 0.5);
   EXPECT_STREQ(c->workers[0].kvx_host, "10.0.0.9");
@@ -256,6 +261,8 @@ const BadCase kBad[] = {
     {R"({"model": "m", "router": {"link_dead_ms": 1000}, "workers": [{"port": 1}]})", "t.json: router.link_dead_ms: expected an integer 2000..3600000"},
     {R"({"model": "m", "router": {"routing": {"overlap": -1}}, "workers": [{"port": 1}]})", "t.json: router.routing.overlap: expected a number >= 0"},
     {R"({"model": "m", "router": {"routing": {"prefix": 1}}, "workers": [{"port": 1}]})", "t.json: router.routing.prefix: unknown key"},
+    {R"({"model": "m", "router": {"prefix_fetch": 1}, "workers": [{"port": 1}]})", "t.json: router.prefix_fetch: expected true or false, got a number"},
+    {R"({"model": "m", "router": {"prefix_fetch_min_blocks": 0}, "workers": [{"port": 1}]})", "t.json: router.prefix_fetch_min_blocks: expected an integer 1..1048576"},
     {R"({"model": "m", "nodes": {"a": {}}, "router": {"node": "b"}, "workers": [{"node": "a", "port": 1}]})", "t.json: router.node: \"b\" is not a node named in \"nodes\""},
     {R"({"model": "m", "nodes": {"a": {}}, "workers": [{"node": "c", "port": 1}]})", "t.json: workers[0].node: \"c\" is not a node named in \"nodes\""},
     {R"({"model": "m", "nodes": {"a": {"addr": "x"}}, "workers": [{"node": "a", "port": 1}]})", "t.json: nodes.a.addr: unknown key"},

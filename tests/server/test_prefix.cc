@@ -1,8 +1,10 @@
-// tests/server/test_prefix.cc: block hash chain, pool refcounts, and the prefix block store (match/insert, sharing, LRU, collisions, events, tiers).
+// tests/server/test_prefix.cc: block hash chain, pool refcounts, and the prefix block store (match/insert, sharing, LRU, collisions, events, tiers, per-tier counters, key snapshots).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <utility>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -10,6 +12,8 @@
 
 extern "C" {
 #include "server/blockhash.h"
+#include "server/hub.h"
+#include "server/kvevents.h"
 #include "server/kvpool.h"
 #include "server/prefix.h"
 }
@@ -579,6 +583,226 @@ TEST_F(Prefix, BadInputsAreHarmless) {
   EXPECT_EQ(srv_prefix_evict_for(st, 8), 3);
   EXPECT_EQ(srv_kvpool_free_blocks(pool), 8);
   EXPECT_EQ(srv_prefix_block_size(st), BS);
+}
+
+// Tokens in the unit vLLM uses: every lookup queries its whole prompt at the pool; what the pool lacks is the
+// host tier's query, what both lack the disk tier's; hits are the tokens each tier served.
+TEST_F(Prefix, TierCountersForMissPoolHitHostAndDiskRestore) {
+  make_pool(8);
+  std::string path = std::string(::testing::TempDir()) + "dserve_tiers_" + std::to_string(getpid()) + ".kv";
+  make_store(2, nullptr, 0, 2, 4, path.c_str());
+  std::vector<int32_t> p = seq(6 * BS + 1, 40);
+  const uint64_t N = p.size();
+  auto expect = [&](const char *what, std::vector<uint64_t> q, std::vector<uint64_t> h) {
+    srv_prefix_stats t = stats();
+    for (int k = 0; k < 3; k++) {
+      EXPECT_EQ(t.tier_query_tokens[k], q[k]) << what << ": queries of tier " << k;
+      EXPECT_EQ(t.hit_tokens[k], h[k]) << what << ": hits of tier " << k;
+      EXPECT_LE(t.hit_tokens[k], t.tier_query_tokens[k]) << what;
+    }
+    EXPECT_EQ(t.tier_query_tokens[0], t.query_tokens) << what;
+  };
+  // A miss: the whole prompt reaches every tier, nothing is served.
+  EXPECT_TRUE(match(p).empty());
+  expect("miss", {N, N, N}, {0, 0, 0});
+  // Cached, then pushed out of the pool: blocks 0, 1 in host DRAM, 2..5 on disk.
+  srv_blocks s{};
+  compute(p, &s);
+  srv_blocks_release(pool, &s);
+  EXPECT_EQ(srv_prefix_evict_for(st, 8), 6);
+  ASSERT_EQ(stats().blocks[1], 2);
+  ASSERT_EQ(stats().blocks[2], 4);
+  // The lookup finds nothing in the pool, two blocks in host DRAM: the disk tier is asked for the rest.
+  EXPECT_TRUE(match(p).empty());
+  expect("lookup before restore", {2 * N, 2 * N, 2 * N - 2 * BS}, {0, 0, 0});
+  std::vector<int32_t> r(8, -1);
+  ASSERT_EQ(srv_prefix_restore(st, p.data(), (int)N, 0, r.data(), 8, err, sizeof err), 6) << err;
+  r.resize(6);
+  unref_all(r);
+  expect("host and disk restore", {2 * N, 2 * N, 2 * N - 2 * BS}, {0, 2 * BS, 4 * BS});
+  // Everything back in the pool: a pool hit of 6 blocks; the one token left reaches the lower tiers.
+  std::vector<int32_t> m = match(p);
+  EXPECT_EQ(m.size(), 6u);
+  unref_all(m);
+  expect("pool hit", {3 * N, 2 * N + 1, 2 * N - 2 * BS + 1}, {6 * BS, 2 * BS, 4 * BS});
+  // The next insert trims the pool to its budget of 2: blocks 2..5 go to host (2) and disk (2); a lookup
+  // of a longer prompt with the same start finds 2 in the pool, 2 in host DRAM, 2 on disk.
+  srv_blocks so{};
+  compute(seq(BS, 9000), &so);
+  srv_blocks_release(pool, &so);
+  std::vector<int32_t> longer = seq(8 * BS, 40);
+  int counts[3];
+  ASSERT_EQ(srv_prefix_peek(st, longer.data(), (int)longer.size(), 0, counts), 6);
+  m = match(longer);
+  ASSERT_EQ(counts[0], (int)m.size());
+  uint64_t L = longer.size(), h0 = m.size() * BS;
+  r.assign(8, -1);
+  ASSERT_EQ(srv_prefix_restore(st, longer.data(), (int)L, (int)m.size(), r.data(), 8, err, sizeof err), 6 - (int)m.size());
+  unref_all(m);
+  r.resize(6 - m.size());
+  unref_all(r);
+  expect("mixed", {3 * N + L, 2 * N + 1 + L - h0, 2 * N - 2 * BS + 1 + L - h0 - (uint64_t)counts[1] * BS},
+         {6 * BS + h0, 2 * BS + (uint64_t)counts[1] * BS, 4 * BS + (uint64_t)counts[2] * BS});
+  EXPECT_TRUE(srv_prefix_has_tier(st, 0) && srv_prefix_has_tier(st, 1) && srv_prefix_has_tier(st, 2));
+}
+
+TEST_F(Prefix, TierCountersSkipTiersThatAreNotConfigured) {
+  make_pool(8);
+  make_store(4, nullptr, 0, 4); // pool and host DRAM, no disk
+  std::vector<int32_t> p = seq(3 * BS + 1, 1);
+  srv_blocks s{};
+  compute(p, &s);
+  srv_blocks_release(pool, &s);
+  unref_all(match(p));
+  srv_prefix_stats t = stats();
+  EXPECT_EQ(t.tier_query_tokens[0], p.size());
+  EXPECT_EQ(t.hit_tokens[0], 3u * BS);
+  EXPECT_EQ(t.tier_query_tokens[1], 1u); // the token the pool did not hold
+  EXPECT_EQ(t.tier_query_tokens[2], 0u);
+  EXPECT_FALSE(srv_prefix_has_tier(st, 2));
+  EXPECT_FALSE(srv_prefix_has_tier(st, 3));
+  EXPECT_FALSE(srv_prefix_has_tier(st, -1));
+}
+
+TEST_F(Prefix, KeysListEveryTierLeastRecentFirst) {
+  make_pool(8);
+  make_store(2, nullptr, 0, 2);
+  EXPECT_EQ(srv_prefix_keys(st, nullptr, 0), 0);
+  std::vector<int32_t> a = seq(2 * BS, 1), b = seq(2 * BS, 500);
+  srv_blocks sa{}, sb{};
+  compute(a, &sa);
+  srv_blocks_release(pool, &sa);
+  compute(b, &sb); // over the budget of 2: a's blocks go to host DRAM, leaf first
+  srv_blocks_release(pool, &sb);
+  ASSERT_EQ(stats().blocks[0], 2);
+  ASSERT_EQ(stats().blocks[1], 2);
+  std::vector<uint64_t> ka = keys_of(a), kb = keys_of(b);
+  ASSERT_EQ(srv_prefix_keys(st, nullptr, 0), 4);
+  std::vector<uint64_t> got(4);
+  ASSERT_EQ(srv_prefix_keys(st, got.data(), 4), 4);
+  // host tier first (its LRU end: a's leaf, demoted first), then the pool (b's leaf is older than its head)
+  EXPECT_EQ(got, (std::vector<uint64_t>{ka[1], ka[0], kb[1], kb[0]}));
+  std::vector<uint64_t> part(3, 7);
+  EXPECT_EQ(srv_prefix_keys(st, part.data(), 2), 4); // the total, but only 2 written
+  EXPECT_EQ(part, (std::vector<uint64_t>{ka[1], ka[0], 7}));
+  srv_prefix_clear(st);
+  EXPECT_EQ(srv_prefix_keys(st, got.data(), 4), 0);
+}
+
+// The events of kv_events messages a router-side hub receives, by the peer they came from, until want in all.
+struct KvHeard {
+  std::vector<std::pair<srv_peer *, srv_kv_event>> ev;
+  int messages = 0;
+  std::vector<srv_kv_event> from(srv_peer *p) const {
+    std::vector<srv_kv_event> out;
+    for (const auto &e : ev)
+      if (e.first == p) out.push_back(e.second);
+    return out;
+  }
+};
+KvHeard recv_kv_events(srv_hub *h, size_t want) {
+  KvHeard out;
+  srv_event ev;
+  while (out.ev.size() < want && srv_hub_next(h, &ev, 5000) == 1) {
+    const cJSON *op = cJSON_GetObjectItem(ev.msg, "op");
+    if (ev.msg && cJSON_IsString(op) && !strcmp(op->valuestring, "kv_events")) {
+      out.messages++;
+      const cJSON *e;
+      cJSON_ArrayForEach(e, cJSON_GetObjectItem(ev.msg, "events")) {
+        srv_kv_event k{};
+        k.kind = cJSON_GetArrayItem(e, 0)->valueint;
+        k.key = strtoull(cJSON_GetArrayItem(e, 1)->valuestring, nullptr, 10);
+        out.ev.push_back({ev.peer, k});
+      }
+    }
+    srv_event_done(&ev);
+  }
+  return out;
+}
+
+TEST_F(Prefix, RouterHelloGetsASnapshotInChunks) {
+  make_pool(700);
+  make_store(700);
+  // 600 blocks in the store: more than one kv_events message (512 events at most).
+  std::vector<int32_t> p = seq(600 * BS, 3);
+  srv_blocks s{};
+  ASSERT_EQ(compute(p, &s), 600);
+  srv_blocks_release(pool, &s);
+  std::vector<uint64_t> want(600);
+  ASSERT_EQ(srv_prefix_keys(st, want.data(), 600), 600);
+  srv_hub_opts wo = {};
+  wo.name = "w0";
+  wo.role = "both";
+  wo.host = "127.0.0.1";
+  srv_hub_opts ro = {};
+  ro.name = "r0";
+  ro.role = "router";
+  srv_hub *worker = nullptr, *router = nullptr;
+  ASSERT_EQ(srv_hub_new(&wo, &worker, err, sizeof err), 0) << err;
+  ASSERT_EQ(srv_hub_new(&ro, &router, err, sizeof err), 0) << err;
+  srv_peer *p1 = srv_hub_connect(router, "127.0.0.1", srv_hub_port(worker), 5000, err, sizeof err);
+  ASSERT_NE(p1, nullptr) << err;
+  srv_kvevents kv{};
+  srv_event ev;
+  ASSERT_EQ(srv_hub_next(worker, &ev, 5000), 1);
+  // The pending ADDED events (600) are flushed first (no router yet to hear them), then the snapshot.
+  srv_kvevents_on_event(&kv, &ev, st);
+  srv_event_done(&ev);
+  EXPECT_EQ(kv.n, 1);
+  EXPECT_EQ(srv_prefix_pending_events(st), 0);
+  KvHeard heard = recv_kv_events(router, 601);
+  EXPECT_EQ(heard.messages, 2);
+  std::vector<srv_kv_event> got = heard.from(p1);
+  ASSERT_EQ(got.size(), 601u);
+  EXPECT_EQ(got[0].kind, SRV_KV_CLEARED);
+  for (size_t i = 1; i < got.size(); i++) {
+    EXPECT_EQ(got[i].kind, SRV_KV_ADDED);
+    EXPECT_EQ(got[i].key, want[i - 1]);
+  }
+  // A second router that connects later: the first hears the new block's event, the second a snapshot of
+  // all 601 keys.
+  std::vector<int32_t> q = seq(BS, 90000);
+  srv_blocks sq{};
+  compute(q, &sq);
+  srv_blocks_release(pool, &sq);
+  srv_peer *p2 = srv_hub_connect(router, "127.0.0.1", srv_hub_port(worker), 5000, err, sizeof err);
+  ASSERT_NE(p2, nullptr) << err;
+  ASSERT_EQ(srv_hub_next(worker, &ev, 5000), 1);
+  srv_kvevents_on_event(&kv, &ev, st);
+  srv_event_done(&ev);
+  EXPECT_EQ(kv.n, 2);
+  heard = recv_kv_events(router, 1 + 602);
+  EXPECT_EQ(heard.messages, 3);
+  got = heard.from(p1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].kind, SRV_KV_ADDED);
+  EXPECT_EQ(got[0].key, keys_of(q)[0]);
+  got = heard.from(p2);
+  ASSERT_EQ(got.size(), 602u);
+  EXPECT_EQ(got[0].kind, SRV_KV_CLEARED);
+  std::vector<uint64_t> snap, all = want;
+  all.push_back(keys_of(q)[0]);
+  for (size_t i = 1; i < got.size(); i++) {
+    EXPECT_EQ(got[i].kind, SRV_KV_ADDED);
+    snap.push_back(got[i].key);
+  }
+  std::sort(snap.begin(), snap.end());
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(snap, all);
+  // No store: the router is added, nothing is sent.
+  srv_kvevents none{};
+  srv_peer *p3 = srv_hub_connect(router, "127.0.0.1", srv_hub_port(worker), 5000, err, sizeof err);
+  ASSERT_NE(p3, nullptr) << err;
+  ASSERT_EQ(srv_hub_next(worker, &ev, 5000), 1);
+  srv_kvevents_on_event(&none, &ev, nullptr);
+  srv_event_done(&ev);
+  EXPECT_EQ(none.n, 1);
+  EXPECT_EQ(srv_hub_next(router, &ev, 200), 0);
+  srv_kvevents_fini(&none);
+  srv_kvevents_fini(&kv);
+  for (srv_peer *pp : {p1, p2, p3}) srv_peer_unref(pp);
+  srv_hub_free(router);
+  srv_hub_free(worker);
 }
 
 } // namespace

@@ -1,0 +1,217 @@
+// prefill/serve.c: answers prefix_pull: writes the prompt blocks our prefix store holds into a peer prefill worker's pool.
+#include "prefill/serve.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/kvwire.h"
+#include "server/log.h"
+
+#define MAX_PULL_BLOCKS (1 << 20) // tokens / block_size in one pull at most (a prompt is far shorter)
+
+struct pfl_sink {
+  pfl_sink *next;
+  srv_peer *peer;              // (owned reference) its control connection to us
+  char kvx_peer[KVX_MAX_NAME]; // its kvxfer agent, loaded from the first pull's kvx_md
+  srv_kv_remote remote;        // its pool, from the first pull's kv_layout
+};
+
+struct pfl_sending {
+  pfl_sending *next;
+  char id[96];
+  srv_peer *to;     // (owned reference)
+  int32_t *blocks;  // (owned) (n) our pool blocks being read, each with a reference we hold (pinned)
+  int n;
+  kvx_xfer *x;      // (owned)
+};
+
+void pfl_serve_init(pfl_serve *s, kvx_agent *kvx, srv_kvpool *kv, srv_prefix *prefix, const char *name) {
+  memset(s, 0, sizeof *s);
+  s->kvx = kvx;
+  s->kv = kv;
+  s->prefix = prefix;
+  s->name = name;
+}
+
+static void sending_free(pfl_serve *s, pfl_sending *p) {
+  kvx_xfer_free(p->x);
+  for (int i = 0; i < p->n; i++) srv_kvpool_unref(s->kv, p->blocks[i]);
+  free(p->blocks);
+  srv_peer_unref(p->to);
+  free(p);
+}
+
+void pfl_serve_fini(pfl_serve *s) {
+  while (s->sending) {
+    pfl_sending *p = s->sending;
+    s->sending = p->next;
+    sending_free(s, p);
+  }
+  while (s->sinks) {
+    pfl_sink *k = s->sinks;
+    s->sinks = k->next;
+    srv_peer_unref(k->peer);
+    free(k);
+  }
+  s->n_sending = 0;
+}
+
+static void reply(srv_peer *to, const char *id, int n_blocks, const char *fail) {
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "op", fail ? "prefix_fail" : "prefix_pulled");
+  cJSON_AddStringToObject(m, "id", id);
+  if (fail) cJSON_AddStringToObject(m, "message", fail);
+  else cJSON_AddNumberToObject(m, "n_blocks", n_blocks);
+  srv_peer_send(to, m);
+  cJSON_Delete(m);
+}
+
+// The peer's pool and kvxfer name: loaded from this pull when the connection has not pulled before.
+static pfl_sink *sink_for(pfl_serve *s, srv_peer *from, const cJSON *msg, char *err, size_t errlen) {
+  for (pfl_sink *k = s->sinks; k; k = k->next)
+    if (k->peer == from) return k;
+  pfl_sink *k = calloc(1, sizeof *k);
+  if (!k) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  if (srv_kvwire_read_layout(msg, s->kv, &k->remote, err, errlen) ||
+      srv_kvwire_load_md(msg, s->kvx, k->kvx_peer, sizeof k->kvx_peer, err, errlen)) {
+    free(k);
+    return NULL;
+  }
+  if (k->remote.n_blocks < 1) {
+    snprintf(err, errlen, "the peer's kv_layout has no blocks");
+    free(k);
+    return NULL;
+  }
+  srv_peer_ref(from);
+  k->peer = from;
+  k->next = s->sinks;
+  s->sinks = k;
+  return k;
+}
+
+// Reads an array of integers in [lo, hi) into out (n); -1 when it is not exactly that.
+static int int_array(const cJSON *a, int n, double lo, double hi, int32_t *out) {
+  if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n) return -1;
+  int i = 0;
+  const cJSON *v;
+  cJSON_ArrayForEach(v, a) {
+    if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble >= hi || v->valuedouble != (int32_t)v->valuedouble)
+      return -1;
+    out[i++] = (int32_t)v->valuedouble;
+  }
+  return 0;
+}
+
+void pfl_serve_on_pull(pfl_serve *s, srv_peer *from, const cJSON *msg) {
+  const cJSON *idj = cJSON_GetObjectItemCaseSensitive(msg, "id");
+  const cJSON *tj = cJSON_GetObjectItemCaseSensitive(msg, "tokens");
+  const cJSON *fj = cJSON_GetObjectItemCaseSensitive(msg, "first");
+  const cJSON *bj = cJSON_GetObjectItemCaseSensitive(msg, "blocks");
+  if (!cJSON_IsString(idj) || strlen(idj->valuestring) >= sizeof ((pfl_sending *)0)->id) {
+    srv_warn(s->name, "prefix_pull from %s without a usable id: ignored", srv_peer_name(from));
+    return;
+  }
+  const char *id = idj->valuestring;
+  const mdl_kv *kv = srv_kvpool_kv(s->kv);
+  int bs = kv->block_size, n_tok = cJSON_IsArray(tj) ? cJSON_GetArraySize(tj) : 0;
+  int nb = n_tok / bs;
+  if (n_tok < bs || n_tok % bs || nb > MAX_PULL_BLOCKS || !cJSON_IsNumber(fj) || fj->valuedouble < 0 ||
+      fj->valuedouble >= nb || fj->valuedouble != (int)fj->valuedouble) {
+    reply(from, id, 0, "bad prefix_pull: tokens must be whole blocks and first one of them");
+    return;
+  }
+  int first = (int)fj->valuedouble;
+  char err[256];
+  pfl_sink *k = sink_for(s, from, msg, err, sizeof err);
+  if (!k) {
+    reply(from, id, 0, err);
+    return;
+  }
+  // One token past the last block: the store always leaves a caller one token to compute, a pull needs none
+  // (the extra token is never compared: it lies in the block after the last one matched).
+  int32_t *toks = malloc(((size_t)n_tok + 1) * sizeof *toks), *theirs = malloc((size_t)(nb - first) * sizeof *theirs);
+  int32_t *ours = malloc((size_t)nb * sizeof *ours);
+  pfl_sending *p = calloc(1, sizeof *p);
+  int got = 0;
+  const char *bad = NULL;
+  if (!toks || !theirs || !ours || !p) bad = "out of memory";
+  else if (int_array(tj, n_tok, INT32_MIN, (double)INT32_MAX + 1, toks) ||
+           int_array(bj, nb - first, 0, k->remote.n_blocks, theirs))
+    bad = "bad prefix_pull: tokens and blocks must be integers (blocks: one per block from first, in the peer's pool)";
+  if (!bad && s->prefix) {
+    toks[n_tok] = 0;
+    got = srv_prefix_match(s->prefix, toks, n_tok + 1, ours, nb);
+    for (int i = 0; i < got && i < first; i++) srv_kvpool_unref(s->kv, ours[i]); // the peer holds these
+  }
+  int n = got > first ? got - first : 0;
+  if (!bad && n > 0) {
+    char note[128];
+    int len = snprintf(note, sizeof note, "pull:%s", id);
+    if (srv_kvwire_write_blocks(s->kvx, s->kv, k->kvx_peer, &k->remote, ours + first, theirs, n, 0,
+                                srv_kvpool_cfg(s->kv)->n_layer, note, (size_t)len, &p->x, err, sizeof err))
+      bad = err;
+  }
+  if (bad || n == 0) {
+    for (int i = first; i < got; i++) srv_kvpool_unref(s->kv, ours[i]);
+    reply(from, id, 0, bad);
+    srv_debug(s->name, "prefix_pull %s from %s: %s", id, srv_peer_name(from), bad ? bad : "not cached here");
+    free(toks);
+    free(theirs);
+    free(ours);
+    free(p);
+    return;
+  }
+  memmove(ours, ours + first, (size_t)n * sizeof *ours);
+  snprintf(p->id, sizeof p->id, "%s", id);
+  srv_peer_ref(from);
+  p->to = from;
+  p->blocks = ours;
+  p->n = n;
+  p->next = s->sending;
+  s->sending = p;
+  s->n_sending++;
+  srv_debug(s->name, "prefix_pull %s from %s: writing blocks %d..%d", id, srv_peer_name(from), first, got - 1);
+  free(toks);
+  free(theirs);
+}
+
+void pfl_serve_on_close(pfl_serve *s, srv_peer *peer) {
+  for (pfl_sink **pp = &s->sinks; *pp;) {
+    pfl_sink *k = *pp;
+    if (k->peer != peer) {
+      pp = &k->next;
+      continue;
+    }
+    *pp = k->next;
+    srv_peer_unref(k->peer);
+    free(k);
+  }
+}
+
+void pfl_serve_poll(pfl_serve *s) {
+  for (pfl_sending **pp = &s->sending; *pp;) {
+    pfl_sending *p = *pp;
+    int st = kvx_xfer_poll(p->x);
+    if (st == KVX_PENDING) {
+      pp = &p->next;
+      continue;
+    }
+    if (st == KVX_DONE) {
+      reply(p->to, p->id, p->n, NULL);
+      s->served_blocks += p->n;
+    } else {
+      char msg[320];
+      snprintf(msg, sizeof msg, "KV write failed: %s", kvx_xfer_error(p->x));
+      reply(p->to, p->id, 0, msg);
+      srv_warn(s->name, "prefix_pull %s: %s", p->id, msg);
+    }
+    *pp = p->next;
+    s->n_sending--;
+    sending_free(s, p);
+  }
+}

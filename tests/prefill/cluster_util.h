@@ -1,0 +1,218 @@
+// tests/prefill/cluster_util.h: real worker processes on loopback (from one generated config), driven by a hub that plays the router.
+#ifndef DSERVE_TESTS_PREFILL_CLUSTER_UTIL_H
+#define DSERVE_TESTS_PREFILL_CLUSTER_UTIL_H
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/hub.h"
+#include "tests/model_tokens.h"
+
+namespace dserve_test {
+
+inline int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, (sockaddr *)&a, sizeof a);
+  socklen_t l = sizeof a;
+  getsockname(fd, (sockaddr *)&a, &l);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+inline pid_t spawn(const std::string &role, const std::string &cfg, const std::string &name, const std::string &log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    execl(DSERVE_BINARY, "dserve", role.c_str(), "--config", cfg.c_str(), "--name", name.c_str(), (char *)nullptr);
+    _exit(127);
+  }
+  return pid;
+}
+
+// One worker of the generated config: 1 thread, a 32 MiB pool, plus extra (more JSON members, e.g.
+// "\"max_batch_tokens\": 32").
+struct WorkerSpec {
+  std::string name, role, extra;
+};
+
+inline std::vector<WorkerSpec> default_workers() {
+  return {{"d0", "decode", ""}, {"p0", "prefill", "\"max_batch_tokens\": 32"}, {"w0", "both", ""}};
+}
+
+// The workers on fixed free ports (kvxfer over backend for prefill and decode workers); a hub connected to
+// each as the router.
+struct Cluster {
+  std::string dir, backend;
+  std::vector<WorkerSpec> specs;
+  std::map<std::string, pid_t> pids;
+  std::map<std::string, int> ports;
+  srv_hub *hub = nullptr;
+  std::map<std::string, srv_peer *> peers;
+
+  explicit Cluster(const std::string &kvx_backend, std::vector<WorkerSpec> workers = default_workers())
+      : backend(kvx_backend), specs(std::move(workers)) {
+    char tmpl[] = "/tmp/dserve-disagg-XXXXXX";
+    dir = mkdtemp(tmpl);
+    std::string js = "{\"model\": \"" + std::string(model_path()) + "\", \"workers\": [";
+    for (size_t i = 0; i < specs.size(); i++) {
+      const WorkerSpec &s = specs[i];
+      ports[s.name] = free_port();
+      js += std::string(i ? "," : "") + "{\"name\": \"" + s.name + "\", \"role\": \"" + s.role +
+            "\", \"port\": " + std::to_string(ports[s.name]) + ", \"threads\": 1, \"kv_budget_mb\": 32";
+      if (s.role != "both") js += ", \"kvxfer\": {\"backend\": \"" + backend + "\"}";
+      if (!s.extra.empty()) js += ", " + s.extra;
+      js += "}";
+    }
+    std::ofstream(dir + "/c.json") << js << "]}";
+    std::string cfg = dir + "/c.json";
+    for (auto &s : specs) pids[s.name] = spawn(s.role, cfg, s.name, dir + "/" + s.name + ".log");
+    char err[256];
+    srv_hub_opts o = {};
+    o.name = "router";
+    o.role = "router";
+    EXPECT_EQ(srv_hub_new(&o, &hub, err, sizeof err), 0) << err;
+    for (auto &s : specs) {
+      const std::string &n = s.name;
+      srv_peer *p = nullptr;
+      for (int i = 0; i < 300 && !p; i++) { // model loading takes a moment
+        if (waitpid(pids[n], nullptr, WNOHANG) == pids[n]) {
+          pids[n] = -1; // it died: its log says why
+          break;
+        }
+        p = srv_hub_connect(hub, "127.0.0.1", ports[n], 1000, err, sizeof err);
+        if (!p) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      EXPECT_NE(p, nullptr) << n << ": " << err << "\n" << log(n);
+      peers[n] = p;
+    }
+  }
+  ~Cluster() {
+    for (auto &p : peers)
+      if (p.second) srv_peer_unref(p.second);
+    srv_hub_free(hub);
+    for (auto &p : pids) {
+      if (p.second <= 0) continue;
+      kill(p.second, SIGKILL);
+      waitpid(p.second, nullptr, 0);
+    }
+    for (auto &s : specs) unlink((dir + "/" + s.name + ".log").c_str());
+    unlink((dir + "/c.json").c_str());
+    rmdir(dir.c_str());
+  }
+  bool ok() const {
+    for (auto &p : peers)
+      if (!p.second) return false;
+    return true;
+  }
+  std::string log(const std::string &n) {
+    std::ifstream f(dir + "/" + n + ".log");
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  std::string logs() {
+    std::string s;
+    for (auto &w : specs) s += "--- " + w.name + "\n" + log(w.name);
+    return s;
+  }
+  void send(const std::string &to, const std::string &json) {
+    cJSON *m = cJSON_Parse(json.c_str());
+    ASSERT_NE(m, nullptr) << json;
+    ASSERT_EQ(srv_peer_send(peers[to], m), 0);
+    cJSON_Delete(m);
+  }
+};
+
+struct Result {
+  std::vector<int> tokens;
+  std::string text, finish, error, message;
+  double kv_bytes = 0;
+};
+
+// Reads token / done / error messages until n requests finished (other messages are dropped).
+inline std::map<std::string, Result> collect(Cluster &c, int n, int timeout_ms = 60000) {
+  std::map<std::string, Result> out;
+  int finished = 0;
+  while (finished < n) {
+    srv_event ev;
+    if (srv_hub_next(c.hub, &ev, timeout_ms) != 1) {
+      ADD_FAILURE() << "silence\n" << c.logs();
+      break;
+    }
+    if (!ev.msg) {
+      srv_event_done(&ev);
+      continue;
+    }
+    std::string op = cJSON_GetObjectItem(ev.msg, "op")->valuestring;
+    const cJSON *id = cJSON_GetObjectItem(ev.msg, "id");
+    Result &r = out[cJSON_IsString(id) ? id->valuestring : ""];
+    if (op == "token") {
+      r.text += cJSON_GetObjectItem(ev.msg, "text")->valuestring;
+      const cJSON *t;
+      cJSON_ArrayForEach(t, cJSON_GetObjectItem(ev.msg, "tokens")) r.tokens.push_back(t->valueint);
+    } else if (op == "done") {
+      r.finish = cJSON_GetObjectItem(ev.msg, "finish_reason")->valuestring;
+      r.kv_bytes = cJSON_GetObjectItem(ev.msg, "kv_bytes")->valuedouble;
+      finished++;
+    } else if (op == "error") {
+      r.error = cJSON_GetObjectItem(ev.msg, "code")->valuestring;
+      r.message = cJSON_GetObjectItem(ev.msg, "message")->valuestring;
+      finished++;
+    }
+    srv_event_done(&ev);
+  }
+  return out;
+}
+
+// A greedy generate message; mode: more members, e.g. "\"mode\":\"local\"".
+inline std::string gen(const std::string &id, const std::vector<int> &prompt, int max_tokens, const std::string &mode) {
+  std::string s = "{\"op\":\"generate\",\"id\":\"" + id + "\",\"max_tokens\":" + std::to_string(max_tokens) +
+                  ",\"sampling\":{\"temperature\":0}," + mode + ",\"prompt\":[";
+  for (size_t i = 0; i < prompt.size(); i++) s += (i ? "," : "") + std::to_string(prompt[i]);
+  return s + "]}";
+}
+
+// The numeric fields of who's stats_ok (empty when it does not answer in 10 s).
+inline std::map<std::string, double> stats(Cluster &c, const std::string &who) {
+  std::map<std::string, double> out;
+  c.send(who, "{\"op\":\"stats\"}");
+  for (;;) {
+    srv_event ev;
+    if (srv_hub_next(c.hub, &ev, 10000) != 1) return out;
+    if (ev.msg && !strcmp(cJSON_GetObjectItem(ev.msg, "op")->valuestring, "stats_ok")) {
+      for (const cJSON *f = ev.msg->child; f; f = f->next)
+        if (cJSON_IsNumber(f)) out[f->string] = f->valuedouble;
+      srv_event_done(&ev);
+      return out;
+    }
+    srv_event_done(&ev);
+  }
+}
+
+// Blocks nobody is using (free, or kept only by the prefix cache for later requests); -1 on silence.
+inline int free_blocks(Cluster &c, const std::string &who, int *total) {
+  auto s = stats(c, who);
+  if (s.empty()) return -1;
+  *total = (int)s["total_blocks"];
+  return (int)(s["free_blocks"] + s["prefix_cached_blocks"]);
+}
+
+} // namespace dserve_test
+
+#endif
