@@ -26,7 +26,7 @@
 
 #define LOGC "router"
 #define STATS_EVERY_MS 1000
-#define STATS_DEAD_MS 15000  // a link that answers no stats for this long is closed
+#define LINK_DEAD_DEFAULT_MS 15000 // router.link_dead_ms when a caller's config leaves it 0
 #define WAIT_TICK_MS 100     // how often a waiting connection checks its client is still there
 
 typedef struct rtr_link {
@@ -43,7 +43,7 @@ typedef struct rtr_link {
   // series {worker, tier} of hits, queries and resident blocks, created when the worker first reports the tier.
   double tier_last[3][2];
   srv_metric *m_tier[3][3];    // (owned by s->m)
-  int64_t last_stats_ms, last_stats_sent_ms;
+  int64_t last_stats_ms, last_stats_sent_ms; // last_stats_ms: when the worker last answered (stats_ok or pong)
   pthread_t thread;
   int has_thread;
 } rtr_link;
@@ -58,6 +58,8 @@ typedef struct rtr_choice {
   size_t len, cap;
   cJSON *lp;                   // (owned) non-stream logprobs (chat: content array; completions: the object)
   int completion_tokens, cached_tokens, prompt_tokens;
+  int retried;                 // sent again once after its decode/both worker died before its first token
+  int handed_off;              // a token came from the decode worker: it holds all the KV, plink no longer matters
   int64_t last_tok_us;
   size_t text_offset;
 } rtr_choice;
@@ -296,7 +298,7 @@ static void choice_end_locked(rtr_server *s, rtr_req *r, int ci) {
   c->finished = 1;
   r->n_done++;
   if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
-  if (c->plink >= 0 && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
 }
 
 // Fails the whole request (other choices are cancelled at their workers).
@@ -335,7 +337,7 @@ static rtr_req *find_choice_locked(rtr_server *s, const char *id, int *ci) {
     if (strncmp(id, r->id, k) || id[k] != '-') continue;
     char *end;
     long i = strtol(id + k + 1, &end, 10);
-    if (*end || i < 0 || i >= r->q.n) return NULL;
+    if ((*end && *end != '-') || i < 0 || i >= r->q.n || strcmp(r->ch[i].id, id)) return NULL; // "-r": a retry
     *ci = (int)i;
     return r;
   }
@@ -455,6 +457,10 @@ static void on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   const char *t = cJSON_IsString(text) ? text->valuestring : "";
   int ntok = cJSON_IsArray(toks) ? cJSON_GetArraySize(toks) : 1;
   int64_t now = now_us();
+  if (c->plink >= 0 && !c->handed_off) { // the handoff is over: the prefill worker is free of this choice
+    c->handed_off = 1;
+    if (s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  }
   if (!r->t_first_us) {
     r->t_first_us = now;
     srv_metric_observe(s->m_ttft, (double)(now - r->t_arrival_us) / 1e6);
@@ -523,7 +529,7 @@ static void on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   r->n_done++;
   rtr_choice *c = &r->ch[ci];
   if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
-  if (c->plink >= 0 && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
   fail_locked(s, r, &e);
 }
 
@@ -607,6 +613,8 @@ static void on_kv_events(rtr_server *s, rtr_link *l, const cJSON *m) {
   if (n) srv_kvindex_apply(s->kv, li, buf, n);
 }
 
+static int retry_locked(rtr_server *s, rtr_req *r, int ci, int dead);
+
 static void link_down_locked(rtr_server *s, rtr_link *l) {
   if (!l->peer) return;
   srv_warn(LOGC, "worker %s (%s:%d) disconnected", l->cfg->name, l->cfg->host, l->cfg->port);
@@ -620,8 +628,10 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
   for (rtr_req *r = s->reqs, *n; r; r = n) {
     n = r->next;
     int hit = 0;
-    for (int i = 0; i < r->q.n; i++)
-      if (!r->ch[i].finished && (r->ch[i].link == li || r->ch[i].plink == li)) hit = 1;
+    for (int i = 0; i < r->q.n && !hit; i++)
+      if (!r->ch[i].finished && (r->ch[i].link == li || (r->ch[i].plink == li && !r->ch[i].handed_off)) &&
+          retry_locked(s, r, i, li) < 0)
+        hit = 1;
     if (hit) fail_locked(s, r, &e);
   }
   l->inflight = 0;
@@ -662,7 +672,9 @@ static void *dispatcher_main(void *arg) {
         const cJSON *op = cJSON_GetObjectItemCaseSensitive(ev.msg, "op");
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(ev.msg, "id");
         const char *o = cJSON_IsString(op) ? op->valuestring : "";
-        if (!strcmp(o, "stats_ok")) {
+        if (!strcmp(o, "pong")) { // from the worker's hub thread: alive, however busy its compute loop is
+          l->last_stats_ms = now_us() / 1000;
+        } else if (!strcmp(o, "stats_ok")) {
           on_stats(s, l, ev.msg);
         } else if (!strcmp(o, "kv_events")) {
           on_kv_events(s, l, ev.msg);
@@ -728,18 +740,22 @@ static void *link_main(void *arg) {
       continue;
     }
     int64_t t = now_ms();
-    if (t - l->last_stats_ms > STATS_DEAD_MS) {
-      srv_warn(LOGC, "worker %s answered no stats for %d ms; closing its link", l->cfg->name, STATS_DEAD_MS);
-      srv_peer_close(l->peer); // the dispatcher sees the close and fails its requests
+    int dead_ms = s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : LINK_DEAD_DEFAULT_MS;
+    if (t - l->last_stats_ms > dead_ms) {
+      srv_warn(LOGC, "worker %s answered nothing for %d ms; closing its link", l->cfg->name, dead_ms);
+      srv_peer_close(l->peer); // the dispatcher sees the close at once and fails (or retries) its requests
       l->last_stats_ms = t;
     } else if (t - l->last_stats_sent_ms >= STATS_EVERY_MS) {
-      cJSON *m = cJSON_CreateObject();
+      cJSON *m = cJSON_CreateObject(), *ping = cJSON_CreateObject();
       cJSON_AddStringToObject(m, "op", "stats");
+      cJSON_AddStringToObject(ping, "op", "ping");
       srv_peer *p = l->peer;
       l->last_stats_sent_ms = t;
       pthread_mutex_unlock(&s->mu);
       srv_peer_send(p, m);
+      srv_peer_send(p, ping);
       cJSON_Delete(m);
+      cJSON_Delete(ping);
       pthread_mutex_lock(&s->mu);
       continue;
     }
@@ -1010,6 +1026,73 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
   return m;
 }
 
+// Picks the worker(s) for choice ci and builds its generate message(s): msgs[*n..] (owned by the caller) for the links
+// to[*n..]; *n grows by 1 (colocated) or 2 (prefill + decode). w: (s->n_links) scratch. 0, or -1 with e.
+static int route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker *w, cJSON **msgs, int *to, int *n,
+                               rtr_error *e) {
+  for (int i = 0; i < s->n_links; i++) {
+    rtr_link *l = &s->links[i];
+    w[i] = (rtr_sched_worker){l->up, l->cfg->role, l->running, l->waiting, l->free_blocks, l->total_blocks,
+                              l->inflight, l->block_size};
+  }
+  rtr_sched_target pick;
+  srv_kvindex_weights wt = {s->rc->w_overlap, s->rc->w_queue, s->rc->w_free};
+  if (rtr_sched_pick_kv(w, s->n_links, r->prompt, r->n_prompt, s->rc->disagg_threshold, s->kv, &wt, &pick, NULL) < 0)
+    return rtr_fail(e, 503, "server_error", NULL, "no_worker", "no worker that can generate is available");
+  rtr_choice *c = &r->ch[ci];
+  c->link = pick.decode;
+  c->plink = pick.prefill;
+  s->links[pick.decode].inflight++;
+  if (pick.prefill >= 0) {
+    s->links[pick.prefill].inflight++;
+    msgs[*n] = generate_msg(s, r, ci, "prefill", "decode", s->links[pick.decode].cfg->name);
+    int fetch_blocks, peer = s->rc->prefix_fetch ? rtr_sched_prefix_peer(w, s->n_links, r->prompt, r->n_prompt, s->kv,
+                                                                           pick.prefill, s->rc->prefix_fetch_min_blocks,
+                                                                           &fetch_blocks)
+                                                 : -1;
+    if (peer >= 0) { // a peer prefill worker holds more of the prefix: the prefill worker may fetch it
+      cJSON_AddStringToObject(msgs[*n], "prefix_peer", s->links[peer].cfg->name);
+      cJSON_AddNumberToObject(msgs[*n], "prefix_blocks", fetch_blocks);
+    }
+    to[(*n)++] = pick.prefill;
+    msgs[*n] = generate_msg(s, r, ci, "decode", "prefill", s->links[pick.prefill].cfg->name);
+    to[(*n)++] = pick.decode;
+  } else {
+    msgs[*n] = generate_msg(s, r, ci, "local", NULL, NULL);
+    to[(*n)++] = pick.decode;
+  }
+  return 0;
+}
+
+// Choice ci's decode (or both) worker, link dead, went away. When the choice has streamed no token and was not retried
+// yet: cancel it at its prefill worker and send it once more, under a new id ("<id>-r"), to the workers the scheduler
+// picks now. 0 when re-sent; -1 when it cannot be (the caller fails the request).
+static int retry_locked(rtr_server *s, rtr_req *r, int ci, int dead) {
+  rtr_choice *c = &r->ch[ci];
+  if (c->link != dead || c->retried || c->completion_tokens > 0 || !r->admitted || r->finished) return -1;
+  send_cancel(s, r, ci); // reaches the prefill worker only: the dead link has no peer any more
+  if (c->plink >= 0 && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  c->link = c->plink = -1;
+  c->retried = 1;
+  char old[64];
+  snprintf(old, sizeof old, "%s", c->id);
+  snprintf(c->id, sizeof c->id, "%s-%d-r", r->id, ci);
+  rtr_sched_worker *w = calloc((size_t)s->n_links + 1, sizeof *w);
+  cJSON *msgs[2];
+  int to[2], n = 0;
+  rtr_error e;
+  int rc = w ? route_choice_locked(s, r, ci, w, msgs, to, &n, &e) : -1;
+  free(w);
+  if (rc < 0) return -1;
+  srv_log(LOGC, "%s: worker %s went away before the first token; retrying on %s%s%s", old, s->links[dead].cfg->name,
+          s->links[c->link].cfg->name, c->plink >= 0 ? " via " : "", c->plink >= 0 ? s->links[c->plink].cfg->name : "");
+  for (int i = 0; i < n; i++) {
+    if (srv_peer_send(s->links[to[i]].peer, msgs[i]) < 0) srv_peer_close(s->links[to[i]].peer); // its close fails it
+    cJSON_Delete(msgs[i]);
+  }
+  return 0;
+}
+
 // Admission then dispatch of every choice. 0, or -1 with e (r is then failed/finished by the caller).
 static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
   pthread_mutex_lock(&s->mu);
@@ -1077,43 +1160,13 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
   rtr_sched_worker *w = calloc((size_t)s->n_links + 1, sizeof *w);
   srv_peer **send_to = calloc((size_t)need * 2, sizeof *send_to);
   cJSON **msgs = calloc((size_t)need * 2, sizeof *msgs);
+  int *to = calloc((size_t)need * 2, sizeof *to);
   int n_msgs = 0, rc = 0;
-  if (!w || !send_to || !msgs) rc = rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  if (!w || !send_to || !msgs || !to) rc = rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
   for (int ci = 0; rc == 0 && ci < need; ci++) {
-    for (int i = 0; i < s->n_links; i++) {
-      rtr_link *l = &s->links[i];
-      w[i] = (rtr_sched_worker){l->up, l->cfg->role, l->running, l->waiting, l->free_blocks, l->total_blocks,
-                                l->inflight, l->block_size};
-    }
-    rtr_sched_target pick;
-    srv_kvindex_weights wt = {s->rc->w_overlap, s->rc->w_queue, s->rc->w_free};
-    if (rtr_sched_pick_kv(w, s->n_links, r->prompt, r->n_prompt, s->rc->disagg_threshold, s->kv, &wt, &pick,
-                          NULL) < 0) {
-      rc = rtr_fail(e, 503, "server_error", NULL, "no_worker", "no worker that can generate is available");
-      break;
-    }
-    rtr_choice *c = &r->ch[ci];
-    c->link = pick.decode;
-    c->plink = pick.prefill;
-    s->links[pick.decode].inflight++;
-    if (pick.prefill >= 0) {
-      s->links[pick.prefill].inflight++;
-      msgs[n_msgs] = generate_msg(s, r, ci, "prefill", "decode", s->links[pick.decode].cfg->name);
-      int fetch_blocks, peer = s->rc->prefix_fetch ? rtr_sched_prefix_peer(w, s->n_links, r->prompt, r->n_prompt, s->kv,
-                                                                             pick.prefill, s->rc->prefix_fetch_min_blocks,
-                                                                             &fetch_blocks)
-                                                   : -1;
-      if (peer >= 0) { // a peer prefill worker holds more of the prefix: the prefill worker may fetch it
-        cJSON_AddStringToObject(msgs[n_msgs], "prefix_peer", s->links[peer].cfg->name);
-        cJSON_AddNumberToObject(msgs[n_msgs], "prefix_blocks", fetch_blocks);
-      }
-      send_to[n_msgs++] = s->links[pick.prefill].peer;
-      msgs[n_msgs] = generate_msg(s, r, ci, "decode", "prefill", s->links[pick.prefill].cfg->name);
-      send_to[n_msgs++] = s->links[pick.decode].peer;
-    } else {
-      msgs[n_msgs] = generate_msg(s, r, ci, "local", NULL, NULL);
-      send_to[n_msgs++] = s->links[pick.decode].peer;
-    }
+    int first = n_msgs;
+    if ((rc = route_choice_locked(s, r, ci, w, msgs, to, &n_msgs, e)) < 0) break;
+    for (int i = first; i < n_msgs; i++) send_to[i] = s->links[to[i]].peer;
     if (r->q.stream && r->q.kind == RTR_CHAT) { // the role comes first in every choice's stream
       cJSON *o = chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
       cJSON *ch = cJSON_CreateObject();
@@ -1130,13 +1183,19 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
   // the peers stay allocated while the hub lives, so sending outside the lock is safe
   pthread_mutex_unlock(&s->mu);
   for (int i = 0; i < n_msgs; i++) {
-    if (rc == 0 && srv_peer_send(send_to[i], msgs[i]) < 0)
-      rc = rtr_fail(e, 503, "server_error", NULL, "worker_failure", "the worker link dropped");
+    if (rc == 0 && srv_peer_send(send_to[i], msgs[i]) < 0) {
+      // The link broke after the pick: close it (unless that was seen already) so that the dispatcher fails or retries
+      // this request with the link's others, as for a worker that dies later.
+      pthread_mutex_lock(&s->mu);
+      if (s->links[to[i]].peer == send_to[i]) srv_peer_close(send_to[i]);
+      pthread_mutex_unlock(&s->mu);
+    }
     cJSON_Delete(msgs[i]);
   }
   free(w);
   free(send_to);
   free(msgs);
+  free(to);
   return rc;
 }
 

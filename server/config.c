@@ -245,7 +245,8 @@ static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",
                                        "max_body_bytes", "conn_timeout_s", "queue_limit", "max_tokens_limit",
                                        "max_n",         "max_stop",     "request_timeout_ms", "disagg_threshold",
-                                       "routing",       "prefix_fetch", "prefix_fetch_min_blocks", NULL};
+                                       "routing",       "prefix_fetch", "prefix_fetch_min_blocks",
+                                       "link_dead_ms",  NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
@@ -316,6 +317,7 @@ static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o
   if (cfg_int32(x, r, p, "max_stop", &o->max_stop, 0, 1024, 8, 0)) return -1;
   if (cfg_int32(x, r, p, "request_timeout_ms", &o->request_timeout_ms, 1, 86400000, 600000, 0)) return -1;
   if (cfg_int32(x, r, p, "disagg_threshold", &o->disagg_threshold, 0, 1 << 30, 1000, 0)) return -1;
+  if (cfg_int32(x, r, p, "link_dead_ms", &o->link_dead_ms, 2000, 3600000, 15000, 0)) return -1;
   if (cfg_bool(x, r, p, "prefix_fetch", &o->prefix_fetch, 0) ||
       cfg_int32(x, r, p, "prefix_fetch_min_blocks", &o->prefix_fetch_min_blocks, 1, 1 << 20, 4, 0))
     return -1;

@@ -49,6 +49,7 @@ typedef struct srv_router_cfg {
   int max_n;                   // largest n (default 8)
   int max_stop;                // stop strings at most (default 8)
   int request_timeout_ms;      // deadline of a request end to end (default 600000)
+  int link_dead_ms;            // a worker link that answers no stats (sent every 1 s) this long is closed (15000)
   int disagg_threshold;        // prompts shorter than this (minus cached prefix) prefill on the decode worker (1000)
   double w_overlap, w_queue, w_free; // KV-aware routing weights
   int prefix_fetch;            // hint a prefill worker to fetch a longer cached prefix from a peer prefill worker (0)

@@ -129,6 +129,17 @@ static void read_until_closed(srv_peer *p) {
     cJSON *m = NULL;
     int rc = srv_ctl_recv(p->ctl, &m, -1, err, sizeof err);
     if (rc <= 0) break;
+    const cJSON *op = cJSON_GetObjectItemCaseSensitive(m, "op");
+    if (cJSON_IsString(op) && !strcmp(op->valuestring, "ping")) {
+      // Answered here, not by the owner's event loop: proves the process is alive and reachable even while a long
+      // compute step keeps its loop busy (the router's link_dead_ms check).
+      cJSON *pong = cJSON_CreateObject();
+      cJSON_AddStringToObject(pong, "op", "pong");
+      srv_ctl_send(p->ctl, pong);
+      cJSON_Delete(pong);
+      cJSON_Delete(m);
+      continue;
+    }
     push(p->hub, p, m);
   }
   pthread_mutex_lock(&p->hub->mu);

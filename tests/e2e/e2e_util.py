@@ -47,7 +47,7 @@ def local_config(path, workers, disagg_threshold=1000, model=MODEL, router=None)
     """Writes a one-node config (router + workers on 127.0.0.1, free ports) to path; returns the router port.
 
     workers: list of dicts with at least name and role; port, threads (1), kv_budget_mb (32) are filled in.
-    router: more keys of the router section (e.g. {"prefix_fetch": True})."""
+    router: more keys of the router section (e.g. {"prefix_fetch": True}, {"link_dead_ms": 4000})."""
     ports = free_ports(1 + len(workers))
     ws = []
     for w, p in zip(workers, ports[1:]):
@@ -211,6 +211,43 @@ class Cluster:
             print("kept", self.dir, file=sys.stderr)
         else:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ---- network namespaces ----
+
+def ip(*args):
+    """Runs `ip ARGS`; returns its stdout, raises with its stderr on failure."""
+    r = subprocess.run(["ip"] + list(args), capture_output=True, text=True, timeout=20)
+    if r.returncode:
+        raise AssertionError("ip %s: %s" % (" ".join(args), r.stderr.strip()))
+    return r.stdout
+
+
+def netns_star(tag, addrs, created):
+    """One namespace TAG-NODE per node of addrs ({node: IPv4}, /24), each with eth0 (veth) plugged into bridge br0 of
+    a hub namespace TAG-hub. Every namespace made is appended to created (delete them with netns_delete, also after a
+    failure). Returns {node: namespace}."""
+    ns = {n: "%s-%s" % (tag, n) for n in addrs}
+    hub = tag + "-hub"
+    for name in [hub] + list(ns.values()):
+        ip("netns", "add", name)
+        created.append(name)
+        ip("-n", name, "link", "set", "lo", "up")
+    ip("-n", hub, "link", "add", "br0", "type", "bridge")
+    ip("-n", hub, "link", "set", "br0", "up")
+    for i, (node, n) in enumerate(ns.items()):
+        port = "p%d" % i
+        ip("-n", n, "link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", hub)
+        ip("-n", hub, "link", "set", port, "master", "br0")
+        ip("-n", hub, "link", "set", port, "up")
+        ip("-n", n, "addr", "add", addrs[node] + "/24", "dev", "eth0")
+        ip("-n", n, "link", "set", "eth0", "up")
+    return ns
+
+
+def netns_delete(created):
+    for name in reversed(created):
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
 
 
 # ---- HTTP ----

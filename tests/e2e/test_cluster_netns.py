@@ -14,13 +14,6 @@ ADDR = {"router": "10.77.0.1", "prefill": "10.77.0.2", "decode": "10.77.0.3"}
 REQ = {"prompt": "The capital of France is", "max_tokens": 12}
 
 
-def ip(*args):
-    r = subprocess.run(["ip"] + list(args), capture_output=True, text=True, timeout=20)
-    if r.returncode:
-        raise AssertionError("ip %s: %s" % (" ".join(args), r.stderr.strip()))
-    return r.stdout
-
-
 class ThreeNamespaces(unittest.TestCase):
     def setUp(self):
         u.require_env(self)
@@ -28,30 +21,11 @@ class ThreeNamespaces(unittest.TestCase):
             self.skipTest("needs root to create network namespaces (ip netns add)")
         if not shutil.which("ip"):
             self.skipTest("the ip tool (iproute2) is missing")
-        tag = "dsv%d" % os.getpid()
-        self.ns = {n: "%s-%s" % (tag, n) for n in ADDR}
-        self.hub = tag + "-hub"  # holds the bridge the three veth links plug into
         self.created = []
-        self.addCleanup(self.delete_namespaces)
-        for name in [self.hub] + list(self.ns.values()):
-            ip("netns", "add", name)
-            self.created.append(name)
-            ip("-n", name, "link", "set", "lo", "up")
-        ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
-        ip("-n", self.hub, "link", "set", "br0", "up")
-        for i, (node, ns) in enumerate(self.ns.items()):
-            port = "p%d" % i
-            ip("-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", self.hub)
-            ip("-n", self.hub, "link", "set", port, "master", "br0")
-            ip("-n", self.hub, "link", "set", port, "up")
-            ip("-n", ns, "addr", "add", ADDR[node] + "/24", "dev", "eth0")
-            ip("-n", ns, "link", "set", "eth0", "up")
+        self.addCleanup(u.netns_delete, self.created)
+        self.ns = u.netns_star("dsv%d" % os.getpid(), ADDR, self.created)
         self.dir = tempfile.mkdtemp(prefix="dserve-netns-")
         self.addCleanup(shutil.rmtree, self.dir, True)
-
-    def delete_namespaces(self):
-        for name in reversed(self.created):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
 
     def in_ns(self, node):
         return ["ip", "netns", "exec", self.ns[node]]

@@ -69,8 +69,8 @@ class DecodeDeath(unittest.TestCase):
         os.kill(victim, signal.SIGKILL)
         self.assertTrue(state["error_seen"].wait(2.0), "no error event within 2 s of the kill")
         # New requests, once the router knows: they complete (on d1, the only decode worker up) with the same text.
-        # (A request routed in the instant between the kill and the router seeing the link drop fails with
-        # 503 worker_failure: the router does not retry on another worker.)
+        # (A request routed in the instant between the kill and the router seeing the link drop is retried on d1:
+        # tests/fault/test_kill.py checks that path.)
         d1_before = u.worker_stats(ports["d1"])["finished"]
         news = u.run_threads([lambda: u.complete(c.port, "completions", SHORT, timeout=60)] * 3, timeout=60)
         for r in news:

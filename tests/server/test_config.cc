@@ -113,6 +113,7 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c->router.max_stop, 8);
   EXPECT_EQ(c->router.request_timeout_ms, 600000);
   EXPECT_EQ(c->router.disagg_threshold, 1000);
+  EXPECT_EQ(c->router.link_dead_ms, 15000);
   EXPECT_EQ(c->router.prefix_fetch, 0);
   EXPECT_EQ(c->router.prefix_fetch_min_blocks, 4);
   EXPECT_DOUBLE_EQ(c->router.w_overlap, 1.0);
@@ -280,6 +281,7 @@ const BadCase kBad[] = {
     {R"({"model": "m", "router": {"api_keys": [""]}, "workers": [{"port": 1}]})", "t.json: router.api_keys[0]: must not be empty"},
     {R"({"model": "m", "router": {"max_n": 0}, "workers": [{"port": 1}]})", "t.json: router.max_n: expected an integer 1..1024"},
     {R"({"model": "m", "router": {"queue_limit": 0}, "workers": [{"port": 1}]})", "t.json: router.queue_limit:"},
+    {R"({"model": "m", "router": {"link_dead_ms": 1000}, "workers": [{"port": 1}]})", "t.json: router.link_dead_ms: expected an integer 2000..3600000"},
     {R"({"model": "m", "router": {"routing": {"overlap": -1}}, "workers": [{"port": 1}]})", "t.json: router.routing.overlap: expected a number >= 0"},
     {R"({"model": "m", "router": {"routing": {"prefix": 1}}, "workers": [{"port": 1}]})", "t.json: router.routing.prefix: unknown key"},
     {R"({"model": "m", "router": {"prefix_fetch": 1}, "workers": [{"port": 1}]})", "t.json: router.prefix_fetch: expected true or false, got a number"},
