@@ -231,7 +231,7 @@ static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",
                                        "max_body_bytes", "conn_timeout_s", "queue_limit", "max_tokens_limit",
                                        "max_n",         "max_stop",     "request_timeout_ms", "disagg_threshold",
-                                       "routing",       NULL};
+                                       "routing",       "drain_timeout_s", NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
@@ -300,6 +300,7 @@ static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o
   if (cfg_int32(x, r, p, "max_stop", &o->max_stop, 0, 1024, 8, 0)) return -1;
   if (cfg_int32(x, r, p, "request_timeout_ms", &o->request_timeout_ms, 1, 86400000, 600000, 0)) return -1;
   if (cfg_int32(x, r, p, "disagg_threshold", &o->disagg_threshold, 0, 1 << 30, 1000, 0)) return -1;
+  if (cfg_int32(x, r, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, 30, 0)) return -1;
   const cJSON *rt;
   if (cfg_obj(x, r, p, "routing", &rt)) return -1;
   if (rt && cfg_check_keys(x, rt, "router.routing", K_ROUTING)) return -1;

@@ -49,6 +49,7 @@ typedef struct srv_router_cfg {
   int request_timeout_ms;      // deadline of a request end to end (default 600000)
   int disagg_threshold;        // prompts shorter than this (minus cached prefix) prefill on the decode worker (1000)
   double w_overlap, w_queue, w_free; // KV-aware routing weights
+  int drain_timeout_s;         // on SIGTERM: how long running requests may take to finish (default 30; 0 = none)
 } srv_router_cfg;
 
 typedef struct srv_config {

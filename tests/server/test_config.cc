@@ -113,6 +113,7 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c->router.max_stop, 8);
   EXPECT_EQ(c->router.request_timeout_ms, 600000);
   EXPECT_EQ(c->router.disagg_threshold, 1000);
+  EXPECT_EQ(c->router.drain_timeout_s, 30);
   EXPECT_DOUBLE_EQ(c->router.w_overlap, 1.0);
   EXPECT_DOUBLE_EQ(c->router.w_queue, 0.5);
   EXPECT_DOUBLE_EQ(c->router.w_free, 0.2);
@@ -251,6 +252,7 @@ const BadCase kBad[] = {
     {R"({"model": "m", "router": {"api_keys": ["a", 2]}, "workers": [{"port": 1}]})", "t.json: router.api_keys[1]: expected a string"},
     {R"({"model": "m", "router": {"api_keys": [""]}, "workers": [{"port": 1}]})", "t.json: router.api_keys[0]: must not be empty"},
     {R"({"model": "m", "router": {"max_n": 0}, "workers": [{"port": 1}]})", "t.json: router.max_n: expected an integer 1..1024"},
+    {R"({"model": "m", "router": {"drain_timeout_s": 3601}, "workers": [{"port": 1}]})", "t.json: router.drain_timeout_s: expected an integer 0..3600"},
     {R"({"model": "m", "router": {"queue_limit": 0}, "workers": [{"port": 1}]})", "t.json: router.queue_limit:"},
     {R"({"model": "m", "router": {"routing": {"overlap": -1}}, "workers": [{"port": 1}]})", "t.json: router.routing.overlap: expected a number >= 0"},
     {R"({"model": "m", "router": {"routing": {"prefix": 1}}, "workers": [{"port": 1}]})", "t.json: router.routing.prefix: unknown key"},
