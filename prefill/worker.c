@@ -21,7 +21,7 @@
 #include "server/runtime.h"
 
 #define LINK_TIMEOUT_MS 5000   // connecting to a decode worker
-#define TABLE_TIMEOUT_MS 30000 // a decode worker that never sends the block table
+#define TABLE_TIMEOUT_MS (30000 * DSERVE_TIMEOUT_SCALE) // a decode worker that never sends the block table
 
 // One decode worker this prefill worker pushes to.
 typedef struct pfl_link {

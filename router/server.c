@@ -26,7 +26,7 @@
 
 #define LOGC "router"
 #define STATS_EVERY_MS 1000
-#define STATS_DEAD_MS 15000  // a link that answers no stats for this long is closed
+#define STATS_DEAD_MS (15000 * DSERVE_TIMEOUT_SCALE) // a link that answers no stats for this long is closed
 #define WAIT_TICK_MS 100     // how often a waiting connection checks its client is still there
 #define DRAIN_FLUSH_MS 1000  // after the drain bound, how long failed streams get to send their error event
 

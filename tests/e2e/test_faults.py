@@ -36,6 +36,9 @@ class DecodeDeath(unittest.TestCase):
         ports = c.ports()
         ref = u.complete(c.port, "completions", SHORT)
         self.assertEqual(ref["status"], 200, ref)
+        # The router balances on the workers' stats (polled every second): let it see both idle after ref.
+        self.assertTrue(wait_until(lambda: all(u.worker_stats(ports[d])["running"] == 0 for d in ("d0", "d1")), 10))
+        time.sleep(2.5)
 
         # Two long streams: the router puts them on different decode workers (least in flight).
         state = {"kill_at": None, "stop": threading.Event(), "error_seen": threading.Event()}
