@@ -12,6 +12,7 @@ decode worker's KV-arrival timeout, and those requests fail with `timeout` by de
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,6 +86,7 @@ class LeakCheck(unittest.TestCase):
     def test_serve_1000_requests_then_stop_without_leaks(self):
         u.require_env(self)
         tmp = tempfile.mkdtemp(prefix="dserve-lsan-")
+        self.addCleanup(shutil.rmtree, tmp, True)
         cfg = os.path.join(tmp, "local.json")
         port = u.local_config(cfg, [{"name": "w0", "role": "both", "threads": 2, "max_seqs": 32}])
         env = dict(os.environ)

@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,6 +107,7 @@ class DrainTest(unittest.TestCase):
         """Starts a stream, SIGTERMs the router after its first token; returns (events, exit code, seconds to exit,
         the refused request's status and body, /health status during the drain, the prompt's token ids)."""
         tmp = tempfile.mkdtemp(prefix="dserve-drain-")
+        self.addCleanup(shutil.rmtree, tmp, True)
         cl = Cluster(tmp, delay, drain)
         try:
             c0, r0 = cl.post({"prompt": "drain me"}, "/tokenize")
