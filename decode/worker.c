@@ -26,7 +26,7 @@
 #define DRAIN_MS 30000           // running requests get this long to finish after SIGTERM
 // A prompt's KV must arrive within this long after the request, plus a per-token allowance for the prefill
 // compute (a CPU prefill worker under load takes ~10 ms per token).
-#define HANDOFF_TIMEOUT_MS 30000
+#define HANDOFF_TIMEOUT_MS (30000 * DSERVE_TIMEOUT_SCALE)
 #define HANDOFF_MS_PER_TOKEN 50
 
 typedef struct dec_seq {

@@ -25,7 +25,7 @@
 #include "server/runtime.h"
 
 #define LINK_TIMEOUT_MS 5000   // connecting to a decode worker
-#define TABLE_TIMEOUT_MS 30000 // a decode worker that never sends the block table
+#define TABLE_TIMEOUT_MS (30000 * DSERVE_TIMEOUT_SCALE) // a decode worker that never sends the block table
 #define PULL_LINK_TIMEOUT_MS 1000 // connecting to a peer prefill worker for a prefix fetch
 #define PULL_WAIT_MS 5000       // a request waits this long for its prefix fetch, then computes the prefix itself
 #define PULL_HOLD_MS 30000      // blocks of an unanswered fetch stay reserved this long (the peer may still write)

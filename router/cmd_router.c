@@ -86,7 +86,11 @@ int rtr_cmd_router(int argc, char **argv) {
           cfg->router.host[0] ? cfg->router.host : "127.0.0.1", rtr_server_port(s), cfg->n_workers);
   int sig = 0;
   sigwait(&set, &sig);
-  srv_log("router", "signal %d: stopping", sig);
+  srv_log("router", "signal %d: draining (new requests get 503; at most %d s for running ones)", sig,
+          cfg->router.drain_timeout_s);
+  int left = rtr_server_drain(s, cfg->router.drain_timeout_s * 1000);
+  if (left) srv_log("router", "drain bound reached: failed %d running request(s)", left);
+  srv_log("router", "stopping");
   rc = 0;
 out:
   rtr_server_free(s);

@@ -27,6 +27,10 @@ typedef struct rtr_server_opts {
 int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t errlen);
 int rtr_server_port(const rtr_server *s);
 int rtr_server_links_up(rtr_server *s); // links connected and past hello_ok
+// Graceful stop: from now on new generation requests get 503 `shutting_down` (GET /health too), queued ones are
+// failed the same way, and running ones go on; returns once none is left, or after timeout_ms having failed the
+// ones still running (503 shutting_down; a stream gets an SSE error event) with the number it failed.
+int rtr_server_drain(rtr_server *s, int timeout_ms);
 void rtr_server_free(rtr_server *s);    // stops HTTP, fails what is in flight, closes links; NULL is a no-op
 
 #ifdef __cplusplus

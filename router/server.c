@@ -28,6 +28,7 @@
 #define STATS_EVERY_MS 1000
 #define LINK_DEAD_DEFAULT_MS 15000 // router.link_dead_ms when a caller's config leaves it 0
 #define WAIT_TICK_MS 100     // how often a waiting connection checks its client is still there
+#define DRAIN_FLUSH_MS 1000  // after the drain bound, how long failed streams get to send their error event
 
 typedef struct rtr_link {
   rtr_server *s;               // (borrowed)
@@ -115,6 +116,8 @@ struct rtr_server {
   pthread_cond_t link_cv;      // wakes link threads
   pthread_cond_t admit_cv;
   int stopping;
+  int draining;                // rtr_server_drain: new requests get 503, queued ones are failed
+  int n_live;                  // generation requests whose connection or response still holds them
   rtr_link *links;             // (owned) (n_links)
   int n_links;
   rtr_req *reqs;               // active requests (linked through next)
@@ -189,6 +192,7 @@ static int text_append(rtr_choice *c, const char *p, size_t n) {
 
 static void req_unref_locked(rtr_req *r) {
   if (--r->refs > 0) return;
+  if (--r->s->n_live == 0) pthread_cond_broadcast(&r->s->admit_cv); // rtr_server_drain waits for this
   for (int i = 0; i < r->q.n && r->ch; i++) {
     free(r->ch[i].text);
     cJSON_Delete(r->ch[i].lp);
@@ -740,7 +744,7 @@ static void *link_main(void *arg) {
       continue;
     }
     int64_t t = now_ms();
-    int dead_ms = s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : LINK_DEAD_DEFAULT_MS;
+    int dead_ms = (s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : LINK_DEAD_DEFAULT_MS) * DSERVE_TIMEOUT_SCALE;
     if (t - l->last_stats_ms > dead_ms) {
       srv_warn(LOGC, "worker %s answered nothing for %d ms; closing its link", l->cfg->name, dead_ms);
       srv_peer_close(l->peer); // the dispatcher sees the close at once and fails (or retries) its requests
@@ -1098,7 +1102,7 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
   pthread_mutex_lock(&s->mu);
   int up = 0;
   for (int i = 0; i < s->n_links; i++) up += s->links[i].up;
-  if (s->stopping) {
+  if (s->stopping || s->draining) {
     pthread_mutex_unlock(&s->mu);
     return rtr_fail(e, 503, "server_error", NULL, "shutting_down", "the router is shutting down");
   }
@@ -1122,7 +1126,7 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     srv_metric_set(s->m_waiting, s->n_waiting);
     int gone = 0;
     int64_t limit = r->t_arrival_us + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000) * 1000;
-    while (!s->stopping) {
+    while (!s->stopping && !s->draining) {
       if (s->wait_head == r && (s->running_slots == 0 || s->running_slots + need <= s->capacity)) break;
       if (client_gone(r->fd) || now_us() > limit) {
         gone = 1;
@@ -1143,7 +1147,7 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     s->n_waiting--;
     srv_metric_set(s->m_waiting, s->n_waiting);
     pthread_cond_broadcast(&s->admit_cv);
-    if (gone || s->stopping) {
+    if (gone || s->stopping || s->draining) {
       pthread_mutex_unlock(&s->mu);
       return rtr_fail(e, gone ? 499 : 503, "server_error", NULL, gone ? "cancelled" : "shutting_down",
                       gone ? "the client disconnected or the request timed out while queued" : "shutting down");
@@ -1298,6 +1302,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   if (ci) r->fd = ci->connect_fd;
   pthread_mutex_lock(&s->mu);
   r->refs = 1; // this connection
+  s->n_live++;
   pthread_mutex_unlock(&s->mu);
   cs->req = r;
   r->conn = c;
@@ -1466,9 +1471,13 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
   case 0: return do_models(s, c);
   case 1: {
     int up = rtr_server_links_up(s);
+    pthread_mutex_lock(&s->mu);
+    int draining = s->draining;
+    pthread_mutex_unlock(&s->mu);
     char b[96];
-    int n = snprintf(b, sizeof b, "{\"status\":\"%s\",\"workers_up\":%d}", up ? "ok" : "unavailable", up);
-    return reply(c, up ? 200 : 503, "application/json", b, (size_t)n, NULL, NULL);
+    int n = snprintf(b, sizeof b, "{\"status\":\"%s\",\"workers_up\":%d}",
+                     draining ? "draining" : up ? "ok" : "unavailable", up);
+    return reply(c, up && !draining ? 200 : 503, "application/json", b, (size_t)n, NULL, NULL);
   }
   case 2: return do_metrics(s, c);
   case 3: return do_generate(s, c, cs, RTR_CHAT);
@@ -1599,6 +1608,34 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
 }
 
 int rtr_server_port(const rtr_server *s) { return s->port; }
+
+// Waits (s->mu held) until no generation request is live or until end_us.
+static void wait_idle_locked(rtr_server *s, int64_t end_us) {
+  while (s->n_live > 0 && now_us() < end_us) {
+    struct timespec dl;
+    deadline_in(&dl, WAIT_TICK_MS);
+    pthread_cond_timedwait(&s->admit_cv, &s->mu, &dl);
+  }
+}
+
+int rtr_server_drain(rtr_server *s, int timeout_ms) {
+  pthread_mutex_lock(&s->mu);
+  s->draining = 1;
+  pthread_cond_broadcast(&s->admit_cv); // queued requests leave with 503 shutting_down
+  wait_idle_locked(s, now_us() + (int64_t)timeout_ms * 1000);
+  int left = s->n_live;
+  if (left) { // past the bound: fail what still runs, and give the clients DRAIN_FLUSH_MS to read the error
+    rtr_error e;
+    rtr_fail(&e, 503, "server_error", NULL, "shutting_down", "the router stopped before the request finished");
+    for (rtr_req *r = s->reqs, *n; r; r = n) {
+      n = r->next;
+      fail_locked(s, r, &e);
+    }
+    wait_idle_locked(s, now_us() + DRAIN_FLUSH_MS * 1000);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return left;
+}
 
 void rtr_server_free(rtr_server *s) {
   if (!s) return;

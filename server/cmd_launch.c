@@ -15,7 +15,7 @@ static void launch_usage(FILE *f) {
           "  starts the router and workers FILE assigns to node NAME, waits for their health, restarts a crashed\n"
           "  one with back-off (at most 5 restarts a minute), stops all on SIGTERM/SIGINT.\n"
           "  --dserve PATH    binary the children run (default: this one)\n"
-          "  --grace-s S      seconds between SIGTERM and SIGKILL when stopping (default 10)\n"
+          "  --grace-s S      seconds between SIGTERM and SIGKILL when stopping (default 10, or the router's drain_timeout_s + 5)\n"
           "  --backoff-ms MS  first restart delay, doubled per restart (default 250)\n");
 }
 
@@ -33,6 +33,7 @@ static int launch_num(const char *flag, const char *v, double lo, double hi, dou
 int srv_cmd_launch(int argc, char **argv) {
   srv_launch_opts o;
   srv_launch_defaults(&o);
+  int grace_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -49,6 +50,7 @@ int srv_cmd_launch(int argc, char **argv) {
     } else if (!strcmp(a, "--grace-s")) {
       if (launch_num(a, v, 0, 3600, &d)) return 2;
       o.grace_ms = (int)(d * 1000), i++;
+      grace_given = 1;
     } else if (!strcmp(a, "--backoff-ms")) {
       if (launch_num(a, v, 1, 60000, &d)) return 2;
       o.backoff_ms = (int)d, i++;
@@ -72,6 +74,9 @@ int srv_cmd_launch(int argc, char **argv) {
   if (access(cfg->model_path, R_OK))
     fprintf(stderr, "dserve launch: warning: model %s is not readable here (%s); its workers will fail to start\n",
             cfg->model_path, strerror(errno));
+  // by default the router gets its whole drain (router.drain_timeout_s) plus 5 s before it is killed
+  if (!grace_given && cfg->has_router && o.grace_ms < cfg->router.drain_timeout_s * 1000 + 5000)
+    o.grace_ms = cfg->router.drain_timeout_s * 1000 + 5000;
   err[0] = 0;
   int rc = srv_launch_run(cfg, &o, err, sizeof err);
   if (rc == 2 && err[0]) fprintf(stderr, "dserve launch: %s\n", err);

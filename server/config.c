@@ -246,7 +246,7 @@ static const char *const K_ROUTER[] = {"node",          "host",         "port", 
                                        "max_body_bytes", "conn_timeout_s", "queue_limit", "max_tokens_limit",
                                        "max_n",         "max_stop",     "request_timeout_ms", "disagg_threshold",
                                        "routing",       "prefix_fetch", "prefix_fetch_min_blocks",
-                                       "link_dead_ms",  NULL};
+                                       "link_dead_ms",  "drain_timeout_s", NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
@@ -321,6 +321,7 @@ static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o
   if (cfg_bool(x, r, p, "prefix_fetch", &o->prefix_fetch, 0) ||
       cfg_int32(x, r, p, "prefix_fetch_min_blocks", &o->prefix_fetch_min_blocks, 1, 1 << 20, 4, 0))
     return -1;
+  if (cfg_int32(x, r, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, 30, 0)) return -1;
   const cJSON *rt;
   if (cfg_obj(x, r, p, "routing", &rt)) return -1;
   if (rt && cfg_check_keys(x, rt, "router.routing", K_ROUTING)) return -1;

@@ -54,6 +54,7 @@ typedef struct srv_router_cfg {
   double w_overlap, w_queue, w_free; // KV-aware routing weights
   int prefix_fetch;            // hint a prefill worker to fetch a longer cached prefix from a peer prefill worker (0)
   int prefix_fetch_min_blocks; // ... when the peer holds at least this many more blocks (4)
+  int drain_timeout_s;         // on SIGTERM: how long running requests may take to finish (default 30; 0 = none)
 } srv_router_cfg;
 
 typedef struct srv_config {

@@ -211,6 +211,11 @@ int srv_blocks_reserve(srv_kvpool *p, srv_blocks *b, int n_tokens) {
   pthread_mutex_lock(&p->mu);
   if (p->n_free < add) {
     pthread_mutex_unlock(&p->mu);
+    if (b->n == 0) { // an empty table stays without memory, so a caller that drops it leaks nothing
+      free(b->ids);
+      b->ids = NULL;
+      b->cap = 0;
+    }
     return -1;
   }
   for (int i = 0; i < add; i++) {

@@ -57,7 +57,8 @@ typedef struct srv_blocks {
   int32_t *ids;  // (n) (owned)
   int n, cap;
 } srv_blocks;
-// Makes b cover n_tokens positions; allocates only what is missing. -1 (and nothing taken) when the pool is short.
+// Makes b cover n_tokens positions; allocates only what is missing. -1 (and nothing taken) when the pool is short;
+// an empty b then holds no memory either.
 int srv_blocks_reserve(srv_kvpool *p, srv_blocks *b, int n_tokens);
 // Drops b's reference on every block (a block no one else holds returns to the pool); b is empty and
 // reusable after.

@@ -19,6 +19,7 @@ DSERVE = os.environ.get("DSERVE_BINARY", "")
 SOURCE_DIR = os.environ.get("DSERVE_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 MODEL = os.path.join(SOURCE_DIR, "models", "weights", "SmolLM2-135M-Instruct.Q4_1.gguf")
 HERE = os.path.dirname(os.path.abspath(__file__))
+SCALE = float(os.environ.get("DSERVE_TIMEOUT_SCALE", "1"))  # the sanitize build sets 4: waits and bounds scale by it
 
 
 def require_env(test):
@@ -193,6 +194,7 @@ class Cluster:
         self.node = Node(self.config, backoff_ms=backoff_ms)
 
     def start(self, timeout=60.0):
+        timeout *= SCALE
         self.node.wait_ready(timeout)
         with open(self.config) as f:
             self.node.wait_connected([w["name"] for w in json.load(f)["workers"]], timeout)

@@ -10,6 +10,7 @@ import e2e_util as u
 
 LONG_GEN = {"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True}
 SHORT = {"prompt": "The capital of France is", "max_tokens": 8}
+S = u.SCALE  # every wait and time bound below: longer in the sanitize build
 
 
 def wait_until(cond, timeout, step=0.02):
@@ -36,6 +37,9 @@ class DecodeDeath(unittest.TestCase):
         ports = c.ports()
         ref = u.complete(c.port, "completions", SHORT)
         self.assertEqual(ref["status"], 200, ref)
+        # The router balances on the workers' stats (polled every second): let it see both idle after ref.
+        self.assertTrue(wait_until(lambda: all(u.worker_stats(ports[d])["running"] == 0 for d in ("d0", "d1")), 10 * S))
+        time.sleep(2.5)
 
         # Two long streams: the router puts them on different decode workers (least in flight).
         state = {"kill_at": None, "stop": threading.Event(), "error_seen": threading.Event()}
@@ -56,30 +60,30 @@ class DecodeDeath(unittest.TestCase):
         threads = []
         for k in range(2):
             def run(k=k):
-                results[k] = u.stream(c.port, "completions", LONG_GEN, timeout=60, on_event=on_event(k))
+                results[k] = u.stream(c.port, "completions", LONG_GEN, timeout=60 * S, on_event=on_event(k))
             t = threading.Thread(target=run, daemon=True)
             t.start()
             threads.append(t)
-            self.assertTrue(wait_until(lambda: counts[k] >= 2, 30), "stream %d produced no tokens" % k)
+            self.assertTrue(wait_until(lambda: counts[k] >= 2, 30 * S), "stream %d produced no tokens" % k)
         running = {d: u.worker_stats(ports[d])["running"] for d in ("d0", "d1")}
         self.assertEqual(running, {"d0": 1, "d1": 1}, "the two streams should run on different decode workers")
 
         victim = c.node.child_pid("d0")
         state["kill_at"] = time.time()
         os.kill(victim, signal.SIGKILL)
-        self.assertTrue(state["error_seen"].wait(2.0), "no error event within 2 s of the kill")
+        self.assertTrue(state["error_seen"].wait(2.0 * S), "no error event within 2 s of the kill")
         # New requests, once the router knows: they complete (on d1, the only decode worker up) with the same text.
         # (A request routed in the instant between the kill and the router seeing the link drop is retried on d1:
         # tests/fault/test_kill.py checks that path.)
         d1_before = u.worker_stats(ports["d1"])["finished"]
-        news = u.run_threads([lambda: u.complete(c.port, "completions", SHORT, timeout=60)] * 3, timeout=60)
+        news = u.run_threads([lambda: u.complete(c.port, "completions", SHORT, timeout=60 * S)] * 3, timeout=60 * S)
         for r in news:
             self.assertIsNotNone(r)
             self.assertEqual(r["status"], 200, r)
             self.assertEqual(r["text"], ref["text"])
         self.assertEqual(u.worker_stats(ports["d1"])["finished"] - d1_before, 3)
         # The survivor keeps streaming well past the kill; then hang up.
-        time.sleep(max(0.0, state["kill_at"] + 2.5 - time.time()))
+        time.sleep(max(0.0, state["kill_at"] + 2.5 * S - time.time()))
         state["stop"].set()
         for t in threads:
             t.join(30)
@@ -88,16 +92,16 @@ class DecodeDeath(unittest.TestCase):
         self.assertEqual(len(errs), 1, results)
         v, s = results[errs[0]], results[1 - errs[0]]
         self.assertIn(v["error"].get("code") if isinstance(v["error"], dict) else None, ("worker_failure",), v["error"])
-        self.assertLessEqual(v["t_error"] - state["kill_at"], 2.0, "the error event came too late")
-        self.assertLessEqual(v["t_end"] - state["kill_at"], 2.0, "the victim's stream did not end in time")
+        self.assertLessEqual(v["t_error"] - state["kill_at"], 2.0 * S, "the error event came too late")
+        self.assertLessEqual(v["t_end"] - state["kill_at"], 2.0 * S, "the victim's stream did not end in time")
         self.assertTrue(v["done"], "the victim's stream should end with [DONE] after the error event")
         self.assertIsNone(s["error"], s["error"])
         self.assertTrue(s["stopped"])
         self.assertGreater(after_kill[1 - errs[0]], 5, "the survivor stopped streaming after the kill")
 
         # The launcher restarts d0 and the router uses it again.
-        c.node.wait_for("d0 is up again", 30)
-        c.node.wait_count("router: worker d0 (decode, ", 2, 30)
+        c.node.wait_for("d0 is up again", 30 * S)
+        c.node.wait_count("router: worker d0 (decode, ", 2, 30 * S)
         r = u.complete(c.port, "completions", SHORT)
         self.assertEqual(r["text"], ref["text"])
 
@@ -116,41 +120,41 @@ class PrefillDeath(unittest.TestCase):
         st0 = u.worker_stats(ports["d0"])
         self.assertEqual(st0["running"] + st0["waiting"], 0, st0)
         free0 = st0["free_blocks"]
-        self.assertEqual(wait_until(lambda: u.metrics(c.port)["dserve:kv_cache_usage_perc"] == 0, 5), True)
+        self.assertEqual(wait_until(lambda: u.metrics(c.port)["dserve:kv_cache_usage_perc"] == 0, 5 * S), True)
 
         prompt = [100 + (i * 7919) % 20000 for i in range(1000)]  # 1000 tokens: 63 blocks of 16
         res = {}
         t = threading.Thread(target=lambda: res.update(
-            u.stream(c.port, "completions", {"prompt": prompt, "max_tokens": 8}, timeout=60)), daemon=True)
+            u.stream(c.port, "completions", {"prompt": prompt, "max_tokens": 8}, timeout=60 * S)), daemon=True)
         t.start()
         # The decode worker reserves the prompt's blocks, then the prefill worker pushes into them layer by layer.
-        st = wait_until(lambda: (lambda s: s if s["free_blocks"] < free0 else None)(u.worker_stats(ports["d0"])), 20)
+        st = wait_until(lambda: (lambda s: s if s["free_blocks"] < free0 else None)(u.worker_stats(ports["d0"])), 20 * S)
         self.assertIsNotNone(st, "the decode worker never reserved blocks")
         self.assertGreaterEqual(free0 - st["free_blocks"], 63, st)
         time.sleep(0.3)
         st = u.worker_stats(ports["d0"])
         self.assertEqual((st["running"], st["waiting"]), (0, 1), "the handoff should still be in progress: %r" % st)
-        used = wait_until(lambda: u.metrics(c.port)["dserve:kv_cache_usage_perc"], 3)
+        used = wait_until(lambda: u.metrics(c.port)["dserve:kv_cache_usage_perc"], 3 * S)
         self.assertGreater(used, 0, "the router's /metrics never showed the reserved blocks")
 
         t_kill = time.time()
         os.kill(c.node.child_pid("p0"), signal.SIGKILL)
-        freed = wait_until(lambda: u.worker_stats(ports["d0"])["free_blocks"] == free0, 3)
+        freed = wait_until(lambda: u.worker_stats(ports["d0"])["free_blocks"] == free0, 3 * S)
         self.assertTrue(freed, "the decode worker kept the reserved blocks: %r" % u.worker_stats(ports["d0"]))
-        self.assertLess(time.time() - t_kill, 3)
+        self.assertLess(time.time() - t_kill, 3 * S)
         # The router's /metrics (stats every second) shows the KV cache empty again.
-        self.assertTrue(wait_until(lambda: u.metrics(c.port)["dserve:kv_cache_usage_perc"] == 0, 4),
+        self.assertTrue(wait_until(lambda: u.metrics(c.port)["dserve:kv_cache_usage_perc"] == 0, 4 * S),
                         u.metrics(c.port)["dserve:kv_cache_usage_perc"])
-        t.join(20)
+        t.join(20 * S)
         self.assertIsNotNone(res.get("error"), res)
         self.assertEqual(res["error"].get("code"), "worker_failure", res["error"])
         st = u.worker_stats(ports["d0"])
         self.assertEqual((st["running"], st["waiting"], st["free_blocks"]), (0, 0, free0), st)
 
         # After the launcher restarts p0, the same prompt goes through.
-        c.node.wait_for("p0 is up again", 30)
-        c.node.wait_count("router: worker p0 (prefill, ", 2, 30)
-        r = u.complete(c.port, "completions", {"prompt": prompt, "max_tokens": 8}, timeout=60)
+        c.node.wait_for("p0 is up again", 30 * S)
+        c.node.wait_count("router: worker p0 (prefill, ", 2, 30 * S)
+        r = u.complete(c.port, "completions", {"prompt": prompt, "max_tokens": 8}, timeout=60 * S)
         self.assertEqual(r["status"], 200, r)
         self.assertEqual(r["completion_tokens"], 8)
 

@@ -27,10 +27,11 @@ TCP = {"backend": "tcp"}
 LINK_DEAD_MS = 6000
 
 # Bounds (seconds) the cases assert; generous for a loaded 2-core machine. docs/reliability.md quotes them.
-KILL_ERROR_S = 5.0       # kill -9 of a worker: its clients get an OpenAI error this soon
-STOP_ERROR_S = LINK_DEAD_MS / 1000.0 + 6.0  # SIGSTOP of a worker: the router gives up on it this soon
-IDLE_S = 15.0            # surviving workers back to all blocks free, nothing running or waiting
-END_S = 90.0             # every stream ends (answer or error) this long after the fault
+# Each is multiplied by u.SCALE (DSERVE_TIMEOUT_SCALE: 4 in the sanitize build, whose router also scales link_dead_ms).
+KILL_ERROR_S = 5.0 * u.SCALE       # kill -9 of a worker: its clients get an OpenAI error this soon
+STOP_ERROR_S = (LINK_DEAD_MS / 1000.0 + 6.0) * u.SCALE  # SIGSTOP of a worker: the router gives up on it this soon
+IDLE_S = 15.0 * u.SCALE            # surviving workers back to all blocks free, nothing running or waiting
+END_S = 90.0 * u.SCALE             # every stream ends (answer or error) this long after the fault
 
 
 def body(i):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tests/router/fake_worker.py: a fake `both` worker speaking the dserve control protocol, for the router's tests.
 
-Listens on 127.0.0.1 (port 0 = any; the chosen port is printed as "PORT <n>" on stdout), answers the handshake,
+Usage: fake_worker.py [PORT [N_CTX [DELAY_S]]]. Listens on 127.0.0.1 (port 0 = any; the chosen port is printed as
+"PORT <n>" on stdout), answers the handshake,
 `stats`, `cancel` and `generate`. A generation is a deterministic list of words (see `words_for`) derived from the
 prompt ids and the seed (a random seed when none is given), cut at max_tokens (finish "length"), at the first stop
 string (finish "stop", the stop string left out) or after 8 words (finish "stop"). One word per `token` message.
@@ -126,6 +127,7 @@ def serve_conn(sock, n_ctx, delay):
 def main():
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     n_ctx = int(sys.argv[2]) if len(sys.argv) > 2 else 512
+    delay = float(sys.argv[3]) if len(sys.argv) > 3 else 0.002  # seconds before each token
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(("127.0.0.1", port))
@@ -133,7 +135,7 @@ def main():
     print("PORT", ls.getsockname()[1], flush=True)
     while True:
         c, _ = ls.accept()
-        threading.Thread(target=serve_conn, args=(c, n_ctx, 0.002), daemon=True).start()
+        threading.Thread(target=serve_conn, args=(c, n_ctx, delay), daemon=True).start()
 
 
 if __name__ == "__main__":

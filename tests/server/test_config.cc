@@ -116,6 +116,7 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c->router.link_dead_ms, 15000);
   EXPECT_EQ(c->router.prefix_fetch, 0);
   EXPECT_EQ(c->router.prefix_fetch_min_blocks, 4);
+  EXPECT_EQ(c->router.drain_timeout_s, 30);
   EXPECT_DOUBLE_EQ(c->router.w_overlap, 1.0);
   EXPECT_DOUBLE_EQ(c->router.w_queue, 0.5);
   EXPECT_DOUBLE_EQ(c->router.w_free, 0.2);
@@ -280,6 +281,7 @@ const BadCase kBad[] = {
     {R"({"model": "m", "router": {"api_keys": ["a", 2]}, "workers": [{"port": 1}]})", "t.json: router.api_keys[1]: expected a string"},
     {R"({"model": "m", "router": {"api_keys": [""]}, "workers": [{"port": 1}]})", "t.json: router.api_keys[0]: must not be empty"},
     {R"({"model": "m", "router": {"max_n": 0}, "workers": [{"port": 1}]})", "t.json: router.max_n: expected an integer 1..1024"},
+    {R"({"model": "m", "router": {"drain_timeout_s": 3601}, "workers": [{"port": 1}]})", "t.json: router.drain_timeout_s: expected an integer 0..3600"},
     {R"({"model": "m", "router": {"queue_limit": 0}, "workers": [{"port": 1}]})", "t.json: router.queue_limit:"},
     {R"({"model": "m", "router": {"link_dead_ms": 1000}, "workers": [{"port": 1}]})", "t.json: router.link_dead_ms: expected an integer 2000..3600000"},
     {R"({"model": "m", "router": {"routing": {"overlap": -1}}, "workers": [{"port": 1}]})", "t.json: router.routing.overlap: expected a number >= 0"},
