@@ -744,7 +744,8 @@ static void *link_main(void *arg) {
       continue;
     }
     int64_t t = now_ms();
-    int dead_ms = (s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : LINK_DEAD_DEFAULT_MS) * DSERVE_TIMEOUT_SCALE;
+    // not scaled by DSERVE_TIMEOUT_SCALE: the pong comes from the hub thread, however slow a (sanitized) compute step
+    int dead_ms = s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : LINK_DEAD_DEFAULT_MS;
     if (t - l->last_stats_ms > dead_ms) {
       srv_warn(LOGC, "worker %s answered nothing for %d ms; closing its link", l->cfg->name, dead_ms);
       srv_peer_close(l->peer); // the dispatcher sees the close at once and fails (or retries) its requests

@@ -22,6 +22,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCALE = float(os.environ.get("DSERVE_TIMEOUT_SCALE", "1"))  # the sanitize build sets 4: waits and bounds scale by it
 
 
+def wait_until(cond, timeout, step=0.02):
+    """cond()'s first truthy value within timeout, else its last value."""
+    end = time.time() + timeout
+    while time.time() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(step)
+    return cond()
+
+
 def require_env(test):
     """Skips (with the reason) when the dserve binary or the model is missing."""
     if not DSERVE or not os.access(DSERVE, os.X_OK):

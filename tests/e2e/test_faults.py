@@ -13,14 +13,7 @@ SHORT = {"prompt": "The capital of France is", "max_tokens": 8}
 S = u.SCALE  # every wait and time bound below: longer in the sanitize build
 
 
-def wait_until(cond, timeout, step=0.02):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(step)
-    return cond()
+wait_until = u.wait_until
 
 
 class DecodeDeath(unittest.TestCase):

@@ -38,15 +38,7 @@ def body(i):
     return {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": MAX_TOKENS, "ignore_eos": True}
 
 
-def wait_until(cond, timeout, step=0.02):
-    """cond()'s first truthy value within timeout, else its last value."""
-    end = time.time() + timeout
-    while time.time() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(step)
-    return cond()
+wait_until = u.wait_until
 
 
 def worker(name, role, **kw):
