@@ -24,6 +24,16 @@ static double now_s(void) {
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+// bench_sort: v[n] in ascending order (an insertion sort: n <= 64 latency samples), so v[n / 2] is the median.
+static void bench_sort(double *v, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+      double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+}
+
 static int parse_size(const char *s, size_t *out) {
   char *end;
   errno = 0;
@@ -163,12 +173,7 @@ static double raw_tcp_run(int fd, uint8_t *buf, size_t m, int iters, double *lat
     if (io_all(fd, &mm, 8, 1) || io_all(fd, buf, m, 1) || io_all(fd, &ack, 1, 0)) return -1;
     ls[i] = now_s() - t;
   }
-  for (int i = 1; i < nl; i++)
-    for (int j = i; j > 0 && ls[j] < ls[j - 1]; j--) {
-      double t = ls[j];
-      ls[j] = ls[j - 1];
-      ls[j - 1] = t;
-    }
+  bench_sort(ls, nl);
   *lat = ls[nl / 2];
   double t0 = now_s();
   int out = 0;
@@ -196,12 +201,7 @@ static double memcpy_run(uint8_t *dst, const uint8_t *src, const layout *L, int 
     if (i < nl) ls[i] = now_s() - t;
   }
   double dt = now_s() - t0;
-  for (int i = 1; i < nl; i++)
-    for (int j = i; j > 0 && ls[j] < ls[j - 1]; j--) {
-      double t = ls[j];
-      ls[j] = ls[j - 1];
-      ls[j - 1] = t;
-    }
+  bench_sort(ls, nl);
   *lat = ls[nl / 2];
   return dt;
 }
@@ -369,12 +369,7 @@ int kvx_cmd_bench(int argc, char **argv) {
       if (kvx_xfer_post(x[0]) || wait_done(a, x[0]) != KVX_DONE) bad = 1;
       if (i >= 2) ls[i - 2] = now_s() - t;
     }
-    for (int i = 1; i < nl; i++)
-      for (int j = i; j > 0 && ls[j] < ls[j - 1]; j--) {
-        double t = ls[j];
-        ls[j] = ls[j - 1];
-        ls[j - 1] = t;
-      }
+    bench_sort(ls, nl);
     // Bandwidth: BENCH_INFLIGHT requests kept in flight.
     double t0 = now_s();
     for (int i = 0; i < it && !bad; i++) {
