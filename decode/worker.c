@@ -13,15 +13,15 @@
 #include "kvxfer/kvx.h"
 #include "models/sampler.h"
 #include "models/tokenizer.h"
-#include "server/engine.h"
-#include "server/genreq.h"
+#include "worker/engine.h"
+#include "worker/genreq.h"
 #include "server/hub.h"
-#include "server/kvevents.h"
-#include "server/kvpool.h"
-#include "server/kvstage.h"
-#include "server/kvwire.h"
+#include "worker/kvevents.h"
+#include "worker/kvpool.h"
+#include "worker/kvstage.h"
+#include "worker/kvwire.h"
 #include "server/log.h"
-#include "server/runtime.h"
+#include "worker/runtime.h"
 
 #define DRAIN_MS 30000           // running requests get this long to finish after SIGTERM
 // A prompt's KV must arrive within this long after the request, plus a per-token allowance for the prefill
@@ -30,8 +30,8 @@
 #define HANDOFF_MS_PER_TOKEN 50
 
 typedef struct dec_seq {
-  srv_seq seq;           // tokens, cache progress, blocks (engine state)
-  srv_genreq req;        // what was asked (prompt, sampling, stops)
+  wrk_seq seq;           // tokens, cache progress, blocks (engine state)
+  wrk_genreq req;        // what was asked (prompt, sampling, stops)
   srv_peer *router;      // (owned reference) where tokens go
   int n_gen;
   mdl_sampler *sampler;  // (owned)
@@ -49,18 +49,18 @@ typedef struct dec_seq {
 } dec_seq;
 
 typedef struct dec_worker {
-  srv_runtime *rt;       // (owned)
+  wrk_runtime *rt;       // (owned)
   srv_hub *hub;          // (owned)
-  srv_engine eng;        // sequences' owner fields point at their dec_seq
+  wrk_engine eng;        // sequences' owner fields point at their dec_seq
   kvx_agent *kvx;        // (owned) decode role: receives KV
   kvx_region *kv_region; // (owned by kvx)
-  srv_kvstage *stage;    // (owned) host mirror prefill workers write into when the pool is out of their reach; or NULL
+  wrk_kvstage *stage;    // (owned) host mirror prefill workers write into when the pool is out of their reach; or NULL
   dec_seq **handoffs;    // (owned array) (n_handoffs) waiting for their KV
   int n_handoffs, cap_handoffs;
   srv_peer **prefills;   // (owned references) (n_prefills) connected prefill workers
   int n_prefills, cap_prefills;
-  srv_kvevents kvev;     // connected routers, told of the prefix store's changes (kv_events)
-  srv_signals sig;
+  wrk_kvevents kvev;     // connected routers, told of the prefix store's changes (kv_events)
+  wrk_signals sig;
   uint64_t n_finished;
 } dec_worker;
 
@@ -123,11 +123,11 @@ static void send_done(dec_seq *s, const char *finish_reason) {
 
 static void seq_free(dec_worker *w, dec_seq *s) {
   if (!s) return;
-  srv_seq_fini(&s->seq, w->rt->kv);
+  wrk_seq_fini(&s->seq, w->rt->kv);
   mdl_sampler_free(s->sampler);
   mdl_detok_free(s->detok);
   dec_stopstr_free(&s->stop);
-  srv_genreq_free(&s->req);
+  wrk_genreq_free(&s->req);
   srv_peer_unref(s->router);
   free(s);
 }
@@ -140,7 +140,7 @@ static void seq_drop(dec_worker *w, dec_seq *s) {
       w->n_handoffs--;
       break;
     }
-  srv_engine_remove(&w->eng, &s->seq);
+  wrk_engine_remove(&w->eng, &s->seq);
   seq_free(w, s);
 }
 
@@ -165,8 +165,8 @@ static void seq_finish(dec_worker *w, dec_seq *s, const char *reason) {
 // Records a sampled token and streams its text; finishes the choice on a stop condition. 1 when finished.
 static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm) {
   int32_t tok = sm->token;
-  if (srv_seq_push(&s->seq, tok)) {
-    srv_send_error(s->router, s->req.id, "internal_error", "out of memory");
+  if (wrk_seq_push(&s->seq, tok)) {
+    wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");
     seq_drop(w, s);
     return 1;
   }
@@ -202,18 +202,18 @@ static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) 
   const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
   const char *id = cJSON_IsString(idj) ? idj->valuestring : "";
   if (atomic_load(&w->sig.stop)) {
-    srv_send_error(from, id, "unavailable", "worker is shutting down");
+    wrk_send_error(from, id, "unavailable", "worker is shutting down");
     return NULL;
   }
   dec_seq *s = calloc(1, sizeof *s);
   if (!s) {
-    srv_send_error(from, id, "internal_error", "out of memory");
+    wrk_send_error(from, id, "internal_error", "out of memory");
     return NULL;
   }
   srv_peer_ref(from);
   s->router = from;
-  if (srv_genreq_parse(m, mdl_tok_n_vocab(w->rt->tok), w->rt->n_ctx, &s->req, code, sizeof code, e, sizeof e)) {
-    srv_send_error(from, id, code, "%s", e);
+  if (wrk_genreq_parse(m, mdl_tok_n_vocab(w->rt->tok), w->rt->n_ctx, &s->req, code, sizeof code, e, sizeof e)) {
+    wrk_send_error(from, id, code, "%s", e);
     seq_free(w, s);
     return NULL;
   }
@@ -227,14 +227,14 @@ static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) 
   else if (handoff && !s->req.prefill[0])
     bad = "mode decode needs the prefill worker's name";
   s->handoff = handoff;
-  if (!bad && srv_seq_init(&s->seq, s->req.prompt, s->req.n_prompt, s)) bad = "out of memory";
+  if (!bad && wrk_seq_init(&s->seq, s->req.prompt, s->req.n_prompt, s)) bad = "out of memory";
   if (!bad && dec_stopstr_init(&s->stop, (const char *const *)s->req.stop, s->req.n_stop)) bad = "out of memory";
   if (!bad && mdl_sampler_new(&s->req.sampling, mdl_tok_n_vocab(w->rt->tok), s->req.prompt, s->req.n_prompt,
                               &s->sampler, e, sizeof e))
     bad = e;
   if (!bad && mdl_detok_new(w->rt->tok, &s->detok, e, sizeof e)) bad = e;
   if (bad) {
-    srv_send_error(from, s->req.id, "invalid_request", "%s", bad);
+    wrk_send_error(from, s->req.id, "invalid_request", "%s", bad);
     seq_free(w, s);
     return NULL;
   }
@@ -253,7 +253,7 @@ static void for_each(dec_worker *w, seq_pred match, const void *arg, void (*fn)(
   for (int i = w->n_handoffs - 1; i >= 0; i--)
     if (i < w->n_handoffs && match(w->handoffs[i], arg)) fn(w, w->handoffs[i], fn_arg);
   for (int l = 0; l < 2; l++) {
-    srv_seq **arr = l ? w->eng.wait : w->eng.run;
+    wrk_seq **arr = l ? w->eng.wait : w->eng.run;
     int *n = l ? &w->eng.n_wait : &w->eng.n_run;
     for (int i = *n - 1; i >= 0; i--)
       if (i < *n && match(OWNER(arr[i]), arg)) fn(w, OWNER(arr[i]), fn_arg);
@@ -264,7 +264,7 @@ typedef struct drop_reason { const char *code, *message; } drop_reason;
 
 static void drop_fn(dec_worker *w, dec_seq *s, void *arg) {
   const drop_reason *r = arg;
-  if (r && r->code) srv_send_error(s->router, s->req.id, r->code, "%s", r->message);
+  if (r && r->code) wrk_send_error(s->router, s->req.id, r->code, "%s", r->message);
   seq_drop(w, s);
 }
 
@@ -310,7 +310,7 @@ static srv_peer *prefill_peer(dec_worker *w, const char *name) {
 static void try_send_table(dec_worker *w, dec_seq *s) {
   if (s->table_sent) return;
   // Blocks of the prompt this worker already caches (an earlier turn of the conversation) are not sent again.
-  if (!s->seq.blocks.n && srv_engine_take_blocks(&w->eng, &s->seq)) return; // later, when blocks come back
+  if (!s->seq.blocks.n && wrk_engine_take_blocks(&w->eng, &s->seq)) return; // later, when blocks come back
   srv_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return; // sent when the prefill worker connects
   srv_debug(w->rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
@@ -319,7 +319,7 @@ static void try_send_table(dec_worker *w, dec_seq *s) {
   cJSON_AddStringToObject(m, "id", s->req.id);
   cJSON *b = cJSON_AddArrayToObject(m, "blocks");
   for (int i = 0; i < s->seq.blocks.n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(s->seq.blocks.ids[i]));
-  cJSON_AddNumberToObject(m, "skip_blocks", s->seq.n_cached / srv_kvpool_kv(w->rt->kv)->block_size);
+  cJSON_AddNumberToObject(m, "skip_blocks", s->seq.n_cached / wrk_kvpool_kv(w->rt->kv)->block_size);
   s->table_sent = srv_peer_send(p, m) == 0;
   cJSON_Delete(m);
 }
@@ -334,11 +334,11 @@ static void try_start(dec_worker *w, dec_seq *s) {
     }
   s->handoff = 0;
   s->seq.n_done = s->req.n_prompt;
-  int skipped = s->seq.n_cached / srv_kvpool_kv(w->rt->kv)->block_size;
-  s->kv_bytes = (double)(s->seq.blocks.n - skipped) * (double)srv_kvpool_block_bytes(w->rt->kv);
+  int skipped = s->seq.n_cached / wrk_kvpool_kv(w->rt->kv)->block_size;
+  s->kv_bytes = (double)(s->seq.blocks.n - skipped) * (double)wrk_kvpool_block_bytes(w->rt->kv);
   s->kv_ms = (double)(now_ms() - s->t_start_ms);
-  if (srv_engine_start(&w->eng, &s->seq)) {
-    srv_send_error(s->router, s->req.id, "internal_error", "out of memory");
+  if (wrk_engine_start(&w->eng, &s->seq)) {
+    wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");
     seq_free(w, s);
     return;
   }
@@ -353,10 +353,10 @@ static void stats_reply(dec_worker *w, srv_peer *to) {
   cJSON_AddStringToObject(m, "op", "stats_ok");
   cJSON_AddNumberToObject(m, "running", w->eng.n_run);
   cJSON_AddNumberToObject(m, "waiting", w->eng.n_wait + w->n_handoffs);
-  cJSON_AddNumberToObject(m, "free_blocks", srv_kvpool_free_blocks(w->rt->kv));
-  cJSON_AddNumberToObject(m, "total_blocks", srv_kvpool_total_blocks(w->rt->kv));
+  cJSON_AddNumberToObject(m, "free_blocks", wrk_kvpool_free_blocks(w->rt->kv));
+  cJSON_AddNumberToObject(m, "total_blocks", wrk_kvpool_total_blocks(w->rt->kv));
   cJSON_AddNumberToObject(m, "finished", (double)w->n_finished);
-  srv_engine_add_prefix_stats(&w->eng, m);
+  wrk_engine_add_prefix_stats(&w->eng, m);
   srv_peer_send(to, m);
   cJSON_Delete(m);
 }
@@ -374,7 +374,7 @@ static int handoff_push(dec_worker *w, dec_seq *s) {
 }
 
 static void handle(dec_worker *w, srv_event *ev) {
-  srv_kvevents_on_event(&w->kvev, ev, w->eng.prefix);
+  wrk_kvevents_on_event(&w->kvev, ev, w->eng.prefix);
   if (!ev->msg) { // a connection closed
     if (!strcmp(srv_peer_role(ev->peer), "prefill")) {
       for (int i = 0; i < w->n_prefills; i++)
@@ -414,10 +414,10 @@ static void handle(dec_worker *w, srv_event *ev) {
       rc = handoff_push(w, s);
       if (!rc) try_send_table(w, s);
     } else {
-      rc = srv_engine_queue(&w->eng, &s->seq);
+      rc = wrk_engine_queue(&w->eng, &s->seq);
     }
     if (rc) {
-      srv_send_error(ev->peer, s->req.id, "internal_error", "out of memory");
+      wrk_send_error(ev->peer, s->req.id, "internal_error", "out of memory");
       seq_free(w, s);
     }
   } else if (!strcmp(op, "cancel")) {
@@ -432,13 +432,13 @@ static void handle(dec_worker *w, srv_event *ev) {
     if (!s || !s->handoff) return; // cancelled meanwhile
     if (!strcmp(op, "kv_fail")) {
       const cJSON *msg = cJSON_GetObjectItemCaseSensitive(ev->msg, "message");
-      srv_send_error(s->router, s->req.id, "worker_failure", "prefill failed: %s",
+      wrk_send_error(s->router, s->req.id, "worker_failure", "prefill failed: %s",
                      cJSON_IsString(msg) ? msg->valuestring : "unknown");
       seq_drop(w, s);
       return;
     }
-    if (srv_kvwire_read_sampled(ev->msg, &s->first)) {
-      srv_send_error(s->router, s->req.id, "worker_failure", "malformed kv_first from %s", srv_peer_name(ev->peer));
+    if (wrk_kvwire_read_sampled(ev->msg, &s->first)) {
+      wrk_send_error(s->router, s->req.id, "worker_failure", "malformed kv_first from %s", srv_peer_name(ev->peer));
       seq_drop(w, s);
       return;
     }
@@ -471,9 +471,9 @@ static void take_notifs(dec_worker *w) {
       if (s && s->handoff) {
         s->got_notif = 1;
         // Staging: the prompt's blocks landed in the mirror; the ones we cached ourselves were not sent.
-        int skip = s->seq.n_cached / srv_kvpool_kv(w->rt->kv)->block_size;
-        if (w->stage && srv_kvstage_in(w->stage, s->seq.blocks.ids + skip, s->seq.blocks.n - skip)) {
-          srv_send_error(s->router, s->req.id, "internal_error", "the prompt's KV blocks are outside the pool");
+        int skip = s->seq.n_cached / wrk_kvpool_kv(w->rt->kv)->block_size;
+        if (w->stage && wrk_kvstage_in(w->stage, s->seq.blocks.ids + skip, s->seq.blocks.n - skip)) {
+          wrk_send_error(s->router, s->req.id, "internal_error", "the prompt's KV blocks are outside the pool");
           seq_drop(w, s);
           continue;
         }
@@ -486,22 +486,22 @@ static void take_notifs(dec_worker *w) {
 
 // ---- scheduling ----
 
-static void reject(void *arg, srv_seq *sq, int blocks_needed) {
+static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   dec_worker *w = arg;
   dec_seq *s = OWNER(sq);
-  srv_send_error(s->router, s->req.id, "context_length_exceeded",
+  wrk_send_error(s->router, s->req.id, "context_length_exceeded",
                  "the request needs %d KV blocks; this worker's pool has %d", blocks_needed,
-                 srv_kvpool_total_blocks(w->rt->kv));
+                 wrk_kvpool_total_blocks(w->rt->kv));
   seq_free(w, s);
 }
 
 // One engine step, then sampling for every row that finished its prompt or decoded a token.
 static int step(dec_worker *w, char *err, size_t errlen) {
-  int rc = srv_engine_step(&w->eng, NULL, NULL, err, errlen);
+  int rc = wrk_engine_step(&w->eng, NULL, NULL, err, errlen);
   if (rc <= 0) return rc;
   int n_vocab = mdl_tok_n_vocab(w->rt->tok);
   for (int i = 0; i < w->eng.n_batch; i++) {
-    srv_seq *sq = w->eng.batch_of[i];
+    wrk_seq *sq = w->eng.batch_of[i];
     if (!sq || !w->eng.batch[i].want_logits) continue;
     mdl_sampled sm;
     mdl_sampler_sample(OWNER(sq)->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &sm);
@@ -516,9 +516,9 @@ static void hello_extra(void *arg, cJSON *ok) {
   dec_worker *w = arg;
   cJSON_AddNumberToObject(ok, "n_ctx", w->rt->n_ctx);
   cJSON_AddNumberToObject(ok, "n_vocab", mdl_tok_n_vocab(w->rt->tok));
-  cJSON_AddNumberToObject(ok, "total_blocks", srv_kvpool_total_blocks(w->rt->kv));
-  srv_kvwire_add_layout(ok, w->rt->kv);
-  if (w->kvx) srv_kvwire_add_md(ok, w->kvx);
+  cJSON_AddNumberToObject(ok, "total_blocks", wrk_kvpool_total_blocks(w->rt->kv));
+  wrk_kvwire_add_layout(ok, w->rt->kv);
+  if (w->kvx) wrk_kvwire_add_md(ok, w->kvx);
 }
 
 // Creates the kvxfer agent of a decode worker and exports its KV pool to prefill workers.
@@ -531,40 +531,40 @@ static int open_kvx(dec_worker *w, const srv_config *cfg, char *err, size_t errl
                 .cuda_device = strncmp(wc->device, "cuda:", 5) ? 0 : atoi(wc->device + 5)};
   w->kvx = kvx_agent_new(wc->name, &o, err, errlen);
   if (!w->kvx) return -1;
-  return srv_kvstage_open(w->kvx, w->rt->kv, &w->rt->kc, wc, &w->stage, &w->kv_region, err, errlen);
+  return wrk_kvstage_open(w->kvx, w->rt->kv, &w->rt->kc, wc, &w->stage, &w->kv_region, err, errlen);
 }
 
 int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, size_t errlen) {
   dec_worker w;
   memset(&w, 0, sizeof w);
-  srv_signals_block(&w.sig);
+  wrk_signals_block(&w.sig);
   int decode_role = wc->role == SRV_ROLE_DECODE;
   // A decode worker's pool must be mappable by a same-host prefill worker (shm backend).
-  if (srv_runtime_open(cfg, wc, decode_role && strncmp(wc->device, "cuda", 4), &w.rt, err, errlen)) return -1;
+  if (wrk_runtime_open(cfg, wc, decode_role && strncmp(wc->device, "cuda", 4), &w.rt, err, errlen)) return -1;
   if (decode_role && open_kvx(&w, cfg, err, errlen)) {
     kvx_agent_free(w.kvx);
-    srv_kvstage_free(w.stage);
-    srv_runtime_close(w.rt);
+    wrk_kvstage_free(w.stage);
+    wrk_runtime_close(w.rt);
     return -1;
   }
   srv_hub_opts ho = {.name = wc->name, .role = srv_role_name(wc->role), .secret = cfg->secret, .host = wc->host,
                      .port = wc->port, .hello_extra = hello_extra, .hello_arg = &w};
-  if (srv_hub_new(&ho, &w.hub, err, errlen) || srv_signals_start(&w.sig, w.hub)) {
+  if (srv_hub_new(&ho, &w.hub, err, errlen) || wrk_signals_start(&w.sig, w.hub)) {
     srv_hub_free(w.hub);
     kvx_agent_free(w.kvx);
-    srv_kvstage_free(w.stage);
-    srv_runtime_close(w.rt);
+    wrk_kvstage_free(w.stage);
+    wrk_runtime_close(w.rt);
     return -1;
   }
-  srv_engine_init(&w.eng, w.rt, err, errlen);
+  wrk_engine_init(&w.eng, w.rt, err, errlen);
   fprintf(stderr, "dserve %s: %s worker listening on %s:%d (%d KV blocks, %s kernels, %d threads%s%s)\n", wc->name,
-          srv_role_name(wc->role), wc->host, srv_hub_port(w.hub), srv_kvpool_total_blocks(w.rt->kv),
+          srv_role_name(wc->role), wc->host, srv_hub_port(w.hub), wrk_kvpool_total_blocks(w.rt->kv),
           w.rt->kc.be->name, krn_pool_threads(w.rt->pool), w.kvx ? ", kvxfer " : "",
           w.kvx ? kvx_agent_backend(w.kvx) : "");
   int64_t drain_until = 0;
   for (;;) {
     srv_event ev;
-    int busy = srv_engine_busy(&w.eng);
+    int busy = wrk_engine_busy(&w.eng);
     // Block while idle (a handoff wakes us through kvx progress, polled every few ms); between steps take
     // only what has already arrived.
     int wait = busy ? 0 : (w.n_handoffs ? 2 : 1000);
@@ -580,26 +580,26 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
         fprintf(stderr, "dserve %s: draining %d running and %d waiting requests\n", wc->name, w.eng.n_run,
                 w.eng.n_wait + w.n_handoffs);
       }
-      if ((!srv_engine_busy(&w.eng) && !w.n_handoffs) || now_ms() > drain_until) break;
+      if ((!wrk_engine_busy(&w.eng) && !w.n_handoffs) || now_ms() > drain_until) break;
     }
     int64_t now = now_ms();
     drop_where(&w, expired, &now, "timeout", "request deadline passed (or its KV never arrived)");
-    srv_engine_admit(&w.eng, reject, &w);
+    wrk_engine_admit(&w.eng, reject, &w);
     if (step(&w, err, errlen)) {
       fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
       drop_where(&w, any, NULL, "internal_error", "forward step failed");
     }
-    srv_kvevents_flush(&w.kvev, w.eng.prefix);
+    wrk_kvevents_flush(&w.kvev, w.eng.prefix);
   }
   drop_where(&w, any, NULL, "unavailable", "worker stopped before the request finished");
-  srv_engine_fini(&w.eng);
-  srv_kvevents_fini(&w.kvev);
+  wrk_engine_fini(&w.eng);
+  wrk_kvevents_fini(&w.kvev);
   srv_hub_free(w.hub);
   free(w.prefills); // the peers themselves die with the hub
   free(w.handoffs);
   kvx_agent_free(w.kvx);
-  srv_kvstage_free(w.stage);
-  srv_runtime_close(w.rt);
+  wrk_kvstage_free(w.stage);
+  wrk_runtime_close(w.rt);
   fprintf(stderr, "dserve %s: stopped\n", wc->name);
   return 0;
 }

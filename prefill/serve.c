@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/kvwire.h"
+#include "worker/kvwire.h"
 #include "server/log.h"
 
 #define MAX_PULL_BLOCKS (1 << 20) // tokens / block_size in one pull at most (a prompt is far shorter)
@@ -15,7 +15,7 @@ struct pfl_sink {
   pfl_sink *next;
   srv_peer *peer;              // (owned reference) its control connection to us
   char kvx_peer[KVX_MAX_NAME]; // its kvxfer agent, loaded from the first pull's kvx_md
-  srv_kv_remote remote;        // its pool, from the first pull's kv_layout
+  wrk_kv_remote remote;        // its pool, from the first pull's kv_layout
 };
 
 struct pfl_sending {
@@ -27,7 +27,7 @@ struct pfl_sending {
   kvx_xfer *x;      // (owned)
 };
 
-void pfl_serve_init(pfl_serve *s, kvx_agent *kvx, srv_kvpool *kv, srv_prefix *prefix, const char *name) {
+void pfl_serve_init(pfl_serve *s, kvx_agent *kvx, wrk_kvpool *kv, wrk_prefix *prefix, const char *name) {
   memset(s, 0, sizeof *s);
   s->kvx = kvx;
   s->kv = kv;
@@ -37,7 +37,7 @@ void pfl_serve_init(pfl_serve *s, kvx_agent *kvx, srv_kvpool *kv, srv_prefix *pr
 
 static void sending_free(pfl_serve *s, pfl_sending *p) {
   kvx_xfer_free(p->x);
-  for (int i = 0; i < p->n; i++) srv_kvpool_unref(s->kv, p->blocks[i]);
+  for (int i = 0; i < p->n; i++) wrk_kvpool_unref(s->kv, p->blocks[i]);
   free(p->blocks);
   srv_peer_unref(p->to);
   free(p);
@@ -77,8 +77,8 @@ static pfl_sink *sink_for(pfl_serve *s, srv_peer *from, const cJSON *msg, char *
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  if (srv_kvwire_read_layout(msg, s->kv, &k->remote, err, errlen) ||
-      srv_kvwire_load_md(msg, s->kvx, k->kvx_peer, sizeof k->kvx_peer, err, errlen)) {
+  if (wrk_kvwire_read_layout(msg, s->kv, &k->remote, err, errlen) ||
+      wrk_kvwire_load_md(msg, s->kvx, k->kvx_peer, sizeof k->kvx_peer, err, errlen)) {
     free(k);
     return NULL;
   }
@@ -117,7 +117,7 @@ void pfl_serve_on_pull(pfl_serve *s, srv_peer *from, const cJSON *msg) {
     return;
   }
   const char *id = idj->valuestring;
-  const mdl_kv *kv = srv_kvpool_kv(s->kv);
+  const mdl_kv *kv = wrk_kvpool_kv(s->kv);
   int bs = kv->block_size, n_tok = cJSON_IsArray(tj) ? cJSON_GetArraySize(tj) : 0;
   int nb = n_tok / bs;
   if (n_tok < bs || n_tok % bs || nb > MAX_PULL_BLOCKS || !cJSON_IsNumber(fj) || fj->valuedouble < 0 ||
@@ -145,19 +145,19 @@ void pfl_serve_on_pull(pfl_serve *s, srv_peer *from, const cJSON *msg) {
     bad = "bad prefix_pull: tokens and blocks must be integers (blocks: one per block from first, in the peer's pool)";
   if (!bad && s->prefix) {
     toks[n_tok] = 0;
-    got = srv_prefix_match(s->prefix, toks, n_tok + 1, ours, nb);
-    for (int i = 0; i < got && i < first; i++) srv_kvpool_unref(s->kv, ours[i]); // the peer holds these
+    got = wrk_prefix_match(s->prefix, toks, n_tok + 1, ours, nb);
+    for (int i = 0; i < got && i < first; i++) wrk_kvpool_unref(s->kv, ours[i]); // the peer holds these
   }
   int n = got > first ? got - first : 0;
   if (!bad && n > 0) {
     char note[128];
     int len = snprintf(note, sizeof note, "pull:%s", id);
-    if (srv_kvwire_write_blocks(s->kvx, s->kv, k->kvx_peer, &k->remote, ours + first, theirs, n, 0,
-                                srv_kvpool_cfg(s->kv)->n_layer, note, (size_t)len, &p->x, err, sizeof err))
+    if (wrk_kvwire_write_blocks(s->kvx, s->kv, k->kvx_peer, &k->remote, ours + first, theirs, n, 0,
+                                wrk_kvpool_cfg(s->kv)->n_layer, note, (size_t)len, &p->x, err, sizeof err))
       bad = err;
   }
   if (bad || n == 0) {
-    for (int i = first; i < got; i++) srv_kvpool_unref(s->kv, ours[i]);
+    for (int i = first; i < got; i++) wrk_kvpool_unref(s->kv, ours[i]);
     reply(from, id, 0, bad);
     srv_debug(s->name, "prefix_pull %s from %s: %s", id, srv_peer_name(from), bad ? bad : "not cached here");
     free(toks);

@@ -7,8 +7,8 @@
 
 #include "kvxfer/kvx.h"
 #include "server/hub.h"
-#include "server/kvpool.h"
-#include "server/prefix.h"
+#include "worker/kvpool.h"
+#include "worker/prefix.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,8 +20,8 @@ typedef struct pfl_sending pfl_sending; // one pull being written
 // One per prefill worker; every call comes from its event-loop thread.
 typedef struct pfl_serve {
   kvx_agent *kvx;         // (borrowed)
-  srv_kvpool *kv;         // (borrowed)
-  srv_prefix *prefix;     // (borrowed) NULL: every pull misses
+  wrk_kvpool *kv;         // (borrowed)
+  wrk_prefix *prefix;     // (borrowed) NULL: every pull misses
   const char *name;       // (borrowed) this worker's name, for log lines
   pfl_sink *sinks;        // (owned list) one per control connection that pulled
   pfl_sending *sending;   // (owned list) writes in flight; their pool blocks stay pinned until each finishes
@@ -29,7 +29,7 @@ typedef struct pfl_serve {
   double served_blocks;   // blocks written to peers (running total, stats_ok prefix_served_blocks)
 } pfl_serve;
 
-void pfl_serve_init(pfl_serve *s, kvx_agent *kvx, srv_kvpool *kv, srv_prefix *prefix, const char *name);
+void pfl_serve_init(pfl_serve *s, kvx_agent *kvx, wrk_kvpool *kv, wrk_prefix *prefix, const char *name);
 // Frees everything; writes still in flight are abandoned (called when the worker stops).
 void pfl_serve_fini(pfl_serve *s);
 // A prefix_pull from a peer (docs/protocol.md, "Prefix fetch"): matches the store, pins the matched blocks

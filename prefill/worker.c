@@ -14,15 +14,15 @@
 #include "models/sampler.h"
 #include "models/tokenizer.h"
 #include "prefill/serve.h"
-#include "server/engine.h"
-#include "server/genreq.h"
+#include "worker/engine.h"
+#include "worker/genreq.h"
 #include "server/hub.h"
-#include "server/kvevents.h"
-#include "server/kvpool.h"
-#include "server/kvstage.h"
-#include "server/kvwire.h"
+#include "worker/kvevents.h"
+#include "worker/kvpool.h"
+#include "worker/kvstage.h"
+#include "worker/kvwire.h"
 #include "server/log.h"
-#include "server/runtime.h"
+#include "worker/runtime.h"
 
 #define LINK_TIMEOUT_MS 5000   // connecting to a decode worker
 #define TABLE_TIMEOUT_MS (30000 * DSERVE_TIMEOUT_SCALE) // a decode worker that never sends the block table
@@ -34,7 +34,7 @@
 typedef struct pfl_link {
   char name[64];
   srv_peer *peer;         // (owned reference) our control connection to it
-  srv_kv_remote remote;   // its pool
+  wrk_kv_remote remote;   // its pool
   char kvx_peer[KVX_MAX_NAME]; // decode workers only (a prefill peer writes to us, not we to it)
 } pfl_link;
 
@@ -55,8 +55,8 @@ typedef struct pfl_pull {
 } pfl_pull;
 
 typedef struct pfl_req {
-  srv_seq seq;            // the prompt in our own pool
-  srv_genreq req;
+  wrk_seq seq;            // the prompt in our own pool
+  wrk_genreq req;
   srv_peer *router;       // (owned reference)
   pfl_link *link;         // (borrowed)
   pfl_pull *pull;         // (borrowed) the prefix fetch it waits for; NULL once queued in the engine
@@ -77,20 +77,20 @@ typedef struct pfl_req {
 } pfl_req;
 
 typedef struct pfl_worker {
-  srv_runtime *rt;        // (owned)
+  wrk_runtime *rt;        // (owned)
   srv_hub *hub;           // (owned)
-  srv_engine eng;
+  wrk_engine eng;
   kvx_agent *kvx;         // (owned)
   kvx_region *kv_region;  // (owned by kvx)
-  srv_kvstage *stage;     // (owned) host mirror of the pool when it is out of kvxfer's reach (server/kvstage.h); or NULL
+  wrk_kvstage *stage;     // (owned) host mirror of the pool when it is out of kvxfer's reach (worker/kvstage.h); or NULL
   krn_event *layer_ev[2]; // (owned) markers after layer l's KV writes, at [l & 1]; NULL on a backend without events
   pfl_link **links;       // (owned) (n_links) each (owned)
   int n_links;
   pfl_pull *pulls;        // (owned list) prefix fetches in progress
   pfl_serve serve;        // prefix fetches peers ask of us
   double fetches, fetched_blocks, fetch_misses; // prefix fetch counters (stats_ok)
-  srv_kvevents kvev;      // connected routers, told of the prefix store's changes (kv_events)
-  srv_signals sig;
+  wrk_kvevents kvev;      // connected routers, told of the prefix store's changes (kv_events)
+  wrk_signals sig;
   const srv_config *cfg;  // (borrowed)
   double bytes_pushed;
   // Block tables that arrived before their request: the router's generate and the decode worker's
@@ -111,7 +111,7 @@ static int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int block_size(const pfl_worker *w) { return srv_kvpool_kv(w->rt->kv)->block_size; }
+static int block_size(const pfl_worker *w) { return wrk_kvpool_kv(w->rt->kv)->block_size; }
 
 // ---- links to decode workers and peer prefill workers ----
 
@@ -143,8 +143,8 @@ static pfl_link *link_for(pfl_worker *w, const char *name, srv_role role, int ti
   l->peer = srv_hub_connect(w->hub, d->host, d->port, timeout_ms, err, errlen);
   if (!l->peer) return NULL;
   const cJSON *hello = srv_peer_hello(l->peer);
-  if (srv_kvwire_read_layout(hello, w->rt->kv, &l->remote, err, errlen) ||
-      (role == SRV_ROLE_DECODE && srv_kvwire_load_md(hello, w->kvx, l->kvx_peer, sizeof l->kvx_peer, err, errlen))) {
+  if (wrk_kvwire_read_layout(hello, w->rt->kv, &l->remote, err, errlen) ||
+      (role == SRV_ROLE_DECODE && wrk_kvwire_load_md(hello, w->kvx, l->kvx_peer, sizeof l->kvx_peer, err, errlen))) {
     srv_peer_close(l->peer);
     srv_peer_unref(l->peer);
     l->peer = NULL;
@@ -165,11 +165,11 @@ static void req_free(pfl_worker *w, pfl_req *r) {
   if (r->pull) r->pull->req = NULL; // the fetch's blocks stay reserved until the peer answers
   for (int i = 0; i < r->n_xf; i++) kvx_xfer_free(r->xf[i]);
   free(r->xf);
-  srv_engine_remove(&w->eng, &r->seq);
-  srv_seq_fini(&r->seq, w->rt->kv);
+  wrk_engine_remove(&w->eng, &r->seq);
+  wrk_seq_fini(&r->seq, w->rt->kv);
   mdl_sampler_free(r->sampler);
   free(r->remote);
-  srv_genreq_free(&r->req);
+  wrk_genreq_free(&r->req);
   srv_peer_unref(r->router);
   free(r);
 }
@@ -185,7 +185,7 @@ static void fail(pfl_worker *w, pfl_req *r, const char *fmt, const char *detail)
     srv_peer_send(r->link->peer, m);
     cJSON_Delete(m);
   }
-  srv_send_error(r->router, r->req.id, "worker_failure", "%s", msg);
+  wrk_send_error(r->router, r->req.id, "worker_failure", "%s", msg);
   req_free(w, r);
 }
 
@@ -194,7 +194,7 @@ static int push(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1, int w
   if (b1 > r->n_remote) b1 = r->n_remote;
   char err[256];
   kvx_xfer *x = NULL;
-  if (b1 > b0 && srv_kvwire_write_blocks(w->kvx, w->rt->kv, r->link->kvx_peer, &r->link->remote,
+  if (b1 > b0 && wrk_kvwire_write_blocks(w->kvx, w->rt->kv, r->link->kvx_peer, &r->link->remote,
                                          r->seq.blocks.ids + b0, r->remote + b0, b1 - b0, l0, l1, NULL, 0, &x, err,
                                          sizeof err)) {
     fprintf(stderr, "dserve %s: KV push for %s failed: %s\n", w->rt->w->name, r->req.id, err);
@@ -229,7 +229,7 @@ static int full_blocks(const pfl_worker *w, const pfl_req *r, int n_done) {
 // Catches up on everything computed before the table arrived: all layers of every finished block.
 static int catch_up(pfl_worker *w, pfl_req *r) {
   int upto = full_blocks(w, r, r->seq.n_done);
-  if (push(w, r, 0, srv_kvpool_cfg(w->rt->kv)->n_layer, r->pushed_blocks, upto, 0)) return -1;
+  if (push(w, r, 0, wrk_kvpool_cfg(w->rt->kv)->n_layer, r->pushed_blocks, upto, 0)) return -1;
   r->pushed_blocks = upto;
   return 0;
 }
@@ -237,7 +237,7 @@ static int catch_up(pfl_worker *w, pfl_req *r) {
 // Layer `layer` of this step has landed in our pool: push it for the live requests.
 static void push_layer(pfl_worker *w, int layer) {
   for (int i = 0; i < w->eng.n_batch; i++) {
-    srv_seq *sq = w->eng.batch_of[i];
+    wrk_seq *sq = w->eng.batch_of[i];
     if (!sq) continue;
     pfl_req *r = OWNER(sq);
     if (!r->live || r->failed) continue;
@@ -264,7 +264,7 @@ static void on_layer(void *arg, int layer) {
 
 static void flush_layers(pfl_worker *w) {
   if (!w->layer_ev[0]) return;
-  int last = srv_kvpool_cfg(w->rt->kv)->n_layer - 1;
+  int last = wrk_kvpool_cfg(w->rt->kv)->n_layer - 1;
   krn_event_wait(&w->rt->kc, w->layer_ev[last & 1]);
   push_layer(w, last);
 }
@@ -279,7 +279,7 @@ static int maybe_finish(pfl_worker *w, pfl_req *r) {
     cJSON_AddStringToObject(m, "op", "kv_first");
     cJSON_AddStringToObject(m, "id", r->req.id);
     cJSON_AddNumberToObject(m, "cached_tokens", r->seq.n_cached);
-    srv_kvwire_add_sampled(m, &r->first);
+    wrk_kvwire_add_sampled(m, &r->first);
     int rc = srv_peer_send(r->link->peer, m);
     cJSON_Delete(m);
     if (rc) return -1;
@@ -312,7 +312,7 @@ static int is(const pfl_req *r, const char *id, const char *decode) {
 // waiting for a prefix fetch.
 static pfl_req *find(pfl_worker *w, const char *id, const char *decode) {
   for (int l = 0; l < 2; l++) {
-    srv_seq **arr = l ? w->eng.wait : w->eng.run;
+    wrk_seq **arr = l ? w->eng.wait : w->eng.run;
     int n = l ? w->eng.n_wait : w->eng.n_run;
     for (int i = 0; i < n; i++)
       if (is(OWNER(arr[i]), id, decode)) return OWNER(arr[i]);
@@ -400,7 +400,7 @@ static void pull_free(pfl_worker *w, pfl_pull *p) {
       break;
     }
   if (p->req) p->req->pull = NULL;
-  for (int i = 0; i < p->n; i++) srv_kvpool_unref(w->rt->kv, p->blocks[i]);
+  for (int i = 0; i < p->n; i++) wrk_kvpool_unref(w->rt->kv, p->blocks[i]);
   free(p->blocks);
   free(p);
 }
@@ -411,19 +411,19 @@ static void resume(pfl_worker *w, pfl_pull *p, int got) {
   pfl_req *r = p->req;
   p->req = NULL;
   r->pull = NULL;
-  if (got > 0 && srv_kvstage_in(w->stage, p->blocks, got)) got = 0; // staging: the peer wrote into our mirror
-  if (got > 0 && srv_blocks_append(&r->seq.blocks, p->blocks, got) == 0) { // the references move to r
+  if (got > 0 && wrk_kvstage_in(w->stage, p->blocks, got)) got = 0; // staging: the peer wrote into our mirror
+  if (got > 0 && wrk_blocks_append(&r->seq.blocks, p->blocks, got) == 0) { // the references move to r
     p->n -= got;
     memmove(p->blocks, p->blocks + got, (size_t)p->n * sizeof *p->blocks);
     int nb = r->seq.blocks.n, bs = block_size(w);
     r->seq.n_done = r->seq.n_cached = nb * bs;
     r->seq.n_inserted = nb;
-    srv_prefix_insert(w->eng.prefix, r->seq.toks, nb * bs, r->seq.blocks.ids, nb);
+    wrk_prefix_insert(w->eng.prefix, r->seq.toks, nb * bs, r->seq.blocks.ids, nb);
     w->fetched_blocks += got;
   } else {
     w->fetch_misses++;
   }
-  if (srv_engine_queue(&w->eng, &r->seq)) {
+  if (wrk_engine_queue(&w->eng, &r->seq)) {
     fail(w, r, "out of memory%s", "");
     return;
   }
@@ -441,10 +441,10 @@ static void pull_step(pfl_worker *w, pfl_pull *p) {
 // takes what our pool holds (m blocks) into the request's table, reserves blocks for the rest and sends
 // prefix_pull. 1 when the request now waits for the answer (resume queues it), 0 when it goes on without.
 static int start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
-  srv_prefix *px = w->eng.prefix;
+  wrk_prefix *px = w->eng.prefix;
   int bs = block_size(w), n_prompt = r->req.n_prompt;
   if (want > (n_prompt - 1) / bs) want = (n_prompt - 1) / bs; // the last token is always computed
-  if (!px || want < 1 || srv_prefix_peek(px, r->seq.toks, n_prompt, 0, NULL) >= want) return 0; // we hold it
+  if (!px || want < 1 || wrk_prefix_peek(px, r->seq.toks, n_prompt, 0, NULL) >= want) return 0; // we hold it
   const srv_worker_cfg *q = srv_config_worker(w->cfg, peer);
   if (!q || q->role != SRV_ROLE_PREFILL || !strcmp(peer, w->rt->w->name)) {
     srv_warn(w->rt->w->name, "%s: ignoring the prefix hint: '%s' is not another prefill worker of this cluster",
@@ -462,16 +462,16 @@ static int start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
     w->fetch_misses++;
     return 0;
   }
-  int m = srv_prefix_match(px, r->seq.toks, n_prompt, ids, want);
-  if (m > 0 && srv_blocks_append(&r->seq.blocks, ids, m)) {
-    for (int i = 0; i < m; i++) srv_kvpool_unref(w->rt->kv, ids[i]);
+  int m = wrk_prefix_match(px, r->seq.toks, n_prompt, ids, want);
+  if (m > 0 && wrk_blocks_append(&r->seq.blocks, ids, m)) {
+    for (int i = 0; i < m; i++) wrk_kvpool_unref(w->rt->kv, ids[i]);
     m = 0;
   }
   r->seq.n_done = r->seq.n_cached = m * bs;
   r->seq.n_inserted = m;
   int k = want - m, sent = 0; // m < want: the pool's blocks are among the ones peek counted
-  if (srv_kvpool_alloc(w->rt->kv, ids, k) == 0 ||
-      (srv_prefix_evict_for(px, k) >= 0 && srv_kvpool_alloc(w->rt->kv, ids, k) == 0)) {
+  if (wrk_kvpool_alloc(w->rt->kv, ids, k) == 0 ||
+      (wrk_prefix_evict_for(px, k) >= 0 && wrk_kvpool_alloc(w->rt->kv, ids, k) == 0)) {
     cJSON *msg = cJSON_CreateObject();
     cJSON_AddStringToObject(msg, "op", "prefix_pull");
     cJSON_AddStringToObject(msg, "id", r->req.id);
@@ -480,11 +480,11 @@ static int start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
     cJSON_AddNumberToObject(msg, "first", m);
     cJSON *b = cJSON_AddArrayToObject(msg, "blocks");
     for (int i = 0; i < k; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(ids[i]));
-    srv_kvwire_add_layout(msg, w->rt->kv);
-    sent = srv_kvwire_add_md(msg, w->kvx) == 0 && srv_peer_send(src->peer, msg) == 0;
+    wrk_kvwire_add_layout(msg, w->rt->kv);
+    sent = wrk_kvwire_add_md(msg, w->kvx) == 0 && srv_peer_send(src->peer, msg) == 0;
     cJSON_Delete(msg);
     if (!sent)
-      for (int i = 0; i < k; i++) srv_kvpool_unref(w->rt->kv, ids[i]);
+      for (int i = 0; i < k; i++) wrk_kvpool_unref(w->rt->kv, ids[i]);
   }
   if (!sent) { // no blocks to spare, or the link dropped: compute (what our pool held stays in the table)
     free(ids);
@@ -548,10 +548,10 @@ static int n_fetching(const pfl_worker *w) {
 }
 
 static void handle(pfl_worker *w, srv_event *ev) {
-  srv_kvevents_on_event(&w->kvev, ev, w->eng.prefix);
+  wrk_kvevents_on_event(&w->kvev, ev, w->eng.prefix);
   if (!ev->msg) { // a connection closed
     for (int l = 0; l < 2; l++) {
-      srv_seq **arr = l ? w->eng.wait : w->eng.run;
+      wrk_seq **arr = l ? w->eng.wait : w->eng.run;
       int *n = l ? &w->eng.n_wait : &w->eng.n_run;
       for (int i = *n - 1; i >= 0; i--) {
         if (i >= *n) continue;
@@ -593,19 +593,19 @@ static void handle(pfl_worker *w, srv_event *ev) {
     else if ((hp || hb) && (!cJSON_IsString(hp) || !cJSON_IsNumber(hb) || hb->valuedouble < 1 ||
                             hb->valuedouble > 1 << 30 || hb->valuedouble != (int)hb->valuedouble))
       bad = "prefix_peer must name a prefill worker and prefix_blocks be an integer >= 1";
-    else if (srv_genreq_parse(ev->msg, mdl_tok_n_vocab(w->rt->tok), w->rt->n_ctx, &r->req, code, sizeof code, e,
+    else if (wrk_genreq_parse(ev->msg, mdl_tok_n_vocab(w->rt->tok), w->rt->n_ctx, &r->req, code, sizeof code, e,
                               sizeof e))
       bad = e;
     else if (strcmp(r->req.mode, "prefill") || !r->req.decode[0])
       bad = "a prefill worker serves mode \"prefill\" with a decode worker";
     else if (!(r->link = link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e)))
       bad = e;
-    else if (srv_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
+    else if (wrk_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
              mdl_sampler_new(&r->req.sampling, mdl_tok_n_vocab(w->rt->tok), r->req.prompt, r->req.n_prompt,
                              &r->sampler, e, sizeof e))
       bad = "out of memory";
     if (bad) {
-      srv_send_error(ev->peer, id, bad == e && code[0] == 'c' ? code : "worker_failure", "%s", bad);
+      wrk_send_error(ev->peer, id, bad == e && code[0] == 'c' ? code : "worker_failure", "%s", bad);
       r->link = NULL;
       req_free(w, r);
       return;
@@ -613,7 +613,7 @@ static void handle(pfl_worker *w, srv_event *ev) {
     int64_t now = now_ms();
     r->table_deadline_ms = now + TABLE_TIMEOUT_MS;
     r->deadline_ms = r->req.deadline_ms ? now + r->req.deadline_ms : 0;
-    if (!(hp && start_pull(w, r, hp->valuestring, (int)hb->valuedouble)) && srv_engine_queue(&w->eng, &r->seq)) {
+    if (!(hp && start_pull(w, r, hp->valuestring, (int)hb->valuedouble)) && wrk_engine_queue(&w->eng, &r->seq)) {
       fail(w, r, "out of memory%s", "");
       return;
     }
@@ -636,14 +636,14 @@ static void handle(pfl_worker *w, srv_event *ev) {
     cJSON_AddStringToObject(m, "op", "stats_ok");
     cJSON_AddNumberToObject(m, "running", w->eng.n_run);
     cJSON_AddNumberToObject(m, "waiting", w->eng.n_wait);
-    cJSON_AddNumberToObject(m, "free_blocks", srv_kvpool_free_blocks(w->rt->kv));
-    cJSON_AddNumberToObject(m, "total_blocks", srv_kvpool_total_blocks(w->rt->kv));
+    cJSON_AddNumberToObject(m, "free_blocks", wrk_kvpool_free_blocks(w->rt->kv));
+    cJSON_AddNumberToObject(m, "total_blocks", wrk_kvpool_total_blocks(w->rt->kv));
     cJSON_AddNumberToObject(m, "kv_bytes_pushed", w->bytes_pushed);
     cJSON_AddNumberToObject(m, "prefix_fetches", w->fetches);
     cJSON_AddNumberToObject(m, "prefix_fetched_blocks", w->fetched_blocks);
     cJSON_AddNumberToObject(m, "prefix_fetch_misses", w->fetch_misses);
     cJSON_AddNumberToObject(m, "prefix_served_blocks", w->serve.served_blocks);
-    srv_engine_add_prefix_stats(&w->eng, m);
+    wrk_engine_add_prefix_stats(&w->eng, m);
     srv_peer_send(ev->peer, m);
     cJSON_Delete(m);
   } else if (strcmp(op, "hello")) {
@@ -660,12 +660,12 @@ static void drain_events(pfl_worker *w, int wait_ms) {
   }
 }
 
-static void reject(void *arg, srv_seq *sq, int blocks_needed) {
+static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   pfl_worker *w = arg;
   pfl_req *r = OWNER(sq);
-  srv_send_error(r->router, r->req.id, "context_length_exceeded",
+  wrk_send_error(r->router, r->req.id, "context_length_exceeded",
                  "the prompt needs %d KV blocks; this prefill worker's pool has %d", blocks_needed,
-                 srv_kvpool_total_blocks(w->rt->kv));
+                 wrk_kvpool_total_blocks(w->rt->kv));
   req_free(w, r);
 }
 
@@ -674,7 +674,7 @@ static void expire(pfl_worker *w) {
   for (int i = w->n_early - 1; i >= 0; i--)
     if (now > w->early[i].expires_ms) drop_early(w, i);
   for (int l = 0; l < 2; l++) {
-    srv_seq **arr = l ? w->eng.wait : w->eng.run;
+    wrk_seq **arr = l ? w->eng.wait : w->eng.run;
     int *n = l ? &w->eng.n_wait : &w->eng.n_run;
     for (int i = *n - 1; i >= 0; i--) {
       if (i >= *n) continue;
@@ -708,17 +708,17 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
     pfl_req *r = OWNER(w->eng.run[i]);
     r->live = r->have_table && !r->failed;
   }
-  if (srv_engine_plan(&w->eng) == 0) return 0;
+  if (wrk_engine_plan(&w->eng) == 0) return 0;
   for (int i = 0; i < w->eng.n_batch; i++) { // the blocks each row completes, pushed layer by layer
     pfl_req *r = OWNER(w->eng.batch_of[i]);
     r->step_b0 = r->pushed_blocks;
     r->step_b1 = full_blocks(w, r, r->seq.n_done + w->eng.batch_chunk[i]);
   }
-  if (srv_engine_forward(&w->eng, on_layer, w, err, errlen)) return -1;
+  if (wrk_engine_forward(&w->eng, on_layer, w, err, errlen)) return -1;
   flush_layers(w);
   int n_vocab = mdl_tok_n_vocab(w->rt->tok);
   for (int i = 0; i < w->eng.n_batch; i++) {
-    srv_seq *sq = w->eng.batch_of[i];
+    wrk_seq *sq = w->eng.batch_of[i];
     if (!sq) continue;
     pfl_req *r = OWNER(sq);
     if (r->live) r->pushed_blocks = r->step_b1;
@@ -735,17 +735,17 @@ static void hello_extra(void *arg, cJSON *ok) {
   pfl_worker *w = arg;
   cJSON_AddNumberToObject(ok, "n_ctx", w->rt->n_ctx);
   cJSON_AddNumberToObject(ok, "n_vocab", mdl_tok_n_vocab(w->rt->tok));
-  cJSON_AddNumberToObject(ok, "total_blocks", srv_kvpool_total_blocks(w->rt->kv));
-  srv_kvwire_add_layout(ok, w->rt->kv); // the router reads kv_layout.block_size for its prefix keys
+  cJSON_AddNumberToObject(ok, "total_blocks", wrk_kvpool_total_blocks(w->rt->kv));
+  wrk_kvwire_add_layout(ok, w->rt->kv); // the router reads kv_layout.block_size for its prefix keys
 }
 
 int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, size_t errlen) {
   pfl_worker w;
   memset(&w, 0, sizeof w);
   w.cfg = cfg;
-  srv_signals_block(&w.sig);
+  wrk_signals_block(&w.sig);
   // A host pool is shareable: a peer prefill worker on this host writes fetched prefixes into it over shm.
-  if (srv_runtime_open(cfg, wc, strncmp(wc->device, "cuda", 4) != 0, &w.rt, err, errlen)) return -1;
+  if (wrk_runtime_open(cfg, wc, strncmp(wc->device, "cuda", 4) != 0, &w.rt, err, errlen)) return -1;
   kvx_opts o = {.backend = wc->kvx_backend[0] ? wc->kvx_backend : "auto",
                 .listen_host = wc->kvx_host[0] ? wc->kvx_host : wc->host,
                 .listen_port = wc->kvx_port,
@@ -754,20 +754,20 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   w.kvx = kvx_agent_new(wc->name, &o, err, errlen);
   srv_hub_opts ho = {.name = wc->name, .role = "prefill", .secret = cfg->secret, .host = wc->host, .port = wc->port,
                      .hello_extra = hello_extra, .hello_arg = &w};
-  if (!w.kvx || srv_kvstage_open(w.kvx, w.rt->kv, &w.rt->kc, wc, &w.stage, &w.kv_region, err, errlen) ||
+  if (!w.kvx || wrk_kvstage_open(w.kvx, w.rt->kv, &w.rt->kc, wc, &w.stage, &w.kv_region, err, errlen) ||
       krn_event_new(&w.rt->kc, &w.layer_ev[0], err, errlen) || krn_event_new(&w.rt->kc, &w.layer_ev[1], err, errlen) ||
-      srv_hub_new(&ho, &w.hub, err, errlen) || srv_signals_start(&w.sig, w.hub)) {
+      srv_hub_new(&ho, &w.hub, err, errlen) || wrk_signals_start(&w.sig, w.hub)) {
     srv_hub_free(w.hub);
     kvx_agent_free(w.kvx);
-    srv_kvstage_free(w.stage);
+    wrk_kvstage_free(w.stage);
     for (int i = 0; i < 2; i++) krn_event_free(&w.rt->kc, w.layer_ev[i]);
-    srv_runtime_close(w.rt);
+    wrk_runtime_close(w.rt);
     return -1;
   }
-  srv_engine_init(&w.eng, w.rt, err, errlen);
+  wrk_engine_init(&w.eng, w.rt, err, errlen);
   pfl_serve_init(&w.serve, w.kvx, w.rt->kv, w.eng.prefix, wc->name);
   fprintf(stderr, "dserve %s: prefill worker listening on %s:%d (%d KV blocks, %s kernels, %d threads, kvxfer %s)\n",
-          wc->name, wc->host, srv_hub_port(w.hub), srv_kvpool_total_blocks(w.rt->kv), w.rt->kc.be->name,
+          wc->name, wc->host, srv_hub_port(w.hub), wrk_kvpool_total_blocks(w.rt->kv), w.rt->kc.be->name,
           krn_pool_threads(w.rt->pool), kvx_agent_backend(w.kvx));
   for (;;) {
     int waiting_only = w.eng.n_wait == 0;
@@ -775,19 +775,19 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
       if (OWNER(w.eng.run[i])->seq.n_done < OWNER(w.eng.run[i])->seq.n_toks) waiting_only = 0;
     // Idle, or only waiting for tables, writes and prefix fetches (kvxfer progress is polled): block briefly;
     // otherwise take what has arrived.
-    int idle = !srv_engine_busy(&w.eng) && !w.pulls && !w.serve.n_sending;
+    int idle = !wrk_engine_busy(&w.eng) && !w.pulls && !w.serve.n_sending;
     drain_events(&w, idle ? 1000 : (waiting_only ? 2 : 0));
     take_notifs(&w);
     pfl_serve_poll(&w.serve);
-    if (atomic_load(&w.sig.stop) && !srv_engine_busy(&w.eng) && !n_fetching(&w)) break;
+    if (atomic_load(&w.sig.stop) && !wrk_engine_busy(&w.eng) && !n_fetching(&w)) break;
     expire(&w);
     reap(&w);
-    srv_engine_admit(&w.eng, reject, &w);
+    wrk_engine_admit(&w.eng, reject, &w);
     if (step(&w, err, errlen)) {
       fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
       while (w.eng.n_run) fail(&w, OWNER(w.eng.run[0]), "forward step failed%s", "");
     }
-    srv_kvevents_flush(&w.kvev, w.eng.prefix);
+    wrk_kvevents_flush(&w.kvev, w.eng.prefix);
   }
   while (w.eng.n_run) req_free(&w, OWNER(w.eng.run[0]));
   while (w.eng.n_wait) req_free(&w, OWNER(w.eng.wait[0]));
@@ -798,15 +798,15 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   while (w.n_early) drop_early(&w, 0);
   free(w.early);
   pfl_serve_fini(&w.serve);
-  srv_engine_fini(&w.eng);
-  srv_kvevents_fini(&w.kvev);
+  wrk_engine_fini(&w.eng);
+  wrk_kvevents_fini(&w.kvev);
   srv_hub_free(w.hub);
   for (int i = 0; i < w.n_links; i++) free(w.links[i]); // their peers die with the hub
   free(w.links);
   kvx_agent_free(w.kvx);
-  srv_kvstage_free(w.stage);
+  wrk_kvstage_free(w.stage);
   for (int i = 0; i < 2; i++) krn_event_free(&w.rt->kc, w.layer_ev[i]);
-  srv_runtime_close(w.rt);
+  wrk_runtime_close(w.rt);
   fprintf(stderr, "dserve %s: stopped\n", wc->name);
   return 0;
 }

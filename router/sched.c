@@ -37,7 +37,7 @@ static long queue_of(const rtr_sched_worker *w) {
 
 // The best worker of role among w by score; -1 when none is up. keys: scratch (max_keys).
 static int best_by_kv(const rtr_sched_worker *w, int n, srv_role role, const int32_t *prompt, int n_prompt,
-                      const srv_kvindex *x, const srv_kvindex_weights *wt, uint64_t *keys, int max_keys,
+                      const rtr_kvindex *x, const rtr_kvindex_weights *wt, uint64_t *keys, int max_keys,
                       int *overlap_out) {
   int best = -1, keys_bs = 0, n_keys = 0, best_ov = 0;
   double best_score = 0;
@@ -50,9 +50,9 @@ static int best_by_kv(const rtr_sched_worker *w, int n, srv_role role, const int
       keys_bs = bs;
     }
     long q = queue_of(&w[i]);
-    int ov = srv_kvindex_overlap(x, i, keys, n_keys);
+    int ov = rtr_kvindex_overlap(x, i, keys, n_keys);
     int n_blocks = n_prompt / bs;
-    double sc = srv_kvindex_score(wt, ov, n_blocks, (int)(q > 1000000 ? 1000000 : q), w[i].free_blocks,
+    double sc = rtr_kvindex_score(wt, ov, n_blocks, (int)(q > 1000000 ? 1000000 : q), w[i].free_blocks,
                                   w[i].total_blocks);
     if (best < 0 || sc > best_score || (sc == best_score && q < best_q)) {
       best = i;
@@ -66,11 +66,11 @@ static int best_by_kv(const rtr_sched_worker *w, int n, srv_role role, const int
 }
 
 int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, int n_prompt, int disagg_threshold,
-                      const srv_kvindex *x, const srv_kvindex_weights *wt, rtr_sched_target *out, int *overlap_out) {
+                      const rtr_kvindex *x, const rtr_kvindex_weights *wt, rtr_sched_target *out, int *overlap_out) {
   if (overlap_out) *overlap_out = 0;
   rtr_sched_target load;
   if (rtr_sched_pick(w, n, n_prompt, disagg_threshold, &load) < 0) return -1;
-  srv_kvindex_weights dflt = srv_kvindex_weights_default();
+  rtr_kvindex_weights dflt = rtr_kvindex_weights_default();
   if (!wt) wt = &dflt;
   int min_bs = 0;
   for (int i = 0; i < n; i++) {
@@ -98,7 +98,7 @@ int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, i
 }
 
 int rtr_sched_prefix_peer(const rtr_sched_worker *w, int n, const int32_t *prompt, int n_prompt,
-                          const srv_kvindex *x, int chosen, int min_blocks, int *blocks_out) {
+                          const rtr_kvindex *x, int chosen, int min_blocks, int *blocks_out) {
   *blocks_out = 0;
   if (!x || chosen < 0 || chosen >= n || w[chosen].role != SRV_ROLE_PREFILL || n_prompt < 2) return -1;
   int bs = w[chosen].block_size > 0 ? w[chosen].block_size : 16;
@@ -107,11 +107,11 @@ int rtr_sched_prefix_peer(const rtr_sched_worker *w, int n, const int32_t *promp
   uint64_t *keys = malloc((size_t)max_keys * sizeof *keys);
   if (!keys) return -1;
   int n_keys = srv_blockhash_chain(NULL, prompt, n_prompt, bs, keys, max_keys);
-  int own = srv_kvindex_overlap(x, chosen, keys, n_keys), best = -1, best_ov = 0;
+  int own = rtr_kvindex_overlap(x, chosen, keys, n_keys), best = -1, best_ov = 0;
   for (int i = 0; i < n; i++) {
     if (i == chosen || !w[i].up || w[i].role != SRV_ROLE_PREFILL || (w[i].block_size > 0 ? w[i].block_size : 16) != bs)
       continue;
-    int ov = srv_kvindex_overlap(x, i, keys, n_keys);
+    int ov = rtr_kvindex_overlap(x, i, keys, n_keys);
     if (ov > best_ov) best = i, best_ov = ov;
   }
   free(keys);

@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 #include "server/config.h"
-#include "server/kvindex.h"
+#include "router/kvindex.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,13 +36,13 @@ int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, int disagg_th
 // KV-aware: the same shape of choice as rtr_sched_pick (both worker if any is up; else decode worker, with a
 // prefill worker when n_prompt >= disagg_threshold and one is up), but the worker that prefills (the both
 // worker; the prefill worker of a pair; the decode worker in mode local) is the eligible one with the best
-// srv_kvindex_score: x holds worker i's keys under id i, the prompt's keys come from srv_blockhash_chain with
+// rtr_kvindex_score: x holds worker i's keys under id i, the prompt's keys come from srv_blockhash_chain with
 // that worker's block size, queue = inflight + running + waiting (prefill: inflight + waiting). Ties: shorter
 // queue, then lower index. The decode side of a pair stays by load. x NULL, or no memory for the keys: load
-// only (rtr_sched_pick). wt NULL: srv_kvindex_weights_default. *overlap_out (may be NULL): the chosen
+// only (rtr_sched_pick). wt NULL: rtr_kvindex_weights_default. *overlap_out (may be NULL): the chosen
 // worker's cached overlap in blocks. 0 with *out, -1 when no worker that can generate is up.
 int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt /* (n_prompt) */, int n_prompt,
-                      int disagg_threshold, const srv_kvindex *x, const srv_kvindex_weights *wt,
+                      int disagg_threshold, const rtr_kvindex *x, const rtr_kvindex_weights *wt,
                       rtr_sched_target *out, int *overlap_out);
 
 // Prefix fetch (router.prefix_fetch): when prefill worker `chosen` (role prefill) is to compute the prompt, the
@@ -51,7 +51,7 @@ int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt /*
 // (at most (n_prompt - 1) / block_size: the last token is always computed), or -1 (*blocks_out 0) when no
 // peer is worth asking, x is NULL, or memory for the prompt's keys is short.
 int rtr_sched_prefix_peer(const rtr_sched_worker *w, int n, const int32_t *prompt /* (n_prompt) */, int n_prompt,
-                          const srv_kvindex *x, int chosen, int min_blocks, int *blocks_out);
+                          const rtr_kvindex *x, int chosen, int min_blocks, int *blocks_out);
 
 #ifdef __cplusplus
 }

@@ -20,9 +20,9 @@
 #include "router/openai.h"
 #include "router/sched.h"
 #include "server/hub.h"
-#include "server/kvindex.h"
+#include "router/kvindex.h"
 #include "server/log.h"
-#include "server/metrics.h"
+#include "router/metrics.h"
 
 #define LOGC "router"
 #define STATS_EVERY_MS 1000
@@ -43,7 +43,7 @@ typedef struct rtr_link {
   // Per prefix-cache tier (pool, host, disk: stats_ok prefix_tiers): last cumulative hits / queries seen, and the
   // series {worker, tier} of hits, queries and resident blocks, created when the worker first reports the tier.
   double tier_last[3][2];
-  srv_metric *m_tier[3][3];    // (owned by s->m)
+  rtr_metric *m_tier[3][3];    // (owned by s->m)
   int64_t last_stats_ms, last_stats_sent_ms; // last_stats_ms: when the worker last answered (stats_ok or pong)
   pthread_t thread;
   int has_thread;
@@ -125,9 +125,9 @@ struct rtr_server {
   int n_waiting, running_slots, capacity;
   unsigned long long next_id;
   long started;
-  srv_kvindex *kv;             // (owned) which worker (by link index) holds which prefix blocks; guarded by mu
-  srv_metrics *m;              // (owned)
-  srv_metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue, *m_kv_usage,
+  rtr_kvindex *kv;             // (owned) which worker (by link index) holds which prefix blocks; guarded by mu
+  rtr_metrics *m;              // (owned)
+  rtr_metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue, *m_kv_usage,
       *m_prefix_hits, *m_prefix_queries, *m_kv_bytes, *m_kv_time, *m_ok_stop, *m_ok_length, *m_fail;
 };
 
@@ -220,7 +220,7 @@ static void release_slots_locked(rtr_server *s, rtr_req *r) {
   if (r->admitted && r->slots) {
     s->running_slots -= r->slots;
     r->slots = 0;
-    srv_metric_set(s->m_running, s->running_slots);
+    rtr_metric_set(s->m_running, s->running_slots);
     pthread_cond_broadcast(&s->admit_cv);
   }
 }
@@ -274,11 +274,11 @@ static void finish_locked(rtr_server *s, rtr_req *r) {
   }
   if (!r->failed) {
     int64_t t = now_us();
-    srv_metric_observe(s->m_e2e, (double)(t - r->t_arrival_us) / 1e6);
+    rtr_metric_observe(s->m_e2e, (double)(t - r->t_arrival_us) / 1e6);
     for (int i = 0; i < r->q.n; i++)
-      srv_metric_add(!strcmp(r->ch[i].finish, "length") ? s->m_ok_length : s->m_ok_stop, 1);
+      rtr_metric_add(!strcmp(r->ch[i].finish, "length") ? s->m_ok_length : s->m_ok_stop, 1);
   } else {
-    srv_metric_add(s->m_fail, 1);
+    rtr_metric_add(s->m_fail, 1);
   }
   release_slots_locked(s, r);
   pthread_cond_broadcast(&r->cv);
@@ -467,14 +467,14 @@ static void on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   }
   if (!r->t_first_us) {
     r->t_first_us = now;
-    srv_metric_observe(s->m_ttft, (double)(now - r->t_arrival_us) / 1e6);
+    rtr_metric_observe(s->m_ttft, (double)(now - r->t_arrival_us) / 1e6);
   } else if (c->last_tok_us && ntok > 0) {
     double per = (double)(now - c->last_tok_us) / 1e6 / ntok;
-    for (int k = 0; k < ntok; k++) srv_metric_observe(s->m_itl, per);
+    for (int k = 0; k < ntok; k++) rtr_metric_observe(s->m_itl, per);
   }
   c->last_tok_us = now;
   c->completion_tokens += ntok;
-  srv_metric_add(s->m_gen, ntok);
+  rtr_metric_add(s->m_gen, ntok);
   if (r->q.stream) {
     cJSON *o = chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = stream_choice(r, ci, t, NULL);
@@ -506,8 +506,8 @@ static void on_done(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   c->cached_tokens = (int)num(m, "cached_tokens", 0);
   c->prompt_tokens = (int)num(m, "prompt_tokens", r->n_prompt);
   double kvb = num(m, "kv_bytes", 0), kvms = num(m, "kv_ms", -1);
-  if (kvb > 0) srv_metric_add(s->m_kv_bytes, kvb);
-  if (kvms >= 0 && c->plink >= 0) srv_metric_observe(s->m_kv_time, kvms / 1000.0);
+  if (kvb > 0) rtr_metric_add(s->m_kv_bytes, kvb);
+  if (kvms >= 0 && c->plink >= 0) rtr_metric_observe(s->m_kv_time, kvms / 1000.0);
   choice_end_locked(s, r, ci);
   if (r->q.stream) {
     cJSON *o = chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
@@ -544,12 +544,12 @@ static void update_kv_gauge_locked(rtr_server *s) {
       used += s->links[i].total_blocks - s->links[i].free_blocks;
       total += s->links[i].total_blocks;
     }
-  srv_metric_set(s->m_kv_usage, total > 0 ? used / total : 0);
+  rtr_metric_set(s->m_kv_usage, total > 0 ? used / total : 0);
 }
 
 // Adds to counter c what a worker's running total v grew by since *last (a restarted worker counts anew).
-static void counter_from_total(srv_metric *c, double v, double *last) {
-  srv_metric_add(c, v >= *last ? v - *last : v);
+static void counter_from_total(rtr_metric *c, double v, double *last) {
+  rtr_metric_add(c, v >= *last ? v - *last : v);
   *last = v;
 }
 
@@ -562,16 +562,16 @@ static void on_prefix_tiers(rtr_server *s, rtr_link *l, const cJSON *tiers) {
     if (!l->m_tier[t][0]) {
       char lab[128];
       snprintf(lab, sizeof lab, "worker=\"%s\",tier=\"%s\"", l->cfg->name, names[t]);
-      l->m_tier[t][0] = srv_metrics_counter(s->m, "dserve:prefix_cache_tier_hits_total",
+      l->m_tier[t][0] = rtr_metrics_counter(s->m, "dserve:prefix_cache_tier_hits_total",
                                             "Prefix-cache hit tokens served from each tier of each worker.", lab);
-      l->m_tier[t][1] = srv_metrics_counter(s->m, "dserve:prefix_cache_tier_queries_total",
+      l->m_tier[t][1] = rtr_metrics_counter(s->m, "dserve:prefix_cache_tier_queries_total",
                                             "Prefix-cache tokens looked up in each tier of each worker.", lab);
-      l->m_tier[t][2] = srv_metrics_gauge(s->m, "dserve:prefix_cache_blocks",
+      l->m_tier[t][2] = rtr_metrics_gauge(s->m, "dserve:prefix_cache_blocks",
                                           "Prefix-cache blocks resident in each tier of each worker.", lab);
     }
     counter_from_total(l->m_tier[t][0], num(o, "hits", 0), &l->tier_last[t][0]);
     counter_from_total(l->m_tier[t][1], num(o, "queries", 0), &l->tier_last[t][1]);
-    srv_metric_set(l->m_tier[t][2], num(o, "blocks", 0));
+    rtr_metric_set(l->m_tier[t][2], num(o, "blocks", 0));
   }
 }
 
@@ -610,11 +610,11 @@ static void on_kv_events(rtr_server *s, rtr_link *l, const cJSON *m) {
     }
     buf[n++] = (srv_kv_event){.key = k, .kind = kind->valueint};
     if (n == (int)(sizeof buf / sizeof buf[0])) {
-      srv_kvindex_apply(s->kv, li, buf, n);
+      rtr_kvindex_apply(s->kv, li, buf, n);
       n = 0;
     }
   }
-  if (n) srv_kvindex_apply(s->kv, li, buf, n);
+  if (n) rtr_kvindex_apply(s->kv, li, buf, n);
 }
 
 static int retry_locked(rtr_server *s, rtr_req *r, int ci, int dead);
@@ -626,7 +626,7 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
   l->peer = NULL;
   l->up = 0;
   int li = (int)(l - s->links);
-  if (s->kv) srv_kvindex_remove_worker(s->kv, li);
+  if (s->kv) rtr_kvindex_remove_worker(s->kv, li);
   rtr_error e;
   rtr_fail(&e, 503, "server_error", NULL, "worker_failure", "worker %s disconnected", l->cfg->name);
   for (rtr_req *r = s->reqs, *n; r; r = n) {
@@ -720,7 +720,7 @@ static void *link_main(void *arg) {
         l->n_ctx = (int)num(ok, "n_ctx", 0);
         l->block_size = (int)num(cJSON_GetObjectItemCaseSensitive(ok, "kv_layout"), "block_size", 16);
         if (l->block_size < 1) l->block_size = 16;
-        if (s->kv) srv_kvindex_remove_worker(s->kv, (int)(l - s->links)); // a new process: it tells us anew
+        if (s->kv) rtr_kvindex_remove_worker(s->kv, (int)(l - s->links)); // a new process: it tells us anew
         l->peer = p;
         l->up = 1;
         l->inflight = 0;
@@ -868,12 +868,12 @@ static enum MHD_Result do_models(rtr_server *s, struct MHD_Connection *c) {
 
 static enum MHD_Result do_metrics(rtr_server *s, struct MHD_Connection *c) {
   pthread_mutex_lock(&s->mu);
-  srv_metric_set(s->m_running, s->running_slots);
-  srv_metric_set(s->m_waiting, s->n_waiting);
+  rtr_metric_set(s->m_running, s->running_slots);
+  rtr_metric_set(s->m_waiting, s->n_waiting);
   pthread_mutex_unlock(&s->mu);
   char *t = NULL, err[128];
   size_t n = 0;
-  if (srv_metrics_render(s->m, &t, &n, err, sizeof err) < 0)
+  if (rtr_metrics_render(s->m, &t, &n, err, sizeof err) < 0)
     return reply_err(c, 500, "server_error", NULL, NULL, NULL, "%s", err);
   enum MHD_Result rc = reply(c, 200, "text/plain; version=0.0.4", t, n, NULL, NULL);
   free(t);
@@ -1041,7 +1041,7 @@ static int route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_work
                               l->inflight, l->block_size};
   }
   rtr_sched_target pick;
-  srv_kvindex_weights wt = {s->rc->w_overlap, s->rc->w_queue, s->rc->w_free};
+  rtr_kvindex_weights wt = {s->rc->w_overlap, s->rc->w_queue, s->rc->w_free};
   if (rtr_sched_pick_kv(w, s->n_links, r->prompt, r->n_prompt, s->rc->disagg_threshold, s->kv, &wt, &pick, NULL) < 0)
     return rtr_fail(e, 503, "server_error", NULL, "no_worker", "no worker that can generate is available");
   rtr_choice *c = &r->ch[ci];
@@ -1124,7 +1124,7 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     else s->wait_head = r;
     s->wait_tail = r;
     s->n_waiting++;
-    srv_metric_set(s->m_waiting, s->n_waiting);
+    rtr_metric_set(s->m_waiting, s->n_waiting);
     int gone = 0;
     int64_t limit = r->t_arrival_us + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000) * 1000;
     while (!s->stopping && !s->draining) {
@@ -1146,7 +1146,7 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     r->wnext = NULL;
     r->waiting = 0;
     s->n_waiting--;
-    srv_metric_set(s->m_waiting, s->n_waiting);
+    rtr_metric_set(s->m_waiting, s->n_waiting);
     pthread_cond_broadcast(&s->admit_cv);
     if (gone || s->stopping || s->draining) {
       pthread_mutex_unlock(&s->mu);
@@ -1157,10 +1157,10 @@ static int admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
   r->admitted = 1;
   r->slots = need;
   s->running_slots += need;
-  srv_metric_set(s->m_running, s->running_slots);
+  rtr_metric_set(s->m_running, s->running_slots);
   r->t_admit_us = now_us();
-  srv_metric_observe(s->m_queue, (double)(r->t_admit_us - r->t_arrival_us) / 1e6);
-  srv_metric_add(s->m_prompt, r->n_prompt);
+  rtr_metric_observe(s->m_queue, (double)(r->t_admit_us - r->t_arrival_us) / 1e6);
+  rtr_metric_add(s->m_prompt, r->n_prompt);
   // pick a worker for every choice
   rtr_sched_worker *w = calloc((size_t)s->n_links + 1, sizeof *w);
   srv_peer **send_to = calloc((size_t)need * 2, sizeof *send_to);
@@ -1511,25 +1511,25 @@ static void make_metrics(rtr_server *s) {
                                20, 40, 80};
   static const double itl[] = {0.001, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                                0.75, 1, 2.5, 5};
-  srv_metrics *m = s->m;
-  s->m_running = srv_metrics_gauge(m, "dserve:num_requests_running", "Sequences running on the workers.", NULL);
-  s->m_waiting = srv_metrics_gauge(m, "dserve:num_requests_waiting", "Requests waiting for admission.", NULL);
-  s->m_kv_usage = srv_metrics_gauge(m, "dserve:kv_cache_usage_perc", "KV-cache usage (1 = full).", NULL);
-  s->m_prompt = srv_metrics_counter(m, "dserve:prompt_tokens_total", "Prompt tokens admitted.", NULL);
-  s->m_gen = srv_metrics_counter(m, "dserve:generation_tokens_total", "Tokens generated.", NULL);
-  s->m_prefix_hits = srv_metrics_counter(m, "dserve:prefix_cache_hits_total", "Prefix-cache hit tokens.", NULL);
+  rtr_metrics *m = s->m;
+  s->m_running = rtr_metrics_gauge(m, "dserve:num_requests_running", "Sequences running on the workers.", NULL);
+  s->m_waiting = rtr_metrics_gauge(m, "dserve:num_requests_waiting", "Requests waiting for admission.", NULL);
+  s->m_kv_usage = rtr_metrics_gauge(m, "dserve:kv_cache_usage_perc", "KV-cache usage (1 = full).", NULL);
+  s->m_prompt = rtr_metrics_counter(m, "dserve:prompt_tokens_total", "Prompt tokens admitted.", NULL);
+  s->m_gen = rtr_metrics_counter(m, "dserve:generation_tokens_total", "Tokens generated.", NULL);
+  s->m_prefix_hits = rtr_metrics_counter(m, "dserve:prefix_cache_hits_total", "Prefix-cache hit tokens.", NULL);
   s->m_prefix_queries =
-      srv_metrics_counter(m, "dserve:prefix_cache_queries_total", "Prefix-cache queried tokens.", NULL);
-  s->m_kv_bytes = srv_metrics_counter(m, "dserve:kv_transfer_bytes_total", "KV bytes moved prefill -> decode.", NULL);
-  s->m_ok_stop = srv_metrics_counter(m, "dserve:request_success_total", "Finished choices.", "finished_reason=\"stop\"");
-  s->m_ok_length = srv_metrics_counter(m, "dserve:request_success_total", "", "finished_reason=\"length\"");
-  s->m_fail = srv_metrics_counter(m, "dserve:request_failure_total", "Requests that failed or were cancelled.", NULL);
+      rtr_metrics_counter(m, "dserve:prefix_cache_queries_total", "Prefix-cache queried tokens.", NULL);
+  s->m_kv_bytes = rtr_metrics_counter(m, "dserve:kv_transfer_bytes_total", "KV bytes moved prefill -> decode.", NULL);
+  s->m_ok_stop = rtr_metrics_counter(m, "dserve:request_success_total", "Finished choices.", "finished_reason=\"stop\"");
+  s->m_ok_length = rtr_metrics_counter(m, "dserve:request_success_total", "", "finished_reason=\"length\"");
+  s->m_fail = rtr_metrics_counter(m, "dserve:request_failure_total", "Requests that failed or were cancelled.", NULL);
   int nl = (int)(sizeof lat / sizeof lat[0]), ni = (int)(sizeof itl / sizeof itl[0]);
-  s->m_ttft = srv_metrics_histogram(m, "dserve:time_to_first_token_seconds", "Time to first token.", NULL, lat, nl);
-  s->m_itl = srv_metrics_histogram(m, "dserve:inter_token_latency_seconds", "Inter-token latency.", NULL, itl, ni);
-  s->m_e2e = srv_metrics_histogram(m, "dserve:e2e_request_latency_seconds", "End-to-end latency.", NULL, lat, nl);
-  s->m_queue = srv_metrics_histogram(m, "dserve:request_queue_time_seconds", "Time waiting for admission.", NULL, lat, nl);
-  s->m_kv_time = srv_metrics_histogram(m, "dserve:kv_transfer_time_seconds", "KV transfer time per request.", NULL, lat, nl);
+  s->m_ttft = rtr_metrics_histogram(m, "dserve:time_to_first_token_seconds", "Time to first token.", NULL, lat, nl);
+  s->m_itl = rtr_metrics_histogram(m, "dserve:inter_token_latency_seconds", "Inter-token latency.", NULL, itl, ni);
+  s->m_e2e = rtr_metrics_histogram(m, "dserve:e2e_request_latency_seconds", "End-to-end latency.", NULL, lat, nl);
+  s->m_queue = rtr_metrics_histogram(m, "dserve:request_queue_time_seconds", "Time waiting for admission.", NULL, lat, nl);
+  s->m_kv_time = rtr_metrics_histogram(m, "dserve:kv_transfer_time_seconds", "KV transfer time per request.", NULL, lat, nl);
 }
 
 int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t errlen) {
@@ -1550,7 +1550,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->link_cv, NULL);
   pthread_cond_init(&s->admit_cv, NULL);
-  s->m = srv_metrics_new();
+  s->m = rtr_metrics_new();
   if (!s->m) {
     snprintf(err, errlen, "out of memory");
     rtr_server_free(s);
@@ -1575,7 +1575,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   }
   s->n_links = o->cfg->n_workers;
   // The index is a hint: without memory for it the router routes by load.
-  if (s->n_links > 0 && srv_kvindex_new(s->n_links, 1 << 16, &s->kv, err, errlen) < 0) s->kv = NULL;
+  if (s->n_links > 0 && rtr_kvindex_new(s->n_links, 1 << 16, &s->kv, err, errlen) < 0) s->kv = NULL;
   for (int i = 0; i < s->n_links; i++) {
     s->links[i].s = s;
     s->links[i].cfg = &o->cfg->workers[i];
@@ -1660,8 +1660,8 @@ void rtr_server_free(rtr_server *s) {
     if (s->links[i].peer) srv_peer_unref(s->links[i].peer);
   srv_hub_free(s->hub);
   free(s->links);
-  srv_kvindex_free(s->kv);
-  srv_metrics_free(s->m);
+  rtr_kvindex_free(s->kv);
+  rtr_metrics_free(s->m);
   pthread_cond_destroy(&s->link_cv);
   pthread_cond_destroy(&s->admit_cv);
   pthread_mutex_destroy(&s->mu);

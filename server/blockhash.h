@@ -26,7 +26,7 @@ int srv_blockhash_chain(srv_blockhash_fn fn, const int32_t *toks /* (n_toks) */,
                         uint64_t *keys /* (max_keys) */, int max_keys);
 
 // A change to one worker's set of cached blocks, in the order it happened; the worker ships them to the
-// router (control message `kv_events`), which applies them to its index (server/kvindex.h).
+// router (control message `kv_events`), which applies them to its index (router/kvindex.h).
 enum {
   SRV_KV_ADDED = 1,   // key: the worker now holds this block
   SRV_KV_REMOVED = 2, // key: the worker no longer holds it

@@ -33,7 +33,7 @@ typedef struct srv_worker_cfg {
   char kvx_backend[16];   // "auto", "tcp", "shm", "rdma", "nccl"
   char kvx_host[64];      // kvxfer listen address
   int kvx_port;           // 0 = ephemeral (advertised through the control hello)
-  char kvx_staging[8];    // "auto", "on", "off": KV moves through a host mirror of a device pool (server/kvstage.h)
+  char kvx_staging[8];    // "auto", "on", "off": KV moves through a host mirror of a device pool (worker/kvstage.h)
 } srv_worker_cfg;
 
 typedef struct srv_router_cfg {

@@ -49,7 +49,7 @@ void disagg_equals_colocated(const std::string &backend, std::vector<WorkerSpec>
 TEST(Disagg, GreedyOverTcpEqualsColocated) { disagg_equals_colocated("tcp"); }
 TEST(Disagg, GreedyOverShmEqualsColocated) { disagg_equals_colocated("shm"); }
 
-// Host staging (server/kvstage.h), forced on for CPU pools: the prefill worker copies each layer's blocks into
+// Host staging (worker/kvstage.h), forced on for CPU pools: the prefill worker copies each layer's blocks into
 // its mirror and pushes them from there; the decode worker exports only its mirror and copies a prompt's blocks
 // into its pool when the notification comes. Neither pool is registered, so equal output means the KV went
 // through both mirrors (they start zeroed). This is the path a GPU worker takes with a CPU peer.

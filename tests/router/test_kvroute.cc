@@ -6,7 +6,7 @@
 extern "C" {
 #include "router/sched.h"
 #include "server/blockhash.h"
-#include "server/kvindex.h"
+#include "router/kvindex.h"
 }
 
 namespace {
@@ -30,23 +30,23 @@ std::vector<int32_t> Prompt(int n, int seed) {
 }
 
 // Tells the index that worker holds the first n_blocks blocks of p (block size 16).
-void Hold(srv_kvindex *x, int worker, const std::vector<int32_t> &p, int n_blocks) {
+void Hold(rtr_kvindex *x, int worker, const std::vector<int32_t> &p, int n_blocks) {
   std::vector<uint64_t> keys(p.size() / 16);
   int n = srv_blockhash_chain(nullptr, p.data(), (int)p.size(), 16, keys.data(), (int)keys.size());
   ASSERT_GE(n, n_blocks);
   std::vector<srv_kv_event> ev;
   for (int i = 0; i < n_blocks; i++) ev.push_back({keys[i], SRV_KV_ADDED});
-  ASSERT_EQ(srv_kvindex_apply(x, worker, ev.data(), (int)ev.size()), 0);
+  ASSERT_EQ(rtr_kvindex_apply(x, worker, ev.data(), (int)ev.size()), 0);
 }
 
 struct KvRoute : ::testing::Test {
-  srv_kvindex *x = nullptr;
-  srv_kvindex_weights wt{1.0, 0.5, 0.2}; // the config defaults
+  rtr_kvindex *x = nullptr;
+  rtr_kvindex_weights wt{1.0, 0.5, 0.2}; // the config defaults
   void SetUp() override {
     char err[128];
-    ASSERT_EQ(srv_kvindex_new(8, 1024, &x, err, sizeof err), 0) << err;
+    ASSERT_EQ(rtr_kvindex_new(8, 1024, &x, err, sizeof err), 0) << err;
   }
-  void TearDown() override { srv_kvindex_free(x); }
+  void TearDown() override { rtr_kvindex_free(x); }
 };
 
 TEST_F(KvRoute, PrefersTheBothWorkerHoldingThePrefix) {
@@ -66,7 +66,7 @@ TEST_F(KvRoute, PrefersTheBothWorkerHoldingThePrefix) {
   EXPECT_EQ(t.decode, 0);
   EXPECT_EQ(ov, 0);
   // only the first 2 of 20 blocks cached: too little to beat an idle worker
-  srv_kvindex_remove_worker(x, 2);
+  rtr_kvindex_remove_worker(x, 2);
   Hold(x, 2, p, 2);
   ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), 100, x, &wt, &t, &ov), 0);
   EXPECT_EQ(t.decode, 0);
@@ -94,7 +94,7 @@ TEST_F(KvRoute, FallsBackToLoad) {
   EXPECT_EQ(t.decode, 0);
   // a CLEARED event forgets it
   srv_kv_event clr{0, SRV_KV_CLEARED};
-  ASSERT_EQ(srv_kvindex_apply(x, 0, &clr, 1), 0);
+  ASSERT_EQ(rtr_kvindex_apply(x, 0, &clr, 1), 0);
   ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), 100, x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 1);
 }

@@ -1,6 +1,6 @@
-// server/genreq.h: the `generate` control message as every worker role reads it, and the replies they share.
-#ifndef DSERVE_SRV_GENREQ_H
-#define DSERVE_SRV_GENREQ_H
+// worker/genreq.h: the `generate` control message as every worker role reads it, and the replies they share.
+#ifndef DSERVE_WRK_GENREQ_H
+#define DSERVE_WRK_GENREQ_H
 
 #include <signal.h>
 #include <stdatomic.h>
@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-typedef struct srv_genreq {
+typedef struct wrk_genreq {
   char id[96];
   int32_t *prompt;       // (owned) (n_prompt)
   int n_prompt;
@@ -33,27 +33,27 @@ typedef struct srv_genreq {
   char mode[16];         // "local", "prefill", "decode"
   char prefill[64];      // mode decode: the prefill worker that computes the KV
   char decode[64];       // mode prefill: the decode worker that receives it
-} srv_genreq;
+} wrk_genreq;
 
 // Parses and validates m against the model's vocabulary and context. On failure fills code
 // ("invalid_request" / "context_length_exceeded") and err, and req holds nothing to free.
-int srv_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, srv_genreq *req, char *code, size_t code_len,
+int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_genreq *req, char *code, size_t code_len,
                      char *err, size_t errlen);
-void srv_genreq_free(srv_genreq *req);
+void wrk_genreq_free(wrk_genreq *req);
 
 // {"op":"error","id","message","code"} to a peer.
-void srv_send_error(srv_peer *to, const char *id, const char *code, const char *fmt, ...)
+void wrk_send_error(srv_peer *to, const char *id, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 // SIGTERM / SIGINT handling without handlers or globals: the signals are blocked in every thread
 // and one thread waits for them, then sets stop and wakes the hub.
-typedef struct srv_signals {
+typedef struct wrk_signals {
   sigset_t set;
   atomic_int stop;
   srv_hub *hub; // (borrowed) woken when a signal arrives
-} srv_signals;
-void srv_signals_block(srv_signals *s);                  // first thing in main, before any thread starts
-int srv_signals_start(srv_signals *s, srv_hub *hub);     // 0, or -1 when the thread cannot start
+} wrk_signals;
+void wrk_signals_block(wrk_signals *s);                  // first thing in main, before any thread starts
+int wrk_signals_start(wrk_signals *s, srv_hub *hub);     // 0, or -1 when the thread cannot start
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
-// server/runtime.c: opens a worker's model, tokenizer, compute backend and KV block pool from its config.
-#include "server/runtime.h"
+// worker/runtime.c: opens a worker's model, tokenizer, compute backend and KV block pool from its config.
+#include "worker/runtime.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,10 +21,10 @@ static const krn_backend *pick_backend(const srv_worker_cfg *w, char *err, size_
   return be;
 }
 
-int srv_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareable_kv, srv_runtime **out, char *err,
+int wrk_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareable_kv, wrk_runtime **out, char *err,
                      size_t errlen) {
   *out = NULL;
-  srv_runtime *rt = calloc(1, sizeof *rt);
+  wrk_runtime *rt = calloc(1, sizeof *rt);
   if (!rt) {
     snprintf(err, errlen, "out of memory");
     return -1;
@@ -49,24 +49,24 @@ int srv_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareab
   if (!strcmp(w->cuda_graphs, "on") && mdl_llama_set_graphs(rt->model, 1, e, sizeof e)) goto fail;
   const mdl_llama_cfg *mc = mdl_llama_config(rt->model);
   rt->n_ctx = mc->n_ctx_train > 0 ? mc->n_ctx_train : 2048;
-  srv_kvpool_opts ko = {
+  wrk_kvpool_opts ko = {
       .budget_bytes = (size_t)(w->kv_budget_mb * 1024.0 * 1024.0),
       .type = !strcmp(w->kv_type, "f32") ? KRN_F32 : KRN_F16,
       .block_size = w->block_size > 0 ? w->block_size : 16,
       .shareable = shareable_kv,
   };
-  if (srv_kvpool_new(mc, &rt->kc, &ko, &rt->kv, e, sizeof e)) goto fail;
+  if (wrk_kvpool_new(mc, &rt->kc, &ko, &rt->kv, e, sizeof e)) goto fail;
   *out = rt;
   return 0;
 fail:
   snprintf(err, errlen, "worker %s: %s", w->name, e);
-  srv_runtime_close(rt);
+  wrk_runtime_close(rt);
   return -1;
 }
 
-void srv_runtime_close(srv_runtime *rt) {
+void wrk_runtime_close(wrk_runtime *rt) {
   if (!rt) return;
-  srv_kvpool_free(rt->kv);
+  wrk_kvpool_free(rt->kv);
   mdl_llama_free(rt->model);
   if (rt->kc.be && rt->kc.be->ctx_fini && rt->kc.dev) rt->kc.be->ctx_fini(&rt->kc);
   krn_pool_free(rt->pool);

@@ -1,12 +1,12 @@
-// server/engine.c: admission, recompute preemption and chunked batching over the paged KV pool.
-#include "server/engine.h"
+// worker/engine.c: admission, recompute preemption and chunked batching over the paged KV pool.
+#include "worker/engine.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 
-int srv_seq_init(srv_seq *s, const int32_t *toks, int n, void *owner) {
+int wrk_seq_init(wrk_seq *s, const int32_t *toks, int n, void *owner) {
   memset(s, 0, sizeof *s);
   s->cap = n + 64;
   s->toks = malloc((size_t)s->cap * sizeof *s->toks);
@@ -17,14 +17,14 @@ int srv_seq_init(srv_seq *s, const int32_t *toks, int n, void *owner) {
   return 0;
 }
 
-void srv_seq_fini(srv_seq *s, srv_kvpool *kv) {
-  srv_blocks_release(kv, &s->blocks);
+void wrk_seq_fini(wrk_seq *s, wrk_kvpool *kv) {
+  wrk_blocks_release(kv, &s->blocks);
   free(s->blocks.ids);
   free(s->toks);
   memset(s, 0, sizeof *s);
 }
 
-int srv_seq_push(srv_seq *s, int32_t tok) {
+int wrk_seq_push(wrk_seq *s, int32_t tok) {
   if (s->n_toks == s->cap) {
     int32_t *nt = realloc(s->toks, (size_t)s->cap * 2 * sizeof *nt);
     if (!nt) return -1;
@@ -35,24 +35,24 @@ int srv_seq_push(srv_seq *s, int32_t tok) {
   return 0;
 }
 
-int srv_engine_init(srv_engine *e, srv_runtime *rt, char *err, size_t errlen) {
+int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen) {
   memset(e, 0, sizeof *e);
   e->rt = rt;
-  int blocks = (int)(rt->w->prefix_cache_mb * 1024.0 * 1024.0 / (double)srv_kvpool_block_bytes(rt->kv));
-  if (blocks > srv_kvpool_total_blocks(rt->kv)) blocks = srv_kvpool_total_blocks(rt->kv);
+  int blocks = (int)(rt->w->prefix_cache_mb * 1024.0 * 1024.0 / (double)wrk_kvpool_block_bytes(rt->kv));
+  if (blocks > wrk_kvpool_total_blocks(rt->kv)) blocks = wrk_kvpool_total_blocks(rt->kv);
   if (blocks >= 1) {
-    double bb = (double)srv_kvpool_block_bytes(rt->kv);
-    srv_prefix_opts o = {.budget_blocks = blocks,
+    double bb = (double)wrk_kvpool_block_bytes(rt->kv);
+    wrk_prefix_opts o = {.budget_blocks = blocks,
                          .host_blocks = (int)(rt->w->prefix_host_mb * 1024.0 * 1024.0 / bb),
                          .disk_blocks = (int)(rt->w->prefix_disk_mb * 1024.0 * 1024.0 / bb),
                          .disk_path = rt->w->prefix_disk_path};
-    if (srv_prefix_new(rt->kv, &o, &e->prefix, err, errlen)) return -1;
+    if (wrk_prefix_new(rt->kv, &o, &e->prefix, err, errlen)) return -1;
   }
   return 0;
 }
 
-void srv_engine_fini(srv_engine *e) {
-  srv_prefix_free(e->prefix);
+void wrk_engine_fini(wrk_engine *e) {
+  wrk_prefix_free(e->prefix);
   free(e->match_ids);
   free(e->run);
   free(e->wait);
@@ -63,16 +63,16 @@ void srv_engine_fini(srv_engine *e) {
   memset(e, 0, sizeof *e);
 }
 
-static int grow(srv_engine *e) {
+static int grow(wrk_engine *e) {
   if (e->n_run + e->n_wait < e->cap) return 0;
   int cap = e->cap ? e->cap * 2 : 64;
-  srv_seq **r = realloc(e->run, (size_t)cap * sizeof *r);
+  wrk_seq **r = realloc(e->run, (size_t)cap * sizeof *r);
   if (r) e->run = r;
-  srv_seq **q = realloc(e->wait, (size_t)cap * sizeof *q);
+  wrk_seq **q = realloc(e->wait, (size_t)cap * sizeof *q);
   if (q) e->wait = q;
   mdl_seq *b = realloc(e->batch, (size_t)cap * sizeof *b);
   if (b) e->batch = b;
-  srv_seq **bo = realloc(e->batch_of, (size_t)cap * sizeof *bo);
+  wrk_seq **bo = realloc(e->batch_of, (size_t)cap * sizeof *bo);
   if (bo) e->batch_of = bo;
   int *bc = realloc(e->batch_chunk, (size_t)cap * sizeof *bc);
   if (bc) e->batch_chunk = bc;
@@ -81,44 +81,44 @@ static int grow(srv_engine *e) {
   return 0;
 }
 
-static void remove_at(srv_seq **arr, int *n, int i) {
+static void remove_at(wrk_seq **arr, int *n, int i) {
   memmove(arr + i, arr + i + 1, (size_t)(*n - i - 1) * sizeof *arr);
   (*n)--;
 }
 
-static int find(srv_seq *const *arr, int n, const srv_seq *s) {
+static int find(wrk_seq *const *arr, int n, const wrk_seq *s) {
   for (int i = 0; i < n; i++)
     if (arr[i] == s) return i;
   return -1;
 }
 
-int srv_engine_queue(srv_engine *e, srv_seq *s) {
+int wrk_engine_queue(wrk_engine *e, wrk_seq *s) {
   if (grow(e)) return -1;
   e->wait[e->n_wait++] = s;
   return 0;
 }
 
-int srv_engine_start(srv_engine *e, srv_seq *s) {
+int wrk_engine_start(wrk_engine *e, wrk_seq *s) {
   if (grow(e)) return -1;
   e->run[e->n_run++] = s;
   return 0;
 }
 
-void srv_engine_remove(srv_engine *e, srv_seq *s) {
+void wrk_engine_remove(wrk_engine *e, wrk_seq *s) {
   int i = find(e->run, e->n_run, s);
   if (i >= 0) remove_at(e->run, &e->n_run, i);
   i = find(e->wait, e->n_wait, s);
   if (i >= 0) remove_at(e->wait, &e->n_wait, i);
   i = find(e->batch_of, e->n_batch, s);
   if (i >= 0) e->batch_of[i] = NULL; // a row of the last step whose sequence is gone
-  srv_blocks_release(e->rt->kv, &s->blocks);
+  wrk_blocks_release(e->rt->kv, &s->blocks);
 }
 
-int srv_engine_busy(const srv_engine *e) { return e->n_run > 0 || e->n_wait > 0; }
+int wrk_engine_busy(const wrk_engine *e) { return e->n_run > 0 || e->n_wait > 0; }
 
-static int block_size(const srv_engine *e) { return srv_kvpool_kv(e->rt->kv)->block_size; }
+static int block_size(const wrk_engine *e) { return wrk_kvpool_kv(e->rt->kv)->block_size; }
 
-int srv_engine_take_blocks(srv_engine *e, srv_seq *s) {
+int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
   int bs = block_size(e);
   if (e->prefix && s->blocks.n == 0) {
     int want = s->n_toks / bs + 1;
@@ -129,37 +129,37 @@ int srv_engine_take_blocks(srv_engine *e, srv_seq *s) {
         e->cap_match = want;
       }
     }
-    int n = e->cap_match >= want ? srv_prefix_match(e->prefix, s->toks, s->n_toks, e->match_ids, want) : 0;
+    int n = e->cap_match >= want ? wrk_prefix_match(e->prefix, s->toks, s->n_toks, e->match_ids, want) : 0;
     // Blocks that were evicted to host DRAM or disk are read back: a copy costs far less than recomputing.
     char rerr[256];
     int tiers[3];
-    if (e->cap_match >= want && srv_prefix_peek(e->prefix, s->toks, s->n_toks, n, tiers) > tiers[0]) {
-      int r = srv_prefix_restore(e->prefix, s->toks, s->n_toks, n, e->match_ids + n, want - n, rerr, sizeof rerr);
+    if (e->cap_match >= want && wrk_prefix_peek(e->prefix, s->toks, s->n_toks, n, tiers) > tiers[0]) {
+      int r = wrk_prefix_restore(e->prefix, s->toks, s->n_toks, n, e->match_ids + n, want - n, rerr, sizeof rerr);
       if (r > 0) n += r;
     }
-    if (n > 0 && srv_blocks_append(&s->blocks, e->match_ids, n) == 0) {
+    if (n > 0 && wrk_blocks_append(&s->blocks, e->match_ids, n) == 0) {
       s->n_done = s->n_cached = n * bs;
       s->n_inserted = n;
     } else {
-      for (int i = 0; i < n; i++) srv_kvpool_unref(e->rt->kv, e->match_ids[i]);
+      for (int i = 0; i < n; i++) wrk_kvpool_unref(e->rt->kv, e->match_ids[i]);
     }
   }
-  if (srv_blocks_reserve(e->rt->kv, &s->blocks, s->n_toks + 1) == 0) return 0;
+  if (wrk_blocks_reserve(e->rt->kv, &s->blocks, s->n_toks + 1) == 0) return 0;
   if (e->prefix) { // cached blocks nobody is using make room
-    int need = (s->n_toks + 1 + bs - 1) / bs - s->blocks.n - srv_kvpool_free_blocks(e->rt->kv);
-    if (need > 0) srv_prefix_evict_for(e->prefix, need);
-    if (srv_blocks_reserve(e->rt->kv, &s->blocks, s->n_toks + 1) == 0) return 0;
+    int need = (s->n_toks + 1 + bs - 1) / bs - s->blocks.n - wrk_kvpool_free_blocks(e->rt->kv);
+    if (need > 0) wrk_prefix_evict_for(e->prefix, need);
+    if (wrk_blocks_reserve(e->rt->kv, &s->blocks, s->n_toks + 1) == 0) return 0;
   }
-  srv_blocks_release(e->rt->kv, &s->blocks); // nothing held while it waits
+  wrk_blocks_release(e->rt->kv, &s->blocks); // nothing held while it waits
   s->n_done = s->n_cached = s->n_inserted = 0;
   return -1;
 }
 
-void srv_engine_admit(srv_engine *e, void (*reject)(void *arg, srv_seq *s, int blocks_needed), void *arg) {
+void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int blocks_needed), void *arg) {
   int max_seqs = e->rt->w->max_seqs > 0 ? e->rt->w->max_seqs : 64;
   while (e->n_wait > 0 && e->n_run < max_seqs) {
-    srv_seq *s = e->wait[0];
-    if (srv_engine_take_blocks(e, s)) {
+    wrk_seq *s = e->wait[0];
+    if (wrk_engine_take_blocks(e, s)) {
       if (e->n_run > 0) break; // blocks come back as running sequences finish
       remove_at(e->wait, &e->n_wait, 0);
       reject(arg, s, (s->n_toks + 1 + block_size(e) - 1) / block_size(e));
@@ -172,11 +172,11 @@ void srv_engine_admit(srv_engine *e, void (*reject)(void *arg, srv_seq *s, int b
 
 // Frees the blocks of the newest sequence that is neither keep nor already in this step's batch, and
 // queues it first in line to be recomputed from its tokens.
-static int preempt(srv_engine *e, const srv_seq *keep, int n_batch) {
+static int preempt(wrk_engine *e, const wrk_seq *keep, int n_batch) {
   for (int i = e->n_run - 1; i >= 0; i--) {
-    srv_seq *v = e->run[i];
+    wrk_seq *v = e->run[i];
     if (v == keep || find(e->batch_of, n_batch, v) >= 0) continue;
-    srv_blocks_release(e->rt->kv, &v->blocks);
+    wrk_blocks_release(e->rt->kv, &v->blocks);
     v->n_done = v->n_cached = v->n_inserted = 0;
     remove_at(e->run, &e->n_run, i);
     memmove(e->wait + 1, e->wait, (size_t)e->n_wait * sizeof *e->wait);
@@ -187,20 +187,20 @@ static int preempt(srv_engine *e, const srv_seq *keep, int n_batch) {
   return -1;
 }
 
-int srv_engine_plan(srv_engine *e) {
+int wrk_engine_plan(wrk_engine *e) {
   int budget = e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : 512, used = 0, n = 0;
   e->n_batch = 0;
   for (int pass = 0; pass < 2; pass++) { // pass 0: single decode tokens; pass 1: prefill chunks
     for (int i = 0; i < e->n_run; i++) {
-      srv_seq *s = e->run[i];
+      wrk_seq *s = e->run[i];
       int pending = s->n_toks - s->n_done;
       if (pending < 1 || (pass == 0) != (pending == 1)) continue;
       int chunk = pending < budget - used ? pending : budget - used;
       if (pass == 0) chunk = 1; // decode tokens never wait behind prefills
       if (chunk < 1) break;
       int ok;
-      while (!(ok = !srv_blocks_reserve(e->rt->kv, &s->blocks, s->n_done + chunk)) &&
-             !(e->prefix && srv_prefix_evict_for(e->prefix, 1) > 0) && !preempt(e, s, n))
+      while (!(ok = !wrk_blocks_reserve(e->rt->kv, &s->blocks, s->n_done + chunk)) &&
+             !(e->prefix && wrk_prefix_evict_for(e->prefix, 1) > 0) && !preempt(e, s, n))
         i = find(e->run, e->n_run, s); // the list shifted
       if (!ok) continue; // nothing left to take blocks from: it waits for others to finish
       e->batch[n] = (mdl_seq){.tokens = s->toks + s->n_done, .n_tokens = chunk, .pos0 = s->n_done,
@@ -216,7 +216,7 @@ int srv_engine_plan(srv_engine *e) {
   return n;
 }
 
-int srv_engine_forward(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen) {
+int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen) {
   int n = e->n_batch;
   int n_vocab = mdl_llama_config(e->rt->model)->n_vocab;
   if (n > e->cap_rows) {
@@ -228,30 +228,30 @@ int srv_engine_forward(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
     e->logits = l;
     e->cap_rows = n;
   }
-  if (mdl_llama_forward(e->rt->model, srv_kvpool_kv(e->rt->kv), e->batch, n, e->logits, on_layer, arg, err, errlen))
+  if (mdl_llama_forward(e->rt->model, wrk_kvpool_kv(e->rt->kv), e->batch, n, e->logits, on_layer, arg, err, errlen))
     return -1;
   for (int i = 0; i < n; i++) {
-    srv_seq *s = e->batch_of[i];
+    wrk_seq *s = e->batch_of[i];
     if (!s) continue;
     s->n_done += e->batch_chunk[i];
     // Blocks this step filled become reusable by later requests (prompt and generated tokens alike).
     int full = s->n_done / block_size(e);
     if (e->prefix && full > s->n_inserted) {
-      srv_prefix_insert(e->prefix, s->toks, s->n_done, s->blocks.ids, full);
+      wrk_prefix_insert(e->prefix, s->toks, s->n_done, s->blocks.ids, full);
       s->n_inserted = full;
     }
   }
   return 0;
 }
 
-int srv_engine_step(srv_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen) {
-  if (srv_engine_plan(e) == 0) return 0;
-  return srv_engine_forward(e, on_layer, arg, err, errlen) ? -1 : 1;
+int wrk_engine_step(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen) {
+  if (wrk_engine_plan(e) == 0) return 0;
+  return wrk_engine_forward(e, on_layer, arg, err, errlen) ? -1 : 1;
 }
 
-void srv_engine_add_prefix_stats(const srv_engine *e, cJSON *msg) {
-  srv_prefix_stats st = {0};
-  if (e->prefix) srv_prefix_get_stats(e->prefix, &st);
+void wrk_engine_add_prefix_stats(const wrk_engine *e, cJSON *msg) {
+  wrk_prefix_stats st = {0};
+  if (e->prefix) wrk_prefix_get_stats(e->prefix, &st);
   cJSON_AddNumberToObject(msg, "prefix_hits", (double)(st.hit_tokens[0] + st.hit_tokens[1] + st.hit_tokens[2]));
   cJSON_AddNumberToObject(msg, "prefix_queries", (double)st.query_tokens);
   cJSON_AddNumberToObject(msg, "prefix_cached_blocks", st.blocks[0]);
@@ -259,7 +259,7 @@ void srv_engine_add_prefix_stats(const srv_engine *e, cJSON *msg) {
   static const char *const tier_name[3] = {"pool", "host", "disk"};
   cJSON *tiers = cJSON_AddObjectToObject(msg, "prefix_tiers");
   for (int t = 0; tiers && t < 3; t++) {
-    if (!srv_prefix_has_tier(e->prefix, t)) continue;
+    if (!wrk_prefix_has_tier(e->prefix, t)) continue;
     cJSON *o = cJSON_AddObjectToObject(tiers, tier_name[t]);
     cJSON_AddNumberToObject(o, "hits", (double)st.hit_tokens[t]);
     cJSON_AddNumberToObject(o, "queries", (double)st.tier_query_tokens[t]);

@@ -1,4 +1,4 @@
-// server/kvstage.h: host staging of KV transfers, for a pool in device memory that a peer's kvxfer backend cannot reach.
+// worker/kvstage.h: host staging of KV transfers, for a pool in device memory that a peer's kvxfer backend cannot reach.
 //
 // A worker whose KV pool is in GPU memory can only hand it to kvxfer directly when the backend moves GPU
 // memory (rdma with GPUDirect, nccl). Otherwise (tcp, shm, rdma without GPUDirect, or a CPU peer) KV moves
@@ -6,12 +6,12 @@
 // A sender copies each (layer, K|V, block) chunk from the pool into its mirror slot before pushing it from
 // there; a receiver advertises the mirror, lets the prefill worker write into it, and copies a prompt's
 // blocks into the pool once the notification says they have all landed. The peer never knows:
-// srv_kvstage_open hangs the stage on the pool (srv_kvpool_set_stage), and srv_kvwire's layout and block
+// wrk_kvstage_open hangs the stage on the pool (wrk_kvpool_set_stage), and wrk_kvwire's layout and block
 // writes go through it.
 // Whether a worker stages is its kvxfer "staging" setting (configs/README.md); "on" also works for a CPU
 // pool, which is how the CPU-only tests cover this path end to end.
-#ifndef DSERVE_SRV_KVSTAGE_H
-#define DSERVE_SRV_KVSTAGE_H
+#ifndef DSERVE_WRK_KVSTAGE_H
+#define DSERVE_WRK_KVSTAGE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -19,36 +19,36 @@
 #include "kernels/krn.h"
 #include "kvxfer/kvx.h"
 #include "server/config.h"
-#include "server/kvpool.h"
+#include "worker/kvpool.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct srv_kvstage srv_kvstage;
+typedef struct wrk_kvstage wrk_kvstage;
 
 // Registers with agent a what peers reach for pool: the pool itself, or (staging) a host mirror of it.
 // kc is the context the pool was allocated on (borrowed; must outlive the stage). *stage is NULL when the
 // worker does not stage; *region is owned by the agent. 0, or -1 with err (nothing registered).
-int srv_kvstage_open(kvx_agent *a, srv_kvpool *pool, krn_ctx *kc, const srv_worker_cfg *wc, srv_kvstage **stage,
+int wrk_kvstage_open(kvx_agent *a, wrk_kvpool *pool, krn_ctx *kc, const srv_worker_cfg *wc, wrk_kvstage **stage,
                      kvx_region **region, char *err, size_t errlen);
 // Frees the mirror. Call after kvx_agent_free (the agent's threads may still be writing into it). NULL: no-op.
-void srv_kvstage_free(srv_kvstage *s);
+void wrk_kvstage_free(wrk_kvstage *s);
 
 // The address a transfer names for pool memory p (inside the pool): its mirror slot, or p itself when s is NULL.
-uint64_t srv_kvstage_addr(const srv_kvstage *s, const void *p);
+uint64_t wrk_kvstage_addr(const wrk_kvstage *s, const void *p);
 
 // Sender: copies n ranges of the pool (addresses inside the pool, already written: the caller has waited for
 // their writer's event) into their mirror slots; adjacent ranges are copied as one. No-op when s is NULL.
 // 0, or -1 when a range lies outside the pool (nothing copied).
-int srv_kvstage_out(srv_kvstage *s, const kvx_desc *ranges, size_t n);
+int wrk_kvstage_out(wrk_kvstage *s, const kvx_desc *ranges, size_t n);
 // Receiver: blocks (n) of the pool have landed in the mirror (every layer, K and V): copies them into the pool.
 // No-op when s is NULL. 0, or -1 on a block id outside the pool (nothing copied).
-int srv_kvstage_in(srv_kvstage *s, const int32_t *blocks, int n);
+int wrk_kvstage_in(wrk_kvstage *s, const int32_t *blocks, int n);
 
 // Counters for logs and tests: bytes copied out of / into the pool through the mirror.
-double srv_kvstage_bytes_out(const srv_kvstage *s);
-double srv_kvstage_bytes_in(const srv_kvstage *s);
+double wrk_kvstage_bytes_out(const wrk_kvstage *s);
+double wrk_kvstage_bytes_in(const wrk_kvstage *s);
 
 #ifdef __cplusplus
 }

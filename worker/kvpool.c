@@ -1,27 +1,27 @@
-// server/kvpool.c: the paged KV block pool: one buffer of blocks sized from a byte budget, a locked free list.
+// worker/kvpool.c: the paged KV block pool: one buffer of blocks sized from a byte budget, a locked free list.
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/kvpool.h"
+#include "worker/kvpool.h"
 
 #include "kvxfer/kvx.h"
 
-struct srv_kvpool {
+struct wrk_kvpool {
   mdl_llama_cfg cfg;
   krn_ctx *kc;       // (borrowed) where base was allocated
   mdl_kv kv;         // kv.base (owned) from kc->be->alloc, or kvx_host_alloc when shared
   size_t bytes;      // size of kv.base
   int shared;        // kv.base is shareable host memory (kvx_host_alloc)
-  srv_kvstage *stage; // (borrowed) host mirror peers reach instead, or NULL
+  wrk_kvstage *stage; // (borrowed) host mirror peers reach instead, or NULL
   pthread_mutex_t mu;
   int32_t *free_ids; // (owned) (n_blocks) stack of free block ids; [0, n_free) are free
   int32_t *refs;     // (owned) (n_blocks) reference count per block; 0 = on the free list
   int n_free;
 };
 
-int srv_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const srv_kvpool_opts *o, srv_kvpool **out, char *err,
+int wrk_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const wrk_kvpool_opts *o, wrk_kvpool **out, char *err,
                    size_t errlen) {
   *out = NULL;
   if (!cfg || !kc || !kc->be || !o) {
@@ -53,7 +53,7 @@ int srv_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const srv_kvpool_opts 
              kc->be->name);
     return -1;
   }
-  srv_kvpool *p = calloc(1, sizeof *p);
+  wrk_kvpool *p = calloc(1, sizeof *p);
   if (!p) {
     snprintf(err, errlen, "kvpool: out of memory");
     return -1;
@@ -87,7 +87,7 @@ int srv_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const srv_kvpool_opts 
   return 0;
 }
 
-void srv_kvpool_free(srv_kvpool *p) {
+void wrk_kvpool_free(wrk_kvpool *p) {
   if (!p) return;
   if (p->shared) kvx_host_free(p->kv.base, p->bytes);
   else p->kc->be->free(p->kc, p->kv.base);
@@ -97,62 +97,62 @@ void srv_kvpool_free(srv_kvpool *p) {
   free(p);
 }
 
-const mdl_kv *srv_kvpool_kv(const srv_kvpool *p) { return &p->kv; }
+const mdl_kv *wrk_kvpool_kv(const wrk_kvpool *p) { return &p->kv; }
 
-void *srv_kvpool_base(const srv_kvpool *p, size_t *bytes) {
+void *wrk_kvpool_base(const wrk_kvpool *p, size_t *bytes) {
   if (bytes) *bytes = p->bytes;
   return p->kv.base;
 }
 
-int srv_kvpool_free_blocks(const srv_kvpool *p) {
-  srv_kvpool *q = (srv_kvpool *)p; // the lock is not part of the pool's logical state
+int wrk_kvpool_free_blocks(const wrk_kvpool *p) {
+  wrk_kvpool *q = (wrk_kvpool *)p; // the lock is not part of the pool's logical state
   pthread_mutex_lock(&q->mu);
   int n = q->n_free;
   pthread_mutex_unlock(&q->mu);
   return n;
 }
 
-int srv_kvpool_total_blocks(const srv_kvpool *p) { return p->kv.n_blocks; }
+int wrk_kvpool_total_blocks(const wrk_kvpool *p) { return p->kv.n_blocks; }
 
-const mdl_llama_cfg *srv_kvpool_cfg(const srv_kvpool *p) { return &p->cfg; }
+const mdl_llama_cfg *wrk_kvpool_cfg(const wrk_kvpool *p) { return &p->cfg; }
 
-void srv_kvpool_set_stage(srv_kvpool *p, srv_kvstage *s) { p->stage = s; }
-srv_kvstage *srv_kvpool_stage(const srv_kvpool *p) { return p->stage; }
+void wrk_kvpool_set_stage(wrk_kvpool *p, wrk_kvstage *s) { p->stage = s; }
+wrk_kvstage *wrk_kvpool_stage(const wrk_kvpool *p) { return p->stage; }
 
-size_t srv_kvpool_block_bytes(const srv_kvpool *p) {
+size_t wrk_kvpool_block_bytes(const wrk_kvpool *p) {
   return mdl_kv_block_bytes(&p->cfg, p->kv.type, p->kv.block_size);
 }
 
 // Caller holds p->mu.
-static void kvpool_drop_locked(srv_kvpool *p, int32_t id) {
+static void kvpool_drop_locked(wrk_kvpool *p, int32_t id) {
   if (id < 0 || id >= p->kv.n_blocks || p->refs[id] <= 0) return;
   if (--p->refs[id] == 0 && p->n_free < p->kv.n_blocks) p->free_ids[p->n_free++] = id;
 }
 
-void srv_kvpool_ref(srv_kvpool *p, int32_t block) {
+void wrk_kvpool_ref(wrk_kvpool *p, int32_t block) {
   if (!p || block < 0 || block >= p->kv.n_blocks) return;
   pthread_mutex_lock(&p->mu);
   if (p->refs[block] > 0 && p->refs[block] < INT32_MAX) p->refs[block]++;
   pthread_mutex_unlock(&p->mu);
 }
 
-void srv_kvpool_unref(srv_kvpool *p, int32_t block) {
+void wrk_kvpool_unref(wrk_kvpool *p, int32_t block) {
   if (!p) return;
   pthread_mutex_lock(&p->mu);
   kvpool_drop_locked(p, block);
   pthread_mutex_unlock(&p->mu);
 }
 
-int srv_kvpool_refcount(const srv_kvpool *p, int32_t block) {
+int wrk_kvpool_refcount(const wrk_kvpool *p, int32_t block) {
   if (!p || block < 0 || block >= p->kv.n_blocks) return 0;
-  srv_kvpool *q = (srv_kvpool *)p; // the lock is not part of the pool's logical state
+  wrk_kvpool *q = (wrk_kvpool *)p; // the lock is not part of the pool's logical state
   pthread_mutex_lock(&q->mu);
   int n = q->refs[block];
   pthread_mutex_unlock(&q->mu);
   return n;
 }
 
-int srv_kvpool_alloc(srv_kvpool *p, int32_t *ids, int n) {
+int wrk_kvpool_alloc(wrk_kvpool *p, int32_t *ids, int n) {
   if (!p || n < 0 || (n > 0 && !ids)) return -1;
   pthread_mutex_lock(&p->mu);
   if (p->n_free < n) {
@@ -167,7 +167,7 @@ int srv_kvpool_alloc(srv_kvpool *p, int32_t *ids, int n) {
   return 0;
 }
 
-static int kvpool_copy_block(const srv_kvpool *p, int32_t block, void *host, int to_host) {
+static int kvpool_copy_block(const wrk_kvpool *p, int32_t block, void *host, int to_host) {
   if (!p || !host || block < 0 || block >= p->kv.n_blocks) return -1;
   size_t chunk = mdl_kv_chunk_bytes(&p->cfg, &p->kv);
   char *h = host;
@@ -186,15 +186,15 @@ static int kvpool_copy_block(const srv_kvpool *p, int32_t block, void *host, int
   return 0;
 }
 
-int srv_kvpool_read_block(const srv_kvpool *p, int32_t block, void *host_dst) {
+int wrk_kvpool_read_block(const wrk_kvpool *p, int32_t block, void *host_dst) {
   return kvpool_copy_block(p, block, host_dst, 1);
 }
 
-int srv_kvpool_write_block(srv_kvpool *p, int32_t block, const void *host_src) {
+int wrk_kvpool_write_block(wrk_kvpool *p, int32_t block, const void *host_src) {
   return kvpool_copy_block(p, block, (void *)host_src, 0);
 }
 
-int srv_blocks_reserve(srv_kvpool *p, srv_blocks *b, int n_tokens) {
+int wrk_blocks_reserve(wrk_kvpool *p, wrk_blocks *b, int n_tokens) {
   if (n_tokens < 0) return -1;
   int bs = p->kv.block_size;
   int need = (int)(((int64_t)n_tokens + bs - 1) / bs);
@@ -228,7 +228,7 @@ int srv_blocks_reserve(srv_kvpool *p, srv_blocks *b, int n_tokens) {
 }
 
 // Also frees b->ids, so a table that is released is never leaked.
-void srv_blocks_release(srv_kvpool *p, srv_blocks *b) {
+void wrk_blocks_release(wrk_kvpool *p, wrk_blocks *b) {
   if (!b) return;
   if (p && b->n > 0) {
     pthread_mutex_lock(&p->mu);
@@ -240,7 +240,7 @@ void srv_blocks_release(srv_kvpool *p, srv_blocks *b) {
   b->n = b->cap = 0;
 }
 
-int srv_blocks_append(srv_blocks *b, const int32_t *ids, int n) {
+int wrk_blocks_append(wrk_blocks *b, const int32_t *ids, int n) {
   if (!b || n < 0 || (n > 0 && !ids)) return -1;
   if (n == 0) return 0;
   if (b->n > INT32_MAX / 2 - n) return -1;

@@ -1,9 +1,9 @@
-// server/kvindex.c: the router's KV-aware index: per-worker hash sets of block keys with FIFO caps, overlap and scoring.
+// router/kvindex.c: the router's KV-aware index: per-worker hash sets of block keys with FIFO caps, overlap and scoring.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/kvindex.h"
+#include "router/kvindex.h"
 
 typedef struct kx_ent {
   uint64_t key;
@@ -19,12 +19,12 @@ typedef struct kx_worker {
   int n, n_used, free_ent;
 } kx_worker;
 
-struct srv_kvindex {
+struct rtr_kvindex {
   kx_worker *w; // (owned) (max_workers)
   int max_workers, cap;
 };
 
-int srv_kvindex_new(int max_workers, int cap_per_worker, srv_kvindex **out, char *err, size_t errlen) {
+int rtr_kvindex_new(int max_workers, int cap_per_worker, rtr_kvindex **out, char *err, size_t errlen) {
   *out = NULL;
   if (max_workers < 1 || max_workers > 65536) {
     snprintf(err, errlen, "kvindex: max_workers %d out of range [1, 65536]", max_workers);
@@ -34,7 +34,7 @@ int srv_kvindex_new(int max_workers, int cap_per_worker, srv_kvindex **out, char
     snprintf(err, errlen, "kvindex: cap_per_worker %d out of range [1, %d]", cap_per_worker, 1 << 26);
     return -1;
   }
-  srv_kvindex *x = calloc(1, sizeof *x);
+  rtr_kvindex *x = calloc(1, sizeof *x);
   if (x) x->w = calloc((size_t)max_workers, sizeof *x->w);
   if (!x || !x->w) {
     free(x);
@@ -53,7 +53,7 @@ static void kx_worker_fini(kx_worker *w) {
   memset(w, 0, sizeof *w);
 }
 
-void srv_kvindex_free(srv_kvindex *x) {
+void rtr_kvindex_free(rtr_kvindex *x) {
   if (!x) return;
   for (int i = 0; i < x->max_workers; i++) kx_worker_fini(&x->w[i]);
   free(x->w);
@@ -138,7 +138,7 @@ static int kx_add(kx_worker *w, int cap, uint64_t key) {
   return 0;
 }
 
-int srv_kvindex_apply(srv_kvindex *x, int worker, const srv_kv_event *ev, int n) {
+int rtr_kvindex_apply(rtr_kvindex *x, int worker, const srv_kv_event *ev, int n) {
   if (!x || worker < 0 || worker >= x->max_workers) return -1;
   if (n > 0 && !ev) return -1;
   kx_worker *w = &x->w[worker];
@@ -162,17 +162,17 @@ int srv_kvindex_apply(srv_kvindex *x, int worker, const srv_kv_event *ev, int n)
   return 0;
 }
 
-void srv_kvindex_remove_worker(srv_kvindex *x, int worker) {
+void rtr_kvindex_remove_worker(rtr_kvindex *x, int worker) {
   if (!x || worker < 0 || worker >= x->max_workers) return;
   kx_worker_fini(&x->w[worker]);
 }
 
-int srv_kvindex_count(const srv_kvindex *x, int worker) {
+int rtr_kvindex_count(const rtr_kvindex *x, int worker) {
   if (!x || worker < 0 || worker >= x->max_workers) return 0;
   return x->w[worker].n;
 }
 
-int srv_kvindex_overlap(const srv_kvindex *x, int worker, const uint64_t *prompt_keys, int n) {
+int rtr_kvindex_overlap(const rtr_kvindex *x, int worker, const uint64_t *prompt_keys, int n) {
   if (!x || worker < 0 || worker >= x->max_workers || !prompt_keys) return 0;
   const kx_worker *w = &x->w[worker];
   int k = 0;
@@ -180,11 +180,11 @@ int srv_kvindex_overlap(const srv_kvindex *x, int worker, const uint64_t *prompt
   return k;
 }
 
-srv_kvindex_weights srv_kvindex_weights_default(void) { return (srv_kvindex_weights){2.0, 1.0, 1.0}; }
+rtr_kvindex_weights rtr_kvindex_weights_default(void) { return (rtr_kvindex_weights){2.0, 1.0, 1.0}; }
 
-double srv_kvindex_score(const srv_kvindex_weights *w, int overlap, int n_prompt_blocks, int queue_len,
+double rtr_kvindex_score(const rtr_kvindex_weights *w, int overlap, int n_prompt_blocks, int queue_len,
                          int free_blocks, int total_blocks) {
-  srv_kvindex_weights d = srv_kvindex_weights_default();
+  rtr_kvindex_weights d = rtr_kvindex_weights_default();
   if (!w) w = &d;
   if (n_prompt_blocks < 0) n_prompt_blocks = 0;
   if (overlap < 0) overlap = 0;
@@ -199,15 +199,15 @@ double srv_kvindex_score(const srv_kvindex_weights *w, int overlap, int n_prompt
   return w->overlap * o + w->queue * q + w->free * f;
 }
 
-int srv_kvindex_pick(const srv_kvindex *x, const srv_kvindex_weights *w, const uint64_t *keys, int n,
-                     const srv_kvindex_load *cands, int n_cands, int *overlap_out) {
+int rtr_kvindex_pick(const rtr_kvindex *x, const rtr_kvindex_weights *w, const uint64_t *keys, int n,
+                     const rtr_kvindex_load *cands, int n_cands, int *overlap_out) {
   if (overlap_out) *overlap_out = 0;
   if (!cands || n_cands < 1) return -1;
   int best = -1, best_ov = 0;
   double best_s = 0;
   for (int c = 0; c < n_cands; c++) {
-    int ov = srv_kvindex_overlap(x, cands[c].worker, keys, n);
-    double s = srv_kvindex_score(w, ov, n, cands[c].queue_len, cands[c].free_blocks, cands[c].total_blocks);
+    int ov = rtr_kvindex_overlap(x, cands[c].worker, keys, n);
+    double s = rtr_kvindex_score(w, ov, n, cands[c].queue_len, cands[c].free_blocks, cands[c].total_blocks);
     if (best < 0 || s > best_s || (s == best_s && cands[c].queue_len < cands[best].queue_len)) {
       best = c;
       best_s = s;

@@ -1,5 +1,5 @@
-// server/kvevents.c: a worker's side of KV-aware routing: the routers it tells, and the kv_events messages it sends them.
-#include "server/kvevents.h"
+// worker/kvevents.c: a worker's side of KV-aware routing: the routers it tells, and the kv_events messages it sends them.
+#include "worker/kvevents.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -8,7 +8,7 @@
 
 #define KVEV_CHUNK 512
 
-void srv_kvevents_on_event(srv_kvevents *k, const srv_event *ev, srv_prefix *p) {
+void wrk_kvevents_on_event(wrk_kvevents *k, const srv_event *ev, wrk_prefix *p) {
   if (!ev->peer || strcmp(srv_peer_role(ev->peer), "router")) return;
   if (!ev->msg) { // closed
     for (int i = 0; i < k->n; i++)
@@ -30,10 +30,10 @@ void srv_kvevents_on_event(srv_kvevents *k, const srv_event *ev, srv_prefix *p) 
     k->routers = np;
     k->cap = cap;
   }
-  srv_kvevents_flush(k, p); // what the other routers have not heard yet; the snapshot covers it for this one
+  wrk_kvevents_flush(k, p); // what the other routers have not heard yet; the snapshot covers it for this one
   srv_peer_ref(ev->peer);
   k->routers[k->n++] = ev->peer;
-  if (p) srv_kvevents_snapshot(ev->peer, p);
+  if (p) wrk_kvevents_snapshot(ev->peer, p);
 }
 
 // {"op":"kv_events","events":[[kind, "key"], ...]} for ev (n); NULL on out of memory.
@@ -57,11 +57,11 @@ static cJSON *kvev_msg(const srv_kv_event *ev, int n) {
   return m;
 }
 
-int srv_kvevents_flush(srv_kvevents *k, srv_prefix *p) {
+int wrk_kvevents_flush(wrk_kvevents *k, wrk_prefix *p) {
   if (!p) return 0;
   srv_kv_event ev[KVEV_CHUNK];
   int total = 0, n;
-  while ((n = srv_prefix_drain_events(p, ev, KVEV_CHUNK)) > 0) {
+  while ((n = wrk_prefix_drain_events(p, ev, KVEV_CHUNK)) > 0) {
     total += n;
     if (!k->n) continue;
     cJSON *m = kvev_msg(ev, n);
@@ -71,11 +71,11 @@ int srv_kvevents_flush(srv_kvevents *k, srv_prefix *p) {
   return total;
 }
 
-int srv_kvevents_snapshot(srv_peer *to, const srv_prefix *p) {
-  int total = srv_prefix_keys(p, NULL, 0);
+int wrk_kvevents_snapshot(srv_peer *to, const wrk_prefix *p) {
+  int total = wrk_prefix_keys(p, NULL, 0);
   uint64_t *keys = malloc(((size_t)total + 1) * sizeof *keys);
   if (!keys) return -1;
-  srv_prefix_keys(p, keys, total);
+  wrk_prefix_keys(p, keys, total);
   srv_kv_event ev[KVEV_CHUNK];
   int n = 0, rc = total;
   ev[n++] = (srv_kv_event){0, SRV_KV_CLEARED};
@@ -96,7 +96,7 @@ int srv_kvevents_snapshot(srv_peer *to, const srv_prefix *p) {
   return rc;
 }
 
-void srv_kvevents_fini(srv_kvevents *k) {
+void wrk_kvevents_fini(wrk_kvevents *k) {
   for (int i = 0; i < k->n; i++) srv_peer_unref(k->routers[i]);
   free(k->routers);
   k->routers = NULL;

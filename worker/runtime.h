@@ -1,6 +1,6 @@
-// server/runtime.h: what every worker loads from its config: model file, tokenizer, weights, kernels, KV pool.
-#ifndef DSERVE_SRV_RUNTIME_H
-#define DSERVE_SRV_RUNTIME_H
+// worker/runtime.h: what every worker loads from its config: model file, tokenizer, weights, kernels, KV pool.
+#ifndef DSERVE_WRK_RUNTIME_H
+#define DSERVE_WRK_RUNTIME_H
 
 #include <stddef.h>
 
@@ -9,13 +9,13 @@
 #include "models/llama.h"
 #include "models/tokenizer.h"
 #include "server/config.h"
-#include "server/kvpool.h"
+#include "worker/kvpool.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct srv_runtime {
+typedef struct wrk_runtime {
   const srv_config *cfg;       // (borrowed)
   const srv_worker_cfg *w;     // (borrowed) this worker's section
   mdl_gguf *gguf;              // (owned)
@@ -23,14 +23,14 @@ typedef struct srv_runtime {
   krn_pool *pool;              // (owned) compute threads
   krn_ctx kc;                  // backend and its state
   mdl_llama *model;            // (owned)
-  srv_kvpool *kv;              // (owned)
+  wrk_kvpool *kv;              // (owned)
   int n_ctx;                   // context length served
-} srv_runtime;
+} wrk_runtime;
 
 // Loads everything worker w needs; shareable_kv puts the pool in memory a same-host peer may map.
-int srv_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareable_kv, srv_runtime **out, char *err,
+int wrk_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareable_kv, wrk_runtime **out, char *err,
                      size_t errlen);
-void srv_runtime_close(srv_runtime *rt);
+void wrk_runtime_close(wrk_runtime *rt);
 
 // The body of `dserve both|prefill|decode --config FILE --name WORKER`: parses the arguments, loads the
 // config, checks the worker's role and calls run. Returns the process exit status.

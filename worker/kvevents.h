@@ -1,39 +1,39 @@
-// server/kvevents.h: a worker's side of KV-aware routing: the routers it tells, and the kv_events messages it sends them.
-#ifndef DSERVE_SRV_KVEVENTS_H
-#define DSERVE_SRV_KVEVENTS_H
+// worker/kvevents.h: a worker's side of KV-aware routing: the routers it tells, and the kv_events messages it sends them.
+#ifndef DSERVE_WRK_KVEVENTS_H
+#define DSERVE_WRK_KVEVENTS_H
 
 #include "server/hub.h"
-#include "server/prefix.h"
+#include "worker/prefix.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 // The connected peers with role "router". Single-threaded (the worker's loop). Zero-initialise.
-typedef struct srv_kvevents {
+typedef struct wrk_kvevents {
   srv_peer **routers; // (owned references) (n)
   int n, cap;
-} srv_kvevents;
+} wrk_kvevents;
 
 // Feeds a hub event: a "hello" from a router adds it, a closed connection of one removes it; others are
 // ignored. A router that says hello is sent what p (the worker's store; NULL: nothing) holds now, so a
 // router that connects late (or reconnects) starts with this worker's keys: the pending events go to the
-// routers first (srv_kvevents_flush), then the new one gets srv_kvevents_snapshot. Out of memory: the router
+// routers first (wrk_kvevents_flush), then the new one gets wrk_kvevents_snapshot. Out of memory: the router
 // is not added, or gets no snapshot (it only misses keys; routing stays correct).
-void srv_kvevents_on_event(srv_kvevents *k, const srv_event *ev, srv_prefix *p);
+void wrk_kvevents_on_event(wrk_kvevents *k, const srv_event *ev, wrk_prefix *p);
 
 // Drains every pending event of p (NULL: nothing) and sends them to every router as
 // {"op":"kv_events","events":[[kind, "key as decimal string"], ...]} (at most 512 events a message).
 // Events are drained even with no router connected (a router that connects later starts from nothing).
 // Returns the number of events drained.
-int srv_kvevents_flush(srv_kvevents *k, srv_prefix *p);
+int wrk_kvevents_flush(wrk_kvevents *k, wrk_prefix *p);
 
 // Sends to one router every key p holds now: kv_events messages whose first event is [3] (cleared: forget
-// this worker's keys) followed by [1, key] for each key (srv_prefix_keys order, at most 512 events a
+// this worker's keys) followed by [1, key] for each key (wrk_prefix_keys order, at most 512 events a
 // message). Returns the number of keys sent, -1 on out of memory (the messages sent so far stand).
-int srv_kvevents_snapshot(srv_peer *to, const srv_prefix *p);
+int wrk_kvevents_snapshot(srv_peer *to, const wrk_prefix *p);
 
-void srv_kvevents_fini(srv_kvevents *k); // drops the references; no-op on a zeroed struct
+void wrk_kvevents_fini(wrk_kvevents *k); // drops the references; no-op on a zeroed struct
 
 #ifdef __cplusplus
 }

@@ -13,9 +13,9 @@
 extern "C" {
 #include "server/blockhash.h"
 #include "server/hub.h"
-#include "server/kvevents.h"
-#include "server/kvpool.h"
-#include "server/prefix.h"
+#include "worker/kvevents.h"
+#include "worker/kvpool.h"
+#include "worker/prefix.h"
 }
 
 namespace {
@@ -29,8 +29,8 @@ struct Prefix : ::testing::Test {
   krn_backend be{};
   krn_ctx kc{};
   mdl_llama_cfg cfg{};
-  srv_kvpool *pool = nullptr;
-  srv_prefix *st = nullptr;
+  wrk_kvpool *pool = nullptr;
+  wrk_prefix *st = nullptr;
   char err[256] = {0};
 
   void SetUp() override {
@@ -45,49 +45,49 @@ struct Prefix : ::testing::Test {
     cfg.n_embd = 8;
   }
   void TearDown() override {
-    srv_prefix_free(st);
-    srv_kvpool_free(pool);
+    wrk_prefix_free(st);
+    wrk_kvpool_free(pool);
   }
   void make_pool(int blocks) {
-    srv_kvpool_opts o{};
+    wrk_kvpool_opts o{};
     o.type = KRN_F32;
     o.block_size = BS;
     o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, BS) * (size_t)blocks;
-    ASSERT_EQ(srv_kvpool_new(&cfg, &kc, &o, &pool, err, sizeof err), 0) << err;
+    ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &pool, err, sizeof err), 0) << err;
   }
   void make_store(int budget, srv_blockhash_fn fn = nullptr, int max_events = 0, int host = 0, int disk = 0,
                   const char *path = nullptr) {
-    srv_prefix_opts o{};
+    wrk_prefix_opts o{};
     o.budget_blocks = budget;
     o.hash = fn;
     o.max_events = max_events;
     o.host_blocks = host;
     o.disk_blocks = disk;
     o.disk_path = path;
-    ASSERT_EQ(srv_prefix_new(pool, &o, &st, err, sizeof err), 0) << err;
+    ASSERT_EQ(wrk_prefix_new(pool, &o, &st, err, sizeof err), 0) << err;
   }
   // A sequence's prompt computed: blocks reserved for every token, then its full blocks inserted.
-  int compute(const std::vector<int32_t> &toks, srv_blocks *b) {
-    EXPECT_EQ(srv_blocks_reserve(pool, b, (int)toks.size()), 0);
-    return srv_prefix_insert(st, toks.data(), (int)toks.size(), b->ids, b->n);
+  int compute(const std::vector<int32_t> &toks, wrk_blocks *b) {
+    EXPECT_EQ(wrk_blocks_reserve(pool, b, (int)toks.size()), 0);
+    return wrk_prefix_insert(st, toks.data(), (int)toks.size(), b->ids, b->n);
   }
   std::vector<int32_t> match(const std::vector<int32_t> &toks) {
     std::vector<int32_t> ids(toks.size() / BS + 1);
-    int n = srv_prefix_match(st, toks.data(), (int)toks.size(), ids.data(), (int)ids.size());
+    int n = wrk_prefix_match(st, toks.data(), (int)toks.size(), ids.data(), (int)ids.size());
     ids.resize(n);
     return ids;
   }
   void unref_all(const std::vector<int32_t> &ids) {
-    for (int32_t id : ids) srv_kvpool_unref(pool, id);
+    for (int32_t id : ids) wrk_kvpool_unref(pool, id);
   }
   std::vector<srv_kv_event> drain() {
-    std::vector<srv_kv_event> ev(srv_prefix_pending_events(st) + 1);
-    ev.resize(srv_prefix_drain_events(st, ev.data(), (int)ev.size()));
+    std::vector<srv_kv_event> ev(wrk_prefix_pending_events(st) + 1);
+    ev.resize(wrk_prefix_drain_events(st, ev.data(), (int)ev.size()));
     return ev;
   }
-  srv_prefix_stats stats() {
-    srv_prefix_stats s;
-    srv_prefix_get_stats(st, &s);
+  wrk_prefix_stats stats() {
+    wrk_prefix_stats s;
+    wrk_prefix_get_stats(st, &s);
     return s;
   }
 };
@@ -134,82 +134,82 @@ TEST(BlockHash, ChainCoversEveryEarlierToken) {
 
 TEST_F(Prefix, PoolRefcountsAllocAppendAndBlockCopy) {
   make_pool(6);
-  srv_blocks b{};
-  ASSERT_EQ(srv_blocks_reserve(pool, &b, 2 * BS), 0);
+  wrk_blocks b{};
+  ASSERT_EQ(wrk_blocks_reserve(pool, &b, 2 * BS), 0);
   int32_t x = b.ids[0];
-  EXPECT_EQ(srv_kvpool_refcount(pool, x), 1);
-  srv_kvpool_ref(pool, x);
-  EXPECT_EQ(srv_kvpool_refcount(pool, x), 2);
-  srv_blocks_release(pool, &b);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 5); // x is still held
-  EXPECT_EQ(srv_kvpool_refcount(pool, x), 1);
-  srv_kvpool_unref(pool, x);
-  EXPECT_EQ(srv_kvpool_refcount(pool, x), 0);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 6);
-  srv_kvpool_unref(pool, x); // free already: ignored
-  srv_kvpool_ref(pool, x);   // free: ignored
-  srv_kvpool_unref(pool, 99);
-  EXPECT_EQ(srv_kvpool_refcount(pool, x), 0);
-  EXPECT_EQ(srv_kvpool_refcount(pool, -1), 0);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 6);
+  EXPECT_EQ(wrk_kvpool_refcount(pool, x), 1);
+  wrk_kvpool_ref(pool, x);
+  EXPECT_EQ(wrk_kvpool_refcount(pool, x), 2);
+  wrk_blocks_release(pool, &b);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 5); // x is still held
+  EXPECT_EQ(wrk_kvpool_refcount(pool, x), 1);
+  wrk_kvpool_unref(pool, x);
+  EXPECT_EQ(wrk_kvpool_refcount(pool, x), 0);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 6);
+  wrk_kvpool_unref(pool, x); // free already: ignored
+  wrk_kvpool_ref(pool, x);   // free: ignored
+  wrk_kvpool_unref(pool, 99);
+  EXPECT_EQ(wrk_kvpool_refcount(pool, x), 0);
+  EXPECT_EQ(wrk_kvpool_refcount(pool, -1), 0);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 6);
   // alloc is all or nothing
   int32_t ids[7];
-  EXPECT_LT(srv_kvpool_alloc(pool, ids, 7), 0);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 6);
-  ASSERT_EQ(srv_kvpool_alloc(pool, ids, 2), 0);
-  EXPECT_EQ(srv_kvpool_refcount(pool, ids[0]), 1);
+  EXPECT_LT(wrk_kvpool_alloc(pool, ids, 7), 0);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 6);
+  ASSERT_EQ(wrk_kvpool_alloc(pool, ids, 2), 0);
+  EXPECT_EQ(wrk_kvpool_refcount(pool, ids[0]), 1);
   // append adopts the references
-  srv_blocks c{};
-  ASSERT_EQ(srv_blocks_append(&c, ids, 2), 0);
-  ASSERT_EQ(srv_blocks_reserve(pool, &c, 3 * BS), 0); // grows past the adopted ones
+  wrk_blocks c{};
+  ASSERT_EQ(wrk_blocks_append(&c, ids, 2), 0);
+  ASSERT_EQ(wrk_blocks_reserve(pool, &c, 3 * BS), 0); // grows past the adopted ones
   EXPECT_EQ(c.n, 3);
   EXPECT_EQ(c.ids[0], ids[0]);
   // block bytes round trip, and the copy lands in the block's chunks only
-  size_t bb = srv_kvpool_block_bytes(pool);
+  size_t bb = wrk_kvpool_block_bytes(pool);
   EXPECT_EQ(bb, mdl_kv_block_bytes(&cfg, KRN_F32, BS));
   std::vector<unsigned char> in(bb), out(bb);
   for (size_t i = 0; i < bb; i++) in[i] = (unsigned char)(i * 7 + 3);
-  ASSERT_EQ(srv_kvpool_write_block(pool, c.ids[1], in.data()), 0);
-  ASSERT_EQ(srv_kvpool_read_block(pool, c.ids[1], out.data()), 0);
+  ASSERT_EQ(wrk_kvpool_write_block(pool, c.ids[1], in.data()), 0);
+  ASSERT_EQ(wrk_kvpool_read_block(pool, c.ids[1], out.data()), 0);
   EXPECT_EQ(in, out);
-  const mdl_kv *kv = srv_kvpool_kv(pool);
+  const mdl_kv *kv = wrk_kvpool_kv(pool);
   size_t chunk = mdl_kv_chunk_bytes(&cfg, kv);
   EXPECT_EQ(std::memcmp(mdl_kv_chunk(&cfg, kv, 1, 1, c.ids[1]), in.data() + 3 * chunk, chunk), 0);
-  ASSERT_EQ(srv_kvpool_read_block(pool, c.ids[0], out.data()), 0);
+  ASSERT_EQ(wrk_kvpool_read_block(pool, c.ids[0], out.data()), 0);
   EXPECT_NE(in, out);
-  EXPECT_LT(srv_kvpool_read_block(pool, 6, out.data()), 0);
-  srv_blocks_release(pool, &c);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 6);
+  EXPECT_LT(wrk_kvpool_read_block(pool, 6, out.data()), 0);
+  wrk_blocks_release(pool, &c);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 6);
 }
 
 TEST_F(Prefix, BadOptionsAreRefused) {
   make_pool(4);
-  srv_prefix_opts o{};
-  EXPECT_LT(srv_prefix_new(pool, &o, &st, err, sizeof err), 0);
+  wrk_prefix_opts o{};
+  EXPECT_LT(wrk_prefix_new(pool, &o, &st, err, sizeof err), 0);
   EXPECT_NE(std::strstr(err, "budget"), nullptr) << err;
   o.budget_blocks = 2;
   o.disk_blocks = 3;
-  EXPECT_LT(srv_prefix_new(pool, &o, &st, err, sizeof err), 0);
+  EXPECT_LT(wrk_prefix_new(pool, &o, &st, err, sizeof err), 0);
   EXPECT_NE(std::strstr(err, "disk_path"), nullptr) << err;
   o.disk_path = "/nonexistent-dir-dserve/x.kv";
-  EXPECT_LT(srv_prefix_new(pool, &o, &st, err, sizeof err), 0);
+  EXPECT_LT(wrk_prefix_new(pool, &o, &st, err, sizeof err), 0);
   EXPECT_NE(std::strstr(err, "/nonexistent-dir-dserve/x.kv"), nullptr) << err;
   EXPECT_EQ(st, nullptr);
-  srv_prefix_free(nullptr);
+  wrk_prefix_free(nullptr);
 }
 
 TEST_F(Prefix, MatchInsertRoundTripLeavesTheLastToken) {
   make_pool(32);
   make_store(16);
   std::vector<int32_t> p = seq(10 * BS + 2, 1);
-  srv_blocks b{};
+  wrk_blocks b{};
   EXPECT_EQ(compute(p, &b), 10); // the partial 11th block is not cached
   EXPECT_EQ(stats().blocks[0], 10);
   std::vector<int32_t> m = match(p);
   ASSERT_EQ(m.size(), 10u);
   for (int i = 0; i < 10; i++) {
     EXPECT_EQ(m[i], b.ids[i]);
-    EXPECT_EQ(srv_kvpool_refcount(pool, m[i]), 3); // sequence, store, matcher
+    EXPECT_EQ(wrk_kvpool_refcount(pool, m[i]), 3); // sequence, store, matcher
   }
   unref_all(m);
   // A prompt that is exactly the cached blocks keeps its last block to compute.
@@ -222,18 +222,18 @@ TEST_F(Prefix, MatchInsertRoundTripLeavesTheLastToken) {
   EXPECT_EQ(m3.size(), 3u);
   unref_all(m3);
   // Inserting the same prompt again adds nothing.
-  EXPECT_EQ(srv_prefix_insert(st, p.data(), (int)p.size(), b.ids, b.n), 0);
-  srv_prefix_stats s = stats();
+  EXPECT_EQ(wrk_prefix_insert(st, p.data(), (int)p.size(), b.ids, b.n), 0);
+  wrk_prefix_stats s = stats();
   EXPECT_EQ(s.queries, 3u);
   EXPECT_EQ(s.hit_queries, 3u);
   EXPECT_EQ(s.hit_blocks[0], 10u + 2 + 3);
   EXPECT_EQ(s.hit_tokens[0], (10u + 2 + 3) * BS);
   EXPECT_EQ(s.query_blocks, 10u + 2 + 3);
   EXPECT_EQ(s.inserted, 10u);
-  srv_blocks_release(pool, &b);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 32 - 10); // the store's blocks
-  srv_prefix_clear(st);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 32);
+  wrk_blocks_release(pool, &b);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 32 - 10); // the store's blocks
+  wrk_prefix_clear(st);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 32);
   EXPECT_TRUE(match(p).empty());
 }
 
@@ -241,7 +241,7 @@ TEST_F(Prefix, PartialPrefixStopsAtTheFirstDifferentBlock) {
   make_pool(16);
   make_store(16);
   std::vector<int32_t> a = seq(4 * BS, 1);
-  srv_blocks b{};
+  wrk_blocks b{};
   compute(a, &b);
   std::vector<int32_t> q = a;
   q[2 * BS + 1] = 999; // block 2 differs
@@ -254,7 +254,7 @@ TEST_F(Prefix, PartialPrefixStopsAtTheFirstDifferentBlock) {
   EXPECT_TRUE(match(std::vector<int32_t>(a.begin() + BS, a.end())).empty()); // shifted: not a prefix
   EXPECT_EQ(stats().hit_queries, 1u);
   EXPECT_EQ(stats().queries, 3u);
-  srv_blocks_release(pool, &b);
+  wrk_blocks_release(pool, &b);
 }
 
 TEST_F(Prefix, SharedPrefixBetweenTwoSequences) {
@@ -266,23 +266,23 @@ TEST_F(Prefix, SharedPrefixBetweenTwoSequences) {
     p1.push_back(10 + i);
     p2.push_back(50 + i);
   }
-  srv_blocks s1{}, s2{};
+  wrk_blocks s1{}, s2{};
   EXPECT_EQ(compute(p1, &s1), 5);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 16 - 6);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 16 - 6);
   // The second request reuses the system prompt's blocks and computes only the rest.
   std::vector<int32_t> m = match(p2);
   ASSERT_EQ(m.size(), 3u);
-  ASSERT_EQ(srv_blocks_append(&s2, m.data(), (int)m.size()), 0);
-  ASSERT_EQ(srv_blocks_reserve(pool, &s2, (int)p2.size()), 0);
+  ASSERT_EQ(wrk_blocks_append(&s2, m.data(), (int)m.size()), 0);
+  ASSERT_EQ(wrk_blocks_reserve(pool, &s2, (int)p2.size()), 0);
   EXPECT_EQ(s2.n, 6);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 16 - 6 - 3);
-  EXPECT_EQ(srv_prefix_insert(st, p2.data(), (int)p2.size(), s2.ids, s2.n), 2);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 16 - 6 - 3);
+  EXPECT_EQ(wrk_prefix_insert(st, p2.data(), (int)p2.size(), s2.ids, s2.n), 2);
   for (int i = 0; i < 3; i++) {
     EXPECT_EQ(s2.ids[i], s1.ids[i]);
-    EXPECT_EQ(srv_kvpool_refcount(pool, s1.ids[i]), 3);
+    EXPECT_EQ(wrk_kvpool_refcount(pool, s1.ids[i]), 3);
   }
-  EXPECT_EQ(srv_kvpool_refcount(pool, s2.ids[3]), 2);
-  EXPECT_EQ(srv_kvpool_refcount(pool, s2.ids[5]), 1); // partial block: the sequence's alone
+  EXPECT_EQ(wrk_kvpool_refcount(pool, s2.ids[3]), 2);
+  EXPECT_EQ(wrk_kvpool_refcount(pool, s2.ids[5]), 1); // partial block: the sequence's alone
   std::vector<srv_kv_event> ev = drain();
   ASSERT_EQ(ev.size(), 7u);
   std::vector<uint64_t> k1 = keys_of(p1), k2 = keys_of(p2);
@@ -290,11 +290,11 @@ TEST_F(Prefix, SharedPrefixBetweenTwoSequences) {
   EXPECT_EQ(ev[5].key, k2[3]);
   EXPECT_EQ(ev[6].key, k2[4]);
   for (auto &e : ev) EXPECT_EQ(e.kind, SRV_KV_ADDED);
-  srv_blocks_release(pool, &s1);
-  srv_blocks_release(pool, &s2);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 16 - 7);
-  srv_prefix_clear(st);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 16);
+  wrk_blocks_release(pool, &s1);
+  wrk_blocks_release(pool, &s2);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 16 - 7);
+  wrk_prefix_clear(st);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 16);
   ev = drain();
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].kind, SRV_KV_CLEARED);
@@ -304,16 +304,16 @@ TEST_F(Prefix, LruEvictionUnderBudgetIsLeafFirst) {
   make_pool(16);
   make_store(4);
   std::vector<int32_t> a = seq(2 * BS, 100), b = seq(2 * BS, 200), c = seq(2 * BS, 300);
-  srv_blocks sa{}, sb{}, sc{};
+  wrk_blocks sa{}, sb{}, sc{};
   compute(a, &sa);
   compute(b, &sb);
-  srv_blocks_release(pool, &sa);
-  srv_blocks_release(pool, &sb);
+  wrk_blocks_release(pool, &sa);
+  wrk_blocks_release(pool, &sb);
   drain();
   a.push_back(1); // so both blocks of a may match
   unref_all(match(a)); // a is now more recent than b
   compute(c, &sc);
-  srv_blocks_release(pool, &sc);
+  wrk_blocks_release(pool, &sc);
   std::vector<srv_kv_event> ev = drain();
   std::vector<uint64_t> kb = keys_of(b), kc = keys_of(c);
   ASSERT_EQ(ev.size(), 4u);
@@ -334,7 +334,7 @@ TEST_F(Prefix, LruEvictionUnderBudgetIsLeafFirst) {
   unref_all(mc);
   EXPECT_EQ(stats().blocks[0], 4);
   EXPECT_EQ(stats().removed, 2u);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 12);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 12);
 }
 
 TEST_F(Prefix, SharedParentOutlivesItsChildren) {
@@ -346,15 +346,15 @@ TEST_F(Prefix, SharedParentOutlivesItsChildren) {
     x.push_back(100 + i);
     y.push_back(200 + i);
   }
-  srv_blocks sx{}, sy{}, sz{};
+  wrk_blocks sx{}, sy{}, sz{};
   compute(x, &sx);
   compute(y, &sy);
-  srv_blocks_release(pool, &sx);
-  srv_blocks_release(pool, &sy);
+  wrk_blocks_release(pool, &sx);
+  wrk_blocks_release(pool, &sy);
   EXPECT_EQ(stats().blocks[0], 3);
   std::vector<int32_t> z = seq(BS, 900);
   compute(z, &sz); // over budget by one: x's leaf (the LRU leaf) goes, not the shared root
-  srv_blocks_release(pool, &sz);
+  wrk_blocks_release(pool, &sz);
   x.push_back(0);
   y.push_back(0);
   std::vector<int32_t> mx = match(x), my = match(y);
@@ -368,28 +368,28 @@ TEST_F(Prefix, EvictionNeverFreesABlockInUse) {
   make_pool(8);
   make_store(2);
   std::vector<int32_t> a = seq(2 * BS, 100), b = seq(2 * BS, 200);
-  srv_blocks sa{}, sb{};
+  wrk_blocks sa{}, sb{};
   compute(a, &sa);
   compute(b, &sb);                     // over budget, but every block is in use
   EXPECT_EQ(stats().blocks[0], 4);
-  EXPECT_EQ(srv_prefix_evict_for(st, 8), 0);
+  EXPECT_EQ(wrk_prefix_evict_for(st, 8), 0);
   for (int i = 0; i < 2; i++) {
-    EXPECT_EQ(srv_kvpool_refcount(pool, sa.ids[i]), 2);
-    EXPECT_EQ(srv_kvpool_refcount(pool, sb.ids[i]), 2);
+    EXPECT_EQ(wrk_kvpool_refcount(pool, sa.ids[i]), 2);
+    EXPECT_EQ(wrk_kvpool_refcount(pool, sb.ids[i]), 2);
   }
   std::vector<int32_t> m = match(std::vector<int32_t>(a.begin(), a.end()));
   EXPECT_EQ(m.size(), 1u); // a is still cached and is now the most recent
-  srv_blocks_release(pool, &sb); // b unused by sequences now
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 4);
-  EXPECT_EQ(srv_prefix_evict_for(st, 5), 1); // one block is enough
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 5);
-  EXPECT_EQ(srv_prefix_evict_for(st, 8), 1); // b's other block; a's are in use
-  EXPECT_EQ(srv_kvpool_refcount(pool, sa.ids[0]), 3);
-  EXPECT_EQ(srv_kvpool_refcount(pool, sa.ids[1]), 2);
+  wrk_blocks_release(pool, &sb); // b unused by sequences now
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 4);
+  EXPECT_EQ(wrk_prefix_evict_for(st, 5), 1); // one block is enough
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 5);
+  EXPECT_EQ(wrk_prefix_evict_for(st, 8), 1); // b's other block; a's are in use
+  EXPECT_EQ(wrk_kvpool_refcount(pool, sa.ids[0]), 3);
+  EXPECT_EQ(wrk_kvpool_refcount(pool, sa.ids[1]), 2);
   unref_all(m);
-  srv_blocks_release(pool, &sa);
-  EXPECT_EQ(srv_prefix_evict_for(st, 8), 2);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 8);
+  wrk_blocks_release(pool, &sa);
+  EXPECT_EQ(wrk_prefix_evict_for(st, 8), 2);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 8);
   EXPECT_EQ(stats().blocks[0], 0);
 }
 
@@ -403,7 +403,7 @@ TEST_F(Prefix, HashCollisionIsRejectedByTheTokenCompare) {
   make_store(16, first_token_blind);
   std::vector<int32_t> a = seq(2 * BS + 1, 10), b = a;
   b[0] = 77; // same key as a's first block, different tokens
-  srv_blocks sa{}, sb{};
+  wrk_blocks sa{}, sb{};
   EXPECT_EQ(compute(a, &sa), 2);
   EXPECT_TRUE(match(b).empty()); // the key matches, the tokens do not
   EXPECT_EQ(compute(b, &sb), 0); // refused: the key belongs to another block
@@ -412,9 +412,9 @@ TEST_F(Prefix, HashCollisionIsRejectedByTheTokenCompare) {
   EXPECT_EQ(m.size(), 2u);
   EXPECT_EQ(m[0], sa.ids[0]);
   unref_all(m);
-  srv_blocks_release(pool, &sa);
-  srv_blocks_release(pool, &sb);
-  srv_prefix_free(st);
+  wrk_blocks_release(pool, &sa);
+  wrk_blocks_release(pool, &sb);
+  wrk_prefix_free(st);
   st = nullptr;
   // Every key equal: only the first block of the first prompt is ever cached; nothing wrong is served.
   make_store(16, const_hash);
@@ -424,34 +424,34 @@ TEST_F(Prefix, HashCollisionIsRejectedByTheTokenCompare) {
   m = match(a);
   EXPECT_EQ(m.size(), 1u);
   unref_all(m);
-  srv_blocks_release(pool, &sa);
+  wrk_blocks_release(pool, &sa);
 }
 
 TEST_F(Prefix, EventsDrainInOrderAndOverflowClears) {
   make_pool(16);
   make_store(16, nullptr, 3);
   std::vector<int32_t> a = seq(2 * BS, 1);
-  srv_blocks sa{};
+  wrk_blocks sa{};
   compute(a, &sa);
-  EXPECT_EQ(srv_prefix_pending_events(st), 2);
+  EXPECT_EQ(wrk_prefix_pending_events(st), 2);
   srv_kv_event ev[8];
-  EXPECT_EQ(srv_prefix_drain_events(st, ev, 1), 1);
+  EXPECT_EQ(wrk_prefix_drain_events(st, ev, 1), 1);
   EXPECT_EQ(ev[0].key, keys_of(a)[0]);
-  EXPECT_EQ(srv_prefix_drain_events(st, ev, 8), 1);
+  EXPECT_EQ(wrk_prefix_drain_events(st, ev, 8), 1);
   EXPECT_EQ(ev[0].key, keys_of(a)[1]);
-  EXPECT_EQ(srv_prefix_drain_events(st, ev, 8), 0);
-  srv_blocks_release(pool, &sa);
+  EXPECT_EQ(wrk_prefix_drain_events(st, ev, 8), 0);
+  wrk_blocks_release(pool, &sa);
   // Four adds into a queue of three: the router is told to forget, then learns what follows.
   std::vector<int32_t> b = seq(4 * BS, 100);
-  srv_blocks sb{};
+  wrk_blocks sb{};
   compute(b, &sb);
-  int n = srv_prefix_drain_events(st, ev, 8);
+  int n = wrk_prefix_drain_events(st, ev, 8);
   ASSERT_EQ(n, 2);
   EXPECT_EQ(ev[0].kind, SRV_KV_CLEARED);
   EXPECT_EQ(ev[1].kind, SRV_KV_ADDED);
   EXPECT_EQ(ev[1].key, keys_of(b)[3]);
   EXPECT_EQ(stats().events_lost, 3u);
-  srv_blocks_release(pool, &sb);
+  wrk_blocks_release(pool, &sb);
 }
 
 // Pattern bytes for block i of a prompt: what a forward pass would have written.
@@ -466,45 +466,45 @@ TEST_F(Prefix, TiersSpillToHostAndDiskAndRestoreRealBytes) {
   std::string path = std::string(::testing::TempDir()) + "dserve_prefix_" + std::to_string(getpid()) + ".kv";
   make_store(2, nullptr, 0, 2, 4, path.c_str());
   ASSERT_EQ(access(path.c_str(), F_OK), 0);
-  size_t bb = srv_kvpool_block_bytes(pool);
+  size_t bb = wrk_kvpool_block_bytes(pool);
   std::vector<int32_t> p = seq(6 * BS + 1, 40);
-  srv_blocks s{};
-  ASSERT_EQ(srv_blocks_reserve(pool, &s, (int)p.size()), 0);
-  for (int i = 0; i < 6; i++) ASSERT_EQ(srv_kvpool_write_block(pool, s.ids[i], pattern(bb, i).data()), 0);
-  EXPECT_EQ(srv_prefix_insert(st, p.data(), (int)p.size(), s.ids, s.n), 6); // over budget: all in use
+  wrk_blocks s{};
+  ASSERT_EQ(wrk_blocks_reserve(pool, &s, (int)p.size()), 0);
+  for (int i = 0; i < 6; i++) ASSERT_EQ(wrk_kvpool_write_block(pool, s.ids[i], pattern(bb, i).data()), 0);
+  EXPECT_EQ(wrk_prefix_insert(st, p.data(), (int)p.size(), s.ids, s.n), 6); // over budget: all in use
   EXPECT_EQ(stats().blocks[0], 6);
-  srv_blocks_release(pool, &s);
+  wrk_blocks_release(pool, &s);
   // Leaf first out of the pool; the host tier passes its LRU leaves on to disk: 0, 1 end in host DRAM.
-  EXPECT_EQ(srv_prefix_evict_for(st, 8), 6);
-  srv_prefix_stats t = stats();
+  EXPECT_EQ(wrk_prefix_evict_for(st, 8), 6);
+  wrk_prefix_stats t = stats();
   EXPECT_EQ(t.blocks[0], 0);
   EXPECT_EQ(t.blocks[1], 2);
   EXPECT_EQ(t.blocks[2], 4);
   EXPECT_EQ(t.demoted, 6u + 4u);
   EXPECT_EQ(t.removed, 0u);
-  EXPECT_EQ(srv_prefix_pending_events(st), 6); // adds only: moving between tiers is no event
+  EXPECT_EQ(wrk_prefix_pending_events(st), 6); // adds only: moving between tiers is no event
   int counts[3];
-  EXPECT_EQ(srv_prefix_peek(st, p.data(), (int)p.size(), 0, counts), 6);
+  EXPECT_EQ(wrk_prefix_peek(st, p.data(), (int)p.size(), 0, counts), 6);
   EXPECT_EQ(counts[0], 0);
   EXPECT_EQ(counts[1], 2);
   EXPECT_EQ(counts[2], 4);
   // Scrub every free pool block so a restore cannot pass by finding old bytes.
-  int nfree = srv_kvpool_free_blocks(pool);
+  int nfree = wrk_kvpool_free_blocks(pool);
   ASSERT_EQ(nfree, 8);
   std::vector<int32_t> scrub(nfree);
-  ASSERT_EQ(srv_kvpool_alloc(pool, scrub.data(), nfree), 0);
+  ASSERT_EQ(wrk_kvpool_alloc(pool, scrub.data(), nfree), 0);
   std::vector<unsigned char> zero(bb, 0);
-  for (int32_t id : scrub) srv_kvpool_write_block(pool, id, zero.data());
+  for (int32_t id : scrub) wrk_kvpool_write_block(pool, id, zero.data());
   unref_all(scrub);
   EXPECT_TRUE(match(p).empty()); // nothing in the pool
   std::vector<int32_t> r(8);
-  int nr = srv_prefix_restore(st, p.data(), (int)p.size(), 0, r.data(), 8, err, sizeof err);
+  int nr = wrk_prefix_restore(st, p.data(), (int)p.size(), 0, r.data(), 8, err, sizeof err);
   ASSERT_EQ(nr, 6) << err;
   std::vector<unsigned char> got(bb);
   for (int i = 0; i < 6; i++) {
-    ASSERT_EQ(srv_kvpool_read_block(pool, r[i], got.data()), 0);
+    ASSERT_EQ(wrk_kvpool_read_block(pool, r[i], got.data()), 0);
     EXPECT_EQ(got, pattern(bb, i)) << "block " << i;
-    EXPECT_EQ(srv_kvpool_refcount(pool, r[i]), 2); // store and caller
+    EXPECT_EQ(wrk_kvpool_refcount(pool, r[i]), 2); // store and caller
   }
   t = stats();
   EXPECT_EQ(t.hit_blocks[0], 0u);
@@ -521,17 +521,17 @@ TEST_F(Prefix, TiersSpillToHostAndDiskAndRestoreRealBytes) {
   r.resize(6);
   unref_all(r);
   // The next insert trims to the budget: the two first blocks stay in the pool.
-  srv_blocks so{};
+  wrk_blocks so{};
   compute(seq(BS, 9000), &so);
-  srv_blocks_release(pool, &so);
+  wrk_blocks_release(pool, &so);
   t = stats();
   EXPECT_EQ(t.blocks[0], 2);
   EXPECT_EQ(t.blocks[1] + t.blocks[2], 5);
-  EXPECT_EQ(srv_prefix_peek(st, p.data(), (int)p.size(), 0, counts), 6);
+  EXPECT_EQ(wrk_prefix_peek(st, p.data(), (int)p.size(), 0, counts), 6);
   EXPECT_EQ(counts[0], 1); // block 0 (the new prompt's block is the other resident)
-  srv_prefix_clear(st);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 8);
-  srv_prefix_free(st);
+  wrk_prefix_clear(st);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 8);
+  wrk_prefix_free(st);
   st = nullptr;
   EXPECT_NE(access(path.c_str(), F_OK), 0); // the store removed its file
 }
@@ -540,20 +540,20 @@ TEST_F(Prefix, RestoreStopsWhenThePoolIsShort) {
   make_pool(5);
   make_store(1, nullptr, 0, 4);
   std::vector<int32_t> p = seq(4 * BS + 1, 7);
-  srv_blocks s{};
+  wrk_blocks s{};
   compute(p, &s);
-  srv_blocks_release(pool, &s);
-  EXPECT_EQ(srv_prefix_evict_for(st, 5), 4);
+  wrk_blocks_release(pool, &s);
+  EXPECT_EQ(wrk_prefix_evict_for(st, 5), 4);
   int32_t hold[4];
-  ASSERT_EQ(srv_kvpool_alloc(pool, hold, 4), 0); // someone else holds 4 of 5 blocks
+  ASSERT_EQ(wrk_kvpool_alloc(pool, hold, 4), 0); // someone else holds 4 of 5 blocks
   int32_t r[4];
-  EXPECT_EQ(srv_prefix_restore(st, p.data(), (int)p.size(), 0, r, 4, err, sizeof err), 1);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 0);
+  EXPECT_EQ(wrk_prefix_restore(st, p.data(), (int)p.size(), 0, r, 4, err, sizeof err), 1);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 0);
   unref_all(std::vector<int32_t>(hold, hold + 4));
-  srv_kvpool_unref(pool, r[0]);
+  wrk_kvpool_unref(pool, r[0]);
   // the rest is still in the host tier, in chain order after the restored block
   int counts[3];
-  EXPECT_EQ(srv_prefix_peek(st, p.data(), (int)p.size(), 1, counts), 3);
+  EXPECT_EQ(wrk_prefix_peek(st, p.data(), (int)p.size(), 1, counts), 3);
   EXPECT_EQ(counts[1], 3);
 }
 
@@ -562,27 +562,27 @@ TEST_F(Prefix, BadInputsAreHarmless) {
   make_store(4);
   std::vector<int32_t> p = seq(3 * BS, 1);
   int32_t bogus[3] = {5, 6, 7}; // free blocks: not the caller's to give
-  EXPECT_EQ(srv_prefix_insert(st, p.data(), (int)p.size(), bogus, 3), 0);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 8);
-  EXPECT_EQ(srv_prefix_insert(st, nullptr, 12, bogus, 3), 0);
-  EXPECT_EQ(srv_prefix_insert(st, p.data(), BS - 1, bogus, 3), 0);
+  EXPECT_EQ(wrk_prefix_insert(st, p.data(), (int)p.size(), bogus, 3), 0);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 8);
+  EXPECT_EQ(wrk_prefix_insert(st, nullptr, 12, bogus, 3), 0);
+  EXPECT_EQ(wrk_prefix_insert(st, p.data(), BS - 1, bogus, 3), 0);
   int32_t out[4];
-  EXPECT_EQ(srv_prefix_match(st, nullptr, 12, out, 4), 0);
-  EXPECT_EQ(srv_prefix_match(st, p.data(), 0, out, 4), 0);
-  EXPECT_EQ(srv_prefix_match(st, p.data(), (int)p.size(), nullptr, 4), 0);
-  srv_blocks b{};
+  EXPECT_EQ(wrk_prefix_match(st, nullptr, 12, out, 4), 0);
+  EXPECT_EQ(wrk_prefix_match(st, p.data(), 0, out, 4), 0);
+  EXPECT_EQ(wrk_prefix_match(st, p.data(), (int)p.size(), nullptr, 4), 0);
+  wrk_blocks b{};
   compute(p, &b);
-  srv_blocks_release(pool, &b);
+  wrk_blocks_release(pool, &b);
   // restore whose n_have is not what match returned gives nothing
-  EXPECT_EQ(srv_prefix_restore(st, p.data(), (int)p.size(), 5, out, 4, err, sizeof err), 0);
-  EXPECT_EQ(srv_prefix_restore(st, p.data(), (int)p.size(), 0, nullptr, 4, err, sizeof err), 0);
+  EXPECT_EQ(wrk_prefix_restore(st, p.data(), (int)p.size(), 5, out, 4, err, sizeof err), 0);
+  EXPECT_EQ(wrk_prefix_restore(st, p.data(), (int)p.size(), 0, nullptr, 4, err, sizeof err), 0);
   // without lower tiers, restore returns pool blocks like match does
-  EXPECT_EQ(srv_prefix_restore(st, p.data(), (int)p.size(), 0, out, 4, err, sizeof err), 2);
-  srv_kvpool_unref(pool, out[0]);
-  srv_kvpool_unref(pool, out[1]);
-  EXPECT_EQ(srv_prefix_evict_for(st, 8), 3);
-  EXPECT_EQ(srv_kvpool_free_blocks(pool), 8);
-  EXPECT_EQ(srv_prefix_block_size(st), BS);
+  EXPECT_EQ(wrk_prefix_restore(st, p.data(), (int)p.size(), 0, out, 4, err, sizeof err), 2);
+  wrk_kvpool_unref(pool, out[0]);
+  wrk_kvpool_unref(pool, out[1]);
+  EXPECT_EQ(wrk_prefix_evict_for(st, 8), 3);
+  EXPECT_EQ(wrk_kvpool_free_blocks(pool), 8);
+  EXPECT_EQ(wrk_prefix_block_size(st), BS);
 }
 
 // Tokens in the unit vLLM uses: every lookup queries its whole prompt at the pool; what the pool lacks is the
@@ -594,7 +594,7 @@ TEST_F(Prefix, TierCountersForMissPoolHitHostAndDiskRestore) {
   std::vector<int32_t> p = seq(6 * BS + 1, 40);
   const uint64_t N = p.size();
   auto expect = [&](const char *what, std::vector<uint64_t> q, std::vector<uint64_t> h) {
-    srv_prefix_stats t = stats();
+    wrk_prefix_stats t = stats();
     for (int k = 0; k < 3; k++) {
       EXPECT_EQ(t.tier_query_tokens[k], q[k]) << what << ": queries of tier " << k;
       EXPECT_EQ(t.hit_tokens[k], h[k]) << what << ": hits of tier " << k;
@@ -606,17 +606,17 @@ TEST_F(Prefix, TierCountersForMissPoolHitHostAndDiskRestore) {
   EXPECT_TRUE(match(p).empty());
   expect("miss", {N, N, N}, {0, 0, 0});
   // Cached, then pushed out of the pool: blocks 0, 1 in host DRAM, 2..5 on disk.
-  srv_blocks s{};
+  wrk_blocks s{};
   compute(p, &s);
-  srv_blocks_release(pool, &s);
-  EXPECT_EQ(srv_prefix_evict_for(st, 8), 6);
+  wrk_blocks_release(pool, &s);
+  EXPECT_EQ(wrk_prefix_evict_for(st, 8), 6);
   ASSERT_EQ(stats().blocks[1], 2);
   ASSERT_EQ(stats().blocks[2], 4);
   // The lookup finds nothing in the pool, two blocks in host DRAM: the disk tier is asked for the rest.
   EXPECT_TRUE(match(p).empty());
   expect("lookup before restore", {2 * N, 2 * N, 2 * N - 2 * BS}, {0, 0, 0});
   std::vector<int32_t> r(8, -1);
-  ASSERT_EQ(srv_prefix_restore(st, p.data(), (int)N, 0, r.data(), 8, err, sizeof err), 6) << err;
+  ASSERT_EQ(wrk_prefix_restore(st, p.data(), (int)N, 0, r.data(), 8, err, sizeof err), 6) << err;
   r.resize(6);
   unref_all(r);
   expect("host and disk restore", {2 * N, 2 * N, 2 * N - 2 * BS}, {0, 2 * BS, 4 * BS});
@@ -627,66 +627,66 @@ TEST_F(Prefix, TierCountersForMissPoolHitHostAndDiskRestore) {
   expect("pool hit", {3 * N, 2 * N + 1, 2 * N - 2 * BS + 1}, {6 * BS, 2 * BS, 4 * BS});
   // The next insert trims the pool to its budget of 2: blocks 2..5 go to host (2) and disk (2); a lookup
   // of a longer prompt with the same start finds 2 in the pool, 2 in host DRAM, 2 on disk.
-  srv_blocks so{};
+  wrk_blocks so{};
   compute(seq(BS, 9000), &so);
-  srv_blocks_release(pool, &so);
+  wrk_blocks_release(pool, &so);
   std::vector<int32_t> longer = seq(8 * BS, 40);
   int counts[3];
-  ASSERT_EQ(srv_prefix_peek(st, longer.data(), (int)longer.size(), 0, counts), 6);
+  ASSERT_EQ(wrk_prefix_peek(st, longer.data(), (int)longer.size(), 0, counts), 6);
   m = match(longer);
   ASSERT_EQ(counts[0], (int)m.size());
   uint64_t L = longer.size(), h0 = m.size() * BS;
   r.assign(8, -1);
-  ASSERT_EQ(srv_prefix_restore(st, longer.data(), (int)L, (int)m.size(), r.data(), 8, err, sizeof err), 6 - (int)m.size());
+  ASSERT_EQ(wrk_prefix_restore(st, longer.data(), (int)L, (int)m.size(), r.data(), 8, err, sizeof err), 6 - (int)m.size());
   unref_all(m);
   r.resize(6 - m.size());
   unref_all(r);
   expect("mixed", {3 * N + L, 2 * N + 1 + L - h0, 2 * N - 2 * BS + 1 + L - h0 - (uint64_t)counts[1] * BS},
          {6 * BS + h0, 2 * BS + (uint64_t)counts[1] * BS, 4 * BS + (uint64_t)counts[2] * BS});
-  EXPECT_TRUE(srv_prefix_has_tier(st, 0) && srv_prefix_has_tier(st, 1) && srv_prefix_has_tier(st, 2));
+  EXPECT_TRUE(wrk_prefix_has_tier(st, 0) && wrk_prefix_has_tier(st, 1) && wrk_prefix_has_tier(st, 2));
 }
 
 TEST_F(Prefix, TierCountersSkipTiersThatAreNotConfigured) {
   make_pool(8);
   make_store(4, nullptr, 0, 4); // pool and host DRAM, no disk
   std::vector<int32_t> p = seq(3 * BS + 1, 1);
-  srv_blocks s{};
+  wrk_blocks s{};
   compute(p, &s);
-  srv_blocks_release(pool, &s);
+  wrk_blocks_release(pool, &s);
   unref_all(match(p));
-  srv_prefix_stats t = stats();
+  wrk_prefix_stats t = stats();
   EXPECT_EQ(t.tier_query_tokens[0], p.size());
   EXPECT_EQ(t.hit_tokens[0], 3u * BS);
   EXPECT_EQ(t.tier_query_tokens[1], 1u); // the token the pool did not hold
   EXPECT_EQ(t.tier_query_tokens[2], 0u);
-  EXPECT_FALSE(srv_prefix_has_tier(st, 2));
-  EXPECT_FALSE(srv_prefix_has_tier(st, 3));
-  EXPECT_FALSE(srv_prefix_has_tier(st, -1));
+  EXPECT_FALSE(wrk_prefix_has_tier(st, 2));
+  EXPECT_FALSE(wrk_prefix_has_tier(st, 3));
+  EXPECT_FALSE(wrk_prefix_has_tier(st, -1));
 }
 
 TEST_F(Prefix, KeysListEveryTierLeastRecentFirst) {
   make_pool(8);
   make_store(2, nullptr, 0, 2);
-  EXPECT_EQ(srv_prefix_keys(st, nullptr, 0), 0);
+  EXPECT_EQ(wrk_prefix_keys(st, nullptr, 0), 0);
   std::vector<int32_t> a = seq(2 * BS, 1), b = seq(2 * BS, 500);
-  srv_blocks sa{}, sb{};
+  wrk_blocks sa{}, sb{};
   compute(a, &sa);
-  srv_blocks_release(pool, &sa);
+  wrk_blocks_release(pool, &sa);
   compute(b, &sb); // over the budget of 2: a's blocks go to host DRAM, leaf first
-  srv_blocks_release(pool, &sb);
+  wrk_blocks_release(pool, &sb);
   ASSERT_EQ(stats().blocks[0], 2);
   ASSERT_EQ(stats().blocks[1], 2);
   std::vector<uint64_t> ka = keys_of(a), kb = keys_of(b);
-  ASSERT_EQ(srv_prefix_keys(st, nullptr, 0), 4);
+  ASSERT_EQ(wrk_prefix_keys(st, nullptr, 0), 4);
   std::vector<uint64_t> got(4);
-  ASSERT_EQ(srv_prefix_keys(st, got.data(), 4), 4);
+  ASSERT_EQ(wrk_prefix_keys(st, got.data(), 4), 4);
   // host tier first (its LRU end: a's leaf, demoted first), then the pool (b's leaf is older than its head)
   EXPECT_EQ(got, (std::vector<uint64_t>{ka[1], ka[0], kb[1], kb[0]}));
   std::vector<uint64_t> part(3, 7);
-  EXPECT_EQ(srv_prefix_keys(st, part.data(), 2), 4); // the total, but only 2 written
+  EXPECT_EQ(wrk_prefix_keys(st, part.data(), 2), 4); // the total, but only 2 written
   EXPECT_EQ(part, (std::vector<uint64_t>{ka[1], ka[0], 7}));
-  srv_prefix_clear(st);
-  EXPECT_EQ(srv_prefix_keys(st, got.data(), 4), 0);
+  wrk_prefix_clear(st);
+  EXPECT_EQ(wrk_prefix_keys(st, got.data(), 4), 0);
 }
 
 // The events of kv_events messages a router-side hub receives, by the peer they came from, until want in all.
@@ -725,11 +725,11 @@ TEST_F(Prefix, RouterHelloGetsASnapshotInChunks) {
   make_store(700);
   // 600 blocks in the store: more than one kv_events message (512 events at most).
   std::vector<int32_t> p = seq(600 * BS, 3);
-  srv_blocks s{};
+  wrk_blocks s{};
   ASSERT_EQ(compute(p, &s), 600);
-  srv_blocks_release(pool, &s);
+  wrk_blocks_release(pool, &s);
   std::vector<uint64_t> want(600);
-  ASSERT_EQ(srv_prefix_keys(st, want.data(), 600), 600);
+  ASSERT_EQ(wrk_prefix_keys(st, want.data(), 600), 600);
   srv_hub_opts wo = {};
   wo.name = "w0";
   wo.role = "both";
@@ -742,14 +742,14 @@ TEST_F(Prefix, RouterHelloGetsASnapshotInChunks) {
   ASSERT_EQ(srv_hub_new(&ro, &router, err, sizeof err), 0) << err;
   srv_peer *p1 = srv_hub_connect(router, "127.0.0.1", srv_hub_port(worker), 5000, err, sizeof err);
   ASSERT_NE(p1, nullptr) << err;
-  srv_kvevents kv{};
+  wrk_kvevents kv{};
   srv_event ev;
   ASSERT_EQ(srv_hub_next(worker, &ev, 5000), 1);
   // The pending ADDED events (600) are flushed first (no router yet to hear them), then the snapshot.
-  srv_kvevents_on_event(&kv, &ev, st);
+  wrk_kvevents_on_event(&kv, &ev, st);
   srv_event_done(&ev);
   EXPECT_EQ(kv.n, 1);
-  EXPECT_EQ(srv_prefix_pending_events(st), 0);
+  EXPECT_EQ(wrk_prefix_pending_events(st), 0);
   KvHeard heard = recv_kv_events(router, 601);
   EXPECT_EQ(heard.messages, 2);
   std::vector<srv_kv_event> got = heard.from(p1);
@@ -762,13 +762,13 @@ TEST_F(Prefix, RouterHelloGetsASnapshotInChunks) {
   // A second router that connects later: the first hears the new block's event, the second a snapshot of
   // all 601 keys.
   std::vector<int32_t> q = seq(BS, 90000);
-  srv_blocks sq{};
+  wrk_blocks sq{};
   compute(q, &sq);
-  srv_blocks_release(pool, &sq);
+  wrk_blocks_release(pool, &sq);
   srv_peer *p2 = srv_hub_connect(router, "127.0.0.1", srv_hub_port(worker), 5000, err, sizeof err);
   ASSERT_NE(p2, nullptr) << err;
   ASSERT_EQ(srv_hub_next(worker, &ev, 5000), 1);
-  srv_kvevents_on_event(&kv, &ev, st);
+  wrk_kvevents_on_event(&kv, &ev, st);
   srv_event_done(&ev);
   EXPECT_EQ(kv.n, 2);
   heard = recv_kv_events(router, 1 + 602);
@@ -790,16 +790,16 @@ TEST_F(Prefix, RouterHelloGetsASnapshotInChunks) {
   std::sort(all.begin(), all.end());
   EXPECT_EQ(snap, all);
   // No store: the router is added, nothing is sent.
-  srv_kvevents none{};
+  wrk_kvevents none{};
   srv_peer *p3 = srv_hub_connect(router, "127.0.0.1", srv_hub_port(worker), 5000, err, sizeof err);
   ASSERT_NE(p3, nullptr) << err;
   ASSERT_EQ(srv_hub_next(worker, &ev, 5000), 1);
-  srv_kvevents_on_event(&none, &ev, nullptr);
+  wrk_kvevents_on_event(&none, &ev, nullptr);
   srv_event_done(&ev);
   EXPECT_EQ(none.n, 1);
   EXPECT_EQ(srv_hub_next(router, &ev, 200), 0);
-  srv_kvevents_fini(&none);
-  srv_kvevents_fini(&kv);
+  wrk_kvevents_fini(&none);
+  wrk_kvevents_fini(&kv);
   for (srv_peer *pp : {p1, p2, p3}) srv_peer_unref(pp);
   srv_hub_free(router);
   srv_hub_free(worker);

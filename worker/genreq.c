@@ -1,5 +1,5 @@
-// server/genreq.c: reads and checks a `generate` message; error replies and signal waiting shared by workers.
-#include "server/genreq.h"
+// worker/genreq.c: reads and checks a `generate` message; error replies and signal waiting shared by workers.
+#include "worker/genreq.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -46,7 +46,7 @@ static int get_name(const cJSON *o, const char *k, char *out, size_t cap) {
     goto fail;                                                                                                        \
   } while (0)
 
-int srv_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, srv_genreq *r, char *code, size_t code_len, char *err,
+int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_genreq *r, char *code, size_t code_len, char *err,
                      size_t errlen) {
   memset(r, 0, sizeof *r);
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
@@ -134,11 +134,11 @@ int srv_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, srv_genreq *r, char
   }
   return 0;
 fail:
-  srv_genreq_free(r);
+  wrk_genreq_free(r);
   return -1;
 }
 
-void srv_genreq_free(srv_genreq *r) {
+void wrk_genreq_free(wrk_genreq *r) {
   free(r->prompt);
   free(r->bias);
   for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
@@ -147,7 +147,7 @@ void srv_genreq_free(srv_genreq *r) {
   memset(r, 0, sizeof *r);
 }
 
-void srv_send_error(srv_peer *to, const char *id, const char *code, const char *fmt, ...) {
+void wrk_send_error(srv_peer *to, const char *id, const char *code, const char *fmt, ...) {
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
@@ -162,7 +162,7 @@ void srv_send_error(srv_peer *to, const char *id, const char *code, const char *
   cJSON_Delete(m);
 }
 
-void srv_signals_block(srv_signals *s) {
+void wrk_signals_block(wrk_signals *s) {
   sigemptyset(&s->set);
   sigaddset(&s->set, SIGTERM);
   sigaddset(&s->set, SIGINT);
@@ -173,7 +173,7 @@ void srv_signals_block(srv_signals *s) {
 }
 
 static void *signal_main(void *arg) {
-  srv_signals *s = arg;
+  wrk_signals *s = arg;
   int sig = 0;
   if (sigwait(&s->set, &sig) == 0) {
     atomic_store(&s->stop, 1);
@@ -182,7 +182,7 @@ static void *signal_main(void *arg) {
   return NULL;
 }
 
-int srv_signals_start(srv_signals *s, srv_hub *hub) {
+int wrk_signals_start(wrk_signals *s, srv_hub *hub) {
   s->hub = hub;
   pthread_t t;
   if (pthread_create(&t, NULL, signal_main, s)) return -1;

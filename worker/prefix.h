@@ -1,12 +1,12 @@
-// server/prefix.h: the cross-request KV block store: full blocks keyed by a token hash chain, shared by refcount, evicted LRU (pool, then host DRAM, then a disk file).
-#ifndef DSERVE_SRV_PREFIX_H
-#define DSERVE_SRV_PREFIX_H
+// worker/prefix.h: the cross-request KV block store: full blocks keyed by a token hash chain, shared by refcount, evicted LRU (pool, then host DRAM, then a disk file).
+#ifndef DSERVE_WRK_PREFIX_H
+#define DSERVE_WRK_PREFIX_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "server/blockhash.h"
-#include "server/kvpool.h"
+#include "worker/kvpool.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,7 +17,7 @@ extern "C" {
 //
 // Entries. Each entry is one FULL block of a prompt: its key (srv_blockhash chain), its parent entry,
 // its block_size token ids, and where its bytes are:
-//   tier 0: a pool block, on which the store holds one reference (srv_kvpool_ref);
+//   tier 0: a pool block, on which the store holds one reference (wrk_kvpool_ref);
 //   tier 1: a slot of a host-DRAM arena (optional, host_blocks > 0);
 //   tier 2: a slot of one file on local disk (optional, disk_blocks > 0).
 // A lookup walks the chain from the root and compares the parent ENTRY and the block's tokens, not only
@@ -33,29 +33,29 @@ extern "C" {
 // tier 1 spills to tier 2 the same way; tier 2 drops its LRU leaf.
 //
 // Events (for the router's index): SRV_KV_ADDED when a key enters the store (any tier), SRV_KV_REMOVED
-// when it leaves every tier, SRV_KV_CLEARED on srv_prefix_clear or when pending events overflowed
+// when it leaves every tier, SRV_KV_CLEARED on wrk_prefix_clear or when pending events overflowed
 // max_events (the pending ones are then discarded: the router forgets this worker and relearns).
 // Moves between tiers send no event: the worker still holds the block.
 
-typedef struct srv_prefix srv_prefix;
+typedef struct wrk_prefix wrk_prefix;
 
-typedef struct srv_prefix_opts {
+typedef struct wrk_prefix_opts {
   int budget_blocks;     // most pool blocks the store keeps (tier 0); >= 1
   srv_blockhash_fn hash; // NULL: srv_blockhash (what the router computes); other functions for tests only
   int max_events;        // pending events kept between drains; 0: 4096
   int host_blocks;       // tier 1 arena slots (0: no tier 1); the arena is host_blocks * block bytes
   int disk_blocks;       // tier 2 file slots (0: no tier 2)
-  const char *disk_path; // tier 2 file (created or truncated; removed by srv_prefix_free); needed when disk_blocks > 0
-} srv_prefix_opts;
+  const char *disk_path; // tier 2 file (created or truncated; removed by wrk_prefix_free); needed when disk_blocks > 0
+} wrk_prefix_opts;
 
-typedef struct srv_prefix_stats {
-  uint64_t queries;       // srv_prefix_match calls
-  uint64_t hit_queries;   // calls that found at least one block (any tier, counting srv_prefix_restore)
+typedef struct wrk_prefix_stats {
+  uint64_t queries;       // wrk_prefix_match calls
+  uint64_t hit_queries;   // calls that found at least one block (any tier, counting wrk_prefix_restore)
   uint64_t query_blocks;  // blocks asked about: sum of (n_toks - 1) / block_size
   uint64_t query_tokens;  // sum of n_toks
   uint64_t hit_blocks[3]; // blocks served, by tier (0 pool, 1 host DRAM, 2 disk)
   uint64_t hit_tokens[3]; // hit_blocks * block_size
-  // Tokens that reached each tier, per srv_prefix_match (one lookup): tier 0 every lookup's n_toks (so equal to
+  // Tokens that reached each tier, per wrk_prefix_match (one lookup): tier 0 every lookup's n_toks (so equal to
   // query_tokens); tier 1 / 2, when configured, the tokens the tiers before it did not hold (n_toks minus the
   // tokens of the chain's blocks found in lower-numbered tiers). hit_tokens[t] <= tier_query_tokens[t]; the
   // unit is the one vLLM's prefix_cache_queries / prefix_cache_hits use.
@@ -66,34 +66,34 @@ typedef struct srv_prefix_stats {
   uint64_t collisions;    // inserts refused because the key belonged to a different block
   uint64_t events_lost;   // events discarded on overflow
   int blocks[3];          // entries resident per tier now
-} srv_prefix_stats;
+} wrk_prefix_stats;
 
 // pool (borrowed) must outlive the store. -1 with err on bad options, out of memory or a disk file that
 // cannot be created.
-int srv_prefix_new(srv_kvpool *pool, const srv_prefix_opts *o, srv_prefix **out, char *err, size_t errlen);
+int wrk_prefix_new(wrk_kvpool *pool, const wrk_prefix_opts *o, wrk_prefix **out, char *err, size_t errlen);
 // Drops the store's references (blocks still used by sequences stay theirs) and removes the disk file.
-void srv_prefix_free(srv_prefix *s);
+void wrk_prefix_free(wrk_prefix *s);
 
 // The longest cached prefix of toks (n_toks) that is in the pool (tier 0): writes the block ids into
 // block_ids_out and returns how many (0..max_blocks). Counts one lookup in the stats, per tier (what the
-// host and disk tiers hold after the pool prefix counts as a query there; srv_prefix_restore counts their hits). Each returned block carries a NEW reference for the
-// caller (hand it to srv_blocks_append, or drop it with srv_kvpool_unref). Matches at most
+// host and disk tiers hold after the pool prefix counts as a query there; wrk_prefix_restore counts their hits). Each returned block carries a NEW reference for the
+// caller (hand it to wrk_blocks_append, or drop it with wrk_kvpool_unref). Matches at most
 // (n_toks - 1) / block_size blocks, so the caller always has at least one token left to compute (the one
 // whose logits it samples): pass the whole prompt. The matched entries become most recently used.
-int srv_prefix_match(srv_prefix *s, const int32_t *toks, int n_toks, int32_t *block_ids_out, int max_blocks);
+int wrk_prefix_match(wrk_prefix *s, const int32_t *toks, int n_toks, int32_t *block_ids_out, int max_blocks);
 
 // How many blocks after the first n_have of toks are in tier 1 / tier 2 (the same limit as match),
 // without touching anything: counts[0] pool, counts[1] host, counts[2] disk, in chain order (counts[0]
 // counts only pool blocks after n_have). Returns the total. Lets the caller decide whether reading back is
 // cheaper than recomputing.
-int srv_prefix_peek(const srv_prefix *s, const int32_t *toks, int n_toks, int n_have, int counts[3]);
+int wrk_prefix_peek(const wrk_prefix *s, const int32_t *toks, int n_toks, int n_have, int counts[3]);
 
-// Continues a match: after the n_have leading blocks srv_prefix_match returned for the same toks, copies
+// Continues a match: after the n_have leading blocks wrk_prefix_match returned for the same toks, copies
 // the next cached blocks from tier 1 / tier 2 back into newly allocated pool blocks (evicting unused
 // tier-0 entries when the pool is short) and returns how many it wrote into block_ids_out (each with a
 // reference for the caller, like match). Stops at the first block that is not cached or when the pool
 // cannot give a block. -1 with err when the disk file cannot be read (that entry is dropped).
-int srv_prefix_restore(srv_prefix *s, const int32_t *toks, int n_toks, int n_have, int32_t *block_ids_out,
+int wrk_prefix_restore(wrk_prefix *s, const int32_t *toks, int n_toks, int n_have, int32_t *block_ids_out,
                        int max_blocks, char *err, size_t errlen);
 
 // After a sequence's prompt is computed: its first min(n_toks / block_size, n_blocks) blocks (block_ids,
@@ -101,28 +101,28 @@ int srv_prefix_restore(srv_prefix *s, const int32_t *toks, int n_toks, int n_hav
 // reference on each. Blocks already cached in the pool are skipped (the sequence's copy stays its own); a
 // block cached only in tier 1/2 is promoted to the caller's pool block. Then evicts down to the budget.
 // Returns the number of new entries, -1 on out of memory (what was inserted before stays).
-int srv_prefix_insert(srv_prefix *s, const int32_t *toks, int n_toks, const int32_t *block_ids, int n_blocks);
+int wrk_prefix_insert(wrk_prefix *s, const int32_t *toks, int n_toks, const int32_t *block_ids, int n_blocks);
 
 // Evicts unused tier-0 entries (LRU, leaf first) until the pool has n_free_needed free blocks or nothing
 // more can go. Returns the number of pool blocks given back.
-int srv_prefix_evict_for(srv_prefix *s, int n_free_needed);
+int wrk_prefix_evict_for(wrk_prefix *s, int n_free_needed);
 
 // Drops every entry of every tier (blocks in use by sequences stay theirs); queues SRV_KV_CLEARED.
-void srv_prefix_clear(srv_prefix *s);
+void wrk_prefix_clear(wrk_prefix *s);
 
 // Moves up to max pending events, oldest first, into out (max); returns how many. The rest stay queued.
-int srv_prefix_drain_events(srv_prefix *s, srv_kv_event *out, int max);
-int srv_prefix_pending_events(const srv_prefix *s);
+int wrk_prefix_drain_events(wrk_prefix *s, srv_kv_event *out, int max);
+int wrk_prefix_pending_events(const wrk_prefix *s);
 
-void srv_prefix_get_stats(const srv_prefix *s, srv_prefix_stats *out);
-int srv_prefix_has_tier(const srv_prefix *s, int tier); // 1 when tier (0 pool, 1 host, 2 disk) is configured
+void wrk_prefix_get_stats(const wrk_prefix *s, wrk_prefix_stats *out);
+int wrk_prefix_has_tier(const wrk_prefix *s, int tier); // 1 when tier (0 pool, 1 host, 2 disk) is configured
 
 // The keys of every entry in the store (every tier), least recently used first: the disk tier's, then the
 // host tier's, then the pool's, each from its LRU end (parents are more recent than their children, so an index
 // that keeps only its newest keys keeps the heads of the chains). Writes the first min(total, max) into
 // keys_out (max; may be NULL when max is 0) and returns the total, like snprintf: call with max 0 to size.
-int srv_prefix_keys(const srv_prefix *s, uint64_t *keys_out, int max);
-int srv_prefix_block_size(const srv_prefix *s);
+int wrk_prefix_keys(const wrk_prefix *s, uint64_t *keys_out, int max);
+int wrk_prefix_block_size(const wrk_prefix *s);
 
 #ifdef __cplusplus
 }

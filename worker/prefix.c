@@ -1,4 +1,4 @@
-// server/prefix.c: the cross-request KV block store: hash-chained entries, per-tier LRU lists, leaf-first eviction, events.
+// worker/prefix.c: the cross-request KV block store: hash-chained entries, per-tier LRU lists, leaf-first eviction, events.
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/prefix.h"
+#include "worker/prefix.h"
 
 #define NT 3 // tiers: 0 pool, 1 host DRAM, 2 disk
 
@@ -27,8 +27,8 @@ typedef struct pf_tier {
   int n;
 } pf_tier;
 
-struct srv_prefix {
-  srv_kvpool *pool; // (borrowed)
+struct wrk_prefix {
+  wrk_kvpool *pool; // (borrowed)
   srv_blockhash_fn hash;
   int bs;            // tokens per block
   int budget;        // tier-0 entries kept
@@ -50,14 +50,14 @@ struct srv_prefix {
   srv_kv_event *ev;      // (owned) (max_ev) pending events, oldest first
   int n_ev, max_ev;
   int quiet;             // 1 while clearing: no REMOVED events (CLEARED says it all)
-  srv_prefix_stats st;
+  wrk_prefix_stats st;
 };
 
 // ---- small helpers
 
-static uint64_t pf_bucket(const srv_prefix *s, uint64_t key) { return (key ^ (key >> 29)) & s->bmask; }
+static uint64_t pf_bucket(const wrk_prefix *s, uint64_t key) { return (key ^ (key >> 29)) & s->bmask; }
 
-static void pf_event(srv_prefix *s, int kind, uint64_t key) {
+static void pf_event(wrk_prefix *s, int kind, uint64_t key) {
   if (s->quiet) return;
   if (s->n_ev >= s->max_ev) {
     s->st.events_lost += (uint64_t)s->n_ev;
@@ -68,7 +68,7 @@ static void pf_event(srv_prefix *s, int kind, uint64_t key) {
   s->ev[s->n_ev++] = (srv_kv_event){key, kind};
 }
 
-static void lru_unlink(srv_prefix *s, int i) {
+static void lru_unlink(wrk_prefix *s, int i) {
   pf_ent *e = &s->ents[i];
   pf_tier *t = &s->tier[e->tier];
   if (e->prev >= 0) s->ents[e->prev].next = e->next;
@@ -79,7 +79,7 @@ static void lru_unlink(srv_prefix *s, int i) {
   t->n--;
 }
 
-static void lru_front(srv_prefix *s, int i) {
+static void lru_front(wrk_prefix *s, int i) {
   pf_ent *e = &s->ents[i];
   pf_tier *t = &s->tier[e->tier];
   e->prev = -1;
@@ -90,13 +90,13 @@ static void lru_front(srv_prefix *s, int i) {
   t->n++;
 }
 
-static void lru_touch(srv_prefix *s, int i) {
+static void lru_touch(wrk_prefix *s, int i) {
   lru_unlink(s, i);
   lru_front(s, i);
 }
 
 // Moves live entry i to tier nt (list and the parent's child counts); bytes are the caller's business.
-static void set_tier(srv_prefix *s, int i, int nt) {
+static void set_tier(wrk_prefix *s, int i, int nt) {
   pf_ent *e = &s->ents[i];
   lru_unlink(s, i);
   if (e->parent >= 0) {
@@ -107,13 +107,13 @@ static void set_tier(srv_prefix *s, int i, int nt) {
   lru_front(s, i);
 }
 
-static int tok_eq(const srv_prefix *s, int i, const int32_t *toks) {
+static int tok_eq(const wrk_prefix *s, int i, const int32_t *toks) {
   return memcmp(s->toks + (size_t)i * s->bs, toks, (size_t)s->bs * sizeof *toks) == 0;
 }
 
 // The entry for the block toks (bs) under parent entry `parent` (-1: first block), or -1. *collide is set
 // when a live entry has the key but is a different block.
-static int lookup(const srv_prefix *s, int parent, const int32_t *toks, uint64_t *key_out, int *collide) {
+static int lookup(const wrk_prefix *s, int parent, const int32_t *toks, uint64_t *key_out, int *collide) {
   uint64_t pk = parent >= 0 ? s->ents[parent].key : SRV_BLOCKHASH_ROOT;
   uint64_t key = s->hash(pk, toks, s->bs);
   if (key_out) *key_out = key;
@@ -126,13 +126,13 @@ static int lookup(const srv_prefix *s, int parent, const int32_t *toks, uint64_t
   return -1;
 }
 
-static void bucket_unlink(srv_prefix *s, int i) {
+static void bucket_unlink(wrk_prefix *s, int i) {
   int32_t *pp = &s->buckets[pf_bucket(s, s->ents[i].key)];
   while (*pp >= 0 && *pp != i) pp = &s->ents[*pp].hnext;
   if (*pp == i) *pp = s->ents[i].hnext;
 }
 
-static int new_ent(srv_prefix *s) {
+static int new_ent(wrk_prefix *s) {
   int i;
   if (s->free_ent >= 0) {
     i = s->free_ent;
@@ -158,9 +158,9 @@ static int new_ent(srv_prefix *s) {
 }
 
 // Drops live entry i, which must have no children, from every tier.
-static void drop(srv_prefix *s, int i) {
+static void drop(wrk_prefix *s, int i) {
   pf_ent *e = &s->ents[i];
-  if (e->tier == 0) srv_kvpool_unref(s->pool, e->block);
+  if (e->tier == 0) wrk_kvpool_unref(s->pool, e->block);
   else s->free_slot[e->tier][s->n_free_slot[e->tier]++] = e->slot;
   lru_unlink(s, i);
   if (e->parent >= 0) s->ents[e->parent].nch[e->tier]--;
@@ -174,19 +174,19 @@ static void drop(srv_prefix *s, int i) {
 
 // The next entry of tier t that may leave it, scanning from entry `from` toward the most recent (-1: from
 // the LRU end): no child in tier <= t, not pinned, and in tier 0 unused (only the store holds it).
-static int candidate(const srv_prefix *s, int t, int from) {
+static int candidate(const wrk_prefix *s, int t, int from) {
   for (int i = from >= 0 ? from : s->tier[t].tail; i >= 0; i = s->ents[i].prev) {
     const pf_ent *e = &s->ents[i];
     int kids = 0;
     for (int k = 0; k <= t; k++) kids += e->nch[k];
     if (kids || e->pinned) continue;
-    if (t == 0 && srv_kvpool_refcount(s->pool, e->block) != 1) continue;
+    if (t == 0 && wrk_kvpool_refcount(s->pool, e->block) != 1) continue;
     return i;
   }
   return -1;
 }
 
-static int disk_io(srv_prefix *s, int slot, void *buf, int write) {
+static int disk_io(wrk_prefix *s, int slot, void *buf, int write) {
   off_t off = (off_t)slot * (off_t)s->bbytes;
   size_t done = 0;
   while (done < s->bbytes) {
@@ -199,25 +199,25 @@ static int disk_io(srv_prefix *s, int slot, void *buf, int write) {
   return 0;
 }
 
-static int make_room(srv_prefix *s, int t);
+static int make_room(wrk_prefix *s, int t);
 
 // Copies candidate i's bytes into a free slot of tier nt (1 or 2) and moves it there. 0 ok, -1 (nothing
 // changed) on no room or an I/O error.
-static int move_down(srv_prefix *s, int i, int nt) {
+static int move_down(wrk_prefix *s, int i, int nt) {
   pf_ent *e = &s->ents[i];
   int t = e->tier;
   if (make_room(s, nt) != 0) return -1;
   int slot = s->free_slot[nt][--s->n_free_slot[nt]];
   unsigned char *dst = nt == 1 ? s->arena + (size_t)slot * s->bbytes : s->scratch;
   int rc = 0;
-  if (t == 0) rc = srv_kvpool_read_block(s->pool, e->block, dst);
+  if (t == 0) rc = wrk_kvpool_read_block(s->pool, e->block, dst);
   else memcpy(dst, s->arena + (size_t)e->slot * s->bbytes, s->bbytes); // t == 1, nt == 2
   if (rc == 0 && nt == 2) rc = disk_io(s, slot, s->scratch, 1);
   if (rc != 0) {
     s->free_slot[nt][s->n_free_slot[nt]++] = slot;
     return -1;
   }
-  if (t == 0) srv_kvpool_unref(s->pool, e->block);
+  if (t == 0) wrk_kvpool_unref(s->pool, e->block);
   else s->free_slot[t][s->n_free_slot[t]++] = e->slot;
   e->block = -1;
   e->slot = slot;
@@ -228,7 +228,7 @@ static int move_down(srv_prefix *s, int i, int nt) {
 
 // Candidate i leaves its tier: into the first lower configured tier that takes it, else dropped when it
 // has no children. 0 when it left, -1 when it stayed (its children live in lower tiers that are full).
-static int demote(srv_prefix *s, int i) {
+static int demote(wrk_prefix *s, int i) {
   for (int nt = s->ents[i].tier + 1; nt < NT; nt++)
     if (s->slots[nt] > 0 && move_down(s, i, nt) == 0) return 0;
   const pf_ent *e = &s->ents[i];
@@ -238,7 +238,7 @@ static int demote(srv_prefix *s, int i) {
 }
 
 // Moves one candidate of tier t out (LRU first, skipping those that cannot go). 1 when one left.
-static int evict_one(srv_prefix *s, int t) {
+static int evict_one(wrk_prefix *s, int t) {
   for (int c = candidate(s, t, -1); c >= 0;) {
     int prev = s->ents[c].prev;
     if (demote(s, c) == 0) return 1;
@@ -248,28 +248,28 @@ static int evict_one(srv_prefix *s, int t) {
 }
 
 // Frees one slot in tier t (1 or 2) if none is free. 0 when a slot is free after.
-static int make_room(srv_prefix *s, int t) {
+static int make_room(wrk_prefix *s, int t) {
   while (s->n_free_slot[t] == 0)
     if (!evict_one(s, t)) return -1;
   return 0;
 }
 
 // Evicts one unused tier-0 entry; 1 when its pool block was given back.
-static int evict0(srv_prefix *s) { return evict_one(s, 0); }
+static int evict0(wrk_prefix *s) { return evict_one(s, 0); }
 
-static void trim(srv_prefix *s) {
+static void trim(wrk_prefix *s) {
   while (s->tier[0].n > s->budget && evict0(s)) {
   }
 }
 
 // Touches the chain ending at entry i, leaf first, so every parent is more recent than its children.
-static void touch_chain(srv_prefix *s, int i) {
+static void touch_chain(wrk_prefix *s, int i) {
   for (; i >= 0; i = s->ents[i].parent) lru_touch(s, i);
 }
 
 // ---- public
 
-int srv_prefix_new(srv_kvpool *pool, const srv_prefix_opts *o, srv_prefix **out, char *err, size_t errlen) {
+int wrk_prefix_new(wrk_kvpool *pool, const wrk_prefix_opts *o, wrk_prefix **out, char *err, size_t errlen) {
   *out = NULL;
   if (!pool || !o) {
     snprintf(err, errlen, "prefix: missing pool or options");
@@ -291,14 +291,14 @@ int srv_prefix_new(srv_kvpool *pool, const srv_prefix_opts *o, srv_prefix **out,
     snprintf(err, errlen, "prefix: disk_blocks %d without a disk_path", o->disk_blocks);
     return -1;
   }
-  srv_prefix *s = calloc(1, sizeof *s);
+  wrk_prefix *s = calloc(1, sizeof *s);
   if (!s) goto oom;
   s->fd = -1;
   s->pool = pool;
   s->hash = o->hash ? o->hash : srv_blockhash;
-  s->bs = srv_kvpool_kv(pool)->block_size;
+  s->bs = wrk_kvpool_kv(pool)->block_size;
   s->budget = o->budget_blocks;
-  s->bbytes = srv_kvpool_block_bytes(pool);
+  s->bbytes = wrk_kvpool_block_bytes(pool);
   s->max_ev = o->max_events ? o->max_events : 4096;
   s->slots[1] = o->host_blocks;
   s->slots[2] = o->disk_blocks;
@@ -325,7 +325,7 @@ int srv_prefix_new(srv_kvpool *pool, const srv_prefix_opts *o, srv_prefix **out,
     s->arena = malloc((size_t)s->slots[1] * s->bbytes);
     if (!s->arena) {
       snprintf(err, errlen, "prefix: cannot allocate %zu bytes of host tier", (size_t)s->slots[1] * s->bbytes);
-      srv_prefix_free(s);
+      wrk_prefix_free(s);
       return -1;
     }
   }
@@ -340,7 +340,7 @@ int srv_prefix_new(srv_kvpool *pool, const srv_prefix_opts *o, srv_prefix **out,
         free(s->path); // not ours to remove
         s->path = NULL;
       }
-      srv_prefix_free(s);
+      wrk_prefix_free(s);
       return -1;
     }
   }
@@ -348,15 +348,15 @@ int srv_prefix_new(srv_kvpool *pool, const srv_prefix_opts *o, srv_prefix **out,
   return 0;
 oom:
   snprintf(err, errlen, "prefix: out of memory");
-  srv_prefix_free(s);
+  wrk_prefix_free(s);
   return -1;
 }
 
-void srv_prefix_free(srv_prefix *s) {
+void wrk_prefix_free(wrk_prefix *s) {
   if (!s) return;
   if (s->ents && s->buckets) {
     for (int i = 0; i < s->n_used; i++)
-      if (s->ents[i].tier == 0) srv_kvpool_unref(s->pool, s->ents[i].block);
+      if (s->ents[i].tier == 0) wrk_kvpool_unref(s->pool, s->ents[i].block);
   }
   if (s->fd >= 0) close(s->fd);
   if (s->path) unlink(s->path);
@@ -371,14 +371,14 @@ void srv_prefix_free(srv_prefix *s) {
   free(s);
 }
 
-int srv_prefix_block_size(const srv_prefix *s) { return s->bs; }
+int wrk_prefix_block_size(const wrk_prefix *s) { return s->bs; }
 
-static int match_limit(const srv_prefix *s, int n_toks, int max_blocks) {
+static int match_limit(const wrk_prefix *s, int n_toks, int max_blocks) {
   int lim = n_toks > 0 ? (n_toks - 1) / s->bs : 0;
   return lim < max_blocks ? lim : max_blocks;
 }
 
-int srv_prefix_match(srv_prefix *s, const int32_t *toks, int n_toks, int32_t *block_ids_out, int max_blocks) {
+int wrk_prefix_match(wrk_prefix *s, const int32_t *toks, int n_toks, int32_t *block_ids_out, int max_blocks) {
   s->st.queries++;
   if (!toks || n_toks < 1) return 0;
   int lim = match_limit(s, n_toks, max_blocks);
@@ -407,14 +407,14 @@ int srv_prefix_match(srv_prefix *s, const int32_t *toks, int n_toks, int32_t *bl
   }
   if (n == 0) return 0;
   touch_chain(s, parent);
-  for (int i = 0; i < n; i++) srv_kvpool_ref(s->pool, block_ids_out[i]);
+  for (int i = 0; i < n; i++) wrk_kvpool_ref(s->pool, block_ids_out[i]);
   s->st.hit_queries++;
   s->st.hit_blocks[0] += (uint64_t)n;
   s->st.hit_tokens[0] += (uint64_t)n * (uint64_t)s->bs;
   return n;
 }
 
-int srv_prefix_peek(const srv_prefix *s, const int32_t *toks, int n_toks, int n_have, int counts[3]) {
+int wrk_prefix_peek(const wrk_prefix *s, const int32_t *toks, int n_toks, int n_have, int counts[3]) {
   int c[NT] = {0, 0, 0};
   int lim = toks ? match_limit(s, n_toks, INT32_MAX) : 0, parent = -1, total = 0;
   for (int i = 0; i < lim; i++) {
@@ -431,7 +431,7 @@ int srv_prefix_peek(const srv_prefix *s, const int32_t *toks, int n_toks, int n_
   return total;
 }
 
-int srv_prefix_restore(srv_prefix *s, const int32_t *toks, int n_toks, int n_have, int32_t *block_ids_out,
+int wrk_prefix_restore(wrk_prefix *s, const int32_t *toks, int n_toks, int n_have, int32_t *block_ids_out,
                        int max_blocks, char *err, size_t errlen) {
   if (!toks || n_have < 0 || max_blocks < 1 || !block_ids_out) return 0;
   int lim = match_limit(s, n_toks, INT32_MAX), parent = -1, i = 0, n = 0, rc = 0;
@@ -448,7 +448,7 @@ int srv_prefix_restore(srv_prefix *s, const int32_t *toks, int n_toks, int n_hav
     if (t != 0) {
       en->pinned = 1;
       int32_t b = -1;
-      while (srv_kvpool_alloc(s->pool, &b, 1) != 0)
+      while (wrk_kvpool_alloc(s->pool, &b, 1) != 0)
         if (!evict0(s)) break;
       en = &s->ents[e]; // eviction does not move entries, but keep the pointer honest
       if (b < 0) {
@@ -459,7 +459,7 @@ int srv_prefix_restore(srv_prefix *s, const int32_t *toks, int n_toks, int n_hav
       if (t == 2) {
         if (disk_io(s, en->slot, s->scratch, 0) != 0) {
           snprintf(err, errlen, "prefix: cannot read block from disk tier %s", s->path);
-          srv_kvpool_unref(s->pool, b);
+          wrk_kvpool_unref(s->pool, b);
           en->pinned = 0;
           if (en->nch[0] + en->nch[1] + en->nch[2] == 0) drop(s, e);
           rc = -1;
@@ -467,14 +467,14 @@ int srv_prefix_restore(srv_prefix *s, const int32_t *toks, int n_toks, int n_hav
         }
         src = s->scratch;
       }
-      srv_kvpool_write_block(s->pool, b, src);
+      wrk_kvpool_write_block(s->pool, b, src);
       s->free_slot[t][s->n_free_slot[t]++] = en->slot;
       en->slot = -1;
       en->block = b; // the store's reference
       en->pinned = 0;
       set_tier(s, e, 0);
     }
-    srv_kvpool_ref(s->pool, en->block); // the caller's
+    wrk_kvpool_ref(s->pool, en->block); // the caller's
     block_ids_out[n++] = en->block;
     s->st.hit_blocks[t]++;
     s->st.hit_tokens[t] += (uint64_t)s->bs;
@@ -488,7 +488,7 @@ int srv_prefix_restore(srv_prefix *s, const int32_t *toks, int n_toks, int n_hav
   return rc < 0 ? -1 : n;
 }
 
-int srv_prefix_insert(srv_prefix *s, const int32_t *toks, int n_toks, const int32_t *block_ids, int n_blocks) {
+int wrk_prefix_insert(wrk_prefix *s, const int32_t *toks, int n_toks, const int32_t *block_ids, int n_blocks) {
   if (!toks || !block_ids || n_toks < s->bs || n_blocks < 1) return 0;
   int n = n_toks / s->bs;
   if (n > n_blocks) n = n_blocks;
@@ -498,7 +498,7 @@ int srv_prefix_insert(srv_prefix *s, const int32_t *toks, int n_toks, const int3
     uint64_t key;
     int collide;
     int e = lookup(s, parent, bt, &key, &collide);
-    if (srv_kvpool_refcount(s->pool, block_ids[i]) < 1) break; // not a block the caller holds
+    if (wrk_kvpool_refcount(s->pool, block_ids[i]) < 1) break; // not a block the caller holds
     if (e < 0 && collide) {
       s->st.collisions++;
       break;
@@ -520,7 +520,7 @@ int srv_prefix_insert(srv_prefix *s, const int32_t *toks, int n_toks, const int3
       s->buckets[bk] = e;
       lru_front(s, e);
       if (parent >= 0) s->ents[parent].nch[0]++;
-      srv_kvpool_ref(s->pool, block_ids[i]);
+      wrk_kvpool_ref(s->pool, block_ids[i]);
       pf_event(s, SRV_KV_ADDED, key);
       s->st.inserted++;
       added++;
@@ -529,7 +529,7 @@ int srv_prefix_insert(srv_prefix *s, const int32_t *toks, int n_toks, const int3
       s->free_slot[en->tier][s->n_free_slot[en->tier]++] = en->slot;
       en->slot = -1;
       en->block = block_ids[i];
-      srv_kvpool_ref(s->pool, block_ids[i]);
+      wrk_kvpool_ref(s->pool, block_ids[i]);
       set_tier(s, e, 0);
     }
     parent = e;
@@ -539,15 +539,15 @@ int srv_prefix_insert(srv_prefix *s, const int32_t *toks, int n_toks, const int3
   return rc < 0 ? -1 : added;
 }
 
-int srv_prefix_evict_for(srv_prefix *s, int n_free_needed) {
-  int before = srv_kvpool_free_blocks(s->pool);
-  while (srv_kvpool_free_blocks(s->pool) < n_free_needed && evict0(s)) {
+int wrk_prefix_evict_for(wrk_prefix *s, int n_free_needed) {
+  int before = wrk_kvpool_free_blocks(s->pool);
+  while (wrk_kvpool_free_blocks(s->pool) < n_free_needed && evict0(s)) {
   }
-  int got = srv_kvpool_free_blocks(s->pool) - before;
+  int got = wrk_kvpool_free_blocks(s->pool) - before;
   return got > 0 ? got : 0;
 }
 
-void srv_prefix_clear(srv_prefix *s) {
+void wrk_prefix_clear(wrk_prefix *s) {
   if (!s) return;
   // Leaf first: repeatedly drop childless entries from the tails (each pass drops at least every leaf).
   s->quiet = 1;
@@ -568,7 +568,7 @@ void srv_prefix_clear(srv_prefix *s) {
   pf_event(s, SRV_KV_CLEARED, 0);
 }
 
-int srv_prefix_drain_events(srv_prefix *s, srv_kv_event *out, int max) {
+int wrk_prefix_drain_events(wrk_prefix *s, srv_kv_event *out, int max) {
   if (!out || max < 1 || s->n_ev == 0) return 0;
   int n = s->n_ev < max ? s->n_ev : max;
   memcpy(out, s->ev, (size_t)n * sizeof *out);
@@ -577,18 +577,18 @@ int srv_prefix_drain_events(srv_prefix *s, srv_kv_event *out, int max) {
   return n;
 }
 
-int srv_prefix_pending_events(const srv_prefix *s) { return s->n_ev; }
+int wrk_prefix_pending_events(const wrk_prefix *s) { return s->n_ev; }
 
-void srv_prefix_get_stats(const srv_prefix *s, srv_prefix_stats *out) {
+void wrk_prefix_get_stats(const wrk_prefix *s, wrk_prefix_stats *out) {
   *out = s->st;
   for (int t = 0; t < NT; t++) out->blocks[t] = s->tier[t].n;
 }
 
-int srv_prefix_has_tier(const srv_prefix *s, int tier) {
+int wrk_prefix_has_tier(const wrk_prefix *s, int tier) {
   return tier == 0 || (tier > 0 && tier < NT && s->slots[tier] > 0);
 }
 
-int srv_prefix_keys(const srv_prefix *s, uint64_t *keys_out, int max) {
+int wrk_prefix_keys(const wrk_prefix *s, uint64_t *keys_out, int max) {
   int total = 0;
   for (int t = NT - 1; t >= 0; t--)
     for (int i = s->tier[t].tail; i >= 0; i = s->ents[i].prev, total++)

@@ -9,7 +9,7 @@
 #include <vector>
 
 extern "C" {
-#include "server/kvpool.h"
+#include "worker/kvpool.h"
 }
 
 namespace {
@@ -47,19 +47,19 @@ TEST_F(KvPool, BudgetSizing) {
   size_t bb = mdl_kv_block_bytes(&cfg, KRN_F16, 16);
   EXPECT_EQ(bb, 2u * 30 * 16 * 3 * 64 * 2);
   EXPECT_EQ(mdl_kv_block_bytes(&cfg, KRN_F32, 16), 2 * bb);
-  srv_kvpool_opts o{};
+  wrk_kvpool_opts o{};
   o.budget_bytes = bb * 10 + bb / 2;
   o.type = KRN_F16;
   o.block_size = 16;
-  srv_kvpool *p = nullptr;
-  ASSERT_EQ(srv_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0) << err;
-  EXPECT_EQ(srv_kvpool_total_blocks(p), 10);
-  EXPECT_EQ(srv_kvpool_free_blocks(p), 10);
+  wrk_kvpool *p = nullptr;
+  ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0) << err;
+  EXPECT_EQ(wrk_kvpool_total_blocks(p), 10);
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 10);
   size_t bytes = 0;
-  void *base = srv_kvpool_base(p, &bytes);
+  void *base = wrk_kvpool_base(p, &bytes);
   EXPECT_NE(base, nullptr);
   EXPECT_EQ(bytes, bb * 10);
-  const mdl_kv *kv = srv_kvpool_kv(p);
+  const mdl_kv *kv = wrk_kvpool_kv(p);
   EXPECT_EQ(kv->n_blocks, 10);
   EXPECT_EQ(kv->block_size, 16);
   EXPECT_EQ(kv->type, KRN_F16);
@@ -70,80 +70,80 @@ TEST_F(KvPool, BudgetSizing) {
   EXPECT_EQ((char *)mdl_kv_chunk(&cfg, kv, 0, 1, 0) - (char *)base, (ptrdiff_t)(10 * chunk));
   EXPECT_EQ((char *)mdl_kv_chunk(&cfg, kv, 29, 1, 9) + chunk, (char *)base + bytes);
   EXPECT_EQ(g_live.load(), 1);
-  srv_kvpool_free(p);
+  wrk_kvpool_free(p);
   EXPECT_EQ(g_live.load(), 0);
-  srv_kvpool_free(nullptr);
+  wrk_kvpool_free(nullptr);
 }
 
 TEST_F(KvPool, BadOptionsAreRefused) {
-  srv_kvpool_opts o{};
+  wrk_kvpool_opts o{};
   o.budget_bytes = 100; // less than one block
   o.type = KRN_F16;
   o.block_size = 16;
-  srv_kvpool *p = nullptr;
-  EXPECT_LT(srv_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0);
+  wrk_kvpool *p = nullptr;
+  EXPECT_LT(wrk_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0);
   EXPECT_NE(std::strstr(err, "holds no block"), nullptr) << err;
   EXPECT_EQ(p, nullptr);
   o.budget_bytes = 1 << 30;
   o.type = KRN_Q4_0;
-  EXPECT_LT(srv_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0);
+  EXPECT_LT(wrk_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0);
   EXPECT_NE(std::strstr(err, "Q4_0"), nullptr) << err;
   EXPECT_EQ(g_live.load(), 0);
 }
 
 TEST_F(KvPool, ReserveGrowsAndReleaseReturnsEverything) {
-  srv_kvpool_opts o{};
+  wrk_kvpool_opts o{};
   o.type = KRN_F32;
   o.block_size = 16;
   o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, 16) * 8;
-  srv_kvpool *p = nullptr;
-  ASSERT_EQ(srv_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0) << err;
-  srv_blocks a{}, b{};
-  ASSERT_EQ(srv_blocks_reserve(p, &a, 1), 0);
+  wrk_kvpool *p = nullptr;
+  ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0) << err;
+  wrk_blocks a{}, b{};
+  ASSERT_EQ(wrk_blocks_reserve(p, &a, 1), 0);
   EXPECT_EQ(a.n, 1);
-  EXPECT_EQ(srv_kvpool_free_blocks(p), 7);
-  ASSERT_EQ(srv_blocks_reserve(p, &a, 16), 0); // still one block
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 7);
+  ASSERT_EQ(wrk_blocks_reserve(p, &a, 16), 0); // still one block
   EXPECT_EQ(a.n, 1);
-  ASSERT_EQ(srv_blocks_reserve(p, &a, 17), 0); // grows by one, keeps the first
+  ASSERT_EQ(wrk_blocks_reserve(p, &a, 17), 0); // grows by one, keeps the first
   EXPECT_EQ(a.n, 2);
   int32_t first = a.ids[0];
-  ASSERT_EQ(srv_blocks_reserve(p, &a, 40), 0);
+  ASSERT_EQ(wrk_blocks_reserve(p, &a, 40), 0);
   EXPECT_EQ(a.n, 3);
   EXPECT_EQ(a.ids[0], first);
-  EXPECT_EQ(srv_kvpool_free_blocks(p), 5);
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 5);
   // short pool: nothing taken
-  EXPECT_LT(srv_blocks_reserve(p, &b, 16 * 6), 0);
+  EXPECT_LT(wrk_blocks_reserve(p, &b, 16 * 6), 0);
   EXPECT_EQ(b.n, 0);
-  EXPECT_EQ(srv_kvpool_free_blocks(p), 5);
-  ASSERT_EQ(srv_blocks_reserve(p, &b, 16 * 5), 0);
-  EXPECT_EQ(srv_kvpool_free_blocks(p), 0);
-  EXPECT_LT(srv_blocks_reserve(p, &a, 16 * 3 + 1), 0);
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 5);
+  ASSERT_EQ(wrk_blocks_reserve(p, &b, 16 * 5), 0);
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 0);
+  EXPECT_LT(wrk_blocks_reserve(p, &a, 16 * 3 + 1), 0);
   EXPECT_EQ(a.n, 3);
   std::set<int32_t> ids(a.ids, a.ids + a.n);
   ids.insert(b.ids, b.ids + b.n);
   EXPECT_EQ(ids.size(), 8u); // every block handed out once
   for (int32_t id : ids) EXPECT_TRUE(id >= 0 && id < 8);
-  srv_blocks_release(p, &a);
+  wrk_blocks_release(p, &a);
   EXPECT_EQ(a.n, 0);
-  EXPECT_EQ(srv_kvpool_free_blocks(p), 3);
-  srv_blocks_release(p, &b);
-  srv_blocks_release(p, &b); // already empty: no-op
-  EXPECT_EQ(srv_kvpool_free_blocks(p), 8);
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 3);
+  wrk_blocks_release(p, &b);
+  wrk_blocks_release(p, &b); // already empty: no-op
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 8);
   // reusable after release
-  ASSERT_EQ(srv_blocks_reserve(p, &a, 128), 0);
-  EXPECT_EQ(srv_kvpool_free_blocks(p), 0);
-  srv_blocks_release(p, &a);
-  EXPECT_EQ(srv_kvpool_free_blocks(p), 8);
-  srv_kvpool_free(p);
+  ASSERT_EQ(wrk_blocks_reserve(p, &a, 128), 0);
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 0);
+  wrk_blocks_release(p, &a);
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 8);
+  wrk_kvpool_free(p);
 }
 
 TEST_F(KvPool, ConcurrentReserveReleaseUnderFourThreads) {
-  srv_kvpool_opts o{};
+  wrk_kvpool_opts o{};
   o.type = KRN_F16;
   o.block_size = 16;
   o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F16, 16) * 64;
-  srv_kvpool *p = nullptr;
-  ASSERT_EQ(srv_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0) << err;
+  wrk_kvpool *p = nullptr;
+  ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0) << err;
   std::vector<std::vector<int>> owner(4);
   std::atomic<int> failures{0}, overlap{0};
   std::vector<std::atomic<int>> held(64);
@@ -151,24 +151,24 @@ TEST_F(KvPool, ConcurrentReserveReleaseUnderFourThreads) {
   auto work = [&](int tid) {
     unsigned seed = 1234u + (unsigned)tid;
     for (int it = 0; it < 20000; it++) {
-      srv_blocks b{};
+      wrk_blocks b{};
       int n = 1 + (int)(rand_r(&seed) % 300);
-      if (srv_blocks_reserve(p, &b, n) != 0) {
+      if (wrk_blocks_reserve(p, &b, n) != 0) {
         failures++;
         continue;
       }
       for (int i = 0; i < b.n; i++)
         if (held[b.ids[i]].fetch_add(1) != 0) overlap++;
       for (int i = 0; i < b.n; i++) held[b.ids[i]].fetch_sub(1);
-      srv_blocks_release(p, &b);
+      wrk_blocks_release(p, &b);
     }
   };
   std::vector<std::thread> th;
   for (int i = 0; i < 4; i++) th.emplace_back(work, i);
   for (auto &t : th) t.join();
   EXPECT_EQ(overlap.load(), 0); // no block was ever handed to two tables at once
-  EXPECT_EQ(srv_kvpool_free_blocks(p), 64);
-  srv_kvpool_free(p);
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 64);
+  wrk_kvpool_free(p);
   EXPECT_EQ(g_live.load(), 0);
 }
 

@@ -1,5 +1,5 @@
-// server/metrics.c: the Prometheus registry: series in creation order behind one mutex, text exposition format.
-#include "server/metrics.h"
+// router/metrics.c: the Prometheus registry: series in creation order behind one mutex, text exposition format.
+#include "router/metrics.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -8,34 +8,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct srv_metric {
-  srv_metrics *reg;              // (borrowed)
+struct rtr_metric {
+  rtr_metrics *reg;              // (borrowed)
   char *name, *help, *labels;    // (owned)
-  srv_metric_kind kind;
+  rtr_metric_kind kind;
   double value;                  // counter / gauge
   double bounds[SRV_METRICS_MAX_BUCKETS];
   unsigned long long counts[SRV_METRICS_MAX_BUCKETS + 1]; // (n_bounds + 1) per bucket, not cumulative
   int n_bounds;
   double sum;
   unsigned long long count;
-  srv_metric *next;
+  rtr_metric *next;
 };
 
-struct srv_metrics {
+struct rtr_metrics {
   pthread_mutex_t mu;
-  srv_metric *head, *tail; // (owned) creation order
+  rtr_metric *head, *tail; // (owned) creation order
 };
 
-srv_metrics *srv_metrics_new(void) {
-  srv_metrics *m = calloc(1, sizeof *m);
+rtr_metrics *rtr_metrics_new(void) {
+  rtr_metrics *m = calloc(1, sizeof *m);
   if (!m) return NULL;
   pthread_mutex_init(&m->mu, NULL);
   return m;
 }
 
-void srv_metrics_free(srv_metrics *m) {
+void rtr_metrics_free(rtr_metrics *m) {
   if (!m) return;
-  for (srv_metric *s = m->head, *n; s; s = n) {
+  for (rtr_metric *s = m->head, *n; s; s = n) {
     n = s->next;
     free(s->name);
     free(s->help);
@@ -63,7 +63,7 @@ static char *dup(const char *s) {
   return d;
 }
 
-static srv_metric *get(srv_metrics *m, srv_metric_kind kind, const char *name, const char *help, const char *labels,
+static rtr_metric *get(rtr_metrics *m, rtr_metric_kind kind, const char *name, const char *help, const char *labels,
                        const double *bounds, int nb) {
   if (!m || !name_ok(name)) return NULL;
   if (!labels) labels = "";
@@ -73,8 +73,8 @@ static srv_metric *get(srv_metrics *m, srv_metric_kind kind, const char *name, c
       if (!isfinite(bounds[i]) || (i > 0 && !(bounds[i] > bounds[i - 1]))) return NULL;
   }
   pthread_mutex_lock(&m->mu);
-  srv_metric *first = NULL, *found = NULL;
-  for (srv_metric *s = m->head; s; s = s->next) {
+  rtr_metric *first = NULL, *found = NULL;
+  for (rtr_metric *s = m->head; s; s = s->next) {
     if (strcmp(s->name, name)) continue;
     if (!first) first = s;
     if (!strcmp(s->labels, labels)) {
@@ -86,7 +86,7 @@ static srv_metric *get(srv_metrics *m, srv_metric_kind kind, const char *name, c
     pthread_mutex_unlock(&m->mu);
     return found && found->kind == kind ? found : NULL;
   }
-  srv_metric *s = calloc(1, sizeof *s);
+  rtr_metric *s = calloc(1, sizeof *s);
   if (s) {
     s->reg = m;
     s->kind = kind;
@@ -108,8 +108,8 @@ static srv_metric *get(srv_metrics *m, srv_metric_kind kind, const char *name, c
       s = NULL;
     } else {
       // keep a family's series together: insert after the family's last series
-      srv_metric *after = NULL;
-      for (srv_metric *t = m->head; t; t = t->next)
+      rtr_metric *after = NULL;
+      for (rtr_metric *t = m->head; t; t = t->next)
         if (!strcmp(t->name, name)) after = t;
       if (after) {
         s->next = after->next;
@@ -126,18 +126,18 @@ static srv_metric *get(srv_metrics *m, srv_metric_kind kind, const char *name, c
   return s;
 }
 
-srv_metric *srv_metrics_counter(srv_metrics *m, const char *name, const char *help, const char *labels) {
+rtr_metric *rtr_metrics_counter(rtr_metrics *m, const char *name, const char *help, const char *labels) {
   return get(m, SRV_METRIC_COUNTER, name, help, labels, NULL, 0);
 }
-srv_metric *srv_metrics_gauge(srv_metrics *m, const char *name, const char *help, const char *labels) {
+rtr_metric *rtr_metrics_gauge(rtr_metrics *m, const char *name, const char *help, const char *labels) {
   return get(m, SRV_METRIC_GAUGE, name, help, labels, NULL, 0);
 }
-srv_metric *srv_metrics_histogram(srv_metrics *m, const char *name, const char *help, const char *labels,
+rtr_metric *rtr_metrics_histogram(rtr_metrics *m, const char *name, const char *help, const char *labels,
                                   const double *bounds, int n_bounds) {
   return get(m, SRV_METRIC_HISTOGRAM, name, help, labels, bounds, n_bounds);
 }
 
-void srv_metric_add(srv_metric *s, double v) {
+void rtr_metric_add(rtr_metric *s, double v) {
   if (!s || s->kind == SRV_METRIC_HISTOGRAM || !isfinite(v)) return;
   if (s->kind == SRV_METRIC_COUNTER && v < 0) return;
   pthread_mutex_lock(&s->reg->mu);
@@ -145,14 +145,14 @@ void srv_metric_add(srv_metric *s, double v) {
   pthread_mutex_unlock(&s->reg->mu);
 }
 
-void srv_metric_set(srv_metric *s, double v) {
+void rtr_metric_set(rtr_metric *s, double v) {
   if (!s || s->kind != SRV_METRIC_GAUGE) return;
   pthread_mutex_lock(&s->reg->mu);
   s->value = v;
   pthread_mutex_unlock(&s->reg->mu);
 }
 
-void srv_metric_observe(srv_metric *s, double v) {
+void rtr_metric_observe(rtr_metric *s, double v) {
   if (!s || s->kind != SRV_METRIC_HISTOGRAM || isnan(v)) return;
   pthread_mutex_lock(&s->reg->mu);
   int b = 0;
@@ -163,7 +163,7 @@ void srv_metric_observe(srv_metric *s, double v) {
   pthread_mutex_unlock(&s->reg->mu);
 }
 
-double srv_metric_value(srv_metric *s) {
+double rtr_metric_value(rtr_metric *s) {
   if (!s) return 0;
   pthread_mutex_lock(&s->reg->mu);
   double v = s->kind == SRV_METRIC_HISTOGRAM ? (double)s->count : s->value;
@@ -171,7 +171,7 @@ double srv_metric_value(srv_metric *s) {
   return v;
 }
 
-double srv_metric_sum(srv_metric *s) {
+double rtr_metric_sum(rtr_metric *s) {
   if (!s) return 0;
   pthread_mutex_lock(&s->reg->mu);
   double v = s->kind == SRV_METRIC_HISTOGRAM ? s->sum : 0;
@@ -222,14 +222,14 @@ static void fmt_num(char *o, size_t cap, double v) {
   }
 }
 
-int srv_metrics_render(srv_metrics *m, char **out, size_t *len, char *err, size_t errlen) {
+int rtr_metrics_render(rtr_metrics *m, char **out, size_t *len, char *err, size_t errlen) {
   static const char *kinds[] = {"counter", "gauge", "histogram"};
   buf b = {malloc(4096), 0, 4096, 0};
   if (!b.p) b.oom = 1;
   else b.p[0] = 0;
   pthread_mutex_lock(&m->mu);
   const char *last = NULL;
-  for (srv_metric *s = m->head; s; s = s->next) {
+  for (rtr_metric *s = m->head; s; s = s->next) {
     if (!last || strcmp(last, s->name)) {
       bprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", s->name, s->help, s->name, kinds[s->kind]);
       last = s->name;

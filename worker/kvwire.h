@@ -1,7 +1,7 @@
-// server/kvwire.h: what prefill and decode workers tell each other about KV: pool layout, kvxfer metadata,
+// worker/kvwire.h: what prefill and decode workers tell each other about KV: pool layout, kvxfer metadata,
 // the first sampled token, and the addresses of a (layer, K|V, block) chunk in the peer's pool.
-#ifndef DSERVE_SRV_KVWIRE_H
-#define DSERVE_SRV_KVWIRE_H
+#ifndef DSERVE_WRK_KVWIRE_H
+#define DSERVE_WRK_KVWIRE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -10,42 +10,42 @@
 
 #include "kvxfer/kvx.h"
 #include "models/sampler.h"
-#include "server/kvpool.h"
+#include "worker/kvpool.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 // A peer's KV pool as its hello_ok describes it.
-typedef struct srv_kv_remote {
+typedef struct wrk_kv_remote {
   uint64_t base;       // address of its pool in its own address space
   int n_blocks;
   size_t chunk_bytes;  // one (layer, K|V, block)
-} srv_kv_remote;
+} wrk_kv_remote;
 
-void srv_kvwire_add_layout(cJSON *msg, const srv_kvpool *kv);  // "kv_layout": {...}
+void wrk_kvwire_add_layout(cJSON *msg, const wrk_kvpool *kv);  // "kv_layout": {...}
 // Checks that the peer's layout matches ours (layers, KV width, type, block size) and reads where it lives.
-int srv_kvwire_read_layout(const cJSON *msg, const srv_kvpool *local, srv_kv_remote *out, char *err, size_t errlen);
+int wrk_kvwire_read_layout(const cJSON *msg, const wrk_kvpool *local, wrk_kv_remote *out, char *err, size_t errlen);
 // Address of chunk (layer, kv, block) in the peer's pool.
-uint64_t srv_kv_remote_chunk(const srv_kv_remote *r, int layer, int kv, int block);
+uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int layer, int kv, int block);
 
 // Posts one kvxfer WRITE of layers [l0, l1), K and V, of our blocks local_ids (n) into the peer's blocks
 // remote_ids (n), pairwise, with notif (notif_len bytes, may be NULL) delivered after the bytes. *out is
 // the posted request (owned by the caller), or NULL when there was nothing to write (n or l1 - l0 < 1: then
 // nothing is posted and notif is not sent). -1 with err when it cannot be made or posted (nothing owned).
-int srv_kvwire_write_blocks(kvx_agent *a, const srv_kvpool *kv, const char *peer, const srv_kv_remote *remote,
+int wrk_kvwire_write_blocks(kvx_agent *a, const wrk_kvpool *kv, const char *peer, const wrk_kv_remote *remote,
                             const int32_t *local_ids, const int32_t *remote_ids, int n, int l0, int l1,
                             const void *notif, size_t notif_len, kvx_xfer **out, char *err, size_t errlen);
 
-int srv_kvwire_add_md(cJSON *msg, kvx_agent *a);  // "kvx_md": base64 of kvx_pack_md
-int srv_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen);
+int wrk_kvwire_add_md(cJSON *msg, kvx_agent *a);  // "kvx_md": base64 of kvx_pack_md
+int wrk_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen);
 
-void srv_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s); // token, logprob, top
-int srv_kvwire_read_sampled(const cJSON *msg, mdl_sampled *s); // 0, -1 when malformed
+void wrk_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s); // token, logprob, top
+int wrk_kvwire_read_sampled(const cJSON *msg, mdl_sampled *s); // 0, -1 when malformed
 
 // base64 (RFC 4648, with padding). encode: *out malloc'ed, NUL-terminated. decode: -1 on bad input.
-char *srv_base64_encode(const void *data, size_t len);
-int srv_base64_decode(const char *s, uint8_t **out, size_t *len);
+char *wrk_base64_encode(const void *data, size_t len);
+int wrk_base64_decode(const char *s, uint8_t **out, size_t *len);
 
 #ifdef __cplusplus
 }

@@ -1,18 +1,18 @@
-// server/kvwire.c: KV pool layout, kvxfer metadata and first-token fields of the prefill/decode handoff.
-#include "server/kvwire.h"
+// worker/kvwire.c: KV pool layout, kvxfer metadata and first-token fields of the prefill/decode handoff.
+#include "worker/kvwire.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/kvstage.h"
+#include "worker/kvstage.h"
 
-void srv_kvwire_add_layout(cJSON *msg, const srv_kvpool *kv) {
-  const mdl_llama_cfg *c = srv_kvpool_cfg(kv);
-  const mdl_kv *v = srv_kvpool_kv(kv);
+void wrk_kvwire_add_layout(cJSON *msg, const wrk_kvpool *kv) {
+  const mdl_llama_cfg *c = wrk_kvpool_cfg(kv);
+  const mdl_kv *v = wrk_kvpool_kv(kv);
   char base[32];
-  snprintf(base, sizeof base, "%" PRIu64, srv_kvstage_addr(srv_kvpool_stage(kv), v->base)); // the mirror, if staged
+  snprintf(base, sizeof base, "%" PRIu64, wrk_kvstage_addr(wrk_kvpool_stage(kv), v->base)); // the mirror, if staged
   cJSON *l = cJSON_AddObjectToObject(msg, "kv_layout");
   cJSON_AddNumberToObject(l, "n_layer", c->n_layer);
   cJSON_AddNumberToObject(l, "kv_dim", c->n_kv_head * c->head_dim);
@@ -29,7 +29,7 @@ static int num(const cJSON *o, const char *k, double *out) {
   return 0;
 }
 
-int srv_kvwire_read_layout(const cJSON *msg, const srv_kvpool *local, srv_kv_remote *out, char *err, size_t errlen) {
+int wrk_kvwire_read_layout(const cJSON *msg, const wrk_kvpool *local, wrk_kv_remote *out, char *err, size_t errlen) {
   const cJSON *l = cJSON_GetObjectItemCaseSensitive(msg, "kv_layout");
   const cJSON *base = cJSON_GetObjectItemCaseSensitive(l, "base");
   double n_layer, kv_dim, type, bs, nb;
@@ -38,8 +38,8 @@ int srv_kvwire_read_layout(const cJSON *msg, const srv_kvpool *local, srv_kv_rem
     snprintf(err, errlen, "the peer sent no usable kv_layout");
     return -1;
   }
-  const mdl_llama_cfg *c = srv_kvpool_cfg(local);
-  const mdl_kv *v = srv_kvpool_kv(local);
+  const mdl_llama_cfg *c = wrk_kvpool_cfg(local);
+  const mdl_kv *v = wrk_kvpool_kv(local);
   if ((int)n_layer != c->n_layer || (int)kv_dim != c->n_kv_head * c->head_dim || (int)type != (int)v->type ||
       (int)bs != v->block_size) {
     snprintf(err, errlen,
@@ -55,18 +55,18 @@ int srv_kvwire_read_layout(const cJSON *msg, const srv_kvpool *local, srv_kv_rem
   return 0;
 }
 
-uint64_t srv_kv_remote_chunk(const srv_kv_remote *r, int layer, int kv, int block) {
+uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int layer, int kv, int block) {
   return r->base + (((uint64_t)layer * 2 + (uint64_t)kv) * (uint64_t)r->n_blocks + (uint64_t)block) * r->chunk_bytes;
 }
 
-int srv_kvwire_write_blocks(kvx_agent *a, const srv_kvpool *kv, const char *peer, const srv_kv_remote *remote,
+int wrk_kvwire_write_blocks(kvx_agent *a, const wrk_kvpool *kv, const char *peer, const wrk_kv_remote *remote,
                             const int32_t *local_ids, const int32_t *remote_ids, int n, int l0, int l1,
                             const void *notif, size_t notif_len, kvx_xfer **out, char *err, size_t errlen) {
   *out = NULL;
   int k = (l1 - l0) * 2 * n;
   if (n < 1 || l1 <= l0) return 0;
-  const mdl_llama_cfg *c = srv_kvpool_cfg(kv);
-  const mdl_kv *v = srv_kvpool_kv(kv);
+  const mdl_llama_cfg *c = wrk_kvpool_cfg(kv);
+  const mdl_kv *v = wrk_kvpool_kv(kv);
   size_t chunk = mdl_kv_chunk_bytes(c, v);
   kvx_desc *loc = malloc((size_t)k * sizeof *loc), *rem = malloc((size_t)k * sizeof *rem);
   if (!loc || !rem) {
@@ -80,18 +80,18 @@ int srv_kvwire_write_blocks(kvx_agent *a, const srv_kvpool *kv, const char *peer
     for (int kvi = 0; kvi < 2; kvi++)
       for (int b = 0; b < n; b++) {
         loc[i] = (kvx_desc){(uint64_t)(uintptr_t)mdl_kv_chunk(c, v, l, kvi, local_ids[b]), chunk};
-        rem[i] = (kvx_desc){srv_kv_remote_chunk(remote, l, kvi, remote_ids[b]), chunk};
+        rem[i] = (kvx_desc){wrk_kv_remote_chunk(remote, l, kvi, remote_ids[b]), chunk};
         i++;
       }
   // Staging: the chunks go out of their host mirror slots, copied there now (the caller knows they are written).
-  srv_kvstage *st = srv_kvpool_stage(kv);
-  if (st && srv_kvstage_out(st, loc, (size_t)k)) {
+  wrk_kvstage *st = wrk_kvpool_stage(kv);
+  if (st && wrk_kvstage_out(st, loc, (size_t)k)) {
     free(loc);
     free(rem);
     snprintf(err, errlen, "a KV chunk lies outside the pool");
     return -1;
   }
-  for (int j = 0; st && j < k; j++) loc[j].addr = srv_kvstage_addr(st, (const void *)(uintptr_t)loc[j].addr);
+  for (int j = 0; st && j < k; j++) loc[j].addr = wrk_kvstage_addr(st, (const void *)(uintptr_t)loc[j].addr);
   kvx_xfer *x = NULL;
   int rc = kvx_xfer_new(a, KVX_WRITE, loc, (size_t)k, rem, (size_t)k, peer, notif, notif_len, &x, err, errlen);
   free(loc);
@@ -108,12 +108,12 @@ int srv_kvwire_write_blocks(kvx_agent *a, const srv_kvpool *kv, const char *peer
   return 0;
 }
 
-int srv_kvwire_add_md(cJSON *msg, kvx_agent *a) {
+int wrk_kvwire_add_md(cJSON *msg, kvx_agent *a) {
   void *blob = NULL;
   size_t len = 0;
   char err[256];
   if (kvx_pack_md(a, &blob, &len, err, sizeof err)) return -1;
-  char *b64 = srv_base64_encode(blob, len);
+  char *b64 = wrk_base64_encode(blob, len);
   free(blob);
   if (!b64) return -1;
   cJSON_AddStringToObject(msg, "kvx_md", b64);
@@ -121,11 +121,11 @@ int srv_kvwire_add_md(cJSON *msg, kvx_agent *a) {
   return 0;
 }
 
-int srv_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen) {
+int wrk_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen) {
   const cJSON *md = cJSON_GetObjectItemCaseSensitive(msg, "kvx_md");
   uint8_t *blob = NULL;
   size_t len = 0;
-  if (!cJSON_IsString(md) || srv_base64_decode(md->valuestring, &blob, &len)) {
+  if (!cJSON_IsString(md) || wrk_base64_decode(md->valuestring, &blob, &len)) {
     snprintf(err, errlen, "the peer sent no usable kvx_md");
     return -1;
   }
@@ -134,7 +134,7 @@ int srv_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, c
   return rc;
 }
 
-void srv_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s) {
+void wrk_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s) {
   cJSON_AddNumberToObject(msg, "token", s->token);
   cJSON_AddNumberToObject(msg, "logprob", s->logprob);
   cJSON *top = cJSON_AddArrayToObject(msg, "top");
@@ -146,7 +146,7 @@ void srv_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s) {
   }
 }
 
-int srv_kvwire_read_sampled(const cJSON *msg, mdl_sampled *s) {
+int wrk_kvwire_read_sampled(const cJSON *msg, mdl_sampled *s) {
   memset(s, 0, sizeof *s);
   double tok, lp;
   if (num(msg, "token", &tok) || tok < 0 || tok > INT32_MAX) return -1;
@@ -164,7 +164,7 @@ int srv_kvwire_read_sampled(const cJSON *msg, mdl_sampled *s) {
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-char *srv_base64_encode(const void *data, size_t len) {
+char *wrk_base64_encode(const void *data, size_t len) {
   const uint8_t *p = data;
   char *out = malloc((len + 2) / 3 * 4 + 1), *o = out;
   if (!out) return NULL;
@@ -179,7 +179,7 @@ char *srv_base64_encode(const void *data, size_t len) {
   return out;
 }
 
-int srv_base64_decode(const char *s, uint8_t **out, size_t *len) {
+int wrk_base64_decode(const char *s, uint8_t **out, size_t *len) {
   size_t n = strlen(s);
   *out = NULL;
   *len = 0;

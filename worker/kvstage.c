@@ -1,5 +1,5 @@
-// server/kvstage.c: host staging of KV transfers: a registered host mirror of a device pool, copied per chunk or block.
-#include "server/kvstage.h"
+// worker/kvstage.c: host staging of KV transfers: a registered host mirror of a device pool, copied per chunk or block.
+#include "worker/kvstage.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -7,8 +7,8 @@
 #include <string.h>
 
 
-struct srv_kvstage {
-  srv_kvpool *pool;   // (borrowed)
+struct wrk_kvstage {
+  wrk_kvpool *pool;   // (borrowed)
   krn_ctx *kc;        // (borrowed) the context the pool lives on
   uint8_t *base;      // (borrowed) the pool's buffer
   size_t bytes;       // of the pool and of the mirror
@@ -36,7 +36,7 @@ static int want_stage(const srv_worker_cfg *wc, const krn_ctx *kc, int *try_dire
   return 1; // tcp, shm and auto (which may pick either for a peer) cannot move GPU memory
 }
 
-int srv_kvstage_open(kvx_agent *a, srv_kvpool *pool, krn_ctx *kc, const srv_worker_cfg *wc, srv_kvstage **stage,
+int wrk_kvstage_open(kvx_agent *a, wrk_kvpool *pool, krn_ctx *kc, const srv_worker_cfg *wc, wrk_kvstage **stage,
                      kvx_region **region, char *err, size_t errlen) {
   *stage = NULL;
   *region = NULL;
@@ -45,7 +45,7 @@ int srv_kvstage_open(kvx_agent *a, srv_kvpool *pool, krn_ctx *kc, const srv_work
     return -1;
   }
   size_t bytes;
-  void *base = srv_kvpool_base(pool, &bytes);
+  void *base = wrk_kvpool_base(pool, &bytes);
   int on_device = kc->be->ctx_init != NULL, try_direct;
   int st = want_stage(wc, kc, &try_direct, err, errlen);
   if (st < 0) return -1;
@@ -56,7 +56,7 @@ int srv_kvstage_open(kvx_agent *a, srv_kvpool *pool, krn_ctx *kc, const srv_work
   }
   if (!st) return kvx_register(a, base, bytes, on_device ? KVX_MEM_CUDA : KVX_MEM_HOST, region, err, errlen);
 
-  srv_kvstage *s = calloc(1, sizeof *s);
+  wrk_kvstage *s = calloc(1, sizeof *s);
   if (!s) {
     snprintf(err, errlen, "kvstage: out of memory");
     return -1;
@@ -75,35 +75,35 @@ int srv_kvstage_open(kvx_agent *a, srv_kvpool *pool, krn_ctx *kc, const srv_work
   }
   s->pinned = on_device && krn_host_register(kc, s->mirror, bytes) == 0;
   if (kvx_register(a, s->mirror, bytes, KVX_MEM_HOST, region, err, errlen)) {
-    srv_kvstage_free(s);
+    wrk_kvstage_free(s);
     return -1;
   }
-  srv_kvpool_set_stage(pool, s); // srv_kvwire's layout and writes name the mirror from now on
+  wrk_kvpool_set_stage(pool, s); // wrk_kvwire's layout and writes name the mirror from now on
   fprintf(stderr, "dserve %s: KV moves through a %.1f MiB host mirror of the %s pool (%s)\n", wc->name,
           (double)bytes / (1024.0 * 1024.0), kc->be->name, s->pinned ? "pinned" : "pageable");
   *stage = s;
   return 0;
 }
 
-void srv_kvstage_free(srv_kvstage *s) {
+void wrk_kvstage_free(wrk_kvstage *s) {
   if (!s) return;
-  if (srv_kvpool_stage(s->pool) == s) srv_kvpool_set_stage(s->pool, NULL);
+  if (wrk_kvpool_stage(s->pool) == s) wrk_kvpool_set_stage(s->pool, NULL);
   if (s->pinned) krn_host_unregister(s->kc, s->mirror);
   kvx_host_free(s->mirror, s->bytes);
   free(s);
 }
 
-uint64_t srv_kvstage_addr(const srv_kvstage *s, const void *p) {
+uint64_t wrk_kvstage_addr(const wrk_kvstage *s, const void *p) {
   if (!s) return (uint64_t)(uintptr_t)p;
   return (uint64_t)(uintptr_t)(s->mirror + ((const uint8_t *)p - s->base));
 }
 
-static int in_pool(const srv_kvstage *s, uint64_t addr, uint64_t len) {
+static int in_pool(const wrk_kvstage *s, uint64_t addr, uint64_t len) {
   uint64_t b = (uint64_t)(uintptr_t)s->base;
   return addr >= b && len <= s->bytes && addr - b <= s->bytes - len;
 }
 
-int srv_kvstage_out(srv_kvstage *s, const kvx_desc *ranges, size_t n) {
+int wrk_kvstage_out(wrk_kvstage *s, const kvx_desc *ranges, size_t n) {
   if (!s) return 0;
   for (size_t i = 0; i < n; i++)
     if (!in_pool(s, ranges[i].addr, ranges[i].len)) return -1;
@@ -119,10 +119,10 @@ int srv_kvstage_out(srv_kvstage *s, const kvx_desc *ranges, size_t n) {
   return 0;
 }
 
-int srv_kvstage_in(srv_kvstage *s, const int32_t *blocks, int n) {
+int wrk_kvstage_in(wrk_kvstage *s, const int32_t *blocks, int n) {
   if (!s || n <= 0) return 0;
-  const mdl_llama_cfg *c = srv_kvpool_cfg(s->pool);
-  const mdl_kv *kv = srv_kvpool_kv(s->pool);
+  const mdl_llama_cfg *c = wrk_kvpool_cfg(s->pool);
+  const mdl_kv *kv = wrk_kvpool_kv(s->pool);
   for (int i = 0; i < n; i++)
     if (blocks[i] < 0 || blocks[i] >= kv->n_blocks) return -1;
   const size_t chunk = mdl_kv_chunk_bytes(c, kv);
@@ -140,5 +140,5 @@ int srv_kvstage_in(srv_kvstage *s, const int32_t *blocks, int n) {
   return 0;
 }
 
-double srv_kvstage_bytes_out(const srv_kvstage *s) { return s ? s->out : 0; }
-double srv_kvstage_bytes_in(const srv_kvstage *s) { return s ? s->in : 0; }
+double wrk_kvstage_bytes_out(const wrk_kvstage *s) { return s ? s->out : 0; }
+double wrk_kvstage_bytes_in(const wrk_kvstage *s) { return s ? s->in : 0; }

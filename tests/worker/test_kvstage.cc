@@ -9,8 +9,8 @@
 
 extern "C" {
 #include "kvxfer/kvx.h"
-#include "server/kvstage.h"
-#include "server/kvwire.h"
+#include "worker/kvstage.h"
+#include "worker/kvwire.h"
 }
 
 namespace {
@@ -34,7 +34,7 @@ struct KvStage : ::testing::Test {
   krn_ctx kc{};
   mdl_llama_cfg cfg{};
   srv_worker_cfg wc{};
-  srv_kvpool *pool = nullptr;
+  wrk_kvpool *pool = nullptr;
   kvx_agent *agent = nullptr;
   char err[256] = {0};
   void SetUp() override {
@@ -67,69 +67,69 @@ struct KvStage : ::testing::Test {
   }
   void TearDown() override {
     kvx_agent_free(agent);
-    srv_kvpool_free(pool);
+    wrk_kvpool_free(pool);
   }
   void make_pool(krn_backend *be, int n_blocks) {
     kc.be = be;
-    srv_kvpool_opts po{};
+    wrk_kvpool_opts po{};
     po.type = KRN_F16;
     po.block_size = 4;
     po.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F16, 4) * (size_t)n_blocks;
-    ASSERT_EQ(srv_kvpool_new(&cfg, &kc, &po, &pool, err, sizeof err), 0) << err;
+    ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &po, &pool, err, sizeof err), 0) << err;
   }
-  uint8_t *base() { return (uint8_t *)srv_kvpool_base(pool, nullptr); }
+  uint8_t *base() { return (uint8_t *)wrk_kvpool_base(pool, nullptr); }
   size_t bytes() {
     size_t b = 0;
-    srv_kvpool_base(pool, &b);
+    wrk_kvpool_base(pool, &b);
     return b;
   }
 };
 
 TEST_F(KvStage, DevicePoolOverTcpStagesAndCopiesChunksOutOfThePool) {
   make_pool(&dev, 8);
-  srv_kvstage *st = nullptr;
+  wrk_kvstage *st = nullptr;
   kvx_region *reg = nullptr;
-  ASSERT_EQ(srv_kvstage_open(agent, pool, &kc, &wc, &st, &reg, err, sizeof err), 0) << err;
+  ASSERT_EQ(wrk_kvstage_open(agent, pool, &kc, &wc, &st, &reg, err, sizeof err), 0) << err;
   ASSERT_NE(st, nullptr);
   EXPECT_NE(reg, nullptr);
   EXPECT_EQ(g.reg, 1); // the mirror is pinned by the backend
   for (size_t i = 0; i < bytes(); i++) base()[i] = (uint8_t)(i * 7 + 1);
-  const mdl_kv *kv = srv_kvpool_kv(pool);
+  const mdl_kv *kv = wrk_kvpool_kv(pool);
   const size_t chunk = mdl_kv_chunk_bytes(&cfg, kv);
   uint8_t *c13 = (uint8_t *)mdl_kv_chunk(&cfg, kv, 1, 0, 3), *c14 = (uint8_t *)mdl_kv_chunk(&cfg, kv, 1, 0, 4);
   uint8_t *c26 = (uint8_t *)mdl_kv_chunk(&cfg, kv, 2, 1, 6);
-  uint8_t *m13 = (uint8_t *)(uintptr_t)srv_kvstage_addr(st, c13);
+  uint8_t *m13 = (uint8_t *)(uintptr_t)wrk_kvstage_addr(st, c13);
   EXPECT_NE((void *)m13, (void *)c13);
-  EXPECT_EQ((uintptr_t)srv_kvstage_addr(st, c14) - (uintptr_t)m13, (uintptr_t)(c14 - c13)); // same layout
+  EXPECT_EQ((uintptr_t)wrk_kvstage_addr(st, c14) - (uintptr_t)m13, (uintptr_t)(c14 - c13)); // same layout
   // the mirror starts zeroed; out copies exactly the named chunks, neighbours as one copy
   std::vector<uint8_t> zero(chunk, 0);
   EXPECT_EQ(std::memcmp(m13, zero.data(), chunk), 0);
   kvx_desc r[3] = {{(uint64_t)(uintptr_t)c13, chunk}, {(uint64_t)(uintptr_t)c14, chunk}, {(uint64_t)(uintptr_t)c26, chunk}};
-  ASSERT_EQ(srv_kvstage_out(st, r, 3), 0);
+  ASSERT_EQ(wrk_kvstage_out(st, r, 3), 0);
   EXPECT_EQ(g.ready, 2);
   EXPECT_EQ(g.download, 0); // download_ready, not download: no wait for the whole queue
   EXPECT_EQ(std::memcmp(m13, c13, 2 * chunk), 0);
-  EXPECT_EQ(std::memcmp((void *)(uintptr_t)srv_kvstage_addr(st, c26), c26, chunk), 0);
+  EXPECT_EQ(std::memcmp((void *)(uintptr_t)wrk_kvstage_addr(st, c26), c26, chunk), 0);
   uint8_t *c00 = (uint8_t *)mdl_kv_chunk(&cfg, kv, 0, 0, 0);
-  EXPECT_EQ(std::memcmp((void *)(uintptr_t)srv_kvstage_addr(st, c00), zero.data(), chunk), 0); // untouched
-  EXPECT_DOUBLE_EQ(srv_kvstage_bytes_out(st), 3.0 * chunk);
+  EXPECT_EQ(std::memcmp((void *)(uintptr_t)wrk_kvstage_addr(st, c00), zero.data(), chunk), 0); // untouched
+  EXPECT_DOUBLE_EQ(wrk_kvstage_bytes_out(st), 3.0 * chunk);
   // a range that leaves the pool copies nothing
   kvx_desc bad[2] = {{(uint64_t)(uintptr_t)c00, chunk}, {(uint64_t)(uintptr_t)(base() + bytes() - chunk / 2), chunk}};
-  EXPECT_EQ(srv_kvstage_out(st, bad, 2), -1);
+  EXPECT_EQ(wrk_kvstage_out(st, bad, 2), -1);
   EXPECT_EQ(g.ready, 2);
   // the layout peers get names the mirror
-  EXPECT_EQ(srv_kvpool_stage(pool), st);
+  EXPECT_EQ(wrk_kvpool_stage(pool), st);
   cJSON *m = cJSON_CreateObject();
-  srv_kvwire_add_layout(m, pool);
+  wrk_kvwire_add_layout(m, pool);
   std::string b = cJSON_GetObjectItem(cJSON_GetObjectItem(m, "kv_layout"), "base")->valuestring;
-  EXPECT_EQ(std::stoull(b), (unsigned long long)srv_kvstage_addr(st, base()));
+  EXPECT_EQ(std::stoull(b), (unsigned long long)wrk_kvstage_addr(st, base()));
   cJSON_Delete(m);
   kvx_deregister(agent, reg);
-  srv_kvstage_free(st);
+  wrk_kvstage_free(st);
   EXPECT_EQ(g.unreg, 1);
-  EXPECT_EQ(srv_kvpool_stage(pool), nullptr); // the pool is reached directly again
+  EXPECT_EQ(wrk_kvpool_stage(pool), nullptr); // the pool is reached directly again
   m = cJSON_CreateObject();
-  srv_kvwire_add_layout(m, pool);
+  wrk_kvwire_add_layout(m, pool);
   b = cJSON_GetObjectItem(cJSON_GetObjectItem(m, "kv_layout"), "base")->valuestring;
   EXPECT_EQ(std::stoull(b), (unsigned long long)(uintptr_t)base());
   cJSON_Delete(m);
@@ -137,16 +137,16 @@ TEST_F(KvStage, DevicePoolOverTcpStagesAndCopiesChunksOutOfThePool) {
 
 TEST_F(KvStage, ReceivedBlocksAreCopiedIntoThePoolEveryLayerKAndV) {
   make_pool(&dev, 8);
-  srv_kvstage *st = nullptr;
+  wrk_kvstage *st = nullptr;
   kvx_region *reg = nullptr;
-  ASSERT_EQ(srv_kvstage_open(agent, pool, &kc, &wc, &st, &reg, err, sizeof err), 0) << err;
+  ASSERT_EQ(wrk_kvstage_open(agent, pool, &kc, &wc, &st, &reg, err, sizeof err), 0) << err;
   ASSERT_NE(st, nullptr);
-  uint8_t *mirror = (uint8_t *)(uintptr_t)srv_kvstage_addr(st, base());
+  uint8_t *mirror = (uint8_t *)(uintptr_t)wrk_kvstage_addr(st, base());
   for (size_t i = 0; i < bytes(); i++) mirror[i] = (uint8_t)(i * 13 + 5); // what a peer wrote
   const int32_t blocks[] = {2, 3, 6};
-  ASSERT_EQ(srv_kvstage_in(st, blocks, 3), 0);
+  ASSERT_EQ(wrk_kvstage_in(st, blocks, 3), 0);
   EXPECT_EQ(g.upload, cfg.n_layer * 2 * 2); // runs {2,3} and {6} of each (layer, K|V)
-  const mdl_kv *kv = srv_kvpool_kv(pool);
+  const mdl_kv *kv = wrk_kvpool_kv(pool);
   const size_t chunk = mdl_kv_chunk_bytes(&cfg, kv);
   for (int l = 0; l < cfg.n_layer; l++)
     for (int k = 0; k < 2; k++)
@@ -154,15 +154,15 @@ TEST_F(KvStage, ReceivedBlocksAreCopiedIntoThePoolEveryLayerKAndV) {
         uint8_t *p = (uint8_t *)mdl_kv_chunk(&cfg, kv, l, k, blk);
         bool copied = blk == 2 || blk == 3 || blk == 6;
         std::vector<uint8_t> zero(chunk, 0);
-        EXPECT_EQ(std::memcmp(p, copied ? (void *)(uintptr_t)srv_kvstage_addr(st, p) : zero.data(), chunk), 0)
+        EXPECT_EQ(std::memcmp(p, copied ? (void *)(uintptr_t)wrk_kvstage_addr(st, p) : zero.data(), chunk), 0)
             << "layer " << l << " kv " << k << " block " << blk;
       }
-  EXPECT_DOUBLE_EQ(srv_kvstage_bytes_in(st), 3.0 * cfg.n_layer * 2 * chunk);
+  EXPECT_DOUBLE_EQ(wrk_kvstage_bytes_in(st), 3.0 * cfg.n_layer * 2 * chunk);
   const int32_t bad[] = {1, 8};
-  EXPECT_EQ(srv_kvstage_in(st, bad, 2), -1);
+  EXPECT_EQ(wrk_kvstage_in(st, bad, 2), -1);
   EXPECT_EQ(g.upload, cfg.n_layer * 2 * 2);
   kvx_deregister(agent, reg);
-  srv_kvstage_free(st);
+  wrk_kvstage_free(st);
 }
 
 TEST_F(KvStage, WhoStages) {
@@ -176,19 +176,19 @@ TEST_F(KvStage, WhoStages) {
     make_pool(c.be, 2);
     snprintf(wc.kvx_backend, sizeof wc.kvx_backend, "%s", c.backend);
     snprintf(wc.kvx_staging, sizeof wc.kvx_staging, "%s", c.staging);
-    srv_kvstage *st = nullptr;
+    wrk_kvstage *st = nullptr;
     kvx_region *reg = nullptr;
-    ASSERT_EQ(srv_kvstage_open(agent, pool, &kc, &wc, &st, &reg, err, sizeof err), 0) << err;
+    ASSERT_EQ(wrk_kvstage_open(agent, pool, &kc, &wc, &st, &reg, err, sizeof err), 0) << err;
     EXPECT_NE(reg, nullptr);
     EXPECT_EQ(st != nullptr, c.stages);
     if (!st) { // peers reach the pool itself
-      EXPECT_EQ(srv_kvstage_addr(st, base() + 5), (uint64_t)(uintptr_t)(base() + 5));
-      EXPECT_EQ(srv_kvstage_out(st, nullptr, 0), 0);
-      EXPECT_EQ(srv_kvstage_in(st, nullptr, 3), 0);
+      EXPECT_EQ(wrk_kvstage_addr(st, base() + 5), (uint64_t)(uintptr_t)(base() + 5));
+      EXPECT_EQ(wrk_kvstage_out(st, nullptr, 0), 0);
+      EXPECT_EQ(wrk_kvstage_in(st, nullptr, 3), 0);
     }
     kvx_deregister(agent, reg);
-    srv_kvstage_free(st);
-    srv_kvpool_free(pool);
+    wrk_kvstage_free(st);
+    wrk_kvpool_free(pool);
     pool = nullptr;
   }
 }
@@ -197,13 +197,13 @@ TEST_F(KvStage, StagingOnWithNcclIsRefused) {
   make_pool(&dev, 2);
   snprintf(wc.kvx_backend, sizeof wc.kvx_backend, "nccl");
   snprintf(wc.kvx_staging, sizeof wc.kvx_staging, "on");
-  srv_kvstage *st = nullptr;
+  wrk_kvstage *st = nullptr;
   kvx_region *reg = nullptr;
-  EXPECT_EQ(srv_kvstage_open(agent, pool, &kc, &wc, &st, &reg, err, sizeof err), -1);
+  EXPECT_EQ(wrk_kvstage_open(agent, pool, &kc, &wc, &st, &reg, err, sizeof err), -1);
   EXPECT_NE(std::string(err).find("nccl"), std::string::npos) << err;
   EXPECT_EQ(st, nullptr);
   EXPECT_EQ(reg, nullptr);
-  srv_kvstage_free(nullptr); // no-op
+  wrk_kvstage_free(nullptr); // no-op
 }
 
 } // namespace

@@ -1,0 +1,73 @@
+// worker/kvpool.h: the paged KV block pool: blocks sized from a byte budget, handed out to sequences.
+#ifndef DSERVE_WRK_KVPOOL_H
+#define DSERVE_WRK_KVPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "models/llama.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct wrk_kvpool wrk_kvpool;
+typedef struct wrk_kvstage wrk_kvstage; // worker/kvstage.h
+
+typedef struct wrk_kvpool_opts {
+  size_t budget_bytes;  // the pool holds floor(budget / mdl_kv_block_bytes) blocks
+  krn_type type;        // KRN_F16 (default) or KRN_F32
+  int block_size;       // 16
+  int shareable;        // 1: host memory from kvx_host_alloc (a peer on this host may map it: shm backend)
+} wrk_kvpool_opts;
+
+// kc chooses where the blocks live (host for cpu backends, device memory for cuda).
+int wrk_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const wrk_kvpool_opts *o, wrk_kvpool **out, char *err,
+                   size_t errlen);
+void wrk_kvpool_free(wrk_kvpool *p);
+const mdl_kv *wrk_kvpool_kv(const wrk_kvpool *p);   // the view the forward pass takes
+void *wrk_kvpool_base(const wrk_kvpool *p, size_t *bytes); // the whole buffer (for kvxfer registration)
+int wrk_kvpool_free_blocks(const wrk_kvpool *p);
+int wrk_kvpool_total_blocks(const wrk_kvpool *p);
+const mdl_llama_cfg *wrk_kvpool_cfg(const wrk_kvpool *p);
+size_t wrk_kvpool_block_bytes(const wrk_kvpool *p); // one block over all layers, K and V (mdl_kv_block_bytes)
+// The host mirror peers reach instead of the pool (worker/kvstage.h sets it), or NULL: wrk_kvwire's layout and
+// writes go through it.
+void wrk_kvpool_set_stage(wrk_kvpool *p, wrk_kvstage *s); // s borrowed
+wrk_kvstage *wrk_kvpool_stage(const wrk_kvpool *p);
+
+// Reference counts. A block handed out (wrk_blocks_reserve, wrk_kvpool_alloc) has count 1; every holder
+// (a sequence's table, the prefix store) owns one reference, and the block returns to the free list when
+// the last one is dropped. A shared block is full and read-only: nobody writes a block whose count is > 1.
+// All three are thread-safe; ref/unref on a block that is free (count 0) or out of range are ignored.
+void wrk_kvpool_ref(wrk_kvpool *p, int32_t block);
+void wrk_kvpool_unref(wrk_kvpool *p, int32_t block);
+int wrk_kvpool_refcount(const wrk_kvpool *p, int32_t block); // 0 when free (or out of range)
+// Takes n free blocks (each with count 1) into ids (n): all or nothing; -1 when the pool is short.
+int wrk_kvpool_alloc(wrk_kvpool *p, int32_t *ids, int n);
+// Copy one block's bytes (every layer's K then V chunk, in mdl_kv_chunk order: layer 0 K, layer 0 V,
+// layer 1 K, ...) to / from a host buffer of wrk_kvpool_block_bytes(p) bytes. Uses the backend's
+// download/upload (memcpy when the backend has none). -1 on a bad block id.
+int wrk_kvpool_read_block(const wrk_kvpool *p, int32_t block, void *host_dst);
+int wrk_kvpool_write_block(wrk_kvpool *p, int32_t block, const void *host_src);
+
+// A sequence's block table: grows as positions are added. Thread-compatible (one owner per table);
+// the pool's alloc/free are thread-safe.
+typedef struct wrk_blocks {
+  int32_t *ids;  // (n) (owned)
+  int n, cap;
+} wrk_blocks;
+// Makes b cover n_tokens positions; allocates only what is missing. -1 (and nothing taken) when the pool is short;
+// an empty b then holds no memory either.
+int wrk_blocks_reserve(wrk_kvpool *p, wrk_blocks *b, int n_tokens);
+// Drops b's reference on every block (a block no one else holds returns to the pool); b is empty and
+// reusable after.
+void wrk_blocks_release(wrk_kvpool *p, wrk_blocks *b);
+// Appends n blocks the caller already holds a reference on (e.g. from wrk_prefix_match); the reference
+// moves to b. -1 on out of memory (nothing appended, the references stay with the caller).
+int wrk_blocks_append(wrk_blocks *b, const int32_t *ids, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
