@@ -32,11 +32,6 @@ int wrk_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareab
                      size_t errlen);
 void wrk_runtime_close(wrk_runtime *rt);
 
-// The body of `dserve both|prefill|decode --config FILE --name WORKER`: parses the arguments, loads the
-// config, checks the worker's role and calls run. Returns the process exit status.
-typedef int (*srv_worker_fn)(const srv_config *cfg, const srv_worker_cfg *w, char *err, size_t errlen);
-int srv_worker_cmd(int argc, char **argv, srv_role role, srv_worker_fn run);
-
 #ifdef __cplusplus
 }
 #endif

@@ -1,4 +1,4 @@
-// models/cmd_generate.c: `dserve generate`: local text generation (and --bench: engine throughput) on this machine.
+// cmd/cmd_generate.c: `dserve generate`: local text generation (and --bench: engine throughput) on this machine.
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,7 +12,7 @@
 #include "models/llama.h"
 #include "models/sampler.h"
 #include "models/tokenizer.h"
-#include "server/cmds.h"
+#include "cmd/cmds.h"
 
 typedef struct gen_opts {
   const char *model, *prompt, *kernels;
@@ -343,7 +343,7 @@ done:
   return rc;
 }
 
-int mdl_cmd_generate(int argc, char **argv) {
+int cmd_generate(int argc, char **argv) {
   gen_opts o;
   int r = parse_args(argc, argv, &o);
   if (r != 0) {

@@ -1,4 +1,4 @@
-// kvxfer/cmd_bench.c: `dserve kvxfer-bench`: bandwidth and latency of kvxfer between two processes, beside the raw baseline (loopback socket or memcpy) measured in the same run.
+// cmd/cmd_kvxfer_bench.c: `dserve kvxfer-bench`: bandwidth and latency of kvxfer between two processes, beside the raw baseline (loopback socket or memcpy) measured in the same run.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "kvxfer/kvx.h"
-#include "server/cmds.h"
+#include "cmd/cmds.h"
 
 #define BENCH_INFLIGHT 4
 
@@ -221,7 +221,7 @@ static void usage(FILE *f) {
           "  K: iterations per size (default: enough to move ~512 MiB, 8..2000).\n");
 }
 
-int kvx_cmd_bench(int argc, char **argv) {
+int cmd_kvxfer_bench(int argc, char **argv) {
   const char *backend = NULL;
   size_t size = 64u << 20, blocks = 16;
   int iters = 0;

@@ -1,4 +1,4 @@
-// router/cmd_router.c: `dserve router --config FILE`: serves the router section of a cluster config until SIGTERM.
+// cmd/cmd_router.c: `dserve router --config FILE`: serves the router section of a cluster config until SIGTERM.
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -9,7 +9,7 @@
 #include "models/gguf.h"
 #include "models/tokenizer.h"
 #include "router/router.h"
-#include "server/cmds.h"
+#include "cmd/cmds.h"
 #include "server/config.h"
 #include "server/log.h"
 
@@ -31,7 +31,7 @@ static int context_length(const mdl_gguf *g, int *out, char *err, size_t errlen)
   return 0;
 }
 
-int rtr_cmd_router(int argc, char **argv) {
+int cmd_router(int argc, char **argv) {
   const char *config = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];

@@ -1,11 +1,11 @@
-// server/cmd_launch.c: `dserve launch --config F --node N`: load the cluster config and supervise this node's roles.
+// cmd/cmd_launch.c: `dserve launch --config F --node N`: load the cluster config and supervise this node's roles.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "server/cmds.h"
+#include "cmd/cmds.h"
 #include "server/config.h"
 #include "server/launch.h"
 
@@ -30,7 +30,7 @@ static int launch_num(const char *flag, const char *v, double lo, double hi, dou
   return 0;
 }
 
-int srv_cmd_launch(int argc, char **argv) {
+int cmd_launch(int argc, char **argv) {
   srv_launch_opts o;
   srv_launch_defaults(&o);
   int grace_given = 0;

@@ -1,11 +1,11 @@
-// models/cmd_inspect.c: `dserve inspect` (what a GGUF holds) and `dserve tokenize` (a text's token ids).
+// cmd/cmd_inspect.c: `dserve inspect` (what a GGUF holds) and `dserve tokenize` (a text's token ids).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "models/gguf.h"
 #include "models/tokenizer.h"
-#include "server/cmds.h"
+#include "cmd/cmds.h"
 
 static int inspect_usage(const char *name) {
   fprintf(stderr, "usage: dserve %s MODEL.gguf [--tensors]\n", name);
@@ -38,7 +38,7 @@ static void print_float(const mdl_gguf *g, const char *label, const char *arch, 
   else printf("%-22s (absent)\n", label);
 }
 
-int mdl_cmd_inspect(int argc, char **argv) {
+int cmd_inspect(int argc, char **argv) {
   const char *path = NULL;
   int tensors = 0;
   for (int i = 1; i < argc; i++) {
@@ -108,7 +108,7 @@ int mdl_cmd_inspect(int argc, char **argv) {
   return 0;
 }
 
-int mdl_cmd_tokenize(int argc, char **argv) {
+int cmd_tokenize(int argc, char **argv) {
   const char *path = NULL, *text = NULL;
   int special = 0;
   for (int i = 1; i < argc; i++) {
