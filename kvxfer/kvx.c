@@ -19,14 +19,6 @@ static const kvx_backend *const BACKENDS[KVX_NBE] = {&kvx_tcp_backend, &kvx_shm_
                                                     &kvx_nccl_backend};
 
 // ---- small services ----
-void kvx_set_err(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
 void kvx_log(kvx_agent *a, const char *fmt, ...) {
   char line[512];
   va_list ap;
@@ -53,7 +45,7 @@ void kvx_signal(kvx_agent *a) {
 
 int kvx_no_init(kvx_agent *a, char *err, size_t errlen) {
   (void)a;
-  kvx_set_err(err, errlen, "backend not available in this build");
+  utl_seterr(err, errlen, "backend not available in this build");
   return -1;
 }
 void kvx_no_stop(kvx_agent *a) { (void)a; }
@@ -65,7 +57,7 @@ int kvx_no_reg(kvx_agent *a, kvx_region *r, char *err, size_t errlen) {
 void kvx_no_dereg(kvx_agent *a, kvx_region *r) { (void)a, (void)r; }
 int kvx_no_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t errlen) {
   (void)a, (void)p, (void)x;
-  kvx_set_err(err, errlen, "backend cannot transfer");
+  utl_seterr(err, errlen, "backend cannot transfer");
   return -1;
 }
 void kvx_no_drop(kvx_agent *a, kvx_peer *p, const char *why) { (void)a, (void)p, (void)why; }
@@ -84,7 +76,7 @@ static void *thread_main(void *p) {
 int kvx_thread_start(kvx_agent *a, void *(*fn)(void *), void *arg, char *err, size_t errlen) {
   thread_arg *t = malloc(sizeof *t);
   if (!t) {
-    kvx_set_err(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   t->fn = fn;
@@ -101,7 +93,7 @@ int kvx_thread_start(kvx_agent *a, void *(*fn)(void *), void *arg, char *err, si
   if (rc) {
     free(t);
     kvx_thread_exit(a);
-    kvx_set_err(err, errlen, "pthread_create: %s", strerror(rc));
+    utl_seterr(err, errlen, "pthread_create: %s", strerror(rc));
     return -1;
   }
   return 0;
@@ -124,23 +116,23 @@ typedef struct host_hdr {
 void *kvx_host_alloc(size_t len, char *err, size_t errlen) {
   size_t pg = (size_t)sysconf(_SC_PAGESIZE);
   if (len == 0 || len > ((size_t)1 << 46)) {
-    kvx_set_err(err, errlen, "kvx_host_alloc: bad length %zu", len);
+    utl_seterr(err, errlen, "kvx_host_alloc: bad length %zu", len);
     return NULL;
   }
   size_t sz = (len + pg - 1) / pg * pg;
   int fd = memfd_create("kvx-host", MFD_CLOEXEC);
   if (fd < 0) {
-    kvx_set_err(err, errlen, "memfd_create: %s", strerror(errno));
+    utl_seterr(err, errlen, "memfd_create: %s", strerror(errno));
     return NULL;
   }
   if (ftruncate(fd, (off_t)(sz + pg)) < 0) {
-    kvx_set_err(err, errlen, "ftruncate %zu: %s", sz + pg, strerror(errno));
+    utl_seterr(err, errlen, "ftruncate %zu: %s", sz + pg, strerror(errno));
     close(fd);
     return NULL;
   }
   uint8_t *m = mmap(NULL, sz + pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (m == MAP_FAILED) {
-    kvx_set_err(err, errlen, "mmap %zu: %s", sz + pg, strerror(errno));
+    utl_seterr(err, errlen, "mmap %zu: %s", sz + pg, strerror(errno));
     close(fd);
     return NULL;
   }
@@ -213,12 +205,12 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
   kvx_opts o = {0};
   if (opts) o = *opts;
   if (!name || !kvx_valid_name(name)) {
-    kvx_set_err(err, errlen, "kvx_agent_new: bad agent name (1..63 of [A-Za-z0-9._-])");
+    utl_seterr(err, errlen, "kvx_agent_new: bad agent name (1..63 of [A-Za-z0-9._-])");
     return NULL;
   }
   const char *be = o.backend ? o.backend : "auto";
   if (strcmp(be, "auto") && be_index(be) < 0) {
-    kvx_set_err(err, errlen, "kvx_agent_new: unknown backend '%s' (tcp, shm, rdma, nccl, auto)", be);
+    utl_seterr(err, errlen, "kvx_agent_new: unknown backend '%s' (tcp, shm, rdma, nccl, auto)", be);
     return NULL;
   }
   const char *lh = o.listen_host ? o.listen_host : "127.0.0.1";
@@ -226,12 +218,12 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
   const char *sec = o.secret ? o.secret : "";
   if (strlen(lh) >= 64 || strlen(ah) >= 64 || strlen(sec) >= 256 || o.listen_port < 0 || o.listen_port > 65535 ||
       o.timeout_ms < 0) {
-    kvx_set_err(err, errlen, "kvx_agent_new: bad options (host, port, timeout or secret too long)");
+    utl_seterr(err, errlen, "kvx_agent_new: bad options (host, port, timeout or secret too long)");
     return NULL;
   }
   kvx_agent *a = calloc(1, sizeof *a);
   if (!a) {
-    kvx_set_err(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return NULL;
   }
   snprintf(a->name, sizeof a->name, "%s", name);
@@ -256,7 +248,7 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
   a->next_id = 1;
   a->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (a->efd < 0) {
-    kvx_set_err(err, errlen, "eventfd: %s", strerror(errno));
+    utl_seterr(err, errlen, "eventfd: %s", strerror(errno));
     kvx_agent_free(a);
     return NULL;
   }
@@ -280,7 +272,7 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
     if (BACKENDS[i]->init(a, e, sizeof e) == 0) {
       a->enabled |= 1u << i;
     } else if (must[i]) {
-      kvx_set_err(err, errlen, "%s", e);
+      utl_seterr(err, errlen, "%s", e);
       kvx_agent_free(a);
       return NULL;
     }
@@ -342,16 +334,16 @@ int kvx_agent_port(const kvx_agent *a) { return (a->enabled & (1u << KVX_BE_TCP)
 int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out, char *err, size_t errlen) {
   *out = NULL;
   if (!addr || !len || (uint64_t)(uintptr_t)addr + len < (uint64_t)(uintptr_t)addr) {
-    kvx_set_err(err, errlen, "kvx_register: bad range %p+%zu", addr, len);
+    utl_seterr(err, errlen, "kvx_register: bad range %p+%zu", addr, len);
     return -1;
   }
   if (mem != KVX_MEM_HOST && mem != KVX_MEM_CUDA) {
-    kvx_set_err(err, errlen, "kvx_register: bad memory kind %d", mem);
+    utl_seterr(err, errlen, "kvx_register: bad memory kind %d", mem);
     return -1;
   }
   kvx_region *r = calloc(1, sizeof *r);
   if (!r) {
-    kvx_set_err(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   r->agent = a;
@@ -377,7 +369,7 @@ int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out
         kvx_log(a, "%s; region %p+%zu will not be reachable over rdma", e, addr, len);
         continue;
       }
-      kvx_set_err(err, errlen, "%s", e);
+      utl_seterr(err, errlen, "%s", e);
       for (int j = 0; j < i; j++)
         if (a->enabled & (1u << j)) BACKENDS[j]->dereg(a, r);
       free(r);
@@ -416,11 +408,11 @@ kvx_region *kvx_check_access(kvx_agent *a, uint64_t key, uint64_t addr, uint64_t
   for (kvx_region *r = a->regions; r; r = r->next) {
     if (r->key != key) continue;
     if (addr >= r->addr && len <= r->len && addr - r->addr <= r->len - len) return r;
-    kvx_set_err(why, cap, "out-of-range access 0x%" PRIx64 "+%" PRIu64 " outside region 0x%" PRIx64 "+%" PRIu64, addr,
+    utl_seterr(why, cap, "out-of-range access 0x%" PRIx64 "+%" PRIu64 " outside region 0x%" PRIx64 "+%" PRIu64, addr,
                 len, r->addr, r->len);
     return NULL;
   }
-  kvx_set_err(why, cap, "unknown region key 0x%016" PRIx64, key);
+  utl_seterr(why, cap, "unknown region key 0x%016" PRIx64, key);
   return NULL;
 }
 
@@ -456,7 +448,7 @@ int kvx_pack_md(kvx_agent *a, void **blob, size_t *len, char *err, size_t errlen
   uint8_t *b = calloc(1, sz);
   if (!b) {
     pthread_rwlock_unlock(&a->reg_lock);
-    kvx_set_err(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   md_head *h = (md_head *)b;
@@ -499,11 +491,11 @@ static int choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t err
   if (strcmp(a->backend, "auto")) {
     int i = be_index(a->backend);
     if (!(both & (1u << i))) {
-      kvx_set_err(err, errlen, "peer '%s' does not offer the %s backend", p->name, a->backend);
+      utl_seterr(err, errlen, "peer '%s' does not offer the %s backend", p->name, a->backend);
       return -1;
     }
     if (i == KVX_BE_SHM && !same_host) {
-      kvx_set_err(err, errlen, "peer '%s' is on another host (%s): shm needs one host", p->name, p->host_id);
+      utl_seterr(err, errlen, "peer '%s' is on another host (%s): shm needs one host", p->name, p->host_id);
       return -1;
     }
     return i;
@@ -511,7 +503,7 @@ static int choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t err
   if ((both & (1u << KVX_BE_SHM)) && same_host) return KVX_BE_SHM;
   if (both & (1u << KVX_BE_RDMA)) return KVX_BE_RDMA;
   if (both & (1u << KVX_BE_TCP)) return KVX_BE_TCP;
-  kvx_set_err(err, errlen, "no backend in common with peer '%s'", p->name);
+  utl_seterr(err, errlen, "no backend in common with peer '%s'", p->name);
   return -1;
 }
 
@@ -520,28 +512,28 @@ int kvx_load_remote_md(kvx_agent *a, const void *blob, size_t len, char *peer_na
   const uint8_t *b = blob;
   md_head h;
   if (!blob || len < sizeof h) {
-    kvx_set_err(err, errlen, "metadata: truncated (%zu bytes)", len);
+    utl_seterr(err, errlen, "metadata: truncated (%zu bytes)", len);
     return -1;
   }
   memcpy(&h, b, sizeof h);
   if (h.magic != MD_MAGIC || h.version != MD_VERSION) {
-    kvx_set_err(err, errlen, "metadata: not a kvxfer v%u blob", MD_VERSION);
+    utl_seterr(err, errlen, "metadata: not a kvxfer v%u blob", MD_VERSION);
     return -1;
   }
   if (!str_ok(h.name, sizeof h.name) || !kvx_valid_name(h.name) || !str_ok(h.host_id, sizeof h.host_id) ||
       !str_ok(h.tcp_host, sizeof h.tcp_host) || !str_ok(h.shm_path, sizeof h.shm_path) || h.tcp_port > 65535 ||
       (h.backends >> KVX_NBE)) {
-    kvx_set_err(err, errlen, "metadata: malformed header");
+    utl_seterr(err, errlen, "metadata: malformed header");
     return -1;
   }
   if (h.n_regions > (len - sizeof h) / sizeof(md_region) || len != sizeof h + h.n_regions * sizeof(md_region)) {
-    kvx_set_err(err, errlen, "metadata: length %zu does not match %u regions", len, h.n_regions);
+    utl_seterr(err, errlen, "metadata: length %zu does not match %u regions", len, h.n_regions);
     return -1;
   }
   kvx_peer *p = calloc(1, sizeof *p);
   if (!p || !(p->regions = calloc(h.n_regions ? h.n_regions : 1, sizeof *p->regions))) {
     peer_free(p);
-    kvx_set_err(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   memcpy(p->name, h.name, sizeof p->name);
@@ -556,14 +548,14 @@ int kvx_load_remote_md(kvx_agent *a, const void *blob, size_t len, char *peer_na
     memcpy(&m, b + sizeof h + i * sizeof m, sizeof m);
     if (m.len == 0 || m.addr + m.len < m.addr || m.mem > KVX_MEM_CUDA) {
       peer_free(p);
-      kvx_set_err(err, errlen, "metadata: region %u is malformed", i);
+      utl_seterr(err, errlen, "metadata: region %u is malformed", i);
       return -1;
     }
     p->regions[i] = (kvx_rregion){m.key, m.addr, m.len, m.mem, m.flags, m.rkey};
   }
   if (!strcmp(p->name, a->name)) {
     peer_free(p);
-    kvx_set_err(err, errlen, "metadata: that is this agent's own blob ('%s')", a->name);
+    utl_seterr(err, errlen, "metadata: that is this agent's own blob ('%s')", a->name);
     return -1;
   }
   pthread_mutex_lock(&a->mu);
@@ -623,7 +615,7 @@ void kvx_invalidate_peer(kvx_agent *a, const char *peer) {
 
 int kvx_set_peer_endpoint(kvx_agent *a, const char *peer, const char *host, int port, char *err, size_t errlen) {
   if (!host || strlen(host) >= 64 || port <= 0 || port > 65535) {
-    kvx_set_err(err, errlen, "kvx_set_peer_endpoint: bad endpoint");
+    utl_seterr(err, errlen, "kvx_set_peer_endpoint: bad endpoint");
     return -1;
   }
   pthread_mutex_lock(&a->mu);
@@ -635,7 +627,7 @@ int kvx_set_peer_endpoint(kvx_agent *a, const char *peer, const char *host, int 
     p->tcp_port = port;
   }
   pthread_mutex_unlock(&a->mu);
-  if (!p) kvx_set_err(err, errlen, "unknown peer '%s'", peer);
+  if (!p) utl_seterr(err, errlen, "unknown peer '%s'", peer);
   return p ? 0 : -1;
 }
 
@@ -674,41 +666,41 @@ int kvx_xfer_new(kvx_agent *a, int op, const kvx_desc *local, size_t n_local, co
                  char *err, size_t errlen) {
   *out = NULL;
   if (op != KVX_WRITE && op != KVX_READ) {
-    kvx_set_err(err, errlen, "kvx_xfer_new: op must be KVX_WRITE or KVX_READ");
+    utl_seterr(err, errlen, "kvx_xfer_new: op must be KVX_WRITE or KVX_READ");
     return -1;
   }
   if (!peer || !local || !remote || !n_local || !n_remote) {
-    kvx_set_err(err, errlen, "kvx_xfer_new: empty descriptor list or no peer");
+    utl_seterr(err, errlen, "kvx_xfer_new: empty descriptor list or no peer");
     return -1;
   }
   if (notif_len > KVX_MAX_NOTIF || (notif_len && !notif)) {
-    kvx_set_err(err, errlen, "kvx_xfer_new: notification of %zu bytes (max %d)", notif_len, KVX_MAX_NOTIF);
+    utl_seterr(err, errlen, "kvx_xfer_new: notification of %zu bytes (max %d)", notif_len, KVX_MAX_NOTIF);
     return -1;
   }
   uint64_t tl = 0, tr = 0;
   for (size_t i = 0; i < n_local; i++) {
     if (!local[i].len || tl + local[i].len < tl) {
-      kvx_set_err(err, errlen, "kvx_xfer_new: local descriptor %zu has a bad length", i);
+      utl_seterr(err, errlen, "kvx_xfer_new: local descriptor %zu has a bad length", i);
       return -1;
     }
     tl += local[i].len;
   }
   for (size_t i = 0; i < n_remote; i++) {
     if (!remote[i].len || tr + remote[i].len < tr) {
-      kvx_set_err(err, errlen, "kvx_xfer_new: remote descriptor %zu has a bad length", i);
+      utl_seterr(err, errlen, "kvx_xfer_new: remote descriptor %zu has a bad length", i);
       return -1;
     }
     tr += remote[i].len;
   }
   if (tl != tr) {
-    kvx_set_err(err, errlen, "kvx_xfer_new: local lists %" PRIu64 " bytes, remote %" PRIu64, tl, tr);
+    utl_seterr(err, errlen, "kvx_xfer_new: local lists %" PRIu64 " bytes, remote %" PRIu64, tl, tr);
     return -1;
   }
   kvx_xfer *x = xfer_alloc(a, op, peer);
   size_t cap = n_local + n_remote;
   if (!x || !(x->segs = calloc(cap, sizeof *x->segs)) || (notif_len && !(x->notif = malloc(notif_len)))) {
     kvx_xfer_free(x);
-    kvx_set_err(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   if (notif_len) memcpy(x->notif, notif, notif_len);
@@ -721,7 +713,7 @@ int kvx_xfer_new(kvx_agent *a, int op, const kvx_desc *local, size_t n_local, co
   pthread_mutex_lock(&a->mu);
   kvx_peer *p = peer_find(a, peer);
   if (!p) {
-    kvx_set_err(err, errlen, "kvx_xfer_new: unknown peer '%s' (load its metadata first)", peer);
+    utl_seterr(err, errlen, "kvx_xfer_new: unknown peer '%s' (load its metadata first)", peer);
     rc = -1;
   }
   size_t li = 0, ri = 0;
@@ -732,7 +724,7 @@ int kvx_xfer_new(kvx_agent *a, int op, const kvx_desc *local, size_t n_local, co
     if (lo == 0) {
       lr = kvx_find_local(a, local[li].addr, local[li].len);
       if (!lr) {
-        kvx_set_err(err, errlen, "kvx_xfer_new: local descriptor %zu (0x%" PRIx64 "+%" PRIu64 ") is not in a registered region",
+        utl_seterr(err, errlen, "kvx_xfer_new: local descriptor %zu (0x%" PRIx64 "+%" PRIu64 ") is not in a registered region",
                     li, local[li].addr, local[li].len);
         rc = -1;
         break;
@@ -748,7 +740,7 @@ int kvx_xfer_new(kvx_agent *a, int op, const kvx_desc *local, size_t n_local, co
         }
       }
       if (!rr) {
-        kvx_set_err(err, errlen, "kvx_xfer_new: remote descriptor %zu (0x%" PRIx64 "+%" PRIu64 ") is not in a region '%s' exported",
+        utl_seterr(err, errlen, "kvx_xfer_new: remote descriptor %zu (0x%" PRIx64 "+%" PRIu64 ") is not in a region '%s' exported",
                     ri, remote[ri].addr, remote[ri].len, peer);
         rc = -1;
         break;
@@ -853,13 +845,13 @@ void kvx_xfer_free(kvx_xfer *x) { kvx_xfer_unref(x); }
 // ---- notifications ----
 int kvx_notify(kvx_agent *a, const char *peer, const void *msg, size_t len, char *err, size_t errlen) {
   if (!peer || len > KVX_MAX_NOTIF || (len && !msg)) {
-    kvx_set_err(err, errlen, "kvx_notify: bad arguments (%zu bytes, max %d)", len, KVX_MAX_NOTIF);
+    utl_seterr(err, errlen, "kvx_notify: bad arguments (%zu bytes, max %d)", len, KVX_MAX_NOTIF);
     return -1;
   }
   kvx_xfer *x = xfer_alloc(a, KVX_OP_NOTIFY, peer);
   if (!x || (len && !(x->notif = malloc(len)))) {
     kvx_xfer_free(x);
-    kvx_set_err(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   if (len) memcpy(x->notif, msg, len);
@@ -868,7 +860,7 @@ int kvx_notify(kvx_agent *a, const char *peer, const void *msg, size_t len, char
   x->id = atomic_fetch_add(&a->next_id, 1);
   atomic_store(&x->state, KVX_PENDING);
   int rc = xfer_submit(x);
-  if (rc) kvx_set_err(err, errlen, "%s", x->err);
+  if (rc) utl_seterr(err, errlen, "%s", x->err);
   kvx_xfer_unref(x);
   return rc ? -1 : 0;
 }

@@ -15,6 +15,7 @@
 
 #include "kvxfer/kvx.h"
 #include "kvxfer/kvx_crypto.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -181,7 +182,6 @@ kvx_region *kvx_check_access(kvx_agent *a, uint64_t key, uint64_t addr, uint64_t
 int kvx_thread_start(kvx_agent *a, void *(*fn)(void *), void *arg, char *err, size_t errlen);
 void kvx_thread_exit(kvx_agent *a);  // last call of every thread started by kvx_thread_start
 int64_t kvx_now_ms(void);
-void kvx_set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 // ---- crypto (kvx_sha256.c): kvxfer/kvx_crypto.h ----
 

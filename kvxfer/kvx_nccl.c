@@ -12,13 +12,13 @@
 
 static int nccl_init(kvx_agent *a, char *err, size_t errlen) {
   (void)a;
-  kvx_set_err(err, errlen, "nccl: not built (no CUDA toolkit or NCCL at build time)");
+  utl_seterr(err, errlen, "nccl: not built (no CUDA toolkit or NCCL at build time)");
   return -1;
 }
 
 int kvx_nccl_serve(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, void **state, char *why, size_t cap) {
   (void)a, (void)peer, (void)fd, (void)h, (void)state;
-  kvx_set_err(why, cap, "nccl: not built in this agent");
+  utl_seterr(why, cap, "nccl: not built in this agent");
   return -1;
 }
 void kvx_nccl_serve_end(kvx_agent *a, void *state) { (void)a, (void)state; }
@@ -38,12 +38,12 @@ static int nccl_init(kvx_agent *a, char *err, size_t errlen) {
   int n = 0;
   cudaError_t ce = cudaGetDeviceCount(&n);
   if (ce != cudaSuccess || n == 0) {
-    kvx_set_err(err, errlen, "nccl: no CUDA device (cudaGetDeviceCount: %s)",
+    utl_seterr(err, errlen, "nccl: no CUDA device (cudaGetDeviceCount: %s)",
                 ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
     return -1;
   }
   if (a->cuda_device < 0 || a->cuda_device >= n) {
-    kvx_set_err(err, errlen, "nccl: CUDA device %d does not exist (%d devices)", a->cuda_device, n);
+    utl_seterr(err, errlen, "nccl: CUDA device %d does not exist (%d devices)", a->cuda_device, n);
     return -1;
   }
   return 0;
@@ -71,7 +71,7 @@ static int run_group(nccl_side *s, int send, const nccl_wire_desc *d, size_t n, 
   if (r == ncclSuccess) r = r2;
   cudaError_t ce = r == ncclSuccess ? cudaStreamSynchronize(s->stream) : cudaSuccess;
   if (r != ncclSuccess || ce != cudaSuccess) {
-    kvx_set_err(why, cap, "nccl: %s", r != ncclSuccess ? ncclGetErrorString(r) : cudaGetErrorString(ce));
+    utl_seterr(why, cap, "nccl: %s", r != ncclSuccess ? ncclGetErrorString(r) : cudaGetErrorString(ce));
     return -1;
   }
   return 0;
@@ -81,13 +81,13 @@ int kvx_nccl_serve(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, voi
   (void)peer;
   int to = a->timeout_ms;
   if (!(a->enabled & (1u << KVX_BE_NCCL))) {
-    kvx_set_err(why, cap, "nccl: not enabled on this agent");
+    utl_seterr(why, cap, "nccl: not enabled on this agent");
     return -1;
   }
   if (h->op == KVX_F_NCCL_INIT) {
     ncclUniqueId id;
     if (h->len != sizeof id || *state || kvx_recv_all(fd, &id, sizeof id, to, 0)) {
-      kvx_set_err(why, cap, "nccl: malformed communicator frame");
+      utl_seterr(why, cap, "nccl: malformed communicator frame");
       return -1;
     }
     nccl_side *s = calloc(1, sizeof *s);
@@ -95,7 +95,7 @@ int kvx_nccl_serve(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, voi
     cudaSetDevice(a->cuda_device);
     ncclResult_t r = ncclCommInitRank(&s->comm, 2, id, 1);
     if (r != ncclSuccess || cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking) != cudaSuccess) {
-      kvx_set_err(why, cap, "nccl: communicator init: %s", ncclGetErrorString(r));
+      utl_seterr(why, cap, "nccl: communicator init: %s", ncclGetErrorString(r));
       side_free(s);
       return -1;
     }
@@ -108,13 +108,13 @@ int kvx_nccl_serve(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, voi
   uint64_t n = h->key;
   if (!s || n == 0 || n > (1u << 20) || h->len < n * sizeof(nccl_wire_desc) ||
       h->len - n * sizeof(nccl_wire_desc) > KVX_MAX_NOTIF || (h->flags != KVX_WRITE && h->flags != KVX_READ)) {
-    kvx_set_err(why, cap, "nccl: malformed transfer frame");
+    utl_seterr(why, cap, "nccl: malformed transfer frame");
     return -1;
   }
   uint8_t *buf = malloc(h->len);
   if (!buf || kvx_recv_all(fd, buf, h->len, to, 0)) {
     free(buf);
-    kvx_set_err(why, cap, "nccl: peer died mid-frame");
+    utl_seterr(why, cap, "nccl: peer died mid-frame");
     return -1;
   }
   nccl_wire_desc *d = (nccl_wire_desc *)buf;
@@ -122,7 +122,7 @@ int kvx_nccl_serve(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, voi
   for (uint64_t i = 0; i < n; i++) {
     kvx_region *r = kvx_check_access(a, d[i].key, d[i].addr, d[i].len, why, cap);
     if (!r || r->mem != KVX_MEM_CUDA) {
-      if (r) kvx_set_err(why, cap, "nccl: region 0x%016" PRIx64 " is not CUDA memory", d[i].key);
+      if (r) utl_seterr(why, cap, "nccl: region 0x%016" PRIx64 " is not CUDA memory", d[i].key);
       pthread_rwlock_unlock(&a->reg_lock);
       free(buf);
       return -1;
@@ -132,7 +132,7 @@ int kvx_nccl_serve(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, voi
   if (kvx_send_frame(fd, KVX_F_ACK, 0, h->req, 0, 0, 0, NULL, 0, to)) {
     pthread_rwlock_unlock(&a->reg_lock);
     free(buf);
-    kvx_set_err(why, cap, "nccl: could not answer the transfer frame");
+    utl_seterr(why, cap, "nccl: could not answer the transfer frame");
     return -1;
   }
   cudaSetDevice(a->cuda_device);
@@ -325,7 +325,7 @@ static int nccl_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t e
   }
   if (!c) {
     if (!(c = calloc(1, sizeof *c))) {
-      kvx_set_err(err, errlen, "out of memory");
+      utl_seterr(err, errlen, "out of memory");
       return -1;
     }
     c->a = a;

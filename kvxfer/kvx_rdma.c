@@ -51,13 +51,13 @@ static int rdma_init(kvx_agent *a, char *err, size_t errlen) {
   struct ibv_device **l = ibv_get_device_list(&n);
   if (!l || n == 0) {
     if (l) ibv_free_device_list(l);
-    kvx_set_err(err, errlen, "rdma: no RDMA device found (ibv_get_device_list returned 0 devices)");
+    utl_seterr(err, errlen, "rdma: no RDMA device found (ibv_get_device_list returned 0 devices)");
     return -1;
   }
   rdma_state *st = calloc(1, sizeof *st);
   if (!st) {
     ibv_free_device_list(l);
-    kvx_set_err(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   snprintf(st->dev, sizeof st->dev, "%s", ibv_get_device_name(l[0]));
@@ -67,14 +67,14 @@ static int rdma_init(kvx_agent *a, char *err, size_t errlen) {
   st->gid_index = gi ? atoi(gi) : 0;
   if (!st->ctx || !(st->pd = ibv_alloc_pd(st->ctx)) || ibv_query_port(st->ctx, RDMA_PORT, &st->port) ||
       ibv_query_gid(st->ctx, RDMA_PORT, st->gid_index, &st->gid)) {
-    kvx_set_err(err, errlen, "rdma: cannot open %s: %s", st->dev, strerror(errno));
+    utl_seterr(err, errlen, "rdma: cannot open %s: %s", st->dev, strerror(errno));
     if (st->pd) ibv_dealloc_pd(st->pd);
     if (st->ctx) ibv_close_device(st->ctx);
     free(st);
     return -1;
   }
   if (st->port.state != IBV_PORT_ACTIVE) {
-    kvx_set_err(err, errlen, "rdma: port %d of %s is not active", RDMA_PORT, st->dev);
+    utl_seterr(err, errlen, "rdma: port %d of %s is not active", RDMA_PORT, st->dev);
     ibv_dealloc_pd(st->pd);
     ibv_close_device(st->ctx);
     free(st);
@@ -134,18 +134,18 @@ static int rdma_reg(kvx_agent *a, kvx_region *r, char *err, size_t errlen) {
     }
     if (!mr) mr = ibv_reg_mr(st->pd, (void *)(uintptr_t)r->addr, r->len, acc);
     if (!mr) {
-      kvx_set_err(err, errlen, "rdma: cannot register CUDA memory for GPUDirect (no dma-buf support and no nvidia-peermem): %s",
+      utl_seterr(err, errlen, "rdma: cannot register CUDA memory for GPUDirect (no dma-buf support and no nvidia-peermem): %s",
                   strerror(errno));
       return -1;
     }
 #else
-    kvx_set_err(err, errlen, "rdma: CUDA memory needs a CUDA build");
+    utl_seterr(err, errlen, "rdma: CUDA memory needs a CUDA build");
     return -1;
 #endif
   } else {
     mr = ibv_reg_mr(st->pd, (void *)(uintptr_t)r->addr, r->len, acc);
     if (!mr) {
-      kvx_set_err(err, errlen, "rdma: ibv_reg_mr(%" PRIu64 " bytes): %s", r->len, strerror(errno));
+      utl_seterr(err, errlen, "rdma: ibv_reg_mr(%" PRIu64 " bytes): %s", r->len, strerror(errno));
       return -1;
     }
   }
@@ -242,15 +242,15 @@ int kvx_rdma_serve_qp(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, 
   rdma_state *st = a->be_state[KVX_BE_RDMA];
   kvx_rdma_qpinfo in, me;
   if (h->len != sizeof in) {
-    kvx_set_err(why, cap, "rdma: malformed queue pair frame (%" PRIu64 " bytes)", h->len);
+    utl_seterr(why, cap, "rdma: malformed queue pair frame (%" PRIu64 " bytes)", h->len);
     return -1;
   }
   if (kvx_recv_all(fd, &in, sizeof in, a->timeout_ms, 0)) {
-    kvx_set_err(why, cap, "rdma: peer died mid-frame");
+    utl_seterr(why, cap, "rdma: peer died mid-frame");
     return -1;
   }
   if (!st) {
-    kvx_set_err(why, cap, "rdma: not enabled on this agent");
+    utl_seterr(why, cap, "rdma: not enabled on this agent");
     return -1;
   }
   rdma_srv_qp *q = calloc(1, sizeof *q);
@@ -259,7 +259,7 @@ int kvx_rdma_serve_qp(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, 
     if (q && q->cq) ibv_destroy_cq(q->cq);
     free(q);
     free(arg);
-    kvx_set_err(why, cap, "rdma: cannot create a queue pair: %s", strerror(errno));
+    utl_seterr(why, cap, "rdma: cannot create a queue pair: %s", strerror(errno));
     return -1;
   }
   snprintf(q->peer, sizeof q->peer, "%s", peer);
@@ -271,7 +271,7 @@ int kvx_rdma_serve_qp(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, 
     ibv_destroy_cq(q->cq);
     free(q);
     free(arg);
-    kvx_set_err(why, cap, "rdma: cannot connect the queue pair: %s", strerror(errno));
+    utl_seterr(why, cap, "rdma: cannot connect the queue pair: %s", strerror(errno));
     return -1;
   }
   pthread_mutex_lock(&st->mu);
@@ -489,7 +489,7 @@ static int rdma_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t e
   }
   if (!c) {
     if (!(c = calloc(1, sizeof *c))) {
-      kvx_set_err(err, errlen, "out of memory");
+      utl_seterr(err, errlen, "out of memory");
       return -1;
     }
     c->a = a;

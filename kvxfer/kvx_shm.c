@@ -169,14 +169,14 @@ static void *shm_accept_main(void *p) {
 static int shm_init(kvx_agent *a, char *err, size_t errlen) {
   shm_state *st = calloc(1, sizeof *st);
   if (!st) {
-    kvx_set_err(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   uint32_t r = 0;
   if (getrandom(&r, sizeof r, 0) != sizeof r) r = (uint32_t)kvx_now_ms();
   int n = snprintf(st->path, sizeof st->path, "%s/kvx-%d-%08x.sock", a->shm_dir, (int)getpid(), r);
   if (n < 0 || (size_t)n >= sizeof st->path) {
-    kvx_set_err(err, errlen, "shm: socket path under '%s' is too long", a->shm_dir);
+    utl_seterr(err, errlen, "shm: socket path under '%s' is too long", a->shm_dir);
     free(st);
     return -1;
   }
@@ -184,7 +184,7 @@ static int shm_init(kvx_agent *a, char *err, size_t errlen) {
   memcpy(sa.sun_path, st->path, (size_t)n + 1);
   st->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (st->lfd < 0 || bind(st->lfd, (struct sockaddr *)&sa, sizeof sa) || listen(st->lfd, 64)) {
-    kvx_set_err(err, errlen, "shm: listen on %s: %s", st->path, strerror(errno));
+    utl_seterr(err, errlen, "shm: listen on %s: %s", st->path, strerror(errno));
     if (st->lfd >= 0) close(st->lfd);
     free(st);
     return -1;
@@ -431,7 +431,7 @@ static void *shm_worker_main(void *p) {
 static int shm_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t errlen) {
   for (size_t i = 0; i < x->n_segs; i++)
     if (x->segs[i].lmem != KVX_MEM_HOST || x->segs[i].rmem != KVX_MEM_HOST) {
-      kvx_set_err(err, errlen, "shm: CUDA memory needs the rdma or nccl backend");
+      utl_seterr(err, errlen, "shm: CUDA memory needs the rdma or nccl backend");
       return -1;
     }
   shm_conn *c = p->conn[KVX_BE_SHM];
@@ -454,12 +454,12 @@ static int shm_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t er
   }
   if (!c) {
     if (!p->shm_path[0]) {
-      kvx_set_err(err, errlen, "shm: peer '%s' has no shm endpoint", p->name);
+      utl_seterr(err, errlen, "shm: peer '%s' has no shm endpoint", p->name);
       return -1;
     }
     c = calloc(1, sizeof *c);
     if (!c) {
-      kvx_set_err(err, errlen, "out of memory");
+      utl_seterr(err, errlen, "out of memory");
       return -1;
     }
     c->a = a;

@@ -220,13 +220,13 @@ static void *accept_main(void *p) {
 static int tcp_init(kvx_agent *a, char *err, size_t errlen) {
   tcp_state *st = calloc(1, sizeof *st);
   if (!st) {
-    kvx_set_err(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   pthread_mutex_init(&st->mu, NULL);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)a->listen_port)};
   if (inet_pton(AF_INET, a->listen_host, &sa.sin_addr) != 1) {
-    kvx_set_err(err, errlen, "tcp: bad listen address '%s' (numeric IPv4)", a->listen_host);
+    utl_seterr(err, errlen, "tcp: bad listen address '%s' (numeric IPv4)", a->listen_host);
     free(st);
     return -1;
   }
@@ -236,7 +236,7 @@ static int tcp_init(kvx_agent *a, char *err, size_t errlen) {
   socklen_t sl = sizeof sa;
   if (st->lfd < 0 || bind(st->lfd, (struct sockaddr *)&sa, sizeof sa) || listen(st->lfd, 128) ||
       getsockname(st->lfd, (struct sockaddr *)&sa, &sl)) {
-    kvx_set_err(err, errlen, "tcp: listen on %s:%d: %s", a->listen_host, a->listen_port, strerror(errno));
+    utl_seterr(err, errlen, "tcp: listen on %s:%d: %s", a->listen_host, a->listen_port, strerror(errno));
     if (st->lfd >= 0) close(st->lfd);
     free(st);
     return -1;
@@ -504,7 +504,7 @@ static void *sender_main(void *p) {
 static int tcp_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t errlen) {
   for (size_t i = 0; i < x->n_segs; i++)
     if (x->segs[i].lmem != KVX_MEM_HOST || x->segs[i].rmem != KVX_MEM_HOST) {
-      kvx_set_err(err, errlen, "tcp: CUDA memory needs the rdma or nccl backend");
+      utl_seterr(err, errlen, "tcp: CUDA memory needs the rdma or nccl backend");
       return -1;
     }
   tcp_conn *c = p->conn[KVX_BE_TCP];
@@ -528,12 +528,12 @@ static int tcp_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t er
   }
   if (!c) {
     if (!p->tcp_port) {
-      kvx_set_err(err, errlen, "tcp: peer '%s' has no tcp endpoint", p->name);
+      utl_seterr(err, errlen, "tcp: peer '%s' has no tcp endpoint", p->name);
       return -1;
     }
     c = calloc(1, sizeof *c);
     if (!c) {
-      kvx_set_err(err, errlen, "out of memory");
+      utl_seterr(err, errlen, "out of memory");
       return -1;
     }
     c->a = a;

@@ -122,18 +122,18 @@ int kvx_handshake_client(int fd, const char *my_name, const void *secret, size_t
   uint8_t in[36];
   int rc = kvx_recv_all(fd, in, sizeof in, timeout_ms, 0);
   if (rc) {
-    kvx_set_err(err, errlen, "handshake: %s", io_why(rc));
+    utl_seterr(err, errlen, "handshake: %s", io_why(rc));
     return -1;
   }
   uint32_t magic;
   memcpy(&magic, in, 4);
   if (magic != HS_S) {
-    kvx_set_err(err, errlen, "handshake: not a kvxfer agent (bad greeting)");
+    utl_seterr(err, errlen, "handshake: not a kvxfer agent (bad greeting)");
     return -1;
   }
   uint8_t nc[32], out[4 + 2 + KVX_MAX_NAME + 64];
   if (rand_bytes(nc, 32)) {
-    kvx_set_err(err, errlen, "handshake: getrandom: %s", strerror(errno));
+    utl_seterr(err, errlen, "handshake: getrandom: %s", strerror(errno));
     return -1;
   }
   uint16_t nl = (uint16_t)strlen(my_name);
@@ -145,25 +145,25 @@ int kvx_handshake_client(int fd, const char *my_name, const void *secret, size_t
   memcpy(out + o, nc, 32), o += 32;
   mac(secret, slen, "kvx-client", in + 4, nc, my_name, out + o), o += 32;
   if ((rc = kvx_send_all(fd, out, o, timeout_ms))) {
-    kvx_set_err(err, errlen, "handshake: %s", io_why(rc));
+    utl_seterr(err, errlen, "handshake: %s", io_why(rc));
     return -1;
   }
   uint8_t resp[40];
   if ((rc = kvx_recv_all(fd, resp, sizeof resp, timeout_ms, 0))) {
-    kvx_set_err(err, errlen, "handshake: peer closed before answering (%s): refused", io_why(rc));
+    utl_seterr(err, errlen, "handshake: peer closed before answering (%s): refused", io_why(rc));
     return -1;
   }
   uint32_t st;
   memcpy(&magic, resp, 4);
   memcpy(&st, resp + 4, 4);
   if (magic != HS_R || st != 0) {
-    kvx_set_err(err, errlen, "handshake: peer refused authentication (shared secret mismatch?)");
+    utl_seterr(err, errlen, "handshake: peer refused authentication (shared secret mismatch?)");
     return -1;
   }
   uint8_t want[32];
   mac(secret, slen, "kvx-server", nc, in + 4, my_name, want);
   if (!kvx_ct_equal(want, resp + 8, 32)) {
-    kvx_set_err(err, errlen, "handshake: peer failed to prove the shared secret");
+    utl_seterr(err, errlen, "handshake: peer failed to prove the shared secret");
     return -1;
   }
   return 0;
@@ -175,26 +175,26 @@ int kvx_handshake_server(int fd, const void *secret, size_t slen, int timeout_ms
   uint32_t magic = HS_S;
   memcpy(g, &magic, 4);
   if (rand_bytes(g + 4, 32)) {
-    kvx_set_err(err, errlen, "getrandom: %s", strerror(errno));
+    utl_seterr(err, errlen, "getrandom: %s", strerror(errno));
     return -1;
   }
   int rc = kvx_send_all(fd, g, sizeof g, timeout_ms);
   uint8_t h[6];
   if (!rc) rc = kvx_recv_all(fd, h, 6, timeout_ms, 0);
   if (rc) {
-    kvx_set_err(err, errlen, "handshake: %s", io_why(rc));
+    utl_seterr(err, errlen, "handshake: %s", io_why(rc));
     return -1;
   }
   uint16_t nl;
   memcpy(&magic, h, 4);
   memcpy(&nl, h + 4, 2);
   if (magic != HS_C || nl == 0 || nl >= KVX_MAX_NAME) {
-    kvx_set_err(err, errlen, "handshake: malformed client hello");
+    utl_seterr(err, errlen, "handshake: malformed client hello");
     return -1;
   }
   uint8_t rest[KVX_MAX_NAME + 64];
   if ((rc = kvx_recv_all(fd, rest, (size_t)nl + 64, timeout_ms, 0))) {
-    kvx_set_err(err, errlen, "handshake: %s", io_why(rc));
+    utl_seterr(err, errlen, "handshake: %s", io_why(rc));
     return -1;
   }
   char name[KVX_MAX_NAME];
@@ -208,13 +208,13 @@ int kvx_handshake_server(int fd, const void *secret, size_t slen, int timeout_ms
     uint32_t st = 1;
     memcpy(resp + 4, &st, 4);
     kvx_send_all(fd, resp, sizeof resp, timeout_ms);
-    kvx_set_err(err, errlen, "handshake: peer '%.63s' refused: wrong shared secret%s", kvx_valid_name(name) ? name : "?",
+    utl_seterr(err, errlen, "handshake: peer '%.63s' refused: wrong shared secret%s", kvx_valid_name(name) ? name : "?",
                 kvx_valid_name(name) ? "" : " or bad name");
     return -1;
   }
   mac(secret, slen, "kvx-server", rest + nl, g + 4, name, resp + 8);
   if ((rc = kvx_send_all(fd, resp, sizeof resp, timeout_ms))) {
-    kvx_set_err(err, errlen, "handshake: %s", io_why(rc));
+    utl_seterr(err, errlen, "handshake: %s", io_why(rc));
     return -1;
   }
   memcpy(peer_name, name, (size_t)nl + 1);
@@ -231,16 +231,16 @@ void kvx_sock_timeouts(int fd, int timeout_ms) {
 int kvx_tcp_connect(const char *host, int port, int timeout_ms, char *err, size_t errlen) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   if (inet_pton(AF_INET, host, &sa.sin_addr) != 1 || port <= 0 || port > 65535) {
-    kvx_set_err(err, errlen, "bad tcp endpoint %s:%d", host, port);
+    utl_seterr(err, errlen, "bad tcp endpoint %s:%d", host, port);
     return -1;
   }
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
-    kvx_set_err(err, errlen, "socket: %s", strerror(errno));
+    utl_seterr(err, errlen, "socket: %s", strerror(errno));
     return -1;
   }
   if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0 && errno != EINPROGRESS) {
-    kvx_set_err(err, errlen, "connect %s:%d: %s", host, port, strerror(errno));
+    utl_seterr(err, errlen, "connect %s:%d: %s", host, port, strerror(errno));
     close(fd);
     return -1;
   }
@@ -249,7 +249,7 @@ int kvx_tcp_connect(const char *host, int port, int timeout_ms, char *err, size_
   socklen_t sl = sizeof soerr;
   if (w == 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
   if (w < 0 || soerr) {
-    kvx_set_err(err, errlen, "connect %s:%d: %s", host, port, w == -2 ? "timed out" : strerror(soerr ? soerr : errno));
+    utl_seterr(err, errlen, "connect %s:%d: %s", host, port, w == -2 ? "timed out" : strerror(soerr ? soerr : errno));
     close(fd);
     return -1;
   }

@@ -1,20 +1,14 @@
 // models/chat.c: ChatML rendering, with the default system prompt read from the model's own chat template.
 #include "models/chat.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define SMOLLM2_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+#include "util/buf.h"
+#include "util/err.h"
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || errlen == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
+#define SMOLLM2_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 static const char *find_in(const char *p, size_t n, const char *needle) {
   return memmem(p, n, needle, strlen(needle));
@@ -32,7 +26,7 @@ static int template_default_system(const mdl_gguf *g, char **def, char *err, siz
   }
   size_t n = (size_t)tpl.n;
   if (!find_in(tpl.p, n, "<|im_start|>") || !find_in(tpl.p, n, "<|im_end|>")) {
-    seterr(err, errlen, "the model's chat template is not ChatML (only ChatML is supported)");
+    utl_seterr(err, errlen, "the model's chat template is not ChatML (only ChatML is supported)");
     return -1;
   }
   if (!find_in(tpl.p, n, "!= 'system'") && !find_in(tpl.p, n, "!= \"system\"")) return 0;
@@ -63,7 +57,7 @@ static int template_default_system(const mdl_gguf *g, char **def, char *err, siz
   (*def)[o] = 0;
   return 0;
 oom:
-  seterr(err, errlen, "out of memory");
+  utl_seterr(err, errlen, "out of memory");
   return -1;
 }
 
@@ -71,70 +65,44 @@ int mdl_chat_default_system(const mdl_gguf *g, char **out, char *err, size_t err
   return template_default_system(g, out, err, errlen);
 }
 
-typedef struct sbuf { char *p; size_t n, cap; int oom; } sbuf;
-
-static void sb_add(sbuf *b, const char *s) {
-  size_t k = strlen(s);
-  if (b->oom) return;
-  if (b->n + k + 1 > b->cap) {
-    size_t nc = (b->n + k + 1) * 2;
-    char *np = realloc(b->p, nc);
-    if (!np) {
-      b->oom = 1;
-      return;
-    }
-    b->p = np;
-    b->cap = nc;
-  }
-  memcpy(b->p + b->n, s, k + 1);
-  b->n += k;
-}
-
-static void block(sbuf *b, const char *role, const char *content) {
-  sb_add(b, "<|im_start|>");
-  sb_add(b, role);
-  sb_add(b, "\n");
-  sb_add(b, content);
-  sb_add(b, "<|im_end|>\n");
+static void block(utl_buf *b, const char *role, const char *content) {
+  utl_buf_printf(b, "<|im_start|>%s\n%s<|im_end|>\n", role, content);
 }
 
 int mdl_chat_apply(const mdl_gguf *g, const mdl_chat_msg *msgs, size_t n, int add_generation_prompt, char **out,
                    char *err, size_t errlen) {
   *out = NULL;
   if (n > 0 && !msgs) {
-    seterr(err, errlen, "no messages");
+    utl_seterr(err, errlen, "no messages");
     return -1;
   }
   for (size_t i = 0; i < n; i++) {
     const char *r = msgs[i].role;
     if (!r) {
-      seterr(err, errlen, "message %zu has no role", i);
+      utl_seterr(err, errlen, "message %zu has no role", i);
       return -1;
     }
     if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0) {
-      seterr(err, errlen, "message %zu has role '%.40s' (system, user and assistant are accepted)", i, r);
+      utl_seterr(err, errlen, "message %zu has role '%.40s' (system, user and assistant are accepted)", i, r);
       return -1;
     }
     if (!msgs[i].content) {
-      seterr(err, errlen, "message %zu has no content", i);
+      utl_seterr(err, errlen, "message %zu has no content", i);
       return -1;
     }
   }
   char *def = NULL;
   if (template_default_system(g, &def, err, errlen) != 0) return -1;
-  sbuf b = {0};
-  sb_add(&b, "");
+  utl_buf b = {0};
   for (size_t i = 0; i < n; i++) {
     if (i == 0 && def && strcmp(msgs[0].role, "system") != 0) block(&b, "system", def);
     block(&b, msgs[i].role, msgs[i].content);
   }
-  if (add_generation_prompt) sb_add(&b, "<|im_start|>assistant\n");
+  if (add_generation_prompt) utl_buf_adds(&b, "<|im_start|>assistant\n");
   free(def);
-  if (b.oom) {
-    free(b.p);
-    seterr(err, errlen, "out of memory");
+  if (!(*out = utl_buf_take(&b))) {
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
-  *out = b.p;
   return 0;
 }

@@ -3,13 +3,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "util/err.h"
 
 #define GGUF_MAX_DEPTH 8          // nesting of arrays of arrays we accept
 #define GGUF_MAX_ALIGN (1u << 20) // general.alignment above this is refused as absurd
@@ -18,14 +19,6 @@ typedef struct cur {
   const uint8_t *base;
   size_t size, pos;
 } cur;
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || errlen == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 
 static size_t left(const cur *c) { return c->size - c->pos; }
 
@@ -65,7 +58,7 @@ static int vtype_size(uint32_t t) {
 static int skip_value(cur *c, uint32_t t, int depth, char *err, size_t errlen) {
   int sz = vtype_size(t);
   if (sz < 0) {
-    seterr(err, errlen, "unknown metadata value type %u at offset %zu", t, c->pos);
+    utl_seterr(err, errlen, "unknown metadata value type %u at offset %zu", t, c->pos);
     return -1;
   }
   if (sz > 0) {
@@ -80,7 +73,7 @@ static int skip_value(cur *c, uint32_t t, int depth, char *err, size_t errlen) {
   }
   // array
   if (depth >= GGUF_MAX_DEPTH) {
-    seterr(err, errlen, "metadata arrays nested deeper than %d at offset %zu", GGUF_MAX_DEPTH, c->pos);
+    utl_seterr(err, errlen, "metadata arrays nested deeper than %d at offset %zu", GGUF_MAX_DEPTH, c->pos);
     return -1;
   }
   uint32_t et;
@@ -88,7 +81,7 @@ static int skip_value(cur *c, uint32_t t, int depth, char *err, size_t errlen) {
   if (rd_u32(c, &et) != 0 || rd_u64(c, &n) != 0) goto trunc;
   int esz = vtype_size(et);
   if (esz < 0) {
-    seterr(err, errlen, "unknown array element type %u at offset %zu", et, c->pos);
+    utl_seterr(err, errlen, "unknown array element type %u at offset %zu", et, c->pos);
     return -1;
   }
   if (esz > 0) {
@@ -102,7 +95,7 @@ static int skip_value(cur *c, uint32_t t, int depth, char *err, size_t errlen) {
     if (skip_value(c, et, depth + 1, err, errlen) != 0) return -1;
   return 0;
 trunc:
-  seterr(err, errlen, "metadata value runs past the end of the file (offset %zu)", c->pos);
+  utl_seterr(err, errlen, "metadata value runs past the end of the file (offset %zu)", c->pos);
   return -1;
 }
 
@@ -127,7 +120,7 @@ static int check_dups(mdl_gguf *g, char *err, size_t errlen) {
   if (n < 2) return 0;
   const void **v = malloc(n * sizeof *v);
   if (!v) {
-    seterr(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   int rc = 0;
@@ -136,7 +129,7 @@ static int check_dups(mdl_gguf *g, char *err, size_t errlen) {
   for (uint64_t i = 1; i < g->n_kv && rc == 0; i++) {
     const mdl_gguf_kv *a = v[i - 1], *b = v[i];
     if (str_cmp(a->key, b->key) == 0) {
-      seterr(err, errlen, "duplicate metadata key '%.*s'", (int)(a->key.n > 200 ? 200 : a->key.n), a->key.p);
+      utl_seterr(err, errlen, "duplicate metadata key '%.*s'", (int)(a->key.n > 200 ? 200 : a->key.n), a->key.p);
       rc = -1;
     }
   }
@@ -145,7 +138,7 @@ static int check_dups(mdl_gguf *g, char *err, size_t errlen) {
   for (uint64_t i = 1; i < g->n_tensors && rc == 0; i++) {
     const mdl_gguf_tensor *a = v[i - 1], *b = v[i];
     if (str_cmp(a->name, b->name) == 0) {
-      seterr(err, errlen, "duplicate tensor name '%.*s'", (int)(a->name.n > 200 ? 200 : a->name.n), a->name.p);
+      utl_seterr(err, errlen, "duplicate tensor name '%.*s'", (int)(a->name.n > 200 ? 200 : a->name.n), a->name.p);
       rc = -1;
     }
   }
@@ -156,11 +149,11 @@ static int check_dups(mdl_gguf *g, char *err, size_t errlen) {
 static int parse_kv(cur *c, mdl_gguf_kv *kv, uint64_t idx, char *err, size_t errlen) {
   uint32_t t;
   if (rd_str(c, &kv->key) != 0 || rd_u32(c, &t) != 0) {
-    seterr(err, errlen, "metadata entry %llu runs past the end of the file", (unsigned long long)idx);
+    utl_seterr(err, errlen, "metadata entry %llu runs past the end of the file", (unsigned long long)idx);
     return -1;
   }
   if (vtype_size(t) < 0) {
-    seterr(err, errlen, "metadata '%.*s': unknown value type %u", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p, t);
+    utl_seterr(err, errlen, "metadata '%.*s': unknown value type %u", (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p, t);
     return -1;
   }
   kv->type = (mdl_gguf_vtype)t;
@@ -172,13 +165,13 @@ static int parse_kv(cur *c, mdl_gguf_kv *kv, uint64_t idx, char *err, size_t err
   uint32_t et;
   uint64_t n;
   if (rd_u32(c, &et) != 0 || rd_u64(c, &n) != 0) {
-    seterr(err, errlen, "metadata '%.*s': array header runs past the end of the file", (int)(kv->key.n > 200 ? 200 : kv->key.n),
+    utl_seterr(err, errlen, "metadata '%.*s': array header runs past the end of the file", (int)(kv->key.n > 200 ? 200 : kv->key.n),
            kv->key.p);
     return -1;
   }
   int esz = vtype_size(et);
   if (esz < 0) {
-    seterr(err, errlen, "metadata '%.*s': unknown array element type %u", (int)(kv->key.n > 200 ? 200 : kv->key.n),
+    utl_seterr(err, errlen, "metadata '%.*s': unknown array element type %u", (int)(kv->key.n > 200 ? 200 : kv->key.n),
            kv->key.p, et);
     return -1;
   }
@@ -195,7 +188,7 @@ static int parse_kv(cur *c, mdl_gguf_kv *kv, uint64_t idx, char *err, size_t err
   if (et == MDL_GGUF_STR) {
     uint64_t *offs = malloc((n ? (size_t)n : 1) * sizeof *offs);
     if (!offs) {
-      seterr(err, errlen, "out of memory");
+      utl_seterr(err, errlen, "out of memory");
       return -1;
     }
     kv->str_offs = offs;
@@ -210,7 +203,7 @@ static int parse_kv(cur *c, mdl_gguf_kv *kv, uint64_t idx, char *err, size_t err
     if (skip_value(c, et, 1, err, errlen) != 0) return -1;
   return 0;
 trunc:
-  seterr(err, errlen, "metadata '%.*s': array of %llu elements runs past the end of the file",
+  utl_seterr(err, errlen, "metadata '%.*s': array of %llu elements runs past the end of the file",
          (int)(kv->key.n > 200 ? 200 : kv->key.n), kv->key.p, (unsigned long long)n);
   return -1;
 }
@@ -220,7 +213,7 @@ static int parse_tensor(cur *c, mdl_gguf_tensor *t, uint64_t idx, char *err, siz
   if (rd_str(c, &t->name) != 0 || rd_u32(c, &nd) != 0) goto trunc;
   int nl = (int)(t->name.n > 200 ? 200 : t->name.n);
   if (nd > 4) {
-    seterr(err, errlen, "tensor '%.*s': %u dimensions (at most 4)", nl, t->name.p, nd);
+    utl_seterr(err, errlen, "tensor '%.*s': %u dimensions (at most 4)", nl, t->name.p, nd);
     return -1;
   }
   t->n_dims = (int)nd;
@@ -229,20 +222,20 @@ static int parse_tensor(cur *c, mdl_gguf_tensor *t, uint64_t idx, char *err, siz
     uint64_t v;
     if (rd_u64(c, &v) != 0) goto trunc;
     if (v > (uint64_t)INT64_MAX) {
-      seterr(err, errlen, "tensor '%.*s': dimension %u is negative", nl, t->name.p, i);
+      utl_seterr(err, errlen, "tensor '%.*s': dimension %u is negative", nl, t->name.p, i);
       return -1;
     }
     t->ne[i] = (int64_t)v;
   }
   if (rd_u32(c, &type) != 0 || rd_u64(c, &t->offset) != 0) goto trunc;
   if (!krn_type_known((int)type)) {
-    seterr(err, errlen, "tensor '%.*s': type %s (%u) is not supported (F32, F16, Q4_0, Q4_1, Q8_0 are)", nl, t->name.p,
+    utl_seterr(err, errlen, "tensor '%.*s': type %s (%u) is not supported (F32, F16, Q4_0, Q4_1, Q8_0 are)", nl, t->name.p,
            krn_type_name((int)type), type);
     return -1;
   }
   t->type = (int)type;
   if (type != KRN_F32 && type != KRN_F16 && t->ne[0] % KRN_QK != 0) {
-    seterr(err, errlen, "tensor '%.*s': row of %lld elements is not a multiple of the %s block size %d", nl, t->name.p,
+    utl_seterr(err, errlen, "tensor '%.*s': row of %lld elements is not a multiple of the %s block size %d", nl, t->name.p,
            (long long)t->ne[0], krn_type_name((int)type), KRN_QK);
     return -1;
   }
@@ -263,13 +256,13 @@ static int parse_tensor(cur *c, mdl_gguf_tensor *t, uint64_t idx, char *err, siz
     else nb *= d;
   }
   if (nb == UINT64_MAX || nb > SIZE_MAX) {
-    seterr(err, errlen, "tensor '%.*s': size overflows", nl, t->name.p);
+    utl_seterr(err, errlen, "tensor '%.*s': size overflows", nl, t->name.p);
     return -1;
   }
   t->nbytes = (size_t)nb;
   return 0;
 trunc:
-  seterr(err, errlen, "tensor info %llu runs past the end of the file", (unsigned long long)idx);
+  utl_seterr(err, errlen, "tensor info %llu runs past the end of the file", (unsigned long long)idx);
   return -1;
 }
 
@@ -287,29 +280,29 @@ static int parse(mdl_gguf *g, char *err, size_t errlen) {
   uint32_t magic;
   if (rd_u32(&c, &magic) != 0 || memcmp(g->base, "GGUF", 4) != 0) {
     (void)magic;
-    seterr(err, errlen, "not a GGUF file (bad magic)");
+    utl_seterr(err, errlen, "not a GGUF file (bad magic)");
     return -1;
   }
   if (rd_u32(&c, &g->version) != 0) goto trunc;
   if (g->version != 2 && g->version != 3) {
-    seterr(err, errlen, "GGUF version %u is not supported (2 and 3 are)", g->version);
+    utl_seterr(err, errlen, "GGUF version %u is not supported (2 and 3 are)", g->version);
     return -1;
   }
   uint64_t nt, nkv;
   if (rd_u64(&c, &nt) != 0 || rd_u64(&c, &nkv) != 0) goto trunc;
   // each kv needs >= 13 bytes (key length, type, 1-byte value); each tensor info >= 24
   if (nkv > left(&c) / 13) {
-    seterr(err, errlen, "metadata count %llu is more than the file could hold", (unsigned long long)nkv);
+    utl_seterr(err, errlen, "metadata count %llu is more than the file could hold", (unsigned long long)nkv);
     return -1;
   }
   if (nt > left(&c) / 24) {
-    seterr(err, errlen, "tensor count %llu is more than the file could hold", (unsigned long long)nt);
+    utl_seterr(err, errlen, "tensor count %llu is more than the file could hold", (unsigned long long)nt);
     return -1;
   }
   g->kv = calloc(nkv ? (size_t)nkv : 1, sizeof *g->kv);
   g->tensors = calloc(nt ? (size_t)nt : 1, sizeof *g->tensors);
   if (!g->kv || !g->tensors) {
-    seterr(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   for (uint64_t i = 0; i < nkv; i++) {
@@ -322,7 +315,7 @@ static int parse(mdl_gguf *g, char *err, size_t errlen) {
   if (al) {
     int64_t a;
     if (mdl_gguf_get_i64(g, "general.alignment", &a) != 0 || a <= 0 || a > (int64_t)GGUF_MAX_ALIGN || (a & (a - 1)) != 0) {
-      seterr(err, errlen, "general.alignment is not a power of two integer up to %u", GGUF_MAX_ALIGN);
+      utl_seterr(err, errlen, "general.alignment is not a power of two integer up to %u", GGUF_MAX_ALIGN);
       return -1;
     }
     g->alignment = (uint64_t)a;
@@ -334,7 +327,7 @@ static int parse(mdl_gguf *g, char *err, size_t errlen) {
   // data section: aligned start; each tensor aligned and inside the file
   uint64_t ds = ((uint64_t)c.pos + g->alignment - 1) / g->alignment * g->alignment;
   if (nt > 0 && ds > g->size) {
-    seterr(err, errlen, "data section starts at %llu, past the end of the file (%zu bytes)", (unsigned long long)ds, g->size);
+    utl_seterr(err, errlen, "data section starts at %llu, past the end of the file (%zu bytes)", (unsigned long long)ds, g->size);
     return -1;
   }
   uint64_t room = g->size > ds ? g->size - ds : 0;
@@ -342,12 +335,12 @@ static int parse(mdl_gguf *g, char *err, size_t errlen) {
     mdl_gguf_tensor *t = &g->tensors[i];
     int nl = (int)(t->name.n > 200 ? 200 : t->name.n);
     if (t->offset % g->alignment != 0) {
-      seterr(err, errlen, "tensor '%.*s': offset %llu is not aligned to %llu", nl, t->name.p, (unsigned long long)t->offset,
+      utl_seterr(err, errlen, "tensor '%.*s': offset %llu is not aligned to %llu", nl, t->name.p, (unsigned long long)t->offset,
              (unsigned long long)g->alignment);
       return -1;
     }
     if (t->offset > room || t->nbytes > room - t->offset) {
-      seterr(err, errlen, "tensor '%.*s': data [%llu, +%zu) runs past the end of the file", nl, t->name.p,
+      utl_seterr(err, errlen, "tensor '%.*s': data [%llu, +%zu) runs past the end of the file", nl, t->name.p,
              (unsigned long long)t->offset, t->nbytes);
       return -1;
     }
@@ -355,14 +348,14 @@ static int parse(mdl_gguf *g, char *err, size_t errlen) {
   }
   return check_dups(g, err, errlen);
 trunc:
-  seterr(err, errlen, "GGUF header runs past the end of the file");
+  utl_seterr(err, errlen, "GGUF header runs past the end of the file");
   return -1;
 }
 
 static int open_common(const uint8_t *base, size_t size, int mapped, mdl_gguf **out, char *err, size_t errlen) {
   mdl_gguf *g = calloc(1, sizeof *g);
   if (!g) {
-    seterr(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   g->base = base;
@@ -382,22 +375,22 @@ int mdl_gguf_open(const char *path, mdl_gguf **out, char *err, size_t errlen) {
   *out = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    seterr(err, errlen, "%s: %s", path, strerror(errno));
+    utl_seterr(err, errlen, "%s: %s", path, strerror(errno));
     return -1;
   }
   struct stat st;
   if (fstat(fd, &st) != 0) {
-    seterr(err, errlen, "%s: %s", path, strerror(errno));
+    utl_seterr(err, errlen, "%s: %s", path, strerror(errno));
     close(fd);
     return -1;
   }
   if (!S_ISREG(st.st_mode)) {
-    seterr(err, errlen, "%s: not a regular file", path);
+    utl_seterr(err, errlen, "%s: not a regular file", path);
     close(fd);
     return -1;
   }
   if (st.st_size < 24) {
-    seterr(err, errlen, "%s: file of %lld bytes is too small to be GGUF", path, (long long)st.st_size);
+    utl_seterr(err, errlen, "%s: file of %lld bytes is too small to be GGUF", path, (long long)st.st_size);
     close(fd);
     return -1;
   }
@@ -405,13 +398,13 @@ int mdl_gguf_open(const char *path, mdl_gguf **out, char *err, size_t errlen) {
   void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   if (m == MAP_FAILED) {
-    seterr(err, errlen, "%s: mmap: %s", path, strerror(errno));
+    utl_seterr(err, errlen, "%s: mmap: %s", path, strerror(errno));
     return -1;
   }
   char e2[256];
   if (open_common(m, size, 1, out, e2, sizeof e2) != 0) {
     munmap(m, size);
-    seterr(err, errlen, "%s: %s", path, e2);
+    utl_seterr(err, errlen, "%s: %s", path, e2);
     return -1;
   }
   return 0;
@@ -420,7 +413,7 @@ int mdl_gguf_open(const char *path, mdl_gguf **out, char *err, size_t errlen) {
 int mdl_gguf_from_memory(const void *buf, size_t len, mdl_gguf **out, char *err, size_t errlen) {
   *out = NULL;
   if (!buf || len < 24) {
-    seterr(err, errlen, "buffer of %zu bytes is too small to be GGUF", len);
+    utl_seterr(err, errlen, "buffer of %zu bytes is too small to be GGUF", len);
     return -1;
   }
   return open_common(buf, len, 0, out, err, errlen);

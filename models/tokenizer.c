@@ -1,12 +1,12 @@
 // models/tokenizer.c: byte-level BPE (GPT-2 style) with the smollm pre-tokenizer, special tokens, decode and streaming decode.
 #include "models/tokenizer.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "models/tok_unicode.h"
+#include "util/err.h"
 
 typedef struct mrg_slot {
   uint64_t key; // (left << 32) | right; MRG_EMPTY when free
@@ -37,14 +37,6 @@ struct mdl_tok {
   int32_t eog[8];
   int n_eog;
 };
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || errlen == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 
 // ---- Unicode helpers ----
 
@@ -230,7 +222,7 @@ static int get_opt_id(const mdl_gguf *g, const mdl_tok *t, const char *key, int3
   *out = -1;
   if (!mdl_gguf_find(g, key)) return 0;
   if (mdl_gguf_get_i64(g, key, &v) != 0) {
-    seterr(err, errlen, "%s is not an integer", key);
+    utl_seterr(err, errlen, "%s is not an integer", key);
     return -1;
   }
   if (v < 0 || v >= t->n_vocab) {
@@ -246,11 +238,11 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
   *out = NULL;
   mdl_str s;
   if (mdl_gguf_get_str(g, "tokenizer.ggml.model", &s) != 0) {
-    seterr(err, errlen, "tokenizer.ggml.model is missing");
+    utl_seterr(err, errlen, "tokenizer.ggml.model is missing");
     return -1;
   }
   if (!mdl_str_eq(s, "gpt2")) {
-    seterr(err, errlen, "tokenizer.ggml.model '%.*s' is not supported (only gpt2 byte-level BPE)", (int)(s.n > 64 ? 64 : s.n),
+    utl_seterr(err, errlen, "tokenizer.ggml.model '%.*s' is not supported (only gpt2 byte-level BPE)", (int)(s.n > 64 ? 64 : s.n),
            s.p);
     return -1;
   }
@@ -258,32 +250,32 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
   if (mdl_gguf_get_str(g, "tokenizer.ggml.pre", &s) == 0) {
     if (mdl_str_eq(s, "smollm") || mdl_str_eq(s, "starcoder") || mdl_str_eq(s, "refact")) split_digits = 1;
     else if (!mdl_str_eq(s, "gpt2") && !mdl_str_eq(s, "default")) {
-      seterr(err, errlen, "tokenizer.ggml.pre '%.*s' is not supported (smollm, gpt2 and default are)", (int)(s.n > 64 ? 64 : s.n),
+      utl_seterr(err, errlen, "tokenizer.ggml.pre '%.*s' is not supported (smollm, gpt2 and default are)", (int)(s.n > 64 ? 64 : s.n),
              s.p);
       return -1;
     }
   }
   const mdl_gguf_kv *toks = mdl_gguf_find(g, "tokenizer.ggml.tokens");
   if (!toks || toks->type != MDL_GGUF_ARR || toks->arr_type != MDL_GGUF_STR) {
-    seterr(err, errlen, "tokenizer.ggml.tokens is missing or not an array of strings");
+    utl_seterr(err, errlen, "tokenizer.ggml.tokens is missing or not an array of strings");
     return -1;
   }
   if (toks->arr_n == 0 || toks->arr_n > (1u << 24)) {
-    seterr(err, errlen, "tokenizer.ggml.tokens has %llu entries (1 to %u accepted)", (unsigned long long)toks->arr_n, 1u << 24);
+    utl_seterr(err, errlen, "tokenizer.ggml.tokens has %llu entries (1 to %u accepted)", (unsigned long long)toks->arr_n, 1u << 24);
     return -1;
   }
   const mdl_gguf_kv *types = mdl_gguf_find(g, "tokenizer.ggml.token_type");
   if (types && (types->type != MDL_GGUF_ARR || types->arr_n != toks->arr_n)) {
-    seterr(err, errlen, "tokenizer.ggml.token_type is not an array of %llu entries", (unsigned long long)toks->arr_n);
+    utl_seterr(err, errlen, "tokenizer.ggml.token_type is not an array of %llu entries", (unsigned long long)toks->arr_n);
     return -1;
   }
   const mdl_gguf_kv *merges = mdl_gguf_find(g, "tokenizer.ggml.merges");
   if (!merges || merges->type != MDL_GGUF_ARR || merges->arr_type != MDL_GGUF_STR) {
-    seterr(err, errlen, "tokenizer.ggml.merges is missing or not an array of strings");
+    utl_seterr(err, errlen, "tokenizer.ggml.merges is missing or not an array of strings");
     return -1;
   }
   if (merges->arr_n >= (uint64_t)INT32_MAX) {
-    seterr(err, errlen, "tokenizer.ggml.merges has too many entries");
+    utl_seterr(err, errlen, "tokenizer.ggml.merges has too many entries");
     return -1;
   }
 
@@ -296,7 +288,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
   for (int i = 0; i < n; i++) {
     if (mdl_gguf_arr_str(toks, (uint64_t)i, &s) != 0) goto bad_tok;
     if (s.n > MDL_TOK_MAX_PIECE) {
-      seterr(err, errlen, "token %d is %llu bytes long (at most %d accepted)", i, (unsigned long long)s.n, MDL_TOK_MAX_PIECE);
+      utl_seterr(err, errlen, "token %d is %llu bytes long (at most %d accepted)", i, (unsigned long long)s.n, MDL_TOK_MAX_PIECE);
       goto fail;
     }
     total += (size_t)s.n + 1;
@@ -333,7 +325,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
     off += (size_t)s.n + 1;
     int64_t ty = MDL_TOK_NORMAL;
     if (types && mdl_gguf_arr_i64(types, (uint64_t)i, &ty) != 0) {
-      seterr(err, errlen, "tokenizer.ggml.token_type is not an integer array");
+      utl_seterr(err, errlen, "tokenizer.ggml.token_type is not an integer array");
       goto fail;
     }
     t->type[i] = (ty >= 1 && ty <= 6) ? (uint8_t)ty : MDL_TOK_NORMAL;
@@ -366,7 +358,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
     if (t->byte_tok[b] >= 0) n_bytes++;
   }
   if (n_bytes < 128) {
-    seterr(err, errlen, "the vocabulary has tokens for only %d of the 256 bytes (not a byte-level BPE vocabulary)", n_bytes);
+    utl_seterr(err, errlen, "the vocabulary has tokens for only %d of the 256 bytes (not a byte-level BPE vocabulary)", n_bytes);
     goto fail;
   }
 
@@ -417,10 +409,10 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
   *out = t;
   return 0;
 bad_tok:
-  seterr(err, errlen, "tokenizer.ggml.tokens is malformed");
+  utl_seterr(err, errlen, "tokenizer.ggml.tokens is malformed");
   goto fail;
 oom:
-  seterr(err, errlen, "out of memory");
+  utl_seterr(err, errlen, "out of memory");
 fail:
   mdl_tok_free(t);
   return -1;
@@ -695,7 +687,7 @@ int mdl_tok_encode(const mdl_tok *t, const char *text, size_t len, int parse_spe
   *ids = NULL;
   *n_ids = 0;
   if (!text && len) {
-    seterr(err, errlen, "no text");
+    utl_seterr(err, errlen, "no text");
     return -1;
   }
   enc e = {0};
@@ -755,7 +747,7 @@ int mdl_tok_encode(const mdl_tok *t, const char *text, size_t len, int parse_spe
   rc = 0;
   goto done;
 oom:
-  seterr(err, errlen, "out of memory");
+  utl_seterr(err, errlen, "out of memory");
 done:
   free(fr);
   free(nf);
@@ -777,14 +769,14 @@ int mdl_tok_decode(const mdl_tok *t, const int32_t *ids, size_t n, char **text, 
   size_t total = 0;
   for (size_t i = 0; i < n; i++) {
     if (ids[i] < 0 || ids[i] >= t->n_vocab) {
-      seterr(err, errlen, "token id %d at position %zu is out of range (vocabulary of %d)", ids[i], i, t->n_vocab);
+      utl_seterr(err, errlen, "token id %d at position %zu is out of range (vocabulary of %d)", ids[i], i, t->n_vocab);
       return -1;
     }
     total += t->piece_len[ids[i]];
   }
   char *out = malloc(total + 1);
   if (!out) {
-    seterr(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   size_t o = 0;
@@ -810,7 +802,7 @@ struct mdl_detok {
 int mdl_detok_new(const mdl_tok *t, mdl_detok **out, char *err, size_t errlen) {
   *out = calloc(1, sizeof **out);
   if (!*out) {
-    seterr(err, errlen, "out of memory");
+    utl_seterr(err, errlen, "out of memory");
     return -1;
   }
   (*out)->t = t;

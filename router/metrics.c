@@ -3,10 +3,11 @@
 
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "util/buf.h"
 
 struct rtr_metric {
   rtr_metrics *reg;              // (borrowed)
@@ -179,39 +180,6 @@ double rtr_metric_sum(rtr_metric *s) {
   return v;
 }
 
-typedef struct buf {
-  char *p;
-  size_t n, cap;
-  int oom;
-} buf;
-
-static void bprintf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void bprintf(buf *b, const char *fmt, ...) {
-  if (b->oom) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
-    va_end(ap);
-    if (k < 0) {
-      b->oom = 1;
-      return;
-    }
-    if ((size_t)k < b->cap - b->n) {
-      b->n += (size_t)k;
-      return;
-    }
-    size_t nc = b->cap * 2 + (size_t)k + 64;
-    char *np = realloc(b->p, nc);
-    if (!np) {
-      b->oom = 1;
-      return;
-    }
-    b->p = np;
-    b->cap = nc;
-  }
-}
-
 static void fmt_num(char *o, size_t cap, double v) {
   if (isinf(v)) snprintf(o, cap, v > 0 ? "+Inf" : "-Inf");
   else if (isnan(v)) snprintf(o, cap, "NaN");
@@ -224,22 +192,20 @@ static void fmt_num(char *o, size_t cap, double v) {
 
 int rtr_metrics_render(rtr_metrics *m, char **out, size_t *len, char *err, size_t errlen) {
   static const char *kinds[] = {"counter", "gauge", "histogram"};
-  buf b = {malloc(4096), 0, 4096, 0};
-  if (!b.p) b.oom = 1;
-  else b.p[0] = 0;
+  utl_buf b = {0};
   pthread_mutex_lock(&m->mu);
   const char *last = NULL;
   for (rtr_metric *s = m->head; s; s = s->next) {
     if (!last || strcmp(last, s->name)) {
-      bprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", s->name, s->help, s->name, kinds[s->kind]);
+      utl_buf_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", s->name, s->help, s->name, kinds[s->kind]);
       last = s->name;
     }
     char num[64];
     const char *sep = s->labels[0] ? "," : "";
     if (s->kind != SRV_METRIC_HISTOGRAM) {
       fmt_num(num, sizeof num, s->value);
-      if (s->labels[0]) bprintf(&b, "%s{%s} %s\n", s->name, s->labels, num);
-      else bprintf(&b, "%s %s\n", s->name, num);
+      if (s->labels[0]) utl_buf_printf(&b, "%s{%s} %s\n", s->name, s->labels, num);
+      else utl_buf_printf(&b, "%s %s\n", s->name, num);
       continue;
     }
     unsigned long long cum = 0;
@@ -248,24 +214,22 @@ int rtr_metrics_render(rtr_metrics *m, char **out, size_t *len, char *err, size_
       char le[64];
       fmt_num(le, sizeof le, i < s->n_bounds ? s->bounds[i] : INFINITY);
       if (i < s->n_bounds && s->bounds[i] != floor(s->bounds[i])) snprintf(le, sizeof le, "%g", s->bounds[i]);
-      bprintf(&b, "%s_bucket{%s%sle=\"%s\"} %llu\n", s->name, s->labels, sep, le, cum);
+      utl_buf_printf(&b, "%s_bucket{%s%sle=\"%s\"} %llu\n", s->name, s->labels, sep, le, cum);
     }
     fmt_num(num, sizeof num, s->sum);
     if (s->labels[0]) {
-      bprintf(&b, "%s_sum{%s} %s\n", s->name, s->labels, num);
-      bprintf(&b, "%s_count{%s} %llu\n", s->name, s->labels, s->count);
+      utl_buf_printf(&b, "%s_sum{%s} %s\n", s->name, s->labels, num);
+      utl_buf_printf(&b, "%s_count{%s} %llu\n", s->name, s->labels, s->count);
     } else {
-      bprintf(&b, "%s_sum %s\n", s->name, num);
-      bprintf(&b, "%s_count %llu\n", s->name, s->count);
+      utl_buf_printf(&b, "%s_sum %s\n", s->name, num);
+      utl_buf_printf(&b, "%s_count %llu\n", s->name, s->count);
     }
   }
   pthread_mutex_unlock(&m->mu);
-  if (b.oom) {
-    free(b.p);
+  *len = b.n;
+  if (!(*out = utl_buf_take(&b))) {
     snprintf(err, errlen, "out of memory rendering metrics");
     return -1;
   }
-  *out = b.p;
-  *len = b.n;
   return 0;
 }

@@ -1,0 +1,75 @@
+// tests/util/test_util.cc: the byte buffer (growth, binary content, printf, sticky out-of-memory) and utl_seterr.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "util/buf.h"
+#include "util/err.h"
+
+TEST(Buf, EmptyTakeIsAnEmptyString) {
+  utl_buf b = {};
+  char *s = utl_buf_take(&b);
+  ASSERT_NE(s, nullptr);
+  EXPECT_STREQ(s, "");
+  EXPECT_EQ(b.p, nullptr);
+  free(s);
+}
+
+TEST(Buf, AppendsGrowAndStayTerminated) {
+  utl_buf b = {};
+  std::string want;
+  for (int i = 0; i < 1000; i++) {
+    ASSERT_EQ(utl_buf_printf(&b, "%d,", i), 0);
+    want += std::to_string(i) + ",";
+    ASSERT_EQ(b.n, want.size());
+    ASSERT_EQ(b.p[b.n], '\0');
+  }
+  ASSERT_EQ(utl_buf_adds(&b, "end"), 0);
+  want += "end";
+  EXPECT_GE(b.cap, b.n + 1);
+  char *s = utl_buf_take(&b);
+  EXPECT_EQ(std::string(s), want);
+  free(s);
+}
+
+TEST(Buf, BinaryContentKeepsNuls) {
+  utl_buf b = {};
+  const char bytes[] = {'a', 0, 'b', 0};
+  ASSERT_EQ(utl_buf_add(&b, bytes, sizeof bytes), 0);
+  ASSERT_EQ(utl_buf_add(&b, bytes, 0), 0);
+  EXPECT_EQ(b.n, sizeof bytes);
+  EXPECT_EQ(memcmp(b.p, bytes, sizeof bytes), 0);
+  utl_buf_reset(&b);
+  EXPECT_EQ(b.n, 0u);
+  EXPECT_STREQ(b.p, "");
+  utl_buf_free(&b);
+  EXPECT_EQ(b.p, nullptr);
+  utl_buf_free(&b); // freeing an empty buffer is a no-op
+}
+
+TEST(Buf, OutOfMemoryIsStickyAndTakeReturnsNull) {
+  utl_buf b = {};
+  ASSERT_EQ(utl_buf_adds(&b, "abc"), 0);
+  // A size no allocator can grant is refused without touching memory; every later call fails too.
+  EXPECT_EQ(utl_buf_add(&b, "x", (size_t)-1 / 2), -1);
+  EXPECT_TRUE(b.oom);
+  EXPECT_EQ(utl_buf_adds(&b, "more"), -1);
+  EXPECT_EQ(utl_buf_printf(&b, "%d", 1), -1);
+  EXPECT_EQ(utl_buf_take(&b), nullptr);
+  EXPECT_EQ(b.p, nullptr);
+  EXPECT_FALSE(b.oom); // take leaves it empty and usable
+  ASSERT_EQ(utl_buf_adds(&b, "ok"), 0);
+  utl_buf_free(&b);
+}
+
+TEST(Err, FillsTruncatesAndIgnoresNull) {
+  char e[8];
+  utl_seterr(e, sizeof e, "%s %d", "value", 12345);
+  EXPECT_STREQ(e, "value 1"); // truncated to 7 characters and the NUL
+  utl_seterr(nullptr, 10, "ignored");
+  char one[1] = {'x'};
+  utl_seterr(one, 0, "ignored");
+  EXPECT_EQ(one[0], 'x');
+}
