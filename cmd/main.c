@@ -7,24 +7,25 @@
 typedef struct cmd {
   const char *name;
   int (*run)(int argc, char **argv);
+  const char *args; // the usage line after the name
   const char *help;
 } cmd;
 
 static const cmd CMDS[] = {
-    {"inspect", cmd_inspect, "MODEL.gguf               print architecture, hyper-parameters and tensors"},
-    {"tokenize", cmd_tokenize, "MODEL.gguf TEXT         print token ids"},
-    {"generate", cmd_generate, "--model M --prompt P ... generate text on this machine"},
-    {"launch", cmd_launch, "--config F --node N       start the roles a cluster config gives this node"},
-    {"router", cmd_router, "--config F                run the OpenAI-compatible HTTP router"},
-    {"both", cmd_both, "--config F --name W         run a colocated prefill+decode worker"},
-    {"prefill", cmd_prefill, "--config F --name W      run a prefill worker"},
-    {"decode", cmd_decode, "--config F --name W       run a decode worker"},
-    {"kvxfer-bench", cmd_kvxfer_bench, "--backend B ...     KV transfer bandwidth and latency"},
+    {"inspect", cmd_inspect, "MODEL.gguf", "print architecture, hyper-parameters and tensors"},
+    {"tokenize", cmd_tokenize, "MODEL.gguf TEXT", "print token ids"},
+    {"generate", cmd_generate, "--model M --prompt P ...", "generate text on this machine"},
+    {"launch", cmd_launch, "--config F --node N", "start the roles a cluster config gives this node"},
+    {"router", cmd_router, "--config F", "run the OpenAI-compatible HTTP router"},
+    {"both", cmd_both, "--config F --name W", "run a colocated prefill+decode worker"},
+    {"prefill", cmd_prefill, "--config F --name W", "run a prefill worker"},
+    {"decode", cmd_decode, "--config F --name W", "run a decode worker"},
+    {"kvxfer-bench", cmd_kvxfer_bench, "--backend B ...", "KV transfer bandwidth and latency"},
 };
 
 static void usage(FILE *f) {
   fprintf(f, "usage: dserve COMMAND [ARGS]\n\ncommands:\n");
-  for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) fprintf(f, "  %-13s %s\n", CMDS[i].name, CMDS[i].help);
+  for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) fprintf(f, "  %-13s %-25s %s\n", CMDS[i].name, CMDS[i].args, CMDS[i].help);
 }
 
 int main(int argc, char **argv) {
