@@ -21,6 +21,7 @@ extern "C" {
 #include "models/tokenizer.h"
 }
 #include "tests/models/gguf_writer.h"
+#include "tests/run_dserve.h"
 
 using dserve_test::GgufWriter;
 
@@ -548,22 +549,7 @@ TEST(Chat, RefusesBadRolesAndNonChatmlTemplates) {
   mdl_gguf_close(g);
 }
 
-namespace {
-
-// Runs the dserve binary with args (shell-quoted by the caller); returns the exit status, stdout+stderr in *out.
-int run_dserve(const std::string &args, std::string *out) {
-  std::string cmd = std::string("'") + DSERVE_BINARY + "' " + args + " 2>&1";
-  FILE *p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  out->clear();
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-} // namespace
+using cmdtest::run_dserve;
 
 TEST(Cmd, InspectPrintsHyperParametersAndTensors) {
   ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;

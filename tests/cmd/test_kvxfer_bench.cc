@@ -1,27 +1,21 @@
-// tests/kvxfer/test_bench_cmd.cc: `dserve kvxfer-bench` runs end to end on tiny sizes and refuses bad arguments (output shape only; no timing asserted).
-#include <sys/stat.h>
+// tests/cmd/test_kvxfer_bench.cc: `dserve kvxfer-bench` runs end to end on tiny sizes and refuses bad arguments (output shape only; no timing asserted).
+#include <gtest/gtest.h>
 
 #include <string>
 
-#include "kvx_test_util.h"
+#include "tests/run_dserve.h"
 
 namespace {
 
+// `dserve kvxfer-bench ARGS` with stderr folded into the output.
 std::string run(const std::string &args, int *status) {
-  std::string cmd = std::string(DSERVE_BINARY) + " kvxfer-bench " + args + " 2>&1";
-  FILE *f = popen(cmd.c_str(), "r");
   std::string out;
-  char buf[4096];
-  size_t n;
-  while (f && (n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  int st = f ? pclose(f) : -1;
-  *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  *status = cmdtest::run_dserve("kvxfer-bench " + args, &out);
   return out;
 }
 
 TEST(KvxBenchCmd, RunsAndPrintsTheTable) {
-  struct stat sb;
-  if (stat(DSERVE_BINARY, &sb)) GTEST_SKIP() << "dserve is not built (" << DSERVE_BINARY << ")";
+  ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
   for (const char *be : {"tcp", "shm"}) {
     int st;
     std::string out = run(std::string("--backend ") + be + " --size 64K --blocks 4 --iters 3", &st);

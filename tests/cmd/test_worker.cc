@@ -1,4 +1,4 @@
-// tests/server/test_worker_cmd.cc: the worker command line: --device overrides the config's device, bad values are refused.
+// tests/cmd/test_worker.cc: the worker command line: --device overrides the config's device, bad values are refused.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -10,20 +10,12 @@
 #include <string>
 
 #include "kernels/krn.h"
+#include "tests/run_dserve.h"
 
 namespace {
 
-// Runs the dserve binary with args (stderr folded into the output); returns its exit status.
-int run(const std::string &args, std::string *out) {
-  std::string cmd = std::string("timeout 60 ") + DSERVE_BINARY + " " + args + " 2>&1";
-  FILE *p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[512];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+// `dserve ARGS` with stderr folded into the output.
+int run(const std::string &args, std::string *out) { return cmdtest::run_dserve(args, out); }
 
 struct WorkerCmd : ::testing::Test {
   std::string dir, cfg;

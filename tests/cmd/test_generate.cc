@@ -1,0 +1,50 @@
+// tests/cmd/test_generate.cc: `dserve generate` end to end: greedy text as llama.cpp writes it, bad arguments.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <string>
+
+#include "tests/run_dserve.h"
+
+namespace {
+
+using cmdtest::run_dserve;
+
+const char *kModel = DSERVE_SOURCE_DIR "/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+TEST(Generate, GreedyTextMatchesLlamaCpp) {
+  ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
+  ASSERT_EQ(access(kModel, R_OK), 0) << "the real model is needed: " << kModel << " (run scripts/setup.sh)";
+  std::string out, err;
+  // llama.cpp's greedy continuation (tests/models/golden/llama_greedy.json, case 0) starts " Paris.\n\nThe United"
+  int rc = run_dserve(std::string("generate --model '") + kModel + "' --prompt 'The capital of France is' -n 6 --threads 2",
+               &out, &err);
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_EQ(out.rfind(" Paris.\n\nThe United", 0), 0u) << out;
+  EXPECT_NE(err.find("tok/s"), std::string::npos) << err;
+  // chat: the template is applied and generation stops or runs to -n without error
+  rc = run_dserve(std::string("generate --model '") + kModel + "' --chat --prompt 'What is the capital of France?' -n 8 "
+               "--temp 0.7 --seed 3 --top-p 0.9 --threads 2",
+           &out, &err);
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_FALSE(out.empty());
+  EXPECT_EQ(out.find("<|im_start|>"), std::string::npos) << out;
+}
+
+TEST(Generate, BadArgumentsGiveUsageAndExitTwo) {
+  ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
+  std::string out, err;
+  EXPECT_EQ(run_dserve("generate", &out, &err), 2);
+  EXPECT_NE(err.find("usage"), std::string::npos) << err;
+  EXPECT_EQ(run_dserve(std::string("generate --model '") + kModel + "' --prompt x --temp -1", &out, &err), 2);
+  EXPECT_NE(err.find("--temp"), std::string::npos) << err;
+  EXPECT_EQ(run_dserve(std::string("generate --model '") + kModel + "' --prompt x --bogus 1", &out, &err), 2);
+  EXPECT_EQ(run_dserve(std::string("generate --model '") + kModel + "' --prompt x -n", &out, &err), 2);
+  EXPECT_EQ(run_dserve(std::string("generate --model '") + kModel + "' --prompt x --kernels nosuch", &out, &err), 2);
+  EXPECT_NE(err.find("nosuch"), std::string::npos) << err;
+  EXPECT_EQ(run_dserve("generate --model /nonexistent.gguf --prompt x", &out, &err), 1);
+  EXPECT_NE(err.find("nonexistent"), std::string::npos) << err;
+}
+
+} // namespace
