@@ -1,4 +1,5 @@
-// kvxfer/kvx.c: the kvxfer core: agents, shareable host memory, registration, metadata blobs, requests, notifications, backend choice.
+// kvxfer/kvx.c: the kvxfer core: agents, shareable host memory, registration, metadata blobs, backend choice
+// (requests and notifications: kvx_xfer.c).
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -15,7 +16,7 @@
 
 #include "kvxfer/kvx_int.h"
 
-static const kvx_backend *const BACKENDS[KVX_NBE] = {&kvx_tcp_backend, &kvx_shm_backend, &kvx_rdma_backend,
+const kvx_backend *const kvx_backends[KVX_NBE] = {&kvx_tcp_backend, &kvx_shm_backend, &kvx_rdma_backend,
                                                     &kvx_nccl_backend};
 
 // ---- small services ----
@@ -197,7 +198,7 @@ static void read_host_id(char *out, size_t cap) {
 
 static int be_index(const char *name) {
   for (int i = 0; i < KVX_NBE; i++)
-    if (!strcmp(BACKENDS[i]->name, name)) return i;
+    if (!strcmp(kvx_backends[i]->name, name)) return i;
   return -1;
 }
 
@@ -269,7 +270,7 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
     int i = order[k];
     if (!want[i]) continue;
     char e[256] = "";
-    if (BACKENDS[i]->init(a, e, sizeof e) == 0) {
+    if (kvx_backends[i]->init(a, e, sizeof e) == 0) {
       a->enabled |= 1u << i;
     } else if (must[i]) {
       utl_seterr(err, errlen, "%s", e);
@@ -294,10 +295,10 @@ void kvx_agent_free(kvx_agent *a) {
   a->peers = NULL;
   for (kvx_peer *p = peers; p; p = p->next)
     for (int i = 0; i < KVX_NBE; i++)
-      if (a->enabled & (1u << i)) BACKENDS[i]->drop(a, p, "agent closing");
+      if (a->enabled & (1u << i)) kvx_backends[i]->drop(a, p, "agent closing");
   pthread_mutex_unlock(&a->mu);
   for (int i = 0; i < KVX_NBE; i++)
-    if (a->enabled & (1u << i)) BACKENDS[i]->stop(a);
+    if (a->enabled & (1u << i)) kvx_backends[i]->stop(a);
   pthread_mutex_lock(&a->thr_mu);
   while (a->threads > 0) pthread_cond_wait(&a->thr_cv, &a->thr_mu);
   pthread_mutex_unlock(&a->thr_mu);
@@ -310,11 +311,11 @@ void kvx_agent_free(kvx_agent *a) {
     kvx_region *r = a->regions;
     a->regions = r->next;
     for (int i = 0; i < KVX_NBE; i++)
-      if (a->enabled & (1u << i)) BACKENDS[i]->dereg(a, r);
+      if (a->enabled & (1u << i)) kvx_backends[i]->dereg(a, r);
     free(r);
   }
   for (int i = 0; i < KVX_NBE; i++)
-    if (a->enabled & (1u << i)) BACKENDS[i]->fini(a);
+    if (a->enabled & (1u << i)) kvx_backends[i]->fini(a);
   for (size_t k = 0; k < a->n_notifs; k++) free(a->notifs[(a->head_notifs + k) % a->cap_notifs].msg);
   free(a->notifs);
   if (a->efd >= 0) close(a->efd);
@@ -364,14 +365,14 @@ int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out
   for (int i = 0; i < KVX_NBE; i++) {
     if (!(a->enabled & (1u << i))) continue;
     char e[256] = "";
-    if (BACKENDS[i]->reg(a, r, e, sizeof e)) {
+    if (kvx_backends[i]->reg(a, r, e, sizeof e)) {
       if (!strcmp(a->backend, "auto") && i == KVX_BE_RDMA) {  // auto: the region still serves shm/tcp
         kvx_log(a, "%s; region %p+%zu will not be reachable over rdma", e, addr, len);
         continue;
       }
       utl_seterr(err, errlen, "%s", e);
       for (int j = 0; j < i; j++)
-        if (a->enabled & (1u << j)) BACKENDS[j]->dereg(a, r);
+        if (a->enabled & (1u << j)) kvx_backends[j]->dereg(a, r);
       free(r);
       return -1;
     }
@@ -394,7 +395,7 @@ void kvx_deregister(kvx_agent *a, kvx_region *r) {
     }
   pthread_rwlock_unlock(&a->reg_lock);
   for (int i = 0; i < KVX_NBE; i++)
-    if (a->enabled & (1u << i)) BACKENDS[i]->dereg(a, r);
+    if (a->enabled & (1u << i)) kvx_backends[i]->dereg(a, r);
   free(r);
 }
 
@@ -478,7 +479,7 @@ int kvx_pack_md(kvx_agent *a, void **blob, size_t *len, char *err, size_t errlen
 
 static int str_ok(const char *s, size_t cap) { return memchr(s, 0, cap) != NULL; }
 
-static kvx_peer *peer_find(kvx_agent *a, const char *name) {
+kvx_peer *kvx_peer_find(kvx_agent *a, const char *name) {
   for (kvx_peer *p = a->peers; p; p = p->next)
     if (!strcmp(p->name, name)) return p;
   return NULL;
@@ -566,7 +567,7 @@ int kvx_load_remote_md(kvx_agent *a, const void *blob, size_t len, char *peer_na
     return -1;
   }
   p->be = be;
-  kvx_peer *old = peer_find(a, p->name);
+  kvx_peer *old = kvx_peer_find(a, p->name);
   if (old) {
     // Same endpoints and backend: keep the connections, take the new region list.
     if (old->be == p->be && !strcmp(old->tcp_host, p->tcp_host) && old->tcp_port == p->tcp_port &&
@@ -586,7 +587,7 @@ int kvx_load_remote_md(kvx_agent *a, const void *blob, size_t len, char *peer_na
           break;
         }
       for (int i = 0; i < KVX_NBE; i++)
-        if (a->enabled & (1u << i)) BACKENDS[i]->drop(a, old, "peer metadata replaced");
+        if (a->enabled & (1u << i)) kvx_backends[i]->drop(a, old, "peer metadata replaced");
       peer_free(old);
     }
   }
@@ -606,7 +607,7 @@ void kvx_invalidate_peer(kvx_agent *a, const char *peer) {
     kvx_peer *p = *pp;
     *pp = p->next;
     for (int i = 0; i < KVX_NBE; i++)
-      if (a->enabled & (1u << i)) BACKENDS[i]->drop(a, p, "peer invalidated");
+      if (a->enabled & (1u << i)) kvx_backends[i]->drop(a, p, "peer invalidated");
     peer_free(p);
     break;
   }
@@ -619,10 +620,10 @@ int kvx_set_peer_endpoint(kvx_agent *a, const char *peer, const char *host, int 
     return -1;
   }
   pthread_mutex_lock(&a->mu);
-  kvx_peer *p = peer_find(a, peer);
+  kvx_peer *p = kvx_peer_find(a, peer);
   if (p) {
     for (int i = 0; i < KVX_NBE; i++)
-      if (a->enabled & (1u << i)) BACKENDS[i]->drop(a, p, "peer endpoint changed");
+      if (a->enabled & (1u << i)) kvx_backends[i]->drop(a, p, "peer endpoint changed");
     snprintf(p->tcp_host, sizeof p->tcp_host, "%s", host);
     p->tcp_port = port;
   }
@@ -633,7 +634,7 @@ int kvx_set_peer_endpoint(kvx_agent *a, const char *peer, const char *host, int 
 
 int kvx_peer_regions(kvx_agent *a, const char *peer, kvx_desc *out, int max) {
   pthread_mutex_lock(&a->mu);
-  kvx_peer *p = peer_find(a, peer);
+  kvx_peer *p = kvx_peer_find(a, peer);
   int n = p ? (int)p->n_regions : -1;
   for (int i = 0; p && i < n && i < max; i++) out[i] = (kvx_desc){p->regions[i].addr, p->regions[i].len};
   pthread_mutex_unlock(&a->mu);
@@ -642,281 +643,8 @@ int kvx_peer_regions(kvx_agent *a, const char *peer, kvx_desc *out, int max) {
 
 const char *kvx_peer_backend(kvx_agent *a, const char *peer) {
   pthread_mutex_lock(&a->mu);
-  kvx_peer *p = peer_find(a, peer);
-  const char *n = p ? BACKENDS[p->be]->name : NULL;
+  kvx_peer *p = kvx_peer_find(a, peer);
+  const char *n = p ? kvx_backends[p->be]->name : NULL;
   pthread_mutex_unlock(&a->mu);
   return n;
-}
-
-// ---- requests ----
-static kvx_xfer *xfer_alloc(kvx_agent *a, int op, const char *peer) {
-  kvx_xfer *x = calloc(1, sizeof *x);
-  if (!x) return NULL;
-  x->a = a;
-  x->op = op;
-  snprintf(x->peer, sizeof x->peer, "%s", peer);
-  pthread_mutex_init(&x->mu, NULL);
-  atomic_init(&x->state, KVX_DONE);
-  atomic_init(&x->refs, 1);
-  return x;
-}
-
-int kvx_xfer_new(kvx_agent *a, int op, const kvx_desc *local, size_t n_local, const kvx_desc *remote,
-                 size_t n_remote, const char *peer, const void *notif, size_t notif_len, kvx_xfer **out,
-                 char *err, size_t errlen) {
-  *out = NULL;
-  if (op != KVX_WRITE && op != KVX_READ) {
-    utl_seterr(err, errlen, "kvx_xfer_new: op must be KVX_WRITE or KVX_READ");
-    return -1;
-  }
-  if (!peer || !local || !remote || !n_local || !n_remote) {
-    utl_seterr(err, errlen, "kvx_xfer_new: empty descriptor list or no peer");
-    return -1;
-  }
-  if (notif_len > KVX_MAX_NOTIF || (notif_len && !notif)) {
-    utl_seterr(err, errlen, "kvx_xfer_new: notification of %zu bytes (max %d)", notif_len, KVX_MAX_NOTIF);
-    return -1;
-  }
-  uint64_t tl = 0, tr = 0;
-  for (size_t i = 0; i < n_local; i++) {
-    if (!local[i].len || tl + local[i].len < tl) {
-      utl_seterr(err, errlen, "kvx_xfer_new: local descriptor %zu has a bad length", i);
-      return -1;
-    }
-    tl += local[i].len;
-  }
-  for (size_t i = 0; i < n_remote; i++) {
-    if (!remote[i].len || tr + remote[i].len < tr) {
-      utl_seterr(err, errlen, "kvx_xfer_new: remote descriptor %zu has a bad length", i);
-      return -1;
-    }
-    tr += remote[i].len;
-  }
-  if (tl != tr) {
-    utl_seterr(err, errlen, "kvx_xfer_new: local lists %" PRIu64 " bytes, remote %" PRIu64, tl, tr);
-    return -1;
-  }
-  kvx_xfer *x = xfer_alloc(a, op, peer);
-  size_t cap = n_local + n_remote;
-  if (!x || !(x->segs = calloc(cap, sizeof *x->segs)) || (notif_len && !(x->notif = malloc(notif_len)))) {
-    kvx_xfer_free(x);
-    utl_seterr(err, errlen, "out of memory");
-    return -1;
-  }
-  if (notif_len) memcpy(x->notif, notif, notif_len);
-  x->notif_len = notif_len;
-  x->has_notif = notif != NULL;
-  x->total = tl;
-  // Resolve every descriptor to its region, then walk both lists splitting at the boundaries of either.
-  int rc = 0;
-  pthread_rwlock_rdlock(&a->reg_lock);
-  pthread_mutex_lock(&a->mu);
-  kvx_peer *p = peer_find(a, peer);
-  if (!p) {
-    utl_seterr(err, errlen, "kvx_xfer_new: unknown peer '%s' (load its metadata first)", peer);
-    rc = -1;
-  }
-  size_t li = 0, ri = 0;
-  uint64_t lo = 0, ro = 0;
-  const kvx_region *lr = NULL;
-  const kvx_rregion *rr = NULL;
-  while (!rc && li < n_local) {
-    if (lo == 0) {
-      lr = kvx_find_local(a, local[li].addr, local[li].len);
-      if (!lr) {
-        utl_seterr(err, errlen, "kvx_xfer_new: local descriptor %zu (0x%" PRIx64 "+%" PRIu64 ") is not in a registered region",
-                    li, local[li].addr, local[li].len);
-        rc = -1;
-        break;
-      }
-    }
-    if (ro == 0) {
-      rr = NULL;
-      for (size_t k = 0; k < p->n_regions; k++) {
-        const kvx_rregion *q = &p->regions[k];
-        if (remote[ri].addr >= q->addr && remote[ri].len <= q->len && remote[ri].addr - q->addr <= q->len - remote[ri].len) {
-          rr = q;
-          break;
-        }
-      }
-      if (!rr) {
-        utl_seterr(err, errlen, "kvx_xfer_new: remote descriptor %zu (0x%" PRIx64 "+%" PRIu64 ") is not in a region '%s' exported",
-                    ri, remote[ri].addr, remote[ri].len, peer);
-        rc = -1;
-        break;
-      }
-    }
-    uint64_t n = local[li].len - lo < remote[ri].len - ro ? local[li].len - lo : remote[ri].len - ro;
-    if (x->n_segs == cap) break;  // cannot happen: each step ends a local or a remote descriptor
-    kvx_seg *s = &x->segs[x->n_segs++];
-    s->laddr = local[li].addr + lo;
-    s->raddr = remote[ri].addr + ro;
-    s->len = n;
-    s->rkey = rr->key;
-    s->lmr = lr->lkey;
-    s->rmr = rr->rkey;
-    s->lmem = lr->mem;
-    s->rmem = (int)rr->mem;
-    lo += n;
-    ro += n;
-    if (lo == local[li].len) li++, lo = 0;
-    if (ro == remote[ri].len) ri++, ro = 0;
-  }
-  pthread_mutex_unlock(&a->mu);
-  pthread_rwlock_unlock(&a->reg_lock);
-  if (rc) {
-    kvx_xfer_free(x);
-    return -1;
-  }
-  *out = x;
-  return 0;
-}
-
-void kvx_xfer_unref(kvx_xfer *x) {
-  if (!x) return;
-  if (atomic_fetch_sub(&x->refs, 1) != 1) return;
-  pthread_mutex_destroy(&x->mu);
-  free(x->segs);
-  free(x->notif);
-  free(x);
-}
-
-void kvx_xfer_finish(kvx_xfer *x, int rc, const char *fmt, ...) {
-  pthread_mutex_lock(&x->mu);
-  if (atomic_load(&x->state) == KVX_PENDING) {
-    if (rc < 0 && fmt) {
-      va_list ap;
-      va_start(ap, fmt);
-      vsnprintf(x->err, sizeof x->err, fmt, ap);
-      va_end(ap);
-    }
-    atomic_store(&x->state, rc < 0 ? rc : KVX_DONE);
-  }
-  pthread_mutex_unlock(&x->mu);
-  kvx_signal(x->a);
-  kvx_xfer_unref(x);
-}
-
-// Hands x to its peer's backend; the backend holds one reference until it finishes x.
-static int xfer_submit(kvx_xfer *x) {
-  kvx_agent *a = x->a;
-  char e[256] = "";
-  int rc = 0;
-  atomic_fetch_add(&x->refs, 1);
-  pthread_mutex_lock(&a->mu);
-  kvx_peer *p = a->closing ? NULL : peer_find(a, x->peer);
-  if (!p) {
-    snprintf(e, sizeof e, "%s: unknown peer '%s'", a->closing ? "agent closing" : "post", x->peer);
-    rc = KVX_ERR_PEER;
-  } else if (BACKENDS[p->be]->post(a, p, x, e, sizeof e)) {
-    rc = KVX_ERR;
-  }
-  pthread_mutex_unlock(&a->mu);
-  if (rc) kvx_xfer_finish(x, rc, "%s", e);
-  return rc;
-}
-
-int kvx_xfer_post(kvx_xfer *x) {
-  if (!x) return KVX_ERR;
-  pthread_mutex_lock(&x->mu);
-  if (atomic_load(&x->state) == KVX_PENDING) {
-    pthread_mutex_unlock(&x->mu);
-    return KVX_ERR;  // still in flight; the request keeps its state
-  }
-  x->err[0] = 0;
-  x->cursor = 0;
-  x->id = atomic_fetch_add(&x->a->next_id, 1);
-  atomic_store(&x->state, KVX_PENDING);
-  pthread_mutex_unlock(&x->mu);
-  return xfer_submit(x);
-}
-
-int kvx_xfer_poll(kvx_xfer *x) { return x ? atomic_load(&x->state) : KVX_ERR; }
-
-const char *kvx_xfer_error(kvx_xfer *x) {
-  if (!x) return "no request";
-  int st = atomic_load(&x->state);
-  if (st == KVX_PENDING) return "";
-  return x->err;  // written before the state left PENDING; stable until the next post
-}
-
-void kvx_xfer_free(kvx_xfer *x) { kvx_xfer_unref(x); }
-
-// ---- notifications ----
-int kvx_notify(kvx_agent *a, const char *peer, const void *msg, size_t len, char *err, size_t errlen) {
-  if (!peer || len > KVX_MAX_NOTIF || (len && !msg)) {
-    utl_seterr(err, errlen, "kvx_notify: bad arguments (%zu bytes, max %d)", len, KVX_MAX_NOTIF);
-    return -1;
-  }
-  kvx_xfer *x = xfer_alloc(a, KVX_OP_NOTIFY, peer);
-  if (!x || (len && !(x->notif = malloc(len)))) {
-    kvx_xfer_free(x);
-    utl_seterr(err, errlen, "out of memory");
-    return -1;
-  }
-  if (len) memcpy(x->notif, msg, len);
-  x->notif_len = len;
-  x->has_notif = 1;
-  x->id = atomic_fetch_add(&a->next_id, 1);
-  atomic_store(&x->state, KVX_PENDING);
-  int rc = xfer_submit(x);
-  if (rc) utl_seterr(err, errlen, "%s", x->err);
-  kvx_xfer_unref(x);
-  return rc ? -1 : 0;
-}
-
-void kvx_push_notif(kvx_agent *a, const char *peer, const void *msg, size_t len) {
-  uint8_t *m = malloc(len ? len : 1);
-  if (!m) {
-    kvx_log(a, "dropped a notification from %s: out of memory", peer);
-    return;
-  }
-  if (len) memcpy(m, msg, len);
-  pthread_mutex_lock(&a->mu);
-  if (a->n_notifs == a->cap_notifs) {
-    size_t nc = a->cap_notifs ? a->cap_notifs * 2 : 64;
-    kvx_notif *q = malloc(nc * sizeof *q);
-    if (!q) {
-      pthread_mutex_unlock(&a->mu);
-      free(m);
-      kvx_log(a, "dropped a notification from %s: out of memory", peer);
-      return;
-    }
-    for (size_t k = 0; k < a->n_notifs; k++) q[k] = a->notifs[(a->head_notifs + k) % a->cap_notifs];
-    free(a->notifs);
-    a->notifs = q;
-    a->cap_notifs = nc;
-    a->head_notifs = 0;
-  }
-  kvx_notif *n = &a->notifs[(a->head_notifs + a->n_notifs) % a->cap_notifs];
-  snprintf(n->peer, sizeof n->peer, "%s", peer);
-  n->msg = m;
-  n->len = len;
-  a->n_notifs++;
-  pthread_mutex_unlock(&a->mu);
-  kvx_signal(a);
-}
-
-int kvx_get_notifs(kvx_agent *a, kvx_notif *out, int max) {
-  int n = 0;
-  pthread_mutex_lock(&a->mu);
-  while (n < max && a->n_notifs) {
-    out[n++] = a->notifs[a->head_notifs];
-    a->head_notifs = (a->head_notifs + 1) % a->cap_notifs;
-    a->n_notifs--;
-  }
-  pthread_mutex_unlock(&a->mu);
-  return n;
-}
-
-int kvx_agent_fd(kvx_agent *a) { return a->efd; }
-
-int kvx_progress(kvx_agent *a, int timeout_ms) {
-  struct pollfd p = {.fd = a->efd, .events = POLLIN};
-  int r;
-  do r = poll(&p, 1, timeout_ms);
-  while (r < 0 && errno == EINTR);
-  uint64_t v;
-  ssize_t got = read(a->efd, &v, sizeof v);
-  return got == (ssize_t)sizeof v ? 1 : 0;
 }

@@ -136,6 +136,8 @@ int kvx_no_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t errlen
 void kvx_no_drop(kvx_agent *a, kvx_peer *p, const char *why);
 
 extern const kvx_backend kvx_tcp_backend, kvx_shm_backend, kvx_rdma_backend, kvx_nccl_backend;
+// Indexed by KVX_BE_* (defined in kvx.c).
+extern const kvx_backend *const kvx_backends[KVX_NBE];
 
 // ---- agent ----
 struct kvx_agent {
@@ -177,6 +179,8 @@ void kvx_xfer_finish(kvx_xfer *x, int rc, const char *fmt, ...) __attribute__((f
 void kvx_xfer_unref(kvx_xfer *x);
 // Finds the registered region holding [addr, addr+len) (reg_lock held by the caller).
 kvx_region *kvx_find_local(kvx_agent *a, uint64_t addr, uint64_t len);
+// The peer named name (agent lock held by the caller), or NULL.
+kvx_peer *kvx_peer_find(kvx_agent *a, const char *name);
 // Region by key that holds [addr, addr+len), or NULL with why filled (reg_lock held).
 kvx_region *kvx_check_access(kvx_agent *a, uint64_t key, uint64_t addr, uint64_t len, char *why, size_t cap);
 int kvx_thread_start(kvx_agent *a, void *(*fn)(void *), void *arg, char *err, size_t errlen);

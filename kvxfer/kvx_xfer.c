@@ -1,0 +1,284 @@
+// kvxfer/kvx_xfer.c: transfer requests (new, post, poll, finish, free) and notifications, over the agent of kvx.c.
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvxfer/kvx_int.h"
+
+// ---- requests ----
+static kvx_xfer *xfer_alloc(kvx_agent *a, int op, const char *peer) {
+  kvx_xfer *x = calloc(1, sizeof *x);
+  if (!x) return NULL;
+  x->a = a;
+  x->op = op;
+  snprintf(x->peer, sizeof x->peer, "%s", peer);
+  pthread_mutex_init(&x->mu, NULL);
+  atomic_init(&x->state, KVX_DONE);
+  atomic_init(&x->refs, 1);
+  return x;
+}
+
+int kvx_xfer_new(kvx_agent *a, int op, const kvx_desc *local, size_t n_local, const kvx_desc *remote,
+                 size_t n_remote, const char *peer, const void *notif, size_t notif_len, kvx_xfer **out,
+                 char *err, size_t errlen) {
+  *out = NULL;
+  if (op != KVX_WRITE && op != KVX_READ) {
+    utl_seterr(err, errlen, "kvx_xfer_new: op must be KVX_WRITE or KVX_READ");
+    return -1;
+  }
+  if (!peer || !local || !remote || !n_local || !n_remote) {
+    utl_seterr(err, errlen, "kvx_xfer_new: empty descriptor list or no peer");
+    return -1;
+  }
+  if (notif_len > KVX_MAX_NOTIF || (notif_len && !notif)) {
+    utl_seterr(err, errlen, "kvx_xfer_new: notification of %zu bytes (max %d)", notif_len, KVX_MAX_NOTIF);
+    return -1;
+  }
+  uint64_t tl = 0, tr = 0;
+  for (size_t i = 0; i < n_local; i++) {
+    if (!local[i].len || tl + local[i].len < tl) {
+      utl_seterr(err, errlen, "kvx_xfer_new: local descriptor %zu has a bad length", i);
+      return -1;
+    }
+    tl += local[i].len;
+  }
+  for (size_t i = 0; i < n_remote; i++) {
+    if (!remote[i].len || tr + remote[i].len < tr) {
+      utl_seterr(err, errlen, "kvx_xfer_new: remote descriptor %zu has a bad length", i);
+      return -1;
+    }
+    tr += remote[i].len;
+  }
+  if (tl != tr) {
+    utl_seterr(err, errlen, "kvx_xfer_new: local lists %" PRIu64 " bytes, remote %" PRIu64, tl, tr);
+    return -1;
+  }
+  kvx_xfer *x = xfer_alloc(a, op, peer);
+  size_t cap = n_local + n_remote;
+  if (!x || !(x->segs = calloc(cap, sizeof *x->segs)) || (notif_len && !(x->notif = malloc(notif_len)))) {
+    kvx_xfer_free(x);
+    utl_seterr(err, errlen, "out of memory");
+    return -1;
+  }
+  if (notif_len) memcpy(x->notif, notif, notif_len);
+  x->notif_len = notif_len;
+  x->has_notif = notif != NULL;
+  x->total = tl;
+  // Resolve every descriptor to its region, then walk both lists splitting at the boundaries of either.
+  int rc = 0;
+  pthread_rwlock_rdlock(&a->reg_lock);
+  pthread_mutex_lock(&a->mu);
+  kvx_peer *p = kvx_peer_find(a, peer);
+  if (!p) {
+    utl_seterr(err, errlen, "kvx_xfer_new: unknown peer '%s' (load its metadata first)", peer);
+    rc = -1;
+  }
+  size_t li = 0, ri = 0;
+  uint64_t lo = 0, ro = 0;
+  const kvx_region *lr = NULL;
+  const kvx_rregion *rr = NULL;
+  while (!rc && li < n_local) {
+    if (lo == 0) {
+      lr = kvx_find_local(a, local[li].addr, local[li].len);
+      if (!lr) {
+        utl_seterr(err, errlen, "kvx_xfer_new: local descriptor %zu (0x%" PRIx64 "+%" PRIu64 ") is not in a registered region",
+                    li, local[li].addr, local[li].len);
+        rc = -1;
+        break;
+      }
+    }
+    if (ro == 0) {
+      rr = NULL;
+      for (size_t k = 0; k < p->n_regions; k++) {
+        const kvx_rregion *q = &p->regions[k];
+        if (remote[ri].addr >= q->addr && remote[ri].len <= q->len && remote[ri].addr - q->addr <= q->len - remote[ri].len) {
+          rr = q;
+          break;
+        }
+      }
+      if (!rr) {
+        utl_seterr(err, errlen, "kvx_xfer_new: remote descriptor %zu (0x%" PRIx64 "+%" PRIu64 ") is not in a region '%s' exported",
+                    ri, remote[ri].addr, remote[ri].len, peer);
+        rc = -1;
+        break;
+      }
+    }
+    uint64_t n = local[li].len - lo < remote[ri].len - ro ? local[li].len - lo : remote[ri].len - ro;
+    if (x->n_segs == cap) break;  // cannot happen: each step ends a local or a remote descriptor
+    kvx_seg *s = &x->segs[x->n_segs++];
+    s->laddr = local[li].addr + lo;
+    s->raddr = remote[ri].addr + ro;
+    s->len = n;
+    s->rkey = rr->key;
+    s->lmr = lr->lkey;
+    s->rmr = rr->rkey;
+    s->lmem = lr->mem;
+    s->rmem = (int)rr->mem;
+    lo += n;
+    ro += n;
+    if (lo == local[li].len) li++, lo = 0;
+    if (ro == remote[ri].len) ri++, ro = 0;
+  }
+  pthread_mutex_unlock(&a->mu);
+  pthread_rwlock_unlock(&a->reg_lock);
+  if (rc) {
+    kvx_xfer_free(x);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+void kvx_xfer_unref(kvx_xfer *x) {
+  if (!x) return;
+  if (atomic_fetch_sub(&x->refs, 1) != 1) return;
+  pthread_mutex_destroy(&x->mu);
+  free(x->segs);
+  free(x->notif);
+  free(x);
+}
+
+void kvx_xfer_finish(kvx_xfer *x, int rc, const char *fmt, ...) {
+  pthread_mutex_lock(&x->mu);
+  if (atomic_load(&x->state) == KVX_PENDING) {
+    if (rc < 0 && fmt) {
+      va_list ap;
+      va_start(ap, fmt);
+      vsnprintf(x->err, sizeof x->err, fmt, ap);
+      va_end(ap);
+    }
+    atomic_store(&x->state, rc < 0 ? rc : KVX_DONE);
+  }
+  pthread_mutex_unlock(&x->mu);
+  kvx_signal(x->a);
+  kvx_xfer_unref(x);
+}
+
+// Hands x to its peer's backend; the backend holds one reference until it finishes x.
+static int xfer_submit(kvx_xfer *x) {
+  kvx_agent *a = x->a;
+  char e[256] = "";
+  int rc = 0;
+  atomic_fetch_add(&x->refs, 1);
+  pthread_mutex_lock(&a->mu);
+  kvx_peer *p = a->closing ? NULL : kvx_peer_find(a, x->peer);
+  if (!p) {
+    snprintf(e, sizeof e, "%s: unknown peer '%s'", a->closing ? "agent closing" : "post", x->peer);
+    rc = KVX_ERR_PEER;
+  } else if (kvx_backends[p->be]->post(a, p, x, e, sizeof e)) {
+    rc = KVX_ERR;
+  }
+  pthread_mutex_unlock(&a->mu);
+  if (rc) kvx_xfer_finish(x, rc, "%s", e);
+  return rc;
+}
+
+int kvx_xfer_post(kvx_xfer *x) {
+  if (!x) return KVX_ERR;
+  pthread_mutex_lock(&x->mu);
+  if (atomic_load(&x->state) == KVX_PENDING) {
+    pthread_mutex_unlock(&x->mu);
+    return KVX_ERR;  // still in flight; the request keeps its state
+  }
+  x->err[0] = 0;
+  x->cursor = 0;
+  x->id = atomic_fetch_add(&x->a->next_id, 1);
+  atomic_store(&x->state, KVX_PENDING);
+  pthread_mutex_unlock(&x->mu);
+  return xfer_submit(x);
+}
+
+int kvx_xfer_poll(kvx_xfer *x) { return x ? atomic_load(&x->state) : KVX_ERR; }
+
+const char *kvx_xfer_error(kvx_xfer *x) {
+  if (!x) return "no request";
+  int st = atomic_load(&x->state);
+  if (st == KVX_PENDING) return "";
+  return x->err;  // written before the state left PENDING; stable until the next post
+}
+
+void kvx_xfer_free(kvx_xfer *x) { kvx_xfer_unref(x); }
+
+// ---- notifications ----
+int kvx_notify(kvx_agent *a, const char *peer, const void *msg, size_t len, char *err, size_t errlen) {
+  if (!peer || len > KVX_MAX_NOTIF || (len && !msg)) {
+    utl_seterr(err, errlen, "kvx_notify: bad arguments (%zu bytes, max %d)", len, KVX_MAX_NOTIF);
+    return -1;
+  }
+  kvx_xfer *x = xfer_alloc(a, KVX_OP_NOTIFY, peer);
+  if (!x || (len && !(x->notif = malloc(len)))) {
+    kvx_xfer_free(x);
+    utl_seterr(err, errlen, "out of memory");
+    return -1;
+  }
+  if (len) memcpy(x->notif, msg, len);
+  x->notif_len = len;
+  x->has_notif = 1;
+  x->id = atomic_fetch_add(&a->next_id, 1);
+  atomic_store(&x->state, KVX_PENDING);
+  int rc = xfer_submit(x);
+  if (rc) utl_seterr(err, errlen, "%s", x->err);
+  kvx_xfer_unref(x);
+  return rc ? -1 : 0;
+}
+
+void kvx_push_notif(kvx_agent *a, const char *peer, const void *msg, size_t len) {
+  uint8_t *m = malloc(len ? len : 1);
+  if (!m) {
+    kvx_log(a, "dropped a notification from %s: out of memory", peer);
+    return;
+  }
+  if (len) memcpy(m, msg, len);
+  pthread_mutex_lock(&a->mu);
+  if (a->n_notifs == a->cap_notifs) {
+    size_t nc = a->cap_notifs ? a->cap_notifs * 2 : 64;
+    kvx_notif *q = malloc(nc * sizeof *q);
+    if (!q) {
+      pthread_mutex_unlock(&a->mu);
+      free(m);
+      kvx_log(a, "dropped a notification from %s: out of memory", peer);
+      return;
+    }
+    for (size_t k = 0; k < a->n_notifs; k++) q[k] = a->notifs[(a->head_notifs + k) % a->cap_notifs];
+    free(a->notifs);
+    a->notifs = q;
+    a->cap_notifs = nc;
+    a->head_notifs = 0;
+  }
+  kvx_notif *n = &a->notifs[(a->head_notifs + a->n_notifs) % a->cap_notifs];
+  snprintf(n->peer, sizeof n->peer, "%s", peer);
+  n->msg = m;
+  n->len = len;
+  a->n_notifs++;
+  pthread_mutex_unlock(&a->mu);
+  kvx_signal(a);
+}
+
+int kvx_get_notifs(kvx_agent *a, kvx_notif *out, int max) {
+  int n = 0;
+  pthread_mutex_lock(&a->mu);
+  while (n < max && a->n_notifs) {
+    out[n++] = a->notifs[a->head_notifs];
+    a->head_notifs = (a->head_notifs + 1) % a->cap_notifs;
+    a->n_notifs--;
+  }
+  pthread_mutex_unlock(&a->mu);
+  return n;
+}
+
+int kvx_agent_fd(kvx_agent *a) { return a->efd; }
+
+int kvx_progress(kvx_agent *a, int timeout_ms) {
+  struct pollfd p = {.fd = a->efd, .events = POLLIN};
+  int r;
+  do r = poll(&p, 1, timeout_ms);
+  while (r < 0 && errno == EINTR);
+  uint64_t v;
+  ssize_t got = read(a->efd, &v, sizeof v);
+  return got == (ssize_t)sizeof v ? 1 : 0;
+}
