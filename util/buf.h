@@ -16,7 +16,8 @@ typedef struct utl_buf {
   int oom;    // an append failed: later appends do nothing, utl_buf_take returns NULL
 } utl_buf;
 
-// Appends n bytes (they may contain NULs). 0, or -1 when memory ran out (then and on every later call).
+// Appends n bytes (they may contain NULs). 0, or -1 when memory ran out (then and on every later call). A failed
+// append leaves the content as it was, so a caller that would rather lose only that piece may clear oom and go on.
 int utl_buf_add(utl_buf *b, const void *p, size_t n);
 int utl_buf_adds(utl_buf *b, const char *s); // a C string
 int utl_buf_printf(utl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -1,0 +1,614 @@
+// router/http.c: the router's HTTP side (libmicrohttpd, thread per connection): routes, replies, endpoints, server.
+// Auth, /v1/models, /health, /metrics, (de)tokenize, a generation request from body to answer; new/port/drain/free.
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "models/chat.h"
+#include "router/server_int.h"
+#include "util/err.h"
+
+#define DRAIN_FLUSH_MS 1000  // after the drain bound, how long failed streams get to send their error event
+
+typedef struct conn {
+  utl_buf body;                // the request body so far (at most max_body_bytes; p NULL while empty)
+  int too_large, first_done, answered;
+  rtr_req *req;                // (reference) once a generation request is made
+} conn;
+
+// ---------------------------------------------------------------------------------------------------------------
+// HTTP helpers
+
+static enum MHD_Result reply(struct MHD_Connection *c, int status, const char *ctype, const char *body, size_t len,
+                             const char *h1, const char *v1) {
+  struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+  if (!resp) return MHD_NO;
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+  if (h1) MHD_add_response_header(resp, h1, v1);
+  enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, resp);
+  MHD_destroy_response(resp);
+  return rc;
+}
+
+static enum MHD_Result reply_json(struct MHD_Connection *c, int status, cJSON *o) { // consumes o
+  char *j = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  if (!j) return MHD_NO;
+  enum MHD_Result rc = reply(c, status, "application/json", j, strlen(j), NULL, NULL);
+  free(j);
+  return rc;
+}
+
+static enum MHD_Result reply_error(struct MHD_Connection *c, const rtr_error *e, const char *h1, const char *v1) {
+  char *j = rtr_error_json(e);
+  if (!j) return MHD_NO;
+  enum MHD_Result rc = reply(c, e->status, "application/json", j, strlen(j), h1, v1);
+  free(j);
+  return rc;
+}
+
+static enum MHD_Result reply_err(struct MHD_Connection *c, int status, const char *type, const char *code,
+                                 const char *h1, const char *v1, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+static enum MHD_Result reply_err(struct MHD_Connection *c, int status, const char *type, const char *code,
+                                 const char *h1, const char *v1, const char *fmt, ...) {
+  rtr_error e;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  rtr_fail(&e, status, type, NULL, code, "%s", msg);
+  return reply_error(c, &e, h1, v1);
+}
+
+// The client closed or broke its socket (fd; -1: unknown).
+int rtr_client_gone(int fd) {
+  if (fd < 0) return 0;
+  struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+static int auth_ok(rtr_server *s, struct MHD_Connection *c) {
+  if (s->rc->n_api_keys == 0) return 1;
+  const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+  if (!h || strncmp(h, "Bearer ", 7)) return 0;
+  const char *k = h + 7;
+  int ok = 0;
+  for (int i = 0; i < s->rc->n_api_keys; i++) ok |= srv_consttime_eq(k, s->rc->api_keys[i]); // every key compared
+  return ok;
+}
+
+static int json_ctype_ok(const char *ct) {
+  if (!ct) return 1; // a missing content type is taken as JSON
+  while (*ct == ' ') ct++;
+  size_t n = strlen("application/json");
+  if (strncasecmp(ct, "application/json", n)) return 0;
+  return ct[n] == 0 || ct[n] == ';' || ct[n] == ' ';
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// endpoints
+
+static enum MHD_Result do_models(rtr_server *s, struct MHD_Connection *c) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "object", "list");
+  cJSON *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "id", s->model);
+  cJSON_AddStringToObject(m, "object", "model");
+  cJSON_AddNumberToObject(m, "created", (double)s->started);
+  cJSON_AddStringToObject(m, "owned_by", "dserve");
+  cJSON_AddNumberToObject(m, "max_model_len", s->n_ctx);
+  cJSON_AddItemToArray(d, m);
+  return reply_json(c, 200, o);
+}
+
+static enum MHD_Result do_metrics(rtr_server *s, struct MHD_Connection *c) {
+  pthread_mutex_lock(&s->mu);
+  rtr_metric_set(s->m_running, s->running_slots);
+  rtr_metric_set(s->m_waiting, s->n_waiting);
+  pthread_mutex_unlock(&s->mu);
+  char *t = NULL, err[128];
+  size_t n = 0;
+  if (rtr_metrics_render(s->m, &t, &n, err, sizeof err) < 0)
+    return reply_err(c, 500, "server_error", NULL, NULL, NULL, "%s", err);
+  enum MHD_Result rc = reply(c, 200, "text/plain; version=0.0.4", t, n, NULL, NULL);
+  free(t);
+  return rc;
+}
+
+// Renders and encodes the prompt of q into *ids (n). 0, or -1 with e.
+static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, rtr_error *e) {
+  char err[256];
+  if (q->prompt_ids) {
+    *ids = malloc(((size_t)q->n_prompt_ids + 1) * sizeof **ids);
+    if (!*ids) return rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    memcpy(*ids, q->prompt_ids, (size_t)q->n_prompt_ids * sizeof **ids);
+    *n = q->n_prompt_ids;
+    return 0;
+  }
+  char *text = NULL;
+  const char *p = q->prompt;
+  size_t plen = q->prompt_len;
+  if (q->msgs) {
+    mdl_chat_msg *mm = calloc((size_t)q->n_msgs, sizeof *mm);
+    if (!mm) return rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    for (int i = 0; i < q->n_msgs; i++) {
+      mm[i].role = q->msgs[i].role;
+      mm[i].content = q->msgs[i].content;
+    }
+    int add_gen = q->kind == RTR_TOKENIZE ? q->add_generation_prompt : 1;
+    int rc = mdl_chat_apply(s->has_template ? s->gguf : NULL, mm, (size_t)q->n_msgs, add_gen, &text, err, sizeof err);
+    free(mm);
+    if (rc < 0) return rtr_fail(e, 400, "invalid_request_error", "messages", NULL, "chat template: %s", err);
+    p = text;
+    plen = strlen(text);
+  }
+  int32_t *raw = NULL;
+  size_t nraw = 0;
+  int rc = mdl_tok_encode(s->tok, p ? p : "", p ? plen : 0, 1, &raw, &nraw, err, sizeof err);
+  free(text);
+  if (rc < 0) return rtr_fail(e, 400, "invalid_request_error", "prompt", NULL, "tokenizer: %s", err);
+  int bos = q->add_special && mdl_tok_add_bos(s->tok) && mdl_tok_bos(s->tok) >= 0 && !q->msgs;
+  *ids = malloc((nraw + 2) * sizeof **ids);
+  if (!*ids) {
+    free(raw);
+    return rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  }
+  if (bos) (*ids)[0] = mdl_tok_bos(s->tok);
+  if (nraw) memcpy(*ids + bos, raw, nraw * sizeof *raw);
+  free(raw);
+  if (nraw + (size_t)bos > (size_t)INT32_MAX) {
+    free(*ids);
+    *ids = NULL;
+    return rtr_fail(e, 400, "invalid_request_error", "prompt", "context_length_exceeded", "the prompt is too long");
+  }
+  *n = (int)nraw + bos;
+  return 0;
+}
+
+static rtr_limits limits_of(rtr_server *s) {
+  rtr_limits l = {s->model, s->n_ctx, s->rc->max_tokens_limit, s->rc->max_n > 0 ? s->rc->max_n : 8,
+                  s->rc->max_stop > 0 ? s->rc->max_stop : 8, mdl_tok_n_vocab(s->tok)};
+  return l;
+}
+
+static enum MHD_Result do_tokenize(rtr_server *s, struct MHD_Connection *c, conn *cs, int detok) {
+  rtr_limits l = limits_of(s);
+  rtr_request q;
+  rtr_error e;
+  if (rtr_request_parse(detok ? RTR_DETOKENIZE : RTR_TOKENIZE, cs->body.p, cs->body.n, &l, &q, &e) < 0)
+    return reply_error(c, &e, NULL, NULL);
+  cJSON *o = cJSON_CreateObject();
+  if (detok) {
+    char *text = NULL, err[256];
+    size_t len = 0;
+    if (mdl_tok_decode(s->tok, q.prompt_ids, (size_t)q.n_prompt_ids, &text, &len, err, sizeof err) < 0) {
+      cJSON_Delete(o);
+      rtr_request_free(&q);
+      return reply_err(c, 400, "invalid_request_error", NULL, NULL, NULL, "%s", err);
+    }
+    if (!rtr_utf8_valid(text, len)) { // token pieces can end inside a character: replace what is not UTF-8
+      size_t w = 0;
+      char *fixed = malloc(len * 3 + 1);
+      for (size_t i = 0; fixed && i < len;) {
+        size_t k = 1;
+        while (k <= 4 && i + k <= len && !rtr_utf8_valid(text + i, k)) k++;
+        if (k <= 4 && i + k <= len) {
+          memcpy(fixed + w, text + i, k);
+          w += k;
+          i += k;
+        } else {
+          memcpy(fixed + w, "\xef\xbf\xbd", 3);
+          w += 3;
+          i++;
+        }
+      }
+      if (fixed) fixed[w] = 0;
+      free(text);
+      text = fixed;
+    }
+    cJSON_AddStringToObject(o, "prompt", text ? text : "");
+    free(text);
+  } else {
+    int32_t *ids = NULL;
+    int n = 0;
+    if (tokenize(s, &q, &ids, &n, &e) < 0) {
+      cJSON_Delete(o);
+      rtr_request_free(&q);
+      return reply_error(c, &e, NULL, NULL);
+    }
+    cJSON *a = cJSON_AddArrayToObject(o, "tokens");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNumberToObject(o, "count", n);
+    cJSON_AddNumberToObject(o, "max_model_len", s->n_ctx);
+    free(ids);
+  }
+  rtr_request_free(&q);
+  return reply_json(c, 200, o);
+}
+
+// Back to the configured idle timeout; MHD restarts the idle clock when the timeout was 0.
+void rtr_restore_timeout(rtr_server *s, struct MHD_Connection *c) {
+  unsigned t = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : 60);
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, t);
+}
+
+static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn *cs, rtr_kind kind) {
+  int64_t t0 = now_us();
+  rtr_limits l = limits_of(s);
+  rtr_error e;
+  rtr_req *r = calloc(1, sizeof *r);
+  if (!r) return reply_err(c, 500, "server_error", NULL, NULL, NULL, "out of memory");
+  pthread_cond_init(&r->cv, NULL);
+  r->s = s;
+  r->t_arrival_us = t0;
+  r->fd = -1;
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (ci) r->fd = ci->connect_fd;
+  pthread_mutex_lock(&s->mu);
+  r->refs = 1; // this connection
+  s->n_live++;
+  pthread_mutex_unlock(&s->mu);
+  cs->req = r;
+  r->conn = c;
+  if (rtr_request_parse(kind, cs->body.p, cs->body.n, &l, &r->q, &e) < 0) return reply_error(c, &e, NULL, NULL);
+  // no idle timeout while the worker generates (request_timeout_ms bounds it); restored, with the idle clock
+  // restarted, once the answer is ready
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+  if (tokenize(s, &r->q, &r->prompt, &r->n_prompt, &e) < 0) return reply_error(c, &e, NULL, NULL);
+  if (rtr_check_context(r->n_prompt, r->q.max_tokens, s->n_ctx, &e) < 0) return reply_error(c, &e, NULL, NULL);
+  r->max_tokens = r->q.max_tokens >= 0 ? r->q.max_tokens : s->n_ctx - r->n_prompt;
+  r->ch = calloc((size_t)r->q.n, sizeof *r->ch);
+  if (!r->ch) return reply_err(c, 500, "server_error", NULL, NULL, NULL, "out of memory");
+  r->created = (long)time(NULL);
+  pthread_mutex_lock(&s->mu);
+  unsigned long long id = ++s->next_id;
+  snprintf(r->id, sizeof r->id, "%s-%llx%06llu", kind == RTR_CHAT ? "chatcmpl" : "cmpl",
+           (unsigned long long)t0 & 0xffffffffffULL, id);
+  for (int i = 0; i < r->q.n; i++) {
+    snprintf(r->ch[i].id, sizeof r->ch[i].id, "%s-%d", r->id, i);
+    r->ch[i].index = i;
+    r->ch[i].link = r->ch[i].plink = -1;
+  }
+  r->listed = 1;
+  r->refs++;
+  r->next = s->reqs;
+  s->reqs = r;
+  pthread_mutex_unlock(&s->mu);
+
+  if (rtr_admit_and_send(s, r, &e) < 0) {
+    pthread_mutex_lock(&s->mu);
+    int was_admitted = r->admitted;
+    r->q.stream = 0;
+    rtr_fail_locked(s, r, &e);
+    pthread_mutex_unlock(&s->mu);
+    if (!was_admitted && e.status == 499) return MHD_NO;
+    rtr_restore_timeout(s, c);
+    return reply_error(c, &e, e.status == 429 ? "Retry-After" : NULL, "1");
+  }
+  if (r->q.stream) {
+    pthread_mutex_lock(&s->mu);
+    r->refs++; // the response's
+    pthread_mutex_unlock(&s->mu);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, rtr_stream_reader, r, rtr_stream_free);
+    if (!resp) {
+      rtr_stream_free(r);
+      return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result rc = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    return rc;
+  }
+  pthread_mutex_lock(&s->mu);
+  int64_t limit = t0 + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000) * 1000 + 5000000;
+  while (!r->finished) {
+    if (rtr_client_gone(r->fd)) {
+      rtr_cancel_locked(s, r);
+      pthread_mutex_unlock(&s->mu);
+      return MHD_NO;
+    }
+    if (now_us() > limit) {
+      rtr_fail(&e, 504, "server_error", NULL, "timeout", "the request passed its deadline");
+      rtr_fail_locked(s, r, &e);
+      break;
+    }
+    struct timespec dl;
+    deadline_in(&dl, WAIT_TICK_MS);
+    pthread_cond_timedwait(&r->cv, &s->mu, &dl);
+  }
+  cJSON *o = NULL;
+  if (r->failed) e = r->err;
+  else o = rtr_final_response(r);
+  pthread_mutex_unlock(&s->mu);
+  rtr_restore_timeout(s, c);
+  if (!o) return reply_error(c, &e, NULL, NULL);
+  return reply_json(c, 200, o);
+}
+
+typedef struct route {
+  const char *path, *method;
+  int kind; // 0 models, 1 health, 2 metrics, 3 chat, 4 completions, 5 tokenize, 6 detokenize
+} route;
+
+static const route ROUTES[] = {
+    {"/v1/chat/completions", "POST", 3}, {"/v1/completions", "POST", 4}, {"/v1/models", "GET", 0},
+    {"/health", "GET", 1},                {"/metrics", "GET", 2},         {"/tokenize", "POST", 5},
+    {"/detokenize", "POST", 6},
+};
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                               const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+  (void)version;
+  rtr_server *s = cls;
+  conn *cs = *con_cls;
+  if (!cs) {
+    cs = calloc(1, sizeof *cs);
+    if (!cs) return MHD_NO;
+    *con_cls = cs;
+  }
+  const route *rt = NULL;
+  for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
+    if (!strcmp(url, ROUTES[i].path)) rt = &ROUTES[i];
+  if (!cs->first_done) {
+    cs->first_done = 1;
+    if (!rt) {
+      cs->answered = 1;
+      return reply_err(c, 404, "not_found_error", "not_found", NULL, NULL, "no such path: %.200s", url);
+    }
+    int is_head = !strcmp(method, "HEAD") && !strcmp(rt->method, "GET");
+    if (strcmp(method, rt->method) && !is_head) {
+      cs->answered = 1;
+      return reply_err(c, 405, "invalid_request_error", "method_not_allowed", "Allow", rt->method,
+                       "method %.20s is not allowed on %s (use %s)", method, rt->path, rt->method);
+    }
+    if (rt->kind != 1 && !auth_ok(s, c)) {
+      cs->answered = 1;
+      return reply_err(c, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
+                       "missing or invalid API key (Authorization: Bearer KEY)");
+    }
+    if (!strcmp(rt->method, "POST")) {
+      if (!json_ctype_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        cs->answered = 1;
+        return reply_err(c, 415, "invalid_request_error", "unsupported_media_type", NULL, NULL,
+                         "the body must be application/json");
+      }
+      const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+      if (cl && strtoull(cl, NULL, 10) > s->rc->max_body_bytes) {
+        cs->answered = 1;
+        return reply_err(c, 413, "invalid_request_error", "request_too_large", NULL, NULL,
+                         "the body is larger than %zu bytes", s->rc->max_body_bytes);
+      }
+    }
+    // answer on the next call, once MHD has read the (possibly empty) body: a response queued before that
+    // makes MHD close the connection instead of keeping it alive
+    return MHD_YES;
+  }
+  if (cs->answered) {
+    *upload_size = 0; // discard whatever still arrives
+    return MHD_YES;
+  }
+  if (*upload_size) {
+    size_t n = *upload_size;
+    *upload_size = 0;
+    if (cs->too_large || cs->body.n + n > s->rc->max_body_bytes) {
+      cs->too_large = 1;
+      return MHD_YES;
+    }
+    return utl_buf_add(&cs->body, upload, n) ? MHD_NO : MHD_YES;
+  }
+  cs->answered = 1;
+  if (cs->too_large)
+    return reply_err(c, 413, "invalid_request_error", "request_too_large", NULL, NULL,
+                     "the body is larger than %zu bytes", s->rc->max_body_bytes);
+  switch (rt->kind) {
+  case 0: return do_models(s, c);
+  case 1: {
+    int up = rtr_server_links_up(s);
+    pthread_mutex_lock(&s->mu);
+    int draining = s->draining;
+    pthread_mutex_unlock(&s->mu);
+    char b[96];
+    int n = snprintf(b, sizeof b, "{\"status\":\"%s\",\"workers_up\":%d}",
+                     draining ? "draining" : up ? "ok" : "unavailable", up);
+    return reply(c, up && !draining ? 200 : 503, "application/json", b, (size_t)n, NULL, NULL);
+  }
+  case 2: return do_metrics(s, c);
+  case 3: return do_generate(s, c, cs, RTR_CHAT);
+  case 4: return do_generate(s, c, cs, RTR_COMPLETION);
+  case 5: return do_tokenize(s, c, cs, 0);
+  default: return do_tokenize(s, c, cs, 1);
+  }
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+  (void)c;
+  rtr_server *s = cls;
+  conn *cs = *con_cls;
+  if (!cs) return;
+  if (cs->req) {
+    pthread_mutex_lock(&s->mu);
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !cs->req->finished) rtr_cancel_locked(s, cs->req);
+    rtr_req_unref_locked(cs->req);
+    pthread_mutex_unlock(&s->mu);
+  }
+  utl_buf_free(&cs->body);
+  free(cs);
+  *con_cls = NULL;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+static void make_metrics(rtr_server *s) {
+  static const double lat[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10,
+                               20, 40, 80};
+  static const double itl[] = {0.001, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                               0.75, 1, 2.5, 5};
+  rtr_metrics *m = s->m;
+  s->m_running = rtr_metrics_gauge(m, "dserve:num_requests_running", "Sequences running on the workers.", NULL);
+  s->m_waiting = rtr_metrics_gauge(m, "dserve:num_requests_waiting", "Requests waiting for admission.", NULL);
+  s->m_kv_usage = rtr_metrics_gauge(m, "dserve:kv_cache_usage_perc", "KV-cache usage (1 = full).", NULL);
+  s->m_prompt = rtr_metrics_counter(m, "dserve:prompt_tokens_total", "Prompt tokens admitted.", NULL);
+  s->m_gen = rtr_metrics_counter(m, "dserve:generation_tokens_total", "Tokens generated.", NULL);
+  s->m_prefix_hits = rtr_metrics_counter(m, "dserve:prefix_cache_hits_total", "Prefix-cache hit tokens.", NULL);
+  s->m_prefix_queries =
+      rtr_metrics_counter(m, "dserve:prefix_cache_queries_total", "Prefix-cache queried tokens.", NULL);
+  s->m_kv_bytes = rtr_metrics_counter(m, "dserve:kv_transfer_bytes_total", "KV bytes moved prefill -> decode.", NULL);
+  s->m_ok_stop = rtr_metrics_counter(m, "dserve:request_success_total", "Finished choices.", "finished_reason=\"stop\"");
+  s->m_ok_length = rtr_metrics_counter(m, "dserve:request_success_total", "", "finished_reason=\"length\"");
+  s->m_fail = rtr_metrics_counter(m, "dserve:request_failure_total", "Requests that failed or were cancelled.", NULL);
+  int nl = (int)(sizeof lat / sizeof lat[0]), ni = (int)(sizeof itl / sizeof itl[0]);
+  s->m_ttft = rtr_metrics_histogram(m, "dserve:time_to_first_token_seconds", "Time to first token.", NULL, lat, nl);
+  s->m_itl = rtr_metrics_histogram(m, "dserve:inter_token_latency_seconds", "Inter-token latency.", NULL, itl, ni);
+  s->m_e2e = rtr_metrics_histogram(m, "dserve:e2e_request_latency_seconds", "End-to-end latency.", NULL, lat, nl);
+  s->m_queue = rtr_metrics_histogram(m, "dserve:request_queue_time_seconds", "Time waiting for admission.", NULL, lat, nl);
+  s->m_kv_time = rtr_metrics_histogram(m, "dserve:kv_transfer_time_seconds", "KV transfer time per request.", NULL, lat, nl);
+}
+
+int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t errlen) {
+  *out = NULL;
+  rtr_server *s = calloc(1, sizeof *s);
+  if (!s) {
+    utl_seterr(err, errlen, "out of memory");
+    return -1;
+  }
+  s->cfg = o->cfg;
+  s->rc = &o->cfg->router;
+  s->gguf = o->gguf;
+  s->has_template = o->gguf && mdl_gguf_find(o->gguf, "tokenizer.chat_template");
+  s->tok = o->tok;
+  s->n_ctx = o->n_ctx;
+  s->started = (long)time(NULL);
+  snprintf(s->model, sizeof s->model, "%s", o->model_name && o->model_name[0] ? o->model_name : o->cfg->model_name);
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->link_cv, NULL);
+  pthread_cond_init(&s->admit_cv, NULL);
+  s->m = rtr_metrics_new();
+  if (!s->m) {
+    utl_seterr(err, errlen, "out of memory");
+    rtr_server_free(s);
+    return -1;
+  }
+  make_metrics(s);
+  for (int i = 0; i < o->cfg->n_workers; i++)
+    if (o->cfg->workers[i].role != SRV_ROLE_PREFILL)
+      s->capacity += o->cfg->workers[i].max_seqs > 0 ? o->cfg->workers[i].max_seqs : 64;
+  if (s->capacity <= 0) s->capacity = 64;
+  srv_hub_opts ho = {.name = "router", .role = "router", .secret = o->cfg->secret, .host = NULL};
+  if (srv_hub_new(&ho, &s->hub, err, errlen) < 0) {
+    rtr_server_free(s);
+    return -1;
+  }
+  if (pthread_create(&s->dispatcher, NULL, rtr_dispatcher_main, s) == 0) s->has_dispatcher = 1;
+  s->links = calloc((size_t)o->cfg->n_workers + 1, sizeof *s->links);
+  if (!s->links) {
+    utl_seterr(err, errlen, "out of memory");
+    rtr_server_free(s);
+    return -1;
+  }
+  s->n_links = o->cfg->n_workers;
+  // The index is a hint: without memory for it the router routes by load.
+  if (s->n_links > 0 && rtr_kvindex_new(s->n_links, 1 << 16, &s->kv, err, errlen) < 0) s->kv = NULL;
+  for (int i = 0; i < s->n_links; i++) {
+    s->links[i].s = s;
+    s->links[i].cfg = &o->cfg->workers[i];
+    if (pthread_create(&s->links[i].thread, NULL, rtr_link_main, &s->links[i]) == 0) s->links[i].has_thread = 1;
+  }
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)s->rc->port);
+  const char *host = s->rc->host[0] ? s->rc->host : "127.0.0.1";
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+    utl_seterr(err, errlen, "router host '%s' is not an IPv4 address", host);
+    rtr_server_free(s);
+    return -1;
+  }
+  unsigned timeout = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : 60);
+  s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL,
+                            0, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                            MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000, MHD_OPTION_LISTENING_ADDRESS_REUSE,
+                            (unsigned)1, MHD_OPTION_END);
+  if (!s->mhd) {
+    utl_seterr(err, errlen, "cannot listen on %s:%d: %s", host, s->rc->port, strerror(errno));
+    rtr_server_free(s);
+    return -1;
+  }
+  const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+  s->port = di ? di->port : s->rc->port;
+  *out = s;
+  return 0;
+}
+
+int rtr_server_port(const rtr_server *s) { return s->port; }
+
+// Waits (s->mu held) until no generation request is live or until end_us.
+static void wait_idle_locked(rtr_server *s, int64_t end_us) {
+  while (s->n_live > 0 && now_us() < end_us) {
+    struct timespec dl;
+    deadline_in(&dl, WAIT_TICK_MS);
+    pthread_cond_timedwait(&s->admit_cv, &s->mu, &dl);
+  }
+}
+
+int rtr_server_drain(rtr_server *s, int timeout_ms) {
+  pthread_mutex_lock(&s->mu);
+  s->draining = 1;
+  pthread_cond_broadcast(&s->admit_cv); // queued requests leave with 503 shutting_down
+  wait_idle_locked(s, now_us() + (int64_t)timeout_ms * 1000);
+  int left = s->n_live;
+  if (left) { // past the bound: fail what still runs, and give the clients DRAIN_FLUSH_MS to read the error
+    rtr_error e;
+    rtr_fail(&e, 503, "server_error", NULL, "shutting_down", "the router stopped before the request finished");
+    for (rtr_req *r = s->reqs, *n; r; r = n) {
+      n = r->next;
+      rtr_fail_locked(s, r, &e);
+    }
+    wait_idle_locked(s, now_us() + DRAIN_FLUSH_MS * 1000);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return left;
+}
+
+void rtr_server_free(rtr_server *s) {
+  if (!s) return;
+  pthread_mutex_lock(&s->mu);
+  s->stopping = 1;
+  rtr_error e;
+  rtr_fail(&e, 503, "server_error", NULL, "shutting_down", "the router is shutting down");
+  for (rtr_req *r = s->reqs, *n; r; r = n) {
+    n = r->next;
+    rtr_fail_locked(s, r, &e);
+  }
+  pthread_cond_broadcast(&s->link_cv);
+  pthread_cond_broadcast(&s->admit_cv);
+  pthread_mutex_unlock(&s->mu);
+  if (s->mhd) MHD_stop_daemon(s->mhd);
+  for (int i = 0; i < s->n_links; i++)
+    if (s->links[i].has_thread) pthread_join(s->links[i].thread, NULL);
+  if (s->hub) srv_hub_wake(s->hub);
+  if (s->has_dispatcher) pthread_join(s->dispatcher, NULL);
+  for (int i = 0; i < s->n_links; i++)
+    if (s->links[i].peer) srv_peer_unref(s->links[i].peer);
+  srv_hub_free(s->hub);
+  free(s->links);
+  rtr_kvindex_free(s->kv);
+  rtr_metrics_free(s->m);
+  pthread_cond_destroy(&s->link_cv);
+  pthread_cond_destroy(&s->admit_cv);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}

@@ -1,0 +1,405 @@
+// router/links.c: the worker links: connect and keep alive, dispatch worker messages, retry, pick a choice's workers.
+// stats and kv_events update the link and the KV index; a choice's token/done/error go on to relay.c.
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "router/server_int.h"
+#include "server/log.h"
+
+#define STATS_EVERY_MS 1000
+#define LINK_DEAD_DEFAULT_MS 15000 // router.link_dead_ms when a caller's config leaves it 0
+
+// A number field of a worker's message: dflt when it is absent, not a number or not finite.
+double rtr_msg_num(const cJSON *o, const char *k, double dflt) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return cJSON_IsNumber(v) && isfinite(v->valuedouble) ? v->valuedouble : dflt;
+}
+
+// Cancels choice ci at its worker(s) still linked.
+void rtr_send_cancel(rtr_server *s, rtr_req *r, int ci) {
+  rtr_choice *c = &r->ch[ci];
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "op", "cancel");
+  cJSON_AddStringToObject(m, "id", c->id);
+  int links[2] = {c->link, c->plink};
+  for (int k = 0; k < 2; k++)
+    if (links[k] >= 0 && s->links[links[k]].peer) srv_peer_send(s->links[links[k]].peer, m);
+  cJSON_Delete(m);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// worker messages (dispatcher thread)
+
+static rtr_req *find_choice_locked(rtr_server *s, const char *id, int *ci) {
+  for (rtr_req *r = s->reqs; r; r = r->next) {
+    size_t k = strlen(r->id);
+    if (strncmp(id, r->id, k) || id[k] != '-') continue;
+    char *end;
+    long i = strtol(id + k + 1, &end, 10);
+    if ((*end && *end != '-') || i < 0 || i >= r->q.n || strcmp(r->ch[i].id, id)) return NULL; // "-r": a retry
+    *ci = (int)i;
+    return r;
+  }
+  return NULL;
+}
+
+static void update_kv_gauge_locked(rtr_server *s) {
+  double used = 0, total = 0;
+  for (int i = 0; i < s->n_links; i++)
+    if (s->links[i].up && s->links[i].total_blocks > 0) {
+      used += s->links[i].total_blocks - s->links[i].free_blocks;
+      total += s->links[i].total_blocks;
+    }
+  rtr_metric_set(s->m_kv_usage, total > 0 ? used / total : 0);
+}
+
+// Adds to counter c what a worker's running total v grew by since *last (a restarted worker counts anew).
+static void counter_from_total(rtr_metric *c, double v, double *last) {
+  rtr_metric_add(c, v >= *last ? v - *last : v);
+  *last = v;
+}
+
+// stats_ok prefix_tiers {"pool"|"host"|"disk": {hits, queries, blocks}} into the worker's labeled series.
+static void on_prefix_tiers(rtr_server *s, rtr_link *l, const cJSON *tiers) {
+  static const char *const names[3] = {"pool", "host", "disk"};
+  for (int t = 0; t < 3; t++) {
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(tiers, names[t]);
+    if (!cJSON_IsObject(o)) continue;
+    if (!l->m_tier[t][0]) {
+      char lab[128];
+      snprintf(lab, sizeof lab, "worker=\"%s\",tier=\"%s\"", l->cfg->name, names[t]);
+      l->m_tier[t][0] = rtr_metrics_counter(s->m, "dserve:prefix_cache_tier_hits_total",
+                                            "Prefix-cache hit tokens served from each tier of each worker.", lab);
+      l->m_tier[t][1] = rtr_metrics_counter(s->m, "dserve:prefix_cache_tier_queries_total",
+                                            "Prefix-cache tokens looked up in each tier of each worker.", lab);
+      l->m_tier[t][2] = rtr_metrics_gauge(s->m, "dserve:prefix_cache_blocks",
+                                          "Prefix-cache blocks resident in each tier of each worker.", lab);
+    }
+    counter_from_total(l->m_tier[t][0], rtr_msg_num(o, "hits", 0), &l->tier_last[t][0]);
+    counter_from_total(l->m_tier[t][1], rtr_msg_num(o, "queries", 0), &l->tier_last[t][1]);
+    rtr_metric_set(l->m_tier[t][2], rtr_msg_num(o, "blocks", 0));
+  }
+}
+
+static void on_stats(rtr_server *s, rtr_link *l, const cJSON *m) {
+  l->running = (int)rtr_msg_num(m, "running", 0);
+  l->waiting = (int)rtr_msg_num(m, "waiting", 0);
+  l->free_blocks = (int)rtr_msg_num(m, "free_blocks", 0);
+  l->total_blocks = (int)rtr_msg_num(m, "total_blocks", 0);
+  counter_from_total(s->m_prefix_hits, rtr_msg_num(m, "prefix_hits", 0), &l->prefix_hits);
+  counter_from_total(s->m_prefix_queries, rtr_msg_num(m, "prefix_queries", 0), &l->prefix_queries);
+  on_prefix_tiers(s, l, cJSON_GetObjectItemCaseSensitive(m, "prefix_tiers"));
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  l->last_stats_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  update_kv_gauge_locked(s);
+}
+
+// {"op":"kv_events","events":[[kind, "key"], ...]}: applied in order to the link's index entries. A malformed
+// entry is skipped (the index is a hint: a missed event costs a recomputation, never a wrong answer).
+static void on_kv_events(rtr_server *s, rtr_link *l, const cJSON *m) {
+  const cJSON *evs = cJSON_GetObjectItemCaseSensitive(m, "events"), *e;
+  if (!s->kv || !cJSON_IsArray(evs)) return;
+  int li = (int)(l - s->links), n = 0;
+  srv_kv_event buf[256];
+  cJSON_ArrayForEach(e, evs) {
+    const cJSON *kind = cJSON_GetArrayItem(e, 0), *key = cJSON_GetArrayItem(e, 1);
+    if (!cJSON_IsArray(e) || !cJSON_IsNumber(kind)) continue;
+    char *end = NULL;
+    uint64_t k = 0;
+    if (cJSON_IsString(key)) {
+      errno = 0;
+      k = strtoull(key->valuestring, &end, 10);
+      if (errno || end == key->valuestring || *end) continue;
+    } else if (kind->valueint != SRV_KV_CLEARED) {
+      continue;
+    }
+    buf[n++] = (srv_kv_event){.key = k, .kind = kind->valueint};
+    if (n == (int)(sizeof buf / sizeof buf[0])) {
+      rtr_kvindex_apply(s->kv, li, buf, n);
+      n = 0;
+    }
+  }
+  if (n) rtr_kvindex_apply(s->kv, li, buf, n);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// links (one thread each) and the dispatcher
+
+static int retry_locked(rtr_server *s, rtr_req *r, int ci, int dead);
+
+static void link_down_locked(rtr_server *s, rtr_link *l) {
+  if (!l->peer) return;
+  srv_warn(LOGC, "worker %s (%s:%d) disconnected", l->cfg->name, l->cfg->host, l->cfg->port);
+  srv_peer_unref(l->peer);
+  l->peer = NULL;
+  l->up = 0;
+  int li = (int)(l - s->links);
+  if (s->kv) rtr_kvindex_remove_worker(s->kv, li);
+  rtr_error e;
+  rtr_fail(&e, 503, "server_error", NULL, "worker_failure", "worker %s disconnected", l->cfg->name);
+  for (rtr_req *r = s->reqs, *n; r; r = n) {
+    n = r->next;
+    int hit = 0;
+    for (int i = 0; i < r->q.n && !hit; i++)
+      if (!r->ch[i].finished && (r->ch[i].link == li || (r->ch[i].plink == li && !r->ch[i].handed_off)) &&
+          retry_locked(s, r, i, li) < 0)
+        hit = 1;
+    if (hit) rtr_fail_locked(s, r, &e);
+  }
+  l->inflight = 0;
+  update_kv_gauge_locked(s);
+  pthread_cond_broadcast(&s->link_cv);
+}
+
+// The link whose peer is p. A worker may speak (its kv_events snapshot) as soon as it has sent hello_ok, before
+// the link thread that connected has stored the peer: a message from an unknown peer while a link of that
+// worker's name is connecting waits for it (polling, at most ~2 s) instead of being dropped. Called with mu
+// held; releases it while waiting.
+static rtr_link *link_of_locked(rtr_server *s, srv_peer *p, int is_msg) {
+  for (int tries = 0;; tries++) {
+    int connecting = 0;
+    for (int i = 0; i < s->n_links; i++) {
+      if (s->links[i].peer == p) return &s->links[i];
+      connecting |= s->links[i].connecting && !strcmp(s->links[i].cfg->name, srv_peer_name(p));
+    }
+    if (!is_msg || !connecting || s->stopping || tries >= 2000) return NULL;
+    pthread_mutex_unlock(&s->mu);
+    usleep(1000);
+    pthread_mutex_lock(&s->mu);
+  }
+}
+
+void *rtr_dispatcher_main(void *arg) {
+  rtr_server *s = arg;
+  for (;;) {
+    srv_event ev;
+    int got = srv_hub_next(s->hub, &ev, 200);
+    pthread_mutex_lock(&s->mu);
+    int stop = s->stopping;
+    if (got) {
+      rtr_link *l = link_of_locked(s, ev.peer, ev.msg != NULL);
+      if (l && !ev.msg) {
+        link_down_locked(s, l);
+      } else if (l) {
+        const cJSON *op = cJSON_GetObjectItemCaseSensitive(ev.msg, "op");
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(ev.msg, "id");
+        const char *o = cJSON_IsString(op) ? op->valuestring : "";
+        if (!strcmp(o, "pong")) { // from the worker's hub thread: alive, however busy its compute loop is
+          l->last_stats_ms = now_us() / 1000;
+        } else if (!strcmp(o, "stats_ok")) {
+          on_stats(s, l, ev.msg);
+        } else if (!strcmp(o, "kv_events")) {
+          on_kv_events(s, l, ev.msg);
+        } else if (cJSON_IsString(id) && (!strcmp(o, "token") || !strcmp(o, "done") || !strcmp(o, "error"))) {
+          int ci;
+          rtr_req *r = find_choice_locked(s, id->valuestring, &ci);
+          if (r && !strcmp(o, "token")) rtr_on_token(s, r, ci, ev.msg);
+          else if (r && !strcmp(o, "done")) rtr_on_done(s, r, ci, ev.msg);
+          else if (r) rtr_on_error(s, r, ci, ev.msg);
+        } else {
+          srv_debug(LOGC, "worker %s: ignored message op '%s'", l->cfg->name, o);
+        }
+      }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (got) srv_event_done(&ev);
+    if (stop && !got) break;
+  }
+  return NULL;
+}
+
+static int64_t now_ms(void) { return now_us() / 1000; }
+
+void *rtr_link_main(void *arg) {
+  rtr_link *l = arg;
+  rtr_server *s = l->s;
+  int backoff = 100;
+  pthread_mutex_lock(&s->mu);
+  while (!s->stopping) {
+    if (!l->peer) {
+      l->connecting = 1;
+      pthread_mutex_unlock(&s->mu);
+      char err[256] = "";
+      srv_peer *p = srv_hub_connect(s->hub, l->cfg->host, l->cfg->port, 1000, err, sizeof err);
+      pthread_mutex_lock(&s->mu);
+      l->connecting = 0;
+      if (p && !s->stopping) {
+        const cJSON *ok = srv_peer_hello(p);
+        l->n_ctx = (int)rtr_msg_num(ok, "n_ctx", 0);
+        l->block_size = (int)rtr_msg_num(cJSON_GetObjectItemCaseSensitive(ok, "kv_layout"), "block_size", 16);
+        if (l->block_size < 1) l->block_size = 16;
+        if (s->kv) rtr_kvindex_remove_worker(s->kv, (int)(l - s->links)); // a new process: it tells us anew
+        l->peer = p;
+        l->up = 1;
+        l->inflight = 0;
+        l->last_stats_ms = now_ms();
+        l->last_stats_sent_ms = 0;
+        backoff = 100;
+        srv_log(LOGC, "worker %s (%s, %s:%d) connected", l->cfg->name, srv_role_name(l->cfg->role), l->cfg->host,
+                l->cfg->port);
+        continue;
+      }
+      if (p) {
+        srv_peer_close(p);
+        srv_peer_unref(p);
+        break;
+      }
+      srv_debug(LOGC, "worker %s: %s (retry in %d ms)", l->cfg->name, err, backoff);
+      struct timespec dl;
+      deadline_in(&dl, backoff);
+      pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);
+      backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+      continue;
+    }
+    int64_t t = now_ms();
+    // not scaled by DSERVE_TIMEOUT_SCALE: the pong comes from the hub thread, however slow a (sanitized) compute step
+    int dead_ms = s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : LINK_DEAD_DEFAULT_MS;
+    if (t - l->last_stats_ms > dead_ms) {
+      srv_warn(LOGC, "worker %s answered nothing for %d ms; closing its link", l->cfg->name, dead_ms);
+      srv_peer_close(l->peer); // the dispatcher sees the close at once and fails (or retries) its requests
+      l->last_stats_ms = t;
+    } else if (t - l->last_stats_sent_ms >= STATS_EVERY_MS) {
+      cJSON *m = cJSON_CreateObject(), *ping = cJSON_CreateObject();
+      cJSON_AddStringToObject(m, "op", "stats");
+      cJSON_AddStringToObject(ping, "op", "ping");
+      srv_peer *p = l->peer;
+      l->last_stats_sent_ms = t;
+      pthread_mutex_unlock(&s->mu);
+      srv_peer_send(p, m);
+      srv_peer_send(p, ping);
+      cJSON_Delete(m);
+      cJSON_Delete(ping);
+      pthread_mutex_lock(&s->mu);
+      continue;
+    }
+    struct timespec dl;
+    deadline_in(&dl, 250);
+    pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+int rtr_server_links_up(rtr_server *s) {
+  pthread_mutex_lock(&s->mu);
+  int n = 0;
+  for (int i = 0; i < s->n_links; i++) n += s->links[i].up;
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// where a choice goes
+
+// The `generate` message (docs/protocol.md) for choice ci. How the router fills the fields the catalogue leaves open:
+// max_tokens is always set (n_ctx - prompt when the client gave none); sampling.seed is seed + ci, and absent when the
+// client gave no seed (the worker picks one); sampling.logprobs is -1 for none; stop_ids is empty (the worker ends at
+// its own end-of-generation tokens unless ignore_eos); deadline_ms is a budget in ms from receipt, not a clock time.
+static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, const char *peer_key,
+                           const char *peer_name) {
+  const rtr_request *q = &r->q;
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "op", "generate");
+  cJSON_AddStringToObject(m, "id", r->ch[ci].id);
+  cJSON *p = cJSON_AddArrayToObject(m, "prompt");
+  for (int i = 0; i < r->n_prompt; i++) cJSON_AddItemToArray(p, cJSON_CreateNumber(r->prompt[i]));
+  cJSON_AddNumberToObject(m, "max_tokens", r->max_tokens);
+  cJSON *sp = cJSON_AddObjectToObject(m, "sampling");
+  cJSON_AddNumberToObject(sp, "temperature", q->temperature);
+  cJSON_AddNumberToObject(sp, "top_k", q->top_k);
+  cJSON_AddNumberToObject(sp, "top_p", q->top_p);
+  cJSON_AddNumberToObject(sp, "min_p", q->min_p);
+  cJSON_AddNumberToObject(sp, "presence_penalty", q->presence_penalty);
+  cJSON_AddNumberToObject(sp, "frequency_penalty", q->frequency_penalty);
+  cJSON_AddNumberToObject(sp, "repetition_penalty", q->repetition_penalty);
+  if (q->has_seed) cJSON_AddNumberToObject(sp, "seed", (double)(q->seed + ci));
+  cJSON_AddNumberToObject(sp, "logprobs", q->logprobs);
+  cJSON *lb = cJSON_AddArrayToObject(sp, "logit_bias");
+  for (int i = 0; i < q->n_bias; i++) {
+    cJSON *pair = cJSON_CreateArray();
+    cJSON_AddItemToArray(pair, cJSON_CreateNumber(q->bias[i].id));
+    cJSON_AddItemToArray(pair, cJSON_CreateNumber(q->bias[i].bias));
+    cJSON_AddItemToArray(lb, pair);
+  }
+  cJSON *st = cJSON_AddArrayToObject(m, "stop");
+  for (int i = 0; i < q->n_stop; i++) cJSON_AddItemToArray(st, cJSON_CreateString(q->stop[i]));
+  cJSON_AddArrayToObject(m, "stop_ids");
+  cJSON_AddBoolToObject(m, "ignore_eos", q->ignore_eos);
+  cJSON_AddNumberToObject(m, "deadline_ms", s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000);
+  cJSON_AddStringToObject(m, "mode", mode);
+  if (peer_key) cJSON_AddStringToObject(m, peer_key, peer_name);
+  return m;
+}
+
+// Picks the worker(s) for choice ci and builds its generate message(s): msgs[*n..] (owned by the caller) for the links
+// to[*n..]; *n grows by 1 (colocated) or 2 (prefill + decode). w: (s->n_links) scratch. 0, or -1 with e.
+int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker *w, cJSON **msgs, int *to, int *n,
+                            rtr_error *e) {
+  for (int i = 0; i < s->n_links; i++) {
+    rtr_link *l = &s->links[i];
+    w[i] = (rtr_sched_worker){l->up, l->cfg->role, l->running, l->waiting, l->free_blocks, l->total_blocks,
+                              l->inflight, l->block_size};
+  }
+  rtr_sched_target pick;
+  rtr_kvindex_weights wt = {s->rc->w_overlap, s->rc->w_queue, s->rc->w_free};
+  if (rtr_sched_pick_kv(w, s->n_links, r->prompt, r->n_prompt, s->rc->disagg_threshold, s->kv, &wt, &pick, NULL) < 0)
+    return rtr_fail(e, 503, "server_error", NULL, "no_worker", "no worker that can generate is available");
+  rtr_choice *c = &r->ch[ci];
+  c->link = pick.decode;
+  c->plink = pick.prefill;
+  s->links[pick.decode].inflight++;
+  if (pick.prefill >= 0) {
+    s->links[pick.prefill].inflight++;
+    msgs[*n] = generate_msg(s, r, ci, "prefill", "decode", s->links[pick.decode].cfg->name);
+    int fetch_blocks, peer = s->rc->prefix_fetch ? rtr_sched_prefix_peer(w, s->n_links, r->prompt, r->n_prompt, s->kv,
+                                                                           pick.prefill, s->rc->prefix_fetch_min_blocks,
+                                                                           &fetch_blocks)
+                                                 : -1;
+    if (peer >= 0) { // a peer prefill worker holds more of the prefix: the prefill worker may fetch it
+      cJSON_AddStringToObject(msgs[*n], "prefix_peer", s->links[peer].cfg->name);
+      cJSON_AddNumberToObject(msgs[*n], "prefix_blocks", fetch_blocks);
+    }
+    to[(*n)++] = pick.prefill;
+    msgs[*n] = generate_msg(s, r, ci, "decode", "prefill", s->links[pick.prefill].cfg->name);
+    to[(*n)++] = pick.decode;
+  } else {
+    msgs[*n] = generate_msg(s, r, ci, "local", NULL, NULL);
+    to[(*n)++] = pick.decode;
+  }
+  return 0;
+}
+
+// Choice ci's decode (or both) worker, link dead, went away. When the choice has streamed no token and was not retried
+// yet: cancel it at its prefill worker and send it once more, under a new id ("<id>-r"), to the workers the scheduler
+// picks now. 0 when re-sent; -1 when it cannot be (the caller fails the request).
+static int retry_locked(rtr_server *s, rtr_req *r, int ci, int dead) {
+  rtr_choice *c = &r->ch[ci];
+  if (c->link != dead || c->retried || c->completion_tokens > 0 || !r->admitted || r->finished) return -1;
+  rtr_send_cancel(s, r, ci); // reaches the prefill worker only: the dead link has no peer any more
+  if (c->plink >= 0 && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  c->link = c->plink = -1;
+  c->retried = 1;
+  char old[64];
+  snprintf(old, sizeof old, "%s", c->id);
+  snprintf(c->id, sizeof c->id, "%s-%d-r", r->id, ci);
+  rtr_sched_worker *w = calloc((size_t)s->n_links + 1, sizeof *w);
+  cJSON *msgs[2];
+  int to[2], n = 0;
+  rtr_error e;
+  int rc = w ? rtr_route_choice_locked(s, r, ci, w, msgs, to, &n, &e) : -1;
+  free(w);
+  if (rc < 0) return -1;
+  srv_log(LOGC, "%s: worker %s went away before the first token; retrying on %s%s%s", old, s->links[dead].cfg->name,
+          s->links[c->link].cfg->name, c->plink >= 0 ? " via " : "", c->plink >= 0 ? s->links[c->plink].cfg->name : "");
+  for (int i = 0; i < n; i++) {
+    if (srv_peer_send(s->links[to[i]].peer, msgs[i]) < 0) srv_peer_close(s->links[to[i]].peer); // its close fails it
+    cJSON_Delete(msgs[i]);
+  }
+  return 0;
+}

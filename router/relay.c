@@ -1,0 +1,420 @@
+// router/relay.c: the relay to the client: SSE chunks and the stream reader, final response, logprobs, usage.
+// Also a request's end (finish, fail, cancel) and its last reference, since the end writes the stream trailer.
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "router/server_int.h"
+
+// ---------------------------------------------------------------------------------------------------------------
+// output buffers
+
+// Appends to r->out (stream bytes) or a choice's text. On out of memory only this piece is lost and later ones still
+// go in, as with the hand-written buffers before utl_buf: the callers never checked, so the sticky flag is cleared.
+static void add_or_drop(utl_buf *b, const char *p, size_t n) {
+  if (utl_buf_add(b, p, n) < 0) b->oom = 0; // b is as it was before the call
+}
+
+void rtr_out_event(rtr_req *r, cJSON *obj) { // "data: JSON\n\n"; consumes obj
+  char *j = cJSON_PrintUnformatted(obj);
+  cJSON_Delete(obj);
+  if (!j) return;
+  add_or_drop(&r->out, "data: ", 6);
+  add_or_drop(&r->out, j, strlen(j));
+  add_or_drop(&r->out, "\n\n", 2);
+  free(j);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// request objects (all under s->mu)
+
+void rtr_req_unref_locked(rtr_req *r) {
+  if (--r->refs > 0) return;
+  if (--r->s->n_live == 0) pthread_cond_broadcast(&r->s->admit_cv); // rtr_server_drain waits for this
+  for (int i = 0; i < r->q.n && r->ch; i++) {
+    utl_buf_free(&r->ch[i].text);
+    cJSON_Delete(r->ch[i].lp);
+  }
+  free(r->ch);
+  free(r->prompt);
+  utl_buf_free(&r->out);
+  rtr_request_free(&r->q);
+  pthread_cond_destroy(&r->cv);
+  free(r);
+}
+
+static void unlist_locked(rtr_server *s, rtr_req *r) {
+  if (!r->listed) return;
+  for (rtr_req **pp = &s->reqs; *pp; pp = &(*pp)->next)
+    if (*pp == r) {
+      *pp = r->next;
+      break;
+    }
+  r->listed = 0;
+  rtr_req_unref_locked(r);
+}
+
+cJSON *rtr_chunk_base(rtr_req *r) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "id", r->id);
+  cJSON_AddStringToObject(o, "object", r->q.kind == RTR_CHAT ? "chat.completion.chunk" : "text_completion");
+  cJSON_AddNumberToObject(o, "created", (double)r->created);
+  cJSON_AddStringToObject(o, "model", r->s->model);
+  return o;
+}
+
+static cJSON *usage_json(rtr_req *r) {
+  int comp = 0, cached = 0;
+  for (int i = 0; i < r->q.n; i++) {
+    comp += r->ch[i].completion_tokens;
+    if (r->ch[i].cached_tokens > cached) cached = r->ch[i].cached_tokens;
+  }
+  cJSON *u = cJSON_CreateObject();
+  cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
+  cJSON_AddNumberToObject(u, "completion_tokens", comp);
+  cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt + comp);
+  cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+  cJSON_AddNumberToObject(d, "cached_tokens", cached);
+  return u;
+}
+
+// Marks the request finished: stream trailer, metrics, admission slots, out of the active list.
+static void finish_locked(rtr_server *s, rtr_req *r) {
+  if (r->finished) return;
+  r->finished = 1;
+  if (r->q.stream) {
+    if (r->failed) {
+      cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+      cJSON_AddStringToObject(e, "message", r->err.message);
+      cJSON_AddStringToObject(e, "type", r->err.type);
+      if (r->err.param[0]) cJSON_AddStringToObject(e, "param", r->err.param);
+      else cJSON_AddNullToObject(e, "param");
+      if (r->err.code[0]) cJSON_AddStringToObject(e, "code", r->err.code);
+      else cJSON_AddNullToObject(e, "code");
+      rtr_out_event(r, o);
+    } else if (r->q.include_usage) {
+      cJSON *o = rtr_chunk_base(r);
+      cJSON_AddItemToObject(o, "choices", cJSON_CreateArray());
+      cJSON_AddItemToObject(o, "usage", usage_json(r));
+      rtr_out_event(r, o);
+    }
+    add_or_drop(&r->out, "data: [DONE]\n\n", 14);
+    r->out_end = 1;
+  }
+  if (!r->failed) {
+    int64_t t = now_us();
+    rtr_metric_observe(s->m_e2e, (double)(t - r->t_arrival_us) / 1e6);
+    for (int i = 0; i < r->q.n; i++)
+      rtr_metric_add(!strcmp(r->ch[i].finish, "length") ? s->m_ok_length : s->m_ok_stop, 1);
+  } else {
+    rtr_metric_add(s->m_fail, 1);
+  }
+  rtr_release_slots_locked(s, r);
+  pthread_cond_broadcast(&r->cv);
+  unlist_locked(s, r);
+}
+
+static void choice_end_locked(rtr_server *s, rtr_req *r, int ci) {
+  rtr_choice *c = &r->ch[ci];
+  if (c->finished) return;
+  c->finished = 1;
+  r->n_done++;
+  if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
+  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+}
+
+// Fails the whole request (other choices are cancelled at their workers).
+void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e) {
+  if (r->finished) return;
+  r->failed = 1;
+  r->err = *e;
+  for (int i = 0; i < r->q.n; i++)
+    if (!r->ch[i].finished) {
+      rtr_send_cancel(s, r, i);
+      choice_end_locked(s, r, i);
+    }
+  finish_locked(s, r);
+}
+
+// The client went away: cancel whatever still runs; nothing more is sent.
+void rtr_cancel_locked(rtr_server *s, rtr_req *r) {
+  if (r->finished) return;
+  for (int i = 0; i < r->q.n; i++)
+    if (!r->ch[i].finished && r->admitted) {
+      rtr_send_cancel(s, r, i);
+      choice_end_locked(s, r, i);
+    }
+  r->failed = 1;
+  rtr_fail(&r->err, 499, "invalid_request_error", NULL, "cancelled", "the client disconnected");
+  r->q.stream = 0; // no trailer for nobody
+  finish_locked(s, r);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// worker messages of a choice (dispatcher thread)
+
+static char *piece(rtr_server *s, int32_t id) {
+  char tmp[MDL_TOK_MAX_PIECE + 1];
+  size_t n = mdl_tok_piece(s->tok, id, tmp, MDL_TOK_MAX_PIECE);
+  if (n > MDL_TOK_MAX_PIECE) n = MDL_TOK_MAX_PIECE;
+  tmp[n] = 0;
+  // a lone piece can be part of a UTF-8 character: show it with U+FFFD like OpenAI's byte tokens
+  if (!rtr_utf8_valid(tmp, n)) snprintf(tmp, sizeof tmp, "\xef\xbf\xbd");
+  char *d = malloc(strlen(tmp) + 1);
+  if (d) strcpy(d, tmp);
+  return d;
+}
+
+static cJSON *bytes_of(const char *t) {
+  cJSON *a = cJSON_CreateArray();
+  for (const unsigned char *p = (const unsigned char *)t; *p; p++) cJSON_AddItemToArray(a, cJSON_CreateNumber(*p));
+  return a;
+}
+
+// Converts the worker's [{token, logprob, top:[[id, lp]..]}..] into OpenAI's shape. Chat: appends to content
+// (array of {token, logprob, bytes, top_logprobs}); completions: appends to {tokens, token_logprobs, top_logprobs,
+// text_offset}.
+static void add_logprobs(rtr_server *s, rtr_req *r, rtr_choice *c, const cJSON *lps, cJSON *dst) {
+  const cJSON *e;
+  cJSON_ArrayForEach(e, lps) {
+    int32_t id = (int32_t)rtr_msg_num(e, "token", -1);
+    double lp = rtr_msg_num(e, "logprob", 0);
+    char *t = piece(s, id);
+    if (!t) continue;
+    const cJSON *top = cJSON_GetObjectItemCaseSensitive(e, "top");
+    if (r->q.kind == RTR_CHAT) {
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddStringToObject(o, "token", t);
+      cJSON_AddNumberToObject(o, "logprob", lp);
+      cJSON_AddItemToObject(o, "bytes", bytes_of(t));
+      cJSON *ta = cJSON_AddArrayToObject(o, "top_logprobs");
+      const cJSON *p;
+      int k = 0;
+      cJSON_ArrayForEach(p, top) {
+        if (k++ >= r->q.logprobs) break;
+        char *pt = piece(s, (int32_t)(cJSON_IsNumber(cJSON_GetArrayItem(p, 0)) ? cJSON_GetArrayItem(p, 0)->valuedouble : -1));
+        if (!pt) continue;
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "token", pt);
+        cJSON_AddNumberToObject(x, "logprob", cJSON_IsNumber(cJSON_GetArrayItem(p, 1)) ? cJSON_GetArrayItem(p, 1)->valuedouble : 0);
+        cJSON_AddItemToObject(x, "bytes", bytes_of(pt));
+        cJSON_AddItemToArray(ta, x);
+        free(pt);
+      }
+      cJSON_AddItemToArray(cJSON_GetObjectItem(dst, "content"), o);
+    } else {
+      cJSON_AddItemToArray(cJSON_GetObjectItem(dst, "tokens"), cJSON_CreateString(t));
+      cJSON_AddItemToArray(cJSON_GetObjectItem(dst, "token_logprobs"), cJSON_CreateNumber(lp));
+      cJSON *to = cJSON_CreateObject();
+      const cJSON *p;
+      int k = 0;
+      cJSON_ArrayForEach(p, top) {
+        if (k++ >= r->q.logprobs) break;
+        char *pt = piece(s, (int32_t)(cJSON_IsNumber(cJSON_GetArrayItem(p, 0)) ? cJSON_GetArrayItem(p, 0)->valuedouble : -1));
+        if (!pt) continue;
+        if (!cJSON_GetObjectItemCaseSensitive(to, pt))
+          cJSON_AddNumberToObject(to, pt, cJSON_IsNumber(cJSON_GetArrayItem(p, 1)) ? cJSON_GetArrayItem(p, 1)->valuedouble : 0);
+        free(pt);
+      }
+      cJSON_AddItemToArray(cJSON_GetObjectItem(dst, "top_logprobs"), to);
+      cJSON_AddItemToArray(cJSON_GetObjectItem(dst, "text_offset"), cJSON_CreateNumber((double)c->text_offset));
+      c->text_offset += strlen(t);
+    }
+    free(t);
+  }
+}
+
+static cJSON *new_lp(rtr_req *r) {
+  cJSON *o = cJSON_CreateObject();
+  if (r->q.kind == RTR_CHAT) {
+    cJSON_AddArrayToObject(o, "content");
+  } else {
+    cJSON_AddArrayToObject(o, "tokens");
+    cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON_AddArrayToObject(o, "text_offset");
+  }
+  return o;
+}
+
+static cJSON *stream_choice(rtr_req *r, int index, const char *text, const char *finish) {
+  cJSON *c = cJSON_CreateObject();
+  cJSON_AddNumberToObject(c, "index", index);
+  if (r->q.kind == RTR_CHAT) {
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    if (text) cJSON_AddStringToObject(d, "content", text);
+  } else {
+    cJSON_AddStringToObject(c, "text", text ? text : "");
+  }
+  cJSON_AddNullToObject(c, "logprobs");
+  if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+  else cJSON_AddNullToObject(c, "finish_reason");
+  return c;
+}
+
+void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
+  rtr_choice *c = &r->ch[ci];
+  if (c->finished) return;
+  const cJSON *text = cJSON_GetObjectItemCaseSensitive(m, "text");
+  const cJSON *toks = cJSON_GetObjectItemCaseSensitive(m, "tokens");
+  const cJSON *lps = cJSON_GetObjectItemCaseSensitive(m, "logprobs");
+  const char *t = cJSON_IsString(text) ? text->valuestring : "";
+  int ntok = cJSON_IsArray(toks) ? cJSON_GetArraySize(toks) : 1;
+  int64_t now = now_us();
+  if (c->plink >= 0 && !c->handed_off) { // the handoff is over: the prefill worker is free of this choice
+    c->handed_off = 1;
+    if (s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  }
+  if (!r->t_first_us) {
+    r->t_first_us = now;
+    rtr_metric_observe(s->m_ttft, (double)(now - r->t_arrival_us) / 1e6);
+  } else if (c->last_tok_us && ntok > 0) {
+    double per = (double)(now - c->last_tok_us) / 1e6 / ntok;
+    for (int k = 0; k < ntok; k++) rtr_metric_observe(s->m_itl, per);
+  }
+  c->last_tok_us = now;
+  c->completion_tokens += ntok;
+  rtr_metric_add(s->m_gen, ntok);
+  if (r->q.stream) {
+    cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = stream_choice(r, ci, t, NULL);
+    if (r->q.logprobs >= 0 && cJSON_IsArray(lps)) {
+      cJSON *lp = new_lp(r);
+      add_logprobs(s, r, c, lps, lp);
+      cJSON_ReplaceItemInObject(ch, "logprobs", lp);
+    }
+    cJSON_AddItemToArray(arr, ch);
+    rtr_out_event(r, o);
+    pthread_cond_broadcast(&r->cv);
+  } else {
+    add_or_drop(&c->text, t, strlen(t));
+    if (r->q.logprobs >= 0 && cJSON_IsArray(lps)) {
+      if (!c->lp) c->lp = new_lp(r);
+      add_logprobs(s, r, c, lps, c->lp);
+    }
+  }
+}
+
+void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
+  rtr_choice *c = &r->ch[ci];
+  if (c->finished) return;
+  const cJSON *fr = cJSON_GetObjectItemCaseSensitive(m, "finish_reason");
+  snprintf(c->finish, sizeof c->finish, "%s",
+           cJSON_IsString(fr) && !strcmp(fr->valuestring, "length") ? "length" : "stop");
+  int ct = (int)rtr_msg_num(m, "completion_tokens", -1);
+  if (ct >= 0) c->completion_tokens = ct;
+  c->cached_tokens = (int)rtr_msg_num(m, "cached_tokens", 0);
+  c->prompt_tokens = (int)rtr_msg_num(m, "prompt_tokens", r->n_prompt);
+  double kvb = rtr_msg_num(m, "kv_bytes", 0), kvms = rtr_msg_num(m, "kv_ms", -1);
+  if (kvb > 0) rtr_metric_add(s->m_kv_bytes, kvb);
+  if (kvms >= 0 && c->plink >= 0) rtr_metric_observe(s->m_kv_time, kvms / 1000.0);
+  choice_end_locked(s, r, ci);
+  if (r->q.stream) {
+    cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = stream_choice(r, ci, NULL, c->finish);
+    if (r->q.kind != RTR_CHAT) cJSON_ReplaceItemInObject(ch, "text", cJSON_CreateString(""));
+    cJSON_AddItemToArray(arr, ch);
+    rtr_out_event(r, o);
+    pthread_cond_broadcast(&r->cv);
+  }
+  if (r->n_done == r->q.n) finish_locked(s, r);
+}
+
+void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
+  (void)ci;
+  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(m, "message");
+  const cJSON *code = cJSON_GetObjectItemCaseSensitive(m, "code");
+  const char *cs = cJSON_IsString(code) ? code->valuestring : "worker_failure";
+  int status = !strcmp(cs, "context_length_exceeded") ? 400 : !strcmp(cs, "timeout") ? 504 : 503;
+  rtr_error e;
+  rtr_fail(&e, status, status == 400 ? "invalid_request_error" : "server_error", NULL, cs, "%s",
+           cJSON_IsString(msg) ? msg->valuestring : "the worker failed");
+  r->ch[ci].finished = 1; // the worker already dropped it: no cancel for this one
+  r->n_done++;
+  rtr_choice *c = &r->ch[ci];
+  if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
+  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  rtr_fail_locked(s, r, &e);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// what the HTTP connection reads
+
+ssize_t rtr_stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  rtr_req *r = cls;
+  rtr_server *s = r->s;
+  pthread_mutex_lock(&s->mu);
+  int64_t limit = r->t_arrival_us + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000) * 1000 +
+                  5000000;
+  while (r->out_pos == r->out.n && !r->out_end) {
+    if (rtr_client_gone(r->fd)) {
+      rtr_cancel_locked(s, r);
+      pthread_mutex_unlock(&s->mu);
+      return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    if (now_us() > limit) {
+      rtr_error e;
+      rtr_fail(&e, 504, "server_error", NULL, "timeout", "the request passed its deadline");
+      rtr_fail_locked(s, r, &e);
+      break;
+    }
+    struct timespec dl;
+    deadline_in(&dl, WAIT_TICK_MS);
+    pthread_cond_timedwait(&r->cv, &s->mu, &dl);
+  }
+  ssize_t n;
+  if (r->out_pos < r->out.n) {
+    size_t k = r->out.n - r->out_pos;
+    if (k > max) k = max;
+    memcpy(buf, r->out.p + r->out_pos, k);
+    r->out_pos += k;
+    n = (ssize_t)k;
+  } else {
+    n = MHD_CONTENT_READER_END_OF_STREAM;
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (n == MHD_CONTENT_READER_END_OF_STREAM) rtr_restore_timeout(s, r->conn);
+  return n;
+}
+
+void rtr_stream_free(void *cls) {
+  rtr_req *r = cls;
+  rtr_server *s = r->s;
+  pthread_mutex_lock(&s->mu);
+  rtr_req_unref_locked(r);
+  pthread_mutex_unlock(&s->mu);
+}
+
+cJSON *rtr_final_response(rtr_req *r) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "id", r->id);
+  cJSON_AddStringToObject(o, "object", r->q.kind == RTR_CHAT ? "chat.completion" : "text_completion");
+  cJSON_AddNumberToObject(o, "created", (double)r->created);
+  cJSON_AddStringToObject(o, "model", r->s->model);
+  cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+  for (int i = 0; i < r->q.n; i++) {
+    rtr_choice *c = &r->ch[i];
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", i);
+    if (r->q.kind == RTR_CHAT) {
+      cJSON *m = cJSON_AddObjectToObject(ch, "message");
+      cJSON_AddStringToObject(m, "role", "assistant");
+      cJSON_AddStringToObject(m, "content", c->text.p ? c->text.p : "");
+    } else {
+      cJSON_AddStringToObject(ch, "text", c->text.p ? c->text.p : "");
+    }
+    if (r->q.logprobs >= 0) {
+      cJSON_AddItemToObject(ch, "logprobs", c->lp ? c->lp : new_lp(r));
+      c->lp = NULL;
+    } else {
+      cJSON_AddNullToObject(ch, "logprobs");
+    }
+    cJSON_AddStringToObject(ch, "finish_reason", c->finish[0] ? c->finish : "stop");
+    cJSON_AddItemToArray(arr, ch);
+  }
+  cJSON_AddItemToObject(o, "usage", usage_json(r));
+  return o;
+}

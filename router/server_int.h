@@ -1,0 +1,168 @@
+// router/server_int.h: the router's private structs and the calls between its files (http, admit, links, relay).
+#ifndef DSERVE_RTR_SERVER_INT_H
+#define DSERVE_RTR_SERVER_INT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "router/kvindex.h"
+#include "router/metrics.h"
+#include "router/openai.h"
+#include "router/router.h"
+#include "router/sched.h"
+#include "server/hub.h"
+#include "util/buf.h"
+
+struct MHD_Connection;
+struct MHD_Daemon;
+
+#define LOGC "router"
+#define WAIT_TICK_MS 100     // how often a waiting connection checks its client is still there
+
+typedef struct rtr_link {
+  rtr_server *s;               // (borrowed)
+  const srv_worker_cfg *cfg;   // (borrowed) from s->cfg
+  srv_peer *peer;              // (reference owned while up) guarded by s->mu; NULL when down
+  int up;
+  int n_ctx;
+  int block_size;              // hello_ok kv_layout.block_size (16 when absent): the prompt's key chain
+  int running, waiting, free_blocks, total_blocks, inflight;
+  double prefix_hits, prefix_queries; // last cumulative values seen
+  int connecting;              // 1 while the link thread is connecting (its peer may speak before it is stored)
+  // Per prefix-cache tier (pool, host, disk: stats_ok prefix_tiers): last cumulative hits / queries seen, and the
+  // series {worker, tier} of hits, queries and resident blocks, created when the worker first reports the tier.
+  double tier_last[3][2];
+  rtr_metric *m_tier[3][3];    // (owned by s->m)
+  int64_t last_stats_ms, last_stats_sent_ms; // last_stats_ms: when the worker last answered (stats_ok or pong)
+  pthread_t thread;
+  int has_thread;
+} rtr_link;
+
+typedef struct rtr_choice {
+  char id[64];
+  int index;
+  int link, plink;             // decode/both link, prefill link (-1: local)
+  int finished;                // done, error or cancelled
+  char finish[16];
+  utl_buf text;                // (owned) non-stream accumulation
+  cJSON *lp;                   // (owned) non-stream logprobs (chat: content array; completions: the object)
+  int completion_tokens, cached_tokens, prompt_tokens;
+  int retried;                 // sent again once after its decode/both worker died before its first token
+  int handed_off;              // a token came from the decode worker: it holds all the KV, plink no longer matters
+  int64_t last_tok_us;
+  size_t text_offset;
+} rtr_choice;
+
+typedef struct rtr_req {
+  rtr_server *s;               // (borrowed)
+  int refs;                    // guarded by s->mu: list + connection + stream response
+  pthread_cond_t cv;
+  rtr_request q;               // (owned) the validated request
+  int32_t *prompt;             // (owned) (n_prompt) token ids
+  int n_prompt;
+  int max_tokens;
+  char id[48];
+  long created;
+  rtr_choice *ch;              // (owned) (q.n)
+  int n_done;
+  int failed;
+  rtr_error err;
+  int finished;                // every choice finished (or the request failed)
+  int listed;                  // in s->reqs
+  int admitted, slots;         // holds slots of admission capacity
+  int waiting;                 // in the admission queue
+  struct rtr_req *next, *wnext; // s->reqs / s->wait lists
+  utl_buf out;                 // (owned) stream bytes, those not yet read at out_pos..out.n
+  size_t out_pos;
+  int out_end;
+  int fd;                      // client socket (for disconnect checks)
+  struct MHD_Connection *conn; // (borrowed) its connection, for restoring the idle timeout
+  int64_t t_arrival_us, t_admit_us, t_first_us;
+} rtr_req;
+
+struct rtr_server {
+  const srv_config *cfg;       // (borrowed)
+  const srv_router_cfg *rc;
+  const mdl_gguf *gguf;        // (borrowed)
+  int has_template;
+  const mdl_tok *tok;          // (borrowed)
+  int n_ctx;
+  char model[128];
+  struct MHD_Daemon *mhd;
+  int port;
+  srv_hub *hub;
+  pthread_t dispatcher;
+  int has_dispatcher;
+  pthread_mutex_t mu;          // guards links, requests, admission, counters
+  pthread_cond_t link_cv;      // wakes link threads
+  pthread_cond_t admit_cv;
+  int stopping;
+  int draining;                // rtr_server_drain: new requests get 503, queued ones are failed
+  int n_live;                  // generation requests whose connection or response still holds them
+  rtr_link *links;             // (owned) (n_links)
+  int n_links;
+  rtr_req *reqs;               // active requests (linked through next)
+  rtr_req *wait_head, *wait_tail; // admission queue
+  int n_waiting, running_slots, capacity;
+  unsigned long long next_id;
+  long started;
+  rtr_kvindex *kv;             // (owned) which worker (by link index) holds which prefix blocks; guarded by mu
+  rtr_metrics *m;              // (owned)
+  rtr_metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue, *m_kv_usage,
+      *m_prefix_hits, *m_prefix_queries, *m_kv_bytes, *m_kv_time, *m_ok_stop, *m_ok_length, *m_fail;
+};
+
+static inline int64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static inline void deadline_in(struct timespec *dl, int ms) {
+  clock_gettime(CLOCK_REALTIME, dl);
+  dl->tv_sec += ms / 1000;
+  dl->tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (dl->tv_nsec >= 1000000000L) {
+    dl->tv_sec++;
+    dl->tv_nsec -= 1000000000L;
+  }
+}
+
+// Calls between the files. Those named *_locked, and rtr_send_cancel, rtr_out_event, rtr_chunk_base, rtr_on_* and
+// rtr_final_response, are made with s->mu held; rtr_admit_and_send and rtr_stream_* take it themselves.
+
+// http.c
+int rtr_client_gone(int fd); // the client's socket (fd; -1: unknown) was closed or broke
+void rtr_restore_timeout(rtr_server *s, struct MHD_Connection *c); // back to the configured idle timeout
+
+// admit.c
+int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e); // 0, or -1 with e (the caller fails r)
+void rtr_release_slots_locked(rtr_server *s, rtr_req *r);
+
+// links.c
+void *rtr_dispatcher_main(void *arg); // arg: the rtr_server
+void *rtr_link_main(void *arg);       // arg: its rtr_link
+double rtr_msg_num(const cJSON *o, const char *k, double dflt);
+void rtr_send_cancel(rtr_server *s, rtr_req *r, int ci);
+int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker *w, cJSON **msgs, int *to, int *n,
+                            rtr_error *e);
+
+// relay.c
+void rtr_out_event(rtr_req *r, cJSON *obj); // consumes obj
+cJSON *rtr_chunk_base(rtr_req *r);
+void rtr_req_unref_locked(rtr_req *r);
+void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e);
+void rtr_cancel_locked(rtr_server *s, rtr_req *r);
+void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m);
+void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const cJSON *m);
+void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m);
+ssize_t rtr_stream_reader(void *cls, uint64_t pos, char *buf, size_t max); // MHD content reader; cls: the rtr_req
+void rtr_stream_free(void *cls);
+cJSON *rtr_final_response(rtr_req *r);
+
+#endif
