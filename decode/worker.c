@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "decode/stopstr.h"
 #include "kvxfer/kvx.h"
@@ -16,12 +15,11 @@
 #include "worker/engine.h"
 #include "worker/genreq.h"
 #include "server/hub.h"
-#include "worker/kvevents.h"
 #include "worker/kvpool.h"
 #include "worker/kvstage.h"
 #include "worker/kvwire.h"
 #include "server/log.h"
-#include "worker/runtime.h"
+#include "worker/shell.h"
 
 #define DRAIN_MS 30000           // running requests get this long to finish after SIGTERM
 // A prompt's KV must arrive within this long after the request, plus a per-token allowance for the prefill
@@ -49,28 +47,17 @@ typedef struct dec_seq {
 } dec_seq;
 
 typedef struct dec_worker {
-  wrk_runtime *rt;       // (owned)
-  srv_hub *hub;          // (owned)
+  wrk_shell sh;          // runtime, hub, signals; kvx (decode role: receives KV) and the staging mirror prefill
+                         // workers write into when the pool is out of their reach
   wrk_engine eng;        // sequences' owner fields point at their dec_seq
-  kvx_agent *kvx;        // (owned) decode role: receives KV
-  kvx_region *kv_region; // (owned by kvx)
-  wrk_kvstage *stage;    // (owned) host mirror prefill workers write into when the pool is out of their reach; or NULL
   dec_seq **handoffs;    // (owned array) (n_handoffs) waiting for their KV
   int n_handoffs, cap_handoffs;
   srv_peer **prefills;   // (owned references) (n_prefills) connected prefill workers
   int n_prefills, cap_prefills;
-  wrk_kvevents kvev;     // connected routers, told of the prefix store's changes (kv_events)
-  wrk_signals sig;
   uint64_t n_finished;
 } dec_worker;
 
 #define OWNER(sq) ((dec_seq *)(sq)->owner)
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 // ---- messages to the router ----
 
@@ -88,19 +75,8 @@ static void send_token(dec_seq *s, const char *text, size_t len, const int32_t *
   free(t);
   cJSON *arr = cJSON_AddArrayToObject(m, "tokens");
   for (int i = 0; i < n_ids; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
-  if (lp && s->req.n_logprobs >= 0) {
-    cJSON *lps = cJSON_AddArrayToObject(m, "logprobs"), *e = cJSON_CreateObject();
-    cJSON_AddNumberToObject(e, "token", lp->token);
-    cJSON_AddNumberToObject(e, "logprob", lp->logprob);
-    cJSON *top = cJSON_AddArrayToObject(e, "top");
-    for (int i = 0; i < lp->n_top; i++) {
-      cJSON *pair = cJSON_CreateArray();
-      cJSON_AddItemToArray(pair, cJSON_CreateNumber(lp->top[i].token));
-      cJSON_AddItemToArray(pair, cJSON_CreateNumber(lp->top[i].logprob));
-      cJSON_AddItemToArray(top, pair);
-    }
-    cJSON_AddItemToArray(lps, e);
-  }
+  if (lp && s->req.n_logprobs >= 0) // one entry, the shape kv_first carries the first token in
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(m, "logprobs"), wrk_kvwire_sampled_new(lp));
   srv_peer_send(s->router, m);
   cJSON_Delete(m);
 }
@@ -123,7 +99,7 @@ static void send_done(dec_seq *s, const char *finish_reason) {
 
 static void seq_free(dec_worker *w, dec_seq *s) {
   if (!s) return;
-  wrk_seq_fini(&s->seq, w->rt->kv);
+  wrk_seq_fini(&s->seq, w->sh.rt->kv);
   mdl_sampler_free(s->sampler);
   mdl_detok_free(s->detok);
   dec_stopstr_free(&s->stop);
@@ -171,7 +147,7 @@ static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm) {
     return 1;
   }
   s->n_gen++;
-  int is_stop = !s->req.ignore_eos && mdl_tok_is_eog(w->rt->tok, tok);
+  int is_stop = !s->req.ignore_eos && mdl_tok_is_eog(w->sh.rt->tok, tok);
   for (int i = 0; i < s->req.n_stop_ids && !is_stop; i++) is_stop = s->req.stop_ids[i] == tok;
   if (is_stop) { // the stop token counts as generated and is reported, but has no text
     send_token(s, "", 0, &tok, 1, sm);
@@ -189,7 +165,7 @@ static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm) {
     seq_finish(w, s, "stop");
     return 1;
   }
-  if (s->n_gen >= s->req.max_tokens || s->seq.n_toks >= w->rt->n_ctx) {
+  if (s->n_gen >= s->req.max_tokens || s->seq.n_toks >= w->sh.rt->n_ctx) {
     seq_finish(w, s, "length");
     return 1;
   }
@@ -201,7 +177,7 @@ static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) 
   char code[64], e[512];
   const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
   const char *id = cJSON_IsString(idj) ? idj->valuestring : "";
-  if (atomic_load(&w->sig.stop)) {
+  if (atomic_load(&w->sh.sig.stop)) {
     wrk_send_error(from, id, "unavailable", "worker is shutting down");
     return NULL;
   }
@@ -212,7 +188,7 @@ static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) 
   }
   srv_peer_ref(from);
   s->router = from;
-  if (wrk_genreq_parse(m, mdl_tok_n_vocab(w->rt->tok), w->rt->n_ctx, &s->req, code, sizeof code, e, sizeof e)) {
+  if (wrk_genreq_parse(m, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &s->req, code, sizeof code, e, sizeof e)) {
     wrk_send_error(from, id, code, "%s", e);
     seq_free(w, s);
     return NULL;
@@ -221,24 +197,24 @@ static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) 
   // Both roles prefill short prompts themselves (mode local: conditional disaggregation); only a decode
   // worker takes a prompt's KV from a prefill worker (mode decode).
   int handoff = !strcmp(s->req.mode, "decode");
-  if (!strcmp(s->req.mode, "prefill") || (handoff && w->rt->w->role != SRV_ROLE_DECODE))
-    bad = w->rt->w->role == SRV_ROLE_DECODE ? "a decode worker serves modes \"local\" and \"decode\""
-                                             : "a both worker serves mode \"local\"";
+  if (!strcmp(s->req.mode, "prefill") || (handoff && w->sh.rt->w->role != SRV_ROLE_DECODE))
+    bad = w->sh.rt->w->role == SRV_ROLE_DECODE ? "a decode worker serves modes \"local\" and \"decode\""
+                                                : "a both worker serves mode \"local\"";
   else if (handoff && !s->req.prefill[0])
     bad = "mode decode needs the prefill worker's name";
   s->handoff = handoff;
   if (!bad && wrk_seq_init(&s->seq, s->req.prompt, s->req.n_prompt, s)) bad = "out of memory";
   if (!bad && dec_stopstr_init(&s->stop, (const char *const *)s->req.stop, s->req.n_stop)) bad = "out of memory";
-  if (!bad && mdl_sampler_new(&s->req.sampling, mdl_tok_n_vocab(w->rt->tok), s->req.prompt, s->req.n_prompt,
+  if (!bad && mdl_sampler_new(&s->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), s->req.prompt, s->req.n_prompt,
                               &s->sampler, e, sizeof e))
     bad = e;
-  if (!bad && mdl_detok_new(w->rt->tok, &s->detok, e, sizeof e)) bad = e;
+  if (!bad && mdl_detok_new(w->sh.rt->tok, &s->detok, e, sizeof e)) bad = e;
   if (bad) {
     wrk_send_error(from, s->req.id, "invalid_request", "%s", bad);
     seq_free(w, s);
     return NULL;
   }
-  s->t_start_ms = now_ms();
+  s->t_start_ms = wrk_shell_now_ms();
   s->deadline_ms = s->req.deadline_ms ? s->t_start_ms + s->req.deadline_ms : 0;
   return s;
 }
@@ -313,13 +289,13 @@ static void try_send_table(dec_worker *w, dec_seq *s) {
   if (!s->seq.blocks.n && wrk_engine_take_blocks(&w->eng, &s->seq)) return; // later, when blocks come back
   srv_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return; // sent when the prefill worker connects
-  srv_debug(w->rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
+  srv_debug(w->sh.rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
   cJSON *m = cJSON_CreateObject();
   cJSON_AddStringToObject(m, "op", "kv_table");
   cJSON_AddStringToObject(m, "id", s->req.id);
   cJSON *b = cJSON_AddArrayToObject(m, "blocks");
   for (int i = 0; i < s->seq.blocks.n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(s->seq.blocks.ids[i]));
-  cJSON_AddNumberToObject(m, "skip_blocks", s->seq.n_cached / wrk_kvpool_kv(w->rt->kv)->block_size);
+  cJSON_AddNumberToObject(m, "skip_blocks", s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size);
   s->table_sent = srv_peer_send(p, m) == 0;
   cJSON_Delete(m);
 }
@@ -334,9 +310,9 @@ static void try_start(dec_worker *w, dec_seq *s) {
     }
   s->handoff = 0;
   s->seq.n_done = s->req.n_prompt;
-  int skipped = s->seq.n_cached / wrk_kvpool_kv(w->rt->kv)->block_size;
-  s->kv_bytes = (double)(s->seq.blocks.n - skipped) * (double)wrk_kvpool_block_bytes(w->rt->kv);
-  s->kv_ms = (double)(now_ms() - s->t_start_ms);
+  int skipped = s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size;
+  s->kv_bytes = (double)(s->seq.blocks.n - skipped) * (double)wrk_kvpool_block_bytes(w->sh.rt->kv);
+  s->kv_ms = (double)(wrk_shell_now_ms() - s->t_start_ms);
   if (wrk_engine_start(&w->eng, &s->seq)) {
     wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");
     seq_free(w, s);
@@ -344,21 +320,6 @@ static void try_start(dec_worker *w, dec_seq *s) {
   }
   mdl_sampler_accept(s->sampler, s->first.token);
   seq_emit(w, s, &s->first);
-}
-
-// ---- control messages ----
-
-static void stats_reply(dec_worker *w, srv_peer *to) {
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", "stats_ok");
-  cJSON_AddNumberToObject(m, "running", w->eng.n_run);
-  cJSON_AddNumberToObject(m, "waiting", w->eng.n_wait + w->n_handoffs);
-  cJSON_AddNumberToObject(m, "free_blocks", wrk_kvpool_free_blocks(w->rt->kv));
-  cJSON_AddNumberToObject(m, "total_blocks", wrk_kvpool_total_blocks(w->rt->kv));
-  cJSON_AddNumberToObject(m, "finished", (double)w->n_finished);
-  wrk_engine_add_prefix_stats(&w->eng, m);
-  srv_peer_send(to, m);
-  cJSON_Delete(m);
 }
 
 static int handoff_push(dec_worker *w, dec_seq *s) {
@@ -373,92 +334,125 @@ static int handoff_push(dec_worker *w, dec_seq *s) {
   return 0;
 }
 
-static void handle(dec_worker *w, srv_event *ev) {
-  wrk_kvevents_on_event(&w->kvev, ev, w->eng.prefix);
-  if (!ev->msg) { // a connection closed
-    if (!strcmp(srv_peer_role(ev->peer), "prefill")) {
-      for (int i = 0; i < w->n_prefills; i++)
-        if (w->prefills[i] == ev->peer) {
-          srv_peer_unref(ev->peer);
-          w->prefills[i] = w->prefills[--w->n_prefills];
-          break;
-        }
-      drop_where(w, from_prefill, srv_peer_name(ev->peer), "worker_failure",
-                 "the prefill worker failed before the prompt's KV arrived");
-    }
-    drop_where(w, routed_to, ev->peer, NULL, NULL); // nobody left to stream to
-    return;
-  }
-  const char *op = cJSON_GetObjectItem(ev->msg, "op")->valuestring;
-  const cJSON *idj = cJSON_GetObjectItemCaseSensitive(ev->msg, "id");
-  const char *id = cJSON_IsString(idj) ? idj->valuestring : "";
-  if (!strcmp(op, "hello")) {
-    if (!strcmp(srv_peer_role(ev->peer), "prefill")) {
-      if (w->n_prefills == w->cap_prefills) {
-        int cap = w->cap_prefills ? w->cap_prefills * 2 : 8;
-        srv_peer **np = realloc(w->prefills, (size_t)cap * sizeof *np);
-        if (!np) return;
-        w->prefills = np;
-        w->cap_prefills = cap;
+// ---- control messages ----
+
+static const char *msg_id(const cJSON *m) {
+  const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
+  return cJSON_IsString(idj) ? idj->valuestring : "";
+}
+
+static void on_close(void *arg, srv_peer *peer) {
+  dec_worker *w = arg;
+  if (!strcmp(srv_peer_role(peer), "prefill")) {
+    for (int i = 0; i < w->n_prefills; i++)
+      if (w->prefills[i] == peer) {
+        srv_peer_unref(peer);
+        w->prefills[i] = w->prefills[--w->n_prefills];
+        break;
       }
-      srv_peer_ref(ev->peer);
-      w->prefills[w->n_prefills++] = ev->peer;
-      for (int i = 0; i < w->n_handoffs; i++) try_send_table(w, w->handoffs[i]);
-    }
-  } else if (!strcmp(op, "generate")) {
-    dec_seq *s = seq_from_request(w, ev->peer, ev->msg);
-    if (!s) return;
-    int rc;
-    if (s->handoff) {
-      s->handoff_deadline_ms = now_ms() + HANDOFF_TIMEOUT_MS + (int64_t)HANDOFF_MS_PER_TOKEN * s->req.n_prompt;
-      rc = handoff_push(w, s);
-      if (!rc) try_send_table(w, s);
-    } else {
-      rc = wrk_engine_queue(&w->eng, &s->seq);
-    }
-    if (rc) {
-      wrk_send_error(ev->peer, s->req.id, "internal_error", "out of memory");
-      seq_free(w, s);
-    }
-  } else if (!strcmp(op, "cancel")) {
-    id_key k = {id, ev->peer, NULL};
-    dec_seq *s = find(w, &k);
-    if (s) seq_drop(w, s);
-  } else if (!strcmp(op, "stats")) {
-    stats_reply(w, ev->peer);
-  } else if (!strcmp(op, "kv_first") || !strcmp(op, "kv_fail")) {
-    id_key k = {id, NULL, srv_peer_name(ev->peer)};
-    dec_seq *s = find(w, &k);
-    if (!s || !s->handoff) return; // cancelled meanwhile
-    if (!strcmp(op, "kv_fail")) {
-      const cJSON *msg = cJSON_GetObjectItemCaseSensitive(ev->msg, "message");
-      wrk_send_error(s->router, s->req.id, "worker_failure", "prefill failed: %s",
-                     cJSON_IsString(msg) ? msg->valuestring : "unknown");
-      seq_drop(w, s);
-      return;
-    }
-    if (wrk_kvwire_read_sampled(ev->msg, &s->first)) {
-      wrk_send_error(s->router, s->req.id, "worker_failure", "malformed kv_first from %s", srv_peer_name(ev->peer));
-      seq_drop(w, s);
-      return;
-    }
-    s->got_first = 1;
-    const cJSON *rc = cJSON_GetObjectItemCaseSensitive(ev->msg, "cached_tokens");
-    s->remote_cached = cJSON_IsNumber(rc) ? (int)rc->valuedouble : 0;
-    srv_debug(w->rt->w->name, "%s: kv_first from %s (notif %s)", s->req.id, srv_peer_name(ev->peer),
-              s->got_notif ? "in" : "not yet");
-    try_start(w, s);
+    drop_where(w, from_prefill, srv_peer_name(peer), "worker_failure",
+               "the prefill worker failed before the prompt's KV arrived");
+  }
+  drop_where(w, routed_to, peer, NULL, NULL); // nobody left to stream to
+}
+
+// A prefill worker connected: the block tables waiting for it go out now. (A router's hello is kv_events'.)
+static void on_hello(void *arg, srv_peer *from, const cJSON *m) {
+  dec_worker *w = arg;
+  (void)m;
+  if (strcmp(srv_peer_role(from), "prefill")) return;
+  if (w->n_prefills == w->cap_prefills) {
+    int cap = w->cap_prefills ? w->cap_prefills * 2 : 8;
+    srv_peer **np = realloc(w->prefills, (size_t)cap * sizeof *np);
+    if (!np) return;
+    w->prefills = np;
+    w->cap_prefills = cap;
+  }
+  srv_peer_ref(from);
+  w->prefills[w->n_prefills++] = from;
+  for (int i = 0; i < w->n_handoffs; i++) try_send_table(w, w->handoffs[i]);
+}
+
+static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
+  dec_worker *w = arg;
+  dec_seq *s = seq_from_request(w, from, m);
+  if (!s) return;
+  int rc;
+  if (s->handoff) {
+    s->handoff_deadline_ms =
+        wrk_shell_now_ms() + HANDOFF_TIMEOUT_MS + (int64_t)HANDOFF_MS_PER_TOKEN * s->req.n_prompt;
+    rc = handoff_push(w, s);
+    if (!rc) try_send_table(w, s);
   } else {
-    fprintf(stderr, "dserve %s: ignoring control message '%s' from %s\n", w->rt->w->name, op,
-            srv_peer_name(ev->peer));
+    rc = wrk_engine_queue(&w->eng, &s->seq);
+  }
+  if (rc) {
+    wrk_send_error(from, s->req.id, "internal_error", "out of memory");
+    seq_free(w, s);
   }
 }
+
+static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
+  dec_worker *w = arg;
+  id_key k = {msg_id(m), from, NULL};
+  dec_seq *s = find(w, &k);
+  if (s) seq_drop(w, s);
+}
+
+static void on_stats(void *arg, srv_peer *from, const cJSON *msg) {
+  dec_worker *w = arg;
+  (void)msg;
+  cJSON *m = wrk_shell_stats_new(&w->sh, w->eng.n_run, w->eng.n_wait + w->n_handoffs);
+  cJSON_AddNumberToObject(m, "finished", (double)w->n_finished);
+  wrk_engine_add_prefix_stats(&w->eng, m);
+  srv_peer_send(from, m);
+  cJSON_Delete(m);
+}
+
+// The handoff's request from prefill worker `from`, still waiting for its KV; NULL when cancelled meanwhile.
+static dec_seq *handoff_of(dec_worker *w, srv_peer *from, const cJSON *m) {
+  id_key k = {msg_id(m), NULL, srv_peer_name(from)};
+  dec_seq *s = find(w, &k);
+  return s && s->handoff ? s : NULL;
+}
+
+static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
+  dec_worker *w = arg;
+  dec_seq *s = handoff_of(w, from, m);
+  if (!s) return;
+  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(m, "message");
+  wrk_send_error(s->router, s->req.id, "worker_failure", "prefill failed: %s",
+                 cJSON_IsString(msg) ? msg->valuestring : "unknown");
+  seq_drop(w, s);
+}
+
+static void on_kv_first(void *arg, srv_peer *from, const cJSON *m) {
+  dec_worker *w = arg;
+  dec_seq *s = handoff_of(w, from, m);
+  if (!s) return;
+  if (wrk_kvwire_read_sampled(m, &s->first)) {
+    wrk_send_error(s->router, s->req.id, "worker_failure", "malformed kv_first from %s", srv_peer_name(from));
+    seq_drop(w, s);
+    return;
+  }
+  s->got_first = 1;
+  const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "cached_tokens");
+  s->remote_cached = cJSON_IsNumber(rc) ? (int)rc->valuedouble : 0;
+  srv_debug(w->sh.rt->w->name, "%s: kv_first from %s (notif %s)", s->req.id, srv_peer_name(from),
+            s->got_notif ? "in" : "not yet");
+  try_start(w, s);
+}
+
+static const wrk_op OPS[] = {
+    {"hello", on_hello}, {"generate", on_generate}, {"cancel", on_cancel},
+    {"stats", on_stats}, {"kv_first", on_kv_first}, {"kv_fail", on_kv_fail},
+};
 
 // kvxfer notifications: "<request id>" once a prompt's last KV write has landed.
 static void take_notifs(dec_worker *w) {
   kvx_notif nb[32];
   int n;
-  while ((n = kvx_get_notifs(w->kvx, nb, 32)) > 0) {
+  while ((n = kvx_get_notifs(w->sh.kvx, nb, 32)) > 0) {
     for (int i = 0; i < n; i++) {
       char id[128];
       size_t len = nb[i].len < sizeof id - 1 ? nb[i].len : sizeof id - 1;
@@ -467,12 +461,12 @@ static void take_notifs(dec_worker *w) {
       free(nb[i].msg);
       id_key k = {id, NULL, nb[i].peer};
       dec_seq *s = find(w, &k);
-      srv_debug(w->rt->w->name, "notification '%s' from %s%s", id, nb[i].peer, s ? "" : " (no such request)");
+      srv_debug(w->sh.rt->w->name, "notification '%s' from %s%s", id, nb[i].peer, s ? "" : " (no such request)");
       if (s && s->handoff) {
         s->got_notif = 1;
         // Staging: the prompt's blocks landed in the mirror; the ones we cached ourselves were not sent.
-        int skip = s->seq.n_cached / wrk_kvpool_kv(w->rt->kv)->block_size;
-        if (w->stage && wrk_kvstage_in(w->stage, s->seq.blocks.ids + skip, s->seq.blocks.n - skip)) {
+        int skip = s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size;
+        if (w->sh.stage && wrk_kvstage_in(w->sh.stage, s->seq.blocks.ids + skip, s->seq.blocks.n - skip)) {
           wrk_send_error(s->router, s->req.id, "internal_error", "the prompt's KV blocks are outside the pool");
           seq_drop(w, s);
           continue;
@@ -491,7 +485,7 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   dec_seq *s = OWNER(sq);
   wrk_send_error(s->router, s->req.id, "context_length_exceeded",
                  "the request needs %d KV blocks; this worker's pool has %d", blocks_needed,
-                 wrk_kvpool_total_blocks(w->rt->kv));
+                 wrk_kvpool_total_blocks(w->sh.rt->kv));
   seq_free(w, s);
 }
 
@@ -499,7 +493,7 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
 static int step(dec_worker *w, char *err, size_t errlen) {
   int rc = wrk_engine_step(&w->eng, NULL, NULL, err, errlen);
   if (rc <= 0) return rc;
-  int n_vocab = mdl_tok_n_vocab(w->rt->tok);
+  int n_vocab = mdl_tok_n_vocab(w->sh.rt->tok);
   for (int i = 0; i < w->eng.n_batch; i++) {
     wrk_seq *sq = w->eng.batch_of[i];
     if (!sq || !w->eng.batch[i].want_logits) continue;
@@ -512,94 +506,55 @@ static int step(dec_worker *w, char *err, size_t errlen) {
 
 // ---- process ----
 
+// After the shared hello_ok fields: a decode worker's kvxfer metadata, which prefill workers load to write into
+// its pool.
 static void hello_extra(void *arg, cJSON *ok) {
   dec_worker *w = arg;
-  cJSON_AddNumberToObject(ok, "n_ctx", w->rt->n_ctx);
-  cJSON_AddNumberToObject(ok, "n_vocab", mdl_tok_n_vocab(w->rt->tok));
-  cJSON_AddNumberToObject(ok, "total_blocks", wrk_kvpool_total_blocks(w->rt->kv));
-  wrk_kvwire_add_layout(ok, w->rt->kv);
-  if (w->kvx) wrk_kvwire_add_md(ok, w->kvx);
-}
-
-// Creates the kvxfer agent of a decode worker and exports its KV pool to prefill workers.
-static int open_kvx(dec_worker *w, const srv_config *cfg, char *err, size_t errlen) {
-  const srv_worker_cfg *wc = w->rt->w;
-  kvx_opts o = {.backend = wc->kvx_backend[0] ? wc->kvx_backend : "auto",
-                .listen_host = wc->kvx_host[0] ? wc->kvx_host : wc->host,
-                .listen_port = wc->kvx_port,
-                .secret = cfg->secret,
-                .cuda_device = strncmp(wc->device, "cuda:", 5) ? 0 : atoi(wc->device + 5)};
-  w->kvx = kvx_agent_new(wc->name, &o, err, errlen);
-  if (!w->kvx) return -1;
-  return wrk_kvstage_open(w->kvx, w->rt->kv, &w->rt->kc, wc, &w->stage, &w->kv_region, err, errlen);
+  if (w->sh.kvx) wrk_kvwire_add_md(ok, w->sh.kvx);
 }
 
 int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, size_t errlen) {
   dec_worker w;
   memset(&w, 0, sizeof w);
-  wrk_signals_block(&w.sig);
   int decode_role = wc->role == SRV_ROLE_DECODE;
-  // A decode worker's pool must be mappable by a same-host prefill worker (shm backend).
-  if (wrk_runtime_open(cfg, wc, decode_role && strncmp(wc->device, "cuda", 4), &w.rt, err, errlen)) return -1;
-  if (decode_role && open_kvx(&w, cfg, err, errlen)) {
-    kvx_agent_free(w.kvx);
-    wrk_kvstage_free(w.stage);
-    wrk_runtime_close(w.rt);
-    return -1;
-  }
-  srv_hub_opts ho = {.name = wc->name, .role = srv_role_name(wc->role), .secret = cfg->secret, .host = wc->host,
-                     .port = wc->port, .hello_extra = hello_extra, .hello_arg = &w};
-  if (srv_hub_new(&ho, &w.hub, err, errlen) || wrk_signals_start(&w.sig, w.hub)) {
-    srv_hub_free(w.hub);
-    kvx_agent_free(w.kvx);
-    wrk_kvstage_free(w.stage);
-    wrk_runtime_close(w.rt);
-    return -1;
-  }
-  wrk_engine_init(&w.eng, w.rt, err, errlen);
-  fprintf(stderr, "dserve %s: %s worker listening on %s:%d (%d KV blocks, %s kernels, %d threads%s%s)\n", wc->name,
-          srv_role_name(wc->role), wc->host, srv_hub_port(w.hub), wrk_kvpool_total_blocks(w.rt->kv),
-          w.rt->kc.be->name, krn_pool_threads(w.rt->pool), w.kvx ? ", kvxfer " : "",
-          w.kvx ? kvx_agent_backend(w.kvx) : "");
+  // A decode worker's pool must be mappable by a same-host prefill worker (shm backend); a both worker
+  // exchanges no KV, so it has no kvxfer agent.
+  wrk_shell_opts so = {.role = srv_role_name(wc->role), .shareable_kv = decode_role && strncmp(wc->device, "cuda", 4),
+                       .kvxfer = decode_role, .hello_extra = hello_extra, .ops = OPS,
+                       .n_ops = sizeof OPS / sizeof OPS[0], .on_close = on_close, .worker = &w};
+  if (wrk_shell_open(&w.sh, cfg, wc, &so, err, errlen)) return -1;
+  wrk_engine_init(&w.eng, w.sh.rt, err, errlen);
+  wrk_shell_announce(&w.sh);
   int64_t drain_until = 0;
   for (;;) {
-    srv_event ev;
     int busy = wrk_engine_busy(&w.eng);
     // Block while idle (a handoff wakes us through kvx progress, polled every few ms); between steps take
     // only what has already arrived.
-    int wait = busy ? 0 : (w.n_handoffs ? 2 : 1000);
-    for (int first = 1; srv_hub_next(w.hub, &ev, first ? wait : 0) == 1; first = 0) {
-      handle(&w, &ev);
-      srv_event_done(&ev);
-    }
-    if (w.kvx) take_notifs(&w);
+    wrk_shell_drain(&w.sh, busy ? 0 : (w.n_handoffs ? 2 : 1000), w.eng.prefix);
+    if (w.sh.kvx) take_notifs(&w);
     for (int i = 0; i < w.n_handoffs; i++) try_send_table(&w, w.handoffs[i]);
-    if (atomic_load(&w.sig.stop)) {
+    if (atomic_load(&w.sh.sig.stop)) {
       if (!drain_until) {
-        drain_until = now_ms() + DRAIN_MS;
+        drain_until = wrk_shell_now_ms() + DRAIN_MS;
         fprintf(stderr, "dserve %s: draining %d running and %d waiting requests\n", wc->name, w.eng.n_run,
                 w.eng.n_wait + w.n_handoffs);
       }
-      if ((!wrk_engine_busy(&w.eng) && !w.n_handoffs) || now_ms() > drain_until) break;
+      if ((!wrk_engine_busy(&w.eng) && !w.n_handoffs) || wrk_shell_now_ms() > drain_until) break;
     }
-    int64_t now = now_ms();
+    int64_t now = wrk_shell_now_ms();
     drop_where(&w, expired, &now, "timeout", "request deadline passed (or its KV never arrived)");
     wrk_engine_admit(&w.eng, reject, &w);
     if (step(&w, err, errlen)) {
       fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
       drop_where(&w, any, NULL, "internal_error", "forward step failed");
     }
-    wrk_kvevents_flush(&w.kvev, w.eng.prefix);
+    wrk_kvevents_flush(&w.sh.kvev, w.eng.prefix);
   }
   drop_where(&w, any, NULL, "unavailable", "worker stopped before the request finished");
   wrk_engine_fini(&w.eng);
-  wrk_kvevents_fini(&w.kvev);
-  srv_hub_free(w.hub);
-  free(w.prefills); // the peers themselves die with the hub
+  free(w.prefills); // the peers themselves die with the hub (wrk_shell_close)
   free(w.handoffs);
-  kvx_agent_free(w.kvx);
-  wrk_kvstage_free(w.stage);
-  wrk_runtime_close(w.rt);
+  wrk_shell_close(&w.sh);
   fprintf(stderr, "dserve %s: stopped\n", wc->name);
   return 0;
 }

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "kvxfer/kvx.h"
 #include "models/sampler.h"
@@ -17,12 +16,11 @@
 #include "worker/engine.h"
 #include "worker/genreq.h"
 #include "server/hub.h"
-#include "worker/kvevents.h"
 #include "worker/kvpool.h"
 #include "worker/kvstage.h"
 #include "worker/kvwire.h"
 #include "server/log.h"
-#include "worker/runtime.h"
+#include "worker/shell.h"
 
 #define LINK_TIMEOUT_MS 5000   // connecting to a decode worker
 #define TABLE_TIMEOUT_MS (30000 * DSERVE_TIMEOUT_SCALE) // a decode worker that never sends the block table
@@ -77,21 +75,14 @@ typedef struct pfl_req {
 } pfl_req;
 
 typedef struct pfl_worker {
-  wrk_runtime *rt;        // (owned)
-  srv_hub *hub;           // (owned)
+  wrk_shell sh;           // runtime, hub, signals, kvx (pushes KV, takes fetched prefixes) and its staging mirror
   wrk_engine eng;
-  kvx_agent *kvx;         // (owned)
-  kvx_region *kv_region;  // (owned by kvx)
-  wrk_kvstage *stage;     // (owned) host mirror of the pool when it is out of kvxfer's reach (worker/kvstage.h); or NULL
   krn_event *layer_ev[2]; // (owned) markers after layer l's KV writes, at [l & 1]; NULL on a backend without events
   pfl_link **links;       // (owned) (n_links) each (owned)
   int n_links;
   pfl_pull *pulls;        // (owned list) prefix fetches in progress
   pfl_serve serve;        // prefix fetches peers ask of us
   double fetches, fetched_blocks, fetch_misses; // prefix fetch counters (stats_ok)
-  wrk_kvevents kvev;      // connected routers, told of the prefix store's changes (kv_events)
-  wrk_signals sig;
-  const srv_config *cfg;  // (borrowed)
   double bytes_pushed;
   // Block tables that arrived before their request: the router's generate and the decode worker's
   // kv_table travel on different connections, so either may come first.
@@ -105,13 +96,7 @@ typedef struct pfl_worker {
 
 #define OWNER(sq) ((pfl_req *)(sq)->owner)
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int block_size(const pfl_worker *w) { return wrk_kvpool_kv(w->rt->kv)->block_size; }
+static int block_size(const pfl_worker *w) { return wrk_kvpool_kv(w->sh.rt->kv)->block_size; }
 
 // ---- links to decode workers and peer prefill workers ----
 
@@ -123,8 +108,8 @@ static pfl_link *link_for(pfl_worker *w, const char *name, srv_role role, int ti
   for (int i = 0; i < w->n_links; i++)
     if (!strcmp(w->links[i]->name, name)) l = w->links[i];
   if (l && srv_peer_alive(l->peer)) return l;
-  const srv_worker_cfg *d = srv_config_worker(w->cfg, name);
-  if (!d || d->role != role || !strcmp(name, w->rt->w->name)) {
+  const srv_worker_cfg *d = srv_config_worker(w->sh.cfg, name);
+  if (!d || d->role != role || !strcmp(name, w->sh.rt->w->name)) {
     snprintf(err, errlen, "'%s' is not a%s %s worker of this cluster", name, role == SRV_ROLE_PREFILL ? "nother" : "",
              srv_role_name(role));
     return NULL;
@@ -140,21 +125,21 @@ static pfl_link *link_for(pfl_worker *w, const char *name, srv_role role, int ti
     snprintf(l->name, sizeof l->name, "%s", name);
   }
   srv_peer_unref(l->peer); // a dropped link: reconnect
-  l->peer = srv_hub_connect(w->hub, d->host, d->port, timeout_ms, err, errlen);
+  l->peer = srv_hub_connect(w->sh.hub, d->host, d->port, timeout_ms, err, errlen);
   if (!l->peer) return NULL;
   const cJSON *hello = srv_peer_hello(l->peer);
-  if (wrk_kvwire_read_layout(hello, w->rt->kv, &l->remote, err, errlen) ||
-      (role == SRV_ROLE_DECODE && wrk_kvwire_load_md(hello, w->kvx, l->kvx_peer, sizeof l->kvx_peer, err, errlen))) {
+  if (wrk_kvwire_read_layout(hello, w->sh.rt->kv, &l->remote, err, errlen) ||
+      (role == SRV_ROLE_DECODE && wrk_kvwire_load_md(hello, w->sh.kvx, l->kvx_peer, sizeof l->kvx_peer, err, errlen))) {
     srv_peer_close(l->peer);
     srv_peer_unref(l->peer);
     l->peer = NULL;
     return NULL;
   }
   if (role == SRV_ROLE_DECODE)
-    fprintf(stderr, "dserve %s: linked to decode worker %s (kvxfer %s)\n", w->rt->w->name, name,
-            kvx_peer_backend(w->kvx, l->kvx_peer) ? kvx_peer_backend(w->kvx, l->kvx_peer) : "?");
+    fprintf(stderr, "dserve %s: linked to decode worker %s (kvxfer %s)\n", w->sh.rt->w->name, name,
+            kvx_peer_backend(w->sh.kvx, l->kvx_peer) ? kvx_peer_backend(w->sh.kvx, l->kvx_peer) : "?");
   else
-    fprintf(stderr, "dserve %s: linked to prefill worker %s (prefix fetch)\n", w->rt->w->name, name);
+    fprintf(stderr, "dserve %s: linked to prefill worker %s (prefix fetch)\n", w->sh.rt->w->name, name);
   return l;
 }
 
@@ -166,7 +151,7 @@ static void req_free(pfl_worker *w, pfl_req *r) {
   for (int i = 0; i < r->n_xf; i++) kvx_xfer_free(r->xf[i]);
   free(r->xf);
   wrk_engine_remove(&w->eng, &r->seq);
-  wrk_seq_fini(&r->seq, w->rt->kv);
+  wrk_seq_fini(&r->seq, w->sh.rt->kv);
   mdl_sampler_free(r->sampler);
   free(r->remote);
   wrk_genreq_free(&r->req);
@@ -194,10 +179,10 @@ static int push(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1, int w
   if (b1 > r->n_remote) b1 = r->n_remote;
   char err[256];
   kvx_xfer *x = NULL;
-  if (b1 > b0 && wrk_kvwire_write_blocks(w->kvx, w->rt->kv, r->link->kvx_peer, &r->link->remote,
+  if (b1 > b0 && wrk_kvwire_write_blocks(w->sh.kvx, w->sh.rt->kv, r->link->kvx_peer, &r->link->remote,
                                          r->seq.blocks.ids + b0, r->remote + b0, b1 - b0, l0, l1, NULL, 0, &x, err,
                                          sizeof err)) {
-    fprintf(stderr, "dserve %s: KV push for %s failed: %s\n", w->rt->w->name, r->req.id, err);
+    fprintf(stderr, "dserve %s: KV push for %s failed: %s\n", w->sh.rt->w->name, r->req.id, err);
     return -1;
   }
   if (x) {
@@ -215,7 +200,7 @@ static int push(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1, int w
     w->bytes_pushed += (double)(l1 - l0) * 2.0 * (double)(b1 - b0) * (double)r->link->remote.chunk_bytes;
   }
   // The notification is queued behind this peer's earlier writes, so it lands after all of them.
-  if (with_notif && kvx_notify(w->kvx, r->link->kvx_peer, r->req.id, strlen(r->req.id), err, sizeof err)) return -1;
+  if (with_notif && kvx_notify(w->sh.kvx, r->link->kvx_peer, r->req.id, strlen(r->req.id), err, sizeof err)) return -1;
   return 0;
 }
 
@@ -229,7 +214,7 @@ static int full_blocks(const pfl_worker *w, const pfl_req *r, int n_done) {
 // Catches up on everything computed before the table arrived: all layers of every finished block.
 static int catch_up(pfl_worker *w, pfl_req *r) {
   int upto = full_blocks(w, r, r->seq.n_done);
-  if (push(w, r, 0, wrk_kvpool_cfg(w->rt->kv)->n_layer, r->pushed_blocks, upto, 0)) return -1;
+  if (push(w, r, 0, wrk_kvpool_cfg(w->sh.rt->kv)->n_layer, r->pushed_blocks, upto, 0)) return -1;
   r->pushed_blocks = upto;
   return 0;
 }
@@ -255,17 +240,17 @@ static void on_layer(void *arg, int layer) {
     push_layer(w, layer);
     return;
   }
-  krn_event_record(&w->rt->kc, w->layer_ev[layer & 1]);
+  krn_event_record(&w->sh.rt->kc, w->layer_ev[layer & 1]);
   if (layer > 0) {
-    krn_event_wait(&w->rt->kc, w->layer_ev[(layer - 1) & 1]);
+    krn_event_wait(&w->sh.rt->kc, w->layer_ev[(layer - 1) & 1]);
     push_layer(w, layer - 1);
   }
 }
 
 static void flush_layers(pfl_worker *w) {
   if (!w->layer_ev[0]) return;
-  int last = wrk_kvpool_cfg(w->rt->kv)->n_layer - 1;
-  krn_event_wait(&w->rt->kc, w->layer_ev[last & 1]);
+  int last = wrk_kvpool_cfg(w->sh.rt->kv)->n_layer - 1;
+  krn_event_wait(&w->sh.rt->kc, w->layer_ev[last & 1]);
   push_layer(w, last);
 }
 
@@ -299,7 +284,7 @@ static void reap(pfl_worker *w) {
       pending |= st == KVX_PENDING;
       bad |= st < 0;
     }
-    if (bad) fprintf(stderr, "dserve %s: a KV write failed after the handoff\n", w->rt->w->name);
+    if (bad) fprintf(stderr, "dserve %s: a KV write failed after the handoff\n", w->sh.rt->w->name);
     if (!pending) req_free(w, r);
   }
 }
@@ -331,7 +316,7 @@ static void keep_early(pfl_worker *w, srv_peer *from, const cJSON *m) {
     w->cap_early = cap;
   }
   srv_peer_ref(from);
-  w->early[w->n_early++] = (struct early_table){cJSON_Duplicate(m, 1), from, now_ms() + TABLE_TIMEOUT_MS};
+  w->early[w->n_early++] = (struct early_table){cJSON_Duplicate(m, 1), from, wrk_shell_now_ms() + TABLE_TIMEOUT_MS};
 }
 
 static void drop_early(pfl_worker *w, int i) {
@@ -340,7 +325,9 @@ static void drop_early(pfl_worker *w, int i) {
   w->early[i] = w->early[--w->n_early];
 }
 
-static void on_table(pfl_worker *w, srv_peer *from, const cJSON *m) {
+// kv_table: the decode worker's blocks for a request (a wrk_op; take_early_table calls it too).
+static void on_table(void *arg, srv_peer *from, const cJSON *m) {
+  pfl_worker *w = arg;
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id"), *blocks = cJSON_GetObjectItemCaseSensitive(m, "blocks");
   if (!cJSON_IsString(id)) return;
   pfl_req *r = find(w, id->valuestring, srv_peer_name(from));
@@ -400,7 +387,7 @@ static void pull_free(pfl_worker *w, pfl_pull *p) {
       break;
     }
   if (p->req) p->req->pull = NULL;
-  for (int i = 0; i < p->n; i++) wrk_kvpool_unref(w->rt->kv, p->blocks[i]);
+  for (int i = 0; i < p->n; i++) wrk_kvpool_unref(w->sh.rt->kv, p->blocks[i]);
   free(p->blocks);
   free(p);
 }
@@ -411,7 +398,7 @@ static void resume(pfl_worker *w, pfl_pull *p, int got) {
   pfl_req *r = p->req;
   p->req = NULL;
   r->pull = NULL;
-  if (got > 0 && wrk_kvstage_in(w->stage, p->blocks, got)) got = 0; // staging: the peer wrote into our mirror
+  if (got > 0 && wrk_kvstage_in(w->sh.stage, p->blocks, got)) got = 0; // staging: the peer wrote into our mirror
   if (got > 0 && wrk_blocks_append(&r->seq.blocks, p->blocks, got) == 0) { // the references move to r
     p->n -= got;
     memmove(p->blocks, p->blocks + got, (size_t)p->n * sizeof *p->blocks);
@@ -445,9 +432,9 @@ static int start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
   int bs = block_size(w), n_prompt = r->req.n_prompt;
   if (want > (n_prompt - 1) / bs) want = (n_prompt - 1) / bs; // the last token is always computed
   if (!px || want < 1 || wrk_prefix_peek(px, r->seq.toks, n_prompt, 0, NULL) >= want) return 0; // we hold it
-  const srv_worker_cfg *q = srv_config_worker(w->cfg, peer);
-  if (!q || q->role != SRV_ROLE_PREFILL || !strcmp(peer, w->rt->w->name)) {
-    srv_warn(w->rt->w->name, "%s: ignoring the prefix hint: '%s' is not another prefill worker of this cluster",
+  const srv_worker_cfg *q = srv_config_worker(w->sh.cfg, peer);
+  if (!q || q->role != SRV_ROLE_PREFILL || !strcmp(peer, w->sh.rt->w->name)) {
+    srv_warn(w->sh.rt->w->name, "%s: ignoring the prefix hint: '%s' is not another prefill worker of this cluster",
              r->req.id, peer);
     return 0;
   }
@@ -457,21 +444,21 @@ static int start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
   int32_t *ids = src ? malloc((size_t)want * sizeof *ids) : NULL;
   pfl_pull *p = ids ? calloc(1, sizeof *p) : NULL;
   if (!p) {
-    srv_warn(w->rt->w->name, "prefix fetch for %s from %s: %s", r->req.id, peer, src ? "out of memory" : err);
+    srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s: %s", r->req.id, peer, src ? "out of memory" : err);
     free(ids);
     w->fetch_misses++;
     return 0;
   }
   int m = wrk_prefix_match(px, r->seq.toks, n_prompt, ids, want);
   if (m > 0 && wrk_blocks_append(&r->seq.blocks, ids, m)) {
-    for (int i = 0; i < m; i++) wrk_kvpool_unref(w->rt->kv, ids[i]);
+    for (int i = 0; i < m; i++) wrk_kvpool_unref(w->sh.rt->kv, ids[i]);
     m = 0;
   }
   r->seq.n_done = r->seq.n_cached = m * bs;
   r->seq.n_inserted = m;
   int k = want - m, sent = 0; // m < want: the pool's blocks are among the ones peek counted
-  if (wrk_kvpool_alloc(w->rt->kv, ids, k) == 0 ||
-      (wrk_prefix_evict_for(px, k) >= 0 && wrk_kvpool_alloc(w->rt->kv, ids, k) == 0)) {
+  if (wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0 ||
+      (wrk_prefix_evict_for(px, k) >= 0 && wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0)) {
     cJSON *msg = cJSON_CreateObject();
     cJSON_AddStringToObject(msg, "op", "prefix_pull");
     cJSON_AddStringToObject(msg, "id", r->req.id);
@@ -480,11 +467,11 @@ static int start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
     cJSON_AddNumberToObject(msg, "first", m);
     cJSON *b = cJSON_AddArrayToObject(msg, "blocks");
     for (int i = 0; i < k; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(ids[i]));
-    wrk_kvwire_add_layout(msg, w->rt->kv);
-    sent = wrk_kvwire_add_md(msg, w->kvx) == 0 && srv_peer_send(src->peer, msg) == 0;
+    wrk_kvwire_add_layout(msg, w->sh.rt->kv);
+    sent = wrk_kvwire_add_md(msg, w->sh.kvx) == 0 && srv_peer_send(src->peer, msg) == 0;
     cJSON_Delete(msg);
     if (!sent)
-      for (int i = 0; i < k; i++) wrk_kvpool_unref(w->rt->kv, ids[i]);
+      for (int i = 0; i < k; i++) wrk_kvpool_unref(w->sh.rt->kv, ids[i]);
   }
   if (!sent) { // no blocks to spare, or the link dropped: compute (what our pool held stays in the table)
     free(ids);
@@ -492,13 +479,13 @@ static int start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
     w->fetch_misses++;
     return 0;
   }
-  int64_t now = now_ms();
+  int64_t now = wrk_shell_now_ms();
   *p = (pfl_pull){.next = w->pulls, .req = r, .src = src, .blocks = ids, .first = m, .n = k,
                   .wait_until_ms = now + PULL_WAIT_MS, .hold_until_ms = now + PULL_HOLD_MS};
   snprintf(p->id, sizeof p->id, "%s", r->req.id);
   w->pulls = p;
   r->pull = p;
-  srv_debug(w->rt->w->name, "%s: fetching blocks %d..%d from %s", r->req.id, m, want - 1, peer);
+  srv_debug(w->sh.rt->w->name, "%s: fetching blocks %d..%d from %s", r->req.id, m, want - 1, peer);
   return 1;
 }
 
@@ -512,7 +499,7 @@ static void on_pulled(pfl_worker *w, srv_peer *from, const cJSON *m, int failed)
     p->answered = 1;
     p->got = !failed && cJSON_IsNumber(nb) && nb->valuedouble >= 0 && nb->valuedouble <= p->n ? (int)nb->valuedouble : 0;
     if (failed)
-      srv_warn(w->rt->w->name, "prefix fetch for %s from %s failed: %s", p->id, p->src->name,
+      srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s failed: %s", p->id, p->src->name,
                cJSON_IsString(msg) ? msg->valuestring : "no reason given");
     pull_step(w, p);
     return;
@@ -523,7 +510,7 @@ static void on_pulled(pfl_worker *w, srv_peer *from, const cJSON *m, int failed)
 static void take_notifs(pfl_worker *w) {
   kvx_notif nb[32];
   int n;
-  while ((n = kvx_get_notifs(w->kvx, nb, 32)) > 0)
+  while ((n = kvx_get_notifs(w->sh.kvx, nb, 32)) > 0)
     for (int i = 0; i < n; i++) {
       pfl_pull *p = NULL;
       if (nb[i].len > 5 && !memcmp(nb[i].msg, "pull:", 5))
@@ -535,7 +522,7 @@ static void take_notifs(pfl_worker *w) {
         p->notified = 1;
         pull_step(w, p);
       } else {
-        srv_debug(w->rt->w->name, "unexpected kvxfer notification (%zu bytes) from %s", nb[i].len, nb[i].peer);
+        srv_debug(w->sh.rt->w->name, "unexpected kvxfer notification (%zu bytes) from %s", nb[i].len, nb[i].peer);
       }
       free(nb[i].msg);
     }
@@ -547,150 +534,155 @@ static int n_fetching(const pfl_worker *w) {
   return n;
 }
 
-static void handle(pfl_worker *w, srv_event *ev) {
-  wrk_kvevents_on_event(&w->kvev, ev, w->eng.prefix);
-  if (!ev->msg) { // a connection closed
-    for (int l = 0; l < 2; l++) {
-      wrk_seq **arr = l ? w->eng.wait : w->eng.run;
-      int *n = l ? &w->eng.n_wait : &w->eng.n_run;
-      for (int i = *n - 1; i >= 0; i--) {
-        if (i >= *n) continue;
-        pfl_req *r = OWNER(arr[i]);
-        if (r->router == ev->peer) req_free(w, r); // the router went away: nobody wants it
-        else if (r->link && r->link->peer == ev->peer && !r->handed_off)
-          fail(w, r, "decode worker %s failed", r->link->name);
-      }
-    }
-    for (pfl_pull **pp = &w->pulls; *pp;) {
-      pfl_pull *p = *pp;
-      if (p->req && p->req->router == ev->peer) req_free(w, p->req);
-      else if (p->req && p->req->link->peer == ev->peer) fail(w, p->req, "decode worker %s failed", p->req->link->name);
-      if (p->src->peer != ev->peer) {
-        pp = &p->next;
-        continue;
-      }
-      // The peer is gone: it writes nothing more, so the request computes the prefix and the blocks go back.
-      if (p->req) resume(w, p, 0);
-      pull_free(w, p); // *pp is now the next one
-    }
-    pfl_serve_on_close(&w->serve, ev->peer);
-    return;
-  }
-  const char *op = cJSON_GetObjectItem(ev->msg, "op")->valuestring;
-  if (!strcmp(op, "generate")) {
-    char code[64], e[512];
-    const cJSON *idj = cJSON_GetObjectItemCaseSensitive(ev->msg, "id");
-    const char *id = cJSON_IsString(idj) ? idj->valuestring : "";
-    pfl_req *r = calloc(1, sizeof *r);
-    if (!r) return;
-    srv_peer_ref(ev->peer);
-    r->router = ev->peer;
-    const char *bad = NULL;
-    // The router's hint (router.prefix_fetch): prefill worker prefix_peer holds the first prefix_blocks blocks.
-    const cJSON *hp = cJSON_GetObjectItemCaseSensitive(ev->msg, "prefix_peer");
-    const cJSON *hb = cJSON_GetObjectItemCaseSensitive(ev->msg, "prefix_blocks");
-    if (atomic_load(&w->sig.stop)) bad = "worker is shutting down";
-    else if ((hp || hb) && (!cJSON_IsString(hp) || !cJSON_IsNumber(hb) || hb->valuedouble < 1 ||
-                            hb->valuedouble > 1 << 30 || hb->valuedouble != (int)hb->valuedouble))
-      bad = "prefix_peer must name a prefill worker and prefix_blocks be an integer >= 1";
-    else if (wrk_genreq_parse(ev->msg, mdl_tok_n_vocab(w->rt->tok), w->rt->n_ctx, &r->req, code, sizeof code, e,
-                              sizeof e))
-      bad = e;
-    else if (strcmp(r->req.mode, "prefill") || !r->req.decode[0])
-      bad = "a prefill worker serves mode \"prefill\" with a decode worker";
-    else if (!(r->link = link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e)))
-      bad = e;
-    else if (wrk_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
-             mdl_sampler_new(&r->req.sampling, mdl_tok_n_vocab(w->rt->tok), r->req.prompt, r->req.n_prompt,
-                             &r->sampler, e, sizeof e))
-      bad = "out of memory";
-    if (bad) {
-      wrk_send_error(ev->peer, id, bad == e && code[0] == 'c' ? code : "worker_failure", "%s", bad);
-      r->link = NULL;
-      req_free(w, r);
-      return;
-    }
-    int64_t now = now_ms();
-    r->table_deadline_ms = now + TABLE_TIMEOUT_MS;
-    r->deadline_ms = r->req.deadline_ms ? now + r->req.deadline_ms : 0;
-    if (!(hp && start_pull(w, r, hp->valuestring, (int)hb->valuedouble)) && wrk_engine_queue(&w->eng, &r->seq)) {
-      fail(w, r, "out of memory%s", "");
-      return;
-    }
-    take_early_table(w, r);
-  } else if (!strcmp(op, "kv_table")) {
-    on_table(w, ev->peer, ev->msg);
-  } else if (!strcmp(op, "prefix_pull")) {
-    pfl_serve_on_pull(&w->serve, ev->peer, ev->msg);
-  } else if (!strcmp(op, "prefix_pulled") || !strcmp(op, "prefix_fail")) {
-    on_pulled(w, ev->peer, ev->msg, op[7] == 'f');
-  } else if (!strcmp(op, "cancel")) {
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(ev->msg, "id");
-    pfl_req *r = cJSON_IsString(id) ? find(w, id->valuestring, NULL) : NULL;
-    if (r && (r->router == ev->peer || (r->link && r->link->peer == ev->peer))) {
-      if (r->n_xf) r->handed_off = 1; // writes in flight read our blocks: reap frees it after them
-      else req_free(w, r);
-    }
-  } else if (!strcmp(op, "stats")) {
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "op", "stats_ok");
-    cJSON_AddNumberToObject(m, "running", w->eng.n_run);
-    cJSON_AddNumberToObject(m, "waiting", w->eng.n_wait);
-    cJSON_AddNumberToObject(m, "free_blocks", wrk_kvpool_free_blocks(w->rt->kv));
-    cJSON_AddNumberToObject(m, "total_blocks", wrk_kvpool_total_blocks(w->rt->kv));
-    cJSON_AddNumberToObject(m, "kv_bytes_pushed", w->bytes_pushed);
-    cJSON_AddNumberToObject(m, "prefix_fetches", w->fetches);
-    cJSON_AddNumberToObject(m, "prefix_fetched_blocks", w->fetched_blocks);
-    cJSON_AddNumberToObject(m, "prefix_fetch_misses", w->fetch_misses);
-    cJSON_AddNumberToObject(m, "prefix_served_blocks", w->serve.served_blocks);
-    wrk_engine_add_prefix_stats(&w->eng, m);
-    srv_peer_send(ev->peer, m);
-    cJSON_Delete(m);
-  } else if (strcmp(op, "hello")) {
-    fprintf(stderr, "dserve %s: ignoring control message '%s' from %s\n", w->rt->w->name, op,
-            srv_peer_name(ev->peer));
+// ---- control messages ----
+
+// Calls fn on every queued or running request, last first in each list: fn may free it (or fail it).
+static void each_req(pfl_worker *w, void (*fn)(pfl_worker *, pfl_req *, const void *), const void *arg) {
+  for (int l = 0; l < 2; l++) {
+    wrk_seq **arr = l ? w->eng.wait : w->eng.run;
+    int *n = l ? &w->eng.n_wait : &w->eng.n_run;
+    for (int i = *n - 1; i >= 0; i--)
+      if (i < *n) fn(w, OWNER(arr[i]), arg);
   }
 }
 
-static void drain_events(pfl_worker *w, int wait_ms) {
-  srv_event ev;
-  for (int first = 1; srv_hub_next(w->hub, &ev, first ? wait_ms : 0) == 1; first = 0) {
-    handle(w, &ev);
-    srv_event_done(&ev);
+static void close_req(pfl_worker *w, pfl_req *r, const void *peer) {
+  if (r->router == peer) req_free(w, r); // the router went away: nobody wants it
+  else if (r->link && r->link->peer == peer && !r->handed_off) fail(w, r, "decode worker %s failed", r->link->name);
+}
+
+static void on_close(void *arg, srv_peer *peer) {
+  pfl_worker *w = arg;
+  each_req(w, close_req, peer);
+  for (pfl_pull **pp = &w->pulls; *pp;) {
+    pfl_pull *p = *pp;
+    if (p->req && p->req->router == peer) req_free(w, p->req);
+    else if (p->req && p->req->link->peer == peer) fail(w, p->req, "decode worker %s failed", p->req->link->name);
+    if (p->src->peer != peer) {
+      pp = &p->next;
+      continue;
+    }
+    // The peer is gone: it writes nothing more, so the request computes the prefix and the blocks go back.
+    if (p->req) resume(w, p, 0);
+    pull_free(w, p); // *pp is now the next one
+  }
+  pfl_serve_on_close(&w->serve, peer);
+}
+
+static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
+  pfl_worker *w = arg;
+  char code[64], e[512];
+  const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
+  const char *id = cJSON_IsString(idj) ? idj->valuestring : "";
+  pfl_req *r = calloc(1, sizeof *r);
+  if (!r) return;
+  srv_peer_ref(from);
+  r->router = from;
+  const char *bad = NULL;
+  // The router's hint (router.prefix_fetch): prefill worker prefix_peer holds the first prefix_blocks blocks.
+  const cJSON *hp = cJSON_GetObjectItemCaseSensitive(m, "prefix_peer");
+  const cJSON *hb = cJSON_GetObjectItemCaseSensitive(m, "prefix_blocks");
+  if (atomic_load(&w->sh.sig.stop)) bad = "worker is shutting down";
+  else if ((hp || hb) && (!cJSON_IsString(hp) || !cJSON_IsNumber(hb) || hb->valuedouble < 1 ||
+                          hb->valuedouble > 1 << 30 || hb->valuedouble != (int)hb->valuedouble))
+    bad = "prefix_peer must name a prefill worker and prefix_blocks be an integer >= 1";
+  else if (wrk_genreq_parse(m, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &r->req, code, sizeof code, e,
+                            sizeof e))
+    bad = e;
+  else if (strcmp(r->req.mode, "prefill") || !r->req.decode[0])
+    bad = "a prefill worker serves mode \"prefill\" with a decode worker";
+  else if (!(r->link = link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e)))
+    bad = e;
+  else if (wrk_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
+           mdl_sampler_new(&r->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), r->req.prompt, r->req.n_prompt,
+                           &r->sampler, e, sizeof e))
+    bad = "out of memory";
+  if (bad) {
+    wrk_send_error(from, id, bad == e && code[0] == 'c' ? code : "worker_failure", "%s", bad);
+    r->link = NULL;
+    req_free(w, r);
+    return;
+  }
+  int64_t now = wrk_shell_now_ms();
+  r->table_deadline_ms = now + TABLE_TIMEOUT_MS;
+  r->deadline_ms = r->req.deadline_ms ? now + r->req.deadline_ms : 0;
+  if (!(hp && start_pull(w, r, hp->valuestring, (int)hb->valuedouble)) && wrk_engine_queue(&w->eng, &r->seq)) {
+    fail(w, r, "out of memory%s", "");
+    return;
+  }
+  take_early_table(w, r);
+}
+
+static void on_prefix_pull(void *arg, srv_peer *from, const cJSON *m) {
+  pfl_serve_on_pull(&((pfl_worker *)arg)->serve, from, m);
+}
+static void on_prefix_pulled(void *arg, srv_peer *from, const cJSON *m) { on_pulled(arg, from, m, 0); }
+static void on_prefix_fail(void *arg, srv_peer *from, const cJSON *m) { on_pulled(arg, from, m, 1); }
+
+static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
+  pfl_worker *w = arg;
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
+  pfl_req *r = cJSON_IsString(id) ? find(w, id->valuestring, NULL) : NULL;
+  if (r && (r->router == from || (r->link && r->link->peer == from))) {
+    if (r->n_xf) r->handed_off = 1; // writes in flight read our blocks: reap frees it after them
+    else req_free(w, r);
   }
 }
+
+static void on_stats(void *arg, srv_peer *from, const cJSON *msg) {
+  pfl_worker *w = arg;
+  (void)msg;
+  cJSON *m = wrk_shell_stats_new(&w->sh, w->eng.n_run, w->eng.n_wait);
+  cJSON_AddNumberToObject(m, "kv_bytes_pushed", w->bytes_pushed);
+  cJSON_AddNumberToObject(m, "prefix_fetches", w->fetches);
+  cJSON_AddNumberToObject(m, "prefix_fetched_blocks", w->fetched_blocks);
+  cJSON_AddNumberToObject(m, "prefix_fetch_misses", w->fetch_misses);
+  cJSON_AddNumberToObject(m, "prefix_served_blocks", w->serve.served_blocks);
+  wrk_engine_add_prefix_stats(&w->eng, m);
+  srv_peer_send(from, m);
+  cJSON_Delete(m);
+}
+
+// "hello" needs nothing here (a router's is kv_events'; a peer prefill worker's link needs no bookkeeping).
+static const wrk_op OPS[] = {
+    {"hello", NULL},
+    {"generate", on_generate},
+    {"kv_table", on_table},
+    {"prefix_pull", on_prefix_pull},
+    {"prefix_pulled", on_prefix_pulled},
+    {"prefix_fail", on_prefix_fail},
+    {"cancel", on_cancel},
+    {"stats", on_stats},
+};
 
 static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   pfl_worker *w = arg;
   pfl_req *r = OWNER(sq);
   wrk_send_error(r->router, r->req.id, "context_length_exceeded",
                  "the prompt needs %d KV blocks; this prefill worker's pool has %d", blocks_needed,
-                 wrk_kvpool_total_blocks(w->rt->kv));
+                 wrk_kvpool_total_blocks(w->sh.rt->kv));
   req_free(w, r);
 }
 
+static void expire_req(pfl_worker *w, pfl_req *r, const void *now_ms) {
+  int64_t now = *(const int64_t *)now_ms;
+  if (r->handed_off) return;
+  if (r->deadline_ms && now > r->deadline_ms) fail(w, r, "request deadline passed%s", "");
+  else if (!r->have_table && now > r->table_deadline_ms)
+    fail(w, r, "decode worker %s never sent its block table", r->link->name);
+}
+
 static void expire(pfl_worker *w) {
-  int64_t now = now_ms();
+  int64_t now = wrk_shell_now_ms();
   for (int i = w->n_early - 1; i >= 0; i--)
     if (now > w->early[i].expires_ms) drop_early(w, i);
-  for (int l = 0; l < 2; l++) {
-    wrk_seq **arr = l ? w->eng.wait : w->eng.run;
-    int *n = l ? &w->eng.n_wait : &w->eng.n_run;
-    for (int i = *n - 1; i >= 0; i--) {
-      if (i >= *n) continue;
-      pfl_req *r = OWNER(arr[i]);
-      if (r->handed_off) continue;
-      if (r->deadline_ms && now > r->deadline_ms) fail(w, r, "request deadline passed%s", "");
-      else if (!r->have_table && now > r->table_deadline_ms)
-        fail(w, r, "decode worker %s never sent its block table", r->link->name);
-    }
-  }
+  each_req(w, expire_req, &now);
   for (pfl_pull **pp = &w->pulls; *pp;) {
     pfl_pull *p = *pp;
     if (p->req && p->req->deadline_ms && now > p->req->deadline_ms) {
       fail(w, p->req, "request deadline passed%s", "");
     } else if (p->req && now > p->wait_until_ms) {
-      srv_warn(w->rt->w->name, "prefix fetch for %s from %s timed out: computing it", p->id, p->src->name);
+      srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s timed out: computing it", p->id, p->src->name);
       resume(w, p, 0);
     }
     // A request that went on without its fetch leaves the blocks reserved until the peer can no longer write.
@@ -716,7 +708,7 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
   }
   if (wrk_engine_forward(&w->eng, on_layer, w, err, errlen)) return -1;
   flush_layers(w);
-  int n_vocab = mdl_tok_n_vocab(w->rt->tok);
+  int n_vocab = mdl_tok_n_vocab(w->sh.rt->tok);
   for (int i = 0; i < w->eng.n_batch; i++) {
     wrk_seq *sq = w->eng.batch_of[i];
     if (!sq) continue;
@@ -731,44 +723,24 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
   return 0;
 }
 
-static void hello_extra(void *arg, cJSON *ok) {
-  pfl_worker *w = arg;
-  cJSON_AddNumberToObject(ok, "n_ctx", w->rt->n_ctx);
-  cJSON_AddNumberToObject(ok, "n_vocab", mdl_tok_n_vocab(w->rt->tok));
-  cJSON_AddNumberToObject(ok, "total_blocks", wrk_kvpool_total_blocks(w->rt->kv));
-  wrk_kvwire_add_layout(ok, w->rt->kv); // the router reads kv_layout.block_size for its prefix keys
-}
-
 int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, size_t errlen) {
   pfl_worker w;
   memset(&w, 0, sizeof w);
-  w.cfg = cfg;
-  wrk_signals_block(&w.sig);
   // A host pool is shareable: a peer prefill worker on this host writes fetched prefixes into it over shm.
-  if (wrk_runtime_open(cfg, wc, strncmp(wc->device, "cuda", 4) != 0, &w.rt, err, errlen)) return -1;
-  kvx_opts o = {.backend = wc->kvx_backend[0] ? wc->kvx_backend : "auto",
-                .listen_host = wc->kvx_host[0] ? wc->kvx_host : wc->host,
-                .listen_port = wc->kvx_port,
-                .secret = cfg->secret,
-                .cuda_device = strncmp(wc->device, "cuda:", 5) ? 0 : atoi(wc->device + 5)};
-  w.kvx = kvx_agent_new(wc->name, &o, err, errlen);
-  srv_hub_opts ho = {.name = wc->name, .role = "prefill", .secret = cfg->secret, .host = wc->host, .port = wc->port,
-                     .hello_extra = hello_extra, .hello_arg = &w};
-  if (!w.kvx || wrk_kvstage_open(w.kvx, w.rt->kv, &w.rt->kc, wc, &w.stage, &w.kv_region, err, errlen) ||
-      krn_event_new(&w.rt->kc, &w.layer_ev[0], err, errlen) || krn_event_new(&w.rt->kc, &w.layer_ev[1], err, errlen) ||
-      srv_hub_new(&ho, &w.hub, err, errlen) || wrk_signals_start(&w.sig, w.hub)) {
-    srv_hub_free(w.hub);
-    kvx_agent_free(w.kvx);
-    wrk_kvstage_free(w.stage);
-    for (int i = 0; i < 2; i++) krn_event_free(&w.rt->kc, w.layer_ev[i]);
-    wrk_runtime_close(w.rt);
+  // The shared hello_ok fields are all a prefill worker says (the router reads kv_layout.block_size for its
+  // prefix keys); decode workers send no kvxfer metadata to it, it loads theirs.
+  wrk_shell_opts so = {.role = "prefill", .shareable_kv = strncmp(wc->device, "cuda", 4) != 0, .kvxfer = 1,
+                       .ops = OPS, .n_ops = sizeof OPS / sizeof OPS[0], .on_close = on_close, .worker = &w};
+  if (wrk_shell_open(&w.sh, cfg, wc, &so, err, errlen)) return -1;
+  if (krn_event_new(&w.sh.rt->kc, &w.layer_ev[0], err, errlen) ||
+      krn_event_new(&w.sh.rt->kc, &w.layer_ev[1], err, errlen)) {
+    for (int i = 0; i < 2; i++) krn_event_free(&w.sh.rt->kc, w.layer_ev[i]);
+    wrk_shell_close(&w.sh);
     return -1;
   }
-  wrk_engine_init(&w.eng, w.rt, err, errlen);
-  pfl_serve_init(&w.serve, w.kvx, w.rt->kv, w.eng.prefix, wc->name);
-  fprintf(stderr, "dserve %s: prefill worker listening on %s:%d (%d KV blocks, %s kernels, %d threads, kvxfer %s)\n",
-          wc->name, wc->host, srv_hub_port(w.hub), wrk_kvpool_total_blocks(w.rt->kv), w.rt->kc.be->name,
-          krn_pool_threads(w.rt->pool), kvx_agent_backend(w.kvx));
+  wrk_engine_init(&w.eng, w.sh.rt, err, errlen);
+  pfl_serve_init(&w.serve, w.sh.kvx, w.sh.rt->kv, w.eng.prefix, wc->name);
+  wrk_shell_announce(&w.sh);
   for (;;) {
     int waiting_only = w.eng.n_wait == 0;
     for (int i = 0; waiting_only && i < w.eng.n_run; i++)
@@ -776,10 +748,10 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     // Idle, or only waiting for tables, writes and prefix fetches (kvxfer progress is polled): block briefly;
     // otherwise take what has arrived.
     int idle = !wrk_engine_busy(&w.eng) && !w.pulls && !w.serve.n_sending;
-    drain_events(&w, idle ? 1000 : (waiting_only ? 2 : 0));
+    wrk_shell_drain(&w.sh, idle ? 1000 : (waiting_only ? 2 : 0), w.eng.prefix);
     take_notifs(&w);
     pfl_serve_poll(&w.serve);
-    if (atomic_load(&w.sig.stop) && !wrk_engine_busy(&w.eng) && !n_fetching(&w)) break;
+    if (atomic_load(&w.sh.sig.stop) && !wrk_engine_busy(&w.eng) && !n_fetching(&w)) break;
     expire(&w);
     reap(&w);
     wrk_engine_admit(&w.eng, reject, &w);
@@ -787,7 +759,7 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
       fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
       while (w.eng.n_run) fail(&w, OWNER(w.eng.run[0]), "forward step failed%s", "");
     }
-    wrk_kvevents_flush(&w.kvev, w.eng.prefix);
+    wrk_kvevents_flush(&w.sh.kvev, w.eng.prefix);
   }
   while (w.eng.n_run) req_free(&w, OWNER(w.eng.run[0]));
   while (w.eng.n_wait) req_free(&w, OWNER(w.eng.wait[0]));
@@ -799,14 +771,10 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   free(w.early);
   pfl_serve_fini(&w.serve);
   wrk_engine_fini(&w.eng);
-  wrk_kvevents_fini(&w.kvev);
-  srv_hub_free(w.hub);
-  for (int i = 0; i < w.n_links; i++) free(w.links[i]); // their peers die with the hub
+  for (int i = 0; i < w.n_links; i++) free(w.links[i]); // their peers die with the hub (wrk_shell_close)
   free(w.links);
-  kvx_agent_free(w.kvx);
-  wrk_kvstage_free(w.stage);
-  for (int i = 0; i < 2; i++) krn_event_free(&w.rt->kc, w.layer_ev[i]);
-  wrk_runtime_close(w.rt);
+  for (int i = 0; i < 2; i++) krn_event_free(&w.sh.rt->kc, w.layer_ev[i]);
+  wrk_shell_close(&w.sh);
   fprintf(stderr, "dserve %s: stopped\n", wc->name);
   return 0;
 }

@@ -1,4 +1,4 @@
-// worker/kvwire.c: KV pool layout, kvxfer metadata and first-token fields of the prefill/decode handoff.
+// worker/kvwire.c: KV pool layout, kvxfer metadata and sampled-token fields (kv_first, token logprobs) on the wire.
 #include "worker/kvwire.h"
 
 #include <inttypes.h>
@@ -144,6 +144,12 @@ void wrk_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s) {
     cJSON_AddItemToArray(pair, cJSON_CreateNumber(s->top[i].logprob));
     cJSON_AddItemToArray(top, pair);
   }
+}
+
+cJSON *wrk_kvwire_sampled_new(const mdl_sampled *s) {
+  cJSON *e = cJSON_CreateObject();
+  if (e) wrk_kvwire_add_sampled(e, s);
+  return e;
 }
 
 int wrk_kvwire_read_sampled(const cJSON *msg, mdl_sampled *s) {

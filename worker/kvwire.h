@@ -40,7 +40,11 @@ int wrk_kvwire_write_blocks(kvx_agent *a, const wrk_kvpool *kv, const char *peer
 int wrk_kvwire_add_md(cJSON *msg, kvx_agent *a);  // "kvx_md": base64 of kvx_pack_md
 int wrk_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen);
 
-void wrk_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s); // token, logprob, top
+// A sampled token as every message carries it: "token", "logprob" and "top": [[id, logprob], ...]. add writes
+// the fields into msg (kv_first); new returns them as one object (owned by the caller; NULL on out of memory),
+// a "token" message's "logprobs" entry as the router reads it.
+void wrk_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s);
+cJSON *wrk_kvwire_sampled_new(const mdl_sampled *s);
 int wrk_kvwire_read_sampled(const cJSON *msg, mdl_sampled *s); // 0, -1 when malformed
 
 // base64 (RFC 4648, with padding). encode: *out malloc'ed, NUL-terminated. decode: -1 on bad input.

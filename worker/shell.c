@@ -1,0 +1,124 @@
+// worker/shell.c: the bring-up, teardown and control-message dispatch every worker process shares.
+#include "worker/shell.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "worker/kvpool.h"
+#include "worker/kvwire.h"
+
+int64_t wrk_shell_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+// The hub's hello_extra: what a router and a peer worker read from every worker's hello_ok, then the role's
+// own fields. The router reads kv_layout.block_size for its prefix keys; a peer checks the layout matches.
+static void shell_hello(void *arg, cJSON *ok) {
+  wrk_shell *sh = arg;
+  cJSON_AddNumberToObject(ok, "n_ctx", sh->rt->n_ctx);
+  cJSON_AddNumberToObject(ok, "n_vocab", mdl_tok_n_vocab(sh->rt->tok));
+  cJSON_AddNumberToObject(ok, "total_blocks", wrk_kvpool_total_blocks(sh->rt->kv));
+  wrk_kvwire_add_layout(ok, sh->rt->kv);
+  if (sh->o.hello_extra) sh->o.hello_extra(sh->o.worker, ok);
+}
+
+// The kvxfer agent, listening where wc says (its own host, else the control host), and what it registers of
+// the pool: the pool itself, or its host mirror (wrk_kvstage_open).
+static int open_kvx(wrk_shell *sh, char *err, size_t errlen) {
+  const srv_worker_cfg *wc = sh->wc;
+  kvx_opts o = {.backend = wc->kvx_backend[0] ? wc->kvx_backend : "auto",
+                .listen_host = wc->kvx_host[0] ? wc->kvx_host : wc->host,
+                .listen_port = wc->kvx_port,
+                .secret = sh->cfg->secret,
+                .cuda_device = strncmp(wc->device, "cuda:", 5) ? 0 : atoi(wc->device + 5)};
+  sh->kvx = kvx_agent_new(wc->name, &o, err, errlen);
+  if (!sh->kvx) return -1;
+  return wrk_kvstage_open(sh->kvx, sh->rt->kv, &sh->rt->kc, wc, &sh->stage, &sh->kv_region, err, errlen);
+}
+
+int wrk_shell_open(wrk_shell *sh, const srv_config *cfg, const srv_worker_cfg *wc, const wrk_shell_opts *o,
+                   char *err, size_t errlen) {
+  memset(sh, 0, sizeof *sh);
+  sh->cfg = cfg;
+  sh->wc = wc;
+  sh->o = *o;
+  // Before any thread starts (the runtime's compute pool, kvxfer's, the hub's), so all of them inherit the
+  // blocked mask and only the signal thread ever sees SIGTERM/SIGINT.
+  wrk_signals_block(&sh->sig);
+  if (wrk_runtime_open(cfg, wc, o->shareable_kv, &sh->rt, err, errlen)) return -1;
+  if (o->kvxfer && open_kvx(sh, err, errlen)) goto fail;
+  // Last, so that a peer's hello never finds the runtime or the kvxfer agent missing (shell_hello reads them).
+  srv_hub_opts ho = {.name = wc->name, .role = o->role, .secret = cfg->secret, .host = wc->host, .port = wc->port,
+                     .hello_extra = shell_hello, .hello_arg = sh};
+  if (srv_hub_new(&ho, &sh->hub, err, errlen)) goto fail;
+  if (wrk_signals_start(&sh->sig, sh->hub)) {
+    snprintf(err, errlen, "worker %s: cannot start the signal thread", wc->name);
+    goto fail;
+  }
+  return 0;
+fail:
+  wrk_shell_close(sh);
+  return -1;
+}
+
+void wrk_shell_close(wrk_shell *sh) {
+  wrk_kvevents_fini(&sh->kvev);
+  srv_hub_free(sh->hub);
+  kvx_agent_free(sh->kvx);
+  wrk_kvstage_free(sh->stage); // after the agent: its threads may still be writing into the mirror
+  wrk_runtime_close(sh->rt);
+  sh->hub = NULL;
+  sh->kvx = NULL;
+  sh->kv_region = NULL;
+  sh->stage = NULL;
+  sh->rt = NULL;
+}
+
+void wrk_shell_announce(const wrk_shell *sh) {
+  const wrk_runtime *rt = sh->rt;
+  fprintf(stderr, "dserve %s: %s worker listening on %s:%d (%d KV blocks, %s kernels, %d threads%s%s)\n",
+          sh->wc->name, sh->o.role, sh->wc->host, srv_hub_port(sh->hub), wrk_kvpool_total_blocks(rt->kv),
+          rt->kc.be->name, krn_pool_threads(rt->pool), sh->kvx ? ", kvxfer " : "",
+          sh->kvx ? kvx_agent_backend(sh->kvx) : "");
+}
+
+cJSON *wrk_shell_stats_new(const wrk_shell *sh, int running, int waiting) {
+  cJSON *m = cJSON_CreateObject();
+  if (!m) return NULL;
+  cJSON_AddStringToObject(m, "op", "stats_ok");
+  cJSON_AddNumberToObject(m, "running", running);
+  cJSON_AddNumberToObject(m, "waiting", waiting);
+  cJSON_AddNumberToObject(m, "free_blocks", wrk_kvpool_free_blocks(sh->rt->kv));
+  cJSON_AddNumberToObject(m, "total_blocks", wrk_kvpool_total_blocks(sh->rt->kv));
+  return m;
+}
+
+static void dispatch(wrk_shell *sh, const srv_event *ev) {
+  // srv_ctl_recv passes on only JSON objects whose "op" is a string.
+  const char *op = cJSON_GetObjectItem(ev->msg, "op")->valuestring;
+  for (size_t i = 0; i < sh->o.n_ops; i++)
+    if (!strcmp(sh->o.ops[i].op, op)) {
+      if (sh->o.ops[i].fn) sh->o.ops[i].fn(sh->o.worker, ev->peer, ev->msg);
+      return;
+    }
+  fprintf(stderr, "dserve %s: ignoring control message '%s' from %s\n", sh->wc->name, op, srv_peer_name(ev->peer));
+}
+
+int wrk_shell_drain(wrk_shell *sh, int wait_ms, wrk_prefix *prefix) {
+  srv_event ev;
+  int n = 0;
+  for (int first = 1; srv_hub_next(sh->hub, &ev, first ? wait_ms : 0) == 1; first = 0, n++) {
+    wrk_kvevents_on_event(&sh->kvev, &ev, prefix);
+    if (!ev.msg) {
+      if (sh->o.on_close) sh->o.on_close(sh->o.worker, ev.peer);
+    } else {
+      dispatch(sh, &ev);
+    }
+    srv_event_done(&ev);
+  }
+  return n;
+}

@@ -1,0 +1,90 @@
+// worker/shell.h: the bring-up, teardown and control-message dispatch every worker process shares.
+//
+// Signals, runtime, kvxfer agent and staging, hub, router kv_events: opened in one order and closed in the
+// reverse, the same for every role. A role (prefill/worker.c, decode/worker.c) embeds one wrk_shell in its
+// worker struct, opens it first and closes it last, and keeps only its own callbacks and protocol: the
+// hello_ok fields it adds, a table of the control ops it serves, and what a closed connection means to it.
+#ifndef DSERVE_WRK_SHELL_H
+#define DSERVE_WRK_SHELL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "kvxfer/kvx.h"
+#include "server/config.h"
+#include "server/hub.h"
+#include "worker/genreq.h"
+#include "worker/kvevents.h"
+#include "worker/kvstage.h"
+#include "worker/prefix.h"
+#include "worker/runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// One control op a role serves. fn NULL: the op is expected and needs nothing from the role (it is neither
+// handled nor logged as ignored; e.g. a prefill worker's "hello", which only kv_events cares about).
+typedef struct wrk_op {
+  const char *op;
+  void (*fn)(void *worker, srv_peer *from, const cJSON *msg);
+} wrk_op;
+
+typedef struct wrk_shell_opts {
+  const char *role;  // the hub's role in hello messages ("prefill", "decode", "both")
+  int shareable_kv;  // the KV pool goes where a same-host peer may map it (wrk_runtime_open)
+  int kvxfer;        // open a kvxfer agent and register the pool (or its staging mirror) with it
+  // Fields the role adds to every hello_ok after the shared ones (n_ctx, n_vocab, total_blocks, kv_layout).
+  // Called from the hub's connection threads, possibly before wrk_shell_open returns; may be NULL.
+  void (*hello_extra)(void *worker, cJSON *hello_ok);
+  const wrk_op *ops; // (borrowed) (n_ops) the control ops the role serves; every other op is logged and ignored
+  size_t n_ops;
+  void (*on_close)(void *worker, srv_peer *peer); // a peer's connection closed; may be NULL
+  void *worker;      // (borrowed) the role's worker, first argument of every callback above
+} wrk_shell_opts;
+
+// What every worker process holds. Zeroed by wrk_shell_open. The signal thread keeps a pointer to sig, so
+// a shell must not move once open (it lives in the role's worker struct for the whole run).
+typedef struct wrk_shell {
+  const srv_config *cfg;     // (borrowed)
+  const srv_worker_cfg *wc;  // (borrowed) this worker's section
+  wrk_shell_opts o;          // a copy; its pointers stay borrowed
+  wrk_runtime *rt;           // (owned)
+  kvx_agent *kvx;            // (owned) NULL without kvxfer (a both worker)
+  kvx_region *kv_region;     // (owned by kvx) the pool, or its mirror, as peers reach it
+  wrk_kvstage *stage;        // (owned) host mirror of the pool when it is out of kvxfer's reach; or NULL
+  srv_hub *hub;              // (owned)
+  wrk_kvevents kvev;         // connected routers, told of the prefix store's changes (kv_events)
+  wrk_signals sig;           // sig.stop is set once SIGTERM/SIGINT arrives
+} wrk_shell;
+
+// Brings worker wc of cfg up, in this order: blocks SIGTERM/SIGINT (before any thread starts), opens the
+// runtime, then the kvxfer agent and staging (o->kvxfer), the hub (listening on wc's host:port), and the
+// signal thread. 0, or -1 with err and everything opened so far closed again.
+int wrk_shell_open(wrk_shell *sh, const srv_config *cfg, const srv_worker_cfg *wc, const wrk_shell_opts *o,
+                   char *err, size_t errlen);
+// Tears down in reverse order: kv_events' router references, hub (every connection and peer with it),
+// kvxfer agent, staging mirror (after the agent: its threads may still write into it), runtime. A zeroed
+// shell: no-op.
+void wrk_shell_close(wrk_shell *sh);
+
+// "dserve NAME: ROLE worker listening on HOST:PORT (...)": the line launchers and tests wait for.
+void wrk_shell_announce(const wrk_shell *sh);
+
+// Drains the hub's events: the first waits up to wait_ms (0 = poll), then only what has already arrived.
+// Each event goes to wrk_kvevents_on_event (with prefix, the role's store; may be NULL) first, then to
+// o.on_close (a closed connection) or to the table's handler for its op. Returns the events handled.
+int wrk_shell_drain(wrk_shell *sh, int wait_ms, wrk_prefix *prefix);
+
+// A stats_ok reply holding what every worker reports (running, waiting, free_blocks, total_blocks); the role
+// adds its own counters, then wrk_engine_add_prefix_stats. Owned by the caller; NULL on out of memory.
+cJSON *wrk_shell_stats_new(const wrk_shell *sh, int running, int waiting);
+
+int64_t wrk_shell_now_ms(void); // monotonic clock for deadlines
+
+#ifdef __cplusplus
+}
+#endif
+#endif
