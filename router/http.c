@@ -313,21 +313,13 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
     return rc;
   }
   pthread_mutex_lock(&s->mu);
-  int64_t limit = t0 + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000) * 1000 + 5000000;
   while (!r->finished) {
-    if (rtr_client_gone(r->fd)) {
-      rtr_cancel_locked(s, r);
+    rtr_wait w = rtr_wait_locked(s, r);
+    if (w == RTR_WAIT_GONE) {
       pthread_mutex_unlock(&s->mu);
       return MHD_NO;
     }
-    if (now_us() > limit) {
-      rtr_fail(&e, 504, "server_error", NULL, "timeout", "the request passed its deadline");
-      rtr_fail_locked(s, r, &e);
-      break;
-    }
-    struct timespec dl;
-    deadline_in(&dl, WAIT_TICK_MS);
-    pthread_cond_timedwait(&r->cv, &s->mu, &dl);
+    if (w == RTR_WAIT_TIMEOUT) break;
   }
   cJSON *o = NULL;
   if (r->failed) e = r->err;

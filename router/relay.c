@@ -56,14 +56,17 @@ static void unlist_locked(rtr_server *s, rtr_req *r) {
   rtr_req_unref_locked(r);
 }
 
-cJSON *rtr_chunk_base(rtr_req *r) {
+// The fields every response object starts with; chat_object names it for chat (completions: text_completion).
+static cJSON *response_head(rtr_req *r, const char *chat_object) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "id", r->id);
-  cJSON_AddStringToObject(o, "object", r->q.kind == RTR_CHAT ? "chat.completion.chunk" : "text_completion");
+  cJSON_AddStringToObject(o, "object", r->q.kind == RTR_CHAT ? chat_object : "text_completion");
   cJSON_AddNumberToObject(o, "created", (double)r->created);
   cJSON_AddStringToObject(o, "model", r->s->model);
   return o;
 }
+
+cJSON *rtr_chunk_base(rtr_req *r) { return response_head(r, "chat.completion.chunk"); }
 
 static cJSON *usage_json(rtr_req *r) {
   int comp = 0, cached = 0;
@@ -342,28 +345,38 @@ void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
 // ---------------------------------------------------------------------------------------------------------------
 // what the HTTP connection reads
 
+rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r) {
+  if (rtr_client_gone(r->fd)) {
+    rtr_cancel_locked(s, r);
+    return RTR_WAIT_GONE;
+  }
+  // The router's own bound: the request timeout (10 min when none is set) and 5 s for its error to reach the client.
+  int64_t limit = r->t_arrival_us +
+                  (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000) * 1000 + 5000000;
+  if (now_us() > limit) {
+    rtr_error e;
+    rtr_fail(&e, 504, "server_error", NULL, "timeout", "the request passed its deadline");
+    rtr_fail_locked(s, r, &e);
+    return RTR_WAIT_TIMEOUT;
+  }
+  struct timespec dl;
+  deadline_in(&dl, WAIT_TICK_MS);
+  pthread_cond_timedwait(&r->cv, &s->mu, &dl);
+  return RTR_WAIT_MORE;
+}
+
 ssize_t rtr_stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   (void)pos;
   rtr_req *r = cls;
   rtr_server *s = r->s;
   pthread_mutex_lock(&s->mu);
-  int64_t limit = r->t_arrival_us + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000) * 1000 +
-                  5000000;
   while (r->out_pos == r->out.n && !r->out_end) {
-    if (rtr_client_gone(r->fd)) {
-      rtr_cancel_locked(s, r);
+    rtr_wait w = rtr_wait_locked(s, r);
+    if (w == RTR_WAIT_GONE) {
       pthread_mutex_unlock(&s->mu);
       return MHD_CONTENT_READER_END_WITH_ERROR;
     }
-    if (now_us() > limit) {
-      rtr_error e;
-      rtr_fail(&e, 504, "server_error", NULL, "timeout", "the request passed its deadline");
-      rtr_fail_locked(s, r, &e);
-      break;
-    }
-    struct timespec dl;
-    deadline_in(&dl, WAIT_TICK_MS);
-    pthread_cond_timedwait(&r->cv, &s->mu, &dl);
+    if (w == RTR_WAIT_TIMEOUT) break;
   }
   ssize_t n;
   if (r->out_pos < r->out.n) {
@@ -389,11 +402,7 @@ void rtr_stream_free(void *cls) {
 }
 
 cJSON *rtr_final_response(rtr_req *r) {
-  cJSON *o = cJSON_CreateObject();
-  cJSON_AddStringToObject(o, "id", r->id);
-  cJSON_AddStringToObject(o, "object", r->q.kind == RTR_CHAT ? "chat.completion" : "text_completion");
-  cJSON_AddNumberToObject(o, "created", (double)r->created);
-  cJSON_AddStringToObject(o, "model", r->s->model);
+  cJSON *o = response_head(r, "chat.completion");
   cJSON *arr = cJSON_AddArrayToObject(o, "choices");
   for (int i = 0; i < r->q.n; i++) {
     rtr_choice *c = &r->ch[i];

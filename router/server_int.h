@@ -164,5 +164,9 @@ void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m);
 ssize_t rtr_stream_reader(void *cls, uint64_t pos, char *buf, size_t max); // MHD content reader; cls: the rtr_req
 void rtr_stream_free(void *cls);
 cJSON *rtr_final_response(rtr_req *r);
+typedef enum rtr_wait { RTR_WAIT_MORE, RTR_WAIT_GONE, RTR_WAIT_TIMEOUT } rtr_wait;
+// One bounded wait (WAIT_TICK_MS) for r to change, s->mu held: GONE when the client left (r is cancelled), TIMEOUT
+// when r passed the router's bound (r is failed with 504 timeout), MORE otherwise.
+rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r);
 
 #endif
