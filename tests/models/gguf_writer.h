@@ -13,6 +13,25 @@ extern "C" {
 
 namespace dserve_test {
 
+// GPT-2's printable stand-in for byte b (as byte-level BPE vocabularies spell it), as UTF-8.
+inline std::string byte_char(int b) {
+  auto keep = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255); };
+  int cp = b;
+  if (!keep(b)) {
+    int k = 0;
+    for (int x = 0; x < b; x++)
+      if (!keep(x)) k++;
+    cp = 256 + k;
+  }
+  std::string s;
+  if (cp < 0x80) s += (char)cp;
+  else {
+    s += (char)(0xC0 | (cp >> 6));
+    s += (char)(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
 // A small GGUF writer: metadata values and tensors appended in order, bytes out.
 struct GgufWriter {
   uint32_t version = 3;

@@ -24,29 +24,11 @@ extern "C" {
 #include "tests/run_dserve.h"
 
 using dserve_test::GgufWriter;
+using dserve_test::byte_char;
 
 namespace {
 
 const char *kModel = DSERVE_SOURCE_DIR "/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-// GPT-2's printable stand-in for each byte, as UTF-8.
-std::string byte_char(int b) {
-  int keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-  int cp = b;
-  if (!keep) {
-    int k = 0;
-    for (int x = 0; x < b; x++)
-      if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) k++;
-    cp = 256 + k;
-  }
-  std::string s;
-  if (cp < 0x80) s += (char)cp;
-  else {
-    s += (char)(0xC0 | (cp >> 6));
-    s += (char)(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
 
 // A tiny byte-level vocabulary: 256 byte tokens, then extra tokens, with the given merges.
 struct TinyVocab {

@@ -30,25 +30,8 @@ extern "C" {
 namespace httptest {
 
 using namespace std::chrono_literals;
+using dserve_test::byte_char;
 
-
-inline std::string byte_char(int b) {
-  auto keep = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255); };
-  int cp = b;
-  if (!keep(b)) {
-    int k = 0;
-    for (int x = 0; x < b; x++)
-      if (!keep(x)) k++;
-    cp = 256 + k;
-  }
-  std::string s;
-  if (cp < 0x80) s += (char)cp;
-  else {
-    s += (char)(0xC0 | (cp >> 6));
-    s += (char)(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
 
 // A tiny model file: byte-level vocabulary (256 byte tokens + 3 control tokens) and a context of 512.
 struct TinyModel {
