@@ -246,7 +246,8 @@ static const char *const K_ROUTER[] = {"node",          "host",         "port", 
                                        "max_body_bytes", "conn_timeout_s", "queue_limit", "max_tokens_limit",
                                        "max_n",         "max_stop",     "request_timeout_ms", "disagg_threshold",
                                        "routing",       "prefix_fetch", "prefix_fetch_min_blocks",
-                                       "link_dead_ms",  "drain_timeout_s", NULL};
+                                       "link_dead_ms",  "drain_timeout_s", "max_connections",
+                                       "max_connections_per_client", "header_timeout_s", NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
@@ -322,6 +323,10 @@ static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o
       cfg_int32(x, r, p, "prefix_fetch_min_blocks", &o->prefix_fetch_min_blocks, 1, 1 << 20, 4, 0))
     return -1;
   if (cfg_int32(x, r, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, 30, 0)) return -1;
+  if (cfg_int32(x, r, p, "max_connections", &o->max_connections, 1, 1000000, 4096, 0) ||
+      cfg_int32(x, r, p, "max_connections_per_client", &o->max_connections_per_client, 1, 1000000, 256, 0) ||
+      cfg_int32(x, r, p, "header_timeout_s", &o->header_timeout_s, 1, 3600, 10, 0))
+    return -1;
   const cJSON *rt;
   if (cfg_obj(x, r, p, "routing", &rt)) return -1;
   if (rt && cfg_check_keys(x, rt, "router.routing", K_ROUTING)) return -1;

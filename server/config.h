@@ -55,6 +55,9 @@ typedef struct srv_router_cfg {
   int prefix_fetch;            // hint a prefill worker to fetch a longer cached prefix from a peer prefill worker (0)
   int prefix_fetch_min_blocks; // ... when the peer holds at least this many more blocks (4)
   int drain_timeout_s;         // on SIGTERM: how long running requests may take to finish (default 30; 0 = none)
+  int max_connections;         // open HTTP connections at most, all clients together (4096); beyond: a quick 503
+  int max_connections_per_client; // ... from one client address (256)
+  int header_timeout_s;        // a connection must send a request's headers within this long (10)
 } srv_router_cfg;
 
 typedef struct srv_config {
