@@ -252,7 +252,8 @@ static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
                                        "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", "prefix_cache_mb",
-                                       "prefix_host_mb", "prefix_disk_mb", "prefix_disk_path", "cuda_graphs", NULL};
+                                       "prefix_host_mb", "prefix_disk_mb", "prefix_disk_path", "cuda_graphs", "handoff_timeout_ms",
+                                       "table_timeout_ms", "drain_timeout_s", NULL};
 static const char *const K_KVX[] = {"backend", "host", "port", "staging", NULL};
 static const char *const S_STAGING[] = {"auto", "on", "off", NULL};
 static const char *const S_ONOFF[] = {"off", "on", NULL};
@@ -389,6 +390,10 @@ static int cfg_worker(cfg_ctx *x, const cJSON *w, int idx, srv_worker_cfg *o, co
     return -1;
   if (cfg_int32(x, w, p, "max_seqs", &o->max_seqs, 1, 65536, 64, 0)) return -1;
   if (cfg_int32(x, w, p, "max_batch_tokens", &o->max_batch_tokens, 1, 1 << 20, 512, 0)) return -1;
+  if (cfg_int32(x, w, p, "handoff_timeout_ms", &o->handoff_timeout_ms, 1, 86400000, 30000, 0) ||
+      cfg_int32(x, w, p, "table_timeout_ms", &o->table_timeout_ms, 1, 86400000, 30000, 0) ||
+      cfg_int32(x, w, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, 30, 0))
+    return -1;
   // Default: the prefix cache may keep up to half of the KV pool (unused cached blocks are evicted on demand).
   if (cfg_num(x, w, p, "prefix_cache_mb", &o->prefix_cache_mb, 0, 0, 1e7, o->kv_budget_mb / 2)) return -1;
   // Second tier: blocks evicted from the pool are kept in host DRAM, then in one file on local disk.

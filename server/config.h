@@ -34,6 +34,9 @@ typedef struct srv_worker_cfg {
   char kvx_host[64];      // kvxfer listen address
   int kvx_port;           // 0 = ephemeral (advertised through the control hello)
   char kvx_staging[8];    // "auto", "on", "off": KV moves through a host mirror of a device pool (worker/kvstage.h)
+  int handoff_timeout_ms; // decode: a prompt's KV must arrive this long after the request (plus a per-token allowance)
+  int table_timeout_ms;   // prefill: the decode worker's block table must arrive this long after the request
+  int drain_timeout_s;    // on SIGTERM: how long running requests may take to finish (0 = stop at once)
 } srv_worker_cfg;
 
 typedef struct srv_router_cfg {
