@@ -21,10 +21,8 @@
 #include "server/log.h"
 #include "worker/shell.h"
 
-#define DRAIN_MS 30000           // running requests get this long to finish after SIGTERM
 // A prompt's KV must arrive within this long after the request, plus a per-token allowance for the prefill
 // compute (a CPU prefill worker under load takes ~10 ms per token).
-#define HANDOFF_TIMEOUT_MS (30000 * DSERVE_TIMEOUT_SCALE)
 #define HANDOFF_MS_PER_TOKEN 50
 
 typedef struct dec_seq {
@@ -380,7 +378,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   int rc;
   if (s->handoff) {
     s->handoff_deadline_ms =
-        wrk_shell_now_ms() + HANDOFF_TIMEOUT_MS + (int64_t)HANDOFF_MS_PER_TOKEN * s->req.n_prompt;
+        wrk_shell_now_ms() + (int64_t)w->sh.wc->handoff_timeout_ms * DSERVE_TIMEOUT_SCALE + (int64_t)HANDOFF_MS_PER_TOKEN * s->req.n_prompt;
     rc = handoff_push(w, s);
     if (!rc) try_send_table(w, s);
   } else {
@@ -535,7 +533,7 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     for (int i = 0; i < w.n_handoffs; i++) try_send_table(&w, w.handoffs[i]);
     if (atomic_load(&w.sh.sig.stop)) {
       if (!drain_until) {
-        drain_until = wrk_shell_now_ms() + DRAIN_MS;
+        drain_until = wrk_shell_now_ms() + (int64_t)w.sh.wc->drain_timeout_s * 1000;
         fprintf(stderr, "dserve %s: draining %d running and %d waiting requests\n", wc->name, w.eng.n_run,
                 w.eng.n_wait + w.n_handoffs);
       }

@@ -23,7 +23,6 @@
 #include "worker/shell.h"
 
 #define LINK_TIMEOUT_MS 5000   // connecting to a decode worker
-#define TABLE_TIMEOUT_MS (30000 * DSERVE_TIMEOUT_SCALE) // a decode worker that never sends the block table
 #define PULL_LINK_TIMEOUT_MS 1000 // connecting to a peer prefill worker for a prefix fetch
 #define PULL_WAIT_MS 5000       // a request waits this long for its prefix fetch, then computes the prefix itself
 #define PULL_HOLD_MS 30000      // blocks of an unanswered fetch stay reserved this long (the peer may still write)
@@ -97,6 +96,8 @@ typedef struct pfl_worker {
 #define OWNER(sq) ((pfl_req *)(sq)->owner)
 
 static int block_size(const pfl_worker *w) { return wrk_kvpool_kv(w->sh.rt->kv)->block_size; }
+// How long a decode worker may take to send a request's block table (workers[i].table_timeout_ms).
+static int64_t table_timeout_ms(const pfl_worker *w) { return (int64_t)w->sh.wc->table_timeout_ms * DSERVE_TIMEOUT_SCALE; }
 
 // ---- links to decode workers and peer prefill workers ----
 
@@ -316,7 +317,7 @@ static void keep_early(pfl_worker *w, srv_peer *from, const cJSON *m) {
     w->cap_early = cap;
   }
   srv_peer_ref(from);
-  w->early[w->n_early++] = (struct early_table){cJSON_Duplicate(m, 1), from, wrk_shell_now_ms() + TABLE_TIMEOUT_MS};
+  w->early[w->n_early++] = (struct early_table){cJSON_Duplicate(m, 1), from, wrk_shell_now_ms() + table_timeout_ms(w)};
 }
 
 static void drop_early(pfl_worker *w, int i) {
@@ -604,7 +605,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     return;
   }
   int64_t now = wrk_shell_now_ms();
-  r->table_deadline_ms = now + TABLE_TIMEOUT_MS;
+  r->table_deadline_ms = now + table_timeout_ms(w);
   r->deadline_ms = r->req.deadline_ms ? now + r->req.deadline_ms : 0;
   if (!(hp && start_pull(w, r, hp->valuestring, (int)hb->valuedouble)) && wrk_engine_queue(&w->eng, &r->seq)) {
     fail(w, r, "out of memory%s", "");
