@@ -42,14 +42,11 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     s->wait_tail = r;
     s->n_waiting++;
     rtr_metric_set(s->m_waiting, s->n_waiting);
-    int gone = 0;
+    int gone = 0, late = 0;
     int64_t limit = r->t_arrival_us + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000) * 1000;
     while (!s->stopping && !s->draining) {
       if (s->wait_head == r && (s->running_slots == 0 || s->running_slots + need <= s->capacity)) break;
-      if (rtr_client_gone(r->fd) || now_us() > limit) {
-        gone = 1;
-        break;
-      }
+      if ((gone = rtr_client_gone(r->fd)) || (late = now_us() > limit)) break;
       struct timespec dl;
       deadline_in(&dl, WAIT_TICK_MS);
       pthread_cond_timedwait(&s->admit_cv, &s->mu, &dl);
@@ -65,10 +62,12 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     s->n_waiting--;
     rtr_metric_set(s->m_waiting, s->n_waiting);
     pthread_cond_broadcast(&s->admit_cv);
-    if (gone || s->stopping || s->draining) {
+    if (gone || late || s->stopping || s->draining) { // 499 is not answered (nobody to answer); 504 is
       pthread_mutex_unlock(&s->mu);
+      if (late)
+        return rtr_fail(e, 504, "server_error", NULL, "timeout", "the request passed its deadline while queued");
       return rtr_fail(e, gone ? 499 : 503, "server_error", NULL, gone ? "cancelled" : "shutting_down",
-                      gone ? "the client disconnected or the request timed out while queued" : "shutting down");
+                      gone ? "the client disconnected while the request was queued" : "shutting down");
     }
   }
   r->admitted = 1;

@@ -1,5 +1,7 @@
 // router/http.c: the router's HTTP side (libmicrohttpd, thread per connection): routes, replies, endpoints, server.
 // Auth, /v1/models, /health, /metrics, (de)tokenize, a generation request from body to answer; new/port/drain/free.
+// A connection's thread blocks while its request waits for a worker (rtr_wait_locked, the stream reader), so each
+// connection has its own thread; conns.c accepts them and caps how many are open.
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -11,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "models/chat.h"
@@ -19,10 +23,13 @@
 
 #define DRAIN_FLUSH_MS 1000  // after the drain bound, how long failed streams get to send their error event
 
-typedef struct conn {
+typedef struct conn {          // one request on a connection
   utl_buf body;                // the request body so far (at most max_body_bytes; p NULL while empty)
   int too_large, first_done, answered;
   rtr_req *req;                // (reference) once a generation request is made
+  int deferred;                // refused at its head but answered once MHD has read it (keeps the connection open)
+  rtr_error err;               // ... with this error
+  const char *h1, *v1;         // ... and this header (static strings, NULL: none)
 } conn;
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -78,11 +85,13 @@ int rtr_client_gone(int fd) {
   return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
+// Authorization: Bearer KEY, the scheme in any case (RFC 7235), the key compared exactly in constant time.
 static int auth_ok(rtr_server *s, struct MHD_Connection *c) {
   if (s->rc->n_api_keys == 0) return 1;
   const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-  if (!h || strncmp(h, "Bearer ", 7)) return 0;
-  const char *k = h + 7;
+  if (!h || strncasecmp(h, "Bearer", 6) || (h[6] != ' ' && h[6] != '\t')) return 0;
+  const char *k = h + 6;
+  while (*k == ' ' || *k == '\t') k++;
   int ok = 0;
   for (int i = 0; i < s->rc->n_api_keys; i++) ok |= srv_consttime_eq(k, s->rc->api_keys[i]); // every key compared
   return ok;
@@ -99,17 +108,29 @@ static int json_ctype_ok(const char *ct) {
 // ---------------------------------------------------------------------------------------------------------------
 // endpoints
 
-static enum MHD_Result do_models(rtr_server *s, struct MHD_Connection *c) {
-  cJSON *o = cJSON_CreateObject();
-  cJSON_AddStringToObject(o, "object", "list");
-  cJSON *d = cJSON_AddArrayToObject(o, "data"), *m = cJSON_CreateObject();
+static cJSON *model_object(rtr_server *s) {
+  cJSON *m = cJSON_CreateObject();
   cJSON_AddStringToObject(m, "id", s->model);
   cJSON_AddStringToObject(m, "object", "model");
   cJSON_AddNumberToObject(m, "created", (double)s->started);
   cJSON_AddStringToObject(m, "owned_by", "dserve");
   cJSON_AddNumberToObject(m, "max_model_len", s->n_ctx);
-  cJSON_AddItemToArray(d, m);
+  return m;
+}
+
+static enum MHD_Result do_models(rtr_server *s, struct MHD_Connection *c) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "object", "list");
+  cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), model_object(s));
   return reply_json(c, 200, o);
+}
+
+// GET /v1/models/{id}: the served model, or 404 model_not_found (the id may hold slashes: "org/name").
+static enum MHD_Result do_model(rtr_server *s, struct MHD_Connection *c, const char *id) {
+  if (strcmp(id, s->model))
+    return reply_err(c, 404, "not_found_error", "model_not_found", NULL, NULL, "The model '%.100s' does not exist",
+                     id);
+  return reply_json(c, 200, model_object(s));
 }
 
 static enum MHD_Result do_metrics(rtr_server *s, struct MHD_Connection *c) {
@@ -243,6 +264,20 @@ void rtr_restore_timeout(rtr_server *s, struct MHD_Connection *c) {
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, t);
 }
 
+// A request without a seed samples from a fresh random one (choice i uses seed + i, links.c), so that its choices and
+// two such requests differ; 52 bits keep seed + i exact in the message's JSON number.
+static void draw_seed(rtr_server *s, rtr_request *q) {
+  uint64_t v = 0;
+  if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) { // no entropy yet: the clock and a counter
+    pthread_mutex_lock(&s->mu);
+    unsigned long long k = ++s->next_id;
+    pthread_mutex_unlock(&s->mu);
+    v = (uint64_t)now_us() * 0x9E3779B97F4A7C15ULL ^ k * 0xBF58476D1CE4E5B9ULL;
+  }
+  q->seed = (int64_t)(v & ((1ULL << 52) - 1));
+  q->has_seed = 1;
+}
+
 static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn *cs, rtr_kind kind) {
   int64_t t0 = now_us();
   rtr_limits l = limits_of(s);
@@ -262,14 +297,15 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   cs->req = r;
   r->conn = c;
   if (rtr_request_parse(kind, cs->body.p, cs->body.n, &l, &r->q, &e) < 0) return reply_error(c, &e, NULL, NULL);
-  // no idle timeout while the worker generates (request_timeout_ms bounds it); restored, with the idle clock
-  // restarted, once the answer is ready
-  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+  if (!r->q.has_seed) draw_seed(s, &r->q);
   if (tokenize(s, &r->q, &r->prompt, &r->n_prompt, &e) < 0) return reply_error(c, &e, NULL, NULL);
   if (rtr_check_context(r->n_prompt, r->q.max_tokens, s->n_ctx, &e) < 0) return reply_error(c, &e, NULL, NULL);
   r->max_tokens = r->q.max_tokens >= 0 ? r->q.max_tokens : s->n_ctx - r->n_prompt;
   r->ch = calloc((size_t)r->q.n, sizeof *r->ch);
   if (!r->ch) return reply_err(c, 500, "server_error", NULL, NULL, NULL, "out of memory");
+  // no idle timeout while the worker generates (request_timeout_ms bounds it); restored, with the idle clock
+  // restarted, once the answer is ready
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
   r->created = (long)time(NULL);
   pthread_mutex_lock(&s->mu);
   unsigned long long id = ++s->next_id;
@@ -332,7 +368,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
 
 typedef struct route {
   const char *path, *method;
-  int kind; // 0 models, 1 health, 2 metrics, 3 chat, 4 completions, 5 tokenize, 6 detokenize
+  int kind; // 0 models, 1 health, 2 metrics, 3 chat, 4 completions, 5 tokenize, 6 detokenize, 7 one model
 } route;
 
 static const route ROUTES[] = {
@@ -340,43 +376,67 @@ static const route ROUTES[] = {
     {"/health", "GET", 1},                {"/metrics", "GET", 2},         {"/tokenize", "POST", 5},
     {"/detokenize", "POST", 6},
 };
+static const route MODEL_ROUTE = {"/v1/models/", "GET", 7}; // a prefix: the rest of the path is the model id
+
+static const route *find_route(const char *url) {
+  for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
+    if (!strcmp(url, ROUTES[i].path)) return &ROUTES[i];
+  size_t n = strlen(MODEL_ROUTE.path);
+  return !strncmp(url, MODEL_ROUTE.path, n) && url[n] ? &MODEL_ROUTE : NULL;
+}
+
+// A request refused at its head. Without a body it is answered on the next call, once MHD has read the request:
+// the connection then stays open and a pipelined request behind it is answered too. With a body it is answered now
+// (MHD then closes the connection rather than read a body nobody wants).
+static enum MHD_Result refuse_head(struct MHD_Connection *c, conn *cs, int status, const char *type,
+                                   const char *code, const char *h1, const char *v1, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+static enum MHD_Result refuse_head(struct MHD_Connection *c, conn *cs, int status, const char *type,
+                                   const char *code, const char *h1, const char *v1, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  rtr_fail(&cs->err, status, type, NULL, code, "%s", msg);
+  cs->answered = 1;
+  const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+  if (!te && (!cl || strtoull(cl, NULL, 10) == 0)) {
+    cs->deferred = 1;
+    cs->h1 = h1;
+    cs->v1 = v1;
+    return MHD_YES;
+  }
+  return reply_error(c, &cs->err, h1, v1);
+}
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **con_cls) {
   (void)version;
   rtr_server *s = cls;
   conn *cs = *con_cls;
-  if (!cs) {
+  if (!cs) { // a new request: its head is complete
     cs = calloc(1, sizeof *cs);
     if (!cs) return MHD_NO;
     *con_cls = cs;
+    rtr_gate_head_seen(s, c);
   }
-  const route *rt = NULL;
-  for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
-    if (!strcmp(url, ROUTES[i].path)) rt = &ROUTES[i];
+  const route *rt = find_route(url);
   if (!cs->first_done) {
     cs->first_done = 1;
-    if (!rt) {
-      cs->answered = 1;
-      return reply_err(c, 404, "not_found_error", "not_found", NULL, NULL, "no such path: %.200s", url);
-    }
+    if (!rt) return refuse_head(c, cs, 404, "not_found_error", "not_found", NULL, NULL, "no such path: %.200s", url);
     int is_head = !strcmp(method, "HEAD") && !strcmp(rt->method, "GET");
-    if (strcmp(method, rt->method) && !is_head) {
-      cs->answered = 1;
-      return reply_err(c, 405, "invalid_request_error", "method_not_allowed", "Allow", rt->method,
-                       "method %.20s is not allowed on %s (use %s)", method, rt->path, rt->method);
-    }
-    if (rt->kind != 1 && !auth_ok(s, c)) {
-      cs->answered = 1;
-      return reply_err(c, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
-                       "missing or invalid API key (Authorization: Bearer KEY)");
-    }
+    if (strcmp(method, rt->method) && !is_head)
+      return refuse_head(c, cs, 405, "invalid_request_error", "method_not_allowed", "Allow", rt->method,
+                         "method %.20s is not allowed on %s (use %s)", method, rt->path, rt->method);
+    if (rt->kind != 1 && !auth_ok(s, c))
+      return refuse_head(c, cs, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
+                         "missing or invalid API key (Authorization: Bearer KEY)");
     if (!strcmp(rt->method, "POST")) {
-      if (!json_ctype_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE))) {
-        cs->answered = 1;
-        return reply_err(c, 415, "invalid_request_error", "unsupported_media_type", NULL, NULL,
-                         "the body must be application/json");
-      }
+      if (!json_ctype_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE)))
+        return refuse_head(c, cs, 415, "invalid_request_error", "unsupported_media_type", NULL, NULL,
+                           "the body must be application/json");
       const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
       if (cl && strtoull(cl, NULL, 10) > s->rc->max_body_bytes) {
         cs->answered = 1;
@@ -389,6 +449,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     return MHD_YES;
   }
   if (cs->answered) {
+    if (cs->deferred && !*upload_size) {
+      cs->deferred = 0;
+      return reply_error(c, &cs->err, cs->h1, cs->v1);
+    }
     *upload_size = 0; // discard whatever still arrives
     return MHD_YES;
   }
@@ -407,6 +471,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
                      "the body is larger than %zu bytes", s->rc->max_body_bytes);
   switch (rt->kind) {
   case 0: return do_models(s, c);
+  case 7: return do_model(s, c, url + strlen(MODEL_ROUTE.path));
   case 1: {
     int up = rtr_server_links_up(s);
     pthread_mutex_lock(&s->mu);
@@ -426,9 +491,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-  (void)c;
   rtr_server *s = cls;
   conn *cs = *con_cls;
+  if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) rtr_gate_request_done(s, c);
   if (!cs) return;
   if (cs->req) {
     pthread_mutex_lock(&s->mu);
@@ -461,6 +526,10 @@ static void make_metrics(rtr_server *s) {
   s->m_ok_stop = rtr_metrics_counter(m, "dserve:request_success_total", "Finished choices.", "finished_reason=\"stop\"");
   s->m_ok_length = rtr_metrics_counter(m, "dserve:request_success_total", "", "finished_reason=\"length\"");
   s->m_fail = rtr_metrics_counter(m, "dserve:request_failure_total", "Requests that failed or were cancelled.", NULL);
+  s->m_auth_failures = rtr_metrics_counter(m, "dserve:auth_failures_total",
+                                           "Connections refused for want of the shared secret (workers' control and "
+                                           "kvxfer ports, the router's links).",
+                                           NULL);
   int nl = (int)(sizeof lat / sizeof lat[0]), ni = (int)(sizeof itl / sizeof itl[0]);
   s->m_ttft = rtr_metrics_histogram(m, "dserve:time_to_first_token_seconds", "Time to first token.", NULL, lat, nl);
   s->m_itl = rtr_metrics_histogram(m, "dserve:inter_token_latency_seconds", "Inter-token latency.", NULL, itl, ni);
@@ -528,19 +597,29 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
     rtr_server_free(s);
     return -1;
   }
-  unsigned timeout = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : 60);
-  s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL,
-                            0, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                            MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000, MHD_OPTION_LISTENING_ADDRESS_REUSE,
-                            (unsigned)1, MHD_OPTION_END);
-  if (!s->mhd) {
-    utl_seterr(err, errlen, "cannot listen on %s:%d: %s", host, s->rc->port, strerror(errno));
+  if (rtr_gate_listen(s, &sa, err, errlen) < 0) {
     rtr_server_free(s);
     return -1;
   }
-  const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
-  s->port = di ? di->port : s->rc->port;
+  // conns.c accepts and hands the sockets over; MHD's own limit sits above the gate's cap, with room for
+  // connections the gate already let go that MHD has not cleaned up yet
+  unsigned timeout = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : 60);
+  unsigned cap = (unsigned)(s->rc->max_connections > 0 ? s->rc->max_connections : 4096);
+  s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+                                MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC,
+                            0, NULL, NULL, handler, s, MHD_OPTION_CONNECTION_TIMEOUT, timeout,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_NOTIFY_CONNECTION, rtr_gate_notify,
+                            s, MHD_OPTION_CONNECTION_LIMIT, cap + cap / 2 + 64, MHD_OPTION_END);
+  if (!s->mhd) {
+    utl_seterr(err, errlen, "cannot start the HTTP server on %s:%d: %s", host, s->rc->port, strerror(errno));
+    rtr_server_free(s);
+    return -1;
+  }
+  if (rtr_gate_start(s, err, errlen) < 0) {
+    rtr_server_free(s);
+    return -1;
+  }
+  s->port = rtr_gate_port(s);
   *out = s;
   return 0;
 }
@@ -588,7 +667,9 @@ void rtr_server_free(rtr_server *s) {
   pthread_cond_broadcast(&s->link_cv);
   pthread_cond_broadcast(&s->admit_cv);
   pthread_mutex_unlock(&s->mu);
+  rtr_gate_stop(s); // no new connections, then MHD closes the open ones (the gate hears of each)
   if (s->mhd) MHD_stop_daemon(s->mhd);
+  rtr_gate_free(s);
   for (int i = 0; i < s->n_links; i++)
     if (s->links[i].has_thread) pthread_join(s->links[i].thread, NULL);
   if (s->hub) srv_hub_wake(s->hub);

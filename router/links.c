@@ -94,6 +94,9 @@ static void on_stats(rtr_server *s, rtr_link *l, const cJSON *m) {
   counter_from_total(s->m_prefix_hits, rtr_msg_num(m, "prefix_hits", 0), &l->prefix_hits);
   counter_from_total(s->m_prefix_queries, rtr_msg_num(m, "prefix_queries", 0), &l->prefix_queries);
   on_prefix_tiers(s, l, cJSON_GetObjectItemCaseSensitive(m, "prefix_tiers"));
+  // Refused connections: the worker's running total, and (checked as often) the router hub's own.
+  counter_from_total(s->m_auth_failures, rtr_msg_num(m, "auth_failures", 0), &l->auth_failures);
+  counter_from_total(s->m_auth_failures, (double)srv_hub_auth_failures(s->hub), &s->hub_auth_last);
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   l->last_stats_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;

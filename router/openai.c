@@ -91,6 +91,69 @@ void rtr_request_free(rtr_request *r) {
   memset(r, 0, sizeof *r);
 }
 
+#define NUL_MAX_DEPTH 1024 // deeper than cJSON accepts (CJSON_NESTING_LIMIT 1000)
+
+typedef struct nul_frame {
+  int is_obj, expect_key, index;
+  const char *key;           // (borrowed: the body) the current key's raw text, klen bytes
+  size_t klen;
+} nul_frame;
+
+// The path of the value being read inside containers f[0..depth): ".key" for an object, "[i]" for an array.
+static void nul_path(const nul_frame *f, int depth, char *out, size_t cap) {
+  size_t w = 0;
+  out[0] = 0;
+  for (int i = 0; i < depth && w < cap; i++) {
+    int n = f[i].is_obj ? snprintf(out + w, cap - w, "%s%.*s", w ? "." : "", (int)f[i].klen, f[i].key)
+                        : snprintf(out + w, cap - w, "[%d]", f[i].index);
+    if (n < 0) break;
+    w += (size_t)n;
+  }
+}
+
+// Finds the first JSON string (a key or a value) holding a NUL character, raw or escaped as \u0000, which would
+// silently cut the text short. 1 with its path in out ("messages[0].content", "stop[1]", "prompt"), else 0.
+static int find_nul(const char *p, size_t n, char *out, size_t cap) {
+  nul_frame f[NUL_MAX_DEPTH];
+  int depth = 0; // f[0..depth) are the open containers
+  for (size_t i = 0; i < n; i++) {
+    char c = p[i];
+    if (c == '"') {
+      size_t j = i + 1;
+      int nul = 0;
+      for (; j < n && p[j] != '"'; j++) {
+        if (p[j] == 0) nul = 1;
+        else if (p[j] == '\\') {
+          if (j + 5 < n && p[j + 1] == 'u' && !memcmp(p + j + 2, "0000", 4)) nul = 1;
+          j++; // the escaped character
+        }
+      }
+      nul_frame *top = depth > 0 ? &f[depth - 1] : NULL;
+      int is_key = top && top->is_obj && top->expect_key;
+      if (is_key) { // the key names the value that follows
+        top->key = p + i + 1;
+        top->klen = j - i - 1;
+      }
+      if (nul) {
+        nul_path(f, depth, out, cap); // a key: the path up to and with the key itself
+        return 1;
+      }
+      i = j;
+    } else if (c == '{' || c == '[') {
+      if (depth >= NUL_MAX_DEPTH) return 0; // cJSON refuses this nesting anyway
+      f[depth++] = (nul_frame){.is_obj = c == '{', .expect_key = c == '{', .index = 0, .key = "", .klen = 0};
+    } else if (c == ':') {
+      if (depth > 0) f[depth - 1].expect_key = 0;
+    } else if (c == ',') {
+      if (depth > 0 && f[depth - 1].is_obj) f[depth - 1].expect_key = 1;
+      else if (depth > 0) f[depth - 1].index++;
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      depth--;
+    }
+  }
+  return 0;
+}
+
 #define BAD(e, param, ...) rtr_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 #define OOM(e) rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory")
 
@@ -361,6 +424,9 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
   out->add_generation_prompt = 1;
   if (!body || len == 0) return BAD(e, NULL, "the request body is empty; expected a JSON object");
   if (!rtr_utf8_valid(body, len)) return BAD(e, NULL, "the request body is not valid UTF-8");
+  char at_nul[64];
+  if (find_nul(body, len, at_nul, sizeof at_nul))
+    return BAD(e, at_nul, "'%s' contains a NUL character (\\u0000), which is not allowed", at_nul);
   const char *end = NULL;
   // cJSON refuses nesting deeper than CJSON_NESTING_LIMIT (1000) without recursing further.
   cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);

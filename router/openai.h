@@ -78,7 +78,8 @@ typedef struct rtr_request {
 } rtr_request;
 
 // Parses and validates body (len bytes, need not be NUL-terminated) as kind. Invalid UTF-8, malformed or too deeply
-// nested JSON, a wrong type or an out-of-range value: 400 with the field in param; another model's name: 404
+// nested JSON, a NUL character in any string (raw or \u0000: it would cut the text short; param is its path, e.g.
+// "messages[0].content"), a wrong type or an out-of-range value: 400 with the field in param; another model's name: 404
 // (code model_not_found). Unknown fields are ignored. On error *out is left empty (nothing to free).
 int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
                       rtr_error *e);

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include <cjson/cJSON.h>
+#include <microhttpd.h>
 
 #include "router/kvindex.h"
 #include "router/metrics.h"
@@ -20,6 +21,8 @@
 
 struct MHD_Connection;
 struct MHD_Daemon;
+struct sockaddr_in;
+typedef struct rtr_gate rtr_gate;
 
 #define LOGC "router"
 #define WAIT_TICK_MS 100     // how often a waiting connection checks its client is still there
@@ -33,6 +36,8 @@ typedef struct rtr_link {
   int block_size;              // hello_ok kv_layout.block_size (16 when absent): the prompt's key chain
   int running, waiting, free_blocks, total_blocks, inflight;
   double prefix_hits, prefix_queries; // last cumulative values seen
+  double auth_failures;        // stats_ok auth_failures: the worker's refused control + kvxfer connections (running
+                               // total since the worker started; a restart starts it again)
   int connecting;              // 1 while the link thread is connecting (its peer may speak before it is stored)
   // Per prefix-cache tier (pool, host, disk: stats_ok prefix_tiers): last cumulative hits / queries seen, and the
   // series {worker, tier} of hits, queries and resident blocks, created when the worker first reports the tier.
@@ -94,6 +99,7 @@ struct rtr_server {
   int n_ctx;
   char model[128];
   struct MHD_Daemon *mhd;
+  rtr_gate *gate;              // (owned) listening socket, accept thread, connection caps (conns.c)
   int port;
   srv_hub *hub;
   pthread_t dispatcher;
@@ -115,6 +121,10 @@ struct rtr_server {
   rtr_metrics *m;              // (owned)
   rtr_metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue, *m_kv_usage,
       *m_prefix_hits, *m_prefix_queries, *m_kv_bytes, *m_kv_time, *m_ok_stop, *m_ok_length, *m_fail;
+  // dserve:auth_failures_total (NULL until created): grown in links.c from every worker's stats_ok auth_failures and
+  // the router hub's own refusals (srv_hub_auth_failures); hub_auth_last: the hub's count already added.
+  rtr_metric *m_auth_failures;
+  double hub_auth_last;
 };
 
 static inline int64_t now_us(void) {
@@ -139,6 +149,19 @@ static inline void deadline_in(struct timespec *dl, int ms) {
 // http.c
 int rtr_client_gone(int fd); // the client's socket (fd; -1: unknown) was closed or broke
 void rtr_restore_timeout(rtr_server *s, struct MHD_Connection *c); // back to the configured idle timeout
+
+// conns.c: the listening socket and accept thread in front of MHD; caps on open connections; request-head deadline
+int rtr_gate_listen(rtr_server *s, const struct sockaddr_in *sa, char *err, size_t errlen); // binds (s->gate)
+int rtr_gate_port(rtr_server *s);
+int rtr_gate_start(rtr_server *s, char *err, size_t errlen); // the accept thread, once s->mhd runs
+void rtr_gate_stop(rtr_server *s);                            // stops accepting
+void rtr_gate_free(rtr_server *s);                            // after MHD_stop_daemon; NULL gate is a no-op
+// MHD_OPTION_NOTIFY_CONNECTION callback (cls: the rtr_server)
+void rtr_gate_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                     enum MHD_ConnectionNotificationCode toe);
+void rtr_gate_head_seen(rtr_server *s, struct MHD_Connection *c);    // a request head arrived
+void rtr_gate_request_done(rtr_server *s, struct MHD_Connection *c); // a request ended (the next head is due)
+void rtr_gate_counts(rtr_server *s, int *open, long *refused);
 
 // admit.c
 int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e); // 0, or -1 with e (the caller fails r)

@@ -13,11 +13,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tests/test_secret.h"
 
 #include "tests/models/gguf_writer.h"
 
@@ -88,7 +91,7 @@ struct FakeWorker {
     srv_hub_opts o{};
     o.name = "fake";
     o.role = "both";
-    o.secret = "";
+    o.secret = DSERVE_TEST_SECRET; // the hub checks the router's proof of it before any hello_ok
     o.host = "127.0.0.1";
     o.port = 0;
     o.hello_extra = [](void *, cJSON *ok) {
@@ -288,6 +291,20 @@ inline std::string dechunk(const std::string &b) {
   return out;
 }
 
+// Where a chunked body that starts at b[0] ends (just past its last chunk, without trailers), or npos while
+// incomplete.
+inline size_t chunked_end(const std::string &b) {
+  size_t p = 0;
+  for (;;) {
+    size_t e = b.find("\r\n", p);
+    if (e == std::string::npos) return std::string::npos;
+    size_t n = strtoul(b.substr(p, e - p).c_str(), nullptr, 16);
+    if (n == 0) return b.size() >= e + 4 && b.compare(e + 2, 2, "\r\n") == 0 ? e + 4 : std::string::npos;
+    p = e + 2 + n + 2;
+    if (p > b.size()) return std::string::npos;
+  }
+}
+
 // Reads one response from fd (Content-Length, chunked, or until close).
 inline bool read_resp(int fd, Resp &r, std::string &pending) {
   std::string buf = pending;
@@ -317,13 +334,14 @@ inline bool read_resp(int fd, Resp &r, std::string &pending) {
     return true;
   }
   if (r.header("transfer-encoding") == "chunked") {
-    while (rest.find("\r\n0\r\n\r\n") == std::string::npos && rest.rfind("0\r\n\r\n", 0) != 0) {
+    size_t end;
+    while ((end = chunked_end(rest)) == std::string::npos) {
       ssize_t k = recv(fd, tmp, sizeof tmp, 0);
       if (k <= 0) break;
       rest.append(tmp, (size_t)k);
     }
     r.body = dechunk(rest);
-    pending.clear();
+    pending = end == std::string::npos ? "" : rest.substr(end); // a pipelined answer may follow
     return true;
   }
   for (;;) {
@@ -348,7 +366,7 @@ inline Resp request(int port, const std::string &method, const std::string &path
   return r;
 }
 
-cJSON *js(const std::string &s) { return cJSON_ParseWithLength(s.data(), s.size()); }
+inline cJSON *js(const std::string &s) { return cJSON_ParseWithLength(s.data(), s.size()); }
 
 inline std::vector<std::string> sse_events(const std::string &body) {
   std::vector<std::string> ev;
@@ -371,9 +389,12 @@ struct Router {
   std::vector<std::string> keys;
   std::vector<char *> key_ptrs;
   rtr_server *s = nullptr;
+  // tweak, when given, changes the config last (e.g. the connection caps) before the router starts.
   Router(const TinyModel &m, int worker_port, int queue_limit = 16, int max_seqs = 64,
-         std::vector<std::string> api_keys = {}, int conn_timeout_s = 10) {
+         std::vector<std::string> api_keys = {}, int conn_timeout_s = 10,
+         const std::function<void(srv_config &)> &tweak = nullptr) {
     snprintf(cfg.model_name, sizeof cfg.model_name, "tiny");
+    snprintf(cfg.secret, sizeof cfg.secret, "%s", DSERVE_TEST_SECRET);
     cfg.has_router = 1;
     snprintf(cfg.router.host, sizeof cfg.router.host, "127.0.0.1");
     cfg.router.port = 0;
@@ -395,6 +416,7 @@ struct Router {
     w.max_seqs = max_seqs;
     cfg.workers = &w;
     cfg.n_workers = 1;
+    if (tweak) tweak(cfg);
     rtr_server_opts o{};
     o.cfg = &cfg;
     o.gguf = m.g;

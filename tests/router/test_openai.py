@@ -95,7 +95,7 @@ def setUpModule():
                               stdout=subprocess.PIPE, text=True)
     wport = int(WORKER.stdout.readline().split()[1])
     cfg = {
-        "model": "tiny.gguf", "model_name": "tiny", "secret": "",
+        "model": "tiny.gguf", "model_name": "tiny", "secret": fake_worker.SECRET,
         "nodes": {"local": {"host": "127.0.0.1"}},
         "router": {"node": "local", "host": "127.0.0.1", "port": 0, "queue_limit": 256, "max_n": 4},
         "workers": [{"name": "w0", "node": "local", "role": "both", "host": "127.0.0.1", "port": wport,
@@ -370,6 +370,65 @@ class OpenAITest(unittest.TestCase):
         for i, (text, msgs) in results.items():
             self.assertEqual(text, fake_worker.expected(prompt_ids_chat(msgs), i)[0], "client %d" % i)
         self.assertEqual(len({t for t, _ in results.values()}), 64)
+
+
+class FrontEndTest(unittest.TestCase):
+    """Issue 17: seeds drawn per request, /v1/models/{id}, NUL refused, pipelining, the per-client cap."""
+
+    def test_no_seed_draws_one(self):
+        r = client().chat.completions.create(model="tiny", messages=MSGS, n=2, temperature=1, max_tokens=6)
+        self.assertNotEqual(r.choices[0].message.content, r.choices[1].message.content)
+        r2 = client().chat.completions.create(model="tiny", messages=MSGS, n=2, temperature=1, max_tokens=6)
+        self.assertNotEqual({c.message.content for c in r.choices}, {c.message.content for c in r2.choices})
+        # an explicit seed still reproduces, choice by choice
+        a = client().chat.completions.create(model="tiny", messages=MSGS, n=2, seed=77, max_tokens=6)
+        b = client().chat.completions.create(model="tiny", messages=MSGS, n=2, seed=77, max_tokens=6)
+        key = lambda x: sorted((c.index, c.message.content) for c in x.choices)  # noqa: E731
+        self.assertEqual(key(a), key(b))
+
+    def test_model_by_id(self):
+        m = client().models.retrieve("tiny")
+        self.assertEqual((m.id, m.object, m.owned_by), ("tiny", "model", "dserve"))
+        with self.assertRaises(openai.NotFoundError) as e:
+            client().models.retrieve("gpt-9")
+        self.assertEqual(e.exception.code, "model_not_found")
+
+    def test_nul_refused(self):
+        for path, body, param in [
+                ("/v1/chat/completions", b'{"messages":[{"role":"user","content":"a\\u0000b"}]}', "messages[0].content"),
+                ("/v1/chat/completions", b'{"messages":[{"role":"user","content":"a\x00b"}]}', "messages[0].content"),
+                ("/v1/completions", b'{"prompt":"hi","stop":["x\\u0000"]}', "stop[0]"),
+                ("/tokenize", b'{"prompt":"\\u0000"}', "prompt")]:
+            status, obj = raw(path, body)
+            self.assertEqual(status, 400, (path, body, obj))
+            self.assertEqual(obj["error"]["param"], param, obj)
+        with self.assertRaises(openai.BadRequestError):
+            client().completions.create(model="tiny", prompt="abc\u0000def")
+
+    def test_pipelined(self):
+        u = BASE.split("//")[1].split(":")
+        body = b'{"prompt":"ab","max_tokens":2}'
+        req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        with socket.create_connection((u[0], int(u[1])), timeout=10) as s:
+            s.sendall(req + b"GET /v1/models/tiny HTTP/1.1\r\nHost: x\r\n\r\n")
+            buf, got = b"", []
+            while len(got) < 2:  # two Content-Length answers, in order
+                he = buf.find(b"\r\n\r\n")
+                if he >= 0:
+                    head = buf[:he].decode()
+                    n = int(re.search(r"(?i)content-length: *(\d+)", head).group(1))
+                    if len(buf) >= he + 4 + n:
+                        got.append((int(head.split()[1]), json.loads(buf[he + 4:he + 4 + n])))
+                        buf = buf[he + 4 + n:]
+                        continue
+                chunk = s.recv(65536)
+                self.assertTrue(chunk, "the router closed after %d answers" % len(got))
+                buf += chunk
+        self.assertEqual(got[0][0], 200)
+        self.assertEqual(got[0][1]["object"], "text_completion")
+        self.assertEqual(got[1], (200, got[1][1]))
+        self.assertEqual(got[1][1]["id"], "tiny")
 
 
 if __name__ == "__main__":

@@ -292,3 +292,49 @@ TEST(Validate, Utf8) {
 }
 
 } // namespace
+
+namespace {
+
+// A NUL inside any string, escaped (\u0000) or raw, is refused naming the field (it would cut the text short).
+TEST(Validate, NulInStrings) {
+  struct Case {
+    rtr_kind kind;
+    std::string body, param;
+  };
+  const std::string raw_nul("a\0b", 3);
+  const std::vector<Case> cases = {
+      {RTR_COMPLETION, R"({"prompt":"abc\u0000def"})", "prompt"},
+      {RTR_COMPLETION, R"({"prompt":["abc\u0000"]})", "prompt[0]"},
+      {RTR_COMPLETION, "{\"prompt\":\"" + raw_nul + "\"}", "prompt"},
+      {RTR_CHAT, R"({"messages":[{"role":"user","content":"hi"},{"role":"user","content":"x\u0000"}]})",
+       "messages[1].content"},
+      {RTR_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"" + raw_nul + "\"}]}", "messages[0].content"},
+      {RTR_CHAT, R"({"messages":[{"role":"user","content":[{"type":"text","text":"a\u0000"}]}]})",
+       "messages[0].content[0].text"},
+      {RTR_CHAT, R"({"messages":[{"role":"user\u0000x","content":"hi"}]})", "messages[0].role"},
+      {RTR_CHAT, R"({"messages":[{"role":"user","content":"hi"}],"stop":["ok","s\u0000"]})", "stop[1]"},
+      {RTR_COMPLETION, R"({"prompt":"hi","stop":"\u0000"})", "stop"},
+      {RTR_COMPLETION, R"({"model":"m\u0000x","prompt":"hi"})", "model"},
+      {RTR_COMPLETION, R"({"prompt":"hi","user":"u\u0000"})", "user"},
+      {RTR_TOKENIZE, R"({"prompt":"a\u0000"})", "prompt"},
+      {RTR_TOKENIZE, R"({"messages":[{"role":"user","content":"\u0000"}]})", "messages[0].content"},
+      {RTR_DETOKENIZE, R"({"tokens":[1],"x\u0000":1})", "x\\u0000"},
+  };
+  for (const auto &c : cases) {
+    Parsed p(c.kind, c.body);
+    EXPECT_EQ(p.rc, -1) << c.body;
+    EXPECT_EQ(p.e.status, 400) << c.body;
+    EXPECT_EQ(std::string(p.e.param), c.param) << c.body;
+    EXPECT_NE(std::string(p.e.message).find("NUL"), std::string::npos) << p.e.message;
+  }
+  // an escaped backslash before "u0000" is text, and other escapes stay accepted
+  Parsed ok(RTR_COMPLETION, R"({"prompt":"a\\u0000 \u0001 \n \"\u0000\" no"})");
+  EXPECT_EQ(ok.rc, -1); // the last one is a real \u0000 inside the same string
+  EXPECT_EQ(std::string(ok.e.param), "prompt");
+  Parsed ok2(RTR_COMPLETION, R"({"prompt":"a\\u0000 \u0001 \u00e9 \"q\" end","stop":["\\u0000"]})");
+  ASSERT_EQ(ok2.rc, 0) << ok2.e.message;
+  EXPECT_STREQ(ok2.r.prompt, "a\\u0000 \x01 \xc3\xa9 \"q\" end");
+  EXPECT_STREQ(ok2.r.stop[0], "\\u0000");
+}
+
+} // namespace
