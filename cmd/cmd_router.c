@@ -12,6 +12,7 @@
 #include "cmd/cmds.h"
 #include "server/config.h"
 #include "server/log.h"
+#include "server/secret.h"
 
 // The model's context length from `{general.architecture}.context_length`. 0, or -1 with err.
 static int context_length(const mdl_gguf *g, int *out, char *err, size_t errlen) {
@@ -49,6 +50,11 @@ int cmd_router(int argc, char **argv) {
   srv_config *cfg = NULL;
   if (srv_config_load(config, &cfg, err, sizeof err) < 0) {
     fprintf(stderr, "dserve router: %s\n", err);
+    return 2;
+  }
+  if (srv_config_require_secret(cfg, err, sizeof err)) {
+    fprintf(stderr, "dserve router: %s\n", err);
+    srv_config_free(cfg);
     return 2;
   }
   if (!cfg->has_router) {

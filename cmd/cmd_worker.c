@@ -7,6 +7,7 @@
 #include "decode/worker.h"
 #include "prefill/worker.h"
 #include "server/config.h"
+#include "server/secret.h"
 
 typedef int (*worker_fn)(const srv_config *cfg, const srv_worker_cfg *w, char *err, size_t errlen);
 
@@ -36,7 +37,10 @@ static int worker_cmd(int argc, char **argv, srv_role role, worker_fn run) {
   }
   const srv_worker_cfg *w = srv_config_worker(cfg, name);
   int rc = 0;
-  if (w && device && srv_config_set_device(cfg, name, device, err, sizeof err)) { // overrides the config's "device"
+  if (srv_config_require_secret(cfg, err, sizeof err)) { // nothing listens without authentication
+    fprintf(stderr, "dserve %s: %s\n", argv[0], err);
+    rc = 2;
+  } else if (w && device && srv_config_set_device(cfg, name, device, err, sizeof err)) { // overrides the config's "device"
     fprintf(stderr, "dserve %s: --device: %s\n", argv[0], err);
     rc = 2;
   } else if (!w) {

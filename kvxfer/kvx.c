@@ -32,6 +32,18 @@ void kvx_log(kvx_agent *a, const char *fmt, ...) {
     fprintf(stderr, "kvx[%s]: %s\n", a->name, line);
 }
 
+void kvx_auth_refused(kvx_agent *a, const char *fmt, ...) {
+  char line[480];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  uint64_t n = atomic_fetch_add(&a->auth_failures, 1) + 1;
+  kvx_log(a, "%s (%" PRIu64 " refused so far)", line, n);
+}
+
+uint64_t kvx_auth_failures(kvx_agent *a) { return a ? atomic_load(&a->auth_failures) : 0; }
+
 int64_t kvx_now_ms(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -217,6 +229,10 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
   const char *lh = o.listen_host ? o.listen_host : "127.0.0.1";
   const char *ah = o.advertise_host ? o.advertise_host : lh;
   const char *sec = o.secret ? o.secret : "";
+  if (!sec[0]) {
+    utl_seterr(err, errlen, "kvx_agent_new: a shared secret is required (peers prove it before any frame)");
+    return NULL;
+  }
   if (strlen(lh) >= 64 || strlen(ah) >= 64 || strlen(sec) >= 256 || o.listen_port < 0 || o.listen_port > 65535 ||
       o.timeout_ms < 0) {
     utl_seterr(err, errlen, "kvx_agent_new: bad options (host, port, timeout or secret too long)");

@@ -55,9 +55,10 @@ typedef struct kvx_opts {
   int listen_port;          // 0 = ephemeral
   const char *advertise_host;  // address put in the metadata; NULL = listen_host
   int timeout_ms;           // a peer silent this long with work pending is dead; 0 = 10000
-  const char *secret;       // shared cluster secret; NULL = "" (peers must match exactly)
+  const char *secret;       // shared cluster secret (required: kvx_agent_new refuses NULL and ""); peers must match
   int cuda_device;          // CUDA device index for rdma/nccl with CUDA memory
-  const char *shm_dir;      // directory for the shm backend's unix socket; NULL = $TMPDIR or /tmp
+  const char *shm_dir;      // where the shm backend makes its private 0700 folder holding its 0600 unix socket;
+                            // NULL = $TMPDIR or /tmp
   // Log sink for refused peers and dropped connections; NULL = stderr lines "kvx[name]: ...".
   void (*log)(void *log_ud, const char *line);
   void *log_ud;  // (borrowed)
@@ -80,6 +81,9 @@ void kvx_agent_free(kvx_agent *a);
 const char *kvx_agent_name(const kvx_agent *a);
 const char *kvx_agent_backend(const kvx_agent *a);  // the backend asked for ("auto" etc.)
 int kvx_agent_port(const kvx_agent *a);              // bound tcp port (0 when tcp is off)
+// Connections this agent refused before any frame (each logged with the peer's address, or pid and uid for shm):
+// a failed or malformed handshake (wrong secret), or an shm peer of another user. Thread-safe.
+uint64_t kvx_auth_failures(kvx_agent *a);
 
 // Host memory that the shm backend can map into another process (memfd + MAP_SHARED),
 // zero-filled and page aligned. Register it to export it to same-host peers.

@@ -167,11 +167,14 @@ struct kvx_agent {
   pthread_cond_t thr_cv;
   int threads;  // live backend threads (detached); kvx_agent_free waits for 0
   KVX_ATOMIC(uint64_t) next_id;
+  KVX_ATOMIC(uint64_t) auth_failures;  // kvx_auth_failures
   void *be_state[KVX_NBE];  // (owned by each backend)
 };
 
 // Core services for the backends.
 void kvx_log(kvx_agent *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// Counts one refused connection (kvx_auth_failures) and logs why.
+void kvx_auth_refused(kvx_agent *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kvx_signal(kvx_agent *a);  // wake kvx_agent_fd
 void kvx_push_notif(kvx_agent *a, const char *peer, const void *msg, size_t len);
 // Completes x (rc 0 = done, <0 = error with the formatted reason) and drops the backend's reference.
@@ -200,7 +203,7 @@ int kvx_send_frame(int fd, uint16_t op, uint16_t flags, uint64_t req, uint64_t a
 // Handshakes. Client: proves the secret to the server and checks the server's proof.
 int kvx_handshake_client(int fd, const char *my_name, const void *secret, size_t slen, int timeout_ms, char *err,
                          size_t errlen);
-// Server: verifies the client; fills peer_name (KVX_MAX_NAME) on success.
+// Server: verifies the client; fills peer_name (KVX_MAX_NAME) on success. Both refuse an empty secret.
 int kvx_handshake_server(int fd, const void *secret, size_t slen, int timeout_ms, char *peer_name, char *err,
                          size_t errlen);
 int kvx_tcp_connect(const char *host, int port, int timeout_ms, char *err, size_t errlen);

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -21,7 +22,8 @@ typedef struct shm_srv {
 
 typedef struct shm_state {
   int lfd;
-  char path[108];
+  char dir[108];   // private folder (0700) holding the socket
+  char path[108];  // the socket (0600)
   pthread_mutex_t mu;  // conns
   shm_srv *conns;
 } shm_state;
@@ -69,10 +71,19 @@ static void *shm_serve_main(void *p) {
   int fd = s.c->fd, to = a->timeout_ms;
   char peer[KVX_MAX_NAME] = "?", why[300] = "";
   uint8_t *nbuf = malloc(KVX_MAX_NOTIF);
+  // Only this user's processes may even try the handshake: the socket's folder and mode already keep others out,
+  // and the kernel's credentials of the connecting process say who it is.
+  struct ucred cr = {0};
+  socklen_t cl = sizeof cr;
+  int cred_ok = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 && cr.uid == geteuid();
   if (!nbuf) {
     snprintf(why, sizeof why, "out of memory");
+  } else if (!cred_ok) {
+    if (!a->closing)
+      kvx_auth_refused(a, "shm: refused connection from pid %d uid %d: not this agent's user (uid %d)", (int)cr.pid,
+                       (int)cr.uid, (int)geteuid());
   } else if (kvx_handshake_server(fd, a->secret, a->secret_len, to, peer, why, sizeof why)) {
-    if (!a->closing) kvx_log(a, "shm: refused connection: %s", why);
+    if (!a->closing) kvx_auth_refused(a, "shm: refused connection from pid %d: %s", (int)cr.pid, why);
   } else {
     for (;;) {
       kvx_hdr h;
@@ -172,20 +183,31 @@ static int shm_init(kvx_agent *a, char *err, size_t errlen) {
     utl_seterr(err, errlen, "out of memory");
     return -1;
   }
-  uint32_t r = 0;
-  if (getrandom(&r, sizeof r, 0) != sizeof r) r = (uint32_t)kvx_now_ms();
-  int n = snprintf(st->path, sizeof st->path, "%s/kvx-%d-%08x.sock", a->shm_dir, (int)getpid(), r);
-  if (n < 0 || (size_t)n >= sizeof st->path) {
+  // A fresh folder only this user can enter (mkdtemp makes it 0700), the socket inside it 0600: another user can
+  // neither connect nor replace it. Bound before the chmod, but nobody else can reach it in between.
+  int n = snprintf(st->dir, sizeof st->dir, "%s/kvx-%d-XXXXXX", a->shm_dir, (int)getpid());
+  int m = n < 0 ? -1 : snprintf(st->path, sizeof st->path, "%s/s.sock", st->dir);
+  if (n < 0 || (size_t)n >= sizeof st->dir || m < 0 || (size_t)m >= sizeof st->path) {
     utl_seterr(err, errlen, "shm: socket path under '%s' is too long", a->shm_dir);
     free(st);
     return -1;
   }
+  if (!mkdtemp(st->dir) || chmod(st->dir, 0700)) {
+    utl_seterr(err, errlen, "shm: cannot make a private folder under '%s': %s", a->shm_dir, strerror(errno));
+    free(st);
+    return -1;
+  }
+  memcpy(st->path, st->dir, (size_t)n); // mkdtemp filled in the XXXXXX; the length (checked above) is the same
+  memcpy(st->path + n, "/s.sock", 8);
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  memcpy(sa.sun_path, st->path, (size_t)n + 1);
+  memcpy(sa.sun_path, st->path, strlen(st->path) + 1);
   st->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (st->lfd < 0 || bind(st->lfd, (struct sockaddr *)&sa, sizeof sa) || listen(st->lfd, 64)) {
+  if (st->lfd < 0 || bind(st->lfd, (struct sockaddr *)&sa, sizeof sa) || chmod(st->path, 0600) ||
+      listen(st->lfd, 64)) {
     utl_seterr(err, errlen, "shm: listen on %s: %s", st->path, strerror(errno));
     if (st->lfd >= 0) close(st->lfd);
+    unlink(st->path);
+    rmdir(st->dir);
     free(st);
     return -1;
   }
@@ -193,6 +215,7 @@ static int shm_init(kvx_agent *a, char *err, size_t errlen) {
   a->be_state[KVX_BE_SHM] = st;
   if (kvx_thread_start(a, shm_accept_main, a, err, errlen)) {
     unlink(st->path);
+    rmdir(st->dir);
     close(st->lfd);
     pthread_mutex_destroy(&st->mu);
     free(st);
@@ -215,6 +238,7 @@ static void shm_fini(kvx_agent *a) {
   shm_state *st = a->be_state[KVX_BE_SHM];
   if (!st) return;
   unlink(st->path);
+  rmdir(st->dir);
   close(st->lfd);
   pthread_mutex_destroy(&st->mu);
   free(st);

@@ -151,7 +151,7 @@ static void *serve_main(void *p) {
   char peer[KVX_MAX_NAME] = "?", why[300] = "";
   kvx_sock_timeouts(s.c->fd, a->timeout_ms);
   if (kvx_handshake_server(s.c->fd, a->secret, a->secret_len, a->timeout_ms, peer, why, sizeof why)) {
-    if (!a->closing) kvx_log(a, "refused connection from %s: %s", s.from, why);
+    if (!a->closing) kvx_auth_refused(a, "refused connection from %s: %s", s.from, why);
   } else {
     serve_frames(a, s.c->fd, peer, why, sizeof why);
   }

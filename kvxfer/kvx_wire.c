@@ -119,6 +119,10 @@ static int rand_bytes(uint8_t *p, size_t n) {
 
 int kvx_handshake_client(int fd, const char *my_name, const void *secret, size_t slen, int timeout_ms, char *err,
                          size_t errlen) {
+  if (!secret || !slen) {
+    utl_seterr(err, errlen, "handshake: no shared secret");
+    return -1;
+  }
   uint8_t in[36];
   int rc = kvx_recv_all(fd, in, sizeof in, timeout_ms, 0);
   if (rc) {
@@ -171,6 +175,10 @@ int kvx_handshake_client(int fd, const char *my_name, const void *secret, size_t
 
 int kvx_handshake_server(int fd, const void *secret, size_t slen, int timeout_ms, char *peer_name, char *err,
                          size_t errlen) {
+  if (!secret || !slen) {
+    utl_seterr(err, errlen, "handshake: no shared secret: refusing every peer");
+    return -1;
+  }
   uint8_t g[36];
   uint32_t magic = HS_S;
   memcpy(g, &magic, 4);

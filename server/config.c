@@ -1,6 +1,8 @@
 // server/config.c: the cluster config file (configs/README.md documents every key), parsed strictly with cJSON.
 #include "server/config.h"
 
+#include "server/secret.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -240,7 +242,7 @@ int srv_config_has_node(const srv_config *c, const char *node) {
 
 // ---- sections ----
 
-static const char *const K_TOP[] = {"model", "model_name", "secret", "nodes", "router", "workers", NULL};
+static const char *const K_TOP[] = {"model", "model_name", "secret", "secret_file", "nodes", "router", "workers", NULL};
 static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",
                                        "max_body_bytes", "conn_timeout_s", "queue_limit", "max_tokens_limit",
@@ -462,25 +464,58 @@ static int cfg_check_ports(cfg_ctx *x, const srv_config *c) {
   return rc;
 }
 
-static int cfg_resolve_model(cfg_ctx *x, srv_config *c, const char *model, const char *path) {
-  size_t n = strlen(model);
-  if (!n) return cfg_fail(x, "model", "must not be empty");
+// out = rel resolved against the folder of the config file path (rel itself when absolute or path has no folder).
+static int cfg_resolve_path(cfg_ctx *x, const char *key, const char *rel, const char *path, char *out, size_t cap) {
+  size_t n = strlen(rel);
+  if (!n) return cfg_fail(x, key, "must not be empty");
   const char *slash = path ? strrchr(path, '/') : NULL;
   int w;
-  if (model[0] == '/' || !slash) w = snprintf(c->model_path, sizeof c->model_path, "%s", model);
-  else w = snprintf(c->model_path, sizeof c->model_path, "%.*s/%s", (int)(slash - path), path, model);
-  if (w < 0 || (size_t)w >= sizeof c->model_path) return cfg_fail(x, "model", "path too long");
+  if (rel[0] == '/' || !slash) w = snprintf(out, cap, "%s", rel);
+  else w = snprintf(out, cap, "%.*s/%s", (int)(slash - path), path, rel);
+  if (w < 0 || (size_t)w >= cap) return cfg_fail(x, key, "path too long");
   return 0;
+}
+
+// The first host that is not loopback (router, nodes, workers' control and kvxfer hosts) into c->remote_field:
+// such a cluster listens where other machines can connect, and needs a strong secret from a file or the environment.
+static void cfg_find_remote(srv_config *c, const cfg_node *nodes, int n_nodes) {
+  c->remote_field[0] = 0;
+  if (c->has_router && !srv_host_is_loopback(c->router.host)) {
+    snprintf(c->remote_field, sizeof c->remote_field, "router.host \"%.60s\"", c->router.host);
+    return;
+  }
+  for (int i = 0; i < n_nodes; i++)
+    if (nodes[i].host[0] && !srv_host_is_loopback(nodes[i].host)) {
+      snprintf(c->remote_field, sizeof c->remote_field, "nodes.%.30s.host \"%.50s\"", nodes[i].name, nodes[i].host);
+      return;
+    }
+  for (int i = 0; i < c->n_workers; i++) {
+    const srv_worker_cfg *w = &c->workers[i];
+    if (!srv_host_is_loopback(w->host)) {
+      snprintf(c->remote_field, sizeof c->remote_field, "workers[%d].host \"%.60s\"", i, w->host);
+      return;
+    }
+    if (!srv_host_is_loopback(w->kvx_host)) {
+      snprintf(c->remote_field, sizeof c->remote_field, "workers[%d].kvxfer.host \"%.50s\"", i, w->kvx_host);
+      return;
+    }
+  }
 }
 
 static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, srv_config *c) {
   if (!cJSON_IsObject(root)) return cfg_fail(x, NULL, "expected a JSON object at the top, got %s", cfg_type_name(root));
   if (cfg_check_keys(x, root, "", K_TOP)) return -1;
   char model[1024];
-  if (cfg_str(x, root, "", "model", model, sizeof model, NULL) || cfg_resolve_model(x, c, model, path)) return -1;
-  if (cfg_str(x, root, "", "model_name", c->model_name, sizeof c->model_name, "") ||
-      cfg_str(x, root, "", "secret", c->secret, sizeof c->secret, ""))
+  if (cfg_str(x, root, "", "model", model, sizeof model, NULL) ||
+      cfg_resolve_path(x, "model", model, path, c->model_path, sizeof c->model_path))
     return -1;
+  if (cfg_str(x, root, "", "model_name", c->model_name, sizeof c->model_name, "") ||
+      cfg_str(x, root, "", "secret", c->secret, sizeof c->secret, "") ||
+      cfg_str(x, root, "", "secret_file", model, sizeof model, ""))
+    return -1;
+  if (model[0] && cfg_resolve_path(x, "secret_file", model, path, c->secret_file, sizeof c->secret_file)) return -1;
+  if (cfg_item(root, "secret_file") && !model[0]) return cfg_fail(x, "secret_file", "must not be empty");
+  c->secret_from = c->secret[0] ? SRV_SECRET_INLINE : SRV_SECRET_NONE;
 
   // nodes: optional; when given, every role's node must be one of them.
   const cJSON *jn;
@@ -554,6 +589,7 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, srv_config
       }
   }
   if (!rc) rc = cfg_check_ports(x, c);
+  if (!rc) cfg_find_remote(c, nodes, n_nodes);
   free(nodes);
   return rc;
 }
@@ -647,11 +683,17 @@ int srv_config_load(const char *path, srv_config **out, char *err, size_t errlen
   buf[len] = 0;
   int rc = srv_config_parse(buf, len, path, out, err, errlen);
   free(buf);
+  if (rc == 0 && srv_config_resolve_secret(*out, err, errlen)) {
+    srv_config_free(*out);
+    *out = NULL;
+    return -1;
+  }
   return rc;
 }
 
 void srv_config_free(srv_config *c) {
   if (!c) return;
+  srv_secret_wipe(c->secret, sizeof c->secret);
   for (int i = 0; i < c->router.n_api_keys; i++) free(c->router.api_keys[i]);
   free(c->router.api_keys);
   free(c->workers);

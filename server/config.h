@@ -67,7 +67,13 @@ typedef struct srv_config {
   char path[1024];          // the file it came from
   char model_path[1024];    // resolved against the config file's folder when relative
   char model_name[128];     // the id /v1/models reports (default: the GGUF's general.name)
-  char secret[128];         // cluster shared secret ("" = none); workers refuse peers without it
+  // The cluster's shared secret, resolved by srv_config_load (server/secret.h): config secret_file, then the
+  // environment (DSERVE_SECRET_FILE, DSERVE_SECRET), then the inline "secret". Every control and kvxfer peer must
+  // prove it; a role without one refuses to start (srv_config_require_secret).
+  char secret[128];         // "" = none found (only the launcher starts then: it makes a per-launch one)
+  char secret_file[1024];   // the config's "secret_file", resolved against the config file's folder ("" = none)
+  int secret_from;          // srv_secret_from: where secret came from
+  char remote_field[96];    // the first field naming a non-loopback host ("" = every host is loopback)
   int has_router;
   srv_router_cfg router;
   srv_worker_cfg *workers;  // (owned) (n_workers)
@@ -78,6 +84,8 @@ typedef struct srv_config {
 
 // Parses and validates path. An unknown key, a wrong type or a bad value is an error naming the field
 // (e.g. "configs/x.json: workers[1].port: expected an integer 0..65535"). configs/README.md documents every key.
+// srv_config_load also resolves the shared secret (srv_config_resolve_secret); srv_config_parse only records the
+// inline "secret" and "secret_file" (no file or environment is read).
 int srv_config_load(const char *path, srv_config **out, char *err, size_t errlen);
 int srv_config_parse(const char *json, size_t len, const char *path_for_errors, srv_config **out, char *err,
                      size_t errlen);

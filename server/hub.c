@@ -1,10 +1,13 @@
 // server/hub.c: accepts and opens control connections, checks the shared secret, queues messages for one loop.
 #include "server/hub.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +26,7 @@ struct srv_peer {
   srv_ctl *ctl;       // (owned)
   cJSON *hello;       // (owned) the other side's hello / hello_ok
   char name[64], role[16];
+  char addr[64];      // "ip:port" of the other end (for refusal logs)
   int refs;           // guarded by hub->mu; the connection's thread holds one while it runs
   int alive;          // guarded by hub->mu
   srv_peer *next_all; // hub->peers list
@@ -49,6 +53,7 @@ struct srv_hub {
   int n_threads;      // connection threads still running (detached); srv_hub_free waits for 0
   pthread_cond_t threads_cv;
   int stopping;
+  atomic_long auth_failures; // control peers refused (bad or missing proof, no hello), and hellos refused to us
 };
 
 void srv_auth_proof(const char *secret, const char *nonce, char out[65]) {
@@ -62,6 +67,37 @@ void srv_auth_proof(const char *secret, const char *nonce, char out[65]) {
 int srv_consttime_eq(const char *a, const char *b) {
   size_t na = strlen(a), nb = strlen(b);
   return na == nb && kvx_ct_equal(a, b, na);
+}
+
+long srv_hub_auth_failures(srv_hub *h) { return h ? atomic_load(&h->auth_failures) : 0; }
+
+// A peer-supplied name, safe to print: [A-Za-z0-9._-], else "?".
+static const char *printable_name(const cJSON *v) {
+  if (!cJSON_IsString(v) || !v->valuestring[0] || strlen(v->valuestring) > 63) return "?";
+  for (const char *p = v->valuestring; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
+          *p == '_' || *p == '-'))
+      return "?";
+  return v->valuestring;
+}
+
+static void sock_addr(int fd, int peer, char *out, size_t cap) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  char ip[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  snprintf(out, cap, "?");
+  if ((peer ? getpeername(fd, (struct sockaddr *)&ss, &sl) : getsockname(fd, (struct sockaddr *)&ss, &sl))) return;
+  if (ss.ss_family == AF_INET) {
+    const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+    port = ntohs(a->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+    inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+    port = ntohs(a->sin6_port);
+  }
+  snprintf(out, cap, "%s:%d", ip, port);
 }
 
 static void push(srv_hub *h, srv_peer *p, cJSON *msg) {
@@ -166,6 +202,7 @@ static srv_peer *peer_new(srv_hub *h, int fd) {
     return NULL;
   }
   p->hub = h;
+  sock_addr(fd, 1, p->addr, sizeof p->addr);
   p->refs = 1; // the connection thread's (or, until it starts, the creator's) reference
   pthread_mutex_lock(&h->mu);
   p->next_all = h->peers;
@@ -225,17 +262,26 @@ static void *handshake_main(void *arg) {
   cJSON *m = NULL;
   if (ok && srv_ctl_recv(p->ctl, &m, HELLO_TIMEOUT_MS, err, sizeof err) == 1 &&
       !strcmp(cJSON_GetObjectItem(m, "op")->valuestring, "hello")) {
+    // Always checked: a hub has a secret (srv_hub_new refuses to start without one), and nothing of this process
+    // (hello_ok's KV layout, kvxfer metadata, the ops) reaches a peer before it proved it.
     const cJSON *auth = cJSON_GetObjectItemCaseSensitive(m, "auth");
     char want[65];
     srv_auth_proof(h->secret, nonce, want);
-    if (h->secret[0] && !(cJSON_IsString(auth) && srv_consttime_eq(auth->valuestring, want))) {
-      fprintf(stderr, "dserve %s: refused a control peer: wrong or missing shared-secret proof\n", h->name);
+    if (!h->secret[0] || !(cJSON_IsString(auth) && srv_consttime_eq(auth->valuestring, want))) {
+      long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
+      fprintf(stderr,
+              "dserve %s: refused a control peer from %s (hello as '%s'): %s shared-secret proof (%ld refused so far)\n",
+              h->name, p->addr, printable_name(cJSON_GetObjectItemCaseSensitive(m, "name")),
+              cJSON_IsString(auth) ? "wrong" : "missing", n);
       ok = 0;
     }
   } else {
-    // A health probe connects and closes without a word: not worth a log line.
-    if (ok && (m || !(strstr(err, "closed") || strstr(err, "reset"))))
-      fprintf(stderr, "dserve %s: refused a control peer: no hello (%s)\n", h->name, m ? "wrong op" : err);
+    // A health probe connects and closes without a word: neither logged nor counted.
+    if (ok && (m || !(strstr(err, "closed") || strstr(err, "reset")))) {
+      long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
+      fprintf(stderr, "dserve %s: refused a control peer from %s: no hello (%s) (%ld refused so far)\n", h->name,
+              p->addr, m ? "another op first" : err, n);
+    }
     ok = 0;
   }
   if (ok) {
@@ -289,6 +335,15 @@ static void *acceptor_main(void *arg) {
 
 int srv_hub_new(const srv_hub_opts *o, srv_hub **out, char *err, size_t errlen) {
   *out = NULL;
+  if (!o->secret || !o->secret[0]) {
+    snprintf(err, errlen, "%s: refusing to open a control hub without a shared secret (nothing listens or connects "
+             "unauthenticated)", o->name ? o->name : "hub");
+    return -1;
+  }
+  if (strlen(o->secret) >= sizeof ((srv_hub *)0)->secret) {
+    snprintf(err, errlen, "%s: shared secret too long", o->name ? o->name : "hub");
+    return -1;
+  }
   srv_hub *h = calloc(1, sizeof *h);
   if (!h) {
     snprintf(err, errlen, "out of memory");
@@ -340,16 +395,18 @@ srv_peer *srv_hub_connect(srv_hub *h, const char *host, int port, int timeout_ms
     cJSON_AddStringToObject(hello, "op", "hello");
     cJSON_AddStringToObject(hello, "name", h->name);
     cJSON_AddStringToObject(hello, "role", h->role);
-    if (h->secret[0]) {
-      char proof[65];
-      srv_auth_proof(h->secret, cJSON_GetObjectItemCaseSensitive(ch, "nonce")->valuestring, proof);
-      cJSON_AddStringToObject(hello, "auth", proof);
-    }
+    char proof[65];
+    srv_auth_proof(h->secret, cJSON_GetObjectItemCaseSensitive(ch, "nonce")->valuestring, proof);
+    cJSON_AddStringToObject(hello, "auth", proof);
     if (srv_ctl_send(p->ctl, hello) == 0 && srv_ctl_recv(p->ctl, &ok, timeout_ms, err, errlen) == 1 &&
-        !strcmp(cJSON_GetObjectItem(ok, "op")->valuestring, "hello_ok"))
+        !strcmp(cJSON_GetObjectItem(ok, "op")->valuestring, "hello_ok")) {
       good = 1;
-    else if (!ok || strcmp(err, "") == 0)
+    } else if (!ok || strcmp(err, "") == 0) {
+      long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
       snprintf(err, errlen, "%s:%d refused the hello (wrong shared secret?)", host, port);
+      fprintf(stderr, "dserve %s: %s:%d closed the control connection after our hello: wrong shared secret? (%ld "
+              "refused so far)\n", h->name, host, port, n);
+    }
     cJSON_Delete(hello);
   } else if (ch) {
     snprintf(err, errlen, "%s:%d did not send a challenge", host, port);

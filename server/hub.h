@@ -22,7 +22,7 @@ typedef struct srv_event {
 typedef struct srv_hub_opts {
   const char *name;   // this process's name in hello messages
   const char *role;   // "both", "prefill", "decode", "router"
-  const char *secret; // shared secret peers must prove ("" or NULL = none)
+  const char *secret; // shared secret peers must prove (required: srv_hub_new refuses "" and NULL)
   const char *host;   // listen address; NULL = do not listen (connect only)
   int port;           // 0 = ephemeral
   // Extra fields for the hello_ok this hub answers with (called from connection threads; may be NULL).
@@ -34,6 +34,9 @@ int srv_hub_new(const srv_hub_opts *o, srv_hub **out, char *err, size_t errlen);
 void srv_hub_free(srv_hub *h);   // closes every connection, waits for their threads; pending events and
                                  // peers still referenced are freed with it
 int srv_hub_port(const srv_hub *h);
+// Control handshakes refused so far: accepted peers without a hello or without the right proof (each logged with
+// its address), and connections where the other hub refused our hello. Thread-safe.
+long srv_hub_auth_failures(srv_hub *h);
 // Opens a connection to another hub and completes the hello exchange (blocking, bounded by timeout_ms).
 // The peer then delivers events like an accepted one. Returns a new reference, or NULL with err.
 srv_peer *srv_hub_connect(srv_hub *h, const char *host, int port, int timeout_ms, char *err, size_t errlen);

@@ -15,9 +15,12 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "server/secret.h"
 
 #define LCH_LINE 4096
 
@@ -263,6 +266,49 @@ static void lch_describe_status(int st, char *out, size_t cap) {
   else snprintf(out, cap, "ended (status 0x%x)", st);
 }
 
+// The per-launch secret of a config that gives none: 32 random bytes (hex) in a 0600 file inside a fresh 0700
+// folder; the children find it through $DSERVE_SECRET_FILE (never on a command line). dir/file: (1024 bytes each)
+// filled on success; lch_secret_remove deletes both.
+static int lch_secret_make(char *dir, char *file, char *err, size_t errlen) {
+  const char *bases[] = {getenv("XDG_RUNTIME_DIR"), getenv("TMPDIR"), "/tmp"};
+  dir[0] = file[0] = 0;
+  for (size_t i = 0; i < sizeof bases / sizeof bases[0] && !dir[0]; i++) {
+    if (!bases[i] || bases[i][0] != '/' || strlen(bases[i]) > 900) continue;
+    snprintf(dir, 1024, "%s/dserve-launch-XXXXXX", bases[i]);
+    if (!mkdtemp(dir)) dir[0] = 0;
+  }
+  if (!dir[0]) {
+    snprintf(err, errlen, "cannot make a private folder for the per-launch secret: %s", strerror(errno));
+    return -1;
+  }
+  chmod(dir, 0700);
+  snprintf(file, 1024, "%s/secret", dir);
+  char hex[66];
+  if (srv_secret_generate(hex, err, errlen)) {
+    rmdir(dir);
+    return -1;
+  }
+  int fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  size_t n = strlen(hex);
+  hex[n++] = '\n';
+  int ok = fd >= 0 && write(fd, hex, n) == (ssize_t)n;
+  int e = errno;
+  srv_secret_wipe(hex, sizeof hex);
+  if (fd >= 0) close(fd);
+  if (!ok) {
+    snprintf(err, errlen, "cannot write the per-launch secret %s: %s", file, strerror(e));
+    unlink(file);
+    rmdir(dir);
+    return -1;
+  }
+  return 0;
+}
+
+static void lch_secret_remove(const char *dir, const char *file) {
+  if (file[0]) unlink(file);
+  if (dir[0]) rmdir(dir);
+}
+
 void srv_launch_defaults(srv_launch_opts *o) {
   memset(o, 0, sizeof *o);
   o->grace_ms = 10000;
@@ -364,6 +410,27 @@ int srv_launch_run(const srv_config *cfg, const srv_launch_opts *o, char *err, s
     snprintf(err, errlen, "%s: node \"%s\" runs nothing (no router and no workers on it)", o->config_path, o->node);
     return 2;
   }
+  // No secret in the config or the environment: one for this launch, which only works when this launcher runs the
+  // whole cluster (srv_config_resolve_secret already refused a config with a non-loopback host).
+  char sdir[1024] = "", sfile[1024] = "";
+  if (!cfg->secret[0]) {
+    if (cfg->n_nodes > 1) {
+      free(ch);
+      snprintf(err, errlen,
+               "%s: no shared secret, and the cluster has %d nodes (each launcher would make a different one): set "
+               "\"secret_file\" (the same file on every node) or %s / %s",
+               o->config_path, cfg->n_nodes, SRV_SECRET_FILE_ENV, SRV_SECRET_ENV_VAR);
+      return 2;
+    }
+    if (lch_secret_make(sdir, sfile, err, errlen) || setenv(SRV_SECRET_FILE_ENV, sfile, 1)) {
+      lch_secret_remove(sdir, sfile);
+      free(ch);
+      return 2;
+    }
+    unsetenv(SRV_SECRET_ENV_VAR);
+    lch_say("node %s: no secret configured: made a per-launch secret (children read it from %s; removed on stop)",
+            o->node, SRV_SECRET_FILE_ENV);
+  }
   for (int i = 0; i < n; i++) {
     ch[i].s[0] = (lch_stream){.fd = -1, .out = STDOUT_FILENO};
     ch[i].s[1] = (lch_stream){.fd = -1, .out = STDERR_FILENO};
@@ -378,6 +445,7 @@ int srv_launch_run(const srv_config *cfg, const srv_launch_opts *o, char *err, s
   int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sfd < 0) {
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
+    lch_secret_remove(sdir, sfile);
     free(ch);
     snprintf(err, errlen, "signalfd: %s", strerror(errno));
     return 2;
@@ -560,5 +628,9 @@ int srv_launch_run(const srv_config *cfg, const srv_launch_opts *o, char *err, s
   close(sfd);
   sigaction(SIGPIPE, &old_pipe, NULL);
   sigprocmask(SIG_SETMASK, &oldmask, NULL);
+  if (sfile[0]) {
+    lch_secret_remove(sdir, sfile);
+    unsetenv(SRV_SECRET_FILE_ENV);
+  }
   return rc;
 }

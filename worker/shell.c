@@ -94,6 +94,8 @@ cJSON *wrk_shell_stats_new(const wrk_shell *sh, int running, int waiting) {
   cJSON_AddNumberToObject(m, "waiting", waiting);
   cJSON_AddNumberToObject(m, "free_blocks", wrk_kvpool_free_blocks(sh->rt->kv));
   cJSON_AddNumberToObject(m, "total_blocks", wrk_kvpool_total_blocks(sh->rt->kv));
+  // Running total of refused control and kvxfer connections (each also logged with the peer's address).
+  cJSON_AddNumberToObject(m, "auth_failures", (double)srv_hub_auth_failures(sh->hub) + (double)kvx_auth_failures(sh->kvx));
   return m;
 }
 

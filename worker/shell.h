@@ -78,7 +78,8 @@ void wrk_shell_announce(const wrk_shell *sh);
 // o.on_close (a closed connection) or to the table's handler for its op. Returns the events handled.
 int wrk_shell_drain(wrk_shell *sh, int wait_ms, wrk_prefix *prefix);
 
-// A stats_ok reply holding what every worker reports (running, waiting, free_blocks, total_blocks); the role
+// A stats_ok reply holding what every worker reports (running, waiting, free_blocks, total_blocks,
+// auth_failures: refused control + kvxfer connections since start); the role
 // adds its own counters, then wrk_engine_add_prefix_stats. Owned by the caller; NULL on out of memory.
 cJSON *wrk_shell_stats_new(const wrk_shell *sh, int running, int waiting);
 

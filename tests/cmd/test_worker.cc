@@ -11,6 +11,7 @@
 
 #include "kernels/krn.h"
 #include "tests/run_dserve.h"
+#include "tests/test_secret.h"
 
 namespace {
 
@@ -24,7 +25,8 @@ struct WorkerCmd : ::testing::Test {
     dir = mkdtemp(tmpl);
     cfg = dir + "/c.json";
     // The model file need not exist: the device is checked before anything is loaded.
-    std::ofstream(cfg) << R"({"model": "absent.gguf", "workers": [{"name": "w0", "role": "both", "port": 0}]})";
+    std::ofstream(cfg) << R"({"model": "absent.gguf", "secret": ")" DSERVE_TEST_SECRET
+                       << R"(", "workers": [{"name": "w0", "role": "both", "port": 0}]})";
   }
   void TearDown() override {
     unlink(cfg.c_str());
@@ -45,6 +47,22 @@ TEST_F(WorkerCmd, DeviceOverridesTheConfig) {
   // The config says cpu; the override asks for a GPU this machine lacks, and the error names it.
   EXPECT_EQ(run("both --config " + cfg + " --name w0 --device cuda:1", &out), 1) << out;
   EXPECT_NE(out.find("device cuda:1"), std::string::npos) << out;
+}
+
+// Every role refuses to start without a shared secret (nothing listens unauthenticated); `dserve launch` is the one
+// that makes a per-launch secret (tests/server/test_launch.cc).
+TEST_F(WorkerCmd, NoSecretIsRefused) {
+  std::string bare = dir + "/bare.json";
+  std::ofstream(bare) << R"({"model": "absent.gguf", "router": {"port": 0},
+                             "workers": [{"name": "w0", "role": "both", "port": 0}]})";
+  unsetenv("DSERVE_SECRET"); // the children inherit this environment
+  unsetenv("DSERVE_SECRET_FILE");
+  std::string out;
+  EXPECT_EQ(run("both --config " + bare + " --name w0", &out), 2) << out;
+  EXPECT_NE(out.find("no shared secret"), std::string::npos) << out;
+  EXPECT_EQ(run("router --config " + bare, &out), 2) << out;
+  EXPECT_NE(out.find("no shared secret"), std::string::npos) << out;
+  unlink(bare.c_str());
 }
 
 } // namespace

@@ -15,6 +15,7 @@
 
 #include "server/hub.h"
 #include "tests/model_tokens.h"
+#include "tests/test_secret.h"
 
 namespace {
 
@@ -31,7 +32,7 @@ struct Worker {
   explicit Worker(double kv_mb = 64, int max_seqs = 16, const std::string &extra = "") {
     char tmpl[] = "/tmp/dserve-worker-XXXXXX";
     dir = mkdtemp(tmpl);
-    std::ofstream(dir + "/c.json") << "{\"model\": \"" << kModel << "\", \"workers\": [{\"name\": \"w0\", \"role\": "
+    std::ofstream(dir + "/c.json") << "{\"model\": \"" << kModel << "\", \"secret\": \"" DSERVE_TEST_SECRET "\", \"workers\": [{\"name\": \"w0\", \"role\": "
                                    << "\"both\", \"port\": 0, \"threads\": 2, \"kv_budget_mb\": " << kv_mb
                                    << ", \"max_seqs\": " << max_seqs << ", \"max_batch_tokens\": 64" << extra << "}]}";
     int pipefd[2];
@@ -63,6 +64,7 @@ struct Worker {
     srv_hub_opts o = {};
     o.name = "router";
     o.role = "router";
+    o.secret = DSERVE_TEST_SECRET;
     EXPECT_EQ(srv_hub_new(&o, &hub, err, sizeof err), 0) << err;
     peer = srv_hub_connect(hub, "127.0.0.1", port, 5000, err, sizeof err);
     EXPECT_NE(peer, nullptr) << err;

@@ -1,11 +1,14 @@
 """tests/e2e/e2e_util.py: helpers for the end-to-end tests: configs on free ports, `dserve launch` nodes, HTTP/SSE and control-protocol clients."""
 
+import hashlib
+import hmac
 import http.client
 import json
 import os
 import re
 import shutil
 import signal
+import random
 import socket
 import struct
 import subprocess
@@ -20,6 +23,18 @@ SOURCE_DIR = os.environ.get("DSERVE_SOURCE_DIR", os.path.join(os.path.dirname(os
 MODEL = os.path.join(SOURCE_DIR, "models", "weights", "SmolLM2-135M-Instruct.Q4_1.gguf")
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCALE = float(os.environ.get("DSERVE_TIMEOUT_SCALE", "1"))  # the sanitize build sets 4: waits and bounds scale by it
+
+# The shared secret of every cluster these tests start (= tests/test_secret.h): in the environment, so `dserve launch`,
+# its children and roles started directly all find it (also the multi-node and network-namespace configs, where an
+# inline secret is refused); Control proves it.
+TEST_SECRET = "dc3c80b87648d296023e7386aece451e900f9b6bd254473a88a2fe5e7db030af"
+os.environ["DSERVE_SECRET"] = TEST_SECRET
+os.environ.pop("DSERVE_SECRET_FILE", None)
+
+
+def auth_proof(secret, nonce):
+    """A hello's proof of the shared secret (docs/protocol.md): hex HMAC-SHA256(secret, nonce)."""
+    return hmac.new(secret.encode(), nonce.encode(), hashlib.sha256).hexdigest()
 
 
 def wait_until(cond, timeout, step=0.02):
@@ -41,18 +56,36 @@ def require_env(test):
         raise unittest.SkipTest("the model %s is missing: run scripts/setup.sh" % MODEL)
 
 
-def free_ports(n):
-    """n distinct free TCP ports on 127.0.0.1 (bound to port 0 together, then closed)."""
-    socks = []
+def _ephemeral_low():
+    """The first port of the kernel's ephemeral range (outgoing connections take their local port from it)."""
     try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(n):
+    """n distinct free TCP ports on 127.0.0.1, drawn below the kernel's ephemeral range: a port bound to 0 comes
+    from that range, where any outgoing connection (another test's client) may take it before the server binds it."""
+    lo, hi = 10000, _ephemeral_low()
+    if hi - lo < 1000:
+        lo, hi = 1024, 65536
+    rng = random.SystemRandom()
+    ports = []
+    while len(ports) < n:
+        p = rng.randrange(lo, hi)
+        if p in ports:
+            continue
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        finally:
             s.close()
+        ports.append(p)
+    return ports
 
 
 def local_config(path, workers, disagg_threshold=1000, model=MODEL, router=None):
@@ -101,14 +134,14 @@ def _cmdline(pid):
 class Node:
     """One `dserve launch --config F --node N` process (optionally prefixed, e.g. by `ip netns exec NS`)."""
 
-    def __init__(self, config, node="local", log=None, prefix=(), backoff_ms=100):
+    def __init__(self, config, node="local", log=None, prefix=(), backoff_ms=100, env=None):
         self.config = config
         self.log_path = log or (config + "." + node + ".log")
         self.log = open(self.log_path, "wb")
         self.seen = set()  # every child pid ever seen (killed in stop)
         self.proc = subprocess.Popen(list(prefix) + [DSERVE, "launch", "--config", config, "--node", node,
                                                      "--grace-s", "3", "--backoff-ms", str(backoff_ms)],
-                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         self.node = node
 
     def text(self):
@@ -408,14 +441,15 @@ def run_threads(fns, timeout):
 # ---- the control protocol (docs/protocol.md): 4-byte big-endian length + one JSON object ----
 
 class Control:
-    """A connection to a worker's control port that speaks as a router (for `stats`)."""
+    """A connection to a worker's control port that speaks as a router (for `stats`), proving secret."""
 
-    def __init__(self, host, port, name="probe", timeout=10.0):
+    def __init__(self, host, port, name="probe", timeout=10.0, secret=None):
         self.s = socket.create_connection((host, port), timeout=timeout)
         ch = self.recv()
         if ch.get("op") != "challenge":
             raise AssertionError("expected challenge, got %r" % ch)
-        self.send({"op": "hello", "role": "router", "name": name})
+        self.send({"op": "hello", "role": "router", "name": name,
+                   "auth": auth_proof(TEST_SECRET if secret is None else secret, ch["nonce"])})
         ok = self.recv()
         if ok.get("op") != "hello_ok":
             raise AssertionError("expected hello_ok, got %r" % ok)
@@ -449,8 +483,8 @@ class Control:
         self.s.close()
 
 
-def worker_stats(port, host="127.0.0.1"):
-    c = Control(host, port)
+def worker_stats(port, host="127.0.0.1", secret=None):
+    c = Control(host, port, secret=secret)
     try:
         return c.stats()
     finally:

@@ -58,6 +58,10 @@ class ThreeNamespaces(unittest.TestCase):
         path = os.path.join(self.dir, "cluster.json")
         with open(path, "w") as f:
             json.dump(cfg, f, indent=1)
+        # Its secret_file (relative: next to the copy), 0600 as the config's README says to make it.
+        sf = os.path.join(self.dir, cfg["secret_file"])
+        with open(os.open(sf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(u.TEST_SECRET + "\n")
 
         nodes = {}
         for node in ("decode", "prefill", "router"):

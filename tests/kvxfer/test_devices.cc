@@ -57,6 +57,7 @@ TEST(KvxRdma, AutoFallsBackWhenNoDevice) {
   ASSERT_TRUE(a && b);
   kvx_opts o = {};
   o.backend = "rdma";
+  o.secret = "s3cret";
   char err[256];
   kvx_agent *r = kvx_agent_new("probe", &o, err, sizeof err);
   bool have = r != nullptr;

@@ -157,6 +157,7 @@ TEST(KvxNetns, TcpAcrossTwoNamespaces) {
   kvx_opts o = {};
   o.backend = "tcp";
   o.listen_host = "10.213.7.1";
+  o.secret = "s3cret";
   char err[256];
   kvx_agent *outside = kvx_agent_new("outside", &o, err, sizeof err);
   EXPECT_EQ(outside, nullptr);

@@ -2,6 +2,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 
 #include <atomic>
 #include <functional>
@@ -60,11 +62,65 @@ TEST(KvxAuth, WrongSecretIsRefused) {
     kvx_notif n[1];
     EXPECT_EQ(kvx_get_notifs(b, n, 1), 0);
     for (int i = 0; i < 4096; i++) ASSERT_EQ(dst[i], 0) << be;
+    EXPECT_GE(kvx_auth_failures(b), 1u) << be; // counted on the side that refused
+    EXPECT_EQ(kvx_auth_failures(a), 0u) << be;
     kvx_xfer_free(x);
     kvx_agent_free(a);
     kvx_agent_free(b);
     kvx_host_free(dst, 4096);
   }
+}
+
+bool closed_by_agent(int fd, int ms, std::string *reason = nullptr);
+
+// The handshake refuses to run without a secret on either side.
+TEST(KvxAuth, EmptySecretHandshakeRefusesLocally) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  char err[256], peer[KVX_MAX_NAME];
+  EXPECT_EQ(kvx_handshake_client(sv[0], "c", "", 0, 500, err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("no shared secret"), std::string::npos) << err;
+  EXPECT_EQ(kvx_handshake_server(sv[1], "", 0, 500, peer, err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("no shared secret"), std::string::npos) << err;
+  close(sv[0]);
+  close(sv[1]);
+}
+
+// What an attacker with the old empty-secret configs sent: a hand-made client hello whose HMAC has an empty key.
+// The agent answers "refused", closes, logs the peer's address and counts it.
+TEST(KvxAuth, EmptyKeyClientIsRefusedAndCounted) {
+  LogCap lb;
+  kvx_agent *b = agent("victim", "tcp", &lb, "cluster-secret");
+  ASSERT_TRUE(b);
+  char err[256];
+  int fd = kvx_tcp_connect("127.0.0.1", kvx_agent_port(b), 2000, err, sizeof err);
+  ASSERT_GE(fd, 0) << err;
+  uint8_t g[36];
+  ASSERT_EQ(kvx_recv_all(fd, g, sizeof g, 2000, 0), 0);
+  uint8_t out[4 + 2 + 8 + 64], nc[32] = {7};
+  const char *name = "attacker";
+  uint32_t magic = 0x4358564bu;
+  uint16_t nl = (uint16_t)strlen(name);
+  size_t o = 0;
+  memcpy(out + o, &magic, 4), o += 4;
+  memcpy(out + o, &nl, 2), o += 2;
+  memcpy(out + o, name, nl), o += nl;
+  memcpy(out + o, nc, 32), o += 32;
+  const void *parts[4] = {"kvx-client", g + 4, nc, name};
+  size_t lens[4] = {10, 32, 32, nl};
+  kvx_hmac_sha256("", 0, parts, lens, 4, out + o), o += 32;
+  ASSERT_EQ(kvx_send_all(fd, out, o, 2000), 0);
+  uint8_t resp[40];
+  ASSERT_EQ(kvx_recv_all(fd, resp, sizeof resp, 2000, 0), 0);
+  uint32_t st;
+  memcpy(&st, resp + 4, 4);
+  EXPECT_EQ(st, 1u); // refused
+  EXPECT_TRUE(closed_by_agent(fd, 2000));
+  close(fd);
+  for (int i = 0; i < 100 && kvx_auth_failures(b) < 1; i++) usleep(10000);
+  EXPECT_EQ(kvx_auth_failures(b), 1u);
+  EXPECT_TRUE(lb.has("refused connection from 127.0.0.1:")) << lb.all();
+  kvx_agent_free(b);
 }
 
 // ---- raw frames against a tcp agent ----
@@ -80,7 +136,7 @@ int raw_client(int port, const char *secret) {
 }
 
 // Reads until the agent closes the connection; true if it did within ms. reason gets any ERR frame text.
-bool closed_by_agent(int fd, int ms, std::string *reason = nullptr) {
+bool closed_by_agent(int fd, int ms, std::string *reason) {
   std::string got;
   int64_t end = kvx_now_ms() + ms;
   while (kvx_now_ms() < end) {
@@ -164,10 +220,16 @@ TEST(KvxBadFrames, CraftedFramesAreRefusedAndWriteNothing) {
   kvx_send_all(fd, &h, 20, 1000);
   close(fd);
   // A header that promises 100 bytes, followed by fewer, then close: only what arrived may land, in range.
-  // Garbage before the handshake is refused.
+  // Garbage instead of the client's hello is refused. First the agent's greeting (kvx_wire.c's handshake): the
+  // server magic "KVXH" (0x4858564b, host order) and a 32-byte random nonce; then 200 bytes of junk as our hello.
   fd = raw_client(port, nullptr);
-  char hello[36];
-  ASSERT_TRUE(read_all(fd, hello, 36) || true);
+  ASSERT_GE(fd, 0);
+  uint8_t greeting[36];
+  ASSERT_TRUE(read_all(fd, greeting, sizeof greeting, 3000)) << "the agent sent no 36-byte greeting";
+  uint32_t magic;
+  memcpy(&magic, greeting, 4);
+  EXPECT_EQ(magic, 0x4858564bu) << "the greeting does not start with the server handshake magic";
+  EXPECT_NE(std::vector<uint8_t>(greeting + 4, greeting + 36), std::vector<uint8_t>(32, 0)) << "an all-zero nonce";
   kvx_send_all(fd, junk.data(), 200, 1000);
   EXPECT_TRUE(closed_by_agent(fd, 3000));
   close(fd);
@@ -511,6 +573,12 @@ TEST(KvxApi, BadArgumentsAndMetadata) {
   EXPECT_EQ(kvx_agent_new("x", &o, err, sizeof err), nullptr);
   EXPECT_NE(std::string(err).find("unknown backend"), std::string::npos);
   o.backend = "tcp";
+  EXPECT_EQ(kvx_agent_new("x", &o, err, sizeof err), nullptr); // no secret
+  EXPECT_NE(std::string(err).find("shared secret is required"), std::string::npos) << err;
+  o.secret = "";
+  EXPECT_EQ(kvx_agent_new("x", &o, err, sizeof err), nullptr);
+  EXPECT_NE(std::string(err).find("shared secret is required"), std::string::npos) << err;
+  o.secret = "s3cret";
   o.listen_host = "not-an-ip";
   EXPECT_EQ(kvx_agent_new("x", &o, err, sizeof err), nullptr);
   EXPECT_NE(std::string(err).find("listen address"), std::string::npos) << err;
@@ -623,3 +691,81 @@ TEST(KvxApi, ShmNeedsHostAllocMemoryOnTheReceiver) {
 }
 
 }  // namespace
+
+// ---- the shm socket: private to this user ----
+extern "C" const char *kvx_shm_path(kvx_agent *a);
+
+namespace {
+
+TEST(KvxShm, SocketIsPrivate) {
+  kvx_agent *a = agent("priv", "shm");
+  ASSERT_TRUE(a);
+  std::string path = kvx_shm_path(a), dir = path.substr(0, path.rfind('/'));
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << path;
+  ASSERT_EQ(stat(dir.c_str(), &st), 0) << dir;
+  EXPECT_EQ(st.st_mode & 0777, 0700u) << dir;
+  EXPECT_EQ(st.st_uid, geteuid());
+  kvx_agent_free(a);
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+  EXPECT_NE(access(dir.c_str(), F_OK), 0) << "the private folder outlived the agent";
+}
+
+// Another user that reaches the socket anyway (here: root, which passes the folder's mode, against an agent run as
+// nobody) is refused on its credentials (SO_PEERCRED) before the handshake, logged and counted.
+TEST(KvxShm, AnotherUserIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the agent as another user";
+  int up[2], down[2];
+  ASSERT_EQ(pipe(up), 0);
+  ASSERT_EQ(pipe(down), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(up[0]);
+    close(down[1]);
+    if (setgid(65534) || setuid(65534)) _exit(3);
+    kvx_opts o = {};
+    o.backend = "shm";
+    o.secret = "s3cret";
+    o.shm_dir = "/tmp";
+    o.log = [](void *, const char *) {};
+    char err[256];
+    kvx_agent *v = kvx_agent_new("nobody-agent", &o, err, sizeof err);
+    if (!v) _exit(4);
+    char buf[200] = "";
+    snprintf(buf, sizeof buf, "%s", kvx_shm_path(v));
+    if (write(up[1], buf, sizeof buf) != (ssize_t)sizeof buf) _exit(5);
+    char go;
+    if (read(down[0], &go, 1) != 1) _exit(6);
+    for (int i = 0; i < 200 && kvx_auth_failures(v) < 1; i++) usleep(10000);
+    uint64_t n = kvx_auth_failures(v);
+    if (write(up[1], &n, sizeof n) != (ssize_t)sizeof n) _exit(7);
+    kvx_agent_free(v);
+    _exit(0);
+  }
+  close(up[1]);
+  close(down[0]);
+  char path[200];
+  ASSERT_EQ(read(up[0], path, sizeof path), (ssize_t)sizeof path);
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un sa = {};
+  sa.sun_family = AF_UNIX;
+  path[sizeof sa.sun_path - 1] = 0;
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  ASSERT_EQ(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0) << path << ": " << strerror(errno);
+  uint8_t greet[36];
+  EXPECT_NE(kvx_recv_all(fd, greet, sizeof greet, 3000, 0), 0) << "an agent greeted another user";
+  close(fd);
+  ASSERT_EQ(write(down[1], "g", 1), 1);
+  uint64_t n = 0;
+  EXPECT_EQ(read(up[0], &n, sizeof n), (ssize_t)sizeof n);
+  EXPECT_EQ(n, 1u);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  close(up[0]);
+  close(down[1]);
+}
+
+} // namespace

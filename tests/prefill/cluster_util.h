@@ -11,10 +11,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <ctime>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -22,19 +27,38 @@
 
 #include "server/hub.h"
 #include "tests/model_tokens.h"
+#include "tests/test_secret.h"
 
 namespace dserve_test {
 
+// A free TCP port on 127.0.0.1, drawn below the kernel's ephemeral range: a port bound to 0 comes from that range,
+// where any outgoing connection (another test's client) may take it before the worker binds it.
 inline int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, (sockaddr *)&a, sizeof a);
-  socklen_t l = sizeof a;
-  getsockname(fd, (sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
+  static std::mutex mu;
+  static std::vector<int> given; // never the same port twice in one process (a cluster's ports must differ)
+  std::lock_guard<std::mutex> lock(mu);
+  int lo = 10000, hi = 32768;
+  if (FILE *f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &hi) != 1) hi = 32768;
+    std::fclose(f);
+  }
+  if (hi - lo < 1000) lo = 1024, hi = 65536;
+  std::mt19937 rng((unsigned)getpid() * 2654435761u ^ (unsigned)time(nullptr) ^ (unsigned)given.size() * 40503u);
+  for (;;) {
+    int port = lo + (int)(rng() % (unsigned)(hi - lo));
+    if (std::find(given.begin(), given.end(), port) != given.end()) continue;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a = {};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)port);
+    int ok = bind(fd, (sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok) {
+      given.push_back(port);
+      return port;
+    }
+  }
 }
 
 inline pid_t spawn(const std::string &role, const std::string &cfg, const std::string &name, const std::string &log) {
@@ -74,7 +98,7 @@ struct Cluster {
       : backend(kvx_backend), specs(std::move(workers)) {
     char tmpl[] = "/tmp/dserve-disagg-XXXXXX";
     dir = mkdtemp(tmpl);
-    std::string js = "{\"model\": \"" + std::string(model_path()) + "\", \"workers\": [";
+    std::string js = "{\"model\": \"" + std::string(model_path()) + "\", \"secret\": \"" DSERVE_TEST_SECRET "\", \"workers\": [";
     for (size_t i = 0; i < specs.size(); i++) {
       const WorkerSpec &s = specs[i];
       ports[s.name] = free_port();
@@ -91,6 +115,7 @@ struct Cluster {
     srv_hub_opts o = {};
     o.name = "router";
     o.role = "router";
+    o.secret = DSERVE_TEST_SECRET;
     EXPECT_EQ(srv_hub_new(&o, &hub, err, sizeof err), 0) << err;
     for (auto &s : specs) {
       const std::string &n = s.name;

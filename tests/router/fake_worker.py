@@ -2,13 +2,16 @@
 """tests/router/fake_worker.py: a fake `both` worker speaking the dserve control protocol, for the router's tests.
 
 Usage: fake_worker.py [PORT [N_CTX [DELAY_S]]]. Listens on 127.0.0.1 (port 0 = any; the chosen port is printed as
-"PORT <n>" on stdout), answers the handshake,
+"PORT <n>" on stdout), answers the handshake (a random challenge nonce; a hello without the proof of SECRET, the
+shared secret the router tests put in their configs, is closed without a hello_ok, as a real worker does),
 `stats`, `cancel` and `generate`. A generation is a deterministic list of words (see `words_for`) derived from the
 prompt ids and the seed (a random seed when none is given), cut at max_tokens (finish "length"), at the first stop
 string (finish "stop", the stop string left out) or after 8 words (finish "stop"). One word per `token` message.
 """
 import hashlib
+import hmac
 import json
+import os
 import random
 import socket
 import struct
@@ -19,6 +22,12 @@ import time
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
          "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango"]
 NATURAL_LEN = 8
+SECRET = "dc3c80b87648d296023e7386aece451e900f9b6bd254473a88a2fe5e7db030af"  # = tests/test_secret.h
+
+
+def auth_proof(secret, nonce):
+    """The hello's proof (docs/protocol.md): hex HMAC-SHA256(secret, nonce)."""
+    return hmac.new(secret.encode(), nonce.encode(), hashlib.sha256).hexdigest()
 
 
 def words_for(prompt_ids, seed):
@@ -77,9 +86,11 @@ def recv(sock):
 def serve_conn(sock, n_ctx, delay):
     lock = threading.Lock()
     cancelled = set()
-    send(sock, lock, {"op": "challenge", "nonce": "00" * 16, "name": "fake"})
+    nonce = os.urandom(16).hex()
+    send(sock, lock, {"op": "challenge", "nonce": nonce, "name": "fake"})
     hello = recv(sock)
-    if not hello or hello.get("op") != "hello":
+    if not hello or hello.get("op") != "hello" or not isinstance(hello.get("auth"), str) or \
+            not hmac.compare_digest(hello["auth"], auth_proof(SECRET, nonce)):
         sock.close()
         return
     send(sock, lock, {"op": "hello_ok", "role": "both", "name": "fake", "n_ctx": n_ctx, "block_size": 16})

@@ -37,7 +37,7 @@ class Cluster:
         self.worker = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_worker.py"), "0", "512", str(delay)],
                                        stdout=subprocess.PIPE, text=True)
         wport = int(self.worker.stdout.readline().split()[1])
-        cfg = {"model": "tiny.gguf", "router": {"port": 0, "drain_timeout_s": drain},
+        cfg = {"model": "tiny.gguf", "secret": fake_worker.SECRET, "router": {"port": 0, "drain_timeout_s": drain},
                "workers": [{"name": "w0", "role": "both", "port": wport}]}
         path = os.path.join(tmp, "cluster.json")
         with open(path, "w") as f:

@@ -6,8 +6,12 @@
 #include <string>
 #include <unistd.h>
 
+#include <fstream>
+#include <sys/stat.h>
+
 extern "C" {
 #include "server/config.h"
+#include "server/secret.h"
 }
 
 namespace {
@@ -26,7 +30,43 @@ struct Cfg {
 
 const char *kMin = R"({"model": "m.gguf", "workers": [{"name": "w0", "port": 9100}]})";
 
+// No secret in this process's environment (the tests that need one set it themselves).
+void clear_secret_env() {
+  unsetenv("DSERVE_SECRET");
+  unsetenv("DSERVE_SECRET_FILE");
+}
+
+// A temp folder with files in it, removed at the end.
+struct Dir {
+  std::string path;
+  Dir() {
+    char t[] = "/tmp/dserve_cfg_XXXXXX";
+    path = mkdtemp(t);
+  }
+  ~Dir() { std::system(("rm -rf '" + path + "'").c_str()); }
+  std::string write(const std::string &name, const std::string &text, mode_t mode = 0600) {
+    std::string p = path + "/" + name;
+    std::ofstream(p) << text;
+    chmod(p.c_str(), mode);
+    return p;
+  }
+};
+
+struct Loaded {
+  srv_config *c = nullptr;
+  char err[1024] = "";
+  int rc;
+  explicit Loaded(const std::string &path) { rc = srv_config_load(path.c_str(), &c, err, sizeof err); }
+  ~Loaded() { srv_config_free(c); }
+};
+
+const char *kHex = "0f1e2d3c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff0"; // 64 hex digits
+std::string one_node(const std::string &host, const std::string &top = "") {
+  return R"({"model": "m.gguf", )" + top + R"("workers": [{"name": "w0", "host": ")" + host + R"(", "port": 9100}]})";
+}
+
 TEST(Config, ShippedLocal) {
+  clear_secret_env();
   srv_config *c = nullptr;
   char err[512] = "";
   std::string p = src("configs/local.json");
@@ -42,10 +82,17 @@ TEST(Config, ShippedLocal) {
   EXPECT_STREQ(c->nodes[0], "local");
   EXPECT_EQ(std::string(c->model_path), src("configs/../models/weights/SmolLM2-135M-Instruct.Q4_1.gguf"));
   EXPECT_STREQ(c->path, p.c_str());
+  // No inline secret: `dserve launch` makes a per-launch one; a role started by hand without one refuses to start.
+  EXPECT_STREQ(c->secret, "");
+  EXPECT_EQ(c->secret_from, SRV_SECRET_NONE);
+  EXPECT_STREQ(c->remote_field, "");
+  EXPECT_EQ(srv_config_require_secret(c, err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("no shared secret"), std::string::npos) << err;
   srv_config_free(c);
 }
 
 TEST(Config, Shipped1P1D) {
+  clear_secret_env();
   srv_config *c = nullptr;
   char err[512] = "";
   ASSERT_EQ(srv_config_load(src("configs/1p1d.json").c_str(), &c, err, sizeof err), 0) << err;
@@ -58,13 +105,28 @@ TEST(Config, Shipped1P1D) {
   EXPECT_STREQ(p->host, "127.0.0.1");
   EXPECT_STREQ(d->kvx_host, "127.0.0.1");
   EXPECT_EQ(srv_config_worker(c, "nobody"), nullptr);
+  EXPECT_EQ(c->secret_from, SRV_SECRET_NONE);
   srv_config_free(c);
 }
 
 TEST(Config, ShippedCluster) {
+  clear_secret_env();
   srv_config *c = nullptr;
-  char err[512] = "";
-  ASSERT_EQ(srv_config_load(src("configs/cluster.json").c_str(), &c, err, sizeof err), 0) << err;
+  char err[1024] = "";
+  // As shipped it needs its secret_file (configs/README.md says how to make one): without it, a clear refusal.
+  ASSERT_EQ(srv_config_load(src("configs/cluster.json").c_str(), &c, err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("secret_file: cannot open"), std::string::npos) << err;
+  // A copy next to a good secret file loads.
+  Dir d;
+  std::ifstream in(src("configs/cluster.json"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string cfg = d.write("cluster.json", text, 0644);
+  d.write("cluster.secret", std::string(kHex) + "\n");
+  ASSERT_EQ(srv_config_load(cfg.c_str(), &c, err, sizeof err), 0) << err;
+  EXPECT_EQ(c->secret_from, SRV_SECRET_CONFIG_FILE);
+  EXPECT_STREQ(c->secret, kHex);
+  EXPECT_EQ(std::string(c->secret_file), d.path + "/cluster.secret");
+  EXPECT_STREQ(c->remote_field, "router.host \"10.77.0.1\"");
   ASSERT_EQ(c->n_nodes, 3);
   EXPECT_STREQ(c->nodes[0], "router");
   EXPECT_STREQ(c->nodes[1], "prefill");
@@ -89,8 +151,162 @@ TEST(Config, ShippedCluster) {
   }
   EXPECT_EQ(np, 2);
   EXPECT_EQ(nd, 2);
-  EXPECT_STREQ(c->secret, "change-me");
   srv_config_free(c);
+}
+
+// ---- the shared secret (server/secret.c) ----
+
+TEST(ConfigSecret, Loopback) {
+  for (const char *h : {"127.0.0.1", "127.1.2.3", "localhost", "::1"}) EXPECT_TRUE(srv_host_is_loopback(h)) << h;
+  for (const char *h : {"0.0.0.0", "::", "10.0.0.1", "127.0.0", "127.0.0.1x", "128.0.0.1", "example.com", ""})
+    EXPECT_FALSE(srv_host_is_loopback(h)) << h;
+}
+
+TEST(ConfigSecret, PlaceholdersAndWeakSecretsAreRefusedEverywhere) {
+  char why[512];
+  for (const char *s : {"change-me", "changeme", "CHANGE_ME", "secret", "Secret!", "password", "example", "s3cret",
+                        "please-change-me-0123456789", "your-secret-here-xyz", "aaaaaaaaaaaaaaaaaaaaaaaa",
+                        "abababababababababababab", "abcdefghijklmnopqrstuvwx", "0123456789012345678901234",
+                        "short1", "has space in it 0123456789", ""})
+    for (int remote : {0, 1}) EXPECT_EQ(srv_secret_check(s, remote, why, sizeof why), -1) << s;
+  // 16 random characters: enough on loopback, too weak when other hosts can connect
+  EXPECT_EQ(srv_secret_check("k2Pq9xZ7mW4nT1vB", 0, why, sizeof why), 0) << why;
+  EXPECT_EQ(srv_secret_check("k2Pq9xZ7mW4nT1vB", 1, why, sizeof why), -1);
+  EXPECT_NE(std::string(why).find("too weak"), std::string::npos) << why;
+  EXPECT_EQ(srv_secret_check(std::string(kHex).substr(0, 62).c_str(), 1, why, sizeof why), -1); // 248 bits
+  EXPECT_EQ(srv_secret_check(kHex, 1, why, sizeof why), 0) << why;
+  EXPECT_DOUBLE_EQ(srv_secret_bits(kHex), 256);
+}
+
+TEST(ConfigSecret, GeneratedSecretsAreStrongAndDiffer) {
+  char a[65], b[65], err[256], why[256];
+  ASSERT_EQ(srv_secret_generate(a, err, sizeof err), 0) << err;
+  ASSERT_EQ(srv_secret_generate(b, err, sizeof err), 0) << err;
+  EXPECT_EQ(strlen(a), 64u);
+  EXPECT_STRNE(a, b);
+  EXPECT_EQ(srv_secret_check(a, 1, why, sizeof why), 0) << why;
+}
+
+TEST(ConfigSecret, ResolutionOrder) {
+  clear_secret_env();
+  Dir d;
+  std::string inline_s = "inline-0123456789-abcdefXYZ";
+  std::string f1 = d.write("one.secret", std::string("file-one-0123456789-QRSTUV") + "\n");
+  std::string f2 = d.write("two.secret", "file-two-0123456789-QRSTUV");
+  // inline only
+  std::string cfg = d.write("a.json", one_node("127.0.0.1", R"("secret": ")" + inline_s + R"(", )"), 0644);
+  {
+    Loaded l(cfg);
+    ASSERT_EQ(l.rc, 0) << l.err;
+    EXPECT_EQ(l.c->secret_from, SRV_SECRET_INLINE);
+    EXPECT_EQ(std::string(l.c->secret), inline_s);
+  }
+  // the environment's value beats inline, the environment's file beats the value
+  setenv("DSERVE_SECRET", "env-value-0123456789-KLMNOP", 1);
+  {
+    Loaded l(cfg);
+    ASSERT_EQ(l.rc, 0) << l.err;
+    EXPECT_EQ(l.c->secret_from, SRV_SECRET_ENV);
+    EXPECT_STREQ(l.c->secret, "env-value-0123456789-KLMNOP");
+  }
+  setenv("DSERVE_SECRET_FILE", f2.c_str(), 1);
+  {
+    Loaded l(cfg);
+    ASSERT_EQ(l.rc, 0) << l.err;
+    EXPECT_EQ(l.c->secret_from, SRV_SECRET_ENV_FILE);
+    EXPECT_STREQ(l.c->secret, "file-two-0123456789-QRSTUV");
+  }
+  // the config's secret_file (relative to the config's folder) beats the environment
+  std::string cfg2 = d.write("b.json", one_node("127.0.0.1", R"("secret_file": "one.secret", )"), 0644);
+  {
+    Loaded l(cfg2);
+    ASSERT_EQ(l.rc, 0) << l.err;
+    EXPECT_EQ(l.c->secret_from, SRV_SECRET_CONFIG_FILE);
+    EXPECT_STREQ(l.c->secret, "file-one-0123456789-QRSTUV"); // trailing newline dropped
+    EXPECT_EQ(std::string(l.c->secret_file), f1);
+  }
+  clear_secret_env();
+}
+
+TEST(ConfigSecret, FileProblemsAreClear) {
+  clear_secret_env();
+  Dir d;
+  d.write("open.secret", kHex, 0644);
+  d.write("empty.secret", "\n");
+  struct {
+    std::string top, want;
+  } cases[] = {
+      {R"("secret_file": "missing.secret", )", "secret_file: cannot open"},
+      {R"("secret_file": "open.secret", )", "chmod 600"},
+      {R"("secret_file": "empty.secret", )", "is empty"},
+      {R"("secret_file": "", )", "secret_file: must not be empty"},
+      {R"("secret_file": "open.secret", "secret": "x", )", "not both"},
+  };
+  for (auto &c : cases) {
+    Loaded l(d.write("c.json", one_node("127.0.0.1", c.top), 0644));
+    EXPECT_EQ(l.rc, -1) << c.top;
+    EXPECT_NE(std::string(l.err).find(c.want), std::string::npos) << c.top << ": " << l.err;
+  }
+  setenv("DSERVE_SECRET_FILE", (d.path + "/open.secret").c_str(), 1);
+  Loaded l(d.write("c.json", one_node("127.0.0.1"), 0644));
+  EXPECT_EQ(l.rc, -1);
+  EXPECT_NE(std::string(l.err).find("DSERVE_SECRET_FILE"), std::string::npos) << l.err;
+  clear_secret_env();
+}
+
+TEST(ConfigSecret, NonLoopbackNeedsAStrongSecretFromAFileOrTheEnvironment) {
+  clear_secret_env();
+  Dir d;
+  std::string strong = d.write("strong.secret", kHex);
+  d.write("weak.secret", "k2Pq9xZ7mW4nT1vB");
+  struct {
+    std::string json, want;
+  } refused[] = {
+      {one_node("10.0.0.5"), "workers[0].host \"10.0.0.5\" is not a loopback address"},
+      {one_node("0.0.0.0", R"("secret": ")" + std::string(kHex) + R"(", )"), "inline secret is refused"},
+      {one_node("127.0.0.1", R"("secret_file": "weak.secret", "router": {"host": "0.0.0.0"}, )"), "too weak"},
+      {R"({"model": "m", "secret_file": "strong.secret", "nodes": {"a": {"host": "10.1.1.1"}}, "workers": [{"port": 1,
+          "host": "127.0.0.1", "kvxfer": {"host": "192.168.1.9"}}]})",
+       ""}, // (accepted: below)
+      {R"({"model": "m", "secret": "change-me", "workers": [{"port": 1, "kvxfer": {"host": "192.168.1.9"}}]})",
+       "inline secret is refused"},
+      {R"({"model": "m", "secret": "change-me", "workers": [{"port": 1}]})", "placeholder"},
+  };
+  for (auto &c : refused) {
+    Loaded l(d.write("c.json", c.json, 0644));
+    if (c.want.empty()) {
+      EXPECT_EQ(l.rc, 0) << l.err;
+      continue;
+    }
+    EXPECT_EQ(l.rc, -1) << c.json;
+    EXPECT_NE(std::string(l.err).find(c.want), std::string::npos) << c.json << ": " << l.err;
+  }
+  // a kvxfer host alone makes the cluster non-loopback
+  {
+    Loaded l(d.write("c.json", R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"host": "192.168.1.9"}}]})", 0644));
+    EXPECT_EQ(l.rc, -1);
+    EXPECT_NE(std::string(l.err).find("workers[0].kvxfer.host"), std::string::npos) << l.err;
+  }
+  // the environment (value or file) is accepted, when strong
+  setenv("DSERVE_SECRET", kHex, 1);
+  {
+    Loaded l(d.write("c.json", one_node("10.0.0.5"), 0644));
+    EXPECT_EQ(l.rc, 0) << l.err;
+    EXPECT_EQ(l.c->secret_from, SRV_SECRET_ENV);
+  }
+  setenv("DSERVE_SECRET", "k2Pq9xZ7mW4nT1vB", 1);
+  {
+    Loaded l(d.write("c.json", one_node("10.0.0.5"), 0644));
+    EXPECT_EQ(l.rc, -1);
+    EXPECT_NE(std::string(l.err).find("DSERVE_SECRET: refused: too weak"), std::string::npos) << l.err;
+  }
+  setenv("DSERVE_SECRET_FILE", strong.c_str(), 1);
+  {
+    Loaded l(d.write("c.json", one_node("10.0.0.5"), 0644));
+    EXPECT_EQ(l.rc, 0) << l.err;
+    EXPECT_EQ(l.c->secret_from, SRV_SECRET_ENV_FILE);
+  }
+  clear_secret_env();
 }
 
 TEST(Config, Defaults) {

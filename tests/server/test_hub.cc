@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "server/ctl.h"
 #include "server/hub.h"
 
 TEST(HubAuth, ProofIsHmacSha256OfTheNonce) {
@@ -76,17 +77,79 @@ TEST(Hub, WrongSecretIsRefused) {
   so.host = "127.0.0.1";
   srv_hub *server = nullptr, *client = nullptr;
   ASSERT_EQ(srv_hub_new(&so, &server, err, sizeof err), 0) << err;
-  for (const char *secret : {"wrong", ""}) {
-    srv_hub_opts co = {};
-    co.name = "stranger";
-    co.role = "router";
-    co.secret = secret;
-    ASSERT_EQ(srv_hub_new(&co, &client, err, sizeof err), 0) << err;
-    EXPECT_EQ(srv_hub_connect(client, "127.0.0.1", srv_hub_port(server), 2000, err, sizeof err), nullptr);
-    srv_hub_free(client);
-  }
+  srv_hub_opts co = {};
+  co.name = "stranger";
+  co.role = "router";
+  co.secret = "wrong";
+  ASSERT_EQ(srv_hub_new(&co, &client, err, sizeof err), 0) << err;
+  EXPECT_EQ(srv_hub_connect(client, "127.0.0.1", srv_hub_port(server), 2000, err, sizeof err), nullptr);
+  EXPECT_EQ(srv_hub_auth_failures(client), 1); // the other side refused our hello
+  srv_hub_free(client);
   srv_event ev;
   EXPECT_EQ(srv_hub_next(server, &ev, 200), 0); // no hello ever reached the loop
+  EXPECT_EQ(srv_hub_auth_failures(server), 1);
+  srv_hub_free(server);
+}
+
+// A hub never runs without a secret: there is no unauthenticated mode to fall into.
+TEST(Hub, NoSecretNoHub) {
+  char err[256];
+  for (const char *secret : {"", (const char *)nullptr}) {
+    for (const char *host : {"127.0.0.1", (const char *)nullptr}) {
+      srv_hub_opts o = {};
+      o.name = "w0";
+      o.role = "both";
+      o.secret = secret;
+      o.host = host;
+      srv_hub *h = nullptr;
+      EXPECT_EQ(srv_hub_new(&o, &h, err, sizeof err), -1);
+      EXPECT_EQ(h, nullptr);
+      EXPECT_NE(std::string(err).find("without a shared secret"), std::string::npos) << err;
+    }
+  }
+}
+
+// Raw peers (what an attacker on the host sends): a hello without auth, with a wrong proof, with an empty-key proof,
+// another op first. Each gets the challenge and then a closed connection, never a hello_ok (which carries the KV
+// layout and kvxfer metadata), and each is counted.
+TEST(Hub, RawHellosWithoutTheProofGetNoHelloOk) {
+  char err[256];
+  srv_hub_opts so = {};
+  so.name = "w0";
+  so.role = "decode";
+  so.secret = "the-right-cluster-secret";
+  so.host = "127.0.0.1";
+  so.hello_extra = [](void *, cJSON *ok) { cJSON_AddStringToObject(ok, "kvx_md", "secret-metadata"); };
+  srv_hub *server = nullptr;
+  ASSERT_EQ(srv_hub_new(&so, &server, err, sizeof err), 0) << err;
+  enum { NO_AUTH, WRONG, EMPTY_KEY, OTHER_OP };
+  for (int kind : {NO_AUTH, WRONG, EMPTY_KEY, OTHER_OP}) {
+    int fd = srv_ctl_connect("127.0.0.1", srv_hub_port(server), 2000, err, sizeof err);
+    ASSERT_GE(fd, 0) << err;
+    srv_ctl *c = srv_ctl_new(fd);
+    cJSON *ch = nullptr;
+    ASSERT_EQ(srv_ctl_recv(c, &ch, 2000, err, sizeof err), 1) << err;
+    EXPECT_STREQ(cJSON_GetObjectItem(ch, "op")->valuestring, "challenge");
+    const char *nonce = cJSON_GetObjectItem(ch, "nonce")->valuestring;
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "op", kind == OTHER_OP ? "generate" : "hello");
+    cJSON_AddStringToObject(m, "name", "intruder");
+    cJSON_AddStringToObject(m, "role", "router");
+    char proof[65];
+    if (kind == WRONG) srv_auth_proof("a-guessed-cluster-secret", nonce, proof);
+    if (kind == EMPTY_KEY) srv_auth_proof("", nonce, proof);
+    if (kind == WRONG || kind == EMPTY_KEY) cJSON_AddStringToObject(m, "auth", proof);
+    ASSERT_EQ(srv_ctl_send(c, m), 0);
+    cJSON_Delete(m);
+    cJSON_Delete(ch);
+    cJSON *reply = nullptr;
+    EXPECT_EQ(srv_ctl_recv(c, &reply, 3000, err, sizeof err), -1) << "kind " << kind << " got a reply";
+    cJSON_Delete(reply);
+    srv_ctl_free(c);
+    EXPECT_EQ(srv_hub_auth_failures(server), kind + 1);
+  }
+  srv_event ev;
+  EXPECT_EQ(srv_hub_next(server, &ev, 100), 0);
   srv_hub_free(server);
 }
 

@@ -313,7 +313,8 @@ TEST(Launch, StubbornChildIsKilledAfterGrace) {
 TEST(Launch, OnlyThisNodesRolesStart) {
   TempDir d;
   std::string bin = d.write("child.sh", kSleeps, true);
-  std::string cfg = d.write("c.json", R"({"model": "m", "nodes": {"a": {}, "b": {}}, "router": {"node": "a", "port": 0},
+  std::string cfg = d.write("c.json", R"({"model": "m", "secret": "launch-test-secret-0123456789abcdef",
+    "nodes": {"a": {}, "b": {}}, "router": {"node": "a", "port": 0},
     "workers": [{"name": "pa", "node": "a", "role": "prefill", "port": 0},
                 {"name": "db", "node": "b", "role": "decode", "port": 0}]})");
   Launcher l(d, {"--config", cfg, "--node", "b", "--dserve", bin});
@@ -324,6 +325,46 @@ TEST(Launch, OnlyThisNodesRolesStart) {
   EXPECT_EQ(o.find("[pa]"), std::string::npos) << o;
   EXPECT_EQ(o.find("[router]"), std::string::npos) << o;
   EXPECT_NE(o.find("[db] child decode db up"), std::string::npos) << o;
+}
+
+// A config without a secret: the launcher makes one per launch, hands it to the children only through a 0600 file in
+// a 0700 folder named by $DSERVE_SECRET_FILE (never on a command line), and removes both when it stops.
+TEST(Launch, PerLaunchSecret) {
+  unsetenv("DSERVE_SECRET");
+  unsetenv("DSERVE_SECRET_FILE");
+  TempDir d;
+  std::string bin = d.write("child.sh",
+                            "#!/bin/sh\necho \"child $1 $5 args $# file=$DSERVE_SECRET_FILE mode=$(stat -c %a "
+                            "\"$DSERVE_SECRET_FILE\") dirmode=$(stat -c %a \"$(dirname \"$DSERVE_SECRET_FILE\")\") "
+                            "len=$(tr -d '\\n' < \"$DSERVE_SECRET_FILE\" | wc -c)\"\nexec sleep 30\n",
+                            true);
+  std::string cfg = d.write("c.json", one_worker(0));
+  Launcher l(d, {"--config", cfg, "--node", "local", "--dserve", bin});
+  ASSERT_TRUE(l.wait_for(l.out, "len=", 10000)) << slurp(l.out) << slurp(l.err);
+  std::string o = slurp(l.out);
+  EXPECT_NE(o.find("child both w0 args 5 file=/"), std::string::npos) << o; // argv: role --config F --name w0
+  EXPECT_NE(o.find("mode=600 dirmode=700 len=64"), std::string::npos) << o;
+  size_t at = o.find("file=") + 5;
+  std::string file = o.substr(at, o.find(' ', at) - at);
+  EXPECT_EQ(access(file.c_str(), F_OK), 0) << file;
+  EXPECT_NE(slurp(l.err).find("made a per-launch secret"), std::string::npos) << slurp(l.err);
+  kill(l.pid, SIGTERM);
+  ASSERT_TRUE(l.wait_exit(5000));
+  EXPECT_NE(access(file.c_str(), F_OK), 0) << file << " outlived the launcher";
+  EXPECT_NE(access(file.substr(0, file.rfind('/')).c_str(), F_OK), 0);
+}
+
+// Several nodes without a secret: each launcher would make a different one, so it refuses.
+TEST(Launch, NoSecretOnSeveralNodesIsRefused) {
+  unsetenv("DSERVE_SECRET");
+  unsetenv("DSERVE_SECRET_FILE");
+  TempDir d;
+  std::string cfg = d.write("c.json", R"({"model": "m", "nodes": {"a": {}, "b": {}},
+    "workers": [{"name": "pa", "node": "a", "role": "both", "port": 0}, {"name": "db", "node": "b", "role": "both", "port": 0}]})");
+  Launcher l(d, {"--config", cfg, "--node", "b", "--dserve", d.write("child.sh", kSleeps, true)});
+  ASSERT_TRUE(l.wait_exit(5000));
+  EXPECT_EQ(WEXITSTATUS(l.status), 2);
+  EXPECT_NE(slurp(l.err).find("no shared secret, and the cluster has 2 nodes"), std::string::npos) << slurp(l.err);
 }
 
 } // namespace

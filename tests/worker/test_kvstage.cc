@@ -62,6 +62,7 @@ struct KvStage : ::testing::Test {
     kvx_opts o{};
     o.backend = "tcp";
     o.listen_host = "127.0.0.1";
+    o.secret = "s3cret";
     agent = kvx_agent_new("stagetest", &o, err, sizeof err);
     ASSERT_NE(agent, nullptr) << err;
   }

@@ -734,9 +734,11 @@ TEST_F(Prefix, RouterHelloGetsASnapshotInChunks) {
   wo.name = "w0";
   wo.role = "both";
   wo.host = "127.0.0.1";
+  wo.secret = "prefix-test-secret";
   srv_hub_opts ro = {};
   ro.name = "r0";
   ro.role = "router";
+  ro.secret = "prefix-test-secret";
   srv_hub *worker = nullptr, *router = nullptr;
   ASSERT_EQ(srv_hub_new(&wo, &worker, err, sizeof err), 0) << err;
   ASSERT_EQ(srv_hub_new(&ro, &router, err, sizeof err), 0) << err;
