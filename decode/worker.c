@@ -21,9 +21,16 @@
 #include "server/log.h"
 #include "worker/shell.h"
 
-// A prompt's KV must arrive within this long after the request, plus a per-token allowance for the prefill
-// compute (a CPU prefill worker under load takes ~10 ms per token).
+// A prompt's KV must arrive within handoff_timeout_ms after the prefill worker started computing it (its
+// kv_started), plus a per-token allowance for the prefill compute (a CPU prefill worker under load takes ~10 ms
+// per token). Before kv_started the request waits in the prefill worker's queue: the request's own deadline
+// bounds that wait, or, for a request without one, HANDOFF_QUEUE_FACTOR times handoff_timeout_ms.
 #define HANDOFF_MS_PER_TOKEN 50
+#define HANDOFF_QUEUE_FACTOR 10
+// Blocks of a handoff we gave up on while the prefill worker may still write into them stay reserved until it
+// answers kv_freed, its control link closes, or KV_HOLD_MS (at most handoff_timeout_ms) passes: a responsive prefill
+// worker answers within milliseconds; the bound is for one that is stopped, hung or cut off (docs/protocol.md).
+#define KV_HOLD_MS 5000
 
 typedef struct dec_seq {
   wrk_seq seq;           // tokens, cache progress, blocks (engine state)
@@ -37,6 +44,9 @@ typedef struct dec_seq {
   // handoff (mode decode): the KV comes from a prefill worker
   int handoff;           // 1 until the sequence joins the batch
   int table_sent, got_notif, got_first;
+  int started;           // kv_started came: the prefill worker computes it
+  int p_quiet;           // the prefill worker writes nothing more into its blocks (it said kv_fail)
+  int64_t hold_until_ms; // held (after we gave up): its blocks are released then at the latest
   mdl_sampled first;     // the prefill worker's first token
   int64_t handoff_deadline_ms;
   int64_t t_start_ms;
@@ -50,6 +60,8 @@ typedef struct dec_worker {
   wrk_engine eng;        // sequences' owner fields point at their dec_seq
   dec_seq **handoffs;    // (owned array) (n_handoffs) waiting for their KV
   int n_handoffs, cap_handoffs;
+  dec_seq **held;        // (owned array) (n_held) given up while their prefill worker may still write: blocks kept
+  int n_held, cap_held;
   srv_peer **prefills;   // (owned references) (n_prefills) connected prefill workers
   int n_prefills, cap_prefills;
   uint64_t n_finished;
@@ -106,7 +118,53 @@ static void seq_free(dec_worker *w, dec_seq *s) {
   free(s);
 }
 
-// Takes s out of the engine (or the handoff list) and frees it.
+static int64_t handoff_ms(const dec_worker *w) { return (int64_t)w->sh.wc->handoff_timeout_ms * DSERVE_TIMEOUT_SCALE; }
+
+static srv_peer *prefill_peer(dec_worker *w, const char *name);
+
+// A handoff we give up on whose prefill worker may hold the block table and still write: kv_fail tells it, and
+// the blocks stay reserved (in held) until it answers kv_freed (or the bounds above). 0 when s is held now.
+static int hold(dec_worker *w, dec_seq *s) {
+  if (!s->handoff || !s->table_sent || s->got_notif || s->p_quiet) return -1; // nothing more can land
+  srv_peer *p = prefill_peer(w, s->req.prefill);
+  if (!p) return -1; // its control link closed: freed at once (a prefill worker drops what its link carried)
+  if (w->n_held == w->cap_held) {
+    int cap = w->cap_held ? w->cap_held * 2 : 16;
+    dec_seq **h = realloc(w->held, (size_t)cap * sizeof *h);
+    if (!h) return -1;
+    w->held = h;
+    w->cap_held = cap;
+  }
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "op", "kv_fail");
+  cJSON_AddStringToObject(m, "id", s->req.id);
+  cJSON_AddStringToObject(m, "message", "the decode worker dropped the request");
+  int rc = srv_peer_send(p, m);
+  cJSON_Delete(m);
+  if (rc) return -1;
+  int64_t bound = (int64_t)KV_HOLD_MS * DSERVE_TIMEOUT_SCALE;
+  s->hold_until_ms = wrk_shell_now_ms() + (handoff_ms(w) < bound ? handoff_ms(w) : bound);
+  w->held[w->n_held++] = s;
+  srv_debug(w->sh.rt->w->name, "%s: kv_fail to %s; holding %d blocks until it answers", s->req.id, s->req.prefill,
+            s->seq.blocks.n);
+  return 0;
+}
+
+// Releases held handoffs: from prefill worker `prefill` with id (NULL: any id; prefill NULL: any worker) whose
+// hold ended (now > hold_until_ms), or all matching ones when now is 0.
+static void release_held(dec_worker *w, const char *prefill, const char *id, int64_t now) {
+  for (int i = w->n_held - 1; i >= 0; i--) {
+    dec_seq *s = w->held[i];
+    if ((prefill && strcmp(s->req.prefill, prefill)) || (id && strcmp(s->req.id, id)) || (now && now <= s->hold_until_ms))
+      continue;
+    if (now)
+      srv_warn(w->sh.rt->w->name, "%s: %s did not answer kv_fail: releasing its blocks", s->req.id, s->req.prefill);
+    w->held[i] = w->held[--w->n_held];
+    seq_free(w, s);
+  }
+}
+
+// Takes s out of the engine (or the handoff list) and frees it (or holds its blocks: hold).
 static void seq_drop(dec_worker *w, dec_seq *s) {
   for (int i = 0; i < w->n_handoffs; i++)
     if (w->handoffs[i] == s) {
@@ -114,6 +172,7 @@ static void seq_drop(dec_worker *w, dec_seq *s) {
       w->n_handoffs--;
       break;
     }
+  if (hold(w, s) == 0) return; // a handoff is in no engine list; its blocks stay with it
   wrk_engine_remove(&w->eng, &s->seq);
   seq_free(w, s);
 }
@@ -350,6 +409,7 @@ static void on_close(void *arg, srv_peer *peer) {
       }
     drop_where(w, from_prefill, srv_peer_name(peer), "worker_failure",
                "the prefill worker failed before the prompt's KV arrived");
+    release_held(w, srv_peer_name(peer), NULL, 0);
   }
   drop_where(w, routed_to, peer, NULL, NULL); // nobody left to stream to
 }
@@ -377,8 +437,9 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   if (!s) return;
   int rc;
   if (s->handoff) {
-    s->handoff_deadline_ms =
-        wrk_shell_now_ms() + (int64_t)w->sh.wc->handoff_timeout_ms * DSERVE_TIMEOUT_SCALE + (int64_t)HANDOFF_MS_PER_TOKEN * s->req.n_prompt;
+    // Until kv_started the request waits in the prefill worker's queue: its own deadline bounds that (checked
+    // apart), or without one HANDOFF_QUEUE_FACTOR x handoff_timeout_ms.
+    s->handoff_deadline_ms = s->deadline_ms ? INT64_MAX : wrk_shell_now_ms() + HANDOFF_QUEUE_FACTOR * handoff_ms(w);
     rc = handoff_push(w, s);
     if (!rc) try_send_table(w, s);
   } else {
@@ -414,14 +475,35 @@ static dec_seq *handoff_of(dec_worker *w, srv_peer *from, const cJSON *m) {
   return s && s->handoff ? s : NULL;
 }
 
+// kv_fail from the prefill worker: it gave up and writes nothing more (it sends kv_fail only once none of its
+// writes can still land), so the blocks are freed at once. For a handoff we hold, its kv_fail crossed ours.
 static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
   dec_worker *w = arg;
   dec_seq *s = handoff_of(w, from, m);
-  if (!s) return;
+  if (!s) {
+    release_held(w, srv_peer_name(from), msg_id(m), 0);
+    return;
+  }
+  s->p_quiet = 1;
   const cJSON *msg = cJSON_GetObjectItemCaseSensitive(m, "message");
   wrk_send_error(s->router, s->req.id, "worker_failure", "prefill failed: %s",
                  cJSON_IsString(msg) ? msg->valuestring : "unknown");
   seq_drop(w, s);
+}
+
+// kv_freed: the prefill worker answers our kv_fail; none of its writes can land any more.
+static void on_kv_freed(void *arg, srv_peer *from, const cJSON *m) {
+  release_held(arg, srv_peer_name(from), msg_id(m), 0);
+}
+
+// kv_started: the prefill worker admitted the prompt and computes it: the KV-arrival timer (re)starts now.
+static void on_kv_started(void *arg, srv_peer *from, const cJSON *m) {
+  dec_worker *w = arg;
+  dec_seq *s = handoff_of(w, from, m);
+  if (!s || s->started) return;
+  s->started = 1;
+  s->handoff_deadline_ms = wrk_shell_now_ms() + handoff_ms(w) + (int64_t)HANDOFF_MS_PER_TOKEN * s->req.n_prompt;
+  srv_debug(w->sh.rt->w->name, "%s: kv_started from %s", s->req.id, srv_peer_name(from));
 }
 
 static void on_kv_first(void *arg, srv_peer *from, const cJSON *m) {
@@ -444,6 +526,7 @@ static void on_kv_first(void *arg, srv_peer *from, const cJSON *m) {
 static const wrk_op OPS[] = {
     {"hello", on_hello}, {"generate", on_generate}, {"cancel", on_cancel},
     {"stats", on_stats}, {"kv_first", on_kv_first}, {"kv_fail", on_kv_fail},
+    {"kv_started", on_kv_started}, {"kv_freed", on_kv_freed},
 };
 
 // kvxfer notifications: "<request id>" once a prompt's last KV write has landed.
@@ -528,7 +611,7 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     int busy = wrk_engine_busy(&w.eng);
     // Block while idle (a handoff wakes us through kvx progress, polled every few ms); between steps take
     // only what has already arrived.
-    wrk_shell_drain(&w.sh, busy ? 0 : (w.n_handoffs ? 2 : 1000), w.eng.prefix);
+    wrk_shell_drain(&w.sh, busy ? 0 : (w.n_handoffs ? 2 : (w.n_held ? 50 : 1000)), w.eng.prefix);
     if (w.sh.kvx) take_notifs(&w);
     for (int i = 0; i < w.n_handoffs; i++) try_send_table(&w, w.handoffs[i]);
     if (atomic_load(&w.sh.sig.stop)) {
@@ -541,6 +624,7 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     }
     int64_t now = wrk_shell_now_ms();
     drop_where(&w, expired, &now, "timeout", "request deadline passed (or its KV never arrived)");
+    release_held(&w, NULL, NULL, now);
     wrk_engine_admit(&w.eng, reject, &w);
     if (step(&w, err, errlen)) {
       fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
@@ -549,6 +633,8 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     wrk_kvevents_flush(&w.sh.kvev, w.eng.prefix);
   }
   drop_where(&w, any, NULL, "unavailable", "worker stopped before the request finished");
+  while (w.n_held) seq_free(&w, w.held[--w.n_held]); // we exit: nothing can land in our pool any more
+  free(w.held);
   wrk_engine_fini(&w.eng);
   free(w.prefills); // the peers themselves die with the hub (wrk_shell_close)
   free(w.handoffs);

@@ -70,6 +70,9 @@ typedef struct pfl_req {
   mdl_sampled first;
   int failed;
   int handed_off;         // nothing left to do but let the posted writes finish (then reap frees it)
+  int started_sent;       // kv_started went to the decode worker (admitted, table known)
+  int tell;               // what reap tells the decode worker once the writes finished: TELL_*
+  char *fail_msg;         // (owned) kv_fail's message for TELL_FAIL
   int64_t table_deadline_ms, deadline_ms;
 } pfl_req;
 
@@ -94,6 +97,9 @@ typedef struct pfl_worker {
 } pfl_worker;
 
 #define OWNER(sq) ((pfl_req *)(sq)->owner)
+
+// What a request that stops tells its decode worker once none of its writes can land any more.
+enum { TELL_NONE, TELL_FAIL /* kv_fail: we gave up */, TELL_FREED /* kv_freed: it gave up, we write no more */ };
 
 static int block_size(const pfl_worker *w) { return wrk_kvpool_kv(w->sh.rt->kv)->block_size; }
 // How long a decode worker may take to send a request's block table (workers[i].table_timeout_ms).
@@ -155,24 +161,50 @@ static void req_free(pfl_worker *w, pfl_req *r) {
   wrk_seq_fini(&r->seq, w->sh.rt->kv);
   mdl_sampler_free(r->sampler);
   free(r->remote);
+  free(r->fail_msg);
   wrk_genreq_free(&r->req);
   srv_peer_unref(r->router);
   free(r);
 }
 
+// Sends the decode worker of link op (kv_fail with message, or kv_freed) for request id.
+static void tell_decode(pfl_link *l, const char *op, const char *id, const char *message) {
+  if (!l || !l->peer) return;
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "op", op);
+  cJSON_AddStringToObject(m, "id", id);
+  if (message) cJSON_AddStringToObject(m, "message", message);
+  srv_peer_send(l->peer, m);
+  cJSON_Delete(m);
+}
+
+static int writes_pending(const pfl_req *r) {
+  for (int i = 0; i < r->n_xf; i++)
+    if (kvx_xfer_poll(r->xf[i]) == KVX_PENDING) return 1;
+  return 0;
+}
+
+// Stops r: no more pushes. With no write in flight it tells the decode worker (tell, msg) and frees r now;
+// otherwise reap does both once every posted write finished, so a kv_fail or kv_freed never precedes bytes
+// that could still land in the decode worker's blocks.
+static void stop_req(pfl_worker *w, pfl_req *r, int tell, const char *msg) {
+  r->failed = 1;
+  if (tell > r->tell) r->tell = tell;
+  if (tell == TELL_FAIL && msg && !r->fail_msg) r->fail_msg = strdup(msg);
+  if (writes_pending(r)) {
+    r->handed_off = 1; // reap frees it
+    return;
+  }
+  if (r->tell == TELL_FAIL) tell_decode(r->link, "kv_fail", r->req.id, r->fail_msg ? r->fail_msg : "prefill failed");
+  else if (r->tell == TELL_FREED) tell_decode(r->link, "kv_freed", r->req.id, NULL);
+  req_free(w, r);
+}
+
 static void fail(pfl_worker *w, pfl_req *r, const char *fmt, const char *detail) {
   char msg[512];
   snprintf(msg, sizeof msg, fmt, detail);
-  if (r->link && r->link->peer) {
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "op", "kv_fail");
-    cJSON_AddStringToObject(m, "id", r->req.id);
-    cJSON_AddStringToObject(m, "message", msg);
-    srv_peer_send(r->link->peer, m);
-    cJSON_Delete(m);
-  }
   wrk_send_error(r->router, r->req.id, "worker_failure", "%s", msg);
-  req_free(w, r);
+  stop_req(w, r, TELL_FAIL, msg);
 }
 
 // Posts one WRITE of layers [l0, l1) of our blocks [b0, b1) into the decode worker's matching blocks.
@@ -257,7 +289,7 @@ static void flush_layers(pfl_worker *w) {
 
 // After the prompt is computed, the table known and every write posted: notify and send kv_first.
 static int maybe_finish(pfl_worker *w, pfl_req *r) {
-  if (!r->computed || !r->have_table) return 0;
+  if (!r->computed || !r->have_table || r->handed_off || r->failed) return 0;
   if (r->pushed_blocks < full_blocks(w, r, r->req.n_prompt) && catch_up(w, r)) return -1;
   if (!r->handed_off && !r->failed) {
     if (push(w, r, 0, 0, 0, 0, 1)) return -1; // the notification
@@ -286,27 +318,32 @@ static void reap(pfl_worker *w) {
       bad |= st < 0;
     }
     if (bad) fprintf(stderr, "dserve %s: a KV write failed after the handoff\n", w->sh.rt->w->name);
-    if (!pending) req_free(w, r);
+    if (pending) continue;
+    if (r->tell == TELL_FAIL) tell_decode(r->link, "kv_fail", r->req.id, r->fail_msg ? r->fail_msg : "prefill failed");
+    else if (r->tell == TELL_FREED) tell_decode(r->link, "kv_freed", r->req.id, NULL);
+    req_free(w, r);
   }
 }
 
-static int is(const pfl_req *r, const char *id, const char *decode) {
-  return !r->handed_off && !strcmp(r->req.id, id) && (!decode || (r->link && !strcmp(r->link->name, decode)));
+static int is(const pfl_req *r, const char *id, const char *decode, int any) {
+  return (any || !r->handed_off) && !strcmp(r->req.id, id) &&
+         (!decode || (r->link && !strcmp(r->link->name, decode)));
 }
 
-// The request id (from decode worker decode, when not NULL) that is not handed off yet: queued, running or
-// waiting for a prefix fetch.
-static pfl_req *find(pfl_worker *w, const char *id, const char *decode) {
+// The request id (from decode worker decode, when not NULL) that is not handed off yet (any: or handed off, its
+// writes still in flight): queued, running or waiting for a prefix fetch.
+static pfl_req *find_req(pfl_worker *w, const char *id, const char *decode, int any) {
   for (int l = 0; l < 2; l++) {
     wrk_seq **arr = l ? w->eng.wait : w->eng.run;
     int n = l ? w->eng.n_wait : w->eng.n_run;
     for (int i = 0; i < n; i++)
-      if (is(OWNER(arr[i]), id, decode)) return OWNER(arr[i]);
+      if (is(OWNER(arr[i]), id, decode, any)) return OWNER(arr[i]);
   }
   for (pfl_pull *p = w->pulls; p; p = p->next)
-    if (p->req && is(p->req, id, decode)) return p->req;
+    if (p->req && is(p->req, id, decode, any)) return p->req;
   return NULL;
 }
+static pfl_req *find(pfl_worker *w, const char *id, const char *decode) { return find_req(w, id, decode, 0); }
 
 static void keep_early(pfl_worker *w, srv_peer *from, const cJSON *m) {
   if (w->n_early == w->cap_early) {
@@ -370,7 +407,13 @@ static void take_early_table(pfl_worker *w, pfl_req *r) {
       cJSON *m = w->early[i].msg;
       srv_peer *from = w->early[i].from;
       w->early[i] = w->early[--w->n_early];
-      on_table(w, from, m); // may fail (and free) r
+      const cJSON *op = cJSON_GetObjectItemCaseSensitive(m, "op");
+      if (cJSON_IsString(op) && !strcmp(op->valuestring, "kv_fail")) { // the decode worker gave up on it already
+        wrk_send_error(r->router, r->req.id, "worker_failure", "decode worker %s dropped the request", r->link->name);
+        req_free(w, r); // it was told kv_freed when its kv_fail came
+      } else {
+        on_table(w, from, m); // may fail (and free) r
+      }
       cJSON_Delete(m);
       srv_peer_unref(from);
       return;
@@ -548,7 +591,8 @@ static void each_req(pfl_worker *w, void (*fn)(pfl_worker *, pfl_req *, const vo
 }
 
 static void close_req(pfl_worker *w, pfl_req *r, const void *peer) {
-  if (r->router == peer) req_free(w, r); // the router went away: nobody wants it
+  if (r->router == peer) stop_req(w, r, TELL_NONE, NULL); // the router went away: nobody wants it (the decode
+                                                          // worker drops it too and asks with kv_fail)
   else if (r->link && r->link->peer == peer && !r->handed_off) fail(w, r, "decode worker %s failed", r->link->name);
 }
 
@@ -580,6 +624,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   srv_peer_ref(from);
   r->router = from;
   const char *bad = NULL;
+  int link_failed = 0;
   // The router's hint (router.prefix_fetch): prefill worker prefix_peer holds the first prefix_blocks blocks.
   const cJSON *hp = cJSON_GetObjectItemCaseSensitive(m, "prefix_peer");
   const cJSON *hb = cJSON_GetObjectItemCaseSensitive(m, "prefix_blocks");
@@ -593,12 +638,21 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   else if (strcmp(r->req.mode, "prefill") || !r->req.decode[0])
     bad = "a prefill worker serves mode \"prefill\" with a decode worker";
   else if (!(r->link = link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e)))
-    bad = e;
+    bad = e, link_failed = 1;
   else if (wrk_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
            mdl_sampler_new(&r->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), r->req.prompt, r->req.n_prompt,
                            &r->sampler, e, sizeof e))
     bad = "out of memory";
   if (bad) {
+    // The decode worker reserved blocks for it: kv_fail frees them at once (docs/protocol.md, "Handoff"). When
+    // the link to it is what failed, its handoff timeout or the router's cancel frees them.
+    const cJSON *dj = cJSON_GetObjectItemCaseSensitive(m, "decode"), *mj = cJSON_GetObjectItemCaseSensitive(m, "mode");
+    char le[256];
+    pfl_link *l = r->link;
+    if (!l && !link_failed && cJSON_IsString(dj) && cJSON_IsString(mj) && !strcmp(mj->valuestring, "prefill") &&
+        dj->valuestring[0])
+      l = link_for(w, dj->valuestring, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, le, sizeof le);
+    if (l && cJSON_IsString(idj)) tell_decode(l, "kv_fail", idj->valuestring, bad);
     wrk_send_error(from, id, bad == e && code[0] == 'c' ? code : "worker_failure", "%s", bad);
     r->link = NULL;
     req_free(w, r);
@@ -624,9 +678,44 @@ static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
   pfl_req *r = cJSON_IsString(id) ? find(w, id->valuestring, NULL) : NULL;
-  if (r && (r->router == from || (r->link && r->link->peer == from))) {
-    if (r->n_xf) r->handed_off = 1; // writes in flight read our blocks: reap frees it after them
-    else req_free(w, r);
+  if (r && (r->router == from || (r->link && r->link->peer == from))) stop_req(w, r, TELL_NONE, NULL);
+}
+
+// kv_fail from a decode worker: it gave up on the request (its handoff timeout, the router's cancel, its
+// deadline...) and holds the blocks it reserved until we answer kv_freed: we push nothing more, and answer once
+// none of our writes into those blocks can still land (at once when none is in flight). An id we do not know
+// yet (its generate is still on the way) leaves a marker so that generate is dropped when it comes.
+static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
+  pfl_worker *w = arg;
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
+  if (!cJSON_IsString(id)) return;
+  const char *name = srv_peer_name(from);
+  srv_debug(w->sh.rt->w->name, "%s: kv_fail from %s", id->valuestring, name);
+  pfl_req *r = find_req(w, id->valuestring, name, 1);
+  if (r) {
+    stop_req(w, r, TELL_FREED, NULL);
+    return;
+  }
+  for (int i = w->n_early - 1; i >= 0; i--) { // a table that came before its request: it will never be used
+    const cJSON *eid = cJSON_GetObjectItemCaseSensitive(w->early[i].msg, "id");
+    if (!strcmp(eid->valuestring, id->valuestring) && !strcmp(srv_peer_name(w->early[i].from), name)) drop_early(w, i);
+  }
+  keep_early(w, from, m); // the marker: take_early_table drops the request
+  cJSON *a = cJSON_CreateObject();
+  cJSON_AddStringToObject(a, "op", "kv_freed");
+  cJSON_AddStringToObject(a, "id", id->valuestring);
+  srv_peer_send(from, a);
+  cJSON_Delete(a);
+}
+
+// kv_started to each admitted request's decode worker once its table is known (the table comes from the decode
+// worker after it got the request, so the decode worker knows the id): its KV-arrival timer starts now.
+static void send_started(pfl_worker *w) {
+  for (int i = 0; i < w->eng.n_run; i++) {
+    pfl_req *r = OWNER(w->eng.run[i]);
+    if (r->started_sent || !r->have_table || r->handed_off || r->failed) continue;
+    r->started_sent = 1;
+    tell_decode(r->link, "kv_started", r->req.id, NULL);
   }
 }
 
@@ -653,15 +742,18 @@ static const wrk_op OPS[] = {
     {"prefix_pulled", on_prefix_pulled},
     {"prefix_fail", on_prefix_fail},
     {"cancel", on_cancel},
+    {"kv_fail", on_kv_fail},
     {"stats", on_stats},
 };
 
 static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   pfl_worker *w = arg;
   pfl_req *r = OWNER(sq);
-  wrk_send_error(r->router, r->req.id, "context_length_exceeded",
-                 "the prompt needs %d KV blocks; this prefill worker's pool has %d", blocks_needed,
-                 wrk_kvpool_total_blocks(w->sh.rt->kv));
+  char msg[256];
+  snprintf(msg, sizeof msg, "the prompt needs %d KV blocks; this prefill worker's pool has %d", blocks_needed,
+           wrk_kvpool_total_blocks(w->sh.rt->kv));
+  tell_decode(r->link, "kv_fail", r->req.id, msg); // never admitted: nothing was written
+  wrk_send_error(r->router, r->req.id, "context_length_exceeded", "%s", msg);
   req_free(w, r);
 }
 
@@ -719,7 +811,7 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
       mdl_sampler_sample(r->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &r->first);
       r->computed = 1;
     }
-    if (r->failed || maybe_finish(w, r)) fail(w, r, "KV push to %s failed", r->link->name);
+    if (!r->handed_off && (r->failed || maybe_finish(w, r))) fail(w, r, "KV push to %s failed", r->link->name);
   }
   return 0;
 }
@@ -756,6 +848,7 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     expire(&w);
     reap(&w);
     wrk_engine_admit(&w.eng, reject, &w);
+    send_started(&w);
     if (step(&w, err, errlen)) {
       fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
       while (w.eng.n_run) fail(&w, OWNER(w.eng.run[0]), "forward step failed%s", "");

@@ -1,6 +1,7 @@
 """tests/timeouts/test_timeouts.py: each timeout docs/reliability.md and docs/protocol.md promise, forced by config values with real processes.
 
-Cases ("Timeouts and what each failure frees"): the decode worker's KV-arrival bound (handoff_timeout_ms), the
+Cases ("Timeouts and what each failure frees"): the decode worker's KV-arrival bound (handoff_timeout_ms, from the
+prefill worker's kv_started; the queue bound before it; the block hold after its kv_fail), the
 prefill worker's block-table bound (table_timeout_ms), the request deadline (router.request_timeout_ms) while the
 request runs and while it waits in the router's queue, a queued request whose client left (499), and a worker's
 SIGTERM drain bound (drain_timeout_s).
@@ -96,30 +97,67 @@ class Timeouts(unittest.TestCase):
     # ---- (a) the decode worker's KV-arrival bound ----
 
     def test_handoff_timeout_frees_decode_blocks(self):
-        """A decode worker whose prefill worker never delivers (SIGSTOPped) fails the request with `timeout` after
-        handoff_timeout_ms + 50 ms per prompt token and frees the blocks it reserved, on its own."""
+        """The decode worker's KV-arrival timer starts at the prefill worker's kv_started: a prefill worker (a fake:
+        this test, connected to d0 as p0) that sends kv_started and then nothing gets the request failed with `timeout`
+        handoff_timeout_ms + 50 ms per prompt token after its kv_started, and a `kv_fail` for it. d0 keeps the
+        blocks reserved (the prefill worker may hold the table and still write) until it answers `kv_freed`, or at
+        most min(handoff_timeout_ms, 5 s). Before kv_started, a request without a deadline waits 10 x
+        handoff_timeout_ms (one with a deadline: until its deadline)."""
         c = self.cluster("handoff", [{"name": "p0", "role": "prefill"},
-                                     {"name": "d0", "role": "decode", "handoff_timeout_ms": HANDOFF_MS}],
-                         dict(NO_DEAD_LINK, disagg_threshold=0))
-        p0 = c.procs["p0"]
-        p0.signal(signal.SIGSTOP)
-        self.addCleanup(p0.signal, signal.SIGCONT)
+                                     {"name": "d0", "role": "decode", "handoff_timeout_ms": HANDOFF_MS}], start=False)
+        c.start(["d0"])
+        rd = t.connect(c.wport("d0"), c.secret, name="router")
+        self.addCleanup(rd.close)
+        fp = t.connect(c.wport("d0"), c.secret, role="prefill", name="p0")
+        self.addCleanup(fp.close)
+
+        def generate(id, deadline=600000):
+            g = {"op": "generate", "id": id, "prompt": PROMPT, "max_tokens": 4, "sampling": {"temperature": 0},
+                 "stop": [], "stop_ids": [], "ignore_eos": True, "mode": "decode", "prefill": "p0"}
+            if deadline:
+                g["deadline_ms"] = deadline
+            return g
+
+        def held():
+            st = c.stats("d0")
+            return st["running"] == 0 and st["waiting"] == 0 and st["free_blocks"] < st["total_blocks"]
+
         bound = (HANDOFF_MS * SCALE + 50 * len(PROMPT)) / 1000.0
+        hold = HANDOFF_MS * SCALE / 1000.0
+        for answer in (True, False):
+            id = "tmo-handoff-%d" % answer
+            rd.send(generate(id))
+            self.assertEqual(fp.recv_op({"kv_table"}, 5 * SCALE).get("id"), id)
+            time.sleep(2 * bound)  # queued at the prefill worker longer than the bound: no timeout before kv_started
+            t0 = time.time()
+            fp.send({"op": "kv_started", "id": id})
+            m = rd.recv_op({"error", "token", "done"}, bound + t.SLACK_S)
+            dt = time.time() - t0
+            self.assertEqual((m.get("op"), m.get("id"), m.get("code")), ("error", id, "timeout"),
+                             "%r\n%s" % (m, self.logs()))
+            self.assert_when(dt, bound, "the handoff timeout after kv_started")
+            f = fp.recv_op({"kv_fail"}, 1.0 * SCALE)
+            self.assertEqual(f.get("id"), id, f)
+            t1 = time.time()
+            self.assertTrue(held(), "d0 did not hold the blocks the prefill worker may still write\n" + self.logs())
+            if answer:
+                fp.send({"op": "kv_freed", "id": id})
+                self.assert_idle("d0", 1.0 * SCALE)
+                print("kv_freed to free: %.3f s" % (time.time() - t1), file=sys.stderr)
+            else:  # no answer: released after min(handoff_timeout_ms, 5 s) (KV_HOLD_MS)
+                st = c.wait_idle("d0", hold + t.SLACK_S)
+                self.assertTrue(isinstance(st, dict) and t.is_idle(st), "%r\n%s" % (st, self.logs()))
+                self.assert_when(time.time() - t1, hold, "the hold bound")
+        # No kv_started and no deadline: the queue bound, 10 x handoff_timeout_ms.
+        qbound = 10 * HANDOFF_MS * SCALE / 1000.0
         t0 = time.time()
-        st, b = u.post(c.port, "/v1/completions", body(4), timeout=bound + t.SLACK_S + 10)
-        dt = time.time() - t0
-        e = error_of(st, b)
-        self.assertEqual((st, e.get("code")), (504, "timeout"), "%r\n%s" % (b, self.logs()))
-        self.assert_when(dt, bound, "the handoff timeout")
-        # d0 freed what it reserved while p0 is still stopped: nobody else could have.
-        self.assertTrue(p0.alive())
+        rd.send(generate("tmo-handoff-q", deadline=0))
+        m = rd.recv_op({"error", "token", "done"}, qbound + t.SLACK_S)
+        self.assertEqual((m.get("id"), m.get("code")), ("tmo-handoff-q", "timeout"), "%r\n%s" % (m, self.logs()))
+        self.assert_when(time.time() - t0, qbound, "the handoff timeout before kv_started")
+        self.assertEqual(fp.recv_op({"kv_fail"}, 1.0 * SCALE).get("id"), "tmo-handoff-q")
+        fp.send({"op": "kv_freed", "id": "tmo-handoff-q"})
         self.assert_idle("d0", 1.0 * SCALE)
-        # p0 resumes: it gets the router's generate and then its cancel, and ends idle; the pair serves again.
-        p0.signal(signal.SIGCONT)
-        self.assert_idle("p0")
-        self.assert_idle("d0")
-        st, b = u.post(c.port, "/v1/completions", body(4), timeout=60 * SCALE)
-        self.assertEqual(st, 200, "%r\n%s" % (b, self.logs()))
 
     # ---- (b) the prefill worker's block-table bound ----
 
