@@ -1,6 +1,6 @@
 // prefill/worker.c: computes prompts in chunked batches and pushes each layer's KV to the decode worker
-// as soon as that layer is done, then sends the first token (docs/protocol.md, "Handoff"); fetches a cached
-// prefix from a peer prefill worker when the router hints one holds it ("Prefix fetch").
+// as soon as that layer is done, then sends the first token (docs/protocol.md, "Handoff"); a prefix a peer
+// prefill worker holds is fetched by fetch.c.
 #include "prefill/worker.h"
 
 #include <stdatomic.h>
@@ -9,108 +9,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvxfer/kvx.h"
-#include "models/sampler.h"
 #include "models/tokenizer.h"
-#include "prefill/serve.h"
-#include "worker/engine.h"
-#include "worker/genreq.h"
-#include "server/hub.h"
+#include "prefill/worker_int.h"
+#include "server/log.h"
 #include "worker/kvpool.h"
 #include "worker/kvstage.h"
-#include "worker/kvwire.h"
-#include "server/log.h"
-#include "worker/shell.h"
-
-#define LINK_TIMEOUT_MS 5000   // connecting to a decode worker
-#define PULL_LINK_TIMEOUT_MS 1000 // connecting to a peer prefill worker for a prefix fetch
-#define PULL_WAIT_MS 5000       // a request waits this long for its prefix fetch, then computes the prefix itself
-#define PULL_HOLD_MS 30000      // blocks of an unanswered fetch stay reserved this long (the peer may still write)
-
-// One decode worker this prefill worker pushes to, or a peer prefill worker it fetches prefixes from.
-typedef struct pfl_link {
-  char name[64];
-  srv_peer *peer;         // (owned reference) our control connection to it
-  wrk_kv_remote remote;   // its pool
-  char kvx_peer[KVX_MAX_NAME]; // decode workers only (a prefill peer writes to us, not we to it)
-} pfl_link;
-
-struct pfl_req;
-
-// A prefix fetch in progress: the peer src writes prompt blocks [first, first + n) into our blocks.
-typedef struct pfl_pull {
-  struct pfl_pull *next;
-  struct pfl_req *req;    // (borrowed) the request waiting for it; NULL once it went on without it
-  pfl_link *src;          // (borrowed)
-  char id[96];            // the request's id; the peer's notification is "pull:<id>"
-  int32_t *blocks;        // (owned) (n) our pool blocks the peer writes, each with a reference we hold
-  int first, n;
-  int answered, got;      // the peer answered (prefix_pulled / prefix_fail), saying it wrote got blocks
-  int notified;           // its notification arrived: the bytes have landed
-  int64_t wait_until_ms;  // the request stops waiting then
-  int64_t hold_until_ms;  // unanswered, the blocks are given back then
-} pfl_pull;
-
-typedef struct pfl_req {
-  wrk_seq seq;            // the prompt in our own pool
-  wrk_genreq req;
-  srv_peer *router;       // (owned reference)
-  pfl_link *link;         // (borrowed)
-  pfl_pull *pull;         // (borrowed) the prefix fetch it waits for; NULL once queued in the engine
-  mdl_sampler *sampler;   // (owned) for the first token
-  int32_t *remote;        // (owned) (n_remote) the decode worker's blocks for this prompt
-  int n_remote;
-  int have_table;
-  int live;               // the table was known when the current step began: push layer by layer
-  int pushed_blocks;      // leading blocks already pushed for every layer
-  int step_b0, step_b1;   // blocks this step completes: [b0, b1)
-  kvx_xfer **xf;          // (owned) (n_xf) posted writes; our blocks stay until they finish
-  int n_xf, cap_xf;
-  int computed;           // the prompt is done and first holds the first token
-  mdl_sampled first;
-  int failed;
-  int handed_off;         // nothing left to do but let the posted writes finish (then reap frees it)
-  int started_sent;       // kv_started went to the decode worker (admitted, table known)
-  int tell;               // what reap tells the decode worker once the writes finished: TELL_*
-  char *fail_msg;         // (owned) kv_fail's message for TELL_FAIL
-  int64_t table_deadline_ms, deadline_ms;
-} pfl_req;
-
-typedef struct pfl_worker {
-  wrk_shell sh;           // runtime, hub, signals, kvx (pushes KV, takes fetched prefixes) and its staging mirror
-  wrk_engine eng;
-  krn_event *layer_ev[2]; // (owned) markers after layer l's KV writes, at [l & 1]; NULL on a backend without events
-  pfl_link **links;       // (owned) (n_links) each (owned)
-  int n_links;
-  pfl_pull *pulls;        // (owned list) prefix fetches in progress
-  pfl_serve serve;        // prefix fetches peers ask of us
-  double fetches, fetched_blocks, fetch_misses; // prefix fetch counters (stats_ok)
-  double bytes_pushed;
-  // Block tables that arrived before their request: the router's generate and the decode worker's
-  // kv_table travel on different connections, so either may come first.
-  struct early_table {
-    cJSON *msg;           // (owned)
-    srv_peer *from;       // (owned reference)
-    int64_t expires_ms;
-  } *early;               // (owned) (n_early)
-  int n_early, cap_early;
-} pfl_worker;
-
-#define OWNER(sq) ((pfl_req *)(sq)->owner)
-
-// What a request that stops tells its decode worker once none of its writes can land any more.
-enum { TELL_NONE, TELL_FAIL /* kv_fail: we gave up */, TELL_FREED /* kv_freed: it gave up, we write no more */ };
-
-static int block_size(const pfl_worker *w) { return wrk_kvpool_kv(w->sh.rt->kv)->block_size; }
-// How long a decode worker may take to send a request's block table (workers[i].table_timeout_ms).
-static int64_t table_timeout_ms(const pfl_worker *w) { return (int64_t)w->sh.wc->table_timeout_ms * DSERVE_TIMEOUT_SCALE; }
 
 // ---- links to decode workers and peer prefill workers ----
 
 // The control link to worker name of role, connecting (bounded by timeout_ms) when there is none or it dropped.
 // A decode worker's link also loads its kvxfer metadata (we write into its pool); either checks that the
 // peer's KV layout matches ours.
-static pfl_link *link_for(pfl_worker *w, const char *name, srv_role role, int timeout_ms, char *err, size_t errlen) {
+pfl_link *pfl_link_for(pfl_worker *w, const char *name, srv_role role, int timeout_ms, char *err, size_t errlen) {
   pfl_link *l = NULL;
   for (int i = 0; i < w->n_links; i++)
     if (!strcmp(w->links[i]->name, name)) l = w->links[i];
@@ -200,7 +110,7 @@ static void stop_req(pfl_worker *w, pfl_req *r, int tell, const char *msg) {
   req_free(w, r);
 }
 
-static void fail(pfl_worker *w, pfl_req *r, const char *fmt, const char *detail) {
+void pfl_fail(pfl_worker *w, pfl_req *r, const char *fmt, const char *detail) {
   char msg[512];
   snprintf(msg, sizeof msg, fmt, detail);
   wrk_send_error(r->router, r->req.id, "worker_failure", "%s", msg);
@@ -386,7 +296,7 @@ static void on_table(void *arg, srv_peer *from, const cJSON *m) {
     else r->remote[i++] = (int32_t)b->valuedouble;
   }
   if (!ok) {
-    fail(w, r, "the decode worker sent a bad block table for %s", r->req.id);
+    pfl_fail(w, r, "the decode worker sent a bad block table for %s", r->req.id);
     return;
   }
   // Leading blocks the decode worker already holds (its own prefix cache) are not pushed.
@@ -396,11 +306,11 @@ static void on_table(void *arg, srv_peer *from, const cJSON *m) {
   r->have_table = 1;
   if (sk > r->pushed_blocks) r->pushed_blocks = sk;
   if (r->pull) return; // waiting for a prefix fetch: its first step pushes every layer of what it has by then
-  if (catch_up(w, r) || maybe_finish(w, r)) fail(w, r, "KV push to %s failed", r->link->name);
+  if (catch_up(w, r) || maybe_finish(w, r)) pfl_fail(w, r, "KV push to %s failed", r->link->name);
 }
 
 // Hands over the decode worker's block table if it came before the request did.
-static void take_early_table(pfl_worker *w, pfl_req *r) {
+void pfl_take_early_table(pfl_worker *w, pfl_req *r) {
   for (int i = 0; i < w->n_early; i++) {
     const cJSON *eid = cJSON_GetObjectItemCaseSensitive(w->early[i].msg, "id");
     if (!strcmp(eid->valuestring, r->req.id) && !strcmp(srv_peer_name(w->early[i].from), r->link->name)) {
@@ -421,163 +331,6 @@ static void take_early_table(pfl_worker *w, pfl_req *r) {
   }
 }
 
-// ---- prefix fetch (docs/protocol.md, "Prefix fetch") ----
-
-// Unlinks p and gives its remaining blocks back.
-static void pull_free(pfl_worker *w, pfl_pull *p) {
-  for (pfl_pull **pp = &w->pulls; *pp; pp = &(*pp)->next)
-    if (*pp == p) {
-      *pp = p->next;
-      break;
-    }
-  if (p->req) p->req->pull = NULL;
-  for (int i = 0; i < p->n; i++) wrk_kvpool_unref(w->sh.rt->kv, p->blocks[i]);
-  free(p->blocks);
-  free(p);
-}
-
-// The request waiting for p goes on with the first got blocks the peer wrote (0: none, it computes them),
-// queued for admission like any other. Received blocks join its table and our prefix store.
-static void resume(pfl_worker *w, pfl_pull *p, int got) {
-  pfl_req *r = p->req;
-  p->req = NULL;
-  r->pull = NULL;
-  if (got > 0 && wrk_kvstage_in(w->sh.stage, p->blocks, got)) got = 0; // staging: the peer wrote into our mirror
-  if (got > 0 && wrk_blocks_append(&r->seq.blocks, p->blocks, got) == 0) { // the references move to r
-    p->n -= got;
-    memmove(p->blocks, p->blocks + got, (size_t)p->n * sizeof *p->blocks);
-    int nb = r->seq.blocks.n, bs = block_size(w);
-    r->seq.n_done = r->seq.n_cached = nb * bs;
-    r->seq.n_inserted = nb;
-    wrk_prefix_insert(w->eng.prefix, r->seq.toks, nb * bs, r->seq.blocks.ids, nb);
-    w->fetched_blocks += got;
-  } else {
-    w->fetch_misses++;
-  }
-  if (wrk_engine_queue(&w->eng, &r->seq)) {
-    fail(w, r, "out of memory%s", "");
-    return;
-  }
-  take_early_table(w, r);
-}
-
-// Resolves p once the peer answered and, when it wrote blocks, their notification arrived.
-static void pull_step(pfl_worker *w, pfl_pull *p) {
-  if (!p->answered || (p->req && p->got > 0 && !p->notified)) return;
-  if (p->req) resume(w, p, p->got);
-  pull_free(w, p);
-}
-
-// Asks prefill worker peer for the prompt's first want blocks (the router's hint) when our store holds fewer:
-// takes what our pool holds (m blocks) into the request's table, reserves blocks for the rest and sends
-// prefix_pull. 1 when the request now waits for the answer (resume queues it), 0 when it goes on without.
-static int start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
-  wrk_prefix *px = w->eng.prefix;
-  int bs = block_size(w), n_prompt = r->req.n_prompt;
-  if (want > (n_prompt - 1) / bs) want = (n_prompt - 1) / bs; // the last token is always computed
-  if (!px || want < 1 || wrk_prefix_peek(px, r->seq.toks, n_prompt, 0, NULL) >= want) return 0; // we hold it
-  const srv_worker_cfg *q = srv_config_worker(w->sh.cfg, peer);
-  if (!q || q->role != SRV_ROLE_PREFILL || !strcmp(peer, w->sh.rt->w->name)) {
-    srv_warn(w->sh.rt->w->name, "%s: ignoring the prefix hint: '%s' is not another prefill worker of this cluster",
-             r->req.id, peer);
-    return 0;
-  }
-  w->fetches++;
-  char err[256];
-  pfl_link *src = link_for(w, peer, SRV_ROLE_PREFILL, PULL_LINK_TIMEOUT_MS, err, sizeof err);
-  int32_t *ids = src ? malloc((size_t)want * sizeof *ids) : NULL;
-  pfl_pull *p = ids ? calloc(1, sizeof *p) : NULL;
-  if (!p) {
-    srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s: %s", r->req.id, peer, src ? "out of memory" : err);
-    free(ids);
-    w->fetch_misses++;
-    return 0;
-  }
-  int m = wrk_prefix_match(px, r->seq.toks, n_prompt, ids, want);
-  if (m > 0 && wrk_blocks_append(&r->seq.blocks, ids, m)) {
-    for (int i = 0; i < m; i++) wrk_kvpool_unref(w->sh.rt->kv, ids[i]);
-    m = 0;
-  }
-  r->seq.n_done = r->seq.n_cached = m * bs;
-  r->seq.n_inserted = m;
-  int k = want - m, sent = 0; // m < want: the pool's blocks are among the ones peek counted
-  if (wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0 ||
-      (wrk_prefix_evict_for(px, k) >= 0 && wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0)) {
-    cJSON *msg = cJSON_CreateObject();
-    cJSON_AddStringToObject(msg, "op", "prefix_pull");
-    cJSON_AddStringToObject(msg, "id", r->req.id);
-    cJSON *t = cJSON_AddArrayToObject(msg, "tokens");
-    for (int i = 0; i < want * bs; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(r->seq.toks[i]));
-    cJSON_AddNumberToObject(msg, "first", m);
-    cJSON *b = cJSON_AddArrayToObject(msg, "blocks");
-    for (int i = 0; i < k; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(ids[i]));
-    wrk_kvwire_add_layout(msg, w->sh.rt->kv);
-    sent = wrk_kvwire_add_md(msg, w->sh.kvx) == 0 && srv_peer_send(src->peer, msg) == 0;
-    cJSON_Delete(msg);
-    if (!sent)
-      for (int i = 0; i < k; i++) wrk_kvpool_unref(w->sh.rt->kv, ids[i]);
-  }
-  if (!sent) { // no blocks to spare, or the link dropped: compute (what our pool held stays in the table)
-    free(ids);
-    free(p);
-    w->fetch_misses++;
-    return 0;
-  }
-  int64_t now = wrk_shell_now_ms();
-  *p = (pfl_pull){.next = w->pulls, .req = r, .src = src, .blocks = ids, .first = m, .n = k,
-                  .wait_until_ms = now + PULL_WAIT_MS, .hold_until_ms = now + PULL_HOLD_MS};
-  snprintf(p->id, sizeof p->id, "%s", r->req.id);
-  w->pulls = p;
-  r->pull = p;
-  srv_debug(w->sh.rt->w->name, "%s: fetching blocks %d..%d from %s", r->req.id, m, want - 1, peer);
-  return 1;
-}
-
-// prefix_pulled / prefix_fail from the peer asked.
-static void on_pulled(pfl_worker *w, srv_peer *from, const cJSON *m, int failed) {
-  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id"), *nb = cJSON_GetObjectItemCaseSensitive(m, "n_blocks");
-  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(m, "message");
-  if (!cJSON_IsString(id)) return;
-  for (pfl_pull *p = w->pulls; p; p = p->next) {
-    if (p->answered || p->src->peer != from || strcmp(p->id, id->valuestring)) continue;
-    p->answered = 1;
-    p->got = !failed && cJSON_IsNumber(nb) && nb->valuedouble >= 0 && nb->valuedouble <= p->n ? (int)nb->valuedouble : 0;
-    if (failed)
-      srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s failed: %s", p->id, p->src->name,
-               cJSON_IsString(msg) ? msg->valuestring : "no reason given");
-    pull_step(w, p);
-    return;
-  }
-}
-
-// kvxfer notifications "pull:<id>": a peer's writes for that fetch have landed.
-static void take_notifs(pfl_worker *w) {
-  kvx_notif nb[32];
-  int n;
-  while ((n = kvx_get_notifs(w->sh.kvx, nb, 32)) > 0)
-    for (int i = 0; i < n; i++) {
-      pfl_pull *p = NULL;
-      if (nb[i].len > 5 && !memcmp(nb[i].msg, "pull:", 5))
-        for (p = w->pulls; p; p = p->next)
-          if (!strcmp(p->src->name, nb[i].peer) && strlen(p->id) == nb[i].len - 5 &&
-              !memcmp(p->id, nb[i].msg + 5, nb[i].len - 5))
-            break;
-      if (p && !p->notified) {
-        p->notified = 1;
-        pull_step(w, p);
-      } else {
-        srv_debug(w->sh.rt->w->name, "unexpected kvxfer notification (%zu bytes) from %s", nb[i].len, nb[i].peer);
-      }
-      free(nb[i].msg);
-    }
-}
-
-static int n_fetching(const pfl_worker *w) {
-  int n = 0;
-  for (const pfl_pull *p = w->pulls; p; p = p->next) n += p->req != NULL;
-  return n;
-}
-
 // ---- control messages ----
 
 // Calls fn on every queued or running request, last first in each list: fn may free it (or fail it).
@@ -593,7 +346,7 @@ static void each_req(pfl_worker *w, void (*fn)(pfl_worker *, pfl_req *, const vo
 static void close_req(pfl_worker *w, pfl_req *r, const void *peer) {
   if (r->router == peer) stop_req(w, r, TELL_NONE, NULL); // the router went away: nobody wants it (the decode
                                                           // worker drops it too and asks with kv_fail)
-  else if (r->link && r->link->peer == peer && !r->handed_off) fail(w, r, "decode worker %s failed", r->link->name);
+  else if (r->link && r->link->peer == peer && !r->handed_off) pfl_fail(w, r, "decode worker %s failed", r->link->name);
 }
 
 static void on_close(void *arg, srv_peer *peer) {
@@ -602,14 +355,14 @@ static void on_close(void *arg, srv_peer *peer) {
   for (pfl_pull **pp = &w->pulls; *pp;) {
     pfl_pull *p = *pp;
     if (p->req && p->req->router == peer) req_free(w, p->req);
-    else if (p->req && p->req->link->peer == peer) fail(w, p->req, "decode worker %s failed", p->req->link->name);
+    else if (p->req && p->req->link->peer == peer) pfl_fail(w, p->req, "decode worker %s failed", p->req->link->name);
     if (p->src->peer != peer) {
       pp = &p->next;
       continue;
     }
     // The peer is gone: it writes nothing more, so the request computes the prefix and the blocks go back.
-    if (p->req) resume(w, p, 0);
-    pull_free(w, p); // *pp is now the next one
+    if (p->req) pfl_resume(w, p, 0);
+    pfl_pull_free(w, p); // *pp is now the next one
   }
   pfl_serve_on_close(&w->serve, peer);
 }
@@ -637,7 +390,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     bad = e;
   else if (strcmp(r->req.mode, "prefill") || !r->req.decode[0])
     bad = "a prefill worker serves mode \"prefill\" with a decode worker";
-  else if (!(r->link = link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e)))
+  else if (!(r->link = pfl_link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e)))
     bad = e, link_failed = 1;
   else if (wrk_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
            mdl_sampler_new(&r->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), r->req.prompt, r->req.n_prompt,
@@ -651,7 +404,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     pfl_link *l = r->link;
     if (!l && !link_failed && cJSON_IsString(dj) && cJSON_IsString(mj) && !strcmp(mj->valuestring, "prefill") &&
         dj->valuestring[0])
-      l = link_for(w, dj->valuestring, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, le, sizeof le);
+      l = pfl_link_for(w, dj->valuestring, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, le, sizeof le);
     if (l && cJSON_IsString(idj)) tell_decode(l, "kv_fail", idj->valuestring, bad);
     wrk_send_error(from, id, bad == e && code[0] == 'c' ? code : "worker_failure", "%s", bad);
     r->link = NULL;
@@ -661,18 +414,18 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   int64_t now = wrk_shell_now_ms();
   r->table_deadline_ms = now + table_timeout_ms(w);
   r->deadline_ms = r->req.deadline_ms ? now + r->req.deadline_ms : 0;
-  if (!(hp && start_pull(w, r, hp->valuestring, (int)hb->valuedouble)) && wrk_engine_queue(&w->eng, &r->seq)) {
-    fail(w, r, "out of memory%s", "");
+  if (!(hp && pfl_start_pull(w, r, hp->valuestring, (int)hb->valuedouble)) && wrk_engine_queue(&w->eng, &r->seq)) {
+    pfl_fail(w, r, "out of memory%s", "");
     return;
   }
-  take_early_table(w, r);
+  pfl_take_early_table(w, r);
 }
 
 static void on_prefix_pull(void *arg, srv_peer *from, const cJSON *m) {
   pfl_serve_on_pull(&((pfl_worker *)arg)->serve, from, m);
 }
-static void on_prefix_pulled(void *arg, srv_peer *from, const cJSON *m) { on_pulled(arg, from, m, 0); }
-static void on_prefix_fail(void *arg, srv_peer *from, const cJSON *m) { on_pulled(arg, from, m, 1); }
+static void on_prefix_pulled(void *arg, srv_peer *from, const cJSON *m) { pfl_on_pulled(arg, from, m, 0); }
+static void on_prefix_fail(void *arg, srv_peer *from, const cJSON *m) { pfl_on_pulled(arg, from, m, 1); }
 
 static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
@@ -760,9 +513,9 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
 static void expire_req(pfl_worker *w, pfl_req *r, const void *now_ms) {
   int64_t now = *(const int64_t *)now_ms;
   if (r->handed_off) return;
-  if (r->deadline_ms && now > r->deadline_ms) fail(w, r, "request deadline passed%s", "");
+  if (r->deadline_ms && now > r->deadline_ms) pfl_fail(w, r, "request deadline passed%s", "");
   else if (!r->have_table && now > r->table_deadline_ms)
-    fail(w, r, "decode worker %s never sent its block table", r->link->name);
+    pfl_fail(w, r, "decode worker %s never sent its block table", r->link->name);
 }
 
 static void expire(pfl_worker *w) {
@@ -773,14 +526,14 @@ static void expire(pfl_worker *w) {
   for (pfl_pull **pp = &w->pulls; *pp;) {
     pfl_pull *p = *pp;
     if (p->req && p->req->deadline_ms && now > p->req->deadline_ms) {
-      fail(w, p->req, "request deadline passed%s", "");
+      pfl_fail(w, p->req, "request deadline passed%s", "");
     } else if (p->req && now > p->wait_until_ms) {
       srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s timed out: computing it", p->id, p->src->name);
-      resume(w, p, 0);
+      pfl_resume(w, p, 0);
     }
     // A request that went on without its fetch leaves the blocks reserved until the peer can no longer write.
     if (!p->req && (p->answered || now > p->hold_until_ms)) {
-      pull_free(w, p); // *pp is now the next one
+      pfl_pull_free(w, p); // *pp is now the next one
       continue;
     }
     pp = &p->next;
@@ -811,7 +564,7 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
       mdl_sampler_sample(r->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &r->first);
       r->computed = 1;
     }
-    if (!r->handed_off && (r->failed || maybe_finish(w, r))) fail(w, r, "KV push to %s failed", r->link->name);
+    if (!r->handed_off && (r->failed || maybe_finish(w, r))) pfl_fail(w, r, "KV push to %s failed", r->link->name);
   }
   return 0;
 }
@@ -842,16 +595,16 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     // otherwise take what has arrived.
     int idle = !wrk_engine_busy(&w.eng) && !w.pulls && !w.serve.n_sending;
     wrk_shell_drain(&w.sh, idle ? 1000 : (waiting_only ? 2 : 0), w.eng.prefix);
-    take_notifs(&w);
+    pfl_take_notifs(&w);
     pfl_serve_poll(&w.serve);
-    if (atomic_load(&w.sh.sig.stop) && !wrk_engine_busy(&w.eng) && !n_fetching(&w)) break;
+    if (atomic_load(&w.sh.sig.stop) && !wrk_engine_busy(&w.eng) && !pfl_n_fetching(&w)) break;
     expire(&w);
     reap(&w);
     wrk_engine_admit(&w.eng, reject, &w);
     send_started(&w);
     if (step(&w, err, errlen)) {
       fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
-      while (w.eng.n_run) fail(&w, OWNER(w.eng.run[0]), "forward step failed%s", "");
+      while (w.eng.n_run) pfl_fail(&w, OWNER(w.eng.run[0]), "forward step failed%s", "");
     }
     wrk_kvevents_flush(&w.sh.kvev, w.eng.prefix);
   }
@@ -859,7 +612,7 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   while (w.eng.n_wait) req_free(&w, OWNER(w.eng.wait[0]));
   while (w.pulls) {
     req_free(&w, w.pulls->req);
-    pull_free(&w, w.pulls);
+    pfl_pull_free(&w, w.pulls);
   }
   while (w.n_early) drop_early(&w, 0);
   free(w.early);

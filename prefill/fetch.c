@@ -1,0 +1,168 @@
+// prefill/fetch.c: fetching a cached prefix from a peer prefill worker when the router hints one holds it: blocks are
+// reserved, the peer writes them over kvxfer, and the request goes on with what arrived (docs/protocol.md, "Prefix
+// fetch"). The serving side is prefill/serve.c.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "prefill/worker_int.h"
+#include "server/log.h"
+#include "worker/kvpool.h"
+#include "worker/kvstage.h"
+#include "worker/prefix.h"
+
+// Unlinks p and gives its remaining blocks back.
+void pfl_pull_free(pfl_worker *w, pfl_pull *p) {
+  for (pfl_pull **pp = &w->pulls; *pp; pp = &(*pp)->next)
+    if (*pp == p) {
+      *pp = p->next;
+      break;
+    }
+  if (p->req) p->req->pull = NULL;
+  for (int i = 0; i < p->n; i++) wrk_kvpool_unref(w->sh.rt->kv, p->blocks[i]);
+  free(p->blocks);
+  free(p);
+}
+
+// The request waiting for p goes on with the first got blocks the peer wrote (0: none, it computes them),
+// queued for admission like any other. Received blocks join its table and our prefix store.
+void pfl_resume(pfl_worker *w, pfl_pull *p, int got) {
+  pfl_req *r = p->req;
+  p->req = NULL;
+  r->pull = NULL;
+  if (got > 0 && wrk_kvstage_in(w->sh.stage, p->blocks, got)) got = 0; // staging: the peer wrote into our mirror
+  if (got > 0 && wrk_blocks_append(&r->seq.blocks, p->blocks, got) == 0) { // the references move to r
+    p->n -= got;
+    memmove(p->blocks, p->blocks + got, (size_t)p->n * sizeof *p->blocks);
+    int nb = r->seq.blocks.n, bs = block_size(w);
+    r->seq.n_done = r->seq.n_cached = nb * bs;
+    r->seq.n_inserted = nb;
+    wrk_prefix_insert(w->eng.prefix, r->seq.toks, nb * bs, r->seq.blocks.ids, nb);
+    w->fetched_blocks += got;
+  } else {
+    w->fetch_misses++;
+  }
+  if (wrk_engine_queue(&w->eng, &r->seq)) {
+    pfl_fail(w, r, "out of memory%s", "");
+    return;
+  }
+  pfl_take_early_table(w, r);
+}
+
+// Resolves p once the peer answered and, when it wrote blocks, their notification arrived.
+static void pull_step(pfl_worker *w, pfl_pull *p) {
+  if (!p->answered || (p->req && p->got > 0 && !p->notified)) return;
+  if (p->req) pfl_resume(w, p, p->got);
+  pfl_pull_free(w, p);
+}
+
+// Asks prefill worker peer for the prompt's first want blocks (the router's hint) when our store holds fewer:
+// takes what our pool holds (m blocks) into the request's table, reserves blocks for the rest and sends
+// prefix_pull. 1 when the request now waits for the answer (resume queues it), 0 when it goes on without.
+int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
+  wrk_prefix *px = w->eng.prefix;
+  int bs = block_size(w), n_prompt = r->req.n_prompt;
+  if (want > (n_prompt - 1) / bs) want = (n_prompt - 1) / bs; // the last token is always computed
+  if (!px || want < 1 || wrk_prefix_peek(px, r->seq.toks, n_prompt, 0, NULL) >= want) return 0; // we hold it
+  const srv_worker_cfg *q = srv_config_worker(w->sh.cfg, peer);
+  if (!q || q->role != SRV_ROLE_PREFILL || !strcmp(peer, w->sh.rt->w->name)) {
+    srv_warn(w->sh.rt->w->name, "%s: ignoring the prefix hint: '%s' is not another prefill worker of this cluster",
+             r->req.id, peer);
+    return 0;
+  }
+  w->fetches++;
+  char err[256];
+  pfl_link *src = pfl_link_for(w, peer, SRV_ROLE_PREFILL, PULL_LINK_TIMEOUT_MS, err, sizeof err);
+  int32_t *ids = src ? malloc((size_t)want * sizeof *ids) : NULL;
+  pfl_pull *p = ids ? calloc(1, sizeof *p) : NULL;
+  if (!p) {
+    srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s: %s", r->req.id, peer, src ? "out of memory" : err);
+    free(ids);
+    w->fetch_misses++;
+    return 0;
+  }
+  int m = wrk_prefix_match(px, r->seq.toks, n_prompt, ids, want);
+  if (m > 0 && wrk_blocks_append(&r->seq.blocks, ids, m)) {
+    for (int i = 0; i < m; i++) wrk_kvpool_unref(w->sh.rt->kv, ids[i]);
+    m = 0;
+  }
+  r->seq.n_done = r->seq.n_cached = m * bs;
+  r->seq.n_inserted = m;
+  int k = want - m, sent = 0; // m < want: the pool's blocks are among the ones peek counted
+  if (wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0 ||
+      (wrk_prefix_evict_for(px, k) >= 0 && wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0)) {
+    cJSON *msg = cJSON_CreateObject();
+    cJSON_AddStringToObject(msg, "op", "prefix_pull");
+    cJSON_AddStringToObject(msg, "id", r->req.id);
+    cJSON *t = cJSON_AddArrayToObject(msg, "tokens");
+    for (int i = 0; i < want * bs; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(r->seq.toks[i]));
+    cJSON_AddNumberToObject(msg, "first", m);
+    cJSON *b = cJSON_AddArrayToObject(msg, "blocks");
+    for (int i = 0; i < k; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(ids[i]));
+    wrk_kvwire_add_layout(msg, w->sh.rt->kv);
+    sent = wrk_kvwire_add_md(msg, w->sh.kvx) == 0 && srv_peer_send(src->peer, msg) == 0;
+    cJSON_Delete(msg);
+    if (!sent)
+      for (int i = 0; i < k; i++) wrk_kvpool_unref(w->sh.rt->kv, ids[i]);
+  }
+  if (!sent) { // no blocks to spare, or the link dropped: compute (what our pool held stays in the table)
+    free(ids);
+    free(p);
+    w->fetch_misses++;
+    return 0;
+  }
+  int64_t now = wrk_shell_now_ms();
+  *p = (pfl_pull){.next = w->pulls, .req = r, .src = src, .blocks = ids, .first = m, .n = k,
+                  .wait_until_ms = now + PULL_WAIT_MS, .hold_until_ms = now + PULL_HOLD_MS};
+  snprintf(p->id, sizeof p->id, "%s", r->req.id);
+  w->pulls = p;
+  r->pull = p;
+  srv_debug(w->sh.rt->w->name, "%s: fetching blocks %d..%d from %s", r->req.id, m, want - 1, peer);
+  return 1;
+}
+
+// prefix_pulled / prefix_fail from the peer asked.
+void pfl_on_pulled(pfl_worker *w, srv_peer *from, const cJSON *m, int failed) {
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id"), *nb = cJSON_GetObjectItemCaseSensitive(m, "n_blocks");
+  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(m, "message");
+  if (!cJSON_IsString(id)) return;
+  for (pfl_pull *p = w->pulls; p; p = p->next) {
+    if (p->answered || p->src->peer != from || strcmp(p->id, id->valuestring)) continue;
+    p->answered = 1;
+    p->got = !failed && cJSON_IsNumber(nb) && nb->valuedouble >= 0 && nb->valuedouble <= p->n ? (int)nb->valuedouble : 0;
+    if (failed)
+      srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s failed: %s", p->id, p->src->name,
+               cJSON_IsString(msg) ? msg->valuestring : "no reason given");
+    pull_step(w, p);
+    return;
+  }
+}
+
+// kvxfer notifications "pull:<id>": a peer's writes for that fetch have landed.
+void pfl_take_notifs(pfl_worker *w) {
+  kvx_notif nb[32];
+  int n;
+  while ((n = kvx_get_notifs(w->sh.kvx, nb, 32)) > 0)
+    for (int i = 0; i < n; i++) {
+      pfl_pull *p = NULL;
+      if (nb[i].len > 5 && !memcmp(nb[i].msg, "pull:", 5))
+        for (p = w->pulls; p; p = p->next)
+          if (!strcmp(p->src->name, nb[i].peer) && strlen(p->id) == nb[i].len - 5 &&
+              !memcmp(p->id, nb[i].msg + 5, nb[i].len - 5))
+            break;
+      if (p && !p->notified) {
+        p->notified = 1;
+        pull_step(w, p);
+      } else {
+        srv_debug(w->sh.rt->w->name, "unexpected kvxfer notification (%zu bytes) from %s", nb[i].len, nb[i].peer);
+      }
+      free(nb[i].msg);
+    }
+}
+
+int pfl_n_fetching(const pfl_worker *w) {
+  int n = 0;
+  for (const pfl_pull *p = w->pulls; p; p = p->next) n += p->req != NULL;
+  return n;
+}
+
