@@ -19,6 +19,7 @@
 
 #include "models/chat.h"
 #include "router/server_int.h"
+#include "server/log.h"
 #include "util/err.h"
 
 #define DRAIN_FLUSH_MS 1000  // after the drain bound, how long failed streams get to send their error event
@@ -197,14 +198,20 @@ static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, 
   return 0;
 }
 
-static rtr_limits limits_of(rtr_server *s) {
+// The request limits; with defaults (caller's storage), also the sampling a generation request gets for the fields
+// it leaves out: the config's "sampling", else the GGUF's general.sampling.*, else llama-server's (docs/openai.md).
+static rtr_limits limits_of(rtr_server *s, rtr_sampling *defaults) {
   rtr_limits l = {s->model, s->n_ctx, s->rc->max_tokens_limit, s->rc->max_n > 0 ? s->rc->max_n : 8,
-                  s->rc->max_stop > 0 ? s->rc->max_stop : 8, mdl_tok_n_vocab(s->tok)};
+                  s->rc->max_stop > 0 ? s->rc->max_stop : 8, mdl_tok_n_vocab(s->tok), NULL};
+  if (defaults) {
+    rtr_sampling_resolve(&s->cfg->sampling, s->gguf, defaults, NULL, 0);
+    l.defaults = defaults;
+  }
   return l;
 }
 
 static enum MHD_Result do_tokenize(rtr_server *s, struct MHD_Connection *c, conn *cs, int detok) {
-  rtr_limits l = limits_of(s);
+  rtr_limits l = limits_of(s, NULL);
   rtr_request q;
   rtr_error e;
   if (rtr_request_parse(detok ? RTR_DETOKENIZE : RTR_TOKENIZE, cs->body.p, cs->body.n, &l, &q, &e) < 0)
@@ -280,7 +287,8 @@ static void draw_seed(rtr_server *s, rtr_request *q) {
 
 static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn *cs, rtr_kind kind) {
   int64_t t0 = now_us();
-  rtr_limits l = limits_of(s);
+  rtr_sampling defaults;
+  rtr_limits l = limits_of(s, &defaults);
   rtr_error e;
   rtr_req *r = calloc(1, sizeof *r);
   if (!r) return reply_err(c, 500, "server_error", NULL, NULL, NULL, "out of memory");
@@ -552,6 +560,12 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   s->tok = o->tok;
   s->n_ctx = o->n_ctx;
   s->started = (long)time(NULL);
+  {
+    rtr_sampling d;
+    char desc[256];
+    rtr_sampling_resolve(&o->cfg->sampling, o->gguf, &d, desc, sizeof desc);
+    srv_log("router", "sampling defaults for fields a request leaves out: %s", desc);
+  }
   snprintf(s->model, sizeof s->model, "%s", o->model_name && o->model_name[0] ? o->model_name : o->cfg->model_name);
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->link_cv, NULL);

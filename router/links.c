@@ -301,7 +301,9 @@ int rtr_server_links_up(rtr_server *s) {
 // where a choice goes
 
 // The `generate` message (docs/protocol.md) for choice ci. How the router fills the fields the catalogue leaves open:
-// max_tokens is always set (n_ctx - prompt when the client gave none); sampling.seed is seed + ci, and absent when the
+// max_tokens is always set (n_ctx - prompt when the client gave none); the sampling fields the client left out carry
+// the server's defaults (config "sampling", GGUF general.sampling.*, llama-server's; see docs/openai.md), so the
+// worker always gets every one explicitly; sampling.seed is seed + ci, and absent when the
 // client gave no seed (the worker picks one); sampling.logprobs is -1 for none; stop_ids is empty (the worker ends at
 // its own end-of-generation tokens unless ignore_eos); deadline_ms is a budget in ms from receipt, not a clock time.
 static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, const char *peer_key,

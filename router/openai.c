@@ -156,6 +156,8 @@ static int find_nul(const char *p, size_t n, char *out, size_t cap) {
 
 #define BAD(e, param, ...) rtr_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 #define OOM(e) rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory")
+#define UNSUP(e, param, ...) rtr_fail(e, 400, "invalid_request_error", param, "unsupported_parameter", __VA_ARGS__)
+#define INVAL(e, param, ...) rtr_fail(e, 400, "invalid_request_error", param, "invalid_value", __VA_ARGS__)
 
 static const cJSON *field(const cJSON *root, const char *name) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
@@ -194,6 +196,27 @@ static int get_bool(const cJSON *root, const char *name, int *out, rtr_error *e)
   return 1;
 }
 
+// A message's keys besides role and content: name is a no-op (chat templates have no place for it); tool_calls,
+// function_call and tool_call_id (tool calling) and any other key are refused unless null (not given) or, for
+// tool_calls, an empty list.
+static int check_msg_keys(const cJSON *msg, int i, rtr_error *e) {
+  char param[96];
+  for (const cJSON *k = msg->child; k; k = k->next) {
+    const char *key = k->string;
+    if (!strcmp(key, "role") || !strcmp(key, "content")) continue;
+    snprintf(param, sizeof param, "messages[%d].%.60s", i, key);
+    if (!strcmp(key, "name")) {
+      if (!cJSON_IsNull(k) && !cJSON_IsString(k)) return BAD(e, param, "'%s' must be a string", param);
+      continue;
+    }
+    if (cJSON_IsNull(k) || (!strcmp(key, "tool_calls") && cJSON_IsArray(k) && !k->child)) continue;
+    if (!strcmp(key, "tool_calls") || !strcmp(key, "function_call") || !strcmp(key, "tool_call_id"))
+      return UNSUP(e, param, "'%s' is not supported: this server has no tool calling yet", param);
+    return UNSUP(e, param, "'%s' is not supported (a message has role, content and name)", param);
+  }
+  return 0;
+}
+
 static int parse_msgs(const cJSON *root, rtr_request *r, rtr_error *e) {
   const cJSON *m = field(root, "messages");
   if (!m) return BAD(e, "messages", "'messages' is required");
@@ -212,8 +235,11 @@ static int parse_msgs(const cJSON *root, rtr_request *r, rtr_error *e) {
     if (!cJSON_IsString(role)) return BAD(e, param, "'%s' must be a string", param);
     const char *rs = role->valuestring;
     if (!strcmp(rs, "developer")) rs = "system";
+    if (!strcmp(rs, "tool") || !strcmp(rs, "function"))
+      return UNSUP(e, param, "'%s': '%s' messages are not supported: this server has no tool calling yet", param, rs);
     if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
       return BAD(e, param, "'%s': unknown role '%.40s' (system, user, assistant)", param, role->valuestring);
+    if (check_msg_keys(it, i, e) < 0) return -1;
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
     snprintf(param, sizeof param, "messages[%d].content", i);
     char *text = NULL;
@@ -347,6 +373,118 @@ static int parse_bias(const cJSON *root, const rtr_limits *lim, rtr_request *r, 
   return 0;
 }
 
+// ---- fields beyond sampling: documented no-ops, and what is refused until it exists (docs/openai.md) ----
+
+static int check_str(const cJSON *root, const char *name, rtr_error *e) {
+  const cJSON *v = field(root, name);
+  if (v && !cJSON_IsString(v)) return BAD(e, name, "'%s' must be a string", name);
+  return 0;
+}
+
+// The string value of a tool_choice / function_call ("" when it is an object or absent).
+static const char *choice_str(const cJSON *v) { return cJSON_IsString(v) ? v->valuestring : ""; }
+
+// tools / tool_choice and the deprecated functions / function_call: honoured only as "no tool calls" (no tools, or
+// a choice of "none"); a call the client asks for, or may get, is refused until tool calling exists.
+static int check_tools(const cJSON *root, const char *tools_key, const char *choice_key, rtr_error *e) {
+  const cJSON *tools = field(root, tools_key), *choice = field(root, choice_key);
+  if (tools && !cJSON_IsArray(tools)) return BAD(e, tools_key, "'%s' must be an array", tools_key);
+  if (choice) {
+    if (!cJSON_IsString(choice) && !cJSON_IsObject(choice))
+      return BAD(e, choice_key, "'%s' must be a string or an object", choice_key);
+    const char *c = choice_str(choice);
+    int named = cJSON_IsObject(choice);
+    if (named || !strcmp(c, "required"))
+      return UNSUP(e, choice_key, "'%s' %s is not supported: this server has no tool calling yet", choice_key,
+                   named ? "naming a function" : "\"required\"");
+    if (strcmp(c, "none") && strcmp(c, "auto"))
+      return INVAL(e, choice_key, "'%s' must be \"none\", \"auto\", \"required\" or an object", choice_key);
+  }
+  if (tools && tools->child && strcmp(choice_str(choice), "none"))
+    return UNSUP(e, tools_key, "'%s' is not supported: this server has no tool calling yet; send '%s': \"none\" "
+                               "or no %s", tools_key, choice_key, tools_key);
+  return 0;
+}
+
+static int check_response_format(const cJSON *root, rtr_error *e) {
+  const cJSON *rf = field(root, "response_format");
+  if (!rf) return 0;
+  if (!cJSON_IsObject(rf)) return BAD(e, "response_format", "'response_format' must be an object");
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
+  if (!cJSON_IsString(t))
+    return INVAL(e, "response_format", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+  if (!strcmp(t->valuestring, "text")) return 0;
+  if (!strcmp(t->valuestring, "json_object") || !strcmp(t->valuestring, "json_schema"))
+    return UNSUP(e, "response_format", "'response_format' of type '%s' is not supported yet: structured outputs need "
+                 "grammar-constrained decoding, which this server does not have; leave response_format out or use "
+                 "{\"type\": \"text\"}", t->valuestring);
+  return INVAL(e, "response_format", "'response_format.type' '%.40s' is not one of \"text\", \"json_object\", "
+               "\"json_schema\"", t->valuestring);
+}
+
+// The chat fields accepted as no-ops (their reason is in docs/openai.md), the tool fields and response_format.
+static int check_chat_extras(const cJSON *root, rtr_error *e) {
+  int parallel = 0, store = 0;
+  if (check_str(root, "user", e) < 0 || check_str(root, "prompt_cache_key", e) < 0 ||
+      check_str(root, "safety_identifier", e) < 0 || get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
+    return -1;
+  if (get_bool(root, "store", &store, e) < 0) return -1;
+  if (store) return UNSUP(e, "store", "'store': true is not supported: this server keeps no completions");
+  const cJSON *md = field(root, "metadata");
+  if (md) {
+    if (!cJSON_IsObject(md)) return BAD(e, "metadata", "'metadata' must be an object of strings");
+    for (const cJSON *k = md->child; k; k = k->next)
+      if (!cJSON_IsString(k)) return BAD(e, "metadata", "'metadata' must be an object of strings");
+  }
+  const cJSON *tier = field(root, "service_tier");
+  if (tier && !cJSON_IsString(tier)) return BAD(e, "service_tier", "'service_tier' must be a string");
+  if (tier && strcmp(tier->valuestring, "auto") && strcmp(tier->valuestring, "default"))
+    return INVAL(e, "service_tier", "'service_tier' must be \"auto\" or \"default\" (this server has one tier)");
+  const cJSON *mod = field(root, "modalities");
+  if (mod) {
+    if (!cJSON_IsArray(mod)) return BAD(e, "modalities", "'modalities' must be an array of strings");
+    for (const cJSON *m = mod->child; m; m = m->next)
+      if (!cJSON_IsString(m) || strcmp(m->valuestring, "text"))
+        return UNSUP(e, "modalities", "'modalities' other than [\"text\"] is not supported");
+  }
+  if (check_tools(root, "tools", "tool_choice", e) < 0 || check_tools(root, "functions", "function_call", e) < 0)
+    return -1;
+  return check_response_format(root, e);
+}
+
+// Every top-level field a kind knows (honoured, no-op or checked); any other is refused, naming it.
+static const char *const F_CHAT[] = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "best_of", "ignore_eos", "stop",
+    "logit_bias", "logprobs", "top_logprobs", "stream", "stream_options", "response_format", "tools", "tool_choice",
+    "functions", "function_call", "parallel_tool_calls", "user", "store", "metadata", "service_tier",
+    "prompt_cache_key", "safety_identifier", "modalities", NULL};
+static const char *const F_COMPLETION[] = {
+    "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "best_of", "ignore_eos", "stop",
+    "logit_bias", "logprobs", "stream", "stream_options", "echo", "suffix", "user", NULL};
+static const char *const F_TOKENIZE[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                                         NULL};
+static const char *const F_DETOKENIZE[] = {"model", "tokens", NULL};
+
+static int check_known(rtr_kind kind, const cJSON *root, rtr_error *e) {
+  const char *const *known = kind == RTR_CHAT         ? F_CHAT
+                             : kind == RTR_COMPLETION ? F_COMPLETION
+                             : kind == RTR_TOKENIZE   ? F_TOKENIZE
+                                                      : F_DETOKENIZE;
+  for (const cJSON *k = root->child; k; k = k->next) {
+    int ok = 0;
+    for (const char *const *f = known; *f && !ok; f++) ok = !strcmp(*f, k->string);
+    if (!ok) {
+      char param[64];
+      snprintf(param, sizeof param, "%.60s", k->string);
+      return UNSUP(e, param, "Unrecognized request argument supplied: '%.60s' (docs/openai.md lists the fields "
+                   "this server knows)", k->string);
+    }
+  }
+  return 0;
+}
+
 static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
   int64_t iv;
   int rc;
@@ -371,7 +509,7 @@ static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request 
   if ((rc = get_int(root, "n", 1, lim->max_n, &iv, e)) < 0) return -1;
   if (rc) r->n = (int)iv;
   if ((rc = get_int(root, "best_of", 1, lim->max_n, &iv, e)) < 0) return -1;
-  if (rc && iv != r->n) return BAD(e, "best_of", "'best_of' other than n is not supported");
+  if (rc && iv != r->n) return UNSUP(e, "best_of", "'best_of' other than n is not supported");
   if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
   if (parse_stop(root, lim, r, e) < 0 || parse_bias(root, lim, r, e) < 0) return -1;
 
@@ -387,10 +525,10 @@ static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request 
     r->logprobs = rc ? (int)iv : -1;
     int echo = 0;
     if (get_bool(root, "echo", &echo, e) < 0) return -1;
-    if (echo) return BAD(e, "echo", "'echo' is not supported");
+    if (echo) return UNSUP(e, "echo", "'echo' is not supported");
     const cJSON *suffix = field(root, "suffix");
     if (suffix && !(cJSON_IsString(suffix) && !suffix->valuestring[0]))
-      return BAD(e, "suffix", "'suffix' is not supported");
+      return UNSUP(e, "suffix", "'suffix' is not supported");
   }
 
   if (get_bool(root, "stream", &r->stream, e) < 0) return -1;
@@ -398,14 +536,23 @@ static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request 
   if (so) {
     if (!cJSON_IsObject(so)) return BAD(e, "stream_options", "'stream_options' must be an object");
     if (!r->stream) return BAD(e, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+    int obf = 0;
     if (get_bool(so, "include_usage", &r->include_usage, e) < 0) {
       snprintf(e->param, sizeof e->param, "stream_options.include_usage");
       return -1;
     }
+    if (get_bool(so, "include_obfuscation", &obf, e) < 0) { // no-op: chunks carry no padding to obfuscate
+      snprintf(e->param, sizeof e->param, "stream_options.include_obfuscation");
+      return -1;
+    }
+    for (const cJSON *k = so->child; k; k = k->next)
+      if (strcmp(k->string, "include_usage") && strcmp(k->string, "include_obfuscation")) {
+        char param[64];
+        snprintf(param, sizeof param, "stream_options.%.40s", k->string);
+        return UNSUP(e, param, "'%s' is not supported (include_usage, include_obfuscation)", param);
+      }
   }
-  const cJSON *user = field(root, "user");
-  if (user && !cJSON_IsString(user)) return BAD(e, "user", "'user' must be a string");
-  return 0;
+  return r->kind == RTR_CHAT ? check_chat_extras(root, e) : check_str(root, "user", e);
 }
 
 int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
@@ -414,10 +561,12 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
   memset(e, 0, sizeof *e);
   out->kind = kind;
   out->max_tokens = -1;
-  out->temperature = 1;
-  out->top_p = 1;
-  out->top_k = -1;
-  out->repetition_penalty = 1;
+  const rtr_sampling *d = lim->defaults;
+  out->temperature = d ? d->temperature : 1;
+  out->top_p = d ? d->top_p : 1;
+  out->top_k = d && d->top_k > 0 ? d->top_k : -1;
+  out->min_p = d ? d->min_p : 0;
+  out->repetition_penalty = d ? d->repetition_penalty : 1;
   out->n = 1;
   out->logprobs = -1;
   out->add_special = 1;
@@ -445,6 +594,7 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
     rc = BAD(e, NULL, "the request body must be a JSON object");
     goto done;
   }
+  if ((rc = check_known(kind, root, e)) < 0) goto done;
   const cJSON *model = field(root, "model");
   if (model && !cJSON_IsString(model)) {
     rc = BAD(e, "model", "'model' must be a string");
@@ -509,4 +659,51 @@ int rtr_check_context(int n_prompt, int max_tokens, int n_ctx, rtr_error *e) {
                     "prompt, %d for the completion). Please reduce the prompt or max_tokens.",
                     n_ctx, n_prompt + max_tokens, n_prompt, max_tokens);
   return 0;
+}
+
+// ---- server-side sampling defaults ----
+
+const rtr_sampling rtr_sampling_shipped = {.temperature = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05,
+                                           .repetition_penalty = 1.0};
+
+// A GGUF number (float or integer) under key within [lo, hi] (lo excluded when lo_open); 1 when found.
+static int gguf_num(const mdl_gguf *g, const char *key, double lo, double hi, int lo_open, double *out) {
+  float f;
+  int64_t i;
+  double d;
+  if (!g) return 0;
+  if (mdl_gguf_get_f32(g, key, &f) == 0) {
+    char b[32]; // 0.95f is 0.949999988...: keep the float's own 7 significant digits
+    snprintf(b, sizeof b, "%.7g", (double)f);
+    d = strtod(b, NULL);
+  } else if (mdl_gguf_get_i64(g, key, &i) == 0) d = (double)i;
+  else return 0;
+  if (!isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) return 0;
+  *out = d;
+  return 1;
+}
+
+void rtr_sampling_resolve(const srv_sampling_cfg *cfg, const mdl_gguf *g, rtr_sampling *out, char *desc,
+                          size_t desc_cap) {
+  static const char *const from_name[] = {"shipped", "gguf", "config"};
+  const rtr_sampling *sh = &rtr_sampling_shipped;
+  double v, top_k = sh->top_k;
+  int from[5] = {0, 0, 0, 0, 0}; // temperature, top_k, top_p, min_p, repetition_penalty
+  *out = *sh;
+  if (cfg && cfg->has_temperature) out->temperature = cfg->temperature, from[0] = 2;
+  else if (gguf_num(g, "general.sampling.temp", 0, 2, 0, &v)) out->temperature = v, from[0] = 1;
+  if (cfg && cfg->has_top_k) top_k = cfg->top_k, from[1] = 2;
+  else if (gguf_num(g, "general.sampling.top_k", -1, 1000000, 0, &v) && v == floor(v)) top_k = v, from[1] = 1;
+  out->top_k = top_k > 0 ? (int)top_k : -1;
+  if (cfg && cfg->has_top_p) out->top_p = cfg->top_p, from[2] = 2;
+  else if (gguf_num(g, "general.sampling.top_p", 0, 1, 1, &v)) out->top_p = v, from[2] = 1;
+  if (cfg && cfg->has_min_p) out->min_p = cfg->min_p, from[3] = 2;
+  else if (gguf_num(g, "general.sampling.min_p", 0, 1, 0, &v)) out->min_p = v, from[3] = 1;
+  if (cfg && cfg->has_repetition_penalty) out->repetition_penalty = cfg->repetition_penalty, from[4] = 2;
+  else if (gguf_num(g, "general.sampling.penalty_repeat", 0, 2, 1, &v)) out->repetition_penalty = v, from[4] = 1;
+  if (desc && desc_cap)
+    snprintf(desc, desc_cap, "temperature %g (%s), top_k %d (%s), top_p %g (%s), min_p %g (%s), "
+             "repetition_penalty %g (%s)", out->temperature, from_name[from[0]], out->top_k, from_name[from[1]],
+             out->top_p, from_name[from[2]], out->min_p, from_name[from[3]], out->repetition_penalty,
+             from_name[from[4]]);
 }

@@ -7,6 +7,9 @@
 
 #include <cjson/cJSON.h>
 
+#include "models/gguf.h"
+#include "server/config.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -28,6 +31,23 @@ int rtr_fail(rtr_error *e, int status, const char *type, const char *param, cons
 // The error object as JSON text (malloc'ed, NUL-terminated); NULL on out of memory.
 char *rtr_error_json(const rtr_error *e);
 
+// The sampling values a request gets for the fields it leaves out (explicit request values always win).
+typedef struct rtr_sampling {
+  double temperature;        // 0 = greedy
+  int top_k;                 // -1 = off
+  double top_p, min_p, repetition_penalty;
+} rtr_sampling;
+
+// The shipped defaults, llama-server's: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repetition_penalty 1.
+extern const rtr_sampling rtr_sampling_shipped;
+
+// Resolves each default field by field: the config's "sampling" section (cfg, may be NULL), else the GGUF's
+// general.sampling.{temp, top_k, top_p, min_p, penalty_repeat} (llama.cpp's keys; g may be NULL; a value of the wrong
+// type or out of range is skipped), else rtr_sampling_shipped. desc (may be NULL) gets one line saying each value and
+// where it came from, for the startup log.
+void rtr_sampling_resolve(const srv_sampling_cfg *cfg, const mdl_gguf *g, rtr_sampling *out, char *desc,
+                          size_t desc_cap);
+
 typedef struct rtr_limits {
   const char *model_name; // (borrowed) the only model served; a request naming another gets 404
   int n_ctx;              // the model's context length
@@ -35,6 +55,8 @@ typedef struct rtr_limits {
   int max_n;              // largest n
   int max_stop;           // most stop strings
   int n_vocab;            // token ids must be in [0, n_vocab)
+  const rtr_sampling *defaults; // (borrowed, may be NULL) sampling for fields a request leaves out; NULL: the neutral
+                                // values (temperature 1, top_k off, top_p 1, min_p 0, repetition_penalty 1)
 } rtr_limits;
 
 typedef struct rtr_msg {
@@ -50,8 +72,8 @@ typedef struct rtr_bias {
 #define RTR_MAX_LOGIT_BIAS 1024
 #define RTR_MAX_STOP_BYTES 1024
 
-// A validated request. Defaults follow OpenAI / vLLM: temperature 1, top_p 1, top_k -1 (off), min_p 0,
-// penalties 0 (repetition 1), n 1, no seed, no logprobs.
+// A validated request. temperature, top_k, top_p, min_p and repetition_penalty the request leaves out come from
+// rtr_limits.defaults; the rest default as OpenAI does: penalties 0, n 1, no seed, no logprobs.
 typedef struct rtr_request {
   rtr_kind kind;
   rtr_msg *msgs;            // (owned) (n_msgs) chat, or tokenize with messages
@@ -80,7 +102,11 @@ typedef struct rtr_request {
 // Parses and validates body (len bytes, need not be NUL-terminated) as kind. Invalid UTF-8, malformed or too deeply
 // nested JSON, a NUL character in any string (raw or \u0000: it would cut the text short; param is its path, e.g.
 // "messages[0].content"), a wrong type or an out-of-range value: 400 with the field in param; another model's name: 404
-// (code model_not_found). Unknown fields are ignored. On error *out is left empty (nothing to free).
+// (code model_not_found). No field is silently ignored (docs/openai.md has the table): a field is honoured, accepted
+// as a documented no-op (user, store false, metadata, ...), or refused with 400 naming it in param: code
+// "unsupported_parameter" for an unknown field and for what this server cannot do (response_format json_object or
+// json_schema, tools unless tool_choice is "none", tool messages, ...), "invalid_value" for a value outside the
+// field's set (e.g. response_format type "bogus"). On error *out is left empty (nothing to free).
 int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
                       rtr_error *e);
 void rtr_request_free(rtr_request *r); // frees what r owns and zeroes it; NULL is a no-op

@@ -242,7 +242,9 @@ int srv_config_has_node(const srv_config *c, const char *node) {
 
 // ---- sections ----
 
-static const char *const K_TOP[] = {"model", "model_name", "secret", "secret_file", "nodes", "router", "workers", NULL};
+static const char *const K_TOP[] = {"model",  "model_name", "secret",  "secret_file",
+                                    "nodes",  "router",     "workers", "sampling", NULL};
+static const char *const K_SAMPLING[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", NULL};
 static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",
                                        "max_body_bytes", "conn_timeout_s", "queue_limit", "max_tokens_limit",
@@ -336,6 +338,27 @@ static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o
   if (cfg_num(x, rt, "router.routing", "overlap", &o->w_overlap, 0, 0, 1e308, 1.0) ||
       cfg_num(x, rt, "router.routing", "queue", &o->w_queue, 0, 0, 1e308, 0.5) ||
       cfg_num(x, rt, "router.routing", "free", &o->w_free, 0, 0, 1e308, 0.2))
+    return -1;
+  return 0;
+}
+
+// The top-level "sampling" section: each key optional, has_* says which the file gives (docs: configs/README.md).
+static int cfg_sampling(cfg_ctx *x, const cJSON *root, srv_sampling_cfg *o) {
+  const cJSON *sp;
+  const char *p = "sampling";
+  memset(o, 0, sizeof *o);
+  if (cfg_obj(x, root, "", p, &sp)) return -1;
+  if (!sp) return 0;
+  if (cfg_check_keys(x, sp, p, K_SAMPLING)) return -1;
+  o->has_temperature = cfg_item(sp, "temperature") != NULL;
+  o->has_top_k = cfg_item(sp, "top_k") != NULL;
+  o->has_top_p = cfg_item(sp, "top_p") != NULL;
+  o->has_min_p = cfg_item(sp, "min_p") != NULL;
+  o->has_repetition_penalty = cfg_item(sp, "repetition_penalty") != NULL;
+  if (cfg_num(x, sp, p, "temperature", &o->temperature, 0, 0, 2, 0) ||
+      cfg_int32(x, sp, p, "top_k", &o->top_k, -1, 1000000, 0, 0) ||
+      cfg_num(x, sp, p, "top_p", &o->top_p, 0, 1, 1, 0) || cfg_num(x, sp, p, "min_p", &o->min_p, 0, 0, 1, 0) ||
+      cfg_num(x, sp, p, "repetition_penalty", &o->repetition_penalty, 0, 1, 2, 0))
     return -1;
   return 0;
 }
@@ -516,6 +539,7 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, srv_config
   if (model[0] && cfg_resolve_path(x, "secret_file", model, path, c->secret_file, sizeof c->secret_file)) return -1;
   if (cfg_item(root, "secret_file") && !model[0]) return cfg_fail(x, "secret_file", "must not be empty");
   c->secret_from = c->secret[0] ? SRV_SECRET_INLINE : SRV_SECRET_NONE;
+  if (cfg_sampling(x, root, &c->sampling)) return -1;
 
   // nodes: optional; when given, every role's node must be one of them.
   const cJSON *jn;

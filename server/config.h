@@ -63,6 +63,18 @@ typedef struct srv_router_cfg {
   int header_timeout_s;        // a connection must send a request's headers within this long (10)
 } srv_router_cfg;
 
+// Server-side sampling defaults (top-level "sampling"): what the router puts in a request that leaves a field out.
+// A field the file leaves out (has_* = 0) falls back to the GGUF's general.sampling.* keys, then to llama-server's
+// defaults (router/openai.h, rtr_sampling_resolve).
+typedef struct srv_sampling_cfg {
+  int has_temperature, has_top_k, has_top_p, has_min_p, has_repetition_penalty; // given in the file
+  double temperature;        // [0, 2]; 0 = greedy
+  int top_k;                 // -1..1000000; 0 or -1 = off
+  double top_p;              // (0, 1]
+  double min_p;              // [0, 1]
+  double repetition_penalty; // (0, 2]; 1 = off
+} srv_sampling_cfg;
+
 typedef struct srv_config {
   char path[1024];          // the file it came from
   char model_path[1024];    // resolved against the config file's folder when relative
@@ -76,6 +88,7 @@ typedef struct srv_config {
   char remote_field[96];    // the first field naming a non-loopback host ("" = every host is loopback)
   int has_router;
   srv_router_cfg router;
+  srv_sampling_cfg sampling; // the "sampling" section (all has_* 0 when absent)
   srv_worker_cfg *workers;  // (owned) (n_workers)
   int n_workers;
   char **nodes;             // (owned) (n_nodes) every node named in the file

@@ -7,6 +7,8 @@ shared secret the router tests put in their configs, is closed without a hello_o
 `stats`, `cancel` and `generate`. A generation is a deterministic list of words (see `words_for`) derived from the
 prompt ids and the seed (a random seed when none is given), cut at max_tokens (finish "length"), at the first stop
 string (finish "stop", the stop string left out) or after 8 words (finish "stop"). One word per `token` message.
+With FAKE_WORKER_RECORD=PATH in the environment, every `generate` message received is appended to PATH as one JSON
+line, so a test can see what the router sent (its sampling defaults, for one).
 """
 import hashlib
 import hmac
@@ -127,6 +129,10 @@ def serve_conn(sock, n_ctx, delay):
                 send(sock, lock, {"op": "stats_ok", "running": 0, "waiting": 0, "free_blocks": 100,
                                   "total_blocks": 100, "prefix_hits": 0, "prefix_queries": 0})
             elif op == "generate":
+                record = os.environ.get("FAKE_WORKER_RECORD")
+                if record:
+                    with open(record, "a") as f:  # one short append per message
+                        f.write(json.dumps(m) + "\n")
                 threading.Thread(target=generate, args=(m,), daemon=True).start()
             elif op == "cancel":
                 cancelled.add(m["id"])

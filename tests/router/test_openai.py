@@ -4,7 +4,8 @@
 Usage: test_openai.py DSERVE_BINARY. Writes a tiny GGUF (byte-level vocabulary, context 512) and a cluster config
 into a temp dir, starts tests/router/fake_worker.py and `dserve router --config`, then drives the router with the
 openai package: chat (stream and not), completions, n=2, stop strings, seeds, usage in stream, models.list,
-errors, and 64 concurrent streaming clients.
+errors, and 64 concurrent streaming clients; the field policy (refused and no-op fields, docs/openai.md) and the
+sampling defaults the router puts in what the worker gets (seen through FAKE_WORKER_RECORD).
 """
 import http.client
 import json
@@ -54,6 +55,9 @@ def tiny_gguf(path):
     def kv_u32(k, v):
         kvs.append(s(k) + struct.pack("<II", 4, v))
 
+    def kv_f32(k, v):
+        kvs.append(s(k) + struct.pack("<If", 6, v))
+
     toks = [byte_char(b) for b in range(256)] + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     types = [1] * 256 + [3, 3, 3]
     kv_str("general.architecture", "llama")
@@ -66,6 +70,10 @@ def tiny_gguf(path):
                b"".join(struct.pack("<i", t) for t in types))
     kvs.append(s("tokenizer.ggml.merges") + struct.pack("<IIQ", 9, 8, 0))
     kv_u32("tokenizer.ggml.eos_token_id", 256)
+    # the model's recommended sampling (llama.cpp's keys): the config's "sampling" wins over temp, the rest fill in
+    kv_f32("general.sampling.temp", 0.5)
+    kv_f32("general.sampling.min_p", 0.25)
+    kv_f32("general.sampling.penalty_repeat", 1.25)
     b = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) + b"".join(kvs)
     b += b"\0" * ((32 - len(b) % 32) % 32)
     with open(path, "wb") as f:
@@ -92,12 +100,14 @@ def setUpModule():
     TMP = tempfile.mkdtemp(prefix="dserve-router-py-")
     tiny_gguf(os.path.join(TMP, "tiny.gguf"))
     WORKER = subprocess.Popen([sys.executable, os.path.join(HERE, "fake_worker.py"), "0", str(N_CTX)],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, FAKE_WORKER_RECORD=os.path.join(TMP, "generate.jsonl")))
     wport = int(WORKER.stdout.readline().split()[1])
     cfg = {
         "model": "tiny.gguf", "model_name": "tiny", "secret": fake_worker.SECRET,
         "nodes": {"local": {"host": "127.0.0.1"}},
         "router": {"node": "local", "host": "127.0.0.1", "port": 0, "queue_limit": 256, "max_n": 4},
+        "sampling": {"temperature": 0.7, "top_k": 33, "top_p": 0.9},  # min_p, repetition_penalty: from the GGUF
         "workers": [{"name": "w0", "node": "local", "role": "both", "host": "127.0.0.1", "port": wport,
                      "max_seqs": 64}],
     }
@@ -370,6 +380,103 @@ class OpenAITest(unittest.TestCase):
         for i, (text, msgs) in results.items():
             self.assertEqual(text, fake_worker.expected(prompt_ids_chat(msgs), i)[0], "client %d" % i)
         self.assertEqual(len({t for t, _ in results.values()}), 64)
+
+
+def sent_to_worker(request_id, choice=0):
+    """The `generate` message the fake worker got for choice of the request (FAKE_WORKER_RECORD)."""
+    want = "%s-%d" % (request_id, choice)
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        with open(os.path.join(TMP, "generate.jsonl")) as f:
+            for line in f:
+                m = json.loads(line)
+                if m["id"] == want:
+                    return m
+        time.sleep(0.02)
+    raise AssertionError("no generate message for %s" % want)
+
+
+class FieldPolicyTest(unittest.TestCase):
+    """Issue 18: no field is silently ignored (docs/openai.md); server-side sampling defaults."""
+
+    def refused(self, param, code, fn):
+        with self.assertRaises(openai.BadRequestError) as e:
+            fn()
+        self.assertEqual(e.exception.status_code, 400)
+        self.assertEqual(e.exception.param, param, e.exception.body)
+        self.assertEqual(e.exception.code, code, e.exception.body)
+        return e.exception
+
+    def test_response_format(self):
+        chat = client().chat.completions.create
+        ex = self.refused("response_format", "unsupported_parameter",
+                          lambda: chat(model="tiny", messages=MSGS, response_format={"type": "json_object"}))
+        self.assertIn("not supported", str(ex))
+        schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+        self.refused("response_format", "unsupported_parameter",
+                     lambda: chat(model="tiny", messages=MSGS, response_format=schema))
+        self.refused("response_format", "invalid_value",
+                     lambda: chat(model="tiny", messages=MSGS, response_format={"type": "bogus"}))
+        r = chat(model="tiny", messages=MSGS, seed=3, max_tokens=2, response_format={"type": "text"})
+        self.assertEqual(r.choices[0].message.content, fake_worker.expected(prompt_ids_chat(MSGS), 3, 2)[0])
+
+    def test_tools(self):
+        chat = client().chat.completions.create
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+        self.refused("tool_choice", "unsupported_parameter",
+                     lambda: chat(model="tiny", messages=MSGS, tools=tools, tool_choice="required"))
+        self.refused("tool_choice", "unsupported_parameter",
+                     lambda: chat(model="tiny", messages=MSGS, tools=tools,
+                                  tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+        self.refused("tools", "unsupported_parameter", lambda: chat(model="tiny", messages=MSGS, tools=tools))
+        self.refused("tools", "unsupported_parameter",
+                     lambda: chat(model="tiny", messages=MSGS, tools=tools, tool_choice="auto"))
+        msgs = MSGS + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+        self.refused("messages[1].tool_calls", "unsupported_parameter", lambda: chat(model="tiny", messages=msgs))
+        self.refused("messages[0].role", "unsupported_parameter",
+                     lambda: chat(model="tiny", messages=[{"role": "tool", "tool_call_id": "c1", "content": "x"}]))
+        # "none" is honoured: no tool calls, plain text
+        r = chat(model="tiny", messages=MSGS, tools=tools, tool_choice="none", seed=5, max_tokens=2)
+        self.assertEqual(r.choices[0].message.content, fake_worker.expected(prompt_ids_chat(MSGS), 5, 2)[0])
+        self.assertFalse(r.choices[0].message.tool_calls)
+
+    def test_unknown_fields(self):
+        self.refused("frobnicate", "unsupported_parameter",
+                     lambda: client().chat.completions.create(model="tiny", messages=MSGS,
+                                                              extra_body={"frobnicate": 1}))
+        self.refused("mirostat", "unsupported_parameter",
+                     lambda: client().completions.create(model="tiny", prompt="ab", extra_body={"mirostat": 2}))
+        status, obj = raw("/tokenize", b'{"prompt":"ab","with_pieces":true}')
+        self.assertEqual((status, obj["error"]["param"]), (400, "with_pieces"))
+        status, obj = raw("/detokenize", b'{"tokens":[97],"skip_special_tokens":true}')
+        self.assertEqual((status, obj["error"]["param"]), (400, "skip_special_tokens"))
+
+    def test_no_op_fields(self):
+        r = client().chat.completions.create(model="tiny", messages=MSGS, seed=6, max_tokens=2, user="u1",
+                                             store=False, metadata={"team": "a"}, service_tier="auto",
+                                             parallel_tool_calls=True)
+        self.assertEqual(r.choices[0].message.content, fake_worker.expected(prompt_ids_chat(MSGS), 6, 2)[0])
+        self.refused("store", "unsupported_parameter",
+                     lambda: client().chat.completions.create(model="tiny", messages=MSGS, store=True))
+
+    def test_sampling_defaults(self):
+        # no sampling fields: the config's (temperature, top_k, top_p), then the GGUF's (min_p, repetition_penalty)
+        r = client().chat.completions.create(model="tiny", messages=MSGS, max_tokens=2)
+        sp = sent_to_worker(r.id)["sampling"]
+        self.assertEqual((sp["temperature"], sp["top_k"], sp["top_p"]), (0.7, 33, 0.9), sp)
+        self.assertEqual((sp["min_p"], sp["repetition_penalty"]), (0.25, 1.25), sp)
+        # explicit values always win, greedy included
+        r = client().completions.create(model="tiny", prompt="ab", max_tokens=2, temperature=0, top_p=1,
+                                        extra_body={"top_k": 0, "min_p": 0, "repetition_penalty": 1})
+        sp = sent_to_worker(r.id)["sampling"]
+        self.assertEqual((sp["temperature"], sp["top_k"], sp["top_p"], sp["min_p"], sp["repetition_penalty"]),
+                         (0, -1, 1, 0, 1), sp)
+        # one field given: the others keep their defaults
+        r = client().chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, temperature=1.2)
+        sp = sent_to_worker(r.id)["sampling"]
+        self.assertEqual((sp["temperature"], sp["top_k"], sp["min_p"]), (1.2, 33, 0.25), sp)
 
 
 class FrontEndTest(unittest.TestCase):

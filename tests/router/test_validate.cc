@@ -54,7 +54,7 @@ TEST(Validate, ChatEverything) {
   Parsed p(RTR_CHAT, R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}],
     "max_tokens":5,"max_completion_tokens":7,"temperature":0,"top_p":0.5,"top_k":0,"min_p":0.1,"presence_penalty":-2,
     "frequency_penalty":2,"repetition_penalty":1.2,"seed":-42,"stop":["x","yy"],"n":3,"logprobs":true,"top_logprobs":20,
-    "logit_bias":{"5":-100,"999":100},"stream":true,"stream_options":{"include_usage":true},"user":"u","whatever":[1,{"a":2}]})");
+    "logit_bias":{"5":-100,"999":100},"stream":true,"stream_options":{"include_usage":true},"user":"u"})");
   ASSERT_EQ(p.rc, 0) << p.e.message;
   ASSERT_EQ(p.r.n_msgs, 3);
   EXPECT_STREQ(p.r.msgs[1].content, "ab");
@@ -218,11 +218,11 @@ std::vector<Bad> bad_bodies() {
       {RTR_COMPLETION, R"({"prompt":[1,1000]})", 400, "prompt", ""},
       {RTR_COMPLETION, R"({"prompt":[1,-1]})", 400, "prompt", ""},
       {RTR_COMPLETION, R"({"prompt":[1.5]})", 400, "prompt", ""},
-      {RTR_COMPLETION, R"({"prompt":"x","echo":true})", 400, "echo", ""},
-      {RTR_COMPLETION, R"({"prompt":"x","suffix":"s"})", 400, "suffix", ""},
+      {RTR_COMPLETION, R"({"prompt":"x","echo":true})", 400, "echo", "unsupported_parameter"},
+      {RTR_COMPLETION, R"({"prompt":"x","suffix":"s"})", 400, "suffix", "unsupported_parameter"},
       {RTR_COMPLETION, R"({"prompt":"x","logprobs":6})", 400, "logprobs", ""},
       {RTR_COMPLETION, R"({"prompt":"x","logprobs":true})", 400, "logprobs", ""},
-      {RTR_COMPLETION, R"({"prompt":"x","best_of":3})", 400, "best_of", ""},
+      {RTR_COMPLETION, R"({"prompt":"x","best_of":3})", 400, "best_of", "unsupported_parameter"},
       {RTR_TOKENIZE, R"({})", 400, "prompt", ""},
       {RTR_TOKENIZE, R"({"prompt":[1]})", 400, "prompt", ""},
       {RTR_TOKENIZE, R"({"prompt":"x","add_special_tokens":"no"})", 400, "add_special_tokens", ""},
@@ -230,6 +230,71 @@ std::vector<Bad> bad_bodies() {
       {RTR_DETOKENIZE, R"({"tokens":"abc"})", 400, "tokens", ""},
       {RTR_DETOKENIZE, R"({"tokens":[1,5000]})", 400, "tokens", ""},
   };
+  // No field is silently ignored (docs/openai.md): unknown fields, and what this server cannot do yet.
+  const char *U = "unsupported_parameter", *I = "invalid_value";
+  std::vector<Bad> refused = {
+      {RTR_CHAT, "{" + M + R"(,"whatever":[1,{"a":2}]})", 400, "whatever", U},
+      {RTR_CHAT, "{" + M + R"(,"whatever":null})", 400, "whatever", U},
+      {RTR_CHAT, "{" + M + R"(,"Temperature":0.5})", 400, "Temperature", U}, // names are case-sensitive
+      {RTR_CHAT, "{" + M + R"(,"audio":{"voice":"x"}})", 400, "audio", U},
+      {RTR_CHAT, "{" + M + R"(,"prediction":{"type":"content","content":"x"}})", 400, "prediction", U},
+      {RTR_CHAT, "{" + M + R"(,"reasoning_effort":"low"})", 400, "reasoning_effort", U},
+      {RTR_CHAT, "{" + M + R"(,"web_search_options":{}})", 400, "web_search_options", U},
+      {RTR_CHAT, "{" + M + R"(,"echo":false})", 400, "echo", U},   // a completions field
+      {RTR_COMPLETION, R"({"prompt":"x","messages":[]})", 400, "messages", U},
+      {RTR_COMPLETION, R"({"prompt":"x","response_format":{"type":"text"}})", 400, "response_format", U},
+      {RTR_COMPLETION, R"({"prompt":"x","tools":[]})", 400, "tools", U},
+      {RTR_COMPLETION, R"({"prompt":"x","store":false})", 400, "store", U},
+      {RTR_TOKENIZE, R"({"prompt":"x","return_token_strs":true})", 400, "return_token_strs", U},
+      {RTR_DETOKENIZE, R"({"tokens":[1],"prompt":"x"})", 400, "prompt", U},
+      // response_format: text is honoured; structured outputs are refused until grammar-constrained decoding exists
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_object"}})", 400, "response_format", U},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}})",
+       400, "response_format", U},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"bogus"}})", 400, "response_format", I},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{}})", 400, "response_format", I},
+      {RTR_CHAT, "{" + M + R"(,"response_format":"json"})", 400, "response_format", ""},
+      // tools: only "no tool calls" is honoured
+      {RTR_CHAT, "{" + M + R"(,"tools":[{"type":"function","function":{"name":"f"}}]})", 400, "tools", U},
+      {RTR_CHAT, "{" + M + R"(,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"auto"})", 400,
+       "tools", U},
+      {RTR_CHAT, "{" + M + R"(,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"})",
+       400, "tool_choice", U},
+      {RTR_CHAT, "{" + M + R"(,"tool_choice":{"type":"function","function":{"name":"f"}}})", 400, "tool_choice", U},
+      {RTR_CHAT, "{" + M + R"(,"tool_choice":"sometimes"})", 400, "tool_choice", I},
+      {RTR_CHAT, "{" + M + R"(,"tool_choice":5})", 400, "tool_choice", ""},
+      {RTR_CHAT, "{" + M + R"(,"tools":{"a":1}})", 400, "tools", ""},
+      {RTR_CHAT, "{" + M + R"(,"functions":[{"name":"f","parameters":{}}]})", 400, "functions", U},
+      {RTR_CHAT, "{" + M + R"(,"function_call":{"name":"f"}})", 400, "function_call", U},
+      {RTR_CHAT, R"({"messages":[{"role":"tool","tool_call_id":"c1","content":"42"}]})", 400, "messages[0].role", U},
+      {RTR_CHAT, R"({"messages":[{"role":"function","name":"f","content":"42"}]})", 400, "messages[0].role", U},
+      {RTR_CHAT,
+       R"({"messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1",
+       "type":"function","function":{"name":"f","arguments":"{}"}}]}]})",
+       400, "messages[1].tool_calls", U},
+      {RTR_CHAT, R"({"messages":[{"role":"assistant","content":"a","function_call":{"name":"f","arguments":"{}"}}]})",
+       400, "messages[0].function_call", U},
+      {RTR_CHAT, R"({"messages":[{"role":"user","content":"a","tool_call_id":"c1"}]})", 400,
+       "messages[0].tool_call_id", U},
+      {RTR_CHAT, R"({"messages":[{"role":"user","content":"a","audio":{"id":"x"}}]})", 400, "messages[0].audio", U},
+      {RTR_CHAT, R"({"messages":[{"role":"user","content":"a","name":5}]})", 400, "messages[0].name", ""},
+      // no-op fields: only their neutral values, of the right type
+      {RTR_CHAT, "{" + M + R"(,"store":true})", 400, "store", U},
+      {RTR_CHAT, "{" + M + R"(,"store":"no"})", 400, "store", ""},
+      {RTR_CHAT, "{" + M + R"(,"metadata":{"k":1}})", 400, "metadata", ""},
+      {RTR_CHAT, "{" + M + R"(,"metadata":"k"})", 400, "metadata", ""},
+      {RTR_CHAT, "{" + M + R"(,"service_tier":"priority"})", 400, "service_tier", I},
+      {RTR_CHAT, "{" + M + R"(,"service_tier":1})", 400, "service_tier", ""},
+      {RTR_CHAT, "{" + M + R"(,"parallel_tool_calls":"yes"})", 400, "parallel_tool_calls", ""},
+      {RTR_CHAT, "{" + M + R"(,"modalities":["text","audio"]})", 400, "modalities", U},
+      {RTR_CHAT, "{" + M + R"(,"prompt_cache_key":7})", 400, "prompt_cache_key", ""},
+      {RTR_CHAT, "{" + M + R"(,"safety_identifier":[]})", 400, "safety_identifier", ""},
+      {RTR_CHAT, "{" + M + R"(,"stream":true,"stream_options":{"include_usage":true,"chunk_size":3}})", 400,
+       "stream_options.chunk_size", U},
+      {RTR_CHAT, "{" + M + R"(,"stream":true,"stream_options":{"include_obfuscation":"x"}})", 400,
+       "stream_options.include_obfuscation", ""},
+  };
+  v.insert(v.end(), refused.begin(), refused.end());
   return v;
 }
 
@@ -264,6 +329,182 @@ TEST(Validate, HostileBodies) {
     cJSON_Delete(o);
     free(j);
   }
+}
+
+// The documented no-ops (docs/openai.md) are accepted with their neutral values and change nothing.
+TEST(Validate, NoOpFieldsAccepted) {
+  Parsed base(RTR_CHAT, "{" + M + "}");
+  ASSERT_EQ(base.rc, 0) << base.e.message;
+  const std::vector<std::string> ok = {
+      R"("user":"u-1")",
+      R"("store":false)",
+      R"("metadata":{"team":"a","run":"7"})",
+      R"("service_tier":"auto")",
+      R"("service_tier":"default")",
+      R"("parallel_tool_calls":true)",
+      R"("prompt_cache_key":"k")",
+      R"("safety_identifier":"s")",
+      R"("modalities":["text"])",
+      R"("response_format":{"type":"text"})",
+      R"("response_format":null)",
+      R"("tool_choice":"none")",
+      R"("tool_choice":"auto")",
+      R"("tools":[],"tool_choice":"auto")",
+      R"("tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none")",
+      R"("functions":[{"name":"f"}],"function_call":"none")",
+      R"("function_call":"auto")",
+      R"("stream":true,"stream_options":{"include_usage":false,"include_obfuscation":true})",
+  };
+  for (const auto &f : ok) {
+    Parsed p(RTR_CHAT, "{" + M + "," + f + "}");
+    SCOPED_TRACE(f);
+    ASSERT_EQ(p.rc, 0) << p.e.message;
+    EXPECT_EQ(p.r.n_msgs, 1);
+    EXPECT_EQ(p.r.temperature, base.r.temperature);
+    EXPECT_EQ(p.r.n, 1);
+  }
+  // message-level: name is a no-op; tool fields that are null or empty are "not given"
+  Parsed m(RTR_CHAT, R"({"messages":[{"role":"user","content":"q","name":"bob"},
+    {"role":"assistant","content":"a","tool_calls":[],"function_call":null,"refusal":null}]})");
+  ASSERT_EQ(m.rc, 0) << m.e.message;
+  EXPECT_EQ(m.r.n_msgs, 2);
+  EXPECT_STREQ(m.r.msgs[0].content, "q");
+  Parsed c(RTR_COMPLETION, R"({"prompt":"x","user":"u","echo":false,"suffix":""})");
+  ASSERT_EQ(c.rc, 0) << c.e.message;
+}
+
+// Server-side sampling defaults: the request's own value wins, then rtr_limits.defaults; NULL is neutral.
+TEST(Validate, SamplingDefaultsApplied) {
+  rtr_sampling d{0.7, 33, 0.9, 0.02, 1.1};
+  rtr_limits l = limits();
+  l.defaults = &d;
+  auto parse = [&](const std::string &body, rtr_request *r) {
+    rtr_error e{};
+    return rtr_request_parse(RTR_CHAT, body.data(), body.size(), &l, r, &e);
+  };
+  rtr_request r{};
+  ASSERT_EQ(parse("{" + M + "}", &r), 0);
+  EXPECT_EQ(r.temperature, 0.7);
+  EXPECT_EQ(r.top_k, 33);
+  EXPECT_EQ(r.top_p, 0.9);
+  EXPECT_EQ(r.min_p, 0.02);
+  EXPECT_EQ(r.repetition_penalty, 1.1);
+  EXPECT_EQ(r.presence_penalty, 0.0);
+  rtr_request_free(&r);
+  // explicit values win, temperature 0 (greedy) and top_k 0 (off) included
+  ASSERT_EQ(parse("{" + M + R"(,"temperature":0,"top_k":0,"top_p":1,"min_p":0,"repetition_penalty":1})", &r), 0);
+  EXPECT_EQ(r.temperature, 0.0);
+  EXPECT_EQ(r.top_k, -1);
+  EXPECT_EQ(r.top_p, 1.0);
+  EXPECT_EQ(r.min_p, 0.0);
+  EXPECT_EQ(r.repetition_penalty, 1.0);
+  rtr_request_free(&r);
+  // one explicit field leaves the others at their defaults; null means "not given"
+  ASSERT_EQ(parse("{" + M + R"(,"temperature":1.5,"top_p":null})", &r), 0);
+  EXPECT_EQ(r.temperature, 1.5);
+  EXPECT_EQ(r.top_k, 33);
+  EXPECT_EQ(r.top_p, 0.9);
+  rtr_request_free(&r);
+  // a top_k of 0 in the defaults is off
+  d.top_k = 0;
+  ASSERT_EQ(parse("{" + M + "}", &r), 0);
+  EXPECT_EQ(r.top_k, -1);
+  rtr_request_free(&r);
+}
+
+// A GGUF in memory holding only the given metadata (no tensors).
+struct MemGguf {
+  std::string bytes;
+  mdl_gguf *g = nullptr;
+  int n = 0;
+  std::string kvs;
+  void str(const std::string &s) {
+    uint64_t n8 = s.size();
+    kvs.append((const char *)&n8, 8);
+    kvs += s;
+  }
+  void f32(const std::string &k, float v) {
+    str(k);
+    uint32_t t = 6;
+    kvs.append((const char *)&t, 4);
+    kvs.append((const char *)&v, 4);
+    n++;
+  }
+  void u32(const std::string &k, uint32_t v) {
+    str(k);
+    uint32_t t = 4;
+    kvs.append((const char *)&t, 4);
+    kvs.append((const char *)&v, 4);
+    n++;
+  }
+  void s(const std::string &k, const std::string &v) {
+    str(k);
+    uint32_t t = 8;
+    kvs.append((const char *)&t, 4);
+    str(v);
+    n++;
+  }
+  const mdl_gguf *open() {
+    uint32_t ver = 3;
+    uint64_t nt = 0, nkv = (uint64_t)n;
+    bytes = "GGUF";
+    bytes.append((const char *)&ver, 4);
+    bytes.append((const char *)&nt, 8);
+    bytes.append((const char *)&nkv, 8);
+    bytes += kvs;
+    char err[256];
+    EXPECT_EQ(mdl_gguf_from_memory(bytes.data(), bytes.size(), &g, err, sizeof err), 0) << err;
+    return g;
+  }
+  ~MemGguf() { mdl_gguf_close(g); }
+};
+
+TEST(Validate, SamplingDefaultsResolve) {
+  char desc[256];
+  rtr_sampling d{};
+  // nothing configured, no GGUF: llama-server's defaults
+  rtr_sampling_resolve(nullptr, nullptr, &d, desc, sizeof desc);
+  EXPECT_EQ(d.temperature, 0.8);
+  EXPECT_EQ(d.top_k, 40);
+  EXPECT_EQ(d.top_p, 0.95);
+  EXPECT_EQ(d.min_p, 0.05);
+  EXPECT_EQ(d.repetition_penalty, 1.0);
+  EXPECT_NE(std::string(desc).find("temperature 0.8 (shipped)"), std::string::npos) << desc;
+  // the GGUF's general.sampling.* fill what the config leaves out; out-of-range or mistyped keys are skipped
+  MemGguf mg;
+  mg.f32("general.sampling.temp", 0.6f);
+  mg.u32("general.sampling.top_k", 20);
+  mg.f32("general.sampling.top_p", 0.95f);
+  mg.f32("general.sampling.min_p", 7.0f);            // out of range: skipped
+  mg.s("general.sampling.penalty_repeat", "1.1");    // not a number: skipped
+  const mdl_gguf *g = mg.open();
+  ASSERT_NE(g, nullptr);
+  rtr_sampling_resolve(nullptr, g, &d, desc, sizeof desc);
+  EXPECT_EQ(d.temperature, 0.6); // the float's 7 digits, not 0.60000002384
+  EXPECT_EQ(d.top_k, 20);
+  EXPECT_EQ(d.top_p, 0.95);
+  EXPECT_EQ(d.min_p, 0.05);
+  EXPECT_EQ(d.repetition_penalty, 1.0);
+  EXPECT_NE(std::string(desc).find("top_k 20 (gguf)"), std::string::npos) << desc;
+  EXPECT_NE(std::string(desc).find("min_p 0.05 (shipped)"), std::string::npos) << desc;
+  // the config wins over the GGUF, field by field; top_k 0 or -1 in the config is off
+  srv_sampling_cfg cfg{};
+  cfg.has_temperature = 1;
+  cfg.temperature = 0;
+  cfg.has_top_k = 1;
+  cfg.top_k = 0;
+  cfg.has_repetition_penalty = 1;
+  cfg.repetition_penalty = 1.3;
+  rtr_sampling_resolve(&cfg, g, &d, desc, sizeof desc);
+  EXPECT_EQ(d.temperature, 0.0);
+  EXPECT_EQ(d.top_k, -1);
+  EXPECT_EQ(d.top_p, 0.95);
+  EXPECT_EQ(d.min_p, 0.05);
+  EXPECT_EQ(d.repetition_penalty, 1.3);
+  EXPECT_NE(std::string(desc).find("temperature 0 (config)"), std::string::npos) << desc;
+  EXPECT_NE(std::string(desc).find("top_p 0.95 (gguf)"), std::string::npos) << desc;
+  rtr_sampling_resolve(&cfg, nullptr, &d, nullptr, 0); // desc is optional
+  EXPECT_EQ(d.top_p, 0.95);
 }
 
 TEST(Validate, ContextLength) {

@@ -82,6 +82,14 @@ TEST(Config, ShippedLocal) {
   EXPECT_STREQ(c->nodes[0], "local");
   EXPECT_EQ(std::string(c->model_path), src("configs/../models/weights/SmolLM2-135M-Instruct.Q4_1.gguf"));
   EXPECT_STREQ(c->path, p.c_str());
+  // llama-server's sampling defaults, shipped explicitly
+  EXPECT_TRUE(c->sampling.has_temperature && c->sampling.has_top_k && c->sampling.has_top_p &&
+              c->sampling.has_min_p && c->sampling.has_repetition_penalty);
+  EXPECT_EQ(c->sampling.temperature, 0.8);
+  EXPECT_EQ(c->sampling.top_k, 40);
+  EXPECT_EQ(c->sampling.top_p, 0.95);
+  EXPECT_EQ(c->sampling.min_p, 0.05);
+  EXPECT_EQ(c->sampling.repetition_penalty, 1.0);
   // No inline secret: `dserve launch` makes a per-launch one; a role started by hand without one refuses to start.
   EXPECT_STREQ(c->secret, "");
   EXPECT_EQ(c->secret_from, SRV_SECRET_NONE);
@@ -106,6 +114,11 @@ TEST(Config, Shipped1P1D) {
   EXPECT_STREQ(d->kvx_host, "127.0.0.1");
   EXPECT_EQ(srv_config_worker(c, "nobody"), nullptr);
   EXPECT_EQ(c->secret_from, SRV_SECRET_NONE);
+  EXPECT_TRUE(c->sampling.has_temperature && c->sampling.has_top_k);
+  EXPECT_EQ(c->sampling.temperature, 0.8);
+  EXPECT_EQ(c->sampling.top_k, 40);
+  EXPECT_EQ(c->sampling.top_p, 0.95);
+  EXPECT_EQ(c->sampling.min_p, 0.05);
   srv_config_free(c);
 }
 
@@ -328,6 +341,9 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c->router.max_n, 8);
   EXPECT_EQ(c->router.max_stop, 8);
   EXPECT_EQ(c->router.request_timeout_ms, 600000);
+  // no "sampling" section: nothing given (the router falls back to the GGUF, then to llama-server's defaults)
+  EXPECT_FALSE(c->sampling.has_temperature || c->sampling.has_top_k || c->sampling.has_top_p ||
+               c->sampling.has_min_p || c->sampling.has_repetition_penalty);
   EXPECT_EQ(c->router.disagg_threshold, 1000);
   EXPECT_EQ(c->router.link_dead_ms, 15000);
   EXPECT_EQ(c->router.prefix_fetch, 0);
@@ -513,8 +529,45 @@ const BadCase kBad[] = {
     {R"({"model": "m", "nodes": {"a": {}, "b": {}}, "workers": [{"port": 1}]})", "t.json: workers[0].node: missing"},
     {R"({"model": "m", "nodes": {"a": {}, "b": {}}, "router": {}, "workers": [{"node": "a", "port": 1}]})", "t.json: router.node: missing"},
     {R"({"model": "m", "secret": null, "workers": [{"port": 1}]})", "t.json: secret: expected a string, got null"},
+    {R"({"model": "m", "sampling": [], "workers": [{"port": 1}]})", "t.json: sampling: expected an object"},
+    {R"({"model": "m", "sampling": {"temp": 1}, "workers": [{"port": 1}]})", "t.json: sampling.temp: unknown key (allowed: temperature, top_k, top_p, min_p, repetition_penalty)"},
+    {R"({"model": "m", "sampling": {"top_k": 1, "top_k": 2}, "workers": [{"port": 1}]})", "t.json: sampling.top_k: duplicate key"},
+    {R"({"model": "m", "sampling": {"temperature": 2.5}, "workers": [{"port": 1}]})", "t.json: sampling.temperature: expected a number >= 0 and <= 2"},
+    {R"({"model": "m", "sampling": {"temperature": -0.1}, "workers": [{"port": 1}]})", "t.json: sampling.temperature: expected a number >= 0"},
+    {R"({"model": "m", "sampling": {"temperature": "0.8"}, "workers": [{"port": 1}]})", "t.json: sampling.temperature: expected a number"},
+    {R"({"model": "m", "sampling": {"top_k": 4.5}, "workers": [{"port": 1}]})", "t.json: sampling.top_k: expected an integer -1..1000000"},
+    {R"({"model": "m", "sampling": {"top_k": -2}, "workers": [{"port": 1}]})", "t.json: sampling.top_k: expected an integer -1..1000000"},
+    {R"({"model": "m", "sampling": {"top_p": 0}, "workers": [{"port": 1}]})", "t.json: sampling.top_p: expected a number > 0 and <= 1"},
+    {R"({"model": "m", "sampling": {"top_p": 1.01}, "workers": [{"port": 1}]})", "t.json: sampling.top_p: expected a number > 0 and <= 1"},
+    {R"({"model": "m", "sampling": {"min_p": 1.5}, "workers": [{"port": 1}]})", "t.json: sampling.min_p: expected a number >= 0 and <= 1"},
+    {R"({"model": "m", "sampling": {"min_p": null}, "workers": [{"port": 1}]})", "t.json: sampling.min_p: expected a number"},
+    {R"({"model": "m", "sampling": {"repetition_penalty": 0}, "workers": [{"port": 1}]})", "t.json: sampling.repetition_penalty: expected a number > 0 and <= 2"},
     {R"({"model": "m", "workers": [{"port": 1, "name": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}]})", "t.json: workers[0].name: too long"},
 };
+
+TEST(Config, SamplingSection) {
+  Cfg all(R"({"model": "m", "sampling": {"temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0,
+    "repetition_penalty": 2}, "workers": [{"port": 1}]})");
+  ASSERT_EQ(all.rc, 0) << all.err;
+  const srv_sampling_cfg *s = &all.c->sampling;
+  EXPECT_TRUE(s->has_temperature && s->has_top_k && s->has_top_p && s->has_min_p && s->has_repetition_penalty);
+  EXPECT_EQ(s->temperature, 0.0); // greedy by default is allowed
+  EXPECT_EQ(s->top_k, 0);
+  EXPECT_EQ(s->top_p, 1.0);
+  EXPECT_EQ(s->min_p, 0.0);
+  EXPECT_EQ(s->repetition_penalty, 2.0);
+  // only the keys given are set; the others stay unset for the GGUF's values or the shipped ones
+  Cfg some(R"({"model": "m", "sampling": {"top_k": -1, "min_p": 0.1}, "workers": [{"port": 1}]})");
+  ASSERT_EQ(some.rc, 0) << some.err;
+  s = &some.c->sampling;
+  EXPECT_FALSE(s->has_temperature || s->has_top_p || s->has_repetition_penalty);
+  EXPECT_TRUE(s->has_top_k && s->has_min_p);
+  EXPECT_EQ(s->top_k, -1);
+  EXPECT_EQ(s->min_p, 0.1);
+  Cfg empty(R"({"model": "m", "sampling": {}, "workers": [{"port": 1}]})");
+  ASSERT_EQ(empty.rc, 0) << empty.err;
+  EXPECT_FALSE(empty.c->sampling.has_temperature || empty.c->sampling.has_top_k);
+}
 
 TEST(Config, BadInputsNameTheField) {
   for (const BadCase &b : kBad) {
