@@ -303,8 +303,8 @@ int rtr_server_links_up(rtr_server *s) {
 // The `generate` message (docs/protocol.md) for choice ci. How the router fills the fields the catalogue leaves open:
 // max_tokens is always set (n_ctx - prompt when the client gave none); the sampling fields the client left out carry
 // the server's defaults (config "sampling", GGUF general.sampling.*, llama-server's; see docs/openai.md), so the
-// worker always gets every one explicitly; sampling.seed is seed + ci, and absent when the
-// client gave no seed (the worker picks one); sampling.logprobs is -1 for none; stop_ids is empty (the worker ends at
+// worker always gets every one explicitly; sampling.seed is seed + ci (a request without one got a random seed in
+// http.c, so its choices differ and a retry of a choice repeats it); sampling.logprobs is -1 for none; stop_ids is empty (the worker ends at
 // its own end-of-generation tokens unless ignore_eos); deadline_ms is a budget in ms from receipt, not a clock time.
 static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, const char *peer_key,
                            const char *peer_name) {
@@ -323,7 +323,7 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
   cJSON_AddNumberToObject(sp, "presence_penalty", q->presence_penalty);
   cJSON_AddNumberToObject(sp, "frequency_penalty", q->frequency_penalty);
   cJSON_AddNumberToObject(sp, "repetition_penalty", q->repetition_penalty);
-  if (q->has_seed) cJSON_AddNumberToObject(sp, "seed", (double)(q->seed + ci));
+  if (q->has_seed) cJSON_AddNumberToObject(sp, "seed", (double)(q->seed + ci)); // always, from http.c
   cJSON_AddNumberToObject(sp, "logprobs", q->logprobs);
   cJSON *lb = cJSON_AddArrayToObject(sp, "logit_bias");
   for (int i = 0; i < q->n_bias; i++) {
