@@ -176,6 +176,13 @@ static cJSON *bytes_of(const char *t) {
   return a;
 }
 
+// One [id, logprob] pair of a worker's "top" list: the token's text (malloc'ed; NULL for an unknown id) and *lp.
+static char *top_piece(rtr_server *s, const cJSON *pair, double *lp) {
+  const cJSON *id = cJSON_GetArrayItem(pair, 0), *v = cJSON_GetArrayItem(pair, 1);
+  *lp = cJSON_IsNumber(v) ? v->valuedouble : 0;
+  return piece(s, (int32_t)(cJSON_IsNumber(id) ? id->valuedouble : -1));
+}
+
 // Converts the worker's [{token, logprob, top:[[id, lp]..]}..] into OpenAI's shape. Chat: appends to content
 // (array of {token, logprob, bytes, top_logprobs}); completions: appends to {tokens, token_logprobs, top_logprobs,
 // text_offset}.
@@ -197,11 +204,12 @@ static void add_logprobs(rtr_server *s, rtr_req *r, rtr_choice *c, const cJSON *
       int k = 0;
       cJSON_ArrayForEach(p, top) {
         if (k++ >= r->q.logprobs) break;
-        char *pt = piece(s, (int32_t)(cJSON_IsNumber(cJSON_GetArrayItem(p, 0)) ? cJSON_GetArrayItem(p, 0)->valuedouble : -1));
+        double tlp;
+        char *pt = top_piece(s, p, &tlp);
         if (!pt) continue;
         cJSON *x = cJSON_CreateObject();
         cJSON_AddStringToObject(x, "token", pt);
-        cJSON_AddNumberToObject(x, "logprob", cJSON_IsNumber(cJSON_GetArrayItem(p, 1)) ? cJSON_GetArrayItem(p, 1)->valuedouble : 0);
+        cJSON_AddNumberToObject(x, "logprob", tlp);
         cJSON_AddItemToObject(x, "bytes", bytes_of(pt));
         cJSON_AddItemToArray(ta, x);
         free(pt);
@@ -215,10 +223,10 @@ static void add_logprobs(rtr_server *s, rtr_req *r, rtr_choice *c, const cJSON *
       int k = 0;
       cJSON_ArrayForEach(p, top) {
         if (k++ >= r->q.logprobs) break;
-        char *pt = piece(s, (int32_t)(cJSON_IsNumber(cJSON_GetArrayItem(p, 0)) ? cJSON_GetArrayItem(p, 0)->valuedouble : -1));
+        double tlp;
+        char *pt = top_piece(s, p, &tlp);
         if (!pt) continue;
-        if (!cJSON_GetObjectItemCaseSensitive(to, pt))
-          cJSON_AddNumberToObject(to, pt, cJSON_IsNumber(cJSON_GetArrayItem(p, 1)) ? cJSON_GetArrayItem(p, 1)->valuedouble : 0);
+        if (!cJSON_GetObjectItemCaseSensitive(to, pt)) cJSON_AddNumberToObject(to, pt, tlp);
         free(pt);
       }
       cJSON_AddItemToArray(cJSON_GetObjectItem(dst, "top_logprobs"), to);
