@@ -229,6 +229,37 @@ static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm) {
   return 0;
 }
 
+// A stream moved here from another worker (req.n_resume > 0): the sampler, the detokenizer and the stop-string matcher
+// are brought to where that worker left them, so that the client's text continues with nothing repeated or lost.
+// When the resumed text already ends in a stop string (the last worker died between that token and its done), the
+// request is done: 1 (answered, s freed); else 0.
+static int resume(dec_worker *w, dec_seq *s) {
+  wrk_genreq_resume_sampler(&s->req, s->sampler);
+  int hit = 0;
+  for (int i = s->req.n_prompt - s->req.n_resume; i < s->req.n_prompt && !hit; i++) {
+    const char *piece = "";
+    char *out = NULL;
+    size_t n = 0, n_out = 0;
+    mdl_detok_push(s->detok, s->req.prompt[i], &piece, &n);
+    hit = dec_stopstr_push(&s->stop, piece, n, &out, &n_out); // out: streamed by the last worker already
+    free(out);
+  }
+  s->n_gen = s->req.n_resume;
+  if (!hit) return 0;
+  if (s->handoff) { // the prefill worker computes it for nothing: it frees its side on kv_fail
+    srv_peer *p = prefill_peer(w, s->req.prefill);
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "op", "kv_fail");
+    cJSON_AddStringToObject(m, "id", s->req.id);
+    cJSON_AddStringToObject(m, "message", "the stream had already ended");
+    if (p) srv_peer_send(p, m);
+    cJSON_Delete(m);
+  }
+  send_done(s, "stop");
+  seq_free(w, s);
+  return 1;
+}
+
 // Builds a sequence from a generate message; on a bad request replies with an error and returns NULL.
 static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) {
   char code[64], e[512];
@@ -271,6 +302,7 @@ static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) 
     seq_free(w, s);
     return NULL;
   }
+  if (resume(w, s)) return NULL;
   s->t_start_ms = wrk_shell_now_ms();
   s->deadline_ms = s->req.deadline_ms ? s->t_start_ms + s->req.deadline_ms : 0;
   return s;
@@ -559,6 +591,29 @@ static void take_notifs(dec_worker *w) {
   }
 }
 
+// ---- drain ----
+
+static void tell_draining(dec_worker *w, dec_seq *s, void *arg) {
+  (void)w;
+  srv_peer ***told = arg; // (n_running + n_waiting + n_handoffs + 1) routers told, NULL-terminated
+  int i = 0;
+  while ((*told)[i] && (*told)[i] != s->router) i++;
+  if ((*told)[i]) return;
+  (*told)[i] = s->router;
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "op", "draining");
+  srv_peer_send(s->router, m);
+  cJSON_Delete(m);
+}
+
+// SIGTERM: each router with a request here hears `draining` once, and moves those requests to other workers
+// (cancelling them here) where it has any; the rest finish here within drain_timeout_s.
+static void announce_drain(dec_worker *w) {
+  srv_peer **told = calloc((size_t)(w->eng.n_run + w->eng.n_wait + w->n_handoffs + 1), sizeof *told);
+  if (told) for_each(w, any, NULL, tell_draining, &told);
+  free(told);
+}
+
 // ---- scheduling ----
 
 static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
@@ -619,6 +674,7 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
         drain_until = wrk_shell_now_ms() + (int64_t)w.sh.wc->drain_timeout_s * 1000;
         fprintf(stderr, "dserve %s: draining %d running and %d waiting requests\n", wc->name, w.eng.n_run,
                 w.eng.n_wait + w.n_handoffs);
+        announce_drain(&w);
       }
       if ((!wrk_engine_busy(&w.eng) && !w.n_handoffs) || wrk_shell_now_ms() > drain_until) break;
     }

@@ -411,6 +411,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     req_free(w, r);
     return;
   }
+  wrk_genreq_resume_sampler(&r->req, r->sampler); // a moved stream: its first token continues the sampler's draws
   int64_t now = wrk_shell_now_ms();
   r->table_deadline_ms = now + table_timeout_ms(w);
   r->deadline_ms = r->req.deadline_ms ? now + r->req.deadline_ms : 0;

@@ -134,7 +134,8 @@ static void on_kv_events(rtr_server *s, rtr_link *l, const cJSON *m) {
 // ---------------------------------------------------------------------------------------------------------------
 // links (one thread each) and the dispatcher
 
-static int retry_locked(rtr_server *s, rtr_req *r, int ci, int dead);
+static void send_waiting_locked(rtr_server *s);
+static void move_all_locked(rtr_server *s, int li);
 
 static void link_down_locked(rtr_server *s, rtr_link *l) {
   if (!l->peer) return;
@@ -151,7 +152,7 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
     int hit = 0;
     for (int i = 0; i < r->q.n && !hit; i++)
       if (!r->ch[i].finished && (r->ch[i].link == li || (r->ch[i].plink == li && !r->ch[i].handed_off)) &&
-          retry_locked(s, r, i, li) < 0)
+          (r->ch[i].link != li || rtr_move_choice_locked(s, r, i, 1) < 0))
         hit = 1;
     if (hit) rtr_fail_locked(s, r, &e);
   }
@@ -195,6 +196,11 @@ void *rtr_dispatcher_main(void *arg) {
         const char *o = cJSON_IsString(op) ? op->valuestring : "";
         if (!strcmp(o, "pong")) { // from the worker's hub thread: alive, however busy its compute loop is
           l->last_stats_ms = now_us() / 1000;
+          l->silent_moved = 0;
+        } else if (!strcmp(o, "draining")) { // SIGTERM: what it runs moves elsewhere where another worker is up
+          srv_log(LOGC, "worker %s is draining; moving its streams", l->cfg->name);
+          l->draining = 1;
+          move_all_locked(s, (int)(l - s->links));
         } else if (!strcmp(o, "stats_ok")) {
           on_stats(s, l, ev.msg);
         } else if (!strcmp(o, "kv_events")) {
@@ -210,6 +216,7 @@ void *rtr_dispatcher_main(void *arg) {
         }
       }
     }
+    if (!stop) send_waiting_locked(s);
     pthread_mutex_unlock(&s->mu);
     if (got) srv_event_done(&ev);
     if (stop && !got) break;
@@ -240,6 +247,7 @@ void *rtr_link_main(void *arg) {
         if (s->kv) rtr_kvindex_remove_worker(s->kv, (int)(l - s->links)); // a new process: it tells us anew
         l->peer = p;
         l->up = 1;
+        l->draining = l->silent_moved = 0;
         l->inflight = 0;
         l->last_stats_ms = now_ms();
         l->last_stats_sent_ms = 0;
@@ -265,8 +273,15 @@ void *rtr_link_main(void *arg) {
     int dead_ms = s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : LINK_DEAD_DEFAULT_MS;
     if (t - l->last_stats_ms > dead_ms) {
       srv_warn(LOGC, "worker %s answered nothing for %d ms; closing its link", l->cfg->name, dead_ms);
-      srv_peer_close(l->peer); // the dispatcher sees the close at once and fails (or retries) its requests
+      srv_peer_close(l->peer); // the dispatcher sees the close at once and fails (or moves) its requests
       l->last_stats_ms = t;
+    } else if (s->rc->migrate_silent_ms > 0 && t - l->last_stats_ms > s->rc->migrate_silent_ms && !l->silent_moved) {
+      // Its hub thread, which answers pings whatever the compute loop does, is silent: the process is stopped, hung
+      // or cut off. Its streams continue elsewhere now rather than after link_dead_ms.
+      srv_warn(LOGC, "worker %s answered nothing for %d ms; moving its streams", l->cfg->name, s->rc->migrate_silent_ms);
+      l->silent_moved = 1;
+      move_all_locked(s, (int)(l - s->links));
+      continue;
     } else if (t - l->last_stats_sent_ms >= STATS_EVERY_MS) {
       cJSON *m = cJSON_CreateObject(), *ping = cJSON_CreateObject();
       cJSON_AddStringToObject(m, "op", "stats");
@@ -306,14 +321,19 @@ int rtr_server_links_up(rtr_server *s) {
 // worker always gets every one explicitly; sampling.seed is seed + ci (a request without one got a random seed in
 // http.c, so its choices differ and a retry of a choice repeats it); sampling.logprobs is -1 for none; stop_ids is empty (the worker ends at
 // its own end-of-generation tokens unless ignore_eos); deadline_ms is a budget in ms from receipt, not a clock time.
+// A moved choice (rtr_move_choice_locked) sends the prompt followed by the tokens it has streamed, with resume = their
+// count: the worker continues the same stream (max_tokens still counts from the client's prompt).
 static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, const char *peer_key,
                            const char *peer_name) {
   const rtr_request *q = &r->q;
   cJSON *m = cJSON_CreateObject();
   cJSON_AddStringToObject(m, "op", "generate");
   cJSON_AddStringToObject(m, "id", r->ch[ci].id);
+  const rtr_choice *c = &r->ch[ci];
   cJSON *p = cJSON_AddArrayToObject(m, "prompt");
   for (int i = 0; i < r->n_prompt; i++) cJSON_AddItemToArray(p, cJSON_CreateNumber(r->prompt[i]));
+  for (int i = 0; i < c->n_gen; i++) cJSON_AddItemToArray(p, cJSON_CreateNumber(c->gen[i]));
+  if (c->n_gen) cJSON_AddNumberToObject(m, "resume", c->n_gen);
   cJSON_AddNumberToObject(m, "max_tokens", r->max_tokens);
   cJSON *sp = cJSON_AddObjectToObject(m, "sampling");
   cJSON_AddNumberToObject(sp, "temperature", q->temperature);
@@ -348,24 +368,35 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
                             rtr_error *e) {
   for (int i = 0; i < s->n_links; i++) {
     rtr_link *l = &s->links[i];
-    w[i] = (rtr_sched_worker){l->up, l->cfg->role, l->running, l->waiting, l->free_blocks, l->total_blocks,
-                              l->inflight, l->block_size};
+    w[i] = (rtr_sched_worker){l->up && !l->draining && !l->silent_moved, l->cfg->role, l->running, l->waiting,
+                              l->free_blocks, l->total_blocks, l->inflight, l->block_size};
+  }
+  rtr_choice *c = &r->ch[ci];
+  // A moved choice is routed on what its next worker computes: the prompt and the tokens streamed so far.
+  int32_t *toks = r->prompt;
+  int n_toks = r->n_prompt;
+  if (c->n_gen) {
+    if (!(toks = malloc((size_t)(r->n_prompt + c->n_gen) * sizeof *toks)))
+      return rtr_fail(e, 500, "server_error", NULL, "internal_error", "out of memory");
+    memcpy(toks, r->prompt, (size_t)r->n_prompt * sizeof *toks);
+    memcpy(toks + r->n_prompt, c->gen, (size_t)c->n_gen * sizeof *toks);
+    n_toks += c->n_gen;
   }
   rtr_sched_target pick;
   rtr_kvindex_weights wt = {s->rc->w_overlap, s->rc->w_queue, s->rc->w_free};
-  if (rtr_sched_pick_kv(w, s->n_links, r->prompt, r->n_prompt, s->rc->disagg_threshold, s->kv, &wt, &pick, NULL) < 0)
-    return rtr_fail(e, 503, "server_error", NULL, "no_worker", "no worker that can generate is available");
-  rtr_choice *c = &r->ch[ci];
+  int picked = rtr_sched_pick_kv(w, s->n_links, toks, n_toks, s->rc->disagg_threshold, s->kv, &wt, &pick, NULL);
+  int fetch_blocks, peer = picked >= 0 && pick.prefill >= 0 && s->rc->prefix_fetch
+                               ? rtr_sched_prefix_peer(w, s->n_links, toks, n_toks, s->kv, pick.prefill,
+                                                       s->rc->prefix_fetch_min_blocks, &fetch_blocks)
+                               : -1;
+  if (toks != r->prompt) free(toks);
+  if (picked < 0) return rtr_fail(e, 503, "server_error", NULL, "no_worker", "no worker that can generate is available");
   c->link = pick.decode;
   c->plink = pick.prefill;
   s->links[pick.decode].inflight++;
   if (pick.prefill >= 0) {
     s->links[pick.prefill].inflight++;
     msgs[*n] = generate_msg(s, r, ci, "prefill", "decode", s->links[pick.decode].cfg->name);
-    int fetch_blocks, peer = s->rc->prefix_fetch ? rtr_sched_prefix_peer(w, s->n_links, r->prompt, r->n_prompt, s->kv,
-                                                                           pick.prefill, s->rc->prefix_fetch_min_blocks,
-                                                                           &fetch_blocks)
-                                                 : -1;
     if (peer >= 0) { // a peer prefill worker holds more of the prefix: the prefill worker may fetch it
       cJSON_AddStringToObject(msgs[*n], "prefix_peer", s->links[peer].cfg->name);
       cJSON_AddNumberToObject(msgs[*n], "prefix_blocks", fetch_blocks);
@@ -380,19 +411,23 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
   return 0;
 }
 
-// Choice ci's decode (or both) worker, link dead, went away. When the choice has streamed no token and was not retried
-// yet: cancel it at its prefill worker and send it once more, under a new id ("<id>-r"), to the workers the scheduler
-// picks now. 0 when re-sent; -1 when it cannot be (the caller fails the request).
-static int retry_locked(rtr_server *s, rtr_req *r, int ci, int dead) {
+// The stream of choice ci has ended by its last token (an end-of-generation token, or max_tokens) though its worker's
+// `done` never came: 1 after finishing it here.
+static int ended_locked(rtr_server *s, rtr_req *r, int ci) {
   rtr_choice *c = &r->ch[ci];
-  if (c->link != dead || c->retried || c->completion_tokens > 0 || !r->admitted || r->finished) return -1;
-  rtr_send_cancel(s, r, ci); // reaches the prefill worker only: the dead link has no peer any more
-  if (c->plink >= 0 && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
-  c->link = c->plink = -1;
-  c->retried = 1;
-  char old[64];
-  snprintf(old, sizeof old, "%s", c->id);
-  snprintf(c->id, sizeof c->id, "%s-%d-r", r->id, ci);
+  int eog = c->n_gen > 0 && !r->q.ignore_eos && mdl_tok_is_eog(s->tok, c->gen[c->n_gen - 1]);
+  if (!eog && c->n_gen < r->max_tokens) return 0;
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "finish_reason", eog ? "stop" : "length");
+  cJSON_AddNumberToObject(m, "completion_tokens", c->n_gen);
+  rtr_on_done(s, r, ci, m);
+  cJSON_Delete(m);
+  return 1;
+}
+
+// Sends choice ci (c->link and c->plink -1) to the workers the scheduler picks now, under a new id. 0 when sent;
+// -1 (c unchanged but for the id) when no worker is up.
+static int send_choice_locked(rtr_server *s, rtr_req *r, int ci) {
   rtr_sched_worker *w = calloc((size_t)s->n_links + 1, sizeof *w);
   cJSON *msgs[2];
   int to[2], n = 0;
@@ -400,11 +435,87 @@ static int retry_locked(rtr_server *s, rtr_req *r, int ci, int dead) {
   int rc = w ? rtr_route_choice_locked(s, r, ci, w, msgs, to, &n, &e) : -1;
   free(w);
   if (rc < 0) return -1;
-  srv_log(LOGC, "%s: worker %s went away before the first token; retrying on %s%s%s", old, s->links[dead].cfg->name,
-          s->links[c->link].cfg->name, c->plink >= 0 ? " via " : "", c->plink >= 0 ? s->links[c->plink].cfg->name : "");
   for (int i = 0; i < n; i++) {
-    if (srv_peer_send(s->links[to[i]].peer, msgs[i]) < 0) srv_peer_close(s->links[to[i]].peer); // its close fails it
+    if (srv_peer_send(s->links[to[i]].peer, msgs[i]) < 0) srv_peer_close(s->links[to[i]].peer); // its close moves it
     cJSON_Delete(msgs[i]);
   }
   return 0;
+}
+
+// Mid-stream migration (docs/reliability.md). The choice is cancelled where it ran (a dead link reaches no one) and
+// sent again under "<id>-<ci>-r<k>" with the tokens it has streamed, so the next worker continues the same stream; a
+// choice with no token yet simply starts again. At most router.migration_limit moves per choice (a choice with no
+// token may always move once: the retry of before). Messages still coming under the old id are dropped
+// (find_choice_locked), so the client sees each token once.
+int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait) {
+  rtr_choice *c = &r->ch[ci];
+  int limit = s->rc->migration_limit;
+  if (c->completion_tokens == 0 && limit < 1) limit = 1;
+  if (c->finished || r->finished || !r->admitted || c->wait_until_ms || c->resends >= limit) return -1;
+  if (ended_locked(s, r, ci)) return 0;
+  char old[64];
+  int from = c->link, pfrom = c->plink;
+  snprintf(old, sizeof old, "%s", c->id);
+  snprintf(c->id, sizeof c->id, "%s-%d-r%d", r->id, ci, c->resends + 1);
+  c->link = c->plink = -1;
+  int sent = send_choice_locked(s, r, ci);
+  if (sent < 0 && (!may_wait || s->rc->migration_wait_ms <= 0)) { // stays where it is (or fails, as the caller says)
+    snprintf(c->id, sizeof c->id, "%s", old);
+    c->link = from;
+    c->plink = pfrom;
+    return -1;
+  }
+  int nl = c->link, np = c->plink;
+  snprintf(c->id, sizeof c->id, "%s", old);
+  c->link = from;
+  c->plink = pfrom;
+  rtr_send_cancel(s, r, ci); // under the old id, to whichever of its workers is still linked
+  rtr_choice_unlink_locked(s, c);
+  c->link = nl;
+  c->plink = np;
+  c->resends++;
+  snprintf(c->id, sizeof c->id, "%s-%d-r%d", r->id, ci, c->resends);
+  c->handed_off = 0;
+  const char *fname = from >= 0 ? s->links[from].cfg->name : "?";
+  if (sent < 0) {
+    c->wait_until_ms = now_us() / 1000 + s->rc->migration_wait_ms;
+    srv_log(LOGC, "%s: worker %s is gone after %d tokens; no worker is up: waiting up to %d ms for one", old, fname,
+            c->n_gen, s->rc->migration_wait_ms);
+    return 0;
+  }
+  srv_log(LOGC, "%s: worker %s is gone after %d tokens; continuing on %s%s%s as %s", old, fname, c->n_gen,
+          s->links[c->link].cfg->name, c->plink >= 0 ? " via " : "", c->plink >= 0 ? s->links[c->plink].cfg->name : "",
+          c->id);
+  return 0;
+}
+
+// Choices waiting for a worker (rtr_move_choice_locked with no worker up): sent when one is, failed at their bound.
+static void send_waiting_locked(rtr_server *s) {
+  int64_t now = now_us() / 1000;
+  for (rtr_req *r = s->reqs, *nx; r; r = nx) {
+    nx = r->next;
+    for (int i = 0; i < r->q.n && !r->finished; i++) {
+      rtr_choice *c = &r->ch[i];
+      if (!c->wait_until_ms || c->finished) continue;
+      if (send_choice_locked(s, r, i) == 0) {
+        c->wait_until_ms = 0;
+        srv_log(LOGC, "%s: continuing on %s%s%s", c->id, s->links[c->link].cfg->name, c->plink >= 0 ? " via " : "",
+                c->plink >= 0 ? s->links[c->plink].cfg->name : "");
+      } else if (now > c->wait_until_ms) {
+        rtr_error e;
+        rtr_fail(&e, 503, "server_error", NULL, "worker_failure",
+                 "its worker went away and no other came up within %d ms", s->rc->migration_wait_ms);
+        rtr_fail_locked(s, r, &e);
+      }
+    }
+  }
+}
+
+// Moves the choices running on link li elsewhere (its worker drains or is silent); those that cannot move stay.
+static void move_all_locked(rtr_server *s, int li) {
+  for (rtr_req *r = s->reqs, *nx; r; r = nx) {
+    nx = r->next;
+    for (int i = 0; i < r->q.n; i++)
+      if (!r->ch[i].finished && r->ch[i].link == li) rtr_move_choice_locked(s, r, i, 0);
+  }
 }

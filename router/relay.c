@@ -36,6 +36,7 @@ void rtr_req_unref_locked(rtr_req *r) {
   for (int i = 0; i < r->q.n && r->ch; i++) {
     utl_buf_free(&r->ch[i].text);
     cJSON_Delete(r->ch[i].lp);
+    free(r->ch[i].gen);
   }
   free(r->ch);
   free(r->prompt);
@@ -119,13 +120,18 @@ static void finish_locked(rtr_server *s, rtr_req *r) {
   unlist_locked(s, r);
 }
 
+void rtr_choice_unlink_locked(rtr_server *s, rtr_choice *c) {
+  if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
+  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+}
+
 static void choice_end_locked(rtr_server *s, rtr_req *r, int ci) {
   rtr_choice *c = &r->ch[ci];
   if (c->finished) return;
   c->finished = 1;
+  c->wait_until_ms = 0;
   r->n_done++;
-  if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
-  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  rtr_choice_unlink_locked(s, c);
 }
 
 // Fails the whole request (other choices are cancelled at their workers).
@@ -250,6 +256,24 @@ static cJSON *new_lp(rtr_req *r) {
   return o;
 }
 
+// The token ids a worker streamed for c (what a move resumes from). Out of memory: the choice cannot move any more.
+static void record_tokens(rtr_choice *c, const cJSON *toks) {
+  const cJSON *t;
+  cJSON_ArrayForEach(t, toks) {
+    if (c->n_gen == c->cap_gen) {
+      int cap = c->cap_gen ? c->cap_gen * 2 : 64;
+      int32_t *g = realloc(c->gen, (size_t)cap * sizeof *g);
+      if (!g) {
+        c->resends = INT32_MAX / 2;
+        return;
+      }
+      c->gen = g;
+      c->cap_gen = cap;
+    }
+    c->gen[c->n_gen++] = cJSON_IsNumber(t) ? (int32_t)t->valuedouble : 0;
+  }
+}
+
 static cJSON *stream_choice(rtr_req *r, int index, const char *text, const char *finish) {
   cJSON *c = cJSON_CreateObject();
   cJSON_AddNumberToObject(c, "index", index);
@@ -287,6 +311,7 @@ void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   }
   c->last_tok_us = now;
   c->completion_tokens += ntok;
+  record_tokens(c, toks);
   rtr_metric_add(s->m_gen, ntok);
   if (r->q.stream) {
     cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
@@ -317,6 +342,7 @@ void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   int ct = (int)rtr_msg_num(m, "completion_tokens", -1);
   if (ct >= 0) c->completion_tokens = ct;
   c->cached_tokens = (int)rtr_msg_num(m, "cached_tokens", 0);
+  if (c->cached_tokens > r->n_prompt) c->cached_tokens = r->n_prompt; // a moved choice's worker cached its own output
   c->prompt_tokens = (int)rtr_msg_num(m, "prompt_tokens", r->n_prompt);
   double kvb = rtr_msg_num(m, "kv_bytes", 0), kvms = rtr_msg_num(m, "kv_ms", -1);
   if (kvb > 0) rtr_metric_add(s->m_kv_bytes, kvb);
@@ -340,13 +366,11 @@ void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   const char *cs = cJSON_IsString(code) ? code->valuestring : "worker_failure";
   int status = !strcmp(cs, "context_length_exceeded") ? 400 : !strcmp(cs, "timeout") ? 504 : 503;
   rtr_error e;
+  // A worker shutting down refused it (it was sent before the worker said `draining`): another worker takes it.
+  if (!strcmp(cs, "unavailable") && rtr_move_choice_locked(s, r, ci, 1) == 0) return;
   rtr_fail(&e, status, status == 400 ? "invalid_request_error" : "server_error", NULL, cs, "%s",
            cJSON_IsString(msg) ? msg->valuestring : "the worker failed");
-  r->ch[ci].finished = 1; // the worker already dropped it: no cancel for this one
-  r->n_done++;
-  rtr_choice *c = &r->ch[ci];
-  if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
-  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  choice_end_locked(s, r, ci); // the worker already dropped it: no cancel for this one
   rtr_fail_locked(s, r, &e);
 }
 

@@ -32,6 +32,8 @@ typedef struct rtr_link {
   const srv_worker_cfg *cfg;   // (borrowed) from s->cfg
   srv_peer *peer;              // (reference owned while up) guarded by s->mu; NULL when down
   int up;
+  int draining;                // the worker said `draining` (SIGTERM): no new work; its choices move elsewhere
+  int silent_moved;            // its pong is overdue by router.migrate_silent_ms: its choices were moved (reset by a pong)
   int n_ctx;
   int block_size;              // hello_ok kv_layout.block_size (16 when absent): the prompt's key chain
   int running, waiting, free_blocks, total_blocks, inflight;
@@ -57,7 +59,10 @@ typedef struct rtr_choice {
   utl_buf text;                // (owned) non-stream accumulation
   cJSON *lp;                   // (owned) non-stream logprobs (chat: content array; completions: the object)
   int completion_tokens, cached_tokens, prompt_tokens;
-  int retried;                 // sent again once after its decode/both worker died before its first token
+  int resends;                 // times sent again after its decode/both worker died, went silent or drained
+  int32_t *gen;                // (owned) (n_gen) the token ids streamed so far: a moved choice resumes from them
+  int n_gen, cap_gen;
+  int64_t wait_until_ms;       // > 0: waiting (until then) for a worker to continue on; no worker holds it
   int handed_off;              // a token came from the decode worker: it holds all the KV, plink no longer matters
   int64_t last_tok_us;
   size_t text_offset;
@@ -174,12 +179,16 @@ double rtr_msg_num(const cJSON *o, const char *k, double dflt);
 void rtr_send_cancel(rtr_server *s, rtr_req *r, int ci);
 int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker *w, cJSON **msgs, int *to, int *n,
                             rtr_error *e);
+// Choice ci leaves its decode/both worker (dead, silent or draining) for another one; with may_wait and no worker
+// up, it waits for one (router.migration_wait_ms). 0: re-sent or waiting; -1: it cannot move (the caller decides).
+int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait);
 
 // relay.c
 void rtr_out_event(rtr_req *r, cJSON *obj); // consumes obj
 cJSON *rtr_chunk_base(rtr_req *r);
 void rtr_req_unref_locked(rtr_req *r);
 void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e);
+void rtr_choice_unlink_locked(rtr_server *s, rtr_choice *c); // its workers' inflight counts no longer hold it
 void rtr_cancel_locked(rtr_server *s, rtr_req *r);
 void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m);
 void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const cJSON *m);

@@ -251,7 +251,8 @@ static const char *const K_ROUTER[] = {"node",          "host",         "port", 
                                        "max_n",         "max_stop",     "request_timeout_ms", "disagg_threshold",
                                        "routing",       "prefix_fetch", "prefix_fetch_min_blocks",
                                        "link_dead_ms",  "drain_timeout_s", "max_connections",
-                                       "max_connections_per_client", "header_timeout_s", NULL};
+                                       "max_connections_per_client", "header_timeout_s", "migration_limit",
+                                       "migration_wait_ms", "migrate_silent_ms", NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
@@ -331,6 +332,10 @@ static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o
   if (cfg_int32(x, r, p, "max_connections", &o->max_connections, 1, 1000000, 4096, 0) ||
       cfg_int32(x, r, p, "max_connections_per_client", &o->max_connections_per_client, 1, 1000000, 256, 0) ||
       cfg_int32(x, r, p, "header_timeout_s", &o->header_timeout_s, 1, 3600, 10, 0))
+    return -1;
+  if (cfg_int32(x, r, p, "migration_limit", &o->migration_limit, 0, 100, 2, 0) ||
+      cfg_int32(x, r, p, "migration_wait_ms", &o->migration_wait_ms, 0, 3600000, 10000, 0) ||
+      cfg_int32(x, r, p, "migrate_silent_ms", &o->migrate_silent_ms, 0, 3600000, 2000, 0))
     return -1;
   const cJSON *rt;
   if (cfg_obj(x, r, p, "routing", &rt)) return -1;

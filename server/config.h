@@ -61,6 +61,12 @@ typedef struct srv_router_cfg {
   int max_connections;         // open HTTP connections at most, all clients together (4096); beyond: a quick 503
   int max_connections_per_client; // ... from one client address (256)
   int header_timeout_s;        // a connection must send a request's headers within this long (10)
+  // Mid-stream migration (docs/reliability.md): a choice whose decode worker dies, goes silent or drains continues on
+  // another worker from the tokens already sent, at most migration_limit times per choice (2; 0 = never, as before).
+  int migration_limit;
+  int migration_wait_ms;       // with no other worker up: how long a choice waits for one (a restart) (10000)
+  int migrate_silent_ms;       // a worker silent this long (no pong) has its choices moved; its link stays until
+                               // link_dead_ms (2000; 0 = only when the link closes)
 } srv_router_cfg;
 
 // Server-side sampling defaults (top-level "sampling"): what the router puts in a request that leaves a field out.

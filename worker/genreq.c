@@ -67,9 +67,14 @@ int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_genreq *r, char
       FAIL("invalid_request", "prompt[%d] is not a token id of this model (0..%d)", i, n_vocab - 1);
     r->prompt[i++] = (int32_t)t->valuedouble;
   }
-  if (get_int(m, "max_tokens", n_ctx - r->n_prompt, 1, 1 << 30, &r->max_tokens))
+  if (get_int(m, "resume", 0, 0, r->n_prompt - 1, &r->n_resume))
+    FAIL("invalid_request", "resume must be an integer 0..%d (tokens of the prompt generated already)", r->n_prompt - 1);
+  int n_asked = r->n_prompt - r->n_resume; // the prompt the client sent; max_tokens counts from its end
+  if (get_int(m, "max_tokens", n_ctx - n_asked, 1, 1 << 30, &r->max_tokens))
     FAIL("invalid_request", "max_tokens must be an integer >= 1");
-  if (r->max_tokens > n_ctx - r->n_prompt) r->max_tokens = n_ctx - r->n_prompt;
+  if (r->max_tokens > n_ctx - n_asked) r->max_tokens = n_ctx - n_asked;
+  if (r->max_tokens <= r->n_resume)
+    FAIL("invalid_request", "max_tokens %d leaves nothing to generate after %d resumed tokens", r->max_tokens, r->n_resume);
   if (get_int(m, "deadline_ms", 0, 0, 1 << 30, &r->deadline_ms)) FAIL("invalid_request", "bad deadline_ms");
   r->ignore_eos = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "ignore_eos"));
   if (get_name(m, "mode", r->mode, sizeof r->mode) || get_name(m, "prefill", r->prefill, sizeof r->prefill) ||
@@ -136,6 +141,10 @@ int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_genreq *r, char
 fail:
   wrk_genreq_free(r);
   return -1;
+}
+
+void wrk_genreq_resume_sampler(const wrk_genreq *r, mdl_sampler *s) {
+  for (int i = r->n_prompt - r->n_resume; i < r->n_prompt; i++) mdl_sampler_accept(s, r->prompt[i]);
 }
 
 void wrk_genreq_free(wrk_genreq *r) {

@@ -21,6 +21,9 @@ typedef struct wrk_genreq {
   int32_t *prompt;       // (owned) (n_prompt)
   int n_prompt;
   int max_tokens;        // capped to the context
+  int n_resume;          // the last n_resume prompt tokens are this request's own output so far (a stream moved here
+                         // from another worker): they count as generated for penalties, the RNG, stop strings and
+                         // max_tokens; 0..n_prompt-1
   mdl_sampling sampling; // bias points into bias below
   mdl_bias *bias;        // (owned) (sampling.n_bias)
   int n_logprobs;        // -1 = none, else top-N (0..20)
@@ -40,6 +43,9 @@ typedef struct wrk_genreq {
 int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_genreq *req, char *code, size_t code_len,
                      char *err, size_t errlen);
 void wrk_genreq_free(wrk_genreq *req);
+// Replays req's resumed tokens into a sampler made from req's whole prompt, as if it had sampled them: the RNG
+// advances by their draws and the penalties count them as generated.
+void wrk_genreq_resume_sampler(const wrk_genreq *req, mdl_sampler *s);
 
 // {"op":"error","id","message","code"} to a peer.
 void wrk_send_error(srv_peer *to, const char *id, const char *code, const char *fmt, ...)

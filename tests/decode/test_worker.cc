@@ -102,6 +102,7 @@ struct Worker {
 
 struct Result {
   std::vector<int> tokens;
+  std::vector<std::string> pieces; // the text of each token message that carried a token, in order
   std::string text, finish, error_code;
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
@@ -121,6 +122,8 @@ std::map<std::string, Result> collect(Worker &w, int n_requests) {
     Result &r = out[id && cJSON_IsString(id) ? id->valuestring : ""];
     if (op == "token") {
       r.text += cJSON_GetObjectItem(m, "text")->valuestring;
+      if (cJSON_GetArraySize(cJSON_GetObjectItem(m, "tokens")) > 0)
+        r.pieces.push_back(cJSON_GetObjectItem(m, "text")->valuestring);
       const cJSON *t;
       cJSON_ArrayForEach(t, cJSON_GetObjectItem(m, "tokens")) r.tokens.push_back(t->valueint);
     } else if (op == "done") {
@@ -212,6 +215,60 @@ TEST(Worker, StopStringEndsTheChoiceWithoutItsText) {
   Result r = collect(w, 1)["s"];
   EXPECT_EQ(r.finish, "stop");
   EXPECT_EQ(r.text, full.substr(0, full.find(stop)));
+}
+
+// A stream moved here mid-way (generate `resume`: the prompt ends with the choice's own first k tokens) continues
+// exactly as the worker that started it would have: same seeded draws, same penalties, the text not yet sent.
+TEST(Worker, ResumedStreamContinuesTheSameSampledText) {
+  if (access(kModel, R_OK)) GTEST_SKIP() << "model missing (see ModelIsPresent)";
+  Worker w;
+  ASSERT_NE(w.peer, nullptr);
+  auto p = encode("<|im_start|>user\nWrite a poem about the sea.<|im_end|>\n<|im_start|>assistant\n");
+  const std::string sampling = R"(,"sampling":{"temperature":0.9,"top_k":40,"top_p":0.95,"seed":7,)"
+                               R"("presence_penalty":0.5,"repetition_penalty":1.1})";
+  auto gen = [&](const std::string &id, const std::vector<int> &prompt, const std::string &extra) {
+    std::string j = generate_json(id, prompt, 24, extra);
+    size_t at = j.find(",\"sampling\":{\"temperature\":0}");
+    j.replace(at, strlen(",\"sampling\":{\"temperature\":0}"), sampling);
+    w.send(j);
+    return collect(w, 1)[id];
+  };
+  Result full = gen("full", p, ",\"ignore_eos\":true");
+  ASSERT_EQ(full.tokens.size(), 24u);
+  for (int k : {1, 5, 17}) {
+    std::vector<int> q = p;
+    q.insert(q.end(), full.tokens.begin(), full.tokens.begin() + k);
+    std::string sent;
+    for (int i = 0; i < k; i++) sent += full.pieces[(size_t)i];
+    Result r = gen("r" + std::to_string(k), q, ",\"ignore_eos\":true,\"resume\":" + std::to_string(k));
+    EXPECT_EQ(r.error_code, "");
+    EXPECT_EQ(r.tokens, std::vector<int>(full.tokens.begin() + k, full.tokens.end())) << "resumed after " << k;
+    EXPECT_EQ(sent + r.text, full.text) << "resumed after " << k;
+    EXPECT_EQ(r.completion_tokens, 24);
+    EXPECT_EQ(r.finish, "length");
+  }
+  // A resumed text that already ends in a stop string: done at once, nothing more sent.
+  int k = 8;
+  while (k < 24 && full.pieces[(size_t)k - 1].find_first_not_of(" \n") == std::string::npos) k++;
+  ASSERT_LT(k, 24);
+  std::vector<int> q = p;
+  q.insert(q.end(), full.tokens.begin(), full.tokens.begin() + k);
+  cJSON *stop = cJSON_CreateString(full.pieces[(size_t)k - 1].c_str());
+  char *sj = cJSON_PrintUnformatted(stop);
+  Result r = gen("stopped", q, std::string(",\"stop\":[") + sj + "],\"resume\":" + std::to_string(k));
+  free(sj);
+  cJSON_Delete(stop);
+  EXPECT_EQ(r.finish, "stop");
+  EXPECT_EQ(r.text, "");
+  EXPECT_TRUE(r.tokens.empty());
+  // Bad resume values are refused.
+  w.send(generate_json("e1", p, 8, ",\"resume\":" + std::to_string(p.size())));
+  w.send(generate_json("e2", q, 4, ",\"resume\":" + std::to_string(k)));
+  auto e = collect(w, 2);
+  EXPECT_EQ(e["e1"].error_code, "invalid_request");
+  EXPECT_EQ(e["e2"].error_code, "invalid_request");
+  int total = 0;
+  EXPECT_EQ(free_blocks(w, &total), total);
 }
 
 TEST(Worker, BadRequestsGetErrorsAndTheWorkerKeepsServing) {

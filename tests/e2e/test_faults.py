@@ -1,4 +1,4 @@
-"""tests/e2e/test_faults.py: kill -9 of a decode worker mid-stream and of the prefill worker mid-transfer, under `dserve launch`."""
+"""tests/e2e/test_faults.py: kill -9 of a decode worker mid-stream (its stream moves on) and of the prefill worker mid-transfer, under `dserve launch`."""
 
 import os
 import signal
@@ -64,10 +64,10 @@ class DecodeDeath(unittest.TestCase):
         victim = c.node.child_pid("d0")
         state["kill_at"] = time.time()
         os.kill(victim, signal.SIGKILL)
-        self.assertTrue(state["error_seen"].wait(2.0 * S), "no error event within 2 s of the kill")
-        # New requests, once the router knows: they complete (on d1, the only decode worker up) with the same text.
-        # (A request routed in the instant between the kill and the router seeing the link drop is retried on d1:
-        # tests/fault/test_kill.py checks that path.)
+        # The victim's stream moves to d1 (the only decode worker up: restarts are delayed) and goes on from the
+        # tokens it had: no error event; its client sees one stream.
+        c.node.wait_for("worker d0 is gone after", 5 * S)
+        # New requests, once the router knows: they complete (on d1) with the same text.
         d1_before = u.worker_stats(ports["d1"])["finished"]
         news = u.run_threads([lambda: u.complete(c.port, "completions", SHORT, timeout=60 * S)] * 3, timeout=60 * S)
         for r in news:
@@ -75,22 +75,18 @@ class DecodeDeath(unittest.TestCase):
             self.assertEqual(r["status"], 200, r)
             self.assertEqual(r["text"], ref["text"])
         self.assertEqual(u.worker_stats(ports["d1"])["finished"] - d1_before, 3)
-        # The survivor keeps streaming well past the kill; then hang up.
-        time.sleep(max(0.0, state["kill_at"] + 2.5 * S - time.time()))
+        # Both streams keep streaming well past the kill; then hang up.
+        self.assertTrue(wait_until(lambda: min(after_kill) > 5, 30 * S), "a stream stopped after the kill: %r" % after_kill)
         state["stop"].set()
         for t in threads:
             t.join(30)
         self.assertTrue(all(r is not None for r in results), "a stream did not end")
-        errs = [k for k in range(2) if results[k]["error"] is not None]
-        self.assertEqual(len(errs), 1, results)
-        v, s = results[errs[0]], results[1 - errs[0]]
-        self.assertIn(v["error"].get("code") if isinstance(v["error"], dict) else None, ("worker_failure",), v["error"])
-        self.assertLessEqual(v["t_error"] - state["kill_at"], 2.0 * S, "the error event came too late")
-        self.assertLessEqual(v["t_end"] - state["kill_at"], 2.0 * S, "the victim's stream did not end in time")
-        self.assertTrue(v["done"], "the victim's stream should end with [DONE] after the error event")
-        self.assertIsNone(s["error"], s["error"])
-        self.assertTrue(s["stopped"])
-        self.assertGreater(after_kill[1 - errs[0]], 5, "the survivor stopped streaming after the kill")
+        self.assertFalse(state["error_seen"].is_set(), results)
+        for r in results:
+            self.assertIsNone(r["error"], r["error"])
+            self.assertTrue(r["stopped"])
+        self.assertTrue(wait_until(lambda: u.worker_stats(ports["d1"])["running"] == 0, 10 * S),
+                        "d1 kept a stream its client left")
 
         # The launcher restarts d0 and the router uses it again.
         c.node.wait_for("d0 is up again", 30 * S)

@@ -68,9 +68,10 @@ struct TinyModel {
 
 // The fake worker: a listening hub that answers stats and plays generate requests back as scripted tokens.
 // Each tick (5 ms) every active generation gets one token "c<choice>t<k> "; after max_tokens (or 3 when max_tokens
-// is larger) it sends done. Modes: normal, hang (never answers generate), die (one token, then closes the link).
+// is larger) it sends done. Modes: normal, hang (never answers generate), die (one token, then closes the link),
+// die once (as die, then normal), fail (one token, then an error).
 struct FakeWorker {
-  enum Mode { NORMAL, HANG, DIE, FAIL };
+  enum Mode { NORMAL, HANG, DIE, FAIL, DIE_ONCE };
   srv_hub *hub = nullptr;
   std::thread th;
   std::atomic<bool> stop{false};
@@ -197,7 +198,8 @@ struct FakeWorker {
           active.erase(active.begin() + (long)i);
           continue;
         }
-        if (mode == DIE) {
+        if (mode == DIE || mode == DIE_ONCE) {
+          if (mode == DIE_ONCE) mode = NORMAL;
           srv_peer_close(a.peer);
           active.erase(active.begin() + (long)i);
           continue;

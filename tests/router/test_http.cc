@@ -303,6 +303,17 @@ int start_stream(int port, const std::string &body, std::string *got) {
   return fd;
 }
 
+// Reads the rest of a stream started by start_stream into *got, up to its [DONE] (or the connection's end); closes fd.
+static void read_to_done(int fd, std::string *got) {
+  char tmp[4096];
+  while (got->find("data: [DONE]\n\n") == std::string::npos) {
+    ssize_t k = recv(fd, tmp, sizeof tmp, 0);
+    if (k <= 0) break;
+    got->append(tmp, (size_t)k);
+  }
+  close(fd);
+}
+
 TEST_F(Live, DisconnectCancels) {
   fw.mode = FakeWorker::HANG;
   std::string got;
@@ -339,13 +350,7 @@ TEST_F(Live, WorkerDiesMidStream) {
   std::string got;
   auto t0 = std::chrono::steady_clock::now();
   int fd = start_stream(port(), CHAT + R"(,"stream":true,"max_tokens":5})", &got);
-  char tmp[4096];
-  while (got.find("data: [DONE]\n\n") == std::string::npos) {
-    ssize_t k = recv(fd, tmp, sizeof tmp, 0);
-    if (k <= 0) break;
-    got.append(tmp, (size_t)k);
-  }
-  close(fd);
+  read_to_done(fd, &got);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2000ms);
   EXPECT_NE(got.find("data: {\"error\":{"), std::string::npos) << got;
   EXPECT_NE(got.find("worker_failure"), std::string::npos) << got;
@@ -354,6 +359,61 @@ TEST_F(Live, WorkerDiesMidStream) {
   ASSERT_TRUE(r->wait_up()); // reconnects
   for (int i = 0; i < 300 && request(port(), "GET", "/health", "").status != 200; i++) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(request(port(), "POST", "/v1/chat/completions", CHAT + R"(,"max_tokens":1})").status, 200);
+}
+
+// With router.migration_limit, a stream whose worker dies after a token continues once the worker is back (the
+// launcher's restart): the client sees one stream with no error, and the worker gets the prompt followed by the
+// streamed token under resume.
+TEST(Migration, StreamContinuesAfterTheWorkerComesBack) {
+  TinyModel m;
+  FakeWorker fw;
+  Router r(m, fw.port(), 16, 64, {}, 10, [](srv_config &c) {
+    c.router.migration_limit = 2;
+    c.router.migration_wait_ms = 5000;
+  });
+  ASSERT_TRUE(r.wait_up());
+  fw.mode = FakeWorker::DIE_ONCE;
+  std::string got;
+  int fd = start_stream(r.port(), CHAT + R"(,"stream":true,"max_tokens":5})", &got);
+  read_to_done(fd, &got);
+  EXPECT_EQ(got.find("\"error\""), std::string::npos) << got;
+  EXPECT_NE(got.find("data: [DONE]\n\n"), std::string::npos) << got;
+  std::lock_guard<std::mutex> l(fw.mu);
+  ASSERT_EQ(fw.generates.size(), 2u);
+  EXPECT_EQ(fw.generates[1], fw.generates[0] + "-r1");
+  cJSON *first = js(fw.gen_json[0]), *second = js(fw.gen_json[1]);
+  int n0 = cJSON_GetArraySize(cJSON_GetObjectItem(first, "prompt"));
+  const cJSON *p1 = cJSON_GetObjectItem(second, "prompt");
+  ASSERT_EQ(cJSON_GetArraySize(p1), n0 + 1);
+  EXPECT_EQ(cJSON_GetArrayItem(p1, n0)->valuedouble, 99); // the token the dead worker streamed
+  EXPECT_EQ(cJSON_GetObjectItem(second, "resume")->valuedouble, 1);
+  EXPECT_EQ(cJSON_GetObjectItem(first, "resume"), nullptr);
+  EXPECT_EQ(cJSON_GetObjectItem(second, "max_tokens")->valuedouble, 5);
+  cJSON_Delete(first);
+  cJSON_Delete(second);
+  // the text: c0t0 from the first worker, then the second's (this fake restarts its script)
+  EXPECT_NE(got.find("c0t0 "), std::string::npos) << got;
+}
+
+// A stream whose worker keeps dying moves at most router.migration_limit times, then ends with the error as before.
+TEST(Migration, StreamFailsAfterTheMigrationLimit) {
+  TinyModel m;
+  FakeWorker fw;
+  Router r(m, fw.port(), 16, 64, {}, 10, [](srv_config &c) {
+    c.router.migration_limit = 2;
+    c.router.migration_wait_ms = 300;
+  });
+  ASSERT_TRUE(r.wait_up());
+  fw.mode = FakeWorker::DIE; // every generate: one token, then the link closes
+  std::string got;
+  auto t0 = std::chrono::steady_clock::now();
+  int fd = start_stream(r.port(), CHAT + R"(,"stream":true,"max_tokens":5})", &got);
+  read_to_done(fd, &got);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10000ms);
+  EXPECT_NE(got.find("worker_failure"), std::string::npos) << got;
+  EXPECT_NE(got.find("data: [DONE]\n\n"), std::string::npos) << got;
+  std::lock_guard<std::mutex> l(fw.mu);
+  EXPECT_EQ(fw.generates.size(), 3u); // the first worker, then migration_limit moves
 }
 
 TEST_F(Live, WorkerErrorMessage) {

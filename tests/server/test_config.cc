@@ -346,6 +346,9 @@ TEST(Config, Defaults) {
                c->sampling.has_min_p || c->sampling.has_repetition_penalty);
   EXPECT_EQ(c->router.disagg_threshold, 1000);
   EXPECT_EQ(c->router.link_dead_ms, 15000);
+  EXPECT_EQ(c->router.migration_limit, 2);
+  EXPECT_EQ(c->router.migration_wait_ms, 10000);
+  EXPECT_EQ(c->router.migrate_silent_ms, 2000);
   EXPECT_EQ(c->router.prefix_fetch, 0);
   EXPECT_EQ(c->router.prefix_fetch_min_blocks, 4);
   EXPECT_EQ(c->router.drain_timeout_s, 30);
