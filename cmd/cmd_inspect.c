@@ -92,6 +92,18 @@ int cmd_inspect(int argc, char **argv) {
     }
     total += g->tensors[i].nbytes;
   }
+  // the type mix on one line, most tensors first: "109 F32, 81 Q5_0, 27 Q4_K, ..."
+  printf("%-22s", "types");
+  int done[64] = {0};
+  for (int shown = 0;; shown++) {
+    int best = -1;
+    for (int t = 0; t < 64; t++)
+      if (per_type[t] && !done[t] && (best < 0 || per_type[t] > per_type[best])) best = t;
+    if (best < 0) break;
+    done[best] = 1;
+    printf("%s %llu %s", shown ? "," : "", (unsigned long long)per_type[best], krn_type_name(best));
+  }
+  printf("\n");
   for (int t = 0; t < 64; t++)
     if (per_type[t])
       printf("  %-20s %llu tensors, %.2f MiB\n", krn_type_name(t), (unsigned long long)per_type[t], bytes_type[t] / 1048576.0);

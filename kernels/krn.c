@@ -4,9 +4,34 @@
 
 #include "kernels/krn.h"
 
-int krn_type_known(int type) {
-  return type == KRN_F32 || type == KRN_F16 || type == KRN_Q4_0 || type == KRN_Q4_1 || type == KRN_Q8_0;
+// Elements and bytes per block of each type dserve computes with; a zero block means "not supported".
+typedef struct krn_type_info { int block; size_t bytes; } krn_type_info;
+
+static krn_type_info krn_info(int type) {
+  switch (type) {
+  case KRN_F32: return (krn_type_info){1, 4};
+  case KRN_F16: return (krn_type_info){1, 2};
+  case KRN_BF16: return (krn_type_info){1, 2};
+  case KRN_Q4_0: return (krn_type_info){KRN_QK, sizeof(krn_block_q4_0)};
+  case KRN_Q4_1: return (krn_type_info){KRN_QK, sizeof(krn_block_q4_1)};
+  case KRN_Q5_0: return (krn_type_info){KRN_QK, sizeof(krn_block_q5_0)};
+  case KRN_Q5_1: return (krn_type_info){KRN_QK, sizeof(krn_block_q5_1)};
+  case KRN_Q8_0: return (krn_type_info){KRN_QK, sizeof(krn_block_q8_0)};
+  case KRN_Q4_K: return (krn_type_info){KRN_QK_K, sizeof(krn_block_q4_k)};
+  case KRN_Q5_K: return (krn_type_info){KRN_QK_K, sizeof(krn_block_q5_k)};
+  case KRN_Q6_K: return (krn_type_info){KRN_QK_K, sizeof(krn_block_q6_k)};
+  }
+  return (krn_type_info){0, 0};
 }
+
+// ggml's block sizes in bytes; a struct that differs would read every GGUF tensor of its type wrongly.
+_Static_assert(sizeof(krn_block_q5_0) == 22 && sizeof(krn_block_q5_1) == 24, "q5 block layout");
+_Static_assert(sizeof(krn_block_q4_k) == 144 && sizeof(krn_block_q5_k) == 176 && sizeof(krn_block_q6_k) == 210,
+               "k-quant block layout");
+
+int krn_type_known(int type) { return krn_info(type).block != 0; }
+int krn_type_block(int type) { return krn_info(type).block; }
+size_t krn_type_block_bytes(int type) { return krn_info(type).bytes; }
 
 const char *krn_type_name(int type) {
   // ggml's numbering, so that a refused type is refused by its name.
@@ -19,14 +44,22 @@ const char *krn_type_name(int type) {
 }
 
 size_t krn_row_size(krn_type t, int64_t n) {
-  switch (t) {
-  case KRN_F32: return (size_t)n * 4;
-  case KRN_F16: return (size_t)n * 2;
-  case KRN_Q4_0: return (size_t)(n / KRN_QK) * sizeof(krn_block_q4_0);
-  case KRN_Q4_1: return (size_t)(n / KRN_QK) * sizeof(krn_block_q4_1);
-  case KRN_Q8_0: return (size_t)(n / KRN_QK) * sizeof(krn_block_q8_0);
-  }
-  return 0;
+  krn_type_info in = krn_info(t);
+  return in.block ? (size_t)(n / in.block) * in.bytes : 0;
+}
+
+float krn_bf16_to_f32(krn_bf16 h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+krn_bf16 krn_f32_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (krn_bf16)((x >> 16) | 0x40); // NaN: keep it one, quiet
+  return (krn_bf16)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);                   // round to nearest even
 }
 
 float krn_f16_to_f32(krn_f16 h) {

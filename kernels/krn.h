@@ -15,23 +15,71 @@ typedef enum krn_type {
   KRN_F16 = 1,
   KRN_Q4_0 = 2,
   KRN_Q4_1 = 3,
+  KRN_Q5_0 = 6,
+  KRN_Q5_1 = 7,
   KRN_Q8_0 = 8,
+  KRN_Q4_K = 12,
+  KRN_Q5_K = 13,
+  KRN_Q6_K = 14,
+  KRN_BF16 = 30,
 } krn_type;
 
-#define KRN_QK 32 // elements per quantized block
+#define KRN_QK 32    // elements per block of the 32-element types, and per activation block of the cpu backends
+#define KRN_QK_K 256 // elements per super-block of the K-quants (Q4_K, Q5_K, Q6_K)
 
-typedef uint16_t krn_f16; // IEEE half, stored as bits
+typedef uint16_t krn_f16;  // IEEE half, stored as bits
+typedef uint16_t krn_bf16; // bfloat16: the high 16 bits of an f32
 
+// Block layouts are ggml's, byte for byte (a GGUF's tensor data is used in place).
 typedef struct krn_block_q4_0 { krn_f16 d; uint8_t qs[KRN_QK / 2]; } krn_block_q4_0;             // x = d * (q - 8)
 typedef struct krn_block_q4_1 { krn_f16 d; krn_f16 m; uint8_t qs[KRN_QK / 2]; } krn_block_q4_1;  // x = d * q + m
 typedef struct krn_block_q8_0 { krn_f16 d; int8_t qs[KRN_QK]; } krn_block_q8_0;                  // x = d * q
-// In q4 blocks, element j (j < 16) is the low nibble of qs[j], element j + 16 the high nibble.
+// In q4 and q5 blocks, element j (j < 16) is the low nibble of qs[j], element j + 16 the high nibble; a q5
+// element's fifth bit is bit j of qh read as a little-endian uint32.
+typedef struct krn_block_q5_0 { krn_f16 d; uint8_t qh[4]; uint8_t qs[KRN_QK / 2]; } krn_block_q5_0;            // x = d * (q - 16)
+typedef struct krn_block_q5_1 { krn_f16 d; krn_f16 m; uint8_t qh[4]; uint8_t qs[KRN_QK / 2]; } krn_block_q5_1; // x = d * q + m
+// K-quants: a super-block of 256 elements in 8 sub-blocks of 32 (Q6_K: 16 scales of 16 elements each).
+// Q4_K / Q5_K: sub-block s has a 6-bit scale sc[s] and min m[s] packed in scales[12] (krn_k_scale_min);
+// x = (d * sc[s]) * q - (dmin * m[s]). Element 32 s + l (l < 32) is the low (s even) or high (s odd) nibble of
+// qs[32 (s / 2) + l]; in Q5_K its fifth bit is bit s of qh[l].
+typedef struct krn_block_q4_k { krn_f16 d, dmin; uint8_t scales[12]; uint8_t qs[KRN_QK_K / 2]; } krn_block_q4_k;
+typedef struct krn_block_q5_k {
+  krn_f16 d, dmin;
+  uint8_t scales[12];
+  uint8_t qh[KRN_QK_K / 8];
+  uint8_t qs[KRN_QK_K / 2];
+} krn_block_q5_k;
+// Q6_K: x = (d * scales[i / 16]) * (q - 32), q of 6 bits. In half h (128 elements; ql += 64 h, qh += 32 h) element
+// 32 j + l (j < 4, l < 32) takes its low 4 bits from ql[l + 32 (j & 1)] (low nibble for j < 2, high for j >= 2) and
+// its high 2 bits from qh[l] >> 2 j.
+typedef struct krn_block_q6_k {
+  uint8_t ql[KRN_QK_K / 2];
+  uint8_t qh[KRN_QK_K / 4];
+  int8_t scales[KRN_QK_K / 16];
+  krn_f16 d;
+} krn_block_q6_k;
+
+// Sub-block j (< 8) of a Q4_K / Q5_K scales[12]: 6-bit scale and min. j < 4: the low 6 bits of bytes j and
+// j + 4; j >= 4: a nibble of byte j + 4 with the top 2 bits of byte j - 4 (scale) or j (min) above it.
+static inline void krn_k_scale_min(const uint8_t *q, int j, int *sc, int *m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
 
 int krn_type_known(int type);              // 1 for the types above
-const char *krn_type_name(int type);       // "F32", "Q4_1", ... also for types dserve refuses ("Q4_K")
-size_t krn_row_size(krn_type t, int64_t n); // bytes holding n elements (n % 32 == 0 for quantized types)
+const char *krn_type_name(int type);       // "F32", "Q4_1", ... also for types dserve refuses ("Q2_K")
+int krn_type_block(int type);              // elements per block: 1 (F32, F16, BF16), 32, 256 (K-quants); 0 if unknown
+size_t krn_type_block_bytes(int type);     // bytes per block; 0 if unknown
+size_t krn_row_size(krn_type t, int64_t n); // bytes holding n elements (n a multiple of krn_type_block(t))
 float krn_f16_to_f32(krn_f16 h);
 krn_f16 krn_f32_to_f16(float f);
+float krn_bf16_to_f32(krn_bf16 h);
+krn_bf16 krn_f32_to_bf16(float f); // round to nearest even; NaN stays a (quiet) NaN
 
 // A small fixed thread pool. krn_pool_run calls fn(arg, ith, nth) once on each of nth threads
 // (the caller is thread 0) and returns when all are done. Not reentrant: one run at a time.

@@ -229,26 +229,21 @@ static int parse_tensor(cur *c, mdl_gguf_tensor *t, uint64_t idx, char *err, siz
   }
   if (rd_u32(c, &type) != 0 || rd_u64(c, &t->offset) != 0) goto trunc;
   if (!krn_type_known((int)type)) {
-    utl_seterr(err, errlen, "tensor '%.*s': type %s (%u) is not supported (F32, F16, Q4_0, Q4_1, Q8_0 are)", nl, t->name.p,
-           krn_type_name((int)type), type);
+    utl_seterr(err, errlen,
+               "tensor '%.*s': type %s (%u) is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K are)",
+               nl, t->name.p, krn_type_name((int)type), type);
     return -1;
   }
   t->type = (int)type;
-  if (type != KRN_F32 && type != KRN_F16 && t->ne[0] % KRN_QK != 0) {
+  uint64_t blk = (uint64_t)krn_type_block((int)type), bsz = krn_type_block_bytes((int)type);
+  if (t->ne[0] % (int64_t)blk != 0) {
     utl_seterr(err, errlen, "tensor '%.*s': row of %lld elements is not a multiple of the %s block size %d", nl, t->name.p,
-           (long long)t->ne[0], krn_type_name((int)type), KRN_QK);
+           (long long)t->ne[0], krn_type_name((int)type), (int)blk);
     return -1;
   }
   // nbytes = row_size(ne0) * ne1 * ne2 * ne3, checked for overflow (row size computed from the block count)
-  uint64_t row;
   uint64_t ne0 = (uint64_t)t->ne[0];
-  switch (type) {
-  case KRN_F32: row = ne0 > UINT64_MAX / 4 ? UINT64_MAX : ne0 * 4; break;
-  case KRN_F16: row = ne0 > UINT64_MAX / 2 ? UINT64_MAX : ne0 * 2; break;
-  case KRN_Q4_0: row = (ne0 / KRN_QK) * sizeof(krn_block_q4_0); break;
-  case KRN_Q4_1: row = (ne0 / KRN_QK) * sizeof(krn_block_q4_1); break;
-  default: row = (ne0 / KRN_QK) * sizeof(krn_block_q8_0); break;
-  }
+  uint64_t row = ne0 / blk > UINT64_MAX / bsz ? UINT64_MAX : (ne0 / blk) * bsz;
   uint64_t nb = row;
   for (int i = 1; i < 4; i++) {
     uint64_t d = (uint64_t)t->ne[i];

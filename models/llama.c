@@ -123,7 +123,7 @@ static int get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int o
   }
   if (!krn_type_known(t->type) || (f32_only && t->type != KRN_F32)) {
     snprintf(err, errlen, "model: tensor %s has type %s, which dserve does not support%s", name,
-             krn_type_name(t->type), f32_only ? " here (F32 needed)" : " (F32, F16, Q4_0, Q4_1, Q8_0)");
+             krn_type_name(t->type), f32_only ? " here (F32 needed)" : " (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
     return -1;
   }
   int want_dims = ne1 ? 2 : 1;
@@ -135,8 +135,8 @@ static int get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int o
              (long long)t->ne[0], (long long)have1, (long long)ne0, (long long)ne1);
     return -1;
   }
-  if (t->type != KRN_F32 && t->type != KRN_F16 && ne0 % KRN_QK) {
-    snprintf(err, errlen, "model: tensor %s rows of %lld are not a multiple of %d", name, (long long)ne0, KRN_QK);
+  if (ne0 % krn_type_block(t->type)) {
+    snprintf(err, errlen, "model: tensor %s rows of %lld are not a multiple of %d", name, (long long)ne0, krn_type_block(t->type));
     return -1;
   }
   size_t need = krn_row_size((krn_type)t->type, ne0) * (size_t)(ne1 ? ne1 : 1);

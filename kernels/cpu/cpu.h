@@ -40,6 +40,8 @@ void krn_scalar_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head
 void krn_scalar_kv_store(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a);
 // Dequantize one row of k elements of type t into out(k).
 void krn_scalar_dequant_row(float *out, const void *row, krn_type t, int k);
+// Float weight types: the SIMD backends multiply them with the float activation (no int8 activation blocks).
+static inline int krn_cpu_is_float(krn_type t) { return t == KRN_F32 || t == KRN_F16 || t == KRN_BF16; }
 // Quantize x(k) into k/32 activation blocks (round to nearest, d = max|x| / 127).
 void krn_scalar_quant_row_q8x(krn_q8x *out, const float *x, int k);
 // Block id holding position pos of sequence seq, or -1 when outside the table.
@@ -52,7 +54,7 @@ static inline int32_t krn_cpu_block_of(const krn_attn_args *a, int32_t seq, int3
 // so a caller's bug shows up as NaN logits instead of a crash or silent garbage.
 static inline int krn_cpu_mm_ok(krn_type t, int n, int k, int m) {
   if (!krn_type_known(t) || n < 0 || k <= 0 || m < 0) return 0;
-  return t == KRN_F32 || t == KRN_F16 || k % KRN_QK == 0;
+  return k % krn_type_block(t) == 0;
 }
 static inline int krn_cpu_attn_ok(const krn_attn_args *a) {
   return a->n_tokens >= 0 && a->n_head > 0 && a->n_kv_head > 0 && a->n_head % a->n_kv_head == 0 && a->head_dim > 0 &&

@@ -26,13 +26,19 @@ void krn_scalar_event_noop(krn_ctx *c, void *ev) { (void)c; (void)ev; }
 
 // ---- (de)quantization ----
 
+// Each type's arithmetic is ggml's (and the gguf Python package's) in the same float order, so that the result
+// is bit for bit theirs (tests/kernels/test_golden.cc); the kernels are built without FMA contraction.
 void krn_scalar_dequant_row(float *out, const void *row, krn_type t, int k) {
-  int nb = k / KRN_QK;
+  int nb = k / KRN_QK, nk = k / KRN_QK_K;
   switch (t) {
   case KRN_F32: memcpy(out, row, (size_t)k * sizeof(float)); break;
   case KRN_F16: {
     const krn_f16 *h = row;
     for (int j = 0; j < k; j++) out[j] = krn_f16_to_f32(h[j]);
+  } break;
+  case KRN_BF16: {
+    const krn_bf16 *h = row;
+    for (int j = 0; j < k; j++) out[j] = krn_bf16_to_f32(h[j]);
   } break;
   case KRN_Q4_0: {
     const krn_block_q4_0 *b = row;
@@ -54,11 +60,76 @@ void krn_scalar_dequant_row(float *out, const void *row, krn_type t, int k) {
       }
     }
   } break;
+  case KRN_Q5_0: {
+    const krn_block_q5_0 *b = row;
+    for (int i = 0; i < nb; i++) {
+      float d = krn_f16_to_f32(b[i].d);
+      uint32_t qh = (uint32_t)b[i].qh[0] | (uint32_t)b[i].qh[1] << 8 | (uint32_t)b[i].qh[2] << 16 | (uint32_t)b[i].qh[3] << 24;
+      for (int j = 0; j < 16; j++) {
+        int q0 = (b[i].qs[j] & 15) | (int)((qh >> j) & 1) << 4, q1 = (b[i].qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+        out[i * 32 + j] = d * (float)(q0 - 16);
+        out[i * 32 + j + 16] = d * (float)(q1 - 16);
+      }
+    }
+  } break;
+  case KRN_Q5_1: {
+    const krn_block_q5_1 *b = row;
+    for (int i = 0; i < nb; i++) {
+      float d = krn_f16_to_f32(b[i].d), m = krn_f16_to_f32(b[i].m);
+      uint32_t qh = (uint32_t)b[i].qh[0] | (uint32_t)b[i].qh[1] << 8 | (uint32_t)b[i].qh[2] << 16 | (uint32_t)b[i].qh[3] << 24;
+      for (int j = 0; j < 16; j++) {
+        int q0 = (b[i].qs[j] & 15) | (int)((qh >> j) & 1) << 4, q1 = (b[i].qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+        out[i * 32 + j] = d * (float)q0 + m;
+        out[i * 32 + j + 16] = d * (float)q1 + m;
+      }
+    }
+  } break;
   case KRN_Q8_0: {
     const krn_block_q8_0 *b = row;
     for (int i = 0; i < nb; i++) {
       float d = krn_f16_to_f32(b[i].d);
       for (int j = 0; j < 32; j++) out[i * 32 + j] = d * (float)b[i].qs[j];
+    }
+  } break;
+  case KRN_Q4_K:
+  case KRN_Q5_K: {
+    // Q4_K and Q5_K share the scales and the nibbles (at different offsets); Q5_K adds a fifth bit from qh.
+    const int five = t == KRN_Q5_K;
+    const size_t bs = five ? sizeof(krn_block_q5_k) : sizeof(krn_block_q4_k);
+    for (int i = 0; i < nk; i++) {
+      const uint8_t *blk = (const uint8_t *)row + (size_t)i * bs;
+      const krn_block_q4_k *h = (const krn_block_q4_k *)blk; // d, dmin, scales: the same offsets in both
+      const uint8_t *qs = five ? ((const krn_block_q5_k *)blk)->qs : h->qs, *qh = ((const krn_block_q5_k *)blk)->qh;
+      float d = krn_f16_to_f32(h->d), dmin = krn_f16_to_f32(h->dmin);
+      float *o = out + (size_t)i * KRN_QK_K;
+      for (int s = 0; s < 8; s++) {
+        int sc, mn;
+        krn_k_scale_min(h->scales, s, &sc, &mn);
+        float dl = d * (float)sc, ml = dmin * (float)mn;
+        const uint8_t *q = qs + 32 * (s / 2);
+        for (int l = 0; l < 32; l++) {
+          int v = (q[l] >> (4 * (s & 1))) & 15;
+          if (five) v |= ((qh[l] >> s) & 1) << 4;
+          o[32 * s + l] = dl * (float)v - ml;
+        }
+      }
+    }
+  } break;
+  case KRN_Q6_K: {
+    const krn_block_q6_k *b = row;
+    for (int i = 0; i < nk; i++) {
+      float d = krn_f16_to_f32(b[i].d);
+      for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
+        float *o = out + (size_t)i * KRN_QK_K + 128 * h;
+        for (int j = 0; j < 4; j++) {
+          for (int l = 0; l < 32; l++) {
+            int q = ((ql[l + 32 * (j & 1)] >> (4 * (j >> 1))) & 15) | ((qh[l] >> (2 * j)) & 3) << 4;
+            int e = 32 * j + l;
+            o[e] = d * (float)b[i].scales[8 * h + e / 16] * (float)(q - 32);
+          }
+        }
+      }
     }
   } break;
   }

@@ -140,50 +140,148 @@ KRN_INLINE float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Q4_0 and Q4_1 share the unsigned-nibble dot; the offset term is (-8 d) resp. m times x's block sum s.
+// ---- weight blocks: each 32 weights become 32 bytes for the u8 x s8 dot, in one of two forms ----
+// Unsigned (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K): bytes q >= 0 with w = d q + m, so that
+// dot(w, x) = d dx sum(q xq) + m sx, sx = dx sum(xq) being kept with the activation block.
+// Signed (Q8_0, Q6_K): w = d q with q in [-127, 127] (Q8_0) or [-32, 31] (Q6_K); the u8 x s8 dot takes |q| and moves
+// q's sign onto x. Q6_K has one scale per 16 weights, so the block scale is a vector: int32 lanes 0-3 of the dot
+// sum elements 0-15, lanes 4-7 elements 16-31.
+KRN_INLINE int wt_kquant(krn_type t) { return t == KRN_Q4_K || t == KRN_Q5_K || t == KRN_Q6_K; }
+KRN_INLINE int wt_signed(krn_type t) { return t == KRN_Q8_0 || t == KRN_Q6_K; }
+
+// The 16 bytes qs as 32 nibbles: low nibbles (elements 0-15), then high nibbles (16-31).
 KRN_INLINE __m256i unpack_nibbles(const uint8_t *qs) {
   __m128i q = _mm_loadu_si128((const __m128i *)qs);
   __m128i lo = _mm_and_si128(q, _mm_set1_epi8(15)), hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(15));
   return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
+// The 32 bits of qh (little-endian) as 32 bytes: byte j is 16 when bit j is set, else 0 (a q5 element's fifth bit).
+KRN_INLINE __m256i unpack_bit4(const uint8_t *qh) {
+  uint32_t bits;
+  memcpy(&bits, qh, 4);
+  // byte j takes byte j / 8 of bits (pshufb works per 128-bit lane; every lane holds all four bytes)
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), pick);
+  const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL); // bit j % 8 in byte j
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel), _mm256_set1_epi8(16));
+}
+
+// Bytes of v shifted right by n (< 8) and masked: ((v >> n) & mask) per byte (16-bit shifts; the mask drops what
+// crossed over from the neighbouring byte).
+KRN_INLINE __m256i bytes_srl(__m256i v, int n, int mask) {
+  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(n)), _mm256_set1_epi8((char)mask));
+}
+
+// Q4_K / Q5_K super-block: sub-block s's weights are d_s q + m_s with d_s = d sc[s], m_s = -(dmin m[s]).
+KRN_INLINE void kq_scales(const krn_block_q4_k *blk, float *ds, float *ms) {
+  float d = f16f(blk->d), dmin = f16f(blk->dmin);
+  for (int s = 0; s < 8; s++) {
+    int sc, m;
+    krn_k_scale_min(blk->scales, s, &sc, &m);
+    ds[s] = d * (float)sc;
+    ms[s] = -(dmin * (float)m);
+  }
+}
+
+// 32-element block b (sub-block s = b % 8 of a K-quant, whose scales kd/km kq_scales decoded) of weight row wr:
+// *wa the bytes the dot takes, *wq the signed weights (signed form), *vd the scale per int32 lane, *mw the offset.
+KRN_INLINE void load_wblock(const void *wr, krn_type wt, int b, int s, const float *kd, const float *km, __m256i *wa,
+                            __m256i *wq, __m256 *vd, float *mw) {
+  *mw = 0;
+  switch (wt) {
+  case KRN_Q8_0: {
+    const krn_block_q8_0 *blk = (const krn_block_q8_0 *)wr + b;
+    *wq = _mm256_loadu_si256((const __m256i *)blk->qs);
+    *wa = _mm256_sign_epi8(*wq, *wq);
+    *vd = _mm256_set1_ps(f16f(blk->d));
+  } break;
+  case KRN_Q4_0: {
+    const krn_block_q4_0 *blk = (const krn_block_q4_0 *)wr + b;
+    float d = f16f(blk->d);
+    *wa = unpack_nibbles(blk->qs);
+    *vd = _mm256_set1_ps(d);
+    *mw = -8.0f * d;
+  } break;
+  case KRN_Q4_1: {
+    const krn_block_q4_1 *blk = (const krn_block_q4_1 *)wr + b;
+    *wa = unpack_nibbles(blk->qs);
+    *vd = _mm256_set1_ps(f16f(blk->d));
+    *mw = f16f(blk->m);
+  } break;
+  case KRN_Q5_0: {
+    const krn_block_q5_0 *blk = (const krn_block_q5_0 *)wr + b;
+    float d = f16f(blk->d);
+    *wa = _mm256_or_si256(unpack_nibbles(blk->qs), unpack_bit4(blk->qh));
+    *vd = _mm256_set1_ps(d);
+    *mw = -16.0f * d;
+  } break;
+  case KRN_Q5_1: {
+    const krn_block_q5_1 *blk = (const krn_block_q5_1 *)wr + b;
+    *wa = _mm256_or_si256(unpack_nibbles(blk->qs), unpack_bit4(blk->qh));
+    *vd = _mm256_set1_ps(f16f(blk->d));
+    *mw = f16f(blk->m);
+  } break;
+  case KRN_Q4_K: {
+    const krn_block_q4_k *blk = (const krn_block_q4_k *)wr + b / 8;
+    *wa = bytes_srl(_mm256_loadu_si256((const __m256i *)(blk->qs + 32 * (s / 2))), 4 * (s & 1), 15);
+    *vd = _mm256_set1_ps(kd[s]);
+    *mw = km[s];
+  } break;
+  case KRN_Q5_K: {
+    const krn_block_q5_k *blk = (const krn_block_q5_k *)wr + b / 8;
+    __m256i lo = bytes_srl(_mm256_loadu_si256((const __m256i *)(blk->qs + 32 * (s / 2))), 4 * (s & 1), 15);
+    __m256i hi = _mm256_slli_epi16(bytes_srl(_mm256_loadu_si256((const __m256i *)blk->qh), s, 1), 4);
+    *wa = _mm256_or_si256(lo, hi);
+    *vd = _mm256_set1_ps(kd[s]);
+    *mw = km[s];
+  } break;
+  case KRN_Q6_K: {
+    const krn_block_q6_k *blk = (const krn_block_q6_k *)wr + b / 8;
+    int h = s / 4, j = s % 4; // half of the super-block, 32-element group within it
+    __m256i lo = bytes_srl(_mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h + 32 * (j & 1))), 4 * (j >> 1), 15);
+    __m256i hi = _mm256_slli_epi16(bytes_srl(_mm256_loadu_si256((const __m256i *)(blk->qh + 32 * h)), 2 * j, 3), 4);
+    *wq = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+    *wa = _mm256_sign_epi8(*wq, *wq);
+    float d = f16f(blk->d);
+    *vd = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(d * (float)blk->scales[2 * s])),
+                               _mm_set1_ps(d * (float)blk->scales[2 * s + 1]), 1);
+  } break;
+  default: break;
+  }
+}
+
 // out[w * 4 + r] = dot(weight row wr[w], activation row xr[r]) for w < W (1 or 2), r < R (1..4), over nb
-// blocks of type wt; W, R and wt are constants after inlining, so each unpacked weight block serves R
-// activation rows and each loaded activation block serves W weight rows.
+// 32-element blocks of type wt; W, R and wt are constants after inlining, so each unpacked weight block serves R
+// activation rows and each loaded activation block serves W weight rows. K-quants go a super-block (8 blocks) at
+// a time, decoding its sub-block scales once.
 KRN_INLINE void dot_q(const void *const *wr, int W, krn_type wt, const krn_q8x *const *xr, int R, int nb, float *out) {
   __m256 acc[2][4];
   float off[2][4];
   for (int w = 0; w < 2; w++)
     for (int r = 0; r < 4; r++) { acc[w][r] = _mm256_setzero_ps(); off[w][r] = 0; }
-  for (int b = 0; b < nb; b++) {
-    __m256i wq[2], wa[2];
-    float dw[2], mw[2];
-    for (int w = 0; w < W; w++) {
-      if (wt == KRN_Q8_0) {
-        const krn_block_q8_0 *blk = (const krn_block_q8_0 *)wr[w] + b;
-        wq[w] = _mm256_loadu_si256((const __m256i *)blk->qs);
-        wa[w] = _mm256_sign_epi8(wq[w], wq[w]);
-        dw[w] = f16f(blk->d);
-        mw[w] = 0;
-      } else if (wt == KRN_Q4_1) {
-        const krn_block_q4_1 *blk = (const krn_block_q4_1 *)wr[w] + b;
-        wa[w] = unpack_nibbles(blk->qs);
-        dw[w] = f16f(blk->d);
-        mw[w] = f16f(blk->m);
-      } else {
-        const krn_block_q4_0 *blk = (const krn_block_q4_0 *)wr[w] + b;
-        wa[w] = unpack_nibbles(blk->qs);
-        dw[w] = f16f(blk->d);
-        mw[w] = -8.0f * dw[w];
-      }
-    }
-    for (int r = 0; r < R; r++) {
-      __m256i xq = _mm256_loadu_si256((const __m256i *)xr[r][b].qs);
-      float dx = xr[r][b].d, sx = xr[r][b].s;
-      for (int w = 0; w < W; w++) {
-        __m256i dot = dot_us(wa[w], wt == KRN_Q8_0 ? _mm256_sign_epi8(xq, wq[w]) : xq);
-        acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw[w] * dx), acc[w][r]);
-        if (wt != KRN_Q8_0) off[w][r] += mw[w] * sx;
+  const int G = wt_kquant(wt) ? KRN_QK_K / KRN_QK : 1;
+  const size_t kbytes = wt == KRN_Q4_K ? sizeof(krn_block_q4_k) : sizeof(krn_block_q5_k);
+  float kd[2][8] = {{0}}, km[2][8] = {{0}}; // Q4_K / Q5_K: the current super-block's sub-block scales and offsets
+  for (int g = 0; g < nb; g += G) {
+    if (wt == KRN_Q4_K || wt == KRN_Q5_K)
+      for (int w = 0; w < W; w++)
+        kq_scales((const krn_block_q4_k *)((const char *)wr[w] + (size_t)(g / G) * kbytes), kd[w], km[w]);
+    for (int s = 0; s < G; s++) {
+      __m256i wq[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, wa[2];
+      __m256 vd[2];
+      float mw[2];
+      for (int w = 0; w < W; w++) load_wblock(wr[w], wt, g + s, s, kd[w], km[w], &wa[w], &wq[w], &vd[w], &mw[w]);
+      for (int r = 0; r < R; r++) {
+        const krn_q8x *xb = &xr[r][g + s];
+        __m256i xq = _mm256_loadu_si256((const __m256i *)xb->qs);
+        __m256 dx = _mm256_set1_ps(xb->d);
+        for (int w = 0; w < W; w++) {
+          __m256i dot = dot_us(wa[w], wt_signed(wt) ? _mm256_sign_epi8(xq, wq[w]) : xq);
+          acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(vd[w], dx), acc[w][r]);
+          if (!wt_signed(wt)) off[w][r] += mw[w] * xb->s;
+        }
       }
     }
   }
@@ -191,17 +289,41 @@ KRN_INLINE void dot_q(const void *const *wr, int W, krn_type wt, const krn_q8x *
     for (int r = 0; r < R; r++) out[w * 4 + r] = hsum8(acc[w][r]) + off[w][r];
 }
 
-// Float weights (F32 / F16) against float activation rows; k need not be a multiple of the vector width.
-KRN_INLINE void dot_float(const void *wv, int is_f16, const float *const *xr, int R, int k, float *out) {
+KRN_INLINE float bf16f(krn_bf16 h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+#ifdef KRN_W512
+#define v_loadbf(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#else
+#define v_loadbf(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#endif
+
+// Element e of a float weight row (F32, F16 or BF16; wt is a constant after inlining).
+KRN_INLINE vf load_wf(const void *wv, krn_type wt, int e) {
+  if (wt == KRN_F16) return v_loadh((const krn_f16 *)wv + e);
+  if (wt == KRN_BF16) return v_loadbf((const krn_bf16 *)wv + e);
+  return v_load((const float *)wv + e);
+}
+KRN_INLINE float load_wf1(const void *wv, krn_type wt, int e) {
+  if (wt == KRN_F16) return f16f(((const krn_f16 *)wv)[e]);
+  if (wt == KRN_BF16) return bf16f(((const krn_bf16 *)wv)[e]);
+  return ((const float *)wv)[e];
+}
+
+// Float weights (F32 / F16 / BF16) against float activation rows; k need not be a multiple of the vector width.
+KRN_INLINE void dot_float(const void *wv, krn_type wt, const float *const *xr, int R, int k, float *out) {
   vf acc[4] = {v_zero(), v_zero(), v_zero(), v_zero()};
   int e = 0;
   for (; e + VL <= k; e += VL) {
-    vf w = is_f16 ? v_loadh((const krn_f16 *)wv + e) : v_load((const float *)wv + e);
+    vf w = load_wf(wv, wt, e);
     for (int r = 0; r < R; r++) acc[r] = v_fma(w, v_load(xr[r] + e), acc[r]);
   }
   for (int r = 0; r < R; r++) {
     float s = v_hsum(acc[r]);
-    for (int t = e; t < k; t++) s += (is_f16 ? f16f(((const krn_f16 *)wv)[t]) : ((const float *)wv)[t]) * xr[r][t];
+    for (int t = e; t < k; t++) s += load_wf1(wv, wt, t) * xr[r][t];
     out[r] = s;
   }
 }
@@ -230,12 +352,12 @@ KRN_INLINE void mm_rows_q(const mm_task *t, krn_type wt, int64_t j, int W, int i
     for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j + w] = out[w * 4 + r];
 }
 
-KRN_INLINE void mm_rows_f(const mm_task *t, int64_t j, int i0, int R) {
-  const void *wr = (const char *)t->w + (size_t)j * krn_row_size(t->wt, t->k);
+KRN_INLINE void mm_rows_f(const mm_task *t, krn_type wt, int64_t j, int i0, int R) {
+  const void *wr = (const char *)t->w + (size_t)j * krn_row_size(wt, t->k);
   const float *xr[MM_TILE];
   float out[MM_TILE];
   for (int r = 0; r < R; r++) xr[r] = t->x + (size_t)(i0 + r) * t->k;
-  dot_float(wr, t->wt == KRN_F16, xr, R, t->k, out);
+  dot_float(wr, wt, xr, R, t->k, out);
   for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j] = out[r];
 }
 
@@ -257,27 +379,38 @@ KRN_INLINE void mm_block_q(const mm_task *t, krn_type wt, int64_t j0, int64_t j1
   }
 }
 
+// The same for float weights: tiles of MM_TILE activation rows by one weight row.
+KRN_INLINE void mm_block_f(const mm_task *t, krn_type wt, int64_t j0, int64_t j1) {
+  int i = 0;
+  for (; i + MM_TILE <= t->n; i += MM_TILE)
+    for (int64_t j = j0; j < j1; j++) mm_rows_f(t, wt, j, i, MM_TILE);
+  int rest = t->n - i;
+  for (int64_t j = j0; j < j1; j++) {
+    if (rest == 3) mm_rows_f(t, wt, j, i, 3);
+    else if (rest == 2) mm_rows_f(t, wt, j, i, 2);
+    else if (rest == 1) mm_rows_f(t, wt, j, i, 1);
+  }
+}
+
 static void mm_run(void *vp, int ith, int nth) {
   const mm_task *t = vp;
   int64_t lo, hi;
   krn_cpu_range(t->m, ith, nth, &lo, &hi);
   for (int64_t j0 = lo; j0 < hi; j0 += MM_JBLOCK) {
     int64_t j1 = j0 + MM_JBLOCK < hi ? j0 + MM_JBLOCK : hi;
+    // one instance per type, so that the type's branches fold away inside the loops
     switch (t->wt) {
     case KRN_Q4_0: mm_block_q(t, KRN_Q4_0, j0, j1); break;
     case KRN_Q4_1: mm_block_q(t, KRN_Q4_1, j0, j1); break;
+    case KRN_Q5_0: mm_block_q(t, KRN_Q5_0, j0, j1); break;
+    case KRN_Q5_1: mm_block_q(t, KRN_Q5_1, j0, j1); break;
     case KRN_Q8_0: mm_block_q(t, KRN_Q8_0, j0, j1); break;
-    default: {
-      int i = 0;
-      for (; i + MM_TILE <= t->n; i += MM_TILE)
-        for (int64_t j = j0; j < j1; j++) mm_rows_f(t, j, i, MM_TILE);
-      int rest = t->n - i;
-      for (int64_t j = j0; j < j1; j++) {
-        if (rest == 3) mm_rows_f(t, j, i, 3);
-        else if (rest == 2) mm_rows_f(t, j, i, 2);
-        else if (rest == 1) mm_rows_f(t, j, i, 1);
-      }
-    }
+    case KRN_Q4_K: mm_block_q(t, KRN_Q4_K, j0, j1); break;
+    case KRN_Q5_K: mm_block_q(t, KRN_Q5_K, j0, j1); break;
+    case KRN_Q6_K: mm_block_q(t, KRN_Q6_K, j0, j1); break;
+    case KRN_F16: mm_block_f(t, KRN_F16, j0, j1); break;
+    case KRN_BF16: mm_block_f(t, KRN_BF16, j0, j1); break;
+    default: mm_block_f(t, KRN_F32, j0, j1); break;
     }
   }
 }
@@ -302,7 +435,7 @@ static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const 
   if (!krn_cpu_mm_ok(wt, n, k, m)) { if (n > 0 && m > 0) krn_cpu_fill_nan(y, (int64_t)n * m); return; }
   mm_task t = {y, w, wt, x, NULL, n, k, m};
   int par = (int64_t)n * k * m >= KRN_PAR_MIN;
-  if (wt == KRN_Q4_0 || wt == KRN_Q4_1 || wt == KRN_Q8_0) {
+  if (!krn_cpu_is_float(wt)) {
     t.xq = malloc((size_t)n * (size_t)(k / KRN_QK) * sizeof(krn_q8x) + 1);
     if (!t.xq) abort(); // the activation's own size: only impossible sizes fail here
     q8_task q = {t.xq, x, n, k};

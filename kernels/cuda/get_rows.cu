@@ -16,7 +16,7 @@ void krn_cuda_get_rows(krn_ctx *c, float *out, const void *w, krn_type wt, const
   krn_cuda_state *s = krn_cuda_st(c);
   if (!s || n <= 0 || k <= 0) return;
   if (!krn_cuda_type_ok(wt, k)) {
-    krn_cuda_fail(s, "get_rows", "unknown weight type or k not a multiple of 32 for a quantized type");
+    krn_cuda_fail(s, "get_rows", "unknown weight type or k not a multiple of the type's block (32, 256 for K-quants)");
     return;
   }
   krn_cu_get_rows<<<krn_cuda_blocks((int64_t)n * k, 256), 256, 0, s->stream>>>(out, w, (int)wt, krn_cuda_row_bytes(wt, k),

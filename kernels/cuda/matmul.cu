@@ -94,7 +94,11 @@ static int aligned(const void *p, uintptr_t a) { return ((uintptr_t)p % a) == 0;
 
 static void gemv(krn_cuda_state *s, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
   const size_t rb = krn_cuda_row_bytes(wt, k);
-  const int walign = wt == KRN_F32 || wt == KRN_F16 ? 16 : wt == KRN_Q4_1 ? 4 : 2;
+  // what krn_cu_deq_block<wt> reads with wide loads: uint4 for float rows, uint32 where the block layout
+  // allows it (Q4_1, Q5_1, Q4_K, Q5_K), uint16 otherwise
+  const int walign = wt == KRN_F32 || wt == KRN_F16 || wt == KRN_BF16                        ? 16
+                     : wt == KRN_Q4_1 || wt == KRN_Q5_1 || wt == KRN_Q4_K || wt == KRN_Q5_K ? 4
+                                                                                             : 2;
   const int fast = k % 32 == 0 && aligned(x, 16) && aligned(w, walign) && rb % walign == 0;
   if (fast) {
     const unsigned grid = (unsigned)((m + KRN_CU_GEMV_WARPS * KRN_CU_GEMV_RPW - 1) / (KRN_CU_GEMV_WARPS * KRN_CU_GEMV_RPW));
@@ -105,6 +109,12 @@ static void gemv(krn_cuda_state *s, float *y, const void *w, krn_type wt, const 
     case KRN_Q4_0: krn_cu_gemv<KRN_Q4_0><<<grid, th, 0, s->stream>>>(y, w, rb, x, n, k, m); break;
     case KRN_Q4_1: krn_cu_gemv<KRN_Q4_1><<<grid, th, 0, s->stream>>>(y, w, rb, x, n, k, m); break;
     case KRN_Q8_0: krn_cu_gemv<KRN_Q8_0><<<grid, th, 0, s->stream>>>(y, w, rb, x, n, k, m); break;
+    case KRN_BF16: krn_cu_gemv<KRN_BF16><<<grid, th, 0, s->stream>>>(y, w, rb, x, n, k, m); break;
+    case KRN_Q5_0: krn_cu_gemv<KRN_Q5_0><<<grid, th, 0, s->stream>>>(y, w, rb, x, n, k, m); break;
+    case KRN_Q5_1: krn_cu_gemv<KRN_Q5_1><<<grid, th, 0, s->stream>>>(y, w, rb, x, n, k, m); break;
+    case KRN_Q4_K: krn_cu_gemv<KRN_Q4_K><<<grid, th, 0, s->stream>>>(y, w, rb, x, n, k, m); break;
+    case KRN_Q5_K: krn_cu_gemv<KRN_Q5_K><<<grid, th, 0, s->stream>>>(y, w, rb, x, n, k, m); break;
+    case KRN_Q6_K: krn_cu_gemv<KRN_Q6_K><<<grid, th, 0, s->stream>>>(y, w, rb, x, n, k, m); break;
     }
   } else {
     const unsigned grid = (unsigned)((m + KRN_CU_GEMV_WARPS - 1) / KRN_CU_GEMV_WARPS);
@@ -116,7 +126,7 @@ void krn_cuda_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const flo
   krn_cuda_state *s = krn_cuda_st(c);
   if (!s || n <= 0 || m <= 0) return;
   if (!krn_cuda_type_ok(wt, k) || k <= 0) {
-    krn_cuda_fail(s, "matmul", "unknown weight type, or k not a positive multiple of 32 for a quantized type");
+    krn_cuda_fail(s, "matmul", "unknown weight type, or k not a positive multiple of the type's block (32, 256 for K-quants)");
     return;
   }
   if (n <= KRN_CU_GEMV_ROWS) {

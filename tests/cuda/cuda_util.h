@@ -85,13 +85,24 @@ inline std::vector<uint8_t> rand_weights(std::mt19937 &rng, krn_type t, int m, i
         krn_f16 h = krn_f32_to_f16(u(rng));
         memcpy(row + 2 * j, &h, 2);
       }
+    } else if (t == KRN_BF16) {
+      for (int j = 0; j < k; j++) {
+        krn_bf16 h = krn_f32_to_bf16(u(rng));
+        memcpy(row + 2 * j, &h, 2);
+      }
     } else {
       for (size_t i = 0; i < rb; i++) row[i] = (uint8_t)byte(rng);
-      const size_t bb = rb / (k / KRN_QK);
-      for (int b = 0; b < k / KRN_QK; b++) { // valid scales (random bytes could be inf/nan)
-        krn_f16 d = krn_f32_to_f16(sc(rng)), mm = krn_f32_to_f16(u(rng) * 0.1f);
-        memcpy(row + bb * b, &d, 2);
-        if (t == KRN_Q4_1) memcpy(row + bb * b + 2, &mm, 2);
+      const int nblk = k / krn_type_block(t);
+      const size_t bb = rb / nblk;
+      // where the f16 scale (and the min or offset) sit in a block; K-quants' sub-block scales are bytes
+      const size_t d_at = t == KRN_Q6_K ? 208 : 0;
+      const bool has_m = t == KRN_Q4_1 || t == KRN_Q5_1 || t == KRN_Q4_K || t == KRN_Q5_K;
+      // K-quant super-block scales multiply 6- or 8-bit sub-block scales: divide so that weights stay O(0.1 - 1)
+      const float kdiv = t == KRN_Q6_K ? 64.0f : t == KRN_Q4_K || t == KRN_Q5_K ? 40.0f : 1.0f;
+      for (int b = 0; b < nblk; b++) { // valid scales (random bytes could be inf/nan)
+        krn_f16 d = krn_f32_to_f16(sc(rng) / kdiv), mm = krn_f32_to_f16(kdiv > 1 ? sc(rng) / kdiv : u(rng) * 0.1f);
+        memcpy(row + bb * b + d_at, &d, 2);
+        if (has_m) memcpy(row + bb * b + 2, &mm, 2);
       }
     }
   }

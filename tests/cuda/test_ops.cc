@@ -30,10 +30,15 @@ struct MatCase { krn_type t; int n, k, m; };
 
 TEST_F(CudaTest, MatmulMatchesReference) {
   std::vector<MatCase> cases;
-  for (krn_type t : {KRN_F32, KRN_F16, KRN_Q4_0, KRN_Q4_1, KRN_Q8_0})
+  for (krn_type t : {KRN_F32, KRN_F16, KRN_BF16, KRN_Q4_0, KRN_Q4_1, KRN_Q5_0, KRN_Q5_1, KRN_Q8_0})
     for (int n : {1, 3, 8, 9, 40})
       for (int k : {32, 96, 576})
         for (int m : {1, 7, 65}) cases.push_back({t, n, k, m});
+  for (krn_type t : {KRN_Q4_K, KRN_Q5_K, KRN_Q6_K}) // super-blocks of 256
+    for (int n : {1, 3, 8, 9, 40})
+      for (int k : {256, 768})
+        for (int m : {1, 7, 65}) cases.push_back({t, n, k, m});
+  for (int n : {2, 17}) cases.push_back({KRN_BF16, n, 33, 5}); // k not a multiple of 32: the generic GEMV
   for (krn_type t : {KRN_F32, KRN_F16}) // k not a multiple of 32: the generic GEMV and cuBLAS on raw rows
     for (int n : {2, 17}) cases.push_back({t, n, 33, 5}), cases.push_back({t, n, 100, 3});
   for (const MatCase &mc : cases) {
@@ -64,9 +69,10 @@ TEST_F(CudaTest, MatmulUnalignedInput) {
 }
 
 TEST_F(CudaTest, GetRowsMatchesReference) {
-  for (krn_type t : {KRN_F32, KRN_F16, KRN_Q4_0, KRN_Q4_1, KRN_Q8_0}) {
-    for (int k : {64, 33}) {
-      if (k % 32 && t != KRN_F32 && t != KRN_F16) continue;
+  for (krn_type t : {KRN_F32, KRN_F16, KRN_BF16, KRN_Q4_0, KRN_Q4_1, KRN_Q5_0, KRN_Q5_1, KRN_Q8_0, KRN_Q4_K, KRN_Q5_K,
+                     KRN_Q6_K}) {
+    for (int k : {64, 33, 512}) {
+      if (k % krn_type_block(t)) continue;
       SCOPED_TRACE(testing::Message() << krn_type_name(t) << " k=" << k);
       const int rows = 50, n = 13;
       std::vector<uint8_t> w = rand_weights(rng, t, rows, k);

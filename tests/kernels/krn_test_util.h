@@ -13,26 +13,29 @@
 
 namespace krntest {
 
-// A weight matrix (m, k) of type t with random contents, as raw bytes.
+// A weight matrix (m, k) of type t with random contents, as raw bytes (k a multiple of krn_type_block(t)).
+// Scales are kept so that weights stay O(1): |w| up to about 0.05 * levels.
 inline std::vector<uint8_t> random_weights(std::mt19937 &rng, krn_type t, int m, int k) {
   size_t rs = krn_row_size(t, k);
   std::vector<uint8_t> buf(rs * (size_t)m);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f), ud(0.002f, 0.05f);
   std::uniform_int_distribution<int> b8(0, 255), q8(-127, 127);
+  for (auto &v : buf) v = (uint8_t)b8(rng); // quants, qh bits and packed 6-bit scales: any bytes are valid
   for (int j = 0; j < m; j++) {
     uint8_t *row = buf.data() + rs * j;
-    for (int b = 0; b < k / KRN_QK; b++) {
+    for (int b = 0; b < k / KRN_QK; b++) { // 32-element types: valid (finite) scales
       switch (t) {
-      case KRN_Q4_0: {
-        krn_block_q4_0 *blk = (krn_block_q4_0 *)row + b;
-        blk->d = krn_f32_to_f16(ud(rng) * (u(rng) < 0 ? -1 : 1));
-        for (auto &q : blk->qs) q = (uint8_t)b8(rng);
-      } break;
+      case KRN_Q4_0: ((krn_block_q4_0 *)row)[b].d = krn_f32_to_f16(ud(rng) * (u(rng) < 0 ? -1 : 1)); break;
       case KRN_Q4_1: {
         krn_block_q4_1 *blk = (krn_block_q4_1 *)row + b;
         blk->d = krn_f32_to_f16(ud(rng));
         blk->m = krn_f32_to_f16(-8 * ud(rng) + 0.01f * u(rng));
-        for (auto &q : blk->qs) q = (uint8_t)b8(rng);
+      } break;
+      case KRN_Q5_0: ((krn_block_q5_0 *)row)[b].d = krn_f32_to_f16(ud(rng) / 2 * (u(rng) < 0 ? -1 : 1)); break;
+      case KRN_Q5_1: {
+        krn_block_q5_1 *blk = (krn_block_q5_1 *)row + b;
+        blk->d = krn_f32_to_f16(ud(rng) / 2);
+        blk->m = krn_f32_to_f16(-8 * ud(rng) + 0.01f * u(rng));
       } break;
       case KRN_Q8_0: {
         krn_block_q8_0 *blk = (krn_block_q8_0 *)row + b;
@@ -42,36 +45,87 @@ inline std::vector<uint8_t> random_weights(std::mt19937 &rng, krn_type t, int m,
       default: break;
       }
     }
+    for (int b = 0; b < k / KRN_QK_K; b++) { // K-quants: super-block scales (sub-block scales are the random bytes)
+      switch (t) {
+      case KRN_Q4_K: case KRN_Q5_K: {
+        krn_block_q4_k *blk = (krn_block_q4_k *)(row + (size_t)b * (t == KRN_Q4_K ? sizeof(krn_block_q4_k) : sizeof(krn_block_q5_k)));
+        blk->d = krn_f32_to_f16(ud(rng) / (t == KRN_Q4_K ? 40 : 80));
+        blk->dmin = krn_f32_to_f16(ud(rng) / 40);
+      } break;
+      case KRN_Q6_K: ((krn_block_q6_k *)row)[b].d = krn_f32_to_f16(ud(rng) / 64 * (u(rng) < 0 ? -1 : 1)); break;
+      default: break;
+      }
+    }
     if (t == KRN_F32) for (int e = 0; e < k; e++) ((float *)row)[e] = u(rng) * 0.1f;
     if (t == KRN_F16) for (int e = 0; e < k; e++) ((krn_f16 *)row)[e] = krn_f32_to_f16(u(rng) * 0.1f);
+    if (t == KRN_BF16) for (int e = 0; e < k; e++) ((krn_bf16 *)row)[e] = krn_f32_to_bf16(u(rng) * 0.1f);
   }
   return buf;
 }
 
-// Dequantize row j of w, written from the block formulas in krn.h (independent of the kernels).
+// Element e of a row of type t, written from the block layouts in krn.h (independent of the kernels); each
+// weight in float, in the order ggml computes it, so that it is the very value a GGUF's type defines.
+inline float dequant_elem(const uint8_t *row, krn_type t, int e) {
+  int b = e / KRN_QK, i = e % KRN_QK, nib = i < 16 ? i : i - 16, hi = i >= 16;
+  int sb = e / KRN_QK_K, s = (e % KRN_QK_K) / 32, l = e % 32;
+  switch (t) {
+  case KRN_F32: return ((const float *)row)[e];
+  case KRN_F16: return krn_f16_to_f32(((const krn_f16 *)row)[e]);
+  case KRN_BF16: { uint32_t u = (uint32_t)((const krn_bf16 *)row)[e] << 16; float f; memcpy(&f, &u, 4); return f; }
+  case KRN_Q4_0: {
+    const krn_block_q4_0 *blk = (const krn_block_q4_0 *)row + b;
+    return krn_f16_to_f32(blk->d) * (float)(((blk->qs[nib] >> (4 * hi)) & 15) - 8);
+  }
+  case KRN_Q4_1: {
+    const krn_block_q4_1 *blk = (const krn_block_q4_1 *)row + b;
+    return krn_f16_to_f32(blk->d) * (float)((blk->qs[nib] >> (4 * hi)) & 15) + krn_f16_to_f32(blk->m);
+  }
+  case KRN_Q5_0: {
+    const krn_block_q5_0 *blk = (const krn_block_q5_0 *)row + b;
+    int q = ((blk->qs[nib] >> (4 * hi)) & 15) | ((blk->qh[i / 8] >> (i % 8)) & 1) << 4;
+    return krn_f16_to_f32(blk->d) * (float)(q - 16);
+  }
+  case KRN_Q5_1: {
+    const krn_block_q5_1 *blk = (const krn_block_q5_1 *)row + b;
+    int q = ((blk->qs[nib] >> (4 * hi)) & 15) | ((blk->qh[i / 8] >> (i % 8)) & 1) << 4;
+    return krn_f16_to_f32(blk->d) * (float)q + krn_f16_to_f32(blk->m);
+  }
+  case KRN_Q8_0: {
+    const krn_block_q8_0 *blk = (const krn_block_q8_0 *)row + b;
+    return krn_f16_to_f32(blk->d) * (float)blk->qs[i];
+  }
+  case KRN_Q4_K: case KRN_Q5_K: {
+    const uint8_t *p = row + (size_t)sb * (t == KRN_Q4_K ? 144 : 176); // d, dmin, scales[12], (qh[32]), qs[128]
+    const uint8_t *sc12 = p + 4, *qs = p + (t == KRN_Q4_K ? 16 : 48), *qh = p + 16;
+    int sc, mn;
+    if (s < 4) { sc = sc12[s] & 63; mn = sc12[s + 4] & 63; }
+    else { sc = (sc12[s + 4] & 15) | (sc12[s - 4] >> 6) << 4; mn = (sc12[s + 4] >> 4) | (sc12[s] >> 6) << 4; }
+    int q = (qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 15;
+    if (t == KRN_Q5_K) q |= ((qh[l] >> s) & 1) << 4;
+    krn_f16 d, dmin;
+    memcpy(&d, p, 2);
+    memcpy(&dmin, p + 2, 2);
+    float dl = krn_f16_to_f32(d) * (float)sc, ml = krn_f16_to_f32(dmin) * (float)mn;
+    return dl * (float)q - ml;
+  }
+  case KRN_Q6_K: {
+    const uint8_t *p = row + (size_t)sb * 210; // ql[128], qh[64], scales[16] (int8), d
+    int h = s / 4, j = s % 4;
+    int q = ((p[64 * h + 32 * (j % 2) + l] >> (4 * (j / 2))) & 15) | ((p[128 + 32 * h + l] >> (2 * j)) & 3) << 4;
+    krn_f16 d;
+    memcpy(&d, p + 208, 2);
+    int8_t sc = (int8_t)p[192 + 8 * h + (32 * j + l) / 16];
+    return krn_f16_to_f32(d) * (float)sc * (float)(q - 32);
+  }
+  }
+  return NAN;
+}
+
+// Dequantize row j of w (m rows of k elements of type t).
 inline std::vector<double> dequant_row(const uint8_t *w, krn_type t, int k, int j) {
   std::vector<double> out((size_t)k);
   const uint8_t *row = w + krn_row_size(t, k) * j;
-  for (int b = 0; b < k / KRN_QK || ((t == KRN_F32 || t == KRN_F16) && b == 0); b++) {
-    if (t == KRN_F32) { for (int e = 0; e < k; e++) out[e] = ((const float *)row)[e]; break; }
-    if (t == KRN_F16) { for (int e = 0; e < k; e++) out[e] = krn_f16_to_f32(((const krn_f16 *)row)[e]); break; }
-    for (int e = 0; e < KRN_QK; e++) {
-      double v = 0;
-      if (t == KRN_Q4_0) {
-        const krn_block_q4_0 *blk = (const krn_block_q4_0 *)row + b;
-        int q = e < 16 ? (blk->qs[e] & 15) : (blk->qs[e - 16] >> 4);
-        v = krn_f16_to_f32(blk->d) * (q - 8);
-      } else if (t == KRN_Q4_1) {
-        const krn_block_q4_1 *blk = (const krn_block_q4_1 *)row + b;
-        int q = e < 16 ? (blk->qs[e] & 15) : (blk->qs[e - 16] >> 4);
-        v = (double)krn_f16_to_f32(blk->d) * q + krn_f16_to_f32(blk->m);
-      } else if (t == KRN_Q8_0) {
-        const krn_block_q8_0 *blk = (const krn_block_q8_0 *)row + b;
-        v = (double)krn_f16_to_f32(blk->d) * blk->qs[e];
-      }
-      out[(size_t)b * KRN_QK + e] = v;
-    }
-  }
+  for (int e = 0; e < k; e++) out[e] = dequant_elem(row, t, e);
   return out;
 }
 

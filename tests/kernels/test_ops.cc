@@ -37,7 +37,8 @@ protected:
   bool is_scalar() const { return std::string(be->name) == "scalar"; }
 };
 
-const krn_type kWeightTypes[] = {KRN_F32, KRN_F16, KRN_Q4_0, KRN_Q4_1, KRN_Q8_0};
+const krn_type kWeightTypes[] = {KRN_F32,  KRN_F16,  KRN_BF16, KRN_Q4_0, KRN_Q4_1, KRN_Q5_0,
+                                 KRN_Q5_1, KRN_Q8_0, KRN_Q4_K, KRN_Q5_K, KRN_Q6_K};
 } // namespace
 
 TEST_P(KrnOps, NameAndMemory) {
@@ -62,16 +63,17 @@ TEST_P(KrnOps, NameAndMemory) {
 // matmul. The scalar backend computes the exact product of the dequantized weight with the f32 activation
 // (double accumulation), so it is held to 1e-5 of sum|w||x| against the test's own double product.
 // SIMD backends quantize each 32-element block b of an activation row to int8 with d_b = max|x_b| / 127
-// (round to nearest, d kept in f32) for Q4_0/Q4_1/Q8_0 weights, so each element moves by at most d_b / 2
-// and |y_simd - y_scalar| <= sum_b d_b / 2 * sum_{e in b} |w_e|; they get that bound (x1.01) plus 1e-5 of
-// sum|w||x| for float rounding. F32/F16 weights are not quantized: 1e-5 of sum|w||x| alone.
+// (round to nearest, d kept in f32) for every quantized weight type (K-quants too: their 32-element sub-blocks
+// line up with the activation blocks), so each element moves by at most d_b / 2 and
+// |y_simd - y_scalar| <= sum_b d_b / 2 * sum_{e in b} |w_e|; they get that bound (x1.01) plus 1e-5 of
+// sum|w||x| for float rounding. F32/F16/BF16 weights are not quantized: 1e-5 of sum|w||x| alone.
 TEST_P(KrnOps, MatmulAllTypesAwkwardSizes) {
   std::mt19937 rng(1234);
-  const int ks[] = {32, 96, 224, 576, 1440};
+  const std::vector<int> ks32 = {32, 96, 224, 576, 1440}, ks256 = {256, 768, 1536};
   const int ms[] = {1, 7, 19, 37};
   const int ns[] = {1, 3, 17};
   for (krn_type t : kWeightTypes) {
-    for (int k : ks) {
+    for (int k : krn_type_block(t) == KRN_QK_K ? ks256 : ks32) {
       for (int m : ms) {
         auto w = random_weights(rng, t, m, k);
         std::vector<std::vector<double>> wd;
@@ -113,7 +115,7 @@ TEST_P(KrnOps, MatmulAllTypesAwkwardSizes) {
 TEST_P(KrnOps, GetRowsDequantizes) {
   std::mt19937 rng(7);
   for (krn_type t : kWeightTypes) {
-    int k = 96, rows = 11;
+    int k = krn_type_block(t) == KRN_QK_K ? 512 : 96, rows = 11;
     auto w = random_weights(rng, t, rows, k);
     std::vector<int32_t> ids = {3, 0, 10, 3};
     std::vector<float> out(ids.size() * k);
@@ -286,11 +288,18 @@ TEST_P(KrnOps, PagedAttentionMatchesDense) {
 TEST_P(KrnOps, BadShapesGiveNaN) {
   std::vector<uint8_t> w(4096, 0);
   std::vector<float> x(256, 1.0f), y(8, 0.0f);
-  be->matmul(&ctx, y.data(), w.data(), (krn_type)12, x.data(), 1, 64, 8); // Q4_K: refused type
+  be->matmul(&ctx, y.data(), w.data(), (krn_type)10, x.data(), 1, 64, 8); // Q2_K: refused type
   for (float v : y) EXPECT_TRUE(std::isnan(v));
   y.assign(8, 0.0f);
   be->matmul(&ctx, y.data(), w.data(), KRN_Q4_1, x.data(), 1, 40, 8); // k not a multiple of 32
   for (float v : y) EXPECT_TRUE(std::isnan(v));
+  y.assign(8, 0.0f);
+  be->matmul(&ctx, y.data(), w.data(), KRN_Q6_K, x.data(), 1, 96, 8); // k not a multiple of 256
+  for (float v : y) EXPECT_TRUE(std::isnan(v));
+  std::vector<float> rows(2 * 96, 0.0f);
+  int32_t ids[2] = {0, 1};
+  be->get_rows(&ctx, rows.data(), w.data(), KRN_Q4_K, ids, 2, 96);
+  for (float v : rows) EXPECT_TRUE(std::isnan(v));
   y.assign(8, 0.0f);
   be->matmul(&ctx, y.data(), w.data(), KRN_F32, x.data(), 1, 40, 8); // float weights take any k
   for (float v : y) EXPECT_EQ(v, 0.0f);

@@ -226,9 +226,9 @@ TEST(Gguf, RefusesBadHeaders) {
 
 TEST(Gguf, RefusesUnsupportedTensorTypeByName) {
   GgufWriter w;
-  w.tensor("blk.0.ffn_down.weight", {256}, 12 /* Q4_K */, 144);
+  w.tensor("blk.0.ffn_down.weight", {256}, 10 /* Q2_K */, 84);
   std::string e = open_err(w.bytes());
-  EXPECT_NE(e.find("Q4_K"), std::string::npos) << e;
+  EXPECT_NE(e.find("Q2_K"), std::string::npos) << e;
   EXPECT_NE(e.find("blk.0.ffn_down.weight"), std::string::npos) << e;
   GgufWriter w2;
   w2.tensor("x", {16}, KRN_Q8_0, 34); // row not a multiple of 32
