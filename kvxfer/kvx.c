@@ -1,5 +1,5 @@
-// kvxfer/kvx.c: the kvxfer core: agents, shareable host memory, registration, metadata blobs, backend choice
-// (requests and notifications: kvx_xfer.c).
+// kvxfer/kvx.c: the kvxfer core: agents, shareable host memory, registration, peers and the choice of backend
+// (metadata blobs: kvx_md.c; requests and notifications: kvx_xfer.c; connections: kvx_conn.c, kvx_listen.c).
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -50,10 +50,26 @@ int64_t kvx_now_ms(void) {
   return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-void kvx_signal(kvx_agent *a) {
+int64_t kvx_now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+void kvx_signal_fd(kvx_agent *a) {
   uint64_t one = 1;
   ssize_t r = write(a->efd, &one, sizeof one);
   (void)r;
+}
+
+// The flag, and the eventfd until kvx_progress clears them: later signals find the flag set and skip the write.
+// The write (a syscall, and the wakeup of a sleeping thread) is skipped too while nobody can be asleep on the fd:
+// it was never handed out (kvx_agent_fd) and no kvx_progress sleeps; a spinning one sees the flag. The flag and
+// the sleeper count are both sequentially consistent: either the signal sees the sleeper, or the sleeper sees the
+// flag before it sleeps.
+void kvx_signal(kvx_agent *a) {
+  if (atomic_exchange(&a->woken, 1)) return;
+  if (atomic_load(&a->fd_out) || atomic_load(&a->sleepers)) kvx_signal_fd(a);
 }
 
 int kvx_no_init(kvx_agent *a, char *err, size_t errlen) {
@@ -61,19 +77,11 @@ int kvx_no_init(kvx_agent *a, char *err, size_t errlen) {
   utl_seterr(err, errlen, "backend not available in this build");
   return -1;
 }
-void kvx_no_stop(kvx_agent *a) { (void)a; }
-void kvx_no_fini(kvx_agent *a) { (void)a; }
-int kvx_no_reg(kvx_agent *a, kvx_region *r, char *err, size_t errlen) {
-  (void)a, (void)r, (void)err, (void)errlen;
-  return 0;
-}
-void kvx_no_dereg(kvx_agent *a, kvx_region *r) { (void)a, (void)r; }
-int kvx_no_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t errlen) {
-  (void)a, (void)p, (void)x;
-  utl_seterr(err, errlen, "backend cannot transfer");
+int kvx_no_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap) {
+  (void)c, (void)x;
+  utl_seterr(why, cap, "backend cannot transfer");
   return -1;
 }
-void kvx_no_drop(kvx_agent *a, kvx_peer *p, const char *why) { (void)a, (void)p, (void)why; }
 
 typedef struct thread_arg {
   void *(*fn)(void *);
@@ -169,23 +177,22 @@ void kvx_host_free(void *p, size_t len) {
   close(fd);
 }
 
-// If [addr, addr+len) is a whole kvx_host_alloc allocation, fills its fd.
-static int host_lookup(uint64_t addr, uint64_t len, int *fd, uint64_t *size) {
+int kvx_host_lookup(uint64_t addr, uint64_t len, int *fd, uint64_t *off) {
   FILE *f = fopen("/proc/self/maps", "re");
   if (!f) return 0;
   char line[512];
   uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
   int found = 0;
   while (fgets(line, sizeof line, f)) {
-    unsigned long long lo, hi, off;
+    unsigned long long lo, hi, foff;
     int name_at = 0;
-    if (sscanf(line, "%llx-%llx %*s %llx %*s %*s %n", &lo, &hi, &off, &name_at) < 3 || !name_at) continue;
-    if (addr - pg != lo || off != 0) continue;
+    if (sscanf(line, "%llx-%llx %*s %llx %*s %*s %n", &lo, &hi, &foff, &name_at) < 3 || !name_at) continue;
+    if (addr - pg != lo || foff != 0) continue;
     if (strncmp(line + name_at, "/memfd:kvx-host", 15)) break;
     host_hdr *h = (host_hdr *)(uintptr_t)lo;
     if (h->magic == HOST_MAGIC && h->size == len && hi - lo >= len + pg) {
       *fd = (int)h->fd;
-      *size = h->size;
+      *off = pg;  // the header page comes first
       found = 1;
     }
     break;
@@ -212,6 +219,18 @@ static int be_index(const char *name) {
   for (int i = 0; i < KVX_NBE; i++)
     if (!strcmp(kvx_backends[i]->name, name)) return i;
   return -1;
+}
+
+// Brings up backend i: its own init, then the listener its peers connect to (shared by the backends on it).
+static int be_start(kvx_agent *a, int i, char *err, size_t errlen) {
+  const kvx_backend *b = kvx_backends[i];
+  if (b->init(a, err, errlen)) return -1;
+  if (!a->ls[b->listener] && kvx_listen_start(a, b->listener, b->name, err, errlen)) {
+    if (b->fini) b->fini(a);
+    return -1;
+  }
+  a->enabled |= 1u << i;
+  return 0;
 }
 
 kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size_t errlen) {
@@ -263,14 +282,15 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
   pthread_cond_init(&a->thr_cv, NULL);
   pthread_rwlock_init(&a->reg_lock, NULL);
   a->next_id = 1;
+  a->wait_ns = 0;
   a->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (a->efd < 0) {
     utl_seterr(err, errlen, "eventfd: %s", strerror(errno));
     kvx_agent_free(a);
     return NULL;
   }
-  // Which backends to bring up: the one asked for (plus tcp as the side channel for rdma/nccl), or for auto
-  // every one that works here (tcp must).
+  // Which backends to bring up: the one asked for (rdma and nccl bring tcp along: a peer of theirs can always fall
+  // back to it), or for auto every one that works here (tcp must).
   int want[KVX_NBE] = {0}, must[KVX_NBE] = {0};
   if (!strcmp(be, "auto")) {
     want[KVX_BE_TCP] = must[KVX_BE_TCP] = 1;
@@ -286,9 +306,7 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
     int i = order[k];
     if (!want[i]) continue;
     char e[256] = "";
-    if (kvx_backends[i]->init(a, e, sizeof e) == 0) {
-      a->enabled |= 1u << i;
-    } else if (must[i]) {
+    if (be_start(a, i, e, sizeof e) && must[i]) {
       utl_seterr(err, errlen, "%s", e);
       kvx_agent_free(a);
       return NULL;
@@ -297,7 +315,7 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
   return a;
 }
 
-static void peer_free(kvx_peer *p) {
+void kvx_peer_free(kvx_peer *p) {
   if (!p) return;
   free(p->regions);
   free(p);
@@ -309,29 +327,29 @@ void kvx_agent_free(kvx_agent *a) {
   a->closing = 1;
   kvx_peer *peers = a->peers;
   a->peers = NULL;
-  for (kvx_peer *p = peers; p; p = p->next)
-    for (int i = 0; i < KVX_NBE; i++)
-      if (a->enabled & (1u << i)) kvx_backends[i]->drop(a, p, "agent closing");
+  for (kvx_peer *p = peers; p; p = p->next) kvx_conn_drop(a, p, "agent closing");
   pthread_mutex_unlock(&a->mu);
+  kvx_listen_stop(a);
   for (int i = 0; i < KVX_NBE; i++)
-    if (a->enabled & (1u << i)) kvx_backends[i]->stop(a);
+    if ((a->enabled & (1u << i)) && kvx_backends[i]->stop) kvx_backends[i]->stop(a);
   pthread_mutex_lock(&a->thr_mu);
   while (a->threads > 0) pthread_cond_wait(&a->thr_cv, &a->thr_mu);
   pthread_mutex_unlock(&a->thr_mu);
   while (peers) {
     kvx_peer *n = peers->next;
-    peer_free(peers);
+    kvx_peer_free(peers);
     peers = n;
   }
   while (a->regions) {
     kvx_region *r = a->regions;
     a->regions = r->next;
     for (int i = 0; i < KVX_NBE; i++)
-      if (a->enabled & (1u << i)) kvx_backends[i]->dereg(a, r);
+      if ((a->enabled & (1u << i)) && kvx_backends[i]->dereg) kvx_backends[i]->dereg(a, r);
     free(r);
   }
   for (int i = 0; i < KVX_NBE; i++)
-    if (a->enabled & (1u << i)) kvx_backends[i]->fini(a);
+    if ((a->enabled & (1u << i)) && kvx_backends[i]->fini) kvx_backends[i]->fini(a);
+  kvx_listen_free(a);
   for (size_t k = 0; k < a->n_notifs; k++) free(a->notifs[(a->head_notifs + k) % a->cap_notifs].msg);
   free(a->notifs);
   if (a->efd >= 0) close(a->efd);
@@ -345,7 +363,7 @@ void kvx_agent_free(kvx_agent *a) {
 
 const char *kvx_agent_name(const kvx_agent *a) { return a->name; }
 const char *kvx_agent_backend(const kvx_agent *a) { return a->backend; }
-int kvx_agent_port(const kvx_agent *a) { return (a->enabled & (1u << KVX_BE_TCP)) ? a->listen_port : 0; }
+int kvx_agent_port(const kvx_agent *a) { return a->ls[KVX_LS_TCP] ? a->listen_port : 0; }
 
 // ---- registration ----
 int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out, char *err, size_t errlen) {
@@ -367,19 +385,9 @@ int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out
   r->addr = (uint64_t)(uintptr_t)addr;
   r->len = len;
   r->mem = mem;
-  r->shm_fd = -1;
   if (getrandom(&r->key, sizeof r->key, 0) != sizeof r->key) r->key = (uint64_t)kvx_now_ms() ^ r->addr;
-  if (mem == KVX_MEM_HOST) {
-    int fd;
-    uint64_t sz;
-    if (host_lookup(r->addr, len, &fd, &sz)) {
-      r->shm_fd = fd;
-      r->shm_off = (uint64_t)sysconf(_SC_PAGESIZE);
-      r->shm_size = sz;
-    }
-  }
   for (int i = 0; i < KVX_NBE; i++) {
-    if (!(a->enabled & (1u << i))) continue;
+    if (!(a->enabled & (1u << i)) || !kvx_backends[i]->reg) continue;
     char e[256] = "";
     if (kvx_backends[i]->reg(a, r, e, sizeof e)) {
       if (!strcmp(a->backend, "auto") && i == KVX_BE_RDMA) {  // auto: the region still serves shm/tcp
@@ -388,7 +396,7 @@ int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out
       }
       utl_seterr(err, errlen, "%s", e);
       for (int j = 0; j < i; j++)
-        if (a->enabled & (1u << j)) kvx_backends[j]->dereg(a, r);
+        if ((a->enabled & (1u << j)) && kvx_backends[j]->dereg) kvx_backends[j]->dereg(a, r);
       free(r);
       return -1;
     }
@@ -411,7 +419,7 @@ void kvx_deregister(kvx_agent *a, kvx_region *r) {
     }
   pthread_rwlock_unlock(&a->reg_lock);
   for (int i = 0; i < KVX_NBE; i++)
-    if (a->enabled & (1u << i)) kvx_backends[i]->dereg(a, r);
+    if ((a->enabled & (1u << i)) && kvx_backends[i]->dereg) kvx_backends[i]->dereg(a, r);
   free(r);
 }
 
@@ -426,83 +434,21 @@ kvx_region *kvx_check_access(kvx_agent *a, uint64_t key, uint64_t addr, uint64_t
     if (r->key != key) continue;
     if (addr >= r->addr && len <= r->len && addr - r->addr <= r->len - len) return r;
     utl_seterr(why, cap, "out-of-range access 0x%" PRIx64 "+%" PRIu64 " outside region 0x%" PRIx64 "+%" PRIu64, addr,
-                len, r->addr, r->len);
+               len, r->addr, r->len);
     return NULL;
   }
   utl_seterr(why, cap, "unknown region key 0x%016" PRIx64, key);
   return NULL;
 }
 
-// ---- metadata ----
-#define MD_MAGIC 0x4d58564bu  // "KVXM"
-#define MD_VERSION 1u
-typedef struct md_head {
-  uint32_t magic, version;
-  char name[KVX_MAX_NAME];
-  char host_id[96];
-  uint32_t backends;
-  uint32_t tcp_port;
-  char tcp_host[64];
-  char shm_path[108];
-  uint32_t n_regions;
-  uint32_t pad, pad2;
-} md_head;
-_Static_assert(sizeof(md_head) % 8 == 0, "regions after the header stay 8-byte aligned");
-typedef struct md_region {
-  uint64_t key, addr, len;
-  uint32_t mem, flags, rkey, pad;
-} md_region;
-
-const char *kvx_shm_path(kvx_agent *a);  // kvx_shm.c
-
-int kvx_pack_md(kvx_agent *a, void **blob, size_t *len, char *err, size_t errlen) {
-  *blob = NULL;
-  *len = 0;
-  pthread_rwlock_rdlock(&a->reg_lock);
-  size_t n = 0;
-  for (kvx_region *r = a->regions; r; r = r->next) n++;
-  size_t sz = sizeof(md_head) + n * sizeof(md_region);
-  uint8_t *b = calloc(1, sz);
-  if (!b) {
-    pthread_rwlock_unlock(&a->reg_lock);
-    utl_seterr(err, errlen, "out of memory");
-    return -1;
-  }
-  md_head *h = (md_head *)b;
-  h->magic = MD_MAGIC;
-  h->version = MD_VERSION;
-  snprintf(h->name, sizeof h->name, "%s", a->name);
-  snprintf(h->host_id, sizeof h->host_id, "%s", a->host_id);
-  h->backends = a->enabled;
-  h->tcp_port = (uint32_t)kvx_agent_port(a);
-  snprintf(h->tcp_host, sizeof h->tcp_host, "%s", a->advertise_host);
-  if (a->enabled & (1u << KVX_BE_SHM)) snprintf(h->shm_path, sizeof h->shm_path, "%s", kvx_shm_path(a));
-  h->n_regions = (uint32_t)n;
-  md_region *m = (md_region *)(b + sizeof *h);
-  for (kvx_region *r = a->regions; r; r = r->next, m++) {
-    m->key = r->key;
-    m->addr = r->addr;
-    m->len = r->len;
-    m->mem = (uint32_t)r->mem;
-    m->flags = r->shm_fd >= 0 ? KVX_RF_SHM : 0;
-    m->rkey = r->rkey;
-  }
-  pthread_rwlock_unlock(&a->reg_lock);
-  *blob = b;
-  *len = sz;
-  return 0;
-}
-
-static int str_ok(const char *s, size_t cap) { return memchr(s, 0, cap) != NULL; }
-
+// ---- peers ----
 kvx_peer *kvx_peer_find(kvx_agent *a, const char *name) {
   for (kvx_peer *p = a->peers; p; p = p->next)
     if (!strcmp(p->name, name)) return p;
   return NULL;
 }
 
-// Picks the backend for p (a->mu held); -1 with err when none fits.
-static int choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t errlen) {
+int kvx_choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t errlen) {
   uint32_t both = a->enabled & p->backends;
   int same_host = !strcmp(a->host_id, p->host_id);
   if (strcmp(a->backend, "auto")) {
@@ -524,107 +470,14 @@ static int choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t err
   return -1;
 }
 
-int kvx_load_remote_md(kvx_agent *a, const void *blob, size_t len, char *peer_name_out, size_t cap, char *err,
-                       size_t errlen) {
-  const uint8_t *b = blob;
-  md_head h;
-  if (!blob || len < sizeof h) {
-    utl_seterr(err, errlen, "metadata: truncated (%zu bytes)", len);
-    return -1;
-  }
-  memcpy(&h, b, sizeof h);
-  if (h.magic != MD_MAGIC || h.version != MD_VERSION) {
-    utl_seterr(err, errlen, "metadata: not a kvxfer v%u blob", MD_VERSION);
-    return -1;
-  }
-  if (!str_ok(h.name, sizeof h.name) || !kvx_valid_name(h.name) || !str_ok(h.host_id, sizeof h.host_id) ||
-      !str_ok(h.tcp_host, sizeof h.tcp_host) || !str_ok(h.shm_path, sizeof h.shm_path) || h.tcp_port > 65535 ||
-      (h.backends >> KVX_NBE)) {
-    utl_seterr(err, errlen, "metadata: malformed header");
-    return -1;
-  }
-  if (h.n_regions > (len - sizeof h) / sizeof(md_region) || len != sizeof h + h.n_regions * sizeof(md_region)) {
-    utl_seterr(err, errlen, "metadata: length %zu does not match %u regions", len, h.n_regions);
-    return -1;
-  }
-  kvx_peer *p = calloc(1, sizeof *p);
-  if (!p || !(p->regions = calloc(h.n_regions ? h.n_regions : 1, sizeof *p->regions))) {
-    peer_free(p);
-    utl_seterr(err, errlen, "out of memory");
-    return -1;
-  }
-  memcpy(p->name, h.name, sizeof p->name);
-  memcpy(p->host_id, h.host_id, sizeof p->host_id);
-  memcpy(p->tcp_host, h.tcp_host, sizeof p->tcp_host);
-  memcpy(p->shm_path, h.shm_path, sizeof p->shm_path);
-  p->tcp_port = (int)h.tcp_port;
-  p->backends = h.backends;
-  p->n_regions = h.n_regions;
-  for (uint32_t i = 0; i < h.n_regions; i++) {
-    md_region m;
-    memcpy(&m, b + sizeof h + i * sizeof m, sizeof m);
-    if (m.len == 0 || m.addr + m.len < m.addr || m.mem > KVX_MEM_CUDA) {
-      peer_free(p);
-      utl_seterr(err, errlen, "metadata: region %u is malformed", i);
-      return -1;
-    }
-    p->regions[i] = (kvx_rregion){m.key, m.addr, m.len, m.mem, m.flags, m.rkey};
-  }
-  if (!strcmp(p->name, a->name)) {
-    peer_free(p);
-    utl_seterr(err, errlen, "metadata: that is this agent's own blob ('%s')", a->name);
-    return -1;
-  }
-  pthread_mutex_lock(&a->mu);
-  int be = choose_backend(a, p, err, errlen);
-  if (be < 0) {
-    pthread_mutex_unlock(&a->mu);
-    peer_free(p);
-    return -1;
-  }
-  p->be = be;
-  kvx_peer *old = kvx_peer_find(a, p->name);
-  if (old) {
-    // Same endpoints and backend: keep the connections, take the new region list.
-    if (old->be == p->be && !strcmp(old->tcp_host, p->tcp_host) && old->tcp_port == p->tcp_port &&
-        !strcmp(old->shm_path, p->shm_path)) {
-      kvx_rregion *t = old->regions;
-      old->regions = p->regions;
-      old->n_regions = p->n_regions;
-      p->regions = t;
-      memcpy(old->host_id, p->host_id, sizeof old->host_id);
-      old->backends = p->backends;
-      peer_free(p);
-      p = NULL;
-    } else {
-      for (kvx_peer **pp = &a->peers; *pp; pp = &(*pp)->next)
-        if (*pp == old) {
-          *pp = old->next;
-          break;
-        }
-      for (int i = 0; i < KVX_NBE; i++)
-        if (a->enabled & (1u << i)) kvx_backends[i]->drop(a, old, "peer metadata replaced");
-      peer_free(old);
-    }
-  }
-  if (p) {
-    p->next = a->peers;
-    a->peers = p;
-  }
-  pthread_mutex_unlock(&a->mu);
-  if (peer_name_out && cap) snprintf(peer_name_out, cap, "%s", h.name);
-  return 0;
-}
-
 void kvx_invalidate_peer(kvx_agent *a, const char *peer) {
   pthread_mutex_lock(&a->mu);
   for (kvx_peer **pp = &a->peers; *pp; pp = &(*pp)->next) {
     if (strcmp((*pp)->name, peer)) continue;
     kvx_peer *p = *pp;
     *pp = p->next;
-    for (int i = 0; i < KVX_NBE; i++)
-      if (a->enabled & (1u << i)) kvx_backends[i]->drop(a, p, "peer invalidated");
-    peer_free(p);
+    kvx_conn_drop(a, p, "peer invalidated");
+    kvx_peer_free(p);
     break;
   }
   pthread_mutex_unlock(&a->mu);
@@ -638,8 +491,7 @@ int kvx_set_peer_endpoint(kvx_agent *a, const char *peer, const char *host, int 
   pthread_mutex_lock(&a->mu);
   kvx_peer *p = kvx_peer_find(a, peer);
   if (p) {
-    for (int i = 0; i < KVX_NBE; i++)
-      if (a->enabled & (1u << i)) kvx_backends[i]->drop(a, p, "peer endpoint changed");
+    kvx_conn_drop(a, p, "peer endpoint changed");
     snprintf(p->tcp_host, sizeof p->tcp_host, "%s", host);
     p->tcp_port = port;
   }

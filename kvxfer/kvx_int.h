@@ -1,4 +1,11 @@
-// kvxfer/kvx_int.h: kvxfer internals shared by the core and the backends (not for users of the library).
+// kvxfer/kvx_int.h: kvxfer internals shared by the core, the connection core and the backends (not for users of the library).
+//
+// Layers, each using only the ones below it:
+//   backends (kvx_tcp.c, kvx_shm.c, kvx_rdma.c, kvx_nccl.c): their verbs, frames and metadata, behind kvx_backend
+//   core: agent, memory, registration, peers (kvx.c); metadata (kvx_md.c); requests, notifications (kvx_xfer.c);
+//         the connection core: one connection per peer and backend (kvx_conn.c), the listeners (kvx_listen.c)
+//   wire (kvx_wire.c: socket I/O, frames, the authenticated handshake; kvx_sha256.c)
+// The core reaches a backend only through its table (kvx_backends[]); no backend calls another.
 #ifndef DSERVE_KVX_INT_H
 #define DSERVE_KVX_INT_H
 
@@ -15,6 +22,7 @@
 
 #include "kvxfer/kvx.h"
 #include "kvxfer/kvx_crypto.h"
+#include "util/buf.h"
 #include "util/err.h"
 
 #ifdef __cplusplus
@@ -22,27 +30,37 @@ extern "C" {
 #endif
 
 enum { KVX_BE_TCP = 0, KVX_BE_SHM = 1, KVX_BE_RDMA = 2, KVX_BE_NCCL = 3, KVX_NBE = 4 };
+// The listeners the core runs; a backend names the one its peers connect to.
+enum { KVX_LS_TCP = 0, KVX_LS_UNIX = 1, KVX_NLS = 2 };
 #define KVX_OP_NOTIFY 3  // internal xfer op: a standalone notification
 
 // ---- wire: frames on tcp / unix sockets (little-endian hosts only) ----
 #define KVX_FRAME_MAGIC 0x4658564bu  // "KVXF"
 enum {
   KVX_F_WRITE = 1,       // addr,len,key: len payload bytes follow, land at addr
-  KVX_F_WRITE_END = 2,   // req: end of a WRITE; len = notif bytes that follow; reply ACK
+  KVX_F_WRITE_END = 2,   // req: end of a WRITE; len = notif bytes that follow; reply ACK (unless KVX_FL_NOACK)
   KVX_F_READ = 3,        // req,addr,len,key: send those bytes back as READ_DATA
-  KVX_F_READ_END = 4,    // req: end of a READ; len = notif bytes; reply ACK
+  KVX_F_READ_END = 4,    // req: end of a READ; len = notif bytes; reply ACK (unless KVX_FL_NOACK)
   KVX_F_NOTIF = 5,       // len bytes of a standalone notification
-  KVX_F_ACK = 6,         // req done
-  KVX_F_READ_DATA = 7,   // req,addr,len: payload follows
+  KVX_F_ACK = 6,         // req done, and every answered request sent before it on the connection (one ACK may
+                         // answer a run of pipelined requests: kvx_srv_ack)
+  KVX_F_READ_DATA = 7,   // req, addr = descriptor count, len: payload for that many descriptors follows
   KVX_F_ERR = 8,         // len bytes of reason; the connection closes after it
   KVX_F_FDS_REQ = 9,     // shm: send me your exportable regions' fds
   KVX_F_FD = 10,         // shm: key,addr,len, req = file offset; one fd via SCM_RIGHTS
   KVX_F_FDS_END = 11,
   KVX_F_RDMA_QP = 12,    // rdma: len bytes of kvx_rdma_qpinfo follow; reply the same op
   KVX_F_NCCL_INIT = 13,  // nccl: len bytes (ncclUniqueId) follow; reply ACK after comm init
-  KVX_F_NCCL_XFER = 14,  // nccl: req, flags = op, len bytes = n * kvx_desc then notif; reply ACK
+  KVX_F_NCCL_XFER = 14,  // nccl: req, flags = op, key = n, len bytes = n kvx_vdesc then notif; reply ACK (ready), ACK (done)
+  KVX_F_WRITEV = 15,     // req, addr = n descriptors, len = payload bytes, key = notif bytes: n kvx_vdesc, the
+                         // payloads in order, then (with KVX_FL_END) the notification; KVX_FL_END: reply ACK
+  KVX_F_READV = 16,      // req, addr = n, len = bytes, key = notif bytes: n kvx_vdesc then (KVX_FL_END) the
+                         // notification; reply one READ_DATA with the n payloads, then (KVX_FL_END) ACK
 };
-#define KVX_FL_NOTIF 1u  // a notification travels with this *_END frame
+#define KVX_FL_NOTIF 1u  // a notification travels with this frame
+#define KVX_FL_NOACK 2u  // *_END: the sender does not read answers (shm); no ACK
+#define KVX_FL_END 4u    // WRITEV/READV: the request's last frame
+#define KVX_MAX_VEC 512  // descriptors in one WRITEV/READV frame
 
 typedef struct kvx_hdr {
   uint32_t magic;
@@ -54,30 +72,31 @@ typedef struct kvx_hdr {
   uint64_t key;
 } kvx_hdr;  // 40 bytes
 
+typedef struct kvx_vdesc {  // one descriptor of a WRITEV/READV frame
+  uint64_t addr, len, key;
+} kvx_vdesc;  // 24 bytes
+
 // ---- regions ----
 typedef struct kvx_rregion {  // a region a peer exported to us
   uint64_t key, addr, len;
-  uint32_t mem, flags, rkey;  // flags: KVX_RF_*
+  uint32_t mem, pad;
+  uint64_t word[KVX_NBE];  // each backend's key for it, from that backend's metadata section (rdma: rkey)
 } kvx_rregion;
-#define KVX_RF_SHM 1u  // spans a whole kvx_host_alloc allocation: mappable by same-host peers
 
 struct kvx_region {
   kvx_agent *agent;  // (borrowed)
   uint64_t key;      // random, names the region on the wire
   uint64_t addr, len;
   int mem;
-  int shm_fd;        // memfd of the kvx_host_alloc allocation it spans, or -1 (borrowed)
-  uint64_t shm_off;  // file offset of addr in shm_fd
-  uint64_t shm_size; // whole allocation bytes
-  void *rdma_mr;     // struct ibv_mr * (owned) or NULL
-  uint32_t rkey, lkey;  // rdma keys (0 without rdma)
+  void *priv[KVX_NBE];     // each backend's registration (owned by it: made in reg, freed in dereg)
+  uint64_t word[KVX_NBE];  // each backend's key for local segments in it (rdma: lkey)
   kvx_region *next;
 };
 
 // ---- requests ----
 typedef struct kvx_seg {
   uint64_t laddr, raddr, len, rkey;  // rkey: the remote region's key
-  uint32_t lmr, rmr;                 // rdma lkey / rkey
+  uint64_t lword, rword;             // the peer's backend's words for the local and remote region (rdma: lkey, rkey)
   int lmem, rmem;
 } kvx_seg;
 
@@ -96,8 +115,9 @@ struct kvx_xfer {
   pthread_mutex_t mu;  // guards err
   char err[256];
   uint64_t id;  // per-post request id
-  size_t cursor;  // backend scratch: tcp READ_DATA segments received
-  kvx_xfer *qnext;  // backend queue link
+  size_t cursor;  // a backend's progress through segs (tcp: READ_DATA segments received)
+  uint64_t sent;  // a backend's progress through its frames (tcp: bytes of them sent), for a run that resumes a start
+  kvx_xfer *qnext;  // connection queue link
 };
 
 // ---- peers ----
@@ -105,35 +125,137 @@ typedef struct kvx_peer {
   char name[KVX_MAX_NAME];
   char host_id[96];
   uint32_t backends;  // bit per KVX_BE_*
-  char tcp_host[64];
+  char tcp_host[64];  // its tcp listener (tcp, rdma, nccl)
   int tcp_port;
-  char shm_path[108];
+  char unix_path[108];   // its unix listener (shm)
   kvx_rregion *regions;  // (n_regions) (owned)
   size_t n_regions;
-  int be;        // chosen KVX_BE_*
-  void *conn[KVX_NBE];  // per-backend connection state (owned by that backend)
+  int be;  // chosen KVX_BE_*
+  struct kvx_conn *conn[KVX_NBE];  // our connection to it per backend, or NULL (the core's: kvx_conn.c)
   struct kvx_peer *next;
 } kvx_peer;
 
+// ---- connections (kvx_conn.c) ----
+// One connection to a peer for one backend. The core connects (tcp or unix, by the backend's listener), proves
+// the shared secret, queues requests, runs them one by one on the connection's worker thread, reads answers on a
+// reader thread (backends with .reader), and fails every pending request when the connection drops. The backend
+// only adds its verbs: open (set-up frames), run (move one request's bytes), answer (frames for the reader).
+typedef struct kvx_conn {
+  kvx_agent *a;  // (borrowed)
+  const struct kvx_backend *be;  // (borrowed)
+  char peer[KVX_MAX_NAME];
+  char host[64];  // where to connect: tcp host and port, or the unix path
+  int port;
+  char path[108];
+  KVX_ATOMIC(int) refs;  // the peer, the worker thread, the reader thread
+  pthread_mutex_t mu;    // guards the fields below
+  pthread_cond_t cv;
+  int fd;     // the authenticated socket, -1 until connected; closed with the last reference
+  int dead;
+  int ready;         // connected, authenticated and opened: a request may start on the posting thread
+  int busy;          // a request is running (on the worker, or starting on the posting thread)
+  int64_t last_act;  // ms: the last byte from the peer or the last request sent (the stall timeout)
+  kvx_xfer *q, *q_tail;        // posted, not yet started (each holds the backend's reference)
+  kvx_xfer *pend, *pend_tail;  // sent, waiting for the peer's answer (reader backends)
+  kvx_xfer *resume;  // started on the posting thread, to be finished by the worker (pending too; holds a reference)
+  void *priv;  // the backend's state for this connection (owned by it: made in open, freed in close)
+} kvx_conn;
+
+// Queues x on p's connection for backend p->be, connecting first if there is none (a->mu held; does not block).
+// When the connection is idle and its backend can start x on the posting thread, x is not queued but claimed:
+// *now is the connection (with a reference), and the caller, once it let go of a->mu, calls kvx_conn_start.
+int kvx_conn_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, kvx_conn **now, char *err, size_t errlen);
+// Starts the claimed x with the backend's start (no a->mu; does not block); the worker finishes what it left.
+void kvx_conn_start(kvx_conn *now, kvx_xfer *x);
+// Closes every connection to p (a->mu held): their pending requests fail with why.
+void kvx_conn_drop(kvx_agent *a, kvx_peer *p, const char *why);
+// Marks c dead and fails its queued and pending requests (any thread; once).
+void kvx_conn_fail(kvx_conn *c, const char *why);
+// The pending request with this id, with a reference the caller drops (kvx_xfer_unref), or NULL.
+kvx_xfer *kvx_conn_pending(kvx_conn *c, uint64_t id);
+// The frame that ends a request whose bytes have moved: *_END with its notification; ack = the peer answers ACK.
+int kvx_conn_send_end(kvx_conn *c, const kvx_xfer *x, int ack);
+
+// ---- listeners (kvx_listen.c) ----
+// A served connection: accepted, authenticated (and for unix sockets, this user's), read by one thread that
+// hands each frame to the backend that registered its op.
+typedef struct kvx_srv {
+  kvx_agent *a;  // (borrowed)
+  int fd;        // read only through kvx_srv_recv / kvx_srv_recvv (they keep the read-ahead)
+  int ls;  // KVX_LS_*: the listener it came in through
+  char peer[KVX_MAX_NAME];
+  uint8_t *nbuf;         // (KVX_MAX_NOTIF) scratch for notifications (owned)
+  uint8_t *rbuf;         // (KVX_SRV_RBUF) read-ahead (owned): rbuf[rpos, rlen) arrived, not yet taken
+  size_t rpos, rlen;
+  uint64_t ack;          // a deferred ACK: every request up to this one is done (0 = none)
+  void *state[KVX_NBE];  // a backend's state for this connection (owned by it: freed in its serve_end)
+} kvx_srv;
+
+// Read-ahead of a served connection: a small frame (header, descriptors, payload, notification) comes in with one
+// recv; larger reads go straight to their destination.
+#define KVX_SRV_RBUF (16u << 10)
+// A deferred ACK waits for at most this many payload bytes of the frames behind it (tens of us).
+#define KVX_SRV_ACK_HOLD (256u << 10)
+// Every read on a served connection (rc as kvx_recv_all's). A deferred ACK goes out before it would wait.
+int kvx_srv_recv(kvx_srv *v, void *p, size_t n, int timeout_ms, int idle_ok);
+int kvx_srv_recvv(kvx_srv *v, struct iovec *iov, int n, int timeout_ms, int idle_ok);  // advances iov
+// Acknowledges request req: deferred while more frames are already there to read, so that one ACK answers a run of
+// pipelined requests (an ACK means every request before it on the connection is done too); it goes out before the
+// connection waits for bytes or receives a payload larger than KVX_SRV_ACK_HOLD.
+void kvx_srv_ack(kvx_srv *v, uint64_t req);
+int kvx_srv_flush(kvx_srv *v);  // the deferred ACK now; 0 or <0
+
+enum { KVX_SRV_OK = 0, KVX_SRV_REFUSE = -1, KVX_SRV_LOST = -2 };
+typedef struct kvx_frame {  // a frame op a backend serves
+  uint16_t op;
+  // KVX_SRV_OK: next frame; REFUSE: answer ERR with why, log, close; LOST: log why, close.
+  int (*serve)(kvx_srv *s, const kvx_hdr *h, char *why, size_t cap);
+} kvx_frame;
+
+typedef struct kvx_listener kvx_listener;  // (kvx_listen.c)
+int kvx_listen_start(kvx_agent *a, int ls, const char *who, char *err, size_t errlen);  // once per listener
+void kvx_listen_stop(kvx_agent *a);  // closing: wake the accept and serve threads (shutdown); does not block
+void kvx_listen_free(kvx_agent *a);  // after every thread has exited
+const char *kvx_unix_path(kvx_agent *a);  // the unix listener's socket, "" when none
+
+// ---- backends ----
+// One table per backend. init and run are required (kvx_no_init / kvx_no_run where the backend cannot); every
+// other hook may be NULL (nothing to do).
 typedef struct kvx_backend {
   const char *name;
-  int (*init)(kvx_agent *a, char *err, size_t errlen);  // listeners, devices
-  void (*stop)(kvx_agent *a);  // closing: wake this backend's threads (shutdown its fds); must not block
-  void (*fini)(kvx_agent *a);  // after every backend thread has exited: free what init made
+  int listener;  // KVX_LS_*: where its peers connect (the core starts it with the backend)
+  int reader;    // 1: the peer answers each request (ACK, READ_DATA) and the core's reader thread takes the answers
+  const kvx_frame *frames;  // the frames it serves on its listener, ended by {0, NULL}; NULL = none
+  // The agent.
+  int (*init)(kvx_agent *a, char *err, size_t errlen);  // devices, state in a->be_state
+  void (*stop)(kvx_agent *a);  // closing: wake this backend's own threads; must not block
+  void (*fini)(kvx_agent *a);  // after every thread has exited: free what init made
+  // Memory: fill r->priv / r->word for this backend.
   int (*reg)(kvx_agent *a, kvx_region *r, char *err, size_t errlen);
   void (*dereg)(kvx_agent *a, kvx_region *r);
-  // post/notify/drop run with a->mu held and must not block on I/O.
-  int (*post)(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t errlen);
-  void (*drop)(kvx_agent *a, kvx_peer *p, const char *why);
+  // Metadata: this backend's section of the blob (reg_lock held, regions in a->regions order), and loading a
+  // peer's section into p (p->regions already filled, in the same order).
+  int (*pack_md)(kvx_agent *a, utl_buf *out, char *err, size_t errlen);
+  int (*load_md)(kvx_agent *a, kvx_peer *p, const uint8_t *sec, size_t len, char *err, size_t errlen);
+  // The initiator, on a connection of the core.
+  int (*check)(const kvx_xfer *x, char *err, size_t errlen);  // at post (a->mu held): can this backend move x?
+  int (*open)(kvx_conn *c, char *why, size_t cap);  // after the handshake: set-up frames; <0 fails the connection
+  // Moves x's bytes (never a standalone notification: the core sends those). 0: done, or for reader backends sent
+  // (the answer finishes it); -1: this request failed (why); -2: the connection failed (why). Resumes what start
+  // left (x->sent).
+  int (*run)(kvx_conn *c, kvx_xfer *x, char *why, size_t cap);
+  // Reader backends: begins x on the posting thread when the connection is idle, without blocking (it saves the
+  // hop to the worker thread). 0: sent; 1: the worker is to go on with run (would block, too large, or failed:
+  // the worker meets the failure itself); -1: this request failed before a byte went out (why).
+  int (*start)(kvx_conn *c, kvx_xfer *x, char *why, size_t cap);
+  // The reader's frames other than ACK and ERR (h read, its payload not). <0 fails the connection.
+  int (*answer)(kvx_conn *c, const kvx_hdr *h, char *why, size_t cap);
+  void (*close)(kvx_conn *c);  // the connection's last reference: free c->priv
+  void (*serve_end)(kvx_agent *a, void *state);  // a served connection ended: free its kvx_srv state
 } kvx_backend;
 
 int kvx_no_init(kvx_agent *a, char *err, size_t errlen);
-void kvx_no_stop(kvx_agent *a);
-void kvx_no_fini(kvx_agent *a);
-int kvx_no_reg(kvx_agent *a, kvx_region *r, char *err, size_t errlen);
-void kvx_no_dereg(kvx_agent *a, kvx_region *r);
-int kvx_no_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t errlen);
-void kvx_no_drop(kvx_agent *a, kvx_peer *p, const char *why);
+int kvx_no_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap);
 
 extern const kvx_backend kvx_tcp_backend, kvx_shm_backend, kvx_rdma_backend, kvx_nccl_backend;
 // Indexed by KVX_BE_* (defined in kvx.c).
@@ -161,21 +283,27 @@ struct kvx_agent {
   kvx_peer *peers;
   kvx_notif *notifs;  // ring of queued notifications
   size_t n_notifs, cap_notifs, head_notifs;
-  int efd;  // eventfd
-  KVX_ATOMIC(int) closing;  // set once by kvx_agent_free; read by every backend thread
+  int efd;  // eventfd: kvx_agent_fd
+  KVX_ATOMIC(int) woken;     // signalled since kvx_progress last cleared it (efd written, unless nobody could sleep)
+  KVX_ATOMIC(int) fd_out;    // kvx_agent_fd was called: anyone may be asleep on efd, every signal writes it
+  KVX_ATOMIC(int) sleepers;  // threads in kvx_progress's poll
+  KVX_ATOMIC(int64_t) wait_ns;  // recent waits in kvx_progress (moving average): how long it spins before it sleeps
+  KVX_ATOMIC(int) closing;  // set once by kvx_agent_free; read by every thread
   pthread_mutex_t thr_mu;  // threads (separate: threads start while mu is held)
   pthread_cond_t thr_cv;
-  int threads;  // live backend threads (detached); kvx_agent_free waits for 0
+  int threads;  // live threads (detached); kvx_agent_free waits for 0
   KVX_ATOMIC(uint64_t) next_id;
   KVX_ATOMIC(uint64_t) auth_failures;  // kvx_auth_failures
+  kvx_listener *ls[KVX_NLS];  // (owned by kvx_listen.c) or NULL
   void *be_state[KVX_NBE];  // (owned by each backend)
 };
 
-// Core services for the backends.
+// Core services.
 void kvx_log(kvx_agent *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // Counts one refused connection (kvx_auth_failures) and logs why.
 void kvx_auth_refused(kvx_agent *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void kvx_signal(kvx_agent *a);  // wake kvx_agent_fd
+void kvx_signal(kvx_agent *a);     // wake kvx_agent_fd and kvx_progress
+void kvx_signal_fd(kvx_agent *a);  // make efd readable (kvx_signal writes it only when someone may sleep on it)
 void kvx_push_notif(kvx_agent *a, const char *peer, const void *msg, size_t len);
 // Completes x (rc 0 = done, <0 = error with the formatted reason) and drops the backend's reference.
 void kvx_xfer_finish(kvx_xfer *x, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -184,8 +312,24 @@ void kvx_xfer_unref(kvx_xfer *x);
 kvx_region *kvx_find_local(kvx_agent *a, uint64_t addr, uint64_t len);
 // The peer named name (agent lock held by the caller), or NULL.
 kvx_peer *kvx_peer_find(kvx_agent *a, const char *name);
+void kvx_peer_free(kvx_peer *p);
+// The backend for p by the agent's choice and what both offer (a->mu held); -1 with err when none fits.
+int kvx_choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t errlen);
 // Region by key that holds [addr, addr+len), or NULL with why filled (reg_lock held).
 kvx_region *kvx_check_access(kvx_agent *a, uint64_t key, uint64_t addr, uint64_t len, char *why, size_t cap);
+// If [addr, addr+len) is a whole kvx_host_alloc allocation: 1 with its memfd (borrowed) and the file offset of addr.
+int kvx_host_lookup(uint64_t addr, uint64_t len, int *fd, uint64_t *off);
+// kvx_progress spins (rather than sleeps) through waits up to this long: waking a thread on an idle CPU costs tens
+// of us (a VM's halted vCPU), more than such a wait.
+#define KVX_SPIN_NS 100000
+static inline void kvx_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+int64_t kvx_now_ns(void);
 int kvx_thread_start(kvx_agent *a, void *(*fn)(void *), void *arg, char *err, size_t errlen);
 void kvx_thread_exit(kvx_agent *a);  // last call of every thread started by kvx_thread_start
 int64_t kvx_now_ms(void);
@@ -193,13 +337,21 @@ int64_t kvx_now_ms(void);
 // ---- crypto (kvx_sha256.c): kvxfer/kvx_crypto.h ----
 
 // ---- wire helpers (kvx_wire.c) ----
-// Blocking I/O; a call stalled longer than timeout_ms (0 = no limit) fails. 0 ok, <0 error (why filled).
+// Blocking I/O; a call stalled longer than timeout_ms (0 = no limit) fails.
+// rc: 0 ok, 1 idle (recv with idle_ok: nothing arrived), -1 closed by peer, -2 stalled past the timeout, -3 error.
 int kvx_send_all(int fd, const void *buf, size_t len, int timeout_ms);
-int kvx_sendv_all(int fd, struct iovec *iov, int n, int timeout_ms);
-// idle_ok: EAGAIN before the first byte returns 1 (nothing arrived) instead of an error.
+int kvx_sendv_all(int fd, struct iovec *iov, int n, int timeout_ms);  // advances iov
+// Sends what the socket takes now (never waits): bytes sent (0 when full), or <0 as above.
+int64_t kvx_sendv_now(int fd, struct iovec *iov, int n);
+int kvx_iov_advance(struct iovec **iov, int n, size_t done);  // past done bytes; returns the entries left
 int kvx_recv_all(int fd, void *buf, size_t len, int timeout_ms, int idle_ok);
+int kvx_recvv_all(int fd, struct iovec *iov, int n, int timeout_ms);  // scatter; advances iov
+// One scatter receive of what is there now (never waits): bytes (>0), 0 when nothing, or <0 as above.
+int64_t kvx_recvv_now(int fd, struct iovec *iov, int n);
+int kvx_wait_fd(int fd, short events, int timeout_ms);  // poll one fd: 0 ready, -2 timed out, -3 error
 int kvx_send_frame(int fd, uint16_t op, uint16_t flags, uint64_t req, uint64_t addr, uint64_t len, uint64_t key,
                    const void *payload, size_t plen, int timeout_ms);
+const char *kvx_io_why(int rc);  // words for a <0 rc of the calls above
 // Handshakes. Client: proves the secret to the server and checks the server's proof.
 int kvx_handshake_client(int fd, const char *my_name, const void *secret, size_t slen, int timeout_ms, char *err,
                          size_t errlen);
@@ -207,14 +359,9 @@ int kvx_handshake_client(int fd, const char *my_name, const void *secret, size_t
 int kvx_handshake_server(int fd, const void *secret, size_t slen, int timeout_ms, char *peer_name, char *err,
                          size_t errlen);
 int kvx_tcp_connect(const char *host, int port, int timeout_ms, char *err, size_t errlen);
-void kvx_sock_timeouts(int fd, int timeout_ms);  // SO_RCVTIMEO/SO_SNDTIMEO and TCP_USER_TIMEOUT
+int kvx_unix_connect(const char *path, char *err, size_t errlen);
+void kvx_sock_timeouts(int fd, int timeout_ms);  // TCP_NODELAY and TCP_USER_TIMEOUT
 int kvx_valid_name(const char *s);
-
-// Hooks the tcp server loop calls for side-channel frames (kvx_rdma.c / kvx_nccl.c).
-// Each reads its payload from fd and replies; <0 closes the connection with why filled.
-int kvx_rdma_serve_qp(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, char *why, size_t cap);
-int kvx_nccl_serve(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, void **state, char *why, size_t cap);
-void kvx_nccl_serve_end(kvx_agent *a, void *state);
 
 #ifdef __cplusplus
 }

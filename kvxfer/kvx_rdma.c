@@ -1,4 +1,4 @@
-// kvxfer/kvx_rdma.c: the rdma backend: libibverbs RC queue pairs (set up over the tcp side channel), one-sided RDMA WRITE/READ, WRITE with immediate ending each write, GPUDirect registration of CUDA memory.
+// kvxfer/kvx_rdma.c: the rdma backend's verbs: libibverbs RC queue pairs (set up over the core's tcp connection), one-sided RDMA WRITE/READ, WRITE with immediate ending each write, GPUDirect registration of CUDA memory.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -149,16 +149,41 @@ static int rdma_reg(kvx_agent *a, kvx_region *r, char *err, size_t errlen) {
       return -1;
     }
   }
-  r->rdma_mr = mr;
-  r->rkey = mr->rkey;
-  r->lkey = mr->lkey;
+  r->priv[KVX_BE_RDMA] = mr;
+  r->word[KVX_BE_RDMA] = mr->lkey;
   return 0;
 }
 
 static void rdma_dereg(kvx_agent *a, kvx_region *r) {
   (void)a;
-  if (r->rdma_mr) ibv_dereg_mr(r->rdma_mr);
-  r->rdma_mr = NULL;
+  if (r->priv[KVX_BE_RDMA]) ibv_dereg_mr(r->priv[KVX_BE_RDMA]);
+  r->priv[KVX_BE_RDMA] = NULL;
+  r->word[KVX_BE_RDMA] = 0;
+}
+
+// Metadata: the rkey of every region, in the blob's region order (0: not registered with rdma).
+static int rdma_pack_md(kvx_agent *a, utl_buf *out, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  for (kvx_region *r = a->regions; r; r = r->next) {
+    struct ibv_mr *mr = r->priv[KVX_BE_RDMA];
+    uint32_t rkey = mr ? mr->rkey : 0;
+    utl_buf_add(out, &rkey, sizeof rkey);
+  }
+  return 0;
+}
+
+static int rdma_load_md(kvx_agent *a, kvx_peer *p, const uint8_t *sec, size_t len, char *err, size_t errlen) {
+  (void)a;
+  if (len != p->n_regions * sizeof(uint32_t)) {
+    utl_seterr(err, errlen, "metadata: rdma section of %zu bytes for %zu regions", len, p->n_regions);
+    return -1;
+  }
+  for (size_t i = 0; i < p->n_regions; i++) {
+    uint32_t rkey;
+    memcpy(&rkey, sec + i * sizeof rkey, sizeof rkey);
+    p->regions[i].word[KVX_BE_RDMA] = rkey;
+  }
+  return 0;
 }
 
 // ---- queue pairs ----
@@ -238,20 +263,20 @@ static void *srv_poll_main(void *p) {
   return NULL;
 }
 
-int kvx_rdma_serve_qp(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, char *why, size_t cap) {
+// RDMA_QP: the receiving end of a peer's queue pair, connected to the peer's, polled by its own thread.
+static int serve_qp(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
+  kvx_agent *a = v->a;
   rdma_state *st = a->be_state[KVX_BE_RDMA];
+  const char *peer = v->peer;
+  int fd = v->fd;
   kvx_rdma_qpinfo in, me;
   if (h->len != sizeof in) {
     utl_seterr(why, cap, "rdma: malformed queue pair frame (%" PRIu64 " bytes)", h->len);
-    return -1;
+    return KVX_SRV_REFUSE;
   }
-  if (kvx_recv_all(fd, &in, sizeof in, a->timeout_ms, 0)) {
+  if (kvx_srv_recv(v, &in, sizeof in, a->timeout_ms, 0)) {
     utl_seterr(why, cap, "rdma: peer died mid-frame");
-    return -1;
-  }
-  if (!st) {
-    utl_seterr(why, cap, "rdma: not enabled on this agent");
-    return -1;
+    return KVX_SRV_LOST;
   }
   rdma_srv_qp *q = calloc(1, sizeof *q);
   void **arg = malloc(2 * sizeof *arg);
@@ -260,7 +285,7 @@ int kvx_rdma_serve_qp(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, 
     free(q);
     free(arg);
     utl_seterr(why, cap, "rdma: cannot create a queue pair: %s", strerror(errno));
-    return -1;
+    return KVX_SRV_REFUSE;
   }
   snprintf(q->peer, sizeof q->peer, "%s", peer);
   my_info(st, q->qp, &me);
@@ -272,7 +297,7 @@ int kvx_rdma_serve_qp(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, 
     free(q);
     free(arg);
     utl_seterr(why, cap, "rdma: cannot connect the queue pair: %s", strerror(errno));
-    return -1;
+    return KVX_SRV_REFUSE;
   }
   pthread_mutex_lock(&st->mu);
   q->next = st->srv;
@@ -285,71 +310,38 @@ int kvx_rdma_serve_qp(kvx_agent *a, const char *peer, int fd, const kvx_hdr *h, 
     free(arg);
     q->stop = 1;
   }
-  return 0;
+  return KVX_SRV_OK;
 }
 
-// ---- initiator: one QP per peer, a worker thread ----
-typedef struct rdma_conn {
-  kvx_agent *a;
-  char peer[KVX_MAX_NAME], host[64];
-  int port;
-  KVX_ATOMIC(int) refs;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int dead, fd;
-  kvx_xfer *q, *q_tail;
+static const kvx_frame rdma_frames[] = {{KVX_F_RDMA_QP, serve_qp}, {0, NULL}};
+
+// ---- initiator: one QP per connection (c->priv) ----
+typedef struct rdma_qp {
   struct ibv_cq *cq;
   struct ibv_qp *qp;
-} rdma_conn;
-
-static void rconn_unref(rdma_conn *c) {
-  if (atomic_fetch_sub(&c->refs, 1) != 1) return;
-  if (c->qp) ibv_destroy_qp(c->qp);
-  if (c->cq) ibv_destroy_cq(c->cq);
-  if (c->fd >= 0) close(c->fd);
-  pthread_cond_destroy(&c->cv);
-  pthread_mutex_destroy(&c->mu);
-  free(c);
-}
-
-static void rconn_fail(rdma_conn *c, const char *why) {
-  pthread_mutex_lock(&c->mu);
-  if (c->dead) {
-    pthread_mutex_unlock(&c->mu);
-    return;
-  }
-  c->dead = 1;
-  kvx_xfer *q = c->q;
-  c->q = c->q_tail = NULL;
-  if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
-  pthread_cond_broadcast(&c->cv);
-  pthread_mutex_unlock(&c->mu);
-  for (kvx_xfer *x = q, *nx; x; x = nx) {
-    nx = x->qnext;
-    kvx_xfer_finish(x, KVX_ERR_PEER, "rdma: peer '%s': %s", c->peer, why);
-  }
-}
+} rdma_qp;
 
 // Waits for `want` signaled completions; <0 on error or timeout.
-static int wait_cq(rdma_conn *c, int want, char *why, size_t cap) {
+static int wait_cq(kvx_conn *c, int want, char *why, size_t cap) {
+  rdma_qp *r = c->priv;
   int64_t end = kvx_now_ms() + c->a->timeout_ms;
   while (want > 0) {
     struct ibv_wc wc[16];
-    int n = ibv_poll_cq(c->cq, 16, wc);
+    int n = ibv_poll_cq(r->cq, 16, wc);
     if (n < 0) {
-      snprintf(why, cap, "ibv_poll_cq failed");
+      utl_seterr(why, cap, "ibv_poll_cq failed");
       return -1;
     }
     for (int i = 0; i < n; i++) {
       if (wc[i].status != IBV_WC_SUCCESS) {
-        snprintf(why, cap, "work completion error: %s", ibv_wc_status_str(wc[i].status));
+        utl_seterr(why, cap, "work completion error: %s", ibv_wc_status_str(wc[i].status));
         return -1;
       }
       want--;
     }
     if (n == 0) {
       if (kvx_now_ms() > end) {
-        snprintf(why, cap, "no completion for %d ms (peer dead or stalled)", c->a->timeout_ms);
+        utl_seterr(why, cap, "no completion for %d ms (peer dead or stalled)", c->a->timeout_ms);
         return -1;
       }
       usleep(50);
@@ -358,177 +350,102 @@ static int wait_cq(rdma_conn *c, int want, char *why, size_t cap) {
   return 0;
 }
 
-static int rdma_run(rdma_conn *c, kvx_xfer *x, char *why, size_t cap) {
+// After the handshake: our queue pair, exchanged with the peer's receiving end over the connection.
+static int rdma_open(kvx_conn *c, char *why, size_t cap) {
+  rdma_state *st = c->a->be_state[KVX_BE_RDMA];
   int to = c->a->timeout_ms;
-  if (x->op != KVX_OP_NOTIFY) {
-    for (size_t i = 0; i < x->n_segs; i++)
-      if (!x->segs[i].lmr || !x->segs[i].rmr || x->segs[i].len > UINT32_MAX) {
-        snprintf(why, cap, "segment %zu: region not registered with rdma, or over 4 GiB", i);
-        return -1;
-      }
-    // Chunks of up to RDMA_MAX_WR/2 work requests, the last of each signaled; the request's last is
-    // RDMA WRITE with immediate (the id), so the receiver sees the end of the write in its completion queue.
-    size_t chunk = RDMA_MAX_WR / 2;
-    for (size_t i = 0; i < x->n_segs; i += chunk) {
-      size_t n = x->n_segs - i < chunk ? x->n_segs - i : chunk;
-      struct ibv_sge sg[RDMA_MAX_WR / 2];
-      struct ibv_send_wr wr[RDMA_MAX_WR / 2], *bad = NULL;
-      memset(wr, 0, n * sizeof wr[0]);
-      for (size_t k = 0; k < n; k++) {
-        const kvx_seg *s = &x->segs[i + k];
-        sg[k] = (struct ibv_sge){.addr = s->laddr, .length = (uint32_t)s->len, .lkey = s->lmr};
-        wr[k].wr_id = x->id;
-        wr[k].sg_list = &sg[k];
-        wr[k].num_sge = 1;
-        wr[k].opcode = x->op == KVX_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
-        wr[k].wr.rdma.remote_addr = s->raddr;
-        wr[k].wr.rdma.rkey = s->rmr;
-        wr[k].next = k + 1 < n ? &wr[k + 1] : NULL;
-      }
-      wr[n - 1].send_flags = IBV_SEND_SIGNALED;
-      if (x->op == KVX_WRITE && i + n == x->n_segs) {
-        wr[n - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-        wr[n - 1].imm_data = htonl((uint32_t)x->id);
-      }
-      if (ibv_post_send(c->qp, wr, &bad)) {
-        snprintf(why, cap, "ibv_post_send: %s", strerror(errno));
-        return -2;
-      }
-      if (wait_cq(c, 1, why, cap)) return -2;
-    }
+  rdma_qp *r = calloc(1, sizeof *r);
+  if (!(c->priv = r)) {
+    utl_seterr(why, cap, "out of memory");
+    return -1;
   }
-  // The bytes are placed (RC completion); now the notification and the end marker over the side channel.
-  uint16_t op = x->op == KVX_WRITE ? KVX_F_WRITE_END : x->op == KVX_READ ? KVX_F_READ_END : KVX_F_NOTIF;
-  if (kvx_send_frame(c->fd, op, x->has_notif ? KVX_FL_NOTIF : 0, x->id, 0, x->notif_len, 0, x->notif, x->notif_len,
-                     to)) {
-    snprintf(why, cap, "side channel send failed");
-    return -2;
+  if (!(r->cq = ibv_create_cq(st->ctx, RDMA_MAX_WR * 2, NULL, NULL, 0)) || !(r->qp = make_qp(st, r->cq))) {
+    utl_seterr(why, cap, "cannot create a queue pair: %s", strerror(errno));
+    return -1;
   }
-  if (op == KVX_F_NOTIF) return 0;
-  kvx_hdr h;
-  if (kvx_recv_all(c->fd, &h, sizeof h, to, 0) || h.magic != KVX_FRAME_MAGIC || h.op != KVX_F_ACK || h.req != x->id) {
-    snprintf(why, cap, "no acknowledgement on the side channel");
-    return -2;
-  }
-  return 0;
-}
-
-static void *rdma_worker_main(void *p) {
-  rdma_conn *c = p;
-  kvx_agent *a = c->a;
-  rdma_state *st = a->be_state[KVX_BE_RDMA];
-  char e[300] = "";
-  int to = a->timeout_ms;
   kvx_rdma_qpinfo me, them;
   kvx_hdr h;
-  int fd = kvx_tcp_connect(c->host, c->port, to, e, sizeof e);
-  int ok = fd >= 0 && !kvx_handshake_client(fd, a->name, a->secret, a->secret_len, to, e, sizeof e);
-  pthread_mutex_lock(&c->mu);
-  c->fd = fd;
-  pthread_mutex_unlock(&c->mu);
-  if (ok && (!(c->cq = ibv_create_cq(st->ctx, RDMA_MAX_WR * 2, NULL, NULL, 0)) || !(c->qp = make_qp(st, c->cq)))) {
-    snprintf(e, sizeof e, "cannot create a queue pair: %s", strerror(errno));
-    ok = 0;
+  my_info(st, r->qp, &me);
+  if (kvx_send_frame(c->fd, KVX_F_RDMA_QP, 0, 0, 0, sizeof me, 0, &me, sizeof me, to) ||
+      kvx_recv_all(c->fd, &h, sizeof h, to, 0) || h.magic != KVX_FRAME_MAGIC || h.op != KVX_F_RDMA_QP ||
+      h.len != sizeof them || kvx_recv_all(c->fd, &them, sizeof them, to, 0)) {
+    utl_seterr(why, cap, "queue pair exchange failed (peer without rdma?)");
+    return -1;
   }
-  if (ok) {
-    my_info(st, c->qp, &me);
-    ok = !kvx_send_frame(fd, KVX_F_RDMA_QP, 0, 0, 0, sizeof me, 0, &me, sizeof me, to) &&
-         !kvx_recv_all(fd, &h, sizeof h, to, 0) && h.magic == KVX_FRAME_MAGIC && h.op == KVX_F_RDMA_QP &&
-         h.len == sizeof them && !kvx_recv_all(fd, &them, sizeof them, to, 0);
-    if (!ok) snprintf(e, sizeof e, "queue pair exchange failed (peer without rdma?)");
-    if (ok && connect_qp(st, c->qp, &me, &them)) {
-      snprintf(e, sizeof e, "cannot connect the queue pair: %s", strerror(errno));
-      ok = 0;
-    }
-  }
-  if (!ok) rconn_fail(c, e);
-  for (;;) {
-    pthread_mutex_lock(&c->mu);
-    while (!c->q && !c->dead) pthread_cond_wait(&c->cv, &c->mu);
-    if (c->dead) {
-      pthread_mutex_unlock(&c->mu);
-      break;
-    }
-    kvx_xfer *x = c->q;
-    c->q = x->qnext;
-    if (!c->q) c->q_tail = NULL;
-    pthread_mutex_unlock(&c->mu);
-    int rc = rdma_run(c, x, e, sizeof e);
-    if (rc == 0)
-      kvx_xfer_finish(x, 0, NULL);
-    else
-      kvx_xfer_finish(x, rc == -1 ? KVX_ERR : KVX_ERR_PEER, "rdma: peer '%s': %s", c->peer, e);
-    if (rc == -2) {
-      rconn_fail(c, e);
-      break;
-    }
-  }
-  rconn_unref(c);
-  kvx_thread_exit(a);
-  return NULL;
-}
-
-static int rdma_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, char *err, size_t errlen) {
-  rdma_conn *c = p->conn[KVX_BE_RDMA];
-  if (c) {  // queue on the live connection, or replace a dead one
-    pthread_mutex_lock(&c->mu);
-    int queued = !c->dead;
-    if (queued) {
-      x->qnext = NULL;
-      if (c->q_tail)
-        c->q_tail->qnext = x;
-      else
-        c->q = x;
-      c->q_tail = x;
-      pthread_cond_signal(&c->cv);
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (queued) return 0;
-    rconn_unref(c);
-    c = p->conn[KVX_BE_RDMA] = NULL;
-  }
-  if (!c) {
-    if (!(c = calloc(1, sizeof *c))) {
-      utl_seterr(err, errlen, "out of memory");
-      return -1;
-    }
-    c->a = a;
-    snprintf(c->peer, sizeof c->peer, "%s", p->name);
-    snprintf(c->host, sizeof c->host, "%s", p->tcp_host);
-    c->port = p->tcp_port;
-    c->fd = -1;
-    atomic_init(&c->refs, 2);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    x->qnext = NULL;
-    c->q = c->q_tail = x;  // queued before the thread runs: a failed connect fails x with its reason
-    if (kvx_thread_start(a, rdma_worker_main, c, err, errlen)) {
-      pthread_cond_destroy(&c->cv);
-      pthread_mutex_destroy(&c->mu);
-      free(c);
-      return -1;
-    }
-    p->conn[KVX_BE_RDMA] = c;
+  if (connect_qp(st, r->qp, &me, &them)) {
+    utl_seterr(why, cap, "cannot connect the queue pair: %s", strerror(errno));
+    return -1;
   }
   return 0;
 }
 
-static void rdma_drop(kvx_agent *a, kvx_peer *p, const char *why) {
-  (void)a;
-  rdma_conn *c = p->conn[KVX_BE_RDMA];
-  if (!c) return;
-  p->conn[KVX_BE_RDMA] = NULL;
-  rconn_fail(c, why);
-  rconn_unref(c);
+static int rdma_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap) {
+  rdma_qp *r = c->priv;
+  for (size_t i = 0; i < x->n_segs; i++)
+    if (!x->segs[i].lword || !x->segs[i].rword || x->segs[i].len > UINT32_MAX) {
+      utl_seterr(why, cap, "segment %zu: region not registered with rdma, or over 4 GiB", i);
+      return -1;
+    }
+  // Chunks of up to RDMA_MAX_WR/2 work requests, the last of each signaled; the request's last is RDMA WRITE with
+  // immediate (the id), so the receiver sees the end of the write in its completion queue.
+  size_t chunk = RDMA_MAX_WR / 2;
+  for (size_t i = 0; i < x->n_segs; i += chunk) {
+    size_t n = x->n_segs - i < chunk ? x->n_segs - i : chunk;
+    struct ibv_sge sg[RDMA_MAX_WR / 2];
+    struct ibv_send_wr wr[RDMA_MAX_WR / 2], *bad = NULL;
+    memset(wr, 0, n * sizeof wr[0]);
+    for (size_t k = 0; k < n; k++) {
+      const kvx_seg *s = &x->segs[i + k];
+      sg[k] = (struct ibv_sge){.addr = s->laddr, .length = (uint32_t)s->len, .lkey = (uint32_t)s->lword};
+      wr[k].wr_id = x->id;
+      wr[k].sg_list = &sg[k];
+      wr[k].num_sge = 1;
+      wr[k].opcode = x->op == KVX_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+      wr[k].wr.rdma.remote_addr = s->raddr;
+      wr[k].wr.rdma.rkey = (uint32_t)s->rword;
+      wr[k].next = k + 1 < n ? &wr[k + 1] : NULL;
+    }
+    wr[n - 1].send_flags = IBV_SEND_SIGNALED;
+    if (x->op == KVX_WRITE && i + n == x->n_segs) {
+      wr[n - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      wr[n - 1].imm_data = htonl((uint32_t)x->id);
+    }
+    if (ibv_post_send(r->qp, wr, &bad)) {
+      utl_seterr(why, cap, "ibv_post_send: %s", strerror(errno));
+      return -2;
+    }
+    if (wait_cq(c, 1, why, cap)) return -2;
+  }
+  // The bytes are placed (RC completion): the end of the request and its notification go over the connection;
+  // the peer's ACK (taken by the core's reader) finishes it.
+  if (kvx_conn_send_end(c, x, 1)) {
+    utl_seterr(why, cap, "connection send failed");
+    return -2;
+  }
+  return 0;
+}
+
+static void rdma_close(kvx_conn *c) {
+  rdma_qp *r = c->priv;
+  if (!r) return;
+  if (r->qp) ibv_destroy_qp(r->qp);
+  if (r->cq) ibv_destroy_cq(r->cq);
+  free(r);
 }
 
 const kvx_backend kvx_rdma_backend = {
     .name = "rdma",
+    .listener = KVX_LS_TCP,
+    .reader = 1,
+    .frames = rdma_frames,
     .init = rdma_init,
     .stop = rdma_stop,
     .fini = rdma_fini,
     .reg = rdma_reg,
     .dereg = rdma_dereg,
-    .post = rdma_post,
-    .drop = rdma_drop,
+    .pack_md = rdma_pack_md,
+    .load_md = rdma_load_md,
+    .open = rdma_open,
+    .run = rdma_run,
+    .close = rdma_close,
 };

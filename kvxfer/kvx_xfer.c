@@ -115,8 +115,8 @@ int kvx_xfer_new(kvx_agent *a, int op, const kvx_desc *local, size_t n_local, co
     s->raddr = remote[ri].addr + ro;
     s->len = n;
     s->rkey = rr->key;
-    s->lmr = lr->lkey;
-    s->rmr = rr->rkey;
+    s->lword = lr->word[p->be];
+    s->rword = rr->word[p->be];
     s->lmem = lr->mem;
     s->rmem = (int)rr->mem;
     lo += n;
@@ -159,22 +159,25 @@ void kvx_xfer_finish(kvx_xfer *x, int rc, const char *fmt, ...) {
   kvx_xfer_unref(x);
 }
 
-// Hands x to its peer's backend; the backend holds one reference until it finishes x.
+// Hands x to its peer's connection; the connection holds one reference until it finishes x. A request that may
+// start at once does so here, after the agent's lock is let go (other threads need it meanwhile).
 static int xfer_submit(kvx_xfer *x) {
   kvx_agent *a = x->a;
   char e[256] = "";
   int rc = 0;
+  kvx_conn *now = NULL;
   atomic_fetch_add(&x->refs, 1);
   pthread_mutex_lock(&a->mu);
   kvx_peer *p = a->closing ? NULL : kvx_peer_find(a, x->peer);
   if (!p) {
     snprintf(e, sizeof e, "%s: unknown peer '%s'", a->closing ? "agent closing" : "post", x->peer);
     rc = KVX_ERR_PEER;
-  } else if (kvx_backends[p->be]->post(a, p, x, e, sizeof e)) {
+  } else if (kvx_conn_post(a, p, x, &now, e, sizeof e)) {
     rc = KVX_ERR;
   }
   pthread_mutex_unlock(&a->mu);
   if (rc) kvx_xfer_finish(x, rc, "%s", e);
+  if (now) kvx_conn_start(now, x);
   return rc;
 }
 
@@ -187,6 +190,7 @@ int kvx_xfer_post(kvx_xfer *x) {
   }
   x->err[0] = 0;
   x->cursor = 0;
+  x->sent = 0;
   x->id = atomic_fetch_add(&x->a->next_id, 1);
   atomic_store(&x->state, KVX_PENDING);
   pthread_mutex_unlock(&x->mu);
@@ -271,14 +275,36 @@ int kvx_get_notifs(kvx_agent *a, kvx_notif *out, int max) {
   return n;
 }
 
-int kvx_agent_fd(kvx_agent *a) { return a->efd; }
+int kvx_agent_fd(kvx_agent *a) {
+  if (!atomic_exchange(&a->fd_out, 1) && atomic_load(&a->woken)) kvx_signal_fd(a);  // a signal that skipped it
+  return a->efd;
+}
 
 int kvx_progress(kvx_agent *a, int timeout_ms) {
   struct pollfd p = {.fd = a->efd, .events = POLLIN};
   int r;
-  do r = poll(&p, 1, timeout_ms);
-  while (r < 0 && errno == EINTR);
+  // A caller that may wait watches the flag first, about twice as long as recent waits lasted, when they were
+  // short (KVX_SPIN_NS): such a wait is cheaper spun than slept, while spinning through long ones would only take
+  // the CPU from the threads doing the work.
+  int64_t t0 = kvx_now_ns(), avg = atomic_load(&a->wait_ns);
+  int64_t spin = !timeout_ms || avg > KVX_SPIN_NS ? 0 : 2 * avg + 5000 < KVX_SPIN_NS ? 2 * avg + 5000 : KVX_SPIN_NS;
+  while (!atomic_load(&a->woken) && kvx_now_ns() - t0 < spin) kvx_cpu_relax();
+  int slept = 0;
+  atomic_fetch_add(&a->sleepers, 1);
+  if (!atomic_load(&a->woken)) {
+    do r = poll(&p, 1, timeout_ms);
+    while (r < 0 && errno == EINTR);
+    slept = 1;
+  }
+  atomic_fetch_sub(&a->sleepers, 1);
   uint64_t v;
-  ssize_t got = read(a->efd, &v, sizeof v);
-  return got == (ssize_t)sizeof v ? 1 : 0;
+  if (slept || atomic_load(&a->fd_out)) {  // otherwise nobody needed the fd: a count left there only wakes once
+    ssize_t got = read(a->efd, &v, sizeof v);
+    (void)got;
+  }
+  // Cleared after the read: a signal in between skipped its write, but what it announced happened before this
+  // returns, so the caller's next look at its requests and notifications sees it.
+  int was = atomic_exchange(&a->woken, 0);
+  if (was && timeout_ms) atomic_store(&a->wait_ns, avg + (kvx_now_ns() - t0 - avg) / 4);
+  return was;
 }

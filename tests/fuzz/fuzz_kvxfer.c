@@ -63,7 +63,7 @@ static void check_guards(void) {
 // Input -> wire bytes. Each frame: 1 selector byte, then a 40-byte kvx_hdr whose fields are rewritten so that the
 // fuzzer reaches valid regions easily: selector bit 0..1 picks the key (region 0, region 1, the raw value, key+1),
 // bit 2 makes addr relative to the chosen region's start (signed offset), bit 3 keeps the raw magic; then
-// min(len, rest, 8192) payload bytes when the op carries a payload (WRITE, *_END, NOTIF).
+// min(len, rest, 8192) payload bytes when the op carries a payload (WRITE, WRITEV, READV, *_END, NOTIF).
 static size_t build(const uint8_t *d, size_t n, uint8_t *out, size_t cap) {
   size_t i = 0, o = 0;
   while (i + 1 + sizeof(kvx_hdr) <= n && o + sizeof(kvx_hdr) <= cap) {
@@ -80,11 +80,12 @@ static size_t build(const uint8_t *d, size_t n, uint8_t *out, size_t cap) {
     }
     if (sel & 4) h.addr = r->addr + (uint64_t)(int64_t)(int16_t)h.addr;
     if (!(sel & 8)) h.magic = KVX_FRAME_MAGIC;
-    if (sel & 0x20) h.op = (uint16_t)(1 + h.op % 14);
+    if (sel & 0x20) h.op = (uint16_t)(1 + h.op % 16);
     if (sel & 0x40) h.len %= 2 * REG_LEN;
     memcpy(out + o, &h, sizeof h);
     o += sizeof h;
-    if (h.op == KVX_F_WRITE || h.op == KVX_F_WRITE_END || h.op == KVX_F_READ_END || h.op == KVX_F_NOTIF) {
+    if (h.op == KVX_F_WRITE || h.op == KVX_F_WRITE_END || h.op == KVX_F_READ_END || h.op == KVX_F_NOTIF ||
+        h.op == KVX_F_WRITEV || h.op == KVX_F_READV) { // WRITEV/READV: descriptors (and data) follow
       size_t p = n - i;
       if (h.len < p) p = (size_t)h.len;
       if (p > 8192) p = 8192;

@@ -1,4 +1,4 @@
-// tests/kvxfer/test_safety.cc: authentication, bad and random frames on a raw socket, faults (peer killed, stalled, slow, connection cut), API and metadata errors.
+// tests/kvxfer/test_safety.cc: authentication, bad and random frames on a raw socket (single and vector frames), the private shm socket.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -269,6 +269,99 @@ TEST(KvxBadFrames, CraftedFramesAreRefusedAndWriteNothing) {
   kvx_agent_free(a);
 }
 
+// A WRITEV/READV frame: header, descriptor list, payload (WRITEV), notification (with KVX_FL_END).
+void send_vec(int fd, uint16_t op, uint16_t flags, const std::vector<kvx_vdesc> &d, uint64_t len,
+              const std::string &notif = "", const uint8_t *payload = nullptr, size_t plen = 0) {
+  kvx_hdr h = {KVX_FRAME_MAGIC, op, flags, 9, d.size(), len, notif.size()};
+  kvx_send_all(fd, &h, sizeof h, 1000);
+  if (!d.empty()) kvx_send_all(fd, d.data(), d.size() * sizeof d[0], 1000);
+  if (plen) kvx_send_all(fd, payload, plen, 1000);
+  if (!notif.empty()) kvx_send_all(fd, notif.data(), notif.size(), 1000);
+}
+
+// A descriptor list is checked whole before a byte lands: one bad descriptor refuses the good ones with it.
+TEST(KvxBadFrames, VectorFramesAreCheckedWhole) {
+  Victim v;
+  ASSERT_TRUE(v.b && v.r);
+  int port = kvx_agent_port(v.b);
+  std::vector<uint8_t> junk(4096, 0xEE);
+  uint64_t lo = v.lo, R = v.R, key = v.key;
+  const uint16_t END = KVX_FL_END;
+  std::vector<kvx_vdesc> good2 = {{lo, 100, key}, {lo + 1000, 100, key}};
+  struct Case {
+    const char *what, *log;
+    std::function<void(int)> send;
+  };
+  std::vector<Case> cases = {
+      {"last descriptor out of range", "out-of-range",
+       [&](int fd) {
+         auto d = good2;
+         d.push_back({lo + R - 10, 100, key});
+         send_vec(fd, KVX_F_WRITEV, END, d, 300, "", junk.data(), 300);
+       }},
+      {"middle descriptor with a wrong key", "unknown region key",
+       [&](int fd) {
+         std::vector<kvx_vdesc> d = {good2[0], {lo + 500, 10, key ^ 1}, good2[1]};
+         send_vec(fd, KVX_F_WRITEV, END, d, 210, "", junk.data(), 210);
+       }},
+      {"length not the descriptors' sum", "does not match its descriptors",
+       [&](int fd) { send_vec(fd, KVX_F_WRITEV, END, good2, 150, "", junk.data(), 150); }},
+      {"no descriptors", "malformed write frame", [&](int fd) { send_vec(fd, KVX_F_WRITEV, END, {}, 0); }},
+      {"too many descriptors", "malformed write frame",
+       [&](int fd) {
+         std::vector<kvx_vdesc> d(KVX_MAX_VEC + 1, {lo, 1, key});
+         send_vec(fd, KVX_F_WRITEV, END, d, d.size(), "", junk.data(), d.size());
+       }},
+      {"notification without the end flag", "malformed write frame",
+       [&](int fd) { send_vec(fd, KVX_F_WRITEV, 0, good2, 200, "n", junk.data(), 200); }},
+      {"read past the end", "out-of-range",
+       [&](int fd) { send_vec(fd, KVX_F_READV, END, {{lo, 10, key}, {lo + R - 5, 10, key}}, 20); }},
+      {"shm frame on the tcp listener", "belongs to the shm backend",
+       [&](int fd) { send_hdr(fd, KVX_F_FDS_REQ, 0, 0, 0); }},
+  };
+  for (auto &c : cases) {
+    int fd = raw_client(port, "s3cret");
+    ASSERT_GE(fd, 0) << c.what;
+    c.send(fd);
+    EXPECT_TRUE(closed_by_agent(fd, 3000)) << c.what << ": connection left open";
+    close(fd);
+    EXPECT_TRUE(v.unchanged()) << c.what << ": memory changed";
+    EXPECT_TRUE(v.log.has(c.log)) << c.what << ": log lacks '" << c.log << "'\n" << v.log.all();
+  }
+  EXPECT_EQ(wait_notifs(v.b, 1, 100).size(), 0u);
+
+  // Valid frames: a WRITEV in two frames (the first without the end flag), then a READV of what landed.
+  int fd = raw_client(port, "s3cret");
+  ASSERT_GE(fd, 0);
+  std::vector<uint8_t> pay(300);
+  fill(pay.data(), pay.size(), 9);
+  send_vec(fd, KVX_F_WRITEV, 0, good2, 200, "", pay.data(), 200);
+  send_vec(fd, KVX_F_WRITEV, END | KVX_FL_NOTIF, {{lo + 5000, 100, key}}, 100, "vn", pay.data() + 200, 100);
+  kvx_hdr ack;
+  ASSERT_EQ(kvx_recv_all(fd, &ack, sizeof ack, 3000, 0), 0);
+  EXPECT_EQ(ack.op, KVX_F_ACK);
+  EXPECT_EQ(ack.req, 9u);
+  EXPECT_EQ(memcmp(v.mem.data() + R, pay.data(), 100), 0);
+  EXPECT_EQ(memcmp(v.mem.data() + R + 1000, pay.data() + 100, 100), 0);
+  EXPECT_EQ(memcmp(v.mem.data() + R + 5000, pay.data() + 200, 100), 0);
+  auto ns = wait_notifs(v.b, 1, 3000);
+  ASSERT_EQ(ns.size(), 1u);
+  EXPECT_EQ(ns[0], "vn");
+  send_vec(fd, KVX_F_READV, END, {{lo + 5000, 100, key}, {lo, 100, key}}, 200);
+  kvx_hdr rd;
+  ASSERT_EQ(kvx_recv_all(fd, &rd, sizeof rd, 3000, 0), 0);
+  EXPECT_EQ(rd.op, KVX_F_READ_DATA);
+  EXPECT_EQ(rd.addr, 2u);
+  ASSERT_EQ(rd.len, 200u);
+  std::vector<uint8_t> back(200);
+  ASSERT_EQ(kvx_recv_all(fd, back.data(), back.size(), 3000, 0), 0);
+  EXPECT_EQ(memcmp(back.data(), pay.data() + 200, 100), 0);
+  EXPECT_EQ(memcmp(back.data() + 100, pay.data(), 100), 0);
+  ASSERT_EQ(kvx_recv_all(fd, &ack, sizeof ack, 3000, 0), 0);
+  EXPECT_EQ(ack.op, KVX_F_ACK);
+  close(fd);
+}
+
 TEST(KvxBadFrames, RandomFramesNeverTouchMemory) {
   Victim v;
   ASSERT_TRUE(v.b);
@@ -279,10 +372,11 @@ TEST(KvxBadFrames, RandomFramesNeverTouchMemory) {
     int fd = raw_client(port, "s3cret");
     ASSERT_GE(fd, 0);
     for (auto &c : junk) c = (uint8_t)rng();
-    uint16_t ops[] = {KVX_F_WRITE, KVX_F_READ, KVX_F_WRITE_END, KVX_F_NOTIF, KVX_F_ACK, KVX_F_READ_DATA, KVX_F_FD, 0, 99};
+    uint16_t ops[] = {KVX_F_WRITE, KVX_F_READ,  KVX_F_WRITE_END, KVX_F_NOTIF, KVX_F_ACK, KVX_F_READ_DATA,
+                      KVX_F_FD,    KVX_F_WRITEV, KVX_F_READV,   0,           99};
     kvx_hdr h;
     h.magic = (i % 7 == 0) ? (uint32_t)rng() : KVX_FRAME_MAGIC;
-    h.op = ops[rng() % 9];
+    h.op = ops[rng() % (sizeof ops / sizeof ops[0])];
     h.flags = (uint16_t)rng();
     h.req = rng();
     // Addresses near the region (in, across and outside it) with random keys that are never the region's.
@@ -307,400 +401,16 @@ TEST(KvxBadFrames, RandomFramesNeverTouchMemory) {
   EXPECT_TRUE(v.unchanged());
 }
 
-// ---- faults with a receiver in a child process ----
-struct Child {
-  pid_t pid = -1;
-  uint64_t dst = 0;
-  size_t len = 0;
-  int res_fd = -1;
-};
-
-// Child: tcp receiver with one len-byte region; when it gets notification "check" it verifies pattern seed 77 and
-// writes 1/0 to the result pipe. Runs until killed.
-// Forks before the caller makes any agent (no threads exist at fork time).
-Child spawn_receiver(size_t len, std::vector<uint8_t> *md_blob) {
-  Child c;
-  int md[2], res[2];
-  if (pipe(md) || pipe(res)) return c;
-  c.pid = fork();
-  if (c.pid == 0) {
-    char err[256];
-    kvx_opts o = {};
-    o.backend = "tcp";
-    o.secret = "s3cret";
-    o.timeout_ms = 10000;
-    kvx_agent *b = kvx_agent_new("child", &o, err, sizeof err);
-    uint8_t *dst = (uint8_t *)calloc(1, len);
-    kvx_region *r;
-    if (!b || !dst || kvx_register(b, dst, len, KVX_MEM_HOST, &r, err, sizeof err) || !md_to_fd(b, md[1])) _exit(3);
-    for (;;) {
-      auto ns = wait_notifs(b, 1, 100000);
-      if (ns.size() == 1 && ns[0] == "check") {
-        std::vector<uint8_t> want(len);
-        fill(want.data(), len, 77);
-        uint8_t ok = memcmp(want.data(), dst, len) == 0;
-        write_all(res[1], &ok, 1);
-      }
-    }
-  }
-  close(md[1]);
-  close(res[1]);
-  *md_blob = recv_blob(md[0]);
-  if (md_blob->empty()) {
-    kill(c.pid, SIGKILL);
-    reap(c.pid);
-    c.pid = -1;
-  }
-  close(md[0]);
-  c.res_fd = res[0];
-  c.len = len;
-  return c;
-}
-
-struct FaultRig {
-  kvx_agent *a;
-  std::vector<uint8_t> src;
-  kvx_region *rs = nullptr;
-  Child ch;
-  FaultRig(int timeout_ms, size_t len) {
-    std::vector<uint8_t> blob;
-    ch = spawn_receiver(len, &blob);
-    a = agent("parent", "tcp", nullptr, "s3cret", timeout_ms);
-    src.resize(len);
-    fill(src.data(), len, 77);
-    char err[256], name[KVX_MAX_NAME];
-    kvx_register(a, src.data(), len, KVX_MEM_HOST, &rs, err, sizeof err);
-    if (ch.pid > 0 && kvx_load_remote_md(a, blob.data(), blob.size(), name, sizeof name, err, sizeof err)) {
-      ADD_FAILURE() << err;
-      kill(ch.pid, SIGKILL);
-      reap(ch.pid);
-      ch.pid = -1;
-    }
-    pthread_mutex_lock(&a->mu);
-    ch.dst = a->peers ? a->peers->regions[0].addr : 0;
-    pthread_mutex_unlock(&a->mu);
-    // Connect and authenticate first, so that the faults below hit a transfer, not the handshake.
-    kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {ch.dst, 4096};
-    kvx_xfer *x = nullptr;
-    if (ch.pid > 0 && !kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "child", nullptr, 0, &x, err, sizeof err)) {
-      kvx_xfer_post(x);
-      if (wait_xfer(a, x, 5000) != KVX_DONE) ADD_FAILURE() << "warm-up write: " << kvx_xfer_error(x);
-    }
-    kvx_xfer_free(x);
-  }
-  ~FaultRig() {
-    if (ch.pid > 0) {
-      kill(ch.pid, SIGKILL);
-      reap(ch.pid);
-    }
-    if (ch.res_fd >= 0) close(ch.res_fd);
-    kvx_agent_free(a);
-  }
-  kvx_xfer *write(const char *notif) {
-    kvx_desc l = {(uint64_t)(uintptr_t)src.data(), src.size()}, r = {ch.dst, src.size()};
-    kvx_xfer *x = nullptr;
-    char err[256];
-    if (kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "child", notif, notif ? strlen(notif) : 0, &x, err, sizeof err))
-      ADD_FAILURE() << err;
-    else
-      kvx_xfer_post(x);
-    return x;
-  }
-};
-
-TEST(KvxFaults, PeerKilledMidTransferFailsWithinTimeout) {
-  FaultRig f(1500, 64 << 20);
-  ASSERT_GT(f.ch.pid, 0);
-  kill(f.ch.pid, SIGSTOP);  // it cannot drain: the transfer stays in flight
-  std::vector<kvx_xfer *> xs;
-  for (int i = 0; i < 3; i++) xs.push_back(f.write(nullptr));
-  usleep(200000);
-  for (auto *x : xs) EXPECT_EQ(kvx_xfer_poll(x), KVX_PENDING);
-  int64_t t0 = kvx_now_ms();
-  kill(f.ch.pid, SIGKILL);
-  for (auto *x : xs) {
-    EXPECT_LT(wait_xfer(f.a, x, 5000), 0);
-    EXPECT_NE(std::string(kvx_xfer_error(x)).find("child"), std::string::npos) << kvx_xfer_error(x);
-  }
-  EXPECT_LT(kvx_now_ms() - t0, 1500 + 1000);
-  for (auto *x : xs) kvx_xfer_free(x);
-  reap(f.ch.pid);
-  f.ch.pid = -1;
-}
-
-TEST(KvxFaults, StalledPeerFailsWithinTimeout) {
-  FaultRig f(700, 32 << 20);
-  ASSERT_GT(f.ch.pid, 0);
-  kill(f.ch.pid, SIGSTOP);
-  int64_t t0 = kvx_now_ms();
-  kvx_xfer *x = f.write(nullptr);
-  EXPECT_LT(wait_xfer(f.a, x, 10000), 0);
-  int64_t dt = kvx_now_ms() - t0;
-  EXPECT_GE(dt, 600);
-  EXPECT_LT(dt, 700 + 1500);
-  EXPECT_NE(std::string(kvx_xfer_error(x)).find("stalled"), std::string::npos) << kvx_xfer_error(x);
-  kvx_xfer_free(x);
-}
-
-TEST(KvxFaults, SlowReceiverStillCompletes) {
-  FaultRig f(3000, 32 << 20);
-  ASSERT_GT(f.ch.pid, 0);
-  kill(f.ch.pid, SIGSTOP);
-  kvx_xfer *x = f.write("check");
-  usleep(600000);  // stopped for a while, but less than the timeout
-  EXPECT_EQ(kvx_xfer_poll(x), KVX_PENDING);
-  kill(f.ch.pid, SIGCONT);
-  EXPECT_EQ(wait_xfer(f.a, x, 10000), KVX_DONE) << kvx_xfer_error(x);
-  uint8_t ok = 0;
-  ASSERT_TRUE(read_all(f.ch.res_fd, &ok, 1));
-  EXPECT_EQ(ok, 1);
-  kvx_xfer_free(x);
-}
-
-// A proxy between the agents that cuts both directions after `cut` bytes.
-struct CutProxy {
-  int lfd = -1, port = 0;
-  std::thread th;
-  std::atomic<bool> stop{false};
-  CutProxy(int to_port, size_t cut) {
-    lfd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa = {};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(lfd, (sockaddr *)&sa, sizeof sa);
-    listen(lfd, 4);
-    socklen_t sl = sizeof sa;
-    getsockname(lfd, (sockaddr *)&sa, &sl);
-    port = ntohs(sa.sin_port);
-    th = std::thread([this, to_port, cut] {
-      int c = accept(lfd, nullptr, nullptr);
-      char err[256];
-      int s = kvx_tcp_connect("127.0.0.1", to_port, 2000, err, sizeof err);
-      size_t moved = 0;
-      std::vector<char> buf(65536);
-      while (c >= 0 && s >= 0 && moved < cut && !stop) {
-        pollfd p[2] = {{c, POLLIN, 0}, {s, POLLIN, 0}};
-        if (poll(p, 2, 100) <= 0) continue;
-        for (int k = 0; k < 2; k++)
-          if (p[k].revents) {
-            ssize_t n = recv(p[k].fd, buf.data(), buf.size(), MSG_DONTWAIT);
-            if (n <= 0) {
-              moved = cut;
-              break;
-            }
-            kvx_send_all(p[1 - k].fd, buf.data(), (size_t)n, 2000);
-            if (k == 0) moved += (size_t)n;
-          }
-      }
-      if (c >= 0) close(c);
-      if (s >= 0) close(s);
-    });
-  }
-  ~CutProxy() {
-    stop = true;
-    shutdown(lfd, SHUT_RDWR);
-    th.join();
-    close(lfd);
-  }
-};
-
-TEST(KvxFaults, ConnectionCutFailsThenReconnects) {
-  kvx_agent *a = agent("a", "tcp", nullptr, "s3cret", 5000), *b = agent("b", "tcp");
-  ASSERT_TRUE(a && b);
-  size_t len = 16 << 20;
-  std::vector<uint8_t> src(len), dst(len);
-  fill(src.data(), len, 5);
-  kvx_region *r1, *r2;
-  char err[256];
-  ASSERT_EQ(kvx_register(a, src.data(), len, KVX_MEM_HOST, &r1, err, sizeof err), 0);
-  ASSERT_EQ(kvx_register(b, dst.data(), len, KVX_MEM_HOST, &r2, err, sizeof err), 0);
-  ASSERT_TRUE(learn(a, b));
-  {
-    CutProxy px(kvx_agent_port(b), 1 << 20);
-    ASSERT_EQ(kvx_set_peer_endpoint(a, "b", "127.0.0.1", px.port, err, sizeof err), 0);
-    kvx_desc l = {(uint64_t)(uintptr_t)src.data(), len}, r = {(uint64_t)(uintptr_t)dst.data(), len};
-    kvx_xfer *x;
-    ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", "x", 1, &x, err, sizeof err), 0);
-    int64_t t0 = kvx_now_ms();
-    kvx_xfer_post(x);
-    EXPECT_LT(wait_xfer(a, x, 10000), 0);
-    EXPECT_LT(kvx_now_ms() - t0, 3000) << "a cut connection should fail at once, not at the timeout";
-    EXPECT_NE(std::string(kvx_xfer_error(x)).find("'b'"), std::string::npos) << kvx_xfer_error(x);
-    kvx_xfer_free(x);
-  }
-  EXPECT_EQ(wait_notifs(b, 1, 300).size(), 0u) << "a notification came for a write that did not finish";
-  // Direct again: a new connection is made and the same request shape succeeds.
-  ASSERT_EQ(kvx_set_peer_endpoint(a, "b", "127.0.0.1", kvx_agent_port(b), err, sizeof err), 0);
-  kvx_desc l = {(uint64_t)(uintptr_t)src.data(), len}, r = {(uint64_t)(uintptr_t)dst.data(), len};
-  kvx_xfer *x;
-  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", "y", 1, &x, err, sizeof err), 0);
-  kvx_xfer_post(x);
-  EXPECT_EQ(wait_xfer(a, x, 10000), KVX_DONE) << kvx_xfer_error(x);
-  EXPECT_EQ(src, dst);
-  kvx_xfer_free(x);
-  kvx_agent_free(a);
-  kvx_agent_free(b);
-}
-
-TEST(KvxFaults, InvalidatedPeerFailsPendingAndRefusesNew) {
-  kvx_agent *a = agent("a", "tcp"), *b = agent("b", "tcp");
-  std::vector<uint8_t> src(4096), dst(4096);
-  kvx_region *r1, *r2;
-  char err[256];
-  ASSERT_EQ(kvx_register(a, src.data(), 4096, KVX_MEM_HOST, &r1, err, sizeof err), 0);
-  ASSERT_EQ(kvx_register(b, dst.data(), 4096, KVX_MEM_HOST, &r2, err, sizeof err), 0);
-  ASSERT_TRUE(learn(a, b));
-  kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {(uint64_t)(uintptr_t)dst.data(), 4096};
-  kvx_xfer *x;
-  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
-  kvx_invalidate_peer(a, "b");
-  EXPECT_LT(kvx_xfer_post(x), 0);
-  EXPECT_NE(std::string(kvx_xfer_error(x)).find("unknown peer"), std::string::npos) << kvx_xfer_error(x);
-  EXPECT_EQ(kvx_peer_backend(a, "b"), nullptr);
-  EXPECT_LT(kvx_notify(a, "b", "x", 1, err, sizeof err), 0);
-  kvx_xfer_free(x);
-  kvx_agent_free(a);
-  kvx_agent_free(b);
-}
-
-// ---- API and metadata errors ----
-TEST(KvxApi, BadArgumentsAndMetadata) {
-  char err[256];
-  EXPECT_EQ(kvx_agent_new("bad name!", nullptr, err, sizeof err), nullptr);
-  EXPECT_NE(std::string(err).find("name"), std::string::npos);
-  kvx_opts o = {};
-  o.backend = "carrier-pigeon";
-  EXPECT_EQ(kvx_agent_new("x", &o, err, sizeof err), nullptr);
-  EXPECT_NE(std::string(err).find("unknown backend"), std::string::npos);
-  o.backend = "tcp";
-  EXPECT_EQ(kvx_agent_new("x", &o, err, sizeof err), nullptr); // no secret
-  EXPECT_NE(std::string(err).find("shared secret is required"), std::string::npos) << err;
-  o.secret = "";
-  EXPECT_EQ(kvx_agent_new("x", &o, err, sizeof err), nullptr);
-  EXPECT_NE(std::string(err).find("shared secret is required"), std::string::npos) << err;
-  o.secret = "s3cret";
-  o.listen_host = "not-an-ip";
-  EXPECT_EQ(kvx_agent_new("x", &o, err, sizeof err), nullptr);
-  EXPECT_NE(std::string(err).find("listen address"), std::string::npos) << err;
-  EXPECT_EQ(kvx_host_alloc(0, err, sizeof err), nullptr);
-  kvx_host_free(nullptr, 0);
-  kvx_agent_free(nullptr);
-  kvx_xfer_free(nullptr);
-
-  kvx_agent *a = agent("a", "tcp"), *b = agent("b", "tcp");
-  std::vector<uint8_t> m(8192);
-  kvx_region *ra, *rb;
-  EXPECT_LT(kvx_register(a, nullptr, 10, KVX_MEM_HOST, &ra, err, sizeof err), 0);
-  EXPECT_LT(kvx_register(a, m.data(), 10, 7, &ra, err, sizeof err), 0);
-  ASSERT_EQ(kvx_register(a, m.data(), 4096, KVX_MEM_HOST, &ra, err, sizeof err), 0);
-  ASSERT_EQ(kvx_register(b, m.data() + 4096, 4096, KVX_MEM_HOST, &rb, err, sizeof err), 0);
-  void *blob;
-  size_t len;
-  ASSERT_EQ(kvx_pack_md(b, &blob, &len, err, sizeof err), 0);
-  std::vector<uint8_t> md((uint8_t *)blob, (uint8_t *)blob + len);
-  free(blob);
-  char name[KVX_MAX_NAME];
-  EXPECT_LT(kvx_load_remote_md(a, md.data(), 10, name, sizeof name, err, sizeof err), 0);
-  EXPECT_NE(std::string(err).find("truncated"), std::string::npos);
-  auto bad = md;
-  bad[0] ^= 1;
-  EXPECT_LT(kvx_load_remote_md(a, bad.data(), bad.size(), name, sizeof name, err, sizeof err), 0);
-  EXPECT_LT(kvx_load_remote_md(a, md.data(), md.size() - 1, name, sizeof name, err, sizeof err), 0);
-  EXPECT_NE(std::string(err).find("does not match"), std::string::npos) << err;
-  std::vector<uint8_t> longer = md;
-  longer.resize(md.size() + 40);
-  EXPECT_LT(kvx_load_remote_md(a, longer.data(), longer.size(), name, sizeof name, err, sizeof err), 0);
-  // Random bit flips never crash the loader.
-  std::mt19937 rng(9);
-  for (int i = 0; i < 500; i++) {
-    auto f = md;
-    f[rng() % f.size()] ^= (uint8_t)(1 + rng() % 255);
-    kvx_load_remote_md(a, f.data(), f.size(), name, sizeof name, err, sizeof err);
-  }
-  kvx_invalidate_peer(a, "b");
-  ASSERT_EQ(kvx_load_remote_md(a, md.data(), md.size(), name, sizeof name, err, sizeof err), 0) << err;
-  ASSERT_EQ(kvx_pack_md(a, &blob, &len, err, sizeof err), 0);
-  EXPECT_LT(kvx_load_remote_md(a, blob, len, name, sizeof name, err, sizeof err), 0);  // its own
-  free(blob);
-
-  uint64_t la = (uint64_t)(uintptr_t)m.data(), lb = la + 4096;
-  kvx_desc l = {la, 4096}, r = {lb, 4096}, r_half = {lb, 2048}, l_out = {la + 100, 4096}, r_out = {lb + 1, 4096};
-  kvx_xfer *x;
-  EXPECT_LT(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "nobody", nullptr, 0, &x, err, sizeof err), 0);
-  EXPECT_NE(std::string(err).find("unknown peer"), std::string::npos);
-  EXPECT_LT(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r_half, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
-  EXPECT_NE(std::string(err).find("bytes"), std::string::npos);
-  EXPECT_LT(kvx_xfer_new(a, KVX_WRITE, &l_out, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
-  EXPECT_NE(std::string(err).find("not in a registered region"), std::string::npos);
-  EXPECT_LT(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r_out, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
-  EXPECT_NE(std::string(err).find("exported"), std::string::npos);
-  std::vector<uint8_t> huge(KVX_MAX_NOTIF + 1);
-  EXPECT_LT(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", huge.data(), huge.size(), &x, err, sizeof err), 0);
-  EXPECT_LT(kvx_xfer_new(a, 9, &l, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
-  EXPECT_LT(kvx_notify(a, "b", huge.data(), huge.size(), err, sizeof err), 0);
-  // A transfer that is fine on the sender side but the region was deregistered on the receiver: refused.
-  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
-  kvx_deregister(b, rb);
-  kvx_xfer_post(x);
-  EXPECT_LT(wait_xfer(a, x, 5000), 0);
-  EXPECT_NE(std::string(kvx_xfer_error(x)).find("unknown region key"), std::string::npos) << kvx_xfer_error(x);
-  kvx_xfer_free(x);
-  kvx_agent_free(a);
-  kvx_agent_free(b);
-}
-
-TEST(KvxApi, AutoPicksShmOnOneHostAndTcpForTcpOnlyPeers) {
-  kvx_agent *a = agent("a", "auto"), *b = agent("b", "auto"), *c = agent("c", "tcp");
-  ASSERT_TRUE(a && b && c);
-  ASSERT_TRUE(learn(a, b));
-  ASSERT_TRUE(learn(a, c));
-  EXPECT_STREQ(kvx_peer_backend(a, "b"), "shm");
-  EXPECT_STREQ(kvx_peer_backend(a, "c"), "tcp");
-  // An shm-only agent cannot reach a tcp-only peer: said at load time.
-  kvx_agent *s = agent("s", "shm");
-  void *blob;
-  size_t len;
-  char err[256], name[KVX_MAX_NAME];
-  ASSERT_EQ(kvx_pack_md(c, &blob, &len, err, sizeof err), 0);
-  EXPECT_LT(kvx_load_remote_md(s, blob, len, name, sizeof name, err, sizeof err), 0);
-  EXPECT_NE(std::string(err).find("does not offer the shm backend"), std::string::npos) << err;
-  free(blob);
-  kvx_agent_free(s);
-  kvx_agent_free(a);
-  kvx_agent_free(b);
-  kvx_agent_free(c);
-}
-
-TEST(KvxApi, ShmNeedsHostAllocMemoryOnTheReceiver) {
-  kvx_agent *a = agent("a", "shm"), *b = agent("b", "shm");
-  std::vector<uint8_t> src(4096), plain(4096);
-  kvx_region *r1, *r2;
-  char err[256];
-  ASSERT_EQ(kvx_register(a, src.data(), 4096, KVX_MEM_HOST, &r1, err, sizeof err), 0);
-  ASSERT_EQ(kvx_register(b, plain.data(), 4096, KVX_MEM_HOST, &r2, err, sizeof err), 0);
-  ASSERT_TRUE(learn(a, b));
-  kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {(uint64_t)(uintptr_t)plain.data(), 4096};
-  kvx_xfer *x;
-  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
-  kvx_xfer_post(x);
-  EXPECT_LT(wait_xfer(a, x, 5000), 0);
-  EXPECT_NE(std::string(kvx_xfer_error(x)).find("kvx_host_alloc"), std::string::npos) << kvx_xfer_error(x);
-  kvx_xfer_free(x);
-  kvx_agent_free(a);
-  kvx_agent_free(b);
-}
-
 }  // namespace
 
 // ---- the shm socket: private to this user ----
-extern "C" const char *kvx_shm_path(kvx_agent *a);
 
 namespace {
 
 TEST(KvxShm, SocketIsPrivate) {
   kvx_agent *a = agent("priv", "shm");
   ASSERT_TRUE(a);
-  std::string path = kvx_shm_path(a), dir = path.substr(0, path.rfind('/'));
+  std::string path = kvx_unix_path(a), dir = path.substr(0, path.rfind('/'));
   struct stat st;
   ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
@@ -734,7 +444,7 @@ TEST(KvxShm, AnotherUserIsRefused) {
     kvx_agent *v = kvx_agent_new("nobody-agent", &o, err, sizeof err);
     if (!v) _exit(4);
     char buf[200] = "";
-    snprintf(buf, sizeof buf, "%s", kvx_shm_path(v));
+    snprintf(buf, sizeof buf, "%s", kvx_unix_path(v));
     if (write(up[1], buf, sizeof buf) != (ssize_t)sizeof buf) _exit(5);
     char go;
     if (read(down[0], &go, 1) != 1) _exit(6);

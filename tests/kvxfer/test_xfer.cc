@@ -1,4 +1,4 @@
-// tests/kvxfer/test_xfer.cc: round trips of many scattered blocks (WRITE, READ, notifications after data) per backend, in one process and across two.
+// tests/kvxfer/test_xfer.cc: round trips of many scattered blocks (WRITE, READ, notifications after data) per backend, in one process and across two; posting and waiting from several threads, the agent fd.
 #include <atomic>
 #include <thread>
 
@@ -147,6 +147,51 @@ TEST_P(Xfer, InProcessScatteredWriteReadWithNotifs) {
   kvx_deregister(b, rd);
   kvx_deregister(a, rs);
   kvx_deregister(a, rb);
+  kvx_agent_free(a);
+  kvx_agent_free(b);
+}
+
+// More descriptors than one frame carries (tcp: KVX_MAX_VEC per WRITEV/READV): the request goes out as several
+// frames and still ends with one notification after every byte, and a READ's data comes back frame by frame.
+TEST_P(Xfer, ManyDescriptorsSpanSeveralFrames) {
+  const char *be = GetParam();
+  kvx_agent *a = agent("many-a", be), *b = agent("many-b", be);
+  ASSERT_TRUE(a && b);
+  const size_t slot = 512, n = 3 * KVX_MAX_VEC + 17, sz = slot * n;
+  Mem src(sz, false), dst(sz, true), back(sz, false);
+  fill(src.p, sz, 21);
+  kvx_region *rs, *rd, *rb;
+  char err[256];
+  ASSERT_EQ(kvx_register(a, src.p, sz, KVX_MEM_HOST, &rs, err, sizeof err), 0) << err;
+  ASSERT_EQ(kvx_register(a, back.p, sz, KVX_MEM_HOST, &rb, err, sizeof err), 0) << err;
+  ASSERT_EQ(kvx_register(b, dst.p, sz, KVX_MEM_HOST, &rd, err, sizeof err), 0) << err;
+  ASSERT_TRUE(learn(a, b));
+  Blocks bl((uint64_t)(uintptr_t)src.p, (uint64_t)(uintptr_t)dst.p, n, slot, 31);
+  kvx_xfer *w;
+  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, bl.src.data(), n, bl.dst.data(), n, "many-b", "all", 3, &w, err, sizeof err), 0)
+      << err;
+  ASSERT_EQ(kvx_xfer_post(w), 0);
+  auto ns = wait_notifs(b, 1, 10000);
+  ASSERT_EQ(ns.size(), 1u);
+  EXPECT_TRUE(blocks_equal(bl, 0, 0)) << "a block had not landed when the notification arrived";
+  EXPECT_EQ(wait_xfer(a, w, 10000), KVX_DONE) << kvx_xfer_error(w);
+  // READ them back in reverse order into one contiguous run per block.
+  std::vector<kvx_desc> loc, rem;
+  uint64_t off = 0;
+  for (size_t j = n; j-- > 0;) {
+    rem.push_back(bl.dst[j]);
+    loc.push_back({(uint64_t)(uintptr_t)back.p + off, bl.dst[j].len});
+    off += bl.dst[j].len;
+  }
+  kvx_xfer *r;
+  ASSERT_EQ(kvx_xfer_new(a, KVX_READ, loc.data(), n, rem.data(), n, "many-b", nullptr, 0, &r, err, sizeof err), 0)
+      << err;
+  ASSERT_EQ(kvx_xfer_post(r), 0);
+  ASSERT_EQ(wait_xfer(a, r, 10000), KVX_DONE) << kvx_xfer_error(r);
+  for (size_t j = 0; j < n; j++)
+    ASSERT_EQ(memcmp((void *)(uintptr_t)loc[j].addr, (void *)(uintptr_t)bl.src[n - 1 - j].addr, loc[j].len), 0) << j;
+  kvx_xfer_free(w);
+  kvx_xfer_free(r);
   kvx_agent_free(a);
   kvx_agent_free(b);
 }
@@ -320,6 +365,36 @@ TEST(KvxThreads, PostOnOneThreadPollOnAnother) {
     kvx_agent_free(b);
     kvx_host_free(dst, slot * n);
   }
+}
+
+// Completions before anyone asked for the fd still show on it (a signal with nobody asleep skips the write).
+TEST(KvxThreads, AgentFdShowsEarlierCompletions) {
+  kvx_agent *a = agent("fd-a", "tcp"), *b = agent("fd-b", "tcp");
+  ASSERT_TRUE(a && b);
+  std::vector<uint8_t> src(4096, 3), dst(4096);
+  kvx_region *r1, *r2;
+  char err[256];
+  ASSERT_EQ(kvx_register(a, src.data(), 4096, KVX_MEM_HOST, &r1, err, sizeof err), 0);
+  ASSERT_EQ(kvx_register(b, dst.data(), 4096, KVX_MEM_HOST, &r2, err, sizeof err), 0);
+  ASSERT_TRUE(learn(a, b));
+  kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {(uint64_t)(uintptr_t)dst.data(), 4096};
+  kvx_xfer *x;
+  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "fd-b", nullptr, 0, &x, err, sizeof err), 0);
+  ASSERT_EQ(kvx_xfer_post(x), 0);
+  int64_t end = kvx_now_ms() + 5000;
+  while (kvx_xfer_poll(x) == KVX_PENDING && kvx_now_ms() < end) usleep(1000);  // no kvx_progress
+  ASSERT_EQ(kvx_xfer_poll(x), KVX_DONE);
+  struct pollfd p = {kvx_agent_fd(a), POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 1000), 1) << "the completion did not show on kvx_agent_fd";
+  EXPECT_EQ(kvx_progress(a, 0), 1);
+  EXPECT_EQ(poll(&p, 1, 0), 0) << "kvx_progress did not clear the fd";
+  // And a later completion wakes a poll on it.
+  ASSERT_EQ(kvx_xfer_post(x), 0);
+  EXPECT_EQ(poll(&p, 1, 5000), 1);
+  EXPECT_EQ(kvx_xfer_poll(x), KVX_DONE);
+  kvx_xfer_free(x);
+  kvx_agent_free(a);
+  kvx_agent_free(b);
 }
 
 }  // namespace
