@@ -468,6 +468,7 @@ static void send_started(pfl_worker *w) {
   for (int i = 0; i < w->eng.n_run; i++) {
     pfl_req *r = OWNER(w->eng.run[i]);
     if (r->started_sent || !r->have_table || r->handed_off || r->failed) continue;
+    if (r->seq.n_done == r->seq.n_cached && r->seq.n_done < r->seq.n_toks) continue; // no step has computed any of it
     r->started_sent = 1;
     tell_decode(r->link, "kv_started", r->req.id, NULL);
   }
@@ -607,6 +608,7 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
       fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
       while (w.eng.n_run) pfl_fail(&w, OWNER(w.eng.run[0]), "forward step failed%s", "");
     }
+    send_started(&w); // those the step began
     wrk_kvevents_flush(&w.sh.kvev, w.eng.prefix);
   }
   while (w.eng.n_run) req_free(&w, OWNER(w.eng.run[0]));
