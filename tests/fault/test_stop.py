@@ -43,7 +43,7 @@ class StopWorker(f.FaultCase):
         c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode", max_seqs=4), f.worker("d1", "decode", max_seqs=4)],
                        "stop-d0-2d")
         load = f.Load(c.port)
-        self.wait_moment(load, lambda: f.decoding_moment(c, load, "d0", 2), "d0 decoding 2 streams")
+        self.wait_moment(load, lambda: f.decoding_moment(c, load, "d0", 1), "d0 decoding, a stream midway")
         t = time.time()
         pid = self.stop(c, "d0")
         # After migrate_silent_ms without a pong the router moves d0's streams to d1 (cancelling them at d0, which
@@ -64,7 +64,7 @@ class StopWorker(f.FaultCase):
         c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode", max_seqs=4), f.worker("d1", "decode", max_seqs=4)],
                        "term-d0-2d")
         load = f.Load(c.port)
-        self.wait_moment(load, lambda: f.decoding_moment(c, load, "d0", 2), "d0 decoding 2 streams")
+        self.wait_moment(load, lambda: f.decoding_moment(c, load, "d0", 1), "d0 decoding, a stream midway")
         t = time.time()
         f.signal_role(c, "d0", signal.SIGTERM)
         ok, err = self.check_streams(load, t)
