@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# bench/compare.sh: dserve (colocated, 1P1D) vs llama.cpp's OpenAI server, same GGUF and workload at several rates; one ratio table.
+# bench/compare.sh: dserve (colocated, 1P1D) vs llama.cpp's llama-server, same GGUF and workload at several rates; one ratio table.
 #
 # Usage: bench/compare.sh            (from anywhere; takes roughly 15 minutes on a quiet machine)
-# Knobs (environment): RATES=0.25,0.5,0.75,1  SECS_PER_RATE=40  MIN_REQ=16  MAX_REQ=60  INPUT_LEN=32  OUTPUT_LEN=32
-#   SLO=ttft:1000,tpot:100  SERVERS="llama.cpp dserve dserve-1p1d"  HEALTH_TIMEOUT=120  REQ_TIMEOUT=120
-#   RUN_LIMIT=180 (s per loadgen run; requests still in flight then count as timeouts)  DSERVE_BIN=build/dserve  DSERVE_REFVENV=/work/.cache/refvenv
-#   LLAMA_PORT=18480  LLAMA_THREADS=2  COMPARE_OUT=<dir for logs and JSON>
+# Knobs (environment): RATES=0.25,0.5,0.75,1 (inf = all at once)  SECS_PER_RATE=40  MIN_REQ=16  MAX_REQ=60
+#   NUM_REQ (requests per rate, overrides the three before)  MAX_CONC=0 (requests in flight at most; 0 = no limit)
+#   INPUT_LEN=32  OUTPUT_LEN=32  IGNORE_EOS=0  SLO=ttft:1000,tpot:100
+#   SERVERS="llama.cpp dserve dserve-1p1d" (also dserve-tpot: configs/local.json with tpot_target_ms=TPOT_TARGET_MS,
+#   and dserve-tpotMS, e.g. dserve-tpot200: the same with tpot_target_ms=MS)
+#   TPOT_TARGET_MS=100  HEALTH_TIMEOUT=120  REQ_TIMEOUT=120
+#   RUN_LIMIT=180 (s per loadgen run; requests still in flight then count as timeouts)  DSERVE_BIN=build/dserve
+#   LLAMA_PORT=18480  LLAMA_THREADS=2  LLAMA_NP=8 (llama-server slots)  LLAMA_CTX_PER_SLOT=1024
+#   LLAMA_ARGS="" (more llama-server options, e.g. "--poll 0" so its threads do not spin on a shared machine)
+#   COMPARE_OUT=<dir for logs and JSON>
+# The peer is llama.cpp's own llama-server, built once by bench/peer.sh (cached outside the repo), with
+# -np LLAMA_NP parallel slots and continuous batching: the configuration a llama.cpp user serves with.
 # Exit status: 0 when every server ran, 1 when one did not become healthy (the table is printed anyway).
 set -u
 
@@ -19,14 +27,20 @@ MAX_REQ=${MAX_REQ:-60}
 INPUT_LEN=${INPUT_LEN:-32}
 OUTPUT_LEN=${OUTPUT_LEN:-32}
 SLO=${SLO:-ttft:1000,tpot:100}
+NUM_REQ=${NUM_REQ:-}
+MAX_CONC=${MAX_CONC:-0}
+IGNORE_EOS=${IGNORE_EOS:-0}
+TPOT_TARGET_MS=${TPOT_TARGET_MS:-100}
 SERVERS=${SERVERS:-llama.cpp dserve dserve-1p1d}
 HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-120}
 REQ_TIMEOUT=${REQ_TIMEOUT:-120}
 RUN_LIMIT=${RUN_LIMIT:-180}
 DSERVE_BIN=${DSERVE_BIN:-build/dserve}
-REFVENV=${DSERVE_REFVENV:-/work/.cache/refvenv}
 LLAMA_PORT=${LLAMA_PORT:-18480}
 LLAMA_THREADS=${LLAMA_THREADS:-2}
+LLAMA_NP=${LLAMA_NP:-8}
+LLAMA_CTX_PER_SLOT=${LLAMA_CTX_PER_SLOT:-1024}
+LLAMA_ARGS=${LLAMA_ARGS:-}
 MODEL=models/weights/SmolLM2-135M-Instruct.Q4_1.gguf
 OUT=${COMPARE_OUT:-$(mktemp -d /tmp/dserve-compare.XXXXXX)}
 mkdir -p "$OUT" || exit 1
@@ -104,20 +118,17 @@ start_server() {
   return 1
 }
 
-# ensure_refvenv: the llama-cpp-python venv with the server extra (created when absent; llama.cpp is not rebuilt)
-ensure_refvenv() {
-  if [ ! -x "$REFVENV/bin/python" ]; then
-    log "creating $REFVENV (python3 -m venv + pip install 'llama-cpp-python[server]'; builds llama.cpp, slow)"
-    python3 -m venv "$REFVENV" || return 1
-    "$REFVENV/bin/pip" install 'llama-cpp-python[server]' >"$OUT/refvenv.pip.log" 2>&1 || {
-      log "pip install failed (log: $OUT/refvenv.pip.log)"; return 1; }
-  fi
-  if ! "$REFVENV/bin/python" -c "import llama_cpp.server.app" 2>/dev/null; then
-    log "adding the server extra to $REFVENV (pip install 'llama-cpp-python[server]')"
-    "$REFVENV/bin/pip" install 'llama-cpp-python[server]' >"$OUT/refvenv.pip.log" 2>&1 || {
-      log "pip install failed (log: $OUT/refvenv.pip.log)"; return 1; }
-  fi
-  "$REFVENV/bin/python" -c "import llama_cpp.server.app" 2>/dev/null
+# tpot_config OUT MS: configs/local.json with every worker's tpot_target_ms set to MS (model path made absolute)
+tpot_config() {
+  python3 - "$ROOT/configs/local.json" "$1" "$2" <<'EOF'
+import json, os, sys
+src, dst, target = sys.argv[1], sys.argv[2], float(sys.argv[3])
+c = json.load(open(src))
+c["model"] = os.path.normpath(os.path.join(os.path.dirname(src), c["model"]))
+for w in c["workers"]:
+    w["tpot_target_ms"] = target
+json.dump(c, open(dst, "w"), indent=1)
+EOF
 }
 
 # config_port FILE: the router's port in a dserve cluster config (default 8000)
@@ -140,17 +151,22 @@ drive() {
   IFS=',' read -r -a rate_list <<<"$RATES"
   for rate in "${rate_list[@]}"; do
     seed=$((seed + 1)) # new prompts at every rate (no prefix-cache hits across runs), the same for every server
-    n=$(python3 -c "import math,sys; r=float(sys.argv[1]); print(max($MIN_REQ, min($MAX_REQ, math.ceil(r*$SECS_PER_RATE))))" "$rate")
+    if [ -n "$NUM_REQ" ]; then
+      n=$NUM_REQ
+    else
+      n=$(python3 -c "import math,sys; r=float(sys.argv[1]); print(max($MIN_REQ, min($MAX_REQ, math.ceil(r*$SECS_PER_RATE))) if r != math.inf else $MAX_REQ)" "$rate")
+    fi
     warm=0
     [ $first = 1 ] && warm=2
     first=0
     local js="$OUT/$name.rate-$rate.json"
     local extra=()
     [ $PLOT_OK = 1 ] && extra+=(--plot "$OUT/$name.rate-$rate.png")
+    [ "$IGNORE_EOS" = 1 ] && extra+=(--ignore-eos)
     log "$name: rate $rate req/s, $n requests"
     timeout $((RUN_LIMIT + 30)) python3 bench/loadgen.py --max-time "$RUN_LIMIT" --base-url "$url" --endpoint /v1/completions \
       --dataset random --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed "$seed" \
-      --num-requests "$n" --request-rate "$rate" --warmup "$warm" --timeout "$REQ_TIMEOUT" \
+      --num-requests "$n" --request-rate "$rate" --max-concurrency "$MAX_CONC" --warmup "$warm" --timeout "$REQ_TIMEOUT" \
       --slo "$SLO" --json-out "$js" --quiet "${extra[@]}" 2>>"$OUT/$name.loadgen.log"
     local rc=$?
     if [ -f "$js" ]; then
@@ -158,9 +174,10 @@ drive() {
 import json, sys
 d = json.load(open(sys.argv[1]))
 f = lambda v: "n/a" if v is None else "%.0f" % v
-print("    ok %d/%d  goodput %.2f req/s  p99 TTFT %s ms  mean TPOT %s ms  out tok %d  %s" % (
-    d["successful_requests"], d["num_requests_sent"], d["goodput"] or 0, f(d["ttft_ms"]["p99"]),
-    f(d["tpot_ms"]["mean"]), d["total_output_tokens"],
+print("    ok %d/%d  %.3f req/s  goodput %.2f req/s  TTFT median %s p99 %s ms  TPOT median %s p99 %s ms  out tok %d  %s" % (
+    d["successful_requests"], d["num_requests_sent"], d["request_throughput"], d["goodput"] or 0,
+    f(d["ttft_ms"]["median"]), f(d["ttft_ms"]["p99"]), f(d["tpot_ms"]["median"]), f(d["tpot_ms"]["p99"]),
+    d["total_output_tokens"],
     " ".join("%s=%d" % kv for kv in d["status_histogram"].items())))
 EOF
     else
@@ -176,23 +193,29 @@ for srv in $SERVERS; do
       if [ ! -f "$MODEL" ]; then
         log "llama.cpp: $MODEL is missing (run scripts/setup.sh); skipped"; STATUS=1; continue
       fi
-      if ! ensure_refvenv; then
-        log "llama.cpp: the reference venv $REFVENV is not usable; skipped"; STATUS=1; continue
+      if ! peer=$(bench/peer.sh); then
+        log "llama.cpp: bench/peer.sh could not build llama-server; skipped"; STATUS=1; continue
       fi
       url="http://127.0.0.1:$LLAMA_PORT"
-      # interrupt_requests False: otherwise a new request cuts the running stream short
-      if start_server llama.cpp "$url" "$REFVENV/bin/python" -m llama_cpp.server --model "$MODEL" \
-          --n_threads "$LLAMA_THREADS" --n_threads_batch "$LLAMA_THREADS" --host 127.0.0.1 --port "$LLAMA_PORT" \
-          --interrupt_requests False; then
+      # -np slots share one context of np x per-slot tokens; continuous batching (on by default) named anyway
+      if start_server llama.cpp "$url" "$peer/llama-server" -m "$MODEL" -t "$LLAMA_THREADS" -tb "$LLAMA_THREADS" \
+          -np "$LLAMA_NP" -c $((LLAMA_NP * LLAMA_CTX_PER_SLOT)) --cont-batching --host 127.0.0.1 --port "$LLAMA_PORT" $LLAMA_ARGS; then
         drive llama.cpp "$url"
       else
         STATUS=1
       fi
       stop_server
       ;;
-    dserve|dserve-1p1d)
+    dserve|dserve-1p1d|dserve-tpot|dserve-tpot[0-9]*)
       cfg=configs/local.json
       [ "$srv" = dserve-1p1d ] && cfg=configs/1p1d.json
+      case $srv in
+        dserve-tpot*)
+          target=${srv#dserve-tpot}
+          cfg=$OUT/local-$srv.json
+          tpot_config "$cfg" "${target:-$TPOT_TARGET_MS}"
+          ;;
+      esac
       if [ ! -x "$DSERVE_BIN" ]; then
         log "$srv: $DSERVE_BIN is not built; dserve did not become healthy (not started)"; STATUS=1; continue
       fi
@@ -206,13 +229,13 @@ for srv in $SERVERS; do
       stop_server
       ;;
     *)
-      log "unknown server '$srv' in SERVERS (known: llama.cpp dserve dserve-1p1d)"; STATUS=1
+      log "unknown server '$srv' in SERVERS (known: llama.cpp dserve dserve-1p1d dserve-tpot dserve-tpotMS)"; STATUS=1
       ;;
   esac
 done
 
 echo
-echo "== dserve vs llama.cpp: random $INPUT_LEN words in, $OUTPUT_LEN tokens out, SLO $SLO, rates $RATES =="
+echo "== dserve vs llama.cpp (llama-server -np $LLAMA_NP): random $INPUT_LEN words in, $OUTPUT_LEN tokens out, SLO $SLO, rates $RATES, max in flight $MAX_CONC =="
 python3 - "$OUT" "$RATES" $SERVERS <<'EOF'
 import json, os, sys
 sys.path.insert(0, "bench")
@@ -231,6 +254,29 @@ for s in servers:
 if "llama.cpp" not in runs:
     runs["llama.cpp"] = {r: None for r in rates}
 print(loadgen.compare_table(runs, "llama.cpp")[0])
+# Throughput and token latency per server and rate, each with its ratio to llama.cpp at the same rate.
+print()
+f = lambda v, p=0: "n/a" if v is None else "%.*f" % (p, v)
+def get(rep, key, stat=None):
+    if rep is None or not rep.get("successful_requests"):
+        return None
+    return rep[key] if stat is None else rep[key][stat]
+cols = [("req/s", "request_throughput", None, 3), ("TPOT med", "tpot_ms", "median", 0),
+        ("TPOT p99", "tpot_ms", "p99", 0), ("ITL p99", "itl_ms", "p99", 0), ("TTFT med", "ttft_ms", "median", 0)]
+hdr = ["rate", "server"] + [c[0] for c in cols] + ["x " + c[0] for c in cols]
+rows = []
+for r, text in zip(rates, sys.argv[2].split(",")):
+    for s in [x for x in runs if x != "llama.cpp"] + ["llama.cpp"]:
+        rep, base = runs[s].get(r), runs["llama.cpp"].get(r)
+        vals = [get(rep, k, st) for _, k, st, _ in cols]
+        bases = [get(base, k, st) for _, k, st, _ in cols]
+        rows.append([text, s] + [f(v, p) for v, (_, _, _, p) in zip(vals, cols)] +
+                    [f(v / b if v is not None and b else None, 2) for v, b in zip(vals, bases)])
+w = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(hdr)]
+print("  ".join(h.rjust(w[i]) for i, h in enumerate(hdr)))
+for row in rows:
+    print("  ".join(c.rjust(w[i]) for i, c in enumerate(row)))
+print("(TPOT/ITL/TTFT in ms; x = server/llama.cpp at the same rate)")
 EOF
 echo "(logs and per-run JSON: $OUT)"
 exit $STATUS

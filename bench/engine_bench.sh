@@ -2,14 +2,14 @@
 # bench/engine_bench.sh: dserve's CPU engine side by side with llama.cpp on the same GGUF and thread count.
 # Prints prompt processing (512 tokens), decode at batch 1 (128 tokens) and decode summed over 8 sequences,
 # each as a dserve/llama.cpp ratio, and dserve's batch-8 aggregate over its own batch 1.
-# Env: MODEL (GGUF), THREADS (2), BUILD (build folder, default build-bench), REFVENV (/work/.cache/refvenv),
-#      KERNELS (auto), PP (512), TG (128), BATCH (8).
+# The peer is llama.cpp's llama-bench and llama-batched-bench, built once by bench/peer.sh (cached outside the repo).
+# Env: MODEL (GGUF), THREADS (2), BUILD (build folder, default build-bench), KERNELS (auto), PP (512), TG (128),
+#      BATCH (8).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=${MODEL:-$root/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf}
 threads=${THREADS:-2}
 build=${BUILD:-$root/build-bench}
-refvenv=${REFVENV:-/work/.cache/refvenv}
 kernels=${KERNELS:-auto}
 pp=${PP:-512}; tg=${TG:-128}; batch=${BATCH:-8}
 
@@ -19,78 +19,41 @@ if [ ! -x "$build/dserve" ]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build "$build" --target dserve -j2 >/dev/null
 fi
-if ! "$refvenv/bin/python" -c "import llama_cpp" 2>/dev/null; then
-  echo "engine_bench: creating $refvenv with llama-cpp-python (compiles llama.cpp; takes minutes)" >&2
-  python3 -m venv "$refvenv"
-  "$refvenv/bin/pip" install -q llama-cpp-python
-fi
+peer=$("$root/bench/peer.sh") || { echo "engine_bench: bench/peer.sh could not build llama.cpp" >&2; exit 1; }
 
 echo "engine_bench: dserve generate --bench ($kernels kernels, $threads threads)" >&2
 ds=$("$build/dserve" generate --model "$model" --bench --threads "$threads" --kernels "$kernels" \
      --bench-prompt "$pp" --bench-gen "$tg" --bench-batch "$batch")
 echo "$ds" >&2
 
-echo "engine_bench: llama.cpp (llama-cpp-python) with $threads threads" >&2
+echo "engine_bench: llama.cpp (llama-bench, llama-batched-bench from bench/peer.sh) with $threads threads" >&2
 lclog=$(mktemp); trap 'rm -f "$lclog"' EXIT
-lc=$("$refvenv/bin/python" - "$model" "$threads" "$pp" "$tg" "$batch" 2>"$lclog" <<'PY'
-# llama.cpp through llama-cpp-python's low-level API: the same measurements as dserve generate --bench.
-import sys, time
-import numpy as np
-import llama_cpp
-path, threads, PP, TG, B = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-P0 = 16
-llama_cpp.llama_backend_init()
-mp = llama_cpp.llama_model_default_params()
-model = llama_cpp.llama_model_load_from_file(path.encode(), mp)
-cp = llama_cpp.llama_context_default_params()
-cp.n_ctx = B * max(1024, PP + 64, P0 + TG + 16)  # each sequence gets n_ctx / n_seq_max cells
-cp.n_batch = cp.n_ubatch = max(PP, B * P0)
-cp.n_threads = cp.n_threads_batch = threads
-cp.n_seq_max = B
-ctx = llama_cpp.llama_init_from_model(model, cp)
-vocab = llama_cpp.llama_model_get_vocab(model)
-V = llama_cpp.llama_vocab_n_tokens(vocab)
-mem = llama_cpp.llama_get_memory(ctx)
-batch = llama_cpp.llama_batch_init(cp.n_batch, 0, B)
-x = 12345
-toks = []
-for i in range(max(PP, P0 * B)):  # the same pseudo-random tokens as dserve's --bench
-    x = (x * 6364136223846793005 + 1442695040888963407) % (1 << 64)
-    toks.append((x >> 33) % (V - 256) + 256)
-
-def decode(items):  # items: (token, seq, pos, want_logits)
-    batch.n_tokens = len(items)
-    for i, (t, s, p, l) in enumerate(items):
-        batch.token[i] = t; batch.pos[i] = p; batch.n_seq_id[i] = 1; batch.seq_id[i][0] = s; batch.logits[i] = l
-    if llama_cpp.llama_decode(ctx, batch) != 0:
-        raise SystemExit("llama_decode failed")
-
-def argmax(i):
-    return int(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(V,)).argmax())
-
-best = 1e30
-for rep in range(3):
-    llama_cpp.llama_memory_clear(mem, True)
-    t0 = time.perf_counter()
-    decode([(toks[i], 0, i, i == PP - 1) for i in range(PP)])
-    best = min(best, time.perf_counter() - t0)
-print(f"pp{PP} tok/s: {PP / best:.2f}")
-for n in (1, B):
-    llama_cpp.llama_memory_clear(mem, True)
-    items = []
-    for s in range(n):
-        items += [(toks[s * P0 + i], s, i, i == P0 - 1) for i in range(P0)]
-    decode(items)
-    last = [argmax(s * P0 + P0 - 1) for s in range(n)]
-    dt = 0.0
-    for step in range(TG):
-        t0 = time.perf_counter()
-        decode([(last[s], s, P0 + step, True) for s in range(n)])
-        dt += time.perf_counter() - t0
-        last = [argmax(s) for s in range(n)]
-    print(f"tg{TG} batch {n} tok/s: {TG * n / dt:.2f}")
+# llama-bench: pp = one PP-token batch into an empty context, tg = TG single-token steps (best of its repetitions'
+# mean, like dserve's best of 3); llama-batched-bench: BATCH sequences of a 16-token prompt (dserve's P0), then TG
+# steps of one token each; S_TG is the aggregate decode tokens/s.
+lb=$("$peer/llama-bench" -m "$model" -t "$threads" -p "$pp" -n "$tg" -r 3 -o jsonl 2>>"$lclog") ||
+  { tail -20 "$lclog" >&2; echo "engine_bench: llama-bench failed" >&2; exit 1; }
+bb=$("$peer/llama-batched-bench" -m "$model" -t "$threads" -tb "$threads" -c $(( batch * (16 + tg) + 256 )) \
+     -npp 16 -ntg "$tg" -npl "$batch" 2>&1) ||
+  { echo "$bb" | tail -20 >&2; echo "engine_bench: llama-batched-bench failed" >&2; exit 1; }
+lc=$(python3 - "$pp" "$tg" "$batch" "$lb" "$bb" <<'PY'
+# Turns llama-bench's JSONL and llama-batched-bench's table into dserve generate --bench's lines.
+import json, sys
+PP, TG, B, lb, bb = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+for line in lb.splitlines():
+    if not line.startswith("{"):
+        continue
+    r = json.loads(line)
+    if r["n_prompt"] == PP and r["n_gen"] == 0:
+        print(f"pp{PP} tok/s: {r['avg_ts']:.2f}")
+    if r["n_prompt"] == 0 and r["n_gen"] == TG:
+        print(f"tg{TG} batch 1 tok/s: {r['avg_ts']:.2f}")
+for line in bb.splitlines():  # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+    c = [x.strip() for x in line.strip().strip("|").split("|")]
+    if len(c) == 10 and c[2] == str(B) and c[1] == str(TG):
+        print(f"tg{TG} batch {B} tok/s: {float(c[7]):.2f}")
 PY
-) || { tail -20 "$lclog" >&2; echo "engine_bench: llama.cpp side failed" >&2; exit 1; }
+)
 echo "$lc" >&2
 
 get() { echo "$1" | sed -n "s/^$2 tok\/s: //p"; }

@@ -258,7 +258,7 @@ static const char *const K_WORKER[] = {"name",    "node",       "role",     "hos
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
                                        "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", "prefix_cache_mb",
                                        "prefix_host_mb", "prefix_disk_mb", "prefix_disk_path", "cuda_graphs", "handoff_timeout_ms",
-                                       "table_timeout_ms", "drain_timeout_s", NULL};
+                                       "table_timeout_ms", "drain_timeout_s", "tpot_target_ms", NULL};
 static const char *const K_KVX[] = {"backend", "host", "port", "staging", NULL};
 static const char *const S_STAGING[] = {"auto", "on", "off", NULL};
 static const char *const S_ONOFF[] = {"off", "on", NULL};
@@ -420,6 +420,7 @@ static int cfg_worker(cfg_ctx *x, const cJSON *w, int idx, srv_worker_cfg *o, co
     return -1;
   if (cfg_int32(x, w, p, "max_seqs", &o->max_seqs, 1, 65536, 64, 0)) return -1;
   if (cfg_int32(x, w, p, "max_batch_tokens", &o->max_batch_tokens, 1, 1 << 20, 512, 0)) return -1;
+  if (cfg_num(x, w, p, "tpot_target_ms", &o->tpot_target_ms, 0, 0, 1e6, 0)) return -1;
   if (cfg_int32(x, w, p, "handoff_timeout_ms", &o->handoff_timeout_ms, 1, 86400000, 30000, 0) ||
       cfg_int32(x, w, p, "table_timeout_ms", &o->table_timeout_ms, 1, 86400000, 30000, 0) ||
       cfg_int32(x, w, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, 30, 0))

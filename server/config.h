@@ -25,7 +25,8 @@ typedef struct srv_worker_cfg {
   int block_size;         // tokens per KV block (16)
   char kv_type[8];        // "f16" or "f32"
   int max_seqs;           // sequences in the running batch at most
-  int max_batch_tokens;   // tokens per forward step at most (prefill chunk size)
+  int max_batch_tokens;   // tokens per forward step at most (prefill chunk size); the hard cap of every step
+  double tpot_target_ms;  // step scheduler: steps with decode rows aim at this many ms (0 = off: max_batch_tokens)
   double prefix_cache_mb; // KV blocks the prefix cache may keep across requests (0 = no reuse)
   double prefix_host_mb;  // second tier in host DRAM for blocks evicted from the pool (0 = none)
   double prefix_disk_mb;  // third tier: one file on local disk (0 = none)

@@ -1,10 +1,73 @@
 // worker/engine.c: admission, recompute preemption and chunked batching over the paged KV pool.
 #include "worker/engine.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "server/log.h"
+
+// ---- step cost model and budget (pure) ----
+
+void wrk_stepcost_init(wrk_stepcost *c, double decay) {
+  memset(c, 0, sizeof *c);
+  c->decay = decay > 0 && decay <= 1 ? decay : WRK_STEPCOST_DECAY;
+}
+
+// Least squares on the weighted sums. Where the steps seen so far do not spread in size (all decode steps of one
+// batch), or noise makes the slope come out non-positive, the model is proportional (ms = per_tok_ms * n): that
+// overestimates what extra tokens cost when part of a step is fixed, so the budget errs on the side of latency
+// until steps of other sizes (the minimum prefill chunk guarantees some) separate the two terms.
+static void stepcost_fit(wrk_stepcost *c) {
+  double mx = c->sx / c->sw, my = c->sy / c->sw;
+  double vxx = c->sxx / c->sw - mx * mx, vxy = c->sxy / c->sw - mx * my;
+  if (vxx >= 1.0 && vxy > 0) {
+    c->per_tok_ms = vxy / vxx;
+    c->fixed_ms = my - c->per_tok_ms * mx;
+    if (c->fixed_ms >= 0) return;
+    c->fixed_ms = 0; // a negative intercept is noise: fit through the origin instead
+    c->per_tok_ms = c->sxy / c->sxx;
+  } else {
+    c->fixed_ms = 0;
+    c->per_tok_ms = c->sy / c->sx;
+  }
+  if (!(c->per_tok_ms > 1e-6)) c->per_tok_ms = 1e-6; // steps measured as free (clock granularity) still cost
+}
+
+void wrk_stepcost_observe(wrk_stepcost *c, int tokens, double ms) {
+  if (tokens < 1 || !(ms >= 0) || !isfinite(ms)) return;
+  double x = tokens, d = c->decay;
+  c->sw = d * c->sw + 1;
+  c->sx = d * c->sx + x;
+  c->sy = d * c->sy + ms;
+  c->sxx = d * c->sxx + x * x;
+  c->sxy = d * c->sxy + x * ms;
+  c->n++;
+  stepcost_fit(c);
+}
+
+double wrk_stepcost_predict(const wrk_stepcost *c, int tokens) {
+  return c->n ? c->fixed_ms + c->per_tok_ms * tokens : 0;
+}
+
+int wrk_step_budget(const wrk_stepcost *c, double target_ms, int n_decode, int max_tokens, int min_chunk) {
+  if (!(target_ms > 0) || n_decode < 1 || c->n < 1) return max_tokens;
+  // In double, so that a tiny slope does not overflow an int; the epsilon keeps an exact fit (79.99999) whole.
+  double fit = (target_ms - c->fixed_ms) / c->per_tok_ms + 1e-9;
+  int b = fit >= max_tokens ? max_tokens : fit < 0 ? 0 : (int)fit;
+  if (b < n_decode + min_chunk) b = n_decode + min_chunk;
+  return b < max_tokens ? b : max_tokens;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+// ---- sequences ----
 
 int wrk_seq_init(wrk_seq *s, const int32_t *toks, int n, void *owner) {
   memset(s, 0, sizeof *s);
@@ -38,6 +101,7 @@ int wrk_seq_push(wrk_seq *s, int32_t tok) {
 int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen) {
   memset(e, 0, sizeof *e);
   e->rt = rt;
+  wrk_stepcost_init(&e->cost, WRK_STEPCOST_DECAY);
   int blocks = (int)(rt->w->prefix_cache_mb * 1024.0 * 1024.0 / (double)wrk_kvpool_block_bytes(rt->kv));
   if (blocks > wrk_kvpool_total_blocks(rt->kv)) blocks = wrk_kvpool_total_blocks(rt->kv);
   if (blocks >= 1) {
@@ -188,7 +252,10 @@ static int preempt(wrk_engine *e, const wrk_seq *keep, int n_batch) {
 }
 
 int wrk_engine_plan(wrk_engine *e) {
-  int budget = e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : 512, used = 0, n = 0;
+  int cap = e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : 512, used = 0, n = 0, n_decode = 0;
+  for (int i = 0; i < e->n_run; i++) n_decode += e->run[i]->n_toks - e->run[i]->n_done == 1;
+  int budget = wrk_step_budget(&e->cost, e->rt->w->tpot_target_ms, n_decode, cap, WRK_MIN_PREFILL_CHUNK);
+  e->budget = budget;
   e->n_batch = 0;
   for (int pass = 0; pass < 2; pass++) { // pass 0: single decode tokens; pass 1: prefill chunks
     for (int i = 0; i < e->n_run; i++) {
@@ -213,6 +280,7 @@ int wrk_engine_plan(wrk_engine *e) {
     }
   }
   e->n_batch = n;
+  if (n == 0) e->step_t0_ms = 0; // idle until the next step: that gap is no step's cost
   return n;
 }
 
@@ -228,8 +296,20 @@ int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
     e->logits = l;
     e->cap_rows = n;
   }
-  if (mdl_llama_forward(e->rt->model, wrk_kvpool_kv(e->rt->kv), e->batch, n, e->logits, on_layer, arg, err, errlen))
+  double t0 = now_ms();
+  if (e->step_t0_ms > 0) {
+    wrk_stepcost_observe(&e->cost, e->step_tokens, t0 - e->step_t0_ms);
+    if (e->cost.n % 256 == 0)
+      srv_debug(e->rt->w->name, "step cost %.1f ms + %.3f ms/token (last step %d tokens, %.1f ms; budget %d)",
+                e->cost.fixed_ms, e->cost.per_tok_ms, e->step_tokens, t0 - e->step_t0_ms, e->budget);
+  }
+  e->step_t0_ms = t0;
+  e->step_tokens = 0;
+  for (int i = 0; i < n; i++) e->step_tokens += e->batch_chunk[i];
+  if (mdl_llama_forward(e->rt->model, wrk_kvpool_kv(e->rt->kv), e->batch, n, e->logits, on_layer, arg, err, errlen)) {
+    e->step_t0_ms = 0;
     return -1;
+  }
   for (int i = 0; i < n; i++) {
     wrk_seq *s = e->batch_of[i];
     if (!s) continue;

@@ -419,7 +419,8 @@ TEST(Config, ValuesKept) {
                "prefix_fetch": true, "prefix_fetch_min_blocks": 2},
     "workers": [{"name": "a", "role": "prefill", "port": 0, "device": "cuda", "kv_budget_mb": 0.5, "cuda_graphs": "on",
                  "kvxfer": {"backend": "rdma", "host": "10.0.0.9", "port": 7000, "staging": "off"}},
-                {"name": "b", "role": "decode", "port": 0, "device": "cuda:3", "kernels": "avx512", "kv_type": "f32"}]})");
+                {"name": "b", "role": "decode", "port": 0, "device": "cuda:3", "kernels": "avx512", "kv_type": "f32",
+                 "tpot_target_ms": 95.5}]})");
   ASSERT_EQ(x.rc, 0) << x.err;
   const srv_config *c = x.c;
   EXPECT_TRUE(c->has_router);
@@ -442,6 +443,8 @@ TEST(Config, ValuesKept) {
   EXPECT_STREQ(c->workers[1].kvx_staging, "auto"); // the default
   EXPECT_STREQ(c->workers[0].cuda_graphs, "on");
   EXPECT_STREQ(c->workers[1].cuda_graphs, "off"); // the default
+  EXPECT_DOUBLE_EQ(c->workers[1].tpot_target_ms, 95.5);
+  EXPECT_DOUBLE_EQ(c->workers[0].tpot_target_ms, 0); // the default: off
 }
 
 TEST(Config, DeviceOverride) { // the command line's --device
@@ -499,6 +502,8 @@ const BadCase kBad[] = {
     {R"({"model": "m", "workers": [{"port": 1, "block_size": 0}]})", "t.json: workers[0].block_size: expected an integer 1..1024"},
     {R"({"model": "m", "workers": [{"port": 1, "max_seqs": 0}]})", "t.json: workers[0].max_seqs:"},
     {R"({"model": "m", "workers": [{"port": 1, "max_batch_tokens": true}]})", "t.json: workers[0].max_batch_tokens:"},
+    {R"({"model": "m", "workers": [{"port": 1, "tpot_target_ms": -1}]})", "t.json: workers[0].tpot_target_ms:"},
+    {R"({"model": "m", "workers": [{"port": 1, "tpot_target_ms": "100"}]})", "t.json: workers[0].tpot_target_ms:"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"backend": "udp"}}]})", "t.json: workers[0].kvxfer.backend: \"udp\" is not one of: auto, tcp, shm, rdma, nccl"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"bakend": "tcp"}}]})", "t.json: workers[0].kvxfer.bakend: unknown key"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": "tcp"}]})", "t.json: workers[0].kvxfer: expected an object"},

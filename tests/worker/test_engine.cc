@@ -1,0 +1,266 @@
+// tests/worker/test_engine.cc: the step scheduler: step-cost model fits, token budgets, and how a plan shares them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+extern "C" {
+#include "worker/engine.h"
+#include "worker/kvpool.h"
+}
+
+namespace {
+
+// Synthetic timings only: every "measured" step below is a number the test makes up, so nothing depends on the
+// speed of the machine that runs it.
+wrk_stepcost fitted(double fixed, double per_tok, const std::vector<int> &sizes, double decay = WRK_STEPCOST_DECAY) {
+  wrk_stepcost c;
+  wrk_stepcost_init(&c, decay);
+  for (int x : sizes) wrk_stepcost_observe(&c, x, fixed + per_tok * x);
+  return c;
+}
+
+TEST(StepCost, RecoversAFixedAndAPerTokenCost) {
+  wrk_stepcost c = fitted(40.0, 2.0, {8, 40, 8, 8, 136, 9, 72, 8});
+  EXPECT_EQ(c.n, 8);
+  EXPECT_NEAR(c.fixed_ms, 40.0, 1e-6);
+  EXPECT_NEAR(c.per_tok_ms, 2.0, 1e-9);
+  EXPECT_NEAR(wrk_stepcost_predict(&c, 100), 240.0, 1e-6);
+}
+
+TEST(StepCost, NothingObservedPredictsNothing) {
+  wrk_stepcost c;
+  wrk_stepcost_init(&c, 0); // an out-of-range decay takes the default
+  EXPECT_DOUBLE_EQ(c.decay, WRK_STEPCOST_DECAY);
+  EXPECT_EQ(wrk_stepcost_predict(&c, 64), 0.0);
+}
+
+// Steps of a single size cannot separate the two terms: the model is proportional, which charges every token the
+// average step's cost per token (more than the marginal cost when part of the step is fixed).
+TEST(StepCost, OneStepSizeIsProportional) {
+  wrk_stepcost c = fitted(40.0, 5.0, {8, 8, 8, 8});
+  EXPECT_EQ(c.fixed_ms, 0.0);
+  EXPECT_NEAR(c.per_tok_ms, 10.0, 1e-9);
+  EXPECT_NEAR(wrk_stepcost_predict(&c, 8), 80.0, 1e-9);
+}
+
+TEST(StepCost, NegativeInterceptFitsThroughTheOrigin) {
+  wrk_stepcost c;
+  wrk_stepcost_init(&c, 1.0);
+  wrk_stepcost_observe(&c, 10, 10.0); // slope 4 with intercept -30 between these two
+  wrk_stepcost_observe(&c, 20, 50.0);
+  EXPECT_EQ(c.fixed_ms, 0.0);
+  EXPECT_NEAR(c.per_tok_ms, (10.0 * 10 + 20 * 50.0) / (10.0 * 10 + 20 * 20), 1e-9);
+}
+
+TEST(StepCost, NonPositiveSlopeFallsBackToProportional) {
+  wrk_stepcost c;
+  wrk_stepcost_init(&c, 1.0);
+  wrk_stepcost_observe(&c, 8, 100.0); // bigger steps measured faster: noise
+  wrk_stepcost_observe(&c, 40, 60.0);
+  EXPECT_EQ(c.fixed_ms, 0.0);
+  EXPECT_NEAR(c.per_tok_ms, 160.0 / 48.0, 1e-9);
+  wrk_stepcost d;
+  wrk_stepcost_init(&d, 1.0);
+  wrk_stepcost_observe(&d, 8, 0.0); // below the clock's resolution: still a positive cost, never a division by 0
+  EXPECT_GT(d.per_tok_ms, 0.0);
+  EXPECT_EQ(wrk_step_budget(&d, 100, 8, 512, 32), 512);
+}
+
+TEST(StepCost, InvalidObservationsAreIgnored) {
+  wrk_stepcost c = fitted(40.0, 2.0, {8, 40});
+  wrk_stepcost before = c;
+  wrk_stepcost_observe(&c, 0, 10.0);
+  wrk_stepcost_observe(&c, 8, -1.0);
+  wrk_stepcost_observe(&c, 8, NAN);
+  wrk_stepcost_observe(&c, 8, INFINITY);
+  EXPECT_EQ(c.n, before.n);
+  EXPECT_EQ(c.fixed_ms, before.fixed_ms);
+  EXPECT_EQ(c.per_tok_ms, before.per_tok_ms);
+}
+
+// The machine gets slower (another process takes a core): recent steps dominate, so the fit moves to the new cost.
+TEST(StepCost, FollowsAChangeInCost) {
+  std::vector<int> sizes;
+  for (int i = 0; i < 200; i++) sizes.push_back(i % 4 == 0 ? 40 : 8);
+  wrk_stepcost c = fitted(40.0, 2.0, sizes);
+  for (int i = 0; i < 300; i++) {
+    int x = i % 4 == 0 ? 40 : 8;
+    wrk_stepcost_observe(&c, x, 80.0 + 4.0 * x);
+  }
+  EXPECT_NEAR(c.fixed_ms, 80.0, 0.5);
+  EXPECT_NEAR(c.per_tok_ms, 4.0, 0.05);
+}
+
+// Noisy steps (a deterministic +-10% pattern) still give a usable fit.
+TEST(StepCost, NoisyStepsFitClose) {
+  wrk_stepcost c;
+  wrk_stepcost_init(&c, WRK_STEPCOST_DECAY);
+  const double noise[5] = {1.0, 1.1, 0.9, 1.05, 0.95};
+  for (int i = 0; i < 100; i++) {
+    int x = 8 + (i % 3) * 32;
+    wrk_stepcost_observe(&c, x, (30.0 + 1.5 * x) * noise[i % 5]);
+  }
+  EXPECT_NEAR(c.fixed_ms, 30.0, 6.0);
+  EXPECT_NEAR(c.per_tok_ms, 1.5, 0.2);
+}
+
+TEST(StepBudget, OffWithoutTargetDecodeRowsOrData) {
+  wrk_stepcost c = fitted(40.0, 2.0, {8, 40});
+  EXPECT_EQ(wrk_step_budget(&c, 0, 8, 512, 32), 512);  // tpot_target_ms 0: today's fixed budget
+  EXPECT_EQ(wrk_step_budget(&c, -5, 8, 512, 32), 512);
+  EXPECT_EQ(wrk_step_budget(&c, 100, 0, 512, 32), 512); // prefill only: no token latency to protect
+  wrk_stepcost none;
+  wrk_stepcost_init(&none, WRK_STEPCOST_DECAY);
+  EXPECT_EQ(wrk_step_budget(&none, 100, 8, 512, 32), 512); // nothing measured yet
+}
+
+TEST(StepBudget, FitsTheTarget) {
+  wrk_stepcost c = fitted(40.0, 2.0, {8, 40, 72});
+  EXPECT_EQ(wrk_step_budget(&c, 200, 8, 512, 32), 80);  // (200 - 40) / 2
+  EXPECT_EQ(wrk_step_budget(&c, 201, 8, 512, 32), 80);  // rounded down: never over the target
+  EXPECT_EQ(wrk_step_budget(&c, 2000, 8, 512, 32), 512); // max_batch_tokens stays the hard cap
+  EXPECT_EQ(wrk_step_budget(&c, 1e9, 8, 512, 32), 512);
+}
+
+TEST(StepBudget, MinimumChunkWhenTheTargetIsTight) {
+  wrk_stepcost c = fitted(40.0, 2.0, {8, 40});
+  EXPECT_EQ(wrk_step_budget(&c, 100, 8, 512, 32), 40); // the fit says 30; decode 8 + min chunk 32
+  EXPECT_EQ(wrk_step_budget(&c, 10, 8, 512, 32), 40);  // a target below the fixed cost
+  EXPECT_EQ(wrk_step_budget(&c, 100, 30, 512, 32), 62);
+  EXPECT_EQ(wrk_step_budget(&c, 100, 500, 512, 32), 512); // the cap still wins over the minimum
+}
+
+// ---- the plan: how the budget is shared by decode rows and prefill chunks ----
+
+void *t_alloc(krn_ctx *, size_t n) { return std::calloc(1, n); }
+void t_free(krn_ctx *, void *p) { std::free(p); }
+
+struct Plan : ::testing::Test {
+  krn_backend be{};
+  krn_ctx kc{};
+  mdl_llama_cfg cfg{};
+  srv_worker_cfg wc{};
+  wrk_runtime rt{};
+  wrk_engine eng{};
+  std::vector<std::unique_ptr<wrk_seq>> seqs;
+  char err[256] = {0};
+
+  void SetUp() override {
+    be.name = "test";
+    be.alloc = t_alloc;
+    be.free = t_free;
+    kc.be = &be;
+    cfg.n_layer = 1;
+    cfg.n_kv_head = 1;
+    cfg.head_dim = 4;
+    cfg.n_head = 1;
+    cfg.n_embd = 4;
+    wrk_kvpool_opts o{};
+    o.type = KRN_F32;
+    o.block_size = 16;
+    o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, 16) * 1024;
+    ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &rt.kv, err, sizeof err), 0) << err;
+    wc.max_batch_tokens = 512;
+    wc.max_seqs = 64;
+    rt.w = &wc;
+    ASSERT_EQ(wrk_engine_init(&eng, &rt, err, sizeof err), 0) << err;
+  }
+  void TearDown() override {
+    wrk_engine_fini(&eng);
+    for (auto &s : seqs) wrk_seq_fini(s.get(), rt.kv);
+    wrk_kvpool_free(rt.kv);
+  }
+  // A running sequence of n tokens, done of them already in the cache (n - 1: a decode row).
+  wrk_seq *add(int n, int done) {
+    std::vector<int32_t> toks(n, 7);
+    seqs.push_back(std::make_unique<wrk_seq>());
+    wrk_seq *s = seqs.back().get();
+    EXPECT_EQ(wrk_seq_init(s, toks.data(), n, nullptr), 0);
+    EXPECT_EQ(wrk_blocks_reserve(rt.kv, &s->blocks, done), 0);
+    s->n_done = done;
+    EXPECT_EQ(wrk_engine_start(&eng, s), 0);
+    return s;
+  }
+  int chunk_of(const wrk_seq *s) const {
+    for (int i = 0; i < eng.n_batch; i++)
+      if (eng.batch_of[i] == s) return eng.batch_chunk[i];
+    return 0;
+  }
+  void learn(double fixed, double per_tok) {
+    for (int x : {8, 40, 8, 72}) wrk_stepcost_observe(&eng.cost, x, fixed + per_tok * x);
+  }
+};
+
+TEST_F(Plan, WithoutTargetPrefillTakesTheFixedBudget) {
+  std::vector<wrk_seq *> dec;
+  for (int i = 0; i < 8; i++) dec.push_back(add(101, 100));
+  wrk_seq *p = add(1000, 0);
+  learn(40, 2);
+  ASSERT_EQ(wrk_engine_plan(&eng), 9);
+  for (wrk_seq *d : dec) EXPECT_EQ(chunk_of(d), 1);
+  EXPECT_EQ(chunk_of(p), 512 - 8);
+  EXPECT_EQ(eng.budget, 512);
+}
+
+TEST_F(Plan, TargetLimitsPrefillNotDecode) {
+  wc.tpot_target_ms = 200; // with 40 ms + 2 ms/token: 80 tokens a step
+  std::vector<wrk_seq *> dec;
+  for (int i = 0; i < 8; i++) dec.push_back(add(101, 100));
+  wrk_seq *p1 = add(300, 0), *p2 = add(300, 0);
+  ASSERT_EQ(wrk_engine_plan(&eng), 10); // before any measured step: the fixed budget
+  EXPECT_EQ(chunk_of(p1), 300);
+  EXPECT_EQ(chunk_of(p2), 512 - 8 - 300);
+  learn(40, 2);
+  ASSERT_EQ(wrk_engine_plan(&eng), 9);
+  EXPECT_EQ(eng.budget, 80);
+  for (wrk_seq *d : dec) EXPECT_EQ(chunk_of(d), 1);
+  EXPECT_EQ(chunk_of(p1), 72);
+  EXPECT_EQ(chunk_of(p2), 0); // FIFO: the older prompt first
+}
+
+TEST_F(Plan, SeveralPromptsShareAStep) {
+  wc.tpot_target_ms = 200;
+  std::vector<wrk_seq *> dec;
+  for (int i = 0; i < 8; i++) dec.push_back(add(101, 100));
+  wrk_seq *p1 = add(50, 20), *p2 = add(300, 0); // p1 has 30 prompt tokens left
+  learn(40, 2);
+  ASSERT_EQ(wrk_engine_plan(&eng), 10);
+  EXPECT_EQ(chunk_of(p1), 30);
+  EXPECT_EQ(chunk_of(p2), 80 - 8 - 30);
+  EXPECT_TRUE(eng.batch[8].want_logits); // p1's last chunk gives its first token
+}
+
+TEST_F(Plan, TightTargetStillGivesTheMinimumChunk) {
+  wc.tpot_target_ms = 20; // below the fixed cost
+  for (int i = 0; i < 8; i++) add(101, 100);
+  wrk_seq *p = add(300, 0);
+  learn(40, 2);
+  ASSERT_EQ(wrk_engine_plan(&eng), 9);
+  EXPECT_EQ(chunk_of(p), WRK_MIN_PREFILL_CHUNK);
+}
+
+// A decode worker of 1P1D does no prefill: every row decodes, whatever the target or the cap.
+TEST_F(Plan, DecodeOnlyRunsFullBatches) {
+  wc.tpot_target_ms = 1;
+  wc.max_batch_tokens = 16;
+  std::vector<wrk_seq *> dec;
+  for (int i = 0; i < 40; i++) dec.push_back(add(33, 32));
+  learn(40, 2);
+  ASSERT_EQ(wrk_engine_plan(&eng), 40);
+  for (wrk_seq *d : dec) EXPECT_EQ(chunk_of(d), 1);
+}
+
+// Prefill alone (a prefill worker, or a both worker between generations): nothing to protect, full chunks.
+TEST_F(Plan, PrefillOnlyTakesTheCap) {
+  wc.tpot_target_ms = 50;
+  wrk_seq *p = add(1000, 0);
+  learn(40, 2);
+  ASSERT_EQ(wrk_engine_plan(&eng), 1);
+  EXPECT_EQ(chunk_of(p), 512);
+}
+
+} // namespace
