@@ -65,6 +65,7 @@ typedef struct dec_worker {
   srv_peer **prefills;   // (owned references) (n_prefills) connected prefill workers
   int n_prefills, cap_prefills;
   uint64_t n_finished;
+  wrk_grammars gram;     // response_format grammars (compiled, cached) and the token trie the samplers mask with
 } dec_worker;
 
 #define OWNER(sq) ((dec_seq *)(sq)->owner)
@@ -218,7 +219,7 @@ static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm) {
   int hit = dec_stopstr_push(&s->stop, piece, n, &out, &n_out);
   send_token(s, out ? out : "", n_out, &tok, 1, sm);
   free(out);
-  if (hit) {
+  if (hit || mdl_sampler_grammar_done(s->sampler)) { // a stop string, or the grammar's output is complete
     seq_finish(w, s, "stop");
     return 1;
   }
@@ -276,7 +277,8 @@ static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) 
   }
   srv_peer_ref(from);
   s->router = from;
-  if (wrk_genreq_parse(m, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &s->req, code, sizeof code, e, sizeof e)) {
+  if (wrk_genreq_parse(m, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &w->gram, &s->req, code, sizeof code, e,
+                       sizeof e)) {
     wrk_send_error(from, id, code, "%s", e);
     seq_free(w, s);
     return NULL;
@@ -660,6 +662,7 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
                        .n_ops = sizeof OPS / sizeof OPS[0], .on_close = on_close, .worker = &w};
   if (wrk_shell_open(&w.sh, cfg, wc, &so, err, errlen)) return -1;
   wrk_engine_init(&w.eng, w.sh.rt, err, errlen);
+  wrk_grammars_init(&w.gram, w.sh.rt->tok);
   wrk_shell_announce(&w.sh);
   int64_t drain_until = 0;
   for (;;) {
@@ -692,6 +695,7 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   while (w.n_held) seq_free(&w, w.held[--w.n_held]); // we exit: nothing can land in our pool any more
   free(w.held);
   wrk_engine_fini(&w.eng);
+  wrk_grammars_fini(&w.gram);
   free(w.prefills); // the peers themselves die with the hub (wrk_shell_close)
   free(w.handoffs);
   wrk_shell_close(&w.sh);

@@ -1,4 +1,5 @@
-// models/sampler.c: penalties, logit bias, temperature, top-k / top-p / min-p, seeded sampling and logprobs.
+// models/sampler.c: grammar mask, penalties, logit bias, temperature, top-k / top-p / min-p, seeded sampling and
+// logprobs.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +16,11 @@ struct mdl_sampler {
   uint64_t rng[4];    // xoshiro256** state
   float *work;        // (n_vocab) adjusted logits
   int32_t *idx;       // (n_vocab) candidate ids
+  mdl_grammar_matcher *gm; // (owned) the request's place in p.grammar; NULL without one
+  uint32_t *gmask;    // ((n_vocab + 31) / 32) the tokens the grammar allows this step
 };
+
+static int allowed(const mdl_sampler *s, int32_t t) { return !s->gm || (s->gmask[t >> 5] >> (t & 31) & 1); }
 
 static uint64_t splitmix64(uint64_t *x) {
   uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -90,6 +95,10 @@ int mdl_sampler_new(const mdl_sampling *s, int n_vocab, const int32_t *prompt, i
       return -1;
     }
   }
+  if (s->grammar && (!s->grammar_vocab || mdl_grammar_vocab_n(s->grammar_vocab) != n_vocab)) {
+    snprintf(err, errlen, "sampler: a grammar needs the vocabulary's token trie (%d tokens)", n_vocab);
+    return -1;
+  }
   mdl_sampler *m = calloc(1, sizeof *m);
   if (!m) goto oom;
   m->p = *s;
@@ -104,6 +113,10 @@ int mdl_sampler_new(const mdl_sampling *s, int n_vocab, const int32_t *prompt, i
   }
   m->p.bias = m->bias;
   if (!m->count || !m->seen || !m->work || !m->idx || (s->n_bias > 0 && !m->bias)) goto oom;
+  if (s->grammar) {
+    m->gmask = malloc(((size_t)n_vocab + 31) / 32 * sizeof *m->gmask);
+    if (!m->gmask || mdl_grammar_matcher_new(s->grammar, s->grammar_vocab, &m->gm, err, errlen)) goto oom;
+  }
   for (int i = 0; i < n_prompt; i++)
     if (prompt[i] >= 0 && prompt[i] < n_vocab) m->seen[prompt[i]] = 1;
   uint64_t x = s->seed;
@@ -123,6 +136,8 @@ void mdl_sampler_free(mdl_sampler *s) {
   free(s->seen);
   free(s->work);
   free(s->idx);
+  mdl_grammar_matcher_free(s->gm);
+  free(s->gmask);
   free(s);
 }
 
@@ -177,6 +192,48 @@ static void sort_desc(int32_t *idx, int n, const float *v) { // insertion sort f
   sort_desc(idx + h, n - h, v);
 }
 
+// Most of the time only the best few tokens survive the filters (greedy, top_k, min_p): checking candidates from
+// the most likely down until that set is known (the k best allowed ones; those within min_p of the best allowed one)
+// gives the same choice as the full mask, for a few dozen checks instead of a walk of the vocabulary. bits gets
+// those candidates; 0 when the full mask is needed (no such filter, or too many candidates refused).
+#define LAZY_MAX 1024
+static int lazy_mask(mdl_sampler *s, const float *w) {
+  const mdl_sampling *p = &s->p;
+  int V = s->n_vocab, greedy = p->temperature <= 0 || p->top_k == 1;
+  if (!greedy && p->top_k <= 0 && p->min_p <= 0) return 0;
+  int32_t *idx = s->idx;
+  int n = 0, found = 0, sorted = 0;
+  for (int i = 0; i < V; i++)
+    if (w[i] > -INFINITY) idx[n++] = i;
+  int need = greedy ? 1 : p->top_k > 0 ? p->top_k : n;
+  // min_p keeps p_i >= min_p * p_max, i.e. w_i >= w_max + T ln(min_p); a little slack keeps the boundary's tokens
+  // for the filter itself to decide
+  double cut = !greedy && p->min_p > 0 ? p->temperature * log(p->min_p) - 1e-3 : -INFINITY, wmax = 0;
+  memset(s->gmask, 0, ((size_t)V + 31) / 32 * sizeof *s->gmask);
+  for (int m = 64; sorted < n; m *= 4) {
+    if (m > n) m = n;
+    if (m > LAZY_MAX) return 0;
+    if (m < n) select_top(idx + sorted, n - sorted, m - sorted, w);
+    sort_desc(idx + sorted, m - sorted, w);
+    for (; sorted < m; sorted++) {
+      int32_t t = idx[sorted];
+      if (found && w[t] < wmax + cut) return 1; // this one and every later one fall below min_p
+      if (!mdl_grammar_matcher_allows(s->gm, t)) continue;
+      if (!found) wmax = w[t];
+      s->gmask[t >> 5] |= 1u << (t & 31);
+      if (++found >= need) return 1;
+    }
+  }
+  return found > 0; // every candidate checked
+}
+
+// The grammar's mask on w: from the grammar's cache, the candidates above, or a full walk (which fills the cache).
+static void grammar_mask(mdl_sampler *s, float *w) {
+  if (!mdl_grammar_matcher_mask_cached(s->gm, s->gmask) && !lazy_mask(s, w)) mdl_grammar_matcher_mask(s->gm, s->gmask);
+  for (int i = 0; i < s->n_vocab; i++)
+    if (!allowed(s, i)) w[i] = -INFINITY;
+}
+
 static void top_logprobs(mdl_sampler *s, const float *logits, float lse, mdl_sampled *out) {
   int n = s->p.n_logprobs, have = 0;
   mdl_logprob *t = out->top;
@@ -209,8 +266,10 @@ void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out) {
       if (logits[i] > -INFINITY) z += expf(logits[i] - mx);
   float lse = isfinite(mx) ? mx + (float)log(z) : 0;
 
-  // 2. adjusted logits: bias, repetition, presence and frequency penalties
+  // 2. adjusted logits: bias, repetition, presence and frequency penalties, the grammar's mask (-inf for what it does
+  // not allow; the penalties are per token and keep -inf, so it is as if the mask came first)
   for (int i = 0; i < V; i++) w[i] = isnan(logits[i]) ? -INFINITY : logits[i];
+
   for (int i = 0; i < p->n_bias; i++) w[p->bias[i].token] += p->bias[i].bias;
   float rp = p->repetition_penalty;
   int pen = p->presence_penalty != 0 || p->frequency_penalty != 0;
@@ -221,6 +280,8 @@ void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out) {
     }
   }
 
+  if (s->gm) grammar_mask(s, w);
+
   int32_t tok = 0;
   if (p->temperature <= 0 || p->top_k == 1) {
     // greedy: argmax, ties to the lowest id
@@ -230,6 +291,7 @@ void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out) {
         best = w[i];
         tok = i;
       }
+    if (best == -INFINITY) goto fallback;
   } else {
     int32_t *idx = s->idx;
     float inv_t = 1.0f / p->temperature, wm = -INFINITY;
@@ -240,11 +302,7 @@ void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out) {
       if (w[i] > wm) wm = w[i];
       idx[n++] = i;
     }
-    if (n == 0) { // everything banned: fall back to the raw argmax
-      for (int i = 1; i < V; i++)
-        if (logits[i] > logits[tok]) tok = i;
-      goto done;
-    }
+    if (n == 0) goto fallback;
     // w becomes the unnormalised probability exp(w - max)
     for (int i = 0; i < n; i++) w[idx[i]] = expf(w[idx[i]] - wm);
     if (p->top_k > 0 && p->top_k < n) {
@@ -293,7 +351,14 @@ void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out) {
       }
     }
   }
+  goto done;
+fallback: // everything banned (or -inf): the raw argmax among what the grammar allows
+  tok = -1;
+  for (int i = 0; i < V; i++)
+    if (allowed(s, i) && (tok < 0 || logits[i] > logits[tok])) tok = i;
+  if (tok < 0) tok = 0;
 done:
+  if (s->gm) mdl_grammar_matcher_accept_token(s->gm, tok); // a refusal (nothing allowed) ends the output
   out->token = tok;
   out->logprob = (isfinite(mx) && logits[tok] > -INFINITY) ? logits[tok] - lse : -INFINITY;
   out->n_top = 0;
@@ -307,4 +372,7 @@ void mdl_sampler_accept(mdl_sampler *s, int32_t token) {
   if (s->p.temperature > 0) (void)rng_uniform(s->rng); // the draw mdl_sampler_sample would have made
   if (s->count[token] < INT32_MAX) s->count[token]++;
   s->seen[token] = 1;
+  if (s->gm) mdl_grammar_matcher_accept_token(s->gm, token);
 }
+
+int mdl_sampler_grammar_done(const mdl_sampler *s) { return s->gm && mdl_grammar_matcher_done(s->gm); }

@@ -1,9 +1,12 @@
-// models/sampler.h: turning logits into the next token: penalties, bias, filters, seeded sampling, logprobs.
+// models/sampler.h: turning logits into the next token: grammar mask, penalties, bias, filters, seeded sampling,
+// logprobs.
 #ifndef DSERVE_MDL_SAMPLER_H
 #define DSERVE_MDL_SAMPLER_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "models/grammar.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,6 +28,10 @@ typedef struct mdl_sampling {
   const mdl_bias *bias;     // (borrowed) (n_bias)
   int n_bias;
   int n_logprobs;           // top-N logprobs to report, 0..20
+  // Structured outputs: only tokens that continue a sentence of grammar are sampled, end-of-generation only where
+  // one may end (models/grammar.h). Both borrowed and must outlive the sampler; NULL grammar: unconstrained.
+  const mdl_grammar *grammar;
+  const mdl_grammar_vocab *grammar_vocab; // the vocabulary's token trie (n_vocab tokens), needed with grammar
 } mdl_sampling;
 
 typedef struct mdl_logprob { int32_t token; float logprob; } mdl_logprob;
@@ -42,11 +49,15 @@ typedef struct mdl_sampler mdl_sampler;
 int mdl_sampler_new(const mdl_sampling *s, int n_vocab, const int32_t *prompt, int n_prompt, mdl_sampler **out,
                     char *err, size_t errlen);
 void mdl_sampler_free(mdl_sampler *s);
-// Picks the next token from logits (n_vocab) (not modified) and records it in the history.
+// Picks the next token from logits (n_vocab) (not modified) and records it in the history. With a grammar, the
+// tokens it does not allow are masked out first (before bias, penalties and filters) and the token advances it.
 void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out);
 // Records a token another process sampled for this request (the prefill worker's first token), as if
-// mdl_sampler_sample had picked it: penalties see it and the RNG advances by the same draw.
+// mdl_sampler_sample had picked it: penalties see it, the RNG advances by the same draw, the grammar takes it.
 void mdl_sampler_accept(mdl_sampler *s, int32_t token);
+// 1 when the request has a grammar and nothing but the end can follow: the output is complete (the caller ends the
+// choice with finish_reason "stop"), or a token the grammar refused was accepted.
+int mdl_sampler_grammar_done(const mdl_sampler *s);
 
 #ifdef __cplusplus
 }

@@ -385,8 +385,8 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   else if ((hp || hb) && (!cJSON_IsString(hp) || !cJSON_IsNumber(hb) || hb->valuedouble < 1 ||
                           hb->valuedouble > 1 << 30 || hb->valuedouble != (int)hb->valuedouble))
     bad = "prefix_peer must name a prefill worker and prefix_blocks be an integer >= 1";
-  else if (wrk_genreq_parse(m, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &r->req, code, sizeof code, e,
-                            sizeof e))
+  else if (wrk_genreq_parse(m, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &w->gram, &r->req, code, sizeof code,
+                            e, sizeof e))
     bad = e;
   else if (strcmp(r->req.mode, "prefill") || !r->req.decode[0])
     bad = "a prefill worker serves mode \"prefill\" with a decode worker";
@@ -462,8 +462,11 @@ static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
   cJSON_Delete(a);
 }
 
-// kv_started to each admitted request's decode worker once its table is known (the table comes from the decode
-// worker after it got the request, so the decode worker knows the id): its KV-arrival timer starts now.
+// kv_started to the decode worker of each request whose prompt a step has begun to compute (or whose prefix cache hit
+// left nothing to compute) once its table is known (the table comes from the decode worker after it got the request,
+// so the decode worker knows the id): its KV-arrival timer starts now. Not at admission: under load a hundred
+// admitted prompts wait their turn for steps, and that wait is the request deadline's to bound (seen with 1P1D and
+// 1,000 queued requests under ASan: KV-arrival timeouts).
 static void send_started(pfl_worker *w) {
   for (int i = 0; i < w->eng.n_run; i++) {
     pfl_req *r = OWNER(w->eng.run[i]);
@@ -587,6 +590,7 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     return -1;
   }
   wrk_engine_init(&w.eng, w.sh.rt, err, errlen);
+  wrk_grammars_init(&w.gram, w.sh.rt->tok);
   pfl_serve_init(&w.serve, w.sh.kvx, w.sh.rt->kv, w.eng.prefix, wc->name);
   wrk_shell_announce(&w.sh);
   for (;;) {
@@ -621,6 +625,7 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   free(w.early);
   pfl_serve_fini(&w.serve);
   wrk_engine_fini(&w.eng);
+  wrk_grammars_fini(&w.gram);
   for (int i = 0; i < w.n_links; i++) free(w.links[i]); // their peers die with the hub (wrk_shell_close)
   free(w.links);
   for (int i = 0; i < 2; i++) krn_event_free(&w.sh.rt->kc, w.layer_ev[i]);

@@ -80,6 +80,7 @@ typedef struct pfl_worker {
   pfl_serve serve;        // prefix fetches peers ask of us
   double fetches, fetched_blocks, fetch_misses; // prefix fetch counters (stats_ok)
   double bytes_pushed;
+  wrk_grammars gram;      // response_format grammars (compiled, cached) and the token trie the samplers mask with
   // Block tables that arrived before their request: the router's generate and the decode worker's
   // kv_table travel on different connections, so either may come first.
   struct early_table {

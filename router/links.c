@@ -359,6 +359,11 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
   cJSON_AddNumberToObject(m, "deadline_ms", s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000);
   cJSON_AddStringToObject(m, "mode", mode);
   if (peer_key) cJSON_AddStringToObject(m, peer_key, peer_name);
+  if (q->response_format != RTR_FORMAT_TEXT) { // structured outputs: every sampler of the choice follows this grammar
+    cJSON *gr = cJSON_AddObjectToObject(m, "grammar");
+    cJSON_AddStringToObject(gr, "type", q->json_schema ? "json_schema" : "json");
+    if (q->json_schema) cJSON_AddRawToObject(gr, "schema", q->json_schema); // cJSON's own print: valid JSON
+  }
   return m;
 }
 

@@ -88,6 +88,7 @@ void rtr_request_free(rtr_request *r) {
   for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
   free(r->stop);
   free(r->bias);
+  free(r->json_schema);
   memset(r, 0, sizeof *r);
 }
 
@@ -406,24 +407,70 @@ static int check_tools(const cJSON *root, const char *tools_key, const char *cho
   return 0;
 }
 
-static int check_response_format(const cJSON *root, rtr_error *e) {
+// Keys of obj other than those in known (NULL-terminated) are refused, naming the first (param: response_format).
+static int only_keys(const cJSON *obj, const char *where, const char *const *known, rtr_error *e) {
+  for (const cJSON *k = obj->child; k; k = k->next) {
+    int ok = 0;
+    for (const char *const *f = known; *f && !ok; f++) ok = !strcmp(*f, k->string);
+    if (!ok)
+      return UNSUP(e, "response_format", "'%s.%.40s' is not supported (docs/openai.md lists the fields)", where,
+                   k->string);
+  }
+  return 0;
+}
+
+// response_format: text; json_object (any JSON object); json_schema {name, description, schema, strict}. The schema
+// is compiled here (models/json_schema.c) so a bad or unsupported one is a 400 naming the keyword; the workers
+// compile it again from the generate message's grammar field (docs/protocol.md).
+static int parse_response_format(const cJSON *root, rtr_request *r, rtr_error *e) {
+  static const char *const k_type[] = {"type", NULL}, *const k_schema[] = {"type", "json_schema", NULL};
+  static const char *const k_js[] = {"name", "description", "schema", "strict", NULL};
   const cJSON *rf = field(root, "response_format");
   if (!rf) return 0;
   if (!cJSON_IsObject(rf)) return BAD(e, "response_format", "'response_format' must be an object");
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
   if (!cJSON_IsString(t))
     return INVAL(e, "response_format", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+  int is_schema = !strcmp(t->valuestring, "json_schema");
+  if (strcmp(t->valuestring, "text") && strcmp(t->valuestring, "json_object") && !is_schema)
+    return INVAL(e, "response_format", "'response_format.type' '%.40s' is not one of \"text\", \"json_object\", "
+                 "\"json_schema\"", t->valuestring);
+  if (only_keys(rf, "response_format", is_schema ? k_schema : k_type, e) < 0) return -1;
   if (!strcmp(t->valuestring, "text")) return 0;
-  if (!strcmp(t->valuestring, "json_object") || !strcmp(t->valuestring, "json_schema"))
-    return UNSUP(e, "response_format", "'response_format' of type '%s' is not supported yet: structured outputs need "
-                 "grammar-constrained decoding, which this server does not have; leave response_format out or use "
-                 "{\"type\": \"text\"}", t->valuestring);
-  return INVAL(e, "response_format", "'response_format.type' '%.40s' is not one of \"text\", \"json_object\", "
-               "\"json_schema\"", t->valuestring);
+  r->response_format = RTR_FORMAT_JSON_OBJECT;
+  if (!is_schema) return 0;
+  const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+  if (!cJSON_IsObject(js))
+    return BAD(e, "response_format", "'response_format.json_schema' must be an object with 'name' and 'schema'");
+  if (only_keys(js, "response_format.json_schema", k_js, e) < 0) return -1;
+  const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name"), *desc = field(js, "description");
+  const cJSON *schema = field(js, "schema"), *strict = field(js, "strict");
+  int name_ok = cJSON_IsString(name) && name->valuestring[0] && strlen(name->valuestring) <= 64;
+  for (const char *c = name_ok ? name->valuestring : ""; *c && name_ok; c++)
+    name_ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_' || *c == '-';
+  if (!name_ok)
+    return BAD(e, "response_format", "'response_format.json_schema.name' must be 1..64 of a-z, A-Z, 0-9, _ and -");
+  if (desc && !cJSON_IsString(desc))
+    return BAD(e, "response_format", "'response_format.json_schema.description' must be a string");
+  if (strict && !cJSON_IsBool(strict))
+    return BAD(e, "response_format", "'response_format.json_schema.strict' must be a boolean");
+  if (schema && !cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+    return BAD(e, "response_format", "'response_format.json_schema.schema' must be a JSON Schema object");
+  if (!schema) return 0; // no schema: any JSON object, as json_object
+  r->response_format = RTR_FORMAT_JSON_SCHEMA;
+  if (!(r->json_schema = cJSON_PrintUnformatted(schema))) return OOM(e);
+  mdl_grammar *g = NULL;
+  char err[400];
+  int rc = mdl_grammar_from_json_schema(r->json_schema, strlen(r->json_schema), &g, err, sizeof err);
+  mdl_grammar_unref(g);
+  if (rc == MDL_GRAMMAR_UNSUPPORTED)
+    return UNSUP(e, "response_format", "'response_format.json_schema.schema': %s", err);
+  if (rc) return INVAL(e, "response_format", "'response_format.json_schema.schema': %s", err);
+  return 0;
 }
 
 // The chat fields accepted as no-ops (their reason is in docs/openai.md), the tool fields and response_format.
-static int check_chat_extras(const cJSON *root, rtr_error *e) {
+static int check_chat_extras(const cJSON *root, rtr_request *r, rtr_error *e) {
   int parallel = 0, store = 0;
   if (check_str(root, "user", e) < 0 || check_str(root, "prompt_cache_key", e) < 0 ||
       check_str(root, "safety_identifier", e) < 0 || get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
@@ -449,7 +496,7 @@ static int check_chat_extras(const cJSON *root, rtr_error *e) {
   }
   if (check_tools(root, "tools", "tool_choice", e) < 0 || check_tools(root, "functions", "function_call", e) < 0)
     return -1;
-  return check_response_format(root, e);
+  return parse_response_format(root, r, e);
 }
 
 // Every top-level field a kind knows (honoured, no-op or checked); any other is refused, naming it.
@@ -552,7 +599,7 @@ static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request 
         return UNSUP(e, param, "'%s' is not supported (include_usage, include_obfuscation)", param);
       }
   }
-  return r->kind == RTR_CHAT ? check_chat_extras(root, e) : check_str(root, "user", e);
+  return r->kind == RTR_CHAT ? check_chat_extras(root, r, e) : check_str(root, "user", e);
 }
 
 int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,

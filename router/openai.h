@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "models/gguf.h"
+#include "models/grammar.h"
 #include "server/config.h"
 
 #ifdef __cplusplus
@@ -69,6 +70,9 @@ typedef struct rtr_bias {
   float bias;
 } rtr_bias;
 
+// response_format: text; json_object (any JSON object); json_schema (a JSON text valid under json_schema).
+enum { RTR_FORMAT_TEXT = 0, RTR_FORMAT_JSON_OBJECT = 1, RTR_FORMAT_JSON_SCHEMA = 2 };
+
 #define RTR_MAX_LOGIT_BIAS 1024
 #define RTR_MAX_STOP_BYTES 1024
 
@@ -95,6 +99,8 @@ typedef struct rtr_request {
   int n_bias;
   int stream, include_usage;
   int ignore_eos;
+  int response_format;      // RTR_FORMAT_*: structured outputs (grammar-constrained decoding), chat only
+  char *json_schema;        // (owned) RTR_FORMAT_JSON_SCHEMA: the schema's JSON text (compiled once to validate it)
   int add_special;          // tokenize: add_special_tokens (default 1)
   int add_generation_prompt; // tokenize with messages (default 1)
 } rtr_request;
@@ -104,9 +110,10 @@ typedef struct rtr_request {
 // "messages[0].content"), a wrong type or an out-of-range value: 400 with the field in param; another model's name: 404
 // (code model_not_found). No field is silently ignored (docs/openai.md has the table): a field is honoured, accepted
 // as a documented no-op (user, store false, metadata, ...), or refused with 400 naming it in param: code
-// "unsupported_parameter" for an unknown field and for what this server cannot do (response_format json_object or
-// json_schema, tools unless tool_choice is "none", tool messages, ...), "invalid_value" for a value outside the
-// field's set (e.g. response_format type "bogus"). On error *out is left empty (nothing to free).
+// "unsupported_parameter" for an unknown field and for what this server cannot do (tools unless tool_choice is "none",
+// tool messages, a JSON Schema keyword outside the supported subset, ...), "invalid_value" for a value outside the
+// field's set (e.g. response_format type "bogus", a schema that is not one). response_format json_schema is compiled
+// to check it (param "response_format", the message names the keyword). On error *out is left empty.
 int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
                       rtr_error *e);
 void rtr_request_free(rtr_request *r); // frees what r owns and zeroes it; NULL is a no-op

@@ -1,4 +1,5 @@
-// worker/genreq.c: reads and checks a `generate` message; error replies and signal waiting shared by workers.
+// worker/genreq.c: reads and checks a `generate` message (and compiles its grammar, cached); error replies and signal
+// waiting shared by workers.
 #include "worker/genreq.h"
 
 #include <pthread.h>
@@ -39,6 +40,51 @@ static int get_name(const cJSON *o, const char *k, char *out, size_t cap) {
   return 0;
 }
 
+void wrk_grammars_init(wrk_grammars *c, const mdl_tok *tok) {
+  memset(c, 0, sizeof *c);
+  c->tok = tok;
+}
+
+void wrk_grammars_fini(wrk_grammars *c) {
+  for (int i = 0; i < c->n; i++) {
+    free(c->slot[i].key);
+    mdl_grammar_unref(c->slot[i].g);
+  }
+  mdl_grammar_vocab_free(c->vocab);
+  memset(c, 0, sizeof *c);
+}
+
+// The grammar for schema text key ("": any JSON object) as a new reference in *out: from the cache, or compiled
+// (evicting the least recently used). 0, or -1 with err.
+static int grammar_get(wrk_grammars *c, const char *key, mdl_grammar **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!c->vocab && mdl_grammar_vocab_from_tok(c->tok, &c->vocab, err, errlen)) return -1;
+  for (int i = 0; i < c->n; i++)
+    if (!strcmp(c->slot[i].key, key)) {
+      c->slot[i].used = ++c->tick;
+      *out = mdl_grammar_ref(c->slot[i].g);
+      return 0;
+    }
+  mdl_grammar *g = NULL;
+  if (mdl_grammar_from_json_schema(key[0] ? key : NULL, strlen(key), &g, err, errlen)) return -1;
+  char *k = strdup(key);
+  if (!k) {
+    mdl_grammar_unref(g);
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  wrk_grammar_slot *s = &c->slot[c->n < WRK_GRAMMAR_CACHE ? c->n++ : 0];
+  if (c->n == WRK_GRAMMAR_CACHE && s->key) { // full: the least recently used one goes (requests keep their reference)
+    for (int i = 1; i < c->n; i++)
+      if (c->slot[i].used < s->used) s = &c->slot[i];
+    free(s->key);
+    mdl_grammar_unref(s->g);
+  }
+  *s = (wrk_grammar_slot){k, g, ++c->tick};
+  *out = mdl_grammar_ref(g);
+  return 0;
+}
+
 #define FAIL(c, ...)                                                                                                  \
   do {                                                                                                                \
     snprintf(code, code_len, "%s", c);                                                                                \
@@ -46,8 +92,8 @@ static int get_name(const cJSON *o, const char *k, char *out, size_t cap) {
     goto fail;                                                                                                        \
   } while (0)
 
-int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_genreq *r, char *code, size_t code_len, char *err,
-                     size_t errlen) {
+int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_grammars *gc, wrk_genreq *r, char *code,
+                     size_t code_len, char *err, size_t errlen) {
   memset(r, 0, sizeof *r);
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
   if (!cJSON_IsString(id) || !id->valuestring[0] || strlen(id->valuestring) >= sizeof r->id)
@@ -117,6 +163,25 @@ int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_genreq *r, char
     sp->bias = r->bias;
     sp->n_bias = nb;
   }
+  // grammar {"type": "json"} (any JSON object) or {"type": "json_schema", "schema": {...}}: response_format
+  const cJSON *gm = cJSON_GetObjectItemCaseSensitive(m, "grammar");
+  if (gm && !cJSON_IsNull(gm)) {
+    const cJSON *gt = cJSON_GetObjectItemCaseSensitive(gm, "type"), *gs = cJSON_GetObjectItemCaseSensitive(gm, "schema");
+    int is_schema = cJSON_IsString(gt) && !strcmp(gt->valuestring, "json_schema");
+    if (!gc) FAIL("invalid_request", "this worker cannot constrain its output to a grammar");
+    if (!cJSON_IsObject(gm) || !cJSON_IsString(gt) || (strcmp(gt->valuestring, "json") && !is_schema) ||
+        (is_schema && !cJSON_IsObject(gs) && !cJSON_IsBool(gs)))
+      FAIL("invalid_request", "grammar must be {\"type\": \"json\"} or {\"type\": \"json_schema\", \"schema\": {...}}");
+    char *key = is_schema ? cJSON_PrintUnformatted(gs) : strdup("");
+    if (!key) FAIL("internal_error", "out of memory");
+    char gerr[400];
+    int rc = grammar_get(gc, key, &r->grammar, gerr, sizeof gerr);
+    free(key);
+    if (rc) FAIL("invalid_request", "grammar: %s", gerr);
+    sp->grammar = r->grammar;
+    sp->grammar_vocab = gc->vocab;
+    r->ignore_eos = 0;
+  }
   const cJSON *stop = cJSON_GetObjectItemCaseSensitive(m, "stop");
   if (stop && !cJSON_IsArray(stop) && !cJSON_IsNull(stop)) FAIL("invalid_request", "stop must be an array of strings");
   int ns = cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : 0;
@@ -148,6 +213,7 @@ void wrk_genreq_resume_sampler(const wrk_genreq *r, mdl_sampler *s) {
 }
 
 void wrk_genreq_free(wrk_genreq *r) {
+  mdl_grammar_unref(r->grammar);
   free(r->prompt);
   free(r->bias);
   for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);

@@ -9,12 +9,36 @@
 
 #include <cjson/cJSON.h>
 
+#include "models/grammar.h"
 #include "models/sampler.h"
+#include "models/tokenizer.h"
 #include "server/hub.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+// Compiled response_format grammars by schema text (the workers' LRU of WRK_GRAMMAR_CACHE), and the vocabulary's
+// token trie they mask with, built on the first request that needs it. One per worker, used from its event loop.
+#define WRK_GRAMMAR_CACHE 16
+typedef struct wrk_grammar_slot {
+  char *key;          // (owned) the schema's JSON text; "" for any JSON object
+  mdl_grammar *g;     // (owned reference)
+  uint64_t used;
+} wrk_grammar_slot;
+
+typedef struct wrk_grammars {
+  const mdl_tok *tok;        // (borrowed) the runtime's tokenizer
+  mdl_grammar_vocab *vocab;  // (owned) its trie, NULL until needed
+  wrk_grammar_slot slot[WRK_GRAMMAR_CACHE]; // (n)
+  int n;
+  uint64_t tick;
+} wrk_grammars;
+
+void wrk_grammars_init(wrk_grammars *c, const mdl_tok *tok);
+// Frees the cache; requests still holding a grammar keep their reference, but the trie goes: call it after every
+// request is freed.
+void wrk_grammars_fini(wrk_grammars *c);
 
 typedef struct wrk_genreq {
   char id[96];
@@ -31,17 +55,20 @@ typedef struct wrk_genreq {
   int n_stop;
   int32_t *stop_ids;     // (owned) (n_stop_ids)
   int n_stop_ids;
-  int ignore_eos;
+  int ignore_eos;        // 0 whenever there is a grammar: it decides where the output ends
+  mdl_grammar *grammar;  // (owned reference) the `grammar` field's, or NULL; sampling.grammar points at it and
+                         // sampling.grammar_vocab at the worker's trie (borrowed from its wrk_grammars)
   int deadline_ms;       // 0 = none
   char mode[16];         // "local", "prefill", "decode"
   char prefill[64];      // mode decode: the prefill worker that computes the KV
   char decode[64];       // mode prefill: the decode worker that receives it
 } wrk_genreq;
 
-// Parses and validates m against the model's vocabulary and context. On failure fills code
-// ("invalid_request" / "context_length_exceeded") and err, and req holds nothing to free.
-int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_genreq *req, char *code, size_t code_len,
-                     char *err, size_t errlen);
+// Parses and validates m against the model's vocabulary and context; a `grammar` field is compiled through gc (a
+// worker's cache; NULL: a grammar is refused). On failure fills code ("invalid_request" / "context_length_exceeded")
+// and err, and req holds nothing to free.
+int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_grammars *gc, wrk_genreq *req, char *code,
+                     size_t code_len, char *err, size_t errlen);
 void wrk_genreq_free(wrk_genreq *req);
 // Replays req's resumed tokens into a sampler made from req's whole prompt, as if it had sampled them: the RNG
 // advances by their draws and the penalties count them as generated.

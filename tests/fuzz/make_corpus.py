@@ -177,12 +177,33 @@ def kvxfer_seeds():
     write("fuzz_kvxfer", "truncated.bin", kvx_frame(0x04, 1, 0, 64, b"short"))
 
 
+# ---- grammar (schema text, 0xFF, bytes to follow; no 0xFF: json_object mode over the whole input) ----
+def grammar_seeds():
+    schemas = {
+        "object": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                    "required": ["a"], "additionalProperties": False}, '{"a": 12, "b": "x"}'),
+        "array": ({"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 3}, "[1, -2.5e3]"),
+        "enum": ({"enum": ["a", 1, None, True]}, '"a"'),
+        "anyof": ({"anyOf": [{"type": "string", "pattern": "^[a-c]+$"}, {"const": False}]}, '"abc"'),
+        "ref": ({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}},
+                 "$ref": "#/$defs/n"}, '{"next": {"next": {}}}'),
+        "formats": ({"type": "object", "properties": {"d": {"type": "string", "format": "date-time"},
+                                                       "u": {"type": "string", "format": "uuid"}}},
+                    '{"d": "2026-12-03T13:40:49Z"}'),
+        "unsupported": ({"type": "integer", "minimum": 3}, "4"),
+    }
+    for n, (sc, text) in schemas.items():
+        write("fuzz_grammar", n + ".bin", json.dumps(sc).encode() + b"\xff" + text.encode())
+    write("fuzz_grammar", "json_object.bin", '{"k": [1, 2.5, "s\\u00e9", null, {"x": true}]}')
+    write("fuzz_grammar", "not_json.bin", b"{\"type\": \xff{}")
+
+
 def main():
     if os.path.isdir(OUT) and "--keep" not in sys.argv:
-        for t in ("fuzz_gguf", "fuzz_tokenizer", "fuzz_chat", "fuzz_config", "fuzz_ctl", "fuzz_openai", "fuzz_kvxfer"):
+        for t in ("fuzz_gguf", "fuzz_tokenizer", "fuzz_chat", "fuzz_config", "fuzz_ctl", "fuzz_openai", "fuzz_kvxfer", "fuzz_grammar"):
             shutil.rmtree(os.path.join(OUT, t), ignore_errors=True)
     os.makedirs(os.path.join(OUT, "fuzz_config"), exist_ok=True)
-    gguf_seeds(); tokenizer_seeds(); chat_seeds(); config_seeds(); ctl_seeds(); openai_seeds(); kvxfer_seeds()
+    gguf_seeds(); tokenizer_seeds(); chat_seeds(); config_seeds(); ctl_seeds(); openai_seeds(); kvxfer_seeds(); grammar_seeds()
 
 
 if __name__ == "__main__":

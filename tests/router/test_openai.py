@@ -409,12 +409,23 @@ class FieldPolicyTest(unittest.TestCase):
 
     def test_response_format(self):
         chat = client().chat.completions.create
+        # structured outputs: the router checks the schema and sends the workers its grammar (docs/protocol.md)
+        r = chat(model="tiny", messages=MSGS, max_tokens=2, response_format={"type": "json_object"})
+        self.assertEqual(sent_to_worker(r.id)["grammar"], {"type": "json"})
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                  "additionalProperties": False}
+        rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
+        r = chat(model="tiny", messages=MSGS, max_tokens=2, response_format=rf)
+        self.assertEqual(sent_to_worker(r.id)["grammar"], {"type": "json_schema", "schema": schema})
+        r = chat(model="tiny", messages=MSGS, max_tokens=2, response_format={"type": "text"})
+        self.assertNotIn("grammar", sent_to_worker(r.id))
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 0}}}
         ex = self.refused("response_format", "unsupported_parameter",
-                          lambda: chat(model="tiny", messages=MSGS, response_format={"type": "json_object"}))
-        self.assertIn("not supported", str(ex))
-        schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
-        self.refused("response_format", "unsupported_parameter",
-                     lambda: chat(model="tiny", messages=MSGS, response_format=schema))
+                          lambda: chat(model="tiny", messages=MSGS, response_format=bad))
+        self.assertIn("'minimum'", str(ex))
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}
+        self.refused("response_format", "invalid_value",
+                     lambda: chat(model="tiny", messages=MSGS, response_format=bad))
         self.refused("response_format", "invalid_value",
                      lambda: chat(model="tiny", messages=MSGS, response_format={"type": "bogus"}))
         r = chat(model="tiny", messages=MSGS, seed=3, max_tokens=2, response_format={"type": "text"})

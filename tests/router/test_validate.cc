@@ -247,10 +247,29 @@ std::vector<Bad> bad_bodies() {
       {RTR_COMPLETION, R"({"prompt":"x","store":false})", 400, "store", U},
       {RTR_TOKENIZE, R"({"prompt":"x","return_token_strs":true})", 400, "return_token_strs", U},
       {RTR_DETOKENIZE, R"({"tokens":[1],"prompt":"x"})", 400, "prompt", U},
-      // response_format: text is honoured; structured outputs are refused until grammar-constrained decoding exists
-      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_object"}})", 400, "response_format", U},
-      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}})",
-       400, "response_format", U},
+      // response_format: text, json_object and json_schema are honoured; a schema outside the supported subset, or
+      // a field of response_format this server does not know, is refused naming response_format
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
+                           R"({"type":"object","properties":{"n":{"type":"integer","minimum":0}}}}}})", 400,
+       "response_format", U},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
+                           R"({"type":"string","pattern":"(a)\\1"}}}})", 400, "response_format", U},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
+                           R"({"type":"strnig"}}}})", 400, "response_format", I},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
+                           R"({"$ref":"#/$defs/none"}}}})", 400, "response_format", I},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"schema":{}}}})", 400,
+       "response_format", ""},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"a b","schema":{}}}})",
+       400, "response_format", ""},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","strict":1}}})", 400,
+       "response_format", ""},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":5}}})", 400,
+       "response_format", ""},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema"}})", 400, "response_format", ""},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","x":1}}})", 400,
+       "response_format", U},
+      {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_object","schema":{}}})", 400, "response_format", U},
       {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"bogus"}})", 400, "response_format", I},
       {RTR_CHAT, "{" + M + R"(,"response_format":{}})", 400, "response_format", I},
       {RTR_CHAT, "{" + M + R"(,"response_format":"json"})", 400, "response_format", ""},
@@ -329,6 +348,34 @@ TEST(Validate, HostileBodies) {
     cJSON_Delete(o);
     free(j);
   }
+}
+
+// response_format json_object / json_schema: structured outputs (the schema compiled to check it, kept as text).
+TEST(Validate, ResponseFormatStructured) {
+  Parsed text(RTR_CHAT, "{" + M + R"(,"response_format":{"type":"text"}})");
+  ASSERT_EQ(text.rc, 0) << text.e.message;
+  EXPECT_EQ(text.r.response_format, RTR_FORMAT_TEXT);
+  Parsed obj(RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_object"}})");
+  ASSERT_EQ(obj.rc, 0) << obj.e.message;
+  EXPECT_EQ(obj.r.response_format, RTR_FORMAT_JSON_OBJECT);
+  EXPECT_EQ(obj.r.json_schema, nullptr);
+  Parsed js(RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"person_1",
+    "description":"d","strict":true,"schema":{"type":"object","properties":{"a":{"type":"string","format":"date"}},
+    "required":["a"],"additionalProperties":false}}}})");
+  ASSERT_EQ(js.rc, 0) << js.e.message;
+  EXPECT_EQ(js.r.response_format, RTR_FORMAT_JSON_SCHEMA);
+  ASSERT_NE(js.r.json_schema, nullptr);
+  EXPECT_STREQ(js.r.json_schema, R"({"type":"object","properties":{"a":{"type":"string","format":"date"}},)"
+                                 R"("required":["a"],"additionalProperties":false})");
+  Parsed noschema(RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x"}}})");
+  ASSERT_EQ(noschema.rc, 0) << noschema.e.message;
+  EXPECT_EQ(noschema.r.response_format, RTR_FORMAT_JSON_OBJECT); // no schema: any JSON object
+  Parsed bad(RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
+                                 R"({"type":"object","properties":{"n":{"type":"integer","maximum":9}}}}}})");
+  ASSERT_NE(bad.rc, 0);
+  EXPECT_STREQ(bad.e.param, "response_format");
+  EXPECT_NE(strstr(bad.e.message, "'maximum'"), nullptr) << bad.e.message;
+  EXPECT_NE(strstr(bad.e.message, "#/properties/n"), nullptr) << bad.e.message;
 }
 
 // The documented no-ops (docs/openai.md) are accepted with their neutral values and change nothing.

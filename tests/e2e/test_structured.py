@@ -1,0 +1,211 @@
+"""tests/e2e/test_structured.py: structured outputs (response_format json_object / json_schema) through the router with the openai client, colocated and 1P1D, streamed and not: every answer parses and validates."""
+
+import json
+import os
+import re
+import sys
+import threading
+import unittest
+
+try:
+    import openai
+except ImportError:  # ctest runs the e2e tests with the system python: the openai client lives in the test venv
+    VENV_PY = os.path.join(os.environ.get("DSERVE_VENV") or os.path.expanduser("~/.cache/dserve/venv"), "bin", "python")
+    if os.access(VENV_PY, os.X_OK) and not os.environ.get("DSERVE_STRUCTURED_REEXEC"):
+        os.environ["DSERVE_STRUCTURED_REEXEC"] = "1"
+        os.execv(VENV_PY, [VENV_PY] + sys.argv)
+    openai = None
+
+import e2e_util as u
+
+# Short strings (maxLength) keep the small model's answers short; every keyword kind the grammar knows appears once.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 30},
+        "age": {"type": "integer"},
+        "email": {"type": "string", "format": "email"},
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 20}, "minItems": 1, "maxItems": 3},
+        "pet": {"anyOf": [{"$ref": "#/$defs/pet"}, {"type": "null"}]},
+        "verified": {"type": "boolean"},
+    },
+    "required": ["name", "age", "email", "hobbies", "pet", "verified"],
+    "additionalProperties": False,
+    "$defs": {"pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog", "fish"]},
+                                                       "name": {"type": "string", "maxLength": 20}},
+                      "required": ["kind", "name"], "additionalProperties": False}},
+}
+MESSAGES = [{"role": "user", "content": "Invent a person and describe them as JSON: name, age, email, up to three "
+                                        "hobbies, their pet (or null) and whether they are verified."}]
+N_SCHEMA = 10  # requests per configuration and mode (streamed or not): 20 per configuration, the target 20/20 valid
+MODEL_ID = {}  # router port -> the served model's id
+EMAIL = re.compile(r"^[A-Za-z0-9._%+-]{1,64}@([A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}$")
+
+
+def validate(v, s, root=SCHEMA, path="$"):
+    """The errors of value v under schema s (the keywords SCHEMA uses), as a list of strings."""
+    if "$ref" in s:
+        s = root["$defs"][s["$ref"].split("/")[-1]]
+    if "anyOf" in s:
+        if any(not validate(v, b, root, path) for b in s["anyOf"]):
+            return []
+        return ["%s: matches no anyOf branch" % path]
+    errs = []
+    t = s.get("type")
+    types = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+    if t == "integer":
+        if not isinstance(v, int) or isinstance(v, bool):
+            return ["%s: not an integer" % path]
+    elif t in types and not isinstance(v, types[t]):
+        return ["%s: not a %s" % (path, t)]
+    if "enum" in s and v not in s["enum"]:
+        errs.append("%s: not in the enum" % path)
+    if isinstance(v, dict):
+        props = s.get("properties", {})
+        errs += ["%s: %s is required" % (path, k) for k in s.get("required", []) if k not in v]
+        if s.get("additionalProperties") is False:
+            errs += ["%s: unexpected %s" % (path, k) for k in v if k not in props]
+        for k, sub in props.items():
+            if k in v:
+                errs += validate(v[k], sub, root, path + "." + k)
+    if isinstance(v, list):
+        if len(v) < s.get("minItems", 0) or len(v) > s.get("maxItems", 1 << 30):
+            errs.append("%s: %d items" % (path, len(v)))
+        for i, x in enumerate(v):
+            errs += validate(x, s.get("items", {}), root, "%s[%d]" % (path, i))
+    if isinstance(v, str):
+        if len(v) < s.get("minLength", 0) or len(v) > s.get("maxLength", 1 << 30):
+            errs.append("%s: length %d" % (path, len(v)))
+        if s.get("format") == "email" and not EMAIL.match(v):
+            errs.append("%s: not an email" % path)
+    return errs
+
+
+def client(port):
+    return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="none", max_retries=0,
+                         timeout=300 * u.SCALE)
+
+
+def ask(port, i, response_format, stream, max_tokens=300):
+    """One chat completion (seed i); returns (content, finish_reason)."""
+    c = client(port).chat.completions
+    kw = dict(model=MODEL_ID[port], messages=MESSAGES, response_format=response_format, max_tokens=max_tokens,
+              seed=1000 + i + (500 if stream else 0))
+    if not stream:
+        r = c.create(**kw)
+        return r.choices[0].message.content, r.choices[0].finish_reason
+    text, finish = "", None
+    for ch in c.create(stream=True, **kw):
+        if ch.choices:
+            text += ch.choices[0].delta.content or ""
+            finish = ch.choices[0].finish_reason or finish
+    return text, finish
+
+
+def ask_all(port, n, response_format, stream, parallel=4, max_tokens=300):
+    """n requests, parallel at a time: [(content, finish_reason)] in seed order."""
+    out, errors, lock = [None] * n, [], threading.Lock()
+
+    def worker(k):
+        for i in range(k, n, parallel):
+            try:
+                out[i] = ask(port, i, response_format, stream, max_tokens)
+            except Exception as ex:  # reported by the caller
+                with lock:
+                    errors.append("%d: %r" % (i, ex))
+
+    th = [threading.Thread(target=worker, args=(k,)) for k in range(parallel)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(600 * u.SCALE)
+    return out, errors
+
+
+class Structured:
+    """The checks, run against one cluster (colocated or 1P1D) set up by the subclass."""
+
+    PORT = None
+
+    def check_schema(self, stream):
+        rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
+        out, errors = ask_all(self.PORT, N_SCHEMA, rf, stream)
+        self.assertEqual(errors, [])
+        valid = 0
+        for i, (text, finish) in enumerate(out):
+            self.assertEqual(finish, "stop", "request %d ended by %s: %r" % (i, finish, text))
+            try:
+                v = json.loads(text)
+            except ValueError as ex:
+                self.fail("request %d: not JSON (%s): %r" % (i, ex, text))
+            self.assertEqual(validate(v, SCHEMA), [], "request %d: %r" % (i, text))
+            valid += 1
+        self.assertEqual(valid, N_SCHEMA)
+
+    def test_json_schema(self):
+        self.check_schema(stream=False)
+
+    def test_json_schema_stream(self):
+        self.check_schema(stream=True)
+
+    def test_json_object(self):
+        for stream in (False, True):
+            out, errors = ask_all(self.PORT, 2, {"type": "json_object"}, stream, parallel=2, max_tokens=120)
+            self.assertEqual(errors, [])
+            for i, (text, finish) in enumerate(out):
+                if finish == "length":  # json_object bounds nothing: a long answer may be cut, never wrong so far
+                    continue
+                self.assertEqual(finish, "stop")
+                self.assertIsInstance(json.loads(text), dict, text)
+
+    def test_bad_schema(self):
+        c = client(self.PORT).chat.completions
+        for schema, keyword, code in [({"type": "integer", "minimum": 0}, "'minimum'", "unsupported_parameter"),
+                                      ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(x)\\1"}}},
+                                       "'pattern'", "unsupported_parameter"),
+                                      ({"type": "strnig"}, "'type'", "invalid_value")]:
+            rf = {"type": "json_schema", "json_schema": {"name": "bad", "schema": schema}}
+            with self.assertRaises(openai.BadRequestError) as e:
+                c.create(model=MODEL_ID[self.PORT], messages=MESSAGES, response_format=rf, max_tokens=5)
+            self.assertEqual(e.exception.status_code, 400)
+            self.assertEqual(e.exception.param, "response_format", e.exception.body)
+            self.assertEqual(e.exception.code, code, e.exception.body)
+            self.assertIn(keyword, e.exception.message)
+
+
+def start(test_class, workers, disagg_threshold, tag):
+    u.require_env(test_class)
+    if openai is None:
+        raise unittest.SkipTest("the openai package is not installed (scripts/setup.sh makes the test venv)")
+    c = u.Cluster(workers, disagg_threshold=disagg_threshold, tag=tag)
+    test_class.addClassCleanup(c.close)
+    c.start()
+    test_class.PORT = c.port
+    MODEL_ID[c.port] = client(c.port).models.list().data[0].id
+    return c
+
+
+class Colocated(Structured, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        start(cls, [{"name": "w0", "role": "both", "threads": 2, "max_seqs": 8}], 1000, "structured")
+
+
+class OneP1D(Structured, unittest.TestCase):
+    """The prefill worker samples the first token under the grammar; the decode worker replays it and goes on."""
+
+    @classmethod
+    def setUpClass(cls):
+        start(cls, [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode", "max_seqs": 8}], 0,
+              "structured-1p1d")
+
+    def test_json_schema(self):
+        m0 = u.metrics(self.PORT)
+        super().test_json_schema()
+        m1 = u.metrics(self.PORT)  # every request went through the prefill worker
+        self.assertEqual(m1["dserve:kv_transfer_time_seconds_count"] - m0["dserve:kv_transfer_time_seconds_count"],
+                         N_SCHEMA)
+
+
+if __name__ == "__main__":
+    unittest.main()
