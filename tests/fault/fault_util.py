@@ -217,6 +217,15 @@ class FaultCase(unittest.TestCase):
         self.refs = references(c.port)
         return c
 
+    def start_1p2d_decoding(self, tag, backoff_ms=100):
+        """One prefill and two decode workers (4 streams each) under 16 streams, returned at the moment d0 decodes
+        with a stream midway: the moment the 1P2D migration cases strike. Returns (cluster, load)."""
+        c = self.start([worker("p0", "prefill"), worker("d0", "decode", max_seqs=4), worker("d1", "decode", max_seqs=4)],
+                       tag, backoff_ms)
+        load = Load(c.port)
+        self.wait_moment(load, lambda: decoding_moment(c, load, "d0", 1), "d0 decoding, a stream midway")
+        return c, load
+
     def wait_moment(self, load, cond, what, timeout=60.0):
         """Polls cond() (worker stats) until it holds, returns its value; fails with the last state otherwise."""
         last = {}

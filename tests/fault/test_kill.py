@@ -44,11 +44,8 @@ class KillDecode(f.FaultCase):
 
     def test_kill_decode_1p2d_moves_streams(self):
         # Restarts are delayed 5 s, so a move can only go to d1.
-        c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode", max_seqs=4), f.worker("d1", "decode", max_seqs=4)],
-                       "kill-d0-2d", backoff_ms=5000)
+        c, load = self.start_1p2d_decoding("kill-d0-2d", backoff_ms=5000)
         ports = c.ports()
-        load = f.Load(c.port)
-        self.wait_moment(load, lambda: f.decoding_moment(c, load, "d0", 1), "d0 decoding, a stream midway")
         t = time.time()
         f.signal_role(c, "d0", signal.SIGKILL)
         ok, err = self.check_streams(load, t)

@@ -40,10 +40,7 @@ class StopWorker(f.FaultCase):
         self.assertNotIn("restarted d0", c.node.text(), "the launcher restarted a stopped (not dead) worker")
 
     def test_stop_decode_1p2d_moves_streams(self):
-        c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode", max_seqs=4), f.worker("d1", "decode", max_seqs=4)],
-                       "stop-d0-2d")
-        load = f.Load(c.port)
-        self.wait_moment(load, lambda: f.decoding_moment(c, load, "d0", 1), "d0 decoding, a stream midway")
+        c, load = self.start_1p2d_decoding("stop-d0-2d")
         t = time.time()
         pid = self.stop(c, "d0")
         # After migrate_silent_ms without a pong the router moves d0's streams to d1 (cancelling them at d0, which
@@ -61,10 +58,7 @@ class StopWorker(f.FaultCase):
     def test_term_decode_1p2d_moves_streams(self):
         # A rolling restart: SIGTERM to d0 mid-generation. d0 tells the router it drains; the router moves its
         # streams to d1; d0 exits once they are gone and the launcher starts it again.
-        c = self.start([f.worker("p0", "prefill"), f.worker("d0", "decode", max_seqs=4), f.worker("d1", "decode", max_seqs=4)],
-                       "term-d0-2d")
-        load = f.Load(c.port)
-        self.wait_moment(load, lambda: f.decoding_moment(c, load, "d0", 1), "d0 decoding, a stream midway")
+        c, load = self.start_1p2d_decoding("term-d0-2d")
         t = time.time()
         f.signal_role(c, "d0", signal.SIGTERM)
         ok, err = self.check_streams(load, t)
