@@ -350,9 +350,11 @@ static int has_id(const dec_seq *s, const void *arg) {
 static int routed_to(const dec_seq *s, const void *peer) { return s->router == peer; }
 static int from_prefill(const dec_seq *s, const void *name) { return s->handoff && !strcmp(s->req.prefill, name); }
 static int any(const dec_seq *s, const void *arg) { (void)s; (void)arg; return 1; }
-static int expired(const dec_seq *s, const void *now) {
-  int64_t t = *(const int64_t *)now;
-  return (s->deadline_ms && t > s->deadline_ms) || (s->handoff && t > s->handoff_deadline_ms);
+static int past_deadline(const dec_seq *s, const void *now) {
+  return s->deadline_ms && *(const int64_t *)now > s->deadline_ms;
+}
+static int kv_overdue(const dec_seq *s, const void *now) {
+  return s->handoff && *(const int64_t *)now > s->handoff_deadline_ms;
 }
 
 static void first_fn(dec_worker *w, dec_seq *s, void *out) {
@@ -682,7 +684,10 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
       if ((!wrk_engine_busy(&w.eng) && !w.n_handoffs) || wrk_shell_now_ms() > drain_until) break;
     }
     int64_t now = wrk_shell_now_ms();
-    drop_where(&w, expired, &now, "timeout", "request deadline passed (or its KV never arrived)");
+    // Two causes, two messages: a client's deadline is the client's to widen, KV that never came is the cluster's
+    drop_where(&w, past_deadline, &now, "timeout", "request deadline passed");
+    drop_where(&w, kv_overdue, &now, "timeout",
+               "the prompt's KV did not arrive from the prefill worker in time (handoff_timeout_ms)");
     release_held(&w, NULL, NULL, now);
     wrk_engine_admit(&w.eng, reject, &w);
     if (step(&w, err, errlen)) {

@@ -135,6 +135,7 @@ class Timeouts(unittest.TestCase):
             dt = time.time() - t0
             self.assertEqual((m.get("op"), m.get("id"), m.get("code")), ("error", id, "timeout"),
                              "%r\n%s" % (m, self.logs()))
+            self.assertIn("KV did not arrive", m.get("message", ""), m)  # not the client's deadline
             self.assert_when(dt, bound, "the handoff timeout after kv_started")
             f = fp.recv_op({"kv_fail"}, 1.0 * SCALE)
             self.assertEqual(f.get("id"), id, f)
