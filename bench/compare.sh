@@ -236,7 +236,7 @@ done
 
 echo
 echo "== dserve vs llama.cpp (llama-server -np $LLAMA_NP): random $INPUT_LEN words in, $OUTPUT_LEN tokens out, SLO $SLO, rates $RATES, max in flight $MAX_CONC =="
-python3 - "$OUT" "$RATES" $SERVERS <<'EOF'
+SLO="$SLO" python3 - "$OUT" "$RATES" $SERVERS <<'EOF'
 import json, os, sys
 sys.path.insert(0, "bench")
 import loadgen
@@ -254,6 +254,9 @@ for s in servers:
 if "llama.cpp" not in runs:
     runs["llama.cpp"] = {r: None for r in rates}
 print(loadgen.compare_table(runs, "llama.cpp")[0])
+svg = os.path.join(out, "goodput.svg")
+if loadgen.goodput_svg(runs, svg, "goodput (SLO %s) against rate" % os.environ.get("SLO", "")):
+    print("goodput against rate plotted: %s" % svg)
 # Throughput and token latency per server and rate, each with its ratio to llama.cpp at the same rate.
 print()
 f = lambda v, p=0: "n/a" if v is None else "%.*f" % (p, v)

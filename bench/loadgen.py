@@ -28,7 +28,7 @@ VOCAB = (
 
 from loadgen_stats import (  # noqa: E402,F401 (re-exported: callers use loadgen.summarize etc.)
     CONN_ERROR, STREAM_ERROR, TIMEOUT, LoadgenError, compare_table, describe, first_error, format_report,
-    parse_slo, peak_concurrency, percentile, plot, request_meets_slo, summarize, timeline)
+    goodput_svg, parse_slo, peak_concurrency, percentile, plot, request_meets_slo, summarize, timeline)
 
 
 # ----------------------------------------------------------------------------------------------------------------

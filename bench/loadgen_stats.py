@@ -1,6 +1,7 @@
 """bench/loadgen_stats.py: what a load run measured: percentiles, SLO goodput, the summary, the report, the comparison
 table and the plot (pure functions, no I/O but the optional plot file); bench/loadgen.py runs the load."""
 
+import html
 import math
 
 CONN_ERROR = "conn_error"
@@ -266,6 +267,54 @@ def plot(rep, path):
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return None
+
+
+def goodput_svg(runs, path, title="goodput against request rate"):
+    """Write an SVG line chart of goodput (req/s within the SLO) against the offered rate, one line per server.
+
+    runs: {server: {rate(float): report dict or None}}, as compare_table takes; an unlimited rate (inf) and missing
+    reports are left out. Plain SVG text, so the plot needs no plotting package. Returns the number of points drawn."""
+    pts = {s: sorted((r, rep["goodput"]) for r, rep in by.items()
+                     if rep is not None and rep.get("goodput") is not None and math.isfinite(r))
+           for s, by in runs.items()}
+    xs = [r for p in pts.values() for r, _ in p] or [1.0]
+    ys = [g for p in pts.values() for _, g in p] or [1.0]
+    xmax, ymax = max(xs) * 1.05 or 1.0, max(max(ys), max(xs)) * 1.1 or 1.0
+    W, H, L, B, T, R = 640, 400, 60, 50, 40, 150  # size, then margins: left, bottom, top, right (the legend)
+    X = lambda v: L + v / xmax * (W - L - R)
+    Y = lambda v: H - B - v / ymax * (H - B - T)
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">'
+           % (W, H), '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="%d" y="22" font-size="14">%s</text>' % (L, html.escape(title))]
+    for i in range(6):  # axes with 5 ticks each
+        xv, yv = xmax * i / 5, ymax * i / 5
+        out.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>' % (X(xv), T, X(xv), H - B))
+        out.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>' % (L, Y(yv), W - R, Y(yv)))
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%.2g</text>' % (X(xv), H - B + 16, xv))
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%.2g</text>' % (L - 6, Y(yv) + 4, yv))
+    out.append('<text x="%d" y="%d" text-anchor="middle">offered rate (req/s)</text>' % ((L + W - R) // 2, H - 12))
+    out.append('<text x="16" y="%d" transform="rotate(-90 16 %d)" text-anchor="middle">goodput (req/s)</text>'
+               % ((T + H - B) // 2, (T + H - B) // 2))
+    out.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#999" stroke-dasharray="4 4"/>'
+               % (X(0), Y(0), X(min(xmax, ymax)), Y(min(xmax, ymax))))  # goodput = rate: every request in the SLO
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+    n = 0
+    for i, (s, p) in enumerate(pts.items()):
+        c = colors[i % len(colors)]
+        if len(p) > 1:
+            out.append('<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>'
+                       % (c, " ".join("%.1f,%.1f" % (X(r), Y(g)) for r, g in p)))
+        for r, g in p:
+            out.append('<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s"><title>%s: %.3g req/s at %.3g</title></circle>'
+                       % (X(r), Y(g), c, html.escape(s), g, r))
+            n += 1
+        ly = T + 10 + 18 * i
+        out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"/>' % (W - R + 10, ly, W - R + 30, ly, c))
+        out.append('<text x="%d" y="%d">%s</text>' % (W - R + 36, ly + 4, html.escape(s)))
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+    return n
 
 
 def compare_table(runs, baseline, ttft_limit_ms=1000.0):

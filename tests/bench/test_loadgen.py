@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
 import threading
 import time
 import unittest
@@ -222,6 +223,21 @@ class TestStatistics(unittest.TestCase):
         self.assertIn("dserve-1p1d/llama.cpp goodput at 2 req/s: n/a", text)
         row2 = [ln for ln in text.splitlines() if ln.strip().startswith("2 ")][0].split()
         self.assertEqual(row2[:7], ["2", "0.80", "1500", "1.60", "300", "2.00", "0.20"])
+
+
+    def test_goodput_svg(self):
+        def rep(gp):
+            return {"goodput": gp, "successful_requests": 5, "ttft_ms": {"p99": 1}}
+        runs = {"llama.cpp": {0.5: rep(0.5), 1.0: rep(0.9), math.inf: rep(1.2)},
+                "dserve <1p1d>": {0.5: rep(0.5), 1.0: None}}
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "g.svg")
+            self.assertEqual(loadgen.goodput_svg(runs, path, "t"), 3)  # inf and missing reports left out
+            root = ET.parse(path).getroot()  # well-formed XML, names escaped
+        ns = "{http://www.w3.org/2000/svg}"
+        self.assertEqual(len(root.findall(ns + "polyline")), 1)  # a line needs two points
+        self.assertEqual(len(root.findall(ns + "circle")), 3)
+        self.assertIn("dserve <1p1d>", [t.text for t in root.findall(ns + "text")])
 
 
 class TestArrivals(unittest.TestCase):
