@@ -70,16 +70,17 @@ static int io_all(int fd, void *p, size_t n, int wr) {
   return 0;
 }
 
-// Block layout of one message of m bytes: nb blocks of bs bytes at permuted slots of a 2*m area.
+// Block layout of one message of m bytes: nb blocks of bs bytes at permuted slots of a 2*m area: `blocks` blocks
+// (at least 256 bytes each), or with a fixed block size (block > 0) m / block blocks of that size.
 typedef struct layout {
   size_t nb, bs;
   size_t *slot_src, *slot_dst;  // (nb) (owned)
 } layout;
 
-static void layout_make(layout *L, size_t m, size_t blocks, unsigned seed) {
-  L->nb = blocks;
-  if (m / L->nb < 256) L->nb = m / 256 ? m / 256 : 1;
-  L->bs = m / L->nb;
+static void layout_make(layout *L, size_t m, size_t blocks, size_t block, unsigned seed) {
+  L->nb = block ? m / block : blocks;
+  if (!block && m / L->nb < 256) L->nb = m / 256 ? m / 256 : 1;
+  L->bs = block ? block : m / L->nb;
   L->slot_src = malloc(L->nb * sizeof(size_t));
   L->slot_dst = malloc(L->nb * sizeof(size_t));
   size_t ns = 2 * L->nb;
@@ -214,16 +215,18 @@ static int wait_done(kvx_agent *a, kvx_xfer *x) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dserve kvxfer-bench --backend tcp|shm [--size S] [--blocks N] [--iters K]\n"
+          "usage: dserve kvxfer-bench --backend tcp|shm [--size S] [--blocks N | --block B] [--iters K]\n"
           "  Forks a receiver process and measures kvxfer WRITE bandwidth and latency for message sizes\n"
           "  4 KiB .. S (default 64M), each split into N scattered blocks (default 16), beside the raw\n"
           "  baseline measured in the same run (loopback socket send/recv for tcp, memcpy for shm).\n"
+          "  --block B: blocks of B bytes instead (a message of m bytes is m / B of them; sizes under B are\n"
+          "  skipped), e.g. a model's KV block, to compare with other engines at the same block size.\n"
           "  K: iterations per size (default: enough to move ~512 MiB, 8..2000).\n");
 }
 
 int cmd_kvxfer_bench(int argc, char **argv) {
   const char *backend = NULL;
-  size_t size = 64u << 20, blocks = 16;
+  size_t size = 64u << 20, blocks = 16, block = 0;
   int iters = 0;
   for (int i = 1; i < argc; i++) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -246,6 +249,12 @@ int cmd_kvxfer_bench(int argc, char **argv) {
         return 2;
       }
       blocks = (size_t)n, i++;
+    } else if (!strcmp(argv[i], "--block") && v) {
+      if (parse_size(v, &block) || block < 1 || block > (1ull << 30)) {
+        fprintf(stderr, "kvxfer-bench: --block '%s': want 1..1G bytes (suffix K, M, G)\n", v);
+        return 2;
+      }
+      i++;
     } else if (!strcmp(argv[i], "--iters") && v) {
       char *e;
       long n = strtol(v, &e, 10);
@@ -263,6 +272,11 @@ int cmd_kvxfer_bench(int argc, char **argv) {
   if (!backend || (strcmp(backend, "tcp") && strcmp(backend, "shm"))) {
     fprintf(stderr, "kvxfer-bench: --backend tcp|shm is required\n");
     usage(stderr);
+    return 2;
+  }
+  if (block && (size < block || size / block > (1u << 20))) {
+    fprintf(stderr, "kvxfer-bench: --size %zu / --block %zu: want 1..1048576 blocks in the largest message\n", size,
+            block);
     return 2;
   }
   size_t cap = 2 * size;
@@ -338,15 +352,20 @@ int cmd_kvxfer_bench(int argc, char **argv) {
       goto out;
     }
   }
-  printf("kvxfer-bench: backend %s, %zu blocks per message (scattered), %d requests in flight, receiver pid %d\n",
-         backend, blocks, BENCH_INFLIGHT, (int)rpid);
+  if (block)
+    printf("kvxfer-bench: backend %s, blocks of %zu bytes (scattered), %d requests in flight, receiver pid %d\n",
+           backend, block, BENCH_INFLIGHT, (int)rpid);
+  else
+    printf("kvxfer-bench: backend %s, %zu blocks per message (scattered), %d requests in flight, receiver pid %d\n",
+           backend, blocks, BENCH_INFLIGHT, (int)rpid);
   printf("baseline: %s\n\n", !strcmp(backend, "tcp") ? "plain loopback socket send/recv loop (contiguous, 1-byte ack per message)"
                                                      : "single-thread memcpy of the same scattered blocks");
   printf("%-9s %6s %9s | %10s %10s | %10s %10s | %6s\n", "size", "blocks", "block", "kvx GB/s", "kvx p50 us",
          "raw GB/s", "raw p50 us", "ratio");
   for (size_t m = 4096; m <= size; m *= 4) {
+    if (m < block) continue;
     layout L;
-    layout_make(&L, m, blocks, (unsigned)m);
+    layout_make(&L, m, blocks, block, (unsigned)m);
     int it = iters ? iters : (int)((512u << 20) / m);
     if (it < 8) it = 8;
     if (it > 2000) it = 2000;

@@ -33,6 +33,24 @@ TEST(KvxBenchCmd, RunsAndPrintsTheTable) {
   EXPECT_NE(out.find("--size"), std::string::npos) << out;
   out = run("--backend tcp --blocks 0", &st);
   EXPECT_EQ(st, 2);
+  out = run("--backend tcp --block 0", &st);
+  EXPECT_EQ(st, 2);
+  EXPECT_NE(out.find("--block"), std::string::npos) << out;
+  out = run("--backend tcp --size 64M --block 16", &st); // 4M descriptors in one message
+  EXPECT_EQ(st, 2);
+  EXPECT_NE(out.find("blocks in the largest message"), std::string::npos) << out;
+}
+
+// --block: blocks of a fixed size (a model's KV block), m / B of them per message; sizes under B are skipped.
+TEST(KvxBenchCmd, FixedBlockSize) {
+  ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
+  int st;
+  std::string out = run("--backend tcp --size 64K --block 6K --iters 3", &st);
+  EXPECT_EQ(st, 0) << out;
+  EXPECT_NE(out.find("blocks of 6144 bytes"), std::string::npos) << out;
+  EXPECT_EQ(out.find("\n4 KiB"), std::string::npos) << out;                       // under one block: skipped
+  EXPECT_NE(out.find("12 KiB         2     6 KiB"), std::string::npos) << out;    // 16 KiB holds 2 blocks
+  EXPECT_NE(out.find("60 KiB        10     6 KiB"), std::string::npos) << out;    // 64 KiB holds 10
 }
 
 }  // namespace
