@@ -424,6 +424,7 @@ def make_payload(args, model, messages):
     body.update({"stream": True, "stream_options": {"include_usage": True}, "temperature": args.temperature})
     if args.ignore_eos:
         body["ignore_eos"] = True
+    body.update(args.extra_body)
     return body
 
 
@@ -652,6 +653,8 @@ def parse_args(argv):
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (vLLM extension)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--extra-body", type=_json_object, default={},
+                   help="a JSON object merged into every request body, e.g. a response_format")
     p.add_argument("--slo", default="", help="ttft:MS,tpot:MS,e2e:MS (any subset) for goodput")
     p.add_argument("--json-out", default="")
     p.add_argument("--save-itl", action="store_true", help="keep every ITL per request in the JSON")
@@ -661,6 +664,16 @@ def parse_args(argv):
     if not 0.0 <= args.range_ratio < 1.0:
         p.error("--range-ratio must be in [0, 1)")
     return args
+
+
+def _json_object(text):
+    try:
+        v = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError("not JSON: %s" % e)
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError("want a JSON object")
+    return v
 
 
 def main(argv=None):

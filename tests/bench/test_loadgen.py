@@ -393,6 +393,16 @@ class TestAgainstFakeServer(unittest.TestCase):
         self.assertEqual([m["role"] for m in last], ["user", "assistant", "user", "assistant", "user"])
         self.assertEqual(last[1]["content"], "tok0 tok1 tok2 ")
 
+    def test_extra_body(self):
+        args = loadgen.parse_args(["--extra-body", '{"response_format": {"type": "json_object"}, "top_k": 5}'])
+        body = loadgen.make_payload(args, "m", [{"role": "user", "content": "hi", "_max_tokens": 4}])
+        self.assertEqual(body["response_format"], {"type": "json_object"})
+        self.assertEqual((body["top_k"], body["max_tokens"], body["stream"]), (5, 4, True))
+        for bad in ("[1]", "{nope"):
+            with contextlib.redirect_stderr(io.StringIO()) as err, self.assertRaises(SystemExit):
+                loadgen.parse_args(["--extra-body", bad])
+            self.assertIn("--extra-body", err.getvalue())
+
     def test_shared_prefix_and_sharegpt(self):
         args = loadgen.parse_args(["--dataset", "shared-prefix", "--prefix-len", "20", "--suffix-len", "5",
                                    "--num-prefixes", "2"])
