@@ -17,7 +17,7 @@
 #include "kvxfer/kvx_int.h"
 
 const kvx_backend *const kvx_backends[KVX_NBE] = {&kvx_tcp_backend, &kvx_shm_backend, &kvx_rdma_backend,
-                                                    &kvx_nccl_backend};
+                                                    &kvx_nccl_backend, &kvx_nixl_backend};
 
 // ---- small services ----
 void kvx_log(kvx_agent *a, const char *fmt, ...) {
@@ -242,7 +242,7 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
   }
   const char *be = o.backend ? o.backend : "auto";
   if (strcmp(be, "auto") && be_index(be) < 0) {
-    utl_seterr(err, errlen, "kvx_agent_new: unknown backend '%s' (tcp, shm, rdma, nccl, auto)", be);
+    utl_seterr(err, errlen, "kvx_agent_new: unknown backend '%s' (tcp, shm, rdma, nccl, nixl, auto)", be);
     return NULL;
   }
   const char *lh = o.listen_host ? o.listen_host : "127.0.0.1";
@@ -295,13 +295,14 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
   if (!strcmp(be, "auto")) {
     want[KVX_BE_TCP] = must[KVX_BE_TCP] = 1;
     want[KVX_BE_SHM] = want[KVX_BE_RDMA] = 1;
+    want[KVX_BE_NIXL] = kvx_nixl_wanted_by_auto();
   } else {
     int i = be_index(be);
     want[i] = must[i] = 1;
-    if (i == KVX_BE_RDMA || i == KVX_BE_NCCL) want[KVX_BE_TCP] = must[KVX_BE_TCP] = 1;
+    if (i == KVX_BE_RDMA || i == KVX_BE_NCCL || i == KVX_BE_NIXL) want[KVX_BE_TCP] = must[KVX_BE_TCP] = 1;
   }
   // The named backend first, so that its error (e.g. "no RDMA device") is the one reported.
-  int order[KVX_NBE] = {KVX_BE_RDMA, KVX_BE_NCCL, KVX_BE_TCP, KVX_BE_SHM};
+  int order[KVX_NBE] = {KVX_BE_RDMA, KVX_BE_NCCL, KVX_BE_NIXL, KVX_BE_TCP, KVX_BE_SHM};
   for (int k = 0; k < KVX_NBE; k++) {
     int i = order[k];
     if (!want[i]) continue;
@@ -390,8 +391,8 @@ int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out
     if (!(a->enabled & (1u << i)) || !kvx_backends[i]->reg) continue;
     char e[256] = "";
     if (kvx_backends[i]->reg(a, r, e, sizeof e)) {
-      if (!strcmp(a->backend, "auto") && i == KVX_BE_RDMA) {  // auto: the region still serves shm/tcp
-        kvx_log(a, "%s; region %p+%zu will not be reachable over rdma", e, addr, len);
+      if (!strcmp(a->backend, "auto") && (i == KVX_BE_RDMA || i == KVX_BE_NIXL)) {  // auto: it still serves shm/tcp
+        kvx_log(a, "%s; region %p+%zu will not be reachable over %s", e, addr, len, kvx_backends[i]->name);
         continue;
       }
       utl_seterr(err, errlen, "%s", e);
@@ -465,6 +466,7 @@ int kvx_choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t errlen
   }
   if ((both & (1u << KVX_BE_SHM)) && same_host) return KVX_BE_SHM;
   if (both & (1u << KVX_BE_RDMA)) return KVX_BE_RDMA;
+  if ((both & (1u << KVX_BE_NIXL)) && !same_host) return KVX_BE_NIXL;  // one host: shm (or tcp), never UCX over it
   if (both & (1u << KVX_BE_TCP)) return KVX_BE_TCP;
   utl_seterr(err, errlen, "no backend in common with peer '%s'", p->name);
   return -1;

@@ -1,7 +1,7 @@
 // kvxfer/kvx_int.h: kvxfer internals shared by the core, the connection core and the backends (not for users of the library).
 //
 // Layers, each using only the ones below it:
-//   backends (kvx_tcp.c, kvx_shm.c, kvx_rdma.c, kvx_nccl.c): their verbs, frames and metadata, behind kvx_backend
+//   backends (kvx_tcp.c, kvx_shm.c, kvx_rdma.c, kvx_nccl.c, kvx_nixl.c): their verbs, frames and metadata, behind kvx_backend
 //   core: agent, memory, registration, peers (kvx.c); metadata (kvx_md.c); requests, notifications (kvx_xfer.c);
 //         the connection core: one connection per peer and backend (kvx_conn.c), the listeners (kvx_listen.c)
 //   wire (kvx_wire.c: socket I/O, frames, the authenticated handshake; kvx_sha256.c)
@@ -29,7 +29,7 @@
 extern "C" {
 #endif
 
-enum { KVX_BE_TCP = 0, KVX_BE_SHM = 1, KVX_BE_RDMA = 2, KVX_BE_NCCL = 3, KVX_NBE = 4 };
+enum { KVX_BE_TCP = 0, KVX_BE_SHM = 1, KVX_BE_RDMA = 2, KVX_BE_NCCL = 3, KVX_BE_NIXL = 4, KVX_NBE = 5 };
 // The listeners the core runs; a backend names the one its peers connect to.
 enum { KVX_LS_TCP = 0, KVX_LS_UNIX = 1, KVX_NLS = 2 };
 #define KVX_OP_NOTIFY 3  // internal xfer op: a standalone notification
@@ -257,7 +257,9 @@ typedef struct kvx_backend {
 int kvx_no_init(kvx_agent *a, char *err, size_t errlen);
 int kvx_no_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap);
 
-extern const kvx_backend kvx_tcp_backend, kvx_shm_backend, kvx_rdma_backend, kvx_nccl_backend;
+extern const kvx_backend kvx_tcp_backend, kvx_shm_backend, kvx_rdma_backend, kvx_nccl_backend, kvx_nixl_backend;
+// auto: whether to bring the nixl backend up (kvx_nixl.c: only where the operator made the library present).
+int kvx_nixl_wanted_by_auto(void);
 // Indexed by KVX_BE_* (defined in kvx.c).
 extern const kvx_backend *const kvx_backends[KVX_NBE];
 

@@ -1,0 +1,280 @@
+// tests/kvxfer/test_nixl.cc: the nixl backend (NIXL's C API with UCX over UCX_TLS=tcp and =shm): WRITE/READ of scattered blocks between two processes with the notification after the bytes, the same bytes as the tcp backend, bad metadata and a dead peer; skipped with the reason where libnixl_capi.so is absent.
+#include <stdlib.h>
+
+#include <string>
+
+#include "kvx_test_util.h"
+
+using namespace kvxt;
+
+namespace {
+
+// Whether this machine has the library: an agent that cannot find it says so (skip); any other failure is one.
+bool nixl_here(std::string *why) {
+  kvx_opts o = {};
+  o.backend = "nixl";
+  o.secret = "s3cret";
+  char err[512] = "";
+  kvx_agent *a = kvx_agent_new("probe", &o, err, sizeof err);
+  if (a) {
+    kvx_agent_free(a);
+    return true;
+  }
+  *why = err;
+  return false;
+}
+
+#define NIXL_OR_SKIP()                                                                            \
+  do {                                                                                            \
+    std::string why_;                                                                             \
+    if (!nixl_here(&why_)) {                                                                      \
+      if (why_.find("not found") != std::string::npos && !getenv("DSERVE_NIXL_LIB"))              \
+        GTEST_SKIP() << "nixl library absent: " << why_;                                          \
+      FAIL() << "nixl agent: " << why_;                                                           \
+    }                                                                                             \
+  } while (0)
+
+// UCX's transports for the test (the parameter), set for this process and its children.
+class Nixl : public ::testing::TestWithParam<const char *> {
+ protected:
+  std::string old_;
+  bool had_ = false;
+  void SetUp() override {
+    const char *o = getenv("UCX_TLS");
+    if ((had_ = o != nullptr)) old_ = o;
+    setenv("UCX_TLS", GetParam(), 1);
+  }
+  void TearDown() override {
+    if (had_)
+      setenv("UCX_TLS", old_.c_str(), 1);
+    else
+      unsetenv("UCX_TLS");
+  }
+};
+
+// The receiver in a forked child (created after the fork: NIXL's threads do not survive one): the parent WRITEs
+// scattered blocks with a notification, the child checks the bytes once the notification is there, then the
+// parent READs a region the child filled.
+TEST_P(Nixl, TwoProcessesWriteThenRead) {
+  NIXL_OR_SKIP();
+  const size_t slot = 16384, n = 128, sz = slot * n;
+  int md[2], res[2], go[2];
+  ASSERT_EQ(pipe(md), 0);
+  ASSERT_EQ(pipe(res), 0);
+  ASSERT_EQ(pipe(go), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    char err[512];
+    kvx_opts o = {};
+    o.backend = "nixl";
+    o.secret = "s3cret";
+    o.timeout_ms = 5000;
+    kvx_agent *b = kvx_agent_new("child", &o, err, sizeof err);
+    if (!b) _exit(10);
+    uint8_t *dst = (uint8_t *)calloc(1, sz), *pat = (uint8_t *)calloc(1, sz);
+    fill(pat, sz, 99);
+    kvx_region *r1, *r2;
+    if (kvx_register(b, dst, sz, KVX_MEM_HOST, &r1, err, sizeof err) ||
+        kvx_register(b, pat, sz, KVX_MEM_HOST, &r2, err, sizeof err))
+      _exit(12);
+    if (!md_to_fd(b, md[1])) _exit(13);
+    uint64_t sbase = 0;
+    if (!read_all(go[0], &sbase, 8)) _exit(14);
+    auto ns = wait_notifs(b, 1, 20000);
+    if (ns.size() != 1 || ns[0] != "all-written") _exit(15);
+    std::vector<uint8_t> src(sz);
+    fill(src.data(), sz, 7);
+    Blocks bl(sbase, (uint64_t)(uintptr_t)dst, n, slot, 5);
+    uint8_t ok = 1;
+    for (size_t i = 0; i < n; i++)
+      if (memcmp(src.data() + (bl.src[i].addr - sbase), (void *)(uintptr_t)bl.dst[i].addr, bl.src[i].len)) ok = 0;
+    if (!write_all(res[1], &ok, 1)) _exit(16);
+    uint8_t bye;
+    read_all(go[0], &bye, 1, 30000);
+    kvx_agent_free(b);
+    _exit(0);
+  }
+  close(md[1]);
+  close(res[1]);
+  close(go[0]);
+  kvx_agent *a = agent("parent", "nixl", nullptr, "s3cret", 5000);
+  ASSERT_TRUE(a);
+  char err[512], name[KVX_MAX_NAME];
+  ASSERT_TRUE(md_from_fd(a, md[0], name));
+  EXPECT_STREQ(kvx_peer_backend(a, "child"), "nixl");
+  std::vector<uint8_t> src(sz), back(sz);
+  fill(src.data(), sz, 7);
+  kvx_region *rs, *rb;
+  ASSERT_EQ(kvx_register(a, src.data(), sz, KVX_MEM_HOST, &rs, err, sizeof err), 0) << err;
+  ASSERT_EQ(kvx_register(a, back.data(), sz, KVX_MEM_HOST, &rb, err, sizeof err), 0) << err;
+  kvx_desc regs[4];
+  ASSERT_EQ(kvx_peer_regions(a, "child", regs, 4), 2);
+  uint64_t pat = regs[0].addr, dst = regs[1].addr;
+  uint64_t sbase = (uint64_t)(uintptr_t)src.data();
+  ASSERT_TRUE(write_all(go[1], &sbase, 8));
+  Blocks bl(sbase, dst, n, slot, 5);
+  kvx_xfer *w;
+  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, bl.src.data(), n, bl.dst.data(), n, "child", "all-written", 11, &w, err,
+                         sizeof err),
+            0)
+      << err;
+  ASSERT_EQ(kvx_xfer_post(w), 0);
+  EXPECT_EQ(wait_xfer(a, w, 20000), KVX_DONE) << kvx_xfer_error(w);
+  uint8_t ok = 0;
+  ASSERT_TRUE(read_all(res[0], &ok, 1, 30000));
+  EXPECT_EQ(ok, 1) << "the child saw wrong bytes after the notification";
+  Blocks rb2((uint64_t)(uintptr_t)back.data(), pat, n, slot, 8, true);
+  kvx_xfer *r;
+  ASSERT_EQ(kvx_xfer_new(a, KVX_READ, rb2.src.data(), n, rb2.dst.data(), n, "child", nullptr, 0, &r, err, sizeof err),
+            0)
+      << err;
+  ASSERT_EQ(kvx_xfer_post(r), 0);
+  EXPECT_EQ(wait_xfer(a, r, 20000), KVX_DONE) << kvx_xfer_error(r);
+  std::vector<uint8_t> want(sz);
+  fill(want.data(), sz, 99);
+  for (size_t i = 0; i < n; i++)
+    ASSERT_EQ(memcmp(want.data() + (rb2.dst[i].addr - pat), (void *)(uintptr_t)rb2.src[i].addr, slot), 0) << i;
+  uint8_t bye = 1;
+  write_all(go[1], &bye, 1);
+  EXPECT_EQ(reap(pid, 30000), 0);
+  kvx_xfer_free(w);
+  kvx_xfer_free(r);
+  kvx_agent_free(a);
+  close(md[0]);
+  close(res[0]);
+  close(go[1]);
+}
+
+// One pattern written by tcp and by nixl (two agents each, in this process) lands as the same bytes.
+TEST_P(Nixl, SameBytesAsTcp) {
+  NIXL_OR_SKIP();
+  const size_t slot = 4096, n = 200, sz = slot * n;
+  std::vector<uint8_t> src(sz), out[2];
+  fill(src.data(), sz, 11);
+  const char *bes[2] = {"tcp", "nixl"};
+  for (int k = 0; k < 2; k++) {
+    out[k].assign(sz, 0);
+    std::string an = std::string("w-") + bes[k], bn = std::string("r-") + bes[k];
+    kvx_agent *a = agent(an.c_str(), bes[k], nullptr, "s3cret", 5000), *b = agent(bn.c_str(), bes[k], nullptr, "s3cret", 5000);
+    ASSERT_TRUE(a && b);
+    char err[512];
+    kvx_region *ra, *rb;
+    ASSERT_EQ(kvx_register(a, src.data(), sz, KVX_MEM_HOST, &ra, err, sizeof err), 0) << err;
+    ASSERT_EQ(kvx_register(b, out[k].data(), sz, KVX_MEM_HOST, &rb, err, sizeof err), 0) << err;
+    ASSERT_TRUE(learn(a, b));
+    ASSERT_TRUE(learn(b, a));
+    EXPECT_STREQ(kvx_peer_backend(a, bn.c_str()), bes[k]);
+    Blocks bl((uint64_t)(uintptr_t)src.data(), (uint64_t)(uintptr_t)out[k].data(), n, slot, 3);
+    kvx_xfer *x;
+    ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, bl.src.data(), n, bl.dst.data(), n, bn.c_str(), "done", 4, &x, err,
+                           sizeof err),
+              0)
+        << err;
+    ASSERT_EQ(kvx_xfer_post(x), 0);
+    EXPECT_EQ(wait_xfer(a, x, 20000), KVX_DONE) << kvx_xfer_error(x);
+    std::vector<std::string> from;
+    auto ns = wait_notifs(b, 1, 20000, &from);
+    ASSERT_EQ(ns.size(), 1u);
+    EXPECT_EQ(ns[0], "done");
+    EXPECT_EQ(from[0], an);
+    EXPECT_TRUE(blocks_equal(bl, 0, 0));
+    kvx_xfer_free(x);
+    kvx_agent_free(a);
+    kvx_agent_free(b);
+  }
+  EXPECT_EQ(out[0], out[1]) << "tcp and nixl left different bytes";
+}
+
+// A peer whose nixl section is damaged is refused at load with NIXL's reason; a peer that died turns a transfer to
+// it into an error within the timeout, not a hang.
+TEST_P(Nixl, BadMetadataAndDeadPeer) {
+  NIXL_OR_SKIP();
+  kvx_agent *a = agent("a", "nixl", nullptr, "s3cret", 1500);
+  ASSERT_TRUE(a);
+  char err[512], name[KVX_MAX_NAME];
+  int md[2], go[2];
+  ASSERT_EQ(pipe(md), 0);
+  ASSERT_EQ(pipe(go), 0);
+  const size_t sz = 1 << 16;
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    kvx_opts o = {};
+    o.backend = "nixl";
+    o.secret = "s3cret";
+    kvx_agent *b = kvx_agent_new("b", &o, err, sizeof err);
+    if (!b) _exit(10);
+    uint8_t *dst = (uint8_t *)calloc(1, sz);
+    kvx_region *r;
+    if (kvx_register(b, dst, sz, KVX_MEM_HOST, &r, err, sizeof err) || !md_to_fd(b, md[1])) _exit(11);
+    uint8_t bye;
+    read_all(go[0], &bye, 1, 30000);
+    _exit(0);  // dies without a goodbye: its sockets close, its UCX endpoints vanish
+  }
+  close(md[1]);
+  close(go[0]);
+  auto blob = recv_blob(md[0]);
+  ASSERT_FALSE(blob.empty());
+  // The NIXL blob sits at the end of the kvxfer blob: damage its last bytes.
+  auto bad = blob;
+  for (size_t i = bad.size() - 64; i < bad.size(); i++) bad[i] ^= 0x5a;
+  EXPECT_EQ(kvx_load_remote_md(a, bad.data(), bad.size(), name, sizeof name, err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("nixl section is damaged"), std::string::npos) << err;
+  // The good blob after it loads, and loads again (a peer's metadata is re-sent when it registers memory).
+  ASSERT_EQ(kvx_load_remote_md(a, blob.data(), blob.size(), name, sizeof name, err, sizeof err), 0) << err;
+  ASSERT_EQ(kvx_load_remote_md(a, blob.data(), blob.size(), name, sizeof name, err, sizeof err), 0) << err;
+  std::vector<uint8_t> src(sz);
+  kvx_region *rs;
+  ASSERT_EQ(kvx_register(a, src.data(), sz, KVX_MEM_HOST, &rs, err, sizeof err), 0) << err;
+  kvx_desc rd;
+  ASSERT_EQ(kvx_peer_regions(a, "b", &rd, 1), 1);
+  uint8_t bye = 1;
+  write_all(go[1], &bye, 1);
+  EXPECT_EQ(reap(pid), 0);
+  kvx_desc ld = {(uint64_t)(uintptr_t)src.data(), sz};
+  kvx_xfer *x;
+  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &ld, 1, &rd, 1, "b", "n", 1, &x, err, sizeof err), 0) << err;
+  int64_t t0 = kvx_now_ms();
+  ASSERT_EQ(kvx_xfer_post(x), 0);
+  int st = wait_xfer(a, x, 20000);
+  EXPECT_LT(st, 0) << "a write to a dead peer did not fail";
+  EXPECT_LT(kvx_now_ms() - t0, 15000) << kvx_xfer_error(x);
+  EXPECT_STRNE(kvx_xfer_error(x), "");
+  kvx_xfer_free(x);
+  kvx_agent_free(a);
+  close(md[0]);
+  close(go[1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(UcxTls, Nixl, ::testing::Values("tcp", "shm"),
+                         [](const ::testing::TestParamInfo<const char *> &i) { return std::string(i.param); });
+
+// Without the library an agent asking for nixl fails with where it looked; auto does not need it.
+TEST(NixlAbsent, ClearErrorAndAutoUnaffected) {
+  const char *old = getenv("DSERVE_NIXL_LIB");
+  std::string keep = old ? old : "";
+  setenv("DSERVE_NIXL_LIB", "/nonexistent/libnixl_capi.so", 1);
+  kvx_opts o = {};
+  o.backend = "nixl";
+  o.secret = "s3cret";
+  char err[512] = "";
+  EXPECT_EQ(kvx_agent_new("x", &o, err, sizeof err), nullptr);
+  EXPECT_NE(std::string(err).find("DSERVE_NIXL_LIB=/nonexistent/libnixl_capi.so does not load"), std::string::npos)
+      << err;
+  // auto brings nixl up only when DSERVE_NIXL_LIB names it; a bad one costs auto nothing (tcp and shm come up).
+  o.backend = "auto";
+  kvx_agent *a = kvx_agent_new("y", &o, err, sizeof err);
+  ASSERT_TRUE(a) << err;
+  EXPECT_EQ(a->enabled & (1u << KVX_BE_NIXL), 0u);
+  EXPECT_NE(a->enabled & (1u << KVX_BE_TCP), 0u);
+  kvx_agent_free(a);
+  unsetenv("DSERVE_NIXL_LIB");
+  a = kvx_agent_new("z", &o, err, sizeof err);
+  ASSERT_TRUE(a) << err;
+  EXPECT_EQ(a->enabled & (1u << KVX_BE_NIXL), 0u) << "auto loaded nixl without DSERVE_NIXL_LIB";
+  kvx_agent_free(a);
+  if (old) setenv("DSERVE_NIXL_LIB", keep.c_str(), 1);
+}
+
+}  // namespace
