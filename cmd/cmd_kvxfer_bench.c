@@ -215,10 +215,11 @@ static int wait_done(kvx_agent *a, kvx_xfer *x) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dserve kvxfer-bench --backend tcp|shm [--size S] [--blocks N | --block B] [--iters K]\n"
+          "usage: dserve kvxfer-bench --backend tcp|shm|nixl [--size S] [--blocks N | --block B] [--iters K]\n"
           "  Forks a receiver process and measures kvxfer WRITE bandwidth and latency for message sizes\n"
           "  4 KiB .. S (default 64M), each split into N scattered blocks (default 16), beside the raw\n"
-          "  baseline measured in the same run (loopback socket send/recv for tcp, memcpy for shm).\n"
+          "  baseline measured in the same run (loopback socket send/recv for tcp and nixl, memcpy for shm).\n"
+          "  nixl: NIXL over UCX (UCX_TLS picks its transports); needs libnixl_capi.so (docs/kvxfer.md).\n"
           "  --block B: blocks of B bytes instead (a message of m bytes is m / B of them; sizes under B are\n"
           "  skipped), e.g. a model's KV block, to compare with other engines at the same block size.\n"
           "  K: iterations per size (default: enough to move ~512 MiB, 8..2000).\n");
@@ -269,8 +270,8 @@ int cmd_kvxfer_bench(int argc, char **argv) {
       return 2;
     }
   }
-  if (!backend || (strcmp(backend, "tcp") && strcmp(backend, "shm"))) {
-    fprintf(stderr, "kvxfer-bench: --backend tcp|shm is required\n");
+  if (!backend || (strcmp(backend, "tcp") && strcmp(backend, "shm") && strcmp(backend, "nixl"))) {
+    fprintf(stderr, "kvxfer-bench: --backend tcp|shm|nixl is required\n");
     usage(stderr);
     return 2;
   }
@@ -333,7 +334,8 @@ int cmd_kvxfer_bench(int argc, char **argv) {
   for (size_t i = 0; i < cap; i++) src[i] = (uint8_t)(i * 131 + 7);
   memset(raw_dst, 1, cap);
   uint8_t *raw_buf = src;
-  if (!strcmp(backend, "tcp")) {  // raw loopback peer: a plain process doing recv loops
+  int sock_base = strcmp(backend, "shm") != 0;  // tcp and nixl: against a plain loopback socket
+  if (sock_base) {  // raw loopback peer: a plain process doing recv loops
     raw_lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t sl = sizeof sa;
@@ -358,7 +360,7 @@ int cmd_kvxfer_bench(int argc, char **argv) {
   else
     printf("kvxfer-bench: backend %s, %zu blocks per message (scattered), %d requests in flight, receiver pid %d\n",
            backend, blocks, BENCH_INFLIGHT, (int)rpid);
-  printf("baseline: %s\n\n", !strcmp(backend, "tcp") ? "plain loopback socket send/recv loop (contiguous, 1-byte ack per message)"
+  printf("baseline: %s\n\n", sock_base ? "plain loopback socket send/recv loop (contiguous, 1-byte ack per message)"
                                                      : "single-thread memcpy of the same scattered blocks");
   printf("%-9s %6s %9s | %10s %10s | %10s %10s | %6s\n", "size", "blocks", "block", "kvx GB/s", "kvx p50 us",
          "raw GB/s", "raw p50 us", "ratio");

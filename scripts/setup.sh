@@ -57,4 +57,14 @@ if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
   python3 -m venv "$venv" || die "python3 -m venv failed"
   "$venv/bin/pip" install -q openai || die "pip install openai failed"
 fi
+# 4. NIXL's wheel, for kvxfer's nixl backend (`backend: nixl` and its tests): kvxfer dlopens its native libraries
+#    (libnixl_capi.so, the UCX plugin and UCX) from the venv, so the wheel goes in without its Python dependencies
+#    (torch, numpy). DSERVE_NIXL=0 skips it; kvxfer then reports nixl as absent and its tests skip.
+nixl_spec=nixl-cu12==1.5.1
+if [ "${DSERVE_NIXL:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ] &&
+   ! ls "$venv"/lib/python3*/site-packages/.nixl_cu12.mesonpy.libs/libnixl_capi.so >/dev/null 2>&1; then
+  say "installing $nixl_spec into $venv (kvxfer's nixl backend)"
+  "$venv/bin/pip" install -q --no-deps "$nixl_spec" \
+    || die "pip install $nixl_spec failed (is PyPI reachable? DSERVE_NIXL=0 skips it)"
+fi
 say "ok (model: $dest)"

@@ -264,7 +264,7 @@ static const char *const S_STAGING[] = {"auto", "on", "off", NULL};
 static const char *const S_ONOFF[] = {"off", "on", NULL};
 static const char *const S_KERNELS[] = {"auto", "scalar", "avx2", "avx512", NULL};
 static const char *const S_KVTYPE[] = {"f16", "f32", NULL};
-static const char *const S_BACKEND[] = {"auto", "tcp", "shm", "rdma", "nccl", NULL};
+static const char *const S_BACKEND[] = {"auto", "tcp", "shm", "rdma", "nccl", "nixl", NULL};
 static const char *const S_ROLE[] = {"both", "prefill", "decode", NULL};
 
 static const char *cfg_node_host(const cfg_node *nodes, int n, const char *name) {

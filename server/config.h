@@ -31,7 +31,7 @@ typedef struct srv_worker_cfg {
   double prefix_host_mb;  // second tier in host DRAM for blocks evicted from the pool (0 = none)
   double prefix_disk_mb;  // third tier: one file on local disk (0 = none)
   char prefix_disk_path[256];
-  char kvx_backend[16];   // "auto", "tcp", "shm", "rdma", "nccl"
+  char kvx_backend[16];   // "auto", "tcp", "shm", "rdma", "nccl", "nixl"
   char kvx_host[64];      // kvxfer listen address
   int kvx_port;           // 0 = ephemeral (advertised through the control hello)
   char kvx_staging[8];    // "auto", "on", "off": KV moves through a host mirror of a device pool (worker/kvstage.h)
