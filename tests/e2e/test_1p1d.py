@@ -1,5 +1,7 @@
-"""tests/e2e/test_1p1d.py: greedy outputs through one prefill + one decode worker (kvxfer shm and tcp) equal the colocated worker's."""
+"""tests/e2e/test_1p1d.py: greedy outputs through one prefill + one decode worker (kvxfer shm, tcp and nixl) equal the colocated worker's."""
 
+import glob
+import os
 import unittest
 
 import e2e_util as u
@@ -61,6 +63,15 @@ class OneP1D(unittest.TestCase):
 
     def test_tcp(self):
         self.check_backend("tcp")
+
+    def test_nixl(self):
+        # Where kvxfer looks for NIXL's C API (kvxfer/kvx_nixl.c): DSERVE_NIXL_LIB, else the venv's nixl-cu12 wheel.
+        lib = os.environ.get("DSERVE_NIXL_LIB")
+        venv = (os.environ.get("DSERVE_VENV") or os.path.join(os.environ.get("DSERVE_CACHE") or
+                os.path.expanduser("~/.cache/dserve"), "venv"))
+        if not lib and not glob.glob(os.path.join(venv, "lib/python3*/site-packages/.nixl_cu1*.mesonpy.libs/libnixl_capi.so")):
+            self.skipTest("nixl absent: no DSERVE_NIXL_LIB and no nixl-cu12 wheel in %s (scripts/setup.sh installs it)" % venv)
+        self.check_backend("nixl")
 
 
 if __name__ == "__main__":
