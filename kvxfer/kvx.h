@@ -9,7 +9,9 @@
 // Backends: "tcp" (any two hosts), "shm" (same host: the receiver's regions, allocated with
 // kvx_host_alloc, are mapped into the sender; one memcpy per byte), "rdma" (libibverbs RC
 // QPs, RDMA WRITE with immediate; GPUDirect for CUDA memory), "nccl" (GPU to GPU, CUDA
-// builds only), "auto" (per peer: shm on one host, rdma when both have a device, else tcp).
+// builds only), "nixl" (NIXL's C API with UCX, loaded at run time: docs/kvxfer.md), "auto"
+// (per peer: shm on one host, rdma when both have a device, nixl between hosts where
+// DSERVE_NIXL_LIB names it, else tcp).
 //
 // Safety: a peer must prove it holds the cluster's shared secret (HMAC-SHA256
 // challenge/response) before any frame is accepted; every incoming frame is validated
@@ -51,7 +53,7 @@ typedef struct kvx_region kvx_region;
 typedef struct kvx_xfer kvx_xfer;
 
 typedef struct kvx_opts {
-  const char *backend;      // "tcp" | "shm" | "rdma" | "nccl" | "auto"; NULL = "auto"
+  const char *backend;      // "tcp" | "shm" | "rdma" | "nccl" | "nixl" | "auto"; NULL = "auto"
   const char *listen_host;  // numeric IPv4 to listen on; NULL = "127.0.0.1"
   int listen_port;          // 0 = ephemeral
   const char *advertise_host;  // address put in the metadata; NULL = listen_host
