@@ -504,7 +504,7 @@ const BadCase kBad[] = {
     {R"({"model": "m", "workers": [{"port": 1, "max_batch_tokens": true}]})", "t.json: workers[0].max_batch_tokens:"},
     {R"({"model": "m", "workers": [{"port": 1, "tpot_target_ms": -1}]})", "t.json: workers[0].tpot_target_ms:"},
     {R"({"model": "m", "workers": [{"port": 1, "tpot_target_ms": "100"}]})", "t.json: workers[0].tpot_target_ms:"},
-    {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"backend": "udp"}}]})", "t.json: workers[0].kvxfer.backend: \"udp\" is not one of: auto, tcp, shm, rdma, nccl"},
+    {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"backend": "udp"}}]})", "t.json: workers[0].kvxfer.backend: \"udp\" is not one of: auto, tcp, shm, rdma, nccl, nixl"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"bakend": "tcp"}}]})", "t.json: workers[0].kvxfer.bakend: unknown key"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": "tcp"}]})", "t.json: workers[0].kvxfer: expected an object"},
     {R"({"model": "m", "workers": [{"port": 1, "cuda_graphs": true}]})", "t.json: workers[0].cuda_graphs: expected a string"},
