@@ -79,6 +79,13 @@ static void *open_in_venv(const char *venv, char *path, size_t pcap, char *tried
 
 static void *open_lib(char *path, size_t pcap, char *err, size_t errlen) {
   char tried[768] = "";
+  // The wheel bundles its own libibverbs and libnl-route for UCX's InfiniBand modules; dserve links the system's
+  // (the rdma backend). With both in one process, the system libnl-route's destructor crashes at exit (seen:
+  // SIGSEGV in rtnl_tc_unregister after every test passed). UCX reads its module list when libucs loads, from
+  // its environment only, so unless the operator chose one, UCX loads only its cma and CUDA modules (tcp, posix,
+  // sysv and self are built in). NIXL over InfiniBand in dserve: set UCX_MODULES yourself, at that risk; the
+  // rdma backend is the supported path there. setenv before any NIXL thread exists (overwrite 0: never replaces).
+  setenv("UCX_MODULES", "cma,cuda", 0);
   const char *env = getenv("DSERVE_NIXL_LIB");
   if (env && *env) {
     void *h = try_open(env, tried, sizeof tried);
