@@ -1,4 +1,5 @@
 // tests/kvxfer/test_nixl.cc: the nixl backend (NIXL's C API with UCX over UCX_TLS=tcp and =shm): WRITE/READ of scattered blocks between two processes with the notification after the bytes, the same bytes as the tcp backend, bad metadata and a dead peer; skipped with the reason where libnixl_capi.so is absent.
+#include <glob.h>
 #include <stdlib.h>
 
 #include <string>
@@ -252,6 +253,57 @@ TEST_P(Nixl, BadMetadataAndDeadPeer) {
   kvx_agent_free(a);
   close(md[0]);
   close(go[1]);
+}
+
+// auto with DSERVE_NIXL_LIB: nixl comes up, a peer on this host still gets shm, a peer on another host gets nixl.
+TEST_P(Nixl, AutoPicksShmHereAndNixlAcrossHosts) {
+  NIXL_OR_SKIP();
+  std::string lib;
+  if (const char *e = getenv("DSERVE_NIXL_LIB")) lib = e;
+  const char *v = getenv("DSERVE_VENV"), *home = getenv("HOME");
+  std::string venv = v && *v ? v : std::string(home ? home : "") + "/.cache/dserve/venv";
+  glob_t g;
+  if (lib.empty() &&
+      glob((venv + "/lib/python3*/site-packages/.nixl_cu1*.mesonpy.libs/libnixl_capi.so").c_str(), 0, nullptr, &g) == 0) {
+    lib = g.gl_pathv[0];
+    globfree(&g);
+  }
+  if (lib.empty()) GTEST_SKIP() << "nixl found on the loader's path only: no file to name in DSERVE_NIXL_LIB";
+  const char *old = getenv("DSERVE_NIXL_LIB");
+  std::string keep = old ? old : "";
+  setenv("DSERVE_NIXL_LIB", lib.c_str(), 1);
+  kvx_agent *a = agent("a", "auto"), *b = agent("b", "auto"), *c = agent("c", "auto");
+  if (old)
+    setenv("DSERVE_NIXL_LIB", keep.c_str(), 1);
+  else
+    unsetenv("DSERVE_NIXL_LIB");
+  ASSERT_TRUE(a && b && c);
+  EXPECT_NE(a->enabled & (1u << KVX_BE_NIXL), 0u);
+  snprintf(c->host_id, sizeof c->host_id, "another-boot/another-host");  // as if c ran elsewhere
+  const size_t sz = 1 << 16;
+  std::vector<uint8_t> src(sz), dst(sz);
+  fill(src.data(), sz, 21);
+  char err[512];
+  kvx_region *ra, *rc;
+  ASSERT_EQ(kvx_register(a, src.data(), sz, KVX_MEM_HOST, &ra, err, sizeof err), 0) << err;
+  ASSERT_EQ(kvx_register(c, dst.data(), sz, KVX_MEM_HOST, &rc, err, sizeof err), 0) << err;
+  ASSERT_TRUE(learn(a, b));
+  ASSERT_TRUE(learn(a, c));
+  EXPECT_STREQ(kvx_peer_backend(a, "b"), "shm");
+  EXPECT_STREQ(kvx_peer_backend(a, "c"), "nixl");
+  kvx_desc ld = {(uint64_t)(uintptr_t)src.data(), sz}, rd = {(uint64_t)(uintptr_t)dst.data(), sz};
+  kvx_xfer *x;
+  ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &ld, 1, &rd, 1, "c", "over-nixl", 9, &x, err, sizeof err), 0) << err;
+  ASSERT_EQ(kvx_xfer_post(x), 0);
+  EXPECT_EQ(wait_xfer(a, x, 20000), KVX_DONE) << kvx_xfer_error(x);
+  auto ns = wait_notifs(c, 1, 20000);
+  ASSERT_EQ(ns.size(), 1u);
+  EXPECT_EQ(ns[0], "over-nixl");
+  EXPECT_EQ(src, dst);
+  kvx_xfer_free(x);
+  kvx_agent_free(a);
+  kvx_agent_free(b);
+  kvx_agent_free(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(UcxTls, Nixl, ::testing::Values("tcp", "shm"),
