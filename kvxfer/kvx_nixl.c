@@ -117,7 +117,7 @@ static int load_api(kvx_nixl_api *t, char *path, size_t pcap, char *err, size_t 
     void **fn;
   } syms[] = {
 #define S(f) {"nixl_capi_" #f, (void **)&t->f}
-      S(create_agent),       S(destroy_agent),       S(get_plugin_params),  S(destroy_mem_list),
+      S(create_configured_agent), S(destroy_agent),       S(get_plugin_params),  S(destroy_mem_list),
       S(destroy_params),     S(params_add),          S(create_backend),     S(destroy_backend),
       S(create_opt_args),    S(destroy_opt_args),    S(opt_args_add_backend), S(get_local_md),
       S(load_remote_md),     S(invalidate_remote_md), S(create_reg_dlist),   S(destroy_reg_dlist),
@@ -197,18 +197,23 @@ static int nixl_init(kvx_agent *a, char *err, size_t errlen) {
   }
   nxa_mems mems = NULL;
   nxa_params params = NULL;
-  int st = t->create_agent(a->name, &s->agent);
-  const char *step = "create_agent";
+  // NIXL's plain create_agent runs its progress thread with no delay: poll() with a zero timeout, a core per
+  // agent spinning even when idle. With a delay, the thread sleeps until UCX signals work (or the delay passes:
+  // NIXL's guard against missed wakeups).
+  nxa_config cfg = {.prog_thread = true, .listen_thread = false, .listen_port = 0, .thread_sync = 0,
+                    .num_workers = 1, .pthr_delay_us = 1000, .lthr_delay_us = 100000, .capture_telemetry = false};
+  int st = t->create_configured_agent(a->name, &cfg, &s->agent);
+  const char *step = "create_configured_agent";
   if (st == NXA_OK) st = t->get_plugin_params(s->agent, "UCX", &mems, &params), step = "get_plugin_params(UCX)";
   // UCX's tcp transport listens on every network device it uses: NET_DEVICES keeps it to the interface holding
   // the kvxfer host (UCX_NET_DEVICES in the environment wins: on an RDMA host, name the HCA there too).
-  char dev[IF_NAMESIZE + 1] = "", cfg[64] = "";
+  char dev[IF_NAMESIZE + 1] = "", ucx_cfg[64] = "";
   const char *ucx_devs = getenv("UCX_NET_DEVICES");
   if (st == NXA_OK && !(ucx_devs && *ucx_devs)) {
     int k = iface_of(a->listen_host, dev, sizeof dev);
     if (k == 0) {
-      snprintf(cfg, sizeof cfg, "NET_DEVICES=%s", dev);
-      st = t->params_add(params, "engine_config", cfg), step = "params_add(engine_config)";
+      snprintf(ucx_cfg, sizeof ucx_cfg, "NET_DEVICES=%s", dev);
+      st = t->params_add(params, "engine_config", ucx_cfg), step = "params_add(engine_config)";
     } else if (k < 0) {
       kvx_log(a, "nixl: no interface holds %s: UCX uses every network device (set UCX_NET_DEVICES to restrict it)",
               a->listen_host);

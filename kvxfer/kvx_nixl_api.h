@@ -5,6 +5,7 @@
 #ifndef DSERVE_KVX_NIXL_API_H
 #define DSERVE_KVX_NIXL_API_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,10 +33,22 @@ typedef struct nxa_xlist_s *nxa_xlist;  // transfer descriptor list
 typedef struct nxa_rlist_s *nxa_rlist;  // registration descriptor list
 typedef struct nxa_req_s *nxa_req;
 
+// nixl_capi_agent_config_t: the agent's threads (NIXL 1.5 layout).
+typedef struct nxa_config {
+  bool prog_thread;    // NIXL's progress thread (it progresses UCX when this process only receives)
+  bool listen_thread;  // NIXL's own metadata listener: never (metadata travels in kvxfer's blob)
+  int listen_port;
+  int thread_sync;     // 0 = NIXL's default
+  unsigned int num_workers;
+  uint64_t pthr_delay_us;  // the progress thread's poll timeout between UCX wakeups (0 = it never sleeps)
+  uint64_t lthr_delay_us;
+  bool capture_telemetry;
+} nxa_config;
+
 // The table: one field per symbol, named after it without the nixl_capi_ prefix.
 typedef struct kvx_nixl_api {
   void *lib;  // dlopen handle (never closed: see kvx_nixl.c)
-  int (*create_agent)(const char *name, nxa_agent *out);
+  int (*create_configured_agent)(const char *name, const nxa_config *cfg, nxa_agent *out);
   int (*destroy_agent)(nxa_agent a);
   int (*get_plugin_params)(nxa_agent a, const char *plugin, nxa_mems *mems, nxa_params *params);
   int (*destroy_mem_list)(nxa_mems m);
