@@ -75,6 +75,15 @@ int mdl_grammar_matches(const mdl_grammar *g, const void *s, size_t n);
 #define MDL_GRAMMAR_UNSUPPORTED (-2)
 int mdl_grammar_from_json_schema(const char *schema, size_t len, mdl_grammar **out, char *err, size_t errlen);
 
+// Tool calls (tool_choice "required" or a named function): open CALL close, or with parallel one or more of them
+// separated by sep, where CALL is {"name": NAME, "arguments": ARGS} for one of the tools: tools (len bytes) is the
+// JSON text of an array of {"name": string, "parameters": JSON Schema (absent: any JSON object)}, each parameters
+// schema compiled as mdl_grammar_from_json_schema does (its own root for local $refs). open, close and sep are the
+// template's literals (models/chat.h mdl_chat_tool_style). The statuses are mdl_grammar_from_json_schema's; err names
+// the tool whose schema failed.
+int mdl_grammar_from_tool_calls(const char *tools, size_t len, const char *open, const char *close, const char *sep,
+                                int parallel, mdl_grammar **out, char *err, size_t errlen);
+
 // ---- vocabulary ----
 
 typedef struct mdl_grammar_vocab mdl_grammar_vocab; // immutable: share it between matchers and threads

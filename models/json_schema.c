@@ -542,3 +542,101 @@ done:
   cJSON_Delete(root);
   return rc;
 }
+
+// ---- tool calls ----
+
+// One tool's call: {"name": NAME, "arguments": ARGS} as models/chat.c writes it. The rule, or -1 with the error set.
+static int tool_call_rule(mdl_js_ctx *c, const cJSON *tool, int i) {
+  const cJSON *name = cJSON_GetObjectItemCaseSensitive(tool, "name");
+  const cJSON *params = cJSON_GetObjectItemCaseSensitive(tool, "parameters");
+  if (!cJSON_IsObject(tool) || !cJSON_IsString(name) || !name->valuestring[0])
+    return INVALID(c, "tools[%d] must be an object with a non-empty string 'name'", i);
+  char *lit = cJSON_PrintUnformatted(name);
+  if (!lit) return mdl_js_fail(c, -1, "out of memory");
+  c->root = params;
+  snprintf(c->path, sizeof c->path, "#");
+  int args;
+  if (params && !cJSON_IsNull(params)) args = compile(c, params);
+  else {
+    mdl_js_any(c);
+    args = c->any_obj;
+  }
+  mdl_grammar_seq q = {0};
+  mdl_js_lit(c, &q, "{\"name\": ");
+  mdl_js_lit(c, &q, lit);
+  mdl_js_lit(c, &q, ", \"arguments\": ");
+  mdl_js_ref(&q, args);
+  mdl_js_lit(c, &q, "}");
+  free(lit);
+  if (c->status || args < 0) {
+    mdl_grammar_seq_free(&q);
+    if (c->status) { // say which tool: the compiler's message names the keyword and its place in the schema
+      char m[400];
+      snprintf(m, sizeof m, "%s", c->err);
+      snprintf(c->err, c->errlen, "tool '%.64s' parameters: %s", name->valuestring, m);
+    }
+    return -1;
+  }
+  return mdl_js_rule_of(c, &q);
+}
+
+int mdl_grammar_from_tool_calls(const char *tools, size_t len, const char *open, const char *close, const char *sep,
+                                int parallel, mdl_grammar **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (!tools || !open || !close || (parallel && !sep)) {
+    snprintf(err, errlen, "tool calls need tools and the call markup");
+    return -1;
+  }
+  cJSON *arr = cJSON_ParseWithLength(tools, len);
+  if (!cJSON_IsArray(arr) || !arr->child) {
+    cJSON_Delete(arr);
+    snprintf(err, errlen, "tools must be a non-empty JSON array");
+    return -1;
+  }
+  mdl_js_ctx c = {.err = err, .errlen = errlen, .ws = -1, .chr = -1, .chars = -1, .string = -1, .number = -1,
+                  .integer = -1, .any = -1, .any_obj = -1};
+  c.b = mdl_grammar_builder_new();
+  int rc = -1;
+  if (!c.b) {
+    snprintf(err, errlen, "out of memory");
+    goto done;
+  }
+  int call = mdl_grammar_rule_new(c.b), i = 0; // any one of the tools' calls
+  const cJSON *t;
+  cJSON_ArrayForEach(t, arr) {
+    int r = tool_call_rule(&c, t, i++);
+    if (r < 0 || call < 0) {
+      if (!c.status) snprintf(err, errlen, "out of memory");
+      rc = c.status ? c.status : -1;
+      goto done;
+    }
+    mdl_grammar_seq q = {0};
+    mdl_js_ref(&q, r);
+    mdl_grammar_alt(c.b, call, &q);
+    mdl_grammar_seq_free(&q);
+  }
+  mdl_grammar_seq item = {0}, gap = {0};
+  mdl_js_lit(&c, &item, open);
+  mdl_js_ref(&item, call);
+  mdl_js_lit(&c, &item, close);
+  int top;
+  if (parallel) {
+    mdl_js_lit(&c, &gap, sep);
+    top = mdl_grammar_repeat(c.b, &item, &gap, 1, -1);
+    mdl_grammar_seq_free(&item);
+  } else {
+    top = mdl_js_rule_of(&c, &item);
+  }
+  mdl_grammar_seq_free(&gap);
+  char e2[256];
+  if (top < 0 || mdl_grammar_builder_failed(c.b) || mdl_grammar_finish(c.b, top, out, e2, sizeof e2)) {
+    snprintf(err, errlen, "the tools cannot be used: %s", top < 0 ? "out of memory" : e2);
+    goto done;
+  }
+  rc = 0;
+done:
+  mdl_grammar_builder_free(c.b);
+  free(c.refs);
+  cJSON_Delete(arr);
+  return rc;
+}

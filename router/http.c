@@ -163,14 +163,24 @@ static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, 
   size_t plen = q->prompt_len;
   if (q->msgs) {
     mdl_chat_msg *mm = calloc((size_t)q->n_msgs, sizeof *mm);
-    if (!mm) return rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    const char **calls = calloc((size_t)q->n_msgs, sizeof *calls);
+    if (!mm || !calls) {
+      free(mm);
+      free(calls);
+      return rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
     for (int i = 0; i < q->n_msgs; i++) {
       mm[i].role = q->msgs[i].role;
       mm[i].content = q->msgs[i].content;
+      calls[i] = q->msgs[i].tool_calls;
     }
     int add_gen = q->kind == RTR_TOKENIZE ? q->add_generation_prompt : 1;
-    int rc = mdl_chat_apply(s->has_template ? s->gguf : NULL, mm, (size_t)q->n_msgs, add_gen, &text, err, sizeof err);
+    const mdl_gguf *g = s->has_template ? s->gguf : NULL;
+    int rc = q->tools || q->has_tool_msgs // the template family's tool convention (models/chat.c)
+                 ? mdl_chat_apply_tools(g, mm, calls, (size_t)q->n_msgs, q->tools, add_gen, &text, err, sizeof err)
+                 : mdl_chat_apply(g, mm, (size_t)q->n_msgs, add_gen, &text, err, sizeof err);
     free(mm);
+    free(calls);
     if (rc < 0) return rtr_fail(e, 400, "invalid_request_error", "messages", NULL, "chat template: %s", err);
     p = text;
     plen = strlen(text);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "models/chat.h"
 #include "router/server_int.h"
 #include "server/log.h"
 
@@ -363,6 +364,17 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
     cJSON *gr = cJSON_AddObjectToObject(m, "grammar");
     cJSON_AddStringToObject(gr, "type", q->json_schema ? "json_schema" : "json");
     if (q->json_schema) cJSON_AddRawToObject(gr, "schema", q->json_schema); // cJSON's own print: valid JSON
+  } else if (q->tool_choice == RTR_TOOLS_REQUIRED || q->tool_choice == RTR_TOOLS_NAMED) { // a call must come
+    char err[128];
+    const mdl_chat_tool_style *st = mdl_chat_tool_style_of(s->has_template ? s->gguf : NULL, err, sizeof err);
+    if (!st) st = mdl_chat_tool_style_of(NULL, err, sizeof err); // (the prompt's rendering already accepted it)
+    cJSON *gr = cJSON_AddObjectToObject(m, "grammar");
+    cJSON_AddStringToObject(gr, "type", "tool_calls");
+    cJSON_AddRawToObject(gr, "tools", q->call_tools);
+    cJSON_AddStringToObject(gr, "open", st->call_open);
+    cJSON_AddStringToObject(gr, "close", st->call_close);
+    cJSON_AddStringToObject(gr, "sep", st->call_sep);
+    cJSON_AddBoolToObject(gr, "parallel", q->parallel_tool_calls);
   }
   return m;
 }

@@ -81,6 +81,7 @@ void rtr_request_free(rtr_request *r) {
   for (int i = 0; i < r->n_msgs; i++) {
     free(r->msgs[i].role);
     free(r->msgs[i].content);
+    free(r->msgs[i].tool_calls);
   }
   free(r->msgs);
   free(r->prompt);
@@ -89,6 +90,8 @@ void rtr_request_free(rtr_request *r) {
   free(r->stop);
   free(r->bias);
   free(r->json_schema);
+  free(r->tools);
+  free(r->call_tools);
   memset(r, 0, sizeof *r);
 }
 
@@ -197,10 +200,10 @@ static int get_bool(const cJSON *root, const char *name, int *out, rtr_error *e)
   return 1;
 }
 
-// A message's keys besides role and content: name is a no-op (chat templates have no place for it); tool_calls,
-// function_call and tool_call_id (tool calling) and any other key are refused unless null (not given) or, for
-// tool_calls, an empty list.
-static int check_msg_keys(const cJSON *msg, int i, rtr_error *e) {
+// A message's keys besides role and content: name is a no-op (chat templates have no place for it); tool_calls
+// (an assistant's) and tool_call_id (a tool result's) are read by parse_msgs; function_call (deprecated) and any other
+// key are refused unless null (not given).
+static int check_msg_keys(const cJSON *msg, int i, const char *role, rtr_error *e) {
   char param[96];
   for (const cJSON *k = msg->child; k; k = k->next) {
     const char *key = k->string;
@@ -210,12 +213,59 @@ static int check_msg_keys(const cJSON *msg, int i, rtr_error *e) {
       if (!cJSON_IsNull(k) && !cJSON_IsString(k)) return BAD(e, param, "'%s' must be a string", param);
       continue;
     }
-    if (cJSON_IsNull(k) || (!strcmp(key, "tool_calls") && cJSON_IsArray(k) && !k->child)) continue;
-    if (!strcmp(key, "tool_calls") || !strcmp(key, "function_call") || !strcmp(key, "tool_call_id"))
-      return UNSUP(e, param, "'%s' is not supported: this server has no tool calling yet", param);
-    return UNSUP(e, param, "'%s' is not supported (a message has role, content and name)", param);
+    if (cJSON_IsNull(k)) continue;
+    if (!strcmp(key, "tool_calls")) {
+      if (strcmp(role, "assistant")) return BAD(e, param, "'%s': only assistant messages have tool_calls", param);
+      continue;
+    }
+    if (!strcmp(key, "tool_call_id")) {
+      if (strcmp(role, "tool")) return BAD(e, param, "'%s': only tool messages have a tool_call_id", param);
+      continue;
+    }
+    if (!strcmp(key, "function_call"))
+      return UNSUP(e, param, "'%s' (deprecated) is not supported: send 'tool_calls'", param);
+    return UNSUP(e, param, "'%s' is not supported (a message has role, content, name, tool_calls, tool_call_id)",
+                 param);
   }
   return 0;
+}
+
+// An assistant message's tool_calls [{id, type "function", function {name, arguments}}] into the JSON text
+// models/chat.h renders: [{"name", "arguments"}], arguments parsed when they are a JSON text. *out stays NULL for [].
+static int parse_msg_calls(const cJSON *tc, int i, char **out, rtr_error *e) {
+  char param[96];
+  snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+  if (!cJSON_IsArray(tc)) return BAD(e, param, "'%s' must be an array", param);
+  if (!tc->child) return 0;
+  cJSON *arr = cJSON_CreateArray();
+  if (!arr) return OOM(e);
+  int k = 0, rc = 0;
+  for (const cJSON *c = tc->child; c && !rc; c = c->next, k++) {
+    snprintf(param, sizeof param, "messages[%d].tool_calls[%d]", i, k);
+    const cJSON *id = field(c, "id"), *type = field(c, "type"), *fn = field(c, "function");
+    const cJSON *name = fn ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
+    const cJSON *args = fn ? cJSON_GetObjectItemCaseSensitive(fn, "arguments") : NULL;
+    if (!cJSON_IsObject(c)) rc = BAD(e, param, "'%s' must be an object", param);
+    else if (!cJSON_IsString(id)) rc = BAD(e, param, "'%s.id' must be a string", param);
+    else if (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "function")))
+      rc = INVAL(e, param, "'%s.type' must be \"function\"", param);
+    else if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || !cJSON_IsString(args))
+      rc = BAD(e, param, "'%s.function' must be an object with string 'name' and 'arguments'", param);
+    if (rc) break;
+    cJSON *o = cJSON_CreateObject(), *a = cJSON_Parse(args->valuestring);
+    if (!a) a = cJSON_CreateString(args->valuestring); // not JSON: shown to the model as the string it was
+    if (!o || !a || !cJSON_AddStringToObject(o, "name", name->valuestring)) {
+      cJSON_Delete(o);
+      cJSON_Delete(a);
+      rc = OOM(e);
+      break;
+    }
+    cJSON_AddItemToObject(o, "arguments", a);
+    cJSON_AddItemToArray(arr, o);
+  }
+  if (!rc && !(*out = cJSON_PrintUnformatted(arr))) rc = OOM(e);
+  cJSON_Delete(arr);
+  return rc;
 }
 
 static int parse_msgs(const cJSON *root, rtr_request *r, rtr_error *e) {
@@ -229,6 +279,7 @@ static int parse_msgs(const cJSON *root, rtr_request *r, rtr_error *e) {
   int i = 0;
   char param[64];
   for (const cJSON *it = m->child; it; it = it->next, i++) {
+    r->n_msgs = i + 1; // calloc'ed: what this message owns is freed with it, whatever fails below
     snprintf(param, sizeof param, "messages[%d]", i);
     if (!cJSON_IsObject(it)) return BAD(e, param, "'%s' must be an object", param);
     const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
@@ -236,16 +287,28 @@ static int parse_msgs(const cJSON *root, rtr_request *r, rtr_error *e) {
     if (!cJSON_IsString(role)) return BAD(e, param, "'%s' must be a string", param);
     const char *rs = role->valuestring;
     if (!strcmp(rs, "developer")) rs = "system";
-    if (!strcmp(rs, "tool") || !strcmp(rs, "function"))
-      return UNSUP(e, param, "'%s': '%s' messages are not supported: this server has no tool calling yet", param, rs);
-    if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant"))
-      return BAD(e, param, "'%s': unknown role '%.40s' (system, user, assistant)", param, role->valuestring);
-    if (check_msg_keys(it, i, e) < 0) return -1;
+    if (!strcmp(rs, "function"))
+      return UNSUP(e, param, "'%s': 'function' messages (deprecated) are not supported: send 'tool' messages", param);
+    if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tool"))
+      return BAD(e, param, "'%s': unknown role '%.40s' (system, user, assistant, tool)", param, role->valuestring);
+    if (check_msg_keys(it, i, rs, e) < 0) return -1;
+    int is_tool = !strcmp(rs, "tool");
+    if (is_tool) {
+      const cJSON *tid = cJSON_GetObjectItemCaseSensitive(it, "tool_call_id");
+      snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
+      if (!cJSON_IsString(tid)) return BAD(e, param, "'%s' is required and must be a string", param);
+      r->has_tool_msgs = 1;
+    }
+    const cJSON *tc = field(it, "tool_calls");
+    if (tc && parse_msg_calls(tc, i, &r->msgs[i].tool_calls, e) < 0) return -1;
+    if (r->msgs[i].tool_calls) r->has_tool_msgs = 1;
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
     snprintf(param, sizeof param, "messages[%d].content", i);
     char *text = NULL;
     if (cJSON_IsString(c)) {
       text = dupn(c->valuestring, strlen(c->valuestring));
+    } else if (!c && r->msgs[i].tool_calls) { // an assistant's calls with no content key
+      text = dupn("", 0);
     } else if (cJSON_IsNull(c) && !strcmp(rs, "assistant")) {
       text = dupn("", 0);
     } else if (cJSON_IsArray(c)) {
@@ -276,7 +339,6 @@ static int parse_msgs(const cJSON *root, rtr_request *r, rtr_error *e) {
     if (!text) return OOM(e);
     r->msgs[i].content = text;
     r->msgs[i].role = dupn(rs, strlen(rs));
-    r->n_msgs = i + 1;
     if (!r->msgs[i].role) return OOM(e);
   }
   return 0;
@@ -382,29 +444,158 @@ static int check_str(const cJSON *root, const char *name, rtr_error *e) {
   return 0;
 }
 
-// The string value of a tool_choice / function_call ("" when it is an object or absent).
-static const char *choice_str(const cJSON *v) { return cJSON_IsString(v) ? v->valuestring : ""; }
-
-// tools / tool_choice and the deprecated functions / function_call: honoured only as "no tool calls" (no tools, or
-// a choice of "none"); a call the client asks for, or may get, is refused until tool calling exists.
-static int check_tools(const cJSON *root, const char *tools_key, const char *choice_key, rtr_error *e) {
-  const cJSON *tools = field(root, tools_key), *choice = field(root, choice_key);
-  if (tools && !cJSON_IsArray(tools)) return BAD(e, tools_key, "'%s' must be an array", tools_key);
-  if (choice) {
-    if (!cJSON_IsString(choice) && !cJSON_IsObject(choice))
-      return BAD(e, choice_key, "'%s' must be a string or an object", choice_key);
-    const char *c = choice_str(choice);
-    int named = cJSON_IsObject(choice);
-    if (named || !strcmp(c, "required"))
-      return UNSUP(e, choice_key, "'%s' %s is not supported: this server has no tool calling yet", choice_key,
-                   named ? "naming a function" : "\"required\"");
-    if (strcmp(c, "none") && strcmp(c, "auto"))
-      return INVAL(e, choice_key, "'%s' must be \"none\", \"auto\", \"required\" or an object", choice_key);
-  }
-  if (tools && tools->child && strcmp(choice_str(choice), "none"))
-    return UNSUP(e, tools_key, "'%s' is not supported: this server has no tool calling yet; send '%s': \"none\" "
-                               "or no %s", tools_key, choice_key, tools_key);
+// The deprecated functions / function_call: accepted only as "no calls" (no functions, or function_call "none");
+// anything else is refused, pointing at tools / tool_choice, which take the same declarations.
+static int check_functions(const cJSON *root, rtr_error *e) {
+  const cJSON *fns = field(root, "functions"), *fc = field(root, "function_call");
+  if (fns && !cJSON_IsArray(fns)) return BAD(e, "functions", "'functions' must be an array");
+  if (fc && !cJSON_IsString(fc) && !cJSON_IsObject(fc))
+    return BAD(e, "function_call", "'function_call' must be a string or an object");
+  if (fc && (cJSON_IsObject(fc) || strcmp(fc->valuestring, "none")) && (cJSON_IsObject(fc) || strcmp(fc->valuestring, "auto")))
+    return UNSUP(e, "function_call", "'function_call' (deprecated) is not supported: send 'tool_choice'");
+  if (fns && fns->child && !(fc && !strcmp(fc->valuestring, "none")))
+    return UNSUP(e, "functions", "'functions' (deprecated) is not supported: send the same declarations as 'tools' "
+                 "([{\"type\": \"function\", \"function\": {...}}])");
   return 0;
+}
+
+// A function name: 1..64 of a-z, A-Z, 0-9, _ and - (OpenAI's rule).
+static int name_ok(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > 64) return 0;
+  for (; *s; s++)
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == '-'))
+      return 0;
+  return 1;
+}
+
+// One tools[i]: {"type": "function", "function": {name, description, parameters, strict}}. The parameters schema is
+// compiled (models/json_schema.c) so what the call grammar cannot follow is a 400 naming the keyword. Appends
+// {"name", "parameters"} to calls.
+static int parse_tool(const cJSON *t, int i, cJSON *calls, rtr_error *e) {
+  char param[96];
+  snprintf(param, sizeof param, "tools[%d]", i);
+  if (!cJSON_IsObject(t)) return BAD(e, param, "'%s' must be an object", param);
+  for (const cJSON *k = t->child; k; k = k->next)
+    if (strcmp(k->string, "type") && strcmp(k->string, "function")) {
+      snprintf(param, sizeof param, "tools[%d].%.40s", i, k->string);
+      return UNSUP(e, param, "'%s' is not supported (a tool has type and function)", param);
+    }
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type"), *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+  snprintf(param, sizeof param, "tools[%d].type", i);
+  if (!cJSON_IsString(type)) return BAD(e, param, "'%s' is required and must be \"function\"", param);
+  if (strcmp(type->valuestring, "function"))
+    return INVAL(e, param, "'%s' '%.40s' is not supported (only \"function\")", param, type->valuestring);
+  snprintf(param, sizeof param, "tools[%d].function", i);
+  if (!cJSON_IsObject(fn)) return BAD(e, param, "'%s' is required and must be an object", param);
+  for (const cJSON *k = fn->child; k; k = k->next)
+    if (strcmp(k->string, "name") && strcmp(k->string, "description") && strcmp(k->string, "parameters") &&
+        strcmp(k->string, "strict")) {
+      snprintf(param, sizeof param, "tools[%d].function.%.40s", i, k->string);
+      return UNSUP(e, param, "'%s' is not supported (name, description, parameters, strict)", param);
+    }
+  const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name"), *desc = field(fn, "description");
+  const cJSON *params = field(fn, "parameters"), *strict = field(fn, "strict");
+  snprintf(param, sizeof param, "tools[%d].function.name", i);
+  if (!cJSON_IsString(name) || !name_ok(name->valuestring))
+    return BAD(e, param, "'%s' must be 1..64 of a-z, A-Z, 0-9, _ and -", param);
+  snprintf(param, sizeof param, "tools[%d].function.description", i);
+  if (desc && !cJSON_IsString(desc)) return BAD(e, param, "'%s' must be a string", param);
+  snprintf(param, sizeof param, "tools[%d].function.strict", i);
+  if (strict && !cJSON_IsBool(strict)) return BAD(e, param, "'%s' must be a boolean", param);
+  snprintf(param, sizeof param, "tools[%d].function.parameters", i);
+  if (params && !cJSON_IsObject(params)) return BAD(e, param, "'%s' must be a JSON Schema object", param);
+  for (const cJSON *o = calls->child; o; o = o->next)
+    if (!strcmp(cJSON_GetObjectItemCaseSensitive(o, "name")->valuestring, name->valuestring)) {
+      snprintf(param, sizeof param, "tools[%d].function.name", i);
+      return BAD(e, param, "'%s': a tool named '%s' is declared twice", param, name->valuestring);
+    }
+  if (params) {
+    char *text = cJSON_PrintUnformatted(params), err[400];
+    if (!text) return OOM(e);
+    mdl_grammar *g = NULL;
+    int rc = mdl_grammar_from_json_schema(text, strlen(text), &g, err, sizeof err);
+    mdl_grammar_unref(g);
+    free(text);
+    if (rc == MDL_GRAMMAR_UNSUPPORTED) return UNSUP(e, param, "'%s': %s", param, err);
+    if (rc) return INVAL(e, param, "'%s': %s", param, err);
+  }
+  cJSON *o = cJSON_CreateObject();
+  if (!o || !cJSON_AddStringToObject(o, "name", name->valuestring)) {
+    cJSON_Delete(o);
+    return OOM(e);
+  }
+  if (params) cJSON_AddItemToObject(o, "parameters", cJSON_Duplicate(params, 1));
+  cJSON_AddItemToArray(calls, o);
+  return 0;
+}
+
+// tools, tool_choice and parallel_tool_calls. tool_choice: "none" (no calls; the tools are left out of the prompt),
+// "auto" (the default with tools: the model may call; its output is read for calls), "required" or
+// {"type": "function", "function": {"name"}} (decoding is constrained to calls, models/json_schema.c).
+static int parse_tools(const cJSON *root, rtr_request *r, rtr_error *e) {
+  const cJSON *tools = field(root, "tools"), *choice = field(root, "tool_choice");
+  r->parallel_tool_calls = 1;
+  if (get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e) < 0) return -1;
+  if (tools && !cJSON_IsArray(tools)) return BAD(e, "tools", "'tools' must be an array");
+  int n = tools ? cJSON_GetArraySize(tools) : 0;
+  if (n > RTR_MAX_TOOLS) return BAD(e, "tools", "'tools' has %d tools; at most %d are allowed", n, RTR_MAX_TOOLS);
+  const char *named = NULL;
+  int mode = n ? RTR_TOOLS_AUTO : RTR_TOOLS_OFF;
+  if (choice) {
+    if (cJSON_IsString(choice)) {
+      const char *c = choice->valuestring;
+      if (!strcmp(c, "none")) mode = RTR_TOOLS_OFF;
+      else if (!strcmp(c, "auto")) mode = n ? RTR_TOOLS_AUTO : RTR_TOOLS_OFF;
+      else if (!strcmp(c, "required")) mode = RTR_TOOLS_REQUIRED;
+      else return INVAL(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                        "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    } else if (cJSON_IsObject(choice)) {
+      const cJSON *t = cJSON_GetObjectItemCaseSensitive(choice, "type"), *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+      const cJSON *nm = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "name") : NULL;
+      if (!cJSON_IsString(t) || strcmp(t->valuestring, "function") || !cJSON_IsString(nm))
+        return BAD(e, "tool_choice", "'tool_choice' as an object must be {\"type\": \"function\", \"function\": "
+                   "{\"name\": ...}}");
+      for (const cJSON *k = choice->child; k; k = k->next)
+        if (strcmp(k->string, "type") && strcmp(k->string, "function"))
+          return UNSUP(e, "tool_choice", "'tool_choice.%.40s' is not supported", k->string);
+      for (const cJSON *k = f->child; k; k = k->next)
+        if (strcmp(k->string, "name"))
+          return UNSUP(e, "tool_choice", "'tool_choice.function.%.40s' is not supported", k->string);
+      named = nm->valuestring;
+      mode = RTR_TOOLS_NAMED;
+    } else {
+      return BAD(e, "tool_choice", "'tool_choice' must be a string or an object");
+    }
+  }
+  if (mode >= RTR_TOOLS_REQUIRED && !n)
+    return BAD(e, "tool_choice", "'tool_choice' %s needs 'tools'", named ? "naming a function" : "\"required\"");
+  if (!n) return 0;
+  cJSON *calls = cJSON_CreateArray();
+  if (!calls) return OOM(e);
+  int i = 0, rc = 0;
+  for (const cJSON *t = tools->child; t && !rc; t = t->next) rc = parse_tool(t, i++, calls, e);
+  if (!rc && named) { // only the named tool can be called
+    cJSON *keep = NULL;
+    for (cJSON *o = calls->child; o && !keep; o = o->next)
+      if (!strcmp(cJSON_GetObjectItemCaseSensitive(o, "name")->valuestring, named)) keep = o;
+    if (!keep) rc = INVAL(e, "tool_choice", "'tool_choice' names '%.64s', which is not in 'tools'", named);
+    else {
+      cJSON *one = cJSON_CreateArray();
+      if (!one) rc = OOM(e);
+      else {
+        cJSON_AddItemToArray(one, cJSON_DetachItemViaPointer(calls, keep));
+        cJSON_Delete(calls);
+        calls = one;
+      }
+    }
+  }
+  if (!rc && mode != RTR_TOOLS_OFF) {
+    r->tool_choice = mode;
+    if (!(r->tools = cJSON_PrintUnformatted(tools)) || !(r->call_tools = cJSON_PrintUnformatted(calls))) rc = OOM(e);
+  }
+  cJSON_Delete(calls);
+  return rc;
 }
 
 // Keys of obj other than those in known (NULL-terminated) are refused, naming the first (param: response_format).
@@ -471,9 +662,9 @@ static int parse_response_format(const cJSON *root, rtr_request *r, rtr_error *e
 
 // The chat fields accepted as no-ops (their reason is in docs/openai.md), the tool fields and response_format.
 static int check_chat_extras(const cJSON *root, rtr_request *r, rtr_error *e) {
-  int parallel = 0, store = 0;
+  int store = 0;
   if (check_str(root, "user", e) < 0 || check_str(root, "prompt_cache_key", e) < 0 ||
-      check_str(root, "safety_identifier", e) < 0 || get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
+      check_str(root, "safety_identifier", e) < 0)
     return -1;
   if (get_bool(root, "store", &store, e) < 0) return -1;
   if (store) return UNSUP(e, "store", "'store': true is not supported: this server keeps no completions");
@@ -494,9 +685,11 @@ static int check_chat_extras(const cJSON *root, rtr_request *r, rtr_error *e) {
       if (!cJSON_IsString(m) || strcmp(m->valuestring, "text"))
         return UNSUP(e, "modalities", "'modalities' other than [\"text\"] is not supported");
   }
-  if (check_tools(root, "tools", "tool_choice", e) < 0 || check_tools(root, "functions", "function_call", e) < 0)
-    return -1;
-  return parse_response_format(root, r, e);
+  if (parse_tools(root, r, e) < 0 || check_functions(root, e) < 0 || parse_response_format(root, r, e) < 0) return -1;
+  if (r->tool_choice != RTR_TOOLS_OFF && r->response_format != RTR_FORMAT_TEXT) // one grammar per choice
+    return UNSUP(e, "response_format", "'response_format' other than text together with tools (tool_choice other "
+                 "than \"none\") is not supported");
+  return 0;
 }
 
 // Every top-level field a kind knows (honoured, no-op or checked); any other is refused, naming it.
@@ -692,6 +885,108 @@ done:
     out->kind = kind;
   }
   return rc < 0 ? -1 : 0;
+}
+
+// ---- tool calls in the output ----
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// tag without its surrounding whitespace: *n bytes at the returned pointer.
+static const char *trim_tag(const char *tag, size_t *n) {
+  size_t len = strlen(tag);
+  while (len && is_ws(*tag)) tag++, len--;
+  while (len && is_ws(tag[len - 1])) len--;
+  *n = len;
+  return tag;
+}
+
+size_t rtr_tool_open_prefix(const char *text, size_t n, const char *open) {
+  size_t tn;
+  const char *tag = trim_tag(open, &tn);
+  for (size_t k = tn - 1 < n ? tn - 1 : n; k > 0; k--) // the longest proper prefix of the tag ending text
+    if (!memcmp(text + n - k, tag, k)) return k;
+  return 0;
+}
+
+// "call_" and 24 random letters and digits (OpenAI's ids look so); the bytes come from the kernel.
+static void call_id(char out[32]) {
+  static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  unsigned char b[24] = {0};
+  FILE *f = fopen("/dev/urandom", "rb");
+  if (f) {
+    if (fread(b, 1, sizeof b, f) != sizeof b) memset(b, 0, sizeof b);
+    fclose(f);
+  }
+  memcpy(out, "call_", 5);
+  for (int i = 0; i < 24; i++) out[5 + i] = al[b[i] % (sizeof al - 1)];
+  out[29] = 0;
+}
+
+int rtr_parse_tool_calls(const rtr_request *q, const char *text, size_t len, const char *open, const char *close,
+                         cJSON *calls, size_t *content_len) {
+  *content_len = len;
+  if (q->tool_choice == RTR_TOOLS_OFF || !q->call_tools) return 0;
+  size_t on, cn;
+  const char *otag = trim_tag(open, &on), *ctag = trim_tag(close, &cn);
+  const char *first = memmem(text, len, otag, on);
+  if (!first) return 0;
+  cJSON *declared = cJSON_Parse(q->call_tools), *found = cJSON_CreateArray();
+  int n = 0, bad = !declared || !found ? 2 : 0;
+  const char *p = first, *end = text + len;
+  while (!bad && p < end) {
+    while (p < end && is_ws(*p)) p++;
+    if (p == end) break;
+    if ((size_t)(end - p) < on || memcmp(p, otag, on)) { // text after a call: not a call turn this parser knows
+      bad = 1;
+      break;
+    }
+    p += on;
+    const char *c = memmem(p, (size_t)(end - p), ctag, cn);
+    if (!c) { // unclosed (cut by max_tokens)
+      bad = 1;
+      break;
+    }
+    cJSON *v = cJSON_ParseWithLength(p, (size_t)(c - p));
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(v, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(v, "arguments");
+    int ok = cJSON_IsObject(v) && cJSON_IsString(name) && (cJSON_IsObject(args) || cJSON_IsString(args));
+    const cJSON *d = NULL;
+    if (ok)
+      cJSON_ArrayForEach(d, declared) if (!strcmp(cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring,
+                                                  name->valuestring)) break;
+    if (!ok || !d) {
+      cJSON_Delete(v);
+      bad = 1;
+      break;
+    }
+    char id[32];
+    call_id(id);
+    char *a = cJSON_IsString(args) ? strdup(args->valuestring) : cJSON_PrintUnformatted(args);
+    cJSON *o = cJSON_CreateObject(), *f = NULL;
+    if (a && o && cJSON_AddStringToObject(o, "id", id) && cJSON_AddStringToObject(o, "type", "function") &&
+        (f = cJSON_AddObjectToObject(o, "function")) && cJSON_AddStringToObject(f, "name", name->valuestring) &&
+        cJSON_AddStringToObject(f, "arguments", a)) {
+      cJSON_AddItemToArray(found, o);
+      n++;
+    } else {
+      cJSON_Delete(o);
+      bad = 2;
+    }
+    free(a);
+    cJSON_Delete(v);
+    p = c + cn;
+  }
+  cJSON_Delete(declared);
+  if (bad || !n) {
+    cJSON_Delete(found);
+    return bad == 2 ? -1 : 0;
+  }
+  while (found->child) cJSON_AddItemToArray(calls, cJSON_DetachItemViaPointer(found, found->child));
+  cJSON_Delete(found);
+  size_t cl = (size_t)(first - text);
+  while (cl && is_ws(text[cl - 1])) cl--;
+  *content_len = cl;
+  return n;
 }
 
 int rtr_check_context(int n_prompt, int max_tokens, int n_ctx, rtr_error *e) {

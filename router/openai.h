@@ -61,14 +61,21 @@ typedef struct rtr_limits {
 } rtr_limits;
 
 typedef struct rtr_msg {
-  char *role;    // (owned) "system", "user" or "assistant"
-  char *content; // (owned) UTF-8 text (array-of-text content joined)
+  char *role;       // (owned) "system", "user", "assistant" or "tool"
+  char *content;    // (owned) UTF-8 text (array-of-text content joined; "" for an assistant's null content)
+  char *tool_calls; // (owned) an assistant's calls as models/chat.h takes them: JSON text of [{"name", "arguments"}]
+                    // (arguments parsed when they are JSON, else the string as sent), or NULL
 } rtr_msg;
 
 typedef struct rtr_bias {
   int32_t id;
   float bias;
 } rtr_bias;
+
+// tool_choice, resolved: no calls (no tools, or "none"); the model may call (auto); it must (required, or the one
+// named function: call_tools then holds only that one).
+enum { RTR_TOOLS_OFF = 0, RTR_TOOLS_AUTO = 1, RTR_TOOLS_REQUIRED = 2, RTR_TOOLS_NAMED = 3 };
+#define RTR_MAX_TOOLS 128
 
 // response_format: text; json_object (any JSON object); json_schema (a JSON text valid under json_schema).
 enum { RTR_FORMAT_TEXT = 0, RTR_FORMAT_JSON_OBJECT = 1, RTR_FORMAT_JSON_SCHEMA = 2 };
@@ -101,6 +108,13 @@ typedef struct rtr_request {
   int ignore_eos;
   int response_format;      // RTR_FORMAT_*: structured outputs (grammar-constrained decoding), chat only
   char *json_schema;        // (owned) RTR_FORMAT_JSON_SCHEMA: the schema's JSON text (compiled once to validate it)
+  int tool_choice;          // RTR_TOOLS_*
+  char *tools;              // (owned) unless RTR_TOOLS_OFF: the tools as the chat template lists them (JSON text of
+                            // [{"type": "function", "function": {...}}]); NULL otherwise
+  char *call_tools;         // (owned) unless RTR_TOOLS_OFF: the tools a call may name as the call grammar takes them
+                            // (JSON text of [{"name", "parameters"}]: every tool, or the named one)
+  int parallel_tool_calls;  // default 1: a turn may hold several calls
+  int has_tool_msgs;        // a message has role "tool" or tool_calls (the prompt needs the tool convention)
   int add_special;          // tokenize: add_special_tokens (default 1)
   int add_generation_prompt; // tokenize with messages (default 1)
 } rtr_request;
@@ -120,6 +134,20 @@ void rtr_request_free(rtr_request *r); // frees what r owns and zeroes it; NULL 
 
 // The context check once the prompt is tokenized: n_prompt >= n_ctx, or max_tokens >= 0 and n_prompt + max_tokens
 // > n_ctx, is 400 context_length_exceeded with the counts in the message. An empty prompt is 400 too.
+// Tool calls in a chat choice's output text (text_len bytes), written between open and close (a template's markup,
+// models/chat.h mdl_chat_tool_style; whitespace around the tags is not significant) as {"name": NAME, "arguments":
+// {...}}. Each call naming one of q's call tools is appended to calls (a cJSON array) as OpenAI's
+// {"id": "call_...", "type": "function", "function": {"name", "arguments": JSON text}}; *content_len is the length
+// of the text before the first call, trailing whitespace dropped. When a block is unclosed, not JSON, or names no
+// declared tool, nothing is appended: the whole text is the content. Returns the number of calls (0 when q's
+// tool_choice is RTR_TOOLS_OFF), -1 when out of memory.
+int rtr_parse_tool_calls(const rtr_request *q, const char *text, size_t text_len, const char *open, const char *close,
+                         cJSON *calls, size_t *content_len);
+
+// The number of bytes at the end of text (n bytes) that may be the beginning of open (whitespace-trimmed): a stream
+// holds them back until it knows they are not a call.
+size_t rtr_tool_open_prefix(const char *text, size_t n, const char *open);
+
 int rtr_check_context(int n_prompt, int max_tokens, int n_ctx, rtr_error *e);
 
 // 1 when the n bytes at s are valid UTF-8 (no overlongs, no surrogates, nothing past U+10FFFF).

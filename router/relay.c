@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/chat.h"
 #include "router/server_int.h"
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -35,6 +36,7 @@ void rtr_req_unref_locked(rtr_req *r) {
   if (--r->s->n_live == 0) pthread_cond_broadcast(&r->s->admit_cv); // rtr_server_drain waits for this
   for (int i = 0; i < r->q.n && r->ch; i++) {
     utl_buf_free(&r->ch[i].text);
+    utl_buf_free(&r->ch[i].held);
     cJSON_Delete(r->ch[i].lp);
     free(r->ch[i].gen);
   }
@@ -274,6 +276,107 @@ static void record_tokens(rtr_choice *c, const cJSON *toks) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// tool calls in a chat choice's output (docs/openai.md): read from the text by rtr_parse_tool_calls; a stream holds
+// back what may be a call so the client never sees the markup as content
+
+static int tools_on(const rtr_req *r) { return r->q.kind == RTR_CHAT && r->q.tool_choice != RTR_TOOLS_OFF; }
+
+static const mdl_chat_tool_style *tool_style(rtr_server *s) {
+  char err[128];
+  const mdl_chat_tool_style *st = mdl_chat_tool_style_of(s->has_template ? s->gguf : NULL, err, sizeof err);
+  return st ? st : mdl_chat_tool_style_of(NULL, err, sizeof err); // the prompt was rendered: it has one
+}
+
+// Adds t to c's held text and returns what can go to the client now (malloc'ed, maybe ""; NULL on out of memory):
+// the text before a call's opening tag, or all but a tail that may begin one.
+static char *hold_text(rtr_server *s, rtr_choice *c, const char *t) {
+  add_or_drop(&c->held, t, strlen(t));
+  size_t n = c->held.n, send = 0;
+  if (!c->in_call && n) {
+    const char *open = tool_style(s)->call_open;
+    while (*open == ' ' || *open == '\n' || *open == '\t' || *open == '\r') open++;
+    size_t on = strlen(open);
+    while (on && (open[on - 1] == '\n' || open[on - 1] == ' ' || open[on - 1] == '\t' || open[on - 1] == '\r')) on--;
+    const char *at = memmem(c->held.p, n, open, on);
+    if (at) {
+      send = (size_t)(at - c->held.p);
+      c->in_call = 1;
+    } else {
+      send = n - rtr_tool_open_prefix(c->held.p, n, tool_style(s)->call_open);
+    }
+  }
+  char *out = malloc(send + 1);
+  if (!out) return NULL;
+  memcpy(out, c->held.p, send);
+  out[send] = 0;
+  memmove(c->held.p, c->held.p + send, n - send);
+  c->held.n = n - send;
+  return out;
+}
+
+// The tool_calls delta of a stream: the call's index, id, type and name with arguments "", or (id NULL) an arguments
+// fragment, as OpenAI sends them.
+static cJSON *call_delta(int index, const cJSON *call, int head) {
+  cJSON *a = cJSON_CreateArray(), *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "index", index);
+  const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+  cJSON *f = cJSON_CreateObject();
+  if (head) {
+    cJSON_AddStringToObject(o, "id", cJSON_GetObjectItemCaseSensitive(call, "id")->valuestring);
+    cJSON_AddStringToObject(o, "type", "function");
+    cJSON_AddStringToObject(f, "name", cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring);
+    cJSON_AddStringToObject(f, "arguments", "");
+  } else {
+    cJSON_AddStringToObject(f, "arguments", cJSON_GetObjectItemCaseSensitive(fn, "arguments")->valuestring);
+  }
+  cJSON_AddItemToObject(o, "function", f);
+  cJSON_AddItemToArray(a, o);
+  return a;
+}
+
+static cJSON *stream_choice(rtr_req *r, int index, const char *text, const char *finish);
+
+// The end of a streamed choice with tools on: its held text becomes tool-call deltas, or content when it holds no
+// valid call. Returns 1 when calls went out.
+static int flush_held(rtr_server *s, rtr_req *r, int ci) {
+  rtr_choice *c = &r->ch[ci];
+  if (!c->held.n) return 0;
+  cJSON *calls = cJSON_CreateArray();
+  size_t cl = 0;
+  const mdl_chat_tool_style *st = tool_style(s);
+  int n = c->in_call && calls ? rtr_parse_tool_calls(&r->q, c->held.p, c->held.n, st->call_open, st->call_close, calls,
+                                                     &cl)
+                              : 0;
+  if (n > 0) {
+    int k = 0;
+    const cJSON *call;
+    cJSON_ArrayForEach(call, calls) {
+      for (int head = 1; head >= 0; head--) {
+        cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
+        cJSON *ch = stream_choice(r, ci, NULL, NULL);
+        cJSON_AddItemToObject(cJSON_GetObjectItem(ch, "delta"), "tool_calls", call_delta(k, call, head));
+        cJSON_AddItemToArray(arr, ch);
+        rtr_out_event(r, o);
+      }
+      k++;
+    }
+  } else {
+    char *t = malloc(c->held.n + 1);
+    if (t) {
+      memcpy(t, c->held.p, c->held.n);
+      t[c->held.n] = 0;
+      cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
+      cJSON_AddItemToArray(arr, stream_choice(r, ci, t, NULL));
+      rtr_out_event(r, o);
+      free(t);
+    }
+  }
+  cJSON_Delete(calls);
+  c->held.n = 0;
+  return n > 0;
+}
+
 static cJSON *stream_choice(rtr_req *r, int index, const char *text, const char *finish) {
   cJSON *c = cJSON_CreateObject();
   cJSON_AddNumberToObject(c, "index", index);
@@ -314,16 +417,22 @@ void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   record_tokens(c, toks);
   rtr_metric_add(s->m_gen, ntok);
   if (r->q.stream) {
-    cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
-    cJSON *ch = stream_choice(r, ci, t, NULL);
-    if (r->q.logprobs >= 0 && cJSON_IsArray(lps)) {
-      cJSON *lp = new_lp(r);
-      add_logprobs(s, r, c, lps, lp);
-      cJSON_ReplaceItemInObject(ch, "logprobs", lp);
+    char *now_text = tools_on(r) ? hold_text(s, c, t) : NULL; // tools: what may be a call waits (flush_held)
+    const char *send = tools_on(r) ? (now_text && now_text[0] ? now_text : NULL) : t;
+    int with_lp = r->q.logprobs >= 0 && cJSON_IsArray(lps);
+    if (send || with_lp || !tools_on(r)) {
+      cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
+      cJSON *ch = stream_choice(r, ci, send, NULL);
+      if (with_lp) {
+        cJSON *lp = new_lp(r);
+        add_logprobs(s, r, c, lps, lp);
+        cJSON_ReplaceItemInObject(ch, "logprobs", lp);
+      }
+      cJSON_AddItemToArray(arr, ch);
+      rtr_out_event(r, o);
+      pthread_cond_broadcast(&r->cv);
     }
-    cJSON_AddItemToArray(arr, ch);
-    rtr_out_event(r, o);
-    pthread_cond_broadcast(&r->cv);
+    free(now_text);
   } else {
     add_or_drop(&c->text, t, strlen(t));
     if (r->q.logprobs >= 0 && cJSON_IsArray(lps)) {
@@ -349,6 +458,7 @@ void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   if (kvms >= 0 && c->plink >= 0) rtr_metric_observe(s->m_kv_time, kvms / 1000.0);
   choice_end_locked(s, r, ci);
   if (r->q.stream) {
+    if (tools_on(r) && flush_held(s, r, ci) && !strcmp(c->finish, "stop")) snprintf(c->finish, sizeof c->finish, "tool_calls");
     cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = stream_choice(r, ci, NULL, c->finish);
     if (r->q.kind != RTR_CHAT) cJSON_ReplaceItemInObject(ch, "text", cJSON_CreateString(""));
@@ -443,7 +553,29 @@ cJSON *rtr_final_response(rtr_req *r) {
     if (r->q.kind == RTR_CHAT) {
       cJSON *m = cJSON_AddObjectToObject(ch, "message");
       cJSON_AddStringToObject(m, "role", "assistant");
-      cJSON_AddStringToObject(m, "content", c->text.p ? c->text.p : "");
+      cJSON *calls = tools_on(r) ? cJSON_CreateArray() : NULL;
+      size_t cl = 0;
+      const mdl_chat_tool_style *st = calls ? tool_style(r->s) : NULL;
+      int nc = calls && c->text.p ? rtr_parse_tool_calls(&r->q, c->text.p, c->text.n, st->call_open, st->call_close,
+                                                         calls, &cl)
+                                  : 0;
+      if (nc > 0) { // the text before the calls (null when none), the calls
+        char *t = cl ? malloc(cl + 1) : NULL;
+        if (t) {
+          memcpy(t, c->text.p, cl);
+          t[cl] = 0;
+          cJSON_AddStringToObject(m, "content", t);
+          free(t);
+        } else {
+          cJSON_AddNullToObject(m, "content");
+        }
+        cJSON_AddItemToObject(m, "tool_calls", calls);
+        calls = NULL;
+        if (!strcmp(c->finish, "stop")) snprintf(c->finish, sizeof c->finish, "tool_calls");
+      } else {
+        cJSON_AddStringToObject(m, "content", c->text.p ? c->text.p : "");
+      }
+      cJSON_Delete(calls);
     } else {
       cJSON_AddStringToObject(ch, "text", c->text.p ? c->text.p : "");
     }

@@ -66,6 +66,9 @@ typedef struct rtr_choice {
   int handed_off;              // a token came from the decode worker: it holds all the KV, plink no longer matters
   int64_t last_tok_us;
   size_t text_offset;
+  utl_buf held;                // (owned) tools on, streamed: text not sent yet: a tail that may begin a call's opening
+                               // tag, or everything from that tag on (read for calls when the choice ends)
+  int in_call;                 // held begins with a call's opening tag
 } rtr_choice;
 
 typedef struct rtr_req {

@@ -54,7 +54,32 @@ void wrk_grammars_fini(wrk_grammars *c) {
   memset(c, 0, sizeof *c);
 }
 
-// The grammar for schema text key ("": any JSON object) as a new reference in *out: from the cache, or compiled
+// Compiles the grammar a cache key names: "" any JSON object, "S" + a schema's JSON text, "T" + a tool_calls grammar
+// object's JSON text (docs/protocol.md).
+static int grammar_compile(const char *key, mdl_grammar **g, char *err, size_t errlen) {
+  if (!key[0]) return mdl_grammar_from_json_schema(NULL, 0, g, err, errlen);
+  if (key[0] == 'S') return mdl_grammar_from_json_schema(key + 1, strlen(key + 1), g, err, errlen);
+  cJSON *o = cJSON_Parse(key + 1);
+  const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools"), *open = cJSON_GetObjectItemCaseSensitive(o, "open");
+  const cJSON *close = cJSON_GetObjectItemCaseSensitive(o, "close"), *sep = cJSON_GetObjectItemCaseSensitive(o, "sep");
+  const cJSON *par = cJSON_GetObjectItemCaseSensitive(o, "parallel");
+  int rc = -1;
+  if (!cJSON_IsArray(tools) || !cJSON_IsString(open) || !cJSON_IsString(close) || (par && !cJSON_IsBool(par)) ||
+      (cJSON_IsTrue(par) && !cJSON_IsString(sep)))
+    snprintf(err, errlen, "a tool_calls grammar needs tools, open, close, and sep when parallel");
+  else {
+    char *t = cJSON_PrintUnformatted(tools);
+    if (!t) snprintf(err, errlen, "out of memory");
+    else rc = mdl_grammar_from_tool_calls(t, strlen(t), open->valuestring, close->valuestring,
+                                          cJSON_IsString(sep) ? sep->valuestring : NULL, cJSON_IsTrue(par), g, err,
+                                          errlen);
+    free(t);
+  }
+  cJSON_Delete(o);
+  return rc;
+}
+
+// The grammar for cache key key (grammar_compile's) as a new reference in *out: from the cache, or compiled
 // (evicting the least recently used). 0, or -1 with err.
 static int grammar_get(wrk_grammars *c, const char *key, mdl_grammar **out, char *err, size_t errlen) {
   *out = NULL;
@@ -66,7 +91,7 @@ static int grammar_get(wrk_grammars *c, const char *key, mdl_grammar **out, char
       return 0;
     }
   mdl_grammar *g = NULL;
-  if (mdl_grammar_from_json_schema(key[0] ? key : NULL, strlen(key), &g, err, errlen)) return -1;
+  if (grammar_compile(key, &g, err, errlen)) return -1;
   char *k = strdup(key);
   if (!k) {
     mdl_grammar_unref(g);
@@ -83,6 +108,19 @@ static int grammar_get(wrk_grammars *c, const char *key, mdl_grammar **out, char
   *s = (wrk_grammar_slot){k, g, ++c->tick};
   *out = mdl_grammar_ref(g);
   return 0;
+}
+
+// The cache key of a generate message's grammar object gm (type checked by the caller): see grammar_compile.
+static char *grammar_key(const cJSON *gm, const char *type) {
+  if (!strcmp(type, "json")) return strdup("");
+  const cJSON *x = !strcmp(type, "json_schema") ? cJSON_GetObjectItemCaseSensitive(gm, "schema") : gm;
+  char *t = cJSON_PrintUnformatted(x), *k = t ? malloc(strlen(t) + 2) : NULL;
+  if (k) {
+    k[0] = !strcmp(type, "json_schema") ? 'S' : 'T';
+    strcpy(k + 1, t);
+  }
+  free(t);
+  return k;
 }
 
 #define FAIL(c, ...)                                                                                                  \
@@ -163,16 +201,19 @@ int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_grammars *gc, w
     sp->bias = r->bias;
     sp->n_bias = nb;
   }
-  // grammar {"type": "json"} (any JSON object) or {"type": "json_schema", "schema": {...}}: response_format
+  // grammar {"type": "json"} (any JSON object) or {"type": "json_schema", "schema": {...}} (response_format), or
+  // {"type": "tool_calls", "tools", "open", "close", "sep", "parallel"} (tool_choice required or a named function)
   const cJSON *gm = cJSON_GetObjectItemCaseSensitive(m, "grammar");
   if (gm && !cJSON_IsNull(gm)) {
     const cJSON *gt = cJSON_GetObjectItemCaseSensitive(gm, "type"), *gs = cJSON_GetObjectItemCaseSensitive(gm, "schema");
     int is_schema = cJSON_IsString(gt) && !strcmp(gt->valuestring, "json_schema");
+    int is_tools = cJSON_IsString(gt) && !strcmp(gt->valuestring, "tool_calls");
     if (!gc) FAIL("invalid_request", "this worker cannot constrain its output to a grammar");
-    if (!cJSON_IsObject(gm) || !cJSON_IsString(gt) || (strcmp(gt->valuestring, "json") && !is_schema) ||
+    if (!cJSON_IsObject(gm) || !cJSON_IsString(gt) || (strcmp(gt->valuestring, "json") && !is_schema && !is_tools) ||
         (is_schema && !cJSON_IsObject(gs) && !cJSON_IsBool(gs)))
-      FAIL("invalid_request", "grammar must be {\"type\": \"json\"} or {\"type\": \"json_schema\", \"schema\": {...}}");
-    char *key = is_schema ? cJSON_PrintUnformatted(gs) : strdup("");
+      FAIL("invalid_request", "grammar must be {\"type\": \"json\"}, {\"type\": \"json_schema\", \"schema\": {...}} "
+           "or {\"type\": \"tool_calls\", ...}");
+    char *key = grammar_key(gm, gt->valuestring);
     if (!key) FAIL("internal_error", "out of memory");
     char gerr[400];
     int rc = grammar_get(gc, key, &r->grammar, gerr, sizeof gerr);
