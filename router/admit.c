@@ -94,7 +94,8 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
       cJSON_AddNumberToObject(ch, "index", ci);
       cJSON *d = cJSON_AddObjectToObject(ch, "delta");
       cJSON_AddStringToObject(d, "role", "assistant");
-      cJSON_AddStringToObject(d, "content", "");
+      if (r->q.tool_choice != RTR_TOOLS_OFF) cJSON_AddNullToObject(d, "content"); // may be a call turn (OpenAI's)
+      else cJSON_AddStringToObject(d, "content", "");
       cJSON_AddNullToObject(ch, "logprobs");
       cJSON_AddNullToObject(ch, "finish_reason");
       cJSON_AddItemToArray(arr, ch);

@@ -942,8 +942,8 @@ int rtr_parse_tool_calls(const rtr_request *q, const char *text, size_t len, con
     }
     p += on;
     const char *c = memmem(p, (size_t)(end - p), ctag, cn);
-    if (!c) { // unclosed (cut by max_tokens)
-      bad = 1;
+    if (!c) { // unclosed: cut by max_tokens; the calls before it stand (finish_reason stays "length")
+      bad = !n;
       break;
     }
     cJSON *v = cJSON_ParseWithLength(p, (size_t)(c - p));

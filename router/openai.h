@@ -138,8 +138,9 @@ void rtr_request_free(rtr_request *r); // frees what r owns and zeroes it; NULL 
 // models/chat.h mdl_chat_tool_style; whitespace around the tags is not significant) as {"name": NAME, "arguments":
 // {...}}. Each call naming one of q's call tools is appended to calls (a cJSON array) as OpenAI's
 // {"id": "call_...", "type": "function", "function": {"name", "arguments": JSON text}}; *content_len is the length
-// of the text before the first call, trailing whitespace dropped. When a block is unclosed, not JSON, or names no
-// declared tool, nothing is appended: the whole text is the content. Returns the number of calls (0 when q's
+// of the text before the first call, trailing whitespace dropped. A last block left unclosed (max_tokens cut it) is
+// dropped when calls precede it; otherwise, when a block is unclosed, not JSON, names no declared tool, or text
+// follows the calls, nothing is appended: the whole text is the content. Returns the number of calls (0 when q's
 // tool_choice is RTR_TOOLS_OFF), -1 when out of memory.
 int rtr_parse_tool_calls(const rtr_request *q, const char *text, size_t text_len, const char *open, const char *close,
                          cJSON *calls, size_t *content_len);

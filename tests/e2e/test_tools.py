@@ -1,0 +1,283 @@
+"""tests/e2e/test_tools.py: tool calling (tools, tool_choice none/auto/required/named, parallel_tool_calls) through the router with the openai client, colocated and 1P1D: calls parse and validate, streams accumulate, a round trip answers."""
+
+import json
+import os
+import sys
+import threading
+import unittest
+
+try:
+    import openai
+except ImportError:  # ctest runs the e2e tests with the system python: the openai client lives in the test venv
+    VENV_PY = os.path.join(os.environ.get("DSERVE_VENV") or os.path.expanduser("~/.cache/dserve/venv"), "bin", "python")
+    if os.access(VENV_PY, os.X_OK) and not os.environ.get("DSERVE_TOOLS_REEXEC"):
+        os.environ["DSERVE_TOOLS_REEXEC"] = "1"
+        os.execv(VENV_PY, [VENV_PY] + sys.argv)
+    openai = None
+
+import e2e_util as u
+
+# Strict tools (the client's stream helper parses only strict ones); short strings keep the small model's calls short.
+WEATHER = {"type": "object",
+           "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 30},
+                          "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 30}},
+        "required": ["timezone"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city.",
+                                           "parameters": WEATHER, "strict": True}},
+         {"type": "function", "function": {"name": "get_time", "description": "The current time in a time zone.",
+                                           "parameters": TIME, "strict": True}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+MESSAGES = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+N_SEEDS = 20  # tool_choice "required" at temperature 1: the target is 20/20 valid calls
+MODEL_ID = {}  # router port -> the served model's id
+
+
+def validate(v, s, path="$"):
+    """The errors of value v under schema s (the keywords WEATHER and TIME use), as a list of strings."""
+    if "enum" in s:
+        return [] if v in s["enum"] else ["%s: %r not in the enum" % (path, v)]
+    t = s.get("type")
+    if t == "object":
+        if not isinstance(v, dict):
+            return ["%s: not an object" % path]
+        errs = ["%s: %s is required" % (path, k) for k in s.get("required", []) if k not in v]
+        if s.get("additionalProperties") is False:
+            errs += ["%s: unexpected %s" % (path, k) for k in v if k not in s["properties"]]
+        for k, sub in s["properties"].items():
+            if k in v:
+                errs += validate(v[k], sub, path + "." + k)
+        return errs
+    if t == "string":
+        if not isinstance(v, str):
+            return ["%s: not a string" % path]
+        if len(v) < s.get("minLength", 0) or len(v) > s.get("maxLength", 1 << 30):
+            return ["%s: length %d" % (path, len(v))]
+    return []
+
+
+def call_errors(call, allowed=SCHEMAS):
+    """What is wrong with one tool call (a dict of the response's shape): [] when it is a valid call of allowed."""
+    if call["type"] != "function" or not call["id"].startswith("call_"):
+        return ["bad id or type: %r" % call]
+    name = call["function"]["name"]
+    if name not in allowed:
+        return ["undeclared function %r" % name]
+    try:
+        args = json.loads(call["function"]["arguments"])
+    except ValueError as ex:
+        return ["arguments are not JSON (%s): %r" % (ex, call["function"]["arguments"])]
+    return validate(args, allowed[name])
+
+
+def as_dict(call):
+    return {"id": call.id, "type": call.type,
+            "function": {"name": call.function.name, "arguments": call.function.arguments}}
+
+
+def client(port):
+    return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="none", max_retries=0,
+                         timeout=300 * u.SCALE)
+
+
+def ask(port, seed, stream=False, **kw):
+    """One chat completion; returns (content, [tool call dicts], finish_reason). stream True goes through the client's
+    stream helper, which accumulates the tool-call deltas (and parses strict tools' arguments); "raw" reads the chunks."""
+    # parallel_tool_calls (true by default) lets the model write call after call: SmolLM2 stops after 1..5 (~30 tokens
+    # each), so max_tokens leaves room for several
+    args = dict(model=MODEL_ID[port], messages=MESSAGES, tools=TOOLS, temperature=1.0, max_tokens=400, seed=seed)
+    args.update(kw)
+    c = client(port).chat.completions
+    if not stream:
+        r = c.create(**args)
+        m = r.choices[0].message
+        return m.content, [as_dict(t) for t in (m.tool_calls or [])], r.choices[0].finish_reason
+    if stream == "raw":  # chunk by chunk, as a client without the helper does (it raises on finish "length")
+        content, calls, finish = None, {}, None
+        for ch in c.create(stream=True, **args):
+            if not ch.choices:
+                continue
+            d = ch.choices[0].delta
+            if d.content:
+                content = (content or "") + d.content
+            for t in d.tool_calls or []:
+                a = calls.setdefault(t.index, {"id": None, "type": None, "function": {"name": None, "arguments": ""}})
+                a["id"] = t.id or a["id"]
+                a["type"] = t.type or a["type"]
+                if t.function:
+                    a["function"]["name"] = t.function.name or a["function"]["name"]
+                    a["function"]["arguments"] += t.function.arguments or ""
+            finish = ch.choices[0].finish_reason or finish
+        return content, [calls[k] for k in sorted(calls)], finish
+    with c.stream(**args) as s:
+        for _ in s:
+            pass
+        r = s.get_final_completion()
+    m = r.choices[0].message
+    for t in m.tool_calls or []:  # the helper parsed the arguments of a strict tool: they must equal the JSON text
+        assert t.function.parsed_arguments == json.loads(t.function.arguments), t
+    return m.content, [as_dict(t) for t in (m.tool_calls or [])], r.choices[0].finish_reason
+
+
+def ask_all(port, seeds, parallel=4, **kw):
+    """ask() for each seed, parallel at a time: [(content, calls, finish)] in seed order, and the errors."""
+    out, errors, lock = [None] * len(seeds), [], threading.Lock()
+
+    def worker(k):
+        for i in range(k, len(seeds), parallel):
+            try:
+                out[i] = ask(port, seeds[i], **kw)
+            except Exception as ex:  # reported by the caller
+                with lock:
+                    errors.append("seed %d: %r" % (seeds[i], ex))
+
+    th = [threading.Thread(target=worker, args=(k,)) for k in range(parallel)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(600 * u.SCALE)
+    return out, errors
+
+
+class Tools:
+    """The checks, run against one cluster (colocated or 1P1D) set up by the subclass."""
+
+    PORT = None
+
+    def assert_calls(self, out, allowed=SCHEMAS, what=""):
+        for i, (content, calls, finish) in enumerate(out):
+            self.assertEqual(finish, "tool_calls", "%s %d: %r %r" % (what, i, content, calls))
+            self.assertGreaterEqual(len(calls), 1, "%s %d: no calls: %r" % (what, i, content))
+            self.assertIsNone(content, "%s %d: a required call's turn has no content" % (what, i))
+            for c in calls:
+                self.assertEqual(call_errors(c, allowed), [], "%s %d: %r" % (what, i, c))
+            self.assertEqual(len({c["id"] for c in calls}), len(calls), "ids repeat: %r" % calls)
+
+    def test_required_20_seeds(self):
+        out, errors = ask_all(self.PORT, list(range(100, 100 + N_SEEDS)), tool_choice="required")
+        self.assertEqual(errors, [])
+        self.assert_calls(out, what="seed")
+
+    def test_required_stream(self):
+        for stream in (True, "raw"):
+            out, errors = ask_all(self.PORT, list(range(300, 304)), stream=stream, tool_choice="required")
+            self.assertEqual(errors, [])
+            self.assert_calls(out, what="streamed (%s) seed" % stream)
+
+    def test_named_function(self):
+        choice = {"type": "function", "function": {"name": "get_time"}}
+        for stream in (False, True):
+            out, errors = ask_all(self.PORT, list(range(400, 404)), stream=stream, tool_choice=choice)
+            self.assertEqual(errors, [])
+            self.assert_calls(out, allowed={"get_time": TIME}, what="named (stream %s)" % stream)
+
+    def test_single_call(self):
+        out, errors = ask_all(self.PORT, list(range(500, 504)), tool_choice="required", parallel_tool_calls=False)
+        self.assertEqual(errors, [])
+        self.assert_calls(out, what="single")
+        for _, calls, _ in out:
+            self.assertEqual(len(calls), 1)
+
+    def test_none(self):
+        for stream in (False, "raw"):
+            content, calls, finish = ask(self.PORT, 600, stream=stream, tool_choice="none", max_tokens=40)
+            self.assertEqual(calls, [])
+            self.assertIn(finish, ("stop", "length"))
+            self.assertIsInstance(content, str)
+            self.assertNotIn("<tool_call>", content)
+
+    def test_auto(self):
+        """auto is accepted, and whatever the model chose is well formed: valid calls, or text with no markup."""
+        for stream in (False, "raw"):
+            out, errors = ask_all(self.PORT, list(range(700, 704)), stream=stream, tool_choice="auto")
+            self.assertEqual(errors, [])
+            for content, calls, finish in out:
+                if calls:
+                    self.assertEqual(finish, "tool_calls")
+                    for c in calls:
+                        self.assertEqual(call_errors(c), [], c)
+                else:
+                    self.assertIn(finish, ("stop", "length"))
+                    self.assertIsInstance(content, str)
+
+    def test_n_choices(self):
+        r = client(self.PORT).chat.completions.create(model=MODEL_ID[self.PORT], messages=MESSAGES, tools=TOOLS,
+                                                      tool_choice="required", n=2, seed=800, max_tokens=400,
+                                                      temperature=1.0)
+        self.assertEqual(len(r.choices), 2)
+        out = [(c.message.content, [as_dict(t) for t in c.message.tool_calls or []], c.finish_reason)
+               for c in r.choices]
+        self.assert_calls(out, what="choice")
+
+    def test_round_trip(self):
+        """A call, its result as a tool message, and the answer: the conversation with tool_calls and a tool message
+        is accepted and answered (tool_choice none: text; auto: text or valid calls)."""
+        _, calls, _ = ask(self.PORT, 900, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                          parallel_tool_calls=False)
+        self.assertEqual(len(calls), 1)
+        msgs = MESSAGES + [{"role": "assistant", "content": None, "tool_calls": calls},
+                           {"role": "tool", "tool_call_id": calls[0]["id"],
+                            "content": json.dumps({"temperature": 18, "sky": "sunny"})}]
+        for choice in ("none", "auto"):
+            for stream in (False, "raw"):
+                content, more, finish = ask(self.PORT, 901, stream=stream, messages=msgs, tool_choice=choice,
+                                            max_tokens=60)
+                if more:
+                    self.assertEqual(choice, "auto")
+                    self.assertEqual(finish, "tool_calls")
+                    for c in more:
+                        self.assertEqual(call_errors(c), [], c)
+                else:
+                    self.assertIn(finish, ("stop", "length"))
+                    self.assertTrue(content, "empty answer (tool_choice %s, stream %s)" % (choice, stream))
+                    self.assertNotIn("<tool_call>", content)
+
+    def test_bad_requests(self):
+        c = client(self.PORT).chat.completions
+        bad_params = dict(TOOLS[0]["function"], parameters={"type": "object", "properties": {"n": {"type": "integer",
+                                                                                                   "minimum": 1}}})
+        for kw, param, code in [
+                (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice",
+                 "invalid_value"),
+                (dict(tool_choice="required"), "tool_choice", None),
+                (dict(tools=[{"type": "function", "function": bad_params}]), "tools[0].function.parameters",
+                 "unsupported_parameter"),
+                (dict(tools=[{"type": "function", "function": {"name": "bad name"}}]), "tools[0].function.name", None),
+                (dict(tools=TOOLS, tool_choice="sometimes"), "tool_choice", "invalid_value")]:
+            with self.assertRaises(openai.BadRequestError) as e:
+                c.create(model=MODEL_ID[self.PORT], messages=MESSAGES, max_tokens=5, **kw)
+            self.assertEqual(e.exception.status_code, 400)
+            self.assertEqual(e.exception.param, param, e.exception.body)
+            self.assertEqual(e.exception.code, code, e.exception.body)
+
+
+def start(test_class, workers, disagg_threshold, tag):
+    u.require_env(test_class)
+    if openai is None:
+        raise unittest.SkipTest("the openai package is not installed (scripts/setup.sh makes the test venv)")
+    c = u.Cluster(workers, disagg_threshold=disagg_threshold, tag=tag)
+    test_class.addClassCleanup(c.close)
+    c.start()
+    test_class.PORT = c.port
+    MODEL_ID[c.port] = client(c.port).models.list().data[0].id
+    return c
+
+
+class Colocated(Tools, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        start(cls, [{"name": "w0", "role": "both", "threads": 2, "max_seqs": 8}], 1000, "tools")
+
+
+class OneP1D(Tools, unittest.TestCase):
+    """The prefill worker samples the first token under the call grammar; the decode worker replays it and goes on."""
+
+    @classmethod
+    def setUpClass(cls):
+        start(cls, [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode", "max_seqs": 8}], 0,
+              "tools-1p1d")
+
+
+if __name__ == "__main__":
+    unittest.main()
