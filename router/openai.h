@@ -124,10 +124,11 @@ typedef struct rtr_request {
 // "messages[0].content"), a wrong type or an out-of-range value: 400 with the field in param; another model's name: 404
 // (code model_not_found). No field is silently ignored (docs/openai.md has the table): a field is honoured, accepted
 // as a documented no-op (user, store false, metadata, ...), or refused with 400 naming it in param: code
-// "unsupported_parameter" for an unknown field and for what this server cannot do (tools unless tool_choice is "none",
-// tool messages, a JSON Schema keyword outside the supported subset, ...), "invalid_value" for a value outside the
-// field's set (e.g. response_format type "bogus", a schema that is not one). response_format json_schema is compiled
-// to check it (param "response_format", the message names the keyword). On error *out is left empty.
+// "unsupported_parameter" for an unknown field and for what this server cannot do (the deprecated functions /
+// function_call beyond "none", a JSON Schema keyword outside the supported subset, ...), "invalid_value" for a value
+// outside the field's set (e.g. response_format type "bogus", a schema that is not one, a tool_choice naming no
+// declared tool). response_format json_schema and each tool's parameters are compiled to check them (param
+// "response_format" / "tools[i].function.parameters", the message names the keyword). On error *out is left empty.
 int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
                       rtr_error *e);
 void rtr_request_free(rtr_request *r); // frees what r owns and zeroes it; NULL is a no-op
