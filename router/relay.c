@@ -305,6 +305,10 @@ static char *hold_text(rtr_server *s, rtr_choice *c, const char *t) {
     } else {
       send = n - rtr_tool_open_prefix(c->held.p, n, tool_style(s)->call_open);
     }
+    // whitespace before a call is not content (as in the non-streamed message): it waits with the call
+    while (send && (c->held.p[send - 1] == ' ' || c->held.p[send - 1] == '\n' || c->held.p[send - 1] == '\t' ||
+                    c->held.p[send - 1] == '\r'))
+      send--;
   }
   char *out = malloc(send + 1);
   if (!out) return NULL;

@@ -60,6 +60,18 @@ def expected(prompt_ids, seed, max_tokens=None, stop=()):
     return "".join(out), finish, len(out)
 
 
+def tool_call_text(m):
+    """The text of a tool call turn, or None: with a tool_calls grammar, a call of its first tool as the grammar
+    writes it; with a byte-level prompt holding CALL_ME (tool_choice auto), a sentence and a Hermes-style call."""
+    g = m.get("grammar") or {}
+    if g.get("type") == "tool_calls":
+        one = g["open"] + json.dumps({"name": g["tools"][0]["name"], "arguments": {"city": "Paris"}}) + g["close"]
+        return one + g["sep"] + one if g.get("parallel") else one
+    if b"CALL_ME" in bytes(t for t in m["prompt"] if 0 <= t < 256):
+        return 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    return None
+
+
 def send(sock, lock, msg):
     b = json.dumps(msg).encode()
     with lock:
@@ -111,6 +123,11 @@ def serve_conn(sock, n_ctx, delay):
             piece = text[len(acc):len(acc) + len(w)]
             pieces.append(piece)
             acc += piece
+        call = tool_call_text(m)
+        if call is not None:  # a tool call, in 3-byte pieces so the router's hold-back sees the tags split
+            text, finish = call, "stop"
+            pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+            n = len(pieces)
         for p in pieces:
             if m["id"] in cancelled:
                 return

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tests/router/test_openai.py: the official openai client against `dserve router` and a fake worker process.
 
-Usage: test_openai.py DSERVE_BINARY. Writes a tiny GGUF (byte-level vocabulary, context 512) and a cluster config
+Usage: test_openai.py DSERVE_BINARY. Writes a tiny GGUF (byte-level vocabulary, context 2048) and a cluster config
 into a temp dir, starts tests/router/fake_worker.py and `dserve router --config`, then drives the router with the
 openai package: chat (stream and not), completions, n=2, stop strings, seeds, usage in stream, models.list,
 errors, and 64 concurrent streaming clients; the field policy (refused and no-op fields, docs/openai.md) and the
@@ -32,7 +32,7 @@ ROUTER = None
 WORKER = None
 TMP = None
 BASE = None
-N_CTX = 512
+N_CTX = 2048  # room for a tool list in the system block (one token per byte)
 
 
 def byte_char(b):
@@ -89,6 +89,12 @@ def post(path, body):
 
 def prompt_ids_chat(messages):
     return post("/tokenize", {"messages": messages})["tokens"]
+
+
+def prompt_ids_chat_tools(messages, tools):
+    """The prompt ids of a chat request with tools (the router's rendering, read back from what the worker got)."""
+    r = client().chat.completions.create(model="tiny", messages=messages, tools=tools, seed=1, max_tokens=1)
+    return sent_to_worker(r.id)["prompt"]
 
 
 def prompt_ids_text(text):
@@ -203,7 +209,7 @@ BAD = [
     ("/v1/completions", b'{"prompt":"x","echo":true}', 400),
     ("/v1/completions", b'{"prompt":[1,99999]}', 400),
     ("/v1/completions", b'{"prompt":{"a":1}}', 400),
-    ("/v1/completions", ('{"prompt":"' + "x" * 700 + '"}').encode(), 400),
+    ("/v1/completions", ('{"prompt":"' + "x" * (N_CTX + 200) + '"}').encode(), 400),
     ("/detokenize", b'{"tokens":[-1]}', 400),
     ("/nowhere", b"{}", 404),
 ]
@@ -348,7 +354,7 @@ class OpenAITest(unittest.TestCase):
         with self.assertRaises(openai.NotFoundError):
             client().chat.completions.create(model="nope", messages=MSGS)
         with self.assertRaises(openai.BadRequestError) as e:
-            client().completions.create(model="tiny", prompt="x" * 600)
+            client().completions.create(model="tiny", prompt="x" * (N_CTX + 100))
         self.assertEqual(e.exception.code, "context_length_exceeded")
         with self.assertRaises(openai.BadRequestError):
             client().chat.completions.create(model="tiny", messages=[{"role": "wizard", "content": "x"}])
@@ -432,23 +438,94 @@ class FieldPolicyTest(unittest.TestCase):
         self.assertEqual(r.choices[0].message.content, fake_worker.expected(prompt_ids_chat(MSGS), 3, 2)[0])
 
     def test_tools(self):
+        """Tool calling through the router (docs/openai.md "Tools"): the fake worker writes a call when the generate
+        message carries a tool_calls grammar, or when the prompt holds CALL_ME (tool_choice auto)."""
         chat = client().chat.completions.create
-        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-        self.refused("tool_choice", "unsupported_parameter",
-                     lambda: chat(model="tiny", messages=MSGS, tools=tools, tool_choice="required"))
-        self.refused("tool_choice", "unsupported_parameter",
-                     lambda: chat(model="tiny", messages=MSGS, tools=tools,
-                                  tool_choice={"type": "function", "function": {"name": "get_weather"}}))
-        self.refused("tools", "unsupported_parameter", lambda: chat(model="tiny", messages=MSGS, tools=tools))
-        self.refused("tools", "unsupported_parameter",
-                     lambda: chat(model="tiny", messages=MSGS, tools=tools, tool_choice="auto"))
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+                 {"type": "function", "function": {"name": "get_time"}}]
+        # required: the grammar the workers get, the call the client gets
+        r = chat(model="tiny", messages=MSGS, tools=tools, tool_choice="required", seed=5, max_tokens=100)
+        g = sent_to_worker(r.id)["grammar"]
+        self.assertEqual(g, {"type": "tool_calls", "tools": [{"name": "get_weather", "parameters": {"type": "object"}},
+                                                             {"name": "get_time"}],
+                             "open": "<tool_call>\n", "close": "\n</tool_call>", "sep": "\n", "parallel": True})
+        m = r.choices[0].message
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        self.assertIsNone(m.content)
+        self.assertEqual([(t.type, t.function.name, t.function.arguments) for t in m.tool_calls],
+                         [("function", "get_weather", '{"city":"Paris"}')] * 2)
+        self.assertRegex(m.tool_calls[0].id, r"^call_[A-Za-z0-9]{24}$")
+        self.assertNotEqual(m.tool_calls[0].id, m.tool_calls[1].id)
+        # a named function, one call
+        r = chat(model="tiny", messages=MSGS, tools=tools, seed=5, max_tokens=100, parallel_tool_calls=False,
+                 tool_choice={"type": "function", "function": {"name": "get_time"}})
+        g = sent_to_worker(r.id)["grammar"]
+        self.assertEqual((g["tools"], g["parallel"]), ([{"name": "get_time"}], False))
+        self.assertEqual([t.function.name for t in r.choices[0].message.tool_calls], ["get_time"])
+        # streamed: no markup as content; per call a head delta (index, id, type, name, arguments "") and the
+        # arguments; the openai stream helper accumulates them
+        chunks = list(chat(model="tiny", messages=MSGS, tools=tools, tool_choice="required", seed=5, max_tokens=100,
+                           stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        self.assertEqual(deltas[0].role, "assistant")
+        self.assertFalse(any(d.content for d in deltas), [d.content for d in deltas])
+        calls = [d.tool_calls[0] for d in deltas if d.tool_calls]
+        self.assertEqual(len(calls), 4)
+        self.assertEqual((calls[0].index, calls[0].type, calls[0].function.name, calls[0].function.arguments),
+                         (0, "function", "get_weather", ""))
+        self.assertRegex(calls[0].id, r"^call_")
+        self.assertEqual((calls[1].index, calls[1].id, calls[1].function.arguments), (0, None, '{"city":"Paris"}'))
+        self.assertEqual(calls[2].index, 1)
+        self.assertEqual(chunks[-1].choices[0].finish_reason, "tool_calls")
+        strict = [dict(t, function=dict(t["function"], strict=True, parameters={
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+            "additionalProperties": False})) for t in tools[:1]]
+        with client().chat.completions.stream(model="tiny", messages=MSGS, tools=strict, tool_choice="required",
+                                              seed=5, max_tokens=100) as st:
+            final = st.get_final_completion()
+        tc = final.choices[0].message.tool_calls
+        self.assertEqual([(t.function.name, t.function.parsed_arguments) for t in tc], [("get_weather", {"city": "Paris"})] * 2)
+        # auto: text, then a call; streamed, the text before the call is content and the call follows as deltas
+        ask = [{"role": "user", "content": "CALL_ME please"}]
+        r = chat(model="tiny", messages=ask, tools=tools, seed=5, max_tokens=100)
+        self.assertNotIn("grammar", sent_to_worker(r.id))
+        self.assertEqual(r.choices[0].message.content, "Let me look.")
+        self.assertEqual([(t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls],
+                         [("get_weather", '{"city":"Oslo"}')])
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        chunks = list(chat(model="tiny", messages=ask, tools=tools, seed=5, max_tokens=100, stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        self.assertEqual("".join(d.content or "" for d in deltas), "Let me look.")
+        self.assertEqual([d.tool_calls[0].function.name for d in deltas if d.tool_calls], ["get_weather", None])
+        # auto with a text answer: streamed text equals the non-streamed content (the hold-back loses nothing)
+        r = chat(model="tiny", messages=MSGS, tools=tools, seed=7, max_tokens=6)
+        want = fake_worker.expected(prompt_ids_chat_tools(MSGS, tools), 7, 6)[0]
+        self.assertEqual((r.choices[0].message.content, r.choices[0].message.tool_calls), (want, None))
+        chunks = list(chat(model="tiny", messages=MSGS, tools=tools, seed=7, max_tokens=6, stream=True))
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), want)
+        # a round trip: the assistant's call and the tool's result are rendered into the prompt
         msgs = MSGS + [{"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
-        self.refused("messages[1].tool_calls", "unsupported_parameter", lambda: chat(model="tiny", messages=msgs))
-        self.refused("messages[0].role", "unsupported_parameter",
-                     lambda: chat(model="tiny", messages=[{"role": "tool", "tool_call_id": "c1", "content": "x"}]))
-        # "none" is honoured: no tool calls, plain text
+        r = chat(model="tiny", messages=msgs, tools=tools, tool_choice="none", seed=5, max_tokens=2)
+        prompt = bytes(t for t in sent_to_worker(r.id)["prompt"] if t < 256).decode()  # without <|im_start|> & co.
+        self.assertIn('\nassistant\n<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>\n'
+                      'user\n<tool_response>\nsunny\n</tool_response>\nassistant\n', prompt)
+        self.assertNotIn("<tools>", prompt)  # "none": the tools are left out
+        self.assertFalse(r.choices[0].message.tool_calls)
+        # errors name the field
+        self.refused("tool_choice", "invalid_value",
+                     lambda: chat(model="tiny", messages=MSGS, tools=tools,
+                                  tool_choice={"type": "function", "function": {"name": "nope"}}))
+        self.refused("tool_choice", None, lambda: chat(model="tiny", messages=MSGS, tool_choice="required"))
+        self.refused("tools[0].function.parameters", "unsupported_parameter",
+                     lambda: chat(model="tiny", messages=MSGS, tools=[{"type": "function", "function": {
+                         "name": "f", "parameters": {"type": "object", "not": {}}}}]))
+        self.refused("messages[0].tool_call_id", None,
+                     lambda: chat(model="tiny", messages=[{"role": "tool", "content": "x"}]))
+        self.refused("functions", "unsupported_parameter",
+                     lambda: chat(model="tiny", messages=MSGS, functions=[{"name": "f"}]))
+        # "none": no tool calls, plain text
         r = chat(model="tiny", messages=MSGS, tools=tools, tool_choice="none", seed=5, max_tokens=2)
         self.assertEqual(r.choices[0].message.content, fake_worker.expected(prompt_ids_chat(MSGS), 5, 2)[0])
         self.assertFalse(r.choices[0].message.tool_calls)
