@@ -18,11 +18,12 @@
 extern "C" {
 #endif
 
-// Compiled response_format grammars by schema text (the workers' LRU of WRK_GRAMMAR_CACHE), and the vocabulary's
-// token trie they mask with, built on the first request that needs it. One per worker, used from its event loop.
+// Compiled grammars (response_format's and tool calls') by their text (the workers' LRU of WRK_GRAMMAR_CACHE), and
+// the vocabulary's token trie they mask with, built on the first request that needs it. One per worker, used from its
+// event loop.
 #define WRK_GRAMMAR_CACHE 16
 typedef struct wrk_grammar_slot {
-  char *key;          // (owned) the schema's JSON text; "" for any JSON object
+  char *key;          // (owned) "" for any JSON object, "S" + a schema's JSON text, "T" + a tool_calls grammar's
   mdl_grammar *g;     // (owned reference)
   uint64_t used;
 } wrk_grammar_slot;
