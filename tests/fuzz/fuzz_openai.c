@@ -1,8 +1,10 @@
-// tests/fuzz/fuzz_openai.c: libFuzzer target: the router's OpenAI request validation (rtr_request_parse) on JSON-ish bodies.
+// tests/fuzz/fuzz_openai.c: libFuzzer target: the router's OpenAI request validation (rtr_request_parse) on JSON-ish bodies, the chat rendering of what it accepts (tools included) and tool-call parsing.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+#include "models/chat.h"
 #include "router/openai.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -33,6 +35,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int i = 0; i < r.n_stop; i++)
       if (!r.stop[i] || !r.stop[i][0]) abort();
     if (r.prompt && !rtr_utf8_valid(r.prompt, r.prompt_len)) abort();
+    if (r.msgs) { // the chat template renders what was accepted (ChatML; tools in the Hermes convention)
+      mdl_chat_msg mm[64];
+      const char *calls[64];
+      size_t nm = r.n_msgs < 64 ? (size_t)r.n_msgs : 64;
+      for (size_t i = 0; i < nm; i++) mm[i] = (mdl_chat_msg){r.msgs[i].role, r.msgs[i].content}, calls[i] = r.msgs[i].tool_calls;
+      char *text = NULL, err[256];
+      int rc = r.tools || r.has_tool_msgs ? mdl_chat_apply_tools(NULL, mm, calls, nm, r.tools, 1, &text, err, sizeof err)
+                                          : mdl_chat_apply(NULL, mm, nm, 1, &text, err, sizeof err);
+      if (rc == 0 && !text) abort();
+      free(text);
+    }
+    if (r.tool_choice != RTR_TOOLS_OFF) { // the body itself read as a model's output that may hold calls
+      const mdl_chat_tool_style *st = mdl_chat_tool_style_of(NULL, NULL, 0);
+      cJSON *calls = cJSON_CreateArray();
+      size_t content_len = 0;
+      if (st && calls) {
+        int n = rtr_parse_tool_calls(&r, body, len, st->call_open, st->call_close, calls, &content_len);
+        if (n > 0 && (cJSON_GetArraySize(calls) != n || content_len > len)) abort();
+        (void)rtr_tool_open_prefix(body, len, st->call_open);
+      }
+      cJSON_Delete(calls);
+    }
     (void)rtr_check_context(r.n_prompt_ids, r.max_tokens, lim.n_ctx, &e);
     rtr_request_free(&r);
     rtr_request_free(&r); // freed twice: the second is a no-op on the zeroed struct

@@ -148,6 +148,24 @@ def openai_seeds():
         "tokenize.bin": (2, {"prompt": "hello world", "add_special_tokens": False}),
         "tokenize_msgs.bin": (2, {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True}),
         "detokenize.bin": (3, {"tokens": [1, 2, 3]}),
+        "chat_tools.bin": (0, {"messages": [{"role": "user", "content": "weather in Paris?"}],
+                               "tools": [{"type": "function", "function": {
+                                   "name": "get_weather", "description": "current weather",
+                                   "parameters": {"type": "object", "properties": {
+                                       "city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+                                       "required": ["city"]}}}],
+                               "tool_choice": "required", "parallel_tool_calls": False}),
+        "chat_tool_round_trip.bin": (0, {"messages": [
+            {"role": "user", "content": "weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+        "chat_schema.bin": (0, {"messages": [{"role": "user", "content": "x"}], "response_format": {
+            "type": "json_schema", "json_schema": {"name": "n", "strict": True, "schema": {
+                "type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
+                "required": ["a"]}}}}),
     }
     for n, (k, body) in seeds.items():
         write("fuzz_openai", n, bytes([k]) + json.dumps(body).encode())
