@@ -1,9 +1,12 @@
-// models/tok_int.h: the tokenizer's private state, shared by its files (tokenizer.c: load and encode; tok_decode.c).
+// models/tok_int.h: the tokenizer's private state, shared by its files (tokenizer.c: load and BPE encode; tok_spm.c:
+// SentencePiece encode; tok_decode.c).
 #ifndef DSERVE_MDL_TOK_INT_H
 #define DSERVE_MDL_TOK_INT_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include <stdlib.h>
 
 #include "models/tokenizer.h"
 
@@ -33,8 +36,37 @@ struct mdl_tok {
   int32_t bos, eos, pad, unk;
   int add_bos;
   int split_digits; // smollm: every \p{N} code point is its own chunk before the GPT-2 split
+  int spm;          // 1: tokenizer.ggml.model "llama" (SentencePiece BPE over scores), 0: GPT-2 byte-level BPE
+  float *score;     // (owned) (n_vocab) spm: merge priority of each token (higher merges first); NULL for gpt2
+  int add_space_prefix; // spm: a raw fragment after a special token (or at the start) gets a leading space
   int32_t eog[8];
   int n_eog;
 };
+
+// A growable array of token ids (the encoder's output).
+typedef struct tok_ivec {
+  int32_t *v;
+  size_t n, cap;
+} tok_ivec;
+
+static inline int tok_ivec_push(tok_ivec *a, int32_t x) {
+  if (a->n == a->cap) {
+    size_t nc = a->cap ? a->cap * 2 : 64;
+    int32_t *nv = (int32_t *)realloc(a->v, nc * sizeof *nv);
+    if (!nv) return -1;
+    a->v = nv;
+    a->cap = nc;
+  }
+  a->v[a->n++] = x;
+  return 0;
+}
+
+// Token id of the exact text p (n bytes), -1 if none (tokenizer.c).
+int32_t mdl_tok_find_n(const mdl_tok *t, const char *p, size_t n);
+// SentencePiece encoding of one raw fragment (no special tokens in it) onto out: spaces become U+2581, the
+// highest-scoring adjacent pair whose concatenation is a token merges first (leftmost on ties), and a final
+// piece that is no token falls back to its bytes' <0xXX> tokens, as llama.cpp's llm_tokenizer_spm does.
+// prefix_space: prepend one space first. 0, or -1 when out of memory (tok_spm.c).
+int mdl_tok_spm_encode(const mdl_tok *t, const uint8_t *s, size_t n, int prefix_space, tok_ivec *out);
 
 #endif

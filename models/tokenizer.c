@@ -1,5 +1,5 @@
-// models/tokenizer.c: byte-level BPE (GPT-2 style) with the smollm pre-tokenizer and special tokens: loading and encoding
-// (decoding: tok_decode.c).
+// models/tokenizer.c: loading (GPT-2 byte-level BPE and SentencePiece vocabularies), special tokens, and the BPE
+// encoder with the smollm pre-tokenizer (SentencePiece encoding: tok_spm.c; decoding: tok_decode.c).
 #include "models/tokenizer.h"
 
 #include <stdio.h>
@@ -114,7 +114,7 @@ static uint64_t hash_u64(uint64_t x) {
   return x;
 }
 
-static int32_t find_n(const mdl_tok *t, const char *p, size_t n) {
+int32_t mdl_tok_find_n(const mdl_tok *t, const char *p, size_t n) {
   size_t m = t->hcap - 1;
   for (size_t h = (size_t)hash_bytes(p, n) & m;; h = (h + 1) & m) {
     int32_t id = t->hmap[h];
@@ -179,6 +179,7 @@ void mdl_tok_free(mdl_tok *t) {
   free(t->hmap);
   free(t->mmap);
   free(t->special);
+  free(t->score);
   free(t);
 }
 
@@ -213,13 +214,20 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
     utl_seterr(err, errlen, "tokenizer.ggml.model is missing");
     return -1;
   }
-  if (!mdl_str_eq(s, "gpt2")) {
-    utl_seterr(err, errlen, "tokenizer.ggml.model '%.*s' is not supported (only gpt2 byte-level BPE)", (int)(s.n > 64 ? 64 : s.n),
-           s.p);
+  const int spm = mdl_str_eq(s, "llama");
+  if (!mdl_str_eq(s, "gpt2") && !spm) {
+    utl_seterr(err, errlen, "tokenizer.ggml.model '%.*s' is not supported (gpt2 byte-level BPE and llama SentencePiece are)",
+               (int)(s.n > 64 ? 64 : s.n), s.p);
     return -1;
   }
   int split_digits = 0;
-  if (mdl_gguf_get_str(g, "tokenizer.ggml.pre", &s) == 0) {
+  if (spm) {
+    if (mdl_gguf_get_str(g, "tokenizer.ggml.pre", &s) == 0 && !mdl_str_eq(s, "default")) {
+      utl_seterr(err, errlen, "tokenizer.ggml.pre '%.*s' is not supported with a SentencePiece vocabulary (default is)",
+                 (int)(s.n > 64 ? 64 : s.n), s.p);
+      return -1;
+    }
+  } else if (mdl_gguf_get_str(g, "tokenizer.ggml.pre", &s) == 0) {
     if (mdl_str_eq(s, "smollm") || mdl_str_eq(s, "starcoder") || mdl_str_eq(s, "refact")) split_digits = 1;
     else if (!mdl_str_eq(s, "gpt2") && !mdl_str_eq(s, "default")) {
       utl_seterr(err, errlen, "tokenizer.ggml.pre '%.*s' is not supported (smollm, gpt2 and default are)", (int)(s.n > 64 ? 64 : s.n),
@@ -242,11 +250,18 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
     return -1;
   }
   const mdl_gguf_kv *merges = mdl_gguf_find(g, "tokenizer.ggml.merges");
-  if (!merges || merges->type != MDL_GGUF_ARR || merges->arr_type != MDL_GGUF_STR) {
+  const mdl_gguf_kv *scores = mdl_gguf_find(g, "tokenizer.ggml.scores");
+  if (spm && (!scores || scores->type != MDL_GGUF_ARR || scores->arr_n != toks->arr_n)) {
+    utl_seterr(err, errlen, "tokenizer.ggml.scores is missing or not an array of %llu entries (a SentencePiece vocabulary needs it)",
+               (unsigned long long)toks->arr_n);
+    return -1;
+  }
+  if (spm) merges = NULL; // SentencePiece merges by score
+  else if (!merges || merges->type != MDL_GGUF_ARR || merges->arr_type != MDL_GGUF_STR) {
     utl_seterr(err, errlen, "tokenizer.ggml.merges is missing or not an array of strings");
     return -1;
   }
-  if (merges->arr_n >= (uint64_t)INT32_MAX) {
+  if (merges && merges->arr_n >= (uint64_t)INT32_MAX) {
     utl_seterr(err, errlen, "tokenizer.ggml.merges has too many entries");
     return -1;
   }
@@ -254,6 +269,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
   mdl_tok *t = calloc(1, sizeof *t);
   if (!t) goto oom;
   t->split_digits = split_digits;
+  t->spm = spm;
   int n = (int)toks->arr_n;
   t->n_vocab = n;
   size_t total = 0;
@@ -273,6 +289,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
   t->piece_off = malloc((size_t)n * sizeof *t->piece_off);
   t->piece_len = malloc((size_t)n * sizeof *t->piece_len);
   t->type = malloc((size_t)n);
+  if (spm && !(t->score = malloc((size_t)n * sizeof *t->score))) goto oom;
   t->hcap = pow2_at_least((size_t)n * 2);
   t->hmap = malloc(t->hcap * sizeof *t->hmap);
   if (!t->text || !t->piece || !t->text_off || !t->text_len || !t->piece_off || !t->piece_len || !t->type || !t->hmap) goto oom;
@@ -302,10 +319,38 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
     }
     t->type[i] = (ty >= 1 && ty <= 6) ? (uint8_t)ty : MDL_TOK_NORMAL;
     hmap_put(t, i);
-    // piece: control/user text as it is; the rest byte-level unmapped (an unmappable character kept as UTF-8)
     t->piece_off[i] = (uint32_t)poff;
     const uint8_t *p = (const uint8_t *)s.p;
-    if (t->type[i] == MDL_TOK_CONTROL || t->type[i] == MDL_TOK_USER) {
+    if (spm) {
+      if (mdl_gguf_arr_f32(scores, (uint64_t)i, &t->score[i]) != 0) {
+        utl_seterr(err, errlen, "tokenizer.ggml.scores is not a float array");
+        goto fail;
+      }
+      // pieces as llama.cpp's token_to_piece (special = true) gives them: control/user/unknown text as it is,
+      // a byte token its byte, a normal token with U+2581 back to spaces, an unused token nothing
+      int ty = t->type[i];
+      unsigned bv;
+      if (ty == MDL_TOK_CONTROL || ty == MDL_TOK_USER || ty == MDL_TOK_UNKNOWN) {
+        memcpy(t->piece + poff, p, (size_t)s.n);
+        poff += (size_t)s.n;
+      } else if (ty == MDL_TOK_BYTE) {
+        char hex[8];
+        if (s.n != 6 || memcmp(p, "<0x", 3) || p[5] != '>' || (memcpy(hex, p + 3, 2), hex[2] = 0, sscanf(hex, "%2x", &bv) != 1)) {
+          utl_seterr(err, errlen, "token %d is a byte token but its text is not <0xXX>", i);
+          goto fail;
+        }
+        t->piece[poff++] = (char)bv;
+      } else if (ty == MDL_TOK_NORMAL) {
+        for (size_t j = 0; j < s.n;) {
+          if (j + 3 <= s.n && p[j] == 0xE2 && p[j + 1] == 0x96 && p[j + 2] == 0x81) {
+            t->piece[poff++] = ' ';
+            j += 3;
+          } else {
+            t->piece[poff++] = (char)p[j++];
+          }
+        }
+      }
+    } else if (t->type[i] == MDL_TOK_CONTROL || t->type[i] == MDL_TOK_USER) {
       memcpy(t->piece + poff, p, (size_t)s.n);
       poff += (size_t)s.n;
     } else {
@@ -323,19 +368,26 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
     t->piece_len[i] = (uint32_t)(poff - t->piece_off[i]);
   }
   int n_bytes = 0;
-  for (int b = 0; b < 256; b++) {
+  for (int b = 0; spm && b < 256; b++) {
+    // llama.cpp's byte_to_token: the <0xXX> token, else the one-byte text
+    char hx[8];
+    snprintf(hx, sizeof hx, "<0x%02X>", b);
+    t->byte_tok[b] = mdl_tok_find_n(t, hx, 6);
+    if (t->byte_tok[b] < 0) t->byte_tok[b] = mdl_tok_find_n(t, (const char *)&(char){(char)b}, 1);
+  }
+  for (int b = 0; !spm && b < 256; b++) {
     uint8_t u[4];
     size_t k = cp_put(u, t->byte_to_cp[b]);
-    t->byte_tok[b] = find_n(t, (const char *)u, k); // -1 where the vocabulary lacks it (SmolLM2 lacks a few)
+    t->byte_tok[b] = mdl_tok_find_n(t, (const char *)u, k); // -1 where the vocabulary lacks it (SmolLM2 lacks a few)
     if (t->byte_tok[b] >= 0) n_bytes++;
   }
-  if (n_bytes < 128) {
+  if (!spm && n_bytes < 128) {
     utl_seterr(err, errlen, "the vocabulary has tokens for only %d of the 256 bytes (not a byte-level BPE vocabulary)", n_bytes);
     goto fail;
   }
 
   // merges "left right" -> rank; pairs whose parts or result are not tokens cannot fire and are left out
-  if (merges->arr_n > 0) {
+  if (merges && merges->arr_n > 0) {
     t->mcap = pow2_at_least((size_t)merges->arr_n * 2);
     t->mmap = malloc(t->mcap * sizeof *t->mmap);
     if (!t->mmap) goto oom;
@@ -347,11 +399,11 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
       const char *sp = memchr(s.p + 1, ' ', (size_t)s.n - 1);
       if (!sp) continue;
       size_t ln = (size_t)(sp - s.p), rn = (size_t)s.n - ln - 1;
-      int32_t l = find_n(t, s.p, ln), r = find_n(t, sp + 1, rn);
+      int32_t l = mdl_tok_find_n(t, s.p, ln), r = mdl_tok_find_n(t, sp + 1, rn);
       if (l < 0 || r < 0) continue;
       memcpy(buf, s.p, ln);
       memcpy(buf + ln, sp + 1, rn);
-      int32_t m = find_n(t, buf, ln + rn);
+      int32_t m = mdl_tok_find_n(t, buf, ln + rn);
       if (m < 0) continue;
       mrg_put(t, l, r, (int32_t)i, m);
     }
@@ -372,10 +424,14 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
     goto fail;
   const mdl_gguf_kv *ab = mdl_gguf_find(g, "tokenizer.ggml.add_bos_token");
   t->add_bos = ab && ab->type == MDL_GGUF_BOOL && ab->val[0] != 0;
+  // add_space_prefix: llama.cpp's default for a SentencePiece vocabulary is on; Gemma's GGUF turns it off
+  const mdl_gguf_kv *asp = mdl_gguf_find(g, "tokenizer.ggml.add_space_prefix");
+  t->add_space_prefix = spm && (!asp || (asp->type == MDL_GGUF_BOOL && asp->val[0] != 0));
   if (t->eos >= 0) t->eog[t->n_eog++] = t->eos;
-  static const char *const eog_texts[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>"};
+  static const char *const eog_texts[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>",
+                                           "<end_of_turn>"};
   for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
-    int32_t id = find_n(t, eog_texts[i], strlen(eog_texts[i]));
+    int32_t id = mdl_tok_find_n(t, eog_texts[i], strlen(eog_texts[i]));
     if (id >= 0 && id != t->eos && t->n_eog < 8) t->eog[t->n_eog++] = id;
   }
   *out = t;
@@ -408,7 +464,7 @@ int mdl_tok_is_eog(const mdl_tok *t, int32_t id) {
 int mdl_tok_type(const mdl_tok *t, int32_t id) { return (id >= 0 && id < t->n_vocab) ? t->type[id] : 0; }
 int mdl_tok_is_control(const mdl_tok *t, int32_t id) { return mdl_tok_type(t, id) == MDL_TOK_CONTROL; }
 
-int32_t mdl_tok_find(const mdl_tok *t, const char *piece) { return piece ? find_n(t, piece, strlen(piece)) : -1; }
+int32_t mdl_tok_find(const mdl_tok *t, const char *piece) { return piece ? mdl_tok_find_n(t, piece, strlen(piece)) : -1; }
 
 size_t mdl_tok_piece(const mdl_tok *t, int32_t id, char *buf, size_t cap) {
   if (id < 0 || id >= t->n_vocab) return 0;
@@ -419,25 +475,12 @@ size_t mdl_tok_piece(const mdl_tok *t, int32_t id, char *buf, size_t cap) {
 
 // ---- encode ----
 
-typedef struct ivec { int32_t *v; size_t n, cap; } ivec;
-
-static int ivec_push(ivec *a, int32_t x) {
-  if (a->n == a->cap) {
-    size_t nc = a->cap ? a->cap * 2 : 64;
-    int32_t *nv = realloc(a->v, nc * sizeof *nv);
-    if (!nv) return -1;
-    a->v = nv;
-    a->cap = nc;
-  }
-  a->v[a->n++] = x;
-  return 0;
-}
 
 typedef struct heap_ent { int32_t rank, pos, l, r; } heap_ent;
 
 typedef struct enc {
   const mdl_tok *t;
-  ivec out;
+  tok_ivec out;
   // scratch for one word, grown as needed
   uint8_t *bytes;
   int32_t *sym, *prev, *next;
@@ -529,7 +572,7 @@ static int bpe_word(enc *e, const uint8_t *w, size_t n) {
   }
   for (int32_t i = 0; i >= 0; i = e->next[i]) {
     if (e->sym[i] >= 0) {
-      if (ivec_push(&e->out, e->sym[i]) != 0) return -1;
+      if (tok_ivec_push(&e->out, e->sym[i]) != 0) return -1;
       continue;
     }
     // a byte without a token: as llama.cpp does, try each byte of its stand-in character as a one-byte token,
@@ -537,8 +580,8 @@ static int bpe_word(enc *e, const uint8_t *w, size_t n) {
     uint8_t u[4];
     size_t k = cp_put(u, t->byte_to_cp[w[i]]);
     for (size_t j = 0; j < k; j++) {
-      int32_t id = find_n(t, (const char *)u + j, 1);
-      if (id >= 0 && ivec_push(&e->out, id) != 0) return -1;
+      int32_t id = mdl_tok_find_n(t, (const char *)u + j, 1);
+      if (id >= 0 && tok_ivec_push(&e->out, id) != 0) return -1;
     }
   }
   return 0;
@@ -706,9 +749,16 @@ int mdl_tok_encode(const mdl_tok *t, const char *text, size_t len, int parse_spe
     nf = NULL;
     nfr = nn;
   }
+  int prev_special = 1; // spm: the text's start counts as after a special token (llama.cpp's is_prev_special)
   for (size_t i = 0; i < nfr; i++) {
     if (fr[i].id >= 0) {
-      if (ivec_push(&e.out, fr[i].id) != 0) goto oom;
+      if (tok_ivec_push(&e.out, fr[i].id) != 0) goto oom;
+      prev_special = 1;
+    } else if (t->spm) {
+      if (mdl_tok_spm_encode(t, (const uint8_t *)text + fr[i].off, fr[i].len, t->add_space_prefix && prev_special,
+                             &e.out) != 0)
+        goto oom;
+      prev_special = 0;
     } else if (encode_raw(&e, (const uint8_t *)text + fr[i].off, fr[i].len) != 0) {
       goto oom;
     }

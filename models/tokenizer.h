@@ -1,4 +1,5 @@
-// models/tokenizer.h: GPT-2 byte-level BPE tokenizer built from GGUF metadata (tokenizer.ggml.*), plus streaming detokenizer.
+// models/tokenizer.h: GPT-2 byte-level BPE and SentencePiece tokenizers built from GGUF metadata (tokenizer.ggml.*), plus
+// streaming detokenizer.
 #ifndef DSERVE_MDL_TOKENIZER_H
 #define DSERVE_MDL_TOKENIZER_H
 
@@ -19,13 +20,15 @@ enum { MDL_TOK_NORMAL = 1, MDL_TOK_UNKNOWN = 2, MDL_TOK_CONTROL = 3, MDL_TOK_USE
 
 typedef struct mdl_tok mdl_tok; // immutable once loaded: safe to share between threads
 
-// Loads tokenizer.ggml.model "gpt2" with pre-tokenizer tokenizer.ggml.pre "smollm" (or "gpt2"/"default").
+// Loads tokenizer.ggml.model "gpt2" with pre-tokenizer tokenizer.ggml.pre "smollm" (or "gpt2"/"default"), or "llama"
+// (SentencePiece: tokenizer.ggml.scores, <0xXX> byte fallback, U+2581 for spaces, tokenizer.ggml.add_space_prefix).
 // Everything is copied: the tokenizer does not borrow from g.
 int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen);
 void mdl_tok_free(mdl_tok *t);
 
 // Encodes len bytes of text (no BOS is added). Control tokens written in the text (<|im_start|> ...) are matched only
-// when parse_special; user-defined tokens always. Invalid UTF-8 bytes are encoded as U+FFFD, as llama.cpp does.
+// when parse_special; user-defined tokens always. Invalid UTF-8 bytes are encoded as U+FFFD (gpt2) or as their <0xXX>
+// byte tokens (SentencePiece), as llama.cpp does.
 // *ids (n_ids) is malloc'ed; the caller frees it. Linear-ish in len (no quadratic paths).
 int mdl_tok_encode(const mdl_tok *t, const char *text, size_t len, int parse_special, int32_t **ids, size_t *n_ids,
                    char *err, size_t errlen);
