@@ -274,10 +274,19 @@ TEST(TokenizerTiny, InvalidUtf8BecomesReplacementCharacter) {
 
 TEST(TokenizerTiny, LoadErrors) {
   TinyVocab v;
-  v.model = "llama";
+  v.model = "t5"; // unigram: not supported
   Loaded a(v.bytes());
   EXPECT_NE(a.rc, 0);
-  EXPECT_NE(std::string(a.err).find("llama"), std::string::npos) << a.err;
+  EXPECT_NE(std::string(a.err).find("t5"), std::string::npos) << a.err;
+  TinyVocab vs; // SentencePiece with a BPE pre-tokenizer, and without scores
+  vs.model = "llama";
+  Loaded as(vs.bytes());
+  EXPECT_NE(as.rc, 0);
+  EXPECT_NE(std::string(as.err).find("smollm"), std::string::npos) << as.err;
+  vs.pre = "default";
+  Loaded as2(vs.bytes());
+  EXPECT_NE(as2.rc, 0);
+  EXPECT_NE(std::string(as2.err).find("scores"), std::string::npos) << as2.err;
   TinyVocab v2;
   v2.pre = "qwen2";
   Loaded b(v2.bytes());
