@@ -110,6 +110,8 @@ typedef struct krn_attn_args {
   void *k_cache, *v_cache;     // (n_blocks, block_size, n_kv_head, head_dim) of kv_type, one layer
   krn_type kv_type;            // KRN_F16 (default) or KRN_F32
   float scale;                 // usually 1 / sqrt(head_dim)
+  int window;                  // > 0: sliding window, a row at pos sees positions (pos - window, pos] only (Gemma 3's
+                               // local layers; only on tables with attn_window = 1); 0: all of [0, pos]
 } krn_attn_args;
 
 // One table per backend. Pointers are host memory for cpu backends, device memory for cuda.
@@ -168,6 +170,13 @@ typedef struct krn_backend {
   void *(*graph_end)(krn_ctx *c);
   int (*graph_launch)(krn_ctx *c, void *graph);
   void (*graph_free)(krn_ctx *c, void *graph);
+  // Ops only some architectures need (Gemma 3); NULL, or 0, in tables that lack them (cuda), where a model that
+  // needs them refuses to load.
+  // out(n) = gelu(gate) * up, gelu's tanh approximation; out may equal gate
+  void (*geglu)(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n);
+  // x(n) *= s
+  void (*scale)(krn_ctx *c, float *x, float s, int64_t n);
+  int attn_window; // 1: paged_attention honors krn_attn_args.window
 } krn_backend;
 
 // Backend-neutral events, so that a consumer of one layer's output (a KV push) waits for that layer only,

@@ -1,4 +1,4 @@
-// models/llama.c: Llama-family forward pass (llama, qwen2) over a mixed prefill/decode batch and a paged KV cache.
+// models/llama.c: Llama-family forward pass (llama, qwen2, gemma3) over a mixed prefill/decode batch and a paged KV cache.
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -14,6 +14,7 @@ typedef struct mdl_w {  // one weight matrix or vector
 
 typedef struct mdl_layer {
   mdl_w attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, wg, wu, wd; // bq/bk/bv data NULL when absent
+  mdl_w q_norm, k_norm, post_attn_norm, post_ffn_norm;              // gemma3 only
 } mdl_layer;
 
 // The shape of a decode step that a recorded graph replays (its buffers are the model's, fixed until they grow).
@@ -64,6 +65,11 @@ struct mdl_llama {
 };
 
 const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m) { return &m->cfg; }
+
+int mdl_llama_layer_window(const mdl_llama_cfg *c, int layer) {
+  if (c->n_swa <= 0 || c->swa_pattern <= 0) return 0;
+  return layer % c->swa_pattern < c->swa_pattern - 1 ? c->n_swa : 0;
+}
 
 static void drop_graphs(mdl_llama *m) {
   for (int i = 0; i < m->n_gcache; i++) m->kc->be->graph_free(m->kc, m->gcache[i].h);
@@ -173,9 +179,15 @@ int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, s
   }
   char arch[32];
   snprintf(arch, sizeof arch, "%.*s", (int)(a.n < 31 ? a.n : 31), a.p);
-  int qwen2 = !strcmp(arch, "qwen2");
-  if (strcmp(arch, "llama") && !qwen2) {
-    snprintf(err, errlen, "model: architecture '%.*s' not supported (llama, qwen2)", (int)(a.n < 64 ? a.n : 64), a.p);
+  int qwen2 = !strcmp(arch, "qwen2"), gemma3 = !strcmp(arch, "gemma3");
+  if (strcmp(arch, "llama") && !qwen2 && !gemma3) {
+    snprintf(err, errlen, "model: architecture '%.*s' not supported (llama, qwen2, gemma3)", (int)(a.n < 64 ? a.n : 64),
+             a.p);
+    return -1;
+  }
+  if (gemma3 && !(kc->be->geglu && kc->be->scale && kc->be->attn_window)) {
+    snprintf(err, errlen, "model: gemma3 needs GELU, scale and sliding-window attention ops, which the %s backend lacks",
+             kc->be->name);
     return -1;
   }
   mdl_llama *m = calloc(1, sizeof *m);
@@ -188,7 +200,8 @@ int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, s
   m->on_host = kc->be != krn_cuda();
   mdl_llama_cfg *c = &m->cfg;
   snprintf(c->arch, sizeof c->arch, "%s", arch);
-  c->rope_neox = qwen2;
+  c->rope_neox = qwen2 || gemma3; // llama.cpp: LLAMA_ROPE_TYPE_NEOX for both
+  c->gemma3 = gemma3;
   if (get_int(g, arch, "block_count", 1, 0, &c->n_layer, err, errlen) ||
       get_int(g, arch, "embedding_length", 1, 0, &c->n_embd, err, errlen) ||
       get_int(g, arch, "feed_forward_length", 1, 0, &c->n_ff, err, errlen) ||
@@ -215,6 +228,32 @@ int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, s
   if (mdl_gguf_get_f32(g, key, &c->rms_eps) != 0) c->rms_eps = 1e-5f;
   snprintf(key, sizeof key, "%s.rope.freq_base", arch);
   if (mdl_gguf_get_f32(g, key, &c->rope_theta) != 0) c->rope_theta = 10000.0f;
+  c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+  if (gemma3) {
+    if (get_int(g, arch, "attention.sliding_window", 0, 0, &c->n_swa, err, errlen)) goto fail;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    const mdl_gguf_kv *pk = mdl_gguf_find(g, key);
+    if (pk && pk->type == MDL_GGUF_ARR) {
+      snprintf(err, errlen, "model: %s as a per-layer array is not supported (an integer pattern is)", key);
+      goto fail;
+    }
+    if (get_int(g, arch, "attention.sliding_window_pattern", 0, 6, &c->swa_pattern, err, errlen)) goto fail;
+    // llama.cpp: the local layers' RoPE base is rope.freq_base_swa when given, else 10000
+    snprintf(key, sizeof key, "%s.rope.freq_base_swa", arch);
+    if (mdl_gguf_get_f32(g, key, &c->rope_theta_swa) != 0) c->rope_theta_swa = 10000.0f;
+    float cap = 0;
+    snprintf(key, sizeof key, "%s.final_logit_softcapping", arch);
+    if (mdl_gguf_get_f32(g, key, &cap) == 0 && cap != 0) {
+      snprintf(err, errlen, "model: %s = %g (final logit soft-capping) not supported", key, cap);
+      goto fail;
+    }
+    // llama.cpp (after gemma_pytorch): query_pre_attn_scalar is head_dim, except the 27B (62 layers): n_embd / n_head
+    if (c->n_layer == 62) c->attn_scale = 1.0f / sqrtf((float)(c->n_embd / c->n_head));
+    if (!(c->rope_theta_swa > 0)) {
+      snprintf(err, errlen, "model: local rope base %g not positive", c->rope_theta_swa);
+      goto fail;
+    }
+  }
   if (!(c->rms_eps > 0) || !(c->rope_theta > 0)) {
     snprintf(err, errlen, "model: rms epsilon %g or rope base %g not positive", c->rms_eps, c->rope_theta);
     goto fail;
@@ -239,7 +278,7 @@ int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, s
 
   int E = c->n_embd, HD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim, F = c->n_ff;
   m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
-  m->uploads = calloc((size_t)c->n_layer * 12 + 4, sizeof *m->uploads);
+  m->uploads = calloc((size_t)c->n_layer * 16 + 4, sizeof *m->uploads);
   if (!m->layers || !m->uploads) {
     snprintf(err, errlen, "model: out of memory");
     goto fail;
@@ -263,6 +302,17 @@ int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, s
         get_w(m, n[8], E, 0, 0, 1, &L->ffn_norm, err, errlen) || get_w(m, n[9], E, F, 0, 0, &L->wg, err, errlen) ||
         get_w(m, n[10], E, F, 0, 0, &L->wu, err, errlen) || get_w(m, n[11], F, E, 0, 0, &L->wd, err, errlen))
       goto fail;
+    if (gemma3) {
+      // the norms are plain RMS norms: llama.cpp's converter folds Gemma's (1 + w) into the stored weights
+      char g4[4][64];
+      static const char *const gn[4] = {"attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"};
+      for (int i = 0; i < 4; i++) snprintf(g4[i], sizeof g4[i], "blk.%d.%s.weight", l, gn[i]);
+      if (get_w(m, g4[0], c->head_dim, 0, 0, 1, &L->q_norm, err, errlen) ||
+          get_w(m, g4[1], c->head_dim, 0, 0, 1, &L->k_norm, err, errlen) ||
+          get_w(m, g4[2], E, 0, 0, 1, &L->post_attn_norm, err, errlen) ||
+          get_w(m, g4[3], E, 0, 0, 1, &L->post_ffn_norm, err, errlen))
+        goto fail;
+    }
   }
   *out = m;
   return 0;
@@ -493,7 +543,7 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
       .block_tables = m->d_bt,
       .max_blocks = max_blocks,
       .kv_type = kv->type,
-      .scale = 1.0f / sqrtf((float)c->head_dim),
+      .scale = c->attn_scale,
   };
   if (!graph_step || step_graph(m, kv, &a) != 0) run_layers(m, kv, &a, R, on_layer, on_layer_arg);
   for (int i = 0; i < R; i++)
@@ -501,6 +551,44 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
                  (size_t)c->n_vocab * sizeof(float));
   if (be->sync) be->sync(kc);
   return krn_ctx_error(kc, err, errlen) ? -1 : 0; // a device failure anywhere in the step (sticky on the ctx)
+}
+
+// One gemma3 layer over x (llama.cpp's gemma3 graph): q/k norms, RoPE with the layer's base, attention (sliding
+// window on local layers), a norm after attention and after the GELU FFN, each before its residual add.
+static void gemma3_layer(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a, int l, mdl_layer_done_fn on_layer,
+                         void *on_layer_arg) {
+  const mdl_llama_cfg *c = &m->cfg;
+  krn_ctx *kc = m->kc;
+  const krn_backend *be = kc->be;
+  const mdl_layer *L = &m->layers[l];
+  const int T = a->n_tokens;
+  int E = c->n_embd, HD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim, F = c->n_ff;
+  float *x = m->x, *xb = m->xb;
+  be->rmsnorm(kc, xb, x, L->attn_norm.data, T, E, c->rms_eps);
+  be->matmul(kc, m->q, L->wq.data, L->wq.type, xb, T, E, HD);
+  be->matmul(kc, m->k, L->wk.data, L->wk.type, xb, T, E, KD);
+  be->matmul(kc, m->v, L->wv.data, L->wv.type, xb, T, E, KD);
+  be->rmsnorm(kc, m->q, m->q, L->q_norm.data, T * c->n_head, c->head_dim, c->rms_eps);
+  be->rmsnorm(kc, m->k, m->k, L->k_norm.data, T * c->n_kv_head, c->head_dim, c->rms_eps);
+  a->window = mdl_llama_layer_window(c, l);
+  float theta = a->window ? c->rope_theta_swa : c->rope_theta;
+  be->rope(kc, m->q, m->d_pos, T, c->n_head, c->head_dim, theta, 1);
+  be->rope(kc, m->k, m->d_pos, T, c->n_kv_head, c->head_dim, theta, 1);
+  a->k_cache = mdl_kv_chunk(c, kv, l, 0, 0);
+  a->v_cache = mdl_kv_chunk(c, kv, l, 1, 0);
+  be->kv_store(kc, m->k, m->v, a);
+  if (on_layer) on_layer(on_layer_arg, l);
+  be->paged_attention(kc, m->att, m->q, a);
+  be->matmul(kc, xb, L->wo.data, L->wo.type, m->att, T, HD, E);
+  be->rmsnorm(kc, xb, xb, L->post_attn_norm.data, T, E, c->rms_eps);
+  be->add(kc, x, xb, (int64_t)T * E);
+  be->rmsnorm(kc, xb, x, L->ffn_norm.data, T, E, c->rms_eps);
+  be->matmul(kc, m->hb, L->wg.data, L->wg.type, xb, T, E, F);
+  be->matmul(kc, m->hb2, L->wu.data, L->wu.type, xb, T, E, F);
+  be->geglu(kc, m->hb, m->hb, m->hb2, (int64_t)T * F);
+  be->matmul(kc, xb, L->wd.data, L->wd.type, m->hb, T, F, E);
+  be->rmsnorm(kc, xb, xb, L->post_ffn_norm.data, T, E, c->rms_eps);
+  be->add(kc, x, xb, (int64_t)T * E);
 }
 
 // The step's ops from the embedding lookup to the logits of the R rows that want them (left in m->lo).
@@ -514,8 +602,13 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
   int E = c->n_embd, HD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim, F = c->n_ff;
   float *x = m->x, *xb = m->xb;
   be->get_rows(kc, x, m->tok_embd.data, m->tok_embd.type, m->d_ids, T, E);
+  if (c->gemma3) be->scale(kc, x, sqrtf((float)E), (int64_t)T * E);
   for (int l = 0; l < c->n_layer; l++) {
     const mdl_layer *L = &m->layers[l];
+    if (c->gemma3) {
+      gemma3_layer(m, kv, &a, l, on_layer, on_layer_arg);
+      continue;
+    }
     be->rmsnorm(kc, xb, x, L->attn_norm.data, T, E, c->rms_eps);
     be->matmul(kc, m->q, L->wq.data, L->wq.type, xb, T, E, HD);
     be->matmul(kc, m->k, L->wk.data, L->wk.type, xb, T, E, KD);

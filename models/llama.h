@@ -1,4 +1,4 @@
-// models/llama.h: the Llama-family forward pass over a batch of sequences and a paged KV cache.
+// models/llama.h: the Llama-family forward pass (llama, qwen2, gemma3) over a batch of sequences and a paged KV cache.
 #ifndef DSERVE_MDL_LLAMA_H
 #define DSERVE_MDL_LLAMA_H
 
@@ -24,7 +24,18 @@ typedef struct mdl_llama_cfg {
   float rope_theta;
   int rope_neox;        // 1 for NeoX-style rotation (qwen2), 0 for GGUF llama
   int tied_embeddings;  // output projection reuses token_embd
+  // gemma3 (0 elsewhere): embeddings scaled by sqrt(n_embd), q/k RMS norms, norms after attention and FFN, GELU FFN,
+  // and sliding-window layers: layer l is local when swa_pattern > 0 and l % swa_pattern < swa_pattern - 1
+  // (llama.cpp's pattern; 6: 5 local, 1 global), with window n_swa and RoPE base rope_theta_swa.
+  int gemma3;
+  int n_swa;            // sliding window in tokens; 0: every layer global
+  int swa_pattern;
+  float rope_theta_swa;
+  float attn_scale;     // softmax scale of q.k (1 / sqrt(head_dim) unless the architecture says otherwise)
 } mdl_llama_cfg;
+
+// Sliding window of layer l: n_swa for a local layer, 0 for a global one (sees the whole context).
+int mdl_llama_layer_window(const mdl_llama_cfg *c, int layer);
 
 // The paged KV cache the forward pass reads and writes.
 // Layout of base: (n_layer, 2 /* K, V */, n_blocks, block_size, n_kv_head * head_dim) of type,

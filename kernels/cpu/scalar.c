@@ -236,6 +236,21 @@ static void scalar_swiglu(krn_ctx *c, float *out, const float *gate, const float
   }
 }
 
+// gelu(x) ~ 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), the approximation Gemma and llama.cpp use
+void krn_scalar_geglu(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n) {
+  (void)c;
+  const float k = 0.7978845608028654f; // sqrt(2 / pi)
+  for (int64_t i = 0; i < n; i++) {
+    float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + tanhf(k * g * (1.0f + 0.044715f * g * g))) * up[i];
+  }
+}
+
+void krn_scalar_scale(krn_ctx *c, float *x, float s, int64_t n) {
+  (void)c;
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
 static void scalar_softmax(krn_ctx *c, float *x, int n, int d) {
   (void)c;
   for (int i = 0; i < n; i++) {
@@ -299,10 +314,11 @@ static void attn_run(void *vp, int ith, int nth) {
     const float *q = t->q + ((size_t)tok * a->n_head + h) * hd;
     float *o = t->out + ((size_t)tok * a->n_head + h) * hd;
     float mx = -INFINITY;
+    const int32_t p_lo = krn_cpu_first_visible(a, pos);
     for (int32_t p = 0; p <= pos; p++) {
       int32_t blk = krn_cpu_block_of(a, seq, p);
       sc[p] = -INFINITY;
-      if (blk < 0) continue;
+      if (blk < 0 || p < p_lo) continue;
       size_t base = ((size_t)blk * a->block_size + (size_t)(p % a->block_size)) * kvd + (size_t)kh * hd;
       double s = 0;
       for (int e = 0; e < hd; e++) s += (double)q[e] * kv_at(a->k_cache, a->kv_type, base + e);
@@ -313,7 +329,7 @@ static void attn_run(void *vp, int ith, int nth) {
     if (mx == -INFINITY) continue; // nothing visible
     double sum = 0;
     for (int32_t p = 0; p <= pos; p++) { sc[p] = expf(sc[p] - mx); sum += sc[p]; }
-    for (int32_t p = 0; p <= pos; p++) {
+    for (int32_t p = p_lo; p <= pos; p++) {
       int32_t blk = krn_cpu_block_of(a, seq, p);
       if (blk < 0) continue;
       size_t base = ((size_t)blk * a->block_size + (size_t)(p % a->block_size)) * kvd + (size_t)kh * hd;
@@ -352,6 +368,9 @@ static const krn_backend scalar_backend = {
     .event_free = krn_scalar_event_noop,
     .event_record = krn_scalar_event_noop,
     .event_wait = krn_scalar_event_noop,
+    .geglu = krn_scalar_geglu,
+    .scale = krn_scalar_scale,
+    .attn_window = 1,
 };
 
 const krn_backend *krn_cpu_scalar(void) { return &scalar_backend; }

@@ -610,12 +610,18 @@ static void attn_run(void *vp, int ith, int nth) {
     int32_t npos = pos + 1;
     if ((int64_t)npos > (int64_t)a->max_blocks * bs) npos = a->max_blocks * bs;
     const int32_t *bt = a->block_tables + (size_t)seq * a->max_blocks;
+    // a sliding window starts at p_lo; whole blocks before it are skipped (pstart), the rest of its block masked
+    const int32_t p_lo = krn_cpu_first_visible(a, pos), pstart = p_lo / bs * bs;
     float mx = -INFINITY;
-    for (int32_t p0 = 0; p0 < npos; p0 += bs) {
+    for (int32_t p0 = pstart; p0 < npos; p0 += bs) {
       int32_t blk = bt[p0 / bs], pend = p0 + bs < npos ? p0 + bs : npos;
       if (blk < 0) { for (int32_t p = p0; p < pend; p++) sc[p] = -INFINITY; continue; }
       const char *kb = (const char *)a->k_cache + ((size_t)blk * bs * kvd + (size_t)kh * hd) * esz;
       for (int32_t p = p0; p < pend; p++) {
+        if (p < p_lo) {
+          sc[p] = -INFINITY;
+          continue;
+        }
         float s = kv_dot(q, kb + (size_t)(p - p0) * kvd * esz, f16, hd) * a->scale;
         sc[p] = s;
         mx = fmaxf(mx, s);
@@ -623,7 +629,7 @@ static void attn_run(void *vp, int ith, int nth) {
     }
     if (mx == -INFINITY) continue; // nothing visible
     vf vmx = v_set1(mx), acc = v_zero();
-    int32_t p = 0;
+    int32_t p = pstart;
     for (; p + VL <= npos; p += VL) {
       vf e = v_exp(v_sub(v_load(sc + p), vmx));
       v_store(sc + p, e);
@@ -632,7 +638,7 @@ static void attn_run(void *vp, int ith, int nth) {
     float sum = v_hsum(acc);
     for (; p < npos; p++) { sc[p] = expf(sc[p] - mx); sum += sc[p]; }
     float inv = 1.0f / sum;
-    for (int32_t p0 = 0; p0 < npos; p0 += bs) {
+    for (int32_t p0 = pstart; p0 < npos; p0 += bs) {
       int32_t blk = bt[p0 / bs], pend = p0 + bs < npos ? p0 + bs : npos;
       if (blk < 0) continue;
       const char *vb = (const char *)a->v_cache + ((size_t)blk * bs * kvd + (size_t)kh * hd) * esz;
@@ -673,6 +679,9 @@ static const krn_backend simd_backend = {
     .event_free = krn_scalar_event_noop,
     .event_record = krn_scalar_event_noop,
     .event_wait = krn_scalar_event_noop,
+    .geglu = krn_scalar_geglu, // per element tanh: left scalar (a small share of a step)
+    .scale = krn_scalar_scale,
+    .attn_window = 1,
 };
 
 const krn_backend *KRN_SIMD_TABLE(void) { return &simd_backend; }

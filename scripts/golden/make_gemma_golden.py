@@ -6,7 +6,9 @@
   tests/models/golden/gemma_greedy.json: for each prompt (BOS + text, as llama-server tokenizes it), 24 greedy tokens
     from llama-server's /completion (temperature 0) and the top-20 probabilities of the first generated position
     (n_probs; llama-server returns softmax probabilities over the full vocabulary, not raw logits, so the test
-    compares log-probabilities: log p = logit - logsumexp(logits)).
+    compares log-probabilities: log p = logit - logsumexp(logits)), and llama.cpp's top1 - top2 margin at each
+    greedy step. This model is numerically touchy: llama-server's own log-probabilities move by up to 0.69 between
+    -fa on (the default here) and -fa off on these prompts.
 
 Needs llama.cpp's binaries (bench/peer.sh builds them) and the GGUF (scripts/fetch_gemma.sh). Usage:
   python3 scripts/golden/make_gemma_golden.py [BIN_DIR]
@@ -83,6 +85,9 @@ PROMPTS = [
     "<start_of_turn>user\nList three fruits that are yellow.<end_of_turn>\n<start_of_turn>model\n",
     "Translate to French: I like cheese. ->",
     "1, 2, 3, 4, 5,",
+    # longer than the 512-token sliding window, so the local layers' window matters
+    "Here is a list of numbered facts.\n" + "".join(f"Fact {i}: the number {i} squared is {i * i}.\n" for i in range(1, 60))
+    + "Fact 60: the number 60 squared is",
 ]
 
 
@@ -120,11 +125,14 @@ def greedy():
         cases = []
         for text in PROMPTS:
             ids = post(port, "/tokenize", {"content": text, "add_special": True, "parse_special": True})["tokens"]
-            r = post(port, "/completion", {"prompt": ids, "n_predict": N_GEN, "temperature": 0, "top_k": 1,
+            r = post(port, "/completion", {"prompt": ids, "n_predict": N_GEN, "temperature": 0,
                                           "n_probs": N_PROBS, "return_tokens": True, "cache_prompt": False,
-                                          "samplers": ["top_k"], "ignore_eos": True})
-            first = r["completion_probabilities"][0]["top_probs"]
-            cases.append({"text": text, "prompt": ids, "greedy": r["tokens"],
+                                          "ignore_eos": True})
+            first = r["completion_probabilities"][0]["top_logprobs"]
+            # top1 - top2 at each greedy step (a difference of log-probabilities is one of logits): near-ties show here
+            margins = [round(p["top_logprobs"][0]["logprob"] - p["top_logprobs"][1]["logprob"], 4)
+                       for p in r["completion_probabilities"]]
+            cases.append({"text": text, "prompt": ids, "greedy": r["tokens"], "greedy_margins": margins,
                           "top_ids": [p["id"] for p in first], "top_logprobs": [round(p["logprob"], 5) for p in first]})
             print(f"greedy: {len(ids)} prompt tokens -> {r['tokens'][:6]}...", file=sys.stderr)
         return cases

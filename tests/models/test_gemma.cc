@@ -27,7 +27,7 @@ namespace {
 
 const char *kModel = DSERVE_SOURCE_DIR "/models/weights/gemma-3-270m-q4_k_m.gguf";
 const char *kTokGolden = DSERVE_SOURCE_DIR "/tests/models/golden/gemma_tokenizer.json";
-[[maybe_unused]] const char *kGreedyGolden = DSERVE_SOURCE_DIR "/tests/models/golden/gemma_greedy.json";
+const char *kGreedyGolden = DSERVE_SOURCE_DIR "/tests/models/golden/gemma_greedy.json";
 
 #define SKIP_WITHOUT_MODEL()                                                                                    \
   do {                                                                                                          \
@@ -175,6 +175,218 @@ TEST(Gemma, TokenizerByteFallbackAndSpaces) {
   // control tokens are text unless parse_special
   EXPECT_EQ(k.enc("<end_of_turn>", true), std::vector<int32_t>{mdl_tok_find(k.t, "<end_of_turn>")});
   EXPECT_GT(k.enc("<end_of_turn>", false).size(), 1u);
+}
+
+
+// The model on the best cpu backend with 2 threads and an F16 KV cache.
+struct Engine {
+  mdl_gguf *g = nullptr;
+  krn_pool *pool = nullptr;
+  krn_ctx kc{};
+  mdl_llama *m = nullptr;
+  mdl_kv kv{};
+  const mdl_llama_cfg *cfg = nullptr;
+  char err[512] = {0};
+  bool open(int n_blocks) {
+    if (mdl_gguf_open(kModel, &g, err, sizeof err) != 0) {
+      ADD_FAILURE() << err;
+      return false;
+    }
+    pool = krn_pool_new(2, err, sizeof err);
+    kc.be = getenv("GEMMA_KERNELS") ? krn_cpu_by_name(getenv("GEMMA_KERNELS")) : krn_cpu_best();
+    kc.pool = pool;
+    if (!kc.be || mdl_llama_load(g, &kc, &m, err, sizeof err) != 0) {
+      ADD_FAILURE() << err;
+      return false;
+    }
+    cfg = mdl_llama_config(m);
+    kv.type = getenv("GEMMA_KV_F32") ? KRN_F32 : KRN_F16;
+    kv.block_size = 16;
+    kv.n_blocks = n_blocks;
+    kv.base = kc.be->alloc(&kc, mdl_kv_block_bytes(cfg, kv.type, kv.block_size) * (size_t)n_blocks);
+    return kv.base != nullptr;
+  }
+  ~Engine() {
+    if (kv.base) kc.be->free(&kc, kv.base);
+    mdl_llama_free(m);
+    krn_pool_free(pool);
+    mdl_gguf_close(g);
+  }
+};
+
+int argmax(const std::vector<float> &v) { return (int)(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+std::vector<float> log_softmax(const std::vector<float> &l) {
+  double mx = *std::max_element(l.begin(), l.end()), s = 0;
+  for (float x : l) s += std::exp((double)x - mx);
+  double lse = mx + std::log(s);
+  std::vector<float> o(l.size());
+  for (size_t i = 0; i < l.size(); i++) o[i] = (float)(l[i] - lse);
+  return o;
+}
+
+TEST(Gemma, LoadsConfig) {
+  SKIP_WITHOUT_MODEL();
+  Engine e;
+  ASSERT_TRUE(e.open(4));
+  EXPECT_STREQ(e.cfg->arch, "gemma3");
+  EXPECT_EQ(e.cfg->gemma3, 1);
+  EXPECT_EQ(e.cfg->n_layer, 18);
+  EXPECT_EQ(e.cfg->n_embd, 640);
+  EXPECT_EQ(e.cfg->n_head, 4);
+  EXPECT_EQ(e.cfg->n_kv_head, 1);
+  EXPECT_EQ(e.cfg->head_dim, 256);
+  EXPECT_EQ(e.cfg->n_vocab, 262144);
+  EXPECT_EQ(e.cfg->rope_neox, 1);
+  EXPECT_EQ(e.cfg->n_swa, 512);
+  EXPECT_FLOAT_EQ(e.cfg->rope_theta, 1000000.0f);
+  EXPECT_FLOAT_EQ(e.cfg->rope_theta_swa, 10000.0f);
+  EXPECT_FLOAT_EQ(e.cfg->attn_scale, 1.0f / 16.0f);
+  // llama.cpp's pattern of 6: layers 5, 11, 17 global, the rest local
+  for (int l = 0; l < 18; l++) EXPECT_EQ(mdl_llama_layer_window(e.cfg, l), l % 6 == 5 ? 0 : 512) << "layer " << l;
+}
+
+// Tolerances. This model is numerically touchy: llama-server's own top-20 log-probabilities move by up to 0.69
+// between its -fa on and -fa off on these prompts (its GELU is a table over f16 inputs, its flash attention keeps
+// Q and V sums in f16); ours differ from its default by up to 0.89 (measured). kLogprobTol bounds the top-20 of
+// the first generated position. A greedy token may differ from llama.cpp's only at a near-tie: llama.cpp's own
+// top1 - top2 margin and ours between our choice and its token both below kTieMargin; the continuations are no
+// longer comparable after it, so that prompt's comparison stops there.
+const float kLogprobTol = 1.0f;
+const float kTieMargin = 0.5f;
+
+TEST(Gemma, GoldenGreedyAndLogprobsMatchLlamaCpp) {
+  SKIP_WITHOUT_MODEL();
+  std::string js = slurp(kGreedyGolden);
+  cJSON *root = cJSON_Parse(js.c_str());
+  ASSERT_NE(root, nullptr) << "cannot parse " << kGreedyGolden;
+  Engine e;
+  ASSERT_TRUE(e.open(256));
+  const int V = e.cfg->n_vocab;
+  const cJSON *cases = cJSON_GetObjectItem(root, "cases"), *c;
+  int ci = 0, n_equal = 0, n_cases = 0;
+  float worst = 0;
+  cJSON_ArrayForEach(c, cases) {
+    std::vector<int32_t> prompt = ints(cJSON_GetObjectItem(c, "prompt")), want = ints(cJSON_GetObjectItem(c, "greedy"));
+    std::vector<int32_t> top_ids = ints(cJSON_GetObjectItem(c, "top_ids"));
+    std::vector<float> top_lp, margins;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "top_logprobs")) top_lp.push_back((float)x->valuedouble);
+    cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "greedy_margins")) margins.push_back((float)x->valuedouble);
+    ASSERT_EQ(margins.size(), want.size()) << "case " << ci;
+    n_cases++;
+    int nb = ((int)prompt.size() + (int)want.size() + 16) / 16;
+    ASSERT_LE(nb, e.kv.n_blocks);
+    std::vector<int32_t> bt(nb);
+    for (int i = 0; i < nb; i++) bt[i] = i; // one sequence at a time: the cache is reused
+    std::vector<float> logits(V);
+    mdl_seq s = {prompt.data(), (int)prompt.size(), 0, bt.data(), nb, 1};
+    ASSERT_EQ(mdl_llama_forward(e.m, &e.kv, &s, 1, logits.data(), nullptr, nullptr, e.err, sizeof e.err), 0) << e.err;
+    std::vector<float> lp = log_softmax(logits);
+    float d = 0;
+    for (size_t i = 0; i < top_ids.size(); i++) d = std::fmax(d, std::fabs(lp[top_ids[i]] - top_lp[i]));
+    if (getenv("GEMMA_DEBUG"))
+      for (size_t i = 0; i < top_ids.size(); i++) std::fprintf(stderr, "  id %d: ours %.4f llama.cpp %.4f\n", top_ids[i], lp[top_ids[i]], top_lp[i]);
+    worst = std::fmax(worst, d);
+    EXPECT_LT(d, kLogprobTol) << "case " << ci << ": first-position log-probabilities differ by " << d;
+    int pos = (int)prompt.size(), same = 0;
+    bool diverged = false;
+    for (size_t i = 0; i < want.size(); i++) {
+      int tok = argmax(logits);
+      if (tok != want[i]) {
+        float ours = logits[tok] - logits[want[i]];
+        EXPECT_LT(margins[i], kTieMargin) << "case " << ci << " step " << i << ": llama.cpp chose " << want[i]
+                                          << " with margin " << margins[i] << ", we chose " << tok;
+        EXPECT_LT(ours, kTieMargin) << "case " << ci << " step " << i << ": llama.cpp's token " << want[i] << " is "
+                                    << ours << " below our choice " << tok;
+        std::fprintf(stderr, "gemma case %d: near-tie at step %zu (llama.cpp margin %.3f, ours %.3f)\n", ci, i,
+                     margins[i], ours);
+        diverged = true;
+        break;
+      }
+      same++;
+      if (i + 1 == want.size()) break;
+      s = {&want[i], 1, pos++, bt.data(), nb, 1};
+      ASSERT_EQ(mdl_llama_forward(e.m, &e.kv, &s, 1, logits.data(), nullptr, nullptr, e.err, sizeof e.err), 0) << e.err;
+    }
+    n_equal += !diverged;
+    std::fprintf(stderr, "gemma case %d: %zu prompt tokens, %d/%zu greedy tokens equal, max |logprob diff| %.4f\n", ci,
+                 prompt.size(), same, want.size(), d);
+    ci++;
+  }
+  std::fprintf(stderr, "gemma greedy: %d/%d prompts equal over all tokens, worst top-20 |logprob diff| %.4f\n", n_equal,
+               n_cases, worst);
+  EXPECT_GE(n_cases, 8);
+  cJSON_Delete(root);
+}
+
+// Sliding-window attention: the SIMD backend equals the scalar reference, and a window as wide as the context
+// equals no window (a row at pos sees pos - window + 1 .. pos).
+TEST(Gemma, WindowedAttentionAndGeluOps) {
+  const krn_backend *ref = krn_cpu_scalar(), *best = krn_cpu_best();
+  ASSERT_TRUE(ref->geglu && ref->scale && ref->attn_window && best->geglu && best->attn_window);
+  const int T = 40, H = 2, KH = 1, D = 32, BS = 16, NB = 3;
+  std::vector<float> q(T * H * D), k(T * KH * D), v(T * KH * D);
+  unsigned r = 7;
+  auto rnd = [&] { r = r * 1103515245u + 12345u; return ((r >> 8) & 0xFFFF) / 32768.0f - 1.0f; };
+  for (auto *a : {&q, &k, &v})
+    for (float &f : *a) f = rnd();
+  std::vector<int32_t> seq(T, 0), pos(T), bt = {2, 0, 1};
+  for (int i = 0; i < T; i++) pos[i] = i;
+  std::vector<float> kc(NB * BS * KH * D), vc(NB * BS * KH * D);
+  krn_ctx c{};
+  c.be = ref;
+  krn_attn_args a{};
+  a.n_tokens = T, a.n_head = H, a.n_kv_head = KH, a.head_dim = D, a.block_size = BS;
+  a.tok_seq = seq.data(), a.tok_pos = pos.data(), a.block_tables = bt.data(), a.max_blocks = NB;
+  a.k_cache = kc.data(), a.v_cache = vc.data(), a.kv_type = KRN_F32, a.scale = 0.2f;
+  ref->kv_store(&c, k.data(), v.data(), &a);
+  std::vector<float> o_full(q.size()), o_wide(q.size()), o_ref(q.size()), o_simd(q.size());
+  ref->paged_attention(&c, o_full.data(), q.data(), &a);
+  a.window = T;
+  ref->paged_attention(&c, o_wide.data(), q.data(), &a);
+  EXPECT_EQ(o_full, o_wide);
+  a.window = 7;
+  ref->paged_attention(&c, o_ref.data(), q.data(), &a);
+  krn_ctx cb{};
+  cb.be = best;
+  best->paged_attention(&cb, o_simd.data(), q.data(), &a);
+  float d = 0, dw = 0;
+  for (size_t i = 0; i < q.size(); i++) {
+    d = std::fmax(d, std::fabs(o_ref[i] - o_simd[i]));
+    dw = std::fmax(dw, std::fabs(o_ref[i] - o_full[i]));
+  }
+  EXPECT_LT(d, 1e-4f) << best->name << " vs scalar with window 7";
+  EXPECT_GT(dw, 1e-3f) << "the window changed nothing";
+  // row 20 by hand: positions 14..20 only
+  {
+    int t = 20, h = 1;
+    std::vector<float> sc, o(D, 0.0f);
+    float mx = -1e30f;
+    for (int p = 14; p <= 20; p++) {
+      float s = 0;
+      for (int e2 = 0; e2 < D; e2++) s += q[(t * H + h) * D + e2] * k[p * D + e2];
+      sc.push_back(s * 0.2f);
+      mx = std::fmax(mx, sc.back());
+    }
+    float sum = 0;
+    for (float &s : sc) sum += (s = std::exp(s - mx));
+    for (int p = 14; p <= 20; p++)
+      for (int e2 = 0; e2 < D; e2++) o[e2] += sc[p - 14] / sum * v[p * D + e2];
+    for (int e2 = 0; e2 < D; e2++) EXPECT_NEAR(o_ref[(t * H + h) * D + e2], o[e2], 1e-4f);
+  }
+  // geglu: gelu_tanh(g) * u at known points; scale
+  float g[4] = {-3.0f, -0.5f, 0.0f, 2.0f}, u[4] = {1.0f, 2.0f, 3.0f, -1.0f}, out[4];
+  ref->geglu(&c, out, g, u, 4);
+  EXPECT_NEAR(out[0], -0.0036373f * 1.0f, 1e-5f);
+  EXPECT_NEAR(out[1], -0.1542860f * 2.0f, 1e-5f);
+  EXPECT_NEAR(out[2], 0.0f, 1e-7f);
+  EXPECT_NEAR(out[3], 1.9545977f * -1.0f, 1e-5f);
+  float xs[3] = {1.0f, -2.0f, 0.5f};
+  ref->scale(&c, xs, 4.0f, 3);
+  EXPECT_EQ(xs[0], 4.0f);
+  EXPECT_EQ(xs[1], -8.0f);
+  EXPECT_EQ(xs[2], 2.0f);
 }
 
 } // namespace
