@@ -286,6 +286,9 @@ static const krn_backend cu_backend = {
     krn_cuda_graph_end,
     krn_cuda_graph_launch,
     krn_cuda_graph_free,
+    NULL, // geglu: none yet, so gemma3 is refused on cuda at load
+    NULL, // scale
+    0,    // attn_window: paged_attention ignores krn_attn_args.window
 };
 
 extern "C" const krn_backend *krn_cuda(void) { return &cu_backend; }
