@@ -44,11 +44,12 @@ std::string slurp(const char *path) {
 std::string b64decode(const std::string &in) {
   static const std::string abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;
-  int val = 0, bits = -8;
+  unsigned val = 0;
+  int bits = -8;
   for (char c : in) {
     size_t p = abc.find(c);
     if (p == std::string::npos) break;
-    val = (val << 6) + (int)p;
+    val = ((val << 6) + (unsigned)p) & 0xFFFFFFu; // only the last 24 bits are ever read
     bits += 6;
     if (bits >= 0) {
       out.push_back((char)((val >> bits) & 0xFF));
