@@ -277,6 +277,17 @@ static int run_generate(gen_engine *e, const gen_opts *o, char *err, size_t errl
     src_len = strlen(text);
   }
   if (mdl_tok_encode(tok, src, src_len, o->chat, &ids, &n_ids, err, errlen)) goto done;
+  if (!o->chat && mdl_tok_add_bos(tok) && mdl_tok_bos(tok) >= 0) { // as the router does for a plain prompt
+    int32_t *b = realloc(ids, (n_ids + 1) * sizeof *ids);
+    if (!b) {
+      snprintf(err, errlen, "out of memory");
+      goto done;
+    }
+    ids = b;
+    memmove(ids + 1, ids, n_ids * sizeof *ids);
+    ids[0] = mdl_tok_bos(tok);
+    n_ids++;
+  }
   if (n_ids == 0) {
     snprintf(err, errlen, "the prompt has no tokens");
     goto done;

@@ -161,6 +161,10 @@ static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, 
   char *text = NULL;
   const char *p = q->prompt;
   size_t plen = q->prompt_len;
+  if (q->msgs && !s->can_chat)
+    return rtr_fail(e, 400, "invalid_request_error", "messages", "model_not_chat",
+                    "this model has no chat template (tokenizer.chat_template) and no ChatML tokens: it is not a chat "
+                    "model; send a prompt to /v1/completions instead");
   if (q->msgs) {
     mdl_chat_msg *mm = calloc((size_t)q->n_msgs, sizeof *mm);
     const char **calls = calloc((size_t)q->n_msgs, sizeof *calls);
@@ -567,6 +571,10 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   s->rc = &o->cfg->router;
   s->gguf = o->gguf;
   s->has_template = o->gguf && mdl_gguf_find(o->gguf, "tokenizer.chat_template");
+  // Without a template, ChatML (SmolLM2's) is assumed only for a vocabulary that has its tokens: a base model such
+  // as Gemma 3 270M would read ChatML's markup as text and answer garbage.
+  s->can_chat = s->has_template ||
+                (o->tok && mdl_tok_find(o->tok, "<|im_start|>") >= 0 && mdl_tok_find(o->tok, "<|im_end|>") >= 0);
   s->tok = o->tok;
   s->n_ctx = o->n_ctx;
   s->started = (long)time(NULL);

@@ -103,6 +103,7 @@ struct rtr_server {
   const srv_router_cfg *rc;
   const mdl_gguf *gguf;        // (borrowed)
   int has_template;
+  int can_chat;                // a chat template, or none but ChatML's tokens in the vocabulary (the ChatML fallback)
   const mdl_tok *tok;          // (borrowed)
   int n_ctx;
   char model[128];

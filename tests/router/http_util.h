@@ -36,17 +36,19 @@ using namespace std::chrono_literals;
 using dserve_test::byte_char;
 
 
-// A tiny model file: byte-level vocabulary (256 byte tokens + 3 control tokens) and a context of 512.
+// A tiny model file: byte-level vocabulary (256 byte tokens + 3 control tokens) and a context of 512. chatml false:
+// the control tokens are not ChatML's (a base model with no chat template).
 struct TinyModel {
   std::vector<uint8_t> buf;
   mdl_gguf *g = nullptr;
   mdl_tok *t = nullptr;
-  TinyModel() {
+  explicit TinyModel(bool chatml = true) {
     dserve_test::GgufWriter w;
     std::vector<std::string> toks;
     std::vector<int32_t> types;
     for (int b = 0; b < 256; b++) toks.push_back(byte_char(b)), types.push_back(MDL_TOK_NORMAL);
-    for (const char *c : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) toks.push_back(c), types.push_back(MDL_TOK_CONTROL);
+    for (const char *c : {"<|endoftext|>", chatml ? "<|im_start|>" : "<start>", chatml ? "<|im_end|>" : "<end>"})
+      toks.push_back(c), types.push_back(MDL_TOK_CONTROL);
     w.str("general.architecture", "llama");
     w.scalar<uint32_t>("llama.context_length", MDL_GGUF_U32, 512);
     w.str("tokenizer.ggml.model", "gpt2");

@@ -37,6 +37,19 @@ TEST(Http, NoWorker503) {
   EXPECT_EQ(request(r.port(), "POST", "/tokenize", R"({"prompt":"abc"})").status, 200);
 }
 
+// No chat template and no ChatML tokens (a base model such as Gemma 3 270M): chat requests are refused with a 400
+// naming /v1/completions instead of rendered as ChatML the model cannot read; completions and tokenize still work.
+TEST(Http, ModelWithoutAChatTemplateRefusesChat) {
+  TinyModel m(false);
+  Router r(m, 1); // no worker needed: the refusal comes before routing
+  Resp c = request(r.port(), "POST", "/v1/chat/completions", CHAT + "}");
+  expect_error(c, 400, "model_not_chat");
+  EXPECT_NE(c.body.find("/v1/completions"), std::string::npos) << c.body;
+  expect_error(request(r.port(), "POST", "/tokenize", R"({"messages":[{"role":"user","content":"hi"}]})"), 400,
+               "model_not_chat");
+  EXPECT_EQ(request(r.port(), "POST", "/tokenize", R"({"prompt":"abc"})").status, 200);
+}
+
 struct Live : ::testing::Test {
   TinyModel m;
   FakeWorker fw;
