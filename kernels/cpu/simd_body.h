@@ -105,41 +105,6 @@ KRN_INLINE __m256i dot_us(__m256i u, __m256i s) {
 }
 #endif
 
-// Quantize x(k) into k/32 activation blocks; same rounding as krn_scalar_quant_row_q8x.
-static void quant_row(krn_q8x *out, const float *x, int k) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int i = 0; i < k / KRN_QK; i++) {
-    const float *xb = x + i * KRN_QK;
-    __m256 a = _mm256_loadu_ps(xb), b = _mm256_loadu_ps(xb + 8), c = _mm256_loadu_ps(xb + 16), d = _mm256_loadu_ps(xb + 24);
-    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)),
-                              _mm256_max_ps(_mm256_andnot_ps(sign, c), _mm256_andnot_ps(sign, d)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    float amax = _mm_cvtss_f32(m4), dd = amax / 127.0f, id = dd > 0 ? 1.0f / dd : 0.0f;
-    __m256 vid = _mm256_set1_ps(id);
-    __m256i ia = _mm256_cvtps_epi32(_mm256_mul_ps(a, vid)), ib = _mm256_cvtps_epi32(_mm256_mul_ps(b, vid));
-    __m256i ic = _mm256_cvtps_epi32(_mm256_mul_ps(c, vid)), idd = _mm256_cvtps_epi32(_mm256_mul_ps(d, vid));
-    __m256i s4 = _mm256_add_epi32(_mm256_add_epi32(ia, ib), _mm256_add_epi32(ic, idd));
-    __m128i s2 = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-    s2 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0x4e));
-    s2 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xb1));
-    __m256i p16a = _mm256_packs_epi32(ia, ib), p16b = _mm256_packs_epi32(ic, idd);
-    __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-    p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i *)out[i].qs, p8);
-    out[i].d = dd;
-    out[i].s = dd * (float)_mm_cvtsi128_si32(s2);
-  }
-}
-
-KRN_INLINE float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // ---- weight blocks: each 32 weights become 32 bytes for the u8 x s8 dot, in one of two forms ----
 // Unsigned (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K): bytes q >= 0 with w = d q + m, so that
 // dot(w, x) = d dx sum(q xq) + m sx, sx = dx sum(xq) being kept with the activation block.
@@ -252,42 +217,7 @@ KRN_INLINE void load_wblock(const void *wr, krn_type wt, int b, int s, const flo
   }
 }
 
-// out[w * 4 + r] = dot(weight row wr[w], activation row xr[r]) for w < W (1 or 2), r < R (1..4), over nb
-// 32-element blocks of type wt; W, R and wt are constants after inlining, so each unpacked weight block serves R
-// activation rows and each loaded activation block serves W weight rows. K-quants go a super-block (8 blocks) at
-// a time, decoding its sub-block scales once.
-KRN_INLINE void dot_q(const void *const *wr, int W, krn_type wt, const krn_q8x *const *xr, int R, int nb, float *out) {
-  __m256 acc[2][4];
-  float off[2][4];
-  for (int w = 0; w < 2; w++)
-    for (int r = 0; r < 4; r++) { acc[w][r] = _mm256_setzero_ps(); off[w][r] = 0; }
-  const int G = wt_kquant(wt) ? KRN_QK_K / KRN_QK : 1;
-  const size_t kbytes = wt == KRN_Q4_K ? sizeof(krn_block_q4_k) : sizeof(krn_block_q5_k);
-  float kd[2][8] = {{0}}, km[2][8] = {{0}}; // Q4_K / Q5_K: the current super-block's sub-block scales and offsets
-  for (int g = 0; g < nb; g += G) {
-    if (wt == KRN_Q4_K || wt == KRN_Q5_K)
-      for (int w = 0; w < W; w++)
-        kq_scales((const krn_block_q4_k *)((const char *)wr[w] + (size_t)(g / G) * kbytes), kd[w], km[w]);
-    for (int s = 0; s < G; s++) {
-      __m256i wq[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, wa[2];
-      __m256 vd[2];
-      float mw[2];
-      for (int w = 0; w < W; w++) load_wblock(wr[w], wt, g + s, s, kd[w], km[w], &wa[w], &wq[w], &vd[w], &mw[w]);
-      for (int r = 0; r < R; r++) {
-        const krn_q8x *xb = &xr[r][g + s];
-        __m256i xq = _mm256_loadu_si256((const __m256i *)xb->qs);
-        __m256 dx = _mm256_set1_ps(xb->d);
-        for (int w = 0; w < W; w++) {
-          __m256i dot = dot_us(wa[w], wt_signed(wt) ? _mm256_sign_epi8(xq, wq[w]) : xq);
-          acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(vd[w], dx), acc[w][r]);
-          if (!wt_signed(wt)) off[w][r] += mw[w] * xb->s;
-        }
-      }
-    }
-  }
-  for (int w = 0; w < W; w++)
-    for (int r = 0; r < R; r++) out[w * 4 + r] = hsum8(acc[w][r]) + off[w][r];
-}
+#include "kernels/cpu/matmul_rows.h"
 
 KRN_INLINE float bf16f(krn_bf16 h) {
   uint32_t bits = (uint32_t)h << 16;
@@ -333,23 +263,23 @@ typedef struct mm_task {
   const void *w;       // (m, k) of wt
   krn_type wt;
   const float *x;      // (n, k)
-  krn_q8x *xq;         // (n, k / 32) quantized x, or NULL for float weights
+  mr_act xa;           // x quantized (quantized weights only)
   int n, k, m;
 } mm_task;
 
 #define MM_JBLOCK 16 // weight rows kept hot while activation tiles stream past
-#define MM_TILE 4    // activation rows sharing each unpacked weight block
+#define MM_TILE 4    // activation rows sharing each float weight row
 
-KRN_INLINE void mm_rows_q(const mm_task *t, krn_type wt, int64_t j, int W, int i0, int R) {
+// Weight rows [j, j + MR_W) (the last one repeated past m) against activation rows [i0, i0 + R).
+KRN_INLINE void mm_rows_q(const mm_task *t, krn_type wt, int64_t j, int64_t j1, int i0, int R) {
   size_t rs = krn_row_size(wt, t->k);
-  int nb = t->k / KRN_QK;
-  const void *wr[2] = {(const char *)t->w + (size_t)j * rs, (const char *)t->w + (size_t)(j + W - 1) * rs};
-  const krn_q8x *xr[MM_TILE];
-  float out[2 * MM_TILE];
-  for (int r = 0; r < R; r++) xr[r] = t->xq + (size_t)(i0 + r) * nb;
-  dot_q(wr, W, wt, xr, R, nb, out);
+  const void *wr[MR_W];
+  float out[MR_W * MR_R];
+  int W = j1 - j < MR_W ? (int)(j1 - j) : MR_W;
+  for (int w = 0; w < MR_W; w++) wr[w] = (const char *)t->w + (size_t)(j + (w < W ? w : W - 1)) * rs;
+  mr_tile(wr, wt, &t->xa, i0, R, t->k / KRN_QK, out);
   for (int w = 0; w < W; w++)
-    for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j + w] = out[w * 4 + r];
+    for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j + w] = out[w * MR_R + r];
 }
 
 KRN_INLINE void mm_rows_f(const mm_task *t, krn_type wt, int64_t j, int i0, int R) {
@@ -361,21 +291,20 @@ KRN_INLINE void mm_rows_f(const mm_task *t, krn_type wt, int64_t j, int i0, int 
   for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j] = out[r];
 }
 
-// Rows [j0, j1) of w against every activation row, tiles of MM_TILE activation rows by 2 weight rows.
+// Rows [j0, j1) of w against every activation row: tiles of MR_R activation rows, then the leftover rows as
+// 4 + 2 + 1 (R is a constant in each instance).
 KRN_INLINE void mm_block_q(const mm_task *t, krn_type wt, int64_t j0, int64_t j1) {
   int i = 0;
-  for (; i + MM_TILE <= t->n; i += MM_TILE) {
-    int64_t j = j0;
-    for (; j + 2 <= j1; j += 2) mm_rows_q(t, wt, j, 2, i, MM_TILE);
-    if (j < j1) mm_rows_q(t, wt, j, 1, i, MM_TILE);
-  }
-  int rest = t->n - i;
-  if (!rest) return;
-  // the leftover rows (all of them at decode, n = 1): one weight row at a time
-  for (int64_t j = j0; j < j1; j++) {
-    if (rest == 3) mm_rows_q(t, wt, j, 1, i, 3);
-    else if (rest == 2) mm_rows_q(t, wt, j, 1, i, 2);
-    else mm_rows_q(t, wt, j, 1, i, 1);
+  for (; i + MR_R <= t->n; i += MR_R)
+    for (int64_t j = j0; j < j1; j += MR_W) mm_rows_q(t, wt, j, j1, i, MR_R);
+  for (int R = 4; R >= 1; R /= 2) {
+    if (t->n - i < R) continue;
+    for (int64_t j = j0; j < j1; j += MR_W) {
+      if (R == 4) mm_rows_q(t, wt, j, j1, i, 4);
+      else if (R == 2) mm_rows_q(t, wt, j, j1, i, 2);
+      else mm_rows_q(t, wt, j, j1, i, 1);
+    }
+    i += R;
   }
 }
 
@@ -416,7 +345,7 @@ static void mm_run(void *vp, int ith, int nth) {
 }
 
 typedef struct q8_task {
-  krn_q8x *xq;
+  const mr_act *xa;
   const float *x;
   int n, k;
 } q8_task;
@@ -425,7 +354,7 @@ static void q8_run(void *vp, int ith, int nth) {
   const q8_task *t = vp;
   int64_t lo, hi;
   krn_cpu_range(t->n, ith, nth, &lo, &hi);
-  for (int64_t i = lo; i < hi; i++) quant_row(t->xq + (size_t)i * (t->k / KRN_QK), t->x + (size_t)i * t->k, t->k);
+  for (int64_t i = lo; i < hi; i++) mr_quant_row(t->xa, t->x + (size_t)i * t->k, t->k, i);
 }
 
 // Below this many multiply-adds an op runs on the calling thread: waking the pool would cost more.
@@ -433,18 +362,28 @@ static void q8_run(void *vp, int ith, int nth) {
 
 static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
   if (!krn_cpu_mm_ok(wt, n, k, m)) { if (n > 0 && m > 0) krn_cpu_fill_nan(y, (int64_t)n * m); return; }
-  mm_task t = {y, w, wt, x, NULL, n, k, m};
+  mm_task t = {y, w, wt, x, {0}, n, k, m};
   int par = (int64_t)n * k * m >= KRN_PAR_MIN;
+  void *buf = NULL;
   if (!krn_cpu_is_float(wt)) {
-    t.xq = malloc((size_t)n * (size_t)(k / KRN_QK) * sizeof(krn_q8x) + 1);
-    if (!t.xq) abort(); // the activation's own size: only impossible sizes fail here
-    q8_task q = {t.xq, x, n, k};
+    int nbp = (k / KRN_QK + MR_CH - 1) / MR_CH * MR_CH;
+    size_t per = (size_t)nbp * (KRN_QK + 2 * sizeof(float)); // one row's qs, d and s
+    buf = aligned_alloc(64, ((size_t)n * per + 63) / 64 * 64 + 64);
+    if (!buf) abort(); // the activation's own size: only impossible sizes fail here
+    t.xa.qs = buf;
+    t.xa.d = (float *)((char *)buf + (size_t)n * nbp * KRN_QK);
+    t.xa.s = t.xa.d + (size_t)n * nbp;
+    t.xa.nbp = nbp;
+#ifdef KRN_W512
+    t.xa.u8 = wt_signed(wt);
+#endif
+    q8_task q = {&t.xa, x, n, k};
     if (par && n >= 8) krn_cpu_par(c, q8_run, &q);
     else q8_run(&q, 0, 1);
   }
   if (par) krn_cpu_par(c, mm_run, &t);
   else mm_run(&t, 0, 1);
-  free(t.xq);
+  free(buf);
 }
 
 // ---- elementwise ----

@@ -1,0 +1,167 @@
+// kernels/cpu/matmul_rows.h: the SIMD backends' quantized matmul: tiles of MR_W weight rows x up to MR_R
+// activation rows, each weight block unpacked once into registers and dotted against every activation row of the
+// tile (row loop innermost), accumulating in registers. Included by simd_body.h (after load_wblock).
+//
+// AVX-512 (KRN_W512): two 32-element blocks per 512-bit vector, int8 dots by VNNI vpdpbusd. Signed weights
+// (Q8_0, Q6_K) take the activation as unsigned bytes xq + 128 (stored that way when quantizing) and start the dot's
+// int32 accumulator at -128 * sum(wq), computed once per weight block, so no sign fix-up runs per activation row.
+// AVX2: one block per 256-bit vector, maddubs + madd with the sign moved onto x for signed weights.
+// Both: the offset term of the unsigned forms (sum_b m_b * sx_b) is gathered MR_CH blocks at a time and added with
+// one vector multiply-add per (weight row, activation row) instead of a scalar one per block.
+//
+// Every (weight row, activation row) pair goes through the same sequence of operations whatever the tile shape
+// (MR_W, R) or the batch, so a sequence's logits do not depend on the batch it runs in (tests/kernels checks it).
+#ifdef KRN_W512
+#define MR_PB 2  // 32-element blocks per integer vector
+#define MR_CH 16 // blocks per offset chunk: one float vector of per-block offsets
+#define MR_W 2   // weight rows per tile
+typedef __m512i mr_vi;
+#else
+#define MR_PB 1
+#define MR_CH 8
+#define MR_W 1
+typedef __m256i mr_vi;
+#endif
+#define MR_R 8 // activation rows per tile, at most
+
+// Activation rows quantized for one matmul. Row i's block b: qs + (i * nbp + b) * 32, d[i * nbp + b],
+// s[i * nbp + b]; blocks nb..nbp-1 are zero padding (qs 0, or 0x80 in the +128 form), so the last block pair and
+// offset chunk need no bounds checks.
+typedef struct mr_act {
+  int8_t *qs; // (n, nbp * 32)
+  float *d;   // (n, nbp) block scales
+  float *s;   // (n, nbp) d * sum(qs) per block
+  int nbp;    // blocks per row rounded up to MR_CH
+  int u8;     // qs holds q + 128 (AVX-512, signed weight types)
+} mr_act;
+
+// Quantize one 32-element block (round to nearest, d = max|x| / 127; same as krn_scalar_quant_row_q8x).
+KRN_INLINE void mr_quant_block(const float *xb, int8_t *qs, float *d, float *s, int u8) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 a = _mm256_loadu_ps(xb), b = _mm256_loadu_ps(xb + 8), c = _mm256_loadu_ps(xb + 16), e = _mm256_loadu_ps(xb + 24);
+  __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)),
+                            _mm256_max_ps(_mm256_andnot_ps(sign, c), _mm256_andnot_ps(sign, e)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  float amax = _mm_cvtss_f32(m4), dd = amax / 127.0f, id = dd > 0 ? 1.0f / dd : 0.0f;
+  __m256 vid = _mm256_set1_ps(id);
+  __m256i ia = _mm256_cvtps_epi32(_mm256_mul_ps(a, vid)), ib = _mm256_cvtps_epi32(_mm256_mul_ps(b, vid));
+  __m256i ic = _mm256_cvtps_epi32(_mm256_mul_ps(c, vid)), ie = _mm256_cvtps_epi32(_mm256_mul_ps(e, vid));
+  __m256i s4 = _mm256_add_epi32(_mm256_add_epi32(ia, ib), _mm256_add_epi32(ic, ie));
+  __m128i s2 = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+  s2 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0x4e));
+  s2 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xb1));
+  __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(ia, ib), _mm256_packs_epi32(ic, ie));
+  p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  if (u8) p8 = _mm256_xor_si256(p8, _mm256_set1_epi8((char)0x80));
+  _mm256_storeu_si256((__m256i *)qs, p8);
+  *d = dd;
+  *s = dd * (float)_mm_cvtsi128_si32(s2);
+}
+
+// Row i of x(k) into a's row i, padding included.
+static void mr_quant_row(const mr_act *a, const float *x, int k, int64_t i) {
+  int nb = k / KRN_QK;
+  int8_t *qs = a->qs + (size_t)i * a->nbp * KRN_QK;
+  float *d = a->d + (size_t)i * a->nbp, *s = a->s + (size_t)i * a->nbp;
+  for (int b = 0; b < nb; b++) mr_quant_block(x + (size_t)b * KRN_QK, qs + (size_t)b * KRN_QK, d + b, s + b, a->u8);
+  memset(qs + (size_t)nb * KRN_QK, a->u8 ? 0x80 : 0, (size_t)(a->nbp - nb) * KRN_QK);
+  for (int b = nb; b < a->nbp; b++) d[b] = s[b] = 0;
+}
+
+// The int8 dot of a weight vector (wv: bytes as load_wblock's wa; AVX-512 signed: wq) with an activation vector,
+// per int32 lane (4 bytes each). wc: AVX-512 signed: -128 * the lane's sum of wq; AVX2 signed: wq for the sign.
+KRN_INLINE mr_vi mr_dot(mr_vi wv, mr_vi wc, mr_vi x, int sg) {
+#ifdef KRN_W512
+  return sg ? _mm512_dpbusd_epi32(wc, x, wv) : _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, x);
+#else
+  return dot_us(wv, sg ? _mm256_sign_epi8(x, wc) : x);
+#endif
+}
+
+// out[w * MR_R + r] = dot(weight row wr[w], activation row i0 + r) for w < MR_W, r < R, over nb blocks of type wt
+// (wt and R are constants after inlining). wr[w] may repeat a row when fewer than MR_W are left.
+KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, int i0, int R, int nb, float *out) {
+  const int sg = wt_signed(wt), kq = wt_kquant(wt);
+  const size_t kbytes = wt == KRN_Q4_K ? sizeof(krn_block_q4_k) : sizeof(krn_block_q5_k);
+  vf acc[MR_W][MR_R];
+  float mloc[MR_W][MR_CH] __attribute__((aligned(64)));
+  float kd[MR_W][8] = {{0}}, km[MR_W][8] = {{0}}; // Q4_K / Q5_K: the current super-block's sub-block scales, offsets
+  const int8_t *xq[MR_R];
+  const float *xd[MR_R], *xs[MR_R];
+  for (int w = 0; w < MR_W; w++) {
+    for (int r = 0; r < MR_R; r++) acc[w][r] = v_zero();
+    for (int c = 0; c < MR_CH; c++) mloc[w][c] = 0;
+  }
+  for (int r = 0; r < R; r++) {
+    size_t row = (size_t)(i0 + r) * xa->nbp;
+    xq[r] = xa->qs + row * KRN_QK;
+    xd[r] = xa->d + row;
+    xs[r] = xa->s + row;
+  }
+#ifdef KRN_W512
+  const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+#endif
+  for (int b = 0; b < nb; b += MR_PB) {
+    if ((wt == KRN_Q4_K || wt == KRN_Q5_K) && b % 8 == 0)
+      for (int w = 0; w < MR_W; w++)
+        kq_scales((const krn_block_q4_k *)((const char *)wr[w] + (size_t)(b / 8) * kbytes), kd[w], km[w]);
+    mr_vi wv[MR_W], wc[MR_W];
+    vf vd[MR_W];
+    for (int w = 0; w < MR_W; w++) {
+      __m256i wa0, wq0 = _mm256_setzero_si256();
+      __m256 vd0;
+      float mw0;
+      load_wblock(wr[w], wt, b, kq ? b % 8 : 0, kd[w], km[w], &wa0, &wq0, &vd0, &mw0);
+#ifdef KRN_W512
+      __m256i wa1 = _mm256_setzero_si256(), wq1 = _mm256_setzero_si256();
+      __m256 vd1 = _mm256_setzero_ps();
+      float mw1 = 0;
+      if (kq || b + 1 < nb) load_wblock(wr[w], wt, b + 1, kq ? (b + 1) % 8 : 0, kd[w], km[w], &wa1, &wq1, &vd1, &mw1);
+      if (sg) {
+        wv[w] = _mm512_inserti64x4(_mm512_castsi256_si512(wq0), wq1, 1);
+        wc[w] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), wv[w]));
+      } else {
+        wv[w] = _mm512_inserti64x4(_mm512_castsi256_si512(wa0), wa1, 1);
+        wc[w] = wv[w];
+        mloc[w][b % MR_CH] = mw0;
+        mloc[w][b % MR_CH + 1] = mw1;
+      }
+      vd[w] = _mm512_insertf32x8(_mm512_castps256_ps512(vd0), vd1, 1);
+#else
+      wv[w] = wa0;
+      wc[w] = wq0;
+      vd[w] = vd0;
+      if (!sg) mloc[w][b % MR_CH] = mw0;
+#endif
+    }
+    for (int r = 0; r < R; r++) {
+#ifdef KRN_W512
+      mr_vi x = _mm512_loadu_si512(xq[r] + (size_t)b * KRN_QK);
+      vf dx = _mm512_permutexvar_ps(dsel, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(xd[r] + b)))));
+#else
+      mr_vi x = _mm256_loadu_si256((const __m256i *)(xq[r] + (size_t)b * KRN_QK));
+      vf dx = _mm256_broadcast_ss(xd[r] + b);
+#endif
+      for (int w = 0; w < MR_W; w++) {
+        mr_vi dot = mr_dot(wv[w], wc[w], x, sg);
+#ifdef KRN_W512
+        acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(vd[w], dx), acc[w][r]);
+#else
+        acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(vd[w], dx), acc[w][r]);
+#endif
+      }
+    }
+    if (!sg && ((b + MR_PB) % MR_CH == 0 || b + MR_PB >= nb)) { // end of an offset chunk (or of the row)
+      int c0 = b / MR_CH * MR_CH; // stale mloc entries past nb meet s = 0 padding
+      for (int w = 0; w < MR_W; w++) {
+        vf m = v_load(mloc[w]);
+        for (int r = 0; r < R; r++) acc[w][r] = v_fma(m, v_load(xs[r] + c0), acc[w][r]);
+      }
+    }
+  }
+  for (int w = 0; w < MR_W; w++)
+    for (int r = 0; r < R; r++) out[w * MR_R + r] = v_hsum(acc[w][r]);
+}
