@@ -112,6 +112,72 @@ TEST_P(KrnOps, MatmulAllTypesAwkwardSizes) {
   }
 }
 
+// The batched decode shapes: every activation row count 1..16 (tiles of 8 rows plus 4 / 2 / 1 leftovers), block
+// counts that are odd (a half-filled last block pair on AVX-512) or not a multiple of the 16- and 8-block offset
+// chunks, and weight row counts that leave one row for the last tile; same bound as above.
+TEST_P(KrnOps, MatmulRowTilesMatchScalar) {
+  std::mt19937 rng(99);
+  const std::vector<int> ks32 = {32, 288, 544}, ks256 = {256, 768};
+  for (krn_type t : kWeightTypes) {
+    for (int k : krn_type_block(t) == KRN_QK_K ? ks256 : ks32) {
+      const int m = 37;
+      auto w = random_weights(rng, t, m, k);
+      std::vector<std::vector<double>> wd;
+      for (int j = 0; j < m; j++) wd.push_back(dequant_row(w.data(), t, k, j));
+      for (int n = 1; n <= 16; n++) {
+        auto x = random_floats(rng, (size_t)n * k);
+        for (int e = 5; e < n * k; e += 29) x[e] *= 8;
+        std::vector<float> y((size_t)n * m, NAN), yr((size_t)n * m, NAN);
+        be->matmul(&ctx, y.data(), w.data(), t, x.data(), n, k, m);
+        ref->matmul(&rctx, yr.data(), w.data(), t, x.data(), n, k, m);
+        for (int i = 0; i < n; i++) {
+          for (int j = 0; j < m; j++) {
+            double mag = 0, qbound = 0;
+            for (int b = 0; b < k / 32; b++) {
+              double amax = 0, wabs = 0;
+              for (int e = b * 32; e < b * 32 + 32; e++) {
+                double xv = x[(size_t)i * k + e];
+                mag += std::fabs(wd[j][e] * xv);
+                amax = std::max(amax, std::fabs(xv));
+                wabs += std::fabs(wd[j][e]);
+              }
+              qbound += amax / 127 / 2 * wabs;
+            }
+            bool quantized = t != KRN_F32 && t != KRN_F16 && !is_scalar();
+            double tol = (quantized ? 1.01 * qbound : 0) + 1e-5 * mag + 1e-30;
+            ASSERT_NEAR(y[(size_t)i * m + j], yr[(size_t)i * m + j], tol)
+                << krn_type_name(t) << " k=" << k << " n=" << n << " i=" << i << " j=" << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A row's product must not depend on the batch it is computed in (which tile shape, which leftover path, which
+// thread's share of the weight rows): the same activation row alone and inside batches of 2..16 rows gives
+// bit-identical outputs, or a sequence's logits would change with the other sequences decoding next to it.
+TEST_P(KrnOps, MatmulRowIndependentOfBatch) {
+  std::mt19937 rng(7);
+  for (krn_type t : kWeightTypes) {
+    const int k = krn_type_block(t) == KRN_QK_K ? 512 : 352, m = 45;
+    auto w = random_weights(rng, t, m, k);
+    auto x = random_floats(rng, (size_t)16 * k);
+    std::vector<std::vector<float>> alone(16, std::vector<float>(m));
+    for (int i = 0; i < 16; i++) be->matmul(&ctx, alone[i].data(), w.data(), t, x.data() + (size_t)i * k, 1, k, m);
+    for (int n = 2; n <= 16; n++) {
+      for (int off : {0, 16 - n}) { // the row at different positions within the batch
+        std::vector<float> y((size_t)n * m);
+        be->matmul(&ctx, y.data(), w.data(), t, x.data() + (size_t)off * k, n, k, m);
+        for (int i = 0; i < n; i++)
+          for (int j = 0; j < m; j++)
+            ASSERT_EQ(y[(size_t)i * m + j], alone[off + i][j])
+                << krn_type_name(t) << " n=" << n << " row " << off + i << " j=" << j;
+      }
+    }
+  }
+}
+
 TEST_P(KrnOps, GetRowsDequantizes) {
   std::mt19937 rng(7);
   for (krn_type t : kWeightTypes) {
