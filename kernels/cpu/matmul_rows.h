@@ -23,6 +23,9 @@ typedef __m512i mr_vi;
 typedef __m256i mr_vi;
 #endif
 #define MR_R 8 // activation rows per tile, at most
+// Loops over the tile's rows are unrolled whole so that the accumulators live in registers (-O2 alone leaves
+// some of them on the stack).
+#define MR_UNROLL _Pragma("GCC unroll 16")
 
 // Activation rows quantized for one matmul. Row i's block b: qs + (i * nbp + b) * 32, d[i * nbp + b],
 // s[i * nbp + b]; blocks nb..nbp-1 are zero padding (qs 0, or 0x80 in the +128 form), so the last block pair and
@@ -80,6 +83,32 @@ KRN_INLINE mr_vi mr_dot(mr_vi wv, mr_vi wc, mr_vi x, int sg) {
 #endif
 }
 
+#ifdef KRN_W512
+// Q4_0 / Q4_1 blocks b and b + 1 of row wr in one go: their nibbles as [lo(b), hi(b), lo(b+1), hi(b+1)], the
+// scale per int32 lane, and the two offsets into m[0..1]. Half the instructions of two load_wblock calls, which is
+// what a batch-1 decode (one activation row per weight block) is bound by.
+KRN_INLINE void mr_load_q4_pair(const void *wr, krn_type wt, int b, mr_vi *wv, vf *vd, float *m) {
+  size_t bs = wt == KRN_Q4_1 ? sizeof(krn_block_q4_1) : sizeof(krn_block_q4_0);
+  const char *b0 = (const char *)wr + (size_t)b * bs, *b1 = b0 + bs;
+  const uint8_t *qs0 = wt == KRN_Q4_1 ? ((const krn_block_q4_1 *)b0)->qs : ((const krn_block_q4_0 *)b0)->qs;
+  const uint8_t *qs1 = wt == KRN_Q4_1 ? ((const krn_block_q4_1 *)b1)->qs : ((const krn_block_q4_0 *)b1)->qs;
+  __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qs0)),
+                                      _mm_loadu_si128((const __m128i *)qs1), 1);
+  __m512i z = _mm512_shuffle_i64x2(_mm512_castsi256_si512(q), _mm512_castsi256_si512(q), 0x50); // q0 q0 q1 q1
+  const __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
+                                       0x0004000400040004LL, 0x0004000400040004LL);
+  *wv = _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(15));
+  // the first 4 bytes of each block: Q4_1 (d, m) halves; Q4_0 d and two bytes of qs (not read)
+  int32_t h0, h1;
+  memcpy(&h0, b0, 4);
+  memcpy(&h1, b1, 4);
+  __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(h0), h1, 1)); // d0 m0 d1 m1
+  *vd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), _mm512_castps128_ps512(dm));
+  __m128 mm = wt == KRN_Q4_1 ? _mm_shuffle_ps(dm, dm, 0xdd) : _mm_mul_ps(_mm_shuffle_ps(dm, dm, 0x88), _mm_set1_ps(-8.0f));
+  _mm_storel_pi((__m64 *)m, mm);
+}
+#endif
+
 // out[w * MR_R + r] = dot(weight row wr[w], activation row i0 + r) for w < MR_W, r < R, over nb blocks of type wt
 // (wt and R are constants after inlining). wr[w] may repeat a row when fewer than MR_W are left.
 KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, int i0, int R, int nb, float *out) {
@@ -87,14 +116,14 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
   const size_t kbytes = wt == KRN_Q4_K ? sizeof(krn_block_q4_k) : sizeof(krn_block_q5_k);
   vf acc[MR_W][MR_R];
   float mloc[MR_W][MR_CH] __attribute__((aligned(64)));
-  float kd[MR_W][8] = {{0}}, km[MR_W][8] = {{0}}; // Q4_K / Q5_K: the current super-block's sub-block scales, offsets
+  float kd[MR_W][8], km[MR_W][8]; // Q4_K / Q5_K: the current super-block's sub-block scales, offsets (else unread)
   const int8_t *xq[MR_R];
   const float *xd[MR_R], *xs[MR_R];
-  for (int w = 0; w < MR_W; w++) {
-    for (int r = 0; r < MR_R; r++) acc[w][r] = v_zero();
-    for (int c = 0; c < MR_CH; c++) mloc[w][c] = 0;
+  MR_UNROLL for (int w = 0; w < MR_W; w++) {
+    MR_UNROLL for (int r = 0; r < MR_R; r++) acc[w][r] = v_zero();
+    v_store(mloc[w], v_zero()); // MR_CH == VL
   }
-  for (int r = 0; r < R; r++) {
+  MR_UNROLL for (int r = 0; r < R; r++) {
     size_t row = (size_t)(i0 + r) * xa->nbp;
     xq[r] = xa->qs + row * KRN_QK;
     xd[r] = xa->d + row;
@@ -109,7 +138,14 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
         kq_scales((const krn_block_q4_k *)((const char *)wr[w] + (size_t)(b / 8) * kbytes), kd[w], km[w]);
     mr_vi wv[MR_W], wc[MR_W];
     vf vd[MR_W];
-    for (int w = 0; w < MR_W; w++) {
+    MR_UNROLL for (int w = 0; w < MR_W; w++) {
+#ifdef KRN_W512
+      if ((wt == KRN_Q4_0 || wt == KRN_Q4_1) && b + 1 < nb) {
+        mr_load_q4_pair(wr[w], wt, b, &wv[w], &vd[w], &mloc[w][b % MR_CH]);
+        wc[w] = wv[w];
+        continue;
+      }
+#endif
       __m256i wa0, wq0 = _mm256_setzero_si256();
       __m256 vd0;
       float mw0;
@@ -137,7 +173,7 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
       if (!sg) mloc[w][b % MR_CH] = mw0;
 #endif
     }
-    for (int r = 0; r < R; r++) {
+    MR_UNROLL for (int r = 0; r < R; r++) {
 #ifdef KRN_W512
       mr_vi x = _mm512_loadu_si512(xq[r] + (size_t)b * KRN_QK);
       vf dx = _mm512_permutexvar_ps(dsel, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(xd[r] + b)))));
@@ -145,7 +181,7 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
       mr_vi x = _mm256_loadu_si256((const __m256i *)(xq[r] + (size_t)b * KRN_QK));
       vf dx = _mm256_broadcast_ss(xd[r] + b);
 #endif
-      for (int w = 0; w < MR_W; w++) {
+      MR_UNROLL for (int w = 0; w < MR_W; w++) {
         mr_vi dot = mr_dot(wv[w], wc[w], x, sg);
 #ifdef KRN_W512
         acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(vd[w], dx), acc[w][r]);
@@ -156,12 +192,12 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
     }
     if (!sg && ((b + MR_PB) % MR_CH == 0 || b + MR_PB >= nb)) { // end of an offset chunk (or of the row)
       int c0 = b / MR_CH * MR_CH; // stale mloc entries past nb meet s = 0 padding
-      for (int w = 0; w < MR_W; w++) {
+      MR_UNROLL for (int w = 0; w < MR_W; w++) {
         vf m = v_load(mloc[w]);
-        for (int r = 0; r < R; r++) acc[w][r] = v_fma(m, v_load(xs[r] + c0), acc[w][r]);
+        MR_UNROLL for (int r = 0; r < R; r++) acc[w][r] = v_fma(m, v_load(xs[r] + c0), acc[w][r]);
       }
     }
   }
-  for (int w = 0; w < MR_W; w++)
-    for (int r = 0; r < R; r++) out[w * MR_R + r] = v_hsum(acc[w][r]);
+  MR_UNROLL for (int w = 0; w < MR_W; w++)
+    MR_UNROLL for (int r = 0; r < R; r++) out[w * MR_R + r] = v_hsum(acc[w][r]);
 }
