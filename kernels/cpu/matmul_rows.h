@@ -115,13 +115,16 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
   const int sg = wt_signed(wt), kq = wt_kquant(wt);
   const size_t kbytes = wt == KRN_Q4_K ? sizeof(krn_block_q4_k) : sizeof(krn_block_q5_k);
   vf acc[MR_W][MR_R];
-  float mloc[MR_W][MR_CH] __attribute__((aligned(64)));
+  // Offsets of the current chunk and the one before: a chunk's offsets are added one chunk later, when the scalar
+  // stores that wrote them have left the store buffer (a vector load right after them stalls on the forwarding).
+  float mloc[MR_W][2][MR_CH] __attribute__((aligned(64)));
   float kd[MR_W][8], km[MR_W][8]; // Q4_K / Q5_K: the current super-block's sub-block scales, offsets (else unread)
   const int8_t *xq[MR_R];
   const float *xd[MR_R], *xs[MR_R];
   MR_UNROLL for (int w = 0; w < MR_W; w++) {
     MR_UNROLL for (int r = 0; r < MR_R; r++) acc[w][r] = v_zero();
-    v_store(mloc[w], v_zero()); // MR_CH == VL
+    v_store(mloc[w][0], v_zero()); // MR_CH == VL
+    v_store(mloc[w][1], v_zero());
   }
   MR_UNROLL for (int r = 0; r < R; r++) {
     size_t row = (size_t)(i0 + r) * xa->nbp;
@@ -141,7 +144,7 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
     MR_UNROLL for (int w = 0; w < MR_W; w++) {
 #ifdef KRN_W512
       if ((wt == KRN_Q4_0 || wt == KRN_Q4_1) && b + 1 < nb) {
-        mr_load_q4_pair(wr[w], wt, b, &wv[w], &vd[w], &mloc[w][b % MR_CH]);
+        mr_load_q4_pair(wr[w], wt, b, &wv[w], &vd[w], &mloc[w][b / MR_CH & 1][b % MR_CH]);
         wc[w] = wv[w];
         continue;
       }
@@ -162,15 +165,15 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
       } else {
         wv[w] = _mm512_inserti64x4(_mm512_castsi256_si512(wa0), wa1, 1);
         wc[w] = wv[w];
-        mloc[w][b % MR_CH] = mw0;
-        mloc[w][b % MR_CH + 1] = mw1;
+        mloc[w][b / MR_CH & 1][b % MR_CH] = mw0;
+        mloc[w][b / MR_CH & 1][b % MR_CH + 1] = mw1;
       }
       vd[w] = _mm512_insertf32x8(_mm512_castps256_ps512(vd0), vd1, 1);
 #else
       wv[w] = wa0;
       wc[w] = wq0;
       vd[w] = vd0;
-      if (!sg) mloc[w][b % MR_CH] = mw0;
+      if (!sg) mloc[w][b / MR_CH & 1][b % MR_CH] = mw0;
 #endif
     }
     MR_UNROLL for (int r = 0; r < R; r++) {
@@ -191,11 +194,17 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
       }
     }
     if (!sg && ((b + MR_PB) % MR_CH == 0 || b + MR_PB >= nb)) { // end of an offset chunk (or of the row)
-      int c0 = b / MR_CH * MR_CH; // stale mloc entries past nb meet s = 0 padding
-      MR_UNROLL for (int w = 0; w < MR_W; w++) {
-        vf m = v_load(mloc[w]);
-        MR_UNROLL for (int r = 0; r < R; r++) acc[w][r] = v_fma(m, v_load(xs[r] + c0), acc[w][r]);
-      }
+      int c = b / MR_CH; // stale mloc entries past nb meet s = 0 padding
+      if (c > 0)
+        MR_UNROLL for (int w = 0; w < MR_W; w++) {
+          vf m = v_load(mloc[w][(c - 1) & 1]);
+          MR_UNROLL for (int r = 0; r < R; r++) acc[w][r] = v_fma(m, v_load(xs[r] + (c - 1) * MR_CH), acc[w][r]);
+        }
+      if (b + MR_PB >= nb)
+        MR_UNROLL for (int w = 0; w < MR_W; w++) {
+          vf m = v_load(mloc[w][c & 1]);
+          MR_UNROLL for (int r = 0; r < R; r++) acc[w][r] = v_fma(m, v_load(xs[r] + c * MR_CH), acc[w][r]);
+        }
     }
   }
   MR_UNROLL for (int w = 0; w < MR_W; w++)
