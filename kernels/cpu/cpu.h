@@ -71,6 +71,7 @@ static inline void krn_cpu_fill_nan(float *out, int64_t n) {
 }
 
 const krn_backend *krn_cpu_avx2_table(void);   // only call when the CPU has AVX2+FMA+F16C
+const krn_backend *krn_cpu_avx2vnni_table(void); // only call when the CPU has AVX2+FMA+F16C+AVX-VNNI
 const krn_backend *krn_cpu_avx512_table(void); // only call when the CPU has AVX-512 F/BW/VL/DQ/VNNI
 
 #endif

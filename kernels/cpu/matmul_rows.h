@@ -5,7 +5,8 @@
 // AVX-512 (KRN_W512): two 32-element blocks per 512-bit vector, int8 dots by VNNI vpdpbusd. Signed weights
 // (Q8_0, Q6_K) take the activation as unsigned bytes xq + 128 (stored that way when quantizing) and start the dot's
 // int32 accumulator at -128 * sum(wq), computed once per weight block, so no sign fix-up runs per activation row.
-// AVX2: one block per 256-bit vector, maddubs + madd with the sign moved onto x for signed weights.
+// AVX2: one block per 256-bit vector, maddubs + madd with the sign moved onto x for signed weights; with AVX-VNNI
+// (KRN_AVXVNNI, the "avx2vnni" table) the 256-bit vpdpbusd and the +128 form as on AVX-512.
 // Both: the offset term of the unsigned forms (sum_b m_b * sx_b) is gathered MR_CH blocks at a time and added with
 // one vector multiply-add per (weight row, activation row) instead of a scalar one per block.
 //
@@ -30,6 +31,12 @@ typedef __m256i mr_vi;
 // Activation rows quantized for one matmul. Row i's block b: qs + (i * nbp + b) * 32, d[i * nbp + b],
 // s[i * nbp + b]; blocks nb..nbp-1 are zero padding (qs 0, or 0x80 in the +128 form), so the last block pair and
 // offset chunk need no bounds checks.
+#if defined(KRN_W512) || defined(KRN_AVXVNNI)
+#define MR_U8 1 // signed weights meet the activation in its +128 form
+#else
+#define MR_U8 0
+#endif
+
 typedef struct mr_act {
   int8_t *qs; // (n, nbp * 32)
   float *d;   // (n, nbp) block scales
@@ -74,10 +81,13 @@ static void mr_quant_row(const mr_act *a, const float *x, int k, int64_t i) {
 }
 
 // The int8 dot of a weight vector (wv: bytes as load_wblock's wa; AVX-512 signed: wq) with an activation vector,
-// per int32 lane (4 bytes each). wc: AVX-512 signed: -128 * the lane's sum of wq; AVX2 signed: wq for the sign.
+// per int32 lane (4 bytes each). wc: signed weights in the +128 form: -128 * the lane's sum of wq; AVX2 signed: wq
+// for the sign.
 KRN_INLINE mr_vi mr_dot(mr_vi wv, mr_vi wc, mr_vi x, int sg) {
 #ifdef KRN_W512
   return sg ? _mm512_dpbusd_epi32(wc, x, wv) : _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, x);
+#elif defined(KRN_AVXVNNI)
+  return sg ? _mm256_dpbusd_avx_epi32(wc, x, wv) : _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), wv, x);
 #else
   return dot_us(wv, sg ? _mm256_sign_epi8(x, wc) : x);
 #endif
@@ -169,6 +179,13 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
         mloc[w][b / MR_CH & 1][b % MR_CH + 1] = mw1;
       }
       vd[w] = _mm512_insertf32x8(_mm512_castps256_ps512(vd0), vd1, 1);
+#elif defined(KRN_AVXVNNI)
+      wv[w] = sg ? wq0 : wa0;
+      wc[w] = sg ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                                    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), wq0))
+                 : wa0;
+      vd[w] = vd0;
+      if (!sg) mloc[w][b / MR_CH & 1][b % MR_CH] = mw0;
 #else
       wv[w] = wa0;
       wc[w] = wq0;

@@ -24,6 +24,12 @@ static int krn_has_avx2(void) {
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_F16C)) return 0;
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+// AVX-VNNI (256-bit vpdpbusd without AVX-512): CPUID leaf 7 subleaf 1, EAX bit 4.
+static int krn_has_avxvnni(void) {
+  unsigned a, b, c, d;
+  if (!krn_has_avx2() || !__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+  return (a & (1u << 4)) != 0;
+}
 static int krn_has_avx512(void) {
   if (!krn_has_avx2() || (krn_xgetbv0() & 0xe6) != 0xe6) return 0;
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -32,6 +38,7 @@ static int krn_has_avx512(void) {
 }
 #else
 static int krn_has_avx2(void) { return 0; }
+static int krn_has_avxvnni(void) { return 0; }
 static int krn_has_avx512(void) { return 0; }
 #endif
 
@@ -40,6 +47,7 @@ const krn_backend *krn_cpu_by_name(const char *name) {
   if (!strcmp(name, "scalar")) return krn_cpu_scalar();
 #if defined(__x86_64__)
   if (!strcmp(name, "avx2")) return krn_has_avx2() ? krn_cpu_avx2_table() : NULL;
+  if (!strcmp(name, "avx2vnni")) return krn_has_avxvnni() ? krn_cpu_avx2vnni_table() : NULL;
   if (!strcmp(name, "avx512")) return krn_has_avx512() ? krn_cpu_avx512_table() : NULL;
 #endif
   return NULL;
@@ -52,6 +60,7 @@ const krn_backend *krn_cpu_best(void) {
     if (b) return b; // an unknown or unsupported name falls back to detection
   }
   const krn_backend *b = krn_cpu_by_name("avx512");
+  if (!b) b = krn_cpu_by_name("avx2vnni");
   if (!b) b = krn_cpu_by_name("avx2");
   return b ? b : krn_cpu_scalar();
 }

@@ -1,5 +1,6 @@
 // kernels/cpu/simd_body.h: the AVX2 and AVX-512 backends' ops, written once over a small vector vocabulary.
-// Included by backend_avx2.c (KRN_W512 undefined: 8-float vectors, maddubs dot products) and by
+// Included by backend_avx2.c (KRN_W512 undefined: 8-float vectors, maddubs dot products), backend_avx2vnni.c (the
+// same with AVX-VNNI vpdpbusd dot products, KRN_AVXVNNI) and by
 // backend_avx512.c (KRN_W512 defined: 16-float vectors, VNNI vpdpbusd dot products on 256-bit blocks).
 // Defines one table; the including file names it KRN_SIMD_TABLE and its name string KRN_SIMD_NAME.
 #include <immintrin.h>
@@ -99,6 +100,8 @@ KRN_INLINE float f16f(krn_f16 h) { return _cvtsh_ss(h); }
 // ---- int8 block dot products: 8 int32 partial sums of u8(a) * s8(b) over 32 bytes ----
 #ifdef KRN_W512
 KRN_INLINE __m256i dot_us(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+#elif defined(KRN_AVXVNNI)
+KRN_INLINE __m256i dot_us(__m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s); }
 #else
 KRN_INLINE __m256i dot_us(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
@@ -374,9 +377,7 @@ static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const 
     t.xa.d = (float *)((char *)buf + (size_t)n * nbp * KRN_QK);
     t.xa.s = t.xa.d + (size_t)n * nbp;
     t.xa.nbp = nbp;
-#ifdef KRN_W512
-    t.xa.u8 = wt_signed(wt);
-#endif
+    t.xa.u8 = MR_U8 && wt_signed(wt);
     q8_task q = {&t.xa, x, n, k};
     if (par && n >= 8) krn_cpu_par(c, q8_run, &q);
     else q8_run(&q, 0, 1);

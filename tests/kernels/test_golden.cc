@@ -90,7 +90,7 @@ TEST(KrnGolden, FileHoldsEveryNewType) {
 TEST(KrnGolden, GetRowsMatchesGgufBitForBit) {
   std::vector<Golden> gs = load_golden();
   ASSERT_FALSE(gs.empty());
-  for (const char *name : {"scalar", "avx2", "avx512"}) {
+  for (const char *name : {"scalar", "avx2", "avx2vnni", "avx512"}) {
     const krn_backend *be = krn_cpu_by_name(name);
     if (!be) continue; // this CPU lacks it
     krn_ctx c{};
@@ -118,7 +118,7 @@ TEST(KrnGolden, MatmulOnRealBlocks) {
   ASSERT_FALSE(gs.empty());
   std::mt19937 rng(77);
   std::uniform_real_distribution<float> u(-1, 1);
-  for (const char *name : {"scalar", "avx2", "avx512"}) {
+  for (const char *name : {"scalar", "avx2", "avx2vnni", "avx512"}) {
     const krn_backend *be = krn_cpu_by_name(name);
     if (!be) continue;
     krn_ctx c{};

@@ -381,7 +381,7 @@ TEST_P(KrnOps, BadShapesGiveNaN) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, KrnOps,
-                         ::testing::Combine(::testing::Values("scalar", "avx2", "avx512"), ::testing::Values(1, 3)),
+                         ::testing::Combine(::testing::Values("scalar", "avx2", "avx2vnni", "avx512"), ::testing::Values(1, 3)),
                          [](const auto &info) {
                            return std::string(std::get<0>(info.param)) + "_t" + std::to_string(std::get<1>(info.param));
                          });
@@ -395,6 +395,7 @@ TEST(KrnSelect, ByNameAndBest) {
   // best is the widest backend this CPU has (when DSERVE_KERNELS does not say otherwise)
   if (!getenv("DSERVE_KERNELS")) {
     const krn_backend *want = krn_cpu_by_name("avx512");
+    if (!want) want = krn_cpu_by_name("avx2vnni");
     if (!want) want = krn_cpu_by_name("avx2");
     if (!want) want = krn_cpu_scalar();
     EXPECT_EQ(best, want);
