@@ -117,6 +117,45 @@ KRN_INLINE void mr_load_q4_pair(const void *wr, krn_type wt, int b, mr_vi *wv, v
   __m128 mm = wt == KRN_Q4_1 ? _mm_shuffle_ps(dm, dm, 0xdd) : _mm_mul_ps(_mm_shuffle_ps(dm, dm, 0x88), _mm_set1_ps(-8.0f));
   _mm_storel_pi((__m64 *)m, mm);
 }
+
+// K-quant sub-blocks s and s + 1 (s even) of super-block b / 8 in one go, as mr_load_q4_pair: both come from the same
+// 32 (Q4_K, Q5_K) or 64 (Q6_K) bytes of quants, so one load, one per-half variable shift and one mask serve both.
+// Q4_K / Q5_K: kd, km are the super-block's decoded scales and offsets (kq_scales); Q6_K: wv is the signed wq.
+KRN_INLINE void mr_load_k_pair(const void *wr, krn_type wt, int b, const float *kd, const float *km, mr_vi *wv,
+                               vf *vd, float *m) {
+  int s = b % 8;
+  if (wt == KRN_Q6_K) {
+    const krn_block_q6_k *blk = (const krn_block_q6_k *)wr + b / 8;
+    int h = s / 4, j = s % 4; // j even: sub-blocks j, j + 1 are ql[64h .. 64h + 63] shifted by 4 (j >> 1)
+    __m512i lo = _mm512_and_si512(_mm512_srl_epi16(_mm512_loadu_si512(blk->ql + 64 * h), _mm_cvtsi32_si128(4 * (j >> 1))),
+                                  _mm512_set1_epi8(15));
+    __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk->qh + 32 * h)));
+    __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)), _mm256_set1_epi16((short)(2 * j + 2)), 1);
+    __m512i hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh), _mm512_set1_epi8(3)), 4);
+    *wv = _mm512_sub_epi8(_mm512_or_si512(lo, hi), _mm512_set1_epi8(32));
+    int32_t sc4;
+    memcpy(&sc4, blk->scales + 2 * s, 4);
+    __m128 sc = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(sc4))), _mm_set1_ps(f16f(blk->d)));
+    *vd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castps128_ps512(sc));
+    return;
+  }
+  const krn_block_q4_k *b4 = (const krn_block_q4_k *)wr + b / 8;
+  const krn_block_q5_k *b5 = (const krn_block_q5_k *)wr + b / 8;
+  const uint8_t *qs = wt == KRN_Q4_K ? b4->qs : b5->qs;
+  __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 16 * s)));
+  __m512i sh4 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  __m512i w = _mm512_and_si512(_mm512_srlv_epi16(q, sh4), _mm512_set1_epi8(15));
+  if (wt == KRN_Q5_K) {
+    __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b5->qh));
+    __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)s), _mm256_set1_epi16((short)(s + 1)), 1);
+    w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh), _mm512_set1_epi8(1)), 4));
+  }
+  *wv = w;
+  *vd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                              _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(kd + s)))));
+  m[0] = km[s];
+  m[1] = km[s + 1];
+}
 #endif
 
 // out[w * MR_R + r] = dot(weight row wr[w], activation row i0 + r) for w < MR_W, r < R, over nb blocks of type wt
@@ -156,6 +195,13 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
       if ((wt == KRN_Q4_0 || wt == KRN_Q4_1) && b + 1 < nb) {
         mr_load_q4_pair(wr[w], wt, b, &wv[w], &vd[w], &mloc[w][b / MR_CH & 1][b % MR_CH]);
         wc[w] = wv[w];
+        continue;
+      }
+      if (kq) {
+        mr_load_k_pair(wr[w], wt, b, kd[w], km[w], &wv[w], &vd[w], &mloc[w][b / MR_CH & 1][b % MR_CH]);
+        wc[w] = sg ? _mm512_sub_epi32(_mm512_setzero_si512(),
+                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), wv[w]))
+                   : wv[w];
         continue;
       }
 #endif
