@@ -34,7 +34,7 @@ static void usage(FILE *f) {
           "  --top-p P           (default 1 = off)\n"
           "  --chat              wrap the prompt in the model's chat template\n"
           "  --threads N         cpu threads (default: number of CPUs)\n"
-          "  --kernels K         scalar|avx2|avx512|auto|cuda (default auto)\n"
+          "  --kernels K         scalar|avx2|avx2vnni|avx512|auto|cuda (default auto)\n"
           "  --bench             time prompt processing and decode at batch 1 and batch B (no text)\n");
 }
 
@@ -110,11 +110,11 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
       return -1;
     }
   }
-  static const char *const kernels[] = {"auto", "scalar", "avx2", "avx512", "cuda"};
+  static const char *const kernels[] = {"auto", "scalar", "avx2", "avx2vnni", "avx512", "cuda"};
   int known = 0;
   for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) known |= !strcmp(o->kernels, kernels[i]);
   if (!known) {
-    fprintf(stderr, "dserve generate: unknown --kernels '%s' (scalar, avx2, avx512, auto, cuda)\n", o->kernels);
+    fprintf(stderr, "dserve generate: unknown --kernels '%s' (scalar, avx2, avx2vnni, avx512, auto, cuda)\n", o->kernels);
     return -1;
   }
   if (!o->model) {

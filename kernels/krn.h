@@ -196,7 +196,7 @@ void krn_host_unregister(krn_ctx *c, void *host);
 int krn_ctx_error(krn_ctx *c, char *err, size_t errlen);
 
 const krn_backend *krn_cpu_scalar(void);               // the reference every backend is tested against
-const krn_backend *krn_cpu_best(void);                 // avx512 > avx2 > scalar by CPU feature detection
+const krn_backend *krn_cpu_best(void);                 // avx512 > avx2vnni > avx2 > scalar by CPU features (or DSERVE_KERNELS)
 const krn_backend *krn_cpu_by_name(const char *name);  // NULL when unknown or not supported by this CPU
 const krn_backend *krn_cuda(void);                     // NULL when built without CUDA
 int krn_cuda_device_count(void);                       // 0 without CUDA or without a GPU
