@@ -39,7 +39,7 @@ MESSAGES = [{"role": "user", "content": "Invent a person and describe them as JS
                                         "hobbies, their pet (or null) and whether they are verified."}]
 N_SCHEMA = 10  # requests per configuration and mode (streamed or not): 20 per configuration, the target 20/20 valid
 MODEL_ID = {}  # router port -> the served model's id
-EMAIL = re.compile(r"^[A-Za-z0-9._%+-]{1,64}@([A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}$")
+EMAIL = re.compile(r"^[A-Za-z0-9._%+-]{1,64}@([A-Za-z0-9-]{1,38}\.){1,4}[A-Za-z]{2,24}$")
 
 
 def validate(v, s, root=SCHEMA, path="$"):
@@ -86,7 +86,7 @@ def client(port):
                          timeout=300 * u.SCALE)
 
 
-def ask(port, i, response_format, stream, max_tokens=300):
+def ask(port, i, response_format, stream, max_tokens=700):
     """One chat completion (seed i); returns (content, finish_reason)."""
     c = client(port).chat.completions
     kw = dict(model=MODEL_ID[port], messages=MESSAGES, response_format=response_format, max_tokens=max_tokens,
@@ -102,7 +102,7 @@ def ask(port, i, response_format, stream, max_tokens=300):
     return text, finish
 
 
-def ask_all(port, n, response_format, stream, parallel=4, max_tokens=300):
+def ask_all(port, n, response_format, stream, parallel=4, max_tokens=700):
     """n requests, parallel at a time: [(content, finish_reason)] in seed order."""
     out, errors, lock = [None] * n, [], threading.Lock()
 
