@@ -1,22 +1,11 @@
 """tests/e2e/test_structured.py: structured outputs (response_format json_object / json_schema) through the router with the openai client, colocated and 1P1D, streamed and not: every answer parses and validates."""
 
 import json
-import os
-import re
-import sys
 import threading
 import unittest
 
-try:
-    import openai
-except ImportError:  # ctest runs the e2e tests with the system python: the openai client lives in the test venv
-    VENV_PY = os.path.join(os.environ.get("DSERVE_VENV") or os.path.expanduser("~/.cache/dserve/venv"), "bin", "python")
-    if os.access(VENV_PY, os.X_OK) and not os.environ.get("DSERVE_STRUCTURED_REEXEC"):
-        os.environ["DSERVE_STRUCTURED_REEXEC"] = "1"
-        os.execv(VENV_PY, [VENV_PY] + sys.argv)
-    openai = None
-
 import e2e_util as u
+from oai_util import MODEL_ID, client, openai, start, validate
 
 # Short strings (maxLength) keep the small model's answers short; every keyword kind the grammar knows appears once.
 SCHEMA = {
@@ -40,52 +29,6 @@ MESSAGES = [{"role": "user", "content": "Invent a person and describe them as JS
 # requests per configuration and mode (streamed or not): 20 per configuration, the target 20/20 valid. The sanitizer
 # build (SCALE > 1) looks for memory errors, not the rate: 3 per mode there keep CI's ASan stage short.
 N_SCHEMA = 10 if u.SCALE == 1 else 3
-MODEL_ID = {}  # router port -> the served model's id
-EMAIL = re.compile(r"^[A-Za-z0-9._%+-]{1,64}@([A-Za-z0-9-]{1,38}\.){1,4}[A-Za-z]{2,24}$")
-
-
-def validate(v, s, root=SCHEMA, path="$"):
-    """The errors of value v under schema s (the keywords SCHEMA uses), as a list of strings."""
-    if "$ref" in s:
-        s = root["$defs"][s["$ref"].split("/")[-1]]
-    if "anyOf" in s:
-        if any(not validate(v, b, root, path) for b in s["anyOf"]):
-            return []
-        return ["%s: matches no anyOf branch" % path]
-    errs = []
-    t = s.get("type")
-    types = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
-    if t == "integer":
-        if not isinstance(v, int) or isinstance(v, bool):
-            return ["%s: not an integer" % path]
-    elif t in types and not isinstance(v, types[t]):
-        return ["%s: not a %s" % (path, t)]
-    if "enum" in s and v not in s["enum"]:
-        errs.append("%s: not in the enum" % path)
-    if isinstance(v, dict):
-        props = s.get("properties", {})
-        errs += ["%s: %s is required" % (path, k) for k in s.get("required", []) if k not in v]
-        if s.get("additionalProperties") is False:
-            errs += ["%s: unexpected %s" % (path, k) for k in v if k not in props]
-        for k, sub in props.items():
-            if k in v:
-                errs += validate(v[k], sub, root, path + "." + k)
-    if isinstance(v, list):
-        if len(v) < s.get("minItems", 0) or len(v) > s.get("maxItems", 1 << 30):
-            errs.append("%s: %d items" % (path, len(v)))
-        for i, x in enumerate(v):
-            errs += validate(x, s.get("items", {}), root, "%s[%d]" % (path, i))
-    if isinstance(v, str):
-        if len(v) < s.get("minLength", 0) or len(v) > s.get("maxLength", 1 << 30):
-            errs.append("%s: length %d" % (path, len(v)))
-        if s.get("format") == "email" and not EMAIL.match(v):
-            errs.append("%s: not an email" % path)
-    return errs
-
-
-def client(port):
-    return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="none", max_retries=0,
-                         timeout=300 * u.SCALE)
 
 
 def ask(port, i, response_format, stream, max_tokens=700):
@@ -173,18 +116,6 @@ class Structured:
             self.assertEqual(e.exception.param, "response_format", e.exception.body)
             self.assertEqual(e.exception.code, code, e.exception.body)
             self.assertIn(keyword, e.exception.message)
-
-
-def start(test_class, workers, disagg_threshold, tag):
-    u.require_env(test_class)
-    if openai is None:
-        raise unittest.SkipTest("the openai package is not installed (scripts/setup.sh makes the test venv)")
-    c = u.Cluster(workers, disagg_threshold=disagg_threshold, tag=tag)
-    test_class.addClassCleanup(c.close)
-    c.start()
-    test_class.PORT = c.port
-    MODEL_ID[c.port] = client(c.port).models.list().data[0].id
-    return c
 
 
 class Colocated(Structured, unittest.TestCase):

@@ -1,21 +1,11 @@
 """tests/e2e/test_tools.py: tool calling (tools, tool_choice none/auto/required/named, parallel_tool_calls) through the router with the openai client, colocated (1P1D: test_tools_1p1d.py, the same checks): calls parse and validate, streams accumulate, a round trip answers."""
 
 import json
-import os
-import sys
 import threading
 import unittest
 
-try:
-    import openai
-except ImportError:  # ctest runs the e2e tests with the system python: the openai client lives in the test venv
-    VENV_PY = os.path.join(os.environ.get("DSERVE_VENV") or os.path.expanduser("~/.cache/dserve/venv"), "bin", "python")
-    if os.access(VENV_PY, os.X_OK) and not os.environ.get("DSERVE_TOOLS_REEXEC"):
-        os.environ["DSERVE_TOOLS_REEXEC"] = "1"
-        os.execv(VENV_PY, [VENV_PY] + sys.argv)
-    openai = None
-
 import e2e_util as u
+from oai_util import MODEL_ID, client, openai, start, validate
 
 # Strict tools (the client's stream helper parses only strict ones); short strings keep the small model's calls short.
 WEATHER = {"type": "object",
@@ -33,30 +23,6 @@ MESSAGES = [{"role": "user", "content": "What is the weather like in Paris today
 # tool_choice "required" at temperature 1: the target is 20/20 valid calls (the sanitizer build, SCALE > 1, looks
 # for memory errors, not the rate: 5 seeds there keep CI's ASan stage short)
 N_SEEDS = 20 if u.SCALE == 1 else 5
-MODEL_ID = {}  # router port -> the served model's id
-
-
-def validate(v, s, path="$"):
-    """The errors of value v under schema s (the keywords WEATHER and TIME use), as a list of strings."""
-    if "enum" in s:
-        return [] if v in s["enum"] else ["%s: %r not in the enum" % (path, v)]
-    t = s.get("type")
-    if t == "object":
-        if not isinstance(v, dict):
-            return ["%s: not an object" % path]
-        errs = ["%s: %s is required" % (path, k) for k in s.get("required", []) if k not in v]
-        if s.get("additionalProperties") is False:
-            errs += ["%s: unexpected %s" % (path, k) for k in v if k not in s["properties"]]
-        for k, sub in s["properties"].items():
-            if k in v:
-                errs += validate(v[k], sub, path + "." + k)
-        return errs
-    if t == "string":
-        if not isinstance(v, str):
-            return ["%s: not a string" % path]
-        if len(v) < s.get("minLength", 0) or len(v) > s.get("maxLength", 1 << 30):
-            return ["%s: length %d" % (path, len(v))]
-    return []
 
 
 def call_errors(call, allowed=SCHEMAS):
@@ -76,11 +42,6 @@ def call_errors(call, allowed=SCHEMAS):
 def as_dict(call):
     return {"id": call.id, "type": call.type,
             "function": {"name": call.function.name, "arguments": call.function.arguments}}
-
-
-def client(port):
-    return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="none", max_retries=0,
-                         timeout=300 * u.SCALE)
 
 
 def ask(port, seed, stream=False, **kw):
@@ -256,18 +217,6 @@ class Tools:
             self.assertEqual(e.exception.status_code, 400)
             self.assertEqual(e.exception.param, param, e.exception.body)
             self.assertEqual(e.exception.code, code, e.exception.body)
-
-
-def start(test_class, workers, disagg_threshold, tag):
-    u.require_env(test_class)
-    if openai is None:
-        raise unittest.SkipTest("the openai package is not installed (scripts/setup.sh makes the test venv)")
-    c = u.Cluster(workers, disagg_threshold=disagg_threshold, tag=tag)
-    test_class.addClassCleanup(c.close)
-    c.start()
-    test_class.PORT = c.port
-    MODEL_ID[c.port] = client(c.port).models.list().data[0].id
-    return c
 
 
 class Colocated(Tools, unittest.TestCase):
