@@ -503,6 +503,17 @@ done:
   return c->status ? -1 : r;
 }
 
+// Freezes the grammar built from rule top (-1: the building ran out of memory) into *out. 0, or -1 with err saying
+// that the schema or the tools (what) cannot be used and why (mdl_grammar_finish reports a builder that failed).
+static int finish(mdl_js_ctx *c, int top, const char *what, mdl_grammar **out, char *err, size_t errlen) {
+  char e2[256];
+  if (top < 0 || mdl_grammar_finish(c->b, top, out, e2, sizeof e2)) {
+    snprintf(err, errlen, "the %s cannot be used: %s", what, top < 0 ? "out of memory" : e2);
+    return -1;
+  }
+  return 0;
+}
+
 int mdl_grammar_from_json_schema(const char *schema, size_t len, mdl_grammar **out, char *err, size_t errlen) {
   *out = NULL;
   cJSON *root = NULL;
@@ -532,12 +543,7 @@ int mdl_grammar_from_json_schema(const char *schema, size_t len, mdl_grammar **o
     rc = c.status;
     goto done;
   }
-  char e2[256];
-  if (top < 0 || mdl_grammar_finish(c.b, top, out, e2, sizeof e2)) {
-    snprintf(err, errlen, "the schema cannot be used: %s", top < 0 ? "out of memory" : e2);
-    goto done;
-  }
-  rc = 0;
+  rc = finish(&c, top, "schema", out, err, errlen);
 done:
   mdl_grammar_builder_free(c.b);
   free(c.refs);
@@ -630,12 +636,7 @@ int mdl_grammar_from_tool_calls(const char *tools, size_t len, const char *open,
     top = mdl_js_rule_of(&c, &item);
   }
   mdl_grammar_seq_free(&gap);
-  char e2[256];
-  if (top < 0 || mdl_grammar_builder_failed(c.b) || mdl_grammar_finish(c.b, top, out, e2, sizeof e2)) {
-    snprintf(err, errlen, "the tools cannot be used: %s", top < 0 ? "out of memory" : e2);
-    goto done;
-  }
-  rc = 0;
+  rc = finish(&c, top, "tools", out, err, errlen);
 done:
   mdl_grammar_builder_free(c.b);
   free(c.refs);
