@@ -58,7 +58,7 @@ def launch(name, workers, threshold):
     ports = free_ports(1 + len(workers))
     for w, p in zip(workers, ports[1:]):
         w.update(port=p, threads=threads, kv_budget_mb=128)
-    cfg = {"model": model, "router": {"port": ports[0], "disagg_threshold": threshold}, "workers": workers}
+    cfg = {"model": model, "router": {"port": ports[0], "disagg_threshold": threshold, "disagg_policy": "threshold"}, "workers": workers}
     path = os.path.join(tmp, name + ".json")
     with open(path, "w") as f:
         json.dump(cfg, f)

@@ -3,7 +3,16 @@
 
 #include <stdlib.h>
 
-int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, int disagg_threshold, rtr_sched_target *out) {
+int rtr_sched_disagg(const rtr_disagg_rule *rule, int n_uncached, const rtr_sched_worker *dec,
+                     const rtr_sched_worker *pre) {
+  if (n_uncached < rule->min_tokens) return 0;
+  if (rule->policy == RTR_DISAGG_THRESHOLD) return 1;
+  int dec_busy = dec->inflight > 0 || dec->running > 0 || dec->waiting > 0;
+  return dec_busy && (long)pre->inflight + pre->waiting <= rule->max_prefill_queue;
+}
+
+int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, const rtr_disagg_rule *rule,
+                   rtr_sched_target *out) {
   int best_both = -1, best_dec = -1, best_pre = -1;
   long both_load = 0, dec_load = 0, pre_load = 0;
   for (int i = 0; i < n; i++) {
@@ -27,7 +36,7 @@ int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, int disagg_th
   }
   if (best_dec < 0) return -1;
   out->decode = best_dec;
-  out->prefill = (best_pre >= 0 && n_prompt >= disagg_threshold) ? best_pre : -1;
+  out->prefill = best_pre >= 0 && rtr_sched_disagg(rule, n_prompt, &w[best_dec], &w[best_pre]) ? best_pre : -1;
   return 0;
 }
 
@@ -65,11 +74,23 @@ static int best_by_kv(const rtr_sched_worker *w, int n, srv_role role, const int
   return best;
 }
 
-int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, int n_prompt, int disagg_threshold,
-                      const rtr_kvindex *x, const rtr_kvindex_weights *wt, rtr_sched_target *out, int *overlap_out) {
+// Whether the decode worker that would prefill the prompt itself holds enough of it in cache that what is left is not
+// worth a handoff (rtr_sched_disagg on the uncached rest). load: rtr_sched_pick's pair.
+static int local_holds_enough(const rtr_sched_worker *w, int n, const int32_t *prompt, int n_prompt,
+                              const rtr_disagg_rule *rule, const rtr_kvindex *x, const rtr_kvindex_weights *wt,
+                              uint64_t *keys, int max_keys, const rtr_sched_target *load) {
+  int ov = 0, dec = best_by_kv(w, n, SRV_ROLE_DECODE, prompt, n_prompt, x, wt, keys, max_keys, &ov);
+  if (dec < 0 || ov == 0) return 0;
+  int bs = w[dec].block_size > 0 ? w[dec].block_size : 16;
+  return !rtr_sched_disagg(rule, n_prompt - ov * bs, &w[dec], &w[load->prefill]);
+}
+
+int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, int n_prompt,
+                      const rtr_disagg_rule *rule, const rtr_kvindex *x, const rtr_kvindex_weights *wt,
+                      rtr_sched_target *out, int *overlap_out) {
   if (overlap_out) *overlap_out = 0;
   rtr_sched_target load;
-  if (rtr_sched_pick(w, n, n_prompt, disagg_threshold, &load) < 0) return -1;
+  if (rtr_sched_pick(w, n, n_prompt, rule, &load) < 0) return -1;
   rtr_kvindex_weights dflt = rtr_kvindex_weights_default();
   if (!wt) wt = &dflt;
   int min_bs = 0;
@@ -86,7 +107,7 @@ int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, i
   if (w[load.decode].role == SRV_ROLE_BOTH) {
     out->decode = best_by_kv(w, n, SRV_ROLE_BOTH, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
     out->prefill = -1;
-  } else if (load.prefill >= 0) {
+  } else if (load.prefill >= 0 && !local_holds_enough(w, n, prompt, n_prompt, rule, x, wt, keys, max_keys, &load)) {
     out->decode = load.decode;
     out->prefill = best_by_kv(w, n, SRV_ROLE_PREFILL, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
   } else {

@@ -27,14 +27,33 @@ typedef struct rtr_sched_target {
   int prefill; // index of the prefill worker, or -1: the decode/both worker prefills itself (mode "local")
 } rtr_sched_target;
 
+// Conditional disaggregation (docs/design.md "When disaggregation pays"): whether a prompt that a decode worker could
+// prefill itself goes to a prefill worker instead. Both policies need at least min_tokens uncached prompt tokens
+// (fewer cost less to compute where they are than to hand off). policy "threshold" asks nothing more; "auto" also
+// asks that the decode worker be busy (sequences running, waiting or sent to it: an idle one prefills as fast as the
+// prefill worker and skips the transfer) and that the prefill worker's queue (inflight + waiting) be at most
+// max_prefill_queue (a longer one makes the prompt wait longer than local prefill chunks delay the decode steps).
+typedef enum rtr_disagg_policy { RTR_DISAGG_AUTO = 0, RTR_DISAGG_THRESHOLD = 1 } rtr_disagg_policy;
+typedef struct rtr_disagg_rule {
+  rtr_disagg_policy policy;
+  int min_tokens;        // router.disagg_threshold
+  int max_prefill_queue; // router.disagg_max_prefill_queue (policy auto)
+} rtr_disagg_rule;
+
+// 1 when a prompt with n_uncached tokens not cached on decode worker dec goes to prefill worker pre (both up).
+int rtr_sched_disagg(const rtr_disagg_rule *rule, int n_uncached, const rtr_sched_worker *dec,
+                     const rtr_sched_worker *pre);
+
 // Picks for a prompt of n_prompt tokens among w (n). A `both` worker with the least load (inflight + running +
 // waiting) when there is one; otherwise the decode worker with the fewest running sequences (ties: most free blocks),
-// paired with the prefill worker with the shortest queue when n_prompt >= disagg_threshold and one is up.
-// 0 with *out, -1 when no worker that can generate is up.
-int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, int disagg_threshold, rtr_sched_target *out);
+// paired with the prefill worker with the shortest queue when one is up and rtr_sched_disagg says so for the whole
+// prompt. 0 with *out, -1 when no worker that can generate is up.
+int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, const rtr_disagg_rule *rule,
+                   rtr_sched_target *out);
 
 // KV-aware: the same shape of choice as rtr_sched_pick (both worker if any is up; else decode worker, with a
-// prefill worker when n_prompt >= disagg_threshold and one is up), but the worker that prefills (the both
+// prefill worker when one is up and rtr_sched_disagg says so for the prompt less what the decode worker that would
+// prefill it locally holds in cache), but the worker that prefills (the both
 // worker; the prefill worker of a pair; the decode worker in mode local) is the eligible one with the best
 // rtr_kvindex_score: x holds worker i's keys under id i, the prompt's keys come from srv_blockhash_chain with
 // that worker's block size, queue = inflight + running + waiting (prefill: inflight + waiting). Ties: shorter
@@ -42,7 +61,7 @@ int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, int disagg_th
 // only (rtr_sched_pick). wt NULL: rtr_kvindex_weights_default. *overlap_out (may be NULL): the chosen
 // worker's cached overlap in blocks. 0 with *out, -1 when no worker that can generate is up.
 int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt /* (n_prompt) */, int n_prompt,
-                      int disagg_threshold, const rtr_kvindex *x, const rtr_kvindex_weights *wt,
+                      const rtr_disagg_rule *rule, const rtr_kvindex *x, const rtr_kvindex_weights *wt,
                       rtr_sched_target *out, int *overlap_out);
 
 // Prefix fetch (router.prefix_fetch): when prefill worker `chosen` (role prefill) is to compute the prompt, the

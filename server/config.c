@@ -249,7 +249,7 @@ static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",
                                        "max_body_bytes", "conn_timeout_s", "queue_limit", "max_tokens_limit",
                                        "max_n",         "max_stop",     "request_timeout_ms", "disagg_threshold",
-                                       "routing",       "prefix_fetch", "prefix_fetch_min_blocks",
+                                       "disagg_policy", "disagg_max_prefill_queue", "routing",       "prefix_fetch", "prefix_fetch_min_blocks",
                                        "link_dead_ms",  "drain_timeout_s", "max_connections",
                                        "max_connections_per_client", "header_timeout_s", "migration_limit",
                                        "migration_wait_ms", "migrate_silent_ms", NULL};
@@ -264,6 +264,7 @@ static const char *const S_STAGING[] = {"auto", "on", "off", NULL};
 static const char *const S_ONOFF[] = {"off", "on", NULL};
 static const char *const S_KERNELS[] = {"auto", "scalar", "avx2", "avx2vnni", "avx512", NULL};
 static const char *const S_KVTYPE[] = {"f16", "f32", NULL};
+static const char *const S_DISAGG_POLICY[] = {"auto", "threshold", NULL};
 static const char *const S_BACKEND[] = {"auto", "tcp", "shm", "rdma", "nccl", "nixl", NULL};
 static const char *const S_ROLE[] = {"both", "prefill", "decode", NULL};
 
@@ -323,7 +324,11 @@ static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o
   if (cfg_int32(x, r, p, "max_n", &o->max_n, 1, 1024, 8, 0)) return -1;
   if (cfg_int32(x, r, p, "max_stop", &o->max_stop, 0, 1024, 8, 0)) return -1;
   if (cfg_int32(x, r, p, "request_timeout_ms", &o->request_timeout_ms, 1, 86400000, 600000, 0)) return -1;
-  if (cfg_int32(x, r, p, "disagg_threshold", &o->disagg_threshold, 0, 1 << 30, 1000, 0)) return -1;
+  if (cfg_int32(x, r, p, "disagg_threshold", &o->disagg_threshold, 0, 1 << 30, 1000, 0) ||
+      cfg_str(x, r, p, "disagg_policy", o->disagg_policy, sizeof o->disagg_policy, "auto") ||
+      cfg_one_of(x, p, "disagg_policy", o->disagg_policy, S_DISAGG_POLICY) ||
+      cfg_int32(x, r, p, "disagg_max_prefill_queue", &o->disagg_max_prefill_queue, 0, 1 << 20, 2, 0))
+    return -1;
   if (cfg_int32(x, r, p, "link_dead_ms", &o->link_dead_ms, 2000, 3600000, 15000, 0)) return -1;
   if (cfg_bool(x, r, p, "prefix_fetch", &o->prefix_fetch, 0) ||
       cfg_int32(x, r, p, "prefix_fetch_min_blocks", &o->prefix_fetch_min_blocks, 1, 1 << 20, 4, 0))

@@ -92,7 +92,9 @@ def local_config(path, workers, disagg_threshold=1000, model=MODEL, router=None)
     """Writes a one-node config (router + workers on 127.0.0.1, free ports) to path; returns the router port.
 
     workers: list of dicts with at least name and role; port, threads (1), kv_budget_mb (32) are filled in.
-    router: more keys of the router section (e.g. {"prefix_fetch": True}, {"link_dead_ms": 4000})."""
+    router: more keys of the router section (e.g. {"prefix_fetch": True}, {"link_dead_ms": 4000}).
+    disagg_policy defaults to "threshold" here: a test that sets disagg_threshold 0 means every prompt to be handed
+    off, idle decode worker or not (policy auto, the product default, is tested on its own in test_1p1d.py)."""
     ports = free_ports(1 + len(workers))
     ws = []
     for w, p in zip(workers, ports[1:]):
@@ -101,7 +103,9 @@ def local_config(path, workers, disagg_threshold=1000, model=MODEL, router=None)
         w.setdefault("threads", 1)
         w.setdefault("kv_budget_mb", 32)
         ws.append(w)
-    cfg = {"model": model, "router": dict(router or {}, port=ports[0], disagg_threshold=disagg_threshold), "workers": ws}
+    router = dict(router or {}, port=ports[0], disagg_threshold=disagg_threshold)
+    router.setdefault("disagg_policy", "threshold")
+    cfg = {"model": model, "router": router, "workers": ws}
     with open(path, "w") as f:
         json.dump(cfg, f, indent=1)
     return ports[0]

@@ -2,6 +2,8 @@
 
 import glob
 import os
+import threading
+import time
 import unittest
 
 import e2e_util as u
@@ -72,6 +74,41 @@ class OneP1D(unittest.TestCase):
         if not lib and not glob.glob(os.path.join(venv, "lib/python3*/site-packages/.nixl_cu1*.mesonpy.libs/libnixl_capi.so")):
             self.skipTest("nixl absent: no DSERVE_NIXL_LIB and no nixl-cu12 wheel in %s (scripts/setup.sh installs it)" % venv)
         self.check_backend("nixl")
+
+
+class AutoDisagg(unittest.TestCase):
+    """Policy auto (the default): a prompt is handed off only while the decode worker is busy."""
+
+    def test_idle_decode_prefills_itself_busy_one_hands_off(self):
+        u.require_env(self)
+        c = u.Cluster([{"name": "p0", "role": "prefill", "kvxfer": {"backend": "shm"}},
+                       {"name": "d0", "role": "decode", "kvxfer": {"backend": "shm"}}],
+                      disagg_threshold=16, router={"disagg_policy": "auto"}, tag="1p1d-auto")
+        self.addCleanup(c.close)
+        c.start()
+        transfers = lambda: u.metrics(c.port)["dserve:kv_transfer_time_seconds_count"]
+        m0 = transfers()
+        got = u.complete(c.port, "completions", {"prompt": LONG, "max_tokens": 4})
+        self.assertEqual(got["status"], 200, got)
+        self.assertEqual(transfers() - m0, 0, "an idle decode worker should have prefilled the prompt itself")
+        # A long stream keeps d0 decoding; a prompt sent meanwhile goes through p0.
+        busy = {"prompt": "Count from one to one hundred:", "max_tokens": 600, "ignore_eos": True}
+        t = threading.Thread(target=lambda: busy.update(result=u.complete(c.port, "completions", dict(busy))))
+        g0 = u.metrics(c.port)["dserve:generation_tokens_total"]
+        t.start()
+        deadline = time.time() + 60 * u.SCALE
+        while u.metrics(c.port)["dserve:generation_tokens_total"] < g0 + 2 and time.time() < deadline:
+            time.sleep(0.05)
+        # (not LONG again: d0 holds its blocks now, and a prompt it has cached is not worth a handoff)
+        got = u.complete(c.port, "completions", {"prompt": "In brief. " + LONG, "max_tokens": 4})
+        self.assertEqual(got["status"], 200, got)
+        self.assertEqual(transfers() - m0, 1, "with d0 busy decoding, the prompt should have been handed off")
+        got = u.complete(c.port, "completions", {"prompt": LONG, "max_tokens": 4})
+        self.assertEqual(got["status"], 200, got)
+        self.assertEqual(transfers() - m0, 1, "d0 holds LONG's blocks: the few tokens left are not worth a handoff")
+        self.assertTrue(t.is_alive(), "the busy stream ended before the checks: they did not test a busy d0")
+        t.join()
+        self.assertEqual(busy["result"]["status"], 200, busy["result"])
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ class ThreeNamespaces(unittest.TestCase):
             cfg = json.load(f)
         self.assertEqual({k: v["host"] for k, v in cfg["nodes"].items()}, ADDR)
         cfg["model"] = u.MODEL
-        cfg["router"]["disagg_threshold"] = 0
+        cfg["router"].update(disagg_threshold=0, disagg_policy="threshold")
         for w in cfg["workers"]:
             w["kv_budget_mb"] = 32
             w["threads"] = 1

@@ -23,7 +23,8 @@ class NsCluster:
         self.port, self.host = RPORT, ADDR["router"]
         self.hosts = {"p0": ADDR["prefill"], "d0": ADDR["decode"]}
         cfg = {"model": u.MODEL, "nodes": {k: {"host": v} for k, v in ADDR.items()},
-               "router": {"node": "router", "port": RPORT, "disagg_threshold": 0, "link_dead_ms": f.LINK_DEAD_MS},
+               "router": {"node": "router", "port": RPORT, "disagg_threshold": 0, "disagg_policy": "threshold",
+                          "link_dead_ms": f.LINK_DEAD_MS},
                "workers": [dict(f.worker("p0", "prefill"), node="prefill", port=PPORT, threads=1, kv_budget_mb=32),
                            dict(f.worker("d0", "decode"), node="decode", port=DPORT, threads=1, kv_budget_mb=32)]}
         for w in cfg["workers"]:

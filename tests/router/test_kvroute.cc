@@ -3,6 +3,8 @@
 
 #include <vector>
 
+#include "sched_util.h"
+
 extern "C" {
 #include "router/sched.h"
 #include "server/blockhash.h"
@@ -56,19 +58,19 @@ TEST_F(KvRoute, PrefersTheBothWorkerHoldingThePrefix) {
   rtr_sched_worker w[] = {W(SRV_ROLE_BOTH), W(SRV_ROLE_BOTH), W(SRV_ROLE_BOTH, 1)};
   rtr_sched_target t;
   int ov = -1;
-  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), 100, x, &wt, &t, &ov), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), Thr(100), x, &wt, &t, &ov), 0);
   EXPECT_EQ(t.decode, 2);
   EXPECT_EQ(t.prefill, -1);
   EXPECT_EQ(ov, 20);
   // a different prompt: nobody holds it, so the least loaded (first idle) worker wins
   auto q = Prompt(320, 2);
-  ASSERT_EQ(rtr_sched_pick_kv(w, 3, q.data(), (int)q.size(), 100, x, &wt, &t, &ov), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 3, q.data(), (int)q.size(), Thr(100), x, &wt, &t, &ov), 0);
   EXPECT_EQ(t.decode, 0);
   EXPECT_EQ(ov, 0);
   // only the first 2 of 20 blocks cached: too little to beat an idle worker
   rtr_kvindex_remove_worker(x, 2);
   Hold(x, 2, p, 2);
-  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), 100, x, &wt, &t, &ov), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), Thr(100), x, &wt, &t, &ov), 0);
   EXPECT_EQ(t.decode, 0);
 }
 
@@ -76,26 +78,26 @@ TEST_F(KvRoute, FallsBackToLoad) {
   auto p = Prompt(160, 3);
   rtr_sched_worker w[] = {W(SRV_ROLE_BOTH, 3), W(SRV_ROLE_BOTH, 1), W(SRV_ROLE_BOTH, 2)};
   rtr_sched_target t;
-  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), 100, x, &wt, &t, nullptr), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), Thr(100), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 1);
   // no index at all: the load policy
-  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), 100, nullptr, &wt, &t, nullptr), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), Thr(100), nullptr, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 1);
   // a prompt shorter than one block: load
-  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), 10, 100, x, &wt, &t, nullptr), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), 10, Thr(100), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 1);
   // the holder went down: its entries no longer matter, and it is not eligible
   Hold(x, 0, p, 10);
   w[0].up = 0;
-  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), 100, x, &wt, &t, nullptr), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), Thr(100), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 1);
   w[0].up = 1;
-  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), 100, x, &wt, &t, nullptr), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), Thr(100), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 0);
   // a CLEARED event forgets it
   srv_kv_event clr{0, SRV_KV_CLEARED};
   ASSERT_EQ(rtr_kvindex_apply(x, 0, &clr, 1), 0);
-  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), 100, x, &wt, &t, nullptr), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), Thr(100), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 1);
 }
 
@@ -104,19 +106,23 @@ TEST_F(KvRoute, PrefillSideOfAPairAndLocalDecode) {
   // 0 decode (busy), 1 decode (idle), 2 prefill idle, 3 prefill queued but holding the prompt
   rtr_sched_worker w[] = {W(SRV_ROLE_DECODE, 3), W(SRV_ROLE_DECODE), W(SRV_ROLE_PREFILL), W(SRV_ROLE_PREFILL, 1)};
   Hold(x, 3, p, 30);
-  Hold(x, 0, p, 30); // the decode side stays by load even though worker 0 holds it
+  Hold(x, 0, p, 10); // the decode side stays by load even though worker 0 holds a third (320 tokens uncached)
   rtr_sched_target t;
-  ASSERT_EQ(rtr_sched_pick_kv(w, 4, p.data(), (int)p.size(), 100, x, &wt, &t, nullptr), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 4, p.data(), (int)p.size(), Thr(100), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 1);
   EXPECT_EQ(t.prefill, 3);
+  Hold(x, 0, p, 30);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 4, p.data(), (int)p.size(), Thr(100), x, &wt, &t, nullptr), 0);
+  EXPECT_EQ(t.decode, 0); // worker 0 holds it all: what it would compute is under the threshold, it prefills itself
+  EXPECT_EQ(t.prefill, -1);
   auto q = Prompt(480, 5);
-  ASSERT_EQ(rtr_sched_pick_kv(w, 4, q.data(), (int)q.size(), 100, x, &wt, &t, nullptr), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 4, q.data(), (int)q.size(), Thr(100), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.prefill, 2);
   // under the disaggregation threshold the decode worker prefills itself (mode local): KV-aware among decode
-  ASSERT_EQ(rtr_sched_pick_kv(w, 4, p.data(), (int)p.size(), 100000, x, &wt, &t, nullptr), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 4, p.data(), (int)p.size(), Thr(100000), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 0);
   EXPECT_EQ(t.prefill, -1);
-  ASSERT_EQ(rtr_sched_pick_kv(w, 4, q.data(), (int)q.size(), 100000, x, &wt, &t, nullptr), 0);
+  ASSERT_EQ(rtr_sched_pick_kv(w, 4, q.data(), (int)q.size(), Thr(100000), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 1);
 }
 
@@ -159,8 +165,8 @@ TEST_F(KvRoute, NothingUp) {
   rtr_sched_worker w[] = {W(SRV_ROLE_PREFILL)};
   w[0].up = 1;
   rtr_sched_target t;
-  EXPECT_EQ(rtr_sched_pick_kv(w, 1, p.data(), (int)p.size(), 10, x, &wt, &t, nullptr), -1);
-  EXPECT_EQ(rtr_sched_pick_kv(w, 0, p.data(), (int)p.size(), 10, x, &wt, &t, nullptr), -1);
+  EXPECT_EQ(rtr_sched_pick_kv(w, 1, p.data(), (int)p.size(), Thr(10), x, &wt, &t, nullptr), -1);
+  EXPECT_EQ(rtr_sched_pick_kv(w, 0, p.data(), (int)p.size(), Thr(10), x, &wt, &t, nullptr), -1);
 }
 
 } // namespace

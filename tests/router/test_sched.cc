@@ -1,9 +1,7 @@
 // tests/router/test_sched.cc: the scheduling policy: both workers by load, decode + prefill pairing, nothing up.
 #include <gtest/gtest.h>
 
-extern "C" {
-#include "router/sched.h"
-}
+#include "sched_util.h"
 
 namespace {
 
@@ -22,15 +20,15 @@ rtr_sched_worker W(int up, srv_role role, int running = 0, int waiting = 0, int 
 TEST(Sched, NothingUp) {
   rtr_sched_worker w[] = {W(0, SRV_ROLE_BOTH), W(1, SRV_ROLE_PREFILL)};
   rtr_sched_target t;
-  EXPECT_EQ(rtr_sched_pick(w, 2, 10, 100, &t), -1);
-  EXPECT_EQ(rtr_sched_pick(w, 0, 10, 100, &t), -1);
+  EXPECT_EQ(rtr_sched_pick(w, 2, 10, Thr(100), &t), -1);
+  EXPECT_EQ(rtr_sched_pick(w, 0, 10, Thr(100), &t), -1);
 }
 
 TEST(Sched, LeastLoadedBoth) {
   rtr_sched_worker w[] = {W(1, SRV_ROLE_BOTH, 3, 1, 2), W(1, SRV_ROLE_BOTH, 1, 0, 1), W(0, SRV_ROLE_BOTH),
                           W(1, SRV_ROLE_DECODE)};
   rtr_sched_target t;
-  ASSERT_EQ(rtr_sched_pick(w, 4, 5000, 100, &t), 0);
+  ASSERT_EQ(rtr_sched_pick(w, 4, 5000, Thr(100), &t), 0);
   EXPECT_EQ(t.decode, 1);
   EXPECT_EQ(t.prefill, -1);
 }
@@ -39,26 +37,57 @@ TEST(Sched, DecodeWithPrefillForLongPrompts) {
   rtr_sched_worker w[] = {W(1, SRV_ROLE_PREFILL, 0, 4, 1), W(1, SRV_ROLE_DECODE, 5, 0, 0, 50),
                           W(1, SRV_ROLE_DECODE, 2, 0, 1, 5), W(1, SRV_ROLE_PREFILL, 0, 1, 0)};
   rtr_sched_target t;
-  ASSERT_EQ(rtr_sched_pick(w, 4, 2000, 1000, &t), 0);
+  ASSERT_EQ(rtr_sched_pick(w, 4, 2000, Thr(1000), &t), 0);
   EXPECT_EQ(t.decode, 2);  // fewest running
   EXPECT_EQ(t.prefill, 3); // shortest queue
-  ASSERT_EQ(rtr_sched_pick(w, 4, 999, 1000, &t), 0); // short prompt: prefilled on the decode worker
+  ASSERT_EQ(rtr_sched_pick(w, 4, 999, Thr(1000), &t), 0); // short prompt: prefilled on the decode worker
   EXPECT_EQ(t.decode, 2);
   EXPECT_EQ(t.prefill, -1);
   w[1].running = 2; // tie on load: more free blocks wins
   w[2].inflight = 2;
-  ASSERT_EQ(rtr_sched_pick(w, 4, 2000, 1000, &t), 0);
+  ASSERT_EQ(rtr_sched_pick(w, 4, 2000, Thr(1000), &t), 0);
   EXPECT_EQ(t.decode, 1);
 }
 
 TEST(Sched, DecodeAloneWhenNoPrefillUp) {
   rtr_sched_worker w[] = {W(0, SRV_ROLE_PREFILL), W(1, SRV_ROLE_DECODE)};
   rtr_sched_target t;
-  ASSERT_EQ(rtr_sched_pick(w, 2, 5000, 100, &t), 0);
+  ASSERT_EQ(rtr_sched_pick(w, 2, 5000, Thr(100), &t), 0);
   EXPECT_EQ(t.decode, 1);
   EXPECT_EQ(t.prefill, -1);
   rtr_sched_worker p[] = {W(1, SRV_ROLE_PREFILL)};
-  EXPECT_EQ(rtr_sched_pick(p, 1, 5000, 100, &t), -1); // prefill alone cannot generate
+  EXPECT_EQ(rtr_sched_pick(p, 1, 5000, Thr(100), &t), -1); // prefill alone cannot generate
+}
+
+TEST(Sched, AutoDisaggregatesOnlyForABusyDecodeWorkerAndAShortPrefillQueue) {
+  rtr_disagg_rule rule = {RTR_DISAGG_AUTO, 256, 1};
+  rtr_sched_worker w[] = {W(1, SRV_ROLE_DECODE), W(1, SRV_ROLE_PREFILL)};
+  rtr_sched_target t;
+  ASSERT_EQ(rtr_sched_pick(w, 2, 2000, &rule, &t), 0);
+  EXPECT_EQ(t.prefill, -1); // an idle decode worker computes the prompt as fast and skips the transfer
+  w[0].running = 3;
+  ASSERT_EQ(rtr_sched_pick(w, 2, 2000, &rule, &t), 0);
+  EXPECT_EQ(t.decode, 0);
+  EXPECT_EQ(t.prefill, 1); // busy decoding: the prompt goes where it does not stall the decode steps
+  ASSERT_EQ(rtr_sched_pick(w, 2, 255, &rule, &t), 0);
+  EXPECT_EQ(t.prefill, -1); // under the threshold: not worth a handoff
+  w[1].inflight = 1;
+  ASSERT_EQ(rtr_sched_pick(w, 2, 2000, &rule, &t), 0);
+  EXPECT_EQ(t.prefill, 1); // one prompt in the prefill queue: at the limit
+  w[1].waiting = 1;
+  ASSERT_EQ(rtr_sched_pick(w, 2, 2000, &rule, &t), 0);
+  EXPECT_EQ(t.prefill, -1); // two: over it, the prompt would wait longer there
+  w[1] = W(1, SRV_ROLE_PREFILL);
+  w[0] = W(1, SRV_ROLE_DECODE, 0, 0, 1); // a request sent to it and not yet started counts as busy
+  ASSERT_EQ(rtr_sched_pick(w, 2, 2000, &rule, &t), 0);
+  EXPECT_EQ(t.prefill, 1);
+  w[0] = W(1, SRV_ROLE_DECODE, 0, 2);
+  EXPECT_EQ(rtr_sched_disagg(&rule, 2000, &w[0], &w[1]), 1); // so do waiting ones
+  rule.policy = RTR_DISAGG_THRESHOLD;
+  w[0] = W(1, SRV_ROLE_DECODE);
+  w[1].waiting = 9;
+  EXPECT_EQ(rtr_sched_disagg(&rule, 2000, &w[0], &w[1]), 1); // threshold: length alone decides
+  EXPECT_EQ(rtr_sched_disagg(&rule, 255, &w[0], &w[1]), 0);
 }
 
 } // namespace

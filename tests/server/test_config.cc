@@ -345,6 +345,8 @@ TEST(Config, Defaults) {
   EXPECT_FALSE(c->sampling.has_temperature || c->sampling.has_top_k || c->sampling.has_top_p ||
                c->sampling.has_min_p || c->sampling.has_repetition_penalty);
   EXPECT_EQ(c->router.disagg_threshold, 1000);
+  EXPECT_STREQ(c->router.disagg_policy, "auto");
+  EXPECT_EQ(c->router.disagg_max_prefill_queue, 2);
   EXPECT_EQ(c->router.link_dead_ms, 15000);
   EXPECT_EQ(c->router.migration_limit, 2);
   EXPECT_EQ(c->router.migration_wait_ms, 10000);
@@ -496,6 +498,10 @@ const BadCase kBad[] = {
     {R"({"model": "m", "workers": [{"port": 1, "kv_budget_mb": -5}]})", "t.json: workers[0].kv_budget_mb: expected a number > 0"},
     {R"({"model": "m", "workers": [{"port": 1, "threads": 0}]})", "t.json: workers[0].threads: expected an integer 1..4096"},
     {R"({"model": "m", "workers": [{"port": 1, "kernels": "neon"}]})", "t.json: workers[0].kernels: \"neon\" is not one of"},
+    {R"({"model": "m", "router": {"disagg_policy": "always"}, "workers": [{"port": 1}]})",
+     "t.json: router.disagg_policy: \"always\" is not one of: auto, threshold"},
+    {R"({"model": "m", "router": {"disagg_max_prefill_queue": -1}, "workers": [{"port": 1}]})",
+     "t.json: router.disagg_max_prefill_queue"},
     {R"({"model": "m", "workers": [{"port": 1, "device": "gpu"}]})", "t.json: workers[0].device: \"gpu\" is not one of"},
     {R"({"model": "m", "workers": [{"port": 1, "device": "cuda:x"}]})", "t.json: workers[0].device:"},
     {R"({"model": "m", "workers": [{"port": 1, "kv_type": "q8"}]})", "t.json: workers[0].kv_type: \"q8\" is not one of: f16, f32"},
