@@ -6,7 +6,8 @@
 #   NUM_REQ (requests per rate, overrides the three before)  MAX_CONC=0 (requests in flight at most; 0 = no limit)
 #   INPUT_LEN=32  OUTPUT_LEN=32  IGNORE_EOS=0  SLO=ttft:1000,tpot:100
 #   SERVERS="llama.cpp dserve dserve-1p1d" (also dserve-tpot: configs/local.json with tpot_target_ms=TPOT_TARGET_MS,
-#   and dserve-tpotMS, e.g. dserve-tpot200: the same with tpot_target_ms=MS)
+#   and dserve-tpotMS, e.g. dserve-tpot200: the same with tpot_target_ms=MS; dserve-1p1d-always and
+#   dserve-1p1d-never: configs/1p1d.json with every prompt handed off, or none: dserve-1p1d follows its policy)
 #   TPOT_TARGET_MS=100  HEALTH_TIMEOUT=120  REQ_TIMEOUT=120
 #   RUN_LIMIT=180 (s per loadgen run; requests still in flight then count as timeouts)  DSERVE_BIN=build/dserve
 #   LLAMA_PORT=18480  LLAMA_THREADS=2  LLAMA_NP=8 (llama-server slots)  LLAMA_CTX_PER_SLOT=1024
@@ -118,15 +119,19 @@ start_server() {
   return 1
 }
 
-# tpot_config OUT MS: configs/local.json with every worker's tpot_target_ms set to MS (model path made absolute)
-tpot_config() {
-  python3 - "$ROOT/configs/local.json" "$1" "$2" <<'EOF'
+# derived_config SRC OUT SECTION.KEY=JSON...: config SRC with the given router or workers (every worker) keys set,
+# the model path made absolute, written to OUT
+derived_config() {
+  python3 - "$@" <<'EOF'
 import json, os, sys
-src, dst, target = sys.argv[1], sys.argv[2], float(sys.argv[3])
+src, dst, sets = sys.argv[1], sys.argv[2], sys.argv[3:]
 c = json.load(open(src))
-c["model"] = os.path.normpath(os.path.join(os.path.dirname(src), c["model"]))
-for w in c["workers"]:
-    w["tpot_target_ms"] = target
+c["model"] = os.path.abspath(os.path.join(os.path.dirname(src), c["model"]))
+for kv in sets:
+    key, val = kv.split("=", 1)
+    section, name = key.split(".", 1)
+    for obj in (c["workers"] if section == "workers" else [c.setdefault(section, {})]):
+        obj[name] = json.loads(val)
 json.dump(c, open(dst, "w"), indent=1)
 EOF
 }
@@ -206,14 +211,22 @@ for srv in $SERVERS; do
       fi
       stop_server
       ;;
-    dserve|dserve-1p1d|dserve-tpot|dserve-tpot[0-9]*)
+    dserve|dserve-1p1d|dserve-1p1d-always|dserve-1p1d-never|dserve-tpot|dserve-tpot[0-9]*)
       cfg=configs/local.json
       [ "$srv" = dserve-1p1d ] && cfg=configs/1p1d.json
       case $srv in
         dserve-tpot*)
           target=${srv#dserve-tpot}
-          cfg=$OUT/local-$srv.json
-          tpot_config "$cfg" "${target:-$TPOT_TARGET_MS}"
+          cfg=$OUT/$srv.json
+          derived_config configs/local.json "$cfg" "workers.tpot_target_ms=${target:-$TPOT_TARGET_MS}"
+          ;;
+        dserve-1p1d-always)
+          cfg=$OUT/$srv.json
+          derived_config configs/1p1d.json "$cfg" router.disagg_policy='"threshold"' router.disagg_threshold=0
+          ;;
+        dserve-1p1d-never)
+          cfg=$OUT/$srv.json
+          derived_config configs/1p1d.json "$cfg" router.disagg_policy='"threshold"' router.disagg_threshold=1000000000
           ;;
       esac
       if [ ! -x "$DSERVE_BIN" ]; then
@@ -229,7 +242,7 @@ for srv in $SERVERS; do
       stop_server
       ;;
     *)
-      log "unknown server '$srv' in SERVERS (known: llama.cpp dserve dserve-1p1d dserve-tpot dserve-tpotMS)"; STATUS=1
+      log "unknown server '$srv' in SERVERS (known: llama.cpp dserve dserve-1p1d dserve-1p1d-always dserve-1p1d-never dserve-tpot dserve-tpotMS)"; STATUS=1
       ;;
   esac
 done
