@@ -404,7 +404,8 @@ static void try_start(dec_worker *w, dec_seq *s) {
   s->handoff = 0;
   s->seq.n_done = s->req.n_prompt;
   int skipped = s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size;
-  s->kv_bytes = (double)(s->seq.blocks.n - skipped) * (double)wrk_kvpool_block_bytes(w->sh.rt->kv);
+  // Sliding-window layers were sent only the blocks they read again: the others must not be reused.
+  s->kv_bytes = wrk_kvwire_handoff_bytes(w->sh.rt->kv, s->req.n_prompt, skipped, &s->seq.no_reuse);
   s->kv_ms = (double)(wrk_shell_now_ms() - s->t_start_ms);
   if (wrk_engine_start(&w->eng, &s->seq)) {
     wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");

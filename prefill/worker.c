@@ -118,8 +118,7 @@ void pfl_fail(pfl_worker *w, pfl_req *r, const char *fmt, const char *detail) {
 }
 
 // Posts one WRITE of layers [l0, l1) of our blocks [b0, b1) into the decode worker's matching blocks.
-static int push(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1, int with_notif) {
-  if (b1 > r->n_remote) b1 = r->n_remote;
+static int write_layers(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1) {
   char err[256];
   kvx_xfer *x = NULL;
   if (b1 > b0 && wrk_kvwire_write_blocks(w->sh.kvx, w->sh.rt->kv, r->link->kvx_peer, &r->link->remote,
@@ -142,6 +141,21 @@ static int push(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1, int w
     r->xf[r->n_xf++] = x;
     w->bytes_pushed += (double)(l1 - l0) * 2.0 * (double)(b1 - b0) * (double)r->link->remote.chunk_bytes;
   }
+  return 0;
+}
+
+// Posts the WRITEs of layers [l0, l1) of our blocks [b0, b1): one per run of layers that start at the same block (a
+// sliding-window layer from its first live block: wrk_kvwire_first_live_block), then notif when with_notif.
+static int push(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1, int with_notif) {
+  if (b1 > r->n_remote) b1 = r->n_remote;
+  const mdl_llama_cfg *c = wrk_kvpool_cfg(w->sh.rt->kv);
+  for (int l = l0; l < l1;) {
+    int from = wrk_kvwire_first_live_block(c, l, r->req.n_prompt, block_size(w)), l_end = l + 1;
+    while (l_end < l1 && wrk_kvwire_first_live_block(c, l_end, r->req.n_prompt, block_size(w)) == from) l_end++;
+    if (write_layers(w, r, l, l_end, from > b0 ? from : b0, b1)) return -1;
+    l = l_end;
+  }
+  char err[256];
   // The notification is queued behind this peer's earlier writes, so it lands after all of them.
   if (with_notif && kvx_notify(w->sh.kvx, r->link->kvx_peer, r->req.id, strlen(r->req.id), err, sizeof err)) return -1;
   return 0;

@@ -545,6 +545,8 @@ static void make_metrics(rtr_server *s) {
   s->m_prefix_queries =
       rtr_metrics_counter(m, "dserve:prefix_cache_queries_total", "Prefix-cache queried tokens.", NULL);
   s->m_kv_bytes = rtr_metrics_counter(m, "dserve:kv_transfer_bytes_total", "KV bytes moved prefill -> decode.", NULL);
+  s->m_kv_pushed = rtr_metrics_counter(m, "dserve:kv_pushed_bytes_total",
+                                       "KV bytes prefill workers wrote (their stats, every second).", NULL);
   s->m_ok_stop = rtr_metrics_counter(m, "dserve:request_success_total", "Finished choices.", "finished_reason=\"stop\"");
   s->m_ok_length = rtr_metrics_counter(m, "dserve:request_success_total", "", "finished_reason=\"length\"");
   s->m_fail = rtr_metrics_counter(m, "dserve:request_failure_total", "Requests that failed or were cancelled.", NULL);

@@ -94,6 +94,7 @@ static void on_stats(rtr_server *s, rtr_link *l, const cJSON *m) {
   l->total_blocks = (int)rtr_msg_num(m, "total_blocks", 0);
   counter_from_total(s->m_prefix_hits, rtr_msg_num(m, "prefix_hits", 0), &l->prefix_hits);
   counter_from_total(s->m_prefix_queries, rtr_msg_num(m, "prefix_queries", 0), &l->prefix_queries);
+  counter_from_total(s->m_kv_pushed, rtr_msg_num(m, "kv_bytes_pushed", 0), &l->kv_pushed);
   on_prefix_tiers(s, l, cJSON_GetObjectItemCaseSensitive(m, "prefix_tiers"));
   // Refused connections: the worker's running total, and (checked as often) the router hub's own.
   counter_from_total(s->m_auth_failures, rtr_msg_num(m, "auth_failures", 0), &l->auth_failures);

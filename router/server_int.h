@@ -37,7 +37,7 @@ typedef struct rtr_link {
   int n_ctx;
   int block_size;              // hello_ok kv_layout.block_size (16 when absent): the prompt's key chain
   int running, waiting, free_blocks, total_blocks, inflight;
-  double prefix_hits, prefix_queries; // last cumulative values seen
+  double prefix_hits, prefix_queries, kv_pushed; // last cumulative values seen
   double auth_failures;        // stats_ok auth_failures: the worker's refused control + kvxfer connections (running
                                // total since the worker started; a restart starts it again)
   int connecting;              // 1 while the link thread is connecting (its peer may speak before it is stored)
@@ -129,7 +129,7 @@ struct rtr_server {
   rtr_kvindex *kv;             // (owned) which worker (by link index) holds which prefix blocks; guarded by mu
   rtr_metrics *m;              // (owned)
   rtr_metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue, *m_kv_usage,
-      *m_prefix_hits, *m_prefix_queries, *m_kv_bytes, *m_kv_time, *m_ok_stop, *m_ok_length, *m_fail;
+      *m_prefix_hits, *m_prefix_queries, *m_kv_bytes, *m_kv_pushed, *m_kv_time, *m_ok_stop, *m_ok_length, *m_fail;
   // dserve:auth_failures_total (NULL until created): grown in links.c from every worker's stats_ok auth_failures and
   // the router hub's own refusals (srv_hub_auth_failures); hub_auth_last: the hub's count already added.
   rtr_metric *m_auth_failures;

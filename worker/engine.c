@@ -316,7 +316,7 @@ int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
     s->n_done += e->batch_chunk[i];
     // Blocks this step filled become reusable by later requests (prompt and generated tokens alike).
     int full = s->n_done / block_size(e);
-    if (e->prefix && full > s->n_inserted) {
+    if (e->prefix && full > s->n_inserted && !s->no_reuse) {
       wrk_prefix_insert(e->prefix, s->toks, s->n_done, s->blocks.ids, full);
       s->n_inserted = full;
     }

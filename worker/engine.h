@@ -24,6 +24,8 @@ typedef struct wrk_seq {
   wrk_blocks blocks;
   int n_cached;    // leading tokens whose K/V came from the prefix cache at admission
   int n_inserted;  // leading full blocks already offered to the prefix cache
+  int no_reuse;    // 1: some blocks lack KV of layers that never read them again (a window-only handoff,
+                   // worker/kvwire.h): none is offered to the prefix cache
   void *owner;     // (borrowed) the role's per-request state
 } wrk_seq;
 

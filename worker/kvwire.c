@@ -59,6 +59,26 @@ uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int layer, int kv, int bloc
   return r->base + (((uint64_t)layer * 2 + (uint64_t)kv) * (uint64_t)r->n_blocks + (uint64_t)block) * r->chunk_bytes;
 }
 
+int wrk_kvwire_first_live_block(const mdl_llama_cfg *c, int layer, int n_prompt, int block_size) {
+  int window = mdl_llama_layer_window(c, layer);
+  if (window <= 0 || n_prompt <= window || block_size < 1) return 0;
+  return (n_prompt - window) / block_size; // the block holding position n_prompt - window, the first one read
+}
+
+double wrk_kvwire_handoff_bytes(const wrk_kvpool *kv, int n_prompt, int skip, int *dead_out) {
+  const mdl_llama_cfg *c = wrk_kvpool_cfg(kv);
+  int bs = wrk_kvpool_kv(kv)->block_size, n = (n_prompt + bs - 1) / bs, dead = 0;
+  long chunks = 0; // (layer, block) pairs sent
+  for (int l = 0; l < c->n_layer; l++) {
+    int from = wrk_kvwire_first_live_block(c, l, n_prompt, bs);
+    if (from > skip) dead = 1;
+    from = from > skip ? from : skip;
+    if (n > from) chunks += n - from;
+  }
+  if (dead_out) *dead_out = dead;
+  return (double)chunks * (double)wrk_kvpool_block_bytes(kv) / (double)c->n_layer;
+}
+
 int wrk_kvwire_write_blocks(kvx_agent *a, const wrk_kvpool *kv, const char *peer, const wrk_kv_remote *remote,
                             const int32_t *local_ids, const int32_t *remote_ids, int n, int l0, int l1,
                             const void *notif, size_t notif_len, kvx_xfer **out, char *err, size_t errlen) {

@@ -37,6 +37,17 @@ int wrk_kvwire_write_blocks(kvx_agent *a, const wrk_kvpool *kv, const char *peer
                             const int32_t *local_ids, const int32_t *remote_ids, int n, int l0, int l1,
                             const void *notif, size_t notif_len, kvx_xfer **out, char *err, size_t errlen);
 
+// The first of a prompt's blocks that layer `layer` reads again once the prompt (n_prompt tokens) is computed: a
+// sliding-window layer sees positions (pos - window, pos] only and every later pos is >= n_prompt, so the blocks
+// wholly before n_prompt - window are never read by it again and a handoff does not send them (Gemma 3's local
+// layers). 0 for a global layer. The decode worker then holds blocks without those layers' KV: it does not offer
+// them to its prefix cache (wrk_seq.no_reuse).
+int wrk_kvwire_first_live_block(const mdl_llama_cfg *c, int layer, int n_prompt, int block_size);
+// Bytes a handoff of a prompt of n_prompt tokens moves for its blocks from `skip` on (those before are the decode
+// worker's own cache): every layer from max(skip, its first live block). *dead_out (may be NULL): 1 when some
+// layer's KV in a block from `skip` on is not sent (the blocks must not be reused).
+double wrk_kvwire_handoff_bytes(const wrk_kvpool *kv, int n_prompt, int skip, int *dead_out);
+
 int wrk_kvwire_add_md(cJSON *msg, kvx_agent *a);  // "kvx_md": base64 of kvx_pack_md
 int wrk_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen);
 

@@ -21,6 +21,7 @@ import unittest
 DSERVE = os.environ.get("DSERVE_BINARY", "")
 SOURCE_DIR = os.environ.get("DSERVE_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 MODEL = os.path.join(SOURCE_DIR, "models", "weights", "SmolLM2-135M-Instruct.Q4_1.gguf")
+GEMMA = os.path.join(SOURCE_DIR, "models", "weights", "gemma-3-270m-q4_k_m.gguf")  # sliding-window layers
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCALE = float(os.environ.get("DSERVE_TIMEOUT_SCALE", "1"))  # the sanitize build sets 4: waits and bounds scale by it
 
@@ -234,10 +235,10 @@ class Node:
 class Cluster:
     """A temp dir with a one-node config and its launcher; cleaned by close() (register it with addCleanup)."""
 
-    def __init__(self, workers, disagg_threshold=1000, tag="e2e", backoff_ms=100, router=None):
+    def __init__(self, workers, disagg_threshold=1000, tag="e2e", backoff_ms=100, router=None, model=MODEL):
         self.dir = tempfile.mkdtemp(prefix="dserve-%s-" % tag)
         self.config = os.path.join(self.dir, "c.json")
-        self.port = local_config(self.config, workers, disagg_threshold, router=router)
+        self.port = local_config(self.config, workers, disagg_threshold, model=model, router=router)
         self.closed = False
         self.node = Node(self.config, backoff_ms=backoff_ms)
 

@@ -111,5 +111,71 @@ class AutoDisagg(unittest.TestCase):
         self.assertEqual(busy["result"]["status"], 200, busy["result"])
 
 
+class SlidingWindowHandoff(unittest.TestCase):
+    """Gemma 3: a handoff sends a sliding-window layer only the blocks it reads again, and the output is the
+    colocated one; the decode worker does not reuse those blocks for a shorter prompt that shares their prefix."""
+
+    # Gemma 3 270M: 18 layers, every 6th global (5, 11, 17), window 512; one KV head of 256, f16 K and V, 16 tokens
+    # per block: 2 x 16 x 256 x 2 bytes per layer and block.
+    LAYERS, GLOBAL, WINDOW, BS, LAYER_BLOCK_BYTES = 18, 3, 512, 16, 2 * 16 * 256 * 2
+
+    def wait_for(self, cond, secs=10):
+        deadline = time.time() + secs * u.SCALE
+        while not cond() and time.time() < deadline:
+            time.sleep(0.1)
+
+    def test_window_only_handoff(self):
+        u.require_env(self)
+        if not os.path.exists(u.GEMMA):
+            self.skipTest("the model %s is missing: run scripts/setup.sh" % u.GEMMA)
+        facts = ["Fact %d: the %s river is %d kilometres long and crosses %d towns." % (
+            i, ["red", "green", "blue", "grey", "white", "black"][i % 6], 100 + 37 * i, 3 + i % 9) for i in range(64)]
+        a = {"prompt": " ".join(facts) + " Of all these rivers, the longest is", "max_tokens": 8}
+        b = {"prompt": " ".join(facts[:44]) + " So the shortest river is", "max_tokens": 8}
+        co = u.Cluster([{"name": "w0", "role": "both", "threads": 2, "kv_budget_mb": 64}], model=u.GEMMA,
+                       tag="swa-coloc")
+        self.addCleanup(co.close)
+        co.start()
+        want = [u.complete(co.port, "completions", x) for x in (a, b)]
+        co.close()
+        for w in want:
+            self.assertEqual(w["status"], 200, w)
+        n_a, n_b = want[0]["prompt_tokens"], want[1]["prompt_tokens"]
+        live_a, live_b = (n_a - self.WINDOW) // self.BS, (n_b - self.WINDOW) // self.BS
+        # A's local layers skip blocks B's would read: reusing A's blocks for B would read KV never sent.
+        self.assertGreater(live_a, live_b + 2, (n_a, n_b))
+        self.assertGreater(live_b, 0, (n_a, n_b))
+        c = u.Cluster([{"name": "p0", "role": "prefill", "kv_budget_mb": 64, "kvxfer": {"backend": "shm"}},
+                       {"name": "d0", "role": "decode", "kv_budget_mb": 64, "prefix_cache_mb": 32,
+                        "kvxfer": {"backend": "shm"}}],
+                      disagg_threshold=0, model=u.GEMMA, tag="swa-1p1d")
+        self.addCleanup(c.close)
+        c.start()
+        # Handoffs are counted when the decode worker's `done` comes, which may be after the response, and pushes
+        # when the prefill worker's stats come (every second): wait for start()'s one-token request to be counted
+        # both ways, then for A's.
+        m = lambda name: u.metrics(c.port).get(name, 0)
+        handoffs = lambda: m("dserve:kv_transfer_time_seconds_count")
+        self.wait_for(lambda: handoffs() >= 1 and
+                      m("dserve:kv_pushed_bytes_total") >= m("dserve:kv_transfer_bytes_total") > 0)
+        m0 = u.metrics(c.port)
+        got = u.complete(c.port, "completions", a)
+        self.assertEqual(got["status"], 200, got)
+        self.assertEqual(got["text"], want[0]["text"])
+        n_blocks = (n_a + self.BS - 1) // self.BS
+        sent = (self.GLOBAL * n_blocks + (self.LAYERS - self.GLOBAL) * (n_blocks - live_a)) * self.LAYER_BLOCK_BYTES
+        why = "window-only handoff of %d tokens: %d of %d bytes expected" % (
+            n_a, sent, self.LAYERS * n_blocks * self.LAYER_BLOCK_BYTES)
+        # what the decode worker counted (with the request) and what the prefill worker wrote (its stats, each second)
+        counted = lambda name: u.metrics(c.port)[name] - m0[name]
+        self.wait_for(lambda: handoffs() >= m0["dserve:kv_transfer_time_seconds_count"] + 1)
+        self.assertEqual(counted("dserve:kv_transfer_bytes_total"), sent, why)
+        self.wait_for(lambda: counted("dserve:kv_pushed_bytes_total") >= sent)  # prefill stats: every second
+        self.assertEqual(counted("dserve:kv_pushed_bytes_total"), sent, why)
+        got = u.complete(c.port, "completions", b)
+        self.assertEqual(got["status"], 200, got)
+        self.assertEqual(got["text"], want[1]["text"], "B after A: the decode worker reused blocks A did not fill")
+
+
 if __name__ == "__main__":
     unittest.main()

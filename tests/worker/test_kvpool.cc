@@ -10,6 +10,7 @@
 
 extern "C" {
 #include "worker/kvpool.h"
+#include "worker/kvwire.h"
 }
 
 namespace {
@@ -170,6 +171,44 @@ TEST_F(KvPool, ConcurrentReserveReleaseUnderFourThreads) {
   EXPECT_EQ(wrk_kvpool_free_blocks(p), 64);
   wrk_kvpool_free(p);
   EXPECT_EQ(g_live.load(), 0);
+}
+
+// A window-only handoff (Gemma 3's local layers): which blocks each layer is sent, what that weighs, and that the
+// decode worker is told not to reuse blocks some layer was not sent.
+TEST_F(KvPool, SlidingWindowLayersAreSentOnlyTheBlocksTheyReadAgain) {
+  cfg.n_layer = 6;
+  cfg.n_swa = 64;
+  cfg.swa_pattern = 3; // layers 0, 1, 3, 4 local; 2, 5 global
+  const int bs = 16;
+  EXPECT_EQ(wrk_kvwire_first_live_block(&cfg, 2, 1000, bs), 0);  // global: every block
+  EXPECT_EQ(wrk_kvwire_first_live_block(&cfg, 0, 1000, bs), 58); // local: (1000 - 64) / 16, holding position 936
+  EXPECT_EQ(wrk_kvwire_first_live_block(&cfg, 4, 64, bs), 0);    // a prompt inside the window: every block
+  EXPECT_EQ(wrk_kvwire_first_live_block(&cfg, 4, 80, bs), 1);
+  // Position 1000 (the first decoded token) sees (936, 1000]: block 58 holds 928..943, so it must be sent and
+  // block 57 (912..927) need not.
+  EXPECT_LE(58 * bs, 1000 - 64 + 1);
+  EXPECT_GT(58 * bs + bs, 1000 - 64 + 1);
+  wrk_kvpool_opts o{};
+  o.type = KRN_F16;
+  o.block_size = bs;
+  o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F16, bs) * 70;
+  wrk_kvpool *p = nullptr;
+  ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0) << err;
+  double per_layer_block = (double)wrk_kvpool_block_bytes(p) / 6;
+  int dead = -1;
+  // 63 blocks: 2 global layers x 63 + 4 local layers x (63 - 58)
+  EXPECT_DOUBLE_EQ(wrk_kvwire_handoff_bytes(p, 1000, 0, &dead), (2 * 63 + 4 * 5) * per_layer_block);
+  EXPECT_EQ(dead, 1);
+  EXPECT_DOUBLE_EQ(wrk_kvwire_handoff_bytes(p, 1000, 60, &dead), 6 * 3 * per_layer_block); // decode held 60
+  EXPECT_EQ(dead, 0);
+  EXPECT_DOUBLE_EQ(wrk_kvwire_handoff_bytes(p, 50, 0, &dead), 6 * 4 * per_layer_block); // inside the window
+  EXPECT_EQ(dead, 0);
+  wrk_kvpool_free(p);
+  cfg.n_swa = 0; // no sliding window: every layer, every block
+  ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0) << err;
+  EXPECT_DOUBLE_EQ(wrk_kvwire_handoff_bytes(p, 1000, 0, &dead), 6 * 63 * per_layer_block);
+  EXPECT_EQ(dead, 0);
+  wrk_kvpool_free(p);
 }
 
 } // namespace
