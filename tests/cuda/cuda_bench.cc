@@ -1,5 +1,7 @@
 // tests/cuda/cuda_bench.cc: cuda backend figures: GEMV/GEMM throughput for SmolLM2 shapes, decode attention bandwidth vs peak, full model tokens/s (with and without step graphs), a cuda-vs-cpu check.
 // dserve_gtest globs every .cc here into test_cuda too: the file is empty unless built as the cuda_bench target.
+// Exit status: 0 measured; 1 a CUDA error during a timed loop, a failed forward pass or a failed check (the figures
+// are void: a failing kernel returns early and would read as fast); 3 no CUDA device (nothing measured).
 #ifdef DSERVE_CUDA_BENCH
 #include <cuda_runtime.h>
 
@@ -63,6 +65,26 @@ struct Bench {
   }
 };
 
+// After a timed loop: the ctx's sticky error (kernels/cuda records the first failure of any op), then the
+// runtime's own (a launch the backend did not check, a fault found by the synchronize). Any error ends the run
+// with status 1: a kernel that failed returned at once, so the time just measured is not of its work.
+void check_cuda(Bench &b, const char *what) {
+  char err[256] = "";
+  b.be->sync(&b.c);
+  const cudaError_t sync = cudaDeviceSynchronize(), last = cudaGetLastError();
+  if (krn_ctx_error(&b.c, err, sizeof err) == 0 && sync == cudaSuccess && last == cudaSuccess) return;
+  if (!err[0]) snprintf(err, sizeof err, "%s", cudaGetErrorString(sync != cudaSuccess ? sync : last));
+  printf("cuda_bench: CUDA ERROR in %s: %s; the figures are void\n", what, err);
+  fflush(stdout);
+  exit(1);
+}
+
+// The headline figures, gathered for the one summary line at the end (NAN: not measured).
+struct Summary {
+  double decode1 = NAN, decode32 = NAN, decode1_graphs = NAN, decode32_graphs = NAN, prefill2048 = NAN;
+  double attn_frac = NAN, attn_copy_frac = NAN, copy_gbps = NAN;
+};
+
 // SmolLM2-135M: 30 layers of q, k, v, o, gate, up, down, then the 49152-row output.
 struct Shape { int k, m; };
 const Shape kLayer[] = {{576, 576}, {576, 192}, {576, 192}, {576, 576}, {576, 1536}, {576, 1536}, {1536, 576}};
@@ -84,7 +106,9 @@ double matmul_pass(Bench &b, const std::vector<void *> &w, void *out_w, int n) {
   double t0 = now_s();
   for (int i = 0; i < iters; i++) pass();
   b.be->sync(&b.c);
-  return (now_s() - t0) / iters;
+  const double t = (now_s() - t0) / iters;
+  check_cuda(b, n >= 512 ? "the matmul prefill loop" : "the matmul decode loop");
+  return t;
 }
 
 // Decode attention over batch rows each at context ctx; returns K/V bytes read per second.
@@ -136,13 +160,14 @@ double attn_bw(Bench &b, int batch, int ctx, int n_head, int n_kv, int hd) {
   for (int i = 0; i < iters; i++) b.be->paged_attention(&b.c, out, q, &a);
   b.be->sync(&b.c);
   const double t = (now_s() - t0) / iters;
+  check_cuda(b, "the decode attention loop");
   const double bytes = (double)batch * ctx * n_kv * hd * 2 /* K and V */ * 2 /* F16 */;
   b.be->free(&b.c, kc);
   b.be->free(&b.c, vc);
   return bytes / t;
 }
 
-void model_figures(Bench &b) {
+void model_figures(Bench &b, Summary &sum) {
   const char *path = DSERVE_SOURCE_DIR "/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf";
   char err[256] = "";
   mdl_gguf *g = nullptr;
@@ -151,8 +176,8 @@ void model_figures(Bench &b) {
     // Speed does not depend on the weights' values: a model of the same shapes stands in.
     synth = dserve_test::synth_model(dserve_test::smollm2_shape(), 3);
     if (mdl_gguf_from_memory(synth.data(), synth.size(), &g, err, sizeof err)) {
-      printf("model: skipped (%s)\n", err);
-      return;
+      printf("model: FAILED (synthetic model: %s)\n", err);
+      exit(1);
     }
     printf("model: the SmolLM2-135M GGUF is absent; figures are for a synthetic model of its shapes (random Q4_1 weights)\n");
   } else {
@@ -160,9 +185,8 @@ void model_figures(Bench &b) {
   }
   mdl_llama *m = nullptr;
   if (mdl_llama_load(g, &b.c, &m, err, sizeof err)) {
-    printf("model: skipped (mdl_llama_load on cuda: %s)\n", err);
-    mdl_gguf_close(g);
-    return;
+    printf("model: FAILED (mdl_llama_load on cuda: %s)\n", err);
+    exit(1);
   }
   const mdl_llama_cfg *cfg = mdl_llama_config(m);
   const int bs = 16, ctx = 2048 + 64, per_seq = (ctx + bs - 1) / bs, n_seqs = 32;
@@ -189,15 +213,22 @@ void model_figures(Bench &b) {
     return mdl_llama_forward(m, &kv, seqs.data(), n, logits.data(), nullptr, nullptr, err, sizeof err);
   };
   if (!kv.base || step(1, 2048, 0)) {
-    printf("model: skipped (forward on cuda: %s)\n", kv.base ? err : "KV alloc failed");
+    printf("model: FAILED (forward on cuda: %s)\n", kv.base ? err : "KV alloc failed");
+    exit(1);
   } else {
     double t0 = now_s();
-    step(1, 2048, 0);
+    const int pbad = step(1, 2048, 0);
     const double tp = now_s() - t0;
+    if (pbad) {
+      printf("model prefill 2048 tokens: FORWARD FAILED (%s)\n", err);
+      exit(1);
+    }
+    check_cuda(b, "the model prefill");
     printf("model prefill 2048 tokens: %.0f tokens/s\n", 2048 / tp);
+    sum.prefill2048 = 2048 / tp;
     for (int graphs : {0, 1}) {
       if (mdl_llama_set_graphs(m, graphs, err, sizeof err)) {
-        printf("model decode with graphs: skipped (%s)\n", err);
+        printf("model decode with graphs: FAILED (%s)\n", err);
         break;
       }
       for (int batch : {1, 32}) {
@@ -215,6 +246,13 @@ void model_figures(Bench &b) {
                graphs ? " (cuda graphs)" : "", batch / td, td * 1e3,
                graphs ? (r1 - r0 == iters ? ", every step replayed" : ", NOT every step replayed") : "",
                bad ? " FORWARD FAILED" : "");
+        if (bad) {
+          printf("model decode: FAILED (%s)\n", err);
+          exit(1);
+        }
+        check_cuda(b, "the model decode loop");
+        (batch == 1 ? (graphs ? sum.decode1_graphs : sum.decode1) : (graphs ? sum.decode32_graphs : sum.decode32)) =
+            batch / td;
       }
     }
     mdl_llama_set_graphs(m, 0, err, sizeof err);
@@ -226,13 +264,14 @@ void model_figures(Bench &b) {
 
 // Greedy decoding of a small synthetic model on cuda and on the cpu: the correctness line of a run without
 // GoogleTest (scripts/gpu-check.sh on a bare machine), plain and with step graphs.
-void check_line(Bench &b) {
+int check_line(Bench &b) {
+  int ok = 1;
   auto bytes = dserve_test::synth_model(dserve_test::tiny_shape(), 11);
   char err[256] = "";
   mdl_gguf *g = nullptr;
   if (mdl_gguf_from_memory(bytes.data(), bytes.size(), &g, err, sizeof err)) {
     printf("check: FAILED (synthetic model: %s)\n", err);
-    return;
+    return 0;
   }
   krn_ctx host{};
   host.be = krn_cpu_best();
@@ -243,6 +282,7 @@ void check_line(Bench &b) {
       printf("check: FAILED (%s)\n", err);
       mdl_llama_free(mc);
       mdl_llama_free(mg);
+      ok = 0;
       break;
     }
     const mdl_llama_cfg *cfg = mdl_llama_config(mc);
@@ -280,18 +320,22 @@ void check_line(Bench &b) {
     }
     long replayed = 0;
     mdl_llama_graph_stats(mg, &replayed, nullptr);
+    const bool pass = kg.base && !failed && equal == clear && clear >= steps / 2 && worst < 2e-2 &&
+                      (!graphs || replayed > 0);
+    ok &= pass;
     if (!kg.base || failed)
       printf("check: FAILED (%s)\n", kg.base ? err : "KV alloc failed");
     else
       printf("check: cuda vs cpu on a synthetic model%s: greedy tokens %d/%d equal, max logit error %.2g%s -> %s\n",
              graphs ? " (cuda graphs)" : "", equal, clear, worst,
              graphs ? (replayed > 0 ? "" : " (no step replayed!)") : "",
-             equal == clear && clear >= steps / 2 && worst < 2e-2 && (!graphs || replayed > 0) ? "ok" : "MISMATCH");
+             pass ? "ok" : "MISMATCH");
     b.be->free(&b.c, kg.base);
     mdl_llama_free(mc);
     mdl_llama_free(mg);
   }
   mdl_gguf_close(g);
+  return ok;
 }
 
 // Device-to-device copy bandwidth (bytes read plus written per second): the practical ceiling of a
@@ -308,7 +352,10 @@ double copy_bandwidth(Bench &b) {
     for (int i = 0; i < iters; i++) cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st);
     cudaStreamSynchronize(st);
     bw = 2.0 * bytes * iters / (now_s() - t0);
-    if (cudaGetLastError() != cudaSuccess) bw = 0;
+    check_cuda(b, "the device copy loop");
+  } else {
+    printf("cuda_bench: FAILED: could not allocate 2 x 1 GiB for the copy bandwidth\n");
+    exit(1);
   }
   b.be->free(&b.c, src);
   b.be->free(&b.c, dst);
@@ -347,8 +394,9 @@ int main() {
   b.be = krn_cuda();
   if (!b.be || krn_cuda_device_count() == 0) {
     printf("cuda_bench: no CUDA device; nothing measured\n");
-    return 0;
+    return 3;
   }
+  Summary sum;
   char err[256] = "";
   b.c.be = b.be;
   if (b.be->ctx_init(&b.c, 0, err, sizeof err)) {
@@ -363,8 +411,10 @@ int main() {
          peak / 1e9, how);
   if (!(peak > 0)) peak = NAN; // the fractions below print as nan rather than as a division by zero
   const double copy = copy_bandwidth(b);
+  sum.copy_gbps = copy / 1e9;
   printf("device copy bandwidth (bytes read + written): %.0f GB/s = %.0f%% of peak\n", copy / 1e9, 100 * copy / peak);
-  check_line(b);
+  const int checked = check_line(b);
+  check_cuda(b, "the cuda-vs-cpu check");
 
   std::vector<void *> w;
   for (int l = 0; l < kLayers; l++)
@@ -389,8 +439,15 @@ int main() {
       const double bw = attn_bw(b, 32, ctx, cf.nh, cf.nkv, cf.hd);
       printf("decode attention %s batch 32 context %d: %.0f GB/s = %.0f%% of peak (%.0f%% of the copy bandwidth)\n",
              cf.name, ctx, bw / 1e9, 100 * bw / peak, 100 * bw / copy);
+      if (ctx == 32768 && cf.nh == 32) sum.attn_frac = bw / peak, sum.attn_copy_frac = bw / copy;
     }
-  model_figures(b);
-  return 0;
+  model_figures(b, sum);
+  // One line for scripts/gpu-check.sh's summary (nan: not measured; the lines above say why).
+  printf("bench summary: decode batch 1 %.0f tok/s (graphs %.0f), batch 32 %.0f tok/s (graphs %.0f), prefill 2048 "
+         "%.0f tok/s, decode attention (Llama-8B shape, batch 32, context 32768) %.0f%% of HBM peak (%.0f%% of the "
+         "%.0f GB/s copy bandwidth), cuda-vs-cpu check %s\n",
+         sum.decode1, sum.decode1_graphs, sum.decode32, sum.decode32_graphs, sum.prefill2048, 100 * sum.attn_frac,
+         100 * sum.attn_copy_frac, sum.copy_gbps, checked ? "ok" : "MISMATCH");
+  return checked ? 0 : 1;
 }
 #endif // DSERVE_CUDA_BENCH
