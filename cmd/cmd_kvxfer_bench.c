@@ -1,4 +1,4 @@
-// cmd/cmd_kvxfer_bench.c: `dserve kvxfer-bench`: bandwidth and latency of kvxfer between two processes, beside the raw baseline (loopback socket or memcpy) measured in the same run.
+// cmd/cmd_kvxfer_bench.c: `dserve kvxfer-bench`: bandwidth and latency of kvxfer between two processes, beside the raw baseline (loopback socket, memcpy, or a CUDA peer copy for nccl) measured in the same run.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -15,6 +15,10 @@
 
 #include "kvxfer/kvx.h"
 #include "cmd/cmds.h"
+
+#ifdef DSERVE_HAVE_CUDA // defined by the kernels library when the CUDA backend is built (it links cudart)
+#include <cuda_runtime.h>
+#endif
 
 #define BENCH_INFLIGHT 4
 
@@ -103,22 +107,109 @@ static void layout_free(layout *L) {
   free(L->slot_dst);
 }
 
+// ---- buffers: host memory (kvx_host_alloc), or CUDA device memory for nccl (dev >= 0) ----
+static uint8_t *buf_alloc(int dev, size_t n, char *err, size_t errlen) {
+  if (dev < 0) return kvx_host_alloc(n, err, errlen);
+#ifdef DSERVE_HAVE_CUDA
+  void *p = NULL;
+  cudaError_t e = cudaSetDevice(dev);
+  if (e == cudaSuccess) e = cudaMalloc(&p, n);
+  if (e != cudaSuccess) {
+    snprintf(err, errlen, "cuda:%d: cudaMalloc of %zu bytes: %s", dev, n, cudaGetErrorString(e));
+    return NULL;
+  }
+  return p;
+#else
+  snprintf(err, errlen, "this dserve was built without CUDA");
+  return NULL;
+#endif
+}
+
+static void buf_free(int dev, void *p, size_t n) {
+  if (dev < 0) {
+    kvx_host_free(p, n);
+    return;
+  }
+#ifdef DSERVE_HAVE_CUDA
+  if (p) cudaFree(p);
+#endif
+}
+
+// dst[0, n) = byte v (device memory: cudaMemset, which also makes the pages resident before timing).
+static int buf_fill(int dev, uint8_t *dst, int v, size_t n) {
+  if (dev < 0) {
+    memset(dst, v, n);
+    return 0;
+  }
+#ifdef DSERVE_HAVE_CUDA
+  return cudaSetDevice(dev) == cudaSuccess && cudaMemset(dst, v, n) == cudaSuccess &&
+                 cudaDeviceSynchronize() == cudaSuccess
+             ? 0
+             : -1;
+#else
+  return -1;
+#endif
+}
+
+// The number of CUDA devices, counted in a short-lived child: the CUDA runtime must not be initialized in this
+// process before it forks the receiver (a forked child cannot use its parent's CUDA state). -1 with err when
+// this build has no CUDA or the runtime reports an error.
+static int cuda_devices(char *err, size_t errlen) {
+#ifdef DSERVE_HAVE_CUDA
+  int fd[2];
+  if (pipe(fd)) {
+    snprintf(err, errlen, "pipe: %s", strerror(errno));
+    return -1;
+  }
+  pid_t p = fork();
+  if (p == 0) {
+    close(fd[0]);
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    char msg[200];
+    int len = e == cudaSuccess ? snprintf(msg, sizeof msg, "%d", n) : snprintf(msg, sizeof msg, "E%s", cudaGetErrorString(e));
+    _exit(write(fd[1], msg, (size_t)len) == len ? 0 : 1);
+  }
+  close(fd[1]);
+  char msg[200] = "";
+  ssize_t r = p > 0 ? read(fd[0], msg, sizeof msg - 1) : -1;
+  close(fd[0]);
+  if (p > 0) waitpid(p, NULL, 0);
+  if (r <= 0) {
+    snprintf(err, errlen, "could not count CUDA devices");
+    return -1;
+  }
+  msg[r] = 0;
+  if (msg[0] == 'E') {
+    snprintf(err, errlen, "no usable CUDA device (cudaGetDeviceCount: %s)", msg + 1);
+    return -1;
+  }
+  return atoi(msg);
+#else
+  snprintf(err, errlen, "this dserve was built without CUDA (no CUDA toolkit at build time)");
+  return -1;
+#endif
+}
+
 // ---- receiver process ----
-static int receiver_main(const char *backend, size_t cap, int md_fd) {
+static int receiver_main(const char *backend, int dev, size_t cap, int md_fd) {
   char err[256];
-  kvx_opts o = {.backend = backend, .secret = "kvxfer-bench", .timeout_ms = 30000};
+  kvx_opts o = {.backend = backend, .secret = "kvxfer-bench", .timeout_ms = 30000, .cuda_device = dev < 0 ? 0 : dev};
   kvx_agent *b = kvx_agent_new("bench-recv", &o, err, sizeof err);
   if (!b) {
     fprintf(stderr, "kvxfer-bench receiver: %s\n", err);
     return 1;
   }
-  uint8_t *dst = kvx_host_alloc(cap, err, sizeof err);
+  uint8_t *dst = buf_alloc(dev, cap, err, sizeof err);
   kvx_region *r;
-  if (!dst || kvx_register(b, dst, cap, KVX_MEM_HOST, &r, err, sizeof err)) {
+  if (!dst || kvx_register(b, dst, cap, dev < 0 ? KVX_MEM_HOST : KVX_MEM_CUDA, &r, err, sizeof err)) {
     fprintf(stderr, "kvxfer-bench receiver: %s\n", err);
     return 1;
   }
-  memset(dst, 1, cap);  // touch every page before timing
+  if (buf_fill(dev, dst, 1, cap)) {  // touch every page before timing
+    fprintf(stderr, "kvxfer-bench receiver: cuda:%d: cudaMemset failed\n", dev);
+    return 1;
+  }
   void *blob;
   size_t len;
   if (kvx_pack_md(b, &blob, &len, err, sizeof err)) return 1;
@@ -138,7 +229,7 @@ static int receiver_main(const char *backend, size_t cap, int md_fd) {
   }
   kvx_deregister(b, r);
   kvx_agent_free(b);
-  kvx_host_free(dst, cap);
+  buf_free(dev, dst, cap);
   return 0;
 }
 
@@ -207,6 +298,34 @@ static double memcpy_run(uint8_t *dst, const uint8_t *src, const layout *L, int 
   return dt;
 }
 
+// The nccl baseline: the CUDA runtime copying the same scattered blocks from cuda:src to cuda:dst inside one
+// process (peer-to-peer where the devices allow it), one stream, synchronized per message. -1 on a CUDA error.
+static double peer_copy_run(uint8_t *dst, int ddev, const uint8_t *src, int sdev, const layout *L, int iters,
+                            double *lat) {
+#ifdef DSERVE_HAVE_CUDA
+  double ls[64];
+  int nl = iters < 64 ? iters : 64;
+  cudaSetDevice(sdev);
+  double t0 = now_s();
+  for (int i = 0; i < iters; i++) {
+    double t = now_s();
+    for (size_t b = 0; b < L->nb; b++)
+      if (cudaMemcpyPeerAsync(dst + L->slot_dst[b] * L->bs, ddev, src + L->slot_src[b] * L->bs, sdev, L->bs, 0) !=
+          cudaSuccess)
+        return -1;
+    if (cudaStreamSynchronize(0) != cudaSuccess) return -1;
+    if (i < nl) ls[i] = now_s() - t;
+  }
+  double dt = now_s() - t0;
+  bench_sort(ls, nl);
+  *lat = ls[nl / 2];
+  return dt;
+#else
+  (void)dst, (void)ddev, (void)src, (void)sdev, (void)L, (void)iters, (void)lat;
+  return -1;
+#endif
+}
+
 static int wait_done(kvx_agent *a, kvx_xfer *x) {
   int st;
   while ((st = kvx_xfer_poll(x)) == KVX_PENDING) kvx_progress(a, 100);
@@ -215,11 +334,15 @@ static int wait_done(kvx_agent *a, kvx_xfer *x) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dserve kvxfer-bench --backend tcp|shm|nixl [--size S] [--blocks N | --block B] [--iters K]\n"
+          "usage: dserve kvxfer-bench --backend tcp|shm|nixl|nccl [--size S] [--blocks N | --block B] [--iters K]\n"
+          "                           [--devices S,R]\n"
           "  Forks a receiver process and measures kvxfer WRITE bandwidth and latency for message sizes\n"
           "  4 KiB .. S (default 64M), each split into N scattered blocks (default 16), beside the raw\n"
-          "  baseline measured in the same run (loopback socket send/recv for tcp and nixl, memcpy for shm).\n"
+          "  baseline measured in the same run (loopback socket send/recv for tcp and nixl, memcpy for shm,\n"
+          "  for nccl the CUDA runtime's peer copy of the same blocks between the same two devices).\n"
           "  nixl: NIXL over UCX (UCX_TLS picks its transports); needs libnixl_capi.so (docs/kvxfer.md).\n"
+          "  nccl: device memory to device memory, sender on cuda:S, receiver on cuda:R (--devices, default 0,1);\n"
+          "  needs a CUDA build with NCCL and two GPUs (NCCL refuses two ranks of one communicator on one device).\n"
           "  --block B: blocks of B bytes instead (a message of m bytes is m / B of them; sizes under B are\n"
           "  skipped), e.g. a model's KV block, to compare with other engines at the same block size.\n"
           "  K: iterations per size (default: enough to move ~512 MiB, 8..2000).\n");
@@ -228,7 +351,7 @@ static void usage(FILE *f) {
 int cmd_kvxfer_bench(int argc, char **argv) {
   const char *backend = NULL;
   size_t size = 64u << 20, blocks = 16, block = 0;
-  int iters = 0;
+  int iters = 0, sdev = 0, rdev = 1, devices_set = 0;
   for (int i = 1; i < argc; i++) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -264,17 +387,49 @@ int cmd_kvxfer_bench(int argc, char **argv) {
         return 2;
       }
       iters = (int)n, i++;
+    } else if (!strcmp(argv[i], "--devices") && v) {
+      char *e, *e2 = NULL;
+      long a = strtol(v, &e, 10), b = *e == ',' ? strtol(e + 1, &e2, 10) : -1;
+      if (e == v || *e != ',' || e[1] == 0 || e2 == e + 1 || *e2 || a < 0 || b < 0 || a > 1024 || b > 1024) {
+        fprintf(stderr, "kvxfer-bench: --devices '%s': want S,R (two CUDA device indexes, e.g. 0,1)\n", v);
+        return 2;
+      }
+      sdev = (int)a, rdev = (int)b, devices_set = 1, i++;
     } else {
       fprintf(stderr, "kvxfer-bench: unknown or incomplete argument '%s'\n", argv[i]);
       usage(stderr);
       return 2;
     }
   }
-  if (!backend || (strcmp(backend, "tcp") && strcmp(backend, "shm") && strcmp(backend, "nixl"))) {
-    fprintf(stderr, "kvxfer-bench: --backend tcp|shm|nixl is required\n");
+  if (!backend || (strcmp(backend, "tcp") && strcmp(backend, "shm") && strcmp(backend, "nixl") && strcmp(backend, "nccl"))) {
+    fprintf(stderr, "kvxfer-bench: --backend tcp|shm|nixl|nccl is required\n");
     usage(stderr);
     return 2;
   }
+  const int nccl = !strcmp(backend, "nccl");
+  if (devices_set && !nccl) {
+    fprintf(stderr, "kvxfer-bench: --devices goes with --backend nccl (the other backends move host memory)\n");
+    return 2;
+  }
+  if (nccl && sdev == rdev) {
+    fprintf(stderr, "kvxfer-bench: --devices %d,%d: NCCL refuses two ranks of one communicator on one device; "
+                    "name two GPUs\n", sdev, rdev);
+    return 2;
+  }
+  if (nccl) {
+    char why[256];
+    int n = cuda_devices(why, sizeof why);
+    if (n < 0) {
+      fprintf(stderr, "kvxfer-bench: --backend nccl: %s\n", why);
+      return 1;
+    }
+    if (sdev >= n || rdev >= n) {
+      fprintf(stderr, "kvxfer-bench: --backend nccl: cuda:%d and cuda:%d wanted, %d CUDA device%s here%s\n", sdev, rdev,
+              n, n == 1 ? "" : "s", n < 2 ? " (the nccl push needs two GPUs: NCCL refuses two ranks on one device)" : "");
+      return 1;
+    }
+  }
+  const int send_dev = nccl ? sdev : -1, recv_dev = nccl ? rdev : -1;
   if (block && (size < block || size / block > (1u << 20))) {
     fprintf(stderr, "kvxfer-bench: --size %zu / --block %zu: want 1..1048576 blocks in the largest message\n", size,
             block);
@@ -294,7 +449,7 @@ int cmd_kvxfer_bench(int argc, char **argv) {
   }
   if (rpid == 0) {
     close(md[0]);
-    _exit(receiver_main(backend, cap, md[1]));
+    _exit(receiver_main(backend, recv_dev, cap, md[1]));
   }
   close(md[1]);
   int rc = 1;
@@ -318,23 +473,31 @@ int cmd_kvxfer_bench(int argc, char **argv) {
     if (r <= 0) goto out;
     got += (size_t)r;
   }
-  kvx_opts o = {.backend = backend, .secret = "kvxfer-bench", .timeout_ms = 30000};
+  kvx_opts o = {.backend = backend, .secret = "kvxfer-bench", .timeout_ms = 30000, .cuda_device = nccl ? sdev : 0};
   char peer[KVX_MAX_NAME];
   if (!(a = kvx_agent_new("bench-send", &o, err, sizeof err)) ||
       kvx_load_remote_md(a, blob, blen, peer, sizeof peer, err, sizeof err)) {
     fprintf(stderr, "kvxfer-bench: %s\n", err);
     goto out;
   }
-  src = kvx_host_alloc(cap, err, sizeof err);
-  raw_dst = kvx_host_alloc(cap, err, sizeof err);
-  if (!src || !raw_dst || kvx_register(a, src, cap, KVX_MEM_HOST, &rs, err, sizeof err)) {
+  // nccl: the source on the sender's device, the baseline's destination on the receiver's (peer copies).
+  src = buf_alloc(send_dev, cap, err, sizeof err);
+  raw_dst = src ? buf_alloc(recv_dev, cap, err, sizeof err) : NULL;
+  if (!src || !raw_dst || kvx_register(a, src, cap, nccl ? KVX_MEM_CUDA : KVX_MEM_HOST, &rs, err, sizeof err)) {
     fprintf(stderr, "kvxfer-bench: %s\n", err);
     goto out;
   }
-  for (size_t i = 0; i < cap; i++) src[i] = (uint8_t)(i * 131 + 7);
-  memset(raw_dst, 1, cap);
+  if (nccl) {
+    if (buf_fill(send_dev, src, 7, cap) || buf_fill(recv_dev, raw_dst, 1, cap)) {
+      fprintf(stderr, "kvxfer-bench: cudaMemset of the sender's buffers failed\n");
+      goto out;
+    }
+  } else {
+    for (size_t i = 0; i < cap; i++) src[i] = (uint8_t)(i * 131 + 7);
+    memset(raw_dst, 1, cap);
+  }
   uint8_t *raw_buf = src;
-  int sock_base = strcmp(backend, "shm") != 0;  // tcp and nixl: against a plain loopback socket
+  int sock_base = strcmp(backend, "shm") != 0 && !nccl;  // tcp and nixl: against a plain loopback socket
   if (sock_base) {  // raw loopback peer: a plain process doing recv loops
     raw_lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -360,8 +523,10 @@ int cmd_kvxfer_bench(int argc, char **argv) {
   else
     printf("kvxfer-bench: backend %s, %zu blocks per message (scattered), %d requests in flight, receiver pid %d\n",
            backend, blocks, BENCH_INFLIGHT, (int)rpid);
+  if (nccl) printf("devices: sender cuda:%d, receiver cuda:%d (device memory on both sides)\n", sdev, rdev);
   printf("baseline: %s\n\n", sock_base ? "plain loopback socket send/recv loop (contiguous, 1-byte ack per message)"
-                                                     : "single-thread memcpy of the same scattered blocks");
+                               : nccl    ? "cudaMemcpyPeerAsync of the same scattered blocks, sender's device to receiver's, one process"
+                                         : "single-thread memcpy of the same scattered blocks");
   printf("%-9s %6s %9s | %10s %10s | %10s %10s | %6s\n", "size", "blocks", "block", "kvx GB/s", "kvx p50 us",
          "raw GB/s", "raw p50 us", "ratio");
   for (size_t m = 4096; m <= size; m *= 4) {
@@ -409,6 +574,8 @@ int cmd_kvxfer_bench(int argc, char **argv) {
     double raw_lat = 0, raw_dt;
     if (raw_fd >= 0)
       raw_dt = raw_tcp_run(raw_fd, raw_buf, L.nb * L.bs, it, &raw_lat);
+    else if (nccl)
+      raw_dt = peer_copy_run(raw_dst, rdev, src, sdev, &L, it, &raw_lat);
     else
       raw_dt = memcpy_run(raw_dst, src, &L, it, &raw_lat);
     if (raw_dt <= 0) {
@@ -454,8 +621,8 @@ out:
   }
   kvx_deregister(a, rs);
   kvx_agent_free(a);
-  kvx_host_free(src, cap);
-  kvx_host_free(raw_dst, cap);
+  buf_free(send_dev, src, cap);
+  buf_free(recv_dev, raw_dst, cap);
   free(blob);
   close(md[0]);
   return rc;
