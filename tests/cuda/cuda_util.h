@@ -119,4 +119,73 @@ inline double rel_err(const std::vector<float> &a, const std::vector<float> &b) 
   return md / std::max(1.0, mb) + (std::any_of(a.begin(), a.end(), [](float x) { return !std::isfinite(x); }) ? 1e9 : 0);
 }
 
+// ---- the matmul's error bound against the scalar reference ----
+// The scalar backend's matmul is the exact product of the dequantized weight (f32, bit for bit what the cuda
+// dequantizers give: GetRowsMatchesReference) with the f32 activation, summed in f32. The cuda matmul differs from
+// it only by (a) the order of its f32 sums and (b) on its GEMM path (n > 8 rows; kernels/cuda/matmul.cu) rounding x
+// and, for non-F32 types, the dequantized weight to f16 before an f32-accumulating cuBLAS GEMM. So for each output
+// y[r][j] = sum_i w[j][i] x[r][i], with S = sum_i |w[j][i] x[r][i]| (computed in double from the dequantized rows):
+//   |cuda - ref| <= (eps_x + eps_w + eps_x eps_w + 2 gamma_k) S + 2^-24 sum_i (|x[r][i]| + |w[j][i]|)
+// where gamma_k = k u / (1 - k u), u = 2^-24, bounds either side's f32 summation (any order, products included;
+// 2u per operation on the GEMM path, whose tensor cores may truncate rather than round their f32 sums);
+// eps_x = 2^-11 (half an f16 ulp, relative) on the GEMM path for non-F32 weights, else 0; eps_w is what rounding
+// the weight type's dequantized values to f16 costs (krn_f16_round_eps); the last term covers values that land in
+// f16's subnormal range, where the rounding error is absolute (<= 2^-25) instead of relative.
+// eps_w per type, from its quantization step: a value of a 32- or 256-element type is d * q (+ m or - dmin * m):
+// d, the block's quantization step, is an f16 (11 significant bits) and q a 4- to 8-bit integer (times a 6- or
+// 8-bit sub-block scale in K-quants), so the value needs up to 19-25 significant bits and its f16 rounding errs by
+// up to 2^-11 of it. F16 weights are f16 already (0); BF16's 8 significant bits fit f16's 11 (0, for values in f16's
+// normal range, which rand_weights' are; the absolute term covers the rest); F32 stays f32 (cublasSgemm: 0).
+inline double krn_f16_round_eps(krn_type t) {
+  return t == KRN_F32 || t == KRN_F16 || t == KRN_BF16 ? 0.0 : std::ldexp(1.0, -11);
+}
+
+// Per-output tolerances (n, m) for y = x(n, k) . w(m, k)^T of type t on the cuda backend, by the bound above;
+// wdeq is w dequantized (m, k) by the scalar backend.
+inline std::vector<double> matmul_tolerances(const std::vector<float> &wdeq, krn_type t, const float *x, int n, int k,
+                                             int m) {
+  const bool gemm = n > 8 && t != KRN_F32;
+  // Tensor cores' f32 accumulation may truncate instead of rounding to nearest: up to 2u per addition there.
+  const double u = std::ldexp(1.0, -24), ua = n > 8 ? 2 * u : u, gamma = k * ua / (1 - k * ua);
+  const double ex = gemm ? std::ldexp(1.0, -11) : 0.0, ew = gemm ? krn_f16_round_eps(t) : 0.0;
+  std::vector<double> tol((size_t)n * m);
+  for (int r = 0; r < n; r++)
+    for (int j = 0; j < m; j++) {
+      double S = 0, A = 0;
+      for (int i = 0; i < k; i++) {
+        const double a = std::fabs((double)wdeq[(size_t)j * k + i]), b = std::fabs((double)x[(size_t)r * k + i]);
+        S += a * b;
+        A += a + b;
+      }
+      tol[(size_t)r * m + j] = (ex + ew + ex * ew + 2 * gamma) * S + u * A;
+    }
+  return tol;
+}
+
+// What the cuda GEMM path computes (n > 8), on the host: x and (for non-F32 types) the dequantized weight
+// wdeq(m, k) rounded to f16, products summed in f32; F32 weights stay f32 throughout (cublasSgemm).
+inline void emulate_gemm_f16(float *y, const float *wdeq, krn_type t, const float *x, int n, int k, int m) {
+  auto r16 = [](float v) { return krn_f16_to_f32(krn_f32_to_f16(v)); };
+  const bool round = t != KRN_F32;
+  std::vector<float> xr((size_t)n * k), wr((size_t)m * k);
+  for (size_t i = 0; i < xr.size(); i++) xr[i] = round ? r16(x[i]) : x[i];
+  for (size_t i = 0; i < wr.size(); i++) wr[i] = round ? r16(wdeq[i]) : wdeq[i];
+  for (int r = 0; r < n; r++)
+    for (int j = 0; j < m; j++) {
+      float acc = 0;
+      for (int i = 0; i < k; i++) acc += xr[(size_t)r * k + i] * wr[(size_t)j * k + i];
+      y[(size_t)r * m + j] = acc;
+    }
+}
+
+// The largest |got - ref| / tol over all outputs (> 1: outside the bound; a non-finite value counts as 1e9).
+inline double worst_ratio(const std::vector<float> &got, const std::vector<float> &ref, const std::vector<double> &tol) {
+  double w = 0;
+  for (size_t i = 0; i < ref.size(); i++) {
+    if (!std::isfinite(got[i])) return 1e9;
+    w = std::max(w, std::fabs((double)got[i] - ref[i]) / std::max(tol[i], 1e-30));
+  }
+  return w;
+}
+
 #endif
