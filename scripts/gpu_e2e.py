@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """scripts/gpu_e2e.py: gpu-check.sh's end-to-end stage: router + prefill + decode workers on CUDA (KV over host staging with tcp, over nccl with two GPUs, and CPU prefill to GPU decode), greedy tokens against the colocated CPU run.
 
-Usage: gpu_e2e.py --dserve BIN [--gpus N] [--nccl 0|1]
+Usage: gpu_e2e.py --dserve BIN [--model M.gguf] [--gpus N] [--nccl 0|1] [--device cuda:0|cpu]
+--model: default models/weights/SmolLM2-135M-Instruct.Q4_1.gguf; on a machine without network, a copy cut to a few
+layers by scripts/gguf_truncate.py (real tokenizer, small enough to carry) serves. --device cpu runs the same cases
+with every "GPU" worker on the cpu: a check of this script itself where there is no GPU.
 Prints "e2e: ..." lines, "e2e: NOT RUN: ..." for a case this machine cannot run, and one "e2e summary: ..." line.
 Exit status: 0 every case that ran passed; 1 a case failed (its reason printed); 2 bad usage or no model/binary.
 
@@ -20,6 +23,7 @@ runs f32 GEMVs and f16 GEMMs, so their logits differ by rounding (tests/cuda all
 import argparse
 import os
 import sys
+import tempfile
 
 CPU_GAP = 0.5
 GPU_GAP = 0.05
@@ -85,6 +89,8 @@ def main():
     ap.add_argument("--dserve", required=True)
     ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--nccl", type=int, choices=(0, 1), default=1)
+    ap.add_argument("--model", default="")
+    ap.add_argument("--device", default="cuda:0", choices=("cuda:0", "cpu"))
     a = ap.parse_args()
     if not os.access(a.dserve, os.X_OK):
         print("e2e: FAILED: %s is not an executable dserve" % a.dserve)
@@ -92,12 +98,25 @@ def main():
     os.environ["DSERVE_BINARY"] = os.path.abspath(a.dserve)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
     import e2e_util as u  # reads DSERVE_BINARY at import
-    if not os.path.exists(u.MODEL):
-        print("e2e: FAILED: the model %s is missing" % u.MODEL)
+    model = a.model or u.MODEL
+    if not os.path.exists(model):
+        print("e2e: FAILED: the model %s is missing" % model)
         return 2
+    print("e2e: model %s, workers on %s" % (model, a.device))
+    dev0, dev1 = (a.device, "cuda:1") if a.device != "cpu" else ("cpu", "cpu")
+
+    class Cluster(u.Cluster):
+        """u.Cluster on this model (u.Cluster's config takes the default model)."""
+
+        def __init__(self, workers, disagg_threshold, tag):  # pylint: disable=super-init-not-called
+            self.dir = tempfile.mkdtemp(prefix="dserve-%s-" % tag)
+            self.config = os.path.join(self.dir, "c.json")
+            self.port = u.local_config(self.config, workers, disagg_threshold, model=model)
+            self.closed = False
+            self.node = u.Node(self.config, backoff_ms=100)
 
     def run(name, workers, disagg):
-        c = u.Cluster(workers, disagg_threshold=0 if disagg else 1000, tag="gpu-" + name)
+        c = Cluster(workers, 0 if disagg else 1000, "gpu-" + name)
         try:
             # A worker that cannot start on its device is given up by the launcher within seconds: stop waiting then.
             u.wait_until(lambda: "failed permanently" in c.node.text() or "dserve: node local ready" in c.node.text(),
@@ -121,28 +140,28 @@ def main():
     failed = []
     lines = []
     cpu, _ = run("cpu-coloc", [{"name": "w0", "role": "both"}], False)
-    gpu, _ = run("gpu-coloc", [{"name": "w0", "role": "both", "device": "cuda:0"}], False)
+    gpu, _ = run("gpu-coloc", [{"name": "w0", "role": "both", "device": dev0}], False)
     if cpu is None or gpu is None:
         print("e2e: FAILED: a colocated run did not complete")
         return 1
     ok, n, t, note = compare(gpu, cpu, CPU_GAP)
-    lines.append("colocated cuda:0 vs cpu %d/%d tokens equal%s" % (n, t, "" if ok else " FAILED"))
-    print("e2e: colocated cuda:0 against colocated cpu: %s, %d/%d tokens compared equal%s" %
-          ("ok" if ok else "FAILED", n, t, (": " + note) if note else ""))
+    lines.append("colocated %s vs cpu %d/%d tokens equal%s" % (dev0, n, t, "" if ok else " FAILED"))
+    print("e2e: colocated %s against colocated cpu: %s, %d/%d tokens compared equal%s" %
+          (dev0, "ok" if ok else "FAILED", n, t, (": " + note) if note else ""))
     if not ok:
-        failed.append("colocated cuda:0")
+        failed.append("colocated " + dev0)
 
     staged = {"backend": "tcp", "staging": "on"}
-    cases = [("1P1D cuda:0 -> cuda:0, tcp + host staging",
-              [{"name": "p0", "role": "prefill", "device": "cuda:0", "kvxfer": staged},
-               {"name": "d0", "role": "decode", "device": "cuda:0", "kvxfer": staged}], gpu, GPU_GAP),
-             ("cpu prefill -> cuda:0 decode, tcp + host staging",
+    cases = [("1P1D %s -> %s, tcp + host staging" % (dev0, dev0),
+              [{"name": "p0", "role": "prefill", "device": dev0, "kvxfer": staged},
+               {"name": "d0", "role": "decode", "device": dev0, "kvxfer": staged}], gpu, GPU_GAP),
+             ("cpu prefill -> %s decode, tcp + host staging" % dev0,
               [{"name": "p0", "role": "prefill", "kvxfer": {"backend": "tcp"}},
-               {"name": "d0", "role": "decode", "device": "cuda:0", "kvxfer": staged}], cpu, CPU_GAP)]
+               {"name": "d0", "role": "decode", "device": dev0, "kvxfer": staged}], cpu, CPU_GAP)]
     if a.gpus >= 2 and a.nccl:
-        cases.append(("1P1D cuda:0 -> cuda:1, nccl",
-                      [{"name": "p0", "role": "prefill", "device": "cuda:0", "kvxfer": {"backend": "nccl"}},
-                       {"name": "d0", "role": "decode", "device": "cuda:1", "kvxfer": {"backend": "nccl"}}], gpu,
+        cases.append(("1P1D %s -> %s, nccl" % (dev0, dev1),
+                      [{"name": "p0", "role": "prefill", "device": dev0, "kvxfer": {"backend": "nccl"}},
+                       {"name": "d0", "role": "decode", "device": dev1, "kvxfer": {"backend": "nccl"}}], gpu,
                       GPU_GAP))
     elif not a.nccl:
         print("e2e: NOT RUN: 1P1D over nccl: this build has no NCCL")
@@ -165,7 +184,7 @@ def main():
             ok = False
             note = (note + "; " if note else "") + "KV moved for %s of %d requests" % (moved, len(PROMPTS))
         print("e2e: %s: %s, %d/%d tokens equal to the %s run%s%s" % (name, "ok" if ok else "FAILED", n, t,
-              "colocated cuda:0" if ref is gpu else "colocated cpu", also, (": " + note) if note else ""))
+              "colocated " + dev0 if ref is gpu else "colocated cpu", also, (": " + note) if note else ""))
         lines.append("%s %d/%d%s%s" % (name, n, t, also, "" if ok else " FAILED"))
         if not ok:
             failed.append(name)
