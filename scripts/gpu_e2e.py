@@ -52,8 +52,8 @@ def answers(u, port):
             raise RuntimeError("HTTP %s: %s" % (st, b))
         toks = []
         for e in b["choices"][0]["logprobs"]["content"]:
-            top = e["top_logprobs"]
-            gap = top[0]["logprob"] - top[1]["logprob"] if len(top) >= 2 else float("inf")
+            top = sorted((t["logprob"] for t in e["top_logprobs"]), reverse=True)
+            gap = top[0] - top[1] if len(top) >= 2 else float("inf")
             toks.append((e["token"], gap))
         out.append(toks)
     return out
