@@ -71,6 +71,34 @@ class GpuCheck(unittest.TestCase):
         self.assertIn("FAILED: device", out)
         self.assertIn("couldn't communicate with the NVIDIA driver", out)
 
+    def fake_probe(self, n):
+        """A stand-in for the CUDA probe (GPU_CHECK_PROBE) that reports n usable devices."""
+        path = os.path.join(self.tmp, "probe")
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\necho 'cuda devices %d'\n" % n)
+            for i in range(n):
+                f.write("echo 'cuda device %d: NVIDIA H200, sm_90, bus 0000:0%d:00.0'\n" % (i, i))
+        os.chmod(path, 0o755)
+        return path
+
+    def test_fewer_gpus_than_listed_fails_unless_hidden_on_purpose(self):
+        smi = self.fake_smi("GPU 0: NVIDIA H200 (UUID: GPU-0)\nGPU 1: NVIDIA H200 (UUID: GPU-1)\n", 0)
+        env = dict(os.environ, GPU_CHECK_PROBE=self.fake_probe(1))
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        old = os.environ
+        try:
+            os.environ = env
+            rc, out = self.run_check("--probe-only", smi=smi, hide_cuda=False)
+            self.assertEqual(rc, 1, out)
+            self.assertIn("nvidia-smi lists 2 GPU(s) but the CUDA runtime can use 1", out)
+            os.environ = dict(env, CUDA_VISIBLE_DEVICES="0")
+            rc, out = self.run_check("--probe-only", smi=smi, hide_cuda=False)
+            self.assertEqual(rc, 0, out)
+            self.assertIn("CUDA uses 1 of the 2 GPU(s) nvidia-smi lists (CUDA_VISIBLE_DEVICES='0')", out)
+            self.assertIn("probe only: CUDA can use 1 GPU(s)", out)
+        finally:
+            os.environ = old
+
     def test_skips_fail_and_count_once(self):
         rc, out = self.verdict("Test project /b\n" + PASS + SKIP + TAIL_SKIPPED)
         self.assertEqual(rc, 1, out)
