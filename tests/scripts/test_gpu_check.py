@@ -31,8 +31,11 @@ class GpuCheck(unittest.TestCase):
         os.chmod(path, 0o755)
         return path
 
-    def run_check(self, *args, smi=None, hide_cuda=True):
+    def run_check(self, *args, smi=None, hide_cuda=True, env_extra=None):
         env = dict(os.environ, GPU_CHECK_LOGS=os.path.join(self.tmp, "logs"), BUILD_DIR=os.path.join(self.tmp, "build"))
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env.pop("GPU_CHECK_PROBE", None)
+        env.update(env_extra or {})
         env["NVIDIA_SMI"] = smi or os.path.join(self.tmp, "no-such-nvidia-smi")
         if hide_cuda:
             env["CUDA_VISIBLE_DEVICES"] = "-1"  # the CUDA runtime sees no device here, also on a machine with one
@@ -83,21 +86,14 @@ class GpuCheck(unittest.TestCase):
 
     def test_fewer_gpus_than_listed_fails_unless_hidden_on_purpose(self):
         smi = self.fake_smi("GPU 0: NVIDIA H200 (UUID: GPU-0)\nGPU 1: NVIDIA H200 (UUID: GPU-1)\n", 0)
-        env = dict(os.environ, GPU_CHECK_PROBE=self.fake_probe(1))
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-        old = os.environ
-        try:
-            os.environ = env
-            rc, out = self.run_check("--probe-only", smi=smi, hide_cuda=False)
-            self.assertEqual(rc, 1, out)
-            self.assertIn("nvidia-smi lists 2 GPU(s) but the CUDA runtime can use 1", out)
-            os.environ = dict(env, CUDA_VISIBLE_DEVICES="0")
-            rc, out = self.run_check("--probe-only", smi=smi, hide_cuda=False)
-            self.assertEqual(rc, 0, out)
-            self.assertIn("CUDA uses 1 of the 2 GPU(s) nvidia-smi lists (CUDA_VISIBLE_DEVICES='0')", out)
-            self.assertIn("probe only: CUDA can use 1 GPU(s)", out)
-        finally:
-            os.environ = old
+        probe = {"GPU_CHECK_PROBE": self.fake_probe(1)}
+        rc, out = self.run_check("--probe-only", smi=smi, hide_cuda=False, env_extra=probe)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("nvidia-smi lists 2 GPU(s) but the CUDA runtime can use 1", out)
+        rc, out = self.run_check("--probe-only", smi=smi, hide_cuda=False, env_extra=dict(probe, CUDA_VISIBLE_DEVICES="0"))
+        self.assertEqual(rc, 0, out)
+        self.assertIn("CUDA uses 1 of the 2 GPU(s) nvidia-smi lists (CUDA_VISIBLE_DEVICES='0')", out)
+        self.assertIn("probe only: CUDA can use 1 GPU(s)", out)
 
     def test_skips_fail_and_count_once(self):
         rc, out = self.verdict("Test project /b\n" + PASS + SKIP + TAIL_SKIPPED)
