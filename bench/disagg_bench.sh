@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # bench/disagg_bench.sh: TTFT through 1 prefill + 1 decode worker against the colocated worker (same run), plus KV bytes/transfer time per request.
 #
-# usage: bench/disagg_bench.sh [--dserve PATH] [--lengths "256 1024 2048"] [--requests N] [--threads T] [--backend shm|tcp]
+# usage: bench/disagg_bench.sh [--dserve PATH] [--model GGUF] [--lengths "256 1024 2048"] [--requests N] [--threads T]
+#                               [--backend shm|tcp]
 # Starts two clusters with `dserve launch` on free loopback ports: "coloc" (one `both` worker) and "1p1d" (prefill p0 +
 # decode d0, disagg_threshold 0, kvxfer BACKEND), each worker with T threads. For each prompt length it sends N
 # sequential streaming /v1/completions requests to each, alternating (after one warm-up each), every prompt a fresh
 # random token sequence (no prefix-cache hits), max_tokens 1, and prints the median TTFT of both, the ratio
-# 1p1d/coloc, and the KV bytes and transfer time per request from the 1p1d router's /metrics
+# 1p1d/coloc, the KV bytes and transfer time per request from the 1p1d router's /metrics, and the bytes per 16-token
+# block against the most any length moved per block: a model with sliding-window layers (Gemma 3, --model) sends
+# those layers only the blocks they read again, so prompts longer than the window move less per block (the
+# "saved" column; use one length inside the window, e.g. --lengths "256 2048", for the all-layer figure)
 # (dserve:kv_transfer_bytes_total, dserve:kv_transfer_time_seconds_sum/_count: the decode worker's kv_ms, measured
 # from its receipt of the request to the handoff's completion, so it includes the prefill compute it overlaps).
 set -euo pipefail
@@ -14,21 +18,22 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 dserve="$root/build/dserve"
 lengths="256 1024 2048"
+model="$root/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf"
 requests=3
 threads=1
 backend=shm
 while [ $# -gt 0 ]; do
   case "$1" in
     --dserve) dserve="$2"; shift 2 ;;
+    --model) model="$(realpath -m "$2")"; shift 2 ;;
     --lengths) lengths="$2"; shift 2 ;;
     --requests) requests="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --backend) backend="$2"; shift 2 ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
     *) echo "disagg_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-model="$root/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -x "$dserve" ] || { echo "disagg_bench.sh: no dserve binary at $dserve (build it or pass --dserve)" >&2; exit 1; }
 [ -f "$model" ] || { echo "disagg_bench.sh: the model $model is missing: run scripts/setup.sh" >&2; exit 1; }
 
@@ -134,8 +139,9 @@ try:
                 time.sleep(0.2)
     print("dserve disagg_bench: %s, 1 prefill + 1 decode (kvxfer %s) vs 1 colocated worker, %d thread(s) per worker, "
           "%d requests per cell (median), max_tokens 1" % (os.path.basename(model), backend, threads, requests))
-    print("%8s %12s %12s %8s %12s %12s %10s" % ("prompt", "coloc ms", "1p1d ms", "ratio", "KV MiB/req", "xfer ms/req",
-                                               "xfer/ttft"))
+    print("%8s %12s %12s %8s %12s %12s %10s %12s %7s" % ("prompt", "coloc ms", "1p1d ms", "ratio", "KV MiB/req",
+                                                         "xfer ms/req", "xfer/ttft", "KiB/block", "saved"))
+    rows = []
     for n in lengths:
         tc, tp = [], []
         m0 = metrics(pd)
@@ -146,6 +152,10 @@ try:
                     out.append(ttft(port, fresh(n)))
                 except BenchError as e:
                     errs.append("%s: %s" % ("coloc" if port == co else "1p1d", e))
+        end = time.time() + 10  # a handoff is counted when the decode worker's `done` comes, after the first token
+        while (metrics(pd)["dserve:kv_transfer_time_seconds_count"] - m0["dserve:kv_transfer_time_seconds_count"]
+               < len(tp) and time.time() < end):
+            time.sleep(0.1)
         m1 = metrics(pd)
         if errs:
             failed = 1
@@ -156,8 +166,12 @@ try:
         kvb = (m1["dserve:kv_transfer_bytes_total"] - m0["dserve:kv_transfer_bytes_total"]) / max(cnt, 1)
         kvs = (m1["dserve:kv_transfer_time_seconds_sum"] - m0["dserve:kv_transfer_time_seconds_sum"]) / max(cnt, 1)
         mc, mp = statistics.median(tc), statistics.median(tp)
-        print("%8d %12.1f %12.1f %7.3fx %12.2f %12.1f %10.2f" % (n, mc * 1e3, mp * 1e3, mp / mc, kvb / 2**20, kvs * 1e3,
-                                                              kvs / mp))
+        rows.append((n, mc, mp, kvb, kvs, kvb / ((n + 15) // 16)))
+    full = max([r[5] for r in rows] or [0])
+    for n, mc, mp, kvb, kvs, per_block in rows:
+        print("%8d %12.1f %12.1f %7.3fx %12.2f %12.1f %10.2f %12.1f %6.1f%%" % (
+            n, mc * 1e3, mp * 1e3, mp / mc, kvb / 2**20, kvs * 1e3, kvs / mp, per_block / 1024,
+            100 * (1 - per_block / full) if full else 0))
         sys.stdout.flush()
 finally:
     for p in procs:
