@@ -54,7 +54,7 @@ typedef struct srv_router_cfg {
   int max_stop;                // stop strings at most (default 8)
   int request_timeout_ms;      // deadline of a request end to end (default 600000)
   int link_dead_ms;            // a worker link that answers no stats (sent every 1 s) this long is closed (15000)
-  int disagg_threshold;        // prompts shorter than this (minus cached prefix) prefill on the decode worker (1000)
+  int disagg_threshold;        // prompts shorter than this (minus cached prefix) prefill on the decode worker (128)
   char disagg_policy[16];      // "auto": ... and so do longer ones when the decode worker is idle or the prefill
                                // queue is long; "threshold": length alone decides (router/sched.h rtr_sched_disagg)
   int disagg_max_prefill_queue; // policy auto: a prefill worker with more queued than this is not used (2)
