@@ -129,9 +129,9 @@ class SlidingWindowHandoff(unittest.TestCase):
         if not os.path.exists(u.GEMMA):
             self.skipTest("the model %s is missing: run scripts/setup.sh" % u.GEMMA)
         facts = ["Fact %d: the %s river is %d kilometres long and crosses %d towns." % (
-            i, ["red", "green", "blue", "grey", "white", "black"][i % 6], 100 + 37 * i, 3 + i % 9) for i in range(64)]
+            i, ["red", "green", "blue", "grey", "white", "black"][i % 6], 100 + 37 * i, 3 + i % 9) for i in range(34)]
         a = {"prompt": " ".join(facts) + " Of all these rivers, the longest is", "max_tokens": 8}
-        b = {"prompt": " ".join(facts[:44]) + " So the shortest river is", "max_tokens": 8}
+        b = {"prompt": " ".join(facts[:27]) + " So the shortest river is", "max_tokens": 8}
         co = u.Cluster([{"name": "w0", "role": "both", "threads": 2, "kv_budget_mb": 64}], model=u.GEMMA,
                        tag="swa-coloc")
         self.addCleanup(co.close)
