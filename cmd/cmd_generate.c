@@ -13,6 +13,7 @@
 #include "models/sampler.h"
 #include "models/tokenizer.h"
 #include "cmd/cmds.h"
+#include "cmd/engine.h"
 
 typedef struct gen_opts {
   const char *model, *prompt, *kernels;
@@ -42,15 +43,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int parse_int(const char *s, long lo, long hi, int *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return -1;
-  *out = (int)v;
-  return 0;
 }
 
 static int parse_float(const char *s, double lo, double hi, float *out) {
@@ -87,14 +79,14 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     if (!strcmp(a, "--model") || !strcmp(a, "-m")) o->model = v;
     else if (!strcmp(a, "--prompt") || !strcmp(a, "-p")) o->prompt = v;
     else if (!strcmp(a, "--kernels")) o->kernels = v;
-    else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) bad = parse_int(v, 0, 1 << 20, &o->n_gen);
-    else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) bad = parse_int(v, 1, 1024, &o->threads);
-    else if (!strcmp(a, "--top-k")) bad = parse_int(v, 0, 1 << 30, &o->top_k);
+    else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) bad = cmd_parse_int(v, 0, 1 << 20, &o->n_gen);
+    else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) bad = cmd_parse_int(v, 1, 1024, &o->threads);
+    else if (!strcmp(a, "--top-k")) bad = cmd_parse_int(v, 0, 1 << 30, &o->top_k);
     else if (!strcmp(a, "--temp")) bad = parse_float(v, 0, 100, &o->temp);
     else if (!strcmp(a, "--top-p")) bad = parse_float(v, 1e-6, 1, &o->top_p);
-    else if (!strcmp(a, "--bench-prompt")) bad = parse_int(v, 1, 1 << 16, &o->bench_pp);
-    else if (!strcmp(a, "--bench-gen")) bad = parse_int(v, 1, 1 << 16, &o->bench_tg);
-    else if (!strcmp(a, "--bench-batch")) bad = parse_int(v, 1, 256, &o->bench_batch);
+    else if (!strcmp(a, "--bench-prompt")) bad = cmd_parse_int(v, 1, 1 << 16, &o->bench_pp);
+    else if (!strcmp(a, "--bench-gen")) bad = cmd_parse_int(v, 1, 1 << 16, &o->bench_tg);
+    else if (!strcmp(a, "--bench-batch")) bad = cmd_parse_int(v, 1, 256, &o->bench_batch);
     else if (!strcmp(a, "--seed")) {
       char *end;
       errno = 0;
@@ -110,11 +102,8 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
       return -1;
     }
   }
-  static const char *const kernels[] = {"auto", "scalar", "avx2", "avx2vnni", "avx512", "cuda"};
-  int known = 0;
-  for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) known |= !strcmp(o->kernels, kernels[i]);
-  if (!known) {
-    fprintf(stderr, "dserve generate: unknown --kernels '%s' (scalar, avx2, avx2vnni, avx512, auto, cuda)\n", o->kernels);
+  if (!cmd_kernels_known(o->kernels)) {
+    fprintf(stderr, "dserve generate: unknown --kernels '%s' (" CMD_KERNELS ")\n", o->kernels);
     return -1;
   }
   if (!o->model) {
@@ -123,67 +112,6 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
   }
   if (!o->prompt && !o->bench) {
     fprintf(stderr, "dserve generate: --prompt is required (or --bench)\n");
-    return -1;
-  }
-  return 0;
-}
-
-// The engine: backend, thread pool, model and a KV cache of its own.
-typedef struct gen_engine {
-  mdl_gguf *g;
-  krn_pool *pool;
-  krn_ctx kc;
-  int kc_init;
-  mdl_llama *m;
-  const mdl_llama_cfg *cfg;
-  mdl_kv kv;
-} gen_engine;
-
-static void engine_close(gen_engine *e) {
-  if (e->kv.base) e->kc.be->free(&e->kc, e->kv.base);
-  mdl_llama_free(e->m);
-  if (e->kc_init && e->kc.be->ctx_fini) e->kc.be->ctx_fini(&e->kc);
-  krn_pool_free(e->pool);
-  mdl_gguf_close(e->g);
-  memset(e, 0, sizeof *e);
-}
-
-static int engine_open(gen_engine *e, const gen_opts *o, char *err, size_t errlen) {
-  memset(e, 0, sizeof *e);
-  const krn_backend *be = NULL;
-  if (!strcmp(o->kernels, "auto")) be = krn_cpu_best();
-  else if (!strcmp(o->kernels, "cuda")) be = krn_cuda();
-  else be = krn_cpu_by_name(o->kernels);
-  if (!be) {
-    snprintf(err, errlen, "kernels '%s' are not available on this machine (scalar, avx2, avx512, auto, cuda)",
-             o->kernels);
-    return -1;
-  }
-  if (mdl_gguf_open(o->model, &e->g, err, errlen) != 0) return -1;
-  e->pool = krn_pool_new(o->threads, err, errlen);
-  if (!e->pool) goto fail;
-  e->kc.be = be;
-  e->kc.pool = e->pool;
-  if (be->ctx_init) {
-    if (be->ctx_init(&e->kc, 0, err, errlen) != 0) goto fail;
-    e->kc_init = 1;
-  }
-  if (mdl_llama_load(e->g, &e->kc, &e->m, err, errlen) != 0) goto fail;
-  e->cfg = mdl_llama_config(e->m);
-  return 0;
-fail:
-  engine_close(e);
-  return -1;
-}
-
-static int engine_kv(gen_engine *e, int n_blocks, char *err, size_t errlen) {
-  e->kv.type = KRN_F16;
-  e->kv.block_size = 16;
-  e->kv.n_blocks = n_blocks;
-  size_t bytes = mdl_kv_block_bytes(e->cfg, e->kv.type, e->kv.block_size) * (size_t)n_blocks;
-  e->kv.base = e->kc.be->alloc(&e->kc, bytes);
-  if (!e->kv.base) {
-    snprintf(err, errlen, "cannot allocate %zu bytes of KV cache", bytes);
     return -1;
   }
   return 0;
@@ -198,11 +126,11 @@ static int argmax(const float *v, int n) {
 
 // --bench: prompt processing of bench_pp tokens, then bench_tg greedy decode steps at batch 1 and at batch B.
 // Every sequence starts from a 16-token prompt, as llama.cpp's side in bench/engine_bench.sh does.
-static int run_bench(gen_engine *e, const gen_opts *o, char *err, size_t errlen) {
+static int run_bench(cmd_engine *e, const gen_opts *o, char *err, size_t errlen) {
   int V = e->cfg->n_vocab, B = o->bench_batch, PP = o->bench_pp, TG = o->bench_tg, P0 = 16;
   int per_seq = (P0 + TG + 15) / 16 + 1, pp_blocks = (PP + 15) / 16;
   int nb = (B + 1) * per_seq + pp_blocks;
-  if (engine_kv(e, nb, err, errlen)) return -1;
+  if (cmd_engine_kv(e, nb, err, errlen)) return -1;
   int32_t *bt = malloc((size_t)nb * sizeof *bt), *toks = malloc((size_t)(PP > P0 * B ? PP : P0 * B) * sizeof *toks);
   float *logits = malloc((size_t)B * V * sizeof *logits);
   mdl_seq *ms = calloc((size_t)B, sizeof *ms);
@@ -258,7 +186,7 @@ done:
   return rc;
 }
 
-static int run_generate(gen_engine *e, const gen_opts *o, char *err, size_t errlen) {
+static int run_generate(cmd_engine *e, const gen_opts *o, char *err, size_t errlen) {
   int rc = -1, V = e->cfg->n_vocab;
   mdl_tok *tok = NULL;
   mdl_sampler *smp = NULL;
@@ -293,7 +221,7 @@ static int run_generate(gen_engine *e, const gen_opts *o, char *err, size_t errl
     goto done;
   }
   int n_pos = (int)n_ids + o->n_gen + 1, nb = (n_pos + 15) / 16;
-  if (engine_kv(e, nb, err, errlen)) goto done;
+  if (cmd_engine_kv(e, nb, err, errlen)) goto done;
   bt = malloc((size_t)nb * sizeof *bt);
   logits = malloc((size_t)V * sizeof *logits);
   if (!bt || !logits) {
@@ -362,13 +290,13 @@ int cmd_generate(int argc, char **argv) {
     return r > 0 ? 0 : 2;
   }
   char err[512] = {0};
-  gen_engine e;
-  if (engine_open(&e, &o, err, sizeof err) != 0) {
+  cmd_engine e;
+  if (cmd_engine_open(&e, o.model, o.kernels, o.threads, err, sizeof err) != 0) {
     fprintf(stderr, "dserve generate: %s\n", err);
     return 1;
   }
   int rc = o.bench ? run_bench(&e, &o, err, sizeof err) : run_generate(&e, &o, err, sizeof err);
   if (rc != 0) fprintf(stderr, "dserve generate: %s\n", err);
-  engine_close(&e);
+  cmd_engine_close(&e);
   return rc ? 1 : 0;
 }

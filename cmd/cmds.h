@@ -6,6 +6,7 @@
 int cmd_inspect(int argc, char **argv);      // cmd_inspect.c
 int cmd_tokenize(int argc, char **argv);     // cmd_inspect.c
 int cmd_generate(int argc, char **argv);     // cmd_generate.c
+int cmd_perplexity(int argc, char **argv);   // cmd_perplexity.c
 int cmd_kvxfer_bench(int argc, char **argv); // cmd_kvxfer_bench.c
 int cmd_router(int argc, char **argv);       // cmd_router.c
 int cmd_prefill(int argc, char **argv);      // cmd_worker.c

@@ -15,6 +15,7 @@ static const cmd CMDS[] = {
     {"inspect", cmd_inspect, "MODEL.gguf", "print architecture, hyper-parameters and tensors"},
     {"tokenize", cmd_tokenize, "MODEL.gguf TEXT", "print token ids"},
     {"generate", cmd_generate, "--model M --prompt P ...", "generate text on this machine"},
+    {"perplexity", cmd_perplexity, "--model M --file TEXT ...", "perplexity and KL divergence vs llama.cpp"},
     {"launch", cmd_launch, "--config F --node N", "start the roles a cluster config gives this node"},
     {"router", cmd_router, "--config F", "run the OpenAI-compatible HTTP router"},
     {"both", cmd_both, "--config F --name W", "run a colocated prefill+decode worker"},

@@ -60,7 +60,7 @@ struct mdl_llama {
   int cap_bt;          // ints in d_bt
   int32_t *d_bt;       // (n_seqs, max_blocks) block tables
   int32_t *h_ids, *h_seq, *h_pos; // host (cap_t)
-  int32_t *h_rows, *h_rseq;       // host (cap_s): row in x, sequence of each logits row
+  int32_t *h_rows, *h_rseq;       // host (cap_s): row in x, and row of the caller's logits, of each logits row
   int32_t *h_bt;                  // host (cap_bt)
 };
 
@@ -438,8 +438,10 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
                        void *on_layer_arg);
 static int step_graph(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a);
 
-int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
-                      mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) {
+// The step behind both entry points. all_rows (n_seqs 1): logits for every new token, row i for token i;
+// otherwise one row for each sequence with want_logits, row s for sequence s.
+static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits, int all_rows,
+                   mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) {
   const mdl_llama_cfg *c = &m->cfg;
   krn_ctx *kc = m->kc;
   const krn_backend *be = kc->be;
@@ -482,7 +484,7 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
       }
     if (q->n_blocks > max_blocks) max_blocks = q->n_blocks;
     T64 += q->n_tokens;
-    R += q->want_logits != 0;
+    R += all_rows ? q->n_tokens : q->want_logits != 0;
   }
   if (T64 > (1 << 24)) {
     snprintf(err, errlen, "forward: batch of %lld tokens too large", (long long)T64);
@@ -495,7 +497,7 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
   int T = (int)T64;
   // A pure decode step (one new token and logits per sequence, no layer callback) may run from a recorded
   // graph; its block tables are padded to a power-of-two width so that one graph serves many lengths.
-  const int graph_step = m->graphs && T == n_seqs && R == n_seqs && !on_layer;
+  const int graph_step = m->graphs && !all_rows && T == n_seqs && R == n_seqs && !on_layer;
   if (graph_step)
     for (int w = 16;; w *= 2)
       if (w >= max_blocks) {
@@ -506,7 +508,8 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
     snprintf(err, errlen, "forward: block tables too large");
     return -1;
   }
-  if (grow_tokens(m, T, err, errlen) || grow_seqs(m, n_seqs, n_seqs * max_blocks, err, errlen)) return -1;
+  if (grow_tokens(m, T, err, errlen) || grow_seqs(m, R > n_seqs ? R : n_seqs, n_seqs * max_blocks, err, errlen))
+    return -1;
 
   // flatten the batch
   int t = 0, r = 0;
@@ -520,7 +523,9 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
     int32_t *bt = m->h_bt + (size_t)s * max_blocks;
     memcpy(bt, q->block_table, (size_t)q->n_blocks * sizeof *bt);
     for (int i = q->n_blocks; i < max_blocks; i++) bt[i] = 0;
-    if (q->want_logits) {
+    if (all_rows) {
+      for (int i = 0; i < q->n_tokens; i++, r++) m->h_rows[r] = t - q->n_tokens + i;
+    } else if (q->want_logits) {
       m->h_rows[r] = t - 1;
       m->h_rseq[r] = s;
       r++;
@@ -546,11 +551,28 @@ int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n
       .scale = c->attn_scale,
   };
   if (!graph_step || step_graph(m, kv, &a) != 0) run_layers(m, kv, &a, R, on_layer, on_layer_arg);
-  for (int i = 0; i < R; i++)
-    be->download(kc, logits + (size_t)m->h_rseq[i] * c->n_vocab, m->lo + (size_t)i * c->n_vocab,
-                 (size_t)c->n_vocab * sizeof(float));
+  if (all_rows) // the rows are in order on both sides: one copy
+    be->download(kc, logits, m->lo, (size_t)R * c->n_vocab * sizeof(float));
+  else
+    for (int i = 0; i < R; i++)
+      be->download(kc, logits + (size_t)m->h_rseq[i] * c->n_vocab, m->lo + (size_t)i * c->n_vocab,
+                   (size_t)c->n_vocab * sizeof(float));
   if (be->sync) be->sync(kc);
   return krn_ctx_error(kc, err, errlen) ? -1 : 0; // a device failure anywhere in the step (sticky on the ctx)
+}
+
+int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
+                      mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) {
+  return forward(m, kv, seqs, n_seqs, logits, 0, on_layer, on_layer_arg, err, errlen);
+}
+
+int mdl_llama_forward_all(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seq, float *logits, char *err,
+                          size_t errlen) {
+  if (!logits) {
+    snprintf(err, errlen, "forward: logits wanted but no output buffer");
+    return -1;
+  }
+  return forward(m, kv, seq, 1, logits, 1, NULL, NULL, err, errlen);
 }
 
 // One gemma3 layer over x (llama.cpp's gemma3 graph): q/k norms, RoPE with the layer's base, attention (sliding

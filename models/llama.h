@@ -82,6 +82,12 @@ const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m);
 int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
                       mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen);
 
+// One sequence's step that returns the logits of every new token, not only the last: (seq->n_tokens, n_vocab) into
+// logits (host memory), row i for token i, whatever seq->want_logits says. For scoring text (perplexity), where
+// each position's prediction counts; the caller bounds n_tokens, as the scratch holds n_tokens rows of n_vocab.
+int mdl_llama_forward_all(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seq, float *logits, char *err,
+                          size_t errlen);
+
 // Step graphs, on backends that have them (cuda): a pure decode step (one new token and logits per sequence,
 // no layer callback) is recorded the second time its shape comes in a row (batch size, block-table width
 // rounded up to a power of two) and replayed after, which saves the launch cost of its few hundred kernels.

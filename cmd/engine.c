@@ -1,0 +1,72 @@
+// cmd/engine.c: the local engine of `dserve generate` and `dserve perplexity` (see engine.h).
+#include "cmd/engine.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cmd_kernels_known(const char *name) {
+  static const char *const kernels[] = {"auto", "scalar", "avx2", "avx2vnni", "avx512", "cuda"};
+  for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
+    if (!strcmp(name, kernels[i])) return 1;
+  return 0;
+}
+
+void cmd_engine_close(cmd_engine *e) {
+  if (e->kv.base) e->kc.be->free(&e->kc, e->kv.base);
+  mdl_llama_free(e->m);
+  if (e->kc_init && e->kc.be->ctx_fini) e->kc.be->ctx_fini(&e->kc);
+  krn_pool_free(e->pool);
+  mdl_gguf_close(e->g);
+  memset(e, 0, sizeof *e);
+}
+
+int cmd_engine_open(cmd_engine *e, const char *model, const char *kernels, int threads, char *err, size_t errlen) {
+  memset(e, 0, sizeof *e);
+  const krn_backend *be = NULL;
+  if (!strcmp(kernels, "auto")) be = krn_cpu_best();
+  else if (!strcmp(kernels, "cuda")) be = krn_cuda();
+  else be = krn_cpu_by_name(kernels);
+  if (!be) {
+    snprintf(err, errlen, "kernels '%s' are not available on this machine (%s)", kernels, CMD_KERNELS);
+    return -1;
+  }
+  if (mdl_gguf_open(model, &e->g, err, errlen) != 0) return -1;
+  e->pool = krn_pool_new(threads, err, errlen);
+  if (!e->pool) goto fail;
+  e->kc.be = be;
+  e->kc.pool = e->pool;
+  if (be->ctx_init) {
+    if (be->ctx_init(&e->kc, 0, err, errlen) != 0) goto fail;
+    e->kc_init = 1;
+  }
+  if (mdl_llama_load(e->g, &e->kc, &e->m, err, errlen) != 0) goto fail;
+  e->cfg = mdl_llama_config(e->m);
+  return 0;
+fail:
+  cmd_engine_close(e);
+  return -1;
+}
+
+int cmd_engine_kv(cmd_engine *e, int n_blocks, char *err, size_t errlen) {
+  e->kv.type = KRN_F16;
+  e->kv.block_size = 16;
+  e->kv.n_blocks = n_blocks;
+  size_t bytes = mdl_kv_block_bytes(e->cfg, e->kv.type, e->kv.block_size) * (size_t)n_blocks;
+  e->kv.base = e->kc.be->alloc(&e->kc, bytes);
+  if (!e->kv.base) {
+    snprintf(err, errlen, "cannot allocate %zu bytes of KV cache", bytes);
+    return -1;
+  }
+  return 0;
+}
+
+int cmd_parse_int(const char *s, long lo, long hi, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return -1;
+  *out = (int)v;
+  return 0;
+}
