@@ -259,6 +259,35 @@ TEST(Llama, ChunkedPrefillEqualsOneShot) {
   EXPECT_LT(max_abs_diff(two.first_logits, one.first_logits), 1e-2f);
 }
 
+// mdl_llama_forward_all: row i is what the model predicts after token i, the logits a step that ends at token i
+// returns; a chunk of scored rows after a context step, as dserve perplexity runs them.
+TEST(Llama, ForwardAllRowsEqualEachPrefixsLastLogits) {
+  auto cs = load_golden();
+  ASSERT_GE(cs.size(), 8u) << kGolden;
+  Engine e;
+  ASSERT_TRUE(e.open());
+  const std::vector<int32_t> &p = cs[7].prompt; // ~40 tokens: straddles a block boundary
+  const int n = (int)p.size(), V = e.cfg->n_vocab, split = 13;
+  auto bt = e.blocks(8);
+  std::vector<float> all((size_t)n * V, -123.0f);
+  mdl_seq ctx = {p.data(), split, 0, bt.data(), 8, 0};
+  ASSERT_EQ(mdl_llama_forward(e.m, &e.kv, &ctx, 1, nullptr, nullptr, nullptr, e.err, sizeof e.err), 0) << e.err;
+  mdl_seq rest = {p.data() + split, n - split, split, bt.data(), 8, 0}; // want_logits 0: every row all the same
+  ASSERT_EQ(mdl_llama_forward_all(e.m, &e.kv, &rest, all.data() + (size_t)split * V, e.err, sizeof e.err), 0) << e.err;
+  EXPECT_EQ(all[0], -123.0f); // rows before the step untouched
+  for (int i : {split, split + 1, 20, n - 1}) {
+    auto pb = e.blocks(8);
+    std::vector<float> one(V);
+    mdl_seq s = {p.data(), i + 1, 0, pb.data(), 8, 1};
+    ASSERT_EQ(mdl_llama_forward(e.m, &e.kv, &s, 1, one.data(), nullptr, nullptr, e.err, sizeof e.err), 0) << e.err;
+    std::vector<float> row(all.begin() + (size_t)i * V, all.begin() + (size_t)(i + 1) * V);
+    EXPECT_LT(max_abs_diff(row, one), 1e-2f) << "row " << i;
+    EXPECT_EQ(argmax(row.data(), V), argmax(one.data(), V)) << "row " << i;
+  }
+  EXPECT_NE(mdl_llama_forward_all(e.m, &e.kv, &rest, nullptr, e.err, sizeof e.err), 0);
+  EXPECT_NE(std::string(e.err).find("no output buffer"), std::string::npos) << e.err;
+}
+
 void count_layer(void *arg, int layer) {
   int *n = (int *)arg;
   EXPECT_EQ(layer, *n);
