@@ -339,6 +339,12 @@ int cmd_perplexity(int argc, char **argv) {
   }
   if (mdl_tok_load(e.g, &tok, err, sizeof err)) goto fail;
   if (o.file && tokenize_file(tok, o.file, &ids, &n_ids, err, sizeof err)) goto fail;
+  for (size_t i = 0; i < n_ids; i++) // a vocabulary longer than the model's output: a token no logit scores
+    if (ids[i] >= e.cfg->n_vocab) {
+      snprintf(err, sizeof err, "%s: token %zu is %d, but the model has %d logits", o.file, i, (int)ids[i],
+               e.cfg->n_vocab);
+      goto fail;
+    }
   p.n_vocab = e.cfg->n_vocab;
   p.bos = mdl_tok_add_bos(tok) ? mdl_tok_bos(tok) : -1;
   if (o.kl_base) {

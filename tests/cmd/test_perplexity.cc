@@ -24,7 +24,10 @@ const int kVocab = 257; // the 256 bytes, then <|endoftext|>
 
 // A 2-layer llama of F32 weights (random, well scaled) over a byte vocabulary; zero_output: an untied output
 // projection of zeros, so every logit is 0 and every prediction uniform.
-std::vector<uint8_t> tiny_model(bool zero_output, bool add_bos, int n_vocab = kVocab) {
+// n_vocab: tokens in the vocabulary (the extras are user-defined tokens "<extra_N>"); n_rows: rows of the embedding
+// (n_vocab when -1).
+std::vector<uint8_t> tiny_model(bool zero_output, bool add_bos, int n_vocab = kVocab, int n_rows = -1) {
+  if (n_rows < 0) n_rows = n_vocab;
   const int E = 64, F = 128, L = 2, H = 2, KVH = 1, HD = E / H;
   GgufWriter w;
   w.str("general.architecture", "llama");
@@ -43,7 +46,7 @@ std::vector<uint8_t> tiny_model(bool zero_output, bool add_bos, int n_vocab = kV
   types.push_back(3); // control
   while ((int)tokens.size() < n_vocab) {
     tokens.push_back("<extra_" + std::to_string(tokens.size()) + ">");
-    types.push_back(3);
+    types.push_back(4);
   }
   w.str("tokenizer.ggml.model", "gpt2");
   w.str("tokenizer.ggml.pre", "smollm");
@@ -64,9 +67,9 @@ std::vector<uint8_t> tiny_model(bool zero_output, bool add_bos, int n_vocab = kV
       memcpy(&w.tensors.back().data[i * 4], &x, 4);
     }
   };
-  f32("token_embd.weight", {E, n_vocab}, -0.2f, 0.2f); // tied: logits of a few nats, not hundreds
+  f32("token_embd.weight", {E, n_rows}, -0.2f, 0.2f); // tied: logits of a few nats, not hundreds
   f32("output_norm.weight", {E}, 0.8f, 1.2f);
-  if (zero_output) f32("output.weight", {E, n_vocab}, 0, 0);
+  if (zero_output) f32("output.weight", {E, n_rows}, 0, 0);
   for (int l = 0; l < L; l++) {
     const std::string p = "blk." + std::to_string(l) + ".";
     f32(p + "attn_norm.weight", {E}, 0.8f, 1.2f);
@@ -216,6 +219,10 @@ TEST(Perplexity, BadArgumentsAndFilesGetAMessage) {
   ASSERT_GT(b.size(), 20u);
   b.resize(b.size() - 2);
   fails("--model " + m + " --kl-base " + t.write("cut.kld", b), 1, "its header"); // a cut file
+  // a vocabulary longer than the model's logits, and a text that uses the token past them
+  std::string mshort = t.write("short.gguf", tiny_model(false, false, 258, 257));
+  std::string ft = t.write("extra.txt", text(100) + "<extra_257>" + text(100));
+  fails("--model " + mshort + " --file " + ft + " --ctx 16", 1, "token 100 is 257, but the model has 257 logits");
   // a write that fails leaves no half-made base behind
   fails("--model " + m + " --file " + f + " --ctx 32 --save-logits /nonexistent/dir/x.kld", 1, "/nonexistent/dir/x.kld");
   // help
