@@ -1,5 +1,5 @@
-// models/chat.c: ChatML rendering, with the default system prompt read from the model's own chat template, and tool
-// calling's prompt (a style table per template family).
+// models/chat.c: chat rendering from a table of template families (recognised by markers in the GGUF's Jinja
+// template), ChatML's default system prompt read from the model's own template, and tool calling's prompt.
 #include "models/chat.h"
 
 #include <stdio.h>
@@ -28,10 +28,7 @@ static int template_default_system(const mdl_gguf *g, char **def, char *err, siz
     return 0;
   }
   size_t n = (size_t)tpl.n;
-  if (!find_in(tpl.p, n, "<|im_start|>") || !find_in(tpl.p, n, "<|im_end|>")) {
-    utl_seterr(err, errlen, "the model's chat template is not ChatML (only ChatML is supported)");
-    return -1;
-  }
+  if (!find_in(tpl.p, n, "<|im_start|>") || !find_in(tpl.p, n, "<|im_end|>")) return 0; // (chatml by override)
   if (!find_in(tpl.p, n, "!= 'system'") && !find_in(tpl.p, n, "!= \"system\"")) return 0;
   const char *open = "<|im_start|>system";
   const char *s = find_in(tpl.p, n, open);
@@ -65,11 +62,99 @@ oom:
 }
 
 int mdl_chat_default_system(const mdl_gguf *g, char **out, char *err, size_t errlen) {
+  const mdl_chat_template *t;
+  if (mdl_chat_template_of(g, NULL, &t, err, errlen) != 0) return -1;
+  if (t && strcmp(t->name, "chatml") != 0) {
+    *out = NULL; // the other families' templates are not read for one
+    return 0;
+  }
   return template_default_system(g, out, err, errlen);
 }
 
-static void block(utl_buf *b, const char *role, const char *content) {
-  utl_buf_printf(b, "<|im_start|>%s\n%s<|im_end|>\n", role, content);
+// ---- the families ----
+
+// Each row renders as llama.cpp's llama_chat_apply_template does for its built-in template of the same name
+// (src/llama-chat.cpp: chatml, llama3, gemma, mistral-v3, phi3).
+static const mdl_chat_template FAMILIES[] = {
+    {.name = "chatml",
+     .sys_open = "<|im_start|>system\n", .sys_close = "<|im_end|>\n",
+     .user_open = "<|im_start|>user\n", .user_close = "<|im_end|>\n",
+     .asst_open = "<|im_start|>assistant\n", .asst_close = "<|im_end|>\n",
+     .gen_prompt = "<|im_start|>assistant\n", .eot = "<|im_end|>", .has_tools = 1},
+    {.name = "llama3",
+     .sys_open = "<|start_header_id|>system<|end_header_id|>\n\n", .sys_close = "<|eot_id|>",
+     .user_open = "<|start_header_id|>user<|end_header_id|>\n\n", .user_close = "<|eot_id|>",
+     .asst_open = "<|start_header_id|>assistant<|end_header_id|>\n\n", .asst_close = "<|eot_id|>",
+     .gen_prompt = "<|start_header_id|>assistant<|end_header_id|>\n\n", .eot = "<|eot_id|>", .trim = 1,
+     .trim_asst = 1},
+    // Gemma has no system turn: its templates put the system text in front of the first user message
+    {.name = "gemma", .fold_sep = "\n\n",
+     .user_open = "<start_of_turn>user\n", .user_close = "<end_of_turn>\n",
+     .asst_open = "<start_of_turn>model\n", .asst_close = "<end_of_turn>\n",
+     .gen_prompt = "<start_of_turn>model\n", .eot = "<end_of_turn>", .trim = 1, .trim_asst = 1},
+    // Mistral's [INST] templates (v3 spacing) put the system text in front of a user message inside its [INST]
+    {.name = "mistral", .fold_sep = "\n\n",
+     .user_open = "[INST] ", .user_close = "[/INST]",
+     .asst_open = " ", .asst_close = "</s>",
+     .gen_prompt = "", .eot = "</s>", .trim_asst = 1},
+    {.name = "phi3",
+     .sys_open = "<|system|>\n", .sys_close = "<|end|>\n",
+     .user_open = "<|user|>\n", .user_close = "<|end|>\n",
+     .asst_open = "<|assistant|>\n", .asst_close = "<|end|>\n",
+     .gen_prompt = "<|assistant|>\n", .eot = "<|end|>"},
+};
+#define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
+
+// How a template is recognised, in llama.cpp's order of checks: every marker of `all` present and none of `none`
+// (variants this table does not render: they are refused, not rendered wrong).
+static const struct {
+  const char *family;
+  const char *all[3];
+  const char *none[3];
+} MARKERS[] = {
+    {"chatml", {"<|im_start|>", "<|im_end|>"}, {"<|im_sep|>", "<end_of_utterance>"}}, // Phi-4, SmolVLM: other layouts
+    {"mistral", {"[INST]", "[/INST]"}, {"[SYSTEM_PROMPT]", "<<SYS>>"}}, // Mistral v7, Llama 2: system turns of their own
+    {"phi3", {"<|user|>", "<|assistant|>", "<|end|>"}, {0}},
+    {"gemma", {"<start_of_turn>", "<end_of_turn>"}, {0}},
+    {"llama3", {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}, {0}},
+};
+
+const mdl_chat_template *mdl_chat_template_named(const char *name) {
+  for (size_t i = 0; name && i < N_FAMILIES; i++)
+    if (!strcmp(FAMILIES[i].name, name)) return &FAMILIES[i];
+  return NULL;
+}
+
+const char *mdl_chat_template_names(void) { return "chatml, llama3, gemma, mistral, phi3"; }
+
+int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat_template **out, char *err,
+                         size_t errlen) {
+  *out = NULL;
+  if (override && override[0]) {
+    if (!(*out = mdl_chat_template_named(override))) {
+      utl_seterr(err, errlen, "chat_template '%.40s' is not a template family known here (%s)", override,
+                 mdl_chat_template_names());
+      return -1;
+    }
+    return 0;
+  }
+  mdl_str tpl;
+  if (!g || mdl_gguf_get_str(g, "tokenizer.chat_template", &tpl) != 0) return 0;
+  size_t n = (size_t)tpl.n;
+  for (size_t i = 0; i < sizeof MARKERS / sizeof MARKERS[0]; i++) {
+    int all = 1, none = 1;
+    for (int k = 0; k < 3 && MARKERS[i].all[k]; k++) all = all && find_in(tpl.p, n, MARKERS[i].all[k]);
+    if (!all) continue;
+    for (int k = 0; k < 3 && MARKERS[i].none[k]; k++) none = none && !find_in(tpl.p, n, MARKERS[i].none[k]);
+    if (!none) break; // a variant of this family that the table does not render
+    *out = mdl_chat_template_named(MARKERS[i].family);
+    return 0;
+  }
+  utl_seterr(err, errlen,
+             "the model's chat template (tokenizer.chat_template) is of no family known here (%s); if it is one of "
+             "them, name it with the config's \"chat_template\"",
+             mdl_chat_template_names());
+  return -1;
 }
 
 // ---- tools: one style table per template family ----
@@ -90,14 +175,17 @@ static const mdl_chat_tool_style HERMES = {
                 "\"arguments\": <args-json-object>}\n</tool_call>",
 };
 
+const mdl_chat_tool_style *mdl_chat_template_tools(const mdl_chat_template *t, char *err, size_t errlen) {
+  if (t && t->has_tools) return &HERMES; // a ChatML template: its own <tool_call> convention (Qwen's) is Hermes's too
+  utl_seterr(err, errlen, "tool calling is not supported with the %s chat template (only with ChatML's, in the Hermes "
+             "convention)", t ? t->name : "model's");
+  return NULL;
+}
+
 const mdl_chat_tool_style *mdl_chat_tool_style_of(const mdl_gguf *g, char *err, size_t errlen) {
-  mdl_str tpl;
-  if (!g || mdl_gguf_get_str(g, "tokenizer.chat_template", &tpl) != 0) return &HERMES; // SmolLM2's is assumed
-  if (!find_in(tpl.p, (size_t)tpl.n, "<|im_start|>") || !find_in(tpl.p, (size_t)tpl.n, "<|im_end|>")) {
-    utl_seterr(err, errlen, "the model's chat template is not ChatML (only ChatML is supported)");
-    return NULL;
-  }
-  return &HERMES; // a ChatML template: its own <tool_call> convention (Qwen's) is Hermes's too
+  const mdl_chat_template *t;
+  if (mdl_chat_template_of(g, NULL, &t, err, errlen) != 0) return NULL;
+  return mdl_chat_template_tools(t ? t : &FAMILIES[0], err, errlen); // no template: SmolLM2's (ChatML) is assumed
 }
 
 // The system block's tool section: head, one line per tool (its JSON as given), tail.
@@ -164,71 +252,119 @@ static int check_msgs(const mdl_chat_msg *msgs, size_t n, int with_tools, char *
   return 0;
 }
 
-static int apply(const mdl_gguf *g, const mdl_chat_msg *msgs, const char *const *calls, size_t n, const char *tools,
-                 int with_tools, int add_generation_prompt, char **out, char *err, size_t errlen) {
+// Appends s, trimmed of ASCII whitespace on both sides when trim (llama.cpp's trim(); Jinja's | trim).
+static void put(utl_buf *b, const char *s, int trim) {
+  size_t n = strlen(s);
+  if (trim) {
+    while (n && strchr(" \t\n\r\v\f", *s)) s++, n--;
+    while (n && strchr(" \t\n\r\v\f", s[n - 1])) n--;
+  }
+  utl_buf_add(b, s, n);
+}
+
+static const char *role_open(const mdl_chat_template *t, const char *role) {
+  return !strcmp(role, "system") ? t->sys_open : !strcmp(role, "user") ? t->user_open : t->asst_open;
+}
+
+static const char *role_close(const mdl_chat_template *t, const char *role) {
+  return !strcmp(role, "system") ? t->sys_close : !strcmp(role, "user") ? t->user_close : t->asst_close;
+}
+
+int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_chat_msg *msgs,
+                    const char *const *calls, size_t n, const char *tools, int with_tools,
+                    int add_generation_prompt, char **out, char *err, size_t errlen) {
   *out = NULL;
+  if (!t) {
+    utl_seterr(err, errlen, "no chat template");
+    return -1;
+  }
   if (check_msgs(msgs, n, with_tools, err, errlen) != 0) return -1;
   const mdl_chat_tool_style *st = NULL;
-  if (with_tools && !(st = mdl_chat_tool_style_of(g, err, errlen))) return -1;
-  char *def = NULL;
-  if (template_default_system(g, &def, err, errlen) != 0) return -1;
-  utl_buf b = {0};
+  if (with_tools && !(st = mdl_chat_template_tools(t, err, errlen))) return -1;
+  char *def = NULL; // ChatML's default system prompt, from the model's own template
+  if (!strcmp(t->name, "chatml") && template_default_system(g, &def, err, errlen) != 0) return -1;
+  utl_buf b = {0}, fold = {0}; // fold: system text waiting for the next user message (families without a system turn)
   int rc = -1;
   int first_sys = n > 0 && !strcmp(msgs[0].role, "system");
-  if (tools) { // the system block with the tool section
-    utl_buf_adds(&b, "<|im_start|>system\n");
+  if (tools) { // the system block with the tool section (has_tools families have a system turn)
+    utl_buf_adds(&b, t->sys_open);
     const char *sys = first_sys ? msgs[0].content : def;
     if (sys && sys[0]) utl_buf_printf(&b, "%s\n\n", sys);
     if (tools_section(&b, st, tools, err, errlen) != 0) goto done;
-    utl_buf_adds(&b, "<|im_end|>\n");
+    utl_buf_adds(&b, t->sys_close);
   } else if (n > 0 && def && !first_sys) {
-    block(&b, "system", def);
+    utl_buf_printf(&b, "%s%s%s", t->sys_open, def, t->sys_close);
   }
   for (size_t i = (tools && first_sys) ? 1 : 0; i < n; i++) {
     const char *role = msgs[i].role;
     if (!strcmp(role, "tool")) { // consecutive results share one turn
-      utl_buf_printf(&b, "<|im_start|>%s\n", st->result_role);
+      utl_buf_adds(&b, role_open(t, st->result_role));
       for (size_t k = i; k < n && !strcmp(msgs[k].role, "tool"); i = k++)
         utl_buf_printf(&b, "%s%s%s%s", k > i ? "\n" : "", st->result_open, msgs[k].content, st->result_close);
-      utl_buf_adds(&b, "<|im_end|>\n");
+      utl_buf_adds(&b, role_close(t, st->result_role));
       continue;
     }
-    const char *ctext = calls ? calls[i] : NULL;
-    if (!ctext || strcmp(role, "assistant") != 0) {
-      block(&b, role, msgs[i].content);
+    if (!strcmp(role, "system") && !t->sys_open) { // folded into the next user message
+      if (fold.n) utl_buf_adds(&fold, t->fold_sep);
+      put(&fold, msgs[i].content, t->trim);
       continue;
     }
-    cJSON *cl = cJSON_Parse(ctext);
-    if (!cJSON_IsArray(cl)) {
-      cJSON_Delete(cl);
-      utl_seterr(err, errlen, "message %zu: tool_calls must be a JSON array", i);
-      goto done;
+    int asst = !strcmp(role, "assistant");
+    utl_buf_adds(&b, role_open(t, role));
+    if (!asst && !strcmp(role, "user") && fold.n) {
+      utl_buf_add(&b, fold.p, fold.n);
+      utl_buf_adds(&b, t->fold_sep);
+      utl_buf_reset(&fold);
     }
-    utl_buf_printf(&b, "<|im_start|>assistant\n%s", msgs[i].content);
-    int k = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, cl) {
-      if (k++ || msgs[i].content[0]) utl_buf_adds(&b, st->call_sep);
-      utl_buf_adds(&b, st->call_open);
-      if (call_text(&b, c, err, errlen) != 0) {
+    put(&b, msgs[i].content, asst ? t->trim_asst : t->trim);
+    const char *ctext = calls && asst ? calls[i] : NULL;
+    if (ctext) {
+      cJSON *cl = cJSON_Parse(ctext);
+      if (!cJSON_IsArray(cl)) {
         cJSON_Delete(cl);
+        utl_seterr(err, errlen, "message %zu: tool_calls must be a JSON array", i);
         goto done;
       }
-      utl_buf_adds(&b, st->call_close);
+      int k = 0;
+      const cJSON *c;
+      cJSON_ArrayForEach(c, cl) {
+        if (k++ || msgs[i].content[0]) utl_buf_adds(&b, st->call_sep);
+        utl_buf_adds(&b, st->call_open);
+        if (call_text(&b, c, err, errlen) != 0) {
+          cJSON_Delete(cl);
+          goto done;
+        }
+        utl_buf_adds(&b, st->call_close);
+      }
+      cJSON_Delete(cl);
     }
-    cJSON_Delete(cl);
-    utl_buf_adds(&b, "<|im_end|>\n");
+    utl_buf_adds(&b, role_close(t, role));
   }
-  if (add_generation_prompt) utl_buf_adds(&b, "<|im_start|>assistant\n");
-  if (!(*out = utl_buf_take(&b))) {
+  if (fold.n) { // never dropped in silence
+    utl_seterr(err, errlen, "the %s chat template has no system turn: a system message is put in front of the next "
+               "user message, and this one has none after it", t->name);
+    goto done;
+  }
+  if (add_generation_prompt) utl_buf_adds(&b, t->gen_prompt);
+  if (fold.oom || !(*out = utl_buf_take(&b))) {
     utl_seterr(err, errlen, "out of memory");
     goto done;
   }
   rc = 0;
 done:
   utl_buf_free(&b);
+  utl_buf_free(&fold);
   free(def);
   return rc;
+}
+
+static int apply(const mdl_gguf *g, const mdl_chat_msg *msgs, const char *const *calls, size_t n, const char *tools,
+                 int with_tools, int add_generation_prompt, char **out, char *err, size_t errlen) {
+  *out = NULL;
+  const mdl_chat_template *t;
+  if (mdl_chat_template_of(g, NULL, &t, err, errlen) != 0) return -1;
+  return mdl_chat_render(t ? t : &FAMILIES[0], g, msgs, calls, n, tools, with_tools, add_generation_prompt, out, err,
+                         errlen); // no template: SmolLM2's (ChatML) is assumed
 }
 
 int mdl_chat_apply(const mdl_gguf *g, const mdl_chat_msg *msgs, size_t n, int add_generation_prompt, char **out,

@@ -1,4 +1,5 @@
-// models/chat.h: the ChatML chat template (as SmolLM2's GGUF tokenizer.chat_template renders it), with tool calling.
+// models/chat.h: chat templates by family (ChatML, Llama 3, Gemma, Mistral [INST], Phi-3), recognised from the GGUF's
+// tokenizer.chat_template, with tool calling (ChatML's Hermes convention).
 #ifndef DSERVE_MDL_CHAT_H
 #define DSERVE_MDL_CHAT_H
 
@@ -15,10 +16,53 @@ typedef struct mdl_chat_msg {
   const char *content; // UTF-8, NUL-terminated
 } mdl_chat_msg;
 
+// ---- template families ----
+
+// One chat template family: what goes around each role's message, the generation prompt and the token that ends a
+// turn. A model's tokenizer.chat_template (Jinja text) is not interpreted: it is recognised by its family's markers
+// and rendered from this table, as llama.cpp's llama_chat_apply_template renders its built-in templates (the goldens
+// in tests/models/golden/chat_families.json are that function's output). The rendered text carries no BOS: a caller
+// tokenizes it as llama-server does, with BOS when the vocabulary's add_bos_token says so.
+typedef struct mdl_chat_template {
+  const char *name;        // "chatml", "llama3", "gemma", "mistral", "phi3": the config's chat_template values
+  const char *sys_open;    // around a system message; NULL: the family has no system turn and the system text goes
+  const char *sys_close;   // in front of the next user message's content, followed by fold_sep
+  const char *fold_sep;    // "\n\n"
+  const char *user_open, *user_close;
+  const char *asst_open, *asst_close;
+  const char *gen_prompt;  // what add_generation_prompt appends ("" for Mistral: the model answers after [/INST])
+  const char *eot;         // the token that ends the model's turn: a worker must stop on it (an end-of-generation id)
+  int trim;                // 1: system and user contents are trimmed of surrounding whitespace (Jinja's | trim)
+  int trim_asst;           // 1: assistant contents are trimmed
+  int has_tools;           // 1: tool calling has a convention for this family (ChatML: Hermes)
+} mdl_chat_template;
+
+// The family named name, NULL when there is none such.
+const mdl_chat_template *mdl_chat_template_named(const char *name);
+// The families' names for messages: "chatml, llama3, gemma, mistral, phi3".
+const char *mdl_chat_template_names(void);
+
+// Which family renders g's chats. override (NULL or "": none) names a family and wins over the template. Otherwise
+// g's tokenizer.chat_template is recognised by its markers; *out is NULL (and 0 returned) when g has none (g NULL
+// too). -1 with err for an unknown override or a template of no family known here (err names the families and the
+// config's chat_template override).
+int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat_template **out, char *err,
+                         size_t errlen);
+
+// Renders msgs (n) with family t. g (may be NULL) gives ChatML's default system prompt (see mdl_chat_apply); tools,
+// tool_calls and role "tool" as mdl_chat_apply_tools, refused with err for a family without a tool convention.
+// with_tools 0: role "tool" is refused. *out is malloc'ed; the caller frees it. To be encoded with parse_special = 1.
+int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_chat_msg *msgs,
+                    const char *const *tool_calls, size_t n, const char *tools, int with_tools,
+                    int add_generation_prompt, char **out, char *err, size_t errlen);
+
+// ---- ChatML ----
+
 // Renders msgs (n) as ChatML: "<|im_start|>ROLE\nCONTENT<|im_end|>\n" each, then "<|im_start|>assistant\n" when
 // add_generation_prompt. When the first message is not a system message and the model's template has a default system
-// prompt (SmolLM2's does), that system block comes first. g may be NULL (SmolLM2's template is assumed); with a g whose
-// tokenizer.chat_template is not ChatML, this fails. *out is malloc'ed (NUL-terminated); the caller frees it.
+// prompt (SmolLM2's does), that system block comes first. g may be NULL (SmolLM2's template is assumed); a g whose
+// tokenizer.chat_template is of another family renders with it (mdl_chat_template_of, no override), and one whose
+// template is of no family known here fails. *out is malloc'ed (NUL-terminated); the caller frees it.
 // The text is meant to be encoded with parse_special = 1.
 int mdl_chat_apply(const mdl_gguf *g, const mdl_chat_msg *msgs, size_t n, int add_generation_prompt, char **out,
                    char *err, size_t errlen);
@@ -47,7 +91,9 @@ typedef struct mdl_chat_tool_style {
 } mdl_chat_tool_style;
 
 // The tool style of g's template (g NULL: SmolLM2's, ChatML). NULL with err when the template has none this code knows.
+// mdl_chat_template_tools: the same for a family (NULL with err for one without a tool convention).
 const mdl_chat_tool_style *mdl_chat_tool_style_of(const mdl_gguf *g, char *err, size_t errlen);
+const mdl_chat_tool_style *mdl_chat_template_tools(const mdl_chat_template *t, char *err, size_t errlen);
 
 // mdl_chat_apply with tools: tools (NULL: none) is the JSON text of OpenAI's tools array ([{"type": "function",
 // "function": {"name", "description", "parameters"}}]), listed in the system block (the default system prompt's, or

@@ -161,7 +161,7 @@ static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, 
   char *text = NULL;
   const char *p = q->prompt;
   size_t plen = q->prompt_len;
-  if (q->msgs && !s->can_chat)
+  if (q->msgs && !s->chat)
     return rtr_fail(e, 400, "invalid_request_error", "messages", "model_not_chat",
                     "this model has no chat template (tokenizer.chat_template) and no ChatML tokens: it is not a chat "
                     "model; send a prompt to /v1/completions instead");
@@ -180,9 +180,15 @@ static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, 
     }
     int add_gen = q->kind == RTR_TOKENIZE ? q->add_generation_prompt : 1;
     const mdl_gguf *g = s->has_template ? s->gguf : NULL;
-    int rc = q->tools || q->has_tool_msgs // the template family's tool convention (models/chat.c)
-                 ? mdl_chat_apply_tools(g, mm, calls, (size_t)q->n_msgs, q->tools, add_gen, &text, err, sizeof err)
-                 : mdl_chat_apply(g, mm, (size_t)q->n_msgs, add_gen, &text, err, sizeof err);
+    int with_tools = q->tools || q->has_tool_msgs; // the template family's tool convention (models/chat.c)
+    if (with_tools && !mdl_chat_template_tools(s->chat, err, sizeof err)) {
+      free(mm);
+      free(calls);
+      return rtr_fail(e, 400, "invalid_request_error", q->tools ? "tools" : "messages", "tools_not_supported", "%s",
+                      err);
+    }
+    int rc = mdl_chat_render(s->chat, g, mm, with_tools ? calls : NULL, (size_t)q->n_msgs, q->tools, with_tools,
+                             add_gen, &text, err, sizeof err);
     free(mm);
     free(calls);
     if (rc < 0) return rtr_fail(e, 400, "invalid_request_error", "messages", NULL, "chat template: %s", err);
@@ -194,7 +200,8 @@ static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, 
   int rc = mdl_tok_encode(s->tok, p ? p : "", p ? plen : 0, 1, &raw, &nraw, err, sizeof err);
   free(text);
   if (rc < 0) return rtr_fail(e, 400, "invalid_request_error", "prompt", NULL, "tokenizer: %s", err);
-  int bos = q->add_special && mdl_tok_add_bos(s->tok) && mdl_tok_bos(s->tok) >= 0 && !q->msgs;
+  // A chat's rendering carries no BOS text (models/chat.h): as llama-server tokenizes it, BOS comes from the vocabulary
+  int bos = q->add_special && mdl_tok_add_bos(s->tok) && mdl_tok_bos(s->tok) >= 0;
   *ids = malloc((nraw + 2) * sizeof **ids);
   if (!*ids) {
     free(raw);
@@ -562,6 +569,31 @@ static void make_metrics(rtr_server *s) {
   s->m_kv_time = rtr_metrics_histogram(m, "dserve:kv_transfer_time_seconds", "KV transfer time per request.", NULL, lat, nl);
 }
 
+// The chat template family of the served model (rtr_server.chat), or a start-up error: an override or a template of
+// no known family, or a family whose end-of-turn token the vocabulary lacks or the workers would not stop on.
+static int resolve_chat(rtr_server *s, const rtr_server_opts *o, char *err, size_t errlen) {
+  char e[384];
+  if (mdl_chat_template_of(o->gguf, o->cfg->chat_template, &s->chat, e, sizeof e) != 0) {
+    utl_seterr(err, errlen, "%s", e);
+    return -1;
+  }
+  // Without a template, ChatML (SmolLM2's) is assumed only for a vocabulary that has its tokens: a base model such
+  // as Gemma 3 270M would read ChatML's markup as text and answer garbage.
+  if (!s->chat && o->tok && mdl_tok_find(o->tok, "<|im_start|>") >= 0 && mdl_tok_find(o->tok, "<|im_end|>") >= 0)
+    s->chat = mdl_chat_template_named("chatml");
+  if (!s->chat || !o->tok) return 0;
+  int32_t eot = mdl_tok_find(o->tok, s->chat->eot);
+  if (eot < 0 || !mdl_tok_is_eog(o->tok, eot)) {
+    utl_seterr(err, errlen, "chat template %s: the model's turns end with %s, which the vocabulary %s", s->chat->name,
+               s->chat->eot, eot < 0 ? "does not have" : "does not mark as an end of generation");
+    return -1;
+  }
+  srv_log("router", "chats render with the %s template (%s)", s->chat->name,
+          o->cfg->chat_template[0] ? "config chat_template" : s->has_template ? "recognised in the GGUF" :
+                                                                                 "ChatML's tokens, no template");
+  return 0;
+}
+
 int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t errlen) {
   *out = NULL;
   rtr_server *s = calloc(1, sizeof *s);
@@ -573,10 +605,10 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   s->rc = &o->cfg->router;
   s->gguf = o->gguf;
   s->has_template = o->gguf && mdl_gguf_find(o->gguf, "tokenizer.chat_template");
-  // Without a template, ChatML (SmolLM2's) is assumed only for a vocabulary that has its tokens: a base model such
-  // as Gemma 3 270M would read ChatML's markup as text and answer garbage.
-  s->can_chat = s->has_template ||
-                (o->tok && mdl_tok_find(o->tok, "<|im_start|>") >= 0 && mdl_tok_find(o->tok, "<|im_end|>") >= 0);
+  if (resolve_chat(s, o, err, errlen) != 0) {
+    free(s);
+    return -1;
+  }
   s->tok = o->tok;
   s->n_ctx = o->n_ctx;
   s->started = (long)time(NULL);

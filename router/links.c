@@ -367,7 +367,7 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
     if (q->json_schema) cJSON_AddRawToObject(gr, "schema", q->json_schema); // cJSON's own print: valid JSON
   } else if (q->tool_choice == RTR_TOOLS_REQUIRED || q->tool_choice == RTR_TOOLS_NAMED) { // a call must come
     char err[128];
-    const mdl_chat_tool_style *st = mdl_chat_tool_style_of(s->has_template ? s->gguf : NULL, err, sizeof err);
+    const mdl_chat_tool_style *st = mdl_chat_template_tools(s->chat, err, sizeof err);
     if (!st) st = mdl_chat_tool_style_of(NULL, err, sizeof err); // (the prompt's rendering already accepted it)
     cJSON *gr = cJSON_AddObjectToObject(m, "grammar");
     cJSON_AddStringToObject(gr, "type", "tool_calls");

@@ -284,8 +284,8 @@ static int tools_on(const rtr_req *r) { return r->q.kind == RTR_CHAT && r->q.too
 
 static const mdl_chat_tool_style *tool_style(rtr_server *s) {
   char err[128];
-  const mdl_chat_tool_style *st = mdl_chat_tool_style_of(s->has_template ? s->gguf : NULL, err, sizeof err);
-  return st ? st : mdl_chat_tool_style_of(NULL, err, sizeof err); // the prompt was rendered: it has one
+  const mdl_chat_tool_style *st = mdl_chat_template_tools(s->chat, err, sizeof err);
+  return st ? st : mdl_chat_tool_style_of(NULL, err, sizeof err); // (calls come only where the prompt had tools)
 }
 
 // Adds t to c's held text and returns what can go to the client now (malloc'ed, maybe ""; NULL on out of memory):

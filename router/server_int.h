@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "models/chat.h"
 #include "router/kvindex.h"
 #include "router/metrics.h"
 #include "router/openai.h"
@@ -102,8 +103,10 @@ struct rtr_server {
   const srv_config *cfg;       // (borrowed)
   const srv_router_cfg *rc;
   const mdl_gguf *gguf;        // (borrowed)
-  int has_template;
-  int can_chat;                // a chat template, or none but ChatML's tokens in the vocabulary (the ChatML fallback)
+  int has_template;            // the GGUF has a tokenizer.chat_template (read for ChatML's default system prompt)
+  // The chat template family (models/chat.h) chats render with: the config's chat_template, else the GGUF template's
+  // family, else ChatML when the vocabulary has ChatML's tokens (SmolLM2's template assumed); NULL: not a chat model.
+  const mdl_chat_template *chat;
   const mdl_tok *tok;          // (borrowed)
   int n_ctx;
   char model[128];

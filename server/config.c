@@ -242,8 +242,8 @@ int srv_config_has_node(const srv_config *c, const char *node) {
 
 // ---- sections ----
 
-static const char *const K_TOP[] = {"model",  "model_name", "secret",  "secret_file",
-                                    "nodes",  "router",     "workers", "sampling", NULL};
+static const char *const K_TOP[] = {"model", "model_name", "chat_template", "secret",   "secret_file",
+                                    "nodes", "router",     "workers",       "sampling", NULL};
 static const char *const K_SAMPLING[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", NULL};
 static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",
@@ -544,6 +544,7 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, srv_config
       cfg_resolve_path(x, "model", model, path, c->model_path, sizeof c->model_path))
     return -1;
   if (cfg_str(x, root, "", "model_name", c->model_name, sizeof c->model_name, "") ||
+      cfg_str(x, root, "", "chat_template", c->chat_template, sizeof c->chat_template, "") ||
       cfg_str(x, root, "", "secret", c->secret, sizeof c->secret, "") ||
       cfg_str(x, root, "", "secret_file", model, sizeof model, ""))
     return -1;

@@ -89,6 +89,7 @@ typedef struct srv_config {
   char path[1024];          // the file it came from
   char model_path[1024];    // resolved against the config file's folder when relative
   char model_name[128];     // the id /v1/models reports (default: the GGUF's general.name)
+  char chat_template[32];   // a chat template family overriding the GGUF's (models/chat.h; "" = recognise the GGUF's)
   // The cluster's shared secret, resolved by srv_config_load (server/secret.h): config secret_file, then the
   // environment (DSERVE_SECRET_FILE, DSERVE_SECRET), then the inline "secret". Every control and kvxfer peer must
   // prove it; a role without one refuses to start (srv_config_require_secret).

@@ -1,10 +1,17 @@
-// tests/models/test_chat.cc: tool calling's prompt (models/chat.c, the Hermes style for ChatML) and its call grammar
-// (models/json_schema.c mdl_grammar_from_tool_calls).
+// tests/models/test_chat.cc: chat template families (models/chat.c: recognition, rendering against llama.cpp's
+// goldens), tool calling's prompt (the Hermes style for ChatML) and its call grammar (mdl_grammar_from_tool_calls).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
+
+#include <cjson/cJSON.h>
+
+#include "gguf_writer.h"
 
 extern "C" {
 #include "models/chat.h"
@@ -151,6 +158,194 @@ TEST(ChatTools, CallGrammarErrors) {
   EXPECT_TRUE(ref.ok("<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 3}}\n</tool_call>"));
   EXPECT_TRUE(ref.ok("<tool_call>\n{\"name\": \"b\", \"arguments\": {\"y\": true}}\n</tool_call>"));
   EXPECT_FALSE(ref.ok("<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": 3}}\n</tool_call>"));
+}
+
+// ---- template families ----
+
+// A GGUF holding only tokenizer.chat_template = tpl (no template when tpl is null).
+struct TemplateGguf {
+  std::vector<uint8_t> bytes;
+  mdl_gguf *g = nullptr;
+  explicit TemplateGguf(const char *tpl) {
+    dserve_test::GgufWriter w;
+    w.str("general.architecture", "llama");
+    if (tpl) w.str("tokenizer.chat_template", tpl);
+    bytes = w.bytes();
+    char err[256];
+    EXPECT_EQ(mdl_gguf_from_memory(bytes.data(), bytes.size(), &g, err, sizeof err), 0) << err;
+  }
+  ~TemplateGguf() { mdl_gguf_close(g); }
+};
+
+// The family recognised in tpl ("" for none, "ERR ..." on refusal).
+std::string family_of(const char *tpl, const char *override = nullptr) {
+  TemplateGguf t(tpl);
+  const mdl_chat_template *f = nullptr;
+  char err[512];
+  if (mdl_chat_template_of(t.g, override, &f, err, sizeof err) != 0) return std::string("ERR ") + err;
+  return f ? f->name : "";
+}
+
+// Markers as the families' real templates write them (fragments, not whole templates).
+const char *LLAMA3_TPL = "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ "
+                         "message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = "
+                         "bos_token + content %}{% endif %}";
+const char *GEMMA_TPL = "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
+                        "{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}{% if add_generation_prompt %}"
+                        "{{'<start_of_turn>model\\n'}}{% endif %}";
+const char *MISTRAL_TPL = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+                          "{{ '[INST] ' + message['content'] + '[/INST]' }}{% elif message['role'] == 'assistant' %}"
+                          "{{ ' ' + message['content'] + eos_token }}{% endif %}{% endfor %}";
+const char *PHI3_TPL = "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\\n' + "
+                       "message['content'] + '<|end|>\\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\\n' + "
+                       "message['content'] + '<|end|>\\n'}}{% elif message['role'] == 'assistant' %}"
+                       "{{'<|assistant|>\\n' + message['content'] + '<|end|>\\n'}}{% endif %}{% endfor %}";
+const char *CHATML_TPL = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+                         "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
+
+TEST(ChatFamilies, RecognisedByMarkers) {
+  EXPECT_EQ(family_of(CHATML_TPL), "chatml");
+  EXPECT_EQ(family_of(LLAMA3_TPL), "llama3");
+  EXPECT_EQ(family_of(GEMMA_TPL), "gemma");
+  EXPECT_EQ(family_of(MISTRAL_TPL), "mistral");
+  EXPECT_EQ(family_of(PHI3_TPL), "phi3");
+  EXPECT_EQ(family_of(nullptr), ""); // no template: the caller decides (the router: ChatML's tokens or not a chat model)
+  // the override wins, whatever the template says, and with none
+  EXPECT_EQ(family_of(CHATML_TPL, "gemma"), "gemma");
+  EXPECT_EQ(family_of(nullptr, "phi3"), "phi3");
+  EXPECT_EQ(family_of("### Instruction: {{ x }}", "llama3"), "llama3");
+  EXPECT_EQ(family_of(CHATML_TPL, ""), "chatml"); // "" is no override
+  std::string bad = family_of(CHATML_TPL, "llama2");
+  EXPECT_EQ(bad.rfind("ERR chat_template 'llama2' is not a template family known here (chatml, llama3, gemma, "
+                      "mistral, phi3)", 0), 0u) << bad;
+}
+
+TEST(ChatFamilies, UnknownTemplatesAreRefused) {
+  // variants whose layout the table does not render, and templates of no family: an error naming the families and
+  // the override, never a rendering in some other family's markup
+  for (const char *tpl : {"{{ '### Instruction:\\n' + message['content'] }}{{ '<|EOT|>' }}",
+                          "{{ '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}[INST] x [/INST]", // Mistral v7
+                          "[INST] <<SYS>>\\n{{ system }}\\n<</SYS>>\\n\\n{{ user }} [/INST]",                 // Llama 2
+                          "<|im_start|>{{ role }}<|im_sep|>{{ content }}<|im_end|>",                          // Phi-4
+                          "<|user|>{{ content }}<|endoftext|>",                                               // Zephyr
+                          ""}) {
+    std::string got = family_of(tpl);
+    EXPECT_EQ(got.rfind("ERR the model's chat template (tokenizer.chat_template) is of no family known here "
+                        "(chatml, llama3, gemma, mistral, phi3)", 0), 0u) << tpl << " -> " << got;
+    EXPECT_NE(got.find("\"chat_template\""), std::string::npos) << got;
+  }
+}
+
+std::string slurp(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Each family renders as llama.cpp's llama_chat_apply_template does (goldens: scripts/golden/make_chat_golden.py).
+TEST(ChatFamilies, RenderAsLlamaCpp) {
+  std::string js = slurp(DSERVE_SOURCE_DIR "/tests/models/golden/chat_families.json");
+  cJSON *root = cJSON_Parse(js.c_str());
+  ASSERT_NE(root, nullptr) << "tests/models/golden/chat_families.json is missing or malformed";
+  const cJSON *fams = cJSON_GetObjectItemCaseSensitive(root, "families");
+  int n_fams = 0, n_chats = 0;
+  TemplateGguf plain(CHATML_TPL); // a ChatML template without a default system prompt
+  for (const cJSON *f = fams ? fams->child : nullptr; f; f = f->next, n_fams++) {
+    const mdl_chat_template *t = mdl_chat_template_named(f->string);
+    ASSERT_NE(t, nullptr) << f->string;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, f) {
+      const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(c, "messages");
+      std::vector<mdl_chat_msg> mm;
+      const cJSON *m;
+      cJSON_ArrayForEach(m, msgs) mm.push_back({cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring,
+                                                cJSON_GetObjectItemCaseSensitive(m, "content")->valuestring});
+      int gen = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "add_generation_prompt"));
+      char *out = nullptr, err[256];
+      ASSERT_EQ(mdl_chat_render(t, plain.g, mm.data(), nullptr, mm.size(), nullptr, 0, gen, &out, err, sizeof err), 0)
+          << f->string << ": " << err;
+      EXPECT_EQ(std::string(out), cJSON_GetObjectItemCaseSensitive(c, "rendered")->valuestring)
+          << f->string << " chat " << n_chats;
+      free(out);
+      n_chats++;
+    }
+  }
+  cJSON_Delete(root);
+  EXPECT_EQ(n_fams, 5);
+  EXPECT_GE(n_chats, 50);
+}
+
+TEST(ChatFamilies, TheModelsTemplateChoosesTheFamily) {
+  // mdl_chat_apply renders with the family of g's template; ChatML's default system prompt only comes from ChatML's
+  TemplateGguf g(GEMMA_TPL);
+  mdl_chat_msg m[] = {{"system", "S"}, {"user", "U"}};
+  char *out = nullptr, err[256];
+  ASSERT_EQ(mdl_chat_apply(g.g, m, 2, 1, &out, err, sizeof err), 0) << err;
+  EXPECT_STREQ(out, "<start_of_turn>user\nS\n\nU<end_of_turn>\n<start_of_turn>model\n");
+  free(out);
+  char *def = nullptr;
+  ASSERT_EQ(mdl_chat_default_system(g.g, &def, err, sizeof err), 0);
+  EXPECT_EQ(def, nullptr);
+  TemplateGguf bad("{{ '### Instruction:' }}");
+  EXPECT_LT(mdl_chat_apply(bad.g, m, 2, 1, &out, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("no family known here"), std::string::npos) << err;
+  // an override of chatml on a model whose template is another family's: no default system prompt read from it
+  const mdl_chat_template *cm = mdl_chat_template_named("chatml");
+  ASSERT_EQ(mdl_chat_render(cm, g.g, m + 1, nullptr, 1, nullptr, 0, 1, &out, err, sizeof err), 0) << err;
+  EXPECT_STREQ(out, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
+  free(out);
+}
+
+TEST(ChatFamilies, ToolsOnlyWhereAConventionExists) {
+  mdl_chat_msg m[] = {{"user", "Weather in Paris?"}};
+  mdl_chat_msg r[] = {{"user", "q"}, {"tool", "18C"}};
+  for (const char *name : {"llama3", "gemma", "mistral", "phi3"}) {
+    const mdl_chat_template *t = mdl_chat_template_named(name);
+    ASSERT_NE(t, nullptr);
+    char *out = nullptr, err[256];
+    EXPECT_EQ(mdl_chat_template_tools(t, err, sizeof err), nullptr);
+    EXPECT_NE(std::string(err).find("tool calling is not supported with the " + std::string(name)), std::string::npos)
+        << err;
+    EXPECT_LT(mdl_chat_render(t, nullptr, m, nullptr, 1, TOOLS, 1, 1, &out, err, sizeof err), 0);
+    EXPECT_LT(mdl_chat_render(t, nullptr, r, nullptr, 2, nullptr, 1, 1, &out, err, sizeof err), 0);
+    EXPECT_LT(mdl_chat_render(t, nullptr, r, nullptr, 2, nullptr, 0, 1, &out, err, sizeof err), 0); // role tool
+    EXPECT_EQ(out, nullptr);
+  }
+  const mdl_chat_template *cm = mdl_chat_template_named("chatml");
+  char err[64];
+  ASSERT_NE(mdl_chat_template_tools(cm, err, sizeof err), nullptr);
+  EXPECT_STREQ(mdl_chat_template_tools(cm, err, sizeof err)->name, "hermes");
+}
+
+TEST(ChatFamilies, FoldedSystemNeedsAUserMessageAfterIt) {
+  mdl_chat_msg m[] = {{"user", "u"}, {"system", "late"}};
+  for (const char *name : {"gemma", "mistral"}) {
+    char *out = nullptr, err[256];
+    EXPECT_LT(mdl_chat_render(mdl_chat_template_named(name), nullptr, m, nullptr, 2, nullptr, 0, 1, &out, err,
+                              sizeof err), 0);
+    EXPECT_NE(std::string(err).find("has no system turn"), std::string::npos) << err;
+  }
+  // two system messages before the user's: both go in front, in order
+  mdl_chat_msg two[] = {{"system", "A"}, {"system", "B"}, {"user", "u"}};
+  char *out = nullptr, err[256];
+  ASSERT_EQ(mdl_chat_render(mdl_chat_template_named("gemma"), nullptr, two, nullptr, 3, nullptr, 0, 0, &out, err,
+                            sizeof err), 0);
+  EXPECT_STREQ(out, "<start_of_turn>user\nA\n\nB\n\nu<end_of_turn>\n");
+  free(out);
+}
+
+TEST(ChatFamilies, TableRows) {
+  for (const char *name : {"chatml", "llama3", "gemma", "mistral", "phi3"}) {
+    const mdl_chat_template *t = mdl_chat_template_named(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_STREQ(t->name, name);
+    EXPECT_TRUE(t->eot && t->eot[0]) << name;
+    EXPECT_TRUE(t->user_open && t->asst_open && t->gen_prompt) << name;
+    EXPECT_TRUE(t->sys_open || t->fold_sep) << name;
+  }
+  EXPECT_EQ(mdl_chat_template_named("llama2"), nullptr);
+  EXPECT_EQ(mdl_chat_template_named(nullptr), nullptr);
 }
 
 } // namespace

@@ -507,7 +507,7 @@ TEST(Chat, GoldenMatchesJinjaTemplate) {
   free(def);
 }
 
-TEST(Chat, RefusesBadRolesAndNonChatmlTemplates) {
+TEST(Chat, RefusesBadRolesAndUnknownTemplates) {
   mdl_chat_msg bad[] = {{"user", "hi"}, {"tool", "x"}};
   char *out = nullptr;
   char err[256];
@@ -519,13 +519,13 @@ TEST(Chat, RefusesBadRolesAndNonChatmlTemplates) {
   mdl_chat_msg noc[] = {{"user", nullptr}};
   EXPECT_LT(mdl_chat_apply(nullptr, noc, 1, 1, &out, err, sizeof err), 0);
   GgufWriter w;
-  w.str("tokenizer.chat_template", "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}");
+  w.str("tokenizer.chat_template", "{% for m in messages %}### Instruction: {{ m['content'] }}{% endfor %}");
   std::vector<uint8_t> b = w.bytes();
   mdl_gguf *g = nullptr;
   ASSERT_EQ(mdl_gguf_from_memory(b.data(), b.size(), &g, err, sizeof err), 0) << err;
   mdl_chat_msg ok[] = {{"user", "hi"}};
   EXPECT_LT(mdl_chat_apply(g, ok, 1, 1, &out, err, sizeof err), 0);
-  EXPECT_NE(std::string(err).find("ChatML"), std::string::npos);
+  EXPECT_NE(std::string(err).find("of no family known here"), std::string::npos) << err; // (test_chat.cc: families)
   mdl_gguf_close(g);
   // a ChatML template without a default system prompt
   GgufWriter w2;

@@ -37,18 +37,27 @@ using dserve_test::byte_char;
 
 
 // A tiny model file: byte-level vocabulary (256 byte tokens + 3 control tokens) and a context of 512. chatml false:
-// the control tokens are not ChatML's (a base model with no chat template).
+// the control tokens are not ChatML's (a base model with no chat template). template_text (may be null): its
+// tokenizer.chat_template; extra: more control tokens (ids from 259 on); bos: its BOS id with add_bos_token on (-1:
+// none).
 struct TinyModel {
   std::vector<uint8_t> buf;
   mdl_gguf *g = nullptr;
   mdl_tok *t = nullptr;
-  explicit TinyModel(bool chatml = true) {
+  explicit TinyModel(bool chatml = true, const char *template_text = nullptr, std::vector<std::string> extra = {},
+                     int bos = -1) {
     dserve_test::GgufWriter w;
     std::vector<std::string> toks;
     std::vector<int32_t> types;
     for (int b = 0; b < 256; b++) toks.push_back(byte_char(b)), types.push_back(MDL_TOK_NORMAL);
     for (const char *c : {"<|endoftext|>", chatml ? "<|im_start|>" : "<start>", chatml ? "<|im_end|>" : "<end>"})
       toks.push_back(c), types.push_back(MDL_TOK_CONTROL);
+    for (auto &c : extra) toks.push_back(c), types.push_back(MDL_TOK_CONTROL);
+    if (template_text) w.str("tokenizer.chat_template", template_text);
+    if (bos >= 0) {
+      w.scalar<uint32_t>("tokenizer.ggml.bos_token_id", MDL_GGUF_U32, (uint32_t)bos);
+      w.scalar<uint8_t>("tokenizer.ggml.add_bos_token", MDL_GGUF_BOOL, 1);
+    }
     w.str("general.architecture", "llama");
     w.scalar<uint32_t>("llama.context_length", MDL_GGUF_U32, 512);
     w.str("tokenizer.ggml.model", "gpt2");

@@ -50,6 +50,91 @@ TEST(Http, ModelWithoutAChatTemplateRefusesChat) {
   EXPECT_EQ(request(r.port(), "POST", "/tokenize", R"({"prompt":"abc"})").status, 200);
 }
 
+// A model whose template is Gemma's: chats render in Gemma's markup (system folded into the user turn, "model"),
+// with BOS in front as the vocabulary asks (llama-server's tokenization of a rendered chat); tools have no convention
+// in this family and are refused, not rendered in another family's.
+TEST(Http, GemmaTemplateRendersGemma) {
+  TinyModel m(false, "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}",
+              {"<start_of_turn>", "<end_of_turn>", "<bos>"}, 261);
+  Router r(m, 1);
+  Resp t = request(r.port(), "POST", "/tokenize",
+                   R"({"messages":[{"role":"system","content":"S"},{"role":"user","content":" hi "}]})");
+  ASSERT_EQ(t.status, 200) << t.body;
+  std::vector<int> want = {261, 259};
+  for (char ch : std::string("user\nS\n\nhi")) want.push_back((unsigned char)ch);
+  want.push_back(260);
+  want.push_back('\n');
+  want.push_back(259);
+  for (char ch : std::string("model\n")) want.push_back((unsigned char)ch);
+  std::string ids;
+  for (int id : want) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  EXPECT_EQ(t.body, R"({"tokens":[)" + ids + R"(],"count":)" + std::to_string(want.size()) + R"(,"max_model_len":512})");
+  Resp c = request(r.port(), "POST", "/v1/chat/completions",
+                   CHAT + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]})");
+  expect_error(c, 400, "tools_not_supported");
+  EXPECT_NE(c.body.find("not supported with the gemma chat template"), std::string::npos) << c.body;
+  expect_error(request(r.port(), "POST", "/tokenize",
+                       R"({"messages":[{"role":"user","content":"hi"},{"role":"system","content":"late"}]})"),
+               400);
+}
+
+// rtr_server_new's error for the model m with the config's chat_template override ("" when it started).
+std::string start_error(const TinyModel &m, const char *override) {
+  srv_config cfg{};
+  srv_worker_cfg w{};
+  snprintf(cfg.chat_template, sizeof cfg.chat_template, "%s", override);
+  snprintf(cfg.secret, sizeof cfg.secret, "%s", DSERVE_TEST_SECRET);
+  cfg.has_router = 1;
+  snprintf(cfg.router.host, sizeof cfg.router.host, "127.0.0.1");
+  cfg.router.max_body_bytes = 4096;
+  cfg.router.conn_timeout_s = 10;
+  cfg.router.queue_limit = 4;
+  cfg.router.request_timeout_ms = 1000;
+  snprintf(w.name, sizeof w.name, "w0");
+  snprintf(w.host, sizeof w.host, "127.0.0.1");
+  w.port = 1;
+  cfg.workers = &w;
+  cfg.n_workers = 1;
+  rtr_server_opts o{};
+  o.cfg = &cfg;
+  o.gguf = m.g;
+  o.tok = m.t;
+  o.n_ctx = 512;
+  rtr_server *s = nullptr;
+  char err[512] = "";
+  int rc = rtr_server_new(&o, &s, err, sizeof err);
+  rtr_server_free(s);
+  return rc == 0 ? "" : (err[0] ? err : "(no message)");
+}
+
+// A template of no known family, an unknown override, or a family whose end-of-turn token the vocabulary lacks: the
+// router does not start, and says why; the override makes a chat model of a model with no template.
+TEST(Http, ChatTemplateErrorsAtStartUp) {
+  TinyModel unknown(true, "{% for m in messages %}### Instruction: {{ m['content'] }}{% endfor %}");
+  std::string e = start_error(unknown, "");
+  EXPECT_NE(e.find("of no family known here (chatml, llama3, gemma, mistral, phi3)"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"chat_template\""), std::string::npos) << e;
+  EXPECT_EQ(start_error(unknown, "chatml"), ""); // the override wins over recognition
+  TinyModel plain(true);
+  e = start_error(plain, "llama2");
+  EXPECT_NE(e.find("chat_template 'llama2' is not a template family known here (chatml, llama3, gemma, mistral, "
+                   "phi3)"), std::string::npos) << e;
+  e = start_error(plain, "gemma");
+  EXPECT_NE(e.find("chat template gemma: the model's turns end with <end_of_turn>, which the vocabulary does not "
+                   "have"), std::string::npos) << e;
+  TinyModel base(false, nullptr, {"<start_of_turn>", "<end_of_turn>"});
+  EXPECT_EQ(start_error(base, "gemma"), "");
+  EXPECT_EQ(start_error(base, ""), ""); // no template: it starts, and refuses chats (ModelWithoutAChatTemplate...)
+}
+
+TEST(Http, ChatTemplateOverrideServesABaseModel) {
+  TinyModel base(false, nullptr, {"<start_of_turn>", "<end_of_turn>"});
+  Router r(base, 1, 16, 64, {}, 10, [](srv_config &c) { snprintf(c.chat_template, sizeof c.chat_template, "gemma"); });
+  Resp t = request(r.port(), "POST", "/tokenize", R"({"messages":[{"role":"user","content":"hi"}]})");
+  ASSERT_EQ(t.status, 200) << t.body;
+  EXPECT_EQ(t.body.rfind(R"({"tokens":[259,117,115,101,114,10,104,105,260,10,259,)", 0), 0u) << t.body;
+}
+
 struct Live : ::testing::Test {
   TinyModel m;
   FakeWorker fw;

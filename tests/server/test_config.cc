@@ -328,6 +328,7 @@ TEST(Config, Defaults) {
   const srv_config *c = x.c;
   EXPECT_STREQ(c->model_path, "dir/sub/m.gguf");
   EXPECT_STREQ(c->model_name, "");
+  EXPECT_STREQ(c->chat_template, ""); // recognise the GGUF's (router/http.c)
   EXPECT_STREQ(c->secret, "");
   EXPECT_FALSE(c->has_router);
   EXPECT_EQ(c->router.port, 8000);
@@ -416,7 +417,7 @@ TEST(Config, NodeDefaults) {
 }
 
 TEST(Config, ValuesKept) {
-  Cfg x(R"({"model": "m", "model_name": "x", "secret": "s",
+  Cfg x(R"({"model": "m", "model_name": "x", "chat_template": "gemma", "secret": "s",
     "router": {"api_keys": ["k1", "k2"], "port": 0, "max_tokens_limit": 100, "routing": {"free": 3},
                "prefix_fetch": true, "prefix_fetch_min_blocks": 2},
     "workers": [{"name": "a", "role": "prefill", "port": 0, "device": "cuda", "kv_budget_mb": 0.5, "cuda_graphs": "on",
@@ -429,6 +430,7 @@ TEST(Config, ValuesKept) {
   ASSERT_EQ(c->router.n_api_keys, 2);
   EXPECT_STREQ(c->router.api_keys[1], "k2");
   EXPECT_EQ(c->router.max_tokens_limit, 100);
+  EXPECT_STREQ(c->chat_template, "gemma"); // a family name: the router checks it (models/chat.h)
   EXPECT_DOUBLE_EQ(c->router.w_free, 3);
   EXPECT_DOUBLE_EQ(c->router.w_queue, 0.5);
   EXPECT_EQ(c->router.prefix_fetch, 1);
@@ -477,6 +479,7 @@ const BadCase kBad[] = {
     {R"({"model": "m", "workers": [{"port": 1}], )", "not valid JSON"},
     {R"({"workers": [{"port": 1}]})", "t.json: model: missing"},
     {R"({"model": 3, "workers": [{"port": 1}]})", "t.json: model: expected a string"},
+    {R"({"model": "m", "chat_template": 1, "workers": [{"port": 1}]})", "t.json: chat_template: expected a string"},
     {R"({"model": "", "workers": [{"port": 1}]})", "t.json: model: must not be empty"},
     {R"({"model": "m", "wrokers": []})", "t.json: wrokers: unknown key"},
     {R"({"model": "m", "model": "n", "workers": [{"port": 1}]})", "t.json: model: duplicate key"},
