@@ -35,13 +35,20 @@ struct mdl_tok {
   size_t n_special;
   int32_t bos, eos, pad, unk;
   int add_bos;
-  int split_digits; // smollm: every \p{N} code point is its own chunk before the GPT-2 split
+  int pre;           // gpt2 BPE's pre-tokenizer (tokenizer.ggml.pre): MDL_PRE_*
+  int ignore_merges; // llama-bpe: a pre-tokenized word that is a token of its own is that token, merges or not
   int spm;          // 1: tokenizer.ggml.model "llama" (SentencePiece BPE over scores), 0: GPT-2 byte-level BPE
   float *score;     // (owned) (n_vocab) spm: merge priority of each token (higher merges first); NULL for gpt2
   int add_space_prefix; // spm: a raw fragment after a special token (or at the start) gets a leading space
   int32_t eog[8];
   int n_eog;
 };
+
+// The pre-tokenizers (regular expressions in llama.cpp's src/llama-vocab.cpp, implemented by hand in tokenizer.c):
+// GPT-2's; smollm's (every \p{N} code point apart, then GPT-2's); Llama 3's (llama-bpe: contractions in either case,
+// one non-letter before letters, numbers in runs of up to 3, punctuation with the newlines after it, whitespace
+// ending at its last newline); Qwen 2's (qwen2: Llama 3's with numbers one by one).
+enum { MDL_PRE_GPT2 = 0, MDL_PRE_SMOLLM = 1, MDL_PRE_LLAMA3 = 2, MDL_PRE_QWEN2 = 3 };
 
 // A growable array of token ids (the encoder's output).
 typedef struct tok_ivec {

@@ -1,5 +1,5 @@
 // models/tokenizer.c: loading (GPT-2 byte-level BPE and SentencePiece vocabularies), special tokens, and the BPE
-// encoder with the smollm pre-tokenizer (SentencePiece encoding: tok_spm.c; decoding: tok_decode.c).
+// encoder with the smollm, llama-bpe (Llama 3) and qwen2 (Qwen 2.5) pre-tokenizers (SentencePiece encoding: tok_spm.c; decoding: tok_decode.c).
 #include "models/tokenizer.h"
 
 #include <stdio.h>
@@ -220,7 +220,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
                (int)(s.n > 64 ? 64 : s.n), s.p);
     return -1;
   }
-  int split_digits = 0;
+  int pre = MDL_PRE_GPT2;
   if (spm) {
     if (mdl_gguf_get_str(g, "tokenizer.ggml.pre", &s) == 0 && !mdl_str_eq(s, "default")) {
       utl_seterr(err, errlen, "tokenizer.ggml.pre '%.*s' is not supported with a SentencePiece vocabulary (default is)",
@@ -228,10 +228,16 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
       return -1;
     }
   } else if (mdl_gguf_get_str(g, "tokenizer.ggml.pre", &s) == 0) {
-    if (mdl_str_eq(s, "smollm") || mdl_str_eq(s, "starcoder") || mdl_str_eq(s, "refact")) split_digits = 1;
+    // the names llama.cpp maps to these pre-tokenizers (src/llama-vocab.cpp)
+    if (mdl_str_eq(s, "smollm") || mdl_str_eq(s, "starcoder") || mdl_str_eq(s, "refact")) pre = MDL_PRE_SMOLLM;
+    else if (mdl_str_eq(s, "llama-bpe") || mdl_str_eq(s, "llama3") || mdl_str_eq(s, "llama-v3")) pre = MDL_PRE_LLAMA3;
+    else if (mdl_str_eq(s, "qwen2") || mdl_str_eq(s, "deepseek-r1-qwen")) pre = MDL_PRE_QWEN2;
     else if (!mdl_str_eq(s, "gpt2") && !mdl_str_eq(s, "default")) {
-      utl_seterr(err, errlen, "tokenizer.ggml.pre '%.*s' is not supported (smollm, gpt2 and default are)", (int)(s.n > 64 ? 64 : s.n),
-             s.p);
+      utl_seterr(err, errlen,
+                 "tokenizer.ggml.pre '%.*s' is not supported (smollm, llama-bpe, qwen2, gpt2 and default are, with "
+                 "the other names llama.cpp gives the same pre-tokenizers: starcoder, refact, llama3, llama-v3, "
+                 "deepseek-r1-qwen)",
+                 (int)(s.n > 64 ? 64 : s.n), s.p);
       return -1;
     }
   }
@@ -268,7 +274,8 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
 
   mdl_tok *t = calloc(1, sizeof *t);
   if (!t) goto oom;
-  t->split_digits = split_digits;
+  t->pre = pre;
+  t->ignore_merges = pre == MDL_PRE_LLAMA3; // as llama.cpp sets it for these names
   t->spm = spm;
   int n = (int)toks->arr_n;
   t->n_vocab = n;
@@ -488,6 +495,8 @@ typedef struct enc {
   size_t cap, hcap, hn, bytes_cap;
   uint32_t *cps; // code points of the current fragment
   size_t cps_cap;
+  char *text;    // a word's token text (GPT-2 stand-ins), for ignore_merges
+  size_t text_cap;
 } enc;
 
 static int heap_less(const heap_ent *a, const heap_ent *b) { return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos); }
@@ -540,6 +549,18 @@ static int try_pair(enc *e, int32_t pos) {
 static int bpe_word(enc *e, const uint8_t *w, size_t n) {
   const mdl_tok *t = e->t;
   if (n == 0) return 0;
+  if (t->ignore_merges) { // the word spelt as token text: a token of its own is taken whole (llama.cpp's rule)
+    if (n * 2 > e->text_cap) {
+      char *nt = realloc(e->text, n * 4);
+      if (!nt) return -1;
+      e->text = nt;
+      e->text_cap = n * 4;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += cp_put((uint8_t *)e->text + k, t->byte_to_cp[w[i]]);
+    int32_t id = mdl_tok_find_n(t, e->text, k);
+    if (id >= 0) return tok_ivec_push(&e->out, id);
+  }
   if (n > e->cap) {
     size_t nc = n * 2;
     int32_t *s = realloc(e->sym, nc * sizeof *s);
@@ -674,6 +695,83 @@ static int split_gpt2(enc *e, size_t lo, size_t hi) {
   return 0;
 }
 
+static int is_crlf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
+
+// Llama 3's pattern (Qwen 2's with max_digits 1), over one chunk, leftmost alternative first as a regex engine takes
+// them:  (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+//        ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+static int split_llama3(enc *e, size_t lo, size_t hi, int max_digits) {
+  const uint32_t *c = e->cps;
+  size_t prev_end = lo;
+#define ADD(end)                                                         \
+  do {                                                                   \
+    size_t end_ = (end);                                                 \
+    if (end_ > prev_end && emit_word(e, prev_end, end_) != 0) return -1; \
+    prev_end = end_;                                                     \
+  } while (0)
+#define LOWER(x) ((x) >= 'A' && (x) <= 'Z' ? (x) + 32 : (x))
+  for (size_t pos = lo; pos < hi;) {
+    uint32_t cp = c[pos];
+    int fl = cflags(c, lo, hi, pos);
+    if (cp == '\'' && pos + 1 < hi) { // contractions, either case
+      uint32_t n1 = LOWER(c[pos + 1]), n2 = pos + 2 < hi ? LOWER(c[pos + 2]) : 0;
+      size_t len = (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') ? 2
+                   : ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) ? 3
+                                                                                                          : 0;
+      if (len) {
+        pos += len;
+        ADD(pos);
+        continue;
+      }
+    }
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    if ((fl & 1) || (!is_crlf(cp) && !(fl & 3) && (cflags(c, lo, hi, pos + 1) & 1))) {
+      pos++;
+      while (cflags(c, lo, hi, pos) & 1) pos++;
+      ADD(pos);
+      continue;
+    }
+    if (fl & 2) { // \p{N}{1,max_digits}
+      for (int k = 0; k < max_digits && (cflags(c, lo, hi, pos) & 2); k++) pos++;
+      ADD(pos);
+      continue;
+    }
+    // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+    int f2 = cp == ' ' ? cflags(c, lo, hi, pos + 1) : fl;
+    if ((f2 & 8) && !(f2 & 7)) {
+      pos += cp == ' ';
+      while (((f2 = cflags(c, lo, hi, pos)) & 8) && !(f2 & 7)) pos++;
+      while (pos < hi && is_crlf(c[pos])) pos++;
+      ADD(pos);
+      continue;
+    }
+    size_t nws = 0; // the whitespace run from pos
+    while (cflags(c, lo, hi, pos + nws) & 4) nws++;
+    size_t last_nl = 0; // \s*[\r\n]+: the run up to its last newline
+    for (size_t k = 0; k < nws; k++)
+      if (is_crlf(c[pos + k])) last_nl = k + 1;
+    if (last_nl) {
+      pos += last_nl;
+      ADD(pos);
+      continue;
+    }
+    if (nws > 1 && pos + nws < hi) { // \s+(?!\S): leave the last space to the next word
+      pos += nws - 1;
+      ADD(pos);
+      continue;
+    }
+    if (nws > 0) {
+      pos += nws;
+      ADD(pos);
+      continue;
+    }
+    ADD(++pos);
+  }
+#undef LOWER
+#undef ADD
+  return 0;
+}
+
 static int encode_raw(enc *e, const uint8_t *s, size_t n) {
   if (n + 1 > e->cps_cap) {
     uint32_t *nc = realloc(e->cps, (n + 1) * sizeof *nc);
@@ -683,7 +781,9 @@ static int encode_raw(enc *e, const uint8_t *s, size_t n) {
   }
   size_t m = 0;
   for (size_t i = 0; i < n;) e->cps[m++] = cp_next(s, n, &i);
-  if (!e->t->split_digits) return split_gpt2(e, 0, m);
+  if (e->t->pre == MDL_PRE_LLAMA3 || e->t->pre == MDL_PRE_QWEN2)
+    return split_llama3(e, 0, m, e->t->pre == MDL_PRE_LLAMA3 ? 3 : 1);
+  if (e->t->pre != MDL_PRE_SMOLLM) return split_gpt2(e, 0, m);
   size_t start = 0;
   for (size_t i = 0; i < m; i++) {
     if (mdl_tok_is_number(e->cps[i])) {
@@ -775,6 +875,7 @@ done:
   free(nf);
   free(e.out.v);
   free(e.bytes);
+  free(e.text);
   free(e.sym);
   free(e.prev);
   free(e.next);

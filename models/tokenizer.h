@@ -20,7 +20,8 @@ enum { MDL_TOK_NORMAL = 1, MDL_TOK_UNKNOWN = 2, MDL_TOK_CONTROL = 3, MDL_TOK_USE
 
 typedef struct mdl_tok mdl_tok; // immutable once loaded: safe to share between threads
 
-// Loads tokenizer.ggml.model "gpt2" with pre-tokenizer tokenizer.ggml.pre "smollm" (or "gpt2"/"default"), or "llama"
+// Loads tokenizer.ggml.model "gpt2" with pre-tokenizer tokenizer.ggml.pre "smollm", "llama-bpe" (Llama 3), "qwen2"
+// (Qwen 2.5) or "gpt2"/"default" (an unknown name is a load error naming these), or "llama"
 // (SentencePiece: tokenizer.ggml.scores, <0xXX> byte fallback, U+2581 for spaces, tokenizer.ggml.add_space_prefix).
 // Everything is copied: the tokenizer does not borrow from g.
 int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen);

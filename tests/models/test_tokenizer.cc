@@ -288,10 +288,10 @@ TEST(TokenizerTiny, LoadErrors) {
   EXPECT_NE(as2.rc, 0);
   EXPECT_NE(std::string(as2.err).find("scores"), std::string::npos) << as2.err;
   TinyVocab v2;
-  v2.pre = "qwen2";
+  v2.pre = "tekken"; // a pre-tokenizer this code does not have (llama-bpe and qwen2: TokenizerReal)
   Loaded b(v2.bytes());
   EXPECT_NE(b.rc, 0);
-  EXPECT_NE(std::string(b.err).find("qwen2"), std::string::npos) << b.err;
+  EXPECT_NE(std::string(b.err).find("'tekken' is not supported (smollm, llama-bpe, qwen2"), std::string::npos) << b.err;
   TinyVocab v3;
   for (int i = 0; i < 200; i++) v3.tokens[i] = "zz" + std::to_string(i); // most bytes have no token any more
   Loaded c(v3.bytes());
@@ -537,6 +537,96 @@ TEST(Chat, RefusesBadRolesAndUnknownTemplates) {
   ASSERT_EQ(mdl_chat_apply(g, ok, 1, 1, &out, err, sizeof err), 0) << err;
   EXPECT_EQ(std::string(out), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
   free(out);
+  mdl_gguf_close(g);
+}
+
+// SmolLM2's vocabulary as a vocabulary-only GGUF with tokenizer.ggml.pre = pre, extra tokens (normal, ids from the
+// end of SmolLM2's) and extra merges after its own: the file scripts/golden/make_pretok_golden.py gave llama-tokenize.
+static std::vector<uint8_t> relabelled_vocab(const mdl_gguf *g, const std::string &pre,
+                                             const std::vector<std::string> &extra_toks,
+                                             const std::vector<std::string> &extra_merges) {
+  GgufWriter w;
+  w.str("general.architecture", "llama");
+  w.str("tokenizer.ggml.model", "gpt2");
+  w.str("tokenizer.ggml.pre", pre);
+  std::vector<std::string> toks, merges;
+  std::vector<int32_t> types;
+  const mdl_gguf_kv *kt = mdl_gguf_find(g, "tokenizer.ggml.tokens"), *ky = mdl_gguf_find(g, "tokenizer.ggml.token_type"),
+                    *km = mdl_gguf_find(g, "tokenizer.ggml.merges");
+  EXPECT_TRUE(kt && ky && km);
+  if (!kt || !ky || !km) return {};
+  mdl_str s;
+  int64_t v;
+  for (uint64_t i = 0; i < kt->arr_n && mdl_gguf_arr_str(kt, i, &s) == 0; i++) toks.emplace_back(s.p, s.n);
+  for (uint64_t i = 0; i < ky->arr_n && mdl_gguf_arr_i64(ky, i, &v) == 0; i++) types.push_back((int32_t)v);
+  for (uint64_t i = 0; i < km->arr_n && mdl_gguf_arr_str(km, i, &s) == 0; i++) merges.emplace_back(s.p, s.n);
+  for (auto &x : extra_toks) toks.push_back(x), types.push_back(MDL_TOK_NORMAL);
+  merges.insert(merges.end(), extra_merges.begin(), extra_merges.end());
+  w.arr_str("tokenizer.ggml.tokens", toks);
+  w.arr<int32_t>("tokenizer.ggml.token_type", MDL_GGUF_I32, types);
+  w.arr_str("tokenizer.ggml.merges", merges);
+  for (const char *k : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id",
+                        "tokenizer.ggml.padding_token_id"})
+    if (mdl_gguf_get_i64(g, k, &v) == 0) w.scalar<uint32_t>(k, MDL_GGUF_U32, (uint32_t)v);
+  return w.bytes();
+}
+
+// Llama 3's and Qwen 2.5's pre-tokenizers: llama.cpp's ids for the same texts on the same relabelled vocabulary
+// (tests/models/golden/pretok.json; digit runs, contractions in either case, punctuation, letters and marks of many
+// scripts, whitespace runs and newlines), and a word that is a token of its own taken whole under llama-bpe.
+TEST(TokenizerReal, LlamaBpeAndQwen2PreTokenizersMatchLlamaCpp) {
+  Real r;
+  ASSERT_NE(r.g, nullptr);
+  std::string js = read_file(DSERVE_SOURCE_DIR "/tests/models/golden/pretok.json");
+  cJSON *root = cJSON_Parse(js.c_str());
+  ASSERT_NE(root, nullptr) << "tests/models/golden/pretok.json is missing or malformed";
+  std::vector<std::string> xt, xm;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, cJSON_GetObjectItem(root, "extra_tokens")) xt.push_back(it->valuestring);
+  cJSON_ArrayForEach(it, cJSON_GetObjectItem(root, "extra_merges")) xm.push_back(it->valuestring);
+  ASSERT_FALSE(xt.empty());
+  int n_pre = 0;
+  const cJSON *pre;
+  cJSON_ArrayForEach(pre, cJSON_GetObjectItem(root, "pre")) {
+    std::vector<uint8_t> b = relabelled_vocab(r.g, pre->string, xt, xm);
+    mdl_gguf *g = nullptr;
+    mdl_tok *t = nullptr;
+    char err[256];
+    ASSERT_EQ(mdl_gguf_from_memory(b.data(), b.size(), &g, err, sizeof err), 0) << err;
+    ASSERT_EQ(mdl_tok_load(g, &t, err, sizeof err), 0) << pre->string << ": " << err;
+    int n = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, pre) {
+      std::string text = b64dec(cJSON_GetObjectItem(c, "text_b64")->valuestring);
+      std::vector<int32_t> want;
+      const cJSON *id;
+      cJSON_ArrayForEach(id, cJSON_GetObjectItem(c, "ids")) want.push_back((int32_t)id->valuedouble);
+      std::vector<int32_t> got = enc(t, text);
+      EXPECT_EQ(got, want) << pre->string << " text: \"" << text << "\"";
+      EXPECT_EQ(dec(t, got), text) << pre->string;
+      n++;
+    }
+    EXPECT_GE(n, 60) << pre->string;
+    mdl_tok_free(t);
+    mdl_gguf_close(g);
+    n_pre++;
+  }
+  cJSON_Delete(root);
+  EXPECT_EQ(n_pre, 2);
+}
+
+TEST(TokenizerReal, UnknownPreTokenizerIsALoadError) {
+  Real r;
+  ASSERT_NE(r.g, nullptr);
+  std::vector<uint8_t> b = relabelled_vocab(r.g, "tekken", {}, {});
+  mdl_gguf *g = nullptr;
+  mdl_tok *t = nullptr;
+  char err[512];
+  ASSERT_EQ(mdl_gguf_from_memory(b.data(), b.size(), &g, err, sizeof err), 0) << err;
+  EXPECT_LT(mdl_tok_load(g, &t, err, sizeof err), 0);
+  EXPECT_EQ(t, nullptr);
+  EXPECT_NE(std::string(err).find("tokenizer.ggml.pre 'tekken' is not supported (smollm, llama-bpe, qwen2, gpt2 and "
+                                  "default are"), std::string::npos) << err;
   mdl_gguf_close(g);
 }
 
