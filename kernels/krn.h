@@ -177,6 +177,11 @@ typedef struct krn_backend {
   // x(n) *= s
   void (*scale)(krn_ctx *c, float *x, float s, int64_t n);
   int attn_window; // 1: paged_attention honors krn_attn_args.window
+  // Scaled RoPE (models whose GGUF asks for rope scaling): as rope, but pair i of a head at position p turns by
+  // p * inv_freq[i] (inv_freq(head_dim / 2), backend memory), and both rotated values are multiplied by mscale
+  // (YaRN's magnitude scale; 1 otherwise). NULL in cuda, where such a model refuses to load.
+  void (*rope_freqs)(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, const float *inv_freq,
+                     float mscale, int neox);
 } krn_backend;
 
 // Backend-neutral events, so that a consumer of one layer's output (a KV push) waits for that layer only,

@@ -35,6 +35,7 @@ struct mdl_llama {
   mdl_layer *layers;   // (owned) (n_layer)
   void **uploads;      // (owned) (n_uploads) device copies of the weights (cuda)
   int n_uploads;
+  const float *rope_freq; // (head_dim / 2) cfg.rope_inv_freq in backend memory when cfg.rope_scaled (an upload on cuda)
 
   // Step graphs (mdl_llama_set_graphs); kept before the scratch, which a failed grow clears.
   int graphs;                      // 1: decode steps are recorded and replayed
@@ -166,6 +167,128 @@ static int get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int o
   return 0;
 }
 
+#define PI_F 3.14159265358979f
+
+void mdl_rope_freqs(const mdl_rope_scaling *s, int n_dims, float base, float *inv_freq, float *mscale) {
+  int half = n_dims / 2;
+  float fs = s->type == MDL_ROPE_NONE || !(s->factor > 0) ? 1.0f : 1.0f / s->factor;
+  float lo = 0, hi = 0;
+  if (s->type == MDL_ROPE_YARN) { // the pairs that turn fewer than beta_fast..beta_slow times over n_ctx_orig
+    float dfast = (float)n_dims * logf((float)s->n_ctx_orig / (s->beta_fast * 2.0f * PI_F)) / (2.0f * logf(base));
+    float dslow = (float)n_dims * logf((float)s->n_ctx_orig / (s->beta_slow * 2.0f * PI_F)) / (2.0f * logf(base));
+    lo = fmaxf(0.0f, floorf(dfast));
+    hi = fminf((float)(n_dims - 1), ceilf(dslow));
+  }
+  for (int i = 0; i < half; i++) {
+    float b = powf(base, -2.0f * (float)i / (float)n_dims);
+    if (s->freq_factors) b /= s->freq_factors[i];
+    float mix = 0; // yarn: 1 keeps the pair's frequency (fast pairs), 0 interpolates it (slow ones)
+    if (s->type == MDL_ROPE_YARN) mix = 1.0f - fminf(1.0f, fmaxf(0.0f, ((float)i - lo) / fmaxf(0.001f, hi - lo)));
+    inv_freq[i] = b * (fs * (1.0f - mix) + mix);
+  }
+  *mscale = s->attn_factor;
+  if (s->type == MDL_ROPE_YARN && s->factor > 1.0f) *mscale *= 1.0f + 0.1f * logf(s->factor);
+}
+
+// The GGUF's RoPE scaling (llama.h) into m->cfg; an unknown type, a bad factor or a scaling this backend or
+// architecture cannot run is an error. Scaling that changes nothing leaves plain RoPE.
+static int rope_scaling(mdl_llama *m, const mdl_gguf *g, const char *arch, char *err, size_t errlen) {
+  mdl_llama_cfg *c = &m->cfg;
+  mdl_rope_scaling s = {.type = MDL_ROPE_LINEAR, .factor = 1, .attn_factor = 1, .n_ctx_orig = c->n_ctx_train,
+                        .beta_fast = 32, .beta_slow = 1};
+  char key[128];
+  mdl_str rs;
+  snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+  snprintf(c->rope_scaling, sizeof c->rope_scaling, "linear"); // llama.cpp's default when the key is absent
+  if (mdl_gguf_get_str(g, key, &rs) == 0) {
+    if (mdl_str_eq(rs, "none")) s.type = MDL_ROPE_NONE;
+    else if (mdl_str_eq(rs, "yarn")) s.type = MDL_ROPE_YARN;
+    else if (!mdl_str_eq(rs, "linear")) {
+      snprintf(err, errlen,
+               "model: %s '%.*s' not supported (none, linear and yarn are; Llama 3's scaling comes as the tensor "
+               "rope_freqs.weight)",
+               key, (int)(rs.n < 32 ? rs.n : 32), rs.p);
+      return -1;
+    }
+    snprintf(c->rope_scaling, sizeof c->rope_scaling, "%.*s", (int)rs.n, rs.p);
+  }
+  float f = 0;
+  snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+  if (mdl_gguf_get_f32(g, key, &f) != 0) {
+    snprintf(key, sizeof key, "%s.rope.scale_linear", arch);
+    if (mdl_gguf_get_f32(g, key, &f) != 0) f = 0;
+  }
+  if (!(f >= 0) || !isfinite(f)) {
+    snprintf(err, errlen, "model: %s = %g is not a scaling factor (> 0, or 0 for none)", key, f);
+    return -1;
+  }
+  s.factor = f == 0 ? 1.0f : f;
+  snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
+  if (mdl_gguf_get_f32(g, key, &s.attn_factor) != 0) s.attn_factor = 1;
+  if (!(s.attn_factor > 0) || !isfinite(s.attn_factor)) {
+    snprintf(err, errlen, "model: %s = %g not positive", key, s.attn_factor);
+    return -1;
+  }
+  int64_t oc;
+  snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
+  if (mdl_gguf_get_i64(g, key, &oc) == 0) {
+    if (oc < 1 || oc > (1 << 30)) {
+      snprintf(err, errlen, "model: %s = %lld out of range", key, (long long)oc);
+      return -1;
+    }
+    s.n_ctx_orig = (int)oc;
+  }
+  int half = c->head_dim / 2;
+  const mdl_gguf_tensor *ft = mdl_gguf_tensor_find(g, "rope_freqs.weight");
+  if (ft) { // Llama 3.x: llama.cpp reads it for the llama architecture only
+    if (strcmp(arch, "llama") != 0) {
+      snprintf(err, errlen, "model: rope_freqs.weight is not supported for %s (llama only, as llama.cpp)", arch);
+      return -1;
+    }
+    if (ft->type != KRN_F32 || ft->n_dims != 1 || ft->ne[0] != half || ft->nbytes < (size_t)half * 4) {
+      snprintf(err, errlen, "model: rope_freqs.weight must be F32 of %d values (head_dim / 2)", half);
+      return -1;
+    }
+    s.freq_factors = (const float *)ft->data;
+    for (int i = 0; i < half; i++)
+      if (!(s.freq_factors[i] > 0) || !isfinite(s.freq_factors[i])) {
+        snprintf(err, errlen, "model: rope_freqs.weight[%d] = %g not positive", i, s.freq_factors[i]);
+        return -1;
+      }
+    size_t l = strlen(c->rope_scaling);
+    snprintf(c->rope_scaling + l, sizeof c->rope_scaling - l, "+freqs");
+  }
+  int identity = (s.type == MDL_ROPE_NONE || s.factor == 1.0f) && !s.freq_factors && s.attn_factor == 1.0f;
+  if (identity) return 0;
+  if (half > (int)(sizeof c->rope_inv_freq / sizeof c->rope_inv_freq[0])) {
+    snprintf(err, errlen, "model: head_dim %d too large for scaled RoPE (512 at most)", c->head_dim);
+    return -1;
+  }
+  if (c->gemma3 && (s.type == MDL_ROPE_YARN || s.attn_factor != 1.0f)) { // (llama.cpp scales the local layers too)
+    snprintf(err, errlen, "model: yarn rope scaling or an attention factor with gemma3 is not supported (linear is)");
+    return -1;
+  }
+  if (!m->kc->be->rope_freqs) {
+    snprintf(err, errlen, "model: rope scaling (%s) needs scaled RoPE, which the %s backend lacks", c->rope_scaling,
+             m->kc->be->name);
+    return -1;
+  }
+  mdl_rope_freqs(&s, c->head_dim, c->rope_theta, c->rope_inv_freq, &c->rope_mscale);
+  c->rope_scaled = 1;
+  if (m->on_host) m->rope_freq = c->rope_inv_freq;
+  else {
+    void *d = m->kc->be->alloc(m->kc, (size_t)half * 4);
+    if (!d) {
+      snprintf(err, errlen, "model: cannot allocate the RoPE frequencies on %s", m->kc->be->name);
+      return -1;
+    }
+    m->kc->be->upload(m->kc, d, c->rope_inv_freq, (size_t)half * 4);
+    m->uploads[m->n_uploads++] = d;
+    m->rope_freq = d;
+  }
+  return 0;
+}
+
 int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, size_t errlen) {
   *out = NULL;
   if (!g || !kc || !kc->be) {
@@ -258,16 +381,6 @@ int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, s
     snprintf(err, errlen, "model: rms epsilon %g or rope base %g not positive", c->rms_eps, c->rope_theta);
     goto fail;
   }
-  snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-  mdl_str rs;
-  if (mdl_gguf_get_str(g, key, &rs) == 0 && !mdl_str_eq(rs, "none")) {
-    snprintf(err, errlen, "model: rope scaling '%.*s' not supported", (int)(rs.n < 32 ? rs.n : 32), rs.p);
-    goto fail;
-  }
-  if (mdl_gguf_tensor_find(g, "rope_freqs.weight")) {
-    snprintf(err, errlen, "model: rope_freqs.weight (Llama-3.1 rope scaling) not supported");
-    goto fail;
-  }
   const mdl_gguf_tensor *te = mdl_gguf_tensor_find(g, "token_embd.weight");
   if (!te || te->n_dims < 2 || te->ne[1] < 1 || te->ne[1] > (1 << 30)) {
     snprintf(err, errlen, "model: tensor token_embd.weight missing or not a matrix");
@@ -283,6 +396,7 @@ int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, s
     snprintf(err, errlen, "model: out of memory");
     goto fail;
   }
+  if (rope_scaling(m, g, arch, err, errlen) != 0) goto fail; // (may upload its table: after m->uploads)
   if (get_w(m, "token_embd.weight", E, c->n_vocab, 0, 0, &m->tok_embd, err, errlen) ||
       get_w(m, "output_norm.weight", E, 0, 0, 1, &m->output_norm, err, errlen))
     goto fail;
@@ -575,6 +689,20 @@ int mdl_llama_forward_all(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seq, fl
   return forward(m, kv, seq, 1, logits, 1, NULL, NULL, err, errlen);
 }
 
+// RoPE on m->q and m->k (T rows): plain with base theta, or the model's scaled frequencies when it has them and
+// scaled (the layer is one scaling applies to).
+static void rope(mdl_llama *m, int T, float theta, int scaled) {
+  const mdl_llama_cfg *c = &m->cfg;
+  const krn_backend *be = m->kc->be;
+  if (scaled && c->rope_scaled) {
+    be->rope_freqs(m->kc, m->q, m->d_pos, T, c->n_head, c->head_dim, m->rope_freq, c->rope_mscale, c->rope_neox);
+    be->rope_freqs(m->kc, m->k, m->d_pos, T, c->n_kv_head, c->head_dim, m->rope_freq, c->rope_mscale, c->rope_neox);
+    return;
+  }
+  be->rope(m->kc, m->q, m->d_pos, T, c->n_head, c->head_dim, theta, c->rope_neox);
+  be->rope(m->kc, m->k, m->d_pos, T, c->n_kv_head, c->head_dim, theta, c->rope_neox);
+}
+
 // One gemma3 layer over x (llama.cpp's gemma3 graph): q/k norms, RoPE with the layer's base, attention (sliding
 // window on local layers), a norm after attention and after the GELU FFN, each before its residual add.
 static void gemma3_layer(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a, int l, mdl_layer_done_fn on_layer,
@@ -593,9 +721,7 @@ static void gemma3_layer(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a, int l
   be->rmsnorm(kc, m->q, m->q, L->q_norm.data, T * c->n_head, c->head_dim, c->rms_eps);
   be->rmsnorm(kc, m->k, m->k, L->k_norm.data, T * c->n_kv_head, c->head_dim, c->rms_eps);
   a->window = mdl_llama_layer_window(c, l);
-  float theta = a->window ? c->rope_theta_swa : c->rope_theta;
-  be->rope(kc, m->q, m->d_pos, T, c->n_head, c->head_dim, theta, 1);
-  be->rope(kc, m->k, m->d_pos, T, c->n_kv_head, c->head_dim, theta, 1);
+  rope(m, T, a->window ? c->rope_theta_swa : c->rope_theta, !a->window); // scaling: global layers only
   a->k_cache = mdl_kv_chunk(c, kv, l, 0, 0);
   a->v_cache = mdl_kv_chunk(c, kv, l, 1, 0);
   be->kv_store(kc, m->k, m->v, a);
@@ -639,8 +765,7 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
     for (int i = 0; L->bq.data && i < T; i++) be->add(kc, m->q + (size_t)i * HD, L->bq.data, HD);
     for (int i = 0; L->bk.data && i < T; i++) be->add(kc, m->k + (size_t)i * KD, L->bk.data, KD);
     for (int i = 0; L->bv.data && i < T; i++) be->add(kc, m->v + (size_t)i * KD, L->bv.data, KD);
-    be->rope(kc, m->q, m->d_pos, T, c->n_head, c->head_dim, c->rope_theta, c->rope_neox);
-    be->rope(kc, m->k, m->d_pos, T, c->n_kv_head, c->head_dim, c->rope_theta, c->rope_neox);
+    rope(m, T, c->rope_theta, 1);
     a.k_cache = mdl_kv_chunk(c, kv, l, 0, 0);
     a.v_cache = mdl_kv_chunk(c, kv, l, 1, 0);
     be->kv_store(kc, m->k, m->v, &a);

@@ -32,7 +32,39 @@ typedef struct mdl_llama_cfg {
   int swa_pattern;
   float rope_theta_swa;
   float attn_scale;     // softmax scale of q.k (1 / sqrt(head_dim) unless the architecture says otherwise)
+  // RoPE scaling (mdl_rope_scaling): rope_scaled 0: plain RoPE; 1: the global layers turn pair i by pos *
+  // rope_inv_freq[i] and scale by rope_mscale (a gemma3 model's sliding-window layers keep plain RoPE, as llama.cpp's)
+  int rope_scaled;
+  char rope_scaling[16];      // "none", "linear", "yarn" (rope.scaling.type); "+freqs" appended with rope_freqs.weight
+  float rope_inv_freq[256];   // (head_dim / 2) when rope_scaled
+  float rope_mscale;
 } mdl_llama_cfg;
+
+// ---- RoPE scaling ----
+// What a GGUF says (llama.cpp's keys, src/llama-model.cpp): <arch>.rope.scaling.type (none, linear, yarn; absent:
+// linear), .rope.scaling.factor (or the older .rope.scale_linear; 0 or absent: 1), .rope.scaling.attn_factor (1),
+// .rope.scaling.original_context_length (yarn; default the context length), and Llama 3.x's scaling, which
+// llama.cpp's converter stores as per-pair frequency divisors in the tensor rope_freqs.weight.
+enum { MDL_ROPE_NONE = 0, MDL_ROPE_LINEAR = 1, MDL_ROPE_YARN = 2 };
+typedef struct mdl_rope_scaling {
+  int type;                  // MDL_ROPE_*
+  float factor;              // context extension factor (> 0; 1 = none)
+  float attn_factor;         // multiplies the rotated values (1)
+  int n_ctx_orig;            // yarn: the context the model was trained with before extension
+  float beta_fast, beta_slow; // yarn: the ramp's ends in rotations over n_ctx_orig (llama.cpp's defaults: 32, 1)
+  const float *freq_factors; // (n_dims / 2) divisors of each pair's frequency (rope_freqs.weight), or NULL
+} mdl_rope_scaling;
+
+// The angle of pair i at position p is p * inv_freq[i] (inv_freq(n_dims / 2)), and the rotated values are multiplied
+// by *mscale. With b_i = base^(-2i / n_dims) / freq_factors[i] and s = 1 / factor (ggml's rope, read in
+// ggml/src/ggml-cpu/ops.cpp rope_yarn and ggml.c ggml_rope_yarn_corr_dims; llama.cpp's context sets the YaRN
+// attention factor in src/llama-context.cpp):
+//   none:   inv_freq[i] = b_i;  linear: s * b_i;  both: *mscale = attn_factor
+//   yarn:   inv_freq[i] = b_i * (s * (1 - r_i) + r_i), r_i = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1), where
+//           lo = max(0, floor(d(beta_fast))), hi = min(n_dims - 1, ceil(d(beta_slow))),
+//           d(beta) = n_dims * ln(n_ctx_orig / (2 pi beta)) / (2 ln base);
+//           *mscale = attn_factor * (factor > 1 ? 1 + 0.1 ln factor : 1)
+void mdl_rope_freqs(const mdl_rope_scaling *s, int n_dims, float base, float *inv_freq, float *mscale);
 
 // Sliding window of layer l: n_swa for a local layer, 0 for a global one (sees the whole context).
 int mdl_llama_layer_window(const mdl_llama_cfg *c, int layer);

@@ -37,6 +37,8 @@ void *krn_scalar_event_new(krn_ctx *c);
 void krn_scalar_event_noop(krn_ctx *c, void *ev);
 void krn_scalar_get_rows(krn_ctx *c, float *out, const void *w, krn_type wt, const int32_t *ids, int n, int k);
 void krn_scalar_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, float theta, int neox);
+void krn_scalar_rope_freqs(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim,
+                           const float *inv_freq, float mscale, int neox);
 void krn_scalar_kv_store(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a);
 void krn_scalar_geglu(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n);
 void krn_scalar_scale(krn_ctx *c, float *x, float s, int64_t n);

@@ -228,6 +228,24 @@ void krn_scalar_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head
   }
 }
 
+void krn_scalar_rope_freqs(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim,
+                           const float *inv_freq, float mscale, int neox) {
+  (void)c;
+  int half = head_dim / 2;
+  for (int t = 0; t < n; t++) {
+    for (int i = 0; i < half; i++) {
+      float ang = (float)pos[t] * inv_freq[i], cs = cosf(ang) * mscale, sn = sinf(ang) * mscale;
+      for (int h = 0; h < n_head; h++) {
+        float *v = x + ((size_t)t * n_head + h) * head_dim;
+        int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float x0 = v[a], x1 = v[b];
+        v[a] = x0 * cs - x1 * sn;
+        v[b] = x0 * sn + x1 * cs;
+      }
+    }
+  }
+}
+
 static void scalar_swiglu(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n) {
   (void)c;
   for (int64_t i = 0; i < n; i++) {
@@ -371,6 +389,7 @@ static const krn_backend scalar_backend = {
     .geglu = krn_scalar_geglu,
     .scale = krn_scalar_scale,
     .attn_window = 1,
+    .rope_freqs = krn_scalar_rope_freqs,
 };
 
 const krn_backend *krn_cpu_scalar(void) { return &scalar_backend; }

@@ -622,6 +622,7 @@ static const krn_backend simd_backend = {
     .geglu = krn_scalar_geglu, // per element tanh: left scalar (a small share of a step)
     .scale = krn_scalar_scale,
     .attn_window = 1,
+    .rope_freqs = krn_scalar_rope_freqs,
 };
 
 const krn_backend *KRN_SIMD_TABLE(void) { return &simd_backend; }

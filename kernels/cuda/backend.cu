@@ -289,6 +289,7 @@ static const krn_backend cu_backend = {
     NULL, // geglu: none yet, so gemma3 is refused on cuda at load
     NULL, // scale
     0,    // attn_window: paged_attention ignores krn_attn_args.window
+    NULL, // rope_freqs: none yet, so a model with RoPE scaling is refused on cuda at load
 };
 
 extern "C" const krn_backend *krn_cuda(void) { return &cu_backend; }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -56,10 +57,12 @@ inline void synth_fill(std::mt19937 &rng, std::vector<uint8_t> &w, krn_type t, i
 }
 
 // GGUF bytes of a llama model of shape s (tied embeddings, like SmolLM2); open with mdl_gguf_from_memory
-// and keep the bytes alive while the model is.
-inline std::vector<uint8_t> synth_model(const SynthShape &s, uint32_t seed) {
+// and keep the bytes alive while the model is. extra (may be empty) adds keys or tensors of its own.
+inline std::vector<uint8_t> synth_model(const SynthShape &s, uint32_t seed,
+                                        const std::function<void(GgufWriter &)> &extra = {}) {
   std::mt19937 rng(seed);
   GgufWriter w;
+  if (extra) extra(w);
   w.str("general.architecture", "llama");
   w.scalar<uint32_t>("llama.block_count", MDL_GGUF_U32, (uint32_t)s.n_layer);
   w.scalar<uint32_t>("llama.embedding_length", MDL_GGUF_U32, (uint32_t)s.n_embd);
