@@ -17,8 +17,9 @@ static const char *find_in(const char *p, size_t n, const char *needle) {
   return memmem(p, n, needle, strlen(needle));
 }
 
-// Default system prompt of a ChatML template: the text of a literal "<|im_start|>system\n...<|im_end|>" block that the
-// template emits when messages[0] is not a system message. *def is NULL when the template has none.
+// Default system prompt of a ChatML template: the text of the first literal "<|im_start|>system\n...<|im_end|>" block,
+// which the template emits when messages[0] is not a system message (it tests messages[0]'s role: SmolLM2's with
+// != 'system', Qwen 2.5's with == 'system' and an else branch). *def is NULL when the template has none.
 static int template_default_system(const mdl_gguf *g, char **def, char *err, size_t errlen) {
   *def = NULL;
   mdl_str tpl;
@@ -29,19 +30,23 @@ static int template_default_system(const mdl_gguf *g, char **def, char *err, siz
   }
   size_t n = (size_t)tpl.n;
   if (!find_in(tpl.p, n, "<|im_start|>") || !find_in(tpl.p, n, "<|im_end|>")) return 0; // (chatml by override)
-  if (!find_in(tpl.p, n, "!= 'system'") && !find_in(tpl.p, n, "!= \"system\"")) return 0;
-  const char *open = "<|im_start|>system";
-  const char *s = find_in(tpl.p, n, open);
-  if (!s) return 0;
-  s += strlen(open);
-  size_t rest = n - (size_t)(s - tpl.p);
-  if (rest >= 1 && *s == '\n') s++, rest--;
-  else if (rest >= 2 && s[0] == '\\' && s[1] == 'n') s += 2, rest -= 2;
-  else return 0;
-  const char *e = find_in(s, rest, "<|im_end|>");
+  if (!find_in(tpl.p, n, "!= 'system'") && !find_in(tpl.p, n, "!= \"system\"") && !find_in(tpl.p, n, "== 'system'") &&
+      !find_in(tpl.p, n, "== \"system\""))
+    return 0;
+  const char *open = "<|im_start|>system", *s = NULL, *e = NULL;
+  size_t len = 0;
+  for (const char *at = tpl.p; (at = find_in(at, n - (size_t)(at - tpl.p), open)); at += strlen(open)) {
+    s = at + strlen(open);
+    size_t rest = n - (size_t)(s - tpl.p);
+    if (rest >= 1 && *s == '\n') s++, rest--;
+    else if (rest >= 2 && s[0] == '\\' && s[1] == 'n') s += 2, rest -= 2;
+    else continue;
+    if (!(e = find_in(s, rest, "<|im_end|>"))) return 0;
+    len = (size_t)(e - s);
+    if (!memchr(s, '\'', len) && !memchr(s, '"', len) && !find_in(s, len, "{{") && !find_in(s, len, "{%")) break;
+    e = NULL; // not a literal: a block the template fills in
+  }
   if (!e) return 0;
-  size_t len = (size_t)(e - s);
-  if (memchr(s, '\'', len) || memchr(s, '"', len) || find_in(s, len, "{{") || find_in(s, len, "{%")) return 0; // not literal
   *def = malloc(len + 1);
   if (!*def) goto oom;
   // unescape \n as jinja would in a string literal

@@ -7,7 +7,12 @@ started with --no-jinja --chat-template NAME through its POST /apply-template en
 families: chatml, llama3, gemma, mistral-v3 (dserve's "mistral"), phi3. The model only has to load (SmolLM2's GGUF);
 its own template is not used.
 
-Usage (llama.cpp's binaries from bench/peer.sh):
+It also renders the conversations that ask for a generation prompt with two real models' templates through
+llama-server --jinja --chat-template-file (llama.cpp's copies in its sources, models/templates/): Qwen 2.5's, a
+ChatML template whose default system prompt sits in an else branch, and Phi-3.5's. The templates themselves are not
+committed; the test gives dserve a template of the same shape (test_chat.cc, QWEN_LIKE_TPL).
+
+Usage (llama.cpp's binaries from bench/peer.sh; its sources next to them):
   python3 scripts/golden/make_chat_golden.py [BIN_DIR]
 """
 import json
@@ -24,6 +29,8 @@ OUT = os.path.join(ROOT, "tests/models/golden/chat_families.json")
 BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.expanduser("~/.cache/dserve/llama.cpp/0.3.36/bin")
 
 FAMILIES = {"chatml": "chatml", "llama3": "llama3", "gemma": "gemma", "mistral": "mistral-v3", "phi3": "phi3"}
+TEMPLATES = os.path.join(os.path.dirname(BIN), "src/vendor/llama.cpp/models/templates")
+JINJA = {"Qwen-Qwen2.5-7B-Instruct.jinja": "chatml", "microsoft-Phi-3.5-mini-instruct.jinja": "phi3"}
 
 
 def m(role, content):
@@ -53,10 +60,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def render_all(name):
+def render_all(name, jinja_file=None):
     port = free_port()
-    srv = subprocess.Popen([os.path.join(BIN, "llama-server"), "-m", MODEL, "--no-jinja", "--chat-template", name,
-                            "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-c", "256"],
+    how = ["--jinja", "--chat-template-file", jinja_file] if jinja_file else ["--no-jinja", "--chat-template", name]
+    srv = subprocess.Popen([os.path.join(BIN, "llama-server"), "-m", MODEL] + how +
+                           ["--host", "127.0.0.1", "--port", str(port), "-t", "1", "-c", "256"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -69,6 +77,8 @@ def render_all(name):
                 time.sleep(0.1)
         out = []
         for msgs, gen in CHATS:
+            if jinja_file and not gen:
+                continue  # (Phi-3.5's template ends such a text with the model's EOS, SmolLM2's here)
             body = json.dumps({"messages": msgs, "add_generation_prompt": gen}).encode()
             req = urllib.request.Request(url + "/apply-template", body, {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=10) as r:
@@ -85,6 +95,7 @@ def main():
            "llama_cpp_names": FAMILIES, "families": {}}
     for fam, name in FAMILIES.items():
         res["families"][fam] = render_all(name)
+    res["jinja"] = {f: {"family": fam, "chats": render_all(None, os.path.join(TEMPLATES, f))} for f, fam in JINJA.items()}
     with open(OUT, "w") as f:
         json.dump(res, f, indent=1, ensure_ascii=False)
         f.write("\n")

@@ -276,6 +276,50 @@ TEST(ChatFamilies, RenderAsLlamaCpp) {
   EXPECT_GE(n_chats, 50);
 }
 
+// The shape of Qwen 2.5's template where it writes its default system prompt (an else branch after testing
+// messages[0]'s role, with a block that only fills in tools before it), written for this test.
+const char *QWEN_LIKE_TPL =
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{{- messages[0]['content'] }}{{- '<|im_end|>\\n' }}"
+    "{%- else %}{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}{%- endif %}{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + "
+    "message.content + '<|im_end|>' + '\\n' }}{%- endfor %}";
+
+// Real models' templates as llama.cpp's Jinja engine renders them (Qwen 2.5's and Phi-3.5's, goldens made with
+// llama-server --jinja): the family's rendering, with the default system prompt read from a template of that shape.
+TEST(ChatFamilies, RenderAsRealTemplatesDo) {
+  std::string js = slurp(DSERVE_SOURCE_DIR "/tests/models/golden/chat_families.json");
+  cJSON *root = cJSON_Parse(js.c_str());
+  ASSERT_NE(root, nullptr);
+  const cJSON *jinja = cJSON_GetObjectItemCaseSensitive(root, "jinja");
+  int n = 0;
+  for (const cJSON *f = jinja ? jinja->child : nullptr; f; f = f->next) {
+    std::string name = f->string;
+    TemplateGguf g(name.rfind("Qwen", 0) == 0 ? QWEN_LIKE_TPL : PHI3_TPL);
+    const mdl_chat_template *t = nullptr;
+    char err[256];
+    ASSERT_EQ(mdl_chat_template_of(g.g, nullptr, &t, err, sizeof err), 0) << err;
+    ASSERT_NE(t, nullptr);
+    EXPECT_STREQ(t->name, cJSON_GetObjectItemCaseSensitive(f, "family")->valuestring) << name;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(f, "chats")) {
+      std::vector<mdl_chat_msg> mm;
+      const cJSON *m;
+      cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(c, "messages"))
+          mm.push_back({cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring,
+                        cJSON_GetObjectItemCaseSensitive(m, "content")->valuestring});
+      char *out = nullptr;
+      ASSERT_EQ(mdl_chat_render(t, g.g, mm.data(), nullptr, mm.size(), nullptr, 0, 1, &out, err, sizeof err), 0) << err;
+      EXPECT_EQ(std::string(out), cJSON_GetObjectItemCaseSensitive(c, "rendered")->valuestring) << name << " chat " << n;
+      free(out);
+      n++;
+    }
+  }
+  cJSON_Delete(root);
+  EXPECT_GE(n, 10);
+}
+
 TEST(ChatFamilies, TheModelsTemplateChoosesTheFamily) {
   // mdl_chat_apply renders with the family of g's template; ChatML's default system prompt only comes from ChatML's
   TemplateGguf g(GEMMA_TPL);
