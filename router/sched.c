@@ -74,17 +74,6 @@ static int best_by_kv(const rtr_sched_worker *w, int n, srv_role role, const int
   return best;
 }
 
-// Whether the decode worker that would prefill the prompt itself holds enough of it in cache that what is left is not
-// worth a handoff (rtr_sched_disagg on the uncached rest). load: rtr_sched_pick's pair.
-static int local_holds_enough(const rtr_sched_worker *w, int n, const int32_t *prompt, int n_prompt,
-                              const rtr_disagg_rule *rule, const rtr_kvindex *x, const rtr_kvindex_weights *wt,
-                              uint64_t *keys, int max_keys, const rtr_sched_target *load) {
-  int ov = 0, dec = best_by_kv(w, n, SRV_ROLE_DECODE, prompt, n_prompt, x, wt, keys, max_keys, &ov);
-  if (dec < 0 || ov == 0) return 0;
-  int bs = w[dec].block_size > 0 ? w[dec].block_size : 16;
-  return !rtr_sched_disagg(rule, n_prompt - ov * bs, &w[dec], &w[load->prefill]);
-}
-
 int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, int n_prompt,
                       const rtr_disagg_rule *rule, const rtr_kvindex *x, const rtr_kvindex_weights *wt,
                       rtr_sched_target *out, int *overlap_out) {
@@ -107,12 +96,19 @@ int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, i
   if (w[load.decode].role == SRV_ROLE_BOTH) {
     out->decode = best_by_kv(w, n, SRV_ROLE_BOTH, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
     out->prefill = -1;
-  } else if (load.prefill >= 0 && !local_holds_enough(w, n, prompt, n_prompt, rule, x, wt, keys, max_keys, &load)) {
-    out->decode = load.decode;
-    out->prefill = best_by_kv(w, n, SRV_ROLE_PREFILL, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
   } else {
-    out->decode = best_by_kv(w, n, SRV_ROLE_DECODE, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
-    out->prefill = -1;
+    // The decode worker that would prefill the prompt itself, and what it holds of it: a handoff (which load
+    // asked for on the whole prompt) must still be worth it for the uncached rest.
+    int ov = 0, local = best_by_kv(w, n, SRV_ROLE_DECODE, prompt, n_prompt, x, wt, keys, max_keys, &ov);
+    int bs = w[local].block_size > 0 ? w[local].block_size : 16;
+    if (load.prefill >= 0 && (ov == 0 || rtr_sched_disagg(rule, n_prompt - ov * bs, &w[local], &w[load.prefill]))) {
+      out->decode = load.decode;
+      out->prefill = best_by_kv(w, n, SRV_ROLE_PREFILL, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
+    } else {
+      out->decode = local;
+      out->prefill = -1;
+      if (overlap_out) *overlap_out = ov;
+    }
   }
   free(keys);
   return 0;
