@@ -402,8 +402,7 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
   }
   rtr_sched_target pick;
   rtr_kvindex_weights wt = {s->rc->w_overlap, s->rc->w_queue, s->rc->w_free};
-  rtr_disagg_rule rule = {strcmp(s->rc->disagg_policy, "threshold") ? RTR_DISAGG_AUTO : RTR_DISAGG_THRESHOLD,
-                          s->rc->disagg_threshold, s->rc->disagg_max_prefill_queue};
+  rtr_disagg_rule rule = {s->rc->disagg_policy, s->rc->disagg_threshold, s->rc->disagg_max_prefill_queue};
   int picked = rtr_sched_pick_kv(w, s->n_links, toks, n_toks, &rule, s->kv, &wt, &pick, NULL);
   int fetch_blocks, peer = picked >= 0 && pick.prefill >= 0 && s->rc->prefix_fetch
                                ? rtr_sched_prefix_peer(w, s->n_links, toks, n_toks, s->kv, pick.prefill,

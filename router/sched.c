@@ -6,7 +6,7 @@
 int rtr_sched_disagg(const rtr_disagg_rule *rule, int n_uncached, const rtr_sched_worker *dec,
                      const rtr_sched_worker *pre) {
   if (n_uncached < rule->min_tokens) return 0;
-  if (rule->policy == RTR_DISAGG_THRESHOLD) return 1;
+  if (rule->policy == SRV_DISAGG_THRESHOLD) return 1;
   int dec_busy = dec->inflight > 0 || dec->running > 0 || dec->waiting > 0;
   return dec_busy && (long)pre->inflight + pre->waiting <= rule->max_prefill_queue;
 }

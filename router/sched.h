@@ -33,9 +33,8 @@ typedef struct rtr_sched_target {
 // asks that the decode worker be busy (sequences running, waiting or sent to it: an idle one prefills as fast as the
 // prefill worker and skips the transfer) and that the prefill worker's queue (inflight + waiting) be at most
 // max_prefill_queue (a longer one makes the prompt wait longer than local prefill chunks delay the decode steps).
-typedef enum rtr_disagg_policy { RTR_DISAGG_AUTO = 0, RTR_DISAGG_THRESHOLD = 1 } rtr_disagg_policy;
 typedef struct rtr_disagg_rule {
-  rtr_disagg_policy policy;
+  srv_disagg_policy policy;
   int min_tokens;        // router.disagg_threshold
   int max_prefill_queue; // router.disagg_max_prefill_queue (policy auto)
 } rtr_disagg_rule;

@@ -324,11 +324,13 @@ static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o
   if (cfg_int32(x, r, p, "max_n", &o->max_n, 1, 1024, 8, 0)) return -1;
   if (cfg_int32(x, r, p, "max_stop", &o->max_stop, 0, 1024, 8, 0)) return -1;
   if (cfg_int32(x, r, p, "request_timeout_ms", &o->request_timeout_ms, 1, 86400000, 600000, 0)) return -1;
+  char policy[16];
   if (cfg_int32(x, r, p, "disagg_threshold", &o->disagg_threshold, 0, 1 << 30, 128, 0) ||
-      cfg_str(x, r, p, "disagg_policy", o->disagg_policy, sizeof o->disagg_policy, "auto") ||
-      cfg_one_of(x, p, "disagg_policy", o->disagg_policy, S_DISAGG_POLICY) ||
+      cfg_str(x, r, p, "disagg_policy", policy, sizeof policy, "auto") ||
+      cfg_one_of(x, p, "disagg_policy", policy, S_DISAGG_POLICY) ||
       cfg_int32(x, r, p, "disagg_max_prefill_queue", &o->disagg_max_prefill_queue, 0, 1 << 20, 2, 0))
     return -1;
+  o->disagg_policy = strcmp(policy, "threshold") ? SRV_DISAGG_AUTO : SRV_DISAGG_THRESHOLD;
   if (cfg_int32(x, r, p, "link_dead_ms", &o->link_dead_ms, 2000, 3600000, 15000, 0)) return -1;
   if (cfg_bool(x, r, p, "prefix_fetch", &o->prefix_fetch, 0) ||
       cfg_int32(x, r, p, "prefix_fetch_min_blocks", &o->prefix_fetch_min_blocks, 1, 1 << 20, 4, 0))

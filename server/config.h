@@ -10,6 +10,8 @@ extern "C" {
 
 typedef enum srv_role { SRV_ROLE_BOTH = 0, SRV_ROLE_PREFILL = 1, SRV_ROLE_DECODE = 2 } srv_role;
 const char *srv_role_name(srv_role r); // "both", "prefill", "decode"
+// router.disagg_policy (router/sched.h rtr_sched_disagg says what each does)
+typedef enum srv_disagg_policy { SRV_DISAGG_AUTO = 0, SRV_DISAGG_THRESHOLD = 1 } srv_disagg_policy;
 
 typedef struct srv_worker_cfg {
   char name[64];          // unique in the cluster
@@ -55,8 +57,8 @@ typedef struct srv_router_cfg {
   int request_timeout_ms;      // deadline of a request end to end (default 600000)
   int link_dead_ms;            // a worker link that answers no stats (sent every 1 s) this long is closed (15000)
   int disagg_threshold;        // prompts shorter than this (minus cached prefix) prefill on the decode worker (128)
-  char disagg_policy[16];      // "auto": ... and so do longer ones when the decode worker is idle or the prefill
-                               // queue is long; "threshold": length alone decides (router/sched.h rtr_sched_disagg)
+  srv_disagg_policy disagg_policy; // "auto": ... and so do longer ones when the decode worker is idle or the
+                               // prefill queue is long; "threshold": length alone decides (router/sched.h)
   int disagg_max_prefill_queue; // policy auto: a prefill worker with more queued than this is not used (2)
   double w_overlap, w_queue, w_free; // KV-aware routing weights
   int prefix_fetch;            // hint a prefill worker to fetch a longer cached prefix from a peer prefill worker (0)

@@ -60,7 +60,7 @@ TEST(Sched, DecodeAloneWhenNoPrefillUp) {
 }
 
 TEST(Sched, AutoDisaggregatesOnlyForABusyDecodeWorkerAndAShortPrefillQueue) {
-  rtr_disagg_rule rule = {RTR_DISAGG_AUTO, 256, 1};
+  rtr_disagg_rule rule = {SRV_DISAGG_AUTO, 256, 1};
   rtr_sched_worker w[] = {W(1, SRV_ROLE_DECODE), W(1, SRV_ROLE_PREFILL)};
   rtr_sched_target t;
   ASSERT_EQ(rtr_sched_pick(w, 2, 2000, &rule, &t), 0);
@@ -83,7 +83,7 @@ TEST(Sched, AutoDisaggregatesOnlyForABusyDecodeWorkerAndAShortPrefillQueue) {
   EXPECT_EQ(t.prefill, 1);
   w[0] = W(1, SRV_ROLE_DECODE, 0, 2);
   EXPECT_EQ(rtr_sched_disagg(&rule, 2000, &w[0], &w[1]), 1); // so do waiting ones
-  rule.policy = RTR_DISAGG_THRESHOLD;
+  rule.policy = SRV_DISAGG_THRESHOLD;
   w[0] = W(1, SRV_ROLE_DECODE);
   w[1].waiting = 9;
   EXPECT_EQ(rtr_sched_disagg(&rule, 2000, &w[0], &w[1]), 1); // threshold: length alone decides

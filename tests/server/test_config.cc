@@ -346,7 +346,7 @@ TEST(Config, Defaults) {
   EXPECT_FALSE(c->sampling.has_temperature || c->sampling.has_top_k || c->sampling.has_top_p ||
                c->sampling.has_min_p || c->sampling.has_repetition_penalty);
   EXPECT_EQ(c->router.disagg_threshold, 128);
-  EXPECT_STREQ(c->router.disagg_policy, "auto");
+  EXPECT_EQ(c->router.disagg_policy, SRV_DISAGG_AUTO);
   EXPECT_EQ(c->router.disagg_max_prefill_queue, 2);
   EXPECT_EQ(c->router.link_dead_ms, 15000);
   EXPECT_EQ(c->router.migration_limit, 2);
