@@ -629,6 +629,21 @@ static int emit_word(enc *e, size_t a, size_t b) {
   return bpe_word(e, e->bytes, n);
 }
 
+// The whitespace run (cflags bit 4) from pos: how many code points it holds.
+static size_t ws_run(const uint32_t *c, size_t lo, size_t hi, size_t pos) {
+  size_t n = 0;
+  while (cflags(c, lo, hi, pos + n) & 4) n++;
+  return n;
+}
+
+// Where the patterns' last alternatives  \s+(?!\S)|\s+  end a match at pos, whose whitespace run is nws long: a run
+// that a non-space follows leaves its last space to the next word; with no run, the one code point no alternative
+// took is a word of its own.
+static size_t ws_match_end(size_t pos, size_t nws, size_t hi) {
+  if (nws > 1 && pos + nws < hi) return pos + nws - 1;
+  return pos + (nws ? nws : 1);
+}
+
 // The GPT-2 pattern  's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+  over one chunk.
 static int split_gpt2(enc *e, size_t lo, size_t hi) {
   const uint32_t *c = e->cps;
@@ -677,19 +692,8 @@ static int split_gpt2(enc *e, size_t lo, size_t hi) {
       ADD(pos);
       continue;
     }
-    size_t nws = 0;
-    while (cflags(c, lo, hi, pos + nws) & 4) nws++;
-    if (nws > 1 && pos + nws < hi) { // \s+(?!\S): leave the last space to the next word
-      pos += nws - 1;
-      ADD(pos);
-      continue;
-    }
-    if (nws > 0) {
-      pos += nws;
-      ADD(pos);
-      continue;
-    }
-    ADD(++pos);
+    pos = ws_match_end(pos, ws_run(c, lo, hi, pos), hi);
+    ADD(pos);
   }
 #undef ADD
   return 0;
@@ -745,8 +749,7 @@ static int split_llama3(enc *e, size_t lo, size_t hi, int max_digits) {
       ADD(pos);
       continue;
     }
-    size_t nws = 0; // the whitespace run from pos
-    while (cflags(c, lo, hi, pos + nws) & 4) nws++;
+    size_t nws = ws_run(c, lo, hi, pos);
     size_t last_nl = 0; // \s*[\r\n]+: the run up to its last newline
     for (size_t k = 0; k < nws; k++)
       if (is_crlf(c[pos + k])) last_nl = k + 1;
@@ -755,17 +758,8 @@ static int split_llama3(enc *e, size_t lo, size_t hi, int max_digits) {
       ADD(pos);
       continue;
     }
-    if (nws > 1 && pos + nws < hi) { // \s+(?!\S): leave the last space to the next word
-      pos += nws - 1;
-      ADD(pos);
-      continue;
-    }
-    if (nws > 0) {
-      pos += nws;
-      ADD(pos);
-      continue;
-    }
-    ADD(++pos);
+    pos = ws_match_end(pos, nws, hi);
+    ADD(pos);
   }
 #undef LOWER
 #undef ADD
