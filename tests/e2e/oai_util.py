@@ -3,6 +3,7 @@
 import os
 import re
 import sys
+import threading
 import unittest
 
 try:
@@ -37,6 +38,27 @@ def start(test_class, workers, disagg_threshold, tag):
     test_class.PORT = c.port
     MODEL_ID[c.port] = client(c.port).models.list().data[0].id
     return c
+
+
+def map_parallel(fn, seeds, parallel=4):
+    """fn(seed) for each seed, parallel at a time: the results in seed order (None where it raised), and the errors
+    ("seed N: exception"), which the caller reports."""
+    out, errors, lock = [None] * len(seeds), [], threading.Lock()
+
+    def worker(k):
+        for i in range(k, len(seeds), parallel):
+            try:
+                out[i] = fn(seeds[i])
+            except Exception as ex:
+                with lock:
+                    errors.append("seed %d: %r" % (seeds[i], ex))
+
+    th = [threading.Thread(target=worker, args=(k,)) for k in range(parallel)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(600 * u.SCALE)
+    return out, errors
 
 
 def validate(v, s, root=None, path="$"):

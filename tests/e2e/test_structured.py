@@ -1,11 +1,10 @@
 """tests/e2e/test_structured.py: structured outputs (response_format json_object / json_schema) through the router with the openai client, colocated and 1P1D, streamed and not: every answer parses and validates."""
 
 import json
-import threading
 import unittest
 
 import e2e_util as u
-from oai_util import MODEL_ID, client, openai, start, validate
+from oai_util import MODEL_ID, client, map_parallel, openai, start, validate
 
 # Short strings (maxLength) keep the small model's answers short; every keyword kind the grammar knows appears once.
 SCHEMA = {
@@ -48,23 +47,8 @@ def ask(port, i, response_format, stream, max_tokens=700):
 
 
 def ask_all(port, n, response_format, stream, parallel=4, max_tokens=700):
-    """n requests, parallel at a time: [(content, finish_reason)] in seed order."""
-    out, errors, lock = [None] * n, [], threading.Lock()
-
-    def worker(k):
-        for i in range(k, n, parallel):
-            try:
-                out[i] = ask(port, i, response_format, stream, max_tokens)
-            except Exception as ex:  # reported by the caller
-                with lock:
-                    errors.append("%d: %r" % (i, ex))
-
-    th = [threading.Thread(target=worker, args=(k,)) for k in range(parallel)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(600 * u.SCALE)
-    return out, errors
+    """n requests (seeds 0..n-1), parallel at a time: [(content, finish_reason)] in seed order, and the errors."""
+    return map_parallel(lambda seed: ask(port, seed, response_format, stream, max_tokens), list(range(n)), parallel)
 
 
 class Structured:

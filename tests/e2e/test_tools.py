@@ -1,11 +1,10 @@
 """tests/e2e/test_tools.py: tool calling (tools, tool_choice none/auto/required/named, parallel_tool_calls) through the router with the openai client, colocated (1P1D: test_tools_1p1d.py, the same checks): calls parse and validate, streams accumulate, a round trip answers."""
 
 import json
-import threading
 import unittest
 
 import e2e_util as u
-from oai_util import MODEL_ID, client, openai, start, validate
+from oai_util import MODEL_ID, client, map_parallel, openai, start, validate
 
 # Strict tools (the client's stream helper parses only strict ones); short strings keep the small model's calls short.
 WEATHER = {"type": "object",
@@ -85,22 +84,7 @@ def ask(port, seed, stream=False, **kw):
 
 def ask_all(port, seeds, parallel=4, **kw):
     """ask() for each seed, parallel at a time: [(content, calls, finish)] in seed order, and the errors."""
-    out, errors, lock = [None] * len(seeds), [], threading.Lock()
-
-    def worker(k):
-        for i in range(k, len(seeds), parallel):
-            try:
-                out[i] = ask(port, seeds[i], **kw)
-            except Exception as ex:  # reported by the caller
-                with lock:
-                    errors.append("seed %d: %r" % (seeds[i], ex))
-
-    th = [threading.Thread(target=worker, args=(k,)) for k in range(parallel)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(600 * u.SCALE)
-    return out, errors
+    return map_parallel(lambda seed: ask(port, seed, **kw), seeds, parallel)
 
 
 class Tools:
