@@ -102,14 +102,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
       return -1;
     }
   }
-  if (!cmd_kernels_known(o->kernels)) {
-    fprintf(stderr, "dserve generate: unknown --kernels '%s' (" CMD_KERNELS ")\n", o->kernels);
-    return -1;
-  }
-  if (!o->model) {
-    fprintf(stderr, "dserve generate: --model is required\n");
-    return -1;
-  }
+  if (cmd_engine_opts_ok("generate", o->model, o->kernels)) return -1;
   if (!o->prompt && !o->bench) {
     fprintf(stderr, "dserve generate: --prompt is required (or --bench)\n");
     return -1;

@@ -67,14 +67,7 @@ static int parse_args(int argc, char **argv, ppl_opts *o) {
       return -1;
     }
   }
-  if (!cmd_kernels_known(o->kernels)) {
-    fprintf(stderr, "dserve perplexity: unknown --kernels '%s' (" CMD_KERNELS ")\n", o->kernels);
-    return -1;
-  }
-  if (!o->model) {
-    fprintf(stderr, "dserve perplexity: --model is required\n");
-    return -1;
-  }
+  if (cmd_engine_opts_ok("perplexity", o->model, o->kernels)) return -1;
   if (!o->file && !o->kl_base) {
     fprintf(stderr, "dserve perplexity: --file is required (or --kl-base)\n");
     return -1;

@@ -6,10 +6,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-int cmd_kernels_known(const char *name) {
-  static const char *const kernels[] = {"auto", "scalar", "avx2", "avx2vnni", "avx512", "cuda"};
-  for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
-    if (!strcmp(name, kernels[i])) return 1;
+int cmd_engine_opts_ok(const char *cmd, const char *model, const char *kernels) {
+  static const char *const known[] = {"auto", "scalar", "avx2", "avx2vnni", "avx512", "cuda"};
+  size_t i = 0;
+  while (i < sizeof known / sizeof known[0] && strcmp(kernels, known[i])) i++;
+  if (i == sizeof known / sizeof known[0]) {
+    fprintf(stderr, "dserve %s: unknown --kernels '%s' (" CMD_KERNELS ")\n", cmd, kernels);
+    return -1;
+  }
+  if (!model) {
+    fprintf(stderr, "dserve %s: --model is required\n", cmd);
+    return -1;
+  }
   return 0;
 }
 

@@ -21,8 +21,9 @@ typedef struct cmd_engine {
 
 // The names --kernels takes, for usage lines and errors.
 #define CMD_KERNELS "scalar, avx2, avx2vnni, avx512, auto, cuda"
-// 1 when name is one of CMD_KERNELS (whether this machine has it is found at open).
-int cmd_kernels_known(const char *name);
+// The options every engine subcommand checks: --kernels names one of CMD_KERNELS (whether this machine has it is
+// found at open) and --model is given. 0, or -1 after saying which on stderr as "dserve CMD: ...".
+int cmd_engine_opts_ok(const char *cmd, const char *model, const char *kernels);
 
 // Opens the model on the named kernels with threads cpu threads. -1 with err.
 int cmd_engine_open(cmd_engine *e, const char *model, const char *kernels, int threads, char *err, size_t errlen);
