@@ -13,6 +13,8 @@
 
 #include "gguf_writer.h"
 
+#include "model_util.h"
+
 extern "C" {
 #include "models/chat.h"
 #include "models/grammar.h"
@@ -234,13 +236,6 @@ TEST(ChatFamilies, UnknownTemplatesAreRefused) {
                         "(chatml, llama3, gemma, mistral, phi3)", 0), 0u) << tpl << " -> " << got;
     EXPECT_NE(got.find("\"chat_template\""), std::string::npos) << got;
   }
-}
-
-std::string slurp(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 // Each family renders as llama.cpp's llama_chat_apply_template does (goldens: scripts/golden/make_chat_golden.py).

@@ -16,6 +16,8 @@
 
 #include <unistd.h>
 
+#include "model_util.h"
+
 extern "C" {
 #include "kernels/krn.h"
 #include "models/gguf.h"
@@ -33,31 +35,6 @@ const char *kGreedyGolden = DSERVE_SOURCE_DIR "/tests/models/golden/gemma_greedy
   do {                                                                                                          \
     if (access(kModel, R_OK) != 0) GTEST_SKIP() << "missing " << kModel << " (run scripts/fetch_gemma.sh)";    \
   } while (0)
-
-std::string slurp(const char *path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string b64decode(const std::string &in) {
-  static const std::string abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  unsigned val = 0;
-  int bits = -8;
-  for (char c : in) {
-    size_t p = abc.find(c);
-    if (p == std::string::npos) break;
-    val = ((val << 6) + (unsigned)p) & 0xFFFFFFu; // only the last 24 bits are ever read
-    bits += 6;
-    if (bits >= 0) {
-      out.push_back((char)((val >> bits) & 0xFF));
-      bits -= 8;
-    }
-  }
-  return out;
-}
 
 bool valid_utf8(const std::string &s) {
   size_t i = 0, n = s.size();
@@ -181,38 +158,16 @@ TEST(Gemma, TokenizerByteFallbackAndSpaces) {
 
 // The model on the best cpu backend with 2 threads and an F16 KV cache (for a by-hand look: GEMMA_KERNELS=scalar,
 // GEMMA_KV_F32=1, GEMMA_DEBUG=1 prints the compared log-probabilities).
-struct Engine {
-  mdl_gguf *g = nullptr;
-  krn_pool *pool = nullptr;
-  krn_ctx kc{};
-  mdl_llama *m = nullptr;
-  mdl_kv kv{};
-  const mdl_llama_cfg *cfg = nullptr;
-  char err[512] = {0};
+// Gemma on the CPU; GEMMA_KERNELS names the backend and GEMMA_KV_F32 makes the cache F32 (for investigations).
+struct Engine : ModelEngine {
   bool open(int n_blocks) {
-    if (mdl_gguf_open(kModel, &g, err, sizeof err) != 0) {
-      ADD_FAILURE() << err;
+    const char *name = getenv("GEMMA_KERNELS");
+    const krn_backend *be = name ? krn_cpu_by_name(name) : nullptr;
+    if (name && !be) {
+      ADD_FAILURE() << "GEMMA_KERNELS=" << name << ": no such cpu backend";
       return false;
     }
-    pool = krn_pool_new(2, err, sizeof err);
-    kc.be = getenv("GEMMA_KERNELS") ? krn_cpu_by_name(getenv("GEMMA_KERNELS")) : krn_cpu_best();
-    kc.pool = pool;
-    if (!kc.be || mdl_llama_load(g, &kc, &m, err, sizeof err) != 0) {
-      ADD_FAILURE() << err;
-      return false;
-    }
-    cfg = mdl_llama_config(m);
-    kv.type = getenv("GEMMA_KV_F32") ? KRN_F32 : KRN_F16;
-    kv.block_size = 16;
-    kv.n_blocks = n_blocks;
-    kv.base = kc.be->alloc(&kc, mdl_kv_block_bytes(cfg, kv.type, kv.block_size) * (size_t)n_blocks);
-    return kv.base != nullptr;
-  }
-  ~Engine() {
-    if (kv.base) kc.be->free(&kc, kv.base);
-    mdl_llama_free(m);
-    krn_pool_free(pool);
-    mdl_gguf_close(g);
+    return ModelEngine::open(kModel, n_blocks, be, getenv("GEMMA_KV_F32") ? KRN_F32 : KRN_F16);
   }
 };
 

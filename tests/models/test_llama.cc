@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "model_util.h"
+
 extern "C" {
 #include "models/gguf.h"
 #include "models/llama.h"
@@ -59,45 +61,9 @@ std::vector<Case> load_golden() {
 }
 
 // The model on the best cpu backend with 2 threads, and a KV cache of n_blocks blocks.
-struct Engine {
-  mdl_gguf *g = nullptr;
-  krn_pool *pool = nullptr;
-  krn_ctx kc{};
-  mdl_llama *m = nullptr;
-  mdl_kv kv{};
-  const mdl_llama_cfg *cfg = nullptr;
-  int next_block = 0;
-  char err[512] = {0};
-
+struct Engine : ModelEngine {
   bool open(int n_blocks = 512) {
-    if (mdl_gguf_open(kModel, &g, err, sizeof err) != 0) {
-      ADD_FAILURE() << "the real model is needed: " << kModel << ": " << err << " (run scripts/setup.sh)";
-      return false;
-    }
-    pool = krn_pool_new(2, err, sizeof err);
-    kc.be = krn_cpu_best();
-    kc.pool = pool;
-    if (mdl_llama_load(g, &kc, &m, err, sizeof err) != 0) {
-      ADD_FAILURE() << err;
-      return false;
-    }
-    cfg = mdl_llama_config(m);
-    kv.type = KRN_F16;
-    kv.block_size = 16;
-    kv.n_blocks = n_blocks;
-    kv.base = kc.be->alloc(&kc, mdl_kv_block_bytes(cfg, kv.type, kv.block_size) * (size_t)n_blocks);
-    return kv.base != nullptr;
-  }
-  ~Engine() {
-    if (kv.base) kc.be->free(&kc, kv.base);
-    mdl_llama_free(m);
-    krn_pool_free(pool);
-    mdl_gguf_close(g);
-  }
-  std::vector<int32_t> blocks(int n) { // a fresh, disjoint range of block ids
-    std::vector<int32_t> b;
-    for (int i = 0; i < n; i++) b.push_back(next_block++ % kv.n_blocks);
-    return b;
+    return ModelEngine::open(kModel, n_blocks, nullptr, KRN_F16, " (the real model is needed: run scripts/setup.sh)");
   }
 };
 

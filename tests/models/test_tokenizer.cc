@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "model_util.h"
+
 extern "C" {
 #include "models/chat.h"
 #include "models/gguf.h"
@@ -129,31 +131,6 @@ std::string stream(const mdl_tok *t, const std::vector<int32_t> &ids, std::vecto
   out.append(p, n);
   if (chunks) chunks->push_back(std::string(p, n));
   mdl_detok_free(d);
-  return out;
-}
-
-std::string read_file(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string b64dec(const std::string &in) {
-  static const std::string tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  unsigned val = 0;
-  int bits = -8;
-  for (char c : in) {
-    size_t k = tbl.find(c);
-    if (k == std::string::npos) break;
-    val = ((val << 6) + (unsigned)k) & 0xFFFFFFu;
-    bits += 6;
-    if (bits >= 0) {
-      out += (char)((val >> bits) & 0xFF);
-      bits -= 8;
-    }
-  }
   return out;
 }
 
@@ -403,7 +380,7 @@ TEST(Detok, WaitsForCompleteCharactersAndNeverStalls) {
 TEST(TokenizerReal, GoldenIdsMatchLlamaCpp) {
   Real r;
   ASSERT_NE(r.t, nullptr);
-  std::string js = read_file(DSERVE_SOURCE_DIR "/tests/models/golden/tokenizer.json");
+  std::string js = slurp(DSERVE_SOURCE_DIR "/tests/models/golden/tokenizer.json");
   cJSON *root = cJSON_Parse(js.c_str());
   ASSERT_NE(root, nullptr) << "tests/models/golden/tokenizer.json is missing or malformed";
   cJSON *cases = cJSON_GetObjectItem(root, "cases");
@@ -411,7 +388,7 @@ TEST(TokenizerReal, GoldenIdsMatchLlamaCpp) {
   int n_checked = 0, n_round = 0;
   cJSON *c;
   cJSON_ArrayForEach(c, cases) {
-    std::string text = b64dec(cJSON_GetObjectItem(c, "text_b64")->valuestring);
+    std::string text = b64decode(cJSON_GetObjectItem(c, "text_b64")->valuestring);
     bool special = cJSON_IsTrue(cJSON_GetObjectItem(c, "special"));
     std::vector<int32_t> want;
     cJSON *id;
@@ -473,7 +450,7 @@ TEST(TokenizerReal, LongInputsEncodeAndRoundTrip) {
 TEST(Chat, GoldenMatchesJinjaTemplate) {
   Real r;
   ASSERT_NE(r.g, nullptr);
-  std::string js = read_file(DSERVE_SOURCE_DIR "/tests/models/golden/tokenizer_chat.json");
+  std::string js = slurp(DSERVE_SOURCE_DIR "/tests/models/golden/tokenizer_chat.json");
   cJSON *root = cJSON_Parse(js.c_str());
   ASSERT_NE(root, nullptr) << "tests/models/golden/tokenizer_chat.json is missing or malformed";
   cJSON *c;
@@ -577,7 +554,7 @@ static std::vector<uint8_t> relabelled_vocab(const mdl_gguf *g, const std::strin
 TEST(TokenizerReal, LlamaBpeAndQwen2PreTokenizersMatchLlamaCpp) {
   Real r;
   ASSERT_NE(r.g, nullptr);
-  std::string js = read_file(DSERVE_SOURCE_DIR "/tests/models/golden/pretok.json");
+  std::string js = slurp(DSERVE_SOURCE_DIR "/tests/models/golden/pretok.json");
   cJSON *root = cJSON_Parse(js.c_str());
   ASSERT_NE(root, nullptr) << "tests/models/golden/pretok.json is missing or malformed";
   std::vector<std::string> xt, xm;
@@ -597,7 +574,7 @@ TEST(TokenizerReal, LlamaBpeAndQwen2PreTokenizersMatchLlamaCpp) {
     int n = 0;
     const cJSON *c;
     cJSON_ArrayForEach(c, pre) {
-      std::string text = b64dec(cJSON_GetObjectItem(c, "text_b64")->valuestring);
+      std::string text = b64decode(cJSON_GetObjectItem(c, "text_b64")->valuestring);
       std::vector<int32_t> want;
       const cJSON *id;
       cJSON_ArrayForEach(id, cJSON_GetObjectItem(c, "ids")) want.push_back((int32_t)id->valuedouble);
