@@ -383,11 +383,13 @@ static void try_send_table(dec_worker *w, dec_seq *s) {
   srv_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return; // sent when the prefill worker connects
   srv_debug(w->sh.rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
+  // The window pages of blocks the prefill worker sends no sliding-window layer to (wrk_kvwire_first_live_block)
+  // go back now: they would hold nothing.
+  wrk_blocks_drop_window(w->sh.rt->kv, &s->seq.blocks, s->req.n_prompt);
   cJSON *m = cJSON_CreateObject();
   cJSON_AddStringToObject(m, "op", "kv_table");
   cJSON_AddStringToObject(m, "id", s->req.id);
-  cJSON *b = cJSON_AddArrayToObject(m, "blocks");
-  for (int i = 0; i < s->seq.blocks.n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(s->seq.blocks.ids[i]));
+  wrk_kvwire_add_table(m, w->sh.rt->kv, s->seq.blocks.ids, s->seq.blocks.n);
   cJSON_AddNumberToObject(m, "skip_blocks", s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size);
   s->table_sent = srv_peer_send(p, m) == 0;
   cJSON_Delete(m);
@@ -404,8 +406,11 @@ static void try_start(dec_worker *w, dec_seq *s) {
   s->handoff = 0;
   s->seq.n_done = s->req.n_prompt;
   int skipped = s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size;
-  // Sliding-window layers were sent only the blocks they read again: the others must not be reused.
-  s->kv_bytes = wrk_kvwire_handoff_bytes(w->sh.rt->kv, s->req.n_prompt, skipped, &s->seq.no_reuse);
+  // Sliding-window layers were sent only the blocks they read again. With layer groups the others lost their window
+  // pages (try_send_table), which the prefix store sees; with one group they must not be reused.
+  int dead = 0;
+  s->kv_bytes = wrk_kvwire_handoff_bytes(w->sh.rt->kv, s->req.n_prompt, skipped, &dead);
+  s->seq.no_reuse = dead && wrk_kvpool_groups(w->sh.rt->kv) == 1;
   s->kv_ms = (double)(wrk_shell_now_ms() - s->t_start_ms);
   if (wrk_engine_start(&w->eng, &s->seq)) {
     wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");

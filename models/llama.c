@@ -21,7 +21,7 @@ typedef struct mdl_layer {
 typedef struct mdl_graph_key {
   int n_seqs, max_blocks;  // one token and one logits row per sequence; block-table width
   const void *kv_base;
-  int kv_type, kv_block_size, kv_n_blocks;
+  int kv_type, kv_block_size, kv_n_blocks, kv_n_groups;
 } mdl_graph_key;
 
 #define MDL_GRAPHS 8 // recorded decode steps kept (round robin)
@@ -59,7 +59,8 @@ struct mdl_llama {
   float *lo;           // (cap_s, n_vocab) their logits
   int32_t *d_rows;     // (cap_s) row index in x of each logits row
   int cap_bt;          // ints in d_bt
-  int32_t *d_bt;       // (n_seqs, max_blocks) block tables
+  int32_t *d_bt;       // (n_groups, n_seqs, max_blocks) block tables, one per layer group of the KV cache (mdl_kv)
+  int bt_group_stride; // ints from one group's tables to the next's in d_bt, this step
   int32_t *h_ids, *h_seq, *h_pos; // host (cap_t)
   int32_t *h_rows, *h_rseq;       // host (cap_s): row in x, and row of the caller's logits, of each logits row
   int32_t *h_bt;                  // host (cap_bt)
@@ -590,6 +591,18 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
                  (int)q->block_table[i], kv->n_blocks - 1);
         return -1;
       }
+    // A local group may have given back the pages its window passed, never one this step reads or writes.
+    for (int g = 1; g < mdl_kv_groups(kv); g++) {
+      int live = mdl_kv_first_live_block(mdl_kv_group_window(c, kv, g), q->pos0, kv->block_size);
+      for (int i = 0; i < q->n_blocks; i++) {
+        int32_t pg = mdl_kv_page(kv, q->block_table[i], g);
+        if (pg >= kv->n_blocks || (pg < 0 && i >= live)) {
+          snprintf(err, errlen, "forward: sequence %d block %d has no page for layer group %d (page %d)", s, i, g,
+                   (int)pg);
+          return -1;
+        }
+      }
+    }
     for (int i = 0; i < q->n_tokens; i++)
       if (q->tokens[i] < 0 || q->tokens[i] >= c->n_vocab) {
         snprintf(err, errlen, "forward: sequence %d token %d is %d, outside the vocabulary (0..%d)", s, i,
@@ -618,12 +631,15 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
         max_blocks = w;
         break;
       }
-  if ((int64_t)n_seqs * max_blocks > (1 << 28)) {
+  const int n_groups = mdl_kv_groups(kv);
+  if ((int64_t)n_groups * n_seqs * max_blocks > (1 << 28)) {
     snprintf(err, errlen, "forward: block tables too large");
     return -1;
   }
-  if (grow_tokens(m, T, err, errlen) || grow_seqs(m, R > n_seqs ? R : n_seqs, n_seqs * max_blocks, err, errlen))
+  if (grow_tokens(m, T, err, errlen) ||
+      grow_seqs(m, R > n_seqs ? R : n_seqs, n_groups * n_seqs * max_blocks, err, errlen))
     return -1;
+  m->bt_group_stride = n_seqs * max_blocks;
 
   // flatten the batch
   int t = 0, r = 0;
@@ -634,9 +650,11 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
       m->h_seq[t] = s;
       m->h_pos[t] = q->pos0 + i;
     }
-    int32_t *bt = m->h_bt + (size_t)s * max_blocks;
-    memcpy(bt, q->block_table, (size_t)q->n_blocks * sizeof *bt);
-    for (int i = q->n_blocks; i < max_blocks; i++) bt[i] = 0;
+    for (int g = 0; g < n_groups; g++) { // a page given back is -1: the kernels skip it (outside every window)
+      int32_t *bt = m->h_bt + (size_t)g * m->bt_group_stride + (size_t)s * max_blocks;
+      for (int i = 0; i < q->n_blocks; i++) bt[i] = mdl_kv_page(kv, q->block_table[i], g);
+      for (int i = q->n_blocks; i < max_blocks; i++) bt[i] = 0;
+    }
     if (all_rows) {
       for (int i = 0; i < q->n_tokens; i++, r++) m->h_rows[r] = t - q->n_tokens + i;
     } else if (q->want_logits) {
@@ -648,7 +666,7 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
   be->upload(kc, m->d_ids, m->h_ids, (size_t)T * 4);
   be->upload(kc, m->d_seq, m->h_seq, (size_t)T * 4);
   be->upload(kc, m->d_pos, m->h_pos, (size_t)T * 4);
-  be->upload(kc, m->d_bt, m->h_bt, (size_t)n_seqs * max_blocks * 4);
+  be->upload(kc, m->d_bt, m->h_bt, (size_t)n_groups * n_seqs * max_blocks * 4);
   if (R) be->upload(kc, m->d_rows, m->h_rows, (size_t)R * 4);
 
   krn_attn_args a = {
@@ -724,6 +742,7 @@ static void gemma3_layer(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a, int l
   rope(m, T, a->window ? c->rope_theta_swa : c->rope_theta, !a->window); // scaling: global layers only
   a->k_cache = mdl_kv_chunk(c, kv, l, 0, 0);
   a->v_cache = mdl_kv_chunk(c, kv, l, 1, 0);
+  a->block_tables = m->d_bt + (size_t)mdl_kv_group_of(kv, l) * m->bt_group_stride;
   be->kv_store(kc, m->k, m->v, a);
   if (on_layer) on_layer(on_layer_arg, l);
   be->paged_attention(kc, m->att, m->q, a);
@@ -768,6 +787,7 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
     rope(m, T, c->rope_theta, 1);
     a.k_cache = mdl_kv_chunk(c, kv, l, 0, 0);
     a.v_cache = mdl_kv_chunk(c, kv, l, 1, 0);
+    a.block_tables = m->d_bt + (size_t)mdl_kv_group_of(kv, l) * m->bt_group_stride;
     be->kv_store(kc, m->k, m->v, &a);
     if (on_layer) on_layer(on_layer_arg, l); // no sync: the callback waits for this layer only (llama.h)
     be->paged_attention(kc, m->att, m->q, &a);
@@ -800,6 +820,7 @@ static int step_graph(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a) {
   k.kv_type = kv->type;
   k.kv_block_size = kv->block_size;
   k.kv_n_blocks = kv->n_blocks;
+  k.kv_n_groups = mdl_kv_groups(kv);
   for (int i = 0; i < m->n_gcache; i++)
     if (!memcmp(&m->gcache[i].key, &k, sizeof k)) {
       if (be->graph_launch(m->kc, m->gcache[i].h) == 0) {

@@ -70,18 +70,50 @@ void mdl_rope_freqs(const mdl_rope_scaling *s, int n_dims, float base, float *in
 int mdl_llama_layer_window(const mdl_llama_cfg *c, int layer);
 
 // The paged KV cache the forward pass reads and writes.
-// Layout of base: (n_layer, 2 /* K, V */, n_blocks, block_size, n_kv_head * head_dim) of type,
-// so each (layer, K|V, block) is one contiguous chunk of mdl_kv_chunk_bytes() bytes — the unit kvxfer moves.
+// Layout of base: (G, 2 /* K, V */, n_blocks, block_size, n_kv_head * head_dim) of type, where the model's layers are
+// cut into n_groups groups of G = n_layer / n_groups layers each and layer l is slot layer_slot[l] of group
+// layer_group[l]: each (slot, K|V, page) is one contiguous chunk of mdl_kv_chunk_bytes() bytes, the unit kvxfer
+// moves, and a page holds one group's K and V for block_size positions.
+// n_groups 1 (or 0, zero-initialized: the same), the plain layout: slot = layer, one page is a whole block.
+// More groups (mdl_kv_plan_groups: a model with sliding-window layers, whose groups are all-global or all-local) let
+// a local group's pages go back to the pool once its window has passed them, while the global groups keep theirs.
+// A sequence's block table then holds each block's group-0 page (the block's id); page_map says where its other
+// groups' pages are.
 typedef struct mdl_kv {
   void *base;       // (borrowed) backend memory (host for cpu, device for cuda)
   krn_type type;    // KRN_F16 or KRN_F32
-  int n_blocks;
+  int n_blocks;     // pages (blocks, with one group)
   int block_size;   // tokens per block (16)
+  int n_groups;     // layer groups (0 or 1: the plain layout; the fields below are then unused)
+  const int16_t *layer_group, *layer_slot; // (n_layer) (borrowed) each layer's group and slot in it
+  // (n_blocks, n_groups) (borrowed, host memory): page_map[b * n_groups + g] is the page holding group g of the block
+  // whose id is b (b itself for g = 0), -1 when that group's page was given back (a local group whose window passed).
+  const int32_t *page_map;
 } mdl_kv;
 
-size_t mdl_kv_chunk_bytes(const mdl_llama_cfg *c, const mdl_kv *kv);             // one (layer, K|V, block)
+size_t mdl_kv_chunk_bytes(const mdl_llama_cfg *c, const mdl_kv *kv);             // one (slot, K|V, page)
 size_t mdl_kv_block_bytes(const mdl_llama_cfg *c, krn_type type, int block_size); // one block over all layers, K and V
-void *mdl_kv_chunk(const mdl_llama_cfg *c, const mdl_kv *kv, int layer, int kv_idx /*0 K, 1 V*/, int block);
+// Address of layer's K (kv_idx 0) or V (1) chunk in page `page` (the page of that layer's group).
+void *mdl_kv_chunk(const mdl_llama_cfg *c, const mdl_kv *kv, int layer, int kv_idx /*0 K, 1 V*/, int page);
+static inline int mdl_kv_groups(const mdl_kv *kv) { return kv->n_groups > 1 ? kv->n_groups : 1; }
+static inline int mdl_kv_group_of(const mdl_kv *kv, int layer) { return kv->n_groups > 1 ? kv->layer_group[layer] : 0; }
+// The page of group g of block id b, or -1 when given back.
+static inline int32_t mdl_kv_page(const mdl_kv *kv, int32_t b, int g) {
+  return kv->n_groups > 1 ? kv->page_map[(size_t)b * (size_t)kv->n_groups + (size_t)g] : b;
+}
+
+// How a model's layers are grouped for a paged cache whose local groups can give pages back: group and slot of each
+// layer into group (n_layer) and slot (n_layer); returns the number of groups. Groups hold G = gcd(global layers,
+// local layers) layers each, all global or all local; the global groups come first (group 0, whose page is the
+// block's id, is global: every position keeps it). 1 (and the plain layout written) for a model without
+// sliding-window layers or with only those.
+int mdl_kv_plan_groups(const mdl_llama_cfg *c, int16_t *group, int16_t *slot);
+// Sliding window of group g's layers (0: global) under the grouping of kv.
+int mdl_kv_group_window(const mdl_llama_cfg *c, const mdl_kv *kv, int g);
+// The first block a layer with sliding window `window` reads again once n_pos positions are computed: every later
+// query is at a position >= n_pos and sees keys after pos - window only, so the blocks wholly before n_pos - window
+// are never read again. 0 for a global layer (window 0) or a short sequence.
+int mdl_kv_first_live_block(int window, int n_pos, int block_size);
 
 // One sequence's share of a batch: n_tokens new tokens at positions [pos0, pos0 + n_tokens).
 typedef struct mdl_seq {

@@ -1,4 +1,4 @@
-// models/llama_kv.c: sizes and addresses inside the paged KV cache layout of models/llama.h.
+// models/llama_kv.c: sizes and addresses inside the paged KV cache layout of models/llama.h, and its layer groups.
 #include "models/llama.h"
 
 static size_t kv_elsize(krn_type t) { return t == KRN_F32 ? 4 : 2; }
@@ -11,8 +11,47 @@ size_t mdl_kv_block_bytes(const mdl_llama_cfg *c, krn_type type, int block_size)
   return 2 * (size_t)c->n_layer * (size_t)block_size * (size_t)c->n_kv_head * (size_t)c->head_dim * kv_elsize(type);
 }
 
-void *mdl_kv_chunk(const mdl_llama_cfg *c, const mdl_kv *kv, int layer, int kv_idx, int block) {
+void *mdl_kv_chunk(const mdl_llama_cfg *c, const mdl_kv *kv, int layer, int kv_idx, int page) {
   size_t chunk = mdl_kv_chunk_bytes(c, kv);
-  size_t i = ((size_t)layer * 2 + (size_t)kv_idx) * (size_t)kv->n_blocks + (size_t)block;
+  size_t slot = kv->n_groups > 1 ? (size_t)kv->layer_slot[layer] : (size_t)layer;
+  size_t i = (slot * 2 + (size_t)kv_idx) * (size_t)kv->n_blocks + (size_t)page;
   return (char *)kv->base + i * chunk;
+}
+
+static int gcd(int a, int b) {
+  while (b) {
+    int t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+int mdl_kv_plan_groups(const mdl_llama_cfg *c, int16_t *group, int16_t *slot) {
+  int n_local = 0;
+  for (int l = 0; l < c->n_layer; l++) n_local += mdl_llama_layer_window(c, l) > 0;
+  int n_global = c->n_layer - n_local;
+  if (n_local == 0 || n_global == 0 || c->n_layer > INT16_MAX) {
+    for (int l = 0; l < c->n_layer; l++) group[l] = 0, slot[l] = (int16_t)l;
+    return 1;
+  }
+  int per = gcd(n_global, n_local), rg = 0, rl = 0;
+  for (int l = 0; l < c->n_layer; l++) {
+    int local = mdl_llama_layer_window(c, l) > 0, r = local ? rl++ : rg++;
+    group[l] = (int16_t)((local ? n_global / per : 0) + r / per);
+    slot[l] = (int16_t)(r % per);
+  }
+  return c->n_layer / per;
+}
+
+int mdl_kv_group_window(const mdl_llama_cfg *c, const mdl_kv *kv, int g) {
+  if (kv->n_groups <= 1) return 0; // one group holds global layers too
+  for (int l = 0; l < c->n_layer; l++)
+    if (mdl_kv_group_of(kv, l) == g) return mdl_llama_layer_window(c, l);
+  return 0;
+}
+
+int mdl_kv_first_live_block(int window, int n_pos, int block_size) {
+  if (window <= 0 || n_pos <= window || block_size < 1) return 0;
+  return (n_pos - window) / block_size; // the block holding position n_pos - window, the first one read
 }

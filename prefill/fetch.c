@@ -31,7 +31,7 @@ void pfl_resume(pfl_worker *w, pfl_pull *p, int got) {
   p->req = NULL;
   r->pull = NULL;
   if (got > 0 && wrk_kvstage_in(w->sh.stage, p->blocks, got)) got = 0; // staging: the peer wrote into our mirror
-  if (got > 0 && wrk_blocks_append(&r->seq.blocks, p->blocks, got) == 0) { // the references move to r
+  if (got > 0 && wrk_blocks_append(w->sh.rt->kv, &r->seq.blocks, p->blocks, got) == 0) { // the references move to r
     p->n -= got;
     memmove(p->blocks, p->blocks + got, (size_t)p->n * sizeof *p->blocks);
     int nb = r->seq.blocks.n, bs = block_size(w);
@@ -64,6 +64,10 @@ int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
   int bs = block_size(w), n_prompt = r->req.n_prompt;
   if (want > (n_prompt - 1) / bs) want = (n_prompt - 1) / bs; // the last token is always computed
   if (!px || want < 1 || wrk_prefix_peek(px, r->seq.toks, n_prompt, 0, NULL) >= want) return 0; // we hold it
+  // A pool with layer groups (a sliding-window model) keeps a block as several pages that the peer's writes would
+  // need one by one, and a block without its window pages must not be taken for whole: such a model computes the
+  // prefix itself (docs/protocol.md, "Prefix fetch").
+  if (wrk_kvpool_groups(w->sh.rt->kv) > 1) return 0;
   const srv_worker_cfg *q = srv_config_worker(w->sh.cfg, peer);
   if (!q || q->role != SRV_ROLE_PREFILL || !strcmp(peer, w->sh.rt->w->name)) {
     srv_warn(w->sh.rt->w->name, "%s: ignoring the prefix hint: '%s' is not another prefill worker of this cluster",
@@ -82,7 +86,7 @@ int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
     return 0;
   }
   int m = wrk_prefix_match(px, r->seq.toks, n_prompt, ids, want);
-  if (m > 0 && wrk_blocks_append(&r->seq.blocks, ids, m)) {
+  if (m > 0 && wrk_blocks_append(w->sh.rt->kv, &r->seq.blocks, ids, m)) {
     for (int i = 0; i < m; i++) wrk_kvpool_unref(w->sh.rt->kv, ids[i]);
     m = 0;
   }

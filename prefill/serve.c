@@ -118,6 +118,10 @@ void pfl_serve_on_pull(pfl_serve *s, srv_peer *from, const cJSON *msg) {
   }
   const char *id = idj->valuestring;
   const mdl_kv *kv = wrk_kvpool_kv(s->kv);
+  if (mdl_kv_groups(kv) > 1) { // peers with this model never ask (prefill/fetch.c): say why to one that does
+    reply(from, id, 0, "this worker's KV pool keeps a sliding-window model's layer groups apart: no prefix fetch");
+    return;
+  }
   int bs = kv->block_size, n_tok = cJSON_IsArray(tj) ? cJSON_GetArraySize(tj) : 0;
   int nb = n_tok / bs;
   if (n_tok < bs || n_tok % bs || nb > MAX_PULL_BLOCKS || !cJSON_IsNumber(fj) || fj->valuedouble < 0 ||

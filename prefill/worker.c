@@ -121,8 +121,9 @@ void pfl_fail(pfl_worker *w, pfl_req *r, const char *fmt, const char *detail) {
 static int write_layers(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1) {
   char err[256];
   kvx_xfer *x = NULL;
+  const int32_t *theirs = r->remote + (size_t)b0 * (size_t)mdl_kv_groups(wrk_kvpool_kv(w->sh.rt->kv)); // (n, groups)
   if (b1 > b0 && wrk_kvwire_write_blocks(w->sh.kvx, w->sh.rt->kv, r->link->kvx_peer, &r->link->remote,
-                                         r->seq.blocks.ids + b0, r->remote + b0, b1 - b0, l0, l1, NULL, 0, &x, err,
+                                         r->seq.blocks.ids + b0, theirs, b1 - b0, l0, l1, NULL, 0, &x, err,
                                          sizeof err)) {
     fprintf(stderr, "dserve %s: KV push for %s failed: %s\n", w->sh.rt->w->name, r->req.id, err);
     return -1;
@@ -290,7 +291,7 @@ static void drop_early(pfl_worker *w, int i) {
 // kv_table: the decode worker's blocks for a request (a wrk_op; take_early_table calls it too).
 static void on_table(void *arg, srv_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
-  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id"), *blocks = cJSON_GetObjectItemCaseSensitive(m, "blocks");
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
   if (!cJSON_IsString(id)) return;
   pfl_req *r = find(w, id->valuestring, srv_peer_name(from));
   if (!r) { // its generate has not arrived yet (or it was cancelled: then the table expires unused)
@@ -298,17 +299,8 @@ static void on_table(void *arg, srv_peer *from, const cJSON *m) {
     return;
   }
   if (r->have_table) return;
-  int n = cJSON_IsArray(blocks) ? cJSON_GetArraySize(blocks) : 0;
-  int need = (r->req.n_prompt + block_size(w) - 1) / block_size(w);
-  r->remote = n ? malloc((size_t)n * sizeof *r->remote) : NULL;
-  int ok = n >= need && r->remote;
-  const cJSON *b;
-  int i = 0;
-  cJSON_ArrayForEach(b, blocks) {
-    if (!ok) break;
-    if (!cJSON_IsNumber(b) || b->valuedouble < 0 || b->valuedouble >= r->link->remote.n_blocks) ok = 0;
-    else r->remote[i++] = (int32_t)b->valuedouble;
-  }
+  int n = 0, need = (r->req.n_prompt + block_size(w) - 1) / block_size(w);
+  int ok = wrk_kvwire_read_table(m, &r->link->remote, &r->remote, &n) == 0 && n >= need;
   if (!ok) {
     pfl_fail(w, r, "the decode worker sent a bad block table for %s", r->req.id);
     return;

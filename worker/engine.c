@@ -201,9 +201,15 @@ int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
       int r = wrk_prefix_restore(e->prefix, s->toks, s->n_toks, n, e->match_ids + n, want - n, rerr, sizeof rerr);
       if (r > 0) n += r;
     }
-    if (n > 0 && wrk_blocks_append(&s->blocks, e->match_ids, n) == 0) {
+    // A sliding-window model's cached blocks may lack the window pages of their layers with a window (given back
+    // once every holder's window passed them): the prefix ends where the window would read one of those.
+    int usable = wrk_kvpool_usable_prefix(e->rt->kv, e->match_ids, n);
+    for (int i = usable; i < n; i++) wrk_kvpool_unref(e->rt->kv, e->match_ids[i]);
+    n = usable;
+    if (n > 0 && wrk_blocks_append(e->rt->kv, &s->blocks, e->match_ids, n) == 0) {
       s->n_done = s->n_cached = n * bs;
       s->n_inserted = n;
+      wrk_blocks_slide(e->rt->kv, &s->blocks, s->n_done);
     } else {
       for (int i = 0; i < n; i++) wrk_kvpool_unref(e->rt->kv, e->match_ids[i]);
     }
@@ -314,6 +320,7 @@ int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
     wrk_seq *s = e->batch_of[i];
     if (!s) continue;
     s->n_done += e->batch_chunk[i];
+    wrk_blocks_slide(e->rt->kv, &s->blocks, s->n_done); // window pages no later step reads become reclaimable
     // Blocks this step filled become reusable by later requests (prompt and generated tokens alike).
     int full = s->n_done / block_size(e);
     if (e->prefix && full > s->n_inserted && !s->no_reuse) {

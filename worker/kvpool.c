@@ -1,4 +1,5 @@
-// worker/kvpool.c: the paged KV block pool: one buffer of blocks sized from a byte budget, a locked free list.
+// worker/kvpool.c: the paged KV block pool: one buffer of pages sized from a byte budget, a locked free list, and the
+// local layer groups' pages that a sequence's sliding window has passed, given back least recently used first.
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,18 +9,44 @@
 
 #include "kvxfer/kvx.h"
 
+// Pages and blocks. kv.n_blocks pages, each one layer group's K and V for block_size positions (mdl_kv). A block is
+// n_groups pages: its id is its group-0 page, and page_map holds the others. With one group a page is a block.
+// Window pages: the pages of a block's local groups (sliding-window layers). A table that may still read them pins
+// them (pins); unpinned window pages stay attached, so the prefix store can still serve the block, but are
+// reclaimable: in the window LRU (oldest first), they go back to the free list when a new block finds it short.
 struct wrk_kvpool {
   mdl_llama_cfg cfg;
   krn_ctx *kc;       // (borrowed) where base was allocated
-  mdl_kv kv;         // kv.base (owned) from kc->be->alloc, or kvx_host_alloc when shared
+  mdl_kv kv;         // kv.base (owned) from kc->be->alloc, or kvx_host_alloc when shared; its maps point below
   size_t bytes;      // size of kv.base
   int shared;        // kv.base is shareable host memory (kvx_host_alloc)
   wrk_kvstage *stage; // (borrowed) host mirror peers reach instead, or NULL
+  int n_groups;      // kv.n_groups, at least 1
+  int n_global;      // groups 0 .. n_global - 1 are global, the rest local
+  int window;        // the local groups' sliding window in tokens (0: no local group)
+  int16_t *layer_group, *layer_slot; // (owned) (n_layer)
+  int32_t *page_map; // (owned) (n_blocks, n_groups) when n_groups > 1, else NULL
   pthread_mutex_t mu;
-  int32_t *free_ids; // (owned) (n_blocks) stack of free block ids; [0, n_free) are free
-  int32_t *refs;     // (owned) (n_blocks) reference count per block; 0 = on the free list
+  int32_t *free_ids; // (owned) (n_blocks) stack of free pages; [0, n_free) are free
+  int32_t *refs;     // (owned) (n_blocks) reference count per block id; 0 = free or a page of another block
   int n_free;
+  int32_t *pins;     // (owned) (n_blocks) tables pinning the block's window pages
+  int32_t *lru_prev, *lru_next; // (owned) (n_blocks) window LRU links; -2: not in it, -1: list end
+  int32_t lru_head, lru_tail;   // oldest, newest (-1: empty)
+  int n_lru_pages;   // window pages on the LRU (reclaimable)
 };
+
+static void pool_free_arrays(wrk_kvpool *p) {
+  free(p->free_ids);
+  free(p->refs);
+  free(p->pins);
+  free(p->lru_prev);
+  free(p->lru_next);
+  free(p->page_map);
+  free(p->layer_group);
+  free(p->layer_slot);
+  free(p);
+}
 
 int wrk_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const wrk_kvpool_opts *o, wrk_kvpool **out, char *err,
                    size_t errlen) {
@@ -41,13 +68,6 @@ int wrk_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const wrk_kvpool_opts 
     snprintf(err, errlen, "kvpool: model config has no layers or KV heads");
     return -1;
   }
-  size_t bb = mdl_kv_block_bytes(cfg, o->type, bs);
-  size_t nb = o->budget_bytes / bb;
-  if (nb < 1) {
-    snprintf(err, errlen, "kvpool: budget of %zu bytes holds no block (one block is %zu bytes)", o->budget_bytes, bb);
-    return -1;
-  }
-  if (nb > INT32_MAX / 2) nb = INT32_MAX / 2;
   if (o->shareable && kc->be->ctx_init) {
     snprintf(err, errlen, "kvpool: a shareable pool lives in host memory; backend %s keeps KV on its device",
              kc->be->name);
@@ -58,30 +78,66 @@ int wrk_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const wrk_kvpool_opts 
     snprintf(err, errlen, "kvpool: out of memory");
     return -1;
   }
+  p->layer_group = malloc((size_t)cfg->n_layer * sizeof *p->layer_group);
+  p->layer_slot = malloc((size_t)cfg->n_layer * sizeof *p->layer_slot);
+  if (!p->layer_group || !p->layer_slot) {
+    pool_free_arrays(p);
+    snprintf(err, errlen, "kvpool: out of memory");
+    return -1;
+  }
+  p->n_groups = o->plain ? 1 : mdl_kv_plan_groups(cfg, p->layer_group, p->layer_slot);
+  size_t bb = mdl_kv_block_bytes(cfg, o->type, bs), page = bb / (size_t)p->n_groups;
+  size_t nb = o->budget_bytes / page;
+  if (nb > INT32_MAX / 2) nb = INT32_MAX / 2;
+  if (nb < (size_t)p->n_groups) {
+    snprintf(err, errlen, "kvpool: budget of %zu bytes holds no block (one block is %zu bytes)", o->budget_bytes, bb);
+    pool_free_arrays(p);
+    return -1;
+  }
   p->cfg = *cfg;
   p->kc = kc;
   p->kv.type = o->type;
   p->kv.n_blocks = (int)nb;
   p->kv.block_size = bs;
-  p->bytes = nb * bb;
+  p->bytes = nb * page;
   p->free_ids = malloc(nb * sizeof *p->free_ids);
   p->refs = calloc(nb, sizeof *p->refs);
+  p->pins = calloc(nb, sizeof *p->pins);
+  p->lru_prev = malloc(nb * sizeof *p->lru_prev);
+  p->lru_next = malloc(nb * sizeof *p->lru_next);
+  if (p->n_groups > 1) {
+    p->page_map = malloc(nb * (size_t)p->n_groups * sizeof *p->page_map);
+    p->kv.n_groups = p->n_groups;
+    p->kv.layer_group = p->layer_group;
+    p->kv.layer_slot = p->layer_slot;
+    p->kv.page_map = p->page_map;
+    while (p->n_global < p->n_groups && mdl_kv_group_window(cfg, &p->kv, p->n_global) == 0) p->n_global++;
+    for (int g = p->n_global; g < p->n_groups; g++) {
+      int w = mdl_kv_group_window(cfg, &p->kv, g);
+      if (w > p->window) p->window = w;
+    }
+  } else {
+    p->n_global = 1;
+  }
   char aerr[256] = "";
   p->shared = o->shareable;
   // A shareable pool is memfd-backed, so a prefill worker on this host can map it (kvxfer's shm backend).
-  if (p->free_ids && p->refs)
+  if (p->free_ids && p->refs && p->pins && p->lru_prev && p->lru_next && (p->n_groups == 1 || p->page_map))
     p->kv.base = p->shared ? kvx_host_alloc(p->bytes, aerr, sizeof aerr) : kc->be->alloc(kc, p->bytes);
   if (!p->kv.base) {
-    snprintf(err, errlen, "kvpool: cannot allocate %zu bytes for %zu KV blocks on %s%s%s", p->bytes, nb,
+    snprintf(err, errlen, "kvpool: cannot allocate %zu bytes for %zu KV pages on %s%s%s", p->bytes, nb,
              p->shared ? "shareable host memory" : kc->be->name, aerr[0] ? ": " : "", aerr);
-    free(p->free_ids);
-    free(p->refs);
-    free(p);
+    pool_free_arrays(p);
     return -1;
   }
-  // Hand out low ids first: the stack top is block 0.
-  for (size_t i = 0; i < nb; i++) p->free_ids[i] = (int32_t)(nb - 1 - i);
+  // Hand out low ids first: the stack top is page 0.
+  for (size_t i = 0; i < nb; i++) {
+    p->free_ids[i] = (int32_t)(nb - 1 - i);
+    p->lru_prev[i] = p->lru_next[i] = -2;
+  }
+  for (size_t i = 0; p->page_map && i < nb * (size_t)p->n_groups; i++) p->page_map[i] = -1;
   p->n_free = (int)nb;
+  p->lru_head = p->lru_tail = -1;
   pthread_mutex_init(&p->mu, NULL);
   *out = p;
   return 0;
@@ -92,9 +148,7 @@ void wrk_kvpool_free(wrk_kvpool *p) {
   if (p->shared) kvx_host_free(p->kv.base, p->bytes);
   else p->kc->be->free(p->kc, p->kv.base);
   pthread_mutex_destroy(&p->mu);
-  free(p->free_ids);
-  free(p->refs);
-  free(p);
+  pool_free_arrays(p);
 }
 
 const mdl_kv *wrk_kvpool_kv(const wrk_kvpool *p) { return &p->kv; }
@@ -107,12 +161,25 @@ void *wrk_kvpool_base(const wrk_kvpool *p, size_t *bytes) {
 int wrk_kvpool_free_blocks(const wrk_kvpool *p) {
   wrk_kvpool *q = (wrk_kvpool *)p; // the lock is not part of the pool's logical state
   pthread_mutex_lock(&q->mu);
-  int n = q->n_free;
+  int n = (q->n_free + q->n_lru_pages) / q->n_groups;
   pthread_mutex_unlock(&q->mu);
   return n;
 }
 
-int wrk_kvpool_total_blocks(const wrk_kvpool *p) { return p->kv.n_blocks; }
+int wrk_kvpool_free_pages(const wrk_kvpool *p, int *reclaimable) {
+  wrk_kvpool *q = (wrk_kvpool *)p;
+  pthread_mutex_lock(&q->mu);
+  int n = q->n_free;
+  if (reclaimable) *reclaimable = q->n_lru_pages;
+  pthread_mutex_unlock(&q->mu);
+  return n;
+}
+
+int wrk_kvpool_total_blocks(const wrk_kvpool *p) { return p->kv.n_blocks / p->n_groups; }
+
+int wrk_kvpool_groups(const wrk_kvpool *p) { return p->n_groups; }
+
+int wrk_kvpool_window(const wrk_kvpool *p) { return p->window; }
 
 const mdl_llama_cfg *wrk_kvpool_cfg(const wrk_kvpool *p) { return &p->cfg; }
 
@@ -123,10 +190,91 @@ size_t wrk_kvpool_block_bytes(const wrk_kvpool *p) {
   return mdl_kv_block_bytes(&p->cfg, p->kv.type, p->kv.block_size);
 }
 
+// ---- window LRU (caller holds p->mu) ----
+
+static int32_t *map_row(const wrk_kvpool *p, int32_t b) { return p->page_map + (size_t)b * (size_t)p->n_groups; }
+
+// Window pages block b has attached.
+static int window_pages_locked(const wrk_kvpool *p, int32_t b) {
+  int n = 0;
+  for (int g = p->n_global; g < p->n_groups; g++) n += map_row(p, b)[g] >= 0;
+  return n;
+}
+
+static void lru_remove_locked(wrk_kvpool *p, int32_t b) {
+  if (p->lru_prev[b] == -2) return;
+  int32_t pr = p->lru_prev[b], nx = p->lru_next[b];
+  if (pr >= 0) p->lru_next[pr] = nx;
+  else p->lru_head = nx;
+  if (nx >= 0) p->lru_prev[nx] = pr;
+  else p->lru_tail = pr;
+  p->lru_prev[b] = p->lru_next[b] = -2;
+  p->n_lru_pages -= window_pages_locked(p, b);
+}
+
+static void lru_push_locked(wrk_kvpool *p, int32_t b) {
+  int n = window_pages_locked(p, b);
+  if (n == 0 || p->lru_prev[b] != -2) return;
+  p->lru_prev[b] = p->lru_tail;
+  p->lru_next[b] = -1;
+  if (p->lru_tail >= 0) p->lru_next[p->lru_tail] = b;
+  else p->lru_head = b;
+  p->lru_tail = b;
+  p->n_lru_pages += n;
+}
+
+// Gives block b's window pages back to the free list (b stays, with holes where they were).
+static void detach_window_locked(wrk_kvpool *p, int32_t b) {
+  lru_remove_locked(p, b);
+  int32_t *row = map_row(p, b);
+  for (int g = p->n_global; g < p->n_groups; g++)
+    if (row[g] >= 0) {
+      p->free_ids[p->n_free++] = row[g];
+      row[g] = -1;
+    }
+}
+
+// Frees pages until n are free, reclaiming unpinned window pages oldest first. 0 when n are free.
+static int reclaim_locked(wrk_kvpool *p, int n) {
+  while (p->n_free < n && p->lru_head >= 0) detach_window_locked(p, p->lru_head);
+  return p->n_free >= n ? 0 : -1;
+}
+
+static void pin_locked(wrk_kvpool *p, int32_t b) {
+  if (p->n_groups == 1 || p->pins[b]++ > 0) return;
+  lru_remove_locked(p, b);
+}
+
+static void unpin_locked(wrk_kvpool *p, int32_t b) {
+  if (p->n_groups == 1 || p->pins[b] <= 0) return;
+  if (--p->pins[b] == 0 && p->refs[b] > 0) lru_push_locked(p, b);
+}
+
+// Takes one block's pages off the free list (the caller checked that n_groups are free).
+static int32_t take_block_locked(wrk_kvpool *p) {
+  int32_t b = p->free_ids[--p->n_free];
+  p->refs[b] = 1;
+  if (p->n_groups > 1) {
+    int32_t *row = map_row(p, b);
+    row[0] = b;
+    for (int g = 1; g < p->n_groups; g++) row[g] = p->free_ids[--p->n_free];
+  }
+  return b;
+}
+
 // Caller holds p->mu.
 static void kvpool_drop_locked(wrk_kvpool *p, int32_t id) {
   if (id < 0 || id >= p->kv.n_blocks || p->refs[id] <= 0) return;
-  if (--p->refs[id] == 0 && p->n_free < p->kv.n_blocks) p->free_ids[p->n_free++] = id;
+  if (--p->refs[id] > 0) return;
+  if (p->n_groups > 1) {
+    lru_remove_locked(p, id);
+    p->pins[id] = 0;
+    int32_t *row = map_row(p, id);
+    for (int g = 1; g < p->n_groups; g++)
+      if (row[g] >= 0) p->free_ids[p->n_free++] = row[g];
+    for (int g = 0; g < p->n_groups; g++) row[g] = -1;
+  }
+  p->free_ids[p->n_free++] = id;
 }
 
 void wrk_kvpool_ref(wrk_kvpool *p, int32_t block) {
@@ -155,25 +303,44 @@ int wrk_kvpool_refcount(const wrk_kvpool *p, int32_t block) {
 int wrk_kvpool_alloc(wrk_kvpool *p, int32_t *ids, int n) {
   if (!p || n < 0 || (n > 0 && !ids)) return -1;
   pthread_mutex_lock(&p->mu);
-  if (p->n_free < n) {
+  if (reclaim_locked(p, n * p->n_groups)) {
     pthread_mutex_unlock(&p->mu);
     return -1;
   }
-  for (int i = 0; i < n; i++) {
-    ids[i] = p->free_ids[--p->n_free];
-    p->refs[ids[i]] = 1;
-  }
+  for (int i = 0; i < n; i++) ids[i] = take_block_locked(p);
   pthread_mutex_unlock(&p->mu);
   return 0;
 }
 
+int wrk_kvpool_whole(const wrk_kvpool *p, int32_t block) {
+  if (!p || block < 0 || block >= p->kv.n_blocks) return 0;
+  if (p->n_groups == 1) return wrk_kvpool_refcount(p, block) > 0;
+  wrk_kvpool *q = (wrk_kvpool *)p;
+  pthread_mutex_lock(&q->mu);
+  int ok = q->refs[block] > 0 && window_pages_locked(q, block) == q->n_groups - q->n_global;
+  pthread_mutex_unlock(&q->mu);
+  return ok;
+}
+
+int wrk_kvpool_usable_prefix(const wrk_kvpool *p, const int32_t *ids, int n) {
+  if (!p || n <= 0 || p->n_groups == 1) return n > 0 ? n : 0;
+  int run = 0, best = 0; // run: whole blocks ending at block i
+  for (int i = 0; i < n; i++) {
+    run = wrk_kvpool_whole(p, ids[i]) ? run + 1 : 0;
+    int m = i + 1, live = mdl_kv_first_live_block(p->window, m * p->kv.block_size, p->kv.block_size);
+    if (run >= m - live) best = m;
+  }
+  return best;
+}
+
 static int kvpool_copy_block(const wrk_kvpool *p, int32_t block, void *host, int to_host) {
   if (!p || !host || block < 0 || block >= p->kv.n_blocks) return -1;
+  if (!wrk_kvpool_whole(p, block)) return -1; // a block without its window pages is not one block's bytes
   size_t chunk = mdl_kv_chunk_bytes(&p->cfg, &p->kv);
   char *h = host;
   for (int l = 0; l < p->cfg.n_layer; l++)
     for (int kvi = 0; kvi < 2; kvi++, h += chunk) {
-      void *dev = mdl_kv_chunk(&p->cfg, &p->kv, l, kvi, block);
+      void *dev = mdl_kv_chunk(&p->cfg, &p->kv, l, kvi, mdl_kv_page(&p->kv, block, mdl_kv_group_of(&p->kv, l)));
       if (to_host) {
         if (p->kc->be->download) p->kc->be->download(p->kc, h, dev, chunk);
         else memcpy(h, dev, chunk);
@@ -194,22 +361,26 @@ int wrk_kvpool_write_block(wrk_kvpool *p, int32_t block, const void *host_src) {
   return kvpool_copy_block(p, block, (void *)host_src, 0);
 }
 
+static int blocks_grow(wrk_blocks *b, int need) {
+  if (need <= b->cap) return 0;
+  int cap = b->cap ? b->cap : 4;
+  while (cap < need) cap *= 2;
+  int32_t *ids = realloc(b->ids, (size_t)cap * sizeof *ids);
+  if (!ids) return -1;
+  b->ids = ids;
+  b->cap = cap;
+  return 0;
+}
+
 int wrk_blocks_reserve(wrk_kvpool *p, wrk_blocks *b, int n_tokens) {
   if (n_tokens < 0) return -1;
   int bs = p->kv.block_size;
   int need = (int)(((int64_t)n_tokens + bs - 1) / bs);
   if (need <= b->n) return 0;
   int add = need - b->n;
-  if (need > b->cap) {
-    int cap = b->cap ? b->cap : 4;
-    while (cap < need) cap *= 2;
-    int32_t *ids = realloc(b->ids, (size_t)cap * sizeof *ids);
-    if (!ids) return -1;
-    b->ids = ids;
-    b->cap = cap;
-  }
+  if (blocks_grow(b, need)) return -1;
   pthread_mutex_lock(&p->mu);
-  if (p->n_free < add) {
+  if (reclaim_locked(p, add * p->n_groups)) {
     pthread_mutex_unlock(&p->mu);
     if (b->n == 0) { // an empty table stays without memory, so a caller that drops it leaks nothing
       free(b->ids);
@@ -219,8 +390,8 @@ int wrk_blocks_reserve(wrk_kvpool *p, wrk_blocks *b, int n_tokens) {
     return -1;
   }
   for (int i = 0; i < add; i++) {
-    b->ids[b->n + i] = p->free_ids[--p->n_free];
-    p->refs[b->ids[b->n + i]] = 1;
+    b->ids[b->n + i] = take_block_locked(p);
+    pin_locked(p, b->ids[b->n + i]);
   }
   pthread_mutex_unlock(&p->mu);
   b->n = need;
@@ -232,28 +403,53 @@ void wrk_blocks_release(wrk_kvpool *p, wrk_blocks *b) {
   if (!b) return;
   if (p && b->n > 0) {
     pthread_mutex_lock(&p->mu);
-    for (int i = b->n - 1; i >= 0; i--) kvpool_drop_locked(p, b->ids[i]);
+    for (int i = b->n - 1; i >= 0; i--) {
+      if (i >= b->slid) unpin_locked(p, b->ids[i]);
+      kvpool_drop_locked(p, b->ids[i]);
+    }
     pthread_mutex_unlock(&p->mu);
   }
   free(b->ids);
   b->ids = NULL;
-  b->n = b->cap = 0;
+  b->n = b->cap = b->slid = 0;
 }
 
-int wrk_blocks_append(wrk_blocks *b, const int32_t *ids, int n) {
-  if (!b || n < 0 || (n > 0 && !ids)) return -1;
+int wrk_blocks_append(wrk_kvpool *p, wrk_blocks *b, const int32_t *ids, int n) {
+  if (!p || !b || n < 0 || (n > 0 && !ids)) return -1;
   if (n == 0) return 0;
   if (b->n > INT32_MAX / 2 - n) return -1;
-  int need = b->n + n;
-  if (need > b->cap) {
-    int cap = b->cap ? b->cap : 4;
-    while (cap < need) cap *= 2;
-    int32_t *nid = realloc(b->ids, (size_t)cap * sizeof *nid);
-    if (!nid) return -1;
-    b->ids = nid;
-    b->cap = cap;
-  }
+  if (blocks_grow(b, b->n + n)) return -1;
   memcpy(b->ids + b->n, ids, (size_t)n * sizeof *ids);
-  b->n = need;
+  pthread_mutex_lock(&p->mu);
+  for (int i = 0; i < n; i++) pin_locked(p, ids[i]);
+  pthread_mutex_unlock(&p->mu);
+  b->n += n;
   return 0;
+}
+
+int wrk_blocks_slide(wrk_kvpool *p, wrk_blocks *b, int n_pos) {
+  if (!p || !b || p->n_groups == 1) return 0;
+  int live = mdl_kv_first_live_block(p->window, n_pos, p->kv.block_size);
+  if (live > b->n) live = b->n;
+  if (live <= b->slid) return 0;
+  int n = live - b->slid;
+  pthread_mutex_lock(&p->mu);
+  for (int i = b->slid; i < live; i++) unpin_locked(p, b->ids[i]);
+  pthread_mutex_unlock(&p->mu);
+  b->slid = live;
+  return n;
+}
+
+int wrk_blocks_drop_window(wrk_kvpool *p, wrk_blocks *b, int n_pos) {
+  if (!p || !b || p->n_groups == 1) return 0;
+  wrk_blocks_slide(p, b, n_pos);
+  int n = 0;
+  pthread_mutex_lock(&p->mu);
+  for (int i = 0; i < b->slid; i++)
+    if (p->pins[b->ids[i]] == 0 && p->refs[b->ids[i]] == 1 && window_pages_locked(p, b->ids[i]) > 0) {
+      detach_window_locked(p, b->ids[i]);
+      n++;
+    }
+  pthread_mutex_unlock(&p->mu);
+  return n;
 }

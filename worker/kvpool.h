@@ -1,4 +1,5 @@
-// worker/kvpool.h: the paged KV block pool: blocks sized from a byte budget, handed out to sequences.
+// worker/kvpool.h: the paged KV block pool: blocks sized from a byte budget, handed out to sequences, whose
+// sliding-window layers' pages go back once the window has passed them.
 #ifndef DSERVE_WRK_KVPOOL_H
 #define DSERVE_WRK_KVPOOL_H
 
@@ -19,7 +20,15 @@ typedef struct wrk_kvpool_opts {
   krn_type type;        // KRN_F16 (default) or KRN_F32
   int block_size;       // 16
   int shareable;        // 1: host memory from kvx_host_alloc (a peer on this host may map it: shm backend)
+  int plain;            // 1: one layer group even for a model with sliding-window layers (nothing given back)
 } wrk_kvpool_opts;
+
+// Layer groups (models/llama.h, mdl_kv). For a model with sliding-window layers the pool keeps each block as one page
+// per layer group, the global groups' and the local ones' (window pages). A block table pins the window pages of its
+// blocks until wrk_blocks_slide says its window has passed them; unpinned window pages stay attached (the prefix
+// store can still serve the block) but are reclaimed, least recently unpinned first, when a new block finds the free
+// list short. A block without some window page is not whole: it serves only as the early part of a longer prefix
+// (wrk_kvpool_usable_prefix). Models without such layers have one group: a page is a block, nothing changes.
 
 // kc chooses where the blocks live (host for cpu backends, device memory for cuda).
 int wrk_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const wrk_kvpool_opts *o, wrk_kvpool **out, char *err,
@@ -27,8 +36,12 @@ int wrk_kvpool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const wrk_kvpool_opts 
 void wrk_kvpool_free(wrk_kvpool *p);
 const mdl_kv *wrk_kvpool_kv(const wrk_kvpool *p);   // the view the forward pass takes
 void *wrk_kvpool_base(const wrk_kvpool *p, size_t *bytes); // the whole buffer (for kvxfer registration)
-int wrk_kvpool_free_blocks(const wrk_kvpool *p);
-int wrk_kvpool_total_blocks(const wrk_kvpool *p);
+int wrk_kvpool_free_blocks(const wrk_kvpool *p);  // whole blocks that free and reclaimable pages make
+int wrk_kvpool_total_blocks(const wrk_kvpool *p); // whole blocks the pool holds
+// Pages on the free list; *reclaimable (may be NULL): unpinned window pages that a new block may take.
+int wrk_kvpool_free_pages(const wrk_kvpool *p, int *reclaimable);
+int wrk_kvpool_groups(const wrk_kvpool *p);  // layer groups (1: the plain layout)
+int wrk_kvpool_window(const wrk_kvpool *p);  // the local groups' sliding window in tokens (0: none)
 const mdl_llama_cfg *wrk_kvpool_cfg(const wrk_kvpool *p);
 size_t wrk_kvpool_block_bytes(const wrk_kvpool *p); // one block over all layers, K and V (mdl_kv_block_bytes)
 // The host mirror peers reach instead of the pool (worker/kvstage.h sets it), or NULL: wrk_kvwire's layout and
@@ -43,11 +56,15 @@ wrk_kvstage *wrk_kvpool_stage(const wrk_kvpool *p);
 void wrk_kvpool_ref(wrk_kvpool *p, int32_t block);
 void wrk_kvpool_unref(wrk_kvpool *p, int32_t block);
 int wrk_kvpool_refcount(const wrk_kvpool *p, int32_t block); // 0 when free (or out of range)
+int wrk_kvpool_whole(const wrk_kvpool *p, int32_t block);    // 1: held and has every group's page
+// How many of the leading blocks ids (n), all held, a sequence may take as its cached prefix: the largest m <= n whose
+// blocks the window of position m * block_size reads are whole (n with one group).
+int wrk_kvpool_usable_prefix(const wrk_kvpool *p, const int32_t *ids, int n);
 // Takes n free blocks (each with count 1) into ids (n): all or nothing; -1 when the pool is short.
 int wrk_kvpool_alloc(wrk_kvpool *p, int32_t *ids, int n);
 // Copy one block's bytes (every layer's K then V chunk, in mdl_kv_chunk order: layer 0 K, layer 0 V,
 // layer 1 K, ...) to / from a host buffer of wrk_kvpool_block_bytes(p) bytes. Uses the backend's
-// download/upload (memcpy when the backend has none). -1 on a bad block id.
+// download/upload (memcpy when the backend has none). -1 on a bad block id or a block that is not whole.
 int wrk_kvpool_read_block(const wrk_kvpool *p, int32_t block, void *host_dst);
 int wrk_kvpool_write_block(wrk_kvpool *p, int32_t block, const void *host_src);
 
@@ -56,16 +73,24 @@ int wrk_kvpool_write_block(wrk_kvpool *p, int32_t block, const void *host_src);
 typedef struct wrk_blocks {
   int32_t *ids;  // (n) (owned)
   int n, cap;
+  int slid;      // leading blocks whose window pages this table no longer pins (wrk_blocks_slide)
 } wrk_blocks;
-// Makes b cover n_tokens positions; allocates only what is missing. -1 (and nothing taken) when the pool is short;
-// an empty b then holds no memory either.
+// Makes b cover n_tokens positions; allocates only what is missing (pinned). -1 (and nothing taken) when the pool is
+// short; an empty b then holds no memory either.
 int wrk_blocks_reserve(wrk_kvpool *p, wrk_blocks *b, int n_tokens);
 // Drops b's reference on every block (a block no one else holds returns to the pool); b is empty and
 // reusable after.
 void wrk_blocks_release(wrk_kvpool *p, wrk_blocks *b);
 // Appends n blocks the caller already holds a reference on (e.g. from wrk_prefix_match); the reference
-// moves to b. -1 on out of memory (nothing appended, the references stay with the caller).
-int wrk_blocks_append(wrk_blocks *b, const int32_t *ids, int n);
+// moves to b, which pins them. -1 on out of memory (nothing appended, the references stay with the caller).
+int wrk_blocks_append(wrk_kvpool *p, wrk_blocks *b, const int32_t *ids, int n);
+// Once n_pos positions are computed: unpins the window pages of the blocks the sliding window will not read again
+// (mdl_kv_first_live_block). Returns how many blocks it unpinned (0 with one group).
+int wrk_blocks_slide(wrk_kvpool *p, wrk_blocks *b, int n_pos);
+// Slides to n_pos, then gives back at once the window pages of the passed blocks that only b holds: for a table
+// whose blocks before the window will never get those layers' K and V (a window-only handoff), so that no one
+// takes them for whole. Returns how many blocks lost their window pages.
+int wrk_blocks_drop_window(wrk_kvpool *p, wrk_blocks *b, int n_pos);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@ void wrk_kvwire_add_layout(cJSON *msg, const wrk_kvpool *kv) {
   cJSON_AddNumberToObject(l, "type", v->type);
   cJSON_AddNumberToObject(l, "block_size", v->block_size);
   cJSON_AddNumberToObject(l, "n_blocks", v->n_blocks);
+  cJSON_AddNumberToObject(l, "n_groups", mdl_kv_groups(v));
   cJSON_AddStringToObject(l, "base", base);
 }
 
@@ -40,6 +41,15 @@ int wrk_kvwire_read_layout(const cJSON *msg, const wrk_kvpool *local, wrk_kv_rem
   }
   const mdl_llama_cfg *c = wrk_kvpool_cfg(local);
   const mdl_kv *v = wrk_kvpool_kv(local);
+  double ng = 1; // a peer that does not say has one group
+  const cJSON *ngj = cJSON_GetObjectItemCaseSensitive(l, "n_groups");
+  if (cJSON_IsNumber(ngj)) ng = ngj->valuedouble;
+  if ((int)ng != mdl_kv_groups(v)) {
+    snprintf(err, errlen,
+             "KV layouts differ: the peer keeps %d layer groups, this worker %d: both workers must serve the same model",
+             (int)ng, mdl_kv_groups(v));
+    return -1;
+  }
   if ((int)n_layer != c->n_layer || (int)kv_dim != c->n_kv_head * c->head_dim || (int)type != (int)v->type ||
       (int)bs != v->block_size) {
     snprintf(err, errlen,
@@ -51,18 +61,53 @@ int wrk_kvwire_read_layout(const cJSON *msg, const wrk_kvpool *local, wrk_kv_rem
   }
   out->base = strtoull(base->valuestring, NULL, 10);
   out->n_blocks = (int)nb;
+  out->n_groups = (int)ng;
   out->chunk_bytes = mdl_kv_chunk_bytes(c, v);
   return 0;
 }
 
-uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int layer, int kv, int block) {
-  return r->base + (((uint64_t)layer * 2 + (uint64_t)kv) * (uint64_t)r->n_blocks + (uint64_t)block) * r->chunk_bytes;
+uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int kv, int page) {
+  return r->base + (((uint64_t)slot * 2 + (uint64_t)kv) * (uint64_t)r->n_blocks + (uint64_t)page) * r->chunk_bytes;
+}
+
+void wrk_kvwire_add_table(cJSON *msg, const wrk_kvpool *kv, const int32_t *ids, int n) {
+  const mdl_kv *v = wrk_kvpool_kv(kv);
+  cJSON *b = cJSON_AddArrayToObject(msg, "blocks");
+  for (int i = 0; i < n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(ids[i]));
+  if (mdl_kv_groups(v) == 1) return;
+  cJSON *p = cJSON_AddArrayToObject(msg, "pages");
+  for (int i = 0; i < n; i++)
+    for (int g = 0; g < mdl_kv_groups(v); g++) cJSON_AddItemToArray(p, cJSON_CreateNumber(mdl_kv_page(v, ids[i], g)));
+}
+
+int wrk_kvwire_read_table(const cJSON *msg, const wrk_kv_remote *r, int32_t **pages_out, int *n_out) {
+  *pages_out = NULL;
+  *n_out = 0;
+  int ng = r->n_groups > 1 ? r->n_groups : 1;
+  const cJSON *arr = cJSON_GetObjectItemCaseSensitive(msg, ng > 1 ? "pages" : "blocks");
+  int len = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : 0;
+  if (len < 1 || len % ng) return -1;
+  int32_t *pages = malloc((size_t)len * sizeof *pages);
+  if (!pages) return -1;
+  int i = 0;
+  const cJSON *v;
+  cJSON_ArrayForEach(v, arr) {
+    // a block's id (group 0) always exists; a window page may have been given back (-1)
+    double lo = i % ng ? -1 : 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble >= r->n_blocks ||
+        v->valuedouble != (int32_t)v->valuedouble) {
+      free(pages);
+      return -1;
+    }
+    pages[i++] = (int32_t)v->valuedouble;
+  }
+  *pages_out = pages;
+  *n_out = len / ng;
+  return 0;
 }
 
 int wrk_kvwire_first_live_block(const mdl_llama_cfg *c, int layer, int n_prompt, int block_size) {
-  int window = mdl_llama_layer_window(c, layer);
-  if (window <= 0 || n_prompt <= window || block_size < 1) return 0;
-  return (n_prompt - window) / block_size; // the block holding position n_prompt - window, the first one read
+  return mdl_kv_first_live_block(mdl_llama_layer_window(c, layer), n_prompt, block_size);
 }
 
 double wrk_kvwire_handoff_bytes(const wrk_kvpool *kv, int n_prompt, int skip, int *dead_out) {
@@ -80,7 +125,7 @@ double wrk_kvwire_handoff_bytes(const wrk_kvpool *kv, int n_prompt, int skip, in
 }
 
 int wrk_kvwire_write_blocks(kvx_agent *a, const wrk_kvpool *kv, const char *peer, const wrk_kv_remote *remote,
-                            const int32_t *local_ids, const int32_t *remote_ids, int n, int l0, int l1,
+                            const int32_t *local_ids, const int32_t *remote_pages, int n, int l0, int l1,
                             const void *notif, size_t notif_len, kvx_xfer **out, char *err, size_t errlen) {
   *out = NULL;
   int k = (l1 - l0) * 2 * n;
@@ -95,14 +140,24 @@ int wrk_kvwire_write_blocks(kvx_agent *a, const wrk_kvpool *kv, const char *peer
     snprintf(err, errlen, "out of memory");
     return -1;
   }
-  int i = 0;
-  for (int l = l0; l < l1; l++) // (layer, K|V, block) order: each layer's K blocks, then its V blocks
+  int i = 0, ng = mdl_kv_groups(v);
+  for (int l = l0; l < l1; l++) { // (layer, K|V, block) order: each layer's K blocks, then its V blocks
+    int g = mdl_kv_group_of(v, l), slot = v->n_groups > 1 ? v->layer_slot[l] : l;
     for (int kvi = 0; kvi < 2; kvi++)
       for (int b = 0; b < n; b++) {
-        loc[i] = (kvx_desc){(uint64_t)(uintptr_t)mdl_kv_chunk(c, v, l, kvi, local_ids[b]), chunk};
-        rem[i] = (kvx_desc){wrk_kv_remote_chunk(remote, l, kvi, remote_ids[b]), chunk};
+        int32_t ours = mdl_kv_page(v, local_ids[b], g), theirs = remote_pages[(size_t)b * (size_t)ng + (size_t)g];
+        if (ours < 0 || theirs < 0) {
+          free(loc);
+          free(rem);
+          snprintf(err, errlen, "layer %d of block %d has no page %s (its window passed it)", l, b,
+                   ours < 0 ? "here" : "on the peer");
+          return -1;
+        }
+        loc[i] = (kvx_desc){(uint64_t)(uintptr_t)mdl_kv_chunk(c, v, l, kvi, ours), chunk};
+        rem[i] = (kvx_desc){wrk_kv_remote_chunk(remote, slot, kvi, theirs), chunk};
         i++;
       }
+  }
   // Staging: the chunks go out of their host mirror slots, copied there now (the caller knows they are written).
   wrk_kvstage *st = wrk_kvpool_stage(kv);
   if (st && wrk_kvstage_out(st, loc, (size_t)k)) {

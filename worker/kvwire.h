@@ -19,23 +19,31 @@ extern "C" {
 // A peer's KV pool as its hello_ok describes it.
 typedef struct wrk_kv_remote {
   uint64_t base;       // address of its pool in its own address space
-  int n_blocks;
-  size_t chunk_bytes;  // one (layer, K|V, block)
+  int n_blocks;        // pages (mdl_kv)
+  int n_groups;        // layer groups, the same as ours (checked)
+  size_t chunk_bytes;  // one (slot, K|V, page)
 } wrk_kv_remote;
 
 void wrk_kvwire_add_layout(cJSON *msg, const wrk_kvpool *kv);  // "kv_layout": {...}
-// Checks that the peer's layout matches ours (layers, KV width, type, block size) and reads where it lives.
+// Checks that the peer's layout matches ours (layers, KV width, type, block size, layer groups) and reads where it
+// lives.
 int wrk_kvwire_read_layout(const cJSON *msg, const wrk_kvpool *local, wrk_kv_remote *out, char *err, size_t errlen);
-// Address of chunk (layer, kv, block) in the peer's pool.
-uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int layer, int kv, int block);
+// Address of chunk (slot, kv, page) in the peer's pool (slot: the layer's place in its group, as in ours).
+uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int kv, int page);
 
-// Posts one kvxfer WRITE of layers [l0, l1), K and V, of our blocks local_ids (n) into the peer's blocks
-// remote_ids (n), pairwise, with notif (notif_len bytes, may be NULL) delivered after the bytes. *out is
-// the posted request (owned by the caller), or NULL when there was nothing to write (n or l1 - l0 < 1: then
-// nothing is posted and notif is not sent). -1 with err when it cannot be made or posted (nothing owned).
+// Posts one kvxfer WRITE of layers [l0, l1), K and V, of our blocks local_ids (n) into the peer's blocks, pairwise,
+// with notif (notif_len bytes, may be NULL) delivered after the bytes. remote_pages (n, n_groups): the pages of each
+// of the peer's blocks, block by block (its block ids with one group); the pages of a group of [l0, l1) must exist on
+// both sides. *out is the posted request (owned by the caller), or NULL when there was nothing to write (n or l1 - l0
+// < 1: then nothing is posted and notif is not sent). -1 with err when it cannot be made or posted (nothing owned).
 int wrk_kvwire_write_blocks(kvx_agent *a, const wrk_kvpool *kv, const char *peer, const wrk_kv_remote *remote,
-                            const int32_t *local_ids, const int32_t *remote_ids, int n, int l0, int l1,
+                            const int32_t *local_ids, const int32_t *remote_pages, int n, int l0, int l1,
                             const void *notif, size_t notif_len, kvx_xfer **out, char *err, size_t errlen);
+// A block table as the peer writes into it: "blocks" (n ids) and, with layer groups, "pages" (n * n_groups, block by
+// block; -1 where a window page was given back). read fills pages_out (n * n_groups, malloc'ed) from either; -1 when
+// they are missing or out of the peer's pool.
+void wrk_kvwire_add_table(cJSON *msg, const wrk_kvpool *kv, const int32_t *ids, int n);
+int wrk_kvwire_read_table(const cJSON *msg, const wrk_kv_remote *r, int32_t **pages_out, int *n_out);
 
 // The first of a prompt's blocks that layer `layer` reads again once the prompt (n_prompt tokens) is computed: a
 // sliding-window layer sees positions (pos - window, pos] only and every later pos is >= n_prompt, so the blocks
@@ -45,7 +53,8 @@ int wrk_kvwire_write_blocks(kvx_agent *a, const wrk_kvpool *kv, const char *peer
 int wrk_kvwire_first_live_block(const mdl_llama_cfg *c, int layer, int n_prompt, int block_size);
 // Bytes a handoff of a prompt of n_prompt tokens moves for its blocks from `skip` on (those before are the decode
 // worker's own cache): every layer from max(skip, its first live block). *dead_out (may be NULL): 1 when some
-// layer's KV in a block from `skip` on is not sent (the blocks must not be reused).
+// layer's KV in a block from `skip` on is not sent (with one layer group, the blocks must not be reused; with more,
+// the receiver gives back the window pages that get nothing, wrk_blocks_drop_window).
 double wrk_kvwire_handoff_bytes(const wrk_kvpool *kv, int n_prompt, int skip, int *dead_out);
 
 int wrk_kvwire_add_md(cJSON *msg, kvx_agent *a);  // "kvx_md": base64 of kvx_pack_md

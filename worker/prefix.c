@@ -531,6 +531,11 @@ int wrk_prefix_insert(wrk_prefix *s, const int32_t *toks, int n_toks, const int3
       en->block = block_ids[i];
       wrk_kvpool_ref(s->pool, block_ids[i]);
       set_tier(s, e, 0);
+    } else if (s->ents[e].block != block_ids[i] && !wrk_kvpool_whole(s->pool, s->ents[e].block) &&
+               wrk_kvpool_whole(s->pool, block_ids[i])) { // the caller's copy still has the window pages ours lost
+      wrk_kvpool_unref(s->pool, s->ents[e].block);
+      s->ents[e].block = block_ids[i];
+      wrk_kvpool_ref(s->pool, block_ids[i]);
     }
     parent = e;
   }

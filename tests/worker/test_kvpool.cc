@@ -211,4 +211,116 @@ TEST_F(KvPool, SlidingWindowLayersAreSentOnlyTheBlocksTheyReadAgain) {
   wrk_kvpool_free(p);
 }
 
+TEST_F(KvPool, SlidingWindowModelsKeepLayerGroupsInTheirOwnPages) {
+  cfg.n_layer = 6;
+  cfg.n_swa = 64;
+  cfg.swa_pattern = 3; // layers 0, 1, 3, 4 local; 2, 5 global
+  int16_t group[6], slot[6];
+  ASSERT_EQ(mdl_kv_plan_groups(&cfg, group, slot), 3); // 2 global, 4 local layers: groups of gcd(2, 4) = 2
+  const int16_t want_group[6] = {1, 1, 0, 2, 2, 0}, want_slot[6] = {0, 1, 0, 0, 1, 1};
+  for (int l = 0; l < 6; l++) {
+    EXPECT_EQ(group[l], want_group[l]) << l;
+    EXPECT_EQ(slot[l], want_slot[l]) << l;
+  }
+  const int bs = 16;
+  size_t bb = mdl_kv_block_bytes(&cfg, KRN_F16, bs);
+  wrk_kvpool_opts o{};
+  o.type = KRN_F16;
+  o.block_size = bs;
+  o.budget_bytes = bb * 10;
+  wrk_kvpool *p = nullptr;
+  ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0) << err;
+  const mdl_kv *kv = wrk_kvpool_kv(p);
+  ASSERT_EQ(wrk_kvpool_groups(p), 3);
+  EXPECT_EQ(wrk_kvpool_window(p), 64);
+  EXPECT_EQ(kv->n_blocks, 30); // pages
+  EXPECT_EQ(wrk_kvpool_total_blocks(p), 10);
+  size_t bytes = 0;
+  char *base = (char *)wrk_kvpool_base(p, &bytes);
+  EXPECT_EQ(bytes, bb * 10);
+  // every (layer, K|V, page) chunk of one group is its own, inside the buffer; layers of different groups share slots
+  size_t chunk = mdl_kv_chunk_bytes(&cfg, kv);
+  std::set<std::pair<int, ptrdiff_t>> seen;
+  for (int l = 0; l < 6; l++)
+    for (int k = 0; k < 2; k++)
+      for (int pg = 0; pg < 30; pg++) {
+        char *c = (char *)mdl_kv_chunk(&cfg, kv, l, k, pg);
+        EXPECT_GE(c, base);
+        EXPECT_LE(c + chunk, base + bytes);
+        EXPECT_TRUE(seen.insert({group[l], c - base}).second) << l << " " << k << " " << pg;
+      }
+
+  // 10 blocks for 160 positions take every page
+  wrk_blocks a{};
+  ASSERT_EQ(wrk_blocks_reserve(p, &a, 160), 0);
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 0);
+  for (int i = 0; i < 10; i++) {
+    EXPECT_TRUE(wrk_kvpool_whole(p, a.ids[i]));
+    EXPECT_EQ(mdl_kv_page(kv, a.ids[i], 0), a.ids[i]);
+  }
+  // Once 160 positions are computed, a window of 64 never reads blocks 0..5 again (position 160 sees 97..160).
+  EXPECT_EQ(wrk_blocks_slide(p, &a, 160), 6);
+  EXPECT_EQ(wrk_blocks_slide(p, &a, 160), 0);
+  int reclaimable = -1;
+  EXPECT_EQ(wrk_kvpool_free_pages(p, &reclaimable), 0);
+  EXPECT_EQ(reclaimable, 12); // 6 blocks x 2 local groups
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 4);
+  EXPECT_TRUE(wrk_kvpool_whole(p, a.ids[0])); // still attached: a prefix store could serve it
+  EXPECT_EQ(wrk_kvpool_usable_prefix(p, a.ids, 10), 10);
+
+  // A second table shares block 9 (pinned by both) and takes 4 new blocks: their 12 pages come from the reclaimable
+  // window pages, oldest first.
+  wrk_kvpool_ref(p, a.ids[9]);
+  wrk_blocks b{};
+  ASSERT_EQ(wrk_blocks_append(p, &b, a.ids + 9, 1), 0);
+  ASSERT_EQ(wrk_blocks_reserve(p, &b, 5 * bs), 0);
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 0);
+  EXPECT_LT(wrk_blocks_reserve(p, &b, 6 * bs), 0); // nothing left, and nothing pinned was taken
+  for (int i = 0; i < 6; i++) {
+    EXPECT_FALSE(wrk_kvpool_whole(p, a.ids[i])) << i;
+    EXPECT_EQ(mdl_kv_page(kv, a.ids[i], 0), a.ids[i]); // the global group stays
+    EXPECT_EQ(mdl_kv_page(kv, a.ids[i], 1), -1);
+  }
+  for (int i = 6; i < 10; i++) EXPECT_TRUE(wrk_kvpool_whole(p, a.ids[i])) << i;
+  std::vector<char> host(bb);
+  EXPECT_LT(wrk_kvpool_read_block(p, a.ids[0], host.data()), 0); // not one block's bytes any more
+  EXPECT_EQ(wrk_kvpool_read_block(p, a.ids[9], host.data()), 0);
+  // As a cached prefix: all 10 blocks serve (position 160's window reads blocks 6..9), 8 would not (block 4..7).
+  EXPECT_EQ(wrk_kvpool_usable_prefix(p, a.ids, 10), 10);
+  EXPECT_EQ(wrk_kvpool_usable_prefix(p, a.ids, 8), 0);
+
+  // b slides past its first block, which a still pins: it stays out of the reclaimable pages
+  EXPECT_EQ(wrk_blocks_slide(p, &b, 64 + bs), 1); // position 80 sees 17..80: block 0 passed
+  wrk_kvpool_free_pages(p, &reclaimable);
+  EXPECT_EQ(reclaimable, 0);
+  wrk_blocks_release(p, &a);
+  wrk_kvpool_free_pages(p, &reclaimable);
+  EXPECT_EQ(reclaimable, 2); // now nobody pins block 9's window pages
+  wrk_blocks_release(p, &b);
+  EXPECT_EQ(wrk_kvpool_free_pages(p, &reclaimable), 30);
+  EXPECT_EQ(reclaimable, 0);
+  EXPECT_EQ(wrk_kvpool_free_blocks(p), 10);
+
+  // A window-only handoff: the blocks before the window give their window pages back at once.
+  ASSERT_EQ(wrk_blocks_reserve(p, &a, 160), 0);
+  EXPECT_EQ(wrk_blocks_drop_window(p, &a, 160), 6);
+  EXPECT_EQ(wrk_kvpool_free_pages(p, &reclaimable), 12);
+  EXPECT_EQ(reclaimable, 0);
+  EXPECT_EQ(wrk_kvpool_usable_prefix(p, a.ids, 10), 10);
+  EXPECT_EQ(wrk_kvpool_usable_prefix(p, a.ids, 9), 0);
+  wrk_blocks_release(p, &a);
+  EXPECT_EQ(wrk_kvpool_free_pages(p, nullptr), 30);
+  wrk_kvpool_free(p);
+
+  o.plain = 1; // the plain layout on request: one group, nothing given back
+  ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &p, err, sizeof err), 0) << err;
+  EXPECT_EQ(wrk_kvpool_groups(p), 1);
+  EXPECT_EQ(wrk_kvpool_kv(p)->n_blocks, 10);
+  ASSERT_EQ(wrk_blocks_reserve(p, &a, 160), 0);
+  EXPECT_EQ(wrk_blocks_slide(p, &a, 160), 0);
+  EXPECT_EQ(wrk_kvpool_usable_prefix(p, a.ids, 8), 8);
+  wrk_blocks_release(p, &a);
+  wrk_kvpool_free(p);
+}
+
 } // namespace

@@ -160,7 +160,7 @@ TEST_F(Prefix, PoolRefcountsAllocAppendAndBlockCopy) {
   EXPECT_EQ(wrk_kvpool_refcount(pool, ids[0]), 1);
   // append adopts the references
   wrk_blocks c{};
-  ASSERT_EQ(wrk_blocks_append(&c, ids, 2), 0);
+  ASSERT_EQ(wrk_blocks_append(pool, &c, ids, 2), 0);
   ASSERT_EQ(wrk_blocks_reserve(pool, &c, 3 * BS), 0); // grows past the adopted ones
   EXPECT_EQ(c.n, 3);
   EXPECT_EQ(c.ids[0], ids[0]);
@@ -272,7 +272,7 @@ TEST_F(Prefix, SharedPrefixBetweenTwoSequences) {
   // The second request reuses the system prompt's blocks and computes only the rest.
   std::vector<int32_t> m = match(p2);
   ASSERT_EQ(m.size(), 3u);
-  ASSERT_EQ(wrk_blocks_append(&s2, m.data(), (int)m.size()), 0);
+  ASSERT_EQ(wrk_blocks_append(pool, &s2, m.data(), (int)m.size()), 0);
   ASSERT_EQ(wrk_blocks_reserve(pool, &s2, (int)p2.size()), 0);
   EXPECT_EQ(s2.n, 6);
   EXPECT_EQ(wrk_kvpool_free_blocks(pool), 16 - 6 - 3);
