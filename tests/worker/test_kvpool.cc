@@ -1,12 +1,16 @@
 // tests/server/test_kvpool.cc: the paged KV block pool: sizing, reserve/release accounting, thread safety.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <set>
 #include <thread>
 #include <vector>
+
+#include "../models/model_util.h"
 
 extern "C" {
 #include "worker/kvpool.h"
@@ -321,6 +325,71 @@ TEST_F(KvPool, SlidingWindowModelsKeepLayerGroupsInTheirOwnPages) {
   EXPECT_EQ(wrk_kvpool_usable_prefix(p, a.ids, 8), 8);
   wrk_blocks_release(p, &a);
   wrk_kvpool_free(p);
+}
+
+// Gemma 3 270M on a pool of 45 blocks' bytes: a prompt of 1100 tokens (69 blocks) does not fit the plain layout but
+// fits once the 15 local layers give back what their 512-token window passed (the 3 global layers keep all 69). Run
+// chunk by chunk, sliding after each, it gives the logits of a plain pool large enough for the whole prompt: pages
+// reclaimed too early would have been overwritten by later chunks' and change them.
+TEST(KvPoolGemma, WindowPagesGoBackAndTheLogitsStayTheSame) {
+  const char *model = DSERVE_SOURCE_DIR "/models/weights/gemma-3-270m-q4_k_m.gguf";
+  if (access(model, R_OK) != 0) GTEST_SKIP() << "missing " << model << " (run scripts/fetch_gemma.sh)";
+  ModelEngine e;
+  ASSERT_TRUE(e.open(model, 1, nullptr, KRN_F16));
+  const int P = 1100, chunk = 128, V = e.cfg->n_vocab;
+  std::vector<int32_t> prompt(P);
+  unsigned r = 11;
+  for (int32_t &t : prompt) t = 1000 + (int32_t)((r = r * 1103515245u + 12345u) >> 8) % 20000;
+  auto run = [&](wrk_kvpool *pool, std::vector<float> &logits) { // false when the pool ran short
+    wrk_blocks b{};
+    bool ok = true;
+    for (int at = 0; at < P && ok; at += chunk) {
+      int n = std::min(chunk, P - at);
+      if (wrk_blocks_reserve(pool, &b, at + n) != 0) {
+        ok = false;
+        break;
+      }
+      mdl_seq s = {prompt.data() + at, n, at, b.ids, b.n, 1};
+      ok = ok && mdl_llama_forward(e.m, wrk_kvpool_kv(pool), &s, 1, logits.data(), nullptr, nullptr, e.err,
+                                   sizeof e.err) == 0;
+      EXPECT_TRUE(ok) << e.err;
+      wrk_blocks_slide(pool, &b, at + n);
+    }
+    wrk_blocks_release(pool, &b);
+    return ok;
+  };
+  size_t bb = mdl_kv_block_bytes(e.cfg, KRN_F16, 16);
+  wrk_kvpool_opts o{};
+  o.type = KRN_F16;
+  o.block_size = 16;
+  o.plain = 1;
+  o.budget_bytes = bb * 80;
+  wrk_kvpool *plain = nullptr, *small = nullptr;
+  ASSERT_EQ(wrk_kvpool_new(e.cfg, &e.kc, &o, &plain, e.err, sizeof e.err), 0) << e.err;
+  std::vector<float> want(V), got(V);
+  ASSERT_TRUE(run(plain, want));
+  wrk_kvpool_free(plain);
+  o.budget_bytes = bb * 45; // the run peaks at 264 pages (44 blocks' worth) in its chunk at 896
+  ASSERT_EQ(wrk_kvpool_new(e.cfg, &e.kc, &o, &plain, e.err, sizeof e.err), 0) << e.err;
+  wrk_blocks b{};
+  EXPECT_LT(wrk_blocks_reserve(plain, &b, P), 0) << "the plain layout should not hold the prompt in 45 blocks";
+  wrk_kvpool_free(plain);
+  o.plain = 0;
+  ASSERT_EQ(wrk_kvpool_new(e.cfg, &e.kc, &o, &small, e.err, sizeof e.err), 0) << e.err;
+  ASSERT_EQ(wrk_kvpool_groups(small), 6); // 3 global layers, 15 local: groups of 3
+  ASSERT_TRUE(run(small, got)) << "the grouped pool ran short";
+  float d = 0;
+  for (int i = 0; i < V; i++) d = std::fmax(d, std::fabs(want[i] - got[i]));
+  EXPECT_EQ(d, 0.0f) << "the grouped pool's logits differ from the plain pool's by " << d;
+  EXPECT_EQ(wrk_kvpool_free_blocks(small), wrk_kvpool_total_blocks(small));
+  wrk_kvpool_free(small);
+  // 43 blocks (258 pages) are less than the window needs at the peak: the pins keep the pages the window reads, so
+  // the pool runs short instead of handing them out.
+  o.budget_bytes = bb * 43;
+  ASSERT_EQ(wrk_kvpool_new(e.cfg, &e.kc, &o, &small, e.err, sizeof e.err), 0) << e.err;
+  EXPECT_FALSE(run(small, got)) << "a pool smaller than the window's pages gave some of them out";
+  EXPECT_EQ(wrk_kvpool_free_blocks(small), wrk_kvpool_total_blocks(small));
+  wrk_kvpool_free(small);
 }
 
 } // namespace
