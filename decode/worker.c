@@ -379,13 +379,11 @@ static srv_peer *prefill_peer(dec_worker *w, const char *name) {
 static void try_send_table(dec_worker *w, dec_seq *s) {
   if (s->table_sent) return;
   // Blocks of the prompt this worker already caches (an earlier turn of the conversation) are not sent again.
+  s->seq.kv_from_peer = 1; // blocks before the window get no window pages: no local layer is sent into them
   if (!s->seq.blocks.n && wrk_engine_take_blocks(&w->eng, &s->seq)) return; // later, when blocks come back
   srv_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return; // sent when the prefill worker connects
   srv_debug(w->sh.rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
-  // The window pages of blocks the prefill worker sends no sliding-window layer to (wrk_kvwire_first_live_block)
-  // go back now: they would hold nothing.
-  wrk_blocks_drop_window(w->sh.rt->kv, &s->seq.blocks, s->req.n_prompt);
   cJSON *m = cJSON_CreateObject();
   cJSON_AddStringToObject(m, "op", "kv_table");
   cJSON_AddStringToObject(m, "id", s->req.id);
@@ -405,9 +403,10 @@ static void try_start(dec_worker *w, dec_seq *s) {
     }
   s->handoff = 0;
   s->seq.n_done = s->req.n_prompt;
+  s->seq.kv_from_peer = 0; // if it is ever preempted, it computes its tokens here, window pages and all
   int skipped = s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size;
-  // Sliding-window layers were sent only the blocks they read again. With layer groups the others lost their window
-  // pages (try_send_table), which the prefix store sees; with one group they must not be reused.
+  // Sliding-window layers were sent only the blocks they read again. With layer groups the others have no window
+  // pages (kv_from_peer), which the prefix store sees; with one group they must not be reused.
   int dead = 0;
   s->kv_bytes = wrk_kvwire_handoff_bytes(w->sh.rt->kv, s->req.n_prompt, skipped, &dead);
   s->seq.no_reuse = dead && wrk_kvpool_groups(w->sh.rt->kv) == 1;

@@ -182,6 +182,9 @@ int wrk_engine_busy(const wrk_engine *e) { return e->n_run > 0 || e->n_wait > 0;
 
 static int block_size(const wrk_engine *e) { return wrk_kvpool_kv(e->rt->kv)->block_size; }
 
+// The most prompt tokens one step computes (workers[i].max_batch_tokens).
+static int max_chunk(const wrk_engine *e) { return e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : 512; }
+
 int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
   int bs = block_size(e);
   if (e->prefix && s->blocks.n == 0) {
@@ -214,11 +217,18 @@ int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
       for (int i = 0; i < n; i++) wrk_kvpool_unref(e->rt->kv, e->match_ids[i]);
     }
   }
-  if (wrk_blocks_reserve(e->rt->kv, &s->blocks, s->n_toks + 1) == 0) return 0;
+  int upto = s->n_toks + 1;
+  if (wrk_kvpool_groups(e->rt->kv) > 1) { // window pages (worker/kvpool.h)
+    if (s->kv_from_peer) // the peer sends no window page before the window: those blocks get none
+      wrk_blocks_slide(e->rt->kv, &s->blocks, s->n_toks);
+    else if (s->n_done + max_chunk(e) < upto) // the rest is taken chunk by chunk (plan), as the window moves on
+      upto = s->n_done + max_chunk(e);
+  }
+  if (wrk_blocks_reserve(e->rt->kv, &s->blocks, upto) == 0) return 0;
   if (e->prefix) { // cached blocks nobody is using make room
-    int need = (s->n_toks + 1 + bs - 1) / bs - s->blocks.n - wrk_kvpool_free_blocks(e->rt->kv);
+    int need = (upto + bs - 1) / bs - s->blocks.n - wrk_kvpool_free_blocks(e->rt->kv);
     if (need > 0) wrk_prefix_evict_for(e->prefix, need);
-    if (wrk_blocks_reserve(e->rt->kv, &s->blocks, s->n_toks + 1) == 0) return 0;
+    if (wrk_blocks_reserve(e->rt->kv, &s->blocks, upto) == 0) return 0;
   }
   wrk_blocks_release(e->rt->kv, &s->blocks); // nothing held while it waits
   s->n_done = s->n_cached = s->n_inserted = 0;
@@ -229,10 +239,16 @@ void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int b
   int max_seqs = e->rt->w->max_seqs > 0 ? e->rt->w->max_seqs : 64;
   while (e->n_wait > 0 && e->n_run < max_seqs) {
     wrk_seq *s = e->wait[0];
+    int needed = wrk_kvpool_blocks_needed(e->rt->kv, s->n_toks + 1, max_chunk(e));
+    if (needed > wrk_kvpool_total_blocks(e->rt->kv)) { // it could never run: say so now, not after the others
+      remove_at(e->wait, &e->n_wait, 0);
+      reject(arg, s, needed);
+      continue;
+    }
     if (wrk_engine_take_blocks(e, s)) {
       if (e->n_run > 0) break; // blocks come back as running sequences finish
       remove_at(e->wait, &e->n_wait, 0);
-      reject(arg, s, (s->n_toks + 1 + block_size(e) - 1) / block_size(e));
+      reject(arg, s, needed);
       continue;
     }
     remove_at(e->wait, &e->n_wait, 0);
@@ -258,7 +274,7 @@ static int preempt(wrk_engine *e, const wrk_seq *keep, int n_batch) {
 }
 
 int wrk_engine_plan(wrk_engine *e) {
-  int cap = e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : 512, used = 0, n = 0, n_decode = 0;
+  int cap = max_chunk(e), used = 0, n = 0, n_decode = 0;
   for (int i = 0; i < e->n_run; i++) n_decode += e->run[i]->n_toks - e->run[i]->n_done == 1;
   int budget = wrk_step_budget(&e->cost, e->rt->w->tpot_target_ms, n_decode, cap, WRK_MIN_PREFILL_CHUNK);
   e->budget = budget;

@@ -26,6 +26,8 @@ typedef struct wrk_seq {
   int n_inserted;  // leading full blocks already offered to the prefix cache
   int no_reuse;    // 1: some blocks lack KV of layers that never read them again (a window-only handoff,
                    // worker/kvwire.h): none is offered to the prefix cache
+  int kv_from_peer; // 1: the prompt's K and V come from a peer (a handoff): its whole table is taken at once, and
+                    // with layer groups the blocks before the window get no window pages (worker/kvpool.h)
   void *owner;     // (borrowed) the role's per-request state
 } wrk_seq;
 

@@ -250,14 +250,15 @@ static void unpin_locked(wrk_kvpool *p, int32_t b) {
   if (--p->pins[b] == 0 && p->refs[b] > 0) lru_push_locked(p, b);
 }
 
-// Takes one block's pages off the free list (the caller checked that n_groups are free).
-static int32_t take_block_locked(wrk_kvpool *p) {
+// Takes one block's pages off the free list (the caller checked that enough are free): every group's, or with
+// window 0 only the global groups' (a block the table's window has already passed).
+static int32_t take_block_locked(wrk_kvpool *p, int window) {
   int32_t b = p->free_ids[--p->n_free];
   p->refs[b] = 1;
   if (p->n_groups > 1) {
     int32_t *row = map_row(p, b);
     row[0] = b;
-    for (int g = 1; g < p->n_groups; g++) row[g] = p->free_ids[--p->n_free];
+    for (int g = 1; g < p->n_groups; g++) row[g] = g < p->n_global || window ? p->free_ids[--p->n_free] : -1;
   }
   return b;
 }
@@ -307,9 +308,19 @@ int wrk_kvpool_alloc(wrk_kvpool *p, int32_t *ids, int n) {
     pthread_mutex_unlock(&p->mu);
     return -1;
   }
-  for (int i = 0; i < n; i++) ids[i] = take_block_locked(p);
+  for (int i = 0; i < n; i++) ids[i] = take_block_locked(p, 1);
   pthread_mutex_unlock(&p->mu);
   return 0;
+}
+
+int wrk_kvpool_blocks_needed(const wrk_kvpool *p, int n_tokens, int chunk) {
+  int bs = p->kv.block_size, nb = (int)(((int64_t)n_tokens + bs - 1) / bs);
+  if (p->n_groups == 1 || nb < 1) return nb;
+  // a step of chunk positions from pos0 pins the window's blocks from first_live(pos0) up to its end
+  int64_t win = ((int64_t)p->window + (chunk > 1 ? chunk : 1)) / bs + 2;
+  if (win > nb) win = nb;
+  int64_t pages = (int64_t)nb * p->n_global + win * (p->n_groups - p->n_global);
+  return (int)((pages + p->n_groups - 1) / p->n_groups);
 }
 
 int wrk_kvpool_whole(const wrk_kvpool *p, int32_t block) {
@@ -377,10 +388,11 @@ int wrk_blocks_reserve(wrk_kvpool *p, wrk_blocks *b, int n_tokens) {
   int bs = p->kv.block_size;
   int need = (int)(((int64_t)n_tokens + bs - 1) / bs);
   if (need <= b->n) return 0;
-  int add = need - b->n;
+  int pages = 0;
+  for (int i = b->n; i < need; i++) pages += i >= b->slid ? p->n_groups : p->n_global;
   if (blocks_grow(b, need)) return -1;
   pthread_mutex_lock(&p->mu);
-  if (reclaim_locked(p, add * p->n_groups)) {
+  if (reclaim_locked(p, pages)) {
     pthread_mutex_unlock(&p->mu);
     if (b->n == 0) { // an empty table stays without memory, so a caller that drops it leaks nothing
       free(b->ids);
@@ -389,9 +401,9 @@ int wrk_blocks_reserve(wrk_kvpool *p, wrk_blocks *b, int n_tokens) {
     }
     return -1;
   }
-  for (int i = 0; i < add; i++) {
-    b->ids[b->n + i] = take_block_locked(p);
-    pin_locked(p, b->ids[b->n + i]);
+  for (int i = b->n; i < need; i++) { // blocks the window has passed (slid) get no window pages, nor a pin
+    b->ids[i] = take_block_locked(p, i >= b->slid);
+    if (i >= b->slid) pin_locked(p, b->ids[i]);
   }
   pthread_mutex_unlock(&p->mu);
   b->n = need;
@@ -421,7 +433,8 @@ int wrk_blocks_append(wrk_kvpool *p, wrk_blocks *b, const int32_t *ids, int n) {
   if (blocks_grow(b, b->n + n)) return -1;
   memcpy(b->ids + b->n, ids, (size_t)n * sizeof *ids);
   pthread_mutex_lock(&p->mu);
-  for (int i = 0; i < n; i++) pin_locked(p, ids[i]);
+  for (int i = 0; i < n; i++)
+    if (b->n + i >= b->slid) pin_locked(p, ids[i]);
   pthread_mutex_unlock(&p->mu);
   b->n += n;
   return 0;
@@ -430,26 +443,11 @@ int wrk_blocks_append(wrk_kvpool *p, wrk_blocks *b, const int32_t *ids, int n) {
 int wrk_blocks_slide(wrk_kvpool *p, wrk_blocks *b, int n_pos) {
   if (!p || !b || p->n_groups == 1) return 0;
   int live = mdl_kv_first_live_block(p->window, n_pos, p->kv.block_size);
-  if (live > b->n) live = b->n;
   if (live <= b->slid) return 0;
-  int n = live - b->slid;
+  int upto = live < b->n ? live : b->n, n = upto > b->slid ? upto - b->slid : 0;
   pthread_mutex_lock(&p->mu);
-  for (int i = b->slid; i < live; i++) unpin_locked(p, b->ids[i]);
+  for (int i = b->slid; i < upto; i++) unpin_locked(p, b->ids[i]);
   pthread_mutex_unlock(&p->mu);
   b->slid = live;
-  return n;
-}
-
-int wrk_blocks_drop_window(wrk_kvpool *p, wrk_blocks *b, int n_pos) {
-  if (!p || !b || p->n_groups == 1) return 0;
-  wrk_blocks_slide(p, b, n_pos);
-  int n = 0;
-  pthread_mutex_lock(&p->mu);
-  for (int i = 0; i < b->slid; i++)
-    if (p->pins[b->ids[i]] == 0 && p->refs[b->ids[i]] == 1 && window_pages_locked(p, b->ids[i]) > 0) {
-      detach_window_locked(p, b->ids[i]);
-      n++;
-    }
-  pthread_mutex_unlock(&p->mu);
   return n;
 }

@@ -62,6 +62,10 @@ int wrk_kvpool_whole(const wrk_kvpool *p, int32_t block);    // 1: held and has 
 int wrk_kvpool_usable_prefix(const wrk_kvpool *p, const int32_t *ids, int n);
 // Takes n free blocks (each with count 1) into ids (n): all or nothing; -1 when the pool is short.
 int wrk_kvpool_alloc(wrk_kvpool *p, int32_t *ids, int n);
+// The most blocks' worth of pages one sequence of n_tokens positions holds at once when it is computed chunk
+// positions per step: every block with one group; with layer groups, every block's global pages and the window
+// pages of the blocks a step's window reads. More than wrk_kvpool_total_blocks: the pool can never hold it.
+int wrk_kvpool_blocks_needed(const wrk_kvpool *p, int n_tokens, int chunk);
 // Copy one block's bytes (every layer's K then V chunk, in mdl_kv_chunk order: layer 0 K, layer 0 V,
 // layer 1 K, ...) to / from a host buffer of wrk_kvpool_block_bytes(p) bytes. Uses the backend's
 // download/upload (memcpy when the backend has none). -1 on a bad block id or a block that is not whole.
@@ -73,10 +77,12 @@ int wrk_kvpool_write_block(wrk_kvpool *p, int32_t block, const void *host_src);
 typedef struct wrk_blocks {
   int32_t *ids;  // (n) (owned)
   int n, cap;
-  int slid;      // leading blocks whose window pages this table no longer pins (wrk_blocks_slide)
+  int slid;      // leading blocks whose window pages this table does not pin (wrk_blocks_slide); may exceed n
 } wrk_blocks;
-// Makes b cover n_tokens positions; allocates only what is missing (pinned). -1 (and nothing taken) when the pool is
-// short; an empty b then holds no memory either.
+// Makes b cover n_tokens positions; allocates only what is missing: pinned, with every group's pages, except blocks
+// before b->slid, which get only the global groups' (set slid first, with wrk_blocks_slide, for a table whose
+// window has passed blocks it has yet to take). -1 (and nothing taken) when the pool is short; an empty b then holds
+// no memory either.
 int wrk_blocks_reserve(wrk_kvpool *p, wrk_blocks *b, int n_tokens);
 // Drops b's reference on every block (a block no one else holds returns to the pool); b is empty and
 // reusable after.
@@ -84,13 +90,11 @@ void wrk_blocks_release(wrk_kvpool *p, wrk_blocks *b);
 // Appends n blocks the caller already holds a reference on (e.g. from wrk_prefix_match); the reference
 // moves to b, which pins them. -1 on out of memory (nothing appended, the references stay with the caller).
 int wrk_blocks_append(wrk_kvpool *p, wrk_blocks *b, const int32_t *ids, int n);
-// Once n_pos positions are computed: unpins the window pages of the blocks the sliding window will not read again
-// (mdl_kv_first_live_block). Returns how many blocks it unpinned (0 with one group).
+// Once n_pos positions are computed (or before reserving them, for a table whose K and V come from a peer that sends
+// the window's blocks only): unpins the window pages of the blocks the sliding window will not read again
+// (mdl_kv_first_live_block), and blocks b takes after that, up to that point, get none. Returns how many blocks it
+// unpinned (0 with one group).
 int wrk_blocks_slide(wrk_kvpool *p, wrk_blocks *b, int n_pos);
-// Slides to n_pos, then gives back at once the window pages of the passed blocks that only b holds: for a table
-// whose blocks before the window will never get those layers' K and V (a window-only handoff), so that no one
-// takes them for whole. Returns how many blocks lost their window pages.
-int wrk_blocks_drop_window(wrk_kvpool *p, wrk_blocks *b, int n_pos);
 
 #ifdef __cplusplus
 }

@@ -54,7 +54,7 @@ int wrk_kvwire_first_live_block(const mdl_llama_cfg *c, int layer, int n_prompt,
 // Bytes a handoff of a prompt of n_prompt tokens moves for its blocks from `skip` on (those before are the decode
 // worker's own cache): every layer from max(skip, its first live block). *dead_out (may be NULL): 1 when some
 // layer's KV in a block from `skip` on is not sent (with one layer group, the blocks must not be reused; with more,
-// the receiver gives back the window pages that get nothing, wrk_blocks_drop_window).
+// the receiver took those blocks without window pages: wrk_seq.kv_from_peer).
 double wrk_kvwire_handoff_bytes(const wrk_kvpool *kv, int n_prompt, int skip, int *dead_out);
 
 int wrk_kvwire_add_md(cJSON *msg, kvx_agent *a);  // "kvx_md": base64 of kvx_pack_md

@@ -1,6 +1,7 @@
 """tests/e2e/test_1p1d.py: greedy outputs through one prefill + one decode worker (kvxfer shm, tcp and nixl) equal the colocated worker's."""
 
 import glob
+import json
 import os
 import threading
 import time
@@ -175,6 +176,52 @@ class SlidingWindowHandoff(unittest.TestCase):
         got = u.complete(c.port, "completions", b)
         self.assertEqual(got["status"], 200, got)
         self.assertEqual(got["text"], want[1]["text"], "B after A: the decode worker reused blocks A did not fill")
+
+
+class SlidingWindowPages(unittest.TestCase):
+    """Gemma 3: a prompt longer than the pool would hold if every layer kept every block is served, colocated and
+    1P1D, with the text of a large pool: the local layers give back the pages their 512-token window passed."""
+
+    def test_long_prompt_in_a_small_pool(self):
+        u.require_env(self)
+        if not os.path.exists(u.GEMMA):
+            self.skipTest("the model %s is missing: run scripts/setup.sh" % u.GEMMA)
+        facts = ["Fact %d: the %s river is %d kilometres long and crosses %d towns." % (
+            i, ["red", "green", "blue", "grey", "white", "black"][i % 6], 100 + 37 * i, 3 + i % 9) for i in range(56)]
+        req = {"prompt": " ".join(facts) + " Of all these rivers, the longest is", "max_tokens": 8}
+        big = u.Cluster([{"name": "w0", "role": "both", "threads": 2, "kv_budget_mb": 64}], model=u.GEMMA,
+                        tag="swa-big")
+        self.addCleanup(big.close)
+        big.start()
+        want = u.complete(big.port, "completions", req)
+        big.close()
+        self.assertEqual(want["status"], 200, want)
+        # 14 MiB: 49 blocks of 288 KiB (18 layers' K and V for 16 positions), fewer than the prompt's; in pages of 3
+        # layers, 298 pages: every block's global page and 5 window pages for the (512 + 128) / 16 + 2 blocks that a
+        # 128-token step's window reads at most
+        n_blocks = (want["prompt_tokens"] + 1 + 15) // 16
+        self.assertGreater(n_blocks, 14 * 1024 // 288, want["prompt_tokens"])
+        small = {"kv_budget_mb": 14, "max_batch_tokens": 128, "prefix_cache_mb": 2}
+        co = u.Cluster([dict({"name": "w0", "role": "both", "threads": 2}, **small)], model=u.GEMMA, tag="swa-small")
+        self.addCleanup(co.close)
+        co.start()
+        got = u.complete(co.port, "completions", req)
+        co.close()
+        self.assertEqual(got["status"], 200, got)
+        self.assertEqual(got["text"], want["text"])
+        pd = u.Cluster([dict({"name": "p0", "role": "prefill", "kvxfer": {"backend": "tcp"}}, **small),
+                        dict({"name": "d0", "role": "decode", "kvxfer": {"backend": "tcp"}}, **small)],
+                       disagg_threshold=0, model=u.GEMMA, tag="swa-small-1p1d")
+        self.addCleanup(pd.close)
+        pd.start()
+        got = u.complete(pd.port, "completions", req)
+        self.assertEqual(got["status"], 200, got)
+        self.assertEqual(got["text"], want["text"])
+        # a prompt that even a window's pages cannot hold is refused at once, with the reason
+        huge = {"prompt": " ".join(facts * 6), "max_tokens": 4}
+        got = u.complete(pd.port, "completions", huge)
+        self.assertEqual(got["status"], 400, got)
+        self.assertIn("KV blocks", json.dumps(got), got)
 
 
 if __name__ == "__main__":

@@ -305,11 +305,20 @@ TEST_F(KvPool, SlidingWindowModelsKeepLayerGroupsInTheirOwnPages) {
   EXPECT_EQ(reclaimable, 0);
   EXPECT_EQ(wrk_kvpool_free_blocks(p), 10);
 
-  // A window-only handoff: the blocks before the window give their window pages back at once.
+  // A window-only handoff: the table slides to the prompt's end before it takes its blocks, and those before the
+  // window get no window pages at all.
+  EXPECT_EQ(wrk_blocks_slide(p, &a, 160), 0); // nothing held yet to unpin
+  EXPECT_EQ(a.slid, 6);
   ASSERT_EQ(wrk_blocks_reserve(p, &a, 160), 0);
-  EXPECT_EQ(wrk_blocks_drop_window(p, &a, 160), 6);
   EXPECT_EQ(wrk_kvpool_free_pages(p, &reclaimable), 12);
   EXPECT_EQ(reclaimable, 0);
+  EXPECT_FALSE(wrk_kvpool_whole(p, a.ids[5]));
+  EXPECT_TRUE(wrk_kvpool_whole(p, a.ids[6]));
+  // what one sequence holds at most, in blocks' worth of pages: every block's global pages, and window pages for
+  // (window + chunk) / 16 + 2 blocks
+  EXPECT_EQ(wrk_kvpool_blocks_needed(p, 48, 16), 3);                      // inside the window: every page
+  EXPECT_EQ(wrk_kvpool_blocks_needed(p, 160, 16), (10 + 2 * 7 + 2) / 3);   // 10 global pages + 7 blocks x 2
+  EXPECT_EQ(wrk_kvpool_blocks_needed(p, 1600, 16), (100 + 2 * 7 + 2) / 3); // 100 global pages + 7 blocks x 2
   EXPECT_EQ(wrk_kvpool_usable_prefix(p, a.ids, 10), 10);
   EXPECT_EQ(wrk_kvpool_usable_prefix(p, a.ids, 9), 0);
   wrk_blocks_release(p, &a);
