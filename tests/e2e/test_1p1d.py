@@ -112,6 +112,15 @@ class AutoDisagg(unittest.TestCase):
         self.assertEqual(busy["result"]["status"], 200, busy["result"])
 
 
+def gemma_facts(test, n):
+    """n sentences of about 20 Gemma tokens each, for prompts past its 512-token window; skips test without the model."""
+    u.require_env(test)
+    if not os.path.exists(u.GEMMA):
+        test.skipTest("the model %s is missing: run scripts/setup.sh" % u.GEMMA)
+    return ["Fact %d: the %s river is %d kilometres long and crosses %d towns." % (
+        i, ["red", "green", "blue", "grey", "white", "black"][i % 6], 100 + 37 * i, 3 + i % 9) for i in range(n)]
+
+
 class SlidingWindowHandoff(unittest.TestCase):
     """Gemma 3: a handoff sends a sliding-window layer only the blocks it reads again, and the output is the
     colocated one; the decode worker does not reuse those blocks for a shorter prompt that shares their prefix."""
@@ -126,11 +135,7 @@ class SlidingWindowHandoff(unittest.TestCase):
             time.sleep(0.1)
 
     def test_window_only_handoff(self):
-        u.require_env(self)
-        if not os.path.exists(u.GEMMA):
-            self.skipTest("the model %s is missing: run scripts/setup.sh" % u.GEMMA)
-        facts = ["Fact %d: the %s river is %d kilometres long and crosses %d towns." % (
-            i, ["red", "green", "blue", "grey", "white", "black"][i % 6], 100 + 37 * i, 3 + i % 9) for i in range(34)]
+        facts = gemma_facts(self, 34)
         a = {"prompt": " ".join(facts) + " Of all these rivers, the longest is", "max_tokens": 8}
         b = {"prompt": " ".join(facts[:27]) + " So the shortest river is", "max_tokens": 8}
         co = u.Cluster([{"name": "w0", "role": "both", "threads": 2, "kv_budget_mb": 64}], model=u.GEMMA,
@@ -183,11 +188,7 @@ class SlidingWindowPages(unittest.TestCase):
     1P1D, with the text of a large pool: the local layers give back the pages their 512-token window passed."""
 
     def test_long_prompt_in_a_small_pool(self):
-        u.require_env(self)
-        if not os.path.exists(u.GEMMA):
-            self.skipTest("the model %s is missing: run scripts/setup.sh" % u.GEMMA)
-        facts = ["Fact %d: the %s river is %d kilometres long and crosses %d towns." % (
-            i, ["red", "green", "blue", "grey", "white", "black"][i % 6], 100 + 37 * i, 3 + i % 9) for i in range(56)]
+        facts = gemma_facts(self, 56)
         req = {"prompt": " ".join(facts) + " Of all these rivers, the longest is", "max_tokens": 8}
         big = u.Cluster([{"name": "w0", "role": "both", "threads": 2, "kv_budget_mb": 64}], model=u.GEMMA,
                         tag="swa-big")
