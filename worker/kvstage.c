@@ -126,17 +126,25 @@ int wrk_kvstage_in(wrk_kvstage *s, const int32_t *blocks, int n) {
   for (int i = 0; i < n; i++)
     if (blocks[i] < 0 || blocks[i] >= kv->n_blocks) return -1;
   const size_t chunk = mdl_kv_chunk_bytes(c, kv);
-  // Chunks of one (layer, K|V) are adjacent for consecutive block ids: copy each run of ids at once.
-  for (int l = 0; l < c->n_layer; l++)
+  // Chunks of one (layer, K|V) are adjacent for consecutive pages: copy each run of them at once. A layer group's
+  // page that was given back (a window passed it: -1) received nothing.
+  for (int l = 0; l < c->n_layer; l++) {
+    const int g = mdl_kv_group_of(kv, l);
     for (int kvi = 0; kvi < 2; kvi++)
       for (int i = 0; i < n;) {
+        const int32_t first = mdl_kv_page(kv, blocks[i], g);
         int j = i + 1;
-        while (j < n && blocks[j] == blocks[j - 1] + 1) j++;
-        uint8_t *dst = mdl_kv_chunk(c, kv, l, kvi, blocks[i]);
+        if (first < 0) {
+          i = j;
+          continue;
+        }
+        while (j < n && mdl_kv_page(kv, blocks[j], g) == first + (j - i)) j++;
+        uint8_t *dst = mdl_kv_chunk(c, kv, l, kvi, first);
         s->kc->be->upload(s->kc, dst, s->mirror + (dst - s->base), (size_t)(j - i) * chunk);
         s->in += (double)(j - i) * (double)chunk;
         i = j;
       }
+  }
   return 0;
 }
 
