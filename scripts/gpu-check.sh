@@ -168,6 +168,11 @@ if [ ! -f "$model" ] && [ -z "$small" ]; then # a carried small model says there
     say "setup did not complete (no network?), continuing with what is installed: $(tail -n1 "$logs/setup.log")"
   fi
 fi
+# Gemma 3 (the sliding-window ops and a layer-grouped cache on cuda): fetched when the network allows.
+gemma=$root/models/weights/gemma-3-270m-q4_k_m.gguf
+if [ ! -f "$gemma" ] && [ -z "$small" ]; then
+  timeout "$(cap 60)" "$root/scripts/fetch_gemma.sh" >"$logs/gemma.log" 2>&1 || say "Gemma 3 fetch did not complete: $(tail -n1 "$logs/gemma.log")"
+fi
 have_model=0
 [ -f "$model" ] && have_model=1
 if [ $have_model = 0 ]; then
@@ -224,11 +229,17 @@ stage build "sm_$arch, ${targets[*]}$([ $full = 1 ] || echo ' (GPU-only subset: 
 # test is left out (and named NOT RUN) only when the model file is absent.
 if [[ " ${targets[*]} " == *" test_cuda "* ]]; then
   t=$(cap 150)
-  exclude=()
+  left=()
   if [ $have_model = 0 ]; then
-    exclude=(-E '^CudaTest\.ForwardMatchesCpu$')
+    left+=(ForwardMatchesCpu)
     skip_stage "CudaTest.ForwardMatchesCpu: no model file (no network to fetch it, no .gpu-model/*.gguf); the synthetic-model tests stand in"
   fi
+  if [ ! -f "$gemma" ]; then
+    left+=(GemmaForwardMatchesCpu)
+    skip_stage "CudaTest.GemmaForwardMatchesCpu: no Gemma 3 file (no network to fetch it); CudaAttn.SlidingWindow and the op tests stand in"
+  fi
+  exclude=()
+  if [ ${#left[@]} -gt 0 ]; then exclude=(-E "^CudaTest\.($(IFS='|'; echo "${left[*]}"))\$"); fi
   ( cd "$build" && timeout "$t" ctest -L gpu "${exclude[@]}" --output-on-failure --timeout "$t" ) >"$logs/ctest.log" 2>&1
   test_rc=$?
   if ctest_verdict "$logs/ctest.log" && [ $test_rc = 0 ]; then

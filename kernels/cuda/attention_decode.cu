@@ -48,7 +48,8 @@ template <typename KT>
 __global__ void __launch_bounds__(KRN_CU_DEC_WARPS * 32)
     krn_cu_attn_decode(float *part_acc, float *part_ml, const float *q, const KT *kc, const KT *vc,
                        const int32_t *tok_seq, const int32_t *tok_pos, const int32_t *bt, int max_blocks, int bs,
-                       int n_tokens, int n_head, int n_kv_head, int hd, int n_hg, int chunk, int n_split, float scale) {
+                       int n_tokens, int n_head, int n_kv_head, int hd, int n_hg, int chunk, int n_split, float scale,
+                       int window) {
   __shared__ float sm_acc[KRN_CU_DEC_WARPS][KRN_CU_DEC_MAXG][KRN_CU_DEC_MAXD];
   __shared__ float sm_ml[KRN_CU_DEC_WARPS][KRN_CU_DEC_MAXG][2];
   __shared__ int sm_skip;
@@ -64,6 +65,9 @@ __global__ void __launch_bounds__(KRN_CU_DEC_WARPS * 32)
   if (sm_skip || p0 >= p1) return; // the prefill kernel's row, or past this row's context (combine reads less)
   const int seq = tok_seq[row];
   const int32_t *btab = bt + (int64_t)seq * max_blocks;
+  // A sliding window sees (pos - window, pos]: keys before lo are skipped (their blocks may have been given back, -1),
+  // and a split wholly before it runs no key and writes an empty state, which the combine weighs 0.
+  const int lo = window > 0 ? max(0, tok_pos[row] - window + 1) : 0;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int ch = hd / 8;
@@ -101,7 +105,7 @@ __global__ void __launch_bounds__(KRN_CU_DEC_WARPS * 32)
 #pragma unroll
     for (int u = 0; u < KRN_CU_DEC_UNROLL; u++) {
       const int i = base - warp * kpw + u * n_groups + gid;
-      ok[u] = i < len;
+      ok[u] = i < len && p0 + i >= lo && btab[(p0 + i) / bs] >= 0;
       if (ok[u] && lane_on) {
         const int p = p0 + i;
         const int64_t off = ((int64_t)btab[p / bs] * bs + p % bs) * kv_stride + (int64_t)kvh * hd + ci * 8;
@@ -185,7 +189,8 @@ __global__ void krn_cu_attn_combine(float *out, const float *part_acc, const flo
   for (int s = 0; s < used; s++) mm = fmaxf(mm, part_ml[(base + s) * 2]);
   float ll = 0.0f, aa = 0.0f;
   for (int s = 0; s < used; s++) {
-    const float f = expf(part_ml[(base + s) * 2] - mm);
+    const float ms = part_ml[(base + s) * 2];
+    const float f = ms == -INFINITY ? 0.0f : expf(ms - mm); // a split that saw no key (before a sliding window)
     ll += part_ml[(base + s) * 2 + 1] * f;
     aa += part_acc[(base + s) * hd + d] * f;
   }
@@ -220,11 +225,13 @@ int krn_cuda_attn_decode(krn_ctx *c, float *out, const float *q, const krn_attn_
   if (a->kv_type == KRN_F16)
     krn_cu_attn_decode<__half><<<grid, KRN_CU_DEC_WARPS * 32, 0, s->stream>>>(
         pacc, pml, q, (const __half *)a->k_cache, (const __half *)a->v_cache, a->tok_seq, a->tok_pos, a->block_tables,
-        a->max_blocks, a->block_size, a->n_tokens, a->n_head, a->n_kv_head, hd, n_hg, (int)chunk, n_split, a->scale);
+        a->max_blocks, a->block_size, a->n_tokens, a->n_head, a->n_kv_head, hd, n_hg, (int)chunk, n_split, a->scale,
+        a->window);
   else
     krn_cu_attn_decode<float><<<grid, KRN_CU_DEC_WARPS * 32, 0, s->stream>>>(
         pacc, pml, q, (const float *)a->k_cache, (const float *)a->v_cache, a->tok_seq, a->tok_pos, a->block_tables,
-        a->max_blocks, a->block_size, a->n_tokens, a->n_head, a->n_kv_head, hd, n_hg, (int)chunk, n_split, a->scale);
+        a->max_blocks, a->block_size, a->n_tokens, a->n_head, a->n_kv_head, hd, n_hg, (int)chunk, n_split, a->scale,
+        a->window);
   const dim3 cgrid((unsigned)a->n_head, (unsigned)a->n_tokens);
   krn_cu_attn_combine<<<cgrid, ((hd + 31) / 32) * 32, 0, s->stream>>>(out, pacc, pml, a->tok_seq, a->tok_pos,
                                                                        a->n_tokens, a->n_head, hd, (int)chunk, n_split);

@@ -1,4 +1,5 @@
 // kernels/cuda/attention_prefill.cu: flash-attention-style paged attention for prefill rows (query tile in shared memory, online softmax).
+#include <limits.h>
 #include <math.h>
 
 #include "kernels/cuda/attention_prefill.cuh"
@@ -23,13 +24,13 @@ template <typename KT>
 __global__ void __launch_bounds__(KRN_CU_PF_THREADS)
     krn_cu_attn_prefill(float *out, const float *q, const KT *kc, const KT *vc, const int32_t *tok_seq,
                         const int32_t *tok_pos, const int32_t *bt, int max_blocks, int bs, int n_tokens, int n_head,
-                        int n_kv_head, int hd, float scale, int all_rows) {
+                        int n_kv_head, int hd, float scale, int all_rows, int window) {
   extern __shared__ float sm[];
   float *Qs = sm;                                   // (BQ, hd + 1)
   float *Ks = Qs + KRN_CU_PF_BQ * (hd + 1);         // (BK, hd + 1)
   float *Vs = Ks + KRN_CU_PF_BK * (hd + 1);         // (BK, hd)
   float *Ps = Vs + KRN_CU_PF_BK * hd;               // (BQ, BK + 1)
-  __shared__ int s_seq[KRN_CU_PF_BQ], s_pos[KRN_CU_PF_BQ], s_cur, s_maxpos, s_take;
+  __shared__ int s_seq[KRN_CU_PF_BQ], s_pos[KRN_CU_PF_BQ], s_cur, s_maxpos, s_minlo, s_take;
 
   const int tile = blockIdx.x, h = blockIdx.y;
   const int kvh = h / (n_head / n_kv_head);
@@ -50,6 +51,8 @@ __global__ void __launch_bounds__(KRN_CU_PF_THREADS)
 
   const int r = threadIdx.x >> 2, t4 = threadIdx.x & 3;
   const int my_seq = s_seq[r], my_pos = s_pos[r];
+  // a sliding window: row r sees (my_pos - window, my_pos]; the sequence's tiles start at the lowest such bound
+  const int my_lo = window > 0 ? max(0, my_pos - window + 1) : 0;
   float acc[KRN_CU_PF_MAXD / 4];
 #pragma unroll
   for (int i = 0; i < KRN_CU_PF_MAXD / 4; i++) acc[i] = 0.0f;
@@ -59,29 +62,33 @@ __global__ void __launch_bounds__(KRN_CU_PF_THREADS)
 
   for (;;) {
     if (threadIdx.x == 0) {
-      int cur = -1, mp = -1;
+      int cur = -1, mp = -1, ml = INT_MAX;
       for (int i = 0; i < KRN_CU_PF_BQ; i++) {
         if (s_seq[i] < 0 || (done >> i & 1)) continue;
         if (cur < 0) cur = s_seq[i];
-        if (s_seq[i] == cur) mp = max(mp, s_pos[i]);
+        if (s_seq[i] == cur) {
+          mp = max(mp, s_pos[i]);
+          ml = min(ml, window > 0 ? max(0, s_pos[i] - window + 1) : 0);
+        }
       }
       s_cur = cur;
       s_maxpos = mp;
+      s_minlo = ml == INT_MAX ? 0 : ml;
     }
     __syncthreads();
-    const int cur = s_cur, maxpos = s_maxpos;
+    const int cur = s_cur, maxpos = s_maxpos, minlo = s_minlo;
     if (cur < 0) break;
     for (int i = 0; i < KRN_CU_PF_BQ; i++)
       if (s_seq[i] == cur) done |= 1u << i;
     const bool active = my_seq == cur;
     const int32_t *btab = bt + (int64_t)cur * max_blocks;
 
-    for (int kt = 0; kt <= maxpos; kt += KRN_CU_PF_BK) {
+    for (int kt = minlo / KRN_CU_PF_BK * KRN_CU_PF_BK; kt <= maxpos; kt += KRN_CU_PF_BK) {
       __syncthreads(); // the previous tile is no longer read
       for (int t = threadIdx.x; t < KRN_CU_PF_BK * hd; t += blockDim.x) {
         const int j = t / hd, d = t % hd, p = kt + j;
         float kv = 0.0f, vv = 0.0f;
-        if (p <= maxpos) {
+        if (p <= maxpos && p >= minlo && btab[p / bs] >= 0) {
           const int64_t off = ((int64_t)btab[p / bs] * bs + p % bs) * kv_stride + (int64_t)kvh * hd + d;
           kv = krn_cu_kv_f32<KT>(kc + off);
           vv = krn_cu_kv_f32<KT>(vc + off);
@@ -98,7 +105,7 @@ __global__ void __launch_bounds__(KRN_CU_PF_THREADS)
         float sdot = 0.0f;
         const float *qr = Qs + r * (hd + 1), *kr = Ks + j * (hd + 1);
         for (int d = 0; d < hd; d++) sdot += qr[d] * kr[d];
-        sc[jj] = active && kt + j <= my_pos ? sdot : -INFINITY;
+        sc[jj] = active && kt + j <= my_pos && kt + j >= my_lo ? sdot : -INFINITY;
         mt = fmaxf(mt, sc[jj]);
       }
       mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
@@ -154,12 +161,12 @@ void krn_cuda_attn_prefill(krn_ctx *c, float *out, const float *q, const krn_att
     cudaFuncSetAttribute(krn_cu_attn_prefill<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     krn_cu_attn_prefill<__half><<<grid, KRN_CU_PF_THREADS, smem, s->stream>>>(
         out, q, (const __half *)a->k_cache, (const __half *)a->v_cache, a->tok_seq, a->tok_pos, a->block_tables,
-        a->max_blocks, a->block_size, a->n_tokens, a->n_head, a->n_kv_head, hd, a->scale, all_rows);
+        a->max_blocks, a->block_size, a->n_tokens, a->n_head, a->n_kv_head, hd, a->scale, all_rows, a->window);
   } else {
     cudaFuncSetAttribute(krn_cu_attn_prefill<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     krn_cu_attn_prefill<float><<<grid, KRN_CU_PF_THREADS, smem, s->stream>>>(
         out, q, (const float *)a->k_cache, (const float *)a->v_cache, a->tok_seq, a->tok_pos, a->block_tables,
-        a->max_blocks, a->block_size, a->n_tokens, a->n_head, a->n_kv_head, hd, a->scale, all_rows);
+        a->max_blocks, a->block_size, a->n_tokens, a->n_head, a->n_kv_head, hd, a->scale, all_rows, a->window);
   }
   krn_cuda_check(s, "paged_attention prefill");
 }

@@ -286,10 +286,10 @@ static const krn_backend cu_backend = {
     krn_cuda_graph_end,
     krn_cuda_graph_launch,
     krn_cuda_graph_free,
-    NULL, // geglu: none yet, so gemma3 is refused on cuda at load
-    NULL, // scale
-    0,    // attn_window: paged_attention ignores krn_attn_args.window
-    NULL, // rope_freqs: none yet, so a model with RoPE scaling is refused on cuda at load
+    krn_cuda_geglu,
+    krn_cuda_scale,
+    1, // attn_window: paged_attention honors krn_attn_args.window and skips block ids < 0
+    krn_cuda_rope_freqs,
 };
 
 extern "C" const krn_backend *krn_cuda(void) { return &cu_backend; }

@@ -30,6 +30,7 @@ __global__ void krn_cu_kv_store(const float *k, const float *v, KT *kc, KT *vc, 
     const int row = (int)(t / kv_dim), e = (int)(t % kv_dim);
     const int pos = tok_pos[row];
     const int blk = bt[(int64_t)tok_seq[row] * max_blocks + pos / bs];
+    if (blk < 0) continue; // a page given back (models/llama.h): never one a step writes, but never write through it
     const int64_t dst = ((int64_t)blk * bs + pos % bs) * kv_dim + e;
     if (sizeof(KT) == 2) {
       ((__half *)kc)[dst] = __float2half_rn(k[t]);

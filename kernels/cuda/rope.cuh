@@ -6,5 +6,9 @@
 
 // Pointers are device memory; the op is enqueued on the ctx stream and returns without waiting.
 void krn_cuda_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, float theta, int neox);
+// Pair i turns by pos * inv_freq[i] (inv_freq: head_dim / 2, device memory) and is scaled by mscale: the scaled RoPE
+// of models/llama.h (mdl_rope_freqs), as krn_scalar_rope_freqs.
+void krn_cuda_rope_freqs(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim,
+                         const float *inv_freq, float mscale, int neox);
 
 #endif

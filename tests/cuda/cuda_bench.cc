@@ -290,7 +290,12 @@ int check_line(Bench &b) {
     const int V = cfg->n_vocab, nb = 4;
     const size_t kvb = mdl_kv_block_bytes(cfg, KRN_F16, 16) * nb;
     std::vector<uint8_t> hpool(kvb);
-    mdl_kv kc{hpool.data(), KRN_F16, nb, 16}, kg{b.be->alloc(&b.c, kvb), KRN_F16, nb, 16};
+    mdl_kv kc{}, kg{}; // one layer group each: the plain layout
+    kc.base = hpool.data();
+    kg.base = b.be->alloc(&b.c, kvb);
+    kc.type = kg.type = KRN_F16;
+    kc.n_blocks = kg.n_blocks = nb;
+    kc.block_size = kg.block_size = 16;
     std::vector<int32_t> toks = {5, 17, 300, 42, 8, 999, 3}, bt = {2, 0, 3, 1};
     std::vector<float> lc(V), lg(V);
     int equal = 0, clear = 0, steps = 24, failed = 0;

@@ -11,6 +11,8 @@ struct AttnCase {
   int n_head, n_kv_head, head_dim;
   krn_type kv_type;
   std::vector<SeqSpec> seqs;
+  int window = 0; // > 0: a sliding window; each sequence's blocks wholly before its rows' windows are then -1
+                  // in the table (given back, as a sliding-window model's pool does: worker/kvpool.h)
 };
 
 class CudaAttn : public CudaTest {
@@ -33,7 +35,11 @@ class CudaAttn : public CudaTest {
     std::vector<int32_t> bt((size_t)n_seqs * max_blocks, -1);
     int next = 0;
     for (int s = 0; s < n_seqs; s++)
-      for (int b = 0; b < (ac.seqs[s].past + ac.seqs[s].n_new + bs - 1) / bs; b++) bt[(size_t)s * max_blocks + b] = ids[next++];
+      for (int b = 0; b < (ac.seqs[s].past + ac.seqs[s].n_new + bs - 1) / bs; b++) {
+        int lo = ac.window > 0 ? std::max(0, ac.seqs[s].past - ac.window + 1) : 0; // the first row's first key
+        bt[(size_t)s * max_blocks + b] = (b + 1) * bs <= lo ? -1 : ids[next];
+        next++;
+      }
     // Rows: new tokens of every sequence, sequences interleaved row by row where they are decode rows.
     std::vector<int32_t> tok_seq, tok_pos;
     for (int s = 0; s < n_seqs; s++)
@@ -69,6 +75,7 @@ class CudaAttn : public CudaTest {
     ha.max_blocks = max_blocks;
     ha.kv_type = ac.kv_type;
     ha.scale = 1.0f / std::sqrt((float)ac.head_dim);
+    ha.window = ac.window;
     std::vector<uint8_t> kref = kc, vref = vc;
     ha.k_cache = kref.data();
     ha.v_cache = vref.data();
@@ -144,4 +151,16 @@ TEST_F(CudaAttn, OddHeadDims) {
   run({"head_dim 40 (5 lanes per key)", 6, 3, 40, KRN_F16, {{33, 1}, {0, 20}, {70, 1}}});
   run({"head_dim 12", 2, 1, 12, KRN_F32, {{5, 1}, {0, 9}}});
   run({"head_dim 256", 2, 1, 256, KRN_F16, {{200, 1}, {0, 40}}});
+}
+
+TEST_F(CudaAttn, SlidingWindow) {
+  // Gemma 3 270M's shape (4 query heads, 1 kv head, 256) and SmolLM2's, with windows shorter than the contexts; the
+  // blocks before each sequence's window are -1, as a sliding-window model's pool leaves them.
+  run({"window decode", 4, 1, 256, KRN_F16, {{600, 1}, {511, 1}, {512, 1}, {40, 1}, {2047, 1}}, 512});
+  run({"window decode small", 9, 3, 64, KRN_F16, {{100, 1}, {63, 1}, {64, 1}, {17, 1}, {4000, 1}}, 64});
+  run({"window prefill", 4, 1, 256, KRN_F16, {{0, 90}, {700, 60}}, 64});
+  run({"window prefill f32", 4, 2, 32, KRN_F32, {{37, 50}, {16, 33}}, 20});
+  std::vector<SeqSpec> seqs = {{0, 40}, {300, 70}};
+  for (int i = 0; i < 12; i++) seqs.push_back({(int)(rng() % 900), 1});
+  run({"window mixed", 9, 3, 64, KRN_F16, seqs, 128});
 }

@@ -157,6 +157,15 @@ TEST_F(CudaTest, ForwardMatchesCpu) {
   forward_matches_cpu(g, &gpu);
 }
 
+// Gemma 3 270M (scripts/fetch_gemma.sh): GELU FFN, q/k and post norms, sliding-window layers, K-quant weights.
+TEST_F(CudaTest, GemmaForwardMatchesCpu) {
+  const char *path = DSERVE_SOURCE_DIR "/models/weights/gemma-3-270m-q4_k_m.gguf";
+  char err[256] = "";
+  mdl_gguf *g = nullptr;
+  if (mdl_gguf_open(path, &g, err, sizeof err)) GTEST_SKIP() << "Gemma 3 absent (" << err << "); run scripts/fetch_gemma.sh";
+  forward_matches_cpu(g, &gpu);
+}
+
 // Runs where the real GGUF cannot be fetched (a GPU machine without network): the same check on random weights.
 TEST_F(CudaTest, ForwardMatchesCpuOnSyntheticModel) {
   auto bytes = dserve_test::synth_model(dserve_test::tiny_shape(), 11);

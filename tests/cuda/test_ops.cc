@@ -1,6 +1,10 @@
 // tests/cuda/test_ops.cc: each cuda op against the cpu scalar reference on random inputs of awkward sizes.
 #include "tests/cuda/cuda_util.h"
 
+extern "C" {
+#include "models/llama.h"
+}
+
 #include <algorithm>
 
 TEST(CudaBackend, InitRefusesMissingDevice) {
@@ -189,6 +193,31 @@ TEST_F(CudaTest, RopeMatchesReference) {
   }
 }
 
+TEST_F(CudaTest, RopeFreqsMatchesReference) {
+  ASSERT_NE(gpu.be->rope_freqs, nullptr);
+  for (int neox : {0, 1}) {
+    SCOPED_TRACE(neox);
+    const int n = 6, nh = 2, hd = 64;
+    mdl_rope_scaling sc{};
+    sc.type = MDL_ROPE_YARN;
+    sc.factor = 4;
+    sc.attn_factor = 1;
+    sc.n_ctx_orig = 2048;
+    sc.beta_fast = 32;
+    sc.beta_slow = 1;
+    std::vector<float> inv(hd / 2);
+    float mscale = 0;
+    mdl_rope_freqs(&sc, hd, 10000.0f, inv.data(), &mscale);
+    std::vector<float> x = rand_floats(rng, (size_t)n * nh * hd), ref = x;
+    std::vector<int32_t> pos = {0, 1, 17, 1000, 4095, 8000};
+    cpu.be->rope_freqs(&cpu, ref.data(), pos.data(), n, nh, hd, inv.data(), mscale, neox);
+    float *dx = dev(x);
+    gpu.be->rope_freqs(&gpu, dx, dev(pos), n, nh, hd, dev(inv), mscale, neox);
+    EXPECT_LT(rel_err(down(dx, x.size()), ref), 2e-3); // angles up to 8000 rad, as RopeMatchesReference
+    EXPECT_NE(rel_err(x, ref), 0.0);
+  }
+}
+
 TEST_F(CudaTest, ElementwiseMatchReference) {
   for (int64_t n : {1, 1000, 100003}) {
     SCOPED_TRACE(n);
@@ -199,11 +228,23 @@ TEST_F(CudaTest, ElementwiseMatchReference) {
     gpu.be->swiglu(&gpu, dg, dg, du, n); // out may equal gate
     EXPECT_LT(rel_err(down(dg, n), ref), 1e-5);
 
+    std::vector<float> gref(n);
+    cpu.be->geglu(&cpu, gref.data(), g.data(), u.data(), n);
+    float *dg2 = dev(g);
+    gpu.be->geglu(&gpu, dg2, dg2, du, n);
+    EXPECT_LT(rel_err(down(dg2, n), gref), 1e-5);
+
     std::vector<float> y = rand_floats(rng, n), x = rand_floats(rng, n), yr = y;
     cpu.be->add(&cpu, yr.data(), x.data(), n);
     float *dy = dev(y);
     gpu.be->add(&gpu, dy, dev(x), n);
     EXPECT_EQ(down(dy, n), yr);
+
+    std::vector<float> sr = x;
+    cpu.be->scale(&cpu, sr.data(), 25.3f, n);
+    float *dsx = dev(x);
+    gpu.be->scale(&gpu, dsx, 25.3f, n);
+    EXPECT_EQ(down(dsx, n), sr);
   }
 }
 
