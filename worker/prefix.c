@@ -392,6 +392,9 @@ int wrk_prefix_match(wrk_prefix *s, const int32_t *toks, int n_toks, int32_t *bl
     block_ids_out[n++] = s->ents[e].block;
     parent = e;
   }
+  // A sliding-window model's blocks may have given back their window pages: the match ends where its window would
+  // read one (worker/kvpool.h). What follows is then computed again, so it is not counted as a hit.
+  for (int usable = wrk_kvpool_usable_prefix(s->pool, block_ids_out, n); n > usable; n--) parent = s->ents[parent].parent;
   // The same walk goes on through the lower tiers: the tokens they are asked for are the ones not found before.
   int found[NT] = {n, 0, 0};
   for (int i = n, pe = parent; i < lim; i++) {
