@@ -31,9 +31,10 @@ struct mdl_llama {
   const mdl_gguf *g;   // (borrowed)
   krn_ctx *kc;         // (borrowed)
   int on_host;         // 1: weights used in place from the mapping
+  int f32_weights;     // 1: non-F32 weights dequantized into uploads at load (mdl_llama_opts)
   mdl_w tok_embd, output_norm, output;
   mdl_layer *layers;   // (owned) (n_layer)
-  void **uploads;      // (owned) (n_uploads) device copies of the weights (cuda)
+  void **uploads;      // (owned) (n_uploads) device copies of the weights (cuda), or their F32 copies (f32_weights)
   int n_uploads;
   const float *rope_freq; // (head_dim / 2) cfg.rope_inv_freq in backend memory when cfg.rope_scaled (an upload on cuda)
 
@@ -118,6 +119,30 @@ static int get_int(const mdl_gguf *g, const char *arch, const char *key, int req
   return 0;
 }
 
+// mdl_llama_opts.f32_weights: t's rows(rows, k) into an F32 copy in m->uploads, by the scalar backend's get_rows
+// (krn_scalar_dequant_row, the reference every backend is tested against), a bounded run of row ids at a time.
+static int dequant_w(mdl_llama *m, const char *name, const mdl_gguf_tensor *t, int64_t k, int64_t rows, mdl_w *out,
+                     char *err, size_t errlen) {
+  size_t bytes = (size_t)k * (size_t)rows * sizeof(float);
+  float *d = m->kc->be->alloc(m->kc, bytes);
+  if (!d) {
+    snprintf(err, errlen, "model: cannot allocate %zu bytes for %s in F32", bytes, name);
+    return -1;
+  }
+  m->uploads[m->n_uploads++] = d;
+  const krn_backend *sc = krn_cpu_scalar();
+  krn_ctx sctx = {sc, NULL, NULL};
+  int32_t ids[256];
+  for (int64_t r0 = 0; r0 < rows; r0 += 256) {
+    int n = rows - r0 < 256 ? (int)(rows - r0) : 256;
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(r0 + i);
+    sc->get_rows(&sctx, d + (size_t)r0 * (size_t)k, t->data, (krn_type)t->type, ids, n, (int)k);
+  }
+  out->data = d;
+  out->type = KRN_F32;
+  return 0;
+}
+
 // Finds a tensor, checks its type and its shape (ne0 = row length, ne1 = rows; ne1 0 for a vector).
 static int get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int optional, int f32_only, mdl_w *out,
                  char *err, size_t errlen) {
@@ -153,6 +178,7 @@ static int get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int o
     return -1;
   }
   out->type = (krn_type)t->type;
+  if (m->f32_weights && t->type != KRN_F32) return dequant_w(m, name, t, ne0, ne1 ? ne1 : 1, out, err, errlen);
   if (m->on_host) {
     out->data = t->data;
     return 0;
@@ -291,6 +317,11 @@ static int rope_scaling(mdl_llama *m, const mdl_gguf *g, const char *arch, char 
 }
 
 int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, size_t errlen) {
+  return mdl_llama_load_opts(g, kc, NULL, out, err, errlen);
+}
+
+int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o, mdl_llama **out, char *err,
+                        size_t errlen) {
   *out = NULL;
   if (!g || !kc || !kc->be) {
     snprintf(err, errlen, "model: no GGUF or no kernel context");
@@ -322,6 +353,12 @@ int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, s
   m->g = g;
   m->kc = kc;
   m->on_host = kc->be != krn_cuda();
+  m->f32_weights = o && o->f32_weights;
+  if (m->f32_weights && !m->on_host) {
+    snprintf(err, errlen, "model: F32 weights (a scoring reference) are for the cpu backends, not %s", kc->be->name);
+    free(m);
+    return -1;
+  }
   mdl_llama_cfg *c = &m->cfg;
   snprintf(c->arch, sizeof c->arch, "%s", arch);
   c->rope_neox = qwen2 || gemma3; // llama.cpp: LLAMA_ROPE_TYPE_NEOX for both

@@ -137,6 +137,17 @@ typedef struct mdl_llama mdl_llama;
 // Loads hyper-parameters and weights from g (borrowed; must outlive the model). On the cpu backends
 // the weights are used in place from the mapping; on cuda they are uploaded once.
 int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, size_t errlen);
+
+// What mdl_llama_load_opts may change about a load; zeroed (or NULL) is mdl_llama_load's.
+typedef struct mdl_llama_opts {
+  // 1: every weight not stored as F32 (F16, BF16, the quants) is dequantized to an F32 copy the model owns, by the
+  // scalar reference's dequantization, and the forward pass multiplies by that: the same numbers as the file, with
+  // none of the SIMD kernels' activation quantization. A reference for scoring (bench/accuracy.sh), not for serving:
+  // 4 bytes a weight. cpu backends only (cuda: -1 with err).
+  int f32_weights;
+} mdl_llama_opts;
+int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o, mdl_llama **out, char *err,
+                        size_t errlen);
 void mdl_llama_free(mdl_llama *m);
 const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m);
 

@@ -51,6 +51,7 @@ struct ModelEngine {
   mdl_kv kv{};
   const mdl_llama_cfg *cfg = nullptr;
   int next_block = 0;
+  mdl_llama_opts opts{}; // set before open (f32_weights)
   char err[512] = {0};
 
   // be NULL: the best this CPU has. A failure is reported (ADD_FAILURE) with hint after the file's error.
@@ -62,7 +63,7 @@ struct ModelEngine {
     pool = krn_pool_new(2, err, sizeof err);
     kc.be = be ? be : krn_cpu_best();
     kc.pool = pool;
-    if (mdl_llama_load(g, &kc, &m, err, sizeof err) != 0) {
+    if (mdl_llama_load_opts(g, &kc, &opts, &m, err, sizeof err) != 0) {
       ADD_FAILURE() << err;
       return false;
     }
