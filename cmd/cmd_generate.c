@@ -21,6 +21,7 @@ typedef struct gen_opts {
   int bench_pp, bench_tg, bench_batch; // --bench: prompt tokens, decode steps, concurrent sequences
   float temp, top_p;
   uint64_t seed;
+  cmd_engine_load lo; // --f32-weights, --f32-kv
 } gen_opts;
 
 static void usage(FILE *f) {
@@ -36,7 +37,8 @@ static void usage(FILE *f) {
           "  --chat              wrap the prompt in the model's chat template\n"
           "  --threads N         cpu threads (default: number of CPUs)\n"
           "  --kernels K         scalar|avx2|avx2vnni|avx512|auto|cuda (default auto)\n"
-          "  --bench             time prompt processing and decode at batch 1 and batch B (no text)\n");
+          "  --bench             time prompt processing and decode at batch 1 and batch B (no text)\n"
+          CMD_ENGINE_LOAD_USAGE);
 }
 
 static double now_s(void) {
@@ -70,6 +72,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
     if (!strcmp(a, "--bench")) { o->bench = 1; continue; }
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
+    if (cmd_engine_load_flag(a, &o->lo)) continue;
     if (i + 1 >= argc) {
       fprintf(stderr, "dserve generate: %s needs a value\n", a);
       return -1;
@@ -284,7 +287,7 @@ int cmd_generate(int argc, char **argv) {
   }
   char err[512] = {0};
   cmd_engine e;
-  if (cmd_engine_open(&e, o.model, o.kernels, o.threads, err, sizeof err) != 0) {
+  if (cmd_engine_open(&e, o.model, o.kernels, o.threads, &o.lo, err, sizeof err) != 0) {
     fprintf(stderr, "dserve generate: %s\n", err);
     return 1;
   }

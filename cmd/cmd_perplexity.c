@@ -16,6 +16,7 @@ typedef struct ppl_opts {
   int ctx;    // 0: 512, or the base file's with --kl-base
   int chunks; // -1: as many as the text holds
   int threads;
+  cmd_engine_load lo; // --f32-weights, --f32-kv
 } ppl_opts;
 
 static void usage(FILE *f) {
@@ -32,7 +33,8 @@ static void usage(FILE *f) {
           "  --kl-base BASE      the file `llama-perplexity --kl-divergence-base BASE` wrote: score its tokens and\n"
           "                      print the KL divergence from its log-probabilities; --file, if given, must tokenize\n"
           "                      to the same tokens (checked)\n"
-          "  --save-logits OUT   write this run's log-probabilities in the same format (a base for a later run)\n");
+          "  --save-logits OUT   write this run's log-probabilities in the same format (a base for a later run)\n"
+          CMD_ENGINE_LOAD_USAGE);
 }
 
 static int parse_args(int argc, char **argv, ppl_opts *o) {
@@ -44,6 +46,7 @@ static int parse_args(int argc, char **argv, ppl_opts *o) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
+    if (cmd_engine_load_flag(a, &o->lo)) continue;
     if (i + 1 >= argc) {
       fprintf(stderr, "dserve perplexity: %s needs a value\n", a);
       return -1;
@@ -214,8 +217,9 @@ static int run(cmd_engine *e, const ppl_run *p, char *err, size_t errlen) {
   double sum = 0, sum2 = 0;
   long count = 0;
   mdl_kld_acc acc = {0};
-  fprintf(stderr, "perplexity: %d chunks of %d tokens, scoring %d per chunk (%s, %d threads)\n", p->n_chunk, n_ctx, S,
-          e->kc.be->name, krn_pool_threads(e->pool));
+  fprintf(stderr, "perplexity: %d chunks of %d tokens, scoring %d per chunk (%s, %d threads, %s weights, %s KV)\n",
+          p->n_chunk, n_ctx, S, e->kc.be->name, krn_pool_threads(e->pool), e->lo.f32_weights ? "F32" : "the file's",
+          e->kv.type == KRN_F32 ? "F32" : "F16");
   for (int c = 0; c < p->n_chunk; c++) {
     const int32_t *src = p->tokens + (size_t)c * n_ctx;
     memcpy(chunk, src, (size_t)n_ctx * sizeof *chunk);
@@ -326,7 +330,7 @@ int cmd_perplexity(int argc, char **argv) {
   FILE *save = NULL;
   ppl_run p = {0};
   int rc = 1;
-  if (cmd_engine_open(&e, o.model, o.kernels, o.threads, err, sizeof err) != 0) {
+  if (cmd_engine_open(&e, o.model, o.kernels, o.threads, &o.lo, err, sizeof err) != 0) {
     fprintf(stderr, "dserve perplexity: %s\n", err);
     return 1;
   }

@@ -21,6 +21,13 @@ int cmd_engine_opts_ok(const char *cmd, const char *model, const char *kernels) 
   return 0;
 }
 
+int cmd_engine_load_flag(const char *a, cmd_engine_load *lo) {
+  if (!strcmp(a, "--f32-weights")) lo->f32_weights = 1;
+  else if (!strcmp(a, "--f32-kv")) lo->f32_kv = 1;
+  else return 0;
+  return 1;
+}
+
 void cmd_engine_close(cmd_engine *e) {
   if (e->kv.base) e->kc.be->free(&e->kc, e->kv.base);
   mdl_llama_free(e->m);
@@ -30,8 +37,10 @@ void cmd_engine_close(cmd_engine *e) {
   memset(e, 0, sizeof *e);
 }
 
-int cmd_engine_open(cmd_engine *e, const char *model, const char *kernels, int threads, char *err, size_t errlen) {
+int cmd_engine_open(cmd_engine *e, const char *model, const char *kernels, int threads, const cmd_engine_load *lo,
+                    char *err, size_t errlen) {
   memset(e, 0, sizeof *e);
+  if (lo) e->lo = *lo;
   const krn_backend *be = NULL;
   if (!strcmp(kernels, "auto")) be = krn_cpu_best();
   else if (!strcmp(kernels, "cuda")) be = krn_cuda();
@@ -49,7 +58,8 @@ int cmd_engine_open(cmd_engine *e, const char *model, const char *kernels, int t
     if (be->ctx_init(&e->kc, 0, err, errlen) != 0) goto fail;
     e->kc_init = 1;
   }
-  if (mdl_llama_load(e->g, &e->kc, &e->m, err, errlen) != 0) goto fail;
+  mdl_llama_opts mo = {.f32_weights = e->lo.f32_weights};
+  if (mdl_llama_load_opts(e->g, &e->kc, &mo, &e->m, err, errlen) != 0) goto fail;
   e->cfg = mdl_llama_config(e->m);
   return 0;
 fail:
@@ -58,7 +68,7 @@ fail:
 }
 
 int cmd_engine_kv(cmd_engine *e, int n_blocks, char *err, size_t errlen) {
-  e->kv.type = KRN_F16;
+  e->kv.type = e->lo.f32_kv ? KRN_F32 : KRN_F16;
   e->kv.block_size = 16;
   e->kv.n_blocks = n_blocks;
   size_t bytes = mdl_kv_block_bytes(e->cfg, e->kv.type, e->kv.block_size) * (size_t)n_blocks;

@@ -8,6 +8,20 @@
 #include "models/gguf.h"
 #include "models/llama.h"
 
+// What --f32-weights and --f32-kv change (zeroed: the file's weights in place, an F16 KV cache): the exact
+// reference bench/accuracy.sh scores against.
+typedef struct cmd_engine_load {
+  int f32_weights; // mdl_llama_opts.f32_weights (cpu kernels only)
+  int f32_kv;      // the KV cache in F32 rather than F16
+} cmd_engine_load;
+
+// The usage lines of the two flags, and their parser: 1 when a is one of them (set in *lo), else 0.
+#define CMD_ENGINE_LOAD_USAGE                                                                                        \
+  "  --f32-weights       dequantize every weight to F32 at load (the scalar reference's dequantization) and\n"      \
+  "                      multiply by that: a scoring reference, 4 bytes a weight; cpu kernels only\n"              \
+  "  --f32-kv            keep the KV cache in F32 (default F16, as llama.cpp)\n"
+int cmd_engine_load_flag(const char *a, cmd_engine_load *lo);
+
 // The backend, thread pool, model and a KV cache of its own (all owned; zeroed when closed).
 typedef struct cmd_engine {
   mdl_gguf *g;
@@ -17,6 +31,7 @@ typedef struct cmd_engine {
   mdl_llama *m;
   const mdl_llama_cfg *cfg; // (borrowed from m)
   mdl_kv kv;
+  cmd_engine_load lo;
 } cmd_engine;
 
 // The names --kernels takes, for usage lines and errors.
@@ -25,10 +40,11 @@ typedef struct cmd_engine {
 // found at open) and --model is given. 0, or -1 after saying which on stderr as "dserve CMD: ...".
 int cmd_engine_opts_ok(const char *cmd, const char *model, const char *kernels);
 
-// Opens the model on the named kernels with threads cpu threads. -1 with err.
-int cmd_engine_open(cmd_engine *e, const char *model, const char *kernels, int threads, char *err, size_t errlen);
+// Opens the model on the named kernels with threads cpu threads, as lo says (NULL: the defaults). -1 with err.
+int cmd_engine_open(cmd_engine *e, const char *model, const char *kernels, int threads, const cmd_engine_load *lo,
+                    char *err, size_t errlen);
 void cmd_engine_close(cmd_engine *e);
-// Allocates the KV cache: n_blocks blocks of 16 tokens, F16 (once per engine).
+// Allocates the KV cache: n_blocks blocks of 16 tokens, F16 (F32 with --f32-kv) (once per engine).
 int cmd_engine_kv(cmd_engine *e, int n_blocks, char *err, size_t errlen);
 
 // Parses a whole decimal integer in [lo, hi]; -1 on anything else.

@@ -30,6 +30,15 @@ TEST(Generate, GreedyTextMatchesLlamaCpp) {
   ASSERT_EQ(rc, 0) << err;
   EXPECT_FALSE(out.empty());
   EXPECT_EQ(out.find("<|im_start|>"), std::string::npos) << out;
+  // the weights dequantized to F32 at load and an F32 cache: the scalar kernels' greedy text (which multiply the
+  // same dequantized weights exactly; it parts from llama.cpp's at a near tie, " answer" for " United")
+  const std::string p = std::string("generate --model '") + kModel + "' --prompt 'The capital of France is' -n 6 "
+                        "--threads 2 ";
+  std::string scalar;
+  ASSERT_EQ(run_dserve(p + "--kernels scalar", &scalar, &err), 0) << err;
+  ASSERT_EQ(run_dserve(p + "--f32-weights --f32-kv", &out, &err), 0) << err;
+  EXPECT_EQ(out, scalar);
+  EXPECT_EQ(out.rfind(" Paris.\n\nThe", 0), 0u) << out;
 }
 
 TEST(Generate, BadArgumentsGiveUsageAndExitTwo) {
@@ -43,6 +52,8 @@ TEST(Generate, BadArgumentsGiveUsageAndExitTwo) {
   EXPECT_EQ(run_dserve(std::string("generate --model '") + kModel + "' --prompt x -n", &out, &err), 2);
   EXPECT_EQ(run_dserve(std::string("generate --model '") + kModel + "' --prompt x --kernels nosuch", &out, &err), 2);
   EXPECT_NE(err.find("nosuch"), std::string::npos) << err;
+  EXPECT_EQ(run_dserve(std::string("generate --model '") + kModel + "' --prompt x --f32-weights=yes -n 1", &out, &err), 2);
+  EXPECT_NE(err.find("unknown option --f32-weights=yes"), std::string::npos) << err;
   EXPECT_EQ(run_dserve("generate --model /nonexistent.gguf --prompt x", &out, &err), 1);
   EXPECT_NE(err.find("nonexistent"), std::string::npos) << err;
 }

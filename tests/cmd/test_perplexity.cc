@@ -14,6 +14,10 @@
 #include "tests/models/gguf_writer.h"
 #include "tests/run_dserve.h"
 
+extern "C" {
+#include "kernels/krn.h"
+}
+
 namespace {
 
 using cmdtest::run_dserve;
@@ -26,7 +30,7 @@ const int kVocab = 257; // the 256 bytes, then <|endoftext|>
 // projection of zeros, so every logit is 0 and every prediction uniform.
 // n_vocab: tokens in the vocabulary (the extras are user-defined tokens "<extra_N>"); n_rows: rows of the embedding
 // (n_vocab when -1).
-std::vector<uint8_t> tiny_model(bool zero_output, bool add_bos, int n_vocab = kVocab, int n_rows = -1) {
+std::vector<uint8_t> tiny_model(bool zero_output, bool add_bos, int n_vocab = kVocab, int n_rows = -1, bool f16 = false) {
   if (n_rows < 0) n_rows = n_vocab;
   const int E = 64, F = 128, L = 2, H = 2, KVH = 1, HD = E / H;
   GgufWriter w;
@@ -67,20 +71,30 @@ std::vector<uint8_t> tiny_model(bool zero_output, bool add_bos, int n_vocab = kV
       memcpy(&w.tensors.back().data[i * 4], &x, 4);
     }
   };
-  f32("token_embd.weight", {E, n_rows}, -0.2f, 0.2f); // tied: logits of a few nats, not hundreds
+  auto mat = [&](const std::string &name, std::vector<int64_t> ne, float lo, float hi) { // f16: the matrices in F16
+    if (!f16) return f32(name, ne, lo, hi);
+    size_t n = (size_t)(ne[0] * ne[1]);
+    w.tensor(name, ne, 1 /* F16 */, n * 2);
+    std::uniform_real_distribution<float> u(lo, hi);
+    for (size_t i = 0; i < n; i++) {
+      krn_f16 h = krn_f32_to_f16(u(rng));
+      memcpy(&w.tensors.back().data[i * 2], &h, 2);
+    }
+  };
+  mat("token_embd.weight", {E, n_rows}, -0.2f, 0.2f); // tied: logits of a few nats, not hundreds
   f32("output_norm.weight", {E}, 0.8f, 1.2f);
   if (zero_output) f32("output.weight", {E, n_rows}, 0, 0);
   for (int l = 0; l < L; l++) {
     const std::string p = "blk." + std::to_string(l) + ".";
     f32(p + "attn_norm.weight", {E}, 0.8f, 1.2f);
-    f32(p + "attn_q.weight", {E, E}, -0.2f, 0.2f);
-    f32(p + "attn_k.weight", {E, KVH * HD}, -0.2f, 0.2f);
-    f32(p + "attn_v.weight", {E, KVH * HD}, -0.2f, 0.2f);
-    f32(p + "attn_output.weight", {E, E}, -0.1f, 0.1f);
+    mat(p + "attn_q.weight", {E, E}, -0.2f, 0.2f);
+    mat(p + "attn_k.weight", {E, KVH * HD}, -0.2f, 0.2f);
+    mat(p + "attn_v.weight", {E, KVH * HD}, -0.2f, 0.2f);
+    mat(p + "attn_output.weight", {E, E}, -0.1f, 0.1f);
     f32(p + "ffn_norm.weight", {E}, 0.8f, 1.2f);
-    f32(p + "ffn_gate.weight", {E, F}, -0.2f, 0.2f);
-    f32(p + "ffn_up.weight", {E, F}, -0.2f, 0.2f);
-    f32(p + "ffn_down.weight", {F, E}, -0.1f, 0.1f);
+    mat(p + "ffn_gate.weight", {E, F}, -0.2f, 0.2f);
+    mat(p + "ffn_up.weight", {E, F}, -0.2f, 0.2f);
+    mat(p + "ffn_down.weight", {F, E}, -0.1f, 0.1f);
   }
   return w.bytes();
 }
@@ -182,6 +196,34 @@ TEST(Perplexity, SavedLogitsAreABaseWithKlZeroAgainstTheSameRun) {
   EXPECT_NEAR(figure(out, "Mean    KLD: "), 0, 1e-5) << out;
 }
 
+// --f32-weights: F16 matrices dequantized at load. On the scalar kernels (which multiply every weight type's scalar
+// dequantization in double) the figures are the file's to the last digit; on the best kernels (F16 dot products
+// there, F32 ones with the flag) within float rounding. --f32-kv changes only the KV cache's rounding.
+TEST(Perplexity, F32WeightsAndKvScoreAsTheFile) {
+  ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
+  Tmp t;
+  std::string m = t.write("tiny16.gguf", tiny_model(false, true, kVocab, -1, true)), f = t.write("text.txt", text(300));
+  std::string out, err, base = t.dir + "/base.kld";
+  auto ppl = [&](const std::string &args) {
+    EXPECT_EQ(run_dserve("perplexity --model " + m + " --file " + f + " --ctx 64 --threads 2 " + args, &out, &err), 0)
+        << args << ": " << err;
+    return figure(out, "PPL = ");
+  };
+  double file = ppl("--kernels scalar");
+  EXPECT_NE(err.find("the file's weights, F16 KV"), std::string::npos) << err;
+  EXPECT_EQ(ppl("--kernels scalar --f32-weights"), file);
+  EXPECT_NE(err.find("F32 weights, F16 KV"), std::string::npos) << err;
+  double kv32 = ppl("--kernels scalar --f32-weights --f32-kv --save-logits " + base);
+  EXPECT_NE(err.find("F32 weights, F32 KV"), std::string::npos) << err;
+  EXPECT_NEAR(kv32, file, file * 1e-3);
+  for (const char *flags : {"", "--f32-weights"}) { // against the exact reference, as bench/accuracy.sh does
+    ASSERT_EQ(run_dserve("perplexity --model " + m + " --kl-base " + base + " --threads 2 --kernels auto " + flags,
+                         &out, &err), 0) << err;
+    EXPECT_NEAR(figure(out, "PPL = "), kv32, kv32 * 1e-3) << flags;
+    EXPECT_LT(figure(out, "Mean    KLD: "), 1e-5) << flags << out;
+  }
+}
+
 TEST(Perplexity, BadArgumentsAndFilesGetAMessage) {
   ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
   Tmp t;
@@ -199,6 +241,8 @@ TEST(Perplexity, BadArgumentsAndFilesGetAMessage) {
   fails("--model " + m + " --file", 2, "--file needs a value");
   fails("--model " + m + " --file " + f + " --kernels nosuch", 2, "nosuch");
   fails("--model " + m + " --kl-base x --save-logits y", 2, "do not go together");
+  fails("--model " + m + " --file " + f + " --f32-weights=1 --ctx 32", 2, "unknown option --f32-weights=1");
+  fails("--model " + m + " --file " + f + " --f32-kv f16 --ctx 32", 2, "unknown option f16");
   fails("--model /nonexistent.gguf --file " + f, 1, "nonexistent");
   fails("--model " + m + " --file /nonexistent.txt", 1, "/nonexistent.txt");
   fails("--model " + m + " --file " + f + " --ctx 256", 1, "a context of 256 needs at least 512");
