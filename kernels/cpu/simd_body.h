@@ -455,6 +455,32 @@ static void simd_swiglu(krn_ctx *c, float *out, const float *gate, const float *
   else swiglu_span(&t, 0, n);
 }
 
+// gelu's tanh approximation as the scalar reference writes it, 0.5 g (1 + tanh(z)) with z = sqrt(2 / pi) g (1 +
+// 0.044715 g^2), is g * sigmoid(2 z) = g / (1 + exp(-2 z)): swiglu's shape with another exponent, so the same v_exp
+// serves (its clamp keeps exp finite: a large negative g gives g / 3.4e38, ~0, where the reference gives -0).
+static void geglu_span(const ew_task *t, int64_t lo, int64_t hi) {
+  int64_t i = lo;
+  const float k2 = -2.0f * 0.7978845608028654f; // -2 sqrt(2 / pi)
+  const vf one = v_set1(1.0f), vk2 = v_set1(k2), c = v_set1(0.044715f);
+  for (; i + VL <= hi; i += VL) {
+    vf g = v_load(t->a + i);
+    vf z = v_mul(v_mul(vk2, g), v_fma(v_mul(c, g), g, one));
+    v_store(t->out + i, v_mul(v_div(g, v_add(one, v_exp(z))), v_load(t->b + i)));
+  }
+  if (i < hi) krn_scalar_geglu(NULL, t->out + i, t->a + i, t->b + i, hi - i);
+}
+static void geglu_run(void *vp, int ith, int nth) {
+  const ew_task *t = vp;
+  int64_t lo, hi;
+  ew_range(t->n, ith, nth, &lo, &hi);
+  geglu_span(t, lo, hi);
+}
+static void simd_geglu(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n) {
+  ew_task t = {out, gate, up, n, 0, 0};
+  if (n >= 4 * KRN_PAR_MIN) krn_cpu_par(c, geglu_run, &t);
+  else geglu_span(&t, 0, n);
+}
+
 static void add_span(const ew_task *t, int64_t lo, int64_t hi) {
   int64_t i = lo;
   for (; i + VL <= hi; i += VL) v_store(t->out + i, v_add(v_load(t->out + i), v_load(t->a + i)));
@@ -619,7 +645,7 @@ static const krn_backend simd_backend = {
     .event_free = krn_scalar_event_noop,
     .event_record = krn_scalar_event_noop,
     .event_wait = krn_scalar_event_noop,
-    .geglu = krn_scalar_geglu, // per element tanh: left scalar (a small share of a step)
+    .geglu = simd_geglu,
     .scale = krn_scalar_scale,
     .attn_window = 1,
     .rope_freqs = krn_scalar_rope_freqs,

@@ -252,7 +252,7 @@ TEST_P(KrnOps, RopeRandomMatchesDouble) {
   }
 }
 
-TEST_P(KrnOps, SwigluAddSoftmax) {
+TEST_P(KrnOps, SwigluGegluAddSoftmax) {
   std::mt19937 rng(13);
   for (int64_t n : {1, 7, 33, 1536, 4099}) {
     auto g = random_floats(rng, n, -12, 12), u = random_floats(rng, n, -2, 2);
@@ -263,6 +263,18 @@ TEST_P(KrnOps, SwigluAddSoftmax) {
       double want = g[i] / (1 + std::exp(-(double)g[i])) * u[i];
       ASSERT_NEAR(out[i], want, 2e-6 * std::fabs(want) + 1e-7) << "swiglu n=" << n << " g=" << g[i];
       ASSERT_EQ(inpl[i], out[i]);
+    }
+    // geglu: gelu's tanh approximation (Gemma 3's FFN) against the scalar reference's formula in double, over the
+    // range where its tanh saturates both ways; the reference's float 1 + tanh(z) cancels for negative z, an error
+    // of a few float ulps of 1 times |g u| (the SIMD tables' g / (1 + exp(-2 z)) has no such cancellation)
+    std::vector<float> ge(n), gin = g;
+    be->geglu(&ctx, ge.data(), g.data(), u.data(), n);
+    be->geglu(&ctx, gin.data(), gin.data(), u.data(), n);
+    for (int64_t i = 0; i < n; i++) {
+      double x = g[i], want = 0.5 * x * (1 + std::tanh(0.7978845608028654 * x * (1 + 0.044715 * x * x))) * u[i];
+      ASSERT_NEAR(ge[i], want, 4e-6 * std::fabs(want) + 3e-7 * std::fabs(x * u[i]) + 1e-7)
+          << "geglu n=" << n << " g=" << g[i];
+      ASSERT_EQ(gin[i], ge[i]);
     }
     auto y = random_floats(rng, n), x = random_floats(rng, n), y0 = y;
     be->add(&ctx, y.data(), x.data(), n);
