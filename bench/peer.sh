@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/peer.sh: builds the llama.cpp peer (llama-server, llama-bench, ...) once, outside the repo, and prints its bin dir.
 # The sources are the llama.cpp that llama-cpp-python's sdist vendors (PyPI is reachable here, GitHub is not), built
-# for this machine's ISA without -march=native and without AMX: the CPU reports AMX but AMX instructions trap.
+# for this machine's ISA without -march=native and without AMX: the CPU may report AMX but AMX instructions trap.
+# The ISA options are the ones /proc/cpuinfo lists (an Intel machine here has AVX-VNNI, an AMD one only AVX512-VNNI,
+# and a build with the other's options dies of SIGILL); each option set gets its own build folder.
 # Idempotent: when $dir/bin holds every binary and passes the smoke check, nothing is downloaded or built.
 # Env: PEER_VERSION (llama-cpp-python version, pinned so a second run needs no network; default below),
 #      PEER_CACHE ($HOME/.cache/dserve/llama.cpp), PEER_JOBS (2), PIP (pip3), MODEL (GGUF for the smoke run).
@@ -9,7 +11,15 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 version=${PEER_VERSION:-0.3.36}
-dir=${PEER_CACHE:-$HOME/.cache/dserve/llama.cpp}/$version
+cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+isa_opts=() isa_tag=""
+# ggml option : cpuinfo flag; AMX stays off whatever the CPU says
+for pair in AVX2:avx2 FMA:fma F16C:f16c BMI2:bmi2 AVX512:avx512f AVX512_VNNI:avx512_vnni AVX512_VBMI:avx512vbmi \
+            AVX512_BF16:avx512_bf16 AVX_VNNI:avx_vnni; do
+  opt=${pair%%:*} flag=${pair#*:}
+  if [[ $cpu_flags == *" $flag "* ]]; then isa_opts+=("-DGGML_$opt=ON") isa_tag+="-$flag"; else isa_opts+=("-DGGML_$opt=OFF"); fi
+done
+dir=${PEER_CACHE:-$HOME/.cache/dserve/llama.cpp}/$version${isa_tag}
 jobs=${PEER_JOBS:-2}
 pip=${PIP:-pip3}
 model=${MODEL:-$root/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -52,8 +62,7 @@ fi
 # still meaningful in older ones. No UI: the server's web page would be downloaded from Hugging Face.
 echo "peer: configuring llama.cpp in $dir/build (log: $dir/build.log)" >&2
 cmake -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-  -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
-  -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX_VNNI=ON \
+  -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON "${isa_opts[@]}" \
   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >"$dir/build.log" 2>&1 ||

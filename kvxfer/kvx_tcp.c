@@ -76,7 +76,7 @@ static int serve_vec(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
   int rc = kvx_srv_recv(v, d, n * sizeof *d, a->timeout_ms, 0);
   if (!rc && !wr && nl) rc = kvx_srv_recv(v, v->nbuf, nl, a->timeout_ms, 0);
   if (rc) return lost(rc, wr ? "write" : "read", why, cap);
-  uint64_t total;
+  uint64_t total = 0; // check_descs leaves it unset on a refusal, and the reply header is built either way
   pthread_rwlock_rdlock(&a->reg_lock);
   rc = check_descs(a, d, n, iov + 1, &total, why, cap);
   if (rc == KVX_SRV_OK && total != h->len) {

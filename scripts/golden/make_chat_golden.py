@@ -26,7 +26,10 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models/weights/SmolLM2-135M-Instruct.Q4_1.gguf")
 OUT = os.path.join(ROOT, "tests/models/golden/chat_families.json")
-BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.expanduser("~/.cache/dserve/llama.cpp/0.3.36/bin")
+# the peer's bin dir: bench/peer.sh prints it (building the peer the first time)
+BIN = sys.argv[1] if len(sys.argv) > 1 else subprocess.run(
+    [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "peer.sh")],
+    check=True, capture_output=True, text=True).stdout.strip()
 
 FAMILIES = {"chatml": "chatml", "llama3": "llama3", "gemma": "gemma", "mistral": "mistral-v3", "phi3": "phi3"}
 TEMPLATES = os.path.join(os.path.dirname(BIN), "src/vendor/llama.cpp/models/templates")

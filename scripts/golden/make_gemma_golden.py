@@ -25,7 +25,10 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models/weights/gemma-3-270m-q4_k_m.gguf")
 OUT = os.path.join(ROOT, "tests/models/golden")
-BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.expanduser("~/.cache/dserve/llama.cpp/0.3.36/bin")
+# the peer's bin dir: bench/peer.sh prints it (building the peer the first time)
+BIN = sys.argv[1] if len(sys.argv) > 1 else subprocess.run(
+    [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "peer.sh")],
+    check=True, capture_output=True, text=True).stdout.strip()
 N_GEN = 24
 N_PROBS = 20
 

@@ -29,7 +29,10 @@ import gguf
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models/weights/SmolLM2-135M-Instruct.Q4_1.gguf")
 OUT = os.path.join(ROOT, "tests/models/golden/pretok.json")
-BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.expanduser("~/.cache/dserve/llama.cpp/0.3.36/bin")
+# the peer's bin dir: bench/peer.sh prints it (building the peer the first time)
+BIN = sys.argv[1] if len(sys.argv) > 1 else subprocess.run(
+    [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "peer.sh")],
+    check=True, capture_output=True, text=True).stdout.strip()
 PRES = ["llama-bpe", "qwen2"]
 EXTRA_TOKENS = ["12", "123", "45", "456", "zzzq"]
 EXTRA_MERGES = ["1 2", "12 3", "4 5", "45 6"]
