@@ -36,6 +36,11 @@ void krn_scalar_sync(krn_ctx *c);
 void *krn_scalar_event_new(krn_ctx *c);
 void krn_scalar_event_noop(krn_ctx *c, void *ev);
 void krn_scalar_get_rows(krn_ctx *c, float *out, const void *w, krn_type wt, const int32_t *ids, int n, int k);
+// Rotates rows [t0, t1) of x by pos * inv_freq(head_dim / 2), cos and sin scaled by mscale (the one loop of rope and
+// rope_freqs, which the SIMD backends run on the pool); inv_freq of plain RoPE from krn_scalar_rope_inv_freq (malloc).
+void krn_scalar_rope_span(float *x, const int32_t *pos, int t0, int t1, int n_head, int head_dim,
+                          const float *inv_freq, float mscale, int neox);
+float *krn_scalar_rope_inv_freq(float theta, int head_dim);
 void krn_scalar_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, float theta, int neox);
 void krn_scalar_rope_freqs(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim,
                            const float *inv_freq, float mscale, int neox);

@@ -210,29 +210,10 @@ static void scalar_rmsnorm(krn_ctx *c, float *out, const float *x, const float *
   }
 }
 
-void krn_scalar_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, float theta, int neox) {
-  (void)c;
+void krn_scalar_rope_span(float *x, const int32_t *pos, int t0, int t1, int n_head, int head_dim,
+                          const float *inv_freq, float mscale, int neox) {
   int half = head_dim / 2;
-  for (int t = 0; t < n; t++) {
-    for (int i = 0; i < half; i++) {
-      float freq = powf(theta, -2.0f * (float)i / (float)head_dim);
-      float ang = (float)pos[t] * freq, cs = cosf(ang), sn = sinf(ang);
-      for (int h = 0; h < n_head; h++) {
-        float *v = x + ((size_t)t * n_head + h) * head_dim;
-        int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-        float x0 = v[a], x1 = v[b];
-        v[a] = x0 * cs - x1 * sn;
-        v[b] = x0 * sn + x1 * cs;
-      }
-    }
-  }
-}
-
-void krn_scalar_rope_freqs(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim,
-                           const float *inv_freq, float mscale, int neox) {
-  (void)c;
-  int half = head_dim / 2;
-  for (int t = 0; t < n; t++) {
+  for (int t = t0; t < t1; t++) {
     for (int i = 0; i < half; i++) {
       float ang = (float)pos[t] * inv_freq[i], cs = cosf(ang) * mscale, sn = sinf(ang) * mscale;
       for (int h = 0; h < n_head; h++) {
@@ -244,6 +225,26 @@ void krn_scalar_rope_freqs(krn_ctx *c, float *x, const int32_t *pos, int n, int 
       }
     }
   }
+}
+
+float *krn_scalar_rope_inv_freq(float theta, int head_dim) {
+  float *f = malloc((size_t)(head_dim / 2 + 1) * sizeof(float));
+  if (!f) abort(); // half a head of floats: only impossible sizes fail here
+  for (int i = 0; i < head_dim / 2; i++) f[i] = powf(theta, -2.0f * (float)i / (float)head_dim);
+  return f;
+}
+
+void krn_scalar_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, float theta, int neox) {
+  (void)c;
+  float *f = krn_scalar_rope_inv_freq(theta, head_dim);
+  krn_scalar_rope_span(x, pos, 0, n, n_head, head_dim, f, 1.0f, neox);
+  free(f);
+}
+
+void krn_scalar_rope_freqs(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim,
+                           const float *inv_freq, float mscale, int neox) {
+  (void)c;
+  krn_scalar_rope_span(x, pos, 0, n, n_head, head_dim, inv_freq, mscale, neox);
 }
 
 static void scalar_swiglu(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n) {

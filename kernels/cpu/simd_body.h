@@ -5,6 +5,7 @@
 // Defines one table; the including file names it KRN_SIMD_TABLE and its name string KRN_SIMD_NAME.
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -530,97 +531,338 @@ static void simd_softmax(krn_ctx *c, float *x, int n, int d) {
   else softmax_run(&t, 0, 1);
 }
 
-// ---- paged attention: work items are (token, head) pairs, dealt round-robin to balance causal rows ----
+// ---- rope and kv_store: the scalar loops, spread over the pool by rows (the same arithmetic, so the same bits) ----
+
+typedef struct rope_task {
+  float *x;
+  const int32_t *pos;
+  int n, n_head, head_dim, neox;
+  const float *inv_freq; // (head_dim / 2)
+  float mscale;
+} rope_task;
+static void rope_run(void *vp, int ith, int nth) {
+  const rope_task *t = vp;
+  int64_t lo, hi;
+  krn_cpu_range(t->n, ith, nth, &lo, &hi);
+  krn_scalar_rope_span(t->x, t->pos, (int)lo, (int)hi, t->n_head, t->head_dim, t->inv_freq, t->mscale, t->neox);
+}
+static void rope_rows(krn_ctx *c, rope_task *t) {
+  if ((int64_t)t->n * t->n_head * t->head_dim >= KRN_PAR_MIN && t->n > 1) krn_cpu_par(c, rope_run, t);
+  else rope_run(t, 0, 1);
+}
+static void simd_rope(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, float theta, int neox) {
+  float *f = krn_scalar_rope_inv_freq(theta, head_dim);
+  rope_task t = {x, pos, n, n_head, head_dim, neox, f, 1.0f};
+  rope_rows(c, &t);
+  free(f);
+}
+static void simd_rope_freqs(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim,
+                            const float *inv_freq, float mscale, int neox) {
+  rope_task t = {x, pos, n, n_head, head_dim, neox, inv_freq, mscale};
+  rope_rows(c, &t);
+}
+
+#ifdef KRN_W512
+#define v_storeh(p, v) _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+#else
+#define v_storeh(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+#endif
+typedef struct kvs_task {
+  const float *k, *v;
+  const krn_attn_args *a;
+} kvs_task;
+static void kvs_run(void *vp, int ith, int nth) {
+  const kvs_task *t = vp;
+  const krn_attn_args *a = t->a;
+  int kvd = a->n_kv_head * a->head_dim;
+  int64_t lo, hi;
+  krn_cpu_range(a->n_tokens, ith, nth, &lo, &hi);
+  for (int64_t i = lo; i < hi; i++) {
+    int32_t blk = krn_cpu_block_of(a, a->tok_seq[i], a->tok_pos[i]);
+    if (blk < 0) continue; // outside the sequence's block table: nothing to write
+    size_t off = ((size_t)blk * a->block_size + (size_t)(a->tok_pos[i] % a->block_size)) * kvd;
+    const float *kt = t->k + (size_t)i * kvd, *vt = t->v + (size_t)i * kvd;
+    if (a->kv_type == KRN_F32) {
+      memcpy((float *)a->k_cache + off, kt, (size_t)kvd * sizeof(float));
+      memcpy((float *)a->v_cache + off, vt, (size_t)kvd * sizeof(float));
+      continue;
+    }
+    krn_f16 *kc = (krn_f16 *)a->k_cache + off, *vc = (krn_f16 *)a->v_cache + off;
+    int j = 0;
+    for (; j + VL <= kvd; j += VL) { v_storeh(kc + j, v_load(kt + j)); v_storeh(vc + j, v_load(vt + j)); }
+    for (; j < kvd; j++) { kc[j] = krn_f32_to_f16(kt[j]); vc[j] = krn_f32_to_f16(vt[j]); }
+  }
+}
+static void simd_kv_store(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a) {
+  if (!krn_cpu_attn_ok(a)) return; // nothing sensible to write
+  kvs_task t = {k, v, a};
+  if ((int64_t)a->n_tokens * a->n_kv_head * a->head_dim >= KRN_PAR_MIN && a->n_tokens > 1) krn_cpu_par(c, kvs_run, &t);
+  else kvs_run(&t, 0, 1);
+}
+
+// ---- paged attention, tiled ----
+// A tile is up to ATT_ROWS query rows that read the same K and V: the G = n_head / n_kv_head heads of one kv head,
+// for up to ATT_ROWS / G consecutive batch rows of one sequence (a prefill chunk's tokens; a decode row alone).
+// Each KV block the tile sees is converted to f32 once and read by all of the tile's rows, and the scores come out of
+// a register micro-tile (ATT_QR rows x 4 positions) instead of one horizontal sum per (row, position). Work items are
+// (tile, kv head) pairs, taken from a shared counter, last tile first (causal tiles grow along the batch).
+#define ATT_ROWS 16     // query rows per tile (at least G: one token's heads always share a tile)
+#define ATT_QR (VL / 4) // rows of the score micro-tile: ATT_QR x 4 positions = VL scores, one vector
+#define ATT_PR 4        // rows of the P.V micro-tile (x 2 vectors of dimensions)
 
 typedef struct attn_task {
   float *out;             // (n_tokens, n_head, head_dim)
   const float *q;         // (n_tokens, n_head, head_dim)
   const krn_attn_args *a; // (borrowed)
+  const int32_t *tiles;   // (n_tiles + 1) first batch row of each tile, then n_tokens
+  int n_tiles, tile_rows; // tile_rows: ATT_ROWS rounded down to whole tokens (G rows each), at least G
+  int64_t next;           // next work item (shared counter; items count down from n_tiles * n_kv_head)
 } attn_task;
 
-KRN_INLINE float kv_dot(const float *q, const void *k, int f16, int hd) {
-  vf acc = v_zero();
-  int e = 0;
-  if (f16) for (; e + VL <= hd; e += VL) acc = v_fma(v_load(q + e), v_loadh((const krn_f16 *)k + e), acc);
-  else for (; e + VL <= hd; e += VL) acc = v_fma(v_load(q + e), v_load((const float *)k + e), acc);
-  float s = v_hsum(acc);
-  for (; e < hd; e++) s += q[e] * (f16 ? f16f(((const krn_f16 *)k)[e]) : ((const float *)k)[e]);
-  return s;
+// VL vectors in, one out: lane i is the sum of the lanes of a[i].
+#ifdef KRN_W512
+KRN_INLINE __m512 att_pairs(__m512 a, __m512 b) { // a's 8 partial sums in the low half, b's in the high half
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
 }
-
-KRN_INLINE void kv_axpy(float *o, float w, const void *v, int f16, int hd) {
-  vf vw = v_set1(w);
-  int e = 0;
-  if (f16) for (; e + VL <= hd; e += VL) v_store(o + e, v_fma(vw, v_loadh((const krn_f16 *)v + e), v_load(o + e)));
-  else for (; e + VL <= hd; e += VL) v_store(o + e, v_fma(vw, v_load((const float *)v + e), v_load(o + e)));
-  for (; e < hd; e++) o[e] += w * (f16 ? f16f(((const krn_f16 *)v)[e]) : ((const float *)v)[e]);
+KRN_INLINE __m512 att_hadd(__m512 x, __m512 y) { // per 128-bit lane: x0+x1, x2+x3, y0+y1, y2+y3
+  return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD));
 }
+KRN_INLINE vf v_hsums(const vf *a) {
+  // the pairing order makes the last step's lanes come out as 0, 1, ..., 15
+  __m512 lo = att_hadd(att_hadd(att_pairs(a[0], a[4]), att_pairs(a[1], a[5])),
+                       att_hadd(att_pairs(a[2], a[6]), att_pairs(a[3], a[7])));
+  __m512 hi = att_hadd(att_hadd(att_pairs(a[8], a[12]), att_pairs(a[9], a[13])),
+                       att_hadd(att_pairs(a[10], a[14]), att_pairs(a[11], a[15])));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(lo, hi, 0x88), _mm512_shuffle_f32x4(lo, hi, 0xDD));
+}
+#else
+KRN_INLINE vf v_hsums(const vf *a) {
+  __m256 s03 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  __m256 s47 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s03, s47, 0x20), _mm256_permute2f128_ps(s03, s47, 0x31));
+}
+#endif
 
-static void attn_run(void *vp, int ith, int nth) {
-  const attn_task *t = vp;
-  const krn_attn_args *a = t->a;
-  int hd = a->head_dim, group = a->n_head / a->n_kv_head, kvd = a->n_kv_head * hd, bs = a->block_size;
-  int f16 = a->kv_type != KRN_F32;
-  size_t esz = f16 ? 2 : 4;
-  int64_t items = (int64_t)a->n_tokens * a->n_head;
-  if (ith >= items) return;
-  float *sc = malloc(((size_t)a->max_blocks * bs + VL) * sizeof(float));
-  if (!sc) abort(); // one row of scores: only impossible sizes fail here
-  for (int64_t it = ith; it < items; it += nth) {
-    int tok = (int)(it / a->n_head), h = (int)(it % a->n_head), kh = h / group;
-    int32_t seq = a->tok_seq[tok], pos = a->tok_pos[tok];
-    const float *q = t->q + ((size_t)tok * a->n_head + h) * hd;
-    float *o = t->out + ((size_t)tok * a->n_head + h) * hd;
-    memset(o, 0, (size_t)hd * sizeof(float));
-    if (seq < 0 || pos < 0) continue;
-    int32_t npos = pos + 1;
-    if ((int64_t)npos > (int64_t)a->max_blocks * bs) npos = a->max_blocks * bs;
-    const int32_t *bt = a->block_tables + (size_t)seq * a->max_blocks;
-    // a sliding window starts at p_lo; whole blocks before it are skipped (pstart), the rest of its block masked
-    const int32_t p_lo = krn_cpu_first_visible(a, pos), pstart = p_lo / bs * bs;
-    float mx = -INFINITY;
-    for (int32_t p0 = pstart; p0 < npos; p0 += bs) {
-      int32_t blk = bt[p0 / bs], pend = p0 + bs < npos ? p0 + bs : npos;
-      if (blk < 0) { for (int32_t p = p0; p < pend; p++) sc[p] = -INFINITY; continue; }
-      const char *kb = (const char *)a->k_cache + ((size_t)blk * bs * kvd + (size_t)kh * hd) * esz;
-      for (int32_t p = p0; p < pend; p++) {
-        if (p < p_lo) {
-          sc[p] = -INFINITY;
-          continue;
-        }
-        float s = kv_dot(q, kb + (size_t)(p - p0) * kvd * esz, f16, hd) * a->scale;
-        sc[p] = s;
-        mx = fmaxf(mx, s);
-      }
+// sc[r * ss + p] = scale * q_r . k_p for ATT_QR rows q (stride hd) and 4 rows k (stride hd).
+KRN_INLINE void att_scores(float *sc, size_t ss, const float *q, const float *k, int hd, float scale) {
+  vf acc[VL];
+#pragma GCC unroll 16
+  for (int i = 0; i < VL; i++) acc[i] = v_zero();
+  int e = 0;
+  for (; e + VL <= hd; e += VL) {
+    vf k0 = v_load(k + e), k1 = v_load(k + hd + e), k2 = v_load(k + 2 * hd + e), k3 = v_load(k + 3 * hd + e);
+#pragma GCC unroll 4
+    for (int r = 0; r < ATT_QR; r++) {
+      vf qv = v_load(q + (size_t)r * hd + e);
+      acc[4 * r] = v_fma(qv, k0, acc[4 * r]);
+      acc[4 * r + 1] = v_fma(qv, k1, acc[4 * r + 1]);
+      acc[4 * r + 2] = v_fma(qv, k2, acc[4 * r + 2]);
+      acc[4 * r + 3] = v_fma(qv, k3, acc[4 * r + 3]);
     }
-    if (mx == -INFINITY) continue; // nothing visible
+  }
+  float s[VL];
+  v_store(s, v_hsums(acc));
+  for (int r = 0; r < ATT_QR; r++)
+    for (int p = 0; p < 4; p++) {
+      float x = s[4 * r + p];
+      for (int j = e; j < hd; j++) x += q[(size_t)r * hd + j] * k[(size_t)p * hd + j];
+      sc[(size_t)r * ss + p] = x * scale;
+    }
+}
+
+// o_r[d, d + n VL) += sum over np positions of w_r[p] v_p, for ATT_PR rows o (stride hd), weights w (stride ss) and
+// values v (stride hd); n is 2 or 1 vectors.
+KRN_INLINE void att_pv(float *o, const float *w, size_t ss, const float *v, int np, int hd, int d, int n) {
+  vf acc[ATT_PR][2];
+#pragma GCC unroll 4
+  for (int r = 0; r < ATT_PR; r++) {
+    acc[r][0] = v_load(o + (size_t)r * hd + d);
+    acc[r][1] = n > 1 ? v_load(o + (size_t)r * hd + d + VL) : v_zero();
+  }
+  for (int p = 0; p < np; p++) {
+    vf v0 = v_load(v + (size_t)p * hd + d), v1 = n > 1 ? v_load(v + (size_t)p * hd + d + VL) : v_zero();
+#pragma GCC unroll 4
+    for (int r = 0; r < ATT_PR; r++) {
+      vf wr = v_set1(w[(size_t)r * ss + p]);
+      acc[r][0] = v_fma(wr, v0, acc[r][0]);
+      acc[r][1] = v_fma(wr, v1, acc[r][1]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < ATT_PR; r++) {
+    v_store(o + (size_t)r * hd + d, acc[r][0]);
+    if (n > 1) v_store(o + (size_t)r * hd + d + VL, acc[r][1]);
+  }
+}
+
+// Rows n0 .. n0 + n (stride kvd, kv_type) of one kv head's cache block into f32 rows (stride hd); rows n .. n4 zero.
+static void att_rows_f32(float *dst, const char *src, int f16, int kvd, int hd, int n, int n4) {
+  for (int p = 0; p < n; p++) {
+    float *d = dst + (size_t)p * hd;
+    if (f16) {
+      const krn_f16 *s = (const krn_f16 *)src + (size_t)p * kvd;
+      int e = 0;
+      for (; e + VL <= hd; e += VL) v_store(d + e, v_loadh(s + e));
+      for (; e < hd; e++) d[e] = f16f(s[e]);
+    } else {
+      memcpy(d, (const float *)src + (size_t)p * kvd, (size_t)hd * sizeof(float));
+    }
+  }
+  if (n4 > n) memset(dst + (size_t)n * hd, 0, (size_t)(n4 - n) * hd * sizeof(float));
+}
+
+typedef struct attn_scratch {
+  float *q, *o;  // (tile_rows padded to ATT_PR and ATT_QR, hd) the tile's query rows and outputs
+  float *sc;     // (same rows, span) scores, then probabilities
+  float *kv;     // (block_size padded to 4, hd) one block's K or V rows in f32
+  size_t span;   // positions a tile can cover: max_blocks * block_size
+} attn_scratch;
+
+static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int kh) {
+  const krn_attn_args *a = t->a;
+  int hd = a->head_dim, G = a->n_head / a->n_kv_head, kvd = a->n_kv_head * hd, bs = a->block_size;
+  int f16 = a->kv_type != KRN_F32;
+  size_t esz = f16 ? 2 : 4, ss = s->span;
+  int r0 = t->tiles[tile], nt = t->tiles[tile + 1] - r0, R = nt * G;
+  int Rp = (R + ATT_PR - 1) / ATT_PR * ATT_PR; // ATT_PR is a multiple of ATT_QR
+  int32_t seq = a->tok_seq[r0];
+  // the tile's positions: from the first any row sees to the last any row sees
+  int32_t plo = INT32_MAX, phi = 0, cap = a->max_blocks * bs;
+  for (int i = 0; i < nt; i++) {
+    int32_t pos = a->tok_pos[r0 + i], lo = krn_cpu_first_visible(a, pos), hi = pos + 1 < cap ? pos + 1 : cap;
+    if (seq < 0 || pos < 0 || lo >= hi) continue;
+    if (lo < plo) plo = lo;
+    if (hi > phi) phi = hi;
+  }
+  for (int i = 0; i < nt; i++)
+    for (int g = 0; g < G; g++)
+      memset(t->out + ((size_t)(r0 + i) * a->n_head + kh * G + g) * hd, 0, (size_t)hd * sizeof(float));
+  if (plo >= phi) return; // nothing visible to any row
+  plo = plo / bs * bs;
+  const int32_t *bt = a->block_tables + (size_t)seq * a->max_blocks;
+  for (int i = 0; i < nt; i++)
+    for (int g = 0; g < G; g++)
+      memcpy(s->q + ((size_t)i * G + g) * hd, t->q + ((size_t)(r0 + i) * a->n_head + kh * G + g) * hd,
+             (size_t)hd * sizeof(float));
+  memset(s->q + (size_t)R * hd, 0, (size_t)(Rp - R) * hd * sizeof(float));
+  // scores, block by block; a block the table does not hold (slid out of a window) scores -inf
+  for (int32_t p0 = plo; p0 < phi; p0 += bs) {
+    int32_t blk = bt[p0 / bs], np = p0 + bs < phi ? bs : phi - p0, np4 = (np + 3) / 4 * 4;
+    float *sc0 = s->sc + (p0 - plo);
+    if (blk < 0) {
+      for (int r = 0; r < Rp; r++)
+        for (int p = 0; p < np; p++) sc0[(size_t)r * ss + p] = -INFINITY;
+      continue;
+    }
+    att_rows_f32(s->kv, (const char *)a->k_cache + ((size_t)blk * bs * kvd + (size_t)kh * hd) * esz, f16, kvd, hd, np,
+                 np4);
+    for (int r = 0; r < Rp; r += ATT_QR)
+      for (int p = 0; p < np4; p += 4) {
+        if (p + 4 <= np) {
+          att_scores(sc0 + (size_t)r * ss + p, ss, s->q + (size_t)r * hd, s->kv + (size_t)p * hd, hd, a->scale);
+        } else { // the block's last positions: scores past np land in a side buffer
+          float tmp[ATT_QR * 4];
+          att_scores(tmp, 4, s->q + (size_t)r * hd, s->kv + (size_t)p * hd, hd, a->scale);
+          for (int rr = 0; rr < ATT_QR; rr++)
+            for (int pp = p; pp < np; pp++) sc0[(size_t)(r + rr) * ss + pp] = tmp[rr * 4 + pp - p];
+        }
+      }
+  }
+  // each row's mask (causal and window), then softmax over the tile's span
+  int32_t n = phi - plo;
+  for (int r = 0; r < Rp; r++) {
+    float *row = s->sc + (size_t)r * ss;
+    if (r >= R) { memset(row, 0, (size_t)n * sizeof(float)); continue; }
+    int32_t pos = a->tok_pos[r0 + r / G], lo = krn_cpu_first_visible(a, pos) - plo, hi = pos + 1 - plo;
+    if (hi > n) hi = n;
+    if (seq < 0 || pos < 0 || lo >= hi) { memset(row, 0, (size_t)n * sizeof(float)); continue; }
+    for (int32_t p = 0; p < lo; p++) row[p] = -INFINITY;
+    for (int32_t p = hi; p < n; p++) row[p] = -INFINITY;
+    float mx = -INFINITY;
+    for (int32_t p = lo; p < hi; p++) mx = row[p] > mx ? row[p] : mx;
+    if (mx == -INFINITY) { memset(row, 0, (size_t)n * sizeof(float)); continue; } // every visible block is gone
     vf vmx = v_set1(mx), acc = v_zero();
-    int32_t p = pstart;
-    for (; p + VL <= npos; p += VL) {
-      vf e = v_exp(v_sub(v_load(sc + p), vmx));
-      v_store(sc + p, e);
+    int32_t p = 0;
+    for (; p + VL <= n; p += VL) {
+      vf e = v_exp(v_sub(v_load(row + p), vmx));
+      v_store(row + p, e);
       acc = v_add(acc, e);
     }
     float sum = v_hsum(acc);
-    for (; p < npos; p++) { sc[p] = expf(sc[p] - mx); sum += sc[p]; }
-    float inv = 1.0f / sum;
-    for (int32_t p0 = pstart; p0 < npos; p0 += bs) {
-      int32_t blk = bt[p0 / bs], pend = p0 + bs < npos ? p0 + bs : npos;
-      if (blk < 0) continue;
-      const char *vb = (const char *)a->v_cache + ((size_t)blk * bs * kvd + (size_t)kh * hd) * esz;
-      for (int32_t pp = p0; pp < pend; pp++) kv_axpy(o, sc[pp] * inv, vb + (size_t)(pp - p0) * kvd * esz, f16, hd);
+    for (; p < n; p++) { row[p] = expf(row[p] - mx); sum += row[p]; }
+    vf vi = v_set1(1.0f / sum);
+    for (p = 0; p + VL <= n; p += VL) v_store(row + p, v_mul(v_load(row + p), vi));
+    for (; p < n; p++) row[p] *= 1.0f / sum;
+  }
+  // out = P . V, block by block
+  memset(s->o, 0, (size_t)Rp * hd * sizeof(float));
+  for (int32_t p0 = plo; p0 < phi; p0 += bs) {
+    int32_t blk = bt[p0 / bs], np = p0 + bs < phi ? bs : phi - p0;
+    if (blk < 0) continue;
+    att_rows_f32(s->kv, (const char *)a->v_cache + ((size_t)blk * bs * kvd + (size_t)kh * hd) * esz, f16, kvd, hd, np,
+                 np);
+    const float *w0 = s->sc + (p0 - plo);
+    for (int r = 0; r < Rp; r += ATT_PR) {
+      float *o = s->o + (size_t)r * hd;
+      const float *w = w0 + (size_t)r * ss;
+      int d = 0;
+      for (; d + 2 * VL <= hd; d += 2 * VL) att_pv(o, w, ss, s->kv, np, hd, d, 2);
+      for (; d + VL <= hd; d += VL) att_pv(o, w, ss, s->kv, np, hd, d, 1);
+      for (; d < hd; d++)
+        for (int rr = 0; rr < ATT_PR; rr++)
+          for (int p = 0; p < np; p++) o[(size_t)rr * hd + d] += w[(size_t)rr * ss + p] * s->kv[(size_t)p * hd + d];
     }
   }
-  free(sc);
+  for (int i = 0; i < nt; i++)
+    for (int g = 0; g < G; g++)
+      memcpy(t->out + ((size_t)(r0 + i) * a->n_head + kh * G + g) * hd, s->o + ((size_t)i * G + g) * hd,
+             (size_t)hd * sizeof(float));
+}
+
+static void attn_run(void *vp, int ith, int nth) {
+  (void)ith, (void)nth;
+  attn_task *t = vp;
+  const krn_attn_args *a = t->a;
+  int64_t items = (int64_t)t->n_tiles * a->n_kv_head;
+  size_t hd = (size_t)a->head_dim, rows = (size_t)(t->tile_rows + ATT_PR - 1) / ATT_PR * ATT_PR;
+  attn_scratch s;
+  s.span = (size_t)a->max_blocks * a->block_size + VL;
+  size_t bs4 = (size_t)(a->block_size + 3) / 4 * 4;
+  float *buf = malloc((2 * rows * hd + rows * s.span + bs4 * hd) * sizeof(float));
+  if (!buf) abort(); // the tile's scratch: only impossible sizes fail here
+  s.q = buf;
+  s.o = s.q + rows * hd;
+  s.sc = s.o + rows * hd;
+  s.kv = s.sc + rows * s.span;
+  for (;;) {
+    int64_t it = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED);
+    if (it >= items) break;
+    it = items - 1 - it;
+    attn_tile(t, &s, (int)(it / a->n_kv_head), (int)(it % a->n_kv_head));
+  }
+  free(buf);
 }
 
 static void simd_paged_attention(krn_ctx *c, float *out, const float *q, const krn_attn_args *a) {
   if (!krn_cpu_attn_ok(a)) { if (a->n_tokens > 0 && a->n_head > 0 && a->head_dim > 0) krn_cpu_fill_nan(out, (int64_t)a->n_tokens * a->n_head * a->head_dim); return; }
-  attn_task t = {out, q, a};
+  if (a->n_tokens == 0) return;
+  int G = a->n_head / a->n_kv_head, per = ATT_ROWS / G > 1 ? ATT_ROWS / G : 1;
+  int32_t *tiles = malloc(((size_t)a->n_tokens + 1) * sizeof(int32_t));
+  if (!tiles) abort(); // one index per batch row
+  int n_tiles = 0;
+  for (int i = 0; i < a->n_tokens;) { // consecutive rows of one sequence share a tile
+    int j = i + 1;
+    while (j < a->n_tokens && j - i < per && a->tok_seq[j] == a->tok_seq[i]) j++;
+    tiles[n_tiles++] = i;
+    i = j;
+  }
+  tiles[n_tiles] = a->n_tokens;
+  attn_task t = {out, q, a, tiles, n_tiles, per * G, 0};
   int64_t work = 0;
   for (int i = 0; i < a->n_tokens; i++) work += (int64_t)(a->tok_pos[i] + 1) * a->n_head * a->head_dim;
   if (work >= KRN_PAR_MIN) krn_cpu_par(c, attn_run, &t);
   else attn_run(&t, 0, 1);
+  free(tiles);
 }
 
 static const krn_backend simd_backend = {
@@ -633,11 +875,11 @@ static const krn_backend simd_backend = {
     .matmul = simd_matmul,
     .get_rows = krn_scalar_get_rows,
     .rmsnorm = simd_rmsnorm,
-    .rope = krn_scalar_rope,
+    .rope = simd_rope,
     .swiglu = simd_swiglu,
     .softmax = simd_softmax,
     .add = simd_add,
-    .kv_store = krn_scalar_kv_store,
+    .kv_store = simd_kv_store,
     .paged_attention = simd_paged_attention,
     .ctx_init = NULL,
     .ctx_fini = NULL,
@@ -648,7 +890,7 @@ static const krn_backend simd_backend = {
     .geglu = simd_geglu,
     .scale = krn_scalar_scale,
     .attn_window = 1,
-    .rope_freqs = krn_scalar_rope_freqs,
+    .rope_freqs = simd_rope_freqs,
 };
 
 const krn_backend *KRN_SIMD_TABLE(void) { return &simd_backend; }

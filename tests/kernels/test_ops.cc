@@ -252,6 +252,33 @@ TEST_P(KrnOps, RopeRandomMatchesDouble) {
   }
 }
 
+// The SIMD backends run rope, rope_freqs and kv_store on the pool, split by rows: the same arithmetic as the scalar
+// loops, so the same bits, for a batch big enough to be split (and one row).
+TEST_P(KrnOps, RopeAndKvStoreOnThePoolEqualScalar) {
+  std::mt19937 rng(31);
+  for (int n : {1, 97}) {
+    std::vector<int32_t> pos(n);
+    for (int i = 0; i < n; i++) pos[i] = 3 * i + 1;
+    for (int neox : {0, 1}) {
+      auto x = random_floats(rng, (size_t)n * 4 * 256), y = x;
+      be->rope(&ctx, x.data(), pos.data(), n, 4, 256, 1e6f, neox);
+      ref->rope(&rctx, y.data(), pos.data(), n, 4, 256, 1e6f, neox);
+      ASSERT_EQ(x, y) << "rope, " << n << " rows, neox " << neox;
+      auto f = random_floats(rng, 128, 1e-4f, 1.0f);
+      be->rope_freqs(&ctx, x.data(), pos.data(), n, 4, 256, f.data(), 1.25f, neox);
+      ref->rope_freqs(&rctx, y.data(), pos.data(), n, 4, 256, f.data(), 1.25f, neox);
+      ASSERT_EQ(x, y) << "rope_freqs, " << n << " rows, neox " << neox;
+    }
+  }
+  for (krn_type kt : {KRN_F16, KRN_F32}) {
+    std::mt19937 r1(37), r2(37);
+    PagedBatch mine = make_batch(r1, be, &ctx, 8, 2, 72, kt, {300, 7}, {1, 1});
+    PagedBatch want = make_batch(r2, ref, &rctx, 8, 2, 72, kt, {300, 7}, {1, 1});
+    EXPECT_EQ(mine.kc, want.kc) << krn_type_name(kt);
+    EXPECT_EQ(mine.vc, want.vc) << krn_type_name(kt);
+  }
+}
+
 TEST_P(KrnOps, SwigluGegluAddSoftmax) {
   std::mt19937 rng(13);
   for (int64_t n : {1, 7, 33, 1536, 4099}) {
@@ -358,6 +385,40 @@ TEST_P(KrnOps, PagedAttentionMatchesDense) {
       auto want = dense_attention(pb, q);
       for (size_t i = 0; i < out.size(); i++)
         ASSERT_NEAR(out[i], want[i], 2e-5) << "heads " << cfg.nh << "/" << cfg.nkv << " " << krn_type_name(kt) << " at " << i;
+    }
+  }
+}
+
+// Prefill rows in batch order, as the engine sends them: consecutive rows of one sequence share the SIMD backends'
+// tiles (several tokens times the heads of one kv head). Checked against the scalar reference with and without a
+// sliding window, with the blocks before every row's window taken out of the table (-1, as a window group's table
+// holds them once they slid out), for GQA groups of 1, 3 and 4 (Gemma 3) and head sizes that are and are not a
+// multiple of the vector width.
+TEST_P(KrnOps, PagedAttentionPrefillTilesMatchScalar) {
+  std::mt19937 rng(29);
+  struct Cfg { int nh, nkv, hd; };
+  for (Cfg cfg : {Cfg{4, 4, 32}, Cfg{9, 3, 64}, Cfg{4, 1, 256}, Cfg{8, 2, 40}}) {
+    for (krn_type kt : {KRN_F16, KRN_F32}) {
+      std::vector<int> ctxl = {75, 1, 40, 100, 9}, news = {75, 1, 23, 2, 9}; // whole prompts, a chunk, decode rows
+      PagedBatch pb = make_batch(rng, be, &ctx, cfg.nh, cfg.nkv, cfg.hd, kt, ctxl, news);
+      int nt = (int)pb.tok_seq.size();
+      auto q = random_floats(rng, (size_t)nt * cfg.nh * cfg.hd, -2, 2);
+      for (int window : {0, 7, 20, 33}) {
+        PagedBatch w = pb;
+        if (window > 0) // blocks wholly before every row's window are gone
+          for (size_t s = 0; s < ctxl.size(); s++) {
+            int first = ctxl[s] - news[s] - window + 1; // the first row's first visible position
+            for (int b = 0; (b + 1) * w.block_size <= first; b++) w.tables[s * w.max_blocks + b] = -1;
+          }
+        krn_attn_args a = w.args();
+        a.window = window;
+        std::vector<float> out(q.size(), NAN), want(q.size(), NAN);
+        be->paged_attention(&ctx, out.data(), q.data(), &a);
+        ref->paged_attention(&rctx, want.data(), q.data(), &a);
+        for (size_t i = 0; i < out.size(); i++)
+          ASSERT_NEAR(out[i], want[i], 2e-5) << "heads " << cfg.nh << "/" << cfg.nkv << " hd " << cfg.hd << " "
+                                             << krn_type_name(kt) << " window " << window << " at " << i;
+      }
     }
   }
 }
