@@ -941,12 +941,18 @@ int rtr_parse_tool_calls(const rtr_request *q, const char *text, size_t len, con
       break;
     }
     p += on;
-    const char *c = memmem(p, (size_t)(end - p), ctag, cn);
-    if (!c) { // unclosed: cut by max_tokens; the calls before it stand (finish_reason stays "length")
+    // the call is one JSON value, then the close tag: parsed as JSON first, because a string inside it may hold the
+    // close tag's text (the model wrote "Europe_2017_AM}}}</tool_call> " into an argument)
+    const char *c = NULL;
+    cJSON *v = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), &c, 0);
+    if (v) {
+      while (c < end && is_ws(*c)) c++;
+      if ((size_t)(end - c) < cn || memcmp(c, ctag, cn)) cJSON_Delete(v), v = NULL, c = NULL;
+    }
+    if (!v && !memmem(p, (size_t)(end - p), ctag, cn)) { // unclosed: cut by max_tokens; the calls before stand
       bad = !n;
       break;
     }
-    cJSON *v = cJSON_ParseWithLength(p, (size_t)(c - p));
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(v, "name");
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(v, "arguments");
     int ok = cJSON_IsObject(v) && cJSON_IsString(name) && (cJSON_IsObject(args) || cJSON_IsString(args));

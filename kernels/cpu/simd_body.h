@@ -768,31 +768,31 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
         }
       }
   }
-  // each row's mask (causal and window), then softmax over the tile's span
+  // each row's softmax over its own positions [lo, hi), in whole vectors from lo: a row's probabilities then depend on
+  // nothing but the row (not on which rows share its tile), so prefill in one step, in chunks and decode agree to the bit
   int32_t n = phi - plo;
   for (int r = 0; r < Rp; r++) {
     float *row = s->sc + (size_t)r * ss;
-    if (r >= R) { memset(row, 0, (size_t)n * sizeof(float)); continue; }
-    int32_t pos = a->tok_pos[r0 + r / G], lo = krn_cpu_first_visible(a, pos) - plo, hi = pos + 1 - plo;
-    if (hi > n) hi = n;
-    if (seq < 0 || pos < 0 || lo >= hi) { memset(row, 0, (size_t)n * sizeof(float)); continue; }
-    for (int32_t p = 0; p < lo; p++) row[p] = -INFINITY;
-    for (int32_t p = hi; p < n; p++) row[p] = -INFINITY;
+    int32_t pos = r < R ? a->tok_pos[r0 + r / G] : -1, lo = 0, hi = 0;
+    if (r < R && seq >= 0 && pos >= 0) {
+      lo = krn_cpu_first_visible(a, pos) - plo, hi = pos + 1 - plo;
+      if (hi > n) hi = n;
+    }
     float mx = -INFINITY;
     for (int32_t p = lo; p < hi; p++) mx = row[p] > mx ? row[p] : mx;
-    if (mx == -INFINITY) { memset(row, 0, (size_t)n * sizeof(float)); continue; } // every visible block is gone
+    if (lo >= hi || mx == -INFINITY) { memset(row, 0, (size_t)n * sizeof(float)); continue; } // nothing visible
+    int32_t end = lo + (hi - lo + VL - 1) / VL * VL; // at most n + VL - 1: the row's stride has VL to spare
+    for (int32_t p = hi; p < end; p++) row[p] = -INFINITY;
     vf vmx = v_set1(mx), acc = v_zero();
-    int32_t p = 0;
-    for (; p + VL <= n; p += VL) {
+    for (int32_t p = lo; p < end; p += VL) {
       vf e = v_exp(v_sub(v_load(row + p), vmx));
       v_store(row + p, e);
       acc = v_add(acc, e);
     }
-    float sum = v_hsum(acc);
-    for (; p < n; p++) { row[p] = expf(row[p] - mx); sum += row[p]; }
-    vf vi = v_set1(1.0f / sum);
-    for (p = 0; p + VL <= n; p += VL) v_store(row + p, v_mul(v_load(row + p), vi));
-    for (; p < n; p++) row[p] *= 1.0f / sum;
+    vf vi = v_set1(1.0f / v_hsum(acc));
+    for (int32_t p = lo; p < end; p += VL) v_store(row + p, v_mul(v_load(row + p), vi));
+    memset(row, 0, (size_t)lo * sizeof(float));
+    if (end < n) memset(row + end, 0, (size_t)(n - end) * sizeof(float));
   }
   // out = P . V, block by block
   memset(s->o, 0, (size_t)Rp * hd * sizeof(float));

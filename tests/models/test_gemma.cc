@@ -210,8 +210,10 @@ TEST(Gemma, LoadsConfig) {
 // top1 - top2 margin below kTieMargin, and our logit of our choice above its token by less than kLogprobTol (a
 // gap between two logits moves by as much as the log-probabilities do: seen 0.52 where llama.cpp's margin was
 // 0.008, after the batched matmul kernels changed the summation order); the continuations are no longer
-// comparable after it, so that prompt's comparison stops there.
-const float kLogprobTol = 1.0f;
+// comparable after it, so that prompt's comparison stops there. Case 3 is the most sensitive: the exact scalar
+// reference (double accumulation, no activation quantization) is 0.89 from llama.cpp there, and changes to the avx512
+// attention's summation order alone moved ours between 0.83 and 1.06 (the other cases stayed below 0.65): 1.25.
+const float kLogprobTol = 1.25f;
 const float kTieMargin = 0.5f;
 
 TEST(Gemma, GoldenGreedyAndLogprobsMatchLlamaCpp) {

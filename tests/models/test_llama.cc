@@ -386,17 +386,19 @@ TEST(Llama, RefusesUnsupportedArchAndType) {
 }
 
 // Golden: llama.cpp's greedy tokens and last-prompt-position logits for the same GGUF.
-// Logits: the top 64 ids and every 768th id within kLogitTol = 1.0 absolute, argmax equal. The logit range is
-// ~30-40, so that is ~3%. Why not tighter: activations are quantized to Q8 on the fly (as llama.cpp does, but not
-// bit-identically), and this model amplifies single rounding flips: a 1e-5 change in one matmul output moved the
-// last logits by up to 0.58 (measured while the kernels still had batch-dependent FMA contraction). Measured with
-// the avx512 kernels: max diff 0.79 over the 10 prompts.
+// Logits: the top 64 ids and every 768th id within kLogitTol = 1.5 absolute, argmax equal. The logit range is
+// ~30-40, so that is ~4%. Why not tighter: llama.cpp quantizes activations to Q8 on the fly, and this model amplifies
+// single rounding flips: a 1e-5 change in one matmul output moved the last logits by up to 0.58. The golden values
+// carry that noise: the exact scalar reference (double accumulation, no activation quantization) is itself 1.30 from
+// them on case 5, and rounding-level changes to the avx512 attention (summation order only) moved case 5 between
+// 0.47 and 1.31 while the other cases stayed within 0.2-0.75.
 // Greedy: teacher-forced on llama.cpp's tokens, so our state stays llama.cpp's; at each of the 32 steps our argmax
 // must be llama.cpp's token, except at a near-tie: llama.cpp's own top1-top2 margin and our margin between our
-// choice and llama.cpp's token both below kTieMargin = 0.5 (within the logit tolerance). Measured: 10 such steps of
-// 320, largest margins 0.39 (llama.cpp) and 0.18 (ours); at most 4% of steps may be ties.
-const float kLogitTol = 1.0f;
-const float kTieMargin = 0.5f;
+// choice and llama.cpp's token both below kTieMargin = 0.75. Measured on the scalar reference: 10 such steps of 320,
+// largest margins 0.33 (llama.cpp) and 0.45 (ours); avx512 12 steps (0.26, 0.42); avx2 13 steps (0.26, 0.56). At
+// most 5% of steps (16) may be ties.
+const float kLogitTol = 1.5f;
+const float kTieMargin = 0.75f;
 
 TEST(Llama, GoldenGreedyAndLogitsMatchLlamaCpp) {
   auto cs = load_golden();
@@ -438,7 +440,7 @@ TEST(Llama, GoldenGreedyAndLogitsMatchLlamaCpp) {
           << e.err;
     }
   }
-  EXPECT_LE(ties, (int)cs.size() * 32 / 25) << ties << " near-ties over " << cs.size() << " prompts x 32 tokens";
+  EXPECT_LE(ties, (int)cs.size() * 32 / 20) << ties << " near-ties over " << cs.size() << " prompts x 32 tokens";
 }
 
 } // namespace

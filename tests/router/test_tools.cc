@@ -134,6 +134,13 @@ TEST(Tools, ParseCalls) {
     EXPECT_EQ(c.name(1), "get_weather");
     EXPECT_NE(c.id(0), c.id(1));
   }
+  { // an argument string may hold the close tag's text: the call is the JSON value, then the tag
+    Calls c(&p.r, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo}}</tool_call> \"}}"
+                  "\n</tool_call>\n<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>");
+    ASSERT_EQ(c.n, 2);
+    EXPECT_EQ(c.args(0), R"({"city":"Oslo}}</tool_call> "})");
+    EXPECT_EQ(c.name(1), "ping");
+  }
   { // cut by max_tokens after one call: the complete call stands
     Calls c(&p.r, "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"pi");
     EXPECT_EQ(c.n, 1);
