@@ -11,7 +11,7 @@
 // one vector multiply-add per (weight row, activation row) instead of a scalar one per block.
 //
 // Every (weight row, activation row) pair goes through the same sequence of operations whatever the tile shape
-// (MR_W, R) or the batch, so a sequence's logits do not depend on the batch it runs in (tests/kernels checks it).
+// (NW, R) or the batch, so a sequence's logits do not depend on the batch it runs in (tests/kernels checks it).
 #ifdef KRN_W512
 #define MR_PB 2  // 32-element blocks per integer vector
 #define MR_CH 16 // blocks per offset chunk: one float vector of per-block offsets
@@ -158,9 +158,9 @@ KRN_INLINE void mr_load_k_pair(const void *wr, krn_type wt, int b, const float *
 }
 #endif
 
-// out[w * MR_R + r] = dot(weight row wr[w], activation row i0 + r) for w < MR_W, r < R, over nb blocks of type wt
-// (wt and R are constants after inlining). wr[w] may repeat a row when fewer than MR_W are left.
-KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, int i0, int R, int nb, float *out) {
+// out[w * MR_R + r] = dot(weight row wr[w], activation row i0 + r) for w < NW <= MR_W, r < R, over nb blocks of type
+// wt (wt, NW and R are constants after inlining). wr[w] may repeat a row when fewer than NW are left.
+KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, int i0, int NW, int R, int nb, float *out) {
   const int sg = wt_signed(wt), kq = wt_kquant(wt);
   const size_t kbytes = wt == KRN_Q4_K ? sizeof(krn_block_q4_k) : sizeof(krn_block_q5_k);
   vf acc[MR_W][MR_R];
@@ -170,7 +170,7 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
   float kd[MR_W][8], km[MR_W][8]; // Q4_K / Q5_K: the current super-block's sub-block scales, offsets (else unread)
   const int8_t *xq[MR_R];
   const float *xd[MR_R], *xs[MR_R];
-  MR_UNROLL for (int w = 0; w < MR_W; w++) {
+  MR_UNROLL for (int w = 0; w < NW; w++) {
     MR_UNROLL for (int r = 0; r < MR_R; r++) acc[w][r] = v_zero();
     v_store(mloc[w][0], v_zero()); // MR_CH == VL
     v_store(mloc[w][1], v_zero());
@@ -186,11 +186,11 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
 #endif
   for (int b = 0; b < nb; b += MR_PB) {
     if ((wt == KRN_Q4_K || wt == KRN_Q5_K) && b % 8 == 0)
-      for (int w = 0; w < MR_W; w++)
+      for (int w = 0; w < NW; w++)
         kq_scales((const krn_block_q4_k *)((const char *)wr[w] + (size_t)(b / 8) * kbytes), kd[w], km[w]);
     mr_vi wv[MR_W], wc[MR_W];
     vf vd[MR_W];
-    MR_UNROLL for (int w = 0; w < MR_W; w++) {
+    MR_UNROLL for (int w = 0; w < NW; w++) {
 #ifdef KRN_W512
       if ((wt == KRN_Q4_0 || wt == KRN_Q4_1) && b + 1 < nb) {
         mr_load_q4_pair(wr[w], wt, b, &wv[w], &vd[w], &mloc[w][b / MR_CH & 1][b % MR_CH]);
@@ -247,7 +247,7 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
       mr_vi x = _mm256_loadu_si256((const __m256i *)(xq[r] + (size_t)b * KRN_QK));
       vf dx = _mm256_broadcast_ss(xd[r] + b);
 #endif
-      MR_UNROLL for (int w = 0; w < MR_W; w++) {
+      MR_UNROLL for (int w = 0; w < NW; w++) {
         mr_vi dot = mr_dot(wv[w], wc[w], x, sg);
 #ifdef KRN_W512
         acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(vd[w], dx), acc[w][r]);
@@ -259,17 +259,17 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
     if (!sg && ((b + MR_PB) % MR_CH == 0 || b + MR_PB >= nb)) { // end of an offset chunk (or of the row)
       int c = b / MR_CH; // stale mloc entries past nb meet s = 0 padding
       if (c > 0)
-        MR_UNROLL for (int w = 0; w < MR_W; w++) {
+        MR_UNROLL for (int w = 0; w < NW; w++) {
           vf m = v_load(mloc[w][(c - 1) & 1]);
           MR_UNROLL for (int r = 0; r < R; r++) acc[w][r] = v_fma(m, v_load(xs[r] + (c - 1) * MR_CH), acc[w][r]);
         }
       if (b + MR_PB >= nb)
-        MR_UNROLL for (int w = 0; w < MR_W; w++) {
+        MR_UNROLL for (int w = 0; w < NW; w++) {
           vf m = v_load(mloc[w][c & 1]);
           MR_UNROLL for (int r = 0; r < R; r++) acc[w][r] = v_fma(m, v_load(xs[r] + c * MR_CH), acc[w][r]);
         }
     }
   }
-  MR_UNROLL for (int w = 0; w < MR_W; w++)
+  MR_UNROLL for (int w = 0; w < NW; w++)
     MR_UNROLL for (int r = 0; r < R; r++) out[w * MR_R + r] = v_hsum(acc[w][r]);
 }
