@@ -94,31 +94,42 @@ KRN_INLINE mr_vi mr_dot(mr_vi wv, mr_vi wc, mr_vi x, int sg) {
 }
 
 #ifdef KRN_W512
-// Q4_0 / Q4_1 blocks b and b + 1 of row wr in one go: their nibbles as [lo(b), hi(b), lo(b+1), hi(b+1)], the
-// scale per int32 lane, and the two offsets into m[0..1]. Half the instructions of two load_wblock calls, which is
-// what a batch-1 decode (one activation row per weight block) is bound by.
-KRN_INLINE void mr_load_q4_pair(const void *wr, krn_type wt, int b, mr_vi *wv, vf *vd, float *m) {
-  size_t bs = wt == KRN_Q4_1 ? sizeof(krn_block_q4_1) : sizeof(krn_block_q4_0);
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks b and b + 1 of row wr in one go: their nibbles as [lo(b), hi(b), lo(b+1),
+// hi(b+1)] (the Q5 types' fifth bits from one byte mask of both blocks' qh), the scale per int32 lane, and the two
+// offsets into m[0..1]. Half the instructions of two load_wblock calls, which is what a batch-1 decode (one
+// activation row per weight block) is bound by, and the Q5 bits in one masked move instead of a shuffle each.
+KRN_INLINE void mr_load_q_pair(const void *wr, krn_type wt, int b, mr_vi *wv, vf *vd, float *m) {
+  size_t bs = wt == KRN_Q4_0 ? sizeof(krn_block_q4_0) : wt == KRN_Q4_1 ? sizeof(krn_block_q4_1)
+            : wt == KRN_Q5_0 ? sizeof(krn_block_q5_0) : sizeof(krn_block_q5_1);
   const char *b0 = (const char *)wr + (size_t)b * bs, *b1 = b0 + bs;
-  const uint8_t *qs0 = wt == KRN_Q4_1 ? ((const krn_block_q4_1 *)b0)->qs : ((const krn_block_q4_0 *)b0)->qs;
-  const uint8_t *qs1 = wt == KRN_Q4_1 ? ((const krn_block_q4_1 *)b1)->qs : ((const krn_block_q4_0 *)b1)->qs;
-  __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qs0)),
-                                      _mm_loadu_si128((const __m128i *)qs1), 1);
+  size_t qo = wt == KRN_Q4_0 ? offsetof(krn_block_q4_0, qs) : wt == KRN_Q4_1 ? offsetof(krn_block_q4_1, qs)
+            : wt == KRN_Q5_0 ? offsetof(krn_block_q5_0, qs) : offsetof(krn_block_q5_1, qs);
+  __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qo))),
+                                      _mm_loadu_si128((const __m128i *)(b1 + qo)), 1);
   __m512i z = _mm512_shuffle_i64x2(_mm512_castsi256_si512(q), _mm512_castsi256_si512(q), 0x50); // q0 q0 q1 q1
   const __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
                                        0x0004000400040004LL, 0x0004000400040004LL);
-  *wv = _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(15));
-  // the first 4 bytes of each block: Q4_1 (d, m) halves; Q4_0 d and two bytes of qs (not read)
-  int32_t h0, h1;
-  memcpy(&h0, b0, 4);
-  memcpy(&h1, b1, 4);
-  __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(h0), h1, 1)); // d0 m0 d1 m1
+  __m512i w = _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(15));
+  if (wt == KRN_Q5_0 || wt == KRN_Q5_1) { // element i of a block takes bit i of its qh as 16
+    size_t ho = wt == KRN_Q5_0 ? offsetof(krn_block_q5_0, qh) : offsetof(krn_block_q5_1, qh);
+    uint32_t h0, h1;
+    memcpy(&h0, b0 + ho, 4);
+    memcpy(&h1, b1 + ho, 4);
+    w = _mm512_or_si512(w, _mm512_maskz_mov_epi8(_cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), _mm512_set1_epi8(16)));
+  }
+  *wv = w;
+  // the first 4 bytes of each block: Q4_1 / Q5_1 (d, m) halves; Q4_0 / Q5_0 d and two bytes not read as m
+  int32_t f0, f1;
+  memcpy(&f0, b0, 4);
+  memcpy(&f1, b1, 4);
+  __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(f0), f1, 1)); // d0 m0 d1 m1
   *vd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), _mm512_castps128_ps512(dm));
-  __m128 mm = wt == KRN_Q4_1 ? _mm_shuffle_ps(dm, dm, 0xdd) : _mm_mul_ps(_mm_shuffle_ps(dm, dm, 0x88), _mm_set1_ps(-8.0f));
+  __m128 mm = wt == KRN_Q4_1 || wt == KRN_Q5_1 ? _mm_shuffle_ps(dm, dm, 0xdd)
+              : _mm_mul_ps(_mm_shuffle_ps(dm, dm, 0x88), _mm_set1_ps(wt == KRN_Q4_0 ? -8.0f : -16.0f));
   _mm_storel_pi((__m64 *)m, mm);
 }
 
-// K-quant sub-blocks s and s + 1 (s even) of super-block b / 8 in one go, as mr_load_q4_pair: both come from the same
+// K-quant sub-blocks s and s + 1 (s even) of super-block b / 8 in one go, as mr_load_q_pair: both come from the same
 // 32 (Q4_K, Q5_K) or 64 (Q6_K) bytes of quants, so one load, one per-half variable shift and one mask serve both.
 // Q4_K / Q5_K: kd, km are the super-block's decoded scales and offsets (kq_scales); Q6_K: wv is the signed wq.
 KRN_INLINE void mr_load_k_pair(const void *wr, krn_type wt, int b, const float *kd, const float *km, mr_vi *wv,
@@ -192,8 +203,8 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
     vf vd[MR_W];
     MR_UNROLL for (int w = 0; w < NW; w++) {
 #ifdef KRN_W512
-      if ((wt == KRN_Q4_0 || wt == KRN_Q4_1) && b + 1 < nb) {
-        mr_load_q4_pair(wr[w], wt, b, &wv[w], &vd[w], &mloc[w][b / MR_CH & 1][b % MR_CH]);
+      if ((wt == KRN_Q4_0 || wt == KRN_Q4_1 || wt == KRN_Q5_0 || wt == KRN_Q5_1) && b + 1 < nb) {
+        mr_load_q_pair(wr[w], wt, b, &wv[w], &vd[w], &mloc[w][b / MR_CH & 1][b % MR_CH]);
         wc[w] = wv[w];
         continue;
       }

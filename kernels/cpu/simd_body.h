@@ -5,6 +5,7 @@
 // Defines one table; the including file names it KRN_SIMD_TABLE and its name string KRN_SIMD_NAME.
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
