@@ -110,11 +110,17 @@ static void stop_req(pfl_worker *w, pfl_req *r, int tell, const char *msg) {
   req_free(w, r);
 }
 
-void pfl_fail(pfl_worker *w, pfl_req *r, const char *fmt, const char *detail) {
+// Fails r with code (worker_failure; decode_failure when the decode worker it hands to is what broke, which the
+// router reads as "move it once my own link to that worker goes down too").
+static void fail_with(pfl_worker *w, pfl_req *r, const char *code, const char *fmt, const char *detail) {
   char msg[512];
   snprintf(msg, sizeof msg, fmt, detail);
-  wrk_send_error(r->router, r->req.id, "worker_failure", "%s", msg);
+  wrk_send_error(r->router, r->req.id, code, "%s", msg);
   stop_req(w, r, TELL_FAIL, msg);
+}
+
+void pfl_fail(pfl_worker *w, pfl_req *r, const char *fmt, const char *detail) {
+  fail_with(w, r, "worker_failure", fmt, detail);
 }
 
 // Posts one WRITE of layers [l0, l1) of our blocks [b0, b1) into the decode worker's matching blocks.
@@ -312,7 +318,7 @@ static void on_table(void *arg, srv_peer *from, const cJSON *m) {
   r->have_table = 1;
   if (sk > r->pushed_blocks) r->pushed_blocks = sk;
   if (r->pull) return; // waiting for a prefix fetch: its first step pushes every layer of what it has by then
-  if (catch_up(w, r) || maybe_finish(w, r)) pfl_fail(w, r, "KV push to %s failed", r->link->name);
+  if (catch_up(w, r) || maybe_finish(w, r)) fail_with(w, r, "decode_failure", "KV push to %s failed", r->link->name);
 }
 
 // Hands over the decode worker's block table if it came before the request did.
@@ -352,7 +358,8 @@ static void each_req(pfl_worker *w, void (*fn)(pfl_worker *, pfl_req *, const vo
 static void close_req(pfl_worker *w, pfl_req *r, const void *peer) {
   if (r->router == peer) stop_req(w, r, TELL_NONE, NULL); // the router went away: nobody wants it (the decode
                                                           // worker drops it too and asks with kv_fail)
-  else if (r->link && r->link->peer == peer && !r->handed_off) pfl_fail(w, r, "decode worker %s failed", r->link->name);
+  else if (r->link && r->link->peer == peer && !r->handed_off)
+    fail_with(w, r, "decode_failure", "decode worker %s failed", r->link->name);
 }
 
 static void on_close(void *arg, srv_peer *peer) {
@@ -361,7 +368,8 @@ static void on_close(void *arg, srv_peer *peer) {
   for (pfl_pull **pp = &w->pulls; *pp;) {
     pfl_pull *p = *pp;
     if (p->req && p->req->router == peer) req_free(w, p->req);
-    else if (p->req && p->req->link->peer == peer) pfl_fail(w, p->req, "decode worker %s failed", p->req->link->name);
+    else if (p->req && p->req->link->peer == peer)
+      fail_with(w, p->req, "decode_failure", "decode worker %s failed", p->req->link->name);
     if (p->src->peer != peer) {
       pp = &p->next;
       continue;
@@ -575,7 +583,7 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
       mdl_sampler_sample(r->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &r->first);
       r->computed = 1;
     }
-    if (!r->handed_off && (r->failed || maybe_finish(w, r))) pfl_fail(w, r, "KV push to %s failed", r->link->name);
+    if (!r->handed_off && (r->failed || maybe_finish(w, r))) fail_with(w, r, "decode_failure", "KV push to %s failed", r->link->name);
   }
   return 0;
 }

@@ -493,6 +493,7 @@ int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait) {
   c->link = nl;
   c->plink = np;
   c->resends++;
+  c->decode_lost_ms = 0;
   snprintf(c->id, sizeof c->id, "%s-%d-r%d", r->id, ci, c->resends);
   c->handed_off = 0;
   const char *fname = from >= 0 ? s->links[from].cfg->name : "?";
@@ -515,6 +516,13 @@ static void send_waiting_locked(rtr_server *s) {
     nx = r->next;
     for (int i = 0; i < r->q.n && !r->finished; i++) {
       rtr_choice *c = &r->ch[i];
+      if (c->decode_lost_ms && !c->finished && now > c->decode_lost_ms) { // its decode worker's link stayed up
+        rtr_error e;
+        rtr_fail(&e, 503, "server_error", NULL, "worker_failure", "prefill worker %s lost decode worker %s",
+                 c->plink >= 0 ? s->links[c->plink].cfg->name : "?", c->link >= 0 ? s->links[c->link].cfg->name : "?");
+        rtr_fail_locked(s, r, &e);
+        break;
+      }
       if (!c->wait_until_ms || c->finished) continue;
       if (send_choice_locked(s, r, i) == 0) {
         c->wait_until_ms = 0;

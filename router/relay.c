@@ -132,6 +132,7 @@ static void choice_end_locked(rtr_server *s, rtr_req *r, int ci) {
   if (c->finished) return;
   c->finished = 1;
   c->wait_until_ms = 0;
+  c->decode_lost_ms = 0;
   r->n_done++;
   rtr_choice_unlink_locked(s, c);
 }
@@ -482,6 +483,17 @@ void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   rtr_error e;
   // A worker shutting down refused it (it was sent before the worker said `draining`): another worker takes it.
   if (!strcmp(cs, "unavailable") && rtr_move_choice_locked(s, r, ci, 1) == 0) return;
+  // The prefill worker lost the decode worker it was handing to (killed: both connections to it close at once, and
+  // the prefill worker's word may come first). The choice moves as the router's own link goes down (link_down_locked)
+  // and waits there for the decode worker's restart; it fails only if that link stays up (RTR_DECODE_LOST_MS).
+  rtr_choice *c = &r->ch[ci];
+  if (!strcmp(cs, "decode_failure") && !c->handed_off && c->link >= 0 && c->link != c->plink) {
+    if (s->links[c->link].up) {
+      if (!c->decode_lost_ms) c->decode_lost_ms = now_us() / 1000 + RTR_DECODE_LOST_MS;
+      return;
+    }
+    if (rtr_move_choice_locked(s, r, ci, 1) == 0) return;
+  }
   rtr_fail(&e, status, status == 400 ? "invalid_request_error" : "server_error", NULL, cs, "%s",
            cJSON_IsString(msg) ? msg->valuestring : "the worker failed");
   choice_end_locked(s, r, ci); // the worker already dropped it: no cancel for this one

@@ -36,7 +36,7 @@ class KillDecode(f.FaultCase):
         # Every admitted request was on d0 (the only decode worker): its streams wait for the launcher's restart
         # (router.migration_wait_ms) and continue there; p0 drops the handoffs to the dead worker.
         ok, err = self.check_streams(load, t)
-        self.assertEqual(err, [], "streams failed although d0 came back")
+        self.assertEqual(err, [], "streams failed although d0 came back: %r\n%s" % ([load.res[i] for i in err], self.logs()))
         c.node.wait_for("d0 is up again", 30)
         self.check_moves(c, load, t, "d0", ("d0",))
         self.check_idle(c, ["p0", "d0"])
