@@ -516,12 +516,21 @@ static void send_waiting_locked(rtr_server *s) {
     nx = r->next;
     for (int i = 0; i < r->q.n && !r->finished; i++) {
       rtr_choice *c = &r->ch[i];
-      if (c->decode_lost_ms && !c->finished && now > c->decode_lost_ms) { // its decode worker's link stayed up
-        rtr_error e;
-        rtr_fail(&e, 503, "server_error", NULL, "worker_failure", "prefill worker %s lost decode worker %s",
-                 c->plink >= 0 ? s->links[c->plink].cfg->name : "?", c->link >= 0 ? s->links[c->link].cfg->name : "?");
-        rtr_fail_locked(s, r, &e);
-        break;
+      if (c->decode_lost_ms && !c->finished && now > c->decode_lost_ms) {
+        // its decode worker's link stayed up (a restarted worker the prefill worker had not linked to yet, or only
+        // the prefill-decode path broke): sent again while its moves last, failed after
+        char pname[64], dname[64];
+        snprintf(pname, sizeof pname, "%s", c->plink >= 0 ? s->links[c->plink].cfg->name : "?");
+        snprintf(dname, sizeof dname, "%s", c->link >= 0 ? s->links[c->link].cfg->name : "?");
+        c->decode_lost_ms = 0;
+        if (rtr_move_choice_locked(s, r, i, 1) < 0) {
+          rtr_error e;
+          rtr_fail(&e, 503, "server_error", NULL, "worker_failure", "prefill worker %s lost decode worker %s", pname,
+                   dname);
+          rtr_fail_locked(s, r, &e);
+          break;
+        }
+        continue;
       }
       if (!c->wait_until_ms || c->finished) continue;
       if (send_choice_locked(s, r, i) == 0) {

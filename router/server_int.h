@@ -27,8 +27,9 @@ typedef struct rtr_gate rtr_gate;
 
 #define LOGC "router"
 #define WAIT_TICK_MS 100     // how often a waiting connection checks its client is still there
-#define RTR_DECODE_LOST_MS 2000 // how long a choice whose prefill worker lost its decode worker waits for the
-                                // router's own link to that worker to go down (then it moves) before it fails
+#define RTR_DECODE_LOST_MS 500 // how long a choice whose prefill worker lost its decode worker waits for the
+                               // router's own link to that worker to go down (then it moves and waits for a worker)
+                               // before it is sent again as it is (or fails when its moves are used up)
 
 typedef struct rtr_link {
   rtr_server *s;               // (borrowed)
@@ -68,7 +69,7 @@ typedef struct rtr_choice {
   int64_t wait_until_ms;       // > 0: waiting (until then) for a worker to continue on; no worker holds it
   int64_t decode_lost_ms;      // > 0: its prefill worker lost the decode worker (error decode_failure) while the
                                // router's own link to it was up: the choice moves when that link goes down too, and
-                               // fails at this time if it does not (only the prefill-decode path broke)
+                               // is sent again at this time if it does not (RTR_DECODE_LOST_MS)
   int handed_off;              // a token came from the decode worker: it holds all the KV, plink no longer matters
   int64_t last_tok_us;
   size_t text_offset;
