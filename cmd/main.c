@@ -39,7 +39,8 @@ static void put(const char *s) {
 static void on_fault(int sig) {
   char num[16], *p = num + sizeof num;
   *--p = 0;
-  for (int v = sig; p == num + sizeof num - 1 || v > 0; v /= 10) *--p = (char)('0' + v % 10);
+  int v = sig;
+  do *--p = (char)('0' + v % 10); while ((v /= 10) > 0);
   put("dserve: fatal signal ");
   put(p);
   put(", backtrace:\n");

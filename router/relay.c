@@ -485,7 +485,8 @@ void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   if (!strcmp(cs, "unavailable") && rtr_move_choice_locked(s, r, ci, 1) == 0) return;
   // The prefill worker lost the decode worker it was handing to (killed: both connections to it close at once, and
   // the prefill worker's word may come first). The choice moves as the router's own link goes down (link_down_locked)
-  // and waits there for the decode worker's restart; it fails only if that link stays up (RTR_DECODE_LOST_MS).
+  // and waits there for the decode worker's restart; if that link stays up it is sent again after RTR_DECODE_LOST_MS
+  // (send_waiting_locked), and fails once its moves are used up.
   rtr_choice *c = &r->ch[ci];
   if (!strcmp(cs, "decode_failure") && !c->handed_off && c->link >= 0 && c->link != c->plink) {
     if (s->links[c->link].up) {
