@@ -70,7 +70,9 @@ static void on_fault(int sig) {
 #endif
 
 static void install_fault_report(void) {
-#ifndef DSERVE_ASAN
+#ifdef DSERVE_ASAN
+  (void)on_fault; // the sanitizer's own fault report is the better one
+#else
   void *warm[1];
   backtrace(warm, 1); // loads the unwinder now: the first call may allocate, which a handler must not
   struct sigaction sa;
