@@ -261,7 +261,7 @@ static void *handshake_main(void *arg) {
   cJSON_Delete(ch);
   cJSON *m = NULL;
   if (ok && srv_ctl_recv(p->ctl, &m, HELLO_TIMEOUT_MS, err, sizeof err) == 1 &&
-      !strcmp(cJSON_GetObjectItem(m, "op")->valuestring, "hello")) {
+      !strcmp(cJSON_GetObjectItemCaseSensitive(m, "op")->valuestring, "hello")) {
     // Always checked: a hub has a secret (srv_hub_new refuses to start without one), and nothing of this process
     // (hello_ok's KV layout, kvxfer metadata, the ops) reaches a peer before it proved it.
     const cJSON *auth = cJSON_GetObjectItemCaseSensitive(m, "auth");
@@ -389,7 +389,7 @@ srv_peer *srv_hub_connect(srv_hub *h, const char *host, int port, int timeout_ms
   cJSON *ch = NULL, *ok = NULL;
   int good = 0;
   if (srv_ctl_recv(p->ctl, &ch, timeout_ms, err, errlen) == 1 &&
-      !strcmp(cJSON_GetObjectItem(ch, "op")->valuestring, "challenge") &&
+      !strcmp(cJSON_GetObjectItemCaseSensitive(ch, "op")->valuestring, "challenge") &&
       cJSON_IsString(cJSON_GetObjectItemCaseSensitive(ch, "nonce"))) {
     cJSON *hello = cJSON_CreateObject();
     cJSON_AddStringToObject(hello, "op", "hello");
@@ -399,7 +399,7 @@ srv_peer *srv_hub_connect(srv_hub *h, const char *host, int port, int timeout_ms
     srv_auth_proof(h->secret, cJSON_GetObjectItemCaseSensitive(ch, "nonce")->valuestring, proof);
     cJSON_AddStringToObject(hello, "auth", proof);
     if (srv_ctl_send(p->ctl, hello) == 0 && srv_ctl_recv(p->ctl, &ok, timeout_ms, err, errlen) == 1 &&
-        !strcmp(cJSON_GetObjectItem(ok, "op")->valuestring, "hello_ok")) {
+        !strcmp(cJSON_GetObjectItemCaseSensitive(ok, "op")->valuestring, "hello_ok")) {
       good = 1;
     } else if (!ok || strcmp(err, "") == 0) {
       long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
@@ -471,12 +471,13 @@ void srv_event_done(srv_event *ev) {
   ev->peer = NULL;
 }
 
-int srv_peer_send(srv_peer *p, const cJSON *msg) { return srv_ctl_send(p->ctl, msg); }
+int srv_peer_send(srv_peer *p, const cJSON *msg) { return p ? srv_ctl_send(p->ctl, msg) : -1; }
 const char *srv_peer_name(const srv_peer *p) { return p->name; }
 const char *srv_peer_role(const srv_peer *p) { return p->role; }
 const cJSON *srv_peer_hello(const srv_peer *p) { return p->hello; }
 
 int srv_peer_alive(const srv_peer *p) {
+  if (!p) return 0; // a link whose reconnect failed holds none
   pthread_mutex_lock(&p->hub->mu);
   int a = p->alive;
   pthread_mutex_unlock(&p->hub->mu);

@@ -47,11 +47,11 @@ void srv_event_done(srv_event *ev);
 // Wakes a srv_hub_next waiter (e.g. compute finished) without an event.
 void srv_hub_wake(srv_hub *h);
 
-int srv_peer_send(srv_peer *p, const cJSON *msg);    // thread-safe; -1 when the connection is gone
+int srv_peer_send(srv_peer *p, const cJSON *msg);    // thread-safe; -1 when the connection is gone (or p is NULL)
 const char *srv_peer_name(const srv_peer *p);         // the name from its hello / hello_ok
 const char *srv_peer_role(const srv_peer *p);
 const cJSON *srv_peer_hello(const srv_peer *p);       // its hello (accepted) or hello_ok (connected)
-int srv_peer_alive(const srv_peer *p);
+int srv_peer_alive(const srv_peer *p);                // 0 for NULL
 void srv_peer_ref(srv_peer *p);
 void srv_peer_unref(srv_peer *p);
 void srv_peer_close(srv_peer *p);                     // shuts the connection; a closed event follows

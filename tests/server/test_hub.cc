@@ -110,7 +110,7 @@ TEST(Hub, NoSecretNoHub) {
 }
 
 // Raw peers (what an attacker on the host sends): a hello without auth, with a wrong proof, with an empty-key proof,
-// another op first. Each gets the challenge and then a closed connection, never a hello_ok (which carries the KV
+// another op first, a hello whose "op" an "OP" member shadows for a case-insensitive lookup. Each gets the challenge and then a closed connection, never a hello_ok (which carries the KV
 // layout and kvxfer metadata), and each is counted.
 TEST(Hub, RawHellosWithoutTheProofGetNoHelloOk) {
   char err[256];
@@ -122,8 +122,8 @@ TEST(Hub, RawHellosWithoutTheProofGetNoHelloOk) {
   so.hello_extra = [](void *, cJSON *ok) { cJSON_AddStringToObject(ok, "kvx_md", "secret-metadata"); };
   srv_hub *server = nullptr;
   ASSERT_EQ(srv_hub_new(&so, &server, err, sizeof err), 0) << err;
-  enum { NO_AUTH, WRONG, EMPTY_KEY, OTHER_OP };
-  for (int kind : {NO_AUTH, WRONG, EMPTY_KEY, OTHER_OP}) {
+  enum { NO_AUTH, WRONG, EMPTY_KEY, OTHER_OP, SHADOWED_OP };
+  for (int kind : {NO_AUTH, WRONG, EMPTY_KEY, OTHER_OP, SHADOWED_OP}) {
     int fd = srv_ctl_connect("127.0.0.1", srv_hub_port(server), 2000, err, sizeof err);
     ASSERT_GE(fd, 0) << err;
     srv_ctl *c = srv_ctl_new(fd);
@@ -132,6 +132,7 @@ TEST(Hub, RawHellosWithoutTheProofGetNoHelloOk) {
     EXPECT_STREQ(cJSON_GetObjectItem(ch, "op")->valuestring, "challenge");
     const char *nonce = cJSON_GetObjectItem(ch, "nonce")->valuestring;
     cJSON *m = cJSON_CreateObject();
+    if (kind == SHADOWED_OP) cJSON_AddNumberToObject(m, "OP", 1); // the hub read this one's NULL string and crashed
     cJSON_AddStringToObject(m, "op", kind == OTHER_OP ? "generate" : "hello");
     cJSON_AddStringToObject(m, "name", "intruder");
     cJSON_AddStringToObject(m, "role", "router");
