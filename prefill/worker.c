@@ -383,7 +383,7 @@ static void on_close(void *arg, srv_peer *peer) {
 
 static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
-  char code[64], e[512];
+  char code[64] = "", e[512];
   const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
   const char *id = cJSON_IsString(idj) ? idj->valuestring : "";
   pfl_req *r = calloc(1, sizeof *r);
@@ -391,7 +391,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   srv_peer_ref(from);
   r->router = from;
   const char *bad = NULL;
-  int link_failed = 0;
+  int link_failed = 0, decode_down = 0;
   // The router's hint (router.prefix_fetch): prefill worker prefix_peer holds the first prefix_blocks blocks.
   const cJSON *hp = cJSON_GetObjectItemCaseSensitive(m, "prefix_peer");
   const cJSON *hb = cJSON_GetObjectItemCaseSensitive(m, "prefix_blocks");
@@ -404,8 +404,11 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     bad = e;
   else if (strcmp(r->req.mode, "prefill") || !r->req.decode[0])
     bad = "a prefill worker serves mode \"prefill\" with a decode worker";
-  else if (!(r->link = pfl_link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e)))
+  else if (!(r->link = pfl_link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e))) {
     bad = e, link_failed = 1;
+    const srv_worker_cfg *d = srv_config_worker(w->sh.cfg, r->req.decode);
+    decode_down = d && d->role == SRV_ROLE_DECODE; // a decode worker of ours, unreachable (not a name we lack)
+  }
   else if (wrk_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
            mdl_sampler_new(&r->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), r->req.prompt, r->req.n_prompt,
                            &r->sampler, e, sizeof e))
@@ -420,7 +423,10 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
         dj->valuestring[0])
       l = pfl_link_for(w, dj->valuestring, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, le, sizeof le);
     if (l && cJSON_IsString(idj)) tell_decode(l, "kv_fail", idj->valuestring, bad);
-    wrk_send_error(from, id, bad == e && code[0] == 'c' ? code : "worker_failure", "%s", bad);
+    // decode_failure: the router sends it again once that decode worker is back (or moves it), as for a handoff the
+    // decode worker's death broke.
+    wrk_send_error(from, id, decode_down ? "decode_failure" : bad == e && code[0] == 'c' ? code : "worker_failure", "%s",
+                   bad);
     r->link = NULL;
     req_free(w, r);
     return;

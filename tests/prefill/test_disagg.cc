@@ -269,8 +269,9 @@ TEST(Disagg, GivingUpOnAHandoffSendsKvFailAndTheBlocksWaitForThePrefillWorkersAn
 
 } // namespace
 
-// d0 dies and comes back on the same port. Generates for it meanwhile fail at p0 (its reconnect is refused), and
-// each one after the first finds p0's link without a connection: p0 answered the first and then died of a NULL
+// d0 dies and comes back on the same port. Generates for it meanwhile fail at p0 with code decode_failure (its
+// reconnect is refused; the router sends those again once d0 is back), and each one after the first finds p0's link
+// without a connection: p0 answered the first and then died of a NULL
 // peer (a SIGSEGV in fault_test_kill's 1P1D run). Once d0 is back, p0 links to it again and serves.
 TEST(Disagg, PrefillWorkerLinksAgainToARestartedDecodeWorker) {
   if (access(kModel, R_OK)) GTEST_SKIP() << "model missing: run scripts/setup.sh";
@@ -287,7 +288,7 @@ TEST(Disagg, PrefillWorkerLinksAgainToARestartedDecodeWorker) {
     std::string id = "down" + std::to_string(i);
     c.send("p0", gen(id, p, 6, "\"mode\":\"prefill\",\"decode\":\"d0\""));
     auto r = collect(c, 1, 10000);
-    EXPECT_EQ(r[id].error, "worker_failure") << r[id].message << "\n" << c.log("p0");
+    EXPECT_EQ(r[id].error, "decode_failure") << r[id].message << "\n" << c.log("p0");
     ASSERT_NE(waitpid(c.pids["p0"], nullptr, WNOHANG), c.pids["p0"]) << "p0 died\n" << c.log("p0");
   }
   c.pids["d0"] = spawn("decode", c.dir + "/c.json", "d0", c.dir + "/d0.again.log");
