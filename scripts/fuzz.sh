@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/fuzz.sh: builds the libFuzzer targets (clang, build-fuzz) and runs each for SECONDS over a copy of its seed corpus.
 # usage: scripts/fuzz.sh [SECONDS] [TARGET...]     SECONDS default 60; TARGET default: every tests/fuzz/fuzz_*.c
+# FUZZ_PARALLEL: targets fuzzed at once (default: the number of cores); FUZZ_JOBS: build jobs (default 2).
 # Prints one line per target; exits non-zero when any target crashed, leaked, hung or failed to build, with the
 # reproducer's path (artifacts and logs in build-fuzz/fuzz-artifacts/). The committed corpus is never modified.
 set -u
@@ -27,14 +28,35 @@ fi
 art="$bdir/fuzz-artifacts"
 mkdir -p "$art"
 fail=0
-for t in "${targets[@]}"; do
-  if ! cmake --build "$bdir" --target "$t" -j"$jobs" >"$art/$t.build.log" 2>&1; then
-    echo "$t: FAIL build (see $art/$t.build.log)"
-    grep -m3 -E 'error' "$art/$t.build.log" | sed "s/^/  $t: /"
-    fail=1
-    continue
-  fi
-  tests/fuzz/run_fuzz.sh "$bdir/tests/fuzz/$t" "tests/fuzz/corpus/$t" "$art" "$secs" || fail=1
+# Every target first in one build (a failure is then pinned to its target), then up to FUZZ_PARALLEL at once (default:
+# one per core; each fuzzer is one process), results printed in the order of the targets.
+built=()
+if cmake --build "$bdir" --target "${targets[@]}" -j"$jobs" >"$art/build.log" 2>&1; then
+  built=("${targets[@]}")
+else
+  for t in "${targets[@]}"; do
+    if cmake --build "$bdir" --target "$t" -j"$jobs" >"$art/$t.build.log" 2>&1; then
+      built+=("$t")
+    else
+      echo "$t: FAIL build (see $art/$t.build.log)"
+      grep -m3 -E 'error' "$art/$t.build.log" | sed "s/^/  $t: /"
+      fail=1
+    fi
+  done
+fi
+par=${FUZZ_PARALLEL:-$(nproc)}
+rm -f "$art"/*.result "$art"/*.rc
+running=0
+for t in "${built[@]}"; do
+  if [ "$running" -ge "$par" ]; then wait -n; running=$((running - 1)); fi
+  (tests/fuzz/run_fuzz.sh "$bdir/tests/fuzz/$t" "tests/fuzz/corpus/$t" "$art" "$secs" >"$art/$t.result" 2>&1
+   echo $? >"$art/$t.rc") &
+  running=$((running + 1))
+done
+wait
+for t in "${built[@]}"; do
+  cat "$art/$t.result"
+  [ "$(cat "$art/$t.rc" 2>/dev/null)" = 0 ] || fail=1
 done
 [ $fail -eq 0 ] && echo "fuzz.sh: all ${#targets[@]} targets clean for ${secs}s each" || echo "fuzz.sh: FAILURES (artifacts in $art)"
 exit $fail
