@@ -45,6 +45,7 @@ else
   done
 fi
 par=${FUZZ_PARALLEL:-$(nproc)}
+[[ "$par" =~ ^[1-9][0-9]*$ ]] || par=1
 rm -f "$art"/*.result "$art"/*.rc
 running=0
 for t in "${built[@]}"; do
