@@ -17,6 +17,17 @@
 
 // ---- links to decode workers and peer prefill workers ----
 
+// The configuration of worker name when it is another worker of role in this cluster; else NULL, and why in err
+// (which may be NULL).
+static const srv_worker_cfg *peer_cfg(pfl_worker *w, const char *name, srv_role role, char *err, size_t errlen) {
+  const srv_worker_cfg *d = srv_config_worker(w->sh.cfg, name);
+  if (d && d->role == role && strcmp(name, w->sh.rt->w->name)) return d;
+  if (err)
+    snprintf(err, errlen, "'%s' is not a%s %s worker of this cluster", name, role == SRV_ROLE_PREFILL ? "nother" : "",
+             srv_role_name(role));
+  return NULL;
+}
+
 // The control link to worker name of role, connecting (bounded by timeout_ms) when there is none or it dropped.
 // A decode worker's link also loads its kvxfer metadata (we write into its pool); either checks that the
 // peer's KV layout matches ours.
@@ -25,12 +36,8 @@ pfl_link *pfl_link_for(pfl_worker *w, const char *name, srv_role role, int timeo
   for (int i = 0; i < w->n_links; i++)
     if (!strcmp(w->links[i]->name, name)) l = w->links[i];
   if (l && srv_peer_alive(l->peer)) return l;
-  const srv_worker_cfg *d = srv_config_worker(w->sh.cfg, name);
-  if (!d || d->role != role || !strcmp(name, w->sh.rt->w->name)) {
-    snprintf(err, errlen, "'%s' is not a%s %s worker of this cluster", name, role == SRV_ROLE_PREFILL ? "nother" : "",
-             srv_role_name(role));
-    return NULL;
-  }
+  const srv_worker_cfg *d = peer_cfg(w, name, role, err, errlen);
+  if (!d) return NULL;
   if (!l) {
     pfl_link **nl = realloc(w->links, (size_t)(w->n_links + 1) * sizeof *nl);
     if (nl) w->links = nl;
@@ -406,8 +413,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     bad = "a prefill worker serves mode \"prefill\" with a decode worker";
   else if (!(r->link = pfl_link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e))) {
     bad = e, link_failed = 1;
-    const srv_worker_cfg *d = srv_config_worker(w->sh.cfg, r->req.decode);
-    decode_down = d && d->role == SRV_ROLE_DECODE; // a decode worker of ours, unreachable (not a name we lack)
+    decode_down = peer_cfg(w, r->req.decode, SRV_ROLE_DECODE, NULL, 0) != NULL; // ours, unreachable
   }
   else if (wrk_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
            mdl_sampler_new(&r->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), r->req.prompt, r->req.n_prompt,
@@ -425,8 +431,8 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     if (l && cJSON_IsString(idj)) tell_decode(l, "kv_fail", idj->valuestring, bad);
     // decode_failure: the router sends it again once that decode worker is back (or moves it), as for a handoff the
     // decode worker's death broke.
-    wrk_send_error(from, id, decode_down ? "decode_failure" : bad == e && code[0] == 'c' ? code : "worker_failure", "%s",
-                   bad);
+    const char *ecode = bad == e && code[0] == 'c' ? code : "worker_failure";
+    wrk_send_error(from, id, decode_down ? "decode_failure" : ecode, "%s", bad);
     r->link = NULL;
     req_free(w, r);
     return;

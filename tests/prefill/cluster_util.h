@@ -117,20 +117,29 @@ struct Cluster {
     o.role = "router";
     o.secret = DSERVE_TEST_SECRET;
     EXPECT_EQ(srv_hub_new(&o, &hub, err, sizeof err), 0) << err;
-    for (auto &s : specs) {
-      const std::string &n = s.name;
-      srv_peer *p = nullptr;
-      for (int i = 0; i < 300 && !p; i++) { // model loading takes a moment
-        if (waitpid(pids[n], nullptr, WNOHANG) == pids[n]) {
-          pids[n] = -1; // it died: its log says why
-          break;
-        }
-        p = srv_hub_connect(hub, "127.0.0.1", ports[n], 1000, err, sizeof err);
-        if (!p) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (auto &s : specs) connect(s.name);
+  }
+  // Connects the router's hub to worker n (waiting while its model loads), replacing any earlier connection.
+  void connect(const std::string &n) {
+    char err[256] = "";
+    if (peers[n]) srv_peer_unref(peers[n]);
+    srv_peer *p = nullptr;
+    for (int i = 0; i < 300 && !p; i++) { // model loading takes a moment
+      if (waitpid(pids[n], nullptr, WNOHANG) == pids[n]) {
+        pids[n] = -1; // it died: its log says why
+        break;
       }
-      EXPECT_NE(p, nullptr) << n << ": " << err << "\n" << log(n);
-      peers[n] = p;
+      p = srv_hub_connect(hub, "127.0.0.1", ports[n], 1000, err, sizeof err);
+      if (!p) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    EXPECT_NE(p, nullptr) << n << ": " << err << "\n" << log(n);
+    peers[n] = p;
+  }
+  // Starts worker n again (after it died or was killed and reaped) on its port, and connects to it.
+  void restart(const std::string &n) {
+    for (auto &s : specs)
+      if (s.name == n) pids[n] = spawn(s.role, dir + "/c.json", n, dir + "/" + n + ".log");
+    connect(n);
   }
   ~Cluster() {
     for (auto &p : peers)

@@ -110,8 +110,9 @@ TEST(Hub, NoSecretNoHub) {
 }
 
 // Raw peers (what an attacker on the host sends): a hello without auth, with a wrong proof, with an empty-key proof,
-// another op first, a hello whose "op" an "OP" member shadows for a case-insensitive lookup. Each gets the challenge and then a closed connection, never a hello_ok (which carries the KV
-// layout and kvxfer metadata), and each is counted.
+// another op first, a hello whose "op" an "OP" member shadows for a case-insensitive lookup. Each gets the challenge
+// and then a closed connection, never a hello_ok (which carries the KV layout and kvxfer metadata), and each is
+// counted.
 TEST(Hub, RawHellosWithoutTheProofGetNoHelloOk) {
   char err[256];
   srv_hub_opts so = {};
