@@ -18,6 +18,8 @@
 
 #include "server/ctl.h"
 #include "kvxfer/kvx_crypto.h"
+#include "proto/hello.h"
+#include "proto/request.h"
 
 #define HELLO_TIMEOUT_MS 5000
 
@@ -165,13 +167,11 @@ static void read_until_closed(srv_peer *p) {
     cJSON *m = NULL;
     int rc = srv_ctl_recv(p->ctl, &m, -1, err, sizeof err);
     if (rc <= 0) break;
-    const cJSON *op = cJSON_GetObjectItemCaseSensitive(m, "op");
-    if (cJSON_IsString(op) && !strcmp(op->valuestring, "ping")) {
+    if (prt_is(m, PRT_OP_PING)) {
       // Answered here, not by the owner's event loop: proves the process is alive and reachable even while a long
       // compute step keeps its loop busy (the router's link_dead_ms check).
-      cJSON *pong = cJSON_CreateObject();
-      cJSON_AddStringToObject(pong, "op", "pong");
-      srv_ctl_send(p->ctl, pong);
+      cJSON *pong = prt_bare_encode(PRT_OP_PONG);
+      if (pong) srv_ctl_send(p->ctl, pong);
       cJSON_Delete(pong);
       cJSON_Delete(m);
       continue;
@@ -253,26 +253,42 @@ static void *handshake_main(void *arg) {
   srv_hub *h = p->hub;
   char err[256] = "timed out", nonce[33];
   make_nonce(nonce);
-  cJSON *ch = cJSON_CreateObject();
-  cJSON_AddStringToObject(ch, "op", "challenge");
-  cJSON_AddStringToObject(ch, "nonce", nonce);
-  cJSON_AddStringToObject(ch, "name", h->name);
-  int ok = srv_ctl_send(p->ctl, ch) == 0;
+  cJSON *ch = prt_challenge_encode(&(prt_challenge){.nonce = nonce, .name = h->name}, err, sizeof err);
+  int ok = ch && srv_ctl_send(p->ctl, ch) == 0;
   cJSON_Delete(ch);
   cJSON *m = NULL;
-  if (ok && srv_ctl_recv(p->ctl, &m, HELLO_TIMEOUT_MS, err, sizeof err) == 1 &&
-      !strcmp(cJSON_GetObjectItemCaseSensitive(m, "op")->valuestring, "hello")) {
+  if (ok && srv_ctl_recv(p->ctl, &m, HELLO_TIMEOUT_MS, err, sizeof err) == 1 && prt_is(m, PRT_OP_HELLO)) {
     // Always checked: a hub has a secret (srv_hub_new refuses to start without one), and nothing of this process
     // (hello_ok's KV layout, kvxfer metadata, the ops) reaches a peer before it proved it.
-    const cJSON *auth = cJSON_GetObjectItemCaseSensitive(m, "auth");
+    prt_hello hm;
+    char derr[256];
+    int bad = prt_hello_decode(m, &hm, derr, sizeof derr);
     char want[65];
     srv_auth_proof(h->secret, nonce, want);
-    if (!h->secret[0] || !(cJSON_IsString(auth) && srv_consttime_eq(auth->valuestring, want))) {
+    const char *who = printable_name(cJSON_GetObjectItemCaseSensitive(m, "name"));
+    if (bad || !h->secret[0] || !(hm.auth && srv_consttime_eq(hm.auth, want))) {
       long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
-      fprintf(stderr,
-              "dserve %s: refused a control peer from %s (hello as '%s'): %s shared-secret proof (%ld refused so far)\n",
-              h->name, p->addr, printable_name(cJSON_GetObjectItemCaseSensitive(m, "name")),
-              cJSON_IsString(auth) ? "wrong" : "missing", n);
+      if (bad)
+        fprintf(stderr, "dserve %s: refused a control peer from %s (hello as '%s'): malformed hello: %s (%ld refused "
+                "so far)\n", h->name, p->addr, who, derr, n);
+      else
+        fprintf(stderr,
+                "dserve %s: refused a control peer from %s (hello as '%s'): %s shared-secret proof (%ld refused so far)\n",
+                h->name, p->addr, who, hm.auth ? "wrong" : "missing", n);
+      ok = 0;
+    } else if (hm.proto != PRT_VERSION) {
+      // It proved the secret, so it hears why: every process of a cluster is built from one tree.
+      char why[256];
+      if (hm.proto < 0)
+        snprintf(why, sizeof why, "hello without a protocol version (proto); %s speaks control protocol version %d",
+                 h->name, PRT_VERSION);
+      else
+        snprintf(why, sizeof why, "control protocol version %d refused: %s speaks version %d", hm.proto, h->name,
+                 PRT_VERSION);
+      fprintf(stderr, "dserve %s: refused a control peer from %s (hello as '%s'): %s\n", h->name, p->addr, who, why);
+      cJSON *e = prt_error_encode(&(prt_error){.message = why, .code = "protocol_version"}, NULL, 0);
+      if (e) srv_ctl_send(p->ctl, e);
+      cJSON_Delete(e);
       ok = 0;
     }
   } else {
@@ -286,12 +302,9 @@ static void *handshake_main(void *arg) {
   }
   if (ok) {
     take_names(p, m);
-    cJSON *reply = cJSON_CreateObject();
-    cJSON_AddStringToObject(reply, "op", "hello_ok");
-    cJSON_AddStringToObject(reply, "name", h->name);
-    cJSON_AddStringToObject(reply, "role", h->role);
-    if (h->hello_extra) h->hello_extra(h->hello_arg, reply);
-    ok = srv_ctl_send(p->ctl, reply) == 0;
+    cJSON *reply = prt_hello_ok_encode(&(prt_hello_ok){.name = h->name, .role = h->role}, NULL, 0);
+    if (reply && h->hello_extra) h->hello_extra(h->hello_arg, reply);
+    ok = reply && srv_ctl_send(p->ctl, reply) == 0;
     cJSON_Delete(reply);
   } else {
     cJSON_Delete(m);
@@ -388,19 +401,20 @@ srv_peer *srv_hub_connect(srv_hub *h, const char *host, int port, int timeout_ms
   }
   cJSON *ch = NULL, *ok = NULL;
   int good = 0;
-  if (srv_ctl_recv(p->ctl, &ch, timeout_ms, err, errlen) == 1 &&
-      !strcmp(cJSON_GetObjectItemCaseSensitive(ch, "op")->valuestring, "challenge") &&
-      cJSON_IsString(cJSON_GetObjectItemCaseSensitive(ch, "nonce"))) {
-    cJSON *hello = cJSON_CreateObject();
-    cJSON_AddStringToObject(hello, "op", "hello");
-    cJSON_AddStringToObject(hello, "name", h->name);
-    cJSON_AddStringToObject(hello, "role", h->role);
+  prt_challenge cm;
+  if (srv_ctl_recv(p->ctl, &ch, timeout_ms, err, errlen) == 1 && prt_is(ch, PRT_OP_CHALLENGE) &&
+      !prt_challenge_decode(ch, &cm, NULL, 0)) {
     char proof[65];
-    srv_auth_proof(h->secret, cJSON_GetObjectItemCaseSensitive(ch, "nonce")->valuestring, proof);
-    cJSON_AddStringToObject(hello, "auth", proof);
-    if (srv_ctl_send(p->ctl, hello) == 0 && srv_ctl_recv(p->ctl, &ok, timeout_ms, err, errlen) == 1 &&
-        !strcmp(cJSON_GetObjectItemCaseSensitive(ok, "op")->valuestring, "hello_ok")) {
+    srv_auth_proof(h->secret, cm.nonce, proof);
+    cJSON *hello = prt_hello_encode(
+        &(prt_hello){.name = h->name, .role = h->role, .auth = proof, .proto = PRT_VERSION}, err, errlen);
+    prt_error refusal;
+    if (hello && srv_ctl_send(p->ctl, hello) == 0 && srv_ctl_recv(p->ctl, &ok, timeout_ms, err, errlen) == 1 &&
+        prt_is(ok, PRT_OP_HELLO_OK)) {
       good = 1;
+    } else if (ok && prt_is(ok, PRT_OP_ERROR) && !prt_error_decode(ok, &refusal, NULL, 0)) {
+      snprintf(err, errlen, "%s:%d refused the hello: %s", host, port, refusal.message);
+      fprintf(stderr, "dserve %s: %s\n", h->name, err);
     } else if (!ok || strcmp(err, "") == 0) {
       long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
       snprintf(err, errlen, "%s:%d refused the hello (wrong shared secret?)", host, port);

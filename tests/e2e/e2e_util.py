@@ -453,7 +453,7 @@ class Control:
         ch = self.recv()
         if ch.get("op") != "challenge":
             raise AssertionError("expected challenge, got %r" % ch)
-        self.send({"op": "hello", "role": "router", "name": name,
+        self.send({"op": "hello", "role": "router", "name": name, "proto": 1,  # PRT_VERSION (proto/proto.h)
                    "auth": auth_proof(TEST_SECRET if secret is None else secret, ch["nonce"])})
         ok = self.recv()
         if ok.get("op") != "hello_ok":

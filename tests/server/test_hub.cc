@@ -5,6 +5,7 @@
 
 #include "server/ctl.h"
 #include "server/hub.h"
+#include "proto/proto.h"
 
 TEST(HubAuth, ProofIsHmacSha256OfTheNonce) {
   // RFC 4231 test case 2: HMAC-SHA256("Jefe", "what do ya want for nothing?")
@@ -150,6 +151,53 @@ TEST(Hub, RawHellosWithoutTheProofGetNoHelloOk) {
     srv_ctl_free(c);
     EXPECT_EQ(srv_hub_auth_failures(server), kind + 1);
   }
+  srv_event ev;
+  EXPECT_EQ(srv_hub_next(server, &ev, 100), 0);
+  srv_hub_free(server);
+}
+
+// A hello with the right proof but another protocol version, or none, gets an error naming both versions, then the
+// connection closes; it is not counted as an authentication failure.
+TEST(Hub, OtherProtocolVersionIsRefused) {
+  char err[256];
+  srv_hub_opts so = {};
+  so.name = "w0";
+  so.role = "decode";
+  so.secret = "the-cluster-secret";
+  so.host = "127.0.0.1";
+  srv_hub *server = nullptr;
+  ASSERT_EQ(srv_hub_new(&so, &server, err, sizeof err), 0) << err;
+  for (int version : {PRT_VERSION + 1, -1}) {
+    int fd = srv_ctl_connect("127.0.0.1", srv_hub_port(server), 2000, err, sizeof err);
+    ASSERT_GE(fd, 0) << err;
+    srv_ctl *c = srv_ctl_new(fd);
+    cJSON *ch = nullptr;
+    ASSERT_EQ(srv_ctl_recv(c, &ch, 2000, err, sizeof err), 1) << err;
+    char proof[65];
+    srv_auth_proof("the-cluster-secret", cJSON_GetObjectItem(ch, "nonce")->valuestring, proof);
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "op", PRT_OP_HELLO);
+    cJSON_AddStringToObject(m, "name", "r-old");
+    cJSON_AddStringToObject(m, "role", "router");
+    cJSON_AddStringToObject(m, "auth", proof);
+    if (version >= 0) cJSON_AddNumberToObject(m, "proto", version);
+    ASSERT_EQ(srv_ctl_send(c, m), 0);
+    cJSON_Delete(m);
+    cJSON_Delete(ch);
+    cJSON *reply = nullptr;
+    ASSERT_EQ(srv_ctl_recv(c, &reply, 3000, err, sizeof err), 1) << err;
+    EXPECT_STREQ(cJSON_GetObjectItem(reply, "op")->valuestring, PRT_OP_ERROR);
+    std::string why = cJSON_GetObjectItem(reply, "message")->valuestring;
+    EXPECT_NE(why.find("version " + std::to_string(PRT_VERSION)), std::string::npos) << why;
+    if (version >= 0) EXPECT_NE(why.find("version " + std::to_string(version)), std::string::npos) << why;
+    else EXPECT_NE(why.find("without a protocol version"), std::string::npos) << why;
+    cJSON_Delete(reply);
+    reply = nullptr;
+    EXPECT_EQ(srv_ctl_recv(c, &reply, 3000, err, sizeof err), -1);
+    cJSON_Delete(reply);
+    srv_ctl_free(c);
+  }
+  EXPECT_EQ(srv_hub_auth_failures(server), 0);
   srv_event ev;
   EXPECT_EQ(srv_hub_next(server, &ev, 100), 0);
   srv_hub_free(server);

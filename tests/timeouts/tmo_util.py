@@ -146,7 +146,8 @@ def connect(port, secret, role="router", name="probe", timeout=10.0):
         ch = c.recv(timeout)
         if ch.get("op") != "challenge":
             raise AssertionError("expected challenge, got %r" % ch)
-        c.send({"op": "hello", "role": role, "name": name, "auth": proof(secret, ch["nonce"])})
+        # "proto": PRT_VERSION (proto/proto.h); a hub refuses a hello without it
+        c.send({"op": "hello", "role": role, "name": name, "proto": 1, "auth": proof(secret, ch["nonce"])})
         ok = c.recv(timeout)
         if ok.get("op") != "hello_ok":
             raise AssertionError("expected hello_ok, got %r" % ok)

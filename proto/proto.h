@@ -1,0 +1,58 @@
+// proto/proto.h: the control protocol's op names, its version, and the helpers every message codec shares.
+// Each message is one flat struct with its encoder and decoder side by side (hello.h, request.h, handoff.h,
+// prefix.h, stats.h, events.h; docs/protocol.md's table is checked against prt_ops by tests/proto).
+#ifndef DSERVE_PRT_PROTO_H
+#define DSERVE_PRT_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// The protocol version a hello carries ("proto"); a listener refuses a peer whose version differs.
+#define PRT_VERSION 1
+
+// Every op, in docs/protocol.md's table order. These are the only spellings of the op names in the tree.
+#define PRT_OP_CHALLENGE "challenge"
+#define PRT_OP_HELLO "hello"
+#define PRT_OP_HELLO_OK "hello_ok"
+#define PRT_OP_GENERATE "generate"
+#define PRT_OP_TOKEN "token"
+#define PRT_OP_DONE "done"
+#define PRT_OP_ERROR "error"
+#define PRT_OP_CANCEL "cancel"
+#define PRT_OP_DRAINING "draining"
+#define PRT_OP_PING "ping"
+#define PRT_OP_PONG "pong"
+#define PRT_OP_STATS "stats"
+#define PRT_OP_STATS_OK "stats_ok"
+#define PRT_OP_KV_TABLE "kv_table"
+#define PRT_OP_KV_FIRST "kv_first"
+#define PRT_OP_KV_STARTED "kv_started"
+#define PRT_OP_KV_FAIL "kv_fail"
+#define PRT_OP_KV_FREED "kv_freed"
+#define PRT_OP_PREFIX_PULL "prefix_pull"
+#define PRT_OP_PREFIX_PULLED "prefix_pulled"
+#define PRT_OP_PREFIX_FAIL "prefix_fail"
+#define PRT_OP_KV_EVENTS "kv_events"
+
+extern const char *const prt_ops[]; // (prt_n_ops) every PRT_OP_*, in the table's order
+extern const int prt_n_ops;
+
+// The op of message m ("" when m has no string "op"). Never NULL.
+const char *prt_op(const cJSON *m);
+// 1 when m's op is op.
+int prt_is(const cJSON *m, const char *op);
+// A new message {"op": op} (owned by the caller), NULL on out of memory.
+cJSON *prt_new(const char *op);
+// A message with no field but its op (draining, ping, pong, stats), owned by the caller; NULL on out of memory.
+cJSON *prt_bare_encode(const char *op);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
