@@ -1,6 +1,7 @@
 // decode/worker.c: the generation loop of a both/decode worker: admit, batch, forward, sample, stream.
 // A decode worker also receives prompts' KV from prefill workers (docs/protocol.md, "Handoff").
 #include "decode/worker.h"
+#include "proto/proto.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -75,7 +76,7 @@ typedef struct dec_worker {
 static void send_token(dec_seq *s, const char *text, size_t len, const int32_t *ids, int n_ids,
                        const mdl_sampled *lp) {
   cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", "token");
+  cJSON_AddStringToObject(m, "op", PRT_OP_TOKEN);
   cJSON_AddStringToObject(m, "id", s->req.id);
   char *t = malloc(len + 1);
   if (t) {
@@ -94,7 +95,7 @@ static void send_token(dec_seq *s, const char *text, size_t len, const int32_t *
 
 static void send_done(dec_seq *s, const char *finish_reason) {
   cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", "done");
+  cJSON_AddStringToObject(m, "op", PRT_OP_DONE);
   cJSON_AddStringToObject(m, "id", s->req.id);
   cJSON_AddStringToObject(m, "finish_reason", finish_reason);
   cJSON_AddNumberToObject(m, "prompt_tokens", s->req.n_prompt);
@@ -137,7 +138,7 @@ static int hold(dec_worker *w, dec_seq *s) {
     w->cap_held = cap;
   }
   cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", "kv_fail");
+  cJSON_AddStringToObject(m, "op", PRT_OP_KV_FAIL);
   cJSON_AddStringToObject(m, "id", s->req.id);
   cJSON_AddStringToObject(m, "message", "the decode worker dropped the request");
   int rc = srv_peer_send(p, m);
@@ -250,7 +251,7 @@ static int resume(dec_worker *w, dec_seq *s) {
   if (s->handoff) { // the prefill worker computes it for nothing: it frees its side on kv_fail
     srv_peer *p = prefill_peer(w, s->req.prefill);
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "op", "kv_fail");
+    cJSON_AddStringToObject(m, "op", PRT_OP_KV_FAIL);
     cJSON_AddStringToObject(m, "id", s->req.id);
     cJSON_AddStringToObject(m, "message", "the stream had already ended");
     if (p) srv_peer_send(p, m);
@@ -385,7 +386,7 @@ static void try_send_table(dec_worker *w, dec_seq *s) {
   if (!p) return; // sent when the prefill worker connects
   srv_debug(w->sh.rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
   cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", "kv_table");
+  cJSON_AddStringToObject(m, "op", PRT_OP_KV_TABLE);
   cJSON_AddStringToObject(m, "id", s->req.id);
   wrk_kvwire_add_table(m, w->sh.rt->kv, s->seq.blocks.ids, s->seq.blocks.n);
   cJSON_AddNumberToObject(m, "skip_blocks", s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size);
@@ -565,9 +566,9 @@ static void on_kv_first(void *arg, srv_peer *from, const cJSON *m) {
 }
 
 static const wrk_op OPS[] = {
-    {"hello", on_hello}, {"generate", on_generate}, {"cancel", on_cancel},
-    {"stats", on_stats}, {"kv_first", on_kv_first}, {"kv_fail", on_kv_fail},
-    {"kv_started", on_kv_started}, {"kv_freed", on_kv_freed},
+    {PRT_OP_HELLO, on_hello}, {PRT_OP_GENERATE, on_generate}, {PRT_OP_CANCEL, on_cancel},
+    {PRT_OP_STATS, on_stats}, {PRT_OP_KV_FIRST, on_kv_first}, {PRT_OP_KV_FAIL, on_kv_fail},
+    {PRT_OP_KV_STARTED, on_kv_started}, {PRT_OP_KV_FREED, on_kv_freed},
 };
 
 // kvxfer notifications: "<request id>" once a prompt's last KV write has landed.
@@ -610,7 +611,7 @@ static void tell_draining(dec_worker *w, dec_seq *s, void *arg) {
   if ((*told)[i]) return;
   (*told)[i] = s->router;
   cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", "draining");
+  cJSON_AddStringToObject(m, "op", PRT_OP_DRAINING);
   srv_peer_send(s->router, m);
   cJSON_Delete(m);
 }

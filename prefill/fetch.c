@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "prefill/worker_int.h"
+#include "proto/proto.h"
 #include "server/log.h"
 #include "worker/kvpool.h"
 #include "worker/kvstage.h"
@@ -96,7 +97,7 @@ int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
   if (wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0 ||
       (wrk_prefix_evict_for(px, k) >= 0 && wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0)) {
     cJSON *msg = cJSON_CreateObject();
-    cJSON_AddStringToObject(msg, "op", "prefix_pull");
+    cJSON_AddStringToObject(msg, "op", PRT_OP_PREFIX_PULL);
     cJSON_AddStringToObject(msg, "id", r->req.id);
     cJSON *t = cJSON_AddArrayToObject(msg, "tokens");
     for (int i = 0; i < want * bs; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(r->seq.toks[i]));

@@ -2,6 +2,7 @@
 // as soon as that layer is done, then sends the first token (docs/protocol.md, "Handoff"); a prefix a peer
 // prefill worker holds is fetched by fetch.c.
 #include "prefill/worker.h"
+#include "proto/proto.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -112,8 +113,9 @@ static void stop_req(pfl_worker *w, pfl_req *r, int tell, const char *msg) {
     r->handed_off = 1; // reap frees it
     return;
   }
-  if (r->tell == TELL_FAIL) tell_decode(r->link, "kv_fail", r->req.id, r->fail_msg ? r->fail_msg : "prefill failed");
-  else if (r->tell == TELL_FREED) tell_decode(r->link, "kv_freed", r->req.id, NULL);
+  if (r->tell == TELL_FAIL)
+    tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, r->fail_msg ? r->fail_msg : "prefill failed");
+  else if (r->tell == TELL_FREED) tell_decode(r->link, PRT_OP_KV_FREED, r->req.id, NULL);
   req_free(w, r);
 }
 
@@ -232,7 +234,7 @@ static int maybe_finish(pfl_worker *w, pfl_req *r) {
   if (!r->handed_off && !r->failed) {
     if (push(w, r, 0, 0, 0, 0, 1)) return -1; // the notification
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "op", "kv_first");
+    cJSON_AddStringToObject(m, "op", PRT_OP_KV_FIRST);
     cJSON_AddStringToObject(m, "id", r->req.id);
     cJSON_AddNumberToObject(m, "cached_tokens", r->seq.n_cached);
     wrk_kvwire_add_sampled(m, &r->first);
@@ -257,8 +259,9 @@ static void reap(pfl_worker *w) {
     }
     if (bad) fprintf(stderr, "dserve %s: a KV write failed after the handoff\n", w->sh.rt->w->name);
     if (pending) continue;
-    if (r->tell == TELL_FAIL) tell_decode(r->link, "kv_fail", r->req.id, r->fail_msg ? r->fail_msg : "prefill failed");
-    else if (r->tell == TELL_FREED) tell_decode(r->link, "kv_freed", r->req.id, NULL);
+    if (r->tell == TELL_FAIL)
+    tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, r->fail_msg ? r->fail_msg : "prefill failed");
+    else if (r->tell == TELL_FREED) tell_decode(r->link, PRT_OP_KV_FREED, r->req.id, NULL);
     req_free(w, r);
   }
 }
@@ -337,7 +340,7 @@ void pfl_take_early_table(pfl_worker *w, pfl_req *r) {
       srv_peer *from = w->early[i].from;
       w->early[i] = w->early[--w->n_early];
       const cJSON *op = cJSON_GetObjectItemCaseSensitive(m, "op");
-      if (cJSON_IsString(op) && !strcmp(op->valuestring, "kv_fail")) { // the decode worker gave up on it already
+      if (cJSON_IsString(op) && !strcmp(op->valuestring, PRT_OP_KV_FAIL)) { // the decode worker gave up on it already
         wrk_send_error(r->router, r->req.id, "worker_failure", "decode worker %s dropped the request", r->link->name);
         req_free(w, r); // it was told kv_freed when its kv_fail came
       } else {
@@ -428,7 +431,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     if (!l && !link_failed && cJSON_IsString(dj) && cJSON_IsString(mj) && !strcmp(mj->valuestring, "prefill") &&
         dj->valuestring[0])
       l = pfl_link_for(w, dj->valuestring, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, le, sizeof le);
-    if (l && cJSON_IsString(idj)) tell_decode(l, "kv_fail", idj->valuestring, bad);
+    if (l && cJSON_IsString(idj)) tell_decode(l, PRT_OP_KV_FAIL, idj->valuestring, bad);
     // decode_failure: the router sends it again once that decode worker is back (or moves it), as for a handoff the
     // decode worker's death broke.
     const char *ecode = bad == e && code[0] == 'c' ? code : "worker_failure";
@@ -482,7 +485,7 @@ static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
   }
   keep_early(w, from, m); // the marker: take_early_table drops the request
   cJSON *a = cJSON_CreateObject();
-  cJSON_AddStringToObject(a, "op", "kv_freed");
+  cJSON_AddStringToObject(a, "op", PRT_OP_KV_FREED);
   cJSON_AddStringToObject(a, "id", id->valuestring);
   srv_peer_send(from, a);
   cJSON_Delete(a);
@@ -499,7 +502,7 @@ static void send_started(pfl_worker *w) {
     if (r->started_sent || !r->have_table || r->handed_off || r->failed) continue;
     if (r->seq.n_done == r->seq.n_cached && r->seq.n_done < r->seq.n_toks) continue; // no step has computed any of it
     r->started_sent = 1;
-    tell_decode(r->link, "kv_started", r->req.id, NULL);
+    tell_decode(r->link, PRT_OP_KV_STARTED, r->req.id, NULL);
   }
 }
 
@@ -519,15 +522,15 @@ static void on_stats(void *arg, srv_peer *from, const cJSON *msg) {
 
 // "hello" needs nothing here (a router's is kv_events'; a peer prefill worker's link needs no bookkeeping).
 static const wrk_op OPS[] = {
-    {"hello", NULL},
-    {"generate", on_generate},
-    {"kv_table", on_table},
-    {"prefix_pull", on_prefix_pull},
-    {"prefix_pulled", on_prefix_pulled},
-    {"prefix_fail", on_prefix_fail},
-    {"cancel", on_cancel},
-    {"kv_fail", on_kv_fail},
-    {"stats", on_stats},
+    {PRT_OP_HELLO, NULL},
+    {PRT_OP_GENERATE, on_generate},
+    {PRT_OP_KV_TABLE, on_table},
+    {PRT_OP_PREFIX_PULL, on_prefix_pull},
+    {PRT_OP_PREFIX_PULLED, on_prefix_pulled},
+    {PRT_OP_PREFIX_FAIL, on_prefix_fail},
+    {PRT_OP_CANCEL, on_cancel},
+    {PRT_OP_KV_FAIL, on_kv_fail},
+    {PRT_OP_STATS, on_stats},
 };
 
 static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
@@ -536,7 +539,7 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   char msg[256];
   snprintf(msg, sizeof msg, "the prompt needs %d KV blocks; this prefill worker's pool has %d", blocks_needed,
            wrk_kvpool_total_blocks(w->sh.rt->kv));
-  tell_decode(r->link, "kv_fail", r->req.id, msg); // never admitted: nothing was written
+  tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, msg); // never admitted: nothing was written
   wrk_send_error(r->router, r->req.id, "context_length_exceeded", "%s", msg);
   req_free(w, r);
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "models/chat.h"
+#include "proto/proto.h"
 #include "router/server_int.h"
 #include "server/log.h"
 
@@ -25,7 +26,7 @@ double rtr_msg_num(const cJSON *o, const char *k, double dflt) {
 void rtr_send_cancel(rtr_server *s, rtr_req *r, int ci) {
   rtr_choice *c = &r->ch[ci];
   cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", "cancel");
+  cJSON_AddStringToObject(m, "op", PRT_OP_CANCEL);
   cJSON_AddStringToObject(m, "id", c->id);
   int links[2] = {c->link, c->plink};
   for (int k = 0; k < 2; k++)
@@ -196,22 +197,23 @@ void *rtr_dispatcher_main(void *arg) {
         const cJSON *op = cJSON_GetObjectItemCaseSensitive(ev.msg, "op");
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(ev.msg, "id");
         const char *o = cJSON_IsString(op) ? op->valuestring : "";
-        if (!strcmp(o, "pong")) { // from the worker's hub thread: alive, however busy its compute loop is
+        if (!strcmp(o, PRT_OP_PONG)) { // from the worker's hub thread: alive, however busy its compute loop is
           l->last_stats_ms = now_us() / 1000;
           l->silent_moved = 0;
-        } else if (!strcmp(o, "draining")) { // SIGTERM: what it runs moves elsewhere where another worker is up
+        } else if (!strcmp(o, PRT_OP_DRAINING)) { // SIGTERM: what it runs moves elsewhere where another worker is up
           srv_log(LOGC, "worker %s is draining; moving its streams", l->cfg->name);
           l->draining = 1;
           move_all_locked(s, (int)(l - s->links));
-        } else if (!strcmp(o, "stats_ok")) {
+        } else if (!strcmp(o, PRT_OP_STATS_OK)) {
           on_stats(s, l, ev.msg);
-        } else if (!strcmp(o, "kv_events")) {
+        } else if (!strcmp(o, PRT_OP_KV_EVENTS)) {
           on_kv_events(s, l, ev.msg);
-        } else if (cJSON_IsString(id) && (!strcmp(o, "token") || !strcmp(o, "done") || !strcmp(o, "error"))) {
+        } else if (cJSON_IsString(id) &&
+                   (!strcmp(o, PRT_OP_TOKEN) || !strcmp(o, PRT_OP_DONE) || !strcmp(o, PRT_OP_ERROR))) {
           int ci;
           rtr_req *r = find_choice_locked(s, id->valuestring, &ci);
-          if (r && !strcmp(o, "token")) rtr_on_token(s, r, ci, ev.msg);
-          else if (r && !strcmp(o, "done")) rtr_on_done(s, r, ci, ev.msg);
+          if (r && !strcmp(o, PRT_OP_TOKEN)) rtr_on_token(s, r, ci, ev.msg);
+          else if (r && !strcmp(o, PRT_OP_DONE)) rtr_on_done(s, r, ci, ev.msg);
           else if (r) rtr_on_error(s, r, ci, ev.msg);
         } else {
           srv_debug(LOGC, "worker %s: ignored message op '%s'", l->cfg->name, o);
@@ -286,8 +288,8 @@ void *rtr_link_main(void *arg) {
       continue;
     } else if (t - l->last_stats_sent_ms >= STATS_EVERY_MS) {
       cJSON *m = cJSON_CreateObject(), *ping = cJSON_CreateObject();
-      cJSON_AddStringToObject(m, "op", "stats");
-      cJSON_AddStringToObject(ping, "op", "ping");
+      cJSON_AddStringToObject(m, "op", PRT_OP_STATS);
+      cJSON_AddStringToObject(ping, "op", PRT_OP_PING);
       srv_peer *p = l->peer;
       l->last_stats_sent_ms = t;
       pthread_mutex_unlock(&s->mu);
@@ -329,7 +331,7 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
                            const char *peer_name) {
   const rtr_request *q = &r->q;
   cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", "generate");
+  cJSON_AddStringToObject(m, "op", PRT_OP_GENERATE);
   cJSON_AddStringToObject(m, "id", r->ch[ci].id);
   const rtr_choice *c = &r->ch[ci];
   cJSON *p = cJSON_AddArrayToObject(m, "prompt");

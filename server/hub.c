@@ -272,9 +272,8 @@ static void *handshake_main(void *arg) {
         fprintf(stderr, "dserve %s: refused a control peer from %s (hello as '%s'): malformed hello: %s (%ld refused "
                 "so far)\n", h->name, p->addr, who, derr, n);
       else
-        fprintf(stderr,
-                "dserve %s: refused a control peer from %s (hello as '%s'): %s shared-secret proof (%ld refused so far)\n",
-                h->name, p->addr, who, hm.auth ? "wrong" : "missing", n);
+        fprintf(stderr, "dserve %s: refused a control peer from %s (hello as '%s'): %s shared-secret proof (%ld refused "
+                "so far)\n", h->name, p->addr, who, hm.auth ? "wrong" : "missing", n);
       ok = 0;
     } else if (hm.proto != PRT_VERSION) {
       // It proved the secret, so it hears why: every process of a cluster is built from one tree.

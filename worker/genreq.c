@@ -1,6 +1,7 @@
 // worker/genreq.c: reads and checks a `generate` message (and compiles its grammar, cached); error replies and signal
 // waiting shared by workers.
 #include "worker/genreq.h"
+#include "proto/proto.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -270,7 +271,7 @@ void wrk_send_error(srv_peer *to, const char *id, const char *code, const char *
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", "error");
+  cJSON_AddStringToObject(m, "op", PRT_OP_ERROR);
   cJSON_AddStringToObject(m, "id", id);
   cJSON_AddStringToObject(m, "message", msg);
   cJSON_AddStringToObject(m, "code", code);

@@ -1,5 +1,6 @@
 // worker/kvevents.c: a worker's side of KV-aware routing: the routers it tells, and the kv_events messages it sends them.
 #include "worker/kvevents.h"
+#include "proto/proto.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@ void wrk_kvevents_on_event(wrk_kvevents *k, const srv_event *ev, wrk_prefix *p) 
     return;
   }
   const cJSON *op = cJSON_GetObjectItemCaseSensitive(ev->msg, "op");
-  if (!cJSON_IsString(op) || strcmp(op->valuestring, "hello")) return;
+  if (!cJSON_IsString(op) || strcmp(op->valuestring, PRT_OP_HELLO)) return;
   for (int i = 0; i < k->n; i++)
     if (k->routers[i] == ev->peer) return;
   if (k->n == k->cap) {
@@ -40,7 +41,7 @@ void wrk_kvevents_on_event(wrk_kvevents *k, const srv_event *ev, wrk_prefix *p) 
 static cJSON *kvev_msg(const srv_kv_event *ev, int n) {
   cJSON *m = cJSON_CreateObject();
   cJSON *arr = m ? cJSON_AddArrayToObject(m, "events") : NULL;
-  if (!arr || !cJSON_AddStringToObject(m, "op", "kv_events")) {
+  if (!arr || !cJSON_AddStringToObject(m, "op", PRT_OP_KV_EVENTS)) {
     cJSON_Delete(m);
     return NULL;
   }

@@ -1,5 +1,6 @@
 // worker/shell.c: the bring-up, teardown and control-message dispatch every worker process shares.
 #include "worker/shell.h"
+#include "proto/proto.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,7 +90,7 @@ void wrk_shell_announce(const wrk_shell *sh) {
 cJSON *wrk_shell_stats_new(const wrk_shell *sh, int running, int waiting) {
   cJSON *m = cJSON_CreateObject();
   if (!m) return NULL;
-  cJSON_AddStringToObject(m, "op", "stats_ok");
+  cJSON_AddStringToObject(m, "op", PRT_OP_STATS_OK);
   cJSON_AddNumberToObject(m, "running", running);
   cJSON_AddNumberToObject(m, "waiting", waiting);
   cJSON_AddNumberToObject(m, "free_blocks", wrk_kvpool_free_blocks(sh->rt->kv));

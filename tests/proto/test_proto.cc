@@ -141,7 +141,8 @@ TEST(Proto, HelloOk) {
 
 TEST(Proto, Error) {
   char err[128];
-  cJSON *j = wire(prt_error_encode(&(const prt_error &)prt_error{"r-0", "it broke", "worker_failure"}, err, sizeof err));
+  prt_error in = {"r-0", "it broke", "worker_failure"};
+  cJSON *j = wire(prt_error_encode(&in, err, sizeof err));
   prt_error m;
   ASSERT_EQ(prt_error_decode(j, &m, err, sizeof err), 0) << err;
   EXPECT_EQ(S(m.id), "r-0");
