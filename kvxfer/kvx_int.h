@@ -1,7 +1,7 @@
 // kvxfer/kvx_int.h: kvxfer internals shared by the core, the connection core and the backends (not for users of the library).
 //
 // Layers, each using only the ones below it:
-//   backends (kvx_tcp.c, kvx_shm.c, kvx_rdma.c, kvx_nccl.c, kvx_nixl.c): their verbs, frames and metadata, behind kvx_backend
+//   backends (backends/: kvx_tcp.c, kvx_shm.c, kvx_rdma.c, kvx_nccl.c, kvx_nixl.c): their verbs, frames and metadata, behind kvx_backend
 //   core: agent, memory, registration, peers (kvx.c); metadata (kvx_md.c); requests, notifications (kvx_xfer.c);
 //         the connection core: one connection per peer and backend (kvx_conn.c), the listeners (kvx_listen.c)
 //   wire (kvx_wire.c: socket I/O, frames, the authenticated handshake; kvx_sha256.c)

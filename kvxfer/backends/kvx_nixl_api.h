@@ -1,4 +1,4 @@
-// kvxfer/kvx_nixl_api.h: our own declarations of the few functions of NIXL's C API (libnixl_capi.so) the nixl backend calls, resolved with dlopen/dlsym into one table per agent.
+// kvxfer/backends/kvx_nixl_api.h: our own declarations of the few functions of NIXL's C API (libnixl_capi.so) the nixl backend calls, resolved with dlopen/dlsym into one table per agent.
 //
 // NIXL ships no C header in its wheel; these follow the C API's documented shapes (NIXL 1.5: opaque handles,
 // functions returning a status: 0 success, 1 in progress, < 0 errors). Only what kvx_nixl.c uses is declared.

@@ -1,4 +1,4 @@
-// kvxfer/kvx_nccl.c: the nccl backend's verbs: GPU-to-GPU ncclSend/ncclRecv of descriptor-listed device memory between two processes, the communicator bootstrapped over the core's tcp connection.
+// kvxfer/backends/kvx_nccl.c: the nccl backend's verbs: GPU-to-GPU ncclSend/ncclRecv of descriptor-listed device memory between two processes, the communicator bootstrapped over the core's tcp connection.
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

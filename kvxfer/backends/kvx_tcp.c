@@ -1,4 +1,4 @@
-// kvxfer/kvx_tcp.c: the tcp backend's verbs: a request's descriptors and payloads in one WRITEV/READV frame and one writev, at most one ACK per request; the validating receiver of those frames.
+// kvxfer/backends/kvx_tcp.c: the tcp backend's verbs: a request's descriptors and payloads in one WRITEV/READV frame and one writev, at most one ACK per request; the validating receiver of those frames.
 //
 // Sender: per request, frames of up to KVX_MAX_VEC descriptors (usually one frame), each a single gather send of
 // header, descriptor list, payloads and, on the last, the notification. Requests pipeline on the connection; the

@@ -1,4 +1,4 @@
-// kvxfer/kvx_rdma.c: the rdma backend's verbs: libibverbs RC queue pairs (set up over the core's tcp connection), one-sided RDMA WRITE/READ, WRITE with immediate ending each write, GPUDirect registration of CUDA memory.
+// kvxfer/backends/kvx_rdma.c: the rdma backend's verbs: libibverbs RC queue pairs (set up over the core's tcp connection), one-sided RDMA WRITE/READ, WRITE with immediate ending each write, GPUDirect registration of CUDA memory.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <infiniband/verbs.h>

@@ -1,4 +1,4 @@
-// kvxfer/kvx_shm.c: the shm backend's verbs: same-host peers; the receiver passes its kvx_host_alloc memfds over the core's unix socket (SCM_RIGHTS), the sender maps them and memcpy's directly.
+// kvxfer/backends/kvx_shm.c: the shm backend's verbs: same-host peers; the receiver passes its kvx_host_alloc memfds over the core's unix socket (SCM_RIGHTS), the sender maps them and memcpy's directly.
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>

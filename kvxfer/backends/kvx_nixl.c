@@ -1,4 +1,4 @@
-// kvxfer/kvx_nixl.c: the nixl backend's verbs: NIXL's C API (libnixl_capi.so, loaded with dlopen) with its UCX plugin moves the bytes; NIXL's metadata travels in kvxfer's metadata blob and the notification on kvxfer's authenticated connection.
+// kvxfer/backends/kvx_nixl.c: the nixl backend's verbs: NIXL's C API (libnixl_capi.so, loaded with dlopen) with its UCX plugin moves the bytes; NIXL's metadata travels in kvxfer's metadata blob and the notification on kvxfer's authenticated connection.
 //
 // Per agent: one NIXL agent (same name) with one UCX backend. Every region kvxfer registers is registered with
 // NIXL (DRAM, or VRAM on opts.cuda_device for CUDA memory). kvx_pack_md carries NIXL's own metadata blob (its UCX
@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 #include "kvxfer/kvx_int.h"
-#include "kvxfer/kvx_nixl_api.h"
+#include "kvxfer/backends/kvx_nixl_api.h"
 
 typedef struct nixl_state {  // a->be_state[KVX_BE_NIXL]
   kvx_nixl_api api;
