@@ -289,30 +289,34 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
     kvx_agent_free(a);
     return NULL;
   }
-  // Which backends to bring up: the one asked for (rdma and nccl bring tcp along: a peer of theirs can always fall
-  // back to it), or for auto every one that works here (tcp must).
+  // Which backends to bring up: the one asked for (with the fallback on its listener, when it is not the fallback:
+  // a peer of theirs can always fall back to it), or for auto every one with a rank that does not decline (the
+  // fallback must come up).
   int want[KVX_NBE] = {0}, must[KVX_NBE] = {0};
-  if (!strcmp(be, "auto")) {
-    want[KVX_BE_TCP] = must[KVX_BE_TCP] = 1;
-    want[KVX_BE_SHM] = want[KVX_BE_RDMA] = 1;
-    want[KVX_BE_NIXL] = kvx_nixl_wanted_by_auto();
-  } else {
-    int i = be_index(be);
-    want[i] = must[i] = 1;
-    if (i == KVX_BE_RDMA || i == KVX_BE_NCCL || i == KVX_BE_NIXL) want[KVX_BE_TCP] = must[KVX_BE_TCP] = 1;
-  }
-  // The named backend first, so that its error (e.g. "no RDMA device") is the one reported.
-  int order[KVX_NBE] = {KVX_BE_RDMA, KVX_BE_NCCL, KVX_BE_NIXL, KVX_BE_TCP, KVX_BE_SHM};
-  for (int k = 0; k < KVX_NBE; k++) {
-    int i = order[k];
-    if (!want[i]) continue;
-    char e[256] = "";
-    if (be_start(a, i, e, sizeof e) && must[i]) {
-      utl_seterr(err, errlen, "%s", e);
-      kvx_agent_free(a);
-      return NULL;
+  int asked = be_index(be);
+  for (int i = 0; i < KVX_NBE; i++) {
+    const kvx_backend *b = kvx_backends[i];
+    int fallback = (b->caps & KVX_CAP_FALLBACK) != 0;
+    if (asked < 0) {
+      want[i] = fallback || (b->rank > 0 && (!b->auto_up || b->auto_up()));
+      must[i] = fallback;  // auto leaves out what does not work here
+    } else {
+      want[i] = must[i] = i == asked || (fallback && !(kvx_backends[asked]->caps & KVX_CAP_FALLBACK) &&
+                                         b->listener == kvx_backends[asked]->listener);
     }
   }
+  // The fallback last, so that the asked backend's error (e.g. "no RDMA device") is the one reported.
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < KVX_NBE; i++) {
+      int fallback = (kvx_backends[i]->caps & KVX_CAP_FALLBACK) != 0;
+      if (!want[i] || fallback != pass) continue;
+      char e[256] = "";
+      if (be_start(a, i, e, sizeof e) && must[i]) {
+        utl_seterr(err, errlen, "%s", e);
+        kvx_agent_free(a);
+        return NULL;
+      }
+    }
   return a;
 }
 
@@ -391,7 +395,7 @@ int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out
     if (!(a->enabled & (1u << i)) || !kvx_backends[i]->reg) continue;
     char e[256] = "";
     if (kvx_backends[i]->reg(a, r, e, sizeof e)) {
-      if (!strcmp(a->backend, "auto") && (i == KVX_BE_RDMA || i == KVX_BE_NIXL)) {  // auto: it still serves shm/tcp
+      if (!strcmp(a->backend, "auto") && (kvx_backends[i]->caps & KVX_CAP_SOME_REGIONS)) {  // the others serve it
         kvx_log(a, "%s; region %p+%zu will not be reachable over %s", e, addr, len, kvx_backends[i]->name);
         continue;
       }
@@ -449,27 +453,39 @@ kvx_peer *kvx_peer_find(kvx_agent *a, const char *name) {
   return NULL;
 }
 
+int kvx_auto_pick(const kvx_backend *const *table, int n, uint32_t both, int same_host) {
+  int best = -1;
+  for (int i = 0; i < n; i++) {
+    const kvx_backend *b = table[i];
+    if (!(both & (1u << i)) || b->rank <= 0 || !kvx_backend_fits(b, same_host)) continue;
+    if (same_host && (b->caps & KVX_CAP_AUTO_FAR)) continue;
+    if (best < 0 || b->rank > table[best]->rank) best = i;
+  }
+  return best;
+}
+
 int kvx_choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t errlen) {
   uint32_t both = a->enabled & p->backends;
   int same_host = !strcmp(a->host_id, p->host_id);
   if (strcmp(a->backend, "auto")) {
     int i = be_index(a->backend);
+    const kvx_backend *b = kvx_backends[i];
     if (!(both & (1u << i))) {
       utl_seterr(err, errlen, "peer '%s' does not offer the %s backend", p->name, a->backend);
       return -1;
     }
-    if (i == KVX_BE_SHM && !same_host) {
-      utl_seterr(err, errlen, "peer '%s' is on another host (%s): shm needs one host", p->name, p->host_id);
+    if (!kvx_backend_fits(b, same_host)) {
+      if (same_host)
+        utl_seterr(err, errlen, "peer '%s' is on this host (%s): %s needs two hosts", p->name, p->host_id, b->name);
+      else
+        utl_seterr(err, errlen, "peer '%s' is on another host (%s): %s needs one host", p->name, p->host_id, b->name);
       return -1;
     }
     return i;
   }
-  if ((both & (1u << KVX_BE_SHM)) && same_host) return KVX_BE_SHM;
-  if (both & (1u << KVX_BE_RDMA)) return KVX_BE_RDMA;
-  if ((both & (1u << KVX_BE_NIXL)) && !same_host) return KVX_BE_NIXL;  // one host: shm (or tcp), never UCX over it
-  if (both & (1u << KVX_BE_TCP)) return KVX_BE_TCP;
-  utl_seterr(err, errlen, "no backend in common with peer '%s'", p->name);
-  return -1;
+  int i = kvx_auto_pick(kvx_backends, KVX_NBE, both, same_host);
+  if (i < 0) utl_seterr(err, errlen, "no backend in common with peer '%s'", p->name);
+  return i;
 }
 
 void kvx_invalidate_peer(kvx_agent *a, const char *peer) {

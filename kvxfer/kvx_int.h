@@ -219,10 +219,25 @@ void kvx_listen_free(kvx_agent *a);  // after every thread has exited
 const char *kvx_unix_path(kvx_agent *a);  // the unix listener's socket, "" when none
 
 // ---- backends ----
+// What a backend can do (kvx_backend.caps), as NIXL's supportsLocal/supportsRemote: the core and auto read these,
+// never a backend's name.
+#define KVX_CAP_LOCAL (1u << 0)    // moves bytes between two agents on one host
+#define KVX_CAP_REMOTE (1u << 1)   // moves bytes between hosts (without it: one host only, as shm)
+#define KVX_CAP_HOST (1u << 2)     // moves host memory
+#define KVX_CAP_CUDA (1u << 3)     // moves CUDA device memory (its check refuses the kinds it cannot move)
+#define KVX_CAP_AUTO_FAR (1u << 4)  // auto picks it only for a peer on another host (nixl: never UCX on one host)
+#define KVX_CAP_FALLBACK (1u << 5)  // the fallback (tcp): auto needs it, a backend on its listener brings it along
+#define KVX_CAP_SOME_REGIONS (1u << 6)  // auto: a region it fails to register is left to the others (logged)
+
 // One table per backend. init and run are required (kvx_no_init / kvx_no_run where the backend cannot); every
 // other hook may be NULL (nothing to do).
 typedef struct kvx_backend {
   const char *name;
+  // auto's choice, as ggml's ggml_backend_score_t: among the backends both agents run whose caps fit where the peer
+  // is, the highest rank wins. 0: auto neither brings it up nor picks it (nccl: only when asked).
+  int rank;
+  unsigned caps;  // KVX_CAP_*
+  int (*auto_up)(void);  // auto, optional: 0 = do not bring it up on this agent (nixl: unless the operator asked)
   int listener;  // KVX_LS_*: where its peers connect (the core starts it with the backend)
   int reader;    // 1: the peer answers each request (ACK, READ_DATA) and the core's reader thread takes the answers
   const kvx_frame *frames;  // the frames it serves on its listener, ended by {0, NULL}; NULL = none
@@ -258,10 +273,15 @@ int kvx_no_init(kvx_agent *a, char *err, size_t errlen);
 int kvx_no_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap);
 
 extern const kvx_backend kvx_tcp_backend, kvx_shm_backend, kvx_rdma_backend, kvx_nccl_backend, kvx_nixl_backend;
-// auto: whether to bring the nixl backend up (kvx_nixl.c: only where the operator made the library present).
-int kvx_nixl_wanted_by_auto(void);
 // Indexed by KVX_BE_* (defined in kvx.c).
 extern const kvx_backend *const kvx_backends[KVX_NBE];
+// Whether b can serve a peer on this host (same_host) or on another.
+static inline int kvx_backend_fits(const kvx_backend *b, int same_host) {
+  return (b->caps & (same_host ? KVX_CAP_LOCAL : KVX_CAP_REMOTE)) != 0;
+}
+// auto's choice, walking a table of n backends (kvx_backends, or a test's): the index of the highest rank among
+// those both agents run (both: bit per index) that fit where the peer is; -1 when none does.
+int kvx_auto_pick(const kvx_backend *const *table, int n, uint32_t both, int same_host);
 
 // ---- agent ----
 struct kvx_agent {

@@ -27,6 +27,8 @@ static const kvx_frame nccl_frames[] = {{KVX_F_NCCL_INIT, nccl_serve}, {KVX_F_NC
 
 const kvx_backend kvx_nccl_backend = {
     .name = "nccl",
+    .rank = 0,  // only when asked
+    .caps = KVX_CAP_LOCAL | KVX_CAP_REMOTE | KVX_CAP_CUDA,
     .listener = KVX_LS_TCP,
     .frames = nccl_frames,
     .init = nccl_init,
@@ -246,6 +248,8 @@ static void nccl_close(kvx_conn *c) { side_free(c->priv); }
 
 const kvx_backend kvx_nccl_backend = {
     .name = "nccl",
+    .rank = 0,  // only when asked
+    .caps = KVX_CAP_LOCAL | KVX_CAP_REMOTE | KVX_CAP_CUDA,
     .listener = KVX_LS_TCP,
     .frames = nccl_frames,
     .init = nccl_init,

@@ -428,8 +428,19 @@ static int nixl_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap) {
   return 0;
 }
 
+// auto brings nixl up only where DSERVE_NIXL_LIB names the library: loading NIXL and UCX costs every agent time,
+// threads and memory, and auto would pick nixl only for peers on other hosts; a library that merely sits in the
+// venv is used by backend "nixl" alone.
+static int nixl_auto_up(void) {
+  const char *e = getenv("DSERVE_NIXL_LIB");
+  return e && *e;
+}
+
 const kvx_backend kvx_nixl_backend = {
     .name = "nixl",
+    .rank = 20,  // auto: other hosts without a shared rdma device, where the operator brought it up (nixl_auto_up)
+    .caps = KVX_CAP_LOCAL | KVX_CAP_REMOTE | KVX_CAP_HOST | KVX_CAP_CUDA | KVX_CAP_AUTO_FAR | KVX_CAP_SOME_REGIONS,
+    .auto_up = nixl_auto_up,
     .listener = KVX_LS_TCP,
     .init = nixl_init,
     .fini = nixl_fini,
@@ -440,11 +451,3 @@ const kvx_backend kvx_nixl_backend = {
     .check = nixl_check,
     .run = nixl_run,
 };
-
-// auto brings nixl up only where DSERVE_NIXL_LIB names the library: loading NIXL and UCX costs every agent time,
-// threads and memory, and auto would pick nixl only for peers on other hosts; a library that merely sits in the
-// venv is used by backend "nixl" alone.
-int kvx_nixl_wanted_by_auto(void) {
-  const char *e = getenv("DSERVE_NIXL_LIB");
-  return e && *e;
-}

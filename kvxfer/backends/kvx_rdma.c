@@ -435,6 +435,8 @@ static void rdma_close(kvx_conn *c) {
 
 const kvx_backend kvx_rdma_backend = {
     .name = "rdma",
+    .rank = 30,  // auto: wherever both have a device
+    .caps = KVX_CAP_LOCAL | KVX_CAP_REMOTE | KVX_CAP_HOST | KVX_CAP_CUDA | KVX_CAP_SOME_REGIONS,
     .listener = KVX_LS_TCP,
     .reader = 1,
     .frames = rdma_frames,

@@ -221,6 +221,8 @@ static int shm_init(kvx_agent *a, char *err, size_t errlen) {
 
 const kvx_backend kvx_shm_backend = {
     .name = "shm",
+    .rank = 40,  // auto: first on one host
+    .caps = KVX_CAP_LOCAL | KVX_CAP_HOST,
     .listener = KVX_LS_UNIX,
     .frames = shm_frames,
     .init = shm_init,

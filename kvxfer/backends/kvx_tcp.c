@@ -219,6 +219,8 @@ static int tcp_init(kvx_agent *a, char *err, size_t errlen) {
 
 const kvx_backend kvx_tcp_backend = {
     .name = "tcp",
+    .rank = 10,  // auto: the fallback, below every faster path
+    .caps = KVX_CAP_LOCAL | KVX_CAP_REMOTE | KVX_CAP_HOST | KVX_CAP_FALLBACK,
     .listener = KVX_LS_TCP,
     .reader = 1,
     .frames = tcp_frames,
