@@ -185,6 +185,20 @@ static int block_size(const wrk_engine *e) { return wrk_kvpool_kv(e->rt->kv)->bl
 // The most prompt tokens one step computes (workers[i].max_batch_tokens).
 static int max_chunk(const wrk_engine *e) { return e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : 512; }
 
+// Makes s's table cover n_tokens positions, evicting cached blocks nobody uses (LRU, leaves first) for as long as
+// the pool is short: first as many as the table lacks, then one at a time (a sliding-window pool's free count is
+// in whole blocks, which can say less than a table of global-only blocks needs). -1 when the cache has nothing
+// left to give and the pool is still short.
+static int reserve_evicting(wrk_engine *e, wrk_seq *s, int n_tokens) {
+  int bs = block_size(e);
+  while (wrk_blocks_reserve(e->rt->kv, &s->blocks, n_tokens) != 0) {
+    if (!e->prefix) return -1;
+    int lack = (n_tokens + bs - 1) / bs - s->blocks.n, have = wrk_kvpool_free_blocks(e->rt->kv);
+    if (wrk_prefix_evict_for(e->prefix, lack > have ? lack : have + 1) == 0) return -1;
+  }
+  return 0;
+}
+
 int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
   int bs = block_size(e);
   if (e->prefix && s->blocks.n == 0) {
@@ -224,15 +238,22 @@ int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
     else if (s->n_done + max_chunk(e) < upto) // the rest is taken chunk by chunk (plan), as the window moves on
       upto = s->n_done + max_chunk(e);
   }
-  if (wrk_blocks_reserve(e->rt->kv, &s->blocks, upto) == 0) return 0;
-  if (e->prefix) { // cached blocks nobody is using make room
-    int need = (upto + bs - 1) / bs - s->blocks.n - wrk_kvpool_free_blocks(e->rt->kv);
-    if (need > 0) wrk_prefix_evict_for(e->prefix, need);
-    if (wrk_blocks_reserve(e->rt->kv, &s->blocks, upto) == 0) return 0;
-  }
+  if (reserve_evicting(e, s, upto) == 0) return 0;
   wrk_blocks_release(e->rt->kv, &s->blocks); // nothing held while it waits
   s->n_done = s->n_cached = s->n_inserted = 0;
   return -1;
+}
+
+// Pool blocks that someone other than the prefix store holds: running sequences, handoffs waiting for their KV,
+// pushes still in flight, prefix fetches. While there are any, a sequence that finds the pool short waits for them.
+static int held_outside_cache(const wrk_engine *e) {
+  int held = wrk_kvpool_total_blocks(e->rt->kv) - wrk_kvpool_free_blocks(e->rt->kv);
+  if (e->prefix) {
+    wrk_prefix_stats st;
+    wrk_prefix_get_stats(e->prefix, &st);
+    held -= st.blocks[0];
+  }
+  return held;
 }
 
 void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int blocks_needed), void *arg) {
@@ -246,7 +267,7 @@ void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int b
       continue;
     }
     if (wrk_engine_take_blocks(e, s)) {
-      if (e->n_run > 0) break; // blocks come back as running sequences finish
+      if (e->n_run > 0 || held_outside_cache(e) > 0) break; // blocks come back as their holders finish
       remove_at(e->wait, &e->n_wait, 0);
       reject(arg, s, needed);
       continue;
@@ -288,8 +309,7 @@ int wrk_engine_plan(wrk_engine *e) {
       if (pass == 0) chunk = 1; // decode tokens never wait behind prefills
       if (chunk < 1) break;
       int ok;
-      while (!(ok = !wrk_blocks_reserve(e->rt->kv, &s->blocks, s->n_done + chunk)) &&
-             !(e->prefix && wrk_prefix_evict_for(e->prefix, 1) > 0) && !preempt(e, s, n))
+      while (!(ok = !reserve_evicting(e, s, s->n_done + chunk)) && !preempt(e, s, n))
         i = find(e->run, e->n_run, s); // the list shifted
       if (!ok) continue; // nothing left to take blocks from: it waits for others to finish
       e->batch[n] = (mdl_seq){.tokens = s->toks + s->n_done, .n_tokens = chunk, .pos0 = s->n_done,

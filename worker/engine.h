@@ -94,7 +94,9 @@ int wrk_engine_start(wrk_engine *e, wrk_seq *s);   // joins the batch now (its b
 void wrk_engine_remove(wrk_engine *e, wrk_seq *s); // from either list; releases its blocks
 // Admits waiting sequences while blocks and batch slots last, reusing the longest cached prefix of each
 // (its n_done and n_cached start past it) and evicting unused cached blocks when the pool is short.
-// A sequence that can never fit (the pool is too small even when idle) is removed and passed to reject.
+// A sequence that can never fit (the pool is too small even when idle) is removed and passed to reject; one that
+// fits an empty pool waits, in order, while anything but the prefix store holds blocks (running sequences,
+// handoffs waiting for their KV, pushes in flight): it is never refused for what others hold.
 void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int blocks_needed), void *arg);
 // What admission does for one sequence that holds no blocks: take its longest cached prefix (n_done and
 // n_cached move past it) and reserve blocks for the rest of its tokens, evicting unused cached blocks if

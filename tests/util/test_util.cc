@@ -1,4 +1,5 @@
-// tests/util/test_util.cc: the byte buffer (growth, binary content, printf, sticky out-of-memory) and utl_seterr.
+// tests/util/test_util.cc: the byte buffer (growth, binary content, printf, sticky out-of-memory), utl_seterr, the
+// growable array and the monotonic clock.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -6,7 +7,9 @@
 #include <string>
 
 #include "util/buf.h"
+#include "util/clock.h"
 #include "util/err.h"
+#include "util/vec.h"
 
 TEST(Buf, EmptyTakeIsAnEmptyString) {
   utl_buf b = {};
@@ -72,4 +75,38 @@ TEST(Err, FillsTruncatesAndIgnoresNull) {
   char one[1] = {'x'};
   utl_seterr(one, 0, "ignored");
   EXPECT_EQ(one[0], 'x');
+}
+
+TEST(Vec, PushGrowsAndKeepsEveryElement) {
+  int *a = nullptr, n = 0, cap = 0;
+  for (int i = 0; i < 1000; i++) ASSERT_EQ(UTL_VEC_PUSH(a, n, cap, i * 3), 0);
+  ASSERT_EQ(n, 1000);
+  ASSERT_GE(cap, 1000);
+  for (int i = 0; i < 1000; i++) ASSERT_EQ(a[i], i * 3);
+  free(a);
+}
+
+TEST(Vec, ReserveRefusesWhatCannotBeAllocatedAndLosesNothing) {
+  long *a = nullptr;
+  int n = 0, cap = 0;
+  ASSERT_EQ(UTL_VEC_PUSH(a, n, cap, 7L), 0);
+  long *before = a;
+  int cap_before = cap;
+  EXPECT_EQ(utl_vec_reserve((void **)&a, &cap, 2000000000, sizeof *a * 1024 * 1024), -1); // bytes overflow
+  EXPECT_EQ(utl_vec_reserve((void **)&a, &cap, -1, sizeof *a), 0); // nothing needed
+  EXPECT_EQ(a, before);
+  EXPECT_EQ(cap, cap_before);
+  EXPECT_EQ(a[0], 7L);
+  free(a);
+}
+
+TEST(Clock, UnitsAgreeAndNeverGoBack) {
+  int64_t ns0 = utl_now_ns(), ms0 = utl_now_ms();
+  struct timespec d = {0, 20 * 1000 * 1000};
+  nanosleep(&d, nullptr);
+  int64_t ns1 = utl_now_ns(), us1 = utl_now_us(), ms1 = utl_now_ms();
+  EXPECT_GE(ns1 - ns0, 20 * 1000 * 1000);
+  EXPECT_GE(ms1 - ms0, 19);
+  EXPECT_GE(us1, ns1 / 1000); // read after ns1
+  EXPECT_NEAR(utl_now_s() * 1e3, utl_now_ms_f(), 5.0);
 }

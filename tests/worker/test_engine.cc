@@ -1,4 +1,5 @@
-// tests/worker/test_engine.cc: the step scheduler: step-cost model fits, token budgets, and how a plan shares them.
+// tests/worker/test_engine.cc: the step scheduler: step-cost model fits, token budgets, how a plan shares them, and
+// admission over a pool the prefix cache fills (cached blocks nobody uses always give way).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 extern "C" {
 #include "worker/engine.h"
 #include "worker/kvpool.h"
+#include "worker/prefix.h"
 }
 
 namespace {
@@ -261,6 +263,134 @@ TEST_F(Plan, PrefillOnlyTakesTheCap) {
   learn(40, 2);
   ASSERT_EQ(wrk_engine_plan(&eng), 1);
   EXPECT_EQ(chunk_of(p), 512);
+}
+
+
+// ---- admission and growth over a pool the prefix cache holds: cached blocks nobody uses give way ----
+
+struct CachedPool : Plan {
+  std::vector<wrk_seq *> rejected;
+  void SetUp() override {} // each test sizes its own pool
+  void make(int pool_blocks) {
+    be.name = "test";
+    be.alloc = t_alloc;
+    be.free = t_free;
+    kc.be = &be;
+    cfg.n_layer = 1;
+    cfg.n_kv_head = 1;
+    cfg.head_dim = 4;
+    cfg.n_head = 1;
+    cfg.n_embd = 4;
+    wrk_kvpool_opts o{};
+    o.type = KRN_F32;
+    o.block_size = 16;
+    o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, 16) * (size_t)pool_blocks;
+    ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &rt.kv, err, sizeof err), 0) << err;
+    ASSERT_EQ(wrk_kvpool_total_blocks(rt.kv), pool_blocks);
+    wc.max_batch_tokens = 512;
+    wc.max_seqs = 64;
+    wc.prefix_cache_mb = 1024; // the cache may keep the whole pool
+    rt.w = &wc;
+    ASSERT_EQ(wrk_engine_init(&eng, &rt, err, sizeof err), 0) << err;
+    ASSERT_NE(eng.prefix, nullptr);
+  }
+  static void on_reject(void *arg, wrk_seq *s, int) { static_cast<CachedPool *>(arg)->rejected.push_back(s); }
+  wrk_seq *queue(int n, int32_t first_tok) {
+    std::vector<int32_t> toks(n);
+    for (int i = 0; i < n; i++) toks[i] = first_tok + i;
+    seqs.push_back(std::make_unique<wrk_seq>());
+    wrk_seq *s = seqs.back().get();
+    EXPECT_EQ(wrk_seq_init(s, toks.data(), n, nullptr), 0);
+    EXPECT_EQ(wrk_engine_queue(&eng, s), 0);
+    return s;
+  }
+  bool running(const wrk_seq *s) const {
+    for (int i = 0; i < eng.n_run; i++)
+      if (eng.run[i] == s) return true;
+    return false;
+  }
+  // What a step does once s's prompt is computed: its full blocks enter the cache; then s finishes.
+  void finish_into_cache(wrk_seq *s) {
+    s->n_done = s->n_toks;
+    ASSERT_GT(wrk_prefix_insert(eng.prefix, s->toks, s->n_toks, s->blocks.ids, s->blocks.n), 0);
+    wrk_engine_remove(&eng, s);
+  }
+};
+
+// A long prompt after a different long prompt (issue 29: 400 context_length_exceeded while the server was idle):
+// the first prompt's cached blocks are evicted for the second.
+TEST_F(CachedPool, ASecondLongPromptEvictsTheFirstOnesCachedBlocks) {
+  make(40);
+  wrk_seq *a = queue(400, 1000); // 26 blocks with its first token
+  wrk_engine_admit(&eng, on_reject, this);
+  ASSERT_TRUE(running(a));
+  finish_into_cache(a);
+  wrk_prefix_stats st;
+  wrk_prefix_get_stats(eng.prefix, &st);
+  ASSERT_EQ(st.blocks[0], 25);
+  ASSERT_EQ(wrk_kvpool_free_blocks(rt.kv), 15);
+  wrk_seq *b = queue(400, 5000); // shares nothing with a
+  wrk_engine_admit(&eng, on_reject, this);
+  EXPECT_TRUE(rejected.empty());
+  ASSERT_TRUE(running(b));
+  EXPECT_EQ(b->blocks.n, 26);
+  wrk_prefix_get_stats(eng.prefix, &st);
+  EXPECT_LE(st.blocks[0], 40 - 26);
+}
+
+// A request as long as the whole pool still runs once the cache gives everything back; one longer is refused.
+TEST_F(CachedPool, APromptThatFitsTheEmptyPoolIsNeverRefused) {
+  make(20);
+  wrk_seq *a = queue(300, 1000);
+  wrk_engine_admit(&eng, on_reject, this);
+  ASSERT_TRUE(running(a));
+  finish_into_cache(a);
+  wrk_seq *b = queue(20 * 16 - 1, 7000); // needs all 20 blocks
+  wrk_engine_admit(&eng, on_reject, this);
+  ASSERT_TRUE(rejected.empty());
+  EXPECT_TRUE(running(b));
+  wrk_engine_remove(&eng, b);
+  wrk_seq *c = queue(20 * 16, 9000); // 21 blocks: never fits
+  wrk_engine_admit(&eng, on_reject, this);
+  ASSERT_EQ(rejected.size(), 1u);
+  EXPECT_EQ(rejected[0], c);
+}
+
+// Blocks held outside the running list (a decode worker's handoff waiting for its KV): a sequence that finds the
+// pool short waits for them instead of being refused, and runs once they come back.
+TEST_F(CachedPool, AShortPoolWaitsForBlocksHeldOutsideTheBatch) {
+  make(20);
+  wrk_blocks held{};
+  ASSERT_EQ(wrk_blocks_reserve(rt.kv, &held, 15 * 16), 0);
+  wrk_seq *a = queue(100, 1000); // 7 blocks, 5 free
+  wrk_engine_admit(&eng, on_reject, this);
+  EXPECT_TRUE(rejected.empty());
+  EXPECT_FALSE(running(a));
+  EXPECT_EQ(eng.n_wait, 1);
+  wrk_blocks_release(rt.kv, &held);
+  wrk_engine_admit(&eng, on_reject, this);
+  EXPECT_TRUE(rejected.empty());
+  EXPECT_TRUE(running(a));
+}
+
+// Growth during decode takes cached blocks before it preempts a running sequence.
+TEST_F(CachedPool, GrowthEvictsCachedBlocksBeforePreempting) {
+  make(30);
+  wrk_seq *a = queue(300, 1000); // 19 blocks, cached afterwards
+  wrk_engine_admit(&eng, on_reject, this);
+  finish_into_cache(a);
+  wrk_seq *b = queue(100, 5000), *c = queue(100, 6000); // 7 blocks each
+  wrk_engine_admit(&eng, on_reject, this);
+  ASSERT_TRUE(running(b));
+  ASSERT_TRUE(running(c));
+  ASSERT_LT(wrk_kvpool_free_blocks(rt.kv), 2);
+  b->n_done = b->n_toks; // b's prompt computed; its next chunk is 40 new tokens (3 more blocks)
+  c->n_done = c->n_toks - 1; // c decodes
+  for (int i = 0; i < 40; i++) ASSERT_EQ(wrk_seq_push(b, 42), 0);
+  ASSERT_EQ(wrk_engine_plan(&eng), 2);
+  EXPECT_TRUE(running(b));
+  EXPECT_TRUE(running(c)); // not preempted: the cache gave the blocks
+  EXPECT_GE(b->blocks.n, (140 + 15) / 16);
 }
 
 } // namespace

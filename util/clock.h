@@ -1,0 +1,26 @@
+// util/clock.h: the one monotonic clock every module reads (milliseconds, microseconds, nanoseconds, seconds).
+#ifndef DSERVE_UTL_CLOCK_H
+#define DSERVE_UTL_CLOCK_H
+
+#include <stdint.h>
+#include <time.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// CLOCK_MONOTONIC: never jumps with the wall clock, so every timeout and duration in the tree is read from here.
+static inline int64_t utl_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+static inline int64_t utl_now_us(void) { return utl_now_ns() / 1000; }
+static inline int64_t utl_now_ms(void) { return utl_now_ns() / 1000000; }
+static inline double utl_now_ms_f(void) { return (double)utl_now_ns() / 1e6; } // fractional, for step timings
+static inline double utl_now_s(void) { return (double)utl_now_ns() / 1e9; }
+
+#ifdef __cplusplus
+}
+#endif
+#endif
