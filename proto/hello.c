@@ -32,7 +32,7 @@ int prt_challenge_decode(const cJSON *j, prt_challenge *m, char *err, size_t err
 cJSON *prt_hello_encode(const prt_hello *m, char *err, size_t errlen) {
   cJSON *j = prt_new(PRT_OP_HELLO);
   if (!j || !PRT_ADD_STR(j, "name", m->name) || !PRT_ADD_STR(j, "role", m->role) ||
-      !PRT_ADD_STR(j, "auth", m->auth) || !cJSON_AddNumberToObject(j, "proto", m->proto))
+      !PRT_ADD_STR(j, "auth", m->auth) || (m->proto >= 0 && !cJSON_AddNumberToObject(j, "proto", m->proto)))
     return oom(j, err, errlen);
   return j;
 }

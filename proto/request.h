@@ -1,4 +1,5 @@
-// proto/request.h: a request's messages between the router and the workers: generate, token, done, error, cancel.
+// proto/request.h: a request's messages between the router and the workers: token, done, error, cancel (and the
+// sampled-token fields kv_first shares).
 #ifndef DSERVE_PRT_REQUEST_H
 #define DSERVE_PRT_REQUEST_H
 
@@ -24,6 +25,46 @@ typedef struct prt_cancel {
 } prt_cancel;
 cJSON *prt_cancel_encode(const prt_cancel *m, char *err, size_t errlen);
 int prt_cancel_decode(const cJSON *j, prt_cancel *m, char *err, size_t errlen);
+
+// A sampled token as every message carries it (kv_first's fields, one entry of token's "logprobs"): "token",
+// "logprob" (-inf travels as null, read as 0) and "top": [[id, logprob], ...].
+#define PRT_MAX_TOP 20
+typedef struct prt_top {
+  int32_t token;
+  float logprob;
+} prt_top;
+typedef struct prt_sampled {
+  int32_t token;
+  float logprob;
+  prt_top top[PRT_MAX_TOP]; // (n_top); entries past PRT_MAX_TOP are dropped when read
+  int n_top;
+} prt_sampled;
+int prt_sampled_add(cJSON *o, const prt_sampled *s); // the fields into o; 0, -1 on out of memory
+int prt_sampled_read(const cJSON *o, const char *op, prt_sampled *s, char *err, size_t errlen);
+
+typedef struct prt_token {
+  const char *id;        // (borrowed) required
+  const char *text;      // (borrowed) the delta, may be empty; "" when absent
+  int32_t *tokens;       // (owned) (n_tokens) ids in this delta; n_tokens -1 when the field is absent
+  int n_tokens;
+  prt_sampled *logprobs; // (owned) (n_logprobs); n_logprobs -1 when the field is absent (not asked for)
+  int n_logprobs;
+} prt_token;
+cJSON *prt_token_encode(const prt_token *m, char *err, size_t errlen);
+int prt_token_decode(const cJSON *j, prt_token *m, char *err, size_t errlen);
+void prt_token_free(prt_token *m);
+
+typedef struct prt_done {
+  const char *id;            // (borrowed) required
+  const char *finish_reason; // (borrowed) "stop" / "length"; NULL when absent
+  int prompt_tokens;         // -1 when absent (each count)
+  int completion_tokens;
+  int cached_tokens;
+  double kv_bytes;           // -1 when absent
+  double kv_ms;              // -1 when absent
+} prt_done;
+cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen);
+int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

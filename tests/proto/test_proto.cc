@@ -7,8 +7,12 @@
 #include <sstream>
 #include <string>
 
+#include "proto/events.h"
+#include "proto/handoff.h"
 #include "proto/hello.h"
+#include "proto/prefix.h"
 #include "proto/request.h"
+#include "proto/stats.h"
 
 namespace {
 
@@ -161,6 +165,266 @@ TEST(Proto, Cancel) {
   ASSERT_EQ(prt_cancel_decode(j, &m, err, sizeof err), 0) << err;
   EXPECT_EQ(S(m.id), "r-1");
   refuses<prt_cancel>(j, "id", true, prt_cancel_decode, false);
+  cJSON_Delete(j);
+}
+
+prt_sampled sampled(int32_t tok) {
+  prt_sampled s = {};
+  s.token = tok;
+  s.logprob = -0.25f;
+  s.n_top = 2;
+  s.top[0] = {tok, -0.25f};
+  s.top[1] = {tok + 1, -3.5f};
+  return s;
+}
+
+void expect_sampled(const prt_sampled &a, const prt_sampled &b) {
+  EXPECT_EQ(a.token, b.token);
+  EXPECT_FLOAT_EQ(a.logprob, b.logprob);
+  ASSERT_EQ(a.n_top, b.n_top);
+  for (int i = 0; i < a.n_top; i++) {
+    EXPECT_EQ(a.top[i].token, b.top[i].token);
+    EXPECT_FLOAT_EQ(a.top[i].logprob, b.top[i].logprob);
+  }
+}
+
+TEST(Proto, Token) {
+  char err[128];
+  int32_t ids[2] = {17, 4};
+  prt_sampled lp = sampled(17);
+  prt_token in = {"r-0", "h\xc3\xa9", ids, 2, &lp, 1};
+  cJSON *j = wire(prt_token_encode(&in, err, sizeof err));
+  prt_token m;
+  ASSERT_EQ(prt_token_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.id), "r-0");
+  EXPECT_EQ(S(m.text), "h\xc3\xa9");
+  ASSERT_EQ(m.n_tokens, 2);
+  EXPECT_EQ(m.tokens[0], 17);
+  EXPECT_EQ(m.tokens[1], 4);
+  ASSERT_EQ(m.n_logprobs, 1);
+  expect_sampled(m.logprobs[0], lp);
+  prt_token_free(&m);
+  refuses<prt_token>(j, "id", true, [](const cJSON *x, prt_token *t, char *e, size_t n) {
+    int rc = prt_token_decode(x, t, e, n);
+    if (!rc) prt_token_free(t);
+    return rc;
+  }, false);
+  for (const char *k : {"text", "tokens", "logprobs"}) {
+    cJSON *bad = with(j, k, cJSON_CreateNumber(3));
+    EXPECT_EQ(prt_token_decode(bad, &m, err, sizeof err), -1) << k;
+    EXPECT_NE(std::string(err).find(k), std::string::npos) << err;
+    cJSON_Delete(bad);
+  }
+  cJSON *bare = with(j, "logprobs", nullptr); // not asked for: absent
+  ASSERT_EQ(prt_token_decode(bare, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(m.n_logprobs, -1);
+  prt_token_free(&m);
+  cJSON_Delete(bare);
+  cJSON_Delete(j);
+}
+
+TEST(Proto, Done) {
+  char err[128];
+  prt_done in = {"r-0", "length", 12, 5, 16, 4096, 3.5};
+  cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
+  prt_done m;
+  ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.id), "r-0");
+  EXPECT_EQ(S(m.finish_reason), "length");
+  EXPECT_EQ(m.prompt_tokens, 12);
+  EXPECT_EQ(m.completion_tokens, 5);
+  EXPECT_EQ(m.cached_tokens, 16);
+  EXPECT_EQ(m.kv_bytes, 4096);
+  EXPECT_EQ(m.kv_ms, 3.5);
+  refuses<prt_done>(j, "id", true, prt_done_decode, false);
+  refuses<prt_done>(j, "finish_reason", false, prt_done_decode, false);
+  for (const char *k : {"prompt_tokens", "completion_tokens", "cached_tokens", "kv_bytes", "kv_ms"})
+    refuses<prt_done>(j, k, false, prt_done_decode, true);
+  cJSON_Delete(j);
+}
+
+int table_decode(const cJSON *x, prt_kv_table *t, char *e, size_t n) {
+  int rc = prt_kv_table_decode(x, t, e, n);
+  if (!rc) prt_kv_table_free(t);
+  return rc;
+}
+
+TEST(Proto, KvTable) {
+  char err[128];
+  int32_t blocks[2] = {3, 4}, pages[4] = {3, -1, 4, 9};
+  prt_kv_table in = {"r-0", blocks, 2, 1, pages, 4};
+  cJSON *j = wire(prt_kv_table_encode(&in, err, sizeof err));
+  prt_kv_table m;
+  ASSERT_EQ(prt_kv_table_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.id), "r-0");
+  ASSERT_EQ(m.n_blocks, 2);
+  EXPECT_EQ(m.blocks[1], 4);
+  ASSERT_EQ(m.n_pages, 4);
+  EXPECT_EQ(m.pages[1], -1);
+  EXPECT_EQ(m.skip_blocks, 1);
+  prt_kv_table_free(&m);
+  refuses<prt_kv_table>(j, "id", true, table_decode, false);
+  refuses<prt_kv_table>(j, "blocks", true, table_decode, false);
+  refuses<prt_kv_table>(j, "pages", false, table_decode, false);
+  refuses<prt_kv_table>(j, "skip_blocks", false, table_decode, true);
+  cJSON_Delete(j);
+}
+
+TEST(Proto, KvFirst) {
+  char err[128];
+  prt_kv_first in = {"r-0", sampled(42), 32};
+  cJSON *j = wire(prt_kv_first_encode(&in, err, sizeof err));
+  prt_kv_first m;
+  ASSERT_EQ(prt_kv_first_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.id), "r-0");
+  expect_sampled(m.first, in.first);
+  EXPECT_EQ(m.cached_tokens, 32);
+  refuses<prt_kv_first>(j, "id", true, prt_kv_first_decode, false);
+  refuses<prt_kv_first>(j, "token", true, prt_kv_first_decode, true);
+  refuses<prt_kv_first>(j, "top", false, prt_kv_first_decode, false);
+  refuses<prt_kv_first>(j, "cached_tokens", false, prt_kv_first_decode, true);
+  cJSON *inf = with(j, "logprob", cJSON_CreateNull()); // -inf travels as null
+  ASSERT_EQ(prt_kv_first_decode(inf, &m, err, sizeof err), 0) << err;
+  cJSON_Delete(inf);
+  cJSON_Delete(j);
+}
+
+TEST(Proto, KvStartedFailFreed) {
+  char err[128];
+  cJSON *j = wire(prt_kv_started_encode(&(const prt_kv_started &)prt_kv_started{"r-1"}, err, sizeof err));
+  prt_kv_started st;
+  ASSERT_EQ(prt_kv_started_decode(j, &st, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(st.id), "r-1");
+  refuses<prt_kv_started>(j, "id", true, prt_kv_started_decode, false);
+  cJSON_Delete(j);
+  j = wire(prt_kv_freed_encode(&(const prt_kv_freed &)prt_kv_freed{"r-2"}, err, sizeof err));
+  prt_kv_freed fr;
+  ASSERT_EQ(prt_kv_freed_decode(j, &fr, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(fr.id), "r-2");
+  refuses<prt_kv_freed>(j, "id", true, prt_kv_freed_decode, false);
+  cJSON_Delete(j);
+  j = wire(prt_kv_fail_encode(&(const prt_kv_fail &)prt_kv_fail{"r-3", "gave up"}, err, sizeof err));
+  prt_kv_fail fa;
+  ASSERT_EQ(prt_kv_fail_decode(j, &fa, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(fa.id), "r-3");
+  EXPECT_EQ(S(fa.message), "gave up");
+  refuses<prt_kv_fail>(j, "id", true, prt_kv_fail_decode, false);
+  refuses<prt_kv_fail>(j, "message", false, prt_kv_fail_decode, false);
+  cJSON_Delete(j);
+}
+
+int pull_decode(const cJSON *x, prt_prefix_pull *t, char *e, size_t n) {
+  int rc = prt_prefix_pull_decode(x, t, e, n);
+  if (!rc) prt_prefix_pull_free(t);
+  return rc;
+}
+
+TEST(Proto, PrefixPull) {
+  char err[128];
+  int32_t toks[4] = {1, 2, 3, 4}, blocks[1] = {7};
+  prt_prefix_pull in = {};
+  in.id = "r-0";
+  in.tokens = toks;
+  in.n_tokens = 4;
+  in.first = 0;
+  in.blocks = blocks;
+  in.n_blocks = 1;
+  in.has_layout = 1;
+  in.kv_layout = {2, 8, 0, 4, 9, 1, 4096};
+  in.kvx_md = "eA==";
+  cJSON *j = wire(prt_prefix_pull_encode(&in, err, sizeof err));
+  prt_prefix_pull m;
+  ASSERT_EQ(prt_prefix_pull_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.id), "r-0");
+  ASSERT_EQ(m.n_tokens, 4);
+  EXPECT_EQ(m.tokens[3], 4);
+  EXPECT_EQ(m.first, 0);
+  ASSERT_EQ(m.n_blocks, 1);
+  EXPECT_EQ(m.blocks[0], 7);
+  EXPECT_EQ(m.has_layout, 1);
+  EXPECT_EQ(memcmp(&m.kv_layout, &in.kv_layout, sizeof in.kv_layout), 0);
+  EXPECT_EQ(S(m.kvx_md), "eA==");
+  prt_prefix_pull_free(&m);
+  refuses<prt_prefix_pull>(j, "id", true, pull_decode, false);
+  refuses<prt_prefix_pull>(j, "tokens", true, pull_decode, false);
+  refuses<prt_prefix_pull>(j, "first", true, pull_decode, true);
+  refuses<prt_prefix_pull>(j, "blocks", true, pull_decode, false);
+  refuses<prt_prefix_pull>(j, "kv_layout", false, pull_decode, false);
+  refuses<prt_prefix_pull>(j, "kvx_md", false, pull_decode, false);
+  cJSON_Delete(j);
+}
+
+TEST(Proto, PrefixAnswers) {
+  char err[128];
+  cJSON *j = wire(prt_prefix_pulled_encode(&(const prt_prefix_pulled &)prt_prefix_pulled{"r-0", 3}, err, sizeof err));
+  prt_prefix_pulled p;
+  ASSERT_EQ(prt_prefix_pulled_decode(j, &p, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(p.id), "r-0");
+  EXPECT_EQ(p.n_blocks, 3);
+  refuses<prt_prefix_pulled>(j, "id", true, prt_prefix_pulled_decode, false);
+  refuses<prt_prefix_pulled>(j, "n_blocks", true, prt_prefix_pulled_decode, true);
+  cJSON_Delete(j);
+  j = wire(prt_prefix_fail_encode(&(const prt_prefix_fail &)prt_prefix_fail{"r-1", "no"}, err, sizeof err));
+  prt_prefix_fail f;
+  ASSERT_EQ(prt_prefix_fail_decode(j, &f, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(f.id), "r-1");
+  EXPECT_EQ(S(f.message), "no");
+  refuses<prt_prefix_fail>(j, "id", true, prt_prefix_fail_decode, false);
+  refuses<prt_prefix_fail>(j, "message", false, prt_prefix_fail_decode, false);
+  cJSON_Delete(j);
+}
+
+TEST(Proto, StatsOk) {
+  char err[128];
+  prt_stats_ok in;
+  prt_stats_ok_init(&in);
+  in.running = 2;
+  in.waiting = 1;
+  in.free_blocks = 30;
+  in.total_blocks = 64;
+  in.prefix_hits = 160;
+  in.auth_failures = 0;
+  in.tiers[PRT_TIER_HOST] = {1, 16, 48, 5};
+  cJSON *j = wire(prt_stats_ok_encode(&in, err, sizeof err));
+  EXPECT_FALSE(cJSON_HasObjectItem(j, "finished")); // absent counts are not sent
+  prt_stats_ok m;
+  ASSERT_EQ(prt_stats_ok_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(memcmp(&m, &in, sizeof m), 0);
+  for (const char *k : {"running", "free_blocks", "prefix_hits", "auth_failures"})
+    refuses<prt_stats_ok>(j, k, false, prt_stats_ok_decode, true);
+  refuses<prt_stats_ok>(j, "prefix_tiers", false, prt_stats_ok_decode, false);
+  cJSON *bad = cJSON_Duplicate(j, 1);
+  cJSON_ReplaceItemInObject(cJSON_GetObjectItem(cJSON_GetObjectItem(bad, "prefix_tiers"), "host"), "hits",
+                            cJSON_CreateString("x"));
+  EXPECT_EQ(prt_stats_ok_decode(bad, &m, err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("hits"), std::string::npos) << err;
+  cJSON_Delete(bad);
+  cJSON_Delete(j);
+}
+
+TEST(Proto, KvEvents) {
+  char err[128];
+  prt_kv_event ev[3] = {{0, PRT_KV_CLEARED}, {18446744073709551615ull, PRT_KV_ADDED}, {42, PRT_KV_REMOVED}};
+  prt_kv_events in = {ev, 3, 0};
+  cJSON *j = wire(prt_kv_events_encode(&in, err, sizeof err));
+  prt_kv_events m;
+  ASSERT_EQ(prt_kv_events_decode(j, &m, err, sizeof err), 0) << err;
+  ASSERT_EQ(m.n, 3);
+  for (int i = 0; i < 3; i++) {
+    EXPECT_EQ(m.ev[i].key, ev[i].key);
+    EXPECT_EQ(m.ev[i].kind, ev[i].kind);
+  }
+  prt_kv_events_free(&m);
+  cJSON *bad = with(j, "events", cJSON_CreateString("x"));
+  EXPECT_EQ(prt_kv_events_decode(bad, &m, err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("events"), std::string::npos) << err;
+  cJSON_Delete(bad);
+  cJSON *odd = cJSON_Parse(R"({"op":"kv_events","events":[[1,"12"],[2,"x"],[1],"y",[3]]})"); // malformed: skipped
+  ASSERT_EQ(prt_kv_events_decode(odd, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(m.n, 2);
+  EXPECT_EQ(m.skipped, 3);
+  prt_kv_events_free(&m);
+  cJSON_Delete(odd);
   cJSON_Delete(j);
 }
 

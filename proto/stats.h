@@ -1,0 +1,38 @@
+// proto/stats.h: a worker's load and counters (stats_ok, the answer to the router's stats).
+#ifndef DSERVE_PRT_STATS_H
+#define DSERVE_PRT_STATS_H
+
+#include "proto/proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Tiers of a prefix store, in prefix_tiers order.
+enum { PRT_TIER_POOL, PRT_TIER_HOST, PRT_TIER_DISK, PRT_N_TIERS };
+extern const char *const prt_tier_names[PRT_N_TIERS]; // "pool", "host", "disk"
+
+typedef struct prt_tier_stats {
+  int present;                  // the worker has this tier
+  double hits, queries, blocks; // running totals in tokens; blocks resident now
+} prt_tier_stats;
+
+// Every count is a number >= 0, or -1 when the worker did not send it (a role that has no such count).
+typedef struct prt_stats_ok {
+  double running, waiting, free_blocks, total_blocks, finished;
+  double prefix_hits, prefix_queries, prefix_cached_blocks;
+  prt_tier_stats tiers[PRT_N_TIERS]; // prefix_tiers
+  double kv_bytes_pushed, prefix_fetches, prefix_fetched_blocks, prefix_fetch_misses, prefix_served_blocks;
+  double auth_failures;
+} prt_stats_ok;
+// A prt_stats_ok with every count absent (-1).
+void prt_stats_ok_init(prt_stats_ok *m);
+// Writes the counts that are >= 0 (and the present tiers) into msg (a stats_ok message); 0, -1 on out of memory.
+int prt_stats_ok_add(cJSON *msg, const prt_stats_ok *m);
+cJSON *prt_stats_ok_encode(const prt_stats_ok *m, char *err, size_t errlen);
+int prt_stats_ok_decode(const cJSON *j, prt_stats_ok *m, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
