@@ -11,7 +11,6 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kvxfer/kvx_int.h"
@@ -43,18 +42,6 @@ void kvx_auth_refused(kvx_agent *a, const char *fmt, ...) {
 }
 
 uint64_t kvx_auth_failures(kvx_agent *a) { return a ? atomic_load(&a->auth_failures) : 0; }
-
-int64_t kvx_now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-int64_t kvx_now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 void kvx_signal_fd(kvx_agent *a) {
   uint64_t one = 1;
@@ -390,7 +377,7 @@ int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out
   r->addr = (uint64_t)(uintptr_t)addr;
   r->len = len;
   r->mem = mem;
-  if (getrandom(&r->key, sizeof r->key, 0) != sizeof r->key) r->key = (uint64_t)kvx_now_ms() ^ r->addr;
+  if (getrandom(&r->key, sizeof r->key, 0) != sizeof r->key) r->key = (uint64_t)utl_now_ms() ^ r->addr;
   for (int i = 0; i < KVX_NBE; i++) {
     if (!(a->enabled & (1u << i)) || !kvx_backends[i]->reg) continue;
     char e[256] = "";

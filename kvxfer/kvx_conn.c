@@ -100,7 +100,7 @@ static void *reader_main(void *p) {
     if (rc == 1) {
       pthread_mutex_lock(&c->mu);
       int dead = c->dead;
-      int stalled = (c->pend || c->q) && !c->busy && kvx_now_ms() - c->last_act > a->timeout_ms;
+      int stalled = (c->pend || c->q) && !c->busy && utl_now_ms() - c->last_act > a->timeout_ms;
       pthread_mutex_unlock(&c->mu);
       if (dead) break;
       if (stalled) {
@@ -115,7 +115,7 @@ static void *reader_main(void *p) {
       break;
     }
     pthread_mutex_lock(&c->mu);
-    c->last_act = kvx_now_ms();
+    c->last_act = utl_now_ms();
     pthread_mutex_unlock(&c->mu);
     if (h.magic != KVX_FRAME_MAGIC) {
       kvx_conn_fail(c, "malformed frame from peer");
@@ -197,7 +197,7 @@ static int ran(kvx_conn *c, kvx_xfer *x, int answered, int rc, const char *why) 
     pthread_mutex_unlock(&c->mu);
     return rc;
   }
-  if (!rc) c->last_act = kvx_now_ms();  // a failed send keeps the old mark: the reader judges the stall
+  if (!rc) c->last_act = utl_now_ms();  // a failed send keeps the old mark: the reader judges the stall
   // An answered request stays pending unless it failed on its own: when the connection failed, the peer's reason
   // (an ERR frame the reader takes) or ours fails it with the rest.
   int mine = !answered || (rc == -1 && pend_take(c, x->id));
@@ -219,7 +219,7 @@ static void *worker_main(void *p) {
   int fd = conn_connect(c, e, sizeof e);
   pthread_mutex_lock(&c->mu);
   c->fd = fd;
-  c->last_act = kvx_now_ms();
+  c->last_act = utl_now_ms();
   pthread_mutex_unlock(&c->mu);
   int ok = fd >= 0 && (!be->open || be->open(c, e, sizeof e) == 0);
   if (ok && be->reader) {
@@ -260,9 +260,9 @@ static void *worker_main(void *p) {
     int rc = x->op == KVX_OP_NOTIFY ? send_notify(c, x, e, sizeof e) : be->run(c, x, e, sizeof e);
     if (ran(c, x, answered, rc, e) == -2) {
       // The peer may have closed with a reason (an ERR frame) that its reader is about to pick up: give it a moment.
-      int64_t end = kvx_now_ms() + 1000;
+      int64_t end = utl_now_ms() + 1000;
       pthread_mutex_lock(&c->mu);
-      while (be->reader && !c->dead && kvx_now_ms() < end) {
+      while (be->reader && !c->dead && utl_now_ms() < end) {
         pthread_mutex_unlock(&c->mu);
         usleep(5000);
         pthread_mutex_lock(&c->mu);
@@ -295,11 +295,11 @@ int kvx_conn_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, kvx_conn **now, char *
         !c->resume) {
       c->busy = 1;  // ours: the worker waits, later posts queue behind it
       pend_add(c, x);
-      c->last_act = kvx_now_ms();
+      c->last_act = utl_now_ms();
       atomic_fetch_add(&c->refs, 1);
       *now = c;
     } else if (queued) {
-      if (!c->pend && !c->q && !c->busy) c->last_act = kvx_now_ms();  // idle until now: the stall clock starts
+      if (!c->pend && !c->q && !c->busy) c->last_act = utl_now_ms();  // idle until now: the stall clock starts
       x->qnext = NULL;
       if (c->q_tail)
         c->q_tail->qnext = x;
@@ -334,7 +334,7 @@ int kvx_conn_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, kvx_conn **now, char *
   pthread_cond_init(&c->cv, NULL);
   x->qnext = NULL;
   c->q = c->q_tail = x;  // queued before the thread runs: a failed connect fails x with its reason
-  c->last_act = kvx_now_ms();
+  c->last_act = utl_now_ms();
   if (kvx_thread_start(a, worker_main, c, err, errlen)) {
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);

@@ -129,8 +129,8 @@ static void srv_refuse(kvx_srv *v, const char *why) {
   // (a close with unread data would reset the connection and could drop the ERR frame).
   shutdown(v->fd, SHUT_WR);
   char sink[16384];
-  int64_t end = kvx_now_ms() + 200;
-  while (kvx_now_ms() < end && !a->closing) {
+  int64_t end = utl_now_ms() + 200;
+  while (utl_now_ms() < end && !a->closing) {
     int rc = kvx_recv_all(v->fd, sink, 1, 50, 1);
     if (rc < 0) break;
     if (rc == 0) {

@@ -286,9 +286,9 @@ int kvx_progress(kvx_agent *a, int timeout_ms) {
   // A caller that may wait watches the flag first, about twice as long as recent waits lasted, when they were
   // short (KVX_SPIN_NS): such a wait is cheaper spun than slept, while spinning through long ones would only take
   // the CPU from the threads doing the work.
-  int64_t t0 = kvx_now_ns(), avg = atomic_load(&a->wait_ns);
+  int64_t t0 = utl_now_ns(), avg = atomic_load(&a->wait_ns);
   int64_t spin = !timeout_ms || avg > KVX_SPIN_NS ? 0 : 2 * avg + 5000 < KVX_SPIN_NS ? 2 * avg + 5000 : KVX_SPIN_NS;
-  while (!atomic_load(&a->woken) && kvx_now_ns() - t0 < spin) kvx_cpu_relax();
+  while (!atomic_load(&a->woken) && utl_now_ns() - t0 < spin) kvx_cpu_relax();
   int slept = 0;
   atomic_fetch_add(&a->sleepers, 1);
   if (!atomic_load(&a->woken)) {
@@ -305,6 +305,6 @@ int kvx_progress(kvx_agent *a, int timeout_ms) {
   // Cleared after the read: a signal in between skipped its write, but what it announced happened before this
   // returns, so the caller's next look at its requests and notifications sees it.
   int was = atomic_exchange(&a->woken, 0);
-  if (was && timeout_ms) atomic_store(&a->wait_ns, avg + (kvx_now_ns() - t0 - avg) / 4);
+  if (was && timeout_ms) atomic_store(&a->wait_ns, avg + (utl_now_ns() - t0 - avg) / 4);
   return was;
 }

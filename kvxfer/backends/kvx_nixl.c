@@ -369,7 +369,7 @@ static int make_lists(nixl_state *s, const kvx_xfer *x, nxa_xlist *l, nxa_xlist 
 
 // A transfer gets the agent's stall timeout plus its bytes at 100 MB/s: NIXL shows no progress short of done.
 static int64_t deadline_ms(const kvx_agent *a, const kvx_xfer *x) {
-  return kvx_now_ms() + a->timeout_ms + (int64_t)(x->total / 100000);
+  return utl_now_ms() + a->timeout_ms + (int64_t)(x->total / 100000);
 }
 
 static int nixl_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap) {
@@ -387,9 +387,9 @@ static int nixl_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap) {
   if (st == NXA_OK) st = t->post_xfer_req(s->agent, q, s->opt), step = "post_xfer_req";
   pthread_mutex_unlock(&s->mu);
   // Waits spin briefly (a small transfer completes in microseconds), then sleep in short steps.
-  int64_t end = deadline_ms(a, x), t0 = kvx_now_ns();
+  int64_t end = deadline_ms(a, x), t0 = utl_now_ns();
   while (st == NXA_IN_PROG) {
-    int64_t waited = kvx_now_ns() - t0;
+    int64_t waited = utl_now_ns() - t0;
     if (waited < KVX_SPIN_NS)
       kvx_cpu_relax();
     else if (waited < NIXL_YIELD_NS)
@@ -400,7 +400,7 @@ static int nixl_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap) {
     st = t->get_xfer_status(s->agent, q);
     pthread_mutex_unlock(&s->mu);
     step = "transfer";
-    if (st == NXA_IN_PROG && (kvx_now_ms() > end || atomic_load(&a->closing))) break;
+    if (st == NXA_IN_PROG && (utl_now_ms() > end || atomic_load(&a->closing))) break;
   }
   int leak = 0;
   pthread_mutex_lock(&s->mu);
@@ -413,7 +413,7 @@ static int nixl_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap) {
   pthread_mutex_unlock(&s->mu);
   if (st == NXA_IN_PROG) {
     utl_seterr(why, cap, "nixl: transfer of %" PRIu64 " bytes not done after %" PRId64 " ms (peer dead or stalled)%s",
-               x->total, (kvx_now_ns() - t0) / 1000000, leak ? "; NIXL could not abort it" : "");
+               x->total, (utl_now_ns() - t0) / 1000000, leak ? "; NIXL could not abort it" : "");
     return -2;
   }
   if (st != NXA_OK) {

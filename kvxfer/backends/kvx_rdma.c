@@ -206,7 +206,7 @@ static void my_info(rdma_state *st, struct ibv_qp *qp, kvx_rdma_qpinfo *in) {
   memset(in, 0, sizeof *in);
   in->qpn = qp->qp_num;
   uint32_t r = 0;
-  if (getrandom(&r, sizeof r, 0) != sizeof r) r = (uint32_t)kvx_now_ms();
+  if (getrandom(&r, sizeof r, 0) != sizeof r) r = (uint32_t)utl_now_ms();
   in->psn = r & 0xffffff;
   in->lid = st->port.lid;
   in->mtu = (uint8_t)st->port.active_mtu;
@@ -324,7 +324,7 @@ typedef struct rdma_qp {
 // Waits for `want` signaled completions; <0 on error or timeout.
 static int wait_cq(kvx_conn *c, int want, char *why, size_t cap) {
   rdma_qp *r = c->priv;
-  int64_t end = kvx_now_ms() + c->a->timeout_ms;
+  int64_t end = utl_now_ms() + c->a->timeout_ms;
   while (want > 0) {
     struct ibv_wc wc[16];
     int n = ibv_poll_cq(r->cq, 16, wc);
@@ -340,7 +340,7 @@ static int wait_cq(kvx_conn *c, int want, char *why, size_t cap) {
       want--;
     }
     if (n == 0) {
-      if (kvx_now_ms() > end) {
+      if (utl_now_ms() > end) {
         utl_seterr(why, cap, "no completion for %d ms (peer dead or stalled)", c->a->timeout_ms);
         return -1;
       }
