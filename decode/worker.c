@@ -1,7 +1,8 @@
 // decode/worker.c: the generation loop of a both/decode worker: admit, batch, forward, sample, stream.
 // A decode worker also receives prompts' KV from prefill workers (docs/protocol.md, "Handoff").
 #include "decode/worker.h"
-#include "proto/proto.h"
+#include "proto/handoff.h"
+#include "proto/request.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -75,35 +76,31 @@ typedef struct dec_worker {
 
 static void send_token(dec_seq *s, const char *text, size_t len, const int32_t *ids, int n_ids,
                        const mdl_sampled *lp) {
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", PRT_OP_TOKEN);
-  cJSON_AddStringToObject(m, "id", s->req.id);
   char *t = malloc(len + 1);
   if (t) {
     memcpy(t, text, len);
     t[len] = 0;
   }
-  cJSON_AddStringToObject(m, "text", t ? t : "");
+  prt_sampled one;
+  prt_token tm = {.id = s->req.id, .text = t ? t : "", .tokens = (int32_t *)ids, .n_tokens = n_ids, .logprobs = &one,
+                  .n_logprobs = -1};
+  if (lp && s->req.n_logprobs >= 0) { // one entry, the shape kv_first carries the first token in
+    wrk_kvwire_sampled_to(lp, &one);
+    tm.n_logprobs = 1;
+  }
+  cJSON *m = prt_token_encode(&tm, NULL, 0);
   free(t);
-  cJSON *arr = cJSON_AddArrayToObject(m, "tokens");
-  for (int i = 0; i < n_ids; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
-  if (lp && s->req.n_logprobs >= 0) // one entry, the shape kv_first carries the first token in
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(m, "logprobs"), wrk_kvwire_sampled_new(lp));
-  srv_peer_send(s->router, m);
+  if (m) srv_peer_send(s->router, m);
   cJSON_Delete(m);
 }
 
 static void send_done(dec_seq *s, const char *finish_reason) {
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", PRT_OP_DONE);
-  cJSON_AddStringToObject(m, "id", s->req.id);
-  cJSON_AddStringToObject(m, "finish_reason", finish_reason);
-  cJSON_AddNumberToObject(m, "prompt_tokens", s->req.n_prompt);
-  cJSON_AddNumberToObject(m, "completion_tokens", s->n_gen);
-  cJSON_AddNumberToObject(m, "cached_tokens", s->seq.n_cached > s->remote_cached ? s->seq.n_cached : s->remote_cached);
-  cJSON_AddNumberToObject(m, "kv_bytes", s->kv_bytes);
-  cJSON_AddNumberToObject(m, "kv_ms", s->kv_ms);
-  srv_peer_send(s->router, m);
+  prt_done d = {.id = s->req.id, .finish_reason = finish_reason, .prompt_tokens = s->req.n_prompt,
+                .completion_tokens = s->n_gen,
+                .cached_tokens = s->seq.n_cached > s->remote_cached ? s->seq.n_cached : s->remote_cached,
+                .kv_bytes = s->kv_bytes, .kv_ms = s->kv_ms};
+  cJSON *m = prt_done_encode(&d, NULL, 0);
+  if (m) srv_peer_send(s->router, m);
   cJSON_Delete(m);
 }
 
@@ -137,11 +134,8 @@ static int hold(dec_worker *w, dec_seq *s) {
     w->held = h;
     w->cap_held = cap;
   }
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", PRT_OP_KV_FAIL);
-  cJSON_AddStringToObject(m, "id", s->req.id);
-  cJSON_AddStringToObject(m, "message", "the decode worker dropped the request");
-  int rc = srv_peer_send(p, m);
+  cJSON *m = prt_kv_fail_encode(&(prt_kv_fail){s->req.id, "the decode worker dropped the request"}, NULL, 0);
+  int rc = m ? srv_peer_send(p, m) : -1;
   cJSON_Delete(m);
   if (rc) return -1;
   int64_t bound = (int64_t)KV_HOLD_MS * DSERVE_TIMEOUT_SCALE;
@@ -250,11 +244,8 @@ static int resume(dec_worker *w, dec_seq *s) {
   if (!hit) return 0;
   if (s->handoff) { // the prefill worker computes it for nothing: it frees its side on kv_fail
     srv_peer *p = prefill_peer(w, s->req.prefill);
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "op", PRT_OP_KV_FAIL);
-    cJSON_AddStringToObject(m, "id", s->req.id);
-    cJSON_AddStringToObject(m, "message", "the stream had already ended");
-    if (p) srv_peer_send(p, m);
+    cJSON *m = prt_kv_fail_encode(&(prt_kv_fail){s->req.id, "the stream had already ended"}, NULL, 0);
+    if (p && m) srv_peer_send(p, m);
     cJSON_Delete(m);
   }
   send_done(s, "stop");
@@ -385,12 +376,11 @@ static void try_send_table(dec_worker *w, dec_seq *s) {
   srv_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return; // sent when the prefill worker connects
   srv_debug(w->sh.rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", PRT_OP_KV_TABLE);
-  cJSON_AddStringToObject(m, "id", s->req.id);
-  wrk_kvwire_add_table(m, w->sh.rt->kv, s->seq.blocks.ids, s->seq.blocks.n);
-  cJSON_AddNumberToObject(m, "skip_blocks", s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size);
-  s->table_sent = srv_peer_send(p, m) == 0;
+  prt_kv_table t = {.id = s->req.id, .skip_blocks = s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size};
+  cJSON *m = wrk_kvwire_table(w->sh.rt->kv, s->seq.blocks.ids, s->seq.blocks.n, &t) ? NULL
+                                                                                    : prt_kv_table_encode(&t, NULL, 0);
+  free(t.pages);
+  s->table_sent = m && srv_peer_send(p, m) == 0;
   cJSON_Delete(m);
 }
 
@@ -495,7 +485,9 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
 
 static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
   dec_worker *w = arg;
-  id_key k = {msg_id(m), from, NULL};
+  prt_cancel c;
+  if (prt_cancel_decode(m, &c, NULL, 0)) return;
+  id_key k = {c.id, from, NULL};
   dec_seq *s = find(w, &k);
   if (s) seq_drop(w, s);
 }
@@ -511,8 +503,8 @@ static void on_stats(void *arg, srv_peer *from, const cJSON *msg) {
 }
 
 // The handoff's request from prefill worker `from`, still waiting for its KV; NULL when cancelled meanwhile.
-static dec_seq *handoff_of(dec_worker *w, srv_peer *from, const cJSON *m) {
-  id_key k = {msg_id(m), NULL, srv_peer_name(from)};
+static dec_seq *handoff_of(dec_worker *w, srv_peer *from, const char *id) {
+  id_key k = {id, NULL, srv_peer_name(from)};
   dec_seq *s = find(w, &k);
   return s && s->handoff ? s : NULL;
 }
@@ -521,27 +513,29 @@ static dec_seq *handoff_of(dec_worker *w, srv_peer *from, const cJSON *m) {
 // writes can still land), so the blocks are freed at once. For a handoff we hold, its kv_fail crossed ours.
 static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
   dec_worker *w = arg;
-  dec_seq *s = handoff_of(w, from, m);
+  prt_kv_fail f;
+  if (prt_kv_fail_decode(m, &f, NULL, 0)) return;
+  dec_seq *s = handoff_of(w, from, f.id);
   if (!s) {
-    release_held(w, srv_peer_name(from), msg_id(m), 0);
+    release_held(w, srv_peer_name(from), f.id, 0);
     return;
   }
   s->p_quiet = 1;
-  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(m, "message");
-  wrk_send_error(s->router, s->req.id, "worker_failure", "prefill failed: %s",
-                 cJSON_IsString(msg) ? msg->valuestring : "unknown");
+  wrk_send_error(s->router, s->req.id, "worker_failure", "prefill failed: %s", f.message ? f.message : "unknown");
   seq_drop(w, s);
 }
 
 // kv_freed: the prefill worker answers our kv_fail; none of its writes can land any more.
 static void on_kv_freed(void *arg, srv_peer *from, const cJSON *m) {
-  release_held(arg, srv_peer_name(from), msg_id(m), 0);
+  prt_kv_freed f;
+  if (!prt_kv_freed_decode(m, &f, NULL, 0)) release_held(arg, srv_peer_name(from), f.id, 0);
 }
 
 // kv_started: the prefill worker admitted the prompt and computes it: the KV-arrival timer (re)starts now.
 static void on_kv_started(void *arg, srv_peer *from, const cJSON *m) {
   dec_worker *w = arg;
-  dec_seq *s = handoff_of(w, from, m);
+  prt_kv_started st;
+  dec_seq *s = prt_kv_started_decode(m, &st, NULL, 0) ? NULL : handoff_of(w, from, st.id);
   if (!s || s->started) return;
   s->started = 1;
   s->handoff_deadline_ms = wrk_shell_now_ms() + handoff_ms(w) + (int64_t)HANDOFF_MS_PER_TOKEN * s->req.n_prompt;
@@ -550,16 +544,18 @@ static void on_kv_started(void *arg, srv_peer *from, const cJSON *m) {
 
 static void on_kv_first(void *arg, srv_peer *from, const cJSON *m) {
   dec_worker *w = arg;
-  dec_seq *s = handoff_of(w, from, m);
+  dec_seq *s = handoff_of(w, from, msg_id(m));
   if (!s) return;
-  if (wrk_kvwire_read_sampled(m, &s->first)) {
-    wrk_send_error(s->router, s->req.id, "worker_failure", "malformed kv_first from %s", srv_peer_name(from));
+  prt_kv_first kf;
+  char why[160];
+  if (prt_kv_first_decode(m, &kf, why, sizeof why)) {
+    wrk_send_error(s->router, s->req.id, "worker_failure", "malformed kv_first from %s (%s)", srv_peer_name(from), why);
     seq_drop(w, s);
     return;
   }
+  wrk_kvwire_sampled_from(&kf.first, &s->first);
   s->got_first = 1;
-  const cJSON *rc = cJSON_GetObjectItemCaseSensitive(m, "cached_tokens");
-  s->remote_cached = cJSON_IsNumber(rc) ? (int)rc->valuedouble : 0;
+  s->remote_cached = kf.cached_tokens;
   srv_debug(w->sh.rt->w->name, "%s: kv_first from %s (notif %s)", s->req.id, srv_peer_name(from),
             s->got_notif ? "in" : "not yet");
   try_start(w, s);
@@ -610,9 +606,8 @@ static void tell_draining(dec_worker *w, dec_seq *s, void *arg) {
   while ((*told)[i] && (*told)[i] != s->router) i++;
   if ((*told)[i]) return;
   (*told)[i] = s->router;
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", PRT_OP_DRAINING);
-  srv_peer_send(s->router, m);
+  cJSON *m = prt_bare_encode(PRT_OP_DRAINING);
+  if (m) srv_peer_send(s->router, m);
   cJSON_Delete(m);
 }
 

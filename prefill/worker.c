@@ -2,7 +2,8 @@
 // as soon as that layer is done, then sends the first token (docs/protocol.md, "Handoff"); a prefix a peer
 // prefill worker holds is fetched by fetch.c.
 #include "prefill/worker.h"
-#include "proto/proto.h"
+#include "proto/handoff.h"
+#include "proto/request.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -85,14 +86,13 @@ static void req_free(pfl_worker *w, pfl_req *r) {
   free(r);
 }
 
-// Sends the decode worker of link op (kv_fail with message, or kv_freed) for request id.
+// Sends the decode worker of link op (kv_fail with message, kv_freed or kv_started) for request id.
 static void tell_decode(pfl_link *l, const char *op, const char *id, const char *message) {
   if (!l || !l->peer) return;
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", op);
-  cJSON_AddStringToObject(m, "id", id);
-  if (message) cJSON_AddStringToObject(m, "message", message);
-  srv_peer_send(l->peer, m);
+  cJSON *m = !strcmp(op, PRT_OP_KV_FAIL)    ? prt_kv_fail_encode(&(prt_kv_fail){id, message}, NULL, 0)
+             : !strcmp(op, PRT_OP_KV_FREED) ? prt_kv_freed_encode(&(prt_kv_freed){id}, NULL, 0)
+                                            : prt_kv_started_encode(&(prt_kv_started){id}, NULL, 0);
+  if (m) srv_peer_send(l->peer, m);
   cJSON_Delete(m);
 }
 
@@ -233,12 +233,10 @@ static int maybe_finish(pfl_worker *w, pfl_req *r) {
   if (r->pushed_blocks < full_blocks(w, r, r->req.n_prompt) && catch_up(w, r)) return -1;
   if (!r->handed_off && !r->failed) {
     if (push(w, r, 0, 0, 0, 0, 1)) return -1; // the notification
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "op", PRT_OP_KV_FIRST);
-    cJSON_AddStringToObject(m, "id", r->req.id);
-    cJSON_AddNumberToObject(m, "cached_tokens", r->seq.n_cached);
-    wrk_kvwire_add_sampled(m, &r->first);
-    int rc = srv_peer_send(r->link->peer, m);
+    prt_kv_first kf = {.id = r->req.id, .cached_tokens = r->seq.n_cached};
+    wrk_kvwire_sampled_to(&r->first, &kf.first);
+    cJSON *m = prt_kv_first_encode(&kf, NULL, 0);
+    int rc = m ? srv_peer_send(r->link->peer, m) : -1;
     cJSON_Delete(m);
     if (rc) return -1;
     r->handed_off = 1;
@@ -316,14 +314,18 @@ static void on_table(void *arg, srv_peer *from, const cJSON *m) {
   }
   if (r->have_table) return;
   int n = 0, need = (r->req.n_prompt + block_size(w) - 1) / block_size(w);
-  int ok = wrk_kvwire_read_table(m, &r->link->remote, &r->remote, &n) == 0 && n >= need;
+  prt_kv_table t;
+  char why[160] = "";
+  int ok = prt_kv_table_decode(m, &t, why, sizeof why) == 0;
+  ok = ok && wrk_kvwire_read_table(&t, &r->link->remote, &r->remote, &n) == 0 && n >= need;
+  // Leading blocks the decode worker already holds (its own prefix cache) are not pushed.
+  int sk = ok && t.skip_blocks <= n ? t.skip_blocks : 0;
+  prt_kv_table_free(&t);
   if (!ok) {
+    if (why[0]) srv_warn(w->sh.rt->w->name, "%s", why);
     pfl_fail(w, r, "the decode worker sent a bad block table for %s", r->req.id);
     return;
   }
-  // Leading blocks the decode worker already holds (its own prefix cache) are not pushed.
-  const cJSON *skip = cJSON_GetObjectItemCaseSensitive(m, "skip_blocks");
-  int sk = cJSON_IsNumber(skip) && skip->valuedouble >= 0 && skip->valuedouble <= n ? (int)skip->valuedouble : 0;
   r->n_remote = n;
   r->have_table = 1;
   if (sk > r->pushed_blocks) r->pushed_blocks = sk;
@@ -459,8 +461,8 @@ static void on_prefix_fail(void *arg, srv_peer *from, const cJSON *m) { pfl_on_p
 
 static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
-  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
-  pfl_req *r = cJSON_IsString(id) ? find(w, id->valuestring, NULL) : NULL;
+  prt_cancel c;
+  pfl_req *r = prt_cancel_decode(m, &c, NULL, 0) ? NULL : find(w, c.id, NULL);
   if (r && (r->router == from || (r->link && r->link->peer == from))) stop_req(w, r, TELL_NONE, NULL);
 }
 
@@ -470,25 +472,27 @@ static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
 // yet (its generate is still on the way) leaves a marker so that generate is dropped when it comes.
 static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
-  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
-  if (!cJSON_IsString(id)) return;
+  prt_kv_fail f;
+  char why[160];
+  if (prt_kv_fail_decode(m, &f, why, sizeof why)) {
+    srv_warn(w->sh.rt->w->name, "ignored from %s: %s", srv_peer_name(from), why);
+    return;
+  }
   const char *name = srv_peer_name(from);
-  srv_debug(w->sh.rt->w->name, "%s: kv_fail from %s", id->valuestring, name);
-  pfl_req *r = find_req(w, id->valuestring, name, 1);
+  srv_debug(w->sh.rt->w->name, "%s: kv_fail from %s", f.id, name);
+  pfl_req *r = find_req(w, f.id, name, 1);
   if (r) {
     stop_req(w, r, TELL_FREED, NULL);
     return;
   }
   for (int i = w->n_early - 1; i >= 0; i--) { // a table that came before its request: it will never be used
     const cJSON *eid = cJSON_GetObjectItemCaseSensitive(w->early[i].msg, "id");
-    if (!strcmp(eid->valuestring, id->valuestring) && !strcmp(srv_peer_name(w->early[i].from), name)) drop_early(w, i);
+    if (!strcmp(eid->valuestring, f.id) && !strcmp(srv_peer_name(w->early[i].from), name)) drop_early(w, i);
   }
-  keep_early(w, from, m); // the marker: take_early_table drops the request
-  cJSON *a = cJSON_CreateObject();
-  cJSON_AddStringToObject(a, "op", PRT_OP_KV_FREED);
-  cJSON_AddStringToObject(a, "id", id->valuestring);
-  srv_peer_send(from, a);
+  cJSON *a = prt_kv_freed_encode(&(prt_kv_freed){f.id}, NULL, 0);
+  if (a) srv_peer_send(from, a);
   cJSON_Delete(a);
+  keep_early(w, from, m); // the marker: take_early_table drops the request
 }
 
 // kv_started to the decode worker of each request whose prompt a step has begun to compute (or whose prefix cache hit

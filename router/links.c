@@ -9,7 +9,8 @@
 #include <unistd.h>
 
 #include "models/chat.h"
-#include "proto/proto.h"
+#include "proto/events.h"
+#include "proto/request.h"
 #include "router/server_int.h"
 #include "server/log.h"
 
@@ -25,11 +26,9 @@ double rtr_msg_num(const cJSON *o, const char *k, double dflt) {
 // Cancels choice ci at its worker(s) still linked.
 void rtr_send_cancel(rtr_server *s, rtr_req *r, int ci) {
   rtr_choice *c = &r->ch[ci];
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", PRT_OP_CANCEL);
-  cJSON_AddStringToObject(m, "id", c->id);
+  cJSON *m = prt_cancel_encode(&(prt_cancel){c->id}, NULL, 0);
   int links[2] = {c->link, c->plink};
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < 2 && m; k++)
     if (links[k] >= 0 && s->links[links[k]].peer) srv_peer_send(s->links[links[k]].peer, m);
   cJSON_Delete(m);
 }
@@ -109,33 +108,46 @@ static void on_stats(rtr_server *s, rtr_link *l, const cJSON *m) {
 // {"op":"kv_events","events":[[kind, "key"], ...]}: applied in order to the link's index entries. A malformed
 // entry is skipped (the index is a hint: a missed event costs a recomputation, never a wrong answer).
 static void on_kv_events(rtr_server *s, rtr_link *l, const cJSON *m) {
-  const cJSON *evs = cJSON_GetObjectItemCaseSensitive(m, "events"), *e;
-  if (!s->kv || !cJSON_IsArray(evs)) return;
+  prt_kv_events evs;
+  if (!s->kv || prt_kv_events_decode(m, &evs, NULL, 0)) return;
   int li = (int)(l - s->links), n = 0;
   srv_kv_event buf[256];
-  cJSON_ArrayForEach(e, evs) {
-    const cJSON *kind = cJSON_GetArrayItem(e, 0), *key = cJSON_GetArrayItem(e, 1);
-    if (!cJSON_IsArray(e) || !cJSON_IsNumber(kind)) continue;
-    char *end = NULL;
-    uint64_t k = 0;
-    if (cJSON_IsString(key)) {
-      errno = 0;
-      k = strtoull(key->valuestring, &end, 10);
-      if (errno || end == key->valuestring || *end) continue;
-    } else if (kind->valueint != SRV_KV_CLEARED) {
-      continue;
-    }
-    buf[n++] = (srv_kv_event){.key = k, .kind = kind->valueint};
+  for (int i = 0; i < evs.n; i++) {
+    buf[n++] = (srv_kv_event){.key = evs.ev[i].key, .kind = evs.ev[i].kind};
     if (n == (int)(sizeof buf / sizeof buf[0])) {
       rtr_kvindex_apply(s->kv, li, buf, n);
       n = 0;
     }
   }
   if (n) rtr_kvindex_apply(s->kv, li, buf, n);
+  prt_kv_events_free(&evs);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // links (one thread each) and the dispatcher
+
+// token / done / error of choice ci, decoded. One that does not decode fails the choice as a worker error would.
+static void on_choice_msg(rtr_server *s, rtr_link *l, rtr_req *r, int ci, const char *op, const cJSON *m) {
+  char why[256] = "";
+  int bad;
+  if (!strcmp(op, PRT_OP_TOKEN)) {
+    prt_token t;
+    if (!(bad = prt_token_decode(m, &t, why, sizeof why))) rtr_on_token(s, r, ci, &t);
+    prt_token_free(&t);
+  } else if (!strcmp(op, PRT_OP_DONE)) {
+    prt_done d;
+    if (!(bad = prt_done_decode(m, &d, why, sizeof why))) rtr_on_done(s, r, ci, &d);
+  } else {
+    prt_error e;
+    if (!(bad = prt_error_decode(m, &e, why, sizeof why))) rtr_on_error(s, r, ci, &e);
+    why[0] = 0; // a malformed error reads as one without a message, as it always did
+  }
+  if (bad) {
+    if (why[0]) srv_warn(LOGC, "worker %s: %s", l->cfg->name, why);
+    prt_error e = {.id = r->ch[ci].id, .message = "the worker failed"};
+    rtr_on_error(s, r, ci, &e);
+  }
+}
 
 static void send_waiting_locked(rtr_server *s);
 static void move_all_locked(rtr_server *s, int li);
@@ -212,9 +224,7 @@ void *rtr_dispatcher_main(void *arg) {
                    (!strcmp(o, PRT_OP_TOKEN) || !strcmp(o, PRT_OP_DONE) || !strcmp(o, PRT_OP_ERROR))) {
           int ci;
           rtr_req *r = find_choice_locked(s, id->valuestring, &ci);
-          if (r && !strcmp(o, PRT_OP_TOKEN)) rtr_on_token(s, r, ci, ev.msg);
-          else if (r && !strcmp(o, PRT_OP_DONE)) rtr_on_done(s, r, ci, ev.msg);
-          else if (r) rtr_on_error(s, r, ci, ev.msg);
+          if (r) on_choice_msg(s, l, r, ci, o, ev.msg);
         } else {
           srv_debug(LOGC, "worker %s: ignored message op '%s'", l->cfg->name, o);
         }
@@ -287,14 +297,12 @@ void *rtr_link_main(void *arg) {
       move_all_locked(s, (int)(l - s->links));
       continue;
     } else if (t - l->last_stats_sent_ms >= STATS_EVERY_MS) {
-      cJSON *m = cJSON_CreateObject(), *ping = cJSON_CreateObject();
-      cJSON_AddStringToObject(m, "op", PRT_OP_STATS);
-      cJSON_AddStringToObject(ping, "op", PRT_OP_PING);
+      cJSON *m = prt_bare_encode(PRT_OP_STATS), *ping = prt_bare_encode(PRT_OP_PING);
       srv_peer *p = l->peer;
       l->last_stats_sent_ms = t;
       pthread_mutex_unlock(&s->mu);
-      srv_peer_send(p, m);
-      srv_peer_send(p, ping);
+      if (m) srv_peer_send(p, m);
+      if (ping) srv_peer_send(p, ping);
       cJSON_Delete(m);
       cJSON_Delete(ping);
       pthread_mutex_lock(&s->mu);
@@ -438,11 +446,9 @@ static int ended_locked(rtr_server *s, rtr_req *r, int ci) {
   rtr_choice *c = &r->ch[ci];
   int eog = c->n_gen > 0 && !r->q.ignore_eos && mdl_tok_is_eog(s->tok, c->gen[c->n_gen - 1]);
   if (!eog && c->n_gen < r->max_tokens) return 0;
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "finish_reason", eog ? "stop" : "length");
-  cJSON_AddNumberToObject(m, "completion_tokens", c->n_gen);
-  rtr_on_done(s, r, ci, m);
-  cJSON_Delete(m);
+  prt_done d = {.id = c->id, .finish_reason = eog ? "stop" : "length", .prompt_tokens = -1,
+                .completion_tokens = c->n_gen, .cached_tokens = -1, .kv_bytes = -1, .kv_ms = -1};
+  rtr_on_done(s, r, ci, &d);
   return 1;
 }
 

@@ -185,40 +185,27 @@ static cJSON *bytes_of(const char *t) {
   return a;
 }
 
-// One [id, logprob] pair of a worker's "top" list: the token's text (malloc'ed; NULL for an unknown id) and *lp.
-static char *top_piece(rtr_server *s, const cJSON *pair, double *lp) {
-  const cJSON *id = cJSON_GetArrayItem(pair, 0), *v = cJSON_GetArrayItem(pair, 1);
-  *lp = cJSON_IsNumber(v) ? v->valuedouble : 0;
-  return piece(s, (int32_t)(cJSON_IsNumber(id) ? id->valuedouble : -1));
-}
-
-// Converts the worker's [{token, logprob, top:[[id, lp]..]}..] into OpenAI's shape. Chat: appends to content
+// Converts the worker's [{token, logprob, top:[[id, lp]..]}..] (n) into OpenAI's shape. Chat: appends to content
 // (array of {token, logprob, bytes, top_logprobs}); completions: appends to {tokens, token_logprobs, top_logprobs,
 // text_offset}.
-static void add_logprobs(rtr_server *s, rtr_req *r, rtr_choice *c, const cJSON *lps, cJSON *dst) {
-  const cJSON *e;
-  cJSON_ArrayForEach(e, lps) {
-    int32_t id = (int32_t)rtr_msg_num(e, "token", -1);
-    double lp = rtr_msg_num(e, "logprob", 0);
-    char *t = piece(s, id);
+static void add_logprobs(rtr_server *s, rtr_req *r, rtr_choice *c, const prt_sampled *lps, int n, cJSON *dst) {
+  for (int i = 0; i < n; i++) {
+    const prt_sampled *e = &lps[i];
+    double lp = e->logprob;
+    char *t = piece(s, e->token);
     if (!t) continue;
-    const cJSON *top = cJSON_GetObjectItemCaseSensitive(e, "top");
     if (r->q.kind == RTR_CHAT) {
       cJSON *o = cJSON_CreateObject();
       cJSON_AddStringToObject(o, "token", t);
       cJSON_AddNumberToObject(o, "logprob", lp);
       cJSON_AddItemToObject(o, "bytes", bytes_of(t));
       cJSON *ta = cJSON_AddArrayToObject(o, "top_logprobs");
-      const cJSON *p;
-      int k = 0;
-      cJSON_ArrayForEach(p, top) {
-        if (k++ >= r->q.logprobs) break;
-        double tlp;
-        char *pt = top_piece(s, p, &tlp);
+      for (int k = 0; k < e->n_top && k < r->q.logprobs; k++) {
+        char *pt = piece(s, e->top[k].token);
         if (!pt) continue;
         cJSON *x = cJSON_CreateObject();
         cJSON_AddStringToObject(x, "token", pt);
-        cJSON_AddNumberToObject(x, "logprob", tlp);
+        cJSON_AddNumberToObject(x, "logprob", e->top[k].logprob);
         cJSON_AddItemToObject(x, "bytes", bytes_of(pt));
         cJSON_AddItemToArray(ta, x);
         free(pt);
@@ -228,14 +215,10 @@ static void add_logprobs(rtr_server *s, rtr_req *r, rtr_choice *c, const cJSON *
       cJSON_AddItemToArray(cJSON_GetObjectItem(dst, "tokens"), cJSON_CreateString(t));
       cJSON_AddItemToArray(cJSON_GetObjectItem(dst, "token_logprobs"), cJSON_CreateNumber(lp));
       cJSON *to = cJSON_CreateObject();
-      const cJSON *p;
-      int k = 0;
-      cJSON_ArrayForEach(p, top) {
-        if (k++ >= r->q.logprobs) break;
-        double tlp;
-        char *pt = top_piece(s, p, &tlp);
+      for (int k = 0; k < e->n_top && k < r->q.logprobs; k++) {
+        char *pt = piece(s, e->top[k].token);
         if (!pt) continue;
-        if (!cJSON_GetObjectItemCaseSensitive(to, pt)) cJSON_AddNumberToObject(to, pt, tlp);
+        if (!cJSON_GetObjectItemCaseSensitive(to, pt)) cJSON_AddNumberToObject(to, pt, e->top[k].logprob);
         free(pt);
       }
       cJSON_AddItemToArray(cJSON_GetObjectItem(dst, "top_logprobs"), to);
@@ -260,9 +243,8 @@ static cJSON *new_lp(rtr_req *r) {
 }
 
 // The token ids a worker streamed for c (what a move resumes from). Out of memory: the choice cannot move any more.
-static void record_tokens(rtr_choice *c, const cJSON *toks) {
-  const cJSON *t;
-  cJSON_ArrayForEach(t, toks) {
+static void record_tokens(rtr_choice *c, const int32_t *toks, int n) {
+  for (int i = 0; i < n; i++) {
     if (c->n_gen == c->cap_gen) {
       int cap = c->cap_gen ? c->cap_gen * 2 : 64;
       int32_t *g = realloc(c->gen, (size_t)cap * sizeof *g);
@@ -273,7 +255,7 @@ static void record_tokens(rtr_choice *c, const cJSON *toks) {
       c->gen = g;
       c->cap_gen = cap;
     }
-    c->gen[c->n_gen++] = cJSON_IsNumber(t) ? (int32_t)t->valuedouble : 0;
+    c->gen[c->n_gen++] = toks[i];
   }
 }
 
@@ -397,14 +379,11 @@ static cJSON *stream_choice(rtr_req *r, int index, const char *text, const char 
   return c;
 }
 
-void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
+void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
   rtr_choice *c = &r->ch[ci];
   if (c->finished) return;
-  const cJSON *text = cJSON_GetObjectItemCaseSensitive(m, "text");
-  const cJSON *toks = cJSON_GetObjectItemCaseSensitive(m, "tokens");
-  const cJSON *lps = cJSON_GetObjectItemCaseSensitive(m, "logprobs");
-  const char *t = cJSON_IsString(text) ? text->valuestring : "";
-  int ntok = cJSON_IsArray(toks) ? cJSON_GetArraySize(toks) : 1;
+  const char *t = m->text;
+  int ntok = m->n_tokens >= 0 ? m->n_tokens : 1;
   int64_t now = now_us();
   if (c->plink >= 0 && !c->handed_off) { // the handoff is over: the prefill worker is free of this choice
     c->handed_off = 1;
@@ -419,18 +398,18 @@ void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   }
   c->last_tok_us = now;
   c->completion_tokens += ntok;
-  record_tokens(c, toks);
+  record_tokens(c, m->tokens, m->n_tokens);
   rtr_metric_add(s->m_gen, ntok);
   if (r->q.stream) {
     char *now_text = tools_on(r) ? hold_text(s, c, t) : NULL; // tools: what may be a call waits (flush_held)
     const char *send = tools_on(r) ? (now_text && now_text[0] ? now_text : NULL) : t;
-    int with_lp = r->q.logprobs >= 0 && cJSON_IsArray(lps);
+    int with_lp = r->q.logprobs >= 0 && m->n_logprobs >= 0;
     if (send || with_lp || !tools_on(r)) {
       cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
       cJSON *ch = stream_choice(r, ci, send, NULL);
       if (with_lp) {
         cJSON *lp = new_lp(r);
-        add_logprobs(s, r, c, lps, lp);
+        add_logprobs(s, r, c, m->logprobs, m->n_logprobs, lp);
         cJSON_ReplaceItemInObject(ch, "logprobs", lp);
       }
       cJSON_AddItemToArray(arr, ch);
@@ -440,25 +419,23 @@ void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
     free(now_text);
   } else {
     add_or_drop(&c->text, t, strlen(t));
-    if (r->q.logprobs >= 0 && cJSON_IsArray(lps)) {
+    if (r->q.logprobs >= 0 && m->n_logprobs >= 0) {
       if (!c->lp) c->lp = new_lp(r);
-      add_logprobs(s, r, c, lps, c->lp);
+      add_logprobs(s, r, c, m->logprobs, m->n_logprobs, c->lp);
     }
   }
 }
 
-void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
+void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
   rtr_choice *c = &r->ch[ci];
   if (c->finished) return;
-  const cJSON *fr = cJSON_GetObjectItemCaseSensitive(m, "finish_reason");
   snprintf(c->finish, sizeof c->finish, "%s",
-           cJSON_IsString(fr) && !strcmp(fr->valuestring, "length") ? "length" : "stop");
-  int ct = (int)rtr_msg_num(m, "completion_tokens", -1);
-  if (ct >= 0) c->completion_tokens = ct;
-  c->cached_tokens = (int)rtr_msg_num(m, "cached_tokens", 0);
+           m->finish_reason && !strcmp(m->finish_reason, "length") ? "length" : "stop");
+  if (m->completion_tokens >= 0) c->completion_tokens = m->completion_tokens;
+  c->cached_tokens = m->cached_tokens >= 0 ? m->cached_tokens : 0;
   if (c->cached_tokens > r->n_prompt) c->cached_tokens = r->n_prompt; // a moved choice's worker cached its own output
-  c->prompt_tokens = (int)rtr_msg_num(m, "prompt_tokens", r->n_prompt);
-  double kvb = rtr_msg_num(m, "kv_bytes", 0), kvms = rtr_msg_num(m, "kv_ms", -1);
+  c->prompt_tokens = m->prompt_tokens >= 0 ? m->prompt_tokens : r->n_prompt;
+  double kvb = m->kv_bytes, kvms = m->kv_ms;
   if (kvb > 0) rtr_metric_add(s->m_kv_bytes, kvb);
   if (kvms >= 0 && c->plink >= 0) rtr_metric_observe(s->m_kv_time, kvms / 1000.0);
   choice_end_locked(s, r, ci);
@@ -474,11 +451,8 @@ void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
   if (r->n_done == r->q.n) finish_locked(s, r);
 }
 
-void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
-  (void)ci;
-  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(m, "message");
-  const cJSON *code = cJSON_GetObjectItemCaseSensitive(m, "code");
-  const char *cs = cJSON_IsString(code) ? code->valuestring : "worker_failure";
+void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m) {
+  const char *cs = m->code ? m->code : "worker_failure";
   int status = !strcmp(cs, "context_length_exceeded") ? 400 : !strcmp(cs, "timeout") ? 504 : 503;
   rtr_error e;
   // A worker shutting down refused it (it was sent before the worker said `draining`): another worker takes it.
@@ -496,7 +470,7 @@ void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m) {
     if (rtr_move_choice_locked(s, r, ci, 1) == 0) return;
   }
   rtr_fail(&e, status, status == 400 ? "invalid_request_error" : "server_error", NULL, cs, "%s",
-           cJSON_IsString(msg) ? msg->valuestring : "the worker failed");
+           m->message ? m->message : "the worker failed");
   choice_end_locked(s, r, ci); // the worker already dropped it: no cancel for this one
   rtr_fail_locked(s, r, &e);
 }

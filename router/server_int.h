@@ -12,6 +12,7 @@
 #include <microhttpd.h>
 
 #include "models/chat.h"
+#include "proto/request.h"
 #include "router/kvindex.h"
 #include "router/metrics.h"
 #include "router/openai.h"
@@ -203,9 +204,9 @@ void rtr_req_unref_locked(rtr_req *r);
 void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e);
 void rtr_choice_unlink_locked(rtr_server *s, rtr_choice *c); // its workers' inflight counts no longer hold it
 void rtr_cancel_locked(rtr_server *s, rtr_req *r);
-void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const cJSON *m);
-void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const cJSON *m);
-void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const cJSON *m);
+void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m);
+void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m);
+void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m);
 ssize_t rtr_stream_reader(void *cls, uint64_t pos, char *buf, size_t max); // MHD content reader; cls: the rtr_req
 void rtr_stream_free(void *cls);
 cJSON *rtr_final_response(rtr_req *r);

@@ -1,7 +1,7 @@
 // worker/genreq.c: reads and checks a `generate` message (and compiles its grammar, cached); error replies and signal
 // waiting shared by workers.
 #include "worker/genreq.h"
-#include "proto/proto.h"
+#include "proto/request.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -270,12 +270,8 @@ void wrk_send_error(srv_peer *to, const char *id, const char *code, const char *
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", PRT_OP_ERROR);
-  cJSON_AddStringToObject(m, "id", id);
-  cJSON_AddStringToObject(m, "message", msg);
-  cJSON_AddStringToObject(m, "code", code);
-  srv_peer_send(to, m);
+  cJSON *m = prt_error_encode(&(prt_error){.id = id, .message = msg, .code = code}, NULL, 0);
+  if (m) srv_peer_send(to, m);
   cJSON_Delete(m);
 }
 

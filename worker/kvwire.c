@@ -6,62 +6,45 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/hello.h"
 #include "worker/kvstage.h"
 
 void wrk_kvwire_add_layout(cJSON *msg, const wrk_kvpool *kv) {
   const mdl_llama_cfg *c = wrk_kvpool_cfg(kv);
   const mdl_kv *v = wrk_kvpool_kv(kv);
-  char base[32];
-  snprintf(base, sizeof base, "%" PRIu64, wrk_kvstage_addr(wrk_kvpool_stage(kv), v->base)); // the mirror, if staged
-  cJSON *l = cJSON_AddObjectToObject(msg, "kv_layout");
-  cJSON_AddNumberToObject(l, "n_layer", c->n_layer);
-  cJSON_AddNumberToObject(l, "kv_dim", c->n_kv_head * c->head_dim);
-  cJSON_AddNumberToObject(l, "type", v->type);
-  cJSON_AddNumberToObject(l, "block_size", v->block_size);
-  cJSON_AddNumberToObject(l, "n_blocks", v->n_blocks);
-  cJSON_AddNumberToObject(l, "n_groups", mdl_kv_groups(v));
-  cJSON_AddStringToObject(l, "base", base);
-}
-
-static int num(const cJSON *o, const char *k, double *out) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  if (!cJSON_IsNumber(v)) return -1;
-  *out = v->valuedouble;
-  return 0;
+  prt_kv_layout l = {.n_layer = c->n_layer, .kv_dim = c->n_kv_head * c->head_dim, .type = (int)v->type,
+                     .block_size = v->block_size, .n_blocks = v->n_blocks, .n_groups = mdl_kv_groups(v),
+                     .base = wrk_kvstage_addr(wrk_kvpool_stage(kv), v->base)}; // the mirror, if staged
+  prt_kv_layout_add(msg, &l);
 }
 
 int wrk_kvwire_read_layout(const cJSON *msg, const wrk_kvpool *local, wrk_kv_remote *out, char *err, size_t errlen) {
-  const cJSON *l = cJSON_GetObjectItemCaseSensitive(msg, "kv_layout");
-  const cJSON *base = cJSON_GetObjectItemCaseSensitive(l, "base");
-  double n_layer, kv_dim, type, bs, nb;
-  if (!cJSON_IsObject(l) || num(l, "n_layer", &n_layer) || num(l, "kv_dim", &kv_dim) || num(l, "type", &type) ||
-      num(l, "block_size", &bs) || num(l, "n_blocks", &nb) || !cJSON_IsString(base)) {
-    snprintf(err, errlen, "the peer sent no usable kv_layout");
+  prt_kv_layout l;
+  char why[160];
+  if (prt_kv_layout_read(msg, prt_op(msg), &l, why, sizeof why)) {
+    snprintf(err, errlen, "the peer sent no usable kv_layout (%s)", why);
     return -1;
   }
   const mdl_llama_cfg *c = wrk_kvpool_cfg(local);
   const mdl_kv *v = wrk_kvpool_kv(local);
-  double ng = 1; // a peer that does not say has one group
-  const cJSON *ngj = cJSON_GetObjectItemCaseSensitive(l, "n_groups");
-  if (cJSON_IsNumber(ngj)) ng = ngj->valuedouble;
-  if ((int)ng != mdl_kv_groups(v)) {
+  if (l.n_groups != mdl_kv_groups(v)) {
     snprintf(err, errlen,
              "KV layouts differ: the peer keeps %d layer groups, this worker %d: both workers must serve the same model",
-             (int)ng, mdl_kv_groups(v));
+             l.n_groups, mdl_kv_groups(v));
     return -1;
   }
-  if ((int)n_layer != c->n_layer || (int)kv_dim != c->n_kv_head * c->head_dim || (int)type != (int)v->type ||
-      (int)bs != v->block_size) {
+  if (l.n_layer != c->n_layer || l.kv_dim != c->n_kv_head * c->head_dim || l.type != (int)v->type ||
+      l.block_size != v->block_size) {
     snprintf(err, errlen,
              "KV layouts differ (peer: %d layers, kv_dim %d, type %d, block %d; here: %d, %d, %d, %d): "
              "both workers must serve the same model with the same kv_type and block_size",
-             (int)n_layer, (int)kv_dim, (int)type, (int)bs, c->n_layer, c->n_kv_head * c->head_dim, (int)v->type,
+             l.n_layer, l.kv_dim, l.type, l.block_size, c->n_layer, c->n_kv_head * c->head_dim, (int)v->type,
              v->block_size);
     return -1;
   }
-  out->base = strtoull(base->valuestring, NULL, 10);
-  out->n_blocks = (int)nb;
-  out->n_groups = (int)ng;
+  out->base = l.base;
+  out->n_blocks = l.n_blocks;
+  out->n_groups = l.n_groups;
   out->chunk_bytes = mdl_kv_chunk_bytes(c, v);
   return 0;
 }
@@ -70,36 +53,36 @@ uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int kv, int page)
   return r->base + (((uint64_t)slot * 2 + (uint64_t)kv) * (uint64_t)r->n_blocks + (uint64_t)page) * r->chunk_bytes;
 }
 
-void wrk_kvwire_add_table(cJSON *msg, const wrk_kvpool *kv, const int32_t *ids, int n) {
+int wrk_kvwire_table(const wrk_kvpool *kv, const int32_t *ids, int n, prt_kv_table *t) {
   const mdl_kv *v = wrk_kvpool_kv(kv);
-  cJSON *b = cJSON_AddArrayToObject(msg, "blocks");
-  for (int i = 0; i < n; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(ids[i]));
-  if (mdl_kv_groups(v) == 1) return;
-  cJSON *p = cJSON_AddArrayToObject(msg, "pages");
+  int ng = mdl_kv_groups(v);
+  t->blocks = (int32_t *)ids;
+  t->n_blocks = n;
+  t->pages = NULL;
+  t->n_pages = 0;
+  if (ng == 1 || n == 0) return 0;
+  if (!(t->pages = malloc((size_t)n * (size_t)ng * sizeof *t->pages))) return -1;
   for (int i = 0; i < n; i++)
-    for (int g = 0; g < mdl_kv_groups(v); g++) cJSON_AddItemToArray(p, cJSON_CreateNumber(mdl_kv_page(v, ids[i], g)));
+    for (int g = 0; g < ng; g++) t->pages[t->n_pages++] = mdl_kv_page(v, ids[i], g);
+  return 0;
 }
 
-int wrk_kvwire_read_table(const cJSON *msg, const wrk_kv_remote *r, int32_t **pages_out, int *n_out) {
+int wrk_kvwire_read_table(const prt_kv_table *t, const wrk_kv_remote *r, int32_t **pages_out, int *n_out) {
   *pages_out = NULL;
   *n_out = 0;
   int ng = r->n_groups > 1 ? r->n_groups : 1;
-  const cJSON *arr = cJSON_GetObjectItemCaseSensitive(msg, ng > 1 ? "pages" : "blocks");
-  int len = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : 0;
+  const int32_t *arr = ng > 1 ? t->pages : t->blocks;
+  int len = ng > 1 ? t->n_pages : t->n_blocks;
   if (len < 1 || len % ng) return -1;
   int32_t *pages = malloc((size_t)len * sizeof *pages);
   if (!pages) return -1;
-  int i = 0;
-  const cJSON *v;
-  cJSON_ArrayForEach(v, arr) {
+  for (int i = 0; i < len; i++) {
     // a block's id (group 0) always exists; a window page may have been given back (-1)
-    double lo = i % ng ? -1 : 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble >= r->n_blocks ||
-        v->valuedouble != (int32_t)v->valuedouble) {
+    if (arr[i] < (i % ng ? -1 : 0) || arr[i] >= r->n_blocks) {
       free(pages);
       return -1;
     }
-    pages[i++] = (int32_t)v->valuedouble;
+    pages[i] = arr[i];
   }
   *pages_out = pages;
   *n_out = len / ng;
@@ -209,38 +192,19 @@ int wrk_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, c
   return rc;
 }
 
-void wrk_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s) {
-  cJSON_AddNumberToObject(msg, "token", s->token);
-  cJSON_AddNumberToObject(msg, "logprob", s->logprob);
-  cJSON *top = cJSON_AddArrayToObject(msg, "top");
-  for (int i = 0; i < s->n_top; i++) {
-    cJSON *pair = cJSON_CreateArray();
-    cJSON_AddItemToArray(pair, cJSON_CreateNumber(s->top[i].token));
-    cJSON_AddItemToArray(pair, cJSON_CreateNumber(s->top[i].logprob));
-    cJSON_AddItemToArray(top, pair);
-  }
+void wrk_kvwire_sampled_to(const mdl_sampled *s, prt_sampled *out) {
+  memset(out, 0, sizeof *out);
+  out->token = s->token;
+  out->logprob = s->logprob;
+  for (int i = 0; i < s->n_top && i < PRT_MAX_TOP; i++) out->top[out->n_top++] = (prt_top){s->top[i].token, s->top[i].logprob};
 }
 
-cJSON *wrk_kvwire_sampled_new(const mdl_sampled *s) {
-  cJSON *e = cJSON_CreateObject();
-  if (e) wrk_kvwire_add_sampled(e, s);
-  return e;
-}
-
-int wrk_kvwire_read_sampled(const cJSON *msg, mdl_sampled *s) {
-  memset(s, 0, sizeof *s);
-  double tok, lp;
-  if (num(msg, "token", &tok) || tok < 0 || tok > INT32_MAX) return -1;
-  s->token = (int32_t)tok;
-  s->logprob = num(msg, "logprob", &lp) ? 0.0f : (float)lp; // -inf travels as null
-  const cJSON *top = cJSON_GetObjectItemCaseSensitive(msg, "top"), *pair;
-  cJSON_ArrayForEach(pair, top) {
-    if (s->n_top >= (int)(sizeof s->top / sizeof s->top[0])) break;
-    const cJSON *t = cJSON_GetArrayItem(pair, 0), *l = cJSON_GetArrayItem(pair, 1);
-    if (!cJSON_IsNumber(t) || !cJSON_IsNumber(l)) return -1;
-    s->top[s->n_top++] = (mdl_logprob){(int32_t)t->valuedouble, (float)l->valuedouble};
-  }
-  return 0;
+void wrk_kvwire_sampled_from(const prt_sampled *p, mdl_sampled *out) {
+  memset(out, 0, sizeof *out);
+  out->token = p->token;
+  out->logprob = p->logprob;
+  int cap = (int)(sizeof out->top / sizeof out->top[0]);
+  for (int i = 0; i < p->n_top && i < cap; i++) out->top[out->n_top++] = (mdl_logprob){p->top[i].token, p->top[i].logprob};
 }
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

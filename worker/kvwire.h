@@ -10,6 +10,7 @@
 
 #include "kvxfer/kvx.h"
 #include "models/sampler.h"
+#include "proto/handoff.h"
 #include "worker/kvpool.h"
 
 #ifdef __cplusplus
@@ -39,11 +40,12 @@ uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int kv, int page)
 int wrk_kvwire_write_blocks(kvx_agent *a, const wrk_kvpool *kv, const char *peer, const wrk_kv_remote *remote,
                             const int32_t *local_ids, const int32_t *remote_pages, int n, int l0, int l1,
                             const void *notif, size_t notif_len, kvx_xfer **out, char *err, size_t errlen);
-// A block table as the peer writes into it: "blocks" (n ids) and, with layer groups, "pages" (n * n_groups, block by
-// block; -1 where a window page was given back). read fills pages_out (n * n_groups, malloc'ed) from either; -1 when
-// they are missing or out of the peer's pool.
-void wrk_kvwire_add_table(cJSON *msg, const wrk_kvpool *kv, const int32_t *ids, int n);
-int wrk_kvwire_read_table(const cJSON *msg, const wrk_kv_remote *r, int32_t **pages_out, int *n_out);
+// A block table as the peer writes into it (kv_table): "blocks" (n ids) and, with layer groups, "pages" (n * n_groups,
+// block by block; -1 where a window page was given back). wrk_kvwire_table fills t's blocks (borrowing ids) and pages
+// (malloc'ed: free t->pages; NULL with one group); -1 on out of memory. read fills pages_out (n * n_groups, malloc'ed)
+// from either; -1 when they are missing or out of the peer's pool.
+int wrk_kvwire_table(const wrk_kvpool *kv, const int32_t *ids, int n, prt_kv_table *t);
+int wrk_kvwire_read_table(const prt_kv_table *t, const wrk_kv_remote *r, int32_t **pages_out, int *n_out);
 
 // The first of a prompt's blocks that layer `layer` reads again once the prompt (n_prompt tokens) is computed: a
 // sliding-window layer sees positions (pos - window, pos] only and every later pos is >= n_prompt, so the blocks
@@ -60,12 +62,10 @@ double wrk_kvwire_handoff_bytes(const wrk_kvpool *kv, int n_prompt, int skip, in
 int wrk_kvwire_add_md(cJSON *msg, kvx_agent *a);  // "kvx_md": base64 of kvx_pack_md
 int wrk_kvwire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen);
 
-// A sampled token as every message carries it: "token", "logprob" and "top": [[id, logprob], ...]. add writes
-// the fields into msg (kv_first); new returns them as one object (owned by the caller; NULL on out of memory),
-// a "token" message's "logprobs" entry as the router reads it.
-void wrk_kvwire_add_sampled(cJSON *msg, const mdl_sampled *s);
-cJSON *wrk_kvwire_sampled_new(const mdl_sampled *s);
-int wrk_kvwire_read_sampled(const cJSON *msg, mdl_sampled *s); // 0, -1 when malformed
+// A sampled token as every message carries it (proto's prt_sampled: kv_first, token's logprobs) from / to the
+// sampler's.
+void wrk_kvwire_sampled_to(const mdl_sampled *s, prt_sampled *out);
+void wrk_kvwire_sampled_from(const prt_sampled *p, mdl_sampled *out);
 
 // base64 (RFC 4648, with padding). encode: *out malloc'ed, NUL-terminated. decode: -1 on bad input.
 char *wrk_base64_encode(const void *data, size_t len);
