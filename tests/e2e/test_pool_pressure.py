@@ -1,0 +1,66 @@
+"""tests/e2e/test_pool_pressure.py: a KV pool under pressure never refuses or fails a request that fits it (issue 29's replays): cached blocks give way to a new long prompt, and a 17-block pool serves 24 concurrent streams with the unloaded greedy text."""
+
+import unittest
+
+import e2e_util as u
+
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
+         "romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+
+
+def long_prompt(seed, n_words):
+    """A prompt of n_words words that shares no leading block with another seed's."""
+    return "%d: " % seed + " ".join(WORDS[(seed * 7 + i * (seed + 3)) % len(WORDS)] for i in range(n_words))
+
+
+class PoolPressure(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        u.require_env(cls)
+
+    def test_second_long_prompt_evicts_the_first(self):
+        # kv_budget_mb 12: 34 blocks of SmolLM2's 360 KiB; each prompt takes ~26 of them and leaves ~25 cached.
+        c = u.Cluster([{"name": "w0", "role": "both", "kv_budget_mb": 12}], tag="evict")
+        self.addCleanup(c.close)
+        c.start()
+        for seed in range(4):
+            r = u.complete(c.port, "completions", {"prompt": long_prompt(seed, 200), "max_tokens": 1})
+            self.assertEqual(r["status"], 200, (seed, r))
+            self.assertGreater(r["prompt_tokens"], 16 * 20, r)  # more than the pool's free blocks after the first
+
+    def test_small_pool_many_streams(self):
+        # kv_budget_mb 6: 17 blocks; a chat with 60 tokens out needs 5-6, so 24 streams contend (preemption), and the
+        # second wave finds the pool full of the first wave's cached blocks (48 different prompts).
+        n = 48
+        prompts = ["%d. Write a short story about %s and %s." % (i, WORDS[i % 26], WORDS[(i * 5 + 3) % 26])
+                   for i in range(n)]
+
+        def body(i):
+            return {"messages": [{"role": "user", "content": prompts[i]}], "max_tokens": 60}
+
+        solo = u.Cluster([{"name": "w0", "role": "both", "kv_budget_mb": 256, "threads": 2}], tag="pool-solo")
+        self.addCleanup(solo.close)
+        solo.start()
+        want = u.run_threads([(lambda i=i: u.complete(solo.port, "chat", body(i), timeout=200 * u.SCALE))
+                              for i in range(n)], timeout=220 * u.SCALE)
+        solo.close()
+        for w in want:
+            self.assertIsNotNone(w)
+            self.assertEqual(w["status"], 200, w)
+        c = u.Cluster([{"name": "w0", "role": "both", "kv_budget_mb": 6, "threads": 2}], tag="pool-small")
+        self.addCleanup(c.close)
+        c.start()
+        res = []
+        for wave in range(2):  # 24 in flight at a time
+            res += u.run_threads([(lambda i=wave * 24 + k: u.stream(c.port, "chat", body(i), timeout=200 * u.SCALE))
+                                  for k in range(24)], timeout=220 * u.SCALE)
+        bad = ["stream %d: %s" % (i, "did not finish" if r is None else (r["status"], r["error"]))
+               for i, r in enumerate(res) if r is None or r["error"] is not None or not r["done"]]
+        self.assertEqual(bad, [], "%d of %d streams failed" % (len(bad), n))
+        for i, r in enumerate(res):
+            self.assertEqual(r["text"], want[i]["text"], "stream %d" % i)
+            self.assertEqual(r["finish_reason"], want[i]["finish_reason"], i)
+
+
+if __name__ == "__main__":
+    unittest.main()
