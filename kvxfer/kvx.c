@@ -1,15 +1,10 @@
-// kvxfer/kvx.c: the kvxfer core: agents, shareable host memory, registration, peers and the choice of backend
-// (metadata blobs: kvx_md.c; requests and notifications: kvx_xfer.c; connections: kvx_conn.c, kvx_listen.c).
+// kvxfer/kvx.c: the agent, the top of the core: backends brought up and down by what their table entries say, registration, peers and each peer's backend (auto: kvx_auto_pick).
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -17,176 +12,6 @@
 
 const kvx_backend *const kvx_backends[KVX_NBE] = {&kvx_tcp_backend, &kvx_shm_backend, &kvx_rdma_backend,
                                                     &kvx_nccl_backend, &kvx_nixl_backend};
-
-// ---- small services ----
-void kvx_log(kvx_agent *a, const char *fmt, ...) {
-  char line[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  if (a->log)
-    a->log(a->log_ud, line);
-  else
-    fprintf(stderr, "kvx[%s]: %s\n", a->name, line);
-}
-
-void kvx_auth_refused(kvx_agent *a, const char *fmt, ...) {
-  char line[480];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  uint64_t n = atomic_fetch_add(&a->auth_failures, 1) + 1;
-  kvx_log(a, "%s (%" PRIu64 " refused so far)", line, n);
-}
-
-uint64_t kvx_auth_failures(kvx_agent *a) { return a ? atomic_load(&a->auth_failures) : 0; }
-
-void kvx_signal_fd(kvx_agent *a) {
-  uint64_t one = 1;
-  ssize_t r = write(a->efd, &one, sizeof one);
-  (void)r;
-}
-
-// The flag, and the eventfd until kvx_progress clears them: later signals find the flag set and skip the write.
-// The write (a syscall, and the wakeup of a sleeping thread) is skipped too while nobody can be asleep on the fd:
-// it was never handed out (kvx_agent_fd) and no kvx_progress sleeps; a spinning one sees the flag. The flag and
-// the sleeper count are both sequentially consistent: either the signal sees the sleeper, or the sleeper sees the
-// flag before it sleeps.
-void kvx_signal(kvx_agent *a) {
-  if (atomic_exchange(&a->woken, 1)) return;
-  if (atomic_load(&a->fd_out) || atomic_load(&a->sleepers)) kvx_signal_fd(a);
-}
-
-int kvx_no_init(kvx_agent *a, char *err, size_t errlen) {
-  (void)a;
-  utl_seterr(err, errlen, "backend not available in this build");
-  return -1;
-}
-int kvx_no_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap) {
-  (void)c, (void)x;
-  utl_seterr(why, cap, "backend cannot transfer");
-  return -1;
-}
-
-typedef struct thread_arg {
-  void *(*fn)(void *);
-  void *arg;
-} thread_arg;
-
-static void *thread_main(void *p) {
-  thread_arg t = *(thread_arg *)p;
-  free(p);
-  return t.fn(t.arg);
-}
-
-int kvx_thread_start(kvx_agent *a, void *(*fn)(void *), void *arg, char *err, size_t errlen) {
-  thread_arg *t = malloc(sizeof *t);
-  if (!t) {
-    utl_seterr(err, errlen, "out of memory");
-    return -1;
-  }
-  t->fn = fn;
-  t->arg = arg;
-  pthread_attr_t at;
-  pthread_attr_init(&at);
-  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-  pthread_mutex_lock(&a->thr_mu);
-  a->threads++;
-  pthread_mutex_unlock(&a->thr_mu);
-  pthread_t th;
-  int rc = pthread_create(&th, &at, thread_main, t);
-  pthread_attr_destroy(&at);
-  if (rc) {
-    free(t);
-    kvx_thread_exit(a);
-    utl_seterr(err, errlen, "pthread_create: %s", strerror(rc));
-    return -1;
-  }
-  return 0;
-}
-
-void kvx_thread_exit(kvx_agent *a) {
-  pthread_mutex_lock(&a->thr_mu);
-  a->threads--;
-  pthread_cond_broadcast(&a->thr_cv);
-  pthread_mutex_unlock(&a->thr_mu);
-}
-
-// ---- shareable host memory ----
-// Layout: [header page | len bytes], one memfd mapped MAP_SHARED; the header says which fd backs it.
-#define HOST_MAGIC 0x54534f48585643ull  // "CVXHOST"
-typedef struct host_hdr {
-  uint64_t magic, size, fd;
-} host_hdr;
-
-void *kvx_host_alloc(size_t len, char *err, size_t errlen) {
-  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-  if (len == 0 || len > ((size_t)1 << 46)) {
-    utl_seterr(err, errlen, "kvx_host_alloc: bad length %zu", len);
-    return NULL;
-  }
-  size_t sz = (len + pg - 1) / pg * pg;
-  int fd = memfd_create("kvx-host", MFD_CLOEXEC);
-  if (fd < 0) {
-    utl_seterr(err, errlen, "memfd_create: %s", strerror(errno));
-    return NULL;
-  }
-  if (ftruncate(fd, (off_t)(sz + pg)) < 0) {
-    utl_seterr(err, errlen, "ftruncate %zu: %s", sz + pg, strerror(errno));
-    close(fd);
-    return NULL;
-  }
-  uint8_t *m = mmap(NULL, sz + pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) {
-    utl_seterr(err, errlen, "mmap %zu: %s", sz + pg, strerror(errno));
-    close(fd);
-    return NULL;
-  }
-  host_hdr *h = (host_hdr *)m;
-  h->magic = HOST_MAGIC;
-  h->size = len;
-  h->fd = (uint64_t)fd;
-  return m + pg;
-}
-
-void kvx_host_free(void *p, size_t len) {
-  if (!p) return;
-  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-  uint8_t *m = (uint8_t *)p - pg;
-  host_hdr *h = (host_hdr *)m;
-  int fd = (int)h->fd;
-  if (h->magic != HOST_MAGIC) return;  // not from kvx_host_alloc: leave it alone
-  (void)len;  // the header knows the size
-  size_t sz = (h->size + pg - 1) / pg * pg;
-  munmap(m, sz + pg);
-  close(fd);
-}
-
-int kvx_host_lookup(uint64_t addr, uint64_t len, int *fd, uint64_t *off) {
-  FILE *f = fopen("/proc/self/maps", "re");
-  if (!f) return 0;
-  char line[512];
-  uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
-  int found = 0;
-  while (fgets(line, sizeof line, f)) {
-    unsigned long long lo, hi, foff;
-    int name_at = 0;
-    if (sscanf(line, "%llx-%llx %*s %llx %*s %*s %n", &lo, &hi, &foff, &name_at) < 3 || !name_at) continue;
-    if (addr - pg != lo || foff != 0) continue;
-    if (strncmp(line + name_at, "/memfd:kvx-host", 15)) break;
-    host_hdr *h = (host_hdr *)(uintptr_t)lo;
-    if (h->magic == HOST_MAGIC && h->size == len && hi - lo >= len + pg) {
-      *fd = (int)h->fd;
-      *off = pg;  // the header page comes first
-      found = 1;
-    }
-    break;
-  }
-  fclose(f);
-  return found;
-}
 
 // ---- agent ----
 static void read_host_id(char *out, size_t cap) {
@@ -263,6 +88,7 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
   a->log = o.log;
   a->log_ud = o.log_ud;
   read_host_id(a->host_id, sizeof a->host_id);
+  a->table = kvx_backends;
   pthread_mutex_init(&a->mu, NULL);
   pthread_cond_init(&a->cv, NULL);
   pthread_mutex_init(&a->thr_mu, NULL);
@@ -307,12 +133,6 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
   return a;
 }
 
-void kvx_peer_free(kvx_peer *p) {
-  if (!p) return;
-  free(p->regions);
-  free(p);
-}
-
 void kvx_agent_free(kvx_agent *a) {
   if (!a) return;
   pthread_mutex_lock(&a->mu);
@@ -342,8 +162,7 @@ void kvx_agent_free(kvx_agent *a) {
   for (int i = 0; i < KVX_NBE; i++)
     if ((a->enabled & (1u << i)) && kvx_backends[i]->fini) kvx_backends[i]->fini(a);
   kvx_listen_free(a);
-  for (size_t k = 0; k < a->n_notifs; k++) free(a->notifs[(a->head_notifs + k) % a->cap_notifs].msg);
-  free(a->notifs);
+  kvx_notifs_free(a);
   if (a->efd >= 0) close(a->efd);
   pthread_rwlock_destroy(&a->reg_lock);
   pthread_cond_destroy(&a->cv);
@@ -415,31 +234,7 @@ void kvx_deregister(kvx_agent *a, kvx_region *r) {
   free(r);
 }
 
-kvx_region *kvx_find_local(kvx_agent *a, uint64_t addr, uint64_t len) {
-  for (kvx_region *r = a->regions; r; r = r->next)
-    if (addr >= r->addr && len <= r->len && addr - r->addr <= r->len - len) return r;
-  return NULL;
-}
-
-kvx_region *kvx_check_access(kvx_agent *a, uint64_t key, uint64_t addr, uint64_t len, char *why, size_t cap) {
-  for (kvx_region *r = a->regions; r; r = r->next) {
-    if (r->key != key) continue;
-    if (addr >= r->addr && len <= r->len && addr - r->addr <= r->len - len) return r;
-    utl_seterr(why, cap, "out-of-range access 0x%" PRIx64 "+%" PRIu64 " outside region 0x%" PRIx64 "+%" PRIu64, addr,
-               len, r->addr, r->len);
-    return NULL;
-  }
-  utl_seterr(why, cap, "unknown region key 0x%016" PRIx64, key);
-  return NULL;
-}
-
 // ---- peers ----
-kvx_peer *kvx_peer_find(kvx_agent *a, const char *name) {
-  for (kvx_peer *p = a->peers; p; p = p->next)
-    if (!strcmp(p->name, name)) return p;
-  return NULL;
-}
-
 int kvx_auto_pick(const kvx_backend *const *table, int n, uint32_t both, int same_host) {
   int best = -1;
   for (int i = 0; i < n; i++) {

@@ -284,7 +284,7 @@ static void *worker_main(void *p) {
 }
 
 int kvx_conn_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, kvx_conn **now, char *err, size_t errlen) {
-  const kvx_backend *be = kvx_backends[p->be];
+  const kvx_backend *be = a->table[p->be];
   *now = NULL;
   if (be->check && be->check(x, err, errlen)) return -1;
   kvx_conn *c = p->conn[p->be];

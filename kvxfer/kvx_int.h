@@ -1,11 +1,19 @@
 // kvxfer/kvx_int.h: kvxfer internals shared by the core, the connection core and the backends (not for users of the library).
 //
-// Layers, each using only the ones below it:
-//   backends (backends/: kvx_tcp.c, kvx_shm.c, kvx_rdma.c, kvx_nccl.c, kvx_nixl.c): their verbs, frames and metadata, behind kvx_backend
-//   core: agent, memory, registration, peers (kvx.c); metadata (kvx_md.c); requests, notifications (kvx_xfer.c);
-//         the connection core: one connection per peer and backend (kvx_conn.c), the listeners (kvx_listen.c)
-//   wire (kvx_wire.c: socket I/O, frames, the authenticated handshake; kvx_sha256.c)
-// The core reaches a backend only through its table (kvx_backends[]); no backend calls another.
+// Layers, top to bottom; a file calls only files below it. Where a lower one must reach a higher one it calls a hook
+// the higher one registered: the backend table (kvx_backends[], filled by kvx.c; a backend's frames, served by the
+// listeners), never a backend by name; no backend calls another.
+//   kvx_md.c      metadata blobs: ours out, a peer's in (its backend chosen by kvx.c)
+//   kvx.c         the agent: backends up and down (by their tables' rank, caps, auto_up), registration, peers, and
+//                 each peer's backend (kvx_auto_pick walks the table)
+//   kvx_xfer.c    requests (new, post, poll) handed to the connection core; notify; kvx_progress
+//   backends/     kvx_tcp.c kvx_shm.c kvx_rdma.c kvx_nccl.c kvx_nixl.c: their verbs, frames and metadata sections,
+//                 behind kvx_backend (reached only through the table)
+//   kvx_listen.c  the listeners: accept, authenticate, hand each frame to the backend that registered its op
+//   kvx_conn.c    the connection core: one connection per peer and backend, its queue, worker and reader threads
+//   kvx_base.c    services: log, threads, wake-ups, region and peer look-up, request completion, notification queue
+//   kvx_host.c    shareable host memory (kvx_host_alloc; the memfd behind it for shm)
+//   kvx_wire.c    socket I/O, frames, the authenticated handshake; kvx_sha256.c (SHA-256, HMAC)
 #ifndef DSERVE_KVX_INT_H
 #define DSERVE_KVX_INT_H
 
@@ -298,6 +306,9 @@ struct kvx_agent {
   char shm_dir[200];
   void (*log)(void *, const char *);
   void *log_ud;
+  // The backend table (borrowed: kvx_backends, registered by kvx_agent_new): how the layers below the agent reach
+  // a backend (indexed by KVX_BE_*).
+  const kvx_backend *const *table;
   uint32_t enabled;  // bit per KVX_BE_* that init'ed
   pthread_mutex_t mu;  // peers, notifs
   pthread_cond_t cv;
@@ -321,27 +332,27 @@ struct kvx_agent {
   void *be_state[KVX_NBE];  // (owned by each backend)
 };
 
-// Core services.
+// ---- services (kvx_base.c): what every layer and every backend uses ----
 void kvx_log(kvx_agent *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // Counts one refused connection (kvx_auth_failures) and logs why.
 void kvx_auth_refused(kvx_agent *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kvx_signal(kvx_agent *a);     // wake kvx_agent_fd and kvx_progress
 void kvx_signal_fd(kvx_agent *a);  // make efd readable (kvx_signal writes it only when someone may sleep on it)
-void kvx_push_notif(kvx_agent *a, const char *peer, const void *msg, size_t len);
-// Completes x (rc 0 = done, <0 = error with the formatted reason) and drops the backend's reference.
-void kvx_xfer_finish(kvx_xfer *x, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void kvx_xfer_unref(kvx_xfer *x);
+int kvx_thread_start(kvx_agent *a, void *(*fn)(void *), void *arg, char *err, size_t errlen);
+void kvx_thread_exit(kvx_agent *a);  // last call of every thread started by kvx_thread_start
 // Finds the registered region holding [addr, addr+len) (reg_lock held by the caller).
 kvx_region *kvx_find_local(kvx_agent *a, uint64_t addr, uint64_t len);
+// Region by key that holds [addr, addr+len), or NULL with why filled (reg_lock held).
+kvx_region *kvx_check_access(kvx_agent *a, uint64_t key, uint64_t addr, uint64_t len, char *why, size_t cap);
 // The peer named name (agent lock held by the caller), or NULL.
 kvx_peer *kvx_peer_find(kvx_agent *a, const char *name);
 void kvx_peer_free(kvx_peer *p);
-// The backend for p by the agent's choice and what both offer (a->mu held); -1 with err when none fits.
-int kvx_choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t errlen);
-// Region by key that holds [addr, addr+len), or NULL with why filled (reg_lock held).
-kvx_region *kvx_check_access(kvx_agent *a, uint64_t key, uint64_t addr, uint64_t len, char *why, size_t cap);
-// If [addr, addr+len) is a whole kvx_host_alloc allocation: 1 with its memfd (borrowed) and the file offset of addr.
-int kvx_host_lookup(uint64_t addr, uint64_t len, int *fd, uint64_t *off);
+// Completes x (rc 0 = done, <0 = error with the formatted reason) and drops the backend's reference.
+void kvx_xfer_finish(kvx_xfer *x, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void kvx_xfer_unref(kvx_xfer *x);
+// The agent's notification queue: a listener or backend queues what arrived (kvx_get_notifs drains it).
+void kvx_push_notif(kvx_agent *a, const char *peer, const void *msg, size_t len);
+void kvx_notifs_free(kvx_agent *a);  // with the agent: frees what nobody took
 // kvx_progress spins (rather than sleeps) through waits up to this long: waking a thread on an idle CPU costs tens
 // of us (a VM's halted vCPU), more than such a wait.
 #define KVX_SPIN_NS 100000
@@ -356,8 +367,14 @@ static inline void kvx_cpu_relax(void) {
 // tests written against them.
 static inline int64_t kvx_now_ms(void) { return utl_now_ms(); }
 static inline int64_t kvx_now_ns(void) { return utl_now_ns(); }
-int kvx_thread_start(kvx_agent *a, void *(*fn)(void *), void *arg, char *err, size_t errlen);
-void kvx_thread_exit(kvx_agent *a);  // last call of every thread started by kvx_thread_start
+
+// ---- shareable host memory (kvx_host.c) ----
+// If [addr, addr+len) is a whole kvx_host_alloc allocation: 1 with its memfd (borrowed) and the file offset of addr.
+int kvx_host_lookup(uint64_t addr, uint64_t len, int *fd, uint64_t *off);
+
+// ---- the agent (kvx.c) ----
+// The backend for p by the agent's choice and what both offer (a->mu held); -1 with err when none fits.
+int kvx_choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t errlen);
 
 // ---- crypto (kvx_sha256.c): kvxfer/kvx_crypto.h ----
 

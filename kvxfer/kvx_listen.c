@@ -107,7 +107,7 @@ static const kvx_frame *find_frame(kvx_srv *v, uint16_t op, char *why, size_t ca
     if (f->op == op) return f;
   const char *owner = NULL;
   for (int i = 0; i < KVX_NBE; i++) {
-    const kvx_backend *b = kvx_backends[i];
+    const kvx_backend *b = v->a->table[i];
     for (const kvx_frame *f = b->frames; f && f->serve; f++) {
       if (f->op != op) continue;
       if ((v->a->enabled & (1u << i)) && b->listener == v->ls) return f;
@@ -210,7 +210,7 @@ static void *serve_main(void *p) {
   v.rbuf = malloc(KVX_SRV_RBUF);
   if (v.nbuf && v.rbuf && prove(&v, s.from)) serve_frames(&v);
   for (int i = 0; i < KVX_NBE; i++)
-    if (v.state[i] && kvx_backends[i]->serve_end) kvx_backends[i]->serve_end(a, v.state[i]);
+    if (v.state[i] && a->table[i]->serve_end) a->table[i]->serve_end(a, v.state[i]);
   free(v.nbuf);
   free(v.rbuf);
   pthread_mutex_lock(&l->mu);

@@ -47,7 +47,7 @@ int kvx_pack_md(kvx_agent *a, void **blob, size_t *len, char *err, size_t errlen
   snprintf(h.unix_path, sizeof h.unix_path, "%s", kvx_unix_path(a));
   pthread_rwlock_rdlock(&a->reg_lock);
   for (kvx_region *r = a->regions; r; r = r->next) h.n_regions++;
-  for (int i = 0; i < KVX_NBE; i++) h.n_sections += (a->enabled & (1u << i)) && kvx_backends[i]->pack_md;
+  for (int i = 0; i < KVX_NBE; i++) h.n_sections += (a->enabled & (1u << i)) && a->table[i]->pack_md;
   utl_buf_add(&b, &h, sizeof h);
   for (kvx_region *r = a->regions; r; r = r->next) {
     md_region m = {r->key, r->addr, r->len, (uint32_t)r->mem, 0};
@@ -55,11 +55,11 @@ int kvx_pack_md(kvx_agent *a, void **blob, size_t *len, char *err, size_t errlen
   }
   int rc = 0;
   for (int i = 0; i < KVX_NBE && !rc; i++) {
-    if (!(a->enabled & (1u << i)) || !kvx_backends[i]->pack_md) continue;
+    if (!(a->enabled & (1u << i)) || !a->table[i]->pack_md) continue;
     size_t at = b.n;
     md_sec s = {(uint32_t)i, 0};
     utl_buf_add(&b, &s, sizeof s);
-    rc = kvx_backends[i]->pack_md(a, &b, err, errlen);
+    rc = a->table[i]->pack_md(a, &b, err, errlen);
     if (!rc && !b.oom) {
       s.len = (uint32_t)(b.n - at - sizeof s);
       memcpy(b.p + at, &s, sizeof s);
@@ -143,7 +143,7 @@ static kvx_peer *md_parse(kvx_agent *a, const uint8_t *b, size_t len, char *err,
       return NULL;
     }
     seen |= 1u << s.be;
-    const kvx_backend *be = kvx_backends[s.be];
+    const kvx_backend *be = a->table[s.be];
     if ((a->enabled & (1u << s.be)) && be->load_md && be->load_md(a, p, q + sizeof s, s.len, err, errlen)) {
       kvx_peer_free(p);
       return NULL;

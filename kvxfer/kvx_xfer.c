@@ -1,8 +1,7 @@
-// kvxfer/kvx_xfer.c: transfer requests (new, post, poll, finish, free) and notifications, over the agent of kvx.c.
+// kvxfer/kvx_xfer.c: transfer requests (new, post, poll, free) handed to the connection core, standalone notifications, and waiting for either (kvx_progress, kvx_agent_fd).
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,31 +133,6 @@ int kvx_xfer_new(kvx_agent *a, int op, const kvx_desc *local, size_t n_local, co
   return 0;
 }
 
-void kvx_xfer_unref(kvx_xfer *x) {
-  if (!x) return;
-  if (atomic_fetch_sub(&x->refs, 1) != 1) return;
-  pthread_mutex_destroy(&x->mu);
-  free(x->segs);
-  free(x->notif);
-  free(x);
-}
-
-void kvx_xfer_finish(kvx_xfer *x, int rc, const char *fmt, ...) {
-  pthread_mutex_lock(&x->mu);
-  if (atomic_load(&x->state) == KVX_PENDING) {
-    if (rc < 0 && fmt) {
-      va_list ap;
-      va_start(ap, fmt);
-      vsnprintf(x->err, sizeof x->err, fmt, ap);
-      va_end(ap);
-    }
-    atomic_store(&x->state, rc < 0 ? rc : KVX_DONE);
-  }
-  pthread_mutex_unlock(&x->mu);
-  kvx_signal(x->a);
-  kvx_xfer_unref(x);
-}
-
 // Hands x to its peer's connection; the connection holds one reference until it finishes x. A request that may
 // start at once does so here, after the agent's lock is let go (other threads need it meanwhile).
 static int xfer_submit(kvx_xfer *x) {
@@ -229,50 +203,6 @@ int kvx_notify(kvx_agent *a, const char *peer, const void *msg, size_t len, char
   if (rc) utl_seterr(err, errlen, "%s", x->err);
   kvx_xfer_unref(x);
   return rc ? -1 : 0;
-}
-
-void kvx_push_notif(kvx_agent *a, const char *peer, const void *msg, size_t len) {
-  uint8_t *m = malloc(len ? len : 1);
-  if (!m) {
-    kvx_log(a, "dropped a notification from %s: out of memory", peer);
-    return;
-  }
-  if (len) memcpy(m, msg, len);
-  pthread_mutex_lock(&a->mu);
-  if (a->n_notifs == a->cap_notifs) {
-    size_t nc = a->cap_notifs ? a->cap_notifs * 2 : 64;
-    kvx_notif *q = malloc(nc * sizeof *q);
-    if (!q) {
-      pthread_mutex_unlock(&a->mu);
-      free(m);
-      kvx_log(a, "dropped a notification from %s: out of memory", peer);
-      return;
-    }
-    for (size_t k = 0; k < a->n_notifs; k++) q[k] = a->notifs[(a->head_notifs + k) % a->cap_notifs];
-    free(a->notifs);
-    a->notifs = q;
-    a->cap_notifs = nc;
-    a->head_notifs = 0;
-  }
-  kvx_notif *n = &a->notifs[(a->head_notifs + a->n_notifs) % a->cap_notifs];
-  snprintf(n->peer, sizeof n->peer, "%s", peer);
-  n->msg = m;
-  n->len = len;
-  a->n_notifs++;
-  pthread_mutex_unlock(&a->mu);
-  kvx_signal(a);
-}
-
-int kvx_get_notifs(kvx_agent *a, kvx_notif *out, int max) {
-  int n = 0;
-  pthread_mutex_lock(&a->mu);
-  while (n < max && a->n_notifs) {
-    out[n++] = a->notifs[a->head_notifs];
-    a->head_notifs = (a->head_notifs + 1) % a->cap_notifs;
-    a->n_notifs--;
-  }
-  pthread_mutex_unlock(&a->mu);
-  return n;
 }
 
 int kvx_agent_fd(kvx_agent *a) {
