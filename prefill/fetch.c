@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "prefill/worker_int.h"
-#include "proto/proto.h"
+#include "proto/prefix.h"
 #include "server/log.h"
 #include "worker/kvpool.h"
 #include "worker/kvstage.h"
@@ -96,16 +96,11 @@ int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
   int k = want - m, sent = 0; // m < want: the pool's blocks are among the ones peek counted
   if (wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0 ||
       (wrk_prefix_evict_for(px, k) >= 0 && wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0)) {
-    cJSON *msg = cJSON_CreateObject();
-    cJSON_AddStringToObject(msg, "op", PRT_OP_PREFIX_PULL);
-    cJSON_AddStringToObject(msg, "id", r->req.id);
-    cJSON *t = cJSON_AddArrayToObject(msg, "tokens");
-    for (int i = 0; i < want * bs; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(r->seq.toks[i]));
-    cJSON_AddNumberToObject(msg, "first", m);
-    cJSON *b = cJSON_AddArrayToObject(msg, "blocks");
-    for (int i = 0; i < k; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(ids[i]));
-    wrk_kvwire_add_layout(msg, w->sh.rt->kv);
-    sent = wrk_kvwire_add_md(msg, w->sh.kvx) == 0 && srv_peer_send(src->peer, msg) == 0;
+    prt_prefix_pull pp = {.id = r->req.id, .tokens = r->seq.toks, .n_tokens = want * bs, .first = m, .blocks = ids,
+                          .n_blocks = k};
+    cJSON *msg = prt_prefix_pull_encode(&pp, NULL, 0);
+    if (msg) wrk_kvwire_add_layout(msg, w->sh.rt->kv); // the pool and kvxfer metadata, as hello_ok carries them
+    sent = msg && wrk_kvwire_add_md(msg, w->sh.kvx) == 0 && srv_peer_send(src->peer, msg) == 0;
     cJSON_Delete(msg);
     if (!sent)
       for (int i = 0; i < k; i++) wrk_kvpool_unref(w->sh.rt->kv, ids[i]);
@@ -128,16 +123,24 @@ int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
 
 // prefix_pulled / prefix_fail from the peer asked.
 void pfl_on_pulled(pfl_worker *w, srv_peer *from, const cJSON *m, int failed) {
-  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id"), *nb = cJSON_GetObjectItemCaseSensitive(m, "n_blocks");
-  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(m, "message");
-  if (!cJSON_IsString(id)) return;
+  prt_prefix_pulled ok = {0};
+  prt_prefix_fail no = {0};
+  char why[256] = "";
+  int bad = failed ? prt_prefix_fail_decode(m, &no, why, sizeof why) : prt_prefix_pulled_decode(m, &ok, why, sizeof why);
+  const char *id = failed ? no.id : ok.id;
+  if (bad) { // a pulled without a usable n_blocks counts as 0 blocks, as a fail
+    const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
+    if (!cJSON_IsString(idj)) return;
+    id = idj->valuestring;
+    srv_warn(w->sh.rt->w->name, "from %s: %s", srv_peer_name(from), why);
+  }
   for (pfl_pull *p = w->pulls; p; p = p->next) {
-    if (p->answered || p->src->peer != from || strcmp(p->id, id->valuestring)) continue;
+    if (p->answered || p->src->peer != from || strcmp(p->id, id)) continue;
     p->answered = 1;
-    p->got = !failed && cJSON_IsNumber(nb) && nb->valuedouble >= 0 && nb->valuedouble <= p->n ? (int)nb->valuedouble : 0;
+    p->got = !failed && !bad && ok.n_blocks <= p->n ? ok.n_blocks : 0;
     if (failed)
       srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s failed: %s", p->id, p->src->name,
-               cJSON_IsString(msg) ? msg->valuestring : "no reason given");
+               no.message ? no.message : "no reason given");
     pull_step(w, p);
     return;
   }

@@ -1,6 +1,6 @@
 // prefill/serve.c: answers prefix_pull: writes the prompt blocks our prefix store holds into a peer prefill worker's pool.
 #include "prefill/serve.h"
-#include "proto/proto.h"
+#include "proto/prefix.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -60,12 +60,9 @@ void pfl_serve_fini(pfl_serve *s) {
 }
 
 static void reply(srv_peer *to, const char *id, int n_blocks, const char *fail) {
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", fail ? PRT_OP_PREFIX_FAIL : PRT_OP_PREFIX_PULLED);
-  cJSON_AddStringToObject(m, "id", id);
-  if (fail) cJSON_AddStringToObject(m, "message", fail);
-  else cJSON_AddNumberToObject(m, "n_blocks", n_blocks);
-  srv_peer_send(to, m);
+  cJSON *m = fail ? prt_prefix_fail_encode(&(prt_prefix_fail){id, fail}, NULL, 0)
+                  : prt_prefix_pulled_encode(&(prt_prefix_pulled){id, n_blocks}, NULL, 0);
+  if (m) srv_peer_send(to, m);
   cJSON_Delete(m);
 }
 

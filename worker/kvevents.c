@@ -1,6 +1,6 @@
 // worker/kvevents.c: a worker's side of KV-aware routing: the routers it tells, and the kv_events messages it sends them.
 #include "worker/kvevents.h"
-#include "proto/proto.h"
+#include "proto/events.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -20,8 +20,7 @@ void wrk_kvevents_on_event(wrk_kvevents *k, const srv_event *ev, wrk_prefix *p) 
       }
     return;
   }
-  const cJSON *op = cJSON_GetObjectItemCaseSensitive(ev->msg, "op");
-  if (!cJSON_IsString(op) || strcmp(op->valuestring, PRT_OP_HELLO)) return;
+  if (!prt_is(ev->msg, PRT_OP_HELLO)) return;
   for (int i = 0; i < k->n; i++)
     if (k->routers[i] == ev->peer) return;
   if (k->n == k->cap) {
@@ -37,24 +36,13 @@ void wrk_kvevents_on_event(wrk_kvevents *k, const srv_event *ev, wrk_prefix *p) 
   if (p) wrk_kvevents_snapshot(ev->peer, p);
 }
 
-// {"op":"kv_events","events":[[kind, "key"], ...]} for ev (n); NULL on out of memory.
+// kv_events for ev (n); NULL on out of memory.
 static cJSON *kvev_msg(const srv_kv_event *ev, int n) {
-  cJSON *m = cJSON_CreateObject();
-  cJSON *arr = m ? cJSON_AddArrayToObject(m, "events") : NULL;
-  if (!arr || !cJSON_AddStringToObject(m, "op", PRT_OP_KV_EVENTS)) {
-    cJSON_Delete(m);
-    return NULL;
-  }
-  for (int i = 0; i < n; i++) {
-    char key[24];
-    snprintf(key, sizeof key, "%" PRIu64, ev[i].key);
-    cJSON *e = cJSON_CreateArray();
-    if (!e || !cJSON_AddItemToArray(arr, e) || !cJSON_AddItemToArray(e, cJSON_CreateNumber(ev[i].kind)) ||
-        !cJSON_AddItemToArray(e, cJSON_CreateString(key))) {
-      cJSON_Delete(m);
-      return NULL;
-    }
-  }
+  prt_kv_event *pe = n ? malloc((size_t)n * sizeof *pe) : NULL;
+  if (n && !pe) return NULL;
+  for (int i = 0; i < n; i++) pe[i] = (prt_kv_event){.key = ev[i].key, .kind = ev[i].kind};
+  cJSON *m = prt_kv_events_encode(&(prt_kv_events){.ev = pe, .n = n}, NULL, 0);
+  free(pe);
   return m;
 }
 
