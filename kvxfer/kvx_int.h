@@ -1,8 +1,9 @@
 // kvxfer/kvx_int.h: kvxfer internals shared by the core, the connection core and the backends (not for users of the library).
 //
 // Layers, top to bottom; a file calls only files below it. Where a lower one must reach a higher one it calls a hook
-// the higher one registered: the backend table (kvx_backends[], filled by kvx.c; a backend's frames, served by the
-// listeners), never a backend by name; no backend calls another.
+// the higher one registered: the backend table (kvx_backends[] of kvx.c, given to each agent as a->table), whose
+// verbs the connection core runs and whose frames the listeners serve; the core never names a backend, and no
+// backend calls another. tests/kvxfer/check_layers.py holds these levels (ctest KvxLayers.CallsPointDown).
 //   kvx_md.c      metadata blobs: ours out, a peer's in (its backend chosen by kvx.c)
 //   kvx.c         the agent: backends up and down (by their tables' rank, caps, auto_up), registration, peers, and
 //                 each peer's backend (kvx_auto_pick walks the table)
