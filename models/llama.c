@@ -69,11 +69,6 @@ struct mdl_llama {
 
 const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m) { return &m->cfg; }
 
-int mdl_llama_layer_window(const mdl_llama_cfg *c, int layer) {
-  if (c->n_swa <= 0 || c->swa_pattern <= 0) return 0;
-  return layer % c->swa_pattern < c->swa_pattern - 1 ? c->n_swa : 0;
-}
-
 static void drop_graphs(mdl_llama *m) {
   for (int i = 0; i < m->n_gcache; i++) m->kc->be->graph_free(m->kc, m->gcache[i].h);
   m->n_gcache = m->g_next = 0;

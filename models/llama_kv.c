@@ -3,6 +3,13 @@
 
 static size_t kv_elsize(krn_type t) { return t == KRN_F32 ? 4 : 2; }
 
+// The layer's sliding window (0: global): the first swa_pattern - 1 layers of each swa_pattern are local. Here, below
+// llama.c, because the KV layout's layer groups are cut by it.
+int mdl_llama_layer_window(const mdl_llama_cfg *c, int layer) {
+  if (c->n_swa <= 0 || c->swa_pattern <= 0) return 0;
+  return layer % c->swa_pattern < c->swa_pattern - 1 ? c->n_swa : 0;
+}
+
 size_t mdl_kv_chunk_bytes(const mdl_llama_cfg *c, const mdl_kv *kv) {
   return (size_t)kv->block_size * (size_t)c->n_kv_head * (size_t)c->head_dim * kv_elsize(kv->type);
 }

@@ -68,8 +68,17 @@ static inline int tok_ivec_push(tok_ivec *a, int32_t x) {
   return 0;
 }
 
-// Token id of the exact text p (n bytes), -1 if none (tokenizer.c).
+// ---- tok_vocab.c: the floor every tokenizer file calls down to ----
+// Token id of the exact text p (n bytes), -1 if none.
 int32_t mdl_tok_find_n(const mdl_tok *t, const char *p, size_t n);
+void mdl_tok_hmap_put(mdl_tok *t, int32_t id); // id's text into the text -> id map (hmap of hcap slots)
+// The merge of the pair (l, r), or NULL; mdl_tok_mrg_put adds one (mmap of mcap slots).
+const mrg_slot *mdl_tok_mrg_find(const mdl_tok *t, int32_t l, int32_t r);
+void mdl_tok_mrg_put(mdl_tok *t, int32_t l, int32_t r, int32_t rank, int32_t merged);
+size_t mdl_tok_pow2_at_least(size_t n); // a hash map's slot count for n entries: a power of two >= n, >= 16
+// The code point at s[*i] (n bytes), moving *i past it; an invalid byte reads as U+FFFD and moves one byte.
+uint32_t mdl_tok_cp_next(const uint8_t *s, size_t n, size_t *i);
+size_t mdl_tok_cp_put(uint8_t *out, uint32_t cp); // cp as UTF-8 into out (4 bytes room); the bytes written
 // SentencePiece encoding of one raw fragment (no special tokens in it) onto out: spaces become U+2581, the
 // highest-scoring adjacent pair whose concatenation is a token merges first (leftmost on ties), and a final
 // piece that is no token falls back to its bytes' <0xXX> tokens, as llama.cpp's llm_tokenizer_spm does.

@@ -10,161 +10,6 @@
 #include "models/tok_unicode.h"
 #include "util/err.h"
 
-// ---- Unicode helpers ----
-
-static int in_ranges(const mdl_tok_range *r, size_t n, uint32_t cp) {
-  size_t lo = 0, hi = n;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (cp < r[mid].lo) hi = mid;
-    else if (cp > r[mid].hi) lo = mid + 1;
-    else return 1;
-  }
-  return 0;
-}
-
-int mdl_tok_is_letter(uint32_t cp) {
-  if (cp < 0x80) return (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z');
-  return in_ranges(mdl_tok_letters, mdl_tok_letters_n, cp);
-}
-
-int mdl_tok_is_number(uint32_t cp) {
-  if (cp < 0x80) return cp >= '0' && cp <= '9';
-  return in_ranges(mdl_tok_numbers, mdl_tok_numbers_n, cp);
-}
-
-int mdl_tok_is_space(uint32_t cp) {
-  return (cp >= 0x9 && cp <= 0xD) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
-}
-
-// Decodes one code point at s[*i] the way llama.cpp does (lenient: overlong forms and surrogates pass); a byte that
-// does not start a decodable sequence becomes U+FFFD and is consumed alone.
-static uint32_t cp_next(const uint8_t *s, size_t n, size_t *i) {
-  size_t o = *i;
-  uint8_t b = s[o];
-  if (b < 0x80) {
-    *i = o + 1;
-    return b;
-  }
-  if ((b & 0x40) == 0) goto bad;
-  if ((b & 0x20) == 0) {
-    if (o + 1 >= n || (s[o + 1] & 0xC0) != 0x80) goto bad;
-    *i = o + 2;
-    return ((uint32_t)(b & 0x1F) << 6) | (s[o + 1] & 0x3F);
-  }
-  if ((b & 0x10) == 0) {
-    if (o + 2 >= n || (s[o + 1] & 0xC0) != 0x80 || (s[o + 2] & 0xC0) != 0x80) goto bad;
-    *i = o + 3;
-    return ((uint32_t)(b & 0x0F) << 12) | ((uint32_t)(s[o + 1] & 0x3F) << 6) | (s[o + 2] & 0x3F);
-  }
-  if ((b & 0x08) == 0) {
-    if (o + 3 >= n || (s[o + 1] & 0xC0) != 0x80 || (s[o + 2] & 0xC0) != 0x80 || (s[o + 3] & 0xC0) != 0x80) goto bad;
-    uint32_t cp = ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(s[o + 1] & 0x3F) << 12) | ((uint32_t)(s[o + 2] & 0x3F) << 6) |
-                  (s[o + 3] & 0x3F);
-    if (cp > 0x10FFFF) goto bad;
-    *i = o + 4;
-    return cp;
-  }
-bad:
-  *i = o + 1;
-  return 0xFFFD;
-}
-
-static size_t cp_put(uint8_t *out, uint32_t cp) {
-  if (cp < 0x80) {
-    out[0] = (uint8_t)cp;
-    return 1;
-  }
-  if (cp < 0x800) {
-    out[0] = (uint8_t)(0xC0 | (cp >> 6));
-    out[1] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    out[0] = (uint8_t)(0xE0 | (cp >> 12));
-    out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-    out[2] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  out[0] = (uint8_t)(0xF0 | (cp >> 18));
-  out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
-  out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-  out[3] = (uint8_t)(0x80 | (cp & 0x3F));
-  return 4;
-}
-
-// ---- hashing ----
-
-static uint64_t hash_bytes(const char *p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) {
-    h ^= (uint8_t)p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-static uint64_t hash_u64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return x;
-}
-
-int32_t mdl_tok_find_n(const mdl_tok *t, const char *p, size_t n) {
-  size_t m = t->hcap - 1;
-  for (size_t h = (size_t)hash_bytes(p, n) & m;; h = (h + 1) & m) {
-    int32_t id = t->hmap[h];
-    if (id < 0) return -1;
-    if (t->text_len[id] == n && memcmp(t->text + t->text_off[id], p, n) == 0) return id;
-  }
-}
-
-static void hmap_put(mdl_tok *t, int32_t id) {
-  const char *p = t->text + t->text_off[id];
-  size_t n = t->text_len[id], m = t->hcap - 1;
-  for (size_t h = (size_t)hash_bytes(p, n) & m;; h = (h + 1) & m) {
-    int32_t o = t->hmap[h];
-    if (o < 0 || (t->text_len[o] == n && memcmp(t->text + t->text_off[o], p, n) == 0)) {
-      t->hmap[h] = id; // a later duplicate wins, as in llama.cpp
-      return;
-    }
-  }
-}
-
-static const mrg_slot *mrg_find(const mdl_tok *t, int32_t l, int32_t r) {
-  if (t->mcap == 0) return NULL;
-  uint64_t key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;
-  size_t m = t->mcap - 1;
-  for (size_t h = (size_t)hash_u64(key) & m;; h = (h + 1) & m) {
-    if (t->mmap[h].key == MRG_EMPTY) return NULL;
-    if (t->mmap[h].key == key) return &t->mmap[h];
-  }
-}
-
-static void mrg_put(mdl_tok *t, int32_t l, int32_t r, int32_t rank, int32_t merged) {
-  uint64_t key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;
-  size_t m = t->mcap - 1;
-  for (size_t h = (size_t)hash_u64(key) & m;; h = (h + 1) & m) {
-    if (t->mmap[h].key == key) return; // the first (lowest) rank of a repeated pair stands
-    if (t->mmap[h].key == MRG_EMPTY) {
-      t->mmap[h].key = key;
-      t->mmap[h].rank = rank;
-      t->mmap[h].merged = merged;
-      return;
-    }
-  }
-}
-
-static size_t pow2_at_least(size_t n) {
-  size_t c = 16;
-  while (c < n) c <<= 1;
-  return c;
-}
-
 // ---- load ----
 
 void mdl_tok_free(mdl_tok *t) {
@@ -297,7 +142,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
   t->piece_len = malloc((size_t)n * sizeof *t->piece_len);
   t->type = malloc((size_t)n);
   if (spm && !(t->score = malloc((size_t)n * sizeof *t->score))) goto oom;
-  t->hcap = pow2_at_least((size_t)n * 2);
+  t->hcap = mdl_tok_pow2_at_least((size_t)n * 2);
   t->hmap = malloc(t->hcap * sizeof *t->hmap);
   if (!t->text || !t->piece || !t->text_off || !t->text_len || !t->piece_off || !t->piece_len || !t->type || !t->hmap) goto oom;
   memset(t->hmap, 0xff, t->hcap * sizeof *t->hmap);
@@ -325,7 +170,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
       goto fail;
     }
     t->type[i] = (ty >= 1 && ty <= 6) ? (uint8_t)ty : MDL_TOK_NORMAL;
-    hmap_put(t, i);
+    mdl_tok_hmap_put(t, i);
     t->piece_off[i] = (uint32_t)poff;
     const uint8_t *p = (const uint8_t *)s.p;
     if (spm) {
@@ -363,7 +208,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
     } else {
       for (size_t j = 0; j < s.n;) {
         size_t j0 = j;
-        uint32_t cp = cp_next(p, (size_t)s.n, &j);
+        uint32_t cp = mdl_tok_cp_next(p, (size_t)s.n, &j);
         if (cp < 512 && t->cp_to_byte[cp] >= 0) {
           t->piece[poff++] = (char)t->cp_to_byte[cp];
         } else {
@@ -384,7 +229,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
   }
   for (int b = 0; !spm && b < 256; b++) {
     uint8_t u[4];
-    size_t k = cp_put(u, t->byte_to_cp[b]);
+    size_t k = mdl_tok_cp_put(u, t->byte_to_cp[b]);
     t->byte_tok[b] = mdl_tok_find_n(t, (const char *)u, k); // -1 where the vocabulary lacks it (SmolLM2 lacks a few)
     if (t->byte_tok[b] >= 0) n_bytes++;
   }
@@ -395,7 +240,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
 
   // merges "left right" -> rank; pairs whose parts or result are not tokens cannot fire and are left out
   if (merges && merges->arr_n > 0) {
-    t->mcap = pow2_at_least((size_t)merges->arr_n * 2);
+    t->mcap = mdl_tok_pow2_at_least((size_t)merges->arr_n * 2);
     t->mmap = malloc(t->mcap * sizeof *t->mmap);
     if (!t->mmap) goto oom;
     for (size_t i = 0; i < t->mcap; i++) t->mmap[i].key = MRG_EMPTY;
@@ -412,7 +257,7 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
       memcpy(buf + ln, sp + 1, rn);
       int32_t m = mdl_tok_find_n(t, buf, ln + rn);
       if (m < 0) continue;
-      mrg_put(t, l, r, (int32_t)i, m);
+      mdl_tok_mrg_put(t, l, r, (int32_t)i, m);
     }
   }
 
@@ -539,7 +384,7 @@ static int try_pair(enc *e, int32_t pos) {
   if (pos < 0) return 0;
   int32_t nx = e->next[pos];
   if (nx < 0 || e->sym[pos] < 0 || e->sym[nx] < 0) return 0;
-  const mrg_slot *m = mrg_find(e->t, e->sym[pos], e->sym[nx]);
+  const mrg_slot *m = mdl_tok_mrg_find(e->t, e->sym[pos], e->sym[nx]);
   if (!m) return 0;
   heap_ent h = {m->rank, pos, e->sym[pos], e->sym[nx]};
   return heap_push(e, h);
@@ -557,7 +402,7 @@ static int bpe_word(enc *e, const uint8_t *w, size_t n) {
       e->text_cap = n * 4;
     }
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += cp_put((uint8_t *)e->text + k, t->byte_to_cp[w[i]]);
+    for (size_t i = 0; i < n; i++) k += mdl_tok_cp_put((uint8_t *)e->text + k, t->byte_to_cp[w[i]]);
     int32_t id = mdl_tok_find_n(t, e->text, k);
     if (id >= 0) return tok_ivec_push(&e->out, id);
   }
@@ -584,7 +429,7 @@ static int bpe_word(enc *e, const uint8_t *w, size_t n) {
     heap_ent h = heap_pop(e);
     int32_t nx = e->next[h.pos];
     if (e->sym[h.pos] != h.l || nx < 0 || e->sym[nx] != h.r) continue; // stale
-    const mrg_slot *m = mrg_find(t, h.l, h.r);
+    const mrg_slot *m = mdl_tok_mrg_find(t, h.l, h.r);
     e->sym[h.pos] = m->merged;
     e->sym[nx] = -1;
     e->next[h.pos] = e->next[nx];
@@ -599,7 +444,7 @@ static int bpe_word(enc *e, const uint8_t *w, size_t n) {
     // a byte without a token: as llama.cpp does, try each byte of its stand-in character as a one-byte token,
     // and drop it when there is none
     uint8_t u[4];
-    size_t k = cp_put(u, t->byte_to_cp[w[i]]);
+    size_t k = mdl_tok_cp_put(u, t->byte_to_cp[w[i]]);
     for (size_t j = 0; j < k; j++) {
       int32_t id = mdl_tok_find_n(t, (const char *)u + j, 1);
       if (id >= 0 && tok_ivec_push(&e->out, id) != 0) return -1;
@@ -625,7 +470,7 @@ static int emit_word(enc *e, size_t a, size_t b) {
     e->bytes_cap = need * 2;
   }
   size_t n = 0;
-  for (size_t i = a; i < b; i++) n += cp_put(e->bytes + n, e->cps[i]);
+  for (size_t i = a; i < b; i++) n += mdl_tok_cp_put(e->bytes + n, e->cps[i]);
   return bpe_word(e, e->bytes, n);
 }
 
@@ -774,7 +619,7 @@ static int encode_raw(enc *e, const uint8_t *s, size_t n) {
     e->cps_cap = n + 1;
   }
   size_t m = 0;
-  for (size_t i = 0; i < n;) e->cps[m++] = cp_next(s, n, &i);
+  for (size_t i = 0; i < n;) e->cps[m++] = mdl_tok_cp_next(s, n, &i);
   if (e->t->pre == MDL_PRE_LLAMA3 || e->t->pre == MDL_PRE_QWEN2)
     return split_llama3(e, 0, m, e->t->pre == MDL_PRE_LLAMA3 ? 3 : 1);
   if (e->t->pre != MDL_PRE_SMOLLM) return split_gpt2(e, 0, m);
