@@ -495,8 +495,13 @@ static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
 static void on_stats(void *arg, srv_peer *from, const cJSON *msg) {
   dec_worker *w = arg;
   (void)msg;
-  cJSON *m = wrk_shell_stats_new(&w->sh, w->eng.n_run, w->eng.n_wait + w->n_handoffs);
-  cJSON_AddNumberToObject(m, "finished", (double)w->n_finished);
+  prt_stats_ok st;
+  prt_stats_ok_init(&st);
+  st.running = w->eng.n_run;
+  st.waiting = w->eng.n_wait + w->n_handoffs;
+  st.finished = (double)w->n_finished;
+  cJSON *m = wrk_shell_stats_new(&w->sh, &st);
+  if (!m) return;
   wrk_engine_add_prefix_stats(&w->eng, m);
   srv_peer_send(from, m);
   cJSON_Delete(m);

@@ -513,12 +513,17 @@ static void send_started(pfl_worker *w) {
 static void on_stats(void *arg, srv_peer *from, const cJSON *msg) {
   pfl_worker *w = arg;
   (void)msg;
-  cJSON *m = wrk_shell_stats_new(&w->sh, w->eng.n_run, w->eng.n_wait);
-  cJSON_AddNumberToObject(m, "kv_bytes_pushed", w->bytes_pushed);
-  cJSON_AddNumberToObject(m, "prefix_fetches", w->fetches);
-  cJSON_AddNumberToObject(m, "prefix_fetched_blocks", w->fetched_blocks);
-  cJSON_AddNumberToObject(m, "prefix_fetch_misses", w->fetch_misses);
-  cJSON_AddNumberToObject(m, "prefix_served_blocks", w->serve.served_blocks);
+  prt_stats_ok st;
+  prt_stats_ok_init(&st);
+  st.running = w->eng.n_run;
+  st.waiting = w->eng.n_wait;
+  st.kv_bytes_pushed = w->bytes_pushed;
+  st.prefix_fetches = w->fetches;
+  st.prefix_fetched_blocks = w->fetched_blocks;
+  st.prefix_fetch_misses = w->fetch_misses;
+  st.prefix_served_blocks = w->serve.served_blocks;
+  cJSON *m = wrk_shell_stats_new(&w->sh, &st);
+  if (!m) return;
   wrk_engine_add_prefix_stats(&w->eng, m);
   srv_peer_send(from, m);
   cJSON_Delete(m);

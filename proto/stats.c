@@ -63,8 +63,8 @@ int prt_stats_ok_decode(const cJSON *j, prt_stats_ok *m, char *err, size_t errle
     const cJSON *o = NULL;
     char what[48];
     snprintf(what, sizeof what, "stats_ok prefix_tiers.%s", prt_tier_names[t]);
-    if (prt__obj(tiers, PRT_OP_STATS_OK, prt_tier_names[t], 0, &o, err, errlen)) return -1;
-    if (!o) continue;
+    o = cJSON_GetObjectItemCaseSensitive(tiers, prt_tier_names[t]);
+    if (!cJSON_IsObject(o)) continue; // a tier the worker does not have (anything but an object reads as absent)
     prt_tier_stats *s = &m->tiers[t];
     if (prt__num(o, what, "hits", 0, 0, HUGE_VAL, &s->hits, err, errlen) ||
         prt__num(o, what, "queries", 0, 0, HUGE_VAL, &s->queries, err, errlen) ||

@@ -17,7 +17,8 @@ typedef struct prt_tier_stats {
   double hits, queries, blocks; // running totals in tokens; blocks resident now
 } prt_tier_stats;
 
-// Every count is a number >= 0, or -1 when the worker did not send it (a role that has no such count).
+// Every count is a number >= 0, or -1 when the worker did not send it (a role that has no such count). A tier of
+// prefix_tiers that is not an object is absent (present 0), as the router always read it.
 typedef struct prt_stats_ok {
   double running, waiting, free_blocks, total_blocks, finished;
   double prefix_hits, prefix_queries, prefix_cached_blocks;

@@ -10,6 +10,7 @@
 
 #include "models/chat.h"
 #include "proto/events.h"
+#include "proto/stats.h"
 #include "proto/request.h"
 #include "router/server_int.h"
 #include "server/log.h"
@@ -66,14 +67,13 @@ static void counter_from_total(rtr_metric *c, double v, double *last) {
 }
 
 // stats_ok prefix_tiers {"pool"|"host"|"disk": {hits, queries, blocks}} into the worker's labeled series.
-static void on_prefix_tiers(rtr_server *s, rtr_link *l, const cJSON *tiers) {
-  static const char *const names[3] = {"pool", "host", "disk"};
-  for (int t = 0; t < 3; t++) {
-    const cJSON *o = cJSON_GetObjectItemCaseSensitive(tiers, names[t]);
-    if (!cJSON_IsObject(o)) continue;
+static void on_prefix_tiers(rtr_server *s, rtr_link *l, const prt_tier_stats *tiers) {
+  for (int t = 0; t < PRT_N_TIERS; t++) {
+    const prt_tier_stats *o = &tiers[t];
+    if (!o->present) continue;
     if (!l->m_tier[t][0]) {
       char lab[128];
-      snprintf(lab, sizeof lab, "worker=\"%s\",tier=\"%s\"", l->cfg->name, names[t]);
+      snprintf(lab, sizeof lab, "worker=\"%s\",tier=\"%s\"", l->cfg->name, prt_tier_names[t]);
       l->m_tier[t][0] = rtr_metrics_counter(s->m, "dserve:prefix_cache_tier_hits_total",
                                             "Prefix-cache hit tokens served from each tier of each worker.", lab);
       l->m_tier[t][1] = rtr_metrics_counter(s->m, "dserve:prefix_cache_tier_queries_total",
@@ -81,23 +81,33 @@ static void on_prefix_tiers(rtr_server *s, rtr_link *l, const cJSON *tiers) {
       l->m_tier[t][2] = rtr_metrics_gauge(s->m, "dserve:prefix_cache_blocks",
                                           "Prefix-cache blocks resident in each tier of each worker.", lab);
     }
-    counter_from_total(l->m_tier[t][0], rtr_msg_num(o, "hits", 0), &l->tier_last[t][0]);
-    counter_from_total(l->m_tier[t][1], rtr_msg_num(o, "queries", 0), &l->tier_last[t][1]);
-    rtr_metric_set(l->m_tier[t][2], rtr_msg_num(o, "blocks", 0));
+    counter_from_total(l->m_tier[t][0], o->hits, &l->tier_last[t][0]);
+    counter_from_total(l->m_tier[t][1], o->queries, &l->tier_last[t][1]);
+    rtr_metric_set(l->m_tier[t][2], o->blocks);
   }
 }
 
-static void on_stats(rtr_server *s, rtr_link *l, const cJSON *m) {
-  l->running = (int)rtr_msg_num(m, "running", 0);
-  l->waiting = (int)rtr_msg_num(m, "waiting", 0);
-  l->free_blocks = (int)rtr_msg_num(m, "free_blocks", 0);
-  l->total_blocks = (int)rtr_msg_num(m, "total_blocks", 0);
-  counter_from_total(s->m_prefix_hits, rtr_msg_num(m, "prefix_hits", 0), &l->prefix_hits);
-  counter_from_total(s->m_prefix_queries, rtr_msg_num(m, "prefix_queries", 0), &l->prefix_queries);
-  counter_from_total(s->m_kv_pushed, rtr_msg_num(m, "kv_bytes_pushed", 0), &l->kv_pushed);
-  on_prefix_tiers(s, l, cJSON_GetObjectItemCaseSensitive(m, "prefix_tiers"));
+// A count of stats_ok: 0 when the worker did not send it.
+static double count(double v) { return v >= 0 ? v : 0; }
+
+static void on_stats(rtr_server *s, rtr_link *l, const cJSON *msg) {
+  prt_stats_ok st;
+  char why[256];
+  if (prt_stats_ok_decode(msg, &st, why, sizeof why)) { // still a sign of life; its counts read as absent
+    srv_warn(LOGC, "worker %s: %s", l->cfg->name, why);
+    prt_stats_ok_init(&st);
+  }
+  const prt_stats_ok *m = &st;
+  l->running = (int)count(m->running);
+  l->waiting = (int)count(m->waiting);
+  l->free_blocks = (int)count(m->free_blocks);
+  l->total_blocks = (int)count(m->total_blocks);
+  counter_from_total(s->m_prefix_hits, count(m->prefix_hits), &l->prefix_hits);
+  counter_from_total(s->m_prefix_queries, count(m->prefix_queries), &l->prefix_queries);
+  counter_from_total(s->m_kv_pushed, count(m->kv_bytes_pushed), &l->kv_pushed);
+  on_prefix_tiers(s, l, m->tiers);
   // Refused connections: the worker's running total, and (checked as often) the router hub's own.
-  counter_from_total(s->m_auth_failures, rtr_msg_num(m, "auth_failures", 0), &l->auth_failures);
+  counter_from_total(s->m_auth_failures, count(m->auth_failures), &l->auth_failures);
   counter_from_total(s->m_auth_failures, (double)srv_hub_auth_failures(s->hub), &s->hub_auth_last);
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

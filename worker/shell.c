@@ -87,17 +87,12 @@ void wrk_shell_announce(const wrk_shell *sh) {
           sh->kvx ? kvx_agent_backend(sh->kvx) : "");
 }
 
-cJSON *wrk_shell_stats_new(const wrk_shell *sh, int running, int waiting) {
-  cJSON *m = cJSON_CreateObject();
-  if (!m) return NULL;
-  cJSON_AddStringToObject(m, "op", PRT_OP_STATS_OK);
-  cJSON_AddNumberToObject(m, "running", running);
-  cJSON_AddNumberToObject(m, "waiting", waiting);
-  cJSON_AddNumberToObject(m, "free_blocks", wrk_kvpool_free_blocks(sh->rt->kv));
-  cJSON_AddNumberToObject(m, "total_blocks", wrk_kvpool_total_blocks(sh->rt->kv));
+cJSON *wrk_shell_stats_new(const wrk_shell *sh, prt_stats_ok *st) {
+  st->free_blocks = wrk_kvpool_free_blocks(sh->rt->kv);
+  st->total_blocks = wrk_kvpool_total_blocks(sh->rt->kv);
   // Running total of refused control and kvxfer connections (each also logged with the peer's address).
-  cJSON_AddNumberToObject(m, "auth_failures", (double)srv_hub_auth_failures(sh->hub) + (double)kvx_auth_failures(sh->kvx));
-  return m;
+  st->auth_failures = (double)srv_hub_auth_failures(sh->hub) + (double)kvx_auth_failures(sh->kvx);
+  return prt_stats_ok_encode(st, NULL, 0);
 }
 
 static void dispatch(wrk_shell *sh, const srv_event *ev) {

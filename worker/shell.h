@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "kvxfer/kvx.h"
+#include "proto/stats.h"
 #include "server/config.h"
 #include "server/hub.h"
 #include "worker/genreq.h"
@@ -78,10 +79,11 @@ void wrk_shell_announce(const wrk_shell *sh);
 // o.on_close (a closed connection) or to the table's handler for its op. Returns the events handled.
 int wrk_shell_drain(wrk_shell *sh, int wait_ms, wrk_prefix *prefix);
 
-// A stats_ok reply holding what every worker reports (running, waiting, free_blocks, total_blocks,
-// auth_failures: refused control + kvxfer connections since start); the role
-// adds its own counters, then wrk_engine_add_prefix_stats. Owned by the caller; NULL on out of memory.
-cJSON *wrk_shell_stats_new(const wrk_shell *sh, int running, int waiting);
+// A stats_ok reply holding st (the role's counts: running, waiting and its own counters; prt_stats_ok_init leaves
+// the others out) and what every worker reports (free_blocks, total_blocks, auth_failures: refused control + kvxfer
+// connections since start, filled in st); the role then adds wrk_engine_add_prefix_stats. Owned by the caller; NULL
+// on out of memory.
+cJSON *wrk_shell_stats_new(const wrk_shell *sh, prt_stats_ok *st);
 
 int64_t wrk_shell_now_ms(void); // monotonic clock for deadlines
 
