@@ -1,41 +1,13 @@
-// router/openai.c: OpenAI request validation (chat, completions, tokenize, detokenize) into rtr_request, pure.
+// router/openai.c: OpenAI request validation (chat, completions, tokenize, detokenize) into rtr_request, pure (tools
+// and response_format: oai_tools.c; the error object and field readers: oai_base.c).
 #include "router/openai.h"
+#include "router/oai_int.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-int rtr_fail(rtr_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...) {
-  if (!e) return -1;
-  e->status = status;
-  snprintf(e->type, sizeof e->type, "%s", type ? type : "invalid_request_error");
-  snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-  snprintf(e->code, sizeof e->code, "%s", code ? code : "");
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(e->message, sizeof e->message, fmt, ap);
-  va_end(ap);
-  return -1;
-}
-
-char *rtr_error_json(const rtr_error *e) {
-  cJSON *root = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(root, "error");
-  if (!o) {
-    cJSON_Delete(root);
-    return NULL;
-  }
-  cJSON_AddStringToObject(o, "message", e->message);
-  cJSON_AddStringToObject(o, "type", e->type[0] ? e->type : "invalid_request_error");
-  if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
-  else cJSON_AddNullToObject(o, "param");
-  if (e->code[0]) cJSON_AddStringToObject(o, "code", e->code);
-  else cJSON_AddNullToObject(o, "code");
-  char *s = cJSON_PrintUnformatted(root);
-  cJSON_Delete(root);
-  return s;
-}
 
 int rtr_utf8_valid(const char *str, size_t n) {
   const unsigned char *s = (const unsigned char *)str;
@@ -158,19 +130,11 @@ static int find_nul(const char *p, size_t n, char *out, size_t cap) {
   return 0;
 }
 
-#define BAD(e, param, ...) rtr_fail(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
-#define OOM(e) rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory")
-#define UNSUP(e, param, ...) rtr_fail(e, 400, "invalid_request_error", param, "unsupported_parameter", __VA_ARGS__)
-#define INVAL(e, param, ...) rtr_fail(e, 400, "invalid_request_error", param, "invalid_value", __VA_ARGS__)
 
-static const cJSON *field(const cJSON *root, const char *name) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
-  return cJSON_IsNull(v) ? NULL : v; // null means "not given", as OpenAI treats it
-}
 
 // A JSON number in [lo, hi]; 1 when present, 0 when absent, -1 on error.
 static int get_num(const cJSON *root, const char *name, double lo, double hi, int lo_open, double *out, rtr_error *e) {
-  const cJSON *v = field(root, name);
+  const cJSON *v = rtr_oai_field(root, name);
   if (!v) return 0;
   if (!cJSON_IsNumber(v)) return BAD(e, name, "'%s' must be a number", name);
   double d = v->valuedouble;
@@ -182,7 +146,7 @@ static int get_num(const cJSON *root, const char *name, double lo, double hi, in
 
 // A JSON integer (a number with no fraction) in [lo, hi].
 static int get_int(const cJSON *root, const char *name, double lo, double hi, int64_t *out, rtr_error *e) {
-  const cJSON *v = field(root, name);
+  const cJSON *v = rtr_oai_field(root, name);
   if (!v) return 0;
   if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
     return BAD(e, name, "'%s' must be an integer", name);
@@ -192,13 +156,6 @@ static int get_int(const cJSON *root, const char *name, double lo, double hi, in
   return 1;
 }
 
-static int get_bool(const cJSON *root, const char *name, int *out, rtr_error *e) {
-  const cJSON *v = field(root, name);
-  if (!v) return 0;
-  if (!cJSON_IsBool(v)) return BAD(e, name, "'%s' must be a boolean", name);
-  *out = cJSON_IsTrue(v);
-  return 1;
-}
 
 // A message's keys besides role and content: name is a no-op (chat templates have no place for it); tool_calls
 // (an assistant's) and tool_call_id (a tool result's) are read by parse_msgs; function_call (deprecated) and any other
@@ -242,7 +199,7 @@ static int parse_msg_calls(const cJSON *tc, int i, char **out, rtr_error *e) {
   int k = 0, rc = 0;
   for (const cJSON *c = tc->child; c && !rc; c = c->next, k++) {
     snprintf(param, sizeof param, "messages[%d].tool_calls[%d]", i, k);
-    const cJSON *id = field(c, "id"), *type = field(c, "type"), *fn = field(c, "function");
+    const cJSON *id = rtr_oai_field(c, "id"), *type = rtr_oai_field(c, "type"), *fn = rtr_oai_field(c, "function");
     const cJSON *name = fn ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
     const cJSON *args = fn ? cJSON_GetObjectItemCaseSensitive(fn, "arguments") : NULL;
     if (!cJSON_IsObject(c)) rc = BAD(e, param, "'%s' must be an object", param);
@@ -269,7 +226,7 @@ static int parse_msg_calls(const cJSON *tc, int i, char **out, rtr_error *e) {
 }
 
 static int parse_msgs(const cJSON *root, rtr_request *r, rtr_error *e) {
-  const cJSON *m = field(root, "messages");
+  const cJSON *m = rtr_oai_field(root, "messages");
   if (!m) return BAD(e, "messages", "'messages' is required");
   if (!cJSON_IsArray(m)) return BAD(e, "messages", "'messages' must be an array");
   int n = cJSON_GetArraySize(m);
@@ -299,7 +256,7 @@ static int parse_msgs(const cJSON *root, rtr_request *r, rtr_error *e) {
       if (!cJSON_IsString(tid)) return BAD(e, param, "'%s' is required and must be a string", param);
       r->has_tool_msgs = 1;
     }
-    const cJSON *tc = field(it, "tool_calls");
+    const cJSON *tc = rtr_oai_field(it, "tool_calls");
     if (tc && parse_msg_calls(tc, i, &r->msgs[i].tool_calls, e) < 0) return -1;
     if (r->msgs[i].tool_calls) r->has_tool_msgs = 1;
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
@@ -369,7 +326,7 @@ static int all_ints(const cJSON *arr) {
 }
 
 static int parse_prompt(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
-  const cJSON *p = field(root, "prompt");
+  const cJSON *p = rtr_oai_field(root, "prompt");
   if (!p) return BAD(e, "prompt", "'prompt' is required");
   if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
     p = p->child; // a list of one prompt
@@ -388,7 +345,7 @@ static int parse_prompt(const cJSON *root, const rtr_limits *lim, rtr_request *r
 }
 
 static int parse_stop(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
-  const cJSON *s = field(root, "stop");
+  const cJSON *s = rtr_oai_field(root, "stop");
   if (!s) return 0;
   int n;
   if (cJSON_IsString(s)) n = 1;
@@ -412,7 +369,7 @@ static int parse_stop(const cJSON *root, const rtr_limits *lim, rtr_request *r, 
 }
 
 static int parse_bias(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
-  const cJSON *b = field(root, "logit_bias");
+  const cJSON *b = rtr_oai_field(root, "logit_bias");
   if (!b) return 0;
   if (!cJSON_IsObject(b)) return BAD(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
   int n = cJSON_GetArraySize(b);
@@ -433,262 +390,6 @@ static int parse_bias(const cJSON *root, const rtr_limits *lim, rtr_request *r, 
     r->bias[r->n_bias].bias = (float)it->valuedouble;
     r->n_bias++;
   }
-  return 0;
-}
-
-// ---- fields beyond sampling: documented no-ops, and what is refused until it exists (docs/openai.md) ----
-
-static int check_str(const cJSON *root, const char *name, rtr_error *e) {
-  const cJSON *v = field(root, name);
-  if (v && !cJSON_IsString(v)) return BAD(e, name, "'%s' must be a string", name);
-  return 0;
-}
-
-// The deprecated functions / function_call: accepted only as "no calls" (no functions, or function_call "none");
-// anything else is refused, pointing at tools / tool_choice, which take the same declarations.
-static int check_functions(const cJSON *root, rtr_error *e) {
-  const cJSON *fns = field(root, "functions"), *fc = field(root, "function_call");
-  if (fns && !cJSON_IsArray(fns)) return BAD(e, "functions", "'functions' must be an array");
-  if (fc && !cJSON_IsString(fc) && !cJSON_IsObject(fc))
-    return BAD(e, "function_call", "'function_call' must be a string or an object");
-  if (fc && (cJSON_IsObject(fc) || strcmp(fc->valuestring, "none")) && (cJSON_IsObject(fc) || strcmp(fc->valuestring, "auto")))
-    return UNSUP(e, "function_call", "'function_call' (deprecated) is not supported: send 'tool_choice'");
-  if (fns && fns->child && !(fc && !strcmp(fc->valuestring, "none")))
-    return UNSUP(e, "functions", "'functions' (deprecated) is not supported: send the same declarations as 'tools' "
-                 "([{\"type\": \"function\", \"function\": {...}}])");
-  return 0;
-}
-
-// A function name: 1..64 of a-z, A-Z, 0-9, _ and - (OpenAI's rule).
-static int name_ok(const char *s) {
-  size_t n = strlen(s);
-  if (n == 0 || n > 64) return 0;
-  for (; *s; s++)
-    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == '-'))
-      return 0;
-  return 1;
-}
-
-// One tools[i]: {"type": "function", "function": {name, description, parameters, strict}}. The parameters schema is
-// compiled (models/json_schema.c) so what the call grammar cannot follow is a 400 naming the keyword. Appends
-// {"name", "parameters"} to calls.
-static int parse_tool(const cJSON *t, int i, cJSON *calls, rtr_error *e) {
-  char param[96];
-  snprintf(param, sizeof param, "tools[%d]", i);
-  if (!cJSON_IsObject(t)) return BAD(e, param, "'%s' must be an object", param);
-  for (const cJSON *k = t->child; k; k = k->next)
-    if (strcmp(k->string, "type") && strcmp(k->string, "function")) {
-      snprintf(param, sizeof param, "tools[%d].%.40s", i, k->string);
-      return UNSUP(e, param, "'%s' is not supported (a tool has type and function)", param);
-    }
-  const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type"), *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-  snprintf(param, sizeof param, "tools[%d].type", i);
-  if (!cJSON_IsString(type)) return BAD(e, param, "'%s' is required and must be \"function\"", param);
-  if (strcmp(type->valuestring, "function"))
-    return INVAL(e, param, "'%s' '%.40s' is not supported (only \"function\")", param, type->valuestring);
-  snprintf(param, sizeof param, "tools[%d].function", i);
-  if (!cJSON_IsObject(fn)) return BAD(e, param, "'%s' is required and must be an object", param);
-  for (const cJSON *k = fn->child; k; k = k->next)
-    if (strcmp(k->string, "name") && strcmp(k->string, "description") && strcmp(k->string, "parameters") &&
-        strcmp(k->string, "strict")) {
-      snprintf(param, sizeof param, "tools[%d].function.%.40s", i, k->string);
-      return UNSUP(e, param, "'%s' is not supported (name, description, parameters, strict)", param);
-    }
-  const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name"), *desc = field(fn, "description");
-  const cJSON *params = field(fn, "parameters"), *strict = field(fn, "strict");
-  snprintf(param, sizeof param, "tools[%d].function.name", i);
-  if (!cJSON_IsString(name) || !name_ok(name->valuestring))
-    return BAD(e, param, "'%s' must be 1..64 of a-z, A-Z, 0-9, _ and -", param);
-  snprintf(param, sizeof param, "tools[%d].function.description", i);
-  if (desc && !cJSON_IsString(desc)) return BAD(e, param, "'%s' must be a string", param);
-  snprintf(param, sizeof param, "tools[%d].function.strict", i);
-  if (strict && !cJSON_IsBool(strict)) return BAD(e, param, "'%s' must be a boolean", param);
-  snprintf(param, sizeof param, "tools[%d].function.parameters", i);
-  if (params && !cJSON_IsObject(params)) return BAD(e, param, "'%s' must be a JSON Schema object", param);
-  for (const cJSON *o = calls->child; o; o = o->next)
-    if (!strcmp(cJSON_GetObjectItemCaseSensitive(o, "name")->valuestring, name->valuestring)) {
-      snprintf(param, sizeof param, "tools[%d].function.name", i);
-      return BAD(e, param, "'%s': a tool named '%s' is declared twice", param, name->valuestring);
-    }
-  if (params) {
-    char *text = cJSON_PrintUnformatted(params), err[400];
-    if (!text) return OOM(e);
-    mdl_grammar *g = NULL;
-    int rc = mdl_grammar_from_json_schema(text, strlen(text), &g, err, sizeof err);
-    mdl_grammar_unref(g);
-    free(text);
-    if (rc == MDL_GRAMMAR_UNSUPPORTED) return UNSUP(e, param, "'%s': %s", param, err);
-    if (rc) return INVAL(e, param, "'%s': %s", param, err);
-  }
-  cJSON *o = cJSON_CreateObject();
-  if (!o || !cJSON_AddStringToObject(o, "name", name->valuestring)) {
-    cJSON_Delete(o);
-    return OOM(e);
-  }
-  if (params) cJSON_AddItemToObject(o, "parameters", cJSON_Duplicate(params, 1));
-  cJSON_AddItemToArray(calls, o);
-  return 0;
-}
-
-// tools, tool_choice and parallel_tool_calls. tool_choice: "none" (no calls; the tools are left out of the prompt),
-// "auto" (the default with tools: the model may call; its output is read for calls), "required" or
-// {"type": "function", "function": {"name"}} (decoding is constrained to calls, models/json_schema.c).
-static int parse_tools(const cJSON *root, rtr_request *r, rtr_error *e) {
-  const cJSON *tools = field(root, "tools"), *choice = field(root, "tool_choice");
-  r->parallel_tool_calls = 1;
-  if (get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e) < 0) return -1;
-  if (tools && !cJSON_IsArray(tools)) return BAD(e, "tools", "'tools' must be an array");
-  int n = tools ? cJSON_GetArraySize(tools) : 0;
-  if (n > RTR_MAX_TOOLS) return BAD(e, "tools", "'tools' has %d tools; at most %d are allowed", n, RTR_MAX_TOOLS);
-  const char *named = NULL;
-  int mode = n ? RTR_TOOLS_AUTO : RTR_TOOLS_OFF;
-  if (choice) {
-    if (cJSON_IsString(choice)) {
-      const char *c = choice->valuestring;
-      if (!strcmp(c, "none")) mode = RTR_TOOLS_OFF;
-      else if (!strcmp(c, "auto")) mode = n ? RTR_TOOLS_AUTO : RTR_TOOLS_OFF;
-      else if (!strcmp(c, "required")) mode = RTR_TOOLS_REQUIRED;
-      else return INVAL(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
-                        "{\"type\": \"function\", \"function\": {\"name\": ...}}");
-    } else if (cJSON_IsObject(choice)) {
-      const cJSON *t = cJSON_GetObjectItemCaseSensitive(choice, "type"), *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
-      const cJSON *nm = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "name") : NULL;
-      if (!cJSON_IsString(t) || strcmp(t->valuestring, "function") || !cJSON_IsString(nm))
-        return BAD(e, "tool_choice", "'tool_choice' as an object must be {\"type\": \"function\", \"function\": "
-                   "{\"name\": ...}}");
-      for (const cJSON *k = choice->child; k; k = k->next)
-        if (strcmp(k->string, "type") && strcmp(k->string, "function"))
-          return UNSUP(e, "tool_choice", "'tool_choice.%.40s' is not supported", k->string);
-      for (const cJSON *k = f->child; k; k = k->next)
-        if (strcmp(k->string, "name"))
-          return UNSUP(e, "tool_choice", "'tool_choice.function.%.40s' is not supported", k->string);
-      named = nm->valuestring;
-      mode = RTR_TOOLS_NAMED;
-    } else {
-      return BAD(e, "tool_choice", "'tool_choice' must be a string or an object");
-    }
-  }
-  if (mode >= RTR_TOOLS_REQUIRED && !n)
-    return BAD(e, "tool_choice", "'tool_choice' %s needs 'tools'", named ? "naming a function" : "\"required\"");
-  if (!n) return 0;
-  cJSON *calls = cJSON_CreateArray();
-  if (!calls) return OOM(e);
-  int i = 0, rc = 0;
-  for (const cJSON *t = tools->child; t && !rc; t = t->next) rc = parse_tool(t, i++, calls, e);
-  if (!rc && named) { // only the named tool can be called
-    cJSON *keep = NULL;
-    for (cJSON *o = calls->child; o && !keep; o = o->next)
-      if (!strcmp(cJSON_GetObjectItemCaseSensitive(o, "name")->valuestring, named)) keep = o;
-    if (!keep) rc = INVAL(e, "tool_choice", "'tool_choice' names '%.64s', which is not in 'tools'", named);
-    else {
-      cJSON *one = cJSON_CreateArray();
-      if (!one) rc = OOM(e);
-      else {
-        cJSON_AddItemToArray(one, cJSON_DetachItemViaPointer(calls, keep));
-        cJSON_Delete(calls);
-        calls = one;
-      }
-    }
-  }
-  if (!rc && mode != RTR_TOOLS_OFF) {
-    r->tool_choice = mode;
-    if (!(r->tools = cJSON_PrintUnformatted(tools)) || !(r->call_tools = cJSON_PrintUnformatted(calls))) rc = OOM(e);
-  }
-  cJSON_Delete(calls);
-  return rc;
-}
-
-// Keys of obj other than those in known (NULL-terminated) are refused, naming the first (param: response_format).
-static int only_keys(const cJSON *obj, const char *where, const char *const *known, rtr_error *e) {
-  for (const cJSON *k = obj->child; k; k = k->next) {
-    int ok = 0;
-    for (const char *const *f = known; *f && !ok; f++) ok = !strcmp(*f, k->string);
-    if (!ok)
-      return UNSUP(e, "response_format", "'%s.%.40s' is not supported (docs/openai.md lists the fields)", where,
-                   k->string);
-  }
-  return 0;
-}
-
-// response_format: text; json_object (any JSON object); json_schema {name, description, schema, strict}. The schema
-// is compiled here (models/json_schema.c) so a bad or unsupported one is a 400 naming the keyword; the workers
-// compile it again from the generate message's grammar field (docs/protocol.md).
-static int parse_response_format(const cJSON *root, rtr_request *r, rtr_error *e) {
-  static const char *const k_type[] = {"type", NULL}, *const k_schema[] = {"type", "json_schema", NULL};
-  static const char *const k_js[] = {"name", "description", "schema", "strict", NULL};
-  const cJSON *rf = field(root, "response_format");
-  if (!rf) return 0;
-  if (!cJSON_IsObject(rf)) return BAD(e, "response_format", "'response_format' must be an object");
-  const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-  if (!cJSON_IsString(t))
-    return INVAL(e, "response_format", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
-  int is_schema = !strcmp(t->valuestring, "json_schema");
-  if (strcmp(t->valuestring, "text") && strcmp(t->valuestring, "json_object") && !is_schema)
-    return INVAL(e, "response_format", "'response_format.type' '%.40s' is not one of \"text\", \"json_object\", "
-                 "\"json_schema\"", t->valuestring);
-  if (only_keys(rf, "response_format", is_schema ? k_schema : k_type, e) < 0) return -1;
-  if (!strcmp(t->valuestring, "text")) return 0;
-  r->response_format = RTR_FORMAT_JSON_OBJECT;
-  if (!is_schema) return 0;
-  const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
-  if (!cJSON_IsObject(js))
-    return BAD(e, "response_format", "'response_format.json_schema' must be an object with 'name' and 'schema'");
-  if (only_keys(js, "response_format.json_schema", k_js, e) < 0) return -1;
-  const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name"), *desc = field(js, "description");
-  const cJSON *schema = field(js, "schema"), *strict = field(js, "strict");
-  int name_ok = cJSON_IsString(name) && name->valuestring[0] && strlen(name->valuestring) <= 64;
-  for (const char *c = name_ok ? name->valuestring : ""; *c && name_ok; c++)
-    name_ok = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_' || *c == '-';
-  if (!name_ok)
-    return BAD(e, "response_format", "'response_format.json_schema.name' must be 1..64 of a-z, A-Z, 0-9, _ and -");
-  if (desc && !cJSON_IsString(desc))
-    return BAD(e, "response_format", "'response_format.json_schema.description' must be a string");
-  if (strict && !cJSON_IsBool(strict))
-    return BAD(e, "response_format", "'response_format.json_schema.strict' must be a boolean");
-  if (schema && !cJSON_IsObject(schema) && !cJSON_IsBool(schema))
-    return BAD(e, "response_format", "'response_format.json_schema.schema' must be a JSON Schema object");
-  if (!schema) return 0; // no schema: any JSON object, as json_object
-  r->response_format = RTR_FORMAT_JSON_SCHEMA;
-  if (!(r->json_schema = cJSON_PrintUnformatted(schema))) return OOM(e);
-  mdl_grammar *g = NULL;
-  char err[400];
-  int rc = mdl_grammar_from_json_schema(r->json_schema, strlen(r->json_schema), &g, err, sizeof err);
-  mdl_grammar_unref(g);
-  if (rc == MDL_GRAMMAR_UNSUPPORTED)
-    return UNSUP(e, "response_format", "'response_format.json_schema.schema': %s", err);
-  if (rc) return INVAL(e, "response_format", "'response_format.json_schema.schema': %s", err);
-  return 0;
-}
-
-// The chat fields accepted as no-ops (their reason is in docs/openai.md), the tool fields and response_format.
-static int check_chat_extras(const cJSON *root, rtr_request *r, rtr_error *e) {
-  int store = 0;
-  if (check_str(root, "user", e) < 0 || check_str(root, "prompt_cache_key", e) < 0 ||
-      check_str(root, "safety_identifier", e) < 0)
-    return -1;
-  if (get_bool(root, "store", &store, e) < 0) return -1;
-  if (store) return UNSUP(e, "store", "'store': true is not supported: this server keeps no completions");
-  const cJSON *md = field(root, "metadata");
-  if (md) {
-    if (!cJSON_IsObject(md)) return BAD(e, "metadata", "'metadata' must be an object of strings");
-    for (const cJSON *k = md->child; k; k = k->next)
-      if (!cJSON_IsString(k)) return BAD(e, "metadata", "'metadata' must be an object of strings");
-  }
-  const cJSON *tier = field(root, "service_tier");
-  if (tier && !cJSON_IsString(tier)) return BAD(e, "service_tier", "'service_tier' must be a string");
-  if (tier && strcmp(tier->valuestring, "auto") && strcmp(tier->valuestring, "default"))
-    return INVAL(e, "service_tier", "'service_tier' must be \"auto\" or \"default\" (this server has one tier)");
-  const cJSON *mod = field(root, "modalities");
-  if (mod) {
-    if (!cJSON_IsArray(mod)) return BAD(e, "modalities", "'modalities' must be an array of strings");
-    for (const cJSON *m = mod->child; m; m = m->next)
-      if (!cJSON_IsString(m) || strcmp(m->valuestring, "text"))
-        return UNSUP(e, "modalities", "'modalities' other than [\"text\"] is not supported");
-  }
-  if (parse_tools(root, r, e) < 0 || check_functions(root, e) < 0 || parse_response_format(root, r, e) < 0) return -1;
-  if (r->tool_choice != RTR_TOOLS_OFF && r->response_format != RTR_FORMAT_TEXT) // one grammar per choice
-    return UNSUP(e, "response_format", "'response_format' other than text together with tools (tool_choice other "
-                 "than \"none\") is not supported");
   return 0;
 }
 
@@ -750,12 +451,12 @@ static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request 
   if (rc) r->n = (int)iv;
   if ((rc = get_int(root, "best_of", 1, lim->max_n, &iv, e)) < 0) return -1;
   if (rc && iv != r->n) return UNSUP(e, "best_of", "'best_of' other than n is not supported");
-  if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
+  if (rtr_oai_get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
   if (parse_stop(root, lim, r, e) < 0 || parse_bias(root, lim, r, e) < 0) return -1;
 
   if (r->kind == RTR_CHAT) {
     int lp = 0;
-    if (get_bool(root, "logprobs", &lp, e) < 0) return -1;
+    if (rtr_oai_get_bool(root, "logprobs", &lp, e) < 0) return -1;
     int64_t top = 0;
     if ((rc = get_int(root, "top_logprobs", 0, 20, &top, e)) < 0) return -1;
     if (rc && !lp) return BAD(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
@@ -764,24 +465,24 @@ static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request 
     if ((rc = get_int(root, "logprobs", 0, 5, &iv, e)) < 0) return -1;
     r->logprobs = rc ? (int)iv : -1;
     int echo = 0;
-    if (get_bool(root, "echo", &echo, e) < 0) return -1;
+    if (rtr_oai_get_bool(root, "echo", &echo, e) < 0) return -1;
     if (echo) return UNSUP(e, "echo", "'echo' is not supported");
-    const cJSON *suffix = field(root, "suffix");
+    const cJSON *suffix = rtr_oai_field(root, "suffix");
     if (suffix && !(cJSON_IsString(suffix) && !suffix->valuestring[0]))
       return UNSUP(e, "suffix", "'suffix' is not supported");
   }
 
-  if (get_bool(root, "stream", &r->stream, e) < 0) return -1;
-  const cJSON *so = field(root, "stream_options");
+  if (rtr_oai_get_bool(root, "stream", &r->stream, e) < 0) return -1;
+  const cJSON *so = rtr_oai_field(root, "stream_options");
   if (so) {
     if (!cJSON_IsObject(so)) return BAD(e, "stream_options", "'stream_options' must be an object");
     if (!r->stream) return BAD(e, "stream_options", "'stream_options' is only allowed when 'stream' is true");
     int obf = 0;
-    if (get_bool(so, "include_usage", &r->include_usage, e) < 0) {
+    if (rtr_oai_get_bool(so, "include_usage", &r->include_usage, e) < 0) {
       snprintf(e->param, sizeof e->param, "stream_options.include_usage");
       return -1;
     }
-    if (get_bool(so, "include_obfuscation", &obf, e) < 0) { // no-op: chunks carry no padding to obfuscate
+    if (rtr_oai_get_bool(so, "include_obfuscation", &obf, e) < 0) { // no-op: chunks carry no padding to obfuscate
       snprintf(e->param, sizeof e->param, "stream_options.include_obfuscation");
       return -1;
     }
@@ -792,7 +493,7 @@ static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request 
         return UNSUP(e, param, "'%s' is not supported (include_usage, include_obfuscation)", param);
       }
   }
-  return r->kind == RTR_CHAT ? check_chat_extras(root, r, e) : check_str(root, "user", e);
+  return r->kind == RTR_CHAT ? rtr_oai_check_chat_extras(root, r, e) : rtr_oai_check_str(root, "user", e);
 }
 
 int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
@@ -835,7 +536,7 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
     goto done;
   }
   if ((rc = check_known(kind, root, e)) < 0) goto done;
-  const cJSON *model = field(root, "model");
+  const cJSON *model = rtr_oai_field(root, "model");
   if (model && !cJSON_IsString(model)) {
     rc = BAD(e, "model", "'model' must be a string");
     goto done;
@@ -853,14 +554,14 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
     if ((rc = parse_prompt(root, lim, out, e)) == 0) rc = parse_sampling(root, lim, out, e);
     break;
   case RTR_TOKENIZE:
-    if (get_bool(root, "add_special_tokens", &out->add_special, e) < 0 ||
-        get_bool(root, "add_generation_prompt", &out->add_generation_prompt, e) < 0) {
+    if (rtr_oai_get_bool(root, "add_special_tokens", &out->add_special, e) < 0 ||
+        rtr_oai_get_bool(root, "add_generation_prompt", &out->add_generation_prompt, e) < 0) {
       rc = -1;
       break;
     }
-    if (field(root, "messages")) rc = parse_msgs(root, out, e);
-    else if (field(root, "prompt")) {
-      const cJSON *p = field(root, "prompt");
+    if (rtr_oai_field(root, "messages")) rc = parse_msgs(root, out, e);
+    else if (rtr_oai_field(root, "prompt")) {
+      const cJSON *p = rtr_oai_field(root, "prompt");
       if (!cJSON_IsString(p)) rc = BAD(e, "prompt", "'prompt' must be a string");
       else {
         out->prompt_len = strlen(p->valuestring);
@@ -871,7 +572,7 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
       rc = BAD(e, "prompt", "'prompt' or 'messages' is required");
     break;
   case RTR_DETOKENIZE: {
-    const cJSON *t = field(root, "tokens");
+    const cJSON *t = rtr_oai_field(root, "tokens");
     if (!t) rc = BAD(e, "tokens", "'tokens' is required");
     else if (!cJSON_IsArray(t)) rc = BAD(e, "tokens", "'tokens' must be a list of token ids");
     else rc = parse_ids(t, "tokens", lim, &out->prompt_ids, &out->n_prompt_ids, e);
@@ -885,114 +586,6 @@ done:
     out->kind = kind;
   }
   return rc < 0 ? -1 : 0;
-}
-
-// ---- tool calls in the output ----
-
-static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-// tag without its surrounding whitespace: *n bytes at the returned pointer.
-static const char *trim_tag(const char *tag, size_t *n) {
-  size_t len = strlen(tag);
-  while (len && is_ws(*tag)) tag++, len--;
-  while (len && is_ws(tag[len - 1])) len--;
-  *n = len;
-  return tag;
-}
-
-size_t rtr_tool_open_prefix(const char *text, size_t n, const char *open) {
-  size_t tn;
-  const char *tag = trim_tag(open, &tn);
-  for (size_t k = tn - 1 < n ? tn - 1 : n; k > 0; k--) // the longest proper prefix of the tag ending text
-    if (!memcmp(text + n - k, tag, k)) return k;
-  return 0;
-}
-
-// "call_" and 24 random letters and digits (OpenAI's ids look so); the bytes come from the kernel.
-static void call_id(char out[32]) {
-  static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  unsigned char b[24] = {0};
-  FILE *f = fopen("/dev/urandom", "rb");
-  if (f) {
-    if (fread(b, 1, sizeof b, f) != sizeof b) memset(b, 0, sizeof b);
-    fclose(f);
-  }
-  memcpy(out, "call_", 5);
-  for (int i = 0; i < 24; i++) out[5 + i] = al[b[i] % (sizeof al - 1)];
-  out[29] = 0;
-}
-
-int rtr_parse_tool_calls(const rtr_request *q, const char *text, size_t len, const char *open, const char *close,
-                         cJSON *calls, size_t *content_len) {
-  *content_len = len;
-  if (q->tool_choice == RTR_TOOLS_OFF || !q->call_tools) return 0;
-  size_t on, cn;
-  const char *otag = trim_tag(open, &on), *ctag = trim_tag(close, &cn);
-  const char *first = memmem(text, len, otag, on);
-  if (!first) return 0;
-  cJSON *declared = cJSON_Parse(q->call_tools), *found = cJSON_CreateArray();
-  int n = 0, bad = !declared || !found ? 2 : 0;
-  const char *p = first, *end = text + len;
-  while (!bad && p < end) {
-    while (p < end && is_ws(*p)) p++;
-    if (p == end) break;
-    if ((size_t)(end - p) < on || memcmp(p, otag, on)) { // text after a call: not a call turn this parser knows
-      bad = 1;
-      break;
-    }
-    p += on;
-    // the call is one JSON value, then the close tag: parsed as JSON first, because a string inside it may hold the
-    // close tag's text (the model wrote "Europe_2017_AM}}}</tool_call> " into an argument)
-    const char *c = NULL;
-    cJSON *v = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), &c, 0);
-    if (v) {
-      while (c < end && is_ws(*c)) c++;
-      if ((size_t)(end - c) < cn || memcmp(c, ctag, cn)) cJSON_Delete(v), v = NULL, c = NULL;
-    }
-    if (!v && !memmem(p, (size_t)(end - p), ctag, cn)) { // unclosed: cut by max_tokens; the calls before stand
-      bad = !n;
-      break;
-    }
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(v, "name");
-    const cJSON *args = cJSON_GetObjectItemCaseSensitive(v, "arguments");
-    int ok = cJSON_IsObject(v) && cJSON_IsString(name) && (cJSON_IsObject(args) || cJSON_IsString(args));
-    const cJSON *d = NULL;
-    if (ok)
-      cJSON_ArrayForEach(d, declared) if (!strcmp(cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring,
-                                                  name->valuestring)) break;
-    if (!ok || !d) {
-      cJSON_Delete(v);
-      bad = 1;
-      break;
-    }
-    char id[32];
-    call_id(id);
-    char *a = cJSON_IsString(args) ? strdup(args->valuestring) : cJSON_PrintUnformatted(args);
-    cJSON *o = cJSON_CreateObject(), *f = NULL;
-    if (a && o && cJSON_AddStringToObject(o, "id", id) && cJSON_AddStringToObject(o, "type", "function") &&
-        (f = cJSON_AddObjectToObject(o, "function")) && cJSON_AddStringToObject(f, "name", name->valuestring) &&
-        cJSON_AddStringToObject(f, "arguments", a)) {
-      cJSON_AddItemToArray(found, o);
-      n++;
-    } else {
-      cJSON_Delete(o);
-      bad = 2;
-    }
-    free(a);
-    cJSON_Delete(v);
-    p = c + cn;
-  }
-  cJSON_Delete(declared);
-  if (bad || !n) {
-    cJSON_Delete(found);
-    return bad == 2 ? -1 : 0;
-  }
-  while (found->child) cJSON_AddItemToArray(calls, cJSON_DetachItemViaPointer(found, found->child));
-  cJSON_Delete(found);
-  size_t cl = (size_t)(first - text);
-  while (cl && is_ws(text[cl - 1])) cl--;
-  *content_len = cl;
-  return n;
 }
 
 int rtr_check_context(int n_prompt, int max_tokens, int n_ctx, rtr_error *e) {
