@@ -255,26 +255,31 @@ static int resume(dec_worker *w, dec_seq *s) {
 
 // Builds a sequence from a generate message; on a bad request replies with an error and returns NULL.
 static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) {
-  char code[64], e[512];
-  const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
-  const char *id = cJSON_IsString(idj) ? idj->valuestring : "";
+  char code[64] = "invalid_request", e[512];
+  prt_generate g;
+  int malformed = prt_generate_decode(m, &g, e, sizeof e);
+  const char *id = g.id ? g.id : "";
   if (atomic_load(&w->sh.sig.stop)) {
     wrk_send_error(from, id, "unavailable", "worker is shutting down");
+    prt_generate_free(&g);
     return NULL;
   }
   dec_seq *s = calloc(1, sizeof *s);
   if (!s) {
     wrk_send_error(from, id, "internal_error", "out of memory");
+    prt_generate_free(&g);
     return NULL;
   }
   srv_peer_ref(from);
   s->router = from;
-  if (wrk_genreq_parse(m, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &w->gram, &s->req, code, sizeof code, e,
-                       sizeof e)) {
+  if (malformed || wrk_genreq_parse(&g, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &w->gram, &s->req, code,
+                                    sizeof code, e, sizeof e)) {
     wrk_send_error(from, id, code, "%s", e);
+    prt_generate_free(&g);
     seq_free(w, s);
     return NULL;
   }
+  prt_generate_free(&g);
   const char *bad = NULL;
   // Both roles prefill short prompts themselves (mode local: conditional disaggregation); only a decode
   // worker takes a prompt's KV from a prefill worker (mode decode).

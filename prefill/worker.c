@@ -396,22 +396,21 @@ static void on_close(void *arg, srv_peer *peer) {
 static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
   char code[64] = "", e[512];
-  const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
-  const char *id = cJSON_IsString(idj) ? idj->valuestring : "";
+  prt_generate g; // on a malformed message, its id and routing names as far as they were read (proto/request.h)
+  int malformed = prt_generate_decode(m, &g, e, sizeof e);
+  const char *id = g.id ? g.id : "";
   pfl_req *r = calloc(1, sizeof *r);
-  if (!r) return;
+  if (!r) {
+    prt_generate_free(&g);
+    return;
+  }
   srv_peer_ref(from);
   r->router = from;
   const char *bad = NULL;
   int link_failed = 0, decode_down = 0;
-  // The router's hint (router.prefix_fetch): prefill worker prefix_peer holds the first prefix_blocks blocks.
-  const cJSON *hp = cJSON_GetObjectItemCaseSensitive(m, "prefix_peer");
-  const cJSON *hb = cJSON_GetObjectItemCaseSensitive(m, "prefix_blocks");
   if (atomic_load(&w->sh.sig.stop)) bad = "worker is shutting down";
-  else if ((hp || hb) && (!cJSON_IsString(hp) || !cJSON_IsNumber(hb) || hb->valuedouble < 1 ||
-                          hb->valuedouble > 1 << 30 || hb->valuedouble != (int)hb->valuedouble))
-    bad = "prefix_peer must name a prefill worker and prefix_blocks be an integer >= 1";
-  else if (wrk_genreq_parse(m, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &w->gram, &r->req, code, sizeof code,
+  else if (malformed) bad = e; // e.g. a malformed prefix_peer / prefix_blocks hint
+  else if (wrk_genreq_parse(&g, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &w->gram, &r->req, code, sizeof code,
                             e, sizeof e))
     bad = e;
   else if (strcmp(r->req.mode, "prefill") || !r->req.decode[0])
@@ -427,26 +426,28 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   if (bad) {
     // The decode worker reserved blocks for it: kv_fail frees them at once (docs/protocol.md, "Handoff"). When
     // the link to it is what failed, its handoff timeout or the router's cancel frees them.
-    const cJSON *dj = cJSON_GetObjectItemCaseSensitive(m, "decode"), *mj = cJSON_GetObjectItemCaseSensitive(m, "mode");
     char le[256];
     pfl_link *l = r->link;
-    if (!l && !link_failed && cJSON_IsString(dj) && cJSON_IsString(mj) && !strcmp(mj->valuestring, "prefill") &&
-        dj->valuestring[0])
-      l = pfl_link_for(w, dj->valuestring, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, le, sizeof le);
-    if (l && cJSON_IsString(idj)) tell_decode(l, PRT_OP_KV_FAIL, idj->valuestring, bad);
+    if (!l && !link_failed && g.decode && g.mode && !strcmp(g.mode, "prefill") && g.decode[0])
+      l = pfl_link_for(w, g.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, le, sizeof le);
+    if (l && g.id) tell_decode(l, PRT_OP_KV_FAIL, g.id, bad);
     // decode_failure: the router sends it again once that decode worker is back (or moves it), as for a handoff the
     // decode worker's death broke.
     const char *ecode = bad == e && code[0] == 'c' ? code : "worker_failure";
     wrk_send_error(from, id, decode_down ? "decode_failure" : ecode, "%s", bad);
     r->link = NULL;
     req_free(w, r);
+    prt_generate_free(&g);
     return;
   }
   wrk_genreq_resume_sampler(&r->req, r->sampler); // a moved stream: its first token continues the sampler's draws
   int64_t now = wrk_shell_now_ms();
   r->table_deadline_ms = now + table_timeout_ms(w);
   r->deadline_ms = r->req.deadline_ms ? now + r->req.deadline_ms : 0;
-  if (!(hp && pfl_start_pull(w, r, hp->valuestring, (int)hb->valuedouble)) && wrk_engine_queue(&w->eng, &r->seq)) {
+  // The router's hint (router.prefix_fetch): prefill worker prefix_peer holds the first prefix_blocks blocks.
+  int pulling = g.prefix_peer && pfl_start_pull(w, r, g.prefix_peer, g.prefix_blocks);
+  prt_generate_free(&g);
+  if (!pulling && wrk_engine_queue(&w->eng, &r->seq)) {
     pfl_fail(w, r, "out of memory%s", "");
     return;
   }

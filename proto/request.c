@@ -182,3 +182,177 @@ int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) {
   m->cached_tokens = (int)v[2];
   return 0;
 }
+
+#define GEN PRT_OP_GENERATE
+#define GEN_S "generate sampling"
+
+static int add_sampling(cJSON *j, const prt_sampling *s) {
+  cJSON *o = cJSON_AddObjectToObject(j, "sampling");
+  if (!o || !cJSON_AddNumberToObject(o, "temperature", s->temperature) ||
+      !cJSON_AddNumberToObject(o, "top_k", s->top_k) || !cJSON_AddNumberToObject(o, "top_p", s->top_p) ||
+      !cJSON_AddNumberToObject(o, "min_p", s->min_p) ||
+      !cJSON_AddNumberToObject(o, "presence_penalty", s->presence_penalty) ||
+      !cJSON_AddNumberToObject(o, "frequency_penalty", s->frequency_penalty) ||
+      !cJSON_AddNumberToObject(o, "repetition_penalty", s->repetition_penalty) ||
+      (s->has_seed && !cJSON_AddNumberToObject(o, "seed", s->seed)) ||
+      !cJSON_AddNumberToObject(o, "logprobs", s->logprobs))
+    return -1;
+  cJSON *lb = cJSON_AddArrayToObject(o, "logit_bias");
+  if (!lb) return -1;
+  for (int i = 0; i < s->n_logit_bias; i++) {
+    cJSON *pair = cJSON_CreateArray();
+    if (!pair || !cJSON_AddItemToArray(lb, pair) ||
+        !cJSON_AddItemToArray(pair, cJSON_CreateNumber(s->logit_bias[i].token)) ||
+        !cJSON_AddItemToArray(pair, cJSON_CreateNumber(s->logit_bias[i].bias)))
+      return -1;
+  }
+  return 0;
+}
+
+cJSON *prt_generate_encode(const prt_generate *m, char *err, size_t errlen) {
+  cJSON *j = prt_new(GEN), *st;
+  if (!j || !PRT_ADD_STR(j, "id", m->id) || prt__add_ints(j, "prompt", m->prompt, m->n_prompt) ||
+      (m->resume > 0 && !cJSON_AddNumberToObject(j, "resume", m->resume)) ||
+      (m->max_tokens >= 0 && !cJSON_AddNumberToObject(j, "max_tokens", m->max_tokens)) ||
+      add_sampling(j, &m->sampling) || !(st = cJSON_AddArrayToObject(j, "stop")))
+    return oom(j, err, errlen);
+  for (int i = 0; i < m->n_stop; i++) {
+    cJSON *e = cJSON_CreateString(m->stop[i]);
+    if (!e || !cJSON_AddItemToArray(st, e)) {
+      cJSON_Delete(e);
+      return oom(j, err, errlen);
+    }
+  }
+  if (prt__add_ints(j, "stop_ids", m->stop_ids, m->n_stop_ids) ||
+      !cJSON_AddBoolToObject(j, "ignore_eos", m->ignore_eos) ||
+      !cJSON_AddNumberToObject(j, "deadline_ms", m->deadline_ms) || !PRT_ADD_STR(j, "mode", m->mode) ||
+      !PRT_ADD_STR(j, "prefill", m->prefill) || !PRT_ADD_STR(j, "decode", m->decode) ||
+      (m->prefix_peer && (!cJSON_AddStringToObject(j, "prefix_peer", m->prefix_peer) ||
+                          !cJSON_AddNumberToObject(j, "prefix_blocks", m->prefix_blocks))))
+    return oom(j, err, errlen);
+  if (m->grammar) {
+    cJSON *g = cJSON_Duplicate(m->grammar, 1);
+    if (!g || !cJSON_AddItemToObject(j, "grammar", g)) {
+      cJSON_Delete(g);
+      return oom(j, err, errlen);
+    }
+  }
+  return j;
+}
+
+void prt_generate_free(prt_generate *m) {
+  free(m->prompt);
+  free(m->sampling.logit_bias);
+  free(m->stop);
+  free(m->stop_ids);
+  m->prompt = m->stop_ids = NULL;
+  m->sampling.logit_bias = NULL;
+  m->stop = NULL;
+  m->n_prompt = m->sampling.n_logit_bias = m->n_stop = m->n_stop_ids = 0;
+}
+
+static int read_sampling(const cJSON *j, prt_sampling *s, char *err, size_t errlen) {
+  const cJSON *o = NULL, *lb, *pair;
+  int64_t top_k = 0, lp = -1;
+  if (prt__obj(j, GEN, "sampling", 0, &o, err, errlen)) return -1;
+  if (!o) return 0;
+  if (prt__num(o, GEN_S, "temperature", 0, 0, 100, &s->temperature, err, errlen) ||
+      prt__int(o, GEN_S, "top_k", 0, -1, 1 << 30, &top_k, err, errlen) ||
+      prt__num(o, GEN_S, "top_p", 0, 0, 1, &s->top_p, err, errlen) ||
+      prt__num(o, GEN_S, "min_p", 0, 0, 1, &s->min_p, err, errlen) ||
+      prt__num(o, GEN_S, "presence_penalty", 0, -2, 2, &s->presence_penalty, err, errlen) ||
+      prt__num(o, GEN_S, "frequency_penalty", 0, -2, 2, &s->frequency_penalty, err, errlen) ||
+      prt__num(o, GEN_S, "repetition_penalty", 0, 0, 100, &s->repetition_penalty, err, errlen) ||
+      prt__int(o, GEN_S, "logprobs", 0, -1, 20, &lp, err, errlen))
+    return -1;
+  s->top_k = (int)top_k;
+  s->logprobs = (int)lp;
+  s->seed = NAN;
+  if (prt__num(o, GEN_S, "seed", 0, -DBL_MAX, DBL_MAX, &s->seed, err, errlen)) return -1;
+  s->has_seed = !isnan(s->seed);
+  if (!s->has_seed) s->seed = 0;
+  lb = cJSON_GetObjectItemCaseSensitive(o, "logit_bias");
+  if (lb && !cJSON_IsNull(lb) && !cJSON_IsArray(lb)) {
+    utl_seterr(err, errlen, "%s: logit_bias must be [[id, bias]...]", GEN_S);
+    return -1;
+  }
+  int n = cJSON_IsArray(lb) ? cJSON_GetArraySize(lb) : 0, i = 0;
+  if (n && !(s->logit_bias = calloc((size_t)n, sizeof *s->logit_bias))) {
+    utl_seterr(err, errlen, "%s: out of memory", GEN);
+    return -1;
+  }
+  cJSON_ArrayForEach(pair, lb) {
+    const cJSON *t = cJSON_GetArrayItem(pair, 0), *b = cJSON_GetArrayItem(pair, 1);
+    if (!cJSON_IsArray(pair) || !cJSON_IsNumber(t) || !cJSON_IsNumber(b) || !(t->valuedouble >= INT32_MIN) ||
+        !(t->valuedouble <= INT32_MAX) || t->valuedouble != (double)(int32_t)t->valuedouble ||
+        !isfinite(b->valuedouble)) {
+      utl_seterr(err, errlen, "%s: logit_bias[%d] must be [token id, bias]", GEN_S, i);
+      return -1;
+    }
+    s->logit_bias[i++] = (prt_bias){(int32_t)t->valuedouble, b->valuedouble};
+    s->n_logit_bias = i;
+  }
+  return 0;
+}
+
+int prt_generate_decode(const cJSON *j, prt_generate *m, char *err, size_t errlen) {
+  memset(m, 0, sizeof *m);
+  m->max_tokens = -1;
+  m->sampling = (prt_sampling){.temperature = 1, .top_p = 1, .repetition_penalty = 1, .logprobs = -1};
+  int64_t v[4] = {-1, 0, 0, 0};
+  const cJSON *stop, *e, *ie;
+  // id and the routing names first: a refusal needs them (see request.h)
+  if (prt__str(j, GEN, "id", 1, &m->id, err, errlen) || prt__str(j, GEN, "mode", 0, &m->mode, err, errlen) ||
+      prt__str(j, GEN, "decode", 0, &m->decode, err, errlen) ||
+      prt__str(j, GEN, "prefill", 0, &m->prefill, err, errlen) ||
+      prt__ints(j, GEN, "prompt", 1, INT32_MIN, INT32_MAX, &m->prompt, &m->n_prompt, err, errlen) ||
+      prt__int(j, GEN, "max_tokens", 0, 1, 1 << 30, &v[0], err, errlen) ||
+      prt__int(j, GEN, "deadline_ms", 0, 0, 1 << 30, &v[1], err, errlen) ||
+      prt__int(j, GEN, "resume", 0, 0, INT32_MAX, &v[2], err, errlen) || read_sampling(j, &m->sampling, err, errlen) ||
+      prt__ints(j, GEN, "stop_ids", 0, INT32_MIN, INT32_MAX, &m->stop_ids, &m->n_stop_ids, err, errlen) ||
+      prt__obj(j, GEN, "grammar", 0, &m->grammar, err, errlen))
+    goto fail;
+  m->max_tokens = (int)v[0];
+  m->deadline_ms = (int)v[1];
+  m->resume = (int)v[2];
+  ie = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos");
+  if (ie && !cJSON_IsNull(ie) && !cJSON_IsBool(ie)) {
+    utl_seterr(err, errlen, "%s: ignore_eos must be a bool", GEN);
+    goto fail;
+  }
+  m->ignore_eos = cJSON_IsTrue(ie);
+  // The prefix fetch hint: both or neither.
+  const cJSON *hp = cJSON_GetObjectItemCaseSensitive(j, "prefix_peer"), *hb = cJSON_GetObjectItemCaseSensitive(j,
+                                                                                                       "prefix_blocks");
+  if ((hp && !cJSON_IsNull(hp)) || (hb && !cJSON_IsNull(hb))) {
+    if (prt__str(j, GEN, "prefix_peer", 1, &m->prefix_peer, err, errlen) ||
+        prt__int(j, GEN, "prefix_blocks", 1, 1, 1 << 30, &v[3], err, errlen)) {
+      utl_seterr(err, errlen, "%s: prefix_peer must name a prefill worker and prefix_blocks be an integer >= 1", GEN);
+      m->prefix_peer = NULL;
+      goto fail;
+    }
+    m->prefix_blocks = (int)v[3];
+  }
+  stop = cJSON_GetObjectItemCaseSensitive(j, "stop");
+  if (stop && !cJSON_IsNull(stop) && !cJSON_IsArray(stop)) {
+    utl_seterr(err, errlen, "%s: stop must be an array of strings", GEN);
+    goto fail;
+  }
+  int n = cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : 0;
+  if (n && !(m->stop = calloc((size_t)n, sizeof *m->stop))) {
+    utl_seterr(err, errlen, "%s: out of memory", GEN);
+    goto fail;
+  }
+  cJSON_ArrayForEach(e, stop) {
+    if (!cJSON_IsString(e)) {
+      utl_seterr(err, errlen, "%s: stop[%d] must be a string", GEN, m->n_stop);
+      goto fail;
+    }
+    m->stop[m->n_stop++] = e->valuestring;
+  }
+  return 0;
+fail:
+  prt_generate_free(m);
+  m->grammar = NULL;
+  return -1;
+}

@@ -1,5 +1,5 @@
-// proto/request.h: a request's messages between the router and the workers: token, done, error, cancel (and the
-// sampled-token fields kv_first shares).
+// proto/request.h: a request's messages between the router and the workers: generate, token, done, error, cancel (and
+// the sampled-token fields kv_first shares).
 #ifndef DSERVE_PRT_REQUEST_H
 #define DSERVE_PRT_REQUEST_H
 
@@ -65,6 +65,51 @@ typedef struct prt_done {
 } prt_done;
 cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen);
 int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen);
+
+// generate (router -> worker): one choice of a request. Decoding checks types and the protocol's ranges; what depends
+// on the model (token ids < n_vocab, the context) is the worker's to check (worker/genreq.c). On failure the struct
+// keeps the fields read before the bad one, read in this order: id, mode, decode, prefill (a refusal needs the id and
+// the decode worker's name), and owns nothing.
+typedef struct prt_bias {
+  int32_t token;
+  double bias; // finite
+} prt_bias;
+typedef struct prt_sampling {
+  double temperature;                         // [0, 100]; 1 when absent
+  int top_k;                                  // [-1, 2^30] (-1 and 0: off); 0 when absent
+  double top_p, min_p;                        // [0, 1]; 1 and 0 when absent
+  double presence_penalty, frequency_penalty; // [-2, 2]; 0 when absent
+  double repetition_penalty;                  // [0, 100]; 1 when absent
+  int has_seed;
+  double seed;                                // any number (the worker reads it as an int64; see worker/genreq.c)
+  int logprobs;                               // top-N in [0, 20], -1 (also when absent): none
+  prt_bias *logit_bias;                       // (owned) (n_logit_bias)
+  int n_logit_bias;
+} prt_sampling;
+typedef struct prt_generate {
+  const char *id;          // (borrowed) required
+  int32_t *prompt;         // (owned) (n_prompt) token ids; required (may be empty: the worker refuses it)
+  int n_prompt;
+  int max_tokens;          // [1, 2^30]; -1 when absent
+  prt_sampling sampling;   // defaults when absent
+  const char **stop;       // (owned array of borrowed strings) (n_stop)
+  int n_stop;
+  int32_t *stop_ids;       // (owned) (n_stop_ids)
+  int n_stop_ids;
+  int ignore_eos;          // a bool; 0 when absent
+  int deadline_ms;         // [0, 2^30] ms from receipt; 0 when absent (none)
+  const char *mode;        // (borrowed) "local" / "prefill" / "decode" (the worker checks it); NULL when absent (local)
+  const char *prefill;     // (borrowed) mode decode: the prefill worker; NULL when absent
+  const char *decode;      // (borrowed) mode prefill: the decode worker; NULL when absent
+  const char *prefix_peer; // (borrowed) prefix fetch hint, with prefix_blocks (both or neither); NULL when absent
+  int prefix_blocks;       // [1, 2^30]; 0 when absent
+  int resume;              // [0, 2^31); 0 when absent
+  const cJSON *grammar;    // (borrowed) an object (its type, schema, tools... are the worker's to check); NULL: none
+} prt_generate;
+// The encoder writes every sampling field, stop and stop_ids (maybe empty), and the optional fields that are set.
+cJSON *prt_generate_encode(const prt_generate *m, char *err, size_t errlen);
+int prt_generate_decode(const cJSON *j, prt_generate *m, char *err, size_t errlen);
+void prt_generate_free(prt_generate *m);
 
 #ifdef __cplusplus
 }

@@ -345,58 +345,50 @@ int rtr_server_links_up(rtr_server *s) {
 // its own end-of-generation tokens unless ignore_eos); deadline_ms is a budget in ms from receipt, not a clock time.
 // A moved choice (rtr_move_choice_locked) sends the prompt followed by the tokens it has streamed, with resume = their
 // count: the worker continues the same stream (max_tokens still counts from the client's prompt).
-static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, const char *peer_key,
-                           const char *peer_name) {
+// mode "prefill" names its decode worker, "decode" its prefill worker, "local" neither; prefix_peer (or NULL) and
+// prefix_blocks are the prefix fetch hint. NULL on out of memory.
+static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, const char *prefill,
+                           const char *decode, const char *prefix_peer, int prefix_blocks) {
   const rtr_request *q = &r->q;
-  cJSON *m = cJSON_CreateObject();
-  cJSON_AddStringToObject(m, "op", PRT_OP_GENERATE);
-  cJSON_AddStringToObject(m, "id", r->ch[ci].id);
   const rtr_choice *c = &r->ch[ci];
-  cJSON *p = cJSON_AddArrayToObject(m, "prompt");
-  for (int i = 0; i < r->n_prompt; i++) cJSON_AddItemToArray(p, cJSON_CreateNumber(r->prompt[i]));
-  for (int i = 0; i < c->n_gen; i++) cJSON_AddItemToArray(p, cJSON_CreateNumber(c->gen[i]));
-  if (c->n_gen) cJSON_AddNumberToObject(m, "resume", c->n_gen);
-  cJSON_AddNumberToObject(m, "max_tokens", r->max_tokens);
-  cJSON *sp = cJSON_AddObjectToObject(m, "sampling");
-  cJSON_AddNumberToObject(sp, "temperature", q->temperature);
-  cJSON_AddNumberToObject(sp, "top_k", q->top_k);
-  cJSON_AddNumberToObject(sp, "top_p", q->top_p);
-  cJSON_AddNumberToObject(sp, "min_p", q->min_p);
-  cJSON_AddNumberToObject(sp, "presence_penalty", q->presence_penalty);
-  cJSON_AddNumberToObject(sp, "frequency_penalty", q->frequency_penalty);
-  cJSON_AddNumberToObject(sp, "repetition_penalty", q->repetition_penalty);
-  if (q->has_seed) cJSON_AddNumberToObject(sp, "seed", (double)(q->seed + ci)); // always, from http.c
-  cJSON_AddNumberToObject(sp, "logprobs", q->logprobs);
-  cJSON *lb = cJSON_AddArrayToObject(sp, "logit_bias");
-  for (int i = 0; i < q->n_bias; i++) {
-    cJSON *pair = cJSON_CreateArray();
-    cJSON_AddItemToArray(pair, cJSON_CreateNumber(q->bias[i].id));
-    cJSON_AddItemToArray(pair, cJSON_CreateNumber(q->bias[i].bias));
-    cJSON_AddItemToArray(lb, pair);
-  }
-  cJSON *st = cJSON_AddArrayToObject(m, "stop");
-  for (int i = 0; i < q->n_stop; i++) cJSON_AddItemToArray(st, cJSON_CreateString(q->stop[i]));
-  cJSON_AddArrayToObject(m, "stop_ids");
-  cJSON_AddBoolToObject(m, "ignore_eos", q->ignore_eos);
-  cJSON_AddNumberToObject(m, "deadline_ms", s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000);
-  cJSON_AddStringToObject(m, "mode", mode);
-  if (peer_key) cJSON_AddStringToObject(m, peer_key, peer_name);
+  int32_t *prompt = malloc((size_t)(r->n_prompt + c->n_gen) * sizeof *prompt);
+  prt_bias *bias = q->n_bias ? malloc((size_t)q->n_bias * sizeof *bias) : NULL;
+  cJSON *m = NULL, *gr = NULL;
+  if (!prompt || (q->n_bias && !bias)) goto out;
+  memcpy(prompt, r->prompt, (size_t)r->n_prompt * sizeof *prompt);
+  if (c->n_gen) memcpy(prompt + r->n_prompt, c->gen, (size_t)c->n_gen * sizeof *prompt);
+  for (int i = 0; i < q->n_bias; i++) bias[i] = (prt_bias){q->bias[i].id, q->bias[i].bias};
+  prt_generate g = {.id = c->id, .prompt = prompt, .n_prompt = r->n_prompt + c->n_gen, .max_tokens = r->max_tokens,
+                    .stop = (const char **)q->stop, .n_stop = q->n_stop, .ignore_eos = q->ignore_eos,
+                    .deadline_ms = s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000,
+                    .mode = mode, .prefill = prefill, .decode = decode, .prefix_peer = prefix_peer,
+                    .prefix_blocks = prefix_peer ? prefix_blocks : 0, .resume = c->n_gen};
+  g.sampling = (prt_sampling){.temperature = q->temperature, .top_k = q->top_k, .top_p = q->top_p,
+                              .min_p = q->min_p, .presence_penalty = q->presence_penalty,
+                              .frequency_penalty = q->frequency_penalty,
+                              .repetition_penalty = q->repetition_penalty, .has_seed = q->has_seed, // always (http.c)
+                              .seed = (double)(q->seed + ci), .logprobs = q->logprobs, .logit_bias = bias,
+                              .n_logit_bias = q->n_bias};
   if (q->response_format != RTR_FORMAT_TEXT) { // structured outputs: every sampler of the choice follows this grammar
-    cJSON *gr = cJSON_AddObjectToObject(m, "grammar");
-    cJSON_AddStringToObject(gr, "type", q->json_schema ? "json_schema" : "json");
-    if (q->json_schema) cJSON_AddRawToObject(gr, "schema", q->json_schema); // cJSON's own print: valid JSON
+    if (!(gr = cJSON_CreateObject()) || !cJSON_AddStringToObject(gr, "type", q->json_schema ? "json_schema" : "json") ||
+        (q->json_schema && !cJSON_AddRawToObject(gr, "schema", q->json_schema))) // cJSON's own print: valid JSON
+      goto out;
   } else if (q->tool_choice == RTR_TOOLS_REQUIRED || q->tool_choice == RTR_TOOLS_NAMED) { // a call must come
     char err[128];
     const mdl_chat_tool_style *st = mdl_chat_template_tools(s->chat, err, sizeof err);
     if (!st) st = mdl_chat_tool_style_of(NULL, err, sizeof err); // (the prompt's rendering already accepted it)
-    cJSON *gr = cJSON_AddObjectToObject(m, "grammar");
-    cJSON_AddStringToObject(gr, "type", "tool_calls");
-    cJSON_AddRawToObject(gr, "tools", q->call_tools);
-    cJSON_AddStringToObject(gr, "open", st->call_open);
-    cJSON_AddStringToObject(gr, "close", st->call_close);
-    cJSON_AddStringToObject(gr, "sep", st->call_sep);
-    cJSON_AddBoolToObject(gr, "parallel", q->parallel_tool_calls);
+    if (!(gr = cJSON_CreateObject()) || !cJSON_AddStringToObject(gr, "type", "tool_calls") ||
+        !cJSON_AddRawToObject(gr, "tools", q->call_tools) || !cJSON_AddStringToObject(gr, "open", st->call_open) ||
+        !cJSON_AddStringToObject(gr, "close", st->call_close) || !cJSON_AddStringToObject(gr, "sep", st->call_sep) ||
+        !cJSON_AddBoolToObject(gr, "parallel", q->parallel_tool_calls))
+      goto out;
   }
+  g.grammar = gr;
+  m = prt_generate_encode(&g, NULL, 0);
+out:
+  free(prompt);
+  free(bias);
+  cJSON_Delete(gr);
   return m;
 }
 
@@ -435,16 +427,14 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
   s->links[pick.decode].inflight++;
   if (pick.prefill >= 0) {
     s->links[pick.prefill].inflight++;
-    msgs[*n] = generate_msg(s, r, ci, "prefill", "decode", s->links[pick.decode].cfg->name);
-    if (peer >= 0) { // a peer prefill worker holds more of the prefix: the prefill worker may fetch it
-      cJSON_AddStringToObject(msgs[*n], "prefix_peer", s->links[peer].cfg->name);
-      cJSON_AddNumberToObject(msgs[*n], "prefix_blocks", fetch_blocks);
-    }
+    // with a peer prefill worker that holds more of the prefix: the prefill worker may fetch it
+    msgs[*n] = generate_msg(s, r, ci, "prefill", NULL, s->links[pick.decode].cfg->name,
+                            peer >= 0 ? s->links[peer].cfg->name : NULL, peer >= 0 ? fetch_blocks : 0);
     to[(*n)++] = pick.prefill;
-    msgs[*n] = generate_msg(s, r, ci, "decode", "prefill", s->links[pick.prefill].cfg->name);
+    msgs[*n] = generate_msg(s, r, ci, "decode", s->links[pick.prefill].cfg->name, NULL, NULL, 0);
     to[(*n)++] = pick.decode;
   } else {
-    msgs[*n] = generate_msg(s, r, ci, "local", NULL, NULL);
+    msgs[*n] = generate_msg(s, r, ci, "local", NULL, NULL, NULL, 0);
     to[(*n)++] = pick.decode;
   }
   return 0;

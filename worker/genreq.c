@@ -1,5 +1,5 @@
-// worker/genreq.c: reads and checks a `generate` message (and compiles its grammar, cached); error replies and signal
-// waiting shared by workers.
+// worker/genreq.c: checks a decoded `generate` message against the model (and compiles its grammar, cached); error
+// replies and signal waiting shared by workers.
 #include "worker/genreq.h"
 #include "proto/request.h"
 
@@ -8,38 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int get_int(const cJSON *o, const char *k, int def, int lo, int hi, int *out) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  if (!v || cJSON_IsNull(v)) {
-    *out = def;
-    return 0;
-  }
-  if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble > hi || v->valuedouble != (double)(int)v->valuedouble)
-    return -1;
-  *out = (int)v->valuedouble;
-  return 0;
-}
-
-static int get_float(const cJSON *o, const char *k, float def, float lo, float hi, float *out) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  if (!v || cJSON_IsNull(v)) {
-    *out = def;
-    return 0;
-  }
-  if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) return -1;
-  *out = (float)v->valuedouble;
-  return 0;
-}
-
-static int get_name(const cJSON *o, const char *k, char *out, size_t cap) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  out[0] = 0;
-  if (!v) return 0;
-  if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap) return -1;
-  snprintf(out, cap, "%s", v->valuestring);
-  return 0;
-}
 
 void wrk_grammars_init(wrk_grammars *c, const mdl_tok *tok) {
   memset(c, 0, sizeof *c);
@@ -131,87 +99,81 @@ static char *grammar_key(const cJSON *gm, const char *type) {
     goto fail;                                                                                                        \
   } while (0)
 
-int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_grammars *gc, wrk_genreq *r, char *code,
+// A seed as an int64: out of range reads as INT64_MIN, what the x86 conversion always gave (a seed is any number).
+static uint64_t seed_of(double x) {
+  return (uint64_t)(x >= -9223372036854775808.0 && x < 9223372036854775808.0 ? (int64_t)x : INT64_MIN);
+}
+
+static int copy_name(const char *v, char *out, size_t cap) {
+  out[0] = 0;
+  if (!v) return 0;
+  if (strlen(v) >= cap) return -1;
+  snprintf(out, cap, "%s", v);
+  return 0;
+}
+
+int wrk_genreq_parse(const prt_generate *g, int n_vocab, int n_ctx, wrk_grammars *gc, wrk_genreq *r, char *code,
                      size_t code_len, char *err, size_t errlen) {
   memset(r, 0, sizeof *r);
-  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
-  if (!cJSON_IsString(id) || !id->valuestring[0] || strlen(id->valuestring) >= sizeof r->id)
+  if (!g->id[0] || strlen(g->id) >= sizeof r->id)
     FAIL("invalid_request", "generate needs an id of 1..%zu characters", sizeof r->id - 1);
-  snprintf(r->id, sizeof r->id, "%s", id->valuestring);
-  const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(m, "prompt");
-  r->n_prompt = cJSON_IsArray(prompt) ? cJSON_GetArraySize(prompt) : 0;
+  snprintf(r->id, sizeof r->id, "%s", g->id);
+  r->n_prompt = g->n_prompt;
   if (r->n_prompt < 1) FAIL("invalid_request", "prompt must be a non-empty array of token ids");
   if (r->n_prompt >= n_ctx)
     FAIL("context_length_exceeded", "the prompt has %d tokens; this model's context is %d tokens", r->n_prompt, n_ctx);
   r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt);
   if (!r->prompt) FAIL("internal_error", "out of memory");
-  int i = 0;
-  const cJSON *t;
-  cJSON_ArrayForEach(t, prompt) {
-    if (!cJSON_IsNumber(t) || !(t->valuedouble >= 0 && t->valuedouble < n_vocab))
+  for (int i = 0; i < r->n_prompt; i++) {
+    if (g->prompt[i] < 0 || g->prompt[i] >= n_vocab)
       FAIL("invalid_request", "prompt[%d] is not a token id of this model (0..%d)", i, n_vocab - 1);
-    r->prompt[i++] = (int32_t)t->valuedouble;
+    r->prompt[i] = g->prompt[i];
   }
-  if (get_int(m, "resume", 0, 0, r->n_prompt - 1, &r->n_resume))
+  if (g->resume > r->n_prompt - 1)
     FAIL("invalid_request", "resume must be an integer 0..%d (tokens of the prompt generated already)", r->n_prompt - 1);
+  r->n_resume = g->resume;
   int n_asked = r->n_prompt - r->n_resume; // the prompt the client sent; max_tokens counts from its end
-  if (get_int(m, "max_tokens", n_ctx - n_asked, 1, 1 << 30, &r->max_tokens))
-    FAIL("invalid_request", "max_tokens must be an integer >= 1");
-  if (r->max_tokens > n_ctx - n_asked) r->max_tokens = n_ctx - n_asked;
+  r->max_tokens = g->max_tokens < 0 || g->max_tokens > n_ctx - n_asked ? n_ctx - n_asked : g->max_tokens;
   if (r->max_tokens <= r->n_resume)
     FAIL("invalid_request", "max_tokens %d leaves nothing to generate after %d resumed tokens", r->max_tokens, r->n_resume);
-  if (get_int(m, "deadline_ms", 0, 0, 1 << 30, &r->deadline_ms)) FAIL("invalid_request", "bad deadline_ms");
-  r->ignore_eos = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "ignore_eos"));
-  if (get_name(m, "mode", r->mode, sizeof r->mode) || get_name(m, "prefill", r->prefill, sizeof r->prefill) ||
-      get_name(m, "decode", r->decode, sizeof r->decode))
+  r->deadline_ms = g->deadline_ms;
+  r->ignore_eos = g->ignore_eos;
+  if (copy_name(g->mode, r->mode, sizeof r->mode) || copy_name(g->prefill, r->prefill, sizeof r->prefill) ||
+      copy_name(g->decode, r->decode, sizeof r->decode))
     FAIL("invalid_request", "bad mode / prefill / decode field");
   if (!r->mode[0]) snprintf(r->mode, sizeof r->mode, "local");
   if (strcmp(r->mode, "local") && strcmp(r->mode, "prefill") && strcmp(r->mode, "decode"))
     FAIL("invalid_request", "mode must be local, prefill or decode");
 
+  const prt_sampling *gs = &g->sampling;
   mdl_sampling *sp = &r->sampling;
-  *sp = (mdl_sampling){.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
-  r->n_logprobs = -1;
-  const cJSON *so = cJSON_GetObjectItemCaseSensitive(m, "sampling");
-  if (so && !cJSON_IsObject(so)) FAIL("invalid_request", "sampling must be an object");
-  if (so) {
-    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(so, "seed");
-    if (cJSON_IsNumber(seed)) sp->seed = (uint64_t)(int64_t)seed->valuedouble;
-    else if (seed && !cJSON_IsNull(seed)) FAIL("invalid_request", "sampling.seed must be an integer");
-    if (get_float(so, "temperature", 1.0f, 0.0f, 100.0f, &sp->temperature)) FAIL("invalid_request", "bad temperature");
-    if (get_int(so, "top_k", 0, -1, 1 << 30, &sp->top_k)) FAIL("invalid_request", "bad top_k");
-    if (sp->top_k < 0) sp->top_k = 0;
-    if (get_float(so, "top_p", 1.0f, 0.0f, 1.0f, &sp->top_p)) FAIL("invalid_request", "bad top_p");
-    if (get_float(so, "min_p", 0.0f, 0.0f, 1.0f, &sp->min_p)) FAIL("invalid_request", "bad min_p");
-    if (get_float(so, "presence_penalty", 0.0f, -2.0f, 2.0f, &sp->presence_penalty) ||
-        get_float(so, "frequency_penalty", 0.0f, -2.0f, 2.0f, &sp->frequency_penalty) ||
-        get_float(so, "repetition_penalty", 1.0f, 0.0f, 100.0f, &sp->repetition_penalty))
-      FAIL("invalid_request", "bad penalty");
-    if (get_int(so, "logprobs", -1, -1, 20, &r->n_logprobs)) FAIL("invalid_request", "bad logprobs (-1..20)");
-    sp->n_logprobs = r->n_logprobs > 0 ? r->n_logprobs : 0;
-    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(so, "logit_bias");
-    int nb = cJSON_IsArray(lb) ? cJSON_GetArraySize(lb) : 0;
-    if (lb && !cJSON_IsArray(lb) && !cJSON_IsNull(lb)) FAIL("invalid_request", "logit_bias must be [[id, bias]...]");
-    if (nb && !(r->bias = calloc((size_t)nb, sizeof *r->bias))) FAIL("internal_error", "out of memory");
-    for (int j = 0; j < nb; j++) {
-      const cJSON *pair = cJSON_GetArrayItem(lb, j), *tok = cJSON_GetArrayItem(pair, 0), *b = cJSON_GetArrayItem(pair, 1);
-      if (!cJSON_IsNumber(tok) || !cJSON_IsNumber(b) || !(tok->valuedouble >= 0 && tok->valuedouble < n_vocab))
-        FAIL("invalid_request", "logit_bias[%d] must be [token id, bias]", j);
-      r->bias[j] = (mdl_bias){(int32_t)tok->valuedouble, (float)b->valuedouble};
-    }
-    sp->bias = r->bias;
-    sp->n_bias = nb;
+  *sp = (mdl_sampling){.temperature = (float)gs->temperature, .top_k = gs->top_k > 0 ? gs->top_k : 0,
+                       .top_p = (float)gs->top_p, .min_p = (float)gs->min_p,
+                       .presence_penalty = (float)gs->presence_penalty,
+                       .frequency_penalty = (float)gs->frequency_penalty,
+                       .repetition_penalty = (float)gs->repetition_penalty,
+                       .seed = gs->has_seed ? seed_of(gs->seed) : 0};
+  r->n_logprobs = gs->logprobs;
+  sp->n_logprobs = r->n_logprobs > 0 ? r->n_logprobs : 0;
+  int nb = gs->n_logit_bias;
+  if (nb && !(r->bias = calloc((size_t)nb, sizeof *r->bias))) FAIL("internal_error", "out of memory");
+  for (int j = 0; j < nb; j++) {
+    const prt_bias *b = &gs->logit_bias[j];
+    if (b->token < 0 || b->token >= n_vocab) FAIL("invalid_request", "logit_bias[%d] must be [token id, bias]", j);
+    r->bias[j] = (mdl_bias){b->token, (float)b->bias};
   }
+  sp->bias = r->bias;
+  sp->n_bias = nb;
   // grammar {"type": "json"} (any JSON object) or {"type": "json_schema", "schema": {...}} (response_format), or
   // {"type": "tool_calls", "tools", "open", "close", "sep", "parallel"} (tool_choice required or a named function)
-  const cJSON *gm = cJSON_GetObjectItemCaseSensitive(m, "grammar");
-  if (gm && !cJSON_IsNull(gm)) {
-    const cJSON *gt = cJSON_GetObjectItemCaseSensitive(gm, "type"), *gs = cJSON_GetObjectItemCaseSensitive(gm, "schema");
+  const cJSON *gm = g->grammar;
+  if (gm) {
+    const cJSON *gt = cJSON_GetObjectItemCaseSensitive(gm, "type"), *gsch = cJSON_GetObjectItemCaseSensitive(gm, "schema");
     int is_schema = cJSON_IsString(gt) && !strcmp(gt->valuestring, "json_schema");
     int is_tools = cJSON_IsString(gt) && !strcmp(gt->valuestring, "tool_calls");
     if (!gc) FAIL("invalid_request", "this worker cannot constrain its output to a grammar");
-    if (!cJSON_IsObject(gm) || !cJSON_IsString(gt) || (strcmp(gt->valuestring, "json") && !is_schema && !is_tools) ||
-        (is_schema && !cJSON_IsObject(gs) && !cJSON_IsBool(gs)))
+    if (!cJSON_IsString(gt) || (strcmp(gt->valuestring, "json") && !is_schema && !is_tools) ||
+        (is_schema && !cJSON_IsObject(gsch) && !cJSON_IsBool(gsch)))
       FAIL("invalid_request", "grammar must be {\"type\": \"json\"}, {\"type\": \"json_schema\", \"schema\": {...}} "
            "or {\"type\": \"tool_calls\", ...}");
     char *key = grammar_key(gm, gt->valuestring);
@@ -224,26 +186,18 @@ int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_grammars *gc, w
     sp->grammar_vocab = gc->vocab;
     r->ignore_eos = 0;
   }
-  const cJSON *stop = cJSON_GetObjectItemCaseSensitive(m, "stop");
-  if (stop && !cJSON_IsArray(stop) && !cJSON_IsNull(stop)) FAIL("invalid_request", "stop must be an array of strings");
-  int ns = cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : 0;
+  int ns = g->n_stop;
   if (ns > 1024) FAIL("invalid_request", "too many stop strings");
   if (ns && !(r->stop = calloc((size_t)ns, sizeof *r->stop))) FAIL("internal_error", "out of memory");
   for (int j = 0; j < ns; j++) {
-    const cJSON *e = cJSON_GetArrayItem(stop, j);
-    if (!cJSON_IsString(e) || !e->valuestring[0]) FAIL("invalid_request", "stop[%d] must be a non-empty string", j);
-    if (!(r->stop[j] = strdup(e->valuestring))) FAIL("internal_error", "out of memory");
+    if (!g->stop[j][0]) FAIL("invalid_request", "stop[%d] must be a non-empty string", j);
+    if (!(r->stop[j] = strdup(g->stop[j]))) FAIL("internal_error", "out of memory");
     r->n_stop = j + 1;
   }
-  const cJSON *sids = cJSON_GetObjectItemCaseSensitive(m, "stop_ids");
-  int nsi = cJSON_IsArray(sids) ? cJSON_GetArraySize(sids) : 0;
-  if (nsi && !(r->stop_ids = calloc((size_t)nsi, sizeof *r->stop_ids))) FAIL("internal_error", "out of memory");
-  for (int j = 0; j < nsi; j++) {
-    const cJSON *e = cJSON_GetArrayItem(sids, j);
-    if (!cJSON_IsNumber(e)) FAIL("invalid_request", "stop_ids[%d] must be a token id", j);
-    r->stop_ids[j] = (int32_t)e->valuedouble;
-    r->n_stop_ids = j + 1;
-  }
+  int nsi = g->n_stop_ids;
+  if (nsi && !(r->stop_ids = malloc((size_t)nsi * sizeof *r->stop_ids))) FAIL("internal_error", "out of memory");
+  if (nsi) memcpy(r->stop_ids, g->stop_ids, (size_t)nsi * sizeof *r->stop_ids);
+  r->n_stop_ids = nsi;
   return 0;
 fail:
   wrk_genreq_free(r);

@@ -1,4 +1,4 @@
-// worker/genreq.h: the `generate` control message as every worker role reads it, and the replies they share.
+// worker/genreq.h: a `generate` request as every worker role checks and keeps it, and the replies they share.
 #ifndef DSERVE_WRK_GENREQ_H
 #define DSERVE_WRK_GENREQ_H
 
@@ -12,6 +12,7 @@
 #include "models/grammar.h"
 #include "models/sampler.h"
 #include "models/tokenizer.h"
+#include "proto/request.h"
 #include "server/hub.h"
 
 #ifdef __cplusplus
@@ -65,10 +66,10 @@ typedef struct wrk_genreq {
   char decode[64];       // mode prefill: the decode worker that receives it
 } wrk_genreq;
 
-// Parses and validates m against the model's vocabulary and context; a `grammar` field is compiled through gc (a
-// worker's cache; NULL: a grammar is refused). On failure fills code ("invalid_request" / "context_length_exceeded")
-// and err, and req holds nothing to free.
-int wrk_genreq_parse(const cJSON *m, int n_vocab, int n_ctx, wrk_grammars *gc, wrk_genreq *req, char *code,
+// Checks g (a generate message decoded by proto's prt_generate_decode) against the model's vocabulary and context
+// and copies it into req; a `grammar` field is compiled through gc (a worker's cache; NULL: a grammar is refused). On
+// failure fills code ("invalid_request" / "context_length_exceeded") and err, and req holds nothing to free.
+int wrk_genreq_parse(const prt_generate *g, int n_vocab, int n_ctx, wrk_grammars *gc, wrk_genreq *req, char *code,
                      size_t code_len, char *err, size_t errlen);
 void wrk_genreq_free(wrk_genreq *req);
 // Replays req's resumed tokens into a sampler made from req's whole prompt, as if it had sampled them: the RNG

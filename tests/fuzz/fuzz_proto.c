@@ -41,6 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ROUND(prt_challenge, prt_challenge_decode, prt_challenge_encode, NOFREE);
   ROUND(prt_hello, prt_hello_decode, prt_hello_encode, NOFREE);
   ROUND(prt_hello_ok, prt_hello_ok_decode, prt_hello_ok_encode, NOFREE);
+  ROUND(prt_generate, prt_generate_decode, prt_generate_encode, prt_generate_free);
   ROUND(prt_token, prt_token_decode, prt_token_encode, prt_token_free);
   ROUND(prt_done, prt_done_decode, prt_done_encode, NOFREE);
   ROUND(prt_error, prt_error_decode, prt_error_encode, NOFREE);

@@ -313,6 +313,127 @@ TEST(Proto, KvStartedFailFreed) {
   cJSON_Delete(j);
 }
 
+int gen_decode(const cJSON *x, prt_generate *t, char *e, size_t n) {
+  int rc = prt_generate_decode(x, t, e, n);
+  if (!rc) prt_generate_free(t);
+  return rc;
+}
+
+TEST(Proto, Generate) {
+  char err[128];
+  int32_t prompt[3] = {5, 6, 7}, stop_ids[2] = {2, 9};
+  prt_bias bias[2] = {{11, -100}, {12, 2.5}};
+  const char *stop[2] = {"\n\n", "END"};
+  cJSON *gram = cJSON_Parse(R"({"type":"json_schema","schema":{"type":"object"}})");
+  prt_generate in = {};
+  in.id = "r-0-0";
+  in.prompt = prompt;
+  in.n_prompt = 3;
+  in.max_tokens = 16;
+  in.sampling = {0.7, 40, 0.9, 0.05, 0.5, -0.25, 1.1, 1, 4503599627370495.0, 3, bias, 2};
+  in.stop = stop;
+  in.n_stop = 2;
+  in.stop_ids = stop_ids;
+  in.n_stop_ids = 2;
+  in.ignore_eos = 1;
+  in.deadline_ms = 600000;
+  in.mode = "prefill";
+  in.decode = "d0";
+  in.prefix_peer = "p1";
+  in.prefix_blocks = 4;
+  in.resume = 1;
+  in.grammar = gram;
+  cJSON *j = wire(prt_generate_encode(&in, err, sizeof err));
+  cJSON_Delete(gram);
+  prt_generate m;
+  ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.id), "r-0-0");
+  ASSERT_EQ(m.n_prompt, 3);
+  EXPECT_EQ(m.prompt[2], 7);
+  EXPECT_EQ(m.max_tokens, 16);
+  EXPECT_DOUBLE_EQ(m.sampling.temperature, 0.7);
+  EXPECT_EQ(m.sampling.top_k, 40);
+  EXPECT_DOUBLE_EQ(m.sampling.top_p, 0.9);
+  EXPECT_DOUBLE_EQ(m.sampling.min_p, 0.05);
+  EXPECT_DOUBLE_EQ(m.sampling.presence_penalty, 0.5);
+  EXPECT_DOUBLE_EQ(m.sampling.frequency_penalty, -0.25);
+  EXPECT_DOUBLE_EQ(m.sampling.repetition_penalty, 1.1);
+  EXPECT_EQ(m.sampling.has_seed, 1);
+  EXPECT_EQ(m.sampling.seed, 4503599627370495.0);
+  EXPECT_EQ(m.sampling.logprobs, 3);
+  ASSERT_EQ(m.sampling.n_logit_bias, 2);
+  EXPECT_EQ(m.sampling.logit_bias[1].token, 12);
+  EXPECT_DOUBLE_EQ(m.sampling.logit_bias[1].bias, 2.5);
+  ASSERT_EQ(m.n_stop, 2);
+  EXPECT_EQ(S(m.stop[1]), "END");
+  ASSERT_EQ(m.n_stop_ids, 2);
+  EXPECT_EQ(m.stop_ids[1], 9);
+  EXPECT_EQ(m.ignore_eos, 1);
+  EXPECT_EQ(m.deadline_ms, 600000);
+  EXPECT_EQ(S(m.mode), "prefill");
+  EXPECT_EQ(S(m.decode), "d0");
+  EXPECT_EQ(m.prefill, nullptr);
+  EXPECT_EQ(S(m.prefix_peer), "p1");
+  EXPECT_EQ(m.prefix_blocks, 4);
+  EXPECT_EQ(m.resume, 1);
+  ASSERT_NE(m.grammar, nullptr);
+  char *gt = cJSON_PrintUnformatted(m.grammar);
+  EXPECT_EQ(std::string(gt), R"({"type":"json_schema","schema":{"type":"object"}})");
+  free(gt);
+  prt_generate_free(&m);
+  for (const char *k : {"id", "prompt"}) refuses<prt_generate>(j, k, true, gen_decode, false);
+  for (const char *k : {"mode", "decode", "prefill", "stop_ids", "sampling", "stop", "ignore_eos", "grammar",
+                        "prefix_peer"})
+    refuses<prt_generate>(j, k, false, gen_decode, false);
+  for (const char *k : {"max_tokens", "deadline_ms", "resume", "prefix_blocks"})
+    refuses<prt_generate>(j, k, false, gen_decode, true);
+  // Out of range, a half hint, wrong sampling types: refused, and the error names the field.
+  const char *bad[][2] = {{"max_tokens", "0"},           {"resume", "-1"},         {"prompt", "[1, 2.5]"},
+                          {"prefix_blocks", "0"},        {"stop", "[\"a\", 3]"},   {"stop_ids", "[\"a\"]"},
+                          {"sampling", "{\"top_p\":2}"}, {"sampling", "{\"logprobs\":21}"},
+                          {"sampling", "{\"logit_bias\":[[1]]}"}, {"sampling", "{\"seed\":\"7\"}"}};
+  for (auto &b : bad) {
+    cJSON *x = with(j, b[0], cJSON_Parse(b[1]));
+    EXPECT_EQ(gen_decode(x, &m, err, sizeof err), -1) << b[0] << " " << b[1];
+    cJSON_Delete(x);
+  }
+  cJSON *half = with(j, "prefix_peer", nullptr);
+  EXPECT_EQ(gen_decode(half, &m, err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("prefix_peer"), std::string::npos) << err;
+  cJSON_Delete(half);
+  // A refusal keeps the id and the routing names read before the bad field (the worker's kv_fail needs them).
+  cJSON *late = with(j, "stop", cJSON_CreateNumber(1));
+  EXPECT_EQ(prt_generate_decode(late, &m, err, sizeof err), -1);
+  EXPECT_EQ(S(m.id), "r-0-0");
+  EXPECT_EQ(S(m.mode), "prefill");
+  EXPECT_EQ(S(m.decode), "d0");
+  EXPECT_EQ(m.prompt, nullptr);
+  cJSON_Delete(late);
+  cJSON_Delete(j);
+  // The least a generate is: id and prompt; everything else takes its default, and encodes back the same.
+  cJSON *min = cJSON_Parse(R"({"op":"generate","id":"x","prompt":[1]})");
+  ASSERT_EQ(prt_generate_decode(min, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(m.max_tokens, -1);
+  EXPECT_EQ(m.sampling.temperature, 1);
+  EXPECT_EQ(m.sampling.top_p, 1);
+  EXPECT_EQ(m.sampling.repetition_penalty, 1);
+  EXPECT_EQ(m.sampling.logprobs, -1);
+  EXPECT_EQ(m.sampling.has_seed, 0);
+  EXPECT_EQ(m.mode, nullptr);
+  EXPECT_EQ(m.prefix_peer, nullptr);
+  EXPECT_EQ(m.grammar, nullptr);
+  cJSON *again = wire(prt_generate_encode(&m, err, sizeof err));
+  prt_generate m2;
+  ASSERT_EQ(prt_generate_decode(again, &m2, err, sizeof err), 0) << err;
+  EXPECT_EQ(m2.max_tokens, -1);
+  EXPECT_EQ(m2.sampling.logprobs, -1);
+  EXPECT_EQ(m2.n_prompt, 1);
+  prt_generate_free(&m2);
+  prt_generate_free(&m);
+  cJSON_Delete(again);
+  cJSON_Delete(min);
+}
+
 int pull_decode(const cJSON *x, prt_prefix_pull *t, char *e, size_t n) {
   int rc = prt_prefix_pull_decode(x, t, e, n);
   if (!rc) prt_prefix_pull_free(t);
