@@ -5,15 +5,6 @@
 
 #include "router/server_int.h"
 
-// Gives back an admitted request's slots and wakes the queue.
-void rtr_release_slots_locked(rtr_server *s, rtr_req *r) {
-  if (r->admitted && r->slots) {
-    s->running_slots -= r->slots;
-    r->slots = 0;
-    rtr_metric_set(s->m_running, s->running_slots);
-    pthread_cond_broadcast(&s->admit_cv);
-  }
-}
 
 // Admission then dispatch of every choice. 0, or -1 with e (r is then failed/finished by the caller).
 int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
@@ -46,7 +37,7 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     int64_t limit = r->t_arrival_us + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000) * 1000;
     while (!s->stopping && !s->draining) {
       if (s->wait_head == r && (s->running_slots == 0 || s->running_slots + need <= s->capacity)) break;
-      if ((gone = rtr_client_gone(r->fd)) || (late = now_us() > limit)) break;
+      if ((gone = s->hooks.client_gone(r->fd)) || (late = now_us() > limit)) break;
       struct timespec dl;
       deadline_in(&dl, WAIT_TICK_MS);
       pthread_cond_timedwait(&s->admit_cv, &s->mu, &dl);
@@ -88,19 +79,7 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     int first = n_msgs;
     if ((rc = rtr_route_choice_locked(s, r, ci, w, msgs, to, &n_msgs, e)) < 0) break;
     for (int i = first; i < n_msgs; i++) send_to[i] = s->links[to[i]].peer;
-    if (r->q.stream && r->q.kind == RTR_CHAT) { // the role comes first in every choice's stream
-      cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
-      cJSON *ch = cJSON_CreateObject();
-      cJSON_AddNumberToObject(ch, "index", ci);
-      cJSON *d = cJSON_AddObjectToObject(ch, "delta");
-      cJSON_AddStringToObject(d, "role", "assistant");
-      if (r->q.tool_choice != RTR_TOOLS_OFF) cJSON_AddNullToObject(d, "content"); // may be a call turn (OpenAI's)
-      else cJSON_AddStringToObject(d, "content", "");
-      cJSON_AddNullToObject(ch, "logprobs");
-      cJSON_AddNullToObject(ch, "finish_reason");
-      cJSON_AddItemToArray(arr, ch);
-      rtr_out_event(r, o);
-    }
+    if (r->q.stream) s->hooks.choice_start(r, ci); // the role comes first in every choice's stream
   }
   // the peers stay allocated while the hub lives, so sending outside the lock is safe
   pthread_mutex_unlock(&s->mu);

@@ -1,5 +1,6 @@
-// router/http.c: the router's HTTP side (libmicrohttpd, thread per connection): routes, replies, endpoints, server.
-// Auth, /v1/models, /health, /metrics, (de)tokenize, a generation request from body to answer; new/port/drain/free.
+// router/http.c: the router's top layer (libmicrohttpd, thread per connection): routes, replies, endpoints.
+// Auth, /v1/models, /health, /metrics, (de)tokenize, a generation request from body to answer (built, run and
+// stopped by server.c).
 // A connection's thread blocks while its request waits for a worker (rtr_wait_locked, the stream reader), so each
 // connection has its own thread; conns.c accepts them and caps how many are open.
 #include <errno.h>
@@ -22,7 +23,6 @@
 #include "server/log.h"
 #include "util/err.h"
 
-#define DRAIN_FLUSH_MS 1000  // after the drain bound, how long failed streams get to send their error event
 
 typedef struct conn {          // one request on a connection
   utl_buf body;                // the request body so far (at most max_body_bytes; p NULL while empty)
@@ -292,6 +292,43 @@ void rtr_restore_timeout(rtr_server *s, struct MHD_Connection *c) {
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, t);
 }
 
+// What a streamed response's connection reads: the request's SSE bytes as they come (MHD content reader).
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  rtr_req *r = cls;
+  rtr_server *s = r->s;
+  pthread_mutex_lock(&s->mu);
+  while (r->out_pos == r->out.n && !r->out_end) {
+    rtr_wait w = rtr_wait_locked(s, r);
+    if (w == RTR_WAIT_GONE) {
+      pthread_mutex_unlock(&s->mu);
+      return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    if (w == RTR_WAIT_TIMEOUT) break;
+  }
+  ssize_t n;
+  if (r->out_pos < r->out.n) {
+    size_t k = r->out.n - r->out_pos;
+    if (k > max) k = max;
+    memcpy(buf, r->out.p + r->out_pos, k);
+    r->out_pos += k;
+    n = (ssize_t)k;
+  } else {
+    n = MHD_CONTENT_READER_END_OF_STREAM;
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (n == MHD_CONTENT_READER_END_OF_STREAM) rtr_restore_timeout(s, r->conn);
+  return n;
+}
+
+static void stream_free(void *cls) {
+  rtr_req *r = cls;
+  rtr_server *s = r->s;
+  pthread_mutex_lock(&s->mu);
+  rtr_req_unref_locked(r);
+  pthread_mutex_unlock(&s->mu);
+}
+
 // A request without a seed samples from a fresh random one (choice i uses seed + i, links.c), so that its choices and
 // two such requests differ; 52 bits keep seed + i exact in the message's JSON number.
 static void draw_seed(rtr_server *s, rtr_request *q) {
@@ -366,9 +403,9 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
     r->refs++; // the response's
     pthread_mutex_unlock(&s->mu);
     struct MHD_Response *resp =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, rtr_stream_reader, r, rtr_stream_free);
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, r, stream_free);
     if (!resp) {
-      rtr_stream_free(r);
+      stream_free(r);
       return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
@@ -440,8 +477,8 @@ static enum MHD_Result refuse_head(struct MHD_Connection *c, conn *cs, int statu
   return reply_error(c, &cs->err, h1, v1);
 }
 
-static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                               const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                 const char *version, const char *upload, size_t *upload_size, void **con_cls) {
   (void)version;
   rtr_server *s = cls;
   conn *cs = *con_cls;
@@ -519,7 +556,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
   }
 }
 
-static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+void rtr_http_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
   rtr_server *s = cls;
   conn *cs = *con_cls;
   if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) rtr_gate_request_done(s, c);
@@ -535,219 +572,5 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
   *con_cls = NULL;
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-
-static void make_metrics(rtr_server *s) {
-  static const double lat[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10,
-                               20, 40, 80};
-  static const double itl[] = {0.001, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-                               0.75, 1, 2.5, 5};
-  rtr_metrics *m = s->m;
-  s->m_running = rtr_metrics_gauge(m, "dserve:num_requests_running", "Sequences running on the workers.", NULL);
-  s->m_waiting = rtr_metrics_gauge(m, "dserve:num_requests_waiting", "Requests waiting for admission.", NULL);
-  s->m_kv_usage = rtr_metrics_gauge(m, "dserve:kv_cache_usage_perc", "KV-cache usage (1 = full).", NULL);
-  s->m_prompt = rtr_metrics_counter(m, "dserve:prompt_tokens_total", "Prompt tokens admitted.", NULL);
-  s->m_gen = rtr_metrics_counter(m, "dserve:generation_tokens_total", "Tokens generated.", NULL);
-  s->m_prefix_hits = rtr_metrics_counter(m, "dserve:prefix_cache_hits_total", "Prefix-cache hit tokens.", NULL);
-  s->m_prefix_queries =
-      rtr_metrics_counter(m, "dserve:prefix_cache_queries_total", "Prefix-cache queried tokens.", NULL);
-  s->m_kv_bytes = rtr_metrics_counter(m, "dserve:kv_transfer_bytes_total", "KV bytes moved prefill -> decode.", NULL);
-  s->m_kv_pushed = rtr_metrics_counter(m, "dserve:kv_pushed_bytes_total",
-                                       "KV bytes prefill workers wrote (their stats, every second).", NULL);
-  s->m_ok_stop = rtr_metrics_counter(m, "dserve:request_success_total", "Finished choices.", "finished_reason=\"stop\"");
-  s->m_ok_length = rtr_metrics_counter(m, "dserve:request_success_total", "", "finished_reason=\"length\"");
-  s->m_fail = rtr_metrics_counter(m, "dserve:request_failure_total", "Requests that failed or were cancelled.", NULL);
-  s->m_auth_failures = rtr_metrics_counter(m, "dserve:auth_failures_total",
-                                           "Connections refused for want of the shared secret (workers' control and "
-                                           "kvxfer ports, the router's links).",
-                                           NULL);
-  int nl = (int)(sizeof lat / sizeof lat[0]), ni = (int)(sizeof itl / sizeof itl[0]);
-  s->m_ttft = rtr_metrics_histogram(m, "dserve:time_to_first_token_seconds", "Time to first token.", NULL, lat, nl);
-  s->m_itl = rtr_metrics_histogram(m, "dserve:inter_token_latency_seconds", "Inter-token latency.", NULL, itl, ni);
-  s->m_e2e = rtr_metrics_histogram(m, "dserve:e2e_request_latency_seconds", "End-to-end latency.", NULL, lat, nl);
-  s->m_queue = rtr_metrics_histogram(m, "dserve:request_queue_time_seconds", "Time waiting for admission.", NULL, lat, nl);
-  s->m_kv_time = rtr_metrics_histogram(m, "dserve:kv_transfer_time_seconds", "KV transfer time per request.", NULL, lat, nl);
-}
-
-// The chat template family of the served model (rtr_server.chat), or a start-up error: an override or a template of
-// no known family, or a family whose end-of-turn token the vocabulary lacks or the workers would not stop on.
-static int resolve_chat(rtr_server *s, const rtr_server_opts *o, char *err, size_t errlen) {
-  char e[384];
-  if (mdl_chat_template_of(o->gguf, o->cfg->chat_template, &s->chat, e, sizeof e) != 0) {
-    utl_seterr(err, errlen, "%s", e);
-    return -1;
-  }
-  // Without a template, ChatML (SmolLM2's) is assumed only for a vocabulary that has its tokens: a base model such
-  // as Gemma 3 270M would read ChatML's markup as text and answer garbage.
-  if (!s->chat && o->tok && mdl_tok_find(o->tok, "<|im_start|>") >= 0 && mdl_tok_find(o->tok, "<|im_end|>") >= 0)
-    s->chat = mdl_chat_template_named("chatml");
-  if (!s->chat || !o->tok) return 0;
-  int32_t eot = mdl_tok_find(o->tok, s->chat->eot);
-  if (eot < 0 || !mdl_tok_is_eog(o->tok, eot)) {
-    utl_seterr(err, errlen, "chat template %s: the model's turns end with %s, which the vocabulary %s", s->chat->name,
-               s->chat->eot, eot < 0 ? "does not have" : "does not mark as an end of generation");
-    return -1;
-  }
-  srv_log("router", "chats render with the %s template (%s)", s->chat->name,
-          o->cfg->chat_template[0] ? "config chat_template" : s->has_template ? "recognised in the GGUF" :
-                                                                                 "ChatML's tokens, no template");
-  return 0;
-}
-
-int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t errlen) {
-  *out = NULL;
-  rtr_server *s = calloc(1, sizeof *s);
-  if (!s) {
-    utl_seterr(err, errlen, "out of memory");
-    return -1;
-  }
-  s->cfg = o->cfg;
-  s->rc = &o->cfg->router;
-  s->gguf = o->gguf;
-  s->has_template = o->gguf && mdl_gguf_find(o->gguf, "tokenizer.chat_template");
-  if (resolve_chat(s, o, err, errlen) != 0) {
-    free(s);
-    return -1;
-  }
-  s->tok = o->tok;
-  s->n_ctx = o->n_ctx;
-  s->started = (long)time(NULL);
-  {
-    rtr_sampling d;
-    char desc[256];
-    rtr_sampling_resolve(&o->cfg->sampling, o->gguf, &d, desc, sizeof desc);
-    srv_log("router", "sampling defaults for fields a request leaves out: %s", desc);
-  }
-  snprintf(s->model, sizeof s->model, "%s", o->model_name && o->model_name[0] ? o->model_name : o->cfg->model_name);
-  pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->link_cv, NULL);
-  pthread_cond_init(&s->admit_cv, NULL);
-  s->m = rtr_metrics_new();
-  if (!s->m) {
-    utl_seterr(err, errlen, "out of memory");
-    rtr_server_free(s);
-    return -1;
-  }
-  make_metrics(s);
-  for (int i = 0; i < o->cfg->n_workers; i++)
-    if (o->cfg->workers[i].role != SRV_ROLE_PREFILL)
-      s->capacity += o->cfg->workers[i].max_seqs > 0 ? o->cfg->workers[i].max_seqs : 64;
-  if (s->capacity <= 0) s->capacity = 64;
-  srv_hub_opts ho = {.name = "router", .role = "router", .secret = o->cfg->secret, .host = NULL};
-  if (srv_hub_new(&ho, &s->hub, err, errlen) < 0) {
-    rtr_server_free(s);
-    return -1;
-  }
-  if (pthread_create(&s->dispatcher, NULL, rtr_dispatcher_main, s) == 0) s->has_dispatcher = 1;
-  s->links = calloc((size_t)o->cfg->n_workers + 1, sizeof *s->links);
-  if (!s->links) {
-    utl_seterr(err, errlen, "out of memory");
-    rtr_server_free(s);
-    return -1;
-  }
-  s->n_links = o->cfg->n_workers;
-  // The index is a hint: without memory for it the router routes by load.
-  if (s->n_links > 0 && rtr_kvindex_new(s->n_links, 1 << 16, &s->kv, err, errlen) < 0) s->kv = NULL;
-  for (int i = 0; i < s->n_links; i++) {
-    s->links[i].s = s;
-    s->links[i].cfg = &o->cfg->workers[i];
-    if (pthread_create(&s->links[i].thread, NULL, rtr_link_main, &s->links[i]) == 0) s->links[i].has_thread = 1;
-  }
-  struct sockaddr_in sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)s->rc->port);
-  const char *host = s->rc->host[0] ? s->rc->host : "127.0.0.1";
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-    utl_seterr(err, errlen, "router host '%s' is not an IPv4 address", host);
-    rtr_server_free(s);
-    return -1;
-  }
-  if (rtr_gate_listen(s, &sa, err, errlen) < 0) {
-    rtr_server_free(s);
-    return -1;
-  }
-  // conns.c accepts and hands the sockets over; MHD's own limit sits above the gate's cap, with room for
-  // connections the gate already let go that MHD has not cleaned up yet
-  unsigned timeout = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : 60);
-  unsigned cap = (unsigned)(s->rc->max_connections > 0 ? s->rc->max_connections : 4096);
-  s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
-                                MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC,
-                            0, NULL, NULL, handler, s, MHD_OPTION_CONNECTION_TIMEOUT, timeout,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_NOTIFY_CONNECTION, rtr_gate_notify,
-                            s, MHD_OPTION_CONNECTION_LIMIT, cap + cap / 2 + 64, MHD_OPTION_END);
-  if (!s->mhd) {
-    utl_seterr(err, errlen, "cannot start the HTTP server on %s:%d: %s", host, s->rc->port, strerror(errno));
-    rtr_server_free(s);
-    return -1;
-  }
-  if (rtr_gate_start(s, err, errlen) < 0) {
-    rtr_server_free(s);
-    return -1;
-  }
-  s->port = rtr_gate_port(s);
-  *out = s;
-  return 0;
-}
-
-int rtr_server_port(const rtr_server *s) { return s->port; }
-
-// Waits (s->mu held) until no generation request is live or until end_us.
-static void wait_idle_locked(rtr_server *s, int64_t end_us) {
-  while (s->n_live > 0 && now_us() < end_us) {
-    struct timespec dl;
-    deadline_in(&dl, WAIT_TICK_MS);
-    pthread_cond_timedwait(&s->admit_cv, &s->mu, &dl);
-  }
-}
-
-int rtr_server_drain(rtr_server *s, int timeout_ms) {
-  pthread_mutex_lock(&s->mu);
-  s->draining = 1;
-  pthread_cond_broadcast(&s->admit_cv); // queued requests leave with 503 shutting_down
-  wait_idle_locked(s, now_us() + (int64_t)timeout_ms * 1000);
-  int left = s->n_live;
-  if (left) { // past the bound: fail what still runs, and give the clients DRAIN_FLUSH_MS to read the error
-    rtr_error e;
-    rtr_fail(&e, 503, "server_error", NULL, "shutting_down", "the router stopped before the request finished");
-    for (rtr_req *r = s->reqs, *n; r; r = n) {
-      n = r->next;
-      rtr_fail_locked(s, r, &e);
-    }
-    wait_idle_locked(s, now_us() + DRAIN_FLUSH_MS * 1000);
-  }
-  pthread_mutex_unlock(&s->mu);
-  return left;
-}
-
-void rtr_server_free(rtr_server *s) {
-  if (!s) return;
-  pthread_mutex_lock(&s->mu);
-  s->stopping = 1;
-  rtr_error e;
-  rtr_fail(&e, 503, "server_error", NULL, "shutting_down", "the router is shutting down");
-  for (rtr_req *r = s->reqs, *n; r; r = n) {
-    n = r->next;
-    rtr_fail_locked(s, r, &e);
-  }
-  pthread_cond_broadcast(&s->link_cv);
-  pthread_cond_broadcast(&s->admit_cv);
-  pthread_mutex_unlock(&s->mu);
-  rtr_gate_stop(s); // no new connections, then MHD closes the open ones (the gate hears of each)
-  if (s->mhd) MHD_stop_daemon(s->mhd);
-  rtr_gate_free(s);
-  for (int i = 0; i < s->n_links; i++)
-    if (s->links[i].has_thread) pthread_join(s->links[i].thread, NULL);
-  if (s->hub) srv_hub_wake(s->hub);
-  if (s->has_dispatcher) pthread_join(s->dispatcher, NULL);
-  for (int i = 0; i < s->n_links; i++)
-    if (s->links[i].peer) srv_peer_unref(s->links[i].peer);
-  srv_hub_free(s->hub);
-  free(s->links);
-  rtr_kvindex_free(s->kv);
-  rtr_metrics_free(s->m);
-  pthread_cond_destroy(&s->link_cv);
-  pthread_cond_destroy(&s->admit_cv);
-  pthread_mutex_destroy(&s->mu);
-  free(s);
-}
+// The HTTP layer's answer to the layers below: whether a request's client is still there.
+void rtr_http_register(rtr_server *s) { s->hooks.client_gone = rtr_client_gone; }

@@ -10,6 +10,7 @@
 
 #include "models/chat.h"
 #include "proto/events.h"
+#include "proto/hello.h"
 #include "proto/stats.h"
 #include "proto/request.h"
 #include "router/server_int.h"
@@ -25,7 +26,7 @@ double rtr_msg_num(const cJSON *o, const char *k, double dflt) {
 }
 
 // Cancels choice ci at its worker(s) still linked.
-void rtr_send_cancel(rtr_server *s, rtr_req *r, int ci) {
+static void send_cancel(rtr_server *s, rtr_req *r, int ci) {
   rtr_choice *c = &r->ch[ci];
   cJSON *m = prt_cancel_encode(&(prt_cancel){c->id}, NULL, 0);
   int links[2] = {c->link, c->plink};
@@ -142,20 +143,20 @@ static void on_choice_msg(rtr_server *s, rtr_link *l, rtr_req *r, int ci, const 
   int bad;
   if (!strcmp(op, PRT_OP_TOKEN)) {
     prt_token t;
-    if (!(bad = prt_token_decode(m, &t, why, sizeof why))) rtr_on_token(s, r, ci, &t);
+    if (!(bad = prt_token_decode(m, &t, why, sizeof why))) s->hooks.on_token(s, r, ci, &t);
     prt_token_free(&t);
   } else if (!strcmp(op, PRT_OP_DONE)) {
     prt_done d;
-    if (!(bad = prt_done_decode(m, &d, why, sizeof why))) rtr_on_done(s, r, ci, &d);
+    if (!(bad = prt_done_decode(m, &d, why, sizeof why))) s->hooks.on_done(s, r, ci, &d);
   } else {
     prt_error e;
-    if (!(bad = prt_error_decode(m, &e, why, sizeof why))) rtr_on_error(s, r, ci, &e);
+    if (!(bad = prt_error_decode(m, &e, why, sizeof why))) s->hooks.on_error(s, r, ci, &e);
     why[0] = 0; // a malformed error reads as one without a message, as it always did
   }
   if (bad) {
     if (why[0]) srv_warn(LOGC, "worker %s: %s", l->cfg->name, why);
     prt_error e = {.id = r->ch[ci].id, .message = "the worker failed"};
-    rtr_on_error(s, r, ci, &e);
+    s->hooks.on_error(s, r, ci, &e);
   }
 }
 
@@ -264,10 +265,10 @@ void *rtr_link_main(void *arg) {
       pthread_mutex_lock(&s->mu);
       l->connecting = 0;
       if (p && !s->stopping) {
-        const cJSON *ok = srv_peer_hello(p);
-        l->n_ctx = (int)rtr_msg_num(ok, "n_ctx", 0);
-        l->block_size = (int)rtr_msg_num(cJSON_GetObjectItemCaseSensitive(ok, "kv_layout"), "block_size", 16);
-        if (l->block_size < 1) l->block_size = 16;
+        prt_hello_ok ho; // a malformed hello_ok reads as one without a worker's fields
+        int read = !prt_hello_ok_decode(srv_peer_hello(p), &ho, NULL, 0);
+        l->n_ctx = read && ho.has_worker ? ho.n_ctx : 0;
+        l->block_size = read && ho.has_layout && ho.kv_layout.block_size >= 1 ? ho.kv_layout.block_size : 16;
         if (s->kv) rtr_kvindex_remove_worker(s->kv, (int)(l - s->links)); // a new process: it tells us anew
         l->peer = p;
         l->up = 1;
@@ -448,7 +449,7 @@ static int ended_locked(rtr_server *s, rtr_req *r, int ci) {
   if (!eog && c->n_gen < r->max_tokens) return 0;
   prt_done d = {.id = c->id, .finish_reason = eog ? "stop" : "length", .prompt_tokens = -1,
                 .completion_tokens = c->n_gen, .cached_tokens = -1, .kv_bytes = -1, .kv_ms = -1};
-  rtr_on_done(s, r, ci, &d);
+  s->hooks.on_done(s, r, ci, &d);
   return 1;
 }
 
@@ -496,7 +497,7 @@ int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait) {
   snprintf(c->id, sizeof c->id, "%s", old);
   c->link = from;
   c->plink = pfrom;
-  rtr_send_cancel(s, r, ci); // under the old id, to whichever of its workers is still linked
+  send_cancel(s, r, ci); // under the old id, to whichever of its workers is still linked
   rtr_choice_unlink_locked(s, c);
   c->link = nl;
   c->plink = np;
@@ -563,3 +564,6 @@ static void move_all_locked(rtr_server *s, int li) {
       if (!r->ch[i].finished && r->ch[i].link == li) rtr_move_choice_locked(s, r, i, 0);
   }
 }
+
+// What the layers below the links hear of them: a choice that ends early is cancelled at its workers (req.c).
+void rtr_links_register(rtr_server *s) { s->hooks.cancel_choice = send_cancel; }

@@ -1,5 +1,5 @@
-// router/relay.c: the relay to the client: SSE chunks and the stream reader, final response, logprobs, usage.
-// Also a request's end (finish, fail, cancel) and its last reference, since the end writes the stream trailer.
+// router/relay.c: the OpenAI layer's answers: SSE chunks (the role first, text deltas, tool-call deltas, the trailer),
+// the final response, logprobs and usage, from what the workers send (registered as s->hooks; see rtr_relay_register).
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -28,36 +28,7 @@ void rtr_out_event(rtr_req *r, cJSON *obj) { // "data: JSON\n\n"; consumes obj
   free(j);
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// request objects (all under s->mu)
 
-void rtr_req_unref_locked(rtr_req *r) {
-  if (--r->refs > 0) return;
-  if (--r->s->n_live == 0) pthread_cond_broadcast(&r->s->admit_cv); // rtr_server_drain waits for this
-  for (int i = 0; i < r->q.n && r->ch; i++) {
-    utl_buf_free(&r->ch[i].text);
-    utl_buf_free(&r->ch[i].held);
-    cJSON_Delete(r->ch[i].lp);
-    free(r->ch[i].gen);
-  }
-  free(r->ch);
-  free(r->prompt);
-  utl_buf_free(&r->out);
-  rtr_request_free(&r->q);
-  pthread_cond_destroy(&r->cv);
-  free(r);
-}
-
-static void unlist_locked(rtr_server *s, rtr_req *r) {
-  if (!r->listed) return;
-  for (rtr_req **pp = &s->reqs; *pp; pp = &(*pp)->next)
-    if (*pp == r) {
-      *pp = r->next;
-      break;
-    }
-  r->listed = 0;
-  rtr_req_unref_locked(r);
-}
 
 // The fields every response object starts with; chat_object names it for chat (completions: text_completion).
 static cJSON *response_head(rtr_req *r, const char *chat_object) {
@@ -69,7 +40,7 @@ static cJSON *response_head(rtr_req *r, const char *chat_object) {
   return o;
 }
 
-cJSON *rtr_chunk_base(rtr_req *r) { return response_head(r, "chat.completion.chunk"); }
+static cJSON *chunk_base(rtr_req *r) { return response_head(r, "chat.completion.chunk"); }
 
 static cJSON *usage_json(rtr_req *r) {
   int comp = 0, cached = 0;
@@ -86,83 +57,48 @@ static cJSON *usage_json(rtr_req *r) {
   return u;
 }
 
-// Marks the request finished: stream trailer, metrics, admission slots, out of the active list.
-static void finish_locked(rtr_server *s, rtr_req *r) {
-  if (r->finished) return;
-  r->finished = 1;
-  if (r->q.stream) {
-    if (r->failed) {
-      cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-      cJSON_AddStringToObject(e, "message", r->err.message);
-      cJSON_AddStringToObject(e, "type", r->err.type);
-      if (r->err.param[0]) cJSON_AddStringToObject(e, "param", r->err.param);
-      else cJSON_AddNullToObject(e, "param");
-      if (r->err.code[0]) cJSON_AddStringToObject(e, "code", r->err.code);
-      else cJSON_AddNullToObject(e, "code");
-      rtr_out_event(r, o);
-    } else if (r->q.include_usage) {
-      cJSON *o = rtr_chunk_base(r);
-      cJSON_AddItemToObject(o, "choices", cJSON_CreateArray());
-      cJSON_AddItemToObject(o, "usage", usage_json(r));
-      rtr_out_event(r, o);
-    }
-    add_or_drop(&r->out, "data: [DONE]\n\n", 14);
-    r->out_end = 1;
+// The stream's trailer when the request ends: its error event, or the usage chunk when asked; then [DONE].
+static void stream_end(rtr_req *r) {
+  if (r->failed) {
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "message", r->err.message);
+    cJSON_AddStringToObject(e, "type", r->err.type);
+    if (r->err.param[0]) cJSON_AddStringToObject(e, "param", r->err.param);
+    else cJSON_AddNullToObject(e, "param");
+    if (r->err.code[0]) cJSON_AddStringToObject(e, "code", r->err.code);
+    else cJSON_AddNullToObject(e, "code");
+    rtr_out_event(r, o);
+  } else if (r->q.include_usage) {
+    cJSON *o = chunk_base(r);
+    cJSON_AddItemToObject(o, "choices", cJSON_CreateArray());
+    cJSON_AddItemToObject(o, "usage", usage_json(r));
+    rtr_out_event(r, o);
   }
-  if (!r->failed) {
-    int64_t t = now_us();
-    rtr_metric_observe(s->m_e2e, (double)(t - r->t_arrival_us) / 1e6);
-    for (int i = 0; i < r->q.n; i++)
-      rtr_metric_add(!strcmp(r->ch[i].finish, "length") ? s->m_ok_length : s->m_ok_stop, 1);
-  } else {
-    rtr_metric_add(s->m_fail, 1);
-  }
-  rtr_release_slots_locked(s, r);
-  pthread_cond_broadcast(&r->cv);
-  unlist_locked(s, r);
+  add_or_drop(&r->out, "data: [DONE]\n\n", 14);
+  r->out_end = 1;
 }
 
-void rtr_choice_unlink_locked(rtr_server *s, rtr_choice *c) {
-  if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
-  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+// Every choice's stream starts with the assistant's role, before any token of it can arrive (admit.c calls this
+// through s->hooks.choice_start while it routes the choice, before the generate is sent).
+static void choice_start(rtr_req *r, int ci) {
+  if (r->q.kind != RTR_CHAT) return;
+  cJSON *o = chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
+  cJSON *ch = cJSON_CreateObject();
+  cJSON_AddNumberToObject(ch, "index", ci);
+  cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+  cJSON_AddStringToObject(d, "role", "assistant");
+  if (r->q.tool_choice != RTR_TOOLS_OFF) cJSON_AddNullToObject(d, "content"); // may be a call turn (OpenAI's)
+  else cJSON_AddStringToObject(d, "content", "");
+  cJSON_AddNullToObject(ch, "logprobs");
+  cJSON_AddNullToObject(ch, "finish_reason");
+  cJSON_AddItemToArray(arr, ch);
+  rtr_out_event(r, o);
 }
 
-static void choice_end_locked(rtr_server *s, rtr_req *r, int ci) {
-  rtr_choice *c = &r->ch[ci];
-  if (c->finished) return;
-  c->finished = 1;
-  c->wait_until_ms = 0;
-  c->decode_lost_ms = 0;
-  r->n_done++;
-  rtr_choice_unlink_locked(s, c);
-}
 
-// Fails the whole request (other choices are cancelled at their workers).
-void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e) {
-  if (r->finished) return;
-  r->failed = 1;
-  r->err = *e;
-  for (int i = 0; i < r->q.n; i++)
-    if (!r->ch[i].finished) {
-      rtr_send_cancel(s, r, i);
-      choice_end_locked(s, r, i);
-    }
-  finish_locked(s, r);
-}
 
-// The client went away: cancel whatever still runs; nothing more is sent.
-void rtr_cancel_locked(rtr_server *s, rtr_req *r) {
-  if (r->finished) return;
-  for (int i = 0; i < r->q.n; i++)
-    if (!r->ch[i].finished && r->admitted) {
-      rtr_send_cancel(s, r, i);
-      choice_end_locked(s, r, i);
-    }
-  r->failed = 1;
-  rtr_fail(&r->err, 499, "invalid_request_error", NULL, "cancelled", "the client disconnected");
-  r->q.stream = 0; // no trailer for nobody
-  finish_locked(s, r);
-}
+
+
 
 // ---------------------------------------------------------------------------------------------------------------
 // worker messages of a choice (dispatcher thread)
@@ -340,7 +276,7 @@ static int flush_held(rtr_server *s, rtr_req *r, int ci) {
     const cJSON *call;
     cJSON_ArrayForEach(call, calls) {
       for (int head = 1; head >= 0; head--) {
-        cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
+        cJSON *o = chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
         cJSON *ch = stream_choice(r, ci, NULL, NULL);
         cJSON_AddItemToObject(cJSON_GetObjectItem(ch, "delta"), "tool_calls", call_delta(k, call, head));
         cJSON_AddItemToArray(arr, ch);
@@ -353,7 +289,7 @@ static int flush_held(rtr_server *s, rtr_req *r, int ci) {
     if (t) {
       memcpy(t, c->held.p, c->held.n);
       t[c->held.n] = 0;
-      cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
+      cJSON *o = chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
       cJSON_AddItemToArray(arr, stream_choice(r, ci, t, NULL));
       rtr_out_event(r, o);
       free(t);
@@ -379,7 +315,7 @@ static cJSON *stream_choice(rtr_req *r, int index, const char *text, const char 
   return c;
 }
 
-void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
+static void on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
   rtr_choice *c = &r->ch[ci];
   if (c->finished) return;
   const char *t = m->text;
@@ -405,7 +341,7 @@ void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
     const char *send = tools_on(r) ? (now_text && now_text[0] ? now_text : NULL) : t;
     int with_lp = r->q.logprobs >= 0 && m->n_logprobs >= 0;
     if (send || with_lp || !tools_on(r)) {
-      cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
+      cJSON *o = chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
       cJSON *ch = stream_choice(r, ci, send, NULL);
       if (with_lp) {
         cJSON *lp = new_lp(r);
@@ -426,7 +362,7 @@ void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
   }
 }
 
-void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
+static void on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
   rtr_choice *c = &r->ch[ci];
   if (c->finished) return;
   snprintf(c->finish, sizeof c->finish, "%s",
@@ -438,20 +374,20 @@ void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
   double kvb = m->kv_bytes, kvms = m->kv_ms;
   if (kvb > 0) rtr_metric_add(s->m_kv_bytes, kvb);
   if (kvms >= 0 && c->plink >= 0) rtr_metric_observe(s->m_kv_time, kvms / 1000.0);
-  choice_end_locked(s, r, ci);
+  rtr_choice_end_locked(s, r, ci);
   if (r->q.stream) {
     if (tools_on(r) && flush_held(s, r, ci) && !strcmp(c->finish, "stop")) snprintf(c->finish, sizeof c->finish, "tool_calls");
-    cJSON *o = rtr_chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
+    cJSON *o = chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = stream_choice(r, ci, NULL, c->finish);
     if (r->q.kind != RTR_CHAT) cJSON_ReplaceItemInObject(ch, "text", cJSON_CreateString(""));
     cJSON_AddItemToArray(arr, ch);
     rtr_out_event(r, o);
     pthread_cond_broadcast(&r->cv);
   }
-  if (r->n_done == r->q.n) finish_locked(s, r);
+  if (r->n_done == r->q.n) rtr_finish_locked(s, r);
 }
 
-void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m) {
+static void on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m) {
   const char *cs = m->code ? m->code : "worker_failure";
   int status = !strcmp(cs, "context_length_exceeded") ? 400 : !strcmp(cs, "timeout") ? 504 : 503;
   rtr_error e;
@@ -471,67 +407,8 @@ void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m) {
   }
   rtr_fail(&e, status, status == 400 ? "invalid_request_error" : "server_error", NULL, cs, "%s",
            m->message ? m->message : "the worker failed");
-  choice_end_locked(s, r, ci); // the worker already dropped it: no cancel for this one
+  rtr_choice_end_locked(s, r, ci); // the worker already dropped it: no cancel for this one
   rtr_fail_locked(s, r, &e);
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// what the HTTP connection reads
-
-rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r) {
-  if (rtr_client_gone(r->fd)) {
-    rtr_cancel_locked(s, r);
-    return RTR_WAIT_GONE;
-  }
-  // The router's own bound: the request timeout (10 min when none is set) and 5 s for its error to reach the client.
-  int64_t limit = r->t_arrival_us +
-                  (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000) * 1000 + 5000000;
-  if (now_us() > limit) {
-    rtr_error e;
-    rtr_fail(&e, 504, "server_error", NULL, "timeout", "the request passed its deadline");
-    rtr_fail_locked(s, r, &e);
-    return RTR_WAIT_TIMEOUT;
-  }
-  struct timespec dl;
-  deadline_in(&dl, WAIT_TICK_MS);
-  pthread_cond_timedwait(&r->cv, &s->mu, &dl);
-  return RTR_WAIT_MORE;
-}
-
-ssize_t rtr_stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
-  (void)pos;
-  rtr_req *r = cls;
-  rtr_server *s = r->s;
-  pthread_mutex_lock(&s->mu);
-  while (r->out_pos == r->out.n && !r->out_end) {
-    rtr_wait w = rtr_wait_locked(s, r);
-    if (w == RTR_WAIT_GONE) {
-      pthread_mutex_unlock(&s->mu);
-      return MHD_CONTENT_READER_END_WITH_ERROR;
-    }
-    if (w == RTR_WAIT_TIMEOUT) break;
-  }
-  ssize_t n;
-  if (r->out_pos < r->out.n) {
-    size_t k = r->out.n - r->out_pos;
-    if (k > max) k = max;
-    memcpy(buf, r->out.p + r->out_pos, k);
-    r->out_pos += k;
-    n = (ssize_t)k;
-  } else {
-    n = MHD_CONTENT_READER_END_OF_STREAM;
-  }
-  pthread_mutex_unlock(&s->mu);
-  if (n == MHD_CONTENT_READER_END_OF_STREAM) rtr_restore_timeout(s, r->conn);
-  return n;
-}
-
-void rtr_stream_free(void *cls) {
-  rtr_req *r = cls;
-  rtr_server *s = r->s;
-  pthread_mutex_lock(&s->mu);
-  rtr_req_unref_locked(r);
-  pthread_mutex_unlock(&s->mu);
 }
 
 cJSON *rtr_final_response(rtr_req *r) {
@@ -581,4 +458,14 @@ cJSON *rtr_final_response(rtr_req *r) {
   }
   cJSON_AddItemToObject(o, "usage", usage_json(r));
   return o;
+}
+
+// The OpenAI layer's answers to what happens below it: a worker's token, done and error for a choice (links.c), a
+// choice routed (admit.c), a request's end (req.c).
+void rtr_relay_register(rtr_server *s) {
+  s->hooks.on_token = on_token;
+  s->hooks.on_done = on_done;
+  s->hooks.on_error = on_error;
+  s->hooks.choice_start = choice_start;
+  s->hooks.stream_end = stream_end;
 }

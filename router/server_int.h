@@ -1,4 +1,5 @@
-// router/server_int.h: the router's private structs and the calls between its files (http, admit, links, relay).
+// router/server_int.h: the router's private structs and the calls between its files, layer by layer (req, links,
+// admit, relay, http, server), with the hooks through which a lower layer reaches a higher one.
 #ifndef DSERVE_RTR_SERVER_INT_H
 #define DSERVE_RTR_SERVER_INT_H
 
@@ -106,6 +107,19 @@ typedef struct rtr_req {
   int64_t t_arrival_us, t_admit_us, t_first_us;
 } rtr_req;
 
+// What a lower layer asks a higher one, registered by the higher one when the server is built (server.c): the router
+// calls downward only (http -> relay -> admit -> links -> req), and these are the ways back up. All but client_gone
+// are called with s->mu held.
+typedef struct rtr_hooks {
+  int (*client_gone)(int fd); // http.c: the client's socket (fd; -1: unknown) was closed or broke
+  void (*cancel_choice)(rtr_server *s, rtr_req *r, int ci); // links.c: cancel choice ci at its linked workers
+  void (*on_token)(rtr_server *s, rtr_req *r, int ci, const prt_token *m); // relay.c: a worker's messages for ci
+  void (*on_done)(rtr_server *s, rtr_req *r, int ci, const prt_done *m);
+  void (*on_error)(rtr_server *s, rtr_req *r, int ci, const prt_error *m);
+  void (*choice_start)(rtr_req *r, int ci); // relay.c: a streamed choice was routed (its first chunk)
+  void (*stream_end)(rtr_req *r);          // relay.c: a streamed request ended (its trailer)
+} rtr_hooks;
+
 struct rtr_server {
   const srv_config *cfg;       // (borrowed)
   const srv_router_cfg *rc;
@@ -144,6 +158,7 @@ struct rtr_server {
   // the router hub's own refusals (srv_hub_auth_failures); hub_auth_last: the hub's count already added.
   rtr_metric *m_auth_failures;
   double hub_auth_last;
+  rtr_hooks hooks;             // the upper layers' answers (see rtr_hooks)
 };
 
 static inline int64_t now_us(void) {
@@ -162,12 +177,41 @@ static inline void deadline_in(struct timespec *dl, int ms) {
   }
 }
 
-// Calls between the files. Those named *_locked, and rtr_send_cancel, rtr_out_event, rtr_chunk_base, rtr_on_* and
-// rtr_final_response, are made with s->mu held; rtr_admit_and_send and rtr_stream_* take it themselves.
+// The files' calls, layer by layer from the bottom. Those named *_locked, and rtr_out_event, are made with s->mu
+// held; rtr_admit_and_send takes it itself.
 
-// http.c
-int rtr_client_gone(int fd); // the client's socket (fd; -1: unknown) was closed or broke
-void rtr_restore_timeout(rtr_server *s, struct MHD_Connection *c); // back to the configured idle timeout
+// req.c: a request's life (the bottom layer)
+void rtr_req_unref_locked(rtr_req *r);
+void rtr_release_slots_locked(rtr_server *s, rtr_req *r);
+void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e); // fails the request, cancels its other choices
+void rtr_cancel_locked(rtr_server *s, rtr_req *r);                   // the client left: cancel what still runs
+void rtr_choice_unlink_locked(rtr_server *s, rtr_choice *c); // its workers' inflight counts no longer hold it
+void rtr_choice_end_locked(rtr_server *s, rtr_req *r, int ci);  // choice ci finished (done, error or cancelled)
+void rtr_finish_locked(rtr_server *s, rtr_req *r); // every choice ended: trailer, metrics, slots, off the list
+typedef enum rtr_wait { RTR_WAIT_MORE, RTR_WAIT_GONE, RTR_WAIT_TIMEOUT } rtr_wait;
+// One bounded wait (WAIT_TICK_MS) for r to change, s->mu held: GONE when the client left (r is cancelled), TIMEOUT
+// when r passed the router's bound (r is failed with 504 timeout), MORE otherwise.
+rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r);
+
+// links.c: worker links, the dispatcher, routing a choice to workers and moving it
+void rtr_links_register(rtr_server *s); // s->hooks.cancel_choice
+void *rtr_dispatcher_main(void *arg); // arg: the rtr_server
+void *rtr_link_main(void *arg);       // arg: its rtr_link
+int rtr_server_links_up(rtr_server *s);
+double rtr_msg_num(const cJSON *o, const char *k, double dflt);
+int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker *w, cJSON **msgs, int *to, int *n,
+                            rtr_error *e);
+// Choice ci leaves its decode/both worker (dead, silent or draining) for another one; with may_wait and no worker
+// up, it waits for one (router.migration_wait_ms). 0: re-sent or waiting; -1: it cannot move (the caller decides).
+int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait);
+
+// admit.c: admission (slots, the wait queue), then every choice routed and sent
+int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e); // 0, or -1 with e (the caller fails r)
+
+// relay.c: the OpenAI layer's output
+void rtr_relay_register(rtr_server *s); // s->hooks.on_token, on_done, on_error, choice_start, stream_end
+void rtr_out_event(rtr_req *r, cJSON *obj); // "data: JSON\n\n" onto r's stream; consumes obj
+cJSON *rtr_final_response(rtr_req *r);
 
 // conns.c: the listening socket and accept thread in front of MHD; caps on open connections; request-head deadline
 int rtr_gate_listen(rtr_server *s, const struct sockaddr_in *sa, char *err, size_t errlen); // binds (s->gate)
@@ -182,37 +226,11 @@ void rtr_gate_head_seen(rtr_server *s, struct MHD_Connection *c);    // a reques
 void rtr_gate_request_done(rtr_server *s, struct MHD_Connection *c); // a request ended (the next head is due)
 void rtr_gate_counts(rtr_server *s, int *open, long *refused);
 
-// admit.c
-int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e); // 0, or -1 with e (the caller fails r)
-void rtr_release_slots_locked(rtr_server *s, rtr_req *r);
-
-// links.c
-void *rtr_dispatcher_main(void *arg); // arg: the rtr_server
-void *rtr_link_main(void *arg);       // arg: its rtr_link
-double rtr_msg_num(const cJSON *o, const char *k, double dflt);
-void rtr_send_cancel(rtr_server *s, rtr_req *r, int ci);
-int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker *w, cJSON **msgs, int *to, int *n,
-                            rtr_error *e);
-// Choice ci leaves its decode/both worker (dead, silent or draining) for another one; with may_wait and no worker
-// up, it waits for one (router.migration_wait_ms). 0: re-sent or waiting; -1: it cannot move (the caller decides).
-int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait);
-
-// relay.c
-void rtr_out_event(rtr_req *r, cJSON *obj); // consumes obj
-cJSON *rtr_chunk_base(rtr_req *r);
-void rtr_req_unref_locked(rtr_req *r);
-void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e);
-void rtr_choice_unlink_locked(rtr_server *s, rtr_choice *c); // its workers' inflight counts no longer hold it
-void rtr_cancel_locked(rtr_server *s, rtr_req *r);
-void rtr_on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m);
-void rtr_on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m);
-void rtr_on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m);
-ssize_t rtr_stream_reader(void *cls, uint64_t pos, char *buf, size_t max); // MHD content reader; cls: the rtr_req
-void rtr_stream_free(void *cls);
-cJSON *rtr_final_response(rtr_req *r);
-typedef enum rtr_wait { RTR_WAIT_MORE, RTR_WAIT_GONE, RTR_WAIT_TIMEOUT } rtr_wait;
-// One bounded wait (WAIT_TICK_MS) for r to change, s->mu held: GONE when the client left (r is cancelled), TIMEOUT
-// when r passed the router's bound (r is failed with 504 timeout), MORE otherwise.
-rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r);
+// http.c: the routes (the top layer)
+void rtr_http_register(rtr_server *s); // s->hooks.client_gone
+// MHD_OPTION_NOTIFY_COMPLETED and the access handler (cls: the rtr_server)
+enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                 const char *version, const char *body, size_t *body_size, void **con_cls);
+void rtr_http_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe);
 
 #endif

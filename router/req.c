@@ -1,0 +1,128 @@
+// router/req.c: a request's life at the bottom of the router: its references, its end (finish, fail, cancel), its
+// admission slots and the bounded wait of the connection that holds it. The layers above reach in through
+// s->hooks (server_int.h): the workers hear a cancel through links.c, the stream trailer is the OpenAI layer's
+// (relay.c), and whether the client is still there is the HTTP layer's question.
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "router/server_int.h"
+
+void rtr_req_unref_locked(rtr_req *r) {
+  if (--r->refs > 0) return;
+  if (--r->s->n_live == 0) pthread_cond_broadcast(&r->s->admit_cv); // rtr_server_drain waits for this
+  for (int i = 0; i < r->q.n && r->ch; i++) {
+    utl_buf_free(&r->ch[i].text);
+    utl_buf_free(&r->ch[i].held);
+    cJSON_Delete(r->ch[i].lp);
+    free(r->ch[i].gen);
+  }
+  free(r->ch);
+  free(r->prompt);
+  utl_buf_free(&r->out);
+  rtr_request_free(&r->q);
+  pthread_cond_destroy(&r->cv);
+  free(r);
+}
+
+static void unlist_locked(rtr_server *s, rtr_req *r) {
+  if (!r->listed) return;
+  for (rtr_req **pp = &s->reqs; *pp; pp = &(*pp)->next)
+    if (*pp == r) {
+      *pp = r->next;
+      break;
+    }
+  r->listed = 0;
+  rtr_req_unref_locked(r);
+}
+
+// Gives back an admitted request's slots and wakes the queue.
+void rtr_release_slots_locked(rtr_server *s, rtr_req *r) {
+  if (r->admitted && r->slots) {
+    s->running_slots -= r->slots;
+    r->slots = 0;
+    rtr_metric_set(s->m_running, s->running_slots);
+    pthread_cond_broadcast(&s->admit_cv);
+  }
+}
+
+// Marks the request finished: stream trailer (the OpenAI layer's hook), metrics, admission slots, out of the active
+// list.
+void rtr_finish_locked(rtr_server *s, rtr_req *r) {
+  if (r->finished) return;
+  r->finished = 1;
+  if (r->q.stream && s->hooks.stream_end) s->hooks.stream_end(r); // the OpenAI layer writes the trailer
+  if (!r->failed) {
+    int64_t t = now_us();
+    rtr_metric_observe(s->m_e2e, (double)(t - r->t_arrival_us) / 1e6);
+    for (int i = 0; i < r->q.n; i++)
+      rtr_metric_add(!strcmp(r->ch[i].finish, "length") ? s->m_ok_length : s->m_ok_stop, 1);
+  } else {
+    rtr_metric_add(s->m_fail, 1);
+  }
+  rtr_release_slots_locked(s, r);
+  pthread_cond_broadcast(&r->cv);
+  unlist_locked(s, r);
+}
+
+void rtr_choice_unlink_locked(rtr_server *s, rtr_choice *c) {
+  if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
+  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+}
+
+void rtr_choice_end_locked(rtr_server *s, rtr_req *r, int ci) {
+  rtr_choice *c = &r->ch[ci];
+  if (c->finished) return;
+  c->finished = 1;
+  c->wait_until_ms = 0;
+  c->decode_lost_ms = 0;
+  r->n_done++;
+  rtr_choice_unlink_locked(s, c);
+}
+
+// Fails the whole request (other choices are cancelled at their workers).
+void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e) {
+  if (r->finished) return;
+  r->failed = 1;
+  r->err = *e;
+  for (int i = 0; i < r->q.n; i++)
+    if (!r->ch[i].finished) {
+      s->hooks.cancel_choice(s, r, i);
+      rtr_choice_end_locked(s, r, i);
+    }
+  rtr_finish_locked(s, r);
+}
+
+// The client went away: cancel whatever still runs; nothing more is sent.
+void rtr_cancel_locked(rtr_server *s, rtr_req *r) {
+  if (r->finished) return;
+  for (int i = 0; i < r->q.n; i++)
+    if (!r->ch[i].finished && r->admitted) {
+      s->hooks.cancel_choice(s, r, i);
+      rtr_choice_end_locked(s, r, i);
+    }
+  r->failed = 1;
+  rtr_fail(&r->err, 499, "invalid_request_error", NULL, "cancelled", "the client disconnected");
+  r->q.stream = 0; // no trailer for nobody
+  rtr_finish_locked(s, r);
+}
+
+rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r) {
+  if (s->hooks.client_gone(r->fd)) {
+    rtr_cancel_locked(s, r);
+    return RTR_WAIT_GONE;
+  }
+  // The router's own bound: the request timeout (10 min when none is set) and 5 s for its error to reach the client.
+  int64_t limit = r->t_arrival_us +
+                  (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : 600000) * 1000 + 5000000;
+  if (now_us() > limit) {
+    rtr_error e;
+    rtr_fail(&e, 504, "server_error", NULL, "timeout", "the request passed its deadline");
+    rtr_fail_locked(s, r, &e);
+    return RTR_WAIT_TIMEOUT;
+  }
+  struct timespec dl;
+  deadline_in(&dl, WAIT_TICK_MS);
+  pthread_cond_timedwait(&r->cv, &s->mu, &dl);
+  return RTR_WAIT_MORE;
+}
