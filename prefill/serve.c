@@ -92,59 +92,50 @@ static pfl_sink *sink_for(pfl_serve *s, srv_peer *from, const cJSON *msg, char *
   return k;
 }
 
-// Reads an array of integers in [lo, hi) into out (n); -1 when it is not exactly that.
-static int int_array(const cJSON *a, int n, double lo, double hi, int32_t *out) {
-  if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n) return -1;
-  int i = 0;
-  const cJSON *v;
-  cJSON_ArrayForEach(v, a) {
-    if (!cJSON_IsNumber(v) || v->valuedouble < lo || v->valuedouble >= hi || v->valuedouble != (int32_t)v->valuedouble)
-      return -1;
-    out[i++] = (int32_t)v->valuedouble;
-  }
-  return 0;
-}
-
 void pfl_serve_on_pull(pfl_serve *s, srv_peer *from, const cJSON *msg) {
-  const cJSON *idj = cJSON_GetObjectItemCaseSensitive(msg, "id");
-  const cJSON *tj = cJSON_GetObjectItemCaseSensitive(msg, "tokens");
-  const cJSON *fj = cJSON_GetObjectItemCaseSensitive(msg, "first");
-  const cJSON *bj = cJSON_GetObjectItemCaseSensitive(msg, "blocks");
-  if (!cJSON_IsString(idj) || strlen(idj->valuestring) >= sizeof ((pfl_sending *)0)->id) {
+  prt_prefix_pull pm; // on a malformed pull, its id as far as it was read (NULL: none)
+  char err[256], why[300];
+  int malformed = prt_prefix_pull_decode(msg, &pm, err, sizeof err);
+  if (!pm.id || strlen(pm.id) >= sizeof ((pfl_sending *)0)->id) {
     srv_warn(s->name, "prefix_pull from %s without a usable id: ignored", srv_peer_name(from));
+    prt_prefix_pull_free(&pm);
     return;
   }
-  const char *id = idj->valuestring;
+  const char *id = pm.id;
   const mdl_kv *kv = wrk_kvpool_kv(s->kv);
   if (mdl_kv_groups(kv) > 1) { // peers with this model never ask (prefill/fetch.c): say why to one that does
     reply(from, id, 0, "this worker's KV pool keeps a sliding-window model's layer groups apart: no prefix fetch");
+    prt_prefix_pull_free(&pm);
     return;
   }
-  int bs = kv->block_size, n_tok = cJSON_IsArray(tj) ? cJSON_GetArraySize(tj) : 0;
-  int nb = n_tok / bs;
-  if (n_tok < bs || n_tok % bs || nb > MAX_PULL_BLOCKS || !cJSON_IsNumber(fj) || fj->valuedouble < 0 ||
-      fj->valuedouble >= nb || fj->valuedouble != (int)fj->valuedouble) {
-    reply(from, id, 0, "bad prefix_pull: tokens must be whole blocks and first one of them");
+  int bs = kv->block_size, n_tok = pm.n_tokens;
+  int nb = n_tok / bs, first = pm.first;
+  if (malformed || n_tok < bs || n_tok % bs || nb > MAX_PULL_BLOCKS || first >= nb) {
+    snprintf(why, sizeof why, "bad prefix_pull: %s",
+             malformed ? err : "tokens must be whole blocks and first one of them");
+    reply(from, id, 0, why);
+    prt_prefix_pull_free(&pm);
     return;
   }
-  int first = (int)fj->valuedouble;
-  char err[256];
   pfl_sink *k = sink_for(s, from, msg, err, sizeof err);
   if (!k) {
     reply(from, id, 0, err);
+    prt_prefix_pull_free(&pm);
     return;
   }
   // One token past the last block: the store always leaves a caller one token to compute, a pull needs none
   // (the extra token is never compared: it lies in the block after the last one matched).
-  int32_t *toks = malloc(((size_t)n_tok + 1) * sizeof *toks), *theirs = malloc((size_t)(nb - first) * sizeof *theirs);
+  int32_t *toks = malloc(((size_t)n_tok + 1) * sizeof *toks), *theirs = pm.blocks; // theirs: (owned by pm)
   int32_t *ours = malloc((size_t)nb * sizeof *ours);
   pfl_sending *p = calloc(1, sizeof *p);
   int got = 0;
   const char *bad = NULL;
-  if (!toks || !theirs || !ours || !p) bad = "out of memory";
-  else if (int_array(tj, n_tok, INT32_MIN, (double)INT32_MAX + 1, toks) ||
-           int_array(bj, nb - first, 0, k->remote.n_blocks, theirs))
-    bad = "bad prefix_pull: tokens and blocks must be integers (blocks: one per block from first, in the peer's pool)";
+  if (!toks || !ours || !p) bad = "out of memory";
+  for (int i = 0; !bad && i <= pm.n_blocks; i++) // one block id per block from first, each in the peer's pool
+    if (pm.n_blocks != nb - first || (i < pm.n_blocks && theirs[i] >= k->remote.n_blocks))
+      bad = "bad prefix_pull: tokens and blocks must be integers (blocks: one per block from first, in the peer's "
+            "pool)";
+  if (!bad) memcpy(toks, pm.tokens, (size_t)n_tok * sizeof *toks);
   if (!bad && s->prefix) {
     toks[n_tok] = 0;
     got = wrk_prefix_match(s->prefix, toks, n_tok + 1, ours, nb);
@@ -163,7 +154,7 @@ void pfl_serve_on_pull(pfl_serve *s, srv_peer *from, const cJSON *msg) {
     reply(from, id, 0, bad);
     srv_debug(s->name, "prefix_pull %s from %s: %s", id, srv_peer_name(from), bad ? bad : "not cached here");
     free(toks);
-    free(theirs);
+    prt_prefix_pull_free(&pm);
     free(ours);
     free(p);
     return;
@@ -179,7 +170,7 @@ void pfl_serve_on_pull(pfl_serve *s, srv_peer *from, const cJSON *msg) {
   s->n_sending++;
   srv_debug(s->name, "prefix_pull %s from %s: writing blocks %d..%d", id, srv_peer_name(from), first, got - 1);
   free(toks);
-  free(theirs);
+  prt_prefix_pull_free(&pm);
 }
 
 void pfl_serve_on_close(pfl_serve *s, srv_peer *peer) {
