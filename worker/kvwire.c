@@ -9,12 +9,16 @@
 #include "proto/hello.h"
 #include "worker/kvstage.h"
 
-void wrk_kvwire_add_layout(cJSON *msg, const wrk_kvpool *kv) {
+prt_kv_layout wrk_kvwire_layout(const wrk_kvpool *kv) {
   const mdl_llama_cfg *c = wrk_kvpool_cfg(kv);
   const mdl_kv *v = wrk_kvpool_kv(kv);
-  prt_kv_layout l = {.n_layer = c->n_layer, .kv_dim = c->n_kv_head * c->head_dim, .type = (int)v->type,
-                     .block_size = v->block_size, .n_blocks = v->n_blocks, .n_groups = mdl_kv_groups(v),
-                     .base = wrk_kvstage_addr(wrk_kvpool_stage(kv), v->base)}; // the mirror, if staged
+  return (prt_kv_layout){.n_layer = c->n_layer, .kv_dim = c->n_kv_head * c->head_dim, .type = (int)v->type,
+                         .block_size = v->block_size, .n_blocks = v->n_blocks, .n_groups = mdl_kv_groups(v),
+                         .base = wrk_kvstage_addr(wrk_kvpool_stage(kv), v->base)}; // the mirror, if staged
+}
+
+void wrk_kvwire_add_layout(cJSON *msg, const wrk_kvpool *kv) {
+  prt_kv_layout l = wrk_kvwire_layout(kv);
   prt_kv_layout_add(msg, &l);
 }
 

@@ -11,6 +11,7 @@
 #include "kvxfer/kvx.h"
 #include "models/sampler.h"
 #include "proto/handoff.h"
+#include "proto/hello.h"
 #include "worker/kvpool.h"
 
 #ifdef __cplusplus
@@ -25,6 +26,7 @@ typedef struct wrk_kv_remote {
   size_t chunk_bytes;  // one (slot, K|V, page)
 } wrk_kv_remote;
 
+prt_kv_layout wrk_kvwire_layout(const wrk_kvpool *kv); // the pool as hello_ok and prefix_pull describe it
 void wrk_kvwire_add_layout(cJSON *msg, const wrk_kvpool *kv);  // "kv_layout": {...}
 // Checks that the peer's layout matches ours (layers, KV width, type, block size, layer groups) and reads where it
 // lives.

@@ -1,5 +1,6 @@
 // worker/shell.c: the bring-up, teardown and control-message dispatch every worker process shares.
 #include "worker/shell.h"
+#include "proto/hello.h"
 #include "proto/proto.h"
 
 #include <stdio.h>
@@ -20,10 +21,10 @@ int64_t wrk_shell_now_ms(void) {
 // own fields. The router reads kv_layout.block_size for its prefix keys; a peer checks the layout matches.
 static void shell_hello(void *arg, cJSON *ok) {
   wrk_shell *sh = arg;
-  cJSON_AddNumberToObject(ok, "n_ctx", sh->rt->n_ctx);
-  cJSON_AddNumberToObject(ok, "n_vocab", mdl_tok_n_vocab(sh->rt->tok));
-  cJSON_AddNumberToObject(ok, "total_blocks", wrk_kvpool_total_blocks(sh->rt->kv));
-  wrk_kvwire_add_layout(ok, sh->rt->kv);
+  prt_hello_ok m = {.has_worker = 1, .n_ctx = sh->rt->n_ctx, .n_vocab = mdl_tok_n_vocab(sh->rt->tok),
+                    .total_blocks = wrk_kvpool_total_blocks(sh->rt->kv), .has_layout = 1,
+                    .kv_layout = wrk_kvwire_layout(sh->rt->kv)};
+  prt_hello_ok_add_worker(ok, &m);
   if (sh->o.hello_extra) sh->o.hello_extra(sh->o.worker, ok);
 }
 
