@@ -43,11 +43,7 @@ void pfl_resume(pfl_worker *w, pfl_pull *p, int got) {
   } else {
     w->fetch_misses++;
   }
-  if (wrk_engine_queue(&w->eng, &r->seq)) {
-    pfl_fail(w, r, "out of memory%s", "");
-    return;
-  }
-  pfl_take_early_table(w, r);
+  w->fetch_done(w, r, wrk_engine_queue(&w->eng, &r->seq) == 0);
 }
 
 // Resolves p once the peer answered and, when it wrote blocks, their notification arrived.

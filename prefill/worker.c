@@ -1,6 +1,7 @@
 // prefill/worker.c: computes prompts in chunked batches and pushes each layer's KV to the decode worker
 // as soon as that layer is done, then sends the first token (docs/protocol.md, "Handoff"); a prefix a peer
 // prefill worker holds is fetched by fetch.c.
+#include "proto/proto.h"
 #include "prefill/worker.h"
 #include "proto/handoff.h"
 #include "proto/request.h"
@@ -16,58 +17,6 @@
 #include "server/log.h"
 #include "worker/kvpool.h"
 #include "worker/kvstage.h"
-
-// ---- links to decode workers and peer prefill workers ----
-
-// The configuration of worker name when it is another worker of role in this cluster; else NULL, and why in err
-// (which may be NULL).
-static const srv_worker_cfg *peer_cfg(pfl_worker *w, const char *name, srv_role role, char *err, size_t errlen) {
-  const srv_worker_cfg *d = srv_config_worker(w->sh.cfg, name);
-  if (d && d->role == role && strcmp(name, w->sh.rt->w->name)) return d;
-  if (err)
-    snprintf(err, errlen, "'%s' is not a%s %s worker of this cluster", name, role == SRV_ROLE_PREFILL ? "nother" : "",
-             srv_role_name(role));
-  return NULL;
-}
-
-// The control link to worker name of role, connecting (bounded by timeout_ms) when there is none or it dropped.
-// A decode worker's link also loads its kvxfer metadata (we write into its pool); either checks that the
-// peer's KV layout matches ours.
-pfl_link *pfl_link_for(pfl_worker *w, const char *name, srv_role role, int timeout_ms, char *err, size_t errlen) {
-  pfl_link *l = NULL;
-  for (int i = 0; i < w->n_links; i++)
-    if (!strcmp(w->links[i]->name, name)) l = w->links[i];
-  if (l && srv_peer_alive(l->peer)) return l;
-  const srv_worker_cfg *d = peer_cfg(w, name, role, err, errlen);
-  if (!d) return NULL;
-  if (!l) {
-    pfl_link **nl = realloc(w->links, (size_t)(w->n_links + 1) * sizeof *nl);
-    if (nl) w->links = nl;
-    if (!nl || !(l = calloc(1, sizeof *l))) {
-      snprintf(err, errlen, "out of memory");
-      return NULL;
-    }
-    w->links[w->n_links++] = l;
-    snprintf(l->name, sizeof l->name, "%s", name);
-  }
-  srv_peer_unref(l->peer); // a dropped link: reconnect
-  l->peer = srv_hub_connect(w->sh.hub, d->host, d->port, timeout_ms, err, errlen);
-  if (!l->peer) return NULL;
-  const cJSON *hello = srv_peer_hello(l->peer);
-  if (wrk_kvwire_read_layout(hello, w->sh.rt->kv, &l->remote, err, errlen) ||
-      (role == SRV_ROLE_DECODE && wrk_kvwire_load_md(hello, w->sh.kvx, l->kvx_peer, sizeof l->kvx_peer, err, errlen))) {
-    srv_peer_close(l->peer);
-    srv_peer_unref(l->peer);
-    l->peer = NULL;
-    return NULL;
-  }
-  if (role == SRV_ROLE_DECODE)
-    fprintf(stderr, "dserve %s: linked to decode worker %s (kvxfer %s)\n", w->sh.rt->w->name, name,
-            kvx_peer_backend(w->sh.kvx, l->kvx_peer) ? kvx_peer_backend(w->sh.kvx, l->kvx_peer) : "?");
-  else
-    fprintf(stderr, "dserve %s: linked to prefill worker %s (prefix fetch)\n", w->sh.rt->w->name, name);
-  return l;
-}
 
 // ---- requests ----
 
@@ -341,8 +290,7 @@ void pfl_take_early_table(pfl_worker *w, pfl_req *r) {
       cJSON *m = w->early[i].msg;
       srv_peer *from = w->early[i].from;
       w->early[i] = w->early[--w->n_early];
-      const cJSON *op = cJSON_GetObjectItemCaseSensitive(m, "op");
-      if (cJSON_IsString(op) && !strcmp(op->valuestring, PRT_OP_KV_FAIL)) { // the decode worker gave up on it already
+      if (prt_is(m, PRT_OP_KV_FAIL)) { // the decode worker gave up on it already
         wrk_send_error(r->router, r->req.id, "worker_failure", "decode worker %s dropped the request", r->link->name);
         req_free(w, r); // it was told kv_freed when its kv_fail came
       } else {
@@ -417,7 +365,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     bad = "a prefill worker serves mode \"prefill\" with a decode worker";
   else if (!(r->link = pfl_link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e))) {
     bad = e, link_failed = 1;
-    decode_down = peer_cfg(w, r->req.decode, SRV_ROLE_DECODE, NULL, 0) != NULL; // ours, unreachable
+    decode_down = pfl_peer_cfg(w, r->req.decode, SRV_ROLE_DECODE, NULL, 0) != NULL; // ours, unreachable
   }
   else if (wrk_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
            mdl_sampler_new(&r->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), r->req.prompt, r->req.n_prompt,
@@ -613,9 +561,16 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
   return 0;
 }
 
+// A request whose prefix fetch ended (fetch.c) was queued, or could not be.
+static void fetch_done(pfl_worker *w, pfl_req *r, int ok) {
+  if (ok) pfl_take_early_table(w, r);
+  else pfl_fail(w, r, "out of memory%s", "");
+}
+
 int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, size_t errlen) {
   pfl_worker w;
   memset(&w, 0, sizeof w);
+  w.fetch_done = fetch_done;
   // A host pool is shareable: a peer prefill worker on this host writes fetched prefixes into it over shm.
   // The shared hello_ok fields are all a prefill worker says (the router reads kv_layout.block_size for its
   // prefix keys); decode workers send no kvxfer metadata to it, it loads theirs.

@@ -89,6 +89,9 @@ typedef struct pfl_worker {
     int64_t expires_ms;
   } *early;               // (owned) (n_early)
   int n_early, cap_early;
+  // worker.c's answer to fetch.c (which it calls, and which calls it only through this): request r, whose fetch
+  // ended, is queued for admission (ok) or could not be (out of memory: r must be failed).
+  void (*fetch_done)(struct pfl_worker *w, pfl_req *r, int ok);
 } pfl_worker;
 
 #define OWNER(sq) ((pfl_req *)(sq)->owner)
@@ -100,16 +103,21 @@ static inline int block_size(const pfl_worker *w) { return wrk_kvpool_kv(w->sh.r
 // How long a decode worker may take to send a request's block table (workers[i].table_timeout_ms).
 static inline int64_t table_timeout_ms(const pfl_worker *w) { return (int64_t)w->sh.wc->table_timeout_ms * DSERVE_TIMEOUT_SCALE; }
 
-// worker.c
+// links.c
+// The configuration of worker name when it is another worker of role in this cluster; else NULL, and why in err
+// (which may be NULL).
+const srv_worker_cfg *pfl_peer_cfg(pfl_worker *w, const char *name, srv_role role, char *err, size_t errlen);
 // The control link to worker name of role, connecting (bounded by timeout_ms) when there is none or it dropped.
 pfl_link *pfl_link_for(pfl_worker *w, const char *name, srv_role role, int timeout_ms, char *err, size_t errlen);
+
+// worker.c
 // Fails r: error to the router (fmt with detail), kv_fail to the decode worker once no write of r can land; frees r.
 void pfl_fail(pfl_worker *w, pfl_req *r, const char *fmt, const char *detail);
 void pfl_take_early_table(pfl_worker *w, pfl_req *r); // hands over a block table that came before r did
 
 // fetch.c (docs/protocol.md, "Prefix fetch")
 // Asks prefill worker peer for r's first want blocks when our store holds fewer. 1 when r now waits for the
-// answer (pfl_resume queues it), 0 when it goes on without.
+// answer (pfl_resume queues it and tells w->fetch_done), 0 when it goes on without.
 int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want);
 // The request waiting for p goes on with the first got blocks the peer wrote (0: none, it computes them).
 void pfl_resume(pfl_worker *w, pfl_pull *p, int got);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "proto/proto.h"
 #include "models/chat.h"
 #include "proto/events.h"
 #include "proto/hello.h"
@@ -18,12 +19,6 @@
 
 #define STATS_EVERY_MS 1000
 #define LINK_DEAD_DEFAULT_MS 15000 // router.link_dead_ms when a caller's config leaves it 0
-
-// A number field of a worker's message: dflt when it is absent, not a number or not finite.
-double rtr_msg_num(const cJSON *o, const char *k, double dflt) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  return cJSON_IsNumber(v) && isfinite(v->valuedouble) ? v->valuedouble : dflt;
-}
 
 // Cancels choice ci at its worker(s) still linked.
 static void send_cancel(rtr_server *s, rtr_req *r, int ci) {
@@ -217,9 +212,8 @@ void *rtr_dispatcher_main(void *arg) {
       if (l && !ev.msg) {
         link_down_locked(s, l);
       } else if (l) {
-        const cJSON *op = cJSON_GetObjectItemCaseSensitive(ev.msg, "op");
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(ev.msg, "id");
-        const char *o = cJSON_IsString(op) ? op->valuestring : "";
+        const char *o = prt_op(ev.msg);
         if (!strcmp(o, PRT_OP_PONG)) { // from the worker's hub thread: alive, however busy its compute loop is
           l->last_stats_ms = now_us() / 1000;
           l->silent_moved = 0;

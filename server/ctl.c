@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "proto/proto.h"
+
 struct srv_ctl {
   int fd;
   pthread_mutex_t send_mu; // orders whole frames from several sender threads
@@ -172,7 +174,7 @@ int srv_ctl_recv(srv_ctl *c, cJSON **msg, int timeout_ms, char *err, size_t errl
         cJSON *m = cJSON_ParseWithLength((const char *)c->buf + 4, n);
         memmove(c->buf, c->buf + 4 + n, c->len - 4 - n);
         c->len -= 4 + n;
-        if (!m || !cJSON_IsObject(m) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "op"))) {
+        if (!m || !cJSON_IsObject(m) || !*prt_op(m)) {
           cJSON_Delete(m);
           snprintf(err, errlen, "malformed control message (not a JSON object with a string \"op\")");
           return -1;

@@ -98,7 +98,7 @@ cJSON *wrk_shell_stats_new(const wrk_shell *sh, prt_stats_ok *st) {
 
 static void dispatch(wrk_shell *sh, const srv_event *ev) {
   // srv_ctl_recv passes on only JSON objects whose "op" is a string.
-  const char *op = cJSON_GetObjectItemCaseSensitive(ev->msg, "op")->valuestring;
+  const char *op = prt_op(ev->msg);
   for (size_t i = 0; i < sh->o.n_ops; i++)
     if (!strcmp(sh->o.ops[i].op, op)) {
       if (sh->o.ops[i].fn) sh->o.ops[i].fn(sh->o.worker, ev->peer, ev->msg);
