@@ -116,7 +116,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   make_metrics(s);
   for (int i = 0; i < o->cfg->n_workers; i++)
     if (o->cfg->workers[i].role != SRV_ROLE_PREFILL)
-      s->capacity += o->cfg->workers[i].max_seqs > 0 ? o->cfg->workers[i].max_seqs : 64;
+      s->capacity += o->cfg->workers[i].max_seqs > 0 ? o->cfg->workers[i].max_seqs : SRV_DEF_MAX_SEQS;
   if (s->capacity <= 0) s->capacity = 64;
   srv_hub_opts ho = {.name = "router", .role = "router", .secret = o->cfg->secret, .host = NULL};
   if (srv_hub_new(&ho, &s->hub, err, errlen) < 0) {
@@ -154,8 +154,8 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   }
   // conns.c accepts and hands the sockets over; MHD's own limit sits above the gate's cap, with room for
   // connections the gate already let go that MHD has not cleaned up yet
-  unsigned timeout = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : 60);
-  unsigned cap = (unsigned)(s->rc->max_connections > 0 ? s->rc->max_connections : 4096);
+  unsigned timeout = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : SRV_DEF_CONN_TIMEOUT_S);
+  unsigned cap = (unsigned)(s->rc->max_connections > 0 ? s->rc->max_connections : SRV_DEF_MAX_CONNECTIONS);
   s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
                                 MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC,
                             0, NULL, NULL, rtr_http_handler, s, MHD_OPTION_CONNECTION_TIMEOUT, timeout,

@@ -295,7 +295,7 @@ static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o
   }
   if (cfg_str(x, r, p, "host", o->host, sizeof o->host, cfg_node_host(nodes, n_nodes, o->node))) return -1;
   if (!o->host[0]) return cfg_fail(x, "router.host", "must not be empty");
-  if (cfg_int32(x, r, p, "port", &o->port, 0, 65535, 8000, 0)) return -1;
+  if (cfg_int32(x, r, p, "port", &o->port, 0, 65535, SRV_DEF_ROUTER_PORT, 0)) return -1;
   const cJSON *keys = cfg_item(r, "api_keys");
   if (keys) {
     if (!cJSON_IsArray(keys)) return cfg_fail(x, "router.api_keys", "expected an array of strings, got %s", cfg_type_name(keys));
@@ -318,31 +318,34 @@ static int cfg_router(cfg_ctx *x, const cJSON *r, int present, srv_router_cfg *o
   long long body;
   if (cfg_int(x, r, p, "max_body_bytes", &body, 1, 1LL << 40, 1 << 20, 0)) return -1;
   o->max_body_bytes = (size_t)body;
-  if (cfg_int32(x, r, p, "conn_timeout_s", &o->conn_timeout_s, 1, 86400, 60, 0)) return -1;
-  if (cfg_int32(x, r, p, "queue_limit", &o->queue_limit, 1, 1000000, 256, 0)) return -1;
+  if (cfg_int32(x, r, p, "conn_timeout_s", &o->conn_timeout_s, 1, 86400, SRV_DEF_CONN_TIMEOUT_S, 0)) return -1;
+  if (cfg_int32(x, r, p, "queue_limit", &o->queue_limit, 1, 1000000, SRV_DEF_QUEUE_LIMIT, 0)) return -1;
   if (cfg_int32(x, r, p, "max_tokens_limit", &o->max_tokens_limit, 0, 1 << 30, 0, 0)) return -1;
-  if (cfg_int32(x, r, p, "max_n", &o->max_n, 1, 1024, 8, 0)) return -1;
-  if (cfg_int32(x, r, p, "max_stop", &o->max_stop, 0, 1024, 8, 0)) return -1;
-  if (cfg_int32(x, r, p, "request_timeout_ms", &o->request_timeout_ms, 1, 86400000, 600000, 0)) return -1;
+  if (cfg_int32(x, r, p, "max_n", &o->max_n, 1, 1024, SRV_DEF_MAX_N, 0)) return -1;
+  if (cfg_int32(x, r, p, "max_stop", &o->max_stop, 0, 1024, SRV_DEF_MAX_STOP, 0)) return -1;
+  if (cfg_int32(x, r, p, "request_timeout_ms", &o->request_timeout_ms, 1, 86400000, SRV_DEF_REQUEST_TIMEOUT_MS, 0)) return -1;
   char policy[16];
-  if (cfg_int32(x, r, p, "disagg_threshold", &o->disagg_threshold, 0, 1 << 30, 128, 0) ||
+  if (cfg_int32(x, r, p, "disagg_threshold", &o->disagg_threshold, 0, 1 << 30, SRV_DEF_DISAGG_THRESHOLD, 0) ||
       cfg_str(x, r, p, "disagg_policy", policy, sizeof policy, "auto") ||
       cfg_one_of(x, p, "disagg_policy", policy, S_DISAGG_POLICY) ||
-      cfg_int32(x, r, p, "disagg_max_prefill_queue", &o->disagg_max_prefill_queue, 0, 1 << 20, 2, 0))
+      cfg_int32(x, r, p, "disagg_max_prefill_queue", &o->disagg_max_prefill_queue, 0, 1 << 20,
+                SRV_DEF_DISAGG_MAX_PREFILL_QUEUE, 0))
     return -1;
   o->disagg_policy = strcmp(policy, "threshold") ? SRV_DISAGG_AUTO : SRV_DISAGG_THRESHOLD;
-  if (cfg_int32(x, r, p, "link_dead_ms", &o->link_dead_ms, 2000, 3600000, 15000, 0)) return -1;
+  if (cfg_int32(x, r, p, "link_dead_ms", &o->link_dead_ms, 2000, 3600000, SRV_DEF_LINK_DEAD_MS, 0)) return -1;
   if (cfg_bool(x, r, p, "prefix_fetch", &o->prefix_fetch, 0) ||
-      cfg_int32(x, r, p, "prefix_fetch_min_blocks", &o->prefix_fetch_min_blocks, 1, 1 << 20, 4, 0))
+      cfg_int32(x, r, p, "prefix_fetch_min_blocks", &o->prefix_fetch_min_blocks, 1, 1 << 20,
+                SRV_DEF_PREFIX_FETCH_MIN_BLOCKS, 0))
     return -1;
-  if (cfg_int32(x, r, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, 30, 0)) return -1;
-  if (cfg_int32(x, r, p, "max_connections", &o->max_connections, 1, 1000000, 4096, 0) ||
-      cfg_int32(x, r, p, "max_connections_per_client", &o->max_connections_per_client, 1, 1000000, 256, 0) ||
-      cfg_int32(x, r, p, "header_timeout_s", &o->header_timeout_s, 1, 3600, 10, 0))
+  if (cfg_int32(x, r, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, SRV_DEF_DRAIN_TIMEOUT_S, 0)) return -1;
+  if (cfg_int32(x, r, p, "max_connections", &o->max_connections, 1, 1000000, SRV_DEF_MAX_CONNECTIONS, 0) ||
+      cfg_int32(x, r, p, "max_connections_per_client", &o->max_connections_per_client, 1, 1000000,
+                SRV_DEF_MAX_CONNECTIONS_PER_CLIENT, 0) ||
+      cfg_int32(x, r, p, "header_timeout_s", &o->header_timeout_s, 1, 3600, SRV_DEF_HEADER_TIMEOUT_S, 0))
     return -1;
-  if (cfg_int32(x, r, p, "migration_limit", &o->migration_limit, 0, 100, 2, 0) ||
-      cfg_int32(x, r, p, "migration_wait_ms", &o->migration_wait_ms, 0, 3600000, 10000, 0) ||
-      cfg_int32(x, r, p, "migrate_silent_ms", &o->migrate_silent_ms, 0, 3600000, 2000, 0))
+  if (cfg_int32(x, r, p, "migration_limit", &o->migration_limit, 0, 100, SRV_DEF_MIGRATION_LIMIT, 0) ||
+      cfg_int32(x, r, p, "migration_wait_ms", &o->migration_wait_ms, 0, 3600000, SRV_DEF_MIGRATION_WAIT_MS, 0) ||
+      cfg_int32(x, r, p, "migrate_silent_ms", &o->migrate_silent_ms, 0, 3600000, SRV_DEF_MIGRATE_SILENT_MS, 0))
     return -1;
   const cJSON *rt;
   if (cfg_obj(x, r, p, "routing", &rt)) return -1;
@@ -420,17 +423,17 @@ static int cfg_worker(cfg_ctx *x, const cJSON *w, int idx, srv_worker_cfg *o, co
   if (cfg_str(x, w, p, "cuda_graphs", o->cuda_graphs, sizeof o->cuda_graphs, "off") ||
       cfg_one_of(x, p, "cuda_graphs", o->cuda_graphs, S_ONOFF))
     return -1;
-  if (cfg_num(x, w, p, "kv_budget_mb", &o->kv_budget_mb, 0, 1, 1e7, 256)) return -1;
-  if (cfg_int32(x, w, p, "block_size", &o->block_size, 1, 1024, 16, 0)) return -1;
+  if (cfg_num(x, w, p, "kv_budget_mb", &o->kv_budget_mb, 0, 1, 1e7, SRV_DEF_KV_BUDGET_MB)) return -1;
+  if (cfg_int32(x, w, p, "block_size", &o->block_size, 1, 1024, SRV_DEF_BLOCK_SIZE, 0)) return -1;
   if (cfg_str(x, w, p, "kv_type", o->kv_type, sizeof o->kv_type, "f16") ||
       cfg_one_of(x, p, "kv_type", o->kv_type, S_KVTYPE))
     return -1;
-  if (cfg_int32(x, w, p, "max_seqs", &o->max_seqs, 1, 65536, 64, 0)) return -1;
-  if (cfg_int32(x, w, p, "max_batch_tokens", &o->max_batch_tokens, 1, 1 << 20, 512, 0)) return -1;
+  if (cfg_int32(x, w, p, "max_seqs", &o->max_seqs, 1, 65536, SRV_DEF_MAX_SEQS, 0)) return -1;
+  if (cfg_int32(x, w, p, "max_batch_tokens", &o->max_batch_tokens, 1, 1 << 20, SRV_DEF_MAX_BATCH_TOKENS, 0)) return -1;
   if (cfg_num(x, w, p, "tpot_target_ms", &o->tpot_target_ms, 0, 0, 1e6, 0)) return -1;
-  if (cfg_int32(x, w, p, "handoff_timeout_ms", &o->handoff_timeout_ms, 1, 86400000, 30000, 0) ||
-      cfg_int32(x, w, p, "table_timeout_ms", &o->table_timeout_ms, 1, 86400000, 30000, 0) ||
-      cfg_int32(x, w, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, 30, 0))
+  if (cfg_int32(x, w, p, "handoff_timeout_ms", &o->handoff_timeout_ms, 1, 86400000, SRV_DEF_HANDOFF_TIMEOUT_MS, 0) ||
+      cfg_int32(x, w, p, "table_timeout_ms", &o->table_timeout_ms, 1, 86400000, SRV_DEF_TABLE_TIMEOUT_MS, 0) ||
+      cfg_int32(x, w, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, SRV_DEF_DRAIN_TIMEOUT_S, 0))
     return -1;
   // Default: the prefix cache may keep up to half of the KV pool (unused cached blocks are evicted on demand).
   if (cfg_num(x, w, p, "prefix_cache_mb", &o->prefix_cache_mb, 0, 0, 1e7, o->kv_budget_mb / 2)) return -1;

@@ -13,6 +13,34 @@ const char *srv_role_name(srv_role r); // "both", "prefill", "decode"
 // router.disagg_policy (router/sched.h rtr_sched_disagg says what each does)
 typedef enum srv_disagg_policy { SRV_DISAGG_AUTO = 0, SRV_DISAGG_THRESHOLD = 1 } srv_disagg_policy;
 
+// The one place each default lives: config.c fills a file's absent keys with these, and code that meets a config
+// made without the file (tests, a zeroed field) falls back to the same constant, never to a number of its own.
+enum {
+  SRV_DEF_ROUTER_PORT = 8000,
+  SRV_DEF_CONN_TIMEOUT_S = 60,
+  SRV_DEF_QUEUE_LIMIT = 256,
+  SRV_DEF_MAX_N = 8,
+  SRV_DEF_MAX_STOP = 8,
+  SRV_DEF_REQUEST_TIMEOUT_MS = 600000,
+  SRV_DEF_LINK_DEAD_MS = 15000,
+  SRV_DEF_DISAGG_THRESHOLD = 128,
+  SRV_DEF_DISAGG_MAX_PREFILL_QUEUE = 2,
+  SRV_DEF_PREFIX_FETCH_MIN_BLOCKS = 4,
+  SRV_DEF_DRAIN_TIMEOUT_S = 30,
+  SRV_DEF_MAX_CONNECTIONS = 4096,
+  SRV_DEF_MAX_CONNECTIONS_PER_CLIENT = 256,
+  SRV_DEF_HEADER_TIMEOUT_S = 10,
+  SRV_DEF_MIGRATION_LIMIT = 2,
+  SRV_DEF_MIGRATION_WAIT_MS = 10000,
+  SRV_DEF_MIGRATE_SILENT_MS = 2000,
+  SRV_DEF_KV_BUDGET_MB = 256,
+  SRV_DEF_BLOCK_SIZE = 16,
+  SRV_DEF_MAX_SEQS = 64,
+  SRV_DEF_MAX_BATCH_TOKENS = 512,
+  SRV_DEF_HANDOFF_TIMEOUT_MS = 30000,
+  SRV_DEF_TABLE_TIMEOUT_MS = 30000,
+};
+
 typedef struct srv_worker_cfg {
   char name[64];          // unique in the cluster
   char node[64];          // the node that runs it

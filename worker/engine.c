@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "server/log.h"
+#include "util/clock.h"
 
 // ---- step cost model and budget (pure) ----
 
@@ -61,11 +61,6 @@ int wrk_step_budget(const wrk_stepcost *c, double target_ms, int n_decode, int m
   return b < max_tokens ? b : max_tokens;
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 // ---- sequences ----
 
@@ -183,7 +178,7 @@ int wrk_engine_busy(const wrk_engine *e) { return e->n_run > 0 || e->n_wait > 0;
 static int block_size(const wrk_engine *e) { return wrk_kvpool_kv(e->rt->kv)->block_size; }
 
 // The most prompt tokens one step computes (workers[i].max_batch_tokens).
-static int max_chunk(const wrk_engine *e) { return e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : 512; }
+static int max_chunk(const wrk_engine *e) { return e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : SRV_DEF_MAX_BATCH_TOKENS; }
 
 // Makes s's table cover n_tokens positions, evicting cached blocks nobody uses (LRU, leaves first) for as long as
 // the pool is short: first as many as the table lacks, then one at a time (a sliding-window pool's free count is
@@ -257,7 +252,7 @@ static int held_outside_cache(const wrk_engine *e) {
 }
 
 void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int blocks_needed), void *arg) {
-  int max_seqs = e->rt->w->max_seqs > 0 ? e->rt->w->max_seqs : 64;
+  int max_seqs = e->rt->w->max_seqs > 0 ? e->rt->w->max_seqs : SRV_DEF_MAX_SEQS;
   while (e->n_wait > 0 && e->n_run < max_seqs) {
     wrk_seq *s = e->wait[0];
     int needed = wrk_kvpool_blocks_needed(e->rt->kv, s->n_toks + 1, max_chunk(e));
@@ -338,7 +333,7 @@ int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
     e->logits = l;
     e->cap_rows = n;
   }
-  double t0 = now_ms();
+  double t0 = utl_now_ms_f();
   if (e->step_t0_ms > 0) {
     wrk_stepcost_observe(&e->cost, e->step_tokens, t0 - e->step_t0_ms);
     if (e->cost.n % 256 == 0)

@@ -52,7 +52,7 @@ int wrk_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareab
   wrk_kvpool_opts ko = {
       .budget_bytes = (size_t)(w->kv_budget_mb * 1024.0 * 1024.0),
       .type = !strcmp(w->kv_type, "f32") ? KRN_F32 : KRN_F16,
-      .block_size = w->block_size > 0 ? w->block_size : 16,
+      .block_size = w->block_size > 0 ? w->block_size : SRV_DEF_BLOCK_SIZE,
       .shareable = shareable_kv,
   };
   if (wrk_kvpool_new(mc, &rt->kc, &ko, &rt->kv, e, sizeof e)) goto fail;
