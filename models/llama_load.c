@@ -1,0 +1,382 @@
+// models/llama_load.c: a Llama-family model from a GGUF: its config from the metadata, RoPE scaling, its weights.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/llama_int.h"
+
+static int get_int(const mdl_gguf *g, const char *arch, const char *key, int required, int dflt, int *out, char *err,
+                   size_t errlen) {
+  char k[128];
+  snprintf(k, sizeof k, "%s.%s", arch, key);
+  int64_t v;
+  if (mdl_gguf_get_i64(g, k, &v) != 0) {
+    if (required) {
+      snprintf(err, errlen, "model: metadata %s missing", k);
+      return -1;
+    }
+    *out = dflt;
+    return 0;
+  }
+  if (v < 1 || v > (1 << 30)) {
+    snprintf(err, errlen, "model: metadata %s = %lld out of range", k, (long long)v);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+// mdl_llama_opts.f32_weights: t's rows(rows, k) into an F32 copy in m->uploads, by the scalar backend's get_rows
+// (krn_scalar_dequant_row, the reference every backend is tested against), a bounded run of row ids at a time.
+static int dequant_w(mdl_llama *m, const char *name, const mdl_gguf_tensor *t, int64_t k, int64_t rows, mdl_w *out,
+                     char *err, size_t errlen) {
+  size_t bytes = (size_t)k * (size_t)rows * sizeof(float);
+  float *d = m->kc->be->alloc(m->kc, bytes);
+  if (!d) {
+    snprintf(err, errlen, "model: cannot allocate %zu bytes for %s in F32", bytes, name);
+    return -1;
+  }
+  m->uploads[m->n_uploads++] = d;
+  const krn_backend *sc = krn_cpu_scalar();
+  krn_ctx sctx = {sc, NULL, NULL};
+  int32_t ids[256];
+  for (int64_t r0 = 0; r0 < rows; r0 += 256) {
+    int n = rows - r0 < 256 ? (int)(rows - r0) : 256;
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(r0 + i);
+    sc->get_rows(&sctx, d + (size_t)r0 * (size_t)k, t->data, (krn_type)t->type, ids, n, (int)k);
+  }
+  out->data = d;
+  out->type = KRN_F32;
+  return 0;
+}
+
+// Finds a tensor, checks its type and its shape (ne0 = row length, ne1 = rows; ne1 0 for a vector).
+static int get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int optional, int f32_only, mdl_w *out,
+                 char *err, size_t errlen) {
+  const mdl_gguf_tensor *t = mdl_gguf_tensor_find(m->g, name);
+  out->data = NULL;
+  out->type = KRN_F32;
+  if (!t) {
+    if (optional) return 0;
+    snprintf(err, errlen, "model: tensor %s missing", name);
+    return -1;
+  }
+  if (!krn_type_known(t->type) || (f32_only && t->type != KRN_F32)) {
+    snprintf(err, errlen, "model: tensor %s has type %s, which dserve does not support%s", name,
+             krn_type_name(t->type), f32_only ? " here (F32 needed)" : " (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+    return -1;
+  }
+  int want_dims = ne1 ? 2 : 1;
+  int64_t have1 = t->n_dims >= 2 ? t->ne[1] : 0;
+  int extra = 0;
+  for (int d = 2; d < t->n_dims; d++) extra |= t->ne[d] != 1;
+  if (t->ne[0] != ne0 || have1 != ne1 || extra || t->n_dims < want_dims) {
+    snprintf(err, errlen, "model: tensor %s has shape (%lld, %lld), expected (%lld, %lld)", name,
+             (long long)t->ne[0], (long long)have1, (long long)ne0, (long long)ne1);
+    return -1;
+  }
+  if (ne0 % krn_type_block(t->type)) {
+    snprintf(err, errlen, "model: tensor %s rows of %lld are not a multiple of %d", name, (long long)ne0, krn_type_block(t->type));
+    return -1;
+  }
+  size_t need = krn_row_size((krn_type)t->type, ne0) * (size_t)(ne1 ? ne1 : 1);
+  if (t->nbytes < need) {
+    snprintf(err, errlen, "model: tensor %s holds %zu bytes, %zu needed", name, t->nbytes, need);
+    return -1;
+  }
+  out->type = (krn_type)t->type;
+  if (m->f32_weights && t->type != KRN_F32) return dequant_w(m, name, t, ne0, ne1 ? ne1 : 1, out, err, errlen);
+  if (m->on_host) {
+    out->data = t->data;
+    return 0;
+  }
+  void *d = m->kc->be->alloc(m->kc, need);
+  if (!d) {
+    snprintf(err, errlen, "model: cannot allocate %zu bytes for %s on %s", need, name, m->kc->be->name);
+    return -1;
+  }
+  m->kc->be->upload(m->kc, d, t->data, need);
+  m->uploads[m->n_uploads++] = d;
+  out->data = d;
+  return 0;
+}
+
+#define PI_F 3.14159265358979f
+
+void mdl_rope_freqs(const mdl_rope_scaling *s, int n_dims, float base, float *inv_freq, float *mscale) {
+  int half = n_dims / 2;
+  float fs = s->type == MDL_ROPE_NONE || !(s->factor > 0) ? 1.0f : 1.0f / s->factor;
+  float lo = 0, hi = 0;
+  if (s->type == MDL_ROPE_YARN) { // the pairs that turn fewer than beta_fast..beta_slow times over n_ctx_orig
+    float dfast = (float)n_dims * logf((float)s->n_ctx_orig / (s->beta_fast * 2.0f * PI_F)) / (2.0f * logf(base));
+    float dslow = (float)n_dims * logf((float)s->n_ctx_orig / (s->beta_slow * 2.0f * PI_F)) / (2.0f * logf(base));
+    lo = fmaxf(0.0f, floorf(dfast));
+    hi = fminf((float)(n_dims - 1), ceilf(dslow));
+  }
+  for (int i = 0; i < half; i++) {
+    float b = powf(base, -2.0f * (float)i / (float)n_dims);
+    if (s->freq_factors) b /= s->freq_factors[i];
+    float mix = 0; // yarn: 1 keeps the pair's frequency (fast pairs), 0 interpolates it (slow ones)
+    if (s->type == MDL_ROPE_YARN) mix = 1.0f - fminf(1.0f, fmaxf(0.0f, ((float)i - lo) / fmaxf(0.001f, hi - lo)));
+    inv_freq[i] = b * (fs * (1.0f - mix) + mix);
+  }
+  *mscale = s->attn_factor;
+  if (s->type == MDL_ROPE_YARN && s->factor > 1.0f) *mscale *= 1.0f + 0.1f * logf(s->factor);
+}
+
+// The GGUF's RoPE scaling (llama.h) into m->cfg; an unknown type, a bad factor or a scaling this backend or
+// architecture cannot run is an error. Scaling that changes nothing leaves plain RoPE.
+static int rope_scaling(mdl_llama *m, const mdl_gguf *g, const char *arch, char *err, size_t errlen) {
+  mdl_llama_cfg *c = &m->cfg;
+  mdl_rope_scaling s = {.type = MDL_ROPE_LINEAR, .factor = 1, .attn_factor = 1, .n_ctx_orig = c->n_ctx_train,
+                        .beta_fast = 32, .beta_slow = 1};
+  char key[128];
+  mdl_str rs;
+  snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+  snprintf(c->rope_scaling, sizeof c->rope_scaling, "linear"); // llama.cpp's default when the key is absent
+  if (mdl_gguf_get_str(g, key, &rs) == 0) {
+    if (mdl_str_eq(rs, "none")) s.type = MDL_ROPE_NONE;
+    else if (mdl_str_eq(rs, "yarn")) s.type = MDL_ROPE_YARN;
+    else if (!mdl_str_eq(rs, "linear")) {
+      snprintf(err, errlen,
+               "model: %s '%.*s' not supported (none, linear and yarn are; Llama 3's scaling comes as the tensor "
+               "rope_freqs.weight)",
+               key, (int)(rs.n < 32 ? rs.n : 32), rs.p);
+      return -1;
+    }
+    snprintf(c->rope_scaling, sizeof c->rope_scaling, "%.*s", (int)rs.n, rs.p);
+  }
+  float f = 0;
+  snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+  if (mdl_gguf_get_f32(g, key, &f) != 0) {
+    snprintf(key, sizeof key, "%s.rope.scale_linear", arch);
+    if (mdl_gguf_get_f32(g, key, &f) != 0) f = 0;
+  }
+  if (!(f >= 0) || !isfinite(f)) {
+    snprintf(err, errlen, "model: %s = %g is not a scaling factor (> 0, or 0 for none)", key, f);
+    return -1;
+  }
+  s.factor = f == 0 ? 1.0f : f;
+  snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
+  if (mdl_gguf_get_f32(g, key, &s.attn_factor) != 0) s.attn_factor = 1;
+  if (!(s.attn_factor > 0) || !isfinite(s.attn_factor)) {
+    snprintf(err, errlen, "model: %s = %g not positive", key, s.attn_factor);
+    return -1;
+  }
+  int64_t oc;
+  snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
+  if (mdl_gguf_get_i64(g, key, &oc) == 0) {
+    if (oc < 1 || oc > (1 << 30)) {
+      snprintf(err, errlen, "model: %s = %lld out of range", key, (long long)oc);
+      return -1;
+    }
+    s.n_ctx_orig = (int)oc;
+  }
+  int half = c->head_dim / 2;
+  const mdl_gguf_tensor *ft = mdl_gguf_tensor_find(g, "rope_freqs.weight");
+  if (ft) { // Llama 3.x: llama.cpp reads it for the llama architecture only
+    if (strcmp(arch, "llama") != 0) {
+      snprintf(err, errlen, "model: rope_freqs.weight is not supported for %s (llama only, as llama.cpp)", arch);
+      return -1;
+    }
+    if (ft->type != KRN_F32 || ft->n_dims != 1 || ft->ne[0] != half || ft->nbytes < (size_t)half * 4) {
+      snprintf(err, errlen, "model: rope_freqs.weight must be F32 of %d values (head_dim / 2)", half);
+      return -1;
+    }
+    s.freq_factors = (const float *)ft->data;
+    for (int i = 0; i < half; i++)
+      if (!(s.freq_factors[i] > 0) || !isfinite(s.freq_factors[i])) {
+        snprintf(err, errlen, "model: rope_freqs.weight[%d] = %g not positive", i, s.freq_factors[i]);
+        return -1;
+      }
+    size_t l = strlen(c->rope_scaling);
+    snprintf(c->rope_scaling + l, sizeof c->rope_scaling - l, "+freqs");
+  }
+  int identity = (s.type == MDL_ROPE_NONE || s.factor == 1.0f) && !s.freq_factors && s.attn_factor == 1.0f;
+  if (identity) return 0;
+  if (half > (int)(sizeof c->rope_inv_freq / sizeof c->rope_inv_freq[0])) {
+    snprintf(err, errlen, "model: head_dim %d too large for scaled RoPE (512 at most)", c->head_dim);
+    return -1;
+  }
+  if (c->gemma3 && (s.type == MDL_ROPE_YARN || s.attn_factor != 1.0f)) { // (llama.cpp scales the local layers too)
+    snprintf(err, errlen, "model: yarn rope scaling or an attention factor with gemma3 is not supported (linear is)");
+    return -1;
+  }
+  if (!m->kc->be->rope_freqs) {
+    snprintf(err, errlen, "model: rope scaling (%s) needs scaled RoPE, which the %s backend lacks", c->rope_scaling,
+             m->kc->be->name);
+    return -1;
+  }
+  mdl_rope_freqs(&s, c->head_dim, c->rope_theta, c->rope_inv_freq, &c->rope_mscale);
+  c->rope_scaled = 1;
+  if (m->on_host) m->rope_freq = c->rope_inv_freq;
+  else {
+    void *d = m->kc->be->alloc(m->kc, (size_t)half * 4);
+    if (!d) {
+      snprintf(err, errlen, "model: cannot allocate the RoPE frequencies on %s", m->kc->be->name);
+      return -1;
+    }
+    m->kc->be->upload(m->kc, d, c->rope_inv_freq, (size_t)half * 4);
+    m->uploads[m->n_uploads++] = d;
+    m->rope_freq = d;
+  }
+  return 0;
+}
+
+int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, size_t errlen) {
+  return mdl_llama_load_opts(g, kc, NULL, out, err, errlen);
+}
+
+int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o, mdl_llama **out, char *err,
+                        size_t errlen) {
+  *out = NULL;
+  if (!g || !kc || !kc->be) {
+    snprintf(err, errlen, "model: no GGUF or no kernel context");
+    return -1;
+  }
+  mdl_str a;
+  if (mdl_gguf_get_str(g, "general.architecture", &a) != 0) {
+    snprintf(err, errlen, "model: general.architecture missing");
+    return -1;
+  }
+  char arch[32];
+  snprintf(arch, sizeof arch, "%.*s", (int)(a.n < 31 ? a.n : 31), a.p);
+  int qwen2 = !strcmp(arch, "qwen2"), gemma3 = !strcmp(arch, "gemma3");
+  if (strcmp(arch, "llama") && !qwen2 && !gemma3) {
+    snprintf(err, errlen, "model: architecture '%.*s' not supported (llama, qwen2, gemma3)", (int)(a.n < 64 ? a.n : 64),
+             a.p);
+    return -1;
+  }
+  if (gemma3 && !(kc->be->geglu && kc->be->scale && kc->be->attn_window)) {
+    snprintf(err, errlen, "model: gemma3 needs GELU, scale and sliding-window attention ops, which the %s backend lacks",
+             kc->be->name);
+    return -1;
+  }
+  mdl_llama *m = calloc(1, sizeof *m);
+  if (!m) {
+    snprintf(err, errlen, "model: out of memory");
+    return -1;
+  }
+  m->g = g;
+  m->kc = kc;
+  m->on_host = kc->be != krn_cuda();
+  m->f32_weights = o && o->f32_weights;
+  if (m->f32_weights && !m->on_host) {
+    snprintf(err, errlen, "model: F32 weights (a scoring reference) are for the cpu backends, not %s", kc->be->name);
+    free(m);
+    return -1;
+  }
+  mdl_llama_cfg *c = &m->cfg;
+  snprintf(c->arch, sizeof c->arch, "%s", arch);
+  c->rope_neox = qwen2 || gemma3; // llama.cpp: LLAMA_ROPE_TYPE_NEOX for both
+  c->gemma3 = gemma3;
+  if (get_int(g, arch, "block_count", 1, 0, &c->n_layer, err, errlen) ||
+      get_int(g, arch, "embedding_length", 1, 0, &c->n_embd, err, errlen) ||
+      get_int(g, arch, "feed_forward_length", 1, 0, &c->n_ff, err, errlen) ||
+      get_int(g, arch, "attention.head_count", 1, 0, &c->n_head, err, errlen) ||
+      get_int(g, arch, "attention.head_count_kv", 0, c->n_head, &c->n_kv_head, err, errlen) ||
+      get_int(g, arch, "context_length", 0, 2048, &c->n_ctx_train, err, errlen))
+    goto fail;
+  if (c->n_embd % c->n_head || c->n_head % c->n_kv_head) {
+    snprintf(err, errlen, "model: %d heads do not divide embedding %d or are not a multiple of %d KV heads", c->n_head,
+             c->n_embd, c->n_kv_head);
+    goto fail;
+  }
+  if (get_int(g, arch, "attention.key_length", 0, c->n_embd / c->n_head, &c->head_dim, err, errlen)) goto fail;
+  int vlen, rdim;
+  if (get_int(g, arch, "attention.value_length", 0, c->head_dim, &vlen, err, errlen) ||
+      get_int(g, arch, "rope.dimension_count", 0, c->head_dim, &rdim, err, errlen))
+    goto fail;
+  if (vlen != c->head_dim || rdim != c->head_dim || (c->head_dim & 1)) {
+    snprintf(err, errlen, "model: head dims (key %d, value %d, rope %d) differ; not supported", c->head_dim, vlen, rdim);
+    goto fail;
+  }
+  char key[128];
+  snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+  if (mdl_gguf_get_f32(g, key, &c->rms_eps) != 0) c->rms_eps = 1e-5f;
+  snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+  if (mdl_gguf_get_f32(g, key, &c->rope_theta) != 0) c->rope_theta = 10000.0f;
+  c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+  if (gemma3) {
+    if (get_int(g, arch, "attention.sliding_window", 0, 0, &c->n_swa, err, errlen)) goto fail;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    const mdl_gguf_kv *pk = mdl_gguf_find(g, key);
+    if (pk && pk->type == MDL_GGUF_ARR) {
+      snprintf(err, errlen, "model: %s as a per-layer array is not supported (an integer pattern is)", key);
+      goto fail;
+    }
+    if (get_int(g, arch, "attention.sliding_window_pattern", 0, 6, &c->swa_pattern, err, errlen)) goto fail;
+    // llama.cpp: the local layers' RoPE base is rope.freq_base_swa when given, else 10000
+    snprintf(key, sizeof key, "%s.rope.freq_base_swa", arch);
+    if (mdl_gguf_get_f32(g, key, &c->rope_theta_swa) != 0) c->rope_theta_swa = 10000.0f;
+    float cap = 0;
+    snprintf(key, sizeof key, "%s.final_logit_softcapping", arch);
+    if (mdl_gguf_get_f32(g, key, &cap) == 0 && cap != 0) {
+      snprintf(err, errlen, "model: %s = %g (final logit soft-capping) not supported", key, cap);
+      goto fail;
+    }
+    // llama.cpp (after gemma_pytorch): query_pre_attn_scalar is head_dim, except the 27B (62 layers): n_embd / n_head
+    if (c->n_layer == 62) c->attn_scale = 1.0f / sqrtf((float)(c->n_embd / c->n_head));
+    if (!(c->rope_theta_swa > 0)) {
+      snprintf(err, errlen, "model: local rope base %g not positive", c->rope_theta_swa);
+      goto fail;
+    }
+  }
+  if (!(c->rms_eps > 0) || !(c->rope_theta > 0)) {
+    snprintf(err, errlen, "model: rms epsilon %g or rope base %g not positive", c->rms_eps, c->rope_theta);
+    goto fail;
+  }
+  const mdl_gguf_tensor *te = mdl_gguf_tensor_find(g, "token_embd.weight");
+  if (!te || te->n_dims < 2 || te->ne[1] < 1 || te->ne[1] > (1 << 30)) {
+    snprintf(err, errlen, "model: tensor token_embd.weight missing or not a matrix");
+    goto fail;
+  }
+  c->n_vocab = (int)te->ne[1];
+  c->tied_embeddings = mdl_gguf_tensor_find(g, "output.weight") == NULL;
+
+  int E = c->n_embd, HD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim, F = c->n_ff;
+  m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+  m->uploads = calloc((size_t)c->n_layer * 16 + 4, sizeof *m->uploads);
+  if (!m->layers || !m->uploads) {
+    snprintf(err, errlen, "model: out of memory");
+    goto fail;
+  }
+  if (rope_scaling(m, g, arch, err, errlen) != 0) goto fail; // (may upload its table: after m->uploads)
+  if (get_w(m, "token_embd.weight", E, c->n_vocab, 0, 0, &m->tok_embd, err, errlen) ||
+      get_w(m, "output_norm.weight", E, 0, 0, 1, &m->output_norm, err, errlen))
+    goto fail;
+  if (c->tied_embeddings) m->output = m->tok_embd;
+  else if (get_w(m, "output.weight", E, c->n_vocab, 0, 0, &m->output, err, errlen)) goto fail;
+  for (int l = 0; l < c->n_layer; l++) {
+    mdl_layer *L = &m->layers[l];
+    char n[12][64];
+    static const char *const names[12] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q",
+                                          "attn_k", "attn_v", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+    for (int i = 0; i < 12; i++)
+      snprintf(n[i], sizeof n[i], "blk.%d.%s.%s", l, names[i], i >= 5 && i <= 7 ? "bias" : "weight");
+    if (get_w(m, n[0], E, 0, 0, 1, &L->attn_norm, err, errlen) || get_w(m, n[1], E, HD, 0, 0, &L->wq, err, errlen) ||
+        get_w(m, n[2], E, KD, 0, 0, &L->wk, err, errlen) || get_w(m, n[3], E, KD, 0, 0, &L->wv, err, errlen) ||
+        get_w(m, n[4], HD, E, 0, 0, &L->wo, err, errlen) || get_w(m, n[5], HD, 0, 1, 1, &L->bq, err, errlen) ||
+        get_w(m, n[6], KD, 0, 1, 1, &L->bk, err, errlen) || get_w(m, n[7], KD, 0, 1, 1, &L->bv, err, errlen) ||
+        get_w(m, n[8], E, 0, 0, 1, &L->ffn_norm, err, errlen) || get_w(m, n[9], E, F, 0, 0, &L->wg, err, errlen) ||
+        get_w(m, n[10], E, F, 0, 0, &L->wu, err, errlen) || get_w(m, n[11], F, E, 0, 0, &L->wd, err, errlen))
+      goto fail;
+    if (gemma3) {
+      // the norms are plain RMS norms: llama.cpp's converter folds Gemma's (1 + w) into the stored weights
+      char g4[4][64];
+      static const char *const gn[4] = {"attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"};
+      for (int i = 0; i < 4; i++) snprintf(g4[i], sizeof g4[i], "blk.%d.%s.weight", l, gn[i]);
+      if (get_w(m, g4[0], c->head_dim, 0, 0, 1, &L->q_norm, err, errlen) ||
+          get_w(m, g4[1], c->head_dim, 0, 0, 1, &L->k_norm, err, errlen) ||
+          get_w(m, g4[2], E, 0, 0, 1, &L->post_attn_norm, err, errlen) ||
+          get_w(m, g4[3], E, 0, 0, 1, &L->post_ffn_norm, err, errlen))
+        goto fail;
+    }
+  }
+  *out = m;
+  return 0;
+fail:
+  mdl_llama_free(m);
+  return -1;
+}
