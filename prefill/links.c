@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "prefill/worker_int.h"
+#include "server/log.h"
 #include "worker/kvwire.h"
 
 // The configuration of worker name when it is another worker of role in this cluster; else NULL, and why in err
@@ -50,9 +51,9 @@ pfl_link *pfl_link_for(pfl_worker *w, const char *name, srv_role role, int timeo
     return NULL;
   }
   if (role == SRV_ROLE_DECODE)
-    fprintf(stderr, "dserve %s: linked to decode worker %s (kvxfer %s)\n", w->sh.rt->w->name, name,
+    srv_log(w->sh.rt->w->name, "linked to decode worker %s (kvxfer %s)", name,
             kvx_peer_backend(w->sh.kvx, l->kvx_peer) ? kvx_peer_backend(w->sh.kvx, l->kvx_peer) : "?");
   else
-    fprintf(stderr, "dserve %s: linked to prefill worker %s (prefix fetch)\n", w->sh.rt->w->name, name);
+    srv_log(w->sh.rt->w->name, "linked to prefill worker %s (prefix fetch)", name);
   return l;
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "server/ctl.h"
+#include "server/log.h"
 #include "kvxfer/kvx_crypto.h"
 #include "proto/hello.h"
 #include "proto/request.h"
@@ -269,11 +270,11 @@ static void *handshake_main(void *arg) {
     if (bad || !h->secret[0] || !(hm.auth && srv_consttime_eq(hm.auth, want))) {
       long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
       if (bad)
-        fprintf(stderr, "dserve %s: refused a control peer from %s (hello as '%s'): malformed hello: %s (%ld refused "
-                "so far)\n", h->name, p->addr, who, derr, n);
+        srv_warn(h->name, "refused a control peer from %s (hello as '%s'): malformed hello: %s (%ld refused so far)",
+                 p->addr, who, derr, n);
       else
-        fprintf(stderr, "dserve %s: refused a control peer from %s (hello as '%s'): %s shared-secret proof (%ld refused "
-                "so far)\n", h->name, p->addr, who, hm.auth ? "wrong" : "missing", n);
+        srv_warn(h->name, "refused a control peer from %s (hello as '%s'): %s shared-secret proof (%ld refused so far)",
+                 p->addr, who, hm.auth ? "wrong" : "missing", n);
       ok = 0;
     } else if (hm.proto != PRT_VERSION) {
       // It proved the secret, so it hears why: every process of a cluster is built from one tree.
@@ -284,7 +285,7 @@ static void *handshake_main(void *arg) {
       else
         snprintf(why, sizeof why, "control protocol version %d refused: %s speaks version %d", hm.proto, h->name,
                  PRT_VERSION);
-      fprintf(stderr, "dserve %s: refused a control peer from %s (hello as '%s'): %s\n", h->name, p->addr, who, why);
+      srv_warn(h->name, "refused a control peer from %s (hello as '%s'): %s", p->addr, who, why);
       cJSON *e = prt_error_encode(&(prt_error){.message = why, .code = "protocol_version"}, NULL, 0);
       if (e) srv_ctl_send(p->ctl, e);
       cJSON_Delete(e);
@@ -294,8 +295,8 @@ static void *handshake_main(void *arg) {
     // A health probe connects and closes without a word: neither logged nor counted.
     if (ok && (m || !(strstr(err, "closed") || strstr(err, "reset")))) {
       long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
-      fprintf(stderr, "dserve %s: refused a control peer from %s: no hello (%s) (%ld refused so far)\n", h->name,
-              p->addr, m ? "another op first" : err, n);
+      srv_warn(h->name, "refused a control peer from %s: no hello (%s) (%ld refused so far)", p->addr,
+               m ? "another op first" : err, n);
     }
     ok = 0;
   }
@@ -413,12 +414,12 @@ srv_peer *srv_hub_connect(srv_hub *h, const char *host, int port, int timeout_ms
       good = 1;
     } else if (ok && prt_is(ok, PRT_OP_ERROR) && !prt_error_decode(ok, &refusal, NULL, 0)) {
       snprintf(err, errlen, "%s:%d refused the hello: %s", host, port, refusal.message);
-      fprintf(stderr, "dserve %s: %s\n", h->name, err);
+      srv_warn(h->name, "%s", err);
     } else if (!ok || strcmp(err, "") == 0) {
       long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
       snprintf(err, errlen, "%s:%d refused the hello (wrong shared secret?)", host, port);
-      fprintf(stderr, "dserve %s: %s:%d closed the control connection after our hello: wrong shared secret? (%ld "
-              "refused so far)\n", h->name, host, port, n);
+      srv_warn(h->name, "%s:%d closed the control connection after our hello: wrong shared secret? (%ld refused so far)",
+               host, port, n);
     }
     cJSON_Delete(hello);
   } else if (ch) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/log.h"
 
 struct wrk_kvstage {
   wrk_kvpool *pool;   // (borrowed)
@@ -52,7 +53,7 @@ int wrk_kvstage_open(kvx_agent *a, wrk_kvpool *pool, krn_ctx *kc, const srv_work
   if (try_direct) {
     char e[256] = "";
     if (kvx_register(a, base, bytes, KVX_MEM_CUDA, region, e, sizeof e) == 0) return 0; // GPUDirect
-    fprintf(stderr, "dserve %s: %s; KV goes through host staging instead\n", wc->name, e);
+    srv_warn(wc->name, "%s; KV goes through host staging instead", e);
   }
   if (!st) return kvx_register(a, base, bytes, on_device ? KVX_MEM_CUDA : KVX_MEM_HOST, region, err, errlen);
 
@@ -79,7 +80,7 @@ int wrk_kvstage_open(kvx_agent *a, wrk_kvpool *pool, krn_ctx *kc, const srv_work
     return -1;
   }
   wrk_kvpool_set_stage(pool, s); // wrk_kvwire's layout and writes name the mirror from now on
-  fprintf(stderr, "dserve %s: KV moves through a %.1f MiB host mirror of the %s pool (%s)\n", wc->name,
+  srv_log(wc->name, "KV moves through a %.1f MiB host mirror of the %s pool (%s)",
           (double)bytes / (1024.0 * 1024.0), kc->be->name, s->pinned ? "pinned" : "pageable");
   *stage = s;
   return 0;

@@ -2,6 +2,7 @@
 #include "worker/shell.h"
 #include "proto/hello.h"
 #include "proto/proto.h"
+#include "server/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,8 +83,7 @@ void wrk_shell_close(wrk_shell *sh) {
 
 void wrk_shell_announce(const wrk_shell *sh) {
   const wrk_runtime *rt = sh->rt;
-  fprintf(stderr, "dserve %s: %s worker listening on %s:%d (%d KV blocks, %s kernels, %d threads%s%s)\n",
-          sh->wc->name, sh->o.role, sh->wc->host, srv_hub_port(sh->hub), wrk_kvpool_total_blocks(rt->kv),
+  srv_log(sh->wc->name, "%s worker listening on %s:%d (%d KV blocks, %s kernels, %d threads%s%s)", sh->o.role, sh->wc->host, srv_hub_port(sh->hub), wrk_kvpool_total_blocks(rt->kv),
           rt->kc.be->name, krn_pool_threads(rt->pool), sh->kvx ? ", kvxfer " : "",
           sh->kvx ? kvx_agent_backend(sh->kvx) : "");
 }
@@ -104,7 +104,7 @@ static void dispatch(wrk_shell *sh, const srv_event *ev) {
       if (sh->o.ops[i].fn) sh->o.ops[i].fn(sh->o.worker, ev->peer, ev->msg);
       return;
     }
-  fprintf(stderr, "dserve %s: ignoring control message '%s' from %s\n", sh->wc->name, op, srv_peer_name(ev->peer));
+  srv_warn(sh->wc->name, "ignoring control message '%s' from %s", op, srv_peer_name(ev->peer));
 }
 
 int wrk_shell_drain(wrk_shell *sh, int wait_ms, wrk_prefix *prefix) {

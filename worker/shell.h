@@ -71,7 +71,7 @@ int wrk_shell_open(wrk_shell *sh, const srv_config *cfg, const srv_worker_cfg *w
 // shell: no-op.
 void wrk_shell_close(wrk_shell *sh);
 
-// "dserve NAME: ROLE worker listening on HOST:PORT (...)": the line launchers and tests wait for.
+// "... INFO  NAME: ROLE worker listening on HOST:PORT (...)" (server/log.h): the line a person reads for where it is.
 void wrk_shell_announce(const wrk_shell *sh);
 
 // Drains the hub's events: the first waits up to wait_ms (0 = poll), then only what has already arrived.
