@@ -1,6 +1,6 @@
 // kernels/cpu/matmul_rows.h: the SIMD backends' quantized matmul: tiles of MR_W weight rows x up to MR_R
 // activation rows, each weight block unpacked once into registers and dotted against every activation row of the
-// tile (row loop innermost), accumulating in registers. Included by simd_body.h (after load_wblock).
+// tile (row loop innermost), accumulating in registers. Included by simd_matmul.h (after load_wblock).
 //
 // AVX-512 (KRN_W512): two 32-element blocks per 512-bit vector, int8 dots by VNNI vpdpbusd. Signed weights
 // (Q8_0, Q6_K) take the activation as unsigned bytes xq + 128 (stored that way when quantizing) and start the dot's
