@@ -454,6 +454,57 @@ static const route *find_route(const char *url) {
 // A request refused at its head. Without a body it is answered on the next call, once MHD has read the request:
 // the connection then stays open and a pipelined request behind it is answered too. With a body it is answered now
 // (MHD then closes the connection rather than read a body nobody wants).
+// ---- message framing (RFC 9112): what a proxy in front could read differently is refused, not guessed ----
+
+typedef struct framing {
+  int n_cl, n_te, cl_differ, cl_bad, te_bad, name_bad;
+  const char *cl;     // the first Content-Length value
+  char bad_name[64];  // the first header name that is not an RFC 9110 token
+} framing;
+
+// A header name must be a token: no whitespace (libmicrohttpd keeps "Transfer-Encoding " of "Transfer-Encoding :"),
+// no separators, no control characters.
+static int token_ok(const char *k) {
+  if (!*k) return 0;
+  for (const unsigned char *p = (const unsigned char *)k; *p; p++)
+    if (*p <= 32 || *p >= 127 || strchr("\"(),/:;<=>?@[\\]{}", *p)) return 0;
+  return 1;
+}
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+  (void)kind;
+  framing *f = cls;
+  if (!token_ok(key) && !f->name_bad++) snprintf(f->bad_name, sizeof f->bad_name, "%.60s", key);
+  if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+    const char *v = value ? value : "";
+    size_t n = strspn(v, "0123456789");
+    if (n == 0 || v[n] || n > 19) f->cl_bad = 1;
+    if (f->n_cl++ == 0) f->cl = v;
+    else if (strcmp(f->cl, v)) f->cl_differ = 1;
+  } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+    f->n_te++;
+    if (!value || strcasecmp(value, "chunked")) f->te_bad = 1; // the only coding this server reads
+  }
+  return MHD_YES;
+}
+
+// Why the request head's framing is refused (a static message), or NULL when it is fine: both Content-Length and
+// Transfer-Encoding (the smuggling classic), differing or malformed Content-Lengths, a transfer coding other than
+// chunked, a header name that is not a token.
+static const char *framing_error(struct MHD_Connection *c, char *buf, size_t cap) {
+  framing f = {0};
+  MHD_get_connection_values(c, MHD_HEADER_KIND, framing_header, &f);
+  if (f.name_bad) {
+    snprintf(buf, cap, "header name '%s' is not a token (whitespace before the colon, or a separator)", f.bad_name);
+    return buf;
+  }
+  if (f.n_cl && f.n_te) return "both Content-Length and Transfer-Encoding: the body's length is ambiguous";
+  if (f.cl_differ) return "Content-Length headers that differ";
+  if (f.cl_bad) return "Content-Length is not a decimal number";
+  if (f.n_te > 1 || f.te_bad) return "Transfer-Encoding other than one 'chunked' is not supported";
+  return NULL;
+}
+
 static enum MHD_Result refuse_head(struct MHD_Connection *c, conn *cs, int status, const char *type,
                                    const char *code, const char *h1, const char *v1, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
@@ -491,6 +542,13 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
   const route *rt = find_route(url);
   if (!cs->first_done) {
     cs->first_done = 1;
+    char fb[160];
+    const char *bad = framing_error(c, fb, sizeof fb);
+    if (bad) { // answered before the body is read: MHD closes the connection, so nothing after it is read either
+      cs->answered = 1;
+      return reply_err(c, 400, "invalid_request_error", "bad_framing", MHD_HTTP_HEADER_CONNECTION, "close", "%s",
+                       bad);
+    }
     if (!rt) return refuse_head(c, cs, 404, "not_found_error", "not_found", NULL, NULL, "no such path: %.200s", url);
     int is_head = !strcmp(method, "HEAD") && !strcmp(rt->method, "GET");
     if (strcmp(method, rt->method) && !is_head)

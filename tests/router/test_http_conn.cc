@@ -1,5 +1,6 @@
 // tests/router/test_http_conn.cc: the router's HTTP front end against hostile clients: pipelining, caps on open
-// connections, the request-head deadline, many idle connections; /v1/models/{id}, the bearer scheme, NUL, seeds.
+// connections, the request-head deadline, many idle connections, request smuggling (RFC 9112 framing);
+// /v1/models/{id}, the bearer scheme, NUL, seeds.
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
@@ -311,6 +312,57 @@ TEST_F(Conn, SeedDrawnWhenAbsent) {
   std::sort(s.begin(), s.begin() + 2);
   std::sort(s.begin() + 2, s.end());
   EXPECT_EQ(s, (std::vector<double>{1234, 1235, 1234, 1235}));
+}
+
+
+// Request smuggling (issue 29's replays): a head whose framing two parsers could read differently is answered 400
+// (code bad_framing) at once and the connection closed, so nothing sent after it on that connection is served.
+// (A Content-Length that is no number, e.g. "+5", libmicrohttpd refuses itself, 400 and close, before the router
+// sees the head.)
+TEST_F(Conn, AmbiguousFramingIsRefusedAndTheConnectionClosed) {
+  ConnRouter r(m, fw.port(), 64, 64, 10);
+  ASSERT_TRUE(r.wait_up());
+  const std::string hidden = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string body = R"({"prompt":"ab","max_tokens":1})";
+  struct Case {
+    const char *what;
+    std::string req;
+  } cases[] = {
+      {"Content-Length and Transfer-Encoding",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5\r\n"
+       "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + hidden},
+      {"differing Content-Lengths",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 3\r\n"
+       "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body + hidden},
+      {"whitespace before a header's colon",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding : chunked"
+       "\r\n\r\n3\r\nabc\r\n0\r\n\r\n" + hidden},
+      {"a transfer coding other than chunked",
+       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip, "
+       "chunked\r\n\r\n0\r\n\r\n" + hidden},
+  };
+  for (const Case &c : cases) {
+    int fd = connect_to(r.port());
+    ASSERT_GE(fd, 0);
+    send_all(fd, c.req);
+    bool closed = false;
+    std::string got = read_until_close(fd, 3000, &closed);
+    close(fd);
+    EXPECT_TRUE(closed) << c.what;
+    EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << c.what << ": " << got;
+    EXPECT_NE(got.find("\"bad_framing\""), std::string::npos) << c.what << ": " << got;
+    size_t second = got.find("HTTP/1.1", 1);
+    EXPECT_EQ(second, std::string::npos) << c.what << ": the request after it was served: " << got;
+  }
+  // Legal framing still works: chunked alone, and the same Content-Length twice (RFC 9110 allows the repeat).
+  auto out = pipelined(r.port(),
+                       "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: "
+                       "chunked\r\n\r\n11\r\n{\"prompt\":\"abc\"}\r\n0\r\n\r\n" +
+                           post_req("/tokenize", R"({"prompt":"abc"})", "Content-Length: 16\r\n"),
+                       2);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].status, 200) << out[0].body;
+  EXPECT_EQ(out[1].status, 200) << out[1].body;
 }
 
 } // namespace
