@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "models/chat.h"
@@ -14,6 +13,7 @@
 #include "models/tokenizer.h"
 #include "cmd/cmds.h"
 #include "cmd/engine.h"
+#include "util/clock.h"
 
 typedef struct gen_opts {
   const char *model, *prompt, *kernels;
@@ -39,12 +39,6 @@ static void usage(FILE *f) {
           "  --kernels K         scalar|avx2|avx2vnni|avx512|auto|cuda (default auto)\n"
           "  --bench             time prompt processing and decode at batch 1 and batch B (no text)\n"
           CMD_ENGINE_LOAD_USAGE);
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int parse_float(const char *s, double lo, double hi, float *out) {
@@ -146,9 +140,9 @@ static int run_bench(cmd_engine *e, const gen_opts *o, char *err, size_t errlen)
   double best_pp = 1e30;
   for (int rep = 0; rep < 3; rep++) {
     mdl_seq s = {toks, PP, 0, bt, pp_blocks, 1};
-    double t0 = now_s();
+    double t0 = utl_now_s();
     if (mdl_llama_forward(e->m, &e->kv, &s, 1, logits, NULL, NULL, err, errlen)) goto done;
-    double t = now_s() - t0;
+    double t = utl_now_s() - t0;
     if (t < best_pp) best_pp = t;
   }
   printf("pp%d tok/s: %.2f\n", PP, PP / best_pp);
@@ -162,13 +156,13 @@ static int run_bench(cmd_engine *e, const gen_opts *o, char *err, size_t errlen)
     }
     if (mdl_llama_forward(e->m, &e->kv, ms, n, logits, NULL, NULL, err, errlen)) goto done;
     for (int s = 0; s < n; s++) last[s] = argmax(logits + (size_t)s * V, V);
-    double t0 = now_s();
+    double t0 = utl_now_s();
     for (int step = 0; step < TG; step++) {
       for (int s = 0; s < n; s++) ms[s] = (mdl_seq){&last[s], 1, P0 + step, bt + pp_blocks + s * per_seq, per_seq, 1};
       if (mdl_llama_forward(e->m, &e->kv, ms, n, logits, NULL, NULL, err, errlen)) goto done;
       for (int s = 0; s < n; s++) last[s] = argmax(logits + (size_t)s * V, V);
     }
-    double t = now_s() - t0;
+    double t = utl_now_s() - t0;
     printf("tg%d batch %d tok/s: %.2f\n", TG, n, (double)TG * n / t);
     fflush(stdout);
   }
@@ -230,14 +224,14 @@ static int run_generate(cmd_engine *e, const gen_opts *o, char *err, size_t errl
   if (mdl_sampler_new(&sp, V, ids, (int)n_ids, &smp, err, errlen)) goto done;
   if (mdl_detok_new(tok, &dt, err, errlen)) goto done;
   // prefill in chunks of 512
-  double t0 = now_s();
+  double t0 = utl_now_s();
   for (int at = 0; at < (int)n_ids;) {
     int n = (int)n_ids - at > 512 ? 512 : (int)n_ids - at;
     mdl_seq s = {ids + at, n, at, bt, nb, at + n == (int)n_ids};
     if (mdl_llama_forward(e->m, &e->kv, &s, 1, logits, NULL, NULL, err, errlen)) goto done;
     at += n;
   }
-  double t1 = now_s();
+  double t1 = utl_now_s();
   int pos = (int)n_ids, n_done = 0;
   for (; n_done < o->n_gen; n_done++) {
     mdl_sampled sm;
@@ -263,7 +257,7 @@ static int run_generate(cmd_engine *e, const gen_opts *o, char *err, size_t errl
     fwrite(piece, 1, plen, stdout);
   }
   printf("\n");
-  double t2 = now_s();
+  double t2 = utl_now_s();
   fprintf(stderr, "prompt: %zu tokens, %.2f tok/s; generation: %d tokens, %.2f tok/s (%s, %d threads)\n", n_ids,
           (double)n_ids / (t1 - t0), n_done, n_done > 0 ? n_done / (t2 - t1) : 0.0, e->kc.be->name, o->threads);
   rc = 0;

@@ -10,23 +10,17 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kvxfer/kvx.h"
 #include "cmd/cmds.h"
+#include "util/clock.h"
 
 #ifdef DSERVE_HAVE_CUDA // defined by the kernels library when the CUDA backend is built (it links cudart)
 #include <cuda_runtime.h>
 #endif
 
 #define BENCH_INFLIGHT 4
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 // bench_sort: v[n] in ascending order (an insertion sort: n <= 64 latency samples), so v[n / 2] is the median.
 static void bench_sort(double *v, int n) {
@@ -261,13 +255,13 @@ static double raw_tcp_run(int fd, uint8_t *buf, size_t m, int iters, double *lat
   double ls[64];
   int nl = iters < 64 ? iters : 64;
   for (int i = 0; i < nl; i++) {
-    double t = now_s();
+    double t = utl_now_s();
     if (io_all(fd, &mm, 8, 1) || io_all(fd, buf, m, 1) || io_all(fd, &ack, 1, 0)) return -1;
-    ls[i] = now_s() - t;
+    ls[i] = utl_now_s() - t;
   }
   bench_sort(ls, nl);
   *lat = ls[nl / 2];
-  double t0 = now_s();
+  double t0 = utl_now_s();
   int out = 0;
   for (int i = 0; i < iters; i++) {
     if (out == BENCH_INFLIGHT) {
@@ -279,20 +273,20 @@ static double raw_tcp_run(int fd, uint8_t *buf, size_t m, int iters, double *lat
   }
   while (out--)
     if (io_all(fd, &ack, 1, 0)) return -1;
-  return now_s() - t0;
+  return utl_now_s() - t0;
 }
 
 static double memcpy_run(uint8_t *dst, const uint8_t *src, const layout *L, int iters, double *lat) {
   double ls[64];
   int nl = iters < 64 ? iters : 64;
-  double t0 = now_s();
+  double t0 = utl_now_s();
   for (int i = 0; i < iters; i++) {
-    double t = now_s();
+    double t = utl_now_s();
     for (size_t b = 0; b < L->nb; b++) memcpy(dst + L->slot_dst[b] * L->bs, src + L->slot_src[b] * L->bs, L->bs);
     __asm__ volatile("" ::: "memory");
-    if (i < nl) ls[i] = now_s() - t;
+    if (i < nl) ls[i] = utl_now_s() - t;
   }
-  double dt = now_s() - t0;
+  double dt = utl_now_s() - t0;
   bench_sort(ls, nl);
   *lat = ls[nl / 2];
   return dt;
@@ -306,17 +300,17 @@ static double peer_copy_run(uint8_t *dst, int ddev, const uint8_t *src, int sdev
   double ls[64];
   int nl = iters < 64 ? iters : 64;
   cudaSetDevice(sdev);
-  double t0 = now_s();
+  double t0 = utl_now_s();
   for (int i = 0; i < iters; i++) {
-    double t = now_s();
+    double t = utl_now_s();
     for (size_t b = 0; b < L->nb; b++)
       if (cudaMemcpyPeerAsync(dst + L->slot_dst[b] * L->bs, ddev, src + L->slot_src[b] * L->bs, sdev, L->bs, 0) !=
           cudaSuccess)
         return -1;
     if (cudaStreamSynchronize(0) != cudaSuccess) return -1;
-    if (i < nl) ls[i] = now_s() - t;
+    if (i < nl) ls[i] = utl_now_s() - t;
   }
-  double dt = now_s() - t0;
+  double dt = utl_now_s() - t0;
   bench_sort(ls, nl);
   *lat = ls[nl / 2];
   return dt;
@@ -551,13 +545,13 @@ int cmd_kvxfer_bench(int argc, char **argv) {
     double ls[64];
     int nl = it < 64 ? it : 64, bad = 0;
     for (int i = 0; i < nl + 2 && !bad; i++) {
-      double t = now_s();
+      double t = utl_now_s();
       if (kvx_xfer_post(x[0]) || wait_done(a, x[0]) != KVX_DONE) bad = 1;
-      if (i >= 2) ls[i - 2] = now_s() - t;
+      if (i >= 2) ls[i - 2] = utl_now_s() - t;
     }
     bench_sort(ls, nl);
     // Bandwidth: BENCH_INFLIGHT requests kept in flight.
-    double t0 = now_s();
+    double t0 = utl_now_s();
     for (int i = 0; i < it && !bad; i++) {
       kvx_xfer *q = x[i % BENCH_INFLIGHT];
       if (i >= BENCH_INFLIGHT && wait_done(a, q) != KVX_DONE) bad = 1;
@@ -565,7 +559,7 @@ int cmd_kvxfer_bench(int argc, char **argv) {
     }
     for (int k = 0; k < BENCH_INFLIGHT && !bad; k++)
       if (wait_done(a, x[k]) != KVX_DONE) bad = 1;
-    double dt = now_s() - t0;
+    double dt = utl_now_s() - t0;
     if (bad) {
       fprintf(stderr, "kvxfer-bench: transfer failed: %s\n", kvx_xfer_error(x[0])[0] ? kvx_xfer_error(x[0]) : "see above");
       goto out;
