@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "models/grammar_int.h"
+#include "util/vec.h"
 
 typedef struct gb_alt {
   uint32_t *sym; // (owned) (n)
@@ -48,15 +49,9 @@ int mdl_grammar_rule_new(mdl_grammar_builder *b) {
     b->failed = 1;
     return -1;
   }
-  if (b->n_rule == b->cap_rule) {
-    int cap = b->cap_rule ? b->cap_rule * 2 : 64;
-    gb_rule *r = realloc(b->rule, (size_t)cap * sizeof *r);
-    if (!r) {
-      b->failed = 1;
-      return -1;
-    }
-    b->rule = r;
-    b->cap_rule = cap;
+  if (utl_vec_reserve((void **)&b->rule, &b->cap_rule, b->n_rule + 1, sizeof *b->rule)) {
+    b->failed = 1;
+    return -1;
   }
   memset(&b->rule[b->n_rule], 0, sizeof b->rule[0]);
   return b->n_rule++;
@@ -90,15 +85,9 @@ int mdl_grammar_set(mdl_grammar_builder *b, const uint8_t set[32]) {
   size_t h = (size_t)set_hash(set) & (b->set_cap - 1);
   for (; b->set_slot[h] >= 0; h = (h + 1) & (b->set_cap - 1))
     if (!memcmp(b->set[b->set_slot[h]], set, 32)) return b->set_slot[h];
-  if (b->n_set == b->cap_set) {
-    int cap = b->cap_set ? b->cap_set * 2 : 64;
-    uint8_t(*s)[32] = realloc(b->set, (size_t)cap * sizeof *s);
-    if (!s) {
-      b->failed = 1;
-      return -1;
-    }
-    b->set = s;
-    b->cap_set = cap;
+  if (utl_vec_reserve((void **)&b->set, &b->cap_set, b->n_set + 1, sizeof *b->set)) {
+    b->failed = 1;
+    return -1;
   }
   memcpy(b->set[b->n_set], set, 32);
   b->set_slot[h] = b->n_set;
@@ -107,17 +96,7 @@ int mdl_grammar_set(mdl_grammar_builder *b, const uint8_t set[32]) {
 
 void mdl_grammar_seq_push(mdl_grammar_seq *s, uint32_t sym) {
   if (s->oom) return;
-  if (s->n == s->cap) {
-    int cap = s->cap ? s->cap * 2 : 8;
-    uint32_t *p = realloc(s->sym, (size_t)cap * sizeof *p);
-    if (!p) {
-      s->oom = 1;
-      return;
-    }
-    s->sym = p;
-    s->cap = cap;
-  }
-  s->sym[s->n++] = sym;
+  if (UTL_VEC_PUSH(s->sym, s->n, s->cap, sym)) s->oom = 1;
 }
 
 void mdl_grammar_seq_append(mdl_grammar_seq *s, const mdl_grammar_seq *tail) {
@@ -153,15 +132,9 @@ int mdl_grammar_alt(mdl_grammar_builder *b, int rule, const mdl_grammar_seq *s) 
     return -1;
   }
   gb_rule *r = &b->rule[rule];
-  if (r->n_alt == r->cap_alt) {
-    int cap = r->cap_alt ? r->cap_alt * 2 : 2;
-    gb_alt *a = realloc(r->alt, (size_t)cap * sizeof *a);
-    if (!a) {
-      b->failed = 1;
-      return -1;
-    }
-    r->alt = a;
-    r->cap_alt = cap;
+  if (utl_vec_reserve((void **)&r->alt, &r->cap_alt, r->n_alt + 1, sizeof *r->alt)) {
+    b->failed = 1;
+    return -1;
   }
   gb_alt a = {NULL, s->n};
   if (s->n) {

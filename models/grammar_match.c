@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "models/grammar_int.h"
+#include "util/vec.h"
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   const uint8_t *s = p;
@@ -564,15 +565,8 @@ static void cache_put(mdl_grammar *g, uint64_t vid, uint64_t h, const uint32_t *
   pthread_mutex_lock(&g->mu);
   gr_mask_entry *e = NULL;
   if ((size_t)g->n_cache < max) {
-    if (g->n_cache == g->cap_cache) {
-      int cap = g->cap_cache ? g->cap_cache * 2 : 16;
-      gr_mask_entry *c = realloc(g->cache, (size_t)cap * sizeof *c);
-      if (c) {
-        g->cache = c;
-        g->cap_cache = cap;
-      }
-    }
-    if (g->n_cache < g->cap_cache) e = &g->cache[g->n_cache++];
+    if (!utl_vec_reserve((void **)&g->cache, &g->cap_cache, g->n_cache + 1, sizeof *g->cache))
+      e = &g->cache[g->n_cache++];
   }
   if (!e && g->n_cache > 0) { // full: the least recently used entry makes room
     e = &g->cache[0];

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "models/json_schema_int.h"
+#include "util/vec.h"
 
 int mdl_js_fail(mdl_js_ctx *c, int status, const char *fmt, ...) {
   if (c->status) return -1;
@@ -50,17 +51,7 @@ typedef struct cp_class {
 
 static void cls_add(cp_class *k, uint32_t lo, uint32_t hi) {
   if (k->oom || lo > hi) return;
-  if (k->n == k->cap) {
-    int cap = k->cap ? k->cap * 2 : 8;
-    cp_range *r = realloc(k->r, (size_t)cap * sizeof *r);
-    if (!r) {
-      k->oom = 1;
-      return;
-    }
-    k->r = r;
-    k->cap = cap;
-  }
-  k->r[k->n++] = (cp_range){lo, hi};
+  if (UTL_VEC_PUSH(k->r, k->n, k->cap, ((cp_range){lo, hi}))) k->oom = 1;
 }
 
 static int range_cmp(const void *a, const void *b) {

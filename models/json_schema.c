@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "models/json_schema_int.h"
+#include "util/vec.h"
 
 #define MAX_DEPTH 64         // subschemas inside subschemas
 #define MAX_LEN_EXPAND 4096  // a larger maxLength is generated as this (shorter strings are still valid)
@@ -106,13 +107,8 @@ static int compile_ref(mdl_js_ctx *c, const cJSON *s, const cJSON *r) {
   if (!t) return -1;
   for (int i = 0; i < c->n_refs; i++)
     if (c->refs[i].node == t) return c->refs[i].rule;
-  if (c->n_refs == c->cap_refs) {
-    int cap = c->cap_refs ? c->cap_refs * 2 : 8;
-    mdl_js_target *p = realloc(c->refs, (size_t)cap * sizeof *p);
-    if (!p) return INVALID(c, "out of memory");
-    c->refs = p;
-    c->cap_refs = cap;
-  }
+  if (utl_vec_reserve((void **)&c->refs, &c->cap_refs, c->n_refs + 1, sizeof *c->refs))
+    return INVALID(c, "out of memory");
   int rule = mdl_grammar_rule_new(c->b);
   c->refs[c->n_refs++] = (mdl_js_target){t, rule};
   char saved[sizeof c->path];
