@@ -440,7 +440,7 @@ typedef struct route {
 static const route ROUTES[] = {
     {"/v1/chat/completions", "POST", 3}, {"/v1/completions", "POST", 4}, {"/v1/models", "GET", 0},
     {"/health", "GET", 1},                {"/metrics", "GET", 2},         {"/tokenize", "POST", 5},
-    {"/detokenize", "POST", 6},
+    {"/detokenize", "POST", 6},           {"/ready", "GET", 1},           {"/live", "GET", 8},
 };
 static const route MODEL_ROUTE = {"/v1/models/", "GET", 7}; // a prefix: the rest of the path is the model id
 
@@ -554,7 +554,7 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
     if (strcmp(method, rt->method) && !is_head)
       return refuse_head(c, cs, 405, "invalid_request_error", "method_not_allowed", "Allow", rt->method,
                          "method %.20s is not allowed on %s (use %s)", method, rt->path, rt->method);
-    if (rt->kind != 1 && !auth_ok(s, c))
+    if (rt->kind != 1 && rt->kind != 8 && !auth_ok(s, c))
       return refuse_head(c, cs, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
                          "missing or invalid API key (Authorization: Bearer KEY)");
     if (!strcmp(rt->method, "POST")) {
@@ -596,16 +596,23 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
   switch (rt->kind) {
   case 0: return do_models(s, c);
   case 7: return do_model(s, c, url + strlen(MODEL_ROUTE.path));
-  case 1: {
-    int up = rtr_server_links_up(s);
+  case 1: { // /health and /ready (readiness): 200 only while a generation can be served
+    int up = rtr_server_links_up(s), serving = rtr_server_serving_up(s);
     pthread_mutex_lock(&s->mu);
     int draining = s->draining;
     pthread_mutex_unlock(&s->mu);
-    char b[96];
-    int n = snprintf(b, sizeof b, "{\"status\":\"%s\",\"workers_up\":%d}",
-                     draining ? "draining" : up ? "ok" : "unavailable", up);
-    return reply(c, up && !draining ? 200 : 503, "application/json", b, (size_t)n, NULL, NULL);
+    const char *reason = draining ? "the router is draining (SIGTERM)"
+                         : serving ? NULL
+                         : up      ? "no decode or both worker is up: the linked prefill workers cannot finish a request"
+                                   : "no worker is up";
+    char b[256];
+    int n = snprintf(b, sizeof b, "{\"status\":\"%s\",\"workers_up\":%d,\"serving_workers\":%d%s%s%s}",
+                     draining ? "draining" : serving ? "ok" : "unavailable", up, serving, reason ? ",\"reason\":\"" : "",
+                     reason ? reason : "", reason ? "\"" : "");
+    return reply(c, reason ? 503 : 200, "application/json", b, (size_t)n, NULL, NULL);
   }
+  case 8: // /live (liveness): the router answers, whatever its workers do
+    return reply(c, 200, "application/json", "{\"status\":\"alive\"}", 18, NULL, NULL);
   case 2: return do_metrics(s, c);
   case 3: return do_generate(s, c, cs, RTR_CHAT);
   case 4: return do_generate(s, c, cs, RTR_COMPLETION);

@@ -328,6 +328,15 @@ int rtr_server_links_up(rtr_server *s) {
   return n;
 }
 
+int rtr_server_serving_up(rtr_server *s) {
+  pthread_mutex_lock(&s->mu);
+  int n = 0;
+  for (int i = 0; i < s->n_links; i++)
+    n += s->links[i].up && !s->links[i].draining && s->links[i].cfg->role != SRV_ROLE_PREFILL;
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // where a choice goes
 

@@ -27,6 +27,9 @@ typedef struct rtr_server_opts {
 int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t errlen);
 int rtr_server_port(const rtr_server *s);
 int rtr_server_links_up(rtr_server *s); // links connected and past hello_ok
+// Of those, the links that can finish a generation: decode and both workers up and not draining (a prefill
+// worker alone serves nothing). /health and /ready answer 503 while it is 0.
+int rtr_server_serving_up(rtr_server *s);
 // Graceful stop: from now on new generation requests get 503 `shutting_down` (GET /health too), queued ones are
 // failed the same way, and running ones go on; returns once none is left, or after timeout_ms having failed the
 // ones still running (503 shutting_down; a stream gets an SSE error event) with the number it failed.

@@ -197,7 +197,6 @@ rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r);
 void rtr_links_register(rtr_server *s); // s->hooks.cancel_choice
 void *rtr_dispatcher_main(void *arg); // arg: the rtr_server
 void *rtr_link_main(void *arg);       // arg: its rtr_link
-int rtr_server_links_up(rtr_server *s);
 int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker *w, cJSON **msgs, int *to, int *n,
                             rtr_error *e);
 // Choice ci leaves its decode/both worker (dead, silent or draining) for another one; with may_wait and no worker

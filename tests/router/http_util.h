@@ -99,10 +99,10 @@ struct FakeWorker {
   };
   std::vector<Active> active;
 
-  FakeWorker() {
+  explicit FakeWorker(const char *role = "both") {
     srv_hub_opts o{};
     o.name = "fake";
-    o.role = "both";
+    o.role = role;
     o.secret = DSERVE_TEST_SECRET; // the hub checks the router's proof of it before any hello_ok
     o.host = "127.0.0.1";
     o.port = 0;

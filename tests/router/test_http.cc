@@ -14,6 +14,37 @@ namespace {
 using namespace std::chrono_literals;
 using namespace httptest;
 
+// /health and /ready are readiness: 503 with the reason while no worker can finish a generation (issue 29: a prefill
+// worker alone up made /health say ok while every request got 503 no_worker); /live is liveness, always 200 and
+// open even with API keys.
+TEST(Http, HealthSaysWhetherAGenerationCanBeServed) {
+  TinyModel m;
+  {
+    FakeWorker pw("prefill");
+    Router r(m, pw.port(), 16, 64, {"sekrit"}, 10, [](srv_config &c) { c.workers[0].role = SRV_ROLE_PREFILL; });
+    ASSERT_TRUE(r.wait_up());
+    for (const char *path : {"/health", "/ready"}) {
+      Resp h = request(r.port(), "GET", path, "");
+      EXPECT_EQ(h.status, 503) << path;
+      EXPECT_NE(h.body.find("\"workers_up\":1"), std::string::npos) << h.body;
+      EXPECT_NE(h.body.find("\"serving_workers\":0"), std::string::npos) << h.body;
+      EXPECT_NE(h.body.find("no decode or both worker is up"), std::string::npos) << h.body;
+    }
+    Resp l = request(r.port(), "GET", "/live", "");
+    EXPECT_EQ(l.status, 200);
+    EXPECT_EQ(l.body, "{\"status\":\"alive\"}");
+  }
+  FakeWorker fw;
+  Router r(m, fw.port());
+  ASSERT_TRUE(r.wait_up());
+  for (const char *path : {"/health", "/ready"}) {
+    Resp h = request(r.port(), "GET", path, "");
+    EXPECT_EQ(h.status, 200) << path;
+    EXPECT_EQ(h.body, "{\"status\":\"ok\",\"workers_up\":1,\"serving_workers\":1}") << path;
+  }
+  EXPECT_EQ(request(r.port(), "GET", "/live", "").status, 200);
+}
+
 TEST(Http, NoWorker503) {
   TinyModel m;
   int dead_port;
