@@ -1,9 +1,11 @@
 // decode/worker.c: the generation loop of a both/decode worker: admit, batch, forward, sample, stream.
 // A decode worker also receives prompts' KV from prefill workers (docs/protocol.md, "Handoff").
 #include "decode/worker.h"
+#include "decode/handoff.h"
 #include "proto/handoff.h"
 #include "proto/request.h"
 
+#include <assert.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include "worker/kvwire.h"
 #include "server/log.h"
 #include "worker/shell.h"
+#include "util/vec.h"
 
 // A prompt's KV must arrive within handoff_timeout_ms after the prefill worker started computing it (its
 // kv_started), plus a per-token allowance for the prefill compute (a CPU prefill worker under load takes ~10 ms
@@ -44,13 +47,10 @@ typedef struct dec_seq {
   dec_stopstr stop;
   int64_t deadline_ms;   // monotonic; 0 = none
   // handoff (mode decode): the KV comes from a prefill worker
-  int handoff;           // 1 until the sequence joins the batch
-  int table_sent, got_notif, got_first;
-  int started;           // kv_started came: the prefill worker computes it
-  int p_quiet;           // the prefill worker writes nothing more into its blocks (it said kv_fail)
-  int64_t hold_until_ms; // held (after we gave up): its blocks are released then at the latest
+  dec_state state;       // where it is (decode/handoff.h); changed by dec_seq_to only
+  int64_t hold_until_ms; // DEC_HELD: its blocks are released then at the latest
   mdl_sampled first;     // the prefill worker's first token
-  int64_t handoff_deadline_ms;
+  int64_t handoff_deadline_ms; // DEC_WAIT_TABLE..DEC_GOT_FIRST: the queue bound, then (kv_started) the KV-arrival bound
   int64_t t_start_ms;
   double kv_bytes, kv_ms; // what the handoff moved and how long it took from the request
   int remote_cached;      // prompt tokens the prefill worker found in its prefix cache
@@ -104,10 +104,58 @@ static void send_done(dec_seq *s, const char *finish_reason) {
   cJSON_Delete(m);
 }
 
+// ---- states (docs/protocol.md, "Handoff states") ----
+
+static int64_t handoff_ms(const dec_worker *w) { return (int64_t)w->sh.wc->handoff_timeout_ms * DSERVE_TIMEOUT_SCALE; }
+
+// 0 when s may go to next; else logs it loudly (an assertion in a debug build) and returns -1.
+static int dec_seq_check(dec_worker *w, const dec_seq *s, dec_state next) {
+  if (dec_state_legal(s->state, next)) return 0;
+  srv_err(w->sh.rt->w->name, "%s: illegal handoff transition %s -> %s refused", s->req.id,
+          dec_state_name(s->state), dec_state_name(next));
+  assert(!"illegal decode handoff transition");
+  return -1;
+}
+
+// The one place a sequence changes state: checks the transition, then does what entering next requires: the
+// handoffs list (entering WAIT_TABLE, leaving the handoff states), the held list (entering HELD: the caller reserved
+// room), the KV timer (the queue bound at WAIT_TABLE, the arrival bound at kv_started: KV_ARRIVING, or a GOT_* state
+// going to itself). 0, or -1 when refused or out of memory (s is then as it was).
+static int dec_seq_to(dec_worker *w, dec_seq *s, dec_state next) {
+  dec_state from = s->state;
+  if (dec_seq_check(w, s, next)) return -1;
+  int64_t now = wrk_shell_now_ms();
+  if (next == DEC_WAIT_TABLE) {
+    if (UTL_VEC_PUSH(w->handoffs, w->n_handoffs, w->cap_handoffs, s)) return -1;
+    // Until kv_started the request waits in the prefill worker's queue: its own deadline bounds that (checked
+    // apart), or without one HANDOFF_QUEUE_FACTOR x handoff_timeout_ms.
+    s->handoff_deadline_ms = s->deadline_ms ? INT64_MAX : now + HANDOFF_QUEUE_FACTOR * handoff_ms(w);
+  } else if (dec_state_in_handoff(from) && !dec_state_in_handoff(next)) {
+    for (int i = 0; i < w->n_handoffs; i++)
+      if (w->handoffs[i] == s) {
+        memmove(w->handoffs + i, w->handoffs + i + 1, (size_t)(w->n_handoffs - i - 1) * sizeof *w->handoffs);
+        w->n_handoffs--;
+        break;
+      }
+  }
+  if (next == DEC_KV_ARRIVING || (next == from && dec_state_in_handoff(next))) // kv_started: the arrival timer
+    s->handoff_deadline_ms = now + handoff_ms(w) + (int64_t)HANDOFF_MS_PER_TOKEN * s->req.n_prompt;
+  if (next == DEC_HELD) {
+    int64_t bound = (int64_t)KV_HOLD_MS * DSERVE_TIMEOUT_SCALE;
+    s->hold_until_ms = now + (handoff_ms(w) < bound ? handoff_ms(w) : bound);
+    w->held[w->n_held++] = s; // room reserved by the caller (hold)
+  }
+  s->state = next;
+  if (next != from && next != DEC_DONE)
+    srv_debug(w->sh.rt->w->name, "%s: %s -> %s", s->req.id, dec_state_name(from), dec_state_name(next));
+  return 0;
+}
+
 // ---- sequences ----
 
 static void seq_free(dec_worker *w, dec_seq *s) {
   if (!s) return;
+  if (s->state != DEC_DONE) dec_seq_to(w, s, DEC_DONE);
   wrk_seq_fini(&s->seq, w->sh.rt->kv);
   mdl_sampler_free(s->sampler);
   mdl_detok_free(s->detok);
@@ -117,30 +165,20 @@ static void seq_free(dec_worker *w, dec_seq *s) {
   free(s);
 }
 
-static int64_t handoff_ms(const dec_worker *w) { return (int64_t)w->sh.wc->handoff_timeout_ms * DSERVE_TIMEOUT_SCALE; }
-
 static srv_peer *prefill_peer(dec_worker *w, const char *name);
 
 // A handoff we give up on whose prefill worker may hold the block table and still write: kv_fail tells it, and
 // the blocks stay reserved (in held) until it answers kv_freed (or the bounds above). 0 when s is held now.
 static int hold(dec_worker *w, dec_seq *s) {
-  if (!s->handoff || !s->table_sent || s->got_notif || s->p_quiet) return -1; // nothing more can land
+  if (!dec_state_may_write(s->state)) return -1; // nothing more can land
   srv_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return -1; // its control link closed: freed at once (a prefill worker drops what its link carried)
-  if (w->n_held == w->cap_held) {
-    int cap = w->cap_held ? w->cap_held * 2 : 16;
-    dec_seq **h = realloc(w->held, (size_t)cap * sizeof *h);
-    if (!h) return -1;
-    w->held = h;
-    w->cap_held = cap;
-  }
+  if (utl_vec_reserve((void **)&w->held, &w->cap_held, w->n_held + 1, sizeof *w->held)) return -1;
   cJSON *m = prt_kv_fail_encode(&(prt_kv_fail){s->req.id, "the decode worker dropped the request"}, NULL, 0);
   int rc = m ? srv_peer_send(p, m) : -1;
   cJSON_Delete(m);
   if (rc) return -1;
-  int64_t bound = (int64_t)KV_HOLD_MS * DSERVE_TIMEOUT_SCALE;
-  s->hold_until_ms = wrk_shell_now_ms() + (handoff_ms(w) < bound ? handoff_ms(w) : bound);
-  w->held[w->n_held++] = s;
+  dec_seq_to(w, s, DEC_HELD); // legal in every state that may write
   srv_debug(w->sh.rt->w->name, "%s: kv_fail to %s; holding %d blocks until it answers", s->req.id, s->req.prefill,
             s->seq.blocks.n);
   return 0;
@@ -160,14 +198,8 @@ static void release_held(dec_worker *w, const char *prefill, const char *id, int
   }
 }
 
-// Takes s out of the engine (or the handoff list) and frees it (or holds its blocks: hold).
+// Takes s out of the engine (or the handoff list: dec_seq_to) and frees it (or holds its blocks: hold).
 static void seq_drop(dec_worker *w, dec_seq *s) {
-  for (int i = 0; i < w->n_handoffs; i++)
-    if (w->handoffs[i] == s) {
-      memmove(w->handoffs + i, w->handoffs + i + 1, (size_t)(w->n_handoffs - i - 1) * sizeof *w->handoffs);
-      w->n_handoffs--;
-      break;
-    }
   if (hold(w, s) == 0) return; // a handoff is in no engine list; its blocks stay with it
   wrk_engine_remove(&w->eng, &s->seq);
   seq_free(w, s);
@@ -242,7 +274,7 @@ static int resume(dec_worker *w, dec_seq *s) {
   }
   s->n_gen = s->req.n_resume;
   if (!hit) return 0;
-  if (s->handoff) { // the prefill worker computes it for nothing: it frees its side on kv_fail
+  if (!strcmp(s->req.mode, "decode")) { // the prefill worker computes it for nothing: it frees its side on kv_fail
     srv_peer *p = prefill_peer(w, s->req.prefill);
     cJSON *m = prt_kv_fail_encode(&(prt_kv_fail){s->req.id, "the stream had already ended"}, NULL, 0);
     if (p && m) srv_peer_send(p, m);
@@ -289,7 +321,6 @@ static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) 
                                                 : "a both worker serves mode \"local\"";
   else if (handoff && !s->req.prefill[0])
     bad = "mode decode needs the prefill worker's name";
-  s->handoff = handoff;
   if (!bad && wrk_seq_init(&s->seq, s->req.prompt, s->req.n_prompt, s)) bad = "out of memory";
   if (!bad && dec_stopstr_init(&s->stop, (const char *const *)s->req.stop, s->req.n_stop)) bad = "out of memory";
   if (!bad && mdl_sampler_new(&s->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), s->req.prompt, s->req.n_prompt,
@@ -345,13 +376,15 @@ static int has_id(const dec_seq *s, const void *arg) {
          (!k->prefill || !strcmp(s->req.prefill, k->prefill));
 }
 static int routed_to(const dec_seq *s, const void *peer) { return s->router == peer; }
-static int from_prefill(const dec_seq *s, const void *name) { return s->handoff && !strcmp(s->req.prefill, name); }
+static int from_prefill(const dec_seq *s, const void *name) {
+  return dec_state_in_handoff(s->state) && !strcmp(s->req.prefill, name);
+}
 static int any(const dec_seq *s, const void *arg) { (void)s; (void)arg; return 1; }
 static int past_deadline(const dec_seq *s, const void *now) {
   return s->deadline_ms && *(const int64_t *)now > s->deadline_ms;
 }
 static int kv_overdue(const dec_seq *s, const void *now) {
-  return s->handoff && *(const int64_t *)now > s->handoff_deadline_ms;
+  return dec_state_in_handoff(s->state) && *(const int64_t *)now > s->handoff_deadline_ms;
 }
 
 static void first_fn(dec_worker *w, dec_seq *s, void *out) {
@@ -374,7 +407,7 @@ static srv_peer *prefill_peer(dec_worker *w, const char *name) {
 }
 
 static void try_send_table(dec_worker *w, dec_seq *s) {
-  if (s->table_sent) return;
+  if (s->state != DEC_WAIT_TABLE) return;
   // Blocks of the prompt this worker already caches (an earlier turn of the conversation) are not sent again.
   s->seq.kv_from_peer = 1; // blocks before the window get no window pages: no local layer is sent into them
   if (!s->seq.blocks.n && wrk_engine_take_blocks(&w->eng, &s->seq)) return; // later, when blocks come back
@@ -385,19 +418,13 @@ static void try_send_table(dec_worker *w, dec_seq *s) {
   cJSON *m = wrk_kvwire_table(w->sh.rt->kv, s->seq.blocks.ids, s->seq.blocks.n, &t) ? NULL
                                                                                     : prt_kv_table_encode(&t, NULL, 0);
   free(t.pages);
-  s->table_sent = m && srv_peer_send(p, m) == 0;
+  if (m && srv_peer_send(p, m) == 0) dec_seq_to(w, s, DEC_TABLE_SENT);
   cJSON_Delete(m);
 }
 
-static void try_start(dec_worker *w, dec_seq *s) {
-  if (!s->handoff || !s->got_notif || !s->got_first) return;
-  for (int i = 0; i < w->n_handoffs; i++)
-    if (w->handoffs[i] == s) {
-      memmove(w->handoffs + i, w->handoffs + i + 1, (size_t)(w->n_handoffs - i - 1) * sizeof *w->handoffs);
-      w->n_handoffs--;
-      break;
-    }
-  s->handoff = 0;
+// Both the notification and kv_first came: the sequence joins the batch (GOT_NOTIF or GOT_FIRST -> RUNNING).
+static void start(dec_worker *w, dec_seq *s) {
+  if (dec_seq_to(w, s, DEC_RUNNING)) return;
   s->seq.n_done = s->req.n_prompt;
   s->seq.kv_from_peer = 0; // if it is ever preempted, it computes its tokens here, window pages and all
   int skipped = s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size;
@@ -414,18 +441,6 @@ static void try_start(dec_worker *w, dec_seq *s) {
   }
   mdl_sampler_accept(s->sampler, s->first.token);
   seq_emit(w, s, &s->first);
-}
-
-static int handoff_push(dec_worker *w, dec_seq *s) {
-  if (w->n_handoffs == w->cap_handoffs) {
-    int cap = w->cap_handoffs ? w->cap_handoffs * 2 : 32;
-    dec_seq **h = realloc(w->handoffs, (size_t)cap * sizeof *h);
-    if (!h) return -1;
-    w->handoffs = h;
-    w->cap_handoffs = cap;
-  }
-  w->handoffs[w->n_handoffs++] = s;
-  return 0;
 }
 
 // ---- control messages ----
@@ -456,15 +471,8 @@ static void on_hello(void *arg, srv_peer *from, const cJSON *m) {
   dec_worker *w = arg;
   (void)m;
   if (strcmp(srv_peer_role(from), "prefill")) return;
-  if (w->n_prefills == w->cap_prefills) {
-    int cap = w->cap_prefills ? w->cap_prefills * 2 : 8;
-    srv_peer **np = realloc(w->prefills, (size_t)cap * sizeof *np);
-    if (!np) return;
-    w->prefills = np;
-    w->cap_prefills = cap;
-  }
+  if (UTL_VEC_PUSH(w->prefills, w->n_prefills, w->cap_prefills, from)) return;
   srv_peer_ref(from);
-  w->prefills[w->n_prefills++] = from;
   for (int i = 0; i < w->n_handoffs; i++) try_send_table(w, w->handoffs[i]);
 }
 
@@ -473,14 +481,11 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   dec_seq *s = seq_from_request(w, from, m);
   if (!s) return;
   int rc;
-  if (s->handoff) {
-    // Until kv_started the request waits in the prefill worker's queue: its own deadline bounds that (checked
-    // apart), or without one HANDOFF_QUEUE_FACTOR x handoff_timeout_ms.
-    s->handoff_deadline_ms = s->deadline_ms ? INT64_MAX : wrk_shell_now_ms() + HANDOFF_QUEUE_FACTOR * handoff_ms(w);
-    rc = handoff_push(w, s);
+  if (!strcmp(s->req.mode, "decode")) {
+    rc = dec_seq_to(w, s, DEC_WAIT_TABLE); // the handoffs list, the queue bound
     if (!rc) try_send_table(w, s);
   } else {
-    rc = wrk_engine_queue(&w->eng, &s->seq);
+    rc = dec_seq_to(w, s, DEC_RUNNING) || wrk_engine_queue(&w->eng, &s->seq);
   }
   if (rc) {
     wrk_send_error(from, s->req.id, "internal_error", "out of memory");
@@ -516,7 +521,7 @@ static void on_stats(void *arg, srv_peer *from, const cJSON *msg) {
 static dec_seq *handoff_of(dec_worker *w, srv_peer *from, const char *id) {
   id_key k = {id, NULL, srv_peer_name(from)};
   dec_seq *s = find(w, &k);
-  return s && s->handoff ? s : NULL;
+  return s && dec_state_in_handoff(s->state) ? s : NULL;
 }
 
 // kv_fail from the prefill worker: it gave up and writes nothing more (it sends kv_fail only once none of its
@@ -530,7 +535,7 @@ static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
     release_held(w, srv_peer_name(from), f.id, 0);
     return;
   }
-  s->p_quiet = 1;
+  dec_seq_to(w, s, DEC_FAILED); // nothing more lands: seq_drop frees at once
   wrk_send_error(s->router, s->req.id, "worker_failure", "prefill failed: %s", f.message ? f.message : "unknown");
   seq_drop(w, s);
 }
@@ -546,9 +551,10 @@ static void on_kv_started(void *arg, srv_peer *from, const cJSON *m) {
   dec_worker *w = arg;
   prt_kv_started st;
   dec_seq *s = prt_kv_started_decode(m, &st, NULL, 0) ? NULL : handoff_of(w, from, st.id);
-  if (!s || s->started) return;
-  s->started = 1;
-  s->handoff_deadline_ms = wrk_shell_now_ms() + handoff_ms(w) + (int64_t)HANDOFF_MS_PER_TOKEN * s->req.n_prompt;
+  if (!s || s->state == DEC_KV_ARRIVING) return;
+  // TABLE_SENT -> KV_ARRIVING; after the notification or kv_first (the prefill worker finished before it said
+  // kv_started, or the messages crossed) the GOT_* state goes to itself: the timer restarts all the same.
+  if (dec_seq_to(w, s, s->state == DEC_TABLE_SENT ? DEC_KV_ARRIVING : s->state)) return;
   srv_debug(w->sh.rt->w->name, "%s: kv_started from %s", s->req.id, srv_peer_name(from));
 }
 
@@ -563,12 +569,15 @@ static void on_kv_first(void *arg, srv_peer *from, const cJSON *m) {
     seq_drop(w, s);
     return;
   }
+  if (s->state == DEC_GOT_FIRST) return; // a second kv_first for one handoff: the first one stands
+  int notified = s->state == DEC_GOT_NOTIF;
+  if (dec_seq_check(w, s, notified ? DEC_RUNNING : DEC_GOT_FIRST)) return; // e.g. a second kv_first
   wrk_kvwire_sampled_from(&kf.first, &s->first);
-  s->got_first = 1;
   s->remote_cached = kf.cached_tokens;
   srv_debug(w->sh.rt->w->name, "%s: kv_first from %s (notif %s)", s->req.id, srv_peer_name(from),
-            s->got_notif ? "in" : "not yet");
-  try_start(w, s);
+            notified ? "in" : "not yet");
+  if (notified) start(w, s);
+  else dec_seq_to(w, s, DEC_GOT_FIRST);
 }
 
 static const wrk_op OPS[] = {
@@ -591,8 +600,9 @@ static void take_notifs(dec_worker *w) {
       id_key k = {id, NULL, nb[i].peer};
       dec_seq *s = find(w, &k);
       srv_debug(w->sh.rt->w->name, "notification '%s' from %s%s", id, nb[i].peer, s ? "" : " (no such request)");
-      if (s && s->handoff) {
-        s->got_notif = 1;
+      if (s && dec_state_in_handoff(s->state) && s->state != DEC_GOT_NOTIF) { // (a second one changes nothing)
+        dec_state next = s->state == DEC_GOT_FIRST ? DEC_RUNNING : DEC_GOT_NOTIF;
+        if (dec_seq_check(w, s, next)) continue; // e.g. before our table was sent: not from this handoff
         // Staging: the prompt's blocks landed in the mirror; the ones we cached ourselves were not sent.
         int skip = s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size;
         if (w->sh.stage && wrk_kvstage_in(w->sh.stage, s->seq.blocks.ids + skip, s->seq.blocks.n - skip)) {
@@ -600,7 +610,8 @@ static void take_notifs(dec_worker *w) {
           seq_drop(w, s);
           continue;
         }
-        try_start(w, s);
+        if (next == DEC_RUNNING) start(w, s);
+        else dec_seq_to(w, s, DEC_GOT_NOTIF);
       }
     }
     if (n < 32) break;
