@@ -85,6 +85,7 @@ krn_bf16 krn_f32_to_bf16(float f); // round to nearest even; NaN stays a (quiet)
 // (the caller is thread 0) and returns when all are done. Not reentrant: one run at a time.
 typedef struct krn_pool krn_pool;
 typedef void (*krn_task_fn)(void *arg, int ith, int nth);
+#define KRN_POOL_MAX_THREADS 1024 // what krn_pool_new takes at most (the config's "threads" range reads it)
 krn_pool *krn_pool_new(int n_threads, char *err, size_t errlen);
 void krn_pool_free(krn_pool *p);
 int krn_pool_threads(const krn_pool *p);

@@ -1,6 +1,7 @@
 // server/config.c: the cluster config file (configs/README.md documents every key), parsed strictly with cJSON.
 #include "server/config.h"
 
+#include "kernels/krn.h"
 #include "server/secret.h"
 
 #include <cjson/cJSON.h>
@@ -412,7 +413,7 @@ static int cfg_worker(cfg_ctx *x, const cJSON *w, int idx, srv_worker_cfg *o, co
   snprintf(field, sizeof field, "%s.host", p);
   if (!o->host[0]) return cfg_fail(x, field, "must not be empty");
   if (cfg_int32(x, w, p, "port", &o->port, 0, 65535, 0, 1)) return -1;
-  if (cfg_int32(x, w, p, "threads", &o->threads, 1, 4096, ncpu, 0)) return -1;
+  if (cfg_int32(x, w, p, "threads", &o->threads, 1, KRN_POOL_MAX_THREADS, ncpu, 0)) return -1;
   if (cfg_str(x, w, p, "kernels", o->kernels, sizeof o->kernels, "auto") ||
       cfg_one_of(x, p, "kernels", o->kernels, S_KERNELS))
     return -1;
@@ -587,7 +588,7 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, srv_config
 
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   if (ncpu < 1) ncpu = 1;
-  if (ncpu > 4096) ncpu = 4096;
+  if (ncpu > KRN_POOL_MAX_THREADS) ncpu = KRN_POOL_MAX_THREADS;
 
   const cJSON *jr = NULL;
   if (!rc) rc = cfg_obj(x, root, "", "router", &jr);

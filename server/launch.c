@@ -41,6 +41,7 @@ typedef struct lch_child {
   lch_stream s[2];      // stdout, stderr
   int ready;            // answered the health probe since its last start
   int was_ready;        // has been up at least once
+  char last[256];       // its last line on stderr (what it said when it failed)
   int failed;           // given up on
   int64_t restart_at;   // ms; 0 = none pending
   int64_t started_at;   // ms
@@ -80,7 +81,8 @@ static void lch_write_all(int fd, const char *p, size_t n) {
   }
 }
 
-static void lch_emit(const lch_child *c, const lch_stream *s, const char *p, size_t n) {
+static void lch_emit(lch_child *c, const lch_stream *s, const char *p, size_t n) {
+  if (s == &c->s[1] && n) snprintf(c->last, sizeof c->last, "%.*s", (int)(n < 255 ? n : 255), p);
   char pre[80];
   int k = snprintf(pre, sizeof pre, "[%s] ", c->name);
   char line[LCH_LINE + 96];
@@ -466,7 +468,7 @@ int srv_launch_run(const srv_config *cfg, const srv_launch_opts *o, char *err, s
     lch_say("node %s: started %s", o->node, names);
   }
 
-  int announced = 0, stopping = 0, rc = 0;
+  int announced = 0, stopping = 0, start_failed = 0, rc = 0;
   int64_t kill_at = 0, next_wait_note = now + 30000;
   struct pollfd *pf = calloc((size_t)(2 * n + 1), sizeof *pf);
   int (*pmap)[2] = calloc((size_t)(2 * n + 1), sizeof *pmap);
@@ -486,7 +488,7 @@ int srv_launch_run(const srv_config *cfg, const srv_launch_opts *o, char *err, s
       open_streams += (ch[i].s[0].fd >= 0) + (ch[i].s[1].fd >= 0);
     }
     if (stopping && !running) {
-      rc = 0;
+      rc = start_failed;
       break;
     }
     if (!stopping && !alive && !running) {
@@ -594,6 +596,14 @@ int srv_launch_run(const srv_config *cfg, const srv_launch_opts *o, char *err, s
           lch_describe_status(st, why, sizeof why);
           if (stopping) {
             lch_say("%s (pid %d) stopped: %s", c->name, (int)p, why);
+            continue;
+          }
+          if (!c->was_ready) { // it never came up: a restart meets the same model, port or option, so say it now
+            lch_say("%s (pid %d) failed at start-up: %s%s%s; not restarting it: stopping node %s", c->name, (int)p,
+                    why, c->last[0] ? ": " : "", c->last, o->node);
+            stopping = start_failed = 1;
+            kill_at = lch_now() + o->grace_ms;
+            lch_signal_all(ch, n, SIGTERM);
             continue;
           }
           int64_t t = lch_now();

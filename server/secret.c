@@ -118,7 +118,8 @@ int srv_secret_check(const char *s, int remote, char *why, size_t cap) {
 
 int srv_secret_read_file(const char *path, char *out, size_t cap, char *err, size_t errlen) {
   out[0] = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  // O_NONBLOCK: a FIFO (or a device) must be refused, not waited on: opening one for reading blocks for a writer.
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
     snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
     return -1;

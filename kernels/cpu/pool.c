@@ -72,8 +72,9 @@ static void krn_pool_wake(krn_pool *p) {
 }
 
 krn_pool *krn_pool_new(int n_threads, char *err, size_t errlen) {
-  if (n_threads < 1 || n_threads > 1024) {
-    if (err && errlen) snprintf(err, errlen, "thread pool: %d threads is out of range 1..1024", n_threads);
+  if (n_threads < 1 || n_threads > KRN_POOL_MAX_THREADS) {
+    if (err && errlen)
+      snprintf(err, errlen, "thread pool: %d threads is out of range 1..%d", n_threads, KRN_POOL_MAX_THREADS);
     return NULL;
   }
   krn_pool *p = calloc(1, sizeof *p);

@@ -164,6 +164,9 @@ const char *kDies = "#!/bin/sh\necho \"child $1 $5 says bye\" >&2\necho \"partia
 const char *kSleeps = "#!/bin/sh\necho \"child $1 $5 up\"\nexec sleep 30\n";
 const char *kStubborn = "#!/bin/sh\ntrap '' TERM\necho \"child $1 $5 ignores TERM\"\nwhile :; do sleep 0.05; done\n";
 const char *kKillsSelf = "#!/bin/sh\nkill -9 $$\n";
+// Up long enough to count as up (a port-0 child counts after 500 ms alive), then it dies.
+const char *kDiesLater =
+    "#!/bin/sh\necho \"child $1 $5 says bye\" >&2\necho \"partial line, no newline\"\nsleep 0.7\nexit 3\n";
 
 std::string one_worker(int port, const char *role = "both") {
   return std::string(R"({"model": "m.gguf", "workers": [{"name": "w0", "role": ")") + role + R"(", "port": )" +
@@ -208,9 +211,31 @@ TEST(Launch, UsageErrorsExit2) {
   }
 }
 
-TEST(Launch, CrashIsReportedRestartedThenGivenUp) {
+// A child that fails before it ever came up (bad model, port in use, bad option: a restart meets the same) stops the
+// node at once: exit 1 within 5 s, with what the child said.
+TEST(Launch, StartUpFailureStopsTheNodeAtOnce) {
   TempDir d;
   std::string bin = d.write("child.sh", kDies, true);
+  std::string cfg = d.write("c.json", one_worker(0));
+  auto t0 = Clock::now();
+  Launcher l(d, {"--config", cfg, "--node", "local", "--dserve", bin, "--backoff-ms", "10"});
+  ASSERT_TRUE(l.wait_exit(20000)) << slurp(l.err);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_TRUE(WIFEXITED(l.status));
+  EXPECT_EQ(WEXITSTATUS(l.status), 1);
+  std::string e = slurp(l.err);
+  EXPECT_EQ(count(e, "[w0] child both w0 says bye\n"), 1) << e;
+  EXPECT_NE(e.find("failed at start-up: exited with status 3: child both w0 says bye; not restarting it"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(e.find("restarting in"), std::string::npos) << e;
+  EXPECT_EQ(slurp(l.out).find("ready"), std::string::npos);
+}
+
+// A child that was up once and then dies is restarted (with back-off), at most 5 times a minute.
+TEST(Launch, CrashIsReportedRestartedThenGivenUp) {
+  TempDir d;
+  std::string bin = d.write("child.sh", kDiesLater, true);
   std::string cfg = d.write("c.json", one_worker(0));
   auto t0 = Clock::now();
   Launcher l(d, {"--config", cfg, "--node", "local", "--dserve", bin, "--backoff-ms", "10"});
@@ -231,7 +256,7 @@ TEST(Launch, CrashIsReportedRestartedThenGivenUp) {
             std::string::npos)
       << e;
   EXPECT_NE(e.find("every child has failed"), std::string::npos) << e;
-  EXPECT_EQ(o.find("ready"), std::string::npos) << o;
+  EXPECT_NE(o.find("dserve: node local ready"), std::string::npos) << o; // it was up before it died
 }
 
 TEST(Launch, DeathBySignalIsReported) {
@@ -242,7 +267,7 @@ TEST(Launch, DeathBySignalIsReported) {
   ASSERT_TRUE(l.wait_exit(20000)) << slurp(l.err);
   EXPECT_EQ(WEXITSTATUS(l.status), 1);
   std::string e = slurp(l.err);
-  EXPECT_NE(e.find("crashed: was killed by signal 9"), std::string::npos) << e;
+  EXPECT_NE(e.find("failed at start-up: was killed by signal 9"), std::string::npos) << e;
 }
 
 TEST(Launch, WaitsForHealthThenStopsOnSigterm) {
