@@ -6,6 +6,7 @@
 #include "proto/handoff.h"
 #include "proto/request.h"
 
+#include <assert.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,11 +18,15 @@
 #include "server/log.h"
 #include "worker/kvpool.h"
 #include "worker/kvstage.h"
+#include "util/vec.h"
 
 // ---- requests ----
 
+static int pfl_req_to(pfl_worker *w, pfl_req *r, pfl_state next);
+
 static void req_free(pfl_worker *w, pfl_req *r) {
   if (!r) return;
+  if (r->state != PFL_DONE) pfl_req_to(w, r, PFL_DONE);
   if (r->pull) r->pull->req = NULL; // the fetch's blocks stay reserved until the peer answers
   for (int i = 0; i < r->n_xf; i++) kvx_xfer_free(r->xf[i]);
   free(r->xf);
@@ -45,6 +50,24 @@ static void tell_decode(pfl_link *l, const char *op, const char *id, const char 
   cJSON_Delete(m);
 }
 
+// The one place a request changes state (docs/protocol.md, "Handoff states"): refuses an illegal transition (logged
+// loudly; an assertion in a debug build), then does what entering next requires: PUSHING tells the decode worker
+// kv_started (its KV-arrival timer starts). 0, or -1 when refused.
+static int pfl_req_to(pfl_worker *w, pfl_req *r, pfl_state next) {
+  pfl_state from = r->state;
+  if (!pfl_state_legal(from, next)) {
+    srv_err(w->sh.rt->w->name, "%s: illegal handoff transition %s -> %s refused", r->req.id, pfl_state_name(from),
+            pfl_state_name(next));
+    assert(!"illegal prefill handoff transition");
+    return -1;
+  }
+  r->state = next;
+  if (next == PFL_PUSHING) tell_decode(r->link, PRT_OP_KV_STARTED, r->req.id, NULL);
+  if (next != from && next != PFL_DONE)
+    srv_debug(w->sh.rt->w->name, "%s: %s -> %s", r->req.id, pfl_state_name(from), pfl_state_name(next));
+  return 0;
+}
+
 static int writes_pending(const pfl_req *r) {
   for (int i = 0; i < r->n_xf; i++)
     if (kvx_xfer_poll(r->xf[i]) == KVX_PENDING) return 1;
@@ -55,11 +78,10 @@ static int writes_pending(const pfl_req *r) {
 // otherwise reap does both once every posted write finished, so a kv_fail or kv_freed never precedes bytes
 // that could still land in the decode worker's blocks.
 static void stop_req(pfl_worker *w, pfl_req *r, int tell, const char *msg) {
-  r->failed = 1;
   if (tell > r->tell) r->tell = tell;
   if (tell == TELL_FAIL && msg && !r->fail_msg) r->fail_msg = strdup(msg);
   if (writes_pending(r)) {
-    r->handed_off = 1; // reap frees it
+    pfl_req_to(w, r, PFL_STOPPING); // reap frees it
     return;
   }
   if (r->tell == TELL_FAIL)
@@ -93,17 +115,10 @@ static int write_layers(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b
     return -1;
   }
   if (x) {
-    if (r->n_xf == r->cap_xf) {
-      int cap = r->cap_xf ? r->cap_xf * 2 : 64;
-      kvx_xfer **nx = realloc(r->xf, (size_t)cap * sizeof *nx);
-      if (!nx) {
-        kvx_xfer_free(x);
-        return -1;
-      }
-      r->xf = nx;
-      r->cap_xf = cap;
+    if (UTL_VEC_PUSH(r->xf, r->n_xf, r->cap_xf, x)) {
+      kvx_xfer_free(x);
+      return -1;
     }
-    r->xf[r->n_xf++] = x;
     w->bytes_pushed += (double)(l1 - l0) * 2.0 * (double)(b1 - b0) * (double)r->link->remote.chunk_bytes;
   }
   return 0;
@@ -147,8 +162,8 @@ static void push_layer(pfl_worker *w, int layer) {
     wrk_seq *sq = w->eng.batch_of[i];
     if (!sq) continue;
     pfl_req *r = OWNER(sq);
-    if (!r->live || r->failed) continue;
-    if (push(w, r, layer, layer + 1, r->step_b0, r->step_b1, 0)) r->failed = 1;
+    if (!r->live || r->state == PFL_PUSH_FAILED) continue;
+    if (push(w, r, layer, layer + 1, r->step_b0, r->step_b1, 0)) pfl_req_to(w, r, PFL_PUSH_FAILED);
   }
 }
 
@@ -176,28 +191,25 @@ static void flush_layers(pfl_worker *w) {
   push_layer(w, last);
 }
 
-// After the prompt is computed, the table known and every write posted: notify and send kv_first.
-static int maybe_finish(pfl_worker *w, pfl_req *r) {
-  if (!r->computed || !r->have_table || r->handed_off || r->failed) return 0;
+// The prompt is computed and the table known (COMPUTED when the table comes; TABLE or PUSHING when a step computes
+// its last token): every write posted, then the notification and kv_first -> HANDED_OFF. 0, or -1 when one failed.
+static int finish(pfl_worker *w, pfl_req *r) {
   if (r->pushed_blocks < full_blocks(w, r, r->req.n_prompt) && catch_up(w, r)) return -1;
-  if (!r->handed_off && !r->failed) {
-    if (push(w, r, 0, 0, 0, 0, 1)) return -1; // the notification
-    prt_kv_first kf = {.id = r->req.id, .cached_tokens = r->seq.n_cached};
-    wrk_kvwire_sampled_to(&r->first, &kf.first);
-    cJSON *m = prt_kv_first_encode(&kf, NULL, 0);
-    int rc = m ? srv_peer_send(r->link->peer, m) : -1;
-    cJSON_Delete(m);
-    if (rc) return -1;
-    r->handed_off = 1;
-  }
-  return 0;
+  if (push(w, r, 0, 0, 0, 0, 1)) return -1; // the notification
+  prt_kv_first kf = {.id = r->req.id, .cached_tokens = r->seq.n_cached};
+  wrk_kvwire_sampled_to(&r->first, &kf.first);
+  cJSON *m = prt_kv_first_encode(&kf, NULL, 0);
+  int rc = m ? srv_peer_send(r->link->peer, m) : -1;
+  cJSON_Delete(m);
+  if (rc) return -1;
+  return pfl_req_to(w, r, PFL_HANDED_OFF);
 }
 
 // Frees requests whose writes have all completed (their blocks are no longer read).
 static void reap(pfl_worker *w) {
   for (int i = w->eng.n_run - 1; i >= 0; i--) {
     pfl_req *r = OWNER(w->eng.run[i]);
-    if (!r->handed_off) continue;
+    if (!pfl_state_draining(r->state)) continue;
     int pending = 0, bad = 0;
     for (int j = 0; j < r->n_xf; j++) {
       int st = kvx_xfer_poll(r->xf[j]);
@@ -214,7 +226,7 @@ static void reap(pfl_worker *w) {
 }
 
 static int is(const pfl_req *r, const char *id, const char *decode, int any) {
-  return (any || !r->handed_off) && !strcmp(r->req.id, id) &&
+  return (any || !pfl_state_draining(r->state)) && !strcmp(r->req.id, id) &&
          (!decode || (r->link && !strcmp(r->link->name, decode)));
 }
 
@@ -261,7 +273,7 @@ static void on_table(void *arg, srv_peer *from, const cJSON *m) {
     keep_early(w, from, m);
     return;
   }
-  if (r->have_table) return;
+  if (r->state != PFL_WAIT_TABLE && r->state != PFL_COMPUTED) return; // it has one
   int n = 0, need = (r->req.n_prompt + block_size(w) - 1) / block_size(w);
   prt_kv_table t;
   char why[160] = "";
@@ -276,10 +288,14 @@ static void on_table(void *arg, srv_peer *from, const cJSON *m) {
     return;
   }
   r->n_remote = n;
-  r->have_table = 1;
   if (sk > r->pushed_blocks) r->pushed_blocks = sk;
+  if (r->state == PFL_COMPUTED) { // computed before its table came: everything goes now
+    if (finish(w, r)) fail_with(w, r, "decode_failure", "KV push to %s failed", r->link->name);
+    return;
+  }
+  pfl_req_to(w, r, PFL_TABLE);
   if (r->pull) return; // waiting for a prefix fetch: its first step pushes every layer of what it has by then
-  if (catch_up(w, r) || maybe_finish(w, r)) fail_with(w, r, "decode_failure", "KV push to %s failed", r->link->name);
+  if (catch_up(w, r)) fail_with(w, r, "decode_failure", "KV push to %s failed", r->link->name);
 }
 
 // Hands over the decode worker's block table if it came before the request did.
@@ -318,7 +334,7 @@ static void each_req(pfl_worker *w, void (*fn)(pfl_worker *, pfl_req *, const vo
 static void close_req(pfl_worker *w, pfl_req *r, const void *peer) {
   if (r->router == peer) stop_req(w, r, TELL_NONE, NULL); // the router went away: nobody wants it (the decode
                                                           // worker drops it too and asks with kv_fail)
-  else if (r->link && r->link->peer == peer && !r->handed_off)
+  else if (r->link && r->link->peer == peer && !pfl_state_draining(r->state))
     fail_with(w, r, "decode_failure", "decode worker %s failed", r->link->name);
 }
 
@@ -388,6 +404,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     prt_generate_free(&g);
     return;
   }
+  pfl_req_to(w, r, PFL_WAIT_TABLE);
   wrk_genreq_resume_sampler(&r->req, r->sampler); // a moved stream: its first token continues the sampler's draws
   int64_t now = wrk_shell_now_ms();
   r->table_deadline_ms = now + table_timeout_ms(w);
@@ -452,10 +469,9 @@ static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
 static void send_started(pfl_worker *w) {
   for (int i = 0; i < w->eng.n_run; i++) {
     pfl_req *r = OWNER(w->eng.run[i]);
-    if (r->started_sent || !r->have_table || r->handed_off || r->failed) continue;
+    if (r->state != PFL_TABLE) continue;
     if (r->seq.n_done == r->seq.n_cached && r->seq.n_done < r->seq.n_toks) continue; // no step has computed any of it
-    r->started_sent = 1;
-    tell_decode(r->link, PRT_OP_KV_STARTED, r->req.id, NULL);
+    pfl_req_to(w, r, PFL_PUSHING); // sends kv_started
   }
 }
 
@@ -504,9 +520,9 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
 
 static void expire_req(pfl_worker *w, pfl_req *r, const void *now_ms) {
   int64_t now = *(const int64_t *)now_ms;
-  if (r->handed_off) return;
+  if (pfl_state_draining(r->state)) return;
   if (r->deadline_ms && now > r->deadline_ms) pfl_fail(w, r, "request deadline passed%s", "");
-  else if (!r->have_table && now > r->table_deadline_ms)
+  else if ((r->state == PFL_WAIT_TABLE || r->state == PFL_COMPUTED) && now > r->table_deadline_ms)
     pfl_fail(w, r, "decode worker %s never sent its block table", r->link->name);
 }
 
@@ -536,7 +552,7 @@ static void expire(pfl_worker *w) {
 static int step(pfl_worker *w, char *err, size_t errlen) {
   for (int i = 0; i < w->eng.n_run; i++) {
     pfl_req *r = OWNER(w->eng.run[i]);
-    r->live = r->have_table && !r->failed;
+    r->live = pfl_state_pushes(r->state);
   }
   if (wrk_engine_plan(&w->eng) == 0) return 0;
   for (int i = 0; i < w->eng.n_batch; i++) { // the blocks each row completes, pushed layer by layer
@@ -552,11 +568,12 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
     if (!sq) continue;
     pfl_req *r = OWNER(sq);
     if (r->live) r->pushed_blocks = r->step_b1;
-    if (w->eng.batch[i].want_logits) {
-      mdl_sampler_sample(r->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &r->first);
-      r->computed = 1;
-    }
-    if (!r->handed_off && (r->failed || maybe_finish(w, r))) fail_with(w, r, "decode_failure", "KV push to %s failed", r->link->name);
+    int computed = w->eng.batch[i].want_logits; // the prompt is done: its first token
+    if (computed) mdl_sampler_sample(r->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &r->first);
+    if (r->state == PFL_PUSH_FAILED || (computed && pfl_state_pushes(r->state) && finish(w, r)))
+      fail_with(w, r, "decode_failure", "KV push to %s failed", r->link->name);
+    else if (computed && r->state == PFL_WAIT_TABLE)
+      pfl_req_to(w, r, PFL_COMPUTED); // its table has not come: finish when it does
   }
   return 0;
 }

@@ -9,6 +9,7 @@
 
 #include "kvxfer/kvx.h"
 #include "models/sampler.h"
+#include "prefill/handoff.h"
 #include "prefill/serve.h"
 #include "server/hub.h"
 #include "worker/engine.h"
@@ -54,18 +55,14 @@ typedef struct pfl_req {
   mdl_sampler *sampler;   // (owned) for the first token
   int32_t *remote;        // (owned) (n_remote) the decode worker's blocks for this prompt
   int n_remote;
-  int have_table;
-  int live;               // the table was known when the current step began: push layer by layer
+  pfl_state state;        // where its handoff is (prefill/handoff.h); changed by pfl_req_to only
+  int live;               // this step pushes it layer by layer (its state pushed when the step began)
   int pushed_blocks;      // leading blocks already pushed for every layer
   int step_b0, step_b1;   // blocks this step completes: [b0, b1)
   kvx_xfer **xf;          // (owned) (n_xf) posted writes; our blocks stay until they finish
   int n_xf, cap_xf;
-  int computed;           // the prompt is done and first holds the first token
-  mdl_sampled first;
-  int failed;
-  int handed_off;         // nothing left to do but let the posted writes finish (then reap frees it)
-  int started_sent;       // kv_started went to the decode worker (admitted, table known)
-  int tell;               // what reap tells the decode worker once the writes finished: TELL_*
+  mdl_sampled first;      // the first token, once the prompt is computed
+  int tell;               // PFL_STOPPING: what reap tells the decode worker once the writes finished: TELL_*
   char *fail_msg;         // (owned) kv_fail's message for TELL_FAIL
   int64_t table_deadline_ms, deadline_ms;
 } pfl_req;
