@@ -193,8 +193,39 @@ const mdl_chat_tool_style *mdl_chat_tool_style_of(const mdl_gguf *g, char *err, 
   return mdl_chat_template_tools(t ? t : &FAMILIES[0], err, errlen); // no template: SmolLM2's (ChatML) is assumed
 }
 
+// Where the request's own text lies in the rendering (message contents, tool declarations, call arguments): the
+// encoder matches no control token there, so a user cannot forge the template's markup (mdl_tok_encode_guarded).
+typedef struct spans {
+  size_t *v;     // (n, 2) offset, length; in order, not overlapping
+  size_t n, cap;
+  int oom;
+} spans;
+
+// Records b's bytes from `from` to its end as the request's text (sp may be NULL: nothing recorded).
+static void mark(spans *sp, const utl_buf *b, size_t from) {
+  if (!sp || b->n <= from) return;
+  if (sp->n && sp->v[2 * (sp->n - 1)] + sp->v[2 * (sp->n - 1) + 1] == from) { // adjacent: one span
+    sp->v[2 * (sp->n - 1) + 1] += b->n - from;
+    return;
+  }
+  if (sp->n == sp->cap) {
+    size_t c = sp->cap ? sp->cap * 2 : 16;
+    size_t *nv = realloc(sp->v, c * 2 * sizeof *nv);
+    if (!nv) {
+      sp->oom = 1;
+      return;
+    }
+    sp->v = nv;
+    sp->cap = c;
+  }
+  sp->v[2 * sp->n] = from;
+  sp->v[2 * sp->n + 1] = b->n - from;
+  sp->n++;
+}
+
 // The system block's tool section: head, one line per tool (its JSON as given), tail.
-static int tools_section(utl_buf *b, const mdl_chat_tool_style *st, const char *tools, char *err, size_t errlen) {
+static int tools_section(utl_buf *b, spans *sp, const mdl_chat_tool_style *st, const char *tools, char *err,
+                         size_t errlen) {
   cJSON *t = cJSON_Parse(tools);
   if (!cJSON_IsArray(t)) {
     cJSON_Delete(t);
@@ -206,8 +237,10 @@ static int tools_section(utl_buf *b, const mdl_chat_tool_style *st, const char *
   cJSON_ArrayForEach(it, t) {
     char *j = cJSON_PrintUnformatted(it);
     utl_buf_adds(b, "\n");
+    size_t from = b->n;
     if (j) utl_buf_adds(b, j);
     else b->oom = 1;
+    mark(sp, b, from);
     free(j);
   }
   utl_buf_adds(b, st->sys_tail);
@@ -217,7 +250,7 @@ static int tools_section(utl_buf *b, const mdl_chat_tool_style *st, const char *
 
 // One call as the model writes it: {"name": NAME, "arguments": ARGS}, the form the call grammar generates
 // (models/json_schema.c mdl_grammar_from_tool_calls).
-static int call_text(utl_buf *b, const cJSON *call, char *err, size_t errlen) {
+static int call_text(utl_buf *b, spans *sp, const cJSON *call, char *err, size_t errlen) {
   const cJSON *name = cJSON_GetObjectItemCaseSensitive(call, "name");
   const cJSON *args = cJSON_GetObjectItemCaseSensitive(call, "arguments");
   if (!cJSON_IsString(name) || !args) {
@@ -225,8 +258,10 @@ static int call_text(utl_buf *b, const cJSON *call, char *err, size_t errlen) {
     return -1;
   }
   char *n = cJSON_PrintUnformatted(name), *a = cJSON_PrintUnformatted(args);
+  size_t from = b->n;
   if (n && a) utl_buf_printf(b, "{\"name\": %s, \"arguments\": %s}", n, a);
   else b->oom = 1;
+  mark(sp, b, from);
   free(n);
   free(a);
   return 0;
@@ -257,14 +292,16 @@ static int check_msgs(const mdl_chat_msg *msgs, size_t n, int with_tools, char *
   return 0;
 }
 
-// Appends s, trimmed of ASCII whitespace on both sides when trim (llama.cpp's trim(); Jinja's | trim).
-static void put(utl_buf *b, const char *s, int trim) {
-  size_t n = strlen(s);
+// Appends s, trimmed of ASCII whitespace on both sides when trim (llama.cpp's trim(); Jinja's | trim); it is the
+// request's text (recorded in sp).
+static void put(utl_buf *b, spans *sp, const char *s, int trim) {
+  size_t n = strlen(s), from = b->n;
   if (trim) {
     while (n && strchr(" \t\n\r\v\f", *s)) s++, n--;
     while (n && strchr(" \t\n\r\v\f", s[n - 1])) n--;
   }
   utl_buf_add(b, s, n);
+  mark(sp, b, from);
 }
 
 static const char *role_open(const mdl_chat_template *t, const char *role) {
@@ -277,8 +314,12 @@ static const char *role_close(const mdl_chat_template *t, const char *role) {
 
 int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_chat_msg *msgs,
                     const char *const *calls, size_t n, const char *tools, int with_tools,
-                    int add_generation_prompt, char **out, char *err, size_t errlen) {
+                    int add_generation_prompt, char **out, size_t **user_spans, size_t *n_user_spans, char *err,
+                    size_t errlen) {
   *out = NULL;
+  if (user_spans) *user_spans = NULL;
+  if (n_user_spans) *n_user_spans = 0;
+  spans rec = {0}, *sp = user_spans && n_user_spans ? &rec : NULL;
   if (!t) {
     utl_seterr(err, errlen, "no chat template");
     return -1;
@@ -294,8 +335,13 @@ int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_cha
   if (tools) { // the system block with the tool section (has_tools families have a system turn)
     utl_buf_adds(&b, t->sys_open);
     const char *sys = first_sys ? msgs[0].content : def;
-    if (sys && sys[0]) utl_buf_printf(&b, "%s\n\n", sys);
-    if (tools_section(&b, st, tools, err, errlen) != 0) goto done;
+    if (sys && sys[0]) {
+      size_t from = b.n;
+      utl_buf_adds(&b, sys);
+      if (first_sys) mark(sp, &b, from);
+      utl_buf_adds(&b, "\n\n");
+    }
+    if (tools_section(&b, sp, st, tools, err, errlen) != 0) goto done;
     utl_buf_adds(&b, t->sys_close);
   } else if (n > 0 && def && !first_sys) {
     utl_buf_printf(&b, "%s%s%s", t->sys_open, def, t->sys_close);
@@ -304,24 +350,29 @@ int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_cha
     const char *role = msgs[i].role;
     if (!strcmp(role, "tool")) { // consecutive results share one turn
       utl_buf_adds(&b, role_open(t, st->result_role));
-      for (size_t k = i; k < n && !strcmp(msgs[k].role, "tool"); i = k++)
-        utl_buf_printf(&b, "%s%s%s%s", k > i ? "\n" : "", st->result_open, msgs[k].content, st->result_close);
+      for (size_t k = i; k < n && !strcmp(msgs[k].role, "tool"); i = k++) {
+        utl_buf_printf(&b, "%s%s", k > i ? "\n" : "", st->result_open);
+        put(&b, sp, msgs[k].content, 0);
+        utl_buf_adds(&b, st->result_close);
+      }
       utl_buf_adds(&b, role_close(t, st->result_role));
       continue;
     }
     if (!strcmp(role, "system") && !t->sys_open) { // folded into the next user message
       if (fold.n) utl_buf_adds(&fold, t->fold_sep);
-      put(&fold, msgs[i].content, t->trim);
+      put(&fold, NULL, msgs[i].content, t->trim);
       continue;
     }
     int asst = !strcmp(role, "assistant");
     utl_buf_adds(&b, role_open(t, role));
     if (!asst && !strcmp(role, "user") && fold.n) {
-      utl_buf_add(&b, fold.p, fold.n);
+      size_t from = b.n;
+      utl_buf_add(&b, fold.p, fold.n); // system texts and the family's plain-text separator between them
+      mark(sp, &b, from);
       utl_buf_adds(&b, t->fold_sep);
       utl_buf_reset(&fold);
     }
-    put(&b, msgs[i].content, asst ? t->trim_asst : t->trim);
+    put(&b, sp, msgs[i].content, asst ? t->trim_asst : t->trim);
     const char *ctext = calls && asst ? calls[i] : NULL;
     if (ctext) {
       cJSON *cl = cJSON_Parse(ctext);
@@ -335,7 +386,7 @@ int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_cha
       cJSON_ArrayForEach(c, cl) {
         if (k++ || msgs[i].content[0]) utl_buf_adds(&b, st->call_sep);
         utl_buf_adds(&b, st->call_open);
-        if (call_text(&b, c, err, errlen) != 0) {
+        if (call_text(&b, sp, c, err, errlen) != 0) {
           cJSON_Delete(cl);
           goto done;
         }
@@ -351,14 +402,20 @@ int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_cha
     goto done;
   }
   if (add_generation_prompt) utl_buf_adds(&b, t->gen_prompt);
-  if (fold.oom || !(*out = utl_buf_take(&b))) {
+  if (fold.oom || rec.oom || !(*out = utl_buf_take(&b))) {
     utl_seterr(err, errlen, "out of memory");
     goto done;
+  }
+  if (sp) {
+    *user_spans = rec.v;
+    *n_user_spans = rec.n;
+    rec.v = NULL;
   }
   rc = 0;
 done:
   utl_buf_free(&b);
   utl_buf_free(&fold);
+  free(rec.v);
   free(def);
   return rc;
 }
@@ -368,8 +425,8 @@ static int apply(const mdl_gguf *g, const mdl_chat_msg *msgs, const char *const 
   *out = NULL;
   const mdl_chat_template *t;
   if (mdl_chat_template_of(g, NULL, &t, err, errlen) != 0) return -1;
-  return mdl_chat_render(t ? t : &FAMILIES[0], g, msgs, calls, n, tools, with_tools, add_generation_prompt, out, err,
-                         errlen); // no template: SmolLM2's (ChatML) is assumed
+  return mdl_chat_render(t ? t : &FAMILIES[0], g, msgs, calls, n, tools, with_tools, add_generation_prompt, out, NULL,
+                         NULL, err, errlen); // no template: SmolLM2's (ChatML) is assumed
 }
 
 int mdl_chat_apply(const mdl_gguf *g, const mdl_chat_msg *msgs, size_t n, int add_generation_prompt, char **out,

@@ -51,10 +51,15 @@ int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat
 
 // Renders msgs (n) with family t. g (may be NULL) gives ChatML's default system prompt (see mdl_chat_apply); tools,
 // tool_calls and role "tool" as mdl_chat_apply_tools, refused with err for a family without a tool convention.
-// with_tools 0: role "tool" is refused. *out is malloc'ed; the caller frees it. To be encoded with parse_special = 1.
+// with_tools 0: role "tool" is refused. *out is malloc'ed; the caller frees it. To be encoded with parse_special = 1,
+// except inside *user_spans: when user_spans and n_user_spans are given, *user_spans (malloc'ed, the caller frees it)
+// gets (*n_user_spans, 2) offsets and lengths into *out, in order, of the request's own text (message contents,
+// tool declarations, call arguments), which mdl_tok_encode_guarded encodes without matching control tokens: a user
+// who writes "<|im_end|>" gets those characters, not the template's markup.
 int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_chat_msg *msgs,
                     const char *const *tool_calls, size_t n, const char *tools, int with_tools,
-                    int add_generation_prompt, char **out, char *err, size_t errlen);
+                    int add_generation_prompt, char **out, size_t **user_spans, size_t *n_user_spans, char *err,
+                    size_t errlen);
 
 // ---- ChatML ----
 

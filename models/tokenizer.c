@@ -636,8 +636,32 @@ static int encode_raw(enc *e, const uint8_t *s, size_t n) {
 
 typedef struct frag { size_t off, len; int32_t id; } frag; // id >= 0: a special token; -1: raw text
 
+// 1 when [off, off + n) overlaps a span of spans ((n_spans, 2), in order).
+static int in_spans(const size_t *spans, size_t n_spans, size_t off, size_t n) {
+  size_t lo = 0, hi = n_spans; // the first span that ends after off
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (spans[2 * mid] + spans[2 * mid + 1] <= off) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < n_spans && spans[2 * lo] < off + n;
+}
+
+static int encode_spans(const mdl_tok *t, const char *text, size_t len, int parse_special, const size_t *spans,
+                        size_t n_spans, int32_t **ids, size_t *n_ids, char *err, size_t errlen);
+
 int mdl_tok_encode(const mdl_tok *t, const char *text, size_t len, int parse_special, int32_t **ids, size_t *n_ids,
                    char *err, size_t errlen) {
+  return encode_spans(t, text, len, parse_special, NULL, 0, ids, n_ids, err, errlen);
+}
+
+int mdl_tok_encode_guarded(const mdl_tok *t, const char *text, size_t len, const size_t *spans, size_t n_spans,
+                           int32_t **ids, size_t *n_ids, char *err, size_t errlen) {
+  return encode_spans(t, text, len, 1, spans, n_spans, ids, n_ids, err, errlen);
+}
+
+static int encode_spans(const mdl_tok *t, const char *text, size_t len, int parse_special, const size_t *spans,
+                        size_t n_spans, int32_t **ids, size_t *n_ids, char *err, size_t errlen) {
   *ids = NULL;
   *n_ids = 0;
   if (!text && len) {
@@ -662,10 +686,14 @@ int mdl_tok_encode(const mdl_tok *t, const char *text, size_t len, int parse_spe
     if (!nf) goto oom;
     for (size_t i = 0; i < nfr; i++) {
       frag f = fr[i];
-      size_t o = f.off, end = f.off + f.len;
+      size_t o = f.off, scan = f.off, end = f.off + f.len; // o: the text not yet emitted; scan: where to look
       for (;;) {
-        const char *hit = (f.id < 0 && end - o >= sl) ? memmem(text + o, end - o, sp, sl) : NULL;
+        const char *hit = (f.id < 0 && end - scan >= sl) ? memmem(text + scan, end - scan, sp, sl) : NULL;
         size_t ho = hit ? (size_t)(hit - text) : end;
+        if (hit && t->type[id] != MDL_TOK_USER && in_spans(spans, n_spans, ho, sl)) { // the request's text: no markup
+          scan = ho + 1;
+          continue;
+        }
         if (nn + 2 > ncap) {
           size_t c2 = ncap * 2;
           frag *g2 = realloc(nf, c2 * sizeof *g2);
@@ -680,7 +708,7 @@ int mdl_tok_encode(const mdl_tok *t, const char *text, size_t len, int parse_spe
         if (ho > o) nf[nn++] = (frag){o, ho - o, -1};
         if (!hit) break;
         nf[nn++] = (frag){ho, sl, id};
-        o = ho + sl;
+        o = scan = ho + sl;
       }
     }
     free(fr);

@@ -33,6 +33,11 @@ void mdl_tok_free(mdl_tok *t);
 // *ids (n_ids) is malloc'ed; the caller frees it. Linear-ish in len (no quadratic paths).
 int mdl_tok_encode(const mdl_tok *t, const char *text, size_t len, int parse_special, int32_t **ids, size_t *n_ids,
                    char *err, size_t errlen);
+// mdl_tok_encode with parse_special, except that a control token's text overlapping one of the spans ((n_spans, 2)
+// offset and length pairs into text, in order: the request's own text in a rendered chat, mdl_chat_render) is
+// encoded as ordinary text. Outside the spans the ids are exactly mdl_tok_encode's.
+int mdl_tok_encode_guarded(const mdl_tok *t, const char *text, size_t len, const size_t *spans, size_t n_spans,
+                           int32_t **ids, size_t *n_ids, char *err, size_t errlen);
 
 int mdl_tok_n_vocab(const mdl_tok *t);
 int32_t mdl_tok_bos(const mdl_tok *t); // -1 when the model has none

@@ -159,6 +159,7 @@ static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, 
     return 0;
   }
   char *text = NULL;
+  size_t *spans = NULL, n_spans = 0; // a chat's own text: no control token is matched in it (models/chat.h)
   const char *p = q->prompt;
   size_t plen = q->prompt_len;
   if (q->msgs && !s->chat)
@@ -188,7 +189,7 @@ static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, 
                       err);
     }
     int rc = mdl_chat_render(s->chat, g, mm, with_tools ? calls : NULL, (size_t)q->n_msgs, q->tools, with_tools,
-                             add_gen, &text, err, sizeof err);
+                             add_gen, &text, &spans, &n_spans, err, sizeof err);
     free(mm);
     free(calls);
     if (rc < 0) return rtr_fail(e, 400, "invalid_request_error", "messages", NULL, "chat template: %s", err);
@@ -197,8 +198,10 @@ static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, 
   }
   int32_t *raw = NULL;
   size_t nraw = 0;
-  int rc = mdl_tok_encode(s->tok, p ? p : "", p ? plen : 0, 1, &raw, &nraw, err, sizeof err);
+  int rc = text ? mdl_tok_encode_guarded(s->tok, text, plen, spans, n_spans, &raw, &nraw, err, sizeof err)
+                : mdl_tok_encode(s->tok, p ? p : "", p ? plen : 0, 1, &raw, &nraw, err, sizeof err);
   free(text);
+  free(spans);
   if (rc < 0) return rtr_fail(e, 400, "invalid_request_error", "prompt", NULL, "tokenizer: %s", err);
   // A chat's rendering carries no BOS text (models/chat.h): as llama-server tokenizes it, BOS comes from the vocabulary
   int bos = q->add_special && mdl_tok_add_bos(s->tok) && mdl_tok_bos(s->tok) >= 0;
@@ -337,14 +340,14 @@ static void draw_seed(rtr_server *s, rtr_request *q) {
     pthread_mutex_lock(&s->mu);
     unsigned long long k = ++s->next_id;
     pthread_mutex_unlock(&s->mu);
-    v = (uint64_t)now_us() * 0x9E3779B97F4A7C15ULL ^ k * 0xBF58476D1CE4E5B9ULL;
+    v = (uint64_t)utl_now_us() * 0x9E3779B97F4A7C15ULL ^ k * 0xBF58476D1CE4E5B9ULL;
   }
   q->seed = (int64_t)(v & ((1ULL << 52) - 1));
   q->has_seed = 1;
 }
 
 static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn *cs, rtr_kind kind) {
-  int64_t t0 = now_us();
+  int64_t t0 = utl_now_us();
   rtr_sampling defaults;
   rtr_limits l = limits_of(s, &defaults);
   rtr_error e;
