@@ -528,17 +528,17 @@ static int rx_escape(rx *x, cp_class *k, uint32_t *cp) {
   return rx_cp(x, cp); // an escaped punctuation character is itself
 }
 
-// [...] after the '['.
+// [...] after the '['. As ECMA-262 reads it, a ']' right after '[' or '[^' ends the class: "[]" matches nothing
+// (a pattern that needs it is unsatisfiable) and "[^]" any character.
 static int rx_class(rx *x, cp_class *k) {
-  int neg = 0, first = 1;
+  int neg = 0;
   if (x->i < x->n && x->p[x->i] == '^') neg = 1, x->i++;
   for (;;) {
     if (x->i >= x->n) return rx_fail(x, -1, "an unterminated [");
-    if (x->p[x->i] == ']' && !first) {
+    if (x->p[x->i] == ']') {
       x->i++;
       break;
     }
-    first = 0;
     uint32_t lo, hi;
     if (x->p[x->i] == '\\') {
       x->i++;

@@ -179,11 +179,24 @@ static int compile_enum(mdl_js_ctx *c, const cJSON *values, int single, int type
 // A property list in schema order; required ones must appear, optional ones may be left out, no others.
 //   F_i: properties i.. when none was written yet (at least one must be): KV_i R_(i+1) | F_(i+1) (i optional)
 //   R_i: properties i.. after one was written: ws "," ws KV_i R_(i+1) | R_(i+1) (i optional); R_n: ""
-static int compile_props(mdl_js_ctx *c, const cJSON *props, const cJSON *req, int *any_required) {
+// The value of a required property that 'properties' does not list: what additionalProperties allows (any value when
+// it is absent or true). -1 with the error when it is false: no object can satisfy the schema.
+static int required_value(mdl_js_ctx *c, const cJSON *add, const char *name) {
+  if (cJSON_IsFalse(add))
+    return INVALID(c, "'required' names '%.60s', which 'properties' does not list and 'additionalProperties': false "
+                   "forbids: nothing can satisfy it", name);
+  if (!cJSON_IsObject(add)) return mdl_js_any(c);
+  size_t at = path_push(c, "additionalProperties", NULL);
+  int v = compile(c, add);
+  path_pop(c, at);
+  return v;
+}
+
+static int compile_props(mdl_js_ctx *c, const cJSON *props, const cJSON *req, const cJSON *add, int *any_required) {
   int n = 0;
   for (const cJSON *p = props ? props->child : NULL; p; p = p->next) n++;
   for (const cJSON *q = req ? req->child : NULL; q; q = q->next)
-    if (!cJSON_GetObjectItemCaseSensitive(props, q->valuestring)) n++; // required without a schema: any value
+    if (!cJSON_GetObjectItemCaseSensitive(props, q->valuestring)) n++; // required without a schema of its own
   int *kv = malloc(((size_t)n + 1) * sizeof *kv), *opt = malloc(((size_t)n + 1) * sizeof *opt), i = 0, rc = -1;
   if (!kv || !opt) {
     free(kv);
@@ -200,7 +213,7 @@ static int compile_props(mdl_js_ctx *c, const cJSON *props, const cJSON *req, in
       int required = 0;
       for (const cJSON *q = req ? req->child : NULL; q && !required; q = q->next) required = !strcmp(q->valuestring, name);
       size_t at = path_push(c, pass == 0 ? "properties" : "required", name);
-      int v = pass == 0 ? compile(c, p) : mdl_js_any(c);
+      int v = pass == 0 ? compile(c, p) : required_value(c, add, name);
       path_pop(c, at);
       if (v < 0) goto done;
       cJSON *key = cJSON_CreateString(name);
@@ -273,7 +286,7 @@ static int compile_object(mdl_js_ctx *c, const cJSON *s) {
   if ((props && props->child) || (req && req->child)) {
     // Properties beyond the listed ones are never written: leaving them out is valid whatever
     // additionalProperties says.
-    int any_required = 0, body = compile_props(c, props, req, &any_required), ws = mdl_js_ws(c);
+    int any_required = 0, body = compile_props(c, props, req, add, &any_required), ws = mdl_js_ws(c);
     if (body < 0) return -1;
     int r = mdl_grammar_rule_new(c->b);
     mdl_grammar_seq q = {0};

@@ -368,7 +368,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   if (rtr_request_parse(kind, cs->body.p, cs->body.n, &l, &r->q, &e) < 0) return reply_error(c, &e, NULL, NULL);
   if (!r->q.has_seed) draw_seed(s, &r->q);
   if (tokenize(s, &r->q, &r->prompt, &r->n_prompt, &e) < 0) return reply_error(c, &e, NULL, NULL);
-  if (rtr_check_context(r->n_prompt, r->q.max_tokens, s->n_ctx, &e) < 0) return reply_error(c, &e, NULL, NULL);
+  if (rtr_check_context(r->q.kind, r->n_prompt, r->q.max_tokens, s->n_ctx, &e) < 0) return reply_error(c, &e, NULL, NULL);
   r->max_tokens = r->q.max_tokens >= 0 ? r->q.max_tokens : s->n_ctx - r->n_prompt;
   r->ch = calloc((size_t)r->q.n, sizeof *r->ch);
   if (!r->ch) return reply_err(c, 500, "server_error", NULL, NULL, NULL, "out of memory");

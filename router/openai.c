@@ -588,10 +588,11 @@ done:
   return rc < 0 ? -1 : 0;
 }
 
-int rtr_check_context(int n_prompt, int max_tokens, int n_ctx, rtr_error *e) {
-  if (n_prompt <= 0) return BAD(e, "prompt", "the prompt is empty (0 tokens)");
+int rtr_check_context(rtr_kind kind, int n_prompt, int max_tokens, int n_ctx, rtr_error *e) {
+  const char *what = kind == RTR_CHAT ? "messages" : "prompt"; // the field that holds the prompt
+  if (n_prompt <= 0) return BAD(e, what, "the prompt is empty (0 tokens)");
   if (n_prompt >= n_ctx)
-    return rtr_fail(e, 400, "invalid_request_error", "messages", "context_length_exceeded",
+    return rtr_fail(e, 400, "invalid_request_error", what, "context_length_exceeded",
                     "This model's maximum context length is %d tokens. However, your prompt has %d tokens.", n_ctx,
                     n_prompt);
   if (max_tokens >= 0 && (long)n_prompt + max_tokens > n_ctx)

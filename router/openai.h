@@ -150,7 +150,9 @@ int rtr_parse_tool_calls(const rtr_request *q, const char *text, size_t text_len
 // holds them back until it knows they are not a call.
 size_t rtr_tool_open_prefix(const char *text, size_t n, const char *open);
 
-int rtr_check_context(int n_prompt, int max_tokens, int n_ctx, rtr_error *e);
+// 400 context_length_exceeded (param: the prompt's field for kind, or max_tokens) when the prompt and max_tokens do not fit
+// n_ctx; an empty prompt is a 400 too.
+int rtr_check_context(rtr_kind kind, int n_prompt, int max_tokens, int n_ctx, rtr_error *e);
 
 // 1 when the n bytes at s are valid UTF-8 (no overlongs, no surrogates, nothing past U+10FFFF).
 int rtr_utf8_valid(const char *s, size_t n);

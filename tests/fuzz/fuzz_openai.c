@@ -57,7 +57,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       }
       cJSON_Delete(calls);
     }
-    (void)rtr_check_context(r.n_prompt_ids, r.max_tokens, lim.n_ctx, &e);
+    (void)rtr_check_context(r.kind, r.n_prompt_ids, r.max_tokens, lim.n_ctx, &e);
     rtr_request_free(&r);
     rtr_request_free(&r); // freed twice: the second is a no-op on the zeroed struct
   } else {

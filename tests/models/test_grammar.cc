@@ -107,6 +107,18 @@ TEST(Grammar, AdditionalProperties) {
   EXPECT_ACCEPTS(none, "{}");
   EXPECT_REJECTS(none, "{\"x\":1}");
   EXPECT_ACCEPTS(open, "{\"x\":{\"y\":[]}}");
+  // A required property 'properties' does not list takes additionalProperties' schema (issue 29: "z" was any value,
+  // and the model wrote {"a": 1, "z": 123} with finish_reason stop).
+  Grammar req(R"({"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":{"type":"boolean"},)"
+              R"("required":["z"]})"),
+      req_any(R"({"type":"object","required":["z"]})");
+  ASSERT_EQ(req.rc, 0) << req.err;
+  ASSERT_EQ(req_any.rc, 0) << req_any.err;
+  EXPECT_ACCEPTS(req, "{\"a\":1,\"z\":true}");
+  EXPECT_ACCEPTS(req, "{\"z\":false}");
+  EXPECT_REJECTS(req, "{\"a\":1,\"z\":123}");
+  EXPECT_REJECTS(req, "{\"a\":1}");
+  EXPECT_ACCEPTS(req_any, "{\"z\":[1,\"x\"]}");
 }
 
 TEST(Grammar, EnumConst) {
@@ -206,6 +218,11 @@ TEST(Grammar, Patterns) {
   EXPECT_ACCEPTS(grp, "\"abab\"");
   EXPECT_ACCEPTS(grp, "\"ababccc\"");
   EXPECT_REJECTS(grp, "\"ab\"");
+  Grammar any(R"({"pattern":"^a[^]b$"})"); // ECMA-262: [^] is any character
+  ASSERT_EQ(any.rc, 0) << any.err;
+  EXPECT_ACCEPTS(any, "\"a]b\"");
+  EXPECT_ACCEPTS(any, "\"a\\nb\"");
+  EXPECT_REJECTS(any, "\"ab\"");
 }
 
 TEST(Grammar, Lengths) {
@@ -251,6 +268,9 @@ TEST(Grammar, Errors) {
       {R"J({"type":"string","pattern":"^(a*)*$"})J", -1, "refers to itself"},
       {R"J({"type":"object","properties":{"c":{"$ref":"#"}},"required":["c"]})J", -1, "nothing can satisfy"},
       {R"J({"type":"array","minItems":3,"maxItems":2})J", -1, "maxItems"},
+      // unsatisfiable: refused (a 400 at the router), never compiled into a grammar that cannot end
+      {R"J({"additionalProperties":false,"required":["x"]})J", -1, "nothing can satisfy"},
+      {R"J({"type":"string","pattern":"^[]$"})J", -1, "matches nothing"}, // ECMA-262: [] is the empty class
       {"false", -1, "false"},
       {"{\"type\":", -1, "not valid JSON"},
       {"[1]", -1, "object or a boolean"},

@@ -592,18 +592,21 @@ TEST(Validate, SamplingDefaultsResolve) {
 
 TEST(Validate, ContextLength) {
   rtr_error e{};
-  EXPECT_EQ(rtr_check_context(100, 10, 2048, &e), 0);
-  EXPECT_EQ(rtr_check_context(100, -1, 2048, &e), 0);
-  EXPECT_EQ(rtr_check_context(2038, 10, 2048, &e), 0);
-  ASSERT_EQ(rtr_check_context(2048, -1, 2048, &e), -1);
+  EXPECT_EQ(rtr_check_context(RTR_CHAT, 100, 10, 2048, &e), 0);
+  EXPECT_EQ(rtr_check_context(RTR_CHAT, 100, -1, 2048, &e), 0);
+  EXPECT_EQ(rtr_check_context(RTR_CHAT, 2038, 10, 2048, &e), 0);
+  ASSERT_EQ(rtr_check_context(RTR_CHAT, 2048, -1, 2048, &e), -1);
   EXPECT_EQ(e.status, 400);
+  EXPECT_STREQ(e.param, "messages");
+  ASSERT_EQ(rtr_check_context(RTR_COMPLETION, 2048, -1, 2048, &e), -1); // the field a completion's prompt is in
+  EXPECT_STREQ(e.param, "prompt");
   EXPECT_STREQ(e.code, "context_length_exceeded");
   EXPECT_NE(std::string(e.message).find("2048"), std::string::npos);
-  ASSERT_EQ(rtr_check_context(2040, 10, 2048, &e), -1);
+  ASSERT_EQ(rtr_check_context(RTR_CHAT, 2040, 10, 2048, &e), -1);
   EXPECT_STREQ(e.code, "context_length_exceeded");
   EXPECT_NE(std::string(e.message).find("2050"), std::string::npos) << e.message;
   EXPECT_NE(std::string(e.message).find("2040"), std::string::npos) << e.message;
-  ASSERT_EQ(rtr_check_context(0, -1, 2048, &e), -1);
+  ASSERT_EQ(rtr_check_context(RTR_CHAT, 0, -1, 2048, &e), -1);
   EXPECT_EQ(e.status, 400);
 }
 
