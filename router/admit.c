@@ -37,7 +37,7 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     int64_t limit = r->t_arrival_us + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : SRV_DEF_REQUEST_TIMEOUT_MS) * 1000;
     while (!s->stopping && !s->draining) {
       if (s->wait_head == r && (s->running_slots == 0 || s->running_slots + need <= s->capacity)) break;
-      if ((gone = s->hooks.client_gone(r->fd)) || (late = now_us() > limit)) break;
+      if ((gone = s->hooks.client_gone(r->fd)) || (late = utl_now_us() > limit)) break;
       struct timespec dl;
       deadline_in(&dl, WAIT_TICK_MS);
       pthread_cond_timedwait(&s->admit_cv, &s->mu, &dl);
@@ -65,7 +65,7 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
   r->slots = need;
   s->running_slots += need;
   rtr_metric_set(s->m_running, s->running_slots);
-  r->t_admit_us = now_us();
+  r->t_admit_us = utl_now_us();
   rtr_metric_observe(s->m_queue, (double)(r->t_admit_us - r->t_arrival_us) / 1e6);
   rtr_metric_add(s->m_prompt, r->n_prompt);
   // pick a worker for every choice
@@ -78,6 +78,7 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
   for (int ci = 0; rc == 0 && ci < need; ci++) {
     int first = n_msgs;
     if ((rc = rtr_route_choice_locked(s, r, ci, w, msgs, to, &n_msgs, e)) < 0) break;
+    rtr_choice_to(s, r, ci, RTR_CH_ROUTED); // sent below, outside the lock
     for (int i = first; i < n_msgs; i++) send_to[i] = s->links[to[i]].peer;
     if (r->q.stream) s->hooks.choice_start(r, ci); // the role comes first in every choice's stream
   }

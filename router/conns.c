@@ -156,11 +156,11 @@ static void refuse(rtr_gate *g, int fd, int per_client) {
     close(fd);
     return;
   }
-  g->linger[g->n_linger++] = (linger_fd){fd, now_us() + GATE_LINGER_MS * 1000};
+  g->linger[g->n_linger++] = (linger_fd){fd, utl_now_us() + GATE_LINGER_MS * 1000};
 }
 
 static void linger_step(rtr_gate *g, const struct pollfd *pf) { // pf: the linger entries' poll results
-  int64_t t = now_us();
+  int64_t t = utl_now_us();
   for (int i = 0, w = 0, n = g->n_linger; i < n; i++) {
     linger_fd l = g->linger[i];
     int done = t > l.until_us;
@@ -179,7 +179,7 @@ static void linger_step(rtr_gate *g, const struct pollfd *pf) { // pf: the linge
 
 // Shuts down connections whose request head is late; MHD sees the end of the socket and closes it (then tells us).
 static void sweep_heads(rtr_gate *g) {
-  int64_t t = now_us();
+  int64_t t = utl_now_us();
   pthread_mutex_lock(&g->mu);
   for (gate_conn *c = g->conns; c; c = c->next)
     if (c->head_due_us && t > c->head_due_us && !c->killed) {
@@ -205,7 +205,7 @@ static void accept_one(rtr_gate *g, int fd, const struct sockaddr_in *sa, sockle
   }
   c->fd = fd;
   c->addr = addr;
-  c->head_due_us = now_us() + g->head_us;
+  c->head_due_us = utl_now_us() + g->head_us;
   push_conn(&g->pending, c);
   g->n_open++;
   pthread_mutex_unlock(&g->mu);
@@ -221,7 +221,7 @@ static void accept_one(rtr_gate *g, int fd, const struct sockaddr_in *sa, sockle
 static void *gate_main(void *arg) {
   rtr_gate *g = arg;
   struct pollfd pf[2 + GATE_LINGER];
-  int64_t next_sweep = now_us();
+  int64_t next_sweep = utl_now_us();
   while (!g->stop) {
     pf[0] = (struct pollfd){.fd = g->lfd, .events = POLLIN};
     pf[1] = (struct pollfd){.fd = g->wake[0], .events = POLLIN};
@@ -255,9 +255,9 @@ static void *gate_main(void *arg) {
         accept_one(g, fd, &sa, salen);
       }
     }
-    if (now_us() >= next_sweep) {
+    if (utl_now_us() >= next_sweep) {
       sweep_heads(g);
-      next_sweep = now_us() + GATE_TICK_MS * 1000;
+      next_sweep = utl_now_us() + GATE_TICK_MS * 1000;
     }
   }
   return NULL;
@@ -311,7 +311,7 @@ void rtr_gate_request_done(rtr_server *s, struct MHD_Connection *mc) {
   gate_conn *c = s->gate ? conn_of(mc) : NULL;
   if (!c) return;
   pthread_mutex_lock(&s->gate->mu);
-  c->head_due_us = now_us() + s->gate->idle_us + s->gate->head_us;
+  c->head_due_us = utl_now_us() + s->gate->idle_us + s->gate->head_us;
   pthread_mutex_unlock(&s->gate->mu);
 }
 

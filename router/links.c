@@ -104,9 +104,7 @@ static void on_stats(rtr_server *s, rtr_link *l, const cJSON *msg) {
   // Refused connections: the worker's running total, and (checked as often) the router hub's own.
   counter_from_total(s->m_auth_failures, count(m->auth_failures), &l->auth_failures);
   counter_from_total(s->m_auth_failures, (double)srv_hub_auth_failures(s->hub), &s->hub_auth_last);
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  l->last_stats_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  l->last_stats_ms = utl_now_ms();
   update_kv_gauge_locked(s);
 }
 
@@ -171,7 +169,8 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
     n = r->next;
     int hit = 0;
     for (int i = 0; i < r->q.n && !hit; i++)
-      if (!r->ch[i].finished && (r->ch[i].link == li || (r->ch[i].plink == li && !r->ch[i].handed_off)) &&
+      if (r->ch[i].state != RTR_CH_DONE &&
+          (r->ch[i].link == li || (r->ch[i].plink == li && !rtr_choice_handed_off(&r->ch[i]))) &&
           (r->ch[i].link != li || rtr_move_choice_locked(s, r, i, 1) < 0))
         hit = 1;
     if (hit) rtr_fail_locked(s, r, &e);
@@ -214,7 +213,7 @@ void *rtr_dispatcher_main(void *arg) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(ev.msg, "id");
         const char *o = prt_op(ev.msg);
         if (!strcmp(o, PRT_OP_PONG)) { // from the worker's hub thread: alive, however busy its compute loop is
-          l->last_stats_ms = now_us() / 1000;
+          l->last_stats_ms = utl_now_ms();
           l->silent_moved = 0;
         } else if (!strcmp(o, PRT_OP_DRAINING)) { // SIGTERM: what it runs moves elsewhere where another worker is up
           srv_log(LOGC, "worker %s is draining; moving its streams", l->cfg->name);
@@ -242,7 +241,6 @@ void *rtr_dispatcher_main(void *arg) {
   return NULL;
 }
 
-static int64_t now_ms(void) { return now_us() / 1000; }
 
 void *rtr_link_main(void *arg) {
   rtr_link *l = arg;
@@ -267,7 +265,7 @@ void *rtr_link_main(void *arg) {
         l->up = 1;
         l->draining = l->silent_moved = 0;
         l->inflight = 0;
-        l->last_stats_ms = now_ms();
+        l->last_stats_ms = utl_now_ms();
         l->last_stats_sent_ms = 0;
         backoff = 100;
         srv_log(LOGC, "worker %s (%s, %s:%d) connected", l->cfg->name, srv_role_name(l->cfg->role), l->cfg->host,
@@ -286,7 +284,7 @@ void *rtr_link_main(void *arg) {
       backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
       continue;
     }
-    int64_t t = now_ms();
+    int64_t t = utl_now_ms();
     // not scaled by DSERVE_TIMEOUT_SCALE: the pong comes from the hub thread, however slow a (sanitized) compute step
     int dead_ms = s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : SRV_DEF_LINK_DEAD_MS;
     if (t - l->last_stats_ms > dead_ms) {
@@ -481,7 +479,9 @@ int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait) {
   rtr_choice *c = &r->ch[ci];
   int limit = s->rc->migration_limit;
   if (c->completion_tokens == 0 && limit < 1) limit = 1;
-  if (c->finished || r->finished || !r->admitted || c->wait_until_ms || c->resends >= limit) return -1;
+  if (c->state == RTR_CH_DONE || c->state == RTR_CH_WAITING_WORKER || r->finished || !r->admitted ||
+      c->resends >= limit)
+    return -1;
   if (ended_locked(s, r, ci)) return 0;
   char old[64];
   int from = c->link, pfrom = c->plink;
@@ -504,12 +504,10 @@ int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait) {
   c->link = nl;
   c->plink = np;
   c->resends++;
-  c->decode_lost_ms = 0;
   snprintf(c->id, sizeof c->id, "%s-%d-r%d", r->id, ci, c->resends);
-  c->handed_off = 0;
+  rtr_choice_to(s, r, ci, sent < 0 ? RTR_CH_WAITING_WORKER : RTR_CH_ROUTED); // no worker holds it yet / the new ones
   const char *fname = from >= 0 ? s->links[from].cfg->name : "?";
   if (sent < 0) {
-    c->wait_until_ms = now_us() / 1000 + s->rc->migration_wait_ms;
     srv_log(LOGC, "%s: worker %s is gone after %d tokens; no worker is up: waiting up to %d ms for one", old, fname,
             c->n_gen, s->rc->migration_wait_ms);
     return 0;
@@ -522,18 +520,17 @@ int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait) {
 
 // Choices waiting for a worker (rtr_move_choice_locked with no worker up): sent when one is, failed at their bound.
 static void send_waiting_locked(rtr_server *s) {
-  int64_t now = now_us() / 1000;
+  int64_t now = utl_now_ms();
   for (rtr_req *r = s->reqs, *nx; r; r = nx) {
     nx = r->next;
     for (int i = 0; i < r->q.n && !r->finished; i++) {
       rtr_choice *c = &r->ch[i];
-      if (c->decode_lost_ms && !c->finished && now > c->decode_lost_ms) {
+      if (c->state == RTR_CH_DECODE_LOST && now > c->until_ms) {
         // its decode worker's link stayed up (a restarted worker the prefill worker had not linked to yet, or only
         // the prefill-decode path broke): sent again while its moves last, failed after
         char pname[64], dname[64];
         snprintf(pname, sizeof pname, "%s", c->plink >= 0 ? s->links[c->plink].cfg->name : "?");
         snprintf(dname, sizeof dname, "%s", c->link >= 0 ? s->links[c->link].cfg->name : "?");
-        c->decode_lost_ms = 0;
         if (rtr_move_choice_locked(s, r, i, 1) < 0) {
           rtr_error e;
           rtr_fail(&e, 503, "server_error", NULL, "worker_failure", "prefill worker %s lost decode worker %s", pname,
@@ -543,12 +540,12 @@ static void send_waiting_locked(rtr_server *s) {
         }
         continue;
       }
-      if (!c->wait_until_ms || c->finished) continue;
+      if (c->state != RTR_CH_WAITING_WORKER) continue;
       if (send_choice_locked(s, r, i) == 0) {
-        c->wait_until_ms = 0;
+        rtr_choice_to(s, r, i, RTR_CH_ROUTED);
         srv_log(LOGC, "%s: continuing on %s%s%s", c->id, s->links[c->link].cfg->name, c->plink >= 0 ? " via " : "",
                 c->plink >= 0 ? s->links[c->plink].cfg->name : "");
-      } else if (now > c->wait_until_ms) {
+      } else if (now > c->until_ms) {
         rtr_error e;
         rtr_fail(&e, 503, "server_error", NULL, "worker_failure",
                  "its worker went away and no other came up within %d ms", s->rc->migration_wait_ms);
@@ -563,7 +560,7 @@ static void move_all_locked(rtr_server *s, int li) {
   for (rtr_req *r = s->reqs, *nx; r; r = nx) {
     nx = r->next;
     for (int i = 0; i < r->q.n; i++)
-      if (!r->ch[i].finished && r->ch[i].link == li) rtr_move_choice_locked(s, r, i, 0);
+      if (r->ch[i].state != RTR_CH_DONE && r->ch[i].link == li) rtr_move_choice_locked(s, r, i, 0);
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "models/chat.h"
 #include "router/server_int.h"
+#include "util/vec.h"
 
 // ---------------------------------------------------------------------------------------------------------------
 // output buffers
@@ -180,19 +181,11 @@ static cJSON *new_lp(rtr_req *r) {
 
 // The token ids a worker streamed for c (what a move resumes from). Out of memory: the choice cannot move any more.
 static void record_tokens(rtr_choice *c, const int32_t *toks, int n) {
-  for (int i = 0; i < n; i++) {
-    if (c->n_gen == c->cap_gen) {
-      int cap = c->cap_gen ? c->cap_gen * 2 : 64;
-      int32_t *g = realloc(c->gen, (size_t)cap * sizeof *g);
-      if (!g) {
-        c->resends = INT32_MAX / 2;
-        return;
-      }
-      c->gen = g;
-      c->cap_gen = cap;
+  for (int i = 0; i < n; i++)
+    if (UTL_VEC_PUSH(c->gen, c->n_gen, c->cap_gen, toks[i])) {
+      c->resends = INT32_MAX / 2;
+      return;
     }
-    c->gen[c->n_gen++] = toks[i];
-  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -317,14 +310,11 @@ static cJSON *stream_choice(rtr_req *r, int index, const char *text, const char 
 
 static void on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
   rtr_choice *c = &r->ch[ci];
-  if (c->finished) return;
+  if (c->state == RTR_CH_DONE) return;
   const char *t = m->text;
   int ntok = m->n_tokens >= 0 ? m->n_tokens : 1;
-  int64_t now = now_us();
-  if (c->plink >= 0 && !c->handed_off) { // the handoff is over: the prefill worker is free of this choice
-    c->handed_off = 1;
-    if (s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
-  }
+  int64_t now = utl_now_us();
+  if (c->state != RTR_CH_STREAMING) rtr_choice_to(s, r, ci, RTR_CH_STREAMING); // its worker holds the KV now
   if (!r->t_first_us) {
     r->t_first_us = now;
     rtr_metric_observe(s->m_ttft, (double)(now - r->t_arrival_us) / 1e6);
@@ -364,7 +354,7 @@ static void on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
 
 static void on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
   rtr_choice *c = &r->ch[ci];
-  if (c->finished) return;
+  if (c->state == RTR_CH_DONE) return;
   snprintf(c->finish, sizeof c->finish, "%s",
            m->finish_reason && !strcmp(m->finish_reason, "length") ? "length" : "stop");
   if (m->completion_tokens >= 0) c->completion_tokens = m->completion_tokens;
@@ -398,9 +388,9 @@ static void on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m) {
   // and waits there for the decode worker's restart; if that link stays up it is sent again after RTR_DECODE_LOST_MS
   // (send_waiting_locked), and fails once its moves are used up.
   rtr_choice *c = &r->ch[ci];
-  if (!strcmp(cs, "decode_failure") && !c->handed_off && c->link >= 0 && c->link != c->plink) {
+  if (!strcmp(cs, "decode_failure") && !rtr_choice_handed_off(c) && c->link >= 0 && c->link != c->plink) {
     if (s->links[c->link].up) {
-      if (!c->decode_lost_ms) c->decode_lost_ms = now_us() / 1000 + RTR_DECODE_LOST_MS;
+      if (c->state != RTR_CH_DECODE_LOST) rtr_choice_to(s, r, ci, RTR_CH_DECODE_LOST);
       return;
     }
     if (rtr_move_choice_locked(s, r, ci, 1) == 0) return;

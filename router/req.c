@@ -2,11 +2,13 @@
 // admission slots and the bounded wait of the connection that holds it. The layers above reach in through
 // s->hooks (server_int.h): the workers hear a cancel through links.c, the stream trailer is the OpenAI layer's
 // (relay.c), and whether the client is still there is the HTTP layer's question.
+#include <assert.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "router/server_int.h"
+#include "server/log.h"
 
 void rtr_req_unref_locked(rtr_req *r) {
   if (--r->refs > 0) return;
@@ -53,7 +55,7 @@ void rtr_finish_locked(rtr_server *s, rtr_req *r) {
   r->finished = 1;
   if (r->q.stream && s->hooks.stream_end) s->hooks.stream_end(r); // the OpenAI layer writes the trailer
   if (!r->failed) {
-    int64_t t = now_us();
+    int64_t t = utl_now_us();
     rtr_metric_observe(s->m_e2e, (double)(t - r->t_arrival_us) / 1e6);
     for (int i = 0; i < r->q.n; i++)
       rtr_metric_add(!strcmp(r->ch[i].finish, "length") ? s->m_ok_length : s->m_ok_stop, 1);
@@ -67,17 +69,33 @@ void rtr_finish_locked(rtr_server *s, rtr_req *r) {
 
 void rtr_choice_unlink_locked(rtr_server *s, rtr_choice *c) {
   if (c->link >= 0 && s->links[c->link].inflight > 0) s->links[c->link].inflight--;
-  if (c->plink >= 0 && !c->handed_off && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  if (c->plink >= 0 && !rtr_choice_handed_off(c) && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+}
+
+int rtr_choice_to(rtr_server *s, rtr_req *r, int ci, rtr_ch_state next) {
+  rtr_choice *c = &r->ch[ci];
+  rtr_ch_state from = c->state;
+  if (!rtr_ch_state_legal(from, next)) {
+    srv_err(LOGC, "%s: illegal choice transition %s -> %s refused", c->id, rtr_ch_state_name(from),
+            rtr_ch_state_name(next));
+    assert(!"illegal router choice transition");
+    return -1;
+  }
+  // the handoff is over: the prefill worker is free of this choice
+  if (next == RTR_CH_STREAMING && c->plink >= 0 && s->links[c->plink].inflight > 0) s->links[c->plink].inflight--;
+  c->until_ms = next == RTR_CH_DECODE_LOST      ? utl_now_ms() + RTR_DECODE_LOST_MS
+                : next == RTR_CH_WAITING_WORKER ? utl_now_ms() + s->rc->migration_wait_ms
+                                                : 0;
+  if (next == RTR_CH_DONE) r->n_done++;
+  c->state = next;
+  return 0;
 }
 
 void rtr_choice_end_locked(rtr_server *s, rtr_req *r, int ci) {
   rtr_choice *c = &r->ch[ci];
-  if (c->finished) return;
-  c->finished = 1;
-  c->wait_until_ms = 0;
-  c->decode_lost_ms = 0;
-  r->n_done++;
-  rtr_choice_unlink_locked(s, c);
+  if (c->state == RTR_CH_DONE) return;
+  rtr_choice_unlink_locked(s, c); // before DONE: a handed-off choice's prefill worker no longer counts it
+  rtr_choice_to(s, r, ci, RTR_CH_DONE);
 }
 
 // Fails the whole request (other choices are cancelled at their workers).
@@ -86,7 +104,7 @@ void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e) {
   r->failed = 1;
   r->err = *e;
   for (int i = 0; i < r->q.n; i++)
-    if (!r->ch[i].finished) {
+    if (r->ch[i].state != RTR_CH_DONE) {
       s->hooks.cancel_choice(s, r, i);
       rtr_choice_end_locked(s, r, i);
     }
@@ -97,7 +115,7 @@ void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e) {
 void rtr_cancel_locked(rtr_server *s, rtr_req *r) {
   if (r->finished) return;
   for (int i = 0; i < r->q.n; i++)
-    if (!r->ch[i].finished && r->admitted) {
+    if (r->ch[i].state != RTR_CH_DONE && r->admitted) {
       s->hooks.cancel_choice(s, r, i);
       rtr_choice_end_locked(s, r, i);
     }
@@ -115,7 +133,7 @@ rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r) {
   // The router's own bound: the request timeout (10 min when none is set) and 5 s for its error to reach the client.
   int64_t limit = r->t_arrival_us +
                   (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : SRV_DEF_REQUEST_TIMEOUT_MS) * 1000 + 5000000;
-  if (now_us() > limit) {
+  if (utl_now_us() > limit) {
     rtr_error e;
     rtr_fail(&e, 504, "server_error", NULL, "timeout", "the request passed its deadline");
     rtr_fail_locked(s, r, &e);

@@ -179,7 +179,7 @@ int rtr_server_port(const rtr_server *s) { return s->port; }
 
 // Waits (s->mu held) until no generation request is live or until end_us.
 static void wait_idle_locked(rtr_server *s, int64_t end_us) {
-  while (s->n_live > 0 && now_us() < end_us) {
+  while (s->n_live > 0 && utl_now_us() < end_us) {
     struct timespec dl;
     deadline_in(&dl, WAIT_TICK_MS);
     pthread_cond_timedwait(&s->admit_cv, &s->mu, &dl);
@@ -190,7 +190,7 @@ int rtr_server_drain(rtr_server *s, int timeout_ms) {
   pthread_mutex_lock(&s->mu);
   s->draining = 1;
   pthread_cond_broadcast(&s->admit_cv); // queued requests leave with 503 shutting_down
-  wait_idle_locked(s, now_us() + (int64_t)timeout_ms * 1000);
+  wait_idle_locked(s, utl_now_us() + (int64_t)timeout_ms * 1000);
   int left = s->n_live;
   if (left) { // past the bound: fail what still runs, and give the clients DRAIN_FLUSH_MS to read the error
     rtr_error e;
@@ -199,7 +199,7 @@ int rtr_server_drain(rtr_server *s, int timeout_ms) {
       n = r->next;
       rtr_fail_locked(s, r, &e);
     }
-    wait_idle_locked(s, now_us() + DRAIN_FLUSH_MS * 1000);
+    wait_idle_locked(s, utl_now_us() + DRAIN_FLUSH_MS * 1000);
   }
   pthread_mutex_unlock(&s->mu);
   return left;

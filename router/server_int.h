@@ -14,6 +14,7 @@
 
 #include "models/chat.h"
 #include "proto/request.h"
+#include "router/choice.h"
 #include "router/kvindex.h"
 #include "router/metrics.h"
 #include "router/openai.h"
@@ -21,6 +22,7 @@
 #include "router/sched.h"
 #include "server/hub.h"
 #include "util/buf.h"
+#include "util/clock.h"
 
 struct MHD_Connection;
 struct MHD_Daemon;
@@ -60,7 +62,9 @@ typedef struct rtr_choice {
   char id[64];
   int index;
   int link, plink;             // decode/both link, prefill link (-1: local)
-  int finished;                // done, error or cancelled
+  rtr_ch_state state;          // router/choice.h; changed by rtr_choice_to only
+  int64_t until_ms;            // RTR_CH_DECODE_LOST: sent again then (RTR_DECODE_LOST_MS) unless its decode worker's
+                               // link went down first; RTR_CH_WAITING_WORKER: failed then (router.migration_wait_ms)
   char finish[16];
   utl_buf text;                // (owned) non-stream accumulation
   cJSON *lp;                   // (owned) non-stream logprobs (chat: content array; completions: the object)
@@ -68,11 +72,6 @@ typedef struct rtr_choice {
   int resends;                 // times sent again after its decode/both worker died, went silent or drained
   int32_t *gen;                // (owned) (n_gen) the token ids streamed so far: a moved choice resumes from them
   int n_gen, cap_gen;
-  int64_t wait_until_ms;       // > 0: waiting (until then) for a worker to continue on; no worker holds it
-  int64_t decode_lost_ms;      // > 0: its prefill worker lost the decode worker (error decode_failure) while the
-                               // router's own link to it was up: the choice moves when that link goes down too, and
-                               // is sent again at this time if it does not (RTR_DECODE_LOST_MS)
-  int handed_off;              // a token came from the decode worker: it holds all the KV, plink no longer matters
   int64_t last_tok_us;
   size_t text_offset;
   utl_buf held;                // (owned) tools on, streamed: text not sent yet: a tail that may begin a call's opening
@@ -161,11 +160,8 @@ struct rtr_server {
   rtr_hooks hooks;             // the upper layers' answers (see rtr_hooks)
 };
 
-static inline int64_t now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
+// A disaggregated choice whose decode worker streams: it holds all the KV, its prefill worker (plink) no longer matters.
+static inline int rtr_choice_handed_off(const rtr_choice *c) { return c->plink >= 0 && c->state == RTR_CH_STREAMING; }
 
 static inline void deadline_in(struct timespec *dl, int ms) {
   clock_gettime(CLOCK_REALTIME, dl);
@@ -187,6 +183,10 @@ void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e); // fails th
 void rtr_cancel_locked(rtr_server *s, rtr_req *r);                   // the client left: cancel what still runs
 void rtr_choice_unlink_locked(rtr_server *s, rtr_choice *c); // its workers' inflight counts no longer hold it
 void rtr_choice_end_locked(rtr_server *s, rtr_req *r, int ci);  // choice ci finished (done, error or cancelled)
+// The one place choice ci changes state (docs/protocol.md, "Handoff states"): refuses an illegal transition (logged;
+// an assertion in a debug build), then does what entering next requires: STREAMING frees the prefill worker's
+// inflight count, DECODE_LOST and WAITING_WORKER set until_ms, DONE counts the choice done. 0, or -1 when refused.
+int rtr_choice_to(rtr_server *s, rtr_req *r, int ci, rtr_ch_state next);
 void rtr_finish_locked(rtr_server *s, rtr_req *r); // every choice ended: trailer, metrics, slots, off the list
 typedef enum rtr_wait { RTR_WAIT_MORE, RTR_WAIT_GONE, RTR_WAIT_TIMEOUT } rtr_wait;
 // One bounded wait (WAIT_TICK_MS) for r to change, s->mu held: GONE when the client left (r is cancelled), TIMEOUT
