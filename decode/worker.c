@@ -660,8 +660,14 @@ static int step(dec_worker *w, char *err, size_t errlen) {
     wrk_seq *sq = w->eng.batch_of[i];
     if (!sq || !w->eng.batch[i].want_logits) continue;
     mdl_sampled sm;
-    mdl_sampler_sample(OWNER(sq)->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &sm);
-    seq_emit(w, OWNER(sq), &sm);
+    dec_seq *s = OWNER(sq);
+    mdl_sampler_sample(s->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &sm);
+    if (mdl_sampler_grammar_too_costly(s->sampler)) { // its grammar would stall every sequence here: it ends now
+      wrk_send_error(s->router, s->req.id, "grammar_too_complex", "%s", MDL_GRAMMAR_TOO_COSTLY_MESSAGE);
+      seq_drop(w, s);
+      continue;
+    }
+    seq_emit(w, s, &sm);
   }
   return 0;
 }

@@ -118,6 +118,17 @@ int mdl_grammar_matcher_accept_token(mdl_grammar_matcher *m, int32_t token);
 void mdl_grammar_matcher_mask(mdl_grammar_matcher *m, uint32_t *bits);
 // The mask from the grammar's cache only: 1 when this state's mask was there (bits filled), else 0 (bits undefined).
 int mdl_grammar_matcher_mask_cached(mdl_grammar_matcher *m, uint32_t *bits);
+// A mask costs at most this many parse steps (about 40 ms on a 2-core machine). A grammar so ambiguous that one
+// mask needs more (nested repetitions in a pattern, e.g. "^([a-z]{1,9}){1,9}$": each split is a reading of its own)
+// is cut there: mdl_grammar_matcher_too_costly says so, the mask allows only end-of-generation, and the caller ends
+// the request with an error rather than slow every request that shares the worker. The grammar remembers it: every
+// other matcher of it is too costly at its next walk, at no cost (n rows of one request pay the bound once).
+#define MDL_GRAMMAR_MASK_WORK 1000000
+// What a worker tells the client then (code grammar_too_complex, HTTP 400).
+#define MDL_GRAMMAR_TOO_COSTLY_MESSAGE                                                                              \
+  "the response_format or tool schema is too ambiguous to follow: one token needed over 1000000 parse steps "      \
+  "(nested repetitions in a pattern, such as ^([a-z]{1,9}){1,9}$, read each text many ways); simplify the schema"
+int mdl_grammar_matcher_too_costly(const mdl_grammar_matcher *m);
 // 1 when token can come next (the mask's bit for it, computed for that token alone; the state is not changed).
 int mdl_grammar_matcher_allows(mdl_grammar_matcher *m, int32_t token);
 int mdl_grammar_matcher_can_end(const mdl_grammar_matcher *m); // the output so far is a complete sentence

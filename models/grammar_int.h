@@ -48,6 +48,7 @@ typedef struct gr_loop_entry {
 
 struct mdl_grammar {
   atomic_int refs;
+  atomic_int too_costly; // some matcher's mask passed MDL_GRAMMAR_MASK_WORK: every matcher of it ends at its next walk
   uint32_t *elem;      // (owned) (n_elem) E_MAKE(kind, value): value = byte set id (E_TERM) or rule id (E_REF)
   uint32_t n_elem;
   uint32_t *alt;       // (owned) (n_alt) where each alternative starts in elem

@@ -45,6 +45,8 @@ struct mdl_grammar_matcher {
   uint32_t *key;              // (owned) (cap_key) scratch: the state's cache key
   size_t cap_key;
   int ended, dead, oom;
+  uint64_t work;              // parse steps of the mask being computed (bounded by MDL_GRAMMAR_MASK_WORK)
+  int too_costly;             // a mask needed more than MDL_GRAMMAR_MASK_WORK steps: the request must end
 };
 
 static uint32_t node_new(mdl_grammar_matcher *m, uint32_t pos, uint32_t parent) {
@@ -105,6 +107,7 @@ static void emit(mdl_grammar_matcher *m, size_t out0, uint32_t pos, uint32_t par
 // the alternatives that can start with c or be empty (an empty one returns to the reference's continuation).
 static void step(mdl_grammar_matcher *m, uint32_t pos, uint32_t parent, uint8_t c, size_t out0, int depth) {
   const mdl_grammar *g = m->g;
+  m->work++;
   for (;;) {
     uint32_t e = g->elem[pos];
     switch (E_KIND(e)) {
@@ -350,6 +353,10 @@ static void walk(mdl_grammar_matcher *m, uint32_t tn, size_t in0, int n_in, uint
   for (uint32_t c = tn + 1; c < v->end[tn]; c = v->end[c]) {
     uint8_t b = v->byte[c];
     if (!(nb[b >> 3] >> (b & 7) & 1)) continue;
+    if (m->work > MDL_GRAMMAR_MASK_WORK) { // too ambiguous to follow at a bounded cost: stop here (too_costly)
+      m->too_costly = 1;
+      return;
+    }
     uint32_t saved = m->n_node;
     size_t out0 = m->n_buf;
     int k = advance(m, in0, n_in, b);
@@ -619,10 +626,12 @@ void mdl_grammar_matcher_mask(mdl_grammar_matcher *m, uint32_t *bits) {
   size_t n_key = state_key(m);
   uint64_t h = n_key ? fnv(1469598103934665603ull, m->key, n_key * sizeof *m->key) : 0;
   if (n_key && cache_get(g, v->id, h, m->key, n_key, bits, W)) return;
+  if (atomic_load(&g->too_costly)) m->too_costly = 1; // the n rows of one request (and its other users) pay once
   int oom = m->oom;
   m->oom = 0;
   m->n_buf = 0;
-  if (buf_reserve(m, (size_t)m->n_cur) == 0) {
+  m->work = 0;
+  if (!m->too_costly && buf_reserve(m, (size_t)m->n_cur) == 0) {
     memcpy(m->buf, m->cur, (size_t)m->n_cur * sizeof *m->cur);
     m->n_buf = (size_t)m->n_cur;
     uint8_t loop[32];
@@ -641,6 +650,13 @@ void mdl_grammar_matcher_mask(mdl_grammar_matcher *m, uint32_t *bits) {
     free(tmp.esc);
   }
   m->n_buf = 0;
+  if (m->too_costly) { // the walk was cut short: its mask is not the grammar's; the caller ends the request
+    atomic_store(&g->too_costly, 1);
+    memset(bits, 0, W * sizeof *bits);
+    set_eog(v, bits);
+    m->oom |= oom;
+    return;
+  }
   if (mdl_grammar_matcher_can_end(m)) set_eog(v, bits);
   int any = 0;
   for (size_t i = 0; i < W && !any; i++) any = bits[i] != 0;
@@ -648,3 +664,5 @@ void mdl_grammar_matcher_mask(mdl_grammar_matcher *m, uint32_t *bits) {
   else if (n_key && !m->oom) cache_put(g, v->id, h, m->key, n_key, bits, W); // a walk cut short is not cached
   m->oom |= oom;
 }
+
+int mdl_grammar_matcher_too_costly(const mdl_grammar_matcher *m) { return m && m->too_costly; }

@@ -376,3 +376,4 @@ void mdl_sampler_accept(mdl_sampler *s, int32_t token) {
 }
 
 int mdl_sampler_grammar_done(const mdl_sampler *s) { return s->gm && mdl_grammar_matcher_done(s->gm); }
+int mdl_sampler_grammar_too_costly(const mdl_sampler *s) { return s->gm && mdl_grammar_matcher_too_costly(s->gm); }

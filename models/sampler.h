@@ -58,6 +58,9 @@ void mdl_sampler_accept(mdl_sampler *s, int32_t token);
 // 1 when the request has a grammar and nothing but the end can follow: the output is complete (the caller ends the
 // choice with finish_reason "stop"), or a token the grammar refused was accepted.
 int mdl_sampler_grammar_done(const mdl_sampler *s);
+// 1 when the grammar proved too costly to follow (mdl_grammar_matcher_too_costly): the last token is not the
+// grammar's, and the caller fails the request (code grammar_too_complex) instead of emitting it.
+int mdl_sampler_grammar_too_costly(const mdl_sampler *s);
 
 #ifdef __cplusplus
 }

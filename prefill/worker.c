@@ -570,7 +570,9 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
     if (r->live) r->pushed_blocks = r->step_b1;
     int computed = w->eng.batch[i].want_logits; // the prompt is done: its first token
     if (computed) mdl_sampler_sample(r->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &r->first);
-    if (r->state == PFL_PUSH_FAILED || (computed && pfl_state_pushes(r->state) && finish(w, r)))
+    if (computed && mdl_sampler_grammar_too_costly(r->sampler)) // its grammar would stall the worker: it ends here
+      fail_with(w, r, "grammar_too_complex", "%s", MDL_GRAMMAR_TOO_COSTLY_MESSAGE);
+    else if (r->state == PFL_PUSH_FAILED || (computed && pfl_state_pushes(r->state) && finish(w, r)))
       fail_with(w, r, "decode_failure", "KV push to %s failed", r->link->name);
     else if (computed && r->state == PFL_WAIT_TABLE)
       pfl_req_to(w, r, PFL_COMPUTED); // its table has not come: finish when it does

@@ -379,7 +379,9 @@ static void on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
 
 static void on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m) {
   const char *cs = m->code ? m->code : "worker_failure";
-  int status = !strcmp(cs, "context_length_exceeded") ? 400 : !strcmp(cs, "timeout") ? 504 : 503;
+  int status = !strcmp(cs, "context_length_exceeded") || !strcmp(cs, "grammar_too_complex") ? 400
+               : !strcmp(cs, "timeout")                                                       ? 504
+                                                                                              : 503;
   rtr_error e;
   // A worker shutting down refused it (it was sent before the worker said `draining`): another worker takes it.
   if (!strcmp(cs, "unavailable") && rtr_move_choice_locked(s, r, ci, 1) == 0) return;

@@ -511,6 +511,40 @@ TEST(GrammarMask, CostPerToken) {
   }
 }
 
+// A grammar too ambiguous to follow at a bounded cost (issue 29: n 8 of such a schema made every step of its worker
+// 640-760 ms): the mask stops at MDL_GRAMMAR_MASK_WORK steps and says so, and allows only the end; a plain schema's
+// masks never come near the bound (this is a count of steps, not a timing).
+TEST(GrammarMask, AnAmbiguousPatternIsCutAtTheWorkBound) {
+  NEED_VOCAB(V);
+  int n_vocab = mdl_tok_n_vocab(V.t);
+  std::vector<uint32_t> bits((n_vocab + 31) / 32);
+  Grammar bad(R"({"type":"array","items":{"type":"string","pattern":"^(ab|cd|[e-y]{1,999}){1,999}$"},)"
+              R"("minItems":1024})");
+  ASSERT_EQ(bad.rc, 0) << bad.err;
+  char err[128];
+  mdl_grammar_matcher *m = nullptr;
+  ASSERT_EQ(mdl_grammar_matcher_new(bad.g, V.v, &m, err, sizeof err), 0) << err;
+  ASSERT_EQ(mdl_grammar_matcher_accept_bytes(m, "[\"effe", 6), 0);
+  mdl_grammar_matcher_mask(m, bits.data());
+  EXPECT_TRUE(mdl_grammar_matcher_too_costly(m));
+  for (int t = 0; t < n_vocab; t++) {
+    if (bits[t >> 5] >> (t & 31) & 1) {
+      EXPECT_TRUE(mdl_grammar_vocab_is_eog(V.v, t)) << "token " << t;
+    }
+  }
+  mdl_grammar_matcher_free(m);
+  std::vector<int32_t> toks = V.encode(kPersonText);
+  Grammar ok(kPerson);
+  ASSERT_EQ(ok.rc, 0) << ok.err;
+  ASSERT_EQ(mdl_grammar_matcher_new(ok.g, V.v, &m, err, sizeof err), 0) << err;
+  for (int32_t t : toks) {
+    mdl_grammar_matcher_mask(m, bits.data());
+    ASSERT_FALSE(mdl_grammar_matcher_too_costly(m));
+    ASSERT_EQ(mdl_grammar_matcher_accept_token(m, t), 0);
+  }
+  mdl_grammar_matcher_free(m);
+}
+
 // ---- the sampler under a grammar ----
 
 // A tiny vocabulary where the model prefers what the grammar refuses: the sampler picks among what it allows.
