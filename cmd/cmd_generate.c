@@ -12,7 +12,7 @@
 #include "models/sampler.h"
 #include "models/tokenizer.h"
 #include "cmd/cmds.h"
-#include "cmd/engine.h"
+#include "cmd/model.h"
 #include "util/clock.h"
 
 typedef struct gen_opts {
@@ -21,7 +21,7 @@ typedef struct gen_opts {
   int bench_pp, bench_tg, bench_batch; // --bench: prompt tokens, decode steps, concurrent sequences
   float temp, top_p;
   uint64_t seed;
-  cmd_engine_load lo; // --f32-weights, --f32-kv
+  cmd_model_load lo; // --f32-weights, --f32-kv
 } gen_opts;
 
 static void usage(FILE *f) {
@@ -38,7 +38,7 @@ static void usage(FILE *f) {
           "  --threads N         cpu threads (default: number of CPUs)\n"
           "  --kernels K         scalar|avx2|avx2vnni|avx512|auto|cuda (default auto)\n"
           "  --bench             time prompt processing and decode at batch 1 and batch B (no text)\n"
-          CMD_ENGINE_LOAD_USAGE);
+          CMD_MODEL_LOAD_USAGE);
 }
 
 static int parse_float(const char *s, double lo, double hi, float *out) {
@@ -66,7 +66,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
     if (!strcmp(a, "--bench")) { o->bench = 1; continue; }
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
-    if (cmd_engine_load_flag(a, &o->lo)) continue;
+    if (cmd_model_load_flag(a, &o->lo)) continue;
     if (i + 1 >= argc) {
       fprintf(stderr, "dserve generate: %s needs a value\n", a);
       return -1;
@@ -99,7 +99,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
       return -1;
     }
   }
-  if (cmd_engine_opts_ok("generate", o->model, o->kernels)) return -1;
+  if (cmd_model_opts_ok("generate", o->model, o->kernels)) return -1;
   if (!o->prompt && !o->bench) {
     fprintf(stderr, "dserve generate: --prompt is required (or --bench)\n");
     return -1;
@@ -116,11 +116,11 @@ static int argmax(const float *v, int n) {
 
 // --bench: prompt processing of bench_pp tokens, then bench_tg greedy decode steps at batch 1 and at batch B.
 // Every sequence starts from a 16-token prompt, as llama.cpp's side in bench/engine_bench.sh does.
-static int run_bench(cmd_engine *e, const gen_opts *o, char *err, size_t errlen) {
+static int run_bench(cmd_model *e, const gen_opts *o, char *err, size_t errlen) {
   int V = e->cfg->n_vocab, B = o->bench_batch, PP = o->bench_pp, TG = o->bench_tg, P0 = 16;
   int per_seq = (P0 + TG + 15) / 16 + 1, pp_blocks = (PP + 15) / 16;
   int nb = (B + 1) * per_seq + pp_blocks;
-  if (cmd_engine_kv(e, nb, err, errlen)) return -1;
+  if (cmd_model_kv(e, nb, err, errlen)) return -1;
   int32_t *bt = malloc((size_t)nb * sizeof *bt), *toks = malloc((size_t)(PP > P0 * B ? PP : P0 * B) * sizeof *toks);
   float *logits = malloc((size_t)B * V * sizeof *logits);
   mdl_seq *ms = calloc((size_t)B, sizeof *ms);
@@ -176,7 +176,7 @@ done:
   return rc;
 }
 
-static int run_generate(cmd_engine *e, const gen_opts *o, char *err, size_t errlen) {
+static int run_generate(cmd_model *e, const gen_opts *o, char *err, size_t errlen) {
   int rc = -1, V = e->cfg->n_vocab;
   mdl_tok *tok = NULL;
   mdl_sampler *smp = NULL;
@@ -211,7 +211,7 @@ static int run_generate(cmd_engine *e, const gen_opts *o, char *err, size_t errl
     goto done;
   }
   int n_pos = (int)n_ids + o->n_gen + 1, nb = (n_pos + 15) / 16;
-  if (cmd_engine_kv(e, nb, err, errlen)) goto done;
+  if (cmd_model_kv(e, nb, err, errlen)) goto done;
   bt = malloc((size_t)nb * sizeof *bt);
   logits = malloc((size_t)V * sizeof *logits);
   if (!bt || !logits) {
@@ -280,13 +280,13 @@ int cmd_generate(int argc, char **argv) {
     return r > 0 ? 0 : 2;
   }
   char err[512] = {0};
-  cmd_engine e;
-  if (cmd_engine_open(&e, o.model, o.kernels, o.threads, &o.lo, err, sizeof err) != 0) {
+  cmd_model e;
+  if (cmd_model_open(&e, o.model, o.kernels, o.threads, &o.lo, err, sizeof err) != 0) {
     fprintf(stderr, "dserve generate: %s\n", err);
     return 1;
   }
   int rc = o.bench ? run_bench(&e, &o, err, sizeof err) : run_generate(&e, &o, err, sizeof err);
   if (rc != 0) fprintf(stderr, "dserve generate: %s\n", err);
-  cmd_engine_close(&e);
+  cmd_model_close(&e);
   return rc ? 1 : 0;
 }

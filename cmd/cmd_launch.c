@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "cmd/cmds.h"
-#include "server/config.h"
-#include "server/launch.h"
+#include "config/config.h"
+#include "launch/launch.h"
 
 static void launch_usage(FILE *f) {
   fprintf(f,
@@ -31,8 +31,8 @@ static int launch_num(const char *flag, const char *v, double lo, double hi, dou
 }
 
 int cmd_launch(int argc, char **argv) {
-  srv_launch_opts o;
-  srv_launch_defaults(&o);
+  lch_opts o;
+  lch_defaults(&o);
   int grace_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -65,9 +65,9 @@ int cmd_launch(int argc, char **argv) {
     launch_usage(stderr);
     return 2;
   }
-  srv_config *cfg = NULL;
+  cfg_cluster *cfg = NULL;
   char err[1024];
-  if (srv_config_load(o.config_path, &cfg, err, sizeof err)) {
+  if (cfg_load(o.config_path, &cfg, err, sizeof err)) {
     fprintf(stderr, "dserve launch: %s\n", err);
     return 2;
   }
@@ -78,8 +78,8 @@ int cmd_launch(int argc, char **argv) {
   if (!grace_given && cfg->has_router && o.grace_ms < cfg->router.drain_timeout_s * 1000 + 5000)
     o.grace_ms = cfg->router.drain_timeout_s * 1000 + 5000;
   err[0] = 0;
-  int rc = srv_launch_run(cfg, &o, err, sizeof err);
+  int rc = lch_run(cfg, &o, err, sizeof err);
   if (rc == 2 && err[0]) fprintf(stderr, "dserve launch: %s\n", err);
-  srv_config_free(cfg);
+  cfg_free(cfg);
   return rc;
 }

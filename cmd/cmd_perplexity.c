@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "cmd/cmds.h"
-#include "cmd/engine.h"
+#include "cmd/model.h"
 #include "models/ppl.h"
 #include "models/tokenizer.h"
 
@@ -16,7 +16,7 @@ typedef struct ppl_opts {
   int ctx;    // 0: 512, or the base file's with --kl-base
   int chunks; // -1: as many as the text holds
   int threads;
-  cmd_engine_load lo; // --f32-weights, --f32-kv
+  cmd_model_load lo; // --f32-weights, --f32-kv
 } ppl_opts;
 
 static void usage(FILE *f) {
@@ -34,7 +34,7 @@ static void usage(FILE *f) {
           "                      print the KL divergence from its log-probabilities; --file, if given, must tokenize\n"
           "                      to the same tokens (checked)\n"
           "  --save-logits OUT   write this run's log-probabilities in the same format (a base for a later run)\n"
-          CMD_ENGINE_LOAD_USAGE);
+          CMD_MODEL_LOAD_USAGE);
 }
 
 static int parse_args(int argc, char **argv, ppl_opts *o) {
@@ -46,7 +46,7 @@ static int parse_args(int argc, char **argv, ppl_opts *o) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
-    if (cmd_engine_load_flag(a, &o->lo)) continue;
+    if (cmd_model_load_flag(a, &o->lo)) continue;
     if (i + 1 >= argc) {
       fprintf(stderr, "dserve perplexity: %s needs a value\n", a);
       return -1;
@@ -70,7 +70,7 @@ static int parse_args(int argc, char **argv, ppl_opts *o) {
       return -1;
     }
   }
-  if (cmd_engine_opts_ok("perplexity", o->model, o->kernels)) return -1;
+  if (cmd_model_opts_ok("perplexity", o->model, o->kernels)) return -1;
   if (!o->file && !o->kl_base) {
     fprintf(stderr, "dserve perplexity: --file is required (or --kl-base)\n");
     return -1;
@@ -197,7 +197,7 @@ typedef struct ppl_run {
   FILE *save;            // or NULL
 } ppl_run;
 
-static int run(cmd_engine *e, const ppl_run *p, char *err, size_t errlen) {
+static int run(cmd_model *e, const ppl_run *p, char *err, size_t errlen) {
   const int n_ctx = p->n_ctx, first = n_ctx / 2, S = mdl_ppl_scored(n_ctx), V = p->n_vocab;
   const int step = rows_per_step(V, S), nb = (n_ctx + 15) / 16;
   const size_t row_len = mdl_kld_row_len(V);
@@ -212,7 +212,7 @@ static int run(cmd_engine *e, const ppl_run *p, char *err, size_t errlen) {
     snprintf(err, errlen, "out of memory (%d rows of %d logits)", step, V);
     goto done;
   }
-  if (cmd_engine_kv(e, nb, err, errlen)) goto done;
+  if (cmd_model_kv(e, nb, err, errlen)) goto done;
   for (int i = 0; i < nb; i++) bt[i] = i;
   double sum = 0, sum2 = 0;
   long count = 0;
@@ -322,7 +322,7 @@ int cmd_perplexity(int argc, char **argv) {
     return r > 0 ? 0 : 2;
   }
   char err[512] = {0};
-  cmd_engine e;
+  cmd_model e;
   mdl_tok *tok = NULL;
   int32_t *ids = NULL;
   size_t n_ids = 0;
@@ -330,7 +330,7 @@ int cmd_perplexity(int argc, char **argv) {
   FILE *save = NULL;
   ppl_run p = {0};
   int rc = 1;
-  if (cmd_engine_open(&e, o.model, o.kernels, o.threads, &o.lo, err, sizeof err) != 0) {
+  if (cmd_model_open(&e, o.model, o.kernels, o.threads, &o.lo, err, sizeof err) != 0) {
     fprintf(stderr, "dserve perplexity: %s\n", err);
     return 1;
   }
@@ -403,6 +403,6 @@ fail:
   mdl_kld_close(&kf);
   free(ids);
   mdl_tok_free(tok);
-  cmd_engine_close(&e);
+  cmd_model_close(&e);
   return rc;
 }

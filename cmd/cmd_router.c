@@ -10,9 +10,9 @@
 #include "models/tokenizer.h"
 #include "router/router.h"
 #include "cmd/cmds.h"
-#include "server/config.h"
-#include "server/log.h"
-#include "server/secret.h"
+#include "config/config.h"
+#include "util/log.h"
+#include "ctl/secret.h"
 
 // The model's context length from `{general.architecture}.context_length`. 0, or -1 with err.
 static int context_length(const mdl_gguf *g, int *out, char *err, size_t errlen) {
@@ -47,19 +47,19 @@ int cmd_router(int argc, char **argv) {
     return 2;
   }
   char err[512];
-  srv_config *cfg = NULL;
-  if (srv_config_load(config, &cfg, err, sizeof err) < 0) {
+  cfg_cluster *cfg = NULL;
+  if (cfg_load(config, &cfg, err, sizeof err) < 0) {
     fprintf(stderr, "dserve router: %s\n", err);
     return 2;
   }
-  if (srv_config_require_secret(cfg, err, sizeof err)) {
+  if (cfg_require_secret(cfg, err, sizeof err)) {
     fprintf(stderr, "dserve router: %s\n", err);
-    srv_config_free(cfg);
+    cfg_free(cfg);
     return 2;
   }
   if (!cfg->has_router) {
     fprintf(stderr, "dserve router: %s has no router section\n", config);
-    srv_config_free(cfg);
+    cfg_free(cfg);
     return 2;
   }
   mdl_gguf *g = NULL;
@@ -88,20 +88,20 @@ int cmd_router(int argc, char **argv) {
     fprintf(stderr, "dserve router: %s\n", err);
     goto out;
   }
-  srv_log("router", "serving %s (context %d) on http://%s:%d with %d worker(s)", name, n_ctx,
+  utl_log("router", "serving %s (context %d) on http://%s:%d with %d worker(s)", name, n_ctx,
           cfg->router.host[0] ? cfg->router.host : "127.0.0.1", rtr_server_port(s), cfg->n_workers);
   int sig = 0;
   sigwait(&set, &sig);
-  srv_log("router", "signal %d: draining (new requests get 503; at most %d s for running ones)", sig,
+  utl_log("router", "signal %d: draining (new requests get 503; at most %d s for running ones)", sig,
           cfg->router.drain_timeout_s);
   int left = rtr_server_drain(s, cfg->router.drain_timeout_s * 1000);
-  if (left) srv_log("router", "drain bound reached: failed %d running request(s)", left);
-  srv_log("router", "stopping");
+  if (left) utl_log("router", "drain bound reached: failed %d running request(s)", left);
+  utl_log("router", "stopping");
   rc = 0;
 out:
   rtr_server_free(s);
   mdl_tok_free(tok);
   mdl_gguf_close(g);
-  srv_config_free(cfg);
+  cfg_free(cfg);
   return rc;
 }

@@ -6,13 +6,13 @@
 #include "cmd/cmds.h"
 #include "decode/worker.h"
 #include "prefill/worker.h"
-#include "server/config.h"
-#include "server/secret.h"
+#include "config/config.h"
+#include "ctl/secret.h"
 
-typedef int (*worker_fn)(const srv_config *cfg, const srv_worker_cfg *w, char *err, size_t errlen);
+typedef int (*worker_fn)(const cfg_cluster *cfg, const cfg_worker *w, char *err, size_t errlen);
 
 // Parses the arguments, loads the config, checks the worker's role and calls run. Returns the exit status.
-static int worker_cmd(int argc, char **argv, srv_role role, worker_fn run) {
+static int worker_cmd(int argc, char **argv, cfg_role role, worker_fn run) {
   const char *config = NULL, *name = NULL, *device = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
@@ -30,33 +30,33 @@ static int worker_cmd(int argc, char **argv, srv_role role, worker_fn run) {
     return 2;
   }
   char err[1024];
-  srv_config *cfg = NULL;
-  if (srv_config_load(config, &cfg, err, sizeof err)) {
+  cfg_cluster *cfg = NULL;
+  if (cfg_load(config, &cfg, err, sizeof err)) {
     fprintf(stderr, "dserve %s: %s\n", argv[0], err);
     return 2;
   }
-  const srv_worker_cfg *w = srv_config_worker(cfg, name);
+  const cfg_worker *w = cfg_find_worker(cfg, name);
   int rc = 0;
-  if (srv_config_require_secret(cfg, err, sizeof err)) { // nothing listens without authentication
+  if (cfg_require_secret(cfg, err, sizeof err)) { // nothing listens without authentication
     fprintf(stderr, "dserve %s: %s\n", argv[0], err);
     rc = 2;
-  } else if (w && device && srv_config_set_device(cfg, name, device, err, sizeof err)) { // overrides the config's "device"
+  } else if (w && device && cfg_set_device(cfg, name, device, err, sizeof err)) { // overrides the config's "device"
     fprintf(stderr, "dserve %s: --device: %s\n", argv[0], err);
     rc = 2;
   } else if (!w) {
     fprintf(stderr, "dserve %s: %s has no worker named '%s'\n", argv[0], config, name);
     rc = 2;
   } else if (w->role != role) {
-    fprintf(stderr, "dserve %s: worker '%s' has role '%s' in %s\n", argv[0], name, srv_role_name(w->role), config);
+    fprintf(stderr, "dserve %s: worker '%s' has role '%s' in %s\n", argv[0], name, cfg_role_name(w->role), config);
     rc = 2;
   } else if (run(cfg, w, err, sizeof err)) {
     fprintf(stderr, "dserve %s: %s\n", argv[0], err);
     rc = 1;
   }
-  srv_config_free(cfg);
+  cfg_free(cfg);
   return rc;
 }
 
-int cmd_prefill(int argc, char **argv) { return worker_cmd(argc, argv, SRV_ROLE_PREFILL, pfl_worker_run); }
-int cmd_both(int argc, char **argv) { return worker_cmd(argc, argv, SRV_ROLE_BOTH, dec_worker_run); }
-int cmd_decode(int argc, char **argv) { return worker_cmd(argc, argv, SRV_ROLE_DECODE, dec_worker_run); }
+int cmd_prefill(int argc, char **argv) { return worker_cmd(argc, argv, CFG_ROLE_PREFILL, pfl_worker_run); }
+int cmd_both(int argc, char **argv) { return worker_cmd(argc, argv, CFG_ROLE_BOTH, dec_worker_run); }
+int cmd_decode(int argc, char **argv) { return worker_cmd(argc, argv, CFG_ROLE_DECODE, dec_worker_run); }

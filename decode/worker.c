@@ -18,11 +18,11 @@
 #include "models/tokenizer.h"
 #include "worker/engine.h"
 #include "worker/genreq.h"
-#include "server/hub.h"
-#include "worker/kvpool.h"
-#include "worker/kvstage.h"
-#include "worker/kvwire.h"
-#include "server/log.h"
+#include "ctl/hub.h"
+#include "kv/pool.h"
+#include "kv/stage.h"
+#include "kv/wire.h"
+#include "util/log.h"
 #include "worker/shell.h"
 #include "util/vec.h"
 
@@ -40,7 +40,7 @@
 typedef struct dec_seq {
   wrk_seq seq;           // tokens, cache progress, blocks (engine state)
   wrk_genreq req;        // what was asked (prompt, sampling, stops)
-  srv_peer *router;      // (owned reference) where tokens go
+  ctl_peer *router;      // (owned reference) where tokens go
   int n_gen;
   mdl_sampler *sampler;  // (owned)
   mdl_detok *detok;      // (owned)
@@ -64,7 +64,7 @@ typedef struct dec_worker {
   int n_handoffs, cap_handoffs;
   dec_seq **held;        // (owned array) (n_held) given up while their prefill worker may still write: blocks kept
   int n_held, cap_held;
-  srv_peer **prefills;   // (owned references) (n_prefills) connected prefill workers
+  ctl_peer **prefills;   // (owned references) (n_prefills) connected prefill workers
   int n_prefills, cap_prefills;
   uint64_t n_finished;
   wrk_grammars gram;     // response_format grammars (compiled, cached) and the token trie the samplers mask with
@@ -85,12 +85,12 @@ static void send_token(dec_seq *s, const char *text, size_t len, const int32_t *
   prt_token tm = {.id = s->req.id, .text = t ? t : "", .tokens = (int32_t *)ids, .n_tokens = n_ids, .logprobs = &one,
                   .n_logprobs = -1};
   if (lp && s->req.n_logprobs >= 0) { // one entry, the shape kv_first carries the first token in
-    wrk_kvwire_sampled_to(lp, &one);
+    kv_wire_sampled_to(lp, &one);
     tm.n_logprobs = 1;
   }
   cJSON *m = prt_token_encode(&tm, NULL, 0);
   free(t);
-  if (m) srv_peer_send(s->router, m);
+  if (m) ctl_peer_send(s->router, m);
   cJSON_Delete(m);
 }
 
@@ -100,7 +100,7 @@ static void send_done(dec_seq *s, const char *finish_reason) {
                 .cached_tokens = s->seq.n_cached > s->remote_cached ? s->seq.n_cached : s->remote_cached,
                 .kv_bytes = s->kv_bytes, .kv_ms = s->kv_ms};
   cJSON *m = prt_done_encode(&d, NULL, 0);
-  if (m) srv_peer_send(s->router, m);
+  if (m) ctl_peer_send(s->router, m);
   cJSON_Delete(m);
 }
 
@@ -111,7 +111,7 @@ static int64_t handoff_ms(const dec_worker *w) { return (int64_t)w->sh.wc->hando
 // 0 when s may go to next; else logs it loudly (an assertion in a debug build) and returns -1.
 static int dec_seq_check(dec_worker *w, const dec_seq *s, dec_state next) {
   if (dec_state_legal(s->state, next)) return 0;
-  srv_err(w->sh.rt->w->name, "%s: illegal handoff transition %s -> %s refused", s->req.id,
+  utl_err(w->sh.rt->w->name, "%s: illegal handoff transition %s -> %s refused", s->req.id,
           dec_state_name(s->state), dec_state_name(next));
   assert(!"illegal decode handoff transition");
   return -1;
@@ -147,7 +147,7 @@ static int dec_seq_to(dec_worker *w, dec_seq *s, dec_state next) {
   }
   s->state = next;
   if (next != from && next != DEC_DONE)
-    srv_debug(w->sh.rt->w->name, "%s: %s -> %s", s->req.id, dec_state_name(from), dec_state_name(next));
+    utl_debug(w->sh.rt->w->name, "%s: %s -> %s", s->req.id, dec_state_name(from), dec_state_name(next));
   return 0;
 }
 
@@ -161,25 +161,25 @@ static void seq_free(dec_worker *w, dec_seq *s) {
   mdl_detok_free(s->detok);
   dec_stopstr_free(&s->stop);
   wrk_genreq_free(&s->req);
-  srv_peer_unref(s->router);
+  ctl_peer_unref(s->router);
   free(s);
 }
 
-static srv_peer *prefill_peer(dec_worker *w, const char *name);
+static ctl_peer *prefill_peer(dec_worker *w, const char *name);
 
 // A handoff we give up on whose prefill worker may hold the block table and still write: kv_fail tells it, and
 // the blocks stay reserved (in held) until it answers kv_freed (or the bounds above). 0 when s is held now.
 static int hold(dec_worker *w, dec_seq *s) {
   if (!dec_state_may_write(s->state)) return -1; // nothing more can land
-  srv_peer *p = prefill_peer(w, s->req.prefill);
+  ctl_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return -1; // its control link closed: freed at once (a prefill worker drops what its link carried)
   if (utl_vec_reserve((void **)&w->held, &w->cap_held, w->n_held + 1, sizeof *w->held)) return -1;
   cJSON *m = prt_kv_fail_encode(&(prt_kv_fail){s->req.id, "the decode worker dropped the request"}, NULL, 0);
-  int rc = m ? srv_peer_send(p, m) : -1;
+  int rc = m ? ctl_peer_send(p, m) : -1;
   cJSON_Delete(m);
   if (rc) return -1;
   dec_seq_to(w, s, DEC_HELD); // legal in every state that may write
-  srv_debug(w->sh.rt->w->name, "%s: kv_fail to %s; holding %d blocks until it answers", s->req.id, s->req.prefill,
+  utl_debug(w->sh.rt->w->name, "%s: kv_fail to %s; holding %d blocks until it answers", s->req.id, s->req.prefill,
             s->seq.blocks.n);
   return 0;
 }
@@ -192,7 +192,7 @@ static void release_held(dec_worker *w, const char *prefill, const char *id, int
     if ((prefill && strcmp(s->req.prefill, prefill)) || (id && strcmp(s->req.id, id)) || (now && now <= s->hold_until_ms))
       continue;
     if (now)
-      srv_warn(w->sh.rt->w->name, "%s: %s did not answer kv_fail: releasing its blocks", s->req.id, s->req.prefill);
+      utl_warn(w->sh.rt->w->name, "%s: %s did not answer kv_fail: releasing its blocks", s->req.id, s->req.prefill);
     w->held[i] = w->held[--w->n_held];
     seq_free(w, s);
   }
@@ -275,9 +275,9 @@ static int resume(dec_worker *w, dec_seq *s) {
   s->n_gen = s->req.n_resume;
   if (!hit) return 0;
   if (!strcmp(s->req.mode, "decode")) { // the prefill worker computes it for nothing: it frees its side on kv_fail
-    srv_peer *p = prefill_peer(w, s->req.prefill);
+    ctl_peer *p = prefill_peer(w, s->req.prefill);
     cJSON *m = prt_kv_fail_encode(&(prt_kv_fail){s->req.id, "the stream had already ended"}, NULL, 0);
-    if (p && m) srv_peer_send(p, m);
+    if (p && m) ctl_peer_send(p, m);
     cJSON_Delete(m);
   }
   send_done(s, "stop");
@@ -286,7 +286,7 @@ static int resume(dec_worker *w, dec_seq *s) {
 }
 
 // Builds a sequence from a generate message; on a bad request replies with an error and returns NULL.
-static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) {
+static dec_seq *seq_from_request(dec_worker *w, ctl_peer *from, const cJSON *m) {
   char code[64] = "invalid_request", e[512];
   prt_generate g;
   int malformed = prt_generate_decode(m, &g, e, sizeof e);
@@ -302,7 +302,7 @@ static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) 
     prt_generate_free(&g);
     return NULL;
   }
-  srv_peer_ref(from);
+  ctl_peer_ref(from);
   s->router = from;
   if (malformed || wrk_genreq_parse(&g, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &w->gram, &s->req, code,
                                     sizeof code, e, sizeof e)) {
@@ -316,8 +316,8 @@ static dec_seq *seq_from_request(dec_worker *w, srv_peer *from, const cJSON *m) 
   // Both roles prefill short prompts themselves (mode local: conditional disaggregation); only a decode
   // worker takes a prompt's KV from a prefill worker (mode decode).
   int handoff = !strcmp(s->req.mode, "decode");
-  if (!strcmp(s->req.mode, "prefill") || (handoff && w->sh.rt->w->role != SRV_ROLE_DECODE))
-    bad = w->sh.rt->w->role == SRV_ROLE_DECODE ? "a decode worker serves modes \"local\" and \"decode\""
+  if (!strcmp(s->req.mode, "prefill") || (handoff && w->sh.rt->w->role != CFG_ROLE_DECODE))
+    bad = w->sh.rt->w->role == CFG_ROLE_DECODE ? "a decode worker serves modes \"local\" and \"decode\""
                                                 : "a both worker serves mode \"local\"";
   else if (handoff && !s->req.prefill[0])
     bad = "mode decode needs the prefill worker's name";
@@ -368,7 +368,7 @@ static void drop_where(dec_worker *w, seq_pred match, const void *arg, const cha
   for_each(w, match, arg, drop_fn, code ? &r : NULL);
 }
 
-typedef struct id_key { const char *id; const srv_peer *router; const char *prefill; } id_key;
+typedef struct id_key { const char *id; const ctl_peer *router; const char *prefill; } id_key;
 
 static int has_id(const dec_seq *s, const void *arg) {
   const id_key *k = arg;
@@ -400,9 +400,9 @@ static dec_seq *find(dec_worker *w, const id_key *k) {
 
 // ---- handoff (decode role) ----
 
-static srv_peer *prefill_peer(dec_worker *w, const char *name) {
+static ctl_peer *prefill_peer(dec_worker *w, const char *name) {
   for (int i = 0; i < w->n_prefills; i++)
-    if (!strcmp(srv_peer_name(w->prefills[i]), name) && srv_peer_alive(w->prefills[i])) return w->prefills[i];
+    if (!strcmp(ctl_peer_name(w->prefills[i]), name) && ctl_peer_alive(w->prefills[i])) return w->prefills[i];
   return NULL;
 }
 
@@ -411,14 +411,14 @@ static void try_send_table(dec_worker *w, dec_seq *s) {
   // Blocks of the prompt this worker already caches (an earlier turn of the conversation) are not sent again.
   s->seq.kv_from_peer = 1; // blocks before the window get no window pages: no local layer is sent into them
   if (!s->seq.blocks.n && wrk_engine_take_blocks(&w->eng, &s->seq)) return; // later, when blocks come back
-  srv_peer *p = prefill_peer(w, s->req.prefill);
+  ctl_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return; // sent when the prefill worker connects
-  srv_debug(w->sh.rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
-  prt_kv_table t = {.id = s->req.id, .skip_blocks = s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size};
-  cJSON *m = wrk_kvwire_table(w->sh.rt->kv, s->seq.blocks.ids, s->seq.blocks.n, &t) ? NULL
+  utl_debug(w->sh.rt->w->name, "%s: block table (%d blocks) to %s", s->req.id, s->seq.blocks.n, s->req.prefill);
+  prt_kv_table t = {.id = s->req.id, .skip_blocks = s->seq.n_cached / kv_pool_kv(w->sh.rt->kv)->block_size};
+  cJSON *m = kv_wire_table(w->sh.rt->kv, s->seq.blocks.ids, s->seq.blocks.n, &t) ? NULL
                                                                                     : prt_kv_table_encode(&t, NULL, 0);
   free(t.pages);
-  if (m && srv_peer_send(p, m) == 0) dec_seq_to(w, s, DEC_TABLE_SENT);
+  if (m && ctl_peer_send(p, m) == 0) dec_seq_to(w, s, DEC_TABLE_SENT);
   cJSON_Delete(m);
 }
 
@@ -427,12 +427,12 @@ static void start(dec_worker *w, dec_seq *s) {
   if (dec_seq_to(w, s, DEC_RUNNING)) return;
   s->seq.n_done = s->req.n_prompt;
   s->seq.kv_from_peer = 0; // if it is ever preempted, it computes its tokens here, window pages and all
-  int skipped = s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size;
+  int skipped = s->seq.n_cached / kv_pool_kv(w->sh.rt->kv)->block_size;
   // Sliding-window layers were sent only the blocks they read again. With layer groups the others have no window
   // pages (kv_from_peer), which the prefix store sees; with one group they must not be reused.
   int dead = 0;
-  s->kv_bytes = wrk_kvwire_handoff_bytes(w->sh.rt->kv, s->req.n_prompt, skipped, &dead);
-  s->seq.no_reuse = dead && wrk_kvpool_groups(w->sh.rt->kv) == 1;
+  s->kv_bytes = kv_wire_handoff_bytes(w->sh.rt->kv, s->req.n_prompt, skipped, &dead);
+  s->seq.no_reuse = dead && kv_pool_groups(w->sh.rt->kv) == 1;
   s->kv_ms = (double)(wrk_shell_now_ms() - s->t_start_ms);
   if (wrk_engine_start(&w->eng, &s->seq)) {
     wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");
@@ -450,33 +450,33 @@ static const char *msg_id(const cJSON *m) {
   return cJSON_IsString(idj) ? idj->valuestring : "";
 }
 
-static void on_close(void *arg, srv_peer *peer) {
+static void on_close(void *arg, ctl_peer *peer) {
   dec_worker *w = arg;
-  if (!strcmp(srv_peer_role(peer), "prefill")) {
+  if (!strcmp(ctl_peer_role(peer), "prefill")) {
     for (int i = 0; i < w->n_prefills; i++)
       if (w->prefills[i] == peer) {
-        srv_peer_unref(peer);
+        ctl_peer_unref(peer);
         w->prefills[i] = w->prefills[--w->n_prefills];
         break;
       }
-    drop_where(w, from_prefill, srv_peer_name(peer), "worker_failure",
+    drop_where(w, from_prefill, ctl_peer_name(peer), "worker_failure",
                "the prefill worker failed before the prompt's KV arrived");
-    release_held(w, srv_peer_name(peer), NULL, 0);
+    release_held(w, ctl_peer_name(peer), NULL, 0);
   }
   drop_where(w, routed_to, peer, NULL, NULL); // nobody left to stream to
 }
 
 // A prefill worker connected: the block tables waiting for it go out now. (A router's hello is kv_events'.)
-static void on_hello(void *arg, srv_peer *from, const cJSON *m) {
+static void on_hello(void *arg, ctl_peer *from, const cJSON *m) {
   dec_worker *w = arg;
   (void)m;
-  if (strcmp(srv_peer_role(from), "prefill")) return;
+  if (strcmp(ctl_peer_role(from), "prefill")) return;
   if (UTL_VEC_PUSH(w->prefills, w->n_prefills, w->cap_prefills, from)) return;
-  srv_peer_ref(from);
+  ctl_peer_ref(from);
   for (int i = 0; i < w->n_handoffs; i++) try_send_table(w, w->handoffs[i]);
 }
 
-static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
+static void on_generate(void *arg, ctl_peer *from, const cJSON *m) {
   dec_worker *w = arg;
   dec_seq *s = seq_from_request(w, from, m);
   if (!s) return;
@@ -493,7 +493,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   }
 }
 
-static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
+static void on_cancel(void *arg, ctl_peer *from, const cJSON *m) {
   dec_worker *w = arg;
   prt_cancel c;
   if (prt_cancel_decode(m, &c, NULL, 0)) return;
@@ -502,7 +502,7 @@ static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
   if (s) seq_drop(w, s);
 }
 
-static void on_stats(void *arg, srv_peer *from, const cJSON *msg) {
+static void on_stats(void *arg, ctl_peer *from, const cJSON *msg) {
   dec_worker *w = arg;
   (void)msg;
   prt_stats_ok st;
@@ -513,26 +513,26 @@ static void on_stats(void *arg, srv_peer *from, const cJSON *msg) {
   cJSON *m = wrk_shell_stats_new(&w->sh, &st);
   if (!m) return;
   wrk_engine_add_prefix_stats(&w->eng, m);
-  srv_peer_send(from, m);
+  ctl_peer_send(from, m);
   cJSON_Delete(m);
 }
 
 // The handoff's request from prefill worker `from`, still waiting for its KV; NULL when cancelled meanwhile.
-static dec_seq *handoff_of(dec_worker *w, srv_peer *from, const char *id) {
-  id_key k = {id, NULL, srv_peer_name(from)};
+static dec_seq *handoff_of(dec_worker *w, ctl_peer *from, const char *id) {
+  id_key k = {id, NULL, ctl_peer_name(from)};
   dec_seq *s = find(w, &k);
   return s && dec_state_in_handoff(s->state) ? s : NULL;
 }
 
 // kv_fail from the prefill worker: it gave up and writes nothing more (it sends kv_fail only once none of its
 // writes can still land), so the blocks are freed at once. For a handoff we hold, its kv_fail crossed ours.
-static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
+static void on_kv_fail(void *arg, ctl_peer *from, const cJSON *m) {
   dec_worker *w = arg;
   prt_kv_fail f;
   if (prt_kv_fail_decode(m, &f, NULL, 0)) return;
   dec_seq *s = handoff_of(w, from, f.id);
   if (!s) {
-    release_held(w, srv_peer_name(from), f.id, 0);
+    release_held(w, ctl_peer_name(from), f.id, 0);
     return;
   }
   dec_seq_to(w, s, DEC_FAILED); // nothing more lands: seq_drop frees at once
@@ -541,13 +541,13 @@ static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
 }
 
 // kv_freed: the prefill worker answers our kv_fail; none of its writes can land any more.
-static void on_kv_freed(void *arg, srv_peer *from, const cJSON *m) {
+static void on_kv_freed(void *arg, ctl_peer *from, const cJSON *m) {
   prt_kv_freed f;
-  if (!prt_kv_freed_decode(m, &f, NULL, 0)) release_held(arg, srv_peer_name(from), f.id, 0);
+  if (!prt_kv_freed_decode(m, &f, NULL, 0)) release_held(arg, ctl_peer_name(from), f.id, 0);
 }
 
 // kv_started: the prefill worker admitted the prompt and computes it: the KV-arrival timer (re)starts now.
-static void on_kv_started(void *arg, srv_peer *from, const cJSON *m) {
+static void on_kv_started(void *arg, ctl_peer *from, const cJSON *m) {
   dec_worker *w = arg;
   prt_kv_started st;
   dec_seq *s = prt_kv_started_decode(m, &st, NULL, 0) ? NULL : handoff_of(w, from, st.id);
@@ -555,26 +555,26 @@ static void on_kv_started(void *arg, srv_peer *from, const cJSON *m) {
   // TABLE_SENT -> KV_ARRIVING; after the notification or kv_first (the prefill worker finished before it said
   // kv_started, or the messages crossed) the GOT_* state goes to itself: the timer restarts all the same.
   if (dec_seq_to(w, s, s->state == DEC_TABLE_SENT ? DEC_KV_ARRIVING : s->state)) return;
-  srv_debug(w->sh.rt->w->name, "%s: kv_started from %s", s->req.id, srv_peer_name(from));
+  utl_debug(w->sh.rt->w->name, "%s: kv_started from %s", s->req.id, ctl_peer_name(from));
 }
 
-static void on_kv_first(void *arg, srv_peer *from, const cJSON *m) {
+static void on_kv_first(void *arg, ctl_peer *from, const cJSON *m) {
   dec_worker *w = arg;
   dec_seq *s = handoff_of(w, from, msg_id(m));
   if (!s) return;
   prt_kv_first kf;
   char why[160];
   if (prt_kv_first_decode(m, &kf, why, sizeof why)) {
-    wrk_send_error(s->router, s->req.id, "worker_failure", "malformed kv_first from %s (%s)", srv_peer_name(from), why);
+    wrk_send_error(s->router, s->req.id, "worker_failure", "malformed kv_first from %s (%s)", ctl_peer_name(from), why);
     seq_drop(w, s);
     return;
   }
   if (s->state == DEC_GOT_FIRST) return; // a second kv_first for one handoff: the first one stands
   int notified = s->state == DEC_GOT_NOTIF;
   if (dec_seq_check(w, s, notified ? DEC_RUNNING : DEC_GOT_FIRST)) return; // e.g. a second kv_first
-  wrk_kvwire_sampled_from(&kf.first, &s->first);
+  kv_wire_sampled_from(&kf.first, &s->first);
   s->remote_cached = kf.cached_tokens;
-  srv_debug(w->sh.rt->w->name, "%s: kv_first from %s (notif %s)", s->req.id, srv_peer_name(from),
+  utl_debug(w->sh.rt->w->name, "%s: kv_first from %s (notif %s)", s->req.id, ctl_peer_name(from),
             notified ? "in" : "not yet");
   if (notified) start(w, s);
   else dec_seq_to(w, s, DEC_GOT_FIRST);
@@ -599,13 +599,13 @@ static void take_notifs(dec_worker *w) {
       free(nb[i].msg);
       id_key k = {id, NULL, nb[i].peer};
       dec_seq *s = find(w, &k);
-      srv_debug(w->sh.rt->w->name, "notification '%s' from %s%s", id, nb[i].peer, s ? "" : " (no such request)");
+      utl_debug(w->sh.rt->w->name, "notification '%s' from %s%s", id, nb[i].peer, s ? "" : " (no such request)");
       if (s && dec_state_in_handoff(s->state) && s->state != DEC_GOT_NOTIF) { // (a second one changes nothing)
         dec_state next = s->state == DEC_GOT_FIRST ? DEC_RUNNING : DEC_GOT_NOTIF;
         if (dec_seq_check(w, s, next)) continue; // e.g. before our table was sent: not from this handoff
         // Staging: the prompt's blocks landed in the mirror; the ones we cached ourselves were not sent.
-        int skip = s->seq.n_cached / wrk_kvpool_kv(w->sh.rt->kv)->block_size;
-        if (w->sh.stage && wrk_kvstage_in(w->sh.stage, s->seq.blocks.ids + skip, s->seq.blocks.n - skip)) {
+        int skip = s->seq.n_cached / kv_pool_kv(w->sh.rt->kv)->block_size;
+        if (w->sh.stage && kv_stage_in(w->sh.stage, s->seq.blocks.ids + skip, s->seq.blocks.n - skip)) {
           wrk_send_error(s->router, s->req.id, "internal_error", "the prompt's KV blocks are outside the pool");
           seq_drop(w, s);
           continue;
@@ -622,20 +622,20 @@ static void take_notifs(dec_worker *w) {
 
 static void tell_draining(dec_worker *w, dec_seq *s, void *arg) {
   (void)w;
-  srv_peer ***told = arg; // (n_running + n_waiting + n_handoffs + 1) routers told, NULL-terminated
+  ctl_peer ***told = arg; // (n_running + n_waiting + n_handoffs + 1) routers told, NULL-terminated
   int i = 0;
   while ((*told)[i] && (*told)[i] != s->router) i++;
   if ((*told)[i]) return;
   (*told)[i] = s->router;
   cJSON *m = prt_bare_encode(PRT_OP_DRAINING);
-  if (m) srv_peer_send(s->router, m);
+  if (m) ctl_peer_send(s->router, m);
   cJSON_Delete(m);
 }
 
 // SIGTERM: each router with a request here hears `draining` once, and moves those requests to other workers
 // (cancelling them here) where it has any; the rest finish here within drain_timeout_s.
 static void announce_drain(dec_worker *w) {
-  srv_peer **told = calloc((size_t)(w->eng.n_run + w->eng.n_wait + w->n_handoffs + 1), sizeof *told);
+  ctl_peer **told = calloc((size_t)(w->eng.n_run + w->eng.n_wait + w->n_handoffs + 1), sizeof *told);
   if (told) for_each(w, any, NULL, tell_draining, &told);
   free(told);
 }
@@ -647,7 +647,7 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   dec_seq *s = OWNER(sq);
   wrk_send_error(s->router, s->req.id, "context_length_exceeded",
                  "the request needs %d KV blocks; this worker's pool has %d", blocks_needed,
-                 wrk_kvpool_total_blocks(w->sh.rt->kv));
+                 kv_pool_total_blocks(w->sh.rt->kv));
   seq_free(w, s);
 }
 
@@ -678,16 +678,16 @@ static int step(dec_worker *w, char *err, size_t errlen) {
 // its pool.
 static void hello_extra(void *arg, cJSON *ok) {
   dec_worker *w = arg;
-  if (w->sh.kvx) wrk_kvwire_add_md(ok, w->sh.kvx);
+  if (w->sh.kvx) kv_wire_add_md(ok, w->sh.kvx);
 }
 
-int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, size_t errlen) {
+int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size_t errlen) {
   dec_worker w;
   memset(&w, 0, sizeof w);
-  int decode_role = wc->role == SRV_ROLE_DECODE;
+  int decode_role = wc->role == CFG_ROLE_DECODE;
   // A decode worker's pool must be mappable by a same-host prefill worker (shm backend); a both worker
   // exchanges no KV, so it has no kvxfer agent.
-  wrk_shell_opts so = {.role = srv_role_name(wc->role), .shareable_kv = decode_role && strncmp(wc->device, "cuda", 4),
+  wrk_shell_opts so = {.role = cfg_role_name(wc->role), .shareable_kv = decode_role && strncmp(wc->device, "cuda", 4),
                        .kvxfer = decode_role, .hello_extra = hello_extra, .ops = OPS,
                        .n_ops = sizeof OPS / sizeof OPS[0], .on_close = on_close, .worker = &w};
   if (wrk_shell_open(&w.sh, cfg, wc, &so, err, errlen)) return -1;
@@ -705,8 +705,7 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     if (atomic_load(&w.sh.sig.stop)) {
       if (!drain_until) {
         drain_until = wrk_shell_now_ms() + (int64_t)w.sh.wc->drain_timeout_s * 1000;
-        fprintf(stderr, "dserve %s: draining %d running and %d waiting requests\n", wc->name, w.eng.n_run,
-                w.eng.n_wait + w.n_handoffs);
+        utl_log(wc->name, "draining %d running and %d waiting requests", w.eng.n_run, w.eng.n_wait + w.n_handoffs);
         announce_drain(&w);
       }
       if ((!wrk_engine_busy(&w.eng) && !w.n_handoffs) || wrk_shell_now_ms() > drain_until) break;
@@ -719,10 +718,10 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     release_held(&w, NULL, NULL, now);
     wrk_engine_admit(&w.eng, reject, &w);
     if (step(&w, err, errlen)) {
-      fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
+      utl_err(wc->name, "forward step failed: %s", err);
       drop_where(&w, any, NULL, "internal_error", "forward step failed");
     }
-    wrk_kvevents_flush(&w.sh.kvev, w.eng.prefix);
+    kv_events_flush(&w.sh.kvev, w.eng.prefix);
   }
   drop_where(&w, any, NULL, "unavailable", "worker stopped before the request finished");
   while (w.n_held) seq_free(&w, w.held[--w.n_held]); // we exit: nothing can land in our pool any more
@@ -732,6 +731,6 @@ int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   free(w.prefills); // the peers themselves die with the hub (wrk_shell_close)
   free(w.handoffs);
   wrk_shell_close(&w.sh);
-  fprintf(stderr, "dserve %s: stopped\n", wc->name);
+  utl_log(wc->name, "stopped");
   return 0;
 }

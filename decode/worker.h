@@ -4,7 +4,7 @@
 
 #include <stddef.h>
 
-#include "server/config.h"
+#include "config/config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -12,7 +12,7 @@ extern "C" {
 
 // Serves worker w of cfg until SIGTERM/SIGINT (then drains: running requests finish within the drain
 // bound, new ones are refused). Returns 0 on a clean stop, -1 with err when it cannot start.
-int dec_worker_run(const srv_config *cfg, const srv_worker_cfg *w, char *err, size_t errlen);
+int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *w, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

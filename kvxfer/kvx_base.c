@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "kvxfer/kvx_int.h"
+#include "util/log.h"
 
 // ---- log, wake-ups, threads ----
 void kvx_log(kvx_agent *a, const char *fmt, ...) {
@@ -18,7 +19,7 @@ void kvx_log(kvx_agent *a, const char *fmt, ...) {
   if (a->log)
     a->log(a->log_ud, line);
   else
-    fprintf(stderr, "kvx[%s]: %s\n", a->name, line);
+    utl_log("kvx", "%s: %s", a->name, line); // no hook: the tree's one log path
 }
 
 void kvx_auth_refused(kvx_agent *a, const char *fmt, ...) {

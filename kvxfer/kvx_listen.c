@@ -121,7 +121,7 @@ static const kvx_frame *find_frame(kvx_srv *v, uint16_t op, char *why, size_t ca
   return NULL;
 }
 
-static void srv_refuse(kvx_srv *v, const char *why) {
+static void ctl_refuse(kvx_srv *v, const char *why) {
   kvx_agent *a = v->a;
   kvx_log(a, "closing connection from '%s': %s", v->peer, why);
   kvx_send_frame(v->fd, KVX_F_ERR, 0, 0, 0, strlen(why), 0, why, strlen(why), 200);
@@ -157,7 +157,7 @@ static void serve_frames(kvx_srv *v) {
       f = find_frame(v, h.op, why, sizeof why);
     rc = f ? f->serve(v, &h, why, sizeof why) : KVX_SRV_REFUSE;
     if (rc == KVX_SRV_REFUSE) {
-      srv_refuse(v, why);
+      ctl_refuse(v, why);
       break;
     }
     if (rc != KVX_SRV_OK) {

@@ -7,10 +7,10 @@
 
 #include "prefill/worker_int.h"
 #include "proto/prefix.h"
-#include "server/log.h"
-#include "worker/kvpool.h"
-#include "worker/kvstage.h"
-#include "worker/prefix.h"
+#include "util/log.h"
+#include "kv/pool.h"
+#include "kv/stage.h"
+#include "kv/prefix.h"
 
 // Unlinks p and gives its remaining blocks back.
 void pfl_pull_free(pfl_worker *w, pfl_pull *p) {
@@ -20,7 +20,7 @@ void pfl_pull_free(pfl_worker *w, pfl_pull *p) {
       break;
     }
   if (p->req) p->req->pull = NULL;
-  for (int i = 0; i < p->n; i++) wrk_kvpool_unref(w->sh.rt->kv, p->blocks[i]);
+  for (int i = 0; i < p->n; i++) kv_pool_unref(w->sh.rt->kv, p->blocks[i]);
   free(p->blocks);
   free(p);
 }
@@ -31,14 +31,14 @@ void pfl_resume(pfl_worker *w, pfl_pull *p, int got) {
   pfl_req *r = p->req;
   p->req = NULL;
   r->pull = NULL;
-  if (got > 0 && wrk_kvstage_in(w->sh.stage, p->blocks, got)) got = 0; // staging: the peer wrote into our mirror
-  if (got > 0 && wrk_blocks_append(w->sh.rt->kv, &r->seq.blocks, p->blocks, got) == 0) { // the references move to r
+  if (got > 0 && kv_stage_in(w->sh.stage, p->blocks, got)) got = 0; // staging: the peer wrote into our mirror
+  if (got > 0 && kv_blocks_append(w->sh.rt->kv, &r->seq.blocks, p->blocks, got) == 0) { // the references move to r
     p->n -= got;
     memmove(p->blocks, p->blocks + got, (size_t)p->n * sizeof *p->blocks);
     int nb = r->seq.blocks.n, bs = block_size(w);
     r->seq.n_done = r->seq.n_cached = nb * bs;
     r->seq.n_inserted = nb;
-    wrk_prefix_insert(w->eng.prefix, r->seq.toks, nb * bs, r->seq.blocks.ids, nb);
+    kv_prefix_insert(w->eng.prefix, r->seq.toks, nb * bs, r->seq.blocks.ids, nb);
     w->fetched_blocks += got;
   } else {
     w->fetch_misses++;
@@ -57,49 +57,49 @@ static void pull_step(pfl_worker *w, pfl_pull *p) {
 // takes what our pool holds (m blocks) into the request's table, reserves blocks for the rest and sends
 // prefix_pull. 1 when the request now waits for the answer (resume queues it), 0 when it goes on without.
 int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
-  wrk_prefix *px = w->eng.prefix;
+  kv_prefix *px = w->eng.prefix;
   int bs = block_size(w), n_prompt = r->req.n_prompt;
   if (want > (n_prompt - 1) / bs) want = (n_prompt - 1) / bs; // the last token is always computed
-  if (!px || want < 1 || wrk_prefix_peek(px, r->seq.toks, n_prompt, 0, NULL) >= want) return 0; // we hold it
+  if (!px || want < 1 || kv_prefix_peek(px, r->seq.toks, n_prompt, 0, NULL) >= want) return 0; // we hold it
   // A pool with layer groups (a sliding-window model) keeps a block as several pages that the peer's writes would
   // need one by one, and a block without its window pages must not be taken for whole: such a model computes the
   // prefix itself (docs/protocol.md, "Prefix fetch").
-  if (wrk_kvpool_groups(w->sh.rt->kv) > 1) return 0;
-  const srv_worker_cfg *q = srv_config_worker(w->sh.cfg, peer);
-  if (!q || q->role != SRV_ROLE_PREFILL || !strcmp(peer, w->sh.rt->w->name)) {
-    srv_warn(w->sh.rt->w->name, "%s: ignoring the prefix hint: '%s' is not another prefill worker of this cluster",
+  if (kv_pool_groups(w->sh.rt->kv) > 1) return 0;
+  const cfg_worker *q = cfg_find_worker(w->sh.cfg, peer);
+  if (!q || q->role != CFG_ROLE_PREFILL || !strcmp(peer, w->sh.rt->w->name)) {
+    utl_warn(w->sh.rt->w->name, "%s: ignoring the prefix hint: '%s' is not another prefill worker of this cluster",
              r->req.id, peer);
     return 0;
   }
   w->fetches++;
   char err[256];
-  pfl_link *src = pfl_link_for(w, peer, SRV_ROLE_PREFILL, PULL_LINK_TIMEOUT_MS, err, sizeof err);
+  pfl_link *src = pfl_link_for(w, peer, CFG_ROLE_PREFILL, PULL_LINK_TIMEOUT_MS, err, sizeof err);
   int32_t *ids = src ? malloc((size_t)want * sizeof *ids) : NULL;
   pfl_pull *p = ids ? calloc(1, sizeof *p) : NULL;
   if (!p) {
-    srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s: %s", r->req.id, peer, src ? "out of memory" : err);
+    utl_warn(w->sh.rt->w->name, "prefix fetch for %s from %s: %s", r->req.id, peer, src ? "out of memory" : err);
     free(ids);
     w->fetch_misses++;
     return 0;
   }
-  int m = wrk_prefix_match(px, r->seq.toks, n_prompt, ids, want);
-  if (m > 0 && wrk_blocks_append(w->sh.rt->kv, &r->seq.blocks, ids, m)) {
-    for (int i = 0; i < m; i++) wrk_kvpool_unref(w->sh.rt->kv, ids[i]);
+  int m = kv_prefix_match(px, r->seq.toks, n_prompt, ids, want);
+  if (m > 0 && kv_blocks_append(w->sh.rt->kv, &r->seq.blocks, ids, m)) {
+    for (int i = 0; i < m; i++) kv_pool_unref(w->sh.rt->kv, ids[i]);
     m = 0;
   }
   r->seq.n_done = r->seq.n_cached = m * bs;
   r->seq.n_inserted = m;
   int k = want - m, sent = 0; // m < want: the pool's blocks are among the ones peek counted
-  if (wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0 ||
-      (wrk_prefix_evict_for(px, k) >= 0 && wrk_kvpool_alloc(w->sh.rt->kv, ids, k) == 0)) {
+  if (kv_pool_alloc(w->sh.rt->kv, ids, k) == 0 ||
+      (kv_prefix_evict_for(px, k) >= 0 && kv_pool_alloc(w->sh.rt->kv, ids, k) == 0)) {
     prt_prefix_pull pp = {.id = r->req.id, .tokens = r->seq.toks, .n_tokens = want * bs, .first = m, .blocks = ids,
                           .n_blocks = k};
     cJSON *msg = prt_prefix_pull_encode(&pp, NULL, 0);
-    if (msg) wrk_kvwire_add_layout(msg, w->sh.rt->kv); // the pool and kvxfer metadata, as hello_ok carries them
-    sent = msg && wrk_kvwire_add_md(msg, w->sh.kvx) == 0 && srv_peer_send(src->peer, msg) == 0;
+    if (msg) kv_wire_add_layout(msg, w->sh.rt->kv); // the pool and kvxfer metadata, as hello_ok carries them
+    sent = msg && kv_wire_add_md(msg, w->sh.kvx) == 0 && ctl_peer_send(src->peer, msg) == 0;
     cJSON_Delete(msg);
     if (!sent)
-      for (int i = 0; i < k; i++) wrk_kvpool_unref(w->sh.rt->kv, ids[i]);
+      for (int i = 0; i < k; i++) kv_pool_unref(w->sh.rt->kv, ids[i]);
   }
   if (!sent) { // no blocks to spare, or the link dropped: compute (what our pool held stays in the table)
     free(ids);
@@ -113,12 +113,12 @@ int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
   snprintf(p->id, sizeof p->id, "%s", r->req.id);
   w->pulls = p;
   r->pull = p;
-  srv_debug(w->sh.rt->w->name, "%s: fetching blocks %d..%d from %s", r->req.id, m, want - 1, peer);
+  utl_debug(w->sh.rt->w->name, "%s: fetching blocks %d..%d from %s", r->req.id, m, want - 1, peer);
   return 1;
 }
 
 // prefix_pulled / prefix_fail from the peer asked.
-void pfl_on_pulled(pfl_worker *w, srv_peer *from, const cJSON *m, int failed) {
+void pfl_on_pulled(pfl_worker *w, ctl_peer *from, const cJSON *m, int failed) {
   prt_prefix_pulled ok = {0};
   prt_prefix_fail no = {0};
   char why[256] = "";
@@ -128,14 +128,14 @@ void pfl_on_pulled(pfl_worker *w, srv_peer *from, const cJSON *m, int failed) {
     const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
     if (!cJSON_IsString(idj)) return;
     id = idj->valuestring;
-    srv_warn(w->sh.rt->w->name, "from %s: %s", srv_peer_name(from), why);
+    utl_warn(w->sh.rt->w->name, "from %s: %s", ctl_peer_name(from), why);
   }
   for (pfl_pull *p = w->pulls; p; p = p->next) {
     if (p->answered || p->src->peer != from || strcmp(p->id, id)) continue;
     p->answered = 1;
     p->got = !failed && !bad && ok.n_blocks <= p->n ? ok.n_blocks : 0;
     if (failed)
-      srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s failed: %s", p->id, p->src->name,
+      utl_warn(w->sh.rt->w->name, "prefix fetch for %s from %s failed: %s", p->id, p->src->name,
                no.message ? no.message : "no reason given");
     pull_step(w, p);
     return;
@@ -158,7 +158,7 @@ void pfl_take_notifs(pfl_worker *w) {
         p->notified = 1;
         pull_step(w, p);
       } else {
-        srv_debug(w->sh.rt->w->name, "unexpected kvxfer notification (%zu bytes) from %s", nb[i].len, nb[i].peer);
+        utl_debug(w->sh.rt->w->name, "unexpected kvxfer notification (%zu bytes) from %s", nb[i].len, nb[i].peer);
       }
       free(nb[i].msg);
     }

@@ -5,29 +5,29 @@
 #include <string.h>
 
 #include "prefill/worker_int.h"
-#include "server/log.h"
-#include "worker/kvwire.h"
+#include "util/log.h"
+#include "kv/wire.h"
 
 // The configuration of worker name when it is another worker of role in this cluster; else NULL, and why in err
 // (which may be NULL).
-const srv_worker_cfg *pfl_peer_cfg(pfl_worker *w, const char *name, srv_role role, char *err, size_t errlen) {
-  const srv_worker_cfg *d = srv_config_worker(w->sh.cfg, name);
+const cfg_worker *pfl_peer_cfg(pfl_worker *w, const char *name, cfg_role role, char *err, size_t errlen) {
+  const cfg_worker *d = cfg_find_worker(w->sh.cfg, name);
   if (d && d->role == role && strcmp(name, w->sh.rt->w->name)) return d;
   if (err)
-    snprintf(err, errlen, "'%s' is not a%s %s worker of this cluster", name, role == SRV_ROLE_PREFILL ? "nother" : "",
-             srv_role_name(role));
+    snprintf(err, errlen, "'%s' is not a%s %s worker of this cluster", name, role == CFG_ROLE_PREFILL ? "nother" : "",
+             cfg_role_name(role));
   return NULL;
 }
 
 // The control link to worker name of role, connecting (bounded by timeout_ms) when there is none or it dropped.
 // A decode worker's link also loads its kvxfer metadata (we write into its pool); either checks that the
 // peer's KV layout matches ours.
-pfl_link *pfl_link_for(pfl_worker *w, const char *name, srv_role role, int timeout_ms, char *err, size_t errlen) {
+pfl_link *pfl_link_for(pfl_worker *w, const char *name, cfg_role role, int timeout_ms, char *err, size_t errlen) {
   pfl_link *l = NULL;
   for (int i = 0; i < w->n_links; i++)
     if (!strcmp(w->links[i]->name, name)) l = w->links[i];
-  if (l && srv_peer_alive(l->peer)) return l;
-  const srv_worker_cfg *d = pfl_peer_cfg(w, name, role, err, errlen);
+  if (l && ctl_peer_alive(l->peer)) return l;
+  const cfg_worker *d = pfl_peer_cfg(w, name, role, err, errlen);
   if (!d) return NULL;
   if (!l) {
     pfl_link **nl = realloc(w->links, (size_t)(w->n_links + 1) * sizeof *nl);
@@ -39,21 +39,21 @@ pfl_link *pfl_link_for(pfl_worker *w, const char *name, srv_role role, int timeo
     w->links[w->n_links++] = l;
     snprintf(l->name, sizeof l->name, "%s", name);
   }
-  srv_peer_unref(l->peer); // a dropped link: reconnect
-  l->peer = srv_hub_connect(w->sh.hub, d->host, d->port, timeout_ms, err, errlen);
+  ctl_peer_unref(l->peer); // a dropped link: reconnect
+  l->peer = ctl_hub_connect(w->sh.hub, d->host, d->port, timeout_ms, err, errlen);
   if (!l->peer) return NULL;
-  const cJSON *hello = srv_peer_hello(l->peer);
-  if (wrk_kvwire_read_layout(hello, w->sh.rt->kv, &l->remote, err, errlen) ||
-      (role == SRV_ROLE_DECODE && wrk_kvwire_load_md(hello, w->sh.kvx, l->kvx_peer, sizeof l->kvx_peer, err, errlen))) {
-    srv_peer_close(l->peer);
-    srv_peer_unref(l->peer);
+  const cJSON *hello = ctl_peer_hello(l->peer);
+  if (kv_wire_read_layout(hello, w->sh.rt->kv, &l->remote, err, errlen) ||
+      (role == CFG_ROLE_DECODE && kv_wire_load_md(hello, w->sh.kvx, l->kvx_peer, sizeof l->kvx_peer, err, errlen))) {
+    ctl_peer_close(l->peer);
+    ctl_peer_unref(l->peer);
     l->peer = NULL;
     return NULL;
   }
-  if (role == SRV_ROLE_DECODE)
-    srv_log(w->sh.rt->w->name, "linked to decode worker %s (kvxfer %s)", name,
+  if (role == CFG_ROLE_DECODE)
+    utl_log(w->sh.rt->w->name, "linked to decode worker %s (kvxfer %s)", name,
             kvx_peer_backend(w->sh.kvx, l->kvx_peer) ? kvx_peer_backend(w->sh.kvx, l->kvx_peer) : "?");
   else
-    srv_log(w->sh.rt->w->name, "linked to prefill worker %s (prefix fetch)", name);
+    utl_log(w->sh.rt->w->name, "linked to prefill worker %s (prefix fetch)", name);
   return l;
 }

@@ -7,14 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/kvwire.h"
-#include "server/log.h"
+#include "kv/wire.h"
+#include "util/log.h"
 
 #define MAX_PULL_BLOCKS (1 << 20) // tokens / block_size in one pull at most (a prompt is far shorter)
 
 struct pfl_sink {
   pfl_sink *next;
-  srv_peer *peer;              // (owned reference) its control connection to us
+  ctl_peer *peer;              // (owned reference) its control connection to us
   char kvx_peer[KVX_MAX_NAME]; // its kvxfer agent, loaded from the first pull's kvx_md
   wrk_kv_remote remote;        // its pool, from the first pull's kv_layout
 };
@@ -22,13 +22,13 @@ struct pfl_sink {
 struct pfl_sending {
   pfl_sending *next;
   char id[96];
-  srv_peer *to;     // (owned reference)
+  ctl_peer *to;     // (owned reference)
   int32_t *blocks;  // (owned) (n) our pool blocks being read, each with a reference we hold (pinned)
   int n;
   kvx_xfer *x;      // (owned)
 };
 
-void pfl_serve_init(pfl_serve *s, kvx_agent *kvx, wrk_kvpool *kv, wrk_prefix *prefix, const char *name) {
+void pfl_serve_init(pfl_serve *s, kvx_agent *kvx, kv_pool *kv, kv_prefix *prefix, const char *name) {
   memset(s, 0, sizeof *s);
   s->kvx = kvx;
   s->kv = kv;
@@ -38,9 +38,9 @@ void pfl_serve_init(pfl_serve *s, kvx_agent *kvx, wrk_kvpool *kv, wrk_prefix *pr
 
 static void sending_free(pfl_serve *s, pfl_sending *p) {
   kvx_xfer_free(p->x);
-  for (int i = 0; i < p->n; i++) wrk_kvpool_unref(s->kv, p->blocks[i]);
+  for (int i = 0; i < p->n; i++) kv_pool_unref(s->kv, p->blocks[i]);
   free(p->blocks);
-  srv_peer_unref(p->to);
+  ctl_peer_unref(p->to);
   free(p);
 }
 
@@ -53,21 +53,21 @@ void pfl_serve_fini(pfl_serve *s) {
   while (s->sinks) {
     pfl_sink *k = s->sinks;
     s->sinks = k->next;
-    srv_peer_unref(k->peer);
+    ctl_peer_unref(k->peer);
     free(k);
   }
   s->n_sending = 0;
 }
 
-static void reply(srv_peer *to, const char *id, int n_blocks, const char *fail) {
+static void reply(ctl_peer *to, const char *id, int n_blocks, const char *fail) {
   cJSON *m = fail ? prt_prefix_fail_encode(&(prt_prefix_fail){id, fail}, NULL, 0)
                   : prt_prefix_pulled_encode(&(prt_prefix_pulled){id, n_blocks}, NULL, 0);
-  if (m) srv_peer_send(to, m);
+  if (m) ctl_peer_send(to, m);
   cJSON_Delete(m);
 }
 
 // The peer's pool and kvxfer name: loaded from this pull when the connection has not pulled before.
-static pfl_sink *sink_for(pfl_serve *s, srv_peer *from, const cJSON *msg, char *err, size_t errlen) {
+static pfl_sink *sink_for(pfl_serve *s, ctl_peer *from, const cJSON *msg, char *err, size_t errlen) {
   for (pfl_sink *k = s->sinks; k; k = k->next)
     if (k->peer == from) return k;
   pfl_sink *k = calloc(1, sizeof *k);
@@ -75,8 +75,8 @@ static pfl_sink *sink_for(pfl_serve *s, srv_peer *from, const cJSON *msg, char *
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  if (wrk_kvwire_read_layout(msg, s->kv, &k->remote, err, errlen) ||
-      wrk_kvwire_load_md(msg, s->kvx, k->kvx_peer, sizeof k->kvx_peer, err, errlen)) {
+  if (kv_wire_read_layout(msg, s->kv, &k->remote, err, errlen) ||
+      kv_wire_load_md(msg, s->kvx, k->kvx_peer, sizeof k->kvx_peer, err, errlen)) {
     free(k);
     return NULL;
   }
@@ -85,24 +85,24 @@ static pfl_sink *sink_for(pfl_serve *s, srv_peer *from, const cJSON *msg, char *
     free(k);
     return NULL;
   }
-  srv_peer_ref(from);
+  ctl_peer_ref(from);
   k->peer = from;
   k->next = s->sinks;
   s->sinks = k;
   return k;
 }
 
-void pfl_serve_on_pull(pfl_serve *s, srv_peer *from, const cJSON *msg) {
+void pfl_serve_on_pull(pfl_serve *s, ctl_peer *from, const cJSON *msg) {
   prt_prefix_pull pm; // on a malformed pull, its id as far as it was read (NULL: none)
   char err[256], why[300];
   int malformed = prt_prefix_pull_decode(msg, &pm, err, sizeof err);
   if (!pm.id || strlen(pm.id) >= sizeof ((pfl_sending *)0)->id) {
-    srv_warn(s->name, "prefix_pull from %s without a usable id: ignored", srv_peer_name(from));
+    utl_warn(s->name, "prefix_pull from %s without a usable id: ignored", ctl_peer_name(from));
     prt_prefix_pull_free(&pm);
     return;
   }
   const char *id = pm.id;
-  const mdl_kv *kv = wrk_kvpool_kv(s->kv);
+  const mdl_kv *kv = kv_pool_kv(s->kv);
   if (mdl_kv_groups(kv) > 1) { // peers with this model never ask (prefill/fetch.c): say why to one that does
     reply(from, id, 0, "this worker's KV pool keeps a sliding-window model's layer groups apart: no prefix fetch");
     prt_prefix_pull_free(&pm);
@@ -138,21 +138,21 @@ void pfl_serve_on_pull(pfl_serve *s, srv_peer *from, const cJSON *msg) {
   if (!bad) memcpy(toks, pm.tokens, (size_t)n_tok * sizeof *toks);
   if (!bad && s->prefix) {
     toks[n_tok] = 0;
-    got = wrk_prefix_match(s->prefix, toks, n_tok + 1, ours, nb);
-    for (int i = 0; i < got && i < first; i++) wrk_kvpool_unref(s->kv, ours[i]); // the peer holds these
+    got = kv_prefix_match(s->prefix, toks, n_tok + 1, ours, nb);
+    for (int i = 0; i < got && i < first; i++) kv_pool_unref(s->kv, ours[i]); // the peer holds these
   }
   int n = got > first ? got - first : 0;
   if (!bad && n > 0) {
     char note[128];
     int len = snprintf(note, sizeof note, "pull:%s", id);
-    if (wrk_kvwire_write_blocks(s->kvx, s->kv, k->kvx_peer, &k->remote, ours + first, theirs, n, 0,
-                                wrk_kvpool_cfg(s->kv)->n_layer, note, (size_t)len, &p->x, err, sizeof err))
+    if (kv_wire_write_blocks(s->kvx, s->kv, k->kvx_peer, &k->remote, ours + first, theirs, n, 0,
+                                kv_pool_cfg(s->kv)->n_layer, note, (size_t)len, &p->x, err, sizeof err))
       bad = err;
   }
   if (bad || n == 0) {
-    for (int i = first; i < got; i++) wrk_kvpool_unref(s->kv, ours[i]);
+    for (int i = first; i < got; i++) kv_pool_unref(s->kv, ours[i]);
     reply(from, id, 0, bad);
-    srv_debug(s->name, "prefix_pull %s from %s: %s", id, srv_peer_name(from), bad ? bad : "not cached here");
+    utl_debug(s->name, "prefix_pull %s from %s: %s", id, ctl_peer_name(from), bad ? bad : "not cached here");
     free(toks);
     prt_prefix_pull_free(&pm);
     free(ours);
@@ -161,19 +161,19 @@ void pfl_serve_on_pull(pfl_serve *s, srv_peer *from, const cJSON *msg) {
   }
   memmove(ours, ours + first, (size_t)n * sizeof *ours);
   snprintf(p->id, sizeof p->id, "%s", id);
-  srv_peer_ref(from);
+  ctl_peer_ref(from);
   p->to = from;
   p->blocks = ours;
   p->n = n;
   p->next = s->sending;
   s->sending = p;
   s->n_sending++;
-  srv_debug(s->name, "prefix_pull %s from %s: writing blocks %d..%d", id, srv_peer_name(from), first, got - 1);
+  utl_debug(s->name, "prefix_pull %s from %s: writing blocks %d..%d", id, ctl_peer_name(from), first, got - 1);
   free(toks);
   prt_prefix_pull_free(&pm);
 }
 
-void pfl_serve_on_close(pfl_serve *s, srv_peer *peer) {
+void pfl_serve_on_close(pfl_serve *s, ctl_peer *peer) {
   for (pfl_sink **pp = &s->sinks; *pp;) {
     pfl_sink *k = *pp;
     if (k->peer != peer) {
@@ -181,7 +181,7 @@ void pfl_serve_on_close(pfl_serve *s, srv_peer *peer) {
       continue;
     }
     *pp = k->next;
-    srv_peer_unref(k->peer);
+    ctl_peer_unref(k->peer);
     free(k);
   }
 }
@@ -201,7 +201,7 @@ void pfl_serve_poll(pfl_serve *s) {
       char msg[320];
       snprintf(msg, sizeof msg, "KV write failed: %s", kvx_xfer_error(p->x));
       reply(p->to, p->id, 0, msg);
-      srv_warn(s->name, "prefix_pull %s: %s", p->id, msg);
+      utl_warn(s->name, "prefix_pull %s: %s", p->id, msg);
     }
     *pp = p->next;
     s->n_sending--;

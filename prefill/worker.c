@@ -15,9 +15,9 @@
 
 #include "models/tokenizer.h"
 #include "prefill/worker_int.h"
-#include "server/log.h"
-#include "worker/kvpool.h"
-#include "worker/kvstage.h"
+#include "util/log.h"
+#include "kv/pool.h"
+#include "kv/stage.h"
 #include "util/vec.h"
 
 // ---- requests ----
@@ -36,7 +36,7 @@ static void req_free(pfl_worker *w, pfl_req *r) {
   free(r->remote);
   free(r->fail_msg);
   wrk_genreq_free(&r->req);
-  srv_peer_unref(r->router);
+  ctl_peer_unref(r->router);
   free(r);
 }
 
@@ -46,7 +46,7 @@ static void tell_decode(pfl_link *l, const char *op, const char *id, const char 
   cJSON *m = !strcmp(op, PRT_OP_KV_FAIL)    ? prt_kv_fail_encode(&(prt_kv_fail){id, message}, NULL, 0)
              : !strcmp(op, PRT_OP_KV_FREED) ? prt_kv_freed_encode(&(prt_kv_freed){id}, NULL, 0)
                                             : prt_kv_started_encode(&(prt_kv_started){id}, NULL, 0);
-  if (m) srv_peer_send(l->peer, m);
+  if (m) ctl_peer_send(l->peer, m);
   cJSON_Delete(m);
 }
 
@@ -56,7 +56,7 @@ static void tell_decode(pfl_link *l, const char *op, const char *id, const char 
 static int pfl_req_to(pfl_worker *w, pfl_req *r, pfl_state next) {
   pfl_state from = r->state;
   if (!pfl_state_legal(from, next)) {
-    srv_err(w->sh.rt->w->name, "%s: illegal handoff transition %s -> %s refused", r->req.id, pfl_state_name(from),
+    utl_err(w->sh.rt->w->name, "%s: illegal handoff transition %s -> %s refused", r->req.id, pfl_state_name(from),
             pfl_state_name(next));
     assert(!"illegal prefill handoff transition");
     return -1;
@@ -64,7 +64,7 @@ static int pfl_req_to(pfl_worker *w, pfl_req *r, pfl_state next) {
   r->state = next;
   if (next == PFL_PUSHING) tell_decode(r->link, PRT_OP_KV_STARTED, r->req.id, NULL);
   if (next != from && next != PFL_DONE)
-    srv_debug(w->sh.rt->w->name, "%s: %s -> %s", r->req.id, pfl_state_name(from), pfl_state_name(next));
+    utl_debug(w->sh.rt->w->name, "%s: %s -> %s", r->req.id, pfl_state_name(from), pfl_state_name(next));
   return 0;
 }
 
@@ -107,11 +107,11 @@ void pfl_fail(pfl_worker *w, pfl_req *r, const char *fmt, const char *detail) {
 static int write_layers(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1) {
   char err[256];
   kvx_xfer *x = NULL;
-  const int32_t *theirs = r->remote + (size_t)b0 * (size_t)mdl_kv_groups(wrk_kvpool_kv(w->sh.rt->kv)); // (n, groups)
-  if (b1 > b0 && wrk_kvwire_write_blocks(w->sh.kvx, w->sh.rt->kv, r->link->kvx_peer, &r->link->remote,
+  const int32_t *theirs = r->remote + (size_t)b0 * (size_t)mdl_kv_groups(kv_pool_kv(w->sh.rt->kv)); // (n, groups)
+  if (b1 > b0 && kv_wire_write_blocks(w->sh.kvx, w->sh.rt->kv, r->link->kvx_peer, &r->link->remote,
                                          r->seq.blocks.ids + b0, theirs, b1 - b0, l0, l1, NULL, 0, &x, err,
                                          sizeof err)) {
-    fprintf(stderr, "dserve %s: KV push for %s failed: %s\n", w->sh.rt->w->name, r->req.id, err);
+    utl_err(w->sh.rt->w->name, "KV push for %s failed: %s", r->req.id, err);
     return -1;
   }
   if (x) {
@@ -125,13 +125,13 @@ static int write_layers(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b
 }
 
 // Posts the WRITEs of layers [l0, l1) of our blocks [b0, b1): one per run of layers that start at the same block (a
-// sliding-window layer from its first live block: wrk_kvwire_first_live_block), then notif when with_notif.
+// sliding-window layer from its first live block: kv_wire_first_live_block), then notif when with_notif.
 static int push(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b1, int with_notif) {
   if (b1 > r->n_remote) b1 = r->n_remote;
-  const mdl_llama_cfg *c = wrk_kvpool_cfg(w->sh.rt->kv);
+  const mdl_llama_cfg *c = kv_pool_cfg(w->sh.rt->kv);
   for (int l = l0; l < l1;) {
-    int from = wrk_kvwire_first_live_block(c, l, r->req.n_prompt, block_size(w)), l_end = l + 1;
-    while (l_end < l1 && wrk_kvwire_first_live_block(c, l_end, r->req.n_prompt, block_size(w)) == from) l_end++;
+    int from = kv_wire_first_live_block(c, l, r->req.n_prompt, block_size(w)), l_end = l + 1;
+    while (l_end < l1 && kv_wire_first_live_block(c, l_end, r->req.n_prompt, block_size(w)) == from) l_end++;
     if (write_layers(w, r, l, l_end, from > b0 ? from : b0, b1)) return -1;
     l = l_end;
   }
@@ -151,7 +151,7 @@ static int full_blocks(const pfl_worker *w, const pfl_req *r, int n_done) {
 // Catches up on everything computed before the table arrived: all layers of every finished block.
 static int catch_up(pfl_worker *w, pfl_req *r) {
   int upto = full_blocks(w, r, r->seq.n_done);
-  if (push(w, r, 0, wrk_kvpool_cfg(w->sh.rt->kv)->n_layer, r->pushed_blocks, upto, 0)) return -1;
+  if (push(w, r, 0, kv_pool_cfg(w->sh.rt->kv)->n_layer, r->pushed_blocks, upto, 0)) return -1;
   r->pushed_blocks = upto;
   return 0;
 }
@@ -186,7 +186,7 @@ static void on_layer(void *arg, int layer) {
 
 static void flush_layers(pfl_worker *w) {
   if (!w->layer_ev[0]) return;
-  int last = wrk_kvpool_cfg(w->sh.rt->kv)->n_layer - 1;
+  int last = kv_pool_cfg(w->sh.rt->kv)->n_layer - 1;
   krn_event_wait(&w->sh.rt->kc, w->layer_ev[last & 1]);
   push_layer(w, last);
 }
@@ -197,9 +197,9 @@ static int finish(pfl_worker *w, pfl_req *r) {
   if (r->pushed_blocks < full_blocks(w, r, r->req.n_prompt) && catch_up(w, r)) return -1;
   if (push(w, r, 0, 0, 0, 0, 1)) return -1; // the notification
   prt_kv_first kf = {.id = r->req.id, .cached_tokens = r->seq.n_cached};
-  wrk_kvwire_sampled_to(&r->first, &kf.first);
+  kv_wire_sampled_to(&r->first, &kf.first);
   cJSON *m = prt_kv_first_encode(&kf, NULL, 0);
-  int rc = m ? srv_peer_send(r->link->peer, m) : -1;
+  int rc = m ? ctl_peer_send(r->link->peer, m) : -1;
   cJSON_Delete(m);
   if (rc) return -1;
   return pfl_req_to(w, r, PFL_HANDED_OFF);
@@ -216,7 +216,7 @@ static void reap(pfl_worker *w) {
       pending |= st == KVX_PENDING;
       bad |= st < 0;
     }
-    if (bad) fprintf(stderr, "dserve %s: a KV write failed after the handoff\n", w->sh.rt->w->name);
+    if (bad) utl_warn(w->sh.rt->w->name, "a KV write failed after the handoff");
     if (pending) continue;
     if (r->tell == TELL_FAIL)
     tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, r->fail_msg ? r->fail_msg : "prefill failed");
@@ -245,7 +245,7 @@ static pfl_req *find_req(pfl_worker *w, const char *id, const char *decode, int 
 }
 static pfl_req *find(pfl_worker *w, const char *id, const char *decode) { return find_req(w, id, decode, 0); }
 
-static void keep_early(pfl_worker *w, srv_peer *from, const cJSON *m) {
+static void keep_early(pfl_worker *w, ctl_peer *from, const cJSON *m) {
   if (w->n_early == w->cap_early) {
     int cap = w->cap_early ? w->cap_early * 2 : 16;
     struct early_table *ne = realloc(w->early, (size_t)cap * sizeof *ne);
@@ -253,22 +253,22 @@ static void keep_early(pfl_worker *w, srv_peer *from, const cJSON *m) {
     w->early = ne;
     w->cap_early = cap;
   }
-  srv_peer_ref(from);
+  ctl_peer_ref(from);
   w->early[w->n_early++] = (struct early_table){cJSON_Duplicate(m, 1), from, wrk_shell_now_ms() + table_timeout_ms(w)};
 }
 
 static void drop_early(pfl_worker *w, int i) {
   cJSON_Delete(w->early[i].msg);
-  srv_peer_unref(w->early[i].from);
+  ctl_peer_unref(w->early[i].from);
   w->early[i] = w->early[--w->n_early];
 }
 
 // kv_table: the decode worker's blocks for a request (a wrk_op; take_early_table calls it too).
-static void on_table(void *arg, srv_peer *from, const cJSON *m) {
+static void on_table(void *arg, ctl_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
   const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
   if (!cJSON_IsString(id)) return;
-  pfl_req *r = find(w, id->valuestring, srv_peer_name(from));
+  pfl_req *r = find(w, id->valuestring, ctl_peer_name(from));
   if (!r) { // its generate has not arrived yet (or it was cancelled: then the table expires unused)
     keep_early(w, from, m);
     return;
@@ -278,12 +278,12 @@ static void on_table(void *arg, srv_peer *from, const cJSON *m) {
   prt_kv_table t;
   char why[160] = "";
   int ok = prt_kv_table_decode(m, &t, why, sizeof why) == 0;
-  ok = ok && wrk_kvwire_read_table(&t, &r->link->remote, &r->remote, &n) == 0 && n >= need;
+  ok = ok && kv_wire_read_table(&t, &r->link->remote, &r->remote, &n) == 0 && n >= need;
   // Leading blocks the decode worker already holds (its own prefix cache) are not pushed.
   int sk = ok && t.skip_blocks <= n ? t.skip_blocks : 0;
   prt_kv_table_free(&t);
   if (!ok) {
-    if (why[0]) srv_warn(w->sh.rt->w->name, "%s", why);
+    if (why[0]) utl_warn(w->sh.rt->w->name, "%s", why);
     pfl_fail(w, r, "the decode worker sent a bad block table for %s", r->req.id);
     return;
   }
@@ -302,9 +302,9 @@ static void on_table(void *arg, srv_peer *from, const cJSON *m) {
 void pfl_take_early_table(pfl_worker *w, pfl_req *r) {
   for (int i = 0; i < w->n_early; i++) {
     const cJSON *eid = cJSON_GetObjectItemCaseSensitive(w->early[i].msg, "id");
-    if (!strcmp(eid->valuestring, r->req.id) && !strcmp(srv_peer_name(w->early[i].from), r->link->name)) {
+    if (!strcmp(eid->valuestring, r->req.id) && !strcmp(ctl_peer_name(w->early[i].from), r->link->name)) {
       cJSON *m = w->early[i].msg;
-      srv_peer *from = w->early[i].from;
+      ctl_peer *from = w->early[i].from;
       w->early[i] = w->early[--w->n_early];
       if (prt_is(m, PRT_OP_KV_FAIL)) { // the decode worker gave up on it already
         wrk_send_error(r->router, r->req.id, "worker_failure", "decode worker %s dropped the request", r->link->name);
@@ -313,7 +313,7 @@ void pfl_take_early_table(pfl_worker *w, pfl_req *r) {
         on_table(w, from, m); // may fail (and free) r
       }
       cJSON_Delete(m);
-      srv_peer_unref(from);
+      ctl_peer_unref(from);
       return;
     }
   }
@@ -338,7 +338,7 @@ static void close_req(pfl_worker *w, pfl_req *r, const void *peer) {
     fail_with(w, r, "decode_failure", "decode worker %s failed", r->link->name);
 }
 
-static void on_close(void *arg, srv_peer *peer) {
+static void on_close(void *arg, ctl_peer *peer) {
   pfl_worker *w = arg;
   each_req(w, close_req, peer);
   for (pfl_pull **pp = &w->pulls; *pp;) {
@@ -357,7 +357,7 @@ static void on_close(void *arg, srv_peer *peer) {
   pfl_serve_on_close(&w->serve, peer);
 }
 
-static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
+static void on_generate(void *arg, ctl_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
   char code[64] = "", e[512];
   prt_generate g; // on a malformed message, its id and routing names as far as they were read (proto/request.h)
@@ -368,7 +368,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     prt_generate_free(&g);
     return;
   }
-  srv_peer_ref(from);
+  ctl_peer_ref(from);
   r->router = from;
   const char *bad = NULL;
   int link_failed = 0, decode_down = 0;
@@ -379,9 +379,9 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     bad = e;
   else if (strcmp(r->req.mode, "prefill") || !r->req.decode[0])
     bad = "a prefill worker serves mode \"prefill\" with a decode worker";
-  else if (!(r->link = pfl_link_for(w, r->req.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e))) {
+  else if (!(r->link = pfl_link_for(w, r->req.decode, CFG_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e))) {
     bad = e, link_failed = 1;
-    decode_down = pfl_peer_cfg(w, r->req.decode, SRV_ROLE_DECODE, NULL, 0) != NULL; // ours, unreachable
+    decode_down = pfl_peer_cfg(w, r->req.decode, CFG_ROLE_DECODE, NULL, 0) != NULL; // ours, unreachable
   }
   else if (wrk_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
            mdl_sampler_new(&r->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), r->req.prompt, r->req.n_prompt,
@@ -393,7 +393,7 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
     char le[256];
     pfl_link *l = r->link;
     if (!l && !link_failed && g.decode && g.mode && !strcmp(g.mode, "prefill") && g.decode[0])
-      l = pfl_link_for(w, g.decode, SRV_ROLE_DECODE, LINK_TIMEOUT_MS, le, sizeof le);
+      l = pfl_link_for(w, g.decode, CFG_ROLE_DECODE, LINK_TIMEOUT_MS, le, sizeof le);
     if (l && g.id) tell_decode(l, PRT_OP_KV_FAIL, g.id, bad);
     // decode_failure: the router sends it again once that decode worker is back (or moves it), as for a handoff the
     // decode worker's death broke.
@@ -419,13 +419,13 @@ static void on_generate(void *arg, srv_peer *from, const cJSON *m) {
   pfl_take_early_table(w, r);
 }
 
-static void on_prefix_pull(void *arg, srv_peer *from, const cJSON *m) {
+static void on_prefix_pull(void *arg, ctl_peer *from, const cJSON *m) {
   pfl_serve_on_pull(&((pfl_worker *)arg)->serve, from, m);
 }
-static void on_prefix_pulled(void *arg, srv_peer *from, const cJSON *m) { pfl_on_pulled(arg, from, m, 0); }
-static void on_prefix_fail(void *arg, srv_peer *from, const cJSON *m) { pfl_on_pulled(arg, from, m, 1); }
+static void on_prefix_pulled(void *arg, ctl_peer *from, const cJSON *m) { pfl_on_pulled(arg, from, m, 0); }
+static void on_prefix_fail(void *arg, ctl_peer *from, const cJSON *m) { pfl_on_pulled(arg, from, m, 1); }
 
-static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
+static void on_cancel(void *arg, ctl_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
   prt_cancel c;
   pfl_req *r = prt_cancel_decode(m, &c, NULL, 0) ? NULL : find(w, c.id, NULL);
@@ -436,16 +436,16 @@ static void on_cancel(void *arg, srv_peer *from, const cJSON *m) {
 // deadline...) and holds the blocks it reserved until we answer kv_freed: we push nothing more, and answer once
 // none of our writes into those blocks can still land (at once when none is in flight). An id we do not know
 // yet (its generate is still on the way) leaves a marker so that generate is dropped when it comes.
-static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
+static void on_kv_fail(void *arg, ctl_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
   prt_kv_fail f;
   char why[160];
   if (prt_kv_fail_decode(m, &f, why, sizeof why)) {
-    srv_warn(w->sh.rt->w->name, "ignored from %s: %s", srv_peer_name(from), why);
+    utl_warn(w->sh.rt->w->name, "ignored from %s: %s", ctl_peer_name(from), why);
     return;
   }
-  const char *name = srv_peer_name(from);
-  srv_debug(w->sh.rt->w->name, "%s: kv_fail from %s", f.id, name);
+  const char *name = ctl_peer_name(from);
+  utl_debug(w->sh.rt->w->name, "%s: kv_fail from %s", f.id, name);
   pfl_req *r = find_req(w, f.id, name, 1);
   if (r) {
     stop_req(w, r, TELL_FREED, NULL);
@@ -453,10 +453,10 @@ static void on_kv_fail(void *arg, srv_peer *from, const cJSON *m) {
   }
   for (int i = w->n_early - 1; i >= 0; i--) { // a table that came before its request: it will never be used
     const cJSON *eid = cJSON_GetObjectItemCaseSensitive(w->early[i].msg, "id");
-    if (!strcmp(eid->valuestring, f.id) && !strcmp(srv_peer_name(w->early[i].from), name)) drop_early(w, i);
+    if (!strcmp(eid->valuestring, f.id) && !strcmp(ctl_peer_name(w->early[i].from), name)) drop_early(w, i);
   }
   cJSON *a = prt_kv_freed_encode(&(prt_kv_freed){f.id}, NULL, 0);
-  if (a) srv_peer_send(from, a);
+  if (a) ctl_peer_send(from, a);
   cJSON_Delete(a);
   keep_early(w, from, m); // the marker: take_early_table drops the request
 }
@@ -475,7 +475,7 @@ static void send_started(pfl_worker *w) {
   }
 }
 
-static void on_stats(void *arg, srv_peer *from, const cJSON *msg) {
+static void on_stats(void *arg, ctl_peer *from, const cJSON *msg) {
   pfl_worker *w = arg;
   (void)msg;
   prt_stats_ok st;
@@ -490,7 +490,7 @@ static void on_stats(void *arg, srv_peer *from, const cJSON *msg) {
   cJSON *m = wrk_shell_stats_new(&w->sh, &st);
   if (!m) return;
   wrk_engine_add_prefix_stats(&w->eng, m);
-  srv_peer_send(from, m);
+  ctl_peer_send(from, m);
   cJSON_Delete(m);
 }
 
@@ -512,7 +512,7 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   pfl_req *r = OWNER(sq);
   char msg[256];
   snprintf(msg, sizeof msg, "the prompt needs %d KV blocks; this prefill worker's pool has %d", blocks_needed,
-           wrk_kvpool_total_blocks(w->sh.rt->kv));
+           kv_pool_total_blocks(w->sh.rt->kv));
   tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, msg); // never admitted: nothing was written
   wrk_send_error(r->router, r->req.id, "context_length_exceeded", "%s", msg);
   req_free(w, r);
@@ -536,7 +536,7 @@ static void expire(pfl_worker *w) {
     if (p->req && p->req->deadline_ms && now > p->req->deadline_ms) {
       pfl_fail(w, p->req, "request deadline passed%s", "");
     } else if (p->req && now > p->wait_until_ms) {
-      srv_warn(w->sh.rt->w->name, "prefix fetch for %s from %s timed out: computing it", p->id, p->src->name);
+      utl_warn(w->sh.rt->w->name, "prefix fetch for %s from %s timed out: computing it", p->id, p->src->name);
       pfl_resume(w, p, 0);
     }
     // A request that went on without its fetch leaves the blocks reserved until the peer can no longer write.
@@ -586,7 +586,7 @@ static void fetch_done(pfl_worker *w, pfl_req *r, int ok) {
   else pfl_fail(w, r, "out of memory%s", "");
 }
 
-int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, size_t errlen) {
+int pfl_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size_t errlen) {
   pfl_worker w;
   memset(&w, 0, sizeof w);
   w.fetch_done = fetch_done;
@@ -622,11 +622,11 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
     wrk_engine_admit(&w.eng, reject, &w);
     send_started(&w);
     if (step(&w, err, errlen)) {
-      fprintf(stderr, "dserve %s: forward step failed: %s\n", wc->name, err);
+      utl_err(wc->name, "forward step failed: %s", err);
       while (w.eng.n_run) pfl_fail(&w, OWNER(w.eng.run[0]), "forward step failed%s", "");
     }
     send_started(&w); // those the step began
-    wrk_kvevents_flush(&w.sh.kvev, w.eng.prefix);
+    kv_events_flush(&w.sh.kvev, w.eng.prefix);
   }
   while (w.eng.n_run) req_free(&w, OWNER(w.eng.run[0]));
   while (w.eng.n_wait) req_free(&w, OWNER(w.eng.wait[0]));
@@ -643,6 +643,6 @@ int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *wc, char *err, s
   free(w.links);
   for (int i = 0; i < 2; i++) krn_event_free(&w.sh.rt->kc, w.layer_ev[i]);
   wrk_shell_close(&w.sh);
-  fprintf(stderr, "dserve %s: stopped\n", wc->name);
+  utl_log(wc->name, "stopped");
   return 0;
 }

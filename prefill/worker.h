@@ -4,14 +4,14 @@
 
 #include <stddef.h>
 
-#include "server/config.h"
+#include "config/config.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 // Serves worker w of cfg until SIGTERM/SIGINT. Returns 0 on a clean stop, -1 with err when it cannot start.
-int pfl_worker_run(const srv_config *cfg, const srv_worker_cfg *w, char *err, size_t errlen);
+int pfl_worker_run(const cfg_cluster *cfg, const cfg_worker *w, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -11,10 +11,10 @@
 #include "models/sampler.h"
 #include "prefill/handoff.h"
 #include "prefill/serve.h"
-#include "server/hub.h"
+#include "ctl/hub.h"
 #include "worker/engine.h"
 #include "worker/genreq.h"
-#include "worker/kvwire.h"
+#include "kv/wire.h"
 #include "worker/shell.h"
 
 #define LINK_TIMEOUT_MS 5000   // connecting to a decode worker
@@ -25,7 +25,7 @@
 // One decode worker this prefill worker pushes to, or a peer prefill worker it fetches prefixes from.
 typedef struct pfl_link {
   char name[64];
-  srv_peer *peer;         // (owned reference) our control connection to it
+  ctl_peer *peer;         // (owned reference) our control connection to it
   wrk_kv_remote remote;   // its pool
   char kvx_peer[KVX_MAX_NAME]; // decode workers only (a prefill peer writes to us, not we to it)
 } pfl_link;
@@ -49,7 +49,7 @@ typedef struct pfl_pull {
 typedef struct pfl_req {
   wrk_seq seq;            // the prompt in our own pool
   wrk_genreq req;
-  srv_peer *router;       // (owned reference)
+  ctl_peer *router;       // (owned reference)
   pfl_link *link;         // (borrowed)
   pfl_pull *pull;         // (borrowed) the prefix fetch it waits for; NULL once queued in the engine
   mdl_sampler *sampler;   // (owned) for the first token
@@ -82,7 +82,7 @@ typedef struct pfl_worker {
   // kv_table travel on different connections, so either may come first.
   struct early_table {
     cJSON *msg;           // (owned)
-    srv_peer *from;       // (owned reference)
+    ctl_peer *from;       // (owned reference)
     int64_t expires_ms;
   } *early;               // (owned) (n_early)
   int n_early, cap_early;
@@ -96,16 +96,16 @@ typedef struct pfl_worker {
 // What a request that stops tells its decode worker once none of its writes can land any more.
 enum { TELL_NONE, TELL_FAIL /* kv_fail: we gave up */, TELL_FREED /* kv_freed: it gave up, we write no more */ };
 
-static inline int block_size(const pfl_worker *w) { return wrk_kvpool_kv(w->sh.rt->kv)->block_size; }
+static inline int block_size(const pfl_worker *w) { return kv_pool_kv(w->sh.rt->kv)->block_size; }
 // How long a decode worker may take to send a request's block table (workers[i].table_timeout_ms).
 static inline int64_t table_timeout_ms(const pfl_worker *w) { return (int64_t)w->sh.wc->table_timeout_ms * DSERVE_TIMEOUT_SCALE; }
 
 // links.c
 // The configuration of worker name when it is another worker of role in this cluster; else NULL, and why in err
 // (which may be NULL).
-const srv_worker_cfg *pfl_peer_cfg(pfl_worker *w, const char *name, srv_role role, char *err, size_t errlen);
+const cfg_worker *pfl_peer_cfg(pfl_worker *w, const char *name, cfg_role role, char *err, size_t errlen);
 // The control link to worker name of role, connecting (bounded by timeout_ms) when there is none or it dropped.
-pfl_link *pfl_link_for(pfl_worker *w, const char *name, srv_role role, int timeout_ms, char *err, size_t errlen);
+pfl_link *pfl_link_for(pfl_worker *w, const char *name, cfg_role role, int timeout_ms, char *err, size_t errlen);
 
 // worker.c
 // Fails r: error to the router (fmt with detail), kv_fail to the decode worker once no write of r can land; frees r.
@@ -119,7 +119,7 @@ int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want);
 // The request waiting for p goes on with the first got blocks the peer wrote (0: none, it computes them).
 void pfl_resume(pfl_worker *w, pfl_pull *p, int got);
 void pfl_pull_free(pfl_worker *w, pfl_pull *p);  // unlinks p and gives its remaining blocks back
-void pfl_on_pulled(pfl_worker *w, srv_peer *from, const cJSON *m, int failed); // prefix_pulled / prefix_fail
+void pfl_on_pulled(pfl_worker *w, ctl_peer *from, const cJSON *m, int failed); // prefix_pulled / prefix_fail
 void pfl_take_notifs(pfl_worker *w);              // kvxfer notifications "pull:<id>"
 int pfl_n_fetching(const pfl_worker *w);          // requests waiting for a fetch
 

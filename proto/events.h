@@ -8,7 +8,7 @@
 extern "C" {
 #endif
 
-enum { PRT_KV_ADDED = 1, PRT_KV_REMOVED = 2, PRT_KV_CLEARED = 3 }; // the same values as server/blockhash.h's
+enum { PRT_KV_ADDED = 1, PRT_KV_REMOVED = 2, PRT_KV_CLEARED = 3 }; // the same values as kv/blockhash.h's
 
 typedef struct prt_kv_event {
   uint64_t key; // the block's hash-chain key: a decimal string on the wire (a uint64 does not fit a JSON number)

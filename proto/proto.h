@@ -50,7 +50,7 @@ int prt_is(const cJSON *m, const char *op);
 // A new message {"op": op} (owned by the caller), NULL on out of memory.
 cJSON *prt_new(const char *op);
 // A message with no field but its op (draining, ping, pong, stats), owned by the caller; NULL on out of memory.
-// This is the one encoder of those four ops (every sender calls it: decode/worker.c draining, server/hub.c pong,
+// This is the one encoder of those four ops (every sender calls it: decode/worker.c draining, ctl/hub.c pong,
 // router/links.c ping and stats), and prt_op / prt_is (or a worker's {op, handler} table) their one decoder: a
 // receiver reads nothing but the op, and ignores any other field.
 cJSON *prt_bare_encode(const char *op);

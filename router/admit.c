@@ -34,7 +34,7 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     s->n_waiting++;
     rtr_metric_set(s->m_waiting, s->n_waiting);
     int gone = 0, late = 0;
-    int64_t limit = r->t_arrival_us + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : SRV_DEF_REQUEST_TIMEOUT_MS) * 1000;
+    int64_t limit = r->t_arrival_us + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : CFG_DEF_REQUEST_TIMEOUT_MS) * 1000;
     while (!s->stopping && !s->draining) {
       if (s->wait_head == r && (s->running_slots == 0 || s->running_slots + need <= s->capacity)) break;
       if ((gone = s->hooks.client_gone(r->fd)) || (late = utl_now_us() > limit)) break;
@@ -70,7 +70,7 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
   rtr_metric_add(s->m_prompt, r->n_prompt);
   // pick a worker for every choice
   rtr_sched_worker *w = calloc((size_t)s->n_links + 1, sizeof *w);
-  srv_peer **send_to = calloc((size_t)need * 2, sizeof *send_to);
+  ctl_peer **send_to = calloc((size_t)need * 2, sizeof *send_to);
   cJSON **msgs = calloc((size_t)need * 2, sizeof *msgs);
   int *to = calloc((size_t)need * 2, sizeof *to);
   int n_msgs = 0, rc = 0;
@@ -85,11 +85,11 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
   // the peers stay allocated while the hub lives, so sending outside the lock is safe
   pthread_mutex_unlock(&s->mu);
   for (int i = 0; i < n_msgs; i++) {
-    if (rc == 0 && srv_peer_send(send_to[i], msgs[i]) < 0) {
+    if (rc == 0 && ctl_peer_send(send_to[i], msgs[i]) < 0) {
       // The link broke after the pick: close it (unless that was seen already) so that the dispatcher fails or retries
       // this request with the link's others, as for a worker that dies later.
       pthread_mutex_lock(&s->mu);
-      if (s->links[to[i]].peer == send_to[i]) srv_peer_close(send_to[i]);
+      if (s->links[to[i]].peer == send_to[i]) ctl_peer_close(send_to[i]);
       pthread_mutex_unlock(&s->mu);
     }
     cJSON_Delete(msgs[i]);

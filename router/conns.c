@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "router/server_int.h"
-#include "server/log.h"
+#include "util/log.h"
 #include "util/err.h"
 
 #define GATE_BUCKETS 1024    // per-address count table
@@ -333,10 +333,10 @@ static void raise_nofile(int want) {
   rlim_t old = rl.rlim_cur;
   rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= (rlim_t)want ? (rlim_t)want : rl.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
-    srv_log(LOGC, "open-file limit raised from %llu to %llu for max_connections", (unsigned long long)old,
+    utl_log(LOGC, "open-file limit raised from %llu to %llu for max_connections", (unsigned long long)old,
             (unsigned long long)rl.rlim_cur);
   if (rl.rlim_cur < (rlim_t)want)
-    srv_logl(SRV_LOG_WARN, LOGC, "the open-file limit (%llu) is below max_connections + 256 (%d)",
+    utl_logl(UTL_LOG_WARN, LOGC, "the open-file limit (%llu) is below max_connections + 256 (%d)",
              (unsigned long long)rl.rlim_cur, want);
 }
 
@@ -350,11 +350,11 @@ int rtr_gate_listen(rtr_server *s, const struct sockaddr_in *sa, char *err, size
   g->lfd = g->wake[0] = g->wake[1] = g->spare_fd = -1;
   pthread_mutex_init(&g->mu, NULL);
   s->gate = g;
-  const srv_router_cfg *rc = s->rc;
-  g->max_total = rc->max_connections > 0 ? rc->max_connections : SRV_DEF_MAX_CONNECTIONS;
-  g->max_client = rc->max_connections_per_client > 0 ? rc->max_connections_per_client : SRV_DEF_MAX_CONNECTIONS_PER_CLIENT;
-  g->head_us = (int64_t)(rc->header_timeout_s > 0 ? rc->header_timeout_s : SRV_DEF_HEADER_TIMEOUT_S) * 1000000;
-  g->idle_us = (int64_t)(rc->conn_timeout_s > 0 ? rc->conn_timeout_s : SRV_DEF_CONN_TIMEOUT_S) * 1000000;
+  const cfg_router *rc = s->rc;
+  g->max_total = rc->max_connections > 0 ? rc->max_connections : CFG_DEF_MAX_CONNECTIONS;
+  g->max_client = rc->max_connections_per_client > 0 ? rc->max_connections_per_client : CFG_DEF_MAX_CONNECTIONS_PER_CLIENT;
+  g->head_us = (int64_t)(rc->header_timeout_s > 0 ? rc->header_timeout_s : CFG_DEF_HEADER_TIMEOUT_S) * 1000000;
+  g->idle_us = (int64_t)(rc->conn_timeout_s > 0 ? rc->conn_timeout_s : CFG_DEF_CONN_TIMEOUT_S) * 1000000;
   char msg[160];
   snprintf(msg, sizeof msg, "the server has too many open connections (%d); retry later", g->max_total);
   g->busy_total_len = canned_503(g->busy_total, sizeof g->busy_total, msg);

@@ -138,21 +138,21 @@ static int kx_add(kx_worker *w, int cap, uint64_t key) {
   return 0;
 }
 
-int rtr_kvindex_apply(rtr_kvindex *x, int worker, const srv_kv_event *ev, int n) {
+int rtr_kvindex_apply(rtr_kvindex *x, int worker, const kv_event *ev, int n) {
   if (!x || worker < 0 || worker >= x->max_workers) return -1;
   if (n > 0 && !ev) return -1;
   kx_worker *w = &x->w[worker];
   for (int k = 0; k < n; k++) {
     switch (ev[k].kind) {
-    case SRV_KV_ADDED:
+    case KV_EVENT_ADDED:
       if (kx_add(w, x->cap, ev[k].key) != 0) return -1;
       break;
-    case SRV_KV_REMOVED: {
+    case KV_EVENT_REMOVED: {
       int i = kx_find(w, ev[k].key);
       if (i >= 0) kx_remove(w, i);
       break;
     }
-    case SRV_KV_CLEARED:
+    case KV_EVENT_CLEARED:
       kx_worker_fini(w);
       break;
     default:

@@ -5,18 +5,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/blockhash.h"
+#include "kv/blockhash.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-// Per worker (a small integer id in [0, max_workers)) the set of block keys it reported (srv_kv_event
-// from its wrk_prefix store). The index is a hint: a key it wrongly believes present (lost REMOVED) or
+// Per worker (a small integer id in [0, max_workers)) the set of block keys it reported (kv_event
+// from its kv_prefix store). The index is a hint: a key it wrongly believes present (lost REMOVED) or
 // absent (lost ADDED, cap eviction) costs a recomputation on the worker, never a wrong answer, because the
 // worker's store compares tokens itself. Memory is bounded: at most cap_per_worker keys per worker; adding
 // to a full worker forgets its oldest key (oldest by last ADDED). Thread-compatible (one owner, e.g. the
-// router's scheduling thread). Keys come from srv_blockhash_chain over the prompt's token ids with the
+// router's scheduling thread). Keys come from kv_blockhash_chain over the prompt's token ids with the
 // workers' block size.
 typedef struct rtr_kvindex rtr_kvindex;
 
@@ -27,7 +27,7 @@ void rtr_kvindex_free(rtr_kvindex *x);
 
 // Applies a worker's events in order (ADDED, REMOVED, CLEARED; unknown kinds are skipped). -1 when the
 // worker id is out of range or its table cannot be allocated (the events from there on are not applied).
-int rtr_kvindex_apply(rtr_kvindex *x, int worker, const srv_kv_event *ev /* (n) */, int n);
+int rtr_kvindex_apply(rtr_kvindex *x, int worker, const kv_event *ev /* (n) */, int n);
 // A worker that died or left: all its keys are dropped (its table freed). Out-of-range ids are ignored.
 void rtr_kvindex_remove_worker(rtr_kvindex *x, int worker);
 int rtr_kvindex_count(const rtr_kvindex *x, int worker); // keys held; 0 for unknown workers

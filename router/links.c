@@ -15,7 +15,7 @@
 #include "proto/stats.h"
 #include "proto/request.h"
 #include "router/server_int.h"
-#include "server/log.h"
+#include "util/log.h"
 
 #define STATS_EVERY_MS 1000
 
@@ -25,7 +25,7 @@ static void send_cancel(rtr_server *s, rtr_req *r, int ci) {
   cJSON *m = prt_cancel_encode(&(prt_cancel){c->id}, NULL, 0);
   int links[2] = {c->link, c->plink};
   for (int k = 0; k < 2 && m; k++)
-    if (links[k] >= 0 && s->links[links[k]].peer) srv_peer_send(s->links[links[k]].peer, m);
+    if (links[k] >= 0 && s->links[links[k]].peer) ctl_peer_send(s->links[links[k]].peer, m);
   cJSON_Delete(m);
 }
 
@@ -89,7 +89,7 @@ static void on_stats(rtr_server *s, rtr_link *l, const cJSON *msg) {
   prt_stats_ok st;
   char why[256];
   if (prt_stats_ok_decode(msg, &st, why, sizeof why)) { // still a sign of life; its counts read as absent
-    srv_warn(LOGC, "worker %s: %s", l->cfg->name, why);
+    utl_warn(LOGC, "worker %s: %s", l->cfg->name, why);
     prt_stats_ok_init(&st);
   }
   const prt_stats_ok *m = &st;
@@ -103,7 +103,7 @@ static void on_stats(rtr_server *s, rtr_link *l, const cJSON *msg) {
   on_prefix_tiers(s, l, m->tiers);
   // Refused connections: the worker's running total, and (checked as often) the router hub's own.
   counter_from_total(s->m_auth_failures, count(m->auth_failures), &l->auth_failures);
-  counter_from_total(s->m_auth_failures, (double)srv_hub_auth_failures(s->hub), &s->hub_auth_last);
+  counter_from_total(s->m_auth_failures, (double)ctl_hub_auth_failures(s->hub), &s->hub_auth_last);
   l->last_stats_ms = utl_now_ms();
   update_kv_gauge_locked(s);
 }
@@ -114,9 +114,9 @@ static void on_kv_events(rtr_server *s, rtr_link *l, const cJSON *m) {
   prt_kv_events evs;
   if (!s->kv || prt_kv_events_decode(m, &evs, NULL, 0)) return;
   int li = (int)(l - s->links), n = 0;
-  srv_kv_event buf[256];
+  kv_event buf[256];
   for (int i = 0; i < evs.n; i++) {
-    buf[n++] = (srv_kv_event){.key = evs.ev[i].key, .kind = evs.ev[i].kind};
+    buf[n++] = (kv_event){.key = evs.ev[i].key, .kind = evs.ev[i].kind};
     if (n == (int)(sizeof buf / sizeof buf[0])) {
       rtr_kvindex_apply(s->kv, li, buf, n);
       n = 0;
@@ -146,7 +146,7 @@ static void on_choice_msg(rtr_server *s, rtr_link *l, rtr_req *r, int ci, const 
     why[0] = 0; // a malformed error reads as one without a message, as it always did
   }
   if (bad) {
-    if (why[0]) srv_warn(LOGC, "worker %s: %s", l->cfg->name, why);
+    if (why[0]) utl_warn(LOGC, "worker %s: %s", l->cfg->name, why);
     prt_error e = {.id = r->ch[ci].id, .message = "the worker failed"};
     s->hooks.on_error(s, r, ci, &e);
   }
@@ -157,8 +157,8 @@ static void move_all_locked(rtr_server *s, int li);
 
 static void link_down_locked(rtr_server *s, rtr_link *l) {
   if (!l->peer) return;
-  srv_warn(LOGC, "worker %s (%s:%d) disconnected", l->cfg->name, l->cfg->host, l->cfg->port);
-  srv_peer_unref(l->peer);
+  utl_warn(LOGC, "worker %s (%s:%d) disconnected", l->cfg->name, l->cfg->host, l->cfg->port);
+  ctl_peer_unref(l->peer);
   l->peer = NULL;
   l->up = 0;
   int li = (int)(l - s->links);
@@ -184,12 +184,12 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
 // the link thread that connected has stored the peer: a message from an unknown peer while a link of that
 // worker's name is connecting waits for it (polling, at most ~2 s) instead of being dropped. Called with mu
 // held; releases it while waiting.
-static rtr_link *link_of_locked(rtr_server *s, srv_peer *p, int is_msg) {
+static rtr_link *link_of_locked(rtr_server *s, ctl_peer *p, int is_msg) {
   for (int tries = 0;; tries++) {
     int connecting = 0;
     for (int i = 0; i < s->n_links; i++) {
       if (s->links[i].peer == p) return &s->links[i];
-      connecting |= s->links[i].connecting && !strcmp(s->links[i].cfg->name, srv_peer_name(p));
+      connecting |= s->links[i].connecting && !strcmp(s->links[i].cfg->name, ctl_peer_name(p));
     }
     if (!is_msg || !connecting || s->stopping || tries >= 2000) return NULL;
     pthread_mutex_unlock(&s->mu);
@@ -201,8 +201,8 @@ static rtr_link *link_of_locked(rtr_server *s, srv_peer *p, int is_msg) {
 void *rtr_dispatcher_main(void *arg) {
   rtr_server *s = arg;
   for (;;) {
-    srv_event ev;
-    int got = srv_hub_next(s->hub, &ev, 200);
+    ctl_event ev;
+    int got = ctl_hub_next(s->hub, &ev, 200);
     pthread_mutex_lock(&s->mu);
     int stop = s->stopping;
     if (got) {
@@ -216,7 +216,7 @@ void *rtr_dispatcher_main(void *arg) {
           l->last_stats_ms = utl_now_ms();
           l->silent_moved = 0;
         } else if (!strcmp(o, PRT_OP_DRAINING)) { // SIGTERM: what it runs moves elsewhere where another worker is up
-          srv_log(LOGC, "worker %s is draining; moving its streams", l->cfg->name);
+          utl_log(LOGC, "worker %s is draining; moving its streams", l->cfg->name);
           l->draining = 1;
           move_all_locked(s, (int)(l - s->links));
         } else if (!strcmp(o, PRT_OP_STATS_OK)) {
@@ -229,13 +229,13 @@ void *rtr_dispatcher_main(void *arg) {
           rtr_req *r = find_choice_locked(s, id->valuestring, &ci);
           if (r) on_choice_msg(s, l, r, ci, o, ev.msg);
         } else {
-          srv_debug(LOGC, "worker %s: ignored message op '%s'", l->cfg->name, o);
+          utl_debug(LOGC, "worker %s: ignored message op '%s'", l->cfg->name, o);
         }
       }
     }
     if (!stop) send_waiting_locked(s);
     pthread_mutex_unlock(&s->mu);
-    if (got) srv_event_done(&ev);
+    if (got) ctl_event_done(&ev);
     if (stop && !got) break;
   }
   return NULL;
@@ -252,12 +252,12 @@ void *rtr_link_main(void *arg) {
       l->connecting = 1;
       pthread_mutex_unlock(&s->mu);
       char err[256] = "";
-      srv_peer *p = srv_hub_connect(s->hub, l->cfg->host, l->cfg->port, 1000, err, sizeof err);
+      ctl_peer *p = ctl_hub_connect(s->hub, l->cfg->host, l->cfg->port, 1000, err, sizeof err);
       pthread_mutex_lock(&s->mu);
       l->connecting = 0;
       if (p && !s->stopping) {
         prt_hello_ok ho; // a malformed hello_ok reads as one without a worker's fields
-        int read = !prt_hello_ok_decode(srv_peer_hello(p), &ho, NULL, 0);
+        int read = !prt_hello_ok_decode(ctl_peer_hello(p), &ho, NULL, 0);
         l->n_ctx = read && ho.has_worker ? ho.n_ctx : 0;
         l->block_size = read && ho.has_layout && ho.kv_layout.block_size >= 1 ? ho.kv_layout.block_size : 16;
         if (s->kv) rtr_kvindex_remove_worker(s->kv, (int)(l - s->links)); // a new process: it tells us anew
@@ -268,16 +268,16 @@ void *rtr_link_main(void *arg) {
         l->last_stats_ms = utl_now_ms();
         l->last_stats_sent_ms = 0;
         backoff = 100;
-        srv_log(LOGC, "worker %s (%s, %s:%d) connected", l->cfg->name, srv_role_name(l->cfg->role), l->cfg->host,
+        utl_log(LOGC, "worker %s (%s, %s:%d) connected", l->cfg->name, cfg_role_name(l->cfg->role), l->cfg->host,
                 l->cfg->port);
         continue;
       }
       if (p) {
-        srv_peer_close(p);
-        srv_peer_unref(p);
+        ctl_peer_close(p);
+        ctl_peer_unref(p);
         break;
       }
-      srv_debug(LOGC, "worker %s: %s (retry in %d ms)", l->cfg->name, err, backoff);
+      utl_debug(LOGC, "worker %s: %s (retry in %d ms)", l->cfg->name, err, backoff);
       struct timespec dl;
       deadline_in(&dl, backoff);
       pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);
@@ -286,25 +286,25 @@ void *rtr_link_main(void *arg) {
     }
     int64_t t = utl_now_ms();
     // not scaled by DSERVE_TIMEOUT_SCALE: the pong comes from the hub thread, however slow a (sanitized) compute step
-    int dead_ms = s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : SRV_DEF_LINK_DEAD_MS;
+    int dead_ms = s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : CFG_DEF_LINK_DEAD_MS;
     if (t - l->last_stats_ms > dead_ms) {
-      srv_warn(LOGC, "worker %s answered nothing for %d ms; closing its link", l->cfg->name, dead_ms);
-      srv_peer_close(l->peer); // the dispatcher sees the close at once and fails (or moves) its requests
+      utl_warn(LOGC, "worker %s answered nothing for %d ms; closing its link", l->cfg->name, dead_ms);
+      ctl_peer_close(l->peer); // the dispatcher sees the close at once and fails (or moves) its requests
       l->last_stats_ms = t;
     } else if (s->rc->migrate_silent_ms > 0 && t - l->last_stats_ms > s->rc->migrate_silent_ms && !l->silent_moved) {
       // Its hub thread, which answers pings whatever the compute loop does, is silent: the process is stopped, hung
       // or cut off. Its streams continue elsewhere now rather than after link_dead_ms.
-      srv_warn(LOGC, "worker %s answered nothing for %d ms; moving its streams", l->cfg->name, s->rc->migrate_silent_ms);
+      utl_warn(LOGC, "worker %s answered nothing for %d ms; moving its streams", l->cfg->name, s->rc->migrate_silent_ms);
       l->silent_moved = 1;
       move_all_locked(s, (int)(l - s->links));
       continue;
     } else if (t - l->last_stats_sent_ms >= STATS_EVERY_MS) {
       cJSON *m = prt_bare_encode(PRT_OP_STATS), *ping = prt_bare_encode(PRT_OP_PING);
-      srv_peer *p = l->peer;
+      ctl_peer *p = l->peer;
       l->last_stats_sent_ms = t;
       pthread_mutex_unlock(&s->mu);
-      if (m) srv_peer_send(p, m);
-      if (ping) srv_peer_send(p, ping);
+      if (m) ctl_peer_send(p, m);
+      if (ping) ctl_peer_send(p, ping);
       cJSON_Delete(m);
       cJSON_Delete(ping);
       pthread_mutex_lock(&s->mu);
@@ -330,7 +330,7 @@ int rtr_server_serving_up(rtr_server *s) {
   pthread_mutex_lock(&s->mu);
   int n = 0;
   for (int i = 0; i < s->n_links; i++)
-    n += s->links[i].up && !s->links[i].draining && s->links[i].cfg->role != SRV_ROLE_PREFILL;
+    n += s->links[i].up && !s->links[i].draining && s->links[i].cfg->role != CFG_ROLE_PREFILL;
   pthread_mutex_unlock(&s->mu);
   return n;
 }
@@ -361,7 +361,7 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
   for (int i = 0; i < q->n_bias; i++) bias[i] = (prt_bias){q->bias[i].id, q->bias[i].bias};
   prt_generate g = {.id = c->id, .prompt = prompt, .n_prompt = r->n_prompt + c->n_gen, .max_tokens = r->max_tokens,
                     .stop = (const char **)q->stop, .n_stop = q->n_stop, .ignore_eos = q->ignore_eos,
-                    .deadline_ms = s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : SRV_DEF_REQUEST_TIMEOUT_MS,
+                    .deadline_ms = s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : CFG_DEF_REQUEST_TIMEOUT_MS,
                     .mode = mode, .prefill = prefill, .decode = decode, .prefix_peer = prefix_peer,
                     .prefix_blocks = prefix_peer ? prefix_blocks : 0, .resume = c->n_gen};
   g.sampling = (prt_sampling){.temperature = q->temperature, .top_k = q->top_k, .top_p = q->top_p,
@@ -464,7 +464,7 @@ static int send_choice_locked(rtr_server *s, rtr_req *r, int ci) {
   free(w);
   if (rc < 0) return -1;
   for (int i = 0; i < n; i++) {
-    if (srv_peer_send(s->links[to[i]].peer, msgs[i]) < 0) srv_peer_close(s->links[to[i]].peer); // its close moves it
+    if (ctl_peer_send(s->links[to[i]].peer, msgs[i]) < 0) ctl_peer_close(s->links[to[i]].peer); // its close moves it
     cJSON_Delete(msgs[i]);
   }
   return 0;
@@ -508,11 +508,11 @@ int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait) {
   rtr_choice_to(s, r, ci, sent < 0 ? RTR_CH_WAITING_WORKER : RTR_CH_ROUTED); // no worker holds it yet / the new ones
   const char *fname = from >= 0 ? s->links[from].cfg->name : "?";
   if (sent < 0) {
-    srv_log(LOGC, "%s: worker %s is gone after %d tokens; no worker is up: waiting up to %d ms for one", old, fname,
+    utl_log(LOGC, "%s: worker %s is gone after %d tokens; no worker is up: waiting up to %d ms for one", old, fname,
             c->n_gen, s->rc->migration_wait_ms);
     return 0;
   }
-  srv_log(LOGC, "%s: worker %s is gone after %d tokens; continuing on %s%s%s as %s", old, fname, c->n_gen,
+  utl_log(LOGC, "%s: worker %s is gone after %d tokens; continuing on %s%s%s as %s", old, fname, c->n_gen,
           s->links[c->link].cfg->name, c->plink >= 0 ? " via " : "", c->plink >= 0 ? s->links[c->plink].cfg->name : "",
           c->id);
   return 0;
@@ -543,7 +543,7 @@ static void send_waiting_locked(rtr_server *s) {
       if (c->state != RTR_CH_WAITING_WORKER) continue;
       if (send_choice_locked(s, r, i) == 0) {
         rtr_choice_to(s, r, i, RTR_CH_ROUTED);
-        srv_log(LOGC, "%s: continuing on %s%s%s", c->id, s->links[c->link].cfg->name, c->plink >= 0 ? " via " : "",
+        utl_log(LOGC, "%s: continuing on %s%s%s", c->id, s->links[c->link].cfg->name, c->plink >= 0 ? " via " : "",
                 c->plink >= 0 ? s->links[c->plink].cfg->name : "");
       } else if (now > c->until_ms) {
         rtr_error e;

@@ -14,8 +14,8 @@ struct rtr_metric {
   char *name, *help, *labels;    // (owned)
   rtr_metric_kind kind;
   double value;                  // counter / gauge
-  double bounds[SRV_METRICS_MAX_BUCKETS];
-  unsigned long long counts[SRV_METRICS_MAX_BUCKETS + 1]; // (n_bounds + 1) per bucket, not cumulative
+  double bounds[RTR_METRICS_MAX_BUCKETS];
+  unsigned long long counts[RTR_METRICS_MAX_BUCKETS + 1]; // (n_bounds + 1) per bucket, not cumulative
   int n_bounds;
   double sum;
   unsigned long long count;
@@ -68,8 +68,8 @@ static rtr_metric *get(rtr_metrics *m, rtr_metric_kind kind, const char *name, c
                        const double *bounds, int nb) {
   if (!m || !name_ok(name)) return NULL;
   if (!labels) labels = "";
-  if (kind == SRV_METRIC_HISTOGRAM) {
-    if (nb < 0 || nb > SRV_METRICS_MAX_BUCKETS || (nb > 0 && !bounds)) return NULL;
+  if (kind == RTR_METRIC_HISTOGRAM) {
+    if (nb < 0 || nb > RTR_METRICS_MAX_BUCKETS || (nb > 0 && !bounds)) return NULL;
     for (int i = 0; i < nb; i++)
       if (!isfinite(bounds[i]) || (i > 0 && !(bounds[i] > bounds[i - 1]))) return NULL;
   }
@@ -97,7 +97,7 @@ static rtr_metric *get(rtr_metrics *m, rtr_metric_kind kind, const char *name, c
     if (first) {
       s->n_bounds = first->n_bounds;
       memcpy(s->bounds, first->bounds, sizeof s->bounds);
-    } else if (kind == SRV_METRIC_HISTOGRAM) {
+    } else if (kind == RTR_METRIC_HISTOGRAM) {
       s->n_bounds = nb;
       if (nb) memcpy(s->bounds, bounds, (size_t)nb * sizeof *bounds);
     }
@@ -128,33 +128,33 @@ static rtr_metric *get(rtr_metrics *m, rtr_metric_kind kind, const char *name, c
 }
 
 rtr_metric *rtr_metrics_counter(rtr_metrics *m, const char *name, const char *help, const char *labels) {
-  return get(m, SRV_METRIC_COUNTER, name, help, labels, NULL, 0);
+  return get(m, RTR_METRIC_COUNTER, name, help, labels, NULL, 0);
 }
 rtr_metric *rtr_metrics_gauge(rtr_metrics *m, const char *name, const char *help, const char *labels) {
-  return get(m, SRV_METRIC_GAUGE, name, help, labels, NULL, 0);
+  return get(m, RTR_METRIC_GAUGE, name, help, labels, NULL, 0);
 }
 rtr_metric *rtr_metrics_histogram(rtr_metrics *m, const char *name, const char *help, const char *labels,
                                   const double *bounds, int n_bounds) {
-  return get(m, SRV_METRIC_HISTOGRAM, name, help, labels, bounds, n_bounds);
+  return get(m, RTR_METRIC_HISTOGRAM, name, help, labels, bounds, n_bounds);
 }
 
 void rtr_metric_add(rtr_metric *s, double v) {
-  if (!s || s->kind == SRV_METRIC_HISTOGRAM || !isfinite(v)) return;
-  if (s->kind == SRV_METRIC_COUNTER && v < 0) return;
+  if (!s || s->kind == RTR_METRIC_HISTOGRAM || !isfinite(v)) return;
+  if (s->kind == RTR_METRIC_COUNTER && v < 0) return;
   pthread_mutex_lock(&s->reg->mu);
   s->value += v;
   pthread_mutex_unlock(&s->reg->mu);
 }
 
 void rtr_metric_set(rtr_metric *s, double v) {
-  if (!s || s->kind != SRV_METRIC_GAUGE) return;
+  if (!s || s->kind != RTR_METRIC_GAUGE) return;
   pthread_mutex_lock(&s->reg->mu);
   s->value = v;
   pthread_mutex_unlock(&s->reg->mu);
 }
 
 void rtr_metric_observe(rtr_metric *s, double v) {
-  if (!s || s->kind != SRV_METRIC_HISTOGRAM || isnan(v)) return;
+  if (!s || s->kind != RTR_METRIC_HISTOGRAM || isnan(v)) return;
   pthread_mutex_lock(&s->reg->mu);
   int b = 0;
   while (b < s->n_bounds && v > s->bounds[b]) b++;
@@ -167,7 +167,7 @@ void rtr_metric_observe(rtr_metric *s, double v) {
 double rtr_metric_value(rtr_metric *s) {
   if (!s) return 0;
   pthread_mutex_lock(&s->reg->mu);
-  double v = s->kind == SRV_METRIC_HISTOGRAM ? (double)s->count : s->value;
+  double v = s->kind == RTR_METRIC_HISTOGRAM ? (double)s->count : s->value;
   pthread_mutex_unlock(&s->reg->mu);
   return v;
 }
@@ -175,7 +175,7 @@ double rtr_metric_value(rtr_metric *s) {
 double rtr_metric_sum(rtr_metric *s) {
   if (!s) return 0;
   pthread_mutex_lock(&s->reg->mu);
-  double v = s->kind == SRV_METRIC_HISTOGRAM ? s->sum : 0;
+  double v = s->kind == RTR_METRIC_HISTOGRAM ? s->sum : 0;
   pthread_mutex_unlock(&s->reg->mu);
   return v;
 }
@@ -202,7 +202,7 @@ int rtr_metrics_render(rtr_metrics *m, char **out, size_t *len, char *err, size_
     }
     char num[64];
     const char *sep = s->labels[0] ? "," : "";
-    if (s->kind != SRV_METRIC_HISTOGRAM) {
+    if (s->kind != RTR_METRIC_HISTOGRAM) {
       fmt_num(num, sizeof num, s->value);
       if (s->labels[0]) utl_buf_printf(&b, "%s{%s} %s\n", s->name, s->labels, num);
       else utl_buf_printf(&b, "%s %s\n", s->name, num);

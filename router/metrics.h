@@ -8,12 +8,12 @@
 extern "C" {
 #endif
 
-typedef enum rtr_metric_kind { SRV_METRIC_COUNTER = 0, SRV_METRIC_GAUGE = 1, SRV_METRIC_HISTOGRAM = 2 } rtr_metric_kind;
+typedef enum rtr_metric_kind { RTR_METRIC_COUNTER = 0, RTR_METRIC_GAUGE = 1, RTR_METRIC_HISTOGRAM = 2 } rtr_metric_kind;
 
 typedef struct rtr_metrics rtr_metrics;
 typedef struct rtr_metric rtr_metric; // one series (a family name plus one label set); owned by its registry
 
-#define SRV_METRICS_MAX_BUCKETS 32
+#define RTR_METRICS_MAX_BUCKETS 32
 
 rtr_metrics *rtr_metrics_new(void); // NULL on out of memory
 void rtr_metrics_free(rtr_metrics *m);
@@ -21,7 +21,7 @@ void rtr_metrics_free(rtr_metrics *m);
 // Finds or creates the series name{labels}. labels is Prometheus label text without braces (`reason="stop"`) or
 // NULL/"" for none. Every series of one name shares the kind, help and (histograms) buckets of its first creation;
 // a different kind for an existing name, a bad name or bad buckets (not strictly increasing, more than
-// SRV_METRICS_MAX_BUCKETS, not finite) return NULL. Names: [a-zA-Z_:][a-zA-Z0-9_:]*.
+// RTR_METRICS_MAX_BUCKETS, not finite) return NULL. Names: [a-zA-Z_:][a-zA-Z0-9_:]*.
 rtr_metric *rtr_metrics_counter(rtr_metrics *m, const char *name, const char *help, const char *labels);
 rtr_metric *rtr_metrics_gauge(rtr_metrics *m, const char *name, const char *help, const char *labels);
 rtr_metric *rtr_metrics_histogram(rtr_metrics *m, const char *name, const char *help, const char *labels,

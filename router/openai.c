@@ -625,7 +625,7 @@ static int gguf_num(const mdl_gguf *g, const char *key, double lo, double hi, in
   return 1;
 }
 
-void rtr_sampling_resolve(const srv_sampling_cfg *cfg, const mdl_gguf *g, rtr_sampling *out, char *desc,
+void rtr_sampling_resolve(const cfg_sampling *cfg, const mdl_gguf *g, rtr_sampling *out, char *desc,
                           size_t desc_cap) {
   static const char *const from_name[] = {"shipped", "gguf", "config"};
   const rtr_sampling *sh = &rtr_sampling_shipped;

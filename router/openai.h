@@ -9,7 +9,7 @@
 
 #include "models/gguf.h"
 #include "models/grammar.h"
-#include "server/config.h"
+#include "config/config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,7 +46,7 @@ extern const rtr_sampling rtr_sampling_shipped;
 // general.sampling.{temp, top_k, top_p, min_p, penalty_repeat} (llama.cpp's keys; g may be NULL; a value of the wrong
 // type or out of range is skipped), else rtr_sampling_shipped. desc (may be NULL) gets one line saying each value and
 // where it came from, for the startup log.
-void rtr_sampling_resolve(const srv_sampling_cfg *cfg, const mdl_gguf *g, rtr_sampling *out, char *desc,
+void rtr_sampling_resolve(const cfg_sampling *cfg, const mdl_gguf *g, rtr_sampling *out, char *desc,
                           size_t desc_cap);
 
 typedef struct rtr_limits {

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "router/server_int.h"
-#include "server/log.h"
+#include "util/log.h"
 
 void rtr_req_unref_locked(rtr_req *r) {
   if (--r->refs > 0) return;
@@ -76,7 +76,7 @@ int rtr_choice_to(rtr_server *s, rtr_req *r, int ci, rtr_ch_state next) {
   rtr_choice *c = &r->ch[ci];
   rtr_ch_state from = c->state;
   if (!rtr_ch_state_legal(from, next)) {
-    srv_err(LOGC, "%s: illegal choice transition %s -> %s refused", c->id, rtr_ch_state_name(from),
+    utl_err(LOGC, "%s: illegal choice transition %s -> %s refused", c->id, rtr_ch_state_name(from),
             rtr_ch_state_name(next));
     assert(!"illegal router choice transition");
     return -1;
@@ -132,7 +132,7 @@ rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r) {
   }
   // The router's own bound: the request timeout (10 min when none is set) and 5 s for its error to reach the client.
   int64_t limit = r->t_arrival_us +
-                  (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : SRV_DEF_REQUEST_TIMEOUT_MS) * 1000 + 5000000;
+                  (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : CFG_DEF_REQUEST_TIMEOUT_MS) * 1000 + 5000000;
   if (utl_now_us() > limit) {
     rtr_error e;
     rtr_fail(&e, 504, "server_error", NULL, "timeout", "the request passed its deadline");

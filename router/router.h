@@ -6,7 +6,7 @@
 
 #include "models/gguf.h"
 #include "models/tokenizer.h"
-#include "server/config.h"
+#include "config/config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -15,7 +15,7 @@ extern "C" {
 typedef struct rtr_server rtr_server;
 
 typedef struct rtr_server_opts {
-  const srv_config *cfg; // (borrowed; must outlive the server) router section, workers, secret, model_name
+  const cfg_cluster *cfg; // (borrowed; must outlive the server) router section, workers, secret, model_name
   const mdl_gguf *gguf;  // (borrowed, may be NULL) for the chat template
   const mdl_tok *tok;    // (borrowed) prompt tokenizer, token texts for logprobs
   int n_ctx;             // the model's context length

@@ -6,7 +6,7 @@
 int rtr_sched_disagg(const rtr_disagg_rule *rule, int n_uncached, const rtr_sched_worker *dec,
                      const rtr_sched_worker *pre) {
   if (n_uncached < rule->min_tokens) return 0;
-  if (rule->policy == SRV_DISAGG_THRESHOLD) return 1;
+  if (rule->policy == CFG_DISAGG_THRESHOLD) return 1;
   int dec_busy = dec->inflight > 0 || dec->running > 0 || dec->waiting > 0;
   return dec_busy && (long)pre->inflight + pre->waiting <= rule->max_prefill_queue;
 }
@@ -17,14 +17,14 @@ int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, const rtr_dis
   long both_load = 0, dec_load = 0, pre_load = 0;
   for (int i = 0; i < n; i++) {
     if (!w[i].up) continue;
-    if (w[i].role == SRV_ROLE_BOTH) {
+    if (w[i].role == CFG_ROLE_BOTH) {
       long load = (long)w[i].inflight + w[i].running + w[i].waiting;
       if (best_both < 0 || load < both_load) best_both = i, both_load = load;
-    } else if (w[i].role == SRV_ROLE_DECODE) {
+    } else if (w[i].role == CFG_ROLE_DECODE) {
       long load = (long)(w[i].inflight > w[i].running ? w[i].inflight : w[i].running);
       if (best_dec < 0 || load < dec_load || (load == dec_load && w[i].free_blocks > w[best_dec].free_blocks))
         best_dec = i, dec_load = load;
-    } else if (w[i].role == SRV_ROLE_PREFILL) {
+    } else if (w[i].role == CFG_ROLE_PREFILL) {
       long load = (long)w[i].inflight + w[i].waiting;
       if (best_pre < 0 || load < pre_load) best_pre = i, pre_load = load;
     }
@@ -41,11 +41,11 @@ int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, const rtr_dis
 }
 
 static long queue_of(const rtr_sched_worker *w) {
-  return w->role == SRV_ROLE_PREFILL ? (long)w->inflight + w->waiting : (long)w->inflight + w->running + w->waiting;
+  return w->role == CFG_ROLE_PREFILL ? (long)w->inflight + w->waiting : (long)w->inflight + w->running + w->waiting;
 }
 
 // The best worker of role among w by score; -1 when none is up. keys: scratch (max_keys).
-static int best_by_kv(const rtr_sched_worker *w, int n, srv_role role, const int32_t *prompt, int n_prompt,
+static int best_by_kv(const rtr_sched_worker *w, int n, cfg_role role, const int32_t *prompt, int n_prompt,
                       const rtr_kvindex *x, const rtr_kvindex_weights *wt, uint64_t *keys, int max_keys,
                       int *overlap_out) {
   int best = -1, keys_bs = 0, n_keys = 0, best_ov = 0;
@@ -55,7 +55,7 @@ static int best_by_kv(const rtr_sched_worker *w, int n, srv_role role, const int
     if (!w[i].up || w[i].role != role) continue;
     int bs = w[i].block_size > 0 ? w[i].block_size : 16;
     if (bs != keys_bs) { // workers normally share one block size: the chain is computed once
-      n_keys = srv_blockhash_chain(NULL, prompt, n_prompt, bs, keys, max_keys);
+      n_keys = kv_blockhash_chain(NULL, prompt, n_prompt, bs, keys, max_keys);
       keys_bs = bs;
     }
     long q = queue_of(&w[i]);
@@ -93,17 +93,17 @@ int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, i
     *out = load;
     return 0;
   }
-  if (w[load.decode].role == SRV_ROLE_BOTH) {
-    out->decode = best_by_kv(w, n, SRV_ROLE_BOTH, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
+  if (w[load.decode].role == CFG_ROLE_BOTH) {
+    out->decode = best_by_kv(w, n, CFG_ROLE_BOTH, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
     out->prefill = -1;
   } else {
     // The decode worker that would prefill the prompt itself, and what it holds of it: a handoff (which load
     // asked for on the whole prompt) must still be worth it for the uncached rest.
-    int ov = 0, local = best_by_kv(w, n, SRV_ROLE_DECODE, prompt, n_prompt, x, wt, keys, max_keys, &ov);
+    int ov = 0, local = best_by_kv(w, n, CFG_ROLE_DECODE, prompt, n_prompt, x, wt, keys, max_keys, &ov);
     int bs = w[local].block_size > 0 ? w[local].block_size : 16;
     if (load.prefill >= 0 && (ov == 0 || rtr_sched_disagg(rule, n_prompt - ov * bs, &w[local], &w[load.prefill]))) {
       out->decode = load.decode;
-      out->prefill = best_by_kv(w, n, SRV_ROLE_PREFILL, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
+      out->prefill = best_by_kv(w, n, CFG_ROLE_PREFILL, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
     } else {
       out->decode = local;
       out->prefill = -1;
@@ -117,16 +117,16 @@ int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, i
 int rtr_sched_prefix_peer(const rtr_sched_worker *w, int n, const int32_t *prompt, int n_prompt,
                           const rtr_kvindex *x, int chosen, int min_blocks, int *blocks_out) {
   *blocks_out = 0;
-  if (!x || chosen < 0 || chosen >= n || w[chosen].role != SRV_ROLE_PREFILL || n_prompt < 2) return -1;
+  if (!x || chosen < 0 || chosen >= n || w[chosen].role != CFG_ROLE_PREFILL || n_prompt < 2) return -1;
   int bs = w[chosen].block_size > 0 ? w[chosen].block_size : 16;
   int max_keys = (n_prompt - 1) / bs;
   if (max_keys < 1) return -1;
   uint64_t *keys = malloc((size_t)max_keys * sizeof *keys);
   if (!keys) return -1;
-  int n_keys = srv_blockhash_chain(NULL, prompt, n_prompt, bs, keys, max_keys);
+  int n_keys = kv_blockhash_chain(NULL, prompt, n_prompt, bs, keys, max_keys);
   int own = rtr_kvindex_overlap(x, chosen, keys, n_keys), best = -1, best_ov = 0;
   for (int i = 0; i < n; i++) {
-    if (i == chosen || !w[i].up || w[i].role != SRV_ROLE_PREFILL || (w[i].block_size > 0 ? w[i].block_size : 16) != bs)
+    if (i == chosen || !w[i].up || w[i].role != CFG_ROLE_PREFILL || (w[i].block_size > 0 ? w[i].block_size : 16) != bs)
       continue;
     int ov = rtr_kvindex_overlap(x, i, keys, n_keys);
     if (ov > best_ov) best = i, best_ov = ov;

@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "server/config.h"
+#include "config/config.h"
 #include "router/kvindex.h"
 
 #ifdef __cplusplus
@@ -14,7 +14,7 @@ extern "C" {
 // What the router knows of one worker when it picks.
 typedef struct rtr_sched_worker {
   int up;          // link connected and hello_ok received
-  srv_role role;
+  cfg_role role;
   int running;     // from its last stats
   int waiting;
   int free_blocks, total_blocks;
@@ -34,7 +34,7 @@ typedef struct rtr_sched_target {
 // prefill worker and skips the transfer) and that the prefill worker's queue (inflight + waiting) be at most
 // max_prefill_queue (a longer one makes the prompt wait longer than local prefill chunks delay the decode steps).
 typedef struct rtr_disagg_rule {
-  srv_disagg_policy policy;
+  cfg_disagg_policy policy;
   int min_tokens;        // router.disagg_threshold
   int max_prefill_queue; // router.disagg_max_prefill_queue (policy auto)
 } rtr_disagg_rule;
@@ -54,7 +54,7 @@ int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, const rtr_dis
 // prefill worker when one is up and rtr_sched_disagg says so for the prompt less what the decode worker that would
 // prefill it locally holds in cache), but the worker that prefills (the both
 // worker; the prefill worker of a pair; the decode worker in mode local) is the eligible one with the best
-// rtr_kvindex_score: x holds worker i's keys under id i, the prompt's keys come from srv_blockhash_chain with
+// rtr_kvindex_score: x holds worker i's keys under id i, the prompt's keys come from kv_blockhash_chain with
 // that worker's block size, queue = inflight + running + waiting (prefill: inflight + waiting). Ties: shorter
 // queue, then lower index. The decode side of a pair stays by load. x NULL, or no memory for the keys: load
 // only (rtr_sched_pick). wt NULL: rtr_kvindex_weights_default. *overlap_out (may be NULL): the chosen

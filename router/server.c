@@ -13,7 +13,7 @@
 
 #include "models/chat.h"
 #include "router/server_int.h"
-#include "server/log.h"
+#include "util/log.h"
 #include "util/err.h"
 
 #define DRAIN_FLUSH_MS 1000  // after the drain bound, how long failed streams get to send their error event
@@ -69,7 +69,7 @@ static int resolve_chat(rtr_server *s, const rtr_server_opts *o, char *err, size
                s->chat->eot, eot < 0 ? "does not have" : "does not mark as an end of generation");
     return -1;
   }
-  srv_log("router", "chats render with the %s template (%s)", s->chat->name,
+  utl_log("router", "chats render with the %s template (%s)", s->chat->name,
           o->cfg->chat_template[0] ? "config chat_template" : s->has_template ? "recognised in the GGUF" :
                                                                                  "ChatML's tokens, no template");
   return 0;
@@ -97,7 +97,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
     rtr_sampling d;
     char desc[256];
     rtr_sampling_resolve(&o->cfg->sampling, o->gguf, &d, desc, sizeof desc);
-    srv_log("router", "sampling defaults for fields a request leaves out: %s", desc);
+    utl_log("router", "sampling defaults for fields a request leaves out: %s", desc);
   }
   snprintf(s->model, sizeof s->model, "%s", o->model_name && o->model_name[0] ? o->model_name : o->cfg->model_name);
   // Each layer's answers to the ones below it, before any thread can ask (server_int.h, rtr_hooks).
@@ -115,11 +115,11 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   }
   make_metrics(s);
   for (int i = 0; i < o->cfg->n_workers; i++)
-    if (o->cfg->workers[i].role != SRV_ROLE_PREFILL)
-      s->capacity += o->cfg->workers[i].max_seqs > 0 ? o->cfg->workers[i].max_seqs : SRV_DEF_MAX_SEQS;
+    if (o->cfg->workers[i].role != CFG_ROLE_PREFILL)
+      s->capacity += o->cfg->workers[i].max_seqs > 0 ? o->cfg->workers[i].max_seqs : CFG_DEF_MAX_SEQS;
   if (s->capacity <= 0) s->capacity = 64;
-  srv_hub_opts ho = {.name = "router", .role = "router", .secret = o->cfg->secret, .host = NULL};
-  if (srv_hub_new(&ho, &s->hub, err, errlen) < 0) {
+  ctl_hub_opts ho = {.name = "router", .role = "router", .secret = o->cfg->secret, .host = NULL};
+  if (ctl_hub_new(&ho, &s->hub, err, errlen) < 0) {
     rtr_server_free(s);
     return -1;
   }
@@ -154,8 +154,8 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   }
   // conns.c accepts and hands the sockets over; MHD's own limit sits above the gate's cap, with room for
   // connections the gate already let go that MHD has not cleaned up yet
-  unsigned timeout = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : SRV_DEF_CONN_TIMEOUT_S);
-  unsigned cap = (unsigned)(s->rc->max_connections > 0 ? s->rc->max_connections : SRV_DEF_MAX_CONNECTIONS);
+  unsigned timeout = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : CFG_DEF_CONN_TIMEOUT_S);
+  unsigned cap = (unsigned)(s->rc->max_connections > 0 ? s->rc->max_connections : CFG_DEF_MAX_CONNECTIONS);
   s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
                                 MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC,
                             0, NULL, NULL, rtr_http_handler, s, MHD_OPTION_CONNECTION_TIMEOUT, timeout,
@@ -223,11 +223,11 @@ void rtr_server_free(rtr_server *s) {
   rtr_gate_free(s);
   for (int i = 0; i < s->n_links; i++)
     if (s->links[i].has_thread) pthread_join(s->links[i].thread, NULL);
-  if (s->hub) srv_hub_wake(s->hub);
+  if (s->hub) ctl_hub_wake(s->hub);
   if (s->has_dispatcher) pthread_join(s->dispatcher, NULL);
   for (int i = 0; i < s->n_links; i++)
-    if (s->links[i].peer) srv_peer_unref(s->links[i].peer);
-  srv_hub_free(s->hub);
+    if (s->links[i].peer) ctl_peer_unref(s->links[i].peer);
+  ctl_hub_free(s->hub);
   free(s->links);
   rtr_kvindex_free(s->kv);
   rtr_metrics_free(s->m);

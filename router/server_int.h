@@ -20,7 +20,7 @@
 #include "router/openai.h"
 #include "router/router.h"
 #include "router/sched.h"
-#include "server/hub.h"
+#include "ctl/hub.h"
 #include "util/buf.h"
 #include "util/clock.h"
 
@@ -37,8 +37,8 @@ typedef struct rtr_gate rtr_gate;
 
 typedef struct rtr_link {
   rtr_server *s;               // (borrowed)
-  const srv_worker_cfg *cfg;   // (borrowed) from s->cfg
-  srv_peer *peer;              // (reference owned while up) guarded by s->mu; NULL when down
+  const cfg_worker *cfg;   // (borrowed) from s->cfg
+  ctl_peer *peer;              // (reference owned while up) guarded by s->mu; NULL when down
   int up;
   int draining;                // the worker said `draining` (SIGTERM): no new work; its choices move elsewhere
   int silent_moved;            // its pong is overdue by router.migrate_silent_ms: its choices were moved (reset by a pong)
@@ -120,8 +120,8 @@ typedef struct rtr_hooks {
 } rtr_hooks;
 
 struct rtr_server {
-  const srv_config *cfg;       // (borrowed)
-  const srv_router_cfg *rc;
+  const cfg_cluster *cfg;       // (borrowed)
+  const cfg_router *rc;
   const mdl_gguf *gguf;        // (borrowed)
   int has_template;            // the GGUF has a tokenizer.chat_template (read for ChatML's default system prompt)
   // The chat template family (models/chat.h) chats render with: the config's chat_template, else the GGUF template's
@@ -133,7 +133,7 @@ struct rtr_server {
   struct MHD_Daemon *mhd;
   rtr_gate *gate;              // (owned) listening socket, accept thread, connection caps (conns.c)
   int port;
-  srv_hub *hub;
+  ctl_hub *hub;
   pthread_t dispatcher;
   int has_dispatcher;
   pthread_mutex_t mu;          // guards links, requests, admission, counters
@@ -154,7 +154,7 @@ struct rtr_server {
   rtr_metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue, *m_kv_usage,
       *m_prefix_hits, *m_prefix_queries, *m_kv_bytes, *m_kv_pushed, *m_kv_time, *m_ok_stop, *m_ok_length, *m_fail;
   // dserve:auth_failures_total (NULL until created): grown in links.c from every worker's stats_ok auth_failures and
-  // the router hub's own refusals (srv_hub_auth_failures); hub_auth_last: the hub's count already added.
+  // the router hub's own refusals (ctl_hub_auth_failures); hub_auth_last: the hub's count already added.
   rtr_metric *m_auth_failures;
   double hub_auth_last;
   rtr_hooks hooks;             // the upper layers' answers (see rtr_hooks)

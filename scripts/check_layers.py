@@ -18,7 +18,8 @@ import os
 import re
 import sys
 
-FOLDERS = ["util", "kernels", "models", "kvxfer", "server", "proto", "worker", "router", "prefill", "decode", "cmd"]
+FOLDERS = ["util", "kernels", "models", "kvxfer", "proto", "ctl", "config", "kv", "worker", "router", "prefill", "decode",
+           "launch", "cmd"]
 
 
 def strip(src, keep_strings=False):

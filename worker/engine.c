@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/log.h"
+#include "util/log.h"
 #include "util/clock.h"
 
 // ---- step cost model and budget (pure) ----
@@ -75,8 +75,8 @@ int wrk_seq_init(wrk_seq *s, const int32_t *toks, int n, void *owner) {
   return 0;
 }
 
-void wrk_seq_fini(wrk_seq *s, wrk_kvpool *kv) {
-  wrk_blocks_release(kv, &s->blocks);
+void wrk_seq_fini(wrk_seq *s, kv_pool *kv) {
+  kv_blocks_release(kv, &s->blocks);
   free(s->blocks.ids);
   free(s->toks);
   memset(s, 0, sizeof *s);
@@ -97,21 +97,21 @@ int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen) {
   memset(e, 0, sizeof *e);
   e->rt = rt;
   wrk_stepcost_init(&e->cost, WRK_STEPCOST_DECAY);
-  int blocks = (int)(rt->w->prefix_cache_mb * 1024.0 * 1024.0 / (double)wrk_kvpool_block_bytes(rt->kv));
-  if (blocks > wrk_kvpool_total_blocks(rt->kv)) blocks = wrk_kvpool_total_blocks(rt->kv);
+  int blocks = (int)(rt->w->prefix_cache_mb * 1024.0 * 1024.0 / (double)kv_pool_block_bytes(rt->kv));
+  if (blocks > kv_pool_total_blocks(rt->kv)) blocks = kv_pool_total_blocks(rt->kv);
   if (blocks >= 1) {
-    double bb = (double)wrk_kvpool_block_bytes(rt->kv);
-    wrk_prefix_opts o = {.budget_blocks = blocks,
+    double bb = (double)kv_pool_block_bytes(rt->kv);
+    kv_prefix_opts o = {.budget_blocks = blocks,
                          .host_blocks = (int)(rt->w->prefix_host_mb * 1024.0 * 1024.0 / bb),
                          .disk_blocks = (int)(rt->w->prefix_disk_mb * 1024.0 * 1024.0 / bb),
                          .disk_path = rt->w->prefix_disk_path};
-    if (wrk_prefix_new(rt->kv, &o, &e->prefix, err, errlen)) return -1;
+    if (kv_prefix_new(rt->kv, &o, &e->prefix, err, errlen)) return -1;
   }
   return 0;
 }
 
 void wrk_engine_fini(wrk_engine *e) {
-  wrk_prefix_free(e->prefix);
+  kv_prefix_free(e->prefix);
   free(e->match_ids);
   free(e->run);
   free(e->wait);
@@ -170,15 +170,15 @@ void wrk_engine_remove(wrk_engine *e, wrk_seq *s) {
   if (i >= 0) remove_at(e->wait, &e->n_wait, i);
   i = find(e->batch_of, e->n_batch, s);
   if (i >= 0) e->batch_of[i] = NULL; // a row of the last step whose sequence is gone
-  wrk_blocks_release(e->rt->kv, &s->blocks);
+  kv_blocks_release(e->rt->kv, &s->blocks);
 }
 
 int wrk_engine_busy(const wrk_engine *e) { return e->n_run > 0 || e->n_wait > 0; }
 
-static int block_size(const wrk_engine *e) { return wrk_kvpool_kv(e->rt->kv)->block_size; }
+static int block_size(const wrk_engine *e) { return kv_pool_kv(e->rt->kv)->block_size; }
 
 // The most prompt tokens one step computes (workers[i].max_batch_tokens).
-static int max_chunk(const wrk_engine *e) { return e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : SRV_DEF_MAX_BATCH_TOKENS; }
+static int max_chunk(const wrk_engine *e) { return e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : CFG_DEF_MAX_BATCH_TOKENS; }
 
 // Makes s's table cover n_tokens positions, evicting cached blocks nobody uses (LRU, leaves first) for as long as
 // the pool is short: first as many as the table lacks, then one at a time (a sliding-window pool's free count is
@@ -186,10 +186,10 @@ static int max_chunk(const wrk_engine *e) { return e->rt->w->max_batch_tokens > 
 // left to give and the pool is still short.
 static int reserve_evicting(wrk_engine *e, wrk_seq *s, int n_tokens) {
   int bs = block_size(e);
-  while (wrk_blocks_reserve(e->rt->kv, &s->blocks, n_tokens) != 0) {
+  while (kv_blocks_reserve(e->rt->kv, &s->blocks, n_tokens) != 0) {
     if (!e->prefix) return -1;
-    int lack = (n_tokens + bs - 1) / bs - s->blocks.n, have = wrk_kvpool_free_blocks(e->rt->kv);
-    if (wrk_prefix_evict_for(e->prefix, lack > have ? lack : have + 1) == 0) return -1;
+    int lack = (n_tokens + bs - 1) / bs - s->blocks.n, have = kv_pool_free_blocks(e->rt->kv);
+    if (kv_prefix_evict_for(e->prefix, lack > have ? lack : have + 1) == 0) return -1;
   }
   return 0;
 }
@@ -205,36 +205,36 @@ int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
         e->cap_match = want;
       }
     }
-    int n = e->cap_match >= want ? wrk_prefix_match(e->prefix, s->toks, s->n_toks, e->match_ids, want) : 0;
+    int n = e->cap_match >= want ? kv_prefix_match(e->prefix, s->toks, s->n_toks, e->match_ids, want) : 0;
     // Blocks that were evicted to host DRAM or disk are read back: a copy costs far less than recomputing.
     char rerr[256];
     int tiers[3];
-    if (e->cap_match >= want && wrk_prefix_peek(e->prefix, s->toks, s->n_toks, n, tiers) > tiers[0]) {
-      int r = wrk_prefix_restore(e->prefix, s->toks, s->n_toks, n, e->match_ids + n, want - n, rerr, sizeof rerr);
+    if (e->cap_match >= want && kv_prefix_peek(e->prefix, s->toks, s->n_toks, n, tiers) > tiers[0]) {
+      int r = kv_prefix_restore(e->prefix, s->toks, s->n_toks, n, e->match_ids + n, want - n, rerr, sizeof rerr);
       if (r > 0) n += r;
     }
     // A sliding-window model's cached blocks may lack the window pages of their layers with a window (given back
     // once every holder's window passed them): the prefix ends where the window would read one of those.
-    int usable = wrk_kvpool_usable_prefix(e->rt->kv, e->match_ids, n);
-    for (int i = usable; i < n; i++) wrk_kvpool_unref(e->rt->kv, e->match_ids[i]);
+    int usable = kv_pool_usable_prefix(e->rt->kv, e->match_ids, n);
+    for (int i = usable; i < n; i++) kv_pool_unref(e->rt->kv, e->match_ids[i]);
     n = usable;
-    if (n > 0 && wrk_blocks_append(e->rt->kv, &s->blocks, e->match_ids, n) == 0) {
+    if (n > 0 && kv_blocks_append(e->rt->kv, &s->blocks, e->match_ids, n) == 0) {
       s->n_done = s->n_cached = n * bs;
       s->n_inserted = n;
-      wrk_blocks_slide(e->rt->kv, &s->blocks, s->n_done);
+      kv_blocks_slide(e->rt->kv, &s->blocks, s->n_done);
     } else {
-      for (int i = 0; i < n; i++) wrk_kvpool_unref(e->rt->kv, e->match_ids[i]);
+      for (int i = 0; i < n; i++) kv_pool_unref(e->rt->kv, e->match_ids[i]);
     }
   }
   int upto = s->n_toks + 1;
-  if (wrk_kvpool_groups(e->rt->kv) > 1) { // window pages (worker/kvpool.h)
+  if (kv_pool_groups(e->rt->kv) > 1) { // window pages (kv/pool.h)
     if (s->kv_from_peer) // the peer sends no window page before the window: those blocks get none
-      wrk_blocks_slide(e->rt->kv, &s->blocks, s->n_toks);
+      kv_blocks_slide(e->rt->kv, &s->blocks, s->n_toks);
     else if (s->n_done + max_chunk(e) < upto) // the rest is taken chunk by chunk (plan), as the window moves on
       upto = s->n_done + max_chunk(e);
   }
   if (reserve_evicting(e, s, upto) == 0) return 0;
-  wrk_blocks_release(e->rt->kv, &s->blocks); // nothing held while it waits
+  kv_blocks_release(e->rt->kv, &s->blocks); // nothing held while it waits
   s->n_done = s->n_cached = s->n_inserted = 0;
   return -1;
 }
@@ -242,21 +242,21 @@ int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
 // Pool blocks that someone other than the prefix store holds: running sequences, handoffs waiting for their KV,
 // pushes still in flight, prefix fetches. While there are any, a sequence that finds the pool short waits for them.
 static int held_outside_cache(const wrk_engine *e) {
-  int held = wrk_kvpool_total_blocks(e->rt->kv) - wrk_kvpool_free_blocks(e->rt->kv);
+  int held = kv_pool_total_blocks(e->rt->kv) - kv_pool_free_blocks(e->rt->kv);
   if (e->prefix) {
-    wrk_prefix_stats st;
-    wrk_prefix_get_stats(e->prefix, &st);
+    kv_prefix_stats st;
+    kv_prefix_get_stats(e->prefix, &st);
     held -= st.blocks[0];
   }
   return held;
 }
 
 void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int blocks_needed), void *arg) {
-  int max_seqs = e->rt->w->max_seqs > 0 ? e->rt->w->max_seqs : SRV_DEF_MAX_SEQS;
+  int max_seqs = e->rt->w->max_seqs > 0 ? e->rt->w->max_seqs : CFG_DEF_MAX_SEQS;
   while (e->n_wait > 0 && e->n_run < max_seqs) {
     wrk_seq *s = e->wait[0];
-    int needed = wrk_kvpool_blocks_needed(e->rt->kv, s->n_toks + 1, max_chunk(e));
-    if (needed > wrk_kvpool_total_blocks(e->rt->kv)) { // it could never run: say so now, not after the others
+    int needed = kv_pool_blocks_needed(e->rt->kv, s->n_toks + 1, max_chunk(e));
+    if (needed > kv_pool_total_blocks(e->rt->kv)) { // it could never run: say so now, not after the others
       remove_at(e->wait, &e->n_wait, 0);
       reject(arg, s, needed);
       continue;
@@ -278,7 +278,7 @@ static int preempt(wrk_engine *e, const wrk_seq *keep, int n_batch) {
   for (int i = e->n_run - 1; i >= 0; i--) {
     wrk_seq *v = e->run[i];
     if (v == keep || find(e->batch_of, n_batch, v) >= 0) continue;
-    wrk_blocks_release(e->rt->kv, &v->blocks);
+    kv_blocks_release(e->rt->kv, &v->blocks);
     v->n_done = v->n_cached = v->n_inserted = 0;
     remove_at(e->run, &e->n_run, i);
     memmove(e->wait + 1, e->wait, (size_t)e->n_wait * sizeof *e->wait);
@@ -337,13 +337,13 @@ int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
   if (e->step_t0_ms > 0) {
     wrk_stepcost_observe(&e->cost, e->step_tokens, t0 - e->step_t0_ms);
     if (e->cost.n % 256 == 0)
-      srv_debug(e->rt->w->name, "step cost %.1f ms + %.3f ms/token (last step %d tokens, %.1f ms; budget %d)",
+      utl_debug(e->rt->w->name, "step cost %.1f ms + %.3f ms/token (last step %d tokens, %.1f ms; budget %d)",
                 e->cost.fixed_ms, e->cost.per_tok_ms, e->step_tokens, t0 - e->step_t0_ms, e->budget);
   }
   e->step_t0_ms = t0;
   e->step_tokens = 0;
   for (int i = 0; i < n; i++) e->step_tokens += e->batch_chunk[i];
-  if (mdl_llama_forward(e->rt->model, wrk_kvpool_kv(e->rt->kv), e->batch, n, e->logits, on_layer, arg, err, errlen)) {
+  if (mdl_llama_forward(e->rt->model, kv_pool_kv(e->rt->kv), e->batch, n, e->logits, on_layer, arg, err, errlen)) {
     e->step_t0_ms = 0;
     return -1;
   }
@@ -351,11 +351,11 @@ int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
     wrk_seq *s = e->batch_of[i];
     if (!s) continue;
     s->n_done += e->batch_chunk[i];
-    wrk_blocks_slide(e->rt->kv, &s->blocks, s->n_done); // window pages no later step reads become reclaimable
+    kv_blocks_slide(e->rt->kv, &s->blocks, s->n_done); // window pages no later step reads become reclaimable
     // Blocks this step filled become reusable by later requests (prompt and generated tokens alike).
     int full = s->n_done / block_size(e);
     if (e->prefix && full > s->n_inserted && !s->no_reuse) {
-      wrk_prefix_insert(e->prefix, s->toks, s->n_done, s->blocks.ids, full);
+      kv_prefix_insert(e->prefix, s->toks, s->n_done, s->blocks.ids, full);
       s->n_inserted = full;
     }
   }
@@ -368,8 +368,8 @@ int wrk_engine_step(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *
 }
 
 void wrk_engine_add_prefix_stats(const wrk_engine *e, cJSON *msg) {
-  wrk_prefix_stats st = {0};
-  if (e->prefix) wrk_prefix_get_stats(e->prefix, &st);
+  kv_prefix_stats st = {0};
+  if (e->prefix) kv_prefix_get_stats(e->prefix, &st);
   cJSON_AddNumberToObject(msg, "prefix_hits", (double)(st.hit_tokens[0] + st.hit_tokens[1] + st.hit_tokens[2]));
   cJSON_AddNumberToObject(msg, "prefix_queries", (double)st.query_tokens);
   cJSON_AddNumberToObject(msg, "prefix_cached_blocks", st.blocks[0]);
@@ -377,7 +377,7 @@ void wrk_engine_add_prefix_stats(const wrk_engine *e, cJSON *msg) {
   static const char *const tier_name[3] = {"pool", "host", "disk"};
   cJSON *tiers = cJSON_AddObjectToObject(msg, "prefix_tiers");
   for (int t = 0; tiers && t < 3; t++) {
-    if (!wrk_prefix_has_tier(e->prefix, t)) continue;
+    if (!kv_prefix_has_tier(e->prefix, t)) continue;
     cJSON *o = cJSON_AddObjectToObject(tiers, tier_name[t]);
     cJSON_AddNumberToObject(o, "hits", (double)st.hit_tokens[t]);
     cJSON_AddNumberToObject(o, "queries", (double)st.tier_query_tokens[t]);

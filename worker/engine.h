@@ -8,8 +8,8 @@
 #include <cjson/cJSON.h>
 
 #include "models/llama.h"
-#include "worker/kvpool.h"
-#include "worker/prefix.h"
+#include "kv/pool.h"
+#include "kv/prefix.h"
 #include "worker/runtime.h"
 
 #ifdef __cplusplus
@@ -21,18 +21,18 @@ typedef struct wrk_seq {
   int32_t *toks;   // (owned) (cap) prompt then generated tokens
   int n_toks, cap;
   int n_done;      // tokens whose K/V are in the cache
-  wrk_blocks blocks;
+  kv_blocks blocks;
   int n_cached;    // leading tokens whose K/V came from the prefix cache at admission
   int n_inserted;  // leading full blocks already offered to the prefix cache
   int no_reuse;    // 1: some blocks lack KV of layers that never read them again (a window-only handoff,
-                   // worker/kvwire.h): none is offered to the prefix cache
+                   // kv/wire.h): none is offered to the prefix cache
   int kv_from_peer; // 1: the prompt's K and V come from a peer (a handoff): its whole table is taken at once, and
-                    // with layer groups the blocks before the window get no window pages (worker/kvpool.h)
+                    // with layer groups the blocks before the window get no window pages (kv/pool.h)
   void *owner;     // (borrowed) the role's per-request state
 } wrk_seq;
 
 int wrk_seq_init(wrk_seq *s, const int32_t *toks, int n, void *owner); // 0, -1 on out of memory
-void wrk_seq_fini(wrk_seq *s, wrk_kvpool *kv);                        // releases blocks and tokens
+void wrk_seq_fini(wrk_seq *s, kv_pool *kv);                        // releases blocks and tokens
 int wrk_seq_push(wrk_seq *s, int32_t tok);
 
 // The step-cost model of the step scheduler: the predicted wall time of one engine step of n tokens (decode
@@ -74,7 +74,7 @@ typedef struct wrk_engine {
   int n_batch;
   float *logits;       // (owned) (cap_rows, n_vocab)
   int cap_rows;
-  wrk_prefix *prefix;  // (owned) cross-request block store; NULL when the worker's prefix_cache_mb is 0
+  kv_prefix *prefix;  // (owned) cross-request block store; NULL when the worker's prefix_cache_mb is 0
   int32_t *match_ids;  // (owned) (cap_match) scratch for prefix matches
   int cap_match;
   // Step scheduler (the worker's tpot_target_ms): each step's cycle, from the start of its forward to the start
@@ -115,7 +115,7 @@ int wrk_engine_busy(const wrk_engine *e);
 // Adds the prefix cache's counters to a stats_ok message: prefix_hits / prefix_queries (tokens served from
 // the cache / prompt tokens looked up, running totals) and prefix_cached_blocks; with a cache also
 // prefix_tiers {"pool"|"host"|"disk": {hits, queries (tokens, running totals), blocks (resident now)}} for
-// each configured tier (wrk_prefix_stats.hit_tokens / tier_query_tokens / blocks).
+// each configured tier (kv_prefix_stats.hit_tokens / tier_query_tokens / blocks).
 void wrk_engine_add_prefix_stats(const wrk_engine *e, cJSON *msg);
 
 #ifdef __cplusplus

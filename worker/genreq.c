@@ -218,14 +218,14 @@ void wrk_genreq_free(wrk_genreq *r) {
   memset(r, 0, sizeof *r);
 }
 
-void wrk_send_error(srv_peer *to, const char *id, const char *code, const char *fmt, ...) {
+void wrk_send_error(ctl_peer *to, const char *id, const char *code, const char *fmt, ...) {
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   cJSON *m = prt_error_encode(&(prt_error){.id = id, .message = msg, .code = code}, NULL, 0);
-  if (m) srv_peer_send(to, m);
+  if (m) ctl_peer_send(to, m);
   cJSON_Delete(m);
 }
 
@@ -244,12 +244,12 @@ static void *signal_main(void *arg) {
   int sig = 0;
   if (sigwait(&s->set, &sig) == 0) {
     atomic_store(&s->stop, 1);
-    if (s->hub) srv_hub_wake(s->hub);
+    if (s->hub) ctl_hub_wake(s->hub);
   }
   return NULL;
 }
 
-int wrk_signals_start(wrk_signals *s, srv_hub *hub) {
+int wrk_signals_start(wrk_signals *s, ctl_hub *hub) {
   s->hub = hub;
   pthread_t t;
   if (pthread_create(&t, NULL, signal_main, s)) return -1;

@@ -13,7 +13,7 @@
 #include "models/sampler.h"
 #include "models/tokenizer.h"
 #include "proto/request.h"
-#include "server/hub.h"
+#include "ctl/hub.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -77,7 +77,7 @@ void wrk_genreq_free(wrk_genreq *req);
 void wrk_genreq_resume_sampler(const wrk_genreq *req, mdl_sampler *s);
 
 // {"op":"error","id","message","code"} to a peer.
-void wrk_send_error(srv_peer *to, const char *id, const char *code, const char *fmt, ...)
+void wrk_send_error(ctl_peer *to, const char *id, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 // SIGTERM / SIGINT handling without handlers or globals: the signals are blocked in every thread
@@ -85,10 +85,10 @@ void wrk_send_error(srv_peer *to, const char *id, const char *code, const char *
 typedef struct wrk_signals {
   sigset_t set;
   atomic_int stop;
-  srv_hub *hub; // (borrowed) woken when a signal arrives
+  ctl_hub *hub; // (borrowed) woken when a signal arrives
 } wrk_signals;
 void wrk_signals_block(wrk_signals *s);                  // first thing in main, before any thread starts
-int wrk_signals_start(wrk_signals *s, srv_hub *hub);     // 0, or -1 when the thread cannot start
+int wrk_signals_start(wrk_signals *s, ctl_hub *hub);     // 0, or -1 when the thread cannot start
 
 #ifdef __cplusplus
 }

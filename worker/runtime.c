@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const krn_backend *pick_backend(const srv_worker_cfg *w, char *err, size_t errlen) {
+static const krn_backend *pick_backend(const cfg_worker *w, char *err, size_t errlen) {
   if (!strncmp(w->device, "cuda", 4)) {
     const krn_backend *be = krn_cuda();
     if (!be) snprintf(err, errlen, "device %s: this build has no CUDA backend", w->device);
@@ -21,7 +21,7 @@ static const krn_backend *pick_backend(const srv_worker_cfg *w, char *err, size_
   return be;
 }
 
-int wrk_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareable_kv, wrk_runtime **out, char *err,
+int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_kv, wrk_runtime **out, char *err,
                      size_t errlen) {
   *out = NULL;
   wrk_runtime *rt = calloc(1, sizeof *rt);
@@ -49,13 +49,13 @@ int wrk_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareab
   if (!strcmp(w->cuda_graphs, "on") && mdl_llama_set_graphs(rt->model, 1, e, sizeof e)) goto fail;
   const mdl_llama_cfg *mc = mdl_llama_config(rt->model);
   rt->n_ctx = mc->n_ctx_train > 0 ? mc->n_ctx_train : 2048;
-  wrk_kvpool_opts ko = {
+  kv_pool_opts ko = {
       .budget_bytes = (size_t)(w->kv_budget_mb * 1024.0 * 1024.0),
       .type = !strcmp(w->kv_type, "f32") ? KRN_F32 : KRN_F16,
-      .block_size = w->block_size > 0 ? w->block_size : SRV_DEF_BLOCK_SIZE,
+      .block_size = w->block_size > 0 ? w->block_size : CFG_DEF_BLOCK_SIZE,
       .shareable = shareable_kv,
   };
-  if (wrk_kvpool_new(mc, &rt->kc, &ko, &rt->kv, e, sizeof e)) goto fail;
+  if (kv_pool_new(mc, &rt->kc, &ko, &rt->kv, e, sizeof e)) goto fail;
   *out = rt;
   return 0;
 fail:
@@ -66,7 +66,7 @@ fail:
 
 void wrk_runtime_close(wrk_runtime *rt) {
   if (!rt) return;
-  wrk_kvpool_free(rt->kv);
+  kv_pool_free(rt->kv);
   mdl_llama_free(rt->model);
   if (rt->kc.be && rt->kc.be->ctx_fini && rt->kc.dev) rt->kc.be->ctx_fini(&rt->kc);
   krn_pool_free(rt->pool);

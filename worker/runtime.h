@@ -8,27 +8,27 @@
 #include "models/gguf.h"
 #include "models/llama.h"
 #include "models/tokenizer.h"
-#include "server/config.h"
-#include "worker/kvpool.h"
+#include "config/config.h"
+#include "kv/pool.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct wrk_runtime {
-  const srv_config *cfg;       // (borrowed)
-  const srv_worker_cfg *w;     // (borrowed) this worker's section
+  const cfg_cluster *cfg;       // (borrowed)
+  const cfg_worker *w;     // (borrowed) this worker's section
   mdl_gguf *gguf;              // (owned)
   mdl_tok *tok;                // (owned)
   krn_pool *pool;              // (owned) compute threads
   krn_ctx kc;                  // backend and its state
   mdl_llama *model;            // (owned)
-  wrk_kvpool *kv;              // (owned)
+  kv_pool *kv;              // (owned)
   int n_ctx;                   // context length served
 } wrk_runtime;
 
 // Loads everything worker w needs; shareable_kv puts the pool in memory a same-host peer may map.
-int wrk_runtime_open(const srv_config *cfg, const srv_worker_cfg *w, int shareable_kv, wrk_runtime **out, char *err,
+int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_kv, wrk_runtime **out, char *err,
                      size_t errlen);
 void wrk_runtime_close(wrk_runtime *rt);
 

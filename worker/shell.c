@@ -2,15 +2,15 @@
 #include "worker/shell.h"
 #include "proto/hello.h"
 #include "proto/proto.h"
-#include "server/log.h"
+#include "util/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "worker/kvpool.h"
-#include "worker/kvwire.h"
+#include "kv/pool.h"
+#include "kv/wire.h"
 
 int64_t wrk_shell_now_ms(void) {
   struct timespec ts;
@@ -23,16 +23,16 @@ int64_t wrk_shell_now_ms(void) {
 static void shell_hello(void *arg, cJSON *ok) {
   wrk_shell *sh = arg;
   prt_hello_ok m = {.has_worker = 1, .n_ctx = sh->rt->n_ctx, .n_vocab = mdl_tok_n_vocab(sh->rt->tok),
-                    .total_blocks = wrk_kvpool_total_blocks(sh->rt->kv), .has_layout = 1,
-                    .kv_layout = wrk_kvwire_layout(sh->rt->kv)};
+                    .total_blocks = kv_pool_total_blocks(sh->rt->kv), .has_layout = 1,
+                    .kv_layout = kv_wire_layout(sh->rt->kv)};
   prt_hello_ok_add_worker(ok, &m);
   if (sh->o.hello_extra) sh->o.hello_extra(sh->o.worker, ok);
 }
 
 // The kvxfer agent, listening where wc says (its own host, else the control host), and what it registers of
-// the pool: the pool itself, or its host mirror (wrk_kvstage_open).
+// the pool: the pool itself, or its host mirror (kv_stage_open).
 static int open_kvx(wrk_shell *sh, char *err, size_t errlen) {
-  const srv_worker_cfg *wc = sh->wc;
+  const cfg_worker *wc = sh->wc;
   kvx_opts o = {.backend = wc->kvx_backend[0] ? wc->kvx_backend : "auto",
                 .listen_host = wc->kvx_host[0] ? wc->kvx_host : wc->host,
                 .listen_port = wc->kvx_port,
@@ -40,10 +40,10 @@ static int open_kvx(wrk_shell *sh, char *err, size_t errlen) {
                 .cuda_device = strncmp(wc->device, "cuda:", 5) ? 0 : atoi(wc->device + 5)};
   sh->kvx = kvx_agent_new(wc->name, &o, err, errlen);
   if (!sh->kvx) return -1;
-  return wrk_kvstage_open(sh->kvx, sh->rt->kv, &sh->rt->kc, wc, &sh->stage, &sh->kv_region, err, errlen);
+  return kv_stage_open(sh->kvx, sh->rt->kv, &sh->rt->kc, wc, &sh->stage, &sh->kv_region, err, errlen);
 }
 
-int wrk_shell_open(wrk_shell *sh, const srv_config *cfg, const srv_worker_cfg *wc, const wrk_shell_opts *o,
+int wrk_shell_open(wrk_shell *sh, const cfg_cluster *cfg, const cfg_worker *wc, const wrk_shell_opts *o,
                    char *err, size_t errlen) {
   memset(sh, 0, sizeof *sh);
   sh->cfg = cfg;
@@ -55,9 +55,9 @@ int wrk_shell_open(wrk_shell *sh, const srv_config *cfg, const srv_worker_cfg *w
   if (wrk_runtime_open(cfg, wc, o->shareable_kv, &sh->rt, err, errlen)) return -1;
   if (o->kvxfer && open_kvx(sh, err, errlen)) goto fail;
   // Last, so that a peer's hello never finds the runtime or the kvxfer agent missing (shell_hello reads them).
-  srv_hub_opts ho = {.name = wc->name, .role = o->role, .secret = cfg->secret, .host = wc->host, .port = wc->port,
+  ctl_hub_opts ho = {.name = wc->name, .role = o->role, .secret = cfg->secret, .host = wc->host, .port = wc->port,
                      .hello_extra = shell_hello, .hello_arg = sh};
-  if (srv_hub_new(&ho, &sh->hub, err, errlen)) goto fail;
+  if (ctl_hub_new(&ho, &sh->hub, err, errlen)) goto fail;
   if (wrk_signals_start(&sh->sig, sh->hub)) {
     snprintf(err, errlen, "worker %s: cannot start the signal thread", wc->name);
     goto fail;
@@ -69,10 +69,10 @@ fail:
 }
 
 void wrk_shell_close(wrk_shell *sh) {
-  wrk_kvevents_fini(&sh->kvev);
-  srv_hub_free(sh->hub);
+  kv_events_fini(&sh->kvev);
+  ctl_hub_free(sh->hub);
   kvx_agent_free(sh->kvx);
-  wrk_kvstage_free(sh->stage); // after the agent: its threads may still be writing into the mirror
+  kv_stage_free(sh->stage); // after the agent: its threads may still be writing into the mirror
   wrk_runtime_close(sh->rt);
   sh->hub = NULL;
   sh->kvx = NULL;
@@ -83,41 +83,41 @@ void wrk_shell_close(wrk_shell *sh) {
 
 void wrk_shell_announce(const wrk_shell *sh) {
   const wrk_runtime *rt = sh->rt;
-  srv_log(sh->wc->name, "%s worker listening on %s:%d (%d KV blocks, %s kernels, %d threads%s%s)", sh->o.role, sh->wc->host, srv_hub_port(sh->hub), wrk_kvpool_total_blocks(rt->kv),
+  utl_log(sh->wc->name, "%s worker listening on %s:%d (%d KV blocks, %s kernels, %d threads%s%s)", sh->o.role, sh->wc->host, ctl_hub_port(sh->hub), kv_pool_total_blocks(rt->kv),
           rt->kc.be->name, krn_pool_threads(rt->pool), sh->kvx ? ", kvxfer " : "",
           sh->kvx ? kvx_agent_backend(sh->kvx) : "");
 }
 
 cJSON *wrk_shell_stats_new(const wrk_shell *sh, prt_stats_ok *st) {
-  st->free_blocks = wrk_kvpool_free_blocks(sh->rt->kv);
-  st->total_blocks = wrk_kvpool_total_blocks(sh->rt->kv);
+  st->free_blocks = kv_pool_free_blocks(sh->rt->kv);
+  st->total_blocks = kv_pool_total_blocks(sh->rt->kv);
   // Running total of refused control and kvxfer connections (each also logged with the peer's address).
-  st->auth_failures = (double)srv_hub_auth_failures(sh->hub) + (double)kvx_auth_failures(sh->kvx);
+  st->auth_failures = (double)ctl_hub_auth_failures(sh->hub) + (double)kvx_auth_failures(sh->kvx);
   return prt_stats_ok_encode(st, NULL, 0);
 }
 
-static void dispatch(wrk_shell *sh, const srv_event *ev) {
-  // srv_ctl_recv passes on only JSON objects whose "op" is a string.
+static void dispatch(wrk_shell *sh, const ctl_event *ev) {
+  // ctl_frame_recv passes on only JSON objects whose "op" is a string.
   const char *op = prt_op(ev->msg);
   for (size_t i = 0; i < sh->o.n_ops; i++)
     if (!strcmp(sh->o.ops[i].op, op)) {
       if (sh->o.ops[i].fn) sh->o.ops[i].fn(sh->o.worker, ev->peer, ev->msg);
       return;
     }
-  srv_warn(sh->wc->name, "ignoring control message '%s' from %s", op, srv_peer_name(ev->peer));
+  utl_warn(sh->wc->name, "ignoring control message '%s' from %s", op, ctl_peer_name(ev->peer));
 }
 
-int wrk_shell_drain(wrk_shell *sh, int wait_ms, wrk_prefix *prefix) {
-  srv_event ev;
+int wrk_shell_drain(wrk_shell *sh, int wait_ms, kv_prefix *prefix) {
+  ctl_event ev;
   int n = 0;
-  for (int first = 1; srv_hub_next(sh->hub, &ev, first ? wait_ms : 0) == 1; first = 0, n++) {
-    wrk_kvevents_on_event(&sh->kvev, &ev, prefix);
+  for (int first = 1; ctl_hub_next(sh->hub, &ev, first ? wait_ms : 0) == 1; first = 0, n++) {
+    kv_events_on_event(&sh->kvev, &ev, prefix);
     if (!ev.msg) {
       if (sh->o.on_close) sh->o.on_close(sh->o.worker, ev.peer);
     } else {
       dispatch(sh, &ev);
     }
-    srv_event_done(&ev);
+    ctl_event_done(&ev);
   }
   return n;
 }

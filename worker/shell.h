@@ -14,12 +14,12 @@
 
 #include "kvxfer/kvx.h"
 #include "proto/stats.h"
-#include "server/config.h"
-#include "server/hub.h"
+#include "config/config.h"
+#include "ctl/hub.h"
 #include "worker/genreq.h"
-#include "worker/kvevents.h"
-#include "worker/kvstage.h"
-#include "worker/prefix.h"
+#include "kv/events.h"
+#include "kv/stage.h"
+#include "kv/prefix.h"
 #include "worker/runtime.h"
 
 #ifdef __cplusplus
@@ -30,7 +30,7 @@ extern "C" {
 // handled nor logged as ignored; e.g. a prefill worker's "hello", which only kv_events cares about).
 typedef struct wrk_op {
   const char *op;
-  void (*fn)(void *worker, srv_peer *from, const cJSON *msg);
+  void (*fn)(void *worker, ctl_peer *from, const cJSON *msg);
 } wrk_op;
 
 typedef struct wrk_shell_opts {
@@ -42,42 +42,42 @@ typedef struct wrk_shell_opts {
   void (*hello_extra)(void *worker, cJSON *hello_ok);
   const wrk_op *ops; // (borrowed) (n_ops) the control ops the role serves; every other op is logged and ignored
   size_t n_ops;
-  void (*on_close)(void *worker, srv_peer *peer); // a peer's connection closed; may be NULL
+  void (*on_close)(void *worker, ctl_peer *peer); // a peer's connection closed; may be NULL
   void *worker;      // (borrowed) the role's worker, first argument of every callback above
 } wrk_shell_opts;
 
 // What every worker process holds. Zeroed by wrk_shell_open. The signal thread keeps a pointer to sig, so
 // a shell must not move once open (it lives in the role's worker struct for the whole run).
 typedef struct wrk_shell {
-  const srv_config *cfg;     // (borrowed)
-  const srv_worker_cfg *wc;  // (borrowed) this worker's section
+  const cfg_cluster *cfg;     // (borrowed)
+  const cfg_worker *wc;  // (borrowed) this worker's section
   wrk_shell_opts o;          // a copy; its pointers stay borrowed
   wrk_runtime *rt;           // (owned)
   kvx_agent *kvx;            // (owned) NULL without kvxfer (a both worker)
   kvx_region *kv_region;     // (owned by kvx) the pool, or its mirror, as peers reach it
-  wrk_kvstage *stage;        // (owned) host mirror of the pool when it is out of kvxfer's reach; or NULL
-  srv_hub *hub;              // (owned)
-  wrk_kvevents kvev;         // connected routers, told of the prefix store's changes (kv_events)
+  kv_stage *stage;        // (owned) host mirror of the pool when it is out of kvxfer's reach; or NULL
+  ctl_hub *hub;              // (owned)
+  kv_events kvev;         // connected routers, told of the prefix store's changes (kv_events)
   wrk_signals sig;           // sig.stop is set once SIGTERM/SIGINT arrives
 } wrk_shell;
 
 // Brings worker wc of cfg up, in this order: blocks SIGTERM/SIGINT (before any thread starts), opens the
 // runtime, then the kvxfer agent and staging (o->kvxfer), the hub (listening on wc's host:port), and the
 // signal thread. 0, or -1 with err and everything opened so far closed again.
-int wrk_shell_open(wrk_shell *sh, const srv_config *cfg, const srv_worker_cfg *wc, const wrk_shell_opts *o,
+int wrk_shell_open(wrk_shell *sh, const cfg_cluster *cfg, const cfg_worker *wc, const wrk_shell_opts *o,
                    char *err, size_t errlen);
 // Tears down in reverse order: kv_events' router references, hub (every connection and peer with it),
 // kvxfer agent, staging mirror (after the agent: its threads may still write into it), runtime. A zeroed
 // shell: no-op.
 void wrk_shell_close(wrk_shell *sh);
 
-// "... INFO  NAME: ROLE worker listening on HOST:PORT (...)" (server/log.h): the line a person reads for where it is.
+// "... INFO  NAME: ROLE worker listening on HOST:PORT (...)" (util/log.h): the line a person reads for where it is.
 void wrk_shell_announce(const wrk_shell *sh);
 
 // Drains the hub's events: the first waits up to wait_ms (0 = poll), then only what has already arrived.
-// Each event goes to wrk_kvevents_on_event (with prefix, the role's store; may be NULL) first, then to
+// Each event goes to kv_events_on_event (with prefix, the role's store; may be NULL) first, then to
 // o.on_close (a closed connection) or to the table's handler for its op. Returns the events handled.
-int wrk_shell_drain(wrk_shell *sh, int wait_ms, wrk_prefix *prefix);
+int wrk_shell_drain(wrk_shell *sh, int wait_ms, kv_prefix *prefix);
 
 // A stats_ok reply holding st (the role's counts: running, waiting and its own counters; prt_stats_ok_init leaves
 // the others out) and what every worker reports (free_blocks, total_blocks, auth_failures: refused control + kvxfer

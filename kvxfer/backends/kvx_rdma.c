@@ -241,7 +241,7 @@ static int post_recv(struct ibv_qp *qp, uint64_t id) {
 }
 
 // Receiver: consumes write-with-immediate completions and keeps receives posted.
-static void *srv_poll_main(void *p) {
+static void *ctl_poll_main(void *p) {
   kvx_agent *a = ((void **)p)[0];
   rdma_srv_qp *q = ((void **)p)[1];
   free(p);
@@ -306,7 +306,7 @@ static int serve_qp(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
   arg[0] = a;
   arg[1] = q;
   char e[128];
-  if (kvx_thread_start(a, srv_poll_main, arg, e, sizeof e)) {
+  if (kvx_thread_start(a, ctl_poll_main, arg, e, sizeof e)) {
     free(arg);
     q->stop = 1;
   }

@@ -50,7 +50,7 @@ TEST_F(WorkerCmd, DeviceOverridesTheConfig) {
 }
 
 // Every role refuses to start without a shared secret (nothing listens unauthenticated); `dserve launch` is the one
-// that makes a per-launch secret (tests/server/test_launch.cc).
+// that makes a per-launch secret (tests/launch/test_launch.cc).
 TEST_F(WorkerCmd, NoSecretIsRefused) {
   std::string bare = dir + "/bare.json";
   std::ofstream(bare) << R"({"model": "absent.gguf", "router": {"port": 0},

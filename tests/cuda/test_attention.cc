@@ -12,7 +12,7 @@ struct AttnCase {
   krn_type kv_type;
   std::vector<SeqSpec> seqs;
   int window = 0; // > 0: a sliding window; each sequence's blocks wholly before its rows' windows are then -1
-                  // in the table (given back, as a sliding-window model's pool does: worker/kvpool.h)
+                  // in the table (given back, as a sliding-window model's pool does: kv/pool.h)
 };
 
 class CudaAttn : public CudaTest {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "server/hub.h"
+#include "ctl/hub.h"
 #include "tests/model_tokens.h"
 #include "tests/test_secret.h"
 
@@ -25,8 +25,8 @@ const char *kModel = dserve_test::model_path();
 struct Worker {
   pid_t pid = -1;
   int port = 0;
-  srv_hub *hub = nullptr;
-  srv_peer *peer = nullptr;
+  ctl_hub *hub = nullptr;
+  ctl_peer *peer = nullptr;
   std::string dir;
 
   explicit Worker(double kv_mb = 64, int max_seqs = 16, const std::string &extra = "") {
@@ -61,17 +61,17 @@ struct Worker {
     logfd = pipefd[0];
     EXPECT_GT(port, 0) << log;
     char err[256];
-    srv_hub_opts o = {};
+    ctl_hub_opts o = {};
     o.name = "router";
     o.role = "router";
     o.secret = DSERVE_TEST_SECRET;
-    EXPECT_EQ(srv_hub_new(&o, &hub, err, sizeof err), 0) << err;
-    peer = srv_hub_connect(hub, "127.0.0.1", port, 5000, err, sizeof err);
+    EXPECT_EQ(ctl_hub_new(&o, &hub, err, sizeof err), 0) << err;
+    peer = ctl_hub_connect(hub, "127.0.0.1", port, 5000, err, sizeof err);
     EXPECT_NE(peer, nullptr) << err;
   }
   ~Worker() {
-    if (peer) srv_peer_unref(peer);
-    srv_hub_free(hub);
+    if (peer) ctl_peer_unref(peer);
+    ctl_hub_free(hub);
     if (pid > 0) {
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
@@ -86,16 +86,16 @@ struct Worker {
   void send(const std::string &json) {
     cJSON *m = cJSON_Parse(json.c_str());
     ASSERT_NE(m, nullptr) << json;
-    ASSERT_EQ(srv_peer_send(peer, m), 0);
+    ASSERT_EQ(ctl_peer_send(peer, m), 0);
     cJSON_Delete(m);
   }
   // The next message from the worker (skipping none), or nullptr after timeout.
   cJSON *next(int timeout_ms = 60000) {
-    srv_event ev;
-    if (srv_hub_next(hub, &ev, timeout_ms) != 1) return nullptr;
+    ctl_event ev;
+    if (ctl_hub_next(hub, &ev, timeout_ms) != 1) return nullptr;
     cJSON *m = ev.msg;
     ev.msg = nullptr;
-    srv_event_done(&ev);
+    ctl_event_done(&ev);
     return m;
   }
 };

@@ -1,11 +1,11 @@
-// tests/fuzz/fuzz_ctl.c: libFuzzer target: control-protocol frame reading (srv_ctl_recv) of arbitrary bytes off a socket.
+// tests/fuzz/fuzz_ctl.c: libFuzzer target: control-protocol frame reading (ctl_frame_recv) of arbitrary bytes off a socket.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "server/ctl.h"
+#include "ctl/frame.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -23,14 +23,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     off += (size_t)w;
   }
   close(sv[0]); // end of stream: the reader must see EOF and stop, never wait
-  srv_ctl *c = srv_ctl_new(sv[1]);
+  ctl_frame *c = ctl_frame_new(sv[1]);
   if (!c) abort();
   char err[256];
   int frames = 0;
   for (;;) {
     cJSON *m = NULL;
     err[0] = 0;
-    int rc = srv_ctl_recv(c, &m, 5000, err, sizeof err);
+    int rc = ctl_frame_recv(c, &m, 5000, err, sizeof err);
     if (rc == 1) {
       // A delivered message is a JSON object with a string "op".
       if (!m || !cJSON_IsObject(m) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "op"))) abort();
@@ -43,6 +43,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (err[0] == 0) abort(); // an error says why
     break;
   }
-  srv_ctl_free(c);
+  ctl_frame_free(c);
   return 0;
 }

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "server/hub.h"
+#include "ctl/hub.h"
 #include "tests/model_tokens.h"
 #include "tests/test_secret.h"
 
@@ -91,8 +91,8 @@ struct Cluster {
   std::vector<WorkerSpec> specs;
   std::map<std::string, pid_t> pids;
   std::map<std::string, int> ports;
-  srv_hub *hub = nullptr;
-  std::map<std::string, srv_peer *> peers;
+  ctl_hub *hub = nullptr;
+  std::map<std::string, ctl_peer *> peers;
 
   explicit Cluster(const std::string &kvx_backend, std::vector<WorkerSpec> workers = default_workers())
       : backend(kvx_backend), specs(std::move(workers)) {
@@ -112,24 +112,24 @@ struct Cluster {
     std::string cfg = dir + "/c.json";
     for (auto &s : specs) pids[s.name] = spawn(s.role, cfg, s.name, dir + "/" + s.name + ".log");
     char err[256];
-    srv_hub_opts o = {};
+    ctl_hub_opts o = {};
     o.name = "router";
     o.role = "router";
     o.secret = DSERVE_TEST_SECRET;
-    EXPECT_EQ(srv_hub_new(&o, &hub, err, sizeof err), 0) << err;
+    EXPECT_EQ(ctl_hub_new(&o, &hub, err, sizeof err), 0) << err;
     for (auto &s : specs) connect(s.name);
   }
   // Connects the router's hub to worker n (waiting while its model loads), replacing any earlier connection.
   void connect(const std::string &n) {
     char err[256] = "";
-    if (peers[n]) srv_peer_unref(peers[n]);
-    srv_peer *p = nullptr;
+    if (peers[n]) ctl_peer_unref(peers[n]);
+    ctl_peer *p = nullptr;
     for (int i = 0; i < 300 && !p; i++) { // model loading takes a moment
       if (waitpid(pids[n], nullptr, WNOHANG) == pids[n]) {
         pids[n] = -1; // it died: its log says why
         break;
       }
-      p = srv_hub_connect(hub, "127.0.0.1", ports[n], 1000, err, sizeof err);
+      p = ctl_hub_connect(hub, "127.0.0.1", ports[n], 1000, err, sizeof err);
       if (!p) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     EXPECT_NE(p, nullptr) << n << ": " << err << "\n" << log(n);
@@ -143,8 +143,8 @@ struct Cluster {
   }
   ~Cluster() {
     for (auto &p : peers)
-      if (p.second) srv_peer_unref(p.second);
-    srv_hub_free(hub);
+      if (p.second) ctl_peer_unref(p.second);
+    ctl_hub_free(hub);
     for (auto &p : pids) {
       if (p.second <= 0) continue;
       kill(p.second, SIGKILL);
@@ -171,7 +171,7 @@ struct Cluster {
   void send(const std::string &to, const std::string &json) {
     cJSON *m = cJSON_Parse(json.c_str());
     ASSERT_NE(m, nullptr) << json;
-    ASSERT_EQ(srv_peer_send(peers[to], m), 0);
+    ASSERT_EQ(ctl_peer_send(peers[to], m), 0);
     cJSON_Delete(m);
   }
 };
@@ -187,13 +187,13 @@ inline std::map<std::string, Result> collect(Cluster &c, int n, int timeout_ms =
   std::map<std::string, Result> out;
   int finished = 0;
   while (finished < n) {
-    srv_event ev;
-    if (srv_hub_next(c.hub, &ev, timeout_ms) != 1) {
+    ctl_event ev;
+    if (ctl_hub_next(c.hub, &ev, timeout_ms) != 1) {
       ADD_FAILURE() << "silence\n" << c.logs();
       break;
     }
     if (!ev.msg) {
-      srv_event_done(&ev);
+      ctl_event_done(&ev);
       continue;
     }
     std::string op = cJSON_GetObjectItem(ev.msg, "op")->valuestring;
@@ -212,7 +212,7 @@ inline std::map<std::string, Result> collect(Cluster &c, int n, int timeout_ms =
       r.message = cJSON_GetObjectItem(ev.msg, "message")->valuestring;
       finished++;
     }
-    srv_event_done(&ev);
+    ctl_event_done(&ev);
   }
   return out;
 }
@@ -230,15 +230,15 @@ inline std::map<std::string, double> stats(Cluster &c, const std::string &who) {
   std::map<std::string, double> out;
   c.send(who, "{\"op\":\"stats\"}");
   for (;;) {
-    srv_event ev;
-    if (srv_hub_next(c.hub, &ev, 10000) != 1) return out;
+    ctl_event ev;
+    if (ctl_hub_next(c.hub, &ev, 10000) != 1) return out;
     if (ev.msg && !strcmp(cJSON_GetObjectItem(ev.msg, "op")->valuestring, "stats_ok")) {
       for (const cJSON *f = ev.msg->child; f; f = f->next)
         if (cJSON_IsNumber(f)) out[f->string] = f->valuedouble;
-      srv_event_done(&ev);
+      ctl_event_done(&ev);
       return out;
     }
-    srv_event_done(&ev);
+    ctl_event_done(&ev);
   }
 }
 

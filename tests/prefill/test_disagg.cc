@@ -49,7 +49,7 @@ void disagg_equals_colocated(const std::string &backend, std::vector<WorkerSpec>
 TEST(Disagg, GreedyOverTcpEqualsColocated) { disagg_equals_colocated("tcp"); }
 TEST(Disagg, GreedyOverShmEqualsColocated) { disagg_equals_colocated("shm"); }
 
-// Host staging (worker/kvstage.h), forced on for CPU pools: the prefill worker copies each layer's blocks into
+// Host staging (kv/stage.h), forced on for CPU pools: the prefill worker copies each layer's blocks into
 // its mirror and pushes them from there; the decode worker exports only its mirror and copies a prompt's blocks
 // into its pool when the notification comes. Neither pool is registered, so equal output means the KV went
 // through both mirrors (they start zeroed). This is the path a GPU worker takes with a CPU peer.
@@ -126,15 +126,15 @@ std::string error_from(Cluster &c, const std::string &from, const std::string &i
                        std::string *message = nullptr) {
   auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (std::chrono::steady_clock::now() < until) {
-    srv_event ev;
-    if (srv_hub_next(c.hub, &ev, 100) != 1) continue;
+    ctl_event ev;
+    if (ctl_hub_next(c.hub, &ev, 100) != 1) continue;
     std::string code;
     if (ev.msg && !strcmp(cJSON_GetObjectItem(ev.msg, "op")->valuestring, "error") && ev.peer == c.peers[from] &&
         id == cJSON_GetObjectItem(ev.msg, "id")->valuestring) {
       code = cJSON_GetObjectItem(ev.msg, "code")->valuestring;
       if (message) *message = cJSON_GetObjectItem(ev.msg, "message")->valuestring;
     }
-    srv_event_done(&ev);
+    ctl_event_done(&ev);
     if (!code.empty()) return code;
   }
   return "";

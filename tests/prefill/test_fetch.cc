@@ -159,7 +159,7 @@ TEST(Fetch, PrefillWorkerFetchesAPeersPrefixOverShm) {
 
 } // namespace
 
-// Host staging (worker/kvstage.h) forced on for every pool: p1 copies the prefix into its mirror and writes it
+// Host staging (kv/stage.h) forced on for every pool: p1 copies the prefix into its mirror and writes it
 // from there into p0's mirror, p0 copies it into its pool when it resumes; then p0 pushes to d0 the same way.
 // No pool is registered with kvxfer, so equal output means the fetched KV came through both mirrors.
 TEST(Fetch, FetchThroughHostStagingEqualsColocated) {

@@ -27,7 +27,7 @@
 extern "C" {
 #include "models/tokenizer.h"
 #include "router/router.h"
-#include "server/hub.h"
+#include "ctl/hub.h"
 }
 
 namespace httptest {
@@ -83,7 +83,7 @@ struct TinyModel {
 // die once (as die, then normal), fail (one token, then an error).
 struct FakeWorker {
   enum Mode { NORMAL, HANG, DIE, FAIL, DIE_ONCE };
-  srv_hub *hub = nullptr;
+  ctl_hub *hub = nullptr;
   std::thread th;
   std::atomic<bool> stop{false};
   std::atomic<int> mode{NORMAL};
@@ -92,7 +92,7 @@ struct FakeWorker {
   std::vector<std::string> generates, cancels;
   std::vector<std::string> gen_json;
   struct Active {
-    srv_peer *peer;
+    ctl_peer *peer;
     std::string id;
     int choice, k = 0, n;
     bool length;
@@ -100,7 +100,7 @@ struct FakeWorker {
   std::vector<Active> active;
 
   explicit FakeWorker(const char *role = "both") {
-    srv_hub_opts o{};
+    ctl_hub_opts o{};
     o.name = "fake";
     o.role = role;
     o.secret = DSERVE_TEST_SECRET; // the hub checks the router's proof of it before any hello_ok
@@ -111,23 +111,23 @@ struct FakeWorker {
       cJSON_AddNumberToObject(ok, "block_size", 16);
     };
     char err[256];
-    EXPECT_EQ(srv_hub_new(&o, &hub, err, sizeof err), 0) << err;
+    EXPECT_EQ(ctl_hub_new(&o, &hub, err, sizeof err), 0) << err;
     th = std::thread([this] { loop(); });
   }
   ~FakeWorker() {
     stop = true;
     th.join();
-    srv_hub_free(hub);
+    ctl_hub_free(hub);
   }
-  int port() const { return srv_hub_port(hub); }
-  static void send(srv_peer *p, cJSON *m) {
-    srv_peer_send(p, m);
+  int port() const { return ctl_hub_port(hub); }
+  static void send(ctl_peer *p, cJSON *m) {
+    ctl_peer_send(p, m);
     cJSON_Delete(m);
   }
   void loop() {
     while (!stop) {
-      srv_event ev;
-      while (srv_hub_next(hub, &ev, 5) == 1) {
+      ctl_event ev;
+      while (ctl_hub_next(hub, &ev, 5) == 1) {
         if (ev.msg) handle(ev.peer, ev.msg);
         else {
           std::lock_guard<std::mutex> l(mu);
@@ -135,12 +135,12 @@ struct FakeWorker {
             if (active[i].peer == ev.peer) active.erase(active.begin() + (long)i);
             else i++;
         }
-        srv_event_done(&ev);
+        ctl_event_done(&ev);
       }
       tick();
     }
   }
-  void handle(srv_peer *p, cJSON *m) {
+  void handle(ctl_peer *p, cJSON *m) {
     std::string op = cJSON_GetObjectItem(m, "op")->valuestring;
     if (op == "stats") {
       cJSON *r = cJSON_CreateObject();
@@ -211,7 +211,7 @@ struct FakeWorker {
         }
         if (mode == DIE || mode == DIE_ONCE) {
           if (mode == DIE_ONCE) mode = NORMAL;
-          srv_peer_close(a.peer);
+          ctl_peer_close(a.peer);
           active.erase(active.begin() + (long)i);
           continue;
         }
@@ -397,15 +397,15 @@ inline std::vector<std::string> sse_events(const std::string &body) {
 }
 
 struct Router {
-  srv_config cfg{};
-  srv_worker_cfg w{};
+  cfg_cluster cfg{};
+  cfg_worker w{};
   std::vector<std::string> keys;
   std::vector<char *> key_ptrs;
   rtr_server *s = nullptr;
   // tweak, when given, changes the config last (e.g. the connection caps) before the router starts.
   Router(const TinyModel &m, int worker_port, int queue_limit = 16, int max_seqs = 64,
          std::vector<std::string> api_keys = {}, int conn_timeout_s = 10,
-         const std::function<void(srv_config &)> &tweak = nullptr) {
+         const std::function<void(cfg_cluster &)> &tweak = nullptr) {
     snprintf(cfg.model_name, sizeof cfg.model_name, "tiny");
     snprintf(cfg.secret, sizeof cfg.secret, "%s", DSERVE_TEST_SECRET);
     cfg.has_router = 1;
@@ -423,7 +423,7 @@ struct Router {
     cfg.router.api_keys = key_ptrs.empty() ? nullptr : key_ptrs.data();
     cfg.router.n_api_keys = (int)key_ptrs.size();
     snprintf(w.name, sizeof w.name, "w0");
-    w.role = SRV_ROLE_BOTH;
+    w.role = CFG_ROLE_BOTH;
     snprintf(w.host, sizeof w.host, "127.0.0.1");
     w.port = worker_port;
     w.max_seqs = max_seqs;

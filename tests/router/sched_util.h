@@ -9,7 +9,7 @@ extern "C" {
 // Length alone decides (policy threshold): what the tests written before policy auto assume.
 inline const rtr_disagg_rule *Thr(int min_tokens) {
   static thread_local rtr_disagg_rule r;
-  r = {SRV_DISAGG_THRESHOLD, min_tokens, 0};
+  r = {CFG_DISAGG_THRESHOLD, min_tokens, 0};
   return &r;
 }
 

@@ -21,7 +21,7 @@ TEST(Http, HealthSaysWhetherAGenerationCanBeServed) {
   TinyModel m;
   {
     FakeWorker pw("prefill");
-    Router r(m, pw.port(), 16, 64, {"sekrit"}, 10, [](srv_config &c) { c.workers[0].role = SRV_ROLE_PREFILL; });
+    Router r(m, pw.port(), 16, 64, {"sekrit"}, 10, [](cfg_cluster &c) { c.workers[0].role = CFG_ROLE_PREFILL; });
     ASSERT_TRUE(r.wait_up());
     for (const char *path : {"/health", "/ready"}) {
       Resp h = request(r.port(), "GET", path, "");
@@ -111,8 +111,8 @@ TEST(Http, GemmaTemplateRendersGemma) {
 
 // rtr_server_new's error for the model m with the config's chat_template override ("" when it started).
 std::string start_error(const TinyModel &m, const char *override) {
-  srv_config cfg{};
-  srv_worker_cfg w{};
+  cfg_cluster cfg{};
+  cfg_worker w{};
   snprintf(cfg.chat_template, sizeof cfg.chat_template, "%s", override);
   snprintf(cfg.secret, sizeof cfg.secret, "%s", DSERVE_TEST_SECRET);
   cfg.has_router = 1;
@@ -160,7 +160,7 @@ TEST(Http, ChatTemplateErrorsAtStartUp) {
 
 TEST(Http, ChatTemplateOverrideServesABaseModel) {
   TinyModel base(false, nullptr, {"<start_of_turn>", "<end_of_turn>"});
-  Router r(base, 1, 16, 64, {}, 10, [](srv_config &c) { snprintf(c.chat_template, sizeof c.chat_template, "gemma"); });
+  Router r(base, 1, 16, 64, {}, 10, [](cfg_cluster &c) { snprintf(c.chat_template, sizeof c.chat_template, "gemma"); });
   Resp t = request(r.port(), "POST", "/tokenize", R"({"messages":[{"role":"user","content":"hi"}]})");
   ASSERT_EQ(t.status, 200) << t.body;
   EXPECT_EQ(t.body.rfind(R"({"tokens":[259,117,115,101,114,10,104,105,260,10,259,)", 0), 0u) << t.body;
@@ -496,7 +496,7 @@ TEST_F(Live, WorkerDiesMidStream) {
 TEST(Migration, StreamContinuesAfterTheWorkerComesBack) {
   TinyModel m;
   FakeWorker fw;
-  Router r(m, fw.port(), 16, 64, {}, 10, [](srv_config &c) {
+  Router r(m, fw.port(), 16, 64, {}, 10, [](cfg_cluster &c) {
     c.router.migration_limit = 2;
     c.router.migration_wait_ms = 5000;
   });
@@ -528,7 +528,7 @@ TEST(Migration, StreamContinuesAfterTheWorkerComesBack) {
 TEST(Migration, StreamFailsAfterTheMigrationLimit) {
   TinyModel m;
   FakeWorker fw;
-  Router r(m, fw.port(), 16, 64, {}, 10, [](srv_config &c) {
+  Router r(m, fw.port(), 16, 64, {}, 10, [](cfg_cluster &c) {
     c.router.migration_limit = 2;
     c.router.migration_wait_ms = 300;
   });

@@ -26,7 +26,7 @@ struct ConnRouter : Router {
   ConnRouter(const TinyModel &m, int worker_port, int max_conns, int per_client, int header_s, int conn_timeout_s = 30,
              bool api_key = false)
       : Router(m, worker_port, 64, 64, api_key ? std::vector<std::string>{"sekrit"} : std::vector<std::string>{},
-               conn_timeout_s, [&](srv_config &c) {
+               conn_timeout_s, [&](cfg_cluster &c) {
                  c.router.max_connections = max_conns;
                  c.router.max_connections_per_client = per_client;
                  c.router.header_timeout_s = header_s;

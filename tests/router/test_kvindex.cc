@@ -7,21 +7,21 @@
 
 extern "C" {
 #include "router/kvindex.h"
-#include "worker/kvpool.h"
-#include "worker/prefix.h"
+#include "kv/pool.h"
+#include "kv/prefix.h"
 }
 
 namespace {
 
-srv_kv_event add(uint64_t k) { return srv_kv_event{k, SRV_KV_ADDED}; }
-srv_kv_event rem(uint64_t k) { return srv_kv_event{k, SRV_KV_REMOVED}; }
+kv_event add(uint64_t k) { return kv_event{k, KV_EVENT_ADDED}; }
+kv_event rem(uint64_t k) { return kv_event{k, KV_EVENT_REMOVED}; }
 
 struct KvIndex : ::testing::Test {
   rtr_kvindex *x = nullptr;
   char err[256] = {0};
   void TearDown() override { rtr_kvindex_free(x); }
   void make(int workers, int cap) { ASSERT_EQ(rtr_kvindex_new(workers, cap, &x, err, sizeof err), 0) << err; }
-  void apply(int w, std::vector<srv_kv_event> ev) { ASSERT_EQ(rtr_kvindex_apply(x, w, ev.data(), (int)ev.size()), 0); }
+  void apply(int w, std::vector<kv_event> ev) { ASSERT_EQ(rtr_kvindex_apply(x, w, ev.data(), (int)ev.size()), 0); }
 };
 
 TEST_F(KvIndex, BadArgumentsAreRefused) {
@@ -31,7 +31,7 @@ TEST_F(KvIndex, BadArgumentsAreRefused) {
   EXPECT_NE(std::strstr(err, "cap_per_worker"), nullptr) << err;
   EXPECT_EQ(x, nullptr);
   make(2, 8);
-  srv_kv_event e = add(1);
+  kv_event e = add(1);
   EXPECT_LT(rtr_kvindex_apply(x, 2, &e, 1), 0);
   EXPECT_LT(rtr_kvindex_apply(x, -1, &e, 1), 0);
   EXPECT_LT(rtr_kvindex_apply(x, 0, nullptr, 1), 0);
@@ -71,7 +71,7 @@ TEST_F(KvIndex, ClearedAndWorkerRemovalDropEverything) {
   apply(0, {add(1), add(2)});
   apply(1, {add(1), add(2)});
   uint64_t p[] = {1, 2};
-  apply(0, {srv_kv_event{0, SRV_KV_CLEARED}, add(1)});
+  apply(0, {kv_event{0, KV_EVENT_CLEARED}, add(1)});
   EXPECT_EQ(rtr_kvindex_count(x, 0), 1);
   EXPECT_EQ(rtr_kvindex_overlap(x, 0, p, 2), 1);
   rtr_kvindex_remove_worker(x, 1);
@@ -80,7 +80,7 @@ TEST_F(KvIndex, ClearedAndWorkerRemovalDropEverything) {
   EXPECT_EQ(rtr_kvindex_overlap(x, 0, p, 2), 1); // the other worker is untouched
   apply(1, {add(2)});                            // a worker that comes back starts empty
   EXPECT_EQ(rtr_kvindex_count(x, 1), 1);
-  apply(1, {srv_kv_event{0, 77}}); // unknown kinds are skipped
+  apply(1, {kv_event{0, 77}}); // unknown kinds are skipped
   EXPECT_EQ(rtr_kvindex_count(x, 1), 1);
 }
 
@@ -94,7 +94,7 @@ TEST_F(KvIndex, CapForgetsTheOldestKeys) {
   for (uint64_t k : {2, 3}) EXPECT_EQ(rtr_kvindex_overlap(x, 0, &k, 1), 0) << k;
   // Churn far past the cap stays bounded and consistent.
   for (uint64_t k = 100; k < 10000; k++) {
-    srv_kv_event e = add(k);
+    kv_event e = add(k);
     ASSERT_EQ(rtr_kvindex_apply(x, 0, &e, 1), 0);
     if (k % 3 == 0) {
       e = rem(k - 1);
@@ -154,7 +154,7 @@ TEST_F(KvIndex, PickWeighsOverlapAgainstLoad) {
 void *t_alloc(krn_ctx *, size_t n) { return std::calloc(1, n); }
 void t_free(krn_ctx *, void *p) { std::free(p); }
 
-// The router's keys (srv_blockhash_chain over the prompt) name exactly what the worker's store holds.
+// The router's keys (kv_blockhash_chain over the prompt) name exactly what the worker's store holds.
 TEST_F(KvIndex, AgreesWithAWorkersStoreThroughEvents) {
   krn_backend be{};
   be.name = "test";
@@ -166,29 +166,29 @@ TEST_F(KvIndex, AgreesWithAWorkersStoreThroughEvents) {
   cfg.n_layer = 1;
   cfg.n_kv_head = 1;
   cfg.head_dim = 2;
-  wrk_kvpool_opts po{};
+  kv_pool_opts po{};
   po.type = KRN_F32;
   po.block_size = 8;
   po.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, 8) * 12;
-  wrk_kvpool *pool = nullptr;
-  ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &po, &pool, err, sizeof err), 0) << err;
-  wrk_prefix_opts so{};
+  kv_pool *pool = nullptr;
+  ASSERT_EQ(kv_pool_new(&cfg, &kc, &po, &pool, err, sizeof err), 0) << err;
+  kv_prefix_opts so{};
   so.budget_blocks = 6;
-  wrk_prefix *st = nullptr;
-  ASSERT_EQ(wrk_prefix_new(pool, &so, &st, err, sizeof err), 0) << err;
+  kv_prefix *st = nullptr;
+  ASSERT_EQ(kv_prefix_new(pool, &so, &st, err, sizeof err), 0) << err;
   make(1, 1024);
   auto ship = [&]() {
-    srv_kv_event ev[16];
+    kv_event ev[16];
     int n;
-    while ((n = wrk_prefix_drain_events(st, ev, 16)) > 0) ASSERT_EQ(rtr_kvindex_apply(x, 0, ev, n), 0);
+    while ((n = kv_prefix_drain_events(st, ev, 16)) > 0) ASSERT_EQ(rtr_kvindex_apply(x, 0, ev, n), 0);
   };
   auto run = [&](int first_tok, int n_toks) {
     std::vector<int32_t> t(n_toks);
     for (int i = 0; i < n_toks; i++) t[i] = first_tok + i;
-    wrk_blocks b{};
-    ASSERT_EQ(wrk_blocks_reserve(pool, &b, n_toks), 0);
-    wrk_prefix_insert(st, t.data(), n_toks, b.ids, b.n);
-    wrk_blocks_release(pool, &b);
+    kv_blocks b{};
+    ASSERT_EQ(kv_blocks_reserve(pool, &b, n_toks), 0);
+    kv_prefix_insert(st, t.data(), n_toks, b.ids, b.n);
+    kv_blocks_release(pool, &b);
   };
   run(0, 8 * 4 + 3); // 4 blocks
   run(1000, 8 * 3);  // 3 blocks: over the budget of 6, the LRU leaf of the first prompt goes
@@ -196,19 +196,19 @@ TEST_F(KvIndex, AgreesWithAWorkersStoreThroughEvents) {
   std::vector<int32_t> q(8 * 4 + 3);
   for (int i = 0; i < (int)q.size(); i++) q[i] = i;
   uint64_t keys[8];
-  int nk = srv_blockhash_chain(nullptr, q.data(), (int)q.size(), 8, keys, 8);
+  int nk = kv_blockhash_chain(nullptr, q.data(), (int)q.size(), 8, keys, 8);
   ASSERT_EQ(nk, 4);
   int32_t ids[8];
-  int nm = wrk_prefix_match(st, q.data(), (int)q.size(), ids, 8);
+  int nm = kv_prefix_match(st, q.data(), (int)q.size(), ids, 8);
   EXPECT_EQ(nm, 3);
   EXPECT_EQ(rtr_kvindex_overlap(x, 0, keys, nk), nm);
   EXPECT_EQ(rtr_kvindex_count(x, 0), 6);
-  for (int i = 0; i < nm; i++) wrk_kvpool_unref(pool, ids[i]);
-  wrk_prefix_clear(st);
+  for (int i = 0; i < nm; i++) kv_pool_unref(pool, ids[i]);
+  kv_prefix_clear(st);
   ship();
   EXPECT_EQ(rtr_kvindex_count(x, 0), 0);
-  wrk_prefix_free(st);
-  wrk_kvpool_free(pool);
+  kv_prefix_free(st);
+  kv_pool_free(pool);
 }
 
 } // namespace

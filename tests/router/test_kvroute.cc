@@ -7,13 +7,13 @@
 
 extern "C" {
 #include "router/sched.h"
-#include "server/blockhash.h"
+#include "kv/blockhash.h"
 #include "router/kvindex.h"
 }
 
 namespace {
 
-rtr_sched_worker W(srv_role role, int inflight = 0, int waiting = 0) {
+rtr_sched_worker W(cfg_role role, int inflight = 0, int waiting = 0) {
   rtr_sched_worker w{};
   w.up = 1;
   w.role = role;
@@ -34,10 +34,10 @@ std::vector<int32_t> Prompt(int n, int seed) {
 // Tells the index that worker holds the first n_blocks blocks of p (block size 16).
 void Hold(rtr_kvindex *x, int worker, const std::vector<int32_t> &p, int n_blocks) {
   std::vector<uint64_t> keys(p.size() / 16);
-  int n = srv_blockhash_chain(nullptr, p.data(), (int)p.size(), 16, keys.data(), (int)keys.size());
+  int n = kv_blockhash_chain(nullptr, p.data(), (int)p.size(), 16, keys.data(), (int)keys.size());
   ASSERT_GE(n, n_blocks);
-  std::vector<srv_kv_event> ev;
-  for (int i = 0; i < n_blocks; i++) ev.push_back({keys[i], SRV_KV_ADDED});
+  std::vector<kv_event> ev;
+  for (int i = 0; i < n_blocks; i++) ev.push_back({keys[i], KV_EVENT_ADDED});
   ASSERT_EQ(rtr_kvindex_apply(x, worker, ev.data(), (int)ev.size()), 0);
 }
 
@@ -55,7 +55,7 @@ TEST_F(KvRoute, PrefersTheBothWorkerHoldingThePrefix) {
   auto p = Prompt(320, 1); // 20 blocks
   Hold(x, 2, p, 20);
   // worker 2 is busier (one in flight) than the idle workers 0 and 1, but holds the whole prompt
-  rtr_sched_worker w[] = {W(SRV_ROLE_BOTH), W(SRV_ROLE_BOTH), W(SRV_ROLE_BOTH, 1)};
+  rtr_sched_worker w[] = {W(CFG_ROLE_BOTH), W(CFG_ROLE_BOTH), W(CFG_ROLE_BOTH, 1)};
   rtr_sched_target t;
   int ov = -1;
   ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), Thr(100), x, &wt, &t, &ov), 0);
@@ -76,7 +76,7 @@ TEST_F(KvRoute, PrefersTheBothWorkerHoldingThePrefix) {
 
 TEST_F(KvRoute, FallsBackToLoad) {
   auto p = Prompt(160, 3);
-  rtr_sched_worker w[] = {W(SRV_ROLE_BOTH, 3), W(SRV_ROLE_BOTH, 1), W(SRV_ROLE_BOTH, 2)};
+  rtr_sched_worker w[] = {W(CFG_ROLE_BOTH, 3), W(CFG_ROLE_BOTH, 1), W(CFG_ROLE_BOTH, 2)};
   rtr_sched_target t;
   ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), Thr(100), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 1);
@@ -95,7 +95,7 @@ TEST_F(KvRoute, FallsBackToLoad) {
   ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), Thr(100), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 0);
   // a CLEARED event forgets it
-  srv_kv_event clr{0, SRV_KV_CLEARED};
+  kv_event clr{0, KV_EVENT_CLEARED};
   ASSERT_EQ(rtr_kvindex_apply(x, 0, &clr, 1), 0);
   ASSERT_EQ(rtr_sched_pick_kv(w, 3, p.data(), (int)p.size(), Thr(100), x, &wt, &t, nullptr), 0);
   EXPECT_EQ(t.decode, 1);
@@ -104,7 +104,7 @@ TEST_F(KvRoute, FallsBackToLoad) {
 TEST_F(KvRoute, PrefillSideOfAPairAndLocalDecode) {
   auto p = Prompt(480, 4); // 30 blocks
   // 0 decode (busy), 1 decode (idle), 2 prefill idle, 3 prefill queued but holding the prompt
-  rtr_sched_worker w[] = {W(SRV_ROLE_DECODE, 3), W(SRV_ROLE_DECODE), W(SRV_ROLE_PREFILL), W(SRV_ROLE_PREFILL, 1)};
+  rtr_sched_worker w[] = {W(CFG_ROLE_DECODE, 3), W(CFG_ROLE_DECODE), W(CFG_ROLE_PREFILL), W(CFG_ROLE_PREFILL, 1)};
   Hold(x, 3, p, 30);
   Hold(x, 0, p, 10); // the decode side stays by load even though worker 0 holds a third (320 tokens uncached)
   rtr_sched_target t;
@@ -129,8 +129,8 @@ TEST_F(KvRoute, PrefillSideOfAPairAndLocalDecode) {
 TEST_F(KvRoute, PrefixPeerHoldsMoreThanTheChosenPrefillWorker) {
   auto p = Prompt(480, 7); // 30 blocks; at most 29 are worth fetching (the last token is computed)
   // 0 decode, 1 prefill (chosen), 2 prefill holding 20 blocks, 3 prefill holding all 30, 4 both holding all
-  rtr_sched_worker w[] = {W(SRV_ROLE_DECODE), W(SRV_ROLE_PREFILL), W(SRV_ROLE_PREFILL), W(SRV_ROLE_PREFILL),
-                          W(SRV_ROLE_BOTH)};
+  rtr_sched_worker w[] = {W(CFG_ROLE_DECODE), W(CFG_ROLE_PREFILL), W(CFG_ROLE_PREFILL), W(CFG_ROLE_PREFILL),
+                          W(CFG_ROLE_BOTH)};
   Hold(x, 2, p, 20);
   Hold(x, 3, p, 30);
   Hold(x, 4, p, 30); // not a prefill worker: it cannot serve a pull
@@ -162,7 +162,7 @@ TEST_F(KvRoute, PrefixPeerHoldsMoreThanTheChosenPrefillWorker) {
 
 TEST_F(KvRoute, NothingUp) {
   auto p = Prompt(64, 6);
-  rtr_sched_worker w[] = {W(SRV_ROLE_PREFILL)};
+  rtr_sched_worker w[] = {W(CFG_ROLE_PREFILL)};
   w[0].up = 1;
   rtr_sched_target t;
   EXPECT_EQ(rtr_sched_pick_kv(w, 1, p.data(), (int)p.size(), Thr(10), x, &wt, &t, nullptr), -1);

@@ -89,7 +89,7 @@ TEST(Metrics, RefusesBadNamesKindsAndBuckets) {
   EXPECT_EQ(rtr_metrics_histogram(m, "h1", "h", nullptr, bad, 2), nullptr);
   const double inf[] = {1, INFINITY};
   EXPECT_EQ(rtr_metrics_histogram(m, "h2", "h", nullptr, inf, 2), nullptr);
-  std::vector<double> many(SRV_METRICS_MAX_BUCKETS + 1);
+  std::vector<double> many(RTR_METRICS_MAX_BUCKETS + 1);
   for (size_t i = 0; i < many.size(); i++) many[i] = (double)i;
   EXPECT_EQ(rtr_metrics_histogram(m, "h3", "h", nullptr, many.data(), (int)many.size()), nullptr);
   rtr_metric_add(nullptr, 1); // no-ops

@@ -5,7 +5,7 @@
 
 namespace {
 
-rtr_sched_worker W(int up, srv_role role, int running = 0, int waiting = 0, int inflight = 0, int free_blocks = 10) {
+rtr_sched_worker W(int up, cfg_role role, int running = 0, int waiting = 0, int inflight = 0, int free_blocks = 10) {
   rtr_sched_worker w{};
   w.up = up;
   w.role = role;
@@ -18,15 +18,15 @@ rtr_sched_worker W(int up, srv_role role, int running = 0, int waiting = 0, int 
 }
 
 TEST(Sched, NothingUp) {
-  rtr_sched_worker w[] = {W(0, SRV_ROLE_BOTH), W(1, SRV_ROLE_PREFILL)};
+  rtr_sched_worker w[] = {W(0, CFG_ROLE_BOTH), W(1, CFG_ROLE_PREFILL)};
   rtr_sched_target t;
   EXPECT_EQ(rtr_sched_pick(w, 2, 10, Thr(100), &t), -1);
   EXPECT_EQ(rtr_sched_pick(w, 0, 10, Thr(100), &t), -1);
 }
 
 TEST(Sched, LeastLoadedBoth) {
-  rtr_sched_worker w[] = {W(1, SRV_ROLE_BOTH, 3, 1, 2), W(1, SRV_ROLE_BOTH, 1, 0, 1), W(0, SRV_ROLE_BOTH),
-                          W(1, SRV_ROLE_DECODE)};
+  rtr_sched_worker w[] = {W(1, CFG_ROLE_BOTH, 3, 1, 2), W(1, CFG_ROLE_BOTH, 1, 0, 1), W(0, CFG_ROLE_BOTH),
+                          W(1, CFG_ROLE_DECODE)};
   rtr_sched_target t;
   ASSERT_EQ(rtr_sched_pick(w, 4, 5000, Thr(100), &t), 0);
   EXPECT_EQ(t.decode, 1);
@@ -34,8 +34,8 @@ TEST(Sched, LeastLoadedBoth) {
 }
 
 TEST(Sched, DecodeWithPrefillForLongPrompts) {
-  rtr_sched_worker w[] = {W(1, SRV_ROLE_PREFILL, 0, 4, 1), W(1, SRV_ROLE_DECODE, 5, 0, 0, 50),
-                          W(1, SRV_ROLE_DECODE, 2, 0, 1, 5), W(1, SRV_ROLE_PREFILL, 0, 1, 0)};
+  rtr_sched_worker w[] = {W(1, CFG_ROLE_PREFILL, 0, 4, 1), W(1, CFG_ROLE_DECODE, 5, 0, 0, 50),
+                          W(1, CFG_ROLE_DECODE, 2, 0, 1, 5), W(1, CFG_ROLE_PREFILL, 0, 1, 0)};
   rtr_sched_target t;
   ASSERT_EQ(rtr_sched_pick(w, 4, 2000, Thr(1000), &t), 0);
   EXPECT_EQ(t.decode, 2);  // fewest running
@@ -50,18 +50,18 @@ TEST(Sched, DecodeWithPrefillForLongPrompts) {
 }
 
 TEST(Sched, DecodeAloneWhenNoPrefillUp) {
-  rtr_sched_worker w[] = {W(0, SRV_ROLE_PREFILL), W(1, SRV_ROLE_DECODE)};
+  rtr_sched_worker w[] = {W(0, CFG_ROLE_PREFILL), W(1, CFG_ROLE_DECODE)};
   rtr_sched_target t;
   ASSERT_EQ(rtr_sched_pick(w, 2, 5000, Thr(100), &t), 0);
   EXPECT_EQ(t.decode, 1);
   EXPECT_EQ(t.prefill, -1);
-  rtr_sched_worker p[] = {W(1, SRV_ROLE_PREFILL)};
+  rtr_sched_worker p[] = {W(1, CFG_ROLE_PREFILL)};
   EXPECT_EQ(rtr_sched_pick(p, 1, 5000, Thr(100), &t), -1); // prefill alone cannot generate
 }
 
 TEST(Sched, AutoDisaggregatesOnlyForABusyDecodeWorkerAndAShortPrefillQueue) {
-  rtr_disagg_rule rule = {SRV_DISAGG_AUTO, 256, 1};
-  rtr_sched_worker w[] = {W(1, SRV_ROLE_DECODE), W(1, SRV_ROLE_PREFILL)};
+  rtr_disagg_rule rule = {CFG_DISAGG_AUTO, 256, 1};
+  rtr_sched_worker w[] = {W(1, CFG_ROLE_DECODE), W(1, CFG_ROLE_PREFILL)};
   rtr_sched_target t;
   ASSERT_EQ(rtr_sched_pick(w, 2, 2000, &rule, &t), 0);
   EXPECT_EQ(t.prefill, -1); // an idle decode worker computes the prompt as fast and skips the transfer
@@ -77,14 +77,14 @@ TEST(Sched, AutoDisaggregatesOnlyForABusyDecodeWorkerAndAShortPrefillQueue) {
   w[1].waiting = 1;
   ASSERT_EQ(rtr_sched_pick(w, 2, 2000, &rule, &t), 0);
   EXPECT_EQ(t.prefill, -1); // two: over it, the prompt would wait longer there
-  w[1] = W(1, SRV_ROLE_PREFILL);
-  w[0] = W(1, SRV_ROLE_DECODE, 0, 0, 1); // a request sent to it and not yet started counts as busy
+  w[1] = W(1, CFG_ROLE_PREFILL);
+  w[0] = W(1, CFG_ROLE_DECODE, 0, 0, 1); // a request sent to it and not yet started counts as busy
   ASSERT_EQ(rtr_sched_pick(w, 2, 2000, &rule, &t), 0);
   EXPECT_EQ(t.prefill, 1);
-  w[0] = W(1, SRV_ROLE_DECODE, 0, 2);
+  w[0] = W(1, CFG_ROLE_DECODE, 0, 2);
   EXPECT_EQ(rtr_sched_disagg(&rule, 2000, &w[0], &w[1]), 1); // so do waiting ones
-  rule.policy = SRV_DISAGG_THRESHOLD;
-  w[0] = W(1, SRV_ROLE_DECODE);
+  rule.policy = CFG_DISAGG_THRESHOLD;
+  w[0] = W(1, CFG_ROLE_DECODE);
   w[1].waiting = 9;
   EXPECT_EQ(rtr_sched_disagg(&rule, 2000, &w[0], &w[1]), 1); // threshold: length alone decides
   EXPECT_EQ(rtr_sched_disagg(&rule, 255, &w[0], &w[1]), 0);

@@ -571,7 +571,7 @@ TEST(Validate, SamplingDefaultsResolve) {
   EXPECT_NE(std::string(desc).find("top_k 20 (gguf)"), std::string::npos) << desc;
   EXPECT_NE(std::string(desc).find("min_p 0.05 (shipped)"), std::string::npos) << desc;
   // the config wins over the GGUF, field by field; top_k 0 or -1 in the config is off
-  srv_sampling_cfg cfg{};
+  cfg_sampling cfg{};
   cfg.has_temperature = 1;
   cfg.temperature = 0;
   cfg.has_top_k = 1;

@@ -91,7 +91,7 @@ class Proc:
 # ---- the control protocol (docs/protocol.md): 4-byte big-endian length + one JSON object ----
 
 def proof(secret, nonce):
-    """hex(HMAC-SHA256(secret, nonce)): the hello's `auth` (server/hub.c srv_auth_proof)."""
+    """hex(HMAC-SHA256(secret, nonce)): the hello's `auth` (ctl/hub.c ctl_auth_proof)."""
     return hmac.new(secret.encode(), nonce.encode(), hashlib.sha256).hexdigest()
 
 

@@ -10,8 +10,8 @@
 
 extern "C" {
 #include "worker/engine.h"
-#include "worker/kvpool.h"
-#include "worker/prefix.h"
+#include "kv/pool.h"
+#include "kv/prefix.h"
 }
 
 namespace {
@@ -145,7 +145,7 @@ struct Plan : ::testing::Test {
   krn_backend be{};
   krn_ctx kc{};
   mdl_llama_cfg cfg{};
-  srv_worker_cfg wc{};
+  cfg_worker wc{};
   wrk_runtime rt{};
   wrk_engine eng{};
   std::vector<std::unique_ptr<wrk_seq>> seqs;
@@ -161,11 +161,11 @@ struct Plan : ::testing::Test {
     cfg.head_dim = 4;
     cfg.n_head = 1;
     cfg.n_embd = 4;
-    wrk_kvpool_opts o{};
+    kv_pool_opts o{};
     o.type = KRN_F32;
     o.block_size = 16;
     o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, 16) * 1024;
-    ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &rt.kv, err, sizeof err), 0) << err;
+    ASSERT_EQ(kv_pool_new(&cfg, &kc, &o, &rt.kv, err, sizeof err), 0) << err;
     wc.max_batch_tokens = 512;
     wc.max_seqs = 64;
     rt.w = &wc;
@@ -174,7 +174,7 @@ struct Plan : ::testing::Test {
   void TearDown() override {
     wrk_engine_fini(&eng);
     for (auto &s : seqs) wrk_seq_fini(s.get(), rt.kv);
-    wrk_kvpool_free(rt.kv);
+    kv_pool_free(rt.kv);
   }
   // A running sequence of n tokens, done of them already in the cache (n - 1: a decode row).
   wrk_seq *add(int n, int done) {
@@ -182,7 +182,7 @@ struct Plan : ::testing::Test {
     seqs.push_back(std::make_unique<wrk_seq>());
     wrk_seq *s = seqs.back().get();
     EXPECT_EQ(wrk_seq_init(s, toks.data(), n, nullptr), 0);
-    EXPECT_EQ(wrk_blocks_reserve(rt.kv, &s->blocks, done), 0);
+    EXPECT_EQ(kv_blocks_reserve(rt.kv, &s->blocks, done), 0);
     s->n_done = done;
     EXPECT_EQ(wrk_engine_start(&eng, s), 0);
     return s;
@@ -281,12 +281,12 @@ struct CachedPool : Plan {
     cfg.head_dim = 4;
     cfg.n_head = 1;
     cfg.n_embd = 4;
-    wrk_kvpool_opts o{};
+    kv_pool_opts o{};
     o.type = KRN_F32;
     o.block_size = 16;
     o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, 16) * (size_t)pool_blocks;
-    ASSERT_EQ(wrk_kvpool_new(&cfg, &kc, &o, &rt.kv, err, sizeof err), 0) << err;
-    ASSERT_EQ(wrk_kvpool_total_blocks(rt.kv), pool_blocks);
+    ASSERT_EQ(kv_pool_new(&cfg, &kc, &o, &rt.kv, err, sizeof err), 0) << err;
+    ASSERT_EQ(kv_pool_total_blocks(rt.kv), pool_blocks);
     wc.max_batch_tokens = 512;
     wc.max_seqs = 64;
     wc.prefix_cache_mb = 1024; // the cache may keep the whole pool
@@ -312,7 +312,7 @@ struct CachedPool : Plan {
   // What a step does once s's prompt is computed: its full blocks enter the cache; then s finishes.
   void finish_into_cache(wrk_seq *s) {
     s->n_done = s->n_toks;
-    ASSERT_GT(wrk_prefix_insert(eng.prefix, s->toks, s->n_toks, s->blocks.ids, s->blocks.n), 0);
+    ASSERT_GT(kv_prefix_insert(eng.prefix, s->toks, s->n_toks, s->blocks.ids, s->blocks.n), 0);
     wrk_engine_remove(&eng, s);
   }
 };
@@ -325,16 +325,16 @@ TEST_F(CachedPool, ASecondLongPromptEvictsTheFirstOnesCachedBlocks) {
   wrk_engine_admit(&eng, on_reject, this);
   ASSERT_TRUE(running(a));
   finish_into_cache(a);
-  wrk_prefix_stats st;
-  wrk_prefix_get_stats(eng.prefix, &st);
+  kv_prefix_stats st;
+  kv_prefix_get_stats(eng.prefix, &st);
   ASSERT_EQ(st.blocks[0], 25);
-  ASSERT_EQ(wrk_kvpool_free_blocks(rt.kv), 15);
+  ASSERT_EQ(kv_pool_free_blocks(rt.kv), 15);
   wrk_seq *b = queue(400, 5000); // shares nothing with a
   wrk_engine_admit(&eng, on_reject, this);
   EXPECT_TRUE(rejected.empty());
   ASSERT_TRUE(running(b));
   EXPECT_EQ(b->blocks.n, 26);
-  wrk_prefix_get_stats(eng.prefix, &st);
+  kv_prefix_get_stats(eng.prefix, &st);
   EXPECT_LE(st.blocks[0], 40 - 26);
 }
 
@@ -360,14 +360,14 @@ TEST_F(CachedPool, APromptThatFitsTheEmptyPoolIsNeverRefused) {
 // pool short waits for them instead of being refused, and runs once they come back.
 TEST_F(CachedPool, AShortPoolWaitsForBlocksHeldOutsideTheBatch) {
   make(20);
-  wrk_blocks held{};
-  ASSERT_EQ(wrk_blocks_reserve(rt.kv, &held, 15 * 16), 0);
+  kv_blocks held{};
+  ASSERT_EQ(kv_blocks_reserve(rt.kv, &held, 15 * 16), 0);
   wrk_seq *a = queue(100, 1000); // 7 blocks, 5 free
   wrk_engine_admit(&eng, on_reject, this);
   EXPECT_TRUE(rejected.empty());
   EXPECT_FALSE(running(a));
   EXPECT_EQ(eng.n_wait, 1);
-  wrk_blocks_release(rt.kv, &held);
+  kv_blocks_release(rt.kv, &held);
   wrk_engine_admit(&eng, on_reject, this);
   EXPECT_TRUE(rejected.empty());
   EXPECT_TRUE(running(a));
@@ -383,7 +383,7 @@ TEST_F(CachedPool, GrowthEvictsCachedBlocksBeforePreempting) {
   wrk_engine_admit(&eng, on_reject, this);
   ASSERT_TRUE(running(b));
   ASSERT_TRUE(running(c));
-  ASSERT_LT(wrk_kvpool_free_blocks(rt.kv), 2);
+  ASSERT_LT(kv_pool_free_blocks(rt.kv), 2);
   b->n_done = b->n_toks; // b's prompt computed; its next chunk is 40 new tokens (3 more blocks)
   c->n_done = c->n_toks - 1; // c decodes
   for (int i = 0; i < 40; i++) ASSERT_EQ(wrk_seq_push(b, 42), 0);

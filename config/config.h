@@ -1,0 +1,166 @@
+// config/config.h: the cluster config file (one JSON file for every node), parsed strictly.
+#ifndef DSERVE_CFG_CONFIG_H
+#define DSERVE_CFG_CONFIG_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cfg_role { CFG_ROLE_BOTH = 0, CFG_ROLE_PREFILL = 1, CFG_ROLE_DECODE = 2 } cfg_role;
+const char *cfg_role_name(cfg_role r); // "both", "prefill", "decode"
+// router.disagg_policy (router/sched.h rtr_sched_disagg says what each does)
+typedef enum cfg_disagg_policy { CFG_DISAGG_AUTO = 0, CFG_DISAGG_THRESHOLD = 1 } cfg_disagg_policy;
+
+// The one place each default lives: config.c fills a file's absent keys with these, and code that meets a config
+// made without the file (tests, a zeroed field) falls back to the same constant, never to a number of its own.
+enum {
+  CFG_DEF_ROUTER_PORT = 8000,
+  CFG_DEF_CONN_TIMEOUT_S = 60,
+  CFG_DEF_QUEUE_LIMIT = 256,
+  CFG_DEF_MAX_N = 8,
+  CFG_DEF_MAX_STOP = 8,
+  CFG_DEF_REQUEST_TIMEOUT_MS = 600000,
+  CFG_DEF_LINK_DEAD_MS = 15000,
+  CFG_DEF_DISAGG_THRESHOLD = 128,
+  CFG_DEF_DISAGG_MAX_PREFILL_QUEUE = 2,
+  CFG_DEF_PREFIX_FETCH_MIN_BLOCKS = 4,
+  CFG_DEF_DRAIN_TIMEOUT_S = 30,
+  CFG_DEF_MAX_CONNECTIONS = 4096,
+  CFG_DEF_MAX_CONNECTIONS_PER_CLIENT = 256,
+  CFG_DEF_HEADER_TIMEOUT_S = 10,
+  CFG_DEF_MIGRATION_LIMIT = 2,
+  CFG_DEF_MIGRATION_WAIT_MS = 10000,
+  CFG_DEF_MIGRATE_SILENT_MS = 2000,
+  CFG_DEF_KV_BUDGET_MB = 256,
+  CFG_DEF_BLOCK_SIZE = 16,
+  CFG_DEF_MAX_SEQS = 64,
+  CFG_DEF_MAX_BATCH_TOKENS = 512,
+  CFG_DEF_HANDOFF_TIMEOUT_MS = 30000,
+  CFG_DEF_TABLE_TIMEOUT_MS = 30000,
+};
+
+typedef struct cfg_worker {
+  char name[64];          // unique in the cluster
+  char node[64];          // the node that runs it
+  cfg_role role;
+  char host[64];          // control address it listens on (and the router connects to)
+  int port;               // control port (0 = ephemeral; only for tests that read it back)
+  int threads;            // compute threads (default: CPUs of the node)
+  char kernels[16];       // "auto", "scalar", "avx2", "avx512"
+  char device[16];        // "cpu" or "cuda:N"
+  char cuda_graphs[4];    // "off" (default) or "on": decode steps replayed from CUDA graphs (models/llama.h)
+  double kv_budget_mb;    // KV block pool size
+  int block_size;         // tokens per KV block (16)
+  char kv_type[8];        // "f16" or "f32"
+  int max_seqs;           // sequences in the running batch at most
+  int max_batch_tokens;   // tokens per forward step at most (prefill chunk size); the hard cap of every step
+  double tpot_target_ms;  // step scheduler: steps with decode rows aim at this many ms (0 = off: max_batch_tokens)
+  double prefix_cache_mb; // KV blocks the prefix cache may keep across requests (0 = no reuse)
+  double prefix_host_mb;  // second tier in host DRAM for blocks evicted from the pool (0 = none)
+  double prefix_disk_mb;  // third tier: one file on local disk (0 = none)
+  char prefix_disk_path[256];
+  char kvx_backend[16];   // "auto", "tcp", "shm", "rdma", "nccl", "nixl"
+  char kvx_host[64];      // kvxfer listen address
+  int kvx_port;           // 0 = ephemeral (advertised through the control hello)
+  char kvx_staging[8];    // "auto", "on", "off": KV moves through a host mirror of a device pool (kv/stage.h)
+  int handoff_timeout_ms; // decode: a prompt's KV must arrive this long after the request (plus a per-token allowance)
+  int table_timeout_ms;   // prefill: the decode worker's block table must arrive this long after the request
+  int drain_timeout_s;    // on SIGTERM: how long running requests may take to finish (0 = stop at once)
+} cfg_worker;
+
+typedef struct cfg_router {
+  char node[64];
+  char host[64];               // HTTP bind address (default 127.0.0.1)
+  int port;                    // default 8000
+  char **api_keys;             // (owned) (n_api_keys) empty = no auth
+  int n_api_keys;
+  size_t max_body_bytes;       // default 1 MiB
+  int conn_timeout_s;          // idle HTTP connection timeout, default 60
+  int queue_limit;             // admitted-but-waiting requests at most; over it: 429 (default 256)
+  int max_tokens_limit;        // largest max_tokens accepted (default: the model's context)
+  int max_n;                   // largest n (default 8)
+  int max_stop;                // stop strings at most (default 8)
+  int request_timeout_ms;      // deadline of a request end to end (default 600000)
+  int link_dead_ms;            // a worker link that answers no stats (sent every 1 s) this long is closed (15000)
+  int disagg_threshold;        // prompts shorter than this (minus cached prefix) prefill on the decode worker (128)
+  cfg_disagg_policy disagg_policy; // "auto": ... and so do longer ones when the decode worker is idle or the
+                               // prefill queue is long; "threshold": length alone decides (router/sched.h)
+  int disagg_max_prefill_queue; // policy auto: a prefill worker with more queued than this is not used (2)
+  double w_overlap, w_queue, w_free; // KV-aware routing weights
+  int prefix_fetch;            // hint a prefill worker to fetch a longer cached prefix from a peer prefill worker (0)
+  int prefix_fetch_min_blocks; // ... when the peer holds at least this many more blocks (4)
+  int drain_timeout_s;         // on SIGTERM: how long running requests may take to finish (default 30; 0 = none)
+  int max_connections;         // open HTTP connections at most, all clients together (4096); beyond: a quick 503
+  int max_connections_per_client; // ... from one client address (256)
+  int header_timeout_s;        // a connection must send a request's headers within this long (10)
+  // Mid-stream migration (docs/reliability.md): a choice whose decode worker dies, goes silent or drains continues on
+  // another worker from the tokens already sent, at most migration_limit times per choice (2; 0 = never, as before).
+  int migration_limit;
+  int migration_wait_ms;       // with no other worker up: how long a choice waits for one (a restart) (10000)
+  int migrate_silent_ms;       // a worker silent this long (no pong) has its choices moved; its link stays until
+                               // link_dead_ms (2000; 0 = only when the link closes)
+} cfg_router;
+
+// Server-side sampling defaults (top-level "sampling"): what the router puts in a request that leaves a field out.
+// A field the file leaves out (has_* = 0) falls back to the GGUF's general.sampling.* keys, then to llama-server's
+// defaults (router/openai.h, rtr_sampling_resolve).
+typedef struct cfg_sampling {
+  int has_temperature, has_top_k, has_top_p, has_min_p, has_repetition_penalty; // given in the file
+  double temperature;        // [0, 2]; 0 = greedy
+  int top_k;                 // -1..1000000; 0 or -1 = off
+  double top_p;              // (0, 1]
+  double min_p;              // [0, 1]
+  double repetition_penalty; // (0, 2]; 1 = off
+} cfg_sampling;
+
+typedef struct cfg_cluster {
+  char path[1024];          // the file it came from
+  char model_path[1024];    // resolved against the config file's folder when relative
+  char model_name[128];     // the id /v1/models reports (default: the GGUF's general.name)
+  char chat_template[32];   // a chat template family overriding the GGUF's (models/chat.h; "" = recognise the GGUF's)
+  // The cluster's shared secret, resolved by cfg_load (ctl/secret.h): config secret_file, then the
+  // environment (DSERVE_SECRET_FILE, DSERVE_SECRET), then the inline "secret". Every control and kvxfer peer must
+  // prove it; a role without one refuses to start (cfg_require_secret).
+  char secret[128];         // "" = none found (only the launcher starts then: it makes a per-launch one)
+  char secret_file[1024];   // the config's "secret_file", resolved against the config file's folder ("" = none)
+  int secret_from;          // ctl_secret_from: where secret came from
+  char remote_field[96];    // the first field naming a non-loopback host ("" = every host is loopback)
+  int has_router;
+  cfg_router router;
+  cfg_sampling sampling; // the "sampling" section (all has_* 0 when absent)
+  cfg_worker *workers;  // (owned) (n_workers)
+  int n_workers;
+  char **nodes;             // (owned) (n_nodes) every node named in the file
+  int n_nodes;
+} cfg_cluster;
+
+// Parses and validates path. An unknown key, a wrong type or a bad value is an error naming the field
+// (e.g. "configs/x.json: workers[1].port: expected an integer 0..65535"). configs/README.md documents every key.
+// cfg_load also resolves the shared secret (cfg_resolve_secret); cfg_parse only records the
+// inline "secret" and "secret_file" (no file or environment is read).
+int cfg_load(const char *path, cfg_cluster **out, char *err, size_t errlen);
+int cfg_parse(const char *json, size_t len, const char *path_for_errors, cfg_cluster **out, char *err,
+                     size_t errlen);
+void cfg_free(cfg_cluster *c);
+const cfg_worker *cfg_find_worker(const cfg_cluster *c, const char *name);
+// Overrides worker's device (the command line's --device): "cpu", "cuda" (= "cuda:0") or "cuda:N"; 0, or -1 with err.
+int cfg_set_device(cfg_cluster *c, const char *worker, const char *device, char *err, size_t errlen);
+int cfg_has_node(const cfg_cluster *c, const char *node); // 1 when node is one of c->nodes
+int cfg_role_parse(const char *s, cfg_role *out);                // "both"/"prefill"/"decode"; -1 otherwise
+
+// config/secret.c
+// Fills c->secret and c->secret_from: c->secret_file, then $DSERVE_SECRET_FILE, then $DSERVE_SECRET, then the
+// inline "secret". Refuses (-1 with err naming the config file): "secret" and "secret_file" both given, an
+// unreadable or weak secret, and, when c->remote_field names a non-loopback host, no secret, an inline one or one
+// with fewer than CTL_SECRET_REMOTE_BITS bits. No secret on a loopback-only config is not an error here.
+int cfg_resolve_secret(cfg_cluster *c, char *err, size_t errlen);
+
+// What every role calls before it listens: 0 when c has a secret, else -1 with a message saying how to give one.
+int cfg_require_secret(const cfg_cluster *c, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

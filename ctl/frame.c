@@ -1,0 +1,218 @@
+// ctl/frame.c: length-prefixed JSON frames over stream sockets, for router <-> worker control.
+#include "ctl/frame.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto/proto.h"
+
+struct ctl_frame {
+  int fd;
+  pthread_mutex_t send_mu; // orders whole frames from several sender threads
+  uint8_t *buf;            // (owned) received bytes not yet returned (len of cap)
+  size_t len, cap;
+};
+
+static int resolve(const char *host, int port, struct sockaddr_in *sa, char *err, size_t errlen) {
+  memset(sa, 0, sizeof *sa);
+  sa->sin_family = AF_INET;
+  sa->sin_port = htons((uint16_t)port);
+  if (port < 0 || port > 65535) {
+    snprintf(err, errlen, "port %d out of range", port);
+    return -1;
+  }
+  struct addrinfo hints = {0}, *res = NULL;
+  hints.ai_family = AF_INET;
+  int rc = getaddrinfo(host, NULL, &hints, &res);
+  if (rc != 0 || !res) {
+    snprintf(err, errlen, "cannot resolve '%s': %s", host, gai_strerror(rc));
+    return -1;
+  }
+  sa->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+  freeaddrinfo(res);
+  return 0;
+}
+
+int ctl_frame_listen(const char *host, int port, int *bound_port, char *err, size_t errlen) {
+  struct sockaddr_in sa;
+  if (resolve(host, port, &sa, err, errlen)) return -1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+  if (fd < 0) {
+    snprintf(err, errlen, "socket: %s", strerror(errno));
+    return -1;
+  }
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 128)) {
+    snprintf(err, errlen, "listen on %s:%d: %s", host, port, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  socklen_t sl = sizeof sa;
+  getsockname(fd, (struct sockaddr *)&sa, &sl);
+  if (bound_port) *bound_port = ntohs(sa.sin_port);
+  return fd;
+}
+
+int ctl_frame_connect(const char *host, int port, int timeout_ms, char *err, size_t errlen) {
+  struct sockaddr_in sa;
+  if (resolve(host, port, &sa, err, errlen)) return -1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    snprintf(err, errlen, "socket: %s", strerror(errno));
+    return -1;
+  }
+  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+  if (rc && errno == EINPROGRESS) {
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int soerr = 0;
+    socklen_t sl = sizeof soerr;
+    rc = poll(&p, 1, timeout_ms);
+    if (rc == 0) {
+      errno = ETIMEDOUT;
+      rc = -1;
+    } else if (rc > 0) {
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+      errno = soerr;
+      rc = soerr ? -1 : 0;
+    }
+  }
+  if (rc) {
+    snprintf(err, errlen, "connect to %s:%d: %s", host, port, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+ctl_frame *ctl_frame_new(int fd) {
+  ctl_frame *c = calloc(1, sizeof *c);
+  if (!c) {
+    close(fd);
+    return NULL;
+  }
+  c->fd = fd;
+  pthread_mutex_init(&c->send_mu, NULL);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); // harmless on unix sockets (fails quietly)
+  return c;
+}
+
+void ctl_frame_free(ctl_frame *c) {
+  if (!c) return;
+  if (c->fd >= 0) close(c->fd);
+  pthread_mutex_destroy(&c->send_mu);
+  free(c->buf);
+  free(c);
+}
+
+int ctl_frame_fd(const ctl_frame *c) { return c->fd; }
+
+static int write_all(int fd, const uint8_t *p, size_t n) {
+  while (n) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+int ctl_frame_send(ctl_frame *c, const cJSON *msg) {
+  char *text = cJSON_PrintUnformatted(msg);
+  if (!text) return -1;
+  size_t n = strlen(text);
+  int rc = -1;
+  if (n <= CTL_FRAME_MAX_FRAME) {
+    uint8_t hdr[4] = {(uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8), (uint8_t)n};
+    pthread_mutex_lock(&c->send_mu);
+    rc = write_all(c->fd, hdr, 4) || write_all(c->fd, (const uint8_t *)text, n) ? -1 : 0;
+    pthread_mutex_unlock(&c->send_mu);
+  }
+  cJSON_free(text);
+  return rc;
+}
+
+static size_t frame_len(const ctl_frame *c) {
+  return (size_t)c->buf[0] << 24 | (size_t)c->buf[1] << 16 | (size_t)c->buf[2] << 8 | c->buf[3];
+}
+
+int ctl_frame_pending(const ctl_frame *c) { return c->len >= 4 && c->len >= 4 + frame_len(c); }
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int ctl_frame_recv(ctl_frame *c, cJSON **msg, int timeout_ms, char *err, size_t errlen) {
+  *msg = NULL;
+  int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+  for (;;) {
+    if (c->len >= 4) {
+      size_t n = frame_len(c);
+      if (n > CTL_FRAME_MAX_FRAME) {
+        snprintf(err, errlen, "control frame of %zu bytes exceeds the %u-byte limit", n, CTL_FRAME_MAX_FRAME);
+        return -1;
+      }
+      if (c->len >= 4 + n) {
+        cJSON *m = cJSON_ParseWithLength((const char *)c->buf + 4, n);
+        memmove(c->buf, c->buf + 4 + n, c->len - 4 - n);
+        c->len -= 4 + n;
+        if (!m || !cJSON_IsObject(m) || !*prt_op(m)) {
+          cJSON_Delete(m);
+          snprintf(err, errlen, "malformed control message (not a JSON object with a string \"op\")");
+          return -1;
+        }
+        *msg = m;
+        return 1;
+      }
+    }
+    int wait = -1;
+    if (deadline >= 0) {
+      int64_t left = deadline - now_ms();
+      if (left <= 0) return 0;
+      wait = (int)left;
+    }
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    int rc = poll(&p, 1, wait);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) {
+      snprintf(err, errlen, "poll: %s", strerror(errno));
+      return -1;
+    }
+    if (rc == 0) return 0;
+    if (c->cap - c->len < 65536) { // no whole frame is buffered, so len < 4 + CTL_FRAME_MAX_FRAME bounds cap
+      size_t cap = c->cap ? c->cap * 2 : 131072;
+      uint8_t *nb = realloc(c->buf, cap);
+      if (!nb) {
+        snprintf(err, errlen, "out of memory for a control frame");
+        return -1;
+      }
+      c->buf = nb;
+      c->cap = cap;
+    }
+    ssize_t r = recv(c->fd, c->buf + c->len, c->cap - c->len, 0);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r <= 0) {
+      snprintf(err, errlen, "%s", r == 0 ? "connection closed by peer" : strerror(errno));
+      return -1;
+    }
+    c->len += (size_t)r;
+  }
+}

@@ -1,0 +1,34 @@
+// launch/launch.h: the launcher: starts the roles a cluster config gives one node, supervises them, stops them.
+#ifndef DSERVE_LCH_LAUNCH_H
+#define DSERVE_LCH_LAUNCH_H
+
+#include <stddef.h>
+
+#include "config/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct lch_opts {
+  const char *config_path; // (borrowed) passed to every child as --config
+  const char *node;        // (borrowed) this node's name
+  const char *dserve;      // (borrowed) binary the children run; NULL = /proc/self/exe
+  int grace_ms;            // after SIGTERM to the children, SIGKILL at this deadline (10000)
+  int backoff_ms;          // first restart delay, doubled per restart in the window (250)
+  int max_restarts;        // restarts of one child per window at most; one more exit = permanently failed (5)
+  int restart_window_ms;   // (60000)
+  int probe_ms;            // health probe period while a child is not yet up (200)
+} lch_opts;
+
+void lch_defaults(lch_opts *o);
+
+// Runs the supervisor until SIGTERM/SIGINT (returns 0 after stopping every child) or until every child has
+// failed permanently (returns 1). Blocks SIGTERM, SIGINT and SIGCHLD in the calling thread. Setup errors
+// (node not in the file, nothing to run, binary not found) return 2 with err filled.
+int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,211 @@
+// tests/ctl/test_hub.cc: the worker control hub (secret proof, hello, events, refusal).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "ctl/frame.h"
+#include "ctl/hub.h"
+#include "proto/proto.h"
+
+TEST(HubAuth, ProofIsHmacSha256OfTheNonce) {
+  // RFC 4231 test case 2: HMAC-SHA256("Jefe", "what do ya want for nothing?")
+  char proof[65];
+  ctl_auth_proof("Jefe", "what do ya want for nothing?", proof);
+  EXPECT_STREQ(proof, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+TEST(Hub, HelloThenMessagesThenClose) {
+  char err[256];
+  ctl_hub_opts so = {};
+  so.name = "w0";
+  so.role = "both";
+  so.secret = "s3cret";
+  so.host = "127.0.0.1";
+  so.hello_extra = [](void *, cJSON *ok) { cJSON_AddNumberToObject(ok, "n_ctx", 8192); };
+  ctl_hub *server = nullptr, *client = nullptr;
+  ASSERT_EQ(ctl_hub_new(&so, &server, err, sizeof err), 0) << err;
+  ctl_hub_opts co = {};
+  co.name = "router";
+  co.role = "router";
+  co.secret = "s3cret";
+  ASSERT_EQ(ctl_hub_new(&co, &client, err, sizeof err), 0) << err;
+  ctl_peer *p = ctl_hub_connect(client, "127.0.0.1", ctl_hub_port(server), 2000, err, sizeof err);
+  ASSERT_NE(p, nullptr) << err;
+  EXPECT_STREQ(ctl_peer_name(p), "w0");
+  EXPECT_EQ(cJSON_GetObjectItem(ctl_peer_hello(p), "n_ctx")->valueint, 8192);
+
+  ctl_event ev;
+  ASSERT_EQ(ctl_hub_next(server, &ev, 2000), 1);
+  EXPECT_STREQ(cJSON_GetObjectItem(ev.msg, "op")->valuestring, "hello");
+  EXPECT_STREQ(ctl_peer_name(ev.peer), "router");
+  ctl_peer *back = ev.peer;
+  ctl_peer_ref(back);
+  ctl_event_done(&ev);
+
+  cJSON *m = cJSON_Parse("{\"op\":\"generate\",\"id\":\"r1\"}");
+  ASSERT_EQ(ctl_peer_send(p, m), 0);
+  cJSON_Delete(m);
+  ASSERT_EQ(ctl_hub_next(server, &ev, 2000), 1);
+  EXPECT_STREQ(cJSON_GetObjectItem(ev.msg, "id")->valuestring, "r1");
+  ctl_event_done(&ev);
+
+  m = cJSON_Parse("{\"op\":\"token\",\"id\":\"r1\"}");
+  ASSERT_EQ(ctl_peer_send(back, m), 0);
+  cJSON_Delete(m);
+  ASSERT_EQ(ctl_hub_next(client, &ev, 2000), 1);
+  EXPECT_STREQ(cJSON_GetObjectItem(ev.msg, "op")->valuestring, "token");
+  ctl_event_done(&ev);
+
+  ctl_peer_close(p);
+  ASSERT_EQ(ctl_hub_next(server, &ev, 2000), 1);
+  EXPECT_EQ(ev.msg, nullptr); // closed
+  EXPECT_EQ(ev.peer, back);
+  EXPECT_FALSE(ctl_peer_alive(back));
+  ctl_event_done(&ev);
+  EXPECT_EQ(ctl_hub_next(server, &ev, 0), 0);
+  ctl_peer_unref(back);
+  ctl_peer_unref(p);
+  ctl_hub_free(client);
+  ctl_hub_free(server);
+}
+
+TEST(Hub, WrongSecretIsRefused) {
+  char err[256];
+  ctl_hub_opts so = {};
+  so.name = "w0";
+  so.role = "both";
+  so.secret = "right";
+  so.host = "127.0.0.1";
+  ctl_hub *server = nullptr, *client = nullptr;
+  ASSERT_EQ(ctl_hub_new(&so, &server, err, sizeof err), 0) << err;
+  ctl_hub_opts co = {};
+  co.name = "stranger";
+  co.role = "router";
+  co.secret = "wrong";
+  ASSERT_EQ(ctl_hub_new(&co, &client, err, sizeof err), 0) << err;
+  EXPECT_EQ(ctl_hub_connect(client, "127.0.0.1", ctl_hub_port(server), 2000, err, sizeof err), nullptr);
+  EXPECT_EQ(ctl_hub_auth_failures(client), 1); // the other side refused our hello
+  ctl_hub_free(client);
+  ctl_event ev;
+  EXPECT_EQ(ctl_hub_next(server, &ev, 200), 0); // no hello ever reached the loop
+  EXPECT_EQ(ctl_hub_auth_failures(server), 1);
+  ctl_hub_free(server);
+}
+
+// A hub never runs without a secret: there is no unauthenticated mode to fall into.
+TEST(Hub, NoSecretNoHub) {
+  char err[256];
+  for (const char *secret : {"", (const char *)nullptr}) {
+    for (const char *host : {"127.0.0.1", (const char *)nullptr}) {
+      ctl_hub_opts o = {};
+      o.name = "w0";
+      o.role = "both";
+      o.secret = secret;
+      o.host = host;
+      ctl_hub *h = nullptr;
+      EXPECT_EQ(ctl_hub_new(&o, &h, err, sizeof err), -1);
+      EXPECT_EQ(h, nullptr);
+      EXPECT_NE(std::string(err).find("without a shared secret"), std::string::npos) << err;
+    }
+  }
+}
+
+// Raw peers (what an attacker on the host sends): a hello without auth, with a wrong proof, with an empty-key proof,
+// another op first, a hello whose "op" an "OP" member shadows for a case-insensitive lookup. Each gets the challenge
+// and then a closed connection, never a hello_ok (which carries the KV layout and kvxfer metadata), and each is
+// counted.
+TEST(Hub, RawHellosWithoutTheProofGetNoHelloOk) {
+  char err[256];
+  ctl_hub_opts so = {};
+  so.name = "w0";
+  so.role = "decode";
+  so.secret = "the-right-cluster-secret";
+  so.host = "127.0.0.1";
+  so.hello_extra = [](void *, cJSON *ok) { cJSON_AddStringToObject(ok, "kvx_md", "secret-metadata"); };
+  ctl_hub *server = nullptr;
+  ASSERT_EQ(ctl_hub_new(&so, &server, err, sizeof err), 0) << err;
+  enum { NO_AUTH, WRONG, EMPTY_KEY, OTHER_OP, SHADOWED_OP };
+  for (int kind : {NO_AUTH, WRONG, EMPTY_KEY, OTHER_OP, SHADOWED_OP}) {
+    int fd = ctl_frame_connect("127.0.0.1", ctl_hub_port(server), 2000, err, sizeof err);
+    ASSERT_GE(fd, 0) << err;
+    ctl_frame *c = ctl_frame_new(fd);
+    cJSON *ch = nullptr;
+    ASSERT_EQ(ctl_frame_recv(c, &ch, 2000, err, sizeof err), 1) << err;
+    EXPECT_STREQ(cJSON_GetObjectItem(ch, "op")->valuestring, "challenge");
+    const char *nonce = cJSON_GetObjectItem(ch, "nonce")->valuestring;
+    cJSON *m = cJSON_CreateObject();
+    if (kind == SHADOWED_OP) cJSON_AddNumberToObject(m, "OP", 1); // the hub read this one's NULL string and crashed
+    cJSON_AddStringToObject(m, "op", kind == OTHER_OP ? "generate" : "hello");
+    cJSON_AddStringToObject(m, "name", "intruder");
+    cJSON_AddStringToObject(m, "role", "router");
+    char proof[65];
+    if (kind == WRONG) ctl_auth_proof("a-guessed-cluster-secret", nonce, proof);
+    if (kind == EMPTY_KEY) ctl_auth_proof("", nonce, proof);
+    if (kind == WRONG || kind == EMPTY_KEY) cJSON_AddStringToObject(m, "auth", proof);
+    ASSERT_EQ(ctl_frame_send(c, m), 0);
+    cJSON_Delete(m);
+    cJSON_Delete(ch);
+    cJSON *reply = nullptr;
+    EXPECT_EQ(ctl_frame_recv(c, &reply, 3000, err, sizeof err), -1) << "kind " << kind << " got a reply";
+    cJSON_Delete(reply);
+    ctl_frame_free(c);
+    EXPECT_EQ(ctl_hub_auth_failures(server), kind + 1);
+  }
+  ctl_event ev;
+  EXPECT_EQ(ctl_hub_next(server, &ev, 100), 0);
+  ctl_hub_free(server);
+}
+
+// A hello with the right proof but another protocol version, or none, gets an error naming both versions, then the
+// connection closes; it is not counted as an authentication failure.
+TEST(Hub, OtherProtocolVersionIsRefused) {
+  char err[256];
+  ctl_hub_opts so = {};
+  so.name = "w0";
+  so.role = "decode";
+  so.secret = "the-cluster-secret";
+  so.host = "127.0.0.1";
+  ctl_hub *server = nullptr;
+  ASSERT_EQ(ctl_hub_new(&so, &server, err, sizeof err), 0) << err;
+  for (int version : {PRT_VERSION + 1, -1}) {
+    int fd = ctl_frame_connect("127.0.0.1", ctl_hub_port(server), 2000, err, sizeof err);
+    ASSERT_GE(fd, 0) << err;
+    ctl_frame *c = ctl_frame_new(fd);
+    cJSON *ch = nullptr;
+    ASSERT_EQ(ctl_frame_recv(c, &ch, 2000, err, sizeof err), 1) << err;
+    char proof[65];
+    ctl_auth_proof("the-cluster-secret", cJSON_GetObjectItem(ch, "nonce")->valuestring, proof);
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "op", PRT_OP_HELLO);
+    cJSON_AddStringToObject(m, "name", "r-old");
+    cJSON_AddStringToObject(m, "role", "router");
+    cJSON_AddStringToObject(m, "auth", proof);
+    if (version >= 0) cJSON_AddNumberToObject(m, "proto", version);
+    ASSERT_EQ(ctl_frame_send(c, m), 0);
+    cJSON_Delete(m);
+    cJSON_Delete(ch);
+    cJSON *reply = nullptr;
+    ASSERT_EQ(ctl_frame_recv(c, &reply, 3000, err, sizeof err), 1) << err;
+    EXPECT_STREQ(cJSON_GetObjectItem(reply, "op")->valuestring, PRT_OP_ERROR);
+    std::string why = cJSON_GetObjectItem(reply, "message")->valuestring;
+    EXPECT_NE(why.find("version " + std::to_string(PRT_VERSION)), std::string::npos) << why;
+    if (version >= 0) EXPECT_NE(why.find("version " + std::to_string(version)), std::string::npos) << why;
+    else EXPECT_NE(why.find("without a protocol version"), std::string::npos) << why;
+    cJSON_Delete(reply);
+    reply = nullptr;
+    EXPECT_EQ(ctl_frame_recv(c, &reply, 3000, err, sizeof err), -1);
+    cJSON_Delete(reply);
+    ctl_frame_free(c);
+  }
+  EXPECT_EQ(ctl_hub_auth_failures(server), 0);
+  ctl_event ev;
+  EXPECT_EQ(ctl_hub_next(server, &ev, 100), 0);
+  ctl_hub_free(server);
+}
+
+TEST(Hub, ConstantTimeCompare) {
+  EXPECT_TRUE(ctl_consttime_eq("abc", "abc"));
+  EXPECT_FALSE(ctl_consttime_eq("abc", "abd"));
+  EXPECT_FALSE(ctl_consttime_eq("abc", "abcd"));
+  EXPECT_TRUE(ctl_consttime_eq("", ""));
+}
