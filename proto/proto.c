@@ -34,18 +34,21 @@ cJSON *prt_new(const char *op) {
 
 cJSON *prt_bare_encode(const char *op) { return prt_new(op); }
 
-static const cJSON *field(const cJSON *o, const char *k) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  return v && !cJSON_IsNull(v) ? v : NULL;
+// Field k of o into *v (null reads as absent): 1 when present; 0 when absent and optional; -1 with err when absent
+// and required (req). Every reader below starts here.
+static int present(const cJSON *o, const char *op, const char *k, int req, const cJSON **v, char *err, size_t errlen) {
+  *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  if (*v && !cJSON_IsNull(*v)) return 1;
+  *v = NULL;
+  if (!req) return 0;
+  utl_seterr(err, errlen, "%s: %s is missing", op, k);
+  return -1;
 }
 
 int prt__str(const cJSON *o, const char *op, const char *k, int req, const char **out, char *err, size_t errlen) {
-  const cJSON *v = field(o, k);
-  if (!v) {
-    if (!req) return 0;
-    utl_seterr(err, errlen, "%s: %s is missing", op, k);
-    return -1;
-  }
+  const cJSON *v;
+  int p = present(o, op, k, req, &v, err, errlen);
+  if (p <= 0) return p;
   if (!cJSON_IsString(v)) {
     utl_seterr(err, errlen, "%s: %s must be a string", op, k);
     return -1;
@@ -56,12 +59,9 @@ int prt__str(const cJSON *o, const char *op, const char *k, int req, const char 
 
 int prt__num(const cJSON *o, const char *op, const char *k, int req, double lo, double hi, double *out, char *err,
              size_t errlen) {
-  const cJSON *v = field(o, k);
-  if (!v) {
-    if (!req) return 0;
-    utl_seterr(err, errlen, "%s: %s is missing", op, k);
-    return -1;
-  }
+  const cJSON *v;
+  int p = present(o, op, k, req, &v, err, errlen);
+  if (p <= 0) return p;
   if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi) {
     utl_seterr(err, errlen, "%s: %s must be a number in [%g, %g]", op, k, lo, hi);
     return -1;
@@ -77,12 +77,9 @@ static int is_int(const cJSON *v, int64_t lo, int64_t hi) {
 
 int prt__int(const cJSON *o, const char *op, const char *k, int req, int64_t lo, int64_t hi, int64_t *out, char *err,
              size_t errlen) {
-  const cJSON *v = field(o, k);
-  if (!v) {
-    if (!req) return 0;
-    utl_seterr(err, errlen, "%s: %s is missing", op, k);
-    return -1;
-  }
+  const cJSON *v;
+  int p = present(o, op, k, req, &v, err, errlen);
+  if (p <= 0) return p;
   if (!is_int(v, lo, hi)) {
     utl_seterr(err, errlen, "%s: %s must be an integer in [%lld, %lld]", op, k, (long long)lo, (long long)hi);
     return -1;
@@ -93,14 +90,11 @@ int prt__int(const cJSON *o, const char *op, const char *k, int req, int64_t lo,
 
 int prt__ints(const cJSON *o, const char *op, const char *k, int req, int64_t lo, int64_t hi, int32_t **out, int *n,
               char *err, size_t errlen) {
-  const cJSON *v = field(o, k), *e;
+  const cJSON *v, *e;
   *out = NULL;
   *n = 0;
-  if (!v) {
-    if (!req) return 0;
-    utl_seterr(err, errlen, "%s: %s is missing", op, k);
-    return -1;
-  }
+  int p = present(o, op, k, req, &v, err, errlen);
+  if (p <= 0) return p;
   if (!cJSON_IsArray(v)) {
     utl_seterr(err, errlen, "%s: %s must be an array of integers", op, k);
     return -1;
@@ -139,12 +133,9 @@ int prt__add_ints(cJSON *o, const char *k, const int32_t *v, int n) {
 }
 
 int prt__obj(const cJSON *o, const char *op, const char *k, int req, const cJSON **out, char *err, size_t errlen) {
-  const cJSON *v = field(o, k);
-  if (!v) {
-    if (!req) return 0;
-    utl_seterr(err, errlen, "%s: %s is missing", op, k);
-    return -1;
-  }
+  const cJSON *v;
+  int p = present(o, op, k, req, &v, err, errlen);
+  if (p <= 0) return p;
   if (!cJSON_IsObject(v)) {
     utl_seterr(err, errlen, "%s: %s must be an object", op, k);
     return -1;

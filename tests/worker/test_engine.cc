@@ -151,7 +151,9 @@ struct Plan : ::testing::Test {
   std::vector<std::unique_ptr<wrk_seq>> seqs;
   char err[256] = {0};
 
-  void SetUp() override {
+  void SetUp() override { make(1024, 0); }
+  // A one-layer model's engine over a pool of pool_blocks blocks; prefix_mb > 0: with a prefix cache that size.
+  void make(int pool_blocks, double prefix_mb) {
     be.name = "test";
     be.alloc = t_alloc;
     be.free = t_free;
@@ -164,10 +166,12 @@ struct Plan : ::testing::Test {
     kv_pool_opts o{};
     o.type = KRN_F32;
     o.block_size = 16;
-    o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, 16) * 1024;
+    o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, 16) * (size_t)pool_blocks;
     ASSERT_EQ(kv_pool_new(&cfg, &kc, &o, &rt.kv, err, sizeof err), 0) << err;
+    ASSERT_EQ(kv_pool_total_blocks(rt.kv), pool_blocks);
     wc.max_batch_tokens = 512;
     wc.max_seqs = 64;
+    wc.prefix_cache_mb = prefix_mb;
     rt.w = &wc;
     ASSERT_EQ(wrk_engine_init(&eng, &rt, err, sizeof err), 0) << err;
   }
@@ -272,26 +276,7 @@ struct CachedPool : Plan {
   std::vector<wrk_seq *> rejected;
   void SetUp() override {} // each test sizes its own pool
   void make(int pool_blocks) {
-    be.name = "test";
-    be.alloc = t_alloc;
-    be.free = t_free;
-    kc.be = &be;
-    cfg.n_layer = 1;
-    cfg.n_kv_head = 1;
-    cfg.head_dim = 4;
-    cfg.n_head = 1;
-    cfg.n_embd = 4;
-    kv_pool_opts o{};
-    o.type = KRN_F32;
-    o.block_size = 16;
-    o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, 16) * (size_t)pool_blocks;
-    ASSERT_EQ(kv_pool_new(&cfg, &kc, &o, &rt.kv, err, sizeof err), 0) << err;
-    ASSERT_EQ(kv_pool_total_blocks(rt.kv), pool_blocks);
-    wc.max_batch_tokens = 512;
-    wc.max_seqs = 64;
-    wc.prefix_cache_mb = 1024; // the cache may keep the whole pool
-    rt.w = &wc;
-    ASSERT_EQ(wrk_engine_init(&eng, &rt, err, sizeof err), 0) << err;
+    Plan::make(pool_blocks, 1024); // the cache may keep the whole pool
     ASSERT_NE(eng.prefix, nullptr);
   }
   static void on_reject(void *arg, wrk_seq *s, int) { static_cast<CachedPool *>(arg)->rejected.push_back(s); }
