@@ -446,8 +446,8 @@ static void start(dec_worker *w, dec_seq *s) {
 // ---- control messages ----
 
 static const char *msg_id(const cJSON *m) {
-  const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
-  return cJSON_IsString(idj) ? idj->valuestring : "";
+  const char *id = prt_id(m);
+  return id ? id : "";
 }
 
 static void on_close(void *arg, ctl_peer *peer) {
@@ -510,9 +510,9 @@ static void on_stats(void *arg, ctl_peer *from, const cJSON *msg) {
   st.running = w->eng.n_run;
   st.waiting = w->eng.n_wait + w->n_handoffs;
   st.finished = (double)w->n_finished;
+  wrk_engine_prefix_stats(&w->eng, &st);
   cJSON *m = wrk_shell_stats_new(&w->sh, &st);
   if (!m) return;
-  wrk_engine_add_prefix_stats(&w->eng, m);
   ctl_peer_send(from, m);
   cJSON_Delete(m);
 }
@@ -678,7 +678,9 @@ static int step(dec_worker *w, char *err, size_t errlen) {
 // its pool.
 static void hello_extra(void *arg, cJSON *ok) {
   dec_worker *w = arg;
-  if (w->sh.kvx) kv_wire_add_md(ok, w->sh.kvx);
+  char *md = w->sh.kvx ? kv_wire_pack_md(w->sh.kvx) : NULL;
+  if (md) prt_hello_ok_add_worker(ok, &(prt_hello_ok){.kvx_md = md});
+  free(md);
 }
 
 int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size_t errlen) {

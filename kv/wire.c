@@ -17,18 +17,13 @@ prt_kv_layout kv_wire_layout(const kv_pool *kv) {
                          .base = kv_stage_addr(kv_pool_stage(kv), v->base)}; // the mirror, if staged
 }
 
-void kv_wire_add_layout(cJSON *msg, const kv_pool *kv) {
-  prt_kv_layout l = kv_wire_layout(kv);
-  prt_kv_layout_add(msg, &l);
-}
-
-int kv_wire_read_layout(const cJSON *msg, const kv_pool *local, wrk_kv_remote *out, char *err, size_t errlen) {
-  prt_kv_layout l;
-  char why[160];
-  if (prt_kv_layout_read(msg, prt_op(msg), &l, why, sizeof why)) {
-    snprintf(err, errlen, "the peer sent no usable kv_layout (%s)", why);
+int kv_wire_check_layout(const prt_kv_layout *peer, const kv_pool *local, wrk_kv_remote *out, char *err,
+                         size_t errlen) {
+  if (!peer) {
+    snprintf(err, errlen, "the peer sent no kv_layout");
     return -1;
   }
+  prt_kv_layout l = *peer;
   const mdl_llama_cfg *c = kv_pool_cfg(local);
   const mdl_kv *v = kv_pool_kv(local);
   if (l.n_groups != mdl_kv_groups(v)) {
@@ -170,24 +165,20 @@ int kv_wire_write_blocks(kvx_agent *a, const kv_pool *kv, const char *peer, cons
   return 0;
 }
 
-int kv_wire_add_md(cJSON *msg, kvx_agent *a) {
+char *kv_wire_pack_md(kvx_agent *a) {
   void *blob = NULL;
   size_t len = 0;
   char err[256];
-  if (kvx_pack_md(a, &blob, &len, err, sizeof err)) return -1;
+  if (kvx_pack_md(a, &blob, &len, err, sizeof err)) return NULL;
   char *b64 = wrk_base64_encode(blob, len);
   free(blob);
-  if (!b64) return -1;
-  cJSON_AddStringToObject(msg, "kvx_md", b64);
-  free(b64);
-  return 0;
+  return b64;
 }
 
-int kv_wire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen) {
-  const cJSON *md = cJSON_GetObjectItemCaseSensitive(msg, "kvx_md");
+int kv_wire_load_md(const char *kvx_md, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen) {
   uint8_t *blob = NULL;
   size_t len = 0;
-  if (!cJSON_IsString(md) || wrk_base64_decode(md->valuestring, &blob, &len)) {
+  if (!kvx_md || wrk_base64_decode(kvx_md, &blob, &len)) {
     snprintf(err, errlen, "the peer sent no usable kvx_md");
     return -1;
   }

@@ -27,10 +27,10 @@ typedef struct wrk_kv_remote {
 } wrk_kv_remote;
 
 prt_kv_layout kv_wire_layout(const kv_pool *kv); // the pool as hello_ok and prefix_pull describe it
-void kv_wire_add_layout(cJSON *msg, const kv_pool *kv);  // "kv_layout": {...}
-// Checks that the peer's layout matches ours (layers, KV width, type, block size, layer groups) and reads where it
-// lives.
-int kv_wire_read_layout(const cJSON *msg, const kv_pool *local, wrk_kv_remote *out, char *err, size_t errlen);
+// Checks that the peer's layout (decoded from its hello_ok or prefix_pull; NULL: it sent none) matches ours (layers,
+// KV width, type, block size, layer groups) and reads where it lives.
+int kv_wire_check_layout(const prt_kv_layout *peer, const kv_pool *local, wrk_kv_remote *out, char *err,
+                         size_t errlen);
 // Address of chunk (slot, kv, page) in the peer's pool (slot: the layer's place in its group, as in ours).
 uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int kv, int page);
 
@@ -61,8 +61,11 @@ int kv_wire_first_live_block(const mdl_llama_cfg *c, int layer, int n_prompt, in
 // the receiver took those blocks without window pages: wrk_seq.kv_from_peer).
 double kv_wire_handoff_bytes(const kv_pool *kv, int n_prompt, int skip, int *dead_out);
 
-int kv_wire_add_md(cJSON *msg, kvx_agent *a);  // "kvx_md": base64 of kvx_pack_md
-int kv_wire_load_md(const cJSON *msg, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen);
+// The kvxfer metadata a peer needs to write into our pool, as hello_ok's and prefix_pull's kvx_md carry it: base64 of
+// kvx_pack_md (malloc'ed; NULL on failure).
+char *kv_wire_pack_md(kvx_agent *a);
+// Loads a peer's kvx_md (the decoded message's field; NULL: it sent none) into a; its kvxfer name into peer (cap).
+int kv_wire_load_md(const char *kvx_md, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen);
 
 // A sampled token as every message carries it (proto's prt_sampled: kv_first, token's logprobs) from / to the
 // sampler's.

@@ -92,12 +92,13 @@ int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
   int k = want - m, sent = 0; // m < want: the pool's blocks are among the ones peek counted
   if (kv_pool_alloc(w->sh.rt->kv, ids, k) == 0 ||
       (kv_prefix_evict_for(px, k) >= 0 && kv_pool_alloc(w->sh.rt->kv, ids, k) == 0)) {
+    char *md = kv_wire_pack_md(w->sh.kvx); // the pool and kvxfer metadata, as hello_ok carries them
     prt_prefix_pull pp = {.id = r->req.id, .tokens = r->seq.toks, .n_tokens = want * bs, .first = m, .blocks = ids,
-                          .n_blocks = k};
-    cJSON *msg = prt_prefix_pull_encode(&pp, NULL, 0);
-    if (msg) kv_wire_add_layout(msg, w->sh.rt->kv); // the pool and kvxfer metadata, as hello_ok carries them
-    sent = msg && kv_wire_add_md(msg, w->sh.kvx) == 0 && ctl_peer_send(src->peer, msg) == 0;
+                          .n_blocks = k, .has_layout = 1, .kv_layout = kv_wire_layout(w->sh.rt->kv), .kvx_md = md};
+    cJSON *msg = md ? prt_prefix_pull_encode(&pp, NULL, 0) : NULL;
+    sent = msg && ctl_peer_send(src->peer, msg) == 0;
     cJSON_Delete(msg);
+    free(md);
     if (!sent)
       for (int i = 0; i < k; i++) kv_pool_unref(w->sh.rt->kv, ids[i]);
   }
@@ -125,9 +126,7 @@ void pfl_on_pulled(pfl_worker *w, ctl_peer *from, const cJSON *m, int failed) {
   int bad = failed ? prt_prefix_fail_decode(m, &no, why, sizeof why) : prt_prefix_pulled_decode(m, &ok, why, sizeof why);
   const char *id = failed ? no.id : ok.id;
   if (bad) { // a pulled without a usable n_blocks counts as 0 blocks, as a fail
-    const cJSON *idj = cJSON_GetObjectItemCaseSensitive(m, "id");
-    if (!cJSON_IsString(idj)) return;
-    id = idj->valuestring;
+    if (!(id = prt_id(m))) return;
     utl_warn(w->sh.rt->w->name, "from %s: %s", ctl_peer_name(from), why);
   }
   for (pfl_pull *p = w->pulls; p; p = p->next) {

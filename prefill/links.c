@@ -42,9 +42,14 @@ pfl_link *pfl_link_for(pfl_worker *w, const char *name, cfg_role role, int timeo
   ctl_peer_unref(l->peer); // a dropped link: reconnect
   l->peer = ctl_hub_connect(w->sh.hub, d->host, d->port, timeout_ms, err, errlen);
   if (!l->peer) return NULL;
-  const cJSON *hello = ctl_peer_hello(l->peer);
-  if (kv_wire_read_layout(hello, w->sh.rt->kv, &l->remote, err, errlen) ||
-      (role == CFG_ROLE_DECODE && kv_wire_load_md(hello, w->sh.kvx, l->kvx_peer, sizeof l->kvx_peer, err, errlen))) {
+  prt_hello_ok ok;
+  char why[200];
+  int bad = prt_hello_ok_decode(ctl_peer_hello(l->peer), &ok, why, sizeof why);
+  if (bad) snprintf(err, errlen, "%s", why);
+  else
+    bad = kv_wire_check_layout(ok.has_layout ? &ok.kv_layout : NULL, w->sh.rt->kv, &l->remote, err, errlen) ||
+          (role == CFG_ROLE_DECODE && kv_wire_load_md(ok.kvx_md, w->sh.kvx, l->kvx_peer, sizeof l->kvx_peer, err, errlen));
+  if (bad) {
     ctl_peer_close(l->peer);
     ctl_peer_unref(l->peer);
     l->peer = NULL;

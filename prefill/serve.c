@@ -67,7 +67,7 @@ static void reply(ctl_peer *to, const char *id, int n_blocks, const char *fail) 
 }
 
 // The peer's pool and kvxfer name: loaded from this pull when the connection has not pulled before.
-static pfl_sink *sink_for(pfl_serve *s, ctl_peer *from, const cJSON *msg, char *err, size_t errlen) {
+static pfl_sink *sink_for(pfl_serve *s, ctl_peer *from, const prt_prefix_pull *pm, char *err, size_t errlen) {
   for (pfl_sink *k = s->sinks; k; k = k->next)
     if (k->peer == from) return k;
   pfl_sink *k = calloc(1, sizeof *k);
@@ -75,8 +75,8 @@ static pfl_sink *sink_for(pfl_serve *s, ctl_peer *from, const cJSON *msg, char *
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  if (kv_wire_read_layout(msg, s->kv, &k->remote, err, errlen) ||
-      kv_wire_load_md(msg, s->kvx, k->kvx_peer, sizeof k->kvx_peer, err, errlen)) {
+  if (kv_wire_check_layout(pm->has_layout ? &pm->kv_layout : NULL, s->kv, &k->remote, err, errlen) ||
+      kv_wire_load_md(pm->kvx_md, s->kvx, k->kvx_peer, sizeof k->kvx_peer, err, errlen)) {
     free(k);
     return NULL;
   }
@@ -117,7 +117,7 @@ void pfl_serve_on_pull(pfl_serve *s, ctl_peer *from, const cJSON *msg) {
     prt_prefix_pull_free(&pm);
     return;
   }
-  pfl_sink *k = sink_for(s, from, msg, err, sizeof err);
+  pfl_sink *k = sink_for(s, from, &pm, err, sizeof err);
   if (!k) {
     reply(from, id, 0, err);
     prt_prefix_pull_free(&pm);

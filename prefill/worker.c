@@ -266,9 +266,9 @@ static void drop_early(pfl_worker *w, int i) {
 // kv_table: the decode worker's blocks for a request (a wrk_op; take_early_table calls it too).
 static void on_table(void *arg, ctl_peer *from, const cJSON *m) {
   pfl_worker *w = arg;
-  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
-  if (!cJSON_IsString(id)) return;
-  pfl_req *r = find(w, id->valuestring, ctl_peer_name(from));
+  const char *id = prt_id(m);
+  if (!id) return;
+  pfl_req *r = find(w, id, ctl_peer_name(from));
   if (!r) { // its generate has not arrived yet (or it was cancelled: then the table expires unused)
     keep_early(w, from, m);
     return;
@@ -301,8 +301,8 @@ static void on_table(void *arg, ctl_peer *from, const cJSON *m) {
 // Hands over the decode worker's block table if it came before the request did.
 void pfl_take_early_table(pfl_worker *w, pfl_req *r) {
   for (int i = 0; i < w->n_early; i++) {
-    const cJSON *eid = cJSON_GetObjectItemCaseSensitive(w->early[i].msg, "id");
-    if (!strcmp(eid->valuestring, r->req.id) && !strcmp(ctl_peer_name(w->early[i].from), r->link->name)) {
+    const char *eid = prt_id(w->early[i].msg); // an early message is kept only when it has one
+    if (!strcmp(eid, r->req.id) && !strcmp(ctl_peer_name(w->early[i].from), r->link->name)) {
       cJSON *m = w->early[i].msg;
       ctl_peer *from = w->early[i].from;
       w->early[i] = w->early[--w->n_early];
@@ -452,8 +452,8 @@ static void on_kv_fail(void *arg, ctl_peer *from, const cJSON *m) {
     return;
   }
   for (int i = w->n_early - 1; i >= 0; i--) { // a table that came before its request: it will never be used
-    const cJSON *eid = cJSON_GetObjectItemCaseSensitive(w->early[i].msg, "id");
-    if (!strcmp(eid->valuestring, f.id) && !strcmp(ctl_peer_name(w->early[i].from), name)) drop_early(w, i);
+    const char *eid = prt_id(w->early[i].msg);
+    if (!strcmp(eid, f.id) && !strcmp(ctl_peer_name(w->early[i].from), name)) drop_early(w, i);
   }
   cJSON *a = prt_kv_freed_encode(&(prt_kv_freed){f.id}, NULL, 0);
   if (a) ctl_peer_send(from, a);
@@ -487,9 +487,9 @@ static void on_stats(void *arg, ctl_peer *from, const cJSON *msg) {
   st.prefix_fetched_blocks = w->fetched_blocks;
   st.prefix_fetch_misses = w->fetch_misses;
   st.prefix_served_blocks = w->serve.served_blocks;
+  wrk_engine_prefix_stats(&w->eng, &st);
   cJSON *m = wrk_shell_stats_new(&w->sh, &st);
   if (!m) return;
-  wrk_engine_add_prefix_stats(&w->eng, m);
   ctl_peer_send(from, m);
   cJSON_Delete(m);
 }

@@ -21,6 +21,11 @@ const char *prt_op(const cJSON *m) {
   return cJSON_IsString(op) ? op->valuestring : "";
 }
 
+const char *prt_id(const cJSON *m) {
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "id");
+  return cJSON_IsString(id) ? id->valuestring : NULL;
+}
+
 int prt_is(const cJSON *m, const char *op) { return !strcmp(prt_op(m), op); }
 
 cJSON *prt_new(const char *op) {

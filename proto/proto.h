@@ -45,6 +45,9 @@ extern const int prt_n_ops;
 
 // The op of message m ("" when m has no string "op"). Never NULL.
 const char *prt_op(const cJSON *m);
+// The request id a message is about (token, done, error, cancel, kv_*, prefix_*), NULL when it has no string "id":
+// what a receiver reads to find the request before it decodes the message (or when the message does not decode).
+const char *prt_id(const cJSON *m);
 // 1 when m's op is op.
 int prt_is(const cJSON *m, const char *op);
 // A new message {"op": op} (owned by the caller), NULL on out of memory.

@@ -210,8 +210,7 @@ void *rtr_dispatcher_main(void *arg) {
       if (l && !ev.msg) {
         link_down_locked(s, l);
       } else if (l) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(ev.msg, "id");
-        const char *o = prt_op(ev.msg);
+        const char *id = prt_id(ev.msg), *o = prt_op(ev.msg);
         if (!strcmp(o, PRT_OP_PONG)) { // from the worker's hub thread: alive, however busy its compute loop is
           l->last_stats_ms = utl_now_ms();
           l->silent_moved = 0;
@@ -223,10 +222,10 @@ void *rtr_dispatcher_main(void *arg) {
           on_stats(s, l, ev.msg);
         } else if (!strcmp(o, PRT_OP_KV_EVENTS)) {
           on_kv_events(s, l, ev.msg);
-        } else if (cJSON_IsString(id) &&
+        } else if (id &&
                    (!strcmp(o, PRT_OP_TOKEN) || !strcmp(o, PRT_OP_DONE) || !strcmp(o, PRT_OP_ERROR))) {
           int ci;
-          rtr_req *r = find_choice_locked(s, id->valuestring, &ci);
+          rtr_req *r = find_choice_locked(s, id, &ci);
           if (r) on_choice_msg(s, l, r, ci, o, ev.msg);
         } else {
           utl_debug(LOGC, "worker %s: ignored message op '%s'", l->cfg->name, o);

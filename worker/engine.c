@@ -367,20 +367,14 @@ int wrk_engine_step(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *
   return wrk_engine_forward(e, on_layer, arg, err, errlen) ? -1 : 1;
 }
 
-void wrk_engine_add_prefix_stats(const wrk_engine *e, cJSON *msg) {
+void wrk_engine_prefix_stats(const wrk_engine *e, prt_stats_ok *out) {
   kv_prefix_stats st = {0};
   if (e->prefix) kv_prefix_get_stats(e->prefix, &st);
-  cJSON_AddNumberToObject(msg, "prefix_hits", (double)(st.hit_tokens[0] + st.hit_tokens[1] + st.hit_tokens[2]));
-  cJSON_AddNumberToObject(msg, "prefix_queries", (double)st.query_tokens);
-  cJSON_AddNumberToObject(msg, "prefix_cached_blocks", st.blocks[0]);
-  if (!e->prefix) return;
-  static const char *const tier_name[3] = {"pool", "host", "disk"};
-  cJSON *tiers = cJSON_AddObjectToObject(msg, "prefix_tiers");
-  for (int t = 0; tiers && t < 3; t++) {
-    if (!kv_prefix_has_tier(e->prefix, t)) continue;
-    cJSON *o = cJSON_AddObjectToObject(tiers, tier_name[t]);
-    cJSON_AddNumberToObject(o, "hits", (double)st.hit_tokens[t]);
-    cJSON_AddNumberToObject(o, "queries", (double)st.tier_query_tokens[t]);
-    cJSON_AddNumberToObject(o, "blocks", st.blocks[t]);
-  }
+  out->prefix_hits = (double)(st.hit_tokens[0] + st.hit_tokens[1] + st.hit_tokens[2]);
+  out->prefix_queries = (double)st.query_tokens;
+  out->prefix_cached_blocks = st.blocks[0];
+  for (int t = 0; e->prefix && t < PRT_N_TIERS; t++) // kv_prefix's tiers are proto's, in the same order
+    if (kv_prefix_has_tier(e->prefix, t))
+      out->tiers[t] = (prt_tier_stats){.present = 1, .hits = (double)st.hit_tokens[t],
+                                       .queries = (double)st.tier_query_tokens[t], .blocks = st.blocks[t]};
 }

@@ -10,6 +10,7 @@
 #include "models/llama.h"
 #include "kv/pool.h"
 #include "kv/prefix.h"
+#include "proto/stats.h"
 #include "worker/runtime.h"
 
 #ifdef __cplusplus
@@ -112,11 +113,10 @@ int wrk_engine_step(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *
 int wrk_engine_plan(wrk_engine *e); // fills batch / batch_of / batch_chunk; returns n_batch
 int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen); // 0 / -1
 int wrk_engine_busy(const wrk_engine *e);
-// Adds the prefix cache's counters to a stats_ok message: prefix_hits / prefix_queries (tokens served from
-// the cache / prompt tokens looked up, running totals) and prefix_cached_blocks; with a cache also
-// prefix_tiers {"pool"|"host"|"disk": {hits, queries (tokens, running totals), blocks (resident now)}} for
-// each configured tier (kv_prefix_stats.hit_tokens / tier_query_tokens / blocks).
-void wrk_engine_add_prefix_stats(const wrk_engine *e, cJSON *msg);
+// The prefix cache's counters for stats_ok (proto/stats.h): prefix_hits / prefix_queries (tokens served from the
+// cache / prompt tokens looked up, running totals) and prefix_cached_blocks; with a cache also each configured
+// tier's hits, queries (tokens, running totals) and blocks (resident now) (kv_prefix_stats).
+void wrk_engine_prefix_stats(const wrk_engine *e, prt_stats_ok *out);
 
 #ifdef __cplusplus
 }

@@ -81,8 +81,8 @@ int wrk_shell_drain(wrk_shell *sh, int wait_ms, kv_prefix *prefix);
 
 // A stats_ok reply holding st (the role's counts: running, waiting and its own counters; prt_stats_ok_init leaves
 // the others out) and what every worker reports (free_blocks, total_blocks, auth_failures: refused control + kvxfer
-// connections since start, filled in st); the role then adds wrk_engine_add_prefix_stats. Owned by the caller; NULL
-// on out of memory.
+// connections since start, filled in st); the role fills its prefix counts first (wrk_engine_prefix_stats).
+// Owned by the caller; NULL on out of memory.
 cJSON *wrk_shell_stats_new(const wrk_shell *sh, prt_stats_ok *st);
 
 int64_t wrk_shell_now_ms(void); // monotonic clock for deadlines

@@ -499,7 +499,9 @@ const BadCase kBad[] = {
     {R"({"model": "m", "workers": [{"role": "prefill", "port": 1}, {"role": "both", "port": 2}]})", "t.json: workers[0].role: a prefill worker needs a decode worker"},
     {R"({"model": "m", "workers": [{"port": 1, "kv_budget_mb": 0}]})", "t.json: workers[0].kv_budget_mb: expected a number > 0"},
     {R"({"model": "m", "workers": [{"port": 1, "kv_budget_mb": -5}]})", "t.json: workers[0].kv_budget_mb: expected a number > 0"},
-    {R"({"model": "m", "workers": [{"port": 1, "threads": 0}]})", "t.json: workers[0].threads: expected an integer 1..4096"},
+    {R"({"model": "m", "workers": [{"port": 1, "threads": 0}]})", "t.json: workers[0].threads: expected an integer 1..1024"},
+    {R"({"model": "m", "workers": [{"port": 1, "threads": 1025}]})", // the thread pool's limit, not more
+     "t.json: workers[0].threads: expected an integer 1..1024"},
     {R"({"model": "m", "workers": [{"port": 1, "kernels": "neon"}]})", "t.json: workers[0].kernels: \"neon\" is not one of"},
     {R"({"model": "m", "router": {"disagg_policy": "always"}, "workers": [{"port": 1}]})",
      "t.json: router.disagg_policy: \"always\" is not one of: auto, threshold"},
