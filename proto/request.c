@@ -185,6 +185,7 @@ int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) {
 
 #define GEN PRT_OP_GENERATE
 #define GEN_S "generate sampling"
+static int add_grammar(cJSON *j, const prt_grammar *g);
 
 static int add_sampling(cJSON *j, const prt_sampling *s) {
   cJSON *o = cJSON_AddObjectToObject(j, "sampling");
@@ -230,14 +231,61 @@ cJSON *prt_generate_encode(const prt_generate *m, char *err, size_t errlen) {
       (m->prefix_peer && (!cJSON_AddStringToObject(j, "prefix_peer", m->prefix_peer) ||
                           !cJSON_AddNumberToObject(j, "prefix_blocks", m->prefix_blocks))))
     return oom(j, err, errlen);
-  if (m->grammar) {
-    cJSON *g = cJSON_Duplicate(m->grammar, 1);
-    if (!g || !cJSON_AddItemToObject(j, "grammar", g)) {
-      cJSON_Delete(g);
-      return oom(j, err, errlen);
-    }
-  }
+  if (m->grammar.type != PRT_GRAMMAR_NONE && add_grammar(j, &m->grammar)) return oom(j, err, errlen);
   return j;
+}
+
+static const char *const GRAMMAR_TYPES[] = {"", "json", "json_schema", "tool_calls"};
+
+static int add_grammar(cJSON *j, const prt_grammar *g) {
+  cJSON *o = cJSON_AddObjectToObject(j, "grammar");
+  if (!o || !cJSON_AddStringToObject(o, "type", GRAMMAR_TYPES[g->type])) return -1;
+  if (g->type == PRT_GRAMMAR_JSON_SCHEMA && g->schema && !cJSON_AddRawToObject(o, "schema", g->schema)) return -1;
+  if (g->type != PRT_GRAMMAR_TOOL_CALLS) return 0;
+  if (!cJSON_AddRawToObject(o, "tools", g->tools ? g->tools : "[]") || !PRT_ADD_STR(o, "open", g->open) ||
+      !PRT_ADD_STR(o, "close", g->close) || !PRT_ADD_STR(o, "sep", g->sep) ||
+      !cJSON_AddBoolToObject(o, "parallel", g->parallel))
+    return -1;
+  return 0;
+}
+
+// The grammar object of a generate (absent: type NONE). -1 with err naming what is wrong.
+static int read_grammar(const cJSON *j, prt_grammar *g, char *err, size_t errlen) {
+  const cJSON *o = NULL, *x;
+  const char *type = NULL;
+  if (prt__obj(j, GEN, "grammar", 0, &o, err, errlen)) return -1;
+  if (!o) return 0;
+  if (prt__str(o, "generate: grammar", "type", 1, &type, err, errlen)) return -1;
+  for (int t = PRT_GRAMMAR_JSON; t <= PRT_GRAMMAR_TOOL_CALLS; t++)
+    if (!strcmp(type, GRAMMAR_TYPES[t])) g->type = (prt_grammar_type)t;
+  if (g->type == PRT_GRAMMAR_NONE) {
+    utl_seterr(err, errlen, "generate: grammar: type '%.40s' is not json, json_schema or tool_calls", type);
+    return -1;
+  }
+  if (g->type == PRT_GRAMMAR_JSON_SCHEMA) {
+    x = cJSON_GetObjectItemCaseSensitive(o, "schema");
+    if (!cJSON_IsObject(x) && !cJSON_IsBool(x)) {
+      utl_seterr(err, errlen, "generate: grammar: a json_schema grammar needs a schema (an object or a boolean)");
+      return -1;
+    }
+    if (!(g->schema = cJSON_PrintUnformatted(x))) goto oom;
+  } else if (g->type == PRT_GRAMMAR_TOOL_CALLS) {
+    const cJSON *par = cJSON_GetObjectItemCaseSensitive(o, "parallel");
+    x = cJSON_GetObjectItemCaseSensitive(o, "tools");
+    if (!cJSON_IsArray(x) || (par && !cJSON_IsBool(par)) ||
+        prt__str(o, "generate: grammar", "open", 1, &g->open, err, errlen) ||
+        prt__str(o, "generate: grammar", "close", 1, &g->close, err, errlen) ||
+        prt__str(o, "generate: grammar", "sep", cJSON_IsTrue(par), &g->sep, err, errlen)) {
+      utl_seterr(err, errlen, "generate: grammar: a tool_calls grammar needs tools, open, close, and sep when parallel");
+      return -1;
+    }
+    g->parallel = cJSON_IsTrue(par);
+    if (!(g->tools = cJSON_PrintUnformatted(x))) goto oom;
+  }
+  return 0;
+oom:
+  utl_seterr(err, errlen, "generate: out of memory");
+  return -1;
 }
 
 void prt_generate_free(prt_generate *m) {
@@ -249,6 +297,9 @@ void prt_generate_free(prt_generate *m) {
   m->sampling.logit_bias = NULL;
   m->stop = NULL;
   m->n_prompt = m->sampling.n_logit_bias = m->n_stop = m->n_stop_ids = 0;
+  free(m->grammar.schema);
+  free(m->grammar.tools);
+  m->grammar = (prt_grammar){0};
 }
 
 static int read_sampling(const cJSON *j, prt_sampling *s, char *err, size_t errlen) {
@@ -310,7 +361,7 @@ int prt_generate_decode(const cJSON *j, prt_generate *m, char *err, size_t errle
       prt__int(j, GEN, "deadline_ms", 0, 0, 1 << 30, &v[1], err, errlen) ||
       prt__int(j, GEN, "resume", 0, 0, INT32_MAX, &v[2], err, errlen) || read_sampling(j, &m->sampling, err, errlen) ||
       prt__ints(j, GEN, "stop_ids", 0, INT32_MIN, INT32_MAX, &m->stop_ids, &m->n_stop_ids, err, errlen) ||
-      prt__obj(j, GEN, "grammar", 0, &m->grammar, err, errlen))
+      read_grammar(j, &m->grammar, err, errlen))
     goto fail;
   m->max_tokens = (int)v[0];
   m->deadline_ms = (int)v[1];
@@ -353,6 +404,5 @@ int prt_generate_decode(const cJSON *j, prt_generate *m, char *err, size_t errle
   return 0;
 fail:
   prt_generate_free(m);
-  m->grammar = NULL;
   return -1;
 }

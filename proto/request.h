@@ -66,6 +66,25 @@ typedef struct prt_done {
 cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen);
 int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen);
 
+// generate's grammar (structured outputs and tool calls, docs/protocol.md): {"type": "json"} (any JSON object),
+// {"type": "json_schema", "schema": {...}}, or {"type": "tool_calls", "tools": [{"name", "parameters"}...], "open",
+// "close", "sep", "parallel"} (the chat template's call markup). schema and tools are JSON text: the encoder writes
+// them as they are (valid JSON the router printed), the decoder prints what it read compactly (owned then, freed by
+// prt_generate_free); open, close and sep are borrowed.
+typedef enum prt_grammar_type {
+  PRT_GRAMMAR_NONE = 0,
+  PRT_GRAMMAR_JSON = 1,
+  PRT_GRAMMAR_JSON_SCHEMA = 2,
+  PRT_GRAMMAR_TOOL_CALLS = 3,
+} prt_grammar_type;
+typedef struct prt_grammar {
+  prt_grammar_type type;
+  char *schema;                   // json_schema: the schema (an object or a boolean); NULL: any JSON object
+  char *tools;                    // tool_calls: the tools array
+  const char *open, *close, *sep; // tool_calls: sep only with parallel
+  int parallel;                   // tool_calls: one or more calls
+} prt_grammar;
+
 // generate (router -> worker): one choice of a request. Decoding checks types and the protocol's ranges; what depends
 // on the model (token ids < n_vocab, the context) is the worker's to check (worker/genreq.c). On failure the struct
 // keeps the fields read before the bad one, read in this order: id, mode, decode, prefill (a refusal needs the id and
@@ -104,7 +123,7 @@ typedef struct prt_generate {
   const char *prefix_peer; // (borrowed) prefix fetch hint, with prefix_blocks (both or neither); NULL when absent
   int prefix_blocks;       // [1, 2^30]; 0 when absent
   int resume;              // [0, 2^31); 0 when absent
-  const cJSON *grammar;    // (borrowed) an object (its type, schema, tools... are the worker's to check); NULL: none
+  prt_grammar grammar;     // type PRT_GRAMMAR_NONE: none
 } prt_generate;
 // The encoder writes every sampling field, stop and stop_ids (maybe empty), and the optional fields that are set.
 cJSON *prt_generate_encode(const prt_generate *m, char *err, size_t errlen);

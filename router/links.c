@@ -353,7 +353,7 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
   const rtr_choice *c = &r->ch[ci];
   int32_t *prompt = malloc((size_t)(r->n_prompt + c->n_gen) * sizeof *prompt);
   prt_bias *bias = q->n_bias ? malloc((size_t)q->n_bias * sizeof *bias) : NULL;
-  cJSON *m = NULL, *gr = NULL;
+  cJSON *m = NULL;
   if (!prompt || (q->n_bias && !bias)) goto out;
   memcpy(prompt, r->prompt, (size_t)r->n_prompt * sizeof *prompt);
   if (c->n_gen) memcpy(prompt + r->n_prompt, c->gen, (size_t)c->n_gen * sizeof *prompt);
@@ -370,25 +370,19 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
                               .seed = (double)(q->seed + ci), .logprobs = q->logprobs, .logit_bias = bias,
                               .n_logit_bias = q->n_bias};
   if (q->response_format != RTR_FORMAT_TEXT) { // structured outputs: every sampler of the choice follows this grammar
-    if (!(gr = cJSON_CreateObject()) || !cJSON_AddStringToObject(gr, "type", q->json_schema ? "json_schema" : "json") ||
-        (q->json_schema && !cJSON_AddRawToObject(gr, "schema", q->json_schema))) // cJSON's own print: valid JSON
-      goto out;
+    g.grammar = (prt_grammar){.type = q->json_schema ? PRT_GRAMMAR_JSON_SCHEMA : PRT_GRAMMAR_JSON,
+                              .schema = q->json_schema}; // cJSON's own print: valid JSON
   } else if (q->tool_choice == RTR_TOOLS_REQUIRED || q->tool_choice == RTR_TOOLS_NAMED) { // a call must come
     char err[128];
     const mdl_chat_tool_style *st = mdl_chat_template_tools(s->chat, err, sizeof err);
     if (!st) st = mdl_chat_tool_style_of(NULL, err, sizeof err); // (the prompt's rendering already accepted it)
-    if (!(gr = cJSON_CreateObject()) || !cJSON_AddStringToObject(gr, "type", "tool_calls") ||
-        !cJSON_AddRawToObject(gr, "tools", q->call_tools) || !cJSON_AddStringToObject(gr, "open", st->call_open) ||
-        !cJSON_AddStringToObject(gr, "close", st->call_close) || !cJSON_AddStringToObject(gr, "sep", st->call_sep) ||
-        !cJSON_AddBoolToObject(gr, "parallel", q->parallel_tool_calls))
-      goto out;
+    g.grammar = (prt_grammar){.type = PRT_GRAMMAR_TOOL_CALLS, .tools = q->call_tools, .open = st->call_open,
+                              .close = st->call_close, .sep = st->call_sep, .parallel = q->parallel_tool_calls};
   }
-  g.grammar = gr;
   m = prt_generate_encode(&g, NULL, 0);
 out:
   free(prompt);
   free(bias);
-  cJSON_Delete(gr);
   return m;
 }
 

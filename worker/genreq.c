@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/buf.h"
+
 void wrk_grammars_init(wrk_grammars *c, const mdl_tok *tok) {
   memset(c, 0, sizeof *c);
   c->tok = tok;
@@ -23,28 +25,24 @@ void wrk_grammars_fini(wrk_grammars *c) {
   memset(c, 0, sizeof *c);
 }
 
-// Compiles the grammar a cache key names: "" any JSON object, "S" + a schema's JSON text, "T" + a tool_calls grammar
-// object's JSON text (docs/protocol.md).
+// A grammar's cache key (grammar_key) and what it compiles to: "" any JSON object, "S" + a schema's JSON text, "T" +
+// '0'|'1' (parallel) + open US close US sep US tools (US: the unit separator, 0x1f, which neither the template's
+// markup nor JSON text holds).
+#define KEY_SEP '\x1f'
 static int grammar_compile(const char *key, mdl_grammar **g, char *err, size_t errlen) {
   if (!key[0]) return mdl_grammar_from_json_schema(NULL, 0, g, err, errlen);
   if (key[0] == 'S') return mdl_grammar_from_json_schema(key + 1, strlen(key + 1), g, err, errlen);
-  cJSON *o = cJSON_Parse(key + 1);
-  const cJSON *tools = cJSON_GetObjectItemCaseSensitive(o, "tools"), *open = cJSON_GetObjectItemCaseSensitive(o, "open");
-  const cJSON *close = cJSON_GetObjectItemCaseSensitive(o, "close"), *sep = cJSON_GetObjectItemCaseSensitive(o, "sep");
-  const cJSON *par = cJSON_GetObjectItemCaseSensitive(o, "parallel");
-  int rc = -1;
-  if (!cJSON_IsArray(tools) || !cJSON_IsString(open) || !cJSON_IsString(close) || (par && !cJSON_IsBool(par)) ||
-      (cJSON_IsTrue(par) && !cJSON_IsString(sep)))
-    snprintf(err, errlen, "a tool_calls grammar needs tools, open, close, and sep when parallel");
-  else {
-    char *t = cJSON_PrintUnformatted(tools);
-    if (!t) snprintf(err, errlen, "out of memory");
-    else rc = mdl_grammar_from_tool_calls(t, strlen(t), open->valuestring, close->valuestring,
-                                          cJSON_IsString(sep) ? sep->valuestring : NULL, cJSON_IsTrue(par), g, err,
-                                          errlen);
-    free(t);
+  char *k = strdup(key + 2), *part[4] = {k, NULL, NULL, NULL};
+  if (!k) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
   }
-  cJSON_Delete(o);
+  for (int i = 1; i < 4 && part[i - 1]; i++)
+    if ((part[i] = strchr(part[i - 1], KEY_SEP))) *part[i]++ = 0;
+  int rc = part[3] ? mdl_grammar_from_tool_calls(part[3], strlen(part[3]), part[0], part[1], part[2][0] ? part[2] : NULL,
+                                                 key[1] == '1', g, err, errlen)
+                   : (snprintf(err, errlen, "a malformed tool_calls grammar key"), -1);
+  free(k);
   return rc;
 }
 
@@ -79,17 +77,15 @@ static int grammar_get(wrk_grammars *c, const char *key, mdl_grammar **out, char
   return 0;
 }
 
-// The cache key of a generate message's grammar object gm (type checked by the caller): see grammar_compile.
-static char *grammar_key(const cJSON *gm, const char *type) {
-  if (!strcmp(type, "json")) return strdup("");
-  const cJSON *x = !strcmp(type, "json_schema") ? cJSON_GetObjectItemCaseSensitive(gm, "schema") : gm;
-  char *t = cJSON_PrintUnformatted(x), *k = t ? malloc(strlen(t) + 2) : NULL;
-  if (k) {
-    k[0] = !strcmp(type, "json_schema") ? 'S' : 'T';
-    strcpy(k + 1, t);
-  }
-  free(t);
-  return k;
+// The cache key of a generate's grammar (decoded by proto/request.c): see grammar_compile. NULL on out of memory.
+static char *grammar_key(const prt_grammar *gm) {
+  utl_buf b = {0};
+  if (gm->type == PRT_GRAMMAR_JSON || (gm->type == PRT_GRAMMAR_JSON_SCHEMA && !gm->schema)) return strdup("");
+  if (gm->type == PRT_GRAMMAR_JSON_SCHEMA) utl_buf_printf(&b, "S%s", gm->schema);
+  else
+    utl_buf_printf(&b, "T%c%s%c%s%c%s%c%s", gm->parallel ? '1' : '0', gm->open, KEY_SEP, gm->close, KEY_SEP,
+                   gm->sep ? gm->sep : "", KEY_SEP, gm->tools);
+  return utl_buf_take(&b);
 }
 
 #define FAIL(c, ...)                                                                                                  \
@@ -164,19 +160,10 @@ int wrk_genreq_parse(const prt_generate *g, int n_vocab, int n_ctx, wrk_grammars
   }
   sp->bias = r->bias;
   sp->n_bias = nb;
-  // grammar {"type": "json"} (any JSON object) or {"type": "json_schema", "schema": {...}} (response_format), or
-  // {"type": "tool_calls", "tools", "open", "close", "sep", "parallel"} (tool_choice required or a named function)
-  const cJSON *gm = g->grammar;
-  if (gm) {
-    const cJSON *gt = cJSON_GetObjectItemCaseSensitive(gm, "type"), *gsch = cJSON_GetObjectItemCaseSensitive(gm, "schema");
-    int is_schema = cJSON_IsString(gt) && !strcmp(gt->valuestring, "json_schema");
-    int is_tools = cJSON_IsString(gt) && !strcmp(gt->valuestring, "tool_calls");
+  // the grammar (response_format, or tool_choice required or a named function), decoded by proto/request.c
+  if (g->grammar.type != PRT_GRAMMAR_NONE) {
     if (!gc) FAIL("invalid_request", "this worker cannot constrain its output to a grammar");
-    if (!cJSON_IsString(gt) || (strcmp(gt->valuestring, "json") && !is_schema && !is_tools) ||
-        (is_schema && !cJSON_IsObject(gsch) && !cJSON_IsBool(gsch)))
-      FAIL("invalid_request", "grammar must be {\"type\": \"json\"}, {\"type\": \"json_schema\", \"schema\": {...}} "
-           "or {\"type\": \"tool_calls\", ...}");
-    char *key = grammar_key(gm, gt->valuestring);
+    char *key = grammar_key(&g->grammar);
     if (!key) FAIL("internal_error", "out of memory");
     char gerr[400];
     int rc = grammar_get(gc, key, &r->grammar, gerr, sizeof gerr);

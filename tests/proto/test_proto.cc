@@ -319,12 +319,53 @@ int gen_decode(const cJSON *x, prt_generate *t, char *e, size_t n) {
   return rc;
 }
 
+// generate's grammar: each type round-trips, and a grammar a worker could not follow is refused at decode.
+TEST(Proto, GenerateGrammar) {
+  char err[160], tools[] = R"([{"name":"f","parameters":{"type":"object"}}])";
+  int32_t prompt[1] = {5};
+  prt_generate in = {};
+  in.id = "g";
+  in.prompt = prompt;
+  in.n_prompt = 1;
+  in.max_tokens = 8;
+  in.sampling = {1, 0, 1, 0, 0, 0, 1, 0, 0, -1, nullptr, 0};
+  in.grammar = {PRT_GRAMMAR_TOOL_CALLS, nullptr, tools, "<tool_call>\n", "\n</tool_call>", "\n", 1};
+  cJSON *j = wire(prt_generate_encode(&in, err, sizeof err));
+  prt_generate m;
+  ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(m.grammar.type, PRT_GRAMMAR_TOOL_CALLS);
+  EXPECT_EQ(S(m.grammar.tools), tools);
+  EXPECT_EQ(S(m.grammar.open), "<tool_call>\n");
+  EXPECT_EQ(S(m.grammar.close), "\n</tool_call>");
+  EXPECT_EQ(S(m.grammar.sep), "\n");
+  EXPECT_EQ(m.grammar.parallel, 1);
+  prt_generate_free(&m);
+  cJSON_Delete(j);
+  in.grammar = {PRT_GRAMMAR_JSON, nullptr, nullptr, nullptr, nullptr, nullptr, 0};
+  j = wire(prt_generate_encode(&in, err, sizeof err));
+  ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(m.grammar.type, PRT_GRAMMAR_JSON);
+  EXPECT_EQ(m.grammar.schema, nullptr);
+  prt_generate_free(&m);
+  cJSON_Delete(j);
+  const char *bad[] = {R"({"type":"regex"})", R"({"type":"json_schema"})", R"({"type":"json_schema","schema":3})",
+                       R"({"type":"tool_calls","open":"a","close":"b"})",
+                       R"({"type":"tool_calls","tools":[],"open":"a","close":"b","parallel":true})", R"([1])"};
+  for (const char *g : bad) {
+    std::string text = std::string(R"({"op":"generate","id":"g","prompt":[5],"grammar":)") + g + "}";
+    cJSON *x = cJSON_Parse(text.c_str());
+    EXPECT_EQ(prt_generate_decode(x, &m, err, sizeof err), -1) << g;
+    EXPECT_NE(strstr(err, "grammar"), nullptr) << g << ": " << err;
+    cJSON_Delete(x);
+  }
+}
+
 TEST(Proto, Generate) {
   char err[128];
   int32_t prompt[3] = {5, 6, 7}, stop_ids[2] = {2, 9};
   prt_bias bias[2] = {{11, -100}, {12, 2.5}};
   const char *stop[2] = {"\n\n", "END"};
-  cJSON *gram = cJSON_Parse(R"({"type":"json_schema","schema":{"type":"object"}})");
+  char schema[] = R"({"type":"object"})";
   prt_generate in = {};
   in.id = "r-0-0";
   in.prompt = prompt;
@@ -342,9 +383,9 @@ TEST(Proto, Generate) {
   in.prefix_peer = "p1";
   in.prefix_blocks = 4;
   in.resume = 1;
-  in.grammar = gram;
+  in.grammar.type = PRT_GRAMMAR_JSON_SCHEMA;
+  in.grammar.schema = schema;
   cJSON *j = wire(prt_generate_encode(&in, err, sizeof err));
-  cJSON_Delete(gram);
   prt_generate m;
   ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
   EXPECT_EQ(S(m.id), "r-0-0");
@@ -376,10 +417,8 @@ TEST(Proto, Generate) {
   EXPECT_EQ(S(m.prefix_peer), "p1");
   EXPECT_EQ(m.prefix_blocks, 4);
   EXPECT_EQ(m.resume, 1);
-  ASSERT_NE(m.grammar, nullptr);
-  char *gt = cJSON_PrintUnformatted(m.grammar);
-  EXPECT_EQ(std::string(gt), R"({"type":"json_schema","schema":{"type":"object"}})");
-  free(gt);
+  EXPECT_EQ(m.grammar.type, PRT_GRAMMAR_JSON_SCHEMA);
+  EXPECT_EQ(S(m.grammar.schema), schema);
   prt_generate_free(&m);
   for (const char *k : {"id", "prompt"}) refuses<prt_generate>(j, k, true, gen_decode, false);
   for (const char *k : {"mode", "decode", "prefill", "stop_ids", "sampling", "stop", "ignore_eos", "grammar",
@@ -421,7 +460,7 @@ TEST(Proto, Generate) {
   EXPECT_EQ(m.sampling.has_seed, 0);
   EXPECT_EQ(m.mode, nullptr);
   EXPECT_EQ(m.prefix_peer, nullptr);
-  EXPECT_EQ(m.grammar, nullptr);
+  EXPECT_EQ(m.grammar.type, PRT_GRAMMAR_NONE);
   cJSON *again = wire(prt_generate_encode(&m, err, sizeof err));
   prt_generate m2;
   ASSERT_EQ(prt_generate_decode(again, &m2, err, sizeof err), 0) << err;
