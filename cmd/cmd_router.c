@@ -1,4 +1,5 @@
 // cmd/cmd_router.c: `dserve router --config FILE`: serves the router section of a cluster config until SIGTERM.
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -84,6 +85,10 @@ int cmd_router(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &set, NULL); // every thread started below inherits the mask; sigwait takes them
   signal(SIGPIPE, SIG_IGN);
   rtr_server_opts o = {.cfg = cfg, .gguf = g, .tok = tok, .n_ctx = n_ctx, .model_name = name};
+  // Answers of a few MB (n 64 with top_logprobs: ~12 MB of JSON, copied once more by libmicrohttpd) are mmapped and
+  // go back to the system when freed: glibc would otherwise raise its mmap threshold to their size after the first
+  // one and keep every later one in the heap of whichever connection thread made it.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   if (rtr_server_new(&o, &s, err, sizeof err) < 0) {
     fprintf(stderr, "dserve router: %s\n", err);
     goto out;

@@ -237,12 +237,23 @@ cJSON *prt_generate_encode(const prt_generate *m, char *err, size_t errlen) {
 
 static const char *const GRAMMAR_TYPES[] = {"", "json", "json_schema", "tool_calls"};
 
+// Adds the JSON text json under k, parsed (so that the message is the same tree whether it is decoded as it is or
+// after a trip through the wire). -1 when it is not JSON or memory ran out.
+static int add_json(cJSON *o, const char *k, const char *json) {
+  cJSON *v = cJSON_Parse(json);
+  if (!v || !cJSON_AddItemToObject(o, k, v)) {
+    cJSON_Delete(v);
+    return -1;
+  }
+  return 0;
+}
+
 static int add_grammar(cJSON *j, const prt_grammar *g) {
   cJSON *o = cJSON_AddObjectToObject(j, "grammar");
   if (!o || !cJSON_AddStringToObject(o, "type", GRAMMAR_TYPES[g->type])) return -1;
-  if (g->type == PRT_GRAMMAR_JSON_SCHEMA && g->schema && !cJSON_AddRawToObject(o, "schema", g->schema)) return -1;
+  if (g->type == PRT_GRAMMAR_JSON_SCHEMA && g->schema && add_json(o, "schema", g->schema)) return -1;
   if (g->type != PRT_GRAMMAR_TOOL_CALLS) return 0;
-  if (!cJSON_AddRawToObject(o, "tools", g->tools ? g->tools : "[]") || !PRT_ADD_STR(o, "open", g->open) ||
+  if (add_json(o, "tools", g->tools ? g->tools : "[]") || !PRT_ADD_STR(o, "open", g->open) ||
       !PRT_ADD_STR(o, "close", g->close) || !PRT_ADD_STR(o, "sep", g->sep) ||
       !cJSON_AddBoolToObject(o, "parallel", g->parallel))
     return -1;

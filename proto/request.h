@@ -68,9 +68,9 @@ int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen);
 
 // generate's grammar (structured outputs and tool calls, docs/protocol.md): {"type": "json"} (any JSON object),
 // {"type": "json_schema", "schema": {...}}, or {"type": "tool_calls", "tools": [{"name", "parameters"}...], "open",
-// "close", "sep", "parallel"} (the chat template's call markup). schema and tools are JSON text: the encoder writes
-// them as they are (valid JSON the router printed), the decoder prints what it read compactly (owned then, freed by
-// prt_generate_free); open, close and sep are borrowed.
+// "close", "sep", "parallel"} (the chat template's call markup). schema and tools are JSON text: the encoder parses
+// them into the message (text that is not JSON fails the encoding), the decoder prints what it read compactly (owned
+// then, freed by prt_generate_free); open, close and sep are borrowed.
 typedef enum prt_grammar_type {
   PRT_GRAMMAR_NONE = 0,
   PRT_GRAMMAR_JSON = 1,

@@ -179,6 +179,25 @@ static cJSON *new_lp(rtr_req *r) {
   return o;
 }
 
+// The non-stream logprobs object of c: new_lp's arrays, each filled with the text kept in c->lp_text.
+static cJSON *lp_object(rtr_req *r, rtr_choice *c) {
+  cJSON *o = new_lp(r), *arr = o ? o->child : NULL;
+  for (int k = 0; arr && k < 4; k++) {
+    cJSON *next = arr->next;
+    utl_buf b = {0};
+    utl_buf_adds(&b, "[");
+    if (c->lp_text[k].n) utl_buf_add(&b, c->lp_text[k].p, c->lp_text[k].n);
+    utl_buf_adds(&b, "]");
+    char *text = utl_buf_take(&b);
+    cJSON *raw = text ? cJSON_CreateRaw(text) : NULL;
+    free(text);
+    if (raw) cJSON_ReplaceItemInObjectCaseSensitive(o, arr->string, raw); // frees arr
+    utl_buf_free(&c->lp_text[k]); // the answer holds it now
+    arr = next;
+  }
+  return o;
+}
+
 // The token ids a worker streamed for c (what a move resumes from). Out of memory: the choice cannot move any more.
 static void record_tokens(rtr_choice *c, const int32_t *toks, int n) {
   for (int i = 0; i < n; i++)
@@ -345,9 +364,19 @@ static void on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
     free(now_text);
   } else {
     add_or_drop(&c->text, t, strlen(t));
-    if (r->q.logprobs >= 0 && m->n_logprobs >= 0) {
-      if (!c->lp) c->lp = new_lp(r);
-      add_logprobs(s, r, c, m->logprobs, m->n_logprobs, c->lp);
+    if (r->q.logprobs >= 0 && m->n_logprobs >= 0) { // kept as text (server_int.h, rtr_choice.lp_text)
+      cJSON *lp = new_lp(r), *arr;
+      add_logprobs(s, r, c, m->logprobs, m->n_logprobs, lp);
+      int k = 0;
+      for (arr = lp->child; arr && k < 4; arr = arr->next, k++)
+        for (const cJSON *e = arr->child; e; e = e->next) {
+          char *j = cJSON_PrintUnformatted(e);
+          if (!j) continue;
+          if (c->lp_text[k].n) add_or_drop(&c->lp_text[k], ",", 1);
+          add_or_drop(&c->lp_text[k], j, strlen(j));
+          free(j);
+        }
+      cJSON_Delete(lp);
     }
   }
 }
@@ -440,8 +469,7 @@ cJSON *rtr_final_response(rtr_req *r) {
       cJSON_AddStringToObject(ch, "text", c->text.p ? c->text.p : "");
     }
     if (r->q.logprobs >= 0) {
-      cJSON_AddItemToObject(ch, "logprobs", c->lp ? c->lp : new_lp(r));
-      c->lp = NULL;
+      cJSON_AddItemToObject(ch, "logprobs", lp_object(r, c));
     } else {
       cJSON_AddNullToObject(ch, "logprobs");
     }

@@ -3,6 +3,7 @@
 // s->hooks (server_int.h): the workers hear a cancel through links.c, the stream trailer is the OpenAI layer's
 // (relay.c), and whether the client is still there is the HTTP layer's question.
 #include <assert.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,13 +11,22 @@
 #include "router/server_int.h"
 #include "util/log.h"
 
+// A request that held at least this many bytes gives the heap back to the system when it goes: libmicrohttpd runs
+// a thread per connection, and glibc's per-thread arenas keep what a large answer (n 64 with top_logprobs) freed.
+#define TRIM_AFTER_BYTES (4u << 20)
+
 void rtr_req_unref_locked(rtr_req *r) {
   if (--r->refs > 0) return;
   if (--r->s->n_live == 0) pthread_cond_broadcast(&r->s->admit_cv); // rtr_server_drain waits for this
+  size_t freed = r->out.cap;
   for (int i = 0; i < r->q.n && r->ch; i++) {
+    freed += r->ch[i].text.cap;
     utl_buf_free(&r->ch[i].text);
     utl_buf_free(&r->ch[i].held);
-    cJSON_Delete(r->ch[i].lp);
+    for (int k = 0; k < 4; k++) {
+      freed += r->ch[i].lp_text[k].cap;
+      utl_buf_free(&r->ch[i].lp_text[k]);
+    }
     free(r->ch[i].gen);
   }
   free(r->ch);
@@ -25,6 +35,7 @@ void rtr_req_unref_locked(rtr_req *r) {
   rtr_request_free(&r->q);
   pthread_cond_destroy(&r->cv);
   free(r);
+  if (freed >= TRIM_AFTER_BYTES) malloc_trim(0);
 }
 
 static void unlist_locked(rtr_server *s, rtr_req *r) {

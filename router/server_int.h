@@ -67,7 +67,10 @@ typedef struct rtr_choice {
                                // link went down first; RTR_CH_WAITING_WORKER: failed then (router.migration_wait_ms)
   char finish[16];
   utl_buf text;                // (owned) non-stream accumulation
-  cJSON *lp;                   // (owned) non-stream logprobs (chat: content array; completions: the object)
+  // Non-stream logprobs, kept as JSON text (a tree of cJSON nodes per top-logprob cost ~10 KB a token): the
+  // elements of each array new_lp makes (chat: content; completions: tokens, token_logprobs, top_logprobs,
+  // text_offset), comma-separated.
+  utl_buf lp_text[4];          // (owned)
   int completion_tokens, cached_tokens, prompt_tokens;
   int resends;                 // times sent again after its decode/both worker died, went silent or drained
   int32_t *gen;                // (owned) (n_gen) the token ids streamed so far: a moved choice resumes from them
