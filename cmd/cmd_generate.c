@@ -6,13 +6,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cmd/cmds.h"
+#include "cmd/model.h"
 #include "models/chat.h"
 #include "models/gguf.h"
 #include "models/llama.h"
 #include "models/sampler.h"
 #include "models/tokenizer.h"
-#include "cmd/cmds.h"
-#include "cmd/model.h"
 #include "util/clock.h"
 
 typedef struct gen_opts {

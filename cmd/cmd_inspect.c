@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cmd/cmds.h"
 #include "models/gguf.h"
 #include "models/tokenizer.h"
-#include "cmd/cmds.h"
 
 static int inspect_usage(const char *name) {
   fprintf(stderr, "usage: dserve %s MODEL.gguf [--tensors]\n", name);

@@ -12,8 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "kvxfer/kvx.h"
 #include "cmd/cmds.h"
+#include "kvxfer/kvx.h"
 #include "util/clock.h"
 
 #ifdef DSERVE_HAVE_CUDA // defined by the kernels library when the CUDA backend is built (it links cudart)

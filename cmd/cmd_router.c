@@ -7,13 +7,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cmd/cmds.h"
+#include "config/config.h"
+#include "ctl/secret.h"
 #include "models/gguf.h"
 #include "models/tokenizer.h"
 #include "router/router.h"
-#include "cmd/cmds.h"
-#include "config/config.h"
 #include "util/log.h"
-#include "ctl/secret.h"
 
 // The model's context length from `{general.architecture}.context_length`. 0, or -1 with err.
 static int context_length(const mdl_gguf *g, int *out, char *err, size_t errlen) {

@@ -4,10 +4,10 @@
 #include <string.h>
 
 #include "cmd/cmds.h"
-#include "decode/worker.h"
-#include "prefill/worker.h"
 #include "config/config.h"
 #include "ctl/secret.h"
+#include "decode/worker.h"
+#include "prefill/worker.h"
 
 typedef int (*worker_fn)(const cfg_cluster *cfg, const cfg_worker *w, char *err, size_t errlen);
 

@@ -1,8 +1,8 @@
 // config/config.c: the cluster config file (configs/README.md documents every key), parsed strictly with cJSON.
 #include "config/config.h"
 
-#include "kernels/krn.h"
 #include "ctl/secret.h"
+#include "kernels/krn.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "proto/proto.h"
+#include "util/clock.h"
 
 struct ctl_frame {
   int fd;
@@ -154,15 +155,9 @@ static size_t frame_len(const ctl_frame *c) {
 
 int ctl_frame_pending(const ctl_frame *c) { return c->len >= 4 && c->len >= 4 + frame_len(c); }
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int ctl_frame_recv(ctl_frame *c, cJSON **msg, int timeout_ms, char *err, size_t errlen) {
   *msg = NULL;
-  int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+  int64_t deadline = timeout_ms < 0 ? -1 : utl_now_ms() + timeout_ms;
   for (;;) {
     if (c->len >= 4) {
       size_t n = frame_len(c);
@@ -185,7 +180,7 @@ int ctl_frame_recv(ctl_frame *c, cJSON **msg, int timeout_ms, char *err, size_t 
     }
     int wait = -1;
     if (deadline >= 0) {
-      int64_t left = deadline - now_ms();
+      int64_t left = deadline - utl_now_ms();
       if (left <= 0) return 0;
       wait = (int)left;
     }

@@ -17,10 +17,10 @@
 #include <unistd.h>
 
 #include "ctl/frame.h"
-#include "util/log.h"
 #include "kvxfer/kvx_crypto.h"
 #include "proto/hello.h"
 #include "proto/request.h"
+#include "util/log.h"
 
 #define HELLO_TIMEOUT_MS 5000
 

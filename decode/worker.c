@@ -12,19 +12,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "decode/stopstr.h"
-#include "kvxfer/kvx.h"
-#include "models/sampler.h"
-#include "models/tokenizer.h"
-#include "worker/engine.h"
-#include "worker/genreq.h"
 #include "ctl/hub.h"
+#include "decode/stopstr.h"
 #include "kv/pool.h"
 #include "kv/stage.h"
 #include "kv/wire.h"
+#include "kvxfer/kvx.h"
+#include "models/sampler.h"
+#include "models/tokenizer.h"
+#include "util/clock.h"
 #include "util/log.h"
-#include "worker/shell.h"
 #include "util/vec.h"
+#include "worker/engine.h"
+#include "worker/genreq.h"
+#include "worker/shell.h"
 
 // A prompt's KV must arrive within handoff_timeout_ms after the prefill worker started computing it (its
 // kv_started), plus a per-token allowance for the prefill compute (a CPU prefill worker under load takes ~10 ms
@@ -124,7 +125,7 @@ static int dec_seq_check(dec_worker *w, const dec_seq *s, dec_state next) {
 static int dec_seq_to(dec_worker *w, dec_seq *s, dec_state next) {
   dec_state from = s->state;
   if (dec_seq_check(w, s, next)) return -1;
-  int64_t now = wrk_shell_now_ms();
+  int64_t now = utl_now_ms();
   if (next == DEC_WAIT_TABLE) {
     if (UTL_VEC_PUSH(w->handoffs, w->n_handoffs, w->cap_handoffs, s)) return -1;
     // Until kv_started the request waits in the prefill worker's queue: its own deadline bounds that (checked
@@ -333,7 +334,7 @@ static dec_seq *seq_from_request(dec_worker *w, ctl_peer *from, const cJSON *m) 
     return NULL;
   }
   if (resume(w, s)) return NULL;
-  s->t_start_ms = wrk_shell_now_ms();
+  s->t_start_ms = utl_now_ms();
   s->deadline_ms = s->req.deadline_ms ? s->t_start_ms + s->req.deadline_ms : 0;
   return s;
 }
@@ -433,7 +434,7 @@ static void start(dec_worker *w, dec_seq *s) {
   int dead = 0;
   s->kv_bytes = kv_wire_handoff_bytes(w->sh.rt->kv, s->req.n_prompt, skipped, &dead);
   s->seq.no_reuse = dead && kv_pool_groups(w->sh.rt->kv) == 1;
-  s->kv_ms = (double)(wrk_shell_now_ms() - s->t_start_ms);
+  s->kv_ms = (double)(utl_now_ms() - s->t_start_ms);
   if (wrk_engine_start(&w->eng, &s->seq)) {
     wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");
     seq_free(w, s);
@@ -706,13 +707,13 @@ int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
     for (int i = 0; i < w.n_handoffs; i++) try_send_table(&w, w.handoffs[i]);
     if (atomic_load(&w.sh.sig.stop)) {
       if (!drain_until) {
-        drain_until = wrk_shell_now_ms() + (int64_t)w.sh.wc->drain_timeout_s * 1000;
+        drain_until = utl_now_ms() + (int64_t)w.sh.wc->drain_timeout_s * 1000;
         utl_log(wc->name, "draining %d running and %d waiting requests", w.eng.n_run, w.eng.n_wait + w.n_handoffs);
         announce_drain(&w);
       }
-      if ((!wrk_engine_busy(&w.eng) && !w.n_handoffs) || wrk_shell_now_ms() > drain_until) break;
+      if ((!wrk_engine_busy(&w.eng) && !w.n_handoffs) || utl_now_ms() > drain_until) break;
     }
-    int64_t now = wrk_shell_now_ms();
+    int64_t now = utl_now_ms();
     // Two causes, two messages: a client's deadline is the client's to widen, KV that never came is the cluster's
     drop_where(&w, past_deadline, &now, "timeout", "request deadline passed");
     drop_where(&w, kv_overdue, &now, "timeout",

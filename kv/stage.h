@@ -16,10 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/krn.h"
-#include "kvxfer/kvx.h"
 #include "config/config.h"
+#include "kernels/krn.h"
 #include "kv/pool.h"
+#include "kvxfer/kvx.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/hello.h"
 #include "kv/stage.h"
+#include "proto/hello.h"
 
 prt_kv_layout kv_wire_layout(const kv_pool *kv) {
   const mdl_llama_cfg *c = kv_pool_cfg(kv);

@@ -8,11 +8,11 @@
 
 #include <cjson/cJSON.h>
 
+#include "kv/pool.h"
 #include "kvxfer/kvx.h"
 #include "models/sampler.h"
 #include "proto/handoff.h"
 #include "proto/hello.h"
-#include "kv/pool.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "ctl/secret.h"
+#include "util/clock.h"
 
 #define LCH_LINE 4096
 
@@ -49,12 +50,6 @@ typedef struct lch_child {
   int64_t hist[64];     // times of restarts (n_hist), oldest first
   int n_hist;
 } lch_child;
-
-static int64_t lch_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void lch_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void lch_say(const char *fmt, ...) {
@@ -215,13 +210,13 @@ static int lch_http_health(const char *host, int port, int timeout_ms) {
   if (fd < 0) return 0;
   char req[256];
   int n = snprintf(req, sizeof req, "GET /health HTTP/1.0\r\nHost: %s:%d\r\nConnection: close\r\n\r\n", host, port);
-  int64_t deadline = lch_now() + timeout_ms;
+  int64_t deadline = utl_now_ms() + timeout_ms;
   size_t off = 0;
   while (off < (size_t)n) {
     ssize_t w = send(fd, req + off, (size_t)n - off, MSG_NOSIGNAL);
     if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
       struct pollfd p = {fd, POLLOUT, 0};
-      int left = (int)(deadline - lch_now());
+      int left = (int)(deadline - utl_now_ms());
       if (left <= 0 || poll(&p, 1, left) <= 0) break;
       continue;
     }
@@ -239,7 +234,7 @@ static int lch_http_health(const char *host, int port, int timeout_ms) {
     }
     if (r == 0 || (errno != EAGAIN && errno != EINTR)) break;
     struct pollfd p = {fd, POLLIN, 0};
-    int left = (int)(deadline - lch_now());
+    int left = (int)(deadline - utl_now_ms());
     if (left <= 0 || poll(&p, 1, left) <= 0) break;
   }
   close(fd);
@@ -457,7 +452,7 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
   struct sigaction old_pipe;
   sigaction(SIGPIPE, &ign, &old_pipe);
 
-  int64_t now = lch_now();
+  int64_t now = utl_now_ms();
   for (int i = 0; i < n; i++)
     if (lch_spawn(&ch[i], exe, &oldmask, now)) ch[i].restart_at = now + o->backoff_ms;
   {
@@ -479,7 +474,7 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
     lch_signal_all(ch, n, SIGKILL);
   }
   for (;;) {
-    now = lch_now();
+    now = utl_now_ms();
     // ---- done? ----
     int running = 0, alive = 0, open_streams = 0;
     for (int i = 0; i < n; i++) {
@@ -523,9 +518,9 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
             if (c->was_ready) lch_say("%s is up again", c->name);
             c->was_ready = 1;
           } else {
-            c->next_probe = lch_now() + o->probe_ms;
+            c->next_probe = utl_now_ms() + o->probe_ms;
           }
-          now = lch_now();
+          now = utl_now_ms();
         }
         if (!c->pid && !c->failed && c->restart_at && c->restart_at < next) next = c->restart_at;
         if (c->pid > 0 && !c->ready && c->next_probe < next) next = c->next_probe;
@@ -555,7 +550,7 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
           pf[np++] = (struct pollfd){ch[i].s[j].fd, POLLIN, 0};
         }
     (void)open_streams;
-    int64_t wait = next - lch_now();
+    int64_t wait = next - utl_now_ms();
     if (wait < 0) wait = 0;
     int pr = poll(pf, (nfds_t)np, (int)wait);
     if (pr < 0 && errno != EINTR) {
@@ -574,7 +569,7 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
           lch_say("node %s: got %s; stopping %d child%s", o->node, strsignal((int)si.ssi_signo), running,
                   running == 1 ? "" : "ren");
           stopping = 1;
-          kill_at = lch_now() + o->grace_ms;
+          kill_at = utl_now_ms() + o->grace_ms;
           lch_signal_all(ch, n, SIGTERM);
         } else {
           lch_say("node %s: second %s; killing the children now", o->node, strsignal((int)si.ssi_signo));
@@ -602,11 +597,11 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
             lch_say("%s (pid %d) failed at start-up: %s%s%s; not restarting it: stopping node %s", c->name, (int)p,
                     why, c->last[0] ? ": " : "", c->last, o->node);
             stopping = start_failed = 1;
-            kill_at = lch_now() + o->grace_ms;
+            kill_at = utl_now_ms() + o->grace_ms;
             lch_signal_all(ch, n, SIGTERM);
             continue;
           }
-          int64_t t = lch_now();
+          int64_t t = utl_now_ms();
           int in_window = 0;
           for (int h = 0; h < c->n_hist; h++) in_window += t - c->hist[h] < o->restart_window_ms;
           if (in_window >= o->max_restarts) {

@@ -5,12 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv/pool.h"
+#include "kv/prefix.h"
+#include "kv/stage.h"
 #include "prefill/worker_int.h"
 #include "proto/prefix.h"
+#include "util/clock.h"
 #include "util/log.h"
-#include "kv/pool.h"
-#include "kv/stage.h"
-#include "kv/prefix.h"
 
 // Unlinks p and gives its remaining blocks back.
 void pfl_pull_free(pfl_worker *w, pfl_pull *p) {
@@ -108,7 +109,7 @@ int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
     w->fetch_misses++;
     return 0;
   }
-  int64_t now = wrk_shell_now_ms();
+  int64_t now = utl_now_ms();
   *p = (pfl_pull){.next = w->pulls, .req = r, .src = src, .blocks = ids, .first = m, .n = k,
                   .wait_until_ms = now + PULL_WAIT_MS, .hold_until_ms = now + PULL_HOLD_MS};
   snprintf(p->id, sizeof p->id, "%s", r->req.id);

@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv/wire.h"
 #include "prefill/worker_int.h"
 #include "util/log.h"
-#include "kv/wire.h"
 
 // The configuration of worker name when it is another worker of role in this cluster; else NULL, and why in err
 // (which may be NULL).

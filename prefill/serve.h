@@ -5,10 +5,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "kvxfer/kvx.h"
 #include "ctl/hub.h"
 #include "kv/pool.h"
 #include "kv/prefix.h"
+#include "kvxfer/kvx.h"
 
 #ifdef __cplusplus
 extern "C" {

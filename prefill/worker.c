@@ -1,9 +1,9 @@
 // prefill/worker.c: computes prompts in chunked batches and pushes each layer's KV to the decode worker
 // as soon as that layer is done, then sends the first token (docs/protocol.md, "Handoff"); a prefix a peer
 // prefill worker holds is fetched by fetch.c.
-#include "proto/proto.h"
 #include "prefill/worker.h"
 #include "proto/handoff.h"
+#include "proto/proto.h"
 #include "proto/request.h"
 
 #include <assert.h>
@@ -13,11 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/tokenizer.h"
-#include "prefill/worker_int.h"
-#include "util/log.h"
 #include "kv/pool.h"
 #include "kv/stage.h"
+#include "models/tokenizer.h"
+#include "prefill/worker_int.h"
+#include "util/clock.h"
+#include "util/log.h"
 #include "util/vec.h"
 
 // ---- requests ----
@@ -254,7 +255,7 @@ static void keep_early(pfl_worker *w, ctl_peer *from, const cJSON *m) {
     w->cap_early = cap;
   }
   ctl_peer_ref(from);
-  w->early[w->n_early++] = (struct early_table){cJSON_Duplicate(m, 1), from, wrk_shell_now_ms() + table_timeout_ms(w)};
+  w->early[w->n_early++] = (struct early_table){cJSON_Duplicate(m, 1), from, utl_now_ms() + table_timeout_ms(w)};
 }
 
 static void drop_early(pfl_worker *w, int i) {
@@ -406,7 +407,7 @@ static void on_generate(void *arg, ctl_peer *from, const cJSON *m) {
   }
   pfl_req_to(w, r, PFL_WAIT_TABLE);
   wrk_genreq_resume_sampler(&r->req, r->sampler); // a moved stream: its first token continues the sampler's draws
-  int64_t now = wrk_shell_now_ms();
+  int64_t now = utl_now_ms();
   r->table_deadline_ms = now + table_timeout_ms(w);
   r->deadline_ms = r->req.deadline_ms ? now + r->req.deadline_ms : 0;
   // The router's hint (router.prefix_fetch): prefill worker prefix_peer holds the first prefix_blocks blocks.
@@ -527,7 +528,7 @@ static void expire_req(pfl_worker *w, pfl_req *r, const void *now_ms) {
 }
 
 static void expire(pfl_worker *w) {
-  int64_t now = wrk_shell_now_ms();
+  int64_t now = utl_now_ms();
   for (int i = w->n_early - 1; i >= 0; i--)
     if (now > w->early[i].expires_ms) drop_early(w, i);
   each_req(w, expire_req, &now);

@@ -7,14 +7,14 @@
 
 #include <cjson/cJSON.h>
 
+#include "ctl/hub.h"
+#include "kv/wire.h"
 #include "kvxfer/kvx.h"
 #include "models/sampler.h"
 #include "prefill/handoff.h"
 #include "prefill/serve.h"
-#include "ctl/hub.h"
 #include "worker/engine.h"
 #include "worker/genreq.h"
-#include "kv/wire.h"
 #include "worker/shell.h"
 
 #define LINK_TIMEOUT_MS 5000   // connecting to a decode worker

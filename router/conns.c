@@ -18,8 +18,8 @@
 #include <unistd.h>
 
 #include "router/server_int.h"
-#include "util/log.h"
 #include "util/err.h"
+#include "util/log.h"
 
 #define GATE_BUCKETS 1024    // per-address count table
 #define GATE_LINGER 64       // refused sockets kept open (draining) so the client reads its 503 rather than a reset

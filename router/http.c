@@ -20,8 +20,8 @@
 
 #include "models/chat.h"
 #include "router/server_int.h"
-#include "util/log.h"
 #include "util/err.h"
+#include "util/log.h"
 
 
 typedef struct conn {          // one request on a connection

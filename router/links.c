@@ -8,12 +8,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "proto/proto.h"
 #include "models/chat.h"
 #include "proto/events.h"
 #include "proto/hello.h"
-#include "proto/stats.h"
+#include "proto/proto.h"
 #include "proto/request.h"
+#include "proto/stats.h"
 #include "router/server_int.h"
 #include "util/log.h"
 

@@ -7,9 +7,9 @@
 
 #include <cjson/cJSON.h>
 
+#include "config/config.h"
 #include "models/gguf.h"
 #include "models/grammar.h"
-#include "config/config.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -4,9 +4,9 @@
 
 #include <stddef.h>
 
+#include "config/config.h"
 #include "models/gguf.h"
 #include "models/tokenizer.h"
-#include "config/config.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -13,8 +13,8 @@
 
 #include "models/chat.h"
 #include "router/server_int.h"
-#include "util/log.h"
 #include "util/err.h"
+#include "util/log.h"
 
 #define DRAIN_FLUSH_MS 1000  // after the drain bound, how long failed streams get to send their error event
 

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "ctl/hub.h"
 #include "models/chat.h"
 #include "proto/request.h"
 #include "router/choice.h"
@@ -20,7 +21,6 @@
 #include "router/openai.h"
 #include "router/router.h"
 #include "router/sched.h"
-#include "ctl/hub.h"
 #include "util/buf.h"
 #include "util/clock.h"
 

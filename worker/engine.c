@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/log.h"
 #include "util/clock.h"
+#include "util/log.h"
 
 // ---- step cost model and budget (pure) ----
 

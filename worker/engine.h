@@ -7,9 +7,9 @@
 
 #include <cjson/cJSON.h>
 
-#include "models/llama.h"
 #include "kv/pool.h"
 #include "kv/prefix.h"
+#include "models/llama.h"
 #include "proto/stats.h"
 #include "worker/runtime.h"
 

@@ -9,11 +9,11 @@
 
 #include <cjson/cJSON.h>
 
+#include "ctl/hub.h"
 #include "models/grammar.h"
 #include "models/sampler.h"
 #include "models/tokenizer.h"
 #include "proto/request.h"
-#include "ctl/hub.h"
 
 #ifdef __cplusplus
 extern "C" {

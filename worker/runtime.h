@@ -4,12 +4,12 @@
 
 #include <stddef.h>
 
+#include "config/config.h"
 #include "kernels/krn.h"
+#include "kv/pool.h"
 #include "models/gguf.h"
 #include "models/llama.h"
 #include "models/tokenizer.h"
-#include "config/config.h"
-#include "kv/pool.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -12,12 +12,6 @@
 #include "kv/pool.h"
 #include "kv/wire.h"
 
-int64_t wrk_shell_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 // The hub's hello_extra: what a router and a peer worker read from every worker's hello_ok, then the role's
 // own fields. The router reads kv_layout.block_size for its prefix keys; a peer checks the layout matches.
 static void shell_hello(void *arg, cJSON *ok) {

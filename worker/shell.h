@@ -12,14 +12,14 @@
 
 #include <cjson/cJSON.h>
 
-#include "kvxfer/kvx.h"
-#include "proto/stats.h"
 #include "config/config.h"
 #include "ctl/hub.h"
-#include "worker/genreq.h"
 #include "kv/events.h"
-#include "kv/stage.h"
 #include "kv/prefix.h"
+#include "kv/stage.h"
+#include "kvxfer/kvx.h"
+#include "proto/stats.h"
+#include "worker/genreq.h"
 #include "worker/runtime.h"
 
 #ifdef __cplusplus
@@ -85,7 +85,6 @@ int wrk_shell_drain(wrk_shell *sh, int wait_ms, kv_prefix *prefix);
 // Owned by the caller; NULL on out of memory.
 cJSON *wrk_shell_stats_new(const wrk_shell *sh, prt_stats_ok *st);
 
-int64_t wrk_shell_now_ms(void); // monotonic clock for deadlines
 
 #ifdef __cplusplus
 }

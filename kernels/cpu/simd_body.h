@@ -6,10 +6,10 @@
 // The ops are in simd_vec.h (the vector vocabulary), simd_matmul.h (with matmul_rows.h), simd_elementwise.h and
 // simd_attn.h; this file puts them in the table.
 
-#include "kernels/cpu/simd_vec.h"
-#include "kernels/cpu/simd_matmul.h"
-#include "kernels/cpu/simd_elementwise.h"
 #include "kernels/cpu/simd_attn.h"
+#include "kernels/cpu/simd_elementwise.h"
+#include "kernels/cpu/simd_matmul.h"
+#include "kernels/cpu/simd_vec.h"
 
 static const krn_backend simd_backend = {
     .name = KRN_SIMD_NAME,

@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/add.cuh"
 #include "kernels/cuda/attention_decode.cuh"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/get_rows.cuh"
 #include "kernels/cuda/kv_store.cuh"
 #include "kernels/cuda/matmul.cuh"

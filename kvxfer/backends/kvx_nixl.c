@@ -29,8 +29,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "kvxfer/kvx_int.h"
 #include "kvxfer/backends/kvx_nixl_api.h"
+#include "kvxfer/kvx_int.h"
 
 typedef struct nixl_state {  // a->be_state[KVX_BE_NIXL]
   kvx_nixl_api api;

@@ -1,4 +1,4 @@
-// tests/server/test_kvpool.cc: the paged KV block pool: sizing, reserve/release accounting, thread safety.
+// tests/kv/test_pool.cc: the paged KV block pool: sizing, reserve/release accounting, thread safety.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

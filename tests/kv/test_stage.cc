@@ -1,4 +1,4 @@
-// tests/server/test_kvstage.cc: host staging of KV transfers: when a worker stages, address mapping, the advertised layout, copies out and in, bad ranges.
+// tests/kv/test_stage.cc: host staging of KV transfers: when a worker stages, address mapping, the advertised layout, copies out and in, bad ranges.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -8,9 +8,9 @@
 #include <vector>
 
 extern "C" {
-#include "kvxfer/kvx.h"
 #include "kv/stage.h"
 #include "kv/wire.h"
+#include "kvxfer/kvx.h"
 }
 
 namespace {

@@ -25,9 +25,9 @@
 #include "tests/models/gguf_writer.h"
 
 extern "C" {
+#include "ctl/hub.h"
 #include "models/tokenizer.h"
 #include "router/router.h"
-#include "ctl/hub.h"
 }
 
 namespace httptest {

@@ -1,4 +1,4 @@
-// tests/server/test_kvindex.cc: the router's KV-aware index: events, overlap, caps, worker removal, scoring, and agreement with a worker's store.
+// tests/router/test_kvindex.cc: the router's KV-aware index: events, overlap, caps, worker removal, scoring, and agreement with a worker's store.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -6,9 +6,9 @@
 #include <vector>
 
 extern "C" {
-#include "router/kvindex.h"
 #include "kv/pool.h"
 #include "kv/prefix.h"
+#include "router/kvindex.h"
 }
 
 namespace {

@@ -6,9 +6,9 @@
 #include "sched_util.h"
 
 extern "C" {
-#include "router/sched.h"
 #include "kv/blockhash.h"
 #include "router/kvindex.h"
+#include "router/sched.h"
 }
 
 namespace {

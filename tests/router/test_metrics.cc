@@ -1,4 +1,4 @@
-// tests/server/test_metrics.cc: the Prometheus registry: kinds, labels, histogram buckets, text format, threads.
+// tests/router/test_metrics.cc: the Prometheus registry: kinds, labels, histogram buckets, text format, threads.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -9,9 +9,9 @@
 #include <vector>
 
 extern "C" {
-#include "worker/engine.h"
 #include "kv/pool.h"
 #include "kv/prefix.h"
+#include "worker/engine.h"
 }
 
 namespace {
