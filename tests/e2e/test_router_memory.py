@@ -17,6 +17,8 @@ class RouterMemory(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         u.require_env(cls)
+        if u.SCALE > 1:  # the sanitize build (DSERVE_TIMEOUT_SCALE): ASan keeps freed memory in its quarantine
+            raise unittest.SkipTest("RSS says nothing under AddressSanitizer (freed memory stays in its quarantine)")
 
     def test_large_logprob_answers_give_their_memory_back(self):
         c = u.Cluster([{"name": "w0", "role": "both", "threads": 2, "kv_budget_mb": 64}], tag="rss",
