@@ -763,3 +763,23 @@ int cfg_set_device(cfg_cluster *c, const char *worker, const char *device, char 
   snprintf(w->device, sizeof w->device, "%s", strcmp(device, "cuda") ? device : "cuda:0");
   return 0;
 }
+
+#define DEFAULT(field, value) \
+  if (o->field <= 0) o->field = (value)
+
+void cfg_router_defaults(cfg_router *o) {
+  DEFAULT(conn_timeout_s, CFG_DEF_CONN_TIMEOUT_S);
+  DEFAULT(max_n, CFG_DEF_MAX_N);
+  DEFAULT(max_stop, CFG_DEF_MAX_STOP);
+  DEFAULT(request_timeout_ms, CFG_DEF_REQUEST_TIMEOUT_MS);
+  DEFAULT(link_dead_ms, CFG_DEF_LINK_DEAD_MS);
+  DEFAULT(max_connections, CFG_DEF_MAX_CONNECTIONS);
+  DEFAULT(max_connections_per_client, CFG_DEF_MAX_CONNECTIONS_PER_CLIENT);
+  DEFAULT(header_timeout_s, CFG_DEF_HEADER_TIMEOUT_S);
+}
+
+void cfg_worker_defaults(cfg_worker *o) {
+  DEFAULT(block_size, CFG_DEF_BLOCK_SIZE);
+  DEFAULT(max_seqs, CFG_DEF_MAX_SEQS);
+  DEFAULT(max_batch_tokens, CFG_DEF_MAX_BATCH_TOKENS);
+}

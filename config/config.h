@@ -149,6 +149,11 @@ const cfg_worker *cfg_find_worker(const cfg_cluster *c, const char *name);
 int cfg_set_device(cfg_cluster *c, const char *worker, const char *device, char *err, size_t errlen);
 int cfg_has_node(const cfg_cluster *c, const char *node); // 1 when node is one of c->nodes
 int cfg_role_parse(const char *s, cfg_role *out);                // "both"/"prefill"/"decode"; -1 otherwise
+// Fills the fields of a section made in code (a test's, a zeroed one) that are 0 where 0 is no valid value
+// (timeouts, caps, sizes) with their CFG_DEF_*, as cfg_parse fills an absent key; the router and the worker runtime
+// apply it once to their copy of their section, so no reader falls back on its own.
+void cfg_router_defaults(cfg_router *o);
+void cfg_worker_defaults(cfg_worker *o);
 
 // config/secret.c
 // Fills c->secret and c->secret_from: c->secret_file, then $DSERVE_SECRET_FILE, then $DSERVE_SECRET, then the

@@ -34,7 +34,7 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     s->n_waiting++;
     rtr_metric_set(s->m_waiting, s->n_waiting);
     int gone = 0, late = 0;
-    int64_t limit = r->t_arrival_us + (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : CFG_DEF_REQUEST_TIMEOUT_MS) * 1000;
+    int64_t limit = r->t_arrival_us + (int64_t)s->rc->request_timeout_ms * 1000;
     while (!s->stopping && !s->draining) {
       if (s->wait_head == r && (s->running_slots == 0 || s->running_slots + need <= s->capacity)) break;
       if ((gone = s->hooks.client_gone(r->fd)) || (late = utl_now_us() > limit)) break;

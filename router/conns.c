@@ -351,10 +351,10 @@ int rtr_gate_listen(rtr_server *s, const struct sockaddr_in *sa, char *err, size
   pthread_mutex_init(&g->mu, NULL);
   s->gate = g;
   const cfg_router *rc = s->rc;
-  g->max_total = rc->max_connections > 0 ? rc->max_connections : CFG_DEF_MAX_CONNECTIONS;
-  g->max_client = rc->max_connections_per_client > 0 ? rc->max_connections_per_client : CFG_DEF_MAX_CONNECTIONS_PER_CLIENT;
-  g->head_us = (int64_t)(rc->header_timeout_s > 0 ? rc->header_timeout_s : CFG_DEF_HEADER_TIMEOUT_S) * 1000000;
-  g->idle_us = (int64_t)(rc->conn_timeout_s > 0 ? rc->conn_timeout_s : CFG_DEF_CONN_TIMEOUT_S) * 1000000;
+  g->max_total = rc->max_connections;
+  g->max_client = rc->max_connections_per_client;
+  g->head_us = (int64_t)rc->header_timeout_s * 1000000;
+  g->idle_us = (int64_t)rc->conn_timeout_s * 1000000;
   char msg[160];
   snprintf(msg, sizeof msg, "the server has too many open connections (%d); retry later", g->max_total);
   g->busy_total_len = canned_503(g->busy_total, sizeof g->busy_total, msg);

@@ -225,8 +225,8 @@ static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, 
 // The request limits; with defaults (caller's storage), also the sampling a generation request gets for the fields
 // it leaves out: the config's "sampling", else the GGUF's general.sampling.*, else llama-server's (docs/openai.md).
 static rtr_limits limits_of(rtr_server *s, rtr_sampling *defaults) {
-  rtr_limits l = {s->model, s->n_ctx, s->rc->max_tokens_limit, s->rc->max_n > 0 ? s->rc->max_n : CFG_DEF_MAX_N,
-                  s->rc->max_stop > 0 ? s->rc->max_stop : CFG_DEF_MAX_STOP, mdl_tok_n_vocab(s->tok), NULL};
+  rtr_limits l = {s->model, s->n_ctx, s->rc->max_tokens_limit, s->rc->max_n,
+                  s->rc->max_stop, mdl_tok_n_vocab(s->tok), NULL};
   if (defaults) {
     rtr_sampling_resolve(&s->cfg->sampling, s->gguf, defaults, NULL, 0);
     l.defaults = defaults;
@@ -291,7 +291,7 @@ static enum MHD_Result do_tokenize(rtr_server *s, struct MHD_Connection *c, conn
 
 // Back to the configured idle timeout; MHD restarts the idle clock when the timeout was 0.
 void rtr_restore_timeout(rtr_server *s, struct MHD_Connection *c) {
-  unsigned t = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : CFG_DEF_CONN_TIMEOUT_S);
+  unsigned t = (unsigned)s->rc->conn_timeout_s;
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, t);
 }
 

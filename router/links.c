@@ -285,7 +285,7 @@ void *rtr_link_main(void *arg) {
     }
     int64_t t = utl_now_ms();
     // not scaled by DSERVE_TIMEOUT_SCALE: the pong comes from the hub thread, however slow a (sanitized) compute step
-    int dead_ms = s->rc->link_dead_ms > 0 ? s->rc->link_dead_ms : CFG_DEF_LINK_DEAD_MS;
+    int dead_ms = s->rc->link_dead_ms;
     if (t - l->last_stats_ms > dead_ms) {
       utl_warn(LOGC, "worker %s answered nothing for %d ms; closing its link", l->cfg->name, dead_ms);
       ctl_peer_close(l->peer); // the dispatcher sees the close at once and fails (or moves) its requests
@@ -360,7 +360,7 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
   for (int i = 0; i < q->n_bias; i++) bias[i] = (prt_bias){q->bias[i].id, q->bias[i].bias};
   prt_generate g = {.id = c->id, .prompt = prompt, .n_prompt = r->n_prompt + c->n_gen, .max_tokens = r->max_tokens,
                     .stop = (const char **)q->stop, .n_stop = q->n_stop, .ignore_eos = q->ignore_eos,
-                    .deadline_ms = s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : CFG_DEF_REQUEST_TIMEOUT_MS,
+                    .deadline_ms = s->rc->request_timeout_ms,
                     .mode = mode, .prefill = prefill, .decode = decode, .prefix_peer = prefix_peer,
                     .prefix_blocks = prefix_peer ? prefix_blocks : 0, .resume = c->n_gen};
   g.sampling = (prt_sampling){.temperature = q->temperature, .top_k = q->top_k, .top_p = q->top_p,

@@ -143,7 +143,7 @@ rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r) {
   }
   // The router's own bound: the request timeout (10 min when none is set) and 5 s for its error to reach the client.
   int64_t limit = r->t_arrival_us +
-                  (int64_t)(s->rc->request_timeout_ms > 0 ? s->rc->request_timeout_ms : CFG_DEF_REQUEST_TIMEOUT_MS) * 1000 + 5000000;
+                  (int64_t)s->rc->request_timeout_ms * 1000 + 5000000;
   if (utl_now_us() > limit) {
     rtr_error e;
     rtr_fail(&e, 504, "server_error", NULL, "timeout", "the request passed its deadline");

@@ -83,7 +83,9 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
     return -1;
   }
   s->cfg = o->cfg;
-  s->rc = &o->cfg->router;
+  s->rc_own = o->cfg->router;
+  cfg_router_defaults(&s->rc_own);
+  s->rc = &s->rc_own;
   s->gguf = o->gguf;
   s->has_template = o->gguf && mdl_gguf_find(o->gguf, "tokenizer.chat_template");
   if (resolve_chat(s, o, err, errlen) != 0) {
@@ -115,8 +117,11 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   }
   make_metrics(s);
   for (int i = 0; i < o->cfg->n_workers; i++)
-    if (o->cfg->workers[i].role != CFG_ROLE_PREFILL)
-      s->capacity += o->cfg->workers[i].max_seqs > 0 ? o->cfg->workers[i].max_seqs : CFG_DEF_MAX_SEQS;
+    if (o->cfg->workers[i].role != CFG_ROLE_PREFILL) {
+      cfg_worker w = o->cfg->workers[i];
+      cfg_worker_defaults(&w);
+      s->capacity += w.max_seqs;
+    }
   if (s->capacity <= 0) s->capacity = 64;
   ctl_hub_opts ho = {.name = "router", .role = "router", .secret = o->cfg->secret, .host = NULL};
   if (ctl_hub_new(&ho, &s->hub, err, errlen) < 0) {
@@ -154,8 +159,8 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   }
   // conns.c accepts and hands the sockets over; MHD's own limit sits above the gate's cap, with room for
   // connections the gate already let go that MHD has not cleaned up yet
-  unsigned timeout = (unsigned)(s->rc->conn_timeout_s > 0 ? s->rc->conn_timeout_s : CFG_DEF_CONN_TIMEOUT_S);
-  unsigned cap = (unsigned)(s->rc->max_connections > 0 ? s->rc->max_connections : CFG_DEF_MAX_CONNECTIONS);
+  unsigned timeout = (unsigned)s->rc->conn_timeout_s;
+  unsigned cap = (unsigned)s->rc->max_connections;
   s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
                                 MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC,
                             0, NULL, NULL, rtr_http_handler, s, MHD_OPTION_CONNECTION_TIMEOUT, timeout,

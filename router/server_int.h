@@ -124,7 +124,8 @@ typedef struct rtr_hooks {
 
 struct rtr_server {
   const cfg_cluster *cfg;       // (borrowed)
-  const cfg_router *rc;
+  const cfg_router *rc;        // = &rc_own
+  cfg_router rc_own;           // the config's router section with cfg_router_defaults applied (api_keys borrowed)
   const mdl_gguf *gguf;        // (borrowed)
   int has_template;            // the GGUF has a tokenizer.chat_template (read for ChatML's default system prompt)
   // The chat template family (models/chat.h) chats render with: the config's chat_template, else the GGUF template's

@@ -178,7 +178,7 @@ int wrk_engine_busy(const wrk_engine *e) { return e->n_run > 0 || e->n_wait > 0;
 static int block_size(const wrk_engine *e) { return kv_pool_kv(e->rt->kv)->block_size; }
 
 // The most prompt tokens one step computes (workers[i].max_batch_tokens).
-static int max_chunk(const wrk_engine *e) { return e->rt->w->max_batch_tokens > 0 ? e->rt->w->max_batch_tokens : CFG_DEF_MAX_BATCH_TOKENS; }
+static int max_chunk(const wrk_engine *e) { return e->rt->w->max_batch_tokens; }
 
 // Makes s's table cover n_tokens positions, evicting cached blocks nobody uses (LRU, leaves first) for as long as
 // the pool is short: first as many as the table lacks, then one at a time (a sliding-window pool's free count is
@@ -252,7 +252,7 @@ static int held_outside_cache(const wrk_engine *e) {
 }
 
 void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int blocks_needed), void *arg) {
-  int max_seqs = e->rt->w->max_seqs > 0 ? e->rt->w->max_seqs : CFG_DEF_MAX_SEQS;
+  int max_seqs = e->rt->w->max_seqs;
   while (e->n_wait > 0 && e->n_run < max_seqs) {
     wrk_seq *s = e->wait[0];
     int needed = kv_pool_blocks_needed(e->rt->kv, s->n_toks + 1, max_chunk(e));

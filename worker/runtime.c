@@ -30,7 +30,9 @@ int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_
     return -1;
   }
   rt->cfg = cfg;
-  rt->w = w;
+  rt->w_own = *w;
+  cfg_worker_defaults(&rt->w_own);
+  rt->w = w = &rt->w_own;
   char e[512] = "";
   const krn_backend *be = pick_backend(w, e, sizeof e);
   if (!be) goto fail;
@@ -52,7 +54,7 @@ int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_
   kv_pool_opts ko = {
       .budget_bytes = (size_t)(w->kv_budget_mb * 1024.0 * 1024.0),
       .type = !strcmp(w->kv_type, "f32") ? KRN_F32 : KRN_F16,
-      .block_size = w->block_size > 0 ? w->block_size : CFG_DEF_BLOCK_SIZE,
+      .block_size = w->block_size,
       .shareable = shareable_kv,
   };
   if (kv_pool_new(mc, &rt->kc, &ko, &rt->kv, e, sizeof e)) goto fail;

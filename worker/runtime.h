@@ -17,7 +17,8 @@ extern "C" {
 
 typedef struct wrk_runtime {
   const cfg_cluster *cfg;       // (borrowed)
-  const cfg_worker *w;     // (borrowed) this worker's section
+  const cfg_worker *w;          // = &w_own
+  cfg_worker w_own;             // this worker's section with cfg_worker_defaults applied
   mdl_gguf *gguf;              // (owned)
   mdl_tok *tok;                // (owned)
   krn_pool *pool;              // (owned) compute threads

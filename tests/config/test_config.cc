@@ -451,6 +451,31 @@ TEST(Config, ValuesKept) {
   EXPECT_DOUBLE_EQ(c->workers[0].tpot_target_ms, 0); // the default: off
 }
 
+// A section made in code gets what cfg_parse gives an absent key for every field that may not be 0; what is set stays,
+// and fields where 0 means something (drain_timeout_s, migration_limit, max_tokens_limit) stay 0.
+TEST(Config, DefaultsFillAZeroedSection) {
+  cfg_router r{};
+  r.max_n = 3;
+  cfg_router_defaults(&r);
+  EXPECT_EQ(r.max_n, 3);
+  EXPECT_EQ(r.max_stop, CFG_DEF_MAX_STOP);
+  EXPECT_EQ(r.request_timeout_ms, CFG_DEF_REQUEST_TIMEOUT_MS);
+  EXPECT_EQ(r.conn_timeout_s, CFG_DEF_CONN_TIMEOUT_S);
+  EXPECT_EQ(r.link_dead_ms, CFG_DEF_LINK_DEAD_MS);
+  EXPECT_EQ(r.max_connections, CFG_DEF_MAX_CONNECTIONS);
+  EXPECT_EQ(r.max_connections_per_client, CFG_DEF_MAX_CONNECTIONS_PER_CLIENT);
+  EXPECT_EQ(r.header_timeout_s, CFG_DEF_HEADER_TIMEOUT_S);
+  EXPECT_EQ(r.drain_timeout_s, 0);
+  EXPECT_EQ(r.migration_limit, 0);
+  EXPECT_EQ(r.max_tokens_limit, 0);
+  cfg_worker w{};
+  w.max_seqs = 5;
+  cfg_worker_defaults(&w);
+  EXPECT_EQ(w.max_seqs, 5);
+  EXPECT_EQ(w.block_size, CFG_DEF_BLOCK_SIZE);
+  EXPECT_EQ(w.max_batch_tokens, CFG_DEF_MAX_BATCH_TOKENS);
+}
+
 TEST(Config, DeviceOverride) { // the command line's --device
   Cfg x(kMin);
   ASSERT_EQ(x.rc, 0) << x.err;
