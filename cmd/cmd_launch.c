@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cmd/cmds.h"
+#include "cmd/overrides.h"
 #include "config/config.h"
 #include "launch/launch.h"
 
@@ -16,7 +17,10 @@ static void launch_usage(FILE *f) {
           "  one with back-off (at most 5 restarts a minute), stops all on SIGTERM/SIGINT.\n"
           "  --dserve PATH    binary the children run (default: this one)\n"
           "  --grace-s S      seconds between SIGTERM and SIGKILL when stopping (default 10, or the router's drain_timeout_s + 5)\n"
-          "  --backoff-ms MS  first restart delay, doubled per restart (default 250)\n");
+          "  --backoff-ms MS  first restart delay, doubled per restart (default 250)\n"
+          "  --print-config   print the config with the options below applied, then exit\n"
+          "overrides (each sets one config key, in brackets, on top of FILE; '*' = every worker):\n");
+  cmd_overrides_usage(f);
 }
 
 static int launch_num(const char *flag, const char *v, double lo, double hi, double *out) {
@@ -33,12 +37,18 @@ static int launch_num(const char *flag, const char *v, double lo, double hi, dou
 int cmd_launch(int argc, char **argv) {
   lch_opts o;
   lch_defaults(&o);
-  int grace_given = 0;
+  int grace_given = 0, print_only = 0;
+  cmd_overrides ov = {0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     double d;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    int t = cmd_overrides_take(&ov, "dserve launch", argc, argv, &i);
+    if (t < 0) return 2;
+    if (t) continue;
+    if (!strcmp(a, "--print-config")) {
+      print_only = 1;
+    } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       launch_usage(stdout);
       return 0;
     } else if (!strcmp(a, "--config") && v) {
@@ -60,15 +70,28 @@ int cmd_launch(int argc, char **argv) {
       return 2;
     }
   }
-  if (!o.config_path || !o.node) {
+  if (!o.config_path || (!o.node && !print_only)) {
     fprintf(stderr, "dserve launch: --config and --node are required\n");
     launch_usage(stderr);
     return 2;
   }
   cfg_cluster *cfg = NULL;
-  char err[1024];
-  if (cfg_load(o.config_path, &cfg, err, sizeof err)) {
+  char err[1024], *json = NULL;
+  // with overrides the children read the effective config, relative paths made absolute (cfg_effective_json)
+  if ((ov.n || print_only) && cfg_effective_json(o.config_path, NULL, ov.sets, ov.n, &json, err, sizeof err)) {
     fprintf(stderr, "dserve launch: %s\n", err);
+    return 2;
+  }
+  if (print_only) {
+    printf("%s\n", json);
+    free(json);
+    return 0;
+  }
+  o.config_json = json;
+  if (json ? cfg_load_text(json, strlen(json), o.config_path, &cfg, err, sizeof err)
+           : cfg_load(o.config_path, &cfg, err, sizeof err)) {
+    fprintf(stderr, "dserve launch: %s\n", err);
+    free(json);
     return 2;
   }
   if (access(cfg->model_path, R_OK))
@@ -81,5 +104,6 @@ int cmd_launch(int argc, char **argv) {
   int rc = lch_run(cfg, &o, err, sizeof err);
   if (rc == 2 && err[0]) fprintf(stderr, "dserve launch: %s\n", err);
   cfg_free(cfg);
+  free(json);
   return rc;
 }

@@ -34,12 +34,22 @@ static int context_length(const mdl_gguf *g, int *out, char *err, size_t errlen)
 }
 
 int cmd_router(int argc, char **argv) {
-  const char *config = NULL;
+  const char *config = NULL, *node = NULL;
   for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      printf("usage: dserve router --config FILE [--node NAME]\n"
+             "  serves the OpenAI-compatible HTTP API of the cluster config FILE's \"router\" section (default\n"
+             "  http://127.0.0.1:%d) until SIGTERM, which drains it (router.drain_timeout_s, default %d s).\n"
+             "  `dserve launch` starts it for you.\n"
+             "  --config FILE    the cluster config (configs/README.md)\n"
+             "  --node NAME      refuse to start unless router.node is NAME (a check for hand-started nodes)\n",
+             CFG_DEF_ROUTER_PORT, CFG_DEF_DRAIN_TIMEOUT_S);
+      return 0;
+    }
     if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
-    else if (!strcmp(argv[i], "--node") && i + 1 < argc) i++; // the router section names its own node
+    else if (!strcmp(argv[i], "--node") && i + 1 < argc) node = argv[++i];
     else {
-      fprintf(stderr, "usage: dserve router --config FILE [--node NAME]\n");
+      fprintf(stderr, "dserve router: unknown or incomplete option '%s'\nusage: dserve router --config FILE [--node NAME]\n", argv[i]);
       return 2;
     }
   }
@@ -55,6 +65,11 @@ int cmd_router(int argc, char **argv) {
   }
   if (cfg_require_secret(cfg, err, sizeof err)) {
     fprintf(stderr, "dserve router: %s\n", err);
+    cfg_free(cfg);
+    return 2;
+  }
+  if (node && strcmp(node, cfg->router.node)) {
+    fprintf(stderr, "dserve router: --node %s: %s puts the router on node \"%s\"\n", node, config, cfg->router.node);
     cfg_free(cfg);
     return 2;
   }

@@ -15,6 +15,16 @@ typedef int (*worker_fn)(const cfg_cluster *cfg, const cfg_worker *w, char *err,
 static int worker_cmd(int argc, char **argv, cfg_role role, worker_fn run) {
   const char *config = NULL, *name = NULL, *device = NULL;
   for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      printf("usage: dserve %s --config FILE --name WORKER [--device cpu|cuda:N]\n"
+             "  serves worker WORKER of the cluster config FILE (its role there must be '%s') until SIGTERM, which\n"
+             "  drains it (workers[].drain_timeout_s, default %d s). `dserve launch` starts it for you.\n"
+             "  --config FILE    the cluster config (configs/README.md)\n"
+             "  --name WORKER    the worker's name in workers[]\n"
+             "  --device D       overrides the worker's \"device\" (default: the config's, else cpu)\n",
+             argv[0], argv[0], CFG_DEF_DRAIN_TIMEOUT_S);
+      return 0;
+    }
     if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
     else if (!strcmp(argv[i], "--name") && i + 1 < argc) name = argv[++i];
     else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];

@@ -13,5 +13,6 @@ int cmd_prefill(int argc, char **argv);      // cmd_worker.c
 int cmd_decode(int argc, char **argv);       // cmd_worker.c
 int cmd_both(int argc, char **argv);         // cmd_worker.c
 int cmd_launch(int argc, char **argv);       // cmd_launch.c
+int cmd_serve(int argc, char **argv);        // cmd_serve.c
 
 #endif

@@ -20,6 +20,7 @@ static const cmd CMDS[] = {
     {"tokenize", cmd_tokenize, "MODEL.gguf TEXT", "print token ids"},
     {"generate", cmd_generate, "--model M --prompt P ...", "generate text on this machine"},
     {"perplexity", cmd_perplexity, "--model M --file TEXT ...", "perplexity and KL divergence vs llama.cpp"},
+    {"serve", cmd_serve, "MODEL.gguf [options]", "serve one model on this machine, no config file needed"},
     {"launch", cmd_launch, "--config F --node N", "start the roles a cluster config gives this node"},
     {"router", cmd_router, "--config F", "run the OpenAI-compatible HTTP router"},
     {"both", cmd_both, "--config F --name W", "run a colocated prefill+decode worker"},
@@ -86,8 +87,13 @@ static void install_fault_report(void) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: dserve COMMAND [ARGS]\n\ncommands:\n");
+  fprintf(f, "usage: dserve COMMAND [ARGS]   (dserve COMMAND --help: its options; dserve --version)\n\ncommands:\n");
   for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) fprintf(f, "  %-13s %-25s %s\n", CMDS[i].name, CMDS[i].args, CMDS[i].help);
+}
+
+static int version(void) {
+  printf("dserve %s (%s build, CUDA backend %s)\n", DSERVE_VERSION, DSERVE_BUILD_TYPE, DSERVE_WITH_CUDA ? "on" : "off");
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -95,6 +101,8 @@ int main(int argc, char **argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  // `dserve --version` and `dserve COMMAND --version` alike
+  if (!strcmp(argv[1], "--version") || (argc == 3 && !strcmp(argv[2], "--version"))) return version();
   install_fault_report();
   for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)
     if (!strcmp(argv[1], CMDS[i].name)) return CMDS[i].run(argc - 1, argv + 1);

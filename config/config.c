@@ -1,5 +1,6 @@
 // config/config.c: the cluster config file (configs/README.md documents every key), parsed strictly with cJSON.
 #include "config/config.h"
+#include "config/config_int.h"
 
 #include "ctl/secret.h"
 #include "kernels/krn.h"
@@ -247,7 +248,7 @@ static const char *const K_TOP[] = {"model", "model_name", "chat_template", "sec
                                     "nodes", "router",     "workers",       "sampling", NULL};
 static const char *const K_SAMPLING[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", NULL};
 static const char *const K_NODE[] = {"host", NULL};
-static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",
+static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",  "api_keys_file",
                                        "max_body_bytes", "conn_timeout_s", "queue_limit", "max_tokens_limit",
                                        "max_n",         "max_stop",     "request_timeout_ms", "disagg_threshold",
                                        "disagg_policy", "disagg_max_prefill_queue", "routing",       "prefix_fetch", "prefix_fetch_min_blocks",
@@ -256,7 +257,7 @@ static const char *const K_ROUTER[] = {"node",          "host",         "port", 
                                        "migration_wait_ms", "migrate_silent_ms", NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
-                                       "threads", "kernels",    "device",   "kv_budget_mb",  "block_size",
+                                       "threads", "kernels",    "device",   "kv_budget_mb",  "kv_budget_tokens", "block_size",
                                        "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", "prefix_cache_mb",
                                        "prefix_host_mb", "prefix_disk_mb", "prefix_disk_path", "cuda_graphs", "handoff_timeout_ms",
                                        "table_timeout_ms", "drain_timeout_s", "tpot_target_ms", NULL};
@@ -280,6 +281,18 @@ static const char *cfg_node_host(const cfg_node *nodes, int n, const char *name)
 static const char *cfg_default_node(const cfg_node *nodes, int n_nodes, int nodes_given) {
   if (!nodes_given) return "local";
   return n_nodes == 1 ? nodes[0].name : NULL;
+}
+
+// rel against the folder of path (the config file), unless rel is absolute or path has no folder.
+static int cfg_resolve_path(cfg_ctx *x, const char *key, const char *rel, const char *path, char *out, size_t cap) {
+  size_t n = strlen(rel);
+  if (!n) return cfg_fail(x, key, "must not be empty");
+  const char *slash = path ? strrchr(path, '/') : NULL;
+  int w;
+  if (rel[0] == '/' || !slash) w = snprintf(out, cap, "%s", rel);
+  else w = snprintf(out, cap, "%.*s/%s", (int)(slash - path), path, rel);
+  if (w < 0 || (size_t)w >= cap) return cfg_fail(x, key, "path too long");
+  return 0;
 }
 
 static int parse_router(cfg_ctx *x, const cJSON *r, int present, cfg_router *o, const cfg_node *nodes, int n_nodes,
@@ -316,6 +329,11 @@ static int parse_router(cfg_ctx *x, const cJSON *r, int present, cfg_router *o, 
       o->n_api_keys = i + 1;
     }
   }
+  char kf[1024];
+  if (cfg_str(x, r, p, "api_keys_file", kf, sizeof kf, "")) return -1;
+  if (cfg_item(r, "api_keys_file") && !kf[0]) return cfg_fail(x, "router.api_keys_file", "must not be empty");
+  if (kf[0] && cfg_resolve_path(x, "router.api_keys_file", kf, x->file, o->api_keys_file, sizeof o->api_keys_file))
+    return -1;
   long long body;
   if (cfg_int(x, r, p, "max_body_bytes", &body, 1, 1LL << 40, 1 << 20, 0)) return -1;
   o->max_body_bytes = (size_t)body;
@@ -425,6 +443,7 @@ static int parse_worker(cfg_ctx *x, const cJSON *w, int idx, cfg_worker *o, cons
       cfg_one_of(x, p, "cuda_graphs", o->cuda_graphs, S_ONOFF))
     return -1;
   if (cfg_num(x, w, p, "kv_budget_mb", &o->kv_budget_mb, 0, 1, 1e7, CFG_DEF_KV_BUDGET_MB)) return -1;
+  if (cfg_int32(x, w, p, "kv_budget_tokens", &o->kv_budget_tokens, 0, 1 << 30, 0, 0)) return -1;
   if (cfg_int32(x, w, p, "block_size", &o->block_size, 1, 1024, CFG_DEF_BLOCK_SIZE, 0)) return -1;
   if (cfg_str(x, w, p, "kv_type", o->kv_type, sizeof o->kv_type, "f16") ||
       cfg_one_of(x, p, "kv_type", o->kv_type, S_KVTYPE))
@@ -438,11 +457,17 @@ static int parse_worker(cfg_ctx *x, const cJSON *w, int idx, cfg_worker *o, cons
     return -1;
   // Default: the prefix cache may keep up to half of the KV pool (unused cached blocks are evicted on demand).
   if (cfg_num(x, w, p, "prefix_cache_mb", &o->prefix_cache_mb, 0, 0, 1e7, o->kv_budget_mb / 2)) return -1;
-  // Second tier: blocks evicted from the pool are kept in host DRAM, then in one file on local disk.
+  // Second tier: blocks evicted from the pool are kept in host DRAM, then in one file on local disk (its path is
+  // resolved against the config file's folder, as every path in the file is).
+  char dpath[sizeof o->prefix_disk_path];
   if (cfg_num(x, w, p, "prefix_host_mb", &o->prefix_host_mb, 0, 0, 1e7, 0) ||
       cfg_num(x, w, p, "prefix_disk_mb", &o->prefix_disk_mb, 0, 0, 1e8, 0) ||
-      cfg_str(x, w, p, "prefix_disk_path", o->prefix_disk_path, sizeof o->prefix_disk_path, ""))
+      cfg_str(x, w, p, "prefix_disk_path", dpath, sizeof dpath, ""))
     return -1;
+  if (dpath[0]) {
+    snprintf(field, sizeof field, "%s.prefix_disk_path", p);
+    if (cfg_resolve_path(x, field, dpath, x->file, o->prefix_disk_path, sizeof o->prefix_disk_path)) return -1;
+  }
   if (o->prefix_disk_mb > 0 && !o->prefix_disk_path[0]) {
     snprintf(field, sizeof field, "%s.prefix_disk_path", p);
     return cfg_fail(x, field, "needed when prefix_disk_mb > 0 (a file on local disk, one per worker)");
@@ -505,16 +530,6 @@ static int cfg_check_ports(cfg_ctx *x, const cfg_cluster *c) {
 }
 
 // out = rel resolved against the folder of the config file path (rel itself when absolute or path has no folder).
-static int cfg_resolve_path(cfg_ctx *x, const char *key, const char *rel, const char *path, char *out, size_t cap) {
-  size_t n = strlen(rel);
-  if (!n) return cfg_fail(x, key, "must not be empty");
-  const char *slash = path ? strrchr(path, '/') : NULL;
-  int w;
-  if (rel[0] == '/' || !slash) w = snprintf(out, cap, "%s", rel);
-  else w = snprintf(out, cap, "%.*s/%s", (int)(slash - path), path, rel);
-  if (w < 0 || (size_t)w >= cap) return cfg_fail(x, key, "path too long");
-  return 0;
-}
 
 // The first host that is not loopback (router, nodes, workers' control and kvxfer hosts) into c->remote_field:
 // such a cluster listens where other machines can connect, and needs a strong secret from a file or the environment.
@@ -688,9 +703,10 @@ int cfg_parse(const char *json, size_t len, const char *path_for_errors, cfg_clu
   return 0;
 }
 
-int cfg_load(const char *path, cfg_cluster **out, char *err, size_t errlen) {
+int cfg_read_text(const char *path, char **text, size_t *len_out, char *err, size_t errlen) {
   cfg_ctx x = {path, err, errlen};
-  if (out) *out = NULL;
+  *text = NULL;
+  *len_out = 0;
   if (!path) return cfg_fail(&x, NULL, "no path");
   FILE *f = fopen(path, "rb");
   if (!f) return cfg_fail(&x, NULL, "cannot open: %s", strerror(errno));
@@ -723,9 +739,24 @@ int cfg_load(const char *path, cfg_cluster **out, char *err, size_t errlen) {
     return cfg_fail(&x, NULL, "read error");
   }
   buf[len] = 0;
-  int rc = cfg_parse(buf, len, path, out, err, errlen);
+  *text = buf;
+  *len_out = len;
+  return 0;
+}
+
+int cfg_load(const char *path, cfg_cluster **out, char *err, size_t errlen) {
+  if (out) *out = NULL;
+  char *buf = NULL;
+  size_t len = 0;
+  if (cfg_read_text(path, &buf, &len, err, errlen)) return -1;
+  int rc = cfg_load_text(buf, len, path, out, err, errlen);
   free(buf);
-  if (rc == 0 && cfg_resolve_secret(*out, err, errlen)) {
+  return rc;
+}
+
+int cfg_load_text(const char *json, size_t len, const char *path, cfg_cluster **out, char *err, size_t errlen) {
+  int rc = cfg_parse(json, len, path, out, err, errlen);
+  if (rc == 0 && (cfg_resolve_secret(*out, err, errlen) || cfg_read_api_keys(*out, err, errlen))) {
     cfg_free(*out);
     *out = NULL;
     return -1;

@@ -52,6 +52,7 @@ typedef struct cfg_worker {
   char device[16];        // "cpu" or "cuda:N"
   char cuda_graphs[4];    // "off" (default) or "on": decode steps replayed from CUDA graphs (models/llama.h)
   double kv_budget_mb;    // KV block pool size
+  int kv_budget_tokens;   // when > 0: the pool holds this many tokens instead (llama-server's -c); kv_budget_mb unused
   int block_size;         // tokens per KV block (16)
   char kv_type[8];        // "f16" or "f32"
   int max_seqs;           // sequences in the running batch at most
@@ -74,8 +75,10 @@ typedef struct cfg_router {
   char node[64];
   char host[64];               // HTTP bind address (default 127.0.0.1)
   int port;                    // default 8000
-  char **api_keys;             // (owned) (n_api_keys) empty = no auth
+  char **api_keys;             // (owned) (n_api_keys) empty = no auth; cfg_load adds api_keys_file's
   int n_api_keys;
+  char api_keys_file[1024];    // one key per line ('#' comments, blank lines skipped), resolved against the config
+                               // file's folder ("" = none); read by cfg_load, not by cfg_parse
   size_t max_body_bytes;       // default 1 MiB
   int conn_timeout_s;          // idle HTTP connection timeout, default 60
   int queue_limit;             // admitted-but-waiting requests at most; over it: 429 (default 256)
@@ -141,6 +144,8 @@ typedef struct cfg_cluster {
 // cfg_load also resolves the shared secret (cfg_resolve_secret); cfg_parse only records the
 // inline "secret" and "secret_file" (no file or environment is read).
 int cfg_load(const char *path, cfg_cluster **out, char *err, size_t errlen);
+// cfg_load of a config's text (path: what messages call it, and the folder relative paths resolve against).
+int cfg_load_text(const char *json, size_t len, const char *path, cfg_cluster **out, char *err, size_t errlen);
 int cfg_parse(const char *json, size_t len, const char *path_for_errors, cfg_cluster **out, char *err,
                      size_t errlen);
 void cfg_free(cfg_cluster *c);
@@ -162,8 +167,34 @@ void cfg_worker_defaults(cfg_worker *o);
 // with fewer than CTL_SECRET_REMOTE_BITS bits. No secret on a loopback-only config is not an error here.
 int cfg_resolve_secret(cfg_cluster *c, char *err, size_t errlen);
 
+// Adds the keys of c->router.api_keys_file (if any) to c->router.api_keys: one per line, surrounding blanks trimmed,
+// blank lines and lines starting with '#' skipped. An unreadable file or one with no key is an error naming it.
+int cfg_read_api_keys(cfg_cluster *c, char *err, size_t errlen);
+
 // What every role calls before it listens: 0 when c has a secret, else -1 with a message saying how to give one.
 int cfg_require_secret(const cfg_cluster *c, char *err, size_t errlen);
+
+// config/override.c
+// One command-line override: key is a dotted path into the file ("router.port"; "workers.*.threads" sets it in
+// every worker), value its text, taken as kind says.
+typedef enum cfg_set_kind {
+  CFG_SET_JSON = 0,   // a JSON value (a number, true, an array...)
+  CFG_SET_STRING = 1, // a plain string
+  CFG_SET_APPEND = 2, // a plain string appended to the array at key (made when absent)
+} cfg_set_kind;
+typedef struct cfg_set {
+  const char *key;   // (borrowed)
+  const char *value; // (borrowed)
+  cfg_set_kind kind;
+} cfg_set;
+
+// The config at path (or, with path NULL, base_json) with sets applied in order, as JSON text (*out, malloc'd),
+// with every relative path in it (model, secret_file, router.api_keys_file, workers[].prefix_disk_path) made
+// absolute against the file's folder (base_json: the working directory), so the text means the same from any
+// folder; cfg_parse judges the values. -1 with err: unreadable file, bad JSON, a key through a non-object, a
+// workers.* override when the config has no workers.
+int cfg_effective_json(const char *path, const char *base_json, const cfg_set *sets, int n_sets, char **out,
+                       char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
-// config/secret.c: where a role finds the cluster's shared secret (the config's secret_file, the environment, the
-// inline "secret") and whether the config may start with it; the secret's own rules are ctl/secret.h's.
+// config/secret.c: where a role finds its credentials: the cluster's shared secret (the config's secret_file, the
+// environment, the inline "secret") and whether the config may start with it, and the router's api_keys_file.
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,4 +77,42 @@ int cfg_require_secret(const cfg_cluster *c, char *err, size_t errlen) {
            "`dserve launch` (it makes a per-launch secret), or give one with \"secret_file\" in the config, %s or %s",
            c && c->path[0] ? c->path : "config", CTL_SECRET_FILE_ENV, CTL_SECRET_ENV_VAR);
   return -1;
+}
+
+int cfg_read_api_keys(cfg_cluster *c, char *err, size_t errlen) {
+  cfg_router *r = &c->router;
+  if (!r->api_keys_file[0]) return 0;
+  FILE *f = fopen(r->api_keys_file, "r");
+  if (!f) {
+    snprintf(err, errlen, "%s: router.api_keys_file: cannot open %s: %s", c->path[0] ? c->path : "config",
+             r->api_keys_file, strerror(errno));
+    return -1;
+  }
+  char line[1024];
+  int added = 0, rc = 0;
+  while (!rc && fgets(line, sizeof line, f)) {
+    char *s = line, *e = line + strlen(line);
+    while (*s == ' ' || *s == '\t') s++;
+    while (e > s && (e[-1] == '\n' || e[-1] == '\r' || e[-1] == ' ' || e[-1] == '\t')) *--e = 0;
+    if (!*s || *s == '#') continue;
+    char **grown = realloc(r->api_keys, (size_t)(r->n_api_keys + 1) * sizeof *grown);
+    char *key = strdup(s);
+    if (grown) r->api_keys = grown;
+    if (!grown || !key) {
+      free(key);
+      snprintf(err, errlen, "out of memory");
+      rc = -1;
+      break;
+    }
+    r->api_keys[r->n_api_keys++] = key;
+    added++;
+  }
+  ctl_secret_wipe(line, sizeof line);
+  fclose(f);
+  if (!rc && !added) {
+    snprintf(err, errlen, "%s: router.api_keys_file: %s holds no key (one per line)", c->path[0] ? c->path : "config",
+             r->api_keys_file);
+    rc = -1;
+  }
+  return rc;
 }

@@ -263,47 +263,65 @@ static void lch_describe_status(int st, char *out, size_t cap) {
   else snprintf(out, cap, "ended (status 0x%x)", st);
 }
 
-// The per-launch secret of a config that gives none: 32 random bytes (hex) in a 0600 file inside a fresh 0700
-// folder; the children find it through $DSERVE_SECRET_FILE (never on a command line). dir/file: (1024 bytes each)
-// filled on success; lch_secret_remove deletes both.
-static int lch_secret_make(char *dir, char *file, char *err, size_t errlen) {
+// The launcher's private folder (0700, made on first need, removed on stop): the per-launch secret of a config
+// that gives none, found by the children through $DSERVE_SECRET_FILE (never on a command line), and the effective
+// config of a launch with overrides, which the children read instead of the file.
+typedef struct lch_rundir {
+  char dir[1024];    // "" until made
+  char secret[1024]; // "" = none written
+  char config[1024];
+} lch_rundir;
+
+static int lch_rundir_make(lch_rundir *r, char *err, size_t errlen) {
+  if (r->dir[0]) return 0;
   const char *bases[] = {getenv("XDG_RUNTIME_DIR"), getenv("TMPDIR"), "/tmp"};
-  dir[0] = file[0] = 0;
-  for (size_t i = 0; i < sizeof bases / sizeof bases[0] && !dir[0]; i++) {
+  for (size_t i = 0; i < sizeof bases / sizeof bases[0] && !r->dir[0]; i++) {
     if (!bases[i] || bases[i][0] != '/' || strlen(bases[i]) > 900) continue;
-    snprintf(dir, 1024, "%s/dserve-launch-XXXXXX", bases[i]);
-    if (!mkdtemp(dir)) dir[0] = 0;
+    snprintf(r->dir, sizeof r->dir, "%s/dserve-launch-XXXXXX", bases[i]);
+    if (!mkdtemp(r->dir)) r->dir[0] = 0;
   }
-  if (!dir[0]) {
-    snprintf(err, errlen, "cannot make a private folder for the per-launch secret: %s", strerror(errno));
+  if (!r->dir[0]) {
+    snprintf(err, errlen, "cannot make a private folder for the launch: %s", strerror(errno));
     return -1;
   }
-  chmod(dir, 0700);
-  snprintf(file, 1024, "%s/secret", dir);
-  char hex[66];
-  if (ctl_secret_generate(hex, err, errlen)) {
-    rmdir(dir);
-    return -1;
-  }
-  int fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  size_t n = strlen(hex);
-  hex[n++] = '\n';
-  int ok = fd >= 0 && write(fd, hex, n) == (ssize_t)n;
+  chmod(r->dir, 0700);
+  return 0;
+}
+
+// Writes text as the 0600 file name inside the private folder; its path in out (1024 bytes).
+static int lch_rundir_write(lch_rundir *r, const char *name, const char *text, size_t n, char *out, char *err,
+                            size_t errlen) {
+  if (lch_rundir_make(r, err, errlen)) return -1;
+  snprintf(out, 1024, "%.960s/%.32s", r->dir, name); // dir: at most 900 + "/dserve-launch-XXXXXX"
+  int fd = open(out, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int ok = fd >= 0 && write(fd, text, n) == (ssize_t)n;
   int e = errno;
-  ctl_secret_wipe(hex, sizeof hex);
   if (fd >= 0) close(fd);
   if (!ok) {
-    snprintf(err, errlen, "cannot write the per-launch secret %s: %s", file, strerror(e));
-    unlink(file);
-    rmdir(dir);
+    snprintf(err, errlen, "cannot write %s: %s", out, strerror(e));
+    unlink(out);
+    out[0] = 0;
     return -1;
   }
   return 0;
 }
 
-static void lch_secret_remove(const char *dir, const char *file) {
-  if (file[0]) unlink(file);
-  if (dir[0]) rmdir(dir);
+// The per-launch secret: 32 random bytes (hex).
+static int lch_secret_make(lch_rundir *r, char *err, size_t errlen) {
+  char hex[66];
+  if (ctl_secret_generate(hex, err, errlen)) return -1;
+  size_t n = strlen(hex);
+  hex[n++] = '\n';
+  int rc = lch_rundir_write(r, "secret", hex, n, r->secret, err, errlen);
+  ctl_secret_wipe(hex, sizeof hex);
+  return rc;
+}
+
+static void lch_rundir_remove(lch_rundir *r) {
+  if (r->secret[0]) unlink(r->secret);
+  if (r->config[0]) unlink(r->config);
+  if (r->dir[0]) rmdir(r->dir);
+  r->dir[0] = r->secret[0] = r->config[0] = 0;
 }
 
 void lch_defaults(lch_opts *o) {
@@ -370,9 +388,18 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
     return 2;
   }
 
+  lch_rundir rd = {0};
+  // children of a launch with overrides read the effective config (written once: a restart reads the same)
+  if (o->config_json && lch_rundir_write(&rd, "config.json", o->config_json, strlen(o->config_json), rd.config, err,
+                                         errlen)) {
+    lch_rundir_remove(&rd);
+    return 2;
+  }
+  char *child_config = (char *)(o->config_json ? rd.config : o->config_path);
   int n = 0;
   lch_child *ch = calloc((size_t)cfg->n_workers + 1, sizeof *ch);
   if (!ch) {
+    lch_rundir_remove(&rd);
     snprintf(err, errlen, "out of memory");
     return 2;
   }
@@ -386,7 +413,7 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
     c->argv[0] = exe;
     c->argv[1] = (char *)"router";
     c->argv[2] = s_config;
-    c->argv[3] = (char *)o->config_path;
+    c->argv[3] = child_config;
   }
   for (int i = 0; i < cfg->n_workers; i++) {
     const cfg_worker *w = &cfg->workers[i];
@@ -398,20 +425,21 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
     c->argv[0] = exe;
     c->argv[1] = (char *)cfg_role_name(w->role);
     c->argv[2] = s_config;
-    c->argv[3] = (char *)o->config_path;
+    c->argv[3] = child_config;
     c->argv[4] = s_name;
     c->argv[5] = c->name;
   }
   if (!n) {
+    lch_rundir_remove(&rd);
     free(ch);
     snprintf(err, errlen, "%s: node \"%s\" runs nothing (no router and no workers on it)", o->config_path, o->node);
     return 2;
   }
   // No secret in the config or the environment: one for this launch, which only works when this launcher runs the
   // whole cluster (cfg_resolve_secret already refused a config with a non-loopback host).
-  char sdir[1024] = "", sfile[1024] = "";
   if (!cfg->secret[0]) {
     if (cfg->n_nodes > 1) {
+      lch_rundir_remove(&rd);
       free(ch);
       snprintf(err, errlen,
                "%s: no shared secret, and the cluster has %d nodes (each launcher would make a different one): set "
@@ -419,8 +447,8 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
                o->config_path, cfg->n_nodes, CTL_SECRET_FILE_ENV, CTL_SECRET_ENV_VAR);
       return 2;
     }
-    if (lch_secret_make(sdir, sfile, err, errlen) || setenv(CTL_SECRET_FILE_ENV, sfile, 1)) {
-      lch_secret_remove(sdir, sfile);
+    if (lch_secret_make(&rd, err, errlen) || setenv(CTL_SECRET_FILE_ENV, rd.secret, 1)) {
+      lch_rundir_remove(&rd);
       free(ch);
       return 2;
     }
@@ -442,7 +470,7 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
   int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sfd < 0) {
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
-    lch_secret_remove(sdir, sfile);
+    lch_rundir_remove(&rd);
     free(ch);
     snprintf(err, errlen, "signalfd: %s", strerror(errno));
     return 2;
@@ -633,9 +661,7 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
   close(sfd);
   sigaction(SIGPIPE, &old_pipe, NULL);
   sigprocmask(SIG_SETMASK, &oldmask, NULL);
-  if (sfile[0]) {
-    lch_secret_remove(sdir, sfile);
-    unsetenv(CTL_SECRET_FILE_ENV);
-  }
+  if (rd.secret[0]) unsetenv(CTL_SECRET_FILE_ENV);
+  lch_rundir_remove(&rd);
   return rc;
 }

@@ -11,7 +11,9 @@ extern "C" {
 #endif
 
 typedef struct lch_opts {
-  const char *config_path; // (borrowed) passed to every child as --config
+  const char *config_path; // (borrowed) passed to every child as --config; names the config in messages
+  const char *config_json; // (borrowed) NULL, or the effective config (overrides applied, config/config.h
+                           // cfg_effective_json): written to the launcher's private folder, which the children read
   const char *node;        // (borrowed) this node's name
   const char *dserve;      // (borrowed) binary the children run; NULL = /proc/self/exe
   int grace_ms;            // after SIGTERM to the children, SIGKILL at this deadline (10000)

@@ -57,6 +57,9 @@ int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_
       .block_size = w->block_size,
       .shareable = shareable_kv,
   };
+  if (w->kv_budget_tokens > 0) // sized in tokens (llama-server's -c): whole blocks of every layer group
+    ko.budget_bytes = (size_t)((w->kv_budget_tokens + w->block_size - 1) / w->block_size) *
+                      mdl_kv_block_bytes(mc, ko.type, w->block_size);
   if (kv_pool_new(mc, &rt->kc, &ko, &rt->kv, e, sizeof e)) goto fail;
   *out = rt;
   return 0;

@@ -1,0 +1,124 @@
+// cmd/cmd_serve.c: `dserve serve MODEL.gguf [flags]`: one colocated worker and the router on this machine, no config
+// file: the flags (cmd/overrides.c, llama-server's names) apply to a built-in single-node config, then it launches.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cmd/cmds.h"
+#include "cmd/overrides.h"
+#include "config/config.h"
+#include "launch/launch.h"
+
+static void serve_usage(FILE *f) {
+  fprintf(f,
+          "usage: dserve serve MODEL.gguf [options]\n"
+          "  serves MODEL on this machine: the OpenAI-compatible router (default http://127.0.0.1:8080) and one\n"
+          "  colocated prefill+decode worker, supervised as `dserve launch` does; SIGTERM/SIGINT stop both.\n"
+          "  No config file is needed; each option sets one key of the config it builds (shown in brackets; see\n"
+          "  configs/README.md). --print-config prints that config instead of serving.\n"
+          "options:\n"
+          "  %-34s %s\n"
+          "  %-34s %s\n",
+          "-m, --model FILE", "the GGUF (or give it first, without -m)", "--print-config",
+          "print the config these options make, then exit");
+  cmd_overrides_usage(f);
+}
+
+// A loopback TCP port free now (the worker's control port: the router is told it through the config).
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t n = sizeof a;
+  int port = -1;
+  if (!bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &n))
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+int cmd_serve(int argc, char **argv) {
+  cmd_overrides ov = {0};
+  const char *model = NULL;
+  int print_only = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int t = cmd_overrides_take(&ov, "dserve serve", argc, argv, &i);
+    if (t < 0) return 2;
+    if (t) continue;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      serve_usage(stdout);
+      return 0;
+    } else if (!strcmp(a, "--print-config")) {
+      print_only = 1;
+    } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) {
+      model = argv[++i];
+    } else if (a[0] != '-' && !model) {
+      model = a;
+    } else {
+      fprintf(stderr, "dserve serve: unknown or incomplete option '%s'\n", a);
+      serve_usage(stderr);
+      return 2;
+    }
+  }
+  if (!model) {
+    fprintf(stderr, "dserve serve: no model: give the GGUF file, e.g. dserve serve models/weights/x.gguf\n");
+    serve_usage(stderr);
+    return 2;
+  }
+  char abs_model[PATH_MAX];
+  if (!realpath(model, abs_model) || access(abs_model, R_OK)) {
+    fprintf(stderr, "dserve serve: %s: cannot read the model: %s\n", model, strerror(errno));
+    return 2;
+  }
+  int wport = free_port();
+  if (wport <= 0) {
+    fprintf(stderr, "dserve serve: no free loopback port for the worker: %s\n", strerror(errno));
+    return 2;
+  }
+  // the built-in single-node config; the model path is a JSON string: set it as an override, never pasted in
+  char base[512];
+  snprintf(base, sizeof base,
+           "{\"nodes\": {\"local\": {\"host\": \"127.0.0.1\"}},"
+           " \"router\": {\"node\": \"local\", \"host\": \"127.0.0.1\", \"port\": 8080},"
+           " \"workers\": [{\"name\": \"w0\", \"node\": \"local\", \"role\": \"both\", \"host\": \"127.0.0.1\","
+           " \"port\": %d}]}",
+           wport);
+  cfg_set sets[CMD_MAX_OVERRIDES + 1];
+  sets[0] = (cfg_set){"model", abs_model, CFG_SET_STRING};
+  memcpy(sets + 1, ov.sets, (size_t)ov.n * sizeof *sets);
+  char err[1024], *json = NULL;
+  if (cfg_effective_json(NULL, base, sets, ov.n + 1, &json, err, sizeof err)) {
+    fprintf(stderr, "dserve serve: %s\n", err);
+    return 2;
+  }
+  if (print_only) {
+    printf("%s\n", json);
+    free(json);
+    return 0;
+  }
+  cfg_cluster *cfg = NULL;
+  if (cfg_load_text(json, strlen(json), "dserve serve", &cfg, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err); // "dserve serve: workers[0].threads: ..." names the key the flag sets
+    free(json);
+    return 2;
+  }
+  lch_opts o;
+  lch_defaults(&o);
+  o.config_path = "dserve serve";
+  o.config_json = json;
+  o.node = "local";
+  o.grace_ms = cfg->router.drain_timeout_s * 1000 + 5000;
+  err[0] = 0;
+  int rc = lch_run(cfg, &o, err, sizeof err);
+  if (rc == 2 && err[0]) fprintf(stderr, "dserve serve: %s\n", err);
+  cfg_free(cfg);
+  free(json);
+  return rc;
+}
