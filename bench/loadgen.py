@@ -145,6 +145,8 @@ class Target:
         except ValueError:
             raise LoadgenError("bad port in --base-url %r" % base_url) from None
         self.prefix = u.path.rstrip("/")
+        if self.prefix.endswith("/v1"):  # how an openai client writes it (base_url=".../v1"): endpoints carry /v1
+            self.prefix = self.prefix[:-3]
         self.hostport = u.netloc
 
     def path(self, endpoint):
@@ -428,6 +430,28 @@ def make_payload(args, model, messages):
     return body
 
 
+class Progress:
+    """A one-line progress bar on a terminal (out None: silent): requests done of total, failures, elapsed time."""
+
+    def __init__(self, total, out):
+        self.total, self.out, self.t0, self.shown = max(1, total), out, time.perf_counter(), 0.0
+
+    def update(self, results, final=False):
+        now = time.perf_counter()
+        if self.out is None or (not final and now - self.shown < 0.1 and len(results) < self.total):
+            return
+        self.shown = now
+        done = len(results)
+        failed = sum(1 for r in results if r["status"] != "200")
+        width = 30
+        fill = min(width, width * done // self.total)
+        self.out.write("\r[%s%s] %d/%d requests, %d failed, %.1f s " % (
+            "#" * fill, "." * (width - fill), done, self.total, failed, now - self.t0))
+        if final or done >= self.total:
+            self.out.write("\n")
+        self.out.flush()
+
+
 class Runner:
     """One benchmark run: arrivals, concurrency limit, conversations, and the collected results."""
 
@@ -437,6 +461,7 @@ class Runner:
         self.model = model
         self.headers = headers
         self.results = []
+        self.progress = Progress(args.num_requests, sys.stderr if not args.quiet and sys.stderr.isatty() else None)
         self.sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
         self.consec_conn_errors = 0
         self.aborted = ""
@@ -454,6 +479,7 @@ class Runner:
                                    self.args.timeout)
         if counted:
             self.results.append(r)
+            self.progress.update(self.results)
             if r["status"] in (CONN_ERROR,):
                 self.consec_conn_errors += 1
                 if self.args.max_conn_errors and self.consec_conn_errors >= self.args.max_conn_errors:
@@ -518,16 +544,19 @@ class Runner:
 
 
 async def resolve_model(args, target, headers):
+    """The first model of GET /v1/models; LoadgenError (the run stops before sending anything) when it fails."""
+    url = "%s://%s%s" % (target.scheme, target.hostport, target.path("/v1/models"))
+    hint = "is the server up at this address? --model NAME skips this check"
     try:
         data = await http_get_json(target, target.path("/v1/models"), headers, min(args.timeout, 30.0))
-        models = data.get("data") if isinstance(data, dict) else None
-        if isinstance(models, list) and models and isinstance(models[0], dict) and models[0].get("id"):
-            return str(models[0]["id"]), ""
-        return "default", "GET /v1/models listed no models; using 'default'"
     except HTTPError as e:
-        return "default", "GET /v1/models failed (%s); using 'default'" % e
+        raise LoadgenError("GET %s failed (%s); %s" % (url, e, hint)) from None
     except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
-        return "default", "cannot reach %s (%s: %s)" % (args.base_url, type(e).__name__, e or "timeout")
+        raise LoadgenError("cannot reach %s (%s: %s); %s" % (url, type(e).__name__, e or "timeout", hint)) from None
+    models = data.get("data") if isinstance(data, dict) else None
+    if isinstance(models, list) and models and isinstance(models[0], dict) and models[0].get("id"):
+        return str(models[0]["id"])
+    raise LoadgenError("GET %s listed no models; give --model NAME" % url)
 
 
 async def run_benchmark(args):
@@ -539,10 +568,7 @@ async def run_benchmark(args):
     notes = []
     model = args.model
     if not model:
-        model, note = await resolve_model(args, target, headers)
-        if note:
-            notes.append(note)
-            print("warning: " + note, file=sys.stderr)
+        model = await resolve_model(args, target, headers)
     rng = random.Random(args.seed)
     turns = args.turns if args.dataset == "multi-turn" else 1
     n_conv = int(math.ceil(args.num_requests / turns))
@@ -559,6 +585,8 @@ async def run_benchmark(args):
     if warm_fail:
         notes.append("%d of %d warm-up requests failed" % (warm_fail, len(warm)))
     duration = await runner.run(items, intervals, args.num_requests)
+    if len(runner.results) < args.num_requests:
+        runner.progress.update(runner.results, final=True)
     sent = len(runner.results)
     if runner.aborted:
         notes.append("stopped after %s; %d requests not sent" % (runner.aborted, args.num_requests - sent))
@@ -624,11 +652,13 @@ def _pos_float(text):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="Streaming load generator for OpenAI-compatible servers.")
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p = argparse.ArgumentParser(description="Streaming load generator for OpenAI-compatible servers.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000",
+                   help="the server, with or without /v1 (http://HOST:PORT or http://HOST:PORT/v1)")
     p.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"])
     p.add_argument("--model", default="", help="model name (default: first of GET /v1/models)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""))
+    p.add_argument("--api-key", default=None, help="bearer key; absent: $OPENAI_API_KEY")
     p.add_argument("--request-rate", type=_rate, default=float("inf"), help="requests/s (inf: all at once)")
     p.add_argument("--burstiness", type=_pos_float, default=1.0, help="gamma shape; 1 = Poisson")
     p.add_argument("--max-concurrency", type=_nonneg_int, default=0, help="0 = unlimited")
@@ -658,9 +688,21 @@ def parse_args(argv):
     p.add_argument("--slo", default="", help="ttft:MS,tpot:MS,e2e:MS (any subset) for goodput")
     p.add_argument("--json-out", default="")
     p.add_argument("--save-itl", action="store_true", help="keep every ITL per request in the JSON")
-    p.add_argument("--plot", default="", help="PNG file (needs matplotlib)")
+    p.add_argument("--plot", default="", help="PNG file: latency CDFs, TTFT/TPOT and throughput over time "
+                   "(matplotlib: scripts/setup.sh installs it in the venv)")
     p.add_argument("--quiet", action="store_true", help="no report on stdout")
+    helps = {"num_requests": "requests counted (multi-turn: turns)", "dataset_path": "file for --dataset sharegpt",
+             "prefix_len": "shared-prefix: ~words of each prefix", "suffix_len": "shared-prefix: ~words after it",
+             "num_prefixes": "shared-prefix: distinct prefixes", "turns": "multi-turn: turns per conversation",
+             "sharegpt_output_len": "sharegpt: max_tokens (default: the answer's length)",
+             "temperature": "sampling temperature", "seed": "seed of prompts and arrivals",
+             "dataset": "prompt source", "endpoint": "API route driven"}
+    for a in p._actions:  # every option says its default in --help (ArgumentDefaultsHelpFormatter needs a help)
+        if a.help is None:
+            a.help = helps.get(a.dest, a.dest.replace("_", " "))
     args = p.parse_args(argv)
+    if args.api_key is None:
+        args.api_key = os.environ.get("OPENAI_API_KEY", "")
     if not 0.0 <= args.range_ratio < 1.0:
         p.error("--range-ratio must be in [0, 1)")
     return args

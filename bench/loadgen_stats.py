@@ -230,7 +230,7 @@ def first_error(rep):
 
 
 def plot(rep, path):
-    """Write a PNG (latency CDFs, throughput over time); returns None on success or a reason string."""
+    """Write a PNG (latency CDFs, TTFT/TPOT over time, throughput over time); None on success or a reason string."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -238,7 +238,7 @@ def plot(rep, path):
     except Exception as e:  # any import failure means: no plot
         return "matplotlib is not importable (%s)" % type(e).__name__
     reqs = [r for r in rep["requests"] if r.get("status") == "200" and r.get("e2e") is not None]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     ax = axes[0]
     series = [(label, [r[key] * 1000 for r in reqs if r.get(key) is not None])
               for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E"))]
@@ -252,7 +252,17 @@ def plot(rep, path):
     ax.set_ylabel("CDF")
     ax.legend()
     ax.grid(True, alpha=0.3)
-    ax = axes[1]
+    ax = axes[1]  # each request's TTFT and TPOT at the time it started
+    for key, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
+        pts = [(r["start"], r[key] * 1000) for r in reqs if r.get(key) is not None and r.get("start") is not None]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=8, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("request start (s)")
+    ax.set_ylabel("latency (ms)")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    ax = axes[2]
     tl = rep["throughput_timeline"]
     ts = [i * tl["bucket_s"] for i in range(len(tl["output_tokens_per_s"]))]
     ax.plot(ts, tl["output_tokens_per_s"], marker=".", label="output tok/s")

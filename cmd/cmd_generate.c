@@ -257,6 +257,7 @@ static int run_generate(cmd_model *e, const gen_opts *o, char *err, size_t errle
     fwrite(piece, 1, plen, stdout);
   }
   printf("\n");
+  fflush(stdout); // the text's end before the timings on stderr
   double t2 = utl_now_s();
   fprintf(stderr, "prompt: %zu tokens, %.2f tok/s; generation: %d tokens, %.2f tok/s (%s, %d threads)\n", n_ids,
           (double)n_ids / (t1 - t0), n_done, n_done > 0 ? n_done / (t2 - t1) : 0.0, e->kc.be->name, o->threads);

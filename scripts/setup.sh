@@ -57,12 +57,12 @@ fi
 
 # 4. A Python venv for the tests that drive the server with the official openai client.
 venv="$cache/venv"
-if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
-  say "creating $venv with the openai package"
-  python3 -m venv "$venv" || die "python3 -m venv failed"
-  "$venv/bin/pip" install -q openai || die "pip install openai failed"
+if ! "$venv/bin/python" -c "import openai, matplotlib" 2>/dev/null; then
+  say "creating $venv with the openai package (tests) and matplotlib (bench/loadgen.py --plot)"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || die "python3 -m venv failed"
+  "$venv/bin/pip" install -q openai matplotlib || die "pip install openai matplotlib failed"
 fi
-# 4. NIXL's wheel, for kvxfer's nixl backend (`backend: nixl` and its tests): kvxfer dlopens its native libraries
+# 5. NIXL's wheel, for kvxfer's nixl backend (`backend: nixl` and its tests): kvxfer dlopens its native libraries
 #    (libnixl_capi.so, the UCX plugin and UCX) from the venv, so the wheel goes in without its Python dependencies
 #    (torch, numpy). DSERVE_NIXL=0 skips it; kvxfer then reports nixl as absent and its tests skip.
 nixl_spec=nixl-cu12==1.5.1

@@ -461,7 +461,7 @@ class TestServerDown(unittest.TestCase):
         port = free_port()
         with tempfile.TemporaryDirectory() as d:
             js = os.path.join(d, "r.json")
-            p = subprocess.run([sys.executable, LOADGEN, "--base-url", "http://127.0.0.1:%d" % port,
+            p = subprocess.run([sys.executable, LOADGEN, "--base-url", "http://127.0.0.1:%d" % port, "--model", "m",
                                 "--num-requests", "5", "--json-out", js], capture_output=True, text=True,
                                timeout=60)
             self.assertEqual(p.returncode, 1)
@@ -485,11 +485,57 @@ class TestServerDown(unittest.TestCase):
         self.assertLess(sent, 200)
         self.assertGreaterEqual(sent, 3)
 
+    def test_models_failure_stops_before_sending(self):
+        """Without --model, a failed GET /v1/models ends the run with a message (no model 'default' guessed)."""
+        port = free_port()
+        rc, out, err = run_main(["--base-url", "http://127.0.0.1:%d/v1" % port, "--num-requests", "5"])
+        self.assertEqual(rc, 1)
+        self.assertIn("cannot reach http://127.0.0.1:%d/v1/models" % port, err)
+        self.assertIn("--model", err)
+        self.assertNotIn("Failed requests", out)  # nothing was sent
+
     def test_bad_arguments(self):
         for argv in (["--base-url", "ftp://x"], ["--request-rate", "-1"], ["--range-ratio", "2"]):
             rc, _, err = run_main(argv + ["--num-requests", "1"])
             self.assertNotEqual(rc, 0, argv)
             self.assertNotIn("Traceback", err)
+
+
+class TestCli(unittest.TestCase):
+    def test_base_url_with_or_without_v1(self):
+        srv = FakeServer()
+        try:
+            for url in (srv.url, srv.url + "/v1", srv.url + "/v1/"):
+                rc, out, err = run_main(["--base-url", url, "--num-requests", "2", "--input-len", "4", "--quiet"])
+                self.assertEqual(rc, 0, url + err)
+        finally:
+            srv.close()
+        self.assertEqual([b["model"] for b in srv.bodies], ["fake-model"] * 6)  # from GET /v1/models
+
+    def test_help_shows_defaults(self):
+        p = subprocess.run([sys.executable, LOADGEN, "--help"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0)
+        text = " ".join(p.stdout.split())
+        for want in ("(default: 100)", "(default: 128)", "(default: 64)", "(default: http://127.0.0.1:8000)"):
+            self.assertIn(want, text)
+
+    def test_plot_draws_a_png(self):
+        venv = os.environ.get("DSERVE_VENV", "")
+        py = os.path.join(venv, "bin", "python") if venv else ""
+        if not py or subprocess.run([py, "-c", "import matplotlib"], capture_output=True).returncode:
+            self.skipTest("matplotlib not in $DSERVE_VENV (scripts/setup.sh installs it)")
+        srv = FakeServer()
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                png = os.path.join(d, "p.png")
+                p = subprocess.run([py, LOADGEN, "--base-url", srv.url, "--num-requests", "4", "--input-len", "4",
+                                    "--plot", png, "--quiet"], capture_output=True, text=True, timeout=120)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertIn("plot written", p.stderr)
+                with open(png, "rb") as f:
+                    self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        finally:
+            srv.close()
 
 
 if __name__ == "__main__":
