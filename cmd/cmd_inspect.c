@@ -7,14 +7,23 @@
 #include "models/gguf.h"
 #include "models/tokenizer.h"
 
-static int inspect_usage(const char *name) {
-  fprintf(stderr, "usage: dserve %s MODEL.gguf [--tensors]\n", name);
-  return 2;
+// help: asked for (stdout, exit 0) or a bad command line (stderr, exit 2)
+static int inspect_usage(const char *name, int help) {
+  fprintf(help ? stdout : stderr,
+          "usage: dserve %s MODEL.gguf [--tensors]\n"
+          "  prints the GGUF's architecture, hyper-parameters, tokenizer and chat template\n"
+          "  --tensors   also every tensor's name, type and shape\n",
+          name);
+  return help ? 0 : 2;
 }
 
-static int tokenize_usage(const char *name) {
-  fprintf(stderr, "usage: dserve %s MODEL.gguf TEXT [--special]\n", name);
-  return 2;
+static int tokenize_usage(const char *name, int help) {
+  fprintf(help ? stdout : stderr,
+          "usage: dserve %s MODEL.gguf TEXT [--special]\n"
+          "  prints TEXT's token ids under the GGUF's tokenizer\n"
+          "  --special   parse special-token text (e.g. <|im_start|>) as those tokens (default: as plain text)\n",
+          name);
+  return help ? 0 : 2;
 }
 
 static void print_str(const mdl_gguf *g, const char *label, const char *key) {
@@ -43,11 +52,11 @@ int cmd_inspect(int argc, char **argv) {
   int tensors = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--tensors")) tensors = 1;
-    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return inspect_usage(argv[0]);
-    else if (argv[i][0] == '-' || path) return inspect_usage(argv[0]);
+    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return inspect_usage(argv[0], 1);
+    else if (argv[i][0] == '-' || path) return inspect_usage(argv[0], 0);
     else path = argv[i];
   }
-  if (!path) return inspect_usage(argv[0]);
+  if (!path) return inspect_usage(argv[0], 0);
   mdl_gguf *g = NULL;
   char err[512];
   if (mdl_gguf_open(path, &g, err, sizeof err) != 0) {
@@ -125,16 +134,16 @@ int cmd_tokenize(int argc, char **argv) {
   int special = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--special")) special = 1;
-    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return tokenize_usage(argv[0]);
+    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return tokenize_usage(argv[0], 1);
     else if (!strcmp(argv[i], "--")) { // the text may start with '-'
       if (i + 1 < argc && !text && path) text = argv[++i];
-      else return tokenize_usage(argv[0]);
-    } else if (argv[i][0] == '-' && argv[i][1] != 0) return tokenize_usage(argv[0]);
+      else return tokenize_usage(argv[0], 0);
+    } else if (argv[i][0] == '-' && argv[i][1] != 0) return tokenize_usage(argv[0], 0);
     else if (!path) path = argv[i];
     else if (!text) text = argv[i];
-    else return tokenize_usage(argv[0]);
+    else return tokenize_usage(argv[0], 0);
   }
-  if (!path || !text) return tokenize_usage(argv[0]);
+  if (!path || !text) return tokenize_usage(argv[0], 0);
   mdl_gguf *g = NULL;
   mdl_tok *t = NULL;
   char err[512];

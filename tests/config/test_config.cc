@@ -99,6 +99,20 @@ TEST(Config, ShippedLocal) {
   cfg_free(c);
 }
 
+TEST(Config, ShippedGemma) { // Gemma 3's GGUF ships no chat template: the config names its family
+  clear_secret_env();
+  cfg_cluster *c = nullptr;
+  char err[512] = "";
+  std::string p = src("configs/gemma.json");
+  ASSERT_EQ(cfg_load(p.c_str(), &c, err, sizeof err), 0) << err;
+  EXPECT_STREQ(c->chat_template, "gemma");
+  EXPECT_STREQ(c->model_name, "gemma-3-270m");
+  EXPECT_EQ(std::string(c->model_path), src("configs/../models/weights/gemma-3-270m-q4_k_m.gguf"));
+  ASSERT_EQ(c->n_workers, 1);
+  EXPECT_EQ(c->workers[0].role, CFG_ROLE_BOTH);
+  cfg_free(c);
+}
+
 TEST(Config, Shipped1P1D) {
   clear_secret_env();
   cfg_cluster *c = nullptr;
