@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/engine_bench.sh: dserve's CPU engine side by side with llama.cpp on the same GGUF and thread count.
 # Prints prompt processing (512 tokens), decode at batch 1 (128 tokens) and decode summed over 8 sequences,
-# each as a dserve/llama.cpp ratio, and dserve's batch-8 aggregate over its own batch 1.
+# each as a dserve/llama.cpp ratio and as a share of the memory roofline (read bandwidth probed in the same run), and
+# dserve's batch-8 aggregate over its own batch 1.
 # The peer is llama.cpp's llama-bench and llama-batched-bench, built once by bench/peer.sh (cached outside the repo).
 # Env: MODEL (GGUF), THREADS (2), BUILD (build folder, default build-bench), KERNELS (auto), PP (512), TG (128),
 #      BATCH (8).
@@ -60,10 +61,18 @@ get() { echo "$1" | sed -n "s/^$2 tok\/s: //p"; }
 ds_pp=$(get "$ds" "pp$pp"); lc_pp=$(get "$lc" "pp$pp")
 ds_t1=$(get "$ds" "tg$tg batch 1"); lc_t1=$(get "$lc" "tg$tg batch 1")
 ds_tb=$(get "$ds" "tg$tg batch $batch"); lc_tb=$(get "$lc" "tg$tg batch $batch")
-awk -v a="$ds_pp" -v b="$lc_pp" -v c="$ds_t1" -v d="$lc_t1" -v e="$ds_tb" -v f="$lc_tb" -v pp="$pp" -v tg="$tg" -v B="$batch" -v th="$threads" 'BEGIN {
-  printf "engine_bench: %s threads            dserve     llama.cpp   ratio   target\n", th
+# the memory roofline (dserve generate --bench probes the read bandwidth with the engine's own threads): a decode step
+# reads every weight once, so batch 1 can go no faster than bandwidth / weight bytes, and batch B (weights shared by
+# the B rows) no faster than B times that while the weights dominate the bytes read
+bw=$(echo "$ds" | sed -n 's/^memory read GB\/s: \([0-9.]*\).*/\1/p')
+wmib=$(echo "$ds" | sed -n 's/^decode weight MiB per step: //p')
+roof=$(get "$ds" "roofline batch 1")
+awk -v a="$ds_pp" -v b="$lc_pp" -v c="$ds_t1" -v d="$lc_t1" -v e="$ds_tb" -v f="$lc_tb" -v pp="$pp" -v tg="$tg" -v B="$batch" -v th="$threads" \
+    -v bw="$bw" -v wmib="$wmib" -v roof="$roof" 'BEGIN {
+  printf "engine_bench: %s threads            dserve     llama.cpp   ratio   target     dserve/roofline  llama.cpp/roofline\n", th
   printf "prompt processing (%d tok)   %9.1f   %9.1f   %5.2fx   >= 1.2x\n", pp, a, b, a / b
-  printf "decode batch 1 (%d tok)      %9.1f   %9.1f   %5.2fx   >= 1.2x\n", tg, c, d, c / d
-  printf "decode batch %d aggregate    %9.1f   %9.1f   %5.2fx   >= 2x\n", B, e, f, e / f
+  printf "decode batch 1 (%d tok)      %9.1f   %9.1f   %5.2fx   >= 1.2x    %6.1f%%          %6.1f%%\n", tg, c, d, c / d, 100 * c / roof, 100 * d / roof
+  printf "decode batch %d aggregate    %9.1f   %9.1f   %5.2fx   >= 2x      %6.1f%%          %6.1f%%\n", B, e, f, e / f, 100 * e / (B * roof), 100 * f / (B * roof)
   printf "dserve batch %d / batch 1    %9.2fx                        >= 3x\n", B, e / c
+  printf "roofline: %.1f GB/s read with %s threads, %.1f MiB of weights a step: batch 1 <= %.1f tok/s, batch %d <= %.1f\n", bw, th, wmib, roof, B, B * roof
 }'

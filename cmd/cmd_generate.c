@@ -8,6 +8,7 @@
 
 #include "cmd/cmds.h"
 #include "cmd/model.h"
+#include "cmd/roofline.h"
 #include "models/chat.h"
 #include "models/gguf.h"
 #include "models/llama.h"
@@ -165,6 +166,14 @@ static int run_bench(cmd_model *e, const gen_opts *o, char *err, size_t errlen) 
     double t = utl_now_s() - t0;
     printf("tg%d batch %d tok/s: %.2f\n", TG, n, (double)TG * n / t);
     fflush(stdout);
+  }
+  // the roofline: a decode step reads every weight once, so batch-1 decode can go no faster than bandwidth / bytes
+  if (e->pool) {
+    double gbps = cmd_read_gbps(e->pool, (size_t)1 << 30);
+    size_t wb = cmd_decode_weight_bytes(e->g);
+    printf("memory read GB/s: %.2f (%d threads)\n", gbps, krn_pool_threads(e->pool));
+    printf("decode weight MiB per step: %.2f\n", wb / 1048576.0);
+    printf("roofline batch 1 tok/s: %.2f\n", wb ? gbps * 1e9 / (double)wb : 0.0);
   }
   rc = 0;
 done:

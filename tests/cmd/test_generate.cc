@@ -3,6 +3,9 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstring>
+
 #include <string>
 
 #include "tests/run_dserve.h"
@@ -39,6 +42,29 @@ TEST(Generate, GreedyTextMatchesLlamaCpp) {
   ASSERT_EQ(run_dserve(p + "--f32-weights --f32-kv", &out, &err), 0) << err;
   EXPECT_EQ(out, scalar);
   EXPECT_EQ(out.rfind(" Paris.\n\nThe", 0), 0u) << out;
+}
+
+// --bench ends with the roofline lines engine_bench.sh reads: a measured bandwidth, and SmolLM2's weight bytes a step
+// (every tensor of the file: SmolLM2 ties its output projection to the token embedding, so a step reads all of it)
+TEST(Generate, BenchPrintsTheRoofline) {
+  ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
+  std::string out, err;
+  int rc = run_dserve(std::string("generate --model '") + kModel + "' --bench --bench-prompt 16 --bench-gen 2 "
+                      "--bench-batch 2 --threads 2", &out, &err);
+  ASSERT_EQ(rc, 0) << err;
+  double gbps = 0, mib = 0, roof = 0;
+  int threads = 0;
+  const char *m = strstr(out.c_str(), "memory read GB/s: ");
+  const char *w = strstr(out.c_str(), "decode weight MiB per step: ");
+  const char *r = strstr(out.c_str(), "roofline batch 1 tok/s: ");
+  ASSERT_TRUE(m && w && r) << out;
+  ASSERT_EQ(sscanf(m, "memory read GB/s: %lf (%d threads)", &gbps, &threads), 2) << out;
+  ASSERT_EQ(sscanf(w, "decode weight MiB per step: %lf", &mib), 1) << out;
+  ASSERT_EQ(sscanf(r, "roofline batch 1 tok/s: %lf", &roof), 1) << out;
+  EXPECT_GT(gbps, 0.1) << out;
+  EXPECT_EQ(threads, 2);
+  EXPECT_NEAR(mib, 92.10, 0.01) << out; // the whole file's tensors: SmolLM2 ties its output to the embedding
+  EXPECT_NEAR(roof, gbps * 1e9 / (mib * 1048576.0), roof * 1e-3) << out;
 }
 
 TEST(Generate, BadArgumentsGiveUsageAndExitTwo) {

@@ -1,0 +1,18 @@
+// cmd/roofline.h: what bounds decode on this machine: its memory read bandwidth and the weight bytes a step reads.
+#ifndef DSERVE_CMD_ROOFLINE_H
+#define DSERVE_CMD_ROOFLINE_H
+
+#include <stddef.h>
+
+#include "kernels/krn.h"
+#include "models/gguf.h"
+
+// Bytes of weights one decode step reads (each once, whatever the batch): every tensor but the token embedding, of
+// which a step reads one row per token, unless the output projection is tied to it (no output.weight).
+size_t cmd_decode_weight_bytes(const mdl_gguf *g);
+
+// The best of 5 timed passes of pool's threads reading a fresh buffer of `bytes` (far larger than the caches), in
+// GB/s (1e9 bytes); 0 when the buffer cannot be allocated.
+double cmd_read_gbps(krn_pool *pool, size_t bytes);
+
+#endif
