@@ -208,7 +208,8 @@ def grammar_seeds():
         "formats": ({"type": "object", "properties": {"d": {"type": "string", "format": "date-time"},
                                                        "u": {"type": "string", "format": "uuid"}}},
                     '{"d": "2026-12-03T13:40:49Z"}'),
-        "unsupported": ({"type": "integer", "minimum": 3}, "4"),
+        "unsupported": ({"type": "integer", "not": {}}, "4"),
+        "bounds": ({"type": "integer", "minimum": -40, "maximum": 120, "multipleOf": 3}, "99"),
     }
     for n, (sc, text) in schemas.items():
         write("fuzz_grammar", n + ".bin", json.dumps(sc).encode() + b"\xff" + text.encode())

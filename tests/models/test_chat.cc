@@ -135,10 +135,10 @@ TEST(ChatTools, CallGrammar) {
 }
 
 TEST(ChatTools, CallGrammarErrors) {
-  G unsup(R"([{"name":"ok"},{"name":"f","parameters":{"type":"integer","minimum":1}}])", 0);
+  G unsup(R"([{"name":"ok"},{"name":"f","parameters":{"type":"number","multipleOf":0.5}}])", 0);
   EXPECT_EQ(unsup.rc, MDL_GRAMMAR_UNSUPPORTED);
   EXPECT_NE(std::string(unsup.err).find("tool 'f' parameters"), std::string::npos) << unsup.err;
-  EXPECT_NE(std::string(unsup.err).find("'minimum'"), std::string::npos) << unsup.err;
+  EXPECT_NE(std::string(unsup.err).find("'multipleOf'"), std::string::npos) << unsup.err;
   G bad(R"([{"name":"f","parameters":{"type":"strnig"}}])", 0);
   EXPECT_EQ(bad.rc, -1);
   for (const char *t : {"[]", "{}", "not json", R"([{"parameters":{}}])", R"([{"name":""}])", R"([5])"}) {

@@ -425,10 +425,10 @@ class FieldPolicyTest(unittest.TestCase):
         self.assertEqual(sent_to_worker(r.id)["grammar"], {"type": "json_schema", "schema": schema})
         r = chat(model="tiny", messages=MSGS, max_tokens=2, response_format={"type": "text"})
         self.assertNotIn("grammar", sent_to_worker(r.id))
-        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 0}}}
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "multipleOf": 0.5}}}
         ex = self.refused("response_format", "unsupported_parameter",
                           lambda: chat(model="tiny", messages=MSGS, response_format=bad))
-        self.assertIn("'minimum'", str(ex))
+        self.assertIn("'multipleOf'", str(ex))
         bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}
         self.refused("response_format", "invalid_value",
                      lambda: chat(model="tiny", messages=MSGS, response_format=bad))

@@ -250,7 +250,7 @@ std::vector<Bad> bad_bodies() {
       // response_format: text, json_object and json_schema are honoured; a schema outside the supported subset, or
       // a field of response_format this server does not know, is refused naming response_format
       {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
-                           R"({"type":"object","properties":{"n":{"type":"integer","minimum":0}}}}}})", 400,
+                           R"({"type":"object","properties":{"n":{"type":"number","multipleOf":0.5}}}}}})", 400,
        "response_format", U},
       {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
                            R"({"type":"string","pattern":"(a)\\1"}}}})", 400, "response_format", U},
@@ -306,7 +306,7 @@ std::vector<Bad> bad_bodies() {
       {RTR_CHAT, "{" + M + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":"x"}}]})", 400,
        "tools[0].function.parameters", ""},
       {RTR_CHAT, "{" + M + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":)"
-                           R"({"type":"object","properties":{"n":{"type":"integer","minimum":0}}}}}]})", 400,
+                           R"({"type":"object","properties":{"n":{"type":"number","multipleOf":0.5}}}}}]})", 400,
        "tools[0].function.parameters", U},
       {RTR_CHAT, "{" + M + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"strnig"}}}]})",
        400, "tools[0].function.parameters", I},
@@ -407,10 +407,10 @@ TEST(Validate, ResponseFormatStructured) {
   ASSERT_EQ(noschema.rc, 0) << noschema.e.message;
   EXPECT_EQ(noschema.r.response_format, RTR_FORMAT_JSON_OBJECT); // no schema: any JSON object
   Parsed bad(RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
-                                 R"({"type":"object","properties":{"n":{"type":"integer","maximum":9}}}}}})");
+                                 R"({"type":"object","properties":{"n":{"type":"number","multipleOf":0.5}}}}}})");
   ASSERT_NE(bad.rc, 0);
   EXPECT_STREQ(bad.e.param, "response_format");
-  EXPECT_NE(strstr(bad.e.message, "'maximum'"), nullptr) << bad.e.message;
+  EXPECT_NE(strstr(bad.e.message, "'multipleOf'"), nullptr) << bad.e.message;
   EXPECT_NE(strstr(bad.e.message, "#/properties/n"), nullptr) << bad.e.message;
 }
 

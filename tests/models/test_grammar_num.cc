@@ -1,0 +1,140 @@
+// tests/models/test_grammar_num.cc: JSON Schema's numeric keywords in the grammar (models/json_schema_num.c): every
+// integer in the bounds (and a multiple) is accepted and nothing outside is, checked value by value; numbers with
+// bounds accept only values inside them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "grammar_util.h"
+
+namespace {
+
+struct IntCase {
+  const char *schema;
+  long lo, hi, mult; // the integers the schema allows: lo..hi, multiples of mult
+};
+
+TEST(GrammarNumbers, IntegerRangesValueByValue) {
+  const IntCase cases[] = {
+      {R"({"type":"integer","minimum":0,"maximum":100})", 0, 100, 1},
+      {R"({"type":"integer","minimum":1,"maximum":10})", 1, 10, 1},
+      {R"({"type":"integer","exclusiveMinimum":0,"exclusiveMaximum":120})", 1, 119, 1},
+      {R"({"type":"integer","minimum":-37,"maximum":512})", -37, 512, 1},
+      {R"({"type":"integer","minimum":-1000,"maximum":-5})", -1000, -5, 1},
+      {R"({"type":"integer","minimum":18})", 18, 1L << 40, 1},
+      {R"({"type":"integer","maximum":-3})", -(1L << 40), -3, 1},
+      {R"({"type":"integer","minimum":2.5,"maximum":7.5})", 3, 7, 1},
+      {R"({"type":"integer","minimum":5,"exclusiveMinimum":9,"maximum":90,"exclusiveMaximum":40})", 10, 39, 1},
+      {R"({"type":"integer","minimum":3,"exclusiveMinimum":true,"maximum":9})", 4, 9, 1}, // draft 4's boolean form
+      {R"({"type":"integer","minimum":999,"maximum":1001})", 999, 1001, 1},
+      {R"({"type":"integer","multipleOf":7})", -(1L << 40), 1L << 40, 7},
+      {R"({"type":"integer","multipleOf":5,"minimum":-23,"maximum":101})", -23, 101, 5},
+      {R"({"type":"integer","multipleOf":12,"exclusiveMinimum":0})", 1, 1L << 40, 12},
+      {R"({"type":"number","multipleOf":3,"maximum":30})", -(1L << 40), 30, 3}, // whole multiples: integers
+      {R"({"minimum":10,"maximum":20})", 10, 20, 1}, // numeric keywords imply a number
+  };
+  for (const IntCase &c : cases) {
+    Grammar g(c.schema);
+    ASSERT_EQ(g.rc, 0) << c.schema << ": " << g.err;
+    for (long v = -1300; v <= 1300; v++) {
+      bool want = v >= c.lo && v <= c.hi && v % c.mult == 0;
+      EXPECT_EQ(g.ok(std::to_string(v)), want) << c.schema << " at " << v;
+    }
+    for (const char *bad : {"-0", "007", "+5", "", "-", "1e2"}) EXPECT_REJECTS(g, bad) << " in " << c.schema;
+  }
+  Grammar big(R"({"type":"integer","minimum":123456789012,"maximum":123456799999})");
+  ASSERT_EQ(big.rc, 0) << big.err;
+  EXPECT_ACCEPTS(big, "123456789012");
+  EXPECT_ACCEPTS(big, "123456799999");
+  EXPECT_ACCEPTS(big, "123456790000");
+  EXPECT_REJECTS(big, "123456789011");
+  EXPECT_REJECTS(big, "123456800000");
+  Grammar m7(R"({"type":"integer","multipleOf":7})");
+  EXPECT_ACCEPTS(m7, "700000000000007");
+  EXPECT_REJECTS(m7, "700000000000008");
+}
+
+// A number under bounds: what the grammar accepts is inside them; integers inside them are accepted; and a fraction
+// strictly inside a whole unit interval of the range is accepted.
+TEST(GrammarNumbers, NumberBounds) {
+  struct Case {
+    const char *schema;
+    double lo, hi;
+    bool lo_excl, hi_excl;
+  } cases[] = {
+      {R"({"type":"number","minimum":0,"maximum":1})", 0, 1, false, false},
+      {R"({"type":"number","exclusiveMinimum":0,"exclusiveMaximum":5})", 0, 5, true, true},
+      {R"({"type":"number","minimum":-2.5,"maximum":3.25})", -2.5, 3.25, false, false},
+      {R"({"type":"number","maximum":0})", -1e300, 0, false, false},
+      {R"({"type":"number","exclusiveMaximum":0})", -1e300, 0, false, true},
+      {R"({"type":"number","minimum":100})", 100, 1e300, false, false},
+  };
+  const char *probes[] = {"0", "1", "0.5", "0.05", "0.0", "0.50", "1.5", "2", "-0.5", "-1", "-1.5", "-2.4", "-2.5",
+                          "-2.6", "3", "3.2", "3.25", "3.3", "4.999", "5", "5.1", "99.9", "100", "100.5", "-3",
+                          "1e2", "-0", "12.", "7"};
+  for (const Case &c : cases) {
+    Grammar g(c.schema);
+    ASSERT_EQ(g.rc, 0) << c.schema << ": " << g.err;
+    for (const char *p : probes) {
+      double v = strtod(p, nullptr);
+      bool inside = (c.lo_excl ? v > c.lo : v >= c.lo) && (c.hi_excl ? v < c.hi : v <= c.hi);
+      if (g.ok(p)) {
+        EXPECT_TRUE(inside) << c.schema << " accepted " << p;
+      }
+      bool whole = std::string(p).find_first_of(".e-") == std::string::npos || (p[0] == '-' && !strchr(p, '.'));
+      if (inside && whole && strcmp(p, "-0")) {
+        EXPECT_ACCEPTS(g, p) << " in " << c.schema;
+      }
+    }
+  }
+  Grammar unit(R"({"type":"number","minimum":0,"maximum":1})");
+  EXPECT_ACCEPTS(unit, "0.5");
+  EXPECT_ACCEPTS(unit, "0.123");
+  EXPECT_REJECTS(unit, "1.5");
+  Grammar neg(R"({"type":"number","maximum":0})");
+  EXPECT_ACCEPTS(neg, "-0.5");
+  EXPECT_ACCEPTS(neg, "-12.75");
+}
+
+TEST(GrammarNumbers, EnumValuesOutsideTheBoundsAreLeftOut) {
+  Grammar g(R"({"enum":[1,5,9,"x"],"minimum":2,"maximum":8})");
+  ASSERT_EQ(g.rc, 0) << g.err;
+  EXPECT_ACCEPTS(g, "5");
+  EXPECT_ACCEPTS(g, "\"x\"");
+  EXPECT_REJECTS(g, "1");
+  EXPECT_REJECTS(g, "9");
+}
+
+TEST(GrammarNumbers, Errors) {
+  struct Case {
+    const char *schema;
+    int rc;
+    const char *needle;
+  } cases[] = {
+      {R"({"type":"integer","minimum":5,"maximum":4})", -1, "nothing can satisfy"},
+      {R"({"type":"integer","minimum":4.2,"maximum":4.8})", -1, "nothing can satisfy"},
+      {R"({"type":"integer","exclusiveMinimum":3,"exclusiveMaximum":4})", -1, "nothing can satisfy"},
+      {R"({"type":"number","minimum":2,"exclusiveMaximum":2})", -1, "nothing can satisfy"},
+      {R"({"type":"integer","multipleOf":10,"minimum":11,"maximum":19})", -1, "multiple of 10"},
+      {R"({"type":"integer","minimum":"3"})", -1, "'minimum' must be a number"},
+      {R"({"type":"integer","multipleOf":0})", -1, "'multipleOf' must be"},
+      {R"({"type":"integer","exclusiveMaximum":true})", -1, "'exclusiveMaximum': true needs 'maximum'"},
+      {R"({"type":"number","multipleOf":0.01})", MDL_GRAMMAR_UNSUPPORTED, "'multipleOf' 0.01"},
+      {R"({"type":"integer","multipleOf":100000})", MDL_GRAMMAR_UNSUPPORTED, "'multipleOf' over"},
+      {R"({"type":"integer","minimum":1e17})", MDL_GRAMMAR_UNSUPPORTED, "16 digits"},
+      {R"({"type":"number","minimum":0.25,"maximum":0.75})", MDL_GRAMMAR_UNSUPPORTED, "not supported"},
+      {R"({"type":"object","properties":{"a":{"type":"integer","minimum":9,"maximum":1}}})", -1, "#/properties/a"},
+  };
+  for (const Case &c : cases) {
+    Grammar g(c.schema);
+    EXPECT_EQ(g.rc, c.rc) << c.schema << ": " << g.err;
+    EXPECT_NE(strstr(g.err, c.needle), nullptr) << c.schema << ": " << g.err;
+    EXPECT_EQ(g.g, nullptr);
+  }
+}
+
+} // namespace
