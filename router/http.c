@@ -148,20 +148,21 @@ static enum MHD_Result do_metrics(rtr_server *s, struct MHD_Connection *c) {
   return rc;
 }
 
-// Renders and encodes the prompt of q into *ids (n). 0, or -1 with e.
-static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, rtr_error *e) {
+// Renders and encodes the prompt of q (one, pr, of a completion's; else its messages or tokenize's prompt) into *ids
+// (n). 0, or -1 with e.
+static int tokenize(rtr_server *s, const rtr_request *q, const rtr_prompt *pr, int32_t **ids, int *n, rtr_error *e) {
   char err[256];
-  if (q->prompt_ids) {
-    *ids = malloc(((size_t)q->n_prompt_ids + 1) * sizeof **ids);
+  if (pr && pr->ids) {
+    *ids = malloc(((size_t)pr->n_ids + 1) * sizeof **ids);
     if (!*ids) return rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    memcpy(*ids, q->prompt_ids, (size_t)q->n_prompt_ids * sizeof **ids);
-    *n = q->n_prompt_ids;
+    memcpy(*ids, pr->ids, (size_t)pr->n_ids * sizeof **ids);
+    *n = pr->n_ids;
     return 0;
   }
   char *text = NULL;
   size_t *spans = NULL, n_spans = 0; // a chat's own text: no control token is matched in it (models/chat.h)
-  const char *p = q->prompt;
-  size_t plen = q->prompt_len;
+  const char *p = pr ? pr->text : q->prompt;
+  size_t plen = pr ? pr->len : q->prompt_len;
   if (q->msgs && !s->chat)
     return rtr_fail(e, 400, "invalid_request_error", "messages", "model_not_chat",
                     "this model has no chat template (tokenizer.chat_template) and no ChatML tokens: it is not a chat "
@@ -274,7 +275,7 @@ static enum MHD_Result do_tokenize(rtr_server *s, struct MHD_Connection *c, conn
   } else {
     int32_t *ids = NULL;
     int n = 0;
-    if (tokenize(s, &q, &ids, &n, &e) < 0) {
+    if (tokenize(s, &q, NULL, &ids, &n, &e) < 0) {
       cJSON_Delete(o);
       rtr_request_free(&q);
       return reply_error(c, &e, NULL, NULL);
@@ -346,6 +347,46 @@ static void draw_seed(rtr_server *s, rtr_request *q) {
   q->has_seed = 1;
 }
 
+// Tokenizes r's prompts (a completion's list, else the one prompt) back to back into r->prompt, checks each against
+// the context, and makes r's choices: q.n per prompt, each pointing at its prompt. 0, or -1 with e.
+static int make_choices(rtr_server *s, rtr_req *r, rtr_error *e) {
+  const rtr_request *q = &r->q;
+  int groups = q->kind == RTR_COMPLETION ? q->n_prompts : 1, total = 0, rc = 0;
+  int32_t **ids = calloc((size_t)groups, sizeof *ids);
+  int *lens = calloc((size_t)groups, sizeof *lens);
+  if (!ids || !lens) rc = rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  for (int g = 0; g < groups && rc == 0; g++) {
+    if ((rc = tokenize(s, q, q->kind == RTR_COMPLETION ? &q->prompts[g] : NULL, &ids[g], &lens[g], e)) == 0 &&
+        (rc = rtr_check_context(q->kind, lens[g], q->max_tokens, s->n_ctx, e)) < 0 && groups > 1 &&
+        !strcmp(e->param, "prompt"))
+      snprintf(e->param, sizeof e->param, "prompt[%d]", g);
+    if (rc == 0 && lens[g] > INT32_MAX - total) rc = rtr_fail(e, 400, "invalid_request_error", "prompt", NULL, "the prompts are too long");
+    if (rc == 0) total += lens[g];
+  }
+  if (rc == 0 && (!(r->prompt = malloc((size_t)total * sizeof *r->prompt)) ||
+                  !(r->ch = calloc((size_t)(groups * q->n), sizeof *r->ch))))
+    rc = rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  for (int g = 0, at = 0; g < groups && rc == 0; at += lens[g], g++) {
+    memcpy(r->prompt + at, ids[g], (size_t)lens[g] * sizeof *ids[g]);
+    for (int i = 0; i < q->n; i++) {
+      rtr_choice *c = &r->ch[g * q->n + i];
+      c->index = g * q->n + i;
+      c->link = c->plink = -1;
+      c->prompt = r->prompt + at;
+      c->n_prompt = lens[g];
+      c->max_tokens = q->max_tokens >= 0 ? q->max_tokens : s->n_ctx - lens[g];
+    }
+  }
+  if (rc == 0) {
+    r->n_prompt = total;
+    r->n_ch = groups * q->n;
+  }
+  for (int g = 0; ids && g < groups; g++) free(ids[g]);
+  free(ids);
+  free(lens);
+  return rc;
+}
+
 static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn *cs, rtr_kind kind) {
   int64_t t0 = utl_now_us();
   rtr_sampling defaults;
@@ -367,11 +408,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   r->conn = c;
   if (rtr_request_parse(kind, cs->body.p, cs->body.n, &l, &r->q, &e) < 0) return reply_error(c, &e, NULL, NULL);
   if (!r->q.has_seed) draw_seed(s, &r->q);
-  if (tokenize(s, &r->q, &r->prompt, &r->n_prompt, &e) < 0) return reply_error(c, &e, NULL, NULL);
-  if (rtr_check_context(r->q.kind, r->n_prompt, r->q.max_tokens, s->n_ctx, &e) < 0) return reply_error(c, &e, NULL, NULL);
-  r->max_tokens = r->q.max_tokens >= 0 ? r->q.max_tokens : s->n_ctx - r->n_prompt;
-  r->ch = calloc((size_t)r->q.n, sizeof *r->ch);
-  if (!r->ch) return reply_err(c, 500, "server_error", NULL, NULL, NULL, "out of memory");
+  if (make_choices(s, r, &e) < 0) return reply_error(c, &e, NULL, NULL);
   // no idle timeout while the worker generates (request_timeout_ms bounds it); restored, with the idle clock
   // restarted, once the answer is ready
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
@@ -380,11 +417,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   unsigned long long id = ++s->next_id;
   snprintf(r->id, sizeof r->id, "%s-%llx%06llu", kind == RTR_CHAT ? "chatcmpl" : "cmpl",
            (unsigned long long)t0 & 0xffffffffffULL, id);
-  for (int i = 0; i < r->q.n; i++) {
-    snprintf(r->ch[i].id, sizeof r->ch[i].id, "%s-%d", r->id, i);
-    r->ch[i].index = i;
-    r->ch[i].link = r->ch[i].plink = -1;
-  }
+  for (int i = 0; i < r->n_ch; i++) snprintf(r->ch[i].id, sizeof r->ch[i].id, "%s-%d", r->id, i);
   r->listed = 1;
   r->refs++;
   r->next = s->reqs;

@@ -56,6 +56,11 @@ void rtr_request_free(rtr_request *r) {
     free(r->msgs[i].tool_calls);
   }
   free(r->msgs);
+  for (int i = 0; i < r->n_prompts; i++) {
+    free(r->prompts[i].text);
+    free(r->prompts[i].ids);
+  }
+  free(r->prompts);
   free(r->prompt);
   free(r->prompt_ids);
   for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
@@ -319,29 +324,44 @@ static int parse_ids(const cJSON *arr, const char *param, const rtr_limits *lim,
   return 0;
 }
 
+// A list of token ids (one prompt) rather than a list of prompts: every element a number.
 static int all_ints(const cJSON *arr) {
   for (const cJSON *t = arr->child; t; t = t->next)
     if (!cJSON_IsNumber(t)) return 0;
   return 1;
 }
 
+// prompt: a string, a list of token ids, or a list of strings / lists of token ids (one choice group each, as
+// OpenAI and vLLM number them: prompt i's choices are i*n .. i*n+n-1).
 static int parse_prompt(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
+  static const char shapes[] = "'prompt' must be a string, a list of token ids, or a list of strings or of lists of "
+                               "token ids";
   const cJSON *p = rtr_oai_field(root, "prompt");
   if (!p) return BAD(e, "prompt", "'prompt' is required");
-  if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
-    p = p->child; // a list of one prompt
-  if (cJSON_IsString(p)) {
-    r->prompt_len = strlen(p->valuestring);
-    r->prompt = dupn(p->valuestring, r->prompt_len);
-    return r->prompt ? 0 : OOM(e);
+  if (!cJSON_IsString(p) && !cJSON_IsArray(p)) return BAD(e, "prompt", shapes);
+  if (cJSON_IsArray(p) && !p->child) return BAD(e, "prompt", "'prompt' must not be empty");
+  int single = cJSON_IsString(p) || all_ints(p), n = single ? 1 : cJSON_GetArraySize(p);
+  if (n > RTR_MAX_PROMPTS) return BAD(e, "prompt", "'prompt' has %d prompts; at most %d are allowed", n, RTR_MAX_PROMPTS);
+  r->prompts = calloc((size_t)n, sizeof *r->prompts);
+  if (!r->prompts) return OOM(e);
+  const cJSON *it = single ? p : p->child;
+  for (int i = 0; i < n; i++, it = it->next) {
+    char param[32];
+    snprintf(param, sizeof param, single ? "prompt" : "prompt[%d]", i);
+    rtr_prompt *q = &r->prompts[i];
+    r->n_prompts = i + 1;
+    if (cJSON_IsString(it)) {
+      q->len = strlen(it->valuestring);
+      if (!(q->text = dupn(it->valuestring, q->len))) return OOM(e);
+    } else if (cJSON_IsArray(it) && it->child && all_ints(it)) {
+      if (parse_ids(it, param, lim, &q->ids, &q->n_ids, e) < 0) return -1;
+    } else if (cJSON_IsArray(it) && !it->child) {
+      return BAD(e, param, "'%s' must not be empty", param);
+    } else {
+      return BAD(e, param, "%s", shapes);
+    }
   }
-  if (cJSON_IsArray(p)) {
-    if (cJSON_GetArraySize(p) == 0) return BAD(e, "prompt", "'prompt' must not be empty");
-    if (!all_ints(p))
-      return BAD(e, "prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
-    return parse_ids(p, "prompt", lim, &r->prompt_ids, &r->n_prompt_ids, e);
-  }
-  return BAD(e, "prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
+  return 0;
 }
 
 static int parse_stop(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {

@@ -67,6 +67,15 @@ typedef struct rtr_msg {
                     // (arguments parsed when they are JSON, else the string as sent), or NULL
 } rtr_msg;
 
+// One /v1/completions prompt: text (NUL-terminated, len bytes), or token ids.
+typedef struct rtr_prompt {
+  char *text;  // (owned) or NULL
+  size_t len;
+  int32_t *ids; // (owned) (n_ids) or NULL
+  int n_ids;
+} rtr_prompt;
+#define RTR_MAX_PROMPTS 64 // prompts in one /v1/completions request
+
 typedef struct rtr_bias {
   int32_t id;
   float bias;
@@ -89,9 +98,11 @@ typedef struct rtr_request {
   rtr_kind kind;
   rtr_msg *msgs;            // (owned) (n_msgs) chat, or tokenize with messages
   int n_msgs;
-  char *prompt;             // (owned) completion / tokenize text prompt (NUL-terminated, prompt_len bytes), or NULL
+  rtr_prompt *prompts;      // (owned) (n_prompts) completion: one choice group of n per prompt, in order
+  int n_prompts;
+  char *prompt;             // (owned) tokenize's text prompt (NUL-terminated, prompt_len bytes), or NULL
   size_t prompt_len;
-  int32_t *prompt_ids;      // (owned) (n_prompt_ids) completion prompt given as token ids (or detokenize tokens), or NULL
+  int32_t *prompt_ids;      // (owned) (n_prompt_ids) detokenize's tokens, or NULL
   int n_prompt_ids;
   int max_tokens;           // -1 = not given (up to the context)
   double temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;

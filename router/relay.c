@@ -44,11 +44,13 @@ static cJSON *response_head(rtr_req *r, const char *chat_object) {
 static cJSON *chunk_base(rtr_req *r) { return response_head(r, "chat.completion.chunk"); }
 
 static cJSON *usage_json(rtr_req *r) {
-  int comp = 0, cached = 0;
-  for (int i = 0; i < r->q.n; i++) {
+  int comp = 0, cached = 0, group_cached = 0; // a prompt's cached tokens: the most any of its choices found
+  for (int i = 0; i < r->n_ch; i++) {
     comp += r->ch[i].completion_tokens;
-    if (r->ch[i].cached_tokens > cached) cached = r->ch[i].cached_tokens;
+    if (i % r->q.n == 0) cached += group_cached, group_cached = 0;
+    if (r->ch[i].cached_tokens > group_cached) group_cached = r->ch[i].cached_tokens;
   }
+  cached += group_cached;
   cJSON *u = cJSON_CreateObject();
   cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
   cJSON_AddNumberToObject(u, "completion_tokens", comp);
@@ -388,8 +390,8 @@ static void on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
            m->finish_reason && !strcmp(m->finish_reason, "length") ? "length" : "stop");
   if (m->completion_tokens >= 0) c->completion_tokens = m->completion_tokens;
   c->cached_tokens = m->cached_tokens >= 0 ? m->cached_tokens : 0;
-  if (c->cached_tokens > r->n_prompt) c->cached_tokens = r->n_prompt; // a moved choice's worker cached its own output
-  c->prompt_tokens = m->prompt_tokens >= 0 ? m->prompt_tokens : r->n_prompt;
+  if (c->cached_tokens > c->n_prompt) c->cached_tokens = c->n_prompt; // a moved choice's worker cached its own output
+  c->prompt_tokens = m->prompt_tokens >= 0 ? m->prompt_tokens : c->n_prompt;
   double kvb = m->kv_bytes, kvms = m->kv_ms;
   if (kvb > 0) rtr_metric_add(s->m_kv_bytes, kvb);
   if (kvms >= 0 && c->plink >= 0) rtr_metric_observe(s->m_kv_time, kvms / 1000.0);
@@ -403,7 +405,7 @@ static void on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
     rtr_out_event(r, o);
     pthread_cond_broadcast(&r->cv);
   }
-  if (r->n_done == r->q.n) rtr_finish_locked(s, r);
+  if (r->n_done == r->n_ch) rtr_finish_locked(s, r);
 }
 
 static void on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m) {
@@ -435,7 +437,7 @@ static void on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m) {
 cJSON *rtr_final_response(rtr_req *r) {
   cJSON *o = response_head(r, "chat.completion");
   cJSON *arr = cJSON_AddArrayToObject(o, "choices");
-  for (int i = 0; i < r->q.n; i++) {
+  for (int i = 0; i < r->n_ch; i++) {
     rtr_choice *c = &r->ch[i];
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", i);

@@ -29,6 +29,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (r.max_tokens < -1 || r.max_tokens > lim.n_ctx) abort();
     for (int i = 0; i < r.n_prompt_ids; i++)
       if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= lim.n_vocab) abort();
+    if (r.n_prompts < 0 || r.n_prompts > RTR_MAX_PROMPTS || (kind == RTR_COMPLETION && r.n_prompts < 1)) abort();
+    for (int k = 0; k < r.n_prompts; k++) {
+      const rtr_prompt *q = &r.prompts[k];
+      if (!q->text == !q->ids) abort(); // text or ids, never both or neither
+      if (q->text && !rtr_utf8_valid(q->text, q->len)) abort();
+      for (int i = 0; i < q->n_ids; i++)
+        if (q->ids[i] < 0 || q->ids[i] >= lim.n_vocab) abort();
+    }
     for (int i = 0; i < r.n_msgs; i++)
       if (!r.msgs[i].role || !r.msgs[i].content || !rtr_utf8_valid(r.msgs[i].content, strlen(r.msgs[i].content)))
         abort();

@@ -308,6 +308,34 @@ class OpenAITest(unittest.TestCase):
         r2 = client().completions.create(model="tiny", prompt=ids, seed=11, max_tokens=3)
         self.assertEqual(r2.choices[0].text, want)
 
+    def test_completions_list_prompts(self):
+        """One choice group per prompt, indices prompt*n + i (OpenAI's and vLLM's numbering), seeds seed + index,
+        usage summed over the prompts; strings and token-id lists mixed; streamed the same."""
+        ids_b = prompt_ids_text("Far away")
+        prompts = ["Once upon a time", ids_b, "abc"]
+        want_ids = [prompt_ids_text("Once upon a time"), ids_b, prompt_ids_text("abc")]
+        r = client().completions.create(model="tiny", prompt=prompts, n=2, seed=30, max_tokens=3)
+        self.assertEqual(sorted(c.index for c in r.choices), list(range(6)))
+        for c in r.choices:
+            self.assertEqual(c.text, fake_worker.expected(want_ids[c.index // 2], 30 + c.index, 3)[0], c.index)
+        self.assertEqual(r.usage.prompt_tokens, sum(len(x) for x in want_ids))
+        self.assertEqual(r.usage.completion_tokens, 18)
+        texts, finishes, usage = {}, {}, None
+        for ch in client().completions.create(model="tiny", prompt=prompts, n=2, seed=30, max_tokens=3, stream=True,
+                                              stream_options={"include_usage": True}):
+            for c in ch.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+                if c.finish_reason:
+                    finishes[c.index] = c.finish_reason
+            usage = ch.usage or usage
+        self.assertEqual(texts, {c.index: c.text for c in r.choices})
+        self.assertEqual(finishes, {i: "length" for i in range(6)})
+        self.assertEqual(usage.prompt_tokens, r.usage.prompt_tokens)
+        # one prompt too long for the context: 400 naming it, nothing generated
+        with self.assertRaises(openai.BadRequestError) as ex:
+            client().completions.create(model="tiny", prompt=["a", "x" * (N_CTX + 100)], max_tokens=2)
+        self.assertEqual(ex.exception.body["param"], "prompt[1]")
+
     def test_completions_stream(self):
         chunks = list(client().completions.create(model="tiny", prompt="abc", seed=2, stream=True))
         want, _, _ = fake_worker.expected(prompt_ids_text("abc"), 2)
