@@ -374,7 +374,7 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
                               .schema = q->json_schema}; // cJSON's own print: valid JSON
   } else if (q->tool_choice == RTR_TOOLS_REQUIRED || q->tool_choice == RTR_TOOLS_NAMED) { // a call must come
     char err[128];
-    const mdl_chat_tool_style *st = mdl_chat_template_tools(s->chat, err, sizeof err);
+    const mdl_chat_tool_style *st = mdl_chat_template_tools(rtr_chat_of(s, q), err, sizeof err);
     if (!st) st = mdl_chat_tool_style_of(NULL, err, sizeof err); // (the prompt's rendering already accepted it)
     g.grammar = (prt_grammar){.type = PRT_GRAMMAR_TOOL_CALLS, .tools = q->call_tools, .open = st->call_open,
                               .close = st->call_close, .sep = st->call_sep, .parallel = q->parallel_tool_calls};

@@ -69,6 +69,7 @@ void rtr_request_free(rtr_request *r) {
   free(r->json_schema);
   free(r->tools);
   free(r->call_tools);
+  free(r->chat_template);
   memset(r, 0, sizeof *r);
 }
 
@@ -413,19 +414,42 @@ static int parse_bias(const cJSON *root, const rtr_limits *lim, rtr_request *r, 
   return 0;
 }
 
+// chat_template (vLLM's): the template a chat renders with instead of the server's: a family's name or template text
+// recognised by its family's markers (models/chat.h; Jinja is not interpreted, so other text is a 400 saying so, never
+// the default silently). chat_template_kwargs: the families take no template variables; only {} is accepted.
+static int parse_chat_template(const cJSON *root, rtr_request *r, rtr_error *e) {
+  const cJSON *t = rtr_oai_field(root, "chat_template"), *kw = rtr_oai_field(root, "chat_template_kwargs");
+  if (kw && !cJSON_IsObject(kw)) return BAD(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  if (kw && kw->child) {
+    char param[64];
+    snprintf(param, sizeof param, "chat_template_kwargs.%.40s", kw->child->string);
+    return UNSUP(e, param, "'%s' is not supported: the chat template families here (%s) take no template variables",
+                 param, mdl_chat_template_names());
+  }
+  if (!t) return 0;
+  if (!cJSON_IsString(t) || !t->valuestring[0]) return BAD(e, "chat_template", "'chat_template' must be a non-empty string");
+  if (r->kind == RTR_TOKENIZE && !rtr_oai_field(root, "messages"))
+    return BAD(e, "chat_template", "'chat_template' needs 'messages'");
+  char err[384];
+  size_t n = strlen(t->valuestring);
+  if (mdl_chat_template_recognise(t->valuestring, n, &r->chat_family, err, sizeof err) < 0)
+    return INVAL(e, "chat_template", "'chat_template': %s", err);
+  return (r->chat_template = dupn(t->valuestring, n)) ? 0 : OOM(e);
+}
+
 // Every top-level field a kind knows (honoured, no-op or checked); any other is refused, naming it.
 static const char *const F_CHAT[] = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "best_of", "ignore_eos", "stop",
     "logit_bias", "logprobs", "top_logprobs", "stream", "stream_options", "response_format", "tools", "tool_choice",
     "functions", "function_call", "parallel_tool_calls", "user", "store", "metadata", "service_tier",
-    "prompt_cache_key", "safety_identifier", "modalities", NULL};
+    "prompt_cache_key", "safety_identifier", "modalities", "chat_template", "chat_template_kwargs", NULL};
 static const char *const F_COMPLETION[] = {
     "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "best_of", "ignore_eos", "stop",
     "logit_bias", "logprobs", "stream", "stream_options", "echo", "suffix", "user", NULL};
 static const char *const F_TOKENIZE[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                                         NULL};
+                                         "chat_template", "chat_template_kwargs", NULL};
 static const char *const F_DETOKENIZE[] = {"model", "tokens", NULL};
 
 static int check_known(rtr_kind kind, const cJSON *root, rtr_error *e) {
@@ -568,14 +592,16 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
   }
   switch (kind) {
   case RTR_CHAT:
-    if ((rc = parse_msgs(root, out, e)) == 0) rc = parse_sampling(root, lim, out, e);
+    if ((rc = parse_msgs(root, out, e)) == 0 && (rc = parse_chat_template(root, out, e)) == 0)
+      rc = parse_sampling(root, lim, out, e);
     break;
   case RTR_COMPLETION:
     if ((rc = parse_prompt(root, lim, out, e)) == 0) rc = parse_sampling(root, lim, out, e);
     break;
   case RTR_TOKENIZE:
     if (rtr_oai_get_bool(root, "add_special_tokens", &out->add_special, e) < 0 ||
-        rtr_oai_get_bool(root, "add_generation_prompt", &out->add_generation_prompt, e) < 0) {
+        rtr_oai_get_bool(root, "add_generation_prompt", &out->add_generation_prompt, e) < 0 ||
+        parse_chat_template(root, out, e) < 0) {
       rc = -1;
       break;
     }

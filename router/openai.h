@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "config/config.h"
+#include "models/chat.h"
 #include "models/gguf.h"
 #include "models/grammar.h"
 
@@ -124,8 +125,11 @@ typedef struct rtr_request {
                             // [{"type": "function", "function": {...}}]); NULL otherwise
   char *call_tools;         // (owned) unless RTR_TOOLS_OFF: the tools a call may name as the call grammar takes them
                             // (JSON text of [{"name", "parameters"}]: every tool, or the named one)
-  int parallel_tool_calls;  // default 1: a turn may hold several calls
+  int parallel_tool_calls;  // a turn may hold several calls: as given; by default 1 with tool_choice auto, 0 with
+                            // "required" or a named function (one call, then the choice ends: finish "tool_calls")
   int has_tool_msgs;        // a message has role "tool" or tool_calls (the prompt needs the tool convention)
+  char *chat_template;      // (owned) chat / tokenize with messages: the request's own template text, or NULL
+  const mdl_chat_template *chat_family; // (static) its family (models/chat.h), NULL: the server's
   int add_special;          // tokenize: add_special_tokens (default 1)
   int add_generation_prompt; // tokenize with messages (default 1)
 } rtr_request;

@@ -215,19 +215,19 @@ static void record_tokens(rtr_choice *c, const int32_t *toks, int n) {
 
 static int tools_on(const rtr_req *r) { return r->q.kind == RTR_CHAT && r->q.tool_choice != RTR_TOOLS_OFF; }
 
-static const mdl_chat_tool_style *tool_style(rtr_server *s) {
+static const mdl_chat_tool_style *tool_style(rtr_server *s, const rtr_req *r) {
   char err[128];
-  const mdl_chat_tool_style *st = mdl_chat_template_tools(s->chat, err, sizeof err);
+  const mdl_chat_tool_style *st = mdl_chat_template_tools(rtr_chat_of(s, &r->q), err, sizeof err);
   return st ? st : mdl_chat_tool_style_of(NULL, err, sizeof err); // (calls come only where the prompt had tools)
 }
 
 // Adds t to c's held text and returns what can go to the client now (malloc'ed, maybe ""; NULL on out of memory):
 // the text before a call's opening tag, or all but a tail that may begin one.
-static char *hold_text(rtr_server *s, rtr_choice *c, const char *t) {
+static char *hold_text(rtr_server *s, const rtr_req *r, rtr_choice *c, const char *t) {
   add_or_drop(&c->held, t, strlen(t));
   size_t n = c->held.n, send = 0;
   if (!c->in_call && n) {
-    const char *open = tool_style(s)->call_open;
+    const char *open = tool_style(s, r)->call_open;
     while (*open == ' ' || *open == '\n' || *open == '\t' || *open == '\r') open++;
     size_t on = strlen(open);
     while (on && (open[on - 1] == '\n' || open[on - 1] == ' ' || open[on - 1] == '\t' || open[on - 1] == '\r')) on--;
@@ -236,7 +236,7 @@ static char *hold_text(rtr_server *s, rtr_choice *c, const char *t) {
       send = (size_t)(at - c->held.p);
       c->in_call = 1;
     } else {
-      send = n - rtr_tool_open_prefix(c->held.p, n, tool_style(s)->call_open);
+      send = n - rtr_tool_open_prefix(c->held.p, n, tool_style(s, r)->call_open);
     }
     // whitespace before a call is not content (as in the non-streamed message): it waits with the call
     while (send && (c->held.p[send - 1] == ' ' || c->held.p[send - 1] == '\n' || c->held.p[send - 1] == '\t' ||
@@ -281,7 +281,7 @@ static int flush_held(rtr_server *s, rtr_req *r, int ci) {
   if (!c->held.n) return 0;
   cJSON *calls = cJSON_CreateArray();
   size_t cl = 0;
-  const mdl_chat_tool_style *st = tool_style(s);
+  const mdl_chat_tool_style *st = tool_style(s, r);
   int n = c->in_call && calls ? rtr_parse_tool_calls(&r->q, c->held.p, c->held.n, st->call_open, st->call_close, calls,
                                                      &cl)
                               : 0;
@@ -348,7 +348,7 @@ static void on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
   record_tokens(c, m->tokens, m->n_tokens);
   rtr_metric_add(s->m_gen, ntok);
   if (r->q.stream) {
-    char *now_text = tools_on(r) ? hold_text(s, c, t) : NULL; // tools: what may be a call waits (flush_held)
+    char *now_text = tools_on(r) ? hold_text(s, r, c, t) : NULL; // tools: what may be a call waits (flush_held)
     const char *send = tools_on(r) ? (now_text && now_text[0] ? now_text : NULL) : t;
     int with_lp = r->q.logprobs >= 0 && m->n_logprobs >= 0;
     if (send || with_lp || !tools_on(r)) {
@@ -446,7 +446,7 @@ cJSON *rtr_final_response(rtr_req *r) {
       cJSON_AddStringToObject(m, "role", "assistant");
       cJSON *calls = tools_on(r) ? cJSON_CreateArray() : NULL;
       size_t cl = 0;
-      const mdl_chat_tool_style *st = calls ? tool_style(r->s) : NULL;
+      const mdl_chat_tool_style *st = calls ? tool_style(r->s, r) : NULL;
       int nc = calls && c->text.p ? rtr_parse_tool_calls(&r->q, c->text.p, c->text.n, st->call_open, st->call_close,
                                                          calls, &cl)
                                   : 0;

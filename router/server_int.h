@@ -168,6 +168,11 @@ struct rtr_server {
   rtr_hooks hooks;             // the upper layers' answers (see rtr_hooks)
 };
 
+// The chat template family q renders with: its own chat_template's, else the server's (NULL: not a chat model).
+static inline const mdl_chat_template *rtr_chat_of(const rtr_server *s, const rtr_request *q) {
+  return q->chat_family ? q->chat_family : s->chat;
+}
+
 // A disaggregated choice whose decode worker streams: it holds all the KV, its prefill worker (plink) no longer matters.
 static inline int rtr_choice_handed_off(const rtr_choice *c) { return c->plink >= 0 && c->state == RTR_CH_STREAMING; }
 

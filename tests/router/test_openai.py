@@ -336,6 +336,28 @@ class OpenAITest(unittest.TestCase):
             client().completions.create(model="tiny", prompt=["a", "x" * (N_CTX + 100)], max_tokens=2)
         self.assertEqual(ex.exception.body["param"], "prompt[1]")
 
+    def test_chat_template(self):
+        """A request's chat_template renders the chat (its text gives ChatML's default system prompt); Jinja of no
+        family, or a family whose end-of-turn token the vocabulary lacks, is a 400 naming chat_template."""
+        tpl = ("{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}"
+               "{% endif %}{{ '<|im_start|>' + message['role'] }}{{ '<|im_end|>' }}")
+        want = prompt_ids_text("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSay something.<|im_end|>\n"
+                               "<|im_start|>assistant\n")
+        r = client().chat.completions.create(model="tiny", messages=MSGS, seed=3, max_tokens=2,
+                                             extra_body={"chat_template": tpl})
+        self.assertEqual(sent_to_worker(r.id)["prompt"], want)
+        self.assertNotEqual(want, prompt_ids_chat(MSGS))
+        self.assertEqual(post("/tokenize", {"messages": MSGS, "chat_template": tpl})["tokens"], want)
+        for body, code, needle in [({"chat_template": "{{ messages }}"}, "invalid_value", "does not interpret Jinja"),
+                                   ({"chat_template": "gemma"}, "invalid_value", "<end_of_turn>"),
+                                   ({"chat_template_kwargs": {"enable_thinking": False}}, "unsupported_parameter",
+                                    "no template variables")]:
+            with self.assertRaises(openai.BadRequestError) as ex:
+                client().chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, extra_body=body)
+            self.assertEqual(ex.exception.body["code"], code, body)
+            self.assertTrue(ex.exception.body["param"].startswith("chat_template"), body)
+            self.assertIn(needle, ex.exception.body["message"])
+
     def test_completions_stream(self):
         chunks = list(client().completions.create(model="tiny", prompt="abc", seed=2, stream=True))
         want, _, _ = fake_worker.expected(prompt_ids_text("abc"), 2)
@@ -471,8 +493,9 @@ class FieldPolicyTest(unittest.TestCase):
         chat = client().chat.completions.create
         tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
                  {"type": "function", "function": {"name": "get_time"}}]
-        # required: the grammar the workers get, the call the client gets
-        r = chat(model="tiny", messages=MSGS, tools=tools, tool_choice="required", seed=5, max_tokens=100)
+        # required with parallel calls asked for: the grammar the workers get, the calls the client gets
+        r = chat(model="tiny", messages=MSGS, tools=tools, tool_choice="required", seed=5, max_tokens=100,
+                 parallel_tool_calls=True)
         g = sent_to_worker(r.id)["grammar"]
         self.assertEqual(g, {"type": "tool_calls", "tools": [{"name": "get_weather", "parameters": {"type": "object"}},
                                                              {"name": "get_time"}],
@@ -484,7 +507,14 @@ class FieldPolicyTest(unittest.TestCase):
                          [("function", "get_weather", '{"city":"Paris"}')] * 2)
         self.assertRegex(m.tool_calls[0].id, r"^call_[A-Za-z0-9]{24}$")
         self.assertNotEqual(m.tool_calls[0].id, m.tool_calls[1].id)
-        # a named function, one call
+        # a named function or required with parallel_tool_calls left at its default: one call, finish tool_calls
+        for choice in ({"type": "function", "function": {"name": "get_time"}}, "required"):
+            r = chat(model="tiny", messages=MSGS, tools=tools, seed=5, max_tokens=100, tool_choice=choice)
+            g = sent_to_worker(r.id)["grammar"]
+            self.assertEqual(g["parallel"], False)
+            self.assertEqual(len(r.choices[0].message.tool_calls), 1)
+            self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        self.assertEqual(g["tools"], [{"name": "get_weather", "parameters": {"type": "object"}}, {"name": "get_time"}])
         r = chat(model="tiny", messages=MSGS, tools=tools, seed=5, max_tokens=100, parallel_tool_calls=False,
                  tool_choice={"type": "function", "function": {"name": "get_time"}})
         g = sent_to_worker(r.id)["grammar"]
@@ -493,7 +523,7 @@ class FieldPolicyTest(unittest.TestCase):
         # streamed: no markup as content; per call a head delta (index, id, type, name, arguments "") and the
         # arguments; the openai stream helper accumulates them
         chunks = list(chat(model="tiny", messages=MSGS, tools=tools, tool_choice="required", seed=5, max_tokens=100,
-                           stream=True))
+                           stream=True, parallel_tool_calls=True))
         deltas = [c.choices[0].delta for c in chunks if c.choices]
         self.assertEqual(deltas[0].role, "assistant")
         self.assertFalse(any(d.content for d in deltas), [d.content for d in deltas])
@@ -509,7 +539,7 @@ class FieldPolicyTest(unittest.TestCase):
             "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
             "additionalProperties": False})) for t in tools[:1]]
         with client().chat.completions.stream(model="tiny", messages=MSGS, tools=strict, tool_choice="required",
-                                              seed=5, max_tokens=100) as st:
+                                              seed=5, max_tokens=100, parallel_tool_calls=True) as st:
             final = st.get_final_completion()
         tc = final.choices[0].message.tool_calls
         self.assertEqual([(t.function.name, t.function.parsed_arguments) for t in tc], [("get_weather", {"city": "Paris"})] * 2)
