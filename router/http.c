@@ -399,7 +399,8 @@ static int make_choices(rtr_server *s, rtr_req *r, rtr_error *e) {
   return rc;
 }
 
-static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn *cs, rtr_kind kind) {
+// kind: chat (api: RTR_API_CHAT, or RTR_API_RESPONSES for /v1/responses) or completion.
+static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn *cs, rtr_kind kind, int api) {
   int64_t t0 = utl_now_us();
   rtr_sampling defaults;
   rtr_limits l = limits_of(s, &defaults);
@@ -418,7 +419,9 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   pthread_mutex_unlock(&s->mu);
   cs->req = r;
   r->conn = c;
-  if (rtr_request_parse(kind, cs->body.p, cs->body.n, &l, &r->q, &e) < 0) return reply_error(c, &e, NULL, NULL);
+  if ((api == RTR_API_RESPONSES ? rtr_request_parse_responses(cs->body.p, cs->body.n, &l, &r->q, &e)
+                                : rtr_request_parse(kind, cs->body.p, cs->body.n, &l, &r->q, &e)) < 0)
+    return reply_error(c, &e, NULL, NULL);
   if (!r->q.has_seed) draw_seed(s, &r->q);
   if (make_choices(s, r, &e) < 0) return reply_error(c, &e, NULL, NULL);
   // no idle timeout while the worker generates (request_timeout_ms bounds it); restored, with the idle clock
@@ -427,7 +430,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   r->created = (long)time(NULL);
   pthread_mutex_lock(&s->mu);
   unsigned long long id = ++s->next_id;
-  snprintf(r->id, sizeof r->id, "%s-%llx%06llu", kind == RTR_CHAT ? "chatcmpl" : "cmpl",
+  snprintf(r->id, sizeof r->id, "%s-%llx%06llu", api == RTR_API_RESPONSES ? "resp" : kind == RTR_CHAT ? "chatcmpl" : "cmpl",
            (unsigned long long)t0 & 0xffffffffffULL, id);
   for (int i = 0; i < r->n_ch; i++) snprintf(r->ch[i].id, sizeof r->ch[i].id, "%s-%d", r->id, i);
   r->listed = 1;
@@ -473,7 +476,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   }
   cJSON *o = NULL;
   if (r->failed) e = r->err;
-  else o = rtr_final_response(r);
+  else if ((o = rtr_final_response(r)) && r->q.api == RTR_API_RESPONSES) o = rtr_resp_from_chat(&r->q, o);
   pthread_mutex_unlock(&s->mu);
   rtr_restore_timeout(s, c);
   if (!o) return reply_error(c, &e, NULL, NULL);
@@ -482,13 +485,15 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
 
 typedef struct route {
   const char *path, *method;
-  int kind; // 0 models, 1 health, 2 metrics, 3 chat, 4 completions, 5 tokenize, 6 detokenize, 7 one model
+  int kind; // 0 models, 1 health, 2 metrics, 3 chat, 4 completions, 5 tokenize, 6 detokenize, 7 one model, 8 live,
+            // 9 responses
 } route;
 
 static const route ROUTES[] = {
     {"/v1/chat/completions", "POST", 3}, {"/v1/completions", "POST", 4}, {"/v1/models", "GET", 0},
     {"/health", "GET", 1},                {"/metrics", "GET", 2},         {"/tokenize", "POST", 5},
     {"/detokenize", "POST", 6},           {"/ready", "GET", 1},           {"/live", "GET", 8},
+    {"/v1/responses", "POST", 9},
 };
 static const route MODEL_ROUTE = {"/v1/models/", "GET", 7}; // a prefix: the rest of the path is the model id
 
@@ -597,6 +602,10 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
       return reply_err(c, 400, "invalid_request_error", "bad_framing", MHD_HTTP_HEADER_CONNECTION, "close", "%s",
                        bad);
     }
+    if (!rt && !strcmp(url, "/v1/embeddings")) // an OpenAI path this server does not serve: say so (docs/openai.md)
+      return refuse_head(c, cs, 404, "not_found_error", "not_found", NULL, NULL,
+                         "/v1/embeddings is not served: the workers generate text and return no hidden states to "
+                         "pool (docs/openai.md lists the routes)");
     if (!rt) return refuse_head(c, cs, 404, "not_found_error", "not_found", NULL, NULL, "no such path: %.200s", url);
     int is_head = !strcmp(method, "HEAD") && !strcmp(rt->method, "GET");
     if (strcmp(method, rt->method) && !is_head)
@@ -662,8 +671,9 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
   case 8: // /live (liveness): the router answers, whatever its workers do
     return reply(c, 200, "application/json", "{\"status\":\"alive\"}", 18, NULL, NULL);
   case 2: return do_metrics(s, c);
-  case 3: return do_generate(s, c, cs, RTR_CHAT);
-  case 4: return do_generate(s, c, cs, RTR_COMPLETION);
+  case 3: return do_generate(s, c, cs, RTR_CHAT, RTR_API_CHAT);
+  case 4: return do_generate(s, c, cs, RTR_COMPLETION, RTR_API_CHAT);
+  case 9: return do_generate(s, c, cs, RTR_CHAT, RTR_API_RESPONSES);
   case 5: return do_tokenize(s, c, cs, 0);
   default: return do_tokenize(s, c, cs, 1);
   }

@@ -70,6 +70,7 @@ void rtr_request_free(rtr_request *r) {
   free(r->tools);
   free(r->call_tools);
   free(r->chat_template);
+  free(r->resp_echo);
   memset(r, 0, sizeof *r);
 }
 
@@ -540,6 +541,28 @@ static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request 
   return r->kind == RTR_CHAT ? rtr_oai_check_chat_extras(root, r, e) : rtr_oai_check_str(root, "user", e);
 }
 
+cJSON *rtr_oai_parse_body(const char *body, size_t len, rtr_error *e) {
+  if (!body || len == 0) return BAD(e, NULL, "the request body is empty; expected a JSON object"), NULL;
+  if (!rtr_utf8_valid(body, len)) return BAD(e, NULL, "the request body is not valid UTF-8"), NULL;
+  char at_nul[64];
+  if (find_nul(body, len, at_nul, sizeof at_nul))
+    return BAD(e, at_nul, "'%s' contains a NUL character (\\u0000), which is not allowed", at_nul), NULL;
+  const char *end = NULL;
+  // cJSON refuses nesting deeper than CJSON_NESTING_LIMIT (1000) without recursing further.
+  cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+  if (!root) {
+    size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
+    return BAD(e, NULL, "malformed JSON near byte %zu", at), NULL;
+  }
+  size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : len;
+  while (at < len && (body[at] == ' ' || body[at] == '\t' || body[at] == '\r' || body[at] == '\n')) at++;
+  if (at < len) BAD(e, NULL, "malformed JSON: unexpected bytes after the value at byte %zu", at);
+  else if (!cJSON_IsObject(root)) BAD(e, NULL, "the request body must be a JSON object");
+  else return root;
+  cJSON_Delete(root);
+  return NULL;
+}
+
 int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
                       rtr_error *e) {
   memset(out, 0, sizeof *out);
@@ -556,29 +579,9 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
   out->logprobs = -1;
   out->add_special = 1;
   out->add_generation_prompt = 1;
-  if (!body || len == 0) return BAD(e, NULL, "the request body is empty; expected a JSON object");
-  if (!rtr_utf8_valid(body, len)) return BAD(e, NULL, "the request body is not valid UTF-8");
-  char at_nul[64];
-  if (find_nul(body, len, at_nul, sizeof at_nul))
-    return BAD(e, at_nul, "'%s' contains a NUL character (\\u0000), which is not allowed", at_nul);
-  const char *end = NULL;
-  // cJSON refuses nesting deeper than CJSON_NESTING_LIMIT (1000) without recursing further.
-  cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-  if (!root) {
-    size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
-    return BAD(e, NULL, "malformed JSON near byte %zu", at);
-  }
+  cJSON *root = rtr_oai_parse_body(body, len, e);
+  if (!root) return -1;
   int rc = 0;
-  size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : len;
-  while (at < len && (body[at] == ' ' || body[at] == '\t' || body[at] == '\r' || body[at] == '\n')) at++;
-  if (at < len) {
-    rc = BAD(e, NULL, "malformed JSON: unexpected bytes after the value at byte %zu", at);
-    goto done;
-  }
-  if (!cJSON_IsObject(root)) {
-    rc = BAD(e, NULL, "the request body must be a JSON object");
-    goto done;
-  }
   if ((rc = check_known(kind, root, e)) < 0) goto done;
   const cJSON *model = rtr_oai_field(root, "model");
   if (model && !cJSON_IsString(model)) {

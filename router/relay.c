@@ -19,7 +19,33 @@ static void add_or_drop(utl_buf *b, const char *p, size_t n) {
   if (utl_buf_add(b, p, n) < 0) b->oom = 0; // b is as it was before the call
 }
 
+// A /v1/responses stream: the chunk (consumed) as the Responses events it means, "event: TYPE\ndata: JSON\n\n" each.
+static void out_responses(rtr_req *r, cJSON *chunk) {
+  cJSON *events = cJSON_CreateArray(), *e;
+  if (events) rtr_resp_stream_chunk(&r->resp, &r->q, chunk, events);
+  cJSON_Delete(chunk);
+  cJSON_ArrayForEach(e, events) {
+    char *j = cJSON_PrintUnformatted(e);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(e, "type");
+    if (!j || !cJSON_IsString(type)) {
+      free(j);
+      continue;
+    }
+    add_or_drop(&r->out, "event: ", 7);
+    add_or_drop(&r->out, type->valuestring, strlen(type->valuestring));
+    add_or_drop(&r->out, "\ndata: ", 7);
+    add_or_drop(&r->out, j, strlen(j));
+    add_or_drop(&r->out, "\n\n", 2);
+    free(j);
+  }
+  cJSON_Delete(events);
+}
+
 void rtr_out_event(rtr_req *r, cJSON *obj) { // "data: JSON\n\n"; consumes obj
+  if (r->q.api == RTR_API_RESPONSES) {
+    out_responses(r, obj);
+    return;
+  }
   char *j = cJSON_PrintUnformatted(obj);
   cJSON_Delete(obj);
   if (!j) return;
@@ -77,7 +103,7 @@ static void stream_end(rtr_req *r) {
     cJSON_AddItemToObject(o, "usage", usage_json(r));
     rtr_out_event(r, o);
   }
-  add_or_drop(&r->out, "data: [DONE]\n\n", 14);
+  if (r->q.api != RTR_API_RESPONSES) add_or_drop(&r->out, "data: [DONE]\n\n", 14); // (its last event ends it)
   r->out_end = 1;
 }
 

@@ -32,6 +32,7 @@ void rtr_req_unref_locked(rtr_req *r) {
   free(r->ch);
   free(r->prompt);
   utl_buf_free(&r->out);
+  rtr_resp_stream_free(&r->resp);
   rtr_request_free(&r->q);
   pthread_cond_destroy(&r->cv);
   free(r);

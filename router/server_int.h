@@ -106,6 +106,7 @@ typedef struct rtr_req {
   int waiting;                 // in the admission queue
   struct rtr_req *next, *wnext; // s->reqs / s->wait lists
   utl_buf out;                 // (owned) stream bytes, those not yet read at out_pos..out.n
+  rtr_resp_stream resp;        // (owned) q.api RTR_API_RESPONSES, streamed: the chunks' translation into its events
   size_t out_pos;
   int out_end;
   int fd;                      // client socket (for disconnect checks)
