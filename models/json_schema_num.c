@@ -6,9 +6,10 @@
 // end's next one), a position past it is free ([0-9] onwards). multipleOf m adds the remainder mod m to the state
 // (the value so far times 10 plus the digit, mod m), which must be 0 at the end: one automaton, the range's states
 // times m. Free states depend only on (digits left, remainder), so they are shared by every length and both signs.
-// A number with bounds is an integer of the range, or k.F (F: fraction digits ending in a nonzero digit, so the value
-// lies strictly inside (k, k+1)) for the k whose whole unit interval is inside the range, or -k.F likewise; no
-// exponent. A subset of the valid numbers, never an invalid one.
+// A number with bounds is an integer of the range, or W.F (F: 1..16 fraction digits ending in a nonzero one) for each
+// unit (W, W+1) the range touches: any F in a unit wholly inside, and in a unit where a bound falls the F on its side
+// of the bound's own decimals (compared digit by digit, the same tight / free states); negatives likewise by their
+// magnitude; no exponent. A subset of the valid numbers (each written one way), never an invalid one.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -200,15 +201,135 @@ static int int_bounds(mdl_js_ctx *c, const num_bounds *b, int64_t *lo, int64_t *
   return 0;
 }
 
-// ".D*N": a fraction that ends in a nonzero digit (so k.F lies strictly between k and k + 1), at most 16 digits.
-static int fraction_rule(mdl_js_ctx *c) {
-  mdl_grammar_seq d = {0}, s = {0};
-  mdl_grammar_seq_range(c->b, &d, '0', '9');
-  mdl_js_lit(c, &s, ".");
-  mdl_js_ref(&s, mdl_grammar_repeat(c->b, &d, NULL, 0, NUM_DIGITS - 1));
-  mdl_grammar_seq_range(c->b, &s, '1', '9');
-  mdl_grammar_seq_free(&d);
-  return mdl_js_rule_of(c, &s);
+// ---- fractions ----
+
+// A bound's magnitude as an exact decimal: its whole part and its fraction digits without trailing zeros ("" for a
+// whole number). -1 when it needs more than 16 fraction digits.
+typedef struct num_dec {
+  int64_t whole;
+  char frac[NUM_DIGITS + 1];
+} num_dec;
+
+static int dec_of(double v, num_dec *out) {
+  for (int prec = 0; prec <= NUM_DIGITS; prec++) {
+    char s[64];
+    snprintf(s, sizeof s, "%.*f", prec, v);
+    if (strtod(s, NULL) != v) continue;
+    char *dot = strchr(s, '.');
+    out->whole = (int64_t)strtoll(s, NULL, 10);
+    snprintf(out->frac, sizeof out->frac, "%s", dot ? dot + 1 : "");
+    size_t n = strlen(out->frac);
+    while (n && out->frac[n - 1] == '0') out->frac[--n] = 0;
+    return 0;
+  }
+  return -1;
+}
+
+// The fraction digits F after a number's '.' (1..16 of them, the last nonzero, so 0.F is strictly between 0 and 1)
+// with 0.F at least lo and at most hi (digit strings as num_dec's; NULL: no bound), compared digit by digit: a state
+// is (digits so far, still equal to lo's first digits, still equal to hi's, the last digit nonzero).
+typedef struct frac_dfa {
+  mdl_js_ctx *c;
+  const char *lo, *hi;
+  int lo_incl, hi_incl;
+  int free[NUM_DIGITS + 1][2]; // the states with neither bound left to meet: rule, DEAD, or -1 not yet
+  int empty;                   // the rule "" (-1 not yet)
+} frac_dfa;
+
+static void frac_init(frac_dfa *f, mdl_js_ctx *c) {
+  memset(f, 0, sizeof *f);
+  f->c = c;
+  f->empty = -1;
+  for (int i = 0; i <= NUM_DIGITS; i++) f->free[i][0] = f->free[i][1] = -1;
+}
+
+static int frac_state(frac_dfa *f, int i, int tlo, int thi, int nz) {
+  int *memo = !tlo && !thi ? &f->free[i][nz] : NULL;
+  if (memo && *memo != -1) return *memo;
+  int nlo = f->lo ? (int)strlen(f->lo) : 0, nhi = f->hi ? (int)strlen(f->hi) : 0;
+  // ending here: F equal to lo's first i digits is below lo unless that is all of lo; F a proper prefix of hi is
+  // below hi, F equal to hi is hi
+  int end = i > 0 && nz && (!tlo || (i == nlo && f->lo_incl)) && (!thi || i < nhi || f->hi_incl);
+  int target[10];
+  for (int k = 0; k < 10; k++) {
+    target[k] = DEAD;
+    if (i == NUM_DIGITS || (thi && (i >= nhi || k > f->hi[i] - '0')) || (tlo && i < nlo && k < f->lo[i] - '0'))
+      continue;
+    target[k] = frac_state(f, i + 1, tlo && i < nlo && k == f->lo[i] - '0', thi && k == f->hi[i] - '0', k != 0);
+    if (target[k] == -1) return -1;
+  }
+  int rule = DEAD;
+  mdl_grammar_seq s = {0};
+  if (end) {
+    if ((rule = mdl_grammar_rule_new(f->c->b)) < 0) return -1;
+    mdl_grammar_alt(f->c->b, rule, &s);
+  }
+  for (int k = 0; k < 10; k++) { // one alternative per distinct next state
+    if (target[k] == DEAD || target[k] == -2) continue;
+    uint8_t set[32] = {0};
+    int t = target[k];
+    for (int j = k; j < 10; j++)
+      if (target[j] == t) {
+        set[('0' + j) >> 3] |= (uint8_t)(1u << (('0' + j) & 7));
+        target[j] = -2; // taken
+      }
+    if (rule == DEAD && (rule = mdl_grammar_rule_new(f->c->b)) < 0) break;
+    s.n = 0;
+    mdl_grammar_seq_push(&s, (uint32_t)mdl_grammar_set(f->c->b, set));
+    mdl_js_ref(&s, t);
+    mdl_grammar_alt(f->c->b, rule, &s);
+  }
+  mdl_grammar_seq_free(&s);
+  if (memo) *memo = rule;
+  return rule;
+}
+
+// Adds "[-]W.F" to rule for the whole parts W in [a, b] and the fractions f allows. How many alternatives, or -1.
+static int add_unit(num_dfa *d, int rule, int64_t a, int64_t b, int neg, frac_dfa *f) {
+  int fr = frac_state(f, 0, f->lo != NULL, f->hi != NULL, 0), whole = fr >= 0 ? mdl_grammar_rule_new(d->c->b) : -1;
+  if (fr == DEAD) return 0;
+  int k = whole < 0 ? -1 : add_range(d, whole, a, b, 0);
+  if (k <= 0) return k;
+  mdl_grammar_seq s = {0};
+  if (neg) mdl_js_lit(d->c, &s, "-");
+  mdl_js_ref(&s, whole);
+  mdl_js_lit(d->c, &s, ".");
+  mdl_js_ref(&s, fr);
+  mdl_grammar_alt(d->c->b, rule, &s);
+  mdl_grammar_seq_free(&s);
+  return 1;
+}
+
+// Adds the non-integers of one sign whose magnitude m lies between mlo and mhi (has_hi 0: no bound above): units
+// (W, W + 1) wholly inside with any fraction, and the units where a bound falls with the fractions on its side.
+// How many alternatives, or -1 (the error recorded for a bound with over 16 decimals).
+static int add_fracs(num_dfa *d, int rule, double mlo, int lo_excl, int has_hi, double mhi, int hi_excl, int neg) {
+  num_dec L, H = {0};
+  if (has_hi && mhi > (double)NUM_MAX) has_hi = 0;
+  if (dec_of(mlo, &L) < 0 || (has_hi && dec_of(mhi, &H) < 0))
+    return UNSUP(d->c, "a bound with more than %d decimals is not supported", NUM_DIGITS);
+  int n = 0, k;
+  int64_t a = L.whole + (L.frac[0] ? 1 : 0), b = has_hi ? H.whole - 1 : NUM_MAX; // units wholly inside
+  frac_dfa f;
+  if (a <= b) {
+    frac_init(&f, d->c);
+    if ((k = add_unit(d, rule, a, b, neg, &f)) < 0) return -1;
+    n += k;
+  }
+  if (L.frac[0]) { // the unit where the lower bound falls (and the upper one too when it is the same unit)
+    frac_init(&f, d->c);
+    f.lo = L.frac, f.lo_incl = !lo_excl;
+    if (has_hi && H.whole == L.whole) f.hi = H.frac, f.hi_incl = !hi_excl;
+    if ((k = add_unit(d, rule, L.whole, L.whole, neg, &f)) < 0) return -1;
+    n += k;
+  }
+  if (has_hi && H.frac[0] && H.whole >= a) { // the unit where the upper bound falls
+    frac_init(&f, d->c);
+    f.hi = H.frac, f.hi_incl = !hi_excl;
+    if ((k = add_unit(d, rule, H.whole, H.whole, neg, &f)) < 0) return -1;
+    n += k;
+  }
+  return n;
 }
 
 static int compile_bounded(mdl_js_ctx *c, const num_bounds *b, int integer) {
@@ -227,38 +348,24 @@ static int compile_bounded(mdl_js_ctx *c, const num_bounds *b, int integer) {
   if (!d.free) return INVALID(c, "out of memory");
   for (size_t i = 0; i < (size_t)(NUM_DIGITS + 1) * (size_t)d.m; i++) d.free[i] = -1;
   int rule = mdl_grammar_rule_new(c->b), n = rule < 0 ? -1 : add_ints(&d, rule, lo, hi);
-  if (n >= 0 && !integer) { // k.F with [k, k + 1] inside the range, and -k.F with [-(k + 1), -k] inside it
-    double l = b->has_lo ? b->lo : -(double)NUM_MAX - 1, h = b->has_hi ? b->hi : (double)NUM_MAX + 1;
-    double plo = fmax(0, ceil(l)), phi = fmin((double)NUM_MAX, floor(h) - 1);
-    double nlo = fmax(0, ceil(-h)), nhi = fmin((double)NUM_MAX, floor(-l) - 1);
-    int frac = (plo <= phi || nlo <= nhi) ? fraction_rule(c) : -1;
-    if ((plo <= phi || nlo <= nhi) && frac < 0) n = -1;
-    for (int neg = 0; neg < 2 && n >= 0; neg++) {
-      double a = neg ? nlo : plo, z = neg ? nhi : phi;
-      if (a > z) continue;
-      int whole = mdl_grammar_rule_new(c->b), k = whole < 0 ? -1 : add_range(&d, whole, (int64_t)a, (int64_t)z, 0);
-      if (k <= 0) {
-        n = k < 0 ? -1 : n;
-        continue;
-      }
-      mdl_grammar_seq s = {0};
-      if (neg) mdl_js_lit(c, &s, "-");
-      mdl_js_ref(&s, whole);
-      mdl_js_ref(&s, frac);
-      mdl_grammar_alt(c->b, rule, &s);
-      mdl_grammar_seq_free(&s);
-      n++;
-    }
+  if (n >= 0 && !integer) { // the non-integers: positive ones, then negative ones by their magnitude
+    int k = 0;
+    if (!b->has_hi || b->hi > 0)
+      k = add_fracs(&d, rule, b->has_lo && b->lo > 0 ? b->lo : 0, b->has_lo && b->lo > 0 && b->lo_excl, b->has_hi,
+                    b->hi, b->hi_excl, 0);
+    n = k < 0 ? -1 : n + k;
+    k = 0;
+    if (n >= 0 && (!b->has_lo || b->lo < 0))
+      k = add_fracs(&d, rule, b->has_hi && b->hi < 0 ? -b->hi : 0, b->has_hi && b->hi < 0 && b->hi_excl, b->has_lo,
+                    -b->lo, b->lo_excl, 1);
+    n = k < 0 ? -1 : n + k;
   }
   free(d.free);
-  if (n < 0 || mdl_grammar_builder_failed(c->b)) return INVALID(c, "out of memory");
+  if (n < 0 || mdl_grammar_builder_failed(c->b)) return c->status ? -1 : INVALID(c, "out of memory");
   if (n == 0) {
     if (b->has_mult)
       return INVALID(c, "no integer between the bounds is a multiple of %g: nothing can satisfy it", b->mult);
-    int empty = b->has_lo && b->has_hi && (b->lo > b->hi || (b->lo == b->hi && (b->lo_excl || b->hi_excl)));
-    if (integer || empty)
-      return INVALID(c, "no %s lies between the bounds: nothing can satisfy it", integer ? "integer" : "number");
-    return UNSUP(c, "a number range that holds no integer and no whole interval (k, k+1) is not supported");
+    return INVALID(c, "no %s lies between the bounds: nothing can satisfy it", integer ? "integer" : "number");
   }
   return rule;
 }

@@ -43,6 +43,7 @@ if pydantic is not None:
         humidity: float = pydantic.Field(ge=0, le=1)
         floor: int = pydantic.Field(gt=0, lt=10)
         step: int = pydantic.Field(multiple_of=5, ge=0, le=100)
+        confidence: float = pydantic.Field(gt=0.1, le=0.95)
 
 
 def parse_reading(port, seed):
@@ -50,7 +51,8 @@ def parse_reading(port, seed):
     r = client(port).beta.chat.completions.parse(
         model=MODEL_ID[port], response_format=Reading, max_tokens=200, seed=2000 + seed,
         messages=[{"role": "user", "content": "Give one reading of the sensor in the hall as JSON: its name, the "
-                                              "temperature, the humidity, the floor and the step."}])
+                                              "temperature, the humidity, the floor, the step and how sure you "
+                                              "are."}])
     return r.choices[0].message.parsed, r.choices[0].finish_reason, r.choices[0].message.content
 
 
@@ -121,7 +123,7 @@ class Structured:
             self.assertIsInstance(parsed, Reading, text)
             v = json.loads(text)  # and the bounds themselves, checked here too
             self.assertTrue(-40 <= v["celsius"] <= 60 and 0 <= v["humidity"] <= 1 and 0 < v["floor"] < 10 and
-                            0 <= v["step"] <= 100 and v["step"] % 5 == 0, text)
+                            0 <= v["step"] <= 100 and v["step"] % 5 == 0 and 0.1 < v["confidence"] <= 0.95, text)
 
     def test_bad_schema(self):
         c = client(self.PORT).chat.completions
