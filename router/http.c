@@ -423,7 +423,10 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
                                 : rtr_request_parse(kind, cs->body.p, cs->body.n, &l, &r->q, &e)) < 0)
     return reply_error(c, &e, NULL, NULL);
   if (!r->q.has_seed) draw_seed(s, &r->q);
-  if (make_choices(s, r, &e) < 0) return reply_error(c, &e, NULL, NULL);
+  if (make_choices(s, r, &e) < 0) {
+    if (api == RTR_API_RESPONSES && !strcmp(e.param, "messages")) snprintf(e.param, sizeof e.param, "input");
+    return reply_error(c, &e, NULL, NULL);
+  }
   // no idle timeout while the worker generates (request_timeout_ms bounds it); restored, with the idle clock
   // restarted, once the answer is ready
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);

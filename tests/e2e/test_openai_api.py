@@ -7,6 +7,11 @@ import unittest
 import e2e_util as u
 from oai_util import MODEL_ID, client, openai, start
 
+try:
+    import pydantic
+except ImportError:  # it comes with the openai client, in the test venv (oai_util re-executes there)
+    pydantic = None
+
 GEMMA = u.GEMMA
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 30}},
            "required": ["city"], "additionalProperties": False}
@@ -54,6 +59,23 @@ class SmolLM2(unittest.TestCase):
         text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
         self.assertEqual(text, r.output_text)
         self.assertEqual(events[-1].response.output_text, text)
+
+    def test_responses_parse(self):
+        """text.format json_schema through client.responses.parse with a pydantic model: the output parses and
+        validates (the grammar bounds the integer)."""
+        class City(pydantic.BaseModel):
+            name: str = pydantic.Field(max_length=30)
+            population_millions: int = pydantic.Field(ge=0, le=40)
+
+        for seed in range(3):
+            r = client(self.PORT).responses.parse(model=MODEL_ID[self.PORT], input="Describe Paris as JSON.",
+                                                  text_format=City, max_output_tokens=100, temperature=1)
+            self.assertEqual(r.status, "completed", r.output_text)
+            self.assertIsInstance(r.output_parsed, City)
+            self.assertTrue(0 <= r.output_parsed.population_millions <= 40)
+        with self.assertRaises(openai.BadRequestError) as ex:  # over the context: the error names input
+            client(self.PORT).responses.create(model=MODEL_ID[self.PORT], input="word " * 9000)
+        self.assertEqual(ex.exception.body["param"], "input")
 
     def test_responses_function_tool(self):
         tools = [{"type": "function", "name": "get_weather", "description": "The current weather in a city.",
