@@ -67,7 +67,7 @@ class SmolLM2(unittest.TestCase):
             name: str = pydantic.Field(max_length=30)
             population_millions: int = pydantic.Field(ge=0, le=40)
 
-        for seed in range(3):
+        for seed in range(3 if u.SCALE == 1 else 1):  # the sanitizer build looks for memory errors, not rates
             r = client(self.PORT).responses.parse(model=MODEL_ID[self.PORT], input="Describe Paris as JSON.",
                                                   text_format=City, max_output_tokens=100, temperature=1)
             self.assertEqual(r.status, "completed", r.output_text)
