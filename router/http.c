@@ -372,7 +372,8 @@ static int make_choices(rtr_server *s, rtr_req *r, rtr_error *e) {
         (rc = rtr_check_context(q->kind, lens[g], q->max_tokens, s->n_ctx, e)) < 0 && groups > 1 &&
         !strcmp(e->param, "prompt"))
       snprintf(e->param, sizeof e->param, "prompt[%d]", g);
-    if (rc == 0 && lens[g] > INT32_MAX - total) rc = rtr_fail(e, 400, "invalid_request_error", "prompt", NULL, "the prompts are too long");
+    if (rc == 0 && lens[g] > INT32_MAX - total)
+      rc = rtr_fail(e, 400, "invalid_request_error", "prompt", NULL, "the prompts are too long");
     if (rc == 0) total += lens[g];
   }
   if (rc == 0 && (!(r->prompt = malloc((size_t)total * sizeof *r->prompt)) ||
@@ -433,7 +434,8 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   r->created = (long)time(NULL);
   pthread_mutex_lock(&s->mu);
   unsigned long long id = ++s->next_id;
-  snprintf(r->id, sizeof r->id, "%s-%llx%06llu", api == RTR_API_RESPONSES ? "resp" : kind == RTR_CHAT ? "chatcmpl" : "cmpl",
+  const char *prefix = api == RTR_API_RESPONSES ? "resp" : kind == RTR_CHAT ? "chatcmpl" : "cmpl";
+  snprintf(r->id, sizeof r->id, "%s-%llx%06llu", prefix,
            (unsigned long long)t0 & 0xffffffffffULL, id);
   for (int i = 0; i < r->n_ch; i++) snprintf(r->ch[i].id, sizeof r->ch[i].id, "%s-%d", r->id, i);
   r->listed = 1;

@@ -343,7 +343,8 @@ static int parse_prompt(const cJSON *root, const rtr_limits *lim, rtr_request *r
   if (!cJSON_IsString(p) && !cJSON_IsArray(p)) return BAD(e, "prompt", shapes);
   if (cJSON_IsArray(p) && !p->child) return BAD(e, "prompt", "'prompt' must not be empty");
   int single = cJSON_IsString(p) || all_ints(p), n = single ? 1 : cJSON_GetArraySize(p);
-  if (n > RTR_MAX_PROMPTS) return BAD(e, "prompt", "'prompt' has %d prompts; at most %d are allowed", n, RTR_MAX_PROMPTS);
+  if (n > RTR_MAX_PROMPTS)
+    return BAD(e, "prompt", "'prompt' has %d prompts; at most %d are allowed", n, RTR_MAX_PROMPTS);
   r->prompts = calloc((size_t)n, sizeof *r->prompts);
   if (!r->prompts) return OOM(e);
   const cJSON *it = single ? p : p->child;
@@ -428,7 +429,8 @@ static int parse_chat_template(const cJSON *root, rtr_request *r, rtr_error *e) 
                  param, mdl_chat_template_names());
   }
   if (!t) return 0;
-  if (!cJSON_IsString(t) || !t->valuestring[0]) return BAD(e, "chat_template", "'chat_template' must be a non-empty string");
+  if (!cJSON_IsString(t) || !t->valuestring[0])
+    return BAD(e, "chat_template", "'chat_template' must be a non-empty string");
   if (r->kind == RTR_TOKENIZE && !rtr_oai_field(root, "messages"))
     return BAD(e, "chat_template", "'chat_template' needs 'messages'");
   char err[384];

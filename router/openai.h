@@ -174,8 +174,8 @@ typedef struct rtr_resp_stream {
   char finish[16];  // the choice's finish_reason once it came
 } rtr_resp_stream;
 
-// The events (appended to events, a cJSON array of {"type", ...} objects) that chunk (borrowed: a chat.completion.chunk,
-// or an {"error"} object) means for the Responses stream of q.
+// The events (appended to events, a cJSON array of {"type", ...} objects) that chunk (borrowed: a
+// chat.completion.chunk, or an {"error"} object) means for the Responses stream of q.
 void rtr_resp_stream_chunk(rtr_resp_stream *st, const rtr_request *q, const cJSON *chunk, cJSON *events);
 void rtr_resp_stream_free(rtr_resp_stream *st);
 
