@@ -6,6 +6,7 @@
 // end's next one), a position past it is free ([0-9] onwards). multipleOf m adds the remainder mod m to the state
 // (the value so far times 10 plus the digit, mod m), which must be 0 at the end: one automaton, the range's states
 // times m. Free states depend only on (digits left, remainder), so they are shared by every length and both signs.
+// multipleOf 10^-k (0.1, 0.01, ...) caps a number's fraction at k digits; other fractional multiples are refused.
 // A number with bounds is an integer of the range, or W.F (F: 1..16 fraction digits ending in a nonzero one) for each
 // unit (W, W+1) the range touches: any F in a unit wholly inside, and in a unit where a bound falls the F on its side
 // of the bound's own decimals (compared digit by digit, the same tight / free states); negatives likewise by their
@@ -87,7 +88,8 @@ int mdl_js_num_in_bounds(const cJSON *s, double v) {
   if (read_bounds(&c, s, &b) < 0) return 0;
   if (b.has_lo && (b.lo_excl ? v <= b.lo : v < b.lo)) return 0;
   if (b.has_hi && (b.hi_excl ? v >= b.hi : v > b.hi)) return 0;
-  return !b.has_mult || fmod(v, b.mult) == 0;
+  double q = b.has_mult ? v / b.mult : 0; // a whole quotient, within rounding (0.07 / 0.01 is 7.000000000000001)
+  return !b.has_mult || fabs(q - nearbyint(q)) < 1e-9 * fmax(1, fabs(q));
 }
 
 // ---- the digit automaton ----
@@ -96,6 +98,7 @@ typedef struct num_dfa {
   mdl_js_ctx *c;
   int m;      // multipleOf (1: none)
   int *free;  // (owned) ((NUM_DIGITS + 1) * m) the free state (digits left, remainder): rule, DEAD, or -1 not yet
+  int decimals; // the most fraction digits a number may have (multipleOf 0.01: 2)
   int empty;  // the rule "" (-1 not yet)
 } num_dfa;
 
@@ -232,13 +235,15 @@ typedef struct frac_dfa {
   mdl_js_ctx *c;
   const char *lo, *hi;
   int lo_incl, hi_incl;
+  int max_len;                 // the most digits F may have
   int free[NUM_DIGITS + 1][2]; // the states with neither bound left to meet: rule, DEAD, or -1 not yet
   int empty;                   // the rule "" (-1 not yet)
 } frac_dfa;
 
-static void frac_init(frac_dfa *f, mdl_js_ctx *c) {
+static void frac_init(frac_dfa *f, const num_dfa *d) {
   memset(f, 0, sizeof *f);
-  f->c = c;
+  f->c = d->c;
+  f->max_len = d->decimals;
   f->empty = -1;
   for (int i = 0; i <= NUM_DIGITS; i++) f->free[i][0] = f->free[i][1] = -1;
 }
@@ -253,7 +258,7 @@ static int frac_state(frac_dfa *f, int i, int tlo, int thi, int nz) {
   int target[10];
   for (int k = 0; k < 10; k++) {
     target[k] = DEAD;
-    if (i == NUM_DIGITS || (thi && (i >= nhi || k > f->hi[i] - '0')) || (tlo && i < nlo && k < f->lo[i] - '0'))
+    if (i == f->max_len || (thi && (i >= nhi || k > f->hi[i] - '0')) || (tlo && i < nlo && k < f->lo[i] - '0'))
       continue;
     target[k] = frac_state(f, i + 1, tlo && i < nlo && k == f->lo[i] - '0', thi && k == f->hi[i] - '0', k != 0);
     if (target[k] == -1) return -1;
@@ -312,19 +317,19 @@ static int add_fracs(num_dfa *d, int rule, double mlo, int lo_excl, int has_hi, 
   int64_t a = L.whole + (L.frac[0] ? 1 : 0), b = has_hi ? H.whole - 1 : NUM_MAX; // units wholly inside
   frac_dfa f;
   if (a <= b) {
-    frac_init(&f, d->c);
+    frac_init(&f, d);
     if ((k = add_unit(d, rule, a, b, neg, &f)) < 0) return -1;
     n += k;
   }
   if (L.frac[0]) { // the unit where the lower bound falls (and the upper one too when it is the same unit)
-    frac_init(&f, d->c);
+    frac_init(&f, d);
     f.lo = L.frac, f.lo_incl = !lo_excl;
     if (has_hi && H.whole == L.whole) f.hi = H.frac, f.hi_incl = !hi_excl;
     if ((k = add_unit(d, rule, L.whole, L.whole, neg, &f)) < 0) return -1;
     n += k;
   }
   if (has_hi && H.frac[0] && H.whole >= a) { // the unit where the upper bound falls
-    frac_init(&f, d->c);
+    frac_init(&f, d);
     f.hi = H.frac, f.hi_incl = !hi_excl;
     if ((k = add_unit(d, rule, H.whole, H.whole, neg, &f)) < 0) return -1;
     n += k;
@@ -333,13 +338,17 @@ static int add_fracs(num_dfa *d, int rule, double mlo, int lo_excl, int has_hi, 
 }
 
 static int compile_bounded(mdl_js_ctx *c, const num_bounds *b, int integer) {
-  num_dfa d = {.c = c, .m = 1, .empty = -1};
+  num_dfa d = {.c = c, .m = 1, .empty = -1, .decimals = NUM_DIGITS};
   int64_t lo = 0, hi = 0;
+  num_dec md;
   if (int_bounds(c, b, &lo, &hi) < 0) return -1;
-  if (b->has_mult) {
-    if (b->mult != floor(b->mult))
-      return UNSUP(c, "'multipleOf' %g is not supported: only a whole number can be enforced exactly (the output "
-                   "is then an integer)", b->mult);
+  if (b->has_mult && b->mult != floor(b->mult)) { // 10^-k: at most k decimals (every integer is a multiple)
+    size_t k = dec_of(b->mult, &md) == 0 && md.whole == 0 ? strlen(md.frac) : 0;
+    if (!k || md.frac[k - 1] != '1' || strspn(md.frac, "0") != k - 1)
+      return UNSUP(c, "'multipleOf' %g is not supported: a whole number up to %d or a power of ten (0.1, 0.01, ...) "
+                   "can be enforced exactly", b->mult, MULT_MAX);
+    d.decimals = (int)k;
+  } else if (b->has_mult) {
     if (b->mult > MULT_MAX) return UNSUP(c, "'multipleOf' over %d is not supported", MULT_MAX);
     d.m = (int)b->mult;
     integer = 1; // a number that is a whole multiple of a whole number: written as an integer
@@ -364,7 +373,8 @@ static int compile_bounded(mdl_js_ctx *c, const num_bounds *b, int integer) {
   if (n < 0 || mdl_grammar_builder_failed(c->b)) return c->status ? -1 : INVALID(c, "out of memory");
   if (n == 0) {
     if (b->has_mult)
-      return INVALID(c, "no integer between the bounds is a multiple of %g: nothing can satisfy it", b->mult);
+      return INVALID(c, "no %s between the bounds is a multiple of %g: nothing can satisfy it",
+                     integer ? "integer" : "number", b->mult);
     return INVALID(c, "no %s lies between the bounds: nothing can satisfy it", integer ? "integer" : "number");
   }
   return rule;

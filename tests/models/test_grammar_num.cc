@@ -112,6 +112,29 @@ TEST(GrammarNumbers, NumberBoundsValueByValue) {
   EXPECT_REJECTS(neg, "-0.00000000000000001"); // 17: past the grammar's digits
 }
 
+// multipleOf a power of ten below one: at most that many decimals, with the bounds.
+TEST(GrammarNumbers, DecimalMultiples) {
+  Grammar g(R"({"type":"number","multipleOf":0.01,"minimum":-1.5,"maximum":2.125})");
+  ASSERT_EQ(g.rc, 0) << g.err;
+  for (long k = -4000; k <= 4000; k++) {
+    std::string p = canonical(k, 3);
+    double v = strtod(p.c_str(), nullptr);
+    EXPECT_EQ(g.ok(p), v >= -1.5 && v <= 2.125 && k % 10 == 0) << p;
+  }
+  Grammar free(R"({"type":"number","multipleOf":0.1})");
+  ASSERT_EQ(free.rc, 0) << free.err;
+  EXPECT_ACCEPTS(free, "-123456.7");
+  EXPECT_REJECTS(free, "0.75");
+  Grammar whole(R"({"type":"integer","multipleOf":0.01,"maximum":3})"); // every integer is a multiple
+  ASSERT_EQ(whole.rc, 0) << whole.err;
+  EXPECT_ACCEPTS(whole, "3");
+  EXPECT_REJECTS(whole, "2.5");
+  Grammar e(R"({"enum":[0.07, 0.075],"multipleOf":0.01})");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_ACCEPTS(e, "0.07");
+  EXPECT_REJECTS(e, "0.075");
+}
+
 TEST(GrammarNumbers, EnumValuesOutsideTheBoundsAreLeftOut) {
   Grammar g(R"({"enum":[1,5,9,"x"],"minimum":2,"maximum":8})");
   ASSERT_EQ(g.rc, 0) << g.err;
@@ -135,7 +158,8 @@ TEST(GrammarNumbers, Errors) {
       {R"({"type":"integer","minimum":"3"})", -1, "'minimum' must be a number"},
       {R"({"type":"integer","multipleOf":0})", -1, "'multipleOf' must be"},
       {R"({"type":"integer","exclusiveMaximum":true})", -1, "'exclusiveMaximum': true needs 'maximum'"},
-      {R"({"type":"number","multipleOf":0.01})", MDL_GRAMMAR_UNSUPPORTED, "'multipleOf' 0.01"},
+      {R"({"type":"number","multipleOf":0.05})", MDL_GRAMMAR_UNSUPPORTED, "'multipleOf' 0.05"},
+      {R"({"type":"number","multipleOf":0.01,"minimum":0.001,"maximum":0.009})", -1, "multiple of 0.01"},
       {R"({"type":"integer","multipleOf":100000})", MDL_GRAMMAR_UNSUPPORTED, "'multipleOf' over"},
       {R"({"type":"integer","minimum":1e17})", MDL_GRAMMAR_UNSUPPORTED, "16 digits"},
       {R"({"type":"number","minimum":0.7,"maximum":0.3})", -1, "nothing can satisfy"},
