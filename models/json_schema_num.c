@@ -24,7 +24,8 @@
 
 #define NUM_MAX 9999999999999999LL // 16 digits: the unbounded grammar's largest magnitude (json_rules.c)
 #define NUM_DIGITS 16
-#define MULT_MAX 10000             // multipleOf above this is refused (the automaton has digits x m states)
+#define MULT_MAX 1000              // multipleOf above this is refused (the automaton has digits x m states: m 9999
+                                   // made 2.5M grammar symbols, m 1000 makes a tenth of that)
 #define DEAD (-3)                  // a state from which no accepted string continues
 
 typedef struct num_bounds {
