@@ -111,6 +111,32 @@ static int empty_rule(num_dfa *d) {
   return d->empty;
 }
 
+// A digit automaton's state as a rule: "" when it may end here, then one alternative per distinct next state t of
+// target (by digit; DEAD: that digit cannot come): the set of digits that lead to t, then t. DEAD when the state has
+// no alternative, -1 when out of memory.
+static int digit_rule(mdl_js_ctx *c, int target[10], int may_end) {
+  int rule = DEAD;
+  mdl_grammar_seq s = {0};
+  if (may_end && (rule = mdl_grammar_rule_new(c->b)) >= 0) mdl_grammar_alt(c->b, rule, &s);
+  for (int k = 0; k < 10 && rule != -1; k++) {
+    if (target[k] == DEAD || target[k] == -2) continue;
+    uint8_t set[32] = {0};
+    int t = target[k];
+    for (int j = k; j < 10; j++)
+      if (target[j] == t) {
+        set[('0' + j) >> 3] |= (uint8_t)(1u << (('0' + j) & 7));
+        target[j] = -2; // taken
+      }
+    if (rule == DEAD && (rule = mdl_grammar_rule_new(c->b)) < 0) break;
+    s.n = 0;
+    mdl_grammar_seq_push(&s, (uint32_t)mdl_grammar_set(c->b, set));
+    mdl_js_ref(&s, t);
+    mdl_grammar_alt(c->b, rule, &s);
+  }
+  mdl_grammar_seq_free(&s);
+  return rule;
+}
+
 // The rule of the n-digit strings that continue remainder r, at least lo and at most hi (their remaining n digits;
 // NULL: free on that side) and end at remainder 0; DEAD when there is none, -1 on failure.
 static int dfa_state(num_dfa *d, const char *lo, const char *hi, int n, int r) {
@@ -118,29 +144,13 @@ static int dfa_state(num_dfa *d, const char *lo, const char *hi, int n, int r) {
   int *memo = !lo && !hi ? &d->free[n * d->m + r] : NULL;
   if (memo && *memo != -1) return *memo;
   int target[10], dlo = lo ? lo[0] - '0' : 0, dhi = hi ? hi[0] - '0' : 9;
-  for (int k = dlo; k <= dhi; k++) {
-    target[k] = dfa_state(d, lo && k == dlo ? lo + 1 : NULL, hi && k == dhi ? hi + 1 : NULL, n - 1,
-                          (int)((10L * r + k) % d->m));
+  for (int k = 0; k < 10; k++) {
+    target[k] = k < dlo || k > dhi ? DEAD
+                                   : dfa_state(d, lo && k == dlo ? lo + 1 : NULL, hi && k == dhi ? hi + 1 : NULL, n - 1,
+                                               (int)((10L * r + k) % d->m));
     if (target[k] == -1) return -1;
   }
-  int rule = DEAD;
-  mdl_grammar_seq s = {0};
-  for (int k = dlo; k <= dhi; k++) { // one alternative per distinct next state: the set of digits that lead there
-    if (target[k] == DEAD || target[k] == -2) continue;
-    uint8_t set[32] = {0};
-    int t = target[k];
-    for (int j = k; j <= dhi; j++)
-      if (target[j] == t) {
-        set[('0' + j) >> 3] |= (uint8_t)(1u << (('0' + j) & 7));
-        target[j] = -2; // taken
-      }
-    if (rule == DEAD && (rule = mdl_grammar_rule_new(d->c->b)) < 0) break;
-    s.n = 0;
-    mdl_grammar_seq_push(&s, (uint32_t)mdl_grammar_set(d->c->b, set));
-    mdl_js_ref(&s, t);
-    mdl_grammar_alt(d->c->b, rule, &s);
-  }
-  mdl_grammar_seq_free(&s);
+  int rule = digit_rule(d->c, target, 0);
   if (memo) *memo = rule;
   return rule;
 }
@@ -264,28 +274,7 @@ static int frac_state(frac_dfa *f, int i, int tlo, int thi, int nz) {
     target[k] = frac_state(f, i + 1, tlo && i < nlo && k == f->lo[i] - '0', thi && k == f->hi[i] - '0', k != 0);
     if (target[k] == -1) return -1;
   }
-  int rule = DEAD;
-  mdl_grammar_seq s = {0};
-  if (end) {
-    if ((rule = mdl_grammar_rule_new(f->c->b)) < 0) return -1;
-    mdl_grammar_alt(f->c->b, rule, &s);
-  }
-  for (int k = 0; k < 10; k++) { // one alternative per distinct next state
-    if (target[k] == DEAD || target[k] == -2) continue;
-    uint8_t set[32] = {0};
-    int t = target[k];
-    for (int j = k; j < 10; j++)
-      if (target[j] == t) {
-        set[('0' + j) >> 3] |= (uint8_t)(1u << (('0' + j) & 7));
-        target[j] = -2; // taken
-      }
-    if (rule == DEAD && (rule = mdl_grammar_rule_new(f->c->b)) < 0) break;
-    s.n = 0;
-    mdl_grammar_seq_push(&s, (uint32_t)mdl_grammar_set(f->c->b, set));
-    mdl_js_ref(&s, t);
-    mdl_grammar_alt(f->c->b, rule, &s);
-  }
-  mdl_grammar_seq_free(&s);
+  int rule = digit_rule(f->c, target, end);
   if (memo) *memo = rule;
   return rule;
 }
