@@ -131,6 +131,9 @@ class GemmaChatTemplate(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as ex:
             c.create(model=MODEL_ID[self.PORT], messages=msgs, extra_body={"chat_template": "{{ messages }}"})
         self.assertEqual(ex.exception.body["param"], "chat_template")
+        r = client(self.PORT).responses.create(model=MODEL_ID[self.PORT], input=msgs[0]["content"], temperature=0,
+                                               max_output_tokens=30, extra_body={"chat_template": "gemma"})
+        self.assertTrue(r.output_text.strip(), r)
 
 
 if __name__ == "__main__":
