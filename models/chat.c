@@ -17,17 +17,18 @@ static const char *find_in(const char *p, size_t n, const char *needle) {
   return memmem(p, n, needle, strlen(needle));
 }
 
-// Default system prompt of a ChatML template: the text of the first literal "<|im_start|>system\n...<|im_end|>" block,
-// which the template emits when messages[0] is not a system message (it tests messages[0]'s role: SmolLM2's with
-// != 'system', Qwen 2.5's with == 'system' and an else branch). *def is NULL when the template has none.
-static int template_default_system(const mdl_gguf *g, char **def, char *err, size_t errlen) {
+// Default system prompt of a ChatML template (tpl: its text, NULL: none, SmolLM2's is assumed): the text of the first
+// literal "<|im_start|>system\n...<|im_end|>" block, which the template emits when messages[0] is not a system message
+// (it tests messages[0]'s role: SmolLM2's with != 'system', Qwen 2.5's with == 'system' and an else branch). *def is
+// NULL when the template has none.
+static int text_default_system(const mdl_str *tpl_or_null, char **def, char *err, size_t errlen) {
   *def = NULL;
-  mdl_str tpl;
-  if (!g || mdl_gguf_get_str(g, "tokenizer.chat_template", &tpl) != 0) {
+  if (!tpl_or_null) {
     *def = strdup(SMOLLM2_SYSTEM); // no template: SmolLM2's is assumed
     if (!*def) goto oom;
     return 0;
   }
+  mdl_str tpl = *tpl_or_null;
   size_t n = (size_t)tpl.n;
   if (!find_in(tpl.p, n, "<|im_start|>") || !find_in(tpl.p, n, "<|im_end|>")) return 0; // (chatml by override)
   if (!find_in(tpl.p, n, "!= 'system'") && !find_in(tpl.p, n, "!= \"system\"") && !find_in(tpl.p, n, "== 'system'") &&
@@ -64,6 +65,12 @@ static int template_default_system(const mdl_gguf *g, char **def, char *err, siz
 oom:
   utl_seterr(err, errlen, "out of memory");
   return -1;
+}
+
+static int template_default_system(const mdl_gguf *g, char **def, char *err, size_t errlen) {
+  mdl_str tpl;
+  int has = g && mdl_gguf_get_str(g, "tokenizer.chat_template", &tpl) == 0;
+  return text_default_system(has ? &tpl : NULL, def, err, errlen);
 }
 
 int mdl_chat_default_system(const mdl_gguf *g, char **out, char *err, size_t errlen) {
@@ -132,6 +139,40 @@ const mdl_chat_template *mdl_chat_template_named(const char *name) {
 
 const char *mdl_chat_template_names(void) { return "chatml, llama3, gemma, mistral, phi3"; }
 
+// The family whose markers the template text (n bytes) has, NULL when none; *variant (may be NULL) names a marker of
+// a variant the table does not render when that is why.
+static const mdl_chat_template *by_markers(const char *p, size_t n, const char **variant) {
+  for (size_t i = 0; i < sizeof MARKERS / sizeof MARKERS[0]; i++) {
+    int all = 1;
+    for (int k = 0; k < 3 && MARKERS[i].all[k]; k++) all = all && find_in(p, n, MARKERS[i].all[k]);
+    if (!all) continue;
+    for (int k = 0; k < 3 && MARKERS[i].none[k]; k++)
+      if (find_in(p, n, MARKERS[i].none[k])) { // a variant of this family that the table does not render
+        if (variant) *variant = MARKERS[i].none[k];
+        return NULL;
+      }
+    return mdl_chat_template_named(MARKERS[i].family);
+  }
+  return NULL;
+}
+
+int mdl_chat_template_recognise(const char *text, size_t n, const mdl_chat_template **out, char *err, size_t errlen) {
+  const char *variant = NULL;
+  *out = NULL;
+  for (size_t i = 0; i < N_FAMILIES; i++)
+    if (strlen(FAMILIES[i].name) == n && !memcmp(FAMILIES[i].name, text, n)) *out = &FAMILIES[i];
+  if (*out || (*out = by_markers(text, n, &variant))) return 0;
+  if (variant)
+    utl_seterr(err, errlen, "the template has the markers of a family's variant this server does not render (it "
+               "has %s); dserve renders chat templates by family (%s) and does not interpret Jinja", variant,
+               mdl_chat_template_names());
+  else
+    utl_seterr(err, errlen, "the template is of no family known here: dserve renders chat templates by family "
+               "(%s), recognised by their markers (e.g. <|im_start|> and <|im_end|> for chatml), and does not "
+               "interpret Jinja", mdl_chat_template_names());
+  return -1;
+}
+
 int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat_template **out, char *err,
                          size_t errlen) {
   *out = NULL;
@@ -145,16 +186,7 @@ int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat
   }
   mdl_str tpl;
   if (!g || mdl_gguf_get_str(g, "tokenizer.chat_template", &tpl) != 0) return 0;
-  size_t n = (size_t)tpl.n;
-  for (size_t i = 0; i < sizeof MARKERS / sizeof MARKERS[0]; i++) {
-    int all = 1, none = 1;
-    for (int k = 0; k < 3 && MARKERS[i].all[k]; k++) all = all && find_in(tpl.p, n, MARKERS[i].all[k]);
-    if (!all) continue;
-    for (int k = 0; k < 3 && MARKERS[i].none[k]; k++) none = none && !find_in(tpl.p, n, MARKERS[i].none[k]);
-    if (!none) break; // a variant of this family that the table does not render
-    *out = mdl_chat_template_named(MARKERS[i].family);
-    return 0;
-  }
+  if ((*out = by_markers(tpl.p, (size_t)tpl.n, NULL))) return 0;
   utl_seterr(err, errlen,
              "the model's chat template (tokenizer.chat_template) is of no family known here (%s); if it is one of "
              "them, name it with the config's \"chat_template\"",
@@ -316,6 +348,16 @@ int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_cha
                     const char *const *calls, size_t n, const char *tools, int with_tools,
                     int add_generation_prompt, char **out, size_t **user_spans, size_t *n_user_spans, char *err,
                     size_t errlen) {
+  mdl_str tpl;
+  int has = g && mdl_gguf_get_str(g, "tokenizer.chat_template", &tpl) == 0;
+  return mdl_chat_render_text(t, has ? tpl.p : NULL, has ? (size_t)tpl.n : 0, msgs, calls, n, tools, with_tools,
+                              add_generation_prompt, out, user_spans, n_user_spans, err, errlen);
+}
+
+int mdl_chat_render_text(const mdl_chat_template *t, const char *tpl_text, size_t tpl_len, const mdl_chat_msg *msgs,
+                         const char *const *calls, size_t n, const char *tools, int with_tools,
+                         int add_generation_prompt, char **out, size_t **user_spans, size_t *n_user_spans, char *err,
+                         size_t errlen) {
   *out = NULL;
   if (user_spans) *user_spans = NULL;
   if (n_user_spans) *n_user_spans = 0;
@@ -328,7 +370,8 @@ int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_cha
   const mdl_chat_tool_style *st = NULL;
   if (with_tools && !(st = mdl_chat_template_tools(t, err, errlen))) return -1;
   char *def = NULL; // ChatML's default system prompt, from the model's own template
-  if (!strcmp(t->name, "chatml") && template_default_system(g, &def, err, errlen) != 0) return -1;
+  mdl_str tpl = {.p = tpl_text, .n = (uint64_t)tpl_len};
+  if (!strcmp(t->name, "chatml") && text_default_system(tpl_text ? &tpl : NULL, &def, err, errlen) != 0) return -1;
   utl_buf b = {0}, fold = {0}; // fold: system text waiting for the next user message (families without a system turn)
   int rc = -1;
   int first_sys = n > 0 && !strcmp(msgs[0].role, "system");

@@ -49,6 +49,11 @@ const char *mdl_chat_template_names(void);
 int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat_template **out, char *err,
                          size_t errlen);
 
+// A template given as text (n bytes; a request's chat_template): a family's name, or template text (Jinja) recognised
+// by its family's markers as mdl_chat_template_of recognises a GGUF's. -1 with err saying why when it is neither (a
+// variant of a family the table does not render, or no family known here: Jinja is not interpreted).
+int mdl_chat_template_recognise(const char *text, size_t n, const mdl_chat_template **out, char *err, size_t errlen);
+
 // Renders msgs (n) with family t. g (may be NULL) gives ChatML's default system prompt (see mdl_chat_apply); tools,
 // tool_calls and role "tool" as mdl_chat_apply_tools, refused with err for a family without a tool convention.
 // with_tools 0: role "tool" is refused. *out is malloc'ed; the caller frees it. To be encoded with parse_special = 1,
@@ -60,6 +65,12 @@ int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_cha
                     const char *const *tool_calls, size_t n, const char *tools, int with_tools,
                     int add_generation_prompt, char **out, size_t **user_spans, size_t *n_user_spans, char *err,
                     size_t errlen);
+// mdl_chat_render with the template's text given (tpl_text, tpl_len bytes; NULL: SmolLM2's assumed) rather than read
+// from a GGUF: a request's own chat_template, whose text gives ChatML's default system prompt.
+int mdl_chat_render_text(const mdl_chat_template *t, const char *tpl_text, size_t tpl_len, const mdl_chat_msg *msgs,
+                         const char *const *tool_calls, size_t n, const char *tools, int with_tools,
+                         int add_generation_prompt, char **out, size_t **user_spans, size_t *n_user_spans, char *err,
+                         size_t errlen);
 
 // ---- ChatML ----
 

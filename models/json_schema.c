@@ -158,11 +158,11 @@ static int type_ok(const cJSON *v, int mask) {
   return 0;
 }
 
-// enum / const: the values (of the allowed types) written as cJSON prints them.
-static int compile_enum(mdl_js_ctx *c, const cJSON *values, int single, int types) {
+// enum / const: the values (of the allowed types; numbers within s's bounds) written as cJSON prints them.
+static int compile_enum(mdl_js_ctx *c, const cJSON *s, const cJSON *values, int single, int types) {
   int r = mdl_grammar_rule_new(c->b), n = 0;
   for (const cJSON *v = single ? values : values->child; v; v = single ? NULL : v->next) {
-    if (!type_ok(v, types)) continue;
+    if (!type_ok(v, types) || (cJSON_IsNumber(v) && !mdl_js_num_in_bounds(s, v->valuedouble))) continue;
     char *text = cJSON_PrintUnformatted(v);
     if (!text) return INVALID(c, "out of memory");
     mdl_grammar_seq s = {0};
@@ -404,8 +404,8 @@ static int compile_type(mdl_js_ctx *c, const cJSON *s, int type) {
   case T_OBJECT: return compile_object(c, s);
   case T_ARRAY: return compile_array(c, s);
   case T_STRING: return compile_string(c, s);
-  case T_NUMBER: return mdl_js_number(c, 0);
-  case T_INTEGER: return mdl_js_number(c, 1);
+  case T_NUMBER: return mdl_js_number_bounded(c, s, 0);
+  case T_INTEGER: return mdl_js_number_bounded(c, s, 1);
   case T_BOOLEAN: {
     int r = mdl_grammar_rule_new(c->b);
     mdl_grammar_seq q = {0};
@@ -451,7 +451,7 @@ static int compile(mdl_js_ctx *c, const cJSON *s) {
   if (!cJSON_IsObject(s)) return INVALID(c, "a schema must be an object or a boolean");
   if (c->depth >= MAX_DEPTH) return UNSUP(c, "schemas nested deeper than %d are not supported", MAX_DEPTH);
   for (const cJSON *k = s->child; k; k = k->next)
-    if (!in_list(KNOWN, k->string) && !in_list(ANNOTATIONS, k->string))
+    if (!in_list(KNOWN, k->string) && !in_list(ANNOTATIONS, k->string) && !mdl_js_is_num_keyword(k->string))
       return UNSUP(c, "unsupported keyword '%.60s'", k->string);
   c->depth++;
   int r = -1, types = get_types(c, s);
@@ -471,17 +471,21 @@ static int compile(mdl_js_ctx *c, const cJSON *s) {
       r = compile(c, v->child);
       path_pop(c, at);
     }
-  } else if ((v = cJSON_GetObjectItemCaseSensitive(s, "const"))) r = compile_enum(c, v, 1, types);
+  } else if ((v = cJSON_GetObjectItemCaseSensitive(s, "const"))) r = compile_enum(c, s, v, 1, types);
   else if ((v = cJSON_GetObjectItemCaseSensitive(s, "enum"))) {
     if (!cJSON_IsArray(v) || !v->child) r = INVALID(c, "'enum' must be a non-empty list");
-    else r = compile_enum(c, v, 0, types);
+    else r = compile_enum(c, s, v, 0, types);
   } else {
     if (!types) { // the type the keywords imply; none: any value
       static const char *const obj[] = {"properties", "required", "additionalProperties", NULL};
       static const char *const arr[] = {"items", "minItems", "maxItems", NULL};
       static const char *const str[] = {"minLength", "maxLength", "pattern", "format", NULL};
       for (const cJSON *k = s->child; k; k = k->next)
-        types |= in_list(obj, k->string) ? T_OBJECT : in_list(arr, k->string) ? T_ARRAY : in_list(str, k->string) ? T_STRING : 0;
+        types |= in_list(obj, k->string)   ? T_OBJECT
+                 : in_list(arr, k->string) ? T_ARRAY
+                 : in_list(str, k->string) ? T_STRING
+                 : mdl_js_is_num_keyword(k->string) ? T_NUMBER
+                                                    : 0;
       if (!types) {
         r = mdl_js_any(c);
         goto done;

@@ -44,6 +44,14 @@ int mdl_js_string(mdl_js_ctx *c);
 int mdl_js_number(mdl_js_ctx *c, int integer);
 int mdl_js_any(mdl_js_ctx *c);
 int mdl_js_literal(mdl_js_ctx *c, const char *text);
+// JSON Schema's numeric keywords (minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf; json_schema_num.c):
+// 1 when k is one of them.
+int mdl_js_is_num_keyword(const char *k);
+// The integer (integer 1) or number rule under s's numeric keywords (mdl_js_number when it has none); -1 with the
+// error recorded (unsatisfiable bounds: invalid; what the grammar cannot enforce: unsupported, naming the keyword).
+int mdl_js_number_bounded(mdl_js_ctx *c, const cJSON *s, int integer);
+// 1 when the number v satisfies s's numeric keywords (an enum / const value does).
+int mdl_js_num_in_bounds(const cJSON *s, double v);
 // "{" ws "}" | "{" ws M (ws "," ws M)* ws "}", M = string ws ":" ws value: an object of any keys.
 int mdl_js_map(mdl_js_ctx *c, int value);
 // "[" ws "]" (min 0) | "[" ws item (ws "," ws item){min-1..max-1} ws "]" (max < 0: no bound).

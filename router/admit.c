@@ -19,7 +19,7 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     pthread_mutex_unlock(&s->mu);
     return rtr_fail(e, 503, "server_error", NULL, "no_worker", "no worker is available");
   }
-  int need = r->q.n;
+  int need = r->n_ch;
   int fits = s->running_slots == 0 || s->running_slots + need <= s->capacity;
   if (!(fits && !s->wait_head)) {
     if (s->n_waiting >= s->rc->queue_limit) {

@@ -148,24 +148,33 @@ static enum MHD_Result do_metrics(rtr_server *s, struct MHD_Connection *c) {
   return rc;
 }
 
-// Renders and encodes the prompt of q into *ids (n). 0, or -1 with e.
-static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, rtr_error *e) {
+// Renders and encodes the prompt of q (one, pr, of a completion's; else its messages or tokenize's prompt) into *ids
+// (n). 0, or -1 with e.
+static int tokenize(rtr_server *s, const rtr_request *q, const rtr_prompt *pr, int32_t **ids, int *n, rtr_error *e) {
   char err[256];
-  if (q->prompt_ids) {
-    *ids = malloc(((size_t)q->n_prompt_ids + 1) * sizeof **ids);
+  if (pr && pr->ids) {
+    *ids = malloc(((size_t)pr->n_ids + 1) * sizeof **ids);
     if (!*ids) return rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    memcpy(*ids, q->prompt_ids, (size_t)q->n_prompt_ids * sizeof **ids);
-    *n = q->n_prompt_ids;
+    memcpy(*ids, pr->ids, (size_t)pr->n_ids * sizeof **ids);
+    *n = pr->n_ids;
     return 0;
   }
   char *text = NULL;
   size_t *spans = NULL, n_spans = 0; // a chat's own text: no control token is matched in it (models/chat.h)
-  const char *p = q->prompt;
-  size_t plen = q->prompt_len;
-  if (q->msgs && !s->chat)
+  const char *p = pr ? pr->text : q->prompt;
+  size_t plen = pr ? pr->len : q->prompt_len;
+  const mdl_chat_template *chat = rtr_chat_of(s, q);
+  if (q->msgs && !chat)
     return rtr_fail(e, 400, "invalid_request_error", "messages", "model_not_chat",
                     "this model has no chat template (tokenizer.chat_template) and no ChatML tokens: it is not a chat "
-                    "model; send a prompt to /v1/completions instead");
+                    "model; send a prompt to /v1/completions instead, or a chat_template");
+  if (q->msgs && q->chat_family) { // the workers stop on the vocabulary's end-of-generation tokens
+    int32_t eot = mdl_tok_find(s->tok, chat->eot);
+    if (eot < 0 || !mdl_tok_is_eog(s->tok, eot))
+      return rtr_fail(e, 400, "invalid_request_error", "chat_template", "invalid_value",
+                      "'chat_template' is of the %s family, whose turns end with %s, which this model's vocabulary %s",
+                      chat->name, chat->eot, eot < 0 ? "does not have" : "does not mark as an end of generation");
+  }
   if (q->msgs) {
     mdl_chat_msg *mm = calloc((size_t)q->n_msgs, sizeof *mm);
     const char **calls = calloc((size_t)q->n_msgs, sizeof *calls);
@@ -182,14 +191,18 @@ static int tokenize(rtr_server *s, const rtr_request *q, int32_t **ids, int *n, 
     int add_gen = q->kind == RTR_TOKENIZE ? q->add_generation_prompt : 1;
     const mdl_gguf *g = s->has_template ? s->gguf : NULL;
     int with_tools = q->tools || q->has_tool_msgs; // the template family's tool convention (models/chat.c)
-    if (with_tools && !mdl_chat_template_tools(s->chat, err, sizeof err)) {
+    if (with_tools && !mdl_chat_template_tools(chat, err, sizeof err)) {
       free(mm);
       free(calls);
       return rtr_fail(e, 400, "invalid_request_error", q->tools ? "tools" : "messages", "tools_not_supported", "%s",
                       err);
     }
-    int rc = mdl_chat_render(s->chat, g, mm, with_tools ? calls : NULL, (size_t)q->n_msgs, q->tools, with_tools,
-                             add_gen, &text, &spans, &n_spans, err, sizeof err);
+    int rc = q->chat_family
+                 ? mdl_chat_render_text(chat, q->chat_template, strlen(q->chat_template), mm, with_tools ? calls : NULL,
+                                        (size_t)q->n_msgs, q->tools, with_tools, add_gen, &text, &spans, &n_spans, err,
+                                        sizeof err)
+                 : mdl_chat_render(chat, g, mm, with_tools ? calls : NULL, (size_t)q->n_msgs, q->tools, with_tools,
+                                   add_gen, &text, &spans, &n_spans, err, sizeof err);
     free(mm);
     free(calls);
     if (rc < 0) return rtr_fail(e, 400, "invalid_request_error", "messages", NULL, "chat template: %s", err);
@@ -274,7 +287,7 @@ static enum MHD_Result do_tokenize(rtr_server *s, struct MHD_Connection *c, conn
   } else {
     int32_t *ids = NULL;
     int n = 0;
-    if (tokenize(s, &q, &ids, &n, &e) < 0) {
+    if (tokenize(s, &q, NULL, &ids, &n, &e) < 0) {
       cJSON_Delete(o);
       rtr_request_free(&q);
       return reply_error(c, &e, NULL, NULL);
@@ -346,7 +359,49 @@ static void draw_seed(rtr_server *s, rtr_request *q) {
   q->has_seed = 1;
 }
 
-static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn *cs, rtr_kind kind) {
+// Tokenizes r's prompts (a completion's list, else the one prompt) back to back into r->prompt, checks each against
+// the context, and makes r's choices: q.n per prompt, each pointing at its prompt. 0, or -1 with e.
+static int make_choices(rtr_server *s, rtr_req *r, rtr_error *e) {
+  const rtr_request *q = &r->q;
+  int groups = q->kind == RTR_COMPLETION ? q->n_prompts : 1, total = 0, rc = 0;
+  int32_t **ids = calloc((size_t)groups, sizeof *ids);
+  int *lens = calloc((size_t)groups, sizeof *lens);
+  if (!ids || !lens) rc = rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  for (int g = 0; g < groups && rc == 0; g++) {
+    if ((rc = tokenize(s, q, q->kind == RTR_COMPLETION ? &q->prompts[g] : NULL, &ids[g], &lens[g], e)) == 0 &&
+        (rc = rtr_check_context(q->kind, lens[g], q->max_tokens, s->n_ctx, e)) < 0 && groups > 1 &&
+        !strcmp(e->param, "prompt"))
+      snprintf(e->param, sizeof e->param, "prompt[%d]", g);
+    if (rc == 0 && lens[g] > INT32_MAX - total)
+      rc = rtr_fail(e, 400, "invalid_request_error", "prompt", NULL, "the prompts are too long");
+    if (rc == 0) total += lens[g];
+  }
+  if (rc == 0 && (!(r->prompt = malloc((size_t)total * sizeof *r->prompt)) ||
+                  !(r->ch = calloc((size_t)(groups * q->n), sizeof *r->ch))))
+    rc = rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+  for (int g = 0, at = 0; g < groups && rc == 0; at += lens[g], g++) {
+    memcpy(r->prompt + at, ids[g], (size_t)lens[g] * sizeof *ids[g]);
+    for (int i = 0; i < q->n; i++) {
+      rtr_choice *c = &r->ch[g * q->n + i];
+      c->index = g * q->n + i;
+      c->link = c->plink = -1;
+      c->prompt = r->prompt + at;
+      c->n_prompt = lens[g];
+      c->max_tokens = q->max_tokens >= 0 ? q->max_tokens : s->n_ctx - lens[g];
+    }
+  }
+  if (rc == 0) {
+    r->n_prompt = total;
+    r->n_ch = groups * q->n;
+  }
+  for (int g = 0; ids && g < groups; g++) free(ids[g]);
+  free(ids);
+  free(lens);
+  return rc;
+}
+
+// kind: chat (api: RTR_API_CHAT, or RTR_API_RESPONSES for /v1/responses) or completion.
+static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn *cs, rtr_kind kind, int api) {
   int64_t t0 = utl_now_us();
   rtr_sampling defaults;
   rtr_limits l = limits_of(s, &defaults);
@@ -365,26 +420,24 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   pthread_mutex_unlock(&s->mu);
   cs->req = r;
   r->conn = c;
-  if (rtr_request_parse(kind, cs->body.p, cs->body.n, &l, &r->q, &e) < 0) return reply_error(c, &e, NULL, NULL);
+  if ((api == RTR_API_RESPONSES ? rtr_request_parse_responses(cs->body.p, cs->body.n, &l, &r->q, &e)
+                                : rtr_request_parse(kind, cs->body.p, cs->body.n, &l, &r->q, &e)) < 0)
+    return reply_error(c, &e, NULL, NULL);
   if (!r->q.has_seed) draw_seed(s, &r->q);
-  if (tokenize(s, &r->q, &r->prompt, &r->n_prompt, &e) < 0) return reply_error(c, &e, NULL, NULL);
-  if (rtr_check_context(r->q.kind, r->n_prompt, r->q.max_tokens, s->n_ctx, &e) < 0) return reply_error(c, &e, NULL, NULL);
-  r->max_tokens = r->q.max_tokens >= 0 ? r->q.max_tokens : s->n_ctx - r->n_prompt;
-  r->ch = calloc((size_t)r->q.n, sizeof *r->ch);
-  if (!r->ch) return reply_err(c, 500, "server_error", NULL, NULL, NULL, "out of memory");
+  if (make_choices(s, r, &e) < 0) {
+    if (api == RTR_API_RESPONSES && !strcmp(e.param, "messages")) snprintf(e.param, sizeof e.param, "input");
+    return reply_error(c, &e, NULL, NULL);
+  }
   // no idle timeout while the worker generates (request_timeout_ms bounds it); restored, with the idle clock
   // restarted, once the answer is ready
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
   r->created = (long)time(NULL);
   pthread_mutex_lock(&s->mu);
   unsigned long long id = ++s->next_id;
-  snprintf(r->id, sizeof r->id, "%s-%llx%06llu", kind == RTR_CHAT ? "chatcmpl" : "cmpl",
+  const char *prefix = api == RTR_API_RESPONSES ? "resp" : kind == RTR_CHAT ? "chatcmpl" : "cmpl";
+  snprintf(r->id, sizeof r->id, "%s-%llx%06llu", prefix,
            (unsigned long long)t0 & 0xffffffffffULL, id);
-  for (int i = 0; i < r->q.n; i++) {
-    snprintf(r->ch[i].id, sizeof r->ch[i].id, "%s-%d", r->id, i);
-    r->ch[i].index = i;
-    r->ch[i].link = r->ch[i].plink = -1;
-  }
+  for (int i = 0; i < r->n_ch; i++) snprintf(r->ch[i].id, sizeof r->ch[i].id, "%s-%d", r->id, i);
   r->listed = 1;
   r->refs++;
   r->next = s->reqs;
@@ -428,7 +481,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   }
   cJSON *o = NULL;
   if (r->failed) e = r->err;
-  else o = rtr_final_response(r);
+  else if ((o = rtr_final_response(r)) && r->q.api == RTR_API_RESPONSES) o = rtr_resp_from_chat(&r->q, o);
   pthread_mutex_unlock(&s->mu);
   rtr_restore_timeout(s, c);
   if (!o) return reply_error(c, &e, NULL, NULL);
@@ -437,13 +490,15 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
 
 typedef struct route {
   const char *path, *method;
-  int kind; // 0 models, 1 health, 2 metrics, 3 chat, 4 completions, 5 tokenize, 6 detokenize, 7 one model
+  int kind; // 0 models, 1 health, 2 metrics, 3 chat, 4 completions, 5 tokenize, 6 detokenize, 7 one model, 8 live,
+            // 9 responses
 } route;
 
 static const route ROUTES[] = {
     {"/v1/chat/completions", "POST", 3}, {"/v1/completions", "POST", 4}, {"/v1/models", "GET", 0},
     {"/health", "GET", 1},                {"/metrics", "GET", 2},         {"/tokenize", "POST", 5},
     {"/detokenize", "POST", 6},           {"/ready", "GET", 1},           {"/live", "GET", 8},
+    {"/v1/responses", "POST", 9},
 };
 static const route MODEL_ROUTE = {"/v1/models/", "GET", 7}; // a prefix: the rest of the path is the model id
 
@@ -552,6 +607,10 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
       return reply_err(c, 400, "invalid_request_error", "bad_framing", MHD_HTTP_HEADER_CONNECTION, "close", "%s",
                        bad);
     }
+    if (!rt && !strcmp(url, "/v1/embeddings")) // an OpenAI path this server does not serve: say so (docs/openai.md)
+      return refuse_head(c, cs, 404, "not_found_error", "not_found", NULL, NULL,
+                         "/v1/embeddings is not served: the workers generate text and return no hidden states to "
+                         "pool (docs/openai.md lists the routes)");
     if (!rt) return refuse_head(c, cs, 404, "not_found_error", "not_found", NULL, NULL, "no such path: %.200s", url);
     int is_head = !strcmp(method, "HEAD") && !strcmp(rt->method, "GET");
     if (strcmp(method, rt->method) && !is_head)
@@ -617,8 +676,9 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
   case 8: // /live (liveness): the router answers, whatever its workers do
     return reply(c, 200, "application/json", "{\"status\":\"alive\"}", 18, NULL, NULL);
   case 2: return do_metrics(s, c);
-  case 3: return do_generate(s, c, cs, RTR_CHAT);
-  case 4: return do_generate(s, c, cs, RTR_COMPLETION);
+  case 3: return do_generate(s, c, cs, RTR_CHAT, RTR_API_CHAT);
+  case 4: return do_generate(s, c, cs, RTR_COMPLETION, RTR_API_CHAT);
+  case 9: return do_generate(s, c, cs, RTR_CHAT, RTR_API_RESPONSES);
   case 5: return do_tokenize(s, c, cs, 0);
   default: return do_tokenize(s, c, cs, 1);
   }

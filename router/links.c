@@ -38,7 +38,7 @@ static rtr_req *find_choice_locked(rtr_server *s, const char *id, int *ci) {
     if (strncmp(id, r->id, k) || id[k] != '-') continue;
     char *end;
     long i = strtol(id + k + 1, &end, 10);
-    if ((*end && *end != '-') || i < 0 || i >= r->q.n || strcmp(r->ch[i].id, id)) return NULL; // "-r": a retry
+    if ((*end && *end != '-') || i < 0 || i >= r->n_ch || strcmp(r->ch[i].id, id)) return NULL; // "-r": a retry
     *ci = (int)i;
     return r;
   }
@@ -168,7 +168,7 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
   for (rtr_req *r = s->reqs, *n; r; r = n) {
     n = r->next;
     int hit = 0;
-    for (int i = 0; i < r->q.n && !hit; i++)
+    for (int i = 0; i < r->n_ch && !hit; i++)
       if (r->ch[i].state != RTR_CH_DONE &&
           (r->ch[i].link == li || (r->ch[i].plink == li && !rtr_choice_handed_off(&r->ch[i]))) &&
           (r->ch[i].link != li || rtr_move_choice_locked(s, r, i, 1) < 0))
@@ -351,14 +351,14 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
                            const char *decode, const char *prefix_peer, int prefix_blocks) {
   const rtr_request *q = &r->q;
   const rtr_choice *c = &r->ch[ci];
-  int32_t *prompt = malloc((size_t)(r->n_prompt + c->n_gen) * sizeof *prompt);
+  int32_t *prompt = malloc((size_t)(c->n_prompt + c->n_gen) * sizeof *prompt);
   prt_bias *bias = q->n_bias ? malloc((size_t)q->n_bias * sizeof *bias) : NULL;
   cJSON *m = NULL;
   if (!prompt || (q->n_bias && !bias)) goto out;
-  memcpy(prompt, r->prompt, (size_t)r->n_prompt * sizeof *prompt);
-  if (c->n_gen) memcpy(prompt + r->n_prompt, c->gen, (size_t)c->n_gen * sizeof *prompt);
+  memcpy(prompt, c->prompt, (size_t)c->n_prompt * sizeof *prompt);
+  if (c->n_gen) memcpy(prompt + c->n_prompt, c->gen, (size_t)c->n_gen * sizeof *prompt);
   for (int i = 0; i < q->n_bias; i++) bias[i] = (prt_bias){q->bias[i].id, q->bias[i].bias};
-  prt_generate g = {.id = c->id, .prompt = prompt, .n_prompt = r->n_prompt + c->n_gen, .max_tokens = r->max_tokens,
+  prt_generate g = {.id = c->id, .prompt = prompt, .n_prompt = c->n_prompt + c->n_gen, .max_tokens = c->max_tokens,
                     .stop = (const char **)q->stop, .n_stop = q->n_stop, .ignore_eos = q->ignore_eos,
                     .deadline_ms = s->rc->request_timeout_ms,
                     .mode = mode, .prefill = prefill, .decode = decode, .prefix_peer = prefix_peer,
@@ -374,7 +374,7 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
                               .schema = q->json_schema}; // cJSON's own print: valid JSON
   } else if (q->tool_choice == RTR_TOOLS_REQUIRED || q->tool_choice == RTR_TOOLS_NAMED) { // a call must come
     char err[128];
-    const mdl_chat_tool_style *st = mdl_chat_template_tools(s->chat, err, sizeof err);
+    const mdl_chat_tool_style *st = mdl_chat_template_tools(rtr_chat_of(s, q), err, sizeof err);
     if (!st) st = mdl_chat_tool_style_of(NULL, err, sizeof err); // (the prompt's rendering already accepted it)
     g.grammar = (prt_grammar){.type = PRT_GRAMMAR_TOOL_CALLS, .tools = q->call_tools, .open = st->call_open,
                               .close = st->call_close, .sep = st->call_sep, .parallel = q->parallel_tool_calls};
@@ -397,13 +397,13 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
   }
   rtr_choice *c = &r->ch[ci];
   // A moved choice is routed on what its next worker computes: the prompt and the tokens streamed so far.
-  int32_t *toks = r->prompt;
-  int n_toks = r->n_prompt;
+  int32_t *toks = (int32_t *)c->prompt;
+  int n_toks = c->n_prompt;
   if (c->n_gen) {
-    if (!(toks = malloc((size_t)(r->n_prompt + c->n_gen) * sizeof *toks)))
+    if (!(toks = malloc((size_t)(c->n_prompt + c->n_gen) * sizeof *toks)))
       return rtr_fail(e, 500, "server_error", NULL, "internal_error", "out of memory");
-    memcpy(toks, r->prompt, (size_t)r->n_prompt * sizeof *toks);
-    memcpy(toks + r->n_prompt, c->gen, (size_t)c->n_gen * sizeof *toks);
+    memcpy(toks, c->prompt, (size_t)c->n_prompt * sizeof *toks);
+    memcpy(toks + c->n_prompt, c->gen, (size_t)c->n_gen * sizeof *toks);
     n_toks += c->n_gen;
   }
   rtr_sched_target pick;
@@ -414,7 +414,7 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
                                ? rtr_sched_prefix_peer(w, s->n_links, toks, n_toks, s->kv, pick.prefill,
                                                        s->rc->prefix_fetch_min_blocks, &fetch_blocks)
                                : -1;
-  if (toks != r->prompt) free(toks);
+  if (toks != c->prompt) free(toks);
   if (picked < 0) return rtr_fail(e, 503, "server_error", NULL, "no_worker", "no worker that can generate is available");
   c->link = pick.decode;
   c->plink = pick.prefill;
@@ -439,7 +439,7 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
 static int ended_locked(rtr_server *s, rtr_req *r, int ci) {
   rtr_choice *c = &r->ch[ci];
   int eog = c->n_gen > 0 && !r->q.ignore_eos && mdl_tok_is_eog(s->tok, c->gen[c->n_gen - 1]);
-  if (!eog && c->n_gen < r->max_tokens) return 0;
+  if (!eog && c->n_gen < c->max_tokens) return 0;
   prt_done d = {.id = c->id, .finish_reason = eog ? "stop" : "length", .prompt_tokens = -1,
                 .completion_tokens = c->n_gen, .cached_tokens = -1, .kv_bytes = -1, .kv_ms = -1};
   s->hooks.on_done(s, r, ci, &d);
@@ -516,7 +516,7 @@ static void send_waiting_locked(rtr_server *s) {
   int64_t now = utl_now_ms();
   for (rtr_req *r = s->reqs, *nx; r; r = nx) {
     nx = r->next;
-    for (int i = 0; i < r->q.n && !r->finished; i++) {
+    for (int i = 0; i < r->n_ch && !r->finished; i++) {
       rtr_choice *c = &r->ch[i];
       if (c->state == RTR_CH_DECODE_LOST && now > c->until_ms) {
         // its decode worker's link stayed up (a restarted worker the prefill worker had not linked to yet, or only
@@ -552,7 +552,7 @@ static void send_waiting_locked(rtr_server *s) {
 static void move_all_locked(rtr_server *s, int li) {
   for (rtr_req *r = s->reqs, *nx; r; r = nx) {
     nx = r->next;
-    for (int i = 0; i < r->q.n; i++)
+    for (int i = 0; i < r->n_ch; i++)
       if (r->ch[i].state != RTR_CH_DONE && r->ch[i].link == li) rtr_move_choice_locked(s, r, i, 0);
   }
 }

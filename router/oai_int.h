@@ -12,6 +12,9 @@
 #define UNSUP(e, param, ...) rtr_fail(e, 400, "invalid_request_error", param, "unsupported_parameter", __VA_ARGS__)
 #define INVAL(e, param, ...) rtr_fail(e, 400, "invalid_request_error", param, "invalid_value", __VA_ARGS__)
 
+// A request body checked (not empty, UTF-8, no NUL character in a string, one JSON object and nothing after it) and
+// parsed; NULL with e (400) otherwise.
+cJSON *rtr_oai_parse_body(const char *body, size_t len, rtr_error *e);
 // The field name of root, NULL when absent or null (OpenAI treats null as "not given").
 const cJSON *rtr_oai_field(const cJSON *root, const char *name);
 // A JSON boolean into *out; 1 when present, 0 when absent, -1 with e on another type.

@@ -103,7 +103,8 @@ static int parse_tool(const cJSON *t, int i, cJSON *calls, rtr_error *e) {
 static int parse_tools(const cJSON *root, rtr_request *r, rtr_error *e) {
   const cJSON *tools = rtr_oai_field(root, "tools"), *choice = rtr_oai_field(root, "tool_choice");
   r->parallel_tool_calls = 1;
-  if (rtr_oai_get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e) < 0) return -1;
+  int parallel_given = rtr_oai_get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e);
+  if (parallel_given < 0) return -1;
   if (tools && !cJSON_IsArray(tools)) return BAD(e, "tools", "'tools' must be an array");
   int n = tools ? cJSON_GetArraySize(tools) : 0;
   if (n > RTR_MAX_TOOLS) return BAD(e, "tools", "'tools' has %d tools; at most %d are allowed", n, RTR_MAX_TOOLS);
@@ -137,6 +138,9 @@ static int parse_tools(const cJSON *root, rtr_request *r, rtr_error *e) {
   }
   if (mode >= RTR_TOOLS_REQUIRED && !n)
     return BAD(e, "tool_choice", "'tool_choice' %s needs 'tools'", named ? "naming a function" : "\"required\"");
+  // A forced call is one call unless parallel calls are asked for: with OpenAI's default (true) a small model
+  // under the call grammar writes call after call until max_tokens.
+  if (mode >= RTR_TOOLS_REQUIRED && !parallel_given) r->parallel_tool_calls = 0;
   if (!n) return 0;
   cJSON *calls = cJSON_CreateArray();
   if (!calls) return OOM(e);

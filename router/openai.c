@@ -56,6 +56,11 @@ void rtr_request_free(rtr_request *r) {
     free(r->msgs[i].tool_calls);
   }
   free(r->msgs);
+  for (int i = 0; i < r->n_prompts; i++) {
+    free(r->prompts[i].text);
+    free(r->prompts[i].ids);
+  }
+  free(r->prompts);
   free(r->prompt);
   free(r->prompt_ids);
   for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
@@ -64,6 +69,8 @@ void rtr_request_free(rtr_request *r) {
   free(r->json_schema);
   free(r->tools);
   free(r->call_tools);
+  free(r->chat_template);
+  free(r->resp_echo);
   memset(r, 0, sizeof *r);
 }
 
@@ -319,29 +326,45 @@ static int parse_ids(const cJSON *arr, const char *param, const rtr_limits *lim,
   return 0;
 }
 
+// A list of token ids (one prompt) rather than a list of prompts: every element a number.
 static int all_ints(const cJSON *arr) {
   for (const cJSON *t = arr->child; t; t = t->next)
     if (!cJSON_IsNumber(t)) return 0;
   return 1;
 }
 
+// prompt: a string, a list of token ids, or a list of strings / lists of token ids (one choice group each, as
+// OpenAI and vLLM number them: prompt i's choices are i*n .. i*n+n-1).
 static int parse_prompt(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
+  static const char shapes[] = "'prompt' must be a string, a list of token ids, or a list of strings or of lists of "
+                               "token ids";
   const cJSON *p = rtr_oai_field(root, "prompt");
   if (!p) return BAD(e, "prompt", "'prompt' is required");
-  if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
-    p = p->child; // a list of one prompt
-  if (cJSON_IsString(p)) {
-    r->prompt_len = strlen(p->valuestring);
-    r->prompt = dupn(p->valuestring, r->prompt_len);
-    return r->prompt ? 0 : OOM(e);
+  if (!cJSON_IsString(p) && !cJSON_IsArray(p)) return BAD(e, "prompt", shapes);
+  if (cJSON_IsArray(p) && !p->child) return BAD(e, "prompt", "'prompt' must not be empty");
+  int single = cJSON_IsString(p) || all_ints(p), n = single ? 1 : cJSON_GetArraySize(p);
+  if (n > RTR_MAX_PROMPTS)
+    return BAD(e, "prompt", "'prompt' has %d prompts; at most %d are allowed", n, RTR_MAX_PROMPTS);
+  r->prompts = calloc((size_t)n, sizeof *r->prompts);
+  if (!r->prompts) return OOM(e);
+  const cJSON *it = single ? p : p->child;
+  for (int i = 0; i < n; i++, it = it->next) {
+    char param[32];
+    snprintf(param, sizeof param, single ? "prompt" : "prompt[%d]", i);
+    rtr_prompt *q = &r->prompts[i];
+    r->n_prompts = i + 1;
+    if (cJSON_IsString(it)) {
+      q->len = strlen(it->valuestring);
+      if (!(q->text = dupn(it->valuestring, q->len))) return OOM(e);
+    } else if (cJSON_IsArray(it) && it->child && all_ints(it)) {
+      if (parse_ids(it, param, lim, &q->ids, &q->n_ids, e) < 0) return -1;
+    } else if (cJSON_IsArray(it) && !it->child) {
+      return BAD(e, param, "'%s' must not be empty", param);
+    } else {
+      return BAD(e, param, "%s", shapes);
+    }
   }
-  if (cJSON_IsArray(p)) {
-    if (cJSON_GetArraySize(p) == 0) return BAD(e, "prompt", "'prompt' must not be empty");
-    if (!all_ints(p))
-      return BAD(e, "prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
-    return parse_ids(p, "prompt", lim, &r->prompt_ids, &r->n_prompt_ids, e);
-  }
-  return BAD(e, "prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
+  return 0;
 }
 
 static int parse_stop(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
@@ -393,19 +416,43 @@ static int parse_bias(const cJSON *root, const rtr_limits *lim, rtr_request *r, 
   return 0;
 }
 
+// chat_template (vLLM's): the template a chat renders with instead of the server's: a family's name or template text
+// recognised by its family's markers (models/chat.h; Jinja is not interpreted, so other text is a 400 saying so, never
+// the default silently). chat_template_kwargs: the families take no template variables; only {} is accepted.
+static int parse_chat_template(const cJSON *root, rtr_request *r, rtr_error *e) {
+  const cJSON *t = rtr_oai_field(root, "chat_template"), *kw = rtr_oai_field(root, "chat_template_kwargs");
+  if (kw && !cJSON_IsObject(kw)) return BAD(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  if (kw && kw->child) {
+    char param[64];
+    snprintf(param, sizeof param, "chat_template_kwargs.%.40s", kw->child->string);
+    return UNSUP(e, param, "'%s' is not supported: the chat template families here (%s) take no template variables",
+                 param, mdl_chat_template_names());
+  }
+  if (!t) return 0;
+  if (!cJSON_IsString(t) || !t->valuestring[0])
+    return BAD(e, "chat_template", "'chat_template' must be a non-empty string");
+  if (r->kind == RTR_TOKENIZE && !rtr_oai_field(root, "messages"))
+    return BAD(e, "chat_template", "'chat_template' needs 'messages'");
+  char err[384];
+  size_t n = strlen(t->valuestring);
+  if (mdl_chat_template_recognise(t->valuestring, n, &r->chat_family, err, sizeof err) < 0)
+    return INVAL(e, "chat_template", "'chat_template': %s", err);
+  return (r->chat_template = dupn(t->valuestring, n)) ? 0 : OOM(e);
+}
+
 // Every top-level field a kind knows (honoured, no-op or checked); any other is refused, naming it.
 static const char *const F_CHAT[] = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "best_of", "ignore_eos", "stop",
     "logit_bias", "logprobs", "top_logprobs", "stream", "stream_options", "response_format", "tools", "tool_choice",
     "functions", "function_call", "parallel_tool_calls", "user", "store", "metadata", "service_tier",
-    "prompt_cache_key", "safety_identifier", "modalities", NULL};
+    "prompt_cache_key", "safety_identifier", "modalities", "chat_template", "chat_template_kwargs", NULL};
 static const char *const F_COMPLETION[] = {
     "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "best_of", "ignore_eos", "stop",
     "logit_bias", "logprobs", "stream", "stream_options", "echo", "suffix", "user", NULL};
 static const char *const F_TOKENIZE[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                                         NULL};
+                                         "chat_template", "chat_template_kwargs", NULL};
 static const char *const F_DETOKENIZE[] = {"model", "tokens", NULL};
 
 static int check_known(rtr_kind kind, const cJSON *root, rtr_error *e) {
@@ -496,6 +543,28 @@ static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request 
   return r->kind == RTR_CHAT ? rtr_oai_check_chat_extras(root, r, e) : rtr_oai_check_str(root, "user", e);
 }
 
+cJSON *rtr_oai_parse_body(const char *body, size_t len, rtr_error *e) {
+  if (!body || len == 0) return BAD(e, NULL, "the request body is empty; expected a JSON object"), NULL;
+  if (!rtr_utf8_valid(body, len)) return BAD(e, NULL, "the request body is not valid UTF-8"), NULL;
+  char at_nul[64];
+  if (find_nul(body, len, at_nul, sizeof at_nul))
+    return BAD(e, at_nul, "'%s' contains a NUL character (\\u0000), which is not allowed", at_nul), NULL;
+  const char *end = NULL;
+  // cJSON refuses nesting deeper than CJSON_NESTING_LIMIT (1000) without recursing further.
+  cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+  if (!root) {
+    size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
+    return BAD(e, NULL, "malformed JSON near byte %zu", at), NULL;
+  }
+  size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : len;
+  while (at < len && (body[at] == ' ' || body[at] == '\t' || body[at] == '\r' || body[at] == '\n')) at++;
+  if (at < len) BAD(e, NULL, "malformed JSON: unexpected bytes after the value at byte %zu", at);
+  else if (!cJSON_IsObject(root)) BAD(e, NULL, "the request body must be a JSON object");
+  else return root;
+  cJSON_Delete(root);
+  return NULL;
+}
+
 int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
                       rtr_error *e) {
   memset(out, 0, sizeof *out);
@@ -512,29 +581,9 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
   out->logprobs = -1;
   out->add_special = 1;
   out->add_generation_prompt = 1;
-  if (!body || len == 0) return BAD(e, NULL, "the request body is empty; expected a JSON object");
-  if (!rtr_utf8_valid(body, len)) return BAD(e, NULL, "the request body is not valid UTF-8");
-  char at_nul[64];
-  if (find_nul(body, len, at_nul, sizeof at_nul))
-    return BAD(e, at_nul, "'%s' contains a NUL character (\\u0000), which is not allowed", at_nul);
-  const char *end = NULL;
-  // cJSON refuses nesting deeper than CJSON_NESTING_LIMIT (1000) without recursing further.
-  cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-  if (!root) {
-    size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
-    return BAD(e, NULL, "malformed JSON near byte %zu", at);
-  }
+  cJSON *root = rtr_oai_parse_body(body, len, e);
+  if (!root) return -1;
   int rc = 0;
-  size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : len;
-  while (at < len && (body[at] == ' ' || body[at] == '\t' || body[at] == '\r' || body[at] == '\n')) at++;
-  if (at < len) {
-    rc = BAD(e, NULL, "malformed JSON: unexpected bytes after the value at byte %zu", at);
-    goto done;
-  }
-  if (!cJSON_IsObject(root)) {
-    rc = BAD(e, NULL, "the request body must be a JSON object");
-    goto done;
-  }
   if ((rc = check_known(kind, root, e)) < 0) goto done;
   const cJSON *model = rtr_oai_field(root, "model");
   if (model && !cJSON_IsString(model)) {
@@ -548,14 +597,16 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
   }
   switch (kind) {
   case RTR_CHAT:
-    if ((rc = parse_msgs(root, out, e)) == 0) rc = parse_sampling(root, lim, out, e);
+    if ((rc = parse_msgs(root, out, e)) == 0 && (rc = parse_chat_template(root, out, e)) == 0)
+      rc = parse_sampling(root, lim, out, e);
     break;
   case RTR_COMPLETION:
     if ((rc = parse_prompt(root, lim, out, e)) == 0) rc = parse_sampling(root, lim, out, e);
     break;
   case RTR_TOKENIZE:
     if (rtr_oai_get_bool(root, "add_special_tokens", &out->add_special, e) < 0 ||
-        rtr_oai_get_bool(root, "add_generation_prompt", &out->add_generation_prompt, e) < 0) {
+        rtr_oai_get_bool(root, "add_generation_prompt", &out->add_generation_prompt, e) < 0 ||
+        parse_chat_template(root, out, e) < 0) {
       rc = -1;
       break;
     }

@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "config/config.h"
+#include "models/chat.h"
 #include "models/gguf.h"
 #include "models/grammar.h"
 
@@ -67,6 +68,15 @@ typedef struct rtr_msg {
                     // (arguments parsed when they are JSON, else the string as sent), or NULL
 } rtr_msg;
 
+// One /v1/completions prompt: text (NUL-terminated, len bytes), or token ids.
+typedef struct rtr_prompt {
+  char *text;  // (owned) or NULL
+  size_t len;
+  int32_t *ids; // (owned) (n_ids) or NULL
+  int n_ids;
+} rtr_prompt;
+#define RTR_MAX_PROMPTS 64 // prompts in one /v1/completions request
+
 typedef struct rtr_bias {
   int32_t id;
   float bias;
@@ -83,15 +93,20 @@ enum { RTR_FORMAT_TEXT = 0, RTR_FORMAT_JSON_OBJECT = 1, RTR_FORMAT_JSON_SCHEMA =
 #define RTR_MAX_LOGIT_BIAS 1024
 #define RTR_MAX_STOP_BYTES 1024
 
+// The API a chat request came in by: /v1/chat/completions, or /v1/responses (translated into a chat request).
+enum { RTR_API_CHAT = 0, RTR_API_RESPONSES = 1 };
+
 // A validated request. temperature, top_k, top_p, min_p and repetition_penalty the request leaves out come from
 // rtr_limits.defaults; the rest default as OpenAI does: penalties 0, n 1, no seed, no logprobs.
 typedef struct rtr_request {
   rtr_kind kind;
   rtr_msg *msgs;            // (owned) (n_msgs) chat, or tokenize with messages
   int n_msgs;
-  char *prompt;             // (owned) completion / tokenize text prompt (NUL-terminated, prompt_len bytes), or NULL
+  rtr_prompt *prompts;      // (owned) (n_prompts) completion: one choice group of n per prompt, in order
+  int n_prompts;
+  char *prompt;             // (owned) tokenize's text prompt (NUL-terminated, prompt_len bytes), or NULL
   size_t prompt_len;
-  int32_t *prompt_ids;      // (owned) (n_prompt_ids) completion prompt given as token ids (or detokenize tokens), or NULL
+  int32_t *prompt_ids;      // (owned) (n_prompt_ids) detokenize's tokens, or NULL
   int n_prompt_ids;
   int max_tokens;           // -1 = not given (up to the context)
   double temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
@@ -113,8 +128,13 @@ typedef struct rtr_request {
                             // [{"type": "function", "function": {...}}]); NULL otherwise
   char *call_tools;         // (owned) unless RTR_TOOLS_OFF: the tools a call may name as the call grammar takes them
                             // (JSON text of [{"name", "parameters"}]: every tool, or the named one)
-  int parallel_tool_calls;  // default 1: a turn may hold several calls
+  int parallel_tool_calls;  // a turn may hold several calls: as given; by default 1 with tool_choice auto, 0 with
+                            // "required" or a named function (one call, then the choice ends: finish "tool_calls")
   int has_tool_msgs;        // a message has role "tool" or tool_calls (the prompt needs the tool convention)
+  char *chat_template;      // (owned) chat / tokenize with messages: the request's own template text, or NULL
+  const mdl_chat_template *chat_family; // (static) its family (models/chat.h), NULL: the server's
+  int api;                  // RTR_API_*: the API the client spoke (its answers take that API's shape)
+  char *resp_echo;          // (owned) RTR_API_RESPONSES: the request's fields a response object repeats (JSON text)
   int add_special;          // tokenize: add_special_tokens (default 1)
   int add_generation_prompt; // tokenize with messages (default 1)
 } rtr_request;
@@ -132,6 +152,32 @@ typedef struct rtr_request {
 int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
                       rtr_error *e);
 void rtr_request_free(rtr_request *r); // frees what r owns and zeroes it; NULL is a no-op
+
+// ---- /v1/responses (router/oai_responses.c): the Responses API over the chat machinery ----
+
+// Parses a /v1/responses body into a chat request (kind RTR_CHAT, api RTR_API_RESPONSES): input (a string or a list of
+// message, function_call and function_call_output items), instructions (a system message first), max_output_tokens,
+// temperature, top_p, function tools, tool_choice, parallel_tool_calls, text.format, stream, and the documented
+// no-ops; any other field, item or tool type is a 400 naming it (docs/openai.md). Errors name the Responses field.
+int rtr_request_parse_responses(const char *body, size_t len, const rtr_limits *lim, rtr_request *out, rtr_error *e);
+
+// A chat completion object (consumed) as the Responses API's response object for q (its one choice: text as a message
+// item, calls as function_call items; finish "length": status "incomplete"). NULL on out of memory.
+cJSON *rtr_resp_from_chat(const rtr_request *q, cJSON *chat);
+
+// A stream's translation from chat.completion.chunk objects to the Responses API's events.
+typedef struct rtr_resp_stream {
+  int seq;          // the next event's sequence_number
+  int started;      // response.created went out
+  int open;         // 0 none, 1 a message item, 2 a function_call item is open (the last of output)
+  cJSON *output;    // (owned) the output items so far, as they will stand in response.completed
+  char finish[16];  // the choice's finish_reason once it came
+} rtr_resp_stream;
+
+// The events (appended to events, a cJSON array of {"type", ...} objects) that chunk (borrowed: a
+// chat.completion.chunk, or an {"error"} object) means for the Responses stream of q.
+void rtr_resp_stream_chunk(rtr_resp_stream *st, const rtr_request *q, const cJSON *chunk, cJSON *events);
+void rtr_resp_stream_free(rtr_resp_stream *st);
 
 // The context check once the prompt is tokenized: n_prompt >= n_ctx, or max_tokens >= 0 and n_prompt + max_tokens
 // > n_ctx, is 400 context_length_exceeded with the counts in the message. An empty prompt is 400 too.

@@ -19,7 +19,33 @@ static void add_or_drop(utl_buf *b, const char *p, size_t n) {
   if (utl_buf_add(b, p, n) < 0) b->oom = 0; // b is as it was before the call
 }
 
+// A /v1/responses stream: the chunk (consumed) as the Responses events it means, "event: TYPE\ndata: JSON\n\n" each.
+static void out_responses(rtr_req *r, cJSON *chunk) {
+  cJSON *events = cJSON_CreateArray(), *e;
+  if (events) rtr_resp_stream_chunk(&r->resp, &r->q, chunk, events);
+  cJSON_Delete(chunk);
+  cJSON_ArrayForEach(e, events) {
+    char *j = cJSON_PrintUnformatted(e);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(e, "type");
+    if (!j || !cJSON_IsString(type)) {
+      free(j);
+      continue;
+    }
+    add_or_drop(&r->out, "event: ", 7);
+    add_or_drop(&r->out, type->valuestring, strlen(type->valuestring));
+    add_or_drop(&r->out, "\ndata: ", 7);
+    add_or_drop(&r->out, j, strlen(j));
+    add_or_drop(&r->out, "\n\n", 2);
+    free(j);
+  }
+  cJSON_Delete(events);
+}
+
 void rtr_out_event(rtr_req *r, cJSON *obj) { // "data: JSON\n\n"; consumes obj
+  if (r->q.api == RTR_API_RESPONSES) {
+    out_responses(r, obj);
+    return;
+  }
   char *j = cJSON_PrintUnformatted(obj);
   cJSON_Delete(obj);
   if (!j) return;
@@ -44,11 +70,13 @@ static cJSON *response_head(rtr_req *r, const char *chat_object) {
 static cJSON *chunk_base(rtr_req *r) { return response_head(r, "chat.completion.chunk"); }
 
 static cJSON *usage_json(rtr_req *r) {
-  int comp = 0, cached = 0;
-  for (int i = 0; i < r->q.n; i++) {
+  int comp = 0, cached = 0, group_cached = 0; // a prompt's cached tokens: the most any of its choices found
+  for (int i = 0; i < r->n_ch; i++) {
     comp += r->ch[i].completion_tokens;
-    if (r->ch[i].cached_tokens > cached) cached = r->ch[i].cached_tokens;
+    if (i % r->q.n == 0) cached += group_cached, group_cached = 0;
+    if (r->ch[i].cached_tokens > group_cached) group_cached = r->ch[i].cached_tokens;
   }
+  cached += group_cached;
   cJSON *u = cJSON_CreateObject();
   cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
   cJSON_AddNumberToObject(u, "completion_tokens", comp);
@@ -75,7 +103,7 @@ static void stream_end(rtr_req *r) {
     cJSON_AddItemToObject(o, "usage", usage_json(r));
     rtr_out_event(r, o);
   }
-  add_or_drop(&r->out, "data: [DONE]\n\n", 14);
+  if (r->q.api != RTR_API_RESPONSES) add_or_drop(&r->out, "data: [DONE]\n\n", 14); // (its last event ends it)
   r->out_end = 1;
 }
 
@@ -213,19 +241,19 @@ static void record_tokens(rtr_choice *c, const int32_t *toks, int n) {
 
 static int tools_on(const rtr_req *r) { return r->q.kind == RTR_CHAT && r->q.tool_choice != RTR_TOOLS_OFF; }
 
-static const mdl_chat_tool_style *tool_style(rtr_server *s) {
+static const mdl_chat_tool_style *tool_style(rtr_server *s, const rtr_req *r) {
   char err[128];
-  const mdl_chat_tool_style *st = mdl_chat_template_tools(s->chat, err, sizeof err);
+  const mdl_chat_tool_style *st = mdl_chat_template_tools(rtr_chat_of(s, &r->q), err, sizeof err);
   return st ? st : mdl_chat_tool_style_of(NULL, err, sizeof err); // (calls come only where the prompt had tools)
 }
 
 // Adds t to c's held text and returns what can go to the client now (malloc'ed, maybe ""; NULL on out of memory):
 // the text before a call's opening tag, or all but a tail that may begin one.
-static char *hold_text(rtr_server *s, rtr_choice *c, const char *t) {
+static char *hold_text(rtr_server *s, const rtr_req *r, rtr_choice *c, const char *t) {
   add_or_drop(&c->held, t, strlen(t));
   size_t n = c->held.n, send = 0;
   if (!c->in_call && n) {
-    const char *open = tool_style(s)->call_open;
+    const char *open = tool_style(s, r)->call_open;
     while (*open == ' ' || *open == '\n' || *open == '\t' || *open == '\r') open++;
     size_t on = strlen(open);
     while (on && (open[on - 1] == '\n' || open[on - 1] == ' ' || open[on - 1] == '\t' || open[on - 1] == '\r')) on--;
@@ -234,7 +262,7 @@ static char *hold_text(rtr_server *s, rtr_choice *c, const char *t) {
       send = (size_t)(at - c->held.p);
       c->in_call = 1;
     } else {
-      send = n - rtr_tool_open_prefix(c->held.p, n, tool_style(s)->call_open);
+      send = n - rtr_tool_open_prefix(c->held.p, n, tool_style(s, r)->call_open);
     }
     // whitespace before a call is not content (as in the non-streamed message): it waits with the call
     while (send && (c->held.p[send - 1] == ' ' || c->held.p[send - 1] == '\n' || c->held.p[send - 1] == '\t' ||
@@ -279,7 +307,7 @@ static int flush_held(rtr_server *s, rtr_req *r, int ci) {
   if (!c->held.n) return 0;
   cJSON *calls = cJSON_CreateArray();
   size_t cl = 0;
-  const mdl_chat_tool_style *st = tool_style(s);
+  const mdl_chat_tool_style *st = tool_style(s, r);
   int n = c->in_call && calls ? rtr_parse_tool_calls(&r->q, c->held.p, c->held.n, st->call_open, st->call_close, calls,
                                                      &cl)
                               : 0;
@@ -346,7 +374,7 @@ static void on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
   record_tokens(c, m->tokens, m->n_tokens);
   rtr_metric_add(s->m_gen, ntok);
   if (r->q.stream) {
-    char *now_text = tools_on(r) ? hold_text(s, c, t) : NULL; // tools: what may be a call waits (flush_held)
+    char *now_text = tools_on(r) ? hold_text(s, r, c, t) : NULL; // tools: what may be a call waits (flush_held)
     const char *send = tools_on(r) ? (now_text && now_text[0] ? now_text : NULL) : t;
     int with_lp = r->q.logprobs >= 0 && m->n_logprobs >= 0;
     if (send || with_lp || !tools_on(r)) {
@@ -388,8 +416,8 @@ static void on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
            m->finish_reason && !strcmp(m->finish_reason, "length") ? "length" : "stop");
   if (m->completion_tokens >= 0) c->completion_tokens = m->completion_tokens;
   c->cached_tokens = m->cached_tokens >= 0 ? m->cached_tokens : 0;
-  if (c->cached_tokens > r->n_prompt) c->cached_tokens = r->n_prompt; // a moved choice's worker cached its own output
-  c->prompt_tokens = m->prompt_tokens >= 0 ? m->prompt_tokens : r->n_prompt;
+  if (c->cached_tokens > c->n_prompt) c->cached_tokens = c->n_prompt; // a moved choice's worker cached its own output
+  c->prompt_tokens = m->prompt_tokens >= 0 ? m->prompt_tokens : c->n_prompt;
   double kvb = m->kv_bytes, kvms = m->kv_ms;
   if (kvb > 0) rtr_metric_add(s->m_kv_bytes, kvb);
   if (kvms >= 0 && c->plink >= 0) rtr_metric_observe(s->m_kv_time, kvms / 1000.0);
@@ -403,7 +431,7 @@ static void on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
     rtr_out_event(r, o);
     pthread_cond_broadcast(&r->cv);
   }
-  if (r->n_done == r->q.n) rtr_finish_locked(s, r);
+  if (r->n_done == r->n_ch) rtr_finish_locked(s, r);
 }
 
 static void on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m) {
@@ -435,7 +463,7 @@ static void on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m) {
 cJSON *rtr_final_response(rtr_req *r) {
   cJSON *o = response_head(r, "chat.completion");
   cJSON *arr = cJSON_AddArrayToObject(o, "choices");
-  for (int i = 0; i < r->q.n; i++) {
+  for (int i = 0; i < r->n_ch; i++) {
     rtr_choice *c = &r->ch[i];
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", i);
@@ -444,7 +472,7 @@ cJSON *rtr_final_response(rtr_req *r) {
       cJSON_AddStringToObject(m, "role", "assistant");
       cJSON *calls = tools_on(r) ? cJSON_CreateArray() : NULL;
       size_t cl = 0;
-      const mdl_chat_tool_style *st = calls ? tool_style(r->s) : NULL;
+      const mdl_chat_tool_style *st = calls ? tool_style(r->s, r) : NULL;
       int nc = calls && c->text.p ? rtr_parse_tool_calls(&r->q, c->text.p, c->text.n, st->call_open, st->call_close,
                                                          calls, &cl)
                                   : 0;

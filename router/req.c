@@ -19,7 +19,7 @@ void rtr_req_unref_locked(rtr_req *r) {
   if (--r->refs > 0) return;
   if (--r->s->n_live == 0) pthread_cond_broadcast(&r->s->admit_cv); // rtr_server_drain waits for this
   size_t freed = r->out.cap;
-  for (int i = 0; i < r->q.n && r->ch; i++) {
+  for (int i = 0; i < r->n_ch && r->ch; i++) {
     freed += r->ch[i].text.cap;
     utl_buf_free(&r->ch[i].text);
     utl_buf_free(&r->ch[i].held);
@@ -32,6 +32,7 @@ void rtr_req_unref_locked(rtr_req *r) {
   free(r->ch);
   free(r->prompt);
   utl_buf_free(&r->out);
+  rtr_resp_stream_free(&r->resp);
   rtr_request_free(&r->q);
   pthread_cond_destroy(&r->cv);
   free(r);
@@ -68,7 +69,7 @@ void rtr_finish_locked(rtr_server *s, rtr_req *r) {
   if (!r->failed) {
     int64_t t = utl_now_us();
     rtr_metric_observe(s->m_e2e, (double)(t - r->t_arrival_us) / 1e6);
-    for (int i = 0; i < r->q.n; i++)
+    for (int i = 0; i < r->n_ch; i++)
       rtr_metric_add(!strcmp(r->ch[i].finish, "length") ? s->m_ok_length : s->m_ok_stop, 1);
   } else {
     rtr_metric_add(s->m_fail, 1);
@@ -114,7 +115,7 @@ void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e) {
   if (r->finished) return;
   r->failed = 1;
   r->err = *e;
-  for (int i = 0; i < r->q.n; i++)
+  for (int i = 0; i < r->n_ch; i++)
     if (r->ch[i].state != RTR_CH_DONE) {
       s->hooks.cancel_choice(s, r, i);
       rtr_choice_end_locked(s, r, i);
@@ -125,7 +126,7 @@ void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e) {
 // The client went away: cancel whatever still runs; nothing more is sent.
 void rtr_cancel_locked(rtr_server *s, rtr_req *r) {
   if (r->finished) return;
-  for (int i = 0; i < r->q.n; i++)
+  for (int i = 0; i < r->n_ch; i++)
     if (r->ch[i].state != RTR_CH_DONE && r->admitted) {
       s->hooks.cancel_choice(s, r, i);
       rtr_choice_end_locked(s, r, i);

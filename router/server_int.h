@@ -60,7 +60,10 @@ typedef struct rtr_link {
 
 typedef struct rtr_choice {
   char id[64];
-  int index;
+  int index;                   // OpenAI's: group * n + i for a completion's prompt group (its position in r->ch)
+  const int32_t *prompt;       // (borrowed: r->prompt) (n_prompt) its prompt's token ids
+  int n_prompt;
+  int max_tokens;              // the client's, else up to the context after its prompt
   int link, plink;             // decode/both link, prefill link (-1: local)
   rtr_ch_state state;          // router/choice.h; changed by rtr_choice_to only
   int64_t until_ms;            // RTR_CH_DECODE_LOST: sent again then (RTR_DECODE_LOST_MS) unless its decode worker's
@@ -87,12 +90,13 @@ typedef struct rtr_req {
   int refs;                    // guarded by s->mu: list + connection + stream response
   pthread_cond_t cv;
   rtr_request q;               // (owned) the validated request
-  int32_t *prompt;             // (owned) (n_prompt) token ids
-  int n_prompt;
-  int max_tokens;
+  int32_t *prompt;             // (owned) (n_prompt) token ids: every prompt's, back to back (one unless a completion
+                               // gave a list); each choice points at its own
+  int n_prompt;                // all prompts' tokens (usage's prompt_tokens)
   char id[48];
   long created;
-  rtr_choice *ch;              // (owned) (q.n)
+  rtr_choice *ch;              // (owned) (n_ch): q.n per prompt
+  int n_ch;
   int n_done;
   int failed;
   rtr_error err;
@@ -102,6 +106,7 @@ typedef struct rtr_req {
   int waiting;                 // in the admission queue
   struct rtr_req *next, *wnext; // s->reqs / s->wait lists
   utl_buf out;                 // (owned) stream bytes, those not yet read at out_pos..out.n
+  rtr_resp_stream resp;        // (owned) q.api RTR_API_RESPONSES, streamed: the chunks' translation into its events
   size_t out_pos;
   int out_end;
   int fd;                      // client socket (for disconnect checks)
@@ -163,6 +168,11 @@ struct rtr_server {
   double hub_auth_last;
   rtr_hooks hooks;             // the upper layers' answers (see rtr_hooks)
 };
+
+// The chat template family q renders with: its own chat_template's, else the server's (NULL: not a chat model).
+static inline const mdl_chat_template *rtr_chat_of(const rtr_server *s, const rtr_request *q) {
+  return q->chat_family ? q->chat_family : s->chat;
+}
 
 // A disaggregated choice whose decode worker streams: it holds all the KV, its prefill worker (plink) no longer matters.
 static inline int rtr_choice_handed_off(const rtr_choice *c) { return c->plink >= 0 && c->state == RTR_CH_STREAMING; }

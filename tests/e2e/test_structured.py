@@ -3,6 +3,11 @@
 import json
 import unittest
 
+try:
+    import pydantic
+except ImportError:  # the openai client brings pydantic: both live in the test venv (oai_util re-executes there)
+    pydantic = None
+
 import e2e_util as u
 from oai_util import MODEL_ID, client, map_parallel, openai, start, validate
 
@@ -28,6 +33,27 @@ MESSAGES = [{"role": "user", "content": "Invent a person and describe them as JS
 # requests per configuration and mode (streamed or not): 20 per configuration, the target 20/20 valid. The sanitizer
 # build (SCALE > 1) looks for memory errors, not the rate: 3 per mode there keep CI's ASan stage short.
 N_SCHEMA = 10 if u.SCALE == 1 else 3
+
+
+if pydantic is not None:
+    class Reading(pydantic.BaseModel):
+        """A sensor reading with numeric bounds of every kind pydantic writes."""
+        sensor: str = pydantic.Field(max_length=20)
+        celsius: int = pydantic.Field(ge=-40, le=60)
+        humidity: float = pydantic.Field(ge=0, le=1)
+        floor: int = pydantic.Field(gt=0, lt=10)
+        step: int = pydantic.Field(multiple_of=5, ge=0, le=100)
+        confidence: float = pydantic.Field(gt=0.1, le=0.95)
+
+
+def parse_reading(port, seed):
+    """One parse() of Reading (seed); (parsed, finish_reason, text). pydantic validates, so a bad answer raises."""
+    r = client(port).beta.chat.completions.parse(
+        model=MODEL_ID[port], response_format=Reading, max_tokens=200, seed=2000 + seed,
+        messages=[{"role": "user", "content": "Give one reading of the sensor in the hall as JSON: its name, the "
+                                              "temperature, the humidity, the floor, the step and how sure you "
+                                              "are."}])
+    return r.choices[0].message.parsed, r.choices[0].finish_reason, r.choices[0].message.content
 
 
 def ask(port, i, response_format, stream, max_tokens=700):
@@ -87,9 +113,23 @@ class Structured:
                 self.assertEqual(finish, "stop")
                 self.assertIsInstance(json.loads(text), dict, text)
 
+    def test_pydantic_bounds(self):
+        """A pydantic model with Field(ge=, le=, gt=, lt=, multiple_of=) through client.beta.chat.completions.parse:
+        every answer parses and validates in pydantic (the grammar enforces the bounds)."""
+        out, errors = map_parallel(lambda seed: parse_reading(self.PORT, seed), list(range(self.N_PYDANTIC)), 4)
+        self.assertEqual(errors, [])
+        for i, (parsed, finish, text) in enumerate(out):
+            self.assertEqual(finish, "stop", "request %d: %r" % (i, text))
+            self.assertIsInstance(parsed, Reading, text)
+            v = json.loads(text)  # and the bounds themselves, checked here too
+            self.assertTrue(-40 <= v["celsius"] <= 60 and 0 <= v["humidity"] <= 1 and 0 < v["floor"] < 10 and
+                            0 <= v["step"] <= 100 and v["step"] % 5 == 0 and 0.1 < v["confidence"] <= 0.95, text)
+
     def test_bad_schema(self):
         c = client(self.PORT).chat.completions
-        for schema, keyword, code in [({"type": "integer", "minimum": 0}, "'minimum'", "unsupported_parameter"),
+        for schema, keyword, code in [({"type": "number", "multipleOf": 0.5}, "'multipleOf'", "unsupported_parameter"),
+                                      ({"type": "integer", "minimum": 5, "maximum": 4}, "nothing can satisfy",
+                                       "invalid_value"),
                                       ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(x)\\1"}}},
                                        "'pattern'", "unsupported_parameter"),
                                       ({"type": "strnig"}, "'type'", "invalid_value")]:
@@ -103,6 +143,7 @@ class Structured:
 
 
 class Colocated(Structured, unittest.TestCase):
+    N_PYDANTIC = 20 if u.SCALE == 1 else 3  # the target: 20/20 valid
     @classmethod
     def setUpClass(cls):
         start(cls, [{"name": "w0", "role": "both", "threads": 2, "max_seqs": 8}], 1000, "structured")
@@ -110,6 +151,8 @@ class Colocated(Structured, unittest.TestCase):
 
 class OneP1D(Structured, unittest.TestCase):
     """The prefill worker samples the first token under the grammar; the decode worker replays it and goes on."""
+
+    N_PYDANTIC = 4 if u.SCALE == 1 else 2
 
     @classmethod
     def setUpClass(cls):

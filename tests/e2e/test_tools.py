@@ -46,8 +46,8 @@ def as_dict(call):
 def ask(port, seed, stream=False, **kw):
     """One chat completion; returns (content, [tool call dicts], finish_reason). stream True goes through the client's
     stream helper, which accumulates the tool-call deltas (and parses strict tools' arguments); "raw" reads the chunks."""
-    # parallel_tool_calls (true by default) lets the model write call after call: SmolLM2 stops after 1..5 (~30 tokens
-    # each), so max_tokens leaves room for several
+    # parallel_tool_calls true lets the model write call after call: SmolLM2 stops after 1..5 (~30 tokens each), so
+    # max_tokens leaves room for several
     args = dict(model=MODEL_ID[port], messages=MESSAGES, tools=TOOLS, temperature=1.0, max_tokens=400, seed=seed)
     args.update(kw)
     c = client(port).chat.completions
@@ -102,12 +102,23 @@ class Tools:
             self.assertEqual(len({c["id"] for c in calls}), len(calls), "ids repeat: %r" % calls)
 
     def test_required_20_seeds(self):
-        # One call per turn: with parallel_tool_calls the small model may repeat a call until max_tokens (a run
-        # ended by "length" after 6 calls of the same function); the other cases keep the default and may get several
-        out, errors = ask_all(self.PORT, list(range(100, 100 + N_SEEDS)), tool_choice="required",
-                              parallel_tool_calls=False)
+        # parallel_tool_calls left at its default: one call, then the choice ends (before, the grammar allowed call
+        # after call and the small model repeated one until max_tokens)
+        out, errors = ask_all(self.PORT, list(range(100, 100 + N_SEEDS)), tool_choice="required")
         self.assertEqual(errors, [])
         self.assert_calls(out, what="seed")
+        self.assertEqual([len(calls) for _, calls, _ in out], [1] * N_SEEDS)
+
+    def test_parallel_asked(self):
+        # parallel_tool_calls true: the grammar lets a turn hold call after call (SmolLM2 often repeats one until
+        # max_tokens, which is why a forced call is one call by default); every call is valid, and some turn has two
+        out, errors = ask_all(self.PORT, list(range(200, 203)), tool_choice="required", parallel_tool_calls=True)
+        self.assertEqual(errors, [])
+        for i, (content, calls, finish) in enumerate(out):
+            self.assertIn(finish, ("tool_calls", "length"), i)
+            self.assertIsNone(content, i)
+            self.assertEqual([e for c in calls for e in call_errors(c)], [], i)
+        self.assertGreater(max(len(calls) for _, calls, _ in out), 1, out)
 
     def test_required_stream(self):
         for stream in (True, "raw"):
@@ -121,6 +132,7 @@ class Tools:
             out, errors = ask_all(self.PORT, list(range(400, 403)), stream=stream, tool_choice=choice)
             self.assertEqual(errors, [])
             self.assert_calls(out, allowed={"get_time": TIME}, what="named (stream %s)" % stream)
+            self.assertEqual([len(calls) for _, calls, _ in out], [1] * 3)  # exactly one call, finish tool_calls
 
     def test_single_call(self):
         out, errors = ask_all(self.PORT, list(range(500, 504)), tool_choice="required", parallel_tool_calls=False)
@@ -186,8 +198,8 @@ class Tools:
 
     def test_bad_requests(self):
         c = client(self.PORT).chat.completions
-        bad_params = dict(TOOLS[0]["function"], parameters={"type": "object", "properties": {"n": {"type": "integer",
-                                                                                                   "minimum": 1}}})
+        bad_params = dict(TOOLS[0]["function"], parameters={"type": "object", "properties": {"n": {"type": "number",
+                                                                                                   "multipleOf": 0.5}}})
         for kw, param, code in [
                 (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice",
                  "invalid_value"),

@@ -1,4 +1,6 @@
-// tests/fuzz/fuzz_openai.c: libFuzzer target: the router's OpenAI request validation (rtr_request_parse) on JSON-ish bodies, the chat rendering of what it accepts (tools included) and tool-call parsing.
+// tests/fuzz/fuzz_openai.c: libFuzzer target: the router's OpenAI request validation (rtr_request_parse, and
+// rtr_request_parse_responses for /v1/responses) on JSON-ish bodies, the chat rendering of what it accepts (tools
+// included), tool-call parsing, and the Responses answers built for it.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,10 +11,44 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-// Input: byte 0 picks the kind (chat, completion, tokenize, detokenize); the rest is the body.
+// A chat completion with text and a call, turned into a response object, and the same as a stream's chunks into
+// its events, for the accepted Responses request q.
+static void responses_answers(const rtr_request *q) {
+  static const char chat[] = "{\"id\":\"resp-1\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,"
+                             "\"message\":{\"role\":\"assistant\",\"content\":\"hi\",\"tool_calls\":[{\"id\":\"call_1\","
+                             "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                             "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,"
+                             "\"total_tokens\":5}}";
+  static const char *const chunks[] = {
+      "{\"id\":\"resp-1\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null}}]}",
+      "{\"id\":\"resp-1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}",
+      "{\"id\":\"resp-1\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\","
+      "\"function\":{\"name\":\"f\",\"arguments\":\"\"}}]}}]}",
+      "{\"id\":\"resp-1\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":"
+      "{\"arguments\":\"{}\"}}]}}]}",
+      "{\"id\":\"resp-1\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}",
+      "{\"id\":\"resp-1\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}",
+      "{\"error\":{\"message\":\"x\",\"type\":\"server_error\"}}"};
+  cJSON *o = rtr_resp_from_chat(q, cJSON_Parse(chat));
+  if (!o || !cJSON_GetObjectItem(o, "output")) abort();
+  cJSON_Delete(o);
+  rtr_resp_stream st = {0};
+  cJSON *events = cJSON_CreateArray();
+  for (size_t i = 0; i < sizeof chunks / sizeof chunks[0]; i++) {
+    cJSON *c = cJSON_Parse(chunks[i]);
+    rtr_resp_stream_chunk(&st, q, c, events);
+    cJSON_Delete(c);
+  }
+  if (cJSON_GetArraySize(events) < 10) abort();
+  cJSON_Delete(events);
+  rtr_resp_stream_free(&st);
+}
+
+// Input: byte 0 picks the kind (chat, completion, tokenize, detokenize, responses); the rest is the body.
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0) return 0;
-  rtr_kind kind = (rtr_kind)(data[0] % 4);
+  int responses = data[0] % 5 == 4;
+  rtr_kind kind = responses ? RTR_CHAT : (rtr_kind)(data[0] % 5);
   size_t len = size - 1;
   char *body = malloc(len ? len : 1); // exactly len bytes, not NUL-terminated
   if (!body) return 0;
@@ -23,12 +59,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memset(&r, 0x5a, sizeof r); // garbage in: the parser must set every field
   rtr_error e;
   memset(&e, 0, sizeof e);
-  if (rtr_request_parse(kind, body, len, &lim, &r, &e) == 0) {
-    if (r.kind != kind) abort();
+  if ((responses ? rtr_request_parse_responses(body, len, &lim, &r, &e)
+                 : rtr_request_parse(kind, body, len, &lim, &r, &e)) == 0) {
+    if (r.kind != kind || r.api != (responses ? RTR_API_RESPONSES : RTR_API_CHAT)) abort();
+    if (responses) responses_answers(&r);
     if (r.n < 1 || r.n > lim.max_n || r.n_stop < 0 || r.n_stop > lim.max_stop) abort();
     if (r.max_tokens < -1 || r.max_tokens > lim.n_ctx) abort();
     for (int i = 0; i < r.n_prompt_ids; i++)
       if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= lim.n_vocab) abort();
+    if (r.n_prompts < 0 || r.n_prompts > RTR_MAX_PROMPTS || (kind == RTR_COMPLETION && r.n_prompts < 1)) abort();
+    for (int k = 0; k < r.n_prompts; k++) {
+      const rtr_prompt *q = &r.prompts[k];
+      if (!q->text == !q->ids) abort(); // text or ids, never both or neither
+      if (q->text && !rtr_utf8_valid(q->text, q->len)) abort();
+      for (int i = 0; i < q->n_ids; i++)
+        if (q->ids[i] < 0 || q->ids[i] >= lim.n_vocab) abort();
+    }
     for (int i = 0; i < r.n_msgs; i++)
       if (!r.msgs[i].role || !r.msgs[i].content || !rtr_utf8_valid(r.msgs[i].content, strlen(r.msgs[i].content)))
         abort();

@@ -166,6 +166,15 @@ def openai_seeds():
             "type": "json_schema", "json_schema": {"name": "n", "strict": True, "schema": {
                 "type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
                 "required": ["a"]}}}}),
+        "completion_list.bin": (1, {"prompt": ["a", [1, 2], "b"], "n": 2}),
+        "chat_template.bin": (0, {"messages": [{"role": "user", "content": "x"}], "chat_template": "gemma"}),
+        "responses.bin": (4, {"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                                        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+                                        {"type": "function_call_output", "call_id": "call_1", "output": "ok"}],
+                              "instructions": "brief", "max_output_tokens": 9, "stream": True,
+                              "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+                              "text": {"format": {"type": "json_schema", "name": "n", "schema": {
+                                  "type": "integer", "minimum": 1, "maximum": 99}}}}),
     }
     for n, (k, body) in seeds.items():
         write("fuzz_openai", n, bytes([k]) + json.dumps(body).encode())
@@ -208,7 +217,8 @@ def grammar_seeds():
         "formats": ({"type": "object", "properties": {"d": {"type": "string", "format": "date-time"},
                                                        "u": {"type": "string", "format": "uuid"}}},
                     '{"d": "2026-12-03T13:40:49Z"}'),
-        "unsupported": ({"type": "integer", "minimum": 3}, "4"),
+        "unsupported": ({"type": "integer", "not": {}}, "4"),
+        "bounds": ({"type": "integer", "minimum": -40, "maximum": 120, "multipleOf": 3}, "99"),
     }
     for n, (sc, text) in schemas.items():
         write("fuzz_grammar", n + ".bin", json.dumps(sc).encode() + b"\xff" + text.encode())

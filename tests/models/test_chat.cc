@@ -135,10 +135,10 @@ TEST(ChatTools, CallGrammar) {
 }
 
 TEST(ChatTools, CallGrammarErrors) {
-  G unsup(R"([{"name":"ok"},{"name":"f","parameters":{"type":"integer","minimum":1}}])", 0);
+  G unsup(R"([{"name":"ok"},{"name":"f","parameters":{"type":"number","multipleOf":0.5}}])", 0);
   EXPECT_EQ(unsup.rc, MDL_GRAMMAR_UNSUPPORTED);
   EXPECT_NE(std::string(unsup.err).find("tool 'f' parameters"), std::string::npos) << unsup.err;
-  EXPECT_NE(std::string(unsup.err).find("'minimum'"), std::string::npos) << unsup.err;
+  EXPECT_NE(std::string(unsup.err).find("'multipleOf'"), std::string::npos) << unsup.err;
   G bad(R"([{"name":"f","parameters":{"type":"strnig"}}])", 0);
   EXPECT_EQ(bad.rc, -1);
   for (const char *t : {"[]", "{}", "not json", R"([{"parameters":{}}])", R"([{"name":""}])", R"([5])"}) {
@@ -236,6 +236,41 @@ TEST(ChatFamilies, UnknownTemplatesAreRefused) {
                         "(chatml, llama3, gemma, mistral, phi3)", 0), 0u) << tpl << " -> " << got;
     EXPECT_NE(got.find("\"chat_template\""), std::string::npos) << got;
   }
+}
+
+// A request's own chat_template: a family's name or template text recognised by its markers; anything else is refused
+// saying why, never rendered by the default; its text gives ChatML's default system prompt.
+TEST(ChatFamilies, RequestTemplates) {
+  auto rec = [](const std::string &text) {
+    const mdl_chat_template *f = nullptr;
+    char err[512] = "";
+    if (mdl_chat_template_recognise(text.data(), text.size(), &f, err, sizeof err) != 0) return std::string("ERR ") + err;
+    return std::string(f ? f->name : "");
+  };
+  EXPECT_EQ(rec("gemma"), "gemma");
+  EXPECT_EQ(rec(GEMMA_TPL), "gemma");
+  EXPECT_EQ(rec(LLAMA3_TPL), "llama3");
+  EXPECT_EQ(rec(CHATML_TPL), "chatml");
+  std::string v = rec("<|im_start|>{{ role }}<|im_sep|>{{ content }}<|im_end|>");
+  EXPECT_NE(v.find("ERR "), std::string::npos) << v;
+  EXPECT_NE(v.find("<|im_sep|>"), std::string::npos) << v; // names the variant's marker
+  std::string none = rec("{{ '### Instruction:\\n' + message['content'] }}");
+  EXPECT_NE(none.find("does not interpret Jinja"), std::string::npos) << none;
+  EXPECT_EQ(rec("Gemma").rfind("ERR ", 0), 0u); // names are exact
+  // ChatML's default system prompt comes from the request's text, not the model's
+  mdl_chat_msg m[] = {{"user", "hi"}};
+  std::string sys = "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}"
+                    "{% endif %}{{ '<|im_start|>' + message['role'] }}";
+  const mdl_chat_template *chatml = mdl_chat_template_named("chatml");
+  char *out = nullptr, err[256];
+  ASSERT_EQ(mdl_chat_render_text(chatml, sys.c_str(), sys.size(), m, nullptr, 1, nullptr, 0, 1, &out, nullptr, nullptr,
+                                 err, sizeof err), 0) << err;
+  EXPECT_STREQ(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  free(out);
+  ASSERT_EQ(mdl_chat_render_text(chatml, "chatml", 6, m, nullptr, 1, nullptr, 0, 1, &out, nullptr, nullptr, err,
+                                 sizeof err), 0) << err;
+  EXPECT_STREQ(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"); // a name: no default system prompt
+  free(out);
 }
 
 // Each family renders as llama.cpp's llama_chat_apply_template does (goldens: scripts/golden/make_chat_golden.py).

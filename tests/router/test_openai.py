@@ -308,6 +308,56 @@ class OpenAITest(unittest.TestCase):
         r2 = client().completions.create(model="tiny", prompt=ids, seed=11, max_tokens=3)
         self.assertEqual(r2.choices[0].text, want)
 
+    def test_completions_list_prompts(self):
+        """One choice group per prompt, indices prompt*n + i (OpenAI's and vLLM's numbering), seeds seed + index,
+        usage summed over the prompts; strings and token-id lists mixed; streamed the same."""
+        ids_b = prompt_ids_text("Far away")
+        prompts = ["Once upon a time", ids_b, "abc"]
+        want_ids = [prompt_ids_text("Once upon a time"), ids_b, prompt_ids_text("abc")]
+        r = client().completions.create(model="tiny", prompt=prompts, n=2, seed=30, max_tokens=3)
+        self.assertEqual(sorted(c.index for c in r.choices), list(range(6)))
+        for c in r.choices:
+            self.assertEqual(c.text, fake_worker.expected(want_ids[c.index // 2], 30 + c.index, 3)[0], c.index)
+        self.assertEqual(r.usage.prompt_tokens, sum(len(x) for x in want_ids))
+        self.assertEqual(r.usage.completion_tokens, 18)
+        texts, finishes, usage = {}, {}, None
+        for ch in client().completions.create(model="tiny", prompt=prompts, n=2, seed=30, max_tokens=3, stream=True,
+                                              stream_options={"include_usage": True}):
+            for c in ch.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+                if c.finish_reason:
+                    finishes[c.index] = c.finish_reason
+            usage = ch.usage or usage
+        self.assertEqual(texts, {c.index: c.text for c in r.choices})
+        self.assertEqual(finishes, {i: "length" for i in range(6)})
+        self.assertEqual(usage.prompt_tokens, r.usage.prompt_tokens)
+        # one prompt too long for the context: 400 naming it, nothing generated
+        with self.assertRaises(openai.BadRequestError) as ex:
+            client().completions.create(model="tiny", prompt=["a", "x" * (N_CTX + 100)], max_tokens=2)
+        self.assertEqual(ex.exception.body["param"], "prompt[1]")
+
+    def test_chat_template(self):
+        """A request's chat_template renders the chat (its text gives ChatML's default system prompt); Jinja of no
+        family, or a family whose end-of-turn token the vocabulary lacks, is a 400 naming chat_template."""
+        tpl = ("{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}"
+               "{% endif %}{{ '<|im_start|>' + message['role'] }}{{ '<|im_end|>' }}")
+        want = prompt_ids_text("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSay something.<|im_end|>\n"
+                               "<|im_start|>assistant\n")
+        r = client().chat.completions.create(model="tiny", messages=MSGS, seed=3, max_tokens=2,
+                                             extra_body={"chat_template": tpl})
+        self.assertEqual(sent_to_worker(r.id)["prompt"], want)
+        self.assertNotEqual(want, prompt_ids_chat(MSGS))
+        self.assertEqual(post("/tokenize", {"messages": MSGS, "chat_template": tpl})["tokens"], want)
+        for body, code, needle in [({"chat_template": "{{ messages }}"}, "invalid_value", "does not interpret Jinja"),
+                                   ({"chat_template": "gemma"}, "invalid_value", "<end_of_turn>"),
+                                   ({"chat_template_kwargs": {"enable_thinking": False}}, "unsupported_parameter",
+                                    "no template variables")]:
+            with self.assertRaises(openai.BadRequestError) as ex:
+                client().chat.completions.create(model="tiny", messages=MSGS, max_tokens=2, extra_body=body)
+            self.assertEqual(ex.exception.body["code"], code, body)
+            self.assertTrue(ex.exception.body["param"].startswith("chat_template"), body)
+            self.assertIn(needle, ex.exception.body["message"])
+
     def test_completions_stream(self):
         chunks = list(client().completions.create(model="tiny", prompt="abc", seed=2, stream=True))
         want, _, _ = fake_worker.expected(prompt_ids_text("abc"), 2)
@@ -425,10 +475,10 @@ class FieldPolicyTest(unittest.TestCase):
         self.assertEqual(sent_to_worker(r.id)["grammar"], {"type": "json_schema", "schema": schema})
         r = chat(model="tiny", messages=MSGS, max_tokens=2, response_format={"type": "text"})
         self.assertNotIn("grammar", sent_to_worker(r.id))
-        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 0}}}
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "multipleOf": 0.5}}}
         ex = self.refused("response_format", "unsupported_parameter",
                           lambda: chat(model="tiny", messages=MSGS, response_format=bad))
-        self.assertIn("'minimum'", str(ex))
+        self.assertIn("'multipleOf'", str(ex))
         bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}
         self.refused("response_format", "invalid_value",
                      lambda: chat(model="tiny", messages=MSGS, response_format=bad))
@@ -443,8 +493,9 @@ class FieldPolicyTest(unittest.TestCase):
         chat = client().chat.completions.create
         tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
                  {"type": "function", "function": {"name": "get_time"}}]
-        # required: the grammar the workers get, the call the client gets
-        r = chat(model="tiny", messages=MSGS, tools=tools, tool_choice="required", seed=5, max_tokens=100)
+        # required with parallel calls asked for: the grammar the workers get, the calls the client gets
+        r = chat(model="tiny", messages=MSGS, tools=tools, tool_choice="required", seed=5, max_tokens=100,
+                 parallel_tool_calls=True)
         g = sent_to_worker(r.id)["grammar"]
         self.assertEqual(g, {"type": "tool_calls", "tools": [{"name": "get_weather", "parameters": {"type": "object"}},
                                                              {"name": "get_time"}],
@@ -456,7 +507,14 @@ class FieldPolicyTest(unittest.TestCase):
                          [("function", "get_weather", '{"city":"Paris"}')] * 2)
         self.assertRegex(m.tool_calls[0].id, r"^call_[A-Za-z0-9]{24}$")
         self.assertNotEqual(m.tool_calls[0].id, m.tool_calls[1].id)
-        # a named function, one call
+        # a named function or required with parallel_tool_calls left at its default: one call, finish tool_calls
+        for choice in ({"type": "function", "function": {"name": "get_time"}}, "required"):
+            r = chat(model="tiny", messages=MSGS, tools=tools, seed=5, max_tokens=100, tool_choice=choice)
+            g = sent_to_worker(r.id)["grammar"]
+            self.assertEqual(g["parallel"], False)
+            self.assertEqual(len(r.choices[0].message.tool_calls), 1)
+            self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        self.assertEqual(g["tools"], [{"name": "get_weather", "parameters": {"type": "object"}}, {"name": "get_time"}])
         r = chat(model="tiny", messages=MSGS, tools=tools, seed=5, max_tokens=100, parallel_tool_calls=False,
                  tool_choice={"type": "function", "function": {"name": "get_time"}})
         g = sent_to_worker(r.id)["grammar"]
@@ -465,7 +523,7 @@ class FieldPolicyTest(unittest.TestCase):
         # streamed: no markup as content; per call a head delta (index, id, type, name, arguments "") and the
         # arguments; the openai stream helper accumulates them
         chunks = list(chat(model="tiny", messages=MSGS, tools=tools, tool_choice="required", seed=5, max_tokens=100,
-                           stream=True))
+                           stream=True, parallel_tool_calls=True))
         deltas = [c.choices[0].delta for c in chunks if c.choices]
         self.assertEqual(deltas[0].role, "assistant")
         self.assertFalse(any(d.content for d in deltas), [d.content for d in deltas])
@@ -481,7 +539,7 @@ class FieldPolicyTest(unittest.TestCase):
             "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
             "additionalProperties": False})) for t in tools[:1]]
         with client().chat.completions.stream(model="tiny", messages=MSGS, tools=strict, tool_choice="required",
-                                              seed=5, max_tokens=100) as st:
+                                              seed=5, max_tokens=100, parallel_tool_calls=True) as st:
             final = st.get_final_completion()
         tc = final.choices[0].message.tool_calls
         self.assertEqual([(t.function.name, t.function.parsed_arguments) for t in tc], [("get_weather", {"city": "Paris"})] * 2)

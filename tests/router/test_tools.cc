@@ -33,6 +33,37 @@ struct Parsed {
   ~Parsed() { rtr_request_free(&r); }
 };
 
+TEST(ChatTemplate, RequestTemplateAndKwargs) {
+  Parsed name("{" + M + R"(,"chat_template":"llama3","chat_template_kwargs":{}})");
+  ASSERT_EQ(name.rc, 0) << name.e.message;
+  ASSERT_NE(name.r.chat_family, nullptr);
+  EXPECT_STREQ(name.r.chat_family->name, "llama3");
+  EXPECT_STREQ(name.r.chat_template, "llama3");
+  Parsed jinja("{" + M + R"(,"chat_template":"{{ '<start_of_turn>' + role }}{{ '<end_of_turn>' }}"})");
+  ASSERT_EQ(jinja.rc, 0) << jinja.e.message;
+  EXPECT_STREQ(jinja.r.chat_family->name, "gemma");
+  Parsed none("{" + M + "}");
+  EXPECT_EQ(none.r.chat_family, nullptr);
+  struct {
+    std::string body;
+    const char *param, *code, *needle;
+  } bad[] = {
+      {R"(,"chat_template":"{{ messages }}"})", "chat_template", "invalid_value", "does not interpret Jinja"},
+      {R"(,"chat_template":""})", "chat_template", "", "non-empty string"},
+      {R"(,"chat_template":5})", "chat_template", "", "non-empty string"},
+      {R"(,"chat_template_kwargs":{"enable_thinking":false}})", "chat_template_kwargs.enable_thinking",
+       "unsupported_parameter", "take no template variables"},
+      {R"(,"chat_template_kwargs":[1]})", "chat_template_kwargs", "", "an object"},
+  };
+  for (const auto &b : bad) {
+    Parsed p("{" + M + b.body);
+    ASSERT_NE(p.rc, 0) << b.body;
+    EXPECT_STREQ(p.e.param, b.param) << b.body;
+    EXPECT_STREQ(p.e.code, b.code) << b.body;
+    EXPECT_NE(strstr(p.e.message, b.needle), nullptr) << b.body << ": " << p.e.message;
+  }
+}
+
 TEST(Tools, ChoiceModes) {
   {
     Parsed p("{" + M + "," + TOOLS + "}"); // tools alone: auto, parallel
@@ -63,6 +94,17 @@ TEST(Tools, ChoiceModes) {
     EXPECT_EQ(p.r.tool_choice, RTR_TOOLS_NAMED);
     EXPECT_EQ(std::string(p.r.call_tools), R"([{"name":"ping"}])"); // only the named one can be called
     EXPECT_NE(std::string(p.r.tools).find("get_weather"), std::string::npos); // the prompt still lists all
+  }
+  { // a forced call is one call by default; parallel calls only when asked for
+    Parsed req("{" + M + "," + TOOLS + R"(,"tool_choice":"required"})");
+    Parsed named("{" + M + "," + TOOLS + R"(,"tool_choice":{"type":"function","function":{"name":"ping"}}})");
+    Parsed asked("{" + M + "," + TOOLS + R"(,"tool_choice":"required","parallel_tool_calls":true})");
+    Parsed nulled("{" + M + "," + TOOLS + R"(,"tool_choice":"required","parallel_tool_calls":null})");
+    for (Parsed *p : {&req, &named, &asked, &nulled}) ASSERT_EQ(p->rc, 0) << p->e.message;
+    EXPECT_EQ(req.r.parallel_tool_calls, 0);
+    EXPECT_EQ(named.r.parallel_tool_calls, 0);
+    EXPECT_EQ(nulled.r.parallel_tool_calls, 0);
+    EXPECT_EQ(asked.r.parallel_tool_calls, 1);
   }
   {
     Parsed p("{" + M + R"(,"tools":[],"tool_choice":"auto"})"); // no tools: nothing to call

@@ -79,27 +79,62 @@ TEST(Validate, CompletionPromptShapes) {
   {
     Parsed p(RTR_COMPLETION, R"({"prompt":"hello","logprobs":3,"stop":"\n"})");
     ASSERT_EQ(p.rc, 0) << p.e.message;
-    EXPECT_STREQ(p.r.prompt, "hello");
+    ASSERT_EQ(p.r.n_prompts, 1);
+    EXPECT_STREQ(p.r.prompts[0].text, "hello");
     EXPECT_EQ(p.r.logprobs, 3);
     EXPECT_EQ(p.r.n_stop, 1);
   }
   {
     Parsed p(RTR_COMPLETION, R"({"prompt":[1,2,999]})");
     ASSERT_EQ(p.rc, 0) << p.e.message;
-    ASSERT_EQ(p.r.n_prompt_ids, 3);
-    EXPECT_EQ(p.r.prompt_ids[2], 999);
+    ASSERT_EQ(p.r.n_prompts, 1);
+    ASSERT_EQ(p.r.prompts[0].n_ids, 3);
+    EXPECT_EQ(p.r.prompts[0].ids[2], 999);
   }
   {
     Parsed p(RTR_COMPLETION, R"({"prompt":["one string"]})");
     ASSERT_EQ(p.rc, 0) << p.e.message;
-    EXPECT_STREQ(p.r.prompt, "one string");
+    ASSERT_EQ(p.r.n_prompts, 1);
+    EXPECT_STREQ(p.r.prompts[0].text, "one string");
   }
   {
     Parsed p(RTR_COMPLETION, R"({"prompt":[[4,5]], "echo": false, "suffix": null, "seed": 9007199254740992})");
     ASSERT_EQ(p.rc, 0) << p.e.message;
-    EXPECT_EQ(p.r.n_prompt_ids, 2);
+    ASSERT_EQ(p.r.n_prompts, 1);
+    EXPECT_EQ(p.r.prompts[0].n_ids, 2);
     EXPECT_EQ(p.r.seed, 9007199254740992LL);
   }
+  { // a list of prompts: strings and token-id lists mixed, one choice group each
+    Parsed p(RTR_COMPLETION, R"({"prompt":["a", [7, 8, 9], "bc"], "n": 2})");
+    ASSERT_EQ(p.rc, 0) << p.e.message;
+    ASSERT_EQ(p.r.n_prompts, 3);
+    EXPECT_STREQ(p.r.prompts[0].text, "a");
+    EXPECT_EQ(p.r.prompts[1].n_ids, 3);
+    EXPECT_EQ(p.r.prompts[1].text, nullptr);
+    EXPECT_STREQ(p.r.prompts[2].text, "bc");
+    EXPECT_EQ(p.r.n, 2);
+  }
+  struct {
+    const char *body, *param, *needle;
+  } bad[] = {
+      {R"({"prompt":["a", 5]})", "prompt[1]", "list of strings"},
+      {R"({"prompt":["a", []]})", "prompt[1]", "must not be empty"},
+      {R"({"prompt":[[1], [99999]]})", "prompt[1]", "outside the vocabulary"},
+      {R"({"prompt":["a", {"x": 1}]})", "prompt[1]", "list of strings"},
+      {R"({"prompt":[]})", "prompt", "must not be empty"},
+      {R"({"prompt":[[1, "a"]]})", "prompt[0]", "list of strings"},
+  };
+  for (const auto &b : bad) {
+    Parsed p(RTR_COMPLETION, b.body);
+    ASSERT_NE(p.rc, 0) << b.body;
+    EXPECT_STREQ(p.e.param, b.param) << b.body;
+    EXPECT_NE(strstr(p.e.message, b.needle), nullptr) << b.body << ": " << p.e.message;
+  }
+  std::string many = R"({"prompt":[)";
+  for (int i = 0; i <= RTR_MAX_PROMPTS; i++) many += i ? ",\"x\"" : "\"x\"";
+  Parsed p(RTR_COMPLETION, many + "]}");
+  ASSERT_NE(p.rc, 0);
+  EXPECT_NE(strstr(p.e.message, "at most 64"), nullptr) << p.e.message;
 }
 
 TEST(Validate, TokenizeAndDetokenize) {
@@ -213,8 +248,8 @@ std::vector<Bad> bad_bodies() {
       {RTR_COMPLETION, "{}", 400, "prompt", ""},
       {RTR_COMPLETION, R"({"prompt":5})", 400, "prompt", ""},
       {RTR_COMPLETION, R"({"prompt":[]})", 400, "prompt", ""},
-      {RTR_COMPLETION, R"({"prompt":["a","b"]})", 400, "prompt", ""},
-      {RTR_COMPLETION, R"({"prompt":[1,"a"]})", 400, "prompt", ""},
+      {RTR_COMPLETION, R"({"prompt":["a",7]})", 400, "prompt[1]", ""},
+      {RTR_COMPLETION, R"({"prompt":[1,"a"]})", 400, "prompt[0]", ""},
       {RTR_COMPLETION, R"({"prompt":[1,1000]})", 400, "prompt", ""},
       {RTR_COMPLETION, R"({"prompt":[1,-1]})", 400, "prompt", ""},
       {RTR_COMPLETION, R"({"prompt":[1.5]})", 400, "prompt", ""},
@@ -250,7 +285,7 @@ std::vector<Bad> bad_bodies() {
       // response_format: text, json_object and json_schema are honoured; a schema outside the supported subset, or
       // a field of response_format this server does not know, is refused naming response_format
       {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
-                           R"({"type":"object","properties":{"n":{"type":"integer","minimum":0}}}}}})", 400,
+                           R"({"type":"object","properties":{"n":{"type":"number","multipleOf":0.5}}}}}})", 400,
        "response_format", U},
       {RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
                            R"({"type":"string","pattern":"(a)\\1"}}}})", 400, "response_format", U},
@@ -306,7 +341,7 @@ std::vector<Bad> bad_bodies() {
       {RTR_CHAT, "{" + M + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":"x"}}]})", 400,
        "tools[0].function.parameters", ""},
       {RTR_CHAT, "{" + M + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":)"
-                           R"({"type":"object","properties":{"n":{"type":"integer","minimum":0}}}}}]})", 400,
+                           R"({"type":"object","properties":{"n":{"type":"number","multipleOf":0.5}}}}}]})", 400,
        "tools[0].function.parameters", U},
       {RTR_CHAT, "{" + M + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"strnig"}}}]})",
        400, "tools[0].function.parameters", I},
@@ -407,10 +442,10 @@ TEST(Validate, ResponseFormatStructured) {
   ASSERT_EQ(noschema.rc, 0) << noschema.e.message;
   EXPECT_EQ(noschema.r.response_format, RTR_FORMAT_JSON_OBJECT); // no schema: any JSON object
   Parsed bad(RTR_CHAT, "{" + M + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)"
-                                 R"({"type":"object","properties":{"n":{"type":"integer","maximum":9}}}}}})");
+                                 R"({"type":"object","properties":{"n":{"type":"number","multipleOf":0.5}}}}}})");
   ASSERT_NE(bad.rc, 0);
   EXPECT_STREQ(bad.e.param, "response_format");
-  EXPECT_NE(strstr(bad.e.message, "'maximum'"), nullptr) << bad.e.message;
+  EXPECT_NE(strstr(bad.e.message, "'multipleOf'"), nullptr) << bad.e.message;
   EXPECT_NE(strstr(bad.e.message, "#/properties/n"), nullptr) << bad.e.message;
 }
 
@@ -660,7 +695,8 @@ TEST(Validate, NulInStrings) {
   EXPECT_EQ(std::string(ok.e.param), "prompt");
   Parsed ok2(RTR_COMPLETION, R"({"prompt":"a\\u0000 \u0001 \u00e9 \"q\" end","stop":["\\u0000"]})");
   ASSERT_EQ(ok2.rc, 0) << ok2.e.message;
-  EXPECT_STREQ(ok2.r.prompt, "a\\u0000 \x01 \xc3\xa9 \"q\" end");
+  ASSERT_EQ(ok2.r.n_prompts, 1);
+  EXPECT_STREQ(ok2.r.prompts[0].text, "a\\u0000 \x01 \xc3\xa9 \"q\" end");
   EXPECT_STREQ(ok2.r.stop[0], "\\u0000");
 }
 
