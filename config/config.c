@@ -1,6 +1,7 @@
 // config/config.c: the cluster config file (configs/README.md documents every key), parsed strictly with cJSON.
 #include "config/config.h"
 #include "config/config_int.h"
+#include "config/cfg_int.h"
 
 #include "ctl/secret.h"
 #include "kernels/krn.h"
@@ -34,13 +35,8 @@ int cfg_role_parse(const char *s, cfg_role *out) {
 
 // ---- error reporting with field paths ----
 
-typedef struct cfg_ctx {
-  const char *file; // (borrowed) prefix of every message; may be NULL
-  char *err;        // (borrowed) (errlen)
-  size_t errlen;
-} cfg_ctx;
 
-static int cfg_fail(cfg_ctx *x, const char *field, const char *fmt, ...) {
+int cfg_fail(cfg_ctx *x, const char *field, const char *fmt, ...) {
   if (!x->err || !x->errlen) return -1;
   char msg[512];
   va_list ap;
@@ -70,7 +66,7 @@ static const char *cfg_type_name(const cJSON *v) {
 }
 
 // Every key of obj must be in allowed (NULL-terminated) and appear once.
-static int cfg_check_keys(cfg_ctx *x, const cJSON *obj, const char *path, const char *const *allowed) {
+int cfg_check_keys(cfg_ctx *x, const cJSON *obj, const char *path, const char *const *allowed) {
   char field[256];
   for (const cJSON *it = obj->child; it; it = it->next) {
     int ok = 0;
@@ -90,12 +86,12 @@ static int cfg_check_keys(cfg_ctx *x, const cJSON *obj, const char *path, const 
   return 0;
 }
 
-static const cJSON *cfg_item(const cJSON *obj, const char *key) {
+const cJSON *cfg_item(const cJSON *obj, const char *key) {
   return obj ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
 }
 
 // String field: missing -> def (or an error when def is NULL); must fit in cap-1 bytes.
-static int cfg_str(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, char *dst, size_t cap,
+int cfg_str(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, char *dst, size_t cap,
                    const char *def) {
   char field[256];
   cfg_join(field, sizeof field, path, key);
@@ -132,7 +128,7 @@ static int cfg_int(cfg_ctx *x, const cJSON *obj, const char *path, const char *k
   return 0;
 }
 
-static int cfg_int32(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, long long lo,
+int cfg_int32(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, long long lo,
                      long long hi, long long def, int required) {
   long long v;
   if (cfg_int(x, obj, path, key, &v, lo, hi, def, required)) return -1;
@@ -141,7 +137,7 @@ static int cfg_int32(cfg_ctx *x, const cJSON *obj, const char *path, const char 
 }
 
 // Boolean field: missing -> def.
-static int cfg_bool(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, int def) {
+int cfg_bool(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, int def) {
   char field[256];
   cfg_join(field, sizeof field, path, key);
   const cJSON *v = cfg_item(obj, key);
@@ -155,7 +151,7 @@ static int cfg_bool(cfg_ctx *x, const cJSON *obj, const char *path, const char *
 }
 
 // Number field; min_exclusive: value must be > lo, else >= lo.
-static int cfg_num(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, double *dst, double lo,
+int cfg_num(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, double *dst, double lo,
                    int min_exclusive, double hi, double def) {
   char field[256];
   cfg_join(field, sizeof field, path, key);
@@ -176,7 +172,7 @@ static int cfg_num(cfg_ctx *x, const cJSON *obj, const char *path, const char *k
 }
 
 // Optional object field: returns 0 and *out = the object or NULL when missing.
-static int cfg_obj(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, const cJSON **out) {
+int cfg_obj(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, const cJSON **out) {
   char field[256];
   cfg_join(field, sizeof field, path, key);
   const cJSON *v = cfg_item(obj, key);
@@ -187,7 +183,7 @@ static int cfg_obj(cfg_ctx *x, const cJSON *obj, const char *path, const char *k
   return 0;
 }
 
-static int cfg_one_of(cfg_ctx *x, const char *path, const char *key, const char *val, const char *const *set) {
+int cfg_one_of(cfg_ctx *x, const char *path, const char *key, const char *val, const char *const *set) {
   for (const char *const *s = set; *s; s++)
     if (!strcmp(*s, val)) return 0;
   char field[256], list[256] = "";
@@ -245,7 +241,7 @@ int cfg_has_node(const cfg_cluster *c, const char *node) {
 // ---- sections ----
 
 static const char *const K_TOP[] = {"model", "model_name", "chat_template", "secret",   "secret_file",
-                                    "nodes", "router",     "workers",       "sampling", NULL};
+                                    "nodes", "router",     "workers",       "sampling", "logging", "tracing", NULL};
 static const char *const K_SAMPLING[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", NULL};
 static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",  "api_keys_file",
@@ -254,7 +250,7 @@ static const char *const K_ROUTER[] = {"node",          "host",         "port", 
                                        "disagg_policy", "disagg_max_prefill_queue", "routing",       "prefix_fetch", "prefix_fetch_min_blocks",
                                        "link_dead_ms",  "drain_timeout_s", "max_connections",
                                        "max_connections_per_client", "header_timeout_s", "migration_limit",
-                                       "migration_wait_ms", "migrate_silent_ms", NULL};
+                                       "migration_wait_ms", "migrate_silent_ms", "metrics_public", NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "kv_budget_tokens", "block_size",
@@ -356,7 +352,9 @@ static int parse_router(cfg_ctx *x, const cJSON *r, int present, cfg_router *o, 
       cfg_int32(x, r, p, "prefix_fetch_min_blocks", &o->prefix_fetch_min_blocks, 1, 1 << 20,
                 CFG_DEF_PREFIX_FETCH_MIN_BLOCKS, 0))
     return -1;
-  if (cfg_int32(x, r, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, CFG_DEF_DRAIN_TIMEOUT_S, 0)) return -1;
+  if (cfg_int32(x, r, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, CFG_DEF_DRAIN_TIMEOUT_S, 0) ||
+      cfg_bool(x, r, p, "metrics_public", &o->metrics_public, 0))
+    return -1;
   if (cfg_int32(x, r, p, "max_connections", &o->max_connections, 1, 1000000, CFG_DEF_MAX_CONNECTIONS, 0) ||
       cfg_int32(x, r, p, "max_connections_per_client", &o->max_connections_per_client, 1, 1000000,
                 CFG_DEF_MAX_CONNECTIONS_PER_CLIENT, 0) ||
@@ -572,7 +570,7 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, cfg_cluste
   if (model[0] && cfg_resolve_path(x, "secret_file", model, path, c->secret_file, sizeof c->secret_file)) return -1;
   if (cfg_item(root, "secret_file") && !model[0]) return cfg_fail(x, "secret_file", "must not be empty");
   c->secret_from = c->secret[0] ? CTL_SECRET_INLINE : CTL_SECRET_NONE;
-  if (parse_sampling(x, root, &c->sampling)) return -1;
+  if (parse_sampling(x, root, &c->sampling) || cfg_parse_observe(x, root, c)) return -1;
 
   // nodes: optional; when given, every role's node must be one of them.
   const cJSON *jn;

@@ -47,7 +47,13 @@ static void make_metrics(rtr_server *s) {
   s->m_itl = rtr_metrics_histogram(m, "dserve:inter_token_latency_seconds", "Inter-token latency.", NULL, itl, ni);
   s->m_e2e = rtr_metrics_histogram(m, "dserve:e2e_request_latency_seconds", "End-to-end latency.", NULL, lat, nl);
   s->m_queue = rtr_metrics_histogram(m, "dserve:request_queue_time_seconds", "Time waiting for admission.", NULL, lat, nl);
-  s->m_kv_time = rtr_metrics_histogram(m, "dserve:kv_transfer_time_seconds", "KV transfer time per request.", NULL, lat, nl);
+  s->m_kv_time = rtr_metrics_histogram(m, "dserve:kv_transfer_time_seconds",
+                                       "Handoff time per handed-off choice: from the decode worker's receipt of the "
+                                       "request to its holding the whole prompt's KV. Includes the prefill worker's "
+                                       "queue and compute, which the layer-wise transfer overlaps (the parts: "
+                                       "dserve:request_prefill_time_seconds, dserve:request_transfer_time_seconds).",
+                                       NULL, lat, nl);
+  rtr_observe_metrics(s);
 }
 
 // The chat template family of the served model (rtr_server.chat), or a start-up error: an override or a template of
@@ -109,7 +115,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->link_cv, NULL);
   pthread_cond_init(&s->admit_cv, NULL);
-  s->m = rtr_metrics_new();
+  s->m = rtr_metrics_new_labeled("model_name", s->model); // every series says which model it counts
   if (!s->m) {
     utl_seterr(err, errlen, "out of memory");
     rtr_server_free(s);
@@ -142,6 +148,10 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
     s->links[i].s = s;
     s->links[i].cfg = &o->cfg->workers[i];
     if (pthread_create(&s->links[i].thread, NULL, rtr_link_main, &s->links[i]) == 0) s->links[i].has_thread = 1;
+  }
+  if (rtr_observe_start(s, err, errlen) < 0) { // the tracer and the stats lines
+    rtr_server_free(s);
+    return -1;
   }
   struct sockaddr_in sa;
   memset(&sa, 0, sizeof sa);
@@ -230,6 +240,7 @@ void rtr_server_free(rtr_server *s) {
     if (s->links[i].has_thread) pthread_join(s->links[i].thread, NULL);
   if (s->hub) ctl_hub_wake(s->hub);
   if (s->has_dispatcher) pthread_join(s->dispatcher, NULL);
+  rtr_observe_stop(s); // the stats thread saw stopping; what spans wait are posted
   for (int i = 0; i < s->n_links; i++)
     if (s->links[i].peer) ctl_peer_unref(s->links[i].peer);
   ctl_hub_free(s->hub);

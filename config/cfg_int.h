@@ -1,0 +1,32 @@
+// config/cfg_int.h: the config parser's field readers, shared by config.c and the sections of observe.c.
+#ifndef DSERVE_CFG_INT_H
+#define DSERVE_CFG_INT_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+
+#include "config/config.h"
+
+typedef struct cfg_ctx {
+  const char *file; // (borrowed) prefix of every message; may be NULL
+  char *err;        // (borrowed) (errlen)
+  size_t errlen;
+} cfg_ctx;
+
+// Each returns 0, or -1 with x->err naming the field ("file: path.key: what is wrong").
+int cfg_fail(cfg_ctx *x, const char *field, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int cfg_check_keys(cfg_ctx *x, const cJSON *obj, const char *path, const char *const *allowed); // known, once each
+const cJSON *cfg_item(const cJSON *obj, const char *key);                                       // NULL obj: NULL
+int cfg_str(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, char *dst, size_t cap, const char *def);
+int cfg_int32(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, long long lo, long long hi,
+              long long def, int required);
+int cfg_bool(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, int def);
+int cfg_num(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, double *dst, double lo,
+            int min_exclusive, double hi, double def);
+int cfg_obj(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, const cJSON **out);
+int cfg_one_of(cfg_ctx *x, const char *path, const char *key, const char *val, const char *const *set);
+
+// observe.c: the top-level "logging" and "tracing" sections into c->logging and c->tracing.
+int cfg_parse_observe(cfg_ctx *x, const cJSON *root, cfg_cluster *c);
+
+#endif
