@@ -1,4 +1,4 @@
-// config/cfg_int.h: the config parser's field readers, shared by config.c and the sections of observe.c.
+// config/cfg_int.h: the config parser's field readers (fields.c), shared by config.c and observe.c's sections.
 #ifndef DSERVE_CFG_INT_H
 #define DSERVE_CFG_INT_H
 
@@ -13,11 +13,15 @@ typedef struct cfg_ctx {
   size_t errlen;
 } cfg_ctx;
 
-// Each returns 0, or -1 with x->err naming the field ("file: path.key: what is wrong").
+// fields.c: each returns 0, or -1 with x->err naming the field ("file: path.key: what is wrong").
 int cfg_fail(cfg_ctx *x, const char *field, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void cfg_join(char *out, size_t cap, const char *path, const char *key); // out = path.key (key when path is empty)
+const char *cfg_type_name(const cJSON *v);                                // "an object", "a string", ...
 int cfg_check_keys(cfg_ctx *x, const cJSON *obj, const char *path, const char *const *allowed); // known, once each
 const cJSON *cfg_item(const cJSON *obj, const char *key);                                       // NULL obj: NULL
 int cfg_str(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, char *dst, size_t cap, const char *def);
+int cfg_int(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, long long *dst, long long lo,
+            long long hi, long long def, int required);
 int cfg_int32(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, long long lo, long long hi,
               long long def, int required);
 int cfg_bool(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, int def);
