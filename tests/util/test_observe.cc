@@ -129,6 +129,19 @@ TEST(Trace, EndpointUrls) {
     EXPECT_EQ(utl_http_url_parse(bad, host, sizeof host, &port, path, sizeof path, why, sizeof why), -1) << bad;
 }
 
+// A TCP socket bound to a free loopback port (*port).
+int bind_loopback(int *port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, (sockaddr *)&a, sizeof a), 0);
+  socklen_t n = sizeof a;
+  getsockname(fd, (sockaddr *)&a, &n);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
 // A collector on a loopback port: answers every POST 200 and keeps the bodies.
 struct Collector {
   int fd = -1, port = 0;
@@ -137,14 +150,7 @@ struct Collector {
   std::vector<std::string> bodies;
   std::atomic<bool> stop{false};
   Collector() {
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd, (sockaddr *)&a, sizeof a), 0);
-    socklen_t n = sizeof a;
-    getsockname(fd, (sockaddr *)&a, &n);
-    port = ntohs(a.sin_port);
+    fd = bind_loopback(&port);
     listen(fd, 16);
     th = std::thread([this] {
       for (;;) {
@@ -227,15 +233,9 @@ TEST(Trace, ExporterPostsOtlpJsonBatches) {
 }
 
 TEST(Trace, AFullQueueDropsAndCountsInsteadOfWaiting) {
-  int s = socket(AF_INET, SOCK_STREAM, 0); // a port nothing listens on: every post fails
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(s, (sockaddr *)&a, sizeof a), 0);
-  socklen_t n = sizeof a;
-  getsockname(s, (sockaddr *)&a, &n);
-  std::string url = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/v1/traces";
-  close(s);
+  int port;
+  close(bind_loopback(&port)); // a port nothing listens on: every post fails
+  std::string url = "http://127.0.0.1:" + std::to_string(port) + "/v1/traces";
   utl_tracer_opts o = {url.c_str(), "dserve-test", 16, 60000}; // nothing is taken before 60 s
   utl_tracer *t = nullptr;
   char err[256];
