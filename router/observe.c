@@ -12,25 +12,21 @@
 #include "router/server_int.h"
 #include "util/log.h"
 
-static const double PHASE_BOUNDS[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5,
-                                      7.5, 10, 20, 40, 80};
-#define N_PHASE_BOUNDS ((int)(sizeof PHASE_BOUNDS / sizeof PHASE_BOUNDS[0]))
-
-void rtr_observe_metrics(rtr_server *s) {
+void rtr_observe_metrics(rtr_server *s, const double *bounds, int n_bounds) {
   rtr_metrics *m = s->m;
   s->m_prefill_time = rtr_metrics_histogram(
       m, "dserve:request_prefill_time_seconds",
       "Prefill phase per choice: a handed-off choice, from its prefill worker's receipt of the request to its first "
       "token sampled (that worker's queue and compute); a colocated one, from the router's dispatch to its first token.",
-      NULL, PHASE_BOUNDS, N_PHASE_BOUNDS);
+      NULL, bounds, n_bounds);
   s->m_transfer_time = rtr_metrics_histogram(
       m, "dserve:request_transfer_time_seconds",
       "KV transfer per handed-off choice not hidden under prefill compute: from the prefill worker's first token to "
       "the decode worker holding the whole prompt's KV (dserve:kv_transfer_time_seconds minus the prefill phase).",
-      NULL, PHASE_BOUNDS, N_PHASE_BOUNDS);
+      NULL, bounds, n_bounds);
   s->m_decode_time = rtr_metrics_histogram(m, "dserve:request_decode_time_seconds",
                                            "Decode phase per choice: from its first token to its last, at the router.",
-                                           NULL, PHASE_BOUNDS, N_PHASE_BOUNDS);
+                                           NULL, bounds, n_bounds);
   s->m_migrations = rtr_metrics_counter(m, "dserve:migrations_total",
                                         "Choices moved to another worker mid-request (worker died, went silent or "
                                         "drained).",

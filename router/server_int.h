@@ -238,7 +238,8 @@ cJSON *rtr_final_response(rtr_req *r);
 
 // observe.c: the access log, the stats lines, the phase histograms, per-worker series and the request's spans. Called
 // from the layers above (links, relay, http, server); it calls none of them.
-void rtr_observe_metrics(rtr_server *s);                            // the series it updates (server.c, once)
+// The series it updates (server.c, once); the phase histograms get the latency histograms' bounds (n_bounds).
+void rtr_observe_metrics(rtr_server *s, const double *bounds, int n_bounds);
 int rtr_observe_start(rtr_server *s, char *err, size_t errlen);     // tracer and stats thread (after the links)
 void rtr_observe_stop(rtr_server *s);                               // joins the thread, flushes the spans
 void rtr_observe_begin(rtr_server *s, rtr_req *r, const char *traceparent); // r arrived (http.c): its trace
