@@ -380,7 +380,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   if (rtr_check_context(r->q.kind, r->n_prompt, r->q.max_tokens, s->n_ctx, &e) < 0) return refuse(c, r, &e);
   r->max_tokens = r->q.max_tokens >= 0 ? r->q.max_tokens : s->n_ctx - r->n_prompt;
   r->ch = calloc((size_t)r->q.n, sizeof *r->ch);
-  if (!r->ch) return reply_err(c, 500, "server_error", NULL, NULL, NULL, "out of memory");
+  if (!r->ch && rtr_fail(&e, 500, "server_error", NULL, NULL, "out of memory")) return refuse(c, r, &e);
   // no idle timeout while the worker generates (request_timeout_ms bounds it); restored, with the idle clock
   // restarted, once the answer is ready
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);

@@ -16,8 +16,8 @@ void rtr_observe_metrics(rtr_server *s, const double *bounds, int n_bounds) {
   rtr_metrics *m = s->m;
   s->m_prefill_time = rtr_metrics_histogram(
       m, "dserve:request_prefill_time_seconds",
-      "Prefill phase per choice: a handed-off choice, from its prefill worker's receipt of the request to its first "
-      "token sampled (that worker's queue and compute); a colocated one, from the router's dispatch to its first token.",
+      "Prefill phase per choice: from the receipt of the request by the worker that computes the prompt (the prefill "
+      "worker of a handed-off choice) to its first token sampled: that worker's queue and compute.",
       NULL, bounds, n_bounds);
   s->m_transfer_time = rtr_metrics_histogram(
       m, "dserve:request_transfer_time_seconds",
