@@ -10,45 +10,19 @@ the median of each mode and the cost of tracing (1 - on/off). Usage: python3 ben
 DSERVE_BINARY, and the model of scripts/setup.sh)."""
 
 import argparse
-import http.server
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("DSERVE_BINARY", os.path.join(HERE, "..", "build", "dserve"))
 os.environ.setdefault("DSERVE_SOURCE_DIR", os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "e2e"))
 import e2e_util as u  # noqa: E402
-
-
-class Receiver(http.server.ThreadingHTTPServer):
-    """An OTLP/HTTP JSON receiver that counts the spans posted to it."""
-
-    def __init__(self):
-        self.spans, self.lock = 0, threading.Lock()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-                n = sum(len(ss["spans"]) for rs in body["resourceSpans"] for ss in rs["scopeSpans"])
-                with outer.lock:
-                    outer.spans += n
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, *args):
-                pass
-
-        super().__init__(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+from test_observe import Receiver  # noqa: E402  (an OTLP/HTTP receiver that keeps the spans)
 
 
 def cpu_s(pids):
@@ -71,7 +45,7 @@ def run(a, rx, traced):
     try:
         c.start(120)
         pids = [c.node.child_pid(n) for n in ("router", "p0", "d0")]
-        spans0, cpu0 = rx.spans, cpu_s(pids)
+        spans0, cpu0 = len(rx.spans), cpu_s(pids)
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             subprocess.run([sys.executable, os.path.join(HERE, "loadgen.py"), "--base-url",
                             "http://127.0.0.1:%d" % c.port, "--endpoint", "/v1/completions", "--dataset", "random",
@@ -87,7 +61,8 @@ def run(a, rx, traced):
     finally:
         c.close()
     n = a.requests + 2  # the warm-up's too
-    return rep["request_throughput"], 1000 * cpu / n, rx.spans - spans0, m.get("dserve:trace_spans_dropped_total", 0)
+    dropped = m.get("dserve:trace_spans_dropped_total", 0)
+    return rep["request_throughput"], 1000 * cpu / n, len(rx.spans) - spans0, dropped
 
 
 def main():
