@@ -9,7 +9,6 @@
 #include "cmd/overrides.h"
 #include "config/config.h"
 #include "launch/launch.h"
-#include "util/log.h"
 
 static void launch_usage(FILE *f) {
   fprintf(f,
@@ -95,7 +94,6 @@ int cmd_launch(int argc, char **argv) {
     free(json);
     return 2;
   }
-  utl_log_format_default(cfg->logging.format); // the children read it from the config; the environment wins
   if (access(cfg->model_path, R_OK))
     fprintf(stderr, "dserve launch: warning: model %s is not readable here (%s); its workers will fail to start\n",
             cfg->model_path, strerror(errno));

@@ -46,7 +46,7 @@ static int worker_cmd(int argc, char **argv, cfg_role role, worker_fn run) {
     fprintf(stderr, "dserve %s: %s\n", argv[0], err);
     return 2;
   }
-  utl_log_format_default(cfg->logging.format); // unless the environment (a launcher's --log-format) said
+  utl_log_format_default(cfg->logging.format); // unless the environment said (a launcher's children inherit its)
   const cfg_worker *w = cfg_find_worker(cfg, name);
   int rc = 0;
   if (cfg_require_secret(cfg, err, sizeof err)) { // nothing listens without authentication

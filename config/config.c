@@ -1,7 +1,6 @@
 // config/config.c: the cluster config file (configs/README.md documents every key), parsed strictly with cJSON.
 #include "config/config.h"
 #include "config/config_int.h"
-#include "config/cfg_int.h"
 
 #include "ctl/secret.h"
 #include "kernels/krn.h"

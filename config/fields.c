@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "config/cfg_int.h"
+#include "config/config_int.h"
 
 int cfg_fail(cfg_ctx *x, const char *field, const char *fmt, ...) {
   if (!x->err || !x->errlen) return -1;

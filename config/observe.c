@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "config/cfg_int.h"
+#include "config/config_int.h"
 #include "util/trace.h"
 
 static const char *const K_LOGGING[] = {"format", "stats_interval_s", NULL};

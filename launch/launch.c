@@ -372,6 +372,7 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
     snprintf(err, errlen, "launch: missing config or node");
     return 2;
   }
+  utl_log_format_default(cfg->logging.format); // its own lines; the children read it from the config too
   if (!cfg_has_node(cfg, o->node)) {
     char list[512] = "";
     size_t k = 0;
