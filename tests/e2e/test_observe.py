@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 import unittest
@@ -157,6 +158,17 @@ class Observe(unittest.TestCase):
                      timeout * u.SCALE)
         self.assertEqual(len(found), 1, "expected one access line for %s" % rid)
         return found[0]
+
+    def test_log_format_flag(self):
+        """--log-format sets logging.format (the override flags of dserve serve and launch); a bad one is refused."""
+        run = lambda *a: subprocess.run([u.DSERVE, "launch", "--config", self.c.config] + list(a),
+                                        capture_output=True, text=True, timeout=30)
+        p = run("--print-config", "--log-format", "text")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(json.loads(p.stdout)["logging"]["format"], "text")
+        p = run("--node", "local", "--log-format", "xml")  # refused while the config is read: nothing starts
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn('logging.format: "xml" is not one of: text, json', p.stderr)
 
     def test_access_line_matches_the_response(self):
         st, b, dt = call(self.port, "/v1/chat/completions",
