@@ -88,7 +88,7 @@ def main():
     c_off, c_on = statistics.median(cpu[False]), statistics.median(cpu[True])
     print("median req/s: off %.3f, on %.3f; on/off %.4f; tracing costs %.2f%% of requests/s (target <= 3%%)" % (
         off, on, on / off, 100 * (1 - on / off)))
-    print("median CPU ms/request: off %.1f, on %.1f; on/off %.4f (+%.2f%% CPU per request; the machine's other load "
+    print("median CPU ms/request: off %.1f, on %.1f; on/off %.4f (%+.2f%% CPU per request; the machine's other load "
           "moves req/s, much less the CPU a request costs)" % (c_off, c_on, c_on / c_off, 100 * (c_on / c_off - 1)))
 
 
