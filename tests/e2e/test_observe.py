@@ -293,7 +293,7 @@ class Observe(unittest.TestCase):
 
     def test_trace_of_a_1p1d_request(self):
         trace_id, parent = os.urandom(16).hex(), os.urandom(8).hex()
-        st, b, dt = call(self.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0,
+        st, b, dt = call(self.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 48, "temperature": 0,
                                                         "ignore_eos": True},
                          headers={"traceparent": "00-%s-%s-01" % (trace_id, parent)})
         self.assertEqual(st, 200, b)
