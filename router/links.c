@@ -106,7 +106,7 @@ static void on_stats(rtr_server *s, rtr_link *l, const cJSON *msg) {
   counter_from_total(s->m_auth_failures, (double)ctl_hub_auth_failures(s->hub), &s->hub_auth_last);
   l->last_stats_ms = utl_now_ms();
   update_kv_gauge_locked(s);
-  rtr_observe_stats_locked(s, l);
+  rtr_observe_stats_locked(s, l, m);
 }
 
 // {"op":"kv_events","events":[[kind, "key"], ...]}: applied in order to the link's index entries. A malformed

@@ -57,8 +57,21 @@ static void worker_series(rtr_server *s, rtr_link *l) {
                                         lab);
 }
 
-void rtr_observe_stats_locked(rtr_server *s, rtr_link *l) {
+#define SPANS_DROPPED "dserve:trace_spans_dropped_total"
+#define SPANS_DROPPED_HELP "Spans dropped because a process's export queue was full (tracing.queue_spans)."
+
+void rtr_observe_stats_locked(rtr_server *s, rtr_link *l, const prt_stats_ok *m) {
   worker_series(s, l);
+  if (m->trace_spans_dropped >= 0) { // a running total: what it grew by (a restarted worker counts anew)
+    if (!l->m_w_spans_dropped) {
+      char lab[160];
+      snprintf(lab, sizeof lab, "worker=\"%s\",role=\"%s\"", l->cfg->name, cfg_role_name(l->cfg->role));
+      l->m_w_spans_dropped = rtr_metrics_counter(s->m, SPANS_DROPPED, SPANS_DROPPED_HELP, lab);
+    }
+    double v = m->trace_spans_dropped, last = l->spans_dropped_last;
+    rtr_metric_add(l->m_w_spans_dropped, v >= last ? v - last : v);
+    l->spans_dropped_last = v;
+  }
   rtr_metric_set(l->m_w_running, l->running);
   rtr_metric_set(l->m_w_waiting, l->waiting);
   rtr_metric_set(l->m_w_kv_usage,
@@ -189,6 +202,7 @@ void rtr_observe_end(rtr_server *s, rtr_req *r, int status) {
   int comp = 0, cached = 0, moves = 0;
   double kvb = 0;
   char workers[256] = "", finish[16] = "";
+  int routed = 0;
   for (int i = 0; r->ch && i < r->q.n; i++) {
     const rtr_choice *c = &r->ch[i];
     comp += c->completion_tokens;
@@ -197,8 +211,10 @@ void rtr_observe_end(rtr_server *s, rtr_req *r, int status) {
     if (c->kv_bytes > 0) kvb += c->kv_bytes;
     size_t n = strlen(workers);
     snprintf(workers + n, sizeof workers - n, "%s%s", i ? ";" : "", c->workers[0] ? c->workers : "-");
+    routed |= c->workers[0] != 0;
     if (!i) snprintf(finish, sizeof finish, "%s", c->finish);
   }
+  if (!routed) workers[0] = 0; // refused before any worker: "" as for a request refused before its choices
   double ttft = r->t_first_us ? (double)(r->t_first_us - r->t_arrival_us) / 1000.0 : NAN;
   double queue = r->t_admit_us ? (double)(r->t_admit_us - r->t_arrival_us) / 1000.0 : NAN;
   double total = (double)(now - r->t_arrival_us) / 1000.0;
@@ -346,8 +362,8 @@ int rtr_observe_start(rtr_server *s, char *err, size_t errlen) {
     utl_tracer_opts o = {.endpoint = t->endpoint, .service_name = svc, .queue_spans = t->queue_spans,
                          .flush_ms = t->flush_ms};
     if (utl_tracer_new(&o, &s->tracer, err, errlen) < 0) return -1;
-    s->m_spans_dropped = rtr_metrics_counter(s->m, "dserve:trace_spans_dropped_total",
-                                             "Router spans dropped because the exporter's queue was full.", NULL);
+    s->m_spans_dropped = rtr_metrics_counter(s->m, SPANS_DROPPED, SPANS_DROPPED_HELP,
+                                             "worker=\"router\",role=\"router\"");
     utl_log(LOGC, "tracing to %s (sample ratio %g for requests without a traceparent)", t->endpoint,
             t->sample_ratio);
   }

@@ -15,6 +15,7 @@
 #include "ctl/hub.h"
 #include "models/chat.h"
 #include "proto/request.h"
+#include "proto/stats.h"
 #include "router/choice.h"
 #include "router/kvindex.h"
 #include "router/metrics.h"
@@ -58,7 +59,8 @@ typedef struct rtr_link {
   // observe.c: the worker's series {model_name, worker, role} (created with the link's first stats) and what the
   // router counted for it: prompt tokens routed to it, tokens it generated, handoffs it took part in
   rtr_metric *m_w_running, *m_w_waiting, *m_w_kv_usage, *m_w_prompt, *m_w_gen, *m_w_handoffs; // (owned by s->m)
-  double n_prompt_tokens, n_gen_tokens, n_handoffs;
+  rtr_metric *m_w_spans_dropped; // (owned by s->m) created when the worker first reports trace_spans_dropped
+  double n_prompt_tokens, n_gen_tokens, n_handoffs, spans_dropped_last;
   pthread_t thread;
   int has_thread;
 } rtr_link;
@@ -247,7 +249,7 @@ void rtr_observe_routed_locked(rtr_server *s, rtr_req *r, int ci);  // ci sent t
 void rtr_observe_moved_locked(rtr_server *s, rtr_req *r, int ci);   // ci is moving to another worker
 void rtr_observe_token_locked(rtr_server *s, rtr_req *r, int ci, int n_tokens, int64_t now_us);
 void rtr_observe_done_locked(rtr_server *s, rtr_req *r, int ci, const prt_done *m);
-void rtr_observe_stats_locked(rtr_server *s, rtr_link *l);          // l's stats_ok was read into it
+void rtr_observe_stats_locked(rtr_server *s, rtr_link *l, const prt_stats_ok *m); // l's stats_ok m was read
 // The traceparent of r's generate messages into out ("" when r is not traced).
 void rtr_observe_traceparent(const rtr_req *r, char out[UTL_TRACEPARENT_LEN + 1]);
 // r's answer went out with HTTP status (http.c, once per request): the access log line, the request's spans.

@@ -90,6 +90,11 @@ cJSON *wrk_shell_stats_new(const wrk_shell *sh, prt_stats_ok *st) {
   st->total_blocks = kv_pool_total_blocks(sh->rt->kv);
   // Running total of refused control and kvxfer connections (each also logged with the peer's address).
   st->auth_failures = (double)ctl_hub_auth_failures(sh->hub) + (double)kvx_auth_failures(sh->kvx);
+  if (sh->tracer) { // its spans dropped on a full export queue: the router's dserve:trace_spans_dropped_total
+    unsigned long long done, dropped, failed;
+    utl_tracer_counts(sh->tracer, &done, &dropped, &failed);
+    st->trace_spans_dropped = (double)dropped;
+  }
   return prt_stats_ok_encode(st, NULL, 0);
 }
 

@@ -263,6 +263,8 @@ class Observe(unittest.TestCase):
         self.assertGreater(worker_value("dserve:worker_prompt_tokens_total", "p0", "prefill"), 0)
         self.assertGreater(worker_value("dserve:worker_generation_tokens_total", "d0", "decode"), 0)
         self.assertGreaterEqual(worker_value("dserve:worker_kv_handoffs_total", "p0", "prefill"), n)
+        for worker, role in (("router", "router"), ("p0", "prefill"), ("d0", "decode")):  # every process, none lost
+            self.assertEqual(worker_value("dserve:trace_spans_dropped_total", worker, role), 0)
 
     def test_dashboard_queries_name_exported_metrics(self):
         call(self.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})

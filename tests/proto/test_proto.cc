@@ -585,13 +585,18 @@ TEST(Proto, StatsOk) {
   in.total_blocks = 64;
   in.prefix_hits = 160;
   in.auth_failures = 0;
-  in.tiers[PRT_TIER_HOST] = {1, 16, 48, 5};
+  in.trace_spans_dropped = 3;
+  // field by field: a struct assigned whole may leave garbage in its padding, which the memcmp below reads
+  in.tiers[PRT_TIER_HOST].present = 1;
+  in.tiers[PRT_TIER_HOST].hits = 16;
+  in.tiers[PRT_TIER_HOST].queries = 48;
+  in.tiers[PRT_TIER_HOST].blocks = 5;
   cJSON *j = wire(prt_stats_ok_encode(&in, err, sizeof err));
   EXPECT_FALSE(cJSON_HasObjectItem(j, "finished")); // absent counts are not sent
   prt_stats_ok m;
   ASSERT_EQ(prt_stats_ok_decode(j, &m, err, sizeof err), 0) << err;
   EXPECT_EQ(memcmp(&m, &in, sizeof m), 0);
-  for (const char *k : {"running", "free_blocks", "prefix_hits", "auth_failures"})
+  for (const char *k : {"running", "free_blocks", "prefix_hits", "auth_failures", "trace_spans_dropped"})
     refuses<prt_stats_ok>(j, k, false, prt_stats_ok_decode, true);
   refuses<prt_stats_ok>(j, "prefix_tiers", false, prt_stats_ok_decode, false);
   cJSON *bad = cJSON_Duplicate(j, 1);
