@@ -1,7 +1,8 @@
 """tests/e2e/test_observe.py: what a 1P1D cluster tells of its work: the router's access-log line per request (read back
 against the response), its stats lines, /metrics parsed as Prometheus text (labels, histograms, metrics_public), the
 Grafana dashboard's queries against what /metrics exports, and a traced request's OTLP spans collected by a receiver
-the test runs: they link up across the three processes and tile the client's latency within 5%."""
+the test runs: they link up across the three processes and tile the client's latency within 5% (and a colocated
+worker's request's too)."""
 
 import http.client
 import http.server
@@ -332,6 +333,43 @@ class Observe(unittest.TestCase):
         self.assertLess(abs(total - dt) / dt, 0.05, "spans add up to %.1f ms, the client saw %.1f ms (%s)" % (
             total * 1e3, dt * 1e3, {n: round(dur(n) * 1e3, 2) for n in order}))
         self.assertLessEqual(dur("request"), dt)
+
+
+class ObserveColocated(unittest.TestCase):
+    """One `both` worker: a request's prefill and decode spans come from that worker, and tile the latency too."""
+
+    @classmethod
+    def setUpClass(cls):
+        u.require_env(cls)
+        cls.rx = Receiver()
+        cls.addClassCleanup(cls.rx.shutdown)
+        endpoint = "http://127.0.0.1:%d/v1/traces" % cls.rx.server_address[1]
+        cls.c = u.Cluster([{"name": "w0", "role": "both"}], tag="observe-coloc",
+                          extra={"tracing": {"endpoint": endpoint, "flush_ms": 100, "service_name": "svc"}})
+        cls.addClassCleanup(cls.c.close)
+        cls.c.start()
+
+    def test_trace_of_a_colocated_request(self):
+        trace_id, parent = os.urandom(16).hex(), os.urandom(8).hex()
+        st, b, dt = call(self.c.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 48, "temperature": 0,
+                                                          "ignore_eos": True},
+                         headers={"traceparent": "00-%s-%s-01" % (trace_id, parent)}, key=None)
+        self.assertEqual(st, 200, b)
+        want = {"request", "queue", "prefill", "decode"}
+        self.assertTrue(u.wait_until(lambda: want <= set(spans_by_name(self.rx.trace(trace_id))), 10 * u.SCALE))
+        sp = {k: v[0] for k, v in spans_by_name(self.rx.trace(trace_id)).items()}
+        self.assertEqual(set(sp), want)  # no handoff: no kv_push, no kv_transfer
+        self.assertEqual(sp["request"]["service"], "svc-router")
+        self.assertEqual(sp["prefill"]["service"], "svc-w0")
+        self.assertEqual(sp["decode"]["service"], "svc-w0")
+        for name in ("queue", "prefill", "decode"):
+            self.assertEqual(sp[name]["parentSpanId"], sp["request"]["spanId"], name)
+        dur = lambda n: (int(sp[n]["endTimeUnixNano"]) - int(sp[n]["startTimeUnixNano"])) / 1e9
+        total = sum(dur(n) for n in ("queue", "prefill", "decode"))
+        self.assertLess(abs(total - dt) / dt, 0.05, (total, dt))
+        # the colocated worker reports its prefill phase in done: the router's histogram counts it
+        fam = parse_prometheus(u.get(self.c.port, "/metrics")[1])["dserve:request_prefill_time_seconds"]
+        self.assertGreaterEqual([v for s, l, v in fam["samples"] if s.endswith("_count")][0], 1)
 
 
 if __name__ == "__main__":
