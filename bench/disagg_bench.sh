@@ -38,7 +38,7 @@ done
 [ -f "$model" ] || { echo "disagg_bench.sh: the model $model is missing: run scripts/setup.sh" >&2; exit 1; }
 
 exec python3 - "$dserve" "$model" "$lengths" "$requests" "$threads" "$backend" <<'PY'
-import json, os, random, shutil, signal, socket, statistics, subprocess, sys, tempfile, time, http.client
+import json, os, random, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, time, http.client
 
 dserve, model, lengths, requests, threads, backend = sys.argv[1:7]
 lengths = [int(x) for x in lengths.split()]
@@ -86,6 +86,7 @@ def metrics(port):
         if line and not line.startswith("#"):
             k, _, v = line.rpartition(" ")
             out[k] = float(v)
+            out.setdefault(re.sub(r'model_name="[^"]*",?', "", k, count=1).replace("{}", ""), float(v))
     c.close()
     return out
 

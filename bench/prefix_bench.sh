@@ -98,8 +98,8 @@ def prefix_counters(base):
     v = {}
     for line in text.splitlines():
         for k in ("dserve:prefix_cache_hits_total", "dserve:prefix_cache_queries_total"):
-            if line.startswith(k + " "):
-                v[k] = float(line.split()[1])
+            if line.startswith(k + " ") or line.startswith(k + "{"):  # {model_name="..."}
+                v[k] = float(line.rsplit(" ", 1)[1])
     return v.get("dserve:prefix_cache_hits_total", 0.0), v.get("dserve:prefix_cache_queries_total", 0.0)
 
 

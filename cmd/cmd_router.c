@@ -63,6 +63,7 @@ int cmd_router(int argc, char **argv) {
     fprintf(stderr, "dserve router: %s\n", err);
     return 2;
   }
+  utl_log_format_default(cfg->logging.format); // unless the environment said (a launcher's children inherit its)
   if (cfg_require_secret(cfg, err, sizeof err)) {
     fprintf(stderr, "dserve router: %s\n", err);
     cfg_free(cfg);

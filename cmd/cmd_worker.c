@@ -8,6 +8,7 @@
 #include "ctl/secret.h"
 #include "decode/worker.h"
 #include "prefill/worker.h"
+#include "util/log.h"
 
 typedef int (*worker_fn)(const cfg_cluster *cfg, const cfg_worker *w, char *err, size_t errlen);
 
@@ -45,6 +46,7 @@ static int worker_cmd(int argc, char **argv, cfg_role role, worker_fn run) {
     fprintf(stderr, "dserve %s: %s\n", argv[0], err);
     return 2;
   }
+  utl_log_format_default(cfg->logging.format); // unless the environment said (a launcher's children inherit its)
   const cfg_worker *w = cfg_find_worker(cfg, name);
   int rc = 0;
   if (cfg_require_secret(cfg, err, sizeof err)) { // nothing listens without authentication

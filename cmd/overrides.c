@@ -42,6 +42,7 @@ static const ovr_flag FLAGS[] = {
     {"--repeat-penalty", NULL, "sampling.repetition_penalty", OVR_NUM, "R", "default repetition penalty (1 = off)"},
     {"--max-tokens-limit", NULL, "router.max_tokens_limit", OVR_INT, "N", "largest max_tokens accepted"},
     {"--timeout", NULL, "router.request_timeout_ms", OVR_INT, "MS", "a request's deadline (default 600000)"},
+    {"--log-format", NULL, "logging.format", OVR_STR, "F", "every role's log: text or json (JSON lines)"},
 };
 enum { N_FLAGS = sizeof FLAGS / sizeof FLAGS[0] };
 

@@ -32,172 +32,6 @@ int cfg_role_parse(const char *s, cfg_role *out) {
   return 0;
 }
 
-// ---- error reporting with field paths ----
-
-typedef struct cfg_ctx {
-  const char *file; // (borrowed) prefix of every message; may be NULL
-  char *err;        // (borrowed) (errlen)
-  size_t errlen;
-} cfg_ctx;
-
-static int cfg_fail(cfg_ctx *x, const char *field, const char *fmt, ...) {
-  if (!x->err || !x->errlen) return -1;
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  const char *f = x->file && *x->file ? x->file : "config";
-  if (field && *field) snprintf(x->err, x->errlen, "%s: %s: %s", f, field, msg);
-  else snprintf(x->err, x->errlen, "%s: %s", f, msg);
-  return -1;
-}
-
-// out = path.key (or key when path is empty)
-static void cfg_join(char *out, size_t cap, const char *path, const char *key) {
-  if (path && *path) snprintf(out, cap, "%s.%s", path, key);
-  else snprintf(out, cap, "%s", key);
-}
-
-static const char *cfg_type_name(const cJSON *v) {
-  if (cJSON_IsObject(v)) return "an object";
-  if (cJSON_IsArray(v)) return "an array";
-  if (cJSON_IsString(v)) return "a string";
-  if (cJSON_IsNumber(v)) return "a number";
-  if (cJSON_IsBool(v)) return "a boolean";
-  if (cJSON_IsNull(v)) return "null";
-  return "an invalid value";
-}
-
-// Every key of obj must be in allowed (NULL-terminated) and appear once.
-static int cfg_check_keys(cfg_ctx *x, const cJSON *obj, const char *path, const char *const *allowed) {
-  char field[256];
-  for (const cJSON *it = obj->child; it; it = it->next) {
-    int ok = 0;
-    for (const char *const *a = allowed; *a; a++)
-      if (!strcmp(*a, it->string)) ok = 1;
-    cfg_join(field, sizeof field, path, it->string);
-    if (!ok) {
-      char list[512] = "";
-      size_t n = 0;
-      for (const char *const *a = allowed; *a && n < sizeof list; a++)
-        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", a == allowed ? "" : ", ", *a);
-      return cfg_fail(x, field, "unknown key (allowed: %s)", list);
-    }
-    for (const cJSON *jt = it->next; jt; jt = jt->next)
-      if (!strcmp(jt->string, it->string)) return cfg_fail(x, field, "duplicate key");
-  }
-  return 0;
-}
-
-static const cJSON *cfg_item(const cJSON *obj, const char *key) {
-  return obj ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
-}
-
-// String field: missing -> def (or an error when def is NULL); must fit in cap-1 bytes.
-static int cfg_str(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, char *dst, size_t cap,
-                   const char *def) {
-  char field[256];
-  cfg_join(field, sizeof field, path, key);
-  const cJSON *v = cfg_item(obj, key);
-  const char *s;
-  if (!v) {
-    if (!def) return cfg_fail(x, field, "missing (required string)");
-    s = def;
-  } else {
-    if (!cJSON_IsString(v)) return cfg_fail(x, field, "expected a string, got %s", cfg_type_name(v));
-    s = v->valuestring;
-  }
-  size_t n = strlen(s);
-  if (n >= cap) return cfg_fail(x, field, "too long (%zu bytes; at most %zu)", n, cap - 1);
-  memcpy(dst, s, n + 1);
-  return 0;
-}
-
-// Integer field in lo..hi: missing -> def (or an error when required).
-static int cfg_int(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, long long *dst, long long lo,
-                   long long hi, long long def, int required) {
-  char field[256];
-  cfg_join(field, sizeof field, path, key);
-  const cJSON *v = cfg_item(obj, key);
-  if (!v) {
-    if (required) return cfg_fail(x, field, "missing (required integer %lld..%lld)", lo, hi);
-    *dst = def;
-    return 0;
-  }
-  double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-  if (!cJSON_IsNumber(v) || !isfinite(d) || d != floor(d) || d < (double)lo || d > (double)hi)
-    return cfg_fail(x, field, "expected an integer %lld..%lld", lo, hi);
-  *dst = (long long)d;
-  return 0;
-}
-
-static int cfg_int32(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, long long lo,
-                     long long hi, long long def, int required) {
-  long long v;
-  if (cfg_int(x, obj, path, key, &v, lo, hi, def, required)) return -1;
-  *dst = (int)v;
-  return 0;
-}
-
-// Boolean field: missing -> def.
-static int cfg_bool(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, int *dst, int def) {
-  char field[256];
-  cfg_join(field, sizeof field, path, key);
-  const cJSON *v = cfg_item(obj, key);
-  if (!v) {
-    *dst = def;
-    return 0;
-  }
-  if (!cJSON_IsBool(v)) return cfg_fail(x, field, "expected true or false, got %s", cfg_type_name(v));
-  *dst = cJSON_IsTrue(v);
-  return 0;
-}
-
-// Number field; min_exclusive: value must be > lo, else >= lo.
-static int cfg_num(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, double *dst, double lo,
-                   int min_exclusive, double hi, double def) {
-  char field[256];
-  cfg_join(field, sizeof field, path, key);
-  const cJSON *v = cfg_item(obj, key);
-  if (!v) {
-    *dst = def;
-    return 0;
-  }
-  double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
-  if (!cJSON_IsNumber(v) || !isfinite(d) || (min_exclusive ? d <= lo : d < lo) || d > hi)
-  {
-    char upper[48] = "";
-    if (hi < 1e300) snprintf(upper, sizeof upper, " and <= %g", hi);
-    return cfg_fail(x, field, "expected a number %s %g%s", min_exclusive ? ">" : ">=", lo, upper);
-  }
-  *dst = d;
-  return 0;
-}
-
-// Optional object field: returns 0 and *out = the object or NULL when missing.
-static int cfg_obj(cfg_ctx *x, const cJSON *obj, const char *path, const char *key, const cJSON **out) {
-  char field[256];
-  cfg_join(field, sizeof field, path, key);
-  const cJSON *v = cfg_item(obj, key);
-  *out = NULL;
-  if (!v) return 0;
-  if (!cJSON_IsObject(v)) return cfg_fail(x, field, "expected an object, got %s", cfg_type_name(v));
-  *out = v;
-  return 0;
-}
-
-static int cfg_one_of(cfg_ctx *x, const char *path, const char *key, const char *val, const char *const *set) {
-  for (const char *const *s = set; *s; s++)
-    if (!strcmp(*s, val)) return 0;
-  char field[256], list[256] = "";
-  size_t n = 0;
-  for (const char *const *s = set; *s && n < sizeof list; s++)
-    n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", s == set ? "" : ", ", *s);
-  cfg_join(field, sizeof field, path, key);
-  return cfg_fail(x, field, "\"%s\" is not one of: %s", val, list);
-}
-
 // Names (nodes, workers): 1..63 bytes of [A-Za-z0-9_.-].
 static int cfg_name_ok(const char *s) {
   if (!*s) return 0;
@@ -245,7 +79,7 @@ int cfg_has_node(const cfg_cluster *c, const char *node) {
 // ---- sections ----
 
 static const char *const K_TOP[] = {"model", "model_name", "chat_template", "secret",   "secret_file",
-                                    "nodes", "router",     "workers",       "sampling", NULL};
+                                    "nodes", "router",     "workers",       "sampling", "logging", "tracing", NULL};
 static const char *const K_SAMPLING[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", NULL};
 static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",  "api_keys_file",
@@ -254,7 +88,7 @@ static const char *const K_ROUTER[] = {"node",          "host",         "port", 
                                        "disagg_policy", "disagg_max_prefill_queue", "routing",       "prefix_fetch", "prefix_fetch_min_blocks",
                                        "link_dead_ms",  "drain_timeout_s", "max_connections",
                                        "max_connections_per_client", "header_timeout_s", "migration_limit",
-                                       "migration_wait_ms", "migrate_silent_ms", NULL};
+                                       "migration_wait_ms", "migrate_silent_ms", "metrics_public", NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "kv_budget_tokens", "block_size",
@@ -356,7 +190,9 @@ static int parse_router(cfg_ctx *x, const cJSON *r, int present, cfg_router *o, 
       cfg_int32(x, r, p, "prefix_fetch_min_blocks", &o->prefix_fetch_min_blocks, 1, 1 << 20,
                 CFG_DEF_PREFIX_FETCH_MIN_BLOCKS, 0))
     return -1;
-  if (cfg_int32(x, r, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, CFG_DEF_DRAIN_TIMEOUT_S, 0)) return -1;
+  if (cfg_int32(x, r, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, CFG_DEF_DRAIN_TIMEOUT_S, 0) ||
+      cfg_bool(x, r, p, "metrics_public", &o->metrics_public, 0))
+    return -1;
   if (cfg_int32(x, r, p, "max_connections", &o->max_connections, 1, 1000000, CFG_DEF_MAX_CONNECTIONS, 0) ||
       cfg_int32(x, r, p, "max_connections_per_client", &o->max_connections_per_client, 1, 1000000,
                 CFG_DEF_MAX_CONNECTIONS_PER_CLIENT, 0) ||
@@ -572,7 +408,7 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, cfg_cluste
   if (model[0] && cfg_resolve_path(x, "secret_file", model, path, c->secret_file, sizeof c->secret_file)) return -1;
   if (cfg_item(root, "secret_file") && !model[0]) return cfg_fail(x, "secret_file", "must not be empty");
   c->secret_from = c->secret[0] ? CTL_SECRET_INLINE : CTL_SECRET_NONE;
-  if (parse_sampling(x, root, &c->sampling)) return -1;
+  if (parse_sampling(x, root, &c->sampling) || cfg_parse_observe(x, root, c)) return -1;
 
   // nodes: optional; when given, every role's node must be one of them.
   const cJSON *jn;

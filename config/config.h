@@ -33,6 +33,9 @@ enum {
   CFG_DEF_MIGRATION_LIMIT = 2,
   CFG_DEF_MIGRATION_WAIT_MS = 10000,
   CFG_DEF_MIGRATE_SILENT_MS = 2000,
+  CFG_DEF_STATS_INTERVAL_S = 10,
+  CFG_DEF_TRACE_QUEUE_SPANS = 4096,
+  CFG_DEF_TRACE_FLUSH_MS = 500,
   CFG_DEF_KV_BUDGET_MB = 256,
   CFG_DEF_BLOCK_SIZE = 16,
   CFG_DEF_MAX_SEQS = 64,
@@ -104,6 +107,7 @@ typedef struct cfg_router {
   int migration_wait_ms;       // with no other worker up: how long a choice waits for one (a restart) (10000)
   int migrate_silent_ms;       // a worker silent this long (no pong) has its choices moved; its link stays until
                                // link_dead_ms (2000; 0 = only when the link closes)
+  int metrics_public;          // GET /metrics answers without an API key (false: it needs one like every route)
 } cfg_router;
 
 // Server-side sampling defaults (top-level "sampling"): what the router puts in a request that leaves a field out.
@@ -117,6 +121,21 @@ typedef struct cfg_sampling {
   double min_p;              // [0, 1]
   double repetition_penalty; // (0, 2]; 1 = off
 } cfg_sampling;
+
+// The top-level "logging" section (docs/observability.md): every role of the file logs the same way.
+typedef struct cfg_logging {
+  char format[8];       // "text" (default) or "json" (JSON lines); a --log-format flag or DSERVE_LOG_FORMAT wins
+  int stats_interval_s; // the router's stats lines: every this many seconds while there is work (10; 0 = none)
+} cfg_logging;
+
+// The top-level "tracing" section: OpenTelemetry spans over OTLP/HTTP JSON; off when the section is absent.
+typedef struct cfg_tracing {
+  char endpoint[256];     // "http://HOST:PORT/PATH" of the collector ("" = tracing off)
+  char service_name[64];  // resource service.name prefix ("dserve"); each role adds its name: dserve-router, dserve-p0
+  double sample_ratio;    // [0, 1]: share of requests without a traceparent that are traced (1)
+  int queue_spans;        // finished spans waiting for export at most; beyond: dropped and counted (4096)
+  int flush_ms;           // the exporter posts at least this often while spans wait (500)
+} cfg_tracing;
 
 typedef struct cfg_cluster {
   char path[1024];          // the file it came from
@@ -133,6 +152,8 @@ typedef struct cfg_cluster {
   int has_router;
   cfg_router router;
   cfg_sampling sampling; // the "sampling" section (all has_* 0 when absent)
+  cfg_logging logging;   // the "logging" section (defaults when absent)
+  cfg_tracing tracing;   // the "tracing" section (endpoint "" when absent)
   cfg_worker *workers;  // (owned) (n_workers)
   int n_workers;
   char **nodes;             // (owned) (n_nodes) every node named in the file

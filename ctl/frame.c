@@ -18,6 +18,7 @@
 
 #include "proto/proto.h"
 #include "util/clock.h"
+#include "util/net.h"
 
 struct ctl_frame {
   int fd;
@@ -123,17 +124,6 @@ void ctl_frame_free(ctl_frame *c) {
 
 int ctl_frame_fd(const ctl_frame *c) { return c->fd; }
 
-static int write_all(int fd, const uint8_t *p, size_t n) {
-  while (n) {
-    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
 int ctl_frame_send(ctl_frame *c, const cJSON *msg) {
   char *text = cJSON_PrintUnformatted(msg);
   if (!text) return -1;
@@ -142,7 +132,7 @@ int ctl_frame_send(ctl_frame *c, const cJSON *msg) {
   if (n <= CTL_FRAME_MAX_FRAME) {
     uint8_t hdr[4] = {(uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8), (uint8_t)n};
     pthread_mutex_lock(&c->send_mu);
-    rc = write_all(c->fd, hdr, 4) || write_all(c->fd, (const uint8_t *)text, n) ? -1 : 0;
+    rc = utl_send_all(c->fd, hdr, 4) || utl_send_all(c->fd, (const uint8_t *)text, n) ? -1 : 0;
     pthread_mutex_unlock(&c->send_mu);
   }
   cJSON_free(text);

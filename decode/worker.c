@@ -26,6 +26,7 @@
 #include "worker/engine.h"
 #include "worker/genreq.h"
 #include "worker/shell.h"
+#include "worker/trace.h"
 
 // A prompt's KV must arrive within handoff_timeout_ms after the prefill worker started computing it (its
 // kv_started), plus a per-token allowance for the prefill compute (a CPU prefill worker under load takes ~10 ms
@@ -55,6 +56,8 @@ typedef struct dec_seq {
   int64_t t_start_ms;
   double kv_bytes, kv_ms; // what the handoff moved and how long it took from the request
   int remote_cached;      // prompt tokens the prefill worker found in its prefix cache
+  double prefill_ms;      // the prefill phase (kv_first's, or this worker's own for a local request); -1: unknown
+  int64_t t_recv_us, t_first_us, t_run_us; // generate, kv_first arrived, generating began (spans; 0: not yet)
 } dec_seq;
 
 typedef struct dec_worker {
@@ -99,7 +102,7 @@ static void send_done(dec_seq *s, const char *finish_reason) {
   prt_done d = {.id = s->req.id, .finish_reason = finish_reason, .prompt_tokens = s->req.n_prompt,
                 .completion_tokens = s->n_gen,
                 .cached_tokens = s->seq.n_cached > s->remote_cached ? s->seq.n_cached : s->remote_cached,
-                .kv_bytes = s->kv_bytes, .kv_ms = s->kv_ms};
+                .kv_bytes = s->kv_bytes, .kv_ms = s->kv_ms, .prefill_ms = s->prefill_ms};
   cJSON *m = prt_done_encode(&d, NULL, 0);
   if (m) ctl_peer_send(s->router, m);
   cJSON_Delete(m);
@@ -219,6 +222,7 @@ static void seq_finish(dec_worker *w, dec_seq *s, const char *reason) {
   dec_stopstr_flush(&s->stop, &out, &n); // held-back text that never became a stop string
   if (n) send_token(s, out, n, NULL, 0, NULL);
   free(out);
+  wrk_trace_span(&w->sh, &s->req, "decode", s->t_run_us, utl_now_us(), "dserve.completion_tokens", s->n_gen);
   send_done(s, reason);
   w->n_finished++;
   seq_drop(w, s);
@@ -227,6 +231,11 @@ static void seq_finish(dec_worker *w, dec_seq *s, const char *reason) {
 // Records a sampled token and streams its text; finishes the choice on a stop condition. 1 when finished.
 static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm) {
   int32_t tok = sm->token;
+  if (!s->t_run_us) { // a local request's first token: its prefill phase ends here
+    s->t_run_us = utl_now_us();
+    s->prefill_ms = (double)(s->t_run_us - s->t_recv_us) / 1000.0;
+    wrk_trace_span(&w->sh, &s->req, "prefill", s->t_recv_us, s->t_run_us, "dserve.cached_tokens", s->seq.n_cached);
+  }
   if (wrk_seq_push(&s->seq, tok)) {
     wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");
     seq_drop(w, s);
@@ -333,7 +342,9 @@ static dec_seq *seq_from_request(dec_worker *w, ctl_peer *from, const cJSON *m) 
     seq_free(w, s);
     return NULL;
   }
+  s->prefill_ms = -1;
   if (resume(w, s)) return NULL;
+  s->t_recv_us = utl_now_us();
   s->t_start_ms = utl_now_ms();
   s->deadline_ms = s->req.deadline_ms ? s->t_start_ms + s->req.deadline_ms : 0;
   return s;
@@ -435,6 +446,9 @@ static void start(dec_worker *w, dec_seq *s) {
   s->kv_bytes = kv_wire_handoff_bytes(w->sh.rt->kv, s->req.n_prompt, skipped, &dead);
   s->seq.no_reuse = dead && kv_pool_groups(w->sh.rt->kv) == 1;
   s->kv_ms = (double)(utl_now_ms() - s->t_start_ms);
+  s->t_run_us = utl_now_us(); // the transfer's tail: from the prefill worker's first token to all of the KV here
+  wrk_trace_span(&w->sh, &s->req, "kv_transfer", s->t_first_us ? s->t_first_us : s->t_run_us, s->t_run_us,
+                 "dserve.kv_bytes", s->kv_bytes);
   if (wrk_engine_start(&w->eng, &s->seq)) {
     wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");
     seq_free(w, s);
@@ -575,6 +589,8 @@ static void on_kv_first(void *arg, ctl_peer *from, const cJSON *m) {
   if (dec_seq_check(w, s, notified ? DEC_RUNNING : DEC_GOT_FIRST)) return; // e.g. a second kv_first
   kv_wire_sampled_from(&kf.first, &s->first);
   s->remote_cached = kf.cached_tokens;
+  s->prefill_ms = kf.prefill_ms;
+  s->t_first_us = utl_now_us();
   utl_debug(w->sh.rt->w->name, "%s: kv_first from %s (notif %s)", s->req.id, ctl_peer_name(from),
             notified ? "in" : "not yet");
   if (notified) start(w, s);

@@ -22,6 +22,7 @@
 
 #include "ctl/secret.h"
 #include "util/clock.h"
+#include "util/log.h"
 
 #define LCH_LINE 4096
 
@@ -53,6 +54,13 @@ typedef struct lch_child {
 
 static void lch_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void lch_say(const char *fmt, ...) {
+  if (!strcmp(utl_log_format(), "json")) { // JSON lines: the launcher's own lines are JSON too
+    va_list ap;
+    va_start(ap, fmt);
+    utl_vlogl(UTL_LOG_INFO, "launch", fmt, ap);
+    va_end(ap);
+    return;
+  }
   char line[1024];
   int n = snprintf(line, sizeof line, "dserve: ");
   va_list ap;
@@ -79,7 +87,7 @@ static void lch_write_all(int fd, const char *p, size_t n) {
 static void lch_emit(lch_child *c, const lch_stream *s, const char *p, size_t n) {
   if (s == &c->s[1] && n) snprintf(c->last, sizeof c->last, "%.*s", (int)(n < 255 ? n : 255), p);
   char pre[80];
-  int k = snprintf(pre, sizeof pre, "[%s] ", c->name);
+  int k = n && p[0] == '{' ? 0 : snprintf(pre, sizeof pre, "[%s] ", c->name); // a JSON line names its component
   char line[LCH_LINE + 96];
   memcpy(line, pre, (size_t)k);
   memcpy(line + k, p, n);
@@ -364,6 +372,7 @@ int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen)
     snprintf(err, errlen, "launch: missing config or node");
     return 2;
   }
+  utl_log_format_default(cfg->logging.format); // its own lines; the children read it from the config too
   if (!cfg_has_node(cfg, o->node)) {
     char list[512] = "";
     size_t k = 0;

@@ -20,6 +20,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/vec.h"
+#include "worker/trace.h"
 
 // ---- requests ----
 
@@ -116,6 +117,7 @@ static int write_layers(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b
     return -1;
   }
   if (x) {
+    if (!r->t_push0_us) r->t_push0_us = utl_now_us();
     if (UTL_VEC_PUSH(r->xf, r->n_xf, r->cap_xf, x)) {
       kvx_xfer_free(x);
       return -1;
@@ -197,7 +199,10 @@ static void flush_layers(pfl_worker *w) {
 static int finish(pfl_worker *w, pfl_req *r) {
   if (r->pushed_blocks < full_blocks(w, r, r->req.n_prompt) && catch_up(w, r)) return -1;
   if (push(w, r, 0, 0, 0, 0, 1)) return -1; // the notification
-  prt_kv_first kf = {.id = r->req.id, .cached_tokens = r->seq.n_cached};
+  int64_t now = utl_now_us();
+  prt_kv_first kf = {.id = r->req.id, .cached_tokens = r->seq.n_cached,
+                     .prefill_ms = (double)(now - r->t_recv_us) / 1000.0};
+  wrk_trace_span(&w->sh, &r->req, "prefill", r->t_recv_us, now, "dserve.cached_tokens", r->seq.n_cached);
   kv_wire_sampled_to(&r->first, &kf.first);
   cJSON *m = prt_kv_first_encode(&kf, NULL, 0);
   int rc = m ? ctl_peer_send(r->link->peer, m) : -1;
@@ -219,6 +224,8 @@ static void reap(pfl_worker *w) {
     }
     if (bad) utl_warn(w->sh.rt->w->name, "a KV write failed after the handoff");
     if (pending) continue;
+    if (r->state == PFL_HANDED_OFF && r->t_push0_us) // its layer-wise writes, from the first posted to all landed
+      wrk_trace_span(&w->sh, &r->req, "kv_push", r->t_push0_us, utl_now_us(), "dserve.writes", r->n_xf);
     if (r->tell == TELL_FAIL)
     tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, r->fail_msg ? r->fail_msg : "prefill failed");
     else if (r->tell == TELL_FREED) tell_decode(r->link, PRT_OP_KV_FREED, r->req.id, NULL);
@@ -371,6 +378,7 @@ static void on_generate(void *arg, ctl_peer *from, const cJSON *m) {
   }
   ctl_peer_ref(from);
   r->router = from;
+  r->t_recv_us = utl_now_us();
   const char *bad = NULL;
   int link_failed = 0, decode_down = 0;
   if (atomic_load(&w->sh.sig.stop)) bad = "worker is shutting down";

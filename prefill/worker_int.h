@@ -65,6 +65,7 @@ typedef struct pfl_req {
   int tell;               // PFL_STOPPING: what reap tells the decode worker once the writes finished: TELL_*
   char *fail_msg;         // (owned) kv_fail's message for TELL_FAIL
   int64_t table_deadline_ms, deadline_ms;
+  int64_t t_recv_us, t_push0_us; // the generate arrived; its first KV write was posted (0: none yet) (spans)
 } pfl_req;
 
 typedef struct pfl_worker {

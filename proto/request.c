@@ -8,6 +8,7 @@
 
 #include "proto/prt_int.h"
 #include "util/err.h"
+#include "util/trace.h"
 
 static cJSON *oom(cJSON *m, char *err, size_t errlen) {
   cJSON_Delete(m);
@@ -159,7 +160,8 @@ cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen) {
       !cJSON_AddNumberToObject(j, "prompt_tokens", m->prompt_tokens) ||
       !cJSON_AddNumberToObject(j, "completion_tokens", m->completion_tokens) ||
       !cJSON_AddNumberToObject(j, "cached_tokens", m->cached_tokens) ||
-      !cJSON_AddNumberToObject(j, "kv_bytes", m->kv_bytes) || !cJSON_AddNumberToObject(j, "kv_ms", m->kv_ms))
+      !cJSON_AddNumberToObject(j, "kv_bytes", m->kv_bytes) || !cJSON_AddNumberToObject(j, "kv_ms", m->kv_ms) ||
+      (m->prefill_ms >= 0 && !cJSON_AddNumberToObject(j, "prefill_ms", m->prefill_ms)))
     return oom(j, err, errlen);
   return j;
 }
@@ -168,14 +170,15 @@ int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
   int64_t v[3] = {-1, -1, -1};
   static const char *const k[3] = {"prompt_tokens", "completion_tokens", "cached_tokens"};
-  m->kv_bytes = m->kv_ms = -1;
+  m->kv_bytes = m->kv_ms = m->prefill_ms = -1;
   if (prt__str(j, PRT_OP_DONE, "id", 1, &m->id, err, errlen) ||
       prt__str(j, PRT_OP_DONE, "finish_reason", 0, &m->finish_reason, err, errlen))
     return -1;
   for (int i = 0; i < 3; i++)
     if (prt__int(j, PRT_OP_DONE, k[i], 0, -1, INT32_MAX, &v[i], err, errlen)) return -1;
   if (prt__num(j, PRT_OP_DONE, "kv_bytes", 0, -1, HUGE_VAL, &m->kv_bytes, err, errlen) ||
-      prt__num(j, PRT_OP_DONE, "kv_ms", 0, -1, HUGE_VAL, &m->kv_ms, err, errlen))
+      prt__num(j, PRT_OP_DONE, "kv_ms", 0, -1, HUGE_VAL, &m->kv_ms, err, errlen) ||
+      prt__num(j, PRT_OP_DONE, "prefill_ms", 0, 0, HUGE_VAL, &m->prefill_ms, err, errlen))
     return -1;
   m->prompt_tokens = (int)v[0];
   m->completion_tokens = (int)v[1];
@@ -229,7 +232,8 @@ cJSON *prt_generate_encode(const prt_generate *m, char *err, size_t errlen) {
       !cJSON_AddNumberToObject(j, "deadline_ms", m->deadline_ms) || !PRT_ADD_STR(j, "mode", m->mode) ||
       !PRT_ADD_STR(j, "prefill", m->prefill) || !PRT_ADD_STR(j, "decode", m->decode) ||
       (m->prefix_peer && (!cJSON_AddStringToObject(j, "prefix_peer", m->prefix_peer) ||
-                          !cJSON_AddNumberToObject(j, "prefix_blocks", m->prefix_blocks))))
+                          !cJSON_AddNumberToObject(j, "prefix_blocks", m->prefix_blocks))) ||
+      !PRT_ADD_STR(j, "traceparent", m->traceparent))
     return oom(j, err, errlen);
   if (m->grammar.type != PRT_GRAMMAR_NONE && add_grammar(j, &m->grammar)) return oom(j, err, errlen);
   return j;
@@ -383,6 +387,12 @@ int prt_generate_decode(const cJSON *j, prt_generate *m, char *err, size_t errle
     goto fail;
   }
   m->ignore_eos = cJSON_IsTrue(ie);
+  utl_trace_ctx tc;
+  if (prt__str(j, GEN, "traceparent", 0, &m->traceparent, err, errlen)) goto fail;
+  if (m->traceparent && utl_traceparent_parse(m->traceparent, &tc)) {
+    utl_seterr(err, errlen, "%s: traceparent must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)", GEN);
+    goto fail;
+  }
   // The prefix fetch hint: both or neither.
   const cJSON *hp = cJSON_GetObjectItemCaseSensitive(j, "prefix_peer"), *hb = cJSON_GetObjectItemCaseSensitive(j,
                                                                                                        "prefix_blocks");

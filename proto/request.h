@@ -61,7 +61,10 @@ typedef struct prt_done {
   int completion_tokens;
   int cached_tokens;
   double kv_bytes;           // -1 when absent
-  double kv_ms;              // -1 when absent
+  double kv_ms;              // -1 when absent: the handoff's time, from the decode worker's receipt of the request to
+                             // its holding the whole prompt's KV (the prefill worker's queue and compute included)
+  double prefill_ms;         // -1 when absent: the prefill phase, from the prefill worker's receipt of the request to
+                             // its first token (kv_first's prefill_ms; a colocated worker's own); sent when >= 0
 } prt_done;
 cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen);
 int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen);
@@ -124,6 +127,8 @@ typedef struct prt_generate {
   int prefix_blocks;       // [1, 2^30]; 0 when absent
   int resume;              // [0, 2^31); 0 when absent
   prt_grammar grammar;     // type PRT_GRAMMAR_NONE: none
+  const char *traceparent; // (borrowed) the W3C trace context of the request's span (util/trace.h: the decoder checks
+                           // it); NULL when absent: the request is not traced
 } prt_generate;
 // The encoder writes every sampling field, stop and stop_ids (maybe empty), and the optional fields that are set.
 cJSON *prt_generate_encode(const prt_generate *m, char *err, size_t errlen);

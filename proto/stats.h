@@ -25,6 +25,7 @@ typedef struct prt_stats_ok {
   prt_tier_stats tiers[PRT_N_TIERS]; // prefix_tiers
   double kv_bytes_pushed, prefix_fetches, prefix_fetched_blocks, prefix_fetch_misses, prefix_served_blocks;
   double auth_failures;
+  double trace_spans_dropped; // spans the worker's exporter dropped on a full queue (running total; with tracing)
 } prt_stats_ok;
 // A prt_stats_ok with every count absent (-1).
 void prt_stats_ok_init(prt_stats_ok *m);

@@ -400,6 +400,13 @@ static int make_choices(rtr_server *s, rtr_req *r, rtr_error *e) {
   return rc;
 }
 
+// A generation request refused before it was admitted: the access log reads its error from r.
+static enum MHD_Result refuse(struct MHD_Connection *c, rtr_req *r, const rtr_error *e) {
+  r->err = *e;
+  r->failed = 1;
+  return reply_error(c, e, NULL, NULL);
+}
+
 // kind: chat (api: RTR_API_CHAT, or RTR_API_RESPONSES for /v1/responses) or completion.
 static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn *cs, rtr_kind kind, int api) {
   int64_t t0 = utl_now_us();
@@ -420,13 +427,15 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   pthread_mutex_unlock(&s->mu);
   cs->req = r;
   r->conn = c;
+  r->route = api == RTR_API_RESPONSES ? "/v1/responses" : kind == RTR_CHAT ? "/v1/chat/completions" : "/v1/completions";
+  rtr_observe_begin(s, r, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "traceparent"));
   if ((api == RTR_API_RESPONSES ? rtr_request_parse_responses(cs->body.p, cs->body.n, &l, &r->q, &e)
                                 : rtr_request_parse(kind, cs->body.p, cs->body.n, &l, &r->q, &e)) < 0)
-    return reply_error(c, &e, NULL, NULL);
+    return refuse(c, r, &e);
   if (!r->q.has_seed) draw_seed(s, &r->q);
   if (make_choices(s, r, &e) < 0) {
     if (api == RTR_API_RESPONSES && !strcmp(e.param, "messages")) snprintf(e.param, sizeof e.param, "input");
-    return reply_error(c, &e, NULL, NULL);
+    return refuse(c, r, &e);
   }
   // no idle timeout while the worker generates (request_timeout_ms bounds it); restored, with the idle clock
   // restarted, once the answer is ready
@@ -616,7 +625,8 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
     if (strcmp(method, rt->method) && !is_head)
       return refuse_head(c, cs, 405, "invalid_request_error", "method_not_allowed", "Allow", rt->method,
                          "method %.20s is not allowed on %s (use %s)", method, rt->path, rt->method);
-    if (rt->kind != 1 && rt->kind != 8 && !auth_ok(s, c))
+    int open_route = rt->kind == 1 || rt->kind == 8 || (rt->kind == 2 && s->rc->metrics_public); // health, live
+    if (!open_route && !auth_ok(s, c))
       return refuse_head(c, cs, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate", "Bearer",
                          "missing or invalid API key (Authorization: Bearer KEY)");
     if (!strcmp(rt->method, "POST")) {
@@ -692,6 +702,10 @@ void rtr_http_completed(void *cls, struct MHD_Connection *c, void **con_cls, enu
   if (cs->req) {
     pthread_mutex_lock(&s->mu);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !cs->req->finished) rtr_cancel_locked(s, cs->req);
+    int status = cs->req->failed ? cs->req->err.status : 200;
+    pthread_mutex_unlock(&s->mu);
+    rtr_observe_end(s, cs->req, status); // the access log line (the connection's reference keeps it)
+    pthread_mutex_lock(&s->mu);
     rtr_req_unref_locked(cs->req);
     pthread_mutex_unlock(&s->mu);
   }

@@ -106,6 +106,7 @@ static void on_stats(rtr_server *s, rtr_link *l, const cJSON *msg) {
   counter_from_total(s->m_auth_failures, (double)ctl_hub_auth_failures(s->hub), &s->hub_auth_last);
   l->last_stats_ms = utl_now_ms();
   update_kv_gauge_locked(s);
+  rtr_observe_stats_locked(s, l, m);
 }
 
 // {"op":"kv_events","events":[[kind, "key"], ...]}: applied in order to the link's index entries. A malformed
@@ -363,6 +364,9 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
                     .deadline_ms = s->rc->request_timeout_ms,
                     .mode = mode, .prefill = prefill, .decode = decode, .prefix_peer = prefix_peer,
                     .prefix_blocks = prefix_peer ? prefix_blocks : 0, .resume = c->n_gen};
+  char traceparent[UTL_TRACEPARENT_LEN + 1];
+  rtr_observe_traceparent(r, traceparent); // the workers' spans join the request's trace
+  if (traceparent[0]) g.traceparent = traceparent;
   g.sampling = (prt_sampling){.temperature = q->temperature, .top_k = q->top_k, .top_p = q->top_p,
                               .min_p = q->min_p, .presence_penalty = q->presence_penalty,
                               .frequency_penalty = q->frequency_penalty,
@@ -431,6 +435,7 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
     msgs[*n] = generate_msg(s, r, ci, "local", NULL, NULL, NULL, 0);
     to[(*n)++] = pick.decode;
   }
+  rtr_observe_routed_locked(s, r, ci);
   return 0;
 }
 
@@ -441,7 +446,7 @@ static int ended_locked(rtr_server *s, rtr_req *r, int ci) {
   int eog = c->n_gen > 0 && !r->q.ignore_eos && mdl_tok_is_eog(s->tok, c->gen[c->n_gen - 1]);
   if (!eog && c->n_gen < c->max_tokens) return 0;
   prt_done d = {.id = c->id, .finish_reason = eog ? "stop" : "length", .prompt_tokens = -1,
-                .completion_tokens = c->n_gen, .cached_tokens = -1, .kv_bytes = -1, .kv_ms = -1};
+                .completion_tokens = c->n_gen, .cached_tokens = -1, .kv_bytes = -1, .kv_ms = -1, .prefill_ms = -1};
   s->hooks.on_done(s, r, ci, &d);
   return 1;
 }
@@ -497,6 +502,7 @@ int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait) {
   c->link = nl;
   c->plink = np;
   c->resends++;
+  rtr_observe_moved_locked(s, r, ci);
   snprintf(c->id, sizeof c->id, "%s-%d-r%d", r->id, ci, c->resends);
   rtr_choice_to(s, r, ci, sent < 0 ? RTR_CH_WAITING_WORKER : RTR_CH_ROUTED); // no worker holds it yet / the new ones
   const char *fname = from >= 0 ? s->links[from].cfg->name : "?";

@@ -25,11 +25,28 @@ struct rtr_metric {
 struct rtr_metrics {
   pthread_mutex_t mu;
   rtr_metric *head, *tail; // (owned) creation order
+  char *base;              // (owned) labels every series carries first ("" for none)
 };
 
-rtr_metrics *rtr_metrics_new(void) {
+rtr_metrics *rtr_metrics_new(void) { return rtr_metrics_new_labeled(NULL, NULL); }
+
+rtr_metrics *rtr_metrics_new_labeled(const char *key, const char *value) {
   rtr_metrics *m = calloc(1, sizeof *m);
   if (!m) return NULL;
+  utl_buf b = {0};
+  if (key && value) { // key="value" with the exposition format's escapes
+    utl_buf_printf(&b, "%s=\"", key);
+    for (const char *p = value; *p; p++) {
+      if (*p == '\\' || *p == '"') utl_buf_printf(&b, "\\%c", *p);
+      else if (*p == '\n') utl_buf_adds(&b, "\\n");
+      else utl_buf_add(&b, p, 1);
+    }
+    utl_buf_adds(&b, "\"");
+  }
+  if (!(m->base = utl_buf_take(&b))) {
+    free(m);
+    return NULL;
+  }
   pthread_mutex_init(&m->mu, NULL);
   return m;
 }
@@ -44,6 +61,7 @@ void rtr_metrics_free(rtr_metrics *m) {
     free(s);
   }
   pthread_mutex_destroy(&m->mu);
+  free(m->base);
   free(m);
 }
 
@@ -68,6 +86,11 @@ static rtr_metric *get(rtr_metrics *m, rtr_metric_kind kind, const char *name, c
                        const double *bounds, int nb) {
   if (!m || !name_ok(name)) return NULL;
   if (!labels) labels = "";
+  char full[512]; // the registry's labels first
+  if (m->base[0]) {
+    if (snprintf(full, sizeof full, "%s%s%s", m->base, labels[0] ? "," : "", labels) >= (int)sizeof full) return NULL;
+    labels = full;
+  }
   if (kind == RTR_METRIC_HISTOGRAM) {
     if (nb < 0 || nb > RTR_METRICS_MAX_BUCKETS || (nb > 0 && !bounds)) return NULL;
     for (int i = 0; i < nb; i++)

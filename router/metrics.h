@@ -16,6 +16,8 @@ typedef struct rtr_metric rtr_metric; // one series (a family name plus one labe
 #define RTR_METRICS_MAX_BUCKETS 32
 
 rtr_metrics *rtr_metrics_new(void); // NULL on out of memory
+// A registry whose every series carries key="value" before its own labels (the router's model_name), value escaped.
+rtr_metrics *rtr_metrics_new_labeled(const char *key, const char *value);
 void rtr_metrics_free(rtr_metrics *m);
 
 // Finds or creates the series name{labels}. labels is Prometheus label text without braces (`reason="stop"`) or

@@ -369,6 +369,7 @@ static void on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
     double per = (double)(now - c->last_tok_us) / 1e6 / ntok;
     for (int k = 0; k < ntok; k++) rtr_metric_observe(s->m_itl, per);
   }
+  rtr_observe_token_locked(s, r, ci, ntok, now);
   c->last_tok_us = now;
   c->completion_tokens += ntok;
   record_tokens(c, m->tokens, m->n_tokens);
@@ -418,9 +419,7 @@ static void on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
   c->cached_tokens = m->cached_tokens >= 0 ? m->cached_tokens : 0;
   if (c->cached_tokens > c->n_prompt) c->cached_tokens = c->n_prompt; // a moved choice's worker cached its own output
   c->prompt_tokens = m->prompt_tokens >= 0 ? m->prompt_tokens : c->n_prompt;
-  double kvb = m->kv_bytes, kvms = m->kv_ms;
-  if (kvb > 0) rtr_metric_add(s->m_kv_bytes, kvb);
-  if (kvms >= 0 && c->plink >= 0) rtr_metric_observe(s->m_kv_time, kvms / 1000.0);
+  rtr_observe_done_locked(s, r, ci, m); // KV moved, the phases' histograms
   rtr_choice_end_locked(s, r, ci);
   if (r->q.stream) {
     if (tools_on(r) && flush_held(s, r, ci) && !strcmp(c->finish, "stop")) snprintf(c->finish, sizeof c->finish, "tool_calls");

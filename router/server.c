@@ -24,18 +24,32 @@ static void make_metrics(rtr_server *s) {
   static const double itl[] = {0.001, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
                                0.75, 1, 2.5, 5};
   rtr_metrics *m = s->m;
-  s->m_running = rtr_metrics_gauge(m, "dserve:num_requests_running", "Sequences running on the workers.", NULL);
-  s->m_waiting = rtr_metrics_gauge(m, "dserve:num_requests_waiting", "Requests waiting for admission.", NULL);
-  s->m_kv_usage = rtr_metrics_gauge(m, "dserve:kv_cache_usage_perc", "KV-cache usage (1 = full).", NULL);
-  s->m_prompt = rtr_metrics_counter(m, "dserve:prompt_tokens_total", "Prompt tokens admitted.", NULL);
-  s->m_gen = rtr_metrics_counter(m, "dserve:generation_tokens_total", "Tokens generated.", NULL);
-  s->m_prefix_hits = rtr_metrics_counter(m, "dserve:prefix_cache_hits_total", "Prefix-cache hit tokens.", NULL);
-  s->m_prefix_queries =
-      rtr_metrics_counter(m, "dserve:prefix_cache_queries_total", "Prefix-cache queried tokens.", NULL);
-  s->m_kv_bytes = rtr_metrics_counter(m, "dserve:kv_transfer_bytes_total", "KV bytes moved prefill -> decode.", NULL);
+  s->m_running =
+      rtr_metrics_gauge(m, "dserve:num_requests_running",
+                        "Choices admitted by the router and not finished (its admission slots in use).", NULL);
+  s->m_waiting =
+      rtr_metrics_gauge(m, "dserve:num_requests_waiting", "Requests waiting in the router's admission queue.", NULL);
+  s->m_kv_usage = rtr_metrics_gauge(
+      m, "dserve:kv_cache_usage_perc",
+      "KV-cache blocks in use across the workers up (1 = full; their last stats, every second).", NULL);
+  s->m_prompt = rtr_metrics_counter(m, "dserve:prompt_tokens_total",
+                                    "Prompt tokens of admitted requests (once per request, whatever its n).", NULL);
+  s->m_gen = rtr_metrics_counter(m, "dserve:generation_tokens_total",
+                                 "Tokens generated, every choice, as the router receives them.", NULL);
+  s->m_prefix_hits =
+      rtr_metrics_counter(m, "dserve:prefix_cache_hits_total",
+                          "Prompt tokens the workers found in their prefix caches (their stats, every second).", NULL);
+  s->m_prefix_queries = rtr_metrics_counter(
+      m, "dserve:prefix_cache_queries_total",
+      "Prompt tokens the workers looked up in their prefix caches (their stats, every second).", NULL);
+  s->m_kv_bytes = rtr_metrics_counter(
+      m, "dserve:kv_transfer_bytes_total",
+      "KV bytes handoffs moved from prefill to decode workers (the decode worker's count, per finished choice).", NULL);
   s->m_kv_pushed = rtr_metrics_counter(m, "dserve:kv_pushed_bytes_total",
                                        "KV bytes prefill workers wrote (their stats, every second).", NULL);
-  s->m_ok_stop = rtr_metrics_counter(m, "dserve:request_success_total", "Finished choices.", "finished_reason=\"stop\"");
+  s->m_ok_stop = rtr_metrics_counter(m, "dserve:request_success_total",
+                                     "Choices finished, by finish reason (a tool call counts as stop).",
+                                     "finished_reason=\"stop\"");
   s->m_ok_length = rtr_metrics_counter(m, "dserve:request_success_total", "", "finished_reason=\"length\"");
   s->m_fail = rtr_metrics_counter(m, "dserve:request_failure_total", "Requests that failed or were cancelled.", NULL);
   s->m_auth_failures = rtr_metrics_counter(m, "dserve:auth_failures_total",
@@ -43,11 +57,27 @@ static void make_metrics(rtr_server *s) {
                                            "kvxfer ports, the router's links).",
                                            NULL);
   int nl = (int)(sizeof lat / sizeof lat[0]), ni = (int)(sizeof itl / sizeof itl[0]);
-  s->m_ttft = rtr_metrics_histogram(m, "dserve:time_to_first_token_seconds", "Time to first token.", NULL, lat, nl);
-  s->m_itl = rtr_metrics_histogram(m, "dserve:inter_token_latency_seconds", "Inter-token latency.", NULL, itl, ni);
-  s->m_e2e = rtr_metrics_histogram(m, "dserve:e2e_request_latency_seconds", "End-to-end latency.", NULL, lat, nl);
-  s->m_queue = rtr_metrics_histogram(m, "dserve:request_queue_time_seconds", "Time waiting for admission.", NULL, lat, nl);
-  s->m_kv_time = rtr_metrics_histogram(m, "dserve:kv_transfer_time_seconds", "KV transfer time per request.", NULL, lat, nl);
+  s->m_ttft = rtr_metrics_histogram(m, "dserve:time_to_first_token_seconds",
+                                    "Time from a request's arrival at the router to its first token (any choice).",
+                                    NULL, lat, nl);
+  s->m_itl = rtr_metrics_histogram(
+      m, "dserve:inter_token_latency_seconds",
+      "Time between consecutive tokens of a choice at the router (a message of k tokens counts as k gaps of 1/k).",
+      NULL, itl, ni);
+  s->m_e2e = rtr_metrics_histogram(
+      m, "dserve:e2e_request_latency_seconds",
+      "Time from a successful request's arrival at the router to the end of its last choice.", NULL, lat, nl);
+  s->m_queue = rtr_metrics_histogram(m, "dserve:request_queue_time_seconds",
+                                     "Time from a request's arrival at the router (body read) to its admission: "
+                                     "parsing, tokenizing and the wait for admission slots.",
+                                     NULL, lat, nl);
+  s->m_kv_time = rtr_metrics_histogram(m, "dserve:kv_transfer_time_seconds",
+                                       "Handoff time per handed-off choice: from the decode worker's receipt of the "
+                                       "request to its holding the whole prompt's KV. Includes the prefill worker's "
+                                       "queue and compute, which the layer-wise transfer overlaps (the parts: "
+                                       "dserve:request_prefill_time_seconds, dserve:request_transfer_time_seconds).",
+                                       NULL, lat, nl);
+  rtr_observe_metrics(s, lat, nl);
 }
 
 // The chat template family of the served model (rtr_server.chat), or a start-up error: an override or a template of
@@ -109,7 +139,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->link_cv, NULL);
   pthread_cond_init(&s->admit_cv, NULL);
-  s->m = rtr_metrics_new();
+  s->m = rtr_metrics_new_labeled("model_name", s->model); // every series says which model it counts
   if (!s->m) {
     utl_seterr(err, errlen, "out of memory");
     rtr_server_free(s);
@@ -142,6 +172,10 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
     s->links[i].s = s;
     s->links[i].cfg = &o->cfg->workers[i];
     if (pthread_create(&s->links[i].thread, NULL, rtr_link_main, &s->links[i]) == 0) s->links[i].has_thread = 1;
+  }
+  if (rtr_observe_start(s, err, errlen) < 0) { // the tracer and the stats lines
+    rtr_server_free(s);
+    return -1;
   }
   struct sockaddr_in sa;
   memset(&sa, 0, sizeof sa);
@@ -230,6 +264,7 @@ void rtr_server_free(rtr_server *s) {
     if (s->links[i].has_thread) pthread_join(s->links[i].thread, NULL);
   if (s->hub) ctl_hub_wake(s->hub);
   if (s->has_dispatcher) pthread_join(s->dispatcher, NULL);
+  rtr_observe_stop(s); // the stats thread saw stopping; what spans wait are posted
   for (int i = 0; i < s->n_links; i++)
     if (s->links[i].peer) ctl_peer_unref(s->links[i].peer);
   ctl_hub_free(s->hub);

@@ -15,6 +15,7 @@
 #include "ctl/hub.h"
 #include "models/chat.h"
 #include "proto/request.h"
+#include "proto/stats.h"
 #include "router/choice.h"
 #include "router/kvindex.h"
 #include "router/metrics.h"
@@ -23,6 +24,7 @@
 #include "router/sched.h"
 #include "util/buf.h"
 #include "util/clock.h"
+#include "util/trace.h"
 
 struct MHD_Connection;
 struct MHD_Daemon;
@@ -54,6 +56,11 @@ typedef struct rtr_link {
   double tier_last[3][2];
   rtr_metric *m_tier[3][3];    // (owned by s->m)
   int64_t last_stats_ms, last_stats_sent_ms; // last_stats_ms: when the worker last answered (stats_ok or pong)
+  // observe.c: the worker's series {model_name, worker, role} (created with the link's first stats) and what the
+  // router counted for it: prompt tokens routed to it, tokens it generated, handoffs it took part in
+  rtr_metric *m_w_running, *m_w_waiting, *m_w_kv_usage, *m_w_prompt, *m_w_gen, *m_w_handoffs; // (owned by s->m)
+  rtr_metric *m_w_spans_dropped; // (owned by s->m) created when the worker first reports trace_spans_dropped
+  double n_prompt_tokens, n_gen_tokens, n_handoffs, spans_dropped_last;
   pthread_t thread;
   int has_thread;
 } rtr_link;
@@ -83,6 +90,10 @@ typedef struct rtr_choice {
   utl_buf held;                // (owned) tools on, streamed: text not sent yet: a tail that may begin a call's opening
                                // tag, or everything from that tag on (read for calls when the choice ends)
   int in_call;                 // held begins with a call's opening tag
+  // observe.c: the access log's and the phase histograms' view of the choice
+  char workers[96];            // every worker it ran on, in order: "p0>d0" (prefill>decode) or "d0"; a move adds ",d1"
+  int64_t t_sent_us, t_first_us, t_move_us; // routed (last time), its first token, moved (0: no move pending a token)
+  double kv_bytes, prefill_ms, kv_ms;        // from done: KV moved to its decode worker, the phases' times (-1: none)
 } rtr_choice;
 
 typedef struct rtr_req {
@@ -112,6 +123,13 @@ typedef struct rtr_req {
   int fd;                      // client socket (for disconnect checks)
   struct MHD_Connection *conn; // (borrowed) its connection, for restoring the idle timeout
   int64_t t_arrival_us, t_admit_us, t_first_us;
+  // Tracing (observe.c): traced when the router has a tracer and the request is sampled; trace holds its trace id and
+  // the router's request span id (the parent of every span of the request, the workers' too, as the traceparent of
+  // its generate messages); parent_span: the caller's span from the traceparent header (all zero: none).
+  int traced;
+  utl_trace_ctx trace;
+  uint8_t parent_span[8];
+  const char *route;           // (static) "/v1/chat/completions" or "/v1/completions"
 } rtr_req;
 
 // What a lower layer asks a higher one, registered by the higher one when the server is built (server.c): the router
@@ -162,6 +180,11 @@ struct rtr_server {
   rtr_metrics *m;              // (owned)
   rtr_metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue, *m_kv_usage,
       *m_prefix_hits, *m_prefix_queries, *m_kv_bytes, *m_kv_pushed, *m_kv_time, *m_ok_stop, *m_ok_length, *m_fail;
+  rtr_metric *m_prefill_time, *m_transfer_time, *m_decode_time, *m_migrations, *m_handoffs; // observe.c
+  rtr_metric *m_spans_dropped;  // dserve:trace_spans_dropped_total (NULL without tracing)
+  utl_tracer *tracer;           // (owned) NULL: tracing off (the config has no "tracing" section)
+  pthread_t stats_thread;       // observe.c: the stats lines (logging.stats_interval_s)
+  int has_stats_thread;
   // dserve:auth_failures_total (NULL until created): grown in links.c from every worker's stats_ok auth_failures and
   // the router hub's own refusals (ctl_hub_auth_failures); hub_auth_last: the hub's count already added.
   rtr_metric *m_auth_failures;
@@ -224,6 +247,23 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e); // 0, or -1 wit
 void rtr_relay_register(rtr_server *s); // s->hooks.on_token, on_done, on_error, choice_start, stream_end
 void rtr_out_event(rtr_req *r, cJSON *obj); // "data: JSON\n\n" onto r's stream; consumes obj
 cJSON *rtr_final_response(rtr_req *r);
+
+// observe.c: the access log, the stats lines, the phase histograms, per-worker series and the request's spans. Called
+// from the layers above (links, relay, http, server); it calls none of them.
+// The series it updates (server.c, once); the phase histograms get the latency histograms' bounds (n_bounds).
+void rtr_observe_metrics(rtr_server *s, const double *bounds, int n_bounds);
+int rtr_observe_start(rtr_server *s, char *err, size_t errlen);     // tracer and stats thread (after the links)
+void rtr_observe_stop(rtr_server *s);                               // joins the thread, flushes the spans
+void rtr_observe_begin(rtr_server *s, rtr_req *r, const char *traceparent); // r arrived (http.c): its trace
+void rtr_observe_routed_locked(rtr_server *s, rtr_req *r, int ci);  // ci sent to c->link (and c->plink)
+void rtr_observe_moved_locked(rtr_server *s, rtr_req *r, int ci);   // ci is moving to another worker
+void rtr_observe_token_locked(rtr_server *s, rtr_req *r, int ci, int n_tokens, int64_t now_us);
+void rtr_observe_done_locked(rtr_server *s, rtr_req *r, int ci, const prt_done *m);
+void rtr_observe_stats_locked(rtr_server *s, rtr_link *l, const prt_stats_ok *m); // l's stats_ok m was read
+// The traceparent of r's generate messages into out ("" when r is not traced).
+void rtr_observe_traceparent(const rtr_req *r, char out[UTL_TRACEPARENT_LEN + 1]);
+// r's answer went out with HTTP status (http.c, once per request): the access log line, the request's spans.
+void rtr_observe_end(rtr_server *s, rtr_req *r, int status);
 
 // conns.c: the listening socket and accept thread in front of MHD; caps on open connections; request-head deadline
 int rtr_gate_listen(rtr_server *s, const struct sockaddr_in *sa, char *err, size_t errlen); // binds (s->gate)

@@ -19,6 +19,14 @@ static inline int64_t utl_now_us(void) { return utl_now_ns() / 1000; }
 static inline int64_t utl_now_ms(void) { return utl_now_ns() / 1000000; }
 static inline double utl_now_ms_f(void) { return (double)utl_now_ns() / 1e6; } // fractional, for step timings
 static inline double utl_now_s(void) { return (double)utl_now_ns() / 1e9; }
+// CLOCK_REALTIME in ns since the Unix epoch: only for timestamps other processes read (trace spans), never durations.
+static inline int64_t utl_unix_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+// A utl_now_ns() reading as Unix-epoch ns (the two clocks' offset now).
+static inline int64_t utl_unix_ns_of(int64_t mono_ns) { return mono_ns + (utl_unix_ns() - utl_now_ns()); }
 
 #ifdef __cplusplus
 }

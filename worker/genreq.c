@@ -138,6 +138,7 @@ int wrk_genreq_parse(const prt_generate *g, int n_vocab, int n_ctx, wrk_grammars
       copy_name(g->decode, r->decode, sizeof r->decode))
     FAIL("invalid_request", "bad mode / prefill / decode field");
   if (!r->mode[0]) snprintf(r->mode, sizeof r->mode, "local");
+  r->traced = g->traceparent && utl_traceparent_parse(g->traceparent, &r->trace) == 0 && r->trace.sampled;
   if (strcmp(r->mode, "local") && strcmp(r->mode, "prefill") && strcmp(r->mode, "decode"))
     FAIL("invalid_request", "mode must be local, prefill or decode");
 

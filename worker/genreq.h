@@ -14,6 +14,7 @@
 #include "models/sampler.h"
 #include "models/tokenizer.h"
 #include "proto/request.h"
+#include "util/trace.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,6 +65,8 @@ typedef struct wrk_genreq {
   char mode[16];         // "local", "prefill", "decode"
   char prefill[64];      // mode decode: the prefill worker that computes the KV
   char decode[64];       // mode prefill: the decode worker that receives it
+  int traced;            // the router traces the request: the worker's spans are children of trace (worker/trace.h)
+  utl_trace_ctx trace;   // the router's request span (the generate's traceparent)
 } wrk_genreq;
 
 // Checks g (a generate message decoded by proto's prt_generate_decode) against the model's vocabulary and context

@@ -11,6 +11,7 @@
 
 #include "kv/pool.h"
 #include "kv/wire.h"
+#include "worker/trace.h"
 
 // The hub's hello_extra: what a router and a peer worker read from every worker's hello_ok, then the role's
 // own fields. The router reads kv_layout.block_size for its prefix keys; a peer checks the layout matches.
@@ -48,6 +49,7 @@ int wrk_shell_open(wrk_shell *sh, const cfg_cluster *cfg, const cfg_worker *wc, 
   wrk_signals_block(&sh->sig);
   if (wrk_runtime_open(cfg, wc, o->shareable_kv, &sh->rt, err, errlen)) return -1;
   if (o->kvxfer && open_kvx(sh, err, errlen)) goto fail;
+  if (wrk_trace_open(sh, err, errlen)) goto fail;
   // Last, so that a peer's hello never finds the runtime or the kvxfer agent missing (shell_hello reads them).
   ctl_hub_opts ho = {.name = wc->name, .role = o->role, .secret = cfg->secret, .host = wc->host, .port = wc->port,
                      .hello_extra = shell_hello, .hello_arg = sh};
@@ -67,6 +69,7 @@ void wrk_shell_close(wrk_shell *sh) {
   ctl_hub_free(sh->hub);
   kvx_agent_free(sh->kvx);
   kv_stage_free(sh->stage); // after the agent: its threads may still be writing into the mirror
+  wrk_trace_close(sh);       // posts the spans that still wait
   wrk_runtime_close(sh->rt);
   sh->hub = NULL;
   sh->kvx = NULL;
@@ -87,6 +90,11 @@ cJSON *wrk_shell_stats_new(const wrk_shell *sh, prt_stats_ok *st) {
   st->total_blocks = kv_pool_total_blocks(sh->rt->kv);
   // Running total of refused control and kvxfer connections (each also logged with the peer's address).
   st->auth_failures = (double)ctl_hub_auth_failures(sh->hub) + (double)kvx_auth_failures(sh->kvx);
+  if (sh->tracer) { // its spans dropped on a full export queue: the router's dserve:trace_spans_dropped_total
+    unsigned long long done, dropped, failed;
+    utl_tracer_counts(sh->tracer, &done, &dropped, &failed);
+    st->trace_spans_dropped = (double)dropped;
+  }
   return prt_stats_ok_encode(st, NULL, 0);
 }
 

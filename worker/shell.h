@@ -19,6 +19,7 @@
 #include "kv/stage.h"
 #include "kvxfer/kvx.h"
 #include "proto/stats.h"
+#include "util/trace.h"
 #include "worker/genreq.h"
 #include "worker/runtime.h"
 
@@ -59,6 +60,7 @@ typedef struct wrk_shell {
   ctl_hub *hub;              // (owned)
   kv_events kvev;         // connected routers, told of the prefix store's changes (kv_events)
   wrk_signals sig;           // sig.stop is set once SIGTERM/SIGINT arrives
+  utl_tracer *tracer;        // (owned) the span exporter (worker/trace.h); NULL when the config has no "tracing"
 } wrk_shell;
 
 // Brings worker wc of cfg up, in this order: blocks SIGTERM/SIGINT (before any thread starts), opens the

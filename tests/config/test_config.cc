@@ -627,6 +627,51 @@ TEST(Config, SamplingSection) {
   EXPECT_FALSE(empty.c->sampling.has_temperature || empty.c->sampling.has_top_k);
 }
 
+// "logging", "tracing" and router.metrics_public (docs/observability.md): defaults when absent, values kept, errors
+// that name the field.
+TEST(Config, ObservabilitySections) {
+  Cfg none(kMin);
+  ASSERT_EQ(none.rc, 0) << none.err;
+  EXPECT_STREQ(none.c->logging.format, "text");
+  EXPECT_EQ(none.c->logging.stats_interval_s, CFG_DEF_STATS_INTERVAL_S);
+  EXPECT_STREQ(none.c->tracing.endpoint, ""); // tracing off
+  EXPECT_EQ(none.c->router.metrics_public, 0); // secure by default
+  Cfg all(R"({"model": "m", "router": {"metrics_public": true}, "logging": {"format": "json", "stats_interval_s": 0},
+    "tracing": {"endpoint": "http://otel:4318/v1/traces", "service_name": "llm", "sample_ratio": 0.25,
+    "queue_spans": 100, "flush_ms": 50}, "workers": [{"port": 1}]})");
+  ASSERT_EQ(all.rc, 0) << all.err;
+  EXPECT_EQ(all.c->router.metrics_public, 1);
+  EXPECT_STREQ(all.c->logging.format, "json");
+  EXPECT_EQ(all.c->logging.stats_interval_s, 0);
+  EXPECT_STREQ(all.c->tracing.endpoint, "http://otel:4318/v1/traces");
+  EXPECT_STREQ(all.c->tracing.service_name, "llm");
+  EXPECT_EQ(all.c->tracing.sample_ratio, 0.25);
+  EXPECT_EQ(all.c->tracing.queue_spans, 100);
+  EXPECT_EQ(all.c->tracing.flush_ms, 50);
+  Cfg dflt(R"({"model": "m", "tracing": {"endpoint": "http://127.0.0.1:4318/v1/traces"}, "workers": [{"port": 1}]})");
+  ASSERT_EQ(dflt.rc, 0) << dflt.err;
+  EXPECT_STREQ(dflt.c->tracing.service_name, "dserve");
+  EXPECT_EQ(dflt.c->tracing.sample_ratio, 1.0);
+  EXPECT_EQ(dflt.c->tracing.queue_spans, CFG_DEF_TRACE_QUEUE_SPANS);
+  EXPECT_EQ(dflt.c->tracing.flush_ms, CFG_DEF_TRACE_FLUSH_MS);
+  const char *bad[][2] = {
+      {R"("logging": {"format": "xml"})", "logging.format: \"xml\" is not one of: text, json"},
+      {R"("logging": {"stats_interval_s": -1})", "logging.stats_interval_s"},
+      {R"("logging": {"level": "debug"})", "logging.level"},
+      {R"("tracing": {})", "tracing.endpoint: missing"},
+      {R"("tracing": {"endpoint": "https://otel/v1/traces"})", "tracing.endpoint: expected http://"},
+      {R"("tracing": {"endpoint": "http://otel:70000/x"})", "tracing.endpoint: the port"},
+      {R"("tracing": {"endpoint": "http://o/x", "sample_ratio": 2})", "tracing.sample_ratio"},
+      {R"("tracing": {"endpoint": "http://o/x", "service_name": ""})", "tracing.service_name"},
+      {R"("tracing": {"endpoint": "http://o/x", "queue_spans": 1})", "tracing.queue_spans"},
+      {R"("router": {"metrics_public": "yes"})", "router.metrics_public: expected true or false"}};
+  for (auto &b : bad) {
+    Cfg x(std::string(R"({"model": "m", )") + b[0] + R"(, "workers": [{"port": 1}]})");
+    EXPECT_NE(x.rc, 0) << b[0];
+    EXPECT_NE(std::string(x.err).find(b[1]), std::string::npos) << b[0] << "\ngot: " << x.err;
+  }
+}
+
 TEST(Config, BadInputsNameTheField) {
   for (const BadCase &b : kBad) {
     Cfg x(b.json);

@@ -89,11 +89,12 @@ def free_ports(n):
     return ports
 
 
-def local_config(path, workers, disagg_threshold=1000, model=MODEL, router=None):
+def local_config(path, workers, disagg_threshold=1000, model=MODEL, router=None, extra=None):
     """Writes a one-node config (router + workers on 127.0.0.1, free ports) to path; returns the router port.
 
     workers: list of dicts with at least name and role; port, threads (1), kv_budget_mb (32) are filled in.
     router: more keys of the router section (e.g. {"prefix_fetch": True}, {"link_dead_ms": 4000}).
+    extra: more top-level sections (e.g. {"logging": {"format": "json"}, "tracing": {...}}).
     disagg_policy defaults to "threshold" here: a test that sets disagg_threshold 0 means every prompt to be handed
     off, idle decode worker or not (policy auto, the product default, is tested on its own in test_1p1d.py)."""
     ports = free_ports(1 + len(workers))
@@ -106,7 +107,7 @@ def local_config(path, workers, disagg_threshold=1000, model=MODEL, router=None)
         ws.append(w)
     router = dict(router or {}, port=ports[0], disagg_threshold=disagg_threshold)
     router.setdefault("disagg_policy", "threshold")
-    cfg = {"model": model, "router": router, "workers": ws}
+    cfg = dict(extra or {}, model=model, router=router, workers=ws)
     with open(path, "w") as f:
         json.dump(cfg, f, indent=1)
     return ports[0]
@@ -235,10 +236,11 @@ class Node:
 class Cluster:
     """A temp dir with a one-node config and its launcher; cleaned by close() (register it with addCleanup)."""
 
-    def __init__(self, workers, disagg_threshold=1000, tag="e2e", backoff_ms=100, router=None, model=MODEL):
+    def __init__(self, workers, disagg_threshold=1000, tag="e2e", backoff_ms=100, router=None, model=MODEL,
+                 extra=None):
         self.dir = tempfile.mkdtemp(prefix="dserve-%s-" % tag)
         self.config = os.path.join(self.dir, "c.json")
-        self.port = local_config(self.config, workers, disagg_threshold, model=model, router=router)
+        self.port = local_config(self.config, workers, disagg_threshold, model=model, router=router, extra=extra)
         self.closed = False
         self.node = Node(self.config, backoff_ms=backoff_ms)
 
@@ -328,8 +330,12 @@ def get(port, path, host="127.0.0.1", timeout=30.0):
         c.close()
 
 
+_MODEL_LABEL = re.compile(r'model_name="(?:[^"\\]|\\.)*",?')
+
+
 def metrics(port, host="127.0.0.1"):
-    """The router's /metrics as {name-with-labels: value}."""
+    """The router's /metrics as {name-with-labels: value}, each series also under its name without the model_name
+    label every series carries (one model per router: 'dserve:prompt_tokens_total', 'x{worker="w0"}')."""
     st, text = get(port, "/metrics", host)
     if st != 200:
         raise AssertionError("/metrics: %d %s" % (st, text[:200]))
@@ -338,6 +344,8 @@ def metrics(port, host="127.0.0.1"):
         if line and not line.startswith("#"):
             k, _, v = line.rpartition(" ")
             out[k] = float(v)
+            short = _MODEL_LABEL.sub("", k, count=1).replace("{}", "")
+            out.setdefault(short, float(v))
     return out
 
 

@@ -225,7 +225,7 @@ TEST(Proto, Token) {
 
 TEST(Proto, Done) {
   char err[128];
-  prt_done in = {"r-0", "length", 12, 5, 16, 4096, 3.5};
+  prt_done in = {"r-0", "length", 12, 5, 16, 4096, 3.5, -1};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
@@ -238,9 +238,29 @@ TEST(Proto, Done) {
   EXPECT_EQ(m.kv_ms, 3.5);
   refuses<prt_done>(j, "id", true, prt_done_decode, false);
   refuses<prt_done>(j, "finish_reason", false, prt_done_decode, false);
-  for (const char *k : {"prompt_tokens", "completion_tokens", "cached_tokens", "kv_bytes", "kv_ms"})
+  for (const char *k : {"prompt_tokens", "completion_tokens", "cached_tokens", "kv_bytes", "kv_ms", "prefill_ms"})
     refuses<prt_done>(j, k, false, prt_done_decode, true);
   cJSON_Delete(j);
+}
+
+// prefill_ms (the prefill phase) travels when >= 0, reads -1 when absent, and refuses a negative value.
+TEST(Proto, DonePrefillMs) {
+  char err[128];
+  prt_done in = {"r-0", "stop", 12, 5, 0, 4096, 30.5, 21.25};
+  cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
+  prt_done m;
+  ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(m.prefill_ms, 21.25);
+  cJSON *none = with(j, "prefill_ms", nullptr);
+  ASSERT_EQ(prt_done_decode(none, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(m.prefill_ms, -1);
+  cJSON *neg = with(j, "prefill_ms", cJSON_CreateNumber(-2));
+  EXPECT_EQ(prt_done_decode(neg, &m, err, sizeof err), -1);
+  EXPECT_NE(std::string(err).find("prefill_ms"), std::string::npos) << err;
+  in.prefill_ms = -1;
+  cJSON *absent = wire(prt_done_encode(&in, err, sizeof err));
+  EXPECT_EQ(cJSON_GetObjectItem(absent, "prefill_ms"), nullptr);
+  for (cJSON *x : {j, none, neg, absent}) cJSON_Delete(x);
 }
 
 int table_decode(const cJSON *x, prt_kv_table *t, char *e, size_t n) {
@@ -272,13 +292,19 @@ TEST(Proto, KvTable) {
 
 TEST(Proto, KvFirst) {
   char err[128];
-  prt_kv_first in = {"r-0", sampled(42), 32};
+  prt_kv_first in = {"r-0", sampled(42), 32, 17.5};
   cJSON *j = wire(prt_kv_first_encode(&in, err, sizeof err));
   prt_kv_first m;
   ASSERT_EQ(prt_kv_first_decode(j, &m, err, sizeof err), 0) << err;
   EXPECT_EQ(S(m.id), "r-0");
   expect_sampled(m.first, in.first);
   EXPECT_EQ(m.cached_tokens, 32);
+  EXPECT_EQ(m.prefill_ms, 17.5);
+  refuses<prt_kv_first>(j, "prefill_ms", false, prt_kv_first_decode, true);
+  cJSON *none = with(j, "prefill_ms", nullptr);
+  ASSERT_EQ(prt_kv_first_decode(none, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(m.prefill_ms, -1); // absent: unknown
+  cJSON_Delete(none);
   refuses<prt_kv_first>(j, "id", true, prt_kv_first_decode, false);
   refuses<prt_kv_first>(j, "token", true, prt_kv_first_decode, true);
   refuses<prt_kv_first>(j, "top", false, prt_kv_first_decode, false);
@@ -385,6 +411,7 @@ TEST(Proto, Generate) {
   in.resume = 1;
   in.grammar.type = PRT_GRAMMAR_JSON_SCHEMA;
   in.grammar.schema = schema;
+  in.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
   cJSON *j = wire(prt_generate_encode(&in, err, sizeof err));
   prt_generate m;
   ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
@@ -417,6 +444,20 @@ TEST(Proto, Generate) {
   EXPECT_EQ(S(m.prefix_peer), "p1");
   EXPECT_EQ(m.prefix_blocks, 4);
   EXPECT_EQ(m.resume, 1);
+  EXPECT_EQ(S(m.traceparent), in.traceparent);
+  { // a traceparent that is not W3C's is refused, naming the field; absent reads NULL (not traced)
+    prt_generate t;
+    char e2[256] = "";
+    cJSON *bad = with(j, "traceparent", cJSON_CreateString("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"));
+    EXPECT_EQ(prt_generate_decode(bad, &t, e2, sizeof e2), -1);
+    EXPECT_NE(std::string(e2).find("traceparent"), std::string::npos) << e2;
+    cJSON *none = with(j, "traceparent", nullptr);
+    ASSERT_EQ(prt_generate_decode(none, &t, e2, sizeof e2), 0) << e2;
+    EXPECT_EQ(t.traceparent, nullptr);
+    prt_generate_free(&t);
+    cJSON_Delete(bad);
+    cJSON_Delete(none);
+  }
   EXPECT_EQ(m.grammar.type, PRT_GRAMMAR_JSON_SCHEMA);
   EXPECT_EQ(S(m.grammar.schema), schema);
   prt_generate_free(&m);
@@ -544,13 +585,18 @@ TEST(Proto, StatsOk) {
   in.total_blocks = 64;
   in.prefix_hits = 160;
   in.auth_failures = 0;
-  in.tiers[PRT_TIER_HOST] = {1, 16, 48, 5};
+  in.trace_spans_dropped = 3;
+  // field by field: a struct assigned whole may leave garbage in its padding, which the memcmp below reads
+  in.tiers[PRT_TIER_HOST].present = 1;
+  in.tiers[PRT_TIER_HOST].hits = 16;
+  in.tiers[PRT_TIER_HOST].queries = 48;
+  in.tiers[PRT_TIER_HOST].blocks = 5;
   cJSON *j = wire(prt_stats_ok_encode(&in, err, sizeof err));
   EXPECT_FALSE(cJSON_HasObjectItem(j, "finished")); // absent counts are not sent
   prt_stats_ok m;
   ASSERT_EQ(prt_stats_ok_decode(j, &m, err, sizeof err), 0) << err;
   EXPECT_EQ(memcmp(&m, &in, sizeof m), 0);
-  for (const char *k : {"running", "free_blocks", "prefix_hits", "auth_failures"})
+  for (const char *k : {"running", "free_blocks", "prefix_hits", "auth_failures", "trace_spans_dropped"})
     refuses<prt_stats_ok>(j, k, false, prt_stats_ok_decode, true);
   refuses<prt_stats_ok>(j, "prefix_tiers", false, prt_stats_ok_decode, false);
   cJSON *bad = cJSON_Duplicate(j, 1);

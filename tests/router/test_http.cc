@@ -396,12 +396,12 @@ TEST_F(Live, ErrorsAndKeepServing) {
   Resp mt = request(port(), "GET", "/metrics", "");
   ASSERT_EQ(mt.status, 200);
   EXPECT_NE(mt.body.find("# TYPE dserve:time_to_first_token_seconds histogram"), std::string::npos);
-  EXPECT_NE(mt.body.find("dserve:request_success_total{finished_reason=\"length\"} 3"), std::string::npos) << mt.body;
-  EXPECT_NE(mt.body.find("dserve:kv_cache_usage_perc 0.25"), std::string::npos) << mt.body;
-  EXPECT_NE(mt.body.find("dserve:prefix_cache_queries_total 9"), std::string::npos) << mt.body;
-  EXPECT_NE(mt.body.find("dserve:prefix_cache_tier_hits_total{worker=\"w0\",tier=\"pool\"} 5"), std::string::npos);
-  EXPECT_NE(mt.body.find("dserve:prefix_cache_tier_queries_total{worker=\"w0\",tier=\"host\"} 4"), std::string::npos);
-  EXPECT_NE(mt.body.find("dserve:prefix_cache_blocks{worker=\"w0\",tier=\"pool\"} 3"), std::string::npos);
+  EXPECT_NE(mt.body.find("dserve:request_success_total{model_name=\"tiny\",finished_reason=\"length\"} 3"), std::string::npos) << mt.body;
+  EXPECT_NE(mt.body.find("dserve:kv_cache_usage_perc{model_name=\"tiny\"} 0.25"), std::string::npos) << mt.body;
+  EXPECT_NE(mt.body.find("dserve:prefix_cache_queries_total{model_name=\"tiny\"} 9"), std::string::npos) << mt.body;
+  EXPECT_NE(mt.body.find("dserve:prefix_cache_tier_hits_total{model_name=\"tiny\",worker=\"w0\",tier=\"pool\"} 5"), std::string::npos);
+  EXPECT_NE(mt.body.find("dserve:prefix_cache_tier_queries_total{model_name=\"tiny\",worker=\"w0\",tier=\"host\"} 4"), std::string::npos);
+  EXPECT_NE(mt.body.find("dserve:prefix_cache_blocks{model_name=\"tiny\",worker=\"w0\",tier=\"pool\"} 3"), std::string::npos);
   EXPECT_EQ(mt.body.find("tier=\"disk\""), std::string::npos) << mt.body;
 }
 
@@ -416,6 +416,21 @@ TEST(Http, ApiKeys) {
   expect_error(request(r.port(), "GET", "/v1/models", "", "Authorization: sekrit\r\n"), 401);
   EXPECT_EQ(request(r.port(), "GET", "/v1/models", "", "Authorization: Bearer sekrit\r\n").status, 200);
   EXPECT_EQ(request(r.port(), "GET", "/v1/models", "", "Authorization: Bearer other\r\n").status, 200);
+  expect_error(request(r.port(), "GET", "/metrics", ""), 401); // secure by default: metrics_public is off
+  EXPECT_EQ(request(r.port(), "GET", "/metrics", "", "Authorization: Bearer sekrit\r\n").status, 200);
+}
+
+// router.metrics_public: a Prometheus scraper without the key reads /metrics; every other route still needs it.
+TEST(Http, MetricsPublic) {
+  TinyModel m;
+  FakeWorker fw;
+  Router r(m, fw.port(), 16, 64, {"sekrit"}, 10, [](cfg_cluster &c) { c.router.metrics_public = 1; });
+  ASSERT_TRUE(r.wait_up());
+  Resp mt = request(r.port(), "GET", "/metrics", "");
+  EXPECT_EQ(mt.status, 200) << mt.body;
+  EXPECT_NE(mt.body.find("# TYPE dserve:request_decode_time_seconds histogram"), std::string::npos) << mt.body;
+  expect_error(request(r.port(), "GET", "/v1/models", ""), 401);
+  expect_error(request(r.port(), "POST", "/v1/completions", R"({"prompt":"ab","max_tokens":1})"), 401);
 }
 
 // Starts a stream and returns the socket once the first bytes of the body arrived.
@@ -614,8 +629,8 @@ TEST(Http, WaitingRequestsRunInTurn) {
   for (auto &t : th) t.join();
   for (auto &x : out) EXPECT_EQ(x.status, 200) << x.body;
   Resp mt = request(r.port(), "GET", "/metrics", "");
-  EXPECT_NE(mt.body.find("dserve:request_queue_time_seconds_count 6"), std::string::npos) << mt.body;
-  EXPECT_NE(mt.body.find("dserve:num_requests_running 0"), std::string::npos) << mt.body;
+  EXPECT_NE(mt.body.find("dserve:request_queue_time_seconds_count{model_name=\"tiny\"} 6"), std::string::npos) << mt.body;
+  EXPECT_NE(mt.body.find("dserve:num_requests_running{model_name=\"tiny\"} 0"), std::string::npos) << mt.body;
 }
 
 } // namespace

@@ -23,6 +23,27 @@ std::string render(rtr_metrics *m) {
   return s;
 }
 
+// A labelled registry puts its label first on every series, escaped as the text format asks; lookups see it too.
+TEST(Metrics, RegistryLabelComesFirst) {
+  rtr_metrics *m = rtr_metrics_new_labeled("model_name", "org/a\"b\\c");
+  ASSERT_TRUE(m);
+  rtr_metric *c = rtr_metrics_counter(m, "dserve:x_total", "X.", nullptr);
+  const double one[] = {1};
+  rtr_metric *h = rtr_metrics_histogram(m, "dserve:h_seconds", "H.", "worker=\"w0\"", one, 1);
+  ASSERT_TRUE(c && h);
+  EXPECT_EQ(rtr_metrics_counter(m, "dserve:x_total", "", ""), c);
+  rtr_metric_add(c, 2);
+  rtr_metric_observe(h, 0.5);
+  EXPECT_EQ(render(m), "# HELP dserve:x_total X.\n# TYPE dserve:x_total counter\n"
+                       "dserve:x_total{model_name=\"org/a\\\"b\\\\c\"} 2\n"
+                       "# HELP dserve:h_seconds H.\n# TYPE dserve:h_seconds histogram\n"
+                       "dserve:h_seconds_bucket{model_name=\"org/a\\\"b\\\\c\",worker=\"w0\",le=\"1\"} 1\n"
+                       "dserve:h_seconds_bucket{model_name=\"org/a\\\"b\\\\c\",worker=\"w0\",le=\"+Inf\"} 1\n"
+                       "dserve:h_seconds_sum{model_name=\"org/a\\\"b\\\\c\",worker=\"w0\"} 0.5\n"
+                       "dserve:h_seconds_count{model_name=\"org/a\\\"b\\\\c\",worker=\"w0\"} 1\n");
+  rtr_metrics_free(m);
+}
+
 TEST(Metrics, CounterGaugeText) {
   rtr_metrics *m = rtr_metrics_new();
   rtr_metric *c = rtr_metrics_counter(m, "dserve:prompt_tokens_total", "Prompt tokens.", nullptr);

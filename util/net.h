@@ -1,0 +1,18 @@
+// util/net.h: socket helpers every module that writes to a socket shares.
+#ifndef DSERVE_UTL_NET_H
+#define DSERVE_UTL_NET_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Sends all n bytes of p on socket fd (MSG_NOSIGNAL: a closed peer is an error, not SIGPIPE; EINTR retried). 0, or -1
+// when the socket failed (or its send timeout passed) before all of it went.
+int utl_send_all(int fd, const void *p, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
