@@ -77,6 +77,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     if (!strcmp(a, "--model") || !strcmp(a, "-m")) o->model = v;
     else if (!strcmp(a, "--prompt") || !strcmp(a, "-p")) o->prompt = v;
     else if (!strcmp(a, "--kernels")) o->kernels = v;
+    else if (!strcmp(a, "--kv-type")) bad = cmd_model_kv_type(v, &o->lo);
     else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) bad = cmd_parse_int(v, 0, 1 << 20, &o->n_gen);
     else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) bad = cmd_parse_int(v, 1, 1024, &o->threads);
     else if (!strcmp(a, "--top-k")) bad = cmd_parse_int(v, 0, 1 << 30, &o->top_k);

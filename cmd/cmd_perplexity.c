@@ -58,6 +58,7 @@ static int parse_args(int argc, char **argv, ppl_opts *o) {
     else if (!strcmp(a, "--kl-base")) o->kl_base = v;
     else if (!strcmp(a, "--save-logits")) o->save_logits = v;
     else if (!strcmp(a, "--kernels")) o->kernels = v;
+    else if (!strcmp(a, "--kv-type")) bad = cmd_model_kv_type(v, &o->lo);
     else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) bad = cmd_parse_int(v, 4, 1 << 20, &o->ctx);
     else if (!strcmp(a, "--chunks")) bad = cmd_parse_int(v, 1, 1 << 20, &o->chunks);
     else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) bad = cmd_parse_int(v, 1, 1024, &o->threads);
@@ -219,7 +220,7 @@ static int run(cmd_model *e, const ppl_run *p, char *err, size_t errlen) {
   mdl_kld_acc acc = {0};
   fprintf(stderr, "perplexity: %d chunks of %d tokens, scoring %d per chunk (%s, %d threads, %s weights, %s KV)\n",
           p->n_chunk, n_ctx, S, e->kc.be->name, krn_pool_threads(e->pool), e->lo.f32_weights ? "F32" : "the file's",
-          e->kv.type == KRN_F32 ? "F32" : "F16");
+          krn_type_name(e->kv.type));
   for (int c = 0; c < p->n_chunk; c++) {
     const int32_t *src = p->tokens + (size_t)c * n_ctx;
     memcpy(chunk, src, (size_t)n_ctx * sizeof *chunk);

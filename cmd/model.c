@@ -28,6 +28,13 @@ int cmd_model_load_flag(const char *a, cmd_model_load *lo) {
   return 1;
 }
 
+int cmd_model_kv_type(const char *v, cmd_model_load *lo) {
+  int t = krn_kv_type_parse(v);
+  if (t < 0) return -1;
+  lo->kv_type = 1 + t;
+  return 0;
+}
+
 void cmd_model_close(cmd_model *e) {
   if (e->kv.base) e->kc.be->free(&e->kc, e->kv.base);
   mdl_llama_free(e->m);
@@ -68,7 +75,8 @@ fail:
 }
 
 int cmd_model_kv(cmd_model *e, int n_blocks, char *err, size_t errlen) {
-  e->kv.type = e->lo.f32_kv ? KRN_F32 : KRN_F16;
+  e->kv.type = e->lo.kv_type ? (krn_type)(e->lo.kv_type - 1) : e->lo.f32_kv ? KRN_F32 : KRN_F16;
+  if (mdl_kv_type_check(e->cfg, e->kc.be, e->kv.type, err, errlen)) return -1;
   e->kv.block_size = 16;
   e->kv.n_blocks = n_blocks;
   size_t bytes = mdl_kv_block_bytes(e->cfg, e->kv.type, e->kv.block_size) * (size_t)n_blocks;

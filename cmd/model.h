@@ -12,15 +12,19 @@
 // reference bench/accuracy.sh scores against.
 typedef struct cmd_model_load {
   int f32_weights; // mdl_llama_opts.f32_weights (cpu kernels only)
-  int f32_kv;      // the KV cache in F32 rather than F16
+  int f32_kv;      // the KV cache in F32 rather than F16 (--kv-type f32)
+  int kv_type;     // --kv-type: 1 + the KRN_* type of the KV cache (krn_kv_type_parse); 0: F16 (or F32 with f32_kv)
 } cmd_model_load;
 
 // The usage lines of the two flags, and their parser: 1 when a is one of them (set in *lo), else 0.
 #define CMD_MODEL_LOAD_USAGE                                                                                        \
   "  --f32-weights       dequantize every weight to F32 at load (the scalar reference's dequantization) and\n"      \
   "                      multiply by that: a scoring reference, 4 bytes a weight; cpu kernels only\n"              \
-  "  --f32-kv            keep the KV cache in F32 (default F16, as llama.cpp)\n"
+  "  --f32-kv            keep the KV cache in F32 (default F16, as llama.cpp)\n"                                 \
+  "  --kv-type T         the KV cache's type: f16 (default), f32, q8_0 (llama.cpp's -ctk/-ctv q8_0)\n"
 int cmd_model_load_flag(const char *a, cmd_model_load *lo);
+// --kv-type's value into lo: 0, or -1 for a name krn_kv_type_parse does not know.
+int cmd_model_kv_type(const char *v, cmd_model_load *lo);
 
 // The backend, thread pool, model and a KV cache of its own (all owned; zeroed when closed).
 typedef struct cmd_model {
@@ -44,7 +48,7 @@ int cmd_model_opts_ok(const char *cmd, const char *model, const char *kernels);
 int cmd_model_open(cmd_model *e, const char *model, const char *kernels, int threads, const cmd_model_load *lo,
                     char *err, size_t errlen);
 void cmd_model_close(cmd_model *e);
-// Allocates the KV cache: n_blocks blocks of 16 tokens, F16 (F32 with --f32-kv) (once per model).
+// Allocates the KV cache: n_blocks blocks of 16 tokens, F16 (or --f32-kv, --kv-type) (once per model).
 int cmd_model_kv(cmd_model *e, int n_blocks, char *err, size_t errlen);
 
 // Parses a whole decimal integer in [lo, hi]; -1 on anything else.

@@ -57,7 +57,7 @@ typedef struct cfg_worker {
   double kv_budget_mb;    // KV block pool size
   int kv_budget_tokens;   // when > 0: the pool holds this many tokens instead (llama-server's -c); kv_budget_mb unused
   int block_size;         // tokens per KV block (16)
-  char kv_type[8];        // "f16" or "f32"
+  char kv_type[8];        // "f16", "f32" or "q8_0"
   int max_seqs;           // sequences in the running batch at most
   int max_batch_tokens;   // tokens per forward step at most (prefill chunk size); the hard cap of every step
   double tpot_target_ms;  // step scheduler: steps with decode rows aim at this many ms (0 = off: max_batch_tokens)

@@ -1,4 +1,5 @@
 // kernels/krn.c: element types, half-float conversion and row sizes shared by every backend.
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -101,6 +102,39 @@ krn_f16 krn_f32_to_f16(float f) {
   uint32_t half = sign | ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fff;
   if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; // round to nearest even (may carry into exp)
   return (krn_f16)half;
+}
+
+int krn_kv_type_parse(const char *name) {
+  if (!name) return -1;
+  if (!strcmp(name, "f16")) return KRN_F16;
+  if (!strcmp(name, "f32")) return KRN_F32;
+  if (!strcmp(name, "q8_0")) return KRN_Q8_0;
+  return -1;
+}
+
+const char *krn_kv_type_str(int type) {
+  switch (type) {
+  case KRN_F16: return "f16";
+  case KRN_F32: return "f32";
+  case KRN_Q8_0: return "q8_0";
+  }
+  return "unknown";
+}
+
+int krn_kv_type_ok(int type, int head_dim) {
+  if (head_dim < 1) return 0;
+  if (type == KRN_F16 || type == KRN_F32) return 1;
+  return type == KRN_Q8_0 && head_dim % KRN_QK == 0;
+}
+
+void krn_quant_row_q8_0(krn_block_q8_0 *out, const float *x, int n) {
+  for (int b = 0; b < n / KRN_QK; b++, x += KRN_QK) {
+    float amax = 0.0f;
+    for (int j = 0; j < KRN_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = krn_f32_to_f16(d);
+    for (int j = 0; j < KRN_QK; j++) out[b].qs[j] = (int8_t)roundf(x[j] * id);
+  }
 }
 
 int krn_event_new(krn_ctx *c, krn_event **out, char *err, size_t errlen) {

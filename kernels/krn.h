@@ -81,6 +81,16 @@ krn_f16 krn_f32_to_f16(float f);
 float krn_bf16_to_f32(krn_bf16 h);
 krn_bf16 krn_f32_to_bf16(float f); // round to nearest even; NaN stays a (quiet) NaN
 
+// KV cache element types: F16 (the default), F32, and Q8_0 (ggml's blocks of 32 values with their f16 scale: a cache
+// row of head_dim values is head_dim / 32 blocks, so every KV block carries its own scales). A row's bytes are
+// krn_row_size(type, n): the one size every layer (pool, wire, stage, prefix tiers) derives from.
+int krn_kv_type_parse(const char *name);        // "f16", "f32", "q8_0" -> the type; -1 for anything else
+const char *krn_kv_type_str(int type);          // the config's name of a KV type: "f16", "f32", "q8_0"; else "unknown"
+int krn_kv_type_ok(int type, int head_dim);     // 1: a cache of that type holds rows of head_dim (Q8_0: 32 | head_dim)
+// out(n / 32) = x(n) in Q8_0 as ggml's reference quantizer writes it (d = max|x| / 127 as f16, q = round(x / d));
+// n a multiple of 32. The cpu tables' kv_store stores through it, so every cpu backend writes the same bytes.
+void krn_quant_row_q8_0(krn_block_q8_0 *out, const float *x, int n);
+
 // A small fixed thread pool. krn_pool_run calls fn(arg, ith, nth) once on each of nth threads
 // (the caller is thread 0) and returns when all are done. Not reentrant: one run at a time.
 typedef struct krn_pool krn_pool;
@@ -108,8 +118,9 @@ typedef struct krn_attn_args {
   const int32_t *tok_pos;      // (n_tokens) position of each row; row attends to positions [0, pos] of its sequence
   const int32_t *block_tables; // (n_seqs, max_blocks) block ids of each sequence in position order
   int max_blocks;
-  void *k_cache, *v_cache;     // (n_blocks, block_size, n_kv_head, head_dim) of kv_type, one layer
-  krn_type kv_type;            // KRN_F16 (default) or KRN_F32
+  void *k_cache, *v_cache;     // (n_blocks, block_size, n_kv_head, head_dim) of kv_type, one layer; Q8_0: each
+                               // (position, kv head) row is head_dim / 32 blocks of krn_block_q8_0
+  krn_type kv_type;            // KRN_F16 (default), KRN_F32, or KRN_Q8_0 on tables with kv_q8_0 = 1
   float scale;                 // usually 1 / sqrt(head_dim)
   int window;                  // > 0: sliding window, a row at pos sees positions (pos - window, pos] only (Gemma 3's
                                // local layers; only on tables with attn_window = 1); 0: all of [0, pos]
@@ -178,6 +189,7 @@ typedef struct krn_backend {
   // x(n) *= s
   void (*scale)(krn_ctx *c, float *x, float s, int64_t n);
   int attn_window; // 1: paged_attention honors krn_attn_args.window
+  int kv_q8_0;     // 1: kv_store and paged_attention take KRN_Q8_0 caches (the cpu tables); 0: a Q8_0 pool is refused
   // Scaled RoPE (models whose GGUF asks for rope scaling): as rope, but pair i of a head at position p turns by
   // p * inv_freq[i] (inv_freq(head_dim / 2), backend memory), and both rotated values are multiplied by mscale
   // (YaRN's magnitude scale; 1 otherwise). NULL in cuda, where such a model refuses to load.

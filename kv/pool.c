@@ -55,8 +55,9 @@ int kv_pool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const kv_pool_opts *o, kv
     snprintf(err, errlen, "kvpool: missing model config, kernel context or options");
     return -1;
   }
-  if (o->type != KRN_F16 && o->type != KRN_F32) {
-    snprintf(err, errlen, "kvpool: KV type %s not supported (F16 or F32)", krn_type_name(o->type));
+  char why[200];
+  if (mdl_kv_type_check(cfg, kc->be, o->type, why, sizeof why)) {
+    snprintf(err, errlen, "kvpool: %s", why);
     return -1;
   }
   int bs = o->block_size ? o->block_size : 16;

@@ -17,7 +17,7 @@ typedef struct kv_stage kv_stage; // kv/stage.h
 
 typedef struct kv_pool_opts {
   size_t budget_bytes;  // the pool holds floor(budget / mdl_kv_block_bytes) blocks
-  krn_type type;        // KRN_F16 (default) or KRN_F32
+  krn_type type;        // KRN_F16 (default), KRN_F32 or KRN_Q8_0 (mdl_kv_type_check)
   int block_size;       // 16
   int shareable;        // 1: host memory from kvx_host_alloc (a peer on this host may map it: shm backend)
   int plain;            // 1: one layer group even for a model with sliding-window layers (nothing given back)

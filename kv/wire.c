@@ -32,6 +32,12 @@ int kv_wire_check_layout(const prt_kv_layout *peer, const kv_pool *local, wrk_kv
              l.n_groups, mdl_kv_groups(v));
     return -1;
   }
+  if (l.type != (int)v->type) { // the blocks' bytes mean different things: refused, never read as the other type
+    snprintf(err, errlen,
+             "KV types differ: the peer's pool holds kv_type %s, this worker's %s: give both workers the same kv_type",
+             krn_kv_type_str(l.type), krn_kv_type_str(v->type));
+    return -1;
+  }
   if (l.n_layer != c->n_layer || l.kv_dim != c->n_kv_head * c->head_dim || l.type != (int)v->type ||
       l.block_size != v->block_size) {
     snprintf(err, errlen,

@@ -159,7 +159,8 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
     snprintf(err, errlen, "forward: empty batch or no KV cache");
     return -1;
   }
-  if ((kv->type != KRN_F16 && kv->type != KRN_F32) || kv->block_size < 1 || kv->n_blocks < 1) {
+  if (mdl_kv_type_check(c, be, kv->type, err, errlen)) return -1;
+  if (kv->block_size < 1 || kv->n_blocks < 1) {
     snprintf(err, errlen, "forward: bad KV cache (type %s, block size %d, %d blocks)", krn_type_name(kv->type),
              kv->block_size, kv->n_blocks);
     return -1;

@@ -91,6 +91,9 @@ typedef struct mdl_kv {
   const int32_t *page_map;
 } mdl_kv;
 
+// 0 when a KV cache of type (F16, F32, Q8_0) fits the model's head_dim and backend be's kernels (NULL: any); else -1
+// with err naming the type. The pool, the forward pass and the one-machine commands all ask it.
+int mdl_kv_type_check(const mdl_llama_cfg *c, const krn_backend *be, krn_type type, char *err, size_t errlen);
 size_t mdl_kv_chunk_bytes(const mdl_llama_cfg *c, const mdl_kv *kv);             // one (slot, K|V, page)
 size_t mdl_kv_block_bytes(const mdl_llama_cfg *c, krn_type type, int block_size); // one block over all layers, K and V
 // Address of layer's K (kv_idx 0) or V (1) chunk in page `page` (the page of that layer's group).

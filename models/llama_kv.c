@@ -1,7 +1,30 @@
 // models/llama_kv.c: sizes and addresses inside the paged KV cache layout of models/llama.h, and its layer groups.
 #include "models/llama.h"
 
-static size_t kv_elsize(krn_type t) { return t == KRN_F32 ? 4 : 2; }
+#include <stdio.h>
+
+int mdl_kv_type_check(const mdl_llama_cfg *c, const krn_backend *be, krn_type type, char *err, size_t errlen) {
+  if (type != KRN_F16 && type != KRN_F32 && type != KRN_Q8_0) {
+    snprintf(err, errlen, "KV type %s not supported (f16, f32 or q8_0)", krn_type_name(type));
+    return -1;
+  }
+  if (!krn_kv_type_ok(type, c->head_dim)) {
+    snprintf(err, errlen, "kv_type %s needs head_dim a multiple of %d; this model's is %d", krn_kv_type_str(type),
+             KRN_QK, c->head_dim);
+    return -1;
+  }
+  if (type == KRN_Q8_0 && be && !be->kv_q8_0) {
+    snprintf(err, errlen, "kv_type q8_0: the %s kernels have no q8_0 paged attention (use kv_type f16, or cpu kernels)",
+             be->name);
+    return -1;
+  }
+  return 0;
+}
+
+// Bytes of one position's K (or V) of one layer: n_kv_head * head_dim values of the type, Q8_0 with its scales.
+static size_t kv_row_bytes(const mdl_llama_cfg *c, krn_type t) {
+  return krn_row_size(t, (int64_t)c->n_kv_head * c->head_dim);
+}
 
 // The layer's sliding window (0: global): the first swa_pattern - 1 layers of each swa_pattern are local. Here, below
 // llama.c, because the KV layout's layer groups are cut by it.
@@ -11,11 +34,11 @@ int mdl_llama_layer_window(const mdl_llama_cfg *c, int layer) {
 }
 
 size_t mdl_kv_chunk_bytes(const mdl_llama_cfg *c, const mdl_kv *kv) {
-  return (size_t)kv->block_size * (size_t)c->n_kv_head * (size_t)c->head_dim * kv_elsize(kv->type);
+  return (size_t)kv->block_size * kv_row_bytes(c, kv->type);
 }
 
 size_t mdl_kv_block_bytes(const mdl_llama_cfg *c, krn_type type, int block_size) {
-  return 2 * (size_t)c->n_layer * (size_t)block_size * (size_t)c->n_kv_head * (size_t)c->head_dim * kv_elsize(type);
+  return 2 * (size_t)c->n_layer * (size_t)block_size * kv_row_bytes(c, type);
 }
 
 void *mdl_kv_chunk(const mdl_llama_cfg *c, const mdl_kv *kv, int layer, int kv_idx, int page) {

@@ -53,7 +53,7 @@ int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_
   rt->n_ctx = mc->n_ctx_train > 0 ? mc->n_ctx_train : 2048;
   kv_pool_opts ko = {
       .budget_bytes = (size_t)(w->kv_budget_mb * 1024.0 * 1024.0),
-      .type = !strcmp(w->kv_type, "f32") ? KRN_F32 : KRN_F16,
+      .type = (krn_type)krn_kv_type_parse(w->kv_type), // config checked the name: f16, f32 or q8_0
       .block_size = w->block_size,
       .shareable = shareable_kv,
   };

@@ -71,8 +71,19 @@ static inline int krn_cpu_mm_ok(krn_type t, int n, int k, int m) {
 }
 static inline int krn_cpu_attn_ok(const krn_attn_args *a) {
   return a->n_tokens >= 0 && a->n_head > 0 && a->n_kv_head > 0 && a->n_head % a->n_kv_head == 0 && a->head_dim > 0 &&
-         a->block_size > 0 && a->max_blocks >= 0 && (a->kv_type == KRN_F16 || a->kv_type == KRN_F32);
+         a->block_size > 0 && a->max_blocks >= 0 && krn_kv_type_ok(a->kv_type, a->head_dim);
 }
+// Byte offset of position pos's row (all kv heads) in block blk of a cache, and of kv head kh inside a row: a cache
+// row is krn_row_size(kv_type, n_kv_head * head_dim) bytes whatever the type (Q8_0's scales sit in its blocks).
+static inline size_t krn_cpu_kv_off(const krn_attn_args *a, int32_t blk, int32_t pos_in_block) {
+  return ((size_t)blk * (size_t)a->block_size + (size_t)pos_in_block) *
+         krn_row_size(a->kv_type, (int64_t)a->n_kv_head * a->head_dim);
+}
+static inline size_t krn_cpu_kv_head_off(const krn_attn_args *a, int kh) {
+  return (size_t)kh * krn_row_size(a->kv_type, a->head_dim);
+}
+// Stores one token's row x(n_kv_head * head_dim) into the cache at dst (a row's offset), in the cache's type.
+void krn_cpu_kv_store_row(void *dst, const float *x, const krn_attn_args *a);
 static inline void krn_cpu_fill_nan(float *out, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = __builtin_nanf("");
 }

@@ -289,6 +289,13 @@ static void scalar_add(krn_ctx *c, float *y, const float *x, int64_t n) {
 
 // ---- KV cache and attention ----
 
+void krn_cpu_kv_store_row(void *dst, const float *x, const krn_attn_args *a) {
+  int kvd = a->n_kv_head * a->head_dim;
+  if (a->kv_type == KRN_F32) memcpy(dst, x, (size_t)kvd * sizeof(float));
+  else if (a->kv_type == KRN_Q8_0) krn_quant_row_q8_0(dst, x, kvd); // head_dim % 32 == 0: no group spans two heads
+  else for (int j = 0; j < kvd; j++) ((krn_f16 *)dst)[j] = krn_f32_to_f16(x[j]);
+}
+
 void krn_scalar_kv_store(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a) {
   (void)c;
   if (!krn_cpu_attn_ok(a)) return; // nothing sensible to write
@@ -296,20 +303,19 @@ void krn_scalar_kv_store(krn_ctx *c, const float *k, const float *v, const krn_a
   for (int t = 0; t < a->n_tokens; t++) {
     int32_t blk = krn_cpu_block_of(a, a->tok_seq[t], a->tok_pos[t]);
     if (blk < 0) continue; // outside the sequence's block table: nothing to write
-    size_t off = ((size_t)blk * a->block_size + (size_t)(a->tok_pos[t] % a->block_size)) * kvd;
-    const float *kt = k + (size_t)t * kvd, *vt = v + (size_t)t * kvd;
-    if (a->kv_type == KRN_F32) {
-      memcpy((float *)a->k_cache + off, kt, (size_t)kvd * sizeof(float));
-      memcpy((float *)a->v_cache + off, vt, (size_t)kvd * sizeof(float));
-    } else {
-      krn_f16 *kc = (krn_f16 *)a->k_cache + off, *vc = (krn_f16 *)a->v_cache + off;
-      for (int j = 0; j < kvd; j++) { kc[j] = krn_f32_to_f16(kt[j]); vc[j] = krn_f32_to_f16(vt[j]); }
-    }
+    size_t off = krn_cpu_kv_off(a, blk, a->tok_pos[t] % a->block_size);
+    krn_cpu_kv_store_row((char *)a->k_cache + off, k + (size_t)t * kvd, a);
+    krn_cpu_kv_store_row((char *)a->v_cache + off, v + (size_t)t * kvd, a);
   }
 }
 
-static inline float kv_at(const void *cache, krn_type t, size_t i) {
-  return t == KRN_F32 ? ((const float *)cache)[i] : krn_f16_to_f32(((const krn_f16 *)cache)[i]);
+// Element e of the (position, kv head) row at byte offset off, read in place (Q8_0: d * q of its block).
+static inline float kv_at(const void *cache, krn_type t, size_t off, int e) {
+  const char *row = (const char *)cache + off;
+  if (t == KRN_F32) return ((const float *)row)[e];
+  if (t == KRN_F16) return krn_f16_to_f32(((const krn_f16 *)row)[e]);
+  const krn_block_q8_0 *b = (const krn_block_q8_0 *)row + e / KRN_QK;
+  return krn_f16_to_f32(b->d) * (float)b->qs[e % KRN_QK];
 }
 
 typedef struct attn_task {
@@ -321,7 +327,7 @@ typedef struct attn_task {
 static void attn_run(void *vp, int ith, int nth) {
   attn_task *t = vp;
   const krn_attn_args *a = t->a;
-  int hd = a->head_dim, group = a->n_head / a->n_kv_head, kvd = a->n_kv_head * hd;
+  int hd = a->head_dim, group = a->n_head / a->n_kv_head;
   int64_t lo, hi;
   krn_cpu_range((int64_t)a->n_tokens * a->n_head, ith, nth, &lo, &hi);
   if (lo >= hi) return;
@@ -338,9 +344,9 @@ static void attn_run(void *vp, int ith, int nth) {
       int32_t blk = krn_cpu_block_of(a, seq, p);
       sc[p] = -INFINITY;
       if (blk < 0 || p < p_lo) continue;
-      size_t base = ((size_t)blk * a->block_size + (size_t)(p % a->block_size)) * kvd + (size_t)kh * hd;
+      size_t base = krn_cpu_kv_off(a, blk, p % a->block_size) + krn_cpu_kv_head_off(a, kh);
       double s = 0;
-      for (int e = 0; e < hd; e++) s += (double)q[e] * kv_at(a->k_cache, a->kv_type, base + e);
+      for (int e = 0; e < hd; e++) s += (double)q[e] * kv_at(a->k_cache, a->kv_type, base, e);
       sc[p] = (float)s * a->scale;
       mx = fmaxf(mx, sc[p]);
     }
@@ -351,9 +357,9 @@ static void attn_run(void *vp, int ith, int nth) {
     for (int32_t p = p_lo; p <= pos; p++) {
       int32_t blk = krn_cpu_block_of(a, seq, p);
       if (blk < 0) continue;
-      size_t base = ((size_t)blk * a->block_size + (size_t)(p % a->block_size)) * kvd + (size_t)kh * hd;
+      size_t base = krn_cpu_kv_off(a, blk, p % a->block_size) + krn_cpu_kv_head_off(a, kh);
       float w = (float)(sc[p] / sum);
-      for (int e = 0; e < hd; e++) o[e] += w * kv_at(a->v_cache, a->kv_type, base + e);
+      for (int e = 0; e < hd; e++) o[e] += w * kv_at(a->v_cache, a->kv_type, base, e);
     }
   }
   free(sc);
@@ -390,6 +396,7 @@ static const krn_backend scalar_backend = {
     .geglu = krn_scalar_geglu,
     .scale = krn_scalar_scale,
     .attn_window = 1,
+    .kv_q8_0 = 1,
     .rope_freqs = krn_scalar_rope_freqs,
 };
 

@@ -99,17 +99,26 @@ KRN_INLINE void att_pv(float *o, const float *w, size_t ss, const float *v, int 
   }
 }
 
-// Rows n0 .. n0 + n (stride kvd, kv_type) of one kv head's cache block into f32 rows (stride hd); rows n .. n4 zero.
-static void att_rows_f32(float *dst, const char *src, int f16, int kvd, int hd, int n, int n4) {
+// Rows 0 .. n (stride bytes apart, of type t) of one kv head's cache block into f32 rows (stride hd); rows n .. n4
+// zero. Q8_0 rows are read in place, block by block (d * q is exact in f32, so the values are the scalar reference's).
+static void att_rows_f32(float *dst, const char *src, krn_type t, size_t stride, int hd, int n, int n4) {
   for (int p = 0; p < n; p++) {
     float *d = dst + (size_t)p * hd;
-    if (f16) {
-      const krn_f16 *s = (const krn_f16 *)src + (size_t)p * kvd;
+    const char *row = src + (size_t)p * stride;
+    if (t == KRN_F16) {
+      const krn_f16 *s = (const krn_f16 *)row;
       int e = 0;
       for (; e + VL <= hd; e += VL) v_store(d + e, v_loadh(s + e));
       for (; e < hd; e++) d[e] = f16f(s[e]);
+    } else if (t == KRN_Q8_0) {
+      const krn_block_q8_0 *b = (const krn_block_q8_0 *)row;
+      for (int g = 0; g < hd / KRN_QK; g++) {
+        vf sc = v_set1(f16f(b[g].d));
+#pragma GCC unroll 4
+        for (int j = 0; j < KRN_QK; j += VL) v_store(d + g * KRN_QK + j, v_mul(sc, v_loadq8(b[g].qs + j)));
+      }
     } else {
-      memcpy(d, (const float *)src + (size_t)p * kvd, (size_t)hd * sizeof(float));
+      memcpy(d, row, (size_t)hd * sizeof(float));
     }
   }
   if (n4 > n) memset(dst + (size_t)n * hd, 0, (size_t)(n4 - n) * hd * sizeof(float));
@@ -124,9 +133,8 @@ typedef struct attn_scratch {
 
 static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int kh) {
   const krn_attn_args *a = t->a;
-  int hd = a->head_dim, G = a->n_head / a->n_kv_head, kvd = a->n_kv_head * hd, bs = a->block_size;
-  int f16 = a->kv_type != KRN_F32;
-  size_t esz = f16 ? 2 : 4, ss = s->span;
+  int hd = a->head_dim, G = a->n_head / a->n_kv_head, bs = a->block_size;
+  size_t ss = s->span, stride = krn_cpu_kv_off(a, 0, 1), hoff = krn_cpu_kv_head_off(a, kh); // bytes per position, head
   int r0 = t->tiles[tile], nt = t->tiles[tile + 1] - r0, R = nt * G;
   int Rp = (R + ATT_PR - 1) / ATT_PR * ATT_PR; // ATT_PR is a multiple of ATT_QR
   int32_t seq = a->tok_seq[r0];
@@ -158,8 +166,7 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
         for (int p = 0; p < np; p++) sc0[(size_t)r * ss + p] = -INFINITY;
       continue;
     }
-    att_rows_f32(s->kv, (const char *)a->k_cache + ((size_t)blk * bs * kvd + (size_t)kh * hd) * esz, f16, kvd, hd, np,
-                 np4);
+    att_rows_f32(s->kv, (const char *)a->k_cache + krn_cpu_kv_off(a, blk, 0) + hoff, a->kv_type, stride, hd, np, np4);
     for (int r = 0; r < Rp; r += ATT_QR)
       for (int p = 0; p < np4; p += 4) {
         if (p + 4 <= np) {
@@ -203,8 +210,7 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
   for (int32_t p0 = plo; p0 < phi; p0 += bs) {
     int32_t blk = bt[p0 / bs], np = p0 + bs < phi ? bs : phi - p0;
     if (blk < 0) continue;
-    att_rows_f32(s->kv, (const char *)a->v_cache + ((size_t)blk * bs * kvd + (size_t)kh * hd) * esz, f16, kvd, hd, np,
-                 np);
+    att_rows_f32(s->kv, (const char *)a->v_cache + krn_cpu_kv_off(a, blk, 0) + hoff, a->kv_type, stride, hd, np, np);
     const float *w0 = s->sc + (p0 - plo);
     for (int r = 0; r < Rp; r += ATT_PR) {
       float *o = s->o + (size_t)r * hd;

@@ -36,6 +36,7 @@ static const krn_backend simd_backend = {
     .geglu = simd_geglu,
     .scale = krn_scalar_scale,
     .attn_window = 1,
+    .kv_q8_0 = 1,
     .rope_freqs = simd_rope_freqs,
 };
 

@@ -196,14 +196,14 @@ static void kvs_run(void *vp, int ith, int nth) {
   for (int64_t i = lo; i < hi; i++) {
     int32_t blk = krn_cpu_block_of(a, a->tok_seq[i], a->tok_pos[i]);
     if (blk < 0) continue; // outside the sequence's block table: nothing to write
-    size_t off = ((size_t)blk * a->block_size + (size_t)(a->tok_pos[i] % a->block_size)) * kvd;
+    size_t off = krn_cpu_kv_off(a, blk, a->tok_pos[i] % a->block_size);
     const float *kt = t->k + (size_t)i * kvd, *vt = t->v + (size_t)i * kvd;
-    if (a->kv_type == KRN_F32) {
-      memcpy((float *)a->k_cache + off, kt, (size_t)kvd * sizeof(float));
-      memcpy((float *)a->v_cache + off, vt, (size_t)kvd * sizeof(float));
+    if (a->kv_type != KRN_F16) { // f32: a copy; q8_0: the one quantizer every backend stores through
+      krn_cpu_kv_store_row((char *)a->k_cache + off, kt, a);
+      krn_cpu_kv_store_row((char *)a->v_cache + off, vt, a);
       continue;
     }
-    krn_f16 *kc = (krn_f16 *)a->k_cache + off, *vc = (krn_f16 *)a->v_cache + off;
+    krn_f16 *kc = (krn_f16 *)((char *)a->k_cache + off), *vc = (krn_f16 *)((char *)a->v_cache + off);
     int j = 0;
     for (; j + VL <= kvd; j += VL) { v_storeh(kc + j, v_load(kt + j)); v_storeh(vc + j, v_load(vt + j)); }
     for (; j < kvd; j++) { kc[j] = krn_f32_to_f16(kt[j]); vc[j] = krn_f32_to_f16(vt[j]); }

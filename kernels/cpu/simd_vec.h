@@ -24,6 +24,7 @@ typedef __m512 vf;
 #define v_load(p) _mm512_loadu_ps(p)
 #define v_store(p, v) _mm512_storeu_ps(p, v)
 #define v_loadh(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define v_loadq8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))) // VL int8s
 #define v_set1(x) _mm512_set1_ps(x)
 #define v_zero() _mm512_setzero_ps()
 #define v_add(a, b) _mm512_add_ps(a, b)
@@ -59,6 +60,7 @@ typedef __m256 vf;
 #define v_load(p) _mm256_loadu_ps(p)
 #define v_store(p, v) _mm256_storeu_ps(p, v)
 #define v_loadh(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define v_loadq8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))) // VL int8s
 #define v_set1(x) _mm256_set1_ps(x)
 #define v_zero() _mm256_setzero_ps()
 #define v_add(a, b) _mm256_add_ps(a, b)

@@ -289,6 +289,7 @@ static const krn_backend cu_backend = {
     krn_cuda_geglu,
     krn_cuda_scale,
     1, // attn_window: paged_attention honors krn_attn_args.window and skips block ids < 0
+    0, // kv_q8_0: no q8_0 paged attention here; a q8_0 pool on this table is refused at load (mdl_kv_type_check)
     krn_cuda_rope_freqs,
 };
 

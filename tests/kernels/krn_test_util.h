@@ -164,6 +164,22 @@ struct PagedBatch {
   }
 };
 
+// x through Q8_0 and back (ggml's blocks of 32, as a Q8_0 cache holds it); x.size() a multiple of 32.
+inline void q8_0_round_trip(std::vector<float> &x) {
+  std::vector<krn_block_q8_0> b(x.size() / KRN_QK);
+  krn_quant_row_q8_0(b.data(), x.data(), (int)x.size());
+  for (size_t i = 0; i < x.size(); i++) x[i] = krn_f16_to_f32(b[i / KRN_QK].d) * (float)b[i / KRN_QK].qs[i % KRN_QK];
+}
+
+// Element e of the position row at byte offset off of a cache of type t (Q8_0: d * q of its block).
+inline float kv_cache_value(const std::vector<uint8_t> &cache, krn_type t, size_t off, size_t e) {
+  const uint8_t *r = cache.data() + off;
+  if (t == KRN_F32) return ((const float *)r)[e];
+  if (t == KRN_F16) return krn_f16_to_f32(((const krn_f16 *)r)[e]);
+  const krn_block_q8_0 *b = (const krn_block_q8_0 *)r + e / KRN_QK;
+  return krn_f16_to_f32(b->d) * (float)b->qs[e % KRN_QK];
+}
+
 // Sequence s has ctx[s] positions in total, of which the last new_toks[s] are this batch's query rows.
 // The cache is filled with kv_store from random K/V for every position (so kv_store is exercised too).
 inline PagedBatch make_batch(std::mt19937 &rng, const krn_backend *be, krn_ctx *c, int n_head, int n_kv_head, int hd,
@@ -188,8 +204,8 @@ inline PagedBatch make_batch(std::mt19937 &rng, const krn_backend *be, krn_ctx *
   int next = 0;
   for (int s = 0; s < ns; s++)
     for (int b = 0; b < (ctx[s] + pb.block_size - 1) / pb.block_size; b++) pb.tables[(size_t)s * pb.max_blocks + b] = ids[next++];
-  size_t esz = kv_type == KRN_F32 ? 4 : 2, kvd = (size_t)n_kv_head * hd;
-  pb.kc.assign((size_t)pb.n_blocks * pb.block_size * kvd * esz, 0xff); // garbage (nan) outside written slots
+  size_t kvd = (size_t)n_kv_head * hd, row = krn_row_size(kv_type, (int64_t)kvd); // a position's bytes
+  pb.kc.assign((size_t)pb.n_blocks * pb.block_size * row, 0xff); // garbage (nan) outside written slots
   pb.vc.assign(pb.kc.size(), 0xff);
   pb.dk.resize(ns);
   pb.dv.resize(ns);
@@ -204,6 +220,9 @@ inline PagedBatch make_batch(std::mt19937 &rng, const krn_backend *be, krn_ctx *
     if (kv_type == KRN_F16) {
       for (auto &x : ks) x = krn_f16_to_f32(krn_f32_to_f16(x));
       for (auto &x : vs) x = krn_f16_to_f32(krn_f32_to_f16(x));
+    } else if (kv_type == KRN_Q8_0) {
+      q8_0_round_trip(ks);
+      q8_0_round_trip(vs);
     }
     pb.dk[s] = ks;
     pb.dv[s] = vs;

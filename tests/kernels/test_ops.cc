@@ -329,18 +329,17 @@ TEST_P(KrnOps, SwigluGegluAddSoftmax) {
 
 TEST_P(KrnOps, KvStoreRoundTrip) {
   std::mt19937 rng(17);
-  for (krn_type kt : {KRN_F16, KRN_F32}) {
+  for (krn_type kt : {KRN_F16, KRN_F32, KRN_Q8_0}) {
     PagedBatch pb = make_batch(rng, be, &ctx, 9, 3, 64, kt, {5, 16, 33}, {5, 16, 33});
     size_t kvd = 3 * 64;
     for (int s = 0; s < 3; s++) {
       int len = (int)(pb.dk[s].size() / kvd);
       for (int p = 0; p < len; p++) {
         int32_t blk = pb.tables[(size_t)s * pb.max_blocks + p / 16];
-        size_t off = ((size_t)blk * 16 + p % 16) * kvd;
+        size_t off = ((size_t)blk * 16 + p % 16) * krn_row_size(kt, (int64_t)kvd);
         for (size_t e = 0; e < kvd; e++) {
-          float k = kt == KRN_F32 ? ((float *)pb.kc.data())[off + e] : krn_f16_to_f32(((krn_f16 *)pb.kc.data())[off + e]);
-          float v = kt == KRN_F32 ? ((float *)pb.vc.data())[off + e] : krn_f16_to_f32(((krn_f16 *)pb.vc.data())[off + e]);
-          ASSERT_EQ(k, pb.dk[s][p * kvd + e]) << "seq " << s << " pos " << p;
+          float k = kv_cache_value(pb.kc, kt, off, e), v = kv_cache_value(pb.vc, kt, off, e);
+          ASSERT_EQ(k, pb.dk[s][p * kvd + e]) << krn_type_name(kt) << " seq " << s << " pos " << p;
           ASSERT_EQ(v, pb.dv[s][p * kvd + e]);
         }
       }
@@ -366,7 +365,8 @@ TEST_P(KrnOps, PagedAttentionMatchesDense) {
   std::mt19937 rng(19);
   struct Cfg { int nh, nkv, hd; };
   for (Cfg cfg : {Cfg{4, 4, 32}, Cfg{9, 3, 64}, Cfg{6, 2, 80}}) {
-    for (krn_type kt : {KRN_F16, KRN_F32}) {
+    for (krn_type kt : {KRN_F16, KRN_F32, KRN_Q8_0}) {
+      if (!krn_kv_type_ok(kt, cfg.hd)) continue; // Q8_0 rows are whole blocks of 32
       std::vector<int> ctxl = {1, 17, 40, 16, 70, 5};
       std::vector<int> news = {1, 17, 1, 16, 1, 3};
       PagedBatch pb = make_batch(rng, be, &ctx, cfg.nh, cfg.nkv, cfg.hd, kt, ctxl, news);
@@ -398,7 +398,8 @@ TEST_P(KrnOps, PagedAttentionPrefillTilesMatchScalar) {
   std::mt19937 rng(29);
   struct Cfg { int nh, nkv, hd; };
   for (Cfg cfg : {Cfg{4, 4, 32}, Cfg{9, 3, 64}, Cfg{4, 1, 256}, Cfg{8, 2, 40}}) {
-    for (krn_type kt : {KRN_F16, KRN_F32}) {
+    for (krn_type kt : {KRN_F16, KRN_F32, KRN_Q8_0}) {
+      if (!krn_kv_type_ok(kt, cfg.hd)) continue; // Q8_0 rows are whole blocks of 32
       std::vector<int> ctxl = {75, 1, 40, 100, 9}, news = {75, 1, 23, 2, 9}; // whole prompts, a chunk, decode rows
       PagedBatch pb = make_batch(rng, be, &ctx, cfg.nh, cfg.nkv, cfg.hd, kt, ctxl, news);
       int nt = (int)pb.tok_seq.size();
@@ -437,6 +438,45 @@ TEST_P(KrnOps, PagedAttentionPrefillTilesMatchScalar) {
   }
 }
 
+// A Q8_0 cache holds what ggml's reference quantizer writes (llama.cpp's -ctk q8_0 reads the same bytes): d is max|x|
+// / 127 rounded to f16, q = roundf(x / d) (ties away from zero), an all-zero group has d = 0; every backend stores the
+// same bytes. And the error it adds to attention stays within what 8 bits allow: a 1/254 step of each group's range.
+TEST_P(KrnOps, KvStoreQ8_0IsGgmlsQuantizer) {
+  std::mt19937 rng(31);
+  PagedBatch pb = make_batch(rng, be, &ctx, 2, 1, 64, KRN_Q8_0, {1}, {1});
+  std::vector<float> k(64, 0.0f), v(64);
+  for (int j = 0; j < 32; j++) k[j] = (float)(j - 16) * 0.5f + (j == 31 ? 23.5f : 0.0f); // max |x| 31.0: d = 31/127
+  for (int j = 0; j < 64; j++) v[j] = j == 5 ? 127.0f : (j < 32 ? (float)j + 0.5f - 16.0f : 0.0f); // d = 1: ties
+  krn_attn_args a = pb.args();
+  a.n_tokens = 1;
+  int32_t seq = 0, pos = 0;
+  a.tok_seq = &seq;
+  a.tok_pos = &pos;
+  be->kv_store(&ctx, k.data(), v.data(), &a);
+  int32_t blk = pb.tables[0];
+  const krn_block_q8_0 *kb = (const krn_block_q8_0 *)(pb.kc.data() + (size_t)blk * 16 * 68);
+  const krn_block_q8_0 *vb = (const krn_block_q8_0 *)(pb.vc.data() + (size_t)blk * 16 * 68);
+  EXPECT_EQ(kb[0].d, krn_f32_to_f16(31.0f / 127.0f));
+  for (int j = 0; j < 32; j++) EXPECT_EQ(kb[0].qs[j], (int8_t)roundf(k[j] * (127.0f / 31.0f))) << j;
+  EXPECT_EQ(kb[1].d, 0); // an all-zero group
+  for (int j = 0; j < 32; j++) EXPECT_EQ(kb[1].qs[j], 0);
+  EXPECT_EQ(krn_f16_to_f32(vb[0].d), 1.0f);
+  for (int j = 0; j < 32; j++)
+    EXPECT_EQ(vb[0].qs[j], j == 5 ? 127 : j < 16 ? j - 16 : j - 15) << "tie at " << j; // -15.5 -> -16, 0.5 -> 1
+  // the same K/V through f16 and q8_0 caches: outputs differ by no more than the quantization step allows
+  for (int hd : {64, 256}) {
+    std::mt19937 r1(37), r2(37);
+    PagedBatch f = make_batch(r1, be, &ctx, 4, 1, hd, KRN_F16, {300}, {3});
+    PagedBatch q = make_batch(r2, be, &ctx, 4, 1, hd, KRN_Q8_0, {300}, {3});
+    auto qv = random_floats(rng, (size_t)3 * 4 * hd, -2, 2);
+    std::vector<float> of(qv.size()), oq(qv.size());
+    krn_attn_args af = f.args(), aq = q.args();
+    be->paged_attention(&ctx, of.data(), qv.data(), &af);
+    be->paged_attention(&ctx, oq.data(), qv.data(), &aq);
+    for (size_t i = 0; i < of.size(); i++) ASSERT_NEAR(oq[i], of[i], 1.0 / 127) << "hd " << hd << " at " << i;
+  }
+}
+
 // Shapes an op cannot run with give NaN outputs (the table has no error channel), never a crash.
 TEST_P(KrnOps, BadShapesGiveNaN) {
   std::vector<uint8_t> w(4096, 0);
@@ -464,6 +504,14 @@ TEST_P(KrnOps, BadShapesGiveNaN) {
     std::vector<float> q(9 * 64, 0.5f), out(9 * 64, 0.0f);
     be->paged_attention(&ctx, out.data(), q.data(), &a);
     for (float v : out) ASSERT_TRUE(std::isnan(v)) << nkv;
+  }
+  { // a Q8_0 cache of rows that are not whole blocks of 32 (head_dim 40): refused, NaN
+    krn_attn_args a = pb.args();
+    a.kv_type = KRN_Q8_0;
+    a.head_dim = 40;
+    std::vector<float> q(9 * 40, 0.5f), out(9 * 40, 0.0f);
+    be->paged_attention(&ctx, out.data(), q.data(), &a);
+    for (float v : out) ASSERT_TRUE(std::isnan(v)) << "q8_0 head_dim 40";
   }
 }
 
