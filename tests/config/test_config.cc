@@ -435,6 +435,7 @@ TEST(Config, ValuesKept) {
     "router": {"api_keys": ["k1", "k2"], "port": 0, "max_tokens_limit": 100, "routing": {"free": 3},
                "prefix_fetch": true, "prefix_fetch_min_blocks": 2},
     "workers": [{"name": "a", "role": "prefill", "port": 0, "device": "cuda", "kv_budget_mb": 0.5, "cuda_graphs": "on",
+                 "kv_type": "q8_0",
                  "kvxfer": {"backend": "rdma", "host": "10.0.0.9", "port": 7000, "staging": "off"}},
                 {"name": "b", "role": "decode", "port": 0, "device": "cuda:3", "kernels": "avx512", "kv_type": "f32",
                  "tpot_target_ms": 95.5}]})");
@@ -455,6 +456,7 @@ TEST(Config, ValuesKept) {
   EXPECT_EQ(c->workers[0].kvx_port, 7000);
   EXPECT_STREQ(c->workers[1].device, "cuda:3");
   EXPECT_STREQ(c->workers[1].kernels, "avx512");
+  EXPECT_STREQ(c->workers[0].kv_type, "q8_0");
   EXPECT_STREQ(c->workers[1].kv_type, "f32");
   EXPECT_STREQ(cfg_role_name(c->workers[1].role), "decode");
   EXPECT_STREQ(c->workers[0].kvx_staging, "off");
@@ -548,7 +550,7 @@ const BadCase kBad[] = {
      "t.json: router.disagg_max_prefill_queue"},
     {R"({"model": "m", "workers": [{"port": 1, "device": "gpu"}]})", "t.json: workers[0].device: \"gpu\" is not one of"},
     {R"({"model": "m", "workers": [{"port": 1, "device": "cuda:x"}]})", "t.json: workers[0].device:"},
-    {R"({"model": "m", "workers": [{"port": 1, "kv_type": "q8"}]})", "t.json: workers[0].kv_type: \"q8\" is not one of: f16, f32"},
+    {R"({"model": "m", "workers": [{"port": 1, "kv_type": "q8"}]})", "t.json: workers[0].kv_type: \"q8\" is not one of: f16, f32, q8_0"},
     {R"({"model": "m", "workers": [{"port": 1, "block_size": 0}]})", "t.json: workers[0].block_size: expected an integer 1..1024"},
     {R"({"model": "m", "workers": [{"port": 1, "max_seqs": 0}]})", "t.json: workers[0].max_seqs:"},
     {R"({"model": "m", "workers": [{"port": 1, "max_batch_tokens": true}]})", "t.json: workers[0].max_batch_tokens:"},

@@ -160,14 +160,14 @@ TEST(Gemma, TokenizerByteFallbackAndSpaces) {
 // GEMMA_KV_F32=1, GEMMA_DEBUG=1 prints the compared log-probabilities).
 // Gemma on the CPU; GEMMA_KERNELS names the backend and GEMMA_KV_F32 makes the cache F32 (for investigations).
 struct Engine : ModelEngine {
-  bool open(int n_blocks) {
+  bool open(int n_blocks, krn_type kv_type = KRN_F16) {
     const char *name = getenv("GEMMA_KERNELS");
     const krn_backend *be = name ? krn_cpu_by_name(name) : nullptr;
     if (name && !be) {
       ADD_FAILURE() << "GEMMA_KERNELS=" << name << ": no such cpu backend";
       return false;
     }
-    return ModelEngine::open(kModel, n_blocks, be, getenv("GEMMA_KV_F32") ? KRN_F32 : KRN_F16);
+    return ModelEngine::open(kModel, n_blocks, be, getenv("GEMMA_KV_F32") ? KRN_F32 : kv_type);
   }
 };
 
@@ -216,13 +216,12 @@ TEST(Gemma, LoadsConfig) {
 const float kLogprobTol = 1.25f;
 const float kTieMargin = 0.5f;
 
-TEST(Gemma, GoldenGreedyAndLogprobsMatchLlamaCpp) {
-  SKIP_WITHOUT_MODEL();
+void golden_greedy_and_logprobs(krn_type kv_type) {
   std::string js = slurp(kGreedyGolden);
   cJSON *root = cJSON_Parse(js.c_str());
   ASSERT_NE(root, nullptr) << "cannot parse " << kGreedyGolden;
   Engine e;
-  ASSERT_TRUE(e.open(256));
+  ASSERT_TRUE(e.open(256, kv_type));
   const int V = e.cfg->n_vocab;
   const cJSON *cases = cJSON_GetObjectItem(root, "cases"), *c;
   int ci = 0, n_equal = 0, n_cases = 0;
@@ -279,6 +278,17 @@ TEST(Gemma, GoldenGreedyAndLogprobsMatchLlamaCpp) {
                n_cases, worst);
   EXPECT_GE(n_cases, 8);
   cJSON_Delete(root);
+}
+
+TEST(Gemma, GoldenGreedyAndLogprobsMatchLlamaCpp) {
+  SKIP_WITHOUT_MODEL();
+  golden_greedy_and_logprobs(KRN_F16);
+}
+
+// kv_type q8_0 under the same tolerance policy against llama.cpp's f16-cache goldens.
+TEST(Gemma, GoldenWithQ8_0KvCacheWithinTheSameTolerances) {
+  SKIP_WITHOUT_MODEL();
+  golden_greedy_and_logprobs(KRN_Q8_0);
 }
 
 // A prompt past the 512-token window, prefilled in one step, equals the same prompt in chunks of 300 that start

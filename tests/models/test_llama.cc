@@ -62,8 +62,8 @@ std::vector<Case> load_golden() {
 
 // The model on the best cpu backend with 2 threads, and a KV cache of n_blocks blocks.
 struct Engine : ModelEngine {
-  bool open(int n_blocks = 512) {
-    return ModelEngine::open(kModel, n_blocks, nullptr, KRN_F16, " (the real model is needed: run scripts/setup.sh)");
+  bool open(int n_blocks = 512, krn_type kv_type = KRN_F16) {
+    return ModelEngine::open(kModel, n_blocks, nullptr, kv_type, " (the real model is needed: run scripts/setup.sh)");
   }
 };
 
@@ -400,11 +400,11 @@ TEST(Llama, RefusesUnsupportedArchAndType) {
 const float kLogitTol = 1.5f;
 const float kTieMargin = 0.75f;
 
-TEST(Llama, GoldenGreedyAndLogitsMatchLlamaCpp) {
+void golden_greedy_and_logits(krn_type kv_type) {
   auto cs = load_golden();
   ASSERT_GE(cs.size(), 8u) << kGolden;
   Engine e;
-  ASSERT_TRUE(e.open());
+  ASSERT_TRUE(e.open(512, kv_type));
   int V = e.cfg->n_vocab, ties = 0;
   for (size_t ci = 0; ci < cs.size(); ci++) {
     const Case &c = cs[ci];
@@ -442,5 +442,11 @@ TEST(Llama, GoldenGreedyAndLogitsMatchLlamaCpp) {
   }
   EXPECT_LE(ties, (int)cs.size() * 32 / 20) << ties << " near-ties over " << cs.size() << " prompts x 32 tokens";
 }
+
+TEST(Llama, GoldenGreedyAndLogitsMatchLlamaCpp) { golden_greedy_and_logits(KRN_F16); }
+
+// A Q8_0 KV cache (kv_type q8_0) keeps the same policy against llama.cpp's f16-cache goldens: same tolerances, same
+// tie rule, the same bound on ties. Its own error (8 bits per value, one f16 scale per 32) is small beside them.
+TEST(Llama, GoldenWithQ8_0KvCacheWithinTheSameTolerances) { golden_greedy_and_logits(KRN_Q8_0); }
 
 } // namespace
