@@ -260,6 +260,7 @@ void *rtr_link_main(void *arg) {
         int read = !prt_hello_ok_decode(ctl_peer_hello(p), &ho, NULL, 0);
         l->n_ctx = read && ho.has_worker ? ho.n_ctx : 0;
         l->block_size = read && ho.has_layout && ho.kv_layout.block_size >= 1 ? ho.kv_layout.block_size : 16;
+        l->kv_type = read && ho.has_layout ? ho.kv_layout.type : -1;
         if (s->kv) rtr_kvindex_remove_worker(s->kv, (int)(l - s->links)); // a new process: it tells us anew
         l->peer = p;
         l->up = 1;
@@ -397,7 +398,7 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
   for (int i = 0; i < s->n_links; i++) {
     rtr_link *l = &s->links[i];
     w[i] = (rtr_sched_worker){l->up && !l->draining && !l->silent_moved, l->cfg->role, l->running, l->waiting,
-                              l->free_blocks, l->total_blocks, l->inflight, l->block_size};
+                              l->free_blocks, l->total_blocks, l->inflight, l->block_size, l->kv_type};
   }
   rtr_choice *c = &r->ch[ci];
   // A moved choice is routed on what its next worker computes: the prompt and the tokens streamed so far.

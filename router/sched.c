@@ -11,6 +11,11 @@ int rtr_sched_disagg(const rtr_disagg_rule *rule, int n_uncached, const rtr_sche
   return dec_busy && (long)pre->inflight + pre->waiting <= rule->max_prefill_queue;
 }
 
+// A prefill worker that may hand its KV to decode worker d: the same pool layout (kv_type, block size).
+static int pairs_with(const rtr_sched_worker *p, const rtr_sched_worker *d) {
+  return p->kv_type == d->kv_type && (p->block_size > 0 ? p->block_size : 16) == (d->block_size > 0 ? d->block_size : 16);
+}
+
 int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, const rtr_disagg_rule *rule,
                    rtr_sched_target *out) {
   int best_both = -1, best_dec = -1, best_pre = -1;
@@ -24,9 +29,6 @@ int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, const rtr_dis
       long load = (long)(w[i].inflight > w[i].running ? w[i].inflight : w[i].running);
       if (best_dec < 0 || load < dec_load || (load == dec_load && w[i].free_blocks > w[best_dec].free_blocks))
         best_dec = i, dec_load = load;
-    } else if (w[i].role == CFG_ROLE_PREFILL) {
-      long load = (long)w[i].inflight + w[i].waiting;
-      if (best_pre < 0 || load < pre_load) best_pre = i, pre_load = load;
     }
   }
   if (best_both >= 0) {
@@ -35,6 +37,11 @@ int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, const rtr_dis
     return 0;
   }
   if (best_dec < 0) return -1;
+  for (int i = 0; i < n; i++) {
+    if (!w[i].up || w[i].role != CFG_ROLE_PREFILL || !pairs_with(&w[i], &w[best_dec])) continue;
+    long load = (long)w[i].inflight + w[i].waiting;
+    if (best_pre < 0 || load < pre_load) best_pre = i, pre_load = load;
+  }
   out->decode = best_dec;
   out->prefill = best_pre >= 0 && rtr_sched_disagg(rule, n_prompt, &w[best_dec], &w[best_pre]) ? best_pre : -1;
   return 0;
@@ -44,15 +51,16 @@ static long queue_of(const rtr_sched_worker *w) {
   return w->role == CFG_ROLE_PREFILL ? (long)w->inflight + w->waiting : (long)w->inflight + w->running + w->waiting;
 }
 
-// The best worker of role among w by score; -1 when none is up. keys: scratch (max_keys).
-static int best_by_kv(const rtr_sched_worker *w, int n, cfg_role role, const int32_t *prompt, int n_prompt,
-                      const rtr_kvindex *x, const rtr_kvindex_weights *wt, uint64_t *keys, int max_keys,
-                      int *overlap_out) {
+// The best worker of role among w by score (that pairs with decode worker pair, when not NULL); -1 when none is up.
+// keys: scratch (max_keys).
+static int best_by_kv(const rtr_sched_worker *w, int n, cfg_role role, const rtr_sched_worker *pair,
+                      const int32_t *prompt, int n_prompt, const rtr_kvindex *x, const rtr_kvindex_weights *wt,
+                      uint64_t *keys, int max_keys, int *overlap_out) {
   int best = -1, keys_bs = 0, n_keys = 0, best_ov = 0;
   double best_score = 0;
   long best_q = 0;
   for (int i = 0; i < n; i++) {
-    if (!w[i].up || w[i].role != role) continue;
+    if (!w[i].up || w[i].role != role || (pair && !pairs_with(&w[i], pair))) continue;
     int bs = w[i].block_size > 0 ? w[i].block_size : 16;
     if (bs != keys_bs) { // workers normally share one block size: the chain is computed once
       n_keys = kv_blockhash_chain(NULL, prompt, n_prompt, bs, keys, max_keys);
@@ -94,16 +102,17 @@ int rtr_sched_pick_kv(const rtr_sched_worker *w, int n, const int32_t *prompt, i
     return 0;
   }
   if (w[load.decode].role == CFG_ROLE_BOTH) {
-    out->decode = best_by_kv(w, n, CFG_ROLE_BOTH, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
+    out->decode = best_by_kv(w, n, CFG_ROLE_BOTH, NULL, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
     out->prefill = -1;
   } else {
     // The decode worker that would prefill the prompt itself, and what it holds of it: a handoff (which load
     // asked for on the whole prompt) must still be worth it for the uncached rest.
-    int ov = 0, local = best_by_kv(w, n, CFG_ROLE_DECODE, prompt, n_prompt, x, wt, keys, max_keys, &ov);
+    int ov = 0, local = best_by_kv(w, n, CFG_ROLE_DECODE, NULL, prompt, n_prompt, x, wt, keys, max_keys, &ov);
     int bs = w[local].block_size > 0 ? w[local].block_size : 16;
     if (load.prefill >= 0 && (ov == 0 || rtr_sched_disagg(rule, n_prompt - ov * bs, &w[local], &w[load.prefill]))) {
       out->decode = load.decode;
-      out->prefill = best_by_kv(w, n, CFG_ROLE_PREFILL, prompt, n_prompt, x, wt, keys, max_keys, overlap_out);
+      out->prefill = best_by_kv(w, n, CFG_ROLE_PREFILL, &w[load.decode], prompt, n_prompt, x, wt, keys, max_keys,
+                                overlap_out);
     } else {
       out->decode = local;
       out->prefill = -1;
@@ -126,8 +135,7 @@ int rtr_sched_prefix_peer(const rtr_sched_worker *w, int n, const int32_t *promp
   int n_keys = kv_blockhash_chain(NULL, prompt, n_prompt, bs, keys, max_keys);
   int own = rtr_kvindex_overlap(x, chosen, keys, n_keys), best = -1, best_ov = 0;
   for (int i = 0; i < n; i++) {
-    if (i == chosen || !w[i].up || w[i].role != CFG_ROLE_PREFILL || (w[i].block_size > 0 ? w[i].block_size : 16) != bs)
-      continue;
+    if (i == chosen || !w[i].up || w[i].role != CFG_ROLE_PREFILL || !pairs_with(&w[i], &w[chosen])) continue;
     int ov = rtr_kvindex_overlap(x, i, keys, n_keys);
     if (ov > best_ov) best = i, best_ov = ov;
   }

@@ -20,6 +20,8 @@ typedef struct rtr_sched_worker {
   int free_blocks, total_blocks;
   int inflight;    // choices the router has sent it and not seen finish
   int block_size;  // its KV block size (hello_ok kv_layout.block_size); < 1 means 16
+  int kv_type;     // its pool's kv_type (hello_ok kv_layout.type, ggml's numbering): a prefill worker is paired only
+                   // with a decode worker of the same type and block size (their link refuses any other)
 } rtr_sched_worker;
 
 typedef struct rtr_sched_target {

@@ -46,6 +46,7 @@ typedef struct rtr_link {
   int silent_moved;            // its pong is overdue by router.migrate_silent_ms: its choices were moved (reset by a pong)
   int n_ctx;
   int block_size;              // hello_ok kv_layout.block_size (16 when absent): the prompt's key chain
+  int kv_type;                 // hello_ok kv_layout.type (-1 when absent): who may hand off to whom
   int running, waiting, free_blocks, total_blocks, inflight;
   double prefix_hits, prefix_queries, kv_pushed; // last cumulative values seen
   double auth_failures;        // stats_ok auth_failures: the worker's refused control + kvxfer connections (running

@@ -49,6 +49,26 @@ TEST(Sched, DecodeWithPrefillForLongPrompts) {
   EXPECT_EQ(t.decode, 1);
 }
 
+// A prefill worker hands off only to a decode worker of the same kv_type and block size (their link refuses any other
+// pair at the hello): with none, the decode worker computes the prompt itself.
+TEST(Sched, PrefillPairsOnlyWithTheSameKvLayout) {
+  rtr_sched_worker w[] = {W(1, CFG_ROLE_DECODE), W(1, CFG_ROLE_PREFILL), W(1, CFG_ROLE_PREFILL, 0, 3, 0)};
+  w[0].kv_type = 8; // q8_0
+  w[1].kv_type = 1; // f16, the idle one
+  w[2].kv_type = 8;
+  rtr_sched_target t;
+  ASSERT_EQ(rtr_sched_pick(w, 3, 5000, Thr(100), &t), 0);
+  EXPECT_EQ(t.decode, 0);
+  EXPECT_EQ(t.prefill, 2); // the busier one, of the decode worker's type
+  w[2].block_size = 32;
+  ASSERT_EQ(rtr_sched_pick(w, 3, 5000, Thr(100), &t), 0);
+  EXPECT_EQ(t.prefill, -1);
+  w[2].block_size = 16; // 16 is what 0 means
+  w[2].kv_type = 1;
+  ASSERT_EQ(rtr_sched_pick(w, 3, 5000, Thr(100), &t), 0);
+  EXPECT_EQ(t.prefill, -1);
+}
+
 TEST(Sched, DecodeAloneWhenNoPrefillUp) {
   rtr_sched_worker w[] = {W(0, CFG_ROLE_PREFILL), W(1, CFG_ROLE_DECODE)};
   rtr_sched_target t;
