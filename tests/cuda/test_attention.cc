@@ -1,7 +1,24 @@
 // tests/cuda/test_attention.cc: cuda kv_store and paged attention against the cpu reference on paged layouts.
 #include "tests/cuda/cuda_util.h"
 
+#include <cstring>
+
+#include "models/llama.h"
+
 namespace {
+
+// kv_type q8_0 is absent here, not broken: the cuda table says it has no q8_0 paged attention, and a q8_0 pool or
+// forward pass on it is refused at load naming why (no GPU needed: the table is static).
+TEST(CudaKvType, Q8_0IsRefusedAtLoadNamingIt) {
+  if (krn_cuda() == nullptr) GTEST_SKIP() << "built without the CUDA toolkit";
+  EXPECT_EQ(krn_cuda()->kv_q8_0, 0);
+  mdl_llama_cfg c{};
+  c.n_layer = 2, c.n_head = 4, c.n_kv_head = 2, c.head_dim = 64;
+  char err[256] = "";
+  EXPECT_LT(mdl_kv_type_check(&c, krn_cuda(), KRN_Q8_0, err, sizeof err), 0);
+  EXPECT_NE(std::strstr(err, "kv_type q8_0: the cuda kernels have no q8_0 paged attention"), nullptr) << err;
+  EXPECT_EQ(mdl_kv_type_check(&c, krn_cuda(), KRN_F16, err, sizeof err), 0) << err;
+}
 
 // One sequence of a batch: `past` positions already cached, then `n_new` rows at positions past.. past+n_new-1.
 struct SeqSpec { int past, n_new; };
