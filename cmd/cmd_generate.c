@@ -165,14 +165,17 @@ static int run_bench(cmd_model *e, const gen_opts *o, char *err, size_t errlen) 
         if (mdl_llama_forward(e->m, &e->kv, &c, 1, logits + (size_t)s * V, NULL, NULL, err, errlen)) goto done;
       }
     for (int s = 0; s < n; s++) last[s] = argmax(logits + (size_t)s * V, V);
-    double t0 = utl_now_s();
+    double t0 = utl_now_s(), c0 = utl_cpu_s();
     for (int step = 0; step < TG; step++) {
       for (int s = 0; s < n; s++) ms[s] = (mdl_seq){&last[s], 1, P0 + step, bt + pp_blocks + s * per_seq, per_seq, 1};
       if (mdl_llama_forward(e->m, &e->kv, ms, n, logits, NULL, NULL, err, errlen)) goto done;
       for (int s = 0; s < n; s++) last[s] = argmax(logits + (size_t)s * V, V);
     }
-    double t = utl_now_s() - t0;
-    if (P0 != 16) printf("tg%d batch %d ctx %d tok/s: %.2f\n", TG, n, P0, (double)TG * n / t);
+    double t = utl_now_s() - t0, cpu = utl_cpu_s() - c0;
+    // with --bench-ctx, also per second of the threads' own CPU time: what a shared machine's other load leaves out
+    if (P0 != 16)
+      printf("tg%d batch %d ctx %d tok/s: %.2f (per thread-second of CPU: %.2f)\n", TG, n, P0, (double)TG * n / t,
+             (double)TG * n / (cpu / krn_pool_threads(e->pool)));
     else printf("tg%d batch %d tok/s: %.2f\n", TG, n, (double)TG * n / t);
     fflush(stdout);
   }

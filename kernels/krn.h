@@ -87,8 +87,10 @@ krn_bf16 krn_f32_to_bf16(float f); // round to nearest even; NaN stays a (quiet)
 int krn_kv_type_parse(const char *name);        // "f16", "f32", "q8_0" -> the type; -1 for anything else
 const char *krn_kv_type_str(int type);          // the config's name of a KV type: "f16", "f32", "q8_0"; else "unknown"
 int krn_kv_type_ok(int type, int head_dim);     // 1: a cache of that type holds rows of head_dim (Q8_0: 32 | head_dim)
-// out(n / 32) = x(n) in Q8_0 as ggml's reference quantizer writes it (d = max|x| / 127 as f16, q = round(x / d));
-// n a multiple of 32. The cpu tables' kv_store stores through it, so every cpu backend writes the same bytes.
+// out(n / 32) = x(n) in Q8_0 (ggml's layout, which any Q8_0 reader decodes as d * q): per group of 32, ggml's own
+// encoding (d = max|x| / 127 as f16, q = round(x / d)) or one of 16 slightly smaller scales, whichever has the least
+// squared error, so never more error than ggml's; n a multiple of 32. The cpu tables' kv_store stores through it, so
+// every cpu backend writes the same bytes.
 void krn_quant_row_q8_0(krn_block_q8_0 *out, const float *x, int n);
 
 // A small fixed thread pool. krn_pool_run calls fn(arg, ith, nth) once on each of nth threads

@@ -1,4 +1,5 @@
-// util/clock.h: the one monotonic clock every module reads (milliseconds, microseconds, nanoseconds, seconds).
+// util/clock.h: the one monotonic clock every module reads (milliseconds, microseconds, nanoseconds, seconds), and
+// the process's CPU time for benchmarks.
 #ifndef DSERVE_UTL_CLOCK_H
 #define DSERVE_UTL_CLOCK_H
 
@@ -27,6 +28,13 @@ static inline int64_t utl_unix_ns(void) {
 }
 // A utl_now_ns() reading as Unix-epoch ns (the two clocks' offset now).
 static inline int64_t utl_unix_ns_of(int64_t mono_ns) { return mono_ns + (utl_unix_ns() - utl_now_ns()); }
+// CPU seconds this process's threads have run (CLOCK_PROCESS_CPUTIME_ID): a benchmark's cost on a shared machine,
+// where wall time also counts the other processes' turns on the cores.
+static inline double utl_cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 #ifdef __cplusplus
 }
