@@ -37,6 +37,8 @@ def metrics(port):
     for line in c.getresponse().read().decode().splitlines():
         if line and not line.startswith("#"):
             k, _, v = line.rpartition(" ")
+            # every series carries model_name: kept under its name without it too ('dserve:x', 'dserve:x{worker="d0"}')
+            out.setdefault(re.sub(r'model_name="(?:[^"\\]|\\.)*",?', "", k, count=1).replace("{}", ""), float(v))
             out[k] = float(v)
     c.close()
     return out
