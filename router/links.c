@@ -247,15 +247,18 @@ void *rtr_link_main(void *arg) {
   rtr_server *s = l->s;
   int backoff = 100;
   pthread_mutex_lock(&s->mu);
-  while (!s->stopping) {
+  while (!s->stopping && !l->gone) {
     if (!l->peer) {
       l->connecting = 1;
+      char host[sizeof l->cfg->host];
+      int port = l->cfg->port; // a member's address may change (members.c) while we connect
+      snprintf(host, sizeof host, "%s", l->cfg->host);
       pthread_mutex_unlock(&s->mu);
       char err[256] = "";
-      ctl_peer *p = ctl_hub_connect(s->hub, l->cfg->host, l->cfg->port, 1000, err, sizeof err);
+      ctl_peer *p = ctl_hub_connect(s->hub, host, port, 1000, err, sizeof err);
       pthread_mutex_lock(&s->mu);
       l->connecting = 0;
-      if (p && !s->stopping) {
+      if (p && !s->stopping && !l->gone && port == l->cfg->port && !strcmp(host, l->cfg->host)) {
         prt_hello_ok ho; // a malformed hello_ok reads as one without a worker's fields
         int read = !prt_hello_ok_decode(ctl_peer_hello(p), &ho, NULL, 0);
         l->n_ctx = read && ho.has_worker ? ho.n_ctx : 0;
@@ -314,6 +317,7 @@ void *rtr_link_main(void *arg) {
     deadline_in(&dl, 250);
     pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);
   }
+  l->thread_done = 1;
   pthread_mutex_unlock(&s->mu);
   return NULL;
 }
@@ -560,6 +564,85 @@ static void move_all_locked(rtr_server *s, int li) {
     nx = r->next;
     for (int i = 0; i < r->n_ch; i++)
       if (r->ch[i].state != RTR_CH_DONE && r->ch[i].link == li) rtr_move_choice_locked(s, r, i, 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// members (discovery): links that come and go
+
+static int slot_in_use_locked(rtr_server *s, int li) {
+  for (rtr_req *r = s->reqs; r; r = r->next)
+    for (int i = 0; i < r->q.n; i++)
+      if (r->ch[i].state != RTR_CH_DONE && (r->ch[i].link == li || r->ch[i].plink == li)) return 1;
+  return 0;
+}
+
+static void capacity_locked(rtr_server *s) {
+  int c = s->capacity_static;
+  for (int i = 0; i < s->n_links; i++)
+    if (s->links[i].is_member && !s->links[i].gone && s->links[i].cfg->role != CFG_ROLE_PREFILL)
+      c += s->links[i].cfg->max_seqs;
+  s->capacity = c > 0 ? c : 64;
+}
+
+int rtr_links_join_locked(rtr_server *s, const cfg_worker *w, int64_t incarnation) {
+  rtr_link *l = NULL;
+  for (int i = 0; i < s->n_links && !l; i++)
+    if (!strcmp(s->links[i].cfg->name, w->name)) l = &s->links[i];
+  if (l && !l->is_member) { // a worker of the config file registered too: the file's settings stand
+    utl_debug(LOGC, "worker %s is in the config and in etcd; the config's address stands", w->name);
+    return 0;
+  }
+  int back = l && l->gone && !l->thread_done; // it left and came back before its thread saw it go: that goes on
+  if (back) l->gone = 0;
+  if (l && !l->gone) {
+    int moved = strcmp(l->member.host, w->host) || l->member.port != w->port || l->member.role != w->role;
+    if (!moved && !back && l->incarnation == incarnation) return 0;
+    utl_log(LOGC, "worker %s %s (incarnation %lld -> %lld%s); dropping what the old one held", w->name,
+            back ? "rejoined the cluster" : "restarted", (long long)l->incarnation, (long long)incarnation,
+            moved ? ", new address" : "");
+    l->member = *w;
+    l->incarnation = incarnation;
+    if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move, its KV index goes
+    capacity_locked(s);
+    pthread_cond_broadcast(&s->link_cv);
+    return 0;
+  }
+  if (!l) // a slot a member left whose thread has ended and that no choice still names, else a new one
+    for (int i = 0; i < s->n_links && !l; i++)
+      if (s->links[i].is_member && s->links[i].gone && s->links[i].thread_done && !slot_in_use_locked(s, i))
+        l = &s->links[i];
+  if (!l && s->n_links < s->cap_links) l = &s->links[s->n_links++];
+  if (!l) {
+    utl_err(LOGC, "worker %s joined, but the router has no free link slot (%d in use); not linked", w->name,
+            s->n_links);
+    return -1;
+  }
+  if (l->has_thread) pthread_join(l->thread, NULL); // it has returned (thread_done)
+  int li = (int)(l - s->links);
+  if (s->kv) rtr_kvindex_remove_worker(s->kv, li);
+  memset(l, 0, sizeof *l);
+  l->s = s;
+  l->member = *w;
+  l->cfg = &l->member;
+  l->is_member = 1;
+  l->incarnation = incarnation;
+  if (pthread_create(&l->thread, NULL, rtr_link_main, l) == 0) l->has_thread = 1;
+  else l->gone = l->thread_done = 1;
+  capacity_locked(s);
+  utl_log(LOGC, "worker %s (%s, %s:%d) joined the cluster; linking", w->name, cfg_role_name(w->role), w->host, w->port);
+  return l->has_thread ? 0 : -1;
+}
+
+void rtr_links_leave_locked(rtr_server *s, const char *name, int64_t incarnation) {
+  for (int i = 0; i < s->n_links; i++) {
+    rtr_link *l = &s->links[i];
+    if (!l->is_member || l->gone || strcmp(l->cfg->name, name) || l->incarnation != incarnation) continue;
+    utl_log(LOGC, "worker %s left the cluster%s", name, l->up && l->inflight ? "; moving its streams" : "");
+    l->gone = 1;
+    if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move (link_down_locked)
+    capacity_locked(s);
+    pthread_cond_broadcast(&s->link_cv);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 
 #include "kv/pool.h"
@@ -38,6 +39,28 @@ static int open_kvx(wrk_shell *sh, char *err, size_t errlen) {
   return kv_stage_open(sh->kvx, sh->rt->kv, &sh->rt->kc, wc, &sh->stage, &sh->kv_region, err, errlen);
 }
 
+// This worker's record in etcd: where it listens (the ports it bound), its model's fingerprint, its capacity and a
+// new incarnation (its start time in us), so that a restart reads as a new member.
+static int register_self(wrk_shell *sh, char *err, size_t errlen) {
+  const wrk_runtime *rt = sh->rt;
+  const cfg_worker *wc = rt->w;
+  dsc_member m = {.role = wc->role, .port = ctl_hub_port(sh->hub), .kvx_port = sh->kvx ? kvx_agent_port(sh->kvx) : 0,
+                  .max_seqs = wc->max_seqs, .total_blocks = kv_pool_total_blocks(rt->kv)};
+  snprintf(m.name, sizeof m.name, "%s", wc->name);
+  snprintf(m.host, sizeof m.host, "%s", wc->host);
+  if (sh->kvx) snprintf(m.kvx_host, sizeof m.kvx_host, "%s", wc->kvx_host[0] ? wc->kvx_host : wc->host);
+  mdl_str arch = {0};
+  mdl_gguf_get_str(rt->gguf, "general.architecture", &arch);
+  snprintf(m.fp.arch, sizeof m.fp.arch, "%.*s", (int)arch.n, arch.p ? arch.p : "");
+  snprintf(m.fp.kv_type, sizeof m.fp.kv_type, "%s", wc->kv_type[0] ? wc->kv_type : "f16");
+  m.fp.block_size = wc->block_size;
+  if (dsc_file_hash(sh->cfg->model_path, m.fp.file_hash, sizeof m.fp.file_hash, err, errlen)) return -1;
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  m.incarnation = (int64_t)tv.tv_sec * 1000000 + tv.tv_usec;
+  return dsc_registrar_start(&sh->cfg->discovery, &m, wc->name, &sh->reg, err, errlen);
+}
+
 int wrk_shell_open(wrk_shell *sh, const cfg_cluster *cfg, const cfg_worker *wc, const wrk_shell_opts *o,
                    char *err, size_t errlen) {
   memset(sh, 0, sizeof *sh);
@@ -58,6 +81,7 @@ int wrk_shell_open(wrk_shell *sh, const cfg_cluster *cfg, const cfg_worker *wc, 
     snprintf(err, errlen, "worker %s: cannot start the signal thread", wc->name);
     goto fail;
   }
+  if (cfg->has_discovery && register_self(sh, err, errlen)) goto fail;
   return 0;
 fail:
   wrk_shell_close(sh);
@@ -65,6 +89,8 @@ fail:
 }
 
 void wrk_shell_close(wrk_shell *sh) {
+  dsc_registrar_stop(sh->reg);
+  sh->reg = NULL;
   kv_events_fini(&sh->kvev);
   ctl_hub_free(sh->hub);
   kvx_agent_free(sh->kvx);

@@ -14,6 +14,7 @@
 
 #include "config/config.h"
 #include "ctl/hub.h"
+#include "disco/disco.h"
 #include "kv/events.h"
 #include "kv/prefix.h"
 #include "kv/stage.h"
@@ -61,14 +62,17 @@ typedef struct wrk_shell {
   kv_events kvev;         // connected routers, told of the prefix store's changes (kv_events)
   wrk_signals sig;           // sig.stop is set once SIGTERM/SIGINT arrives
   utl_tracer *tracer;        // (owned) the span exporter (worker/trace.h); NULL when the config has no "tracing"
+  dsc_registrar *reg;        // (owned) its record in etcd (config "discovery"); NULL without
 } wrk_shell;
 
 // Brings worker wc of cfg up, in this order: blocks SIGTERM/SIGINT (before any thread starts), opens the
-// runtime, then the kvxfer agent and staging (o->kvxfer), the hub (listening on wc's host:port), and the
-// signal thread. 0, or -1 with err and everything opened so far closed again.
+// runtime, then the kvxfer agent and staging (o->kvxfer), the hub (listening on wc's host:port), the
+// signal thread, and with a "discovery" section its registration in etcd (disco/disco.h: from then on routers
+// find it; an etcd that does not answer yet is no error, the registrar keeps trying). 0, or -1 with err and everything opened so far closed again.
 int wrk_shell_open(wrk_shell *sh, const cfg_cluster *cfg, const cfg_worker *wc, const wrk_shell_opts *o,
                    char *err, size_t errlen);
-// Tears down in reverse order: kv_events' router references, hub (every connection and peer with it),
+// Tears down in reverse order: the etcd registration (its lease revoked: the role has drained by now, so this is
+// the last thing a router hears before the link closes), kv_events' router references, hub (every connection and peer with it),
 // kvxfer agent, staging mirror (after the agent: its threads may still write into it), runtime. A zeroed
 // shell: no-op.
 void wrk_shell_close(wrk_shell *sh);
