@@ -41,7 +41,7 @@ static int open_kvx(wrk_shell *sh, char *err, size_t errlen) {
 
 // This worker's record in etcd: where it listens (the ports it bound), its model's fingerprint, its capacity and a
 // new incarnation (its start time in us), so that a restart reads as a new member.
-static int register_self(wrk_shell *sh, char *err, size_t errlen) {
+static int join_cluster(wrk_shell *sh, char *err, size_t errlen) {
   const wrk_runtime *rt = sh->rt;
   const cfg_worker *wc = rt->w;
   dsc_member m = {.role = wc->role, .port = ctl_hub_port(sh->hub), .kvx_port = sh->kvx ? kvx_agent_port(sh->kvx) : 0,
@@ -58,6 +58,7 @@ static int register_self(wrk_shell *sh, char *err, size_t errlen) {
   struct timeval tv;
   gettimeofday(&tv, NULL);
   m.incarnation = (int64_t)tv.tv_sec * 1000000 + tv.tv_usec;
+  if (sh->o.watch_peers && wrk_peers_open(&sh->cfg->discovery, &m.fp, wc->name, &sh->peers, err, errlen)) return -1;
   return dsc_registrar_start(&sh->cfg->discovery, &m, wc->name, &sh->reg, err, errlen);
 }
 
@@ -81,7 +82,7 @@ int wrk_shell_open(wrk_shell *sh, const cfg_cluster *cfg, const cfg_worker *wc, 
     snprintf(err, errlen, "worker %s: cannot start the signal thread", wc->name);
     goto fail;
   }
-  if (cfg->has_discovery && register_self(sh, err, errlen)) goto fail;
+  if (cfg->has_discovery && join_cluster(sh, err, errlen)) goto fail;
   return 0;
 fail:
   wrk_shell_close(sh);
@@ -90,7 +91,9 @@ fail:
 
 void wrk_shell_close(wrk_shell *sh) {
   dsc_registrar_stop(sh->reg);
+  wrk_peers_close(sh->peers);
   sh->reg = NULL;
+  sh->peers = NULL;
   kv_events_fini(&sh->kvev);
   ctl_hub_free(sh->hub);
   kvx_agent_free(sh->kvx);
@@ -102,6 +105,12 @@ void wrk_shell_close(wrk_shell *sh) {
   sh->kv_region = NULL;
   sh->stage = NULL;
   sh->rt = NULL;
+}
+
+int wrk_shell_peer(const wrk_shell *sh, const char *name, cfg_worker *out) {
+  const cfg_worker *w = cfg_find_worker(sh->cfg, name);
+  if (w) *out = *w;
+  return w || (sh->peers && wrk_peers_find(sh->peers, name, out));
 }
 
 void wrk_shell_announce(const wrk_shell *sh) {

@@ -113,7 +113,7 @@ class Discovery(unittest.TestCase):
         self.discovery = {"etcd": [self.etcd.url], "cluster": "e2e", "lease_ttl_s": TTL_S}
         self.port = u.free_ports(1)[0]
         cfg = {"model": u.MODEL, "discovery": self.discovery,
-               "router": {"port": self.port, "disagg_threshold": 100000}}
+               "router": {"port": self.port, "disagg_threshold": 64, "disagg_policy": "threshold"}}
         self.router = self._start(["router", "--config", self._write("router.json", cfg)], "router.log")
         self.refs = None
 
@@ -136,17 +136,17 @@ class Discovery(unittest.TestCase):
         self.procs.append(p)
         return p
 
-    def worker(self, name):
-        """Starts decode worker name (its own config: itself and the discovery section, an ephemeral port)."""
+    def worker(self, name, role="decode"):
+        """Starts worker name (its own config: itself and the discovery section, an ephemeral port)."""
         cfg = {"model": u.MODEL, "discovery": self.discovery,
-               "workers": [{"name": name, "role": "decode", "host": "127.0.0.1", "port": 0, "threads": 1,
+               "workers": [{"name": name, "role": role, "host": "127.0.0.1", "port": 0, "threads": 1,
                             "kv_budget_mb": 32, "max_seqs": 16,
                             # no prefix cache: the KV-aware policy would keep the two prompts where they are cached
                             "prefix_cache_mb": 0}]}
-        return self._start(["decode", "--config", self._write(name + ".json", cfg), "--name", name], name + ".log")
+        return self._start([role, "--config", self._write(name + ".json", cfg), "--name", name], name + ".log")
 
     def linked(self, name, timeout=60):
-        return self.router.line_time(r"router: worker %s \(decode, [^)]*\) connected" % name, timeout * S)
+        return self.router.line_time(r"router: worker %s \((decode|prefill), [^)]*\) connected" % name, timeout * S)
 
     def references(self):
         res = u.run_threads([lambda i=i: u.stream(self.port, "completions", body(i)) for i in range(len(PROMPTS))],
@@ -243,6 +243,19 @@ class Discovery(unittest.TestCase):
         self.assertEqual(text.count("etcd unreachable"), 1, "the outage is logged once:\n" + text[-3000:])
         self.assertIn("etcd is back", text)
         self.assertNotIn("worker d1 left", text)  # the last membership stood through the outage
+
+    def test_prefill_finds_its_decode_worker_in_etcd(self):
+        # No config names another worker: the router links to both through etcd, and the prefill worker finds the
+        # decode worker it is told to hand the prompt to through etcd too (its kvxfer metadata through the link).
+        self.worker("p0", role="prefill")
+        self.worker("d1")
+        self.linked("p0")
+        self.linked("d1")
+        long_prompt = {"prompt": " ".join(["word%d" % i for i in range(150)]), "max_tokens": 8, "ignore_eos": True}
+        r = u.complete(self.port, "completions", long_prompt)
+        self.assertEqual(r["status"], 200, r)
+        m = u.metrics(self.port)
+        self.assertGreater(m.get("dserve:kv_transfer_bytes_total", 0), 0, "the prompt was not handed off: %r" % m)
 
     def test_member_of_another_model_is_refused(self):
         d1 = self.worker("d1")
