@@ -244,3 +244,44 @@ TEST(Etcd, UserAndPasswordFromAFile) {
   EXPECT_NE(dsc_etcd_new(&o, &x, err, sizeof err), 0);
   EXPECT_NE(std::string(err).find("/nonexistent/pw"), std::string::npos) << err;
 }
+
+// etcd with TLS and client certificates (etcd --client-cert-auth): the files are handed to curl as they are.
+TEST(Etcd, TlsWithAClientCertificate) {
+  SKIP_WITHOUT_ETCD();
+  if (system("command -v openssl >/dev/null 2>&1")) GTEST_SKIP() << "no openssl binary to make the test certificates";
+  etcdtest::Etcd e;
+  std::string d = e.dir, key = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
+  std::string mk =
+      "cd " + d + " && openssl req -x509" + key + "-keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca && " +
+      "openssl req" + key + "-keyout server.key -out server.csr -subj /CN=etcd && " +
+      "printf 'subjectAltName=IP:127.0.0.1\\n' > ext && " +
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile ext && " +
+      "openssl req" + key + "-keyout client.key -out client.csr -subj /CN=dserve && " +
+      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 1";
+  ASSERT_EQ(system(("(" + mk + ") >/dev/null 2>&1").c_str()), 0) << mk;
+  std::string ca = d + "/ca.pem", cert = d + "/client.pem", ck = d + "/client.key";
+  e.scheme = "https";
+  e.extra = {"--cert-file", d + "/server.pem", "--key-file", d + "/server.key", "--client-cert-auth",
+             "--trusted-ca-file", ca};
+  dsc_etcd_opts tls{};
+  tls.ca_file = ca.c_str();
+  tls.cert_file = cert.c_str();
+  tls.key_file = ck.c_str();
+  ASSERT_TRUE(e.start(&tls));
+  Client c({e.url}, &tls);
+  ASSERT_EQ(dsc_put(c.c, "/tls/k", "v", 1, 0, c.err, sizeof c.err), 0) << c.err;
+  EXPECT_EQ(c.range("/tls/"), (std::vector<std::string>{"/tls/k=v"}));
+  Events ev;
+  int64_t last;
+  std::thread t([&] { dsc_watch(c.c, "/tls/", 1, Events::on, Events::stopped, &ev, &last, c.err, sizeof c.err); });
+  EXPECT_TRUE(ev.wait_for(1)) << "the watch goes over TLS too";
+  ev.stop = 1;
+  t.join();
+  dsc_etcd_opts no_cert{};
+  no_cert.ca_file = ca.c_str();
+  Client anon({e.url}, &no_cert);
+  EXPECT_EQ(dsc_put(anon.c, "/tls/k", "v", 1, 0, anon.err, sizeof anon.err), DSC_EUNAVAIL) << "no client certificate";
+  Client untrusting({e.url}); // the system's CAs do not know the test CA
+  EXPECT_EQ(dsc_put(untrusting.c, "/tls/k", "v", 1, 0, untrusting.err, sizeof untrusting.err), DSC_EUNAVAIL);
+  EXPECT_NE(std::string(untrusting.err).find("etcd https://"), std::string::npos) << untrusting.err;
+}
