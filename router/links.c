@@ -53,6 +53,7 @@ static void update_kv_gauge_locked(rtr_server *s) {
       total += s->links[i].total_blocks;
     }
   rtr_metric_set(s->m_kv_usage, total > 0 ? used / total : 0);
+  rtr_scale_update_locked(s);
 }
 
 // Adds to counter c what a worker's running total v grew by since *last (a restarted worker counts anew).
@@ -219,6 +220,7 @@ void *rtr_dispatcher_main(void *arg) {
           utl_log(LOGC, "worker %s is draining; moving its streams", l->cfg->name);
           l->draining = 1;
           move_all_locked(s, (int)(l - s->links));
+          update_kv_gauge_locked(s);
         } else if (!strcmp(o, PRT_OP_STATS_OK)) {
           on_stats(s, l, ev.msg);
         } else if (!strcmp(o, PRT_OP_KV_EVENTS)) {
@@ -227,7 +229,10 @@ void *rtr_dispatcher_main(void *arg) {
                    (!strcmp(o, PRT_OP_TOKEN) || !strcmp(o, PRT_OP_DONE) || !strcmp(o, PRT_OP_ERROR))) {
           int ci;
           rtr_req *r = find_choice_locked(s, id, &ci);
+          int backlog = r && r->ch[ci].plink >= 0 && r->ch[ci].state != RTR_CH_DONE &&
+                        !rtr_choice_handed_off(&r->ch[ci]); // counted in the prefill backlog
           if (r) on_choice_msg(s, l, r, ci, o, ev.msg);
+          if (backlog) rtr_scale_update_locked(s); // (r may be gone now) it may have left the backlog
         } else {
           utl_debug(LOGC, "worker %s: ignored message op '%s'", l->cfg->name, o);
         }
@@ -273,6 +278,7 @@ void *rtr_link_main(void *arg) {
         backoff = 100;
         utl_log(LOGC, "worker %s (%s, %s:%d) connected", l->cfg->name, cfg_role_name(l->cfg->role), l->cfg->host,
                 l->cfg->port);
+        update_kv_gauge_locked(s);
         continue;
       }
       if (p) {
@@ -427,6 +433,7 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
   c->link = pick.decode;
   c->plink = pick.prefill;
   s->links[pick.decode].inflight++;
+  if (pick.prefill >= 0) rtr_scale_update_locked(s); // the prefill backlog grew
   if (pick.prefill >= 0) {
     s->links[pick.prefill].inflight++;
     // with a peer prefill worker that holds more of the prefix: the prefill worker may fetch it

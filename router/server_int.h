@@ -202,6 +202,8 @@ struct rtr_server {
   // the router hub's own refusals (ctl_hub_auth_failures); hub_auth_last: the hub's count already added.
   rtr_metric *m_auth_failures;
   double hub_auth_last;
+  rtr_metric *m_role[5][3];    // (owned by m) scale.c's per-role series {workers, running, waiting, kv usage,
+                               // prefill backlog} x {prefill, decode, both}; NULL until first set
   rtr_hooks hooks;             // the upper layers' answers (see rtr_hooks)
 };
 
@@ -258,6 +260,9 @@ int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait);
 // link loss; 0, or -1 when no slot is free. A member leaves: no new work, its peer closed, its choices move.
 int rtr_links_join_locked(rtr_server *s, const cfg_worker *w, int64_t incarnation);
 void rtr_links_leave_locked(rtr_server *s, const char *name, int64_t incarnation);
+
+// scale.c: the per-role scaling signals (/metrics), recomputed from the links and the requests in flight
+void rtr_scale_update_locked(rtr_server *s);
 
 // members.c: discovery's watcher, whose joins and leaves become links (after the model check)
 int rtr_members_start(rtr_server *s, char *err, size_t errlen); // no-op without a discovery section

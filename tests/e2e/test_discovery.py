@@ -256,6 +256,29 @@ class Discovery(unittest.TestCase):
         self.assertEqual(r["status"], 200, r)
         m = u.metrics(self.port)
         self.assertGreater(m.get("dserve:kv_transfer_bytes_total", 0), 0, "the prompt was not handed off: %r" % m)
+        # the scaling signals per role (docs/deploy.md): one worker of each role up, nothing left to prefill
+        self.assertEqual(m.get('dserve:role_workers{role="prefill"}'), 1.0, m)
+        self.assertEqual(m.get('dserve:role_workers{role="decode"}'), 1.0, m)
+        self.assertEqual(m.get('dserve:role_prefill_backlog_tokens{role="prefill"}'), 0.0, m)
+        burst = [lambda k=k: u.complete(self.port, "completions", dict(long_prompt, prompt="%d %s" % (k, long_prompt["prompt"])))
+                 for k in range(6)]
+        peak = [0.0]
+
+        def watch():
+            end = time.time() + 60 * S
+            while time.time() < end and not all(done):
+                peak[0] = max(peak[0], u.metrics(self.port).get('dserve:role_prefill_backlog_tokens{role="prefill"}', 0))
+                time.sleep(0.02)
+        done = [False]
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        res = u.run_threads(burst, 120 * S)
+        done[0] = True
+        t.join()
+        self.assertTrue(all(r and r["status"] == 200 for r in res), res)
+        self.assertGreater(peak[0], 150, "six queued prompts of 150+ tokens show as a prefill backlog")
+        self.assertIn('dserve:role_kv_usage_perc{role="decode"}', m)
+        self.assertIn('dserve:role_running{role="decode"}', m)
 
     def test_member_of_another_model_is_refused(self):
         d1 = self.worker("d1")
