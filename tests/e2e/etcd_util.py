@@ -33,21 +33,26 @@ def _b64(s):
 
 
 class Etcd:
-    def __init__(self):
+    def __init__(self, host="127.0.0.1", prefix=()):
+        """host: the client address; prefix: a command prefix (`ip netns exec NS`: then start(wait=False), since
+        this namespace cannot reach it)."""
         self.dir = tempfile.mkdtemp(prefix="dserve-etcd-")
         self.client_port, self.peer_port = u.free_ports(2)
-        self.url = "http://127.0.0.1:%d" % self.client_port
+        self.url = "http://%s:%d" % (host, self.client_port)
+        self.prefix = list(prefix)
         self.proc = None
         self.log = open(os.path.join(self.dir, "etcd.log"), "ab")
 
-    def start(self, timeout=20.0):
+    def start(self, timeout=20.0, wait=True):
         """Starts it (same ports and data as before after kill) and returns once it answers: time.time() then."""
         peer = "http://127.0.0.1:%d" % self.peer_port
-        self.proc = subprocess.Popen([etcd_binary(), "--name", "t", "--data-dir", os.path.join(self.dir, "data"),
+        self.proc = subprocess.Popen(self.prefix + [etcd_binary(), "--name", "t", "--data-dir", os.path.join(self.dir, "data"),
                                       "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
                                       "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                                       "--initial-cluster", "t=" + peer, "--log-level", "error"],
                                      stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if not wait:
+            return None
         end = time.time() + timeout * u.SCALE
         while time.time() < end:
             try:
