@@ -158,7 +158,9 @@ static char *dup_or_null(const char *s) { return s && *s ? strdup(s) : NULL; }
 static void set_common(dsc_etcd *c, CURL *h) {
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->timeout_ms);
-  curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+  curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L); // a watch is idle for long: a vanished etcd host shows in ~20 s
+  curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, 5L);
+  curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 5L);
   curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
   curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
   if (c->ca_file) curl_easy_setopt(h, CURLOPT_CAINFO, c->ca_file);

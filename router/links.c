@@ -340,7 +340,7 @@ int rtr_server_serving_up(rtr_server *s) {
   pthread_mutex_lock(&s->mu);
   int n = 0;
   for (int i = 0; i < s->n_links; i++)
-    n += s->links[i].up && !s->links[i].draining && s->links[i].cfg->role != CFG_ROLE_PREFILL;
+    n += s->links[i].up && !s->links[i].draining && !s->links[i].gone && s->links[i].cfg->role != CFG_ROLE_PREFILL;
   pthread_mutex_unlock(&s->mu);
   return n;
 }
@@ -406,7 +406,7 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
                             rtr_error *e) {
   for (int i = 0; i < s->n_links; i++) {
     rtr_link *l = &s->links[i];
-    w[i] = (rtr_sched_worker){l->up && !l->draining && !l->silent_moved, l->cfg->role, l->running, l->waiting,
+    w[i] = (rtr_sched_worker){l->up && !l->draining && !l->silent_moved && !l->gone, l->cfg->role, l->running, l->waiting,
                               l->free_blocks, l->total_blocks, l->inflight, l->block_size};
   }
   rtr_choice *c = &r->ch[ci];
@@ -577,10 +577,11 @@ static void move_all_locked(rtr_server *s, int li) {
 // ---------------------------------------------------------------------------------------------------------------
 // members (discovery): links that come and go
 
+// A choice of a listed request (finished ones too: their index stays in the choice) names link li.
 static int slot_in_use_locked(rtr_server *s, int li) {
   for (rtr_req *r = s->reqs; r; r = r->next)
     for (int i = 0; i < r->q.n; i++)
-      if (r->ch[i].state != RTR_CH_DONE && (r->ch[i].link == li || r->ch[i].plink == li)) return 1;
+      if (r->ch[i].link == li || r->ch[i].plink == li) return 1;
   return 0;
 }
 
@@ -590,6 +591,7 @@ static void capacity_locked(rtr_server *s) {
     if (s->links[i].is_member && !s->links[i].gone && s->links[i].cfg->role != CFG_ROLE_PREFILL)
       c += s->links[i].cfg->max_seqs;
   s->capacity = c > 0 ? c : 64;
+  pthread_cond_broadcast(&s->admit_cv); // requests waiting for room may fit now
 }
 
 int rtr_links_join_locked(rtr_server *s, const cfg_worker *w, int64_t incarnation) {

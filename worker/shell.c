@@ -44,6 +44,11 @@ static int open_kvx(wrk_shell *sh, char *err, size_t errlen) {
 static int join_cluster(wrk_shell *sh, char *err, size_t errlen) {
   const wrk_runtime *rt = sh->rt;
   const cfg_worker *wc = rt->w;
+  if (!wc->host[0] || !strcmp(wc->host, "0.0.0.0")) { // what it registers is where the others connect
+    snprintf(err, errlen, "worker %s: with discovery its host must be an address the router and peers reach, not '%s'",
+             wc->name, wc->host);
+    return -1;
+  }
   dsc_member m = {.role = wc->role, .port = ctl_hub_port(sh->hub), .kvx_port = sh->kvx ? kvx_agent_port(sh->kvx) : 0,
                   .max_seqs = wc->max_seqs, .total_blocks = kv_pool_total_blocks(rt->kv)};
   snprintf(m.name, sizeof m.name, "%s", wc->name);
