@@ -47,6 +47,7 @@ inline int free_port() {
 struct Etcd {
   std::string bin, dir, url;
   std::vector<std::string> extra; // more etcd flags (TLS, ...)
+  std::string name = "t", initial_cluster; // a member of a several-member cluster: its name and the whole list
   std::string scheme = "http";
   int client_port = 0, peer_port = 0;
   pid_t pid = -1;
@@ -61,13 +62,19 @@ struct Etcd {
     kill9();
     if (!dir.empty()) (void)!system(("rm -rf " + dir).c_str());
   }
+  std::string peer_url() const { return "http://127.0.0.1:" + std::to_string(peer_port); }
   // Starts it (on the same ports and data as before after kill9) and waits until it answers. false: it did not.
   bool start(const dsc_etcd_opts *probe_opts = nullptr) {
+    launch();
+    return wait_up(probe_opts);
+  }
+  void launch() {
     url = scheme + "://127.0.0.1:" + std::to_string(client_port);
-    std::string peer = "http://127.0.0.1:" + std::to_string(peer_port);
-    std::vector<std::string> args = {bin, "--name", "t", "--data-dir", dir + "/data", "--listen-client-urls", url,
+    std::string peer = peer_url();
+    std::vector<std::string> args = {bin, "--name", name, "--data-dir", dir + "/data", "--listen-client-urls", url,
                                      "--advertise-client-urls", url, "--listen-peer-urls", peer,
-                                     "--initial-advertise-peer-urls", peer, "--initial-cluster", "t=" + peer,
+                                     "--initial-advertise-peer-urls", peer, "--initial-cluster",
+                                     initial_cluster.empty() ? name + "=" + peer : initial_cluster,
                                      "--log-level", "error"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid = fork();
@@ -83,6 +90,8 @@ struct Etcd {
       execv(av[0], av.data());
       _exit(127);
     }
+  }
+  bool wait_up(const dsc_etcd_opts *probe_opts = nullptr) {
     const char *ep = url.c_str();
     dsc_etcd_opts o{};
     if (probe_opts) o = *probe_opts;

@@ -216,3 +216,41 @@ TEST(Membership, ExpiresWithoutKeepAliveAndSurvivesAnOutage) {
   dsc_registrar_stop(rb);
   dsc_watcher_stop(w);
 }
+
+// A three-member etcd with one member killed changes nothing: the registrar's keep-alive and the watcher go on
+// through the others, and a member registered after the loss is seen.
+TEST(Membership, ThreeMemberEtcdLosesOne) {
+  SKIP_WITHOUT_ETCD();
+  etcdtest::Etcd e[3];
+  std::string all;
+  for (int i = 0; i < 3; i++) all += (i ? "," : "") + std::string("m") + std::to_string(i) + "=" + e[i].peer_url();
+  for (int i = 0; i < 3; i++) {
+    e[i].name = "m" + std::to_string(i);
+    e[i].initial_cluster = all;
+    e[i].launch(); // all three first: none answers before a quorum is up
+  }
+  for (int i = 0; i < 3; i++) ASSERT_TRUE(e[i].wait_up()) << i;
+  cfg_discovery d = discovery(e[0].url);
+  for (int i = 1; i < 3; i++) snprintf(d.etcd[i], sizeof d.etcd[i], "%s", e[i].url.c_str());
+  d.n_etcd = 3;
+  Seen seen;
+  dsc_watch_fns fns = {Seen::join, Seen::leave, &seen};
+  dsc_watcher *w = nullptr;
+  char err[512];
+  ASSERT_EQ(dsc_watcher_start(&d, &fns, "test", &w, err, sizeof err), 0) << err;
+  dsc_member a = member("a", 1), b = member("b", 2);
+  dsc_registrar *ra = nullptr, *rb = nullptr;
+  ASSERT_EQ(dsc_registrar_start(&d, &a, "a", &ra, err, sizeof err), 0) << err;
+  ASSERT_GE(seen.wait_for(1), 0);
+  e[0].kill9(); // the first endpoint: the one both were using
+  usleep(4000000); // twice the TTL
+  EXPECT_EQ(seen.get(), (std::vector<std::string>{"join a 1"})) << "a stays a member";
+  ASSERT_EQ(dsc_registrar_start(&d, &b, "b", &rb, err, sizeof err), 0) << err;
+  EXPECT_GE(seen.wait_for(2, 5000), 0);
+  EXPECT_EQ(seen.get().back(), "join b 2");
+  dsc_registrar_stop(ra);
+  EXPECT_GE(seen.wait_for(3, 3000), 0);
+  EXPECT_EQ(seen.get().back(), "leave a");
+  dsc_registrar_stop(rb);
+  dsc_watcher_stop(w);
+}
