@@ -231,7 +231,8 @@ typedef struct cfg_set {
 } cfg_set;
 
 // The config at path (or, with path NULL, base_json) with sets applied in order, as JSON text (*out, malloc'd),
-// with every relative path in it (model, secret_file, router.api_keys_file, workers[].prefix_disk_path) made
+// with every relative path in it (model, secret_file, router.api_keys_file, workers[].prefix_disk_path, discovery's
+// TLS and password files) made
 // absolute against the file's folder (base_json: the working directory), so the text means the same from any
 // folder; cfg_parse judges the values. -1 with err: unreadable file, bad JSON, a key through a non-object, a
 // workers.* override when the config has no workers.

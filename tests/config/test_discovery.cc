@@ -2,7 +2,9 @@
 // against the config's folder, and each bad value named.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
+#include <unistd.h>
 
 extern "C" {
 #include "config/config.h"
@@ -65,6 +67,26 @@ TEST(ConfigDiscovery, TlsAndAuthFilesResolveAgainstTheConfigFolder) {
   EXPECT_STREQ(p.c->discovery.key_file, "/etc/dserve/k/client.key");
   EXPECT_STREQ(p.c->discovery.user, "dserve");
   EXPECT_STREQ(p.c->discovery.password_file, "/etc/dserve/etcd.pw");
+}
+
+// The launcher hands its children the effective text (config/override.c) from a folder of its own: discovery's files
+// must still mean the config file's folder.
+TEST(ConfigDiscovery, EffectiveTextKeepsTheFilesFolder) {
+  char *json = nullptr;
+  char err[512];
+  const char *base = R"({"model": "/m.gguf", "discovery": {"etcd": ["https://e:2379"], "cluster": "c",
+                         "ca_file": "ca.pem", "cert_file": "c.pem", "key_file": "c.key", "user": "u",
+                         "password_file": "pw"}})";
+  ASSERT_EQ(cfg_effective_json(nullptr, base, nullptr, 0, &json, err, sizeof err), 0) << err;
+  Parsed p(json, "/elsewhere/effective.json");
+  free(json);
+  ASSERT_EQ(p.rc, 0) << p.err;
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof cwd), nullptr);
+  EXPECT_EQ(std::string(p.c->discovery.ca_file), std::string(cwd) + "/ca.pem");
+  EXPECT_EQ(std::string(p.c->discovery.cert_file), std::string(cwd) + "/c.pem");
+  EXPECT_EQ(std::string(p.c->discovery.key_file), std::string(cwd) + "/c.key");
+  EXPECT_EQ(std::string(p.c->discovery.password_file), std::string(cwd) + "/pw");
 }
 
 TEST(ConfigDiscovery, BadValuesNameTheField) {
