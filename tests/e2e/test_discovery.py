@@ -280,6 +280,21 @@ class Discovery(unittest.TestCase):
         self.assertIn('dserve:role_kv_usage_perc{role="decode"}', m)
         self.assertIn('dserve:role_running{role="decode"}', m)
 
+    def test_restart_is_a_new_incarnation(self):
+        # kill -9 and start again under the same name before the lease expires: the new record (another port, a new
+        # incarnation) replaces the old one at the router, which links to the new process.
+        d1 = self.worker("d1")
+        self.linked("d1")
+        d1.signal(signal.SIGKILL)
+        d1.proc.wait()
+        os.rename(d1.log_path, d1.log_path + ".old")
+        self.worker("d1")
+        self.router.line_time(r"router: worker d1 (restarted|rejoined the cluster) \(incarnation \d+ -> \d+, new address\)",
+                              30 * S)
+        links = lambda: len(re.findall(r"worker d1 \(decode, [^)]*\) connected", self.router.text()))
+        self.assertGreaterEqual(u.wait_until(lambda: links() >= 2 and links(), 30 * S), 2, "not linked to the new d1")
+        self.assertEqual(u.complete(self.port, "completions", body(0))["status"], 200)
+
     def test_member_of_another_model_is_refused(self):
         d1 = self.worker("d1")
         self.linked("d1")
