@@ -92,8 +92,9 @@ static void *registrar_main(void *arg) {
         down = 0;
       }
     }
-    if (rc && !down) {
-      utl_warn(r->log_as, "etcd unreachable (%s); serving on, retrying every %d ms", err, RETRY_MS);
+    if (rc && !down) { // once per outage; a refusal (auth, permissions) is said as such
+      utl_warn(r->log_as, "etcd %s (%s); serving on, retrying every %d ms",
+               rc == DSC_EUNAVAIL ? "unreachable" : "refused the registration", err, RETRY_MS);
       down = 1;
     } else if (rc && rc != DSC_EUNAVAIL) {
       utl_debug(r->log_as, "etcd: %s", err);
