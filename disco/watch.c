@@ -133,8 +133,9 @@ static void *watcher_main(void *arg) {
     int64_t rev = 0, last;
     int rc = resync(w, &rev, err, sizeof err);
     if (rc) {
-      if (!down) utl_warn(w->log_as, "etcd unreachable (%s); serving with the last membership (%d workers) until it is "
-                          "back", err, w->n_k);
+      if (!down)
+        utl_warn(w->log_as, "etcd %s (%s); serving with the last membership (%d workers) until it answers",
+                 rc == DSC_EUNAVAIL ? "unreachable" : "refused the range", err, w->n_k);
       down = 1;
       if (nap(w, RETRY_MS)) break;
       continue;
