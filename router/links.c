@@ -646,7 +646,8 @@ int rtr_links_join_locked(rtr_server *s, const cfg_worker *w, int64_t incarnatio
 void rtr_links_leave_locked(rtr_server *s, const char *name, int64_t incarnation) {
   for (int i = 0; i < s->n_links; i++) {
     rtr_link *l = &s->links[i];
-    if (!l->is_member || l->gone || strcmp(l->cfg->name, name) || l->incarnation != incarnation) continue;
+    if (!l->is_member || l->gone || strcmp(l->cfg->name, name) || (incarnation >= 0 && l->incarnation != incarnation))
+      continue;
     utl_log(LOGC, "worker %s left the cluster%s", name, l->up && l->inflight ? "; moving its streams" : "");
     l->gone = 1;
     if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move (link_down_locked)

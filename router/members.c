@@ -14,7 +14,7 @@ static void on_join(void *arg, const dsc_member *m) {
             "<file size>-<hash>); it gets no link and no work",
             m->name, m->host, m->port, m->fp.arch, m->fp.file_hash, s->fp.arch, s->fp.file_hash);
     pthread_mutex_lock(&s->mu);
-    rtr_links_leave_locked(s, m->name, m->incarnation); // a record that changed to another model: unlinked too
+    rtr_links_leave_locked(s, m->name, -1); // its name replaced by a worker of another model: no link of that name
     pthread_mutex_unlock(&s->mu);
     return;
   }

@@ -259,7 +259,7 @@ int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait);
 // changed (a restart: new incarnation or address), when the old peer is closed and its choices move as on any
 // link loss; 0, or -1 when no slot is free. A member leaves: no new work, its peer closed, its choices move.
 int rtr_links_join_locked(rtr_server *s, const cfg_worker *w, int64_t incarnation);
-void rtr_links_leave_locked(rtr_server *s, const char *name, int64_t incarnation);
+void rtr_links_leave_locked(rtr_server *s, const char *name, int64_t incarnation); // incarnation -1: whichever
 
 // scale.c: the per-role scaling signals (/metrics), recomputed from the links and the requests in flight
 void rtr_scale_update_locked(rtr_server *s);
