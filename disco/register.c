@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "disco/disco.h"
+#include "disco/disco_int.h"
 #include "disco/etcd.h"
 #include "util/err.h"
 #include "util/log.h"
@@ -28,23 +29,6 @@ struct dsc_registrar {
 };
 
 // Waits up to ms or until stop; returns stop.
-static int nap(dsc_registrar *r, int ms) {
-  pthread_mutex_lock(&r->mu);
-  struct timespec dl;
-  clock_gettime(CLOCK_REALTIME, &dl);
-  dl.tv_sec += ms / 1000;
-  dl.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (dl.tv_nsec >= 1000000000L) {
-    dl.tv_sec++;
-    dl.tv_nsec -= 1000000000L;
-  }
-  while (!r->stop && pthread_cond_timedwait(&r->cv, &r->mu, &dl) == 0) {
-  }
-  int s = r->stop;
-  pthread_mutex_unlock(&r->mu);
-  return s;
-}
-
 static void set_state(dsc_registrar *r, int64_t lease, int registered) {
   pthread_mutex_lock(&r->mu);
   r->lease = lease;
@@ -99,7 +83,7 @@ static void *registrar_main(void *arg) {
     } else if (rc && rc != DSC_EUNAVAIL) {
       utl_debug(r->log_as, "etcd: %s", err);
     }
-    if (nap(r, rc ? RETRY_MS : r->ttl_s * 1000 / 3)) break;
+    if (dsc_nap(&r->mu, &r->cv, &r->stop, rc ? RETRY_MS : r->ttl_s * 1000 / 3)) break;
   }
   return NULL;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "disco/disco.h"
+#include "disco/disco_int.h"
 #include "disco/etcd.h"
 #include "util/err.h"
 #include "util/log.h"
@@ -35,20 +36,6 @@ struct dsc_watcher {
 static int stopped(void *arg) {
   dsc_watcher *w = arg;
   pthread_mutex_lock(&w->mu);
-  int s = w->stop;
-  pthread_mutex_unlock(&w->mu);
-  return s;
-}
-
-static int nap(dsc_watcher *w, int ms) {
-  pthread_mutex_lock(&w->mu);
-  struct timespec dl;
-  clock_gettime(CLOCK_REALTIME, &dl);
-  dl.tv_nsec += (long)ms * 1000000L;
-  dl.tv_sec += dl.tv_nsec / 1000000000L;
-  dl.tv_nsec %= 1000000000L;
-  while (!w->stop && pthread_cond_timedwait(&w->cv, &w->mu, &dl) == 0) {
-  }
   int s = w->stop;
   pthread_mutex_unlock(&w->mu);
   return s;
@@ -137,7 +124,7 @@ static void *watcher_main(void *arg) {
         utl_warn(w->log_as, "etcd %s (%s); serving with the last membership (%d workers) until it answers",
                  rc == DSC_EUNAVAIL ? "unreachable" : "refused the range", err, w->n_k);
       down = 1;
-      if (nap(w, RETRY_MS)) break;
+      if (dsc_nap(&w->mu, &w->cv, &w->stop, RETRY_MS)) break;
       continue;
     }
     if (down) utl_log(w->log_as, "etcd is back; membership resynced (%d workers)", w->n_k);
