@@ -651,6 +651,9 @@ void rtr_links_leave_locked(rtr_server *s, const char *name, int64_t incarnation
     utl_log(LOGC, "worker %s left the cluster%s", name, l->up && l->inflight ? "; moving its streams" : "");
     l->gone = 1;
     if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move (link_down_locked)
+    rtr_metric *gauges[3] = {l->m_w_running, l->m_w_waiting, l->m_w_kv_usage}; // its series stay; they read 0
+    for (int k = 0; k < 3; k++)
+      if (gauges[k]) rtr_metric_set(gauges[k], 0);
     capacity_locked(s);
     pthread_cond_broadcast(&s->link_cv);
   }

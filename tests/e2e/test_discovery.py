@@ -209,6 +209,8 @@ class Discovery(unittest.TestCase):
         print("FIGURE kill -9: record gone %.2f s, router's member list %.2f s after the kill (target TTL %d + 1 s)"
               % (t_gone - t_kill, t_left - t_kill, TTL_S), file=sys.stderr)
         self.assertLess(t_left - t_kill, (TTL_S + 1) * S)
+        m = u.metrics(self.port)  # a departed worker's series stay, reading 0
+        self.assertEqual(m.get('dserve:worker_num_requests_running{worker="%s",role="decode"}' % victim), 0.0, m)
         time.sleep(2 * S)
         results = load.stop()
         print("FIGURE join/drain/kill: %d requests, %d failed" % (len(results), sum(
