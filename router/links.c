@@ -87,6 +87,7 @@ static void on_prefix_tiers(rtr_server *s, rtr_link *l, const prt_tier_stats *ti
 static double count(double v) { return v >= 0 ? v : 0; }
 
 static void on_stats(rtr_server *s, rtr_link *l, const cJSON *msg) {
+  if (l->gone) return; // a member that left: its last counts, still on the wire, no longer count
   prt_stats_ok st;
   char why[256];
   if (prt_stats_ok_decode(msg, &st, why, sizeof why)) { // still a sign of life; its counts read as absent
