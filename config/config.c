@@ -79,7 +79,8 @@ int cfg_has_node(const cfg_cluster *c, const char *node) {
 // ---- sections ----
 
 static const char *const K_TOP[] = {"model", "model_name", "chat_template", "secret",   "secret_file",
-                                    "nodes", "router",     "workers",       "sampling", "logging", "tracing", NULL};
+                                    "nodes", "router",     "workers",       "sampling", "logging", "tracing",
+                                    "discovery", NULL};
 static const char *const K_SAMPLING[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", NULL};
 static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",  "api_keys_file",
@@ -450,13 +451,16 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, cfg_cluste
     if (!rc && c->has_router && cfg_add_node(c, c->router.node)) rc = cfg_fail(x, "router", "out of memory");
   }
 
+  const cJSON *jd = rc ? NULL : cfg_item(root, "discovery");
+  c->has_discovery = jd != NULL;
+  if (jd && cfg_parse_discovery(jd, path, x->file, &c->discovery, x->err, x->errlen)) rc = -1;
   const cJSON *jw = rc ? NULL : cfg_item(root, "workers");
-  if (!rc && !jw) rc = cfg_fail(x, "workers", "missing (an array of at least one worker)");
-  if (!rc && !cJSON_IsArray(jw)) rc = cfg_fail(x, "workers", "expected an array, got %s", cfg_type_name(jw));
-  if (!rc) {
+  if (!rc && !jw && !jd) rc = cfg_fail(x, "workers", "missing (an array of at least one worker, or a discovery section)");
+  if (!rc && jw && !cJSON_IsArray(jw)) rc = cfg_fail(x, "workers", "expected an array, got %s", cfg_type_name(jw));
+  if (!rc && jw) {
     int n = cJSON_GetArraySize(jw);
-    if (n < 1) rc = cfg_fail(x, "workers", "expected at least one worker");
-    else if (!(c->workers = calloc((size_t)n, sizeof *c->workers))) rc = cfg_fail(x, "workers", "out of memory");
+    if (n < 1 && !jd) rc = cfg_fail(x, "workers", "expected at least one worker (or a discovery section)");
+    else if (n >= 1 && !(c->workers = calloc((size_t)n, sizeof *c->workers))) rc = cfg_fail(x, "workers", "out of memory");
     i = 0;
     for (const cJSON *it = rc ? NULL : jw->child; it && !rc; it = it->next, i++) {
       rc = parse_worker(x, it, i, &c->workers[i], nodes, n_nodes, jn != NULL, (int)ncpu);
@@ -475,7 +479,7 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, cfg_cluste
     int has_decode = 0;
     for (i = 0; i < c->n_workers; i++) has_decode |= c->workers[i].role == CFG_ROLE_DECODE;
     for (i = 0; i < c->n_workers && !rc; i++)
-      if (c->workers[i].role == CFG_ROLE_PREFILL && !has_decode) {
+      if (c->workers[i].role == CFG_ROLE_PREFILL && !has_decode && !c->has_discovery) {
         char f[48];
         snprintf(f, sizeof f, "workers[%d].role", i);
         rc = cfg_fail(x, f, "a prefill worker needs a decode worker in the cluster, and there is none");

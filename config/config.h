@@ -137,6 +137,25 @@ typedef struct cfg_tracing {
   int flush_ms;           // the exporter posts at least this often while spans wait (500)
 } cfg_tracing;
 
+// The "discovery" section (configs/README.md): membership in etcd instead of (or besides) the "workers" list. Workers
+// register themselves under /dserve/<cluster>/workers/<role>/<name>; routers watch that prefix (disco/disco.h).
+enum { CFG_MAX_ETCD = 8, CFG_DEF_LEASE_TTL_S = 10 };
+typedef struct cfg_discovery {
+  char etcd[CFG_MAX_ETCD][256]; // (n_etcd) endpoints, "http://host:port" or "https://host:port"
+  int n_etcd;
+  char cluster[64];             // the cluster's name in the keys
+  int lease_ttl_s;              // a worker that stops refreshing its lease leaves the membership this long after
+  // etcd's own TLS and auth, passed through (paths resolved against the config file's folder; "" = not used)
+  char ca_file[1024], cert_file[1024], key_file[1024];
+  char user[64];                // etcd user; its password is the first line of password_file
+  char password_file[1024];
+} cfg_discovery;
+
+// config/discovery.c: parses j (the "discovery" object) into d; path resolves relative file names, file prefixes
+// errors. 0, or -1 with err naming the field.
+struct cJSON;
+int cfg_parse_discovery(const struct cJSON *j, const char *path, const char *file, cfg_discovery *d, char *err, size_t errlen);
+
 typedef struct cfg_cluster {
   char path[1024];          // the file it came from
   char model_path[1024];    // resolved against the config file's folder when relative
@@ -154,7 +173,9 @@ typedef struct cfg_cluster {
   cfg_sampling sampling; // the "sampling" section (all has_* 0 when absent)
   cfg_logging logging;   // the "logging" section (defaults when absent)
   cfg_tracing tracing;   // the "tracing" section (endpoint "" when absent)
-  cfg_worker *workers;  // (owned) (n_workers)
+  int has_discovery;        // a "discovery" section was given: workers may also come and go through etcd
+  cfg_discovery discovery;
+  cfg_worker *workers;  // (owned) (n_workers); may be empty with discovery
   int n_workers;
   char **nodes;             // (owned) (n_nodes) every node named in the file
   int n_nodes;
@@ -210,7 +231,8 @@ typedef struct cfg_set {
 } cfg_set;
 
 // The config at path (or, with path NULL, base_json) with sets applied in order, as JSON text (*out, malloc'd),
-// with every relative path in it (model, secret_file, router.api_keys_file, workers[].prefix_disk_path) made
+// with every relative path in it (model, secret_file, router.api_keys_file, workers[].prefix_disk_path, discovery's
+// TLS and password files) made
 // absolute against the file's folder (base_json: the working directory), so the text means the same from any
 // folder; cfg_parse judges the values. -1 with err: unreadable file, bad JSON, a key through a non-object, a
 // workers.* override when the config has no workers.

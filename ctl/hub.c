@@ -67,6 +67,14 @@ void ctl_auth_proof(const char *secret, const char *nonce, char out[65]) {
   for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
 }
 
+void ctl_auth_proof_back(const char *secret, const char *nonce, char out[65]) {
+  uint8_t mac[32];
+  const void *parts[] = {"listener:", nonce};
+  size_t lens[] = {9, strlen(nonce)};
+  kvx_hmac_sha256(secret, strlen(secret), parts, lens, 2, mac);
+  for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
+}
+
 int ctl_consttime_eq(const char *a, const char *b) {
   size_t na = strlen(a), nb = strlen(b);
   return na == nb && kvx_ct_equal(a, b, na);
@@ -301,8 +309,12 @@ static void *handshake_main(void *arg) {
     ok = 0;
   }
   if (ok) {
+    char back[65] = ""; // the proof the connector asked for (its hello's nonce), before m goes to the peer
+    const cJSON *cn = cJSON_GetObjectItemCaseSensitive(m, "nonce");
+    if (cJSON_IsString(cn)) ctl_auth_proof_back(h->secret, cn->valuestring, back);
     take_names(p, m);
-    cJSON *reply = prt_hello_ok_encode(&(prt_hello_ok){.name = h->name, .role = h->role}, NULL, 0);
+    cJSON *reply = prt_hello_ok_encode(&(prt_hello_ok){.name = h->name, .role = h->role, .auth = back[0] ? back : NULL},
+                                       NULL, 0);
     if (reply && h->hello_extra) h->hello_extra(h->hello_arg, reply);
     ok = reply && ctl_frame_send(p->ctl, reply) == 0;
     cJSON_Delete(reply);
@@ -404,14 +416,25 @@ ctl_peer *ctl_hub_connect(ctl_hub *h, const char *host, int port, int timeout_ms
   prt_challenge cm;
   if (ctl_frame_recv(p->ctl, &ch, timeout_ms, err, errlen) == 1 && prt_is(ch, PRT_OP_CHALLENGE) &&
       !prt_challenge_decode(ch, &cm, NULL, 0)) {
-    char proof[65];
+    char proof[65], mine[33], want[65];
     ctl_auth_proof(h->secret, cm.nonce, proof);
+    make_nonce(mine);
+    ctl_auth_proof_back(h->secret, mine, want);
     cJSON *hello = prt_hello_encode(
-        &(prt_hello){.name = h->name, .role = h->role, .auth = proof, .proto = PRT_VERSION}, err, errlen);
+        &(prt_hello){.name = h->name, .role = h->role, .auth = proof, .proto = PRT_VERSION, .nonce = mine}, err,
+        errlen);
     prt_error refusal;
+    const cJSON *back = NULL;
     if (hello && ctl_frame_send(p->ctl, hello) == 0 && ctl_frame_recv(p->ctl, &ok, timeout_ms, err, errlen) == 1 &&
         prt_is(ok, PRT_OP_HELLO_OK)) {
-      good = 1;
+      back = cJSON_GetObjectItemCaseSensitive(ok, "auth");
+      good = cJSON_IsString(back) && ctl_consttime_eq(back->valuestring, want);
+      if (!good) {
+        long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
+        snprintf(err, errlen, "%s:%d answered without %s proof of the shared secret: not a peer of this cluster",
+                 host, port, back ? "the right" : "a");
+        utl_warn(h->name, "%s (%ld refused so far)", err, n);
+      }
     } else if (ok && prt_is(ok, PRT_OP_ERROR) && !prt_error_decode(ok, &refusal, NULL, 0)) {
       snprintf(err, errlen, "%s:%d refused the hello: %s", host, port, refusal.message);
       utl_warn(h->name, "%s", err);

@@ -59,6 +59,10 @@ void ctl_peer_close(ctl_peer *p);                     // shuts the connection; a
 
 // The hello's proof of the shared secret: hex of a keyed hash over the nonce the listener sent.
 void ctl_auth_proof(const char *secret, const char *nonce, char out[65]);
+// The listener's proof back (hello_ok's auth over the connector's hello nonce): the same keyed hash over
+// "listener:" + nonce, so that no connector's proof can be replayed as a listener's. A connector that sent a nonce
+// refuses a hello_ok without the right one: a peer found through a hint (etcd) must know the secret too.
+void ctl_auth_proof_back(const char *secret, const char *nonce, char out[65]);
 int ctl_consttime_eq(const char *a, const char *b); // 1 when equal; time depends only on the lengths
 
 #ifdef __cplusplus

@@ -66,8 +66,8 @@ int pfl_start_pull(pfl_worker *w, pfl_req *r, const char *peer, int want) {
   // need one by one, and a block without its window pages must not be taken for whole: such a model computes the
   // prefix itself (docs/protocol.md, "Prefix fetch").
   if (kv_pool_groups(w->sh.rt->kv) > 1) return 0;
-  const cfg_worker *q = cfg_find_worker(w->sh.cfg, peer);
-  if (!q || q->role != CFG_ROLE_PREFILL || !strcmp(peer, w->sh.rt->w->name)) {
+  cfg_worker q;
+  if (pfl_peer_cfg(w, peer, CFG_ROLE_PREFILL, &q, NULL, 0)) {
     utl_warn(w->sh.rt->w->name, "%s: ignoring the prefix hint: '%s' is not another prefill worker of this cluster",
              r->req.id, peer);
     return 0;

@@ -8,15 +8,14 @@
 #include "prefill/worker_int.h"
 #include "util/log.h"
 
-// The configuration of worker name when it is another worker of role in this cluster; else NULL, and why in err
-// (which may be NULL).
-const cfg_worker *pfl_peer_cfg(pfl_worker *w, const char *name, cfg_role role, char *err, size_t errlen) {
-  const cfg_worker *d = cfg_find_worker(w->sh.cfg, name);
-  if (d && d->role == role && strcmp(name, w->sh.rt->w->name)) return d;
+// The settings of worker name into *d when it is another worker of role in this cluster (its config file, or etcd's
+// membership with discovery): 0; else -1, and why in err (which may be NULL).
+int pfl_peer_cfg(pfl_worker *w, const char *name, cfg_role role, cfg_worker *d, char *err, size_t errlen) {
+  if (wrk_shell_peer(&w->sh, name, d) && d->role == role && strcmp(name, w->sh.rt->w->name)) return 0;
   if (err)
     snprintf(err, errlen, "'%s' is not a%s %s worker of this cluster", name, role == CFG_ROLE_PREFILL ? "nother" : "",
              cfg_role_name(role));
-  return NULL;
+  return -1;
 }
 
 // The control link to worker name of role, connecting (bounded by timeout_ms) when there is none or it dropped.
@@ -27,8 +26,8 @@ pfl_link *pfl_link_for(pfl_worker *w, const char *name, cfg_role role, int timeo
   for (int i = 0; i < w->n_links; i++)
     if (!strcmp(w->links[i]->name, name)) l = w->links[i];
   if (l && ctl_peer_alive(l->peer)) return l;
-  const cfg_worker *d = pfl_peer_cfg(w, name, role, err, errlen);
-  if (!d) return NULL;
+  cfg_worker d;
+  if (pfl_peer_cfg(w, name, role, &d, err, errlen)) return NULL;
   if (!l) {
     pfl_link **nl = realloc(w->links, (size_t)(w->n_links + 1) * sizeof *nl);
     if (nl) w->links = nl;
@@ -40,7 +39,7 @@ pfl_link *pfl_link_for(pfl_worker *w, const char *name, cfg_role role, int timeo
     snprintf(l->name, sizeof l->name, "%s", name);
   }
   ctl_peer_unref(l->peer); // a dropped link: reconnect
-  l->peer = ctl_hub_connect(w->sh.hub, d->host, d->port, timeout_ms, err, errlen);
+  l->peer = ctl_hub_connect(w->sh.hub, d.host, d.port, timeout_ms, err, errlen);
   if (!l->peer) return NULL;
   prt_hello_ok ok;
   char why[200];

@@ -381,6 +381,7 @@ static void on_generate(void *arg, ctl_peer *from, const cJSON *m) {
   r->t_recv_us = utl_now_us();
   const char *bad = NULL;
   int link_failed = 0, decode_down = 0;
+  cfg_worker dc;
   if (atomic_load(&w->sh.sig.stop)) bad = "worker is shutting down";
   else if (malformed) bad = e; // e.g. a malformed prefix_peer / prefix_blocks hint
   else if (wrk_genreq_parse(&g, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &w->gram, &r->req, code, sizeof code,
@@ -390,7 +391,7 @@ static void on_generate(void *arg, ctl_peer *from, const cJSON *m) {
     bad = "a prefill worker serves mode \"prefill\" with a decode worker";
   else if (!(r->link = pfl_link_for(w, r->req.decode, CFG_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e))) {
     bad = e, link_failed = 1;
-    decode_down = pfl_peer_cfg(w, r->req.decode, CFG_ROLE_DECODE, NULL, 0) != NULL; // ours, unreachable
+    decode_down = pfl_peer_cfg(w, r->req.decode, CFG_ROLE_DECODE, &dc, NULL, 0) == 0; // ours, unreachable
   }
   else if (wrk_seq_init(&r->seq, r->req.prompt, r->req.n_prompt, r) ||
            mdl_sampler_new(&r->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), r->req.prompt, r->req.n_prompt,
@@ -603,7 +604,7 @@ int pfl_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
   // The shared hello_ok fields are all a prefill worker says (the router reads kv_layout.block_size for its
   // prefix keys); decode workers send no kvxfer metadata to it, it loads theirs.
   wrk_shell_opts so = {.role = "prefill", .shareable_kv = strncmp(wc->device, "cuda", 4) != 0, .kvxfer = 1,
-                       .ops = OPS, .n_ops = sizeof OPS / sizeof OPS[0], .on_close = on_close, .worker = &w};
+                       .watch_peers = 1, .ops = OPS, .n_ops = sizeof OPS / sizeof OPS[0], .on_close = on_close, .worker = &w};
   if (wrk_shell_open(&w.sh, cfg, wc, &so, err, errlen)) return -1;
   if (krn_event_new(&w.sh.rt->kc, &w.layer_ev[0], err, errlen) ||
       krn_event_new(&w.sh.rt->kc, &w.layer_ev[1], err, errlen)) {

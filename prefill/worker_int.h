@@ -104,7 +104,7 @@ static inline int64_t table_timeout_ms(const pfl_worker *w) { return (int64_t)w-
 // links.c
 // The configuration of worker name when it is another worker of role in this cluster; else NULL, and why in err
 // (which may be NULL).
-const cfg_worker *pfl_peer_cfg(pfl_worker *w, const char *name, cfg_role role, char *err, size_t errlen);
+int pfl_peer_cfg(pfl_worker *w, const char *name, cfg_role role, cfg_worker *out, char *err, size_t errlen);
 // The control link to worker name of role, connecting (bounded by timeout_ms) when there is none or it dropped.
 pfl_link *pfl_link_for(pfl_worker *w, const char *name, cfg_role role, int timeout_ms, char *err, size_t errlen);
 

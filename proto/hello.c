@@ -32,7 +32,8 @@ int prt_challenge_decode(const cJSON *j, prt_challenge *m, char *err, size_t err
 cJSON *prt_hello_encode(const prt_hello *m, char *err, size_t errlen) {
   cJSON *j = prt_new(PRT_OP_HELLO);
   if (!j || !PRT_ADD_STR(j, "name", m->name) || !PRT_ADD_STR(j, "role", m->role) ||
-      !PRT_ADD_STR(j, "auth", m->auth) || (m->proto >= 0 && !cJSON_AddNumberToObject(j, "proto", m->proto)))
+      !PRT_ADD_STR(j, "auth", m->auth) || (m->proto >= 0 && !cJSON_AddNumberToObject(j, "proto", m->proto)) ||
+      !PRT_ADD_STR(j, "nonce", m->nonce))
     return oom(j, err, errlen);
   return j;
 }
@@ -43,6 +44,7 @@ int prt_hello_decode(const cJSON *j, prt_hello *m, char *err, size_t errlen) {
   if (prt__str(j, PRT_OP_HELLO, "role", 0, &m->role, err, errlen) ||
       prt__str(j, PRT_OP_HELLO, "name", 0, &m->name, err, errlen) ||
       prt__str(j, PRT_OP_HELLO, "auth", 0, &m->auth, err, errlen) ||
+      prt__str(j, PRT_OP_HELLO, "nonce", 0, &m->nonce, err, errlen) ||
       prt__int(j, PRT_OP_HELLO, "proto", 0, 0, INT32_MAX, &v, err, errlen))
     return -1;
   m->proto = (int)v;
@@ -95,7 +97,8 @@ int prt_hello_ok_add_worker(cJSON *j, const prt_hello_ok *m) {
 
 cJSON *prt_hello_ok_encode(const prt_hello_ok *m, char *err, size_t errlen) {
   cJSON *j = prt_new(PRT_OP_HELLO_OK);
-  if (!j || !PRT_ADD_STR(j, "name", m->name) || !PRT_ADD_STR(j, "role", m->role) || prt_hello_ok_add_worker(j, m))
+  if (!j || !PRT_ADD_STR(j, "name", m->name) || !PRT_ADD_STR(j, "role", m->role) ||
+      !PRT_ADD_STR(j, "auth", m->auth) || prt_hello_ok_add_worker(j, m))
     return oom(j, err, errlen);
   return j;
 }
@@ -105,7 +108,8 @@ int prt_hello_ok_decode(const cJSON *j, prt_hello_ok *m, char *err, size_t errle
   int64_t v[3] = {0, 0, 0};
   if (prt__str(j, PRT_OP_HELLO_OK, "role", 0, &m->role, err, errlen) ||
       prt__str(j, PRT_OP_HELLO_OK, "name", 0, &m->name, err, errlen) ||
-      prt__str(j, PRT_OP_HELLO_OK, "kvx_md", 0, &m->kvx_md, err, errlen))
+      prt__str(j, PRT_OP_HELLO_OK, "kvx_md", 0, &m->kvx_md, err, errlen) ||
+      prt__str(j, PRT_OP_HELLO_OK, "auth", 0, &m->auth, err, errlen))
     return -1;
   m->has_worker = cJSON_HasObjectItem(j, "n_ctx");
   static const char *const k[3] = {"n_ctx", "n_vocab", "total_blocks"};

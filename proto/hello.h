@@ -23,6 +23,8 @@ typedef struct prt_hello {
   const char *name; // (borrowed) may be NULL
   const char *auth; // (borrowed) the shared-secret proof; NULL when absent (the hub refuses it)
   int proto;        // the sender's PRT_VERSION; -1 when absent (the hub refuses it)
+  const char *nonce; // (borrowed) the connector's own nonce: the listener proves the secret back in hello_ok's auth
+                     // (a listener known only from a hint, etcd's membership, must prove it too); NULL when absent
 } prt_hello;
 cJSON *prt_hello_encode(const prt_hello *m, char *err, size_t errlen);
 // Refuses a wrong type; absent fields are left to the hub (auth NULL, proto -1).
@@ -47,6 +49,7 @@ typedef struct prt_hello_ok {
   int has_layout;          // kv_layout is present (decode and prefill workers)
   prt_kv_layout kv_layout;
   const char *kvx_md;      // (borrowed) base64 kvxfer metadata, or NULL
+  const char *auth;        // (borrowed) the listener's proof over the hello's nonce (ctl_auth_proof_back), or NULL
 } prt_hello_ok;
 cJSON *prt_hello_ok_encode(const prt_hello_ok *m, char *err, size_t errlen);
 int prt_hello_ok_decode(const cJSON *j, prt_hello_ok *m, char *err, size_t errlen);

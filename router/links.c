@@ -53,6 +53,7 @@ static void update_kv_gauge_locked(rtr_server *s) {
       total += s->links[i].total_blocks;
     }
   rtr_metric_set(s->m_kv_usage, total > 0 ? used / total : 0);
+  rtr_scale_update_locked(s);
 }
 
 // Adds to counter c what a worker's running total v grew by since *last (a restarted worker counts anew).
@@ -86,6 +87,7 @@ static void on_prefix_tiers(rtr_server *s, rtr_link *l, const prt_tier_stats *ti
 static double count(double v) { return v >= 0 ? v : 0; }
 
 static void on_stats(rtr_server *s, rtr_link *l, const cJSON *msg) {
+  if (l->gone) return; // a member that left: its last counts, still on the wire, no longer count
   prt_stats_ok st;
   char why[256];
   if (prt_stats_ok_decode(msg, &st, why, sizeof why)) { // still a sign of life; its counts read as absent
@@ -219,6 +221,7 @@ void *rtr_dispatcher_main(void *arg) {
           utl_log(LOGC, "worker %s is draining; moving its streams", l->cfg->name);
           l->draining = 1;
           move_all_locked(s, (int)(l - s->links));
+          update_kv_gauge_locked(s);
         } else if (!strcmp(o, PRT_OP_STATS_OK)) {
           on_stats(s, l, ev.msg);
         } else if (!strcmp(o, PRT_OP_KV_EVENTS)) {
@@ -227,7 +230,10 @@ void *rtr_dispatcher_main(void *arg) {
                    (!strcmp(o, PRT_OP_TOKEN) || !strcmp(o, PRT_OP_DONE) || !strcmp(o, PRT_OP_ERROR))) {
           int ci;
           rtr_req *r = find_choice_locked(s, id, &ci);
+          int backlog = r && r->ch[ci].plink >= 0 && r->ch[ci].state != RTR_CH_DONE &&
+                        !rtr_choice_handed_off(&r->ch[ci]); // counted in the prefill backlog
           if (r) on_choice_msg(s, l, r, ci, o, ev.msg);
+          if (backlog) rtr_scale_update_locked(s); // (r may be gone now) it may have left the backlog
         } else {
           utl_debug(LOGC, "worker %s: ignored message op '%s'", l->cfg->name, o);
         }
@@ -247,15 +253,18 @@ void *rtr_link_main(void *arg) {
   rtr_server *s = l->s;
   int backoff = 100;
   pthread_mutex_lock(&s->mu);
-  while (!s->stopping) {
+  while (!s->stopping && !l->gone) {
     if (!l->peer) {
       l->connecting = 1;
+      char host[sizeof l->cfg->host];
+      int port = l->cfg->port; // a member's address may change (members.c) while we connect
+      snprintf(host, sizeof host, "%s", l->cfg->host);
       pthread_mutex_unlock(&s->mu);
       char err[256] = "";
-      ctl_peer *p = ctl_hub_connect(s->hub, l->cfg->host, l->cfg->port, 1000, err, sizeof err);
+      ctl_peer *p = ctl_hub_connect(s->hub, host, port, 1000, err, sizeof err);
       pthread_mutex_lock(&s->mu);
       l->connecting = 0;
-      if (p && !s->stopping) {
+      if (p && !s->stopping && !l->gone && port == l->cfg->port && !strcmp(host, l->cfg->host)) {
         prt_hello_ok ho; // a malformed hello_ok reads as one without a worker's fields
         int read = !prt_hello_ok_decode(ctl_peer_hello(p), &ho, NULL, 0);
         l->n_ctx = read && ho.has_worker ? ho.n_ctx : 0;
@@ -271,6 +280,7 @@ void *rtr_link_main(void *arg) {
         backoff = 100;
         utl_log(LOGC, "worker %s (%s, %s:%d) connected", l->cfg->name, cfg_role_name(l->cfg->role), l->cfg->host,
                 l->cfg->port);
+        update_kv_gauge_locked(s);
         continue;
       }
       if (p) {
@@ -315,6 +325,7 @@ void *rtr_link_main(void *arg) {
     deadline_in(&dl, 250);
     pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);
   }
+  l->thread_done = 1;
   pthread_mutex_unlock(&s->mu);
   return NULL;
 }
@@ -331,7 +342,7 @@ int rtr_server_serving_up(rtr_server *s) {
   pthread_mutex_lock(&s->mu);
   int n = 0;
   for (int i = 0; i < s->n_links; i++)
-    n += s->links[i].up && !s->links[i].draining && s->links[i].cfg->role != CFG_ROLE_PREFILL;
+    n += s->links[i].up && !s->links[i].draining && !s->links[i].gone && s->links[i].cfg->role != CFG_ROLE_PREFILL;
   pthread_mutex_unlock(&s->mu);
   return n;
 }
@@ -397,8 +408,8 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
                             rtr_error *e) {
   for (int i = 0; i < s->n_links; i++) {
     rtr_link *l = &s->links[i];
-    w[i] = (rtr_sched_worker){l->up && !l->draining && !l->silent_moved, l->cfg->role, l->running, l->waiting,
-                              l->free_blocks, l->total_blocks, l->inflight, l->block_size, l->kv_type};
+    w[i] = (rtr_sched_worker){l->up && !l->draining && !l->silent_moved && !l->gone, l->cfg->role, l->running,
+                              l->waiting, l->free_blocks, l->total_blocks, l->inflight, l->block_size, l->kv_type};
   }
   rtr_choice *c = &r->ch[ci];
   // A moved choice is routed on what its next worker computes: the prompt and the tokens streamed so far.
@@ -424,6 +435,7 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
   c->link = pick.decode;
   c->plink = pick.prefill;
   s->links[pick.decode].inflight++;
+  if (pick.prefill >= 0) rtr_scale_update_locked(s); // the prefill backlog grew
   if (pick.prefill >= 0) {
     s->links[pick.prefill].inflight++;
     // with a peer prefill worker that holds more of the prefix: the prefill worker may fetch it
@@ -561,6 +573,91 @@ static void move_all_locked(rtr_server *s, int li) {
     nx = r->next;
     for (int i = 0; i < r->n_ch; i++)
       if (r->ch[i].state != RTR_CH_DONE && r->ch[i].link == li) rtr_move_choice_locked(s, r, i, 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// members (discovery): links that come and go
+
+// A choice of a listed request (finished ones too: their index stays in the choice) names link li.
+static int slot_in_use_locked(rtr_server *s, int li) {
+  for (rtr_req *r = s->reqs; r; r = r->next)
+    for (int i = 0; i < r->q.n; i++)
+      if (r->ch[i].link == li || r->ch[i].plink == li) return 1;
+  return 0;
+}
+
+static void capacity_locked(rtr_server *s) {
+  int c = s->capacity_static;
+  for (int i = 0; i < s->n_links; i++)
+    if (s->links[i].is_member && !s->links[i].gone && s->links[i].cfg->role != CFG_ROLE_PREFILL)
+      c += s->links[i].cfg->max_seqs;
+  s->capacity = c > 0 ? c : 64;
+  pthread_cond_broadcast(&s->admit_cv); // requests waiting for room may fit now
+}
+
+int rtr_links_join_locked(rtr_server *s, const cfg_worker *w, int64_t incarnation) {
+  rtr_link *l = NULL;
+  for (int i = 0; i < s->n_links && !l; i++)
+    if (!strcmp(s->links[i].cfg->name, w->name)) l = &s->links[i];
+  if (l && !l->is_member) { // a worker of the config file registered too: the file's settings stand
+    utl_debug(LOGC, "worker %s is in the config and in etcd; the config's address stands", w->name);
+    return 0;
+  }
+  int back = l && l->gone && !l->thread_done; // it left and came back before its thread saw it go: that goes on
+  if (back) l->gone = 0;
+  if (l && !l->gone) {
+    int moved = strcmp(l->member.host, w->host) || l->member.port != w->port || l->member.role != w->role;
+    if (!moved && !back && l->incarnation == incarnation) return 0;
+    utl_log(LOGC, "worker %s %s (incarnation %lld -> %lld%s); dropping what the old one held", w->name,
+            back ? "rejoined the cluster" : "restarted", (long long)l->incarnation, (long long)incarnation,
+            moved ? ", new address" : "");
+    l->member = *w;
+    l->incarnation = incarnation;
+    if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move, its KV index goes
+    capacity_locked(s);
+    pthread_cond_broadcast(&s->link_cv);
+    return 0;
+  }
+  if (!l) // a slot a member left whose thread has ended and that no choice still names, else a new one
+    for (int i = 0; i < s->n_links && !l; i++)
+      if (s->links[i].is_member && s->links[i].gone && s->links[i].thread_done && !slot_in_use_locked(s, i))
+        l = &s->links[i];
+  if (!l && s->n_links < s->cap_links) l = &s->links[s->n_links++];
+  if (!l) {
+    utl_err(LOGC, "worker %s joined, but the router has no free link slot (%d in use); not linked", w->name,
+            s->n_links);
+    return -1;
+  }
+  if (l->has_thread) pthread_join(l->thread, NULL); // it has returned (thread_done)
+  int li = (int)(l - s->links);
+  if (s->kv) rtr_kvindex_remove_worker(s->kv, li);
+  memset(l, 0, sizeof *l);
+  l->s = s;
+  l->member = *w;
+  l->cfg = &l->member;
+  l->is_member = 1;
+  l->incarnation = incarnation;
+  if (pthread_create(&l->thread, NULL, rtr_link_main, l) == 0) l->has_thread = 1;
+  else l->gone = l->thread_done = 1;
+  capacity_locked(s);
+  utl_log(LOGC, "worker %s (%s, %s:%d) joined the cluster; linking", w->name, cfg_role_name(w->role), w->host, w->port);
+  return l->has_thread ? 0 : -1;
+}
+
+void rtr_links_leave_locked(rtr_server *s, const char *name, int64_t incarnation) {
+  for (int i = 0; i < s->n_links; i++) {
+    rtr_link *l = &s->links[i];
+    if (!l->is_member || l->gone || strcmp(l->cfg->name, name) || (incarnation >= 0 && l->incarnation != incarnation))
+      continue;
+    utl_log(LOGC, "worker %s left the cluster%s", name, l->up && l->inflight ? "; moving its streams" : "");
+    l->gone = 1;
+    if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move (link_down_locked)
+    rtr_metric *gauges[3] = {l->m_w_running, l->m_w_waiting, l->m_w_kv_usage}; // its series stay; they read 0
+    for (int k = 0; k < 3; k++)
+      if (gauges[k]) rtr_metric_set(gauges[k], 0);
+    capacity_locked(s);
+    pthread_cond_broadcast(&s->link_cv);
   }
 }
 

@@ -278,7 +278,7 @@ static void log_line(const stats_line *x) {
   utl_log_fields(LOGC, "stats", f, (int)(sizeof f / sizeof f[0]));
 }
 
-// Fills lines[0] (the router) and lines[1..] (each worker up) from what changed since prev (n_links + 1); returns how
+// Fills lines[0] (the router) and lines[1..] (each worker up) from what changed since prev (cap_links + 1); returns how
 // many, or 0 when there was no work (no token, nothing running or waiting). s->mu held.
 static int collect_locked(rtr_server *s, stats_prev *prev, double secs, stats_line *lines) {
   double prompt = rtr_metric_value(s->m_prompt), gen = rtr_metric_value(s->m_gen);
@@ -322,8 +322,9 @@ static int collect_locked(rtr_server *s, stats_prev *prev, double secs, stats_li
 static void *stats_main(void *arg) {
   rtr_server *s = arg;
   int64_t every_ms = (int64_t)s->cfg->logging.stats_interval_s * 1000;
-  stats_prev *prev = calloc((size_t)s->n_links + 1, sizeof *prev);
-  stats_line *lines = calloc((size_t)s->n_links + 1, sizeof *lines);
+  // every slot a link may take: members that join through discovery add links while this runs (cap_links)
+  stats_prev *prev = calloc((size_t)s->cap_links + 1, sizeof *prev);
+  stats_line *lines = calloc((size_t)s->cap_links + 1, sizeof *lines);
   if (!prev || !lines) {
     utl_warn(LOGC, "out of memory: no stats lines");
     free(prev);

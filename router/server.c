@@ -152,6 +152,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
       cfg_worker_defaults(&w);
       s->capacity += w.max_seqs;
     }
+  s->capacity_static = s->capacity;
   if (s->capacity <= 0) s->capacity = 64;
   ctl_hub_opts ho = {.name = "router", .role = "router", .secret = o->cfg->secret, .host = NULL};
   if (ctl_hub_new(&ho, &s->hub, err, errlen) < 0) {
@@ -159,7 +160,8 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
     return -1;
   }
   if (pthread_create(&s->dispatcher, NULL, rtr_dispatcher_main, s) == 0) s->has_dispatcher = 1;
-  s->links = calloc((size_t)o->cfg->n_workers + 1, sizeof *s->links);
+  s->cap_links = o->cfg->n_workers + (o->cfg->has_discovery ? RTR_MEMBER_SLOTS : 0);
+  s->links = calloc((size_t)s->cap_links + 1, sizeof *s->links);
   if (!s->links) {
     utl_seterr(err, errlen, "out of memory");
     rtr_server_free(s);
@@ -167,13 +169,14 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   }
   s->n_links = o->cfg->n_workers;
   // The index is a hint: without memory for it the router routes by load.
-  if (s->n_links > 0 && rtr_kvindex_new(s->n_links, 1 << 16, &s->kv, err, errlen) < 0) s->kv = NULL;
+  if (s->cap_links > 0 && rtr_kvindex_new(s->cap_links, 1 << 16, &s->kv, err, errlen) < 0) s->kv = NULL;
   for (int i = 0; i < s->n_links; i++) {
     s->links[i].s = s;
     s->links[i].cfg = &o->cfg->workers[i];
     if (pthread_create(&s->links[i].thread, NULL, rtr_link_main, &s->links[i]) == 0) s->links[i].has_thread = 1;
   }
-  if (rtr_observe_start(s, err, errlen) < 0) { // the tracer and the stats lines
+  if (rtr_observe_start(s, err, errlen) < 0 || // the tracer and the stats lines
+      rtr_members_start(s, err, errlen) < 0) { // the workers etcd knows (config "discovery")
     rtr_server_free(s);
     return -1;
   }
@@ -246,6 +249,7 @@ int rtr_server_drain(rtr_server *s, int timeout_ms) {
 
 void rtr_server_free(rtr_server *s) {
   if (!s) return;
+  rtr_members_stop(s); // first: no link comes or goes while the rest stops
   pthread_mutex_lock(&s->mu);
   s->stopping = 1;
   rtr_error e;

@@ -13,6 +13,7 @@
 #include <microhttpd.h>
 
 #include "ctl/hub.h"
+#include "disco/disco.h"
 #include "models/chat.h"
 #include "proto/request.h"
 #include "proto/stats.h"
@@ -33,13 +34,22 @@ typedef struct rtr_gate rtr_gate;
 
 #define LOGC "router"
 #define WAIT_TICK_MS 100     // how often a waiting connection checks its client is still there
+#define RTR_MEMBER_SLOTS 64   // link slots for workers that join through discovery (reused once one has left)
 #define RTR_DECODE_LOST_MS 500 // how long a choice whose prefill worker lost its decode worker waits for the
                                // router's own link to that worker to go down (then it moves and waits for a worker)
                                // before it is sent again as it is (or fails when its moves are used up)
 
 typedef struct rtr_link {
   rtr_server *s;               // (borrowed)
-  const cfg_worker *cfg;   // (borrowed) from s->cfg
+  const cfg_worker *cfg;   // (borrowed) from s->cfg, or &member for a worker that joined through discovery
+  // A worker of the membership (members.c): its settings from its etcd record (changed only under s->mu; the link
+  // thread copies the address before it connects), the incarnation they came with, and whether it has left (its
+  // thread ends, its slot may take another member once the thread has).
+  cfg_worker member;
+  int is_member;
+  int64_t incarnation;
+  int gone;
+  int thread_done;             // its thread has returned (join it before a new one starts in the slot)
   ctl_peer *peer;              // (reference owned while up) guarded by s->mu; NULL when down
   int up;
   int draining;                // the worker said `draining` (SIGTERM): no new work; its choices move elsewhere
@@ -170,8 +180,11 @@ struct rtr_server {
   int stopping;
   int draining;                // rtr_server_drain: new requests get 503, queued ones are failed
   int n_live;                  // generation requests whose connection or response still holds them
-  rtr_link *links;             // (owned) (n_links)
-  int n_links;
+  rtr_link *links;             // (owned) (n_links, cap_links): the config's workers, then members that joined
+  int n_links, cap_links;
+  int capacity_static;         // the config's workers' max_seqs (capacity = this + the members' that are linked)
+  dsc_watcher *watcher;        // (owned) the membership in etcd (config "discovery"); NULL without
+  dsc_fingerprint fp;          // the router's own model: a member serving another model is refused
   rtr_req *reqs;               // active requests (linked through next)
   rtr_req *wait_head, *wait_tail; // admission queue
   int n_waiting, running_slots, capacity;
@@ -190,6 +203,8 @@ struct rtr_server {
   // the router hub's own refusals (ctl_hub_auth_failures); hub_auth_last: the hub's count already added.
   rtr_metric *m_auth_failures;
   double hub_auth_last;
+  rtr_metric *m_role[5][3];    // (owned by m) scale.c's per-role series {workers, running, waiting, kv usage,
+                               // prefill backlog} x {prefill, decode, both}; NULL until first set
   rtr_hooks hooks;             // the upper layers' answers (see rtr_hooks)
 };
 
@@ -240,6 +255,19 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
 // Choice ci leaves its decode/both worker (dead, silent or draining) for another one; with may_wait and no worker
 // up, it waits for one (router.migration_wait_ms). 0: re-sent or waiting; -1: it cannot move (the caller decides).
 int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait);
+
+// Discovery (members.c calls these with s->mu held). A member joins: a new link (or a slot it left), or its record
+// changed (a restart: new incarnation or address), when the old peer is closed and its choices move as on any
+// link loss; 0, or -1 when no slot is free. A member leaves: no new work, its peer closed, its choices move.
+int rtr_links_join_locked(rtr_server *s, const cfg_worker *w, int64_t incarnation);
+void rtr_links_leave_locked(rtr_server *s, const char *name, int64_t incarnation); // incarnation -1: whichever
+
+// scale.c: the per-role scaling signals (/metrics), recomputed from the links and the requests in flight
+void rtr_scale_update_locked(rtr_server *s);
+
+// members.c: discovery's watcher, whose joins and leaves become links (after the model check)
+int rtr_members_start(rtr_server *s, char *err, size_t errlen); // no-op without a discovery section
+void rtr_members_stop(rtr_server *s);
 
 // admit.c: admission (slots, the wait queue), then every choice routed and sent
 int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e); // 0, or -1 with e (the caller fails r)

@@ -18,7 +18,7 @@ import os
 import re
 import sys
 
-FOLDERS = ["util", "kernels", "models", "kvxfer", "proto", "ctl", "config", "kv", "worker", "router", "prefill", "decode",
+FOLDERS = ["util", "kernels", "models", "kvxfer", "proto", "ctl", "config", "disco", "kv", "worker", "router", "prefill", "decode",
            "launch", "cmd"]
 
 

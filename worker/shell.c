@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 
 #include "kv/pool.h"
@@ -38,6 +39,34 @@ static int open_kvx(wrk_shell *sh, char *err, size_t errlen) {
   return kv_stage_open(sh->kvx, sh->rt->kv, &sh->rt->kc, wc, &sh->stage, &sh->kv_region, err, errlen);
 }
 
+// This worker's record in etcd: where it listens (the ports it bound), its model's fingerprint, its capacity and a
+// new incarnation (its start time in us), so that a restart reads as a new member.
+static int join_cluster(wrk_shell *sh, char *err, size_t errlen) {
+  const wrk_runtime *rt = sh->rt;
+  const cfg_worker *wc = rt->w;
+  if (!wc->host[0] || !strcmp(wc->host, "0.0.0.0")) { // what it registers is where the others connect
+    snprintf(err, errlen, "worker %s: with discovery its host must be an address the router and peers reach, not '%s'",
+             wc->name, wc->host);
+    return -1;
+  }
+  dsc_member m = {.role = wc->role, .port = ctl_hub_port(sh->hub), .kvx_port = sh->kvx ? kvx_agent_port(sh->kvx) : 0,
+                  .max_seqs = wc->max_seqs, .total_blocks = kv_pool_total_blocks(rt->kv)};
+  snprintf(m.name, sizeof m.name, "%s", wc->name);
+  snprintf(m.host, sizeof m.host, "%s", wc->host);
+  if (sh->kvx) snprintf(m.kvx_host, sizeof m.kvx_host, "%s", wc->kvx_host[0] ? wc->kvx_host : wc->host);
+  mdl_str arch = {0};
+  mdl_gguf_get_str(rt->gguf, "general.architecture", &arch);
+  snprintf(m.fp.arch, sizeof m.fp.arch, "%.*s", (int)arch.n, arch.p ? arch.p : "");
+  snprintf(m.fp.kv_type, sizeof m.fp.kv_type, "%s", wc->kv_type[0] ? wc->kv_type : "f16");
+  m.fp.block_size = wc->block_size;
+  if (dsc_file_hash(sh->cfg->model_path, m.fp.file_hash, sizeof m.fp.file_hash, err, errlen)) return -1;
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  m.incarnation = (int64_t)tv.tv_sec * 1000000 + tv.tv_usec;
+  if (sh->o.watch_peers && wrk_peers_open(&sh->cfg->discovery, &m.fp, wc->name, &sh->peers, err, errlen)) return -1;
+  return dsc_registrar_start(&sh->cfg->discovery, &m, wc->name, &sh->reg, err, errlen);
+}
+
 int wrk_shell_open(wrk_shell *sh, const cfg_cluster *cfg, const cfg_worker *wc, const wrk_shell_opts *o,
                    char *err, size_t errlen) {
   memset(sh, 0, sizeof *sh);
@@ -58,6 +87,7 @@ int wrk_shell_open(wrk_shell *sh, const cfg_cluster *cfg, const cfg_worker *wc, 
     snprintf(err, errlen, "worker %s: cannot start the signal thread", wc->name);
     goto fail;
   }
+  if (cfg->has_discovery && join_cluster(sh, err, errlen)) goto fail;
   return 0;
 fail:
   wrk_shell_close(sh);
@@ -65,6 +95,10 @@ fail:
 }
 
 void wrk_shell_close(wrk_shell *sh) {
+  dsc_registrar_stop(sh->reg);
+  wrk_peers_close(sh->peers);
+  sh->reg = NULL;
+  sh->peers = NULL;
   kv_events_fini(&sh->kvev);
   ctl_hub_free(sh->hub);
   kvx_agent_free(sh->kvx);
@@ -76,6 +110,12 @@ void wrk_shell_close(wrk_shell *sh) {
   sh->kv_region = NULL;
   sh->stage = NULL;
   sh->rt = NULL;
+}
+
+int wrk_shell_peer(const wrk_shell *sh, const char *name, cfg_worker *out) {
+  const cfg_worker *w = cfg_find_worker(sh->cfg, name);
+  if (w) *out = *w;
+  return w || (sh->peers && wrk_peers_find(sh->peers, name, out));
 }
 
 void wrk_shell_announce(const wrk_shell *sh) {

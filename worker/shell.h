@@ -14,6 +14,7 @@
 
 #include "config/config.h"
 #include "ctl/hub.h"
+#include "disco/disco.h"
 #include "kv/events.h"
 #include "kv/prefix.h"
 #include "kv/stage.h"
@@ -34,10 +35,18 @@ typedef struct wrk_op {
   void (*fn)(void *worker, ctl_peer *from, const cJSON *msg);
 } wrk_op;
 
+// worker/peers.c: the cluster's other workers as etcd has them (a watcher's table; those of another model left out).
+typedef struct wrk_peers wrk_peers;
+int wrk_peers_open(const cfg_discovery *d, const dsc_fingerprint *fp, const char *name, wrk_peers **out, char *err,
+                   size_t errlen);
+void wrk_peers_close(wrk_peers *p);                               // NULL is a no-op
+int wrk_peers_find(wrk_peers *p, const char *name, cfg_worker *out); // 1 and *out when name is a member now
+
 typedef struct wrk_shell_opts {
   const char *role;  // the hub's role in hello messages ("prefill", "decode", "both")
   int shareable_kv;  // the KV pool goes where a same-host peer may map it (wrk_runtime_open)
   int kvxfer;        // open a kvxfer agent and register the pool (or its staging mirror) with it
+  int watch_peers;   // with a "discovery" section: keep the cluster's members (wrk_shell_peer finds them by name)
   // Fields the role adds to every hello_ok after the shared ones (n_ctx, n_vocab, total_blocks, kv_layout).
   // Called from the hub's connection threads, possibly before wrk_shell_open returns; may be NULL.
   void (*hello_extra)(void *worker, cJSON *hello_ok);
@@ -61,17 +70,25 @@ typedef struct wrk_shell {
   kv_events kvev;         // connected routers, told of the prefix store's changes (kv_events)
   wrk_signals sig;           // sig.stop is set once SIGTERM/SIGINT arrives
   utl_tracer *tracer;        // (owned) the span exporter (worker/trace.h); NULL when the config has no "tracing"
+  dsc_registrar *reg;        // (owned) its record in etcd (config "discovery"); NULL without
+  wrk_peers *peers;          // (owned) the members etcd knows (o.watch_peers with discovery); NULL without
 } wrk_shell;
 
 // Brings worker wc of cfg up, in this order: blocks SIGTERM/SIGINT (before any thread starts), opens the
-// runtime, then the kvxfer agent and staging (o->kvxfer), the hub (listening on wc's host:port), and the
-// signal thread. 0, or -1 with err and everything opened so far closed again.
+// runtime, then the kvxfer agent and staging (o->kvxfer), the hub (listening on wc's host:port), the
+// signal thread, and with a "discovery" section its registration in etcd (disco/disco.h: from then on routers
+// find it; an etcd that does not answer yet is no error, the registrar keeps trying). 0, or -1 with err and everything opened so far closed again.
 int wrk_shell_open(wrk_shell *sh, const cfg_cluster *cfg, const cfg_worker *wc, const wrk_shell_opts *o,
                    char *err, size_t errlen);
-// Tears down in reverse order: kv_events' router references, hub (every connection and peer with it),
+// Tears down in reverse order: the etcd registration (its lease revoked: the role has drained by now, so this is
+// the last thing a router hears before the link closes), kv_events' router references, hub (every connection and peer with it),
 // kvxfer agent, staging mirror (after the agent: its threads may still write into it), runtime. A zeroed
 // shell: no-op.
 void wrk_shell_close(wrk_shell *sh);
+
+// The settings of worker name, another worker of this cluster: from the config file, else (discovery with
+// o.watch_peers) from its record in etcd. 1 with *out, or 0 when neither knows it.
+int wrk_shell_peer(const wrk_shell *sh, const char *name, cfg_worker *out);
 
 // "... INFO  NAME: ROLE worker listening on HOST:PORT (...)" (util/log.h): the line a person reads for where it is.
 void wrk_shell_announce(const wrk_shell *sh);

@@ -2,6 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <thread>
+
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "ctl/frame.h"
 #include "ctl/hub.h"
@@ -201,6 +205,67 @@ TEST(Hub, OtherProtocolVersionIsRefused) {
   ctl_event ev;
   EXPECT_EQ(ctl_hub_next(server, &ev, 100), 0);
   ctl_hub_free(server);
+}
+
+// A listener met through a hint (an address from etcd) proves the secret back: a connector refuses a hello_ok without
+// the proof over its own nonce, with a wrong one, and with one of its own connector proofs replayed; the right one
+// links (what a real hub answers: HelloThenMessagesThenClose).
+TEST(Hub, ListenerMustProveTheSecretBack) {
+  char err[256];
+  int lport = 0;
+  int lfd = ctl_frame_listen("127.0.0.1", 0, &lport, err, sizeof err);
+  ASSERT_GE(lfd, 0) << err;
+  ctl_hub_opts co = {};
+  co.name = "router";
+  co.role = "router";
+  co.secret = "the-cluster-secret";
+  ctl_hub *client = nullptr;
+  ASSERT_EQ(ctl_hub_new(&co, &client, err, sizeof err), 0) << err;
+  enum { NONE, WRONG, REPLAYED, RIGHT };
+  for (int kind : {NONE, WRONG, REPLAYED, RIGHT}) {
+    std::thread rogue([&] { // accepts, challenges, reads the hello, answers hello_ok as kind says
+      int fd = accept(lfd, nullptr, nullptr);
+      ctl_frame *c = ctl_frame_new(fd);
+      cJSON *ch = cJSON_CreateObject();
+      cJSON_AddStringToObject(ch, "op", "challenge");
+      cJSON_AddStringToObject(ch, "nonce", "0123456789abcdef0123456789abcdef");
+      ctl_frame_send(c, ch);
+      cJSON_Delete(ch);
+      cJSON *hello = nullptr;
+      char e[256];
+      ASSERT_EQ(ctl_frame_recv(c, &hello, 3000, e, sizeof e), 1) << e;
+      const cJSON *n = cJSON_GetObjectItem(hello, "nonce");
+      ASSERT_TRUE(cJSON_IsString(n)) << "the connector asks for a proof back";
+      char proof[65];
+      if (kind == WRONG) ctl_auth_proof_back("a-guessed-secret", n->valuestring, proof);
+      if (kind == REPLAYED) ctl_auth_proof("the-cluster-secret", n->valuestring, proof); // a connector's proof
+      if (kind == RIGHT) ctl_auth_proof_back("the-cluster-secret", n->valuestring, proof);
+      cJSON *ok = cJSON_CreateObject();
+      cJSON_AddStringToObject(ok, "op", "hello_ok");
+      cJSON_AddStringToObject(ok, "name", "w-rogue");
+      if (kind != NONE) cJSON_AddStringToObject(ok, "auth", proof);
+      ctl_frame_send(c, ok);
+      cJSON_Delete(ok);
+      cJSON_Delete(hello);
+      cJSON *more = nullptr;
+      ctl_frame_recv(c, &more, kind == RIGHT ? 200 : 3000, e, sizeof e); // the refused connection closes
+      cJSON_Delete(more);
+      ctl_frame_free(c);
+    });
+    ctl_peer *p = ctl_hub_connect(client, "127.0.0.1", lport, 3000, err, sizeof err);
+    if (kind == RIGHT) {
+      EXPECT_NE(p, nullptr) << err;
+      ctl_peer_close(p);
+      ctl_peer_unref(p);
+    } else {
+      EXPECT_EQ(p, nullptr) << "kind " << kind;
+      EXPECT_NE(std::string(err).find("proof of the shared secret"), std::string::npos) << err;
+    }
+    rogue.join();
+  }
+  EXPECT_EQ(ctl_hub_auth_failures(client), 3);
+  close(lfd);
+  ctl_hub_free(client);
 }
 
 TEST(Hub, ConstantTimeCompare) {

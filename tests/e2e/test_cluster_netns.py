@@ -1,4 +1,5 @@
-"""tests/e2e/test_cluster_netns.py: configs/cluster.json's three nodes in three network namespaces; KV crosses veth links over tcp."""
+"""tests/e2e/test_cluster_netns.py: configs/cluster.json's three nodes in three network namespaces; KV crosses veth links over tcp.
+The same three nodes again with no worker in any config: they find each other through etcd (config "discovery")."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import tempfile
 import unittest
 
 import e2e_util as u
+import etcd_util as eu
 
 ADDR = {"router": "10.77.0.1", "prefill": "10.77.0.2", "decode": "10.77.0.3"}
 REQ = {"prompt": "The capital of France is", "max_tokens": 12}
@@ -89,6 +91,42 @@ class ThreeNamespaces(unittest.TestCase):
         self.assertGreaterEqual(rx() - rx0, kv)
         self.assertIn("linked to decode worker", nodes["prefill"].text())
         self.assertIn("kvxfer tcp", nodes["prefill"].text())
+
+    def test_three_nodes_from_etcd_alone(self):
+        # etcd in the router's namespace; each node's file names only its own roles and the discovery section.
+        eu.require_etcd()
+        etcd = eu.Etcd(host=ADDR["router"], prefix=self.in_ns("router"))
+        self.addCleanup(etcd.close)
+        etcd.start(wait=False)  # (not reachable from here; every role retries until it answers)
+        disc = {"etcd": [etcd.url], "cluster": "netns", "lease_ttl_s": 3}
+        rport = 8000
+        files = {
+            "router": {"router": {"node": "router", "host": ADDR["router"], "port": rport, "disagg_threshold": 0,
+                                  "disagg_policy": "threshold"}},
+            "prefill": {"workers": [{"name": "p0", "node": "prefill", "role": "prefill", "host": ADDR["prefill"],
+                                     "port": 9100, "threads": 1, "kv_budget_mb": 32,
+                                     "kvxfer": {"backend": "tcp", "port": 9200}}]},
+            "decode": {"workers": [{"name": "d0", "node": "decode", "role": "decode", "host": ADDR["decode"],
+                                    "port": 9100, "threads": 1, "kv_budget_mb": 32,
+                                    "kvxfer": {"backend": "tcp", "port": 9200}}]},
+        }
+        nodes = {}
+        for node, extra in files.items():  # the secret comes from the environment (DSERVE_SECRET, e2e_util)
+            path = os.path.join(self.dir, node + ".json")
+            with open(path, "w") as f:
+                json.dump(dict({"model": u.MODEL, "discovery": disc}, **extra), f, indent=1)
+            n = u.Node(path, node, os.path.join(self.dir, node + ".log"), prefix=self.in_ns(node))
+            self.addCleanup(n.stop)
+            nodes[node] = n
+        nodes["router"].wait_connected(["p0", "d0"], 90 * u.SCALE)
+        self.client("router", "wait", ADDR["router"], str(rport))
+        got = self.client("router", "request", ADDR["router"], str(rport), "completions", json.dumps(REQ))
+        self.assertEqual(got["status"], 200, got)
+        self.assertEqual(got["completion_tokens"], REQ["max_tokens"])
+        m = self.client("router", "metrics", ADDR["router"], str(rport))
+        self.assertGreater(m["dserve:kv_transfer_bytes_total"], 0, "no KV was transferred")
+        self.assertIn("linked to decode worker d0 (kvxfer tcp)", nodes["prefill"].text())
+        self.assertIn("registered in etcd", nodes["decode"].text())
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ TEST(Proto, Challenge) {
 
 TEST(Proto, Hello) {
   char err[128];
-  prt_hello in = {"router", "r0", "proof", PRT_VERSION};
+  prt_hello in = {"router", "r0", "proof", PRT_VERSION, "n0nce"};
   cJSON *j = wire(prt_hello_encode(&in, err, sizeof err));
   EXPECT_TRUE(prt_is(j, PRT_OP_HELLO));
   prt_hello m;
@@ -81,7 +81,9 @@ TEST(Proto, Hello) {
   EXPECT_EQ(S(m.name), "r0");
   EXPECT_EQ(S(m.auth), "proof");
   EXPECT_EQ(m.proto, PRT_VERSION);
+  EXPECT_EQ(S(m.nonce), "n0nce");
   refuses<prt_hello>(j, "auth", false, prt_hello_decode, false);
+  refuses<prt_hello>(j, "nonce", false, prt_hello_decode, false);
   refuses<prt_hello>(j, "proto", false, prt_hello_decode, true);
   cJSON *old = with(j, "proto", nullptr); // absent: the hub refuses it, naming its own version
   ASSERT_EQ(prt_hello_decode(old, &m, err, sizeof err), 0) << err;
@@ -103,6 +105,7 @@ TEST(Proto, HelloOk) {
   in.has_layout = 1;
   in.kv_layout = {30, 192, 1, 16, 640, 6, 0xfedcba9876543210ull};
   in.kvx_md = "bWQ=";
+  in.auth = "back";
   cJSON *j = wire(prt_hello_ok_encode(&in, err, sizeof err));
   prt_hello_ok m;
   ASSERT_EQ(prt_hello_ok_decode(j, &m, err, sizeof err), 0) << err;
@@ -115,6 +118,8 @@ TEST(Proto, HelloOk) {
   EXPECT_EQ(m.has_layout, 1);
   EXPECT_EQ(memcmp(&m.kv_layout, &in.kv_layout, sizeof in.kv_layout), 0);
   EXPECT_EQ(S(m.kvx_md), "bWQ=");
+  EXPECT_EQ(S(m.auth), "back");
+  refuses<prt_hello_ok>(j, "auth", false, prt_hello_ok_decode, false);
   refuses<prt_hello_ok>(j, "n_ctx", false, prt_hello_ok_decode, true);
   refuses<prt_hello_ok>(j, "kv_layout", false, prt_hello_ok_decode, false);
   refuses<prt_hello_ok>(j, "kvx_md", false, prt_hello_ok_decode, false);

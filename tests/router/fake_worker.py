@@ -32,6 +32,11 @@ def auth_proof(secret, nonce):
     return hmac.new(secret.encode(), nonce.encode(), hashlib.sha256).hexdigest()
 
 
+def auth_proof_back(secret, nonce):
+    """The listener's proof back in hello_ok (docs/protocol.md): hex HMAC-SHA256(secret, "listener:" + nonce)."""
+    return hmac.new(secret.encode(), ("listener:" + nonce).encode(), hashlib.sha256).hexdigest()
+
+
 def words_for(prompt_ids, seed):
     """The words a generation produces before any cut: a function of the prompt and the seed only."""
     h = hashlib.sha256((",".join(map(str, prompt_ids)) + "|" + str(seed)).encode()).digest()
@@ -107,7 +112,8 @@ def serve_conn(sock, n_ctx, delay):
             not hmac.compare_digest(hello["auth"], auth_proof(SECRET, nonce)):
         sock.close()
         return
-    send(sock, lock, {"op": "hello_ok", "role": "both", "name": "fake", "n_ctx": n_ctx, "block_size": 16})
+    send(sock, lock, {"op": "hello_ok", "role": "both", "name": "fake", "n_ctx": n_ctx, "block_size": 16,
+                      "auth": auth_proof_back(SECRET, hello.get("nonce", ""))})
 
     def generate(m):
         seed = m["sampling"].get("seed")

@@ -174,7 +174,7 @@ class Timeouts(unittest.TestCase):
         rd = t.connect(c.wport("d1"), c.secret, name="router")
         self.addCleanup(rd.close)
         # The fake d0 answers hello with d1's hello_ok (its KV layout and kvxfer metadata load fine in p0).
-        fake = t.FakeWorker(c.wport("d0"), dict(rd.hello, name="d0"))
+        fake = t.FakeWorker(c.wport("d0"), dict(rd.hello, name="d0"), c.secret)
         self.addCleanup(fake.close)
         rp = t.connect(c.wport("p0"), c.secret, name="router")
         self.addCleanup(rp.close)

@@ -204,8 +204,9 @@ class FakeWorker:
     """A control listener that speaks the handshake (challenge, then hello_ok = hello_ok(name), a dict) and then only
     records what it is sent: it answers nothing. .msgs: every message received after the hello, in order."""
 
-    def __init__(self, port, hello_ok):
+    def __init__(self, port, hello_ok, secret):
         self.hello_ok = hello_ok
+        self.secret = secret  # it proves it back in hello_ok, as a worker does (a connector refuses it otherwise)
         self.msgs = []
         self.peers = []  # (role, name) of each hello
         self.conns = []
@@ -233,7 +234,8 @@ class FakeWorker:
             h = c.recv(10.0)
             with self.lock:
                 self.peers.append((h.get("role"), h.get("name")))
-            c.send(dict(self.hello_ok, op="hello_ok"))
+            back = hmac.new(self.secret.encode(), ("listener:" + h.get("nonce", "")).encode(), hashlib.sha256).hexdigest()
+            c.send(dict(self.hello_ok, op="hello_ok", auth=back))  # the proof back a connector asks for
             while True:
                 m = c.recv(3600.0)
                 with self.lock:

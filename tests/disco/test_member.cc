@@ -1,0 +1,256 @@
+// tests/disco/test_member.cc: the member record and its key, and a registrar and a watcher against a real etcd:
+// join, restart (new incarnation), revoke on stop, expiry without keep-alive, and an outage with a change meanwhile.
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "disco/disco.h"
+#include "disco/etcd.h"
+#include "tests/disco/etcd_proc.h"
+#include "util/clock.h"
+
+namespace {
+
+dsc_member member(const char *name, int64_t incarnation) {
+  dsc_member m{};
+  snprintf(m.name, sizeof m.name, "%s", name);
+  m.role = CFG_ROLE_DECODE;
+  snprintf(m.host, sizeof m.host, "127.0.0.1");
+  m.port = 9100;
+  snprintf(m.kvx_host, sizeof m.kvx_host, "127.0.0.1");
+  m.kvx_port = 9200;
+  snprintf(m.fp.arch, sizeof m.fp.arch, "llama");
+  snprintf(m.fp.file_hash, sizeof m.fp.file_hash, "98362432-0123456789abcdef");
+  snprintf(m.fp.kv_type, sizeof m.fp.kv_type, "f16");
+  m.fp.block_size = 16;
+  m.max_seqs = 64;
+  m.total_blocks = 91;
+  m.incarnation = incarnation;
+  return m;
+}
+
+cfg_discovery discovery(const std::string &url, int ttl = 2) {
+  cfg_discovery d{};
+  snprintf(d.etcd[0], sizeof d.etcd[0], "%s", url.c_str());
+  d.n_etcd = 1;
+  snprintf(d.cluster, sizeof d.cluster, "t");
+  d.lease_ttl_s = ttl;
+  return d;
+}
+
+// What a watcher told: "join NAME INCARNATION" / "leave NAME".
+struct Seen {
+  std::mutex mu;
+  std::vector<std::string> ev;
+  static void join(void *arg, const dsc_member *m) {
+    Seen *s = (Seen *)arg;
+    std::lock_guard<std::mutex> g(s->mu);
+    s->ev.push_back("join " + std::string(m->name) + " " + std::to_string(m->incarnation));
+  }
+  static void leave(void *arg, const dsc_member *m) {
+    Seen *s = (Seen *)arg;
+    std::lock_guard<std::mutex> g(s->mu);
+    s->ev.push_back("leave " + std::string(m->name));
+  }
+  std::vector<std::string> get() {
+    std::lock_guard<std::mutex> g(mu);
+    return ev;
+  }
+  // ms until ev has n entries (-1: not within timeout_ms)
+  int64_t wait_for(size_t n, int timeout_ms = 8000) {
+    int64_t t0 = utl_now_ms();
+    while (get().size() < n) {
+      if (utl_now_ms() - t0 > timeout_ms) return -1;
+      usleep(10000);
+    }
+    return utl_now_ms() - t0;
+  }
+};
+
+} // namespace
+
+TEST(Member, RecordRoundTripsAndKeys) {
+  dsc_member m = member("d1", 1733400000123456LL), back;
+  utl_buf b = {};
+  ASSERT_EQ(dsc_member_encode(&m, &b), 0);
+  char err[256];
+  ASSERT_EQ(dsc_member_decode(b.p, b.n, &back, err, sizeof err), 0) << err;
+  EXPECT_EQ(memcmp(&m, &back, sizeof m), 0) << b.p;
+  utl_buf_free(&b);
+  char key[256];
+  dsc_member_key("prod-a", &m, key, sizeof key);
+  EXPECT_STREQ(key, "/dserve/prod-a/workers/decode/d1");
+  dsc_workers_prefix("prod-a", key, sizeof key);
+  EXPECT_STREQ(key, "/dserve/prod-a/workers/");
+  cfg_worker w;
+  dsc_member_to_cfg(&m, &w);
+  EXPECT_STREQ(w.name, "d1");
+  EXPECT_EQ(w.port, 9100);
+  EXPECT_EQ(w.max_seqs, 64);
+  EXPECT_EQ(w.block_size, 16);
+  EXPECT_EQ(w.max_batch_tokens, CFG_DEF_MAX_BATCH_TOKENS) << "the rest: cfg_worker_defaults";
+}
+
+TEST(Member, BadRecordsAreRefusedNamingTheField) {
+  struct Case {
+    const char *json, *field;
+  } cases[] = {
+      {"[]", "not a JSON object"},
+      {R"({"role":"decode"})", "name"},
+      {R"({"name":"x","role":"boss"})", "role"},
+      {R"({"name":"x","role":"decode","host":"h","port":0})", "port"},
+      {R"({"name":"x","role":"decode","host":"h","port":1,"kvxfer_host":"","kvxfer_port":0})", "model"},
+  };
+  for (const Case &k : cases) {
+    dsc_member m;
+    char err[256];
+    EXPECT_EQ(dsc_member_decode(k.json, strlen(k.json), &m, err, sizeof err), -1) << k.json;
+    EXPECT_NE(std::string(err).find(k.field), std::string::npos) << err;
+  }
+  dsc_fingerprint a = member("a", 1).fp, b = a;
+  EXPECT_TRUE(dsc_same_model(&a, &b));
+  b.file_hash[0] = '7';
+  EXPECT_FALSE(dsc_same_model(&a, &b));
+}
+
+TEST(Member, FileHashSeesSizeAndContent) {
+  char path[] = "/tmp/dserve-hash-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, "GGUF abc", 8), 8);
+  char h1[40], h2[40], err[256];
+  ASSERT_EQ(dsc_file_hash(path, h1, sizeof h1, err, sizeof err), 0);
+  EXPECT_EQ(std::string(h1).substr(0, 2), "8-");
+  ASSERT_EQ(pwrite(fd, "x", 1, 5), 1);
+  ASSERT_EQ(dsc_file_hash(path, h2, sizeof h2, err, sizeof err), 0);
+  EXPECT_STRNE(h1, h2);
+  close(fd);
+  unlink(path);
+  EXPECT_EQ(dsc_file_hash(path, h2, sizeof h2, err, sizeof err), -1);
+}
+
+TEST(Membership, JoinRestartLeave) {
+  SKIP_WITHOUT_ETCD();
+  etcdtest::Etcd e;
+  ASSERT_TRUE(e.start());
+  cfg_discovery d = discovery(e.url);
+  Seen seen;
+  dsc_watch_fns fns = {Seen::join, Seen::leave, &seen};
+  dsc_watcher *w = nullptr;
+  char err[512];
+  ASSERT_EQ(dsc_watcher_start(&d, &fns, "test", &w, err, sizeof err), 0) << err;
+  dsc_member m = member("d1", 100);
+  dsc_registrar *r = nullptr;
+  ASSERT_EQ(dsc_registrar_start(&d, &m, "d1", &r, err, sizeof err), 0) << err;
+  ASSERT_GE(seen.wait_for(1), 0);
+  EXPECT_TRUE(dsc_registrar_registered(r));
+  usleep(2500000); // past the TTL: the keep-alive holds it
+  EXPECT_EQ(seen.get(), (std::vector<std::string>{"join d1 100"}));
+  // a restart: the same key, a new incarnation (the old process's lease is revoked or lapses)
+  dsc_registrar *r2 = nullptr;
+  m.incarnation = 101;
+  ASSERT_EQ(dsc_registrar_start(&d, &m, "d1", &r2, err, sizeof err), 0) << err;
+  ASSERT_GE(seen.wait_for(2), 0);
+  EXPECT_EQ(seen.get()[1], "join d1 101");
+  dsc_registrar_stop(r2); // revoked: gone at once, not after the TTL
+  int64_t ms = seen.wait_for(3, 1000);
+  EXPECT_GE(ms, 0) << "the revoke is seen at once";
+  EXPECT_EQ(seen.get().back(), "leave d1");
+  dsc_registrar_stop(r); // its lease no longer holds the key: nothing more
+  usleep(300000);
+  EXPECT_EQ(seen.get().size(), 3u);
+  dsc_watcher_stop(w);
+}
+
+TEST(Membership, ExpiresWithoutKeepAliveAndSurvivesAnOutage) {
+  SKIP_WITHOUT_ETCD();
+  etcdtest::Etcd e;
+  ASSERT_TRUE(e.start());
+  cfg_discovery d = discovery(e.url);
+  char err[512];
+  // A lease nobody keeps alive: what a worker killed with -9 leaves behind.
+  {
+    const char *ep = e.url.c_str();
+    dsc_etcd_opts o{};
+    o.endpoints = &ep;
+    o.n_endpoints = 1;
+    dsc_etcd *c;
+    ASSERT_EQ(dsc_etcd_new(&o, &c, err, sizeof err), 0);
+    int64_t lease;
+    ASSERT_EQ(dsc_lease_grant(c, 2, &lease, err, sizeof err), 0);
+    dsc_member dead = member("dead", 7);
+    utl_buf b = {};
+    dsc_member_encode(&dead, &b);
+    ASSERT_EQ(dsc_put(c, "/dserve/t/workers/decode/dead", b.p, b.n, lease, err, sizeof err), 0);
+    utl_buf_free(&b);
+    dsc_etcd_free(c);
+  }
+  Seen seen;
+  dsc_watch_fns fns = {Seen::join, Seen::leave, &seen};
+  dsc_watcher *w = nullptr;
+  ASSERT_EQ(dsc_watcher_start(&d, &fns, "test", &w, err, sizeof err), 0) << err;
+  ASSERT_GE(seen.wait_for(1), 0);
+  int64_t ms = seen.wait_for(2, 4000);
+  ASSERT_GE(ms, 0);
+  EXPECT_LE(ms, 3000) << "gone within the TTL + 1 s";
+  EXPECT_EQ(seen.get(), (std::vector<std::string>{"join dead 7", "leave dead"}));
+  // An outage: the live member stays through it; one that registers meanwhile is seen once etcd is back.
+  dsc_member a = member("a", 1), b = member("b", 2);
+  dsc_registrar *ra = nullptr, *rb = nullptr;
+  ASSERT_EQ(dsc_registrar_start(&d, &a, "a", &ra, err, sizeof err), 0);
+  ASSERT_GE(seen.wait_for(3), 0);
+  e.kill9();
+  ASSERT_EQ(dsc_registrar_start(&d, &b, "b", &rb, err, sizeof err), 0);
+  usleep(3000000); // longer than the TTL
+  EXPECT_EQ(seen.get().size(), 3u) << "nothing changes while etcd is away";
+  ASSERT_TRUE(e.start());
+  int64_t t0 = utl_now_ms();
+  ASSERT_GE(seen.wait_for(4, 5000), 0);
+  EXPECT_LE(utl_now_ms() - t0, 2000) << "a change made while etcd was down is seen within 2 s of its return";
+  EXPECT_EQ(seen.get()[3], "join b 2");
+  usleep(1500000);
+  EXPECT_EQ(seen.get().size(), 4u) << "a's record survived the outage (etcd renews leases when it comes back)";
+  dsc_registrar_stop(ra);
+  dsc_registrar_stop(rb);
+  dsc_watcher_stop(w);
+}
+
+// A three-member etcd with one member killed changes nothing: the registrar's keep-alive and the watcher go on
+// through the others, and a member registered after the loss is seen.
+TEST(Membership, ThreeMemberEtcdLosesOne) {
+  SKIP_WITHOUT_ETCD();
+  etcdtest::Etcd e[3];
+  std::string all;
+  for (int i = 0; i < 3; i++) all += (i ? "," : "") + std::string("m") + std::to_string(i) + "=" + e[i].peer_url();
+  for (int i = 0; i < 3; i++) {
+    e[i].name = "m" + std::to_string(i);
+    e[i].initial_cluster = all;
+    e[i].launch(); // all three first: none answers before a quorum is up
+  }
+  for (int i = 0; i < 3; i++) ASSERT_TRUE(e[i].wait_up()) << i;
+  cfg_discovery d = discovery(e[0].url);
+  for (int i = 1; i < 3; i++) snprintf(d.etcd[i], sizeof d.etcd[i], "%s", e[i].url.c_str());
+  d.n_etcd = 3;
+  Seen seen;
+  dsc_watch_fns fns = {Seen::join, Seen::leave, &seen};
+  dsc_watcher *w = nullptr;
+  char err[512];
+  ASSERT_EQ(dsc_watcher_start(&d, &fns, "test", &w, err, sizeof err), 0) << err;
+  dsc_member a = member("a", 1), b = member("b", 2);
+  dsc_registrar *ra = nullptr, *rb = nullptr;
+  ASSERT_EQ(dsc_registrar_start(&d, &a, "a", &ra, err, sizeof err), 0) << err;
+  ASSERT_GE(seen.wait_for(1), 0);
+  e[0].kill9(); // the first endpoint: the one both were using
+  usleep(4000000); // twice the TTL
+  EXPECT_EQ(seen.get(), (std::vector<std::string>{"join a 1"})) << "a stays a member";
+  ASSERT_EQ(dsc_registrar_start(&d, &b, "b", &rb, err, sizeof err), 0) << err;
+  EXPECT_GE(seen.wait_for(2, 5000), 0);
+  EXPECT_EQ(seen.get().back(), "join b 2");
+  dsc_registrar_stop(ra);
+  EXPECT_GE(seen.wait_for(3, 3000), 0);
+  EXPECT_EQ(seen.get().back(), "leave a");
+  dsc_registrar_stop(rb);
+  dsc_watcher_stop(w);
+}
