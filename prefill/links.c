@@ -3,9 +3,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kv/wire.h"
 #include "prefill/worker_int.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 // The settings of worker name into *d when it is another worker of role in this cluster (its config file, or etcd's
@@ -27,7 +29,12 @@ pfl_link *pfl_link_for(pfl_worker *w, const char *name, cfg_role role, int timeo
     if (!strcmp(w->links[i]->name, name)) l = w->links[i];
   if (l && ctl_peer_alive(l->peer)) return l;
   cfg_worker d;
-  if (pfl_peer_cfg(w, name, role, &d, err, errlen)) return NULL;
+  // With discovery, the router may have seen a new member in etcd a moment before this worker's own watcher did:
+  // the name gets the link's time bound to appear before it is refused.
+  for (int64_t until = utl_now_ms() + timeout_ms; pfl_peer_cfg(w, name, role, &d, err, errlen);) {
+    if (!w->sh.peers || utl_now_ms() >= until) return NULL;
+    nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+  }
   if (!l) {
     pfl_link **nl = realloc(w->links, (size_t)(w->n_links + 1) * sizeof *nl);
     if (nl) w->links = nl;
