@@ -196,7 +196,9 @@ class Observe(unittest.TestCase):
         # a refused request has its line too, with the error's status and code
         st, b, _ = call(self.port, "/v1/completions", {"prompt": "x", "max_tokens": -3})
         self.assertEqual(st, 400, b)
-        bad = [o for o in self.log_events("access") if o["status"] == 400 and o["route"] == "/v1/completions"]
+        # the line is written once the answer has gone out: the client may read the 400 first
+        bad = u.wait_until(lambda: [o for o in self.log_events("access")
+                                    if o["status"] == 400 and o["route"] == "/v1/completions"], 10 * u.SCALE)
         self.assertTrue(bad, "no access line for the 400")
         self.assertEqual(bad[-1]["error"], b["error"]["code"] or "")
         self.assertIsNone(bad[-1]["ttft_ms"])  # no token: null, not a made-up number
