@@ -115,16 +115,17 @@ int cfg_effective_json(const char *path, const char *base_json, const cfg_set *s
     len = strlen(text);
   }
   cJSON *root = cJSON_ParseWithLength(text, len);
-  free(text);
   if (!root || !cJSON_IsObject(root)) {
     cJSON_Delete(root);
-    // cfg_load says where: load it for the message
-    cfg_cluster *c = NULL;
-    if (path && cfg_load(path, &c, err, errlen)) return -1;
-    cfg_free(c);
-    snprintf(err, errlen, "%s: expected a JSON object", path ? path : "configuration");
+    cfg_cluster *c = NULL; // cfg_parse of the same text says where it breaks (line and column)
+    if (cfg_parse(text, len, path ? path : "configuration", &c, err, errlen) == 0) {
+      cfg_free(c);
+      snprintf(err, errlen, "%s: expected a JSON object", path ? path : "configuration");
+    }
+    free(text);
     return -1;
   }
+  free(text);
   // the folder relative paths are resolved against: the file's (as cfg_parse does), else the working directory
   char dir[PATH_MAX];
   const char *slash = path ? strrchr(path, '/') : NULL;
