@@ -98,8 +98,7 @@ int cmd_launch(int argc, char **argv) {
     fprintf(stderr, "dserve launch: warning: model %s is not readable here (%s); its workers will fail to start\n",
             cfg->model_path, strerror(errno));
   // by default the router gets its whole drain (router.drain_timeout_s) plus 5 s before it is killed
-  if (!grace_given && cfg->has_router && o.grace_ms < cfg->router.drain_timeout_s * 1000 + 5000)
-    o.grace_ms = cfg->router.drain_timeout_s * 1000 + 5000;
+  if (!grace_given) lch_grace_for_drain(&o, cfg);
   err[0] = 0;
   int rc = lch_run(cfg, &o, err, sizeof err);
   if (rc == 2 && err[0]) fprintf(stderr, "dserve launch: %s\n", err);

@@ -114,7 +114,7 @@ int cmd_serve(int argc, char **argv) {
   o.config_path = "dserve serve";
   o.config_json = json;
   o.node = "local";
-  o.grace_ms = cfg->router.drain_timeout_s * 1000 + 5000;
+  lch_grace_for_drain(&o, cfg);
   err[0] = 0;
   int rc = lch_run(cfg, &o, err, sizeof err);
   if (rc == 2 && err[0]) fprintf(stderr, "dserve serve: %s\n", err);

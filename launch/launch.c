@@ -341,6 +341,11 @@ void lch_defaults(lch_opts *o) {
   o->probe_ms = 200;
 }
 
+void lch_grace_for_drain(lch_opts *o, const cfg_cluster *cfg) {
+  int need = cfg->router.drain_timeout_s * 1000 + 5000;
+  if (cfg->has_router && o->grace_ms < need) o->grace_ms = need;
+}
+
 static void lch_signal_all(lch_child *ch, int n, int sig) {
   for (int i = 0; i < n; i++)
     if (ch[i].pid > 0) {

@@ -24,6 +24,9 @@ typedef struct lch_opts {
 } lch_opts;
 
 void lch_defaults(lch_opts *o);
+// The stop grace a node running cfg's router needs: at least the router's whole drain (router.drain_timeout_s) plus
+// 5 s, so SIGKILL never cuts a drain short; o->grace_ms raised to it when cfg has a router.
+void lch_grace_for_drain(lch_opts *o, const cfg_cluster *cfg);
 
 // Runs the supervisor until SIGTERM/SIGINT (returns 0 after stopping every child) or until every child has
 // failed permanently (returns 1). Blocks SIGTERM, SIGINT and SIGCHLD in the calling thread. Setup errors
