@@ -2,6 +2,7 @@
 // admission over a pool the prefix cache fills (cached blocks nobody uses always give way).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -327,6 +328,32 @@ TEST_F(Plan, ChunksAfterALongPrefixAreSmaller) {
   EXPECT_GE(chunk_of(fresh), WRK_MIN_PREFILL_CHUNK);
   double kp = 8 * wrk_row_kpairs(100, 1) + wrk_row_kpairs(2000, chunk_of(fresh));
   EXPECT_LE(wrk_stepcost_predict(&eng.cost, 8 + chunk_of(fresh), kp), 150.0);
+}
+
+// No starvation under the tightest target: the oldest prompt gets at least WRK_MIN_PREFILL_CHUNK every step, so a
+// prompt of N tokens has its first token within ceil(N / 32) steps of becoming the oldest, whatever arrives after it
+// (newer prompts at position 0 are cheaper per token, and still wait their turn).
+TEST_F(Plan, TheOldestPromptProgressesEveryStep) {
+  wc.tpot_target_ms = 1; // below any step's cost: only the minimum chunk
+  for (int i = 0; i < 8; i++) add(101, 100);
+  wrk_seq *old = add(3000, 2000), *young = add(500, 0);
+  for (int i = 0; i < 40; i++) {
+    int chunk = 32 << (i % 4), pos = (i % 3) * 500;
+    double kp = wrk_row_kpairs(pos, chunk);
+    wrk_stepcost_observe(&eng.cost, chunk, kp, 7.0 + 0.5 * chunk + 0.4 * kp);
+  }
+  int steps = 0;
+  while (old->n_done < old->n_toks && steps < 1000) {
+    ASSERT_GE(wrk_engine_plan(&eng), 9);
+    EXPECT_EQ(chunk_of(old), std::min(WRK_MIN_PREFILL_CHUNK, old->n_toks - old->n_done));
+    EXPECT_EQ(chunk_of(young), 0);
+    for (int i = 0; i < eng.n_batch; i++)
+      if (eng.batch_chunk[i] > 1) eng.batch_of[i]->n_done += eng.batch_chunk[i]; // the forward, without the model
+    steps++;
+  }
+  EXPECT_EQ(steps, (1000 + WRK_MIN_PREFILL_CHUNK - 1) / WRK_MIN_PREFILL_CHUNK);
+  ASSERT_GE(wrk_engine_plan(&eng), 9); // then the younger one
+  EXPECT_EQ(chunk_of(young), WRK_MIN_PREFILL_CHUNK);
 }
 
 // A decode worker of 1P1D does no prefill: every row decodes, whatever the target or the cap.
