@@ -1,4 +1,4 @@
-// cmd/bench_steps.c: `dserve generate --bench-chunks`: step time against prefill chunk size, with and without decode rows.
+// cmd/bench_steps.c: `dserve generate --bench-chunks`: step time against prefill chunk size, with decode rows or not.
 #include "cmd/bench_steps.h"
 
 #include <stdio.h>

@@ -59,18 +59,20 @@ static int parse_float(const char *s, double lo, double hi, float *out) {
   return 0;
 }
 
-// --bench-chunks: a comma-separated list of 1..16 chunk sizes, each 1..4096.
+// --bench-chunks: a comma-separated list of 1..16 chunk sizes, each 1..4096 (an empty item is an error).
 static int parse_chunks(const char *v, gen_opts *o) {
-  char buf[256];
-  if (strlen(v) >= sizeof buf) return -1;
-  strcpy(buf, v);
   o->n_bench_chunks = 0;
-  char *save = NULL;
-  for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    if (o->n_bench_chunks == 16 || cmd_parse_int(t, 1, 4096, &o->bench_chunks[o->n_bench_chunks])) return -1;
-    o->n_bench_chunks++;
+  for (const char *p = v;; p++) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    char item[16];
+    if (o->n_bench_chunks == 16 || len == 0 || len >= sizeof item) return -1;
+    memcpy(item, p, len);
+    item[len] = 0;
+    if (cmd_parse_int(item, 1, 4096, &o->bench_chunks[o->n_bench_chunks++])) return -1;
+    if (!end) return 0;
+    p = end;
   }
-  return o->n_bench_chunks ? 0 : -1;
 }
 
 static int parse_args(int argc, char **argv, gen_opts *o) {
