@@ -7,7 +7,8 @@
 #   INPUT_LEN=32  OUTPUT_LEN=32  IGNORE_EOS=0  SLO=ttft:1000,tpot:100
 #   SERVERS="llama.cpp dserve dserve-1p1d" (also dserve-tpot: configs/local.json with tpot_target_ms=TPOT_TARGET_MS,
 #   and dserve-tpotMS, e.g. dserve-tpot200: the same with tpot_target_ms=MS; dserve-1p1d-always and
-#   dserve-1p1d-never: configs/1p1d.json with every prompt handed off, or none: dserve-1p1d follows its policy)
+#   dserve-1p1d-never: configs/1p1d.json with every prompt handed off, or none: dserve-1p1d follows its policy;
+#   dserve-chunkN, e.g. dserve-chunk512: configs/local.json with max_batch_tokens=N, the prefill chunk)
 #   TPOT_TARGET_MS=100  HEALTH_TIMEOUT=120  REQ_TIMEOUT=120
 #   RUN_LIMIT=180 (s per loadgen run; requests still in flight then count as timeouts)  DSERVE_BIN=build/dserve
 #   LLAMA_PORT=18480  LLAMA_THREADS=2  LLAMA_NP=8 (llama-server slots)  LLAMA_CTX_PER_SLOT=1024
@@ -211,7 +212,7 @@ for srv in $SERVERS; do
       fi
       stop_server
       ;;
-    dserve|dserve-1p1d|dserve-1p1d-always|dserve-1p1d-never|dserve-tpot|dserve-tpot[0-9]*)
+    dserve|dserve-1p1d|dserve-1p1d-always|dserve-1p1d-never|dserve-tpot|dserve-tpot[0-9]*|dserve-chunk[0-9]*)
       cfg=configs/local.json
       [ "$srv" = dserve-1p1d ] && cfg=configs/1p1d.json
       case $srv in
@@ -219,6 +220,10 @@ for srv in $SERVERS; do
           target=${srv#dserve-tpot}
           cfg=$OUT/$srv.json
           derived_config configs/local.json "$cfg" "workers.tpot_target_ms=${target:-$TPOT_TARGET_MS}"
+          ;;
+        dserve-chunk*)
+          cfg=$OUT/$srv.json
+          derived_config configs/local.json "$cfg" "workers.max_batch_tokens=${srv#dserve-chunk}"
           ;;
         dserve-1p1d-always)
           cfg=$OUT/$srv.json
@@ -242,7 +247,7 @@ for srv in $SERVERS; do
       stop_server
       ;;
     *)
-      log "unknown server '$srv' in SERVERS (known: llama.cpp dserve dserve-1p1d dserve-1p1d-always dserve-1p1d-never dserve-tpot dserve-tpotMS)"; STATUS=1
+      log "unknown server '$srv' in SERVERS (known: llama.cpp dserve dserve-1p1d dserve-1p1d-always dserve-1p1d-never dserve-tpot dserve-tpotMS dserve-chunkN)"; STATUS=1
       ;;
   esac
 done

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cmd/bench_steps.h"
 #include "cmd/cmds.h"
 #include "cmd/model.h"
 #include "cmd/roofline.h"
@@ -21,6 +22,7 @@ typedef struct gen_opts {
   int n_gen, chat, threads, top_k, bench;
   int bench_pp, bench_tg, bench_batch, bench_ctx; // --bench: prompt tokens, decode steps, concurrent sequences, and
                                                   // the context each decoding sequence starts from
+  int bench_chunks[16], n_bench_chunks, bench_reps; // --bench-chunks: prefill chunk sizes to time steps with
   float temp, top_p;
   uint64_t seed;
   cmd_model_load lo; // --f32-weights, --f32-kv, --kv-type
@@ -30,6 +32,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: dserve generate --model M.gguf --prompt TEXT [options]\n"
           "       dserve generate --model M.gguf --bench [--bench-prompt N] [--bench-gen N] [--bench-batch N] [--bench-ctx N]\n"
+          "       dserve generate --model M.gguf --bench-chunks C1,C2,... [--bench-batch N] [--bench-ctx N] [--bench-reps N]\n"
           "options:\n"
           "  -n N                tokens to generate (default 128)\n"
           "  --temp T            temperature, 0 = greedy (default 0)\n"
@@ -41,6 +44,9 @@ static void usage(FILE *f) {
           "  --kernels K         scalar|avx2|avx2vnni|avx512|auto|cuda (default auto)\n"
           "  --bench             time prompt processing and decode at batch 1 and batch B (no text)\n"
           "  --bench-ctx N       the context (tokens) each decoding sequence starts from (default 16; untimed)\n"
+          "  --bench-chunks L    time engine steps instead: batch decode rows at context N with one prefill chunk of each\n"
+          "                      size in L (1..4096, at most 16), at a prompt's start and after an N-token prefix\n"
+          "  --bench-reps N      forwards per timed step of --bench-chunks, the median reported (default 5)\n"
           CMD_MODEL_LOAD_USAGE);
 }
 
@@ -51,6 +57,22 @@ static int parse_float(const char *s, double lo, double hi, float *out) {
   if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
   *out = (float)v;
   return 0;
+}
+
+// --bench-chunks: a comma-separated list of 1..16 chunk sizes, each 1..4096 (an empty item is an error).
+static int parse_chunks(const char *v, gen_opts *o) {
+  o->n_bench_chunks = 0;
+  for (const char *p = v;; p++) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    char item[16];
+    if (o->n_bench_chunks == 16 || len == 0 || len >= sizeof item) return -1;
+    memcpy(item, p, len);
+    item[len] = 0;
+    if (cmd_parse_int(item, 1, 4096, &o->bench_chunks[o->n_bench_chunks++])) return -1;
+    if (!end) return 0;
+    p = end;
+  }
 }
 
 static int parse_args(int argc, char **argv, gen_opts *o) {
@@ -65,6 +87,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
   o->bench_tg = 128;
   o->bench_batch = 8;
   o->bench_ctx = 16;
+  o->bench_reps = 5;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
@@ -90,6 +113,8 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     else if (!strcmp(a, "--bench-gen")) bad = cmd_parse_int(v, 1, 1 << 16, &o->bench_tg);
     else if (!strcmp(a, "--bench-batch")) bad = cmd_parse_int(v, 1, 256, &o->bench_batch);
     else if (!strcmp(a, "--bench-ctx")) bad = cmd_parse_int(v, 1, 1 << 16, &o->bench_ctx);
+    else if (!strcmp(a, "--bench-reps")) bad = cmd_parse_int(v, 1, 64, &o->bench_reps);
+    else if (!strcmp(a, "--bench-chunks")) bad = parse_chunks(v, o);
     else if (!strcmp(a, "--seed")) {
       char *end;
       errno = 0;
@@ -106,7 +131,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     }
   }
   if (cmd_model_opts_ok("generate", o->model, o->kernels)) return -1;
-  if (!o->prompt && !o->bench) {
+  if (!o->prompt && !o->bench && !o->n_bench_chunks) {
     fprintf(stderr, "dserve generate: --prompt is required (or --bench)\n");
     return -1;
   }
@@ -307,7 +332,10 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "dserve generate: %s\n", err);
     return 1;
   }
-  int rc = o.bench ? run_bench(&e, &o, err, sizeof err) : run_generate(&e, &o, err, sizeof err);
+  int rc = o.n_bench_chunks ? cmd_bench_steps(&e, o.bench_chunks, o.n_bench_chunks, o.bench_batch, o.bench_ctx,
+                                               o.bench_reps, err, sizeof err)
+           : o.bench      ? run_bench(&e, &o, err, sizeof err)
+                          : run_generate(&e, &o, err, sizeof err);
   if (rc != 0) fprintf(stderr, "dserve generate: %s\n", err);
   cmd_model_close(&e);
   return rc ? 1 : 0;

@@ -16,13 +16,16 @@ void wrk_stepcost_init(wrk_stepcost *c, double decay) {
   c->decay = decay > 0 && decay <= 1 ? decay : WRK_STEPCOST_DECAY;
 }
 
-// Least squares on the weighted sums. Where the steps seen so far do not spread in size (all decode steps of one
-// batch), or noise makes the slope come out non-positive, the model is proportional (ms = per_tok_ms * n): that
-// overestimates what extra tokens cost when part of a step is fixed, so the budget errs on the side of latency
-// until steps of other sizes (the minimum prefill chunk guarantees some) separate the two terms.
-static void stepcost_fit(wrk_stepcost *c) {
+double wrk_row_kpairs(int pos0, int n) { return ((double)n * pos0 + (double)n * (n + 1) / 2) / 1000.0; }
+
+// Tokens alone, as the model was before it had the pair term. Where the steps seen so far do not spread in size
+// (all decode steps of one batch), or noise makes the slope come out non-positive, the model is proportional
+// (ms = per_tok_ms * n): that overestimates what extra tokens cost when part of a step is fixed, so the budget errs
+// on the side of latency until steps of other sizes (the minimum prefill chunk guarantees some) separate the terms.
+static void stepcost_fit_tokens(wrk_stepcost *c) {
   double mx = c->sx / c->sw, my = c->sy / c->sw;
   double vxx = c->sxx / c->sw - mx * mx, vxy = c->sxy / c->sw - mx * my;
+  c->per_kpair_ms = 0;
   if (vxx >= 1.0 && vxy > 0) {
     c->per_tok_ms = vxy / vxx;
     c->fixed_ms = my - c->per_tok_ms * mx;
@@ -36,29 +39,59 @@ static void stepcost_fit(wrk_stepcost *c) {
   if (!(c->per_tok_ms > 1e-6)) c->per_tok_ms = 1e-6; // steps measured as free (clock granularity) still cost
 }
 
-void wrk_stepcost_observe(wrk_stepcost *c, int tokens, double ms) {
-  if (tokens < 1 || !(ms >= 0) || !isfinite(ms)) return;
-  double x = tokens, d = c->decay;
+// Both terms, when the steps seen so far separate them: pairs that vary other than in proportion to tokens (prefill
+// chunks at different positions, decode rows whose contexts grow), and a fit whose every term is non-negative.
+// Otherwise tokens alone (a prefill-free worker, noise).
+static void stepcost_fit(wrk_stepcost *c) {
+  double w = c->sw, mx = c->sx / w, mz = c->sz / w, my = c->sy / w;
+  double vxx = c->sxx / w - mx * mx, vzz = c->szz / w - mz * mz, vxz = c->sxz / w - mx * mz;
+  double vxy = c->sxy / w - mx * my, vzy = c->szy / w - mz * my, det = vxx * vzz - vxz * vxz;
+  if (vxx >= 1.0 && vzz > 1e-9 && det > 1e-3 * vxx * vzz) { // |correlation of tokens and pairs| < 0.9995
+    double a = (vxy * vzz - vzy * vxz) / det, b = (vzy * vxx - vxy * vxz) / det, f = my - a * mx - b * mz;
+    if (a > 1e-6 && b >= 0 && f >= 0) {
+      c->fixed_ms = f;
+      c->per_tok_ms = a;
+      c->per_kpair_ms = b;
+      return;
+    }
+  }
+  stepcost_fit_tokens(c);
+}
+
+void wrk_stepcost_observe(wrk_stepcost *c, int tokens, double kpairs, double ms) {
+  if (tokens < 1 || !(kpairs >= 0) || !isfinite(kpairs) || !(ms >= 0) || !isfinite(ms)) return;
+  double x = tokens, z = kpairs, d = c->decay;
   c->sw = d * c->sw + 1;
   c->sx = d * c->sx + x;
+  c->sz = d * c->sz + z;
   c->sy = d * c->sy + ms;
   c->sxx = d * c->sxx + x * x;
+  c->sxz = d * c->sxz + x * z;
+  c->szz = d * c->szz + z * z;
   c->sxy = d * c->sxy + x * ms;
+  c->szy = d * c->szy + z * ms;
   c->n++;
   stepcost_fit(c);
 }
 
-double wrk_stepcost_predict(const wrk_stepcost *c, int tokens) {
-  return c->n ? c->fixed_ms + c->per_tok_ms * tokens : 0;
+double wrk_stepcost_predict(const wrk_stepcost *c, int tokens, double kpairs) {
+  return c->n ? c->fixed_ms + c->per_tok_ms * tokens + c->per_kpair_ms * kpairs : 0;
 }
 
-int wrk_step_budget(const wrk_stepcost *c, double target_ms, int n_decode, int max_tokens, int min_chunk) {
-  if (!(target_ms > 0) || n_decode < 1 || c->n < 1) return max_tokens;
-  // In double, so that a tiny slope does not overflow an int; the epsilon keeps an exact fit (79.99999) whole.
-  double fit = (target_ms - c->fixed_ms) / c->per_tok_ms + 1e-9;
-  int b = fit >= max_tokens ? max_tokens : fit < 0 ? 0 : (int)fit;
-  if (b < n_decode + min_chunk) b = n_decode + min_chunk;
-  return b < max_tokens ? b : max_tokens;
+int wrk_step_chunk(const wrk_stepcost *c, double target_ms, int tokens, double kpairs, int pos, int pending, int room,
+                   int min_chunk) {
+  int most = pending < room ? pending : room;
+  if (most < 1) return 0;
+  if (!(target_ms > 0) || c->n < 1) return most;
+  // The prediction grows with the chunk: bisect for the largest that fits (the epsilon keeps an exact fit whole).
+  int lo = 0, hi = most;
+  while (lo < hi) {
+    int mid = lo + (hi - lo + 1) / 2;
+    if (wrk_stepcost_predict(c, tokens + mid, kpairs + wrk_row_kpairs(pos, mid)) <= target_ms + 1e-9) lo = mid;
+    else hi = mid - 1;
+  }
+  int floor = min_chunk < most ? min_chunk : most;
+  return lo > floor ? lo : floor;
 }
 
 
@@ -290,18 +323,20 @@ static int preempt(wrk_engine *e, const wrk_seq *keep, int n_batch) {
 }
 
 int wrk_engine_plan(wrk_engine *e) {
-  int cap = max_chunk(e), used = 0, n = 0, n_decode = 0;
+  int cap = max_chunk(e), used = 0, n = 0, n_decode = 0, n_prefill = 0;
+  double kpairs = 0;
   for (int i = 0; i < e->n_run; i++) n_decode += e->run[i]->n_toks - e->run[i]->n_done == 1;
-  int budget = wrk_step_budget(&e->cost, e->rt->w->tpot_target_ms, n_decode, cap, WRK_MIN_PREFILL_CHUNK);
-  e->budget = budget;
+  // the target paces prefill only while something decodes and once a step has been measured (wrk_step_chunk)
+  double target = n_decode > 0 ? e->rt->w->tpot_target_ms : 0;
   e->n_batch = 0;
-  for (int pass = 0; pass < 2; pass++) { // pass 0: single decode tokens; pass 1: prefill chunks
+  for (int pass = 0; pass < 2; pass++) { // pass 0: single decode tokens; pass 1: prefill chunks, oldest first
     for (int i = 0; i < e->n_run; i++) {
       wrk_seq *s = e->run[i];
       int pending = s->n_toks - s->n_done;
       if (pending < 1 || (pass == 0) != (pending == 1)) continue;
-      int chunk = pending < budget - used ? pending : budget - used;
-      if (pass == 0) chunk = 1; // decode tokens never wait behind prefills
+      int chunk = pass == 0 ? 1 // decode tokens never wait behind prefills
+                            : wrk_step_chunk(&e->cost, target, used, kpairs, s->n_done, pending, cap - used,
+                                             n_prefill == 0 ? WRK_MIN_PREFILL_CHUNK : 0);
       if (chunk < 1) break;
       int ok;
       while (!(ok = !reserve_evicting(e, s, s->n_done + chunk)) && !preempt(e, s, n))
@@ -314,6 +349,8 @@ int wrk_engine_plan(wrk_engine *e) {
       e->batch_chunk[n] = chunk;
       n++;
       used += chunk;
+      kpairs += wrk_row_kpairs(s->n_done, chunk);
+      n_prefill += pass;
     }
   }
   e->n_batch = n;
@@ -335,14 +372,19 @@ int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
   }
   double t0 = utl_now_ms_f();
   if (e->step_t0_ms > 0) {
-    wrk_stepcost_observe(&e->cost, e->step_tokens, t0 - e->step_t0_ms);
+    wrk_stepcost_observe(&e->cost, e->step_tokens, e->step_kpairs, t0 - e->step_t0_ms);
     if (e->cost.n % 256 == 0)
-      utl_debug(e->rt->w->name, "step cost %.1f ms + %.3f ms/token (last step %d tokens, %.1f ms; budget %d)",
-                e->cost.fixed_ms, e->cost.per_tok_ms, e->step_tokens, t0 - e->step_t0_ms, e->budget);
+      utl_debug(e->rt->w->name, "step cost %.1f ms + %.3f ms/token + %.4f ms/1000 attention pairs (last step %d "
+                "tokens, %.0f thousand pairs, %.1f ms)", e->cost.fixed_ms, e->cost.per_tok_ms, e->cost.per_kpair_ms,
+                e->step_tokens, e->step_kpairs, t0 - e->step_t0_ms);
   }
   e->step_t0_ms = t0;
   e->step_tokens = 0;
-  for (int i = 0; i < n; i++) e->step_tokens += e->batch_chunk[i];
+  e->step_kpairs = 0;
+  for (int i = 0; i < n; i++) {
+    e->step_tokens += e->batch_chunk[i];
+    e->step_kpairs += wrk_row_kpairs(e->batch[i].pos0, e->batch_chunk[i]);
+  }
   if (mdl_llama_forward(e->rt->model, kv_pool_kv(e->rt->kv), e->batch, n, e->logits, on_layer, arg, err, errlen)) {
     e->step_t0_ms = 0;
     return -1;

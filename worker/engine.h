@@ -36,29 +36,39 @@ int wrk_seq_init(wrk_seq *s, const int32_t *toks, int n, void *owner); // 0, -1 
 void wrk_seq_fini(wrk_seq *s, kv_pool *kv);                        // releases blocks and tokens
 int wrk_seq_push(wrk_seq *s, int32_t tok);
 
-// The step-cost model of the step scheduler: the predicted wall time of one engine step of n tokens (decode
-// tokens plus prefill chunk tokens) is fixed_ms + per_tok_ms * n. It is fitted by exponentially weighted least
-// squares over the worker's own measured steps, so recent steps weigh most and the fit follows a machine whose
-// load changes. Pure arithmetic: tests feed it synthetic timings.
+// The step-cost model of the step scheduler: the predicted wall time of one engine step is
+// fixed_ms + per_tok_ms * tokens + per_kpair_ms * kpairs, where tokens are its rows' tokens (decode tokens plus
+// prefill chunk tokens) and kpairs its attention's query-key pairs in thousands (wrk_row_kpairs). The pair term is
+// the attention, whose cost grows with the position: a chunk after a 1000-token prefix costs 1.5-2.7x the same chunk
+// at a prompt's start (SmolLM2, `dserve generate --bench-chunks`, bench/README.md "Issue 32"), which a per-token
+// cost alone cannot say. Fitted by exponentially weighted least squares over the worker's own measured steps, so
+// recent steps weigh most and the fit follows a machine whose load changes. Pure arithmetic: tests feed it
+// synthetic timings.
 typedef struct wrk_stepcost {
   double decay;                // weight an observation keeps per later one (0.98: about the last 50 steps)
-  double sw, sx, sy, sxx, sxy; // weighted sums of 1, tokens, ms, tokens^2, tokens*ms
+  double sw, sx, sz, sy;       // weighted sums of 1, tokens, kpairs, ms
+  double sxx, sxz, szz, sxy, szy; // and of their products
   int n;                       // steps observed
-  double fixed_ms, per_tok_ms; // the current fit (both >= 0; per_tok_ms > 0 once n > 0)
+  double fixed_ms, per_tok_ms, per_kpair_ms; // the current fit (all >= 0; per_tok_ms > 0 once n > 0)
 } wrk_stepcost;
 
 #define WRK_STEPCOST_DECAY 0.98
 #define WRK_MIN_PREFILL_CHUNK 32 // prefill tokens a step always gets, so prompts progress under any target
 
+// The attention's query-key pairs (thousands) of a row of n tokens from position pos0: each token reads every
+// position before it and itself.
+double wrk_row_kpairs(int pos0, int n);
 void wrk_stepcost_init(wrk_stepcost *c, double decay);
-void wrk_stepcost_observe(wrk_stepcost *c, int tokens, double ms);
-double wrk_stepcost_predict(const wrk_stepcost *c, int tokens); // ms; 0 before any observation
-// The token budget of the next step (decode tokens included): the most tokens whose predicted time fits in
-// target_ms, but at least n_decode + min_chunk and at most max_tokens (the hard cap). max_tokens when the
-// target is off (<= 0), when nothing decodes (no token latency to protect: prefill-only steps, the prefill
-// worker) or before the first observation. Decode rows are never cut by it: the planner gives every decode row
-// its token whatever the budget, prefill chunks share what is left.
-int wrk_step_budget(const wrk_stepcost *c, double target_ms, int n_decode, int max_tokens, int min_chunk);
+void wrk_stepcost_observe(wrk_stepcost *c, int tokens, double kpairs, double ms);
+double wrk_stepcost_predict(const wrk_stepcost *c, int tokens, double kpairs); // ms; 0 before any observation
+// The prefill chunk of a prompt at position pos with `pending` prompt tokens left, in a step that already holds
+// `tokens` tokens and `kpairs` pairs, with room tokens left under max_batch_tokens (the hard cap): the most tokens
+// whose step is predicted to fit in target_ms, but at least min_chunk (the step's first prefill row; 0 for later
+// ones) and never more than pending or room. min(pending, room) when the target is off (<= 0: also what the
+// caller passes when nothing decodes, as there is no token latency to protect) or before the first observation.
+// Decode rows are never cut by it: the planner gives every decode row its token whatever the target.
+int wrk_step_chunk(const wrk_stepcost *c, double target_ms, int tokens, double kpairs, int pos, int pending, int room,
+                   int min_chunk);
 
 typedef struct wrk_engine {
   wrk_runtime *rt;    // (borrowed)
@@ -84,7 +94,7 @@ typedef struct wrk_engine {
   wrk_stepcost cost;
   double step_t0_ms;   // monotonic ms when the last forward began; 0 = no step to time
   int step_tokens;     // tokens of that step
-  int budget;          // token budget of the last plan
+  double step_kpairs;  // and its attention pairs (thousands)
 } wrk_engine;
 
 // Also opens the prefix cache sized from the worker's prefix_cache_mb.
@@ -105,8 +115,8 @@ void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int b
 // in its table (n_done past them: a prefix a prefill worker fetched from a peer) is not matched again: only
 // the rest is reserved (on -1 it holds nothing, and is matched like any other next time).
 int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s);
-// Runs one forward step (decode tokens first, then prefill chunks up to the step budget: max_batch_tokens, or
-// with tpot_target_ms what wrk_step_budget allows). Blocks that decode growth needs are taken from the newest
+// Runs one forward step (decode tokens first, then prefill chunks in admission order up to max_batch_tokens, and
+// with tpot_target_ms while sequences decode what wrk_step_chunk allows). Blocks that decode growth needs are taken from the newest
 // sequences (recompute preemption). 0 when nothing ran (n_batch == 0), 1 after a step, -1 on error.
 int wrk_engine_step(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen);
 // wrk_engine_step in two halves, for callers that look at the planned batch before it runs:

@@ -67,6 +67,30 @@ TEST(Generate, BenchPrintsTheRoofline) {
   EXPECT_NEAR(roof, gbps * 1e9 / (mib * 1048576.0), roof * 1e-3) << out;
 }
 
+// --bench-chunks prints the fitted cost model and one table row per chunk size, in the order given, each with its
+// whole-prompt timing (what bench/README.md's issue 32 table is made of). Tiny sizes: this checks the shape, not speed.
+TEST(Generate, BenchChunksPrintsOneRowPerChunk) {
+  ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
+  std::string out, err;
+  int rc = run_dserve(std::string("generate --model '") + kModel + "' --bench-chunks 4,12 --bench-batch 2 "
+                      "--bench-ctx 20 --bench-reps 1 --threads 2", &out, &err);
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_NE(out.find("steps: 2 decode rows at context 20"), std::string::npos) << out;
+  double fixed = -1, tok = -1, pair = -1;
+  const char *m = strstr(out.c_str(), "cost model fitted to the decode and mixed steps: ");
+  ASSERT_TRUE(m) << out;
+  ASSERT_EQ(sscanf(m, "cost model fitted to the decode and mixed steps: %lf ms + %lf ms/token + %lf", &fixed, &tok,
+                   &pair), 3) << out;
+  EXPECT_GE(fixed, 0);
+  EXPECT_GT(tok, 0);
+  EXPECT_GE(pair, 0);
+  size_t r4 = out.find("\n| 4 | "), r12 = out.find("\n| 12 | ");
+  ASSERT_NE(r4, std::string::npos) << out;
+  ASSERT_NE(r12, std::string::npos) << out;
+  EXPECT_LT(r4, r12);
+  EXPECT_NE(out.find("20-token prompt ms alone / with the decode rows"), std::string::npos) << out;
+}
+
 TEST(Generate, BadArgumentsGiveUsageAndExitTwo) {
   ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
   std::string out, err;
@@ -80,6 +104,12 @@ TEST(Generate, BadArgumentsGiveUsageAndExitTwo) {
   EXPECT_NE(err.find("nosuch"), std::string::npos) << err;
   EXPECT_EQ(run_dserve(std::string("generate --model '") + kModel + "' --prompt x --f32-weights=yes -n 1", &out, &err), 2);
   EXPECT_NE(err.find("unknown option --f32-weights=yes"), std::string::npos) << err;
+  for (const char *bad : {"0,5", "8,,9", ",8", "8,", "5000", "x", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"}) {
+    EXPECT_EQ(run_dserve(std::string("generate --model '") + kModel + "' --bench-chunks '" + bad + "'", &out, &err), 2)
+        << bad;
+    EXPECT_NE(err.find("--bench-chunks"), std::string::npos) << err;
+  }
+  EXPECT_EQ(run_dserve(std::string("generate --model '") + kModel + "' --bench-chunks 8 --bench-reps 0", &out, &err), 2);
   EXPECT_EQ(run_dserve("generate --model /nonexistent.gguf --prompt x", &out, &err), 1);
   EXPECT_NE(err.find("nonexistent"), std::string::npos) << err;
 }

@@ -386,7 +386,7 @@ TEST(Config, Defaults) {
   EXPECT_EQ(w.block_size, 16);
   EXPECT_STREQ(w.kv_type, "f16");
   EXPECT_EQ(w.max_seqs, 64);
-  EXPECT_EQ(w.max_batch_tokens, 512);
+  EXPECT_EQ(w.max_batch_tokens, 256);
   EXPECT_STREQ(w.kvx_backend, "auto");
   EXPECT_STREQ(w.kvx_host, "127.0.0.1");
   EXPECT_EQ(w.kvx_port, 0);

@@ -1,7 +1,8 @@
-// tests/worker/test_engine.cc: the step scheduler: step-cost model fits, token budgets, how a plan shares them, and
+// tests/worker/test_engine.cc: the step scheduler: step-cost model fits, chunks under a target, how a plan shares them, and
 // admission over a pool the prefix cache fills (cached blocks nobody uses always give way).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -21,7 +22,7 @@ namespace {
 wrk_stepcost fitted(double fixed, double per_tok, const std::vector<int> &sizes, double decay = WRK_STEPCOST_DECAY) {
   wrk_stepcost c;
   wrk_stepcost_init(&c, decay);
-  for (int x : sizes) wrk_stepcost_observe(&c, x, fixed + per_tok * x);
+  for (int x : sizes) wrk_stepcost_observe(&c, x, 0, fixed + per_tok * x);
   return c;
 }
 
@@ -30,14 +31,14 @@ TEST(StepCost, RecoversAFixedAndAPerTokenCost) {
   EXPECT_EQ(c.n, 8);
   EXPECT_NEAR(c.fixed_ms, 40.0, 1e-6);
   EXPECT_NEAR(c.per_tok_ms, 2.0, 1e-9);
-  EXPECT_NEAR(wrk_stepcost_predict(&c, 100), 240.0, 1e-6);
+  EXPECT_NEAR(wrk_stepcost_predict(&c, 100, 0), 240.0, 1e-6);
 }
 
 TEST(StepCost, NothingObservedPredictsNothing) {
   wrk_stepcost c;
   wrk_stepcost_init(&c, 0); // an out-of-range decay takes the default
   EXPECT_DOUBLE_EQ(c.decay, WRK_STEPCOST_DECAY);
-  EXPECT_EQ(wrk_stepcost_predict(&c, 64), 0.0);
+  EXPECT_EQ(wrk_stepcost_predict(&c, 64, 0), 0.0);
 }
 
 // Steps of a single size cannot separate the two terms: the model is proportional, which charges every token the
@@ -46,14 +47,14 @@ TEST(StepCost, OneStepSizeIsProportional) {
   wrk_stepcost c = fitted(40.0, 5.0, {8, 8, 8, 8});
   EXPECT_EQ(c.fixed_ms, 0.0);
   EXPECT_NEAR(c.per_tok_ms, 10.0, 1e-9);
-  EXPECT_NEAR(wrk_stepcost_predict(&c, 8), 80.0, 1e-9);
+  EXPECT_NEAR(wrk_stepcost_predict(&c, 8, 0), 80.0, 1e-9);
 }
 
 TEST(StepCost, NegativeInterceptFitsThroughTheOrigin) {
   wrk_stepcost c;
   wrk_stepcost_init(&c, 1.0);
-  wrk_stepcost_observe(&c, 10, 10.0); // slope 4 with intercept -30 between these two
-  wrk_stepcost_observe(&c, 20, 50.0);
+  wrk_stepcost_observe(&c, 10, 0, 10.0); // slope 4 with intercept -30 between these two
+  wrk_stepcost_observe(&c, 20, 0, 50.0);
   EXPECT_EQ(c.fixed_ms, 0.0);
   EXPECT_NEAR(c.per_tok_ms, (10.0 * 10 + 20 * 50.0) / (10.0 * 10 + 20 * 20), 1e-9);
 }
@@ -61,24 +62,24 @@ TEST(StepCost, NegativeInterceptFitsThroughTheOrigin) {
 TEST(StepCost, NonPositiveSlopeFallsBackToProportional) {
   wrk_stepcost c;
   wrk_stepcost_init(&c, 1.0);
-  wrk_stepcost_observe(&c, 8, 100.0); // bigger steps measured faster: noise
-  wrk_stepcost_observe(&c, 40, 60.0);
+  wrk_stepcost_observe(&c, 8, 0, 100.0); // bigger steps measured faster: noise
+  wrk_stepcost_observe(&c, 40, 0, 60.0);
   EXPECT_EQ(c.fixed_ms, 0.0);
   EXPECT_NEAR(c.per_tok_ms, 160.0 / 48.0, 1e-9);
   wrk_stepcost d;
   wrk_stepcost_init(&d, 1.0);
-  wrk_stepcost_observe(&d, 8, 0.0); // below the clock's resolution: still a positive cost, never a division by 0
+  wrk_stepcost_observe(&d, 8, 0, 0.0); // below the clock's resolution: still a positive cost, never a division by 0
   EXPECT_GT(d.per_tok_ms, 0.0);
-  EXPECT_EQ(wrk_step_budget(&d, 100, 8, 512, 32), 512);
+  EXPECT_EQ(wrk_step_chunk(&d, 100, 8, 0, 0, 1000, 504, 32), 504); // nearly free tokens: the cap
 }
 
 TEST(StepCost, InvalidObservationsAreIgnored) {
   wrk_stepcost c = fitted(40.0, 2.0, {8, 40});
   wrk_stepcost before = c;
-  wrk_stepcost_observe(&c, 0, 10.0);
-  wrk_stepcost_observe(&c, 8, -1.0);
-  wrk_stepcost_observe(&c, 8, NAN);
-  wrk_stepcost_observe(&c, 8, INFINITY);
+  wrk_stepcost_observe(&c, 0, 0, 10.0);
+  wrk_stepcost_observe(&c, 8, 0, -1.0);
+  wrk_stepcost_observe(&c, 8, 0, NAN);
+  wrk_stepcost_observe(&c, 8, 0, INFINITY);
   EXPECT_EQ(c.n, before.n);
   EXPECT_EQ(c.fixed_ms, before.fixed_ms);
   EXPECT_EQ(c.per_tok_ms, before.per_tok_ms);
@@ -91,7 +92,7 @@ TEST(StepCost, FollowsAChangeInCost) {
   wrk_stepcost c = fitted(40.0, 2.0, sizes);
   for (int i = 0; i < 300; i++) {
     int x = i % 4 == 0 ? 40 : 8;
-    wrk_stepcost_observe(&c, x, 80.0 + 4.0 * x);
+    wrk_stepcost_observe(&c, x, 0, 80.0 + 4.0 * x);
   }
   EXPECT_NEAR(c.fixed_ms, 80.0, 0.5);
   EXPECT_NEAR(c.per_tok_ms, 4.0, 0.05);
@@ -104,36 +105,94 @@ TEST(StepCost, NoisyStepsFitClose) {
   const double noise[5] = {1.0, 1.1, 0.9, 1.05, 0.95};
   for (int i = 0; i < 100; i++) {
     int x = 8 + (i % 3) * 32;
-    wrk_stepcost_observe(&c, x, (30.0 + 1.5 * x) * noise[i % 5]);
+    wrk_stepcost_observe(&c, x, 0, (30.0 + 1.5 * x) * noise[i % 5]);
   }
   EXPECT_NEAR(c.fixed_ms, 30.0, 6.0);
   EXPECT_NEAR(c.per_tok_ms, 1.5, 0.2);
 }
 
-TEST(StepBudget, OffWithoutTargetDecodeRowsOrData) {
+// wrk_step_chunk's arguments below: target ms, the step's tokens and thousands of pairs so far (8 decode rows), the
+// prompt's position, its pending tokens, the room left under max_batch_tokens (512 - 8), the minimum chunk.
+TEST(StepChunk, OffWithoutTargetOrData) {
   wrk_stepcost c = fitted(40.0, 2.0, {8, 40});
-  EXPECT_EQ(wrk_step_budget(&c, 0, 8, 512, 32), 512);  // tpot_target_ms 0: today's fixed budget
-  EXPECT_EQ(wrk_step_budget(&c, -5, 8, 512, 32), 512);
-  EXPECT_EQ(wrk_step_budget(&c, 100, 0, 512, 32), 512); // prefill only: no token latency to protect
+  EXPECT_EQ(wrk_step_chunk(&c, 0, 8, 0, 0, 1000, 504, 32), 504); // tpot_target_ms 0 (or nothing decodes): the cap
+  EXPECT_EQ(wrk_step_chunk(&c, -5, 8, 0, 0, 1000, 504, 32), 504);
+  EXPECT_EQ(wrk_step_chunk(&c, 0, 8, 0, 0, 100, 504, 32), 100); // never more than the prompt has left
   wrk_stepcost none;
   wrk_stepcost_init(&none, WRK_STEPCOST_DECAY);
-  EXPECT_EQ(wrk_step_budget(&none, 100, 8, 512, 32), 512); // nothing measured yet
+  EXPECT_EQ(wrk_step_chunk(&none, 100, 8, 0, 0, 1000, 504, 32), 504); // nothing measured yet
+  EXPECT_EQ(wrk_step_chunk(&c, 100, 8, 0, 0, 1000, 0, 32), 0);        // no room: nothing, whatever the minimum
 }
 
-TEST(StepBudget, FitsTheTarget) {
+TEST(StepChunk, FitsTheTarget) {
   wrk_stepcost c = fitted(40.0, 2.0, {8, 40, 72});
-  EXPECT_EQ(wrk_step_budget(&c, 200, 8, 512, 32), 80);  // (200 - 40) / 2
-  EXPECT_EQ(wrk_step_budget(&c, 201, 8, 512, 32), 80);  // rounded down: never over the target
-  EXPECT_EQ(wrk_step_budget(&c, 2000, 8, 512, 32), 512); // max_batch_tokens stays the hard cap
-  EXPECT_EQ(wrk_step_budget(&c, 1e9, 8, 512, 32), 512);
+  EXPECT_EQ(wrk_step_chunk(&c, 200, 8, 0, 0, 1000, 504, 32), 72);  // (200 - 40) / 2 - 8
+  EXPECT_EQ(wrk_step_chunk(&c, 201, 8, 0, 0, 1000, 504, 32), 72);  // rounded down: never over the target
+  EXPECT_EQ(wrk_step_chunk(&c, 2000, 8, 0, 0, 1000, 504, 32), 504); // max_batch_tokens stays the hard cap
+  EXPECT_EQ(wrk_step_chunk(&c, 1e9, 8, 0, 0, 1000, 504, 32), 504);
 }
 
-TEST(StepBudget, MinimumChunkWhenTheTargetIsTight) {
+TEST(StepChunk, MinimumChunkWhenTheTargetIsTight) {
   wrk_stepcost c = fitted(40.0, 2.0, {8, 40});
-  EXPECT_EQ(wrk_step_budget(&c, 100, 8, 512, 32), 40); // the fit says 30; decode 8 + min chunk 32
-  EXPECT_EQ(wrk_step_budget(&c, 10, 8, 512, 32), 40);  // a target below the fixed cost
-  EXPECT_EQ(wrk_step_budget(&c, 100, 30, 512, 32), 62);
-  EXPECT_EQ(wrk_step_budget(&c, 100, 500, 512, 32), 512); // the cap still wins over the minimum
+  EXPECT_EQ(wrk_step_chunk(&c, 100, 8, 0, 0, 1000, 504, 32), 32); // the fit says 22
+  EXPECT_EQ(wrk_step_chunk(&c, 10, 8, 0, 0, 1000, 504, 32), 32);  // a target below the fixed cost
+  EXPECT_EQ(wrk_step_chunk(&c, 10, 8, 0, 0, 1000, 504, 0), 0);    // a later prompt of the step gets no minimum
+  EXPECT_EQ(wrk_step_chunk(&c, 10, 8, 0, 0, 1000, 4, 32), 4);     // the cap still wins over the minimum
+}
+
+// Steps whose attention pairs vary apart from their tokens (chunks at different positions) separate the three terms.
+TEST(StepCost, RecoversThePairTerm) {
+  wrk_stepcost c;
+  wrk_stepcost_init(&c, WRK_STEPCOST_DECAY);
+  auto ms = [](int tokens, double kpairs) { return 7.0 + 0.5 * tokens + 0.4 * kpairs; };
+  for (int i = 0; i < 40; i++) {
+    int chunk = 32 << (i % 4), pos = (i % 3) * 500; // a prefill chunk at 0, 500 or 1000, with 8 decode rows at 1000
+    double kp = 8 * wrk_row_kpairs(1000 + i, 1) + wrk_row_kpairs(pos, chunk);
+    wrk_stepcost_observe(&c, 8 + chunk, kp, ms(8 + chunk, kp));
+    wrk_stepcost_observe(&c, 8, 8 * wrk_row_kpairs(1000 + i, 1), ms(8, 8 * wrk_row_kpairs(1000 + i, 1)));
+  }
+  EXPECT_NEAR(c.fixed_ms, 7.0, 1e-6);
+  EXPECT_NEAR(c.per_tok_ms, 0.5, 1e-9);
+  EXPECT_NEAR(c.per_kpair_ms, 0.4, 1e-9);
+  EXPECT_NEAR(wrk_stepcost_predict(&c, 264, 300.0), 7.0 + 132 + 120, 1e-6);
+}
+
+// Pairs in proportion to tokens (every step the same context) cannot be told from tokens: tokens alone, as before.
+TEST(StepCost, PairsThatFollowTokensFitTokensAlone) {
+  wrk_stepcost c;
+  wrk_stepcost_init(&c, 1.0);
+  for (int x : {8, 40, 72, 8}) wrk_stepcost_observe(&c, x, x * 0.5, 40.0 + 2.0 * x);
+  EXPECT_EQ(c.per_kpair_ms, 0.0);
+  EXPECT_NEAR(c.fixed_ms, 40.0, 1e-6);
+  EXPECT_NEAR(c.per_tok_ms, 2.0, 1e-9);
+  wrk_stepcost_observe(&c, 8, -1.0, 60.0); // a negative or non-finite pair count is no observation
+  wrk_stepcost_observe(&c, 8, NAN, 60.0);
+  EXPECT_EQ(c.n, 4);
+}
+
+TEST(StepCost, RowPairs) {
+  EXPECT_DOUBLE_EQ(wrk_row_kpairs(0, 1), 0.001);          // a first token reads itself
+  EXPECT_DOUBLE_EQ(wrk_row_kpairs(999, 1), 1.0);          // a decode row at position 999 reads 1000 positions
+  EXPECT_DOUBLE_EQ(wrk_row_kpairs(1000, 4), 4.010);       // 4 x 1000 before it, and 1+2+3+4 among themselves
+}
+
+// A chunk late in a long prompt reads more positions: with the pair term it gets fewer tokens for the same target.
+TEST(StepChunk, LaterChunksOfALongPromptAreSmaller) {
+  wrk_stepcost c;
+  wrk_stepcost_init(&c, WRK_STEPCOST_DECAY);
+  for (int i = 0; i < 40; i++) {
+    int chunk = 32 << (i % 4), pos = (i % 3) * 500;
+    double kp = wrk_row_kpairs(pos, chunk);
+    wrk_stepcost_observe(&c, chunk, kp, 7.0 + 0.5 * chunk + 0.4 * kp);
+  }
+  int at0 = wrk_step_chunk(&c, 150, 0, 0, 0, 4000, 4000, 32);
+  int at2000 = wrk_step_chunk(&c, 150, 0, 0, 2000, 4000, 4000, 32);
+  EXPECT_GT(at0, at2000);
+  for (int pos : {0, 2000}) { // each the largest chunk whose predicted step fits
+    int k = pos ? at2000 : at0;
+    EXPECT_LE(wrk_stepcost_predict(&c, k, wrk_row_kpairs(pos, k)), 150.0);
+    EXPECT_GT(wrk_stepcost_predict(&c, k + 1, wrk_row_kpairs(pos, k + 1)), 150.0);
+  }
 }
 
 // ---- the plan: how the budget is shared by decode rows and prefill chunks ----
@@ -197,7 +256,7 @@ struct Plan : ::testing::Test {
     return 0;
   }
   void learn(double fixed, double per_tok) {
-    for (int x : {8, 40, 8, 72}) wrk_stepcost_observe(&eng.cost, x, fixed + per_tok * x);
+    for (int x : {8, 40, 8, 72}) wrk_stepcost_observe(&eng.cost, x, 0, fixed + per_tok * x);
   }
 };
 
@@ -209,7 +268,6 @@ TEST_F(Plan, WithoutTargetPrefillTakesTheFixedBudget) {
   ASSERT_EQ(wrk_engine_plan(&eng), 9);
   for (wrk_seq *d : dec) EXPECT_EQ(chunk_of(d), 1);
   EXPECT_EQ(chunk_of(p), 512 - 8);
-  EXPECT_EQ(eng.budget, 512);
 }
 
 TEST_F(Plan, TargetLimitsPrefillNotDecode) {
@@ -222,7 +280,6 @@ TEST_F(Plan, TargetLimitsPrefillNotDecode) {
   EXPECT_EQ(chunk_of(p2), 512 - 8 - 300);
   learn(40, 2);
   ASSERT_EQ(wrk_engine_plan(&eng), 9);
-  EXPECT_EQ(eng.budget, 80);
   for (wrk_seq *d : dec) EXPECT_EQ(chunk_of(d), 1);
   EXPECT_EQ(chunk_of(p1), 72);
   EXPECT_EQ(chunk_of(p2), 0); // FIFO: the older prompt first
@@ -247,6 +304,56 @@ TEST_F(Plan, TightTargetStillGivesTheMinimumChunk) {
   learn(40, 2);
   ASSERT_EQ(wrk_engine_plan(&eng), 9);
   EXPECT_EQ(chunk_of(p), WRK_MIN_PREFILL_CHUNK);
+}
+
+// With the attention term learned, a prompt's chunk 2000 tokens in is smaller than its first one under the same
+// target, and the decode rows still get their tokens.
+TEST_F(Plan, ChunksAfterALongPrefixAreSmaller) {
+  wc.tpot_target_ms = 150;
+  std::vector<wrk_seq *> dec;
+  for (int i = 0; i < 8; i++) dec.push_back(add(101, 100));
+  wrk_seq *fresh = add(3000, 0);
+  for (int i = 0; i < 40; i++) {
+    int chunk = 32 << (i % 4), pos = (i % 3) * 500;
+    double kp = wrk_row_kpairs(pos, chunk);
+    wrk_stepcost_observe(&eng.cost, chunk, kp, 7.0 + 0.5 * chunk + 0.4 * kp);
+  }
+  ASSERT_EQ(wrk_engine_plan(&eng), 9);
+  int first = chunk_of(fresh);
+  fresh->n_done = 2000;
+  ASSERT_EQ(kv_blocks_reserve(rt.kv, &fresh->blocks, 2000), 0);
+  ASSERT_EQ(wrk_engine_plan(&eng), 9);
+  for (wrk_seq *d : dec) EXPECT_EQ(chunk_of(d), 1);
+  EXPECT_GT(first, chunk_of(fresh));
+  EXPECT_GE(chunk_of(fresh), WRK_MIN_PREFILL_CHUNK);
+  double kp = 8 * wrk_row_kpairs(100, 1) + wrk_row_kpairs(2000, chunk_of(fresh));
+  EXPECT_LE(wrk_stepcost_predict(&eng.cost, 8 + chunk_of(fresh), kp), 150.0);
+}
+
+// No starvation under the tightest target: the oldest prompt gets at least WRK_MIN_PREFILL_CHUNK every step, so a
+// prompt of N tokens has its first token within ceil(N / 32) steps of becoming the oldest, whatever arrives after it
+// (newer prompts at position 0 are cheaper per token, and still wait their turn).
+TEST_F(Plan, TheOldestPromptProgressesEveryStep) {
+  wc.tpot_target_ms = 1; // below any step's cost: only the minimum chunk
+  for (int i = 0; i < 8; i++) add(101, 100);
+  wrk_seq *old = add(3000, 2000), *young = add(500, 0);
+  for (int i = 0; i < 40; i++) {
+    int chunk = 32 << (i % 4), pos = (i % 3) * 500;
+    double kp = wrk_row_kpairs(pos, chunk);
+    wrk_stepcost_observe(&eng.cost, chunk, kp, 7.0 + 0.5 * chunk + 0.4 * kp);
+  }
+  int steps = 0;
+  while (old->n_done < old->n_toks && steps < 1000) {
+    ASSERT_GE(wrk_engine_plan(&eng), 9);
+    EXPECT_EQ(chunk_of(old), std::min(WRK_MIN_PREFILL_CHUNK, old->n_toks - old->n_done));
+    EXPECT_EQ(chunk_of(young), 0);
+    for (int i = 0; i < eng.n_batch; i++)
+      if (eng.batch_chunk[i] > 1) eng.batch_of[i]->n_done += eng.batch_chunk[i]; // the forward, without the model
+    steps++;
+  }
+  EXPECT_EQ(steps, (1000 + WRK_MIN_PREFILL_CHUNK - 1) / WRK_MIN_PREFILL_CHUNK);
+  ASSERT_GE(wrk_engine_plan(&eng), 9); // then the younger one
+  EXPECT_EQ(chunk_of(young), WRK_MIN_PREFILL_CHUNK);
 }
 
 // A decode worker of 1P1D does no prefill: every row decodes, whatever the target or the cap.
