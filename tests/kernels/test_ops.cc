@@ -132,17 +132,8 @@ TEST_P(KrnOps, MatmulRowTilesMatchScalar) {
         ref->matmul(&rctx, yr.data(), w.data(), t, x.data(), n, k, m);
         for (int i = 0; i < n; i++) {
           for (int j = 0; j < m; j++) {
-            double mag = 0, qbound = 0;
-            for (int b = 0; b < k / 32; b++) {
-              double amax = 0, wabs = 0;
-              for (int e = b * 32; e < b * 32 + 32; e++) {
-                double xv = x[(size_t)i * k + e];
-                mag += std::fabs(wd[j][e] * xv);
-                amax = std::max(amax, std::fabs(xv));
-                wabs += std::fabs(wd[j][e]);
-              }
-              qbound += amax / 127 / 2 * wabs;
-            }
+            double mag, qbound;
+            matmul_bounds(wd[j], &x[(size_t)i * k], k, &mag, &qbound);
             bool quantized = t != KRN_F32 && t != KRN_F16 && !is_scalar();
             double tol = (quantized ? 1.01 * qbound : 0) + 1e-5 * mag + 1e-30;
             ASSERT_NEAR(y[(size_t)i * m + j], yr[(size_t)i * m + j], tol)
@@ -533,7 +524,7 @@ TEST_P(KrnOps, BadShapesGiveNaN) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, KrnOps,
-                         ::testing::Combine(::testing::Values("scalar", "avx2", "avx2vnni", "avx512"), ::testing::Values(1, 3)),
+                         ::testing::Combine(::testing::Values("scalar", "avx2", "avx2vnni", "avx512", "amx"), ::testing::Values(1, 3)),
                          [](const auto &info) {
                            return std::string(std::get<0>(info.param)) + "_t" + std::to_string(std::get<1>(info.param));
                          });
