@@ -129,6 +129,13 @@ inline std::vector<double> dequant_row(const uint8_t *w, krn_type t, int k, int 
   return out;
 }
 
+// Every row of w (m rows of k elements of type t), dequantized.
+inline std::vector<std::vector<double>> dequant_rows(const uint8_t *w, krn_type t, int k, int m) {
+  std::vector<std::vector<double>> rows;
+  for (int j = 0; j < m; j++) rows.push_back(dequant_row(w, t, k, j));
+  return rows;
+}
+
 // What a product of dequantized weight row wd(k) with activation row x(k) may be off by on a SIMD backend: *mag =
 // sum|w||x| (float rounding: 1e-5 of it), *qbound = sum over blocks b of max|x_b| / 127 / 2 * sum_b |w| (each
 // activation element moves by at most half its block's int8 step).

@@ -102,12 +102,13 @@ protected:
 };
 
 // Prefill shapes on every quantized weight type: row counts past one 32-row step and not a multiple of it, weight
-// row counts of one panel, a partial one and several, block counts of one unit up. Against scalar with the bound of
+// row counts of one panel, a partial one and several, block counts from one unit to SmolLM2's 576 (18 blocks, padded
+// to 32 in the activation rows). Against scalar with the bound of
 // test_ops.cc (activation quantization plus float rounding), and against avx512, which multiplies the same int8
 // bytes, within float rounding alone (1e-5 of sum|w||x|).
 TEST_P(AmxMatmul, PrefillShapesMatchScalarAndAvx512) {
   std::mt19937 rng(321);
-  const std::vector<int> ks32 = {32, 96, 288}, ks256 = {256, 768};
+  const std::vector<int> ks32 = {32, 96, 576}, ks256 = {256, 768};
   const int ms[] = {1, 17, 33, 70};
   const int ns[] = {32, 45, 77};
   int cases = 0;
@@ -115,8 +116,7 @@ TEST_P(AmxMatmul, PrefillShapesMatchScalarAndAvx512) {
     for (int k : krn_type_block(t) == KRN_QK_K ? ks256 : ks32) {
       for (int m : ms) {
         auto w = random_weights(rng, t, m, k);
-        std::vector<std::vector<double>> wd;
-        for (int j = 0; j < m; j++) wd.push_back(dequant_row(w.data(), t, k, j));
+        auto wd = dequant_rows(w.data(), t, k, m);
         for (int n : ns) {
           auto x = random_floats(rng, (size_t)n * k);
           for (int e = 3; e < n * k; e += 13) x[e] *= 8; // outliers within a block

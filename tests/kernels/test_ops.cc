@@ -76,8 +76,7 @@ TEST_P(KrnOps, MatmulAllTypesAwkwardSizes) {
     for (int k : krn_type_block(t) == KRN_QK_K ? ks256 : ks32) {
       for (int m : ms) {
         auto w = random_weights(rng, t, m, k);
-        std::vector<std::vector<double>> wd;
-        for (int j = 0; j < m; j++) wd.push_back(dequant_row(w.data(), t, k, j));
+        auto wd = dequant_rows(w.data(), t, k, m);
         for (int n : ns) {
           auto x = random_floats(rng, (size_t)n * k);
           for (int e = 0; e < k; e += 13) x[e] *= 8; // outliers within a block
@@ -122,8 +121,7 @@ TEST_P(KrnOps, MatmulRowTilesMatchScalar) {
     for (int k : krn_type_block(t) == KRN_QK_K ? ks256 : ks32) {
       const int m = 37;
       auto w = random_weights(rng, t, m, k);
-      std::vector<std::vector<double>> wd;
-      for (int j = 0; j < m; j++) wd.push_back(dequant_row(w.data(), t, k, j));
+      auto wd = dequant_rows(w.data(), t, k, m);
       for (int n = 1; n <= 16; n++) {
         auto x = random_floats(rng, (size_t)n * k);
         for (int e = 5; e < n * k; e += 29) x[e] *= 8;
@@ -537,7 +535,8 @@ TEST(KrnSelect, ByNameAndBest) {
   ASSERT_NE(best, nullptr);
   // best is the widest backend this CPU has (when DSERVE_KERNELS does not say otherwise)
   if (!getenv("DSERVE_KERNELS")) {
-    const krn_backend *want = krn_cpu_by_name("avx512");
+    const krn_backend *want = krn_cpu_by_name("amx");
+    if (!want) want = krn_cpu_by_name("avx512");
     if (!want) want = krn_cpu_by_name("avx2vnni");
     if (!want) want = krn_cpu_by_name("avx2");
     if (!want) want = krn_cpu_scalar();
