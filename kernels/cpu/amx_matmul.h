@@ -8,12 +8,20 @@
 // 32 activation rows by 32 weight rows (four 16 x 16 tiles), and the epilogue adds dot * (weight scale * activation
 // scale) + weight offset * activation sum (the unsigned forms) to float accumulators, as the avx512 path does per
 // block: the int8 operands are the same bytes (simd_wblock.h's load_wblock for the weights, matmul_rows.h's
-// mr_quant_row for the activations), so the two differ only by float rounding.
+// mr_quant_row for the activations), so the two differ only by float rounding; but that rounding, through 30
+// layers of int8 activation quantization, moves SmolLM2's logits by up to 0.9 (measured). Within this table's tile
+// path a row's product does not depend on its batch: the tail of a call past its full 32-row steps runs through
+// amx_rows_direct, the same exact int32 dots per unit (AVX-512 VNNI straight from the weight blocks) and the same
+// epilogue, bit for bit what the tiles give. Across AMX_MIN_ROWS it does: a row decoded alone (avx512) and the same
+// row in a step of 32 or more rows (tiles) differ by that rounding. amx_rows_direct for decode too would keep rows
+// batch-independent, but measured on AVX-512 it ran decode matmuls 3-5x slower than the avx512 path (its lanes are
+// summed per unit and the epilogue is scalar), so krn_cpu_best does not pick this table by itself (see select.c).
 //
 // Weights are repacked per call, not at load: each thread unpacks its panels of 32 weight rows once into the VNNI
 // tile layout (int8, k bytes a row) and runs every activation row against them, so the repack costs O(m k) against
 // the O(n m k) of the product, and models keep one copy of their weights (a packed copy would take 1.25 bytes per
-// weight next to the GGUF's 0.56 for Q4 types).
+// weight next to the GGUF's 0.56 for Q4 types, and a decode step, which reads every weight once, would read twice
+// the bytes).
 #ifndef DSERVE_KRN_CPU_AMX_MATMUL_H
 #define DSERVE_KRN_CPU_AMX_MATMUL_H
 
@@ -24,12 +32,11 @@
 #include "kernels/cpu/simd_vec.h"
 #include "kernels/cpu/simd_wblock.h"
 
-// Below this many activation rows a matmul is a decode step: the avx512 path reads each weight once per call
-// anyway, and 32-row tiles would mostly multiply padding. Not measured (no AMX CPU at hand): a guess at the
-// crossover, to be tuned where AMX runs.
+// Below this many activation rows a matmul is a decode step: the avx512 path reads each weight once per call anyway,
+// and a 32-row tile step would mostly multiply padding. Not measured (no AMX CPU at hand): a guess at the crossover.
 #define AMX_MIN_ROWS 32
 #define AMX_COLS 32 // weight rows per panel: two tiles of 16 columns
-#define AMX_ROWS 32 // activation rows per step: two tiles of 16 rows
+#define AMX_ROWS 32 // activation rows per tile step (two tiles of 16 rows); fewer go through amx_rows_direct
 
 // Elements per scale unit of a weight type: the depth of one TDPBSSD.
 KRN_INLINE int amx_unit(krn_type wt) { return wt == KRN_Q6_K ? 16 : KRN_QK; }
@@ -47,8 +54,8 @@ typedef struct amx_task {
   float *y;       // (n, m)
   const void *w;  // (m, k) of wt
   krn_type wt;
-  mr_act xa;      // x quantized, rows n .. n_pad - 1 zero
-  int n, n_pad, k, m;
+  mr_act xa;      // x quantized
+  int n, k, m;
 } amx_task;
 
 // Weight rows [j0, j0 + AMX_COLS) into p (wt a constant after inlining).
@@ -103,7 +110,7 @@ static void amx_config(amx_cfg *cfg, int G) {
   cfg->colsb[6] = cfg->colsb[7] = 64;
 }
 
-// Activation rows [i0, i0 + AMX_ROWS) against panel p (weight rows [j0, j0 + AMX_COLS)), into y.
+// Activation rows [i0, i0 + AMX_ROWS) (all present) against panel p (weight rows [j0, j0 + AMX_COLS)), into y.
 KRN_INLINE void amx_step(amx_regs *R, const amx_task *t, krn_type wt, const amx_panel *p, int i0, int64_t j0) {
   const int G = amx_unit(wt), L = G / 4, upb = KRN_QK / G, nu = t->k / G, sg = wt_signed(wt);
   const size_t xs = (size_t)t->xa.nbp * KRN_QK; // bytes from one activation row to the next
@@ -152,13 +159,69 @@ KRN_INLINE void amx_step(amx_regs *R, const amx_task *t, krn_type wt, const amx_
       _mm512_store_ps(acc[r] + 16, a1);
     }
   }
-  int rows = t->n - i0 < AMX_ROWS ? t->n - i0 : AMX_ROWS;
   int cols = t->m - j0 < AMX_COLS ? (int)(t->m - j0) : AMX_COLS;
-  for (int r = 0; r < rows; r++) memcpy(t->y + (size_t)(i0 + r) * t->m + j0, acc[r], (size_t)cols * sizeof(float));
+  for (int r = 0; r < AMX_ROWS; r++) memcpy(t->y + (size_t)(i0 + r) * t->m + j0, acc[r], (size_t)cols * sizeof(float));
 }
 
-// Panels [lo, hi) of weight type wt against every activation row.
+// The int32 sums of a 256-bit dot's lanes: *p0 all 8 (one 32-element unit), or (Q6_K's two 16-element units) *p0
+// lanes 0-3 and *p1 lanes 4-7. Integer sums: exact in any order.
+KRN_INLINE void amx_unit_sums(__m256i d, int upb, int32_t *p0, int32_t *p1) {
+  __m128i lo = _mm256_castsi256_si128(d), hi = _mm256_extracti128_si256(d, 1);
+  if (upb == 1) lo = _mm_add_epi32(lo, hi);
+  lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 0x4e));
+  lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 0xb1));
+  *p0 = _mm_cvtsi128_si32(lo);
+  if (upb == 2) {
+    hi = _mm_add_epi32(hi, _mm_shuffle_epi32(hi, 0x4e));
+    hi = _mm_add_epi32(hi, _mm_shuffle_epi32(hi, 0xb1));
+    *p1 = _mm_cvtsi128_si32(hi);
+  }
+}
+
+// Activation rows [i0, i1) (fewer than a tile step: the tail of a call) by weight rows [j0, j1), straight from the
+// weight blocks, bit for bit what amx_step gives them: per unit the exact int32 dot
+// (256-bit vpdpbusd of load_wblock's bytes, its lanes summed), then the epilogue's operations in scalar form, in the
+// same unit order (fmaf rounds as the vector FMA does).
+KRN_INLINE void amx_rows_direct(const amx_task *t, krn_type wt, int i0, int i1, int64_t j0, int64_t j1) {
+  const int G = amx_unit(wt), upb = KRN_QK / G, nb = t->k / KRN_QK, sg = wt_signed(wt);
+  const size_t rs = krn_row_size(wt, t->k), xs = (size_t)t->xa.nbp * KRN_QK;
+  float acc[AMX_ROWS];
+  for (int64_t j = j0; j < j1; j++) {
+    const void *wr = (const char *)t->w + (size_t)j * rs;
+    float kd[8] = {0}, km[8] = {0};
+    for (int i = i0; i < i1; i++) acc[i - i0] = 0;
+    for (int b = 0; b < nb; b++) {
+      if ((wt == KRN_Q4_K || wt == KRN_Q5_K) && b % 8 == 0)
+        kq_scales((const krn_block_q4_k *)((const char *)wr + (size_t)(b / 8) * (wt == KRN_Q4_K ? sizeof(krn_block_q4_k)
+                                                                                              : sizeof(krn_block_q5_k))),
+                  kd, km);
+      __m256i wa, wq = _mm256_setzero_si256();
+      __m256 vd;
+      float mw;
+      load_wblock(wr, wt, b, b % 8, kd, km, &wa, &wq, &vd, &mw);
+      float ds[8];
+      _mm256_storeu_ps(ds, vd);
+      for (int i = i0; i < i1; i++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(t->xa.qs + (size_t)i * xs + (size_t)b * KRN_QK));
+        // w x as |w| (unsigned) times x with w's sign: exact for every byte w
+        __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wa, sg ? _mm256_sign_epi8(x, wq) : x);
+        int32_t p[2] = {0, 0};
+        amx_unit_sums(d, upb, &p[0], &p[1]);
+        size_t xb = (size_t)i * t->xa.nbp + b;
+        float dx = t->xa.d[xb], a = acc[i - i0];
+        for (int h = 0; h < upb; h++) a = fmaf((float)p[h], ds[4 * h] * dx, a);
+        if (!sg) a = fmaf(mw, t->xa.s[xb], a);
+        acc[i - i0] = a;
+      }
+    }
+    for (int i = i0; i < i1; i++) t->y[(size_t)i * t->m + j] = acc[i - i0];
+  }
+}
+
+// Panels [lo, hi) of weight type wt against every activation row: full 32-row steps in tiles (weights repacked), the
+// rest straight from the weight blocks.
 KRN_INLINE void amx_panels(const amx_task *t, krn_type wt, int64_t lo, int64_t hi) {
+  const int full = t->n / AMX_ROWS * AMX_ROWS; // rows in full tile steps (n >= AMX_MIN_ROWS: at least one)
   const int G = amx_unit(wt), nu = t->k / G;
   amx_panel p;
   p.b = aligned_alloc(64, (size_t)t->k * AMX_COLS);
@@ -170,8 +233,10 @@ KRN_INLINE void amx_panels(const amx_task *t, krn_type wt, int64_t lo, int64_t h
   amx_regs R;
   AMX_CONFIG(&R, &cfg);
   for (int64_t pi = lo; pi < hi; pi++) {
-    amx_pack(t, wt, pi * AMX_COLS, &p);
-    for (int i0 = 0; i0 < t->n; i0 += AMX_ROWS) amx_step(&R, t, wt, &p, i0, pi * AMX_COLS);
+    int64_t j0 = pi * AMX_COLS, j1 = j0 + AMX_COLS < t->m ? j0 + AMX_COLS : t->m;
+    amx_pack(t, wt, j0, &p);
+    for (int i0 = 0; i0 < full; i0 += AMX_ROWS) amx_step(&R, t, wt, &p, i0, j0);
+    amx_rows_direct(t, wt, full, t->n, j0, j1);
   }
   AMX_RELEASE(&R);
   free(p.b);
@@ -211,24 +276,20 @@ static void amx_quant_run(void *vp, int ith, int nth) {
 }
 
 static void amx_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
-  if (n < AMX_MIN_ROWS || krn_cpu_is_float(wt) || !krn_cpu_mm_ok(wt, n, k, m)) {
+  if (n < AMX_MIN_ROWS || krn_cpu_is_float(wt) || !krn_cpu_mm_ok(wt, n, k, m) || m == 0) {
     krn_cpu_avx512_table()->matmul(c, y, w, wt, x, n, k, m); // which also answers bad shapes with NaN
     return;
   }
-  amx_task t = {y, w, wt, {0}, n, (n + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS, k, m};
+  amx_task t = {y, w, wt, {0}, n, k, m};
   int nbp = (k / KRN_QK + MR_CH - 1) / MR_CH * MR_CH;
   size_t per = (size_t)nbp * (KRN_QK + 2 * sizeof(float)); // one row's qs, d and s
-  void *buf = aligned_alloc(64, ((size_t)t.n_pad * per + 63) / 64 * 64);
+  void *buf = aligned_alloc(64, ((size_t)n * per + 63) / 64 * 64);
   if (!buf) abort(); // the activation's own size: only impossible sizes fail here
   t.xa.qs = buf;
-  t.xa.d = (float *)((char *)buf + (size_t)t.n_pad * nbp * KRN_QK);
-  t.xa.s = t.xa.d + (size_t)t.n_pad * nbp;
+  t.xa.d = (float *)((char *)buf + (size_t)n * nbp * KRN_QK);
+  t.xa.s = t.xa.d + (size_t)n * nbp;
   t.xa.nbp = nbp;
   t.xa.u8 = 0; // TDPBSSD: signed activation bytes for every weight form
-  // the padding rows multiply as zeros (their products are never stored)
-  memset(t.xa.qs + (size_t)n * nbp * KRN_QK, 0, (size_t)(t.n_pad - n) * nbp * KRN_QK);
-  memset(t.xa.d + (size_t)n * nbp, 0, (size_t)(t.n_pad - n) * nbp * sizeof(float));
-  memset(t.xa.s + (size_t)n * nbp, 0, (size_t)(t.n_pad - n) * nbp * sizeof(float));
   amx_quant_task q = {&t.xa, x, n, k};
   krn_cpu_par(c, amx_quant_run, &q);
   krn_cpu_par(c, amx_run, &t);

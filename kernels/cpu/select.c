@@ -88,8 +88,9 @@ const krn_backend *krn_cpu_best(void) {
     const krn_backend *b = krn_cpu_by_name(env);
     if (b) return b; // an unknown or unsupported name falls back to detection
   }
-  const krn_backend *b = krn_cpu_by_name("amx");
-  if (!b) b = krn_cpu_by_name("avx512");
+  // not "amx" (asked for by name only): its prefill rows round differently from the avx512 decode rows, so on it a
+  // sequence's logits depend on whether its step had 32 rows or more (amx_matmul.h)
+  const krn_backend *b = krn_cpu_by_name("avx512");
   if (!b) b = krn_cpu_by_name("avx2vnni");
   if (!b) b = krn_cpu_by_name("avx2");
   return b ? b : krn_cpu_scalar();

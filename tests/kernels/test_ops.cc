@@ -535,8 +535,7 @@ TEST(KrnSelect, ByNameAndBest) {
   ASSERT_NE(best, nullptr);
   // best is the widest backend this CPU has (when DSERVE_KERNELS does not say otherwise)
   if (!getenv("DSERVE_KERNELS")) {
-    const krn_backend *want = krn_cpu_by_name("amx");
-    if (!want) want = krn_cpu_by_name("avx512");
+    const krn_backend *want = krn_cpu_by_name("avx512"); // "amx" by name only
     if (!want) want = krn_cpu_by_name("avx2vnni");
     if (!want) want = krn_cpu_by_name("avx2");
     if (!want) want = krn_cpu_scalar();
