@@ -58,6 +58,20 @@ typedef struct amx_task {
   int n, k, m;
 } amx_task;
 
+// Block b of weight row wr through load_wblock (kd, km: the row's current Q4_K / Q5_K super-block scales, decoded
+// here at each super-block's first block), its per-lane scales into ds(8).
+KRN_INLINE void amx_wblock(const void *wr, krn_type wt, int b, float *kd, float *km, __m256i *wa, __m256i *wq, float *ds,
+                           float *mw) {
+  if ((wt == KRN_Q4_K || wt == KRN_Q5_K) && b % 8 == 0)
+    kq_scales((const krn_block_q4_k *)((const char *)wr +
+                                       (size_t)(b / 8) * (wt == KRN_Q4_K ? sizeof(krn_block_q4_k) : sizeof(krn_block_q5_k))),
+              kd, km);
+  __m256 vd;
+  *wq = _mm256_setzero_si256();
+  load_wblock(wr, wt, b, b % 8, kd, km, wa, wq, &vd, mw);
+  _mm256_storeu_ps(ds, vd);
+}
+
 // Weight rows [j0, j0 + AMX_COLS) into p (wt a constant after inlining).
 KRN_INLINE void amx_pack(const amx_task *t, krn_type wt, int64_t j0, const amx_panel *p) {
   const int G = amx_unit(wt), L = G / 4, upb = KRN_QK / G, nb = t->k / KRN_QK, nu = t->k / G;
@@ -74,18 +88,11 @@ KRN_INLINE void amx_pack(const amx_task *t, krn_type wt, int64_t j0, const amx_p
     const void *wr = (const char *)t->w + (size_t)(j0 + c) * rs;
     float kd[8] = {0}, km[8] = {0};
     for (int b = 0; b < nb; b++) {
-      if ((wt == KRN_Q4_K || wt == KRN_Q5_K) && b % 8 == 0)
-        kq_scales((const krn_block_q4_k *)((const char *)wr + (size_t)(b / 8) * (wt == KRN_Q4_K ? sizeof(krn_block_q4_k)
-                                                                                              : sizeof(krn_block_q5_k))),
-                  kd, km);
-      __m256i wa, wq = _mm256_setzero_si256();
-      __m256 vd;
-      float mw;
-      load_wblock(wr, wt, b, b % 8, kd, km, &wa, &wq, &vd, &mw);
+      __m256i wa, wq;
+      float ds[8], mw;
+      amx_wblock(wr, wt, b, kd, km, &wa, &wq, ds, &mw);
       int32_t lanes[8];
-      float ds[8];
       _mm256_storeu_si256((__m256i *)lanes, wt_signed(wt) ? wq : wa);
-      _mm256_storeu_ps(ds, vd);
       for (int l = 0; l < 8; l++) col[((size_t)2 * (b * upb + l / L) * L + l % L) * 16] = lanes[l];
       for (int h = 0; h < upb; h++) {
         p->dw[(size_t)(b * upb + h) * AMX_COLS + c] = ds[4 * h]; // Q6_K: lanes 0-3 the first 16 elements' scale
@@ -191,16 +198,9 @@ KRN_INLINE void amx_rows_direct(const amx_task *t, krn_type wt, int i0, int i1, 
     float kd[8] = {0}, km[8] = {0};
     for (int i = i0; i < i1; i++) acc[i - i0] = 0;
     for (int b = 0; b < nb; b++) {
-      if ((wt == KRN_Q4_K || wt == KRN_Q5_K) && b % 8 == 0)
-        kq_scales((const krn_block_q4_k *)((const char *)wr + (size_t)(b / 8) * (wt == KRN_Q4_K ? sizeof(krn_block_q4_k)
-                                                                                              : sizeof(krn_block_q5_k))),
-                  kd, km);
-      __m256i wa, wq = _mm256_setzero_si256();
-      __m256 vd;
-      float mw;
-      load_wblock(wr, wt, b, b % 8, kd, km, &wa, &wq, &vd, &mw);
-      float ds[8];
-      _mm256_storeu_ps(ds, vd);
+      __m256i wa, wq;
+      float ds[8], mw;
+      amx_wblock(wr, wt, b, kd, km, &wa, &wq, ds, &mw);
       for (int i = i0; i < i1; i++) {
         __m256i x = _mm256_loadu_si256((const __m256i *)(t->xa.qs + (size_t)i * xs + (size_t)b * KRN_QK));
         // w x as |w| (unsigned) times x with w's sign: exact for every byte w
