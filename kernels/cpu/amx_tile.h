@@ -18,6 +18,11 @@ typedef struct amx_cfg {
   uint16_t colsb[16];  // bytes per row of tile i (i < 8)
   uint8_t rows[16];    // rows of tile i (i < 8)
 } amx_cfg;
+#ifdef __cplusplus
+static_assert(sizeof(amx_cfg) == 64, "LDTILECFG reads 64 bytes");
+#else
+_Static_assert(sizeof(amx_cfg) == 64, "LDTILECFG reads 64 bytes");
+#endif
 
 #ifdef KRN_AMX_EMULATE
 // The tile registers of one thread, as the emulation keeps them (the hardware keeps them per thread too).
