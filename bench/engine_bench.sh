@@ -2,7 +2,9 @@
 # bench/engine_bench.sh: dserve's CPU engine side by side with llama.cpp on the same GGUF and thread count.
 # Prints prompt processing (512 tokens), decode at batch 1 (128 tokens) and decode summed over 8 sequences,
 # each as a dserve/llama.cpp ratio and as a share of the memory roofline (read bandwidth probed in the same run), and
-# dserve's batch-8 aggregate over its own batch 1.
+# dserve's batch-8 aggregate over its own batch 1. Where the CPU has AMX (the amx kernels are asked for by name), also
+# prompt processing with --kernels amx and --kernels avx512 in the same run: amx/avx512 and amx/llama-bench; elsewhere
+# one line saying that AMX is absent, so those targets were not measured.
 # The peer is llama.cpp's llama-bench and llama-batched-bench, built once by bench/peer.sh (cached outside the repo).
 # Env: MODEL (GGUF), THREADS (2), BUILD (build folder, default build-bench), KERNELS (auto), PP (512), TG (128),
 #      BATCH (8).
@@ -26,6 +28,19 @@ echo "engine_bench: dserve generate --bench ($kernels kernels, $threads threads)
 ds=$("$build/dserve" generate --model "$model" --bench --threads "$threads" --kernels "$kernels" \
      --bench-prompt "$pp" --bench-gen "$tg" --bench-batch "$batch")
 echo "$ds" >&2
+
+# AMX (Intel Xeons with amx-int8): the amx kernels' prompt processing against dserve's own avx512 path, same run.
+auto_kernels=$("$build/dserve" inspect "$model" | sed -n 's/^kernels (auto) *//p') # "avx512 (amx: not on this CPU)"
+why=$(echo "$auto_kernels" | sed -n 's/.*(amx: \(.*\))$/\1/p')
+if [ "$why" = "present, not chosen" ]; then
+  for k in amx avx512; do
+    echo "engine_bench: dserve generate --bench ($k kernels, $threads threads: prompt processing)" >&2
+    out=$("$build/dserve" generate --model "$model" --bench --threads "$threads" --kernels "$k" \
+          --bench-prompt "$pp" --bench-gen "$tg" --bench-batch "$batch")
+    echo "$out" >&2
+    if [ "$k" = amx ]; then dsamx=$out; else ds512=$out; fi
+  done
+fi
 
 echo "engine_bench: llama.cpp (llama-bench, llama-batched-bench from bench/peer.sh) with $threads threads" >&2
 lclog=$(mktemp); trap 'rm -f "$lclog"' EXIT
@@ -76,3 +91,10 @@ awk -v a="$ds_pp" -v b="$lc_pp" -v c="$ds_t1" -v d="$lc_t1" -v e="$ds_tb" -v f="
   printf "dserve batch %d / batch 1    %9.2fx                        >= 3x\n", B, e / c
   printf "roofline: %.1f GB/s read with %s threads, %.1f MiB of weights a step: batch 1 <= %.1f tok/s, batch %d <= %.1f\n", bw, th, wmib, roof, B, B * roof
 }'
+if [ "$why" = "present, not chosen" ]; then
+  awk -v a="$(get "$dsamx" "pp$pp")" -v v="$(get "$ds512" "pp$pp")" -v b="$lc_pp" -v pp="$pp" 'BEGIN {
+  printf "prompt processing (%d tok) amx %9.1f  avx512 %9.1f   amx/avx512 %5.2fx (target >= 2x)   amx/llama-bench %5.2fx (target >= 4x)\n", pp, a, v, a / v, a / b
+}'
+else
+  echo "amx: ${why:-not compared (DSERVE_KERNELS picks $auto_kernels)}; the AMX targets (pp$pp >= 2x dserve's avx512, >= 4x llama-bench) were not measured"
+fi

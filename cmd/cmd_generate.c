@@ -41,7 +41,7 @@ static void usage(FILE *f) {
           "  --top-p P           (default 1 = off)\n"
           "  --chat              wrap the prompt in the model's chat template\n"
           "  --threads N         cpu threads (default: number of CPUs)\n"
-          "  --kernels K         scalar|avx2|avx2vnni|avx512|auto|cuda (default auto)\n"
+          "  --kernels K         scalar|avx2|avx2vnni|avx512|amx|auto|cuda (default auto)\n"
           "  --bench             time prompt processing and decode at batch 1 and batch B (no text)\n"
           "  --bench-ctx N       the context (tokens) each decoding sequence starts from (default 16; untimed)\n"
           "  --bench-chunks L    time engine steps instead: batch decode rows at context N with one prefill chunk of each\n"

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cmd/cmds.h"
+#include "kernels/krn.h"
 #include "models/gguf.h"
 #include "models/tokenizer.h"
 
@@ -11,7 +12,8 @@
 static int inspect_usage(const char *name, int help) {
   fprintf(help ? stdout : stderr,
           "usage: dserve %s MODEL.gguf [--tensors]\n"
-          "  prints the GGUF's architecture, hyper-parameters, tokenizer and chat template\n"
+          "  prints the GGUF's architecture, hyper-parameters, tokenizer and chat template, and the CPU kernels\n"
+          "  `--kernels auto` runs on this machine\n"
           "  --tensors   also every tensor's name, type and shape\n",
           name);
   return help ? 0 : 2;
@@ -117,6 +119,9 @@ int cmd_inspect(int argc, char **argv) {
     if (per_type[t])
       printf("  %-20s %llu tensors, %.2f MiB\n", krn_type_name(t), (unsigned long long)per_type[t], bytes_type[t] / 1048576.0);
   printf("%-22s %.2f MiB\n", "tensor data", total / 1048576.0);
+  char kernels[160]; // what `--kernels auto` (or DSERVE_KERNELS) runs on this machine, and why not amx
+  krn_describe(krn_cpu_best(), kernels, sizeof kernels);
+  printf("%-22s %s\n", "kernels (auto)", kernels);
   if (tensors) {
     for (uint64_t i = 0; i < g->n_tensors; i++) {
       const mdl_gguf_tensor *t = &g->tensors[i];

@@ -7,7 +7,7 @@
 #include <string.h>
 
 int cmd_model_opts_ok(const char *cmd, const char *model, const char *kernels) {
-  static const char *const known[] = {"auto", "scalar", "avx2", "avx2vnni", "avx512", "cuda"};
+  static const char *const known[] = {"auto", "scalar", "avx2", "avx2vnni", "avx512", "amx", "cuda"};
   size_t i = 0;
   while (i < sizeof known / sizeof known[0] && strcmp(kernels, known[i])) i++;
   if (i == sizeof known / sizeof known[0]) {

@@ -39,7 +39,7 @@ typedef struct cmd_model {
 } cmd_model;
 
 // The names --kernels takes, for usage lines and errors.
-#define CMD_KERNELS "scalar, avx2, avx2vnni, avx512, auto, cuda"
+#define CMD_KERNELS "scalar, avx2, avx2vnni, avx512, amx, auto, cuda"
 // The options every local-model subcommand checks: --kernels names one of CMD_KERNELS (whether this machine has it is
 // found at open) and --model is given. 0, or -1 after saying which on stderr as "dserve CMD: ...".
 int cmd_model_opts_ok(const char *cmd, const char *model, const char *kernels);

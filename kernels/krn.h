@@ -216,8 +216,14 @@ void krn_host_unregister(krn_ctx *c, void *host);
 int krn_ctx_error(krn_ctx *c, char *err, size_t errlen);
 
 const krn_backend *krn_cpu_scalar(void);               // the reference every backend is tested against
-const krn_backend *krn_cpu_best(void);                 // avx512 > avx2vnni > avx2 > scalar by CPU features (or DSERVE_KERNELS)
+const krn_backend *krn_cpu_best(void);                 // avx512 > avx2vnni > avx2 > scalar by CPU features (or DSERVE_KERNELS;
+                                                       // "amx" is picked by name only: its rounding depends on batch size)
 const krn_backend *krn_cpu_by_name(const char *name);  // NULL when unknown or not supported by this CPU
+// Why the "amx" table is not offered on this machine ("not on this CPU", ...), or NULL when it is. The first call
+// asks Linux for this process's permission to use AMX tile data (once per process: the permission is the process's).
+const char *krn_cpu_amx_absent(void);
+// What runs, for logs: "amx", "avx512 (amx: not on this CPU)", "avx512 (amx: present, not chosen)", "cuda".
+void krn_describe(const krn_backend *be, char *out, size_t outlen);
 const krn_backend *krn_cuda(void);                     // NULL when built without CUDA
 int krn_cuda_device_count(void);                       // 0 without CUDA or without a GPU
 

@@ -120,8 +120,10 @@ int wrk_shell_peer(const wrk_shell *sh, const char *name, cfg_worker *out) {
 
 void wrk_shell_announce(const wrk_shell *sh) {
   const wrk_runtime *rt = sh->rt;
-  utl_log(sh->wc->name, "%s worker listening on %s:%d (%d KV blocks, %s kernels, %d threads%s%s)", sh->o.role, sh->wc->host, ctl_hub_port(sh->hub), kv_pool_total_blocks(rt->kv),
-          rt->kc.be->name, krn_pool_threads(rt->pool), sh->kvx ? ", kvxfer " : "",
+  char kernels[160];
+  krn_describe(rt->kc.be, kernels, sizeof kernels);
+  utl_log(sh->wc->name, "%s worker listening on %s:%d (%d KV blocks, kernels: %s, %d threads%s%s)", sh->o.role, sh->wc->host, ctl_hub_port(sh->hub), kv_pool_total_blocks(rt->kv),
+          kernels, krn_pool_threads(rt->pool), sh->kvx ? ", kvxfer " : "",
           sh->kvx ? kvx_agent_backend(sh->kvx) : "");
 }
 

@@ -6,6 +6,10 @@
 
 #include "kernels/krn.h"
 
+#ifdef __cplusplus
+extern "C" { // tests/kernels reaches the amx emulated table through this header
+#endif
+
 // An activation block quantized on the fly: x[j] ~= d * qs[j]; s = d * sum(qs) (for the Q4_1 offset term).
 typedef struct krn_q8x {
   float d, s;
@@ -91,5 +95,12 @@ static inline void krn_cpu_fill_nan(float *out, int64_t n) {
 const krn_backend *krn_cpu_avx2_table(void);   // only call when the CPU has AVX2+FMA+F16C
 const krn_backend *krn_cpu_avx2vnni_table(void); // only call when the CPU has AVX2+FMA+F16C+AVX-VNNI
 const krn_backend *krn_cpu_avx512_table(void); // only call when the CPU has AVX-512 F/BW/VL/DQ/VNNI
+const krn_backend *krn_cpu_amx_table(void);    // only call when the CPU has AVX-512 and usable AMX (krn_cpu_amx_absent)
+// The amx kernel over plain-C tiles (amx_tile.h): a test instrument for CPUs without AMX, not a backend anyone picks
+// (krn_cpu_by_name does not know it). Only call when the CPU has AVX-512.
+const krn_backend *krn_cpu_amx_emulated_table(void);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

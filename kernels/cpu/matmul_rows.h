@@ -1,6 +1,7 @@
 // kernels/cpu/matmul_rows.h: the SIMD backends' quantized matmul: tiles of MR_W weight rows x up to MR_R
 // activation rows, each weight block unpacked once into registers and dotted against every activation row of the
-// tile (row loop innermost), accumulating in registers. Included by simd_matmul.h (after load_wblock).
+// tile (row loop innermost), accumulating in registers. Included by simd_matmul.h; amx_matmul.h quantizes its
+// activations with mr_quant_row.
 //
 // AVX-512 (KRN_W512): two 32-element blocks per 512-bit vector, int8 dots by VNNI vpdpbusd. Signed weights
 // (Q8_0, Q6_K) take the activation as unsigned bytes xq + 128 (stored that way when quantizing) and start the dot's
@@ -12,6 +13,11 @@
 //
 // Every (weight row, activation row) pair goes through the same sequence of operations whatever the tile shape
 // (NW, R) or the batch, so a sequence's logits do not depend on the batch it runs in (tests/kernels checks it).
+#ifndef DSERVE_KRN_CPU_MATMUL_ROWS_H
+#define DSERVE_KRN_CPU_MATMUL_ROWS_H
+
+#include "kernels/cpu/simd_wblock.h"
+
 #ifdef KRN_W512
 #define MR_PB 2  // 32-element blocks per integer vector
 #define MR_CH 16 // blocks per offset chunk: one float vector of per-block offsets
@@ -284,3 +290,5 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
   MR_UNROLL for (int w = 0; w < NW; w++)
     MR_UNROLL for (int r = 0; r < R; r++) out[w * MR_R + r] = v_hsum(acc[w][r]);
 }
+
+#endif

@@ -129,6 +129,29 @@ inline std::vector<double> dequant_row(const uint8_t *w, krn_type t, int k, int 
   return out;
 }
 
+// Every row of w (m rows of k elements of type t), dequantized.
+inline std::vector<std::vector<double>> dequant_rows(const uint8_t *w, krn_type t, int k, int m) {
+  std::vector<std::vector<double>> rows;
+  for (int j = 0; j < m; j++) rows.push_back(dequant_row(w, t, k, j));
+  return rows;
+}
+
+// What a product of dequantized weight row wd(k) with activation row x(k) may be off by on a SIMD backend: *mag =
+// sum|w||x| (float rounding: 1e-5 of it), *qbound = sum over blocks b of max|x_b| / 127 / 2 * sum_b |w| (each
+// activation element moves by at most half its block's int8 step).
+inline void matmul_bounds(const std::vector<double> &wd, const float *x, int k, double *mag, double *qbound) {
+  *mag = *qbound = 0;
+  for (int b = 0; b < k / 32; b++) {
+    double amax = 0, wabs = 0;
+    for (int e = b * 32; e < b * 32 + 32; e++) {
+      *mag += std::fabs(wd[e] * x[e]);
+      amax = std::max(amax, std::fabs((double)x[e]));
+      wabs += std::fabs(wd[e]);
+    }
+    *qbound += amax / 127 / 2 * wabs;
+  }
+}
+
 inline std::vector<float> random_floats(std::mt19937 &rng, size_t n, float lo = -1, float hi = 1) {
   std::uniform_real_distribution<float> u(lo, hi);
   std::vector<float> v(n);

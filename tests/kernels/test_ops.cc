@@ -76,8 +76,7 @@ TEST_P(KrnOps, MatmulAllTypesAwkwardSizes) {
     for (int k : krn_type_block(t) == KRN_QK_K ? ks256 : ks32) {
       for (int m : ms) {
         auto w = random_weights(rng, t, m, k);
-        std::vector<std::vector<double>> wd;
-        for (int j = 0; j < m; j++) wd.push_back(dequant_row(w.data(), t, k, j));
+        auto wd = dequant_rows(w.data(), t, k, m);
         for (int n : ns) {
           auto x = random_floats(rng, (size_t)n * k);
           for (int e = 0; e < k; e += 13) x[e] *= 8; // outliers within a block
@@ -122,8 +121,7 @@ TEST_P(KrnOps, MatmulRowTilesMatchScalar) {
     for (int k : krn_type_block(t) == KRN_QK_K ? ks256 : ks32) {
       const int m = 37;
       auto w = random_weights(rng, t, m, k);
-      std::vector<std::vector<double>> wd;
-      for (int j = 0; j < m; j++) wd.push_back(dequant_row(w.data(), t, k, j));
+      auto wd = dequant_rows(w.data(), t, k, m);
       for (int n = 1; n <= 16; n++) {
         auto x = random_floats(rng, (size_t)n * k);
         for (int e = 5; e < n * k; e += 29) x[e] *= 8;
@@ -132,17 +130,8 @@ TEST_P(KrnOps, MatmulRowTilesMatchScalar) {
         ref->matmul(&rctx, yr.data(), w.data(), t, x.data(), n, k, m);
         for (int i = 0; i < n; i++) {
           for (int j = 0; j < m; j++) {
-            double mag = 0, qbound = 0;
-            for (int b = 0; b < k / 32; b++) {
-              double amax = 0, wabs = 0;
-              for (int e = b * 32; e < b * 32 + 32; e++) {
-                double xv = x[(size_t)i * k + e];
-                mag += std::fabs(wd[j][e] * xv);
-                amax = std::max(amax, std::fabs(xv));
-                wabs += std::fabs(wd[j][e]);
-              }
-              qbound += amax / 127 / 2 * wabs;
-            }
+            double mag, qbound;
+            matmul_bounds(wd[j], &x[(size_t)i * k], k, &mag, &qbound);
             bool quantized = t != KRN_F32 && t != KRN_F16 && !is_scalar();
             double tol = (quantized ? 1.01 * qbound : 0) + 1e-5 * mag + 1e-30;
             ASSERT_NEAR(y[(size_t)i * m + j], yr[(size_t)i * m + j], tol)
@@ -533,7 +522,7 @@ TEST_P(KrnOps, BadShapesGiveNaN) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, KrnOps,
-                         ::testing::Combine(::testing::Values("scalar", "avx2", "avx2vnni", "avx512"), ::testing::Values(1, 3)),
+                         ::testing::Combine(::testing::Values("scalar", "avx2", "avx2vnni", "avx512", "amx"), ::testing::Values(1, 3)),
                          [](const auto &info) {
                            return std::string(std::get<0>(info.param)) + "_t" + std::to_string(std::get<1>(info.param));
                          });
@@ -546,7 +535,7 @@ TEST(KrnSelect, ByNameAndBest) {
   ASSERT_NE(best, nullptr);
   // best is the widest backend this CPU has (when DSERVE_KERNELS does not say otherwise)
   if (!getenv("DSERVE_KERNELS")) {
-    const krn_backend *want = krn_cpu_by_name("avx512");
+    const krn_backend *want = krn_cpu_by_name("avx512"); // "amx" by name only
     if (!want) want = krn_cpu_by_name("avx2vnni");
     if (!want) want = krn_cpu_by_name("avx2");
     if (!want) want = krn_cpu_scalar();
