@@ -49,6 +49,8 @@ typedef struct mdl_sampler mdl_sampler;
 int mdl_sampler_new(const mdl_sampling *s, int n_vocab, const int32_t *prompt, int n_prompt, mdl_sampler **out,
                     char *err, size_t errlen);
 void mdl_sampler_free(mdl_sampler *s);
+// Index of the largest of v(n), ties to the lowest index; NaN never wins (0 when nothing beats -inf).
+int mdl_argmax(const float *v, int n);
 // Picks the next token from logits (n_vocab) (not modified) and records it in the history. With a grammar, the
 // tokens it does not allow are masked out first (before bias, penalties and filters) and the token advances it.
 void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out);

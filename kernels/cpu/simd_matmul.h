@@ -221,8 +221,21 @@ KRN_INLINE void mm_block_f(const mm_task *t, krn_type wt, int64_t j0, int64_t j1
   }
 }
 
+#ifdef KRN_W512
+#include "kernels/cpu/matmul_x16.h"
+#define MM_X16(t) mx_type(t)
+#else
+#define MM_X16(t) 0
+#endif
+
 static void mm_run(void *vp, int ith, int nth) {
   const mm_task *t = vp;
+#ifdef KRN_W512
+  if (MM_X16(t->wt)) {
+    mx_run(t, ith, nth);
+    return;
+  }
+#endif
   int64_t lo, hi;
   krn_cpu_range(t->m, ith, nth, &lo, &hi);
   for (int64_t j0 = lo; j0 < hi; j0 += MM_JBLOCK) {
@@ -269,14 +282,15 @@ static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const 
   void *buf = NULL;
   if (!krn_cpu_is_float(wt)) {
     int nbp = (k / KRN_QK + MR_CH - 1) / MR_CH * MR_CH;
-    size_t per = (size_t)nbp * (KRN_QK + 2 * sizeof(float)); // one row's qs, d and s
+    size_t per = (size_t)nbp * (KRN_QK + 3 * sizeof(float)); // one row's qs, d, s and c
     buf = aligned_alloc(64, ((size_t)n * per + 63) / 64 * 64 + 64);
     if (!buf) abort(); // the activation's own size: only impossible sizes fail here
     t.xa.qs = buf;
     t.xa.d = (float *)((char *)buf + (size_t)n * nbp * KRN_QK);
     t.xa.s = t.xa.d + (size_t)n * nbp;
+    t.xa.c = (int32_t *)(t.xa.s + (size_t)n * nbp);
     t.xa.nbp = nbp;
-    t.xa.u8 = MR_U8 && wt_signed(wt);
+    t.xa.u8 = MR_U8 && wt_signed(wt) && !MM_X16(wt); // matmul_x16.h takes the signed bytes
     q8_task q = {&t.xa, x, n, k};
     if (par && n >= 8) krn_cpu_par(c, q8_run, &q);
     else q8_run(&q, 0, 1);
