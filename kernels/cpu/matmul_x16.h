@@ -1,5 +1,5 @@
-// kernels/cpu/matmul_x16.h: the AVX-512 matmul of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) with 16
-// weight rows per vector. Included by simd_matmul.h (KRN_W512 only), which sends those types here for every n.
+// kernels/cpu/matmul_x16.h: the AVX-512 matmul of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K with 16 weight rows
+// per vector. Included by simd_matmul.h (KRN_W512 only), which sends those types here for every n.
 //
 // Why: matmul_rows.h dots one weight row per 256-bit half, so each 64 multiply-adds of a (weight row, activation
 // row) pair cost a vpdpbusd plus a convert, a multiply and an FMA to apply the two blocks' scales; at n = 8 on
@@ -22,9 +22,11 @@
 #define MX_R 8     // activation rows per tile
 
 KRN_INLINE int mx_type(krn_type t) {
-  return t == KRN_Q4_0 || t == KRN_Q4_1 || t == KRN_Q5_0 || t == KRN_Q5_1 || t == KRN_Q8_0;
+  return t == KRN_Q4_0 || t == KRN_Q4_1 || t == KRN_Q5_0 || t == KRN_Q5_1 || t == KRN_Q8_0 || t == KRN_Q4_K ||
+         t == KRN_Q5_K;
 }
-KRN_INLINE int mx_min(krn_type t) { return t == KRN_Q4_1 || t == KRN_Q5_1; }
+// w = d q + m: an offset per block (the K-quants' sub-blocks: d = d sc[s], m = -dmin m[s])
+KRN_INLINE int mx_min(krn_type t) { return t == KRN_Q4_1 || t == KRN_Q5_1 || t == KRN_Q4_K || t == KRN_Q5_K; }
 
 typedef struct mx_panel {
   __m512i q[MX_KC][8]; // block b: q[b][g] lane i = elements 4g..4g+3 of row i (u8 as above)
@@ -113,6 +115,63 @@ KRN_INLINE void mx_pack_block(mx_panel *p, int pb, krn_type wt, const char *cons
   }
 }
 
+KRN_INLINE __m512i mx_srl32(__m512i v, int n) { return _mm512_srl_epi32(v, _mm_cvtsi32_si128(n)); }
+
+// Q4_K / Q5_K super-block sb of the 16 rows at rp[i] into slots pb..pb+7 of p (its 8 sub-blocks of 32): the 6-bit
+// scales and mins of 16 rows decoded side by side (krn_k_scale_min per lane), the quants of sub-blocks 2t and
+// 2t + 1 from one transpose of their 32 shared bytes (low and high nibbles).
+KRN_INLINE void mx_pack_k(mx_panel *p, int pb, krn_type wt, const char *const *rp, __m512i gi, int sb) {
+  size_t off = (size_t)sb * krn_type_block_bytes(wt);
+  const char *b0 = rp[0] + off;
+  __m512i dd = _mm512_i32gather_epi32(gi, b0, 1); // d, dmin
+  __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+  __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+  __m512i s0 = _mm512_i32gather_epi32(gi, b0 + 4, 1), s1 = _mm512_i32gather_epi32(gi, b0 + 8, 1);
+  __m512i s2 = _mm512_i32gather_epi32(gi, b0 + 12, 1); // scales[0..3], [4..7], [8..11]
+  const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+  for (int j = 0; j < 8; j++) {
+    int sh = 8 * (j & 3);
+    __m512i sc, mn;
+    if (j < 4) {
+      sc = _mm512_and_si512(mx_srl32(s0, sh), m6);
+      mn = _mm512_and_si512(mx_srl32(s1, sh), m6);
+    } else {
+      sc = _mm512_or_si512(_mm512_and_si512(mx_srl32(s2, sh), m4),
+                           _mm512_slli_epi32(_mm512_and_si512(mx_srl32(s0, sh + 6), m2), 4));
+      mn = _mm512_or_si512(_mm512_and_si512(mx_srl32(s2, sh + 4), m4),
+                           _mm512_slli_epi32(_mm512_and_si512(mx_srl32(s1, sh + 6), m2), 4));
+    }
+    p->d[pb + j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+    p->m[pb + j] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn)));
+  }
+  size_t qo = wt == KRN_Q4_K ? offsetof(krn_block_q4_k, qs) : offsetof(krn_block_q5_k, qs);
+  __m512i r[8], h[8];
+  if (wt == KRN_Q5_K) { // the fifth bit of element l of sub-block s: bit s of qh[l]
+    for (int i = 0; i < 8; i++)
+      r[i] = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rp[i] + off + offsetof(krn_block_q5_k, qh)))),
+          _mm256_loadu_si256((const __m256i *)(rp[i + 8] + off + offsetof(krn_block_q5_k, qh))), 1);
+    mx_transpose8(r, h);
+  }
+  const __m512i nib = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+  for (int t = 0; t < 4; t++) {
+    __m512i *qa = p->q[pb + 2 * t], *qb = p->q[pb + 2 * t + 1];
+    for (int i = 0; i < 8; i++)
+      r[i] = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rp[i] + off + qo + 32 * t))),
+          _mm256_loadu_si256((const __m256i *)(rp[i + 8] + off + qo + 32 * t)), 1);
+    mx_transpose8(r, qa);
+    for (int g = 0; g < 8; g++) {
+      qb[g] = _mm512_and_si512(_mm512_srli_epi32(qa[g], 4), nib);
+      qa[g] = _mm512_and_si512(qa[g], nib);
+      if (wt == KRN_Q5_K) {
+        qa[g] = _mm512_or_si512(qa[g], _mm512_slli_epi32(_mm512_and_si512(mx_srl32(h[g], 2 * t), one), 4));
+        qb[g] = _mm512_or_si512(qb[g], _mm512_slli_epi32(_mm512_and_si512(mx_srl32(h[g], 2 * t + 1), one), 4));
+      }
+    }
+  }
+}
+
 // acc[r] (16 weight rows) += the panel's nbc blocks dotted with activation row i0 + r's blocks b0.. (r < R).
 KRN_INLINE void mx_rows(const mx_panel *p, int nbc, krn_type wt, const mr_act *xa, int b0, int i0, int R,
                         __m512 *acc) {
@@ -168,7 +227,11 @@ KRN_INLINE void mx_groups(const mm_task *t, krn_type wt, mx_panel *p, int64_t g0
       for (int b = 0; b < nbc; b++) {
         for (size_t l = lines * (size_t)(b0 + b) / nb; l < lines * (size_t)(b0 + b + 1) / nb; l++)
           _mm_prefetch(next + 64 * l, _MM_HINT_T1);
-        mx_pack_block(p, b, wt, rp, gi, b0 + b);
+        if (wt == KRN_Q4_K || wt == KRN_Q5_K) {
+          if (b % 8 == 0) mx_pack_k(p, b, wt, rp, gi, (b0 + b) / 8); // MX_KC is whole super-blocks
+        } else {
+          mx_pack_block(p, b, wt, rp, gi, b0 + b);
+        }
       }
       int i = 0;
       for (; i + MX_R <= t->n; i += MX_R) mx_tile(p, nbc, wt, &t->xa, b0, i, MX_R, t->y, t->m, j, wm);
@@ -195,6 +258,8 @@ static void mx_run(const mm_task *t, int ith, int nth) {
   case KRN_Q4_1: mx_groups(t, KRN_Q4_1, p, g0, g1); break;
   case KRN_Q5_0: mx_groups(t, KRN_Q5_0, p, g0, g1); break;
   case KRN_Q5_1: mx_groups(t, KRN_Q5_1, p, g0, g1); break;
+  case KRN_Q4_K: mx_groups(t, KRN_Q4_K, p, g0, g1); break;
+  case KRN_Q5_K: mx_groups(t, KRN_Q5_K, p, g0, g1); break;
   default: mx_groups(t, KRN_Q8_0, p, g0, g1); break;
   }
   free(p);
