@@ -42,12 +42,13 @@ typedef struct mr_act {
   float *d;   // (n, nbp) block scales
   float *s;   // (n, nbp) d * sum(qs) per block
   int32_t *c; // (n, nbp) -128 * sum(qs) per block (matmul_x16.h's correction for its q + 128 weight bytes)
+  int32_t *c16; // (n, nbp) the same over the block's first 16 elements (Q6_K's half-block scales there)
   int nbp;    // blocks per row rounded up to MR_CH
   int u8;     // qs holds q + 128 (AVX-512, signed weight types)
 } mr_act;
 
 // Quantize one 32-element block (round to nearest, d = max|x| / 127; same as krn_scalar_quant_row_q8x).
-KRN_INLINE void mr_quant_block(const float *xb, int8_t *qs, float *d, float *s, int32_t *cs, int u8) {
+KRN_INLINE void mr_quant_block(const float *xb, int8_t *qs, float *d, float *s, int32_t *cs, int32_t *cs16, int u8) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 a = _mm256_loadu_ps(xb), b = _mm256_loadu_ps(xb + 8), c = _mm256_loadu_ps(xb + 16), e = _mm256_loadu_ps(xb + 24);
   __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)),
@@ -70,6 +71,11 @@ KRN_INLINE void mr_quant_block(const float *xb, int8_t *qs, float *d, float *s, 
   *d = dd;
   *s = dd * (float)_mm_cvtsi128_si32(s2);
   *cs = -128 * _mm_cvtsi128_si32(s2);
+  __m256i l4 = _mm256_add_epi32(ia, ib); // elements 0-15
+  __m128i l2 = _mm_add_epi32(_mm256_castsi256_si128(l4), _mm256_extracti128_si256(l4, 1));
+  l2 = _mm_add_epi32(l2, _mm_shuffle_epi32(l2, 0x4e));
+  l2 = _mm_add_epi32(l2, _mm_shuffle_epi32(l2, 0xb1));
+  *cs16 = -128 * _mm_cvtsi128_si32(l2);
 }
 
 // Row i of x(k) into a's row i, padding included.
@@ -77,13 +83,13 @@ static void mr_quant_row(const mr_act *a, const float *x, int k, int64_t i) {
   int nb = k / KRN_QK;
   int8_t *qs = a->qs + (size_t)i * a->nbp * KRN_QK;
   float *d = a->d + (size_t)i * a->nbp, *s = a->s + (size_t)i * a->nbp;
-  int32_t *c = a->c + (size_t)i * a->nbp;
+  int32_t *c = a->c + (size_t)i * a->nbp, *c16 = a->c16 + (size_t)i * a->nbp;
   for (int b = 0; b < nb; b++)
-    mr_quant_block(x + (size_t)b * KRN_QK, qs + (size_t)b * KRN_QK, d + b, s + b, c + b, a->u8);
+    mr_quant_block(x + (size_t)b * KRN_QK, qs + (size_t)b * KRN_QK, d + b, s + b, c + b, c16 + b, a->u8);
   memset(qs + (size_t)nb * KRN_QK, a->u8 ? 0x80 : 0, (size_t)(a->nbp - nb) * KRN_QK);
   for (int b = nb; b < a->nbp; b++) {
     d[b] = s[b] = 0;
-    c[b] = 0;
+    c[b] = c16[b] = 0;
   }
 }
 

@@ -282,13 +282,14 @@ static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const 
   void *buf = NULL;
   if (!krn_cpu_is_float(wt)) {
     int nbp = (k / KRN_QK + MR_CH - 1) / MR_CH * MR_CH;
-    size_t per = (size_t)nbp * (KRN_QK + 3 * sizeof(float)); // one row's qs, d, s and c
+    size_t per = (size_t)nbp * (KRN_QK + 4 * sizeof(float)); // one row's qs, d, s, c and c16
     buf = aligned_alloc(64, ((size_t)n * per + 63) / 64 * 64 + 64);
     if (!buf) abort(); // the activation's own size: only impossible sizes fail here
     t.xa.qs = buf;
     t.xa.d = (float *)((char *)buf + (size_t)n * nbp * KRN_QK);
     t.xa.s = t.xa.d + (size_t)n * nbp;
     t.xa.c = (int32_t *)(t.xa.s + (size_t)n * nbp);
+    t.xa.c16 = t.xa.c + (size_t)n * nbp;
     t.xa.nbp = nbp;
     t.xa.u8 = MR_U8 && wt_signed(wt) && !MM_X16(wt); // matmul_x16.h takes the signed bytes
     q8_task q = {&t.xa, x, n, k};
