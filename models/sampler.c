@@ -273,9 +273,10 @@ void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out) {
   int V = s->n_vocab;
   const mdl_sampling *p = &s->p;
   float *w = s->work;
-  // 1. raw log-softmax (what logprobs report)
+  // 1. raw log-softmax (what logprobs report): an expf per vocabulary entry, skipped when nobody reads it
+  const int want_lp = !p->no_logprob || p->n_logprobs > 0;
   float mx = -INFINITY;
-  for (int i = 0; i < V; i++)
+  for (int i = 0; i < V && want_lp; i++)
     if (logits[i] > mx) mx = logits[i];
   double z = 0;
   if (isfinite(mx))
@@ -314,12 +315,14 @@ void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out) {
       idx[n++] = i;
     }
     if (n == 0) goto fallback;
-    // w becomes the unnormalised probability exp(w - max)
-    for (int i = 0; i < n; i++) w[idx[i]] = expf(w[idx[i]] - wm);
+    // the k best by w are the k best by exp(w - max): only they need the exp (top_k first, then exp over k tokens,
+    // not the whole vocabulary)
     if (p->top_k > 0 && p->top_k < n) {
       select_top(idx, n, p->top_k, w);
       n = p->top_k;
     }
+    // w becomes the unnormalised probability exp(w - max)
+    for (int i = 0; i < n; i++) w[idx[i]] = expf(w[idx[i]] - wm);
     if (p->min_p > 0) { // keep p >= min_p * p_max; p_max has w == 1
       int m = 0;
       for (int i = 0; i < n; i++)
@@ -371,7 +374,7 @@ fallback: // everything banned (or -inf): the raw argmax among what the grammar 
 done:
   if (s->gm) mdl_grammar_matcher_accept_token(s->gm, tok); // a refusal (nothing allowed) ends the output
   out->token = tok;
-  out->logprob = (isfinite(mx) && logits[tok] > -INFINITY) ? logits[tok] - lse : -INFINITY;
+  out->logprob = !want_lp ? 0 : (isfinite(mx) && logits[tok] > -INFINITY) ? logits[tok] - lse : -INFINITY;
   out->n_top = 0;
   if (p->n_logprobs > 0) top_logprobs(s, logits, lse, out);
   if (s->count[tok] < INT32_MAX) s->count[tok]++;

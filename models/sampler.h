@@ -28,6 +28,8 @@ typedef struct mdl_sampling {
   const mdl_bias *bias;     // (borrowed) (n_bias)
   int n_bias;
   int n_logprobs;           // top-N logprobs to report, 0..20
+  int no_logprob;           // 1: the chosen token's logprob is not wanted either (out->logprob is then 0): the
+                            // log-softmax over the vocabulary is skipped
   // Structured outputs: only tokens that continue a sentence of grammar are sampled, end-of-generation only where
   // one may end (models/grammar.h). Both borrowed and must outlive the sampler; NULL grammar: unconstrained.
   const mdl_grammar *grammar;
