@@ -258,13 +258,12 @@ KRN_INLINE void mx_tile(const mx_panel *p, int nbc, krn_type wt, const mr_act *x
   MR_UNROLL for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)(i0 + r) * m + j, wm, acc[r]);
 }
 
-// Weight rows [16 g0, 16 g1) (clipped to m) of type wt against every activation row.
-KRN_INLINE void mx_groups(const mm_task *t, krn_type wt, mx_panel *p, int64_t g0, int64_t g1) {
+// Weight rows [lo, hi) of type wt against every activation row, 16 at a time (the last group may be short).
+KRN_INLINE void mx_span(const mm_task *t, krn_type wt, mx_panel *p, int64_t lo, int64_t hi) {
   size_t rs = krn_row_size(wt, t->k);
   int nb = t->k / KRN_QK;
-  for (int64_t gr = g0; gr < g1; gr++) {
-    int64_t j = gr * MX_ROWS;
-    int W = t->m - j < MX_ROWS ? (int)(t->m - j) : MX_ROWS;
+  for (int64_t j = lo; j < hi; j += MX_ROWS) {
+    int W = hi - j < MX_ROWS ? (int)(hi - j) : MX_ROWS;
     const char *rp[MX_ROWS];
     int32_t gofs[MX_ROWS];
     MR_UNROLL for (int i = 0; i < MX_ROWS; i++) {
@@ -276,8 +275,8 @@ KRN_INLINE void mx_groups(const mm_task *t, krn_type wt, mx_panel *p, int64_t g0
     // The next group's rows (contiguous bytes), prefetched a share per block packed: the packing reads 16 rows side
     // by side, a pattern the hardware prefetchers do not follow (batch-1 decode ran at a third of its speed without)
     const char *next = (const char *)t->w + (size_t)(j + MX_ROWS) * rs;
-    int64_t next_rows = gr + 1 < g1 ? (t->m - j - MX_ROWS < MX_ROWS ? t->m - j - MX_ROWS : MX_ROWS) : 0;
-    size_t lines = (size_t)next_rows * rs / 64;
+    int64_t next_rows = hi - j - MX_ROWS < MX_ROWS ? hi - j - MX_ROWS : MX_ROWS; // <= 0: none
+    size_t lines = next_rows > 0 ? (size_t)next_rows * rs / 64 : 0;
     for (int b0 = 0; b0 < nb; b0 += MX_KC) {
       int nbc = nb - b0 < MX_KC ? nb - b0 : MX_KC;
       for (int b = 0; b < nbc; b++) {
@@ -304,22 +303,23 @@ KRN_INLINE void mx_groups(const mm_task *t, krn_type wt, mx_panel *p, int64_t g0
   }
 }
 
-// Thread ith's share of the 16-row groups.
+// Thread ith's share of the weight rows, in whole groups of 16.
 static void mx_run(const mm_task *t, int ith, int nth) {
   int64_t g0, g1;
   krn_cpu_range((t->m + MX_ROWS - 1) / MX_ROWS, ith, nth, &g0, &g1);
-  if (g0 >= g1) return;
+  int64_t lo = g0 * MX_ROWS, hi = g1 * MX_ROWS < t->m ? g1 * MX_ROWS : t->m;
+  if (lo >= hi) return;
   mx_panel *p = aligned_alloc(64, sizeof *p);
   if (!p) abort(); // 48 KiB
   switch (t->wt) { // one instance per type, so that the type's branches fold away inside the loops
-  case KRN_Q4_0: mx_groups(t, KRN_Q4_0, p, g0, g1); break;
-  case KRN_Q4_1: mx_groups(t, KRN_Q4_1, p, g0, g1); break;
-  case KRN_Q5_0: mx_groups(t, KRN_Q5_0, p, g0, g1); break;
-  case KRN_Q5_1: mx_groups(t, KRN_Q5_1, p, g0, g1); break;
-  case KRN_Q4_K: mx_groups(t, KRN_Q4_K, p, g0, g1); break;
-  case KRN_Q5_K: mx_groups(t, KRN_Q5_K, p, g0, g1); break;
-  case KRN_Q6_K: mx_groups(t, KRN_Q6_K, p, g0, g1); break;
-  default: mx_groups(t, KRN_Q8_0, p, g0, g1); break;
+  case KRN_Q4_0: mx_span(t, KRN_Q4_0, p, lo, hi); break;
+  case KRN_Q4_1: mx_span(t, KRN_Q4_1, p, lo, hi); break;
+  case KRN_Q5_0: mx_span(t, KRN_Q5_0, p, lo, hi); break;
+  case KRN_Q5_1: mx_span(t, KRN_Q5_1, p, lo, hi); break;
+  case KRN_Q4_K: mx_span(t, KRN_Q4_K, p, lo, hi); break;
+  case KRN_Q5_K: mx_span(t, KRN_Q5_K, p, lo, hi); break;
+  case KRN_Q6_K: mx_span(t, KRN_Q6_K, p, lo, hi); break;
+  default: mx_span(t, KRN_Q8_0, p, lo, hi); break;
   }
   free(p);
 }
