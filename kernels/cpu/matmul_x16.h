@@ -1,5 +1,6 @@
 // kernels/cpu/matmul_x16.h: the AVX-512 matmul of the quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-// Q6_K) with 16 weight rows per vector. Included by simd_matmul.h (KRN_W512 only), which sends those types here for every n.
+// Q6_K) with 16 weight rows per vector. Included by simd_matmul.h (KRN_W512 only), which sends every quantized type
+// here, for every n.
 //
 // Why: matmul_rows.h dots one weight row per 256-bit half, so each 64 multiply-adds of a (weight row, activation
 // row) pair cost a vpdpbusd plus a convert, a multiply and an FMA to apply the two blocks' scales; at n = 8 on
@@ -21,10 +22,6 @@
 #define MX_KC 64   // blocks per packed chunk: a panel of 16 x 64 blocks is 48 KiB
 #define MX_R 8     // activation rows per tile
 
-KRN_INLINE int mx_type(krn_type t) {
-  return t == KRN_Q4_0 || t == KRN_Q4_1 || t == KRN_Q5_0 || t == KRN_Q5_1 || t == KRN_Q8_0 || t == KRN_Q4_K ||
-         t == KRN_Q5_K || t == KRN_Q6_K;
-}
 // w = d q + m: an offset per block (the K-quants' sub-blocks: d = d sc[s], m = -dmin m[s])
 KRN_INLINE int mx_min(krn_type t) { return t == KRN_Q4_1 || t == KRN_Q5_1 || t == KRN_Q4_K || t == KRN_Q5_K; }
 
@@ -55,6 +52,15 @@ KRN_INLINE void mx_transpose8(const __m512i *r, __m512i *out) {
   }
 }
 
+// The 32 bytes at rp[i] + off of the 16 rows, transposed: out[g] lane i = bytes 4g..4g+3 of row i's 32.
+KRN_INLINE void mx_load32(const char *const *rp, size_t off, __m512i *out) {
+  __m512i r[8];
+  MR_UNROLL for (int i = 0; i < 8; i++)
+    r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rp[i] + off))),
+                              _mm256_loadu_si256((const __m256i *)(rp[i + 8] + off)), 1);
+  mx_transpose8(r, out);
+}
+
 // Dword-transposes 4 vectors (z[i]'s 128-bit lane L: row 4L + i) into out[g]: lane i is dword g of row i, for 16
 // rows of 4 dwords.
 KRN_INLINE void mx_transpose4(const __m512i *z, __m512i *out) {
@@ -74,11 +80,7 @@ KRN_INLINE void mx_pack_block(mx_panel *p, int pb, krn_type wt, const char *cons
   p->d[pb] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
   if (mx_min(wt)) p->m[pb] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
   if (wt == KRN_Q8_0) {
-    __m512i r[8];
-    MR_UNROLL for (int i = 0; i < 8; i++)
-      r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rp[i] + off + 2))),
-                                _mm256_loadu_si256((const __m256i *)(rp[i + 8] + off + 2)), 1);
-    mx_transpose8(r, q);
+    mx_load32(rp, off + offsetof(krn_block_q8_0, qs), q);
     MR_UNROLL for (int g = 0; g < 8; g++) q[g] = _mm512_xor_si512(q[g], _mm512_set1_epi8((char)0x80)); // q + 128
     return;
   }
@@ -145,22 +147,12 @@ KRN_INLINE void mx_pack_k(mx_panel *p, int pb, krn_type wt, const char *const *r
     p->m[pb + j] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(mn)));
   }
   size_t qo = wt == KRN_Q4_K ? offsetof(krn_block_q4_k, qs) : offsetof(krn_block_q5_k, qs);
-  __m512i r[8], h[8];
-  if (wt == KRN_Q5_K) { // the fifth bit of element l of sub-block s: bit s of qh[l]
-    MR_UNROLL for (int i = 0; i < 8; i++)
-      r[i] = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rp[i] + off + offsetof(krn_block_q5_k, qh)))),
-          _mm256_loadu_si256((const __m256i *)(rp[i + 8] + off + offsetof(krn_block_q5_k, qh))), 1);
-    mx_transpose8(r, h);
-  }
+  __m512i h[8];
+  if (wt == KRN_Q5_K) mx_load32(rp, off + offsetof(krn_block_q5_k, qh), h); // element l of sub-block s: bit s of qh[l]
   const __m512i nib = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
   MR_UNROLL for (int t = 0; t < 4; t++) {
     __m512i *qa = p->q[pb + 2 * t], *qb = p->q[pb + 2 * t + 1];
-    MR_UNROLL for (int i = 0; i < 8; i++)
-      r[i] = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rp[i] + off + qo + 32 * t))),
-          _mm256_loadu_si256((const __m256i *)(rp[i + 8] + off + qo + 32 * t)), 1);
-    mx_transpose8(r, qa);
+    mx_load32(rp, off + qo + 32 * t, qa);
     MR_UNROLL for (int g = 0; g < 8; g++) {
       qb[g] = _mm512_and_si512(_mm512_srli_epi32(qa[g], 4), nib);
       qa[g] = _mm512_and_si512(qa[g], nib);
@@ -190,19 +182,11 @@ KRN_INLINE void mx_pack_q6k(mx_panel *p, int pb, const char *const *rp, __m512i 
     }
   }
   const __m512i nib = _mm512_set1_epi8(15), two = _mm512_set1_epi8(3), add = _mm512_set1_epi8(96);
-  __m512i r[8], h[8], t[8];
+  __m512i h[8], t[8];
   MR_UNROLL for (int hf = 0; hf < 2; hf++) {
-    MR_UNROLL for (int i = 0; i < 8; i++)
-      r[i] = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rp[i] + off + offsetof(krn_block_q6_k, qh) + 32 * hf))),
-          _mm256_loadu_si256((const __m256i *)(rp[i + 8] + off + offsetof(krn_block_q6_k, qh) + 32 * hf)), 1);
-    mx_transpose8(r, h);
+    mx_load32(rp, off + offsetof(krn_block_q6_k, qh) + 32 * hf, h);
     MR_UNROLL for (int j1 = 0; j1 < 2; j1++) { // ql[64 hf + 32 j1 ..]: sub-blocks 4 hf + j1 and 4 hf + j1 + 2
-      MR_UNROLL for (int i = 0; i < 8; i++)
-        r[i] = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rp[i] + off + 64 * hf + 32 * j1))),
-            _mm256_loadu_si256((const __m256i *)(rp[i + 8] + off + 64 * hf + 32 * j1)), 1);
-      mx_transpose8(r, t);
+      mx_load32(rp, off + offsetof(krn_block_q6_k, ql) + 64 * hf + 32 * j1, t);
       __m512i *qa = p->q[pb + 4 * hf + j1], *qb = p->q[pb + 4 * hf + j1 + 2];
       MR_UNROLL for (int g = 0; g < 8; g++) {
         __m512i ha = _mm512_slli_epi32(_mm512_and_si512(mx_srl32(h[g], 2 * j1), two), 4);
@@ -319,7 +303,8 @@ static void mx_run(const mm_task *t, int ith, int nth) {
   case KRN_Q4_K: mx_span(t, KRN_Q4_K, p, lo, hi); break;
   case KRN_Q5_K: mx_span(t, KRN_Q5_K, p, lo, hi); break;
   case KRN_Q6_K: mx_span(t, KRN_Q6_K, p, lo, hi); break;
-  default: mx_span(t, KRN_Q8_0, p, lo, hi); break;
+  case KRN_Q8_0: mx_span(t, KRN_Q8_0, p, lo, hi); break;
+  default: break; // krn_cpu_mm_ok lets in no other quantized type
   }
   free(p);
 }

@@ -170,6 +170,7 @@ typedef struct mm_task {
 #define MM_JBLOCK 16 // weight rows kept hot while activation tiles stream past
 #define MM_TILE 4    // activation rows sharing each float weight row
 
+#ifndef KRN_W512 // AVX-512 multiplies the quantized types in matmul_x16.h
 // Weight rows [j, j + NW) (the last one repeated past m) against activation rows [i0, i0 + R).
 KRN_INLINE void mm_rows_q(const mm_task *t, krn_type wt, int64_t j, int64_t j1, int i0, int NW, int R) {
   size_t rs = krn_row_size(wt, t->k);
@@ -182,6 +183,8 @@ KRN_INLINE void mm_rows_q(const mm_task *t, krn_type wt, int64_t j, int64_t j1, 
     for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j + w] = out[w * MR_R + r];
 }
 
+#endif
+
 KRN_INLINE void mm_rows_f(const mm_task *t, krn_type wt, int64_t j, int i0, int R) {
   const void *wr = (const char *)t->w + (size_t)j * krn_row_size(wt, t->k);
   const float *xr[MM_TILE];
@@ -191,6 +194,7 @@ KRN_INLINE void mm_rows_f(const mm_task *t, krn_type wt, int64_t j, int i0, int 
   for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j] = out[r];
 }
 
+#ifndef KRN_W512
 // Rows [j0, j1) of w, NW at a time, against every activation row: tiles of MR_R activation rows, then the leftover
 // rows as 4 + 2 + 1 (R is a constant in each instance).
 KRN_INLINE void mm_block_q(const mm_task *t, krn_type wt, int64_t j0, int64_t j1, int NW) {
@@ -207,6 +211,7 @@ KRN_INLINE void mm_block_q(const mm_task *t, krn_type wt, int64_t j0, int64_t j1
     i += R;
   }
 }
+#endif
 
 // The same for float weights: tiles of MM_TILE activation rows by one weight row.
 KRN_INLINE void mm_block_f(const mm_task *t, krn_type wt, int64_t j0, int64_t j1) {
@@ -223,15 +228,12 @@ KRN_INLINE void mm_block_f(const mm_task *t, krn_type wt, int64_t j0, int64_t j1
 
 #ifdef KRN_W512
 #include "kernels/cpu/matmul_x16.h"
-#define MM_X16(t) mx_type(t)
-#else
-#define MM_X16(t) 0
 #endif
 
 static void mm_run(void *vp, int ith, int nth) {
   const mm_task *t = vp;
 #ifdef KRN_W512
-  if (MM_X16(t->wt)) {
+  if (!krn_cpu_is_float(t->wt)) { // every quantized type
     mx_run(t, ith, nth);
     return;
   }
@@ -242,19 +244,16 @@ static void mm_run(void *vp, int ith, int nth) {
     int64_t j1 = j0 + MM_JBLOCK < hi ? j0 + MM_JBLOCK : hi;
     // one instance per type, so that the type's branches fold away inside the loops
     switch (t->wt) {
+#ifndef KRN_W512
     case KRN_Q4_0: mm_block_q(t, KRN_Q4_0, j0, j1, MR_W); break;
     case KRN_Q4_1: mm_block_q(t, KRN_Q4_1, j0, j1, MR_W); break;
     case KRN_Q5_0: mm_block_q(t, KRN_Q5_0, j0, j1, MR_W); break;
     case KRN_Q5_1: mm_block_q(t, KRN_Q5_1, j0, j1, MR_W); break;
-    // Q8_0 below a full activation tile (decode) reads one weight row at a time: the widest weight stream, and two
-    // rows read side by side ran at half speed from DRAM on an AMD EPYC (Zen 4); the results are the same either way
-    case KRN_Q8_0:
-      if (t->n < MR_R) mm_block_q(t, KRN_Q8_0, j0, j1, 1);
-      else mm_block_q(t, KRN_Q8_0, j0, j1, MR_W);
-      break;
+    case KRN_Q8_0: mm_block_q(t, KRN_Q8_0, j0, j1, MR_W); break;
     case KRN_Q4_K: mm_block_q(t, KRN_Q4_K, j0, j1, MR_W); break;
     case KRN_Q5_K: mm_block_q(t, KRN_Q5_K, j0, j1, MR_W); break;
     case KRN_Q6_K: mm_block_q(t, KRN_Q6_K, j0, j1, MR_W); break;
+#endif
     case KRN_F16: mm_block_f(t, KRN_F16, j0, j1); break;
     case KRN_BF16: mm_block_f(t, KRN_BF16, j0, j1); break;
     default: mm_block_f(t, KRN_F32, j0, j1); break;
@@ -291,7 +290,7 @@ static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const 
     t.xa.c = (int32_t *)(t.xa.s + (size_t)n * nbp);
     t.xa.c16 = t.xa.c + (size_t)n * nbp;
     t.xa.nbp = nbp;
-    t.xa.u8 = MR_U8 && wt_signed(wt) && !MM_X16(wt); // matmul_x16.h takes the signed bytes
+    t.xa.u8 = MR_U8 && wt_signed(wt); // (matmul_x16.h takes the signed bytes: MR_U8 is 0 with AVX-512)
     q8_task q = {&t.xa, x, n, k};
     if (par && n >= 8) krn_cpu_par(c, q8_run, &q);
     else q8_run(&q, 0, 1);
