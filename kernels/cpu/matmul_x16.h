@@ -2,13 +2,13 @@
 // Q6_K) with 16 weight rows per vector. Included by simd_matmul.h (KRN_W512 only), which sends every quantized type
 // here, for every n.
 //
-// Why: matmul_rows.h dots one weight row per 256-bit half, so each 64 multiply-adds of a (weight row, activation
-// row) pair cost a vpdpbusd plus a convert, a multiply and an FMA to apply the two blocks' scales; at n = 8 on
-// Gemma 3 (262k x 640 Q8_0 output matrix) those float ops were most of a decode step. Here lane i of every vector
-// belongs to weight row j + i: 16 rows' block b are transposed into 8 vectors (vector g: elements 4g..4g+3 of
-// each row, as unsigned bytes), each activation row's 4 bytes are broadcast, and 8 vpdpbusd give the 16 rows' whole
-// block dots at once, so the scale costs one convert, multiply and FMA per 512 multiply-adds, and each lane ends as
-// one output: no horizontal sums.
+// Why: the AVX-512 tile this replaced (matmul_rows.h's, 2 weight rows x 8 activation rows) dotted one weight row per
+// 256-bit half, so each 64 multiply-adds of a (weight row, activation row) pair cost a vpdpbusd plus a convert, a
+// multiply and an FMA to apply the two blocks' scales; at n = 8 on Gemma 3 (262k x 640 Q8_0 output matrix) those
+// float ops were most of a decode step. Here lane i of every vector belongs to weight row j + i: 16 rows' block b are
+// transposed into 8 vectors (vector g: elements 4g..4g+3 of each row, as unsigned bytes), each activation row's 4
+// bytes are broadcast, and 8 vpdpbusd give the 16 rows' whole block dots at once, so the scale costs one convert,
+// multiply and FMA per 512 multiply-adds, and each lane ends as one output: no horizontal sums.
 //
 // The transposed blocks of 16 rows are packed once per chunk of MX_KC blocks into a panel (L1/L2-resident) and every
 // activation row of the matmul streams past it, so prefill (n = 512) unpacks each weight block once, not per tile.

@@ -1,5 +1,6 @@
 // kernels/cpu/simd_matmul.h: the SIMD backends' matmul (quantized weight blocks, float weights, the pool's split).
-// Quantized weight blocks are unpacked for the int8 dot and tiled by matmul_rows.h; float weights are dotted in F32.
+// Quantized weight blocks are unpacked for the int8 dot and tiled by matmul_rows.h (AVX2) or matmul_x16.h (AVX-512);
+// float weights are dotted in F32.
 #ifndef DSERVE_KRN_CPU_SIMD_MATMUL_H
 #define DSERVE_KRN_CPU_SIMD_MATMUL_H
 
