@@ -13,9 +13,9 @@
 // The transposed blocks of 16 rows are packed once per chunk of MX_KC blocks into a panel (L1/L2-resident) and every
 // activation row of the matmul streams past it, so prefill (n = 512) unpacks each weight block once, not per tile.
 //
-// Weight bytes: symmetric types (Q4_0, Q5_0, Q8_0, w = d q) hold q + 128 as u8, and the activation block's
-// c = -128 sum(xq) starts the int32 sum, so the dot is the exact signed one; Q4_1 / Q5_1 (w = d q + m) hold q, and
-// m sx is added per block. Each (weight row, activation row) pair runs the same sequence of operations over its
+// Weight bytes: symmetric types (Q4_0, Q5_0, Q8_0, Q6_K; w = d q) hold q + 128 as u8, and the activation block's
+// c = -128 sum(xq) starts the int32 sum, so the dot is the exact signed one (Q6_K: one sum per 16-element half, c16
+// the first half's); Q4_1 / Q5_1 / Q4_K / Q5_K (w = d q + m) hold q, and m sx is added per block. Each (weight row, activation row) pair runs the same sequence of operations over its
 // blocks whatever n, the tile, the chunk or the thread, so a row's result does not depend on its batch.
 
 #define MX_ROWS 16 // weight rows per vector
