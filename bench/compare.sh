@@ -13,7 +13,7 @@
 #   RUN_LIMIT=180 (s per loadgen run; requests still in flight then count as timeouts)  DSERVE_BIN=build/dserve
 #   LLAMA_PORT=18480  LLAMA_THREADS=2  LLAMA_NP=8 (llama-server slots)  LLAMA_CTX_PER_SLOT=1024
 #   LLAMA_ARGS="" (more llama-server options, e.g. "--poll 0" so its threads do not spin on a shared machine)
-#   COMPARE_OUT=<dir for logs and JSON>
+#   COMPARE_OUT=<dir for logs and JSON>  MODEL=<GGUF> (default SmolLM2; a gemma* GGUF takes MODEL_CONFIG=configs/gemma.json)
 # The peer is llama.cpp's own llama-server, built once by bench/peer.sh (cached outside the repo), with
 # -np LLAMA_NP parallel slots and continuous batching: the configuration a llama.cpp user serves with.
 # Exit status: 0 when every server ran, 1 when one did not become healthy (the table is printed anyway).
@@ -43,7 +43,12 @@ LLAMA_THREADS=${LLAMA_THREADS:-2}
 LLAMA_NP=${LLAMA_NP:-8}
 LLAMA_CTX_PER_SLOT=${LLAMA_CTX_PER_SLOT:-1024}
 LLAMA_ARGS=${LLAMA_ARGS:-}
-MODEL=models/weights/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL=${MODEL:-models/weights/SmolLM2-135M-Instruct.Q4_1.gguf}
+# another model's dserve configs are local.json / 1p1d.json with MODEL and MODEL_CONFIG's model_name, chat_template
+# and sampling (MODEL_CONFIG defaults to configs/gemma.json for a gemma* GGUF)
+case $(basename "$MODEL") in gemma*) MODEL_CONFIG=${MODEL_CONFIG:-configs/gemma.json} ;; *) MODEL_CONFIG=${MODEL_CONFIG:-} ;; esac
+[ "$MODEL" = models/weights/SmolLM2-135M-Instruct.Q4_1.gguf ] && [ -z "$MODEL_CONFIG" ] || export COMPARE_MODEL=$MODEL
+export COMPARE_MODEL_CONFIG=$MODEL_CONFIG
 OUT=${COMPARE_OUT:-$(mktemp -d /tmp/dserve-compare.XXXXXX)}
 mkdir -p "$OUT" || exit 1
 
@@ -128,6 +133,12 @@ import json, os, sys
 src, dst, sets = sys.argv[1], sys.argv[2], sys.argv[3:]
 c = json.load(open(src))
 c["model"] = os.path.abspath(os.path.join(os.path.dirname(src), c["model"]))
+if os.environ.get("COMPARE_MODEL"):  # the MODEL knob
+    c["model"] = os.path.abspath(os.environ["COMPARE_MODEL"])
+    mc = json.load(open(os.environ["COMPARE_MODEL_CONFIG"])) if os.environ.get("COMPARE_MODEL_CONFIG") else {}
+    for key in ("model_name", "chat_template", "sampling"):
+        if key in mc:
+            c[key] = mc[key]
 for kv in sets:
     key, val = kv.split("=", 1)
     section, name = key.split(".", 1)
@@ -233,6 +244,9 @@ for srv in $SERVERS; do
           cfg=$OUT/$srv.json
           derived_config configs/1p1d.json "$cfg" router.disagg_policy='"threshold"' router.disagg_threshold=1000000000
           ;;
+      esac
+      case $cfg in # the MODEL knob: the repository's configs with the other model (derived ones have it already)
+        configs/*) [ -n "${COMPARE_MODEL:-}" ] && derived_config "$cfg" "$OUT/$srv.json" && cfg=$OUT/$srv.json ;;
       esac
       if [ ! -x "$DSERVE_BIN" ]; then
         log "$srv: $DSERVE_BIN is not built; dserve did not become healthy (not started)"; STATUS=1; continue

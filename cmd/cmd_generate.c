@@ -138,13 +138,6 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
   return 0;
 }
 
-static int argmax(const float *v, int n) {
-  int b = 0;
-  for (int i = 1; i < n; i++)
-    if (v[i] > v[b]) b = i;
-  return b;
-}
-
 // --bench: prompt processing of bench_pp tokens, then bench_tg greedy decode steps at batch 1 and at batch B.
 // Every sequence starts from a 16-token prompt, as llama.cpp's side in bench/engine_bench.sh does.
 static int run_bench(cmd_model *e, const gen_opts *o, char *err, size_t errlen) {
@@ -189,12 +182,12 @@ static int run_bench(cmd_model *e, const gen_opts *o, char *err, size_t errlen) 
         mdl_seq c = {toks + s * P0 + at, len, at, bt + pp_blocks + s * per_seq, per_seq, 1};
         if (mdl_llama_forward(e->m, &e->kv, &c, 1, logits + (size_t)s * V, NULL, NULL, err, errlen)) goto done;
       }
-    for (int s = 0; s < n; s++) last[s] = argmax(logits + (size_t)s * V, V);
+    for (int s = 0; s < n; s++) last[s] = mdl_argmax(logits + (size_t)s * V, V);
     double t0 = utl_now_s(), c0 = utl_cpu_s();
     for (int step = 0; step < TG; step++) {
       for (int s = 0; s < n; s++) ms[s] = (mdl_seq){&last[s], 1, P0 + step, bt + pp_blocks + s * per_seq, per_seq, 1};
       if (mdl_llama_forward(e->m, &e->kv, ms, n, logits, NULL, NULL, err, errlen)) goto done;
-      for (int s = 0; s < n; s++) last[s] = argmax(logits + (size_t)s * V, V);
+      for (int s = 0; s < n; s++) last[s] = mdl_argmax(logits + (size_t)s * V, V);
     }
     double t = utl_now_s() - t0, cpu = utl_cpu_s() - c0;
     // with --bench-ctx, also per second of the threads' own CPU time: what a shared machine's other load leaves out

@@ -28,6 +28,8 @@ typedef struct mdl_sampling {
   const mdl_bias *bias;     // (borrowed) (n_bias)
   int n_bias;
   int n_logprobs;           // top-N logprobs to report, 0..20
+  int no_logprob;           // 1: the chosen token's logprob is not wanted either (out->logprob is then 0): the
+                            // log-softmax over the vocabulary is skipped
   // Structured outputs: only tokens that continue a sentence of grammar are sampled, end-of-generation only where
   // one may end (models/grammar.h). Both borrowed and must outlive the sampler; NULL grammar: unconstrained.
   const mdl_grammar *grammar;
@@ -49,6 +51,8 @@ typedef struct mdl_sampler mdl_sampler;
 int mdl_sampler_new(const mdl_sampling *s, int n_vocab, const int32_t *prompt, int n_prompt, mdl_sampler **out,
                     char *err, size_t errlen);
 void mdl_sampler_free(mdl_sampler *s);
+// Index of the largest of v(n), ties to the lowest index; NaN never wins (0 when nothing beats -inf).
+int mdl_argmax(const float *v, int n);
 // Picks the next token from logits (n_vocab) (not modified) and records it in the history. With a grammar, the
 // tokens it does not allow are masked out first (before bias, penalties and filters) and the token advances it.
 void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out);

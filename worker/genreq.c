@@ -152,6 +152,7 @@ int wrk_genreq_parse(const prt_generate *g, int n_vocab, int n_ctx, wrk_grammars
                        .seed = gs->has_seed ? seed_of(gs->seed) : 0};
   r->n_logprobs = gs->logprobs;
   sp->n_logprobs = r->n_logprobs > 0 ? r->n_logprobs : 0;
+  sp->no_logprob = r->n_logprobs < 0; // not asked for: no log-softmax over the vocabulary per token
   int nb = gs->n_logit_bias;
   if (nb && !(r->bias = calloc((size_t)nb, sizeof *r->bias))) FAIL("internal_error", "out of memory");
   for (int j = 0; j < nb; j++) {

@@ -262,36 +262,15 @@ static void amx_run(void *vp, int ith, int nth) {
   }
 }
 
-typedef struct amx_quant_task {
-  const mr_act *xa;
-  const float *x;
-  int n, k;
-} amx_quant_task;
-
-static void amx_quant_run(void *vp, int ith, int nth) {
-  const amx_quant_task *q = vp;
-  int64_t lo, hi;
-  krn_cpu_range(q->n, ith, nth, &lo, &hi);
-  for (int64_t i = lo; i < hi; i++) mr_quant_row(q->xa, q->x + (size_t)i * q->k, q->k, i);
-}
-
 static void amx_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
   if (n < AMX_MIN_ROWS || krn_cpu_is_float(wt) || !krn_cpu_mm_ok(wt, n, k, m) || m == 0) {
     krn_cpu_avx512_table()->matmul(c, y, w, wt, x, n, k, m); // which also answers bad shapes with NaN
     return;
   }
   amx_task t = {y, w, wt, {0}, n, k, m};
-  int nbp = (k / KRN_QK + MR_CH - 1) / MR_CH * MR_CH;
-  size_t per = (size_t)nbp * (KRN_QK + 2 * sizeof(float)); // one row's qs, d and s
-  void *buf = aligned_alloc(64, ((size_t)n * per + 63) / 64 * 64);
-  if (!buf) abort(); // the activation's own size: only impossible sizes fail here
-  t.xa.qs = buf;
-  t.xa.d = (float *)((char *)buf + (size_t)n * nbp * KRN_QK);
-  t.xa.s = t.xa.d + (size_t)n * nbp;
-  t.xa.nbp = nbp;
-  t.xa.u8 = 0; // TDPBSSD: signed activation bytes for every weight form
-  amx_quant_task q = {&t.xa, x, n, k};
-  krn_cpu_par(c, amx_quant_run, &q);
+  void *buf = mr_act_alloc(&t.xa, n, k, 0); // TDPBSSD: signed activation bytes for every weight form
+  mr_quant_task q = {&t.xa, x, n, k};
+  krn_cpu_par(c, mr_quant_run, &q);
   krn_cpu_par(c, amx_run, &t);
   free(buf);
 }

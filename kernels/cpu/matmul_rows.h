@@ -1,15 +1,15 @@
-// kernels/cpu/matmul_rows.h: the SIMD backends' quantized matmul: tiles of MR_W weight rows x up to MR_R
+// kernels/cpu/matmul_rows.h: the AVX2 backends' quantized matmul, and the activation blocks every SIMD backend's
+// quantized matmul reads (the AVX-512 backend's own matmul is matmul_x16.h). Tiles of one weight row x up to MR_R
 // activation rows, each weight block unpacked once into registers and dotted against every activation row of the
 // tile (row loop innermost), accumulating in registers. Included by simd_matmul.h; amx_matmul.h quantizes its
 // activations with mr_quant_row.
 //
-// AVX-512 (KRN_W512): two 32-element blocks per 512-bit vector, int8 dots by VNNI vpdpbusd. Signed weights
-// (Q8_0, Q6_K) take the activation as unsigned bytes xq + 128 (stored that way when quantizing) and start the dot's
-// int32 accumulator at -128 * sum(wq), computed once per weight block, so no sign fix-up runs per activation row.
-// AVX2: one block per 256-bit vector, maddubs + madd with the sign moved onto x for signed weights; with AVX-VNNI
-// (KRN_AVXVNNI, the "avx2vnni" table) the 256-bit vpdpbusd and the +128 form as on AVX-512.
-// Both: the offset term of the unsigned forms (sum_b m_b * sx_b) is gathered MR_CH blocks at a time and added with
-// one vector multiply-add per (weight row, activation row) instead of a scalar one per block.
+// One block per 256-bit vector, maddubs + madd with the sign moved onto x for signed weights (Q8_0, Q6_K); with
+// AVX-VNNI (KRN_AVXVNNI, the "avx2vnni" table) vpdpbusd, signed weights taking the activation as unsigned bytes
+// xq + 128 (stored that way when quantizing) and starting the dot's int32 accumulator at -128 * sum(wq), computed
+// once per weight block, so no sign fix-up runs per activation row. The offset term of the unsigned forms
+// (sum_b m_b * sx_b) is gathered MR_CH blocks at a time and added with one vector multiply-add per (weight row,
+// activation row) instead of a scalar one per block.
 //
 // Every (weight row, activation row) pair goes through the same sequence of operations whatever the tile shape
 // (NW, R) or the batch, so a sequence's logits do not depend on the batch it runs in (tests/kernels checks it).
@@ -18,17 +18,10 @@
 
 #include "kernels/cpu/simd_wblock.h"
 
-#ifdef KRN_W512
-#define MR_PB 2  // 32-element blocks per integer vector
-#define MR_CH 16 // blocks per offset chunk: one float vector of per-block offsets
-#define MR_W 2   // weight rows per tile
-typedef __m512i mr_vi;
-#else
-#define MR_PB 1
-#define MR_CH 8
-#define MR_W 1
+#define MR_PB 1 // 32-element blocks per integer vector
+#define MR_CH 8 // blocks per offset chunk: one float vector of per-block offsets
+#define MR_W 1  // weight rows per tile
 typedef __m256i mr_vi;
-#endif
 #define MR_R 8 // activation rows per tile, at most
 // Loops over the tile's rows are unrolled whole so that the accumulators live in registers (-O2 alone leaves
 // some of them on the stack).
@@ -37,7 +30,7 @@ typedef __m256i mr_vi;
 // Activation rows quantized for one matmul. Row i's block b: qs + (i * nbp + b) * 32, d[i * nbp + b],
 // s[i * nbp + b]; blocks nb..nbp-1 are zero padding (qs 0, or 0x80 in the +128 form), so the last block pair and
 // offset chunk need no bounds checks.
-#if defined(KRN_W512) || defined(KRN_AVXVNNI)
+#if defined(KRN_AVXVNNI)
 #define MR_U8 1 // signed weights meet the activation in its +128 form
 #else
 #define MR_U8 0
@@ -47,12 +40,14 @@ typedef struct mr_act {
   int8_t *qs; // (n, nbp * 32)
   float *d;   // (n, nbp) block scales
   float *s;   // (n, nbp) d * sum(qs) per block
+  int32_t *c; // (n, nbp) -128 * sum(qs) per block (matmul_x16.h's correction for its q + 128 weight bytes)
+  int32_t *c16; // (n, nbp) the same over the block's first 16 elements (Q6_K's half-block scales there)
   int nbp;    // blocks per row rounded up to MR_CH
-  int u8;     // qs holds q + 128 (AVX-512, signed weight types)
+  int u8;     // qs holds q + 128 (AVX-VNNI, signed weight types)
 } mr_act;
 
 // Quantize one 32-element block (round to nearest, d = max|x| / 127; same as krn_scalar_quant_row_q8x).
-KRN_INLINE void mr_quant_block(const float *xb, int8_t *qs, float *d, float *s, int u8) {
+KRN_INLINE void mr_quant_block(const float *xb, int8_t *qs, float *d, float *s, int32_t *cs, int32_t *cs16, int u8) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 a = _mm256_loadu_ps(xb), b = _mm256_loadu_ps(xb + 8), c = _mm256_loadu_ps(xb + 16), e = _mm256_loadu_ps(xb + 24);
   __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a), _mm256_andnot_ps(sign, b)),
@@ -74,6 +69,12 @@ KRN_INLINE void mr_quant_block(const float *xb, int8_t *qs, float *d, float *s, 
   _mm256_storeu_si256((__m256i *)qs, p8);
   *d = dd;
   *s = dd * (float)_mm_cvtsi128_si32(s2);
+  *cs = -128 * _mm_cvtsi128_si32(s2);
+  __m256i l4 = _mm256_add_epi32(ia, ib); // elements 0-15
+  __m128i l2 = _mm_add_epi32(_mm256_castsi256_si128(l4), _mm256_extracti128_si256(l4, 1));
+  l2 = _mm_add_epi32(l2, _mm_shuffle_epi32(l2, 0x4e));
+  l2 = _mm_add_epi32(l2, _mm_shuffle_epi32(l2, 0xb1));
+  *cs16 = -128 * _mm_cvtsi128_si32(l2);
 }
 
 // Row i of x(k) into a's row i, padding included.
@@ -81,99 +82,59 @@ static void mr_quant_row(const mr_act *a, const float *x, int k, int64_t i) {
   int nb = k / KRN_QK;
   int8_t *qs = a->qs + (size_t)i * a->nbp * KRN_QK;
   float *d = a->d + (size_t)i * a->nbp, *s = a->s + (size_t)i * a->nbp;
-  for (int b = 0; b < nb; b++) mr_quant_block(x + (size_t)b * KRN_QK, qs + (size_t)b * KRN_QK, d + b, s + b, a->u8);
+  int32_t *c = a->c + (size_t)i * a->nbp, *c16 = a->c16 + (size_t)i * a->nbp;
+  for (int b = 0; b < nb; b++)
+    mr_quant_block(x + (size_t)b * KRN_QK, qs + (size_t)b * KRN_QK, d + b, s + b, c + b, c16 + b, a->u8);
   memset(qs + (size_t)nb * KRN_QK, a->u8 ? 0x80 : 0, (size_t)(a->nbp - nb) * KRN_QK);
-  for (int b = nb; b < a->nbp; b++) d[b] = s[b] = 0;
+  for (int b = nb; b < a->nbp; b++) {
+    d[b] = s[b] = 0;
+    c[b] = c16[b] = 0;
+  }
 }
 
-// The int8 dot of a weight vector (wv: bytes as load_wblock's wa; AVX-512 signed: wq) with an activation vector,
+// Lays a's arrays out for n rows of k elements in one 64-byte-aligned allocation, returned for free() (aborts on
+// failure: the activation's own size, so only impossible sizes fail); u8 as mr_act.u8.
+static void *mr_act_alloc(mr_act *a, int n, int k, int u8) {
+  int nbp = (k / KRN_QK + MR_CH - 1) / MR_CH * MR_CH;
+  size_t per = (size_t)nbp * (KRN_QK + 4 * sizeof(float)); // one row's qs, d, s, c and c16
+  void *buf = aligned_alloc(64, ((size_t)n * per + 63) / 64 * 64 + 64);
+  if (!buf) abort();
+  a->qs = buf;
+  a->d = (float *)((char *)buf + (size_t)n * nbp * KRN_QK);
+  a->s = a->d + (size_t)n * nbp;
+  a->c = (int32_t *)(a->s + (size_t)n * nbp);
+  a->c16 = a->c + (size_t)n * nbp;
+  a->nbp = nbp;
+  a->u8 = u8;
+  return buf;
+}
+
+// Rows of x(n, k) quantized into xa, a share per pool thread (krn_task_fn).
+typedef struct mr_quant_task {
+  const mr_act *xa;
+  const float *x;
+  int n, k;
+} mr_quant_task;
+
+static void mr_quant_run(void *vp, int ith, int nth) {
+  const mr_quant_task *t = vp;
+  int64_t lo, hi;
+  krn_cpu_range(t->n, ith, nth, &lo, &hi);
+  for (int64_t i = lo; i < hi; i++) mr_quant_row(t->xa, t->x + (size_t)i * t->k, t->k, i);
+}
+
+#ifndef KRN_W512 // the AVX-512 backend multiplies in matmul_x16.h
+// The int8 dot of a weight vector (wv: bytes as load_wblock's wa; AVX-VNNI signed: wq) with an activation vector,
 // per int32 lane (4 bytes each). wc: signed weights in the +128 form: -128 * the lane's sum of wq; AVX2 signed: wq
 // for the sign.
 KRN_INLINE mr_vi mr_dot(mr_vi wv, mr_vi wc, mr_vi x, int sg) {
-#ifdef KRN_W512
-  return sg ? _mm512_dpbusd_epi32(wc, x, wv) : _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, x);
-#elif defined(KRN_AVXVNNI)
+#if defined(KRN_AVXVNNI)
   return sg ? _mm256_dpbusd_avx_epi32(wc, x, wv) : _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), wv, x);
 #else
   return dot_us(wv, sg ? _mm256_sign_epi8(x, wc) : x);
 #endif
 }
 
-#ifdef KRN_W512
-// Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks b and b + 1 of row wr in one go: their nibbles as [lo(b), hi(b), lo(b+1),
-// hi(b+1)] (the Q5 types' fifth bits from one byte mask of both blocks' qh), the scale per int32 lane, and the two
-// offsets into m[0..1]. Half the instructions of two load_wblock calls, which is what a batch-1 decode (one
-// activation row per weight block) is bound by, and the Q5 bits in one masked move instead of a shuffle each.
-KRN_INLINE void mr_load_q_pair(const void *wr, krn_type wt, int b, mr_vi *wv, vf *vd, float *m) {
-  size_t bs = wt == KRN_Q4_0 ? sizeof(krn_block_q4_0) : wt == KRN_Q4_1 ? sizeof(krn_block_q4_1)
-            : wt == KRN_Q5_0 ? sizeof(krn_block_q5_0) : sizeof(krn_block_q5_1);
-  const char *b0 = (const char *)wr + (size_t)b * bs, *b1 = b0 + bs;
-  size_t qo = wt == KRN_Q4_0 ? offsetof(krn_block_q4_0, qs) : wt == KRN_Q4_1 ? offsetof(krn_block_q4_1, qs)
-            : wt == KRN_Q5_0 ? offsetof(krn_block_q5_0, qs) : offsetof(krn_block_q5_1, qs);
-  __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qo))),
-                                      _mm_loadu_si128((const __m128i *)(b1 + qo)), 1);
-  __m512i z = _mm512_shuffle_i64x2(_mm512_castsi256_si512(q), _mm512_castsi256_si512(q), 0x50); // q0 q0 q1 q1
-  const __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
-                                       0x0004000400040004LL, 0x0004000400040004LL);
-  __m512i w = _mm512_and_si512(_mm512_srlv_epi16(z, sh), _mm512_set1_epi8(15));
-  if (wt == KRN_Q5_0 || wt == KRN_Q5_1) { // element i of a block takes bit i of its qh as 16
-    size_t ho = wt == KRN_Q5_0 ? offsetof(krn_block_q5_0, qh) : offsetof(krn_block_q5_1, qh);
-    uint32_t h0, h1;
-    memcpy(&h0, b0 + ho, 4);
-    memcpy(&h1, b1 + ho, 4);
-    w = _mm512_or_si512(w, _mm512_maskz_mov_epi8(_cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), _mm512_set1_epi8(16)));
-  }
-  *wv = w;
-  // the first 4 bytes of each block: Q4_1 / Q5_1 (d, m) halves; Q4_0 / Q5_0 d and two bytes not read as m
-  int32_t f0, f1;
-  memcpy(&f0, b0, 4);
-  memcpy(&f1, b1, 4);
-  __m128 dm = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(f0), f1, 1)); // d0 m0 d1 m1
-  *vd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), _mm512_castps128_ps512(dm));
-  __m128 mm = wt == KRN_Q4_1 || wt == KRN_Q5_1 ? _mm_shuffle_ps(dm, dm, 0xdd)
-              : _mm_mul_ps(_mm_shuffle_ps(dm, dm, 0x88), _mm_set1_ps(wt == KRN_Q4_0 ? -8.0f : -16.0f));
-  _mm_storel_pi((__m64 *)m, mm);
-}
-
-// K-quant sub-blocks s and s + 1 (s even) of super-block b / 8 in one go, as mr_load_q_pair: both come from the same
-// 32 (Q4_K, Q5_K) or 64 (Q6_K) bytes of quants, so one load, one per-half variable shift and one mask serve both.
-// Q4_K / Q5_K: kd, km are the super-block's decoded scales and offsets (kq_scales); Q6_K: wv is the signed wq.
-KRN_INLINE void mr_load_k_pair(const void *wr, krn_type wt, int b, const float *kd, const float *km, mr_vi *wv,
-                               vf *vd, float *m) {
-  int s = b % 8;
-  if (wt == KRN_Q6_K) {
-    const krn_block_q6_k *blk = (const krn_block_q6_k *)wr + b / 8;
-    int h = s / 4, j = s % 4; // j even: sub-blocks j, j + 1 are ql[64h .. 64h + 63] shifted by 4 (j >> 1)
-    __m512i lo = _mm512_and_si512(_mm512_srl_epi16(_mm512_loadu_si512(blk->ql + 64 * h), _mm_cvtsi32_si128(4 * (j >> 1))),
-                                  _mm512_set1_epi8(15));
-    __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk->qh + 32 * h)));
-    __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * j)), _mm256_set1_epi16((short)(2 * j + 2)), 1);
-    __m512i hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh), _mm512_set1_epi8(3)), 4);
-    *wv = _mm512_sub_epi8(_mm512_or_si512(lo, hi), _mm512_set1_epi8(32));
-    int32_t sc4;
-    memcpy(&sc4, blk->scales + 2 * s, 4);
-    __m128 sc = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(sc4))), _mm_set1_ps(f16f(blk->d)));
-    *vd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castps128_ps512(sc));
-    return;
-  }
-  const krn_block_q4_k *b4 = (const krn_block_q4_k *)wr + b / 8;
-  const krn_block_q5_k *b5 = (const krn_block_q5_k *)wr + b / 8;
-  const uint8_t *qs = wt == KRN_Q4_K ? b4->qs : b5->qs;
-  __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 16 * s)));
-  __m512i sh4 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-  __m512i w = _mm512_and_si512(_mm512_srlv_epi16(q, sh4), _mm512_set1_epi8(15));
-  if (wt == KRN_Q5_K) {
-    __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b5->qh));
-    __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)s), _mm256_set1_epi16((short)(s + 1)), 1);
-    w = _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh), _mm512_set1_epi8(1)), 4));
-  }
-  *wv = w;
-  *vd = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                              _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(kd + s)))));
-  m[0] = km[s];
-  m[1] = km[s + 1];
-}
-#endif
 
 // out[w * MR_R + r] = dot(weight row wr[w], activation row i0 + r) for w < NW <= MR_W, r < R, over nb blocks of type
 // wt (wt, NW and R are constants after inlining). wr[w] may repeat a row when fewer than NW are left.
@@ -198,9 +159,6 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
     xd[r] = xa->d + row;
     xs[r] = xa->s + row;
   }
-#ifdef KRN_W512
-  const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-#endif
   for (int b = 0; b < nb; b += MR_PB) {
     if ((wt == KRN_Q4_K || wt == KRN_Q5_K) && b % 8 == 0)
       for (int w = 0; w < NW; w++)
@@ -208,41 +166,11 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
     mr_vi wv[MR_W], wc[MR_W];
     vf vd[MR_W];
     MR_UNROLL for (int w = 0; w < NW; w++) {
-#ifdef KRN_W512
-      if ((wt == KRN_Q4_0 || wt == KRN_Q4_1 || wt == KRN_Q5_0 || wt == KRN_Q5_1) && b + 1 < nb) {
-        mr_load_q_pair(wr[w], wt, b, &wv[w], &vd[w], &mloc[w][b / MR_CH & 1][b % MR_CH]);
-        wc[w] = wv[w];
-        continue;
-      }
-      if (kq) {
-        mr_load_k_pair(wr[w], wt, b, kd[w], km[w], &wv[w], &vd[w], &mloc[w][b / MR_CH & 1][b % MR_CH]);
-        wc[w] = sg ? _mm512_sub_epi32(_mm512_setzero_si512(),
-                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), wv[w]))
-                   : wv[w];
-        continue;
-      }
-#endif
       __m256i wa0, wq0 = _mm256_setzero_si256();
       __m256 vd0;
       float mw0;
       load_wblock(wr[w], wt, b, kq ? b % 8 : 0, kd[w], km[w], &wa0, &wq0, &vd0, &mw0);
-#ifdef KRN_W512
-      __m256i wa1 = _mm256_setzero_si256(), wq1 = _mm256_setzero_si256();
-      __m256 vd1 = _mm256_setzero_ps();
-      float mw1 = 0;
-      if (kq || b + 1 < nb) load_wblock(wr[w], wt, b + 1, kq ? (b + 1) % 8 : 0, kd[w], km[w], &wa1, &wq1, &vd1, &mw1);
-      if (sg) {
-        wv[w] = _mm512_inserti64x4(_mm512_castsi256_si512(wq0), wq1, 1);
-        wc[w] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                 _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), wv[w]));
-      } else {
-        wv[w] = _mm512_inserti64x4(_mm512_castsi256_si512(wa0), wa1, 1);
-        wc[w] = wv[w];
-        mloc[w][b / MR_CH & 1][b % MR_CH] = mw0;
-        mloc[w][b / MR_CH & 1][b % MR_CH + 1] = mw1;
-      }
-      vd[w] = _mm512_insertf32x8(_mm512_castps256_ps512(vd0), vd1, 1);
-#elif defined(KRN_AVXVNNI)
+#if defined(KRN_AVXVNNI)
       wv[w] = sg ? wq0 : wa0;
       wc[w] = sg ? _mm256_sub_epi32(_mm256_setzero_si256(),
                                     _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), wq0))
@@ -257,20 +185,11 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
 #endif
     }
     MR_UNROLL for (int r = 0; r < R; r++) {
-#ifdef KRN_W512
-      mr_vi x = _mm512_loadu_si512(xq[r] + (size_t)b * KRN_QK);
-      vf dx = _mm512_permutexvar_ps(dsel, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)(xd[r] + b)))));
-#else
       mr_vi x = _mm256_loadu_si256((const __m256i *)(xq[r] + (size_t)b * KRN_QK));
       vf dx = _mm256_broadcast_ss(xd[r] + b);
-#endif
       MR_UNROLL for (int w = 0; w < NW; w++) {
         mr_vi dot = mr_dot(wv[w], wc[w], x, sg);
-#ifdef KRN_W512
-        acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(vd[w], dx), acc[w][r]);
-#else
         acc[w][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(vd[w], dx), acc[w][r]);
-#endif
       }
     }
     if (!sg && ((b + MR_PB) % MR_CH == 0 || b + MR_PB >= nb)) { // end of an offset chunk (or of the row)
@@ -291,4 +210,5 @@ KRN_INLINE void mr_tile(const void *const *wr, krn_type wt, const mr_act *xa, in
     MR_UNROLL for (int r = 0; r < R; r++) out[w * MR_R + r] = v_hsum(acc[w][r]);
 }
 
+#endif
 #endif

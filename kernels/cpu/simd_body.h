@@ -3,8 +3,8 @@
 // same with AVX-VNNI vpdpbusd dot products, KRN_AVXVNNI) and by
 // backend_avx512.c (KRN_W512 defined: 16-float vectors, VNNI vpdpbusd dot products on 256-bit blocks).
 // Defines one table; the including file names it KRN_SIMD_TABLE and its name string KRN_SIMD_NAME.
-// The ops are in simd_vec.h (the vector vocabulary), simd_matmul.h (with matmul_rows.h), simd_elementwise.h and
-// simd_attn.h; this file puts them in the table.
+// The ops are in simd_vec.h (the vector vocabulary), simd_matmul.h (with matmul_rows.h, matmul_x16.h),
+// simd_elementwise.h and simd_attn.h; this file puts them in the table.
 
 #include "kernels/cpu/simd_attn.h"
 #include "kernels/cpu/simd_elementwise.h"

@@ -1,5 +1,6 @@
 // kernels/cpu/simd_matmul.h: the SIMD backends' matmul (quantized weight blocks, float weights, the pool's split).
-// Quantized weight blocks are unpacked for the int8 dot and tiled by matmul_rows.h; float weights are dotted in F32.
+// Quantized weight blocks are unpacked for the int8 dot and tiled by matmul_rows.h (AVX2) or matmul_x16.h (AVX-512);
+// float weights are dotted in F32.
 #ifndef DSERVE_KRN_CPU_SIMD_MATMUL_H
 #define DSERVE_KRN_CPU_SIMD_MATMUL_H
 
@@ -58,6 +59,7 @@ typedef struct mm_task {
 #define MM_JBLOCK 16 // weight rows kept hot while activation tiles stream past
 #define MM_TILE 4    // activation rows sharing each float weight row
 
+#ifndef KRN_W512 // AVX-512 multiplies the quantized types in matmul_x16.h
 // Weight rows [j, j + NW) (the last one repeated past m) against activation rows [i0, i0 + R).
 KRN_INLINE void mm_rows_q(const mm_task *t, krn_type wt, int64_t j, int64_t j1, int i0, int NW, int R) {
   size_t rs = krn_row_size(wt, t->k);
@@ -70,6 +72,8 @@ KRN_INLINE void mm_rows_q(const mm_task *t, krn_type wt, int64_t j, int64_t j1, 
     for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j + w] = out[w * MR_R + r];
 }
 
+#endif
+
 KRN_INLINE void mm_rows_f(const mm_task *t, krn_type wt, int64_t j, int i0, int R) {
   const void *wr = (const char *)t->w + (size_t)j * krn_row_size(wt, t->k);
   const float *xr[MM_TILE];
@@ -79,6 +83,7 @@ KRN_INLINE void mm_rows_f(const mm_task *t, krn_type wt, int64_t j, int i0, int 
   for (int r = 0; r < R; r++) t->y[(size_t)(i0 + r) * t->m + j] = out[r];
 }
 
+#ifndef KRN_W512
 // Rows [j0, j1) of w, NW at a time, against every activation row: tiles of MR_R activation rows, then the leftover
 // rows as 4 + 2 + 1 (R is a constant in each instance).
 KRN_INLINE void mm_block_q(const mm_task *t, krn_type wt, int64_t j0, int64_t j1, int NW) {
@@ -95,6 +100,7 @@ KRN_INLINE void mm_block_q(const mm_task *t, krn_type wt, int64_t j0, int64_t j1
     i += R;
   }
 }
+#endif
 
 // The same for float weights: tiles of MM_TILE activation rows by one weight row.
 KRN_INLINE void mm_block_f(const mm_task *t, krn_type wt, int64_t j0, int64_t j1) {
@@ -109,45 +115,39 @@ KRN_INLINE void mm_block_f(const mm_task *t, krn_type wt, int64_t j0, int64_t j1
   }
 }
 
+#ifdef KRN_W512
+#include "kernels/cpu/matmul_x16.h"
+#endif
+
 static void mm_run(void *vp, int ith, int nth) {
   const mm_task *t = vp;
+#ifdef KRN_W512
+  if (!krn_cpu_is_float(t->wt)) { // every quantized type
+    mx_run(t, ith, nth);
+    return;
+  }
+#endif
   int64_t lo, hi;
   krn_cpu_range(t->m, ith, nth, &lo, &hi);
   for (int64_t j0 = lo; j0 < hi; j0 += MM_JBLOCK) {
     int64_t j1 = j0 + MM_JBLOCK < hi ? j0 + MM_JBLOCK : hi;
     // one instance per type, so that the type's branches fold away inside the loops
     switch (t->wt) {
+#ifndef KRN_W512
     case KRN_Q4_0: mm_block_q(t, KRN_Q4_0, j0, j1, MR_W); break;
     case KRN_Q4_1: mm_block_q(t, KRN_Q4_1, j0, j1, MR_W); break;
     case KRN_Q5_0: mm_block_q(t, KRN_Q5_0, j0, j1, MR_W); break;
     case KRN_Q5_1: mm_block_q(t, KRN_Q5_1, j0, j1, MR_W); break;
-    // Q8_0 below a full activation tile (decode) reads one weight row at a time: the widest weight stream, and two
-    // rows read side by side ran at half speed from DRAM on an AMD EPYC (Zen 4); the results are the same either way
-    case KRN_Q8_0:
-      if (t->n < MR_R) mm_block_q(t, KRN_Q8_0, j0, j1, 1);
-      else mm_block_q(t, KRN_Q8_0, j0, j1, MR_W);
-      break;
+    case KRN_Q8_0: mm_block_q(t, KRN_Q8_0, j0, j1, MR_W); break;
     case KRN_Q4_K: mm_block_q(t, KRN_Q4_K, j0, j1, MR_W); break;
     case KRN_Q5_K: mm_block_q(t, KRN_Q5_K, j0, j1, MR_W); break;
     case KRN_Q6_K: mm_block_q(t, KRN_Q6_K, j0, j1, MR_W); break;
+#endif
     case KRN_F16: mm_block_f(t, KRN_F16, j0, j1); break;
     case KRN_BF16: mm_block_f(t, KRN_BF16, j0, j1); break;
     default: mm_block_f(t, KRN_F32, j0, j1); break;
     }
   }
-}
-
-typedef struct q8_task {
-  const mr_act *xa;
-  const float *x;
-  int n, k;
-} q8_task;
-
-static void q8_run(void *vp, int ith, int nth) {
-  const q8_task *t = vp;
-  int64_t lo, hi;
-  krn_cpu_range(t->n, ith, nth, &lo, &hi);
-  for (int64_t i = lo; i < hi; i++) mr_quant_row(t->xa, t->x + (size_t)i * t->k, t->k, i);
 }
 
 static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
@@ -156,18 +156,11 @@ static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const 
   int par = (int64_t)n * k * m >= KRN_PAR_MIN;
   void *buf = NULL;
   if (!krn_cpu_is_float(wt)) {
-    int nbp = (k / KRN_QK + MR_CH - 1) / MR_CH * MR_CH;
-    size_t per = (size_t)nbp * (KRN_QK + 2 * sizeof(float)); // one row's qs, d and s
-    buf = aligned_alloc(64, ((size_t)n * per + 63) / 64 * 64 + 64);
-    if (!buf) abort(); // the activation's own size: only impossible sizes fail here
-    t.xa.qs = buf;
-    t.xa.d = (float *)((char *)buf + (size_t)n * nbp * KRN_QK);
-    t.xa.s = t.xa.d + (size_t)n * nbp;
-    t.xa.nbp = nbp;
-    t.xa.u8 = MR_U8 && wt_signed(wt);
-    q8_task q = {&t.xa, x, n, k};
-    if (par && n >= 8) krn_cpu_par(c, q8_run, &q);
-    else q8_run(&q, 0, 1);
+    // (matmul_x16.h takes the signed bytes: MR_U8 is 0 with AVX-512)
+    buf = mr_act_alloc(&t.xa, n, k, MR_U8 && wt_signed(wt));
+    mr_quant_task q = {&t.xa, x, n, k};
+    if (par && n >= 8) krn_cpu_par(c, mr_quant_run, &q);
+    else mr_quant_run(&q, 0, 1);
   }
   if (par) krn_cpu_par(c, mm_run, &t);
   else mm_run(&t, 0, 1);

@@ -111,6 +111,14 @@ TEST_P(KrnOps, MatmulAllTypesAwkwardSizes) {
   }
 }
 
+// The bound every SIMD matmul test holds a product to (krn_test_util.h's matmul_bounds): the activation's int8
+// rounding where quantized is on, and float rounding.
+static double mm_tol(const std::vector<double> &wd, const float *x, int k, bool quantized) {
+  double mag, qbound;
+  matmul_bounds(wd, x, k, &mag, &qbound);
+  return (quantized ? 1.01 * qbound : 0) + 1e-5 * mag + 1e-30;
+}
+
 // The batched decode shapes: every activation row count 1..16 (tiles of 8 rows plus 4 / 2 / 1 leftovers), block
 // counts that are odd (a half-filled last block pair on AVX-512) or not a multiple of the 16- and 8-block offset
 // chunks, and weight row counts that leave one row for the last tile; same bound as above.
@@ -130,15 +138,42 @@ TEST_P(KrnOps, MatmulRowTilesMatchScalar) {
         ref->matmul(&rctx, yr.data(), w.data(), t, x.data(), n, k, m);
         for (int i = 0; i < n; i++) {
           for (int j = 0; j < m; j++) {
-            double mag, qbound;
-            matmul_bounds(wd[j], &x[(size_t)i * k], k, &mag, &qbound);
-            bool quantized = t != KRN_F32 && t != KRN_F16 && !is_scalar();
-            double tol = (quantized ? 1.01 * qbound : 0) + 1e-5 * mag + 1e-30;
+            double tol = mm_tol(wd[j], x.data() + (size_t)i * k, k, t != KRN_F32 && t != KRN_F16 && !is_scalar());
             ASSERT_NEAR(y[(size_t)i * m + j], yr[(size_t)i * m + j], tol)
                 << krn_type_name(t) << " k=" << k << " n=" << n << " i=" << i << " j=" << j;
           }
         }
       }
+    }
+  }
+}
+
+// Rows longer than the AVX-512 path's packed panel (64 blocks of 16 weight rows): the sums carried across chunks of
+// blocks through y, for the decode and prefill row counts; the bound of MatmulAllTypesAwkwardSizes, and each row
+// alone gives its batch result to the bit.
+TEST_P(KrnOps, MatmulLongRowsMatchScalar) {
+  std::mt19937 rng(31);
+  for (krn_type t : kWeightTypes) {
+    const int k = krn_type_block(t) == KRN_QK_K ? 4352 : 4128, m = 21; // 136 / 129 blocks: three chunks
+    auto w = random_weights(rng, t, m, k);
+    std::vector<std::vector<double>> wd;
+    for (int j = 0; j < m; j++) wd.push_back(dequant_row(w.data(), t, k, j));
+    auto x = random_floats(rng, (size_t)9 * k);
+    std::vector<float> one((size_t)m);
+    be->matmul(&ctx, one.data(), w.data(), t, x.data() + (size_t)8 * k, 1, k, m);
+    for (int n : {1, 9}) {
+      const float *xn = x.data() + (size_t)(9 - n) * k; // n = 1 and the last of n = 9 are the same row
+      std::vector<float> y((size_t)n * m, NAN), yr((size_t)n * m, NAN);
+      be->matmul(&ctx, y.data(), w.data(), t, xn, n, k, m);
+      ref->matmul(&rctx, yr.data(), w.data(), t, xn, n, k, m);
+      for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++) {
+          double tol = mm_tol(wd[j], xn + (size_t)i * k, k, t != KRN_F32 && t != KRN_F16 && !is_scalar());
+          ASSERT_NEAR(y[(size_t)i * m + j], yr[(size_t)i * m + j], tol)
+              << krn_type_name(t) << " n=" << n << " i=" << i << " j=" << j;
+        }
+      for (int j = 0; j < m; j++)
+        ASSERT_EQ(y[(size_t)(n - 1) * m + j], one[j]) << krn_type_name(t) << " n=" << n << " j=" << j;
     }
   }
 }

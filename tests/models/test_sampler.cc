@@ -79,6 +79,30 @@ TEST(Sampler, SameSeedSameOutputDifferentSeedDiffers) {
   EXPECT_NE(a, c);
 }
 
+// A request that asks for no logprobs skips the log-softmax: the same tokens from the same seed (greedy, and
+// temperature with top_k and top_p), and its logprob reads 0; with the log-softmax the logprob is a real one (< 0).
+TEST(Sampler, NoLogprobSameTokens) {
+  for (float temp : {0.0f, 1.0f}) {
+    auto p = neutral();
+    p.temperature = temp;
+    p.top_k = 40;
+    p.top_p = 0.9f;
+    p.seed = 7;
+    auto q = p;
+    q.no_logprob = 1;
+    Sampler with(p, 3000), without(q, 3000);
+    for (int i = 0; i < 32; i++) {
+      auto l = random_logits(3000, 500 + i, 2.0f);
+      mdl_sampled a, b;
+      mdl_sampler_sample(with.s, l.data(), &a);
+      mdl_sampler_sample(without.s, l.data(), &b);
+      ASSERT_EQ(a.token, b.token) << "temperature " << temp << " step " << i;
+      EXPECT_LT(a.logprob, 0.0f);
+      EXPECT_EQ(b.logprob, 0.0f);
+    }
+  }
+}
+
 TEST(Sampler, TopKOneIsGreedy) {
   auto p = neutral();
   p.temperature = 1.5f;
