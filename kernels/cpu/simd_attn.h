@@ -47,14 +47,23 @@ KRN_INLINE vf v_hsums(const vf *a) {
 }
 #endif
 
-// sc[r * ss + p] = scale * q_r . k_p for ATT_QR rows q (stride hd) and 4 rows k (stride hd).
-KRN_INLINE void att_scores(float *sc, size_t ss, const float *q, const float *k, int hd, float scale) {
+// Row p's elements [e, e + VL) of K or V rows that are f32 (h = 0) or the cache's own f16 (h = 1: f16 -> f32 is exact,
+// so both give the same values); rows ks elements apart. h is a constant at every call, so the test folds away.
+KRN_INLINE vf att_ld(const void *rows, size_t ks, int p, int e, int h) {
+  return h ? v_loadh((const krn_f16 *)rows + (size_t)p * ks + e) : v_load((const float *)rows + (size_t)p * ks + e);
+}
+KRN_INLINE float att_at(const void *rows, size_t ks, int p, int e, int h) {
+  return h ? f16f(((const krn_f16 *)rows)[(size_t)p * ks + e]) : ((const float *)rows)[(size_t)p * ks + e];
+}
+
+// sc[r * ss + p] = scale * q_r . k_p for ATT_QR rows q (stride hd) and 4 rows k (ks elements apart, f16 when h).
+KRN_INLINE void att_scores(float *sc, size_t ss, const float *q, const void *k, size_t ks, int h, int hd, float scale) {
   vf acc[VL];
 #pragma GCC unroll 16
   for (int i = 0; i < VL; i++) acc[i] = v_zero();
   int e = 0;
   for (; e + VL <= hd; e += VL) {
-    vf k0 = v_load(k + e), k1 = v_load(k + hd + e), k2 = v_load(k + 2 * hd + e), k3 = v_load(k + 3 * hd + e);
+    vf k0 = att_ld(k, ks, 0, e, h), k1 = att_ld(k, ks, 1, e, h), k2 = att_ld(k, ks, 2, e, h), k3 = att_ld(k, ks, 3, e, h);
 #pragma GCC unroll 4
     for (int r = 0; r < ATT_QR; r++) {
       vf qv = v_load(q + (size_t)r * hd + e);
@@ -69,14 +78,15 @@ KRN_INLINE void att_scores(float *sc, size_t ss, const float *q, const float *k,
   for (int r = 0; r < ATT_QR; r++)
     for (int p = 0; p < 4; p++) {
       float x = s[4 * r + p];
-      for (int j = e; j < hd; j++) x += q[(size_t)r * hd + j] * k[(size_t)p * hd + j];
+      for (int j = e; j < hd; j++) x += q[(size_t)r * hd + j] * att_at(k, ks, p, j, h);
       sc[(size_t)r * ss + p] = x * scale;
     }
 }
 
 // o_r[d, d + n VL) += sum over np positions of w_r[p] v_p, for ATT_PR rows o (stride hd), weights w (stride ss) and
-// values v (stride hd); n is 2 or 1 vectors.
-KRN_INLINE void att_pv(float *o, const float *w, size_t ss, const float *v, int np, int hd, int d, int n) {
+// values v (ks elements apart, f16 when h); n is 2 or 1 vectors.
+KRN_INLINE void att_pv(float *o, const float *w, size_t ss, const void *v, size_t ks, int h, int np, int hd, int d,
+                       int n) {
   vf acc[ATT_PR][2];
 #pragma GCC unroll 4
   for (int r = 0; r < ATT_PR; r++) {
@@ -84,7 +94,7 @@ KRN_INLINE void att_pv(float *o, const float *w, size_t ss, const float *v, int 
     acc[r][1] = n > 1 ? v_load(o + (size_t)r * hd + d + VL) : v_zero();
   }
   for (int p = 0; p < np; p++) {
-    vf v0 = v_load(v + (size_t)p * hd + d), v1 = n > 1 ? v_load(v + (size_t)p * hd + d + VL) : v_zero();
+    vf v0 = att_ld(v, ks, p, d, h), v1 = n > 1 ? att_ld(v, ks, p, d + VL, h) : v_zero();
 #pragma GCC unroll 4
     for (int r = 0; r < ATT_PR; r++) {
       vf wr = v_set1(w[(size_t)r * ss + p]);
@@ -135,6 +145,8 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
   const krn_attn_args *a = t->a;
   int hd = a->head_dim, G = a->n_head / a->n_kv_head, bs = a->block_size;
   size_t ss = s->span, stride = krn_cpu_kv_off(a, 0, 1), hoff = krn_cpu_kv_head_off(a, kh); // bytes per position, head
+  const int h16 = a->kv_type == KRN_F16;                        // f16 rows are read in place (not converted)
+  const size_t ks16 = stride / sizeof(krn_f16);                  // elements from one f16 row to the next
   int r0 = t->tiles[tile], nt = t->tiles[tile + 1] - r0, R = nt * G;
   int Rp = (R + ATT_PR - 1) / ATT_PR * ATT_PR; // ATT_PR is a multiple of ATT_QR
   int32_t seq = a->tok_seq[r0];
@@ -166,14 +178,23 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
         for (int p = 0; p < np; p++) sc0[(size_t)r * ss + p] = -INFINITY;
       continue;
     }
-    att_rows_f32(s->kv, (const char *)a->k_cache + krn_cpu_kv_off(a, blk, 0) + hoff, a->kv_type, stride, hd, np, np4);
+    const char *kb = (const char *)a->k_cache + krn_cpu_kv_off(a, blk, 0) + hoff;
+    // f16 rows are read in place, four positions at a time; what is left (and every row of another type) is
+    // converted into s->kv first, zero rows padding the last group of four
+    int direct = h16 ? np / 4 * 4 : 0;
     for (int r = 0; r < Rp; r += ATT_QR)
-      for (int p = 0; p < np4; p += 4) {
+      for (int p = 0; p < direct; p += 4)
+        att_scores(sc0 + (size_t)r * ss + p, ss, s->q + (size_t)r * hd, kb + (size_t)p * stride, ks16, 1, hd, a->scale);
+    if (direct == np) continue;
+    att_rows_f32(s->kv, kb + (size_t)direct * stride, a->kv_type, stride, hd, np - direct, np4 - direct);
+    for (int r = 0; r < Rp; r += ATT_QR)
+      for (int p = direct; p < np4; p += 4) {
+        const float *kv = s->kv + (size_t)(p - direct) * hd;
         if (p + 4 <= np) {
-          att_scores(sc0 + (size_t)r * ss + p, ss, s->q + (size_t)r * hd, s->kv + (size_t)p * hd, hd, a->scale);
+          att_scores(sc0 + (size_t)r * ss + p, ss, s->q + (size_t)r * hd, kv, hd, 0, hd, a->scale);
         } else { // the block's last positions: scores past np land in a side buffer
           float tmp[ATT_QR * 4];
-          att_scores(tmp, 4, s->q + (size_t)r * hd, s->kv + (size_t)p * hd, hd, a->scale);
+          att_scores(tmp, 4, s->q + (size_t)r * hd, kv, hd, 0, hd, a->scale);
           for (int rr = 0; rr < ATT_QR; rr++)
             for (int pp = p; pp < np; pp++) sc0[(size_t)(r + rr) * ss + pp] = tmp[rr * 4 + pp - p];
         }
@@ -210,17 +231,29 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
   for (int32_t p0 = plo; p0 < phi; p0 += bs) {
     int32_t blk = bt[p0 / bs], np = p0 + bs < phi ? bs : phi - p0;
     if (blk < 0) continue;
-    att_rows_f32(s->kv, (const char *)a->v_cache + krn_cpu_kv_off(a, blk, 0) + hoff, a->kv_type, stride, hd, np, np);
+    const char *vb = (const char *)a->v_cache + krn_cpu_kv_off(a, blk, 0) + hoff;
+    const void *v = vb;
+    size_t vs = ks16;
+    if (!h16) { // rows of another type are converted first
+      att_rows_f32(s->kv, vb, a->kv_type, stride, hd, np, np);
+      v = s->kv;
+      vs = (size_t)hd;
+    }
     const float *w0 = s->sc + (p0 - plo);
     for (int r = 0; r < Rp; r += ATT_PR) {
       float *o = s->o + (size_t)r * hd;
       const float *w = w0 + (size_t)r * ss;
       int d = 0;
-      for (; d + 2 * VL <= hd; d += 2 * VL) att_pv(o, w, ss, s->kv, np, hd, d, 2);
-      for (; d + VL <= hd; d += VL) att_pv(o, w, ss, s->kv, np, hd, d, 1);
+      if (h16) {
+        for (; d + 2 * VL <= hd; d += 2 * VL) att_pv(o, w, ss, v, vs, 1, np, hd, d, 2);
+        for (; d + VL <= hd; d += VL) att_pv(o, w, ss, v, vs, 1, np, hd, d, 1);
+      } else {
+        for (; d + 2 * VL <= hd; d += 2 * VL) att_pv(o, w, ss, v, vs, 0, np, hd, d, 2);
+        for (; d + VL <= hd; d += VL) att_pv(o, w, ss, v, vs, 0, np, hd, d, 1);
+      }
       for (; d < hd; d++)
         for (int rr = 0; rr < ATT_PR; rr++)
-          for (int p = 0; p < np; p++) o[(size_t)rr * hd + d] += w[(size_t)rr * ss + p] * s->kv[(size_t)p * hd + d];
+          for (int p = 0; p < np; p++) o[(size_t)rr * hd + d] += w[(size_t)rr * ss + p] * att_at(v, vs, p, d, h16);
     }
   }
   for (int i = 0; i < nt; i++)
