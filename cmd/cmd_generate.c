@@ -171,6 +171,9 @@ static int run_bench(cmd_model *e, const gen_opts *o, char *err, size_t errlen) 
   }
   printf("pp%d tok/s: %.2f\n", PP, PP / best_pp);
   fflush(stdout);
+  // the read bandwidth, probed before and after the decode runs (the best of both counts): on a shared machine it
+  // moved by a third between the two on some runs, which put batch 1 above a roofline probed after it alone
+  double gbps = e->pool ? cmd_read_gbps(e->pool, (size_t)1 << 30) : 0;
   // decode at batch 1 and at batch B
   int sizes[2] = {1, B};
   for (int k = 0; k < 2; k++) {
@@ -199,7 +202,8 @@ static int run_bench(cmd_model *e, const gen_opts *o, char *err, size_t errlen) 
   }
   // the roofline: a decode step reads every weight once, so batch-1 decode can go no faster than bandwidth / bytes
   if (e->pool) {
-    double gbps = cmd_read_gbps(e->pool, (size_t)1 << 30);
+    double after = cmd_read_gbps(e->pool, (size_t)1 << 30);
+    if (after > gbps) gbps = after;
     size_t wb = cmd_decode_weight_bytes(e->g);
     printf("memory read GB/s: %.2f (%d threads)\n", gbps, krn_pool_threads(e->pool));
     printf("decode weight MiB per step: %.2f\n", wb / 1048576.0);

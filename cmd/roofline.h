@@ -11,8 +11,9 @@
 // which a step reads one row per token, unless the output projection is tied to it (no output.weight).
 size_t cmd_decode_weight_bytes(const mdl_gguf *g);
 
-// The best of 5 timed passes of pool's threads reading a fresh buffer of `bytes` (far larger than the caches), in
-// GB/s (1e9 bytes); 0 when the buffer cannot be allocated.
+// The best of 10 timed passes of pool's threads reading a fresh buffer of `bytes` (far larger than the caches), in
+// GB/s (1e9 bytes), 5 with 8-byte loads and 5 with the widest vector loads and software prefetch (the decode
+// matmuls' prefetch beat the 8-byte reader on some runs); 0 when the buffer cannot be allocated.
 double cmd_read_gbps(krn_pool *pool, size_t bytes);
 
 #endif

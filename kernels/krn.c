@@ -192,6 +192,14 @@ void krn_event_wait(krn_ctx *c, krn_event *e) {
   if (e && c->be->event_wait) c->be->event_wait(c, e);
 }
 
+void krn_matmul_group(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, int n, int k) {
+  if (c->be->matmul_group && n_mm <= KRN_MM_GROUP_MAX) {
+    c->be->matmul_group(c, mm, n_mm, x, n, k);
+    return;
+  }
+  for (int i = 0; i < n_mm; i++) c->be->matmul(c, mm[i].y, mm[i].w, mm[i].wt, x, n, k, mm[i].m);
+}
+
 void krn_download_ready(krn_ctx *c, void *host_dst, const void *src, size_t bytes) {
   if (c->be->download_ready) c->be->download_ready(c, host_dst, src, bytes);
   else c->be->download(c, host_dst, src, bytes);

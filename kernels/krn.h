@@ -128,6 +128,15 @@ typedef struct krn_attn_args {
                                // local layers; only on tables with attn_window = 1); 0: all of [0, pos]
 } krn_attn_args;
 
+// One product of a matmul group: y(n, m) = x(n, k) . w(m, k)^T, x and n, k being the group's.
+typedef struct krn_mm {
+  float *y;      // (n, m)
+  const void *w; // (m, k) of wt
+  krn_type wt;
+  int m;
+} krn_mm;
+#define KRN_MM_GROUP_MAX 4 // products one matmul_group call takes at most
+
 // One table per backend. Pointers are host memory for cpu backends, device memory for cuda.
 typedef struct krn_backend {
   const char *name; // "scalar", "avx2", "avx512", "cuda"
@@ -197,6 +206,11 @@ typedef struct krn_backend {
   // (YaRN's magnitude scale; 1 otherwise). NULL in cuda, where such a model refuses to load.
   void (*rope_freqs)(krn_ctx *c, float *x, const int32_t *pos, int n, int n_head, int head_dim, const float *inv_freq,
                      float mscale, int neox);
+  // Optional: the products mm(n_mm <= KRN_MM_GROUP_MAX) of one activation x(n, k) (a layer's q, k and v; its gate and
+  // up) as one op, so that x is quantized once and the threads share out all their rows in one pool run: a decode
+  // step is memory-bound and short, and each pool run costs a wake-up and a wait for the slower thread. Same results
+  // as matmul per product. Callers use krn_matmul_group, which calls matmul per product where this is NULL (cuda).
+  void (*matmul_group)(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, int n, int k);
 } krn_backend;
 
 // Backend-neutral events, so that a consumer of one layer's output (a KV push) waits for that layer only,
@@ -207,6 +221,8 @@ int krn_event_new(krn_ctx *c, krn_event **out, char *err, size_t errlen);
 void krn_event_free(krn_ctx *c, krn_event *e);     // NULL: no-op
 void krn_event_record(krn_ctx *c, krn_event *e);
 void krn_event_wait(krn_ctx *c, krn_event *e);
+// be->matmul_group, or be->matmul once per product where the table has none.
+void krn_matmul_group(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, int n, int k);
 // be->download_ready, or be->download where the table has none.
 void krn_download_ready(krn_ctx *c, void *host_dst, const void *src, size_t bytes);
 // be->host_register / host_unregister; 0 (nothing to do) where the table has none.

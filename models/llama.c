@@ -317,6 +317,22 @@ static void rope(mdl_llama *m, int T, float theta, int scaled) {
   be->rope(m->kc, m->k, m->d_pos, T, c->n_kv_head, c->head_dim, theta, c->rope_neox);
 }
 
+// q, k, v (T rows each) from m->xb: one op, so that a decode step's three small products are one pool run.
+static void qkv(mdl_llama *m, const mdl_layer *L, int T) {
+  const mdl_llama_cfg *c = &m->cfg;
+  krn_mm mm[3] = {{m->q, L->wq.data, L->wq.type, c->n_head * c->head_dim},
+                  {m->k, L->wk.data, L->wk.type, c->n_kv_head * c->head_dim},
+                  {m->v, L->wv.data, L->wv.type, c->n_kv_head * c->head_dim}};
+  krn_matmul_group(m->kc, mm, 3, m->xb, T, c->n_embd);
+}
+
+// The FFN's gate (into m->hb) and up (m->hb2) products from m->xb, as one op.
+static void gate_up(mdl_llama *m, const mdl_layer *L, int T) {
+  const mdl_llama_cfg *c = &m->cfg;
+  krn_mm mm[2] = {{m->hb, L->wg.data, L->wg.type, c->n_ff}, {m->hb2, L->wu.data, L->wu.type, c->n_ff}};
+  krn_matmul_group(m->kc, mm, 2, m->xb, T, c->n_embd);
+}
+
 // One gemma3 layer over x (llama.cpp's gemma3 graph): q/k norms, RoPE with the layer's base, attention (sliding
 // window on local layers), a norm after attention and after the GELU FFN, each before its residual add.
 static void gemma3_layer(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a, int l, mdl_layer_done_fn on_layer,
@@ -326,12 +342,10 @@ static void gemma3_layer(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a, int l
   const krn_backend *be = kc->be;
   const mdl_layer *L = &m->layers[l];
   const int T = a->n_tokens;
-  int E = c->n_embd, HD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim, F = c->n_ff;
+  int E = c->n_embd, HD = c->n_head * c->head_dim, F = c->n_ff;
   float *x = m->x, *xb = m->xb;
   be->rmsnorm(kc, xb, x, L->attn_norm.data, T, E, c->rms_eps);
-  be->matmul(kc, m->q, L->wq.data, L->wq.type, xb, T, E, HD);
-  be->matmul(kc, m->k, L->wk.data, L->wk.type, xb, T, E, KD);
-  be->matmul(kc, m->v, L->wv.data, L->wv.type, xb, T, E, KD);
+  qkv(m, L, T);
   be->rmsnorm(kc, m->q, m->q, L->q_norm.data, T * c->n_head, c->head_dim, c->rms_eps);
   be->rmsnorm(kc, m->k, m->k, L->k_norm.data, T * c->n_kv_head, c->head_dim, c->rms_eps);
   a->window = mdl_llama_layer_window(c, l);
@@ -346,8 +360,7 @@ static void gemma3_layer(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a, int l
   be->rmsnorm(kc, xb, xb, L->post_attn_norm.data, T, E, c->rms_eps);
   be->add(kc, x, xb, (int64_t)T * E);
   be->rmsnorm(kc, xb, x, L->ffn_norm.data, T, E, c->rms_eps);
-  be->matmul(kc, m->hb, L->wg.data, L->wg.type, xb, T, E, F);
-  be->matmul(kc, m->hb2, L->wu.data, L->wu.type, xb, T, E, F);
+  gate_up(m, L, T);
   be->geglu(kc, m->hb, m->hb, m->hb2, (int64_t)T * F);
   be->matmul(kc, xb, L->wd.data, L->wd.type, m->hb, T, F, E);
   be->rmsnorm(kc, xb, xb, L->post_ffn_norm.data, T, E, c->rms_eps);
@@ -373,9 +386,7 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
       continue;
     }
     be->rmsnorm(kc, xb, x, L->attn_norm.data, T, E, c->rms_eps);
-    be->matmul(kc, m->q, L->wq.data, L->wq.type, xb, T, E, HD);
-    be->matmul(kc, m->k, L->wk.data, L->wk.type, xb, T, E, KD);
-    be->matmul(kc, m->v, L->wv.data, L->wv.type, xb, T, E, KD);
+    qkv(m, L, T);
     // qwen2 biases: one add per row (the backend table has no broadcast add)
     for (int i = 0; L->bq.data && i < T; i++) be->add(kc, m->q + (size_t)i * HD, L->bq.data, HD);
     for (int i = 0; L->bk.data && i < T; i++) be->add(kc, m->k + (size_t)i * KD, L->bk.data, KD);
@@ -390,8 +401,7 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
     be->matmul(kc, xb, L->wo.data, L->wo.type, m->att, T, HD, E);
     be->add(kc, x, xb, (int64_t)T * E);
     be->rmsnorm(kc, xb, x, L->ffn_norm.data, T, E, c->rms_eps);
-    be->matmul(kc, m->hb, L->wg.data, L->wg.type, xb, T, E, F);
-    be->matmul(kc, m->hb2, L->wu.data, L->wu.type, xb, T, E, F);
+    gate_up(m, L, T);
     be->swiglu(kc, m->hb, m->hb, m->hb2, (int64_t)T * F);
     be->matmul(kc, xb, L->wd.data, L->wd.type, m->hb, T, F, E);
     be->add(kc, x, xb, (int64_t)T * E);

@@ -275,7 +275,17 @@ static void amx_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const f
   free(buf);
 }
 
-// The table: the avx512 table with its name and matmul replaced. Built on first use because the avx512 ops are
+// A group below AMX_MIN_ROWS rows (decode) is the avx512 table's group, one pool run; a prefill group runs each
+// product on the tiles (amx_matmul), so that q, k, v, gate and up stay on AMX.
+static void amx_matmul_group(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, int n, int k) {
+  if (n < AMX_MIN_ROWS) {
+    krn_cpu_avx512_table()->matmul_group(c, mm, n_mm, x, n, k);
+    return;
+  }
+  for (int i = 0; i < n_mm; i++) amx_matmul(c, mm[i].y, mm[i].w, mm[i].wt, x, n, k, mm[i].m);
+}
+
+// The table: the avx512 table with its name and matmul (and matmul group) replaced. Built on first use because the avx512 ops are
 // static in backend_avx512.c (a constant initializer cannot name them); written once under pthread_once, read-only
 // after, so every caller sees the same complete table.
 static krn_backend amx_backend;
@@ -284,6 +294,7 @@ static void amx_backend_build(void) {
   amx_backend = *krn_cpu_avx512_table();
   amx_backend.name = KRN_AMX_NAME;
   amx_backend.matmul = amx_matmul;
+  amx_backend.matmul_group = amx_matmul_group;
 }
 const krn_backend *KRN_AMX_TABLE(void) {
   pthread_once(&amx_backend_once, amx_backend_build);

@@ -286,25 +286,3 @@ KRN_INLINE void mx_span(const mm_task *t, krn_type wt, mx_panel *p, int64_t lo, 
     }
   }
 }
-
-// Thread ith's share of the weight rows, in whole groups of 16.
-static void mx_run(const mm_task *t, int ith, int nth) {
-  int64_t g0, g1;
-  krn_cpu_range((t->m + MX_ROWS - 1) / MX_ROWS, ith, nth, &g0, &g1);
-  int64_t lo = g0 * MX_ROWS, hi = g1 * MX_ROWS < t->m ? g1 * MX_ROWS : t->m;
-  if (lo >= hi) return;
-  mx_panel *p = aligned_alloc(64, sizeof *p);
-  if (!p) abort(); // 48 KiB
-  switch (t->wt) { // one instance per type, so that the type's branches fold away inside the loops
-  case KRN_Q4_0: mx_span(t, KRN_Q4_0, p, lo, hi); break;
-  case KRN_Q4_1: mx_span(t, KRN_Q4_1, p, lo, hi); break;
-  case KRN_Q5_0: mx_span(t, KRN_Q5_0, p, lo, hi); break;
-  case KRN_Q5_1: mx_span(t, KRN_Q5_1, p, lo, hi); break;
-  case KRN_Q4_K: mx_span(t, KRN_Q4_K, p, lo, hi); break;
-  case KRN_Q5_K: mx_span(t, KRN_Q5_K, p, lo, hi); break;
-  case KRN_Q6_K: mx_span(t, KRN_Q6_K, p, lo, hi); break;
-  case KRN_Q8_0: mx_span(t, KRN_Q8_0, p, lo, hi); break;
-  default: break; // krn_cpu_mm_ok lets in no other quantized type
-  }
-  free(p);
-}

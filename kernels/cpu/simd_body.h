@@ -38,6 +38,7 @@ static const krn_backend simd_backend = {
     .attn_window = 1,
     .kv_q8_0 = 1,
     .rope_freqs = simd_rope_freqs,
+    .matmul_group = simd_matmul_group,
 };
 
 const krn_backend *KRN_SIMD_TABLE(void) { return &simd_backend; }

@@ -54,6 +54,7 @@ typedef struct mm_task {
   const float *x;      // (n, k)
   mr_act xa;           // x quantized (quantized weights only)
   int n, k, m;
+  size_t rs;           // bytes per weight row
 } mm_task;
 
 #define MM_JBLOCK 16 // weight rows kept hot while activation tiles stream past
@@ -62,7 +63,7 @@ typedef struct mm_task {
 #ifndef KRN_W512 // AVX-512 multiplies the quantized types in matmul_x16.h
 // Weight rows [j, j + NW) (the last one repeated past m) against activation rows [i0, i0 + R).
 KRN_INLINE void mm_rows_q(const mm_task *t, krn_type wt, int64_t j, int64_t j1, int i0, int NW, int R) {
-  size_t rs = krn_row_size(wt, t->k);
+  size_t rs = t->rs;
   const void *wr[MR_W];
   float out[MR_W * MR_R];
   int W = j1 - j < NW ? (int)(j1 - j) : NW;
@@ -75,7 +76,7 @@ KRN_INLINE void mm_rows_q(const mm_task *t, krn_type wt, int64_t j, int64_t j1, 
 #endif
 
 KRN_INLINE void mm_rows_f(const mm_task *t, krn_type wt, int64_t j, int i0, int R) {
-  const void *wr = (const char *)t->w + (size_t)j * krn_row_size(wt, t->k);
+  const void *wr = (const char *)t->w + (size_t)j * t->rs;
   const float *xr[MM_TILE];
   float out[MM_TILE];
   for (int r = 0; r < R; r++) xr[r] = t->x + (size_t)(i0 + r) * t->k;
@@ -119,16 +120,26 @@ KRN_INLINE void mm_block_f(const mm_task *t, krn_type wt, int64_t j0, int64_t j1
 #include "kernels/cpu/matmul_x16.h"
 #endif
 
-static void mm_run(void *vp, int ith, int nth) {
-  const mm_task *t = vp;
+// Rows [lo, hi) of t's weight against every activation row (p: this thread's packing panel, AVX-512 only).
+static void mm_span(const mm_task *t, void *p, int64_t lo, int64_t hi) {
 #ifdef KRN_W512
   if (!krn_cpu_is_float(t->wt)) { // every quantized type
-    mx_run(t, ith, nth);
+    switch (t->wt) { // one instance per type, so that the type's branches fold away inside the loops
+    case KRN_Q4_0: mx_span(t, KRN_Q4_0, p, lo, hi); break;
+    case KRN_Q4_1: mx_span(t, KRN_Q4_1, p, lo, hi); break;
+    case KRN_Q5_0: mx_span(t, KRN_Q5_0, p, lo, hi); break;
+    case KRN_Q5_1: mx_span(t, KRN_Q5_1, p, lo, hi); break;
+    case KRN_Q4_K: mx_span(t, KRN_Q4_K, p, lo, hi); break;
+    case KRN_Q5_K: mx_span(t, KRN_Q5_K, p, lo, hi); break;
+    case KRN_Q6_K: mx_span(t, KRN_Q6_K, p, lo, hi); break;
+    case KRN_Q8_0: mx_span(t, KRN_Q8_0, p, lo, hi); break;
+    default: break; // krn_cpu_mm_ok lets in no other quantized type
+    }
     return;
   }
+#else
+  (void)p;
 #endif
-  int64_t lo, hi;
-  krn_cpu_range(t->m, ith, nth, &lo, &hi);
   for (int64_t j0 = lo; j0 < hi; j0 += MM_JBLOCK) {
     int64_t j1 = j0 + MM_JBLOCK < hi ? j0 + MM_JBLOCK : hi;
     // one instance per type, so that the type's branches fold away inside the loops
@@ -150,21 +161,92 @@ static void mm_run(void *vp, int ith, int nth) {
   }
 }
 
-static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
-  if (!krn_cpu_mm_ok(wt, n, k, m)) { if (n > 0 && m > 0) krn_cpu_fill_nan(y, (int64_t)n * m); return; }
-  mm_task t = {y, w, wt, x, {0}, n, k, m};
-  int par = (int64_t)n * k * m >= KRN_PAR_MIN;
-  void *buf = NULL;
-  if (!krn_cpu_is_float(wt)) {
-    // (matmul_x16.h takes the signed bytes: MR_U8 is 0 with AVX-512)
-    buf = mr_act_alloc(&t.xa, n, k, MR_U8 && wt_signed(wt));
-    mr_quant_task q = {&t.xa, x, n, k};
-    if (par && n >= 8) krn_cpu_par(c, mr_quant_run, &q);
-    else mr_quant_run(&q, 0, 1);
+// A group's products as one pool run. Their rows are laid end to end and cut into one contiguous share per thread,
+// even in weight bytes (at whole MM_JBLOCKs, matmul_x16.h's groups of 16): each thread streams one run of memory,
+// which the prefetchers follow (chunks claimed from a shared counter, interleaving the threads, ran a decode step at
+// 80% of this speed).
+typedef struct mm_group {
+  mm_task t[KRN_MM_GROUP_MAX];
+  int n_mm;
+} mm_group;
+
+// The row of the concatenated products at which share ith of nth starts, as (product, row).
+static void mm_group_at(const mm_group *g, int ith, int nth, int *pi, int64_t *row) {
+  int64_t total = 0;
+  for (int i = 0; i < g->n_mm; i++) total += (int64_t)g->t[i].rs * g->t[i].m;
+  int64_t at = total / nth * ith + total % nth * ith / nth; // bytes before the share
+  for (int i = 0; i < g->n_mm; i++) {
+    int64_t bytes = (int64_t)g->t[i].rs * g->t[i].m;
+    if (at < bytes || i == g->n_mm - 1) {
+      int64_t r = (at / (int64_t)g->t[i].rs + MM_JBLOCK / 2) / MM_JBLOCK * MM_JBLOCK;
+      *pi = i;
+      *row = r < g->t[i].m ? r : g->t[i].m;
+      return;
+    }
+    at -= bytes;
   }
-  if (par) krn_cpu_par(c, mm_run, &t);
-  else mm_run(&t, 0, 1);
-  free(buf);
+  *pi = 0;
+  *row = 0;
+}
+
+static void mm_group_run(void *vp, int ith, int nth) {
+  const mm_group *g = vp;
+  int i0, i1;
+  int64_t r0, r1;
+  mm_group_at(g, ith, nth, &i0, &r0);
+  if (ith + 1 < nth) mm_group_at(g, ith + 1, nth, &i1, &r1);
+  else i1 = g->n_mm - 1, r1 = g->t[i1].m;
+  void *p = NULL;
+#ifdef KRN_W512
+  p = aligned_alloc(64, sizeof(mx_panel));
+  if (!p) abort(); // 48 KiB
+#endif
+  for (int i = i0; i <= i1; i++) {
+    int64_t lo = i == i0 ? r0 : 0, hi = i == i1 ? r1 : g->t[i].m;
+    if (lo < hi) mm_span(&g->t[i], p, lo, hi);
+  }
+  free(p);
+}
+
+static void simd_matmul_group(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, int n, int k) {
+  mm_group g;
+  memset(&g, 0, sizeof g);
+  int64_t work = 0;
+  int forms = 0; // bit 0: some product takes x's plain activation blocks, bit 1: the +128 form (signed weights)
+  for (int i = 0; i < n_mm; i++) {
+    if (!krn_cpu_mm_ok(mm[i].wt, n, k, mm[i].m)) {
+      if (n > 0 && mm[i].m > 0) krn_cpu_fill_nan(mm[i].y, (int64_t)n * mm[i].m);
+      continue;
+    }
+    mm_task *t = &g.t[g.n_mm];
+    *t = (mm_task){mm[i].y, mm[i].w, mm[i].wt, x, {0}, n, k, mm[i].m, krn_row_size(mm[i].wt, k)};
+    work += (int64_t)n * k * t->m;
+    // (matmul_x16.h takes the signed bytes: MR_U8 is 0 with AVX-512)
+    if (!krn_cpu_is_float(t->wt)) forms |= MR_U8 && wt_signed(t->wt) ? 2 : 1;
+    g.n_mm++;
+  }
+  if (g.n_mm == 0 || n == 0) return;
+  int par = work >= KRN_PAR_MIN;
+  void *buf[2] = {NULL, NULL};
+  mr_act xa[2];
+  memset(xa, 0, sizeof xa);
+  for (int f = 0; f < 2; f++) // x quantized once for every product that takes that form
+    if (forms >> f & 1) {
+      buf[f] = mr_act_alloc(&xa[f], n, k, f);
+      mr_quant_task q = {&xa[f], x, n, k};
+      if (par && n >= 8) krn_cpu_par(c, mr_quant_run, &q);
+      else mr_quant_run(&q, 0, 1);
+    }
+  for (int i = 0; i < g.n_mm; i++) g.t[i].xa = xa[MR_U8 && wt_signed(g.t[i].wt)];
+  if (par) krn_cpu_par(c, mm_group_run, &g);
+  else mm_group_run(&g, 0, 1);
+  free(buf[0]);
+  free(buf[1]);
+}
+
+static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
+  krn_mm one = {y, w, wt, m};
+  simd_matmul_group(c, &one, 1, x, n, k);
 }
 
 #endif

@@ -291,6 +291,7 @@ static const krn_backend cu_backend = {
     1, // attn_window: paged_attention honors krn_attn_args.window and skips block ids < 0
     0, // kv_q8_0: no q8_0 paged attention here; a q8_0 pool on this table is refused at load (mdl_kv_type_check)
     krn_cuda_rope_freqs,
+    NULL, // matmul_group: krn_matmul_group runs matmul per product (each is one GEMV launch; a graph replays them)
 };
 
 extern "C" const krn_backend *krn_cuda(void) { return &cu_backend; }

@@ -173,6 +173,31 @@ TEST_P(AmxMatmul, RowIndependentOfBatchFrom32Rows) {
   }
 }
 
+// A matmul group (a layer's q, k, v) gives each product what the table's matmul gives it alone, bit for bit: on the
+// tiles from 32 rows (prefill stays on AMX), the avx512 group below (decode).
+TEST_P(AmxMatmul, GroupIsEachProductsMatmul) {
+  std::mt19937 rng(12);
+  const krn_type ts[3] = {KRN_Q4_1, KRN_Q8_0, KRN_Q6_K};
+  const int k = 512, ms[3] = {64, 17, 40};
+  std::vector<std::vector<uint8_t>> w;
+  for (int i = 0; i < 3; i++) w.push_back(random_weights(rng, ts[i], ms[i], k));
+  for (int n : {1, 8, 32, 45}) {
+    auto x = random_floats(rng, (size_t)n * k);
+    std::vector<std::vector<float>> y(3), alone(3);
+    krn_mm mm[3];
+    for (int i = 0; i < 3; i++) {
+      y[i].assign((size_t)n * ms[i], NAN);
+      alone[i].assign((size_t)n * ms[i], NAN);
+      mm[i] = {y[i].data(), w[i].data(), ts[i], ms[i]};
+      be->matmul(&ctx, alone[i].data(), w[i].data(), ts[i], x.data(), n, k, ms[i]);
+    }
+    krn_matmul_group(&ctx, mm, 3, x.data(), n, k);
+    for (int i = 0; i < 3; i++)
+      ASSERT_EQ(0, std::memcmp(y[i].data(), alone[i].data(), y[i].size() * sizeof(float)))
+          << krn_type_name(ts[i]) << " n=" << n;
+  }
+}
+
 // Float weights are the avx512 table's own products, bit for bit; bad shapes give NaN as on every table.
 TEST_P(AmxMatmul, FloatWeightsAreAvx512sAndBadShapesNaN) {
   std::mt19937 rng(11);

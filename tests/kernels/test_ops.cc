@@ -180,11 +180,13 @@ TEST_P(KrnOps, MatmulLongRowsMatchScalar) {
 
 // A row's product must not depend on the batch it is computed in (which tile shape, which leftover path, which
 // thread's share of the weight rows): the same activation row alone and inside batches of 2..16 rows gives
-// bit-identical outputs, or a sequence's logits would change with the other sequences decoding next to it.
+// bit-identical outputs, or a sequence's logits would change with the other sequences decoding next to it. Short
+// and long weight rows: a decode step below a full tile reads long ones one at a time, short ones two at a time.
 TEST_P(KrnOps, MatmulRowIndependentOfBatch) {
   std::mt19937 rng(7);
-  for (krn_type t : kWeightTypes) {
-    const int k = krn_type_block(t) == KRN_QK_K ? 512 : 352, m = 45;
+  for (krn_type t : kWeightTypes)
+  for (int k : krn_type_block(t) == KRN_QK_K ? std::vector<int>{512, 2048} : std::vector<int>{352, 1536}) {
+    const int m = 45;
     auto w = random_weights(rng, t, m, k);
     auto x = random_floats(rng, (size_t)16 * k);
     std::vector<std::vector<float>> alone(16, std::vector<float>(m));
@@ -199,6 +201,55 @@ TEST_P(KrnOps, MatmulRowIndependentOfBatch) {
                 << krn_type_name(t) << " n=" << n << " row " << off + i << " j=" << j;
       }
     }
+  }
+}
+
+// A matmul group (krn_matmul_group: the backend's matmul_group, or matmul per product where the table has none)
+// gives each product bit for bit what matmul gives it alone, whatever the mix of weight types (signed and unsigned
+// int8 forms, K-quants, float) and sizes in it, at decode and prefill row counts; a product matmul refuses (k not a
+// multiple of its block) is NaN and leaves the others whole.
+TEST_P(KrnOps, MatmulGroupMatchesMatmul) {
+  std::mt19937 rng(11);
+  const krn_type mixes[][3] = {{KRN_Q4_1, KRN_Q4_1, KRN_Q4_1}, {KRN_Q5_0, KRN_Q5_0, KRN_Q8_0},
+                               {KRN_Q4_K, KRN_Q6_K, KRN_F16},  {KRN_Q8_0, KRN_Q4_0, KRN_BF16}};
+  const int ms[3] = {96, 33, 130};
+  for (const auto &mix : mixes) {
+    for (int k : {512, 1536}) {
+      std::vector<std::vector<uint8_t>> w;
+      for (int i = 0; i < 3; i++) w.push_back(random_weights(rng, mix[i], ms[i], k));
+      for (int n : {1, 2, 9}) {
+        auto x = random_floats(rng, (size_t)n * k);
+        for (int n_mm = 1; n_mm <= 3; n_mm++) {
+          std::vector<std::vector<float>> y(3), alone(3);
+          krn_mm mm[3];
+          for (int i = 0; i < n_mm; i++) {
+            y[i].assign((size_t)n * ms[i], NAN);
+            alone[i].assign((size_t)n * ms[i], NAN);
+            mm[i] = {y[i].data(), w[i].data(), mix[i], ms[i]};
+            be->matmul(&ctx, alone[i].data(), w[i].data(), mix[i], x.data(), n, k, ms[i]);
+          }
+          krn_matmul_group(&ctx, mm, n_mm, x.data(), n, k);
+          for (int i = 0; i < n_mm; i++)
+            for (size_t e = 0; e < y[i].size(); e++)
+              ASSERT_EQ(y[i][e], alone[i][e]) << krn_type_name(mix[i]) << " product " << i << " of " << n_mm
+                                              << " k=" << k << " n=" << n << " e=" << e;
+        }
+      }
+    }
+  }
+  // k = 288: a whole number of 32-element blocks, not of a K-quant's 256: the Q6_K product is NaN, the others not
+  auto wa = random_weights(rng, KRN_Q4_0, 8, 288), wb = random_weights(rng, KRN_Q8_0, 8, 288);
+  std::vector<uint8_t> wk(8 * krn_row_size(KRN_Q6_K, 256));
+  auto x = random_floats(rng, 288);
+  std::vector<float> ya(8, NAN), yk(8, 0), yb(8, NAN), ra(8), rb(8);
+  krn_mm mm[3] = {{ya.data(), wa.data(), KRN_Q4_0, 8}, {yk.data(), wk.data(), KRN_Q6_K, 8}, {yb.data(), wb.data(), KRN_Q8_0, 8}};
+  krn_matmul_group(&ctx, mm, 3, x.data(), 1, 288);
+  be->matmul(&ctx, ra.data(), wa.data(), KRN_Q4_0, x.data(), 1, 288, 8);
+  be->matmul(&ctx, rb.data(), wb.data(), KRN_Q8_0, x.data(), 1, 288, 8);
+  for (int j = 0; j < 8; j++) {
+    EXPECT_TRUE(std::isnan(yk[j])) << j;
+    EXPECT_EQ(ya[j], ra[j]) << j;
+    EXPECT_EQ(yb[j], rb[j]) << j;
   }
 }
 
