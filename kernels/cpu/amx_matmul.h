@@ -262,27 +262,36 @@ static void amx_run(void *vp, int ith, int nth) {
   }
 }
 
-static void amx_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
-  if (n < AMX_MIN_ROWS || krn_cpu_is_float(wt) || !krn_cpu_mm_ok(wt, n, k, m) || m == 0) {
-    krn_cpu_avx512_table()->matmul(c, y, w, wt, x, n, k, m); // which also answers bad shapes with NaN
-    return;
-  }
-  amx_task t = {y, w, wt, {0}, n, k, m};
-  void *buf = mr_act_alloc(&t.xa, n, k, 0); // TDPBSSD: signed activation bytes for every weight form
-  mr_quant_task q = {&t.xa, x, n, k};
-  krn_cpu_par(c, mr_quant_run, &q);
-  krn_cpu_par(c, amx_run, &t);
-  free(buf);
-}
-
-// A group below AMX_MIN_ROWS rows (decode) is the avx512 table's group, one pool run; a prefill group runs each
-// product on the tiles (amx_matmul), so that q, k, v, gate and up stay on AMX.
+// A group below AMX_MIN_ROWS rows (decode) is the avx512 table's group, one pool run. A prefill group quantizes x once
+// (signed bytes: TDPBSSD takes them for every weight form) and runs each product of quantized weights on the tiles,
+// so that q, k, v, gate and up stay on AMX; float weights and bad shapes take the avx512 matmul (which also answers
+// bad shapes with NaN).
 static void amx_matmul_group(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, int n, int k) {
   if (n < AMX_MIN_ROWS) {
     krn_cpu_avx512_table()->matmul_group(c, mm, n_mm, x, n, k);
     return;
   }
-  for (int i = 0; i < n_mm; i++) amx_matmul(c, mm[i].y, mm[i].w, mm[i].wt, x, n, k, mm[i].m);
+  mr_act xa;
+  void *buf = NULL;
+  for (int i = 0; i < n_mm; i++) {
+    if (krn_cpu_is_float(mm[i].wt) || !krn_cpu_mm_ok(mm[i].wt, n, k, mm[i].m) || mm[i].m == 0) {
+      krn_cpu_avx512_table()->matmul(c, mm[i].y, mm[i].w, mm[i].wt, x, n, k, mm[i].m);
+      continue;
+    }
+    if (!buf) {
+      buf = mr_act_alloc(&xa, n, k, 0);
+      mr_quant_task q = {&xa, x, n, k};
+      krn_cpu_par(c, mr_quant_run, &q);
+    }
+    amx_task t = {mm[i].y, mm[i].w, mm[i].wt, xa, n, k, mm[i].m};
+    krn_cpu_par(c, amx_run, &t);
+  }
+  free(buf);
+}
+
+static void amx_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
+  krn_mm one = {y, w, wt, m};
+  amx_matmul_group(c, &one, 1, x, n, k);
 }
 
 // The table: the avx512 table with its name and matmul (and matmul group) replaced. Built on first use because the avx512 ops are
