@@ -8,8 +8,6 @@
 #include "util/clock.h"
 #include "worker/engine.h"
 
-#define BS 16 // the KV block size of cmd_model_kv
-
 typedef struct steps_ctx {
   cmd_model *e;
   float *logits; // (batch + 1, n_vocab) scratch
@@ -71,8 +69,8 @@ int cmd_bench_steps(cmd_model *e, const int *chunks, int n_chunks, int batch, in
   for (int i = 0; i < n_chunks; i++) max_c = chunks[i] > max_c ? chunks[i] : max_c;
   // Blocks: a shared prefix of ctx tokens (whole blocks), then each decode row's and the prompt's own tail, and a
   // fresh table for the prompt's first chunk.
-  int shared = ctx / BS, tail = (ctx - shared * BS + max_c + 1 + BS - 1) / BS;
-  int first = ((max_c > ctx ? max_c : ctx) + BS - 1) / BS; // also the whole prompt's table
+  int shared = ctx / CMD_KV_BLOCK, tail = (ctx - shared * CMD_KV_BLOCK + max_c + 1 + CMD_KV_BLOCK - 1) / CMD_KV_BLOCK;
+  int first = ((max_c > ctx ? max_c : ctx) + CMD_KV_BLOCK - 1) / CMD_KV_BLOCK; // also the whole prompt's table
   int per_seq = shared + tail, nb = shared + (batch + 1) * tail + first;
   if (cmd_model_kv(e, nb, err, errlen)) return -1;
   int V = e->cfg->n_vocab, rc = -1;
@@ -103,7 +101,7 @@ int cmd_bench_steps(cmd_model *e, const int *chunks, int n_chunks, int batch, in
   for (int i = 0; i < first; i++) first_bt[i] = shared + (batch + 1) * tail + i;
   if (fill(&c, bt, per_seq, 0, ctx, err, errlen)) goto done; // the prefix, and sequence 0's tail
   for (int s = 1; s <= batch; s++)
-    if (fill(&c, bt + s * per_seq, per_seq, shared * BS, ctx, err, errlen)) goto done;
+    if (fill(&c, bt + s * per_seq, per_seq, shared * CMD_KV_BLOCK, ctx, err, errlen)) goto done;
   for (int s = 0; s < batch; s++) ms[s] = (mdl_seq){c.toks + s, 1, ctx, bt + s * per_seq, per_seq, 1};
   double dec;
   if (time_step(&c, ms, batch, &dec, err, errlen)) goto done;

@@ -142,7 +142,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
 // Every sequence starts from a 16-token prompt, as llama.cpp's side in bench/engine_bench.sh does.
 static int run_bench(cmd_model *e, const gen_opts *o, char *err, size_t errlen) {
   int V = e->cfg->n_vocab, B = o->bench_batch, PP = o->bench_pp, TG = o->bench_tg, P0 = o->bench_ctx;
-  int per_seq = (P0 + TG + 15) / 16 + 1, pp_blocks = (PP + 15) / 16;
+  int per_seq = (P0 + TG + CMD_KV_BLOCK - 1) / CMD_KV_BLOCK + 1, pp_blocks = (PP + CMD_KV_BLOCK - 1) / CMD_KV_BLOCK;
   int nb = (B + 1) * per_seq + pp_blocks;
   if (cmd_model_kv(e, nb, err, errlen)) return -1;
   int32_t *bt = malloc((size_t)nb * sizeof *bt), *toks = malloc((size_t)(PP > P0 * B ? PP : P0 * B) * sizeof *toks);
@@ -253,7 +253,7 @@ static int run_generate(cmd_model *e, const gen_opts *o, char *err, size_t errle
     snprintf(err, errlen, "the prompt has no tokens");
     goto done;
   }
-  int n_pos = (int)n_ids + o->n_gen + 1, nb = (n_pos + 15) / 16;
+  int n_pos = (int)n_ids + o->n_gen + 1, nb = (n_pos + CMD_KV_BLOCK - 1) / CMD_KV_BLOCK;
   if (cmd_model_kv(e, nb, err, errlen)) goto done;
   bt = malloc((size_t)nb * sizeof *bt);
   logits = malloc((size_t)V * sizeof *logits);

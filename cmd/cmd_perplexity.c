@@ -200,7 +200,7 @@ typedef struct ppl_run {
 
 static int run(cmd_model *e, const ppl_run *p, char *err, size_t errlen) {
   const int n_ctx = p->n_ctx, first = n_ctx / 2, S = mdl_ppl_scored(n_ctx), V = p->n_vocab;
-  const int step = rows_per_step(V, S), nb = (n_ctx + 15) / 16;
+  const int step = rows_per_step(V, S), nb = (n_ctx + CMD_KV_BLOCK - 1) / CMD_KV_BLOCK;
   const size_t row_len = mdl_kld_row_len(V);
   int rc = -1;
   int32_t *bt = malloc((size_t)nb * sizeof *bt), *chunk = malloc((size_t)n_ctx * sizeof *chunk);

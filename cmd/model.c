@@ -77,7 +77,7 @@ fail:
 int cmd_model_kv(cmd_model *e, int n_blocks, char *err, size_t errlen) {
   e->kv.type = e->lo.kv_type ? (krn_type)(e->lo.kv_type - 1) : e->lo.f32_kv ? KRN_F32 : KRN_F16;
   if (mdl_kv_type_check(e->cfg, e->kc.be, e->kv.type, err, errlen)) return -1;
-  e->kv.block_size = 16;
+  e->kv.block_size = CMD_KV_BLOCK;
   e->kv.n_blocks = n_blocks;
   size_t bytes = mdl_kv_block_bytes(e->cfg, e->kv.type, e->kv.block_size) * (size_t)n_blocks;
   e->kv.base = e->kc.be->alloc(&e->kc, bytes);

@@ -48,7 +48,8 @@ int cmd_model_opts_ok(const char *cmd, const char *model, const char *kernels);
 int cmd_model_open(cmd_model *e, const char *model, const char *kernels, int threads, const cmd_model_load *lo,
                     char *err, size_t errlen);
 void cmd_model_close(cmd_model *e);
-// Allocates the KV cache: n_blocks blocks of 16 tokens, F16 (or --f32-kv, --kv-type) (once per model).
+#define CMD_KV_BLOCK 16 // tokens per block of the KV cache cmd_model_kv allocates (what every tool sizes its tables by)
+// Allocates the KV cache: n_blocks blocks of CMD_KV_BLOCK tokens, F16 (or --f32-kv, --kv-type) (once per model).
 int cmd_model_kv(cmd_model *e, int n_blocks, char *err, size_t errlen);
 
 // Parses a whole decimal integer in [lo, hi]; -1 on anything else.
