@@ -101,7 +101,7 @@ class PrefillDeath(unittest.TestCase):
 
     def test_kill_prefill_mid_transfer_frees_decode_blocks(self):
         tcp = {"backend": "tcp"}
-        c = u.Cluster([{"name": "p0", "role": "prefill", "max_batch_tokens": 64, "kvxfer": tcp},
+        c = u.Cluster([{"name": "p0", "role": "prefill", "max_batch_tokens": 16, "threads": 1, "kvxfer": tcp},
                        {"name": "d0", "role": "decode", "kvxfer": tcp}], disagg_threshold=0, tag="kill-prefill", backoff_ms=3000)
         self.addCleanup(c.close)
         c.start()
@@ -117,7 +117,18 @@ class PrefillDeath(unittest.TestCase):
             u.stream(c.port, "completions", {"prompt": prompt, "max_tokens": 8}, timeout=60 * S)), daemon=True)
         t.start()
         # The decode worker reserves the prompt's blocks, then the prefill worker pushes into them layer by layer.
-        st = wait_until(lambda: (lambda s: s if s["free_blocks"] < free0 else None)(u.worker_stats(ports["d0"])), 20 * S)
+        # The moment the reservation shows, p0 is frozen (SIGSTOP) so the kill lands mid-handoff however fast this
+        # CPU prefills: left running, p0 finished the prompt before the router's /metrics could show the blocks.
+        p0 = c.node.child_pid("p0")
+
+        def reserved():
+            s = u.worker_stats(ports["d0"])
+            if s["free_blocks"] >= free0:
+                return None
+            os.kill(p0, signal.SIGSTOP)
+            return s
+
+        st = wait_until(reserved, 20 * S)
         self.assertIsNotNone(st, "the decode worker never reserved blocks")
         self.assertGreaterEqual(free0 - st["free_blocks"], 63, st)
         time.sleep(0.3)
@@ -127,7 +138,7 @@ class PrefillDeath(unittest.TestCase):
         self.assertGreater(used, 0, "the router's /metrics never showed the reserved blocks")
 
         t_kill = time.time()
-        os.kill(c.node.child_pid("p0"), signal.SIGKILL)
+        os.kill(p0, signal.SIGKILL)
         freed = wait_until(lambda: u.worker_stats(ports["d0"])["free_blocks"] == free0, 3 * S)
         self.assertTrue(freed, "the decode worker kept the reserved blocks: %r" % u.worker_stats(ports["d0"]))
         self.assertLess(time.time() - t_kill, 3 * S)
