@@ -83,7 +83,7 @@ KRN_INLINE void mx_pack_block(__m512i *q, __m512 *d, __m512 *m, krn_type wt, con
   if ((wt == KRN_Q4_1 || wt == KRN_Q5_1) && b + 1 < nb) {
     // d, m (qh) and qs are whole dwords from the block's start: one 32-byte load per row (the next block's bytes
     // past it; not past the row's last block) and one transpose give them all. The gather of d and m it replaces
-    // was half the time of batch-1 decode's Q4_1 matmul.
+    // was about half the time of a one-thread, cache-resident batch-1 Q4_1 product.
     __m512i r[8];
     mx_load32(rp, off, r);
     dm = r[0];
@@ -284,8 +284,8 @@ KRN_INLINE void mx_span(const mm_task *t, krn_type wt, mx_panel *p, int64_t lo, 
     size_t lines = next_rows > 0 ? (size_t)next_rows * rs / 64 : 0;
     if (t->n == 1 && wt != KRN_Q6_K && wt != KRN_Q4_K && wt != KRN_Q5_K) {
       // Batch-1 decode: each block goes from the rows into registers and is dotted at once, with no panel to store
-      // and load again (a sixth of the time of a 576 x 1536 Q4_1 matmul). mx_dot in block order from zero: the
-      // result a batch gives this row.
+      // and load again (about a tenth of a one-thread 576 x 1536 Q4_1 product). mx_dot in block order from zero:
+      // the result a batch gives this row.
       __m512 acc = _mm512_setzero_ps();
       for (int b = 0; b < nb; b++) {
         for (size_t l = lines * (size_t)b / nb; l < lines * (size_t)(b + 1) / nb; l++)

@@ -142,9 +142,10 @@ typedef struct attn_scratch {
   size_t span;   // positions a tile can cover: max_blocks * block_size
 } attn_scratch;
 
-// Block blk's rows of one kv head (at hoff within each position's row), prefetched: the rows of one head are a
-// stride apart (every head's row of a position sits between them) and blocks are wherever the pool put them, so the
-// hardware prefetchers do not fetch them ahead; decode attention read its cache from DRAM at 10 GB/s without this.
+// One kv head's rows (at hoff within each position's row) in the block holding position p0, prefetched when p0 < phi
+// and the table holds that block: one head's rows are a stride apart (every head's row of a position sits between
+// them) and blocks are wherever the pool put them, so the hardware prefetchers do not fetch them ahead; decode
+// attention read its cache from DRAM at about 10 GB/s without this (v: the V cache, else K).
 KRN_INLINE void att_prefetch_block(const krn_attn_args *a, const int32_t *bt, int32_t p0, int32_t phi, size_t hoff,
                                    size_t stride, int v) {
   if (p0 >= phi) return;
