@@ -178,7 +178,7 @@ static int hold(dec_worker *w, dec_seq *s) {
   ctl_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return -1; // its control link closed: freed at once (a prefill worker drops what its link carried)
   if (utl_vec_reserve((void **)&w->held, &w->cap_held, w->n_held + 1, sizeof *w->held)) return -1;
-  cJSON *m = prt_kv_fail_encode(&(prt_kv_fail){s->req.id, "the decode worker dropped the request"}, NULL, 0);
+  cJSON *m = prt_kv_fail_encode(&(prt_kv_fail){s->req.id, "the decode worker dropped the request", NULL}, NULL, 0);
   int rc = m ? ctl_peer_send(p, m) : -1;
   cJSON_Delete(m);
   if (rc) return -1;
@@ -286,7 +286,7 @@ static int resume(dec_worker *w, dec_seq *s) {
   if (!hit) return 0;
   if (!strcmp(s->req.mode, "decode")) { // the prefill worker computes it for nothing: it frees its side on kv_fail
     ctl_peer *p = prefill_peer(w, s->req.prefill);
-    cJSON *m = prt_kv_fail_encode(&(prt_kv_fail){s->req.id, "the stream had already ended"}, NULL, 0);
+    cJSON *m = prt_kv_fail_encode(&(prt_kv_fail){s->req.id, "the stream had already ended", NULL}, NULL, 0);
     if (p && m) ctl_peer_send(p, m);
     cJSON_Delete(m);
   }
@@ -551,7 +551,10 @@ static void on_kv_fail(void *arg, ctl_peer *from, const cJSON *m) {
     return;
   }
   dec_seq_to(w, s, DEC_FAILED); // nothing more lands: seq_drop frees at once
-  wrk_send_error(s->router, s->req.id, "worker_failure", "prefill failed: %s", f.message ? f.message : "unknown");
+  // a prompt the prefill worker refused keeps its code (the router may hear the refusal from it first, or from here)
+  int refused = f.code && !strcmp(f.code, "context_length_exceeded");
+  wrk_send_error(s->router, s->req.id, refused ? f.code : "worker_failure", "prefill failed: %s",
+                 f.message ? f.message : "unknown");
   seq_drop(w, s);
 }
 

@@ -43,9 +43,10 @@ static void req_free(pfl_worker *w, pfl_req *r) {
 }
 
 // Sends the decode worker of link op (kv_fail with message, kv_freed or kv_started) for request id.
-static void tell_decode(pfl_link *l, const char *op, const char *id, const char *message) {
+// code: kv_fail's error code for the request (NULL: the decode worker's own, worker_failure).
+static void tell_decode(pfl_link *l, const char *op, const char *id, const char *message, const char *code) {
   if (!l || !l->peer) return;
-  cJSON *m = !strcmp(op, PRT_OP_KV_FAIL)    ? prt_kv_fail_encode(&(prt_kv_fail){id, message}, NULL, 0)
+  cJSON *m = !strcmp(op, PRT_OP_KV_FAIL)    ? prt_kv_fail_encode(&(prt_kv_fail){id, message, code}, NULL, 0)
              : !strcmp(op, PRT_OP_KV_FREED) ? prt_kv_freed_encode(&(prt_kv_freed){id}, NULL, 0)
                                             : prt_kv_started_encode(&(prt_kv_started){id}, NULL, 0);
   if (m) ctl_peer_send(l->peer, m);
@@ -64,7 +65,7 @@ static int pfl_req_to(pfl_worker *w, pfl_req *r, pfl_state next) {
     return -1;
   }
   r->state = next;
-  if (next == PFL_PUSHING) tell_decode(r->link, PRT_OP_KV_STARTED, r->req.id, NULL);
+  if (next == PFL_PUSHING) tell_decode(r->link, PRT_OP_KV_STARTED, r->req.id, NULL, NULL);
   if (next != from && next != PFL_DONE)
     utl_debug(w->sh.rt->w->name, "%s: %s -> %s", r->req.id, pfl_state_name(from), pfl_state_name(next));
   return 0;
@@ -87,8 +88,8 @@ static void stop_req(pfl_worker *w, pfl_req *r, int tell, const char *msg) {
     return;
   }
   if (r->tell == TELL_FAIL)
-    tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, r->fail_msg ? r->fail_msg : "prefill failed");
-  else if (r->tell == TELL_FREED) tell_decode(r->link, PRT_OP_KV_FREED, r->req.id, NULL);
+    tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, r->fail_msg ? r->fail_msg : "prefill failed", NULL);
+  else if (r->tell == TELL_FREED) tell_decode(r->link, PRT_OP_KV_FREED, r->req.id, NULL, NULL);
   req_free(w, r);
 }
 
@@ -227,8 +228,8 @@ static void reap(pfl_worker *w) {
     if (r->state == PFL_HANDED_OFF && r->t_push0_us) // its layer-wise writes, from the first posted to all landed
       wrk_trace_span(&w->sh, &r->req, "kv_push", r->t_push0_us, utl_now_us(), "dserve.writes", r->n_xf);
     if (r->tell == TELL_FAIL)
-    tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, r->fail_msg ? r->fail_msg : "prefill failed");
-    else if (r->tell == TELL_FREED) tell_decode(r->link, PRT_OP_KV_FREED, r->req.id, NULL);
+    tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, r->fail_msg ? r->fail_msg : "prefill failed", NULL);
+    else if (r->tell == TELL_FREED) tell_decode(r->link, PRT_OP_KV_FREED, r->req.id, NULL, NULL);
     req_free(w, r);
   }
 }
@@ -404,7 +405,7 @@ static void on_generate(void *arg, ctl_peer *from, const cJSON *m) {
     pfl_link *l = r->link;
     if (!l && !link_failed && g.decode && g.mode && !strcmp(g.mode, "prefill") && g.decode[0])
       l = pfl_link_for(w, g.decode, CFG_ROLE_DECODE, LINK_TIMEOUT_MS, le, sizeof le);
-    if (l && g.id) tell_decode(l, PRT_OP_KV_FAIL, g.id, bad);
+    if (l && g.id) tell_decode(l, PRT_OP_KV_FAIL, g.id, bad, NULL);
     // decode_failure: the router sends it again once that decode worker is back (or moves it), as for a handoff the
     // decode worker's death broke.
     const char *ecode = bad == e && code[0] == 'c' ? code : "worker_failure";
@@ -523,8 +524,10 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   char msg[256];
   snprintf(msg, sizeof msg, "the prompt needs %d KV blocks; this prefill worker's pool has %d", blocks_needed,
            kv_pool_total_blocks(w->sh.rt->kv));
-  tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, msg); // never admitted: nothing was written
+  // The router hears it twice, from here and from the decode worker (which fails the request when told); both say
+  // context_length_exceeded, so whichever comes first, the client gets the 400 with the reason.
   wrk_send_error(r->router, r->req.id, "context_length_exceeded", "%s", msg);
+  tell_decode(r->link, PRT_OP_KV_FAIL, r->req.id, msg, "context_length_exceeded"); // never admitted: nothing written
   req_free(w, r);
 }
 

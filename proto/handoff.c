@@ -94,14 +94,15 @@ int prt_kv_freed_decode(const cJSON *j, prt_kv_freed *m, char *err, size_t errle
 
 cJSON *prt_kv_fail_encode(const prt_kv_fail *m, char *err, size_t errlen) {
   cJSON *j = id_encode(PRT_OP_KV_FAIL, m->id, err, errlen);
-  if (j && !PRT_ADD_STR(j, "message", m->message)) return oom(j, err, errlen);
+  if (j && (!PRT_ADD_STR(j, "message", m->message) || !PRT_ADD_STR(j, "code", m->code))) return oom(j, err, errlen);
   return j;
 }
 
 int prt_kv_fail_decode(const cJSON *j, prt_kv_fail *m, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
   return prt__str(j, PRT_OP_KV_FAIL, "id", 1, &m->id, err, errlen) ||
-                 prt__str(j, PRT_OP_KV_FAIL, "message", 0, &m->message, err, errlen)
+                 prt__str(j, PRT_OP_KV_FAIL, "message", 0, &m->message, err, errlen) ||
+                 prt__str(j, PRT_OP_KV_FAIL, "code", 0, &m->code, err, errlen)
              ? -1
              : 0;
 }

@@ -43,6 +43,8 @@ int prt_kv_started_decode(const cJSON *j, prt_kv_started *m, char *err, size_t e
 typedef struct prt_kv_fail {
   const char *id;      // (borrowed) required
   const char *message; // (borrowed) why; NULL when absent
+  const char *code;    // (borrowed) the OpenAI error code the request fails with (the prefill worker's refusal of a
+                       // prompt: "context_length_exceeded"); NULL when absent: the receiver's own ("worker_failure")
 } prt_kv_fail;
 cJSON *prt_kv_fail_encode(const prt_kv_fail *m, char *err, size_t errlen);
 int prt_kv_fail_decode(const cJSON *j, prt_kv_fail *m, char *err, size_t errlen);

@@ -334,13 +334,21 @@ TEST(Proto, KvStartedFailFreed) {
   EXPECT_EQ(S(fr.id), "r-2");
   refuses<prt_kv_freed>(j, "id", true, prt_kv_freed_decode, false);
   cJSON_Delete(j);
-  j = wire(prt_kv_fail_encode(&(const prt_kv_fail &)prt_kv_fail{"r-3", "gave up"}, err, sizeof err));
+  j = wire(prt_kv_fail_encode(&(const prt_kv_fail &)prt_kv_fail{"r-3", "gave up", nullptr}, err, sizeof err));
   prt_kv_fail fa;
   ASSERT_EQ(prt_kv_fail_decode(j, &fa, err, sizeof err), 0) << err;
   EXPECT_EQ(S(fa.id), "r-3");
   EXPECT_EQ(S(fa.message), "gave up");
+  EXPECT_EQ(fa.code, nullptr); // absent when not given
   refuses<prt_kv_fail>(j, "id", true, prt_kv_fail_decode, false);
   refuses<prt_kv_fail>(j, "message", false, prt_kv_fail_decode, false);
+  cJSON_Delete(j);
+  // a prefill worker's refusal of the prompt carries the request's error code
+  j = wire(prt_kv_fail_encode(&(const prt_kv_fail &)prt_kv_fail{"r-4", "too long", "context_length_exceeded"}, err,
+                              sizeof err));
+  ASSERT_EQ(prt_kv_fail_decode(j, &fa, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(fa.code), "context_length_exceeded");
+  refuses<prt_kv_fail>(j, "code", false, prt_kv_fail_decode, false);
   cJSON_Delete(j);
 }
 
