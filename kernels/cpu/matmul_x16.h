@@ -72,6 +72,18 @@ KRN_INLINE void mx_transpose4(const __m512i *z, __m512i *out) {
   out[3] = _mm512_unpackhi_epi64(s1, s3);
 }
 
+// The 16 bytes at rp[i] + off of the 16 rows, transposed: out[g] lane i = bytes 4g..4g+3 of row i's 16.
+KRN_INLINE void mx_load16(const char *const *rp, size_t off, __m512i *out) {
+  __m512i z[4];
+  MR_UNROLL for (int i = 0; i < 4; i++) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[i] + off)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[i + 4] + off)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[i + 8] + off)), 2);
+    z[i] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[i + 12] + off)), 3);
+  }
+  mx_transpose4(z, out);
+}
+
 // Block b of nb of the 16 rows at rp[i] (repeats past the last row) into q[8], d and m (a panel's slot, or
 // registers); gi: lane i = rp[i] - rp[0].
 KRN_INLINE void mx_pack_block(__m512i *q, __m512 *d, __m512 *m, krn_type wt, const char *const *rp, __m512i gi, int b,
@@ -100,14 +112,7 @@ KRN_INLINE void mx_pack_block(__m512i *q, __m512 *d, __m512 *m, krn_type wt, con
     }
     size_t qo = wt == KRN_Q4_0 ? offsetof(krn_block_q4_0, qs) : wt == KRN_Q4_1 ? offsetof(krn_block_q4_1, qs)
               : wt == KRN_Q5_0 ? offsetof(krn_block_q5_0, qs) : offsetof(krn_block_q5_1, qs);
-    __m512i z[4];
-    MR_UNROLL for (int i = 0; i < 4; i++) {
-      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[i] + off + qo)));
-      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[i + 4] + off + qo)), 1);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[i + 8] + off + qo)), 2);
-      z[i] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(rp[i + 12] + off + qo)), 3);
-    }
-    mx_transpose4(z, t);
+    mx_load16(rp, off + qo, t);
     if (wt == KRN_Q5_0 || wt == KRN_Q5_1) {
       size_t ho = wt == KRN_Q5_0 ? offsetof(krn_block_q5_0, qh) : offsetof(krn_block_q5_1, qh);
       qh = _mm512_i32gather_epi32(gi, rp[0] + off + ho, 1);
@@ -141,14 +146,13 @@ KRN_INLINE __m512i mx_srl32(__m512i v, int n) { return _mm512_srl_epi32(v, _mm_c
 // Q4_K / Q5_K super-block sb of the 16 rows at rp[i] into slots pb..pb+7 of p (its 8 sub-blocks of 32): the 6-bit
 // scales and mins of 16 rows decoded side by side (krn_k_scale_min per lane), the quants of sub-blocks 2t and
 // 2t + 1 from one transpose of their 32 shared bytes (low and high nibbles).
-KRN_INLINE void mx_pack_k(mx_panel *p, int pb, krn_type wt, const char *const *rp, __m512i gi, int sb) {
+KRN_INLINE void mx_pack_k(mx_panel *p, int pb, krn_type wt, const char *const *rp, int sb) {
   size_t off = (size_t)sb * (wt == KRN_Q4_K ? sizeof(krn_block_q4_k) : sizeof(krn_block_q5_k));
-  const char *b0 = rp[0] + off;
-  __m512i dd = _mm512_i32gather_epi32(gi, b0, 1); // d, dmin
+  __m512i head[4]; // each row's first 16 bytes, as dwords: d and dmin, scales[0..3], [4..7], [8..11]
+  mx_load16(rp, off, head);
+  __m512i dd = head[0], s0 = head[1], s1 = head[2], s2 = head[3];
   __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
   __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
-  __m512i s0 = _mm512_i32gather_epi32(gi, b0 + 4, 1), s1 = _mm512_i32gather_epi32(gi, b0 + 8, 1);
-  __m512i s2 = _mm512_i32gather_epi32(gi, b0 + 12, 1); // scales[0..3], [4..7], [8..11]
   const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
   MR_UNROLL for (int j = 0; j < 8; j++) {
     int sh = 8 * (j & 3);
@@ -192,8 +196,10 @@ KRN_INLINE void mx_pack_q6k(mx_panel *p, int pb, const char *const *rp, __m512i 
   // d is the block's last 2 bytes: the dword ending there, so the last row's gather stays inside it
   __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
       _mm512_srli_epi32(_mm512_i32gather_epi32(gi, b0 + offsetof(krn_block_q6_k, d) - 2, 1), 16)));
+  __m512i scales[4]; // scales[w] lane i = row i's scales[4w..4w+3]
+  mx_load16(rp, off + offsetof(krn_block_q6_k, scales), scales);
   MR_UNROLL for (int w = 0; w < 4; w++) { // scales[4w..4w+3]: sub-blocks 2w, 2w + 1
-    __m512i sc = _mm512_i32gather_epi32(gi, b0 + offsetof(krn_block_q6_k, scales) + 4 * w, 1);
+    __m512i sc = scales[w];
     MR_UNROLL for (int e = 0; e < 4; e++) { // scales[4w + e], sign-extended
       __m512 v = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(sc, 24 - 8 * e), 24));
       if (e % 2 == 0) p->d[pb + 2 * w + e / 2] = _mm512_mul_ps(d, v);
@@ -282,18 +288,27 @@ KRN_INLINE void mx_span(const mm_task *t, krn_type wt, mx_panel *p, int64_t lo, 
     const char *next = (const char *)t->w + (size_t)(j + MX_ROWS) * rs;
     int64_t next_rows = hi - j - MX_ROWS < MX_ROWS ? hi - j - MX_ROWS : MX_ROWS; // <= 0: none
     size_t lines = next_rows > 0 ? (size_t)next_rows * rs / 64 : 0;
-    if (t->n == 1 && wt != KRN_Q6_K && wt != KRN_Q4_K && wt != KRN_Q5_K) {
+    if (t->n == 1) {
       // Batch-1 decode: each block goes from the rows into registers and is dotted at once, with no panel to store
-      // and load again (about a tenth of a one-thread 576 x 1536 Q4_1 product). mx_dot in block order from zero:
+      // and load again (about a tenth of a one-thread 576 x 1536 Q4_1 product); a K-quant super-block goes through
+      // the panel's first 8 slots (5 KiB, in L1, where a 64-block chunk is not). mx_dot in block order from zero:
       // the result a batch gives this row.
       __m512 acc = _mm512_setzero_ps();
       for (int b = 0; b < nb; b++) {
         for (size_t l = lines * (size_t)b / nb; l < lines * (size_t)(b + 1) / nb; l++)
           _mm_prefetch(next + 64 * l, _MM_HINT_T1);
-        __m512i q[8];
-        __m512 d, m = _mm512_setzero_ps();
-        mx_pack_block(q, &d, &m, wt, rp, gi, b, nb);
-        acc = mx_dot(q, d, m, wt, &t->xa, (size_t)b, acc);
+        if (wt == KRN_Q6_K || wt == KRN_Q4_K || wt == KRN_Q5_K) {
+          if (b % 8 == 0) {
+            if (wt == KRN_Q6_K) mx_pack_q6k(p, 0, rp, gi, b / 8);
+            else mx_pack_k(p, 0, wt, rp, b / 8);
+          }
+          acc = mx_dot(p->q[b % 8], p->d[b % 8], p->m[b % 8], wt, &t->xa, (size_t)b, acc);
+        } else {
+          __m512i q[8];
+          __m512 d, m = _mm512_setzero_ps();
+          mx_pack_block(q, &d, &m, wt, rp, gi, b, nb);
+          acc = mx_dot(q, d, m, wt, &t->xa, (size_t)b, acc);
+        }
       }
       _mm512_mask_storeu_ps(t->y + j, wm, acc);
       continue;
@@ -306,7 +321,7 @@ KRN_INLINE void mx_span(const mm_task *t, krn_type wt, mx_panel *p, int64_t lo, 
         if (wt == KRN_Q6_K) {
           if (b % 8 == 0) mx_pack_q6k(p, b, rp, gi, (b0 + b) / 8);
         } else if (wt == KRN_Q4_K || wt == KRN_Q5_K) {
-          if (b % 8 == 0) mx_pack_k(p, b, wt, rp, gi, (b0 + b) / 8); // MX_KC is whole super-blocks
+          if (b % 8 == 0) mx_pack_k(p, b, wt, rp, (b0 + b) / 8); // MX_KC is whole super-blocks
         } else {
           mx_pack_block(p->q[b], &p->d[b], &p->m[b], wt, rp, gi, b0 + b, nb);
         }
