@@ -195,10 +195,15 @@ TEST(Disagg, RequestQueuedAtPrefillLongerThanTheHandoffTimeoutIsServed) {
   Cluster c("tcp", {{"d0", "decode", "\"handoff_timeout_ms\": 100"},
                     {"p0", "prefill", "\"max_batch_tokens\": 32, \"max_seqs\": 1"}});
   ASSERT_TRUE(c.ok());
-  std::vector<int> a(1000, 0);
+  // a: 1200 tokens (75 of the 87 blocks a 32 MiB pool holds); b: 4 tokens, so the old bound (100 ms + 50 ms a
+  // token) is 300 ms, well below a's prefill on one thread however fast the kernels (1000 tokens and b's whole
+  // prompt, a 900 ms bound, left a 5% margin once prefill got faster)
+  std::vector<int> a(1200, 0);
   auto words = encode(kPrompts[1]);
   for (size_t i = 0; i < a.size(); i++) a[i] = words[i % words.size()];
   auto b = encode(kPrompts[0]);
+  ASSERT_GE(b.size(), 4u);
+  b.resize(4);
   const std::string dl = ",\"deadline_ms\":120000";
   auto t0 = std::chrono::steady_clock::now();
   c.send("d0", gen("a", a, 2, "\"mode\":\"decode\",\"prefill\":\"p0\"" + dl));
