@@ -52,12 +52,30 @@ KRN_INLINE void mx_transpose8(const __m512i *r, __m512i *out) {
   }
 }
 
+// The 32 bytes at p. The sanitize build reads them as two 16-byte halves: ASan checks those inline, while a 32-byte
+// access takes its slow path (a call per load; see also kernels/CMakeLists.txt); the same bytes are read and checked
+// either way.
+#if defined(__SANITIZE_ADDRESS__)
+#define MX_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MX_ASAN 1
+#endif
+#endif
+KRN_INLINE __m256i mx_loadu32(const char *p) {
+#ifdef MX_ASAN
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                 _mm_loadu_si128((const __m128i *)(p + 16)), 1);
+#else
+  return _mm256_loadu_si256((const __m256i *)p);
+#endif
+}
+
 // The 32 bytes at rp[i] + off of the 16 rows, transposed: out[g] lane i = bytes 4g..4g+3 of row i's 32.
 KRN_INLINE void mx_load32(const char *const *rp, size_t off, __m512i *out) {
   __m512i r[8];
   MR_UNROLL for (int i = 0; i < 8; i++)
-    r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rp[i] + off))),
-                              _mm256_loadu_si256((const __m256i *)(rp[i + 8] + off)), 1);
+    r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(mx_loadu32(rp[i] + off)), mx_loadu32(rp[i + 8] + off), 1);
   mx_transpose8(r, out);
 }
 
