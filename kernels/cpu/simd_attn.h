@@ -145,13 +145,13 @@ typedef struct attn_scratch {
 // One kv head's rows (at hoff within each position's row) in the block holding position p0, prefetched when p0 < phi
 // and the table holds that block: one head's rows are a stride apart (every head's row of a position sits between
 // them) and blocks are wherever the pool put them, so the hardware prefetchers do not fetch them ahead; decode
-// attention read its cache from DRAM at about 10 GB/s without this (v: the V cache, else K).
+// attention read its cache from DRAM at about 10 GB/s without this (v: the V cache, else K; row: bytes of one head's
+// row, which the caller sizes once).
 KRN_INLINE void att_prefetch_block(const krn_attn_args *a, const int32_t *bt, int32_t p0, int32_t phi, size_t hoff,
-                                   size_t stride, int v) {
+                                   size_t stride, size_t row, int v) {
   if (p0 >= phi) return;
   int32_t blk = bt[p0 / a->block_size];
   if (blk < 0) return;
-  size_t row = krn_row_size(a->kv_type, a->head_dim);
   const char *k = (const char *)(v ? a->v_cache : a->k_cache) + krn_cpu_kv_off(a, blk, 0) + hoff;
   for (int p = 0; p < a->block_size; p++)
     for (size_t l = 0; l < row; l += 64) _mm_prefetch(k + (size_t)p * stride + l, _MM_HINT_T0);
@@ -162,7 +162,8 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
   int hd = a->head_dim, G = a->n_head / a->n_kv_head, bs = a->block_size;
   size_t ss = s->span, stride = krn_cpu_kv_off(a, 0, 1), hoff = krn_cpu_kv_head_off(a, kh); // bytes per position, head
   const int h16 = a->kv_type == KRN_F16;                        // f16 rows are read in place (not converted)
-  const size_t head_block = (size_t)bs * krn_row_size(a->kv_type, hd); // bytes of one head's rows in a block
+  const size_t head_row = krn_row_size(a->kv_type, hd);          // bytes of one head's row
+  const size_t head_block = (size_t)bs * head_row;                // and of its rows in a block
   const int32_t ahead = head_block < ATT_AHEAD_BYTES ? (int32_t)(ATT_AHEAD_BYTES / head_block) : 1; // blocks
   const size_t ks16 = stride / sizeof(krn_f16);                  // elements from one f16 row to the next
   int r0 = t->tiles[tile], nt = t->tiles[tile + 1] - r0, R = nt * G;
@@ -190,7 +191,7 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
   // scores, block by block; a block the table does not hold (slid out of a window) scores -inf
   for (int32_t p0 = plo; p0 < phi; p0 += bs) {
     int32_t blk = bt[p0 / bs], np = p0 + bs < phi ? bs : phi - p0, np4 = (np + 3) / 4 * 4;
-    att_prefetch_block(a, bt, p0 + ahead * bs, phi, hoff, stride, 0);
+    att_prefetch_block(a, bt, p0 + ahead * bs, phi, hoff, stride, head_row, 0);
     float *sc0 = s->sc + (p0 - plo);
     if (blk < 0) {
       for (int r = 0; r < Rp; r++)
@@ -249,7 +250,7 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
   memset(s->o, 0, (size_t)Rp * hd * sizeof(float));
   for (int32_t p0 = plo; p0 < phi; p0 += bs) {
     int32_t blk = bt[p0 / bs], np = p0 + bs < phi ? bs : phi - p0;
-    att_prefetch_block(a, bt, p0 + ahead * bs, phi, hoff, stride, 1);
+    att_prefetch_block(a, bt, p0 + ahead * bs, phi, hoff, stride, head_row, 1);
     if (blk < 0) continue;
     const char *vb = (const char *)a->v_cache + krn_cpu_kv_off(a, blk, 0) + hoff;
     const void *v = vb;

@@ -119,9 +119,9 @@ static double mm_tol(const std::vector<double> &wd, const float *x, int k, bool 
   return (quantized ? 1.01 * qbound : 0) + 1e-5 * mag + 1e-30;
 }
 
-// The batched decode shapes: every activation row count 1..16 (tiles of 8 rows plus 4 / 2 / 1 leftovers), block
-// counts that are odd (a half-filled last block pair on AVX-512) or not a multiple of the 16- and 8-block offset
-// chunks, and weight row counts that leave one row for the last tile; same bound as above.
+// The batched decode shapes: every activation row count 1..16 (tiles of 8 rows plus 4 / 2 / 1 leftovers; AVX-512's
+// batch-1 path), odd block counts and ones not a multiple of AVX2's 8-block offset chunks, and weight row counts
+// that leave a partial group of 16 rows (AVX-512) or one row for the last tile; same bound as above.
 TEST_P(KrnOps, MatmulRowTilesMatchScalar) {
   std::mt19937 rng(99);
   const std::vector<int> ks32 = {32, 288, 544}, ks256 = {256, 768};
@@ -156,8 +156,7 @@ TEST_P(KrnOps, MatmulLongRowsMatchScalar) {
   for (krn_type t : kWeightTypes) {
     const int k = krn_type_block(t) == KRN_QK_K ? 4352 : 4128, m = 21; // 136 / 129 blocks: three chunks
     auto w = random_weights(rng, t, m, k);
-    std::vector<std::vector<double>> wd;
-    for (int j = 0; j < m; j++) wd.push_back(dequant_row(w.data(), t, k, j));
+    auto wd = dequant_rows(w.data(), t, k, m);
     auto x = random_floats(rng, (size_t)9 * k);
     std::vector<float> one((size_t)m);
     be->matmul(&ctx, one.data(), w.data(), t, x.data() + (size_t)8 * k, 1, k, m);
@@ -181,7 +180,7 @@ TEST_P(KrnOps, MatmulLongRowsMatchScalar) {
 // A row's product must not depend on the batch it is computed in (which tile shape, which leftover path, which
 // thread's share of the weight rows): the same activation row alone and inside batches of 2..16 rows gives
 // bit-identical outputs, or a sequence's logits would change with the other sequences decoding next to it. Short
-// and long weight rows: a decode step below a full tile reads long ones one at a time, short ones two at a time.
+// and long weight rows (AVX-512: within one packed chunk and across two; batch 1 runs its own path).
 TEST_P(KrnOps, MatmulRowIndependentOfBatch) {
   std::mt19937 rng(7);
   for (krn_type t : kWeightTypes)
