@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "ctl/frame.h"
-#include "kvxfer/kvx_crypto.h"
+#include "util/crypto.h"
 #include "proto/hello.h"
 #include "proto/request.h"
 #include "util/log.h"
@@ -63,7 +63,7 @@ void ctl_auth_proof(const char *secret, const char *nonce, char out[65]) {
   uint8_t mac[32];
   const void *parts[] = {nonce};
   size_t lens[] = {strlen(nonce)};
-  kvx_hmac_sha256(secret, strlen(secret), parts, lens, 1, mac);
+  utl_hmac_sha256(secret, strlen(secret), parts, lens, 1, mac);
   for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
 }
 
@@ -71,13 +71,13 @@ void ctl_auth_proof_back(const char *secret, const char *nonce, char out[65]) {
   uint8_t mac[32];
   const void *parts[] = {"listener:", nonce};
   size_t lens[] = {9, strlen(nonce)};
-  kvx_hmac_sha256(secret, strlen(secret), parts, lens, 2, mac);
+  utl_hmac_sha256(secret, strlen(secret), parts, lens, 2, mac);
   for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
 }
 
 int ctl_consttime_eq(const char *a, const char *b) {
   size_t na = strlen(a), nb = strlen(b);
-  return na == nb && kvx_ct_equal(a, b, na);
+  return na == nb && utl_ct_equal(a, b, na);
 }
 
 long ctl_hub_auth_failures(ctl_hub *h) { return h ? atomic_load(&h->auth_failures) : 0; }
