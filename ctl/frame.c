@@ -18,13 +18,15 @@
 
 #include "proto/proto.h"
 #include "util/clock.h"
+#include "util/crypto.h"
 #include "util/net.h"
 
 struct ctl_frame {
   int fd;
-  pthread_mutex_t send_mu; // orders whole frames from several sender threads
+  pthread_mutex_t send_mu; // orders whole frames from several sender threads (and guards tx)
   uint8_t *buf;            // (owned) received bytes not yet returned (len of cap)
   size_t len, cap;
+  utl_seal *tx, *rx;       // (owned) NULL until ctl_frame_seal; rx is the reader thread's alone
 };
 
 static int resolve(const char *host, int port, struct sockaddr_in *sa, char *err, size_t errlen) {
@@ -118,11 +120,39 @@ void ctl_frame_free(ctl_frame *c) {
   if (!c) return;
   if (c->fd >= 0) close(c->fd);
   pthread_mutex_destroy(&c->send_mu);
+  utl_seal_free(c->tx);
+  utl_seal_free(c->rx);
   free(c->buf);
   free(c);
 }
 
 int ctl_frame_fd(const ctl_frame *c) { return c->fd; }
+
+int ctl_frame_seal(ctl_frame *c, const uint8_t tx_key[32], const char tx_label[4], const uint8_t rx_key[32],
+                   const char rx_label[4]) {
+  utl_seal *tx = utl_seal_new(tx_key, tx_label, 0), *rx = utl_seal_new(rx_key, rx_label, 1);
+  if (!tx || !rx) {
+    utl_seal_free(tx);
+    utl_seal_free(rx);
+    return -1;
+  }
+  pthread_mutex_lock(&c->send_mu);
+  c->tx = tx;
+  c->rx = rx;
+  pthread_mutex_unlock(&c->send_mu);
+  return 0;
+}
+
+int ctl_frame_sealed(const ctl_frame *c) { return c->rx != NULL; }
+
+// The frame around n bytes of text: header, then the text (plain) or its ciphertext and tag (sealed; out holds
+// them). 0, or -1 when libcrypto failed. send_mu held.
+static int seal_text(ctl_frame *c, const char *text, size_t n, uint8_t hdr[4], uint8_t *out) {
+  size_t wire = n + (c->tx ? UTL_SEAL_TAG : 0);
+  hdr[0] = (uint8_t)(wire >> 24), hdr[1] = (uint8_t)(wire >> 16), hdr[2] = (uint8_t)(wire >> 8), hdr[3] = (uint8_t)wire;
+  if (!c->tx) return 0;
+  return utl_seal_begin(c->tx, hdr, 4) || utl_seal_update(c->tx, text, n, out) || utl_seal_end(c->tx, out + n) ? -1 : 0;
+}
 
 int ctl_frame_send(ctl_frame *c, const cJSON *msg) {
   char *text = cJSON_PrintUnformatted(msg);
@@ -130,10 +160,14 @@ int ctl_frame_send(ctl_frame *c, const cJSON *msg) {
   size_t n = strlen(text);
   int rc = -1;
   if (n <= CTL_FRAME_MAX_FRAME) {
-    uint8_t hdr[4] = {(uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8), (uint8_t)n};
+    uint8_t hdr[4];
     pthread_mutex_lock(&c->send_mu);
-    rc = utl_send_all(c->fd, hdr, 4) || utl_send_all(c->fd, (const uint8_t *)text, n) ? -1 : 0;
+    uint8_t *sealed = c->tx ? malloc(n + UTL_SEAL_TAG) : NULL;
+    if ((!c->tx || sealed) && !seal_text(c, text, n, hdr, sealed))
+      rc = utl_send_all(c->fd, hdr, 4) || utl_send_all(c->fd, sealed ? sealed : (const uint8_t *)text,
+                                                        n + (sealed ? UTL_SEAL_TAG : 0)) ? -1 : 0;
     pthread_mutex_unlock(&c->send_mu);
+    free(sealed);
   }
   cJSON_free(text);
   return rc;
@@ -150,13 +184,22 @@ int ctl_frame_recv(ctl_frame *c, cJSON **msg, int timeout_ms, char *err, size_t 
   int64_t deadline = timeout_ms < 0 ? -1 : utl_now_ms() + timeout_ms;
   for (;;) {
     if (c->len >= 4) {
-      size_t n = frame_len(c);
-      if (n > CTL_FRAME_MAX_FRAME) {
+      size_t n = frame_len(c), tag = c->rx ? UTL_SEAL_TAG : 0;
+      if (n > CTL_FRAME_MAX_FRAME + tag || n < tag) {
         snprintf(err, errlen, "control frame of %zu bytes exceeds the %u-byte limit", n, CTL_FRAME_MAX_FRAME);
         return -1;
       }
       if (c->len >= 4 + n) {
-        cJSON *m = cJSON_ParseWithLength((const char *)c->buf + 4, n);
+        uint8_t *text = c->buf + 4;
+        if (c->rx && (utl_seal_begin(c->rx, c->buf, 4) || utl_seal_update(c->rx, text, n - tag, text) ||
+                      utl_seal_end(c->rx, text + n - tag))) {
+          // Changed, repeated, dropped or reordered on the way, or not sealed by the peer: nothing of it is read.
+          snprintf(err, errlen, "%s (changed, repeated or reordered on the way, or not from the peer): closing",
+                   CTL_FRAME_UNSEALED);
+          c->len = 0;
+          return -1;
+        }
+        cJSON *m = cJSON_ParseWithLength((const char *)text, n - tag);
         memmove(c->buf, c->buf + 4 + n, c->len - 4 - n);
         c->len -= 4 + n;
         if (!m || !cJSON_IsObject(m) || !*prt_op(m)) {

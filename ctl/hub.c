@@ -17,9 +17,9 @@
 #include <unistd.h>
 
 #include "ctl/frame.h"
-#include "kvxfer/kvx_crypto.h"
 #include "proto/hello.h"
 #include "proto/request.h"
+#include "util/crypto.h"
 #include "util/log.h"
 
 #define HELLO_TIMEOUT_MS 5000
@@ -59,25 +59,47 @@ struct ctl_hub {
   atomic_long auth_failures; // control peers refused (bad or missing proof, no hello), and hellos refused to us
 };
 
-void ctl_auth_proof(const char *secret, const char *nonce, char out[65]) {
+void ctl_auth_proof(const char *secret, const char *nonce_l, const char *nonce_c, const char *name, const char *member,
+                    const char *addr, char out[65]) {
+  // NUL-separated: no field can end early and begin the next (names and nonces hold no NUL).
+  static const char label[] = "dserve ctl hello v2";
+  const void *parts[] = {label, nonce_l, "", nonce_c, "", name, "", member, "", addr};
+  size_t lens[] = {sizeof label, strlen(nonce_l), 1, strlen(nonce_c), 1, strlen(name), 1, strlen(member), 1,
+                   strlen(addr)};
   uint8_t mac[32];
-  const void *parts[] = {nonce};
-  size_t lens[] = {strlen(nonce)};
-  kvx_hmac_sha256(secret, strlen(secret), parts, lens, 1, mac);
-  for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
+  utl_hmac_sha256(secret, strlen(secret), parts, lens, 10, mac);
+  utl_hex(mac, 32, out);
+}
+
+int ctl_session_keys(const char *secret, const char *nonce_l, const char *nonce_c, const char *proof, uint8_t c2l[32],
+                     uint8_t l2c[32]) {
+  static const char label[] = "dserve ctl keys v2";
+  char salt[160], info[sizeof label + 65];
+  int sn = snprintf(salt, sizeof salt, "%s%c%s", nonce_l, 0, nonce_c);
+  memcpy(info, label, sizeof label);
+  size_t pn = strnlen(proof, 64);
+  memcpy(info + sizeof label, proof, pn);
+  uint8_t k[64];
+  if (sn < 0 || (size_t)sn >= sizeof salt ||
+      utl_hkdf_sha256(secret, strlen(secret), salt, (size_t)sn, info, sizeof label + pn, k, sizeof k))
+    return -1;
+  memcpy(c2l, k, 32);
+  memcpy(l2c, k + 32, 32);
+  utl_wipe(k, sizeof k);
+  return 0;
 }
 
 void ctl_auth_proof_back(const char *secret, const char *nonce, char out[65]) {
   uint8_t mac[32];
   const void *parts[] = {"listener:", nonce};
   size_t lens[] = {9, strlen(nonce)};
-  kvx_hmac_sha256(secret, strlen(secret), parts, lens, 2, mac);
-  for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
+  utl_hmac_sha256(secret, strlen(secret), parts, lens, 2, mac);
+  utl_hex(mac, 32, out);
 }
 
 int ctl_consttime_eq(const char *a, const char *b) {
   size_t na = strlen(a), nb = strlen(b);
-  return na == nb && kvx_ct_equal(a, b, na);
+  return na == nb && utl_ct_equal(a, b, na);
 }
 
 long ctl_hub_auth_failures(ctl_hub *h) { return h ? atomic_load(&h->auth_failures) : 0; }
@@ -175,6 +197,10 @@ static void read_until_closed(ctl_peer *p) {
   for (;;) {
     cJSON *m = NULL;
     int rc = ctl_frame_recv(p->ctl, &m, -1, err, sizeof err);
+    if (rc < 0 && strstr(err, CTL_FRAME_UNSEALED)) { // someone on the path changed, replayed or dropped a frame
+      long n = atomic_fetch_add(&p->hub->auth_failures, 1) + 1;
+      utl_warn(p->hub->name, "control link to '%s' (%s) closed: %s (%ld refused so far)", p->name, p->addr, err, n);
+    }
     if (rc <= 0) break;
     if (prt_is(m, PRT_OP_PING)) {
       // Answered here, not by the owner's event loop: proves the process is alive and reachable even while a long
@@ -242,21 +268,92 @@ static void start_reader(ctl_peer *p) {
 
 static void make_nonce(char out[33]) {
   uint8_t r[16];
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  ssize_t got = fd >= 0 ? read(fd, r, sizeof r) : -1;
-  if (fd >= 0) close(fd);
-  if (got != (ssize_t)sizeof r) { // fall back to the clock: still unique per connection
+  if (utl_random(r, sizeof r)) { // no entropy source: still unique per connection (the secret keeps it unforgeable)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t v = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    uint64_t pid = (uint64_t)getpid();
+    uint64_t v = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec, pid = (uint64_t)getpid();
     memcpy(r, &v, 8);
     memcpy(r + 8, &pid, 8);
   }
-  for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", r[i]);
+  utl_hex(r, sizeof r, out);
 }
 
-// Accepted connection: challenge, then a hello with the right proof, else close with a logged reason.
+// Seals p's connection with the session keys of this handshake; listener: 1 on the accepting side. 0, or -1.
+static int seal_link(ctl_peer *p, const char *secret, const char *nonce_l, const char *nonce_c, const char *proof,
+                     int listener) {
+  uint8_t c2l[32], l2c[32];
+  int rc = ctl_session_keys(secret, nonce_l, nonce_c, proof, c2l, l2c);
+  if (!rc)
+    rc = listener ? ctl_frame_seal(p->ctl, l2c, CTL_LABEL_L2C, c2l, CTL_LABEL_C2L)
+                  : ctl_frame_seal(p->ctl, c2l, CTL_LABEL_C2L, l2c, CTL_LABEL_L2C);
+  utl_wipe(c2l, sizeof c2l);
+  utl_wipe(l2c, sizeof l2c);
+  return rc;
+}
+
+// Sends a refusal the connector hears (sealed when the link is), logged by the caller.
+static void send_refusal(ctl_peer *p, const char *why, const char *code) {
+  cJSON *e = prt_error_encode(&(prt_error){.message = why, .code = code}, NULL, 0);
+  if (e) ctl_frame_send(p->ctl, e);
+  cJSON_Delete(e);
+}
+
+// The accepted hello m checked: the protocol version, the proof of the secret, then (the link sealed) that the
+// connector dialled this member at this address. 0 with the link sealed, or -1 (logged, counted where it is an
+// authentication failure; the connector heard why where it may).
+static int check_hello(ctl_peer *p, const char *nonce, cJSON *m) {
+  ctl_hub *h = p->hub;
+  prt_hello hm;
+  char derr[256], why[512];
+  const char *who = printable_name(cJSON_GetObjectItemCaseSensitive(m, "name"));
+  if (prt_hello_decode(m, &hm, derr, sizeof derr)) {
+    long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
+    utl_warn(h->name, "refused a control peer from %s (hello as '%s'): malformed hello: %s (%ld refused so far)",
+             p->addr, who, derr, n);
+    return -1;
+  }
+  if (hm.proto != PRT_VERSION) {
+    // Before the proof: a peer of another version proves the secret another way. The answer holds only versions.
+    if (hm.proto < 0)
+      snprintf(why, sizeof why, "hello without a protocol version (proto); %s speaks control protocol version %d",
+               h->name, PRT_VERSION);
+    else
+      snprintf(why, sizeof why, "control protocol version %d refused: %s speaks version %d", hm.proto, h->name,
+               PRT_VERSION);
+    utl_warn(h->name, "refused a control peer from %s (hello as '%s'): %s", p->addr, who, why);
+    send_refusal(p, why, "protocol_version");
+    return -1;
+  }
+  char want[65] = "";
+  if (hm.auth && hm.nonce && hm.name && hm.member && hm.addr)
+    ctl_auth_proof(h->secret, nonce, hm.nonce, hm.name, hm.member, hm.addr, want);
+  if (!want[0] || !ctl_consttime_eq(hm.auth, want)) {
+    long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
+    utl_warn(h->name, "refused a control peer from %s (hello as '%s'): %s shared-secret proof (%ld refused so far)",
+             p->addr, who, hm.auth ? "wrong" : "missing", n);
+    return -1;
+  }
+  if (seal_link(p, h->secret, nonce, hm.nonce, hm.auth, 1)) {
+    utl_warn(h->name, "refused a control peer from %s (hello as '%s'): cannot derive the session keys", p->addr, who);
+    return -1;
+  }
+  // It knows the secret; is this the member it meant? A relay that took another member's address or name, or a
+  // record that points at the wrong process, shows here: the connector dialled something that is not us.
+  char here[64];
+  sock_addr(ctl_frame_fd(p->ctl), 0, here, sizeof here);
+  if (strcmp(hm.member, h->name) || strcmp(hm.addr, here)) {
+    long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
+    snprintf(why, sizeof why, "it dialled member '%.64s' at %.64s, but this is '%s' at %s: a relay, or a membership "
+             "record that points at another process", hm.member, hm.addr, h->name, here);
+    utl_warn(h->name, "refused a control peer from %s (hello as '%s'): %s (%ld refused so far)", p->addr, who, why, n);
+    send_refusal(p, why, "wrong_member");
+    return -1;
+  }
+  return 0;
+}
+
+// Accepted connection: challenge, then a hello with the right proof for this member, else close with a logged
+// reason. Every frame after the hello is sealed.
 static void *handshake_main(void *arg) {
   ctl_peer *p = arg;
   ctl_hub *h = p->hub;
@@ -269,36 +366,7 @@ static void *handshake_main(void *arg) {
   if (ok && ctl_frame_recv(p->ctl, &m, HELLO_TIMEOUT_MS, err, sizeof err) == 1 && prt_is(m, PRT_OP_HELLO)) {
     // Always checked: a hub has a secret (ctl_hub_new refuses to start without one), and nothing of this process
     // (hello_ok's KV layout, kvxfer metadata, the ops) reaches a peer before it proved it.
-    prt_hello hm;
-    char derr[256];
-    int bad = prt_hello_decode(m, &hm, derr, sizeof derr);
-    char want[65];
-    ctl_auth_proof(h->secret, nonce, want);
-    const char *who = printable_name(cJSON_GetObjectItemCaseSensitive(m, "name"));
-    if (bad || !h->secret[0] || !(hm.auth && ctl_consttime_eq(hm.auth, want))) {
-      long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
-      if (bad)
-        utl_warn(h->name, "refused a control peer from %s (hello as '%s'): malformed hello: %s (%ld refused so far)",
-                 p->addr, who, derr, n);
-      else
-        utl_warn(h->name, "refused a control peer from %s (hello as '%s'): %s shared-secret proof (%ld refused so far)",
-                 p->addr, who, hm.auth ? "wrong" : "missing", n);
-      ok = 0;
-    } else if (hm.proto != PRT_VERSION) {
-      // It proved the secret, so it hears why: every process of a cluster is built from one tree.
-      char why[256];
-      if (hm.proto < 0)
-        snprintf(why, sizeof why, "hello without a protocol version (proto); %s speaks control protocol version %d",
-                 h->name, PRT_VERSION);
-      else
-        snprintf(why, sizeof why, "control protocol version %d refused: %s speaks version %d", hm.proto, h->name,
-                 PRT_VERSION);
-      utl_warn(h->name, "refused a control peer from %s (hello as '%s'): %s", p->addr, who, why);
-      cJSON *e = prt_error_encode(&(prt_error){.message = why, .code = "protocol_version"}, NULL, 0);
-      if (e) ctl_frame_send(p->ctl, e);
-      cJSON_Delete(e);
-      ok = 0;
-    }
+    ok = !check_hello(p, nonce, m);
   } else {
     // A health probe connects and closes without a word: neither logged nor counted.
     if (ok && (m || !(strstr(err, "closed") || strstr(err, "reset")))) {
@@ -403,7 +471,12 @@ int ctl_hub_new(const ctl_hub_opts *o, ctl_hub **out, char *err, size_t errlen) 
 
 int ctl_hub_port(const ctl_hub *h) { return h->port; }
 
-ctl_peer *ctl_hub_connect(ctl_hub *h, const char *host, int port, int timeout_ms, char *err, size_t errlen) {
+ctl_peer *ctl_hub_connect(ctl_hub *h, const char *member, const char *host, int port, int timeout_ms, char *err,
+                          size_t errlen) {
+  if (!member || !member[0]) {
+    snprintf(err, errlen, "no member name to dial at %s:%d: the proof names the member it is for", host, port);
+    return NULL;
+  }
   int fd = ctl_frame_connect(host, port, timeout_ms, err, errlen);
   if (fd < 0) return NULL;
   ctl_peer *p = peer_new(h, fd);
@@ -416,33 +489,47 @@ ctl_peer *ctl_hub_connect(ctl_hub *h, const char *host, int port, int timeout_ms
   prt_challenge cm;
   if (ctl_frame_recv(p->ctl, &ch, timeout_ms, err, errlen) == 1 && prt_is(ch, PRT_OP_CHALLENGE) &&
       !prt_challenge_decode(ch, &cm, NULL, 0)) {
-    char proof[65], mine[33], want[65];
-    ctl_auth_proof(h->secret, cm.nonce, proof);
+    char proof[65], mine[33], want[65], there[64];
     make_nonce(mine);
+    sock_addr(fd, 1, there, sizeof there); // where our socket went: what the listener must find it is
+    ctl_auth_proof(h->secret, cm.nonce, mine, h->name, member, there, proof);
     ctl_auth_proof_back(h->secret, mine, want);
-    cJSON *hello = prt_hello_encode(
-        &(prt_hello){.name = h->name, .role = h->role, .auth = proof, .proto = PRT_VERSION, .nonce = mine}, err,
-        errlen);
+    cJSON *hello = prt_hello_encode(&(prt_hello){.name = h->name, .role = h->role, .auth = proof, .proto = PRT_VERSION,
+                                                 .nonce = mine, .member = member, .addr = there},
+                                    err, errlen);
     prt_error refusal;
     const cJSON *back = NULL;
-    if (hello && ctl_frame_send(p->ctl, hello) == 0 && ctl_frame_recv(p->ctl, &ok, timeout_ms, err, errlen) == 1 &&
-        prt_is(ok, PRT_OP_HELLO_OK)) {
+    err[0] = 0;
+    int sent = hello && ctl_frame_send(p->ctl, hello) == 0;
+    if (sent && seal_link(p, h->secret, cm.nonce, mine, proof, 0)) {
+      snprintf(err, errlen, "cannot derive the session keys");
+      sent = 0;
+    }
+    if (sent && ctl_frame_recv(p->ctl, &ok, timeout_ms, err, errlen) == 1 && prt_is(ok, PRT_OP_HELLO_OK)) {
       back = cJSON_GetObjectItemCaseSensitive(ok, "auth");
       good = cJSON_IsString(back) && ctl_consttime_eq(back->valuestring, want);
       if (!good) {
         long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
-        snprintf(err, errlen, "%s:%d answered without %s proof of the shared secret: not a peer of this cluster",
-                 host, port, back ? "the right" : "a");
+        snprintf(err, errlen, "%s:%d (member %s) answered without %s proof of the shared secret: not a peer of this "
+                 "cluster", host, port, member, back ? "the right" : "a");
         utl_warn(h->name, "%s (%ld refused so far)", err, n);
       }
     } else if (ok && prt_is(ok, PRT_OP_ERROR) && !prt_error_decode(ok, &refusal, NULL, 0)) {
-      snprintf(err, errlen, "%s:%d refused the hello: %s", host, port, refusal.message);
+      snprintf(err, errlen, "%s:%d (member %s) refused the hello: %s", host, port, member, refusal.message);
       utl_warn(h->name, "%s", err);
-    } else if (!ok || strcmp(err, "") == 0) {
+    } else if (sent && strstr(err, CTL_FRAME_UNSEALED)) {
+      // What came back was not sealed with this link's keys: not the listener the proof was for, or another
+      // version's plain refusal.
       long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
-      snprintf(err, errlen, "%s:%d refused the hello (wrong shared secret?)", host, port);
-      utl_warn(h->name, "%s:%d closed the control connection after our hello: wrong shared secret? (%ld refused so far)",
-               host, port, n);
+      snprintf(err, errlen, "%s:%d (member %s) answered the hello with a frame that failed to open: not a peer of "
+               "this cluster, or another protocol version", host, port, member);
+      utl_warn(h->name, "%s (%ld refused so far)", err, n);
+    } else if (sent && !ok) {
+      long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
+      snprintf(err, errlen, "%s:%d (member %s) refused the hello (wrong shared secret, or another protocol version?)",
+               host, port, member);
+      utl_warn(h->name, "%s:%d (member %s) closed the control connection after our hello: wrong shared secret, or "
+               "another protocol version? (%ld refused so far)", host, port, member, n);
     }
     cJSON_Delete(hello);
   } else if (ch) {

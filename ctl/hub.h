@@ -4,6 +4,7 @@
 #define DSERVE_CTL_HUB_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cjson/cJSON.h>
 
@@ -38,9 +39,13 @@ int ctl_hub_port(const ctl_hub *h);
 // Control handshakes refused so far: accepted peers without a hello or without the right proof (each logged with
 // its address), and connections where the other hub refused our hello. Thread-safe.
 long ctl_hub_auth_failures(ctl_hub *h);
-// Opens a connection to another hub and completes the hello exchange (blocking, bounded by timeout_ms).
-// The peer then delivers events like an accepted one. Returns a new reference, or NULL with err.
-ctl_peer *ctl_hub_connect(ctl_hub *h, const char *host, int port, int timeout_ms, char *err, size_t errlen);
+// Opens a connection to the member named member (its name in the config or in etcd) at host:port and completes the
+// hello exchange (blocking, bounded by timeout_ms). The proof covers member and the address the socket reached, so a
+// listener that is not that member at that address (a relay, a record that points elsewhere) refuses it; every
+// frame after the hello is sealed (ctl_frame_seal). The peer then delivers events like an accepted one. Returns a
+// new reference, or NULL with err.
+ctl_peer *ctl_hub_connect(ctl_hub *h, const char *member, const char *host, int port, int timeout_ms, char *err,
+                          size_t errlen);
 // Next event, waiting up to timeout_ms (-1 = forever, 0 = poll). 1 with an event, 0 when none.
 // An accepted peer's first event is its "hello" message. Thread-safe.
 int ctl_hub_next(ctl_hub *h, ctl_event *ev, int timeout_ms);
@@ -57,8 +62,17 @@ void ctl_peer_ref(ctl_peer *p);
 void ctl_peer_unref(ctl_peer *p);
 void ctl_peer_close(ctl_peer *p);                     // shuts the connection; a closed event follows
 
-// The hello's proof of the shared secret: hex of a keyed hash over the nonce the listener sent.
-void ctl_auth_proof(const char *secret, const char *nonce, char out[65]);
+// The hello's proof of the shared secret: hex of HMAC-SHA256 under the secret over the listener's nonce (its
+// challenge), the connector's nonce, the connector's name, the member it dialled and the "ip:port" its socket reached
+// (docs/protocol.md, "Authentication").
+void ctl_auth_proof(const char *secret, const char *nonce_l, const char *nonce_c, const char *name, const char *member,
+                    const char *addr, char out[65]);
+// The two session keys both ends derive once the proof checked: HKDF-SHA256 over the secret, salted with both nonces,
+// bound to the proof; c2l seals what the connector sends, l2c what the listener sends. 0, or -1 (libcrypto failed).
+int ctl_session_keys(const char *secret, const char *nonce_l, const char *nonce_c, const char *proof, uint8_t c2l[32],
+                     uint8_t l2c[32]);
+#define CTL_LABEL_C2L "ctlC" // the direction labels of the seals' nonces
+#define CTL_LABEL_L2C "ctlL"
 // The listener's proof back (hello_ok's auth over the connector's hello nonce): the same keyed hash over
 // "listener:" + nonce, so that no connector's proof can be replayed as a listener's. A connector that sent a nonce
 // refuses a hello_ok without the right one: a peer found through a hint (etcd) must know the secret too.

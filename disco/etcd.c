@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "util/buf.h"
+#include "util/crypto.h"
 #include "util/err.h"
 
 #define DEF_TIMEOUT_MS 2000
@@ -27,48 +28,12 @@ struct dsc_etcd {
   int timeout_ms;
 };
 
-// ---- base64 (RFC 4648, with padding) ----
-
-static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-static int b64_enc(utl_buf *out, const unsigned char *p, size_t n) {
-  for (size_t i = 0; i < n; i += 3) {
-    unsigned v = (unsigned)p[i] << 16 | (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
-    char q[4] = {B64[v >> 18 & 63], B64[v >> 12 & 63], i + 1 < n ? B64[v >> 6 & 63] : '=', i + 2 < n ? B64[v & 63] : '='};
-    utl_buf_add(out, q, 4);
-  }
-  return out->oom ? -1 : 0;
-}
-
-static int b64_val(char ch) {
-  const char *k = ch ? strchr(B64, ch) : NULL;
-  return k ? (int)(k - B64) : -1;
-}
-
-// The bytes of base64 text s (NUL-terminated, *n without the NUL); NULL when s is not base64 or memory ran out.
-static char *b64_dec(const char *s, size_t *n) {
-  size_t len = strlen(s);
-  char *out = malloc(len / 4 * 3 + 4);
-  if (!out || len % 4) {
-    free(out);
-    return NULL;
-  }
-  size_t o = 0;
-  for (size_t i = 0; i < len; i += 4) {
-    int v[4];
-    for (int k = 0; k < 4; k++) v[k] = s[i + k] == '=' && i + 4 == len && k >= 2 ? 0 : b64_val(s[i + k]);
-    if (v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] < 0) {
-      free(out);
-      return NULL;
-    }
-    unsigned w = (unsigned)v[0] << 18 | (unsigned)v[1] << 12 | (unsigned)v[2] << 6 | (unsigned)v[3];
-    out[o++] = (char)(w >> 16);
-    if (s[i + 2] != '=') out[o++] = (char)(w >> 8 & 255);
-    if (s[i + 3] != '=') out[o++] = (char)(w & 255);
-  }
-  out[o] = 0;
-  *n = o;
-  return out;
+// The bytes of base64 text s as a NUL-terminated string (*n bytes without the NUL): 0, or -1 (not base64, or no memory).
+static int b64_text(const char *s, char **out, size_t *n) {
+  uint8_t *b = NULL;
+  int rc = utl_base64_decode(s, strlen(s), &b, n);
+  *out = (char *)b;
+  return rc;
 }
 
 // ---- JSON helpers ----
@@ -83,9 +48,7 @@ static int64_t j_i64(const cJSON *o, const char *k, int64_t def) {
 
 // "key": base64(s) (n bytes) into o.
 static int j_add_b64(cJSON *o, const char *k, const void *s, size_t n) {
-  utl_buf b = {0};
-  b64_enc(&b, s, n);
-  char *t = utl_buf_take(&b);
+  char *t = utl_base64_encode(s, n);
   int rc = t && cJSON_AddStringToObject(o, k, t) ? 0 : -1;
   free(t);
   return rc;
@@ -126,9 +89,10 @@ static int kv_from_json(const cJSON *j, dsc_kv *kv, int want_value) {
   memset(kv, 0, sizeof *kv);
   const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "key"), *v = cJSON_GetObjectItemCaseSensitive(j, "value");
   size_t n;
-  if (!cJSON_IsString(k) || !(kv->key = b64_dec(k->valuestring, &n))) return -1;
+  if (!cJSON_IsString(k) || b64_text(k->valuestring, &kv->key, &n)) return -1;
   if (want_value) {
-    kv->value = cJSON_IsString(v) ? b64_dec(v->valuestring, &kv->value_len) : calloc(1, 1);
+    if (!cJSON_IsString(v)) kv->value = calloc(1, 1);
+    else if (b64_text(v->valuestring, &kv->value, &kv->value_len)) kv->value = NULL;
     if (!kv->value) return -1;
   }
   kv->mod_revision = j_i64(j, "mod_revision", 0);

@@ -8,6 +8,7 @@
 
 #include "kv/stage.h"
 #include "proto/hello.h"
+#include "util/crypto.h"
 
 prt_kv_layout kv_wire_layout(const kv_pool *kv) {
   const mdl_llama_cfg *c = kv_pool_cfg(kv);
@@ -176,7 +177,7 @@ char *kv_wire_pack_md(kvx_agent *a) {
   size_t len = 0;
   char err[256];
   if (kvx_pack_md(a, &blob, &len, err, sizeof err)) return NULL;
-  char *b64 = wrk_base64_encode(blob, len);
+  char *b64 = utl_base64_encode(blob, len);
   free(blob);
   return b64;
 }
@@ -184,7 +185,7 @@ char *kv_wire_pack_md(kvx_agent *a) {
 int kv_wire_load_md(const char *kvx_md, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen) {
   uint8_t *blob = NULL;
   size_t len = 0;
-  if (!kvx_md || wrk_base64_decode(kvx_md, &blob, &len)) {
+  if (!kvx_md || utl_base64_decode(kvx_md, strlen(kvx_md), &blob, &len)) {
     snprintf(err, errlen, "the peer sent no usable kvx_md");
     return -1;
   }
@@ -206,55 +207,4 @@ void kv_wire_sampled_from(const prt_sampled *p, mdl_sampled *out) {
   out->logprob = p->logprob;
   int cap = (int)(sizeof out->top / sizeof out->top[0]);
   for (int i = 0; i < p->n_top && i < cap; i++) out->top[out->n_top++] = (mdl_logprob){p->top[i].token, p->top[i].logprob};
-}
-
-static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-char *wrk_base64_encode(const void *data, size_t len) {
-  const uint8_t *p = data;
-  char *out = malloc((len + 2) / 3 * 4 + 1), *o = out;
-  if (!out) return NULL;
-  for (size_t i = 0; i < len; i += 3) {
-    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < len ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < len ? p[i + 2] : 0);
-    *o++ = B64[v >> 18 & 63];
-    *o++ = B64[v >> 12 & 63];
-    *o++ = i + 1 < len ? B64[v >> 6 & 63] : '=';
-    *o++ = i + 2 < len ? B64[v & 63] : '=';
-  }
-  *o = 0;
-  return out;
-}
-
-int wrk_base64_decode(const char *s, uint8_t **out, size_t *len) {
-  size_t n = strlen(s);
-  *out = NULL;
-  *len = 0;
-  if (n % 4) return -1;
-  uint8_t *b = malloc(n / 4 * 3 + 1);
-  if (!b) return -1;
-  size_t k = 0;
-  for (size_t i = 0; i < n; i += 4) {
-    uint32_t v = 0;
-    int pad = 0;
-    for (int j = 0; j < 4; j++) {
-      char c = s[i + j];
-      const char *at = c ? strchr(B64, c) : NULL;
-      if (c == '=' && i + 4 == n && j >= 2) {
-        pad++;
-        v <<= 6;
-        continue;
-      }
-      if (!at || pad) {
-        free(b);
-        return -1;
-      }
-      v = v << 6 | (uint32_t)(at - B64);
-    }
-    b[k++] = (uint8_t)(v >> 16);
-    if (pad < 2) b[k++] = (uint8_t)(v >> 8);
-    if (pad < 1) b[k++] = (uint8_t)v;
-  }
-  *out = b;
-  *len = k;
-  return 0;
 }

@@ -72,9 +72,6 @@ int kv_wire_load_md(const char *kvx_md, kvx_agent *a, char *peer, size_t cap, ch
 void kv_wire_sampled_to(const mdl_sampled *s, prt_sampled *out);
 void kv_wire_sampled_from(const prt_sampled *p, mdl_sampled *out);
 
-// base64 (RFC 4648, with padding). encode: *out malloc'ed, NUL-terminated. decode: -1 on bad input.
-char *wrk_base64_encode(const void *data, size_t len);
-int wrk_base64_decode(const char *s, uint8_t **out, size_t *len);
 
 #ifdef __cplusplus
 }

@@ -14,7 +14,7 @@
 //   kvx_conn.c    the connection core: one connection per peer and backend, its queue, worker and reader threads
 //   kvx_base.c    services: log, threads, wake-ups, region and peer look-up, request completion, notification queue
 //   kvx_host.c    shareable host memory (kvx_host_alloc; the memfd behind it for shm)
-//   kvx_wire.c    socket I/O, frames, the authenticated handshake; kvx_sha256.c (SHA-256, HMAC)
+//   kvx_wire.c    socket I/O, frames, the authenticated handshake (crypto: util/crypto.h, libcrypto)
 #ifndef DSERVE_KVX_INT_H
 #define DSERVE_KVX_INT_H
 
@@ -30,7 +30,7 @@
 #include <sys/uio.h>
 
 #include "kvxfer/kvx.h"
-#include "kvxfer/kvx_crypto.h"
+#include "util/crypto.h"
 #include "util/buf.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -377,7 +377,7 @@ int kvx_host_lookup(uint64_t addr, uint64_t len, int *fd, uint64_t *off);
 // The backend for p by the agent's choice and what both offer (a->mu held); -1 with err when none fits.
 int kvx_choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t errlen);
 
-// ---- crypto (kvx_sha256.c): kvxfer/kvx_crypto.h ----
+// ---- crypto: util/crypto.h (libcrypto) ----
 
 // ---- wire helpers (kvx_wire.c) ----
 // Blocking I/O; a call stalled longer than timeout_ms (0 = no limit) fails.

@@ -166,18 +166,7 @@ static void mac(const void *secret, size_t slen, const char *label, const uint8_
                 const char *name, uint8_t out[32]) {
   const void *parts[4] = {label, n1, n2, name};
   size_t lens[4] = {strlen(label), 32, 32, strlen(name)};
-  kvx_hmac_sha256(secret, slen, parts, lens, 4, out);
-}
-
-static int rand_bytes(uint8_t *p, size_t n) {
-  while (n) {
-    ssize_t r = getrandom(p, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return -1;
-    p += r;
-    n -= (size_t)r;
-  }
-  return 0;
+  utl_hmac_sha256(secret, slen, parts, lens, 4, out);
 }
 
 int kvx_handshake_client(int fd, const char *my_name, const void *secret, size_t slen, int timeout_ms, char *err,
@@ -199,7 +188,7 @@ int kvx_handshake_client(int fd, const char *my_name, const void *secret, size_t
     return -1;
   }
   uint8_t nc[32], out[4 + 2 + KVX_MAX_NAME + 64];
-  if (rand_bytes(nc, 32)) {
+  if (utl_random(nc, 32)) {
     utl_seterr(err, errlen, "handshake: getrandom: %s", strerror(errno));
     return -1;
   }
@@ -229,7 +218,7 @@ int kvx_handshake_client(int fd, const char *my_name, const void *secret, size_t
   }
   uint8_t want[32];
   mac(secret, slen, "kvx-server", nc, in + 4, my_name, want);
-  if (!kvx_ct_equal(want, resp + 8, 32)) {
+  if (!utl_ct_equal(want, resp + 8, 32)) {
     utl_seterr(err, errlen, "handshake: peer failed to prove the shared secret");
     return -1;
   }
@@ -245,7 +234,7 @@ int kvx_handshake_server(int fd, const void *secret, size_t slen, int timeout_ms
   uint8_t g[36];
   uint32_t magic = HS_S;
   memcpy(g, &magic, 4);
-  if (rand_bytes(g + 4, 32)) {
+  if (utl_random(g + 4, 32)) {
     utl_seterr(err, errlen, "getrandom: %s", strerror(errno));
     return -1;
   }
@@ -275,7 +264,7 @@ int kvx_handshake_server(int fd, const void *secret, size_t slen, int timeout_ms
   mac(secret, slen, "kvx-client", g + 4, rest + nl, name, want);
   magic = HS_R;
   memcpy(resp, &magic, 4);
-  if (!kvx_valid_name(name) || !kvx_ct_equal(want, rest + nl + 32, 32)) {
+  if (!kvx_valid_name(name) || !utl_ct_equal(want, rest + nl + 32, 32)) {
     uint32_t st = 1;
     memcpy(resp + 4, &st, 4);
     kvx_send_all(fd, resp, sizeof resp, timeout_ms);

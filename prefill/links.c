@@ -46,7 +46,7 @@ pfl_link *pfl_link_for(pfl_worker *w, const char *name, cfg_role role, int timeo
     snprintf(l->name, sizeof l->name, "%s", name);
   }
   ctl_peer_unref(l->peer); // a dropped link: reconnect
-  l->peer = ctl_hub_connect(w->sh.hub, d.host, d.port, timeout_ms, err, errlen);
+  l->peer = ctl_hub_connect(w->sh.hub, name, d.host, d.port, timeout_ms, err, errlen);
   if (!l->peer) return NULL;
   prt_hello_ok ok;
   char why[200];

@@ -33,7 +33,7 @@ cJSON *prt_hello_encode(const prt_hello *m, char *err, size_t errlen) {
   cJSON *j = prt_new(PRT_OP_HELLO);
   if (!j || !PRT_ADD_STR(j, "name", m->name) || !PRT_ADD_STR(j, "role", m->role) ||
       !PRT_ADD_STR(j, "auth", m->auth) || (m->proto >= 0 && !cJSON_AddNumberToObject(j, "proto", m->proto)) ||
-      !PRT_ADD_STR(j, "nonce", m->nonce))
+      !PRT_ADD_STR(j, "nonce", m->nonce) || !PRT_ADD_STR(j, "member", m->member) || !PRT_ADD_STR(j, "addr", m->addr))
     return oom(j, err, errlen);
   return j;
 }
@@ -45,6 +45,8 @@ int prt_hello_decode(const cJSON *j, prt_hello *m, char *err, size_t errlen) {
       prt__str(j, PRT_OP_HELLO, "name", 0, &m->name, err, errlen) ||
       prt__str(j, PRT_OP_HELLO, "auth", 0, &m->auth, err, errlen) ||
       prt__str(j, PRT_OP_HELLO, "nonce", 0, &m->nonce, err, errlen) ||
+      prt__str(j, PRT_OP_HELLO, "member", 0, &m->member, err, errlen) ||
+      prt__str(j, PRT_OP_HELLO, "addr", 0, &m->addr, err, errlen) ||
       prt__int(j, PRT_OP_HELLO, "proto", 0, 0, INT32_MAX, &v, err, errlen))
     return -1;
   m->proto = (int)v;

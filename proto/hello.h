@@ -25,6 +25,8 @@ typedef struct prt_hello {
   int proto;        // the sender's PRT_VERSION; -1 when absent (the hub refuses it)
   const char *nonce; // (borrowed) the connector's own nonce: the listener proves the secret back in hello_ok's auth
                      // (a listener known only from a hint, etcd's membership, must prove it too); NULL when absent
+  const char *member; // (borrowed) the member the connector dialled (its name in the config or etcd); NULL if absent
+  const char *addr;   // (borrowed) "ip:port" the connector's socket reached; NULL when absent
 } prt_hello;
 cJSON *prt_hello_encode(const prt_hello *m, char *err, size_t errlen);
 // Refuses a wrong type; absent fields are left to the hub (auth NULL, proto -1).

@@ -14,7 +14,7 @@ extern "C" {
 #endif
 
 // The protocol version a hello carries ("proto"); a listener refuses a peer whose version differs.
-#define PRT_VERSION 1
+#define PRT_VERSION 2 // 2: sealed frames after the hello, the proof covering the member dialled (docs/protocol.md)
 
 // Every op, in docs/protocol.md's table order. These are the only spellings of the op names in the tree.
 #define PRT_OP_CHALLENGE "challenge"

@@ -258,10 +258,12 @@ void *rtr_link_main(void *arg) {
       l->connecting = 1;
       char host[sizeof l->cfg->host];
       int port = l->cfg->port; // a member's address may change (members.c) while we connect
+      char name[sizeof l->cfg->name]; // the member the proof is for: a listener that is another refuses it
       snprintf(host, sizeof host, "%s", l->cfg->host);
+      snprintf(name, sizeof name, "%s", l->cfg->name);
       pthread_mutex_unlock(&s->mu);
       char err[256] = "";
-      ctl_peer *p = ctl_hub_connect(s->hub, host, port, 1000, err, sizeof err);
+      ctl_peer *p = ctl_hub_connect(s->hub, name, host, port, 1000, err, sizeof err);
       pthread_mutex_lock(&s->mu);
       l->connecting = 0;
       if (p && !s->stopping && !l->gone && port == l->cfg->port && !strcmp(host, l->cfg->host)) {

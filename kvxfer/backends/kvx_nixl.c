@@ -293,7 +293,7 @@ static int nixl_pack_md(kvx_agent *a, utl_buf *out, char *err, size_t errlen) {
     return -1;
   }
   uint8_t dig[32];
-  kvx_sha256(md, len, dig);
+  utl_sha256(md, len, dig);
   utl_buf_add(out, dig, sizeof dig);
   utl_buf_add(out, md, len);
   free(md);  // NIXL's C API mallocs it for the caller
@@ -311,8 +311,8 @@ static int nixl_load_md(kvx_agent *a, kvx_peer *p, const uint8_t *sec, size_t le
   // NIXL keeps half of a blob it failed to parse and then refuses that agent's good one: a damaged blob must
   // never reach it.
   uint8_t dig[32];
-  kvx_sha256(sec + words, len - words, dig);
-  if (!kvx_ct_equal(dig, sec + words - 32, 32)) {
+  utl_sha256(sec + words, len - words, dig);
+  if (!utl_ct_equal(dig, sec + words - 32, 32)) {
     utl_seterr(err, errlen, "metadata: peer '%s''s nixl section is damaged (digest mismatch)", p->name);
     return -1;
   }

@@ -31,6 +31,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+import ctl_wire  # noqa: E402
 import e2e_util as u  # noqa: E402  (free ports, `dserve launch` nodes, HTTP and control clients)
 
 SCALE = u.SCALE
@@ -235,12 +236,20 @@ class AttackCase:
     def control_attacks(self, name):
         """Every control-port attack against worker name; returns how many were made."""
         port = self.c.worker(name)["port"]
+        addr = "127.0.0.1:%d" % port
+
+        def hello(auth_key):  # a hello of this protocol version for this member, with a proof under auth_key or none
+            def make(n):
+                h = {"op": "hello", "role": "router", "name": "attacker", "proto": ctl_wire.PROTO, "nonce": "ab" * 16,
+                     "member": name, "addr": addr}
+                if auth_key is not None:
+                    h["auth"] = ctl_wire.proof(auth_key, n, h["nonce"], "attacker", name, addr)
+                return h
+            return make
         attacks = {
-            "hello without auth": lambda n: {"op": "hello", "role": "router", "name": "attacker"},
-            "hello with a wrong proof": lambda n: {"op": "hello", "role": "router", "name": "attacker",
-                                                   "auth": u.auth_proof("change-me", n)},
-            "hello with an empty-key proof": lambda n: {"op": "hello", "role": "router", "name": "attacker",
-                                                        "auth": u.auth_proof("", n)},
+            "hello without auth": hello(None),
+            "hello with a wrong proof": hello("change-me"),
+            "hello with an empty-key proof": hello(""),
             "generate straight to the worker": lambda n: {"op": "generate", "id": "evil-1", "prompt": [1, 2, 3],
                                                           "max_tokens": 4, "sampling": {"temperature": 0}},
         }

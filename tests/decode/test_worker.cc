@@ -66,7 +66,7 @@ struct Worker {
     o.role = "router";
     o.secret = DSERVE_TEST_SECRET;
     EXPECT_EQ(ctl_hub_new(&o, &hub, err, sizeof err), 0) << err;
-    peer = ctl_hub_connect(hub, "127.0.0.1", port, 5000, err, sizeof err);
+    peer = ctl_hub_connect(hub, "w0", "127.0.0.1", port, 5000, err, sizeof err);
     EXPECT_NE(peer, nullptr) << err;
   }
   ~Worker() {

@@ -18,6 +18,8 @@ import threading
 import time
 import unittest
 
+import ctl_wire  # the control protocol: handshake and sealed frames
+
 DSERVE = os.environ.get("DSERVE_BINARY", "")
 SOURCE_DIR = os.environ.get("DSERVE_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 MODEL = os.path.join(SOURCE_DIR, "models", "weights", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -31,11 +33,6 @@ SCALE = float(os.environ.get("DSERVE_TIMEOUT_SCALE", "1"))  # the sanitize build
 TEST_SECRET = "dc3c80b87648d296023e7386aece451e900f9b6bd254473a88a2fe5e7db030af"
 os.environ["DSERVE_SECRET"] = TEST_SECRET
 os.environ.pop("DSERVE_SECRET_FILE", None)
-
-
-def auth_proof(secret, nonce):
-    """A hello's proof of the shared secret (docs/protocol.md): hex HMAC-SHA256(secret, nonce)."""
-    return hmac.new(secret.encode(), nonce.encode(), hashlib.sha256).hexdigest()
 
 
 def wait_until(cond, timeout, step=0.02):
@@ -454,36 +451,20 @@ def run_threads(fns, timeout):
 # ---- the control protocol (docs/protocol.md): 4-byte big-endian length + one JSON object ----
 
 class Control:
-    """A connection to a worker's control port that speaks as a router (for `stats`), proving secret."""
+    """A connection to a worker's control port that speaks as a router (for `stats`), proving the secret
+    (ctl_wire.py: the handshake and sealed frames)."""
 
     def __init__(self, host, port, name="probe", timeout=10.0, secret=None):
-        self.s = socket.create_connection((host, port), timeout=timeout)
-        ch = self.recv()
-        if ch.get("op") != "challenge":
-            raise AssertionError("expected challenge, got %r" % ch)
-        self.send({"op": "hello", "role": "router", "name": name, "proto": 1,  # PRT_VERSION (proto/proto.h)
-                   "auth": auth_proof(TEST_SECRET if secret is None else secret, ch["nonce"])})
-        ok = self.recv()
-        if ok.get("op") != "hello_ok":
-            raise AssertionError("expected hello_ok, got %r" % ok)
-        self.hello = ok
+        self.c = ctl_wire.connect(socket.create_connection((host, port), timeout=timeout),
+                                  TEST_SECRET if secret is None else secret, name=name, timeout=timeout)
+        self.hello = self.c.hello
 
     def send(self, obj):
-        data = json.dumps(obj).encode()
-        self.s.sendall(struct.pack(">I", len(data)) + data)
+        self.c.send(obj)
 
-    def _read(self, n):
-        buf = b""
-        while len(buf) < n:
-            b = self.s.recv(n - len(buf))
-            if not b:
-                raise AssertionError("the worker closed the control connection")
-            buf += b
-        return buf
-
-    def recv(self):
-        (n,) = struct.unpack(">I", self._read(4))
-        return json.loads(self._read(n))
+    def recv(self, timeout=None):
+        """The next message; TimeoutError when none came within timeout (None: wait)."""
+        return self.c.recv(timeout)
 
     def stats(self):
         self.send({"op": "stats"})
@@ -493,7 +474,7 @@ class Control:
                 return m
 
     def close(self):
-        self.s.close()
+        self.c.close()
 
 
 def worker_stats(port, host="127.0.0.1", secret=None):

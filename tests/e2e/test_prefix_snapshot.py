@@ -19,11 +19,10 @@ def prompt(seed, n=200):
 
 def generate(ctl, rid, toks):
     """Runs one request on a worker over its control connection; returns the done message."""
-    ctl.s.settimeout(120)  # a loaded machine or a sanitizer build computes slowly
     ctl.send({"op": "generate", "id": rid, "prompt": toks, "max_tokens": 1, "mode": "local",
               "sampling": {"temperature": 0}})
     while True:
-        m = ctl.recv()
+        m = ctl.recv(120)  # a loaded machine or a sanitizer build computes slowly
         if m.get("id") == rid and m.get("op") in ("done", "error"):
             if m["op"] == "error":
                 raise AssertionError("generate %s failed: %r" % (rid, m))
@@ -33,16 +32,13 @@ def generate(ctl, rid, toks):
 def snapshot(ctl):
     """The kv_events messages a worker sends a router right after hello_ok: [kind, key] events, up to the last key."""
     evs = []
-    ctl.s.settimeout(60)
-    m = ctl.recv()
+    m = ctl.recv(60)
     while m.get("op") == "kv_events":
         evs += m["events"]
-        ctl.s.settimeout(0.5)  # the snapshot's messages follow one another at once
         try:
-            m = ctl.recv()
-        except OSError:
+            m = ctl.recv(0.5)  # the snapshot's messages follow one another at once
+        except (OSError, TimeoutError):
             break
-    ctl.s.settimeout(60)
     return evs
 
 

@@ -293,7 +293,7 @@ TEST_F(Prefix, RouterHelloGetsASnapshotInChunks) {
   ctl_hub *worker = nullptr, *router = nullptr;
   ASSERT_EQ(ctl_hub_new(&wo, &worker, err, sizeof err), 0) << err;
   ASSERT_EQ(ctl_hub_new(&ro, &router, err, sizeof err), 0) << err;
-  ctl_peer *p1 = ctl_hub_connect(router, "127.0.0.1", ctl_hub_port(worker), 5000, err, sizeof err);
+  ctl_peer *p1 = ctl_hub_connect(router, "w0", "127.0.0.1", ctl_hub_port(worker), 5000, err, sizeof err);
   ASSERT_NE(p1, nullptr) << err;
   kv_events kv{};
   ctl_event ev;
@@ -318,7 +318,7 @@ TEST_F(Prefix, RouterHelloGetsASnapshotInChunks) {
   kv_blocks sq{};
   compute(q, &sq);
   kv_blocks_release(pool, &sq);
-  ctl_peer *p2 = ctl_hub_connect(router, "127.0.0.1", ctl_hub_port(worker), 5000, err, sizeof err);
+  ctl_peer *p2 = ctl_hub_connect(router, "w0", "127.0.0.1", ctl_hub_port(worker), 5000, err, sizeof err);
   ASSERT_NE(p2, nullptr) << err;
   ASSERT_EQ(ctl_hub_next(worker, &ev, 5000), 1);
   kv_events_on_event(&kv, &ev, st);
@@ -344,7 +344,7 @@ TEST_F(Prefix, RouterHelloGetsASnapshotInChunks) {
   EXPECT_EQ(snap, all);
   // No store: the router is added, nothing is sent.
   kv_events none{};
-  ctl_peer *p3 = ctl_hub_connect(router, "127.0.0.1", ctl_hub_port(worker), 5000, err, sizeof err);
+  ctl_peer *p3 = ctl_hub_connect(router, "w0", "127.0.0.1", ctl_hub_port(worker), 5000, err, sizeof err);
   ASSERT_NE(p3, nullptr) << err;
   ASSERT_EQ(ctl_hub_next(worker, &ev, 5000), 1);
   kv_events_on_event(&none, &ev, nullptr);

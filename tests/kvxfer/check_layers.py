@@ -16,7 +16,6 @@ LEVEL = {
     "kvx_conn": 3,
     "kvx_base": 2, "kvx_host": 2,
     "kvx_wire": 1,
-    "kvx_sha256": 0,
 }
 
 

@@ -129,7 +129,7 @@ struct Cluster {
         pids[n] = -1; // it died: its log says why
         break;
       }
-      p = ctl_hub_connect(hub, "127.0.0.1", ports[n], 1000, err, sizeof err);
+      p = ctl_hub_connect(hub, n.c_str(), "127.0.0.1", ports[n], 1000, err, sizeof err);
       if (!p) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     EXPECT_NE(p, nullptr) << n << ": " << err << "\n" << log(n);

@@ -72,7 +72,7 @@ TEST(Proto, Challenge) {
 
 TEST(Proto, Hello) {
   char err[128];
-  prt_hello in = {"router", "r0", "proof", PRT_VERSION, "n0nce"};
+  prt_hello in = {"router", "r0", "proof", PRT_VERSION, "n0nce", "w0", "127.0.0.1:7001"};
   cJSON *j = wire(prt_hello_encode(&in, err, sizeof err));
   EXPECT_TRUE(prt_is(j, PRT_OP_HELLO));
   prt_hello m;
@@ -82,6 +82,10 @@ TEST(Proto, Hello) {
   EXPECT_EQ(S(m.auth), "proof");
   EXPECT_EQ(m.proto, PRT_VERSION);
   EXPECT_EQ(S(m.nonce), "n0nce");
+  EXPECT_EQ(S(m.member), "w0");
+  EXPECT_EQ(S(m.addr), "127.0.0.1:7001");
+  refuses<prt_hello>(j, "member", false, prt_hello_decode, false);
+  refuses<prt_hello>(j, "addr", false, prt_hello_decode, false);
   refuses<prt_hello>(j, "auth", false, prt_hello_decode, false);
   refuses<prt_hello>(j, "nonce", false, prt_hello_decode, false);
   refuses<prt_hello>(j, "proto", false, prt_hello_decode, true);

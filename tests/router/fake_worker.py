@@ -11,30 +11,21 @@ With FAKE_WORKER_RECORD=PATH in the environment, every `generate` message receiv
 line, so a test can see what the router sent (its sampling defaults, for one).
 """
 import hashlib
-import hmac
 import json
 import os
 import random
 import socket
-import struct
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+import ctl_wire  # noqa: E402  (the control protocol: handshake and sealed frames)
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
          "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango"]
 NATURAL_LEN = 8
 SECRET = "dc3c80b87648d296023e7386aece451e900f9b6bd254473a88a2fe5e7db030af"  # = tests/test_secret.h
-
-
-def auth_proof(secret, nonce):
-    """The hello's proof (docs/protocol.md): hex HMAC-SHA256(secret, nonce)."""
-    return hmac.new(secret.encode(), nonce.encode(), hashlib.sha256).hexdigest()
-
-
-def auth_proof_back(secret, nonce):
-    """The listener's proof back in hello_ok (docs/protocol.md): hex HMAC-SHA256(secret, "listener:" + nonce)."""
-    return hmac.new(secret.encode(), ("listener:" + nonce).encode(), hashlib.sha256).hexdigest()
 
 
 def words_for(prompt_ids, seed):
@@ -77,43 +68,14 @@ def tool_call_text(m):
     return None
 
 
-def send(sock, lock, msg):
-    b = json.dumps(msg).encode()
-    with lock:
-        sock.sendall(struct.pack(">I", len(b)) + b)
-
-
-def recv_exact(sock, n):
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf
-
-
-def recv(sock):
-    h = recv_exact(sock, 4)
-    if h is None:
-        return None
-    (n,) = struct.unpack(">I", h)
-    b = recv_exact(sock, n)
-    return None if b is None else json.loads(b)
-
-
 def serve_conn(sock, n_ctx, delay):
-    lock = threading.Lock()
     cancelled = set()
-    nonce = os.urandom(16).hex()
-    send(sock, lock, {"op": "challenge", "nonce": nonce, "name": "fake"})
-    hello = recv(sock)
-    if not hello or hello.get("op") != "hello" or not isinstance(hello.get("auth"), str) or \
-            not hmac.compare_digest(hello["auth"], auth_proof(SECRET, nonce)):
+    # As a real worker: the proof of SECRET for the member the router dialled (the fake answers to any name) at this
+    # address, then sealed frames (ctl_wire.py).
+    c, _ = ctl_wire.accept(sock, SECRET, None, {"role": "both", "n_ctx": n_ctx, "block_size": 16})
+    if c is None:
         sock.close()
         return
-    send(sock, lock, {"op": "hello_ok", "role": "both", "name": "fake", "n_ctx": n_ctx, "block_size": 16,
-                      "auth": auth_proof_back(SECRET, hello.get("nonce", ""))})
 
     def generate(m):
         seed = m["sampling"].get("seed")
@@ -138,19 +100,20 @@ def serve_conn(sock, n_ctx, delay):
             if m["id"] in cancelled:
                 return
             time.sleep(delay)
-            send(sock, lock, {"op": "token", "id": m["id"], "text": p, "tokens": [1]})
-        send(sock, lock, {"op": "done", "id": m["id"], "finish_reason": finish, "prompt_tokens": len(m["prompt"]),
-                          "completion_tokens": n, "cached_tokens": 0, "kv_bytes": 0, "kv_ms": 0})
+            c.send({"op": "token", "id": m["id"], "text": p, "tokens": [1]})
+        c.send({"op": "done", "id": m["id"], "finish_reason": finish, "prompt_tokens": len(m["prompt"]),
+                "completion_tokens": n, "cached_tokens": 0, "kv_bytes": 0, "kv_ms": 0})
 
     try:
         while True:
-            m = recv(sock)
-            if m is None:
+            try:
+                m = c.recv(None)
+            except (ConnectionError, ctl_wire.InvalidTag):
                 break
             op = m.get("op")
             if op == "stats":
-                send(sock, lock, {"op": "stats_ok", "running": 0, "waiting": 0, "free_blocks": 100,
-                                  "total_blocks": 100, "prefix_hits": 0, "prefix_queries": 0})
+                c.send({"op": "stats_ok", "running": 0, "waiting": 0, "free_blocks": 100,
+                        "total_blocks": 100, "prefix_hits": 0, "prefix_queries": 0})
             elif op == "generate":
                 record = os.environ.get("FAKE_WORKER_RECORD")
                 if record:

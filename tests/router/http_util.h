@@ -101,7 +101,7 @@ struct FakeWorker {
 
   explicit FakeWorker(const char *role = "both") {
     ctl_hub_opts o{};
-    o.name = "fake";
+    o.name = "w0"; // the member the test router dials (Router: its one worker, w0)
     o.role = role;
     o.secret = DSERVE_TEST_SECRET; // the hub checks the router's proof of it before any hello_ok
     o.host = "127.0.0.1";

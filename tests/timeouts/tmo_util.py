@@ -1,7 +1,5 @@
 """tests/timeouts/tmo_util.py: helpers for the timeout tests: configs with an inline secret, roles as separate processes, a control-protocol client that proves the secret, a fake worker listener."""
 
-import hashlib
-import hmac
 import json
 import os
 import secrets
@@ -15,6 +13,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+import ctl_wire as w  # noqa: E402  (the control protocol)
 import e2e_util as u  # noqa: E402  (HTTP/SSE clients, free ports, the model path, SCALE)
 
 SCALE = u.SCALE
@@ -88,74 +87,15 @@ class Proc:
             self.log.close()
 
 
-# ---- the control protocol (docs/protocol.md): 4-byte big-endian length + one JSON object ----
+# ---- the control protocol (docs/protocol.md): ctl_wire.py, the tests' one copy of it ----
 
-def proof(secret, nonce):
-    """hex(HMAC-SHA256(secret, nonce)): the hello's `auth` (ctl/hub.c ctl_auth_proof)."""
-    return hmac.new(secret.encode(), nonce.encode(), hashlib.sha256).hexdigest()
-
-
-class Conn:
-    """One framed control connection (either side)."""
-
-    def __init__(self, sock):
-        self.s = sock
-        self.buf = b""
-
-    def send(self, obj):
-        data = json.dumps(obj).encode()
-        self.s.sendall(struct.pack(">I", len(data)) + data)
-
-    def _read(self, n, deadline):
-        while len(self.buf) < n:
-            left = deadline - time.time()
-            if left <= 0:
-                raise TimeoutError("no control message")
-            self.s.settimeout(left)
-            b = self.s.recv(65536)
-            if not b:
-                raise ConnectionError("the peer closed the control connection")
-            self.buf += b
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def recv(self, timeout=10.0):
-        deadline = time.time() + timeout
-        (n,) = struct.unpack(">I", self._read(4, deadline))
-        return json.loads(self._read(n, deadline))
-
-    def recv_op(self, ops, timeout):
-        """The next message whose op is in ops (others are dropped), or TimeoutError."""
-        deadline = time.time() + timeout
-        while True:
-            m = self.recv(max(0.001, deadline - time.time()))
-            if m.get("op") in ops:
-                return m
-
-    def close(self):
-        try:
-            self.s.close()
-        except OSError:
-            pass
+Conn = w.Conn
 
 
 def connect(port, secret, role="router", name="probe", timeout=10.0):
     """A control connection to a worker on 127.0.0.1:port that has proved the secret; .hello is its hello_ok."""
-    c = Conn(socket.create_connection((HOST, port), timeout=timeout))
-    try:
-        ch = c.recv(timeout)
-        if ch.get("op") != "challenge":
-            raise AssertionError("expected challenge, got %r" % ch)
-        # "proto": PRT_VERSION (proto/proto.h); a hub refuses a hello without it
-        c.send({"op": "hello", "role": role, "name": name, "proto": 1, "auth": proof(secret, ch["nonce"])})
-        ok = c.recv(timeout)
-        if ok.get("op") != "hello_ok":
-            raise AssertionError("expected hello_ok, got %r" % ok)
-    except BaseException:
-        c.close()
-        raise
-    c.hello = ok
-    return c
+    return w.connect(socket.create_connection((HOST, port), timeout=timeout), secret, role=role, name=name,
+                     timeout=timeout)
 
 
 def stats(port, secret):
@@ -224,23 +164,21 @@ class FakeWorker:
                 s, _ = self.ls.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(Conn(s),), daemon=True).start()
+            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
 
-    def _serve(self, c):
-        with self.lock:
-            self.conns.append(c)
+    def _serve(self, s):
         try:
-            c.send({"op": "challenge", "nonce": secrets.token_hex(16), "name": self.hello_ok["name"]})
-            h = c.recv(10.0)
+            c, h = w.accept(s, self.secret, self.hello_ok["name"], self.hello_ok)
+            if c is None:
+                return
             with self.lock:
+                self.conns.append(c)
                 self.peers.append((h.get("role"), h.get("name")))
-            back = hmac.new(self.secret.encode(), ("listener:" + h.get("nonce", "")).encode(), hashlib.sha256).hexdigest()
-            c.send(dict(self.hello_ok, op="hello_ok", auth=back))  # the proof back a connector asks for
             while True:
                 m = c.recv(3600.0)
                 with self.lock:
                     self.msgs.append(m)
-        except (OSError, ValueError, TimeoutError, struct.error):
+        except (OSError, ValueError, TimeoutError, struct.error, w.InvalidTag):
             pass
 
     def received(self, op):
