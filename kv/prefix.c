@@ -491,6 +491,16 @@ int kv_prefix_restore(kv_prefix *s, const int32_t *toks, int n_toks, int n_have,
   return rc < 0 ? -1 : n;
 }
 
+// 1 when an entry cached in pool block ours should take the caller's copy theirs of the same block instead: theirs
+// still has the window pages ours lost, or nobody but the store uses ours. The latter frees ours at once; kept, it
+// would be the parent of the caller's next blocks once they enter the store, and a parent is never evicted before its
+// children: a copy nobody uses would stay while the caller runs, and a sequence that needs the whole pool would wait
+// for it forever.
+static int swap_copy(const kv_prefix *s, int32_t ours, int32_t theirs) {
+  int ours_whole = kv_pool_whole(s->pool, ours), theirs_whole = kv_pool_whole(s->pool, theirs);
+  return theirs_whole && (!ours_whole || kv_pool_refcount(s->pool, ours) == 1);
+}
+
 int kv_prefix_insert(kv_prefix *s, const int32_t *toks, int n_toks, const int32_t *block_ids, int n_blocks) {
   if (!toks || !block_ids || n_toks < s->bs || n_blocks < 1) return 0;
   int n = n_toks / s->bs;
@@ -534,8 +544,7 @@ int kv_prefix_insert(kv_prefix *s, const int32_t *toks, int n_toks, const int32_
       en->block = block_ids[i];
       kv_pool_ref(s->pool, block_ids[i]);
       set_tier(s, e, 0);
-    } else if (s->ents[e].block != block_ids[i] && !kv_pool_whole(s->pool, s->ents[e].block) &&
-               kv_pool_whole(s->pool, block_ids[i])) { // the caller's copy still has the window pages ours lost
+    } else if (s->ents[e].block != block_ids[i] && swap_copy(s, s->ents[e].block, block_ids[i])) {
       kv_pool_unref(s->pool, s->ents[e].block);
       s->ents[e].block = block_ids[i];
       kv_pool_ref(s->pool, block_ids[i]);

@@ -98,8 +98,10 @@ int kv_prefix_restore(kv_prefix *s, const int32_t *toks, int n_toks, int n_have,
 
 // After a sequence's prompt is computed: its first min(n_toks / block_size, n_blocks) blocks (block_ids,
 // the sequence's table, whose K/V for those positions are complete) enter the store, which takes its own
-// reference on each. Blocks already cached in the pool are skipped (the sequence's copy stays its own); a
-// block cached only in tier 1/2 is promoted to the caller's pool block. Then evicts down to the budget.
+// reference on each. A block already cached in the pool keeps its cached copy (the sequence's stays its own), unless
+// nobody else uses that copy or it lost window pages the caller's has: the entry then takes the caller's copy (the
+// old one is freed); a block cached only in tier 1/2 is promoted to the caller's pool block. Then evicts down to the
+// budget.
 // Returns the number of new entries, -1 on out of memory (what was inserted before stays).
 int kv_prefix_insert(kv_prefix *s, const int32_t *toks, int n_toks, const int32_t *block_ids, int n_blocks);
 

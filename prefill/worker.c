@@ -567,7 +567,13 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
     pfl_req *r = OWNER(w->eng.run[i]);
     r->live = pfl_state_pushes(r->state);
   }
-  if (wrk_engine_plan(&w->eng) == 0) return 0;
+  int planned = wrk_engine_plan(&w->eng);
+  for (int i = w->eng.n_run - 1; i >= 0; i--) { // admission refuses such prompts: this is only a safety net
+    pfl_req *r = i < w->eng.n_run ? OWNER(w->eng.run[i]) : NULL;
+    if (r && r->seq.cannot_grow && !pfl_state_draining(r->state))
+      fail_with(w, r, "context_length_exceeded", "%s", "the prompt needs more KV blocks than this worker's pool has");
+  }
+  if (planned == 0) return 0;
   for (int i = 0; i < w->eng.n_batch; i++) { // the blocks each row completes, pushed layer by layer
     pfl_req *r = OWNER(w->eng.batch_of[i]);
     r->step_b0 = r->pushed_blocks;

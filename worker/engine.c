@@ -338,6 +338,10 @@ int wrk_engine_plan(wrk_engine *e) {
                             : wrk_step_chunk(&e->cost, target, used, kpairs, s->n_done, pending, cap - used,
                                              n_prefill == 0 ? WRK_MIN_PREFILL_CHUNK : 0);
       if (chunk < 1) break;
+      if (kv_pool_blocks_needed(e->rt->kv, s->n_done + chunk, chunk) > kv_pool_total_blocks(e->rt->kv)) {
+        s->cannot_grow = 1; // the pool is its context length: preempting the others would not make room
+        continue;
+      }
       int ok;
       while (!(ok = !reserve_evicting(e, s, s->n_done + chunk)) && !preempt(e, s, n))
         i = find(e->run, e->n_run, s); // the list shifted
