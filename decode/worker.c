@@ -739,7 +739,10 @@ int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
                        .kvxfer = decode_role, .hello_extra = hello_extra, .ops = OPS,
                        .n_ops = sizeof OPS / sizeof OPS[0], .on_close = on_close, .worker = &w};
   if (wrk_shell_open(&w.sh, cfg, wc, &so, err, errlen)) return -1;
-  wrk_engine_init(&w.eng, w.sh.rt, err, errlen);
+  if (wrk_engine_init(&w.eng, w.sh.rt, err, errlen)) { // a configured prefix tier that cannot open stops the worker
+    wrk_shell_close(&w.sh);
+    return -1;
+  }
   wrk_grammars_init(&w.gram, w.sh.rt->tok);
   wrk_shell_announce(&w.sh);
   int64_t drain_until = 0;

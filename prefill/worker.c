@@ -616,12 +616,12 @@ int pfl_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
                        .watch_peers = 1, .ops = OPS, .n_ops = sizeof OPS / sizeof OPS[0], .on_close = on_close, .worker = &w};
   if (wrk_shell_open(&w.sh, cfg, wc, &so, err, errlen)) return -1;
   if (krn_event_new(&w.sh.rt->kc, &w.layer_ev[0], err, errlen) ||
-      krn_event_new(&w.sh.rt->kc, &w.layer_ev[1], err, errlen)) {
+      krn_event_new(&w.sh.rt->kc, &w.layer_ev[1], err, errlen) ||
+      wrk_engine_init(&w.eng, w.sh.rt, err, errlen)) { // a configured prefix tier that cannot open stops the worker
     for (int i = 0; i < 2; i++) krn_event_free(&w.sh.rt->kc, w.layer_ev[i]);
     wrk_shell_close(&w.sh);
     return -1;
   }
-  wrk_engine_init(&w.eng, w.sh.rt, err, errlen);
   wrk_grammars_init(&w.gram, w.sh.rt->tok);
   pfl_serve_init(&w.serve, w.sh.kvx, w.sh.rt->kv, w.eng.prefix, wc->name);
   wrk_shell_announce(&w.sh);

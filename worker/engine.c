@@ -138,7 +138,13 @@ int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen) {
                          .host_blocks = (int)(rt->w->prefix_host_mb * 1024.0 * 1024.0 / bb),
                          .disk_blocks = (int)(rt->w->prefix_disk_mb * 1024.0 * 1024.0 / bb),
                          .disk_path = rt->w->prefix_disk_path};
-    if (kv_prefix_new(rt->kv, &o, &e->prefix, err, errlen)) return -1;
+    char why[512];
+    if (kv_prefix_new(rt->kv, &o, &e->prefix, why, sizeof why)) {
+      snprintf(err, errlen, "worker %s: cannot open its prefix cache (prefix_cache_mb %g, prefix_host_mb %g, "
+               "prefix_disk_mb %g): %s", rt->w->name, rt->w->prefix_cache_mb, rt->w->prefix_host_mb,
+               rt->w->prefix_disk_mb, why);
+      return -1;
+    }
   }
   return 0;
 }

@@ -100,7 +100,8 @@ typedef struct wrk_engine {
   double step_kpairs;  // and its attention pairs (thousands)
 } wrk_engine;
 
-// Also opens the prefix cache sized from the worker's prefix_cache_mb.
+// Also opens the prefix cache sized from the worker's prefix_cache_mb, with its host and disk tiers: -1 with err
+// (naming the worker and the tier's error) when one cannot be opened; the worker must not start without it.
 int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen);
 void wrk_engine_fini(wrk_engine *e); // the sequences themselves belong to the caller
 int wrk_engine_queue(wrk_engine *e, wrk_seq *s);   // waits for admission; -1 on out of memory
