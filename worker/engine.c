@@ -137,7 +137,7 @@ int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen) {
     kv_prefix_opts o = {.budget_blocks = blocks,
                          .host_blocks = (int)(rt->w->prefix_host_mb * 1024.0 * 1024.0 / bb),
                          .disk_blocks = (int)(rt->w->prefix_disk_mb * 1024.0 * 1024.0 / bb),
-                         .disk_path = rt->w->prefix_disk_path};
+                         .disk_path = rt->w->prefix_disk_path, .log_name = rt->w->name};
     char why[512];
     if (kv_prefix_new(rt->kv, &o, &e->prefix, why, sizeof why)) {
       snprintf(err, errlen, "worker %s: cannot open its prefix cache (prefix_cache_mb %g, prefix_host_mb %g, "
@@ -428,5 +428,6 @@ void wrk_engine_prefix_stats(const wrk_engine *e, prt_stats_ok *out) {
   for (int t = 0; e->prefix && t < PRT_N_TIERS; t++) // kv_prefix's tiers are proto's, in the same order
     if (kv_prefix_has_tier(e->prefix, t))
       out->tiers[t] = (prt_tier_stats){.present = 1, .hits = (double)st.hit_tokens[t],
-                                       .queries = (double)st.tier_query_tokens[t], .blocks = st.blocks[t]};
+                                       .queries = (double)st.tier_query_tokens[t], .blocks = st.blocks[t],
+                                       .refused = (double)st.refused[t]};
 }
