@@ -170,6 +170,7 @@ static void seq_free(dec_worker *w, dec_seq *s) {
 }
 
 static ctl_peer *prefill_peer(dec_worker *w, const char *name);
+static void reject(void *arg, wrk_seq *sq, int blocks_needed);
 
 // A handoff we give up on whose prefill worker may hold the block table and still write: kv_fail tells it, and
 // the blocks stay reserved (in held) until it answers kv_freed (or the bounds above). 0 when s is held now.
@@ -422,6 +423,15 @@ static void try_send_table(dec_worker *w, dec_seq *s) {
   if (s->state != DEC_WAIT_TABLE) return;
   // Blocks of the prompt this worker already caches (an earlier turn of the conversation) are not sent again.
   s->seq.kv_from_peer = 1; // blocks before the window get no window pages: no local layer is sent into them
+  int needed = kv_pool_blocks_needed(w->sh.rt->kv, s->seq.n_toks + 1, w->sh.rt->w->max_batch_tokens);
+  if (!s->seq.blocks.n && needed > kv_pool_total_blocks(w->sh.rt->kv)) { // it could never be taken: say so now
+    ctl_peer *p = prefill_peer(w, s->req.prefill); // which computes it for nothing: nothing written yet (no table)
+    cJSON *m = prt_kv_fail_encode(&(prt_kv_fail){s->req.id, "the decode worker's KV pool is too small", NULL}, NULL, 0);
+    if (p && m) ctl_peer_send(p, m);
+    cJSON_Delete(m);
+    reject(w, &s->seq, needed);
+    return;
+  }
   if (!s->seq.blocks.n && wrk_engine_take_blocks(&w->eng, &s->seq)) return; // later, when blocks come back
   ctl_peer *p = prefill_peer(w, s->req.prefill);
   if (!p) return; // sent when the prefill worker connects
@@ -662,9 +672,22 @@ static void announce_drain(dec_worker *w) {
 
 // ---- scheduling ----
 
+// A sequence that reached the KV pool's size: ends as one that reaches the model's context does (vLLM at
+// max_model_len, llama-server at n_ctx): finish_reason "length", with the tokens it generated and their usage.
+static void end_at_pool(dec_worker *w, dec_seq *s, int blocks_needed) {
+  utl_warn(w->sh.rt->w->name, "%s: finish_reason length after %d generated tokens (%d in all): the next one needs %d "
+           "KV blocks and this worker's pool has %d (kv_budget_tokens / kv_budget_mb)", s->req.id, s->n_gen,
+           s->seq.n_toks, blocks_needed, kv_pool_total_blocks(w->sh.rt->kv));
+  seq_finish(w, s, "length");
+}
+
 static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   dec_worker *w = arg;
   dec_seq *s = OWNER(sq);
+  if (s->n_gen > 0) { // preempted (or moved here) with tokens already streamed: they stand, as at the context's end
+    end_at_pool(w, s, blocks_needed);
+    return;
+  }
   wrk_send_error(s->router, s->req.id, "context_length_exceeded",
                  "the request needs %d KV blocks; this worker's pool has %d", blocks_needed,
                  kv_pool_total_blocks(w->sh.rt->kv));
@@ -674,6 +697,9 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
 // One engine step, then sampling for every row that finished its prompt or decoded a token.
 static int step(dec_worker *w, char *err, size_t errlen) {
   int rc = wrk_engine_step(&w->eng, NULL, NULL, err, errlen);
+  for (int i = w->eng.n_run - 1; i >= 0; i--) // those the plan found could not grow end now, not at their deadline
+    if (i < w->eng.n_run && w->eng.run[i]->cannot_grow)
+      end_at_pool(w, OWNER(w->eng.run[i]), kv_pool_blocks_needed(w->sh.rt->kv, w->eng.run[i]->n_toks, 1));
   if (rc <= 0) return rc;
   int n_vocab = mdl_tok_n_vocab(w->sh.rt->tok);
   for (int i = 0; i < w->eng.n_batch; i++) {
@@ -713,7 +739,10 @@ int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
                        .kvxfer = decode_role, .hello_extra = hello_extra, .ops = OPS,
                        .n_ops = sizeof OPS / sizeof OPS[0], .on_close = on_close, .worker = &w};
   if (wrk_shell_open(&w.sh, cfg, wc, &so, err, errlen)) return -1;
-  wrk_engine_init(&w.eng, w.sh.rt, err, errlen);
+  if (wrk_engine_init(&w.eng, w.sh.rt, err, errlen)) { // a configured prefix tier that cannot open stops the worker
+    wrk_shell_close(&w.sh);
+    return -1;
+  }
   wrk_grammars_init(&w.gram, w.sh.rt->tok);
   wrk_shell_announce(&w.sh);
   int64_t drain_until = 0;

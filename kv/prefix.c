@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "kv/prefix.h"
+#include "util/log.h"
 
 #define NT 3 // tiers: 0 pool, 1 host DRAM, 2 disk
 
@@ -50,6 +51,8 @@ struct kv_prefix {
   kv_event *ev;      // (owned) (max_ev) pending events, oldest first
   int n_ev, max_ev;
   int quiet;             // 1 while clearing: no REMOVED events (CLEARED says it all)
+  char log_name[64];     // its log lines' component
+  int warned[NT];        // tier t's first refusal was logged
   kv_prefix_stats st;
 };
 
@@ -193,6 +196,7 @@ static int disk_io(kv_prefix *s, int slot, void *buf, int write) {
     ssize_t r = write ? pwrite(s->fd, (char *)buf + done, s->bbytes - done, off + (off_t)done)
                       : pread(s->fd, (char *)buf + done, s->bbytes - done, off + (off_t)done);
     if (r < 0 && errno == EINTR) continue;
+    if (r == 0) errno = write ? ENOSPC : EIO; // nothing written (or read) and no error said why
     if (r <= 0) return -1;
     done += (size_t)r;
   }
@@ -201,18 +205,38 @@ static int disk_io(kv_prefix *s, int slot, void *buf, int write) {
 
 static int make_room(kv_prefix *s, int t);
 
+static const char *const TIER_NAMES[NT] = {"pool", "host", "disk"};
+
+// Tier t could not store a block (why: its reason): counted, and logged the first time only, since a full disk would
+// otherwise say so on every eviction.
+static void refused(kv_prefix *s, int t, const char *why) {
+  s->st.refused[t]++;
+  if (s->warned[t]) return;
+  s->warned[t] = 1;
+  utl_warn(s->log_name, "prefix cache: the %s tier%s%s refused a block (%s): blocks it cannot take go to the next tier "
+           "or leave the cache; counted in dserve:prefix_cache_tier_refused_total, logged once", TIER_NAMES[t],
+           t == 2 ? " " : "", t == 2 ? s->path : "", why);
+}
+
 // Copies candidate i's bytes into a free slot of tier nt (1 or 2) and moves it there. 0 ok, -1 (nothing
 // changed) on no room or an I/O error.
 static int move_down(kv_prefix *s, int i, int nt) {
   pf_ent *e = &s->ents[i];
   int t = e->tier;
-  if (make_room(s, nt) != 0) return -1;
+  if (make_room(s, nt) != 0) {
+    refused(s, nt, "full, and every block in it is the parent of one in a tier above");
+    return -1;
+  }
   int slot = s->free_slot[nt][--s->n_free_slot[nt]];
   unsigned char *dst = nt == 1 ? s->arena + (size_t)slot * s->bbytes : s->scratch;
   int rc = 0;
   if (t == 0) rc = kv_pool_read_block(s->pool, e->block, dst);
   else memcpy(dst, s->arena + (size_t)e->slot * s->bbytes, s->bbytes); // t == 1, nt == 2
-  if (rc == 0 && nt == 2) rc = disk_io(s, slot, s->scratch, 1);
+  if (rc == 0 && nt == 2 && (rc = disk_io(s, slot, s->scratch, 1)) != 0) {
+    char why[160];
+    snprintf(why, sizeof why, "write failed: %s", strerror(errno));
+    refused(s, nt, why);
+  }
   if (rc != 0) {
     s->free_slot[nt][s->n_free_slot[nt]++] = slot;
     return -1;
@@ -302,6 +326,7 @@ int kv_prefix_new(kv_pool *pool, const kv_prefix_opts *o, kv_prefix **out, char 
   s->max_ev = o->max_events ? o->max_events : 4096;
   s->slots[1] = o->host_blocks;
   s->slots[2] = o->disk_blocks;
+  snprintf(s->log_name, sizeof s->log_name, "%s", o->log_name ? o->log_name : "prefix");
   for (int t = 0; t < NT; t++) s->tier[t] = (pf_tier){-1, -1, 0};
   s->free_ent = -1;
   s->cap_ents = 64;
@@ -491,6 +516,16 @@ int kv_prefix_restore(kv_prefix *s, const int32_t *toks, int n_toks, int n_have,
   return rc < 0 ? -1 : n;
 }
 
+// 1 when an entry cached in pool block ours should take the caller's copy theirs of the same block instead: theirs
+// still has the window pages ours lost, or nobody but the store uses ours. The latter frees ours at once; kept, it
+// would be the parent of the caller's next blocks once they enter the store, and a parent is never evicted before its
+// children: a copy nobody uses would stay while the caller runs, and a sequence that needs the whole pool would wait
+// for it forever.
+static int swap_copy(const kv_prefix *s, int32_t ours, int32_t theirs) {
+  int ours_whole = kv_pool_whole(s->pool, ours), theirs_whole = kv_pool_whole(s->pool, theirs);
+  return theirs_whole && (!ours_whole || kv_pool_refcount(s->pool, ours) == 1);
+}
+
 int kv_prefix_insert(kv_prefix *s, const int32_t *toks, int n_toks, const int32_t *block_ids, int n_blocks) {
   if (!toks || !block_ids || n_toks < s->bs || n_blocks < 1) return 0;
   int n = n_toks / s->bs;
@@ -534,8 +569,7 @@ int kv_prefix_insert(kv_prefix *s, const int32_t *toks, int n_toks, const int32_
       en->block = block_ids[i];
       kv_pool_ref(s->pool, block_ids[i]);
       set_tier(s, e, 0);
-    } else if (s->ents[e].block != block_ids[i] && !kv_pool_whole(s->pool, s->ents[e].block) &&
-               kv_pool_whole(s->pool, block_ids[i])) { // the caller's copy still has the window pages ours lost
+    } else if (s->ents[e].block != block_ids[i] && swap_copy(s, s->ents[e].block, block_ids[i])) {
       kv_pool_unref(s->pool, s->ents[e].block);
       s->ents[e].block = block_ids[i];
       kv_pool_ref(s->pool, block_ids[i]);

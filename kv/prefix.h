@@ -46,6 +46,7 @@ typedef struct kv_prefix_opts {
   int host_blocks;       // tier 1 arena slots (0: no tier 1); the arena is host_blocks * block bytes
   int disk_blocks;       // tier 2 file slots (0: no tier 2)
   const char *disk_path; // tier 2 file (created or truncated; removed by kv_prefix_free); needed when disk_blocks > 0
+  const char *log_name;  // the component of its log lines (the worker's name; copied); NULL: "prefix"
 } kv_prefix_opts;
 
 typedef struct kv_prefix_stats {
@@ -65,6 +66,10 @@ typedef struct kv_prefix_stats {
   uint64_t demoted;       // moves to a lower tier
   uint64_t collisions;    // inserts refused because the key belonged to a different block
   uint64_t events_lost;   // events discarded on overflow
+  // Blocks a tier could not store, by tier: full with nothing it may evict, or its write failed (the disk tier: a
+  // full file system, an I/O error). Such a block goes to the next tier, else leaves the store (or stays where it
+  // was when it has children). The first refusal of each tier is logged once (WARN) with its reason.
+  uint64_t refused[3];
   int blocks[3];          // entries resident per tier now
 } kv_prefix_stats;
 
@@ -98,8 +103,10 @@ int kv_prefix_restore(kv_prefix *s, const int32_t *toks, int n_toks, int n_have,
 
 // After a sequence's prompt is computed: its first min(n_toks / block_size, n_blocks) blocks (block_ids,
 // the sequence's table, whose K/V for those positions are complete) enter the store, which takes its own
-// reference on each. Blocks already cached in the pool are skipped (the sequence's copy stays its own); a
-// block cached only in tier 1/2 is promoted to the caller's pool block. Then evicts down to the budget.
+// reference on each. A block already cached in the pool keeps its cached copy (the sequence's stays its own), unless
+// nobody else uses that copy or it lost window pages the caller's has: the entry then takes the caller's copy (the
+// old one is freed); a block cached only in tier 1/2 is promoted to the caller's pool block. Then evicts down to the
+// budget.
 // Returns the number of new entries, -1 on out of memory (what was inserted before stays).
 int kv_prefix_insert(kv_prefix *s, const int32_t *toks, int n_toks, const int32_t *block_ids, int n_blocks);
 

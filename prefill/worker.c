@@ -567,7 +567,13 @@ static int step(pfl_worker *w, char *err, size_t errlen) {
     pfl_req *r = OWNER(w->eng.run[i]);
     r->live = pfl_state_pushes(r->state);
   }
-  if (wrk_engine_plan(&w->eng) == 0) return 0;
+  int planned = wrk_engine_plan(&w->eng);
+  for (int i = w->eng.n_run - 1; i >= 0; i--) { // admission refuses such prompts: this is only a safety net
+    pfl_req *r = i < w->eng.n_run ? OWNER(w->eng.run[i]) : NULL;
+    if (r && r->seq.cannot_grow && !pfl_state_draining(r->state))
+      fail_with(w, r, "context_length_exceeded", "%s", "the prompt needs more KV blocks than this worker's pool has");
+  }
+  if (planned == 0) return 0;
   for (int i = 0; i < w->eng.n_batch; i++) { // the blocks each row completes, pushed layer by layer
     pfl_req *r = OWNER(w->eng.batch_of[i]);
     r->step_b0 = r->pushed_blocks;
@@ -610,12 +616,12 @@ int pfl_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
                        .watch_peers = 1, .ops = OPS, .n_ops = sizeof OPS / sizeof OPS[0], .on_close = on_close, .worker = &w};
   if (wrk_shell_open(&w.sh, cfg, wc, &so, err, errlen)) return -1;
   if (krn_event_new(&w.sh.rt->kc, &w.layer_ev[0], err, errlen) ||
-      krn_event_new(&w.sh.rt->kc, &w.layer_ev[1], err, errlen)) {
+      krn_event_new(&w.sh.rt->kc, &w.layer_ev[1], err, errlen) ||
+      wrk_engine_init(&w.eng, w.sh.rt, err, errlen)) { // a configured prefix tier that cannot open stops the worker
     for (int i = 0; i < 2; i++) krn_event_free(&w.sh.rt->kc, w.layer_ev[i]);
     wrk_shell_close(&w.sh);
     return -1;
   }
-  wrk_engine_init(&w.eng, w.sh.rt, err, errlen);
   wrk_grammars_init(&w.gram, w.sh.rt->tok);
   pfl_serve_init(&w.serve, w.sh.kvx, w.sh.rt->kv, w.eng.prefix, wc->name);
   wrk_shell_announce(&w.sh);

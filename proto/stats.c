@@ -35,7 +35,7 @@ int prt_stats_ok_add(cJSON *j, const prt_stats_ok *m) {
     if (!tiers && !(tiers = cJSON_AddObjectToObject(j, "prefix_tiers"))) return -1;
     cJSON *o = cJSON_AddObjectToObject(tiers, prt_tier_names[t]);
     if (!o || !cJSON_AddNumberToObject(o, "hits", s->hits) || !cJSON_AddNumberToObject(o, "queries", s->queries) ||
-        !cJSON_AddNumberToObject(o, "blocks", s->blocks))
+        !cJSON_AddNumberToObject(o, "blocks", s->blocks) || !cJSON_AddNumberToObject(o, "refused", s->refused))
       return -1;
   }
   return 0;
@@ -68,7 +68,8 @@ int prt_stats_ok_decode(const cJSON *j, prt_stats_ok *m, char *err, size_t errle
     prt_tier_stats *s = &m->tiers[t];
     if (prt__num(o, what, "hits", 0, 0, HUGE_VAL, &s->hits, err, errlen) ||
         prt__num(o, what, "queries", 0, 0, HUGE_VAL, &s->queries, err, errlen) ||
-        prt__num(o, what, "blocks", 0, 0, HUGE_VAL, &s->blocks, err, errlen))
+        prt__num(o, what, "blocks", 0, 0, HUGE_VAL, &s->blocks, err, errlen) ||
+        prt__num(o, what, "refused", 0, 0, HUGE_VAL, &s->refused, err, errlen))
       return -1;
     s->present = 1;
   }

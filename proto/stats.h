@@ -15,6 +15,8 @@ extern const char *const prt_tier_names[PRT_N_TIERS]; // "pool", "host", "disk"
 typedef struct prt_tier_stats {
   int present;                  // the worker has this tier
   double hits, queries, blocks; // running totals in tokens; blocks resident now
+  double refused;               // blocks the tier could not store (running total; kv_prefix_stats.refused); 0 when a
+                                // worker does not send it
 } prt_tier_stats;
 
 // Every count is a number >= 0, or -1 when the worker did not send it (a role that has no such count). A tier of

@@ -62,7 +62,8 @@ static void counter_from_total(rtr_metric *c, double v, double *last) {
   *last = v;
 }
 
-// stats_ok prefix_tiers {"pool"|"host"|"disk": {hits, queries, blocks}} into the worker's labeled series.
+// stats_ok prefix_tiers {"pool"|"host"|"disk": {hits, queries, blocks, refused}} into the worker's labeled series
+// (refused for host and disk: the pool tier never refuses a block).
 static void on_prefix_tiers(rtr_server *s, rtr_link *l, const prt_tier_stats *tiers) {
   for (int t = 0; t < PRT_N_TIERS; t++) {
     const prt_tier_stats *o = &tiers[t];
@@ -76,10 +77,15 @@ static void on_prefix_tiers(rtr_server *s, rtr_link *l, const prt_tier_stats *ti
                                             "Prefix-cache tokens looked up in each tier of each worker.", lab);
       l->m_tier[t][2] = rtr_metrics_gauge(s->m, "dserve:prefix_cache_blocks",
                                           "Prefix-cache blocks resident in each tier of each worker.", lab);
+      if (t != PRT_TIER_POOL)
+        l->m_tier[t][3] = rtr_metrics_counter(s->m, "dserve:prefix_cache_tier_refused_total",
+                                              "Blocks a prefix-cache tier could not store: full with nothing it may "
+                                              "evict, or a failed write (a full disk).", lab);
     }
     counter_from_total(l->m_tier[t][0], o->hits, &l->tier_last[t][0]);
     counter_from_total(l->m_tier[t][1], o->queries, &l->tier_last[t][1]);
     rtr_metric_set(l->m_tier[t][2], o->blocks);
+    if (l->m_tier[t][3]) counter_from_total(l->m_tier[t][3], o->refused, &l->tier_last[t][2]);
   }
 }
 

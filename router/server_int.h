@@ -63,9 +63,10 @@ typedef struct rtr_link {
                                // total since the worker started; a restart starts it again)
   int connecting;              // 1 while the link thread is connecting (its peer may speak before it is stored)
   // Per prefix-cache tier (pool, host, disk: stats_ok prefix_tiers): last cumulative hits / queries seen, and the
-  // series {worker, tier} of hits, queries and resident blocks, created when the worker first reports the tier.
-  double tier_last[3][2];
-  rtr_metric *m_tier[3][3];    // (owned by s->m)
+  // series {worker, tier} of hits, queries, resident blocks and refused blocks, created when the worker first reports
+  // the tier (refused: tier_last[t][2]).
+  double tier_last[3][3];
+  rtr_metric *m_tier[3][4];    // (owned by s->m) hits, queries, blocks, refused (the host and disk tiers only)
   int64_t last_stats_ms, last_stats_sent_ms; // last_stats_ms: when the worker last answered (stats_ok or pong)
   // observe.c: the worker's series {model_name, worker, role} (created with the link's first stats) and what the
   // router counted for it: prompt tokens routed to it, tokens it generated, handoffs it took part in

@@ -137,8 +137,14 @@ int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen) {
     kv_prefix_opts o = {.budget_blocks = blocks,
                          .host_blocks = (int)(rt->w->prefix_host_mb * 1024.0 * 1024.0 / bb),
                          .disk_blocks = (int)(rt->w->prefix_disk_mb * 1024.0 * 1024.0 / bb),
-                         .disk_path = rt->w->prefix_disk_path};
-    if (kv_prefix_new(rt->kv, &o, &e->prefix, err, errlen)) return -1;
+                         .disk_path = rt->w->prefix_disk_path, .log_name = rt->w->name};
+    char why[512];
+    if (kv_prefix_new(rt->kv, &o, &e->prefix, why, sizeof why)) {
+      snprintf(err, errlen, "worker %s: cannot open its prefix cache (prefix_cache_mb %g, prefix_host_mb %g, "
+               "prefix_disk_mb %g): %s", rt->w->name, rt->w->prefix_cache_mb, rt->w->prefix_host_mb,
+               rt->w->prefix_disk_mb, why);
+      return -1;
+    }
   }
   return 0;
 }
@@ -338,6 +344,10 @@ int wrk_engine_plan(wrk_engine *e) {
                             : wrk_step_chunk(&e->cost, target, used, kpairs, s->n_done, pending, cap - used,
                                              n_prefill == 0 ? WRK_MIN_PREFILL_CHUNK : 0);
       if (chunk < 1) break;
+      if (kv_pool_blocks_needed(e->rt->kv, s->n_done + chunk, chunk) > kv_pool_total_blocks(e->rt->kv)) {
+        s->cannot_grow = 1; // the pool is its context length: preempting the others would not make room
+        continue;
+      }
       int ok;
       while (!(ok = !reserve_evicting(e, s, s->n_done + chunk)) && !preempt(e, s, n))
         i = find(e->run, e->n_run, s); // the list shifted
@@ -418,5 +428,6 @@ void wrk_engine_prefix_stats(const wrk_engine *e, prt_stats_ok *out) {
   for (int t = 0; e->prefix && t < PRT_N_TIERS; t++) // kv_prefix's tiers are proto's, in the same order
     if (kv_prefix_has_tier(e->prefix, t))
       out->tiers[t] = (prt_tier_stats){.present = 1, .hits = (double)st.hit_tokens[t],
-                                       .queries = (double)st.tier_query_tokens[t], .blocks = st.blocks[t]};
+                                       .queries = (double)st.tier_query_tokens[t], .blocks = st.blocks[t],
+                                       .refused = (double)st.refused[t]};
 }

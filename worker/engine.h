@@ -29,6 +29,9 @@ typedef struct wrk_seq {
                    // kv/wire.h): none is offered to the prefix cache
   int kv_from_peer; // 1: the prompt's K and V come from a peer (a handoff): its whole table is taken at once, and
                     // with layer groups the blocks before the window get no window pages (kv/pool.h)
+  int cannot_grow; // set by wrk_engine_plan: its next step needs more KV blocks than the whole pool holds, so no
+                   // eviction or preemption can make room; it stays in run, computing nothing, until the role ends
+                   // it (a decode worker: finish_reason "length", as at the model's context length)
   void *owner;     // (borrowed) the role's per-request state
 } wrk_seq;
 
@@ -97,7 +100,8 @@ typedef struct wrk_engine {
   double step_kpairs;  // and its attention pairs (thousands)
 } wrk_engine;
 
-// Also opens the prefix cache sized from the worker's prefix_cache_mb.
+// Also opens the prefix cache sized from the worker's prefix_cache_mb, with its host and disk tiers: -1 with err
+// (naming the worker and the tier's error) when one cannot be opened; the worker must not start without it.
 int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen);
 void wrk_engine_fini(wrk_engine *e); // the sequences themselves belong to the caller
 int wrk_engine_queue(wrk_engine *e, wrk_seq *s);   // waits for admission; -1 on out of memory
@@ -117,7 +121,8 @@ void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int b
 int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s);
 // Runs one forward step (decode tokens first, then prefill chunks in admission order up to max_batch_tokens, and
 // with tpot_target_ms while sequences decode what wrk_step_chunk allows). Blocks that decode growth needs are taken from the newest
-// sequences (recompute preemption). 0 when nothing ran (n_batch == 0), 1 after a step, -1 on error.
+// sequences (recompute preemption); a sequence that needs more than the whole pool gets cannot_grow instead (and
+// takes nothing from the others). 0 when nothing ran (n_batch == 0), 1 after a step, -1 on error.
 int wrk_engine_step(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen);
 // wrk_engine_step in two halves, for callers that look at the planned batch before it runs:
 int wrk_engine_plan(wrk_engine *e); // fills batch / batch_of / batch_chunk; returns n_batch

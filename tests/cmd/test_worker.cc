@@ -65,4 +65,25 @@ TEST_F(WorkerCmd, NoSecretIsRefused) {
   unlink(bare.c_str());
 }
 
+// A prefix tier that is configured but cannot open stops the worker with the reason (issue 39 item 10: it used to
+// run without a prefix cache and say nothing). Both worker shells: dec_worker_run (both, decode) and pfl_worker_run.
+TEST_F(WorkerCmd, APrefixTierThatCannotOpenStopsTheWorker) {
+  std::string c = dir + "/tier.json", bad = dir + "/no-such-dir/tier.bin";
+  std::ofstream(c) << R"({"model": ")" DSERVE_SOURCE_DIR R"(/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "secret": ")" DSERVE_TEST_SECRET R"(", "router": {"port": 0},
+    "workers": [{"name": "w0", "role": "both", "port": 0, "threads": 1, "kv_budget_mb": 8,
+                 "prefix_disk_mb": 4, "prefix_disk_path": ")" << bad << R"("},
+                {"name": "p0", "role": "prefill", "port": 0, "threads": 1, "kv_budget_mb": 8,
+                 "prefix_disk_mb": 4, "prefix_disk_path": ")" << bad << R"("},
+                {"name": "d0", "role": "decode", "port": 0, "threads": 1, "kv_budget_mb": 8}]})";
+  for (const char *role : {"both", "prefill"}) {
+    std::string out;
+    EXPECT_EQ(run(std::string(role) + " --config " + c + " --name " + (role[0] == 'b' ? "w0" : "p0"), &out), 1)
+        << role << ": " << out;
+    EXPECT_NE(out.find("cannot open its prefix cache"), std::string::npos) << role << ": " << out;
+    EXPECT_NE(out.find(bad + ": No such file or directory"), std::string::npos) << role << ": " << out;
+  }
+  unlink(c.c_str());
+}
+
 } // namespace

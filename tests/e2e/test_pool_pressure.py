@@ -1,4 +1,4 @@
-"""tests/e2e/test_pool_pressure.py: a KV pool under pressure never refuses or fails a request that fits it (issue 29's replays): cached blocks give way to a new long prompt, and a 17-block pool serves 24 concurrent streams with the unloaded greedy text."""
+"""tests/e2e/test_pool_pressure.py: a KV pool under pressure never refuses or fails a request that fits it (issue 29's replays): cached blocks give way to a new long prompt, and a 17-block pool serves 24 concurrent streams with the unloaded greedy text; a sequence that outgrows the whole pool ends at once with finish_reason "length" and its tokens (issue 39 item 6)."""
 
 import os
 import unittest
@@ -62,6 +62,53 @@ class PoolPressure(unittest.TestCase):
         for i, r in enumerate(res):
             self.assertEqual(r["text"], want[i]["text"], "stream %d" % i)
             self.assertEqual(r["finish_reason"], want[i]["finish_reason"], i)
+
+    def test_sequence_that_outgrows_the_pool_ends_with_length(self):
+        # kv_budget_tokens 256: 16 blocks. A prompt of P tokens (up to 255 fits) with max_tokens 200 and ignore_eos
+        # reaches the pool's end after 257 - P tokens: the position 256 would need a 17th block, and there is nothing
+        # to preempt. It used to stay running (kv 100%) until the request's deadline (504, its tokens lost); now it
+        # ends at once with "length". The deadline is short so that the old behaviour fails fast.
+        c = u.Cluster([{"name": "w0", "role": "both", "kv_budget_tokens": 256}], tag="outgrow",
+                      router={"request_timeout_ms": int(15000 * u.SCALE)})
+        self.addCleanup(c.close)
+        c.start()
+        body = {"prompt": long_prompt(5, 100), "max_tokens": 200, "ignore_eos": True}
+        r = u.complete(c.port, "completions", body)
+        self.assertEqual(r["status"], 200, r)
+        p = r["prompt_tokens"]
+        self.assertTrue(57 <= p <= 255, p)  # the prompt fits the pool, the prompt plus max_tokens does not
+        self.assertEqual(r["finish_reason"], "length", r)
+        self.assertEqual(r["completion_tokens"], 257 - p, r)
+        self.assertNotEqual(r["text"], "")
+        c.node.wait_for("finish_reason length after %d generated tokens (257 in all): the next one needs 17 KV "
+                        "blocks and this worker's pool has 16" % (257 - p))
+        s = u.stream(c.port, "completions", body)
+        self.assertIsNone(s["error"], s)
+        self.assertTrue(s["done"], s)
+        self.assertEqual(s["finish_reason"], "length", s)
+        self.assertEqual(s["completion_tokens"], 257 - p, s)
+        self.assertEqual(s["text"], r["text"])
+        c.node.wait_count("finish_reason length after", 2)
+
+    def test_1p1d_decode_pool_limits_the_sequence(self):
+        # 1P1D with a 256-token decode pool and a large prefill pool: a handed-off sequence that outgrows the decode
+        # pool ends with "length" as on a both worker, and a prompt the decode pool can never hold is refused at once
+        # (it used to wait for blocks until the request's deadline).
+        c = u.Cluster([{"name": "p0", "role": "prefill", "kvxfer": {"backend": "shm"}},
+                       {"name": "d0", "role": "decode", "kv_budget_tokens": 256, "kvxfer": {"backend": "shm"}}],
+                      disagg_threshold=0, tag="outgrow-1p1d", router={"request_timeout_ms": int(15000 * u.SCALE)})
+        self.addCleanup(c.close)
+        c.start()
+        r = u.complete(c.port, "completions", {"prompt": long_prompt(5, 100), "max_tokens": 200, "ignore_eos": True})
+        self.assertEqual(r["status"], 200, r)
+        p = r["prompt_tokens"]
+        self.assertTrue(57 <= p <= 255, p)
+        self.assertEqual((r["finish_reason"], r["completion_tokens"]), ("length", 257 - p), r)
+        c.node.wait_for("finish_reason length after %d generated tokens" % (257 - p))
+        r = u.complete(c.port, "completions", {"prompt": long_prompt(6, 200), "max_tokens": 5})
+        self.assertEqual(r["status"], 400, r)
+        self.assertEqual(r["error"]["error"]["code"], "context_length_exceeded", r)
+        self.assertIn("KV blocks", r["error"]["error"]["message"], r)
 
 
 if __name__ == "__main__":

@@ -295,6 +295,50 @@ TEST_F(Prefix, EvictionNeverFreesABlockInUse) {
   EXPECT_EQ(stats().blocks[0], 0);
 }
 
+// A repeated request recomputes the block its prompt ends in (a match never takes the block of the last prompt
+// token), so the store already holds a copy of it, which nobody else uses. The store takes the sequence's copy and
+// frees its own: kept, that copy would be the parent of the sequence's later blocks and could not be evicted while
+// they are in use, and a sequence that needs the whole pool would wait for it forever (issue 39 item 6: a stream
+// that stopped at kv 100% until its deadline).
+TEST_F(Prefix, ARecomputedBlockReplacesTheUnusedCachedCopy) {
+  make_pool(4);
+  make_store(4);
+  std::vector<int32_t> toks = seq(4 * BS, 100); // the first run: all four blocks, then it ends
+  kv_blocks a{};
+  ASSERT_EQ(compute(toks, &a), 4);
+  kv_blocks_release(pool, &a);
+  EXPECT_EQ(kv_pool_free_blocks(pool), 0);
+  // The second run of the same prompt (2 blocks and 1 token) matches 2 blocks and computes the third itself.
+  kv_blocks b{};
+  std::vector<int32_t> prompt(toks.begin(), toks.begin() + 2 * BS + 1), m = match(prompt);
+  ASSERT_EQ(m.size(), 2u);
+  ASSERT_EQ(kv_blocks_append(pool, &b, m.data(), 2), 0);
+  ASSERT_EQ(kv_prefix_evict_for(st, 1), 1); // the cached block 3 (a leaf) gives way
+  ASSERT_EQ(kv_blocks_reserve(pool, &b, 3 * BS), 0);
+  EXPECT_EQ(kv_prefix_insert(st, toks.data(), 3 * BS, b.ids, b.n), 0); // block 2 was cached: nothing new
+  EXPECT_EQ(kv_pool_free_blocks(pool), 1); // the store's copy of block 2 was freed for the sequence's
+  EXPECT_EQ(kv_pool_refcount(pool, b.ids[2]), 2);
+  ASSERT_EQ(kv_blocks_reserve(pool, &b, 4 * BS), 0); // so the fourth block is there for it
+  EXPECT_EQ(kv_prefix_insert(st, toks.data(), 4 * BS, b.ids, b.n), 1);
+  EXPECT_EQ(stats().blocks[0], 4);
+  kv_blocks_release(pool, &b);
+  // A copy someone else uses stays the store's: replacing it would free nothing.
+  kv_blocks c{}, d{};
+  m = match(toks);
+  ASSERT_EQ(m.size(), 3u);
+  ASSERT_EQ(kv_blocks_append(pool, &c, m.data(), 3), 0);
+  ASSERT_EQ(kv_prefix_evict_for(st, 1), 1);
+  int32_t cached2 = c.ids[2];
+  m = match(prompt);
+  ASSERT_EQ(kv_blocks_append(pool, &d, m.data(), 2), 0);
+  ASSERT_EQ(kv_blocks_reserve(pool, &d, 3 * BS), 0);
+  EXPECT_EQ(kv_prefix_insert(st, toks.data(), 3 * BS, d.ids, d.n), 0);
+  EXPECT_EQ(kv_pool_refcount(pool, cached2), 2); // c's and the store's
+  EXPECT_EQ(kv_pool_refcount(pool, d.ids[2]), 1);
+  kv_blocks_release(pool, &c);
+  kv_blocks_release(pool, &d);
+}
+
 uint64_t const_hash(uint64_t, const int32_t *, int) { return 42; }
 uint64_t first_token_blind(uint64_t parent, const int32_t *t, int n) { // ignores the first token
   return kv_blockhash(parent, t + 1, n - 1);

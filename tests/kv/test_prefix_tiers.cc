@@ -2,6 +2,10 @@
 // inputs, key listings and the router's snapshot of them.
 #include "tests/kv/prefix_util.h"
 
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+
 namespace {
 
 using namespace kvtest;
@@ -134,6 +138,55 @@ TEST_F(Prefix, BadInputsAreHarmless) {
   EXPECT_EQ(kv_prefix_evict_for(st, 8), 3);
   EXPECT_EQ(kv_pool_free_blocks(pool), 8);
   EXPECT_EQ(kv_prefix_block_size(st), BS);
+}
+
+// The descriptor this process has open on path (the store keeps its file private; the test reaches it through
+// /proc/self/fd), or -1.
+int open_fd_of(const std::string &path) {
+  char want[PATH_MAX];
+  if (!realpath(path.c_str(), want)) return -1;
+  for (int fd = 3; fd < 4096; fd++) {
+    char link[64], got[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, got, sizeof got - 1);
+    if (n <= 0) continue;
+    got[n] = 0;
+    if (!strcmp(got, want)) return fd;
+  }
+  return -1;
+}
+
+// A disk tier whose writes fail (here its file is swapped for /dev/full: ENOSPC, what a full file system says) counts
+// every block it could not take and says so once (issue 39 item 9: it used to drop them silently). The blocks leave
+// the store, as they would with no disk tier.
+TEST_F(Prefix, ADiskTierThatCannotWriteCountsAndLogsOnce) {
+  make_pool(8);
+  std::string path = std::string(::testing::TempDir()) + "dserve_prefix_full_" + std::to_string(getpid()) + ".kv";
+  make_store(2, nullptr, 0, 0, 4, path.c_str()); // pool, then disk
+  int fd = open_fd_of(path), full = open("/dev/full", O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_GE(full, 0);
+  ASSERT_EQ(dup2(full, fd), fd);
+  close(full);
+  std::vector<int32_t> p = seq(4 * BS + 1, 70);
+  kv_blocks b{};
+  ASSERT_EQ(compute(p, &b), 4);
+  kv_blocks_release(pool, &b);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(kv_prefix_evict_for(st, 8), 4);
+  std::string log = ::testing::internal::GetCapturedStderr();
+  kv_prefix_stats t = stats();
+  EXPECT_EQ(t.refused[2], 4u);
+  EXPECT_EQ(t.refused[0] + t.refused[1], 0u);
+  EXPECT_EQ(t.blocks[2], 0);
+  EXPECT_EQ(t.removed, 4u);
+  EXPECT_EQ(t.demoted, 0u);
+  EXPECT_EQ(kv_pool_free_blocks(pool), 8);
+  std::string line = "prefix: prefix cache: the disk tier " + path + " refused a block (write failed: No space left on "
+                     "device)";
+  size_t at = log.find(line);
+  EXPECT_NE(at, std::string::npos) << log;
+  EXPECT_EQ(log.find("refused a block", at + line.size()), std::string::npos) << "logged more than once: " << log;
 }
 
 // Tokens in the unit vLLM uses: every lookup queries its whole prompt at the pool; what the pool lacks is the

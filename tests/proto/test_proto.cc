@@ -608,6 +608,7 @@ TEST(Proto, StatsOk) {
   in.tiers[PRT_TIER_HOST].hits = 16;
   in.tiers[PRT_TIER_HOST].queries = 48;
   in.tiers[PRT_TIER_HOST].blocks = 5;
+  in.tiers[PRT_TIER_HOST].refused = 2;
   cJSON *j = wire(prt_stats_ok_encode(&in, err, sizeof err));
   EXPECT_FALSE(cJSON_HasObjectItem(j, "finished")); // absent counts are not sent
   prt_stats_ok m;
@@ -616,6 +617,12 @@ TEST(Proto, StatsOk) {
   for (const char *k : {"running", "free_blocks", "prefix_hits", "auth_failures", "trace_spans_dropped"})
     refuses<prt_stats_ok>(j, k, false, prt_stats_ok_decode, true);
   refuses<prt_stats_ok>(j, "prefix_tiers", false, prt_stats_ok_decode, false);
+  cJSON *old = cJSON_Duplicate(j, 1); // a worker from before `refused`: it reads as 0
+  cJSON_DeleteItemFromObject(cJSON_GetObjectItem(cJSON_GetObjectItem(old, "prefix_tiers"), "host"), "refused");
+  ASSERT_EQ(prt_stats_ok_decode(old, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(m.tiers[PRT_TIER_HOST].refused, 0);
+  EXPECT_EQ(m.tiers[PRT_TIER_HOST].blocks, 5);
+  cJSON_Delete(old);
   cJSON *bad = cJSON_Duplicate(j, 1);
   cJSON_ReplaceItemInObject(cJSON_GetObjectItem(cJSON_GetObjectItem(bad, "prefix_tiers"), "host"), "hits",
                             cJSON_CreateString("x"));

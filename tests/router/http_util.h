@@ -153,7 +153,7 @@ struct FakeWorker {
       cJSON_AddNumberToObject(r, "prefix_queries", 9);
       // per tier (a tier that is not an object is ignored)
       cJSON_AddItemToObject(r, "prefix_tiers", cJSON_Parse(R"({"pool":{"hits":5,"queries":9,"blocks":3},)"
-                                                           R"("host":{"hits":0,"queries":4,"blocks":2},"disk":7})"));
+                                                           R"("host":{"hits":0,"queries":4,"blocks":2,"refused":6},"disk":7})"));
       send(p, r);
     } else if (op == "generate") {
       std::string id = cJSON_GetObjectItem(m, "id")->valuestring;

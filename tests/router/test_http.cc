@@ -402,6 +402,9 @@ TEST_F(Live, ErrorsAndKeepServing) {
   EXPECT_NE(mt.body.find("dserve:prefix_cache_tier_hits_total{model_name=\"tiny\",worker=\"w0\",tier=\"pool\"} 5"), std::string::npos);
   EXPECT_NE(mt.body.find("dserve:prefix_cache_tier_queries_total{model_name=\"tiny\",worker=\"w0\",tier=\"host\"} 4"), std::string::npos);
   EXPECT_NE(mt.body.find("dserve:prefix_cache_blocks{model_name=\"tiny\",worker=\"w0\",tier=\"pool\"} 3"), std::string::npos);
+  // blocks a tier refused (issue 39 item 9), for the host and disk tiers only: the pool never refuses one
+  EXPECT_NE(mt.body.find("dserve:prefix_cache_tier_refused_total{model_name=\"tiny\",worker=\"w0\",tier=\"host\"} 6"), std::string::npos) << mt.body;
+  EXPECT_EQ(mt.body.find("dserve:prefix_cache_tier_refused_total{model_name=\"tiny\",worker=\"w0\",tier=\"pool\"}"), std::string::npos);
   EXPECT_EQ(mt.body.find("tier=\"disk\""), std::string::npos) << mt.body;
 }
 

@@ -376,6 +376,37 @@ TEST_F(Plan, PrefillOnlyTakesTheCap) {
   EXPECT_EQ(chunk_of(p), 512);
 }
 
+// ---- growth past the whole pool ----
+
+struct Growth : Plan {
+  void SetUp() override {} // each test sizes its own pool
+};
+
+// A sequence whose next token needs more blocks than the pool has (it holds them all) can never grow: the plan marks
+// it instead of leaving it in run forever (issue 39 item 6: it used to sit at kv 100% until the request's deadline).
+// It keeps its place and its blocks; the role ends it.
+TEST_F(Growth, ASequenceThatOutgrowsThePoolIsMarked) {
+  make(16, 0);
+  wrk_seq *s = add(16 * 16 + 1, 16 * 16); // position 256 needs a 17th block
+  EXPECT_EQ(wrk_engine_plan(&eng), 0);
+  EXPECT_EQ(s->cannot_grow, 1);
+  ASSERT_EQ(eng.n_run, 1);
+  EXPECT_EQ(eng.run[0], s);
+  EXPECT_EQ(s->blocks.n, 16);
+  EXPECT_EQ(eng.n_wait, 0);
+}
+
+// One that only lacks what others hold still preempts the newest of them, as before, and is not marked.
+TEST_F(Growth, ASequenceThatFitsThePoolPreemptsInstead) {
+  make(4, 0);
+  wrk_seq *a = add(33, 32), *b = add(33, 32); // two blocks each; a's next token needs a third
+  ASSERT_EQ(wrk_engine_plan(&eng), 1);
+  EXPECT_EQ(a->cannot_grow, 0);
+  EXPECT_EQ(chunk_of(a), 1);
+  ASSERT_EQ(eng.n_wait, 1);
+  EXPECT_EQ(eng.wait[0], b);
+  EXPECT_EQ(b->cannot_grow, 0);
+}
 
 // ---- admission and growth over a pool the prefix cache holds: cached blocks nobody uses give way ----
 
