@@ -641,7 +641,8 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
       }
     }
     // answer on the next call, once MHD has read the (possibly empty) body: a response queued before that
-    // makes MHD close the connection instead of keeping it alive
+    // makes MHD close the connection instead of keeping it alive. The body is due within body_timeout_s (conns.c).
+    rtr_gate_body_start(s, c);
     return MHD_YES;
   }
   if (cs->answered) {
@@ -655,12 +656,14 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
   if (*upload_size) {
     size_t n = *upload_size;
     *upload_size = 0;
+    rtr_gate_body_read(s, c, n);
     if (cs->too_large || cs->body.n + n > s->rc->max_body_bytes) {
       cs->too_large = 1;
       return MHD_YES;
     }
     return utl_buf_add(&cs->body, upload, n) ? MHD_NO : MHD_YES;
   }
+  if (rtr_gate_body_done(s, c)) return MHD_NO; // late: the gate answered 408 and shut the socket
   cs->answered = 1;
   if (cs->too_large)
     return reply_err(c, 413, "invalid_request_error", "request_too_large", NULL, NULL,

@@ -304,6 +304,10 @@ void rtr_gate_free(rtr_server *s);                            // after MHD_stop_
 void rtr_gate_notify(void *cls, struct MHD_Connection *c, void **socket_context,
                      enum MHD_ConnectionNotificationCode toe);
 void rtr_gate_head_seen(rtr_server *s, struct MHD_Connection *c);    // a request head arrived
+void rtr_gate_body_start(rtr_server *s, struct MHD_Connection *c);   // its body is read from now (body_timeout_s)
+void rtr_gate_body_read(rtr_server *s, struct MHD_Connection *c, size_t n); // n more body bytes (extend the deadline)
+// The body is complete: 1 when it was late (a 408 went out, the socket is shut down: answer nothing), else 0.
+int rtr_gate_body_done(rtr_server *s, struct MHD_Connection *c);
 void rtr_gate_request_done(rtr_server *s, struct MHD_Connection *c); // a request ended (the next head is due)
 void rtr_gate_counts(rtr_server *s, int *open, long *refused);
 
