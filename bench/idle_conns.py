@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """bench/idle_conns.py: what idle connections cost the router's other clients.
 
-Usage: idle_conns.py DSERVE_BINARY [--idle N] [--requests N]. Starts tests/router/fake_worker.py and `dserve router`
-on loopback (tiny GGUF and config in a temp dir), times N small non-stream completions (one fresh connection each)
-with nothing else open, then again while N idle connections (default 2000, nothing ever sent on them) are held open,
-and prints p50/p99 of both and the p99 ratio. Standard library only; every wait is bounded (about a minute in all).
+Usage: idle_conns.py DSERVE_BINARY [--idle N] [--requests N] [--slow-body]. Starts tests/router/fake_worker.py and
+`dserve router` on loopback (tiny GGUF and config in a temp dir), times N small non-stream completions (one fresh
+connection each) with nothing else open, then again while N idle connections (default 2000, nothing ever sent on them)
+are held open, and prints p50/p99 of both and the p99 ratio. Standard library only; every wait is bounded (about a
+minute in all).
+--slow-body (issue 39, item 4): the N connections come from 17 loopback addresses, each sends a complete request head
+and then its body a byte every 5 s; the router keeps its default caps (4096, 256 per address) and body_timeout_s (30),
+and the script also reports how many were answered 408 and how long after they started.
 """
 import argparse
 import http.client
@@ -75,6 +79,7 @@ def main():
     ap.add_argument("dserve")
     ap.add_argument("--idle", type=int, default=2000)
     ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--slow-body", action="store_true")
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = a.idle + 256
@@ -90,7 +95,8 @@ def main():
         wport = int(w.stdout.readline().split()[1])
         cfg = {"model": "tiny.gguf", "model_name": "tiny", "secret": fake_worker.SECRET,
                "nodes": {"local": {"host": "127.0.0.1"}},
-               "router": {"node": "local", "host": "127.0.0.1", "port": 0, "max_connections": a.idle + 512,
+               "router": {"node": "local", "host": "127.0.0.1", "port": 0} if a.slow_body else
+                         {"node": "local", "host": "127.0.0.1", "port": 0, "max_connections": a.idle + 512,
                           "max_connections_per_client": a.idle + 512, "header_timeout_s": 3600,
                           "conn_timeout_s": 3600},
                "workers": [{"name": "w0", "node": "local", "role": "both", "host": "127.0.0.1", "port": wport}]}
@@ -118,11 +124,44 @@ def main():
         p50a, p99a = timed_requests(port, a.requests)
         m50a, m99a = timed_requests(port, a.requests, False)
         idle = []
-        for _ in range(a.idle):
-            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        t_open = time.time()
+        for i in range(a.idle):
+            src = ("127.0.0.%d" % (2 + i % 17), 0) if a.slow_body else None
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5, source_address=src))
+            if a.slow_body:
+                idle[-1].sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: 100\r\n\r\n{")
         time.sleep(1.0)  # the router has taken them all (one thread each)
         p50b, p99b = timed_requests(port, a.requests)
         m50b, m99b = timed_requests(port, a.requests, False)
+        if a.slow_body:  # a byte each 5 s until the router answers; count the 408s
+            got, t_last, last_trickle = {}, None, 0
+            while len(got) < len(idle) and time.time() - t_open < 120:
+                if time.time() - last_trickle >= 5:
+                    for s in idle:
+                        if s not in got:
+                            try:
+                                s.send(b" ")
+                            except OSError:
+                                pass
+                    last_trickle = time.time()
+                for s in idle:
+                    if s in got:
+                        continue
+                    s.setblocking(False)
+                    try:
+                        b = s.recv(64)
+                        got[s] = b
+                        t_last = time.time()
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        got[s] = b""
+                time.sleep(0.2)
+            n408 = sum(1 for b in got.values() if b.startswith(b"HTTP/1.1 408"))
+            print("slow bodies: %d of %d answered 408, the last %.1f s after they opened; %d still open" %
+                  (n408, len(idle), (t_last or time.time()) - t_open, len(idle) - len(got)))
+            got = None
         dropped = 0  # idle connections the router answered or closed (none expected)
         for s in idle:
             s.setblocking(False)

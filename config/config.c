@@ -88,7 +88,8 @@ static const char *const K_ROUTER[] = {"node",          "host",         "port", 
                                        "max_n",         "max_stop",     "request_timeout_ms", "disagg_threshold",
                                        "disagg_policy", "disagg_max_prefill_queue", "routing",       "prefix_fetch", "prefix_fetch_min_blocks",
                                        "link_dead_ms",  "drain_timeout_s", "max_connections",
-                                       "max_connections_per_client", "header_timeout_s", "migration_limit",
+                                       "max_connections_per_client", "header_timeout_s", "body_timeout_s", "max_choices",
+                                       "max_request_tokens", "migration_limit",
                                        "migration_wait_ms", "migrate_silent_ms", "metrics_public", NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
@@ -197,8 +198,13 @@ static int parse_router(cfg_ctx *x, const cJSON *r, int present, cfg_router *o, 
   if (cfg_int32(x, r, p, "max_connections", &o->max_connections, 1, 1000000, CFG_DEF_MAX_CONNECTIONS, 0) ||
       cfg_int32(x, r, p, "max_connections_per_client", &o->max_connections_per_client, 1, 1000000,
                 CFG_DEF_MAX_CONNECTIONS_PER_CLIENT, 0) ||
-      cfg_int32(x, r, p, "header_timeout_s", &o->header_timeout_s, 1, 3600, CFG_DEF_HEADER_TIMEOUT_S, 0))
+      cfg_int32(x, r, p, "header_timeout_s", &o->header_timeout_s, 1, 3600, CFG_DEF_HEADER_TIMEOUT_S, 0) ||
+      cfg_int32(x, r, p, "body_timeout_s", &o->body_timeout_s, 1, 3600, CFG_DEF_BODY_TIMEOUT_S, 0))
     return -1;
+  if (cfg_int32(x, r, p, "max_choices", &o->max_choices, 1, 1 << 20, CFG_DEF_MAX_CHOICES, 0) ||
+      cfg_int32(x, r, p, "max_request_tokens", &o->max_request_tokens, 0, 1 << 30, 0, 0))
+    return -1;
+  if (!cfg_item(r, "max_choices") && o->max_choices < o->max_n) o->max_choices = o->max_n; // n alone always fits
   if (cfg_int32(x, r, p, "migration_limit", &o->migration_limit, 0, 100, CFG_DEF_MIGRATION_LIMIT, 0) ||
       cfg_int32(x, r, p, "migration_wait_ms", &o->migration_wait_ms, 0, 3600000, CFG_DEF_MIGRATION_WAIT_MS, 0) ||
       cfg_int32(x, r, p, "migrate_silent_ms", &o->migrate_silent_ms, 0, 3600000, CFG_DEF_MIGRATE_SILENT_MS, 0))
@@ -647,6 +653,8 @@ void cfg_router_defaults(cfg_router *o) {
   DEFAULT(max_connections, CFG_DEF_MAX_CONNECTIONS);
   DEFAULT(max_connections_per_client, CFG_DEF_MAX_CONNECTIONS_PER_CLIENT);
   DEFAULT(header_timeout_s, CFG_DEF_HEADER_TIMEOUT_S);
+  DEFAULT(body_timeout_s, CFG_DEF_BODY_TIMEOUT_S);
+  DEFAULT(max_choices, o->max_n > CFG_DEF_MAX_CHOICES ? o->max_n : CFG_DEF_MAX_CHOICES);
 }
 
 void cfg_worker_defaults(cfg_worker *o) {

@@ -30,6 +30,8 @@ enum {
   CFG_DEF_MAX_CONNECTIONS = 4096,
   CFG_DEF_MAX_CONNECTIONS_PER_CLIENT = 256,
   CFG_DEF_HEADER_TIMEOUT_S = 10,
+  CFG_DEF_BODY_TIMEOUT_S = 30,
+  CFG_DEF_MAX_CHOICES = 64,
   CFG_DEF_MIGRATION_LIMIT = 2,
   CFG_DEF_MIGRATION_WAIT_MS = 10000,
   CFG_DEF_MIGRATE_SILENT_MS = 2000,
@@ -101,6 +103,10 @@ typedef struct cfg_router {
   int max_connections;         // open HTTP connections at most, all clients together (4096); beyond: a quick 503
   int max_connections_per_client; // ... from one client address (256)
   int header_timeout_s;        // a connection must send a request's headers within this long (10)
+  int body_timeout_s;          // ... and its body within this long of the head, plus 1 s per 4 KiB received (30)
+  int max_choices;             // choices per request at most: prompts x n (64, at least max_n)
+  int max_request_tokens;      // sum over a request's choices of prompt + max_tokens at most (0: max_choices x the
+                               // model's context, which every request within the per-choice limits fits)
   // Mid-stream migration (docs/reliability.md): a choice whose decode worker dies, goes silent or drains continues on
   // another worker from the tokens already sent, at most migration_limit times per choice (2; 0 = never, as before).
   int migration_limit;

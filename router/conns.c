@@ -1,5 +1,6 @@
 // router/conns.c: the router's connection gate: its listening socket and accept thread, the caps on open connections
-// (all clients, one client address) with a quick 503 beyond them, and the deadline for a request's head.
+// (all clients, one client address) with a quick 503 beyond them, and the deadlines for a request's head and body
+// (a late body gets a 408).
 // Accepted sockets go to libmicrohttpd with MHD_add_connection (the daemon has no listening socket of its own); its
 // thread starts each one later and tells us (MHD_OPTION_NOTIFY_CONNECTION STARTED, matched by socket), and tells us
 // again just before it closes the socket (CLOSED), which keeps the counts.
@@ -24,7 +25,10 @@
 #define GATE_BUCKETS 1024    // per-address count table
 #define GATE_LINGER 64       // refused sockets kept open (draining) so the client reads its 503 rather than a reset
 #define GATE_LINGER_MS 1000  // ... for at most this long
-#define GATE_TICK_MS 100     // how often head deadlines are checked
+#define GATE_TICK_MS 100     // how often head and body deadlines are checked
+// A body's deadline grows by 1 s per this many bytes received: a large body on a slow link still arrives, a trickle
+// gains nothing (mod_reqtimeout's MinRate)
+#define GATE_BODY_MIN_RATE 4096
 
 typedef struct gate_client { // open connections from one address
   uint32_t addr;             // IPv4, network order
@@ -36,7 +40,10 @@ typedef struct gate_conn {   // one connection handed to MHD: its socket context
   int fd;                    // (borrowed: MHD closes it) valid while listed
   uint32_t addr;
   int64_t head_due_us;       // its next request head must be complete by then (0: a request is being served)
-  int killed;                // shut down for a late head
+  int64_t body_due_us;       // the body being read must be complete by then, plus body_bytes / GATE_BODY_MIN_RATE s
+                             // (0: no body is being read)
+  int64_t body_bytes;        // ... received so far
+  int killed;                // shut down for a late head or body
   struct gate_conn *prev, *next; // in pending (handed to MHD, not started yet) or in conns (started)
 } gate_conn;
 
@@ -53,9 +60,9 @@ struct rtr_gate {
   pthread_t thread;
   int has_thread, stop;
   int max_total, max_client;
-  int64_t head_us, idle_us;  // header_timeout_s, conn_timeout_s
-  char busy_total[512], busy_client[512]; // canned 503 responses
-  size_t busy_total_len, busy_client_len;
+  int64_t head_us, idle_us, body_us; // header_timeout_s, conn_timeout_s, body_timeout_s
+  char busy_total[512], busy_client[512], late_body[512]; // canned 503 responses, the late body's 408
+  size_t busy_total_len, busy_client_len, late_body_len;
   // accept thread only
   linger_fd linger[GATE_LINGER];
   int n_linger;
@@ -124,14 +131,16 @@ static gate_conn *pending_of(rtr_gate *g, int fd) {
   return c;
 }
 
-static size_t canned_503(char *out, size_t cap, const char *msg) {
+// A whole response with an error object, written by this thread onto a socket MHD has not answered on.
+static size_t canned(char *out, size_t cap, int status, const char *type, const char *code, const char *msg) {
   rtr_error e;
-  rtr_fail(&e, 503, "server_error", NULL, "too_many_connections", "%s", msg);
+  rtr_fail(&e, status, type, NULL, code, "%s", msg);
   char *j = rtr_error_json(&e);
   int n = snprintf(out, cap,
-                   "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                   "Retry-After: 1\r\nConnection: close\r\n\r\n%s",
-                   j ? strlen(j) : 2, j ? j : "{}");
+                   "HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%sConnection: "
+                   "close\r\n\r\n%s",
+                   status == 503 ? "503 Service Unavailable" : "408 Request Timeout", j ? strlen(j) : 2,
+                   status == 503 ? "Retry-After: 1\r\n" : "", j ? j : "{}");
   free(j);
   return n > 0 && (size_t)n < cap ? (size_t)n : 0;
 }
@@ -177,15 +186,24 @@ static void linger_step(rtr_gate *g, const struct pollfd *pf) { // pf: the linge
   }
 }
 
-// Shuts down connections whose request head is late; MHD sees the end of the socket and closes it (then tells us).
-static void sweep_heads(rtr_gate *g) {
+// Shuts down connections whose request head or body is late; MHD sees the end of the socket and closes it (then
+// tells us). A late body is answered 408 first: its head was read, so the client waits for an answer, and MHD has
+// written nothing on the socket (it answers only once the body is complete: rtr_gate_body_done).
+static void sweep_late(rtr_gate *g) {
   int64_t t = utl_now_us();
   pthread_mutex_lock(&g->mu);
-  for (gate_conn *c = g->conns; c; c = c->next)
-    if (c->head_due_us && t > c->head_due_us && !c->killed) {
-      c->killed = 1;
-      shutdown(c->fd, SHUT_RDWR);
+  for (gate_conn *c = g->conns; c; c = c->next) {
+    if (c->killed) continue;
+    int late_head = c->head_due_us && t > c->head_due_us;
+    int late_body = c->body_due_us && t > c->body_due_us + c->body_bytes * 1000000 / GATE_BODY_MIN_RATE;
+    if (!late_head && !late_body) continue;
+    c->killed = 1;
+    if (late_body) {
+      drain(c->fd); // unread bytes at the close would reset the connection and could lose the answer
+      if (send(c->fd, g->late_body, g->late_body_len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {}
     }
+    shutdown(c->fd, SHUT_RDWR);
+  }
   pthread_mutex_unlock(&g->mu);
 }
 
@@ -256,7 +274,7 @@ static void *gate_main(void *arg) {
       }
     }
     if (utl_now_us() >= next_sweep) {
-      sweep_heads(g);
+      sweep_late(g);
       next_sweep = utl_now_us() + GATE_TICK_MS * 1000;
     }
   }
@@ -306,12 +324,43 @@ void rtr_gate_head_seen(rtr_server *s, struct MHD_Connection *mc) {
   pthread_mutex_unlock(&s->gate->mu);
 }
 
+// The request's body is being read from now: it is due within body_timeout_s (plus its allowance per byte).
+void rtr_gate_body_start(rtr_server *s, struct MHD_Connection *mc) {
+  gate_conn *c = s->gate ? conn_of(mc) : NULL;
+  if (!c) return;
+  pthread_mutex_lock(&s->gate->mu);
+  c->body_due_us = utl_now_us() + s->gate->body_us;
+  c->body_bytes = 0;
+  pthread_mutex_unlock(&s->gate->mu);
+}
+
+void rtr_gate_body_read(rtr_server *s, struct MHD_Connection *mc, size_t n) {
+  gate_conn *c = s->gate ? conn_of(mc) : NULL;
+  if (!c) return;
+  pthread_mutex_lock(&s->gate->mu);
+  c->body_bytes += (int64_t)n;
+  pthread_mutex_unlock(&s->gate->mu);
+}
+
+// The body is complete: 1 when it came too late (the 408 is on the socket already: nothing more may be written),
+// else 0 and the body deadline is off.
+int rtr_gate_body_done(rtr_server *s, struct MHD_Connection *mc) {
+  gate_conn *c = s->gate ? conn_of(mc) : NULL;
+  if (!c) return 0;
+  pthread_mutex_lock(&s->gate->mu);
+  int late = c->killed;
+  c->body_due_us = 0;
+  pthread_mutex_unlock(&s->gate->mu);
+  return late;
+}
+
 // A request ended: the next one's head is due within the idle timeout plus the head timeout.
 void rtr_gate_request_done(rtr_server *s, struct MHD_Connection *mc) {
   gate_conn *c = s->gate ? conn_of(mc) : NULL;
   if (!c) return;
   pthread_mutex_lock(&s->gate->mu);
   c->head_due_us = utl_now_us() + s->gate->idle_us + s->gate->head_us;
+  c->body_due_us = 0;
   pthread_mutex_unlock(&s->gate->mu);
 }
 
@@ -355,12 +404,17 @@ int rtr_gate_listen(rtr_server *s, const struct sockaddr_in *sa, char *err, size
   g->max_client = rc->max_connections_per_client;
   g->head_us = (int64_t)rc->header_timeout_s * 1000000;
   g->idle_us = (int64_t)rc->conn_timeout_s * 1000000;
-  char msg[160];
+  g->body_us = (int64_t)rc->body_timeout_s * 1000000;
+  char msg[200];
   snprintf(msg, sizeof msg, "the server has too many open connections (%d); retry later", g->max_total);
-  g->busy_total_len = canned_503(g->busy_total, sizeof g->busy_total, msg);
+  g->busy_total_len = canned(g->busy_total, sizeof g->busy_total, 503, "server_error", "too_many_connections", msg);
   snprintf(msg, sizeof msg, "too many open connections from your address (at most %d); close some and retry",
            g->max_client);
-  g->busy_client_len = canned_503(g->busy_client, sizeof g->busy_client, msg);
+  g->busy_client_len = canned(g->busy_client, sizeof g->busy_client, 503, "server_error", "too_many_connections", msg);
+  snprintf(msg, sizeof msg,
+           "the request body did not arrive in time: router.body_timeout_s is %d s, plus 1 s per %d bytes received",
+           rc->body_timeout_s, GATE_BODY_MIN_RATE);
+  g->late_body_len = canned(g->late_body, sizeof g->late_body, 408, "invalid_request_error", "request_timeout", msg);
   raise_nofile(g->max_total + 256);
   g->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int one = 1;

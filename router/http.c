@@ -360,10 +360,18 @@ static void draw_seed(rtr_server *s, rtr_request *q) {
 }
 
 // Tokenizes r's prompts (a completion's list, else the one prompt) back to back into r->prompt, checks each against
-// the context, and makes r's choices: q.n per prompt, each pointing at its prompt. 0, or -1 with e.
+// the context and the request against router.max_choices and max_request_tokens (docs/openai.md, "Limits"), and makes
+// r's choices: q.n per prompt, each pointing at its prompt. 0, or -1 with e.
 static int make_choices(rtr_server *s, rtr_req *r, rtr_error *e) {
   const rtr_request *q = &r->q;
   int groups = q->kind == RTR_COMPLETION ? q->n_prompts : 1, total = 0, rc = 0;
+  if ((long long)groups * q->n > s->rc->max_choices)
+    return rtr_fail(e, 400, "invalid_request_error", "n", "too_many_choices",
+                    "the request asks for %d choices (%d prompt%s x n %d); router.max_choices allows at most %d",
+                    groups * q->n, groups, groups == 1 ? "" : "s", q->n, s->rc->max_choices);
+  // what the choices may hold at most: each its prompt and its max_tokens (the rest of the context when not given)
+  long long tokens = 0, budget = s->rc->max_request_tokens > 0 ? s->rc->max_request_tokens
+                                                               : (long long)s->rc->max_choices * s->n_ctx;
   int32_t **ids = calloc((size_t)groups, sizeof *ids);
   int *lens = calloc((size_t)groups, sizeof *lens);
   if (!ids || !lens) rc = rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
@@ -375,7 +383,13 @@ static int make_choices(rtr_server *s, rtr_req *r, rtr_error *e) {
     if (rc == 0 && lens[g] > INT32_MAX - total)
       rc = rtr_fail(e, 400, "invalid_request_error", "prompt", NULL, "the prompts are too long");
     if (rc == 0) total += lens[g];
+    if (rc == 0) tokens += (long long)q->n * (q->max_tokens >= 0 ? lens[g] + q->max_tokens : s->n_ctx);
   }
+  if (rc == 0 && tokens > budget)
+    rc = rtr_fail(e, 400, "invalid_request_error", "max_tokens", "too_many_tokens",
+                  "the request's %d choices hold up to %lld tokens (prompt + max_tokens each, the context when "
+                  "max_tokens is not given); router.max_request_tokens allows at most %lld: lower max_tokens, n or the "
+                  "prompts", groups * q->n, tokens, budget);
   if (rc == 0 && (!(r->prompt = malloc((size_t)total * sizeof *r->prompt)) ||
                   !(r->ch = calloc((size_t)(groups * q->n), sizeof *r->ch))))
     rc = rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
@@ -641,7 +655,8 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
       }
     }
     // answer on the next call, once MHD has read the (possibly empty) body: a response queued before that
-    // makes MHD close the connection instead of keeping it alive
+    // makes MHD close the connection instead of keeping it alive. The body is due within body_timeout_s (conns.c).
+    rtr_gate_body_start(s, c);
     return MHD_YES;
   }
   if (cs->answered) {
@@ -655,12 +670,14 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
   if (*upload_size) {
     size_t n = *upload_size;
     *upload_size = 0;
+    rtr_gate_body_read(s, c, n);
     if (cs->too_large || cs->body.n + n > s->rc->max_body_bytes) {
       cs->too_large = 1;
       return MHD_YES;
     }
     return utl_buf_add(&cs->body, upload, n) ? MHD_NO : MHD_YES;
   }
+  if (rtr_gate_body_done(s, c)) return MHD_NO; // late: the gate answered 408 and shut the socket
   cs->answered = 1;
   if (cs->too_large)
     return reply_err(c, 413, "invalid_request_error", "request_too_large", NULL, NULL,

@@ -245,7 +245,14 @@ void *rtr_dispatcher_main(void *arg) {
         }
       }
     }
-    if (!stop) send_waiting_locked(s);
+    if (!stop) {
+      send_waiting_locked(s);
+      rtr_req *who;
+      rtr_error e;
+      // no worker for its next choice: a request with none running fails as a new one would; one whose choices run
+      // (or wait for a worker, migration_wait_ms) tries again on the next round
+      if (rtr_send_new_locked(s, NULL, &who, &e) < 0 && (e.status != 503 || who->slots == 0)) rtr_fail_locked(s, who, &e);
+    }
     pthread_mutex_unlock(&s->mu);
     if (got) ctl_event_done(&ev);
     if (stop && !got) break;
@@ -487,6 +494,50 @@ static int send_choice_locked(rtr_server *s, rtr_req *r, int ci) {
     cJSON_Delete(msgs[i]);
   }
   return 0;
+}
+
+// Fair admission (docs/reliability.md, "One request's many choices"). A request's choices are sent as slots free up,
+// not all at once: each free slot goes to the admitted request with the fewest choices running (the earlier admitted
+// on a tie), so a small request beside one of many choices starts at its next free slot, not after all of them. One
+// request holds at most capacity - capacity / 16 slots: the rest stay for a request that comes while it runs, which
+// then starts at once. A slot is kept for each queued request (admit.c: its own thread takes it, and first is sent
+// before the others).
+int rtr_send_new_locked(rtr_server *s, rtr_req *first, rtr_req **who, rtr_error *e) {
+  int share = s->capacity - s->capacity / 16;
+  if (share < 1) share = 1;
+  rtr_sched_worker *w = NULL;
+  int rc = 0;
+  while (s->n_unsent > 0 && (first || s->running_slots + s->n_waiting < s->capacity)) {
+    rtr_req *best = first;
+    first = NULL;
+    for (rtr_req *r = best ? NULL : s->reqs; r; r = r->next) {
+      while (r->next_new < r->n_ch && r->ch[r->next_new].state != RTR_CH_NEW) r->next_new++; // ended unsent
+      if (!r->admitted || r->finished || r->next_new >= r->n_ch || r->slots >= share) continue;
+      if (!best || r->slots < best->slots || (r->slots == best->slots && r->t_admit_us < best->t_admit_us)) best = r;
+    }
+    if (!best) break;
+    if (!w && !(w = calloc((size_t)s->n_links + 1, sizeof *w))) {
+      *who = best;
+      rc = rtr_fail(e, 500, "server_error", NULL, "internal_error", "out of memory");
+      break;
+    }
+    int ci = best->next_new, n = 0, to[2];
+    cJSON *msgs[2];
+    if (rtr_route_choice_locked(s, best, ci, w, msgs, to, &n, e) < 0) { // no worker now: the next call tries again
+      *who = best;
+      rc = -1;
+      break;
+    }
+    rtr_choice_to(s, best, ci, RTR_CH_ROUTED);
+    if (best->q.stream) s->hooks.choice_start(best, ci); // the role comes first in every choice's stream
+    for (int i = 0; i < n; i++) {
+      // a link that broke after the pick is closed, so that the dispatcher moves or fails the choice with its others
+      if (ctl_peer_send(s->links[to[i]].peer, msgs[i]) < 0) ctl_peer_close(s->links[to[i]].peer);
+      cJSON_Delete(msgs[i]);
+    }
+  }
+  free(w);
+  return rc;
 }
 
 // Mid-stream migration (docs/reliability.md). The choice is cancelled where it ran (a dead link reaches no one) and

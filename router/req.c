@@ -50,7 +50,7 @@ static void unlist_locked(rtr_server *s, rtr_req *r) {
   rtr_req_unref_locked(r);
 }
 
-// Gives back an admitted request's slots and wakes the queue.
+// Gives back whatever slots a request still holds (none once every choice is done) and wakes the queue.
 void rtr_release_slots_locked(rtr_server *s, rtr_req *r) {
   if (r->admitted && r->slots) {
     s->running_slots -= r->slots;
@@ -99,6 +99,18 @@ int rtr_choice_to(rtr_server *s, rtr_req *r, int ci, rtr_ch_state next) {
                 : next == RTR_CH_WAITING_WORKER ? utl_now_ms() + s->rc->migration_wait_ms
                                                 : 0;
   if (next == RTR_CH_DONE) r->n_done++;
+  // admission slots are per choice: taken when it is first sent, given back when it ends (admit.c, links.c)
+  if (from == RTR_CH_NEW && r->admitted) s->n_unsent--;
+  if (from == RTR_CH_NEW && next != RTR_CH_DONE) {
+    r->slots++;
+    s->running_slots++;
+    rtr_metric_set(s->m_running, s->running_slots);
+  } else if (from != RTR_CH_NEW && next == RTR_CH_DONE && r->slots > 0) {
+    r->slots--;
+    s->running_slots--;
+    rtr_metric_set(s->m_running, s->running_slots);
+    pthread_cond_broadcast(&s->admit_cv);
+  }
   c->state = next;
   return 0;
 }

@@ -26,7 +26,7 @@ static void make_metrics(rtr_server *s) {
   rtr_metrics *m = s->m;
   s->m_running =
       rtr_metrics_gauge(m, "dserve:num_requests_running",
-                        "Choices admitted by the router and not finished (its admission slots in use).", NULL);
+                        "Choices sent to workers and not finished (the router's admission slots in use).", NULL);
   s->m_waiting =
       rtr_metrics_gauge(m, "dserve:num_requests_waiting", "Requests waiting in the router's admission queue.", NULL);
   s->m_kv_usage = rtr_metrics_gauge(

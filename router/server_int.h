@@ -125,7 +125,9 @@ typedef struct rtr_req {
   rtr_error err;
   int finished;                // every choice finished (or the request failed)
   int listed;                  // in s->reqs
-  int admitted, slots;         // holds slots of admission capacity
+  int admitted;                // out of the admission queue: its choices are sent as slots allow (links.c)
+  int slots;                   // its choices sent and not done: each holds a slot of admission capacity
+  int next_new;                // admitted: the choices before it have left RTR_CH_NEW (sent, or ended unsent)
   int waiting;                 // in the admission queue
   struct rtr_req *next, *wnext; // s->reqs / s->wait lists
   utl_buf out;                 // (owned) stream bytes, those not yet read at out_pos..out.n
@@ -188,7 +190,8 @@ struct rtr_server {
   dsc_fingerprint fp;          // the router's own model: a member serving another model is refused
   rtr_req *reqs;               // active requests (linked through next)
   rtr_req *wait_head, *wait_tail; // admission queue
-  int n_waiting, running_slots, capacity;
+  int n_waiting, running_slots, capacity; // requests queued; choices sent and not done; slots (decode max_seqs)
+  int n_unsent;                // choices of admitted requests not sent yet (RTR_CH_NEW)
   unsigned long long next_id;
   long started;
   rtr_kvindex *kv;             // (owned) which worker (by link index) holds which prefix blocks; guarded by mu
@@ -256,6 +259,10 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
 // Choice ci leaves its decode/both worker (dead, silent or draining) for another one; with may_wait and no worker
 // up, it waits for one (router.migration_wait_ms). 0: re-sent or waiting; -1: it cannot move (the caller decides).
 int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait);
+// Fair admission: sends admitted requests' unsent choices while slots are free, each slot to the request with the
+// fewest choices running; first (may be NULL: just admitted, its slot given by the queue) gets one before the others.
+// 0, or -1 with e and *who (the request whose choice found no worker; left unsent).
+int rtr_send_new_locked(rtr_server *s, rtr_req *first, rtr_req **who, rtr_error *e);
 
 // Discovery (members.c calls these with s->mu held). A member joins: a new link (or a slot it left), or its record
 // changed (a restart: new incarnation or address), when the old peer is closed and its choices move as on any
@@ -305,6 +312,10 @@ void rtr_gate_free(rtr_server *s);                            // after MHD_stop_
 void rtr_gate_notify(void *cls, struct MHD_Connection *c, void **socket_context,
                      enum MHD_ConnectionNotificationCode toe);
 void rtr_gate_head_seen(rtr_server *s, struct MHD_Connection *c);    // a request head arrived
+void rtr_gate_body_start(rtr_server *s, struct MHD_Connection *c);   // its body is read from now (body_timeout_s)
+void rtr_gate_body_read(rtr_server *s, struct MHD_Connection *c, size_t n); // n more body bytes (extend the deadline)
+// The body is complete: 1 when it was late (a 408 went out, the socket is shut down: answer nothing), else 0.
+int rtr_gate_body_done(rtr_server *s, struct MHD_Connection *c);
 void rtr_gate_request_done(rtr_server *s, struct MHD_Connection *c); // a request ended (the next head is due)
 void rtr_gate_counts(rtr_server *s, int *open, long *refused);
 

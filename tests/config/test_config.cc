@@ -356,6 +356,9 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c->router.max_n, 8);
   EXPECT_EQ(c->router.max_stop, 8);
   EXPECT_EQ(c->router.request_timeout_ms, 600000);
+  EXPECT_EQ(c->router.body_timeout_s, 30);
+  EXPECT_EQ(c->router.max_choices, 64);
+  EXPECT_EQ(c->router.max_request_tokens, 0);
   // no "sampling" section: nothing given (the router falls back to the GGUF, then to llama-server's defaults)
   EXPECT_FALSE(c->sampling.has_temperature || c->sampling.has_top_k || c->sampling.has_top_p ||
                c->sampling.has_min_p || c->sampling.has_repetition_penalty);
@@ -392,6 +395,26 @@ TEST(Config, Defaults) {
   EXPECT_EQ(w.kvx_port, 0);
   ASSERT_EQ(c->n_nodes, 1);
   EXPECT_STREQ(c->nodes[0], "local");
+}
+
+// router.max_choices defaults to 64, or to max_n when that is larger (a single prompt's n is never refused by it);
+// one given stands as given.
+TEST(Config, MaxChoicesAtLeastMaxN) {
+  Cfg a(R"({"model": "m.gguf", "router": {"max_n": 100}, "workers": [{"port": 1}]})");
+  ASSERT_EQ(a.rc, 0) << a.err;
+  EXPECT_EQ(a.c->router.max_choices, 100);
+  Cfg b(R"({"model": "m.gguf", "router": {"max_choices": 16, "max_request_tokens": 5000, "body_timeout_s": 5},
+           "workers": [{"port": 1}]})");
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_EQ(b.c->router.max_choices, 16);
+  EXPECT_EQ(b.c->router.max_request_tokens, 5000);
+  EXPECT_EQ(b.c->router.body_timeout_s, 5);
+  Cfg c(R"({"model": "m.gguf", "router": {"body_timeout_s": 0}, "workers": [{"port": 1}]})");
+  EXPECT_NE(c.rc, 0);
+  EXPECT_NE(std::string(c.err).find("router.body_timeout_s"), std::string::npos) << c.err;
+  Cfg d(R"({"model": "m.gguf", "router": {"max_choices": 0}, "workers": [{"port": 1}]})");
+  EXPECT_NE(d.rc, 0);
+  EXPECT_NE(std::string(d.err).find("router.max_choices"), std::string::npos) << d.err;
 }
 
 TEST(Config, ModelPaths) {
@@ -481,6 +504,9 @@ TEST(Config, DefaultsFillAZeroedSection) {
   EXPECT_EQ(r.max_connections, CFG_DEF_MAX_CONNECTIONS);
   EXPECT_EQ(r.max_connections_per_client, CFG_DEF_MAX_CONNECTIONS_PER_CLIENT);
   EXPECT_EQ(r.header_timeout_s, CFG_DEF_HEADER_TIMEOUT_S);
+  EXPECT_EQ(r.body_timeout_s, CFG_DEF_BODY_TIMEOUT_S);
+  EXPECT_EQ(r.max_choices, CFG_DEF_MAX_CHOICES);
+  EXPECT_EQ(r.max_request_tokens, 0);
   EXPECT_EQ(r.drain_timeout_s, 0);
   EXPECT_EQ(r.migration_limit, 0);
   EXPECT_EQ(r.max_tokens_limit, 0);

@@ -1,5 +1,5 @@
 // tests/router/test_http_conn.cc: the router's HTTP front end against hostile clients: pipelining, caps on open
-// connections, the request-head deadline, many idle connections, request smuggling (RFC 9112 framing);
+// connections, the request-head and body deadlines, many idle connections, request smuggling (RFC 9112 framing);
 // /v1/models/{id}, the bearer scheme, NUL, seeds.
 #include <gtest/gtest.h>
 
@@ -20,16 +20,18 @@ using namespace std::chrono_literals;
 using namespace httptest;
 using Clock = std::chrono::steady_clock;
 
-// A router with the connection caps and the request-head deadline set (the shared harness leaves their defaults),
-// and with api_key the key "sekrit".
+// A router with the connection caps and the request-head and body deadlines set (the shared harness leaves their
+// defaults), and with api_key the key "sekrit".
 struct ConnRouter : Router {
   ConnRouter(const TinyModel &m, int worker_port, int max_conns, int per_client, int header_s, int conn_timeout_s = 30,
-             bool api_key = false)
+             bool api_key = false, int body_s = 30, size_t max_body = 4096)
       : Router(m, worker_port, 64, 64, api_key ? std::vector<std::string>{"sekrit"} : std::vector<std::string>{},
                conn_timeout_s, [&](cfg_cluster &c) {
                  c.router.max_connections = max_conns;
                  c.router.max_connections_per_client = per_client;
                  c.router.header_timeout_s = header_s;
+                 c.router.body_timeout_s = body_s;
+                 c.router.max_body_bytes = max_body;
                }) {}
 };
 
@@ -73,6 +75,15 @@ std::string read_until_close(int fd, int ms, bool *closed) {
     got.append(b, (size_t)k);
   }
   return got;
+}
+
+// A response read whole as raw bytes (one the server wrote before closing): its head, status and body.
+Resp raw_resp(const std::string &got) {
+  Resp x;
+  x.head = got.substr(0, got.find("\r\n\r\n") + 2);
+  x.status = atoi(got.c_str() + 9);
+  x.body = got.substr(got.find("\r\n\r\n") + 4);
+  return x;
 }
 
 struct Conn : ::testing::Test {
@@ -137,10 +148,7 @@ TEST_F(Conn, PerClientCapAnswers503) {
   EXPECT_TRUE(closed);
   close(extra);
   ASSERT_EQ(got.rfind("HTTP/1.1 503", 0), 0u) << got;
-  Resp x;
-  x.head = got.substr(0, got.find("\r\n\r\n") + 2);
-  x.status = 503;
-  x.body = got.substr(got.find("\r\n\r\n") + 4);
+  Resp x = raw_resp(got);
   expect_error(x, 503, "too_many_connections");
   EXPECT_EQ(x.header("connection"), "close");
   // the capped connections still work, and closing one makes room
@@ -201,6 +209,124 @@ TEST_F(Conn, PartialHeadClosedAfterHeaderTimeout) {
   ASSERT_TRUE(read_resp(fd, ok, pend));
   EXPECT_EQ(ok.status, 200);
   close(fd);
+}
+
+// A complete head, then the body a byte at a time: answered 408 request_timeout once body_timeout_s has passed, and
+// closed (each byte restarts MHD's idle timer, so without the body deadline it stays open as long as it trickles).
+TEST_F(Conn, TrickledBodyAnswered408AndClosed) {
+  ConnRouter r(m, fw.port(), 64, 64, /*header_s=*/10, /*conn_timeout_s=*/30, false, /*body_s=*/1);
+  ASSERT_TRUE(r.wait_up());
+  int fd = connect_to(r.port());
+  auto t0 = Clock::now();
+  send_all(fd, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: 200\r\n\r\n{");
+  bool closed = false;
+  std::string got;
+  for (int i = 0; i < 50 && !closed; i++) {
+    send_all(fd, " ");
+    got += read_until_close(fd, 200, &closed);
+  }
+  auto took = Clock::now() - t0;
+  close(fd);
+  EXPECT_TRUE(closed);
+  EXPECT_GE(took, 900ms);
+  EXPECT_LT(took, 6000ms);
+  ASSERT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got;
+  Resp x = raw_resp(got);
+  expect_error(x, 408, "request_timeout");
+  EXPECT_NE(x.body.find("body_timeout_s"), std::string::npos) << x.body;
+  EXPECT_EQ(x.header("connection"), "close");
+  // a chunked body the same
+  fd = connect_to(r.port());
+  send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Transfer-Encoding: chunked\r\n\r\n");
+  got.clear();
+  closed = false;
+  for (int i = 0; i < 50 && !closed; i++) {
+    send_all(fd, "1\r\n \r\n");
+    got += read_until_close(fd, 200, &closed);
+  }
+  close(fd);
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got;
+  // a request whose body comes in time is served as before
+  EXPECT_EQ(request(r.port(), "POST", "/v1/chat/completions", CHAT + R"(,"max_tokens":2})").status, 200);
+}
+
+// The deadline grows by 1 s per 4 KiB received: a body larger than body_timeout_s allows at once, sent steadily at
+// about 10 KiB/s, is read whole and answered (here 400: its prompt is longer than the tiny model's context).
+TEST_F(Conn, SteadyLargeBodyOutlastsTheBodyTimeout) {
+  ConnRouter r(m, fw.port(), 64, 64, 10, 30, false, /*body_s=*/1, /*max_body=*/1 << 16);
+  ASSERT_TRUE(r.wait_up());
+  std::string body = R"({"prompt":")" + std::string(16000, 'a') + R"(","max_tokens":1})";
+  int fd = connect_to(r.port());
+  send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n");
+  auto t0 = Clock::now();
+  for (size_t off = 0; off < body.size(); off += 1024) {
+    send_all(fd, body.substr(off, 1024));
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_GT(Clock::now() - t0, 1000ms); // it did take longer than body_timeout_s
+  Resp x;
+  std::string pend;
+  ASSERT_TRUE(read_resp(fd, x, pend));
+  close(fd);
+  EXPECT_NE(x.status, 408) << x.body;
+  expect_error(x, 400, "context_length_exceeded");
+}
+
+// The issue's lockout: slow bodies fill max_connections, and every other client gets 503 for as long as they trickle.
+// With the body deadline they are answered 408 and closed after body_timeout_s, and the router serves again.
+TEST_F(Conn, SlowBodiesReleaseTheConnectionCap) {
+  const int n_slow = 100;
+  ConnRouter r(m, fw.port(), /*max_conns=*/n_slow, /*per_client=*/1000, 10, 30, false, /*body_s=*/1);
+  ASSERT_TRUE(r.wait_up());
+  std::vector<int> fds;
+  for (int i = 0; i < n_slow; i++) {
+    int fd = connect_to(r.port());
+    ASSERT_GE(fd, 0);
+    send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Content-Length: 100\r\n\r\n{");
+    fds.push_back(fd);
+  }
+  // every one trickles (a byte each 200 ms) until the router has answered and closed it
+  std::vector<std::string> got(n_slow);
+  std::vector<bool> done(n_slow, false);
+  int n_done = 0;
+  auto end = Clock::now() + 15s;
+  while (n_done < n_slow && Clock::now() < end) {
+    for (int i = 0; i < n_slow; i++)
+      if (!done[i]) send_all(fds[i], " ");
+    auto tick = Clock::now() + 200ms;
+    while (Clock::now() < tick) {
+      std::vector<pollfd> p;
+      for (int i = 0; i < n_slow; i++) p.push_back(pollfd{fds[i], POLLIN, 0});
+      if (poll(p.data(), p.size(), 50) <= 0) continue;
+      for (int i = 0; i < n_slow; i++) {
+        if (done[i] || !(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char b[4096];
+        ssize_t k = recv(fds[i], b, sizeof b, MSG_DONTWAIT);
+        if (k > 0) got[i].append(b, (size_t)k);
+        else if (k == 0 || (errno != EAGAIN && errno != EINTR)) {
+          done[i] = true;
+          n_done++;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(n_done, n_slow) << "slow bodies still open after 15 s";
+  int n408 = 0;
+  for (auto &g : got) n408 += g.rfind("HTTP/1.1 408", 0) == 0;
+  EXPECT_EQ(n408, n_slow);
+  for (int fd : fds) close(fd);
+  Resp ok;
+  for (int i = 0; i < 100; i++) { // the gate counts a connection out once MHD has closed it
+    ok = request(r.port(), "POST", "/v1/chat/completions", CHAT + R"(,"max_tokens":2})");
+    if (ok.status == 200) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(ok.status, 200) << ok.body;
 }
 
 // Idle connections cost a sleeping thread each; a normal request is still answered while 2,000 are open.
