@@ -157,7 +157,7 @@ static int ch_seal(kvx_chan *ch, const uint8_t tx_key[32], const char tx_label[4
   ch->tx = utl_seal_new(tx_key, tx_label, 0);
   ch->rx = utl_seal_new(rx_key, rx_label, 1);
   ch->r = malloc(KVX_REC_MAX + KVX_REC_OVER + KVX_REC_AHEAD);
-  ch->t = malloc(KVX_REC_MAX + KVX_REC_OVER);
+  ch->t = malloc(KVX_REC_BATCH * (KVX_REC_MAX + KVX_REC_OVER));
   if (ch->tx && ch->rx && ch->r && ch->t) return 0;
   kvx_ch_free(ch);
   return -1;
@@ -310,30 +310,32 @@ int kvx_recv_all(kvx_chan *ch, void *buf, size_t len, int timeout_ms, int idle_o
   return 0;
 }
 
-// Seals the caller's next bytes (at, at least one) into one record in t; at stays where it was.
+// Seals the caller's next bytes (at, at least one) into up to KVX_REC_BATCH records in t, for one send.
 static int rec_seal(kvx_chan *ch, iov_at at) {
-  uint8_t *o = ch->t + 4, *end;
-  iov_at m = at;
-  size_t len = 0, span;
-  while (len < KVX_REC_MAX && (span = at_span(&m))) {
-    size_t k = span < KVX_REC_MAX - len ? span : KVX_REC_MAX - len;
-    len += k;
-    m.off += k;
+  ch->tp = ch->tl = ch->tplain = 0;
+  for (int r = 0; r < KVX_REC_BATCH && at_span(&at); r++) {
+    uint8_t *rec = ch->t + ch->tl, *o = rec + 4, *end;
+    iov_at m = at;
+    size_t len = 0, span;
+    while (len < KVX_REC_MAX && (span = at_span(&m))) {
+      size_t k = span < KVX_REC_MAX - len ? span : KVX_REC_MAX - len;
+      len += k;
+      m.off += k;
+    }
+    uint32_t l = (uint32_t)len;
+    memcpy(rec, &l, 4);
+    if (utl_seal_begin(ch->tx, rec, 4)) return KVX_IO_CRYPTO;
+    for (end = o + len; o < end;) {
+      span = at_span(&at);
+      size_t k = span < (size_t)(end - o) ? span : (size_t)(end - o);
+      if (utl_seal_update(ch->tx, at_ptr(&at), k, o)) return KVX_IO_CRYPTO;
+      at.off += k;
+      o += k;
+    }
+    if (utl_seal_end(ch->tx, o)) return KVX_IO_CRYPTO;
+    ch->tl += 4 + len + UTL_SEAL_TAG;
+    ch->tplain += len;
   }
-  uint32_t l = (uint32_t)len;
-  memcpy(ch->t, &l, 4);
-  if (utl_seal_begin(ch->tx, ch->t, 4)) return KVX_IO_CRYPTO;
-  for (end = o + len; o < end;) {
-    span = at_span(&at);
-    size_t k = span < (size_t)(end - o) ? span : (size_t)(end - o);
-    if (utl_seal_update(ch->tx, at_ptr(&at), k, o)) return KVX_IO_CRYPTO;
-    at.off += k;
-    o += k;
-  }
-  if (utl_seal_end(ch->tx, o)) return KVX_IO_CRYPTO;
-  ch->tp = 0;
-  ch->tl = 4 + len + UTL_SEAL_TAG;
-  ch->tplain = len;
   return 0;
 }
 
@@ -342,7 +344,7 @@ int64_t kvx_sendv_now(kvx_chan *ch, struct iovec *iov, int n) {
   int64_t done = 0;
   iov_at at = {iov, n, 0, 0};
   for (;;) {
-    while (ch->tp < ch->tl) {  // the record under way (it holds the caller's next tplain bytes) goes out first
+    while (ch->tp < ch->tl) {  // the records under way (they hold the caller's next tplain bytes) go out first
       ssize_t w = send(ch->fd, ch->t + ch->tp, ch->tl - ch->tp, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (w < 0 && errno == EINTR) continue;
       if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return done;
