@@ -531,13 +531,17 @@ int kvx_handshake_server(kvx_chan *ch, const void *secret, size_t slen, int seal
   uint16_t nl;
   memcpy(&magic, h, 4);
   memcpy(&nl, h + 4, 2);
-  if (magic != HS_C || nl == 0 || nl >= KVX_MAX_NAME) {
+  if (magic != HS_C || nl == 0 || nl >= KVX_MAX_NAME) {  // (the setting byte is checked once it is read)
     utl_seterr(err, errlen, "handshake: malformed client hello");
     return -1;
   }
   uint8_t rest[KVX_MAX_NAME + 65];
   if ((rc = kvx_fd_recv_all(fd, rest, (size_t)nl + 65, timeout_ms, 0))) {
     utl_seterr(err, errlen, "handshake: %s", kvx_io_why(rc));
+    return -1;
+  }
+  if (rest[nl + 32] > 1) {
+    utl_seterr(err, errlen, "handshake: malformed client hello (sealing setting %u)", rest[nl + 32]);
     return -1;
   }
   char name[KVX_MAX_NAME];
@@ -549,7 +553,7 @@ int kvx_handshake_server(kvx_chan *ch, const void *secret, size_t slen, int seal
   magic = HS_R;
   memcpy(resp, &magic, 4);
   resp[8] = both[1];
-  if (!kvx_valid_name(name) || !utl_ct_equal(want, mac_c, 32) || both[0] > 1) {
+  if (!kvx_valid_name(name) || !utl_ct_equal(want, mac_c, 32)) {
     uint32_t st = HS_REFUSED;
     memcpy(resp + 4, &st, 4);
     kvx_fd_send_all(fd, resp, sizeof resp, timeout_ms);
