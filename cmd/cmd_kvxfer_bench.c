@@ -186,9 +186,10 @@ static int cuda_devices(char *err, size_t errlen) {
 }
 
 // ---- receiver process ----
-static int receiver_main(const char *backend, int dev, size_t cap, int md_fd) {
+static int receiver_main(const char *backend, int dev, int plaintext, size_t cap, int md_fd) {
   char err[256];
-  kvx_opts o = {.backend = backend, .secret = "kvxfer-bench", .timeout_ms = 30000, .cuda_device = dev < 0 ? 0 : dev};
+  kvx_opts o = {.backend = backend, .secret = "kvxfer-bench", .timeout_ms = 30000, .cuda_device = dev < 0 ? 0 : dev,
+                .plaintext = plaintext};
   kvx_agent *b = kvx_agent_new("bench-recv", &o, err, sizeof err);
   if (!b) {
     fprintf(stderr, "kvxfer-bench receiver: %s\n", err);
@@ -329,7 +330,7 @@ static int wait_done(kvx_agent *a, kvx_xfer *x) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dserve kvxfer-bench --backend tcp|shm|nixl|nccl [--size S] [--blocks N | --block B] [--iters K]\n"
-          "                           [--devices S,R]\n"
+          "                           [--devices S,R] [--encrypt on|off]\n"
           "  Forks a receiver process and measures kvxfer WRITE bandwidth and latency for message sizes\n"
           "  4 KiB .. S (default 64M), each split into N scattered blocks (default 16), beside the raw\n"
           "  baseline measured in the same run (loopback socket send/recv for tcp and nixl, memcpy for shm,\n"
@@ -339,13 +340,14 @@ static void usage(FILE *f) {
           "  needs a CUDA build with NCCL and two GPUs (NCCL refuses two ranks of one communicator on one device).\n"
           "  --block B: blocks of B bytes instead (a message of m bytes is m / B of them; sizes under B are\n"
           "  skipped), e.g. a model's KV block, to compare with other engines at the same block size.\n"
-          "  K: iterations per size (default: enough to move ~512 MiB, 8..2000).\n");
+          "  K: iterations per size (default: enough to move ~512 MiB, 8..2000).\n"
+          "  --encrypt: seal the kvxfer tcp connection (on, the default, as kvxfer.encrypt) or not (off).\n");
 }
 
 int cmd_kvxfer_bench(int argc, char **argv) {
   const char *backend = NULL;
   size_t size = 64u << 20, blocks = 16, block = 0;
-  int iters = 0, sdev = 0, rdev = 1, devices_set = 0;
+  int iters = 0, sdev = 0, rdev = 1, devices_set = 0, plaintext = 0;
   for (int i = 1; i < argc; i++) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -381,6 +383,13 @@ int cmd_kvxfer_bench(int argc, char **argv) {
         return 2;
       }
       iters = (int)n, i++;
+    } else if (!strcmp(argv[i], "--encrypt") && v) {
+      if (strcmp(v, "on") && strcmp(v, "off")) {
+        fprintf(stderr, "kvxfer-bench: --encrypt '%s': want on or off\n", v);
+        return 2;
+      }
+      plaintext = !strcmp(v, "off");
+      i++;
     } else if (!strcmp(argv[i], "--devices") && v) {
       char *e, *e2 = NULL;
       long a = strtol(v, &e, 10), b = *e == ',' ? strtol(e + 1, &e2, 10) : -1;
@@ -443,7 +452,7 @@ int cmd_kvxfer_bench(int argc, char **argv) {
   }
   if (rpid == 0) {
     close(md[0]);
-    _exit(receiver_main(backend, recv_dev, cap, md[1]));
+    _exit(receiver_main(backend, recv_dev, plaintext, cap, md[1]));
   }
   close(md[1]);
   int rc = 1;
@@ -467,7 +476,8 @@ int cmd_kvxfer_bench(int argc, char **argv) {
     if (r <= 0) goto out;
     got += (size_t)r;
   }
-  kvx_opts o = {.backend = backend, .secret = "kvxfer-bench", .timeout_ms = 30000, .cuda_device = nccl ? sdev : 0};
+  kvx_opts o = {.backend = backend, .secret = "kvxfer-bench", .timeout_ms = 30000, .cuda_device = nccl ? sdev : 0,
+                .plaintext = plaintext};
   char peer[KVX_MAX_NAME];
   if (!(a = kvx_agent_new("bench-send", &o, err, sizeof err)) ||
       kvx_load_remote_md(a, blob, blen, peer, sizeof peer, err, sizeof err)) {
@@ -512,11 +522,11 @@ int cmd_kvxfer_bench(int argc, char **argv) {
     }
   }
   if (block)
-    printf("kvxfer-bench: backend %s, blocks of %zu bytes (scattered), %d requests in flight, receiver pid %d\n",
-           backend, block, BENCH_INFLIGHT, (int)rpid);
+    printf("kvxfer-bench: backend %s, blocks of %zu bytes (scattered), %d requests in flight, receiver pid %d, "
+           "encrypt %s\n", backend, block, BENCH_INFLIGHT, (int)rpid, plaintext ? "off" : "on");
   else
-    printf("kvxfer-bench: backend %s, %zu blocks per message (scattered), %d requests in flight, receiver pid %d\n",
-           backend, blocks, BENCH_INFLIGHT, (int)rpid);
+    printf("kvxfer-bench: backend %s, %zu blocks per message (scattered), %d requests in flight, receiver pid %d, "
+           "encrypt %s\n", backend, blocks, BENCH_INFLIGHT, (int)rpid, plaintext ? "off" : "on");
   if (nccl) printf("devices: sender cuda:%d, receiver cuda:%d (device memory on both sides)\n", sdev, rdev);
   printf("baseline: %s\n\n", sock_base ? "plain loopback socket send/recv loop (contiguous, 1-byte ack per message)"
                                : nccl    ? "cudaMemcpyPeerAsync of the same scattered blocks, sender's device to receiver's, one process"

@@ -97,7 +97,7 @@ static const char *const K_WORKER[] = {"name",    "node",       "role",     "hos
                                        "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", "prefix_cache_mb",
                                        "prefix_host_mb", "prefix_disk_mb", "prefix_disk_path", "cuda_graphs", "handoff_timeout_ms",
                                        "table_timeout_ms", "drain_timeout_s", "tpot_target_ms", NULL};
-static const char *const K_KVX[] = {"backend", "host", "port", "staging", NULL};
+static const char *const K_KVX[] = {"backend", "host", "port", "staging", "encrypt", NULL};
 static const char *const S_STAGING[] = {"auto", "on", "off", NULL};
 static const char *const S_ONOFF[] = {"off", "on", NULL};
 static const char *const S_KERNELS[] = {"auto", "scalar", "avx2", "avx2vnni", "avx512", "amx", NULL};
@@ -330,6 +330,9 @@ static int parse_worker(cfg_ctx *x, const cJSON *w, int idx, cfg_worker *o, cons
   if (cfg_str(x, k, kp, "staging", o->kvx_staging, sizeof o->kvx_staging, "auto") ||
       cfg_one_of(x, kp, "staging", o->kvx_staging, S_STAGING))
     return -1;
+  int enc;
+  if (cfg_bool(x, k, kp, "encrypt", &enc, CFG_DEF_KVX_ENCRYPT)) return -1;
+  o->kvx_plaintext = !enc;
   return 0;
 }
 

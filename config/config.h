@@ -44,6 +44,7 @@ enum {
   CFG_DEF_MAX_BATCH_TOKENS = 256, // the prefill chunk: bench/README.md, "Issue 32", chose it
   CFG_DEF_HANDOFF_TIMEOUT_MS = 30000,
   CFG_DEF_TABLE_TIMEOUT_MS = 30000,
+  CFG_DEF_KVX_ENCRYPT = 1, // kvxfer.encrypt: seal KV bytes over the tcp backend
 };
 
 typedef struct cfg_worker {
@@ -71,6 +72,8 @@ typedef struct cfg_worker {
   char kvx_host[64];      // kvxfer listen address
   int kvx_port;           // 0 = ephemeral (advertised through the control hello)
   char kvx_staging[8];    // "auto", "on", "off": KV moves through a host mirror of a device pool (kv/stage.h)
+  int kvx_plaintext;      // kvxfer.encrypt false: KV bytes over tcp unsealed (a trusted fabric); 0, so that a section
+                          // made in code seals like the default
   int handoff_timeout_ms; // decode: a prompt's KV must arrive this long after the request (plus a per-token allowance)
   int table_timeout_ms;   // prefill: the decode worker's block table must arrive this long after the request
   int drain_timeout_s;    // on SIGTERM: how long running requests may take to finish (0 = stop at once)

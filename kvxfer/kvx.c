@@ -80,6 +80,7 @@ kvx_agent *kvx_agent_new(const char *name, const kvx_opts *opts, char *err, size
   snprintf(a->advertise_host, sizeof a->advertise_host, "%s", ah);
   a->listen_port = o.listen_port;
   a->timeout_ms = o.timeout_ms ? o.timeout_ms : 10000;
+  a->seal = !o.plaintext;
   a->secret_len = strlen(sec);
   memcpy(a->secret, sec, a->secret_len);
   a->cuda_device = o.cuda_device;

@@ -14,7 +14,8 @@
 // DSERVE_NIXL_LIB names it, else tcp).
 //
 // Safety: a peer must prove it holds the cluster's shared secret (HMAC-SHA256
-// challenge/response) before any frame is accepted; every incoming frame is validated
+// challenge/response) before any frame is accepted; after it, tcp connections are sealed
+// (AES-256-GCM records under per-connection keys, unless opts.plaintext); every incoming frame is validated
 // against the regions this agent registered (overflow-safe); a bad frame closes that
 // connection with a logged reason and writes nothing. A peer that dies or stalls turns
 // every pending request to it into an error within opts.timeout_ms.
@@ -60,6 +61,10 @@ typedef struct kvx_opts {
   int timeout_ms;           // a peer silent this long with work pending is dead; 0 = 10000
   const char *secret;       // shared cluster secret (required: kvx_agent_new refuses NULL and ""); peers must match
   int cuda_device;          // CUDA device index for rdma/nccl with CUDA memory
+  // 1: connections through the tcp listener (tcp; rdma's, nccl's and nixl's set-up frames and notifications) carry
+  // plaintext after the handshake, for a trusted fabric. 0 (the default): every byte after the handshake is sealed
+  // (AES-256-GCM records, docs/kvxfer.md). Both agents of a connection must agree: a mismatch is refused.
+  int plaintext;
   const char *shm_dir;      // where the shm backend makes its private 0700 folder holding its 0600 unix socket;
                             // NULL = $TMPDIR or /tmp
   // Log sink for refused peers and dropped connections; NULL = stderr lines "kvx[name]: ...".

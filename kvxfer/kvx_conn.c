@@ -17,7 +17,8 @@
 static void conn_unref(kvx_conn *c) {
   if (atomic_fetch_sub(&c->refs, 1) != 1) return;
   if (c->be->close) c->be->close(c);
-  if (c->fd >= 0) close(c->fd);
+  if (c->ch.fd >= 0) close(c->ch.fd);
+  kvx_ch_free(&c->ch);
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->mu);
   free(c);
@@ -32,7 +33,7 @@ void kvx_conn_fail(kvx_conn *c, const char *why) {
   c->dead = 1;
   kvx_xfer *q = c->q, *pend = c->pend;
   c->q = c->q_tail = c->pend = c->pend_tail = NULL;
-  if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
+  if (c->ch.fd >= 0) shutdown(c->ch.fd, SHUT_RDWR);
   pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
   int n = 0;
@@ -86,7 +87,7 @@ kvx_xfer *kvx_conn_pending(kvx_conn *c, uint64_t id) {
 int kvx_conn_send_end(kvx_conn *c, const kvx_xfer *x, int ack) {
   uint16_t op = x->op == KVX_WRITE ? KVX_F_WRITE_END : KVX_F_READ_END;
   uint16_t fl = (uint16_t)((x->has_notif ? KVX_FL_NOTIF : 0) | (ack ? 0 : KVX_FL_NOACK));
-  return kvx_send_frame(c->fd, op, fl, x->id, 0, x->notif_len, 0, x->notif, x->notif_len, c->a->timeout_ms);
+  return kvx_send_frame(&c->ch, op, fl, x->id, 0, x->notif_len, 0, x->notif, x->notif_len, c->a->timeout_ms);
 }
 
 // ---- the reader: answers of reader backends ----
@@ -96,7 +97,7 @@ static void *reader_main(void *p) {
   char why[300];
   for (;;) {
     kvx_hdr h;
-    int rc = kvx_recv_all(c->fd, &h, sizeof h, 100, 1);
+    int rc = kvx_recv_all(&c->ch, &h, sizeof h, 100, 1);
     if (rc == 1) {
       pthread_mutex_lock(&c->mu);
       int dead = c->dead;
@@ -111,7 +112,7 @@ static void *reader_main(void *p) {
       continue;
     }
     if (rc < 0) {
-      kvx_conn_fail(c, rc == -1 ? "connection closed by peer" : "connection lost");
+      kvx_conn_fail(c, rc == -1 ? "connection closed by peer" : rc == KVX_IO_SEAL ? kvx_io_why(rc) : "connection lost");
       break;
     }
     pthread_mutex_lock(&c->mu);
@@ -136,7 +137,7 @@ static void *reader_main(void *p) {
     } else if (h.op == KVX_F_ERR) {
       char msg[256] = "";
       size_t n = h.len < sizeof msg - 1 ? h.len : sizeof msg - 1;
-      if (kvx_recv_all(c->fd, msg, n, 500, 0)) msg[0] = 0;
+      if (kvx_recv_all(&c->ch, msg, n, 500, 0)) msg[0] = 0;
       msg[n] = 0;
       snprintf(why, sizeof why, "peer refused: %s", msg);
       kvx_conn_fail(c, why);
@@ -159,19 +160,24 @@ static void *reader_main(void *p) {
 }
 
 // ---- the worker: connects, then runs the queue in order ----
-static int conn_connect(kvx_conn *c, char *e, size_t cap) {
+// Connects and authenticates into ch: sealed through the tcp listener when the agent seals (a unix socket stays on
+// this host, between processes of this user: plain). 0, or -1 with e (ch.fd -1).
+static int conn_connect(kvx_conn *c, kvx_chan *ch, char *e, size_t cap) {
   kvx_agent *a = c->a;
-  int fd = c->be->listener == KVX_LS_UNIX ? kvx_unix_connect(c->path, e, cap)
-                                          : kvx_tcp_connect(c->host, c->port, a->timeout_ms, e, cap);
-  if (fd >= 0 && kvx_handshake_client(fd, a->name, a->secret, a->secret_len, a->timeout_ms, e, cap)) {
-    close(fd);
-    fd = -1;
+  int un = c->be->listener == KVX_LS_UNIX;
+  kvx_ch_init(ch, un ? kvx_unix_connect(c->path, e, cap) : kvx_tcp_connect(c->host, c->port, a->timeout_ms, e, cap));
+  ch->fails = &a->auth_failures;
+  if (ch->fd >= 0 &&
+      kvx_handshake_client(ch, a->name, a->secret, a->secret_len, !un && a->seal, a->timeout_ms, e, cap)) {
+    close(ch->fd);
+    kvx_ch_free(ch);
+    ch->fd = -1;
   }
-  return fd;
+  return ch->fd >= 0 ? 0 : -1;
 }
 
 static int send_notify(kvx_conn *c, const kvx_xfer *x, char *why, size_t cap) {
-  int rc = kvx_send_frame(c->fd, KVX_F_NOTIF, 0, x->id, 0, x->notif_len, 0, x->notif, x->notif_len,
+  int rc = kvx_send_frame(&c->ch, KVX_F_NOTIF, 0, x->id, 0, x->notif_len, 0, x->notif, x->notif_len,
                           c->a->timeout_ms);
   if (rc) snprintf(why, cap, "notification could not be sent (%s)", kvx_io_why(rc));
   return rc ? -2 : 0;
@@ -216,12 +222,13 @@ static void *worker_main(void *p) {
   kvx_agent *a = c->a;
   const kvx_backend *be = c->be;
   char e[300] = "";
-  int fd = conn_connect(c, e, sizeof e);
+  kvx_chan ch;
+  int ok = conn_connect(c, &ch, e, sizeof e) == 0;
   pthread_mutex_lock(&c->mu);
-  c->fd = fd;
+  c->ch = ch;
   c->last_act = utl_now_ms();
   pthread_mutex_unlock(&c->mu);
-  int ok = fd >= 0 && (!be->open || be->open(c, e, sizeof e) == 0);
+  ok = ok && (!be->open || be->open(c, e, sizeof e) == 0);
   if (ok && be->reader) {
     atomic_fetch_add(&c->refs, 1);
     if (kvx_thread_start(a, reader_main, c, e, sizeof e)) {
@@ -328,7 +335,7 @@ int kvx_conn_post(kvx_agent *a, kvx_peer *p, kvx_xfer *x, kvx_conn **now, char *
   snprintf(c->host, sizeof c->host, "%s", p->tcp_host);
   c->port = p->tcp_port;
   snprintf(c->path, sizeof c->path, "%s", p->unix_path);
-  c->fd = -1;
+  kvx_ch_init(&c->ch, -1);
   atomic_init(&c->refs, 2);
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);

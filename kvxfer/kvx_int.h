@@ -14,7 +14,8 @@
 //   kvx_conn.c    the connection core: one connection per peer and backend, its queue, worker and reader threads
 //   kvx_base.c    services: log, threads, wake-ups, region and peer look-up, request completion, notification queue
 //   kvx_host.c    shareable host memory (kvx_host_alloc; the memfd behind it for shm)
-//   kvx_wire.c    socket I/O, frames, the authenticated handshake (crypto: util/crypto.h, libcrypto)
+//   kvx_wire.c    socket I/O, the record layer of sealed channels, frames, the authenticated handshake that
+//                 negotiates sealing and derives its keys (crypto: util/crypto.h, libcrypto)
 #ifndef DSERVE_KVX_INT_H
 #define DSERVE_KVX_INT_H
 
@@ -85,6 +86,36 @@ typedef struct kvx_hdr {
 typedef struct kvx_vdesc {  // one descriptor of a WRITEV/READV frame
   uint64_t addr, len, key;
 } kvx_vdesc;  // 24 bytes
+
+// ---- channels: a connection's byte stream, plain or sealed (kvx_wire.c) ----
+// Plain (tx == NULL): the I/O helpers below are the socket's own syscalls. Sealed (the handshake negotiated it:
+// connections through the tcp listener whose agents both seal), every byte after the handshake travels in records
+//   u32 length (1..KVX_REC_MAX) | ciphertext | 16-byte tag
+// AES-256-GCM under the direction's key (HKDF of the secret and both nonces), the length as additional data, the
+// nonce the direction's label and the record's sequence number (utl_seal). A record is received whole and opened
+// before any of its plaintext is handed out; one that fails to open (altered, replayed, reordered, malformed) kills
+// the channel: every later call fails with KVX_IO_SEAL. The directions are independent: one thread may send while
+// another receives.
+#define KVX_REC_MAX (64u << 10)
+#define KVX_REC_OVER 20u           // length and tag around a record's ciphertext
+#define KVX_REC_AHEAD (16u << 10)  // read-ahead past a short record (the small records behind it come in the same recv)
+#define KVX_REC_BATCH 4            // records sealed for one send (a quarter of the sends: 1..16 MiB sealed ~+40%)
+enum { KVX_IO_SEAL = -4, KVX_IO_CRYPTO = -5 };  // I/O rc beside -1 closed, -2 timed out, -3 error
+typedef struct kvx_chan {
+  int fd;
+  utl_seal *tx, *rx;  // (owned) both NULL: plain
+  KVX_ATOMIC(uint64_t) *fails;  // (borrowed, may be NULL) counted once when a record fails to open (auth failures)
+  // Receiving: r[0, rl) arrived; r[rp, re) is the opened record's plaintext not yet taken; the next record starts at
+  // rn (rn <= rl).
+  uint8_t *r;  // (KVX_REC_MAX + KVX_REC_OVER + KVX_REC_AHEAD) (owned)
+  size_t rp, re, rn, rl;
+  int bad;  // a record failed to open
+  // Sending: t[tp, tl) of the records being sent is still to go out; they hold the caller's next tplain bytes,
+  // which count as sent once they are all out. A caller told of a short send calls again from the first byte not
+  // counted.
+  uint8_t *t;  // (KVX_REC_BATCH * (KVX_REC_MAX + KVX_REC_OVER)) (owned)
+  size_t tp, tl, tplain;
+} kvx_chan;
 
 // ---- regions ----
 typedef struct kvx_rregion {  // a region a peer exported to us
@@ -160,7 +191,8 @@ typedef struct kvx_conn {
   KVX_ATOMIC(int) refs;  // the peer, the worker thread, the reader thread
   pthread_mutex_t mu;    // guards the fields below
   pthread_cond_t cv;
-  int fd;     // the authenticated socket, -1 until connected; closed with the last reference
+  kvx_chan ch;  // the authenticated socket (ch.fd -1 until connected), sealed or plain; closed (and freed)
+                       // with the last reference. The reader thread receives on it, the sender sends: one each way
   int dead;
   int ready;         // connected, authenticated and opened: a request may start on the posting thread
   int busy;          // a request is running (on the worker, or starting on the posting thread)
@@ -191,7 +223,7 @@ int kvx_conn_send_end(kvx_conn *c, const kvx_xfer *x, int ack);
 // hands each frame to the backend that registered its op.
 typedef struct kvx_srv {
   kvx_agent *a;  // (borrowed)
-  int fd;        // read only through kvx_srv_recv / kvx_srv_recvv (they keep the read-ahead)
+  kvx_chan ch;  // the socket; read only through kvx_srv_recv / kvx_srv_recvv (they keep the read-ahead)
   int ls;  // KVX_LS_*: the listener it came in through
   char peer[KVX_MAX_NAME];
   uint8_t *nbuf;         // (KVX_MAX_NOTIF) scratch for notifications (owned)
@@ -303,6 +335,7 @@ struct kvx_agent {
   int timeout_ms;
   char secret[256];
   size_t secret_len;
+  int seal;  // seal connections through the tcp listener (kvx_opts.plaintext off)
   int cuda_device;
   char shm_dir[200];
   void (*log)(void *, const char *);
@@ -381,26 +414,46 @@ int kvx_choose_backend(kvx_agent *a, const kvx_peer *p, char *err, size_t errlen
 
 // ---- wire helpers (kvx_wire.c) ----
 // Blocking I/O; a call stalled longer than timeout_ms (0 = no limit) fails.
-// rc: 0 ok, 1 idle (recv with idle_ok: nothing arrived), -1 closed by peer, -2 stalled past the timeout, -3 error.
-int kvx_send_all(int fd, const void *buf, size_t len, int timeout_ms);
-int kvx_sendv_all(int fd, struct iovec *iov, int n, int timeout_ms);  // advances iov
-// Sends what the socket takes now (never waits): bytes sent (0 when full), or <0 as above.
-int64_t kvx_sendv_now(int fd, struct iovec *iov, int n);
+// rc: 0 ok, 1 idle (recv with idle_ok: nothing arrived), -1 closed by peer, -2 stalled past the timeout, -3 error,
+// KVX_IO_SEAL a record failed to open, KVX_IO_CRYPTO libcrypto failed to seal.
+// On a channel: what the core and the backends use.
+void kvx_ch_init(kvx_chan *ch, int fd);  // plain, on fd
+void kvx_ch_free(kvx_chan *ch);          // its seals and buffers (not the fd); plain again
+static inline int kvx_ch_sealed(const kvx_chan *ch) { return ch->tx != NULL; }
+int kvx_send_all(kvx_chan *ch, const void *buf, size_t len, int timeout_ms);
+int kvx_sendv_all(kvx_chan *ch, struct iovec *iov, int n, int timeout_ms);  // advances iov
+// Sends what the socket takes now (never waits): bytes of the caller's through (0 when full), or <0 as above.
+// Sealed, a record half sent holds the next bytes: the next send on ch must start with them (the caller resumes
+// from the count it was told), and nothing else may be sent on ch before it.
+int64_t kvx_sendv_now(kvx_chan *ch, struct iovec *iov, int n);
+int kvx_recv_all(kvx_chan *ch, void *buf, size_t len, int timeout_ms, int idle_ok);
+int kvx_recvv_all(kvx_chan *ch, struct iovec *iov, int n, int timeout_ms);  // scatter; advances iov
+// What is there now (never waits): bytes (>0) from the channel's opened records and one receive, 0 when nothing,
+// or <0 as above.
+int64_t kvx_recvv_now(kvx_chan *ch, struct iovec *iov, int n);
+// Waits until ch has something to read: plaintext or a whole record already in the channel, or bytes on the socket.
+int kvx_wait_in(kvx_chan *ch, int timeout_ms);
+int kvx_send_frame(kvx_chan *ch, uint16_t op, uint16_t flags, uint64_t req, uint64_t addr, uint64_t len,
+                   uint64_t key, const void *payload, size_t plen, int timeout_ms);
+// On a bare socket: the plain syscalls under a plain channel (and raw peers in tests).
+int kvx_fd_send_all(int fd, const void *buf, size_t len, int timeout_ms);
+int kvx_fd_sendv_all(int fd, struct iovec *iov, int n, int timeout_ms);
+int64_t kvx_fd_sendv_now(int fd, struct iovec *iov, int n);
+int kvx_fd_recv_all(int fd, void *buf, size_t len, int timeout_ms, int idle_ok);
+int kvx_fd_recvv_all(int fd, struct iovec *iov, int n, int timeout_ms);
+int64_t kvx_fd_recvv_now(int fd, struct iovec *iov, int n);
 int kvx_iov_advance(struct iovec **iov, int n, size_t done);  // past done bytes; returns the entries left
-int kvx_recv_all(int fd, void *buf, size_t len, int timeout_ms, int idle_ok);
-int kvx_recvv_all(int fd, struct iovec *iov, int n, int timeout_ms);  // scatter; advances iov
-// One scatter receive of what is there now (never waits): bytes (>0), 0 when nothing, or <0 as above.
-int64_t kvx_recvv_now(int fd, struct iovec *iov, int n);
 int kvx_wait_fd(int fd, short events, int timeout_ms);  // poll one fd: 0 ready, -2 timed out, -3 error
-int kvx_send_frame(int fd, uint16_t op, uint16_t flags, uint64_t req, uint64_t addr, uint64_t len, uint64_t key,
-                   const void *payload, size_t plen, int timeout_ms);
 const char *kvx_io_why(int rc);  // words for a <0 rc of the calls above
-// Handshakes. Client: proves the secret to the server and checks the server's proof.
-int kvx_handshake_client(int fd, const char *my_name, const void *secret, size_t slen, int timeout_ms, char *err,
-                         size_t errlen);
+// Handshakes (version 2), on a plain channel. seal: this side's setting for this connection (the agent's, and 0
+// on unix sockets); each side's travels under the MACs and a mismatch is refused naming both. When both seal, the
+// channel is sealed on success (keys from HKDF over the secret, both nonces, the name and both MACs).
+// Client: proves the secret to the server and checks the server's proof.
+int kvx_handshake_client(kvx_chan *ch, const char *my_name, const void *secret, size_t slen, int seal,
+                         int timeout_ms, char *err, size_t errlen);
 // Server: verifies the client; fills peer_name (KVX_MAX_NAME) on success. Both refuse an empty secret.
-int kvx_handshake_server(int fd, const void *secret, size_t slen, int timeout_ms, char *peer_name, char *err,
-                         size_t errlen);
+int kvx_handshake_server(kvx_chan *ch, const void *secret, size_t slen, int seal, int timeout_ms, char *peer_name,
+                         char *err, size_t errlen);
 int kvx_tcp_connect(const char *host, int port, int timeout_ms, char *err, size_t errlen);
 int kvx_unix_connect(const char *path, char *err, size_t errlen);
 void kvx_sock_timeouts(int fd, int timeout_ms);  // TCP_NODELAY and TCP_USER_TIMEOUT

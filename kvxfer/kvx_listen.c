@@ -37,7 +37,7 @@ int kvx_srv_flush(kvx_srv *v) {
   if (!v->ack) return 0;
   uint64_t req = v->ack;
   v->ack = 0;
-  return kvx_send_frame(v->fd, KVX_F_ACK, 0, req, 0, 0, 0, NULL, 0, v->a->timeout_ms);
+  return kvx_send_frame(&v->ch, KVX_F_ACK, 0, req, 0, 0, 0, NULL, 0, v->a->timeout_ms);
 }
 
 void kvx_srv_ack(kvx_srv *v, uint64_t req) { v->ack = req; }
@@ -55,13 +55,14 @@ int kvx_srv_recvv(kvx_srv *v, struct iovec *iov, int n, int timeout_ms, int idle
       continue;
     }
     int64_t r;
-    if (left < KVX_SRV_RBUF) {  // small: read ahead whatever is there
+    // Small: read ahead whatever is there (a sealed channel reads ahead itself: its opened records).
+    if (left < KVX_SRV_RBUF && !kvx_ch_sealed(&v->ch)) {
       struct iovec b = {v->rbuf, KVX_SRV_RBUF};
-      r = kvx_recvv_now(v->fd, &b, 1);
+      r = kvx_recvv_now(&v->ch, &b, 1);
       if (r > 0) v->rpos = 0, v->rlen = (size_t)r;
     } else {  // large: straight into place; a deferred ACK goes first when this takes a while (the peer waits)
       if (left > KVX_SRV_ACK_HOLD && kvx_srv_flush(v)) return -1;
-      r = kvx_recvv_now(v->fd, iov, n);
+      r = kvx_recvv_now(&v->ch, iov, n);
       if (r > 0) {
         got += (size_t)r, left -= (size_t)r;
         n = kvx_iov_advance(&iov, n, (size_t)r);
@@ -71,7 +72,7 @@ int kvx_srv_recvv(kvx_srv *v, struct iovec *iov, int n, int timeout_ms, int idle
     if (r > 0) continue;
     // Nothing there: the peer is not sending, so what was deferred goes out before we wait.
     if (kvx_srv_flush(v)) return -1;
-    int w = kvx_wait_fd(v->fd, POLLIN, timeout_ms);
+    int w = kvx_wait_in(&v->ch, timeout_ms);
     if (w == -2 && idle_ok && got == 0) return 1;
     if (w < 0) return w;
   }
@@ -124,17 +125,19 @@ static const kvx_frame *find_frame(kvx_srv *v, uint16_t op, char *why, size_t ca
 static void ctl_refuse(kvx_srv *v, const char *why) {
   kvx_agent *a = v->a;
   kvx_log(a, "closing connection from '%s': %s", v->peer, why);
-  kvx_send_frame(v->fd, KVX_F_ERR, 0, 0, 0, strlen(why), 0, why, strlen(why), 200);
+  kvx_send_frame(&v->ch, KVX_F_ERR, 0, 0, 0, strlen(why), 0, why, strlen(why), 200);
   // Lingering close: stop sending, discard what the peer still sends for a moment, so that it reads the reason
-  // (a close with unread data would reset the connection and could drop the ERR frame).
-  shutdown(v->fd, SHUT_WR);
+  // (a close with unread data would reset the connection and could drop the ERR frame). Raw reads: what is
+  // discarded need not open.
+  int fd = v->ch.fd;
+  shutdown(fd, SHUT_WR);
   char sink[16384];
   int64_t end = utl_now_ms() + 200;
   while (utl_now_ms() < end && !a->closing) {
-    int rc = kvx_recv_all(v->fd, sink, 1, 50, 1);
+    int rc = kvx_fd_recv_all(fd, sink, 1, 50, 1);
     if (rc < 0) break;
     if (rc == 0) {
-      ssize_t n = recv(v->fd, sink, sizeof sink, MSG_DONTWAIT);
+      ssize_t n = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
       (void)n;
     }
   }
@@ -148,6 +151,10 @@ static void serve_frames(kvx_srv *v) {
     kvx_hdr h;
     int rc = kvx_srv_recv(v, &h, sizeof h, 1000, 1);
     if (rc == 1) continue;
+    if (rc == KVX_IO_SEAL) {  // the peer learns why; the count is the channel's
+      ctl_refuse(v, kvx_io_why(rc));
+      break;
+    }
     if (rc < 0) break;  // closed, or lost mid-header: nothing was written
     why[0] = 0;
     const kvx_frame *f = NULL;
@@ -156,6 +163,10 @@ static void serve_frames(kvx_srv *v) {
     else
       f = find_frame(v, h.op, why, sizeof why);
     rc = f ? f->serve(v, &h, why, sizeof why) : KVX_SRV_REFUSE;
+    if (rc != KVX_SRV_OK && v->ch.bad) {  // a record of the frame failed to open: say so, whatever the backend saw
+      ctl_refuse(v, kvx_io_why(KVX_IO_SEAL));
+      break;
+    }
     if (rc == KVX_SRV_REFUSE) {
       ctl_refuse(v, why);
       break;
@@ -177,7 +188,7 @@ static int prove(kvx_srv *v, const char *from) {
     // process say who it is, in case one got in anyway.
     struct ucred cr = {0};
     socklen_t cl = sizeof cr;
-    if (getsockopt(v->fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) || cr.uid != geteuid()) {
+    if (getsockopt(v->ch.fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) || cr.uid != geteuid()) {
       if (!a->closing)
         kvx_auth_refused(a, "shm: refused connection from pid %d uid %d: not this agent's user (uid %d)",
                          (int)cr.pid, (int)cr.uid, (int)geteuid());
@@ -185,9 +196,11 @@ static int prove(kvx_srv *v, const char *from) {
     }
     snprintf(who, sizeof who, "pid %d", (int)cr.pid);
   } else {
-    kvx_sock_timeouts(v->fd, a->timeout_ms);
+    kvx_sock_timeouts(v->ch.fd, a->timeout_ms);
   }
-  if (kvx_handshake_server(v->fd, a->secret, a->secret_len, a->timeout_ms, v->peer, why, sizeof why)) {
+  // Sealed through the tcp listener when this agent seals; a unix socket stays on this host and user: plain.
+  int seal = v->ls == KVX_LS_TCP && a->seal;
+  if (kvx_handshake_server(&v->ch, a->secret, a->secret_len, seal, a->timeout_ms, v->peer, why, sizeof why)) {
     if (!a->closing) kvx_auth_refused(a, "%s: refused connection from %s: %s", ls_name(v->ls), who, why);
     return 0;
   }
@@ -205,7 +218,9 @@ static void *serve_main(void *p) {
   free(p);
   kvx_listener *l = s.l;
   kvx_agent *a = l->a;
-  kvx_srv v = {.a = a, .fd = s.c->fd, .ls = l->kind, .peer = "?"};
+  kvx_srv v = {.a = a, .ls = l->kind, .peer = "?"};
+  kvx_ch_init(&v.ch, s.c->fd);
+  v.ch.fails = &a->auth_failures;
   v.nbuf = malloc(KVX_MAX_NOTIF);
   v.rbuf = malloc(KVX_SRV_RBUF);
   if (v.nbuf && v.rbuf && prove(&v, s.from)) serve_frames(&v);
@@ -213,6 +228,7 @@ static void *serve_main(void *p) {
     if (v.state[i] && a->table[i]->serve_end) a->table[i]->serve_end(a, v.state[i]);
   free(v.nbuf);
   free(v.rbuf);
+  kvx_ch_free(&v.ch);
   pthread_mutex_lock(&l->mu);
   for (lconn **pp = &l->conns; *pp; pp = &(*pp)->next)
     if (*pp == s.c) {

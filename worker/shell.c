@@ -33,6 +33,7 @@ static int open_kvx(wrk_shell *sh, char *err, size_t errlen) {
                 .listen_host = wc->kvx_host[0] ? wc->kvx_host : wc->host,
                 .listen_port = wc->kvx_port,
                 .secret = sh->cfg->secret,
+                .plaintext = wc->kvx_plaintext,
                 .cuda_device = strncmp(wc->device, "cuda:", 5) ? 0 : atoi(wc->device + 5)};
   sh->kvx = kvx_agent_new(wc->name, &o, err, errlen);
   if (!sh->kvx) return -1;

@@ -88,7 +88,6 @@ static int run_group(nccl_side *s, int send, const kvx_vdesc *d, size_t n, int o
 static int nccl_serve(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
   kvx_agent *a = v->a;
   const char *peer = v->peer;
-  int fd = v->fd;
   void **state = &v->state[KVX_BE_NCCL];
   int to = a->timeout_ms;
   if (h->op == KVX_F_NCCL_INIT) {
@@ -110,7 +109,7 @@ static int nccl_serve(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
       return KVX_SRV_REFUSE;
     }
     *state = s;
-    if (kvx_send_frame(fd, KVX_F_ACK, 0, h->req, 0, 0, 0, NULL, 0, to)) {
+    if (kvx_send_frame(&v->ch, KVX_F_ACK, 0, h->req, 0, 0, 0, NULL, 0, to)) {
       utl_seterr(why, cap, "nccl: could not answer the communicator frame");
       return KVX_SRV_LOST;
     }
@@ -143,7 +142,7 @@ static int nccl_serve(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
     }
   }
   // Ready: the initiator posts its side only after this, so a refused request never leaves it blocked in NCCL.
-  if (kvx_send_frame(fd, KVX_F_ACK, 0, h->req, 0, 0, 0, NULL, 0, to)) {
+  if (kvx_send_frame(&v->ch, KVX_F_ACK, 0, h->req, 0, 0, 0, NULL, 0, to)) {
     pthread_rwlock_unlock(&a->reg_lock);
     free(buf);
     utl_seterr(why, cap, "nccl: could not answer the transfer frame");
@@ -156,7 +155,7 @@ static int nccl_serve(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
   if (!rc && h->addr) kvx_push_notif(a, peer, buf + n * sizeof(kvx_vdesc), nl);
   free(buf);
   if (rc) return KVX_SRV_LOST;  // the initiator is inside its group: only closing tells it
-  if (kvx_send_frame(fd, KVX_F_ACK, 0, h->req, 0, 0, 0, NULL, 0, to)) {
+  if (kvx_send_frame(&v->ch, KVX_F_ACK, 0, h->req, 0, 0, 0, NULL, 0, to)) {
     utl_seterr(why, cap, "nccl: could not acknowledge request %" PRIu64, h->req);
     return KVX_SRV_LOST;
   }
@@ -176,7 +175,7 @@ static const kvx_frame nccl_frames[] = {{KVX_F_NCCL_INIT, nccl_serve}, {KVX_F_NC
 // detected by kvxfer's timeout (NCCL has none by default). The communicator is the connection's (c->priv).
 static int wait_ack(kvx_conn *c, uint64_t id) {
   kvx_hdr h;
-  return kvx_recv_all(c->fd, &h, sizeof h, c->a->timeout_ms, 0) || h.magic != KVX_FRAME_MAGIC || h.op != KVX_F_ACK ||
+  return kvx_recv_all(&c->ch, &h, sizeof h, c->a->timeout_ms, 0) || h.magic != KVX_FRAME_MAGIC || h.op != KVX_F_ACK ||
                  h.req != id
              ? -1
              : 0;
@@ -189,7 +188,7 @@ static int nccl_open(kvx_conn *c, char *why, size_t cap) {
   nccl_side *s = calloc(1, sizeof *s);
   c->priv = s;
   int ok = s && r == ncclSuccess &&
-           !kvx_send_frame(c->fd, KVX_F_NCCL_INIT, 0, 0, 0, sizeof id, 0, &id, sizeof id, a->timeout_ms);
+           !kvx_send_frame(&c->ch, KVX_F_NCCL_INIT, 0, 0, 0, sizeof id, 0, &id, sizeof id, a->timeout_ms);
   if (ok) {
     cudaSetDevice(a->cuda_device);
     r = ncclCommInitRank(&s->comm, 2, id, 0);
@@ -222,7 +221,7 @@ static int nccl_run(kvx_conn *c, kvx_xfer *x, char *why, size_t cap) {
   }
   if (x->notif_len) memcpy(buf + dl, x->notif, x->notif_len);
   // The receiver posts matching recvs (or sends, for READ) when this frame arrives; we run ours at once.
-  int rc = kvx_send_frame(c->fd, KVX_F_NCCL_XFER, (uint16_t)x->op, x->id, (uint64_t)x->has_notif, dl + x->notif_len,
+  int rc = kvx_send_frame(&c->ch, KVX_F_NCCL_XFER, (uint16_t)x->op, x->id, (uint64_t)x->has_notif, dl + x->notif_len,
                           x->n_segs, buf, dl + x->notif_len, to)
                ? -2
                : 0;

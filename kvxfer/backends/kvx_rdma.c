@@ -268,7 +268,6 @@ static int serve_qp(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
   kvx_agent *a = v->a;
   rdma_state *st = a->be_state[KVX_BE_RDMA];
   const char *peer = v->peer;
-  int fd = v->fd;
   kvx_rdma_qpinfo in, me;
   if (h->len != sizeof in) {
     utl_seterr(why, cap, "rdma: malformed queue pair frame (%" PRIu64 " bytes)", h->len);
@@ -291,7 +290,7 @@ static int serve_qp(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
   my_info(st, q->qp, &me);
   int ok = connect_qp(st, q->qp, &me, &in) == 0;
   for (int i = 0; ok && i < RDMA_RECVS; i++) ok = post_recv(q->qp, (uint64_t)i) == 0;
-  if (!ok || kvx_send_frame(fd, KVX_F_RDMA_QP, 0, h->req, 0, sizeof me, 0, &me, sizeof me, a->timeout_ms)) {
+  if (!ok || kvx_send_frame(&v->ch, KVX_F_RDMA_QP, 0, h->req, 0, sizeof me, 0, &me, sizeof me, a->timeout_ms)) {
     ibv_destroy_qp(q->qp);
     ibv_destroy_cq(q->cq);
     free(q);
@@ -366,9 +365,9 @@ static int rdma_open(kvx_conn *c, char *why, size_t cap) {
   kvx_rdma_qpinfo me, them;
   kvx_hdr h;
   my_info(st, r->qp, &me);
-  if (kvx_send_frame(c->fd, KVX_F_RDMA_QP, 0, 0, 0, sizeof me, 0, &me, sizeof me, to) ||
-      kvx_recv_all(c->fd, &h, sizeof h, to, 0) || h.magic != KVX_FRAME_MAGIC || h.op != KVX_F_RDMA_QP ||
-      h.len != sizeof them || kvx_recv_all(c->fd, &them, sizeof them, to, 0)) {
+  if (kvx_send_frame(&c->ch, KVX_F_RDMA_QP, 0, 0, 0, sizeof me, 0, &me, sizeof me, to) ||
+      kvx_recv_all(&c->ch, &h, sizeof h, to, 0) || h.magic != KVX_FRAME_MAGIC || h.op != KVX_F_RDMA_QP ||
+      h.len != sizeof them || kvx_recv_all(&c->ch, &them, sizeof them, to, 0)) {
     utl_seterr(why, cap, "queue pair exchange failed (peer without rdma?)");
     return -1;
   }

@@ -63,9 +63,9 @@ static int serve_fds(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
   int bad = 0;
   pthread_rwlock_rdlock(&a->reg_lock);
   for (kvx_region *r = a->regions; r && !bad; r = r->next)
-    if (r->priv[KVX_BE_SHM] && send_fd_frame(v->fd, r, r->priv[KVX_BE_SHM])) bad = 1;
+    if (r->priv[KVX_BE_SHM] && send_fd_frame(v->ch.fd, r, r->priv[KVX_BE_SHM])) bad = 1;
   pthread_rwlock_unlock(&a->reg_lock);
-  if (bad || kvx_send_frame(v->fd, KVX_F_FDS_END, 0, 0, 0, 0, 0, NULL, 0, a->timeout_ms)) {
+  if (bad || kvx_send_frame(&v->ch, KVX_F_FDS_END, 0, 0, 0, 0, 0, NULL, 0, a->timeout_ms)) {
     utl_seterr(why, cap, "could not pass region fds");
     return KVX_SRV_LOST;
   }
@@ -98,7 +98,7 @@ static void unmap_all(shm_maps *s) {
 static int fetch_maps(kvx_conn *c, char *why, size_t cap) {
   shm_maps *s = c->priv;
   unmap_all(s);
-  if (kvx_send_frame(c->fd, KVX_F_FDS_REQ, 0, 0, 0, 0, 0, NULL, 0, c->a->timeout_ms)) {
+  if (kvx_send_frame(&c->ch, KVX_F_FDS_REQ, 0, 0, 0, 0, 0, NULL, 0, c->a->timeout_ms)) {
     utl_seterr(why, cap, "send failed");
     return -1;
   }
@@ -112,7 +112,7 @@ static int fetch_maps(kvx_conn *c, char *why, size_t cap) {
     struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
     int rfd = -1;
     ssize_t r;
-    do r = recvmsg(c->fd, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    do r = recvmsg(c->ch.fd, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL);
     while (r < 0 && errno == EINTR);
     for (struct cmsghdr *cm = r >= 0 ? CMSG_FIRSTHDR(&m) : NULL; cm; cm = CMSG_NXTHDR(&m, cm))
       if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) memcpy(&rfd, CMSG_DATA(cm), sizeof(int));
@@ -174,7 +174,7 @@ static int shm_connect(kvx_conn *c, char *why, size_t cap) {
   }
   // The fd list is read with blocking recvmsg: bound it.
   struct timeval tv = {.tv_sec = c->a->timeout_ms / 1000, .tv_usec = (c->a->timeout_ms % 1000) * 1000};
-  setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(c->ch.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   return fetch_maps(c, why, cap);
 }
 

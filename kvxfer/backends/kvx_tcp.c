@@ -55,7 +55,7 @@ static int serve_one(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
   } else if (rc == KVX_SRV_OK) {
     kvx_hdr o = {.magic = KVX_FRAME_MAGIC, .op = KVX_F_READ_DATA, .req = h->req, .addr = 1, .len = h->len};
     iov[0] = (struct iovec){&o, sizeof o};
-    if ((rc = kvx_sendv_all(v->fd, iov, 2, a->timeout_ms))) rc = lost(rc, "read", why, cap);
+    if ((rc = kvx_sendv_all(&v->ch, iov, 2, a->timeout_ms))) rc = lost(rc, "read", why, cap);
   }
   pthread_rwlock_unlock(&a->reg_lock);
   return rc;
@@ -89,7 +89,7 @@ static int serve_vec(kvx_srv *v, const kvx_hdr *h, char *why, size_t cap) {
     if ((rc = kvx_srv_recvv(v, iov + 1, (int)n + 1, a->timeout_ms, 0))) rc = lost(rc, "write", why, cap);
   } else if (rc == KVX_SRV_OK) {  // READ_DATA with every payload in one send
     iov[0] = (struct iovec){&o, sizeof o};
-    if ((rc = kvx_sendv_all(v->fd, iov, (int)n + 1, a->timeout_ms))) rc = lost(rc, "read", why, cap);
+    if ((rc = kvx_sendv_all(&v->ch, iov, (int)n + 1, a->timeout_ms))) rc = lost(rc, "read", why, cap);
   }
   pthread_rwlock_unlock(&a->reg_lock);
   if (rc != KVX_SRV_OK || !end) return rc;
@@ -153,11 +153,11 @@ static int tcp_send(kvx_conn *c, kvx_xfer *x, int wait) {
     struct iovec *v = iov;
     k = kvx_iov_advance(&v, k, sent - at);
     if (wait) {
-      int rc = kvx_sendv_all(c->fd, v, k, c->a->timeout_ms);
+      int rc = kvx_sendv_all(&c->ch, v, k, c->a->timeout_ms);
       if (rc) return rc;
       sent = at + bytes;
     } else {
-      int64_t w = kvx_sendv_now(c->fd, v, k);
+      int64_t w = kvx_sendv_now(&c->ch, v, k);
       if (w < 0) return (int)w;
       sent += (uint64_t)w;
       if (sent < at + bytes) {
@@ -205,7 +205,7 @@ static int tcp_answer(kvx_conn *c, const kvx_hdr *h, char *why, size_t cap) {
     utl_seterr(why, cap, "read data that matches no outstanding read");
     return -1;
   }
-  int rc = kvx_recvv_all(c->fd, iov, (int)n, c->a->timeout_ms);
+  int rc = kvx_recvv_all(&c->ch, iov, (int)n, c->a->timeout_ms);
   x->cursor += n;
   kvx_xfer_unref(x);
   if (rc) utl_seterr(why, cap, "peer died mid-read (%s)", kvx_io_why(rc));

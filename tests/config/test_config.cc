@@ -459,7 +459,7 @@ TEST(Config, ValuesKept) {
                "prefix_fetch": true, "prefix_fetch_min_blocks": 2},
     "workers": [{"name": "a", "role": "prefill", "port": 0, "device": "cuda", "kv_budget_mb": 0.5, "cuda_graphs": "on",
                  "kv_type": "q8_0",
-                 "kvxfer": {"backend": "rdma", "host": "10.0.0.9", "port": 7000, "staging": "off"}},
+                 "kvxfer": {"backend": "rdma", "host": "10.0.0.9", "port": 7000, "staging": "off", "encrypt": false}},
                 {"name": "b", "role": "decode", "port": 0, "device": "cuda:3", "kernels": "avx512", "kv_type": "f32",
                  "tpot_target_ms": 95.5}]})");
   ASSERT_EQ(x.rc, 0) << x.err;
@@ -484,6 +484,8 @@ TEST(Config, ValuesKept) {
   EXPECT_STREQ(cfg_role_name(c->workers[1].role), "decode");
   EXPECT_STREQ(c->workers[0].kvx_staging, "off");
   EXPECT_STREQ(c->workers[1].kvx_staging, "auto"); // the default
+  EXPECT_EQ(c->workers[0].kvx_plaintext, 1);       // kvxfer.encrypt false
+  EXPECT_EQ(c->workers[1].kvx_plaintext, 0);       // the default: sealed
   EXPECT_STREQ(c->workers[0].cuda_graphs, "on");
   EXPECT_STREQ(c->workers[1].cuda_graphs, "off"); // the default
   EXPECT_DOUBLE_EQ(c->workers[1].tpot_target_ms, 95.5);
@@ -588,6 +590,7 @@ const BadCase kBad[] = {
     {R"({"model": "m", "workers": [{"port": 1, "cuda_graphs": true}]})", "t.json: workers[0].cuda_graphs: expected a string"},
     {R"({"model": "m", "workers": [{"port": 1, "cuda_graphs": "yes"}]})", "t.json: workers[0].cuda_graphs: \"yes\" is not one of: off, on"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"staging": "yes"}}]})", "t.json: workers[0].kvxfer.staging: \"yes\" is not one of: auto, on, off"},
+    {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"encrypt": "no"}}]})", "t.json: workers[0].kvxfer.encrypt: expected true or false, got a string"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"port": 65536}}]})", "t.json: workers[0].kvxfer.port: expected an integer 0..65535"},
     {R"({"model": "m", "workers": [{"port": 1, "host": ""}]})", "t.json: workers[0].host: must not be empty"},
     {R"({"model": "m", "workers": [{"port": 9000}, {"port": 9000}]})", "t.json: workers[1].port: 9000 on 127.0.0.1 is already used by workers[0].port"},

@@ -30,7 +30,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
   char err[256];
-  kvx_opts o = {.backend = "tcp", .listen_host = "127.0.0.1", .timeout_ms = 500, .secret = SECRET, .log = quiet};
+  // Plain: the frames are decoded above the record layer, and the fuzzer writes them as they are.
+  kvx_opts o = {.backend = "tcp", .listen_host = "127.0.0.1", .timeout_ms = 500, .secret = SECRET, .log = quiet,
+                .plaintext = 1};
   g_agent = kvx_agent_new("fuzz-rx", &o, err, sizeof err);
   if (!g_agent) {
     fprintf(stderr, "fuzz_kvxfer: kvx_agent_new: %s\n", err);
@@ -110,7 +112,9 @@ static void send_frames(const uint8_t *wire, size_t n) {
     fprintf(stderr, "fuzz_kvxfer: connect: %s\n", err);
     abort();
   }
-  if (kvx_handshake_client(fd, "fuzz-tx", SECRET, strlen(SECRET), 2000, err, sizeof err) != 0) {
+  kvx_chan ch;
+  kvx_ch_init(&ch, fd);
+  if (kvx_handshake_client(&ch, "fuzz-tx", SECRET, strlen(SECRET), 0, 2000, err, sizeof err) != 0) {
     fprintf(stderr, "fuzz_kvxfer: handshake: %s\n", err);
     abort();
   }

@@ -42,10 +42,12 @@ struct LogCap {
   }
 };
 
+// plaintext: the agent does not seal its tcp connections (kvx_opts.plaintext).
 inline kvx_agent *agent(const char *name, const char *backend, LogCap *log = nullptr, const char *secret = "s3cret",
-                        int timeout_ms = 3000, const char *host = nullptr) {
+                        int timeout_ms = 3000, const char *host = nullptr, bool plaintext = false) {
   kvx_opts o = {};
   o.backend = backend;
+  o.plaintext = plaintext;
   o.secret = secret;
   o.timeout_ms = timeout_ms;
   o.listen_host = host;

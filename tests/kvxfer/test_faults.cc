@@ -239,7 +239,7 @@ struct CutProxy {
               moved = cut;
               break;
             }
-            kvx_send_all(p[1 - k].fd, buf.data(), (size_t)n, 2000);
+            kvx_fd_send_all(p[1 - k].fd, buf.data(), (size_t)n, 2000);
             if (k == 0) moved += (size_t)n;
           }
       }

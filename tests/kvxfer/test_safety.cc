@@ -55,9 +55,12 @@ TEST(KvxAuth, EmptySecretHandshakeRefusesLocally) {
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
   char err[256], peer[KVX_MAX_NAME];
-  EXPECT_EQ(kvx_handshake_client(sv[0], "c", "", 0, 500, err, sizeof err), -1);
+  kvx_chan c0, c1;
+  kvx_ch_init(&c0, sv[0]);
+  kvx_ch_init(&c1, sv[1]);
+  EXPECT_EQ(kvx_handshake_client(&c0, "c", "", 0, 1, 500, err, sizeof err), -1);
   EXPECT_NE(std::string(err).find("no shared secret"), std::string::npos) << err;
-  EXPECT_EQ(kvx_handshake_server(sv[1], "", 0, 500, peer, err, sizeof err), -1);
+  EXPECT_EQ(kvx_handshake_server(&c1, "", 0, 1, 500, peer, err, sizeof err), -1);
   EXPECT_NE(std::string(err).find("no shared secret"), std::string::npos) << err;
   close(sv[0]);
   close(sv[1]);
@@ -73,22 +76,23 @@ TEST(KvxAuth, EmptyKeyClientIsRefusedAndCounted) {
   int fd = kvx_tcp_connect("127.0.0.1", kvx_agent_port(b), 2000, err, sizeof err);
   ASSERT_GE(fd, 0) << err;
   uint8_t g[36];
-  ASSERT_EQ(kvx_recv_all(fd, g, sizeof g, 2000, 0), 0);
-  uint8_t out[4 + 2 + 8 + 64], nc[32] = {7};
+  ASSERT_EQ(kvx_fd_recv_all(fd, g, sizeof g, 2000, 0), 0);
+  uint8_t out[4 + 2 + 8 + 65], nc[32] = {7}, seal = 1;
   const char *name = "attacker";
-  uint32_t magic = 0x4358564bu;
+  uint32_t magic = 0x3243564bu;  // "KVC2": handshake version 2
   uint16_t nl = (uint16_t)strlen(name);
   size_t o = 0;
   memcpy(out + o, &magic, 4), o += 4;
   memcpy(out + o, &nl, 2), o += 2;
   memcpy(out + o, name, nl), o += nl;
   memcpy(out + o, nc, 32), o += 32;
-  const void *parts[4] = {"kvx-client", g + 4, nc, name};
-  size_t lens[4] = {10, 32, 32, nl};
-  utl_hmac_sha256("", 0, parts, lens, 4, out + o), o += 32;
-  ASSERT_EQ(kvx_send_all(fd, out, o, 2000), 0);
-  uint8_t resp[40];
-  ASSERT_EQ(kvx_recv_all(fd, resp, sizeof resp, 2000, 0), 0);
+  out[o++] = seal;
+  const void *parts[5] = {"kvx-client-2", g + 4, nc, name, &seal};
+  size_t lens[5] = {12, 32, 32, nl, 1};
+  utl_hmac_sha256("", 0, parts, lens, 5, out + o), o += 32;
+  ASSERT_EQ(kvx_fd_send_all(fd, out, o, 2000), 0);
+  uint8_t resp[44];
+  ASSERT_EQ(kvx_fd_recv_all(fd, resp, sizeof resp, 2000, 0), 0);
   uint32_t st;
   memcpy(&st, resp + 4, 4);
   EXPECT_EQ(st, 1u); // refused
@@ -101,11 +105,15 @@ TEST(KvxAuth, EmptyKeyClientIsRefusedAndCounted) {
 }
 
 // ---- raw frames against a tcp agent ----
+// A plain connection (the victims below do not seal): frames are checked above the record layer, and a raw
+// client writes them as they are.
 int raw_client(int port, const char *secret) {
   char err[256];
   int fd = kvx_tcp_connect("127.0.0.1", port, 2000, err, sizeof err);
   if (fd < 0) return -1;
-  if (secret && kvx_handshake_client(fd, "raw", secret, strlen(secret), 2000, err, sizeof err)) {
+  kvx_chan ch;
+  kvx_ch_init(&ch, fd);
+  if (secret && kvx_handshake_client(&ch, "raw", secret, strlen(secret), 0, 2000, err, sizeof err)) {
     close(fd);
     return -1;
   }
@@ -133,8 +141,8 @@ bool closed_by_agent(int fd, int ms, std::string *reason) {
 void send_hdr(int fd, uint16_t op, uint64_t addr, uint64_t len, uint64_t key, const void *payload = nullptr,
               size_t plen = 0, uint32_t magic = KVX_FRAME_MAGIC) {
   kvx_hdr h = {magic, op, 0, 1, addr, len, key};
-  kvx_send_all(fd, &h, sizeof h, 1000);
-  if (plen) kvx_send_all(fd, payload, plen, 1000);
+  kvx_fd_send_all(fd, &h, sizeof h, 1000);
+  if (plen) kvx_fd_send_all(fd, payload, plen, 1000);
 }
 
 struct Victim {
@@ -145,7 +153,7 @@ struct Victim {
   const size_t R = 65536;
   uint64_t lo = 0, key = 0;
   Victim() {
-    b = agent("victim", "tcp", &log);
+    b = agent("victim", "tcp", &log, "s3cret", 3000, nullptr, true);  // plain: raw clients write frames as they are
     mem.resize(3 * R);
     fill(mem.data(), mem.size(), 42);
     ref = mem;
@@ -194,20 +202,20 @@ TEST(KvxBadFrames, CraftedFramesAreRefusedAndWriteNothing) {
   // Truncated header, then the peer vanishes: nothing written.
   int fd = raw_client(port, "s3cret");
   kvx_hdr h = {KVX_FRAME_MAGIC, KVX_F_WRITE, 0, 1, lo, 100, key};
-  kvx_send_all(fd, &h, 20, 1000);
+  kvx_fd_send_all(fd, &h, 20, 1000);
   close(fd);
   // A header that promises 100 bytes, followed by fewer, then close: only what arrived may land, in range.
   // Garbage instead of the client's hello is refused. First the agent's greeting (kvx_wire.c's handshake): the
-  // server magic "KVXH" (0x4858564b, host order) and a 32-byte random nonce; then 200 bytes of junk as our hello.
+  // server magic "KVH2" (0x3248564b, host order) and a 32-byte random nonce; then 200 bytes of junk as our hello.
   fd = raw_client(port, nullptr);
   ASSERT_GE(fd, 0);
   uint8_t greeting[36];
   ASSERT_TRUE(read_all(fd, greeting, sizeof greeting, 3000)) << "the agent sent no 36-byte greeting";
   uint32_t magic;
   memcpy(&magic, greeting, 4);
-  EXPECT_EQ(magic, 0x4858564bu) << "the greeting does not start with the server handshake magic";
+  EXPECT_EQ(magic, 0x3248564bu) << "the greeting does not start with the server handshake magic";
   EXPECT_NE(std::vector<uint8_t>(greeting + 4, greeting + 36), std::vector<uint8_t>(32, 0)) << "an all-zero nonce";
-  kvx_send_all(fd, junk.data(), 200, 1000);
+  kvx_fd_send_all(fd, junk.data(), 200, 1000);
   EXPECT_TRUE(closed_by_agent(fd, 3000));
   close(fd);
   for (int i = 0; i < 50 && !v.log.has("malformed client hello"); i++) usleep(10000);
@@ -220,7 +228,7 @@ TEST(KvxBadFrames, CraftedFramesAreRefusedAndWriteNothing) {
   send_hdr(fd, KVX_F_WRITE, lo + 100, 256, key, good.data(), 256);
   send_hdr(fd, KVX_F_WRITE_END, 0, 0, 0);
   kvx_hdr ack;
-  ASSERT_EQ(kvx_recv_all(fd, &ack, sizeof ack, 3000, 0), 0);
+  ASSERT_EQ(kvx_fd_recv_all(fd, &ack, sizeof ack, 3000, 0), 0);
   EXPECT_EQ(ack.op, KVX_F_ACK);
   close(fd);
   EXPECT_EQ(memcmp(v.mem.data() + v.R + 100, good.data(), 256), 0);
@@ -228,7 +236,7 @@ TEST(KvxBadFrames, CraftedFramesAreRefusedAndWriteNothing) {
   EXPECT_TRUE(v.unchanged());
 
   // And a real agent still gets served.
-  kvx_agent *a = agent("good", "tcp");
+  kvx_agent *a = agent("good", "tcp", nullptr, "s3cret", 3000, nullptr, true);
   std::vector<uint8_t> src(v.R);
   fill(src.data(), src.size(), 3);
   kvx_region *rs;
@@ -250,10 +258,10 @@ TEST(KvxBadFrames, CraftedFramesAreRefusedAndWriteNothing) {
 void send_vec(int fd, uint16_t op, uint16_t flags, const std::vector<kvx_vdesc> &d, uint64_t len,
               const std::string &notif = "", const uint8_t *payload = nullptr, size_t plen = 0) {
   kvx_hdr h = {KVX_FRAME_MAGIC, op, flags, 9, d.size(), len, notif.size()};
-  kvx_send_all(fd, &h, sizeof h, 1000);
-  if (!d.empty()) kvx_send_all(fd, d.data(), d.size() * sizeof d[0], 1000);
-  if (plen) kvx_send_all(fd, payload, plen, 1000);
-  if (!notif.empty()) kvx_send_all(fd, notif.data(), notif.size(), 1000);
+  kvx_fd_send_all(fd, &h, sizeof h, 1000);
+  if (!d.empty()) kvx_fd_send_all(fd, d.data(), d.size() * sizeof d[0], 1000);
+  if (plen) kvx_fd_send_all(fd, payload, plen, 1000);
+  if (!notif.empty()) kvx_fd_send_all(fd, notif.data(), notif.size(), 1000);
 }
 
 // A descriptor list is checked whole before a byte lands: one bad descriptor refuses the good ones with it.
@@ -315,7 +323,7 @@ TEST(KvxBadFrames, VectorFramesAreCheckedWhole) {
   send_vec(fd, KVX_F_WRITEV, 0, good2, 200, "", pay.data(), 200);
   send_vec(fd, KVX_F_WRITEV, END | KVX_FL_NOTIF, {{lo + 5000, 100, key}}, 100, "vn", pay.data() + 200, 100);
   kvx_hdr ack;
-  ASSERT_EQ(kvx_recv_all(fd, &ack, sizeof ack, 3000, 0), 0);
+  ASSERT_EQ(kvx_fd_recv_all(fd, &ack, sizeof ack, 3000, 0), 0);
   EXPECT_EQ(ack.op, KVX_F_ACK);
   EXPECT_EQ(ack.req, 9u);
   EXPECT_EQ(memcmp(v.mem.data() + R, pay.data(), 100), 0);
@@ -326,15 +334,15 @@ TEST(KvxBadFrames, VectorFramesAreCheckedWhole) {
   EXPECT_EQ(ns[0], "vn");
   send_vec(fd, KVX_F_READV, END, {{lo + 5000, 100, key}, {lo, 100, key}}, 200);
   kvx_hdr rd;
-  ASSERT_EQ(kvx_recv_all(fd, &rd, sizeof rd, 3000, 0), 0);
+  ASSERT_EQ(kvx_fd_recv_all(fd, &rd, sizeof rd, 3000, 0), 0);
   EXPECT_EQ(rd.op, KVX_F_READ_DATA);
   EXPECT_EQ(rd.addr, 2u);
   ASSERT_EQ(rd.len, 200u);
   std::vector<uint8_t> back(200);
-  ASSERT_EQ(kvx_recv_all(fd, back.data(), back.size(), 3000, 0), 0);
+  ASSERT_EQ(kvx_fd_recv_all(fd, back.data(), back.size(), 3000, 0), 0);
   EXPECT_EQ(memcmp(back.data(), pay.data() + 200, 100), 0);
   EXPECT_EQ(memcmp(back.data() + 100, pay.data(), 100), 0);
-  ASSERT_EQ(kvx_recv_all(fd, &ack, sizeof ack, 3000, 0), 0);
+  ASSERT_EQ(kvx_fd_recv_all(fd, &ack, sizeof ack, 3000, 0), 0);
   EXPECT_EQ(ack.op, KVX_F_ACK);
   close(fd);
 }
@@ -361,8 +369,8 @@ TEST(KvxBadFrames, RandomFramesNeverTouchMemory) {
     h.len = (i % 2) ? rng() : (rng() % 100000) | (1u << 17);
     h.key = rng();
     if (h.key == v.key) h.key ^= 1;
-    kvx_send_all(fd, &h, sizeof h, 1000);
-    kvx_send_all(fd, junk.data(), rng() % junk.size(), 1000);
+    kvx_fd_send_all(fd, &h, sizeof h, 1000);
+    kvx_fd_send_all(fd, junk.data(), rng() % junk.size(), 1000);
     EXPECT_TRUE(closed_by_agent(fd, 3000)) << "frame " << i << " op " << h.op;
     close(fd);
     ASSERT_TRUE(v.unchanged()) << "random frame " << i << " changed memory";
@@ -371,7 +379,7 @@ TEST(KvxBadFrames, RandomFramesNeverTouchMemory) {
   for (int i = 0; i < 10; i++) {
     int fd = raw_client(port, nullptr);
     for (auto &c : junk) c = (uint8_t)rng();
-    kvx_send_all(fd, junk.data(), 1 + rng() % 512, 1000);
+    kvx_fd_send_all(fd, junk.data(), 1 + rng() % 512, 1000);
     EXPECT_TRUE(closed_by_agent(fd, 3000));
     close(fd);
   }
@@ -442,7 +450,7 @@ TEST(KvxShm, AnotherUserIsRefused) {
   memcpy(sa.sun_path, path, strlen(path) + 1);
   ASSERT_EQ(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0) << path << ": " << strerror(errno);
   uint8_t greet[36];
-  EXPECT_NE(kvx_recv_all(fd, greet, sizeof greet, 3000, 0), 0) << "an agent greeted another user";
+  EXPECT_NE(kvx_fd_recv_all(fd, greet, sizeof greet, 3000, 0), 0) << "an agent greeted another user";
   close(fd);
   ASSERT_EQ(write(down[1], "g", 1), 1);
   uint64_t n = 0;
