@@ -8,7 +8,10 @@
 #   SERVERS="llama.cpp dserve dserve-1p1d" (also dserve-tpot: configs/local.json with tpot_target_ms=TPOT_TARGET_MS,
 #   and dserve-tpotMS, e.g. dserve-tpot200: the same with tpot_target_ms=MS; dserve-1p1d-always and
 #   dserve-1p1d-never: configs/1p1d.json with every prompt handed off, or none: dserve-1p1d follows its policy;
-#   dserve-chunkN, e.g. dserve-chunk512: configs/local.json with max_batch_tokens=N, the prefill chunk)
+#   dserve-chunkN, e.g. dserve-chunk512: configs/local.json with max_batch_tokens=N, the prefill chunk;
+#   dserve-1p1d-tcp and dserve-1p1d-tcp-plain: configs/1p1d.json over kvxfer tcp, KV sealed (the default) or not
+#   (kvxfer.encrypt false); dserve-1p1d-tcp-base: the same config run by BASE_BIN, a build from before sealing, so
+#   nothing is sealed: the cost of sealing is dserve-1p1d-tcp against it)
 #   TPOT_TARGET_MS=100  HEALTH_TIMEOUT=120  REQ_TIMEOUT=120
 #   RUN_LIMIT=180 (s per loadgen run; requests still in flight then count as timeouts)  DSERVE_BIN=build/dserve
 #   LLAMA_PORT=18480  LLAMA_THREADS=2  LLAMA_NP=8 (llama-server slots)  LLAMA_CTX_PER_SLOT=1024
@@ -38,6 +41,7 @@ HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-120}
 REQ_TIMEOUT=${REQ_TIMEOUT:-120}
 RUN_LIMIT=${RUN_LIMIT:-180}
 DSERVE_BIN=${DSERVE_BIN:-build/dserve}
+BASE_BIN=${BASE_BIN:-}
 LLAMA_PORT=${LLAMA_PORT:-18480}
 LLAMA_THREADS=${LLAMA_THREADS:-2}
 LLAMA_NP=${LLAMA_NP:-8}
@@ -143,7 +147,10 @@ for kv in sets:
     key, val = kv.split("=", 1)
     section, name = key.split(".", 1)
     for obj in (c["workers"] if section == "workers" else [c.setdefault(section, {})]):
-        obj[name] = json.loads(val)
+        *path, last = name.split(".")  # workers.kvxfer.backend: a key inside each worker's kvxfer object
+        for p in path:
+            obj = obj.setdefault(p, {})
+        obj[last] = json.loads(val)
 json.dump(c, open(dst, "w"), indent=1)
 EOF
 }
@@ -223,8 +230,9 @@ for srv in $SERVERS; do
       fi
       stop_server
       ;;
-    dserve|dserve-1p1d|dserve-1p1d-always|dserve-1p1d-never|dserve-tpot|dserve-tpot[0-9]*|dserve-chunk[0-9]*)
+    dserve|dserve-1p1d|dserve-1p1d-always|dserve-1p1d-never|dserve-tpot|dserve-tpot[0-9]*|dserve-chunk[0-9]*|dserve-1p1d-tcp*)
       cfg=configs/local.json
+      bin=$DSERVE_BIN
       [ "$srv" = dserve-1p1d ] && cfg=configs/1p1d.json
       case $srv in
         dserve-tpot*)
@@ -244,15 +252,27 @@ for srv in $SERVERS; do
           cfg=$OUT/$srv.json
           derived_config configs/1p1d.json "$cfg" router.disagg_policy='"threshold"' router.disagg_threshold=1000000000
           ;;
+        dserve-1p1d-tcp|dserve-1p1d-tcp-base)
+          cfg=$OUT/$srv.json
+          derived_config configs/1p1d.json "$cfg" workers.kvxfer.backend='"tcp"'
+          if [ "$srv" = dserve-1p1d-tcp-base ]; then
+            [ -x "$BASE_BIN" ] || { log "$srv: BASE_BIN (a build from before sealing) is not set"; STATUS=1; continue; }
+            bin=$BASE_BIN
+          fi
+          ;;
+        dserve-1p1d-tcp-plain)
+          cfg=$OUT/$srv.json
+          derived_config configs/1p1d.json "$cfg" workers.kvxfer.backend='"tcp"' workers.kvxfer.encrypt=false
+          ;;
       esac
       case $cfg in # the MODEL knob: the repository's configs with the other model (derived ones have it already)
         configs/*) [ -n "${COMPARE_MODEL:-}" ] && derived_config "$cfg" "$OUT/$srv.json" && cfg=$OUT/$srv.json ;;
       esac
-      if [ ! -x "$DSERVE_BIN" ]; then
-        log "$srv: $DSERVE_BIN is not built; dserve did not become healthy (not started)"; STATUS=1; continue
+      if [ ! -x "$bin" ]; then
+        log "$srv: $bin is not built; dserve did not become healthy (not started)"; STATUS=1; continue
       fi
       url="http://127.0.0.1:$(config_port "$cfg")"
-      if start_server "$srv" "$url" "$DSERVE_BIN" launch --config "$cfg" --node local; then
+      if start_server "$srv" "$url" "$bin" launch --config "$cfg" --node local; then
         drive "$srv" "$url"
       else
         log "$srv: dserve did not become healthy"
@@ -261,7 +281,7 @@ for srv in $SERVERS; do
       stop_server
       ;;
     *)
-      log "unknown server '$srv' in SERVERS (known: llama.cpp dserve dserve-1p1d dserve-1p1d-always dserve-1p1d-never dserve-tpot dserve-tpotMS dserve-chunkN)"; STATUS=1
+      log "unknown server '$srv' in SERVERS (known: llama.cpp dserve dserve-1p1d dserve-1p1d-always dserve-1p1d-never dserve-tpot dserve-tpotMS dserve-chunkN dserve-1p1d-tcp dserve-1p1d-tcp-plain dserve-1p1d-tcp-base)"; STATUS=1
       ;;
   esac
 done

@@ -2,7 +2,7 @@
 # bench/disagg_bench.sh: TTFT through 1 prefill + 1 decode worker against the colocated worker (same run), plus KV bytes/transfer time per request.
 #
 # usage: bench/disagg_bench.sh [--dserve PATH] [--model GGUF] [--lengths "256 1024 2048"] [--requests N] [--threads T]
-#                               [--backend shm|tcp]
+#                               [--backend shm|tcp] [--against coloc|plain|base:DSERVE]
 # Starts two clusters with `dserve launch` on free loopback ports: "coloc" (one `both` worker) and "1p1d" (prefill p0 +
 # decode d0, disagg_threshold 0, kvxfer BACKEND), each worker with T threads. For each prompt length it sends N
 # sequential streaming /v1/completions requests to each, alternating (after one warm-up each), every prompt a fresh
@@ -13,6 +13,9 @@
 # "saved" column; use one length inside the window, e.g. --lengths "256 2048", for the all-layer figure)
 # (dserve:kv_transfer_bytes_total, dserve:kv_transfer_time_seconds_sum/_count: the decode worker's kv_ms, measured
 # from its receipt of the request to the handoff's completion, so it includes the prefill compute it overlaps).
+# --against plain: the reference is the same 1P1D cluster with kvxfer.encrypt false (KV bytes unsealed) instead of
+# the colocated worker; --against base:DSERVE: the same 1P1D config run by another binary (a build from before
+# sealing: nothing sealed). Then the ratio is the cost of sealing.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
@@ -22,6 +25,7 @@ model="$root/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf"
 requests=3
 threads=1
 backend=shm
+against=coloc
 while [ $# -gt 0 ]; do
   case "$1" in
     --dserve) dserve="$2"; shift 2 ;;
@@ -30,6 +34,7 @@ while [ $# -gt 0 ]; do
     --requests) requests="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --backend) backend="$2"; shift 2 ;;
+    --against) against="$2"; shift 2 ;;
     -h|--help) sed -n 2,16p "$0"; exit 0 ;;
     *) echo "disagg_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -37,10 +42,10 @@ done
 [ -x "$dserve" ] || { echo "disagg_bench.sh: no dserve binary at $dserve (build it or pass --dserve)" >&2; exit 1; }
 [ -f "$model" ] || { echo "disagg_bench.sh: the model $model is missing: run scripts/setup.sh" >&2; exit 1; }
 
-exec python3 - "$dserve" "$model" "$lengths" "$requests" "$threads" "$backend" <<'PY'
+exec python3 - "$dserve" "$model" "$lengths" "$requests" "$threads" "$backend" "$against" <<'PY'
 import json, os, random, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, time, http.client
 
-dserve, model, lengths, requests, threads, backend = sys.argv[1:7]
+dserve, model, lengths, requests, threads, backend, against = sys.argv[1:8]
 lengths = [int(x) for x in lengths.split()]
 requests, threads = int(requests), int(threads)
 
@@ -59,7 +64,7 @@ tmp = tempfile.mkdtemp(prefix="dserve-disagg-bench-")
 procs = []
 
 
-def launch(name, workers, threshold):
+def launch(name, workers, threshold, binary=None):
     ports = free_ports(1 + len(workers))
     for w, p in zip(workers, ports[1:]):
         w.update(port=p, threads=threads, kv_budget_mb=128)
@@ -68,7 +73,8 @@ def launch(name, workers, threshold):
     with open(path, "w") as f:
         json.dump(cfg, f)
     log = open(os.path.join(tmp, name + ".log"), "wb")
-    p = subprocess.Popen([dserve, "launch", "--config", path, "--node", "local"], stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen([binary or dserve, "launch", "--config", path, "--node", "local"], stdout=log,
+                         stderr=subprocess.STDOUT)
     procs.append(p)
     end = time.time() + 60
     while b"ready (" not in open(log.name, "rb").read():
@@ -123,9 +129,17 @@ def ttft(port, prompt):
 
 failed = 0
 try:
-    co = launch("coloc", [{"name": "w0", "role": "both"}], 1000000)
-    pd = launch("1p1d", [{"name": "p0", "role": "prefill", "kvxfer": {"backend": backend}},
-                         {"name": "d0", "role": "decode", "kvxfer": {"backend": backend}}], 0)
+    pair = lambda kvx: [{"name": "p0", "role": "prefill", "kvxfer": dict(kvx, backend=backend)},
+                        {"name": "d0", "role": "decode", "kvxfer": dict(kvx, backend=backend)}]
+    if against == "coloc":
+        co = launch("coloc", [{"name": "w0", "role": "both"}], 1000000)
+    elif against == "plain":
+        co = launch("plain", pair({"encrypt": False}), 0)
+    elif against.startswith("base:"):
+        co = launch("base", pair({}), 0, binary=against[5:])
+    else:
+        sys.exit("disagg_bench.sh: --against is coloc, plain or base:DSERVE, not '%s'" % against)
+    pd = launch("1p1d", pair({}), 0)
     rng = random.Random(1)
     fresh = lambda n: [rng.randrange(100, 49000) for _ in range(n)]
     for port in (co, pd):  # warm up (and wait until the router has its workers)
@@ -138,9 +152,11 @@ try:
                 if time.time() > end:
                     raise
                 time.sleep(0.2)
-    print("dserve disagg_bench: %s, 1 prefill + 1 decode (kvxfer %s) vs 1 colocated worker, %d thread(s) per worker, "
-          "%d requests per cell (median), max_tokens 1" % (os.path.basename(model), backend, threads, requests))
-    print("%8s %12s %12s %8s %12s %12s %10s %12s %7s" % ("prompt", "coloc ms", "1p1d ms", "ratio", "KV MiB/req",
+    ref = {"coloc": "1 colocated worker", "plain": "the same pair with kvxfer.encrypt false"}.get(
+        against, "the same pair run by " + against[5:])
+    print("dserve disagg_bench: %s, 1 prefill + 1 decode (kvxfer %s) vs %s, %d thread(s) per worker, "
+          "%d requests per cell (median), max_tokens 1" % (os.path.basename(model), backend, ref, threads, requests))
+    print("%8s %12s %12s %8s %12s %12s %10s %12s %7s" % ("prompt", against.split(":")[0] + " ms", "1p1d ms", "ratio", "KV MiB/req",
                                                          "xfer ms/req", "xfer/ttft", "KiB/block", "saved"))
     rows = []
     for n in lengths:

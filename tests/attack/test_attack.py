@@ -95,13 +95,16 @@ def control_attack(port, first):
 
 
 # ---- kvxfer's handshake, spoken by hand (kvxfer/kvx_wire.c) ----
-HS_S, HS_C, HS_R, FRAME = 0x4858564B, 0x4358564B, 0x5358564B, 0x4658564B
+# Version 2: "KVH2" greeting, "KVC2" hello with the seal setting, "KVS2" reply of 44 bytes.
+HS_S, HS_C, HS_R, FRAME = 0x3248564B, 0x3243564B, 0x3253564B, 0x4658564B
+HS_REPLY = 44
 
 
-def kvx_client_hello(nonce_s, key, name=b"attacker"):
+def kvx_client_hello(nonce_s, key, name=b"attacker", seal=1):
     nc = os.urandom(32)
-    mac = hmac.new(key, b"kvx-client" + nonce_s + nc + name, hashlib.sha256).digest()
-    return struct.pack("<IH", HS_C, len(name)) + name + nc + mac
+    sc = bytes([seal])
+    mac = hmac.new(key, b"kvx-client-2" + nonce_s + nc + name + sc, hashlib.sha256).digest()
+    return struct.pack("<IH", HS_C, len(name)) + name + nc + sc + mac
 
 
 def kvx_attack(sock, key=None, frame=None):
@@ -113,7 +116,7 @@ def kvx_attack(sock, key=None, frame=None):
         return False, None, True
     try:
         sock.sendall(frame if frame is not None else kvx_client_hello(g[4:], key))
-        r = recv_exact(sock, 40)
+        r = recv_exact(sock, HS_REPLY)
     except (ConnectionResetError, BrokenPipeError):
         r = None
     status = None if r is None else struct.unpack("<II", r[:8])[1]
