@@ -4,6 +4,7 @@
 
 #include "ctl/secret.h"
 #include "kernels/krn.h"
+#include "util/json.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -435,9 +436,6 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, cfg_cluste
       rc = cfg_fail(x, np, "not a valid node name (1..63 of A-Z a-z 0-9 _ . -)");
       break;
     }
-    for (const cJSON *jt = it->next; jt && !rc; jt = jt->next)
-      if (!strcmp(jt->string, it->string)) rc = cfg_fail(x, np, "duplicate node");
-    if (rc) break;
     if (!cJSON_IsObject(it)) {
       rc = cfg_fail(x, np, "expected an object, got %s", cfg_type_name(it));
       break;
@@ -521,6 +519,17 @@ int cfg_parse(const char *json, size_t len, const char *path_for_errors, cfg_clu
   if (!out) return cfg_fail(&x, NULL, "no output pointer");
   *out = NULL;
   if (!json) return cfg_fail(&x, NULL, "no text");
+  // a key twice (cJSON keeps the first, a reader of the file the last), nesting past the limit, a lone surrogate,
+  // a NUL or a malformed number: refused where it is, by the pre-pass every JSON input goes through (util/json.h)
+  utl_json_issue is;
+  int bad = utl_json_check(json, len, CJSON_NESTING_LIMIT, &is);
+  if (bad < 0) return cfg_fail(&x, NULL, "out of memory");
+  if (bad) {
+    int line, col;
+    cfg_where(json, len, is.at, &line, &col);
+    return cfg_fail(&x, is.path[0] ? is.path : NULL, "%s (line %d, column %d)",
+                    is.what == UTL_JSON_DUP_KEY ? "duplicate key" : utl_json_problem_name(is.what), line, col);
+  }
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
   if (!root) {

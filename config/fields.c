@@ -35,7 +35,7 @@ const char *cfg_type_name(const cJSON *v) {
   return "an invalid value";
 }
 
-// Every key of obj must be in allowed (NULL-terminated) and appear once.
+// Every key of obj must be in allowed (NULL-terminated); that none appears twice cfg_parse's pre-pass checked.
 int cfg_check_keys(cfg_ctx *x, const cJSON *obj, const char *path, const char *const *allowed) {
   char field[256];
   for (const cJSON *it = obj->child; it; it = it->next) {
@@ -50,8 +50,6 @@ int cfg_check_keys(cfg_ctx *x, const cJSON *obj, const char *path, const char *c
         n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", a == allowed ? "" : ", ", *a);
       return cfg_fail(x, field, "unknown key (allowed: %s)", list);
     }
-    for (const cJSON *jt = it->next; jt; jt = jt->next)
-      if (!strcmp(jt->string, it->string)) return cfg_fail(x, field, "duplicate key");
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "config/config_int.h"
+#include "util/json.h"
 
 // The keys whose string values are paths (resolved against the config file's folder, as cfg_parse does).
 static const char *const PATH_KEYS[] = {"model", "secret_file", "router.api_keys_file", "workers.*.prefix_disk_path",
@@ -114,7 +115,8 @@ int cfg_effective_json(const char *path, const char *base_json, const cfg_set *s
     }
     len = strlen(text);
   }
-  cJSON *root = cJSON_ParseWithLength(text, len);
+  utl_json_issue is; // what the pre-pass finds, cfg_parse below reports with its place
+  cJSON *root = utl_json_check(text, len, CJSON_NESTING_LIMIT, &is) == 0 ? cJSON_ParseWithLength(text, len) : NULL;
   if (!root || !cJSON_IsObject(root)) {
     cJSON_Delete(root);
     cfg_cluster *c = NULL; // cfg_parse of the same text says where it breaks (line and column)

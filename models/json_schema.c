@@ -2,14 +2,17 @@
 //
 // The grammar generates a subset of the valid texts, never an invalid one: properties come in schema order (every
 // required one; optional ones may be left out) and no others, whitespace is bounded (models/json_rules.c), numbers
-// have at most 16 integer digits, enum and const values are written the one way cJSON prints them. So what a small
+// have at most 16 integer digits, enum and const values are written as the schema wrote them (a number's literal
+// kept exactly: models/json_lit.h). So what a small
 // model can write is narrower than what the schema allows, and always valid.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/json_lit.h"
 #include "models/json_schema_int.h"
+#include "util/json.h"
 #include "util/vec.h"
 
 #define MAX_DEPTH 64         // subschemas inside subschemas
@@ -146,24 +149,27 @@ static int get_types(mdl_js_ctx *c, const cJSON *s) {
   return mask;
 }
 
-// Whether JSON value v has one of the types in mask (0: any).
-static int type_ok(const cJSON *v, int mask) {
+// Whether JSON value v has one of the types in mask (0: any); -1 with the error recorded.
+static int type_ok(mdl_js_ctx *c, const cJSON *v, int mask) {
   if (!mask) return 1;
   if (cJSON_IsObject(v)) return mask & T_OBJECT;
   if (cJSON_IsArray(v)) return mask & T_ARRAY;
   if (cJSON_IsString(v)) return mask & T_STRING;
   if (cJSON_IsBool(v)) return mask & T_BOOLEAN;
   if (cJSON_IsNull(v)) return mask & T_NULL;
-  if (cJSON_IsNumber(v)) return (mask & T_NUMBER) || ((mask & T_INTEGER) && v->valuedouble == floor(v->valuedouble));
+  if (cJSON_IsNumber(v)) return (mask & T_NUMBER) ? 1 : (mask & T_INTEGER) ? mdl_js_num_is_int(c, v) : 0;
   return 0;
 }
 
-// enum / const: the values (of the allowed types; numbers within s's bounds) written as cJSON prints them.
+// enum / const: the values (of the allowed types; numbers within s's bounds) written as the schema wrote them.
 static int compile_enum(mdl_js_ctx *c, const cJSON *s, const cJSON *values, int single, int types) {
   int r = mdl_grammar_rule_new(c->b), n = 0;
   for (const cJSON *v = single ? values : values->child; v; v = single ? NULL : v->next) {
-    if (!type_ok(v, types) || (cJSON_IsNumber(v) && !mdl_js_num_in_bounds(s, v->valuedouble))) continue;
-    char *text = cJSON_PrintUnformatted(v);
+    int ok = type_ok(c, v, types);
+    if (ok > 0 && cJSON_IsNumber(v)) ok = mdl_js_num_in_bounds(c, s, v);
+    if (ok < 0) return -1;
+    if (!ok) continue;
+    char *text = mdl_json_print(v);
     if (!text) return INVALID(c, "out of memory");
     mdl_grammar_seq s = {0};
     mdl_js_lit(c, &s, text);
@@ -527,16 +533,30 @@ static int finish(mdl_js_ctx *c, int top, const char *what, mdl_grammar **out, c
   return 0;
 }
 
+// The schema or tools text (what) parsed with its numbers' literals kept (models/json_lit.h), after the one JSON
+// pre-pass (util/json.h): a duplicate key, a lone surrogate or a malformed number is refused, named, never parsed
+// into something else. NULL with err set.
+static cJSON *parse_text(const char *text, size_t len, const char *what, char *err, size_t errlen) {
+  utl_json_issue is;
+  int rc = utl_json_check(text, len, CJSON_NESTING_LIMIT, &is);
+  if (rc < 0) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  if (rc > 0) {
+    snprintf(err, errlen, "the %s is not valid JSON: %s at byte %zu%s%.100s", what, utl_json_problem_name(is.what),
+             is.at, is.path[0] ? ", at " : "", is.path);
+    return NULL;
+  }
+  cJSON *root = mdl_json_parse(text, len, NULL);
+  if (!root) snprintf(err, errlen, "the %s is not valid JSON", what);
+  return root;
+}
+
 int mdl_grammar_from_json_schema(const char *schema, size_t len, mdl_grammar **out, char *err, size_t errlen) {
   *out = NULL;
   cJSON *root = NULL;
-  if (schema) {
-    root = cJSON_ParseWithLength(schema, len);
-    if (!root) {
-      snprintf(err, errlen, "the schema is not valid JSON");
-      return -1;
-    }
-  }
+  if (schema && !(root = parse_text(schema, len, "schema", err, errlen))) return -1;
   mdl_js_ctx c = {.root = root, .err = err, .errlen = errlen, .ws = -1, .chr = -1, .chars = -1, .string = -1,
                   .number = -1, .integer = -1, .any = -1, .any_obj = -1};
   snprintf(c.path, sizeof c.path, "#");
@@ -608,7 +628,8 @@ int mdl_grammar_from_tool_calls(const char *tools, size_t len, const char *open,
     snprintf(err, errlen, "tool calls need tools and the call markup");
     return -1;
   }
-  cJSON *arr = cJSON_ParseWithLength(tools, len);
+  cJSON *arr = parse_text(tools, len, "tools", err, errlen);
+  if (!arr) return -1;
   if (!cJSON_IsArray(arr) || !arr->child) {
     cJSON_Delete(arr);
     snprintf(err, errlen, "tools must be a non-empty JSON array");

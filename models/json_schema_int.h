@@ -50,8 +50,11 @@ int mdl_js_is_num_keyword(const char *k);
 // The integer (integer 1) or number rule under s's numeric keywords (mdl_js_number when it has none); -1 with the
 // error recorded (unsatisfiable bounds: invalid; what the grammar cannot enforce: unsupported, naming the keyword).
 int mdl_js_number_bounded(mdl_js_ctx *c, const cJSON *s, int integer);
-// 1 when the number v satisfies s's numeric keywords (an enum / const value does).
-int mdl_js_num_in_bounds(const cJSON *s, double v);
+// 1 when the number node v satisfies s's numeric keywords (an enum / const value does), 0 when not, compared exactly
+// on the literals (models/json_lit.h); -1 with the error recorded when a value cannot be held exactly.
+int mdl_js_num_in_bounds(mdl_js_ctx *c, const cJSON *s, const cJSON *v);
+// 1 when the number node v is an integer (1.0 and 1e2 are), exactly; 0 when not; -1 with the error recorded.
+int mdl_js_num_is_int(mdl_js_ctx *c, const cJSON *v);
 // "{" ws "}" | "{" ws M (ws "," ws M)* ws "}", M = string ws ":" ws value: an object of any keys.
 int mdl_js_map(mdl_js_ctx *c, int value);
 // "[" ws "]" (min 0) | "[" ws item (ws "," ws item){min-1..max-1} ws "]" (max < 0: no bound).

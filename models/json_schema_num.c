@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/json_lit.h"
 #include "models/json_schema_int.h"
 
 #define INVALID(c, ...) mdl_js_fail(c, -1, __VA_ARGS__)
@@ -24,13 +25,26 @@
 
 #define NUM_MAX 9999999999999999LL // 16 digits: the unbounded grammar's largest magnitude (json_rules.c)
 #define NUM_DIGITS 16
+#define FRAC_MAX 40                // fraction digits a bound may have; a number between such bounds gets as many
 #define MULT_MAX 1000              // multipleOf above this is refused (the automaton has digits x m states: m 9999
                                    // made 2.5M grammar symbols, m 1000 makes a tenth of that)
 #define DEAD (-3)                  // a state from which no accepted string continues
 
+#define DEC_DIGITS 40 // significant digits a numeric keyword's value or an enum / const number may have
+#define DEC_EXP 100000 // and the largest exponent: beyond either, the value is refused, not rounded
+
+// A number exactly as its literal wrote it (never through a double): 0.dig x 10^point, with its sign.
+typedef struct num_dec {
+  int neg;                  // 0 for zero
+  int n;                    // digits in dig; 0: the value is zero
+  char dig[DEC_DIGITS + 1]; // no leading or trailing zeros
+  long point;
+  const char *text;         // (borrowed) the literal, for messages
+} num_dec;
+
 typedef struct num_bounds {
   int has_lo, has_hi, lo_excl, hi_excl, has_mult;
-  double lo, hi, mult;
+  num_dec lo, hi, mult;
 } num_bounds;
 
 static const char *const NUM_KEYS[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
@@ -42,55 +56,165 @@ int mdl_js_is_num_keyword(const char *k) {
   return 0;
 }
 
+// Reads number node v's literal (models/json_lit.h; %.17g for a node built without one) into *d. 0, or -1 with
+// the error recorded naming what (the keyword) when it has more digits or a larger exponent than are kept exactly.
+static int dec_read(mdl_js_ctx *c, const cJSON *v, const char *what, num_dec *d, char *fallback, size_t cap) {
+  const char *t = mdl_json_num_text(v);
+  if (!t) {
+    snprintf(fallback, cap, "%.17g", v->valuedouble);
+    t = fallback;
+  }
+  memset(d, 0, sizeof *d);
+  d->text = t;
+  const char *p = t;
+  int neg = *p == '-', seen_point = 0, lead = 1;
+  if (*p == '-' || *p == '+') p++;
+  long point = 0;
+  for (; (*p >= '0' && *p <= '9') || *p == '.'; p++) {
+    if (*p == '.') {
+      seen_point = 1;
+      continue;
+    }
+    if (lead && *p == '0') { // a leading zero: only moves the point when it is after it
+      if (seen_point) point--;
+      continue;
+    }
+    lead = 0;
+    if (d->n == DEC_DIGITS) {
+      if (*p != '0') return UNSUP(c, "'%s' %.60s has more than %d significant digits, which cannot be kept exactly",
+                                  what, t, DEC_DIGITS);
+      if (!seen_point) point++; // a trailing zero of the whole part
+      continue;
+    }
+    d->dig[d->n++] = *p;
+    if (!seen_point) point++;
+  }
+  while (d->n && d->dig[d->n - 1] == '0') d->dig[--d->n] = 0;
+  if (*p == 'e' || *p == 'E') {
+    long e = strtol(p + 1, NULL, 10);
+    if (e > DEC_EXP || e < -DEC_EXP)
+      return UNSUP(c, "'%s' %.60s: an exponent beyond %d cannot be kept exactly", what, t, DEC_EXP);
+    point += e;
+  }
+  d->point = d->n ? point : 0;
+  d->neg = d->n ? neg : 0;
+  return 0;
+}
+
+static int dec_sign(const num_dec *d) { return !d->n ? 0 : d->neg ? -1 : 1; }
+
+// -1, 0, 1 as a < b, a = b, a > b: exactly.
+static int dec_cmp(const num_dec *a, const num_dec *b) {
+  int sa = dec_sign(a), sb = dec_sign(b);
+  if (sa != sb || !sa) return sa < sb ? -1 : sa > sb;
+  int mag = a->point != b->point ? (a->point < b->point ? -1 : 1) : 0;
+  for (int i = 0; !mag && i < a->n && i < b->n; i++) mag = a->dig[i] < b->dig[i] ? -1 : a->dig[i] > b->dig[i];
+  if (!mag) mag = a->n < b->n ? -1 : a->n > b->n;
+  return sa < 0 ? -mag : mag;
+}
+
+static int dec_is_int(const num_dec *d) { return d->point >= d->n; }
+
+static num_dec dec_abs(const num_dec *d) {
+  num_dec m = *d;
+  m.neg = 0;
+  return m;
+}
+
+// |d| as a whole part and up to FRAC_MAX fraction digits (no trailing zeros; "" for a whole number). Returns
+// bits: 1 the whole part is beyond NUM_MAX (*whole then NUM_MAX + 1), 2 there are more fraction digits than fit.
+static int dec_split(const num_dec *d, int64_t *whole, char frac[FRAC_MAX + 1]) {
+  int rc = 0;
+  *whole = 0;
+  frac[0] = 0;
+  if (d->point > NUM_DIGITS) {
+    *whole = NUM_MAX + 1;
+    rc |= 1;
+  } else {
+    for (long i = 0; i < d->point; i++) *whole = *whole * 10 + (i < d->n ? d->dig[i] - '0' : 0);
+  }
+  if (d->n > d->point) { // fraction digits: -point zeros, then the digits after the point
+    long zeros = d->point < 0 ? -d->point : 0, from = d->point > 0 ? d->point : 0, k = 0;
+    if (zeros + (d->n - from) > FRAC_MAX) return rc | 2;
+    for (long i = 0; i < zeros; i++) frac[k++] = '0';
+    for (long i = from; i < d->n; i++) frac[k++] = d->dig[i];
+    frac[k] = 0;
+  }
+  return rc;
+}
+
 // One side's bound from its inclusive keyword (minimum / maximum) and its exclusive one (a number, or draft 4's
 // boolean that makes the inclusive one exclusive): the tighter of the two. 0, or -1 with the error.
-static int read_side(mdl_js_ctx *c, const cJSON *s, const char *incl, const char *excl, int upper, int *has, double *v,
-                     int *is_excl) {
+static int read_side(mdl_js_ctx *c, const cJSON *s, const char *incl, const char *excl, int upper, int *has, num_dec *v,
+                     int *is_excl, char bufs[2][32]) {
   const cJSON *i = cJSON_GetObjectItemCaseSensitive(s, incl), *x = cJSON_GetObjectItemCaseSensitive(s, excl);
   *has = 0;
   *is_excl = 0;
   if (i) {
-    if (!cJSON_IsNumber(i) || !isfinite(i->valuedouble)) return INVALID(c, "'%s' must be a number", incl);
+    if (!cJSON_IsNumber(i)) return INVALID(c, "'%s' must be a number", incl);
+    if (dec_read(c, i, incl, v, bufs[0], 32) < 0) return -1;
     *has = 1;
-    *v = i->valuedouble;
   }
   if (cJSON_IsBool(x)) {
     if (cJSON_IsTrue(x) && !i) return INVALID(c, "'%s': true needs '%s'", excl, incl);
     *is_excl = cJSON_IsTrue(x);
   } else if (x) {
-    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) return INVALID(c, "'%s' must be a number", excl);
-    double e = x->valuedouble;
-    if (!*has || (upper ? e <= *v : e >= *v)) *v = e, *is_excl = 1;
+    num_dec e;
+    if (!cJSON_IsNumber(x)) return INVALID(c, "'%s' must be a number", excl);
+    if (dec_read(c, x, excl, &e, bufs[1], 32) < 0) return -1;
+    if (!*has || (upper ? dec_cmp(&e, v) <= 0 : dec_cmp(&e, v) >= 0)) *v = e, *is_excl = 1;
     *has = 1;
   }
   return 0;
 }
 
-static int read_bounds(mdl_js_ctx *c, const cJSON *s, num_bounds *b) {
+// bufs: room for the literals of nodes built without one (5 x 32 bytes), which b's texts point into.
+static int read_bounds(mdl_js_ctx *c, const cJSON *s, num_bounds *b, char bufs[5][32]) {
   memset(b, 0, sizeof *b);
-  if (read_side(c, s, "minimum", "exclusiveMinimum", 0, &b->has_lo, &b->lo, &b->lo_excl) < 0 ||
-      read_side(c, s, "maximum", "exclusiveMaximum", 1, &b->has_hi, &b->hi, &b->hi_excl) < 0)
+  if (read_side(c, s, "minimum", "exclusiveMinimum", 0, &b->has_lo, &b->lo, &b->lo_excl, bufs) < 0 ||
+      read_side(c, s, "maximum", "exclusiveMaximum", 1, &b->has_hi, &b->hi, &b->hi_excl, bufs + 2) < 0)
     return -1;
   const cJSON *m = cJSON_GetObjectItemCaseSensitive(s, "multipleOf");
   if (m) {
-    if (!cJSON_IsNumber(m) || !isfinite(m->valuedouble) || m->valuedouble <= 0)
-      return INVALID(c, "'multipleOf' must be a number greater than 0");
+    if (!cJSON_IsNumber(m)) return INVALID(c, "'multipleOf' must be a number greater than 0");
+    if (dec_read(c, m, "multipleOf", &b->mult, bufs[4], 32) < 0) return -1;
+    if (dec_sign(&b->mult) <= 0) return INVALID(c, "'multipleOf' must be a number greater than 0");
     b->has_mult = 1;
-    b->mult = m->valuedouble;
   }
   return 0;
 }
 
-int mdl_js_num_in_bounds(const cJSON *s, double v) {
-  mdl_js_ctx c = {0};
-  char err[8];
-  c.err = err, c.errlen = sizeof err;
+// Whether v is a whole multiple of m (> 0), exactly: both scaled by 10^s to integers V and M, V mod M digit by
+// digit. -1 when M needs more than 18 digits (then it cannot be checked here).
+static int dec_multiple(const num_dec *v, const num_dec *m) {
+  long fv = v->n > v->point ? v->n - v->point : 0, fm = m->n > m->point ? m->n - m->point : 0, sc = fv > fm ? fv : fm;
+  long mlen = m->point + sc; // M's digits
+  if (mlen > 18) return -1;
+  uint64_t M = 0;
+  for (long i = 0; i < mlen; i++) M = M * 10 + (uint64_t)(i < m->n ? m->dig[i] - '0' : 0);
+  if (!v->n) return 1;
+  unsigned __int128 r = 0;
+  for (long i = 0, vlen = v->point + sc; i < vlen; i++) r = (r * 10 + (unsigned)(i < v->n ? v->dig[i] - '0' : 0)) % M;
+  return r == 0;
+}
+
+int mdl_js_num_in_bounds(mdl_js_ctx *c, const cJSON *s, const cJSON *v) {
   num_bounds b;
-  if (read_bounds(&c, s, &b) < 0) return 0;
-  if (b.has_lo && (b.lo_excl ? v <= b.lo : v < b.lo)) return 0;
-  if (b.has_hi && (b.hi_excl ? v >= b.hi : v > b.hi)) return 0;
-  double q = b.has_mult ? v / b.mult : 0; // a whole quotient, within rounding (0.07 / 0.01 is 7.000000000000001)
-  return !b.has_mult || fabs(q - nearbyint(q)) < 1e-9 * fmax(1, fabs(q));
+  num_dec x;
+  char bufs[5][32], vb[32];
+  if (read_bounds(c, s, &b, bufs) < 0 || dec_read(c, v, "enum/const value", &x, vb, sizeof vb) < 0) return -1;
+  if (b.has_lo && (b.lo_excl ? dec_cmp(&x, &b.lo) <= 0 : dec_cmp(&x, &b.lo) < 0)) return 0;
+  if (b.has_hi && (b.hi_excl ? dec_cmp(&x, &b.hi) >= 0 : dec_cmp(&x, &b.hi) > 0)) return 0;
+  int k = b.has_mult ? dec_multiple(&x, &b.mult) : 1;
+  if (k < 0) return UNSUP(c, "'multipleOf' %.60s cannot be checked exactly (more than 18 digits at this scale)",
+                          b.mult.text);
+  return k;
+}
+
+int mdl_js_num_is_int(mdl_js_ctx *c, const cJSON *v) {
+  num_dec x;
+  char vb[32];
+  return dec_read(c, v, "enum/const value", &x, vb, sizeof vb) < 0 ? -1 : dec_is_int(&x);
 }
 
 // ---- the digit automaton ----
@@ -100,6 +224,7 @@ typedef struct num_dfa {
   int m;      // multipleOf (1: none)
   int *free;  // (owned) ((NUM_DIGITS + 1) * m) the free state (digits left, remainder): rule, DEAD, or -1 not yet
   int decimals; // the most fraction digits a number may have (multipleOf 0.01: 2)
+  int fixed;    // decimals is multipleOf's, not the default
   int empty;  // the rule "" (-1 not yet)
 } num_dfa;
 
@@ -202,42 +327,30 @@ static int add_ints(num_dfa *d, int rule, int64_t lo, int64_t hi) {
   return n;
 }
 
+// The least integer at or above d (above when excl), or with down the greatest at or below (below when excl),
+// exactly; a value beyond +-NUM_MAX gives +-(NUM_MAX + 1), which the caller clamps or refuses.
+static int64_t dec_round(const num_dec *d, int excl, int down) {
+  int64_t w;
+  char frac[FRAC_MAX + 1];
+  int sp = dec_split(d, &w, frac), has_frac = !dec_is_int(d) && !(sp & 1);
+  int64_t v = d->neg ? -w : w; // toward zero
+  if (!has_frac) return v + (excl ? (down ? -1 : 1) : 0);
+  if (down) return d->neg ? v - 1 : v;
+  return d->neg ? v : v + 1;
+}
+
 // The integer bounds of b: [*lo, *hi] within +-NUM_MAX. 0, or -1 with the error when a bound lies beyond them.
 static int int_bounds(mdl_js_ctx *c, const num_bounds *b, int64_t *lo, int64_t *hi) {
-  double l = -(double)NUM_MAX, h = (double)NUM_MAX;
-  if (b->has_lo) l = b->lo_excl ? floor(b->lo) + 1 : ceil(b->lo);
-  if (b->has_hi) h = b->hi_excl ? ceil(b->hi) - 1 : floor(b->hi);
-  if (l > (double)NUM_MAX || h < -(double)NUM_MAX)
+  int64_t l = b->has_lo ? dec_round(&b->lo, b->lo_excl, 0) : -NUM_MAX, h = b->has_hi ? dec_round(&b->hi, b->hi_excl, 1) : NUM_MAX;
+  if (l > NUM_MAX || h < -NUM_MAX)
     return UNSUP(c, "a bound beyond %d digits is not supported (the grammar writes at most %d integer digits)",
                  NUM_DIGITS, NUM_DIGITS);
-  *lo = l < -(double)NUM_MAX ? -NUM_MAX : (int64_t)l;
-  *hi = h > (double)NUM_MAX ? NUM_MAX : (int64_t)h;
+  *lo = l < -NUM_MAX ? -NUM_MAX : l;
+  *hi = h > NUM_MAX ? NUM_MAX : h;
   return 0;
 }
 
 // ---- fractions ----
-
-// A bound's magnitude as an exact decimal: its whole part and its fraction digits without trailing zeros ("" for a
-// whole number). -1 when it needs more than 16 fraction digits.
-typedef struct num_dec {
-  int64_t whole;
-  char frac[NUM_DIGITS + 1];
-} num_dec;
-
-static int dec_of(double v, num_dec *out) {
-  for (int prec = 0; prec <= NUM_DIGITS; prec++) {
-    char s[64];
-    snprintf(s, sizeof s, "%.*f", prec, v);
-    if (strtod(s, NULL) != v) continue;
-    char *dot = strchr(s, '.');
-    out->whole = (int64_t)strtoll(s, NULL, 10);
-    snprintf(out->frac, sizeof out->frac, "%s", dot ? dot + 1 : "");
-    size_t n = strlen(out->frac);
-    while (n && out->frac[n - 1] == '0') out->frac[--n] = 0;
-    return 0;
-  }
-  return -1;
-}
 
 // The fraction digits F after a number's '.' (1..16 of them, the last nonzero, so 0.F is strictly between 0 and 1)
 // with 0.F at least lo and at most hi (digit strings as num_dec's; NULL: no bound), compared digit by digit: a state
@@ -247,16 +360,16 @@ typedef struct frac_dfa {
   const char *lo, *hi;
   int lo_incl, hi_incl;
   int max_len;                 // the most digits F may have
-  int free[NUM_DIGITS + 1][2]; // the states with neither bound left to meet: rule, DEAD, or -1 not yet
+  int free[FRAC_MAX + 1][2];   // the states with neither bound left to meet: rule, DEAD, or -1 not yet
   int empty;                   // the rule "" (-1 not yet)
 } frac_dfa;
 
 static void frac_init(frac_dfa *f, const num_dfa *d) {
   memset(f, 0, sizeof *f);
   f->c = d->c;
-  f->max_len = d->decimals;
+  f->max_len = d->decimals; // add_fracs raises it for a bound with more
   f->empty = -1;
-  for (int i = 0; i <= NUM_DIGITS; i++) f->free[i][0] = f->free[i][1] = -1;
+  for (int i = 0; i <= FRAC_MAX; i++) f->free[i][0] = f->free[i][1] = -1;
 }
 
 static int frac_state(frac_dfa *f, int i, int tlo, int thi, int nz) {
@@ -295,33 +408,41 @@ static int add_unit(num_dfa *d, int rule, int64_t a, int64_t b, int neg, frac_df
   return 1;
 }
 
-// Adds the non-integers of one sign whose magnitude m lies between mlo and mhi (has_hi 0: no bound above): units
+// Adds the non-integers of one sign whose magnitude m lies between mlo and mhi (NULL: no bound above): units
 // (W, W + 1) wholly inside with any fraction, and the units where a bound falls with the fractions on its side.
 // How many alternatives, or -1 (the error recorded for a bound with over 16 decimals).
-static int add_fracs(num_dfa *d, int rule, double mlo, int lo_excl, int has_hi, double mhi, int hi_excl, int neg) {
-  num_dec L, H = {0};
-  if (has_hi && mhi > (double)NUM_MAX) has_hi = 0;
-  if (dec_of(mlo, &L) < 0 || (has_hi && dec_of(mhi, &H) < 0))
-    return UNSUP(d->c, "a bound with more than %d decimals is not supported", NUM_DIGITS);
+static int add_fracs(num_dfa *d, int rule, const num_dec *mlo, int lo_excl, const num_dec *mhi, int hi_excl, int neg) {
+  int64_t lw, hw = 0;
+  char lf[FRAC_MAX + 1], hf[FRAC_MAX + 1] = "";
+  int ls = dec_split(mlo, &lw, lf), hs = mhi ? dec_split(mhi, &hw, hf) : 0, has_hi = mhi && !(hs & 1);
+  if ((ls & 2) || (has_hi && (hs & 2)))
+    return UNSUP(d->c, "a bound with more than %d decimals is not supported", FRAC_MAX);
+  if (ls & 1) return 0; // beyond every number the grammar writes (int_bounds has refused a lower bound there)
   int n = 0, k;
-  int64_t a = L.whole + (L.frac[0] ? 1 : 0), b = has_hi ? H.whole - 1 : NUM_MAX; // units wholly inside
+  int64_t a = lw + (lf[0] ? 1 : 0), b = has_hi ? hw - 1 : NUM_MAX; // units wholly inside
   frac_dfa f;
+  // a number may have as many decimals as the longer bound (0.30000000000000004 has 17), unless multipleOf caps them
+  size_t need = strlen(lf) > strlen(hf) ? strlen(lf) : strlen(hf);
+  int max_len = d->fixed || need <= (size_t)d->decimals ? d->decimals : (int)need;
   if (a <= b) {
     frac_init(&f, d);
+    f.max_len = max_len;
     if ((k = add_unit(d, rule, a, b, neg, &f)) < 0) return -1;
     n += k;
   }
-  if (L.frac[0]) { // the unit where the lower bound falls (and the upper one too when it is the same unit)
+  if (lf[0]) { // the unit where the lower bound falls (and the upper one too when it is the same unit)
     frac_init(&f, d);
-    f.lo = L.frac, f.lo_incl = !lo_excl;
-    if (has_hi && H.whole == L.whole) f.hi = H.frac, f.hi_incl = !hi_excl;
-    if ((k = add_unit(d, rule, L.whole, L.whole, neg, &f)) < 0) return -1;
+    f.max_len = max_len;
+    f.lo = lf, f.lo_incl = !lo_excl;
+    if (has_hi && hw == lw) f.hi = hf, f.hi_incl = !hi_excl;
+    if ((k = add_unit(d, rule, lw, lw, neg, &f)) < 0) return -1;
     n += k;
   }
-  if (has_hi && H.frac[0] && H.whole >= a) { // the unit where the upper bound falls
+  if (has_hi && hf[0] && hw >= a) { // the unit where the upper bound falls
     frac_init(&f, d);
-    f.hi = H.frac, f.hi_incl = !hi_excl;
-    if ((k = add_unit(d, rule, H.whole, H.whole, neg, &f)) < 0) return -1;
+    f.max_len = max_len;
+    f.hi = hf, f.hi_incl = !hi_excl;
+    if ((k = add_unit(d, rule, hw, hw, neg, &f)) < 0) return -1;
     n += k;
   }
   return n;
@@ -330,17 +451,20 @@ static int add_fracs(num_dfa *d, int rule, double mlo, int lo_excl, int has_hi, 
 static int compile_bounded(mdl_js_ctx *c, const num_bounds *b, int integer) {
   num_dfa d = {.c = c, .m = 1, .empty = -1, .decimals = NUM_DIGITS};
   int64_t lo = 0, hi = 0;
-  num_dec md;
   if (int_bounds(c, b, &lo, &hi) < 0) return -1;
-  if (b->has_mult && b->mult != floor(b->mult)) { // 10^-k: at most k decimals (every integer is a multiple)
-    size_t k = dec_of(b->mult, &md) == 0 && md.whole == 0 ? strlen(md.frac) : 0;
-    if (!k || md.frac[k - 1] != '1' || strspn(md.frac, "0") != k - 1)
-      return UNSUP(c, "'multipleOf' %g is not supported: a whole number up to %d or a power of ten (0.1, 0.01, ...) "
-                   "can be enforced exactly", b->mult, MULT_MAX);
+  const num_dec *m = &b->mult;
+  if (b->has_mult && !dec_is_int(m)) { // 10^-k: at most k decimals (every integer is a multiple)
+    long k = m->n == 1 && m->dig[0] == '1' && m->point <= 0 ? 1 - m->point : 0;
+    if (!k || k > NUM_DIGITS)
+      return UNSUP(c, "'multipleOf' %.60s is not supported: a whole number up to %d or a power of ten (0.1, 0.01, ..., "
+                   "1e-%d) can be enforced exactly", m->text, MULT_MAX, NUM_DIGITS);
     d.decimals = (int)k;
+    d.fixed = 1;
   } else if (b->has_mult) {
-    if (b->mult > MULT_MAX) return UNSUP(c, "'multipleOf' over %d is not supported", MULT_MAX);
-    d.m = (int)b->mult;
+    int64_t mv;
+    char mf[FRAC_MAX + 1];
+    if (dec_split(m, &mv, mf) || mv > MULT_MAX) return UNSUP(c, "'multipleOf' over %d is not supported", MULT_MAX);
+    d.m = (int)mv;
     integer = 1; // a number that is a whole multiple of a whole number: written as an integer
   }
   d.free = malloc((size_t)(NUM_DIGITS + 1) * (size_t)d.m * sizeof *d.free);
@@ -348,23 +472,24 @@ static int compile_bounded(mdl_js_ctx *c, const num_bounds *b, int integer) {
   for (size_t i = 0; i < (size_t)(NUM_DIGITS + 1) * (size_t)d.m; i++) d.free[i] = -1;
   int rule = mdl_grammar_rule_new(c->b), n = rule < 0 ? -1 : add_ints(&d, rule, lo, hi);
   if (n >= 0 && !integer) { // the non-integers: positive ones, then negative ones by their magnitude
-    int k = 0;
-    if (!b->has_hi || b->hi > 0)
-      k = add_fracs(&d, rule, b->has_lo && b->lo > 0 ? b->lo : 0, b->has_lo && b->lo > 0 && b->lo_excl, b->has_hi,
-                    b->hi, b->hi_excl, 0);
+    static const num_dec zero = {0};
+    int k = 0, slo = b->has_lo ? dec_sign(&b->lo) : -1, shi = b->has_hi ? dec_sign(&b->hi) : 1;
+    num_dec alo = dec_abs(&b->lo), ahi = dec_abs(&b->hi);
+    if (shi > 0)
+      k = add_fracs(&d, rule, slo > 0 ? &b->lo : &zero, slo > 0 && b->lo_excl, b->has_hi ? &b->hi : NULL, b->hi_excl,
+                    0);
     n = k < 0 ? -1 : n + k;
     k = 0;
-    if (n >= 0 && (!b->has_lo || b->lo < 0))
-      k = add_fracs(&d, rule, b->has_hi && b->hi < 0 ? -b->hi : 0, b->has_hi && b->hi < 0 && b->hi_excl, b->has_lo,
-                    -b->lo, b->lo_excl, 1);
+    if (n >= 0 && slo < 0)
+      k = add_fracs(&d, rule, shi < 0 ? &ahi : &zero, shi < 0 && b->hi_excl, b->has_lo ? &alo : NULL, b->lo_excl, 1);
     n = k < 0 ? -1 : n + k;
   }
   free(d.free);
   if (n < 0 || mdl_grammar_builder_failed(c->b)) return c->status ? -1 : INVALID(c, "out of memory");
   if (n == 0) {
     if (b->has_mult)
-      return INVALID(c, "no %s between the bounds is a multiple of %g: nothing can satisfy it",
-                     integer ? "integer" : "number", b->mult);
+      return INVALID(c, "no %s between the bounds is a multiple of %.60s: nothing can satisfy it",
+                     integer ? "integer" : "number", m->text);
     return INVALID(c, "no %s lies between the bounds: nothing can satisfy it", integer ? "integer" : "number");
   }
   return rule;
@@ -372,7 +497,8 @@ static int compile_bounded(mdl_js_ctx *c, const num_bounds *b, int integer) {
 
 int mdl_js_number_bounded(mdl_js_ctx *c, const cJSON *s, int integer) {
   num_bounds b;
-  if (read_bounds(c, s, &b) < 0) return -1;
+  char bufs[5][32];
+  if (read_bounds(c, s, &b, bufs) < 0) return -1;
   if (!b.has_lo && !b.has_hi && !b.has_mult) return mdl_js_number(c, integer);
   return compile_bounded(c, &b, integer);
 }

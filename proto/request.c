@@ -241,15 +241,26 @@ cJSON *prt_generate_encode(const prt_generate *m, char *err, size_t errlen) {
 
 static const char *const GRAMMAR_TYPES[] = {"", "json", "json_schema", "tool_calls"};
 
-// Adds the JSON text json under k, parsed (so that the message is the same tree whether it is decoded as it is or
-// after a trip through the wire). -1 when it is not JSON or memory ran out.
-static int add_json(cJSON *o, const char *k, const char *json) {
-  cJSON *v = cJSON_Parse(json);
-  if (!v || !cJSON_AddItemToObject(o, k, v)) {
+// The schema and the tools travel as JSON text in a string, not as a nested object: a cJSON tree keeps a number only
+// as a double, and a schema's 9007199254740993 or 0.30000000000000004 must reach the worker's grammar as written.
+// A decoder also takes the nested object an older router sends.
+static int add_json(cJSON *o, const char *k, const char *json) { return cJSON_AddStringToObject(o, k, json) ? 0 : -1; }
+
+// The JSON text under k: a string's own text, or a nested value printed (an older router's form); type checks it
+// (cJSON_IsObject, ...; a string must hold such a value too). NULL with *bad when it is neither, or out of memory.
+static char *read_json(const cJSON *o, const char *k, cJSON_bool (*type)(const cJSON *), cJSON_bool (*or)(const cJSON *),
+                       int *bad) {
+  const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+  *bad = 0;
+  if (cJSON_IsString(x)) {
+    cJSON *v = cJSON_ParseWithOpts(x->valuestring, NULL, 1);
+    int ok = v && (type(v) || (or && or(v)));
     cJSON_Delete(v);
-    return -1;
+    if (!ok) return *bad = 1, NULL;
+    return strdup(x->valuestring);
   }
-  return 0;
+  if (!x || !(type(x) || (or && or(x)))) return *bad = 1, NULL;
+  return cJSON_PrintUnformatted(x);
 }
 
 static int add_grammar(cJSON *j, const prt_grammar *g) {
@@ -266,7 +277,7 @@ static int add_grammar(cJSON *j, const prt_grammar *g) {
 
 // The grammar object of a generate (absent: type NONE). -1 with err naming what is wrong.
 static int read_grammar(const cJSON *j, prt_grammar *g, char *err, size_t errlen) {
-  const cJSON *o = NULL, *x;
+  const cJSON *o = NULL;
   const char *type = NULL;
   if (prt__obj(j, GEN, "grammar", 0, &o, err, errlen)) return -1;
   if (!o) return 0;
@@ -278,16 +289,19 @@ static int read_grammar(const cJSON *j, prt_grammar *g, char *err, size_t errlen
     return -1;
   }
   if (g->type == PRT_GRAMMAR_JSON_SCHEMA) {
-    x = cJSON_GetObjectItemCaseSensitive(o, "schema");
-    if (!cJSON_IsObject(x) && !cJSON_IsBool(x)) {
-      utl_seterr(err, errlen, "generate: grammar: a json_schema grammar needs a schema (an object or a boolean)");
+    int bad;
+    if (!(g->schema = read_json(o, "schema", cJSON_IsObject, cJSON_IsBool, &bad)) && bad) {
+      utl_seterr(err, errlen, "generate: grammar: a json_schema grammar needs a schema (an object or a boolean, or "
+                 "its JSON text)");
       return -1;
     }
-    if (!(g->schema = cJSON_PrintUnformatted(x))) goto oom;
+    if (!g->schema) goto oom;
   } else if (g->type == PRT_GRAMMAR_TOOL_CALLS) {
     const cJSON *par = cJSON_GetObjectItemCaseSensitive(o, "parallel");
-    x = cJSON_GetObjectItemCaseSensitive(o, "tools");
-    if (!cJSON_IsArray(x) || (par && !cJSON_IsBool(par)) ||
+    int bad;
+    g->tools = read_json(o, "tools", cJSON_IsArray, NULL, &bad);
+    if (!g->tools && !bad) goto oom;
+    if (bad || (par && !cJSON_IsBool(par)) ||
         prt__str(o, "generate: grammar", "open", 1, &g->open, err, errlen) ||
         prt__str(o, "generate: grammar", "close", 1, &g->close, err, errlen) ||
         prt__str(o, "generate: grammar", "sep", cJSON_IsTrue(par), &g->sep, err, errlen)) {
@@ -295,7 +309,6 @@ static int read_grammar(const cJSON *j, prt_grammar *g, char *err, size_t errlen
       return -1;
     }
     g->parallel = cJSON_IsTrue(par);
-    if (!(g->tools = cJSON_PrintUnformatted(x))) goto oom;
   }
   return 0;
 oom:

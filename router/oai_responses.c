@@ -7,6 +7,9 @@
 #include "router/oai_int.h"
 #include "router/openai.h"
 #include "util/buf.h"
+#include "util/json.h"
+#include "util/vec.h"
+#include "models/json_lit.h"
 
 // Every top-level field /v1/responses knows; any other is refused, naming it.
 static const char *const F_RESPONSES[] = {
@@ -57,10 +60,74 @@ static int item_text(const cJSON *content, int i, utl_buf *out, rtr_error *e) {
   return 0;
 }
 
+// A function_call's call_id and where it stands in input, sorted by (id, index) to find the call an output answers.
+typedef struct call_ref {
+  const char *id; // (borrowed: the request)
+  int index;
+} call_ref;
+
+static int call_ref_cmp(const void *a, const void *b) {
+  const call_ref *x = a, *y = b;
+  int c = strcmp(x->id, y->id);
+  return c ? c : (x->index > y->index) - (x->index < y->index);
+}
+
+// The call_ids of input's function_call items, sorted; *n of them. NULL with n 0 when there are none (or no memory:
+// then *oom).
+static call_ref *call_refs(const cJSON *input, int *n, int *oom) {
+  int cap = 0, i = 0;
+  call_ref *r = NULL;
+  *n = 0;
+  *oom = 0;
+  for (const cJSON *it = input->child; it; it = it->next, i++) {
+    const char *type = str_of(it, "type"), *id = str_of(it, "call_id");
+    if (!type || strcmp(type, "function_call") || !id) continue;
+    if (UTL_VEC_PUSH(r, *n, cap, ((call_ref){id, i})) < 0) {
+      *oom = 1;
+      break;
+    }
+  }
+  if (r) qsort(r, (size_t)*n, sizeof *r, call_ref_cmp);
+  return r;
+}
+
+// Whether a function_call before item i has call_id id.
+static int call_before(const call_ref *r, int n, const char *id, int i) {
+  int lo = 0, hi = n; // the first (id, index) at or after (id, 0): the earliest call with that id
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (strcmp(r[mid].id, id) < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < n && !strcmp(r[lo].id, id) && r[lo].index < i;
+}
+
+// A function_call's arguments must be one JSON value (the model's call as it wrote it, which the template renders
+// as JSON): checked by the same pre-pass and parser as a body. 0, or -1 with e naming param.
+static int check_args(const char *args, const char *param, rtr_error *e) {
+  utl_json_issue is;
+  size_t n = strlen(args);
+  int bad = utl_json_check(args, n, CJSON_NESTING_LIMIT, &is);
+  if (bad < 0) return OOM(e);
+  if (bad)
+    return BAD(e, param, "'%s' is not valid JSON: %s at byte %zu%s%.60s", param, utl_json_problem_name(is.what), is.at,
+               is.path[0] ? ", at " : "", is.path);
+  const char *end = NULL;
+  cJSON *v = cJSON_ParseWithLengthOpts(args, n, &end, 0);
+  size_t at = v && end ? (size_t)(end - args) : 0;
+  while (v && at < n && (args[at] == ' ' || args[at] == '\t' || args[at] == '\r' || args[at] == '\n')) at++;
+  cJSON_Delete(v);
+  if (!v || at < n)
+    return BAD(e, param, "'%s' is not valid JSON (near byte %zu): a function call's arguments are a JSON text", param,
+               !v && end ? (size_t)(end - args) : at);
+  return 0;
+}
+
 // input as chat messages, appended to msgs: a string is one user message; a list holds messages (role user,
-// system, developer, assistant), function_call items (consecutive ones: one assistant message's tool_calls) and
-// function_call_output items (tool messages).
-static int input_msgs(const cJSON *input, cJSON *msgs, rtr_error *e) {
+// system, developer, assistant), function_call items (consecutive ones: one assistant message's tool_calls; their
+// arguments a JSON text) and function_call_output items (tool messages, each answering a function_call before it:
+// refs, sorted by call_ids).
+static int input_items(const cJSON *input, cJSON *msgs, const call_ref *refs, int n_refs, rtr_error *e) {
   if (cJSON_IsString(input)) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddItemToArray(msgs, m);
@@ -107,6 +174,9 @@ static int input_msgs(const cJSON *input, cJSON *msgs, rtr_error *e) {
       if (only(it, keys, param, e) < 0) return -1;
       if (!id || !name || !args)
         return BAD(e, param, "'%s' (a function_call) needs string 'call_id', 'name' and 'arguments'", param);
+      char ap[64];
+      snprintf(ap, sizeof ap, "%s.arguments", param);
+      if (check_args(args, ap, e) < 0) return -1;
       if (!calls) {
         m = cJSON_CreateObject();
         cJSON_AddItemToArray(msgs, m);
@@ -128,6 +198,12 @@ static int input_msgs(const cJSON *input, cJSON *msgs, rtr_error *e) {
       if (only(it, keys, param, e) < 0) return -1;
       if (!id || !out)
         return BAD(e, param, "'%s' (a function_call_output) needs string 'call_id' and 'output'", param);
+      if (!call_before(refs, n_refs, id, i)) {
+        char cp[64];
+        snprintf(cp, sizeof cp, "%s.call_id", param);
+        return BAD(e, cp, "'%s' '%.64s' answers no function_call before it in 'input' (an output follows the call it "
+                   "answers, with the same call_id)", cp, id);
+      }
       cJSON_AddStringToObject(m, "role", "tool");
       cJSON_AddStringToObject(m, "tool_call_id", id);
       if (!cJSON_AddStringToObject(m, "content", out)) return OOM(e);
@@ -139,6 +215,15 @@ static int input_msgs(const cJSON *input, cJSON *msgs, rtr_error *e) {
     }
   }
   return 0;
+}
+
+static int input_msgs(const cJSON *input, cJSON *msgs, rtr_error *e) {
+  int n_refs = 0, oom = 0;
+  call_ref *refs = NULL;
+  if (cJSON_IsArray(input) && !(refs = call_refs(input, &n_refs, &oom)) && oom) return OOM(e);
+  int rc = input_items(input, msgs, refs, n_refs, e);
+  free(refs);
+  return rc;
 }
 
 // The Responses API's function tools ({"type": "function", "name", ...}) as chat tools.
@@ -220,7 +305,7 @@ static char *echo_of(const cJSON *root) {
   if (!rtr_oai_field(root, "metadata")) cJSON_AddObjectToObject(o, "metadata");
   cJSON_AddFalseToObject(o, "store");
   cJSON_AddStringToObject(o, "truncation", "disabled");
-  char *s = cJSON_PrintUnformatted(o);
+  char *s = mdl_json_print(o);
   cJSON_Delete(o);
   return s;
 }
@@ -283,7 +368,7 @@ int rtr_request_parse_responses(const char *body, size_t len, const rtr_limits *
   cJSON *root = rtr_oai_parse_body(body, len, e), *chat = cJSON_CreateObject();
   char *text = NULL;
   int rc = !root ? -1 : !chat ? OOM(e) : to_chat(root, chat, e);
-  if (rc == 0 && !(text = cJSON_PrintUnformatted(chat))) rc = OOM(e);
+  if (rc == 0 && !(text = mdl_json_print(chat))) rc = OOM(e); // numbers as the client wrote them
   if (rc == 0 && (rc = rtr_request_parse(RTR_CHAT, text, strlen(text), lim, out, e)) < 0) rename_param(e);
   if (rc == 0) {
     out->api = RTR_API_RESPONSES;

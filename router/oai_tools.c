@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "models/json_lit.h"
 #include "router/oai_int.h"
 #include "router/openai.h"
 
@@ -78,7 +79,7 @@ static int parse_tool(const cJSON *t, int i, cJSON *calls, rtr_error *e) {
       return BAD(e, param, "'%s': a tool named '%s' is declared twice", param, name->valuestring);
     }
   if (params) {
-    char *text = cJSON_PrintUnformatted(params), err[400];
+    char *text = mdl_json_print(params), err[400];
     if (!text) return OOM(e);
     mdl_grammar *g = NULL;
     int rc = mdl_grammar_from_json_schema(text, strlen(text), &g, err, sizeof err);
@@ -163,7 +164,7 @@ static int parse_tools(const cJSON *root, rtr_request *r, rtr_error *e) {
   }
   if (!rc && mode != RTR_TOOLS_OFF) {
     r->tool_choice = mode;
-    if (!(r->tools = cJSON_PrintUnformatted(tools)) || !(r->call_tools = cJSON_PrintUnformatted(calls))) rc = OOM(e);
+    if (!(r->tools = mdl_json_print(tools)) || !(r->call_tools = mdl_json_print(calls))) rc = OOM(e);
   }
   cJSON_Delete(calls);
   return rc;
@@ -220,7 +221,7 @@ static int parse_response_format(const cJSON *root, rtr_request *r, rtr_error *e
     return BAD(e, "response_format", "'response_format.json_schema.schema' must be a JSON Schema object");
   if (!schema) return 0; // no schema: any JSON object, as json_object
   r->response_format = RTR_FORMAT_JSON_SCHEMA;
-  if (!(r->json_schema = cJSON_PrintUnformatted(schema))) return OOM(e);
+  if (!(r->json_schema = mdl_json_print(schema))) return OOM(e); // its numbers as the client wrote them
   mdl_grammar *g = NULL;
   char err[400];
   int rc = mdl_grammar_from_json_schema(r->json_schema, strlen(r->json_schema), &g, err, sizeof err);

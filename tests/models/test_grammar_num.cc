@@ -164,7 +164,7 @@ TEST(GrammarNumbers, Errors) {
       {R"({"type":"integer","minimum":1e17})", MDL_GRAMMAR_UNSUPPORTED, "16 digits"},
       {R"({"type":"number","minimum":0.7,"maximum":0.3})", -1, "nothing can satisfy"},
       {R"({"type":"number","exclusiveMinimum":0.5,"maximum":0.5})", -1, "nothing can satisfy"},
-      {R"({"type":"number","minimum":1e-20})", MDL_GRAMMAR_UNSUPPORTED, "more than 16 decimals"},
+      {R"({"type":"number","minimum":1e-50})", MDL_GRAMMAR_UNSUPPORTED, "more than 40 decimals"},
       {R"({"type":"object","properties":{"a":{"type":"integer","minimum":9,"maximum":1}}})", -1, "#/properties/a"},
   };
   for (const Case &c : cases) {
@@ -176,3 +176,65 @@ TEST(GrammarNumbers, Errors) {
 }
 
 } // namespace
+
+// Numbers in a schema are read from their literals, never through a double (issue 39 item 7): bounds beyond 2^53,
+// decimals beyond a double's 17 digits and big const / enum values are kept exactly, and what cannot be kept exactly
+// is refused naming the keyword and the place.
+TEST(GrammarNumbers, LiteralsAreExact) {
+  Grammar big(R"({"type":"integer","minimum":9007199254740993,"maximum":9007199254740993})");
+  ASSERT_EQ(big.rc, 0) << big.err;
+  EXPECT_ACCEPTS(big, "9007199254740993");
+  EXPECT_REJECTS(big, "9007199254740992");
+  EXPECT_REJECTS(big, "9007199254740994");
+  Grammar excl(R"({"type":"integer","exclusiveMinimum":9007199254740992,"exclusiveMaximum":9007199254740995})");
+  ASSERT_EQ(excl.rc, 0) << excl.err;
+  EXPECT_REJECTS(excl, "9007199254740992");
+  EXPECT_ACCEPTS(excl, "9007199254740993");
+  EXPECT_ACCEPTS(excl, "9007199254740994");
+  EXPECT_REJECTS(excl, "9007199254740995");
+  Grammar c1(R"({"const":0.30000000000000004})");
+  ASSERT_EQ(c1.rc, 0) << c1.err;
+  EXPECT_ACCEPTS(c1, "0.30000000000000004");
+  EXPECT_REJECTS(c1, "0.3");
+  Grammar c2(R"({"type":"integer","const":123456789012345678})");
+  ASSERT_EQ(c2.rc, 0) << c2.err;
+  EXPECT_ACCEPTS(c2, "123456789012345678");
+  EXPECT_REJECTS(c2, "1.2345678901234568e+17");
+  Grammar e(R"({"type":"integer","enum":[9007199254740993,9007199254740992,1.0,1.5,2e1],"maximum":9007199254740992})");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_ACCEPTS(e, "9007199254740992");
+  EXPECT_REJECTS(e, "9007199254740993"); // above the maximum by one: a double cannot tell them apart
+  EXPECT_ACCEPTS(e, "1.0");              // an integer written with a fraction, as the schema wrote it
+  EXPECT_REJECTS(e, "1.5");
+  EXPECT_ACCEPTS(e, "2e1");
+  Grammar d(R"({"type":"number","minimum":0.30000000000000004,"maximum":0.30000000000000005})");
+  ASSERT_EQ(d.rc, 0) << d.err;
+  EXPECT_ACCEPTS(d, "0.30000000000000004");
+  EXPECT_ACCEPTS(d, "0.30000000000000005"); // as many decimals as the bounds have (17, one past a double's 16)
+  EXPECT_REJECTS(d, "0.3");
+  EXPECT_REJECTS(d, "0.30000000000000006");
+  Grammar m(R"({"enum":[0.3,0.7,0.75],"multipleOf":0.1})");
+  ASSERT_EQ(m.rc, 0) << m.err;
+  EXPECT_ACCEPTS(m, "0.3"); // 0.3 / 0.1 is 2.9999999999999996 in doubles
+  EXPECT_ACCEPTS(m, "0.7");
+  EXPECT_REJECTS(m, "0.75");
+
+  struct Case {
+    const char *schema;
+    int rc;
+    const char *needle;
+  } cases[] = {
+      {R"({"type":"number","multipleOf":0.10000000000000001})", MDL_GRAMMAR_UNSUPPORTED,
+       "'multipleOf' 0.10000000000000001"},
+      {R"({"properties":{"a":{"minimum":1.00000000000000000000000000000000000000001}}})", MDL_GRAMMAR_UNSUPPORTED,
+       "#/properties/a"},
+      {R"({"const":1,"const":2})", -1, "a duplicate key at byte 11, at const"},
+      {R"({"const":01})", -1, "a malformed number"},
+      {R"({"enum":["\udc00"]})", -1, "a lone UTF-16 surrogate"},
+  };
+  for (const Case &c : cases) {
+    Grammar g(c.schema);
+    EXPECT_EQ(g.rc, c.rc) << c.schema << ": " << g.err;
+    EXPECT_NE(strstr(g.err, c.needle), nullptr) << c.schema << ": " << g.err;
+  }
+}

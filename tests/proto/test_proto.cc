@@ -362,16 +362,49 @@ int gen_decode(const cJSON *x, prt_generate *t, char *e, size_t n) {
   return rc;
 }
 
-// generate's grammar: each type round-trips, and a grammar a worker could not follow is refused at decode.
-TEST(Proto, GenerateGrammar) {
-  char err[160], tools[] = R"([{"name":"f","parameters":{"type":"object"}}])";
-  int32_t prompt[1] = {5};
+// A one-token generate the grammar tests fill in.
+prt_generate grammar_generate(int32_t prompt[1]) {
   prt_generate in = {};
   in.id = "g";
   in.prompt = prompt;
   in.n_prompt = 1;
   in.max_tokens = 8;
   in.sampling = {1, 0, 1, 0, 0, 0, 1, 0, 0, -1, nullptr, 0};
+  return in;
+}
+
+// A schema's and the tools' numbers cross the wire as the client wrote them (issue 39 item 7): a nested object would
+// hold them as doubles (9007199254740993 -> 9007199254740992). An older router's nested object still decodes.
+TEST(Proto, GenerateGrammarKeepsNumbersExact) {
+  char err[160], schema[] = R"({"minimum":9007199254740993,"const":0.30000000000000004,"enum":[123456789012345678]})";
+  char tools[] = R"([{"name":"f","parameters":{"const":9007199254740993}}])";
+  int32_t prompt[1] = {5};
+  prt_generate in = grammar_generate(prompt);
+  in.grammar = {PRT_GRAMMAR_JSON_SCHEMA, schema, nullptr, nullptr, nullptr, nullptr, 0};
+  cJSON *j = wire(prt_generate_encode(&in, err, sizeof err));
+  prt_generate m;
+  ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.grammar.schema), schema);
+  prt_generate_free(&m);
+  cJSON_Delete(j);
+  in.grammar = {PRT_GRAMMAR_TOOL_CALLS, nullptr, tools, "<a>", "</a>", nullptr, 0};
+  j = wire(prt_generate_encode(&in, err, sizeof err));
+  ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.grammar.tools), tools);
+  prt_generate_free(&m);
+  cJSON_Delete(j);
+  cJSON *old = cJSON_Parse(R"({"op":"generate","id":"g","prompt":[5],"grammar":{"type":"json_schema","schema":{"type":"object"}}})");
+  ASSERT_EQ(prt_generate_decode(old, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.grammar.schema), R"({"type":"object"})");
+  prt_generate_free(&m);
+  cJSON_Delete(old);
+}
+
+// generate's grammar: each type round-trips, and a grammar a worker could not follow is refused at decode.
+TEST(Proto, GenerateGrammar) {
+  char err[160], tools[] = R"([{"name":"f","parameters":{"type":"object"}}])";
+  int32_t prompt[1] = {5};
+  prt_generate in = grammar_generate(prompt);
   in.grammar = {PRT_GRAMMAR_TOOL_CALLS, nullptr, tools, "<tool_call>\n", "\n</tool_call>", "\n", 1};
   cJSON *j = wire(prt_generate_encode(&in, err, sizeof err));
   prt_generate m;
@@ -393,7 +426,9 @@ TEST(Proto, GenerateGrammar) {
   cJSON_Delete(j);
   const char *bad[] = {R"({"type":"regex"})", R"({"type":"json_schema"})", R"({"type":"json_schema","schema":3})",
                        R"({"type":"tool_calls","open":"a","close":"b"})",
-                       R"({"type":"tool_calls","tools":[],"open":"a","close":"b","parallel":true})", R"([1])"};
+                       R"({"type":"tool_calls","tools":[],"open":"a","close":"b","parallel":true})", R"([1])",
+                       R"({"type":"json_schema","schema":"3"})", R"({"type":"json_schema","schema":"{\"a\":1} x"})",
+                       R"({"type":"tool_calls","tools":"{}","open":"a","close":"b"})"};
   for (const char *g : bad) {
     std::string text = std::string(R"({"op":"generate","id":"g","prompt":[5],"grammar":)") + g + "}";
     cJSON *x = cJSON_Parse(text.c_str());

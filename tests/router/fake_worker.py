@@ -61,7 +61,8 @@ def tool_call_text(m):
     writes it; with a byte-level prompt holding CALL_ME (tool_choice auto), a sentence and a Hermes-style call."""
     g = m.get("grammar") or {}
     if g.get("type") == "tool_calls":
-        one = g["open"] + json.dumps({"name": g["tools"][0]["name"], "arguments": {"city": "Paris"}}) + g["close"]
+        tools = json.loads(g["tools"])  # JSON text in a string (docs/protocol.md: its numbers stay exact)
+        one = g["open"] + json.dumps({"name": tools[0]["name"], "arguments": {"city": "Paris"}}) + g["close"]
         return one + g["sep"] + one if g.get("parallel") else one
     if b"CALL_ME" in bytes(t for t in m["prompt"] if 0 <= t < 256):
         return 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'

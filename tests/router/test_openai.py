@@ -472,7 +472,8 @@ class FieldPolicyTest(unittest.TestCase):
                   "additionalProperties": False}
         rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
         r = chat(model="tiny", messages=MSGS, max_tokens=2, response_format=rf)
-        self.assertEqual(sent_to_worker(r.id)["grammar"], {"type": "json_schema", "schema": schema})
+        g = sent_to_worker(r.id)["grammar"]  # the schema travels as JSON text, its numbers as the client wrote them
+        self.assertEqual((g["type"], json.loads(g["schema"])), ("json_schema", schema))
         r = chat(model="tiny", messages=MSGS, max_tokens=2, response_format={"type": "text"})
         self.assertNotIn("grammar", sent_to_worker(r.id))
         bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "number", "multipleOf": 0.5}}}
@@ -497,6 +498,7 @@ class FieldPolicyTest(unittest.TestCase):
         r = chat(model="tiny", messages=MSGS, tools=tools, tool_choice="required", seed=5, max_tokens=100,
                  parallel_tool_calls=True)
         g = sent_to_worker(r.id)["grammar"]
+        g["tools"] = json.loads(g["tools"])  # JSON text on the wire
         self.assertEqual(g, {"type": "tool_calls", "tools": [{"name": "get_weather", "parameters": {"type": "object"}},
                                                              {"name": "get_time"}],
                              "open": "<tool_call>\n", "close": "\n</tool_call>", "sep": "\n", "parallel": True})
@@ -514,11 +516,12 @@ class FieldPolicyTest(unittest.TestCase):
             self.assertEqual(g["parallel"], False)
             self.assertEqual(len(r.choices[0].message.tool_calls), 1)
             self.assertEqual(r.choices[0].finish_reason, "tool_calls")
-        self.assertEqual(g["tools"], [{"name": "get_weather", "parameters": {"type": "object"}}, {"name": "get_time"}])
+        self.assertEqual(json.loads(g["tools"]), [{"name": "get_weather", "parameters": {"type": "object"}},
+                                                  {"name": "get_time"}])
         r = chat(model="tiny", messages=MSGS, tools=tools, seed=5, max_tokens=100, parallel_tool_calls=False,
                  tool_choice={"type": "function", "function": {"name": "get_time"}})
         g = sent_to_worker(r.id)["grammar"]
-        self.assertEqual((g["tools"], g["parallel"]), ([{"name": "get_time"}], False))
+        self.assertEqual((json.loads(g["tools"]), g["parallel"]), ([{"name": "get_time"}], False))
         self.assertEqual([t.function.name for t in r.choices[0].message.tool_calls], ["get_time"])
         # streamed: no markup as content; per call a head delta (index, id, type, name, arguments "") and the
         # arguments; the openai stream helper accumulates them
