@@ -68,7 +68,8 @@ int dsc_registrar_registered(dsc_registrar *r); // 1 while the record is in etcd
 // A member is a record under one etcd key (attached to one lease); names are what links and handoffs use, so the
 // watcher lets one key at a time hold a name: a record whose name another key's member holds is refused, loudly, and
 // changes nothing for that member; when the holder leaves, the refused records of its name are considered again
-// (the one that came first, first).
+// (the oldest key first). A watcher that starts gives each name to the oldest key (create_revision) naming it, as a
+// watcher that was running then did.
 // join: a member appeared or its record changed (a restart: a new incarnation; a new lease): key, lease and record.
 // It returns 0 when the consumer takes it, non-zero when the consumer refuses it (another model): a refused record
 // holds no name (and when it was a member, the consumer has dropped it). leave: its key went away (lease expired

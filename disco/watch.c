@@ -22,7 +22,8 @@ typedef struct known {
   int64_t lease;
   dsc_member m;
   known_state state;
-  uint64_t seq;      // arrival order: blocked records of a name are considered again first come, first served
+  int64_t created;   // its key's create_revision: of two records naming one worker, the older holds the name, and
+                     // blocked ones are considered again oldest first
   int seen;          // in the latest range (resync)
 } known;
 
@@ -33,7 +34,6 @@ struct dsc_watcher {
   char log_as[64];
   known *k;              // (owned) (n_k, cap_k) the records as last seen, by key
   int n_k, cap_k;
-  uint64_t next_seq;
   pthread_t thread;
   int has_thread;
   pthread_mutex_t mu;    // guards stop
@@ -85,7 +85,7 @@ static void reconsider(dsc_watcher *w, const char *name) {
   for (;;) {
     known *first = NULL;
     for (int i = 0; i < w->n_k; i++)
-      if (w->k[i].state == K_BLOCKED && !strcmp(w->k[i].m.name, name) && (!first || w->k[i].seq < first->seq))
+      if (w->k[i].state == K_BLOCKED && !strcmp(w->k[i].m.name, name) && (!first || w->k[i].created < first->created))
         first = &w->k[i];
     if (!first) return;
     offer(w, first, 1);
@@ -95,11 +95,13 @@ static void reconsider(dsc_watcher *w, const char *name) {
 
 // A put of key: offered when the record (or its lease) is new or changed. Records that do not decode are logged and
 // ignored.
-static void on_put(dsc_watcher *w, const char *key, int64_t lease, const char *value, size_t n) {
+static void on_put(dsc_watcher *w, const dsc_kv *kv) {
+  const char *key = kv->key;
+  int64_t lease = kv->lease;
   dsc_member m;
   char err[256];
   if (strlen(key) >= sizeof w->k[0].key) return;
-  if (dsc_member_decode(value, n, &m, err, sizeof err)) {
+  if (dsc_member_decode(kv->value, kv->value_len, &m, err, sizeof err)) {
     utl_warn(w->log_as, "etcd key %s: %s; ignored", key, err);
     return;
   }
@@ -138,7 +140,7 @@ static void on_put(dsc_watcher *w, const char *key, int64_t lease, const char *v
   snprintf(k->key, sizeof k->key, "%s", key);
   k->lease = lease;
   k->m = m;
-  k->seq = w->next_seq++;
+  k->created = kv->create_revision;
   k->seen = 1;
   k->state = K_REFUSED;
   offer(w, k, 0);
@@ -156,12 +158,17 @@ static void drop(dsc_watcher *w, known *k) {
 static int on_event(void *arg, const dsc_event *ev) {
   dsc_watcher *w = arg;
   if (!ev->is_delete) {
-    on_put(w, ev->kv.key, ev->kv.lease, ev->kv.value, ev->kv.value_len);
+    on_put(w, &ev->kv);
   } else {
     known *k = find(w, ev->kv.key);
     if (k) drop(w, k);
   }
   return 0;
+}
+
+static int by_creation(const void *a, const void *b) {
+  int64_t x = ((const dsc_kv *)a)->create_revision, y = ((const dsc_kv *)b)->create_revision;
+  return x < y ? -1 : x > y;
 }
 
 // A fresh range: joins for what is new or changed, leaves for what is gone. 0, or the client's status.
@@ -171,7 +178,9 @@ static int resync(dsc_watcher *w, int64_t *revision, char *err, size_t errlen) {
   int rc = dsc_range(w->etcd, w->prefix, 1, &kvs, &n, revision, err, errlen);
   if (rc) return rc;
   for (int i = 0; i < w->n_k; i++) w->k[i].seen = 0;
-  for (int i = 0; i < n; i++) on_put(w, kvs[i].key, kvs[i].lease, kvs[i].value, kvs[i].value_len);
+  // oldest key first: a router that starts (or resyncs) gives a name to the record a running one gave it to
+  qsort(kvs, (size_t)n, sizeof *kvs, by_creation);
+  for (int i = 0; i < n; i++) on_put(w, &kvs[i]);
   for (int i = 0; i < w->n_k;)
     if (!w->k[i].seen) drop(w, &w->k[i]);
     else i++;

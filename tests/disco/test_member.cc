@@ -3,6 +3,7 @@
 // one name held by one key at a time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -271,6 +272,21 @@ TEST(Membership, ASecondRecordOfAMembersNameIsRefusedUntilItLeaves) {
   std::vector<std::string> ev = seen.get();
   EXPECT_EQ(ev[4], "leave x /dserve/t/workers/decode/x");
   EXPECT_EQ(ev[5], "join x 2") << "the twin, considered again once the name is free";
+  // a watcher that starts now gives a name to its oldest record, though another key naming it sorts first
+  put("/dserve/t/workers/prefill/z", member("z", 6));
+  put("/dserve/t/workers/decode/z", member("z", 7));
+  put("/dserve/t/workers/both/z", member("z", 8));
+  ASSERT_GE(seen.wait_for(7), 0);
+  Seen later;
+  dsc_watch_fns later_fns = {Seen::join, Seen::leave, &later};
+  dsc_watcher *w2 = nullptr;
+  ASSERT_EQ(dsc_watcher_start(&d, &later_fns, "test", &w2, err, sizeof err), 0) << err;
+  ASSERT_GE(later.wait_for(4), 0);
+  ev = later.get();
+  std::sort(ev.begin(), ev.end()); // the range's order
+  EXPECT_EQ(ev, (std::vector<std::string>{"join other 3", "join x 2", "join y 4", "join z 6"}));
+  EXPECT_EQ(seen.get().back(), "join z 6");
+  dsc_watcher_stop(w2);
   dsc_etcd_free(c);
   dsc_watcher_stop(w);
 }
