@@ -17,8 +17,8 @@
 typedef enum { MEM_PENDING, MEM_LINKED } mem_state;
 
 typedef struct member {
-  char key[256];       // its etcd key: what identifies it (two records never share a name: disco/watch.c)
-  int64_t lease;
+  char key[256];       // its etcd key: what identifies it (two records never share a name: disco/watch.c); a new
+                       // lease under it is the same member registered again (its link stays)
   dsc_member m;        // its record
   cfg_worker w;        // the record as a link's settings
   mem_state state;
@@ -68,6 +68,7 @@ static void drop_locked(rtr_server *s, member *e) {
 
 // The watcher's join: a record appeared or changed.
 static int on_join(void *arg, const char *key, int64_t lease, const dsc_member *m) {
+  (void)lease;
   rtr_server *s = arg;
   rtr_members *ms = s->mem;
   pthread_mutex_lock(&s->mu);
@@ -91,7 +92,6 @@ static int on_join(void *arg, const char *key, int64_t lease, const dsc_member *
   if (e) {
     e->m = *m;
     e->w = w;
-    e->lease = lease;
     if (e->state == MEM_LINKED) {
       rtr_links_update_locked(s, e->link, &w, m->incarnation);
     } else { // a new record: dialled at once (a dial of the old one in flight is discarded)
@@ -117,7 +117,6 @@ static int on_join(void *arg, const char *key, int64_t lease, const dsc_member *
   e = &ms->m[ms->n++];
   memset(e, 0, sizeof *e);
   snprintf(e->key, sizeof e->key, "%s", key);
-  e->lease = lease;
   e->m = *m;
   e->w = w;
   e->state = MEM_PENDING;
