@@ -179,7 +179,7 @@ static int resync(dsc_watcher *w, int64_t *revision, char *err, size_t errlen) {
   if (rc) return rc;
   for (int i = 0; i < w->n_k; i++) w->k[i].seen = 0;
   // oldest key first: a router that starts (or resyncs) gives a name to the record a running one gave it to
-  qsort(kvs, (size_t)n, sizeof *kvs, by_creation);
+  if (n > 1) qsort(kvs, (size_t)n, sizeof *kvs, by_creation); // (kvs is NULL when n is 0)
   for (int i = 0; i < n; i++) on_put(w, &kvs[i]);
   for (int i = 0; i < w->n_k;)
     if (!w->k[i].seen) drop(w, &w->k[i]);
