@@ -80,7 +80,7 @@ static void offer(dsc_watcher *w, known *k, int again) {
   k->state = w->fns.join(w->fns.arg, k->key, k->lease, &k->m) ? K_REFUSED : K_MEMBER;
 }
 
-// name has no member any more: the records refused for it are considered again, first come first, until one is taken.
+// name has no member any more: the records refused for it are considered again, oldest first, until one is taken.
 static void reconsider(dsc_watcher *w, const char *name) {
   for (;;) {
     known *first = NULL;

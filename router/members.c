@@ -147,7 +147,8 @@ static int dialling(rtr_server *s, const char *name) {
 }
 
 // The record due for a dial: the fewest failures first (a new member never waits behind ghosts that failed before),
-// then the longest due. *wake: when the next one not due yet is.
+// then the longest due, then the newest (a worker that registers after a flood of new records whose addresses drop
+// packets is not dialled after all of them). *wake: when the next one not due yet is.
 static member *pick_locked(rtr_members *ms, int64_t now, int64_t *wake) {
   member *best = NULL;
   for (int i = 0; i < ms->n; i++) {
@@ -155,7 +156,9 @@ static member *pick_locked(rtr_members *ms, int64_t now, int64_t *wake) {
     if (e->state != MEM_PENDING || e->dialling) continue;
     if (e->next_ms > now) {
       if (e->next_ms < *wake) *wake = e->next_ms;
-    } else if (!best || e->fails < best->fails || (e->fails == best->fails && e->next_ms < best->next_ms)) {
+    } else if (!best || e->fails < best->fails ||
+               (e->fails == best->fails &&
+                (e->next_ms < best->next_ms || (e->next_ms == best->next_ms && e->gen > best->gen)))) {
       best = e;
     }
   }
