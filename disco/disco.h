@@ -65,11 +65,19 @@ void dsc_registrar_stop(dsc_registrar *r);
 int dsc_registrar_registered(dsc_registrar *r); // 1 while the record is in etcd (as far as the last call knew)
 
 // ---- a router's view (watch.c) ----
-// join: a member appeared or its record changed (a restart: a new incarnation); leave: its key went away (lease
-// expired or revoked, or deleted). Called from the watcher's thread, one at a time, in etcd's order.
+// A member is a record under one etcd key (attached to one lease); names are what links and handoffs use, so the
+// watcher lets one key at a time hold a name: a record whose name another key's member holds is refused, loudly, and
+// changes nothing for that member; when the holder leaves, the refused records of its name are considered again
+// (the oldest key first). A watcher that starts gives each name to the oldest key (create_revision) naming it, as a
+// watcher that was running then did.
+// join: a member appeared or its record changed (a restart: a new incarnation; a new lease): key, lease and record.
+// It returns 0 when the consumer takes it, non-zero when the consumer refuses it (another model): a refused record
+// holds no name (and when it was a member, the consumer has dropped it). leave: its key went away (lease expired
+// or revoked, deleted) or its record took another name; m is the last record the watcher saw under the key.
+// Called from the watcher's thread, one at a time, in etcd's order.
 typedef struct dsc_watch_fns {
-  void (*join)(void *arg, const dsc_member *m);
-  void (*leave)(void *arg, const dsc_member *m); // the last record the watcher saw under the key
+  int (*join)(void *arg, const char *key, int64_t lease, const dsc_member *m);
+  void (*leave)(void *arg, const char *key, const dsc_member *m);
   void *arg;
 } dsc_watch_fns;
 typedef struct dsc_watcher dsc_watcher;

@@ -96,6 +96,7 @@ static int kv_from_json(const cJSON *j, dsc_kv *kv, int want_value) {
     if (!kv->value) return -1;
   }
   kv->mod_revision = j_i64(j, "mod_revision", 0);
+  kv->create_revision = j_i64(j, "create_revision", 0);
   kv->lease = j_i64(j, "lease", 0);
   return 0;
 }

@@ -36,6 +36,7 @@ typedef struct dsc_kv {
   char *value;      // (owned) (value_len) bytes, NUL-terminated as well
   size_t value_len;
   int64_t mod_revision;
+  int64_t create_revision; // the put that created the key (its first since it was last deleted)
   int64_t lease;
 } dsc_kv;
 

@@ -1,5 +1,5 @@
-// disco/watch.c: a router's view of the membership: range the workers' prefix, then watch it; through an etcd outage
-// the last membership stands, and a fresh range when etcd is back tells what changed meanwhile.
+// disco/watch.c: a router's view of the membership: range the workers' prefix, then watch it; one key at a time holds
+// a name; through an etcd outage the last membership stands, and a fresh range when etcd is back tells what changed.
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,9 +13,17 @@
 
 #define RETRY_MS 500 // etcd unreachable: how often a range is tried again
 
+// What the watcher holds of a key: a member (the consumer took it: it holds its name), a record refused because
+// another key's member holds its name (considered again when that one leaves), or one the consumer refused.
+typedef enum { K_MEMBER, K_BLOCKED, K_REFUSED } known_state;
+
 typedef struct known {
   char key[256];
+  int64_t lease;
   dsc_member m;
+  known_state state;
+  int64_t created;   // its key's create_revision: of two records naming one worker, the older holds the name, and
+                     // blocked ones are considered again oldest first
   int seen;          // in the latest range (resync)
 } known;
 
@@ -24,7 +32,7 @@ struct dsc_watcher {
   char prefix[128];
   dsc_watch_fns fns;
   char log_as[64];
-  known *k;              // (owned) (n_k, cap_k) the members as last seen, by key
+  known *k;              // (owned) (n_k, cap_k) the records as last seen, by key
   int n_k, cap_k;
   pthread_t thread;
   int has_thread;
@@ -47,54 +55,120 @@ static known *find(dsc_watcher *w, const char *key) {
   return NULL;
 }
 
-// A put of key: a join when the record is new or changed. Records that do not decode are logged and ignored.
-static void on_put(dsc_watcher *w, const char *key, const char *value, size_t n) {
+// The member (another key than not's) that holds name, or NULL.
+static known *holder(dsc_watcher *w, const char *name, const known *not) {
+  for (int i = 0; i < w->n_k; i++)
+    if (&w->k[i] != not && w->k[i].state == K_MEMBER && !strcmp(w->k[i].m.name, name)) return &w->k[i];
+  return NULL;
+}
+
+// Offers k's record to the consumer, unless another key's member holds its name: then it is refused, loudly, and
+// that member is left as it is (a second record naming a live worker must not take its link away).
+static void offer(dsc_watcher *w, known *k, int again) {
+  known *h = holder(w, k->m.name, k);
+  if (h) {
+    if (k->state != K_BLOCKED)
+      utl_err(w->log_as, "REFUSING etcd record %s (%s:%d): its name %s is the member under %s (%s:%d), which keeps its "
+              "link; this record gets none until that member leaves", k->key, k->m.host, k->m.port, k->m.name,
+              h->key, h->m.host, h->m.port);
+    k->state = K_BLOCKED;
+    return;
+  }
+  if (again)
+    utl_log(w->log_as, "etcd record %s: the member that held the name %s left; considering this one", k->key,
+            k->m.name);
+  k->state = w->fns.join(w->fns.arg, k->key, k->lease, &k->m) ? K_REFUSED : K_MEMBER;
+}
+
+// name has no member any more: the records refused for it are considered again, oldest first, until one is taken.
+static void reconsider(dsc_watcher *w, const char *name) {
+  for (;;) {
+    known *first = NULL;
+    for (int i = 0; i < w->n_k; i++)
+      if (w->k[i].state == K_BLOCKED && !strcmp(w->k[i].m.name, name) && (!first || w->k[i].created < first->created))
+        first = &w->k[i];
+    if (!first) return;
+    offer(w, first, 1);
+    if (first->state == K_MEMBER) return;
+  }
+}
+
+// A put of key: offered when the record (or its lease) is new or changed. Records that do not decode are logged and
+// ignored.
+static void on_put(dsc_watcher *w, const dsc_kv *kv) {
+  const char *key = kv->key;
+  int64_t lease = kv->lease;
   dsc_member m;
   char err[256];
   if (strlen(key) >= sizeof w->k[0].key) return;
-  if (dsc_member_decode(value, n, &m, err, sizeof err)) {
+  if (dsc_member_decode(kv->value, kv->value_len, &m, err, sizeof err)) {
     utl_warn(w->log_as, "etcd key %s: %s; ignored", key, err);
     return;
   }
   known *k = find(w, key);
   if (k) {
     k->seen = 1;
-    if (!memcmp(&k->m, &m, sizeof m)) return;
-  } else {
-    if (w->n_k == w->cap_k) {
-      int cap = w->cap_k ? 2 * w->cap_k : 16;
-      known *nk = realloc(w->k, (size_t)cap * sizeof *nk);
-      if (!nk) {
-        utl_err(w->log_as, "out of memory: member %s not added", key);
-        return;
-      }
-      w->k = nk;
-      w->cap_k = cap;
+    if (k->lease == lease && !memcmp(&k->m, &m, sizeof m)) return;
+    dsc_member old = k->m;
+    k->m = m;
+    k->lease = lease;
+    if (k->state != K_MEMBER) {
+      offer(w, k, 0); // a refused record that changed: a new chance
+    } else if (strcmp(old.name, m.name)) { // the member took another name: it leaves under the old one
+      w->fns.leave(w->fns.arg, key, &old);
+      k->state = K_REFUSED;
+      offer(w, k, 0);
+      reconsider(w, old.name);
+    } else if (w->fns.join(w->fns.arg, key, lease, &m)) { // refused now (and dropped by the consumer)
+      k->state = K_REFUSED;
+      reconsider(w, m.name);
     }
-    k = &w->k[w->n_k++];
-    memset(k, 0, sizeof *k);
-    snprintf(k->key, sizeof k->key, "%s", key);
-    k->seen = 1;
+    return;
   }
+  if (w->n_k == w->cap_k) {
+    int cap = w->cap_k ? 2 * w->cap_k : 16;
+    known *nk = realloc(w->k, (size_t)cap * sizeof *nk);
+    if (!nk) {
+      utl_err(w->log_as, "out of memory: member %s not added", key);
+      return;
+    }
+    w->k = nk;
+    w->cap_k = cap;
+  }
+  k = &w->k[w->n_k++];
+  memset(k, 0, sizeof *k);
+  snprintf(k->key, sizeof k->key, "%s", key);
+  k->lease = lease;
   k->m = m;
-  w->fns.join(w->fns.arg, &m);
+  k->created = kv->create_revision;
+  k->seen = 1;
+  k->state = K_REFUSED;
+  offer(w, k, 0);
 }
 
+// k's key went away: a member leaves (and the records refused for its name are considered again).
 static void drop(dsc_watcher *w, known *k) {
-  dsc_member m = k->m;
+  known gone = *k;
   *k = w->k[--w->n_k];
-  w->fns.leave(w->fns.arg, &m);
+  if (gone.state != K_MEMBER) return;
+  w->fns.leave(w->fns.arg, gone.key, &gone.m);
+  reconsider(w, gone.m.name);
 }
 
 static int on_event(void *arg, const dsc_event *ev) {
   dsc_watcher *w = arg;
   if (!ev->is_delete) {
-    on_put(w, ev->kv.key, ev->kv.value, ev->kv.value_len);
+    on_put(w, &ev->kv);
   } else {
     known *k = find(w, ev->kv.key);
     if (k) drop(w, k);
   }
   return 0;
+}
+
+static int by_creation(const void *a, const void *b) {
+  int64_t x = ((const dsc_kv *)a)->create_revision, y = ((const dsc_kv *)b)->create_revision;
+  return x < y ? -1 : x > y;
 }
 
 // A fresh range: joins for what is new or changed, leaves for what is gone. 0, or the client's status.
@@ -104,7 +178,9 @@ static int resync(dsc_watcher *w, int64_t *revision, char *err, size_t errlen) {
   int rc = dsc_range(w->etcd, w->prefix, 1, &kvs, &n, revision, err, errlen);
   if (rc) return rc;
   for (int i = 0; i < w->n_k; i++) w->k[i].seen = 0;
-  for (int i = 0; i < n; i++) on_put(w, kvs[i].key, kvs[i].value, kvs[i].value_len);
+  // oldest key first: a router that starts (or resyncs) gives a name to the record a running one gave it to
+  if (n > 1) qsort(kvs, (size_t)n, sizeof *kvs, by_creation); // (kvs is NULL when n is 0)
+  for (int i = 0; i < n; i++) on_put(w, &kvs[i]);
   for (int i = 0; i < w->n_k;)
     if (!w->k[i].seen) drop(w, &w->k[i]);
     else i++;

@@ -47,6 +47,16 @@ int rtr_kvindex_new(int max_workers, int cap_per_worker, rtr_kvindex **out, char
   return 0;
 }
 
+int rtr_kvindex_grow(rtr_kvindex *x, int max_workers) {
+  if (max_workers <= x->max_workers) return 0;
+  kx_worker *nw = realloc(x->w, (size_t)max_workers * sizeof *nw);
+  if (!nw) return -1;
+  memset(nw + x->max_workers, 0, (size_t)(max_workers - x->max_workers) * sizeof *nw);
+  x->w = nw;
+  x->max_workers = max_workers;
+  return 0;
+}
+
 static void kx_worker_fini(kx_worker *w) {
   free(w->ents);
   free(w->buckets);

@@ -24,6 +24,9 @@ typedef struct rtr_kvindex rtr_kvindex;
 // ADDED event (32 to 40 bytes per key of cap_per_worker).
 int rtr_kvindex_new(int max_workers, int cap_per_worker, rtr_kvindex **out, char *err, size_t errlen);
 void rtr_kvindex_free(rtr_kvindex *x);
+// Room for workers [0, max_workers) (a router whose links grow); the workers' tables stay. 0, or -1 out of memory
+// (the index is as it was).
+int rtr_kvindex_grow(rtr_kvindex *x, int max_workers);
 
 // Applies a worker's events in order (ADDED, REMOVED, CLEARED; unknown kinds are skipped). -1 when the
 // worker id is out of range or its table cannot be allocated (the events from there on are not applied).

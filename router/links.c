@@ -190,8 +190,8 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
 }
 
 // The link whose peer is p. A worker may speak (its kv_events snapshot) as soon as it has sent hello_ok, before
-// the link thread that connected has stored the peer: a message from an unknown peer while a link of that
-// worker's name is connecting waits for it (polling, at most ~2 s) instead of being dropped. Called with mu
+// the link thread (or member dialer) that connected has stored the peer: a message from an unknown peer while a link
+// of that worker's name is connecting waits for it (polling, at most ~2 s) instead of being dropped. Called with mu
 // held; releases it while waiting.
 static rtr_link *link_of_locked(rtr_server *s, ctl_peer *p, int is_msg) {
   for (int tries = 0;; tries++) {
@@ -200,6 +200,8 @@ static rtr_link *link_of_locked(rtr_server *s, ctl_peer *p, int is_msg) {
       if (s->links[i].peer == p) return &s->links[i];
       connecting |= s->links[i].connecting && !strcmp(s->links[i].cfg->name, ctl_peer_name(p));
     }
+    // a member's first connection is made by members.c's dialer, before the member has a link
+    connecting |= s->hooks.member_dialling && s->hooks.member_dialling(s, ctl_peer_name(p));
     if (!is_msg || !connecting || s->stopping || tries >= 2000) return NULL;
     pthread_mutex_unlock(&s->mu);
     usleep(1000);
@@ -261,12 +263,40 @@ void *rtr_dispatcher_main(void *arg) {
 }
 
 
-void *rtr_link_main(void *arg) {
-  rtr_link *l = arg;
-  rtr_server *s = l->s;
+// p (hello_ok read) becomes l's peer: the link is up.
+static void link_up_locked(rtr_server *s, rtr_link *l, ctl_peer *p) {
+  prt_hello_ok ho; // a malformed hello_ok reads as one without a worker's fields
+  int read = !prt_hello_ok_decode(ctl_peer_hello(p), &ho, NULL, 0);
+  l->n_ctx = read && ho.has_worker ? ho.n_ctx : 0;
+  l->block_size = read && ho.has_layout && ho.kv_layout.block_size >= 1 ? ho.kv_layout.block_size : 16;
+  l->kv_type = read && ho.has_layout ? ho.kv_layout.type : -1;
+  if (s->kv) rtr_kvindex_remove_worker(s->kv, (int)(l - s->links)); // a new process: it tells us anew
+  l->peer = p;
+  l->up = 1;
+  l->draining = l->silent_moved = 0;
+  l->inflight = 0;
+  l->last_stats_ms = utl_now_ms();
+  l->last_stats_sent_ms = 0;
+  utl_log(LOGC, "worker %s (%s, %s:%d) connected", l->cfg->name, cfg_role_name(l->cfg->role), l->cfg->host,
+          l->cfg->port);
+  update_kv_gauge_locked(s);
+}
+
+typedef struct link_arg {
+  rtr_server *s; // (borrowed)
+  int li;
+} link_arg;
+
+// A link's thread. s->links may move while mu is let go (members that join grow it): l is found again by its index
+// after every wait.
+static void *link_main(void *arg) {
+  link_arg a = *(link_arg *)arg;
+  free(arg);
+  rtr_server *s = a.s;
+  rtr_link *l;
   int backoff = 100;
   pthread_mutex_lock(&s->mu);
-  while (!s->stopping && !l->gone) {
+  while ((l = &s->links[a.li]), !s->stopping && !l->gone) {
     if (!l->peer) {
       l->connecting = 1;
       char host[sizeof l->cfg->host];
@@ -278,30 +308,18 @@ void *rtr_link_main(void *arg) {
       char err[256] = "";
       ctl_peer *p = ctl_hub_connect(s->hub, name, host, port, 1000, err, sizeof err);
       pthread_mutex_lock(&s->mu);
+      l = &s->links[a.li];
       l->connecting = 0;
-      if (p && !s->stopping && !l->gone && port == l->cfg->port && !strcmp(host, l->cfg->host)) {
-        prt_hello_ok ho; // a malformed hello_ok reads as one without a worker's fields
-        int read = !prt_hello_ok_decode(ctl_peer_hello(p), &ho, NULL, 0);
-        l->n_ctx = read && ho.has_worker ? ho.n_ctx : 0;
-        l->block_size = read && ho.has_layout && ho.kv_layout.block_size >= 1 ? ho.kv_layout.block_size : 16;
-        l->kv_type = read && ho.has_layout ? ho.kv_layout.type : -1;
-        if (s->kv) rtr_kvindex_remove_worker(s->kv, (int)(l - s->links)); // a new process: it tells us anew
-        l->peer = p;
-        l->up = 1;
-        l->draining = l->silent_moved = 0;
-        l->inflight = 0;
-        l->last_stats_ms = utl_now_ms();
-        l->last_stats_sent_ms = 0;
+      if (p && !s->stopping && !l->gone && !l->peer && port == l->cfg->port && !strcmp(host, l->cfg->host)) {
         backoff = 100;
-        utl_log(LOGC, "worker %s (%s, %s:%d) connected", l->cfg->name, cfg_role_name(l->cfg->role), l->cfg->host,
-                l->cfg->port);
-        update_kv_gauge_locked(s);
+        link_up_locked(s, l, p);
         continue;
       }
       if (p) {
         ctl_peer_close(p);
         ctl_peer_unref(p);
-        break;
+        if (s->stopping || l->gone) break;
+        continue; // its address changed while we connected: the new one
       }
       utl_debug(LOGC, "worker %s: %s (retry in %d ms)", l->cfg->name, err, backoff);
       struct timespec dl;
@@ -343,6 +361,19 @@ void *rtr_link_main(void *arg) {
   l->thread_done = 1;
   pthread_mutex_unlock(&s->mu);
   return NULL;
+}
+
+int rtr_link_start_locked(rtr_server *s, int li) {
+  link_arg *a = malloc(sizeof *a);
+  if (!a) return -1;
+  *a = (link_arg){s, li};
+  rtr_link *l = &s->links[li];
+  if (pthread_create(&l->thread, NULL, link_main, a)) {
+    free(a);
+    return -1;
+  }
+  l->has_thread = 1;
+  return 0;
 }
 
 int rtr_server_links_up(rtr_server *s) {
@@ -655,69 +686,81 @@ static void capacity_locked(rtr_server *s) {
   pthread_cond_broadcast(&s->admit_cv); // requests waiting for room may fit now
 }
 
-int rtr_links_join_locked(rtr_server *s, const cfg_worker *w, int64_t incarnation) {
-  rtr_link *l = NULL;
-  for (int i = 0; i < s->n_links && !l; i++)
-    if (!strcmp(s->links[i].cfg->name, w->name)) l = &s->links[i];
-  if (l && !l->is_member) { // a worker of the config file registered too: the file's settings stand
-    utl_debug(LOGC, "worker %s is in the config and in etcd; the config's address stands", w->name);
-    return 0;
-  }
-  int back = l && l->gone && !l->thread_done; // it left and came back before its thread saw it go: that goes on
-  if (back) l->gone = 0;
-  if (l && !l->gone) {
-    int moved = strcmp(l->member.host, w->host) || l->member.port != w->port || l->member.role != w->role;
-    if (!moved && !back && l->incarnation == incarnation) return 0;
-    utl_log(LOGC, "worker %s %s (incarnation %lld -> %lld%s); dropping what the old one held", w->name,
-            back ? "rejoined the cluster" : "restarted", (long long)l->incarnation, (long long)incarnation,
-            moved ? ", new address" : "");
-    l->member = *w;
-    l->incarnation = incarnation;
-    if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move, its KV index goes
-    capacity_locked(s);
-    pthread_cond_broadcast(&s->link_cv);
-    return 0;
-  }
-  if (!l) // a slot a member left whose thread has ended and that no choice still names, else a new one
-    for (int i = 0; i < s->n_links && !l; i++)
-      if (s->links[i].is_member && s->links[i].gone && s->links[i].thread_done && !slot_in_use_locked(s, i))
-        l = &s->links[i];
-  if (!l && s->n_links < s->cap_links) l = &s->links[s->n_links++];
-  if (!l) {
-    utl_err(LOGC, "worker %s joined, but the router has no free link slot (%d in use); not linked", w->name,
-            s->n_links);
+// Room for one more link: the array (and the KV index's workers) doubled when full. 0, or -1 out of memory.
+static int grow_locked(rtr_server *s) {
+  if (s->n_links < s->cap_links) return 0;
+  int cap = s->cap_links ? 2 * s->cap_links : 16;
+  rtr_link *nl = realloc(s->links, (size_t)(cap + 1) * sizeof *nl);
+  if (!nl) return -1;
+  memset(nl + s->cap_links, 0, (size_t)(cap + 1 - s->cap_links) * sizeof *nl);
+  for (int i = 0; i < s->n_links; i++)
+    if (nl[i].is_member) nl[i].cfg = &nl[i].member; // it pointed into the old array
+  s->links = nl;
+  s->cap_links = cap;
+  if (s->kv && rtr_kvindex_grow(s->kv, cap) < 0) // the index is a hint: without it the link routes by load
+    utl_warn(LOGC, "out of memory: the KV-aware index covers %d links", s->n_links);
+  return 0;
+}
+
+int rtr_links_attach_locked(rtr_server *s, const cfg_worker *w, int64_t incarnation, ctl_peer *p) {
+  int li = -1;
+  // a slot a member left whose thread has ended and that no choice still names, else a new one
+  for (int i = 0; i < s->n_links && li < 0; i++)
+    if (s->links[i].is_member && s->links[i].gone && s->links[i].thread_done && !slot_in_use_locked(s, i)) li = i;
+  if (li < 0 && grow_locked(s) == 0) li = s->n_links++;
+  if (li < 0) {
+    utl_err(LOGC, "out of memory: worker %s not linked", w->name);
+    ctl_peer_close(p);
+    ctl_peer_unref(p);
     return -1;
   }
+  rtr_link *l = &s->links[li];
   if (l->has_thread) pthread_join(l->thread, NULL); // it has returned (thread_done)
-  int li = (int)(l - s->links);
-  if (s->kv) rtr_kvindex_remove_worker(s->kv, li);
   memset(l, 0, sizeof *l);
   l->s = s;
   l->member = *w;
   l->cfg = &l->member;
   l->is_member = 1;
   l->incarnation = incarnation;
-  if (pthread_create(&l->thread, NULL, rtr_link_main, l) == 0) l->has_thread = 1;
-  else l->gone = l->thread_done = 1;
+  link_up_locked(s, l, p);
+  if (rtr_link_start_locked(s, li) < 0) { // no keep-alive: no link (the dispatcher hears the close)
+    utl_err(LOGC, "cannot start a link thread: worker %s not linked", w->name);
+    l->gone = l->thread_done = 1;
+    ctl_peer_close(l->peer);
+    return -1;
+  }
   capacity_locked(s);
-  utl_log(LOGC, "worker %s (%s, %s:%d) joined the cluster; linking", w->name, cfg_role_name(w->role), w->host, w->port);
-  return l->has_thread ? 0 : -1;
+  return li;
 }
 
-void rtr_links_leave_locked(rtr_server *s, const char *name, int64_t incarnation) {
-  for (int i = 0; i < s->n_links; i++) {
-    rtr_link *l = &s->links[i];
-    if (!l->is_member || l->gone || strcmp(l->cfg->name, name) || (incarnation >= 0 && l->incarnation != incarnation))
-      continue;
-    utl_log(LOGC, "worker %s left the cluster%s", name, l->up && l->inflight ? "; moving its streams" : "");
-    l->gone = 1;
-    if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move (link_down_locked)
-    rtr_metric *gauges[3] = {l->m_w_running, l->m_w_waiting, l->m_w_kv_usage}; // its series stay; they read 0
-    for (int k = 0; k < 3; k++)
-      if (gauges[k]) rtr_metric_set(gauges[k], 0);
+void rtr_links_update_locked(rtr_server *s, int li, const cfg_worker *w, int64_t incarnation) {
+  rtr_link *l = &s->links[li];
+  int moved = strcmp(l->member.host, w->host) || l->member.port != w->port || l->member.role != w->role;
+  if (!moved && l->incarnation == incarnation) {
+    l->member = *w; // capacity and the like
     capacity_locked(s);
-    pthread_cond_broadcast(&s->link_cv);
+    return;
   }
+  utl_log(LOGC, "worker %s restarted (incarnation %lld -> %lld%s); dropping what the old one held", w->name,
+          (long long)l->incarnation, (long long)incarnation, moved ? ", new address" : "");
+  l->member = *w;
+  l->incarnation = incarnation;
+  if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move, its KV index goes
+  capacity_locked(s);
+  pthread_cond_broadcast(&s->link_cv);
+}
+
+void rtr_links_leave_locked(rtr_server *s, int li) {
+  rtr_link *l = &s->links[li];
+  if (!l->is_member || l->gone) return;
+  utl_log(LOGC, "worker %s left the cluster%s", l->cfg->name, l->up && l->inflight ? "; moving its streams" : "");
+  l->gone = 1;
+  if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move (link_down_locked)
+  rtr_metric *gauges[3] = {l->m_w_running, l->m_w_waiting, l->m_w_kv_usage}; // its series stay; they read 0
+  for (int k = 0; k < 3; k++)
+    if (gauges[k]) rtr_metric_set(gauges[k], 0);
+  capacity_locked(s);
+  pthread_cond_broadcast(&s->link_cv);
 }
 
 // What the layers below the links hear of them: a choice that ends early is cancelled at its workers (req.c).

@@ -319,19 +319,35 @@ static int collect_locked(rtr_server *s, stats_prev *prev, double secs, stats_li
   return work ? n : 0;
 }
 
+// prev and lines (cap + 1 each) grown to s->cap_links + 1 (new links start from zero). 0, or -1 out of memory.
+static int fit_locked(rtr_server *s, stats_prev **prev, stats_line **lines, int *cap) {
+  if (*prev && *lines && *cap >= s->cap_links) return 0;
+  stats_prev *np = realloc(*prev, (size_t)(s->cap_links + 1) * sizeof *np);
+  if (np) *prev = np;
+  stats_line *nl = np ? realloc(*lines, (size_t)(s->cap_links + 1) * sizeof *nl) : NULL;
+  if (nl) *lines = nl;
+  if (!np || !nl) return -1;
+  int from = *cap ? *cap + 1 : 0;
+  memset(np + from, 0, (size_t)(s->cap_links + 1 - from) * sizeof *np);
+  *cap = s->cap_links;
+  return 0;
+}
+
 static void *stats_main(void *arg) {
   rtr_server *s = arg;
   int64_t every_ms = (int64_t)s->cfg->logging.stats_interval_s * 1000;
-  // every slot a link may take: members that join through discovery add links while this runs (cap_links)
-  stats_prev *prev = calloc((size_t)s->cap_links + 1, sizeof *prev);
-  stats_line *lines = calloc((size_t)s->cap_links + 1, sizeof *lines);
-  if (!prev || !lines) {
+  // every slot a link may take (cap_links): members that join through discovery grow it while this runs
+  stats_prev *prev = NULL;
+  stats_line *lines = NULL;
+  int cap = 0;
+  pthread_mutex_lock(&s->mu);
+  if (fit_locked(s, &prev, &lines, &cap) < 0) {
+    pthread_mutex_unlock(&s->mu);
     utl_warn(LOGC, "out of memory: no stats lines");
     free(prev);
     free(lines);
     return NULL;
   }
-  pthread_mutex_lock(&s->mu);
   collect_locked(s, prev, 1, lines); // the counts so far are the baseline
   int64_t last = utl_now_ms();
   while (!s->stopping) {
@@ -343,6 +359,10 @@ static void *stats_main(void *arg) {
     }
     if (s->stopping) break;
     int64_t now = utl_now_ms();
+    if (fit_locked(s, &prev, &lines, &cap) < 0) { // out of memory: the next interval tries again
+      last = now;
+      continue;
+    }
     int n = collect_locked(s, prev, (double)(now - last) / 1000.0, lines);
     last = now;
     pthread_mutex_unlock(&s->mu); // the lines go out without the router's lock

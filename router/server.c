@@ -160,7 +160,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
     return -1;
   }
   if (pthread_create(&s->dispatcher, NULL, rtr_dispatcher_main, s) == 0) s->has_dispatcher = 1;
-  s->cap_links = o->cfg->n_workers + (o->cfg->has_discovery ? RTR_MEMBER_SLOTS : 0);
+  s->cap_links = o->cfg->n_workers + (o->cfg->has_discovery ? 16 : 0); // members grow it (links.c)
   s->links = calloc((size_t)s->cap_links + 1, sizeof *s->links);
   if (!s->links) {
     utl_seterr(err, errlen, "out of memory");
@@ -170,11 +170,14 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   s->n_links = o->cfg->n_workers;
   // The index is a hint: without memory for it the router routes by load.
   if (s->cap_links > 0 && rtr_kvindex_new(s->cap_links, 1 << 16, &s->kv, err, errlen) < 0) s->kv = NULL;
+  pthread_mutex_lock(&s->mu);
   for (int i = 0; i < s->n_links; i++) {
     s->links[i].s = s;
     s->links[i].cfg = &o->cfg->workers[i];
-    if (pthread_create(&s->links[i].thread, NULL, rtr_link_main, &s->links[i]) == 0) s->links[i].has_thread = 1;
+    if (rtr_link_start_locked(s, i) < 0) utl_err(LOGC, "cannot start a link thread: worker %s not linked",
+                                                 s->links[i].cfg->name);
   }
+  pthread_mutex_unlock(&s->mu);
   if (rtr_observe_start(s, err, errlen) < 0 || // the tracer and the stats lines
       rtr_members_start(s, err, errlen) < 0) { // the workers etcd knows (config "discovery")
     rtr_server_free(s);

@@ -31,10 +31,10 @@ struct MHD_Connection;
 struct MHD_Daemon;
 struct sockaddr_in;
 typedef struct rtr_gate rtr_gate;
+typedef struct rtr_members rtr_members;
 
 #define LOGC "router"
 #define WAIT_TICK_MS 100     // how often a waiting connection checks its client is still there
-#define RTR_MEMBER_SLOTS 64   // link slots for workers that join through discovery (reused once one has left)
 #define RTR_DECODE_LOST_MS 500 // how long a choice whose prefill worker lost its decode worker waits for the
                                // router's own link to that worker to go down (then it moves and waits for a worker)
                                // before it is sent again as it is (or fails when its moves are used up)
@@ -44,7 +44,8 @@ typedef struct rtr_link {
   const cfg_worker *cfg;   // (borrowed) from s->cfg, or &member for a worker that joined through discovery
   // A worker of the membership (members.c): its settings from its etcd record (changed only under s->mu; the link
   // thread copies the address before it connects), the incarnation they came with, and whether it has left (its
-  // thread ends, its slot may take another member once the thread has).
+  // thread ends, its slot may take another member once the thread has). A member gets a link only once it has
+  // answered the handshake (members.c dials it first): a record alone holds no slot.
   cfg_worker member;
   int is_member;
   int64_t incarnation;
@@ -157,6 +158,8 @@ typedef struct rtr_hooks {
   void (*on_error)(rtr_server *s, rtr_req *r, int ci, const prt_error *m);
   void (*choice_start)(rtr_req *r, int ci); // relay.c: a streamed choice was routed (its first chunk)
   void (*stream_end)(rtr_req *r);          // relay.c: a streamed request ended (its trailer)
+  int (*member_dialling)(rtr_server *s, const char *name); // members.c: 1 while a member of that name is being dialled
+                                                           // (not set without discovery)
 } rtr_hooks;
 
 struct rtr_server {
@@ -183,10 +186,13 @@ struct rtr_server {
   int stopping;
   int draining;                // rtr_server_drain: new requests get 503, queued ones are failed
   int n_live;                  // generation requests whose connection or response still holds them
-  rtr_link *links;             // (owned) (n_links, cap_links): the config's workers, then members that joined
+  // (owned) (n_links, cap_links): the config's workers, then members that joined; it grows (realloc, under mu), so
+  // a link's address holds only while mu is held: whoever lets go of mu finds its link again by index
+  rtr_link *links;
   int n_links, cap_links;
   int capacity_static;         // the config's workers' max_seqs (capacity = this + the members' that are linked)
   dsc_watcher *watcher;        // (owned) the membership in etcd (config "discovery"); NULL without
+  rtr_members *mem;            // (owned) members.c's records and their dialers; NULL without discovery
   dsc_fingerprint fp;          // the router's own model: a member serving another model is refused
   rtr_req *reqs;               // active requests (linked through next)
   rtr_req *wait_head, *wait_tail; // admission queue
@@ -253,7 +259,8 @@ rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r);
 // links.c: worker links, the dispatcher, routing a choice to workers and moving it
 void rtr_links_register(rtr_server *s); // s->hooks.cancel_choice
 void *rtr_dispatcher_main(void *arg); // arg: the rtr_server
-void *rtr_link_main(void *arg);       // arg: its rtr_link
+// Starts link li's thread (it connects, keeps the link alive, reconnects). 0, or -1 when the thread did not start.
+int rtr_link_start_locked(rtr_server *s, int li);
 int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker *w, cJSON **msgs, int *to, int *n,
                             rtr_error *e);
 // Choice ci leaves its decode/both worker (dead, silent or draining) for another one; with may_wait and no worker
@@ -264,18 +271,21 @@ int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait);
 // 0, or -1 with e and *who (the request whose choice found no worker; left unsent).
 int rtr_send_new_locked(rtr_server *s, rtr_req *first, rtr_req **who, rtr_error *e);
 
-// Discovery (members.c calls these with s->mu held). A member joins: a new link (or a slot it left), or its record
-// changed (a restart: new incarnation or address), when the old peer is closed and its choices move as on any
-// link loss; 0, or -1 when no slot is free. A member leaves: no new work, its peer closed, its choices move.
-int rtr_links_join_locked(rtr_server *s, const cfg_worker *w, int64_t incarnation);
-void rtr_links_leave_locked(rtr_server *s, const char *name, int64_t incarnation); // incarnation -1: whichever
+// Discovery (members.c calls these with s->mu held). A member that answered the handshake (p: a reference the
+// link takes) gets a link: a slot a member left, else a new one (the array grows: no fixed count); its index, or -1
+// out of memory (p is then closed). Its record changed (a restart: new incarnation or address): the old peer is
+// closed and its choices move as on any link loss, and the link connects to the new address. It leaves: no new work,
+// its peer closed, its choices move.
+int rtr_links_attach_locked(rtr_server *s, const cfg_worker *w, int64_t incarnation, ctl_peer *p);
+void rtr_links_update_locked(rtr_server *s, int li, const cfg_worker *w, int64_t incarnation);
+void rtr_links_leave_locked(rtr_server *s, int li);
 
 // scale.c: the per-role scaling signals (/metrics), recomputed from the links and the requests in flight
 void rtr_scale_update_locked(rtr_server *s);
 
-// members.c: discovery's watcher, whose joins and leaves become links (after the model check)
+// members.c: discovery's watcher, whose joins and leaves become links (after the model check and a handshake)
 int rtr_members_start(rtr_server *s, char *err, size_t errlen); // no-op without a discovery section
-void rtr_members_stop(rtr_server *s);
+void rtr_members_stop(rtr_server *s); // the watcher and the dialers; before s->stopping (no link comes after)
 
 // admit.c: admission (slots, the wait queue), then every choice routed and sent
 int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e); // 0, or -1 with e (the caller fails r)

@@ -8,47 +8,64 @@
 #include "util/log.h"
 #include "worker/shell.h"
 
+// One member: its etcd key (what a leave names; the watcher lets one key at a time hold a name) and its settings.
+typedef struct peer {
+  char key[256];
+  cfg_worker w;
+} peer;
+
 struct wrk_peers {
   pthread_mutex_t mu;    // guards w, n
-  cfg_worker *w;         // (owned) (n, cap) the members now
+  peer *w;               // (owned) (n, cap) the members now
   int n, cap;
   dsc_fingerprint fp;    // ours: a member of another model is not a peer
   char name[64];         // ours (the log's component)
   dsc_watcher *watcher;  // (owned)
 };
 
-static void on_join(void *arg, const dsc_member *m) {
+// The member under key leaves the table (none: a no-op). Called with mu held.
+static void remove_locked(wrk_peers *p, const char *key) {
+  for (int i = 0; i < p->n; i++)
+    if (!strcmp(p->w[i].key, key)) {
+      p->w[i] = p->w[--p->n];
+      return;
+    }
+}
+
+static int on_join(void *arg, const char *key, int64_t lease, const dsc_member *m) {
+  (void)lease;
   wrk_peers *p = arg;
-  if (!dsc_same_model(&m->fp, &p->fp)) {
-    utl_warn(p->name, "worker %s serves another model (%s %s); not a peer", m->name, m->fp.arch, m->fp.file_hash);
-    return;
-  }
-  cfg_worker w;
-  dsc_member_to_cfg(m, &w);
   pthread_mutex_lock(&p->mu);
+  if (!dsc_same_model(&m->fp, &p->fp)) {
+    remove_locked(p, key); // its record changed to another model: no longer a peer
+    pthread_mutex_unlock(&p->mu);
+    utl_warn(p->name, "worker %s serves another model (%s %s); not a peer", m->name, m->fp.arch, m->fp.file_hash);
+    return 1;
+  }
   int i = 0;
-  while (i < p->n && strcmp(p->w[i].name, m->name)) i++;
+  while (i < p->n && strcmp(p->w[i].key, key)) i++;
   if (i == p->n && p->n == p->cap) {
     int cap = p->cap ? 2 * p->cap : 16;
-    cfg_worker *nw = realloc(p->w, (size_t)cap * sizeof *nw);
+    peer *nw = realloc(p->w, (size_t)cap * sizeof *nw);
     if (nw) {
       p->w = nw;
       p->cap = cap;
     }
   }
   if (i < p->cap) {
-    p->w[i] = w;
+    snprintf(p->w[i].key, sizeof p->w[i].key, "%s", key);
+    dsc_member_to_cfg(m, &p->w[i].w);
     if (i == p->n) p->n++;
   }
   pthread_mutex_unlock(&p->mu);
+  return 0;
 }
 
-static void on_leave(void *arg, const dsc_member *m) {
+static void on_leave(void *arg, const char *key, const dsc_member *m) {
+  (void)m;
   wrk_peers *p = arg;
   pthread_mutex_lock(&p->mu);
-  for (int i = 0; i < p->n;)
-    if (!strcmp(p->w[i].name, m->name) && p->w[i].role == m->role) p->w[i] = p->w[--p->n];
-    else i++;
+  remove_locked(p, key);
   pthread_mutex_unlock(&p->mu);
 }
 
@@ -83,8 +100,8 @@ int wrk_peers_find(wrk_peers *p, const char *name, cfg_worker *out) {
   int found = 0;
   pthread_mutex_lock(&p->mu);
   for (int i = 0; i < p->n && !found; i++)
-    if (!strcmp(p->w[i].name, name)) {
-      *out = p->w[i];
+    if (!strcmp(p->w[i].w.name, name)) {
+      *out = p->w[i].w;
       found = 1;
     }
   pthread_mutex_unlock(&p->mu);

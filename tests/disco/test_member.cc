@@ -1,7 +1,9 @@
 // tests/disco/test_member.cc: the member record and its key, and a registrar and a watcher against a real etcd:
-// join, restart (new incarnation), revoke on stop, expiry without keep-alive, and an outage with a change meanwhile.
+// join, restart (new incarnation), revoke on stop, expiry without keep-alive, an outage with a change meanwhile, and
+// one name held by one key at a time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -40,19 +42,44 @@ cfg_discovery discovery(const std::string &url, int ttl = 2) {
   return d;
 }
 
+// A client of the etcd at url (no TLS, no auth), or nullptr.
+dsc_etcd *client(const std::string &url) {
+  const char *ep = url.c_str();
+  dsc_etcd_opts o{};
+  o.endpoints = &ep;
+  o.n_endpoints = 1;
+  dsc_etcd *c = nullptr;
+  char err[256];
+  return dsc_etcd_new(&o, &c, err, sizeof err) ? nullptr : c;
+}
+
+// m's record under key, attached to lease (0: none): 0, or the client's status.
+int put_member(dsc_etcd *c, const char *key, const dsc_member &m, int64_t lease = 0) {
+  utl_buf b = {};
+  char err[256];
+  int rc = dsc_member_encode(&m, &b) ? -1 : dsc_put(c, key, b.p, b.n, lease, err, sizeof err);
+  utl_buf_free(&b);
+  return rc;
+}
+
 // What a watcher told: "join NAME INCARNATION" / "leave NAME".
 struct Seen {
   std::mutex mu;
   std::vector<std::string> ev;
-  static void join(void *arg, const dsc_member *m) {
+  std::string refuse; // a name join refuses (as a consumer refuses another model)
+  bool keys = false;  // leave also says the key
+  static int join(void *arg, const char *key, int64_t lease, const dsc_member *m) {
+    (void)key;
+    (void)lease;
     Seen *s = (Seen *)arg;
     std::lock_guard<std::mutex> g(s->mu);
     s->ev.push_back("join " + std::string(m->name) + " " + std::to_string(m->incarnation));
+    return s->refuse == m->name;
   }
-  static void leave(void *arg, const dsc_member *m) {
+  static void leave(void *arg, const char *key, const dsc_member *m) {
     Seen *s = (Seen *)arg;
     std::lock_guard<std::mutex> g(s->mu);
-    s->ev.push_back("leave " + std::string(m->name));
+    s->ev.push_back("leave " + std::string(m->name) + (s->keys ? " " + std::string(key) : ""));
   }
   std::vector<std::string> get() {
     std::lock_guard<std::mutex> g(mu);
@@ -172,19 +199,11 @@ TEST(Membership, ExpiresWithoutKeepAliveAndSurvivesAnOutage) {
   char err[512];
   // A lease nobody keeps alive: what a worker killed with -9 leaves behind.
   {
-    const char *ep = e.url.c_str();
-    dsc_etcd_opts o{};
-    o.endpoints = &ep;
-    o.n_endpoints = 1;
-    dsc_etcd *c;
-    ASSERT_EQ(dsc_etcd_new(&o, &c, err, sizeof err), 0);
+    dsc_etcd *c = client(e.url);
+    ASSERT_TRUE(c);
     int64_t lease;
     ASSERT_EQ(dsc_lease_grant(c, 2, &lease, err, sizeof err), 0);
-    dsc_member dead = member("dead", 7);
-    utl_buf b = {};
-    dsc_member_encode(&dead, &b);
-    ASSERT_EQ(dsc_put(c, "/dserve/t/workers/decode/dead", b.p, b.n, lease, err, sizeof err), 0);
-    utl_buf_free(&b);
+    ASSERT_EQ(put_member(c, "/dserve/t/workers/decode/dead", member("dead", 7), lease), 0);
     dsc_etcd_free(c);
   }
   Seen seen;
@@ -214,6 +233,61 @@ TEST(Membership, ExpiresWithoutKeepAliveAndSurvivesAnOutage) {
   EXPECT_EQ(seen.get().size(), 4u) << "a's record survived the outage (etcd renews leases when it comes back)";
   dsc_registrar_stop(ra);
   dsc_registrar_stop(rb);
+  dsc_watcher_stop(w);
+}
+
+// Two records naming one worker (another key: a second worker of the same name, or a forged record): the member that
+// holds the name keeps it, the second is refused and changes nothing; when the first leaves, the second is
+// considered again. A record the consumer refuses (another model) holds no name.
+TEST(Membership, ASecondRecordOfAMembersNameIsRefusedUntilItLeaves) {
+  SKIP_WITHOUT_ETCD();
+  etcdtest::Etcd e;
+  ASSERT_TRUE(e.start());
+  cfg_discovery d = discovery(e.url);
+  char err[512];
+  dsc_etcd *c = client(e.url);
+  ASSERT_TRUE(c);
+  auto put = [&](const char *key, const dsc_member &m) { ASSERT_EQ(put_member(c, key, m), 0) << key; };
+  Seen seen;
+  seen.refuse = "other";
+  seen.keys = true;
+  dsc_watch_fns fns = {Seen::join, Seen::leave, &seen};
+  dsc_watcher *w = nullptr;
+  ASSERT_EQ(dsc_watcher_start(&d, &fns, "test", &w, err, sizeof err), 0) << err;
+  put("/dserve/t/workers/decode/x", member("x", 1));
+  ASSERT_GE(seen.wait_for(1), 0);
+  dsc_member twin = member("x", 2);
+  twin.role = CFG_ROLE_PREFILL;
+  twin.port = 9999;
+  put("/dserve/t/workers/prefill/x", twin);
+  put("/dserve/t/workers/decode/x2", member("other", 3)); // refused by the consumer: holds no name
+  put("/dserve/t/workers/decode/y", member("y", 4));       // after the twin in etcd's order: the twin was seen
+  ASSERT_GE(seen.wait_for(3), 0);
+  EXPECT_EQ(seen.get(), (std::vector<std::string>{"join x 1", "join other 3", "join y 4"})) << "the twin changed nothing";
+  put("/dserve/t/workers/decode/x", member("x", 5)); // the holder's own record may change (a restart)
+  ASSERT_GE(seen.wait_for(4), 0);
+  EXPECT_EQ(seen.get().back(), "join x 5");
+  ASSERT_EQ(dsc_delete(c, "/dserve/t/workers/decode/x", 0, err, sizeof err), 0) << err;
+  ASSERT_GE(seen.wait_for(6), 0);
+  std::vector<std::string> ev = seen.get();
+  EXPECT_EQ(ev[4], "leave x /dserve/t/workers/decode/x");
+  EXPECT_EQ(ev[5], "join x 2") << "the twin, considered again once the name is free";
+  // a watcher that starts now gives a name to its oldest record, though another key naming it sorts first
+  put("/dserve/t/workers/prefill/z", member("z", 6));
+  put("/dserve/t/workers/decode/z", member("z", 7));
+  put("/dserve/t/workers/both/z", member("z", 8));
+  ASSERT_GE(seen.wait_for(7), 0);
+  Seen later;
+  dsc_watch_fns later_fns = {Seen::join, Seen::leave, &later};
+  dsc_watcher *w2 = nullptr;
+  ASSERT_EQ(dsc_watcher_start(&d, &later_fns, "test", &w2, err, sizeof err), 0) << err;
+  ASSERT_GE(later.wait_for(4), 0);
+  ev = later.get();
+  std::sort(ev.begin(), ev.end()); // the range's order
+  EXPECT_EQ(ev, (std::vector<std::string>{"join other 3", "join x 2", "join y 4", "join z 6"}));
+  EXPECT_EQ(seen.get().back(), "join z 6");
+  dsc_watcher_stop(w2);
+  dsc_etcd_free(c);
   dsc_watcher_stop(w);
 }
 

@@ -89,3 +89,14 @@ class Etcd:
 
     def delete(self, key):
         self.call("/v3/kv/deleterange", {"key": _b64(key)})
+
+    def put_many(self, items):
+        """Puts every (key, value) of items, 100 to a transaction (etcd's default limit is 128 operations)."""
+        items = list(items)
+        for i in range(0, len(items), 100):
+            ops = [{"request_put": {"key": _b64(k), "value": _b64(json.dumps(v))}} for k, v in items[i:i + 100]]
+            self.call("/v3/kv/txn", {"success": ops})
+
+    def delete_prefix(self, prefix):
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        self.call("/v3/kv/deleterange", {"key": _b64(prefix), "range_end": _b64(end)})

@@ -100,8 +100,11 @@ class Load:
         return list(self.results)
 
 
-class Discovery(unittest.TestCase):
-    def setUp(self):
+class Cluster:
+    """A TestCase mixin: a real etcd, a router watching it and workers that register there (no config lists them)."""
+
+    def start_cluster(self, router):
+        """etcd and the router (router: its config's "router" section, less the port) in a temp dir."""
         u.require_env(self)
         eu.require_etcd()
         self.dir = tempfile.mkdtemp(prefix="dserve-disco-")
@@ -112,10 +115,8 @@ class Discovery(unittest.TestCase):
         self.addCleanup(self._cleanup)
         self.discovery = {"etcd": [self.etcd.url], "cluster": "e2e", "lease_ttl_s": TTL_S}
         self.port = u.free_ports(1)[0]
-        cfg = {"model": u.MODEL, "discovery": self.discovery,
-               "router": {"port": self.port, "disagg_threshold": 64, "disagg_policy": "threshold"}}
+        cfg = {"model": u.MODEL, "discovery": self.discovery, "router": dict(router, port=self.port)}
         self.router = self._start(["router", "--config", self._write("router.json", cfg)], "router.log")
-        self.refs = None
 
     def _cleanup(self):
         for p in self.procs:
@@ -136,17 +137,25 @@ class Discovery(unittest.TestCase):
         self.procs.append(p)
         return p
 
-    def worker(self, name, role="decode"):
-        """Starts worker name (its own config: itself and the discovery section, an ephemeral port)."""
+    def worker(self, name, role="decode", log=None):
+        """Starts worker name (its own config: itself and the discovery section, an ephemeral port); its log is
+        log.log (default: name.log)."""
+        log = log or name
         cfg = {"model": u.MODEL, "discovery": self.discovery,
                "workers": [{"name": name, "role": role, "host": "127.0.0.1", "port": 0, "threads": 1,
                             "kv_budget_mb": 32, "max_seqs": 16,
                             # no prefix cache: the KV-aware policy would keep the two prompts where they are cached
                             "prefix_cache_mb": 0}]}
-        return self._start([role, "--config", self._write(name + ".json", cfg), "--name", name], name + ".log")
+        return self._start([role, "--config", self._write(log + ".json", cfg), "--name", name], log + ".log")
 
-    def linked(self, name, timeout=60):
-        return self.router.line_time(r"router: worker %s \((decode|prefill), [^)]*\) connected" % name, timeout * S)
+    def linked(self, name, timeout=60, role="decode|prefill"):
+        return self.router.line_time(r"router: worker %s \((%s), [^)]*\) connected" % (name, role), timeout * S)
+
+
+class Discovery(Cluster, unittest.TestCase):
+    def setUp(self):
+        self.start_cluster({"disagg_threshold": 64, "disagg_policy": "threshold"})
+        self.refs = None
 
     def references(self):
         res = u.run_threads([lambda i=i: u.stream(self.port, "completions", body(i)) for i in range(len(PROMPTS))],

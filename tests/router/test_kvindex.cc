@@ -42,6 +42,21 @@ TEST_F(KvIndex, BadArgumentsAreRefused) {
   rtr_kvindex_free(nullptr);
 }
 
+// A router's links grow as members join: the index grows with them and keeps what its workers told it.
+TEST_F(KvIndex, GrowsKeepingItsWorkers) {
+  make(2, 64);
+  apply(1, {add(10), add(11)});
+  kv_event e = add(1);
+  EXPECT_LT(rtr_kvindex_apply(x, 40, &e, 1), 0);
+  ASSERT_EQ(rtr_kvindex_grow(x, 64), 0);
+  ASSERT_EQ(rtr_kvindex_grow(x, 8), 0); // never shrinks
+  apply(40, {add(10)});
+  uint64_t p[] = {10, 11};
+  EXPECT_EQ(rtr_kvindex_overlap(x, 1, p, 2), 2);
+  EXPECT_EQ(rtr_kvindex_overlap(x, 40, p, 2), 1);
+  EXPECT_EQ(rtr_kvindex_count(x, 63), 0);
+}
+
 TEST_F(KvIndex, OverlapCountsLeadingBlocksOnly) {
   make(3, 64);
   apply(0, {add(10), add(11), add(12), add(20)});
