@@ -19,6 +19,7 @@
 #include "ctl/frame.h"
 #include "proto/hello.h"
 #include "proto/request.h"
+#include "util/clock.h"
 #include "util/crypto.h"
 #include "util/log.h"
 
@@ -449,7 +450,7 @@ int ctl_hub_new(const ctl_hub_opts *o, ctl_hub **out, char *err, size_t errlen) 
   h->hello_arg = o->hello_arg;
   h->lfd = -1;
   pthread_mutex_init(&h->mu, NULL);
-  pthread_cond_init(&h->cv, NULL);
+  utl_cond_init_monotonic(&h->cv); // ctl_hub_next waits on it with a deadline
   pthread_cond_init(&h->threads_cv, NULL);
   if (pipe2(h->wake_pipe, O_CLOEXEC)) {
     snprintf(err, errlen, "pipe: %s", strerror(errno));
@@ -552,16 +553,7 @@ ctl_peer *ctl_hub_connect(ctl_hub *h, const char *member, const char *host, int 
 }
 
 int ctl_hub_next(ctl_hub *h, ctl_event *ev, int timeout_ms) {
-  struct timespec dl;
-  clock_gettime(CLOCK_REALTIME, &dl);
-  if (timeout_ms > 0) {
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-      dl.tv_sec++;
-      dl.tv_nsec -= 1000000000L;
-    }
-  }
+  struct timespec dl = utl_deadline_ms(timeout_ms);
   pthread_mutex_lock(&h->mu);
   while (!h->head && !h->wakeups && timeout_ms != 0) {
     if (timeout_ms < 0) pthread_cond_wait(&h->cv, &h->mu);

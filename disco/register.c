@@ -111,7 +111,7 @@ int dsc_registrar_start(const cfg_discovery *d, const dsc_member *m, const char 
   r->ttl_s = d->lease_ttl_s;
   snprintf(r->log_as, sizeof r->log_as, "%s", log_as);
   pthread_mutex_init(&r->mu, NULL);
-  pthread_cond_init(&r->cv, NULL);
+  utl_cond_init_monotonic(&r->cv); // dsc_nap waits on it
   if (pthread_create(&r->thread, NULL, registrar_main, r)) {
     utl_seterr(err, errlen, "cannot start the etcd registration thread");
     r->stop = 1; // nothing to join

@@ -304,8 +304,7 @@ void *rtr_link_main(void *arg) {
         break;
       }
       utl_debug(LOGC, "worker %s: %s (retry in %d ms)", l->cfg->name, err, backoff);
-      struct timespec dl;
-      deadline_in(&dl, backoff);
+      struct timespec dl = utl_deadline_ms(backoff);
       pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);
       backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
       continue;
@@ -336,8 +335,7 @@ void *rtr_link_main(void *arg) {
       pthread_mutex_lock(&s->mu);
       continue;
     }
-    struct timespec dl;
-    deadline_in(&dl, 250);
+    struct timespec dl = utl_deadline_ms(250);
     pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);
   }
   l->thread_done = 1;
