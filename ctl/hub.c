@@ -207,9 +207,10 @@ static void read_until_closed(ctl_peer *p) {
       // Answered here, not by the owner's event loop: proves the process is alive and reachable even while a long
       // compute step keeps its loop busy (the router's link_dead_ms check).
       cJSON *pong = prt_bare_encode(PRT_OP_PONG);
-      if (pong) ctl_frame_send(p->ctl, pong);
+      int gone = pong && ctl_frame_send(p->ctl, pong) != 0; // the peer went away: its closed event now
       cJSON_Delete(pong);
       cJSON_Delete(m);
+      if (gone) break;
       continue;
     }
     push(p->hub, p, m);
@@ -295,7 +296,8 @@ static int seal_link(ctl_peer *p, const char *secret, const char *nonce_l, const
 // Sends a refusal the connector hears (sealed when the link is), logged by the caller.
 static void send_refusal(ctl_peer *p, const char *why, const char *code) {
   cJSON *e = prt_error_encode(&(prt_error){.message = why, .code = code}, NULL, 0);
-  if (e) ctl_frame_send(p->ctl, e);
+  // Best effort: the connection is closed right after either way, and the caller has logged the refusal.
+  if (e) utl_ignore_status(ctl_frame_send(p->ctl, e));
   cJSON_Delete(e);
 }
 

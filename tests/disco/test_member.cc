@@ -182,7 +182,7 @@ TEST(Membership, ExpiresWithoutKeepAliveAndSurvivesAnOutage) {
     ASSERT_EQ(dsc_lease_grant(c, 2, &lease, err, sizeof err), 0);
     dsc_member dead = member("dead", 7);
     utl_buf b = {};
-    dsc_member_encode(&dead, &b);
+    ASSERT_EQ(dsc_member_encode(&dead, &b), 0);
     ASSERT_EQ(dsc_put(c, "/dserve/t/workers/decode/dead", b.p, b.n, lease, err, sizeof err), 0);
     utl_buf_free(&b);
     dsc_etcd_free(c);
