@@ -602,7 +602,8 @@ int cmd_kvxfer_bench(int argc, char **argv) {
 out:
   if (a) {
     char e2[128];
-    kvx_notify(a, "bench-recv", "exit", 4, e2, sizeof e2);
+    if (kvx_notify(a, "bench-recv", "exit", 4, e2, sizeof e2)) // the loop below stops it then
+      fprintf(stderr, "kvxfer-bench: cannot tell the receiver to exit: %s\n", e2);
   }
   if (raw_fd >= 0) {
     uint64_t z = 0;

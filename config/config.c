@@ -269,7 +269,9 @@ static int parse_worker(cfg_ctx *x, const cJSON *w, int idx, cfg_worker *o, cons
   }
   char role[16];
   if (cfg_str(x, w, p, "role", role, sizeof role, "both") || cfg_one_of(x, p, "role", role, S_ROLE)) return -1;
-  cfg_role_parse(role, &o->role);
+  snprintf(field, sizeof field, "%s.role", p);
+  if (cfg_role_parse(role, &o->role)) // cfg_one_of has checked it: never
+    return cfg_fail(x, field, "\"%s\" is not a role", role);
   const char *nhost = cfg_node_host(nodes, n_nodes, o->node);
   if (cfg_str(x, w, p, "host", o->host, sizeof o->host, nhost)) return -1;
   snprintf(field, sizeof field, "%s.host", p);

@@ -4,6 +4,8 @@
 
 #include <stddef.h>
 
+#include "util/err.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -163,7 +165,8 @@ typedef struct cfg_discovery {
 // config/discovery.c: parses j (the "discovery" object) into d; path resolves relative file names, file prefixes
 // errors. 0, or -1 with err naming the field.
 struct cJSON;
-int cfg_parse_discovery(const struct cJSON *j, const char *path, const char *file, cfg_discovery *d, char *err, size_t errlen);
+int cfg_parse_discovery(const struct cJSON *j, const char *path, const char *file, cfg_discovery *d, char *err,
+                        size_t errlen) UTL_WARN_UNUSED;
 
 typedef struct cfg_cluster {
   char path[1024];          // the file it came from
@@ -194,17 +197,19 @@ typedef struct cfg_cluster {
 // (e.g. "configs/x.json: workers[1].port: expected an integer 0..65535"). configs/README.md documents every key.
 // cfg_load also resolves the shared secret (cfg_resolve_secret); cfg_parse only records the
 // inline "secret" and "secret_file" (no file or environment is read).
-int cfg_load(const char *path, cfg_cluster **out, char *err, size_t errlen);
+int cfg_load(const char *path, cfg_cluster **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 // cfg_load of a config's text (path: what messages call it, and the folder relative paths resolve against).
-int cfg_load_text(const char *json, size_t len, const char *path, cfg_cluster **out, char *err, size_t errlen);
+int cfg_load_text(const char *json, size_t len, const char *path, cfg_cluster **out, char *err,
+                  size_t errlen) UTL_WARN_UNUSED;
 int cfg_parse(const char *json, size_t len, const char *path_for_errors, cfg_cluster **out, char *err,
-                     size_t errlen);
+                     size_t errlen) UTL_WARN_UNUSED;
 void cfg_free(cfg_cluster *c);
 const cfg_worker *cfg_find_worker(const cfg_cluster *c, const char *name);
 // Overrides worker's device (the command line's --device): "cpu", "cuda" (= "cuda:0") or "cuda:N"; 0, or -1 with err.
-int cfg_set_device(cfg_cluster *c, const char *worker, const char *device, char *err, size_t errlen);
+int cfg_set_device(cfg_cluster *c, const char *worker, const char *device, char *err, size_t errlen) UTL_WARN_UNUSED;
 int cfg_has_node(const cfg_cluster *c, const char *node); // 1 when node is one of c->nodes
-int cfg_role_parse(const char *s, cfg_role *out);                // "both"/"prefill"/"decode"; -1 otherwise
+// "both"/"prefill"/"decode"; -1 otherwise
+int cfg_role_parse(const char *s, cfg_role *out) UTL_WARN_UNUSED;
 // Fills the fields of a section made in code (a test's, a zeroed one) that are 0 where 0 is no valid value
 // (timeouts, caps, sizes) with their CFG_DEF_*, as cfg_parse fills an absent key; the router and the worker runtime
 // apply it once to their copy of their section, so no reader falls back on its own.
@@ -216,14 +221,14 @@ void cfg_worker_defaults(cfg_worker *o);
 // inline "secret". Refuses (-1 with err naming the config file): "secret" and "secret_file" both given, an
 // unreadable or weak secret, and, when c->remote_field names a non-loopback host, no secret, an inline one or one
 // with fewer than CTL_SECRET_REMOTE_BITS bits. No secret on a loopback-only config is not an error here.
-int cfg_resolve_secret(cfg_cluster *c, char *err, size_t errlen);
+int cfg_resolve_secret(cfg_cluster *c, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // Adds the keys of c->router.api_keys_file (if any) to c->router.api_keys: one per line, surrounding blanks trimmed,
 // blank lines and lines starting with '#' skipped. An unreadable file or one with no key is an error naming it.
-int cfg_read_api_keys(cfg_cluster *c, char *err, size_t errlen);
+int cfg_read_api_keys(cfg_cluster *c, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // What every role calls before it listens: 0 when c has a secret, else -1 with a message saying how to give one.
-int cfg_require_secret(const cfg_cluster *c, char *err, size_t errlen);
+int cfg_require_secret(const cfg_cluster *c, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // config/override.c
 // One command-line override: key is a dotted path into the file ("router.port"; "workers.*.threads" sets it in
@@ -246,7 +251,7 @@ typedef struct cfg_set {
 // folder; cfg_parse judges the values. -1 with err: unreadable file, bad JSON, a key through a non-object, a
 // workers.* override when the config has no workers.
 int cfg_effective_json(const char *path, const char *base_json, const cfg_set *sets, int n_sets, char **out,
-                       char *err, size_t errlen);
+                       char *err, size_t errlen) UTL_WARN_UNUSED;
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@
 #include "ctl/frame.h"
 #include "proto/hello.h"
 #include "proto/request.h"
+#include "util/clock.h"
 #include "util/crypto.h"
 #include "util/log.h"
 
@@ -206,9 +207,10 @@ static void read_until_closed(ctl_peer *p) {
       // Answered here, not by the owner's event loop: proves the process is alive and reachable even while a long
       // compute step keeps its loop busy (the router's link_dead_ms check).
       cJSON *pong = prt_bare_encode(PRT_OP_PONG);
-      if (pong) ctl_frame_send(p->ctl, pong);
+      int gone = pong && ctl_frame_send(p->ctl, pong) != 0; // the peer went away: its closed event now
       cJSON_Delete(pong);
       cJSON_Delete(m);
+      if (gone) break;
       continue;
     }
     push(p->hub, p, m);
@@ -294,7 +296,8 @@ static int seal_link(ctl_peer *p, const char *secret, const char *nonce_l, const
 // Sends a refusal the connector hears (sealed when the link is), logged by the caller.
 static void send_refusal(ctl_peer *p, const char *why, const char *code) {
   cJSON *e = prt_error_encode(&(prt_error){.message = why, .code = code}, NULL, 0);
-  if (e) ctl_frame_send(p->ctl, e);
+  // Best effort: the connection is closed right after either way, and the caller has logged the refusal.
+  if (e) utl_ignore_status(ctl_frame_send(p->ctl, e));
   cJSON_Delete(e);
 }
 
@@ -449,7 +452,7 @@ int ctl_hub_new(const ctl_hub_opts *o, ctl_hub **out, char *err, size_t errlen) 
   h->hello_arg = o->hello_arg;
   h->lfd = -1;
   pthread_mutex_init(&h->mu, NULL);
-  pthread_cond_init(&h->cv, NULL);
+  utl_cond_init_monotonic(&h->cv); // ctl_hub_next waits on it with a deadline
   pthread_cond_init(&h->threads_cv, NULL);
   if (pipe2(h->wake_pipe, O_CLOEXEC)) {
     snprintf(err, errlen, "pipe: %s", strerror(errno));
@@ -552,16 +555,7 @@ ctl_peer *ctl_hub_connect(ctl_hub *h, const char *member, const char *host, int 
 }
 
 int ctl_hub_next(ctl_hub *h, ctl_event *ev, int timeout_ms) {
-  struct timespec dl;
-  clock_gettime(CLOCK_REALTIME, &dl);
-  if (timeout_ms > 0) {
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-      dl.tv_sec++;
-      dl.tv_nsec -= 1000000000L;
-    }
-  }
+  struct timespec dl = utl_deadline_ms(timeout_ms);
   pthread_mutex_lock(&h->mu);
   while (!h->head && !h->wakeups && timeout_ms != 0) {
     if (timeout_ms < 0) pthread_cond_wait(&h->cv, &h->mu);

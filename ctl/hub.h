@@ -8,6 +8,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "util/err.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -32,7 +34,7 @@ typedef struct ctl_hub_opts {
   void *hello_arg;
 } ctl_hub_opts;
 
-int ctl_hub_new(const ctl_hub_opts *o, ctl_hub **out, char *err, size_t errlen);
+int ctl_hub_new(const ctl_hub_opts *o, ctl_hub **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 void ctl_hub_free(ctl_hub *h);   // closes every connection, waits for their threads; pending events and
                                  // peers still referenced are freed with it
 int ctl_hub_port(const ctl_hub *h);
@@ -70,7 +72,7 @@ void ctl_auth_proof(const char *secret, const char *nonce_l, const char *nonce_c
 // The two session keys both ends derive once the proof checked: HKDF-SHA256 over the secret, salted with both nonces,
 // bound to the proof; c2l seals what the connector sends, l2c what the listener sends. 0, or -1 (libcrypto failed).
 int ctl_session_keys(const char *secret, const char *nonce_l, const char *nonce_c, const char *proof, uint8_t c2l[32],
-                     uint8_t l2c[32]);
+                     uint8_t l2c[32]) UTL_WARN_UNUSED;
 #define CTL_LABEL_C2L "ctlC" // the direction labels of the seals' nonces
 #define CTL_LABEL_L2C "ctlL"
 // The listener's proof back (hello_ok's auth over the connector's hello nonce): the same keyed hash over

@@ -5,6 +5,8 @@
 
 #include <stddef.h>
 
+#include "util/err.h"
+
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,14 +39,14 @@ double ctl_secret_bits(const char *s);
 // 0 when s may be used; -1 with why: not printable ASCII (0x21..0x7e), shorter than CTL_SECRET_MIN_LEN, longer than
 // CTL_SECRET_MAX_LEN, a known placeholder ("change-me", "secret", "password", "example", ...), one character
 // repeated, a repeated pattern or a run ("abcdef..."); with remote, fewer than CTL_SECRET_REMOTE_BITS bits.
-int ctl_secret_check(const char *s, int remote, char *why, size_t cap);
+int ctl_secret_check(const char *s, int remote, char *why, size_t cap) UTL_WARN_UNUSED;
 
 // Reads a secret file into out (cap bytes): a regular file, not accessible by group or others (chmod 600), whose
 // text without trailing whitespace is the secret. 0, or -1 with err.
-int ctl_secret_read_file(const char *path, char *out, size_t cap, char *err, size_t errlen);
+int ctl_secret_read_file(const char *path, char *out, size_t cap, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // 32 bytes from getrandom(2) as 64 lowercase hex digits (out: 65 bytes). 0, or -1 with err.
-int ctl_secret_generate(char out[65], char *err, size_t errlen);
+int ctl_secret_generate(char out[65], char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // Zeroes n bytes at p in a way the compiler keeps.
 void ctl_secret_wipe(void *p, size_t n);

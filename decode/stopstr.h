@@ -4,6 +4,8 @@
 
 #include <stddef.h>
 
+#include "util/err.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -17,7 +19,7 @@ typedef struct dec_stopstr {
   size_t n_held, cap;
 } dec_stopstr;
 
-int dec_stopstr_init(dec_stopstr *s, const char *const *stops, int n); // 0, or -1 on out of memory
+int dec_stopstr_init(dec_stopstr *s, const char *const *stops, int n) UTL_WARN_UNUSED; // 0, or -1 on out of memory
 void dec_stopstr_free(dec_stopstr *s);
 // Adds text (whole UTF-8 characters). Writes to *out (malloc'ed, caller frees) the text that is now
 // safe to send and sets *out_len. Returns 1 when a stop string matched: *out then holds the text before

@@ -725,7 +725,8 @@ static int step(dec_worker *w, char *err, size_t errlen) {
 static void hello_extra(void *arg, cJSON *ok) {
   dec_worker *w = arg;
   char *md = w->sh.kvx ? kv_wire_pack_md(w->sh.kvx) : NULL;
-  if (md) prt_hello_ok_add_worker(ok, &(prt_hello_ok){.kvx_md = md});
+  if (md && prt_hello_ok_add_worker(ok, &(prt_hello_ok){.kvx_md = md})) // a prefill peer then cannot write here
+    utl_err(w->sh.rt->w->name, "out of memory writing the hello_ok's kvxfer metadata");
   free(md);
 }
 

@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "util/buf.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,14 +42,15 @@ typedef struct dsc_member {
 } dsc_member;
 
 // "<size>-<hash>" of the file at path into out (cap >= 40). 0, or -1 with err.
-int dsc_file_hash(const char *path, char *out, size_t cap, char *err, size_t errlen);
+int dsc_file_hash(const char *path, char *out, size_t cap, char *err, size_t errlen) UTL_WARN_UNUSED;
 // 1 when a and b name the same model (architecture and file hash).
 int dsc_same_model(const dsc_fingerprint *a, const dsc_fingerprint *b);
 // The key prefix of a cluster's workers ("/dserve/<cluster>/workers/"), and a member's key under it.
 void dsc_workers_prefix(const char *cluster, char *out, size_t cap);
 void dsc_member_key(const char *cluster, const dsc_member *m, char *out, size_t cap);
-int dsc_member_encode(const dsc_member *m, utl_buf *out); // JSON; 0, or -1 out of memory
-int dsc_member_decode(const char *json, size_t n, dsc_member *m, char *err, size_t errlen); // 0, or -1 with err
+int dsc_member_encode(const dsc_member *m, utl_buf *out) UTL_WARN_UNUSED; // JSON; 0, or -1 out of memory
+// 0, or -1 with err
+int dsc_member_decode(const char *json, size_t n, dsc_member *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 // A member's cfg_worker as a router or peer needs it: name, role, host, port, kvxfer address, max_seqs,
 // block_size and kv_type; the rest cfg_worker_defaults.
 void dsc_member_to_cfg(const dsc_member *m, cfg_worker *w);
@@ -59,7 +61,7 @@ void dsc_member_to_cfg(const dsc_member *m, cfg_worker *w);
 // anew. log_as: the log component (the worker's name).
 typedef struct dsc_registrar dsc_registrar;
 int dsc_registrar_start(const cfg_discovery *d, const dsc_member *m, const char *log_as, dsc_registrar **out,
-                        char *err, size_t errlen);
+                        char *err, size_t errlen) UTL_WARN_UNUSED;
 // Stops the thread and revokes the lease (the record goes at once rather than after the TTL). NULL is a no-op.
 void dsc_registrar_stop(dsc_registrar *r);
 int dsc_registrar_registered(dsc_registrar *r); // 1 while the record is in etcd (as far as the last call knew)
@@ -85,7 +87,7 @@ typedef struct dsc_watcher dsc_watcher;
 // etcd unreachable: the members stay as they are (logged once); when it answers again: a fresh range (joins and
 // leaves for what changed meanwhile) and a new watch.
 int dsc_watcher_start(const cfg_discovery *d, const dsc_watch_fns *fns, const char *log_as, dsc_watcher **out,
-                      char *err, size_t errlen);
+                      char *err, size_t errlen) UTL_WARN_UNUSED;
 void dsc_watcher_stop(dsc_watcher *w); // NULL is a no-op
 
 // The client options of d (disco/etcd.h), its strings borrowed from d.

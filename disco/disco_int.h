@@ -5,17 +5,12 @@
 #include <pthread.h>
 #include <time.h>
 
-// Waits on cv (the caller does not hold mu) up to ms, or until *stop is set (under mu, with cv broadcast); returns *stop.
+#include "util/clock.h"
+
+// Waits on cv (made by utl_cond_init_monotonic; the caller does not hold mu) up to ms, or until *stop is set (under mu, with cv broadcast); returns *stop.
 static inline int dsc_nap(pthread_mutex_t *mu, pthread_cond_t *cv, const int *stop, int ms) {
   pthread_mutex_lock(mu);
-  struct timespec dl;
-  clock_gettime(CLOCK_REALTIME, &dl);
-  dl.tv_sec += ms / 1000;
-  dl.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (dl.tv_nsec >= 1000000000L) {
-    dl.tv_sec++;
-    dl.tv_nsec -= 1000000000L;
-  }
+  struct timespec dl = utl_deadline_ms(ms);
   while (!*stop && pthread_cond_timedwait(cv, mu, &dl) == 0) {
   }
   int s = *stop;

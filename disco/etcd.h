@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/err.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -46,22 +48,22 @@ typedef struct dsc_event {
   dsc_kv kv;
 } dsc_event;
 
-int dsc_etcd_new(const dsc_etcd_opts *o, dsc_etcd **out, char *err, size_t errlen);
+int dsc_etcd_new(const dsc_etcd_opts *o, dsc_etcd **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 void dsc_etcd_free(dsc_etcd *c); // NULL is a no-op
 
 // A lease of ttl_s seconds; *id its id.
-int dsc_lease_grant(dsc_etcd *c, int ttl_s, int64_t *id, char *err, size_t errlen);
+int dsc_lease_grant(dsc_etcd *c, int ttl_s, int64_t *id, char *err, size_t errlen) UTL_WARN_UNUSED;
 // One keep-alive of lease id: *ttl_left its TTL now. DSC_ENOTFOUND when etcd no longer knows the lease (expired).
-int dsc_lease_keepalive(dsc_etcd *c, int64_t id, int *ttl_left, char *err, size_t errlen);
-int dsc_lease_revoke(dsc_etcd *c, int64_t id, char *err, size_t errlen); // its keys go with it
+int dsc_lease_keepalive(dsc_etcd *c, int64_t id, int *ttl_left, char *err, size_t errlen) UTL_WARN_UNUSED;
+int dsc_lease_revoke(dsc_etcd *c, int64_t id, char *err, size_t errlen) UTL_WARN_UNUSED; // its keys go with it
 // key = value (value_len bytes), attached to lease (0: none).
 int dsc_put(dsc_etcd *c, const char *key, const void *value, size_t value_len, int64_t lease, char *err,
-            size_t errlen);
+            size_t errlen) UTL_WARN_UNUSED;
 // Every key under prefix (or exactly key when prefix is 0): *kvs (owned by the caller, dsc_kvs_free) (*n), and the
 // store's revision the answer reflects in *revision (a watch from *revision + 1 misses nothing after it).
 int dsc_range(dsc_etcd *c, const char *key, int prefix, dsc_kv **kvs, int *n, int64_t *revision, char *err,
-              size_t errlen);
-int dsc_delete(dsc_etcd *c, const char *key, int prefix, char *err, size_t errlen);
+              size_t errlen) UTL_WARN_UNUSED;
+int dsc_delete(dsc_etcd *c, const char *key, int prefix, char *err, size_t errlen) UTL_WARN_UNUSED;
 void dsc_kvs_free(dsc_kv *kvs, int n);
 
 // Watches every key under prefix from start_revision (0: from now), calling on_event for each change in order, until
@@ -71,7 +73,7 @@ void dsc_kvs_free(dsc_kv *kvs, int n);
 // revision seen (start_revision - 1 when none).
 typedef int (*dsc_event_fn)(void *arg, const dsc_event *ev);
 int dsc_watch(dsc_etcd *c, const char *prefix, int64_t start_revision, dsc_event_fn on_event, int (*stop)(void *arg),
-              void *arg, int64_t *last_revision, char *err, size_t errlen);
+              void *arg, int64_t *last_revision, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 #ifdef __cplusplus
 }

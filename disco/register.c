@@ -50,7 +50,9 @@ static void *registrar_main(void *arg) {
         set_state(r, id, 0); // held from now: stop revokes it even if the put below fails
         rc = dsc_put(r->etcd, r->key, r->value, strlen(r->value), id, err, sizeof err);
         if (rc) {
-          dsc_lease_revoke(r->etcd, id, NULL, 0);
+          char e2[256];
+          if (dsc_lease_revoke(r->etcd, id, e2, sizeof e2)) // it lapses after ttl_s anyway
+            utl_debug(r->log_as, "lease %lld not revoked: %s", (long long)id, e2);
           set_state(r, 0, 0);
         } else {
           lease = id;
@@ -111,7 +113,7 @@ int dsc_registrar_start(const cfg_discovery *d, const dsc_member *m, const char 
   r->ttl_s = d->lease_ttl_s;
   snprintf(r->log_as, sizeof r->log_as, "%s", log_as);
   pthread_mutex_init(&r->mu, NULL);
-  pthread_cond_init(&r->cv, NULL);
+  utl_cond_init_monotonic(&r->cv); // dsc_nap waits on it
   if (pthread_create(&r->thread, NULL, registrar_main, r)) {
     utl_seterr(err, errlen, "cannot start the etcd registration thread");
     r->stop = 1; // nothing to join

@@ -231,7 +231,7 @@ int dsc_watcher_start(const cfg_discovery *d, const dsc_watch_fns *fns, const ch
   w->fns = *fns;
   snprintf(w->log_as, sizeof w->log_as, "%s", log_as);
   pthread_mutex_init(&w->mu, NULL);
-  pthread_cond_init(&w->cv, NULL);
+  utl_cond_init_monotonic(&w->cv); // dsc_nap waits on it
   if (pthread_create(&w->thread, NULL, watcher_main, w)) {
     utl_seterr(err, errlen, "cannot start the etcd watch thread");
     dsc_watcher_stop(w);

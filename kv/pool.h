@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "models/llama.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,7 +33,7 @@ typedef struct kv_pool_opts {
 
 // kc chooses where the blocks live (host for cpu backends, device memory for cuda).
 int kv_pool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const kv_pool_opts *o, kv_pool **out, char *err,
-                   size_t errlen);
+                   size_t errlen) UTL_WARN_UNUSED;
 void kv_pool_free(kv_pool *p);
 const mdl_kv *kv_pool_kv(const kv_pool *p);   // the view the forward pass takes
 void *kv_pool_base(const kv_pool *p, size_t *bytes); // the whole buffer (for kvxfer registration)
@@ -61,7 +62,7 @@ int kv_pool_whole(const kv_pool *p, int32_t block);    // 1: held and has every 
 // blocks the window of position m * block_size reads are whole (n with one group).
 int kv_pool_usable_prefix(const kv_pool *p, const int32_t *ids, int n);
 // Takes n free blocks (each with count 1) into ids (n): all or nothing; -1 when the pool is short.
-int kv_pool_alloc(kv_pool *p, int32_t *ids, int n);
+int kv_pool_alloc(kv_pool *p, int32_t *ids, int n) UTL_WARN_UNUSED;
 // The most blocks' worth of pages one sequence of n_tokens positions holds at once when it is computed chunk
 // positions per step: every block with one group; with layer groups, every block's global pages and the window
 // pages of the blocks a step's window reads. More than kv_pool_total_blocks: the pool can never hold it.
@@ -69,8 +70,8 @@ int kv_pool_blocks_needed(const kv_pool *p, int n_tokens, int chunk);
 // Copy one block's bytes (every layer's K then V chunk, in mdl_kv_chunk order: layer 0 K, layer 0 V,
 // layer 1 K, ...) to / from a host buffer of kv_pool_block_bytes(p) bytes. Uses the backend's
 // download/upload (memcpy when the backend has none). -1 on a bad block id or a block that is not whole.
-int kv_pool_read_block(const kv_pool *p, int32_t block, void *host_dst);
-int kv_pool_write_block(kv_pool *p, int32_t block, const void *host_src);
+int kv_pool_read_block(const kv_pool *p, int32_t block, void *host_dst) UTL_WARN_UNUSED;
+int kv_pool_write_block(kv_pool *p, int32_t block, const void *host_src) UTL_WARN_UNUSED;
 
 // A sequence's block table: grows as positions are added. Thread-compatible (one owner per table);
 // the pool's alloc/free are thread-safe.
@@ -83,13 +84,13 @@ typedef struct kv_blocks {
 // before b->slid, which get only the global groups' (set slid first, with kv_blocks_slide, for a table whose
 // window has passed blocks it has yet to take). -1 (and nothing taken) when the pool is short; an empty b then holds
 // no memory either.
-int kv_blocks_reserve(kv_pool *p, kv_blocks *b, int n_tokens);
+int kv_blocks_reserve(kv_pool *p, kv_blocks *b, int n_tokens) UTL_WARN_UNUSED;
 // Drops b's reference on every block (a block no one else holds returns to the pool); b is empty and
 // reusable after.
 void kv_blocks_release(kv_pool *p, kv_blocks *b);
 // Appends n blocks the caller already holds a reference on (e.g. from kv_prefix_match); the reference
 // moves to b, which pins them. -1 on out of memory (nothing appended, the references stay with the caller).
-int kv_blocks_append(kv_pool *p, kv_blocks *b, const int32_t *ids, int n);
+int kv_blocks_append(kv_pool *p, kv_blocks *b, const int32_t *ids, int n) UTL_WARN_UNUSED;
 // Once n_pos positions are computed (or before reserving them, for a table whose K and V come from a peer that sends
 // the window's blocks only): unpins the window pages of the blocks the sliding window will not read again
 // (mdl_kv_first_live_block), and blocks b takes after that, up to that point, get none. Returns how many blocks it

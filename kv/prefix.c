@@ -495,7 +495,13 @@ int kv_prefix_restore(kv_prefix *s, const int32_t *toks, int n_toks, int n_have,
         }
         src = s->scratch;
       }
-      kv_pool_write_block(s->pool, b, src);
+      if (kv_pool_write_block(s->pool, b, src) != 0) { // a block fresh from kv_pool_alloc is whole: a pool bug
+        snprintf(err, errlen, "prefix: cannot write a restored block into pool block %d", (int)b);
+        kv_pool_unref(s->pool, b);
+        en->pinned = 0;
+        rc = -1;
+        break;
+      }
       s->free_slot[t][s->n_free_slot[t]++] = en->slot;
       en->slot = -1;
       en->block = b; // the store's reference

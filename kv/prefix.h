@@ -7,6 +7,7 @@
 
 #include "kv/blockhash.h"
 #include "kv/pool.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -75,7 +76,7 @@ typedef struct kv_prefix_stats {
 
 // pool (borrowed) must outlive the store. -1 with err on bad options, out of memory or a disk file that
 // cannot be created.
-int kv_prefix_new(kv_pool *pool, const kv_prefix_opts *o, kv_prefix **out, char *err, size_t errlen);
+int kv_prefix_new(kv_pool *pool, const kv_prefix_opts *o, kv_prefix **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 // Drops the store's references (blocks still used by sequences stay theirs) and removes the disk file.
 void kv_prefix_free(kv_prefix *s);
 
@@ -99,7 +100,7 @@ int kv_prefix_peek(const kv_prefix *s, const int32_t *toks, int n_toks, int n_ha
 // reference for the caller, like match). Stops at the first block that is not cached or when the pool
 // cannot give a block. -1 with err when the disk file cannot be read (that entry is dropped).
 int kv_prefix_restore(kv_prefix *s, const int32_t *toks, int n_toks, int n_have, int32_t *block_ids_out,
-                       int max_blocks, char *err, size_t errlen);
+                       int max_blocks, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // After a sequence's prompt is computed: its first min(n_toks / block_size, n_blocks) blocks (block_ids,
 // the sequence's table, whose K/V for those positions are complete) enter the store, which takes its own

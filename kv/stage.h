@@ -20,6 +20,7 @@
 #include "kernels/krn.h"
 #include "kv/pool.h"
 #include "kvxfer/kvx.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,7 +32,7 @@ typedef struct kv_stage kv_stage;
 // kc is the context the pool was allocated on (borrowed; must outlive the stage). *stage is NULL when the
 // worker does not stage; *region is owned by the agent. 0, or -1 with err (nothing registered).
 int kv_stage_open(kvx_agent *a, kv_pool *pool, krn_ctx *kc, const cfg_worker *wc, kv_stage **stage,
-                     kvx_region **region, char *err, size_t errlen);
+                     kvx_region **region, char *err, size_t errlen) UTL_WARN_UNUSED;
 // Frees the mirror. Call after kvx_agent_free (the agent's threads may still be writing into it). NULL: no-op.
 void kv_stage_free(kv_stage *s);
 
@@ -41,10 +42,10 @@ uint64_t kv_stage_addr(const kv_stage *s, const void *p);
 // Sender: copies n ranges of the pool (addresses inside the pool, already written: the caller has waited for
 // their writer's event) into their mirror slots; adjacent ranges are copied as one. No-op when s is NULL.
 // 0, or -1 when a range lies outside the pool (nothing copied).
-int kv_stage_out(kv_stage *s, const kvx_desc *ranges, size_t n);
+int kv_stage_out(kv_stage *s, const kvx_desc *ranges, size_t n) UTL_WARN_UNUSED;
 // Receiver: blocks (n) of the pool have landed in the mirror (every layer, K and V): copies them into the pool.
 // No-op when s is NULL. 0, or -1 on a block id outside the pool (nothing copied).
-int kv_stage_in(kv_stage *s, const int32_t *blocks, int n);
+int kv_stage_in(kv_stage *s, const int32_t *blocks, int n) UTL_WARN_UNUSED;
 
 // Counters for logs and tests: bytes copied out of / into the pool through the mirror.
 double kv_stage_bytes_out(const kv_stage *s);

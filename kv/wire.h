@@ -13,6 +13,7 @@
 #include "models/sampler.h"
 #include "proto/handoff.h"
 #include "proto/hello.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,7 +31,7 @@ prt_kv_layout kv_wire_layout(const kv_pool *kv); // the pool as hello_ok and pre
 // Checks that the peer's layout (decoded from its hello_ok or prefix_pull; NULL: it sent none) matches ours (layers,
 // KV width, type, block size, layer groups) and reads where it lives.
 int kv_wire_check_layout(const prt_kv_layout *peer, const kv_pool *local, wrk_kv_remote *out, char *err,
-                         size_t errlen);
+                         size_t errlen) UTL_WARN_UNUSED;
 // Address of chunk (slot, kv, page) in the peer's pool (slot: the layer's place in its group, as in ours).
 uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int kv, int page);
 
@@ -41,13 +42,14 @@ uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int kv, int page)
 // < 1: then nothing is posted and notif is not sent). -1 with err when it cannot be made or posted (nothing owned).
 int kv_wire_write_blocks(kvx_agent *a, const kv_pool *kv, const char *peer, const wrk_kv_remote *remote,
                             const int32_t *local_ids, const int32_t *remote_pages, int n, int l0, int l1,
-                            const void *notif, size_t notif_len, kvx_xfer **out, char *err, size_t errlen);
+                            const void *notif, size_t notif_len, kvx_xfer **out, char *err,
+                            size_t errlen) UTL_WARN_UNUSED;
 // A block table as the peer writes into it (kv_table): "blocks" (n ids) and, with layer groups, "pages" (n * n_groups,
 // block by block; -1 where a window page was given back). kv_wire_table fills t's blocks (borrowing ids) and pages
 // (malloc'ed: free t->pages; NULL with one group); -1 on out of memory. read fills pages_out (n * n_groups, malloc'ed)
 // from either; -1 when they are missing or out of the peer's pool.
-int kv_wire_table(const kv_pool *kv, const int32_t *ids, int n, prt_kv_table *t);
-int kv_wire_read_table(const prt_kv_table *t, const wrk_kv_remote *r, int32_t **pages_out, int *n_out);
+int kv_wire_table(const kv_pool *kv, const int32_t *ids, int n, prt_kv_table *t) UTL_WARN_UNUSED;
+int kv_wire_read_table(const prt_kv_table *t, const wrk_kv_remote *r, int32_t **pages_out, int *n_out) UTL_WARN_UNUSED;
 
 // The first of a prompt's blocks that layer `layer` reads again once the prompt (n_prompt tokens) is computed: a
 // sliding-window layer sees positions (pos - window, pos] only and every later pos is >= n_prompt, so the blocks
@@ -65,7 +67,8 @@ double kv_wire_handoff_bytes(const kv_pool *kv, int n_prompt, int skip, int *dea
 // kvx_pack_md (malloc'ed; NULL on failure).
 char *kv_wire_pack_md(kvx_agent *a);
 // Loads a peer's kvx_md (the decoded message's field; NULL: it sent none) into a; its kvxfer name into peer (cap).
-int kv_wire_load_md(const char *kvx_md, kvx_agent *a, char *peer, size_t cap, char *err, size_t errlen);
+int kv_wire_load_md(const char *kvx_md, kvx_agent *a, char *peer, size_t cap, char *err,
+                    size_t errlen) UTL_WARN_UNUSED;
 
 // A sampled token as every message carries it (proto's prt_sampled: kv_first, token's logprobs) from / to the
 // sampler's.

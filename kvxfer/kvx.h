@@ -37,6 +37,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/err.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -101,18 +103,20 @@ void kvx_host_free(void *p, size_t len);  // p from kvx_host_alloc (or NULL); le
 // Registration. Every registered region is exported to every authenticated peer in the
 // next kvx_pack_md. A region is shm-exportable when it spans a whole kvx_host_alloc
 // allocation; other host regions serve tcp/rdma, and the shm backend as a source.
-int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out, char *err, size_t errlen);
+int kvx_register(kvx_agent *a, void *addr, size_t len, int mem, kvx_region **out, char *err,
+                 size_t errlen) UTL_WARN_UNUSED;
 void kvx_deregister(kvx_agent *a, kvx_region *r);
 
 // Metadata. *blob is malloc'ed (caller frees). load fills peer_name_out with the peer's
 // name; loading a name again replaces what was known about it.
-int kvx_pack_md(kvx_agent *a, void **blob, size_t *len, char *err, size_t errlen);
+int kvx_pack_md(kvx_agent *a, void **blob, size_t *len, char *err, size_t errlen) UTL_WARN_UNUSED;
 int kvx_load_remote_md(kvx_agent *a, const void *blob, size_t len, char *peer_name_out, size_t cap, char *err,
-                       size_t errlen);
+                       size_t errlen) UTL_WARN_UNUSED;
 // Forget a peer: its connections are closed and its pending requests fail.
 void kvx_invalidate_peer(kvx_agent *a, const char *peer);
 // Reach a peer's tcp endpoint through another address (NAT, proxies); 0 or <0 with err.
-int kvx_set_peer_endpoint(kvx_agent *a, const char *peer, const char *host, int port, char *err, size_t errlen);
+int kvx_set_peer_endpoint(kvx_agent *a, const char *peer, const char *host, int port, char *err,
+                          size_t errlen) UTL_WARN_UNUSED;
 // The regions a loaded peer exported (addr, len), in its metadata's order (newest registration first);
 // returns how many there are (may exceed max; only max are written), or -1 for an unknown peer.
 int kvx_peer_regions(kvx_agent *a, const char *peer, kvx_desc *out, int max);
@@ -127,14 +131,15 @@ const char *kvx_peer_backend(kvx_agent *a, const char *peer);
 // The buffers behind the descriptors must stay valid until the request is no longer pending.
 int kvx_xfer_new(kvx_agent *a, int op, const kvx_desc *local, size_t n_local, const kvx_desc *remote,
                  size_t n_remote, const char *peer, const void *notif, size_t notif_len, kvx_xfer **out,
-                 char *err, size_t errlen);
-int kvx_xfer_post(kvx_xfer *x);        // non-blocking; 0, or <0 (see kvx_xfer_error); re-post after DONE reuses it
-int kvx_xfer_poll(kvx_xfer *x);        // KVX_PENDING, KVX_DONE, or <0
+                 char *err, size_t errlen) UTL_WARN_UNUSED;
+// Non-blocking; 0, or <0 (see kvx_xfer_error); re-post after DONE reuses it
+int kvx_xfer_post(kvx_xfer *x) UTL_WARN_UNUSED;
+int kvx_xfer_poll(kvx_xfer *x) UTL_WARN_UNUSED;        // KVX_PENDING, KVX_DONE, or <0
 const char *kvx_xfer_error(kvx_xfer *x);  // last error message ("" when none)
 void kvx_xfer_free(kvx_xfer *x);       // a pending request is abandoned (its peer may still get the bytes)
 
 // Notifications. kvx_notify sends msg to peer (queued behind that peer's earlier requests).
-int kvx_notify(kvx_agent *a, const char *peer, const void *msg, size_t len, char *err, size_t errlen);
+int kvx_notify(kvx_agent *a, const char *peer, const void *msg, size_t len, char *err, size_t errlen) UTL_WARN_UNUSED;
 // Takes up to max queued notifications (oldest first); returns how many.
 int kvx_get_notifs(kvx_agent *a, kvx_notif *out, int max);
 

@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "config/config.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,7 +32,7 @@ void lch_grace_for_drain(lch_opts *o, const cfg_cluster *cfg);
 // Runs the supervisor until SIGTERM/SIGINT (returns 0 after stopping every child) or until every child has
 // failed permanently (returns 1). Blocks SIGTERM, SIGINT and SIGCHLD in the calling thread. Setup errors
 // (node not in the file, nothing to run, binary not found) return 2 with err filled.
-int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen);
+int lch_run(const cfg_cluster *cfg, const lch_opts *o, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 #ifdef __cplusplus
 }

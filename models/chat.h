@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "models/gguf.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,12 +48,13 @@ const char *mdl_chat_template_names(void);
 // too). -1 with err for an unknown override or a template of no family known here (err names the families and the
 // config's chat_template override).
 int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat_template **out, char *err,
-                         size_t errlen);
+                         size_t errlen) UTL_WARN_UNUSED;
 
 // A template given as text (n bytes; a request's chat_template): a family's name, or template text (Jinja) recognised
 // by its family's markers as mdl_chat_template_of recognises a GGUF's. -1 with err saying why when it is neither (a
 // variant of a family the table does not render, or no family known here: Jinja is not interpreted).
-int mdl_chat_template_recognise(const char *text, size_t n, const mdl_chat_template **out, char *err, size_t errlen);
+int mdl_chat_template_recognise(const char *text, size_t n, const mdl_chat_template **out, char *err,
+                                size_t errlen) UTL_WARN_UNUSED;
 
 // Renders msgs (n) with family t. g (may be NULL) gives ChatML's default system prompt (see mdl_chat_apply); tools,
 // tool_calls and role "tool" as mdl_chat_apply_tools, refused with err for a family without a tool convention.
@@ -64,13 +66,13 @@ int mdl_chat_template_recognise(const char *text, size_t n, const mdl_chat_templ
 int mdl_chat_render(const mdl_chat_template *t, const mdl_gguf *g, const mdl_chat_msg *msgs,
                     const char *const *tool_calls, size_t n, const char *tools, int with_tools,
                     int add_generation_prompt, char **out, size_t **user_spans, size_t *n_user_spans, char *err,
-                    size_t errlen);
+                    size_t errlen) UTL_WARN_UNUSED;
 // mdl_chat_render with the template's text given (tpl_text, tpl_len bytes; NULL: SmolLM2's assumed) rather than read
 // from a GGUF: a request's own chat_template, whose text gives ChatML's default system prompt.
 int mdl_chat_render_text(const mdl_chat_template *t, const char *tpl_text, size_t tpl_len, const mdl_chat_msg *msgs,
                          const char *const *tool_calls, size_t n, const char *tools, int with_tools,
                          int add_generation_prompt, char **out, size_t **user_spans, size_t *n_user_spans, char *err,
-                         size_t errlen);
+                         size_t errlen) UTL_WARN_UNUSED;
 
 // ---- ChatML ----
 
@@ -81,10 +83,10 @@ int mdl_chat_render_text(const mdl_chat_template *t, const char *tpl_text, size_
 // template is of no family known here fails. *out is malloc'ed (NUL-terminated); the caller frees it.
 // The text is meant to be encoded with parse_special = 1.
 int mdl_chat_apply(const mdl_gguf *g, const mdl_chat_msg *msgs, size_t n, int add_generation_prompt, char **out,
-                   char *err, size_t errlen);
+                   char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // The default system prompt the template inserts (malloc'ed into *out, NULL when the template has none).
-int mdl_chat_default_system(const mdl_gguf *g, char **out, char *err, size_t errlen);
+int mdl_chat_default_system(const mdl_gguf *g, char **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 
 // ---- tools ----
@@ -118,7 +120,8 @@ const mdl_chat_tool_style *mdl_chat_template_tools(const mdl_chat_template *t, c
 // content as the model would write them. Messages with role "tool" are results: consecutive ones go into one turn of
 // the style's result_role. A malformed tools or tool_calls text fails with err.
 int mdl_chat_apply_tools(const mdl_gguf *g, const mdl_chat_msg *msgs, const char *const *tool_calls, size_t n,
-                         const char *tools, int add_generation_prompt, char **out, char *err, size_t errlen);
+                         const char *tools, int add_generation_prompt, char **out, char *err,
+                         size_t errlen) UTL_WARN_UNUSED;
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "kernels/krn.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,8 +52,9 @@ typedef struct mdl_gguf {
 } mdl_gguf;
 
 // Open and validate: every length, offset and size is checked against the file; no crash on any input.
-int mdl_gguf_open(const char *path, mdl_gguf **out, char *err, size_t errlen);
-int mdl_gguf_from_memory(const void *buf, size_t len, mdl_gguf **out, char *err, size_t errlen); // buf borrowed
+int mdl_gguf_open(const char *path, mdl_gguf **out, char *err, size_t errlen) UTL_WARN_UNUSED;
+// Buf borrowed
+int mdl_gguf_from_memory(const void *buf, size_t len, mdl_gguf **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 void mdl_gguf_close(mdl_gguf *g);
 
 const mdl_gguf_kv *mdl_gguf_find(const mdl_gguf *g, const char *key);

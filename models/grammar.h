@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "models/tokenizer.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,7 +61,7 @@ typedef struct mdl_grammar mdl_grammar;
 // Freezes the rules reachable from root into a grammar (*out, one reference). Alternatives that can never finish
 // (they need a rule with no finite expansion) are dropped; fails when root itself has none, or when a rule can reach
 // itself without consuming a byte (left recursion: the matcher would loop). b stays the caller's to free.
-int mdl_grammar_finish(mdl_grammar_builder *b, int root, mdl_grammar **out, char *err, size_t errlen);
+int mdl_grammar_finish(mdl_grammar_builder *b, int root, mdl_grammar **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 mdl_grammar *mdl_grammar_ref(mdl_grammar *g); // one more reference; returns g
 void mdl_grammar_unref(mdl_grammar *g);       // NULL is a no-op; the last reference frees it
 int mdl_grammar_n_rules(const mdl_grammar *g);
@@ -73,7 +74,8 @@ int mdl_grammar_matches(const mdl_grammar *g, const void *s, size_t n);
 // schema NULL: any JSON object (response_format json_object). 0; -1 with err for a schema that is not valid JSON or
 // not a schema; MDL_GRAMMAR_UNSUPPORTED with err naming the keyword (and where it is) for what is not supported.
 #define MDL_GRAMMAR_UNSUPPORTED (-2)
-int mdl_grammar_from_json_schema(const char *schema, size_t len, mdl_grammar **out, char *err, size_t errlen);
+int mdl_grammar_from_json_schema(const char *schema, size_t len, mdl_grammar **out, char *err,
+                                 size_t errlen) UTL_WARN_UNUSED;
 
 // Tool calls (tool_choice "required" or a named function): open CALL close, or with parallel one or more of them
 // separated by sep, where CALL is {"name": NAME, "arguments": ARGS} for one of the tools: tools (len bytes) is the
@@ -82,7 +84,7 @@ int mdl_grammar_from_json_schema(const char *schema, size_t len, mdl_grammar **o
 // template's literals (models/chat.h mdl_chat_tool_style). The statuses are mdl_grammar_from_json_schema's; err names
 // the tool whose schema failed.
 int mdl_grammar_from_tool_calls(const char *tools, size_t len, const char *open, const char *close, const char *sep,
-                                int parallel, mdl_grammar **out, char *err, size_t errlen);
+                                int parallel, mdl_grammar **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // ---- vocabulary ----
 
@@ -90,10 +92,10 @@ typedef struct mdl_grammar_vocab mdl_grammar_vocab; // immutable: share it betwe
 
 // The trie of t's text tokens (normal, byte and user-defined ones; control, unknown and unused tokens are never
 // allowed by a grammar) and its end-of-generation tokens (mdl_tok_is_eog), allowed only where the grammar may end.
-int mdl_grammar_vocab_from_tok(const mdl_tok *t, mdl_grammar_vocab **out, char *err, size_t errlen);
+int mdl_grammar_vocab_from_tok(const mdl_tok *t, mdl_grammar_vocab **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 // The same from explicit pieces (piece[i] NULL or len[i] 0: not a text token) and end-of-generation ids.
 int mdl_grammar_vocab_new(int n_vocab, const char *const *piece, const size_t *len, const int32_t *eog, int n_eog,
-                          mdl_grammar_vocab **out, char *err, size_t errlen);
+                          mdl_grammar_vocab **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 void mdl_grammar_vocab_free(mdl_grammar_vocab *v);
 int mdl_grammar_vocab_n(const mdl_grammar_vocab *v);           // n_vocab: a mask has (n_vocab + 31) / 32 words
 int mdl_grammar_vocab_is_eog(const mdl_grammar_vocab *v, int32_t token);
@@ -104,7 +106,7 @@ typedef struct mdl_grammar_matcher mdl_grammar_matcher; // one request's positio
 
 // g and v are borrowed and must outlive the matcher; v may be NULL for byte-level use (no tokens, no masks).
 int mdl_grammar_matcher_new(const mdl_grammar *g, const mdl_grammar_vocab *v, mdl_grammar_matcher **out, char *err,
-                            size_t errlen);
+                            size_t errlen) UTL_WARN_UNUSED;
 void mdl_grammar_matcher_free(mdl_grammar_matcher *m);
 // Advances by n bytes: 0, or -1 when the grammar cannot take them (the state is then unchanged).
 int mdl_grammar_matcher_accept_bytes(mdl_grammar_matcher *m, const void *bytes, size_t n);

@@ -7,6 +7,7 @@
 
 #include "kernels/krn.h"
 #include "models/gguf.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -93,7 +94,8 @@ typedef struct mdl_kv {
 
 // 0 when a KV cache of type (F16, F32, Q8_0) fits the model's head_dim and backend be's kernels (NULL: any); else -1
 // with err naming the type. The pool, the forward pass and the one-machine commands all ask it.
-int mdl_kv_type_check(const mdl_llama_cfg *c, const krn_backend *be, krn_type type, char *err, size_t errlen);
+int mdl_kv_type_check(const mdl_llama_cfg *c, const krn_backend *be, krn_type type, char *err,
+                      size_t errlen) UTL_WARN_UNUSED;
 size_t mdl_kv_chunk_bytes(const mdl_llama_cfg *c, const mdl_kv *kv);             // one (slot, K|V, page)
 size_t mdl_kv_block_bytes(const mdl_llama_cfg *c, krn_type type, int block_size); // one block over all layers, K and V
 // Address of layer's K (kv_idx 0) or V (1) chunk in page `page` (the page of that layer's group).
@@ -139,7 +141,7 @@ typedef struct mdl_llama mdl_llama;
 
 // Loads hyper-parameters and weights from g (borrowed; must outlive the model). On the cpu backends
 // the weights are used in place from the mapping; on cuda they are uploaded once.
-int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, size_t errlen);
+int mdl_llama_load(const mdl_gguf *g, krn_ctx *kc, mdl_llama **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // What mdl_llama_load_opts may change about a load; zeroed (or NULL) is mdl_llama_load's.
 typedef struct mdl_llama_opts {
@@ -150,7 +152,7 @@ typedef struct mdl_llama_opts {
   int f32_weights;
 } mdl_llama_opts;
 int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o, mdl_llama **out, char *err,
-                        size_t errlen);
+                        size_t errlen) UTL_WARN_UNUSED;
 void mdl_llama_free(mdl_llama *m);
 const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m);
 
@@ -158,13 +160,13 @@ const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m);
 // into kv and the logits of each sequence with want_logits into logits (n_seqs, n_vocab) (host memory,
 // rows of sequences without want_logits are left untouched). Not thread-safe per model: one call at a time.
 int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
-                      mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen);
+                      mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // One sequence's step that returns the logits of every new token, not only the last: (seq->n_tokens, n_vocab) into
 // logits (host memory), row i for token i, whatever seq->want_logits says. For scoring text (perplexity), where
 // each position's prediction counts; the caller bounds n_tokens, as the scratch holds n_tokens rows of n_vocab.
 int mdl_llama_forward_all(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seq, float *logits, char *err,
-                          size_t errlen);
+                          size_t errlen) UTL_WARN_UNUSED;
 
 // Step graphs, on backends that have them (cuda): a pure decode step (one new token and logits per sequence,
 // no layer callback) is recorded the second time its shape comes in a row (batch size, block-table width
@@ -172,7 +174,7 @@ int mdl_llama_forward_all(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seq, fl
 // At most 8 shapes are kept; a scratch reallocation drops them. Off by default. on = 1 on a backend without
 // graphs: -1 with err. The numbers can differ slightly from a plain step (the padded width changes how the
 // attention kernel splits long contexts), never the batch's meaning.
-int mdl_llama_set_graphs(mdl_llama *m, int on, char *err, size_t errlen);
+int mdl_llama_set_graphs(mdl_llama *m, int on, char *err, size_t errlen) UTL_WARN_UNUSED;
 // Decode steps that ran from a graph, and graphs recorded, since the model was loaded.
 void mdl_llama_graph_stats(const mdl_llama *m, long *replayed, long *recorded);
 

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "util/err.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -46,14 +48,14 @@ typedef struct mdl_kld_file {
 
 // Opens and checks a base file: magic, sizes in range, the file's length exactly what its header says, every token
 // inside the vocabulary. -1 with err naming the file and what is wrong.
-int mdl_kld_open(const char *path, mdl_kld_file *out, char *err, size_t errlen);
+int mdl_kld_open(const char *path, mdl_kld_file *out, char *err, size_t errlen) UTL_WARN_UNUSED;
 void mdl_kld_close(mdl_kld_file *kf);
 // Reads the next chunk's rows into rows (mdl_ppl_scored(n_ctx), mdl_kld_row_len(n_vocab)).
-int mdl_kld_read_chunk(mdl_kld_file *kf, uint16_t *rows, char *err, size_t errlen);
+int mdl_kld_read_chunk(mdl_kld_file *kf, uint16_t *rows, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // Writes a base file of the same layout (--save-logits): the header and tokens first, then each chunk's rows.
 int mdl_kld_write_header(FILE *f, int n_ctx, int n_vocab, int n_chunk, const int32_t *tokens, char *err,
-                         size_t errlen);
+                         size_t errlen) UTL_WARN_UNUSED;
 
 // Sums over the positions compared so far (llama-perplexity's kl_divergence_result, less the Δp figures).
 typedef struct mdl_kld_acc {

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "models/grammar.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,7 +50,7 @@ typedef struct mdl_sampler mdl_sampler;
 
 // prompt (n_prompt) seeds the repetition penalty's history. n_vocab sizes the scratch space.
 int mdl_sampler_new(const mdl_sampling *s, int n_vocab, const int32_t *prompt, int n_prompt, mdl_sampler **out,
-                    char *err, size_t errlen);
+                    char *err, size_t errlen) UTL_WARN_UNUSED;
 void mdl_sampler_free(mdl_sampler *s);
 // Index of the largest of v(n), ties to the lowest index; NaN never wins (0 when nothing beats -inf).
 int mdl_argmax(const float *v, int n);

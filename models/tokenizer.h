@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "models/gguf.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,7 +25,7 @@ typedef struct mdl_tok mdl_tok; // immutable once loaded: safe to share between 
 // (Qwen 2.5) or "gpt2"/"default" (an unknown name is a load error naming these), or "llama"
 // (SentencePiece: tokenizer.ggml.scores, <0xXX> byte fallback, U+2581 for spaces, tokenizer.ggml.add_space_prefix).
 // Everything is copied: the tokenizer does not borrow from g.
-int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen);
+int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 void mdl_tok_free(mdl_tok *t);
 
 // Encodes len bytes of text (no BOS is added). Control tokens written in the text (<|im_start|> ...) are matched only
@@ -32,12 +33,12 @@ void mdl_tok_free(mdl_tok *t);
 // byte tokens (SentencePiece), as llama.cpp does.
 // *ids (n_ids) is malloc'ed; the caller frees it. Linear-ish in len (no quadratic paths).
 int mdl_tok_encode(const mdl_tok *t, const char *text, size_t len, int parse_special, int32_t **ids, size_t *n_ids,
-                   char *err, size_t errlen);
+                   char *err, size_t errlen) UTL_WARN_UNUSED;
 // mdl_tok_encode with parse_special, except that a control token's text overlapping one of the spans ((n_spans, 2)
 // offset and length pairs into text, in order: the request's own text in a rendered chat, mdl_chat_render) is
 // encoded as ordinary text. Outside the spans the ids are exactly mdl_tok_encode's.
 int mdl_tok_encode_guarded(const mdl_tok *t, const char *text, size_t len, const size_t *spans, size_t n_spans,
-                           int32_t **ids, size_t *n_ids, char *err, size_t errlen);
+                           int32_t **ids, size_t *n_ids, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 int mdl_tok_n_vocab(const mdl_tok *t);
 int32_t mdl_tok_bos(const mdl_tok *t); // -1 when the model has none
@@ -58,13 +59,15 @@ size_t mdl_tok_piece(const mdl_tok *t, int32_t id, char *buf, size_t cap);
 
 // Concatenated pieces of ids (n) into *text (malloc'ed, NUL-terminated, *len bytes without the NUL). The bytes are
 // returned as they are (possibly invalid UTF-8). Fails on an out-of-range id.
-int mdl_tok_decode(const mdl_tok *t, const int32_t *ids, size_t n, char **text, size_t *len, char *err, size_t errlen);
+int mdl_tok_decode(const mdl_tok *t, const int32_t *ids, size_t n, char **text, size_t *len, char *err,
+                   size_t errlen) UTL_WARN_UNUSED;
 
 // Incremental detokenizer: emits text only at complete UTF-8 characters; bytes that cannot start or continue a valid
 // character are emitted as U+FFFD at once, and an incomplete tail is emitted as U+FFFD by flush, so a stream never
 // stalls. Control tokens are emitted as their text (callers stop at mdl_tok_is_eog before pushing them).
 typedef struct mdl_detok mdl_detok;
-int mdl_detok_new(const mdl_tok *t, mdl_detok **out, char *err, size_t errlen); // t borrowed: must outlive the detok
+// T borrowed: must outlive the detok
+int mdl_detok_new(const mdl_tok *t, mdl_detok **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 void mdl_detok_free(mdl_detok *d);
 // Appends the piece of id; *text (borrowed, valid until the next call on d) gets the newly complete text, *len bytes
 // (possibly 0). Returns 0, or -1 for an out-of-range id (which adds nothing).

@@ -3,6 +3,7 @@
 #define DSERVE_PRT_EVENTS_H
 
 #include "proto/proto.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,7 +24,7 @@ typedef struct prt_kv_events {
 cJSON *prt_kv_events_encode(const prt_kv_events *m, char *err, size_t errlen);
 // Refuses a message whose events is not an array; an entry that is not [kind, "key"] (a clear may have any key) is
 // skipped and counted, as the router always did.
-int prt_kv_events_decode(const cJSON *j, prt_kv_events *m, char *err, size_t errlen);
+int prt_kv_events_decode(const cJSON *j, prt_kv_events *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 void prt_kv_events_free(prt_kv_events *m);
 
 #ifdef __cplusplus

@@ -4,6 +4,7 @@
 #define DSERVE_PRT_HANDOFF_H
 
 #include "proto/request.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,7 +22,7 @@ typedef struct prt_kv_table {
   int n_pages;     //   NULL / 0 when absent
 } prt_kv_table;
 cJSON *prt_kv_table_encode(const prt_kv_table *m, char *err, size_t errlen);
-int prt_kv_table_decode(const cJSON *j, prt_kv_table *m, char *err, size_t errlen);
+int prt_kv_table_decode(const cJSON *j, prt_kv_table *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 void prt_kv_table_free(prt_kv_table *m);
 
 typedef struct prt_kv_first {
@@ -32,13 +33,13 @@ typedef struct prt_kv_first {
                      // when >= 0)
 } prt_kv_first;
 cJSON *prt_kv_first_encode(const prt_kv_first *m, char *err, size_t errlen);
-int prt_kv_first_decode(const cJSON *j, prt_kv_first *m, char *err, size_t errlen);
+int prt_kv_first_decode(const cJSON *j, prt_kv_first *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 typedef struct prt_kv_started {
   const char *id; // (borrowed) required
 } prt_kv_started;
 cJSON *prt_kv_started_encode(const prt_kv_started *m, char *err, size_t errlen);
-int prt_kv_started_decode(const cJSON *j, prt_kv_started *m, char *err, size_t errlen);
+int prt_kv_started_decode(const cJSON *j, prt_kv_started *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 typedef struct prt_kv_fail {
   const char *id;      // (borrowed) required
@@ -47,13 +48,13 @@ typedef struct prt_kv_fail {
                        // prompt: "context_length_exceeded"); NULL when absent: the receiver's own ("worker_failure")
 } prt_kv_fail;
 cJSON *prt_kv_fail_encode(const prt_kv_fail *m, char *err, size_t errlen);
-int prt_kv_fail_decode(const cJSON *j, prt_kv_fail *m, char *err, size_t errlen);
+int prt_kv_fail_decode(const cJSON *j, prt_kv_fail *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 typedef struct prt_kv_freed {
   const char *id; // (borrowed) required
 } prt_kv_freed;
 cJSON *prt_kv_freed_encode(const prt_kv_freed *m, char *err, size_t errlen);
-int prt_kv_freed_decode(const cJSON *j, prt_kv_freed *m, char *err, size_t errlen);
+int prt_kv_freed_decode(const cJSON *j, prt_kv_freed *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 #ifdef __cplusplus
 }

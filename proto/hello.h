@@ -3,6 +3,7 @@
 #define DSERVE_PRT_HELLO_H
 
 #include "proto/proto.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,7 +17,7 @@ typedef struct prt_challenge {
   const char *name;  // (borrowed) the listener's name; may be NULL
 } prt_challenge;
 cJSON *prt_challenge_encode(const prt_challenge *m, char *err, size_t errlen);
-int prt_challenge_decode(const cJSON *j, prt_challenge *m, char *err, size_t errlen);
+int prt_challenge_decode(const cJSON *j, prt_challenge *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 typedef struct prt_hello {
   const char *role; // (borrowed) may be NULL (the hub then says "?")
@@ -30,7 +31,7 @@ typedef struct prt_hello {
 } prt_hello;
 cJSON *prt_hello_encode(const prt_hello *m, char *err, size_t errlen);
 // Refuses a wrong type; absent fields are left to the hub (auth NULL, proto -1).
-int prt_hello_decode(const cJSON *j, prt_hello *m, char *err, size_t errlen);
+int prt_hello_decode(const cJSON *j, prt_hello *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // A KV pool as a worker describes it (hello_ok, prefix_pull).
 typedef struct prt_kv_layout {
@@ -40,9 +41,9 @@ typedef struct prt_kv_layout {
   uint64_t base; // the pool's (or its staging mirror's) address in its own process, a decimal string on the wire
 } prt_kv_layout;
 // Adds "kv_layout" to msg; 0, -1 on out of memory.
-int prt_kv_layout_add(cJSON *msg, const prt_kv_layout *l);
+int prt_kv_layout_add(cJSON *msg, const prt_kv_layout *l) UTL_WARN_UNUSED;
 // Reads msg's "kv_layout" (required).
-int prt_kv_layout_read(const cJSON *msg, const char *op, prt_kv_layout *l, char *err, size_t errlen);
+int prt_kv_layout_read(const cJSON *msg, const char *op, prt_kv_layout *l, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 typedef struct prt_hello_ok {
   const char *role, *name; // (borrowed) may be NULL
@@ -54,9 +55,9 @@ typedef struct prt_hello_ok {
   const char *auth;        // (borrowed) the listener's proof over the hello's nonce (ctl_auth_proof_back), or NULL
 } prt_hello_ok;
 cJSON *prt_hello_ok_encode(const prt_hello_ok *m, char *err, size_t errlen);
-int prt_hello_ok_decode(const cJSON *j, prt_hello_ok *m, char *err, size_t errlen);
+int prt_hello_ok_decode(const cJSON *j, prt_hello_ok *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 // The fields a worker adds to its hub's hello_ok (the hub writes op, role and name): 0, -1 on out of memory.
-int prt_hello_ok_add_worker(cJSON *msg, const prt_hello_ok *m);
+int prt_hello_ok_add_worker(cJSON *msg, const prt_hello_ok *m) UTL_WARN_UNUSED;
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
 #define DSERVE_PRT_PREFIX_H
 
 #include "proto/hello.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,7 +24,7 @@ typedef struct prt_prefix_pull {
   const char *kvx_md;      // (borrowed) base64 kvxfer metadata, or NULL
 } prt_prefix_pull;
 cJSON *prt_prefix_pull_encode(const prt_prefix_pull *m, char *err, size_t errlen);
-int prt_prefix_pull_decode(const cJSON *j, prt_prefix_pull *m, char *err, size_t errlen);
+int prt_prefix_pull_decode(const cJSON *j, prt_prefix_pull *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 void prt_prefix_pull_free(prt_prefix_pull *m);
 
 typedef struct prt_prefix_pulled {
@@ -31,14 +32,14 @@ typedef struct prt_prefix_pulled {
   int n_blocks;   // blocks from first on written; required, >= 0
 } prt_prefix_pulled;
 cJSON *prt_prefix_pulled_encode(const prt_prefix_pulled *m, char *err, size_t errlen);
-int prt_prefix_pulled_decode(const cJSON *j, prt_prefix_pulled *m, char *err, size_t errlen);
+int prt_prefix_pulled_decode(const cJSON *j, prt_prefix_pulled *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 typedef struct prt_prefix_fail {
   const char *id;      // (borrowed) required
   const char *message; // (borrowed) why; NULL when absent
 } prt_prefix_fail;
 cJSON *prt_prefix_fail_encode(const prt_prefix_fail *m, char *err, size_t errlen);
-int prt_prefix_fail_decode(const cJSON *j, prt_prefix_fail *m, char *err, size_t errlen);
+int prt_prefix_fail_decode(const cJSON *j, prt_prefix_fail *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 #ifdef __cplusplus
 }

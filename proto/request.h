@@ -4,6 +4,7 @@
 #define DSERVE_PRT_REQUEST_H
 
 #include "proto/proto.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,13 +19,13 @@ typedef struct prt_error {
   const char *code;    // (borrowed) e.g. "worker_failure"; may be NULL
 } prt_error;
 cJSON *prt_error_encode(const prt_error *m, char *err, size_t errlen);
-int prt_error_decode(const cJSON *j, prt_error *m, char *err, size_t errlen);
+int prt_error_decode(const cJSON *j, prt_error *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 typedef struct prt_cancel {
   const char *id; // (borrowed) required
 } prt_cancel;
 cJSON *prt_cancel_encode(const prt_cancel *m, char *err, size_t errlen);
-int prt_cancel_decode(const cJSON *j, prt_cancel *m, char *err, size_t errlen);
+int prt_cancel_decode(const cJSON *j, prt_cancel *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // A sampled token as every message carries it (kv_first's fields, one entry of token's "logprobs"): "token",
 // "logprob" (-inf travels as null, read as 0) and "top": [[id, logprob], ...].
@@ -39,8 +40,8 @@ typedef struct prt_sampled {
   prt_top top[PRT_MAX_TOP]; // (n_top); entries past PRT_MAX_TOP are dropped when read
   int n_top;
 } prt_sampled;
-int prt_sampled_add(cJSON *o, const prt_sampled *s); // the fields into o; 0, -1 on out of memory
-int prt_sampled_read(const cJSON *o, const char *op, prt_sampled *s, char *err, size_t errlen);
+int prt_sampled_add(cJSON *o, const prt_sampled *s) UTL_WARN_UNUSED; // the fields into o; 0, -1 on out of memory
+int prt_sampled_read(const cJSON *o, const char *op, prt_sampled *s, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 typedef struct prt_token {
   const char *id;        // (borrowed) required
@@ -51,7 +52,7 @@ typedef struct prt_token {
   int n_logprobs;
 } prt_token;
 cJSON *prt_token_encode(const prt_token *m, char *err, size_t errlen);
-int prt_token_decode(const cJSON *j, prt_token *m, char *err, size_t errlen);
+int prt_token_decode(const cJSON *j, prt_token *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 void prt_token_free(prt_token *m);
 
 typedef struct prt_done {
@@ -67,7 +68,7 @@ typedef struct prt_done {
                              // its first token (kv_first's prefill_ms; a colocated worker's own); sent when >= 0
 } prt_done;
 cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen);
-int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen);
+int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // generate's grammar (structured outputs and tool calls, docs/protocol.md): {"type": "json"} (any JSON object),
 // {"type": "json_schema", "schema": {...}}, or {"type": "tool_calls", "tools": [{"name", "parameters"}...], "open",
@@ -132,7 +133,7 @@ typedef struct prt_generate {
 } prt_generate;
 // The encoder writes every sampling field, stop and stop_ids (maybe empty), and the optional fields that are set.
 cJSON *prt_generate_encode(const prt_generate *m, char *err, size_t errlen);
-int prt_generate_decode(const cJSON *j, prt_generate *m, char *err, size_t errlen);
+int prt_generate_decode(const cJSON *j, prt_generate *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 void prt_generate_free(prt_generate *m);
 
 #ifdef __cplusplus

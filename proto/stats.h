@@ -3,6 +3,7 @@
 #define DSERVE_PRT_STATS_H
 
 #include "proto/proto.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,9 +33,9 @@ typedef struct prt_stats_ok {
 // A prt_stats_ok with every count absent (-1).
 void prt_stats_ok_init(prt_stats_ok *m);
 // Writes the counts that are >= 0 (and the present tiers) into msg (a stats_ok message); 0, -1 on out of memory.
-int prt_stats_ok_add(cJSON *msg, const prt_stats_ok *m);
+int prt_stats_ok_add(cJSON *msg, const prt_stats_ok *m) UTL_WARN_UNUSED;
 cJSON *prt_stats_ok_encode(const prt_stats_ok *m, char *err, size_t errlen);
-int prt_stats_ok_decode(const cJSON *j, prt_stats_ok *m, char *err, size_t errlen);
+int prt_stats_ok_decode(const cJSON *j, prt_stats_ok *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 #ifdef __cplusplus
 }

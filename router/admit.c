@@ -38,8 +38,7 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e) {
     while (!s->stopping && !s->draining) {
       if (s->wait_head == r && s->running_slots < s->capacity) break;
       if ((gone = s->hooks.client_gone(r->fd)) || (late = utl_now_us() > limit)) break;
-      struct timespec dl;
-      deadline_in(&dl, WAIT_TICK_MS);
+      struct timespec dl = utl_deadline_ms(WAIT_TICK_MS);
       pthread_cond_timedwait(&s->admit_cv, &s->mu, &dl);
     }
     for (rtr_req **pp = &s->wait_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->wnext)

@@ -429,7 +429,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   rtr_error e;
   rtr_req *r = calloc(1, sizeof *r);
   if (!r) return reply_err(c, 500, "server_error", NULL, NULL, NULL, "out of memory");
-  pthread_cond_init(&r->cv, NULL);
+  utl_cond_init_monotonic(&r->cv); // rtr_wait_locked waits on it with a deadline
   r->s = s;
   r->t_arrival_us = t0;
   r->fd = -1;

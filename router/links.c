@@ -322,8 +322,7 @@ static void *link_main(void *arg) {
         continue; // its address changed while we connected: the new one
       }
       utl_debug(LOGC, "worker %s: %s (retry in %d ms)", l->cfg->name, err, backoff);
-      struct timespec dl;
-      deadline_in(&dl, backoff);
+      struct timespec dl = utl_deadline_ms(backoff);
       pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);
       backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
       continue;
@@ -354,8 +353,7 @@ static void *link_main(void *arg) {
       pthread_mutex_lock(&s->mu);
       continue;
     }
-    struct timespec dl;
-    deadline_in(&dl, 250);
+    struct timespec dl = utl_deadline_ms(250);
     pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);
   }
   l->thread_done = 1;

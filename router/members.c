@@ -194,8 +194,7 @@ static void *dialer_main(void *arg) {
     int64_t now = utl_now_ms(), wake = now + 1000;
     member *e = pick_locked(ms, now, &wake);
     if (!e) {
-      struct timespec dl;
-      deadline_in(&dl, (int)(wake - now) + 1);
+      struct timespec dl = utl_deadline_ms(wake - now + 1);
       pthread_cond_timedwait(&ms->cv, &s->mu, &dl);
       continue;
     }
@@ -243,7 +242,7 @@ int rtr_members_start(rtr_server *s, char *err, size_t errlen) {
     snprintf(err, errlen, "out of memory");
     return -1;
   }
-  pthread_cond_init(&ms->cv, NULL);
+  utl_cond_init_monotonic(&ms->cv); // its waits are timed (utl_deadline_ms)
   ms->seed = (unsigned)utl_now_us();
   const char *help = "Workers etcd lists, by state: linked, or pending (not linked yet: dialled, with back-off "
                      "after a failed handshake, until it answers).";

@@ -353,8 +353,7 @@ static void *stats_main(void *arg) {
   while (!s->stopping) {
     int64_t due = last + every_ms;
     while (!s->stopping && utl_now_ms() < due) {
-      struct timespec dl;
-      deadline_in(&dl, (int)(due - utl_now_ms()));
+      struct timespec dl = utl_deadline_ms((int)(due - utl_now_ms()));
       pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);
     }
     if (s->stopping) break;

@@ -163,8 +163,7 @@ rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r) {
     rtr_fail_locked(s, r, &e);
     return RTR_WAIT_TIMEOUT;
   }
-  struct timespec dl;
-  deadline_in(&dl, WAIT_TICK_MS);
+  struct timespec dl = utl_deadline_ms(WAIT_TICK_MS);
   pthread_cond_timedwait(&r->cv, &s->mu, &dl);
   return RTR_WAIT_MORE;
 }

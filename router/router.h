@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "models/gguf.h"
 #include "models/tokenizer.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,7 +25,7 @@ typedef struct rtr_server_opts {
 
 // Binds cfg->router.host:port (port 0 = ephemeral; rtr_server_port tells which), starts the HTTP threads and one
 // link per configured worker (connects with back-off). 0, or -1 with err.
-int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t errlen);
+int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 int rtr_server_port(const rtr_server *s);
 int rtr_server_links_up(rtr_server *s); // links connected and past hello_ok
 // Of those, the links that can finish a generation: decode and both workers up and not draining (a prefill

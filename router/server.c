@@ -137,8 +137,8 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   rtr_relay_register(s);
   rtr_http_register(s);
   pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->link_cv, NULL);
-  pthread_cond_init(&s->admit_cv, NULL);
+  utl_cond_init_monotonic(&s->link_cv); // both are waited on with utl_deadline_ms deadlines
+  utl_cond_init_monotonic(&s->admit_cv);
   s->m = rtr_metrics_new_labeled("model_name", s->model); // every series says which model it counts
   if (!s->m) {
     utl_seterr(err, errlen, "out of memory");
@@ -225,8 +225,7 @@ int rtr_server_port(const rtr_server *s) { return s->port; }
 // Waits (s->mu held) until no generation request is live or until end_us.
 static void wait_idle_locked(rtr_server *s, int64_t end_us) {
   while (s->n_live > 0 && utl_now_us() < end_us) {
-    struct timespec dl;
-    deadline_in(&dl, WAIT_TICK_MS);
+    struct timespec dl = utl_deadline_ms(WAIT_TICK_MS);
     pthread_cond_timedwait(&s->admit_cv, &s->mu, &dl);
   }
 }

@@ -226,16 +226,6 @@ static inline const mdl_chat_template *rtr_chat_of(const rtr_server *s, const rt
 // A disaggregated choice whose decode worker streams: it holds all the KV, its prefill worker (plink) no longer matters.
 static inline int rtr_choice_handed_off(const rtr_choice *c) { return c->plink >= 0 && c->state == RTR_CH_STREAMING; }
 
-static inline void deadline_in(struct timespec *dl, int ms) {
-  clock_gettime(CLOCK_REALTIME, dl);
-  dl->tv_sec += ms / 1000;
-  dl->tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (dl->tv_nsec >= 1000000000L) {
-    dl->tv_sec++;
-    dl->tv_nsec -= 1000000000L;
-  }
-}
-
 // The files' calls, layer by layer from the bottom. Those named *_locked, and rtr_out_event, are made with s->mu
 // held; rtr_admit_and_send takes it itself.
 

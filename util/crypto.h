@@ -6,11 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/err.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define UTL_WARN_UNUSED __attribute__((warn_unused_result))
 
 void utl_sha256(const void *data, size_t len, uint8_t out[32]);
 // HMAC-SHA256 of the concatenation of parts (nparts of them, lens[i] bytes each) under key.

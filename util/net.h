@@ -4,13 +4,15 @@
 
 #include <stddef.h>
 
+#include "util/err.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 // Sends all n bytes of p on socket fd (MSG_NOSIGNAL: a closed peer is an error, not SIGPIPE; EINTR retried). 0, or -1
 // when the socket failed (or its send timeout passed) before all of it went.
-int utl_send_all(int fd, const void *p, size_t n);
+int utl_send_all(int fd, const void *p, size_t n) UTL_WARN_UNUSED;
 
 #ifdef __cplusplus
 }

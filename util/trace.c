@@ -280,11 +280,7 @@ static void *exporter_main(void *arg) {
     if (t->stopping && !stop_by) stop_by = utl_now_ms() + STOP_FLUSH_MS;
     if (stop_by && utl_now_ms() > stop_by) break;
     if (t->n < BATCH_SPANS && !t->stopping) { // wait for a full batch or flush_ms
-      struct timespec dl;
-      clock_gettime(CLOCK_REALTIME, &dl);
-      dl.tv_sec += t->flush_ms / 1000;
-      dl.tv_nsec += (long)(t->flush_ms % 1000) * 1000000L;
-      if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+      struct timespec dl = utl_deadline_ms(t->flush_ms);
       pthread_cond_timedwait(&t->cv, &t->mu, &dl);
       if (t->n < BATCH_SPANS && !t->stopping && !t->n) continue;
     }
@@ -325,7 +321,7 @@ int utl_tracer_new(const utl_tracer_opts *o, utl_tracer **out, char *err, size_t
   t->q = calloc((size_t)t->cap, sizeof *t->q);
   t->out = calloc(BATCH_SPANS, sizeof *t->out);
   pthread_mutex_init(&t->mu, NULL);
-  pthread_cond_init(&t->cv, NULL);
+  utl_cond_init_monotonic(&t->cv); // the exporter waits on it up to flush_ms
   if (!t->q || !t->out || pthread_create(&t->thread, NULL, exporter_main, t)) {
     snprintf(err, errlen, "cannot start the span exporter: %s", !t->q || !t->out ? "out of memory" : strerror(errno));
     pthread_mutex_destroy(&t->mu);

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/err.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -20,7 +22,7 @@ typedef struct utl_trace_ctx {
 
 // 0, or -1 when s is not a valid version-00 traceparent (all-zero ids are invalid; a later version's longer value is
 // read by its first 55 characters, as the W3C spec asks).
-int utl_traceparent_parse(const char *s, utl_trace_ctx *out);
+int utl_traceparent_parse(const char *s, utl_trace_ctx *out) UTL_WARN_UNUSED;
 void utl_traceparent_format(const utl_trace_ctx *c, char out[UTL_TRACEPARENT_LEN + 1]);
 void utl_trace_new_id(uint8_t *id, size_t n); // random, never all zero
 
@@ -54,7 +56,7 @@ void utl_span_ctx(const utl_span *s, utl_trace_ctx *out);
 
 // "http://HOST[:PORT]/PATH" (port 80 when absent, path "/" when absent). 0, or -1 with why.
 int utl_http_url_parse(const char *url, char *host, size_t hcap, int *port, char *path, size_t pcap, char *why,
-                       size_t whylen);
+                       size_t whylen) UTL_WARN_UNUSED;
 
 typedef struct utl_tracer utl_tracer;
 typedef struct utl_tracer_opts {
@@ -64,7 +66,7 @@ typedef struct utl_tracer_opts {
   int flush_ms;             // how long a span may wait before the exporter posts
 } utl_tracer_opts;
 // Starts the exporter thread. 0, or -1 with err (bad endpoint, out of memory).
-int utl_tracer_new(const utl_tracer_opts *o, utl_tracer **out, char *err, size_t errlen);
+int utl_tracer_new(const utl_tracer_opts *o, utl_tracer **out, char *err, size_t errlen) UTL_WARN_UNUSED;
 // Posts what still waits (at most ~2 s more) and stops the thread; NULL is a no-op.
 void utl_tracer_free(utl_tracer *t);
 // Queues a copy of s for export: never waits for the network (a mutex held for a copy). 0, or -1 when the queue was

@@ -11,6 +11,7 @@
 #include "kv/prefix.h"
 #include "models/llama.h"
 #include "proto/stats.h"
+#include "util/err.h"
 #include "worker/runtime.h"
 
 #ifdef __cplusplus
@@ -35,9 +36,9 @@ typedef struct wrk_seq {
   void *owner;     // (borrowed) the role's per-request state
 } wrk_seq;
 
-int wrk_seq_init(wrk_seq *s, const int32_t *toks, int n, void *owner); // 0, -1 on out of memory
+int wrk_seq_init(wrk_seq *s, const int32_t *toks, int n, void *owner) UTL_WARN_UNUSED; // 0, -1 on out of memory
 void wrk_seq_fini(wrk_seq *s, kv_pool *kv);                        // releases blocks and tokens
-int wrk_seq_push(wrk_seq *s, int32_t tok);
+int wrk_seq_push(wrk_seq *s, int32_t tok) UTL_WARN_UNUSED;
 
 // The step-cost model of the step scheduler: the predicted wall time of one engine step is
 // fixed_ms + per_tok_ms * tokens + per_kpair_ms * kpairs, where tokens are its rows' tokens (decode tokens plus
@@ -102,10 +103,11 @@ typedef struct wrk_engine {
 
 // Also opens the prefix cache sized from the worker's prefix_cache_mb, with its host and disk tiers: -1 with err
 // (naming the worker and the tier's error) when one cannot be opened; the worker must not start without it.
-int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen);
+int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen) UTL_WARN_UNUSED;
 void wrk_engine_fini(wrk_engine *e); // the sequences themselves belong to the caller
-int wrk_engine_queue(wrk_engine *e, wrk_seq *s);   // waits for admission; -1 on out of memory
-int wrk_engine_start(wrk_engine *e, wrk_seq *s);   // joins the batch now (its blocks are already reserved)
+int wrk_engine_queue(wrk_engine *e, wrk_seq *s) UTL_WARN_UNUSED;   // waits for admission; -1 on out of memory
+// Joins the batch now (its blocks are already reserved)
+int wrk_engine_start(wrk_engine *e, wrk_seq *s) UTL_WARN_UNUSED;
 void wrk_engine_remove(wrk_engine *e, wrk_seq *s); // from either list; releases its blocks
 // Admits waiting sequences while blocks and batch slots last, reusing the longest cached prefix of each
 // (its n_done and n_cached start past it) and evicting unused cached blocks when the pool is short.
@@ -118,15 +120,16 @@ void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int b
 // needed. 0, or -1 with nothing held when the pool is short. A sequence queued with leading blocks already
 // in its table (n_done past them: a prefix a prefill worker fetched from a peer) is not matched again: only
 // the rest is reserved (on -1 it holds nothing, and is matched like any other next time).
-int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s);
+int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) UTL_WARN_UNUSED;
 // Runs one forward step (decode tokens first, then prefill chunks in admission order up to max_batch_tokens, and
 // with tpot_target_ms while sequences decode what wrk_step_chunk allows). Blocks that decode growth needs are taken from the newest
 // sequences (recompute preemption); a sequence that needs more than the whole pool gets cannot_grow instead (and
 // takes nothing from the others). 0 when nothing ran (n_batch == 0), 1 after a step, -1 on error.
-int wrk_engine_step(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen);
+int wrk_engine_step(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen) UTL_WARN_UNUSED;
 // wrk_engine_step in two halves, for callers that look at the planned batch before it runs:
 int wrk_engine_plan(wrk_engine *e); // fills batch / batch_of / batch_chunk; returns n_batch
-int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen); // 0 / -1
+// 0 / -1
+int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen) UTL_WARN_UNUSED;
 int wrk_engine_busy(const wrk_engine *e);
 // The prefix cache's counters for stats_ok (proto/stats.h): prefix_hits / prefix_queries (tokens served from the
 // cache / prompt tokens looked up, running totals) and prefix_cached_blocks; with a cache also each configured

@@ -14,6 +14,7 @@
 #include "models/sampler.h"
 #include "models/tokenizer.h"
 #include "proto/request.h"
+#include "util/err.h"
 #include "util/trace.h"
 
 #ifdef __cplusplus
@@ -73,7 +74,7 @@ typedef struct wrk_genreq {
 // and copies it into req; a `grammar` field is compiled through gc (a worker's cache; NULL: a grammar is refused). On
 // failure fills code ("invalid_request" / "context_length_exceeded") and err, and req holds nothing to free.
 int wrk_genreq_parse(const prt_generate *g, int n_vocab, int n_ctx, wrk_grammars *gc, wrk_genreq *req, char *code,
-                     size_t code_len, char *err, size_t errlen);
+                     size_t code_len, char *err, size_t errlen) UTL_WARN_UNUSED;
 void wrk_genreq_free(wrk_genreq *req);
 // Replays req's resumed tokens into a sampler made from req's whole prompt, as if it had sampled them: the RNG
 // advances by their draws and the penalties count them as generated.
@@ -91,7 +92,7 @@ typedef struct wrk_signals {
   ctl_hub *hub; // (borrowed) woken when a signal arrives
 } wrk_signals;
 void wrk_signals_block(wrk_signals *s);                  // first thing in main, before any thread starts
-int wrk_signals_start(wrk_signals *s, ctl_hub *hub);     // 0, or -1 when the thread cannot start
+int wrk_signals_start(wrk_signals *s, ctl_hub *hub) UTL_WARN_UNUSED;     // 0, or -1 when the thread cannot start
 
 #ifdef __cplusplus
 }

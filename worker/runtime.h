@@ -10,6 +10,7 @@
 #include "models/gguf.h"
 #include "models/llama.h"
 #include "models/tokenizer.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,7 +31,7 @@ typedef struct wrk_runtime {
 
 // Loads everything worker w needs; shareable_kv puts the pool in memory a same-host peer may map.
 int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_kv, wrk_runtime **out, char *err,
-                     size_t errlen);
+                     size_t errlen) UTL_WARN_UNUSED;
 void wrk_runtime_close(wrk_runtime *rt);
 
 #ifdef __cplusplus

@@ -21,7 +21,8 @@ static void shell_hello(void *arg, cJSON *ok) {
   prt_hello_ok m = {.has_worker = 1, .n_ctx = sh->rt->n_ctx, .n_vocab = mdl_tok_n_vocab(sh->rt->tok),
                     .total_blocks = kv_pool_total_blocks(sh->rt->kv), .has_layout = 1,
                     .kv_layout = kv_wire_layout(sh->rt->kv)};
-  prt_hello_ok_add_worker(ok, &m);
+  if (prt_hello_ok_add_worker(ok, &m)) // the hello has no way to fail from here: the peer refuses the short hello_ok
+    utl_err(sh->wc->name, "out of memory writing the hello_ok's worker fields");
   if (sh->o.hello_extra) sh->o.hello_extra(sh->o.worker, ok);
 }
 

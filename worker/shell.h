@@ -20,6 +20,7 @@
 #include "kv/stage.h"
 #include "kvxfer/kvx.h"
 #include "proto/stats.h"
+#include "util/err.h"
 #include "util/trace.h"
 #include "worker/genreq.h"
 #include "worker/runtime.h"
@@ -38,7 +39,7 @@ typedef struct wrk_op {
 // worker/peers.c: the cluster's other workers as etcd has them (a watcher's table; those of another model left out).
 typedef struct wrk_peers wrk_peers;
 int wrk_peers_open(const cfg_discovery *d, const dsc_fingerprint *fp, const char *name, wrk_peers **out, char *err,
-                   size_t errlen);
+                   size_t errlen) UTL_WARN_UNUSED;
 void wrk_peers_close(wrk_peers *p);                               // NULL is a no-op
 int wrk_peers_find(wrk_peers *p, const char *name, cfg_worker *out); // 1 and *out when name is a member now
 
@@ -79,7 +80,7 @@ typedef struct wrk_shell {
 // signal thread, and with a "discovery" section its registration in etcd (disco/disco.h: from then on routers
 // find it; an etcd that does not answer yet is no error, the registrar keeps trying). 0, or -1 with err and everything opened so far closed again.
 int wrk_shell_open(wrk_shell *sh, const cfg_cluster *cfg, const cfg_worker *wc, const wrk_shell_opts *o,
-                   char *err, size_t errlen);
+                   char *err, size_t errlen) UTL_WARN_UNUSED;
 // Tears down in reverse order: the etcd registration (its lease revoked: the role has drained by now, so this is
 // the last thing a router hears before the link closes), kv_events' router references, hub (every connection and peer with it),
 // kvxfer agent, staging mirror (after the agent: its threads may still write into it), runtime. A zeroed

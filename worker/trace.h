@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/err.h"
 #include "worker/genreq.h"
 #include "worker/shell.h"
 
@@ -14,7 +15,7 @@ extern "C" {
 #endif
 
 // Opens sh->tracer (service "<tracing.service_name>-<worker name>") when the config traces; 0, or -1 with err.
-int wrk_trace_open(wrk_shell *sh, char *err, size_t errlen);
+int wrk_trace_open(wrk_shell *sh, char *err, size_t errlen) UTL_WARN_UNUSED;
 void wrk_trace_close(wrk_shell *sh); // posts what waits; no tracer: no-op
 
 // One span of req named name over [start_us, end_us] (utl_now_us readings), with the request's id, this worker's

@@ -255,7 +255,7 @@ void model_figures(Bench &b, Summary &sum) {
             batch / td;
       }
     }
-    mdl_llama_set_graphs(m, 0, err, sizeof err);
+    if (mdl_llama_set_graphs(m, 0, err, sizeof err)) printf("model graphs off: FAILED (%s)\n", err);
   }
   b.be->free(&b.c, kv.base);
   mdl_llama_free(m);

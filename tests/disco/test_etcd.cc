@@ -223,10 +223,12 @@ TEST(Etcd, UserAndPasswordFromAFile) {
   EXPECT_EQ(c.range("/a/"), (std::vector<std::string>{"/a/k=v"}));
   Events ev;
   int64_t last;
-  std::thread t([&] { dsc_watch(c.c, "/a/", 1, Events::on, Events::stopped, &ev, &last, c.err, sizeof c.err); });
+  int rc = 0;
+  std::thread t([&] { rc = dsc_watch(c.c, "/a/", 1, Events::on, Events::stopped, &ev, &last, c.err, sizeof c.err); });
   EXPECT_TRUE(ev.wait_for(1)) << "the watch carries the token too";
   ev.stop = 1;
   t.join();
+  EXPECT_EQ(rc, DSC_ESTOPPED) << c.err;
   std::string bad = e.dir + "/bad";
   f = fopen(bad.c_str(), "w");
   fputs("wrong\n", f);
@@ -273,10 +275,12 @@ TEST(Etcd, TlsWithAClientCertificate) {
   EXPECT_EQ(c.range("/tls/"), (std::vector<std::string>{"/tls/k=v"}));
   Events ev;
   int64_t last;
-  std::thread t([&] { dsc_watch(c.c, "/tls/", 1, Events::on, Events::stopped, &ev, &last, c.err, sizeof c.err); });
+  int rc = 0;
+  std::thread t([&] { rc = dsc_watch(c.c, "/tls/", 1, Events::on, Events::stopped, &ev, &last, c.err, sizeof c.err); });
   EXPECT_TRUE(ev.wait_for(1)) << "the watch goes over TLS too";
   ev.stop = 1;
   t.join();
+  EXPECT_EQ(rc, DSC_ESTOPPED) << c.err;
   dsc_etcd_opts no_cert{};
   no_cert.ca_file = ca.c_str();
   Client anon({e.url}, &no_cert);

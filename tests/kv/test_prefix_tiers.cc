@@ -49,7 +49,7 @@ TEST_F(Prefix, TiersSpillToHostAndDiskAndRestoreRealBytes) {
   std::vector<int32_t> scrub(nfree);
   ASSERT_EQ(kv_pool_alloc(pool, scrub.data(), nfree), 0);
   std::vector<unsigned char> zero(bb, 0);
-  for (int32_t id : scrub) kv_pool_write_block(pool, id, zero.data());
+  for (int32_t id : scrub) ASSERT_EQ(kv_pool_write_block(pool, id, zero.data()), 0);
   unref_all(scrub);
   EXPECT_TRUE(match(p).empty()); // nothing in the pool
   std::vector<int32_t> r(8);

@@ -115,6 +115,10 @@ inline bool blocks_equal(const Blocks &b, uint64_t src_off_to_ptr, uint64_t dst_
   return true;
 }
 
+// Posts x. A post that fails leaves x in its error state, which the caller's wait_xfer (or kvx_xfer_poll) then
+// returns, with kvx_xfer_error saying why: the cases check the outcome there, whichever step failed.
+inline void post_xfer(kvx_xfer *x) { utl_ignore_status(kvx_xfer_post(x)); }
+
 inline int wait_xfer(kvx_agent *a, kvx_xfer *x, int ms) {
   int64_t end = kvx_now_ms() + ms;
   int st;

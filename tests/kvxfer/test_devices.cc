@@ -34,7 +34,7 @@ TEST(KvxRdma, DiscoveryOrRoundTrip) {
   Blocks bl((uint64_t)(uintptr_t)src.data(), (uint64_t)(uintptr_t)dst.data(), n, slot, 2);
   kvx_xfer *x;
   ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, bl.src.data(), n, bl.dst.data(), n, "rdma-b", "done", 4, &x, err, sizeof err), 0);
-  kvx_xfer_post(x);
+  post_xfer(x);
   ASSERT_EQ(wait_xfer(a, x, 10000), KVX_DONE) << kvx_xfer_error(x);
   auto ns = wait_notifs(b, 1, 5000);
   ASSERT_EQ(ns.size(), 1u);
@@ -42,7 +42,7 @@ TEST(KvxRdma, DiscoveryOrRoundTrip) {
   Blocks rb((uint64_t)(uintptr_t)back.data(), (uint64_t)(uintptr_t)dst.data(), n, slot, 2);
   kvx_xfer *y;
   ASSERT_EQ(kvx_xfer_new(a, KVX_READ, rb.src.data(), n, bl.dst.data(), n, "rdma-b", nullptr, 0, &y, err, sizeof err), 0);
-  kvx_xfer_post(y);
+  post_xfer(y);
   ASSERT_EQ(wait_xfer(a, y, 10000), KVX_DONE) << kvx_xfer_error(y);
   for (size_t i = 0; i < n; i++)
     EXPECT_EQ(memcmp((void *)(uintptr_t)rb.src[i].addr, (void *)(uintptr_t)bl.src[i].addr, bl.src[i].len), 0);
@@ -92,7 +92,7 @@ TEST(KvxNccl, DiscoveryAndMemoryKind) {
   kvx_desc l = {(uint64_t)(uintptr_t)h1.data(), 4096}, r = {(uint64_t)(uintptr_t)h2.data(), 4096};
   kvx_xfer *x;
   ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "nccl-b", nullptr, 0, &x, err, sizeof err), 0);
-  kvx_xfer_post(x);
+  post_xfer(x);
   EXPECT_LT(wait_xfer(a, x, 30000), 0);
   EXPECT_NE(std::string(kvx_xfer_error(x)).find("CUDA memory only"), std::string::npos) << kvx_xfer_error(x);
   kvx_xfer_free(x);

@@ -74,7 +74,7 @@ struct FaultRig {
     src.resize(len);
     fill(src.data(), len, 77);
     char err[256], name[KVX_MAX_NAME];
-    kvx_register(a, src.data(), len, KVX_MEM_HOST, &rs, err, sizeof err);
+    if (kvx_register(a, src.data(), len, KVX_MEM_HOST, &rs, err, sizeof err)) ADD_FAILURE() << err;
     if (ch.pid > 0 && kvx_load_remote_md(a, blob.data(), blob.size(), name, sizeof name, err, sizeof err)) {
       ADD_FAILURE() << err;
       kill(ch.pid, SIGKILL);
@@ -88,7 +88,7 @@ struct FaultRig {
     kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {ch.dst, 4096};
     kvx_xfer *x = nullptr;
     if (ch.pid > 0 && !kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "child", nullptr, 0, &x, err, sizeof err)) {
-      kvx_xfer_post(x);
+      post_xfer(x);
       if (wait_xfer(a, x, 5000) != KVX_DONE) ADD_FAILURE() << "warm-up write: " << kvx_xfer_error(x);
     }
     kvx_xfer_free(x);
@@ -108,7 +108,7 @@ struct FaultRig {
     if (kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "child", notif, notif ? strlen(notif) : 0, &x, err, sizeof err))
       ADD_FAILURE() << err;
     else
-      kvx_xfer_post(x);
+      post_xfer(x);
     return x;
   }
 };
@@ -273,7 +273,7 @@ TEST(KvxFaults, ConnectionCutFailsThenReconnects) {
     kvx_xfer *x;
     ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", "x", 1, &x, err, sizeof err), 0);
     int64_t t0 = kvx_now_ms();
-    kvx_xfer_post(x);
+    post_xfer(x);
     EXPECT_LT(wait_xfer(a, x, 10000), 0);
     EXPECT_LT(kvx_now_ms() - t0, 3000) << "a cut connection should fail at once, not at the timeout";
     EXPECT_NE(std::string(kvx_xfer_error(x)).find("'b'"), std::string::npos) << kvx_xfer_error(x);
@@ -285,7 +285,7 @@ TEST(KvxFaults, ConnectionCutFailsThenReconnects) {
   kvx_desc l = {(uint64_t)(uintptr_t)src.data(), len}, r = {(uint64_t)(uintptr_t)dst.data(), len};
   kvx_xfer *x;
   ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", "y", 1, &x, err, sizeof err), 0);
-  kvx_xfer_post(x);
+  post_xfer(x);
   EXPECT_EQ(wait_xfer(a, x, 10000), KVX_DONE) << kvx_xfer_error(x);
   EXPECT_EQ(src, dst);
   kvx_xfer_free(x);
@@ -366,7 +366,8 @@ TEST(KvxApi, BadArgumentsAndMetadata) {
   for (int i = 0; i < 500; i++) {
     auto f = md;
     f[rng() % f.size()] ^= (uint8_t)(1 + rng() % 255);
-    kvx_load_remote_md(a, f.data(), f.size(), name, sizeof name, err, sizeof err);
+    // Refused or (a flipped byte in a name or a port) loaded: either is right; the point is no crash and no hang.
+    utl_ignore_status(kvx_load_remote_md(a, f.data(), f.size(), name, sizeof name, err, sizeof err));
   }
   kvx_invalidate_peer(a, "b");
   ASSERT_EQ(kvx_load_remote_md(a, md.data(), md.size(), name, sizeof name, err, sizeof err), 0) << err;
@@ -392,7 +393,7 @@ TEST(KvxApi, BadArgumentsAndMetadata) {
   // A transfer that is fine on the sender side but the region was deregistered on the receiver: refused.
   ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
   kvx_deregister(b, rb);
-  kvx_xfer_post(x);
+  post_xfer(x);
   EXPECT_LT(wait_xfer(a, x, 5000), 0);
   EXPECT_NE(std::string(kvx_xfer_error(x)).find("unknown region key"), std::string::npos) << kvx_xfer_error(x);
   kvx_xfer_free(x);
@@ -416,7 +417,7 @@ TEST(KvxApi, RefusedLargeWriteReportsTheReceiversReason) {
   kvx_desc l = {(uint64_t)(uintptr_t)src.data(), len}, r = {(uint64_t)(uintptr_t)dst.data(), len};
   kvx_xfer *x;
   ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", "n", 1, &x, err, sizeof err), 0);
-  kvx_xfer_post(x);
+  post_xfer(x);
   EXPECT_LT(wait_xfer(a, x, 10000), 0);
   EXPECT_NE(std::string(kvx_xfer_error(x)).find("unknown region key"), std::string::npos) << kvx_xfer_error(x);
   EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), (long)len) << "bytes landed in a deregistered region";
@@ -459,7 +460,7 @@ TEST(KvxApi, ShmNeedsHostAllocMemoryOnTheReceiver) {
   kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {(uint64_t)(uintptr_t)plain.data(), 4096};
   kvx_xfer *x;
   ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0);
-  kvx_xfer_post(x);
+  post_xfer(x);
   EXPECT_LT(wait_xfer(a, x, 5000), 0);
   EXPECT_NE(std::string(kvx_xfer_error(x)).find("kvx_host_alloc"), std::string::npos) << kvx_xfer_error(x);
   kvx_xfer_free(x);

@@ -126,7 +126,7 @@ TEST(KvxNetns, TcpAcrossTwoNamespaces) {
     kvx_xfer *x;
     if (kvx_xfer_new(a, KVX_WRITE, bl.src.data(), n, bl.dst.data(), n, "ns-recv", "written", 7, &x, err, sizeof err))
       _exit(34);
-    kvx_xfer_post(x);
+    post_xfer(x);
     if (wait_xfer(a, x, 20000) != KVX_DONE) {
       fprintf(stderr, "netns write: %s\n", kvx_xfer_error(x));
       _exit(35);
@@ -136,7 +136,7 @@ TEST(KvxNetns, TcpAcrossTwoNamespaces) {
     kvx_xfer *y;
     if (kvx_xfer_new(a, KVX_READ, rb.src.data(), n, bl.dst.data(), n, "ns-recv", nullptr, 0, &y, err, sizeof err))
       _exit(36);
-    kvx_xfer_post(y);
+    post_xfer(y);
     if (wait_xfer(a, y, 20000) != KVX_DONE) _exit(37);
     for (size_t i = 0; i < n; i++)
       if (memcmp((void *)(uintptr_t)rb.src[i].addr, (void *)(uintptr_t)bl.src[i].addr, bl.src[i].len)) _exit(38);

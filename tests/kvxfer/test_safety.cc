@@ -30,7 +30,7 @@ TEST(KvxAuth, WrongSecretIsRefused) {
     kvx_desc l = {(uint64_t)(uintptr_t)src.data(), 4096}, r = {(uint64_t)(uintptr_t)dst, 4096};
     kvx_xfer *x;
     ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "victim", "hi", 2, &x, err, sizeof err), 0);
-    kvx_xfer_post(x);
+    post_xfer(x);
     EXPECT_LT(wait_xfer(a, x, 5000), 0) << be;
     EXPECT_NE(std::string(kvx_xfer_error(x)).find("refused authentication"), std::string::npos) << kvx_xfer_error(x);
     for (int i = 0; i < 50 && !lb.has("wrong shared secret"); i++) usleep(10000);
@@ -158,7 +158,7 @@ struct Victim {
     fill(mem.data(), mem.size(), 42);
     ref = mem;
     char err[256];
-    kvx_register(b, mem.data() + R, R, KVX_MEM_HOST, &r, err, sizeof err);
+    EXPECT_EQ(kvx_register(b, mem.data() + R, R, KVX_MEM_HOST, &r, err, sizeof err), 0) << err;
     lo = (uint64_t)(uintptr_t)(mem.data() + R);
     key = r->key;
   }
@@ -246,7 +246,7 @@ TEST(KvxBadFrames, CraftedFramesAreRefusedAndWriteNothing) {
   kvx_desc l = {(uint64_t)(uintptr_t)src.data(), v.R}, r = {lo, v.R};
   kvx_xfer *x;
   ASSERT_EQ(kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "victim", "ok", 2, &x, err, sizeof err), 0) << err;
-  kvx_xfer_post(x);
+  post_xfer(x);
   EXPECT_EQ(wait_xfer(a, x, 5000), KVX_DONE) << kvx_xfer_error(x);
   EXPECT_EQ(memcmp(v.mem.data() + v.R, src.data(), v.R), 0);
   EXPECT_EQ(wait_notifs(v.b, 1, 3000).size(), 1u);

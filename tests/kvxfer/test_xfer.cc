@@ -230,13 +230,13 @@ TEST(KvxThreads, PostOnOneThreadPollOnAnother) {
         std::string note = std::to_string(i);
         char e[256];
         if (kvx_xfer_new(a, KVX_WRITE, &l, 1, &r, 1, "sink", note.data(), note.size(), &xs[i], e, sizeof e)) break;
-        kvx_xfer_post(xs[i]);
+        post_xfer(xs[i]);
         posted = i + 1;
       }
     });
     std::thread chatter([&] {
       char e[256];
-      for (int i = 0; i < 100; i++) kvx_notify(a, "sink", "chat", 4, e, sizeof e);
+      for (int i = 0; i < 100; i++) EXPECT_EQ(kvx_notify(a, "sink", "chat", 4, e, sizeof e), 0) << e;
     });
     // Event loop: wake on the fd, clear it, poll everything posted so far.
     size_t done = 0;
