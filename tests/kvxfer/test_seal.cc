@@ -143,7 +143,7 @@ struct Pair {
       ADD_FAILURE() << err;
       return -100;
     }
-    kvx_xfer_post(x);
+    post_xfer(x); // a failed post shows in wait_xfer
     int st = wait_xfer(a, x, 10000);
     if (why) *why = kvx_xfer_error(x);
     kvx_xfer_free(x);
@@ -177,7 +177,7 @@ TEST(KvxSeal, SealedTransfersOfManySizesArriveIntact) {
     kvx_desc l = {bk, len}, r = {p.d(), len};
     kvx_xfer *x;
     ASSERT_EQ(kvx_xfer_new(p.a, KVX_READ, &l, 1, &r, 1, "b", nullptr, 0, &x, err, sizeof err), 0) << err;
-    kvx_xfer_post(x);
+    post_xfer(x); // a failed post shows in wait_xfer
     ASSERT_EQ(wait_xfer(p.a, x, 10000), KVX_DONE) << kvx_xfer_error(x);
     kvx_xfer_free(x);
     ASSERT_EQ(memcmp(back.data(), p.src.data(), len), 0) << len;
