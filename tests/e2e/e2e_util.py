@@ -361,6 +361,21 @@ def wait_workers(port, timeout=30.0, host="127.0.0.1"):
     raise AssertionError("the router on %s:%d never served a request: %r" % (host, port, last))
 
 
+def wait_router_sees_idle(port, names, timeout, host="127.0.0.1"):
+    """Waits until the router's /metrics (the workers' last stats, which it balances by) show nothing running or
+    waiting on each worker in names; raises with the metrics otherwise. Call it once the workers themselves are idle."""
+    def idle():
+        m = metrics(port, host)
+        seen = {}  # name -> [running, waiting] of its series (role: both, prefill or decode)
+        for k, v in m.items():
+            g = re.match(r'dserve:worker_num_requests_(running|waiting)\{worker="([^"]*)",role="[a-z]+"\}$', k)
+            if g and g.group(2) in names:
+                seen.setdefault(g.group(2), []).append(v)
+        return all(n in seen and not any(seen[n]) for n in names)
+    if not wait_until(idle, timeout, 0.05):
+        raise AssertionError("the router's stats of %s never read idle: %r" % (list(names), metrics(port, host)))
+
+
 def result(kind, status, body):
     """{status, text, finish_reason, completion_tokens, prompt_tokens} of a non-streaming response."""
     if status != 200:

@@ -93,6 +93,14 @@ class Load:
             with self.mu:
                 self.results.append((i, r))
 
+    def wait_more(self, n=N_STREAMS, timeout=60):
+        """Waits until n more requests have ended (answered or failed) than when called: the load goes on."""
+        with self.mu:
+            want = len(self.results) + n
+        if not u.wait_until(lambda: len(self.results) >= want, timeout * S, step=0.05):
+            raise AssertionError("the load ended %d of %d more requests within %.0f s" % (
+                len(self.results) - want + n, n, timeout * S))
+
     def stop(self, timeout=120):
         self.done.set()
         for t in self.threads:
@@ -177,7 +185,7 @@ class Discovery(Cluster, unittest.TestCase):
         self.linked("d1")
         refs = self.references()
         load = Load(self.port)
-        time.sleep(2 * S)
+        load.wait_more()
         # 1. a decode worker added under load is sent work soon after it registers
         d2 = self.worker("d2")
         t_reg = d2.line_time(r"d2: registered in etcd", 60 * S)
@@ -204,7 +212,7 @@ class Discovery(Cluster, unittest.TestCase):
         self.router.line_time(r"router: worker %s left the cluster" % victim, 60 * S)
         self.assertIn("left the cluster: etcd lease", self.wait_exit(self.procs[[p.log_path for p in self.procs].index(
             os.path.join(self.dir, victim + ".log"))]))
-        time.sleep(2 * S)
+        load.wait_more()
         # 3. kill -9 of a worker with streams: the lease expires, the member leaves within TTL + 1 s, its streams end
         # on the last one
         victim = self.busiest(workers)
@@ -220,7 +228,7 @@ class Discovery(Cluster, unittest.TestCase):
         self.assertLess(t_left - t_kill, (TTL_S + 1) * S)
         m = u.metrics(self.port)  # a departed worker's series stay, reading 0
         self.assertEqual(m.get('dserve:worker_num_requests_running{worker="%s",role="decode"}' % victim), 0.0, m)
-        time.sleep(2 * S)
+        load.wait_more()
         results = load.stop()
         print("FIGURE join/drain/kill: %d requests, %d failed" % (len(results), sum(
             1 for _, r in results if r["status"] != 200 or r["error"])), file=sys.stderr)
@@ -232,7 +240,7 @@ class Discovery(Cluster, unittest.TestCase):
         self.linked("d1")
         refs = self.references()
         load = Load(self.port)
-        time.sleep(2 * S)
+        load.wait_more()
         t_kill = time.time()
         self.etcd.kill()
         time.sleep(min(3.0, OUTAGE_S / 2))
@@ -245,7 +253,7 @@ class Discovery(Cluster, unittest.TestCase):
               % (t_back - t_kill, t_linked - t_back), file=sys.stderr)
         self.assertLess(t_linked - t_back, 2.0 * S)
         self.linked("d2")
-        time.sleep(2 * S)
+        load.wait_more()
         results = load.stop()
         print("FIGURE etcd outage: %d requests, %d failed" % (len(results), sum(
             1 for _, r in results if r["status"] != 200 or r["error"])), file=sys.stderr)
