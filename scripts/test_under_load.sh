@@ -28,5 +28,6 @@ log=$build/test_under_load.log
 echo "test_under_load: $hog hog(s) on $(nproc) core(s); ctest -j2 $*; log $log"
 rc=0
 (cd "$build" && ctest -j2 --output-on-failure "$@") >"$log" 2>&1 || rc=$?
-grep -E "tests passed|tests failed out of|^\s+[0-9]+ - " "$log" || true
+grep -E "tests passed|tests failed out of" "$log" || true
+sed -n '/The following tests FAILED/,$p' "$log"
 exit $rc
