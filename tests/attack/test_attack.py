@@ -163,10 +163,7 @@ class Shipped:
         self.node = u.Node(self.config, env=clean_env())
 
     def start(self):
-        t = 120 * SCALE
-        self.node.wait_ready(t)
-        self.node.wait_connected([w["name"] for w in self.cfg["workers"]], t)
-        u.wait_workers(self.port, t)
+        u.wait_serving([self.node], self.node, [w["name"] for w in self.cfg["workers"]], self.port, 120)
         return self
 
     def worker(self, name):

@@ -142,8 +142,8 @@ TEST(Etcd, WatchSeesChangesInOrderAndResumesFromARevision) {
   Events ev;
   int64_t last = -1;
   int rc = 0;
+  // no wait for the watch to start: it begins at rev0 + 1, so it sees the puts below whenever it starts
   std::thread t([&] { rc = dsc_watch(c.c, "/w/", rev0 + 1, Events::on, Events::stopped, &ev, &last, c.err, sizeof c.err); });
-  usleep(300000);
   ASSERT_EQ(dsc_put(c.c, "/w/a", "1", 1, 0, c.err, sizeof c.err), 0);
   ASSERT_EQ(dsc_put(c.c, "/other", "x", 1, 0, c.err, sizeof c.err), 0); // outside the prefix: not seen
   ASSERT_EQ(dsc_put(c.c, "/w/b", "2", 1, 0, c.err, sizeof c.err), 0);
@@ -158,10 +158,13 @@ TEST(Etcd, WatchSeesChangesInOrderAndResumesFromARevision) {
   Events ev2;
   std::thread t2([&] { rc = dsc_watch(c.c, "/w/", rev0 + 3, Events::on, Events::stopped, &ev2, &last, c.err, sizeof c.err); });
   ASSERT_TRUE(ev2.wait_for(2));
-  usleep(200000);
+  // a later change, seen after the replay (events come in revision order): nothing else came before it
+  Client c2({e.url});
+  ASSERT_EQ(dsc_put(c2.c, "/w/c", "3", 1, 0, c2.err, sizeof c2.err), 0) << c2.err;
+  ASSERT_TRUE(ev2.wait_for(3));
   ev2.stop = 1;
   t2.join();
-  EXPECT_EQ(ev2.got, (std::vector<std::string>{"put /w/b=2", "del /w/a"}));
+  EXPECT_EQ(ev2.got, (std::vector<std::string>{"put /w/b=2", "del /w/a", "put /w/c=3"}));
 }
 
 TEST(Etcd, OutageIsUnavailableThenRecovers) {

@@ -96,6 +96,26 @@ struct Seen {
   }
 };
 
+// Puts a leaseless record "marker" and deletes it, then waits until the watcher has told both: etcd's watch events
+// come in revision order, so whatever the watcher was to report before them has been reported. The positive signal
+// that makes "nothing else happened" a finding rather than a wait that was hopefully long enough. 0 when seen.
+int marker(const std::string &url, Seen &seen, int incarnation) {
+  dsc_etcd *c = client(url);
+  if (!c) return -1;
+  size_t n = seen.get().size();
+  char err[256];
+  const char *key = "/dserve/t/workers/decode/marker";
+  int rc = put_member(c, key, member("marker", incarnation)) || dsc_delete(c, key, 0, err, sizeof err);
+  dsc_etcd_free(c);
+  if (rc || seen.wait_for(n + 2) < 0) return -1;
+  std::vector<std::string> ev = seen.get();
+  ev.erase(std::remove(ev.begin(), ev.end(), "join marker " + std::to_string(incarnation)), ev.end());
+  ev.erase(std::remove(ev.begin(), ev.end(), std::string("leave marker")), ev.end());
+  std::lock_guard<std::mutex> g(seen.mu);
+  seen.ev = ev; // the marker's two events leave the list as they came
+  return 0;
+}
+
 } // namespace
 
 TEST(Member, RecordRoundTripsAndKeys) {
@@ -174,6 +194,7 @@ TEST(Membership, JoinRestartLeave) {
   ASSERT_GE(seen.wait_for(1), 0);
   EXPECT_TRUE(dsc_registrar_registered(r));
   usleep(2500000); // past the TTL: the keep-alive holds it
+  ASSERT_EQ(marker(e.url, seen, 1), 0);
   EXPECT_EQ(seen.get(), (std::vector<std::string>{"join d1 100"}));
   // a restart: the same key, a new incarnation (the old process's lease is revoked or lapses)
   dsc_registrar *r2 = nullptr;
@@ -186,7 +207,7 @@ TEST(Membership, JoinRestartLeave) {
   EXPECT_GE(ms, 0) << "the revoke is seen at once";
   EXPECT_EQ(seen.get().back(), "leave d1");
   dsc_registrar_stop(r); // its lease no longer holds the key: nothing more
-  usleep(300000);
+  ASSERT_EQ(marker(e.url, seen, 1), 0);
   EXPECT_EQ(seen.get().size(), 3u);
   dsc_watcher_stop(w);
 }
@@ -229,7 +250,8 @@ TEST(Membership, ExpiresWithoutKeepAliveAndSurvivesAnOutage) {
   ASSERT_GE(seen.wait_for(4, 5000), 0);
   EXPECT_LE(utl_now_ms() - t0, 2000) << "a change made while etcd was down is seen within 2 s of its return";
   EXPECT_EQ(seen.get()[3], "join b 2");
-  usleep(1500000);
+  usleep(2500000); // past the TTL since etcd came back: a lapsed lease would have been revoked by now
+  ASSERT_EQ(marker(e.url, seen, 1), 0);
   EXPECT_EQ(seen.get().size(), 4u) << "a's record survived the outage (etcd renews leases when it comes back)";
   dsc_registrar_stop(ra);
   dsc_registrar_stop(rb);

@@ -1,5 +1,6 @@
 """tests/e2e/e2e_util.py: helpers for the end-to-end tests: configs on free ports, `dserve launch` nodes, HTTP/SSE and control-protocol clients."""
 
+import datetime
 import hashlib
 import hmac
 import http.client
@@ -134,7 +135,97 @@ def _cmdline(pid):
         return []
 
 
-class Node:
+def log_time(line):
+    """time.time() of a dserve log line ("2026-12-05T12:42:04.132Z INFO ...")."""
+    t = datetime.datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ")
+    return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+class Logged:
+    """The waits on a process's log file shared by Proc and Node (self.proc: its Popen; self.log_path: its log).
+    Tests wait on such an observable (a log line, /metrics, a stats_ok field), never on a fixed sleep."""
+
+    def text(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def _what(self):
+        return "the process"
+
+    def wait_for(self, needle, timeout=30.0, after=0):
+        """Waits until the log (from offset after) contains needle; raises with the log tail otherwise (at once when
+        the process exits first)."""
+        end = time.time() + timeout
+        while time.time() < end:
+            t = self.text()
+            if needle in t[after:]:
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError("%s exited %s before '%s':\n%s" % (self._what(), self.proc.returncode, needle,
+                                                                        t[-3000:]))
+            time.sleep(0.05)
+        raise AssertionError("no '%s' within %.0f s:\n%s" % (needle, timeout, self.text()[-3000:]))
+
+    def wait_count(self, needle, n, timeout=30.0):
+        """Waits until the log contains needle at least n times."""
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.text().count(needle) >= n:
+                return
+            time.sleep(0.05)
+        raise AssertionError("'%s' not %d times within %.0f s:\n%s" % (needle, n, timeout, self.text()[-3000:]))
+
+    def line_time(self, pattern, timeout):
+        """time.time() of the first log line matching the regex pattern, waiting up to timeout; raises with the log
+        tail."""
+        end = time.time() + timeout
+        while True:
+            for line in self.text().splitlines():
+                if re.search(pattern, line):
+                    return log_time(line)
+            if time.time() > end:
+                raise AssertionError("no log line /%s/ within %.0f s:\n%s" % (pattern, timeout, self.text()[-3000:]))
+            time.sleep(0.02)
+
+
+class Proc(Logged):
+    """One `dserve ARGV` process (a role, serve, ...) with its output in the log file log."""
+
+    def __init__(self, argv, log, env=None, cwd=None):
+        self.log_path = log
+        self.log = open(log, "wb")
+        self.proc = subprocess.Popen([DSERVE] + list(argv), stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, cwd=cwd)
+        self.pid = self.proc.pid
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def signal(self, sig):
+        if self.alive():
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout):
+        """The exit status, or None when it did not exit within timeout."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, term_s=None):
+        """SIGKILL (term_s None), else SIGTERM and SIGKILL after term_s; returns the exit status."""
+        if self.alive() and term_s is not None:
+            self.proc.terminate()
+            self.wait(term_s)
+        if self.alive():
+            self.proc.kill()
+        rc = self.proc.wait()
+        if not self.log.closed:
+            self.log.close()
+        return rc
+
+
+class Node(Logged):
     """One `dserve launch --config F --node N` process (optionally prefixed, e.g. by `ip netns exec NS`)."""
 
     def __init__(self, config, node="local", log=None, prefix=(), backoff_ms=100, env=None):
@@ -147,30 +238,8 @@ class Node:
                                      stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         self.node = node
 
-    def text(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-
-    def wait_for(self, needle, timeout=30.0, after=0):
-        """Waits until the log (from offset after) contains needle; raises with the log tail otherwise."""
-        end = time.time() + timeout
-        while time.time() < end:
-            t = self.text()
-            if needle in t[after:]:
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError("launcher exited %s before '%s':\n%s" % (self.proc.returncode, needle, t[-3000:]))
-            time.sleep(0.05)
-        raise AssertionError("no '%s' within %.0f s:\n%s" % (needle, timeout, self.text()[-3000:]))
-
-    def wait_count(self, needle, n, timeout=30.0):
-        """Waits until the log contains needle at least n times."""
-        end = time.time() + timeout
-        while time.time() < end:
-            if self.text().count(needle) >= n:
-                return
-            time.sleep(0.05)
-        raise AssertionError("'%s' not %d times within %.0f s:\n%s" % (needle, n, timeout, self.text()[-3000:]))
+    def _what(self):
+        return "launcher"
 
     def wait_ready(self, timeout=60.0):
         self.wait_for("dserve: node %s ready" % self.node, timeout)
@@ -230,6 +299,17 @@ class Node:
             self.log.close()
 
 
+def wait_serving(nodes, router, names, port, timeout=60.0, host="127.0.0.1"):
+    """The tests' one wait for a started cluster: every launcher in nodes has logged its ready line, the router's
+    (router: the Node whose log holds the router's lines) has logged a link to each worker in names, and the router on
+    host:port serves a one-token completion. timeout is scaled by SCALE; each wait raises with the logs' tail."""
+    timeout *= SCALE
+    for n in nodes:
+        n.wait_ready(timeout)
+    router.wait_connected(names, timeout)
+    wait_workers(port, timeout, host=host)
+
+
 class Cluster:
     """A temp dir with a one-node config and its launcher; cleaned by close() (register it with addCleanup)."""
 
@@ -242,11 +322,9 @@ class Cluster:
         self.node = Node(self.config, backoff_ms=backoff_ms)
 
     def start(self, timeout=60.0):
-        timeout *= SCALE
-        self.node.wait_ready(timeout)
         with open(self.config) as f:
-            self.node.wait_connected([w["name"] for w in json.load(f)["workers"]], timeout)
-        wait_workers(self.port, timeout)
+            names = [w["name"] for w in json.load(f)["workers"]]
+        wait_serving([self.node], self.node, names, self.port, timeout)
         return self
 
     def ports(self):
@@ -261,6 +339,62 @@ class Cluster:
             print("kept", self.dir, file=sys.stderr)
         else:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class DiscoCluster:
+    """A TestCase mixin: a real etcd, a router watching it and workers that register there (no config lists them);
+    every process an e2e_util.Proc in self.procs, stopped (and the temp dir removed) by the test's cleanup."""
+
+    def start_cluster(self, router, tag="disco", lease_ttl_s=2):
+        """etcd and the router (router: its config's "router" section, less the port) in a temp dir."""
+        import etcd_util  # here: etcd_util imports this module
+        require_env(self)
+        etcd_util.require_etcd()
+        self.dir = tempfile.mkdtemp(prefix="dserve-%s-" % tag)
+        self.etcd = etcd_util.Etcd()
+        self.addCleanup(self.etcd.close)
+        self.etcd.start()
+        self.procs = []
+        self.addCleanup(self._cleanup)
+        self.discovery = {"etcd": [self.etcd.url], "cluster": "e2e", "lease_ttl_s": lease_ttl_s}
+        self.port = free_ports(1)[0]
+        cfg = {"model": MODEL, "discovery": self.discovery, "router": dict(router, port=self.port)}
+        self.router = self._start(["router", "--config", self._write("router.json", cfg)], "router.log")
+
+    def _cleanup(self):
+        for p in self.procs:
+            p.stop()
+        if os.environ.get("DSERVE_E2E_KEEP"):
+            print("kept", self.dir, file=sys.stderr)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _write(self, name, cfg):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            json.dump(cfg, f, indent=1)
+        return path
+
+    def _start(self, argv, log):
+        p = Proc(argv, os.path.join(self.dir, log))
+        self.procs.append(p)
+        return p
+
+    def worker(self, name, role="decode", log=None, **kw):
+        """Starts worker name (its own config: itself and the discovery section, an ephemeral port; kw: more keys of
+        its entry); its log is log.log (default: name.log)."""
+        log = log or name
+        w = {"name": name, "role": role, "host": "127.0.0.1", "port": 0, "threads": 1, "kv_budget_mb": 32,
+             "max_seqs": 16,
+             # no prefix cache: the KV-aware policy would keep the two prompts where they are cached
+             "prefix_cache_mb": 0}
+        w.update(kw)
+        cfg = {"model": MODEL, "discovery": self.discovery, "workers": [w]}
+        return self._start([role, "--config", self._write(log + ".json", cfg), "--name", name], log + ".log")
+
+    def linked(self, name, timeout=60, role="decode|prefill"):
+        """time.time() of the router's log line that links worker name (waits up to timeout, scaled)."""
+        return self.router.line_time(r"router: worker %s \((%s), [^)]*\) connected" % (name, role), timeout * SCALE)
 
 
 # ---- network namespaces ----
@@ -359,6 +493,21 @@ def wait_workers(port, timeout=30.0, host="127.0.0.1"):
             last = e
         time.sleep(0.1)
     raise AssertionError("the router on %s:%d never served a request: %r" % (host, port, last))
+
+
+def wait_router_sees_idle(port, names, timeout, host="127.0.0.1"):
+    """Waits until the router's /metrics (the workers' last stats, which it balances by) show nothing running or
+    waiting on each worker in names; raises with the metrics otherwise. Call it once the workers themselves are idle."""
+    def idle():
+        m = metrics(port, host)
+        seen = {}  # name -> [running, waiting] of its series (role: both, prefill or decode)
+        for k, v in m.items():
+            g = re.match(r'dserve:worker_num_requests_(running|waiting)\{worker="([^"]*)",role="[a-z]+"\}$', k)
+            if g and g.group(2) in names:
+                seen.setdefault(g.group(2), []).append(v)
+        return all(n in seen and not any(seen[n]) for n in names)
+    if not wait_until(idle, timeout, 0.05):
+        raise AssertionError("the router's stats of %s never read idle: %r" % (list(names), metrics(port, host)))
 
 
 def result(kind, status, body):

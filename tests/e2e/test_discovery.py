@@ -6,21 +6,15 @@ of its registration; removing one by SIGTERM fails no request; kill -9 of one le
 TTL + 1 s and its streams end elsewhere; etcd killed for 30 s under load fails no request, and a worker started
 while it was down is linked within 2 s of its return. Every stream's greedy text equals an undisturbed run's."""
 
-import datetime
-import json
 import os
 import re
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
 
 import e2e_util as u
-import etcd_util as eu
 
 TTL_S = 2
 N_STREAMS = 8
@@ -33,46 +27,6 @@ S = u.SCALE
 
 def body(i):
     return {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": MAX_TOKENS, "ignore_eos": True}
-
-
-def log_time(line):
-    """time.time() of a dserve log line ("2026-12-05T12:42:04.132Z INFO ...")."""
-    t = datetime.datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ")
-    return t.replace(tzinfo=datetime.timezone.utc).timestamp()
-
-
-class Proc:
-    """One dserve process (router or worker) with its log."""
-
-    def __init__(self, argv, log):
-        self.log_path = log
-        self.log = open(log, "wb")
-        self.proc = subprocess.Popen([u.DSERVE] + argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-
-    def text(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-
-    def line_time(self, pattern, timeout):
-        """time.time() of the first log line matching pattern, waiting up to timeout; raises with the log tail."""
-        end = time.time() + timeout
-        while True:
-            for line in self.text().splitlines():
-                if re.search(pattern, line):
-                    return log_time(line)
-            if time.time() > end:
-                raise AssertionError("no log line /%s/ within %.0f s:\n%s" % (pattern, timeout, self.text()[-3000:]))
-            time.sleep(0.02)
-
-    def signal(self, sig):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-
-    def stop(self):
-        self.signal(signal.SIGKILL)
-        self.proc.wait()
-        self.log.close()
 
 
 class Load:
@@ -93,6 +47,14 @@ class Load:
             with self.mu:
                 self.results.append((i, r))
 
+    def wait_more(self, n=N_STREAMS, timeout=60):
+        """Waits until n more requests have ended (answered or failed) than when called: the load goes on."""
+        with self.mu:
+            want = len(self.results) + n
+        if not u.wait_until(lambda: len(self.results) >= want, timeout * S, step=0.05):
+            raise AssertionError("the load ended %d of %d more requests within %.0f s" % (
+                len(self.results) - want + n, n, timeout * S))
+
     def stop(self, timeout=120):
         self.done.set()
         for t in self.threads:
@@ -100,56 +62,7 @@ class Load:
         return list(self.results)
 
 
-class Cluster:
-    """A TestCase mixin: a real etcd, a router watching it and workers that register there (no config lists them)."""
-
-    def start_cluster(self, router):
-        """etcd and the router (router: its config's "router" section, less the port) in a temp dir."""
-        u.require_env(self)
-        eu.require_etcd()
-        self.dir = tempfile.mkdtemp(prefix="dserve-disco-")
-        self.etcd = eu.Etcd()
-        self.addCleanup(self.etcd.close)
-        self.etcd.start()
-        self.procs = []
-        self.addCleanup(self._cleanup)
-        self.discovery = {"etcd": [self.etcd.url], "cluster": "e2e", "lease_ttl_s": TTL_S}
-        self.port = u.free_ports(1)[0]
-        cfg = {"model": u.MODEL, "discovery": self.discovery, "router": dict(router, port=self.port)}
-        self.router = self._start(["router", "--config", self._write("router.json", cfg)], "router.log")
-
-    def _cleanup(self):
-        for p in self.procs:
-            p.stop()
-        if os.environ.get("DSERVE_E2E_KEEP"):
-            print("kept", self.dir, file=sys.stderr)
-        else:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    def _write(self, name, cfg):
-        path = os.path.join(self.dir, name)
-        with open(path, "w") as f:
-            json.dump(cfg, f, indent=1)
-        return path
-
-    def _start(self, argv, log):
-        p = Proc(argv, os.path.join(self.dir, log))
-        self.procs.append(p)
-        return p
-
-    def worker(self, name, role="decode", log=None):
-        """Starts worker name (its own config: itself and the discovery section, an ephemeral port); its log is
-        log.log (default: name.log)."""
-        log = log or name
-        cfg = {"model": u.MODEL, "discovery": self.discovery,
-               "workers": [{"name": name, "role": role, "host": "127.0.0.1", "port": 0, "threads": 1,
-                            "kv_budget_mb": 32, "max_seqs": 16,
-                            # no prefix cache: the KV-aware policy would keep the two prompts where they are cached
-                            "prefix_cache_mb": 0}]}
-        return self._start([role, "--config", self._write(log + ".json", cfg), "--name", name], log + ".log")
-
-    def linked(self, name, timeout=60, role="decode|prefill"):
-        return self.router.line_time(r"router: worker %s \((%s), [^)]*\) connected" % (name, role), timeout * S)
+Cluster = u.DiscoCluster  # etcd, a router watching it, workers that register there
 
 
 class Discovery(Cluster, unittest.TestCase):
@@ -177,7 +90,7 @@ class Discovery(Cluster, unittest.TestCase):
         self.linked("d1")
         refs = self.references()
         load = Load(self.port)
-        time.sleep(2 * S)
+        load.wait_more()
         # 1. a decode worker added under load is sent work soon after it registers
         d2 = self.worker("d2")
         t_reg = d2.line_time(r"d2: registered in etcd", 60 * S)
@@ -204,7 +117,7 @@ class Discovery(Cluster, unittest.TestCase):
         self.router.line_time(r"router: worker %s left the cluster" % victim, 60 * S)
         self.assertIn("left the cluster: etcd lease", self.wait_exit(self.procs[[p.log_path for p in self.procs].index(
             os.path.join(self.dir, victim + ".log"))]))
-        time.sleep(2 * S)
+        load.wait_more()
         # 3. kill -9 of a worker with streams: the lease expires, the member leaves within TTL + 1 s, its streams end
         # on the last one
         victim = self.busiest(workers)
@@ -220,7 +133,7 @@ class Discovery(Cluster, unittest.TestCase):
         self.assertLess(t_left - t_kill, (TTL_S + 1) * S)
         m = u.metrics(self.port)  # a departed worker's series stay, reading 0
         self.assertEqual(m.get('dserve:worker_num_requests_running{worker="%s",role="decode"}' % victim), 0.0, m)
-        time.sleep(2 * S)
+        load.wait_more()
         results = load.stop()
         print("FIGURE join/drain/kill: %d requests, %d failed" % (len(results), sum(
             1 for _, r in results if r["status"] != 200 or r["error"])), file=sys.stderr)
@@ -232,7 +145,7 @@ class Discovery(Cluster, unittest.TestCase):
         self.linked("d1")
         refs = self.references()
         load = Load(self.port)
-        time.sleep(2 * S)
+        load.wait_more()
         t_kill = time.time()
         self.etcd.kill()
         time.sleep(min(3.0, OUTAGE_S / 2))
@@ -245,7 +158,7 @@ class Discovery(Cluster, unittest.TestCase):
               % (t_back - t_kill, t_linked - t_back), file=sys.stderr)
         self.assertLess(t_linked - t_back, 2.0 * S)
         self.linked("d2")
-        time.sleep(2 * S)
+        load.wait_more()
         results = load.stop()
         print("FIGURE etcd outage: %d requests, %d failed" % (len(results), sum(
             1 for _, r in results if r["status"] != 200 or r["error"])), file=sys.stderr)

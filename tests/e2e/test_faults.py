@@ -32,7 +32,7 @@ class DecodeDeath(unittest.TestCase):
         self.assertEqual(ref["status"], 200, ref)
         # The router balances on the workers' stats (polled every second): let it see both idle after ref.
         self.assertTrue(wait_until(lambda: all(u.worker_stats(ports[d])["running"] == 0 for d in ("d0", "d1")), 10 * S))
-        time.sleep(2.5)
+        u.wait_router_sees_idle(c.port, ("d0", "d1"), 10 * S)
 
         # Two long streams: the router puts them on different decode workers (least in flight).
         state = {"kill_at": None, "stop": threading.Event(), "error_seen": threading.Event()}

@@ -123,7 +123,10 @@ class KvTypeMismatch(unittest.TestCase):
         got = u.complete(c.port, "completions", req)
         self.assertEqual(got["status"], 200, got)
         self.assertEqual(got["text"], want["text"])
-        time.sleep(0.5)  # a handoff would be counted when the decode worker's `done` comes
+        # The decode worker's `done` has been taken in when the decode-time histogram counts it (the same step would
+        # count a handoff): only then is "no handoff" a finding.
+        dec = "dserve:request_decode_time_seconds_count"
+        self.assertTrue(u.wait_until(lambda: u.metrics(c.port)[dec] > m0[dec], 10 * u.SCALE), u.metrics(c.port))
         self.assertEqual(u.metrics(c.port)["dserve:kv_transfer_time_seconds_count"],
                          m0["dserve:kv_transfer_time_seconds_count"], "a handoff between f16 and q8_0 workers")
 

@@ -33,7 +33,11 @@ class PrefixFetch(unittest.TestCase):
         self.assertEqual(len(held), 1, held)
         holder = held[0]
         asker = "p0" if holder == "p1" else "p1"
-        time.sleep(3.5)  # the router's stats (every second) now show the holder's kept blocks
+        # the router's view (the stats_ok that also carries the free blocks it routes by) shows the holder's kept blocks
+        kept = u.worker_stats(ports[holder])["prefix_cached_blocks"]
+        key = 'dserve:prefix_cache_blocks{worker="%s",tier="pool"}' % holder
+        seen = u.wait_until(lambda: u.metrics(c.port).get(key, 0) >= kept, 30 * u.SCALE, step=0.1)
+        self.assertTrue(seen, "the router never saw %s's %d kept blocks: %r" % (holder, kept, u.metrics(c.port)))
         got = u.complete(c.port, "completions", {"prompt": PREFIX + QUESTION, "max_tokens": 12})
         self.assertEqual(got["status"], 200, got)
         sa, sh = u.worker_stats(ports[asker]), u.worker_stats(ports[holder])

@@ -3,19 +3,12 @@ own port and relays bytes to the real worker (issue 39 item 1). The router must 
 it dialled and the address it reached), the relay must see no prompt and no generated text, and every request is
 served by the real worker. Real etcd, real router and worker processes, loopback."""
 
-import json
-import os
 import select
-import shutil
 import socket
-import tempfile
 import threading
-import time
 import unittest
 
 import e2e_util as u
-import etcd_util as eu
-import test_discovery as td
 
 S = u.SCALE
 PROMPT = "The relay must never read this sentence about lighthouse keepers and bottles:"
@@ -79,32 +72,9 @@ class Relay:
         self.ls.close()
 
 
-class RelayTest(unittest.TestCase):
+class RelayTest(u.DiscoCluster, unittest.TestCase):
     def setUp(self):
-        u.require_env(self)
-        eu.require_etcd()
-        self.dir = tempfile.mkdtemp(prefix="dserve-relay-")
-        self.addCleanup(shutil.rmtree, self.dir, True)
-        self.etcd = eu.Etcd()
-        self.addCleanup(self.etcd.close)
-        self.etcd.start()
-        self.procs = []
-        self.addCleanup(lambda: [p.stop() for p in self.procs])
-        self.discovery = {"etcd": [self.etcd.url], "cluster": "e2e", "lease_ttl_s": 2}
-        self.port = u.free_ports(1)[0]
-        cfg = {"model": u.MODEL, "discovery": self.discovery, "router": {"port": self.port}}
-        self.router = self._start(["router", "--config", self._write("router.json", cfg)], "router.log")
-
-    def _write(self, name, cfg):
-        path = os.path.join(self.dir, name)
-        with open(path, "w") as f:
-            json.dump(cfg, f)
-        return path
-
-    def _start(self, argv, log):
-        p = td.Proc(argv, os.path.join(self.dir, log))
-        self.procs.append(p)
-        return p
+        self.start_cluster({}, tag="relay")
 
     def test_relay_under_another_name_is_refused_and_reads_nothing(self):
         cfg = {"model": u.MODEL, "discovery": self.discovery,

@@ -5,7 +5,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import unittest
 
 import oai_util as o
@@ -15,38 +14,17 @@ CMDS = ["inspect", "tokenize", "generate", "perplexity", "serve", "launch", "rou
         "kvxfer-bench"]
 
 
-class Launched:
-    """A `dserve serve|launch ...` process whose output goes to a log; waits for its ready line."""
+class Launched(u.Proc):
+    """A `dserve serve|launch ...` process run in cwd, its output in cwd/out.log; waits for its ready line."""
 
     def __init__(self, argv, cwd):
-        self.log_path = os.path.join(cwd, "out.log")
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([u.DSERVE] + argv, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-
-    def text(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
+        super().__init__(argv, os.path.join(cwd, "out.log"), cwd=cwd)
 
     def wait_ready(self, timeout=90.0):
-        end = time.time() + timeout * u.SCALE
-        while time.time() < end:
-            if "ready (router" in self.text():
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError("exited %s before ready:\n%s" % (self.proc.returncode, self.text()[-3000:]))
-            time.sleep(0.1)
-        raise AssertionError("not ready in time:\n" + self.text()[-3000:])
+        self.wait_for("ready (router", timeout * u.SCALE)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20 * u.SCALE)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        return super().stop(term_s=20 * u.SCALE)
 
 
 def run(argv, cwd=None, timeout=60):

@@ -42,10 +42,7 @@ class NsCluster:
         return {"p0": PPORT, "d0": DPORT}
 
     def start(self):
-        for n in self.nodes.values():
-            n.wait_ready(60)
-        self.node.wait_connected(["p0", "d0"], 30)
-        u.wait_workers(self.port, 60, host=self.host)
+        u.wait_serving(self.nodes.values(), self.node, ["p0", "d0"], self.port, 60, host=self.host)
 
     def stop(self):
         for n in self.nodes.values():

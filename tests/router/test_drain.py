@@ -123,8 +123,12 @@ class DrainTest(unittest.TestCase):
             reader.start()
             t0 = time.time()
             cl.router.send_signal(signal.SIGTERM)
-            time.sleep(0.3)  # the router has taken the signal
+            # the router has taken the signal once /health says so (it is 200 until the drain starts)
             health = cl.get("/health")[0]
+            deadline = time.monotonic() + SLACK
+            while health == 200 and time.monotonic() < deadline:
+                time.sleep(0.02)
+                health = cl.get("/health")[0]
             c2, r2 = cl.post({"model": "tiny", "prompt": "too late", "max_tokens": 2})
             refused = (r2.status, r2.read())
             c2.close()

@@ -42,6 +42,24 @@ std::string post_req(const std::string &path, const std::string &body, const std
 
 const std::string GET_MODELS = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
 
+// Opens n keep-alive connections, each answered once: the router has accepted and counted every one of them (an
+// observable, where a fixed sleep only hoped the accept thread had run). -1 in place of a connection not answered.
+std::vector<int> open_served(int port, int n) {
+  std::vector<int> fds;
+  for (int i = 0; i < n; i++) {
+    int fd = connect_to(port);
+    std::string pend;
+    Resp r;
+    if (fd >= 0) send_all(fd, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+    if (fd >= 0 && (!read_resp(fd, r, pend) || r.status != 200)) {
+      close(fd);
+      fd = -1;
+    }
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
 // Sends everything in one write, then reads n responses in order.
 std::vector<Resp> pipelined(int port, const std::string &all, int n) {
   std::vector<Resp> out;
@@ -136,9 +154,8 @@ TEST_F(Conn, PerClientCapAnswers503) {
   const int cap = 8;
   ConnRouter r(m, fw.port(), 1000, cap, 10);
   ASSERT_TRUE(r.wait_up());
-  std::vector<int> fds;
-  for (int i = 0; i < cap; i++) fds.push_back(connect_to(r.port()));
-  std::this_thread::sleep_for(100ms); // the accept thread counted them
+  std::vector<int> fds = open_served(r.port(), cap);
+  ASSERT_EQ(std::count(fds.begin(), fds.end(), -1), 0);
   auto t0 = Clock::now();
   int extra = connect_to(r.port());
   ASSERT_GE(extra, 0);
@@ -171,9 +188,8 @@ TEST_F(Conn, PerClientCapAnswers503) {
 
 TEST_F(Conn, TotalCapAnswers503) {
   ConnRouter r(m, fw.port(), 3, 100, 10);
-  std::vector<int> fds;
-  for (int i = 0; i < 3; i++) fds.push_back(connect_to(r.port()));
-  std::this_thread::sleep_for(100ms);
+  std::vector<int> fds = open_served(r.port(), 3);
+  ASSERT_EQ(std::count(fds.begin(), fds.end(), -1), 0);
   int extra = connect_to(r.port());
   bool closed;
   std::string got = read_until_close(extra, 3000, &closed);

@@ -6,7 +6,6 @@ import secrets
 import shutil
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -50,41 +49,14 @@ def write_config(path, workers, router=None, secret=None):
     return cfg
 
 
-class Proc:
-    """One `dserve ROLE --config F [--name N]` process, its output in a log file."""
+class Proc(u.Proc):
+    """One `dserve ROLE --config F [--name N]` process (e2e_util.Proc: its log, waits and stop) that uses the config's
+    secret."""
 
     def __init__(self, config, role, name=None, log=None):
         self.role, self.name = role, name or role
-        self.log_path = log or "%s.%s.log" % (config, self.name)
-        self.log = open(self.log_path, "wb")
-        argv = [u.DSERVE, role, "--config", config] + (["--name", name] if name else [])
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=clean_env())
-        self.pid = self.proc.pid
-
-    def text(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def signal(self, sig):
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout):
-        """The exit status, or None when it did not exit within timeout."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def stop(self):
-        if self.alive():
-            self.proc.kill()
-            self.proc.wait()
-        if not self.log.closed:
-            self.log.close()
+        super().__init__([role, "--config", config] + (["--name", name] if name else []),
+                         log or "%s.%s.log" % (config, self.name), env=clean_env())
 
 
 # ---- the control protocol (docs/protocol.md): ctl_wire.py, the tests' one copy of it ----
