@@ -251,6 +251,9 @@ int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
     if (e->cap_match >= want && kv_prefix_peek(e->prefix, s->toks, s->n_toks, n, tiers) > tiers[0]) {
       int r = kv_prefix_restore(e->prefix, s->toks, s->n_toks, n, e->match_ids + n, want - n, rerr, sizeof rerr);
       if (r > 0) n += r;
+      else if (r < 0) // the prompt goes on from the pool's prefix: what the tier could not give back is recomputed
+        utl_warn(e->rt->w->name, "prefix blocks held in host or disk memory could not be read back (recomputing "
+                 "them): %s", rerr);
     }
     // A sliding-window model's cached blocks may lack the window pages of their layers with a window (given back
     // once every holder's window passed them): the prefix ends where the window would read one of those.
