@@ -11,6 +11,7 @@
 #include "models/chat.h"
 #include "models/gguf.h"
 #include "models/grammar.h"
+#include "util/err.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -150,7 +151,7 @@ typedef struct rtr_request {
 // declared tool). response_format json_schema and each tool's parameters are compiled to check them (param
 // "response_format" / "tools[i].function.parameters", the message names the keyword). On error *out is left empty.
 int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
-                      rtr_error *e);
+                      rtr_error *e) UTL_WARN_UNUSED;
 void rtr_request_free(rtr_request *r); // frees what r owns and zeroes it; NULL is a no-op
 
 // ---- /v1/responses (router/oai_responses.c): the Responses API over the chat machinery ----
@@ -159,7 +160,8 @@ void rtr_request_free(rtr_request *r); // frees what r owns and zeroes it; NULL 
 // message, function_call and function_call_output items), instructions (a system message first), max_output_tokens,
 // temperature, top_p, function tools, tool_choice, parallel_tool_calls, text.format, stream, and the documented
 // no-ops; any other field, item or tool type is a 400 naming it (docs/openai.md). Errors name the Responses field.
-int rtr_request_parse_responses(const char *body, size_t len, const rtr_limits *lim, rtr_request *out, rtr_error *e);
+int rtr_request_parse_responses(const char *body, size_t len, const rtr_limits *lim, rtr_request *out,
+                                rtr_error *e) UTL_WARN_UNUSED;
 
 // A chat completion object (consumed) as the Responses API's response object for q (its one choice: text as a message
 // item, calls as function_call items; finish "length": status "incomplete"). NULL on out of memory.
@@ -190,7 +192,7 @@ void rtr_resp_stream_free(rtr_resp_stream *st);
 // follows the calls, nothing is appended: the whole text is the content. Returns the number of calls (0 when q's
 // tool_choice is RTR_TOOLS_OFF), -1 when out of memory.
 int rtr_parse_tool_calls(const rtr_request *q, const char *text, size_t text_len, const char *open, const char *close,
-                         cJSON *calls, size_t *content_len);
+                         cJSON *calls, size_t *content_len) UTL_WARN_UNUSED;
 
 // The number of bytes at the end of text (n bytes) that may be the beginning of open (whitespace-trimmed): a stream
 // holds them back until it knows they are not a call.
@@ -198,7 +200,7 @@ size_t rtr_tool_open_prefix(const char *text, size_t n, const char *open);
 
 // 400 context_length_exceeded (param: the prompt's field for kind, or max_tokens) when the prompt and max_tokens do not fit
 // n_ctx; an empty prompt is a 400 too.
-int rtr_check_context(rtr_kind kind, int n_prompt, int max_tokens, int n_ctx, rtr_error *e);
+int rtr_check_context(rtr_kind kind, int n_prompt, int max_tokens, int n_ctx, rtr_error *e) UTL_WARN_UNUSED;
 
 // 1 when the n bytes at s are valid UTF-8 (no overlongs, no surrogates, nothing past U+10FFFF).
 int rtr_utf8_valid(const char *s, size_t n);
