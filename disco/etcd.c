@@ -101,11 +101,14 @@ static int kv_from_json(const cJSON *j, dsc_kv *kv, int want_value) {
   return 0;
 }
 
+void dsc_kv_clear(dsc_kv *kv) {
+  free(kv->key);
+  free(kv->value);
+  memset(kv, 0, sizeof *kv);
+}
+
 void dsc_kvs_free(dsc_kv *kvs, int n) {
-  for (int i = 0; kvs && i < n; i++) {
-    free(kvs[i].key);
-    free(kvs[i].value);
-  }
+  for (int i = 0; kvs && i < n; i++) dsc_kv_clear(&kvs[i]);
   free(kvs);
 }
 
@@ -371,6 +374,47 @@ int dsc_put(dsc_etcd *c, const char *key, const void *value, size_t value_len, i
     q = NULL;
   }
   int rc = call(c, "/v3/kv/put", q, &r, err, errlen);
+  cJSON_Delete(r);
+  return rc;
+}
+
+int dsc_put_if_absent(dsc_etcd *c, const char *key, const void *value, size_t value_len, int64_t lease,
+                      dsc_kv *holder, char *err, size_t errlen) {
+  memset(holder, 0, sizeof *holder);
+  cJSON *q = cJSON_CreateObject(), *r = NULL;
+  cJSON *cmp = cJSON_AddArrayToObject(q, "compare"), *ok = cJSON_AddArrayToObject(q, "success"),
+        *no = cJSON_AddArrayToObject(q, "failure");
+  cJSON *c0 = cJSON_CreateObject(), *s0 = cJSON_CreateObject(), *f0 = cJSON_CreateObject();
+  cJSON *put = s0 ? cJSON_AddObjectToObject(s0, "request_put") : NULL;
+  cJSON *get = f0 ? cJSON_AddObjectToObject(f0, "request_range") : NULL;
+  int bad = !cmp || !ok || !no || !c0 || !put || !get;
+  if (c0) cJSON_AddItemToArray(cmp, c0);
+  if (s0) cJSON_AddItemToArray(ok, s0);
+  if (f0) cJSON_AddItemToArray(no, f0);
+  bad = bad || j_add_b64(c0, "key", key, strlen(key)) || !cJSON_AddStringToObject(c0, "target", "CREATE") ||
+        !cJSON_AddStringToObject(c0, "result", "EQUAL") || !cJSON_AddStringToObject(c0, "create_revision", "0") ||
+        j_add_b64(put, "key", key, strlen(key)) || j_add_b64(put, "value", value, value_len) ||
+        (lease && j_add_i64(put, "lease", lease)) || j_add_b64(get, "key", key, strlen(key));
+  if (bad) {
+    cJSON_Delete(q);
+    q = NULL;
+  }
+  int rc = call(c, "/v3/kv/txn", q, &r, err, errlen);
+  if (rc) return rc;
+  // {"succeeded": true, ...}; the gateway leaves a false out: {"responses": [{"response_range": {"kvs": [...]}}]}
+  if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "succeeded"))) {
+    const cJSON *res = cJSON_GetObjectItemCaseSensitive(r, "responses");
+    const cJSON *rr = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(res, 0), "response_range");
+    const cJSON *kv = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rr, "kvs"), 0);
+    if (kv && !kv_from_json(kv, holder, 1)) {
+      utl_seterr(err, errlen, "etcd key %s exists", key);
+      rc = DSC_EEXISTS;
+    } else { // held when compared, gone by the range: the caller tries again
+      dsc_kv_clear(holder);
+      utl_seterr(err, errlen, "etcd key %s changed while it was put", key);
+      rc = DSC_EUNAVAIL;
+    }
+  }
   cJSON_Delete(r);
   return rc;
 }

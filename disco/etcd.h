@@ -17,7 +17,8 @@
 extern "C" {
 #endif
 
-enum { DSC_OK = 0, DSC_EUNAVAIL = -1, DSC_ENOTFOUND = -2, DSC_EPROTO = -3, DSC_ENOMEM = -4, DSC_ESTOPPED = -5 };
+enum { DSC_OK = 0, DSC_EUNAVAIL = -1, DSC_ENOTFOUND = -2, DSC_EPROTO = -3, DSC_ENOMEM = -4, DSC_ESTOPPED = -5,
+       DSC_EEXISTS = -6 };
 
 typedef struct dsc_etcd dsc_etcd;
 
@@ -61,10 +62,15 @@ int dsc_put(dsc_etcd *c, const char *key, const void *value, size_t value_len, i
             size_t errlen) UTL_WARN_UNUSED;
 // Every key under prefix (or exactly key when prefix is 0): *kvs (owned by the caller, dsc_kvs_free) (*n), and the
 // store's revision the answer reflects in *revision (a watch from *revision + 1 misses nothing after it).
+// Puts key only when etcd holds no such key (one transaction: compare its create revision with 0). DSC_EEXISTS when it
+// holds one: *holder is that key's record (the caller frees its fields with dsc_kv_clear).
+int dsc_put_if_absent(dsc_etcd *c, const char *key, const void *value, size_t value_len, int64_t lease,
+                      dsc_kv *holder, char *err, size_t errlen) UTL_WARN_UNUSED;
 int dsc_range(dsc_etcd *c, const char *key, int prefix, dsc_kv **kvs, int *n, int64_t *revision, char *err,
               size_t errlen) UTL_WARN_UNUSED;
 int dsc_delete(dsc_etcd *c, const char *key, int prefix, char *err, size_t errlen) UTL_WARN_UNUSED;
 void dsc_kvs_free(dsc_kv *kvs, int n);
+void dsc_kv_clear(dsc_kv *kv); // frees one record's fields and zeroes it
 
 // Watches every key under prefix from start_revision (0: from now), calling on_event for each change in order, until
 // the stream breaks (returns DSC_EUNAVAIL: etcd went away; the caller resyncs), stop() returns non-zero (checked at

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "disco/disco.h"
 #include "disco/disco_int.h"
@@ -17,6 +18,8 @@
 struct dsc_registrar {
   dsc_etcd *etcd;        // (owned)
   char key[256];
+  char host[64];         // where this worker listens: a record of the same address is its own earlier incarnation
+  int port;
   char *value;           // (owned) the record's JSON
   int ttl_s;
   char log_as[64];
@@ -36,28 +39,60 @@ static void set_state(dsc_registrar *r, int64_t lease, int registered) {
   pthread_mutex_unlock(&r->mu);
 }
 
+// Registers r's record under a new lease unless the key holds another live worker's record (one etcd transaction:
+// two workers of one name and role never overwrite each other). A record at this worker's own address is its own
+// earlier incarnation (nothing else listens there now) and is replaced. 0 with *lease; DSC_EEXISTS with who (the
+// holder's address); or etcd's error.
+static int register_once(dsc_registrar *r, int64_t *lease, char *who, size_t cap, char *err, size_t errlen) {
+  int64_t id = 0;
+  int rc = dsc_lease_grant(r->etcd, r->ttl_s, &id, err, errlen);
+  if (rc) return rc;
+  set_state(r, id, 0); // held from now: stop revokes it even if the put below fails
+  dsc_kv holder;
+  rc = dsc_put_if_absent(r->etcd, r->key, r->value, strlen(r->value), id, &holder, err, errlen);
+  if (rc == DSC_EEXISTS) {
+    dsc_member hm;
+    char derr[128];
+    int readable = !dsc_member_decode(holder.value, holder.value_len, &hm, derr, sizeof derr);
+    if (readable && hm.port == r->port && !strcmp(hm.host, r->host))
+      rc = dsc_put(r->etcd, r->key, r->value, strlen(r->value), id, err, errlen);
+    else if (readable)
+      snprintf(who, cap, "%s:%d", hm.host, hm.port);
+    else
+      snprintf(who, cap, "a record that does not parse (%s)", derr);
+    dsc_kv_clear(&holder);
+  }
+  if (rc) {
+    char e2[256];
+    if (dsc_lease_revoke(r->etcd, id, e2, sizeof e2)) // it lapses after ttl_s anyway
+      utl_debug(r->log_as, "lease %lld not revoked: %s", (long long)id, e2);
+    set_state(r, 0, 0);
+    return rc;
+  }
+  *lease = id;
+  return 0;
+}
+
 static void *registrar_main(void *arg) {
   dsc_registrar *r = arg;
-  int64_t lease = 0;
+  pthread_mutex_lock(&r->mu);
+  int64_t lease = r->lease; // dsc_registrar_start's first registration, when it made one
+  pthread_mutex_unlock(&r->mu);
   int down = 0; // etcd was unreachable (logged once per outage)
-  char err[512];
+  char err[512], who[160] = "", said[160] = "";
   for (;;) {
     int rc;
     if (!lease) {
-      int64_t id = 0;
-      rc = dsc_lease_grant(r->etcd, r->ttl_s, &id, err, sizeof err);
-      if (!rc) {
-        set_state(r, id, 0); // held from now: stop revokes it even if the put below fails
-        rc = dsc_put(r->etcd, r->key, r->value, strlen(r->value), id, err, sizeof err);
-        if (rc) {
-          char e2[256];
-          if (dsc_lease_revoke(r->etcd, id, e2, sizeof e2)) // it lapses after ttl_s anyway
-            utl_debug(r->log_as, "lease %lld not revoked: %s", (long long)id, e2);
-          set_state(r, 0, 0);
-        } else {
-          lease = id;
-        }
+      rc = register_once(r, &lease, who, sizeof who, err, sizeof err);
+      if (rc == DSC_EEXISTS) { // another live worker took the name while this one was away: never overwritten
+        if (strcmp(who, said))
+          utl_err(r->log_as, "NOT REGISTERED: etcd key %s holds another live worker's record (%s): each worker needs "
+                  "a name of its own; trying again every %d ms until that record goes", r->key, who, RETRY_MS);
+        snprintf(said, sizeof said, "%s", who);
+        if (dsc_nap(&r->mu, &r->cv, &r->stop, RETRY_MS)) break;
+        continue;
       }
+      said[0] = 0;
       if (!rc) {
         set_state(r, lease, 1);
         utl_log(r->log_as, "registered in etcd as %s (lease %llx, TTL %d s)%s", r->key, (unsigned long long)lease,
@@ -110,10 +145,30 @@ int dsc_registrar_start(const cfg_discovery *d, const dsc_member *m, const char 
     return -1;
   }
   dsc_member_key(d->cluster, m, r->key, sizeof r->key);
+  snprintf(r->host, sizeof r->host, "%s", m->host);
+  r->port = m->port;
   r->ttl_s = d->lease_ttl_s;
   snprintf(r->log_as, sizeof r->log_as, "%s", log_as);
   pthread_mutex_init(&r->mu, NULL);
   utl_cond_init_monotonic(&r->cv); // dsc_nap waits on it
+  // The first registration here, so that a name another live worker holds stops this one from starting. Its
+  // holder may be a dead worker whose lease has not lapsed yet (a restart on another port): wait out one TTL.
+  char who[160] = "", e2[512] = "";
+  int64_t lease = 0, until = utl_now_ms() + (int64_t)r->ttl_s * 1000 + 1000;
+  int rc;
+  while ((rc = register_once(r, &lease, who, sizeof who, e2, sizeof e2)) == DSC_EEXISTS && utl_now_ms() < until)
+    nanosleep(&(struct timespec){0, 250 * 1000 * 1000}, NULL);
+  if (rc == DSC_EEXISTS) {
+    utl_seterr(err, errlen, "the name %s is registered in etcd (key %s) by another live worker at %s: each worker "
+               "needs a name of its own", m->name, r->key, who);
+    r->stop = 1; // nothing to join
+    dsc_registrar_stop(r);
+    return -1;
+  }
+  if (!rc) {
+    set_state(r, lease, 1);
+    utl_log(r->log_as, "registered in etcd as %s (lease %llx, TTL %d s)", r->key, (unsigned long long)lease, r->ttl_s);
+  } // else etcd is away or refused: the thread keeps trying (and says so), the worker serves on
   if (pthread_create(&r->thread, NULL, registrar_main, r)) {
     utl_seterr(err, errlen, "cannot start the etcd registration thread");
     r->stop = 1; // nothing to join

@@ -315,6 +315,56 @@ TEST(Membership, ASecondRecordOfAMembersNameIsRefusedUntilItLeaves) {
 
 // A three-member etcd with one member killed changes nothing: the registrar's keep-alive and the watcher go on
 // through the others, and a member registered after the loss is seen.
+// Two honest workers of one name and role write one key (issue 39 item 2): the second must not overwrite the live
+// first. It is refused at start, naming the holder's address, once the holder outlived one TTL (a dead predecessor's
+// lease would have lapsed by then); the record stays the first's. A restart at the holder's own address replaces it at
+// once, and once the holder leaves the name is free.
+TEST(Membership, ASecondWorkerOfTheSameNameAndRoleIsRefused) {
+  SKIP_WITHOUT_ETCD();
+  etcdtest::Etcd e;
+  ASSERT_TRUE(e.start());
+  cfg_discovery d = discovery(e.url);
+  char err[512];
+  dsc_member a = member("w0", 1), b = member("w0", 2);
+  b.port = 9101;
+  dsc_registrar *ra = nullptr, *rb = nullptr, *ra2 = nullptr;
+  ASSERT_EQ(dsc_registrar_start(&d, &a, "first", &ra, err, sizeof err), 0) << err;
+  int64_t t0 = utl_now_ms();
+  EXPECT_EQ(dsc_registrar_start(&d, &b, "second", &rb, err, sizeof err), -1);
+  EXPECT_EQ(rb, nullptr);
+  EXPECT_GE(utl_now_ms() - t0, 2000) << "it waits out one TTL before it calls the holder live";
+  EXPECT_NE(std::string(err).find("registered in etcd (key /dserve/t/workers/decode/w0) by another live worker at "
+                                  "127.0.0.1:9100"), std::string::npos) << err;
+  dsc_etcd *c = client(e.url);
+  ASSERT_NE(c, nullptr);
+  auto holder = [&]() {
+    dsc_kv *kvs = nullptr;
+    int n = 0;
+    int64_t rev = 0;
+    dsc_member m{};
+    char e2[256];
+    if (dsc_range(c, "/dserve/t/workers/decode/w0", 0, &kvs, &n, &rev, e2, sizeof e2) || n != 1 ||
+        dsc_member_decode(kvs[0].value, kvs[0].value_len, &m, e2, sizeof e2))
+      m.port = -1;
+    dsc_kvs_free(kvs, n);
+    return m;
+  };
+  EXPECT_EQ(holder().port, 9100);
+  EXPECT_EQ(holder().incarnation, 1);
+  // the first restarted at its own address: replaced at once
+  a.incarnation = 3;
+  t0 = utl_now_ms();
+  ASSERT_EQ(dsc_registrar_start(&d, &a, "first-again", &ra2, err, sizeof err), 0) << err;
+  EXPECT_LT(utl_now_ms() - t0, 2000);
+  EXPECT_EQ(holder().incarnation, 3);
+  dsc_registrar_stop(ra); // the old process's lease no longer holds the key
+  dsc_registrar_stop(ra2); // revoked: the key goes, the name is free
+  ASSERT_EQ(dsc_registrar_start(&d, &b, "second", &rb, err, sizeof err), 0) << err;
+  EXPECT_EQ(holder().port, 9101);
+  dsc_registrar_stop(rb);
+  dsc_etcd_free(c);
+}
+
 TEST(Membership, ThreeMemberEtcdLosesOne) {
   SKIP_WITHOUT_ETCD();
   etcdtest::Etcd e[3];
