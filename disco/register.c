@@ -4,16 +4,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "disco/disco.h"
 #include "disco/disco_int.h"
 #include "disco/etcd.h"
 #include "util/err.h"
 #include "util/log.h"
+#include "util/net.h"
 #include "util/clock.h"
 
 #define RETRY_MS 500 // etcd unreachable: how often it is tried again
+#define PROBE_MS 1000 // how long a holder's address may take to answer before it counts as dead
 
 struct dsc_registrar {
   dsc_etcd *etcd;        // (owned)
@@ -41,8 +42,9 @@ static void set_state(dsc_registrar *r, int64_t lease, int registered) {
 
 // Registers r's record under a new lease unless the key holds another live worker's record (one etcd transaction:
 // two workers of one name and role never overwrite each other). A record at this worker's own address is its own
-// earlier incarnation (nothing else listens there now) and is replaced. 0 with *lease; DSC_EEXISTS with who (the
-// holder's address); or etcd's error.
+// earlier incarnation (nothing else listens there now), and one whose address nothing answers at is a dead worker's
+// whose lease has not lapsed yet (a restart on another port): both are replaced. 0 with *lease; DSC_EEXISTS with who
+// (the live holder's address); or etcd's error.
 static int register_once(dsc_registrar *r, int64_t *lease, char *who, size_t cap, char *err, size_t errlen) {
   int64_t id = 0;
   int rc = dsc_lease_grant(r->etcd, r->ttl_s, &id, err, errlen);
@@ -54,9 +56,13 @@ static int register_once(dsc_registrar *r, int64_t *lease, char *who, size_t cap
     dsc_member hm;
     char derr[128];
     int readable = !dsc_member_decode(holder.value, holder.value_len, &hm, derr, sizeof derr);
-    if (readable && hm.port == r->port && !strcmp(hm.host, r->host))
+    if (readable && hm.port == r->port && !strcmp(hm.host, r->host)) {
       rc = dsc_put(r->etcd, r->key, r->value, strlen(r->value), id, err, errlen);
-    else if (readable)
+    } else if (readable && !utl_tcp_answers(hm.host, hm.port, PROBE_MS)) {
+      utl_log(r->log_as, "replacing etcd record %s of %s:%d, where nothing answers (a dead worker's lease that has "
+              "not lapsed)", r->key, hm.host, hm.port);
+      rc = dsc_put(r->etcd, r->key, r->value, strlen(r->value), id, err, errlen);
+    } else if (readable)
       snprintf(who, cap, "%s:%d", hm.host, hm.port);
     else
       snprintf(who, cap, "a record that does not parse (%s)", derr);
@@ -151,13 +157,10 @@ int dsc_registrar_start(const cfg_discovery *d, const dsc_member *m, const char 
   snprintf(r->log_as, sizeof r->log_as, "%s", log_as);
   pthread_mutex_init(&r->mu, NULL);
   utl_cond_init_monotonic(&r->cv); // dsc_nap waits on it
-  // The first registration here, so that a name another live worker holds stops this one from starting. Its
-  // holder may be a dead worker whose lease has not lapsed yet (a restart on another port): wait out one TTL.
+  // The first registration here, so that a name another live worker holds stops this one from starting.
   char who[160] = "", e2[512] = "";
-  int64_t lease = 0, until = utl_now_ms() + (int64_t)r->ttl_s * 1000 + 1000;
-  int rc;
-  while ((rc = register_once(r, &lease, who, sizeof who, e2, sizeof e2)) == DSC_EEXISTS && utl_now_ms() < until)
-    nanosleep(&(struct timespec){0, 250 * 1000 * 1000}, NULL);
+  int64_t lease = 0;
+  int rc = register_once(r, &lease, who, sizeof who, e2, sizeof e2);
   if (rc == DSC_EEXISTS) {
     utl_seterr(err, errlen, "the name %s is registered in etcd (key %s) by another live worker at %s: each worker "
                "needs a name of its own", m->name, r->key, who);
