@@ -171,6 +171,7 @@ static void peer_release_locked(ctl_peer *p) {
 // The end of a connection thread: drop its reference, then let ctl_hub_free know it is gone.
 static void thread_done(ctl_peer *p) {
   ctl_hub *h = p->hub;
+  utl_crypto_thread_done(); // libcrypto's state of this detached thread goes before ctl_hub_free stops waiting for it
   pthread_mutex_lock(&h->mu);
   peer_release_locked(p);
   h->n_threads--;

@@ -8,6 +8,7 @@
 #include <sys/random.h>
 
 #include <openssl/core_names.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/kdf.h>
@@ -64,6 +65,8 @@ int utl_random(void *p, size_t n) {
 int utl_ct_equal(const void *a, const void *b, size_t n) { return CRYPTO_memcmp(a, b, n) == 0; }
 
 void utl_wipe(void *p, size_t n) { OPENSSL_cleanse(p, n); }
+
+void utl_crypto_thread_done(void) { OPENSSL_thread_stop(); }
 
 void utl_hex(const uint8_t *p, size_t n, char *out) {
   static const char d[] = "0123456789abcdef";

@@ -23,6 +23,10 @@ int utl_random(void *p, size_t n) UTL_WARN_UNUSED; // getrandom(2): 0, or -1 wit
 int utl_ct_equal(const void *a, const void *b, size_t n); // 1 when equal; time depends only on n
 void utl_wipe(void *p, size_t n);                         // zeroes n bytes in a way the compiler keeps
 void utl_hex(const uint8_t *p, size_t n, char *out);      // 2n lowercase hex digits and a NUL
+// Frees libcrypto's state for the calling thread (its error queue), which libcrypto would free only as the thread
+// ends: a detached thread calls it before it tells its owner it is done, so that nothing of it is left when the
+// owner (and then the process) goes on.
+void utl_crypto_thread_done(void);
 
 // Base64 (RFC 4648, with padding). encode: a malloc'ed NUL-terminated string, NULL on out of memory.
 // decode: 0 with *out malloc'ed (*len bytes and a NUL after them), -1 when s is not base64 (or memory ran out).
