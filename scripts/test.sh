@@ -16,6 +16,7 @@ if [ $sanitize -eq 0 ]; then exec ctest --output-on-failure -j"$(nproc)" "$@"; f
 logs=$build/sanitizer-logs # the ASan options come from the build (tests/CMakeLists.txt); UBSan's are these
 rm -rf "$logs" && mkdir -p "$logs"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan:log_exe_name=1"
+export LSAN_OPTIONS="max_leaks=20:suppressions=$root/tests/lsan/suppressions.txt" # the gtests get no LSAN_OPTIONS of their own
 rc=0
 ctest --output-on-failure -j"$(nproc)" "$@" || rc=$?
 if [ -n "$(ls -A "$logs")" ]; then

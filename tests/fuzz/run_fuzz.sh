@@ -17,6 +17,7 @@ log="$artifacts/$name.log"
 # -timeout: one input running longer than 10 s is a hang (reported like a crash); -rss_limit_mb bounds memory.
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(cd "$(dirname "$0")" && pwd)/../lsan/suppressions.txt} \
   "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix="$artifacts/$name-" "$work/corpus" >"$log" 2>&1
 rc=$?
