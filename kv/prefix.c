@@ -519,7 +519,7 @@ int kv_prefix_restore(kv_prefix *s, const int32_t *toks, int n_toks, int n_have,
     if (n_have == 0) s->st.hit_queries++;
     trim(s);
   }
-  return rc < 0 ? -1 : n;
+  return rc < 0 && n == 0 ? -1 : n; // blocks restored before a failed one are the caller's (each holds a reference)
 }
 
 // 1 when an entry cached in pool block ours should take the caller's copy theirs of the same block instead: theirs

@@ -98,7 +98,8 @@ int kv_prefix_peek(const kv_prefix *s, const int32_t *toks, int n_toks, int n_ha
 // the next cached blocks from tier 1 / tier 2 back into newly allocated pool blocks (evicting unused
 // tier-0 entries when the pool is short) and returns how many it wrote into block_ids_out (each with a
 // reference for the caller, like match). Stops at the first block that is not cached or when the pool
-// cannot give a block. -1 with err when the disk file cannot be read (that entry is dropped).
+// cannot give a block. A block that cannot be read from the disk file (that entry is dropped) ends it too, with err
+// set: the blocks before it are returned (they hold the caller's references), and -1 when there were none.
 int kv_prefix_restore(kv_prefix *s, const int32_t *toks, int n_toks, int n_have, int32_t *block_ids_out,
                        int max_blocks, char *err, size_t errlen) UTL_WARN_UNUSED;
 

@@ -246,12 +246,12 @@ int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
     }
     int n = e->cap_match >= want ? kv_prefix_match(e->prefix, s->toks, s->n_toks, e->match_ids, want) : 0;
     // Blocks that were evicted to host DRAM or disk are read back: a copy costs far less than recomputing.
-    char rerr[256];
+    char rerr[256] = "";
     int tiers[3];
     if (e->cap_match >= want && kv_prefix_peek(e->prefix, s->toks, s->n_toks, n, tiers) > tiers[0]) {
       int r = kv_prefix_restore(e->prefix, s->toks, s->n_toks, n, e->match_ids + n, want - n, rerr, sizeof rerr);
       if (r > 0) n += r;
-      else if (r < 0) // the prompt goes on from the pool's prefix: what the tier could not give back is recomputed
+      if (r < 0 || rerr[0]) // the prompt goes on from what came back: the rest is recomputed
         utl_warn(e->rt->w->name, "prefix blocks held in host or disk memory could not be read back (recomputing "
                  "them): %s", rerr);
     }

@@ -189,6 +189,39 @@ TEST_F(Prefix, ADiskTierThatCannotWriteCountsAndLogsOnce) {
   EXPECT_EQ(log.find("refused a block", at + line.size()), std::string::npos) << "logged more than once: " << log;
 }
 
+// A block the disk tier cannot read back ends a restore, with err: the blocks before it are the caller's (one reference
+// each, returned, not lost: a -1 here used to strand them in the pool for good), and the pool is whole again once
+// they are given back and evicted.
+TEST_F(Prefix, AFailedDiskReadKeepsTheBlocksRestoredBeforeIt) {
+  make_pool(8);
+  std::string path = std::string(::testing::TempDir()) + "dserve_prefix_rd_" + std::to_string(getpid()) + ".kv";
+  make_store(2, nullptr, 0, 2, 4, path.c_str()); // pool, host 2, disk 4
+  std::vector<int32_t> p = seq(4 * BS + 1, 90);
+  kv_blocks b{};
+  ASSERT_EQ(compute(p, &b), 4);
+  kv_blocks_release(pool, &b);
+  EXPECT_EQ(kv_prefix_evict_for(st, 8), 4);
+  int counts[3];
+  ASSERT_EQ(kv_prefix_peek(st, p.data(), (int)p.size(), 0, counts), 4);
+  ASSERT_EQ(counts[1], 2); // the first two in host memory, the last two on disk
+  ASSERT_EQ(counts[2], 2);
+  int fd = open_fd_of(path), wronly = open("/dev/full", O_WRONLY | O_CLOEXEC); // reads of it fail (EBADF)
+  ASSERT_GE(fd, 0);
+  ASSERT_GE(wronly, 0);
+  ASSERT_EQ(dup2(wronly, fd), fd);
+  close(wronly);
+  std::vector<int32_t> r(8);
+  char err[256] = "";
+  int n = kv_prefix_restore(st, p.data(), (int)p.size(), 0, r.data(), 8, err, sizeof err);
+  EXPECT_EQ(n, 2);
+  EXPECT_NE(std::string(err).find("cannot read block from disk tier"), std::string::npos) << err;
+  for (int i = 0; i < n && i < 2; i++) EXPECT_EQ(kv_pool_refcount(pool, r[i]), 2); // store and caller
+  r.resize(n > 0 ? (size_t)n : 0);
+  unref_all(r);
+  EXPECT_GE(kv_prefix_evict_for(st, 8), 0);
+  EXPECT_EQ(kv_pool_free_blocks(pool), 8);
+}
+
 // Tokens in the unit vLLM uses: every lookup queries its whole prompt at the pool; what the pool lacks is the
 // host tier's query, what both lack the disk tier's; hits are the tokens each tier served.
 TEST_F(Prefix, TierCountersForMissPoolHitHostAndDiskRestore) {
