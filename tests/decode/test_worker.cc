@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ctl/hub.h"
+#include "tests/cluster_util.h"
 #include "tests/model_tokens.h"
 #include "tests/test_secret.h"
 
@@ -21,74 +22,22 @@ namespace {
 
 const char *kModel = dserve_test::model_path();
 
-// A `dserve both` child on an ephemeral control port, with a hub connected to it as "router".
-struct Worker {
-  pid_t pid = -1;
-  int port = 0;
-  ctl_hub *hub = nullptr;
-  ctl_peer *peer = nullptr;
-  std::string dir;
+// A `dserve both` worker w0 (2 threads, kv_mb MiB, max_seqs, max_batch_tokens 64, plus extra JSON members): the one
+// C++ cluster helper (tests/cluster_util.h) with one worker, its hub playing the router.
+dserve_test::WorkerSpec both_spec(double kv_mb, int max_seqs, const std::string &extra) {
+  dserve_test::WorkerSpec w("w0", "both", "\"max_seqs\": " + std::to_string(max_seqs) + ", \"max_batch_tokens\": 64" + extra);
+  w.threads = 2;
+  w.kv_mb = kv_mb;
+  return w;
+}
 
-  explicit Worker(double kv_mb = 64, int max_seqs = 16, const std::string &extra = "") {
-    char tmpl[] = "/tmp/dserve-worker-XXXXXX";
-    dir = mkdtemp(tmpl);
-    std::ofstream(dir + "/c.json") << "{\"model\": \"" << kModel << "\", \"secret\": \"" DSERVE_TEST_SECRET "\", \"workers\": [{\"name\": \"w0\", \"role\": "
-                                   << "\"both\", \"port\": 0, \"threads\": 2, \"kv_budget_mb\": " << kv_mb
-                                   << ", \"max_seqs\": " << max_seqs << ", \"max_batch_tokens\": 64" << extra << "}]}";
-    int pipefd[2];
-    EXPECT_EQ(pipe(pipefd), 0);
-    pid = fork();
-    if (pid == 0) {
-      dup2(pipefd[1], 2);
-      close(pipefd[0]);
-      std::string cfg = dir + "/c.json";
-      execl(DSERVE_BINARY, "dserve", "both", "--config", cfg.c_str(), "--name", "w0", (char *)nullptr);
-      _exit(127);
-    }
-    close(pipefd[1]);
-    // The worker says "listening on HOST:PORT" once it is ready.
-    std::string log;
-    char buf[512];
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (port == 0 && std::chrono::steady_clock::now() < until) {
-      ssize_t n = read(pipefd[0], buf, sizeof buf);
-      if (n <= 0) break;
-      log.append(buf, (size_t)n);
-      size_t at = log.find("listening on 127.0.0.1:");
-      if (at != std::string::npos) port = atoi(log.c_str() + at + strlen("listening on 127.0.0.1:"));
-    }
-    fcntl(pipefd[0], F_SETFL, O_NONBLOCK); // keep draining is not needed: stderr of a worker is small
-    logfd = pipefd[0];
-    EXPECT_GT(port, 0) << log;
-    char err[256];
-    ctl_hub_opts o = {};
-    o.name = "router";
-    o.role = "router";
-    o.secret = DSERVE_TEST_SECRET;
-    EXPECT_EQ(ctl_hub_new(&o, &hub, err, sizeof err), 0) << err;
-    peer = ctl_hub_connect(hub, "w0", "127.0.0.1", port, 5000, err, sizeof err);
-    EXPECT_NE(peer, nullptr) << err;
-  }
-  ~Worker() {
-    if (peer) ctl_peer_unref(peer);
-    ctl_hub_free(hub);
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-    close(logfd);
-    std::string cfg = dir + "/c.json";
-    unlink(cfg.c_str());
-    rmdir(dir.c_str());
-  }
-  int logfd = -1;
+struct Worker : dserve_test::Cluster {
+  ctl_peer *peer; // (borrowed from peers) w0's control link
 
-  void send(const std::string &json) {
-    cJSON *m = cJSON_Parse(json.c_str());
-    ASSERT_NE(m, nullptr) << json;
-    ASSERT_EQ(ctl_peer_send(peer, m), 0);
-    cJSON_Delete(m);
-  }
+  explicit Worker(double kv_mb = 64, int max_seqs = 16, const std::string &extra = "")
+      : Cluster("tcp", {both_spec(kv_mb, max_seqs, extra)}), peer(peers["w0"]) {}
+
+  void send(const std::string &json) { Cluster::send("w0", json); }
   // The next message from the worker (skipping none), or nullptr after timeout.
   cJSON *next(int timeout_ms = 60000) {
     ctl_event ev;

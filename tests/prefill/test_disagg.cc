@@ -1,7 +1,7 @@
 // tests/prefill/test_disagg.cc: a real prefill worker pushing KV into a real decode worker, driven as the router.
 #include <gtest/gtest.h>
 
-#include "tests/prefill/cluster_util.h"
+#include "tests/cluster_util.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // tests/prefill/test_fetch.cc: prefix fetch between real prefill workers: p0 pulls a prefix p1 computed, over kvxfer, instead of recomputing it.
 #include <gtest/gtest.h>
 
-#include "tests/prefill/cluster_util.h"
+#include "tests/cluster_util.h"
 
 namespace {
 

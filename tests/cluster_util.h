@@ -1,6 +1,7 @@
-// tests/prefill/cluster_util.h: real worker processes on loopback (from one generated config), driven by a hub that plays the router.
-#ifndef DSERVE_TESTS_PREFILL_CLUSTER_UTIL_H
-#define DSERVE_TESTS_PREFILL_CLUSTER_UTIL_H
+// tests/cluster_util.h: the C++ tests' one cluster helper: real worker processes on loopback (from one generated config),
+// driven by a hub that plays the router (tests/prefill, tests/decode).
+#ifndef DSERVE_TESTS_CLUSTER_UTIL_H
+#define DSERVE_TESTS_CLUSTER_UTIL_H
 
 #include <gtest/gtest.h>
 
@@ -72,10 +73,12 @@ inline pid_t spawn(const std::string &role, const std::string &cfg, const std::s
   return pid;
 }
 
-// One worker of the generated config: 1 thread, a 32 MiB pool, plus extra (more JSON members, e.g.
+// One worker of the generated config: `threads` threads, a pool of `kv_mb` MiB, plus extra (more JSON members, e.g.
 // "\"max_batch_tokens\": 32") and kvx (more members of its kvxfer object, e.g. "\"staging\": \"on\"").
 struct WorkerSpec {
   std::string name, role, extra, kvx;
+  int threads = 1;
+  double kv_mb = 32;
   WorkerSpec(std::string n, std::string r, std::string e = "", std::string k = "")
       : name(std::move(n)), role(std::move(r)), extra(std::move(e)), kvx(std::move(k)) {}
 };
@@ -103,7 +106,8 @@ struct Cluster {
       const WorkerSpec &s = specs[i];
       ports[s.name] = free_port();
       js += std::string(i ? "," : "") + "{\"name\": \"" + s.name + "\", \"role\": \"" + s.role +
-            "\", \"port\": " + std::to_string(ports[s.name]) + ", \"threads\": 1, \"kv_budget_mb\": 32";
+            "\", \"port\": " + std::to_string(ports[s.name]) + ", \"threads\": " + std::to_string(s.threads) +
+            ", \"kv_budget_mb\": " + std::to_string(s.kv_mb);
       if (s.role != "both") js += ", \"kvxfer\": {\"backend\": \"" + backend + "\"" + (s.kvx.empty() ? "" : ", " + s.kvx) + "}";
       if (!s.extra.empty()) js += ", " + s.extra;
       js += "}";
