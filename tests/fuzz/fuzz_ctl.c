@@ -1,4 +1,5 @@
-// tests/fuzz/fuzz_ctl.c: libFuzzer target: control-protocol frame reading (ctl_frame_recv) of arbitrary bytes off a socket.
+// tests/fuzz/fuzz_ctl.c: libFuzzer target: control-protocol frame reading (ctl_frame_recv) of arbitrary bytes off a socket,
+// plain or (the input's first byte odd) sealed: a sealed reader must refuse what it cannot open, never deliver it.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   close(sv[0]); // end of stream: the reader must see EOF and stop, never wait
   ctl_frame *c = ctl_frame_new(sv[1]);
   if (!c) abort();
+  // Keys the input cannot know: what a sealed reader delivers must have opened, and no input opens.
+  static const uint8_t tx[32] = {1}, rx[32] = {2};
+  int sealed = size > 0 && (data[0] & 1);
+  if (sealed && ctl_frame_seal(c, tx, "ctlL", rx, "ctlC") != 0) abort();
   char err[256];
   int frames = 0;
   for (;;) {
@@ -32,6 +37,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     err[0] = 0;
     int rc = ctl_frame_recv(c, &m, 5000, err, sizeof err);
     if (rc == 1) {
+      if (sealed) abort(); // forged without the key
       // A delivered message is a JSON object with a string "op".
       if (!m || !cJSON_IsObject(m) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "op"))) abort();
       cJSON_Delete(m);
