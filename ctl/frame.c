@@ -2,7 +2,6 @@
 #include "ctl/frame.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -70,36 +69,9 @@ int ctl_frame_listen(const char *host, int port, int *bound_port, char *err, siz
 }
 
 int ctl_frame_connect(const char *host, int port, int timeout_ms, char *err, size_t errlen) {
-  struct sockaddr_in sa;
-  if (resolve(host, port, &sa, err, errlen)) return -1;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    snprintf(err, errlen, "socket: %s", strerror(errno));
-    return -1;
-  }
-  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
-  if (rc && errno == EINPROGRESS) {
-    struct pollfd p = {.fd = fd, .events = POLLOUT};
-    int soerr = 0;
-    socklen_t sl = sizeof soerr;
-    rc = poll(&p, 1, timeout_ms);
-    if (rc == 0) {
-      errno = ETIMEDOUT;
-      rc = -1;
-    } else if (rc > 0) {
-      getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
-      errno = soerr;
-      rc = soerr ? -1 : 0;
-    }
-  }
-  if (rc) {
-    snprintf(err, errlen, "connect to %s:%d: %s", host, port, strerror(errno));
-    close(fd);
-    return -1;
-  }
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  int fd = utl_tcp_connect(host, port, timeout_ms, err, errlen);
   int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (fd >= 0) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return fd;
 }
 

@@ -440,7 +440,6 @@ int kvx_fd_send_all(int fd, const void *buf, size_t len, int timeout_ms);
 int kvx_fd_sendv_all(int fd, struct iovec *iov, int n, int timeout_ms);
 int64_t kvx_fd_sendv_now(int fd, struct iovec *iov, int n);
 int kvx_fd_recv_all(int fd, void *buf, size_t len, int timeout_ms, int idle_ok);
-int kvx_fd_recvv_all(int fd, struct iovec *iov, int n, int timeout_ms);
 int64_t kvx_fd_recvv_now(int fd, struct iovec *iov, int n);
 int kvx_iov_advance(struct iovec **iov, int n, size_t done);  // past done bytes; returns the entries left
 int kvx_wait_fd(int fd, short events, int timeout_ms);  // poll one fd: 0 ready, -2 timed out, -3 error

@@ -86,21 +86,6 @@ int64_t kvx_fd_recvv_now(int fd, struct iovec *iov, int n) {
   return errno == ECONNRESET ? -1 : -3;
 }
 
-int kvx_fd_recvv_all(int fd, struct iovec *iov, int n, int timeout_ms) {
-  n = kvx_iov_advance(&iov, n, 0);
-  while (n > 0) {
-    int64_t r = kvx_fd_recvv_now(fd, iov, n);
-    if (r < 0) return (int)r;
-    if (r > 0) {
-      n = kvx_iov_advance(&iov, n, (size_t)r);
-      continue;
-    }
-    int w = kvx_wait_fd(fd, POLLIN, timeout_ms);
-    if (w < 0) return w;
-  }
-  return 0;
-}
-
 int kvx_fd_sendv_all(int fd, struct iovec *iov, int n, int timeout_ms) {
   n = kvx_iov_advance(&iov, n, 0);
   while (n > 0) {
@@ -275,8 +260,7 @@ int kvx_wait_in(kvx_chan *ch, int timeout_ms) {
 }
 
 int kvx_recvv_all(kvx_chan *ch, struct iovec *iov, int n, int timeout_ms) {
-  if (!ch->rx) return kvx_fd_recvv_all(ch->fd, iov, n, timeout_ms);
-  n = kvx_iov_advance(&iov, n, 0);
+  n = kvx_iov_advance(&iov, n, 0); // plain or sealed alike: kvx_recvv_now takes the channel's way
   while (n > 0) {
     int64_t r = kvx_recvv_now(ch, iov, n);
     if (r < 0) return (int)r;

@@ -24,26 +24,54 @@ int utl_send_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
-int utl_tcp_answers(const char *host, int port, int timeout_ms) {
-  char svc[16];
-  snprintf(svc, sizeof svc, "%d", port);
+int utl_tcp_connect(const char *host, int port, int timeout_ms, char *err, size_t errlen) {
+  if (port < 0 || port > 65535) {
+    snprintf(err, errlen, "port %d out of range", port);
+    return -1;
+  }
   struct addrinfo hints = {0}, *res = NULL;
   hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  if (port <= 0 || port > 65535 || getaddrinfo(host, svc, &hints, &res) || !res) return 0;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), up = 0;
-  if (fd >= 0) {
-    int rc = connect(fd, res->ai_addr, res->ai_addrlen);
-    if (rc == 0) {
-      up = 1;
-    } else if (errno == EINPROGRESS) {
-      struct pollfd p = {.fd = fd, .events = POLLOUT};
-      int soerr = 0;
-      socklen_t sl = sizeof soerr;
-      up = poll(&p, 1, timeout_ms) == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) && soerr == 0;
-    }
-    close(fd);
+  int rc = getaddrinfo(host, NULL, &hints, &res);
+  if (rc != 0 || !res) {
+    snprintf(err, errlen, "cannot resolve '%s': %s", host, gai_strerror(rc));
+    return -1;
   }
+  struct sockaddr_in sa = *(const struct sockaddr_in *)res->ai_addr;
   freeaddrinfo(res);
-  return up;
+  sa.sin_port = htons((uint16_t)port);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    snprintf(err, errlen, "socket: %s", strerror(errno));
+    return -1;
+  }
+  rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+  if (rc && errno == EINPROGRESS) {
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int soerr = 0;
+    socklen_t sl = sizeof soerr;
+    rc = poll(&p, 1, timeout_ms);
+    if (rc == 0) {
+      errno = ETIMEDOUT;
+      rc = -1;
+    } else if (rc > 0) {
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+      errno = soerr;
+      rc = soerr ? -1 : 0;
+    }
+  }
+  if (rc) {
+    snprintf(err, errlen, "connect to %s:%d: %s", host, port, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+int utl_tcp_answers(const char *host, int port, int timeout_ms) {
+  char err[160];
+  int fd = port > 0 ? utl_tcp_connect(host, port, timeout_ms, err, sizeof err) : -1;
+  if (fd < 0) return 0;
+  close(fd);
+  return 1;
 }
