@@ -23,7 +23,7 @@ dir=${PEER_CACHE:-$HOME/.cache/dserve/llama.cpp}/$version${isa_tag}
 jobs=${PEER_JOBS:-2}
 pip=${PIP:-pip3}
 model=${MODEL:-$root/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf}
-targets=(llama-server llama-bench llama-batched-bench llama-perplexity llama-tokenize)
+targets=(llama-server llama-bench llama-batched-bench llama-perplexity llama-tokenize llama-quantize)
 
 have_all() {
   for t in "${targets[@]}"; do [ -x "$dir/bin/$t" ] || return 1; done

@@ -57,12 +57,16 @@ fi
 "$root/scripts/fetch_gemma.sh" || die "scripts/fetch_gemma.sh failed"
 
 # 4. A Python venv for the tests that drive the server with the official openai client, and jsonschema, which the
-#    structured-output tests validate answers with (the venv does not see the system's python3-jsonschema).
+#    structured-output tests validate answers with (the venv does not see the system's python3-jsonschema), gguf
+#    (pinned: scripts/make_tiny_gguf.py writes the small test models byte for byte as their goldens expect) and jinja2
+#    (the oracle the chat-template interpreter is compared with).
 venv="$cache/venv"
-if ! "$venv/bin/python" -c "import openai, matplotlib, jsonschema" 2>/dev/null; then
-  say "creating $venv with the openai package and jsonschema (tests) and matplotlib (bench/loadgen.py --plot)"
+py_pkgs=(openai matplotlib jsonschema gguf==0.19.0 jinja2==3.1.6)
+if ! "$venv/bin/python" -c "import openai, matplotlib, jsonschema, jinja2, gguf, sys, importlib.metadata as m
+sys.exit(m.version('gguf') != '0.19.0' or m.version('jinja2') != '3.1.6')" 2>/dev/null; then
+  say "creating $venv with openai, jsonschema, gguf, jinja2 (tests) and matplotlib (bench/loadgen.py --plot)"
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || die "python3 -m venv failed"
-  "$venv/bin/pip" install -q openai matplotlib jsonschema || die "pip install openai matplotlib jsonschema failed"
+  "$venv/bin/pip" install -q "${py_pkgs[@]}" || die "pip install ${py_pkgs[*]} failed"
 fi
 # 5. NIXL's wheel, for kvxfer's nixl backend (`backend: nixl` and its tests): kvxfer dlopens its native libraries
 #    (libnixl_capi.so, the UCX plugin and UCX) from the venv, so the wheel goes in without its Python dependencies
