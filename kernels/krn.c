@@ -197,7 +197,11 @@ void krn_matmul_group(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, in
     c->be->matmul_group(c, mm, n_mm, x, n, k);
     return;
   }
-  for (int i = 0; i < n_mm; i++) c->be->matmul(c, mm[i].y, mm[i].w, mm[i].wt, x, n, k, mm[i].m);
+  for (int i = 0; i < n_mm; i++) {
+    const float *xi = mm[i].x ? mm[i].x : x;
+    int ni = mm[i].x ? mm[i].xn : n;
+    if (ni > 0) c->be->matmul(c, mm[i].y, mm[i].w, mm[i].wt, xi, ni, k, mm[i].m);
+  }
 }
 
 void krn_download_ready(krn_ctx *c, void *host_dst, const void *src, size_t bytes) {

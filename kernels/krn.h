@@ -128,14 +128,18 @@ typedef struct krn_attn_args {
                                // local layers; only on tables with attn_window = 1); 0: all of [0, pos]
 } krn_attn_args;
 
-// One product of a matmul group: y(n, m) = x(n, k) . w(m, k)^T, x and n, k being the group's.
+// One product of a matmul group: y(n, m) = x(n, k) . w(m, k)^T, x and n, k being the group's unless the product
+// names its own x (then y(xn, m) = x(xn, k) . w^T: a mixture-of-experts layer's experts each take the tokens routed to
+// them, so that all of its experts are one op).
 typedef struct krn_mm {
-  float *y;      // (n, m)
-  const void *w; // (m, k) of wt
+  float *y;       // (n, m)
+  const void *w;  // (m, k) of wt
   krn_type wt;
   int m;
+  const float *x; // NULL: the group's activation; else this product's own, of xn rows (0 allowed: nothing to do)
+  int xn;
 } krn_mm;
-#define KRN_MM_GROUP_MAX 4 // products one matmul_group call takes at most
+#define KRN_MM_GROUP_MAX 8 // products one matmul_group call takes at most
 
 // One table per backend. Pointers are host memory for cpu backends, device memory for cuda.
 typedef struct krn_backend {
@@ -211,6 +215,12 @@ typedef struct krn_backend {
   // step is memory-bound and short, and each pool run costs a wake-up and a wait for the slower thread. Same results
   // as matmul per product. Callers use krn_matmul_group, which calls matmul per product where this is NULL (cuda).
   void (*matmul_group)(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, int n, int k);
+  // Mixture of experts: y(n, d) += sum over j < k_used of w[i k_used + j] * x[rows[i k_used + j]] for each row i,
+  // the sum taken in j order into a zeroed accumulator, then added to y's row (so a row's result depends on its own
+  // k_used terms only, in a fixed order: batch invariant). x(*, d) the experts' outputs, rows and w (n, k_used)
+  // backend memory. NULL in a table that lacks it, where a mixture-of-experts model refuses to load.
+  void (*moe_combine)(krn_ctx *c, float *y, const float *x, const int32_t *rows, const float *w, int n, int k_used,
+                      int d);
 } krn_backend;
 
 // Backend-neutral events, so that a consumer of one layer's output (a KV push) waits for that layer only,

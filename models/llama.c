@@ -1,4 +1,4 @@
-// models/llama.c: Llama-family forward pass (llama, qwen2, gemma3) over a mixed prefill/decode batch and a paged KV cache.
+// models/llama.c: Llama-family forward pass (llama, qwen2, gemma3, qwen3moe, Mixtral) over a mixed prefill/decode batch and a paged KV cache.
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -49,6 +49,7 @@ void mdl_llama_free(mdl_llama *m) {
   if (!m) return;
   if (m->graphs) drop_graphs(m);
   free_scratch(m);
+  mdl_moe_free(m);
   for (int i = 0; i < m->n_uploads; i++) m->kc->be->free(m->kc, m->uploads[i]);
   free(m->uploads);
   free(m->layers);
@@ -220,7 +221,8 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
   int T = (int)T64;
   // A pure decode step (one new token and logits per sequence, no layer callback) may run from a recorded
   // graph; its block tables are padded to a power-of-two width so that one graph serves many lengths.
-  const int graph_step = m->graphs && !all_rows && T == n_seqs && R == n_seqs && !on_layer;
+  // (not an MoE step: its routing is decided on the host in the middle of the step, which a graph would freeze)
+  const int graph_step = m->graphs && !all_rows && T == n_seqs && R == n_seqs && !on_layer && !c->n_expert;
   if (graph_step)
     for (int w = 16;; w *= 2)
       if (w >= max_blocks) {
@@ -233,7 +235,8 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
     return -1;
   }
   if (grow_tokens(m, T, err, errlen) ||
-      grow_seqs(m, R > n_seqs ? R : n_seqs, n_groups * n_seqs * max_blocks, err, errlen))
+      grow_seqs(m, R > n_seqs ? R : n_seqs, n_groups * n_seqs * max_blocks, err, errlen) ||
+      (c->n_expert && mdl_moe_reserve(m, T, err, errlen)))
     return -1;
   m->bt_group_stride = n_seqs * max_blocks;
 
@@ -320,16 +323,16 @@ static void rope(mdl_llama *m, int T, float theta, int scaled) {
 // q, k, v (T rows each) from m->xb: one op, so that a decode step's three small products are one pool run.
 static void qkv(mdl_llama *m, const mdl_layer *L, int T) {
   const mdl_llama_cfg *c = &m->cfg;
-  krn_mm mm[3] = {{m->q, L->wq.data, L->wq.type, c->n_head * c->head_dim},
-                  {m->k, L->wk.data, L->wk.type, c->n_kv_head * c->head_dim},
-                  {m->v, L->wv.data, L->wv.type, c->n_kv_head * c->head_dim}};
+  krn_mm mm[3] = {{m->q, L->wq.data, L->wq.type, c->n_head * c->head_dim, NULL, 0},
+                  {m->k, L->wk.data, L->wk.type, c->n_kv_head * c->head_dim, NULL, 0},
+                  {m->v, L->wv.data, L->wv.type, c->n_kv_head * c->head_dim, NULL, 0}};
   krn_matmul_group(m->kc, mm, 3, m->xb, T, c->n_embd);
 }
 
 // The FFN's gate (into m->hb) and up (m->hb2) products from m->xb, as one op.
 static void gate_up(mdl_llama *m, const mdl_layer *L, int T) {
   const mdl_llama_cfg *c = &m->cfg;
-  krn_mm mm[2] = {{m->hb, L->wg.data, L->wg.type, c->n_ff}, {m->hb2, L->wu.data, L->wu.type, c->n_ff}};
+  krn_mm mm[2] = {{m->hb, L->wg.data, L->wg.type, c->n_ff, NULL, 0}, {m->hb2, L->wu.data, L->wu.type, c->n_ff, NULL, 0}};
   krn_matmul_group(m->kc, mm, 2, m->xb, T, c->n_embd);
 }
 
@@ -391,6 +394,10 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
     for (int i = 0; L->bq.data && i < T; i++) be->add(kc, m->q + (size_t)i * HD, L->bq.data, HD);
     for (int i = 0; L->bk.data && i < T; i++) be->add(kc, m->k + (size_t)i * KD, L->bk.data, KD);
     for (int i = 0; L->bv.data && i < T; i++) be->add(kc, m->v + (size_t)i * KD, L->bv.data, KD);
+    if (c->qk_norm) { // qwen3moe: each head of q and k RMS-normed before RoPE
+      be->rmsnorm(kc, m->q, m->q, L->q_norm.data, T * c->n_head, c->head_dim, c->rms_eps);
+      be->rmsnorm(kc, m->k, m->k, L->k_norm.data, T * c->n_kv_head, c->head_dim, c->rms_eps);
+    }
     rope(m, T, c->rope_theta, 1);
     a.k_cache = mdl_kv_chunk(c, kv, l, 0, 0);
     a.v_cache = mdl_kv_chunk(c, kv, l, 1, 0);
@@ -401,6 +408,10 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
     be->matmul(kc, xb, L->wo.data, L->wo.type, m->att, T, HD, E);
     be->add(kc, x, xb, (int64_t)T * E);
     be->rmsnorm(kc, xb, x, L->ffn_norm.data, T, E, c->rms_eps);
+    if (c->n_expert) { // routed experts (llama_moe.c), added into x
+      mdl_moe_ffn(m, L, T);
+      continue;
+    }
     gate_up(m, L, T);
     be->swiglu(kc, m->hb, m->hb, m->hb2, (int64_t)T * F);
     be->matmul(kc, xb, L->wd.data, L->wd.type, m->hb, T, F, E);

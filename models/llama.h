@@ -1,4 +1,4 @@
-// models/llama.h: the Llama-family forward pass (llama, qwen2, gemma3) over a batch of sequences and a paged KV cache.
+// models/llama.h: the Llama-family forward pass (llama, qwen2, gemma3, qwen3moe, Mixtral) over a batch of sequences and a paged KV cache.
 #ifndef DSERVE_MDL_LLAMA_H
 #define DSERVE_MDL_LLAMA_H
 
@@ -39,6 +39,11 @@ typedef struct mdl_llama_cfg {
   char rope_scaling[16];      // "none", "linear", "yarn" (rope.scaling.type); "+freqs" appended with rope_freqs.weight
   float rope_inv_freq[256];   // (head_dim / 2) when rope_scaled
   float rope_mscale;
+  // Mixture of experts (models/llama_moe.c): qwen3moe, and llama with llama.expert_count (Mixtral). n_expert 0: a
+  // dense FFN. Each token's router picks its n_expert_used best experts (softmax, top-k, weights renormalised to
+  // sum 1: llama.cpp's build_moe_ffn for both), each an FFN of width n_ff_exp.
+  int n_expert, n_expert_used, n_ff_exp;
+  int qk_norm; // qwen3moe: per-head RMS norm of q and k (attn_q_norm, attn_k_norm) before RoPE
 } mdl_llama_cfg;
 
 // ---- RoPE scaling ----

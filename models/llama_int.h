@@ -11,8 +11,42 @@ typedef struct mdl_w {  // one weight matrix or vector
 
 typedef struct mdl_layer {
   mdl_w attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, wg, wu, wd; // bq/bk/bv data NULL when absent
-  mdl_w q_norm, k_norm, post_attn_norm, post_ffn_norm;              // gemma3 only
+  mdl_w q_norm, k_norm, post_attn_norm, post_ffn_norm;              // gemma3 (q/k norms: also qwen3moe)
+  // mixture of experts (cfg.n_expert > 0; wg, wu, wd unused): the router (n_expert, n_embd) and the experts,
+  // gate/up (n_expert, n_ff_exp, n_embd) and down (n_expert, n_embd, n_ff_exp): expert e's matrix is the contiguous
+  // slice e of the 3-D tensor, a plain matrix to the matmul kernels
+  mdl_w ffn_gate_inp, gate_exps, up_exps, down_exps;
 } mdl_layer;
+
+// A mixture-of-experts step's scratch (llama_moe.c), grown with the step's tokens and kept across steps.
+typedef struct mdl_moe_scratch {
+  int cap;                  // tokens the buffers hold (each with n_expert_used slots)
+  float *logits;            // (cap, n_expert) the router's logits
+  float *xe, *ye;           // (cap * n_used, n_embd) the tokens gathered by expert, and their experts' outputs
+  float *ge, *ue;           // (cap * n_used, n_ff_exp) gate and up (swiglu in ge)
+  int32_t *d_gather;        // (cap * n_used) the token row of each gathered row
+  int32_t *d_rows;          // (cap, n_used) each token's slots: their rows in ye
+  float *d_w;               // (cap, n_used) and their weights
+  float *h_logits;          // host (cap, n_expert)
+  int32_t *h_gather, *h_rows, *h_sel; // host copies; h_sel (cap, n_used): each slot's expert
+  float *h_w;               // host (cap, n_used)
+  int32_t *h_count, *h_off; // host (n_expert): tokens routed to each expert, and its first row in xe
+} mdl_moe_scratch;
+
+// llama_load.c's tensor loader, for llama_moe.c: tensor name of shape (ne0, ne1, ne2) (ne1 0: a vector; ne2 0: a
+// matrix), type and size checked, into out (uploaded, or dequantized with f32_weights). optional: absent is no error.
+int mdl_llama_get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, int optional, int f32_only,
+                    mdl_w *out, char *err, size_t errlen);
+
+// llama_moe.c. Load: the expert keys of arch into m->cfg (n_expert stays 0 for a dense model; -1 with err for bad
+// counts or an old per-expert file); the router and experts of layer l.
+int mdl_moe_load_cfg(mdl_llama *m, const char *arch, char *err, size_t errlen);
+int mdl_moe_load_layer(mdl_llama *m, int l, char *err, size_t errlen);
+// Step: mdl_moe_reserve sizes the scratch for T tokens (0, or -1 with err); mdl_moe_ffn then runs the routed FFN of
+// layer L on m->xb (T rows, normed) and adds its output into m->x.
+int mdl_moe_reserve(mdl_llama *m, int T, char *err, size_t errlen);
+void mdl_moe_ffn(mdl_llama *m, const mdl_layer *L, int T);
+void mdl_moe_free(mdl_llama *m);
 
 // The shape of a decode step that a recorded graph replays (its buffers are the model's, fixed until they grow).
 typedef struct mdl_graph_key {
@@ -44,6 +78,7 @@ struct mdl_llama {
   int n_gcache, g_next;
   mdl_graph_key last;              // the previous decode step's shape: a shape seen twice in a row is recorded
   long n_replayed, n_recorded;
+  mdl_moe_scratch moe; // mixture-of-experts scratch (cfg.n_expert > 0), freed by mdl_moe_free
 
   // Scratch, grown as needed and reused across calls; backend memory unless said host.
   int cap_t;           // token rows the activation buffers hold

@@ -51,9 +51,10 @@ static int dequant_w(mdl_llama *m, const char *name, const mdl_gguf_tensor *t, i
   return 0;
 }
 
-// Finds a tensor, checks its type and its shape (ne0 = row length, ne1 = rows; ne1 0 for a vector).
-static int get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int optional, int f32_only, mdl_w *out,
-                 char *err, size_t errlen) {
+// Finds a tensor, checks its type and its shape (ne0 = row length, ne1 = rows; ne1 0 for a vector; ne2 > 0: a stack
+// of ne2 such matrices, an MoE layer's experts).
+int mdl_llama_get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, int optional, int f32_only,
+                    mdl_w *out, char *err, size_t errlen) {
   const mdl_gguf_tensor *t = mdl_gguf_tensor_find(m->g, name);
   out->data = NULL;
   out->type = KRN_F32;
@@ -67,26 +68,35 @@ static int get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int o
              krn_type_name(t->type), f32_only ? " here (F32 needed)" : " (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
     return -1;
   }
-  int want_dims = ne1 ? 2 : 1;
-  int64_t have1 = t->n_dims >= 2 ? t->ne[1] : 0;
+  int want_dims = ne2 ? 3 : ne1 ? 2 : 1;
+  int64_t have1 = t->n_dims >= 2 ? t->ne[1] : 0, have2 = t->n_dims >= 3 ? t->ne[2] : 0;
   int extra = 0;
-  for (int d = 2; d < t->n_dims; d++) extra |= t->ne[d] != 1;
+  for (int d = ne2 ? 3 : 2; d < t->n_dims; d++) extra |= t->ne[d] != 1;
+  if (ne2 && (t->ne[0] != ne0 || have1 != ne1 || have2 != ne2 || extra || t->n_dims < 3)) {
+    char have[96] = "(";
+    for (int d = 0; d < t->n_dims && d < 4; d++)
+      snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", d ? ", " : "", (long long)t->ne[d]);
+    snprintf(err, errlen, "model: tensor %s has shape %s), expected (%lld, %lld, %lld)", name, have, (long long)ne0,
+             (long long)ne1, (long long)ne2);
+    return -1;
+  }
   if (t->ne[0] != ne0 || have1 != ne1 || extra || t->n_dims < want_dims) {
     snprintf(err, errlen, "model: tensor %s has shape (%lld, %lld), expected (%lld, %lld)", name,
              (long long)t->ne[0], (long long)have1, (long long)ne0, (long long)ne1);
     return -1;
   }
+  if (!ne2) ne2 = 1;
   if (ne0 % krn_type_block(t->type)) {
     snprintf(err, errlen, "model: tensor %s rows of %lld are not a multiple of %d", name, (long long)ne0, krn_type_block(t->type));
     return -1;
   }
-  size_t need = krn_row_size((krn_type)t->type, ne0) * (size_t)(ne1 ? ne1 : 1);
+  size_t need = krn_row_size((krn_type)t->type, ne0) * (size_t)(ne1 ? ne1 : 1) * (size_t)ne2;
   if (t->nbytes < need) {
     snprintf(err, errlen, "model: tensor %s holds %zu bytes, %zu needed", name, t->nbytes, need);
     return -1;
   }
   out->type = (krn_type)t->type;
-  if (m->f32_weights && t->type != KRN_F32) return dequant_w(m, name, t, ne0, ne1 ? ne1 : 1, out, err, errlen);
+  if (m->f32_weights && t->type != KRN_F32) return dequant_w(m, name, t, ne0, (ne1 ? ne1 : 1) * ne2, out, err, errlen);
   if (m->on_host) {
     out->data = t->data;
     return 0;
@@ -100,6 +110,11 @@ static int get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int o
   m->uploads[m->n_uploads++] = d;
   out->data = d;
   return 0;
+}
+
+static int get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int optional, int f32_only, mdl_w *out,
+                 char *err, size_t errlen) {
+  return mdl_llama_get_w(m, name, ne0, ne1, 0, optional, f32_only, out, err, errlen);
 }
 
 #define PI_F 3.14159265358979f
@@ -242,10 +257,10 @@ int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o,
   }
   char arch[32];
   snprintf(arch, sizeof arch, "%.*s", (int)(a.n < 31 ? a.n : 31), a.p);
-  int qwen2 = !strcmp(arch, "qwen2"), gemma3 = !strcmp(arch, "gemma3");
-  if (strcmp(arch, "llama") && !qwen2 && !gemma3) {
-    snprintf(err, errlen, "model: architecture '%.*s' not supported (llama, qwen2, gemma3)", (int)(a.n < 64 ? a.n : 64),
-             a.p);
+  int qwen2 = !strcmp(arch, "qwen2"), gemma3 = !strcmp(arch, "gemma3"), qwen3moe = !strcmp(arch, "qwen3moe");
+  if (strcmp(arch, "llama") && !qwen2 && !gemma3 && !qwen3moe) {
+    snprintf(err, errlen, "model: architecture '%.*s' not supported (llama, qwen2, gemma3, qwen3moe)",
+             (int)(a.n < 64 ? a.n : 64), a.p);
     return -1;
   }
   if (gemma3 && !(kc->be->geglu && kc->be->scale && kc->be->attn_window)) {
@@ -269,11 +284,13 @@ int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o,
   }
   mdl_llama_cfg *c = &m->cfg;
   snprintf(c->arch, sizeof c->arch, "%s", arch);
-  c->rope_neox = qwen2 || gemma3; // llama.cpp: LLAMA_ROPE_TYPE_NEOX for both
+  c->rope_neox = qwen2 || gemma3 || qwen3moe; // llama.cpp: LLAMA_ROPE_TYPE_NEOX for these
   c->gemma3 = gemma3;
+  c->qk_norm = qwen3moe;
+  // (an MoE model's feed_forward_length is optional, as llama.cpp reads it: mdl_moe_load_cfg checks what it needs)
   if (get_int(g, arch, "block_count", 1, 0, &c->n_layer, err, errlen) ||
       get_int(g, arch, "embedding_length", 1, 0, &c->n_embd, err, errlen) ||
-      get_int(g, arch, "feed_forward_length", 1, 0, &c->n_ff, err, errlen) ||
+      get_int(g, arch, "feed_forward_length", !qwen3moe, 0, &c->n_ff, err, errlen) ||
       get_int(g, arch, "attention.head_count", 1, 0, &c->n_head, err, errlen) ||
       get_int(g, arch, "attention.head_count_kv", 0, c->n_head, &c->n_kv_head, err, errlen) ||
       get_int(g, arch, "context_length", 0, 2048, &c->n_ctx_train, err, errlen))
@@ -327,6 +344,7 @@ int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o,
     snprintf(err, errlen, "model: rms epsilon %g or rope base %g not positive", c->rms_eps, c->rope_theta);
     goto fail;
   }
+  if (mdl_moe_load_cfg(m, arch, err, errlen)) goto fail;
   const mdl_gguf_tensor *te = mdl_gguf_tensor_find(g, "token_embd.weight");
   if (!te || te->n_dims < 2 || te->ne[1] < 1 || te->ne[1] > (1 << 30)) {
     snprintf(err, errlen, "model: tensor token_embd.weight missing or not a matrix");
@@ -359,9 +377,20 @@ int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o,
         get_w(m, n[2], E, KD, 0, 0, &L->wk, err, errlen) || get_w(m, n[3], E, KD, 0, 0, &L->wv, err, errlen) ||
         get_w(m, n[4], HD, E, 0, 0, &L->wo, err, errlen) || get_w(m, n[5], HD, 0, 1, 1, &L->bq, err, errlen) ||
         get_w(m, n[6], KD, 0, 1, 1, &L->bk, err, errlen) || get_w(m, n[7], KD, 0, 1, 1, &L->bv, err, errlen) ||
-        get_w(m, n[8], E, 0, 0, 1, &L->ffn_norm, err, errlen) || get_w(m, n[9], E, F, 0, 0, &L->wg, err, errlen) ||
-        get_w(m, n[10], E, F, 0, 0, &L->wu, err, errlen) || get_w(m, n[11], F, E, 0, 0, &L->wd, err, errlen))
+        get_w(m, n[8], E, 0, 0, 1, &L->ffn_norm, err, errlen))
       goto fail;
+    if (c->n_expert ? mdl_moe_load_layer(m, l, err, errlen)
+                    : get_w(m, n[9], E, F, 0, 0, &L->wg, err, errlen) || get_w(m, n[10], E, F, 0, 0, &L->wu, err, errlen) ||
+                          get_w(m, n[11], F, E, 0, 0, &L->wd, err, errlen))
+      goto fail;
+    if (c->qk_norm) {
+      char qn[64], kn[64];
+      snprintf(qn, sizeof qn, "blk.%d.attn_q_norm.weight", l);
+      snprintf(kn, sizeof kn, "blk.%d.attn_k_norm.weight", l);
+      if (get_w(m, qn, c->head_dim, 0, 0, 1, &L->q_norm, err, errlen) ||
+          get_w(m, kn, c->head_dim, 0, 0, 1, &L->k_norm, err, errlen))
+        goto fail;
+    }
     if (gemma3) {
       // the norms are plain RMS norms: llama.cpp's converter folds Gemma's (1 + w) into the stored weights
       char g4[4][64];

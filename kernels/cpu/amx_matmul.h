@@ -267,6 +267,17 @@ static void amx_run(void *vp, int ith, int nth) {
 // so that q, k, v, gate and up stay on AMX; float weights and bad shapes take the avx512 matmul (which also answers
 // bad shapes with NaN).
 static void amx_matmul_group(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, int n, int k) {
+  int own = 0; // products with their own activation (an MoE layer's experts): each its own group of one
+  for (int i = 0; i < n_mm; i++) own |= mm[i].x != NULL;
+  if (own) {
+    for (int i = 0; i < n_mm; i++) {
+      krn_mm one = mm[i];
+      one.x = NULL;
+      if (!mm[i].x) amx_matmul_group(c, &one, 1, x, n, k);
+      else if (mm[i].xn > 0) amx_matmul_group(c, &one, 1, mm[i].x, mm[i].xn, k);
+    }
+    return;
+  }
   if (n < AMX_MIN_ROWS) {
     krn_cpu_avx512_table()->matmul_group(c, mm, n_mm, x, n, k);
     return;
@@ -290,7 +301,7 @@ static void amx_matmul_group(krn_ctx *c, const krn_mm *mm, int n_mm, const float
 }
 
 static void amx_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
-  krn_mm one = {y, w, wt, m};
+  krn_mm one = {y, w, wt, m, NULL, 0};
   amx_matmul_group(c, &one, 1, x, n, k);
 }
 

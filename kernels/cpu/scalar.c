@@ -287,6 +287,28 @@ static void scalar_add(krn_ctx *c, float *y, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+// Rows [lo, hi) of moe_combine (krn.h): the accumulator in j order, then added to y. Shared by the SIMD backends for
+// what their vectors leave over, so the arithmetic is the same: a product and a sum per term, no fused multiply-add.
+void krn_scalar_moe_combine_span(float *y, const float *x, const int32_t *rows, const float *w, int k_used, int d,
+                                 int64_t i, int e0, int e1) {
+  float *yi = y + (size_t)i * d;
+  for (int e = e0; e < e1; e++) {
+    float acc = 0;
+    for (int j = 0; j < k_used; j++) {
+      float p = w[i * k_used + j] * x[(size_t)rows[i * k_used + j] * d + e];
+      acc = j == 0 ? p : acc + p;
+    }
+    yi[e] += acc;
+  }
+}
+
+static void scalar_moe_combine(krn_ctx *c, float *y, const float *x, const int32_t *rows, const float *w, int n,
+                               int k_used, int d) {
+  (void)c;
+  if (n <= 0 || k_used <= 0 || d <= 0) return;
+  for (int64_t i = 0; i < n; i++) krn_scalar_moe_combine_span(y, x, rows, w, k_used, d, i, 0, d);
+}
+
 // ---- KV cache and attention ----
 
 void krn_cpu_kv_store_row(void *dst, const float *x, const krn_attn_args *a) {
@@ -398,6 +420,7 @@ static const krn_backend scalar_backend = {
     .attn_window = 1,
     .kv_q8_0 = 1,
     .rope_freqs = krn_scalar_rope_freqs,
+    .moe_combine = scalar_moe_combine,
 };
 
 const krn_backend *krn_cpu_scalar(void) { return &scalar_backend; }

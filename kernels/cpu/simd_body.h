@@ -39,6 +39,7 @@ static const krn_backend simd_backend = {
     .kv_q8_0 = 1,
     .rope_freqs = simd_rope_freqs,
     .matmul_group = simd_matmul_group,
+    .moe_combine = simd_moe_combine,
 };
 
 const krn_backend *KRN_SIMD_TABLE(void) { return &simd_backend; }

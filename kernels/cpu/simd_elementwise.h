@@ -115,6 +115,44 @@ static void simd_add(krn_ctx *c, float *y, const float *x, int64_t n) {
   else add_span(&t, 0, n);
 }
 
+// moe_combine (krn.h): per row, the weighted sum of its experts' rows in j order (a product and an add each, as the
+// scalar reference: the same bits), then added to y. Rows share out over the pool.
+typedef struct moe_task {
+  float *y;
+  const float *x, *w;
+  const int32_t *rows;
+  int n, k_used, d;
+} moe_task;
+static void moe_combine_rows(const moe_task *t, int64_t lo, int64_t hi) {
+  const int d = t->d, ku = t->k_used;
+  for (int64_t i = lo; i < hi; i++) {
+    float *yi = t->y + (size_t)i * d;
+    int e = 0;
+    for (; e + VL <= d; e += VL) {
+      vf acc = v_zero();
+      for (int j = 0; j < ku; j++) {
+        vf p = v_mul(v_set1(t->w[i * ku + j]), v_load(t->x + (size_t)t->rows[i * ku + j] * d + e));
+        acc = j == 0 ? p : v_add(acc, p);
+      }
+      v_store(yi + e, v_add(v_load(yi + e), acc));
+    }
+    if (e < d) krn_scalar_moe_combine_span(t->y, t->x, t->rows, t->w, ku, d, i, e, d);
+  }
+}
+static void moe_combine_run(void *vp, int ith, int nth) {
+  const moe_task *t = vp;
+  int64_t lo, hi;
+  krn_cpu_range(t->n, ith, nth, &lo, &hi);
+  moe_combine_rows(t, lo, hi);
+}
+static void simd_moe_combine(krn_ctx *c, float *y, const float *x, const int32_t *rows, const float *w, int n,
+                             int k_used, int d) {
+  if (n <= 0 || k_used <= 0 || d <= 0) return;
+  moe_task t = {y, x, w, rows, n, k_used, d};
+  if ((int64_t)n * k_used * d >= 4 * KRN_PAR_MIN && n > 1) krn_cpu_par(c, moe_combine_run, &t);
+  else moe_combine_rows(&t, 0, n);
+}
+
 // In place on r(d): r = exp(r - max) / sum.
 static void softmax_row(float *r, int d) {
   vf vm = v_set1(-INFINITY);

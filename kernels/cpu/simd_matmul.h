@@ -170,20 +170,24 @@ typedef struct mm_group {
   int n_mm;
 } mm_group;
 
+// Each product's share of the work: its weight bytes times (rows + 4), the bytes streamed and the rows they meet (the
+// products of one activation all weigh their bytes alike; an expert's product with many tokens weighs more).
+static int64_t mm_group_cost(const mm_task *t) { return (int64_t)t->n + 4; }
+
 // The row of the concatenated products at which share ith of nth starts, as (product, row).
 static void mm_group_at(const mm_group *g, int ith, int nth, int *pi, int64_t *row) {
   int64_t total = 0;
-  for (int i = 0; i < g->n_mm; i++) total += (int64_t)g->t[i].rs * g->t[i].m;
-  int64_t at = total / nth * ith + total % nth * ith / nth; // bytes before the share
+  for (int i = 0; i < g->n_mm; i++) total += (int64_t)g->t[i].rs * g->t[i].m * mm_group_cost(&g->t[i]);
+  int64_t at = total / nth * ith + total % nth * ith / nth; // work before the share
   for (int i = 0; i < g->n_mm; i++) {
-    int64_t bytes = (int64_t)g->t[i].rs * g->t[i].m;
-    if (at < bytes || i == g->n_mm - 1) {
-      int64_t r = (at / (int64_t)g->t[i].rs + MM_JBLOCK / 2) / MM_JBLOCK * MM_JBLOCK;
+    int64_t per_row = (int64_t)g->t[i].rs * mm_group_cost(&g->t[i]), work = per_row * g->t[i].m;
+    if (at < work || i == g->n_mm - 1) {
+      int64_t r = (at / per_row + MM_JBLOCK / 2) / MM_JBLOCK * MM_JBLOCK;
       *pi = i;
       *row = r < g->t[i].m ? r : g->t[i].m;
       return;
     }
-    at -= bytes;
+    at -= work;
   }
   *pi = 0;
   *row = 0;
@@ -208,44 +212,61 @@ static void mm_group_run(void *vp, int ith, int nth) {
   free(p);
 }
 
+// One activation of a group (the group's x, or a product's own) and its quantized forms.
+typedef struct mm_act {
+  const float *x;
+  int n;
+  int forms; // bit 0: some product takes x's plain activation blocks, bit 1: the +128 form (signed weights)
+  void *buf[2];
+  mr_act xa[2];
+} mm_act;
+
 static void simd_matmul_group(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, int n, int k) {
   mm_group g;
   memset(&g, 0, sizeof g);
+  mm_act act[KRN_MM_GROUP_MAX];
+  int aidx[KRN_MM_GROUP_MAX], n_act = 0;
+  memset(act, 0, sizeof act);
   int64_t work = 0;
-  int forms = 0; // bit 0: some product takes x's plain activation blocks, bit 1: the +128 form (signed weights)
-  for (int i = 0; i < n_mm; i++) {
-    if (!krn_cpu_mm_ok(mm[i].wt, n, k, mm[i].m)) {
-      if (n > 0 && mm[i].m > 0) krn_cpu_fill_nan(mm[i].y, (int64_t)n * mm[i].m);
+  for (int i = 0; i < n_mm && i < KRN_MM_GROUP_MAX; i++) {
+    const float *xi = mm[i].x ? mm[i].x : x;
+    int ni = mm[i].x ? mm[i].xn : n;
+    if (!krn_cpu_mm_ok(mm[i].wt, ni, k, mm[i].m)) {
+      if (ni > 0 && mm[i].m > 0) krn_cpu_fill_nan(mm[i].y, (int64_t)ni * mm[i].m);
       continue;
     }
+    if (ni == 0) continue;
+    int a = 0;
+    while (a < n_act && !(act[a].x == xi && act[a].n == ni)) a++;
+    if (a == n_act) act[n_act++] = (mm_act){.x = xi, .n = ni};
     mm_task *t = &g.t[g.n_mm];
-    *t = (mm_task){mm[i].y, mm[i].w, mm[i].wt, x, {0}, n, k, mm[i].m, krn_row_size(mm[i].wt, k)};
-    work += (int64_t)n * k * t->m;
+    *t = (mm_task){mm[i].y, mm[i].w, mm[i].wt, xi, {0}, ni, k, mm[i].m, krn_row_size(mm[i].wt, k)};
+    work += (int64_t)ni * k * t->m;
     // (matmul_x16.h takes the signed bytes: MR_U8 is 0 with AVX-512)
-    if (!krn_cpu_is_float(t->wt)) forms |= MR_U8 && wt_signed(t->wt) ? 2 : 1;
-    g.n_mm++;
+    if (!krn_cpu_is_float(t->wt)) act[a].forms |= MR_U8 && wt_signed(t->wt) ? 2 : 1;
+    aidx[g.n_mm++] = a;
   }
-  if (g.n_mm == 0 || n == 0) return;
+  if (g.n_mm == 0) return;
   int par = work >= KRN_PAR_MIN;
-  void *buf[2] = {NULL, NULL};
-  mr_act xa[2];
-  memset(xa, 0, sizeof xa);
-  for (int f = 0; f < 2; f++) // x quantized once for every product that takes that form
-    if (forms >> f & 1) {
-      buf[f] = mr_act_alloc(&xa[f], n, k, f);
-      mr_quant_task q = {&xa[f], x, n, k};
-      if (par && n >= 8) krn_cpu_par(c, mr_quant_run, &q);
-      else mr_quant_run(&q, 0, 1);
-    }
-  for (int i = 0; i < g.n_mm; i++) g.t[i].xa = xa[MR_U8 && wt_signed(g.t[i].wt)];
+  for (int a = 0; a < n_act; a++)
+    for (int f = 0; f < 2; f++) // each activation quantized once for every product that takes that form
+      if (act[a].forms >> f & 1) {
+        act[a].buf[f] = mr_act_alloc(&act[a].xa[f], act[a].n, k, f);
+        mr_quant_task q = {&act[a].xa[f], act[a].x, act[a].n, k};
+        if (par && act[a].n >= 8) krn_cpu_par(c, mr_quant_run, &q);
+        else mr_quant_run(&q, 0, 1);
+      }
+  for (int i = 0; i < g.n_mm; i++) g.t[i].xa = act[aidx[i]].xa[MR_U8 && wt_signed(g.t[i].wt)];
   if (par) krn_cpu_par(c, mm_group_run, &g);
   else mm_group_run(&g, 0, 1);
-  free(buf[0]);
-  free(buf[1]);
+  for (int a = 0; a < n_act; a++) {
+    free(act[a].buf[0]);
+    free(act[a].buf[1]);
+  }
 }
 
 static void simd_matmul(krn_ctx *c, float *y, const void *w, krn_type wt, const float *x, int n, int k, int m) {
-  krn_mm one = {y, w, wt, m};
+  krn_mm one = {y, w, wt, m, NULL, 0};
   simd_matmul_group(c, &one, 1, x, n, k);
 }
 

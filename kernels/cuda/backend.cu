@@ -9,6 +9,7 @@
 #include "kernels/cuda/get_rows.cuh"
 #include "kernels/cuda/kv_store.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/softmax.cuh"
@@ -292,6 +293,7 @@ static const krn_backend cu_backend = {
     0, // kv_q8_0: no q8_0 paged attention here; a q8_0 pool on this table is refused at load (mdl_kv_type_check)
     krn_cuda_rope_freqs,
     NULL, // matmul_group: krn_matmul_group runs matmul per product (each is one GEMV launch; a graph replays them)
+    krn_cuda_moe_combine,
 };
 
 extern "C" const krn_backend *krn_cuda(void) { return &cu_backend; }

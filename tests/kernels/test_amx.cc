@@ -188,7 +188,7 @@ TEST_P(AmxMatmul, GroupIsEachProductsMatmul) {
     for (int i = 0; i < 3; i++) {
       y[i].assign((size_t)n * ms[i], NAN);
       alone[i].assign((size_t)n * ms[i], NAN);
-      mm[i] = {y[i].data(), w[i].data(), ts[i], ms[i]};
+      mm[i] = {y[i].data(), w[i].data(), ts[i], ms[i], nullptr, 0};
       be->matmul(&ctx, alone[i].data(), w[i].data(), ts[i], x.data(), n, k, ms[i]);
     }
     krn_matmul_group(&ctx, mm, 3, x.data(), n, k);

@@ -224,7 +224,7 @@ TEST_P(KrnOps, MatmulGroupMatchesMatmul) {
           for (int i = 0; i < n_mm; i++) {
             y[i].assign((size_t)n * ms[i], NAN);
             alone[i].assign((size_t)n * ms[i], NAN);
-            mm[i] = {y[i].data(), w[i].data(), mix[i], ms[i]};
+            mm[i] = {y[i].data(), w[i].data(), mix[i], ms[i], nullptr, 0};
             be->matmul(&ctx, alone[i].data(), w[i].data(), mix[i], x.data(), n, k, ms[i]);
           }
           krn_matmul_group(&ctx, mm, n_mm, x.data(), n, k);
@@ -241,7 +241,9 @@ TEST_P(KrnOps, MatmulGroupMatchesMatmul) {
   std::vector<uint8_t> wk(8 * krn_row_size(KRN_Q6_K, 256));
   auto x = random_floats(rng, 288);
   std::vector<float> ya(8, NAN), yk(8, 0), yb(8, NAN), ra(8), rb(8);
-  krn_mm mm[3] = {{ya.data(), wa.data(), KRN_Q4_0, 8}, {yk.data(), wk.data(), KRN_Q6_K, 8}, {yb.data(), wb.data(), KRN_Q8_0, 8}};
+  krn_mm mm[3] = {{ya.data(), wa.data(), KRN_Q4_0, 8, nullptr, 0},
+                  {yk.data(), wk.data(), KRN_Q6_K, 8, nullptr, 0},
+                  {yb.data(), wb.data(), KRN_Q8_0, 8, nullptr, 0}};
   krn_matmul_group(&ctx, mm, 3, x.data(), 1, 288);
   be->matmul(&ctx, ra.data(), wa.data(), KRN_Q4_0, x.data(), 1, 288, 8);
   be->matmul(&ctx, rb.data(), wb.data(), KRN_Q8_0, x.data(), 1, 288, 8);
