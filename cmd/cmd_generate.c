@@ -158,7 +158,8 @@ static int run_bench(cmd_model *e, const gen_opts *o, char *err, size_t errlen) 
   uint64_t x = 12345;
   for (int i = 0; i < (PP > P0 * B ? PP : P0 * B); i++) {
     x = x * 6364136223846793005ull + 1442695040888963407ull;
-    toks[i] = (int32_t)((x >> 33) % (uint64_t)(V - 256)) + 256;
+    // past the first 256 ids (byte and control tokens) when the vocabulary has more
+    toks[i] = V > 256 ? (int32_t)((x >> 33) % (uint64_t)(V - 256)) + 256 : (int32_t)((x >> 33) % (uint64_t)V);
   }
   // prompt processing: best of 3
   double best_pp = 1e30;

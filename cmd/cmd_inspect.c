@@ -81,6 +81,14 @@ int cmd_inspect(int argc, char **argv) {
     print_int(g, "head count", arch, "attention.head_count");
     print_int(g, "head count kv", arch, "attention.head_count_kv");
     print_int(g, "feed-forward length", arch, "feed_forward_length");
+    char ek[160];
+    snprintf(ek, sizeof ek, "%s.expert_count", arch);
+    if (mdl_gguf_find(g, ek)) { // a mixture of experts (qwen3moe, Mixtral)
+      print_int(g, "experts", arch, "expert_count");
+      print_int(g, "experts used", arch, "expert_used_count");
+      if (!strcmp(arch, "qwen3moe")) print_int(g, "expert FFN length", arch, "expert_feed_forward_length");
+      else printf("%-22s %s\n", "expert FFN length", "(the feed-forward length)");
+    }
     print_float(g, "rope theta", arch, "rope.freq_base");
     print_int(g, "rope dims", arch, "rope.dimension_count");
     print_float(g, "rms eps", arch, "attention.layer_norm_rms_epsilon");

@@ -3,15 +3,38 @@
 #include "cmd/roofline.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "util/clock.h"
 
+// An MoE's expert counts from the GGUF (<arch>.expert_count, .expert_used_count); 0 for a dense model.
+static void expert_counts(const mdl_gguf *g, int64_t *n_expert, int64_t *n_used) {
+  mdl_str a;
+  char k[96];
+  *n_expert = *n_used = 0;
+  if (mdl_gguf_get_str(g, "general.architecture", &a) != 0 || a.n > 48) return;
+  snprintf(k, sizeof k, "%.*s.expert_count", (int)a.n, a.p);
+  if (mdl_gguf_get_i64(g, k, n_expert) != 0) *n_expert = 0;
+  snprintf(k, sizeof k, "%.*s.expert_used_count", (int)a.n, a.p);
+  if (mdl_gguf_get_i64(g, k, n_used) != 0) *n_used = 0;
+  if (*n_expert < 1 || *n_used < 1 || *n_used > *n_expert) *n_expert = *n_used = 0;
+}
+
 size_t cmd_decode_weight_bytes(const mdl_gguf *g) {
   size_t total = 0;
+  int64_t ne, nu;
+  expert_counts(g, &ne, &nu);
   const mdl_gguf_tensor *embd = mdl_gguf_tensor_find(g, "token_embd.weight");
-  for (uint64_t i = 0; i < g->n_tensors; i++) total += g->tensors[i].nbytes;
+  for (uint64_t i = 0; i < g->n_tensors; i++) {
+    const mdl_gguf_tensor *t = &g->tensors[i];
+    static const char suf[] = "_exps.weight";
+    const size_t ns = sizeof suf - 1;
+    if (ne && t->name.n > ns && !memcmp(t->name.p + t->name.n - ns, suf, ns)) // a token reads its experts' slices only
+      total += t->nbytes / (size_t)ne * (size_t)nu;
+    else total += t->nbytes;
+  }
   if (embd && mdl_gguf_tensor_find(g, "output.weight")) total -= embd->nbytes;
   return total;
 }

@@ -7,8 +7,10 @@
 #include "kernels/krn.h"
 #include "models/gguf.h"
 
-// Bytes of weights one decode step reads (each once, whatever the batch): every tensor but the token embedding, of
-// which a step reads one row per token, unless the output projection is tied to it (no output.weight).
+// Bytes of weights one batch-1 decode step reads: every tensor but the token embedding, of which a step reads one row
+// per token, unless the output projection is tied to it (no output.weight); of a mixture of experts' 3-D expert
+// tensors (*_exps.weight), only the expert_used_count slices of expert_count that the token is routed to. A dense
+// model's step reads each weight once whatever the batch; an MoE's larger batches read more of its experts.
 size_t cmd_decode_weight_bytes(const mdl_gguf *g);
 
 // The best of 10 timed passes of pool's threads reading a fresh buffer of `bytes` (far larger than the caches), in
