@@ -267,15 +267,22 @@ static void amx_run(void *vp, int ith, int nth) {
 // so that q, k, v, gate and up stay on AMX; float weights and bad shapes take the avx512 matmul (which also answers
 // bad shapes with NaN).
 static void amx_matmul_group(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, int n, int k) {
-  int own = 0; // products with their own activation (an MoE layer's experts): each its own group of one
-  for (int i = 0; i < n_mm; i++) own |= mm[i].x != NULL;
+  int own = 0; // products with their own activation (an MoE layer's experts): the few-row ones as one avx512 group,
+  for (int i = 0; i < n_mm; i++) own |= mm[i].x != NULL; // each other one on the tiles alone
   if (own) {
-    for (int i = 0; i < n_mm; i++) {
+    krn_mm small[KRN_MM_GROUP_MAX];
+    int ns = 0;
+    for (int i = 0; i < n_mm && i < KRN_MM_GROUP_MAX; i++) {
       krn_mm one = mm[i];
+      if (!one.x) one.x = x, one.xn = n;
+      if (one.xn < AMX_MIN_ROWS) {
+        small[ns++] = one;
+        continue;
+      }
       one.x = NULL;
-      if (!mm[i].x) amx_matmul_group(c, &one, 1, x, n, k);
-      else if (mm[i].xn > 0) amx_matmul_group(c, &one, 1, mm[i].x, mm[i].xn, k);
+      amx_matmul_group(c, &one, 1, mm[i].x ? mm[i].x : x, mm[i].x ? mm[i].xn : n, k);
     }
+    if (ns) krn_cpu_avx512_table()->matmul_group(c, small, ns, x, n, k);
     return;
   }
   if (n < AMX_MIN_ROWS) {
