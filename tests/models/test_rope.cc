@@ -203,13 +203,16 @@ TEST(RopeScaling, LoadErrors) {
     std::function<void(GgufWriter &)> keys;
     const char *want;
   } cases[] = {
-      {[](GgufWriter &w) { w.str("llama.rope.scaling.type", "longrope"); },
-       "llama.rope.scaling.type 'longrope' not supported (none, linear and yarn are"},
+      {[](GgufWriter &w) { w.str("llama.rope.scaling.type", "su"); },
+       "llama.rope.scaling.type 'su' not supported (none, linear, yarn and longrope are"},
       {[](GgufWriter &w) { w.str("llama.rope.scaling.type", "llama3"); }, "'llama3' not supported"},
       {[](GgufWriter &w) { f32(w, "llama.rope.scaling.factor", -2); }, "is not a scaling factor"},
       {[](GgufWriter &w) { f32(w, "llama.rope.scale_linear", NAN); }, "llama.rope.scale_linear = nan"},
       {[](GgufWriter &w) { f32(w, "llama.rope.scaling.attn_factor", 0); }, "attn_factor = 0 not positive"},
-      {[](GgufWriter &w) { w.tensor("rope_freqs.weight", {7}, KRN_F32, 28); }, "rope_freqs.weight must be F32"},
+      {[](GgufWriter &w) { w.tensor("rope_freqs.weight", {7}, KRN_F32, 28); },
+       "tensor rope_freqs.weight has type F32 and shape (7), expected F32 of (32)"},
+      {[](GgufWriter &w) { w.tensor("rope_factors_long.weight", {32}, KRN_F32, 128); },
+       "rope_factors_long/short.weight are not supported for llama (phi3 only)"},
       {[](GgufWriter &w) {
          w.str("llama.rope.scaling.type", "yarn");
          w.scalar<uint32_t>("llama.rope.scaling.original_context_length", MDL_GGUF_U32, 0);
