@@ -154,11 +154,7 @@ static int rope_table(mdl_llama *m, int n_ctx, char *err, size_t errlen) {
   int half = c->head_dim / 2;
   if (m->rope_factors[0] || m->rope_factors[1]) {
     c->rope_long = n_ctx > s.n_ctx_orig;
-    s.freq_factors = m->rope_factors[c->rope_long];
-    if (!s.freq_factors) { // llama.cpp would rotate without factors here; a half-converted model is more likely
-      snprintf(err, errlen, "model: rope_factors_%s.weight missing (its pair is present)", c->rope_long ? "long" : "short");
-      return -1;
-    }
+    s.freq_factors = m->rope_factors[c->rope_long]; // (both present: rope_scaling checked)
     char *plus = strchr(c->rope_scaling, '+');
     if (plus) *plus = 0;
     size_t l = strlen(c->rope_scaling);
@@ -256,6 +252,12 @@ static int rope_scaling(mdl_llama *m, const mdl_gguf *g, const char *arch, char 
   if (phi3 && (rope_factor_tensor(g, "rope_factors_short.weight", half, &m->rope_factors[0], err, errlen) ||
                rope_factor_tensor(g, "rope_factors_long.weight", half, &m->rope_factors[1], err, errlen)))
     return -1;
+  if (!m->rope_factors[0] != !m->rope_factors[1]) { // llama.cpp would rotate one context without factors: more
+    // likely a half-converted file than a model meant so
+    snprintf(err, errlen, "model: rope_factors_%s.weight missing (rope_factors_%s.weight is present)",
+             m->rope_factors[0] ? "long" : "short", m->rope_factors[0] ? "short" : "long");
+    return -1;
+  }
   if (!phi3 && (mdl_gguf_tensor_find(g, "rope_factors_long.weight") || mdl_gguf_tensor_find(g, "rope_factors_short.weight"))) {
     snprintf(err, errlen, "model: rope_factors_long/short.weight are not supported for %s (phi3 only)", arch);
     return -1;
