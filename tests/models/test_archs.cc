@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gguf_writer.h"
+#include "model_util.h"
 
 extern "C" {
 #include "kernels/krn.h"
@@ -142,40 +143,11 @@ std::vector<uint8_t> gguf_bytes(const Spec &s, const Weights &w, const std::func
   return g.bytes();
 }
 
-// A model loaded from bytes on a cpu table, with a KV cache of 8 blocks of 16.
-struct Loaded {
-  std::vector<uint8_t> bytes;
-  mdl_gguf *g = nullptr;
-  krn_ctx kc{};
-  mdl_llama *m = nullptr;
-  mdl_kv kv{};
-  char err[512] = "";
-  int rc = -1;
-  Loaded(std::vector<uint8_t> b, const krn_backend *be = krn_cpu_scalar()) : bytes(std::move(b)) {
-    kc.be = be;
-    if (mdl_gguf_from_memory(bytes.data(), bytes.size(), &g, err, sizeof err) != 0) return;
-    rc = mdl_llama_load(g, &kc, &m, err, sizeof err);
-    if (rc != 0) return;
-    kv.type = KRN_F32;
-    kv.block_size = 16;
-    kv.n_blocks = 8;
-    kv.base = kc.be->alloc(&kc, mdl_kv_block_bytes(cfg(), kv.type, kv.block_size) * 8);
-  }
-  ~Loaded() {
-    if (kv.base) kc.be->free(&kc, kv.base);
-    mdl_llama_free(m);
-    mdl_gguf_close(g);
-  }
-  const mdl_llama_cfg *cfg() const { return mdl_llama_config(m); }
-  // the last position's logits of a 70-token prompt (past gemma2's window of 32 here)
-  std::vector<float> logits() {
-    std::vector<int32_t> toks, bt = {0, 1, 2, 3, 4, 5, 6, 7};
-    for (int i = 0; i < 70; i++) toks.push_back((i * 37 + 5) % cfg()->n_vocab);
-    mdl_seq sq{toks.data(), (int)toks.size(), 0, bt.data(), 8, 1};
-    std::vector<float> out((size_t)cfg()->n_vocab, NAN);
-    EXPECT_EQ(mdl_llama_forward(m, &kv, &sq, 1, out.data(), nullptr, nullptr, err, sizeof err), 0) << err;
-    return out;
-  }
+// A model from bytes on a cpu table (the scalar reference unless said), with 8 KV blocks: room for 70 tokens, past
+// gemma2's window of 32 here.
+struct Loaded : MemModel {
+  Loaded(std::vector<uint8_t> b, const krn_backend *be = krn_cpu_scalar()) : MemModel(std::move(b), be, 8) {}
+  std::vector<float> logits() { return MemModel::logits(70); }
 };
 
 Spec qwen3() {
