@@ -30,6 +30,7 @@ struct Spec {
   bool post_norms = false; // post_attention_norm / post_ffw_norm
   bool biases = false;    // attn_q/k/v.bias
   float out_scale = 1;    // output_norm's weights (a larger one gives larger logits)
+  bool q8 = false;        // the layers' matrices in Q8_0 (rows of 64: two 34-byte blocks), the rest F32
 };
 
 // The weights of a tiny model, by name (F32, row-major (rows, k) as GGUF's (k, rows)), made from seed.
@@ -88,6 +89,18 @@ inline void put_f32(GgufWriter &g, const std::string &name, const std::vector<in
   memcpy(g.tensors.back().data.data(), v.data(), v.size() * 4);
 }
 
+// A tensor as s stores it: a layer's matrix in Q8_0 when s.q8 (each row quantized alone, so a fused matrix holds
+// the bytes of its parts), anything else F32.
+inline void put_w(GgufWriter &g, const Spec &s, const std::string &name, const std::vector<int64_t> &ne,
+                  const std::vector<float> &v) {
+  if (!s.q8 || ne.size() != 2 || name.rfind("blk.", 0) != 0) return put_f32(g, name, ne, v);
+  size_t row = krn_row_size(KRN_Q8_0, ne[0]);
+  g.tensor(name, ne, KRN_Q8_0, row * (size_t)ne[1]);
+  for (int64_t r = 0; r < ne[1]; r++)
+    krn_quant_row_q8_0((krn_block_q8_0 *)(g.tensors.back().data.data() + (size_t)r * row), v.data() + r * ne[0],
+                       (int)ne[0]);
+}
+
 // The GGUF bytes of s with weights w: keys as llama.cpp's converters write them, then extra's (which may also
 // add tensors), then the tensors (phi3's fused ones concatenated: q rows, k rows, v rows; gate rows, up rows).
 inline std::vector<uint8_t> gguf_bytes(const Spec &s, const Weights &w,
@@ -126,17 +139,17 @@ inline std::vector<uint8_t> gguf_bytes(const Spec &s, const Weights &w,
       std::vector<float> v = kv.second;
       for (const char *o : {"attn_k.weight", "attn_v.weight"})
         v.insert(v.end(), w.t.at(p + o).begin(), w.t.at(p + o).end());
-      put_f32(g, p + "attn_qkv.weight", {s.n_embd, (int64_t)(v.size() / s.n_embd)}, v);
+      put_w(g, s, p + "attn_qkv.weight", {s.n_embd, (int64_t)(v.size() / s.n_embd)}, v);
       continue;
     }
     if (s.fused && n.find("ffn_up.") != std::string::npos) {
       std::string p = n.substr(0, n.find("ffn_up."));
       std::vector<float> v = w.t.at(p + "ffn_gate.weight");
       v.insert(v.end(), kv.second.begin(), kv.second.end());
-      put_f32(g, n, {s.n_embd, 2 * (int64_t)s.n_ff}, v);
+      put_w(g, s, n, {s.n_embd, 2 * (int64_t)s.n_ff}, v);
       continue;
     }
-    put_f32(g, n, w.ne.at(n), kv.second);
+    put_w(g, s, n, w.ne.at(n), kv.second);
   }
   return g.bytes();
 }

@@ -94,20 +94,25 @@ TEST(Archs, EachLoadsWithItsOwnFieldsAndRuns) {
 // architecture that differs in nothing else (qwen2 without biases: NeoX RoPE, SwiGLU) give the same logits, to the
 // bit, on the scalar table and on the best this CPU has. A wrong row offset (k's rows for q, up's for gate) would not.
 TEST(Archs, Phi3FusedTensorsAreRowRangesOfTheSameWeights) {
-  Spec s = phi3();
-  Weights w = make_weights(s, 4);
-  Spec plain = s;
-  plain.arch = "qwen2";
-  plain.fused = false;
-  for (const krn_backend *be : {krn_cpu_scalar(), krn_cpu_best()}) {
-    Loaded fused(gguf_bytes(s, w), be), split(gguf_bytes(plain, w), be);
-    ASSERT_EQ(fused.rc, 0) << fused.err;
-    ASSERT_EQ(split.rc, 0) << split.err;
-    EXPECT_EQ(split.cfg()->fused_qkv, 0);
-    EXPECT_EQ(fused.logits(), split.logits()) << be->name;
+  for (bool q8 : {false, true}) { // F32, and Q8_0 rows of 68 bytes (the offsets are r * krn_row_size, whole blocks)
+    Spec s = phi3();
+    s.q8 = q8;
+    Weights w = make_weights(s, 4);
+    Spec plain = s;
+    plain.arch = "qwen2";
+    plain.fused = false;
+    for (const krn_backend *be : {krn_cpu_scalar(), krn_cpu_best()}) {
+      Loaded fused(gguf_bytes(s, w), be), split(gguf_bytes(plain, w), be);
+      ASSERT_EQ(fused.rc, 0) << fused.err;
+      ASSERT_EQ(split.rc, 0) << split.err;
+      EXPECT_EQ(split.cfg()->fused_qkv, 0);
+      EXPECT_EQ(fused.logits(), split.logits()) << be->name << (q8 ? " Q8_0" : " F32");
+    }
   }
   // and a fused attn_qkv with its bias under qwen2 (llama.cpp's create_tensor_qkv takes it for any architecture)
-  Spec biased = plain;
+  Spec biased = phi3();
+  biased.arch = "qwen2";
+  biased.fused = false;
   biased.biases = true;
   Weights wb = make_weights(biased, 5);
   Loaded sep(gguf_bytes(biased, wb));
