@@ -3,6 +3,7 @@
 // what they cap; bad files are refused naming what is wrong. (Logits against llama.cpp's: the tiny GGUF goldens.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -221,6 +222,55 @@ TEST(Archs, Gemma2SoftCapsBoundWhatTheyCap) {
   }));
   ASSERT_EQ(m3.rc, 0) << m3.err;
   for (float x : m3.logits()) ASSERT_LE(std::fabs(x), 3.0f);
+}
+
+// gemma2's local layers (even ones) on the window-aware paged KV: with the layers cut into a global and a local
+// group (mdl_kv_plan_groups), a prompt prefilled in chunks, the local pages its window has passed given back (-1)
+// between them, gives the logits of one plain one-shot prefill; the chunks share a step with another sequence.
+TEST(Archs, Gemma2LocalLayersGiveBackThePagesTheirWindowPassed) {
+  Spec s = gemma2();
+  s.n_layer = 4;
+  std::vector<uint8_t> bytes = gguf_bytes(s, make_weights(s, 16), [](GgufWriter &g) {
+    g.scalar<uint32_t>("gemma2.attention.sliding_window", MDL_GGUF_U32, 24);
+  });
+  Loaded plain(bytes);
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  const mdl_llama_cfg *c = plain.cfg();
+  std::vector<float> want = plain.logits(); // 70 tokens at once, the plain layout
+  std::vector<int16_t> group(4), slot(4);
+  ASSERT_EQ(mdl_kv_plan_groups(c, group.data(), slot.data()), 2);
+  EXPECT_EQ(group, (std::vector<int16_t>{1, 0, 1, 0})); // the global layers (odd) are group 0
+  const int NB = 16, G = 2;
+  std::vector<int32_t> page_map((size_t)NB * G);
+  for (int b = 0; b < NB; b++) page_map[(size_t)b * G] = b, page_map[(size_t)b * G + 1] = NB - 1 - b;
+  mdl_kv kv{};
+  kv.type = KRN_F32;
+  kv.block_size = 16;
+  kv.n_blocks = NB;
+  kv.n_groups = G;
+  kv.layer_group = group.data();
+  kv.layer_slot = slot.data();
+  kv.page_map = page_map.data();
+  std::vector<uint8_t> mem(mdl_kv_block_bytes(c, kv.type, 16) / G * NB);
+  kv.base = mem.data();
+  ASSERT_EQ(mdl_kv_group_window(c, &kv, 1), 24);
+  std::vector<int32_t> toks, bt = {0, 1, 2, 3, 4}, other = {8, 0}, bt_other = {9};
+  for (int i = 0; i < 70; i++) toks.push_back((i * 37 + 5) % c->n_vocab);
+  std::vector<float> got((size_t)c->n_vocab * 2, NAN);
+  for (int at = 0; at < 70; at += 20) {
+    int n = std::min(20, 70 - at), live = mdl_kv_first_live_block(24, at, 16);
+    for (int b = 0; b < live; b++) page_map[(size_t)bt[b] * G + 1] = -1; // given back: the kernels skip it
+    mdl_seq sq[2] = {{toks.data() + at, n, at, bt.data(), 5, 1}, {other.data(), 1, at / 20, bt_other.data(), 1, 1}};
+    ASSERT_EQ(mdl_llama_forward(plain.m, &kv, sq, 2, got.data(), nullptr, nullptr, plain.err, sizeof plain.err), 0)
+        << plain.err;
+  }
+  EXPECT_EQ(page_map[(size_t)bt[1] * G + 1], -1) << "no page was given back";
+  for (int i = 0; i < c->n_vocab; i++) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  // a page the window still needs, given back, is refused by name
+  page_map[(size_t)bt[3] * G + 1] = -1;
+  mdl_seq sq = {toks.data(), 1, 70, bt.data(), 5, 1};
+  EXPECT_NE(mdl_llama_forward(plain.m, &kv, &sq, 1, got.data(), nullptr, nullptr, plain.err, sizeof plain.err), 0);
+  EXPECT_NE(std::string(plain.err).find("has no page for layer group 1"), std::string::npos) << plain.err;
 }
 
 // qwen3's q/k norms reach the forward pass: scaling a layer's attn_q_norm weights changes the logits.
