@@ -258,7 +258,8 @@ static int rope_scaling(mdl_llama *m, const mdl_gguf *g, const char *arch, char 
              m->rope_factors[0] ? "long" : "short", m->rope_factors[0] ? "short" : "long");
     return -1;
   }
-  if (!phi3 && (mdl_gguf_tensor_find(g, "rope_factors_long.weight") || mdl_gguf_tensor_find(g, "rope_factors_short.weight"))) {
+  if (!phi3 &&
+      (mdl_gguf_tensor_find(g, "rope_factors_long.weight") || mdl_gguf_tensor_find(g, "rope_factors_short.weight"))) {
     snprintf(err, errlen, "model: rope_factors_long/short.weight are not supported for %s (phi3 only)", arch);
     return -1;
   }
@@ -370,7 +371,8 @@ static int attn_weights(mdl_llama *m, int l, mdl_layer *L, char *err, size_t err
   if (mdl_gguf_tensor_find(m->g, n[0])) {
     mdl_w qkv, b;
     snprintf(n[1], sizeof n[1], "blk.%d.attn_qkv.bias", l);
-    if (get_w(m, n[0], E, HD + 2 * KD, 0, 0, &qkv, err, errlen) || get_w(m, n[1], HD + 2 * KD, 0, 1, 1, &b, err, errlen))
+    if (get_w(m, n[0], E, HD + 2 * KD, 0, 0, &qkv, err, errlen) ||
+        get_w(m, n[1], HD + 2 * KD, 0, 1, 1, &b, err, errlen))
       return -1;
     L->wq = qkv;
     L->wk = w_rows(qkv, E, HD);
@@ -402,9 +404,9 @@ static int layer_weights(mdl_llama *m, int l, char *err, size_t errlen) {
   const mdl_llama_cfg *c = &m->cfg;
   mdl_layer *L = &m->layers[l];
   int E = c->n_embd, HD = c->n_head * c->head_dim, F = c->n_ff;
-  char n[7][64];
-  static const char *const names[7] = {"attn_norm", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "ffn_up"};
-  for (int i = 0; i < 7; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s.weight", l, names[i]);
+  char n[6][64];
+  static const char *const names[6] = {"attn_norm", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+  for (int i = 0; i < 6; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s.weight", l, names[i]);
   if (get_w(m, n[0], E, 0, 0, 1, &L->attn_norm, err, errlen) || attn_weights(m, l, L, err, errlen) ||
       get_w(m, n[1], HD, E, 0, 0, &L->wo, err, errlen) || get_w(m, n[2], E, 0, 0, 1, &L->ffn_norm, err, errlen) ||
       get_w(m, n[5], F, E, 0, 0, &L->wd, err, errlen))

@@ -215,7 +215,8 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
     int direct = h16 ? np / 4 * 4 : 0;
     for (int r = 0; r < Rp; r += ATT_QR)
       for (int p = 0; p < direct; p += 4)
-        att_scores(sc0 + (size_t)r * ss + p, ss, s->q + (size_t)r * hd, kb + (size_t)p * stride, ks16, 1, hd, a->scale, a->softcap);
+        att_scores(sc0 + (size_t)r * ss + p, ss, s->q + (size_t)r * hd, kb + (size_t)p * stride, ks16, 1, hd, a->scale,
+                   a->softcap);
     if (direct == np) continue;
     att_rows_f32(s->kv, kb + (size_t)direct * stride, a->kv_type, stride, hd, np - direct, np4 - direct);
     for (int r = 0; r < Rp; r += ATT_QR)
