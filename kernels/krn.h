@@ -126,6 +126,8 @@ typedef struct krn_attn_args {
   float scale;                 // usually 1 / sqrt(head_dim)
   int window;                  // > 0: sliding window, a row at pos sees positions (pos - window, pos] only (Gemma 3's
                                // local layers; only on tables with attn_window = 1); 0: all of [0, pos]
+  float softcap;               // > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap) before the softmax
+                               // (Gemma 2; only on tables with attn_softcap = 1); 0: scores as they are
 } krn_attn_args;
 
 // One product of a matmul group: y(n, m) = x(n, k) . w(m, k)^T, x and n, k being the group's unless the product
@@ -221,6 +223,10 @@ typedef struct krn_backend {
   // backend memory. NULL in a table that lacks it, where a mixture-of-experts model refuses to load.
   void (*moe_combine)(krn_ctx *c, float *y, const float *x, const int32_t *rows, const float *w, int n, int k_used,
                       int d);
+  // Gemma 2's soft-capping (0 / NULL in tables that lack it: cuda, where such a model refuses to load).
+  int attn_softcap; // 1: paged_attention honors krn_attn_args.softcap
+  // x(n) = cap * tanh(x / cap) (the final logits' soft-cap), cap > 0
+  void (*softcap)(krn_ctx *c, float *x, float cap, int64_t n);
 } krn_backend;
 
 // Backend-neutral events, so that a consumer of one layer's output (a KV push) waits for that layer only,

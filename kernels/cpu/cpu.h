@@ -54,6 +54,7 @@ void krn_scalar_scale(krn_ctx *c, float *x, float s, int64_t n);
 // Row i, elements [e0, e1), of the scalar moe_combine (the SIMD tables finish their rows with it).
 void krn_scalar_moe_combine_span(float *y, const float *x, const int32_t *rows, const float *w, int k_used, int d,
                                  int64_t i, int e0, int e1);
+void krn_scalar_softcap(krn_ctx *c, float *x, float cap, int64_t n); // x = cap * tanh(x / cap)
 // First position a row at pos sees: pos - window + 1 under a sliding window, else 0.
 static inline int32_t krn_cpu_first_visible(const krn_attn_args *a, int32_t pos) {
   return a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;

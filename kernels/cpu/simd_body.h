@@ -40,6 +40,8 @@ static const krn_backend simd_backend = {
     .rope_freqs = simd_rope_freqs,
     .matmul_group = simd_matmul_group,
     .moe_combine = simd_moe_combine,
+    .attn_softcap = 1,
+    .softcap = simd_softcap,
 };
 
 const krn_backend *KRN_SIMD_TABLE(void) { return &simd_backend; }
