@@ -34,8 +34,9 @@ typedef struct mdl_moe_scratch {
   int32_t *h_count, *h_off; // host (n_expert): tokens routed to each expert, and its first row in xe
 } mdl_moe_scratch;
 
-// llama_load.c's tensor loader, for llama_moe.c: tensor name of shape (ne0, ne1, ne2) (ne1 0: a vector; ne2 0: a
-// matrix), type and size checked, into out (uploaded, or dequantized with f32_weights). optional: absent is no error.
+// llama_w.c, the tensor loader of llama_load.c and llama_moe.c: tensor name of shape (ne0, ne1, ne2) (ne1 0: a
+// vector; ne2 0: a matrix), type and size checked, into out (uploaded, or dequantized with f32_weights). optional:
+// absent is no error.
 int mdl_llama_get_w(mdl_llama *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, int optional, int f32_only,
                     mdl_w *out, char *err, size_t errlen);
 
