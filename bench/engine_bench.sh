@@ -10,7 +10,8 @@
 # The peer is llama.cpp's llama-bench and llama-batched-bench, built once by bench/peer.sh (cached outside the repo).
 # Usage: bench/engine_bench.sh [MODEL.gguf]
 # Env: MODEL (GGUF, or the first argument; default the bundled SmolLM2), THREADS (2), BUILD (build folder, default
-#      build-bench), KERNELS (auto), PP (512), TG (128), BATCH (8).
+#      build-bench), KERNELS (auto), PP (512), TG (128), BATCH (8), ROUNDS (1: dserve then llama.cpp once; N: N times
+#      in turns, each engine's best figures).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=${1:-${MODEL:-$root/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf}}
@@ -30,11 +31,6 @@ if [ ! -x "$build/dserve" ]; then
 fi
 peer=$("$root/bench/peer.sh") || { echo "engine_bench: bench/peer.sh could not build llama.cpp" >&2; exit 1; }
 
-echo "engine_bench: dserve generate --bench ($kernels kernels, $threads threads)" >&2
-ds=$("$build/dserve" generate --model "$model" --bench --threads "$threads" --kernels "$kernels" \
-     --bench-prompt "$pp" --bench-gen "$tg" --bench-batch "$batch")
-echo "$ds" >&2
-
 info=$("$build/dserve" inspect "$model")
 experts=$(echo "$info" | sed -n 's/^experts  *\([0-9]*\)$/\1/p')
 used=$(echo "$info" | sed -n 's/^experts used  *\([0-9]*\)$/\1/p')
@@ -52,17 +48,27 @@ if [ "$why" = "present, not chosen" ]; then
   done
 fi
 
-echo "engine_bench: llama.cpp (llama-bench, llama-batched-bench from bench/peer.sh) with $threads threads" >&2
+# ROUNDS rounds, each dserve then llama.cpp, and each engine's best figure over them: on a machine shared with other
+# work the two engines' runs see its load at different times, and alternating them gives both the quiet moments.
+rounds=${ROUNDS:-1}
 lclog=$(mktemp); trap 'rm -f "$lclog"' EXIT
-# llama-bench: pp = one PP-token batch into an empty context, tg = TG single-token steps (best of its repetitions'
-# mean, like dserve's best of 3); llama-batched-bench: BATCH sequences of a 16-token prompt (dserve's P0), then TG
-# steps of one token each; S_TG is the aggregate decode tokens/s.
-lb=$("$peer/llama-bench" -m "$model" -t "$threads" -p "$pp" -n "$tg" -r 3 -o jsonl 2>>"$lclog") ||
-  { tail -20 "$lclog" >&2; echo "engine_bench: llama-bench failed" >&2; exit 1; }
-bb=$("$peer/llama-batched-bench" -m "$model" -t "$threads" -tb "$threads" -c $(( batch * (16 + tg) + 256 )) \
+ds=""; lc=""
+for round in $(seq "$rounds"); do
+  echo "engine_bench: round $round/$rounds: dserve generate --bench ($kernels kernels, $threads threads)" >&2
+  d=$("$build/dserve" generate --model "$model" --bench --threads "$threads" --kernels "$kernels" \
+      --bench-prompt "$pp" --bench-gen "$tg" --bench-batch "$batch")
+  echo "$d" >&2
+  ds+="$d"$'\n'
+  echo "engine_bench: round $round/$rounds: llama.cpp (llama-bench, llama-batched-bench) with $threads threads" >&2
+  # llama-bench: pp = one PP-token batch into an empty context, tg = TG single-token steps (best of its repetitions'
+  # mean, like dserve's best of 3); llama-batched-bench: BATCH sequences of a 16-token prompt (dserve's P0), then TG
+  # steps of one token each; S_TG is the aggregate decode tokens/s.
+  lb=$("$peer/llama-bench" -m "$model" -t "$threads" -p "$pp" -n "$tg" -r 3 -o jsonl 2>>"$lclog") ||
+    { tail -20 "$lclog" >&2; echo "engine_bench: llama-bench failed" >&2; exit 1; }
+  bb=$("$peer/llama-batched-bench" -m "$model" -t "$threads" -tb "$threads" -c $(( batch * (16 + tg) + 256 )) \
      -npp 16 -ntg "$tg" -npl "$batch" 2>&1) ||
-  { echo "$bb" | tail -20 >&2; echo "engine_bench: llama-batched-bench failed" >&2; exit 1; }
-lc=$(python3 - "$pp" "$tg" "$batch" "$lb" "$bb" <<'PY'
+    { echo "$bb" | tail -20 >&2; echo "engine_bench: llama-batched-bench failed" >&2; exit 1; }
+  l=$(python3 - "$pp" "$tg" "$batch" "$lb" "$bb" <<'PY'
 # Turns llama-bench's JSONL and llama-batched-bench's table into dserve generate --bench's lines.
 import json, sys
 PP, TG, B, lb, bb = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -79,18 +85,20 @@ for line in bb.splitlines():  # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG 
     if len(c) == 10 and c[2] == str(B) and c[1] == str(TG):
         print(f"tg{TG} batch {B} tok/s: {float(c[7]):.2f}")
 PY
-)
-echo "$lc" >&2
+  )
+  echo "$l" >&2
+  lc+="$l"$'\n'
+done
 
-get() { echo "$1" | sed -n "s/^$2 tok\/s: //p"; }
+get() { echo "$1" | sed -n "s/^$2 tok\/s: //p" | sort -g | tail -1; } # the best over the rounds
 ds_pp=$(get "$ds" "pp$pp"); lc_pp=$(get "$lc" "pp$pp")
 ds_t1=$(get "$ds" "tg$tg batch 1"); lc_t1=$(get "$lc" "tg$tg batch 1")
 ds_tb=$(get "$ds" "tg$tg batch $batch"); lc_tb=$(get "$lc" "tg$tg batch $batch")
 # the memory roofline (dserve generate --bench probes the read bandwidth with the engine's own threads): a decode step
 # reads every weight once, so batch 1 can go no faster than bandwidth / weight bytes, and batch B (weights shared by
 # the B rows) no faster than B times that while the weights dominate the bytes read
-bw=$(echo "$ds" | sed -n 's/^memory read GB\/s: \([0-9.]*\).*/\1/p')
-wmib=$(echo "$ds" | sed -n 's/^decode weight MiB per step: //p')
+bw=$(echo "$ds" | sed -n 's/^memory read GB\/s: \([0-9.]*\).*/\1/p' | sort -g | tail -1)
+wmib=$(echo "$ds" | sed -n 's/^decode weight MiB per step: //p' | head -1)
 roof=$(get "$ds" "roofline batch 1")
 awk -v a="$ds_pp" -v b="$lc_pp" -v c="$ds_t1" -v d="$lc_t1" -v e="$ds_tb" -v f="$lc_tb" -v pp="$pp" -v tg="$tg" -v B="$batch" -v th="$threads" \
     -v bw="$bw" -v wmib="$wmib" -v roof="$roof" -v ne="${experts:-0}" -v nu="${used:-0}" -v name="$(basename "$model")" 'BEGIN {
