@@ -194,7 +194,8 @@ int mdl_llama_forward_all(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seq, fl
 // rounded up to a power of two) and replayed after, which saves the launch cost of its few hundred kernels.
 // At most 8 shapes are kept; a scratch reallocation drops them. Off by default. on = 1 on a backend without
 // graphs: -1 with err. The numbers can differ slightly from a plain step (the padded width changes how the
-// attention kernel splits long contexts), never the batch's meaning.
+// attention kernel splits long contexts), never the batch's meaning. A mixture-of-experts model's steps always run
+// plainly (each layer's routing is decided on the host mid-step, which a graph would freeze).
 int mdl_llama_set_graphs(mdl_llama *m, int on, char *err, size_t errlen) UTL_WARN_UNUSED;
 // Decode steps that ran from a graph, and graphs recorded, since the model was loaded.
 void mdl_llama_graph_stats(const mdl_llama *m, long *replayed, long *recorded);

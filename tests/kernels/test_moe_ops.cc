@@ -100,6 +100,28 @@ TEST_P(KrnMoe, MatmulGroupOwnActivations) {
   }
 }
 
+// A table without matmul_group (cuda's) gets krn_matmul_group's fallback, matmul per product, which honors each
+// product's own activation and row count (0: nothing written).
+TEST(KrnMoeFallback, MatmulGroupWithoutTheOpTakesOwnActivations) {
+  krn_backend nogroup = *krn_cpu_scalar();
+  nogroup.matmul_group = nullptr;
+  krn_ctx c{&nogroup, nullptr, nullptr};
+  std::mt19937 rng(4);
+  const int k = 64, m = 8;
+  auto w = random_weights(rng, KRN_Q8_0, m, k);
+  auto x1 = random_floats(rng, 3 * k), x2 = random_floats(rng, (size_t)k);
+  std::vector<float> y1(3 * m, -7), y2(m, -7), y3(m, -7), r1(3 * m), r2(m);
+  krn_mm mm[3] = {{y1.data(), w.data(), KRN_Q8_0, m, x1.data(), 3},
+                  {y2.data(), w.data(), KRN_Q8_0, m, x2.data(), 1},
+                  {y3.data(), w.data(), KRN_Q8_0, m, x2.data(), 0}};
+  krn_matmul_group(&c, mm, 3, nullptr, 0, k);
+  nogroup.matmul(&c, r1.data(), w.data(), KRN_Q8_0, x1.data(), 3, k, m);
+  nogroup.matmul(&c, r2.data(), w.data(), KRN_Q8_0, x2.data(), 1, k, m);
+  EXPECT_EQ(y1, r1);
+  EXPECT_EQ(y2, r2);
+  EXPECT_EQ(y3, std::vector<float>(m, -7));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, KrnMoe,
                          ::testing::Combine(::testing::Values("scalar", "avx2", "avx2vnni", "avx512", "amx"),
                                             ::testing::Values(1, 3)),
