@@ -3,10 +3,10 @@
 # names llama.cpp reads, for checking dserve's forward pass against llama.cpp's (tests/models/golden/archs).
 """Writes ARCH-TYPE.gguf files (F32, Q8_0, Q4_K_M) of tiny models with a real tokenizer.
 
-The weights are seeded from (--seed, architecture, tensor name) and built so that the logits are peaked like a trained
-model's: the output rows are the token embeddings (tied) or a fixed permutation of them (untied), so the last hidden
-state, which carries the current token's embedding plus what the layers add, scores one token far above the rest;
---logit-scale sets by how much. Every value is made by element-wise float32 arithmetic and order-free reductions
+The weights are seeded from (--seed, architecture, tensor name) and scaled so that the logits are peaked like a trained
+model's (build_tensors: a few thousand "frequent" tokens with widely spread logits, the rest far below; the top token
+takes 0.8 of the probability on average, 0.9 at the median) and so that llama-perplexity's base files, which store
+only what lies within 16 nats of the top, stay small; --logit-scale scales the spread. Every value is made by element-wise float32 arithmetic and order-free reductions
 (max, min), so the bytes are the same on every machine; tests/models/golden/archs records each file's sha256.
 
 Q8_0, Q5_0 and Q5_1 come from the gguf package's quantizers. The gguf package cannot write K-quants, so Q4_K, Q5_K and
@@ -47,7 +47,11 @@ DEFAULTS = {
     "phi3": (4, 4, 4, 0, 768, 0, 0, 0, False),       # fused qkv and gate+up, LongRoPE factors
     "gemma2": (4, 4, 2, 0, 768, 0, 0, 0, True),      # soft-caps 50/30, sliding window on even layers
 }
-SWA_WINDOW = 32  # gemma2/gemma3 sliding window: smaller than one 128-token chunk of the test text
+SWA_WINDOW = 32
+# Logit scales (before --logit-scale): see build_tensors.
+# (frequent token count, their logit std, the others' logit std); the second set for Gemma 2's final soft-cap (30),
+# which squeezes large logits together: fewer frequent tokens, further apart (p_top about 0.55 instead of 0.8).
+LOGITS, LOGITS_CAPPED, EMB_RMS = (4096, 12.0, 3.0), (256, 14.0, 2.0), 0.3  # gemma2/gemma3 sliding window: smaller than one 128-token chunk of the test text
 
 
 def log(msg):
@@ -198,21 +202,30 @@ def build_tensors(s, seed, vocab, logit_scale):
     gemma = arch in ("gemma2", "gemma3")
     t = {}
     W = lambda name, shape, std: normal(seed, arch, name, shape, std)  # noqa: E731
-    # Token embeddings: unit RMS in the residual stream (gemma multiplies by sqrt(hidden) on input).
-    emb_std = 1 / np.sqrt(d) if gemma else 1.0
-    t["token_embd.weight"] = W("token_embd.weight", (vocab, d), emb_std)
-    # The output matrix scores the hidden state against token embeddings; its norm's weight sets the logit scale
-    # (logit of the aligned token ~ hidden * logit_scale * cos, the others ~ N(0, (sqrt(hidden) * logit_scale)^2)).
-    t["output_norm.weight"] = around_one(seed, arch, "output_norm.weight", d, 0.05, logit_scale / emb_std)
+    # Logits like a trained model's: the first n_freq token ids (BPE ids run roughly by frequency) score
+    # N(0, lf^2), the rest N(0, lr^2); the top few frequent tokens then share most of the
+    # probability and the rare ones sit more than 16 nats below the top (zeros in llama-perplexity's base files).
+    n_freq, lf, lr = LOGITS_CAPPED if arch == "gemma2" else LOGITS
+    n_freq, lf, lr = min(n_freq, vocab), lf * logit_scale, lr * logit_scale
+    cls = np.full((vocab, 1), np.float32(lr / lf), dtype=np.float32)
+    cls[:n_freq] = 1
+    # Token embeddings of RMS EMB_RMS in the residual stream (gemma multiplies by sqrt(hidden) on input), small
+    # beside what the layers add, so that a tied output does not just repeat the current token.
+    emb_std = EMB_RMS / np.sqrt(d) if gemma else EMB_RMS
+    t["token_embd.weight"] = (W("token_embd.weight", (vocab, d), emb_std) * cls).astype(np.float32)
+    # logit std of a frequent token = |normed hidden| * row std = sqrt(hidden) * norm weight * row std
+    row_std = emb_std if s.tied else 1.0
+    t["output_norm.weight"] = around_one(seed, arch, "output_norm.weight", d, 0.05, lf / (np.sqrt(d) * row_std))
     if not s.tied:
-        perm = rng_for(seed, arch, "output.perm").permutation(vocab)
-        t["output.weight"] = t["token_embd.weight"][perm]
+        t["output.weight"] = (W("output.weight", (vocab, d), 1.0) * cls).astype(np.float32)
     if arch == "phi3":
         half = s.hd // 2
         u = rng_for(seed, arch, "rope_factors").uniform(0, 1, (2, half)).astype(np.float32)
         t["rope_factors_long.weight"] = (np.float32(1) + np.float32(30) * np.sort(u[0])).astype(np.float32)
         t["rope_factors_short.weight"] = (np.float32(1) + np.float32(0.5) * np.sort(u[1])).astype(np.float32)
-    qk_boost = 5.0 if arch == "gemma2" else 1.0  # attention scores of ~25 std: the 50 soft-cap matters
+    # Gemma 2: attention scores of std ~4 (2x larger q, k), so its 50 soft-cap bends the largest by a few percent;
+    # much larger and attention turns chaotic (Q8_0 rounding alone then moves the logits by ~1 nat of KL)
+    qk_boost = 2.0 if arch == "gemma2" else 1.0
     for i in range(s.layers):
         p = f"blk.{i}."
         t[p + "attn_norm.weight"] = around_one(seed, arch, p + "attn_norm.weight", d)
@@ -226,7 +239,7 @@ def build_tensors(s, seed, vocab, logit_scale):
             t[p + "attn_q.bias"] = W(p + "attn_q.bias", (H * hd,), 0.3)
             t[p + "attn_k.bias"] = W(p + "attn_k.bias", (KV * hd,), 0.3)
             t[p + "attn_v.bias"] = W(p + "attn_v.bias", (KV * hd,), 0.3)
-        t[p + "attn_output.weight"] = W(p + "attn_output.weight", (d, H * hd), 0.5 / np.sqrt(H * hd))
+        t[p + "attn_output.weight"] = W(p + "attn_output.weight", (d, H * hd), 1 / np.sqrt(H * hd))
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             t[p + "attn_q_norm.weight"] = around_one(seed, arch, p + "attn_q_norm.weight", hd)
             t[p + "attn_k_norm.weight"] = around_one(seed, arch, p + "attn_k_norm.weight", hd)
@@ -235,9 +248,12 @@ def build_tensors(s, seed, vocab, logit_scale):
         t[p + "ffn_norm.weight"] = around_one(seed, arch, p + "ffn_norm.weight", d)
         if s.experts:
             E, F = s.experts, s.eff
+            # The experts' output is kept small (0.3 of a dense FFN's): where two experts' router scores nearly tie,
+            # the 8-bit rounding of activations on quantized weights flips the choice, and full-size random experts
+            # then change the logits so much that llama.cpp's KL from itself (flash attention on/off) was 0.1-0.3.
             t[p + "ffn_gate_inp.weight"] = W(p + "ffn_gate_inp.weight", (E, d), 2 / np.sqrt(d))
             t[p + "ffn_gate_exps.weight"] = W(p + "ffn_gate_exps.weight", (E, F, d), 1 / np.sqrt(d))
-            t[p + "ffn_down_exps.weight"] = W(p + "ffn_down_exps.weight", (E, d, F), 1 / np.sqrt(F))
+            t[p + "ffn_down_exps.weight"] = W(p + "ffn_down_exps.weight", (E, d, F), 0.3 / np.sqrt(F))
             t[p + "ffn_up_exps.weight"] = W(p + "ffn_up_exps.weight", (E, F, d), 1 / np.sqrt(d))
         elif arch == "phi3":
             t[p + "ffn_up.weight"] = W(p + "ffn_up.weight", (2 * s.ff, d), 1 / np.sqrt(d))  # gate rows, then up
@@ -352,7 +368,9 @@ def write(path, s, ftype, tensors, tok, vocab):
     a, kv = metadata(s, vocab)
     w = gguf.GGUFWriter(path, a)
     w.add_string("general.type", "model")
-    w.add_string("general.name", f"dserve tiny {s.arch} {ftype}")
+    # (not "phi3": llama.cpp's vocabulary loader keys Phi-3's token attributes on a name containing it, and this
+    # vocabulary lacks Phi-3's tokens)
+    w.add_string("general.name", f"dserve tiny {s.arch.replace('phi3', 'phi 3')} {ftype}")
     for k, v, t in kv:
         w.add_key_value(k, v, t)
     w.add_uint32("general.file_type", TYPES[ftype])
@@ -376,7 +394,8 @@ def write(path, s, ftype, tensors, tok, vocab):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for ARCH-TYPE.gguf (or a file name with one --arch/--type)")
+    ap.add_argument("--list-archs", action="store_true", help="print the architectures, one a line, and exit")
+    ap.add_argument("--out", help="folder for ARCH-TYPE.gguf (or a file name with one --arch/--type)")
     ap.add_argument("--arch", action="append", choices=ARCHS, help="architecture (repeatable; default all)")
     ap.add_argument("--type", action="append", choices=list(TYPES), help="output type (repeatable; default all)")
     ap.add_argument("--vocab-from", default=None, help="GGUF whose tokenizer.* keys are copied "
@@ -391,9 +410,14 @@ def main():
     ap.add_argument("--experts", type=int, default=None, help="MoE architectures: expert count")
     ap.add_argument("--used", type=int, default=0, help="MoE architectures: experts used per token")
     ap.add_argument("--expert-ff", type=int, default=0, help="MoE architectures: one expert's feed-forward length")
-    ap.add_argument("--logit-scale", type=float, default=0.1,
+    ap.add_argument("--logit-scale", type=float, default=1.0,
                     help="how peaked the logits are (larger: the top token takes more of the probability)")
     a = ap.parse_args()
+    if a.list_archs:
+        print("\n".join(ARCHS))
+        return
+    if not a.out:
+        ap.error("--out is required")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     vocab_from = a.vocab_from or os.path.join(root, "models/weights/SmolLM2-135M-Instruct.Q4_1.gguf")
     archs, types = a.arch or ARCHS, a.type or list(TYPES)
@@ -408,7 +432,7 @@ def main():
         tensors = build_tensors(s, a.seed, vocab, a.logit_scale)
         for ft in types:
             path = a.out if one_file else os.path.join(a.out, f"{arch}-{ft}.gguf")
-            tmp = path + ".tmp"
+            tmp = f"{path}.tmp{os.getpid()}"  # (tests may write the same file at once: same bytes)
             counts = write(tmp, s, ft, tensors, tok, vocab)
             os.replace(tmp, path)
             log(f"{path}: {s.layers} layers, hidden {s.d}, heads {s.heads}/{s.kv} of {s.hd}"

@@ -1,0 +1,98 @@
+"""tests/archs/test_archs_serve.py: each architecture's tiny GGUF (Q8_0 weights) served and answered through the
+official openai client: `dserve serve` colocated with q8_0 KV, and one prefill + one decode worker (`dserve launch`,
+f16 KV, every prompt handed off); a streamed and a non-streamed chat completion, and a repeated prompt read back from
+the prefix store. The weights are random, so the checks are on status, token counts and finish_reason, not text."""
+
+import os
+import shutil
+import tempfile
+import unittest
+
+import tiny_util as t
+import e2e_util as u
+import oai_util as o
+from test_serve import Launched
+
+MAX_TOKENS = 8
+# about 70 tokens: four full 16-token KV blocks for the prefix store
+PROMPT = ("The river rises in the hills north of the town, runs south through three villages and a forest of old "
+          "oaks, and meets the sea at a small harbour where fishing boats have landed their catch for centuries. "
+          "Describe the river in one sentence.")
+
+
+class Serve(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        t.require_env()
+        u.require_env(cls)
+        if o.openai is None:
+            raise unittest.SkipTest("the openai package is not installed (scripts/setup.sh makes the test venv)")
+
+    def chat(self, client, model, stream):
+        kw = dict(model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=MAX_TOKENS, temperature=0,
+                  extra_body={"ignore_eos": True})  # random weights may pick EOS at once: ask for every token
+        if not stream:
+            r = client.chat.completions.create(**kw)
+            self.assertEqual(len(r.choices), 1)
+            return r.choices[0].finish_reason, r.usage
+        finish, usage, deltas = None, None, 0
+        for ch in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+            if ch.usage is not None:
+                usage = ch.usage
+            for c in ch.choices:
+                deltas += 1
+                finish = c.finish_reason or finish
+        self.assertGreater(deltas, 0, "no chunk carried a choice")
+        self.assertIsNotNone(usage, "the stream's last chunk carried no usage")
+        return finish, usage
+
+    def check_serving(self, port, what):
+        client = o.client(port)
+        model = client.models.list().data[0].id
+        hits0 = u.metrics(port).get("dserve:prefix_cache_hits_total", 0)
+        prompt_tokens = None
+        for stream in (False, True, False):
+            finish, usage = self.chat(client, model, stream)
+            label = "%s, %s" % (what, "streamed" if stream else "not streamed")
+            self.assertEqual(finish, "length", label)
+            self.assertEqual(usage.completion_tokens, MAX_TOKENS, label)
+            self.assertGreater(usage.prompt_tokens, 64, label)
+            if prompt_tokens is not None:
+                self.assertEqual(usage.prompt_tokens, prompt_tokens, label)
+            prompt_tokens = usage.prompt_tokens
+        # the third request repeats the first: its whole blocks come from the prefix store
+        details = usage.prompt_tokens_details
+        cached = details.cached_tokens if details is not None else 0
+        self.assertGreaterEqual(cached, 64, "%s: the repeated prompt was not read from the prefix store" % what)
+        # (the router's series follow the workers' periodic stats)
+        hits = u.wait_until(lambda: u.metrics(port).get("dserve:prefix_cache_hits_total", 0) > hits0, 20 * u.SCALE)
+        self.assertTrue(hits, "%s: dserve:prefix_cache_hits_total did not grow" % what)
+
+    def check(self, arch):
+        model = t.models(arch, ["Q8_0"])["Q8_0"]
+        # colocated: dserve serve, q8_0 KV
+        d = tempfile.mkdtemp(prefix="dserve-archs-%s-" % arch)
+        self.addCleanup(shutil.rmtree, d, True)
+        port = u.free_ports(1)[0]
+        srv = Launched(["serve", model, "--port", str(port), "-t", "1", "--kv-type", "q8_0", "--kv-budget-mb", "32"], d)
+        self.addCleanup(srv.stop)
+        srv.wait_ready()
+        self.check_serving(port, "%s colocated (q8_0 KV)" % arch)
+        srv.stop()
+        # 1P1D: dserve launch, every prompt handed off over shm
+        c = u.Cluster([{"name": "p0", "role": "prefill", "kvxfer": {"backend": "shm"}},
+                       {"name": "d0", "role": "decode", "kvxfer": {"backend": "shm"}}],
+                      disagg_threshold=0, model=model, tag="archs-1p1d-" + arch)
+        self.addCleanup(c.close)
+        c.start()
+        moved0 = u.metrics(c.port)["dserve:kv_transfer_time_seconds_count"]
+        self.check_serving(c.port, "%s 1P1D" % arch)
+        self.assertEqual(u.metrics(c.port)["dserve:kv_transfer_time_seconds_count"] - moved0, 3,
+                         "each of the 3 requests should have been handed off")
+
+
+for _arch in sorted(t.manifest()["kl"]):
+    setattr(Serve, "test_" + _arch, lambda self, a=_arch: self.check(a))
+
+if __name__ == "__main__":
+    unittest.main()
