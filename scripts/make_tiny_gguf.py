@@ -12,9 +12,10 @@ only what lies within 16 nats of the top, stay small; --logit-scale scales the s
 Q8_0, Q5_0 and Q5_1 come from the gguf package's quantizers. The gguf package cannot write K-quants, so Q4_K, Q5_K and
 Q6_K are quantized here (ggml's block layouts; simple min/max scales, not ggml's search). The Q4_K_M mix follows
 llama.cpp's llama-quantize (src/llama-quant.cpp): Q6_K for the output matrix (the token embedding when tied), Q6_K for
-attn_v and ffn_down on the layers use_more_bits picks, Q5_K for a fused attn_qkv, Q8_0 for attn_k/attn_v and Q5_K for
+attn_v (or a fused attn_qkv) and ffn_down on the layers use_more_bits picks, Q8_0 for attn_k/attn_v and Q5_K for
 attn_output with 8 experts, Q4_K elsewhere; a row length that is not a multiple of 256 falls back as llama-quantize's
-tensor_type_fallback does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). Norms, biases, the router and RoPE factors stay F32.
+tensor_type_fallback does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). Norms, biases, the router and RoPE factors stay
+F32. (Checked: llama-quantize Q4_K_M of each F32 file here gives every tensor the same type.)
 
 Examples:
   make_tiny_gguf.py --out DIR                          # every architecture, F32 Q8_0 Q4_K_M
@@ -329,15 +330,13 @@ def tensor_type(name, arr, s, ftype):
 
     if name == "output.weight" or (s.tied and name == "token_embd.weight"):
         return QT.Q6_K if arr.shape[-1] % QK_K == 0 else QT.Q8_0
-    if ".attn_v." in name:
+    if ".attn_v." in name or ".attn_qkv." in name:  # (llama-quantize's category_is_attn_v)
         return QT.Q8_0 if n8 else QT.Q6_K if more_bits(layer) else QT.Q4_K
     if ".attn_k." in name and n8:
         return QT.Q8_0
     if ".ffn_down" in name:
         return QT.Q6_K if more_bits(layer) else QT.Q4_K
     if ".attn_output." in name and n8:
-        return QT.Q5_K
-    if ".attn_qkv." in name:
         return QT.Q5_K
     return QT.Q4_K
 

@@ -44,9 +44,13 @@ def manifest():
 
 def models(arch, types=TYPES):
     """{type: path} of arch's tiny GGUFs, written by make_tiny_gguf.py the first time this build asks."""
-    folder = os.path.join(CACHE, sha256(MAKER)[:16])
+    key = sha256(MAKER)[:16]
+    folder = os.path.join(CACHE, key)
     paths = {t: os.path.join(folder, "%s-%s.gguf" % (arch, t)) for t in types}
     if not all(os.path.exists(p) for p in paths.values()):
+        for old in os.listdir(CACHE) if os.path.isdir(CACHE) else []:  # files of an earlier script: 1.2 GB a set
+            if old != key and len(old) == 16:
+                shutil.rmtree(os.path.join(CACHE, old), ignore_errors=True)
         argv = [VENV_PY, MAKER, "--out", folder, "--arch", arch] + [x for t in types for x in ("--type", t)]
         p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         if p.returncode:
