@@ -20,16 +20,15 @@ from ppl_figures import PATTERNS  # noqa: E402  (the figures of dserve perplexit
 F32_KLD_MAX, F32_TOP_MIN = 1e-4, 98.0
 # Quantized weights: each engine rounds the activations to 8 bits before every product, so the smallest difference
 # upstream flips some roundings and the logits move by that much: llama.cpp moves from itself by it when flash
-# attention is turned off (the manifest's "self"). dserve rounds activations its own way, so it may differ from
-# llama.cpp by SELF_FACTOR times that, and put the top token elsewhere at SELF_TOP_POINTS % more positions (measured:
-# 0.6x to 2.1x, and -2.7 to +2.6 points, llama/qwen2/gemma3 with avx512, avx2 and scalar kernels). A broken kernel
-# moves them by the quantization's whole KL from F32 (1.5 to 5 for Q4_K_M, 0.01 to 0.03 for Q8_0; "kl" in the
-# manifest).
-SELF_FACTOR, SELF_TOP_POINTS = 3.0, 5.0
-# (b) dserve's KL from llama.cpp's F32 logits may exceed llama.cpp's own on the same quantized file by this much:
-# relative (the two are paired: the same positions, the same rounded weights), plus the engines' difference on that
-# file as in (a).
-KL_REL_MARGIN = 0.05
+# attention is turned off (the manifest's "self"), and one flip of a near tie (an expert's router score, a top token)
+# can make most of such a figure. dserve rounds activations its own way, so it may differ from llama.cpp on a quantized
+# file by the larger of SELF_FACTOR times that and QUANT_FRACTION of what the quantization itself costs (llama.cpp's KL
+# from the F32 file: 0.01 to 0.13 for Q8_0, 0.5 to 5.3 for Q4_K_M; "kl" in the manifest), and put the top token
+# elsewhere at SELF_TOP_POINTS % more positions. Measured (dserve avx512, avx2 and scalar kernels): 0.6x to 2.6x
+# llama.cpp's own difference, -2.7 to +3.2 points. A kernel that decodes blocks wrongly moves the logits by the whole
+# cost of the quantization or more: 20 times the fraction allowed.
+SELF_FACTOR, QUANT_FRACTION, SELF_TOP_POINTS = 3.0, 0.05, 5.0
+# (b) dserve's KL on a quantized file from llama.cpp's F32 logits may exceed llama.cpp's own by that same tolerance.
 THREADS = "2"
 
 
@@ -58,6 +57,7 @@ class Logits(unittest.TestCase):
         paths = t.golden_models(self, arch)
         m = t.manifest()
         ref, own = m["kl"][arch], m["self"][arch]
+        tol = {ty: max(SELF_FACTOR * own[ty]["kld"], QUANT_FRACTION * ref[ty]["kld"]) + F32_KLD_MAX for ty in ref}
         fails = []
         with tempfile.TemporaryDirectory(prefix="dserve-archs-") as tmp:
             for ty in t.TYPES:  # (a)
@@ -65,8 +65,7 @@ class Logits(unittest.TestCase):
                 if ty == "F32":
                     kmax, tmin = F32_KLD_MAX, F32_TOP_MIN
                 else:
-                    kmax = SELF_FACTOR * own[ty]["kld"] + F32_KLD_MAX
-                    tmin = own[ty]["same_top"] - SELF_TOP_POINTS
+                    kmax, tmin = tol[ty], own[ty]["same_top"] - SELF_TOP_POINTS
                 line = "%s-%s vs llama.cpp on the same file: mean KLD %.6f (max %.6f), same top %.2f %% (min %.2f)" % (
                     arch, ty, got["kld"], kmax, got["top"], tmin)
                 print(line)
@@ -75,7 +74,7 @@ class Logits(unittest.TestCase):
             base = os.path.join(tmp, "%s-F32.kld" % arch)
             for ty in t.TYPES[1:]:  # (b)
                 got = perplexity(paths[ty], base)
-                bound = ref[ty]["kld"] * (1 + KL_REL_MARGIN) + SELF_FACTOR * own[ty]["kld"]
+                bound = ref[ty]["kld"] + tol[ty]
                 line = "%s-%s from llama.cpp's F32: dserve KLD %.6f, llama.cpp's %.6f (max %.6f)" % (
                     arch, ty, got["kld"], ref[ty]["kld"], bound)
                 print(line)
