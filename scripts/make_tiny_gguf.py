@@ -6,8 +6,9 @@
 The weights are seeded from (--seed, architecture, tensor name) and scaled so that the logits are peaked like a trained
 model's (build_tensors: a few thousand "frequent" tokens with widely spread logits, the rest far below; the top token
 takes 0.8 of the probability on average, 0.9 at the median) and so that llama-perplexity's base files, which store
-only what lies within 16 nats of the top, stay small; --logit-scale scales the spread. Every value is made by element-wise float32 arithmetic and order-free reductions
-(max, min), so the bytes are the same on every machine; tests/models/golden/archs records each file's sha256.
+only what lies within 16 nats of the top, stay small; --logit-scale scales the spread. Every value is made by
+element-wise float32 arithmetic and order-free reductions (max, min), so the bytes are the same on every machine;
+tests/models/golden/archs records each file's sha256.
 
 Q8_0, Q5_0 and Q5_1 come from the gguf package's quantizers. The gguf package cannot write K-quants, so Q4_K, Q5_K and
 Q6_K are quantized here (ggml's block layouts; simple min/max scales, not ggml's search). The Q4_K_M mix follows
@@ -48,11 +49,11 @@ DEFAULTS = {
     "phi3": (4, 4, 4, 0, 768, 0, 0, 0, False),       # fused qkv and gate+up, LongRoPE factors
     "gemma2": (4, 4, 2, 0, 768, 0, 0, 0, True),      # soft-caps 50/30, sliding window on even layers
 }
-SWA_WINDOW = 32
-# Logit scales (before --logit-scale): see build_tensors.
-# (frequent token count, their logit std, the others' logit std); the second set for Gemma 2's final soft-cap (30),
-# which squeezes large logits together: fewer frequent tokens, further apart (p_top about 0.55 instead of 0.8).
-LOGITS, LOGITS_CAPPED, EMB_RMS = (4096, 12.0, 3.0), (256, 14.0, 2.0), 0.3  # gemma2/gemma3 sliding window: smaller than one 128-token chunk of the test text
+SWA_WINDOW = 32  # gemma2/gemma3 sliding window: smaller than one 128-token chunk of the test text
+# Logit scales (before --logit-scale; see build_tensors): (frequent token count, their logit std, the others' logit
+# std); the second set for Gemma 2's final soft-cap (30), which squeezes large logits together: fewer frequent tokens,
+# further apart (the top token's probability about 0.6 instead of 0.8). EMB_RMS: the token embeddings' RMS.
+LOGITS, LOGITS_CAPPED, EMB_RMS = (4096, 12.0, 3.0), (256, 14.0, 2.0), 0.3
 
 
 def log(msg):
@@ -176,6 +177,10 @@ def quantize(arr, qt):
 class Shape:
     def __init__(self, arch, a):
         layers, heads, kvh, hd, ff, experts, used, eff, tied = DEFAULTS[arch]
+        if not experts and (a.experts is not None or a.used or a.expert_ff):
+            raise SystemExit(f"make_tiny_gguf: --experts/--used/--expert-ff are for qwen3moe and mixtral, not {arch}")
+        if experts and a.ff:
+            raise SystemExit(f"make_tiny_gguf: {arch} has no dense FFN: its feed-forward length follows --expert-ff")
         self.arch = arch
         self.d = a.hidden
         self.layers = a.layers or layers
@@ -191,6 +196,9 @@ class Shape:
             self.ff = self.eff * self.used  # as Qwen3-MoE's GGUFs carry it
         if arch == "mixtral":
             self.ff = self.eff
+        if not (a.head_dim or hd) and self.d % self.heads:
+            raise SystemExit(f"make_tiny_gguf: --hidden {self.d} is not a multiple of {self.heads} heads "
+                             "(or give --head-dim)")
         if self.heads % self.kv:
             raise SystemExit(f"make_tiny_gguf: {self.heads} heads are not a multiple of {self.kv} KV heads")
         if self.experts and not 0 < self.used <= self.experts:

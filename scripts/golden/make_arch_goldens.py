@@ -111,9 +111,12 @@ def main():
                     out = run([perplexity, "-m", model, "-t", str(THREADS), "--kl-divergence-base",
                                os.path.join(work, f"{arch}-F32.kld"), "--kl-divergence"])
                     kl[t] = figures(out)
-                print(f"{arch} {t}: llama.cpp -fa off vs on KLD {own[t]['kld']:.6f}, same top {own[t]['same_top']:.2f} %"
-                      + (f"; KLD from F32 {kl[t]['kld']:.6f} ± {kl[t]['kld_err']:.6f}, same top {kl[t]['same_top']:.2f} %"
-                         if t in kl else ""), file=sys.stderr)
+                o = own[t]
+                line = f"{arch} {t}: llama.cpp -fa off vs on KLD {o['kld']:.6f}, same top {o['same_top']:.2f} %"
+                if t in kl:
+                    k = kl[t]
+                    line += f"; KLD from F32 {k['kld']:.6f} ± {k['kld_err']:.6f}, same top {k['same_top']:.2f} %"
+                print(line, file=sys.stderr)
             manifest["kl"][arch], manifest["self"][arch] = kl, own
             for f in os.listdir(work):
                 os.unlink(os.path.join(work, f))
