@@ -463,21 +463,25 @@ static void exec_for(jj_render *r, jj_scope *s, const jj_node *st, jj_sbuf *out)
   jj_list *items = jj_iterate(r, jj_eval(r, s, st->a));
   if (st->b) { // the loop's `if`: filtered before loop.* counts
     jj_list *kept = jj_list_new(r->a, items->n);
+    jj_scope *t = scope_new(r, s);
     for (size_t i = 0; i < items->n; i++) {
       step(r);
-      jj_scope *t = scope_new(r, s);
+      t->n = 0;
       bind_targets(r, t, &st->args, items->v[i]);
       if (jj_truthy(jj_eval(r, t, st->b))) jj_list_push(r->a, kept, items->v[i]);
     }
     items = kept;
   }
+  // One scope and one loop object serve every iteration (emptied, moved on), so a long loop holds no memory per
+  // iteration; jinja2's LoopContext is one object that moves on too.
+  jj_scope *t = scope_new(r, s);
+  jj_loop *L = jj_alloc(r->a, sizeof(*L));
+  L->items = items;
   for (size_t i = 0; i < items->n; i++) {
     step(r);
-    jj_scope *t = scope_new(r, s);
-    bind_targets(r, t, &st->args, items->v[i]);
-    jj_loop *L = jj_alloc(r->a, sizeof(*L));
-    L->items = items;
+    t->n = 0;
     L->i = i;
+    bind_targets(r, t, &st->args, items->v[i]);
     scope_set(r, t, "loop", (jj_val){.t = JV_LOOP, .loop = L});
     exec_body(r, t, &st->body, out);
     if (r->brk == 1) {

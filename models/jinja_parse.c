@@ -122,6 +122,13 @@ static void call_args(parser *P, jj_node *e) {
   expect_op(P, ")");
 }
 
+static jj_node *call_node(parser *P, jj_node *callee, const jj_tok *t) {
+  jj_node *x = node(P, JE_CALL, t);
+  x->a = callee;
+  call_args(P, x);
+  return x;
+}
+
 static jj_node *primary(parser *P) {
   const jj_tok *t = cur(P);
   jj_node *e;
@@ -244,10 +251,7 @@ static jj_node *postfix(parser *P, jj_node *e) {
       if (!colons && !x->b) pfail(P, t, "%.*sempty subscript", "", 0);
       e = x;
     } else if (is_op(t, "(")) {
-      jj_node *x = node(P, JE_CALL, t);
-      x->a = e;
-      call_args(P, x);
-      e = x;
+      e = call_node(P, e, t);
     } else {
       return e;
     }
@@ -285,10 +289,7 @@ static jj_node *filters_tests(parser *P, jj_node *e) {
       }
       e = x;
     } else if (is_op(t, "(")) {
-      jj_node *x = node(P, JE_CALL, t);
-      x->a = e;
-      call_args(P, x);
-      e = x;
+      e = call_node(P, e, t);
     } else {
       return e;
     }
@@ -541,7 +542,9 @@ static int body(parser *P, jj_nodes *out, const char *const *ends) {
         P->nest--;
         return -1;
       }
-      pfail(P, t, "unexpected end of template: '{%% %.*s %%}' missing", ends[0], strlen(ends[0]));
+      size_t k = 0;
+      while (ends[k + 1]) k++; // the closing tag is the last one
+      pfail(P, t, "unexpected end of template: '{%% %.*s %%}' missing", ends[k], strlen(ends[k]));
     }
     if (t->kind == JT_TEXT) {
       jj_node *n = node(P, JS_TEXT, t);
