@@ -231,7 +231,8 @@ int jj_test(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs
   if (NAME_IS(name, "mapping")) return v.t == JV_DICT;
   if (NAME_IS(name, "iterable")) return v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF ||
                                         v.t == JV_LOOP;
-  if (NAME_IS(name, "sequence")) return v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF;
+  if (NAME_IS(name, "sequence"))
+    return v.t == JV_STR || (v.t == JV_LIST && !v.l->gen) || v.t == JV_DICT || v.t == JV_UNDEF;
   if (NAME_IS(name, "number")) return v.t == JV_INT || v.t == JV_FLOAT || v.t == JV_BOOL;
   if (NAME_IS(name, "integer")) return v.t == JV_INT;
   if (NAME_IS(name, "float")) return v.t == JV_FLOAT;
@@ -298,7 +299,10 @@ static jj_val attr_path(jj_render *r, jj_val v, const jj_str *path) {
 
 static jj_val select_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs) {
   int by_attr = strstr(name, "attr") != NULL, keep = name[0] == 's';
-  jj_list *in = jj_iterate(r, v), *out = jj_list_new(r->a, in->n);
+  jj_list *out = jj_list_new(r->a, 4);
+  out->gen = 1;
+  if (!jj_truthy(v)) return (jj_val){.t = JV_LIST, .l = out}; // jinja2: `if value:` (none selects nothing)
+  jj_list *in = jj_iterate(r, v);
   if (by_attr && !nargs) jj_rfail(r, "%s needs an attribute name", name);
   size_t ti = by_attr ? 1 : 0;
   const char *test = NULL;
@@ -311,6 +315,106 @@ static jj_val select_filter(jj_render *r, const char *name, jj_val v, jj_val *ar
   return (jj_val){.t = JV_LIST, .l = out};
 }
 
+// Python's ordering of two sort keys; fold: jinja2's ignore_case (str.lower, refused beyond ASCII as in recase).
+static int cmp_key(jj_render *r, jj_val x, jj_val y, int fold) {
+  if ((x.t == JV_INT || x.t == JV_FLOAT || x.t == JV_BOOL) && (y.t == JV_INT || y.t == JV_FLOAT || y.t == JV_BOOL)) {
+    double a = x.t == JV_FLOAT ? x.f : x.t == JV_INT ? (double)x.i : x.b;
+    double b = y.t == JV_FLOAT ? y.f : y.t == JV_INT ? (double)y.i : y.b;
+    return a < b ? -1 : a > b;
+  }
+  if (x.t != JV_STR || y.t != JV_STR)
+    jj_rfail(r, "'<' not supported between instances of '%s' and '%s'", jj_type_name(x), jj_type_name(y));
+  size_t n = x.s->n < y.s->n ? x.s->n : y.s->n;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char a = (unsigned char)x.s->p[i], b = (unsigned char)y.s->p[i];
+    if (fold && (a >= 0x80 || b >= 0x80)) jj_rfail(r, "case-insensitive ordering of non-ASCII text is not supported");
+    if (fold && a >= 'A' && a <= 'Z') a |= 0x20;
+    if (fold && b >= 'A' && b <= 'Z') b |= 0x20;
+    if (a != b) return a < b ? -1 : 1;
+  }
+  return x.s->n < y.s->n ? -1 : x.s->n > y.s->n;
+}
+
+static jj_val dictsort(jj_render *r, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv, size_t nkw) {
+  if (v.t != JV_DICT) jj_rfail(r, "dictsort expects a mapping, not %s", jj_type_name(v));
+  int fold = !jj_truthy(kwarg(kwn, kwv, nkw, "case_sensitive", args, nargs, 0, jj_bool(0)));
+  jj_val by = kwarg(kwn, kwv, nkw, "by", args, nargs, 1, jj_strv(jj_str_new(r->a, "key", 3, 0)));
+  int rev = jj_truthy(kwarg(kwn, kwv, nkw, "reverse", args, nargs, 2, jj_bool(0)));
+  if (by.t != JV_STR || (strcmp(by.s->p, "key") != 0 && strcmp(by.s->p, "value") != 0))
+    jj_rfail(r, "you can only sort by either \"key\" or \"value\"");
+  int pos = by.s->p[0] == 'v';
+  jj_val items;
+  jj_method(r, v, "items", NULL, 0, &items);
+  jj_list *l = items.l;
+  for (size_t i = 1; i < l->n; i++) { // insertion sort: stable, as Python's sorted (dicts here are small)
+    jj_val x = l->v[i];
+    size_t j = i;
+    for (; j > 0; j--) {
+      int c = cmp_key(r, l->v[j - 1].l->v[pos], x.l->v[pos], fold);
+      if (rev ? c >= 0 : c <= 0) break;
+    }
+    memmove(l->v + j + 1, l->v + j, (i - j) * sizeof(jj_val));
+    l->v[j] = x;
+  }
+  return items;
+}
+
+static jj_val min_max(jj_render *r, int max, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv,
+                      size_t nkw) {
+  int fold = !jj_truthy(kwarg(kwn, kwv, nkw, "case_sensitive", args, nargs, 0, jj_bool(0)));
+  jj_val attr = kwarg(kwn, kwv, nkw, "attribute", args, nargs, 1, jj_none());
+  jj_list *in = jj_iterate(r, v);
+  if (!in->n) return jj_undef();
+  size_t best = 0;
+  for (size_t i = 1; i < in->n; i++) {
+    jj_val a = in->v[i], b = in->v[best];
+    if (attr.t != JV_NONE) {
+      a = attr_path(r, a, jj_to_str(r->a, attr));
+      b = attr_path(r, b, jj_to_str(r->a, attr));
+    }
+    int c = cmp_key(r, a, b, fold);
+    if (max ? c > 0 : c < 0) best = i;
+  }
+  return in->v[best];
+}
+
+// Python's str.splitlines boundaries: the length of the line break at i, 0 if none.
+static size_t line_break(const char *p, size_t n, size_t i) {
+  unsigned char c = (unsigned char)p[i];
+  if (c == '\r') return i + 1 < n && p[i + 1] == '\n' ? 2 : 1;
+  if (c == '\n' || c == 0x0b || c == 0x0c || (c >= 0x1c && c <= 0x1e)) return 1;
+  if (c == 0xC2 && i + 1 < n && (unsigned char)p[i + 1] == 0x85) return 2;
+  if (c == 0xE2 && i + 2 < n && (unsigned char)p[i + 1] == 0x80 && ((unsigned char)p[i + 2] & 0xFE) == 0xA8) return 3;
+  return 0;
+}
+
+// jinja2's indent: every line after the first (and the first with first=True) gets the indentation; blank lines
+// only with blank=True.
+static jj_val indent(jj_render *r, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv, size_t nkw) {
+  jj_val w = kwarg(kwn, kwv, nkw, "width", args, nargs, 0, jj_int(4));
+  int first = jj_truthy(kwarg(kwn, kwv, nkw, "first", args, nargs, 1, jj_bool(0)));
+  int blank = jj_truthy(kwarg(kwn, kwv, nkw, "blank", args, nargs, 2, jj_bool(0)));
+  const jj_str *s = jj_to_str(r->a, v), *ind = w.t == JV_STR ? w.s : NULL;
+  if (!ind) {
+    if (w.t != JV_INT || w.i < 0 || w.i > 1024) jj_rfail(r, "indent: width must be a string or 0 to 1024");
+    jj_sbuf sp = {.limit = MDL_JINJA_MAX_OUTPUT};
+    for (int64_t k = 0; k < w.i; k++) jj_sb_put(r->a, &sp, " ", 1, 0);
+    ind = jj_sb_done(r->a, &sp);
+  }
+  jj_sbuf t = {.limit = MDL_JINJA_MAX_OUTPUT}, b = {.limit = MDL_JINJA_MAX_OUTPUT};
+  jj_sb_put(r->a, &t, s->p, s->n, 0);
+  jj_sb_put(r->a, &t, "\n", 1, 0); // as jinja2, which appends a newline before splitlines()
+  for (size_t i = 0, line = 0; i < t.n; line++) {
+    size_t e = i, k;
+    while (!(k = line_break(t.p, t.n, e))) e++;
+    if (line) jj_sb_put(r->a, &b, "\n", 1, 0);
+    if (line ? blank || e > i : first) jj_sb_str(r->a, &b, ind);
+    jj_sb_put(r->a, &b, t.p + i, e - i, 0);
+    i = e + k;
+  }
+  return jj_strv(jj_str_new(r->a, b.p ? b.p : "", b.n, s->nsp || ind->nsp));
+}
+
 jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv,
                  size_t nkw) {
   if (NAME_IS(name, "default") || NAME_IS(name, "d")) {
@@ -318,7 +422,12 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
     int boolean = jj_truthy(kwarg(kwn, kwv, nkw, "boolean", args, nargs, 1, jj_bool(0)));
     return v.t == JV_UNDEF || (boolean && !jj_truthy(v)) ? dflt : v;
   }
-  if (NAME_IS(name, "safe")) return v;
+  if (NAME_IS(name, "safe")) {
+    jj_str *s = jj_alloc(r->a, sizeof(*s));
+    *s = *jj_to_str(r->a, v);
+    s->markup = 1;
+    return jj_strv(s);
+  }
   if (NAME_IS(name, "string")) return jj_strv(jj_to_str(r->a, v));
   if (NAME_IS(name, "trim")) {
     jj_val chars = kwarg(kwn, kwv, nkw, "chars", args, nargs, 0, jj_none());
@@ -330,29 +439,32 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
       for (size_t i = 0; i < v.s->n; i++) n += ((unsigned char)v.s->p[i] & 0xC0) != 0x80;
       return jj_int(n);
     }
-    if (v.t == JV_LIST) return jj_int((int64_t)v.l->n);
-    if (v.t == JV_DICT || v.t == JV_NS) return jj_int((int64_t)v.d->n);
+    if (v.t == JV_LIST && !v.l->gen) return jj_int((int64_t)v.l->n);
+    if (v.t == JV_DICT) return jj_int((int64_t)v.d->n);
     if (v.t == JV_UNDEF) return jj_int(0);
     jj_rfail(r, "object of type '%s' has no len()", jj_type_name(v));
   }
   if (NAME_IS(name, "tojson")) {
     jj_val ind = kwarg(kwn, kwv, nkw, "indent", NULL, 0, 0, jj_none());
-    if (jj_truthy(kwarg(kwn, kwv, nkw, "ensure_ascii", args, nargs, 0, jj_bool(0))) ||
-        jj_truthy(kwarg(kwn, kwv, nkw, "sort_keys", NULL, 0, 0, jj_bool(0))) ||
+    int ascii = jj_truthy(kwarg(kwn, kwv, nkw, "ensure_ascii", args, nargs, 0, jj_bool(0)));
+    if (jj_truthy(kwarg(kwn, kwv, nkw, "sort_keys", NULL, 0, 0, jj_bool(0))) ||
         kwarg(kwn, kwv, nkw, "separators", NULL, 0, 0, jj_none()).t != JV_NONE)
-      jj_rfail(r, "tojson: ensure_ascii, separators and sort_keys are not supported");
+      jj_rfail(r, "tojson: separators and sort_keys are not supported");
     if (ind.t != JV_NONE && (ind.t != JV_INT || ind.i < 0 || ind.i > 64)) jj_rfail(r, "tojson: bad indent");
     if (v.t == JV_UNDEF) jj_rfail(r, "tojson: %s%s%s is undefined", v.uname ? "'" : "", v.uname ? v.uname : "value",
                                   v.uname ? "'" : "");
-    return jj_strv(jj_to_json(r->a, v, ind.t == JV_INT ? (int)ind.i : -1));
+    return jj_strv(jj_to_json(r->a, v, ind.t == JV_INT ? (int)ind.i : -1, ascii));
   }
   if (NAME_IS(name, "items")) {
-    if (v.t == JV_UNDEF) return (jj_val){.t = JV_LIST, .l = jj_list_new(r->a, 1)};
-    if (v.t != JV_DICT) jj_rfail(r, "can only get item pairs from a mapping");
-    jj_val out;
-    jj_method(r, v, "items", NULL, 0, &out);
+    jj_val out = {.t = JV_LIST, .l = jj_list_new(r->a, 1)};
+    if (v.t != JV_UNDEF && v.t != JV_DICT) jj_rfail(r, "can only get item pairs from a mapping");
+    if (v.t == JV_DICT) jj_method(r, v, "items", NULL, 0, &out);
+    out.l->gen = 1;
     return out;
   }
+  if (NAME_IS(name, "dictsort")) return dictsort(r, v, args, nargs, kwn, kwv, nkw);
+  if (NAME_IS(name, "min") || NAME_IS(name, "max")) return min_max(r, name[1] == 'a', v, args, nargs, kwn, kwv, nkw);
+  if (NAME_IS(name, "indent")) return indent(r, v, args, nargs, kwn, kwv, nkw);
   if (NAME_IS(name, "list")) {
     jj_list *in = jj_iterate(r, v), *l = jj_list_new(r->a, in->n);
     for (size_t i = 0; i < in->n; i++) jj_list_push(r->a, l, in->v[i]);
@@ -376,7 +488,8 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
   if (NAME_IS(name, "map")) {
     jj_val attr = kwarg(kwn, kwv, nkw, "attribute", NULL, 0, 0, jj_none());
     jj_val dflt = kwarg(kwn, kwv, nkw, "default", NULL, 0, 0, jj_undef());
-    jj_list *in = jj_iterate(r, v), *l = jj_list_new(r->a, in->n);
+    jj_list *in = jj_truthy(v) ? jj_iterate(r, v) : jj_list_new(r->a, 1), *l = jj_list_new(r->a, in->n);
+    l->gen = 1;
     if (attr.t == JV_NONE && !nargs) jj_rfail(r, "map needs a filter name or attribute=");
     for (size_t i = 0; i < in->n; i++) {
       jj_val x;
@@ -396,8 +509,10 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
     return in->v[name[0] == 'f' ? 0 : in->n - 1];
   }
   if (NAME_IS(name, "reverse")) {
+    int gen = v.t == JV_LIST && v.l->gen; // reversed() of a generator fails: jinja2 lists it instead
     jj_list *in = jj_iterate(r, v), *l = jj_list_new(r->a, in->n);
     for (size_t i = in->n; i > 0; i--) jj_list_push(r->a, l, in->v[i - 1]);
+    l->gen = !gen; // a list_reverseiterator
     if (v.t != JV_STR) return (jj_val){.t = JV_LIST, .l = l};
     jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
     for (size_t i = 0; i < l->n; i++) jj_sb_put(r->a, &b, l->v[i].s->p, l->v[i].s->n, 0);

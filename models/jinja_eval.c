@@ -84,7 +84,11 @@ jj_list *jj_iterate(jj_render *r, jj_val v) {
   jj_list *l;
   switch (v.t) {
   case JV_UNDEF: return jj_list_new(r->a, 1);
-  case JV_LIST: return v.l;
+  case JV_LIST:
+    if (!v.l->gen) return v.l;
+    if (v.l->spent) return jj_list_new(r->a, 1); // a generator yields its items once
+    v.l->spent = 1;
+    return v.l;
   case JV_DICT: case JV_NS:
     l = jj_list_new(r->a, v.d->n);
     for (size_t i = 0; i < v.d->n; i++) jj_list_push(r->a, l, v.d->k[i]);
@@ -136,6 +140,7 @@ jj_val jj_attr(jj_render *r, jj_val v, const char *name, size_t n) {
 
 jj_val jj_item(jj_render *r, jj_val v, jj_val k) {
   if (v.t == JV_UNDEF) undefined_err(r, v);
+  if (v.t == JV_LIST && v.l->gen) jj_rfail(r, "'generator' object is not subscriptable");
   if ((v.t == JV_LIST || v.t == JV_STR) && (k.t == JV_INT || k.t == JV_BOOL)) {
     int64_t i = k.t == JV_INT ? k.i : k.b;
     size_t *o = NULL;
@@ -162,7 +167,8 @@ static int64_t slice_arg(jj_render *r, jj_val v, int64_t dflt) {
 
 static jj_val slice(jj_render *r, jj_val v, jj_val b, jj_val c, jj_val d) {
   if (v.t == JV_UNDEF) undefined_err(r, v);
-  if (v.t != JV_LIST && v.t != JV_STR) jj_rfail(r, "'%s' object is not subscriptable", jj_type_name(v));
+  if ((v.t != JV_LIST && v.t != JV_STR) || (v.t == JV_LIST && v.l->gen))
+    jj_rfail(r, "'%s' object is not subscriptable", jj_type_name(v));
   size_t *o = NULL;
   int64_t n = (int64_t)(v.t == JV_LIST ? v.l->n : cp_offsets(r, v.s, &o));
   int64_t step = slice_arg(r, d, 1);
@@ -217,8 +223,9 @@ static jj_val repeat(jj_render *r, jj_val seq, int64_t k) {
 static jj_val arith(jj_render *r, const char *op, jj_val x, jj_val y) {
   int64_t res;
   if (op[0] == '+') {
-    if (x.t == JV_STR && y.t == JV_STR) return jj_strv(jj_str_cat(r->a, x.s, y.s));
-    if (x.t == JV_LIST && y.t == JV_LIST) {
+    if (x.t == JV_STR && y.t == JV_STR)
+      return jj_strv(x.s->markup || y.s->markup ? jj_markup_cat(r->a, x.s, y.s) : jj_str_cat(r->a, x.s, y.s));
+    if (x.t == JV_LIST && y.t == JV_LIST && !x.l->gen && !y.l->gen) {
       jj_list *l = jj_list_new(r->a, x.l->n + y.l->n);
       for (size_t i = 0; i < x.l->n; i++) jj_list_push(r->a, l, x.l->v[i]);
       for (size_t i = 0; i < y.l->n; i++) jj_list_push(r->a, l, y.l->v[i]);
@@ -226,8 +233,8 @@ static jj_val arith(jj_render *r, const char *op, jj_val x, jj_val y) {
     }
   }
   if (op[0] == '*' && !op[1]) {
-    if ((x.t == JV_STR || x.t == JV_LIST) && is_intish(y)) return repeat(r, x, as_i(y));
-    if ((y.t == JV_STR || y.t == JV_LIST) && is_intish(x)) return repeat(r, y, as_i(x));
+    if ((x.t == JV_STR || (x.t == JV_LIST && !x.l->gen)) && is_intish(y)) return repeat(r, x, as_i(y));
+    if ((y.t == JV_STR || (y.t == JV_LIST && !y.l->gen)) && is_intish(x)) return repeat(r, y, as_i(x));
   }
   if (!is_num(x) || !is_num(y)) bad_operands(r, op, x, y);
   int ints = is_intish(x) && is_intish(y);

@@ -44,6 +44,7 @@ typedef struct jj_str {
   const char *p;    // n bytes (not NUL-terminated)
   size_t nsp;       // request-text spans: (nsp, 2) offset and length into p, ascending, disjoint, merged
   const size_t *sp;
+  int markup;       // 1: a markupsafe.Markup (|safe): `+` with a plain string HTML-escapes that string, as jinja2
 } jj_str;
 
 typedef struct jj_list jj_list;
@@ -71,6 +72,9 @@ struct jj_list {
   size_t n, cap;
   jj_val *v;   // (n)
   int tuple;   // 1: printed as a Python tuple
+  int gen;     // 1: a generator (what map, select, reject, items, reverse return in jinja2): always true, iterated
+               // once, with no length, index or JSON form
+  int spent;   // a generator already iterated
 };
 
 struct jj_dict {
@@ -95,6 +99,7 @@ static inline jj_val jj_strv(const jj_str *s) { return (jj_val){.t = JV_STR, .s 
 // Strings and containers (jinja_value.c).
 const jj_str *jj_str_new(jj_arena *a, const char *p, size_t n, int req); // req: the whole string is request text
 const jj_str *jj_str_cat(jj_arena *a, const jj_str *x, const jj_str *y); // spans kept exactly
+const jj_str *jj_markup_cat(jj_arena *a, const jj_str *x, const jj_str *y); // Markup's + (one side is Markup)
 jj_list *jj_list_new(jj_arena *a, size_t cap);
 void jj_list_push(jj_arena *a, jj_list *l, jj_val v);
 jj_dict *jj_dict_new(jj_arena *a, size_t cap);
@@ -110,7 +115,7 @@ const char *jj_type_name(jj_val v);
 // str(v) as Python prints it (what {{ v }} writes): undefined "", None "None", lists and dicts as repr.
 const jj_str *jj_to_str(jj_arena *a, jj_val v);
 // json.dumps(v, ensure_ascii=False, indent=indent (<0: none), sort_keys=0) as HF's tojson.
-const jj_str *jj_to_json(jj_arena *a, jj_val v, int indent);
+const jj_str *jj_to_json(jj_arena *a, jj_val v, int indent, int ascii); // ascii: ensure_ascii=True
 // json.loads of a context: strings below the top level are request text.
 jj_val jj_from_json(jj_arena *a, const char *p, size_t n);
 

@@ -152,12 +152,37 @@ TEST(Jinja, ExpressionsAsPython) {
   EXPECT_EQ(ok("{{ 'a\\tb\\u00e9\\d' }}"), "a\tb\xc3\xa9\\d");
 }
 
+TEST(Jinja, FiltersAsJinja2) {
+  // expected outputs are jinja2 3.1.6's for the same template and context
+  std::string m = R"({"m": [{"a": 1}, {"a": 0}, {"a": 2}]})";
+  // select/map/reject return generators: iterated once, always true, no `is sequence`, no length, no JSON
+  EXPECT_EQ(ok("{% set g = m|selectattr('a') %}{{ g is sequence }}{% for x in g %}{{ x.a }}{% endfor %}|"
+               "{% for x in g %}{{ x.a }}{% endfor %}|{{ (m|selectattr('z')) is true }}"
+               "{{ true if m|selectattr('z') else false }}",
+               m),
+            "False12||FalseTrue");
+  EXPECT_EQ(render("{{ m|map(attribute='a')|tojson }}", m).rc, -1);
+  EXPECT_EQ(render("{{ m|map(attribute='a')|length }}", m).rc, -1);
+  EXPECT_EQ(ok("{{ none|selectattr('a')|list }}"), "[]");
+  EXPECT_EQ(ok("{% for k, v in d|dictsort %}{{ k }}={{ v }};{% endfor %}|{% for k, v in d|dictsort(true) %}{{ k }};"
+               "{% endfor %}|{% for k, v in d|dictsort(by='value', reverse=true) %}{{ k }};{% endfor %}",
+               R"({"d": {"b": 1, "A": 3, "a": 2, "C": 0}})"),
+            "A=3;a=2;b=1;C=0;|A;C;a;b;|A;a;b;C;");
+  EXPECT_EQ(ok("[{{ 'a\nb\n\nc' | indent(2) }}][{{ 'a\nb\n' | indent(2, true, true) }}][{{ 'x' | indent('>', first=true) }}]"),
+            "[a\n  b\n\n  c][  a\n  b\n  ][>x]");
+  EXPECT_EQ(ok("{{ '<a>'|safe + '<b>' }}|{{ '<c>' + '&'|safe }}|{{ '<d>'|safe ~ '<e>' }}"), "<a>&lt;b&gt;|&lt;c&gt;&|<d><e>");
+  EXPECT_EQ(ok("{{ [3, 1, 2]|min }}{{ ['b', 'A', 'c']|max }}{{ m|max(attribute='a') }}{{ []|min is defined }}", m),
+            "1c{'a': 2}False");
+  EXPECT_EQ(ok("{{ [1,2]|reverse is sequence }}{{ 'abc'|reverse }}{{ [1,2]|reverse|list }}"), "Falsecba[2, 1]");
+}
+
 TEST(Jinja, TojsonAsHuggingFace) {
   // HF's tojson is json.dumps(ensure_ascii=False): no HTML escaping, non-ASCII kept, ints exact, float repr
   std::string ctx = R"({"x": {"a": "<b>&'\"", "n": [1, 1.5, null, true, "\u00e9", 12345678901234, 1e-5, 100.0]}})";
   EXPECT_EQ(ok("{{ x | tojson }}", ctx),
             "{\"a\": \"<b>&'\\\"\", \"n\": [1, 1.5, null, true, \"\xc3\xa9\", 12345678901234, 1e-05, 100.0]}");
   EXPECT_EQ(ok("{{ {'k': [1, {}], 'e': []} | tojson(indent=2) }}"), "{\n  \"k\": [\n    1,\n    {}\n  ],\n  \"e\": []\n}");
+  EXPECT_EQ(ok("{{ s | tojson(ensure_ascii=True) }}", R"({"s": "\u00e9\ud83d\ude00<"})"), "\"\\u00e9\\ud83d\\ude00<\"");
 }
 
 TEST(Jinja, SpansFollowRequestText) {
