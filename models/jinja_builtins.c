@@ -82,14 +82,10 @@ static jj_val split(jj_render *r, const jj_str *s, const jj_str *sep, int64_t ma
   }
   if (!sep->n) jj_rfail(r, "split: empty separator");
   size_t st = 0;
-  while (i + sep->n <= s->n && (maxsplit < 0 || (int64_t)l->n < maxsplit)) {
-    if (memcmp(s->p + i, sep->p, sep->n) == 0) {
-      jj_list_push(r->a, l, str_of(r, s, s->p + st, i - st));
-      i += sep->n;
-      st = i;
-    } else {
-      i++;
-    }
+  const char *hit;
+  while ((maxsplit < 0 || (int64_t)l->n < maxsplit) && (hit = memmem(s->p + st, s->n - st, sep->p, sep->n))) {
+    jj_list_push(r->a, l, str_of(r, s, s->p + st, (size_t)(hit - s->p) - st));
+    st = (size_t)(hit - s->p) + sep->n;
   }
   jj_list_push(r->a, l, str_of(r, s, s->p + st, s->n - st));
   return (jj_val){.t = JV_LIST, .l = l};
@@ -116,20 +112,27 @@ static jj_val replace(jj_render *r, const jj_str *s, const jj_str *old, const jj
   size_t i = 0;
   int64_t done = 0;
   int req = s->nsp || nw->nsp || old->nsp;
-  while (i <= s->n) {
-    if ((count < 0 || done < count) && i + old->n <= s->n && memcmp(s->p + i, old->p, old->n) == 0) {
+  while (old->n && i < s->n && (count < 0 || done < count)) { // memmem: linear, where a scan per byte is not
+    const char *hit = memmem(s->p + i, s->n - i, old->p, old->n);
+    if (!hit) break;
+    jj_sb_put(r->a, &b, s->p + i, (size_t)(hit - s->p) - i, 0);
+    jj_sb_put(r->a, &b, nw->p, nw->n, 0);
+    done++;
+    i = (size_t)(hit - s->p) + old->n;
+  }
+  if (old->n) {
+    jj_sb_put(r->a, &b, s->p + i, s->n - i, 0);
+    return jj_strv(jj_str_new(r->a, b.p ? b.p : "", b.n, req));
+  }
+  while (i <= s->n) { // an empty pattern matches before every code point and at the end
+    if (count < 0 || done < count) {
       jj_sb_put(r->a, &b, nw->p, nw->n, 0);
       done++;
-      if (!old->n) { // an empty pattern matches between every code point
-        if (i < s->n) jj_sb_put(r->a, &b, s->p + i, cp_len(s->p, s->n, i), 0);
-        i += i < s->n ? cp_len(s->p, s->n, i) : 1;
-      } else {
-        i += old->n;
-      }
-      continue;
     }
-    if (i < s->n) jj_sb_put(r->a, &b, s->p + i, 1, 0);
-    i++;
+    if (i == s->n) break;
+    size_t l = cp_len(s->p, s->n, i);
+    jj_sb_put(r->a, &b, s->p + i, l, 0);
+    i += l;
   }
   return jj_strv(jj_str_new(r->a, b.p ? b.p : "", b.n, req));
 }
@@ -175,15 +178,10 @@ int jj_method(jj_render *r, jj_val self, const char *name, jj_val *args, size_t 
     if (NAME_IS(name, "find")) {
       const jj_str *sub = nargs ? need_str(r, args[0], "find") : NULL;
       if (!sub) jj_rfail(r, "find takes one argument");
-      int64_t at = -1, cps = 0;
-      for (size_t i = 0; i + sub->n <= s->n; i++) {
-        if (memcmp(s->p + i, sub->p, sub->n) == 0) {
-          at = cps;
-          break;
-        }
-        cps += ((unsigned char)s->p[i] & 0xC0) != 0x80;
-      }
-      *out = jj_int(at);
+      const char *hit = memmem(s->p, s->n, sub->p, sub->n);
+      int64_t at = 0; // in code points, as Python counts
+      for (const char *q = s->p; hit && q < hit; q++) at += ((unsigned char)*q & 0xC0) != 0x80;
+      *out = jj_int(hit ? at : -1);
       return 1;
     }
     static const char *cases[] = {"lower", "upper", "capitalize", "title"};
@@ -269,9 +267,7 @@ int jj_test(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs
     jj_list *l = jj_iterate(r, args[0]);
     if (args[0].t == JV_STR) {
       const jj_str *h = args[0].s, *n = need_str(r, v, "in");
-      for (size_t i = 0; i + n->n <= h->n; i++)
-        if (memcmp(h->p + i, n->p, n->n) == 0) return 1;
-      return 0;
+      return memmem(h->p, h->n, n->p, n->n) != NULL;
     }
     for (size_t i = 0; i < l->n; i++)
       if (jj_equal(l->v[i], v)) return 1;

@@ -300,11 +300,7 @@ static int contains(jj_render *r, jj_val hay, jj_val needle) {
   case JV_UNDEF: return 0;
   case JV_STR:
     if (needle.t != JV_STR) jj_rfail(r, "'in <string>' requires string as left operand, not %s", jj_type_name(needle));
-    if (!needle.s->n) return 1;
-    if (needle.s->n > hay.s->n) return 0;
-    for (size_t i = 0; i + needle.s->n <= hay.s->n; i++)
-      if (memcmp(hay.s->p + i, needle.s->p, needle.s->n) == 0) return 1;
-    return 0;
+    return memmem(hay.s->p, hay.s->n, needle.s->p, needle.s->n) != NULL;
   case JV_LIST:
     for (size_t i = 0; i < hay.l->n; i++)
       if (jj_equal(hay.l->v[i], needle)) return 1;

@@ -150,6 +150,8 @@ TEST(Jinja, ExpressionsAsPython) {
                R"({"m": [{"role": "user", "c": "1"}, {"role": "bot", "c": "2"}, {"role": "user", "c": "3"}]})"),
             "1,3");
   EXPECT_EQ(ok("{{ 'a\\tb\\u00e9\\d' }}"), "a\tb\xc3\xa9\\d");
+  EXPECT_EQ(ok("{{ 'abc'.replace('', '-') }} {{ 'aaa'.replace('a', 'b', 2) }} {{ 'h\xc3\xa9llo'.find('l') }} {{ 'x'.find('y') }}"),
+            "-a-b-c- bba 2 -1");
 }
 
 TEST(Jinja, FiltersAsJinja2) {
