@@ -198,7 +198,7 @@ struct mdl_jinja {
 // Parses tokens into t->body (jinja_parse.c); unwinds through the arena on error.
 void jj_parse(mdl_jinja *t, const jj_toks *toks);
 
-// ---- render (jinja_eval.c, jinja_builtins.c) ----
+// ---- render (jinja_access.c below jinja_builtins.c below jinja_eval.c) ----
 
 typedef struct jj_scope jj_scope;
 struct jj_scope {
@@ -225,9 +225,14 @@ _Noreturn void jj_rfail(jj_render *r, const char *fmt, ...) __attribute__((forma
 jj_val jj_eval(jj_render *r, jj_scope *s, const jj_node *e);
 jj_val jj_call_macro(jj_render *r, const jj_node *m, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv,
                      size_t nkw);
+// Value access (jinja_access.c)
 jj_val jj_attr(jj_render *r, jj_val v, const char *name, size_t n);
 jj_val jj_item(jj_render *r, jj_val v, jj_val k);
 jj_list *jj_iterate(jj_render *r, jj_val v); // what `for` walks: a list, a dict's keys, a string's characters
+jj_val jj_slice(jj_render *r, jj_val v, jj_val start, jj_val stop, jj_val step); // none: the default
+_Noreturn void jj_undefined_err(jj_render *r, jj_val v); // "'name' is undefined"
+size_t jj_cp_offsets(jj_render *r, const jj_str *s, size_t **offs); // code points; (n + 1) byte offsets
+const jj_str *jj_derived(jj_render *r, const jj_str *from, const char *p, size_t n); // a piece of from
 
 // Builtins (jinja_builtins.c): a filter, a test, a method on a string/dict, a global function.
 jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv,
