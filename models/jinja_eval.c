@@ -382,6 +382,14 @@ static void exec_body(jj_render *r, jj_scope *s, const jj_nodes *body, jj_sbuf *
       }
       break;
     }
+    case JS_FILTERBLOCK: {
+      jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
+      exec_body(r, s, &st->body, &b);
+      jj_scope *t = scope_new(r, s);
+      scope_set(r, t, JJ_BODY, jj_strv(jj_sb_done(r->a, &b)));
+      jj_sb_str(r->a, out, jj_to_str(r->a, jj_eval(r, t, st->a)));
+      break;
+    }
     case JS_SETBLOCK: {
       jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
       exec_body(r, s, &st->body, &b);

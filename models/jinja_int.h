@@ -87,6 +87,8 @@ struct jj_loop {
   size_t i;             // this iteration's index
 };
 
+#define JJ_BODY "\x01body" // the name a filter block's output is bound to (no template can spell it)
+
 enum { JJ_FN_RAISE, JJ_FN_RANGE, JJ_FN_NAMESPACE, JJ_FN_STRFTIME, JJ_FN_DICT };
 
 static inline jj_val jj_undef(void) { return (jj_val){.t = JV_UNDEF}; }
@@ -166,6 +168,7 @@ typedef enum jj_kind {
   JE_LIST, JE_TUPLE, JE_DICT,
   // statements
   JS_TEXT, JS_OUT, JS_IF, JS_FOR, JS_SET, JS_SETBLOCK, JS_MACRO, JS_BREAK, JS_CONTINUE,
+  JS_FILTERBLOCK, // {% filter f %}: a = the filters over JE_NAME JJ_BODY, the body's output
 } jj_kind;
 
 typedef struct jj_nodes {

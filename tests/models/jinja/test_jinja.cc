@@ -121,6 +121,7 @@ TEST(Jinja, ScopesAndNamespaces) {
             "[5][5]5 3");
   EXPECT_EQ(ok("{% if true %}{% set y = 'in if' %}{% endif %}{{ y }}"), "in if");
   EXPECT_EQ(ok("{% set b %}block {{ 1 + 1 }}{% endset %}[{{ b }}]"), "[block 2]");
+  EXPECT_EQ(ok("[{% filter trim | upper %}  a{{ 'b' }}  {% endfilter %}]"), "[AB]");
   EXPECT_EQ(ok("{% macro m(a, b='x') %}{{ a }}-{{ b }}{% endmacro %}{{ m(1) }} {{ m(1, b=2) }} {{ m(b=3, a=4) }}"),
             "1-x 1-2 4-3");
   Result r = render("{% set x = 1 %}{% set x.a = 2 %}");
