@@ -499,7 +499,7 @@ int mdl_jinja_render(const mdl_jinja *t, const char *ctx_json, size_t ctx_len, c
   *out_len = 0;
   if (spans) *spans = NULL;
   if (n_spans) *n_spans = 0;
-  jj_arena a = {.budget = MDL_JINJA_MAX_ARENA, .err = err, .errlen = errlen};
+  jj_arena a = {.budget = MDL_JINJA_MAX_MEMORY, .err = err, .errlen = errlen};
   jj_render r = {.a = &a, .t = t, .now = o ? o->now : 0, .line = 1};
   jmp_buf jb;
   a.fail = &jb;

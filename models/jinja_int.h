@@ -17,13 +17,11 @@ typedef struct jj_chunk jj_chunk;
 typedef struct jj_arena {
   jj_chunk *head;   // (owned) chunks, newest first
   size_t used;      // bytes handed out over all chunks
-  size_t budget;    // most bytes a render may hold (MDL_JINJA_MAX_ARENA)
+  size_t budget;    // most bytes a render may hold (MDL_JINJA_MAX_MEMORY)
   jmp_buf *fail;    // (borrowed) where an exhausted budget or failed malloc unwinds
   char *err;        // (borrowed) the caller's error buffer
   size_t errlen;
 } jj_arena;
-
-#define MDL_JINJA_MAX_ARENA ((size_t)256 << 20)
 
 void *jj_alloc(jj_arena *a, size_t n); // zeroed; unwinds on failure
 void jj_arena_free(jj_arena *a);

@@ -157,26 +157,45 @@ const jj_str *jj_markup_cat(jj_arena *a, const jj_str *x, const jj_str *y) {
   return s;
 }
 
+// The code point whose UTF-8 starts at byte i (*len its bytes; a bad or cut sequence reads as its first byte).
+static uint32_t utf8_at(const char *p, size_t n, size_t i, size_t *len) {
+  const unsigned char *u = (const unsigned char *)p + i;
+  uint32_t c = u[0];
+  size_t l = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+  if (i + l > n) l = 1;
+  *len = l;
+  if (l == 4) return (c & 7u) << 18 | (u[1] & 63u) << 12 | (u[2] & 63u) << 6 | (u[3] & 63u);
+  if (l == 3) return (c & 15u) << 12 | (u[1] & 63u) << 6 | (u[2] & 63u);
+  if (l == 2) return (c & 31u) << 6 | (u[1] & 63u);
+  return c;
+}
+
 // Python's str.isspace for the code point at byte i (back: the one ending just before i); *len its UTF-8 length.
 int jj_isspace_at(const char *p, size_t n, size_t i, int back, size_t *len) {
-  const unsigned char *u = (const unsigned char *)p;
   size_t s = i;
   if (back) {
     if (i == 0) return 0;
     s = i - 1;
-    while (s > 0 && (u[s] & 0xC0) == 0x80 && i - s < 4) s--;
+    while (s > 0 && ((unsigned char)p[s] & 0xC0) == 0x80 && i - s < 4) s--;
   } else if (i >= n) {
     return 0;
   }
-  uint32_t c = u[s];
-  size_t l = 1;
-  if (c >= 0xF0 && s + 3 < n) c = (c & 7) << 18 | (u[s + 1] & 63u) << 12 | (u[s + 2] & 63u) << 6 | (u[s + 3] & 63u), l = 4;
-  else if (c >= 0xE0 && s + 2 < n) c = (c & 15) << 12 | (u[s + 1] & 63u) << 6 | (u[s + 2] & 63u), l = 3;
-  else if (c >= 0xC0 && s + 1 < n) c = (c & 31) << 6 | (u[s + 1] & 63u), l = 2;
+  size_t l;
+  uint32_t c = utf8_at(p, n, s, &l);
   if (back && s + l != i) return 0;
   *len = l;
   return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+// Not str.isprintable(): controls, format characters, separators but the space, private use, surrogates (what
+// repr() escapes; unassigned code points, which Python escapes too, are not known here and print as they are).
+static int unprintable(uint32_t c) {
+  return c < 0x20 || (c >= 0x7f && c <= 0xa0) || c == 0xad || (c >= 0x600 && c <= 0x605) || c == 0x61c ||
+         c == 0x6dd || c == 0x70f || c == 0x8e2 || c == 0x1680 || c == 0x180e || (c >= 0x2000 && c <= 0x200f) ||
+         (c >= 0x2028 && c <= 0x202f) || (c >= 0x205f && c <= 0x2064) || (c >= 0x2066 && c <= 0x206f) ||
+         c == 0x3000 || (c >= 0xd800 && c <= 0xf8ff) || c == 0xfeff || (c >= 0xfff9 && c <= 0xfffb) ||
+         (c >= 0xe0000 && c <= 0xe007f) || c >= 0xf0000;
 }
 
 // ---- containers ----
@@ -361,13 +380,18 @@ static void put_repr_str(jj_arena *a, jj_sbuf *b, const jj_str *s) {
   jj_sb_put(a, b, &q, 1, 0);
   for (size_t i = 0; i < s->n; i++) {
     unsigned char c = (unsigned char)s->p[i];
-    char tmp[8];
+    char tmp[12];
     if (c == '\\' || c == (unsigned char)q) { tmp[0] = '\\'; tmp[1] = (char)c; jj_sb_put(a, b, tmp, 2, 0); }
     else if (c == '\n') jj_sb_put(a, b, "\\n", 2, 0);
     else if (c == '\r') jj_sb_put(a, b, "\\r", 2, 0);
     else if (c == '\t') jj_sb_put(a, b, "\\t", 2, 0);
-    else if (c < 0x20 || c == 0x7f) { snprintf(tmp, sizeof tmp, "\\x%02x", c); jj_sb_put(a, b, tmp, 4, 0); }
-    else jj_sb_put(a, b, (const char *)&c, 1, 0);
+    else {
+      size_t l;
+      uint32_t cp = utf8_at(s->p, s->n, i, &l);
+      if (!unprintable(cp)) jj_sb_put(a, b, s->p + i, l, 0);
+      else jj_sb_put(a, b, tmp, (size_t)snprintf(tmp, sizeof tmp, cp <= 0xff ? "\\x%02x" : cp <= 0xffff ? "\\u%04x" : "\\U%08x", cp), 0);
+      i += l - 1;
+    }
   }
   jj_sb_put(a, b, &q, 1, 0);
 }
@@ -424,7 +448,7 @@ static void put_json_str(jj_arena *a, jj_sbuf *b, const jj_str *s, int ascii) {
   jj_sb_put(a, b, "\"", 1, 0);
   for (size_t i = 0; i < s->n; i++) {
     unsigned char c = (unsigned char)s->p[i];
-    char tmp[8];
+    char tmp[12];
     if (c == '"' || c == '\\') { tmp[0] = '\\'; tmp[1] = (char)c; jj_sb_put(a, b, tmp, 2, 0); }
     else if (c == '\n') jj_sb_put(a, b, "\\n", 2, 0);
     else if (c == '\r') jj_sb_put(a, b, "\\r", 2, 0);
@@ -433,12 +457,8 @@ static void put_json_str(jj_arena *a, jj_sbuf *b, const jj_str *s, int ascii) {
     else if (c == '\f') jj_sb_put(a, b, "\\f", 2, 0);
     else if (c < 0x20) { snprintf(tmp, sizeof tmp, "\\u%04x", c); jj_sb_put(a, b, tmp, 6, 0); }
     else if (c >= 0x80 && ascii) { // \uXXXX, as a surrogate pair above the BMP
-      const unsigned char *u = (const unsigned char *)s->p;
-      size_t l = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
-      if (i + l > s->n) l = s->n - i;
-      uint32_t cp = l == 4 ? (c & 7u) << 18 | (u[i + 1] & 63u) << 12 | (u[i + 2] & 63u) << 6 | (u[i + 3] & 63u)
-                  : l == 3 ? (c & 15u) << 12 | (u[i + 1] & 63u) << 6 | (u[i + 2] & 63u)
-                  : l == 2 ? (c & 31u) << 6 | (u[i + 1] & 63u) : c;
+      size_t l;
+      uint32_t cp = utf8_at(s->p, s->n, i, &l);
       i += l - 1;
       if (cp >= 0x10000) {
         cp -= 0x10000;

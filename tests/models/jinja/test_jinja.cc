@@ -151,6 +151,9 @@ TEST(Jinja, ExpressionsAsPython) {
                R"({"m": [{"role": "user", "c": "1"}, {"role": "bot", "c": "2"}, {"role": "user", "c": "3"}]})"),
             "1,3");
   EXPECT_EQ(ok("{{ 'a\\tb\\u00e9\\d' }}"), "a\tb\xc3\xa9\\d");
+  // str() of a container is Python's repr: quotes chosen as Python does, unprintable code points escaped
+  EXPECT_EQ(ok("{{ x }}", R"({"x": {"k": ["a\u00a0b\u200bc\u0085\u00e9\udb40\udc01", "it's", "q\"'"]}})"),
+            "{'k': ['a\\xa0b\\u200bc\\x85\xc3\xa9\\U000e0001', \"it's\", 'q\"\\'']}");
   EXPECT_EQ(ok("{{ 'abc'.replace('', '-') }} {{ 'aaa'.replace('a', 'b', 2) }} {{ 'h\xc3\xa9llo'.find('l') }} {{ 'x'.find('y') }}"),
             "-a-b-c- bba 2 -1");
 }
