@@ -48,7 +48,7 @@ jj_list *jj_iterate(jj_render *r, jj_val v) {
     if (v.l->spent) return jj_list_new(r->a, 1); // a generator yields its items once
     v.l->spent = 1;
     return v.l;
-  case JV_DICT: case JV_NS:
+  case JV_DICT:
     l = jj_list_new(r->a, v.d->n);
     for (size_t i = 0; i < v.d->n; i++) jj_list_push(r->a, l, v.d->k[i]);
     return l;

@@ -161,7 +161,7 @@ static int contains(jj_render *r, jj_val hay, jj_val needle) {
     for (size_t i = 0; i < hay.l->n; i++)
       if (jj_equal(hay.l->v[i], needle)) return 1;
     return 0;
-  case JV_DICT: case JV_NS: {
+  case JV_DICT: {
     jj_val o;
     return jj_dict_find(hay.d, needle, &o);
   }

@@ -504,7 +504,7 @@ static void put_json(jj_arena *a, jj_sbuf *b, jj_val v, int indent, int ascii, i
     if (indent >= 0) json_nl(a, b, indent, level);
     jj_sb_put(a, b, "]", 1, 0);
     break;
-  case JV_DICT: case JV_NS:
+  case JV_DICT:
     if (!v.d->n) { jj_sb_put(a, b, "{}", 2, 0); break; }
     jj_sb_put(a, b, "{", 1, 0);
     for (size_t i = 0; i < v.d->n; i++) {

@@ -124,6 +124,10 @@ TEST(Jinja, ScopesAndNamespaces) {
   EXPECT_EQ(ok("[{% filter trim | upper %}  a{{ 'b' }}  {% endfilter %}]"), "[AB]");
   EXPECT_EQ(ok("{% macro m(a, b='x') %}{{ a }}-{{ b }}{% endmacro %}{{ m(1) }} {{ m(1, b=2) }} {{ m(b=3, a=4) }}"),
             "1-x 1-2 4-3");
+  // a namespace is no mapping: not iterable, no `in`, no JSON (jinja2's Namespace)
+  EXPECT_EQ(ok("{% set ns = namespace(a=1) %}{{ ns is mapping }}{{ ns.a }}"), "False1");
+  for (const char *t : {"{% for x in ns %}{% endfor %}", "{{ 'a' in ns }}", "{{ ns | tojson }}"})
+    EXPECT_EQ(render(std::string("{% set ns = namespace(a=1) %}") + t).rc, -1) << t;
   Result r = render("{% set x = 1 %}{% set x.a = 2 %}");
   EXPECT_EQ(r.rc, -1);
   EXPECT_NE(r.err.find("non-namespace"), std::string::npos) << r.err;
