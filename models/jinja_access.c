@@ -99,7 +99,7 @@ jj_val jj_attr(jj_render *r, jj_val v, const char *name, size_t n) {
 
 jj_val jj_item(jj_render *r, jj_val v, jj_val k) {
   if (v.t == JV_UNDEF) jj_undefined_err(r, v);
-  if (v.t == JV_LIST && v.l->gen) jj_rfail(r, "'generator' object is not subscriptable");
+  if (v.t == JV_LIST && (v.l->gen || v.l->view)) jj_rfail(r, "'%s' object is not subscriptable", jj_type_name(v));
   if ((v.t == JV_LIST || v.t == JV_STR) && (k.t == JV_INT || k.t == JV_BOOL)) {
     int64_t i = k.t == JV_INT ? k.i : k.b;
     size_t *o = NULL;
@@ -126,7 +126,7 @@ static int64_t slice_arg(jj_render *r, jj_val v, int64_t dflt) {
 
 jj_val jj_slice(jj_render *r, jj_val v, jj_val b, jj_val c, jj_val d) {
   if (v.t == JV_UNDEF) jj_undefined_err(r, v);
-  if ((v.t != JV_LIST && v.t != JV_STR) || (v.t == JV_LIST && v.l->gen))
+  if ((v.t != JV_LIST && v.t != JV_STR) || (v.t == JV_LIST && (v.l->gen || v.l->view)))
     jj_rfail(r, "'%s' object is not subscriptable", jj_type_name(v));
   size_t *o = NULL;
   int64_t n = (int64_t)(v.t == JV_LIST ? v.l->n : jj_cp_offsets(r, v.s, &o));
