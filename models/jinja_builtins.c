@@ -92,14 +92,16 @@ static jj_val split(jj_render *r, const jj_str *s, const jj_str *sep, int64_t ma
 }
 
 // Case mapping: ASCII only; Python maps every script, so other text is refused rather than rendered differently.
-static jj_val recase(jj_render *r, const jj_str *s, int mode /* 0 lower 1 upper 2 capitalize 3 title */) {
+// mode 3 is str.title (a word starts after any non-letter), 4 jinja2's title filter (after - ( { [ < or whitespace).
+static jj_val recase(jj_render *r, const jj_str *s, int mode /* 0 lower 1 upper 2 capitalize 3, 4 title */) {
   char *p = jj_alloc(r->a, s->n + 1);
   int start = 1;
   for (size_t i = 0; i < s->n; i++) {
     char c = s->p[i];
     if ((unsigned char)c >= 0x80) jj_rfail(r, "changing the case of non-ASCII text is not supported");
     int alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-    int up = mode == 1 || (mode == 2 && i == 0) || (mode == 3 && start);
+    if (mode == 4) start = i == 0 || strchr("-({[< \t\n\r\v\f\x1c\x1d\x1e\x1f", s->p[i - 1]);
+    int up = mode == 1 || (mode == 2 && i == 0) || (mode >= 3 && start);
     if (alpha) c = up ? (char)(c & ~0x20) : (char)(c | 0x20);
     start = mode == 3 ? !alpha : 0;
     p[i] = c;
@@ -318,26 +320,6 @@ static jj_val select_filter(jj_render *r, const char *name, jj_val v, jj_val *ar
   return (jj_val){.t = JV_LIST, .l = out};
 }
 
-// Python's ordering of two sort keys; fold: jinja2's ignore_case (str.lower, refused beyond ASCII as in recase).
-static int cmp_key(jj_render *r, jj_val x, jj_val y, int fold) {
-  if ((x.t == JV_INT || x.t == JV_FLOAT || x.t == JV_BOOL) && (y.t == JV_INT || y.t == JV_FLOAT || y.t == JV_BOOL)) {
-    double a = x.t == JV_FLOAT ? x.f : x.t == JV_INT ? (double)x.i : x.b;
-    double b = y.t == JV_FLOAT ? y.f : y.t == JV_INT ? (double)y.i : y.b;
-    return a < b ? -1 : a > b;
-  }
-  if (x.t != JV_STR || y.t != JV_STR)
-    jj_rfail(r, "'<' not supported between instances of '%s' and '%s'", jj_type_name(x), jj_type_name(y));
-  size_t n = x.s->n < y.s->n ? x.s->n : y.s->n;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char a = (unsigned char)x.s->p[i], b = (unsigned char)y.s->p[i];
-    if (fold && (a >= 0x80 || b >= 0x80)) jj_rfail(r, "case-insensitive ordering of non-ASCII text is not supported");
-    if (fold && a >= 'A' && a <= 'Z') a |= 0x20;
-    if (fold && b >= 'A' && b <= 'Z') b |= 0x20;
-    if (a != b) return a < b ? -1 : 1;
-  }
-  return x.s->n < y.s->n ? -1 : x.s->n > y.s->n;
-}
-
 static jj_val dictsort(jj_render *r, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv, size_t nkw) {
   if (v.t != JV_DICT) jj_rfail(r, "dictsort expects a mapping, not %s", jj_type_name(v));
   int fold = !jj_truthy(kwarg(kwn, kwv, nkw, "case_sensitive", args, nargs, 0, jj_bool(0)));
@@ -354,7 +336,7 @@ static jj_val dictsort(jj_render *r, jj_val v, jj_val *args, size_t nargs, const
     jj_val x = l->v[i];
     size_t j = i;
     for (; j > 0; j--) {
-      int c = cmp_key(r, l->v[j - 1].l->v[pos], x.l->v[pos], fold);
+      int c = jj_compare(r, "<", l->v[j - 1].l->v[pos], x.l->v[pos], fold);
       if (rev ? c >= 0 : c <= 0) break;
     }
     memmove(l->v + j + 1, l->v + j, (i - j) * sizeof(jj_val));
@@ -376,7 +358,7 @@ static jj_val min_max(jj_render *r, int max, jj_val v, jj_val *args, size_t narg
       a = attr_path(r, a, jj_to_str(r->a, attr));
       b = attr_path(r, b, jj_to_str(r->a, attr));
     }
-    int c = cmp_key(r, a, b, fold);
+    int c = jj_compare(r, "<", a, b, fold);
     if (max ? c > 0 : c < 0) best = i;
   }
   return in->v[best];
@@ -525,7 +507,7 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
   }
   static const char *cases[] = {"lower", "upper", "capitalize", "title"};
   for (int m = 0; m < 4; m++)
-    if (NAME_IS(name, cases[m])) return recase(r, jj_to_str(r->a, v), m);
+    if (NAME_IS(name, cases[m])) return recase(r, jj_to_str(r->a, v), m == 3 ? 4 : m);
   if (NAME_IS(name, "replace")) {
     if (nargs < 2) jj_rfail(r, "replace takes two arguments");
     const jj_str *s = jj_to_str(r->a, v);
@@ -543,6 +525,7 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
   }
   if (NAME_IS(name, "int") || NAME_IS(name, "float")) {
     int isint = name[0] == 'i';
+    if (v.t == JV_UNDEF) jj_undefined_err(r, v); // int(Undefined) raises in jinja2, no default
     jj_val dflt = kwarg(kwn, kwv, nkw, "default", args, nargs, 0, isint ? jj_int(0) : jj_float(0));
     if (v.t == JV_INT || v.t == JV_BOOL) return isint ? jj_int(v.t == JV_INT ? v.i : v.b) : jj_float(v.t == JV_INT ? (double)v.i : v.b);
     if (v.t == JV_FLOAT) {

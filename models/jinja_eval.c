@@ -176,6 +176,8 @@ static int contains(jj_render *r, jj_val hay, jj_val needle) {
     return 0;
   case JV_DICT: {
     jj_val o;
+    if (needle.t == JV_DICT || (needle.t == JV_LIST && !needle.l->tuple))
+      jj_rfail(r, "unhashable type: '%s'", jj_type_name(needle));
     return jj_dict_find(hay.d, needle, &o);
   }
   default: jj_rfail(r, "argument of type '%s' is not iterable", jj_type_name(hay));
@@ -183,17 +185,9 @@ static int contains(jj_render *r, jj_val hay, jj_val needle) {
 }
 
 static int order(jj_render *r, const char *op, jj_val x, jj_val y) {
-  int c;
-  if (is_num(x) && is_num(y)) {
-    if (is_intish(x) && is_intish(y)) c = as_i(x) < as_i(y) ? -1 : as_i(x) > as_i(y);
-    else c = as_f(x) < as_f(y) ? -1 : as_f(x) > as_f(y) ? 1 : 0;
-  } else if (x.t == JV_STR && y.t == JV_STR) {
-    size_t n = x.s->n < y.s->n ? x.s->n : y.s->n;
-    c = memcmp(x.s->p, y.s->p, n);
-    if (!c) c = x.s->n < y.s->n ? -1 : x.s->n > y.s->n;
-  } else {
-    bad_operands(r, op, x, y);
-  }
+  if (x.t == JV_UNDEF) jj_undefined_err(r, x);
+  if (y.t == JV_UNDEF) jj_undefined_err(r, y);
+  int c = jj_compare(r, op, x, y, 0);
   if (op[0] == '<') return op[1] ? c <= 0 : c < 0;
   return op[1] ? c >= 0 : c > 0;
 }

@@ -241,6 +241,7 @@ jj_val jj_slice(jj_render *r, jj_val v, jj_val start, jj_val stop, jj_val step);
 _Noreturn void jj_undefined_err(jj_render *r, jj_val v); // "'name' is undefined"
 size_t jj_cp_offsets(jj_render *r, const jj_str *s, size_t **offs); // code points; (n + 1) byte offsets
 const jj_str *jj_derived(jj_render *r, const jj_str *from, const char *p, size_t n); // a piece of from
+int jj_compare(jj_render *r, const char *op, jj_val x, jj_val y, int fold); // -1, 0, 1 as Python orders x and y
 
 // Builtins (jinja_builtins.c): a filter, a test, a method on a string/dict, a global function.
 jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv,
