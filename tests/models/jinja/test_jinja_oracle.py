@@ -8,7 +8,7 @@ jinja_render (tests/models/jinja/jinja_render.c). The outputs must be byte-ident
 raise_exception must raise the same message; a pair where jinja2 fails otherwise must fail too. The request-text
 spans jinja_render reports must cover every occurrence of the conversation's texts and hold nothing but request text.
 
-A second case renders 2400 random templates (a fixed seed; text, every tag, whitespace control, and expressions over
+A second case renders 1600 random templates (a fixed seed; text, every tag, whitespace control, and expressions over
 the operators, filters, tests and methods the interpreter has) over a small context: each must render as jinja2 does,
 or fail where jinja2 fails.
 
@@ -284,7 +284,7 @@ class RandomTest(unittest.TestCase):
         counts = {"ok": 0, "error": 0}
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "t.jinja")
-            for i in range(2400):
+            for i in range(1600):
                 tpl = random_template(R)
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(tpl)
@@ -300,7 +300,7 @@ class RandomTest(unittest.TestCase):
                         self.assertEqual(out.decode("utf-8"), want)
                     else:
                         self.assertIn(rc, (1, 2), "jinja2 failed (%s), jinja_render did not: %r" % (want, out))
-        self.assertGreater(counts["ok"], 1200, counts)  # most templates must render, or the test proves little
+        self.assertGreater(counts["ok"], 800, counts)  # most templates must render, or the test proves little
 
 
 if __name__ == "__main__":
