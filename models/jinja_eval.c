@@ -1,5 +1,6 @@
-// models/jinja_eval.c: runs a parsed Jinja template: scopes as jinja2 keeps them (a loop iteration and a macro call
-// are scopes, an if is not), statements, expressions with Python's semantics, and the public entry points.
+// models/jinja_eval.c: runs a parsed Jinja template: scopes as jinja2 keeps them (a loop iteration, a macro call, a
+// block set's body are scopes, an if is not; names a frame writes first start undefined: jinja_frames.c), statements,
+// expressions with Python's semantics, and the public entry points.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +59,6 @@ static jj_val lookup(const jj_scope *s, const char *name) {
   u.uname = name;
   return u;
 }
-
 
 // ---- operators ----
 

@@ -208,7 +208,7 @@ OPS = ["+", "-", "*", "//", "~", "==", "!=", "<", ">=", "and", "or", "in", "not 
 FILTERS = ["trim", "length", "string", "list", "tojson", "first", "last", "join(',')", "default('D')", "items | list",
            "reverse | list", "upper", "lower", "int", "float", "abs", "tojson(indent=2)", "count", "round(1)",
            "capitalize", "title", "replace('l','L')", "d", "indent(2)", "dictsort", "selectattr('role') | list",
-           "map(attribute='role') | join", "unique | list" if False else "safe", "min", "max"]
+           "map(attribute='role') | join", "safe", "min", "max"]
 TESTS = ["defined", "undefined", "none", "string", "number", "mapping", "iterable", "sequence", "odd", "even", "true",
          "false", "boolean", "integer", "float", "callable", "divisibleby(2)", "equalto 1", "in [1, 2]"]
 METHODS = [("strip", ""), ("strip", "'H '"), ("lstrip", ""), ("rstrip", "' d'"), ("split", ""), ("split", "'</t>'"),
