@@ -199,6 +199,9 @@ int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat
 // Hermes/Qwen's convention, the fallback for ChatML templates with none of their own (SmolLM2's).
 static const mdl_chat_tool_style HERMES = {
     .name = "hermes",
+    .format = MDL_TOOL_FMT_HERMES,
+    .marker = "<tool_call>",
+    .args_key = "arguments",
     .call_open = "<tool_call>\n",
     .call_close = "\n</tool_call>",
     .call_sep = "\n",
@@ -211,6 +214,26 @@ static const mdl_chat_tool_style HERMES = {
                 "<tool_call></tool_call> XML tags, one call per tag:\n<tool_call>\n{\"name\": <function-name>, "
                 "\"arguments\": <args-json-object>}\n</tool_call>",
 };
+
+// The formats only a Jinja template renders the prompt of (its own tool list and results): what the model writes and
+// what a forced call's grammar generates. Llama 3's is one call, the whole reply: its sep is never used.
+static const mdl_chat_tool_style LLAMA3_JSON = {
+    .name = "llama3_json", .format = MDL_TOOL_FMT_LLAMA3, .marker = "<|python_tag|>", .args_key = "parameters",
+    .call_open = "", .call_close = "", .call_sep = ""};
+// Mistral's calls are one JSON array after [TOOL_CALLS]; a forced turn of several writes one array per call, which
+// the parser reads as well.
+static const mdl_chat_tool_style MISTRAL = {
+    .name = "mistral", .format = MDL_TOOL_FMT_MISTRAL, .marker = "[TOOL_CALLS]", .args_key = "arguments",
+    .call_open = "[TOOL_CALLS][", .call_close = "]", .call_sep = ""};
+
+const mdl_chat_tool_style *mdl_chat_tool_style_detect(const char *tpl, size_t n) {
+  if (!tpl) return NULL;
+  if (find_in(tpl, n, "[TOOL_CALLS]")) return &MISTRAL;
+  if (find_in(tpl, n, "<tool_call>")) return &HERMES;
+  if (find_in(tpl, n, "<|start_header_id|>") && (find_in(tpl, n, "\"parameters\"") || find_in(tpl, n, "<|python_tag|>")))
+    return &LLAMA3_JSON;
+  return NULL;
+}
 
 const mdl_chat_tool_style *mdl_chat_template_tools(const mdl_chat_template *t, char *err, size_t errlen) {
   if (t && t->has_tools) return &HERMES; // a ChatML template: its own <tool_call> convention (Qwen's) is Hermes's too

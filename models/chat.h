@@ -74,6 +74,40 @@ int mdl_chat_render_text(const mdl_chat_template *t, const char *tpl_text, size_
                          int add_generation_prompt, char **out, size_t **user_spans, size_t *n_user_spans, char *err,
                          size_t errlen) UTL_WARN_UNUSED;
 
+// ---- Jinja templates (models/chat_jinja.c) ----
+
+struct mdl_jinja; // models/jinja.h
+
+// One message as a Jinja template reads it (the families read role and content only: mdl_chat_msg). NULL: absent.
+typedef struct mdl_chat_turn {
+  const char *role, *content;    // required; role as the request gave it ("system", "user", "assistant", "tool")
+  const char *name;              // the participant's name
+  const char *tool_calls;        // an assistant's calls: JSON text of [{"id", "name", "arguments"}] or OpenAI's
+                                 // [{"id", "type", "function": {"name", "arguments"}}] (arguments a value or a string)
+  const char *tool_call_id;      // a tool result's call id
+  const char *reasoning_content; // an assistant's reasoning (Qwen3's template shows it)
+} mdl_chat_turn;
+
+// What a Jinja chat template is rendered with: the variables Hugging Face's apply_chat_template gives it.
+typedef struct mdl_chat_jinja_in {
+  const mdl_chat_turn *msgs; // (n) messages[i]: {role, content, name, tool_calls (OpenAI's shape, arguments a mapping
+  size_t n;                  // when they are JSON), tool_call_id, reasoning_content}, absent fields left out
+  const char *tools;        // JSON text of OpenAI's tools array, or NULL: `tools` undefined
+  const char *kwargs;       // JSON text of an object whose keys become top-level variables (chat_template_kwargs;
+                            // the caller refuses messages, tools, bos_token, eos_token, add_generation_prompt), or NULL
+  int add_generation_prompt;
+  const char *bos, *eos;    // bos_token, eos_token: the vocabulary's texts ("" when it has none)
+  int strip_bos;            // the tokenizer adds BOS itself: a leading bos text is cut (as llama.cpp's
+                            // common_chat_template_direct_apply does), so the prompt never starts with two
+  int64_t now;              // unix seconds strftime_now() formats
+} mdl_chat_jinja_in;
+
+// Renders t with in. *out malloc'ed (NUL-terminated); *spans (malloc'ed, (*n_spans, 2) offsets and lengths into
+// *out) covers the request's text as mdl_chat_render's user_spans do. Returns 0, -1 with err (a runtime error: err
+// names its line), or MDL_JINJA_RAISED with the template's raise_exception message in err.
+int mdl_chat_render_jinja(const struct mdl_jinja *t, const mdl_chat_jinja_in *in, char **out, size_t **spans,
+                          size_t *n_spans, char *err, size_t errlen) UTL_WARN_UNUSED;
+
 // ---- ChatML ----
 
 // Renders msgs (n) as ChatML: "<|im_start|>ROLE\nCONTENT<|im_end|>\n" each, then "<|im_start|>assistant\n" when
@@ -96,8 +130,20 @@ int mdl_chat_default_system(const mdl_gguf *g, char **out, char *err, size_t err
 // Hermes/Qwen one (docs/openai.md): the tools' JSON signatures inside <tools></tools> in the system block, each call
 // as "<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>", results as "<tool_response>...</tool_response>"
 // inside a user turn.
+// The formats a model writes its calls in (models/chat.c detects a Jinja template's from its text, as llama.cpp's
+// common/chat.cpp does): Hermes/Qwen's tags, Llama 3.x's bare JSON reply, Mistral Nemo's [TOOL_CALLS] array.
+typedef enum mdl_tool_format {
+  MDL_TOOL_FMT_HERMES = 0,  // <tool_call>{"name": N, "arguments": {...}}</tool_call>, one block per call
+  MDL_TOOL_FMT_LLAMA3 = 1,  // the whole reply is {"name": N, "parameters": {...}}, optionally after <|python_tag|>
+  MDL_TOOL_FMT_MISTRAL = 2, // [TOOL_CALLS][{"name": N, "arguments": {...}, "id": "9 alnum"}, ...]
+} mdl_tool_format;
+
 typedef struct mdl_chat_tool_style {
-  const char *name;         // "hermes"
+  const char *name;         // "hermes", "llama3_json", "mistral"
+  mdl_tool_format format;
+  const char *marker;       // the text that begins a call wherever it comes ("<tool_call>", "[TOOL_CALLS]",
+                            // "<|python_tag|>"): a stream holds back what may be its beginning
+  const char *args_key;     // the key of a call's arguments: "arguments", Llama 3's "parameters"
   const char *call_open;    // what opens a call: "<tool_call>\n"
   const char *call_close;   // what closes it: "\n</tool_call>"
   const char *call_sep;     // between two calls of one turn: "\n"
@@ -107,6 +153,11 @@ typedef struct mdl_chat_tool_style {
   const char *sys_head;     // the system block's tool section before the tool list ...
   const char *sys_tail;     // ... and after it
 } mdl_chat_tool_style;
+
+// The call format a Jinja template's text (n bytes) shows the model: Mistral's [TOOL_CALLS], Hermes/Qwen's
+// <tool_call>, Llama 3's {"name": ..., "parameters": ...} (a <|start_header_id|> template that writes "parameters" or
+// <|python_tag|>). NULL when the template writes calls in none of these (or not at all).
+const mdl_chat_tool_style *mdl_chat_tool_style_detect(const char *tpl, size_t n);
 
 // The tool style of g's template (g NULL: SmolLM2's, ChatML). NULL with err when the template has none this code knows.
 // mdl_chat_template_tools: the same for a family (NULL with err for one without a tool convention).

@@ -272,6 +272,7 @@ static int add_grammar(cJSON *j, const prt_grammar *g) {
       !PRT_ADD_STR(o, "close", g->close) || !PRT_ADD_STR(o, "sep", g->sep) ||
       !cJSON_AddBoolToObject(o, "parallel", g->parallel))
     return -1;
+  if (g->args_key && strcmp(g->args_key, "arguments") && !PRT_ADD_STR(o, "args_key", g->args_key)) return -1;
   return 0;
 }
 
@@ -304,7 +305,8 @@ static int read_grammar(const cJSON *j, prt_grammar *g, char *err, size_t errlen
     if (bad || (par && !cJSON_IsBool(par)) ||
         prt__str(o, "generate: grammar", "open", 1, &g->open, err, errlen) ||
         prt__str(o, "generate: grammar", "close", 1, &g->close, err, errlen) ||
-        prt__str(o, "generate: grammar", "sep", cJSON_IsTrue(par), &g->sep, err, errlen)) {
+        prt__str(o, "generate: grammar", "sep", cJSON_IsTrue(par), &g->sep, err, errlen) ||
+        prt__str(o, "generate: grammar", "args_key", 0, &g->args_key, err, errlen)) {
       utl_seterr(err, errlen, "generate: grammar: a tool_calls grammar needs tools, open, close, and sep when parallel");
       return -1;
     }

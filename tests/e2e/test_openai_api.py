@@ -82,7 +82,9 @@ class SmolLM2(unittest.TestCase):
                   "parameters": WEATHER, "strict": True}]
         for stream in (False, True):
             kw = dict(model=MODEL_ID[self.PORT], input="What is the weather like in Paris today?", tools=tools,
-                      tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=200)
+                      tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=200,
+                      # SmolLM2's own template never reads tools: the ChatML family's Hermes convention does
+                      extra_body={"chat_template": "chatml"})
             if stream:
                 events = list(client(self.PORT).responses.create(stream=True, **kw))
                 self.assertEqual(events[-1].type, "response.completed")

@@ -93,8 +93,8 @@ struct G {
   int rc;
   char err[400] = {0};
   G(const char *tools, int parallel) {
-    rc = mdl_grammar_from_tool_calls(tools, strlen(tools), "<tool_call>\n", "\n</tool_call>", "\n", parallel, &g, err,
-                                     sizeof err);
+    rc = mdl_grammar_from_tool_calls(tools, strlen(tools), "<tool_call>\n", "\n</tool_call>", "\n", nullptr, parallel,
+                                     &g, err, sizeof err);
   }
   ~G() { mdl_grammar_unref(g); }
   bool ok(const std::string &s) const { return mdl_grammar_matches(g, s.data(), s.size()); }
@@ -150,7 +150,8 @@ TEST(ChatTools, CallGrammarErrors) {
   }
   mdl_grammar *g = nullptr;
   char err[128];
-  EXPECT_EQ(mdl_grammar_from_tool_calls(CALL_TOOLS, strlen(CALL_TOOLS), "<a>", "</a>", nullptr, 1, &g, err, sizeof err),
+  EXPECT_EQ(mdl_grammar_from_tool_calls(CALL_TOOLS, strlen(CALL_TOOLS), "<a>", "</a>", nullptr, nullptr, 1, &g, err,
+                                        sizeof err),
             -1); // parallel needs a separator
   // a $ref resolves in its own tool's parameters
   G ref(R"([{"name":"a","parameters":{"type":"object","properties":{"x":{"$ref":"#/$defs/n"}},"required":["x"],)"
