@@ -389,6 +389,8 @@ static int parse_chat_template(const cJSON *root, rtr_request *r, rtr_error *e) 
         snprintf(param, sizeof param, "chat_template_kwargs.%.40s", k->string);
         return INVAL(e, param, "'%s' cannot be set: the server sets %s from the request itself", param, *m);
       }
+  if (kw && kw->child && r->kind == RTR_TOKENIZE && !rtr_oai_field(root, "messages"))
+    return BAD(e, "chat_template_kwargs", "'chat_template_kwargs' needs 'messages'");
   if (kw && kw->child && !(r->chat_kwargs = cJSON_PrintUnformatted(kw))) return OOM(e);
   if (!t) return 0;
   if (!cJSON_IsString(t) || !t->valuestring[0])
