@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""tests/models/jinja/test_jinja_oracle.py: models/jinja.c against Python's jinja2 on the published chat templates.
+
+Every (template in tests/models/templates, conversation in tests/models/chat_corpus.json) pair is rendered by jinja2
+in Hugging Face's apply_chat_template environment (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
+loopcontrols, tojson = json.dumps(ensure_ascii=False), raise_exception, strftime_now at a fixed time in UTC) and by
+jinja_render (tests/models/jinja/jinja_render.c). The outputs must be byte-identical; a pair where the template calls
+raise_exception must raise the same message; a pair where jinja2 fails otherwise must fail too. The request-text
+spans jinja_render reports must cover every occurrence of the conversation's texts and hold nothing but request text.
+
+Usage: test_jinja_oracle.py JINJA_RENDER (ctest passes the built tool).
+"""
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEMPLATES = os.path.join(HERE, "..", "templates")
+CORPUS = os.path.join(HERE, "..", "chat_corpus.json")
+NOW = 1765000000  # 2025-12-06 05:46:40 UTC: what strftime_now formats on both sides
+RENDER = None  # set from argv
+
+# The special tokens each template's model defines (bos_token, eos_token in the context, as HF passes them).
+TOKENS = {
+    "meta-llama-Llama-3.1-8B-Instruct": ("<|begin_of_text|>", "<|eot_id|>"),
+    "meta-llama-Llama-3.2-3B-Instruct": ("<|begin_of_text|>", "<|eot_id|>"),
+    "Qwen-Qwen2.5-7B-Instruct": ("", "<|im_end|>"),
+    "Qwen-Qwen3-0.6B": ("", "<|im_end|>"),
+    "mistralai-Mistral-Nemo-Instruct-2407": ("<s>", "</s>"),
+    "microsoft-Phi-3.5-mini-instruct": ("<s>", "<|endoftext|>"),
+    "google-gemma-2-2b-it": ("<bos>", "<eos>"),
+    "google-gemma-3-it": ("<bos>", "<eos>"),
+    "deepseek-ai-DeepSeek-V3.1": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": ("<|begin_of_text|>", "<|im_end|>"),
+    "HuggingFaceTB-SmolLM2-135M-Instruct": ("<|im_start|>", "<|im_end|>"),
+}
+
+
+class Raised(Exception):
+    pass
+
+
+def hf_env():
+    """The environment transformers' apply_chat_template compiles templates in (chat_template_utils.py)."""
+
+    def raise_exception(message):
+        raise Raised(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.datetime.fromtimestamp(NOW, datetime.timezone.utc).strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def request_strings(v, top=True):
+    """Every string below the context's top level (keys too), and the containers holding them."""
+    if isinstance(v, str):
+        if not top:
+            yield v
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            if not top:
+                yield k
+            if not (top and isinstance(x, str)):  # a top-level string (bos_token) is the caller's
+                yield from request_strings(x, False)
+    elif isinstance(v, list):
+        for x in v:
+            yield from request_strings(x, False)
+
+
+def request_material(ctx):
+    """Text a span may hold: each request string, and each nested value as tojson and str() print it."""
+    parts = list(request_strings(ctx))
+
+    def walk(v, top):
+        if not top and isinstance(v, (dict, list, str)):
+            parts.append(json.dumps(v, ensure_ascii=False))
+            parts.append(json.dumps(v, ensure_ascii=False, indent=4))
+            parts.append(str(v))
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x, False)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x, False)
+
+    walk(ctx, True)
+    return "\x00".join(parts)
+
+
+def run_tool(tpl_path, ctx):
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8") as f:
+        json.dump(ctx, f, ensure_ascii=False)
+        path = f.name
+    try:
+        p = subprocess.run([RENDER, tpl_path, path, str(NOW)], capture_output=True, timeout=60)
+    finally:
+        os.unlink(path)
+    return p.returncode, p.stdout, p.stderr.decode("utf-8", "replace")
+
+
+class OracleTest(unittest.TestCase):
+    def test_corpus_byte_identical(self):
+        env = hf_env()
+        corpus = json.load(open(CORPUS, encoding="utf-8"))["conversations"]
+        names = sorted(f[:-6] for f in os.listdir(TEMPLATES) if f.endswith(".jinja"))
+        self.assertEqual(sorted(TOKENS), names, "every template needs its tokens row and every row a template")
+        counts = {}
+        for name in names:
+            path = os.path.join(TEMPLATES, name + ".jinja")
+            tpl_text = open(path, encoding="utf-8").read()
+            tpl = env.from_string(tpl_text)
+            bos, eos = TOKENS[name]
+            for conv in corpus:
+                ctx = {k: v for k, v in conv.items() if k != "name"}
+                ctx["bos_token"], ctx["eos_token"] = bos, eos
+                with self.subTest(template=name, conversation=conv["name"]):
+                    try:
+                        want, kind = tpl.render(**ctx), "ok"
+                    except Raised as e:
+                        want, kind = str(e), "raised"
+                    except Exception as e:  # a template bug on this input: jinja_render must fail too
+                        want, kind = "%s: %s" % (type(e).__name__, e), "error"
+                    rc, out, err = run_tool(path, ctx)
+                    counts.setdefault(name, {}).setdefault(kind, 0)
+                    counts[name][kind] += 1
+                    if kind == "raised":
+                        self.assertEqual(rc, 3, "jinja2 raised %r; jinja_render: rc %d %s" % (want, rc, err))
+                        self.assertEqual(err.strip(), "raised: " + want)
+                        continue
+                    if kind == "error":
+                        self.assertEqual(rc, 1, "jinja2 failed (%s); jinja_render: rc %d %s" % (want, rc, err))
+                        continue
+                    self.assertEqual(rc, 0, "jinja_render failed: " + err)
+                    self.assertEqual(out.decode("utf-8"), want)
+                    self.check_spans(out, err, ctx, tpl_text)
+        for name in names:  # a corpus where most pairs fail would prove little
+            self.assertGreaterEqual(counts[name].get("ok", 0), 5, "%s: %s" % (name, counts[name]))
+        print("pairs per template:", json.dumps(counts), file=sys.stderr)
+
+    def check_spans(self, out, err, ctx, tpl_text):
+        line = [l for l in err.splitlines() if l.startswith("spans")][-1]
+        spans = [tuple(map(int, p.split(","))) for p in line.split()[1:]]
+        end = 0
+        for off, n in spans:
+            self.assertGreater(n, 0)
+            self.assertGreaterEqual(off, end, "spans overlap or are out of order")
+            end = off + n
+        self.assertLessEqual(end, len(out))
+        covered = bytearray(len(out))
+        for off, n in spans:
+            covered[off:off + n] = b"\x01" * n
+        # every occurrence of a distinctive request text (contents, arguments) lies inside a span
+        for s in set(request_strings(ctx)):
+            for t in {s, s.strip()}:
+                b = t.encode("utf-8")
+                if len(b) < 8 or t in tpl_text:  # short, or also written by the template itself
+                    continue
+                i = out.find(b)
+                while i >= 0:
+                    self.assertTrue(all(covered[i:i + len(b)]), "request text %r at %d is not in a span" % (t, i))
+                    i = out.find(b, i + 1)
+        # and a span holds nothing but request text: each is a piece of a request string or of its tojson/str form
+        material = request_material(ctx)
+        for off, n in spans:
+            piece = out[off:off + n].decode("utf-8")
+            self.assertTrue(piece in material, "span %d+%d %r is not request text" % (off, n, piece))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: test_jinja_oracle.py JINJA_RENDER")
+    RENDER = sys.argv.pop(1)
+    unittest.main()
