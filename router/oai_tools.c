@@ -101,7 +101,7 @@ static int parse_tool(const cJSON *t, int i, cJSON *calls, rtr_error *e) {
 // tools, tool_choice and parallel_tool_calls. tool_choice: "none" (no calls; the tools are left out of the prompt),
 // "auto" (the default with tools: the model may call; its output is read for calls), "required" or
 // {"type": "function", "function": {"name"}} (decoding is constrained to calls, models/json_schema.c).
-static int parse_tools(const cJSON *root, rtr_request *r, rtr_error *e) {
+int rtr_oai_parse_tools(const cJSON *root, rtr_request *r, rtr_error *e) {
   const cJSON *tools = rtr_oai_field(root, "tools"), *choice = rtr_oai_field(root, "tool_choice");
   r->parallel_tool_calls = 1;
   int parallel_given = rtr_oai_get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e);
@@ -257,7 +257,7 @@ int rtr_oai_check_chat_extras(const cJSON *root, rtr_request *r, rtr_error *e) {
       if (!cJSON_IsString(m) || strcmp(m->valuestring, "text"))
         return UNSUP(e, "modalities", "'modalities' other than [\"text\"] is not supported");
   }
-  if (parse_tools(root, r, e) < 0 || check_functions(root, e) < 0 || parse_response_format(root, r, e) < 0) return -1;
+  if (rtr_oai_parse_tools(root, r, e) < 0 || check_functions(root, e) < 0 || parse_response_format(root, r, e) < 0) return -1;
   if (r->tool_choice != RTR_TOOLS_OFF && r->response_format != RTR_FORMAT_TEXT) // one grammar per choice
     return UNSUP(e, "response_format", "'response_format' other than text together with tools (tool_choice other "
                  "than \"none\") is not supported");

@@ -422,7 +422,7 @@ static const char *const F_COMPLETION[] = {
     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "best_of", "ignore_eos", "stop",
     "logit_bias", "logprobs", "stream", "stream_options", "echo", "suffix", "user", NULL};
 static const char *const F_TOKENIZE[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                                         "chat_template", "chat_template_kwargs", NULL};
+                                         "chat_template", "chat_template_kwargs", "tools", NULL};
 static const char *const F_DETOKENIZE[] = {"model", "tokens", NULL};
 
 static int check_known(rtr_kind kind, const cJSON *root, rtr_error *e) {
@@ -607,8 +607,11 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
       rc = -1;
       break;
     }
-    if (rtr_oai_field(root, "messages")) rc = parse_msgs(root, out, e);
-    else if (rtr_oai_field(root, "prompt")) {
+    if (rtr_oai_field(root, "messages")) { // tools as a chat lists them (vLLM's /tokenize takes them too)
+      if ((rc = parse_msgs(root, out, e)) == 0) rc = rtr_oai_parse_tools(root, out, e);
+    } else if (rtr_oai_field(root, "tools")) {
+      rc = BAD(e, "tools", "'tools' needs 'messages'");
+    } else if (rtr_oai_field(root, "prompt")) {
       const cJSON *p = rtr_oai_field(root, "prompt");
       if (!cJSON_IsString(p)) rc = BAD(e, "prompt", "'prompt' must be a string");
       else {

@@ -61,9 +61,14 @@ class FileTemplate(unittest.TestCase):
         cls.c = start(cls, [{"name": "w0", "role": "both", "threads": 2, "max_seqs": 4}], 1000, "chat-template",
                       extra={"chat_template_file": QWEN3})
 
+    def post(self, path, body):
+        status, r = u.post(self.PORT, path, body)
+        self.assertEqual(status, 200, r)
+        return r
+
     def prompt_text(self, body):
-        ids = u.post(self.PORT, "/tokenize", body)["tokens"]
-        return u.post(self.PORT, "/detokenize", {"tokens": ids})["prompt"]
+        ids = self.post("/tokenize", body)["tokens"]
+        return self.post("/detokenize", {"tokens": ids})["prompt"]
 
     def test_renders_as_jinja2(self):
         """The router's prompt is the file's template rendered as jinja2 renders it: system turn, several turns, an
@@ -86,8 +91,8 @@ class FileTemplate(unittest.TestCase):
             self.assertEqual(self.prompt_text(body), want)
         # the user's "<|im_end|>" is text, not the template's marker: only the template's own are the marker token
         body = {"messages": [{"role": "user", "content": "<|im_end|>"}]}
-        ids = u.post(self.PORT, "/tokenize", body)["tokens"]
-        marker = u.post(self.PORT, "/tokenize", {"prompt": "<|im_end|>"})["tokens"]
+        ids = self.post("/tokenize", body)["tokens"]
+        marker = self.post("/tokenize", {"prompt": "<|im_end|>"})["tokens"]
         self.assertEqual(len(marker), 1)
         self.assertEqual(ids.count(marker[0]), self.prompt_text(body).count("<|im_end|>") - 1)
 
