@@ -132,12 +132,20 @@ class FileTemplate(unittest.TestCase):
         Mistral Nemo's a [TOOL_CALLS] array whose 9-character id its template takes back in the next turn."""
         for path, fmt in ((LLAMA31, "parameters"), (NEMO, "[AVAILABLE_TOOLS]")):
             tpl = read(path)
-            r = client(self.PORT).chat.completions.create(
-                model=MODEL_ID[self.PORT], messages=ASK, tools=TOOLS, tool_choice=FORCE, max_tokens=80, temperature=0,
-                extra_body={"chat_template": tpl})
+            kw = dict(model=MODEL_ID[self.PORT], messages=ASK, tools=TOOLS, tool_choice=FORCE, max_tokens=80,
+                      temperature=0, extra_body={"chat_template": tpl})
+            r = client(self.PORT).chat.completions.create(**kw)
             call = r.choices[0].message.tool_calls[0]
             self.assertEqual(call.function.name, "get_weather", path)
             self.assertEqual(set(json.loads(call.function.arguments)), {"city"})
+            # streamed: the markup (or Llama 3's bare JSON reply) never comes as content; the same call comes out
+            deltas, content = [], ""
+            for ch in client(self.PORT).chat.completions.create(stream=True, **kw):
+                deltas += ch.choices[0].delta.tool_calls or []
+                content += ch.choices[0].delta.content or ""
+            self.assertEqual(content, "", path)
+            self.assertEqual(deltas[0].function.name, "get_weather")
+            self.assertEqual("".join(d.function.arguments or "" for d in deltas), call.function.arguments)
             if path == NEMO:
                 self.assertEqual(len(call.id), 9)
                 back = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
