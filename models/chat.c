@@ -230,7 +230,8 @@ const mdl_chat_tool_style *mdl_chat_tool_style_detect(const char *tpl, size_t n)
   if (!tpl) return NULL;
   if (find_in(tpl, n, "[TOOL_CALLS]")) return &MISTRAL;
   if (find_in(tpl, n, "<tool_call>")) return &HERMES;
-  if (find_in(tpl, n, "<|start_header_id|>") && (find_in(tpl, n, "\"parameters\"") || find_in(tpl, n, "<|python_tag|>")))
+  if (find_in(tpl, n, "<|start_header_id|>") &&
+      (find_in(tpl, n, "\"parameters\"") || find_in(tpl, n, "<|python_tag|>")))
     return &LLAMA3_JSON;
   return NULL;
 }

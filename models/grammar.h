@@ -85,7 +85,8 @@ int mdl_grammar_from_json_schema(const char *schema, size_t len, mdl_grammar **o
 // template's literals (models/chat.h mdl_chat_tool_style). The statuses are mdl_grammar_from_json_schema's; err names
 // the tool whose schema failed.
 int mdl_grammar_from_tool_calls(const char *tools, size_t len, const char *open, const char *close, const char *sep,
-                                const char *args_key, int parallel, mdl_grammar **out, char *err, size_t errlen) UTL_WARN_UNUSED;
+                                const char *args_key, int parallel, mdl_grammar **out, char *err,
+                                size_t errlen) UTL_WARN_UNUSED;
 
 // ---- vocabulary ----
 

@@ -257,7 +257,8 @@ int rtr_oai_check_chat_extras(const cJSON *root, rtr_request *r, rtr_error *e) {
       if (!cJSON_IsString(m) || strcmp(m->valuestring, "text"))
         return UNSUP(e, "modalities", "'modalities' other than [\"text\"] is not supported");
   }
-  if (rtr_oai_parse_tools(root, r, e) < 0 || check_functions(root, e) < 0 || parse_response_format(root, r, e) < 0) return -1;
+  if (rtr_oai_parse_tools(root, r, e) < 0 || check_functions(root, e) < 0 || parse_response_format(root, r, e) < 0)
+    return -1;
   if (r->tool_choice != RTR_TOOLS_OFF && r->response_format != RTR_FORMAT_TEXT) // one grammar per choice
     return UNSUP(e, "response_format", "'response_format' other than text together with tools (tool_choice other "
                  "than \"none\") is not supported");

@@ -131,7 +131,8 @@ static int check_msg_keys(const cJSON *msg, int i, const char *role, rtr_error *
       continue;
     }
     if (!strcmp(key, "reasoning_content")) {
-      if (strcmp(role, "assistant")) return BAD(e, param, "'%s': only assistant messages have reasoning_content", param);
+      if (strcmp(role, "assistant"))
+        return BAD(e, param, "'%s': only assistant messages have reasoning_content", param);
       if (!cJSON_IsString(k)) return BAD(e, param, "'%s' must be a string", param);
       continue;
     }

@@ -123,7 +123,8 @@ class FileTemplate(unittest.TestCase):
             else:
                 r = client(self.PORT).chat.completions.create(**kw)
                 self.assertEqual(r.choices[0].finish_reason, "tool_calls")
-                name, args = r.choices[0].message.tool_calls[0].function.name, r.choices[0].message.tool_calls[0].function.arguments
+                fn = r.choices[0].message.tool_calls[0].function
+                name, args = fn.name, fn.arguments
             self.assertEqual(name, "get_weather")
             self.assertEqual(set(json.loads(args)), {"city"})
 

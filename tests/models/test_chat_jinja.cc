@@ -92,7 +92,8 @@ TEST(ChatJinja, Variables) {
       "{{ eos_token }}|{{ enable_thinking }}|{{ tools is defined }}";
   mdl_chat_turn m[] = {
       T("user", "q", "ann"),
-      T("assistant", "", nullptr, R"([{"id":"c1","name":"get_weather","arguments":{"city":"Oslo"}}])", nullptr, "think"),
+      T("assistant", "", nullptr, R"([{"id":"c1","name":"get_weather","arguments":{"city":"Oslo"}}])", nullptr,
+        "think"),
       T("tool", "12 C", nullptr, nullptr, "c1"),
       T("assistant", "", nullptr,
         R"([{"id":"c2","type":"function","function":{"name":"f","arguments":{"city":"Rome"}}}])")};

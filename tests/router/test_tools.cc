@@ -282,8 +282,8 @@ TEST(Tools, ParseCallsMistral) {
   ASSERT_EQ(p.rc, 0);
   const mdl_chat_tool_style *st = Calls::style(MISTRAL_TPL);
   { // one array of two calls, the model's own ids kept
-    Calls c(&p.r, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}, \"id\": \"a1b2c3d4e\"}, "
-                  "{\"name\": \"ping\", \"arguments\": {}, \"id\": \"zzzzzzzz9\"}]", st);
+    Calls c(&p.r, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}, "
+                  "\"id\": \"a1b2c3d4e\"}, {\"name\": \"ping\", \"arguments\": {}, \"id\": \"zzzzzzzz9\"}]", st);
     ASSERT_EQ(c.n, 2);
     EXPECT_EQ(c.name(0), "get_weather");
     EXPECT_EQ(c.args(0), R"({"city":"Oslo"})");
