@@ -1,13 +1,16 @@
 // models/jinja.h: a Jinja interpreter for the subset the popular GGUF chat templates use (tokenizer.chat_template),
-// rendering byte-for-byte what Python's jinja2 renders with Hugging Face's apply_chat_template environment
-// (trim_blocks=True, lstrip_blocks=True, default Undefined, tojson as jinja2's htmlsafe dumps, raise_exception and
-// strftime_now as globals). tests/models/test_jinja_oracle.py checks that against jinja2 on the published templates.
+// rendering byte-for-byte what Python's jinja2 renders in Hugging Face's apply_chat_template environment
+// (ImmutableSandboxedEnvironment, trim_blocks=True, lstrip_blocks=True, loopcontrols, default Undefined, one trailing
+// newline dropped; tojson is json.dumps(ensure_ascii=False): no HTML escaping, as HF and llama.cpp both override
+// jinja2's; raise_exception and strftime_now as globals). tests/models/jinja/test_jinja_oracle.py checks it against
+// jinja2 on the published templates of tests/models/templates.
 //
 // Supported: text, {{ }}, {% %}, {# #}, "-" whitespace control; for (else, loop.*, tuple unpacking, dict iteration),
-// if/elif/else, set (and block set), macro (defaults, keyword arguments), namespace(); literals, attribute and
-// subscript access, slices, arithmetic, ~, comparisons, and/or/not, in, is tests, ternaries; the filters and string
-// and dict methods those templates call (see jinja_eval.c's tables). Anything else is a parse or runtime error naming
-// its line, never a silent difference.
+// if/elif/else, set (and block set), macro (defaults, keyword arguments), filter blocks, break/continue, namespace();
+// literals, attribute and subscript access, slices, arithmetic, ~, comparisons, and/or/not, in, is tests, ternaries;
+// the filters, tests and string and dict methods those templates call (models/jinja_builtins.c). Anything else
+// (str.format, call blocks, includes, changing the case of non-ASCII text) is a parse or runtime error naming its
+// line, never a silent difference.
 #ifndef DSERVE_MDL_JINJA_H
 #define DSERVE_MDL_JINJA_H
 
@@ -25,6 +28,7 @@ extern "C" {
 #define MDL_JINJA_MAX_STEPS (1u << 24)      // loop iterations plus macro calls over the whole render
 #define MDL_JINJA_MAX_DEPTH 64              // nested macro calls (and expression nesting at parse time: 256)
 #define MDL_JINJA_MAX_TEMPLATE (1u << 20)   // bytes of template text
+#define MDL_JINJA_MAX_MEMORY ((size_t)256 << 20) // bytes a render may allocate (values, scopes, strings)
 
 typedef struct mdl_jinja mdl_jinja; // a parsed template: immutable, render may run on several threads at once
 

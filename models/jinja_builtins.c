@@ -82,14 +82,10 @@ static jj_val split(jj_render *r, const jj_str *s, const jj_str *sep, int64_t ma
   }
   if (!sep->n) jj_rfail(r, "split: empty separator");
   size_t st = 0;
-  while (i + sep->n <= s->n && (maxsplit < 0 || (int64_t)l->n < maxsplit)) {
-    if (memcmp(s->p + i, sep->p, sep->n) == 0) {
-      jj_list_push(r->a, l, str_of(r, s, s->p + st, i - st));
-      i += sep->n;
-      st = i;
-    } else {
-      i++;
-    }
+  const char *hit;
+  while ((maxsplit < 0 || (int64_t)l->n < maxsplit) && (hit = memmem(s->p + st, s->n - st, sep->p, sep->n))) {
+    jj_list_push(r->a, l, str_of(r, s, s->p + st, (size_t)(hit - s->p) - st));
+    st = (size_t)(hit - s->p) + sep->n;
   }
   jj_list_push(r->a, l, str_of(r, s, s->p + st, s->n - st));
   return (jj_val){.t = JV_LIST, .l = l};
@@ -116,20 +112,27 @@ static jj_val replace(jj_render *r, const jj_str *s, const jj_str *old, const jj
   size_t i = 0;
   int64_t done = 0;
   int req = s->nsp || nw->nsp || old->nsp;
-  while (i <= s->n) {
-    if ((count < 0 || done < count) && i + old->n <= s->n && memcmp(s->p + i, old->p, old->n) == 0) {
+  while (old->n && i < s->n && (count < 0 || done < count)) { // memmem: linear, where a scan per byte is not
+    const char *hit = memmem(s->p + i, s->n - i, old->p, old->n);
+    if (!hit) break;
+    jj_sb_put(r->a, &b, s->p + i, (size_t)(hit - s->p) - i, 0);
+    jj_sb_put(r->a, &b, nw->p, nw->n, 0);
+    done++;
+    i = (size_t)(hit - s->p) + old->n;
+  }
+  if (old->n) {
+    jj_sb_put(r->a, &b, s->p + i, s->n - i, 0);
+    return jj_strv(jj_str_new(r->a, b.p ? b.p : "", b.n, req));
+  }
+  while (i <= s->n) { // an empty pattern matches before every code point and at the end
+    if (count < 0 || done < count) {
       jj_sb_put(r->a, &b, nw->p, nw->n, 0);
       done++;
-      if (!old->n) { // an empty pattern matches between every code point
-        if (i < s->n) jj_sb_put(r->a, &b, s->p + i, cp_len(s->p, s->n, i), 0);
-        i += i < s->n ? cp_len(s->p, s->n, i) : 1;
-      } else {
-        i += old->n;
-      }
-      continue;
     }
-    if (i < s->n) jj_sb_put(r->a, &b, s->p + i, 1, 0);
-    i++;
+    if (i == s->n) break;
+    size_t l = cp_len(s->p, s->n, i);
+    jj_sb_put(r->a, &b, s->p + i, l, 0);
+    i += l;
   }
   return jj_strv(jj_str_new(r->a, b.p ? b.p : "", b.n, req));
 }
@@ -175,15 +178,10 @@ int jj_method(jj_render *r, jj_val self, const char *name, jj_val *args, size_t 
     if (NAME_IS(name, "find")) {
       const jj_str *sub = nargs ? need_str(r, args[0], "find") : NULL;
       if (!sub) jj_rfail(r, "find takes one argument");
-      int64_t at = -1, cps = 0;
-      for (size_t i = 0; i + sub->n <= s->n; i++) {
-        if (memcmp(s->p + i, sub->p, sub->n) == 0) {
-          at = cps;
-          break;
-        }
-        cps += ((unsigned char)s->p[i] & 0xC0) != 0x80;
-      }
-      *out = jj_int(at);
+      const char *hit = memmem(s->p, s->n, sub->p, sub->n);
+      int64_t at = 0; // in code points, as Python counts
+      for (const char *q = s->p; hit && q < hit; q++) at += ((unsigned char)*q & 0xC0) != 0x80;
+      *out = jj_int(hit ? at : -1);
       return 1;
     }
     static const char *cases[] = {"lower", "upper", "capitalize", "title"};
@@ -231,7 +229,8 @@ int jj_test(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs
   if (NAME_IS(name, "mapping")) return v.t == JV_DICT;
   if (NAME_IS(name, "iterable")) return v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF ||
                                         v.t == JV_LOOP;
-  if (NAME_IS(name, "sequence")) return v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF;
+  if (NAME_IS(name, "sequence"))
+    return v.t == JV_STR || (v.t == JV_LIST && !v.l->gen) || v.t == JV_DICT || v.t == JV_UNDEF;
   if (NAME_IS(name, "number")) return v.t == JV_INT || v.t == JV_FLOAT || v.t == JV_BOOL;
   if (NAME_IS(name, "integer")) return v.t == JV_INT;
   if (NAME_IS(name, "float")) return v.t == JV_FLOAT;
@@ -268,9 +267,7 @@ int jj_test(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs
     jj_list *l = jj_iterate(r, args[0]);
     if (args[0].t == JV_STR) {
       const jj_str *h = args[0].s, *n = need_str(r, v, "in");
-      for (size_t i = 0; i + n->n <= h->n; i++)
-        if (memcmp(h->p + i, n->p, n->n) == 0) return 1;
-      return 0;
+      return memmem(h->p, h->n, n->p, n->n) != NULL;
     }
     for (size_t i = 0; i < l->n; i++)
       if (jj_equal(l->v[i], v)) return 1;
@@ -298,7 +295,10 @@ static jj_val attr_path(jj_render *r, jj_val v, const jj_str *path) {
 
 static jj_val select_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs) {
   int by_attr = strstr(name, "attr") != NULL, keep = name[0] == 's';
-  jj_list *in = jj_iterate(r, v), *out = jj_list_new(r->a, in->n);
+  jj_list *out = jj_list_new(r->a, 4);
+  out->gen = 1;
+  if (!jj_truthy(v)) return (jj_val){.t = JV_LIST, .l = out}; // jinja2: `if value:` (none selects nothing)
+  jj_list *in = jj_iterate(r, v);
   if (by_attr && !nargs) jj_rfail(r, "%s needs an attribute name", name);
   size_t ti = by_attr ? 1 : 0;
   const char *test = NULL;
@@ -311,6 +311,106 @@ static jj_val select_filter(jj_render *r, const char *name, jj_val v, jj_val *ar
   return (jj_val){.t = JV_LIST, .l = out};
 }
 
+// Python's ordering of two sort keys; fold: jinja2's ignore_case (str.lower, refused beyond ASCII as in recase).
+static int cmp_key(jj_render *r, jj_val x, jj_val y, int fold) {
+  if ((x.t == JV_INT || x.t == JV_FLOAT || x.t == JV_BOOL) && (y.t == JV_INT || y.t == JV_FLOAT || y.t == JV_BOOL)) {
+    double a = x.t == JV_FLOAT ? x.f : x.t == JV_INT ? (double)x.i : x.b;
+    double b = y.t == JV_FLOAT ? y.f : y.t == JV_INT ? (double)y.i : y.b;
+    return a < b ? -1 : a > b;
+  }
+  if (x.t != JV_STR || y.t != JV_STR)
+    jj_rfail(r, "'<' not supported between instances of '%s' and '%s'", jj_type_name(x), jj_type_name(y));
+  size_t n = x.s->n < y.s->n ? x.s->n : y.s->n;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char a = (unsigned char)x.s->p[i], b = (unsigned char)y.s->p[i];
+    if (fold && (a >= 0x80 || b >= 0x80)) jj_rfail(r, "case-insensitive ordering of non-ASCII text is not supported");
+    if (fold && a >= 'A' && a <= 'Z') a |= 0x20;
+    if (fold && b >= 'A' && b <= 'Z') b |= 0x20;
+    if (a != b) return a < b ? -1 : 1;
+  }
+  return x.s->n < y.s->n ? -1 : x.s->n > y.s->n;
+}
+
+static jj_val dictsort(jj_render *r, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv, size_t nkw) {
+  if (v.t != JV_DICT) jj_rfail(r, "dictsort expects a mapping, not %s", jj_type_name(v));
+  int fold = !jj_truthy(kwarg(kwn, kwv, nkw, "case_sensitive", args, nargs, 0, jj_bool(0)));
+  jj_val by = kwarg(kwn, kwv, nkw, "by", args, nargs, 1, jj_strv(jj_str_new(r->a, "key", 3, 0)));
+  int rev = jj_truthy(kwarg(kwn, kwv, nkw, "reverse", args, nargs, 2, jj_bool(0)));
+  if (by.t != JV_STR || (strcmp(by.s->p, "key") != 0 && strcmp(by.s->p, "value") != 0))
+    jj_rfail(r, "you can only sort by either \"key\" or \"value\"");
+  int pos = by.s->p[0] == 'v';
+  jj_val items;
+  jj_method(r, v, "items", NULL, 0, &items);
+  jj_list *l = items.l;
+  for (size_t i = 1; i < l->n; i++) { // insertion sort: stable, as Python's sorted (dicts here are small)
+    jj_val x = l->v[i];
+    size_t j = i;
+    for (; j > 0; j--) {
+      int c = cmp_key(r, l->v[j - 1].l->v[pos], x.l->v[pos], fold);
+      if (rev ? c >= 0 : c <= 0) break;
+    }
+    memmove(l->v + j + 1, l->v + j, (i - j) * sizeof(jj_val));
+    l->v[j] = x;
+  }
+  return items;
+}
+
+static jj_val min_max(jj_render *r, int max, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv,
+                      size_t nkw) {
+  int fold = !jj_truthy(kwarg(kwn, kwv, nkw, "case_sensitive", args, nargs, 0, jj_bool(0)));
+  jj_val attr = kwarg(kwn, kwv, nkw, "attribute", args, nargs, 1, jj_none());
+  jj_list *in = jj_iterate(r, v);
+  if (!in->n) return jj_undef();
+  size_t best = 0;
+  for (size_t i = 1; i < in->n; i++) {
+    jj_val a = in->v[i], b = in->v[best];
+    if (attr.t != JV_NONE) {
+      a = attr_path(r, a, jj_to_str(r->a, attr));
+      b = attr_path(r, b, jj_to_str(r->a, attr));
+    }
+    int c = cmp_key(r, a, b, fold);
+    if (max ? c > 0 : c < 0) best = i;
+  }
+  return in->v[best];
+}
+
+// Python's str.splitlines boundaries: the length of the line break at i, 0 if none.
+static size_t line_break(const char *p, size_t n, size_t i) {
+  unsigned char c = (unsigned char)p[i];
+  if (c == '\r') return i + 1 < n && p[i + 1] == '\n' ? 2 : 1;
+  if (c == '\n' || c == 0x0b || c == 0x0c || (c >= 0x1c && c <= 0x1e)) return 1;
+  if (c == 0xC2 && i + 1 < n && (unsigned char)p[i + 1] == 0x85) return 2;
+  if (c == 0xE2 && i + 2 < n && (unsigned char)p[i + 1] == 0x80 && ((unsigned char)p[i + 2] & 0xFE) == 0xA8) return 3;
+  return 0;
+}
+
+// jinja2's indent: every line after the first (and the first with first=True) gets the indentation; blank lines
+// only with blank=True.
+static jj_val indent(jj_render *r, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv, size_t nkw) {
+  jj_val w = kwarg(kwn, kwv, nkw, "width", args, nargs, 0, jj_int(4));
+  int first = jj_truthy(kwarg(kwn, kwv, nkw, "first", args, nargs, 1, jj_bool(0)));
+  int blank = jj_truthy(kwarg(kwn, kwv, nkw, "blank", args, nargs, 2, jj_bool(0)));
+  const jj_str *s = jj_to_str(r->a, v), *ind = w.t == JV_STR ? w.s : NULL;
+  if (!ind) {
+    if (w.t != JV_INT || w.i < 0 || w.i > 1024) jj_rfail(r, "indent: width must be a string or 0 to 1024");
+    jj_sbuf sp = {.limit = MDL_JINJA_MAX_OUTPUT};
+    for (int64_t k = 0; k < w.i; k++) jj_sb_put(r->a, &sp, " ", 1, 0);
+    ind = jj_sb_done(r->a, &sp);
+  }
+  jj_sbuf t = {.limit = MDL_JINJA_MAX_OUTPUT}, b = {.limit = MDL_JINJA_MAX_OUTPUT};
+  jj_sb_put(r->a, &t, s->p, s->n, 0);
+  jj_sb_put(r->a, &t, "\n", 1, 0); // as jinja2, which appends a newline before splitlines()
+  for (size_t i = 0, line = 0; i < t.n; line++) {
+    size_t e = i, k;
+    while (!(k = line_break(t.p, t.n, e))) e++;
+    if (line) jj_sb_put(r->a, &b, "\n", 1, 0);
+    if (line ? blank || e > i : first) jj_sb_str(r->a, &b, ind);
+    jj_sb_put(r->a, &b, t.p + i, e - i, 0);
+    i = e + k;
+  }
+  return jj_strv(jj_str_new(r->a, b.p ? b.p : "", b.n, s->nsp || ind->nsp));
+}
+
 jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv,
                  size_t nkw) {
   if (NAME_IS(name, "default") || NAME_IS(name, "d")) {
@@ -318,7 +418,12 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
     int boolean = jj_truthy(kwarg(kwn, kwv, nkw, "boolean", args, nargs, 1, jj_bool(0)));
     return v.t == JV_UNDEF || (boolean && !jj_truthy(v)) ? dflt : v;
   }
-  if (NAME_IS(name, "safe")) return v;
+  if (NAME_IS(name, "safe")) {
+    jj_str *s = jj_alloc(r->a, sizeof(*s));
+    *s = *jj_to_str(r->a, v);
+    s->markup = 1;
+    return jj_strv(s);
+  }
   if (NAME_IS(name, "string")) return jj_strv(jj_to_str(r->a, v));
   if (NAME_IS(name, "trim")) {
     jj_val chars = kwarg(kwn, kwv, nkw, "chars", args, nargs, 0, jj_none());
@@ -330,29 +435,32 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
       for (size_t i = 0; i < v.s->n; i++) n += ((unsigned char)v.s->p[i] & 0xC0) != 0x80;
       return jj_int(n);
     }
-    if (v.t == JV_LIST) return jj_int((int64_t)v.l->n);
-    if (v.t == JV_DICT || v.t == JV_NS) return jj_int((int64_t)v.d->n);
+    if (v.t == JV_LIST && !v.l->gen) return jj_int((int64_t)v.l->n);
+    if (v.t == JV_DICT) return jj_int((int64_t)v.d->n);
     if (v.t == JV_UNDEF) return jj_int(0);
     jj_rfail(r, "object of type '%s' has no len()", jj_type_name(v));
   }
   if (NAME_IS(name, "tojson")) {
     jj_val ind = kwarg(kwn, kwv, nkw, "indent", NULL, 0, 0, jj_none());
-    if (jj_truthy(kwarg(kwn, kwv, nkw, "ensure_ascii", args, nargs, 0, jj_bool(0))) ||
-        jj_truthy(kwarg(kwn, kwv, nkw, "sort_keys", NULL, 0, 0, jj_bool(0))) ||
+    int ascii = jj_truthy(kwarg(kwn, kwv, nkw, "ensure_ascii", args, nargs, 0, jj_bool(0)));
+    if (jj_truthy(kwarg(kwn, kwv, nkw, "sort_keys", NULL, 0, 0, jj_bool(0))) ||
         kwarg(kwn, kwv, nkw, "separators", NULL, 0, 0, jj_none()).t != JV_NONE)
-      jj_rfail(r, "tojson: ensure_ascii, separators and sort_keys are not supported");
+      jj_rfail(r, "tojson: separators and sort_keys are not supported");
     if (ind.t != JV_NONE && (ind.t != JV_INT || ind.i < 0 || ind.i > 64)) jj_rfail(r, "tojson: bad indent");
     if (v.t == JV_UNDEF) jj_rfail(r, "tojson: %s%s%s is undefined", v.uname ? "'" : "", v.uname ? v.uname : "value",
                                   v.uname ? "'" : "");
-    return jj_strv(jj_to_json(r->a, v, ind.t == JV_INT ? (int)ind.i : -1));
+    return jj_strv(jj_to_json(r->a, v, ind.t == JV_INT ? (int)ind.i : -1, ascii));
   }
   if (NAME_IS(name, "items")) {
-    if (v.t == JV_UNDEF) return (jj_val){.t = JV_LIST, .l = jj_list_new(r->a, 1)};
-    if (v.t != JV_DICT) jj_rfail(r, "can only get item pairs from a mapping");
-    jj_val out;
-    jj_method(r, v, "items", NULL, 0, &out);
+    jj_val out = {.t = JV_LIST, .l = jj_list_new(r->a, 1)};
+    if (v.t != JV_UNDEF && v.t != JV_DICT) jj_rfail(r, "can only get item pairs from a mapping");
+    if (v.t == JV_DICT) jj_method(r, v, "items", NULL, 0, &out);
+    out.l->gen = 1;
     return out;
   }
+  if (NAME_IS(name, "dictsort")) return dictsort(r, v, args, nargs, kwn, kwv, nkw);
+  if (NAME_IS(name, "min") || NAME_IS(name, "max")) return min_max(r, name[1] == 'a', v, args, nargs, kwn, kwv, nkw);
+  if (NAME_IS(name, "indent")) return indent(r, v, args, nargs, kwn, kwv, nkw);
   if (NAME_IS(name, "list")) {
     jj_list *in = jj_iterate(r, v), *l = jj_list_new(r->a, in->n);
     for (size_t i = 0; i < in->n; i++) jj_list_push(r->a, l, in->v[i]);
@@ -376,7 +484,8 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
   if (NAME_IS(name, "map")) {
     jj_val attr = kwarg(kwn, kwv, nkw, "attribute", NULL, 0, 0, jj_none());
     jj_val dflt = kwarg(kwn, kwv, nkw, "default", NULL, 0, 0, jj_undef());
-    jj_list *in = jj_iterate(r, v), *l = jj_list_new(r->a, in->n);
+    jj_list *in = jj_truthy(v) ? jj_iterate(r, v) : jj_list_new(r->a, 1), *l = jj_list_new(r->a, in->n);
+    l->gen = 1;
     if (attr.t == JV_NONE && !nargs) jj_rfail(r, "map needs a filter name or attribute=");
     for (size_t i = 0; i < in->n; i++) {
       jj_val x;
@@ -396,8 +505,10 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
     return in->v[name[0] == 'f' ? 0 : in->n - 1];
   }
   if (NAME_IS(name, "reverse")) {
+    int gen = v.t == JV_LIST && v.l->gen; // reversed() of a generator fails: jinja2 lists it instead
     jj_list *in = jj_iterate(r, v), *l = jj_list_new(r->a, in->n);
     for (size_t i = in->n; i > 0; i--) jj_list_push(r->a, l, in->v[i - 1]);
+    l->gen = !gen; // a list_reverseiterator
     if (v.t != JV_STR) return (jj_val){.t = JV_LIST, .l = l};
     jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
     for (size_t i = 0; i < l->n; i++) jj_sb_put(r->a, &b, l->v[i].s->p, l->v[i].s->n, 0);

@@ -1,21 +1,11 @@
 // models/jinja_eval.c: runs a parsed Jinja template: scopes as jinja2 keeps them (a loop iteration and a macro call
 // are scopes, an if is not), statements, expressions with Python's semantics, and the public entry points.
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "models/jinja_int.h"
-
-_Noreturn void jj_rfail(jj_render *r, const char *fmt, ...) {
-  char msg[400];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  jj_fail(r->a, "line %d: %s", r->line, msg);
-}
 
 // ---- scopes ----
 
@@ -57,134 +47,6 @@ static jj_val lookup(const jj_scope *s, const char *name) {
   return u;
 }
 
-_Noreturn static void undefined_err(jj_render *r, jj_val v) {
-  if (v.uname) jj_rfail(r, "'%s' is undefined", v.uname);
-  jj_rfail(r, "an undefined value was used");
-}
-
-// ---- code points (Python indexes strings by code point) ----
-
-static size_t cp_offsets(jj_render *r, const jj_str *s, size_t **offs) {
-  size_t n = 0;
-  for (size_t i = 0; i < s->n; i++) n += ((unsigned char)s->p[i] & 0xC0) != 0x80;
-  size_t *o = jj_alloc(r->a, (n + 1) * sizeof(size_t));
-  size_t k = 0;
-  for (size_t i = 0; i < s->n; i++)
-    if (((unsigned char)s->p[i] & 0xC0) != 0x80) o[k++] = i;
-  o[n] = s->n;
-  *offs = o;
-  return n;
-}
-
-static const jj_str *derived(jj_render *r, const jj_str *from, const char *p, size_t n) {
-  return jj_str_new(r->a, p, n, from->nsp != 0); // a part of request text is request text
-}
-
-jj_list *jj_iterate(jj_render *r, jj_val v) {
-  jj_list *l;
-  switch (v.t) {
-  case JV_UNDEF: return jj_list_new(r->a, 1);
-  case JV_LIST: return v.l;
-  case JV_DICT: case JV_NS:
-    l = jj_list_new(r->a, v.d->n);
-    for (size_t i = 0; i < v.d->n; i++) jj_list_push(r->a, l, v.d->k[i]);
-    return l;
-  case JV_STR: {
-    size_t *o, n = cp_offsets(r, v.s, &o);
-    l = jj_list_new(r->a, n);
-    for (size_t i = 0; i < n; i++) jj_list_push(r->a, l, jj_strv(derived(r, v.s, v.s->p + o[i], o[i + 1] - o[i])));
-    return l;
-  }
-  default: jj_rfail(r, "'%s' object is not iterable", jj_type_name(v));
-  }
-}
-
-// ---- attribute, item, slice ----
-
-jj_val jj_attr(jj_render *r, jj_val v, const char *name, size_t n) {
-  jj_val out = jj_undef();
-  switch (v.t) {
-  case JV_UNDEF: undefined_err(r, v);
-  case JV_DICT: case JV_NS:
-    if (jj_dict_get(v.d, name, n, &out)) return out;
-    break;
-  case JV_LOOP: {
-    const jj_loop *L = v.loop;
-    size_t len = L->items->n, i = L->i;
-#define IS(w) (n == strlen(w) && memcmp(name, w, n) == 0)
-    if (IS("index")) return jj_int((int64_t)i + 1);
-    if (IS("index0")) return jj_int((int64_t)i);
-    if (IS("revindex")) return jj_int((int64_t)(len - i));
-    if (IS("revindex0")) return jj_int((int64_t)(len - i - 1));
-    if (IS("first")) return jj_bool(i == 0);
-    if (IS("last")) return jj_bool(i + 1 == len);
-    if (IS("length")) return jj_int((int64_t)len);
-    if (IS("depth")) return jj_int(1);
-    if (IS("depth0")) return jj_int(0);
-    if (IS("previtem")) return i > 0 ? L->items->v[i - 1] : out;
-    if (IS("nextitem")) return i + 1 < len ? L->items->v[i + 1] : out;
-#undef IS
-    break;
-  }
-  default: break;
-  }
-  char *nm = jj_alloc(r->a, n + 1);
-  memcpy(nm, name, n);
-  out.uname = nm;
-  return out;
-}
-
-jj_val jj_item(jj_render *r, jj_val v, jj_val k) {
-  if (v.t == JV_UNDEF) undefined_err(r, v);
-  if ((v.t == JV_LIST || v.t == JV_STR) && (k.t == JV_INT || k.t == JV_BOOL)) {
-    int64_t i = k.t == JV_INT ? k.i : k.b;
-    size_t *o = NULL;
-    size_t n = v.t == JV_LIST ? v.l->n : cp_offsets(r, v.s, &o);
-    if (i < 0) i += (int64_t)n;
-    if (i < 0 || (size_t)i >= n) return jj_undef();
-    if (v.t == JV_LIST) return v.l->v[i];
-    return jj_strv(derived(r, v.s, v.s->p + o[i], o[i + 1] - o[i]));
-  }
-  if (v.t == JV_DICT || v.t == JV_NS) {
-    jj_val out;
-    if (jj_dict_find(v.d, k, &out)) return out;
-  }
-  if (k.t == JV_STR) return jj_attr(r, v, k.s->p, k.s->n);
-  return jj_undef();
-}
-
-static int64_t slice_arg(jj_render *r, jj_val v, int64_t dflt) {
-  if (v.t == JV_NONE || v.t == JV_UNDEF) return dflt;
-  if (v.t == JV_INT) return v.i;
-  if (v.t == JV_BOOL) return v.b;
-  jj_rfail(r, "slice indices must be integers or None, not %s", jj_type_name(v));
-}
-
-static jj_val slice(jj_render *r, jj_val v, jj_val b, jj_val c, jj_val d) {
-  if (v.t == JV_UNDEF) undefined_err(r, v);
-  if (v.t != JV_LIST && v.t != JV_STR) jj_rfail(r, "'%s' object is not subscriptable", jj_type_name(v));
-  size_t *o = NULL;
-  int64_t n = (int64_t)(v.t == JV_LIST ? v.l->n : cp_offsets(r, v.s, &o));
-  int64_t step = slice_arg(r, d, 1);
-  if (step == 0) jj_rfail(r, "slice step cannot be zero");
-  int64_t lo = step > 0 ? 0 : -1, hi = step > 0 ? n : n - 1; // Python's PySlice_AdjustIndices
-  int64_t start = slice_arg(r, b, step > 0 ? 0 : n - 1), stop = slice_arg(r, c, step > 0 ? n : -n - 1);
-  if (start < 0) start = start + n < lo ? lo : start + n;
-  else if (start > hi) start = hi;
-  if (stop < 0) stop = stop + n < lo ? lo : stop + n;
-  else if (stop > hi) stop = hi;
-  jj_list *l = jj_list_new(r->a, 4);
-  jj_sbuf sb = {.limit = MDL_JINJA_MAX_OUTPUT};
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-    if (v.t == JV_LIST) jj_list_push(r->a, l, v.l->v[i]);
-    else jj_sb_put(r->a, &sb, v.s->p + o[i], o[i + 1] - o[i], 0);
-  }
-  if (v.t == JV_LIST) {
-    l->tuple = v.l->tuple;
-    return (jj_val){.t = JV_LIST, .l = l};
-  }
-  return jj_strv(derived(r, v.s, sb.p ? sb.p : "", sb.n));
-}
 
 // ---- operators ----
 
@@ -194,8 +56,8 @@ static int64_t as_i(jj_val v) { return v.t == JV_INT ? v.i : v.b; }
 static double as_f(jj_val v) { return v.t == JV_FLOAT ? v.f : (double)as_i(v); }
 
 _Noreturn static void bad_operands(jj_render *r, const char *op, jj_val x, jj_val y) {
-  if (x.t == JV_UNDEF) undefined_err(r, x);
-  if (y.t == JV_UNDEF) undefined_err(r, y);
+  if (x.t == JV_UNDEF) jj_undefined_err(r, x);
+  if (y.t == JV_UNDEF) jj_undefined_err(r, y);
   jj_rfail(r, "unsupported operand type(s) for %s: '%s' and '%s'", op, jj_type_name(x), jj_type_name(y));
 }
 
@@ -217,8 +79,9 @@ static jj_val repeat(jj_render *r, jj_val seq, int64_t k) {
 static jj_val arith(jj_render *r, const char *op, jj_val x, jj_val y) {
   int64_t res;
   if (op[0] == '+') {
-    if (x.t == JV_STR && y.t == JV_STR) return jj_strv(jj_str_cat(r->a, x.s, y.s));
-    if (x.t == JV_LIST && y.t == JV_LIST) {
+    if (x.t == JV_STR && y.t == JV_STR)
+      return jj_strv(x.s->markup || y.s->markup ? jj_markup_cat(r->a, x.s, y.s) : jj_str_cat(r->a, x.s, y.s));
+    if (x.t == JV_LIST && y.t == JV_LIST && !x.l->gen && !y.l->gen) {
       jj_list *l = jj_list_new(r->a, x.l->n + y.l->n);
       for (size_t i = 0; i < x.l->n; i++) jj_list_push(r->a, l, x.l->v[i]);
       for (size_t i = 0; i < y.l->n; i++) jj_list_push(r->a, l, y.l->v[i]);
@@ -226,8 +89,8 @@ static jj_val arith(jj_render *r, const char *op, jj_val x, jj_val y) {
     }
   }
   if (op[0] == '*' && !op[1]) {
-    if ((x.t == JV_STR || x.t == JV_LIST) && is_intish(y)) return repeat(r, x, as_i(y));
-    if ((y.t == JV_STR || y.t == JV_LIST) && is_intish(x)) return repeat(r, y, as_i(x));
+    if ((x.t == JV_STR || (x.t == JV_LIST && !x.l->gen)) && is_intish(y)) return repeat(r, x, as_i(y));
+    if ((y.t == JV_STR || (y.t == JV_LIST && !y.l->gen)) && is_intish(x)) return repeat(r, y, as_i(x));
   }
   if (!is_num(x) || !is_num(y)) bad_operands(r, op, x, y);
   int ints = is_intish(x) && is_intish(y);
@@ -293,16 +156,12 @@ static int contains(jj_render *r, jj_val hay, jj_val needle) {
   case JV_UNDEF: return 0;
   case JV_STR:
     if (needle.t != JV_STR) jj_rfail(r, "'in <string>' requires string as left operand, not %s", jj_type_name(needle));
-    if (!needle.s->n) return 1;
-    if (needle.s->n > hay.s->n) return 0;
-    for (size_t i = 0; i + needle.s->n <= hay.s->n; i++)
-      if (memcmp(hay.s->p + i, needle.s->p, needle.s->n) == 0) return 1;
-    return 0;
+    return memmem(hay.s->p, hay.s->n, needle.s->p, needle.s->n) != NULL;
   case JV_LIST:
     for (size_t i = 0; i < hay.l->n; i++)
       if (jj_equal(hay.l->v[i], needle)) return 1;
     return 0;
-  case JV_DICT: case JV_NS: {
+  case JV_DICT: {
     jj_val o;
     return jj_dict_find(hay.d, needle, &o);
   }
@@ -344,7 +203,7 @@ static jj_val call(jj_render *r, jj_scope *s, const jj_node *e) {
   const char **kwn;
   if (e->a->kind == JE_ATTR) { // a method: "x".startswith(...), d.items(), ...
     jj_val self = jj_eval(r, s, e->a->a);
-    if (self.t == JV_UNDEF) undefined_err(r, self);
+    if (self.t == JV_UNDEF) jj_undefined_err(r, self);
     eval_args(r, s, e, &args, &kwn, &kwv);
     jj_val out;
     if (e->kw.n == 0 && jj_method(r, self, e->a->name, args, e->args.n, &out)) return out;
@@ -356,7 +215,7 @@ static jj_val call(jj_render *r, jj_scope *s, const jj_node *e) {
   eval_args(r, s, e, &args, &kwn, &kwv);
   if (f.t == JV_MACRO) return jj_call_macro(r, f.macro, args, e->args.n, kwn, kwv, e->kw.n);
   if (f.t == JV_FUNC) return jj_call_fn(r, f.fn, args, e->args.n, kwn, kwv, e->kw.n);
-  if (f.t == JV_UNDEF) undefined_err(r, f);
+  if (f.t == JV_UNDEF) jj_undefined_err(r, f);
   jj_rfail(r, "'%s' object is not callable", jj_type_name(f));
 }
 
@@ -374,7 +233,7 @@ jj_val jj_eval(jj_render *r, jj_scope *s, const jj_node *e) {
     if (e->b) b = jj_eval(r, s, e->b);
     if (e->c) c = jj_eval(r, s, e->c);
     if (e->d) d = jj_eval(r, s, e->d);
-    return slice(r, v, b, c, d);
+    return jj_slice(r, v, b, c, d);
   }
   case JE_CALL: return call(r, s, e);
   case JE_FILTER: {
@@ -411,7 +270,7 @@ jj_val jj_eval(jj_render *r, jj_scope *s, const jj_node *e) {
   case JE_NOT: return jj_bool(!jj_truthy(jj_eval(r, s, e->a)));
   case JE_NEG: {
     jj_val v = jj_eval(r, s, e->a);
-    if (v.t == JV_UNDEF) undefined_err(r, v);
+    if (v.t == JV_UNDEF) jj_undefined_err(r, v);
     if (!is_num(v)) jj_rfail(r, "bad operand type for unary %s: '%s'", e->op, jj_type_name(v));
     if (e->op[0] == '+') return v.t == JV_BOOL ? jj_int(v.b) : v;
     if (v.t == JV_FLOAT) return jj_float(-v.f);
@@ -523,6 +382,14 @@ static void exec_body(jj_render *r, jj_scope *s, const jj_nodes *body, jj_sbuf *
       }
       break;
     }
+    case JS_FILTERBLOCK: {
+      jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
+      exec_body(r, s, &st->body, &b);
+      jj_scope *t = scope_new(r, s);
+      scope_set(r, t, JJ_BODY, jj_strv(jj_sb_done(r->a, &b)));
+      jj_sb_str(r->a, out, jj_to_str(r->a, jj_eval(r, t, st->a)));
+      break;
+    }
     case JS_SETBLOCK: {
       jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
       exec_body(r, s, &st->body, &b);
@@ -632,7 +499,7 @@ int mdl_jinja_render(const mdl_jinja *t, const char *ctx_json, size_t ctx_len, c
   *out_len = 0;
   if (spans) *spans = NULL;
   if (n_spans) *n_spans = 0;
-  jj_arena a = {.budget = MDL_JINJA_MAX_ARENA, .err = err, .errlen = errlen};
+  jj_arena a = {.budget = MDL_JINJA_MAX_MEMORY, .err = err, .errlen = errlen};
   jj_render r = {.a = &a, .t = t, .now = o ? o->now : 0, .line = 1};
   jmp_buf jb;
   a.fail = &jb;

@@ -17,13 +17,11 @@ typedef struct jj_chunk jj_chunk;
 typedef struct jj_arena {
   jj_chunk *head;   // (owned) chunks, newest first
   size_t used;      // bytes handed out over all chunks
-  size_t budget;    // most bytes a render may hold (MDL_JINJA_MAX_ARENA)
+  size_t budget;    // most bytes a render may hold (MDL_JINJA_MAX_MEMORY)
   jmp_buf *fail;    // (borrowed) where an exhausted budget or failed malloc unwinds
   char *err;        // (borrowed) the caller's error buffer
   size_t errlen;
 } jj_arena;
-
-#define MDL_JINJA_MAX_ARENA ((size_t)256 << 20)
 
 void *jj_alloc(jj_arena *a, size_t n); // zeroed; unwinds on failure
 void jj_arena_free(jj_arena *a);
@@ -44,6 +42,7 @@ typedef struct jj_str {
   const char *p;    // n bytes (not NUL-terminated)
   size_t nsp;       // request-text spans: (nsp, 2) offset and length into p, ascending, disjoint, merged
   const size_t *sp;
+  int markup;       // 1: a markupsafe.Markup (|safe): `+` with a plain string HTML-escapes that string, as jinja2
 } jj_str;
 
 typedef struct jj_list jj_list;
@@ -71,6 +70,9 @@ struct jj_list {
   size_t n, cap;
   jj_val *v;   // (n)
   int tuple;   // 1: printed as a Python tuple
+  int gen;     // 1: a generator (what map, select, reject, items, reverse return in jinja2): always true, iterated
+               // once, with no length, index or JSON form
+  int spent;   // a generator already iterated
 };
 
 struct jj_dict {
@@ -82,6 +84,8 @@ struct jj_loop {
   const jj_list *items; // what the loop iterates (after its `if` filter)
   size_t i;             // this iteration's index
 };
+
+#define JJ_BODY "\x01body" // the name a filter block's output is bound to (no template can spell it)
 
 enum { JJ_FN_RAISE, JJ_FN_RANGE, JJ_FN_NAMESPACE, JJ_FN_STRFTIME, JJ_FN_DICT };
 
@@ -95,6 +99,7 @@ static inline jj_val jj_strv(const jj_str *s) { return (jj_val){.t = JV_STR, .s 
 // Strings and containers (jinja_value.c).
 const jj_str *jj_str_new(jj_arena *a, const char *p, size_t n, int req); // req: the whole string is request text
 const jj_str *jj_str_cat(jj_arena *a, const jj_str *x, const jj_str *y); // spans kept exactly
+const jj_str *jj_markup_cat(jj_arena *a, const jj_str *x, const jj_str *y); // Markup's + (one side is Markup)
 jj_list *jj_list_new(jj_arena *a, size_t cap);
 void jj_list_push(jj_arena *a, jj_list *l, jj_val v);
 jj_dict *jj_dict_new(jj_arena *a, size_t cap);
@@ -110,7 +115,7 @@ const char *jj_type_name(jj_val v);
 // str(v) as Python prints it (what {{ v }} writes): undefined "", None "None", lists and dicts as repr.
 const jj_str *jj_to_str(jj_arena *a, jj_val v);
 // json.dumps(v, ensure_ascii=False, indent=indent (<0: none), sort_keys=0) as HF's tojson.
-const jj_str *jj_to_json(jj_arena *a, jj_val v, int indent);
+const jj_str *jj_to_json(jj_arena *a, jj_val v, int indent, int ascii); // ascii: ensure_ascii=True
 // json.loads of a context: strings below the top level are request text.
 jj_val jj_from_json(jj_arena *a, const char *p, size_t n);
 
@@ -161,6 +166,7 @@ typedef enum jj_kind {
   JE_LIST, JE_TUPLE, JE_DICT,
   // statements
   JS_TEXT, JS_OUT, JS_IF, JS_FOR, JS_SET, JS_SETBLOCK, JS_MACRO, JS_BREAK, JS_CONTINUE,
+  JS_FILTERBLOCK, // {% filter f %}: a = the filters over JE_NAME JJ_BODY, the body's output
 } jj_kind;
 
 typedef struct jj_nodes {
@@ -193,7 +199,7 @@ struct mdl_jinja {
 // Parses tokens into t->body (jinja_parse.c); unwinds through the arena on error.
 void jj_parse(mdl_jinja *t, const jj_toks *toks);
 
-// ---- render (jinja_eval.c, jinja_builtins.c) ----
+// ---- render (jinja_access.c below jinja_builtins.c below jinja_eval.c) ----
 
 typedef struct jj_scope jj_scope;
 struct jj_scope {
@@ -220,9 +226,14 @@ _Noreturn void jj_rfail(jj_render *r, const char *fmt, ...) __attribute__((forma
 jj_val jj_eval(jj_render *r, jj_scope *s, const jj_node *e);
 jj_val jj_call_macro(jj_render *r, const jj_node *m, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv,
                      size_t nkw);
+// Value access (jinja_access.c)
 jj_val jj_attr(jj_render *r, jj_val v, const char *name, size_t n);
 jj_val jj_item(jj_render *r, jj_val v, jj_val k);
 jj_list *jj_iterate(jj_render *r, jj_val v); // what `for` walks: a list, a dict's keys, a string's characters
+jj_val jj_slice(jj_render *r, jj_val v, jj_val start, jj_val stop, jj_val step); // none: the default
+_Noreturn void jj_undefined_err(jj_render *r, jj_val v); // "'name' is undefined"
+size_t jj_cp_offsets(jj_render *r, const jj_str *s, size_t **offs); // code points; (n + 1) byte offsets
+const jj_str *jj_derived(jj_render *r, const jj_str *from, const char *p, size_t n); // a piece of from
 
 // Builtins (jinja_builtins.c): a filter, a test, a method on a string/dict, a global function.
 jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv,

@@ -523,6 +523,18 @@ static jj_node *statement(parser *P, const jj_tok *tag) {
     block_end(P);
     return st;
   }
+  if (is_name(tag, "filter")) { // the filters run over a name bound to the body's output at render
+    st = node(P, JS_FILTERBLOCK, tag);
+    jj_node *body_name = node(P, JE_NAME, tag);
+    body_name->name = JJ_BODY;
+    jj_node *f = node(P, JE_FILTER, tag);
+    f->a = body_name;
+    f->name = expect_name(P);
+    if (is_op(cur(P), "(")) call_args(P, f);
+    st->a = filters_tests(P, f);
+    block_to(P, &st->body, "endfilter");
+    return st;
+  }
   if (is_name(tag, "generation")) { // Hugging Face's marker of assistant text: renders its body
     st = node(P, JS_IF, tag);
     st->a = node(P, JE_LIT, tag);

@@ -131,26 +131,71 @@ const jj_str *jj_str_cat(jj_arena *a, const jj_str *x, const jj_str *y) {
   return jj_sb_done(a, &b);
 }
 
+// markupsafe.escape: & < > ' " as HTML entities (a request string stays request text whole).
+static const jj_str *html_escape(jj_arena *a, const jj_str *s) {
+  if (s->markup) return s;
+  jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
+  for (size_t i = 0; i < s->n; i++) {
+    const char *e = NULL;
+    switch (s->p[i]) {
+    case '&': e = "&amp;"; break;
+    case '<': e = "&lt;"; break;
+    case '>': e = "&gt;"; break;
+    case '\'': e = "&#39;"; break;
+    case '"': e = "&#34;"; break;
+    default: break;
+    }
+    if (e) jj_sb_put(a, &b, e, strlen(e), 0);
+    else jj_sb_put(a, &b, s->p + i, 1, 0);
+  }
+  return jj_str_new(a, b.p ? b.p : "", b.n, s->nsp != 0);
+}
+
+const jj_str *jj_markup_cat(jj_arena *a, const jj_str *x, const jj_str *y) {
+  jj_str *s = (jj_str *)jj_str_cat(a, html_escape(a, x), html_escape(a, y));
+  s->markup = 1;
+  return s;
+}
+
+// The code point whose UTF-8 starts at byte i (*len its bytes; a bad or cut sequence reads as its first byte).
+static uint32_t utf8_at(const char *p, size_t n, size_t i, size_t *len) {
+  const unsigned char *u = (const unsigned char *)p + i;
+  uint32_t c = u[0];
+  size_t l = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+  if (i + l > n) l = 1;
+  *len = l;
+  if (l == 4) return (c & 7u) << 18 | (u[1] & 63u) << 12 | (u[2] & 63u) << 6 | (u[3] & 63u);
+  if (l == 3) return (c & 15u) << 12 | (u[1] & 63u) << 6 | (u[2] & 63u);
+  if (l == 2) return (c & 31u) << 6 | (u[1] & 63u);
+  return c;
+}
+
 // Python's str.isspace for the code point at byte i (back: the one ending just before i); *len its UTF-8 length.
 int jj_isspace_at(const char *p, size_t n, size_t i, int back, size_t *len) {
-  const unsigned char *u = (const unsigned char *)p;
   size_t s = i;
   if (back) {
     if (i == 0) return 0;
     s = i - 1;
-    while (s > 0 && (u[s] & 0xC0) == 0x80 && i - s < 4) s--;
+    while (s > 0 && ((unsigned char)p[s] & 0xC0) == 0x80 && i - s < 4) s--;
   } else if (i >= n) {
     return 0;
   }
-  uint32_t c = u[s];
-  size_t l = 1;
-  if (c >= 0xF0 && s + 3 < n) c = (c & 7) << 18 | (u[s + 1] & 63u) << 12 | (u[s + 2] & 63u) << 6 | (u[s + 3] & 63u), l = 4;
-  else if (c >= 0xE0 && s + 2 < n) c = (c & 15) << 12 | (u[s + 1] & 63u) << 6 | (u[s + 2] & 63u), l = 3;
-  else if (c >= 0xC0 && s + 1 < n) c = (c & 31) << 6 | (u[s + 1] & 63u), l = 2;
+  size_t l;
+  uint32_t c = utf8_at(p, n, s, &l);
   if (back && s + l != i) return 0;
   *len = l;
   return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+// Not str.isprintable(): controls, format characters, separators but the space, private use, surrogates (what
+// repr() escapes; unassigned code points, which Python escapes too, are not known here and print as they are).
+static int unprintable(uint32_t c) {
+  return c < 0x20 || (c >= 0x7f && c <= 0xa0) || c == 0xad || (c >= 0x600 && c <= 0x605) || c == 0x61c ||
+         c == 0x6dd || c == 0x70f || c == 0x8e2 || c == 0x1680 || c == 0x180e || (c >= 0x2000 && c <= 0x200f) ||
+         (c >= 0x2028 && c <= 0x202f) || (c >= 0x205f && c <= 0x2064) || (c >= 0x2066 && c <= 0x206f) ||
+         c == 0x3000 || (c >= 0xd800 && c <= 0xf8ff) || c == 0xfeff || (c >= 0xfff9 && c <= 0xfffb) ||
+         (c >= 0xe0000 && c <= 0xe007f) || c >= 0xf0000;
 }
 
 // ---- containers ----
@@ -229,7 +274,7 @@ int jj_truthy(jj_val v) {
   case JV_INT: return v.i != 0;
   case JV_FLOAT: return v.f != 0;
   case JV_STR: return v.s->n != 0;
-  case JV_LIST: return v.l->n != 0;
+  case JV_LIST: return v.l->gen || v.l->n != 0;
   case JV_DICT: return v.d->n != 0;
   default: return 1;
   }
@@ -248,6 +293,7 @@ int jj_equal(jj_val x, jj_val y) {
   case JV_UNDEF: case JV_NONE: return 1;
   case JV_STR: return x.s->n == y.s->n && memcmp(x.s->p, y.s->p, x.s->n) == 0;
   case JV_LIST:
+    if (x.l->gen || y.l->gen) return x.l == y.l;
     if (x.l->n != y.l->n) return 0;
     for (size_t i = 0; i < x.l->n; i++)
       if (!jj_equal(x.l->v[i], y.l->v[i])) return 0;
@@ -284,6 +330,7 @@ const char *jj_type_name(jj_val v) {
   static const char *names[] = {"undefined", "NoneType", "bool", "int", "float", "str", "list", "dict",
                                 "Namespace", "LoopContext", "Macro", "function"};
   if (v.t == JV_LIST && v.l->tuple) return "tuple";
+  if (v.t == JV_LIST && v.l->gen) return "generator";
   return names[v.t];
 }
 
@@ -333,13 +380,18 @@ static void put_repr_str(jj_arena *a, jj_sbuf *b, const jj_str *s) {
   jj_sb_put(a, b, &q, 1, 0);
   for (size_t i = 0; i < s->n; i++) {
     unsigned char c = (unsigned char)s->p[i];
-    char tmp[8];
+    char tmp[12];
     if (c == '\\' || c == (unsigned char)q) { tmp[0] = '\\'; tmp[1] = (char)c; jj_sb_put(a, b, tmp, 2, 0); }
     else if (c == '\n') jj_sb_put(a, b, "\\n", 2, 0);
     else if (c == '\r') jj_sb_put(a, b, "\\r", 2, 0);
     else if (c == '\t') jj_sb_put(a, b, "\\t", 2, 0);
-    else if (c < 0x20 || c == 0x7f) { snprintf(tmp, sizeof tmp, "\\x%02x", c); jj_sb_put(a, b, tmp, 4, 0); }
-    else jj_sb_put(a, b, (const char *)&c, 1, 0);
+    else {
+      size_t l;
+      uint32_t cp = utf8_at(s->p, s->n, i, &l);
+      if (!unprintable(cp)) jj_sb_put(a, b, s->p + i, l, 0);
+      else jj_sb_put(a, b, tmp, (size_t)snprintf(tmp, sizeof tmp, cp <= 0xff ? "\\x%02x" : cp <= 0xffff ? "\\u%04x" : "\\U%08x", cp), 0);
+      i += l - 1;
+    }
   }
   jj_sb_put(a, b, &q, 1, 0);
 }
@@ -358,6 +410,7 @@ static void put_repr(jj_arena *a, jj_sbuf *b, jj_val v, int top, int depth) {
     else put_repr_str(a, b, v.s);
     break;
   case JV_LIST:
+    if (v.l->gen) jj_fail(a, "cannot print a generator (jinja2 prints its address): apply |list");
     jj_sb_put(a, b, v.l->tuple ? "(" : "[", 1, 0);
     for (size_t i = 0; i < v.l->n; i++) {
       if (i) jj_sb_put(a, b, ", ", 2, 0);
@@ -391,11 +444,11 @@ const jj_str *jj_to_str(jj_arena *a, jj_val v) {
 
 // ---- JSON out: json.dumps(ensure_ascii=False) ----
 
-static void put_json_str(jj_arena *a, jj_sbuf *b, const jj_str *s) {
+static void put_json_str(jj_arena *a, jj_sbuf *b, const jj_str *s, int ascii) {
   jj_sb_put(a, b, "\"", 1, 0);
   for (size_t i = 0; i < s->n; i++) {
     unsigned char c = (unsigned char)s->p[i];
-    char tmp[8];
+    char tmp[12];
     if (c == '"' || c == '\\') { tmp[0] = '\\'; tmp[1] = (char)c; jj_sb_put(a, b, tmp, 2, 0); }
     else if (c == '\n') jj_sb_put(a, b, "\\n", 2, 0);
     else if (c == '\r') jj_sb_put(a, b, "\\r", 2, 0);
@@ -403,6 +456,19 @@ static void put_json_str(jj_arena *a, jj_sbuf *b, const jj_str *s) {
     else if (c == '\b') jj_sb_put(a, b, "\\b", 2, 0);
     else if (c == '\f') jj_sb_put(a, b, "\\f", 2, 0);
     else if (c < 0x20) { snprintf(tmp, sizeof tmp, "\\u%04x", c); jj_sb_put(a, b, tmp, 6, 0); }
+    else if (c >= 0x80 && ascii) { // \uXXXX, as a surrogate pair above the BMP
+      size_t l;
+      uint32_t cp = utf8_at(s->p, s->n, i, &l);
+      i += l - 1;
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        snprintf(tmp, sizeof tmp, "\\u%04x", 0xD800 + (cp >> 10));
+        jj_sb_put(a, b, tmp, 6, 0);
+        cp = 0xDC00 + (cp & 0x3FF);
+      }
+      snprintf(tmp, sizeof tmp, "\\u%04x", cp);
+      jj_sb_put(a, b, tmp, 6, 0);
+    }
     else jj_sb_put(a, b, (const char *)&c, 1, 0);
   }
   jj_sb_put(a, b, "\"", 1, 0);
@@ -413,7 +479,7 @@ static void json_nl(jj_arena *a, jj_sbuf *b, int indent, int level) {
   for (int i = 0; i < indent * level; i++) jj_sb_put(a, b, " ", 1, 0);
 }
 
-static void put_json(jj_arena *a, jj_sbuf *b, jj_val v, int indent, int level) {
+static void put_json(jj_arena *a, jj_sbuf *b, jj_val v, int indent, int ascii, int level) {
   char tmp[48];
   if (level > 256) jj_fail(a, "value nested too deeply for tojson");
   switch (v.t) {
@@ -425,33 +491,34 @@ static void put_json(jj_arena *a, jj_sbuf *b, jj_val v, int indent, int level) {
     else if (isinf(v.f)) jj_sb_put(a, b, v.f < 0 ? "-Infinity" : "Infinity", v.f < 0 ? 9 : 8, 0);
     else { float_repr(v.f, tmp, sizeof tmp); jj_sb_put(a, b, tmp, strlen(tmp), 0); }
     break;
-  case JV_STR: put_json_str(a, b, v.s); break;
+  case JV_STR: put_json_str(a, b, v.s, ascii); break;
   case JV_LIST:
+    if (v.l->gen) jj_fail(a, "tojson: Object of type generator is not JSON serializable");
     if (!v.l->n) { jj_sb_put(a, b, "[]", 2, 0); break; }
     jj_sb_put(a, b, "[", 1, 0);
     for (size_t i = 0; i < v.l->n; i++) {
       if (i) jj_sb_put(a, b, indent >= 0 ? "," : ", ", indent >= 0 ? 1 : 2, 0);
       if (indent >= 0) json_nl(a, b, indent, level + 1);
-      put_json(a, b, v.l->v[i], indent, level + 1);
+      put_json(a, b, v.l->v[i], indent, ascii, level + 1);
     }
     if (indent >= 0) json_nl(a, b, indent, level);
     jj_sb_put(a, b, "]", 1, 0);
     break;
-  case JV_DICT: case JV_NS:
+  case JV_DICT:
     if (!v.d->n) { jj_sb_put(a, b, "{}", 2, 0); break; }
     jj_sb_put(a, b, "{", 1, 0);
     for (size_t i = 0; i < v.d->n; i++) {
       if (i) jj_sb_put(a, b, indent >= 0 ? "," : ", ", indent >= 0 ? 1 : 2, 0);
       if (indent >= 0) json_nl(a, b, indent, level + 1);
       jj_val k = v.d->k[i];
-      if (k.t == JV_STR) put_json_str(a, b, k.s);
+      if (k.t == JV_STR) put_json_str(a, b, k.s, ascii);
       else if (k.t == JV_NONE || k.t == JV_BOOL || k.t == JV_INT || k.t == JV_FLOAT) {
         jj_sb_put(a, b, "\"", 1, 0); // json.dumps writes a scalar key as its JSON text in quotes
-        put_json(a, b, k, -1, level + 1);
+        put_json(a, b, k, -1, ascii, level + 1);
         jj_sb_put(a, b, "\"", 1, 0);
       } else jj_fail(a, "tojson: keys must be str, int, float, bool or None, not %s", jj_type_name(k));
       jj_sb_put(a, b, ": ", 2, 0);
-      put_json(a, b, v.d->v[i], indent, level + 1);
+      put_json(a, b, v.d->v[i], indent, ascii, level + 1);
     }
     if (indent >= 0) json_nl(a, b, indent, level);
     jj_sb_put(a, b, "}", 1, 0);
@@ -460,9 +527,9 @@ static void put_json(jj_arena *a, jj_sbuf *b, jj_val v, int indent, int level) {
   }
 }
 
-const jj_str *jj_to_json(jj_arena *a, jj_val v, int indent) {
+const jj_str *jj_to_json(jj_arena *a, jj_val v, int indent, int ascii) {
   jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
-  put_json(a, &b, v, indent, 0);
+  put_json(a, &b, v, indent, ascii, 0);
   return jj_str_new(a, b.p, b.n, jj_has_req(v));
 }
 

@@ -121,8 +121,13 @@ TEST(Jinja, ScopesAndNamespaces) {
             "[5][5]5 3");
   EXPECT_EQ(ok("{% if true %}{% set y = 'in if' %}{% endif %}{{ y }}"), "in if");
   EXPECT_EQ(ok("{% set b %}block {{ 1 + 1 }}{% endset %}[{{ b }}]"), "[block 2]");
+  EXPECT_EQ(ok("[{% filter trim | upper %}  a{{ 'b' }}  {% endfilter %}]"), "[AB]");
   EXPECT_EQ(ok("{% macro m(a, b='x') %}{{ a }}-{{ b }}{% endmacro %}{{ m(1) }} {{ m(1, b=2) }} {{ m(b=3, a=4) }}"),
             "1-x 1-2 4-3");
+  // a namespace is no mapping: not iterable, no `in`, no JSON (jinja2's Namespace)
+  EXPECT_EQ(ok("{% set ns = namespace(a=1) %}{{ ns is mapping }}{{ ns.a }}"), "False1");
+  for (const char *t : {"{% for x in ns %}{% endfor %}", "{{ 'a' in ns }}", "{{ ns | tojson }}"})
+    EXPECT_EQ(render(std::string("{% set ns = namespace(a=1) %}") + t).rc, -1) << t;
   Result r = render("{% set x = 1 %}{% set x.a = 2 %}");
   EXPECT_EQ(r.rc, -1);
   EXPECT_NE(r.err.find("non-namespace"), std::string::npos) << r.err;
@@ -150,6 +155,35 @@ TEST(Jinja, ExpressionsAsPython) {
                R"({"m": [{"role": "user", "c": "1"}, {"role": "bot", "c": "2"}, {"role": "user", "c": "3"}]})"),
             "1,3");
   EXPECT_EQ(ok("{{ 'a\\tb\\u00e9\\d' }}"), "a\tb\xc3\xa9\\d");
+  // str() of a container is Python's repr: quotes chosen as Python does, unprintable code points escaped
+  EXPECT_EQ(ok("{{ x }}", R"({"x": {"k": ["a\u00a0b\u200bc\u0085\u00e9\udb40\udc01", "it's", "q\"'"]}})"),
+            "{'k': ['a\\xa0b\\u200bc\\x85\xc3\xa9\\U000e0001', \"it's\", 'q\"\\'']}");
+  EXPECT_EQ(ok("{{ 'abc'.replace('', '-') }} {{ 'aaa'.replace('a', 'b', 2) }} {{ 'h\xc3\xa9llo'.find('l') }} {{ 'x'.find('y') }}"),
+            "-a-b-c- bba 2 -1");
+}
+
+TEST(Jinja, FiltersAsJinja2) {
+  // expected outputs are jinja2 3.1.6's for the same template and context
+  std::string m = R"({"m": [{"a": 1}, {"a": 0}, {"a": 2}]})";
+  // select/map/reject return generators: iterated once, always true, no `is sequence`, no length, no JSON
+  EXPECT_EQ(ok("{% set g = m|selectattr('a') %}{{ g is sequence }}{% for x in g %}{{ x.a }}{% endfor %}|"
+               "{% for x in g %}{{ x.a }}{% endfor %}|{{ (m|selectattr('z')) is true }}"
+               "{{ true if m|selectattr('z') else false }}",
+               m),
+            "False12||FalseTrue");
+  EXPECT_EQ(render("{{ m|map(attribute='a')|tojson }}", m).rc, -1);
+  EXPECT_EQ(render("{{ m|map(attribute='a')|length }}", m).rc, -1);
+  EXPECT_EQ(ok("{{ none|selectattr('a')|list }}"), "[]");
+  EXPECT_EQ(ok("{% for k, v in d|dictsort %}{{ k }}={{ v }};{% endfor %}|{% for k, v in d|dictsort(true) %}{{ k }};"
+               "{% endfor %}|{% for k, v in d|dictsort(by='value', reverse=true) %}{{ k }};{% endfor %}",
+               R"({"d": {"b": 1, "A": 3, "a": 2, "C": 0}})"),
+            "A=3;a=2;b=1;C=0;|A;C;a;b;|A;a;b;C;");
+  EXPECT_EQ(ok("[{{ 'a\nb\n\nc' | indent(2) }}][{{ 'a\nb\n' | indent(2, true, true) }}][{{ 'x' | indent('>', first=true) }}]"),
+            "[a\n  b\n\n  c][  a\n  b\n  ][>x]");
+  EXPECT_EQ(ok("{{ '<a>'|safe + '<b>' }}|{{ '<c>' + '&'|safe }}|{{ '<d>'|safe ~ '<e>' }}"), "<a>&lt;b&gt;|&lt;c&gt;&|<d><e>");
+  EXPECT_EQ(ok("{{ [3, 1, 2]|min }}{{ ['b', 'A', 'c']|max }}{{ m|max(attribute='a') }}{{ []|min is defined }}", m),
+            "1c{'a': 2}False");
+  EXPECT_EQ(ok("{{ [1,2]|reverse is sequence }}{{ 'abc'|reverse }}{{ [1,2]|reverse|list }}"), "Falsecba[2, 1]");
 }
 
 TEST(Jinja, TojsonAsHuggingFace) {
@@ -158,6 +192,7 @@ TEST(Jinja, TojsonAsHuggingFace) {
   EXPECT_EQ(ok("{{ x | tojson }}", ctx),
             "{\"a\": \"<b>&'\\\"\", \"n\": [1, 1.5, null, true, \"\xc3\xa9\", 12345678901234, 1e-05, 100.0]}");
   EXPECT_EQ(ok("{{ {'k': [1, {}], 'e': []} | tojson(indent=2) }}"), "{\n  \"k\": [\n    1,\n    {}\n  ],\n  \"e\": []\n}");
+  EXPECT_EQ(ok("{{ s | tojson(ensure_ascii=True) }}", R"({"s": "\u00e9\ud83d\ude00<"})"), "\"\\u00e9\\ud83d\\ude00<\"");
 }
 
 TEST(Jinja, SpansFollowRequestText) {
