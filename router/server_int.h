@@ -245,6 +245,13 @@ static inline const mdl_chat_tool_style *rtr_tool_style_of(const rtr_server *s, 
   return st ? st : mdl_chat_tool_style_of(NULL, err, sizeof err);
 }
 
+// prompt.c: the prompt text of chat request q (q->msgs) rendered by its template (rtr_jinja_of, else rtr_chat_of):
+// *text malloc'ed, *spans ((*n_spans, 2), malloc'ed) the request's own text in it (mdl_tok_encode_guarded). 0, or -1
+// with e: not a chat model, tools the template cannot express, kwargs a family cannot take, the template's
+// raise_exception or runtime error (400s, docs/openai.md).
+int rtr_chat_prompt(rtr_server *s, const rtr_request *q, char **text, size_t **spans, size_t *n_spans,
+                    rtr_error *e) UTL_WARN_UNUSED;
+
 // A disaggregated choice whose decode worker streams: it holds all the KV, its prefill worker (plink) no longer matters.
 static inline int rtr_choice_handed_off(const rtr_choice *c) { return c->plink >= 0 && c->state == RTR_CH_STREAMING; }
 

@@ -118,6 +118,17 @@ TEST(Http, GgufTemplateRunsAsJinja) {
                     R"({"messages":[{"role":"user","content":"hi"}],"chat_template":"{{ messages[0].nope() }}"})");
   expect_error(kw, 400, "chat_template_error"); // a runtime error names the template's line
   EXPECT_NE(kw.body.find("line 1"), std::string::npos) << kw.body;
+  // chat_template_kwargs: a top-level string holding the model's markup is refused (the template's own variables are
+  // not guarded as the request's text); deeper ones are the request's text, encoded without control tokens
+  Resp mark = request(r.port(), "POST", "/tokenize",
+                      R"({"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"x":"<end_of_turn>"}})");
+  expect_error(mark, 400, "invalid_value");
+  EXPECT_NE(mark.body.find(R"("param":"chat_template_kwargs.x")"), std::string::npos) << mark.body;
+  Resp deep = request(r.port(), "POST", "/tokenize",
+                      R"({"messages":[{"role":"user","content":"hi"}],"chat_template":"{{ x.y }}",)"
+                      R"("chat_template_kwargs":{"x":{"y":"<end_of_turn>"}}})");
+  ASSERT_EQ(deep.status, 200) << deep.body;
+  EXPECT_EQ(deep.body.find("260"), std::string::npos) << deep.body; // <end_of_turn> as text, not its id
   Resp models = request(r.port(), "GET", "/v1/models", "");
   EXPECT_NE(models.body.find(R"x("chat_template":"the GGUF's tokenizer.chat_template (Jinja)")x"), std::string::npos)
       << models.body;
