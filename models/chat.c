@@ -139,38 +139,17 @@ const mdl_chat_template *mdl_chat_template_named(const char *name) {
 
 const char *mdl_chat_template_names(void) { return "chatml, llama3, gemma, mistral, phi3"; }
 
-// The family whose markers the template text (n bytes) has, NULL when none; *variant (may be NULL) names a marker of
-// a variant the table does not render when that is why.
-static const mdl_chat_template *by_markers(const char *p, size_t n, const char **variant) {
+// The family whose markers the template text (n bytes) has, NULL when none (or a variant the table does not render).
+static const mdl_chat_template *by_markers(const char *p, size_t n) {
   for (size_t i = 0; i < sizeof MARKERS / sizeof MARKERS[0]; i++) {
     int all = 1;
     for (int k = 0; k < 3 && MARKERS[i].all[k]; k++) all = all && find_in(p, n, MARKERS[i].all[k]);
     if (!all) continue;
     for (int k = 0; k < 3 && MARKERS[i].none[k]; k++)
-      if (find_in(p, n, MARKERS[i].none[k])) { // a variant of this family that the table does not render
-        if (variant) *variant = MARKERS[i].none[k];
-        return NULL;
-      }
+      if (find_in(p, n, MARKERS[i].none[k])) return NULL; // a variant of this family that the table does not render
     return mdl_chat_template_named(MARKERS[i].family);
   }
   return NULL;
-}
-
-int mdl_chat_template_recognise(const char *text, size_t n, const mdl_chat_template **out, char *err, size_t errlen) {
-  const char *variant = NULL;
-  *out = NULL;
-  for (size_t i = 0; i < N_FAMILIES; i++)
-    if (strlen(FAMILIES[i].name) == n && !memcmp(FAMILIES[i].name, text, n)) *out = &FAMILIES[i];
-  if (*out || (*out = by_markers(text, n, &variant))) return 0;
-  if (variant)
-    utl_seterr(err, errlen, "the template has the markers of a family's variant this server does not render (it "
-               "has %s); dserve renders chat templates by family (%s) and does not interpret Jinja", variant,
-               mdl_chat_template_names());
-  else
-    utl_seterr(err, errlen, "the template is of no family known here: dserve renders chat templates by family "
-               "(%s), recognised by their markers (e.g. <|im_start|> and <|im_end|> for chatml), and does not "
-               "interpret Jinja", mdl_chat_template_names());
-  return -1;
 }
 
 int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat_template **out, char *err,
@@ -186,7 +165,7 @@ int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat
   }
   mdl_str tpl;
   if (!g || mdl_gguf_get_str(g, "tokenizer.chat_template", &tpl) != 0) return 0;
-  if ((*out = by_markers(tpl.p, (size_t)tpl.n, NULL))) return 0;
+  if ((*out = by_markers(tpl.p, (size_t)tpl.n))) return 0;
   utl_seterr(err, errlen,
              "the model's chat template (tokenizer.chat_template) is of no family known here (%s); if it is one of "
              "them, name it with the config's \"chat_template\"",

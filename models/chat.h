@@ -1,5 +1,6 @@
-// models/chat.h: chat templates by family (ChatML, Llama 3, Gemma, Mistral [INST], Phi-3), recognised from the GGUF's
-// tokenizer.chat_template, with tool calling (ChatML's Hermes convention).
+// models/chat.h: chat templates: the model's own Jinja template run with the OpenAI conversation (chat_jinja.c), and
+// the built-in families (ChatML, Llama 3, Gemma, Mistral [INST], Phi-3) for --chat-template NAME and as the fallback;
+// tool calling's formats (Hermes/Qwen, Llama 3 JSON, Mistral) and ChatML's Hermes convention.
 #ifndef DSERVE_MDL_CHAT_H
 #define DSERVE_MDL_CHAT_H
 
@@ -20,9 +21,9 @@ typedef struct mdl_chat_msg {
 // ---- template families ----
 
 // One chat template family: what goes around each role's message, the generation prompt and the token that ends a
-// turn. A model's tokenizer.chat_template (Jinja text) is not interpreted: it is recognised by its family's markers
-// and rendered from this table, as llama.cpp's llama_chat_apply_template renders its built-in templates (the goldens
-// in tests/models/golden/chat_families.json are that function's output). The rendered text carries no BOS: a caller
+// turn, rendered from this table as llama.cpp's llama_chat_apply_template renders its built-in templates (the goldens
+// in tests/models/golden/chat_families.json are that function's output); a GGUF's template is recognised as a family
+// by its markers where no Jinja is run (mdl_chat_apply: dserve generate --chat). The rendered text carries no BOS: a caller
 // tokenizes it as llama-server does, with BOS when the vocabulary's add_bos_token says so.
 typedef struct mdl_chat_template {
   const char *name;        // "chatml", "llama3", "gemma", "mistral", "phi3": the config's chat_template values
@@ -49,12 +50,6 @@ const char *mdl_chat_template_names(void);
 // config's chat_template override).
 int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat_template **out, char *err,
                          size_t errlen) UTL_WARN_UNUSED;
-
-// A template given as text (n bytes; a request's chat_template): a family's name, or template text (Jinja) recognised
-// by its family's markers as mdl_chat_template_of recognises a GGUF's. -1 with err saying why when it is neither (a
-// variant of a family the table does not render, or no family known here: Jinja is not interpreted).
-int mdl_chat_template_recognise(const char *text, size_t n, const mdl_chat_template **out, char *err,
-                                size_t errlen) UTL_WARN_UNUSED;
 
 // Renders msgs (n) with family t. g (may be NULL) gives ChatML's default system prompt (see mdl_chat_apply); tools,
 // tool_calls and role "tool" as mdl_chat_apply_tools, refused with err for a family without a tool convention.
