@@ -207,8 +207,10 @@ static const mdl_chat_tool_style MISTRAL = {
 
 const mdl_chat_tool_style *mdl_chat_tool_style_detect(const char *tpl, size_t n) {
   if (!tpl) return NULL;
-  if (find_in(tpl, n, "[TOOL_CALLS]")) return &MISTRAL;
-  if (find_in(tpl, n, "<tool_call>")) return &HERMES;
+  // Mistral Small 3.2's and Devstral's [TOOL_CALLS]name[ARGS]{...}, Qwen3 Coder's <tool_call><function=...> XML:
+  // other formats with the same markers, not read here
+  if (find_in(tpl, n, "[TOOL_CALLS]")) return find_in(tpl, n, "[ARGS]") ? NULL : &MISTRAL;
+  if (find_in(tpl, n, "<tool_call>")) return find_in(tpl, n, "<function=") ? NULL : &HERMES;
   if (find_in(tpl, n, "<|start_header_id|>") &&
       (find_in(tpl, n, "\"parameters\"") || find_in(tpl, n, "<|python_tag|>")))
     return &LLAMA3_JSON;

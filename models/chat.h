@@ -149,9 +149,10 @@ typedef struct mdl_chat_tool_style {
   const char *sys_tail;     // ... and after it
 } mdl_chat_tool_style;
 
-// The call format a Jinja template's text (n bytes) shows the model: Mistral's [TOOL_CALLS], Hermes/Qwen's
-// <tool_call>, Llama 3's {"name": ..., "parameters": ...} (a <|start_header_id|> template that writes "parameters" or
-// <|python_tag|>). NULL when the template writes calls in none of these (or not at all).
+// The call format a Jinja template's text (n bytes) shows the model: Mistral Nemo's [TOOL_CALLS] (not with [ARGS]),
+// Hermes/Qwen's <tool_call> (not Qwen3 Coder's <function=...>), Llama 3's {"name": ..., "parameters": ...} (a
+// <|start_header_id|> template that writes "parameters" or <|python_tag|>). NULL when the template writes calls in
+// none of these (or not at all).
 const mdl_chat_tool_style *mdl_chat_tool_style_detect(const char *tpl, size_t n);
 
 // The tool style of g's template (g NULL: SmolLM2's, ChatML). NULL with err when the template has none this code knows.

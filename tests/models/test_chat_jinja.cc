@@ -152,6 +152,51 @@ TEST(ChatJinja, Errors) {
   EXPECT_EQ(kw.rc, -1);
 }
 
+std::string slurp(const std::string &path) {
+  FILE *f = fopen(path.c_str(), "rb");
+  std::string s;
+  char buf[4096];
+  for (size_t k; f && (k = fread(buf, 1, sizeof buf, f)) > 0;) s.append(buf, k);
+  if (f) fclose(f);
+  return s;
+}
+
+// The published templates (tests/models/templates): the call format each writes, and whether it reads tools at all
+// (router/prompt.c refuses tools unless both).
+TEST(ChatJinja, FormatsOfThePublishedTemplates) {
+  struct {
+    const char *file, *format;
+    int tools;
+  } cases[] = {
+      {"HuggingFaceTB-SmolLM2-135M-Instruct", nullptr, 0},
+      {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "hermes", 1},
+      {"Qwen-QwQ-32B", "hermes", 1},
+      {"Qwen-Qwen2.5-7B-Instruct", "hermes", 1},
+      {"Qwen-Qwen3-0.6B", "hermes", 1},
+      {"Qwen3-Coder", nullptr, 1}, // its XML calls are not read here: tools refused
+      {"google-gemma-2-2b-it", nullptr, 0},
+      {"google-gemma-3-it", nullptr, 0},
+      {"meta-llama-Llama-3.1-8B-Instruct", "llama3_json", 1},
+      {"meta-llama-Llama-3.2-3B-Instruct", "llama3_json", 1},
+      {"meta-llama-Llama-3.3-70B-Instruct", "llama3_json", 1},
+      {"microsoft-Phi-3.5-mini-instruct", nullptr, 0},
+      {"mistralai-Mistral-Nemo-Instruct-2407", "mistral", 1},
+  };
+  for (const auto &c : cases) {
+    std::string tpl = slurp(std::string(DSERVE_SOURCE_DIR "/tests/models/templates/") + c.file + ".jinja");
+    ASSERT_FALSE(tpl.empty()) << c.file;
+    const mdl_chat_tool_style *st = mdl_chat_tool_style_detect(tpl.data(), tpl.size());
+    EXPECT_STREQ(st ? st->name : nullptr, c.format) << c.file;
+    mdl_jinja *t = nullptr;
+    char err[256];
+    ASSERT_EQ(mdl_jinja_parse(tpl.data(), tpl.size(), &t, err, sizeof err), 0) << c.file << ": " << err;
+    EXPECT_EQ(mdl_jinja_uses_var(t, "tools"), c.tools) << c.file;
+    mdl_jinja_free(t);
+  }
+  const char *small = "[SYSTEM_PROMPT]{{ '[TOOL_CALLS]' + name + '[ARGS]' }}";
+  EXPECT_EQ(mdl_chat_tool_style_detect(small, strlen(small)), nullptr); // Mistral Small 3.2's own format
+}
+
 TEST(ChatJinja, FormatGrammars) {
   const char *tools = R"([{"name":"get_weather","parameters":{"type":"object","properties":{"city":)"
                       R"({"type":"string"}},"required":["city"],"additionalProperties":false}}])";
