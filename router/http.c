@@ -117,7 +117,7 @@ static cJSON *model_object(rtr_server *s) {
   cJSON_AddStringToObject(m, "owned_by", "dserve");
   cJSON_AddNumberToObject(m, "max_model_len", s->n_ctx);
   // which chat template renders (docs/openai.md, "Chat templates"): said at start-up too
-  cJSON_AddStringToObject(m, "chat_template", s->chat_source[0] ? s->chat_source : "none (not a chat model)");
+  cJSON_AddStringToObject(m, "chat_template_source", s->chat_source[0] ? s->chat_source : "none (not a chat model)");
   return m;
 }
 

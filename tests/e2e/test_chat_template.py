@@ -102,7 +102,7 @@ class FileTemplate(unittest.TestCase):
         self.assertEqual(r.choices[0].message.role, "assistant")
         self.assertGreater(r.usage.completion_tokens, 0)
         m = client(self.PORT).models.list().data[0]
-        self.assertIn("Qwen-Qwen3-0.6B.jinja", m.model_extra["chat_template"])
+        self.assertIn("Qwen-Qwen3-0.6B.jinja", m.model_extra["chat_template_source"])
 
     def test_forced_call_in_qwen_format(self):
         """tool_choice named: the call grammar writes Qwen's <tool_call> (the template's format); the call comes back
@@ -185,7 +185,7 @@ class DefaultTemplate(unittest.TestCase):
 
     def test_gguf_template_and_tools_refused(self):
         m = client(self.PORT).models.list().data[0]
-        self.assertIn("tokenizer.chat_template", m.model_extra["chat_template"])
+        self.assertIn("tokenizer.chat_template", m.model_extra["chat_template_source"])
         with self.assertRaises(openai.BadRequestError) as e:
             client(self.PORT).chat.completions.create(model=MODEL_ID[self.PORT], messages=ASK, tools=TOOLS,
                                                       max_tokens=4)

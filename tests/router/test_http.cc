@@ -130,7 +130,7 @@ TEST(Http, GgufTemplateRunsAsJinja) {
   ASSERT_EQ(deep.status, 200) << deep.body;
   EXPECT_EQ(deep.body.find("260"), std::string::npos) << deep.body; // <end_of_turn> as text, not its id
   Resp models = request(r.port(), "GET", "/v1/models", "");
-  EXPECT_NE(models.body.find(R"x("chat_template":"the GGUF's tokenizer.chat_template (Jinja)")x"), std::string::npos)
+  EXPECT_NE(models.body.find(R"x("chat_template_source":"the GGUF's tokenizer.chat_template (Jinja)")x"), std::string::npos)
       << models.body;
 }
 
