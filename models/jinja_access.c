@@ -99,7 +99,7 @@ jj_val jj_attr(jj_render *r, jj_val v, const char *name, size_t n) {
 
 jj_val jj_item(jj_render *r, jj_val v, jj_val k) {
   if (v.t == JV_UNDEF) jj_undefined_err(r, v);
-  if (v.t == JV_LIST && v.l->gen) jj_rfail(r, "'generator' object is not subscriptable");
+  if (v.t == JV_LIST && (v.l->gen || v.l->view)) jj_rfail(r, "'%s' object is not subscriptable", jj_type_name(v));
   if ((v.t == JV_LIST || v.t == JV_STR) && (k.t == JV_INT || k.t == JV_BOOL)) {
     int64_t i = k.t == JV_INT ? k.i : k.b;
     size_t *o = NULL;
@@ -126,7 +126,7 @@ static int64_t slice_arg(jj_render *r, jj_val v, int64_t dflt) {
 
 jj_val jj_slice(jj_render *r, jj_val v, jj_val b, jj_val c, jj_val d) {
   if (v.t == JV_UNDEF) jj_undefined_err(r, v);
-  if ((v.t != JV_LIST && v.t != JV_STR) || (v.t == JV_LIST && v.l->gen))
+  if ((v.t != JV_LIST && v.t != JV_STR) || (v.t == JV_LIST && (v.l->gen || v.l->view)))
     jj_rfail(r, "'%s' object is not subscriptable", jj_type_name(v));
   size_t *o = NULL;
   int64_t n = (int64_t)(v.t == JV_LIST ? v.l->n : jj_cp_offsets(r, v.s, &o));
@@ -149,4 +149,37 @@ jj_val jj_slice(jj_render *r, jj_val v, jj_val b, jj_val c, jj_val d) {
     return (jj_val){.t = JV_LIST, .l = l};
   }
   return jj_strv(jj_derived(r, v.s, sb.p ? sb.p : "", sb.n));
+}
+
+// Python's ordering: numbers (ints exactly), strings by code point, lists with lists and tuples with tuples item by
+// item. fold: jinja2's ignore_case for sorting filters (str.lower on a string key; refused beyond ASCII).
+int jj_compare(jj_render *r, const char *op, jj_val x, jj_val y, int fold) {
+  int xl = x.t == JV_LIST && !x.l->gen && !x.l->view, yl = y.t == JV_LIST && !y.l->gen && !y.l->view;
+  if (xl && yl && x.l->tuple == y.l->tuple) {
+    size_t i = 0;
+    while (i < x.l->n && i < y.l->n && jj_equal(x.l->v[i], y.l->v[i])) i++;
+    if (i < x.l->n && i < y.l->n) return jj_compare(r, op, x.l->v[i], y.l->v[i], 0);
+    return x.l->n < y.l->n ? -1 : x.l->n > y.l->n;
+  }
+  int xn = x.t == JV_INT || x.t == JV_BOOL || x.t == JV_FLOAT, yn = y.t == JV_INT || y.t == JV_BOOL || y.t == JV_FLOAT;
+  if (xn && yn) {
+    if (x.t != JV_FLOAT && y.t != JV_FLOAT) {
+      int64_t a = x.t == JV_INT ? x.i : x.b, b = y.t == JV_INT ? y.i : y.b;
+      return a < b ? -1 : a > b;
+    }
+    double a = x.t == JV_FLOAT ? x.f : x.t == JV_INT ? (double)x.i : x.b;
+    double b = y.t == JV_FLOAT ? y.f : y.t == JV_INT ? (double)y.i : y.b;
+    return a < b ? -1 : a > b ? 1 : 0;
+  }
+  if (x.t != JV_STR || y.t != JV_STR)
+    jj_rfail(r, "'%s' not supported between instances of '%s' and '%s'", op, jj_type_name(x), jj_type_name(y));
+  size_t n = x.s->n < y.s->n ? x.s->n : y.s->n;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char a = (unsigned char)x.s->p[i], b = (unsigned char)y.s->p[i];
+    if (fold && (a >= 0x80 || b >= 0x80)) jj_rfail(r, "case-insensitive ordering of non-ASCII text is not supported");
+    if (fold && a >= 'A' && a <= 'Z') a |= 0x20;
+    if (fold && b >= 'A' && b <= 'Z') b |= 0x20;
+    if (a != b) return a < b ? -1 : 1;
+  }
+  return x.s->n < y.s->n ? -1 : x.s->n > y.s->n;
 }

@@ -92,14 +92,16 @@ static jj_val split(jj_render *r, const jj_str *s, const jj_str *sep, int64_t ma
 }
 
 // Case mapping: ASCII only; Python maps every script, so other text is refused rather than rendered differently.
-static jj_val recase(jj_render *r, const jj_str *s, int mode /* 0 lower 1 upper 2 capitalize 3 title */) {
+// mode 3 is str.title (a word starts after any non-letter), 4 jinja2's title filter (after - ( { [ < or whitespace).
+static jj_val recase(jj_render *r, const jj_str *s, int mode /* 0 lower 1 upper 2 capitalize 3, 4 title */) {
   char *p = jj_alloc(r->a, s->n + 1);
   int start = 1;
   for (size_t i = 0; i < s->n; i++) {
     char c = s->p[i];
     if ((unsigned char)c >= 0x80) jj_rfail(r, "changing the case of non-ASCII text is not supported");
     int alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-    int up = mode == 1 || (mode == 2 && i == 0) || (mode == 3 && start);
+    if (mode == 4) start = i == 0 || strchr("-({[< \t\n\r\v\f\x1c\x1d\x1e\x1f", s->p[i - 1]);
+    int up = mode == 1 || (mode == 2 && i == 0) || (mode >= 3 && start);
     if (alpha) c = up ? (char)(c & ~0x20) : (char)(c | 0x20);
     start = mode == 3 ? !alpha : 0;
     p[i] = c;
@@ -207,6 +209,7 @@ int jj_method(jj_render *r, jj_val self, const char *name, jj_val *args, size_t 
           jj_list_push(r->a, l, (jj_val){.t = JV_LIST, .l = pair});
         }
       }
+      l->view = name[0] == 'k' ? 1 : name[0] == 'v' ? 2 : 3;
       *out = (jj_val){.t = JV_LIST, .l = l};
       return 1;
     }
@@ -230,23 +233,29 @@ int jj_test(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs
   if (NAME_IS(name, "iterable")) return v.t == JV_STR || v.t == JV_LIST || v.t == JV_DICT || v.t == JV_UNDEF ||
                                         v.t == JV_LOOP;
   if (NAME_IS(name, "sequence"))
-    return v.t == JV_STR || (v.t == JV_LIST && !v.l->gen) || v.t == JV_DICT || v.t == JV_UNDEF;
+    return v.t == JV_STR || (v.t == JV_LIST && !v.l->gen && !v.l->view) || v.t == JV_DICT || v.t == JV_UNDEF;
   if (NAME_IS(name, "number")) return v.t == JV_INT || v.t == JV_FLOAT || v.t == JV_BOOL;
   if (NAME_IS(name, "integer")) return v.t == JV_INT;
   if (NAME_IS(name, "float")) return v.t == JV_FLOAT;
   if (NAME_IS(name, "boolean")) return v.t == JV_BOOL;
   if (NAME_IS(name, "true")) return v.t == JV_BOOL && v.b;
   if (NAME_IS(name, "false")) return v.t == JV_BOOL && !v.b;
-  if (NAME_IS(name, "callable")) return v.t == JV_MACRO || v.t == JV_FUNC;
-  if (NAME_IS(name, "odd") || NAME_IS(name, "even") || NAME_IS(name, "divisibleby")) {
-    if (v.t != JV_INT && v.t != JV_BOOL) jj_rfail(r, "test '%s' expects an integer, not %s", name, jj_type_name(v));
-    int64_t x = v.t == JV_INT ? v.i : v.b, d = 2;
-    if (name[0] == 'd') {
-      if (!nargs || args[0].t != JV_INT || args[0].i == 0) jj_rfail(r, "divisibleby expects a non-zero integer");
-      d = args[0].i;
-      return x % d == 0;
+  if (NAME_IS(name, "callable")) return v.t == JV_MACRO || v.t == JV_FUNC || v.t == JV_UNDEF; // Undefined has __call__
+  if (NAME_IS(name, "odd") || NAME_IS(name, "even") || NAME_IS(name, "divisibleby")) { // value % d as Python
+    jj_val d = name[0] == 'd' ? (nargs ? args[0] : jj_undef()) : jj_int(2);
+    if (v.t != JV_INT && v.t != JV_BOOL && v.t != JV_FLOAT)
+      jj_rfail(r, "test '%s' expects a number, not %s", name, jj_type_name(v));
+    if (d.t != JV_INT && d.t != JV_BOOL && d.t != JV_FLOAT) jj_rfail(r, "divisibleby expects a number");
+    double x = v.t == JV_FLOAT ? v.f : v.t == JV_INT ? (double)v.i : v.b, y = d.t == JV_FLOAT ? d.f : d.t == JV_INT ? (double)d.i : d.b;
+    if (y == 0) jj_rfail(r, "integer division or modulo by zero");
+    if (v.t != JV_FLOAT && d.t != JV_FLOAT) { // exact on integers
+      int64_t xi = v.t == JV_INT ? v.i : v.b, yi = d.t == JV_INT ? d.i : d.b, m = yi == -1 ? 0 : xi % yi;
+      if (m != 0 && ((m < 0) != (yi < 0))) m += yi;
+      return name[0] == 'o' ? m == 1 : m == 0;
     }
-    return (x % 2 != 0) == (name[0] == 'o');
+    double m = fmod(x, y);
+    if (m != 0 && ((m < 0) != (y < 0))) m += y;
+    return name[0] == 'o' ? m == 1 : m == 0;
   }
   static const char *const eqs[] = {"eq", "equalto", "==", "sameas"}, *const nes[] = {"ne", "!="};
   for (size_t i = 0; i < 4; i++) {
@@ -311,26 +320,6 @@ static jj_val select_filter(jj_render *r, const char *name, jj_val v, jj_val *ar
   return (jj_val){.t = JV_LIST, .l = out};
 }
 
-// Python's ordering of two sort keys; fold: jinja2's ignore_case (str.lower, refused beyond ASCII as in recase).
-static int cmp_key(jj_render *r, jj_val x, jj_val y, int fold) {
-  if ((x.t == JV_INT || x.t == JV_FLOAT || x.t == JV_BOOL) && (y.t == JV_INT || y.t == JV_FLOAT || y.t == JV_BOOL)) {
-    double a = x.t == JV_FLOAT ? x.f : x.t == JV_INT ? (double)x.i : x.b;
-    double b = y.t == JV_FLOAT ? y.f : y.t == JV_INT ? (double)y.i : y.b;
-    return a < b ? -1 : a > b;
-  }
-  if (x.t != JV_STR || y.t != JV_STR)
-    jj_rfail(r, "'<' not supported between instances of '%s' and '%s'", jj_type_name(x), jj_type_name(y));
-  size_t n = x.s->n < y.s->n ? x.s->n : y.s->n;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char a = (unsigned char)x.s->p[i], b = (unsigned char)y.s->p[i];
-    if (fold && (a >= 0x80 || b >= 0x80)) jj_rfail(r, "case-insensitive ordering of non-ASCII text is not supported");
-    if (fold && a >= 'A' && a <= 'Z') a |= 0x20;
-    if (fold && b >= 'A' && b <= 'Z') b |= 0x20;
-    if (a != b) return a < b ? -1 : 1;
-  }
-  return x.s->n < y.s->n ? -1 : x.s->n > y.s->n;
-}
-
 static jj_val dictsort(jj_render *r, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv, size_t nkw) {
   if (v.t != JV_DICT) jj_rfail(r, "dictsort expects a mapping, not %s", jj_type_name(v));
   int fold = !jj_truthy(kwarg(kwn, kwv, nkw, "case_sensitive", args, nargs, 0, jj_bool(0)));
@@ -342,11 +331,12 @@ static jj_val dictsort(jj_render *r, jj_val v, jj_val *args, size_t nargs, const
   jj_val items;
   jj_method(r, v, "items", NULL, 0, &items);
   jj_list *l = items.l;
+  l->view = 0; // sorted() gives a list
   for (size_t i = 1; i < l->n; i++) { // insertion sort: stable, as Python's sorted (dicts here are small)
     jj_val x = l->v[i];
     size_t j = i;
     for (; j > 0; j--) {
-      int c = cmp_key(r, l->v[j - 1].l->v[pos], x.l->v[pos], fold);
+      int c = jj_compare(r, "<", l->v[j - 1].l->v[pos], x.l->v[pos], fold);
       if (rev ? c >= 0 : c <= 0) break;
     }
     memmove(l->v + j + 1, l->v + j, (i - j) * sizeof(jj_val));
@@ -368,7 +358,7 @@ static jj_val min_max(jj_render *r, int max, jj_val v, jj_val *args, size_t narg
       a = attr_path(r, a, jj_to_str(r->a, attr));
       b = attr_path(r, b, jj_to_str(r->a, attr));
     }
-    int c = cmp_key(r, a, b, fold);
+    int c = jj_compare(r, "<", a, b, fold);
     if (max ? c > 0 : c < 0) best = i;
   }
   return in->v[best];
@@ -390,7 +380,7 @@ static jj_val indent(jj_render *r, jj_val v, jj_val *args, size_t nargs, const c
   jj_val w = kwarg(kwn, kwv, nkw, "width", args, nargs, 0, jj_int(4));
   int first = jj_truthy(kwarg(kwn, kwv, nkw, "first", args, nargs, 1, jj_bool(0)));
   int blank = jj_truthy(kwarg(kwn, kwv, nkw, "blank", args, nargs, 2, jj_bool(0)));
-  const jj_str *s = jj_to_str(r->a, v), *ind = w.t == JV_STR ? w.s : NULL;
+  const jj_str *s = need_str(r, v, "indent"), *ind = w.t == JV_STR ? w.s : NULL; // jinja2 appends "\n" to it
   if (!ind) {
     if (w.t != JV_INT || w.i < 0 || w.i > 1024) jj_rfail(r, "indent: width must be a string or 0 to 1024");
     jj_sbuf sp = {.limit = MDL_JINJA_MAX_OUTPUT};
@@ -456,6 +446,7 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
     if (v.t != JV_UNDEF && v.t != JV_DICT) jj_rfail(r, "can only get item pairs from a mapping");
     if (v.t == JV_DICT) jj_method(r, v, "items", NULL, 0, &out);
     out.l->gen = 1;
+    out.l->view = 0;
     return out;
   }
   if (NAME_IS(name, "dictsort")) return dictsort(r, v, args, nargs, kwn, kwv, nkw);
@@ -516,7 +507,7 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
   }
   static const char *cases[] = {"lower", "upper", "capitalize", "title"};
   for (int m = 0; m < 4; m++)
-    if (NAME_IS(name, cases[m])) return recase(r, jj_to_str(r->a, v), m);
+    if (NAME_IS(name, cases[m])) return recase(r, jj_to_str(r->a, v), m == 3 ? 4 : m);
   if (NAME_IS(name, "replace")) {
     if (nargs < 2) jj_rfail(r, "replace takes two arguments");
     const jj_str *s = jj_to_str(r->a, v);
@@ -534,6 +525,7 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
   }
   if (NAME_IS(name, "int") || NAME_IS(name, "float")) {
     int isint = name[0] == 'i';
+    if (v.t == JV_UNDEF) jj_undefined_err(r, v); // int(Undefined) raises in jinja2, no default
     jj_val dflt = kwarg(kwn, kwv, nkw, "default", args, nargs, 0, isint ? jj_int(0) : jj_float(0));
     if (v.t == JV_INT || v.t == JV_BOOL) return isint ? jj_int(v.t == JV_INT ? v.i : v.b) : jj_float(v.t == JV_INT ? (double)v.i : v.b);
     if (v.t == JV_FLOAT) {
@@ -564,8 +556,13 @@ jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t 
     if (prec.t != JV_INT || prec.i < 0 || prec.i > 15) jj_rfail(r, "round: bad precision");
     double x = v.t == JV_FLOAT ? v.f : v.t == JV_INT ? (double)v.i : v.b, m = pow(10, (double)prec.i);
     const char *how = method.t == JV_STR ? method.s->p : "common";
-    if (NAME_IS(how, "common")) x = round(x * m) / m;
-    else if (NAME_IS(how, "floor")) x = floor(x * m) / m;
+    if (NAME_IS(how, "common")) {
+      if (v.t != JV_FLOAT) return jj_int(v.t == JV_INT ? v.i : v.b); // Python's round(int, n) is the int
+      char buf[400]; // round(x, n): the exact binary value to n decimals, ties to even, as printf rounds it
+      snprintf(buf, sizeof buf, "%.*f", (int)prec.i, x);
+      return jj_float(strtod(buf, NULL));
+    }
+    if (NAME_IS(how, "floor")) x = floor(x * m) / m;
     else if (NAME_IS(how, "ceil")) x = ceil(x * m) / m;
     else jj_rfail(r, "round: method must be common, ceil or floor");
     return jj_float(x);

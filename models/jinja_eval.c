@@ -38,6 +38,18 @@ static void scope_set(jj_render *r, jj_scope *s, const char *name, jj_val v) {
   s->vals[s->n++] = v;
 }
 
+// A frame's names that jinja2 starts undefined (jinja_frames.c): bound so that a read stops here, not outside.
+static void shadow(jj_render *r, jj_scope *s, const char *const *names, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    size_t k = 0;
+    while (k < s->n && strcmp(s->names[k], names[i]) != 0) k++;
+    if (k < s->n) continue; // a parameter
+    jj_val u = jj_undef();
+    u.uname = names[i];
+    scope_set(r, s, names[i], u);
+  }
+}
+
 static jj_val lookup(const jj_scope *s, const char *name) {
   for (; s; s = s->up)
     for (size_t i = 0; i < s->n; i++)
@@ -50,6 +62,7 @@ static jj_val lookup(const jj_scope *s, const char *name) {
 
 // ---- operators ----
 
+static int plain_list(jj_val v) { return v.t == JV_LIST && !v.l->gen && !v.l->view; } // a list or tuple
 static int is_num(jj_val v) { return v.t == JV_BOOL || v.t == JV_INT || v.t == JV_FLOAT; }
 static int is_intish(jj_val v) { return v.t == JV_BOOL || v.t == JV_INT; }
 static int64_t as_i(jj_val v) { return v.t == JV_INT ? v.i : v.b; }
@@ -81,7 +94,7 @@ static jj_val arith(jj_render *r, const char *op, jj_val x, jj_val y) {
   if (op[0] == '+') {
     if (x.t == JV_STR && y.t == JV_STR)
       return jj_strv(x.s->markup || y.s->markup ? jj_markup_cat(r->a, x.s, y.s) : jj_str_cat(r->a, x.s, y.s));
-    if (x.t == JV_LIST && y.t == JV_LIST && !x.l->gen && !y.l->gen) {
+    if (plain_list(x) && plain_list(y)) {
       jj_list *l = jj_list_new(r->a, x.l->n + y.l->n);
       for (size_t i = 0; i < x.l->n; i++) jj_list_push(r->a, l, x.l->v[i]);
       for (size_t i = 0; i < y.l->n; i++) jj_list_push(r->a, l, y.l->v[i]);
@@ -89,8 +102,8 @@ static jj_val arith(jj_render *r, const char *op, jj_val x, jj_val y) {
     }
   }
   if (op[0] == '*' && !op[1]) {
-    if ((x.t == JV_STR || (x.t == JV_LIST && !x.l->gen)) && is_intish(y)) return repeat(r, x, as_i(y));
-    if ((y.t == JV_STR || (y.t == JV_LIST && !y.l->gen)) && is_intish(x)) return repeat(r, y, as_i(x));
+    if ((x.t == JV_STR || plain_list(x)) && is_intish(y)) return repeat(r, x, as_i(y));
+    if ((y.t == JV_STR || plain_list(y)) && is_intish(x)) return repeat(r, y, as_i(x));
   }
   if (!is_num(x) || !is_num(y)) bad_operands(r, op, x, y);
   int ints = is_intish(x) && is_intish(y);
@@ -163,6 +176,8 @@ static int contains(jj_render *r, jj_val hay, jj_val needle) {
     return 0;
   case JV_DICT: {
     jj_val o;
+    if (needle.t == JV_DICT || (needle.t == JV_LIST && !needle.l->tuple))
+      jj_rfail(r, "unhashable type: '%s'", jj_type_name(needle));
     return jj_dict_find(hay.d, needle, &o);
   }
   default: jj_rfail(r, "argument of type '%s' is not iterable", jj_type_name(hay));
@@ -170,17 +185,9 @@ static int contains(jj_render *r, jj_val hay, jj_val needle) {
 }
 
 static int order(jj_render *r, const char *op, jj_val x, jj_val y) {
-  int c;
-  if (is_num(x) && is_num(y)) {
-    if (is_intish(x) && is_intish(y)) c = as_i(x) < as_i(y) ? -1 : as_i(x) > as_i(y);
-    else c = as_f(x) < as_f(y) ? -1 : as_f(x) > as_f(y) ? 1 : 0;
-  } else if (x.t == JV_STR && y.t == JV_STR) {
-    size_t n = x.s->n < y.s->n ? x.s->n : y.s->n;
-    c = memcmp(x.s->p, y.s->p, n);
-    if (!c) c = x.s->n < y.s->n ? -1 : x.s->n > y.s->n;
-  } else {
-    bad_operands(r, op, x, y);
-  }
+  if (x.t == JV_UNDEF) jj_undefined_err(r, x);
+  if (y.t == JV_UNDEF) jj_undefined_err(r, y);
+  int c = jj_compare(r, op, x, y, 0);
   if (op[0] == '<') return op[1] ? c <= 0 : c < 0;
   return op[1] ? c >= 0 : c > 0;
 }
@@ -342,6 +349,7 @@ static void exec_for(jj_render *r, jj_scope *s, const jj_node *st, jj_sbuf *out)
     L->i = i;
     bind_targets(r, t, &st->args, items->v[i]);
     scope_set(r, t, "loop", (jj_val){.t = JV_LOOP, .loop = L});
+    shadow(r, t, st->shadow, st->nshadow);
     exec_body(r, t, &st->body, out);
     if (r->brk == 1) {
       r->brk = 0;
@@ -349,7 +357,7 @@ static void exec_for(jj_render *r, jj_scope *s, const jj_node *st, jj_sbuf *out)
     }
     r->brk = 0;
   }
-  if (!items->n) exec_body(r, s, &st->els, out);
+  if (!items->n) exec_body(r, scope_new(r, s), &st->els, out); // a frame of its own, as in jinja2
 }
 
 static void exec_body(jj_render *r, jj_scope *s, const jj_nodes *body, jj_sbuf *out) {
@@ -384,15 +392,19 @@ static void exec_body(jj_render *r, jj_scope *s, const jj_nodes *body, jj_sbuf *
     }
     case JS_FILTERBLOCK: {
       jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
-      exec_body(r, s, &st->body, &b);
-      jj_scope *t = scope_new(r, s);
+      jj_scope *t = scope_new(r, s); // the body is a frame of its own
+      shadow(r, t, st->shadow, st->nshadow);
+      exec_body(r, t, &st->body, &b);
+      t = scope_new(r, s);
       scope_set(r, t, JJ_BODY, jj_strv(jj_sb_done(r->a, &b)));
       jj_sb_str(r->a, out, jj_to_str(r->a, jj_eval(r, t, st->a)));
       break;
     }
     case JS_SETBLOCK: {
       jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
-      exec_body(r, s, &st->body, &b);
+      jj_scope *t = scope_new(r, s); // the body is a frame of its own
+      shadow(r, t, st->shadow, st->nshadow);
+      exec_body(r, t, &st->body, &b);
       scope_set(r, s, st->name, jj_strv(jj_sb_done(r->a, &b)));
       break;
     }
@@ -425,6 +437,7 @@ jj_val jj_call_macro(jj_render *r, const jj_node *m, jj_val *args, size_t nargs,
     if (!set && p->a) v = jj_eval(r, s, p->a);
     scope_set(r, s, p->name, v);
   }
+  shadow(r, s, m->shadow, m->nshadow);
   for (size_t k = 0; k < nkw; k++) {
     size_t i = 0;
     while (i < m->kw.n && strcmp(kwn[k], m->kw.v[i]->name) != 0) i++;
@@ -523,6 +536,7 @@ int mdl_jinja_render(const mdl_jinja *t, const char *ctx_json, size_t ctx_len, c
     scope_set(&r, r.globals, name, ctx.d->v[i]);
   }
   r.top = scope_new(&r, r.globals);
+  shadow(&r, r.top, t->shadow, t->nshadow);
   jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
   exec_body(&r, r.top, &t->body, &b);
   char *res = malloc(b.n + 1);

@@ -73,6 +73,7 @@ struct jj_list {
   int gen;     // 1: a generator (what map, select, reject, items, reverse return in jinja2): always true, iterated
                // once, with no length, index or JSON form
   int spent;   // a generator already iterated
+  int view;    // 1 dict_keys, 2 dict_values, 3 dict_items (d.keys() ...): printed so, no index, no JSON
 };
 
 struct jj_dict {
@@ -187,6 +188,8 @@ struct jj_node {
   jj_nodes kw;      // keyword arguments as JE_NAME-tagged nodes: name = keyword, a = value; dict values; macro params
   jj_nodes body;    // statements
   jj_nodes els;     // else / elif branch statements
+  const char **shadow; // JS_FOR, JS_MACRO: (nshadow) names its frame starts as undefined (jinja_frames.c)
+  size_t nshadow;
 };
 
 struct mdl_jinja {
@@ -194,10 +197,14 @@ struct mdl_jinja {
   jj_nodes body;
   const char **vars; // (nvars) top-level names the template reads
   size_t nvars;
+  const char **shadow; // (nshadow) names the template's own frame starts as undefined (jinja_frames.c)
+  size_t nshadow;
 };
 
 // Parses tokens into t->body (jinja_parse.c); unwinds through the arena on error.
 void jj_parse(mdl_jinja *t, const jj_toks *toks);
+// Finds each frame's shadowed names as jinja2's compiler does (jinja_frames.c): t->shadow and the loops' and macros'.
+void jj_frames(mdl_jinja *t);
 
 // ---- render (jinja_access.c below jinja_builtins.c below jinja_eval.c) ----
 
@@ -234,6 +241,7 @@ jj_val jj_slice(jj_render *r, jj_val v, jj_val start, jj_val stop, jj_val step);
 _Noreturn void jj_undefined_err(jj_render *r, jj_val v); // "'name' is undefined"
 size_t jj_cp_offsets(jj_render *r, const jj_str *s, size_t **offs); // code points; (n + 1) byte offsets
 const jj_str *jj_derived(jj_render *r, const jj_str *from, const char *p, size_t n); // a piece of from
+int jj_compare(jj_render *r, const char *op, jj_val x, jj_val y, int fold); // -1, 0, 1 as Python orders x and y
 
 // Builtins (jinja_builtins.c): a filter, a test, a method on a string/dict, a global function.
 jj_val jj_filter(jj_render *r, const char *name, jj_val v, jj_val *args, size_t nargs, const char **kwn, jj_val *kwv,

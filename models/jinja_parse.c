@@ -239,6 +239,17 @@ static jj_node *postfix(parser *P, jj_node *e) {
           continue;
         }
         if (is_op(cur(P), "]")) break;
+        if (!colons && idx[0] && is_op(cur(P), ",")) { // x[a, b]: the tuple (a, b) as the key
+          if (idx[0]->kind != JE_TUPLE || idx[0]->line < 0) {
+            jj_node *tu = node(P, JE_TUPLE, cur(P));
+            tu->line = -1; // marks a tuple made here, not written in parentheses
+            push(P, &tu->args, idx[0]);
+            idx[0] = tu;
+          }
+          P->pos++;
+          if (!is_op(cur(P), "]")) push(P, &idx[0]->args, expr(P, 1));
+          continue;
+        }
         if (idx[colons]) pfail(P, cur(P), "%.*sexpected ']'", "", 0);
         idx[colons] = expr(P, 1);
       }
@@ -283,8 +294,9 @@ static jj_node *filters_tests(parser *P, jj_node *e) {
       if (is_op(n, "(")) {
         call_args(P, x);
       } else if (n->kind == JT_STR || n->kind == JT_INT || n->kind == JT_FLOAT || is_op(n, "[") || is_op(n, "{") ||
-                 (n->kind == JT_NAME && !is_name(n, "else") && !is_name(n, "or") && !is_name(n, "and") &&
-                  !is_name(n, "if") && !is_name(n, "is") && !is_name(n, "in") && !is_name(n, "not"))) {
+                 (n->kind == JT_NAME && !is_name(n, "else") && !is_name(n, "or") && !is_name(n, "and"))) {
+        // one argument without parentheses (`is divisibleby 3`), taken as jinja2 takes it: any name but these
+        if (is_name(n, "is")) pfail(P, n, "%.*syou cannot chain multiple tests with is", "", 0);
         push(P, &x->args, postfix(P, primary(P)));
       }
       e = x;
@@ -430,7 +442,7 @@ static jj_node *statement(parser *P, const jj_tok *tag) {
   jj_node *st;
   if (is_name(tag, "if")) {
     st = node(P, JS_IF, tag);
-    st->a = expr(P, 1);
+    st->a = expr(P, 0); // jinja2 takes no `a if b else c` as an if's test
     block_end(P);
     static const char *const ends[] = {"elif", "else", "endif", NULL};
     jj_node *at = st;
@@ -438,7 +450,7 @@ static jj_node *statement(parser *P, const jj_tok *tag) {
       int which = body(P, &at->body, ends);
       if (which == 0) { // elif: a nested if in the else branch
         jj_node *el = node(P, JS_IF, &P->toks->v[P->pos - 1]);
-        el->a = expr(P, 1);
+        el->a = expr(P, 0);
         block_end(P);
         push(P, &at->els, el);
         at = el;
@@ -598,4 +610,5 @@ static int body(parser *P, jj_nodes *out, const char *const *ends) {
 void jj_parse(mdl_jinja *t, const jj_toks *toks) {
   parser P = {.t = t, .a = &t->arena, .toks = toks};
   body(&P, &t->body, NULL);
+  jj_frames(t);
 }

@@ -293,7 +293,7 @@ int jj_equal(jj_val x, jj_val y) {
   case JV_UNDEF: case JV_NONE: return 1;
   case JV_STR: return x.s->n == y.s->n && memcmp(x.s->p, y.s->p, x.s->n) == 0;
   case JV_LIST:
-    if (x.l->gen || y.l->gen) return x.l == y.l;
+    if (x.l->gen || y.l->gen || x.l->view || y.l->view) return x.l == y.l;
     if (x.l->n != y.l->n) return 0;
     for (size_t i = 0; i < x.l->n; i++)
       if (!jj_equal(x.l->v[i], y.l->v[i])) return 0;
@@ -331,6 +331,7 @@ const char *jj_type_name(jj_val v) {
                                 "Namespace", "LoopContext", "Macro", "function"};
   if (v.t == JV_LIST && v.l->tuple) return "tuple";
   if (v.t == JV_LIST && v.l->gen) return "generator";
+  if (v.t == JV_LIST && v.l->view) return v.l->view == 1 ? "dict_keys" : v.l->view == 2 ? "dict_values" : "dict_items";
   return names[v.t];
 }
 
@@ -400,7 +401,9 @@ static void put_repr(jj_arena *a, jj_sbuf *b, jj_val v, int top, int depth) {
   char tmp[48];
   if (depth > 256) jj_fail(a, "value nested too deeply to print");
   switch (v.t) {
-  case JV_UNDEF: break;
+  case JV_UNDEF:
+    if (!top) jj_sb_put(a, b, "Undefined", 9, 0); // repr(Undefined) inside a container
+    break;
   case JV_NONE: jj_sb_put(a, b, "None", 4, 0); break;
   case JV_BOOL: jj_sb_put(a, b, v.b ? "True" : "False", v.b ? 4 : 5, 0); break;
   case JV_INT: jj_sb_put(a, b, tmp, (size_t)snprintf(tmp, sizeof tmp, "%lld", (long long)v.i), 0); break;
@@ -411,6 +414,7 @@ static void put_repr(jj_arena *a, jj_sbuf *b, jj_val v, int top, int depth) {
     break;
   case JV_LIST:
     if (v.l->gen) jj_fail(a, "cannot print a generator (jinja2 prints its address): apply |list");
+    if (v.l->view) jj_sb_put(a, b, jj_type_name(v), strlen(jj_type_name(v)), 0), jj_sb_put(a, b, "(", 1, 0);
     jj_sb_put(a, b, v.l->tuple ? "(" : "[", 1, 0);
     for (size_t i = 0; i < v.l->n; i++) {
       if (i) jj_sb_put(a, b, ", ", 2, 0);
@@ -418,6 +422,7 @@ static void put_repr(jj_arena *a, jj_sbuf *b, jj_val v, int top, int depth) {
     }
     if (v.l->tuple && v.l->n == 1) jj_sb_put(a, b, ",", 1, 0);
     jj_sb_put(a, b, v.l->tuple ? ")" : "]", 1, 0);
+    if (v.l->view) jj_sb_put(a, b, ")", 1, 0);
     break;
   case JV_DICT:
     jj_sb_put(a, b, "{", 1, 0);
@@ -493,7 +498,7 @@ static void put_json(jj_arena *a, jj_sbuf *b, jj_val v, int indent, int ascii, i
     break;
   case JV_STR: put_json_str(a, b, v.s, ascii); break;
   case JV_LIST:
-    if (v.l->gen) jj_fail(a, "tojson: Object of type generator is not JSON serializable");
+    if (v.l->gen || v.l->view) jj_fail(a, "tojson: Object of type %s is not JSON serializable", jj_type_name(v));
     if (!v.l->n) { jj_sb_put(a, b, "[]", 2, 0); break; }
     jj_sb_put(a, b, "[", 1, 0);
     for (size_t i = 0; i < v.l->n; i++) {

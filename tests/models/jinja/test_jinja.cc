@@ -133,6 +133,18 @@ TEST(Jinja, ScopesAndNamespaces) {
   EXPECT_NE(r.err.find("non-namespace"), std::string::npos) << r.err;
 }
 
+TEST(Jinja, FramesAsJinja2sCompiler) {
+  // a name a frame writes before reading starts undefined there, even where the context has it (jinja2 3.1.6's output)
+  std::string n3 = R"({"n": 3})";
+  EXPECT_EQ(ok("{% for x in [1] %}[{{ n }}]{% endfor %}{% set n = 5 %}", n3), "[]");
+  EXPECT_EQ(ok("{{ n }}{% for x in [1] %}[{{ n }}]{% endfor %}{% set n = 5 %}", n3), "3[3]");
+  EXPECT_EQ(ok("{% for x in [1] %}[{{ n }}]{% endfor %}{% if true %}{% set n = 5 %}{% endif %}", n3), "[3]");
+  EXPECT_EQ(ok("{% macro m() %}[{{ n }}]{% endmacro %}{{ m() }}{% set n = 5 %}{{ m() }}", n3), "[][5]");
+  EXPECT_EQ(ok("{% for x in [1] %}{% for y in [1] %}[{{ n }}]{% endfor %}{% set n = 7 %}{% endfor %}", n3), "[]");
+  EXPECT_EQ(ok("{% set b %}{{ n }}{% set n = 2 %}{{ n }}{% endset %}{{ b }}{{ n }}", n3), "323");
+  EXPECT_EQ(ok("{% set n = n + 1 %}{{ n }}", n3), "4");
+}
+
 TEST(Jinja, WhitespaceControlAsHuggingFace) {
   // trim_blocks and lstrip_blocks, "+" keeping, and one trailing newline dropped (jinja2's output, checked by hand)
   EXPECT_EQ(ok("a\n{% if true %}\n  b\n{% endif %}\n  {{ c }}\n  {%+ if 1 %}x{% endif +%}\ny\n"), "a\n  b\n  \n  x\ny");
@@ -158,6 +170,14 @@ TEST(Jinja, ExpressionsAsPython) {
   // str() of a container is Python's repr: quotes chosen as Python does, unprintable code points escaped
   EXPECT_EQ(ok("{{ x }}", R"({"x": {"k": ["a\u00a0b\u200bc\u0085\u00e9\udb40\udc01", "it's", "q\"'"]}})"),
             "{'k': ['a\\xa0b\\u200bc\\x85\xc3\xa9\\U000e0001', \"it's\", 'q\"\\'']}");
+  EXPECT_EQ(ok("{{ d.keys() }} {{ d.items() }} {{ d.items()|list }} {{ [none, d.z] }} {{ d[1, 2] is defined }}",
+               R"({"d": {"a": 1}})"),
+            "dict_keys(['a']) dict_items([('a', 1)]) [('a', 1)] [None, Undefined] False");
+  EXPECT_EQ(ok("{{ missing is callable }} {{ 2.5|round }} {{ 0.125|round(2) }} {{ 3|round(1) }} {{ 7.5|round(0, 'floor') }}"),
+            "True 2.0 0.12 3 7.0");
+  EXPECT_EQ(ok("{{ 1.0 is odd }}{{ 4 is divisibleby 2 }}{{ 7 is divisibleby(2.5) }}"), "TrueTrueFalse");
+  EXPECT_EQ(render("{% if a if b else c %}{% endif %}").rc, -100); // jinja2: no conditional expression as an if's test
+  EXPECT_EQ(render("{{ x is string is defined }}").rc, -100);     // nor tests chained with is
   EXPECT_EQ(ok("{{ 'abc'.replace('', '-') }} {{ 'aaa'.replace('a', 'b', 2) }} {{ 'h\xc3\xa9llo'.find('l') }} {{ 'x'.find('y') }}"),
             "-a-b-c- bba 2 -1");
 }

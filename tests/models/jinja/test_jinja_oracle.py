@@ -8,12 +8,17 @@ jinja_render (tests/models/jinja/jinja_render.c). The outputs must be byte-ident
 raise_exception must raise the same message; a pair where jinja2 fails otherwise must fail too. The request-text
 spans jinja_render reports must cover every occurrence of the conversation's texts and hold nothing but request text.
 
+A second case renders 2400 random templates (a fixed seed; text, every tag, whitespace control, and expressions over
+the operators, filters, tests and methods the interpreter has) over a small context: each must render as jinja2 does,
+or fail where jinja2 fails.
+
 Usage: test_jinja_oracle.py JINJA_RENDER (ctest passes the built tool).
 """
 
 import datetime
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -187,6 +192,115 @@ class OracleTest(unittest.TestCase):
         for off, n in spans:
             piece = out[off:off + n].decode("utf-8")
             self.assertTrue(piece in material, "span %d+%d %r is not request text" % (off, n, piece))
+
+
+# ---- random templates ----
+
+RANDOM_CTX = {"s": "  Hello World  ", "t": "a</t>b", "n": 3, "f": 2.5, "l": [1, 2, 3], "w": ["x", "y", "z"],
+              "d": {"a": 1, "b": "two", "c": [1, 2]}, "e": "", "z": 0, "nul": None, "tr": True,
+              "msgs": [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo"},
+                       {"role": "user", "content": "<|im_end|>q"}]}
+LITERALS = ["1", "0", "-2", "3.5", "1e3", "'ab'", '"q\\n"', "'it\\'s'", "true", "false", "none", "[1, 'a']", "{'k': 2}",
+            "''", "(1, 2)", "10", "7", "0.1"]
+NAMES = ["s", "t", "n", "f", "l", "w", "d", "msgs", "e", "z", "nul", "tr", "missing", "msgs[0]", "d.a", "d['b']",
+         "msgs[1].content"]
+OPS = ["+", "-", "*", "//", "~", "==", "!=", "<", ">=", "and", "or", "in", "not in"]  # % on strings is printf: left out
+FILTERS = ["trim", "length", "string", "list", "tojson", "first", "last", "join(',')", "default('D')", "items | list",
+           "reverse | list", "upper", "lower", "int", "float", "abs", "tojson(indent=2)", "count", "round(1)",
+           "capitalize", "title", "replace('l','L')", "d", "indent(2)", "dictsort", "selectattr('role') | list",
+           "map(attribute='role') | join", "unique | list" if False else "safe", "min", "max"]
+TESTS = ["defined", "undefined", "none", "string", "number", "mapping", "iterable", "sequence", "odd", "even", "true",
+         "false", "boolean", "integer", "float", "callable", "divisibleby(2)", "equalto 1", "in [1, 2]"]
+METHODS = [("strip", ""), ("strip", "'H '"), ("lstrip", ""), ("rstrip", "' d'"), ("split", ""), ("split", "'</t>'"),
+           ("split", "'l', 1"), ("startswith", "'  H'"), ("endswith", "'b'"), ("replace", "'l', 'L'"), ("lower", ""),
+           ("upper", ""), ("find", "'o'"), ("title", "")]
+
+
+def random_template(R):
+    def expr(depth=0):
+        if depth > 3:
+            return R.choice(LITERALS + NAMES)
+        k = R.randrange(14)
+        sub = lambda: expr(depth + 1)
+        return [lambda: R.choice(LITERALS), lambda: R.choice(NAMES),
+                lambda: "(%s %s %s)" % (sub(), R.choice(OPS), sub()),
+                lambda: "%s | %s" % (sub(), R.choice(FILTERS)),
+                lambda: "%s is %s" % (sub(), R.choice(TESTS)),
+                lambda: "%s if %s else %s" % (sub(), sub(), sub()),
+                lambda: "not %s" % sub(),
+                lambda: "%s[%s]" % (R.choice(NAMES), R.choice(["0", "-1", "1", "'a'", "'content'", "n"])),
+                lambda: "%s[%s:%s%s]" % (R.choice(["s", "l", "w", "t", "'h\u00e9llo'"]), R.choice(["", "1", "-2"]),
+                                          R.choice(["", "3", "-1"]), R.choice(["", ":2", ":-1"])),
+                lambda: "%s.%s(%s)" % (R.choice(["s", "t", "'a b  c'", "e", "msgs[0].content"]), *R.choice(METHODS)),
+                lambda: "d.%s()" % R.choice(["items", "keys", "values"]) if R.random() < 0.5 else "d.get('a', 5)",
+                lambda: "-%s" % R.choice(["n", "f", "1", "l"]),
+                lambda: "[%s, %s]" % (sub(), sub()),
+                lambda: "%s ** %s" % (R.choice(["2", "n", "f"]), R.choice(["2", "0", "-1", "3"]))][k]()
+
+    def block(depth=0):
+        out = []
+        for _ in range(R.randrange(1, 5)):
+            k = R.randrange(8 if depth < 3 else 3)
+            o = lambda: "{%" + R.choice(["", "-", "+"]) + " "
+            c = lambda: " " + R.choice(["", "-", "+"]) + "%}"
+            if k == 0:
+                out.append(R.choice(["a", "  ", "\n", "b\n", "  \n  ", "\t", "x", " y ", "\n\n"]))
+            elif k == 1:
+                out.append("{{" + R.choice(["", "-"]) + " " + expr() + " " + R.choice(["", "-"]) + "}}")
+            elif k == 2:
+                out.append("{#" + R.choice(["", "-"]) + " note " + R.choice(["", "-"]) + "#}")
+            elif k == 3:
+                s = o() + "if " + expr() + c() + block(depth + 1)
+                if R.random() < 0.4:
+                    s += o() + "elif " + expr() + c() + block(depth + 1)
+                if R.random() < 0.4:
+                    s += o() + "else" + c() + block(depth + 1)
+                out.append(s + o() + "endif" + c())
+            elif k == 4:
+                v = R.choice([("x", "l"), ("x", "w"), ("x", "msgs"), ("x", "s"), ("k, v", "d.items()"), ("x", "d"),
+                              ("x", "range(3)"), ("x", "missing")])
+                s = o() + "for %s in %s" % v + c() + block(depth + 1)
+                s += R.choice(["", "{{ loop.index }}{{ loop.first }}", "{{ x }}"])
+                if R.random() < 0.3:
+                    s += o() + "else" + c() + block(depth + 1)
+                out.append(s + o() + "endfor" + c())
+            elif k == 5:
+                out.append(o() + "set %s = %s" % (R.choice(["n", "v", "s", "q"]), expr()) + c())
+            elif k == 6:
+                out.append(o() + "set ns = namespace(c=0)" + c() + o() + "for x in l" + c() + o() +
+                           "set ns.c = ns.c + x" + c() + o() + "endfor" + c() + "{{ ns.c }}")
+            else:
+                out.append("\n" + R.choice(["  ", "", "\t"]) + o() + "if true" + c() + "\n  in\n" +
+                           R.choice(["  ", ""]) + o() + "endif" + c() + R.choice(["\n", "", " "]))
+        return "".join(out)
+
+    return block()
+
+
+class RandomTest(unittest.TestCase):
+    def test_random_templates_as_jinja2(self):
+        env = hf_env()
+        R = random.Random(40)
+        counts = {"ok": 0, "error": 0}
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "t.jinja")
+            for i in range(2400):
+                tpl = random_template(R)
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(tpl)
+                try:
+                    want, kind = env.from_string(tpl).render(**RANDOM_CTX), "ok"
+                except Exception as e:
+                    want, kind = "%s: %s" % (type(e).__name__, e), "error"
+                counts[kind] += 1
+                rc, out, err = run_tool(path, RANDOM_CTX)
+                with self.subTest(i=i, template=tpl):
+                    if kind == "ok":
+                        self.assertEqual(rc, 0, err)
+                        self.assertEqual(out.decode("utf-8"), want)
+                    else:
+                        self.assertIn(rc, (1, 2), "jinja2 failed (%s), jinja_render did not: %r" % (want, out))
+        self.assertGreater(counts["ok"], 1200, counts)  # most templates must render, or the test proves little
 
 
 if __name__ == "__main__":
