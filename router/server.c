@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "models/chat.h"
@@ -89,12 +90,14 @@ static char *read_template(const char *path, size_t *n, char *err, size_t errlen
     utl_seterr(err, errlen, "chat template file %s: %s", path, strerror(errno));
     return NULL;
   }
-  long len = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-  if (len < 0 || (size_t)len > MDL_JINJA_MAX_TEMPLATE)
-    utl_seterr(err, errlen, "chat template file %s: %s", path, len < 0 ? "cannot be read" : "is larger than 1 MiB");
+  struct stat st;
+  long len = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) ? (long)st.st_size : -1;
+  if (len <= 0 || (size_t)len > MDL_JINJA_MAX_TEMPLATE)
+    utl_seterr(err, errlen, "chat template file %s: %s", path,
+               len < 0 ? "is not a regular file" : len == 0 ? "is empty" : "is larger than 1 MiB");
   else if (!(t = malloc((size_t)len + 1)))
     utl_seterr(err, errlen, "out of memory");
-  else if (fseek(f, 0, SEEK_SET) != 0 || fread(t, 1, (size_t)len, f) != (size_t)len) {
+  else if (fread(t, 1, (size_t)len, f) != (size_t)len) {
     utl_seterr(err, errlen, "chat template file %s: cannot be read", path);
     free(t);
     t = NULL;

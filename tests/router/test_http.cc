@@ -190,6 +190,11 @@ TEST(Http, ChatTemplateErrorsAtStartUp) {
   EXPECT_EQ(start_error(broken, "", good.c_str()), ""); // the file wins over the GGUF's
   e = start_error(unknown, "", (std::string(dir) + "/missing.jinja").c_str());
   EXPECT_NE(e.find("missing.jinja: No such file"), std::string::npos) << e;
+  fclose(fopen(bad.c_str(), "w"));
+  e = start_error(unknown, "", bad.c_str());
+  EXPECT_NE(e.find("bad.jinja: is empty"), std::string::npos) << e;
+  e = start_error(unknown, "", dir); // a folder
+  EXPECT_NE(e.find("is not a regular file"), std::string::npos) << e;
   remove(bad.c_str());
   remove(good.c_str());
   rmdir(dir);
