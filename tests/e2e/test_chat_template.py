@@ -1,4 +1,4 @@
-"""tests/e2e/test_chat_template.py: Jinja chat templates through the router with the openai client: a cluster serving SmolLM2 with --chat-template-file (Qwen3's published template) renders the prompt byte for byte as Python's jinja2 does, answers, and reads forced calls in Qwen's format; a request's own chat_template runs Llama 3.1's and Mistral Nemo's templates, whose call formats are read back; raise_exception and a template without tools are 400s; a template that does not parse stops the start naming its line."""
+"""tests/e2e/test_chat_template.py: Jinja chat templates through the router with the openai client: a cluster serving SmolLM2 with --chat-template-file (Qwen3's published template) renders the prompt byte for byte as Python's jinja2 does, answers, and reads forced calls in Qwen's format, colocated and 1P1D; a request's own chat_template runs Llama 3.1's and Mistral Nemo's templates, whose call formats are read back; raise_exception and a template without tools are 400s; a template that does not parse stops the start naming its line."""
 
 import json
 import os
@@ -172,6 +172,18 @@ class FileTemplate(unittest.TestCase):
                 client(self.PORT).chat.completions.create(model=MODEL_ID[self.PORT], max_tokens=4, **kw)
             self.assertEqual(e.exception.body["param"], param, e.exception.body)
             self.assertIn(words, e.exception.body["message"])
+
+
+class FileTemplate1P1D(FileTemplate):
+    """The same through a prefill and a decode worker: both follow the call grammar in the template's format (its
+    args_key travels in the generate message)."""
+
+    @classmethod
+    def setUpClass(cls):
+        if jinja2 is None:
+            raise unittest.SkipTest("jinja2 is not installed (scripts/setup.sh makes the test venv)")
+        cls.c = start(cls, [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode", "max_seqs": 4}], 0,
+                      "chat-template-1p1d", extra={"chat_template_file": QWEN3})
 
 
 class DefaultTemplate(unittest.TestCase):
