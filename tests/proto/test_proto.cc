@@ -439,7 +439,9 @@ TEST(Proto, GenerateGrammar) {
                        R"({"type":"tool_calls","tools":[],"open":"a","close":"b","parallel":true})", R"([1])",
                        R"({"type":"json_schema","schema":"3"})", R"({"type":"json_schema","schema":"{\"a\":1} x"})",
                        R"({"type":"tool_calls","tools":"{}","open":"a","close":"b"})",
-                       R"({"type":"tool_calls","tools":[],"open":"a","close":"b","args_key":5})"};
+                       R"({"type":"tool_calls","tools":[],"open":"a","close":"b","args_key":5})",
+                       R"({"type":"tool_calls","tools":[],"open":"a","close":"b","args_key":"a\"b"})",
+                       R"({"type":"tool_calls","tools":[],"open":"a","close":"b","args_key":""})"};
   for (const char *g : bad) {
     std::string text = std::string(R"({"op":"generate","id":"g","prompt":[5],"grammar":)") + g + "}";
     cJSON *x = cJSON_Parse(text.c_str());
