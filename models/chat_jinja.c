@@ -93,20 +93,35 @@ static char *context(const mdl_chat_jinja_in *in, char *err, size_t errlen) {
   }
   if (in->tools) {
     cJSON *t = cJSON_Parse(in->tools);
-    if (!cJSON_IsArray(t)) {
-      cJSON_Delete(t);
+    int is_array = cJSON_IsArray(t);
+    cJSON_Delete(t);
+    if (!is_array) {
       cJSON_Delete(ctx);
       utl_seterr(err, errlen, "tools must be a JSON array");
       return NULL;
     }
-    cJSON_AddItemToObject(ctx, "tools", t);
   }
   cJSON_AddBoolToObject(ctx, "add_generation_prompt", in->add_generation_prompt != 0);
   cJSON_AddStringToObject(ctx, "bos_token", in->bos ? in->bos : "");
   cJSON_AddStringToObject(ctx, "eos_token", in->eos ? in->eos : "");
   char *text = cJSON_PrintUnformatted(ctx);
   cJSON_Delete(ctx);
+  if (text && in->tools) {
+    // The tools go in as the request wrote them: a round trip through cJSON would print 100.0 as 100 and round
+    // integers past 2^53, and the interpreter keeps a number's own text (int or float) as jinja2 does.
+    size_t n = strlen(text), k = strlen(in->tools);
+    char *with = malloc(n + k + 16);
+    if (with) {
+      memcpy(with, text, n - 1); // (without the closing brace)
+      memcpy(with + n - 1, ",\"tools\":", 9);
+      memcpy(with + n + 8, in->tools, k);
+      memcpy(with + n + 8 + k, "}", 2);
+    }
+    free(text);
+    text = with;
+  }
   if (text) return text;
+  ctx = NULL;
 oom:
   cJSON_Delete(ctx);
   utl_seterr(err, errlen, "out of memory");

@@ -224,4 +224,19 @@ TEST(ChatJinja, FormatGrammars) {
   mdl_grammar_unref(mistral);
 }
 
+// The tools reach the template as the request wrote them: 100.0 stays a float, a 2^60 + 1 integer keeps its digits
+// (a round trip through cJSON printed "100" and rounded the integer), and their strings are request text.
+TEST(ChatJinja, ToolsKeepTheirNumbers) {
+  mdl_chat_turn m[] = {T("user", "hi")};
+  mdl_chat_jinja_in in = In(m, 1);
+  in.tools = R"([{"type":"function","function":{"name":"f","parameters":{"maximum":100.0,"x":1152921504606846977}}}])";
+  R r("{{ tools | tojson }}|{{ tools[0].function.parameters.maximum }}", in);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("100.0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1152921504606846977"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.substr(r.out.size() - 6), "|100.0") << r.out;
+  ASSERT_FALSE(r.spans.empty());
+  EXPECT_NE(r.spans[0].find("\"f\""), std::string::npos) << r.spans[0];
+}
+
 } // namespace
