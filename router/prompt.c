@@ -75,7 +75,8 @@ int rtr_chat_prompt(rtr_server *s, const rtr_request *q, char **text, size_t **s
   if (jt && q->tools && !mdl_jinja_uses_var(jt, "tools"))
     return rtr_fail(e, 400, "invalid_request_error", "tools", "tools_not_supported",
                     "this model's chat template (%s) cannot express tools: it never reads them; send the request "
-                    "without tools, or serve with a template that has tools (--chat-template-file)",
+                    "without tools, or with a template that has tools (--chat-template-file; --chat-template chatml or the "
+                    "request's \"chat_template\": \"chatml\" for the Hermes convention)",
                     q->chat_jinja ? "the request's chat_template" : s->chat_source);
   if (jt && q->chat_kwargs && kwargs_markup(s->tok, q->chat_kwargs, e) < 0) return -1;
   if (jt && q->tools && !(q->chat_jinja ? q->chat_jinja_tools : s->jinja_tools))
