@@ -6,6 +6,7 @@
 #include "cmd/cmds.h"
 #include "kernels/krn.h"
 #include "models/gguf.h"
+#include "models/llama.h"
 #include "models/tokenizer.h"
 
 // help: asked for (stdout, exit 0) or a bad command line (stderr, exit 2)
@@ -49,6 +50,44 @@ static void print_float(const mdl_gguf *g, const char *label, const char *arch, 
   else printf("%-22s (absent)\n", label);
 }
 
+// What the engine makes of the file (llama.cpp's defaults applied): each architecture's own fields, or why it would
+// not load. The scalar table maps the weights in place, so this reads no tensor data beyond a few checks.
+static void print_model(const mdl_gguf *g) {
+  krn_ctx kc = {krn_cpu_scalar(), NULL, NULL};
+  mdl_llama *m = NULL;
+  char err[512];
+  if (mdl_llama_load(g, &kc, &m, err, sizeof err) != 0) {
+    printf("%-22s no: %s\n", "engine loads it", err);
+    return;
+  }
+  const mdl_llama_cfg *c = mdl_llama_config(m);
+  printf("%-22s yes: %d layers, head dim %d, %s RoPE, attention scale %g\n", "engine loads it", c->n_layer,
+         c->head_dim, c->rope_neox ? "NeoX" : "GGUF-llama", (double)c->attn_scale);
+  if (c->qk_norm) printf("%-22s per-head RMS norms of q and k before RoPE\n", "q/k norm");
+  if (c->fused_qkv) printf("%-22s %d layers: q, k, v are row ranges of attn_qkv\n", "fused qkv", c->fused_qkv);
+  if (c->fused_gate_up) printf("%-22s gate and up are the halves of ffn_up\n", "fused gate/up");
+  if (c->gemma2 || c->gemma3) printf("%-22s after attention and after the FFN; embeddings times sqrt(%d)\n",
+                                     "post norms", c->n_embd);
+  if (c->attn_softcap > 0) printf("%-22s %g (scores s -> cap tanh(s / cap))\n", "attention soft-cap",
+                                  (double)c->attn_softcap);
+  if (c->final_softcap > 0) printf("%-22s %g\n", "final logit soft-cap", (double)c->final_softcap);
+  if (c->n_swa > 0 && c->swa_pattern > 1) {
+    int local = 0;
+    for (int l = 0; l < c->n_layer; l++) local += mdl_llama_layer_window(c, l) > 0;
+    printf("%-22s %d tokens on %d of %d layers (pattern %d: layer l is local when l %% %d < %d), local RoPE base "
+           "%g\n", "sliding window", c->n_swa, local, c->n_layer, c->swa_pattern, c->swa_pattern, c->swa_pattern - 1,
+           (double)c->rope_theta_swa);
+  }
+  if (c->n_swa_ignored) printf("%-22s %d, not applied (as llama.cpp)\n", "sliding window", c->n_swa_ignored);
+  printf("%-22s %s%s", "rope scaling", c->rope_scaling, c->rope_scaled ? "" : " (plain RoPE)");
+  if (c->rope_scaled) printf(", magnitude %g", (double)c->rope_mscale);
+  if (c->rope_long >= 0)
+    printf(", %s factors at the trained context %d (long above the original context)", c->rope_long ? "long" : "short",
+           c->n_ctx_train);
+  printf("\n");
+  mdl_llama_free(m);
+}
+
 int cmd_inspect(int argc, char **argv) {
   const char *path = NULL;
   int tensors = 0;
@@ -84,6 +123,7 @@ int cmd_inspect(int argc, char **argv) {
     print_float(g, "rope theta", arch, "rope.freq_base");
     print_int(g, "rope dims", arch, "rope.dimension_count");
     print_float(g, "rms eps", arch, "attention.layer_norm_rms_epsilon");
+    print_model(g);
   }
   const mdl_gguf_kv *toks = mdl_gguf_find(g, "tokenizer.ggml.tokens");
   int64_t vs;

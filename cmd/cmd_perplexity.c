@@ -373,6 +373,8 @@ int cmd_perplexity(int argc, char **argv) {
     p.tokens = ids;
     fprintf(stderr, "perplexity: %s: %zu tokens\n", o.file, n_ids);
   }
+  // a sequence reaches p.n_ctx positions: LongRoPE models (phi3) pick their factors by it, as llama-perplexity's -c
+  if (mdl_llama_set_ctx(e.m, p.n_ctx, err, sizeof err)) goto fail;
   if (p.n_ctx > e.cfg->n_ctx_train)
     fprintf(stderr, "perplexity: warning: the model was trained on %d tokens of context, --ctx is %d\n",
             e.cfg->n_ctx_train, p.n_ctx);

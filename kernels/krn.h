@@ -126,6 +126,8 @@ typedef struct krn_attn_args {
   float scale;                 // usually 1 / sqrt(head_dim)
   int window;                  // > 0: sliding window, a row at pos sees positions (pos - window, pos] only (Gemma 3's
                                // local layers; only on tables with attn_window = 1); 0: all of [0, pos]
+  float softcap;               // > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap) before the softmax
+                               // (Gemma 2; only on tables with attn_softcap = 1); 0: scores as they are
 } krn_attn_args;
 
 // One product of a matmul group: y(n, m) = x(n, k) . w(m, k)^T, x and n, k being the group's.
@@ -211,6 +213,10 @@ typedef struct krn_backend {
   // step is memory-bound and short, and each pool run costs a wake-up and a wait for the slower thread. Same results
   // as matmul per product. Callers use krn_matmul_group, which calls matmul per product where this is NULL (cuda).
   void (*matmul_group)(krn_ctx *c, const krn_mm *mm, int n_mm, const float *x, int n, int k);
+  // Gemma 2's soft-capping (0 / NULL in tables that lack it: cuda, where such a model refuses to load).
+  int attn_softcap; // 1: paged_attention honors krn_attn_args.softcap
+  // x(n) = cap * tanh(x / cap) (the final logits' soft-cap), cap > 0
+  void (*softcap)(krn_ctx *c, float *x, float cap, int64_t n);
 } krn_backend;
 
 // Backend-neutral events, so that a consumer of one layer's output (a KV push) waits for that layer only,

@@ -1,4 +1,5 @@
-// models/llama.c: Llama-family forward pass (llama, qwen2, gemma3) over a mixed prefill/decode batch and a paged KV cache.
+// models/llama.c: Llama-family forward pass (llama, qwen2, qwen3, phi3, gemma2, gemma3) over a mixed prefill/decode
+// batch and a paged KV cache.
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -277,6 +278,7 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
       .max_blocks = max_blocks,
       .kv_type = kv->type,
       .scale = c->attn_scale,
+      .softcap = c->attn_softcap,
   };
   if (!graph_step || step_graph(m, kv, &a) != 0) run_layers(m, kv, &a, R, on_layer, on_layer_arg);
   if (all_rows) // the rows are in order on both sides: one copy
@@ -317,13 +319,19 @@ static void rope(mdl_llama *m, int T, float theta, int scaled) {
   be->rope(m->kc, m->k, m->d_pos, T, c->n_kv_head, c->head_dim, theta, c->rope_neox);
 }
 
-// q, k, v (T rows each) from m->xb: one op, so that a decode step's three small products are one pool run.
+// q, k, v (T rows each) from m->xb: one op, so that a decode step's three small products are one pool run; then the
+// biases.
 static void qkv(mdl_llama *m, const mdl_layer *L, int T) {
   const mdl_llama_cfg *c = &m->cfg;
   krn_mm mm[3] = {{m->q, L->wq.data, L->wq.type, c->n_head * c->head_dim},
                   {m->k, L->wk.data, L->wk.type, c->n_kv_head * c->head_dim},
                   {m->v, L->wv.data, L->wv.type, c->n_kv_head * c->head_dim}};
   krn_matmul_group(m->kc, mm, 3, m->xb, T, c->n_embd);
+  // biases where the GGUF has them (qwen2's): one add per row (the backend table has no broadcast add)
+  const krn_backend *be = m->kc->be;
+  for (int i = 0; L->bq.data && i < T; i++) be->add(m->kc, m->q + (size_t)i * mm[0].m, L->bq.data, mm[0].m);
+  for (int i = 0; L->bk.data && i < T; i++) be->add(m->kc, m->k + (size_t)i * mm[1].m, L->bk.data, mm[1].m);
+  for (int i = 0; L->bv.data && i < T; i++) be->add(m->kc, m->v + (size_t)i * mm[2].m, L->bv.data, mm[2].m);
 }
 
 // The FFN's gate (into m->hb) and up (m->hb2) products from m->xb, as one op.
@@ -333,9 +341,17 @@ static void gate_up(mdl_llama *m, const mdl_layer *L, int T) {
   krn_matmul_group(m->kc, mm, 2, m->xb, T, c->n_embd);
 }
 
-// One gemma3 layer over x (llama.cpp's gemma3 graph): q/k norms, RoPE with the layer's base, attention (sliding
-// window on local layers), a norm after attention and after the GELU FFN, each before its residual add.
-static void gemma3_layer(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a, int l, mdl_layer_done_fn on_layer,
+// The per-head RMS norms of q and k (qwen3, gemma3), after their projections (and biases) and before RoPE.
+static void qk_norm(mdl_llama *m, const mdl_layer *L, int T) {
+  const mdl_llama_cfg *c = &m->cfg;
+  m->kc->be->rmsnorm(m->kc, m->q, m->q, L->q_norm.data, T * c->n_head, c->head_dim, c->rms_eps);
+  m->kc->be->rmsnorm(m->kc, m->k, m->k, L->k_norm.data, T * c->n_kv_head, c->head_dim, c->rms_eps);
+}
+
+// One gemma2 or gemma3 layer over x (llama.cpp's gemma2 and gemma3 graphs): q/k norms (gemma3), RoPE with the
+// layer's base, attention (sliding window on local layers; gemma2's scores soft-capped through a->softcap), a norm
+// after attention and after the GELU FFN, each before its residual add.
+static void gemma_layer(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a, int l, mdl_layer_done_fn on_layer,
                          void *on_layer_arg) {
   const mdl_llama_cfg *c = &m->cfg;
   krn_ctx *kc = m->kc;
@@ -346,8 +362,7 @@ static void gemma3_layer(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a, int l
   float *x = m->x, *xb = m->xb;
   be->rmsnorm(kc, xb, x, L->attn_norm.data, T, E, c->rms_eps);
   qkv(m, L, T);
-  be->rmsnorm(kc, m->q, m->q, L->q_norm.data, T * c->n_head, c->head_dim, c->rms_eps);
-  be->rmsnorm(kc, m->k, m->k, L->k_norm.data, T * c->n_kv_head, c->head_dim, c->rms_eps);
+  if (c->qk_norm) qk_norm(m, L, T);
   a->window = mdl_llama_layer_window(c, l);
   rope(m, T, a->window ? c->rope_theta_swa : c->rope_theta, !a->window); // scaling: global layers only
   a->k_cache = mdl_kv_chunk(c, kv, l, 0, 0);
@@ -375,22 +390,20 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
   const krn_backend *be = kc->be;
   krn_attn_args a = *ap;
   const int T = a.n_tokens;
-  int E = c->n_embd, HD = c->n_head * c->head_dim, KD = c->n_kv_head * c->head_dim, F = c->n_ff;
+  int E = c->n_embd, HD = c->n_head * c->head_dim, F = c->n_ff;
   float *x = m->x, *xb = m->xb;
   be->get_rows(kc, x, m->tok_embd.data, m->tok_embd.type, m->d_ids, T, E);
-  if (c->gemma3) be->scale(kc, x, sqrtf((float)E), (int64_t)T * E);
+  const int gemma = c->gemma2 || c->gemma3;
+  if (gemma) be->scale(kc, x, sqrtf((float)E), (int64_t)T * E);
   for (int l = 0; l < c->n_layer; l++) {
     const mdl_layer *L = &m->layers[l];
-    if (c->gemma3) {
-      gemma3_layer(m, kv, &a, l, on_layer, on_layer_arg);
+    if (gemma) {
+      gemma_layer(m, kv, &a, l, on_layer, on_layer_arg);
       continue;
     }
     be->rmsnorm(kc, xb, x, L->attn_norm.data, T, E, c->rms_eps);
     qkv(m, L, T);
-    // qwen2 biases: one add per row (the backend table has no broadcast add)
-    for (int i = 0; L->bq.data && i < T; i++) be->add(kc, m->q + (size_t)i * HD, L->bq.data, HD);
-    for (int i = 0; L->bk.data && i < T; i++) be->add(kc, m->k + (size_t)i * KD, L->bk.data, KD);
-    for (int i = 0; L->bv.data && i < T; i++) be->add(kc, m->v + (size_t)i * KD, L->bv.data, KD);
+    if (c->qk_norm) qk_norm(m, L, T); // qwen3
     rope(m, T, c->rope_theta, 1);
     a.k_cache = mdl_kv_chunk(c, kv, l, 0, 0);
     a.v_cache = mdl_kv_chunk(c, kv, l, 1, 0);
@@ -411,6 +424,7 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
     be->get_rows(kc, m->xo, x, KRN_F32, m->d_rows, R, E);
     be->rmsnorm(kc, m->xo, m->xo, m->output_norm.data, R, E, c->rms_eps);
     be->matmul(kc, m->lo, m->output.data, m->output.type, m->xo, R, E, c->n_vocab);
+    if (c->final_softcap > 0) be->softcap(kc, m->lo, c->final_softcap, (int64_t)R * c->n_vocab); // gemma2
   }
 }
 

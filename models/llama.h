@@ -1,4 +1,5 @@
-// models/llama.h: the Llama-family forward pass (llama, qwen2, gemma3) over a batch of sequences and a paged KV cache.
+// models/llama.h: the Llama-family forward pass (llama, qwen2, qwen3, phi3, gemma2, gemma3) over a batch of sequences
+// and a paged KV cache.
 #ifndef DSERVE_MDL_LLAMA_H
 #define DSERVE_MDL_LLAMA_H
 
@@ -25,18 +26,28 @@ typedef struct mdl_llama_cfg {
   float rope_theta;
   int rope_neox;        // 1 for NeoX-style rotation (qwen2), 0 for GGUF llama
   int tied_embeddings;  // output projection reuses token_embd
-  // gemma3 (0 elsewhere): embeddings scaled by sqrt(n_embd), q/k RMS norms, norms after attention and FFN, GELU FFN,
-  // and sliding-window layers: layer l is local when swa_pattern > 0 and l % swa_pattern < swa_pattern - 1
-  // (llama.cpp's pattern; 6: 5 local, 1 global), with window n_swa and RoPE base rope_theta_swa.
+  // gemma2 and gemma3 (0 elsewhere): embeddings scaled by sqrt(n_embd), norms after attention and FFN, GELU FFN, and
+  // sliding-window layers: layer l is local when swa_pattern > 0 and l % swa_pattern < swa_pattern - 1 (llama.cpp's
+  // pattern; gemma3's 6: 5 local, 1 global; gemma2's 2: even layers local), with window n_swa and RoPE base
+  // rope_theta_swa. gemma2 adds soft-capped attention scores; gemma3 has q/k norms.
   int gemma3;
+  int gemma2;
   int n_swa;            // sliding window in tokens; 0: every layer global
   int swa_pattern;
   float rope_theta_swa;
   float attn_scale;     // softmax scale of q.k (1 / sqrt(head_dim) unless the architecture says otherwise)
+  int qk_norm;          // 1: per-head RMS norms of q and k before RoPE (attn_q_norm, attn_k_norm: qwen3, gemma3)
+  float attn_softcap;   // > 0: attention scores s become cap * tanh(s / cap) (gemma2's attn_logit_softcapping)
+  float final_softcap;  // > 0: logits soft-capped the same way (final_logit_softcapping: gemma2, gemma3 when given)
+  int fused_qkv;        // layers whose q, k, v are row ranges of one attn_qkv matrix (phi3's): a count, for inspect
+  int fused_gate_up;    // 1: gate and up are the two halves of ffn_up (phi3)
+  int n_swa_ignored;    // phi3's sliding_window, which llama.cpp does not apply (nor do we); 0 when absent
   // RoPE scaling (mdl_rope_scaling): rope_scaled 0: plain RoPE; 1: the global layers turn pair i by pos *
   // rope_inv_freq[i] and scale by rope_mscale (a gemma3 model's sliding-window layers keep plain RoPE, as llama.cpp's)
   int rope_scaled;
-  char rope_scaling[16];      // "none", "linear", "yarn" (rope.scaling.type); "+freqs" appended with rope_freqs.weight
+  char rope_scaling[24];      // "none", "linear", "yarn", "longrope" (rope.scaling.type); "+freqs" appended with
+                              // rope_freqs.weight, "+long" or "+short" with phi3's rope_factors_long / _short
+  int rope_long;              // 1: rope_factors_long in use (mdl_llama_set_ctx), 0: short, -1: the model has none
   float rope_inv_freq[256];   // (head_dim / 2) when rope_scaled
   float rope_mscale;
 } mdl_llama_cfg;
@@ -154,6 +165,11 @@ typedef struct mdl_llama_opts {
 int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o, mdl_llama **out, char *err,
                         size_t errlen) UTL_WARN_UNUSED;
 void mdl_llama_free(mdl_llama *m);
+// The context one sequence may reach, n_ctx (the model's context_length until set). It matters to models with
+// LongRoPE factors (phi3's rope_factors_long / rope_factors_short): the long ones when n_ctx exceeds the original
+// context (rope.scaling.original_context_length), else the short ones, as llama.cpp chooses by its n_ctx_seq. Not
+// during a step. -1 with err when n_ctx < 1.
+int mdl_llama_set_ctx(mdl_llama *m, int n_ctx, char *err, size_t errlen) UTL_WARN_UNUSED;
 const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m);
 
 // Runs one step over n_seqs sequences (prefill chunks and single decode tokens mixed), writing K/V

@@ -11,7 +11,8 @@ typedef struct mdl_w {  // one weight matrix or vector
 
 typedef struct mdl_layer {
   mdl_w attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, wg, wu, wd; // bq/bk/bv data NULL when absent
-  mdl_w q_norm, k_norm, post_attn_norm, post_ffn_norm;              // gemma3 only
+  mdl_w q_norm, k_norm;                                              // qwen3, gemma3
+  mdl_w post_attn_norm, post_ffn_norm;                               // gemma2, gemma3
 } mdl_layer;
 
 // The shape of a decode step that a recorded graph replays (its buffers are the model's, fixed until they grow).
@@ -34,6 +35,8 @@ struct mdl_llama {
   void **uploads;      // (owned) (n_uploads) device copies of the weights (cuda), or their F32 copies (f32_weights)
   int n_uploads;
   const float *rope_freq; // (head_dim / 2) cfg.rope_inv_freq in backend memory when cfg.rope_scaled (an upload on cuda)
+  mdl_rope_scaling rope_s; // the GGUF's scaling, kept so that mdl_llama_set_ctx can pick phi3's long or short factors
+  const float *rope_factors[2]; // (head_dim / 2) (borrowed, the mapping) rope_factors_short, _long; NULL when absent
 
   // Step graphs (mdl_llama_set_graphs); kept before the scratch, which a failed grow clears.
   int graphs;                      // 1: decode steps are recorded and replayed

@@ -51,6 +51,7 @@ void krn_scalar_rope_freqs(krn_ctx *c, float *x, const int32_t *pos, int n, int 
 void krn_scalar_kv_store(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a);
 void krn_scalar_geglu(krn_ctx *c, float *out, const float *gate, const float *up, int64_t n);
 void krn_scalar_scale(krn_ctx *c, float *x, float s, int64_t n);
+void krn_scalar_softcap(krn_ctx *c, float *x, float cap, int64_t n); // x = cap * tanh(x / cap)
 // First position a row at pos sees: pos - window + 1 under a sliding window, else 0.
 static inline int32_t krn_cpu_first_visible(const krn_attn_args *a, int32_t pos) {
   return a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;

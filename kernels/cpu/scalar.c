@@ -270,6 +270,11 @@ void krn_scalar_scale(krn_ctx *c, float *x, float s, int64_t n) {
   for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
+void krn_scalar_softcap(krn_ctx *c, float *x, float cap, int64_t n) {
+  (void)c;
+  for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
 static void scalar_softmax(krn_ctx *c, float *x, int n, int d) {
   (void)c;
   for (int i = 0; i < n; i++) {
@@ -348,6 +353,7 @@ static void attn_run(void *vp, int ith, int nth) {
       double s = 0;
       for (int e = 0; e < hd; e++) s += (double)q[e] * kv_at(a->k_cache, a->kv_type, base, e);
       sc[p] = (float)s * a->scale;
+      if (a->softcap > 0) sc[p] = a->softcap * tanhf(sc[p] / a->softcap);
       mx = fmaxf(mx, sc[p]);
     }
     for (int e = 0; e < hd; e++) o[e] = 0;
@@ -398,6 +404,8 @@ static const krn_backend scalar_backend = {
     .attn_window = 1,
     .kv_q8_0 = 1,
     .rope_freqs = krn_scalar_rope_freqs,
+    .attn_softcap = 1,
+    .softcap = krn_scalar_softcap,
 };
 
 const krn_backend *krn_cpu_scalar(void) { return &scalar_backend; }

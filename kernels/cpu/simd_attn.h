@@ -57,8 +57,10 @@ KRN_INLINE float att_at(const void *rows, size_t ks, int p, int e, int h) {
   return h ? f16f(((const krn_f16 *)rows)[(size_t)p * ks + e]) : ((const float *)rows)[(size_t)p * ks + e];
 }
 
-// sc[r * ss + p] = scale * q_r . k_p for ATT_QR rows q (stride hd) and 4 rows k (ks elements apart, f16 when h).
-KRN_INLINE void att_scores(float *sc, size_t ss, const float *q, const void *k, size_t ks, int h, int hd, float scale) {
+// sc[r * ss + p] = scale * q_r . k_p for ATT_QR rows q (stride hd) and 4 rows k (ks elements apart, f16 when h), soft-
+// capped to cap * tanh(s / cap) when cap > 0 (Gemma 2).
+KRN_INLINE void att_scores(float *sc, size_t ss, const float *q, const void *k, size_t ks, int h, int hd, float scale,
+                           float cap) {
   vf acc[VL];
 #pragma GCC unroll 16
   for (int i = 0; i < VL; i++) acc[i] = v_zero();
@@ -75,12 +77,21 @@ KRN_INLINE void att_scores(float *sc, size_t ss, const float *q, const void *k, 
     }
   }
   float s[VL];
+  if (e == hd) { // the whole head in vectors (every head size a model has): scale and cap the VL scores at once
+    vf x = v_mul(v_hsums(acc), v_set1(scale));
+    if (cap > 0) x = v_mul(v_set1(cap), v_tanh(v_mul(x, v_set1(1.0f / cap))));
+    v_store(s, x);
+    for (int r = 0; r < ATT_QR; r++)
+      for (int p = 0; p < 4; p++) sc[(size_t)r * ss + p] = s[4 * r + p];
+    return;
+  }
   v_store(s, v_hsums(acc));
   for (int r = 0; r < ATT_QR; r++)
     for (int p = 0; p < 4; p++) {
       float x = s[4 * r + p];
       for (int j = e; j < hd; j++) x += q[(size_t)r * hd + j] * att_at(k, ks, p, j, h);
-      sc[(size_t)r * ss + p] = x * scale;
+      x *= scale;
+      sc[(size_t)r * ss + p] = cap > 0 ? cap * tanhf(x / cap) : x;
     }
 }
 
@@ -204,17 +215,18 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
     int direct = h16 ? np / 4 * 4 : 0;
     for (int r = 0; r < Rp; r += ATT_QR)
       for (int p = 0; p < direct; p += 4)
-        att_scores(sc0 + (size_t)r * ss + p, ss, s->q + (size_t)r * hd, kb + (size_t)p * stride, ks16, 1, hd, a->scale);
+        att_scores(sc0 + (size_t)r * ss + p, ss, s->q + (size_t)r * hd, kb + (size_t)p * stride, ks16, 1, hd, a->scale,
+                   a->softcap);
     if (direct == np) continue;
     att_rows_f32(s->kv, kb + (size_t)direct * stride, a->kv_type, stride, hd, np - direct, np4 - direct);
     for (int r = 0; r < Rp; r += ATT_QR)
       for (int p = direct; p < np4; p += 4) {
         const float *kv = s->kv + (size_t)(p - direct) * hd;
         if (p + 4 <= np) {
-          att_scores(sc0 + (size_t)r * ss + p, ss, s->q + (size_t)r * hd, kv, hd, 0, hd, a->scale);
+          att_scores(sc0 + (size_t)r * ss + p, ss, s->q + (size_t)r * hd, kv, hd, 0, hd, a->scale, a->softcap);
         } else { // the block's last positions: scores past np land in a side buffer
           float tmp[ATT_QR * 4];
-          att_scores(tmp, 4, s->q + (size_t)r * hd, kv, hd, 0, hd, a->scale);
+          att_scores(tmp, 4, s->q + (size_t)r * hd, kv, hd, 0, hd, a->scale, a->softcap);
           for (int rr = 0; rr < ATT_QR; rr++)
             for (int pp = p; pp < np; pp++) sc0[(size_t)(r + rr) * ss + pp] = tmp[rr * 4 + pp - p];
         }

@@ -39,6 +39,8 @@ static const krn_backend simd_backend = {
     .kv_q8_0 = 1,
     .rope_freqs = simd_rope_freqs,
     .matmul_group = simd_matmul_group,
+    .attn_softcap = 1,
+    .softcap = simd_softcap,
 };
 
 const krn_backend *KRN_SIMD_TABLE(void) { return &simd_backend; }

@@ -98,6 +98,15 @@ static void simd_geglu(krn_ctx *c, float *out, const float *gate, const float *u
   else geglu_span(&t, 0, n);
 }
 
+// x = cap * tanh(x / cap), the final logits' soft-cap (Gemma 2): one row of the vocabulary per call, on the caller's
+// thread (a few hundred thousand tanh at most, next to the output matmul's n_vocab * n_embd).
+static void simd_softcap(krn_ctx *c, float *x, float cap, int64_t n) {
+  const vf vc = v_set1(cap), vi = v_set1(1.0f / cap);
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) v_store(x + i, v_mul(vc, v_tanh(v_mul(v_load(x + i), vi))));
+  if (i < n) krn_scalar_softcap(c, x + i, cap, n - i);
+}
+
 static void add_span(const ew_task *t, int64_t lo, int64_t hi) {
   int64_t i = lo;
   for (; i + VL <= hi; i += VL) v_store(t->out + i, v_add(v_load(t->out + i), v_load(t->a + i)));

@@ -102,6 +102,13 @@ KRN_INLINE vf v_exp(vf x) {
 }
 #endif
 
+// tanh(x) = 1 - 2 / (1 + exp(2x)): v_exp's clamps make it exactly -1 or 1 far out; near 0 its error is a few ulps of
+// 1 (absolute, not relative), which is all the soft-caps that use it need.
+KRN_INLINE vf v_tanh(vf x) {
+  const vf one = v_set1(1.0f);
+  return v_sub(one, v_div(v_set1(2.0f), v_add(one, v_exp(v_add(x, x)))));
+}
+
 KRN_INLINE float f16f(krn_f16 h) { return _cvtsh_ss(h); }
 
 // ---- int8 block dot products: 8 int32 partial sums of u8(a) * s8(b) over 32 bytes ----

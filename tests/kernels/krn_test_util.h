@@ -261,7 +261,8 @@ inline PagedBatch make_batch(std::mt19937 &rng, const krn_backend *be, krn_ctx *
 }
 
 // Dense causal attention for the batch's query rows, in double.
-inline std::vector<double> dense_attention(const PagedBatch &pb, const std::vector<float> &q) {
+// softcap > 0: scores s become softcap * tanh(s / softcap) before the softmax (Gemma 2).
+inline std::vector<double> dense_attention(const PagedBatch &pb, const std::vector<float> &q, double softcap = 0) {
   int nt = (int)pb.tok_seq.size(), hd = pb.head_dim, group = pb.n_head / pb.n_kv_head;
   std::vector<double> out((size_t)nt * pb.n_head * hd, 0.0);
   double scale = 1.0 / std::sqrt((double)hd);
@@ -276,6 +277,7 @@ inline std::vector<double> dense_attention(const PagedBatch &pb, const std::vect
         double d = 0;
         for (int e = 0; e < hd; e++) d += (double)qv[e] * pb.dk[s][((size_t)p * pb.n_kv_head + kh) * hd + e];
         sc[p] = d * scale;
+        if (softcap > 0) sc[p] = softcap * std::tanh(sc[p] / softcap);
         mx = std::max(mx, sc[p]);
       }
       for (int p = 0; p <= pos; p++) { sc[p] = std::exp(sc[p] - mx); sum += sc[p]; }

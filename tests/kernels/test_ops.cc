@@ -512,6 +512,68 @@ TEST_P(KrnOps, PagedAttentionPrefillTilesMatchScalar) {
   }
 }
 
+// Gemma 2's attention-logit soft-cap (krn_attn_args.softcap): the dense reference with cap * tanh(s / cap) on each
+// score, and the SIMD tables' tiles against the scalar reference, with and without a window, for a cap that bends
+// the scores (2: q in [-2, 2] gives scores of a few units) and Gemma 2's 50. A capped and an uncapped run differ.
+TEST_P(KrnOps, PagedAttentionSoftcap) {
+  ASSERT_EQ(be->attn_softcap, 1) << be->name;
+  std::mt19937 rng(41);
+  struct Cfg { int nh, nkv, hd; };
+  for (Cfg cfg : {Cfg{4, 4, 32}, Cfg{8, 4, 256}, Cfg{8, 2, 40}}) {
+    for (krn_type kt : {KRN_F16, KRN_Q8_0}) {
+      if (!krn_kv_type_ok(kt, cfg.hd)) continue;
+      std::vector<int> ctxl = {75, 1, 40, 100}, news = {75, 1, 23, 2};
+      PagedBatch pb = make_batch(rng, be, &ctx, cfg.nh, cfg.nkv, cfg.hd, kt, ctxl, news);
+      int nt = (int)pb.tok_seq.size();
+      auto q = random_floats(rng, (size_t)nt * cfg.nh * cfg.hd, -2, 2);
+      for (float cap : {2.0f, 50.0f}) {
+        krn_attn_args a = pb.args();
+        a.scale = 0.5f; // larger scores than 1 / sqrt(hd), so that a cap of 2 bends them
+        a.softcap = cap;
+        std::vector<float> out(q.size(), NAN), want(q.size(), NAN), plain(q.size(), NAN);
+        be->paged_attention(&ctx, out.data(), q.data(), &a);
+        ref->paged_attention(&rctx, want.data(), q.data(), &a);
+        for (size_t i = 0; i < out.size(); i++)
+          ASSERT_NEAR(out[i], want[i], 2e-5) << "heads " << cfg.nh << "/" << cfg.nkv << " hd " << cfg.hd << " cap "
+                                             << cap << " at " << i;
+        if (cap == 2.0f && kt == KRN_F16) {
+          PagedBatch scaled = pb; // the dense reference's scale is 1 / sqrt(hd): fold 0.5 into q instead
+          std::vector<float> q2(q);
+          for (auto &x : q2) x *= 0.5f * std::sqrt((float)cfg.hd);
+          auto dense = dense_attention(scaled, q2, cap);
+          for (size_t i = 0; i < out.size(); i++) ASSERT_NEAR(want[i], dense[i], 2e-5) << "dense, at " << i;
+          a.softcap = 0;
+          be->paged_attention(&ctx, plain.data(), q.data(), &a);
+          double diff = 0;
+          for (size_t i = 0; i < out.size(); i++) diff = std::max(diff, (double)std::fabs(out[i] - plain[i]));
+          EXPECT_GT(diff, 1e-2) << "a cap of 2 changed nothing";
+        }
+        a.softcap = cap;
+        a.window = 20; // with a window too (Gemma 2's local layers)
+        be->paged_attention(&ctx, out.data(), q.data(), &a);
+        ref->paged_attention(&rctx, want.data(), q.data(), &a);
+        for (size_t i = 0; i < out.size(); i++) ASSERT_NEAR(out[i], want[i], 2e-5) << "window 20, cap " << cap;
+      }
+    }
+  }
+}
+
+// The final logits' soft-cap op against cap * tanh(x / cap) in double, in place, over widths with and without a tail.
+TEST_P(KrnOps, Softcap) {
+  ASSERT_NE(be->softcap, nullptr) << be->name;
+  std::mt19937 rng(43);
+  for (int64_t n : {1, 7, 33, 4099}) {
+    for (float cap : {30.0f, 3.0f}) {
+      auto x = random_floats(rng, n, -200, 200);
+      x[0] = 1e-3f;
+      auto y = x;
+      be->softcap(&ctx, y.data(), cap, n);
+      for (int64_t i = 0; i < n; i++)
+        ASSERT_NEAR(y[i], cap * std::tanh((double)x[i] / cap), 1e-6 * cap) << "n=" << n << " x=" << x[i];
+    }
+  }
+}
+
 // A Q8_0 cache holds ggml's Q8_0 layout (any Q8_0 reader decodes d * q): integers that fit keep d = 1 and q = x, an
 // all-zero group has d = 0, and every backend's kv_store writes the bytes krn_quant_row_q8_0 writes. Its scale is ggml's
 // (max|x| / 127) or a slightly smaller one with less squared error: per group never more error than ggml's encoding,

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -84,6 +85,44 @@ struct ModelEngine {
     std::vector<int32_t> b;
     for (int i = 0; i < n; i++) b.push_back(next_block++ % kv.n_blocks);
     return b;
+  }
+};
+
+// A model loaded from GGUF bytes (kept alive here) on a cpu table, with an F32 KV cache of n_blocks blocks of 16;
+// rc and err say how the load went.
+struct MemModel {
+  std::vector<uint8_t> bytes;
+  mdl_gguf *g = nullptr;
+  krn_ctx kc{};
+  mdl_llama *m = nullptr;
+  mdl_kv kv{};
+  char err[512] = "";
+  int rc = -1;
+  MemModel(std::vector<uint8_t> b, const krn_backend *be, int n_blocks) : bytes(std::move(b)) {
+    kc.be = be;
+    if (mdl_gguf_from_memory(bytes.data(), bytes.size(), &g, err, sizeof err) != 0) return;
+    rc = mdl_llama_load(g, &kc, &m, err, sizeof err);
+    if (rc != 0) return;
+    kv.type = KRN_F32;
+    kv.block_size = 16;
+    kv.n_blocks = n_blocks;
+    kv.base = kc.be->alloc(&kc, mdl_kv_block_bytes(cfg(), kv.type, kv.block_size) * (size_t)n_blocks);
+  }
+  ~MemModel() {
+    if (kv.base) kc.be->free(&kc, kv.base);
+    mdl_llama_free(m);
+    mdl_gguf_close(g);
+  }
+  const mdl_llama_cfg *cfg() const { return mdl_llama_config(m); }
+  // the last position's logits of an n-token prompt (token i is (37 i + 5) mod the vocabulary), in blocks 0, 1, ...
+  std::vector<float> logits(int n) {
+    std::vector<int32_t> toks, bt;
+    for (int i = 0; i < n; i++) toks.push_back((i * 37 + 5) % cfg()->n_vocab);
+    for (int i = 0; i < kv.n_blocks; i++) bt.push_back(i);
+    mdl_seq sq{toks.data(), n, 0, bt.data(), kv.n_blocks, 1};
+    std::vector<float> out((size_t)cfg()->n_vocab, NAN);
+    EXPECT_EQ(mdl_llama_forward(m, &kv, &sq, 1, out.data(), nullptr, nullptr, err, sizeof err), 0) << err;
+    return out;
   }
 };
 

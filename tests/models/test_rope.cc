@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model_util.h"
 #include "tests/cuda/synth_model.h"
 
 extern "C" {
@@ -118,42 +119,15 @@ TEST(RopeScaling, YarnByHand) {
 }
 
 // A tiny synthetic llama (tests/cuda/synth_model.h) with the given rope keys, on the scalar backend.
-struct Model {
-  std::vector<uint8_t> bytes;
-  mdl_gguf *g = nullptr;
-  krn_ctx kc{};
-  mdl_llama *m = nullptr;
-  mdl_kv kv{};
-  char err[512] = "";
-  int rc = -1;
-  explicit Model(const std::function<void(GgufWriter &)> &keys) {
+struct Model : MemModel {
+  explicit Model(const std::function<void(GgufWriter &)> &keys) : MemModel(bytes_of(keys), krn_cpu_scalar(), 4) {}
+  static std::vector<uint8_t> bytes_of(const std::function<void(GgufWriter &)> &keys) {
     dserve_test::SynthShape sh = dserve_test::tiny_shape();
     sh.n_layer = 2;
-    bytes = dserve_test::synth_model(sh, 7, keys);
-    EXPECT_EQ(mdl_gguf_from_memory(bytes.data(), bytes.size(), &g, err, sizeof err), 0) << err;
-    kc.be = krn_cpu_scalar();
-    rc = mdl_llama_load(g, &kc, &m, err, sizeof err);
-    if (rc != 0) return;
-    kv.type = KRN_F32;
-    kv.block_size = 16;
-    kv.n_blocks = 4;
-    kv.base = kc.be->alloc(&kc, mdl_kv_block_bytes(mdl_llama_config(m), kv.type, kv.block_size) * 4);
+    return dserve_test::synth_model(sh, 7, keys);
   }
-  ~Model() {
-    if (kv.base) kc.be->free(&kc, kv.base);
-    mdl_llama_free(m);
-    mdl_gguf_close(g);
-  }
-  const mdl_llama_cfg *cfg() const { return mdl_llama_config(m); }
   // last-position logits of a 40-token prompt (positions far enough apart for the scaling to matter)
-  std::vector<float> logits() {
-    std::vector<int32_t> toks, bt = {0, 1, 2, 3};
-    for (int i = 0; i < 40; i++) toks.push_back((i * 37 + 5) % 1024);
-    mdl_seq sq{toks.data(), (int)toks.size(), 0, bt.data(), 4, 1};
-    std::vector<float> out((size_t)cfg()->n_vocab);
-    EXPECT_EQ(mdl_llama_forward(m, &kv, &sq, 1, out.data(), nullptr, nullptr, err, sizeof err), 0) << err;
-    return out;
-  }
+  std::vector<float> logits() { return MemModel::logits(40); }
 };
 
 void f32(GgufWriter &w, const char *k, float v) { w.scalar<float>(k, MDL_GGUF_F32, v); }
@@ -203,13 +177,16 @@ TEST(RopeScaling, LoadErrors) {
     std::function<void(GgufWriter &)> keys;
     const char *want;
   } cases[] = {
-      {[](GgufWriter &w) { w.str("llama.rope.scaling.type", "longrope"); },
-       "llama.rope.scaling.type 'longrope' not supported (none, linear and yarn are"},
+      {[](GgufWriter &w) { w.str("llama.rope.scaling.type", "su"); },
+       "llama.rope.scaling.type 'su' not supported (none, linear, yarn and longrope are"},
       {[](GgufWriter &w) { w.str("llama.rope.scaling.type", "llama3"); }, "'llama3' not supported"},
       {[](GgufWriter &w) { f32(w, "llama.rope.scaling.factor", -2); }, "is not a scaling factor"},
       {[](GgufWriter &w) { f32(w, "llama.rope.scale_linear", NAN); }, "llama.rope.scale_linear = nan"},
       {[](GgufWriter &w) { f32(w, "llama.rope.scaling.attn_factor", 0); }, "attn_factor = 0 not positive"},
-      {[](GgufWriter &w) { w.tensor("rope_freqs.weight", {7}, KRN_F32, 28); }, "rope_freqs.weight must be F32"},
+      {[](GgufWriter &w) { w.tensor("rope_freqs.weight", {7}, KRN_F32, 28); },
+       "tensor rope_freqs.weight has type F32 and shape (7), expected F32 of (32)"},
+      {[](GgufWriter &w) { w.tensor("rope_factors_long.weight", {32}, KRN_F32, 128); },
+       "rope_factors_long/short.weight are not supported for llama (phi3 only)"},
       {[](GgufWriter &w) {
          w.str("llama.rope.scaling.type", "yarn");
          w.scalar<uint32_t>("llama.rope.scaling.original_context_length", MDL_GGUF_U32, 0);
