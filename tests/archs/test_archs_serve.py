@@ -1,7 +1,9 @@
 """tests/archs/test_archs_serve.py: each architecture's tiny GGUF (Q8_0 weights) served and answered through the
 official openai client: `dserve serve` colocated with q8_0 KV, and one prefill + one decode worker (`dserve launch`,
 f16 KV, every prompt handed off); a streamed and a non-streamed chat completion, and a repeated prompt read back from
-the prefix store. The weights are random, so the checks are on status, token counts and finish_reason, not text."""
+the prefix store. The weights are random, so the checks are on status, token counts and finish_reason, not text; and
+a prefix fetched from a peer prefill worker gives the greedy tokens the 1P1D cluster computed without it (a
+sliding-window model computes the prefix instead, as docs/protocol.md says, and gives them too)."""
 
 import os
 import shutil
@@ -14,6 +16,11 @@ import oai_util as o
 from test_serve import Launched
 
 MAX_TOKENS = 8
+# Token ids (the completions API takes them as the prompt): a 160-token prefix (10 blocks) and a question after it.
+FETCH_PREFIX = [(i * 37) % 4000 + 100 for i in range(160)]
+FETCH_QUESTION = [(i * 53) % 3000 + 200 for i in range(24)]
+# Models whose pool keeps layer groups apart do not fetch prefixes from peers (docs/protocol.md, "Prefix fetch").
+SLIDING_WINDOW = {"gemma2", "gemma3"}
 # about 70 tokens: four full 16-token KV blocks for the prefix store
 PROMPT = ("The river rises in the hills north of the town, runs south through three villages and a forest of old "
           "oaks, and meets the sea at a small harbour where fishing boats have landed their catch for centuries. "
@@ -89,6 +96,27 @@ class Serve(unittest.TestCase):
         self.check_serving(c.port, "%s 1P1D" % arch)
         self.assertEqual(u.metrics(c.port)["dserve:kv_transfer_time_seconds_count"] - moved0, 3,
                          "each of the 3 requests should have been handed off")
+        fetch_body = {"prompt": FETCH_PREFIX + FETCH_QUESTION, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+        want = u.complete(c.port, "completions", fetch_body)
+        self.assertEqual(want["status"], 200, want)
+        c.close()
+        self.check_fetch(arch, model, fetch_body, want)
+
+    def check_fetch(self, arch, model, body, want):
+        """Two prefill workers and router.prefix_fetch (u.prefix_fetch_cluster): the prefix + question goes to the
+        asker, which fetches the prefix's 10 blocks from the holder; its greedy answer is want's."""
+        c, asker, holder = u.prefix_fetch_cluster(self, FETCH_PREFIX, True, "archs-fetch-" + arch, model=model)
+        ports = c.ports()
+        got = u.complete(c.port, "completions", body)
+        self.assertEqual(got["status"], 200, got)
+        sa, sh = u.worker_stats(ports[asker]), u.worker_stats(ports[holder])
+        fetched = (sa["prefix_fetches"], sa["prefix_fetched_blocks"], sh["prefix_served_blocks"])
+        if arch in SLIDING_WINDOW:  # docs/protocol.md, "Prefix fetch": such a worker computes the prefix instead
+            self.assertEqual(fetched, (0, 0, 0), "%s: a sliding-window model fetched a prefix" % arch)
+        else:
+            self.assertEqual(fetched, (1, 10, 10), "%s: no fetch of the prefix's 10 blocks from %s" % (arch, holder))
+        for k in ("text", "completion_tokens", "prompt_tokens", "finish_reason"):
+            self.assertEqual(got[k], want[k], "%s with the prefix fetched: %s differs" % (arch, k))
 
 
 for _arch in sorted(t.manifest()["kl"]):
