@@ -5,7 +5,6 @@ the prefix store. The weights are random, so the checks are on status, token cou
 a prefix fetched from a peer prefill worker gives the greedy tokens the 1P1D cluster computed without it (a
 sliding-window model computes the prefix instead, as docs/protocol.md says, and gives them too)."""
 
-import os
 import shutil
 import tempfile
 import unittest
