@@ -3,9 +3,12 @@ official openai client: `dserve serve` colocated with q8_0 KV, and one prefill +
 f16 KV, every prompt handed off); a streamed and a non-streamed chat completion, and a repeated prompt read back from
 the prefix store. The weights are random, so the checks are on status, token counts and finish_reason, not text; and
 a prefix fetched from a peer prefill worker gives the greedy tokens the 1P1D cluster computed without it (a
-sliding-window model computes the prefix instead, as docs/protocol.md says, and gives them too)."""
+sliding-window model computes the prefix instead, as docs/protocol.md says, and gives them too); a stream whose decode
+worker is killed mid-stream moves to the other decode worker and ends with the undisturbed run's greedy tokens."""
 
+import os
 import shutil
+import signal
 import tempfile
 import unittest
 
@@ -15,6 +18,7 @@ import oai_util as o
 from test_serve import Launched
 
 MAX_TOKENS = 8
+MIGRATE_TOKENS = 200  # (about 1 s of decode at 1 thread: the kill lands mid-stream)
 # Token ids (the completions API takes them as the prompt): a 160-token prefix (10 blocks) and a question after it.
 FETCH_PREFIX = [(i * 37) % 4000 + 100 for i in range(160)]
 FETCH_QUESTION = [(i * 53) % 3000 + 200 for i in range(24)]
@@ -100,6 +104,7 @@ class Serve(unittest.TestCase):
         self.assertEqual(want["status"], 200, want)
         c.close()
         self.check_fetch(arch, model, fetch_body, want)
+        self.check_migration(arch, model)
 
     def check_fetch(self, arch, model, body, want):
         """Two prefill workers and router.prefix_fetch (u.prefix_fetch_cluster): the prefix + question goes to the
@@ -116,6 +121,40 @@ class Serve(unittest.TestCase):
             self.assertEqual(fetched, (1, 10, 10), "%s: no fetch of the prefix's 10 blocks from %s" % (arch, holder))
         for k in ("text", "completion_tokens", "prompt_tokens", "finish_reason"):
             self.assertEqual(got[k], want[k], "%s with the prefix fetched: %s differs" % (arch, k))
+
+
+    def check_migration(self, arch, model):
+        """One prefill and two decode workers: kill -9 the decode worker of a stream after its 10th event; the stream
+        goes on on the other (docs/protocol.md, "Mid-stream migration", which recomputes the KV of the prompt and the
+        tokens so far) and its text and token count are the undisturbed run's."""
+        c = u.Cluster([{"name": "p0", "role": "prefill", "kvxfer": {"backend": "shm"}},
+                       {"name": "d0", "role": "decode", "kvxfer": {"backend": "shm"}},
+                       {"name": "d1", "role": "decode", "kvxfer": {"backend": "shm"}}],
+                      disagg_threshold=0, model=model, tag="archs-move-" + arch)
+        self.addCleanup(c.close)
+        c.start()
+        ports = c.ports()
+        body = {"prompt": FETCH_QUESTION, "max_tokens": MIGRATE_TOKENS, "ignore_eos": True}
+        want = u.complete(c.port, "completions", body)
+        self.assertEqual(want["status"], 200, want)
+        moved0 = u.metrics(c.port).get("dserve:migrations_total", 0)
+        killed = []
+
+        def kill_its_decoder(i, _obj):
+            if i == 10:
+                busy = [n for n in ("d0", "d1") if u.worker_stats(ports[n])["running"] > 0]
+                self.assertEqual(len(busy), 1, busy)
+                os.kill(c.node.child_pid(busy[0]), signal.SIGKILL)
+                killed.append(busy[0])
+            return False
+
+        got = u.stream(c.port, "completions", body, on_event=kill_its_decoder)
+        self.assertEqual(len(killed), 1, "the stream ended before its 10th event: %r" % got)
+        self.assertIsNone(got["error"], got)
+        self.assertEqual((got["text"], got["completion_tokens"]), (want["text"], want["completion_tokens"]),
+                         "%s: the stream moved from %s lost or changed tokens" % (arch, killed[0]))
+        c.node.wait_for("worker %s is gone after" % killed[0], 10 * u.SCALE)
+        self.assertEqual(u.metrics(c.port).get("dserve:migrations_total", 0) - moved0, 1)
 
 
 for _arch in sorted(t.manifest()["kl"]):
