@@ -79,8 +79,8 @@ int cfg_has_node(const cfg_cluster *c, const char *node) {
 
 // ---- sections ----
 
-static const char *const K_TOP[] = {"model", "model_name", "chat_template", "secret",   "secret_file",
-                                    "nodes", "router",     "workers",       "sampling", "logging", "tracing",
+static const char *const K_TOP[] = {"model", "model_name", "chat_template", "chat_template_file", "secret",
+                                    "secret_file", "nodes", "router", "workers", "sampling", "logging", "tracing",
                                     "discovery", NULL};
 static const char *const K_SAMPLING[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", NULL};
 static const char *const K_NODE[] = {"host", NULL};
@@ -420,6 +420,11 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, cfg_cluste
     return -1;
   if (model[0] && cfg_resolve_path(x, "secret_file", model, path, c->secret_file, sizeof c->secret_file)) return -1;
   if (cfg_item(root, "secret_file") && !model[0]) return cfg_fail(x, "secret_file", "must not be empty");
+  if (cfg_str(x, root, "", "chat_template_file", model, sizeof model, "")) return -1;
+  if (cfg_item(root, "chat_template_file") && !model[0]) return cfg_fail(x, "chat_template_file", "must not be empty");
+  if (model[0] &&
+      cfg_resolve_path(x, "chat_template_file", model, path, c->chat_template_file, sizeof c->chat_template_file))
+    return -1;
   c->secret_from = c->secret[0] ? CTL_SECRET_INLINE : CTL_SECRET_NONE;
   if (parse_sampling(x, root, &c->sampling) || cfg_parse_observe(x, root, c)) return -1;
 

@@ -172,7 +172,10 @@ typedef struct cfg_cluster {
   char path[1024];          // the file it came from
   char model_path[1024];    // resolved against the config file's folder when relative
   char model_name[128];     // the id /v1/models reports (default: the GGUF's general.name)
-  char chat_template[32];   // a chat template family overriding the GGUF's (models/chat.h; "" = recognise the GGUF's)
+  char chat_template[32];   // a chat template family (models/chat.h) chats render with, winning over the Jinja
+                            // templates ("" = the file's, else the GGUF's tokenizer.chat_template, else chatml)
+  char chat_template_file[1024]; // a Jinja chat template file used instead of the GGUF's (resolved against the
+                                 // config file's folder when relative; "" = none)
   // The cluster's shared secret, resolved by cfg_load (ctl/secret.h): config secret_file, then the
   // environment (DSERVE_SECRET_FILE, DSERVE_SECRET), then the inline "secret". Every control and kvxfer peer must
   // prove it; a role without one refuses to start (cfg_require_secret).

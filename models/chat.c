@@ -139,38 +139,17 @@ const mdl_chat_template *mdl_chat_template_named(const char *name) {
 
 const char *mdl_chat_template_names(void) { return "chatml, llama3, gemma, mistral, phi3"; }
 
-// The family whose markers the template text (n bytes) has, NULL when none; *variant (may be NULL) names a marker of
-// a variant the table does not render when that is why.
-static const mdl_chat_template *by_markers(const char *p, size_t n, const char **variant) {
+// The family whose markers the template text (n bytes) has, NULL when none (or a variant the table does not render).
+static const mdl_chat_template *by_markers(const char *p, size_t n) {
   for (size_t i = 0; i < sizeof MARKERS / sizeof MARKERS[0]; i++) {
     int all = 1;
     for (int k = 0; k < 3 && MARKERS[i].all[k]; k++) all = all && find_in(p, n, MARKERS[i].all[k]);
     if (!all) continue;
     for (int k = 0; k < 3 && MARKERS[i].none[k]; k++)
-      if (find_in(p, n, MARKERS[i].none[k])) { // a variant of this family that the table does not render
-        if (variant) *variant = MARKERS[i].none[k];
-        return NULL;
-      }
+      if (find_in(p, n, MARKERS[i].none[k])) return NULL; // a variant of this family that the table does not render
     return mdl_chat_template_named(MARKERS[i].family);
   }
   return NULL;
-}
-
-int mdl_chat_template_recognise(const char *text, size_t n, const mdl_chat_template **out, char *err, size_t errlen) {
-  const char *variant = NULL;
-  *out = NULL;
-  for (size_t i = 0; i < N_FAMILIES; i++)
-    if (strlen(FAMILIES[i].name) == n && !memcmp(FAMILIES[i].name, text, n)) *out = &FAMILIES[i];
-  if (*out || (*out = by_markers(text, n, &variant))) return 0;
-  if (variant)
-    utl_seterr(err, errlen, "the template has the markers of a family's variant this server does not render (it "
-               "has %s); dserve renders chat templates by family (%s) and does not interpret Jinja", variant,
-               mdl_chat_template_names());
-  else
-    utl_seterr(err, errlen, "the template is of no family known here: dserve renders chat templates by family "
-               "(%s), recognised by their markers (e.g. <|im_start|> and <|im_end|> for chatml), and does not "
-               "interpret Jinja", mdl_chat_template_names());
-  return -1;
 }
 
 int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat_template **out, char *err,
@@ -186,7 +165,7 @@ int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat
   }
   mdl_str tpl;
   if (!g || mdl_gguf_get_str(g, "tokenizer.chat_template", &tpl) != 0) return 0;
-  if ((*out = by_markers(tpl.p, (size_t)tpl.n, NULL))) return 0;
+  if ((*out = by_markers(tpl.p, (size_t)tpl.n))) return 0;
   utl_seterr(err, errlen,
              "the model's chat template (tokenizer.chat_template) is of no family known here (%s); if it is one of "
              "them, name it with the config's \"chat_template\"",
@@ -199,6 +178,9 @@ int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat
 // Hermes/Qwen's convention, the fallback for ChatML templates with none of their own (SmolLM2's).
 static const mdl_chat_tool_style HERMES = {
     .name = "hermes",
+    .format = MDL_TOOL_FMT_HERMES,
+    .marker = "<tool_call>",
+    .args_key = "arguments",
     .call_open = "<tool_call>\n",
     .call_close = "\n</tool_call>",
     .call_sep = "\n",
@@ -211,6 +193,29 @@ static const mdl_chat_tool_style HERMES = {
                 "<tool_call></tool_call> XML tags, one call per tag:\n<tool_call>\n{\"name\": <function-name>, "
                 "\"arguments\": <args-json-object>}\n</tool_call>",
 };
+
+// The formats only a Jinja template renders the prompt of (its own tool list and results): what the model writes and
+// what a forced call's grammar generates. Llama 3's is one call, the whole reply: its sep is never used.
+static const mdl_chat_tool_style LLAMA3_JSON = {
+    .name = "llama3_json", .format = MDL_TOOL_FMT_LLAMA3, .marker = "<|python_tag|>", .args_key = "parameters",
+    .call_open = "", .call_close = "", .call_sep = ""};
+// Mistral's calls are one JSON array after [TOOL_CALLS]; a forced turn of several writes one array per call, which
+// the parser reads as well.
+static const mdl_chat_tool_style MISTRAL = {
+    .name = "mistral", .format = MDL_TOOL_FMT_MISTRAL, .marker = "[TOOL_CALLS]", .args_key = "arguments",
+    .call_open = "[TOOL_CALLS][", .call_close = "]", .call_sep = ""};
+
+const mdl_chat_tool_style *mdl_chat_tool_style_detect(const char *tpl, size_t n) {
+  if (!tpl) return NULL;
+  // Mistral Small 3.2's and Devstral's [TOOL_CALLS]name[ARGS]{...}, Qwen3 Coder's <tool_call><function=...> XML:
+  // other formats with the same markers, not read here
+  if (find_in(tpl, n, "[TOOL_CALLS]")) return find_in(tpl, n, "[ARGS]") ? NULL : &MISTRAL;
+  if (find_in(tpl, n, "<tool_call>")) return find_in(tpl, n, "<function=") ? NULL : &HERMES;
+  if (find_in(tpl, n, "<|start_header_id|>") &&
+      (find_in(tpl, n, "\"parameters\"") || find_in(tpl, n, "<|python_tag|>")))
+    return &LLAMA3_JSON;
+  return NULL;
+}
 
 const mdl_chat_tool_style *mdl_chat_template_tools(const mdl_chat_template *t, char *err, size_t errlen) {
   if (t && t->has_tools) return &HERMES; // a ChatML template: its own <tool_call> convention (Qwen's) is Hermes's too

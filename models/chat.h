@@ -1,5 +1,6 @@
-// models/chat.h: chat templates by family (ChatML, Llama 3, Gemma, Mistral [INST], Phi-3), recognised from the GGUF's
-// tokenizer.chat_template, with tool calling (ChatML's Hermes convention).
+// models/chat.h: chat templates: the model's own Jinja template run with the OpenAI conversation (chat_jinja.c), and
+// the built-in families (ChatML, Llama 3, Gemma, Mistral [INST], Phi-3) for --chat-template NAME and as the fallback;
+// tool calling's formats (Hermes/Qwen, Llama 3 JSON, Mistral) and ChatML's Hermes convention.
 #ifndef DSERVE_MDL_CHAT_H
 #define DSERVE_MDL_CHAT_H
 
@@ -20,9 +21,9 @@ typedef struct mdl_chat_msg {
 // ---- template families ----
 
 // One chat template family: what goes around each role's message, the generation prompt and the token that ends a
-// turn. A model's tokenizer.chat_template (Jinja text) is not interpreted: it is recognised by its family's markers
-// and rendered from this table, as llama.cpp's llama_chat_apply_template renders its built-in templates (the goldens
-// in tests/models/golden/chat_families.json are that function's output). The rendered text carries no BOS: a caller
+// turn, rendered from this table as llama.cpp's llama_chat_apply_template renders its built-in templates (the goldens
+// in tests/models/golden/chat_families.json are that function's output); a GGUF's template is recognised as a family
+// by its markers where no Jinja is run (mdl_chat_apply: dserve generate --chat). The rendered text carries no BOS: a caller
 // tokenizes it as llama-server does, with BOS when the vocabulary's add_bos_token says so.
 typedef struct mdl_chat_template {
   const char *name;        // "chatml", "llama3", "gemma", "mistral", "phi3": the config's chat_template values
@@ -50,12 +51,6 @@ const char *mdl_chat_template_names(void);
 int mdl_chat_template_of(const mdl_gguf *g, const char *override, const mdl_chat_template **out, char *err,
                          size_t errlen) UTL_WARN_UNUSED;
 
-// A template given as text (n bytes; a request's chat_template): a family's name, or template text (Jinja) recognised
-// by its family's markers as mdl_chat_template_of recognises a GGUF's. -1 with err saying why when it is neither (a
-// variant of a family the table does not render, or no family known here: Jinja is not interpreted).
-int mdl_chat_template_recognise(const char *text, size_t n, const mdl_chat_template **out, char *err,
-                                size_t errlen) UTL_WARN_UNUSED;
-
 // Renders msgs (n) with family t. g (may be NULL) gives ChatML's default system prompt (see mdl_chat_apply); tools,
 // tool_calls and role "tool" as mdl_chat_apply_tools, refused with err for a family without a tool convention.
 // with_tools 0: role "tool" is refused. *out is malloc'ed; the caller frees it. To be encoded with parse_special = 1,
@@ -73,6 +68,40 @@ int mdl_chat_render_text(const mdl_chat_template *t, const char *tpl_text, size_
                          const char *const *tool_calls, size_t n, const char *tools, int with_tools,
                          int add_generation_prompt, char **out, size_t **user_spans, size_t *n_user_spans, char *err,
                          size_t errlen) UTL_WARN_UNUSED;
+
+// ---- Jinja templates (models/chat_jinja.c) ----
+
+struct mdl_jinja; // models/jinja.h
+
+// One message as a Jinja template reads it (the families read role and content only: mdl_chat_msg). NULL: absent.
+typedef struct mdl_chat_turn {
+  const char *role, *content;    // required; role as the request gave it ("system", "user", "assistant", "tool")
+  const char *name;              // the participant's name
+  const char *tool_calls;        // an assistant's calls: JSON text of [{"id", "name", "arguments"}] or OpenAI's
+                                 // [{"id", "type", "function": {"name", "arguments"}}] (arguments a value or a string)
+  const char *tool_call_id;      // a tool result's call id
+  const char *reasoning_content; // an assistant's reasoning (Qwen3's template shows it)
+} mdl_chat_turn;
+
+// What a Jinja chat template is rendered with: the variables Hugging Face's apply_chat_template gives it.
+typedef struct mdl_chat_jinja_in {
+  const mdl_chat_turn *msgs; // (n) messages[i]: {role, content, name, tool_calls (OpenAI's shape, arguments a mapping
+  size_t n;                  // when they are JSON), tool_call_id, reasoning_content}, absent fields left out
+  const char *tools;        // JSON text of OpenAI's tools array, or NULL: `tools` undefined
+  const char *kwargs;       // JSON text of an object whose keys become top-level variables (chat_template_kwargs;
+                            // the caller refuses messages, tools, bos_token, eos_token, add_generation_prompt), or NULL
+  int add_generation_prompt;
+  const char *bos, *eos;    // bos_token, eos_token: the vocabulary's texts ("" when it has none)
+  int strip_bos;            // the tokenizer adds BOS itself: a leading bos text is cut (as llama.cpp's
+                            // common_chat_template_direct_apply does), so the prompt never starts with two
+  int64_t now;              // unix seconds strftime_now() formats
+} mdl_chat_jinja_in;
+
+// Renders t with in. *out malloc'ed (NUL-terminated); *spans (malloc'ed, (*n_spans, 2) offsets and lengths into
+// *out) covers the request's text as mdl_chat_render's user_spans do. Returns 0, -1 with err (a runtime error: err
+// names its line), or MDL_JINJA_RAISED with the template's raise_exception message in err.
+int mdl_chat_render_jinja(const struct mdl_jinja *t, const mdl_chat_jinja_in *in, char **out, size_t **spans,
+                          size_t *n_spans, char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // ---- ChatML ----
 
@@ -96,8 +125,20 @@ int mdl_chat_default_system(const mdl_gguf *g, char **out, char *err, size_t err
 // Hermes/Qwen one (docs/openai.md): the tools' JSON signatures inside <tools></tools> in the system block, each call
 // as "<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>", results as "<tool_response>...</tool_response>"
 // inside a user turn.
+// The formats a model writes its calls in (models/chat.c detects a Jinja template's from its text, as llama.cpp's
+// common/chat.cpp does): Hermes/Qwen's tags, Llama 3.x's bare JSON reply, Mistral Nemo's [TOOL_CALLS] array.
+typedef enum mdl_tool_format {
+  MDL_TOOL_FMT_HERMES = 0,  // <tool_call>{"name": N, "arguments": {...}}</tool_call>, one block per call
+  MDL_TOOL_FMT_LLAMA3 = 1,  // the whole reply is {"name": N, "parameters": {...}}, optionally after <|python_tag|>
+  MDL_TOOL_FMT_MISTRAL = 2, // [TOOL_CALLS][{"name": N, "arguments": {...}, "id": "9 alnum"}, ...]
+} mdl_tool_format;
+
 typedef struct mdl_chat_tool_style {
-  const char *name;         // "hermes"
+  const char *name;         // "hermes", "llama3_json", "mistral"
+  mdl_tool_format format;
+  const char *marker;       // the text that begins a call wherever it comes ("<tool_call>", "[TOOL_CALLS]",
+                            // "<|python_tag|>"): a stream holds back what may be its beginning
+  const char *args_key;     // the key of a call's arguments: "arguments", Llama 3's "parameters"
   const char *call_open;    // what opens a call: "<tool_call>\n"
   const char *call_close;   // what closes it: "\n</tool_call>"
   const char *call_sep;     // between two calls of one turn: "\n"
@@ -107,6 +148,12 @@ typedef struct mdl_chat_tool_style {
   const char *sys_head;     // the system block's tool section before the tool list ...
   const char *sys_tail;     // ... and after it
 } mdl_chat_tool_style;
+
+// The call format a Jinja template's text (n bytes) shows the model: Mistral Nemo's [TOOL_CALLS] (not with [ARGS]),
+// Hermes/Qwen's <tool_call> (not Qwen3 Coder's <function=...>), Llama 3's {"name": ..., "parameters": ...} (a
+// <|start_header_id|> template that writes "parameters" or <|python_tag|>). NULL when the template writes calls in
+// none of these (or not at all).
+const mdl_chat_tool_style *mdl_chat_tool_style_detect(const char *tpl, size_t n);
 
 // The tool style of g's template (g NULL: SmolLM2's, ChatML). NULL with err when the template has none this code knows.
 // mdl_chat_template_tools: the same for a family (NULL with err for one without a tool convention).

@@ -78,13 +78,15 @@ int mdl_grammar_from_json_schema(const char *schema, size_t len, mdl_grammar **o
                                  size_t errlen) UTL_WARN_UNUSED;
 
 // Tool calls (tool_choice "required" or a named function): open CALL close, or with parallel one or more of them
-// separated by sep, where CALL is {"name": NAME, "arguments": ARGS} for one of the tools: tools (len bytes) is the
+// separated by sep, where CALL is {"name": NAME, "ARGS_KEY": ARGS} for one of the tools (args_key NULL: "arguments";
+// Llama 3's templates write "parameters"): tools (len bytes) is the
 // JSON text of an array of {"name": string, "parameters": JSON Schema (absent: any JSON object)}, each parameters
 // schema compiled as mdl_grammar_from_json_schema does (its own root for local $refs). open, close and sep are the
 // template's literals (models/chat.h mdl_chat_tool_style). The statuses are mdl_grammar_from_json_schema's; err names
 // the tool whose schema failed.
 int mdl_grammar_from_tool_calls(const char *tools, size_t len, const char *open, const char *close, const char *sep,
-                                int parallel, mdl_grammar **out, char *err, size_t errlen) UTL_WARN_UNUSED;
+                                const char *args_key, int parallel, mdl_grammar **out, char *err,
+                                size_t errlen) UTL_WARN_UNUSED;
 
 // ---- vocabulary ----
 

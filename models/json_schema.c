@@ -586,8 +586,8 @@ done:
 
 // ---- tool calls ----
 
-// One tool's call: {"name": NAME, "arguments": ARGS} as models/chat.c writes it. The rule, or -1 with the error set.
-static int tool_call_rule(mdl_js_ctx *c, const cJSON *tool, int i) {
+// One tool's call: {"name": NAME, "ARGS_KEY": ARGS} as models/chat.c writes it. The rule, or -1 with the error set.
+static int tool_call_rule(mdl_js_ctx *c, const cJSON *tool, int i, const char *args_key) {
   const cJSON *name = cJSON_GetObjectItemCaseSensitive(tool, "name");
   const cJSON *params = cJSON_GetObjectItemCaseSensitive(tool, "parameters");
   if (!cJSON_IsObject(tool) || !cJSON_IsString(name) || !name->valuestring[0])
@@ -605,7 +605,9 @@ static int tool_call_rule(mdl_js_ctx *c, const cJSON *tool, int i) {
   mdl_grammar_seq q = {0};
   mdl_js_lit(c, &q, "{\"name\": ");
   mdl_js_lit(c, &q, lit);
-  mdl_js_lit(c, &q, ", \"arguments\": ");
+  char key[80];
+  snprintf(key, sizeof key, ", \"%.64s\": ", args_key ? args_key : "arguments");
+  mdl_js_lit(c, &q, key);
   mdl_js_ref(&q, args);
   mdl_js_lit(c, &q, "}");
   free(lit);
@@ -622,7 +624,7 @@ static int tool_call_rule(mdl_js_ctx *c, const cJSON *tool, int i) {
 }
 
 int mdl_grammar_from_tool_calls(const char *tools, size_t len, const char *open, const char *close, const char *sep,
-                                int parallel, mdl_grammar **out, char *err, size_t errlen) {
+                                const char *args_key, int parallel, mdl_grammar **out, char *err, size_t errlen) {
   *out = NULL;
   if (!tools || !open || !close || (parallel && !sep)) {
     snprintf(err, errlen, "tool calls need tools and the call markup");
@@ -646,7 +648,7 @@ int mdl_grammar_from_tool_calls(const char *tools, size_t len, const char *open,
   int call = mdl_grammar_rule_new(c.b), i = 0; // any one of the tools' calls
   const cJSON *t;
   cJSON_ArrayForEach(t, arr) {
-    int r = tool_call_rule(&c, t, i++);
+    int r = tool_call_rule(&c, t, i++, args_key);
     if (r < 0 || call < 0) {
       if (!c.status) snprintf(err, errlen, "out of memory");
       rc = c.status ? c.status : -1;

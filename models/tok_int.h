@@ -40,7 +40,7 @@ struct mdl_tok {
   int spm;          // 1: tokenizer.ggml.model "llama" (SentencePiece BPE over scores), 0: GPT-2 byte-level BPE
   float *score;     // (owned) (n_vocab) spm: merge priority of each token (higher merges first); NULL for gpt2
   int add_space_prefix; // spm: a raw fragment after a special token (or at the start) gets a leading space
-  int32_t eog[8];
+  int32_t eog[16];
   int n_eog;
 };
 

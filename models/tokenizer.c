@@ -279,12 +279,25 @@ int mdl_tok_load(const mdl_gguf *g, mdl_tok **out, char *err, size_t errlen) {
   // add_space_prefix: llama.cpp's default for a SentencePiece vocabulary is on; Gemma's GGUF turns it off
   const mdl_gguf_kv *asp = mdl_gguf_find(g, "tokenizer.ggml.add_space_prefix");
   t->add_space_prefix = spm && (!asp || (asp->type == MDL_GGUF_BOOL && asp->val[0] != 0));
-  if (t->eos >= 0) t->eog[t->n_eog++] = t->eos;
-  static const char *const eog_texts[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>",
-                                           "<end_of_turn>"};
-  for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
-    int32_t id = mdl_tok_find_n(t, eog_texts[i], strlen(eog_texts[i]));
-    if (id >= 0 && id != t->eos && t->n_eog < 8) t->eog[t->n_eog++] = id;
+  // End of generation as llama.cpp's llama_vocab marks it (src/llama-vocab.cpp): eos, the GGUF's eot and eom ids, and
+  // the turn-end tokens by text. A Jinja template's turns end with one of them (Llama 3.1's calls with <|eom_id|>).
+  int32_t eot = -1, eom = -1;
+  if (get_opt_id(g, t, "tokenizer.ggml.eot_token_id", &eot, err, errlen) != 0 ||
+      get_opt_id(g, t, "tokenizer.ggml.eom_token_id", &eom, err, errlen) != 0)
+    goto fail;
+  static const char *const eog_texts[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+                                           "<|end_of_text|>", "<end_of_turn>", "<EOT>", "<end_of_utterance>"};
+  int32_t cand[2 + 3 + sizeof eog_texts / sizeof eog_texts[0]];
+  int nc = 0;
+  cand[nc++] = t->eos;
+  cand[nc++] = eot;
+  cand[nc++] = eom;
+  for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++)
+    cand[nc++] = mdl_tok_find_n(t, eog_texts[i], strlen(eog_texts[i]));
+  for (int i = 0; i < nc; i++) {
+    int seen = cand[i] < 0;
+    for (int k = 0; k < t->n_eog && !seen; k++) seen = t->eog[k] == cand[i];
+    if (!seen && t->n_eog < (int)(sizeof t->eog / sizeof t->eog[0])) t->eog[t->n_eog++] = cand[i];
   }
   *out = t;
   return 0;

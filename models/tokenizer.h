@@ -46,7 +46,9 @@ int32_t mdl_tok_eos(const mdl_tok *t);
 int32_t mdl_tok_pad(const mdl_tok *t);
 int32_t mdl_tok_unk(const mdl_tok *t);
 int mdl_tok_add_bos(const mdl_tok *t); // tokenizer.ggml.add_bos_token (0 for SmolLM2)
-// End of generation: eos, <|im_end|>, <|endoftext|>, <|eot_id|>, <|end|> when the vocabulary has them.
+// End of generation (llama.cpp's set): eos, tokenizer.ggml.eot_token_id and eom_token_id, and <|im_end|>,
+// <|endoftext|>, <|eot_id|>, <|eom_id|>, <|end|>, <|end_of_text|>, <end_of_turn>, <EOT>, <end_of_utterance> when the
+// vocabulary has them.
 int mdl_tok_is_eog(const mdl_tok *t, int32_t id);
 int mdl_tok_is_control(const mdl_tok *t, int32_t id);
 int mdl_tok_type(const mdl_tok *t, int32_t id); // MDL_TOK_*, 0 when id is out of range

@@ -272,7 +272,16 @@ static int add_grammar(cJSON *j, const prt_grammar *g) {
       !PRT_ADD_STR(o, "close", g->close) || !PRT_ADD_STR(o, "sep", g->sep) ||
       !cJSON_AddBoolToObject(o, "parallel", g->parallel))
     return -1;
+  if (g->args_key && strcmp(g->args_key, "arguments") && !PRT_ADD_STR(o, "args_key", g->args_key)) return -1;
   return 0;
+}
+
+// A call's arguments key (absent: "arguments"): 1..64 of a-z, A-Z, 0-9 and _, written into the call grammar's literal.
+static int key_ok(const char *k) {
+  size_t n = k ? strlen(k) : 1;
+  for (const char *c = k; c && *c; c++)
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_')) return 0;
+  return n >= 1 && n <= 64;
 }
 
 // The grammar object of a generate (absent: type NONE). -1 with err naming what is wrong.
@@ -304,8 +313,10 @@ static int read_grammar(const cJSON *j, prt_grammar *g, char *err, size_t errlen
     if (bad || (par && !cJSON_IsBool(par)) ||
         prt__str(o, "generate: grammar", "open", 1, &g->open, err, errlen) ||
         prt__str(o, "generate: grammar", "close", 1, &g->close, err, errlen) ||
-        prt__str(o, "generate: grammar", "sep", cJSON_IsTrue(par), &g->sep, err, errlen)) {
-      utl_seterr(err, errlen, "generate: grammar: a tool_calls grammar needs tools, open, close, and sep when parallel");
+        prt__str(o, "generate: grammar", "sep", cJSON_IsTrue(par), &g->sep, err, errlen) ||
+        prt__str(o, "generate: grammar", "args_key", 0, &g->args_key, err, errlen) || !key_ok(g->args_key)) {
+      utl_seterr(err, errlen, "generate: grammar: a tool_calls grammar needs tools, open, close, and sep when "
+                 "parallel (args_key, when given: 1..64 of a-z, A-Z, 0-9, _)");
       return -1;
     }
     g->parallel = cJSON_IsTrue(par);

@@ -87,6 +87,8 @@ typedef struct prt_grammar {
   char *tools;                    // tool_calls: the tools array
   const char *open, *close, *sep; // tool_calls: sep only with parallel
   int parallel;                   // tool_calls: one or more calls
+  const char *args_key;           // tool_calls: the key of a call's arguments (Llama 3's "parameters"); NULL:
+                                  // "arguments" (absent on the wire)
 } prt_grammar;
 
 // generate (router -> worker): one choice of a request. Decoding checks types and the protocol's ranges; what depends

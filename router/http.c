@@ -116,6 +116,8 @@ static cJSON *model_object(rtr_server *s) {
   cJSON_AddNumberToObject(m, "created", (double)s->started);
   cJSON_AddStringToObject(m, "owned_by", "dserve");
   cJSON_AddNumberToObject(m, "max_model_len", s->n_ctx);
+  // which chat template renders (docs/openai.md, "Chat templates"): said at start-up too
+  cJSON_AddStringToObject(m, "chat_template_source", s->chat_source[0] ? s->chat_source : "none (not a chat model)");
   return m;
 }
 
@@ -163,49 +165,8 @@ static int tokenize(rtr_server *s, const rtr_request *q, const rtr_prompt *pr, i
   size_t *spans = NULL, n_spans = 0; // a chat's own text: no control token is matched in it (models/chat.h)
   const char *p = pr ? pr->text : q->prompt;
   size_t plen = pr ? pr->len : q->prompt_len;
-  const mdl_chat_template *chat = rtr_chat_of(s, q);
-  if (q->msgs && !chat)
-    return rtr_fail(e, 400, "invalid_request_error", "messages", "model_not_chat",
-                    "this model has no chat template (tokenizer.chat_template) and no ChatML tokens: it is not a chat "
-                    "model; send a prompt to /v1/completions instead, or a chat_template");
-  if (q->msgs && q->chat_family) { // the workers stop on the vocabulary's end-of-generation tokens
-    int32_t eot = mdl_tok_find(s->tok, chat->eot);
-    if (eot < 0 || !mdl_tok_is_eog(s->tok, eot))
-      return rtr_fail(e, 400, "invalid_request_error", "chat_template", "invalid_value",
-                      "'chat_template' is of the %s family, whose turns end with %s, which this model's vocabulary %s",
-                      chat->name, chat->eot, eot < 0 ? "does not have" : "does not mark as an end of generation");
-  }
-  if (q->msgs) {
-    mdl_chat_msg *mm = calloc((size_t)q->n_msgs, sizeof *mm);
-    const char **calls = calloc((size_t)q->n_msgs, sizeof *calls);
-    if (!mm || !calls) {
-      free(mm);
-      free(calls);
-      return rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    }
-    for (int i = 0; i < q->n_msgs; i++) {
-      mm[i].role = q->msgs[i].role;
-      mm[i].content = q->msgs[i].content;
-      calls[i] = q->msgs[i].tool_calls;
-    }
-    int add_gen = q->kind == RTR_TOKENIZE ? q->add_generation_prompt : 1;
-    const mdl_gguf *g = s->has_template ? s->gguf : NULL;
-    int with_tools = q->tools || q->has_tool_msgs; // the template family's tool convention (models/chat.c)
-    if (with_tools && !mdl_chat_template_tools(chat, err, sizeof err)) {
-      free(mm);
-      free(calls);
-      return rtr_fail(e, 400, "invalid_request_error", q->tools ? "tools" : "messages", "tools_not_supported", "%s",
-                      err);
-    }
-    int rc = q->chat_family
-                 ? mdl_chat_render_text(chat, q->chat_template, strlen(q->chat_template), mm, with_tools ? calls : NULL,
-                                        (size_t)q->n_msgs, q->tools, with_tools, add_gen, &text, &spans, &n_spans, err,
-                                        sizeof err)
-                 : mdl_chat_render(chat, g, mm, with_tools ? calls : NULL, (size_t)q->n_msgs, q->tools, with_tools,
-                                   add_gen, &text, &spans, &n_spans, err, sizeof err);
-    free(mm);
-    free(calls);
-    if (rc < 0) return rtr_fail(e, 400, "invalid_request_error", "messages", NULL, "chat template: %s", err);
+  if (q->msgs) { // the chat template's rendering (router/prompt.c)
+    if (rtr_chat_prompt(s, q, &text, &spans, &n_spans, e) < 0) return -1;
     p = text;
     plen = strlen(text);
   }

@@ -433,11 +433,11 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
     g.grammar = (prt_grammar){.type = q->json_schema ? PRT_GRAMMAR_JSON_SCHEMA : PRT_GRAMMAR_JSON,
                               .schema = q->json_schema}; // cJSON's own print: valid JSON
   } else if (q->tool_choice == RTR_TOOLS_REQUIRED || q->tool_choice == RTR_TOOLS_NAMED) { // a call must come
-    char err[128];
-    const mdl_chat_tool_style *st = mdl_chat_template_tools(rtr_chat_of(s, q), err, sizeof err);
-    if (!st) st = mdl_chat_tool_style_of(NULL, err, sizeof err); // (the prompt's rendering already accepted it)
+    const mdl_chat_tool_style *st = rtr_tool_style_of(s, q); // the call format the template shows the model
     g.grammar = (prt_grammar){.type = PRT_GRAMMAR_TOOL_CALLS, .tools = q->call_tools, .open = st->call_open,
-                              .close = st->call_close, .sep = st->call_sep, .parallel = q->parallel_tool_calls};
+                              .close = st->call_close, .sep = st->call_sep, .args_key = st->args_key,
+                              // Llama 3's call is the whole reply: one call
+                              .parallel = q->parallel_tool_calls && st->format != MDL_TOOL_FMT_LLAMA3};
   }
   m = prt_generate_encode(&g, NULL, 0);
 out:

@@ -24,5 +24,7 @@ int rtr_oai_check_str(const cJSON *root, const char *name, rtr_error *e);
 // The chat-only fields: documented no-ops, tools, tool_choice, functions (deprecated) and response_format
 // (oai_tools.c). 0, or -1 with e.
 int rtr_oai_check_chat_extras(const cJSON *root, rtr_request *r, rtr_error *e);
+// tools, tool_choice and parallel_tool_calls (rtr_oai_check_chat_extras reads them for chat; /tokenize takes tools).
+int rtr_oai_parse_tools(const cJSON *root, rtr_request *r, rtr_error *e);
 
 #endif

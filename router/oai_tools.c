@@ -101,7 +101,7 @@ static int parse_tool(const cJSON *t, int i, cJSON *calls, rtr_error *e) {
 // tools, tool_choice and parallel_tool_calls. tool_choice: "none" (no calls; the tools are left out of the prompt),
 // "auto" (the default with tools: the model may call; its output is read for calls), "required" or
 // {"type": "function", "function": {"name"}} (decoding is constrained to calls, models/json_schema.c).
-static int parse_tools(const cJSON *root, rtr_request *r, rtr_error *e) {
+int rtr_oai_parse_tools(const cJSON *root, rtr_request *r, rtr_error *e) {
   const cJSON *tools = rtr_oai_field(root, "tools"), *choice = rtr_oai_field(root, "tool_choice");
   r->parallel_tool_calls = 1;
   int parallel_given = rtr_oai_get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e);
@@ -257,7 +257,8 @@ int rtr_oai_check_chat_extras(const cJSON *root, rtr_request *r, rtr_error *e) {
       if (!cJSON_IsString(m) || strcmp(m->valuestring, "text"))
         return UNSUP(e, "modalities", "'modalities' other than [\"text\"] is not supported");
   }
-  if (parse_tools(root, r, e) < 0 || check_functions(root, e) < 0 || parse_response_format(root, r, e) < 0) return -1;
+  if (rtr_oai_parse_tools(root, r, e) < 0 || check_functions(root, e) < 0 || parse_response_format(root, r, e) < 0)
+    return -1;
   if (r->tool_choice != RTR_TOOLS_OFF && r->response_format != RTR_FORMAT_TEXT) // one grammar per choice
     return UNSUP(e, "response_format", "'response_format' other than text together with tools (tool_choice other "
                  "than \"none\") is not supported");
@@ -286,8 +287,32 @@ size_t rtr_tool_open_prefix(const char *text, size_t n, const char *open) {
   return 0;
 }
 
-// "call_" and 24 random letters and digits (OpenAI's ids look so); the bytes come from the kernel.
-static void call_id(char out[32]) {
+size_t rtr_tool_hold(const mdl_chat_tool_style *st, const char *held, size_t n, int began, int *in_call) {
+  if (*in_call || !n) return 0;
+  if (st->format == MDL_TOOL_FMT_LLAMA3 && !began) { // a reply that opens with '{' may be the call itself
+    size_t w = 0;
+    while (w < n && is_ws(held[w])) w++;
+    if (w == n) return 0;
+    if (held[w] == '{') {
+      *in_call = 1;
+      return 0;
+    }
+  }
+  size_t mn = strlen(st->marker), send;
+  const char *at = memmem(held, n, st->marker, mn);
+  if (at) {
+    send = (size_t)(at - held);
+    *in_call = 1;
+  } else {
+    send = n - rtr_tool_open_prefix(held, n, st->marker);
+  }
+  while (send && is_ws(held[send - 1])) send--; // whitespace before a call is not content: it waits with the call
+  return send;
+}
+
+// An id for a call the model wrote none for: "call_" and 24 random letters and digits (OpenAI's ids look so), or
+// for Mistral 9 letters and digits (its template refuses any other id when the call comes back in the history).
+static void call_id(char out[32], int mistral) {
   static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   unsigned char b[24] = {0};
   FILE *f = fopen("/dev/urandom", "rb");
@@ -295,29 +320,54 @@ static void call_id(char out[32]) {
     if (fread(b, 1, sizeof b, f) != sizeof b) memset(b, 0, sizeof b);
     fclose(f);
   }
-  memcpy(out, "call_", 5);
-  for (int i = 0; i < 24; i++) out[5 + i] = al[b[i] % (sizeof al - 1)];
-  out[29] = 0;
+  int pre = mistral ? 0 : 5, n = mistral ? 9 : 24;
+  memcpy(out, "call_", (size_t)pre);
+  for (int i = 0; i < n; i++) out[pre + i] = al[b[i] % (sizeof al - 1)];
+  out[pre + n] = 0;
 }
 
-int rtr_parse_tool_calls(const rtr_request *q, const char *text, size_t len, const char *open, const char *close,
-                         cJSON *calls, size_t *content_len) {
-  *content_len = len;
-  if (q->tool_choice == RTR_TOOLS_OFF || !q->call_tools) return 0;
+// One call object the model wrote (v) as OpenAI's {"id", "type", "function": {"name", "arguments": JSON text}},
+// appended to found: 1, or 0 when v is not a call of a declared tool ({"name": string, key: object or string}; Llama
+// 3's "parameters" or "arguments"), -1 when out of memory.
+static int add_call(const cJSON *v, const mdl_chat_tool_style *st, const cJSON *declared, cJSON *found) {
+  const cJSON *name = cJSON_GetObjectItemCaseSensitive(v, "name");
+  const cJSON *args = cJSON_GetObjectItemCaseSensitive(v, st->args_key);
+  if (!args && st->format == MDL_TOOL_FMT_LLAMA3) args = cJSON_GetObjectItemCaseSensitive(v, "arguments");
+  const cJSON *given = cJSON_GetObjectItemCaseSensitive(v, "id");
+  if (!cJSON_IsObject(v) || !cJSON_IsString(name) || !(cJSON_IsObject(args) || cJSON_IsString(args))) return 0;
+  const cJSON *d = NULL;
+  cJSON_ArrayForEach(d, declared) if (!strcmp(cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring,
+                                              name->valuestring)) break;
+  if (!d) return 0;
+  char id[32];
+  if (cJSON_IsString(given) && given->valuestring[0] && strlen(given->valuestring) < sizeof id)
+    snprintf(id, sizeof id, "%s", given->valuestring); // Mistral writes its own
+  else
+    call_id(id, st->format == MDL_TOOL_FMT_MISTRAL);
+  char *a = cJSON_IsString(args) ? strdup(args->valuestring) : cJSON_PrintUnformatted(args);
+  cJSON *o = cJSON_CreateObject(), *f = NULL;
+  int ok = a && o && cJSON_AddStringToObject(o, "id", id) && cJSON_AddStringToObject(o, "type", "function") &&
+           (f = cJSON_AddObjectToObject(o, "function")) && cJSON_AddStringToObject(f, "name", name->valuestring) &&
+           cJSON_AddStringToObject(f, "arguments", a);
+  free(a);
+  if (!ok) {
+    cJSON_Delete(o);
+    return -1;
+  }
+  cJSON_AddItemToArray(found, o);
+  return 1;
+}
+
+// Hermes/Qwen: blocks of open JSON close from p on. The number of calls (0: not a call turn), -1 out of memory.
+static int parse_tagged(const mdl_chat_tool_style *st, const char *p, const char *end, const cJSON *declared,
+                        cJSON *found) {
   size_t on, cn;
-  const char *otag = trim_tag(open, &on), *ctag = trim_tag(close, &cn);
-  const char *first = memmem(text, len, otag, on);
-  if (!first) return 0;
-  cJSON *declared = cJSON_Parse(q->call_tools), *found = cJSON_CreateArray();
-  int n = 0, bad = !declared || !found ? 2 : 0;
-  const char *p = first, *end = text + len;
-  while (!bad && p < end) {
+  const char *otag = trim_tag(st->call_open, &on), *ctag = trim_tag(st->call_close, &cn);
+  int n = 0;
+  while (p < end) {
     while (p < end && is_ws(*p)) p++;
     if (p == end) break;
-    if ((size_t)(end - p) < on || memcmp(p, otag, on)) { // text after a call: not a call turn this parser knows
-      bad = 1;
-      break;
-    }
+    if ((size_t)(end - p) < on || memcmp(p, otag, on)) return 0; // text after a call: not a call turn known here
     p += on;
     // the call is one JSON value, then the close tag: parsed as JSON first, because a string inside it may hold the
     // close tag's text (the model wrote "Europe_2017_AM}}}</tool_call> " into an argument)
@@ -327,43 +377,82 @@ int rtr_parse_tool_calls(const rtr_request *q, const char *text, size_t len, con
       while (c < end && is_ws(*c)) c++;
       if ((size_t)(end - c) < cn || memcmp(c, ctag, cn)) cJSON_Delete(v), v = NULL, c = NULL;
     }
-    if (!v && !memmem(p, (size_t)(end - p), ctag, cn)) { // unclosed: cut by max_tokens; the calls before stand
-      bad = !n;
-      break;
-    }
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(v, "name");
-    const cJSON *args = cJSON_GetObjectItemCaseSensitive(v, "arguments");
-    int ok = cJSON_IsObject(v) && cJSON_IsString(name) && (cJSON_IsObject(args) || cJSON_IsString(args));
-    const cJSON *d = NULL;
-    if (ok)
-      cJSON_ArrayForEach(d, declared) if (!strcmp(cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring,
-                                                  name->valuestring)) break;
-    if (!ok || !d) {
-      cJSON_Delete(v);
-      bad = 1;
-      break;
-    }
-    char id[32];
-    call_id(id);
-    char *a = cJSON_IsString(args) ? strdup(args->valuestring) : cJSON_PrintUnformatted(args);
-    cJSON *o = cJSON_CreateObject(), *f = NULL;
-    if (a && o && cJSON_AddStringToObject(o, "id", id) && cJSON_AddStringToObject(o, "type", "function") &&
-        (f = cJSON_AddObjectToObject(o, "function")) && cJSON_AddStringToObject(f, "name", name->valuestring) &&
-        cJSON_AddStringToObject(f, "arguments", a)) {
-      cJSON_AddItemToArray(found, o);
-      n++;
-    } else {
-      cJSON_Delete(o);
-      bad = 2;
-    }
-    free(a);
+    if (!v && !memmem(p, (size_t)(end - p), ctag, cn)) return n; // unclosed: cut by max_tokens; the calls before stand
+    int k = v ? add_call(v, st, declared, found) : 0;
     cJSON_Delete(v);
+    if (k <= 0) return k;
+    n++;
     p = c + cn;
   }
+  return n;
+}
+
+// Mistral: one or more JSON arrays of calls, each after [TOOL_CALLS] (the first's marker is at p).
+static int parse_mistral(const mdl_chat_tool_style *st, const char *p, const char *end, const cJSON *declared,
+                         cJSON *found) {
+  size_t mn = strlen(st->marker);
+  int n = 0;
+  while (p < end) {
+    while (p < end && is_ws(*p)) p++;
+    if (p == end) break;
+    if ((size_t)(end - p) >= mn && !memcmp(p, st->marker, mn)) p += mn;
+    else if (!n || *p != '[') return 0; // text after the calls
+    while (p < end && is_ws(*p)) p++;
+    const char *c = NULL;
+    cJSON *v = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), &c, 0);
+    if (!v) return p < end && *p == '[' ? n : 0; // an array cut by max_tokens: the calls before stand
+    if (!cJSON_IsArray(v) || !v->child) {
+      cJSON_Delete(v);
+      return 0;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+      int k = add_call(it, st, declared, found);
+      if (k <= 0) {
+        cJSON_Delete(v);
+        return k;
+      }
+      n++;
+    }
+    cJSON_Delete(v);
+    p = c;
+  }
+  return n;
+}
+
+// Llama 3: the call is the whole rest of the reply, one JSON object (after <|python_tag|> or at the reply's start).
+static int parse_llama3(const mdl_chat_tool_style *st, const char *p, const char *end, const cJSON *declared,
+                        cJSON *found) {
+  const char *c = NULL;
+  cJSON *v = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), &c, 0);
+  if (!v) return 0;
+  while (c < end && is_ws(*c)) c++;
+  int k = c == end ? add_call(v, st, declared, found) : 0;
+  cJSON_Delete(v);
+  return k;
+}
+
+int rtr_parse_tool_calls(const rtr_request *q, const mdl_chat_tool_style *st, const char *text, size_t len,
+                         cJSON *calls, size_t *content_len) {
+  *content_len = len;
+  if (q->tool_choice == RTR_TOOLS_OFF || !q->call_tools) return 0;
+  const char *end = text + len, *first = memmem(text, len, st->marker, strlen(st->marker)), *body = NULL;
+  if (first) body = first + strlen(st->marker);
+  if (st->format == MDL_TOOL_FMT_LLAMA3) {
+    const char *w = text;
+    while (w < end && is_ws(*w)) w++;
+    if (w < end && *w == '{') first = body = w; // a reply that is a JSON object
+  }
+  if (!first) return 0;
+  cJSON *declared = cJSON_Parse(q->call_tools), *found = cJSON_CreateArray();
+  int n = !declared || !found ? -1
+          : st->format == MDL_TOOL_FMT_HERMES  ? parse_tagged(st, first, end, declared, found)
+          : st->format == MDL_TOOL_FMT_MISTRAL ? parse_mistral(st, first, end, declared, found)
+                                               : parse_llama3(st, body, end, declared, found);
   cJSON_Delete(declared);
-  if (bad || !n) {
+  if (n <= 0) {
     cJSON_Delete(found);
-    return bad == 2 ? -1 : 0;
+    return n < 0 ? -1 : 0;
   }
   while (found->child) cJSON_AddItemToArray(calls, cJSON_DetachItemViaPointer(found, found->child));
   cJSON_Delete(found);

@@ -2,6 +2,7 @@
 // and response_format: oai_tools.c; the error object and field readers: oai_base.c).
 #include "router/openai.h"
 #include "router/oai_int.h"
+#include "models/jinja.h"
 #include "models/json_lit.h"
 #include "util/json.h"
 
@@ -56,6 +57,9 @@ void rtr_request_free(rtr_request *r) {
     free(r->msgs[i].role);
     free(r->msgs[i].content);
     free(r->msgs[i].tool_calls);
+    free(r->msgs[i].name);
+    free(r->msgs[i].tool_call_id);
+    free(r->msgs[i].reasoning_content);
   }
   free(r->msgs);
   for (int i = 0; i < r->n_prompts; i++) {
@@ -72,6 +76,8 @@ void rtr_request_free(rtr_request *r) {
   free(r->tools);
   free(r->call_tools);
   free(r->chat_template);
+  mdl_jinja_free(r->chat_jinja);
+  free(r->chat_kwargs);
   free(r->resp_echo);
   memset(r, 0, sizeof *r);
 }
@@ -101,9 +107,10 @@ static int get_int(const cJSON *root, const char *name, double lo, double hi, in
 }
 
 
-// A message's keys besides role and content: name is a no-op (chat templates have no place for it); tool_calls
-// (an assistant's) and tool_call_id (a tool result's) are read by parse_msgs; function_call (deprecated) and any other
-// key are refused unless null (not given).
+// A message's keys besides role and content: name, tool_calls (an assistant's), tool_call_id (a tool result's) and
+// reasoning_content (an assistant's) are read by parse_msgs (name, tool_call_id and reasoning_content reach a Jinja
+// template; the built-in families have no place for them); function_call (deprecated) and any other key are refused
+// unless null (not given).
 static int check_msg_keys(const cJSON *msg, int i, const char *role, rtr_error *e) {
   char param[96];
   for (const cJSON *k = msg->child; k; k = k->next) {
@@ -123,16 +130,23 @@ static int check_msg_keys(const cJSON *msg, int i, const char *role, rtr_error *
       if (strcmp(role, "tool")) return BAD(e, param, "'%s': only tool messages have a tool_call_id", param);
       continue;
     }
+    if (!strcmp(key, "reasoning_content")) {
+      if (strcmp(role, "assistant"))
+        return BAD(e, param, "'%s': only assistant messages have reasoning_content", param);
+      if (!cJSON_IsString(k)) return BAD(e, param, "'%s' must be a string", param);
+      continue;
+    }
     if (!strcmp(key, "function_call"))
       return UNSUP(e, param, "'%s' (deprecated) is not supported: send 'tool_calls'", param);
-    return UNSUP(e, param, "'%s' is not supported (a message has role, content, name, tool_calls, tool_call_id)",
-                 param);
+    return UNSUP(e, param, "'%s' is not supported (a message has role, content, name, tool_calls, tool_call_id, "
+                 "reasoning_content)", param);
   }
   return 0;
 }
 
 // An assistant message's tool_calls [{id, type "function", function {name, arguments}}] into the JSON text
-// models/chat.h renders: [{"name", "arguments"}], arguments parsed when they are a JSON text. *out stays NULL for [].
+// models/chat.h renders: [{"id", "name", "arguments"}], arguments parsed when they are a JSON text (templates expect a
+// mapping). *out stays NULL for [].
 static int parse_msg_calls(const cJSON *tc, int i, char **out, rtr_error *e) {
   char param[96];
   snprintf(param, sizeof param, "messages[%d].tool_calls", i);
@@ -155,7 +169,8 @@ static int parse_msg_calls(const cJSON *tc, int i, char **out, rtr_error *e) {
     if (rc) break;
     cJSON *o = cJSON_CreateObject(), *a = cJSON_Parse(args->valuestring);
     if (!a) a = cJSON_CreateString(args->valuestring); // not JSON: shown to the model as the string it was
-    if (!o || !a || !cJSON_AddStringToObject(o, "name", name->valuestring)) {
+    if (!o || !a || !cJSON_AddStringToObject(o, "id", id->valuestring) ||
+        !cJSON_AddStringToObject(o, "name", name->valuestring)) {
       cJSON_Delete(o);
       cJSON_Delete(a);
       rc = OOM(e);
@@ -199,7 +214,13 @@ static int parse_msgs(const cJSON *root, rtr_request *r, rtr_error *e) {
       snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
       if (!cJSON_IsString(tid)) return BAD(e, param, "'%s' is required and must be a string", param);
       r->has_tool_msgs = 1;
+      if (!(r->msgs[i].tool_call_id = dupn(tid->valuestring, strlen(tid->valuestring)))) return OOM(e);
     }
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(it, "name");
+    const cJSON *rc = cJSON_GetObjectItemCaseSensitive(it, "reasoning_content");
+    if (cJSON_IsString(nm) && !(r->msgs[i].name = dupn(nm->valuestring, strlen(nm->valuestring)))) return OOM(e);
+    if (cJSON_IsString(rc) && !(r->msgs[i].reasoning_content = dupn(rc->valuestring, strlen(rc->valuestring))))
+      return OOM(e);
     const cJSON *tc = rtr_oai_field(it, "tool_calls");
     if (tc && parse_msg_calls(tc, i, &r->msgs[i].tool_calls, e) < 0) return -1;
     if (r->msgs[i].tool_calls) r->has_tool_msgs = 1;
@@ -353,27 +374,40 @@ static int parse_bias(const cJSON *root, const rtr_limits *lim, rtr_request *r, 
   return 0;
 }
 
-// chat_template (vLLM's): the template a chat renders with instead of the server's: a family's name or template text
-// recognised by its family's markers (models/chat.h; Jinja is not interpreted, so other text is a 400 saying so, never
-// the default silently). chat_template_kwargs: the families take no template variables; only {} is accepted.
+// chat_template (vLLM's): the template a chat renders with instead of the server's: a family's name (models/chat.h),
+// or Jinja text, parsed here (a parse error is a 400 naming its line) and run at render (router/http.c).
+// chat_template_kwargs (vLLM's, llama-server's): an object whose keys become the template's top-level variables
+// (e.g. enable_thinking); the variables the server sets itself cannot be overridden. A family takes no variables:
+// http.c refuses non-empty kwargs when the chat renders with one.
 static int parse_chat_template(const cJSON *root, rtr_request *r, rtr_error *e) {
   const cJSON *t = rtr_oai_field(root, "chat_template"), *kw = rtr_oai_field(root, "chat_template_kwargs");
   if (kw && !cJSON_IsObject(kw)) return BAD(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
-  if (kw && kw->child) {
-    char param[64];
-    snprintf(param, sizeof param, "chat_template_kwargs.%.40s", kw->child->string);
-    return UNSUP(e, param, "'%s' is not supported: the chat template families here (%s) take no template variables",
-                 param, mdl_chat_template_names());
-  }
+  static const char *const mine[] = {"messages", "tools", "bos_token", "eos_token", "add_generation_prompt", NULL};
+  char param[64];
+  for (const cJSON *k = kw ? kw->child : NULL; k; k = k->next)
+    for (const char *const *m = mine; *m; m++)
+      if (!strcmp(k->string, *m)) {
+        snprintf(param, sizeof param, "chat_template_kwargs.%.40s", k->string);
+        return INVAL(e, param, "'%s' cannot be set: the server sets %s from the request itself", param, *m);
+      }
+  if (kw && kw->child && r->kind == RTR_TOKENIZE && !rtr_oai_field(root, "messages"))
+    return BAD(e, "chat_template_kwargs", "'chat_template_kwargs' needs 'messages'");
+  if (kw && kw->child && !(r->chat_kwargs = cJSON_PrintUnformatted(kw))) return OOM(e);
   if (!t) return 0;
   if (!cJSON_IsString(t) || !t->valuestring[0])
     return BAD(e, "chat_template", "'chat_template' must be a non-empty string");
   if (r->kind == RTR_TOKENIZE && !rtr_oai_field(root, "messages"))
     return BAD(e, "chat_template", "'chat_template' needs 'messages'");
-  char err[384];
   size_t n = strlen(t->valuestring);
-  if (mdl_chat_template_recognise(t->valuestring, n, &r->chat_family, err, sizeof err) < 0)
-    return INVAL(e, "chat_template", "'chat_template': %s", err);
+  if (n > RTR_MAX_CHAT_TEMPLATE)
+    return BAD(e, "chat_template", "'chat_template' is %zu bytes; at most %d are allowed", n, RTR_MAX_CHAT_TEMPLATE);
+  if (!(r->chat_family = mdl_chat_template_named(t->valuestring))) {
+    char err[384];
+    if (mdl_jinja_parse(t->valuestring, n, &r->chat_jinja, err, sizeof err) != 0)
+      return INVAL(e, "chat_template", "'chat_template' is neither a template family (%s) nor a Jinja template that "
+                   "parses: %s", mdl_chat_template_names(), err);
+    r->chat_jinja_tools = mdl_chat_tool_style_detect(t->valuestring, n);
+  }
   return (r->chat_template = dupn(t->valuestring, n)) ? 0 : OOM(e);
 }
 
@@ -389,7 +423,7 @@ static const char *const F_COMPLETION[] = {
     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "best_of", "ignore_eos", "stop",
     "logit_bias", "logprobs", "stream", "stream_options", "echo", "suffix", "user", NULL};
 static const char *const F_TOKENIZE[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                                         "chat_template", "chat_template_kwargs", NULL};
+                                         "chat_template", "chat_template_kwargs", "tools", NULL};
 static const char *const F_DETOKENIZE[] = {"model", "tokens", NULL};
 
 static int check_known(rtr_kind kind, const cJSON *root, rtr_error *e) {
@@ -574,8 +608,11 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
       rc = -1;
       break;
     }
-    if (rtr_oai_field(root, "messages")) rc = parse_msgs(root, out, e);
-    else if (rtr_oai_field(root, "prompt")) {
+    if (rtr_oai_field(root, "messages")) { // tools as a chat lists them (vLLM's /tokenize takes them too)
+      if ((rc = parse_msgs(root, out, e)) == 0) rc = rtr_oai_parse_tools(root, out, e);
+    } else if (rtr_oai_field(root, "tools")) {
+      rc = BAD(e, "tools", "'tools' needs 'messages'");
+    } else if (rtr_oai_field(root, "prompt")) {
       const cJSON *p = rtr_oai_field(root, "prompt");
       if (!cJSON_IsString(p)) rc = BAD(e, "prompt", "'prompt' must be a string");
       else {

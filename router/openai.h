@@ -65,8 +65,11 @@ typedef struct rtr_limits {
 typedef struct rtr_msg {
   char *role;       // (owned) "system", "user", "assistant" or "tool"
   char *content;    // (owned) UTF-8 text (array-of-text content joined; "" for an assistant's null content)
-  char *tool_calls; // (owned) an assistant's calls as models/chat.h takes them: JSON text of [{"name", "arguments"}]
-                    // (arguments parsed when they are JSON, else the string as sent), or NULL
+  char *tool_calls; // (owned) an assistant's calls as models/chat.h takes them: JSON text of [{"id", "name",
+                    // "arguments"}] (arguments parsed when they are JSON, else the string as sent), or NULL
+  char *name;              // (owned) the message's name, or NULL (read by Jinja templates only)
+  char *tool_call_id;      // (owned) a tool result's call id, or NULL (read by Jinja templates only)
+  char *reasoning_content; // (owned) an assistant's reasoning, or NULL (read by Jinja templates only)
 } rtr_msg;
 
 // One /v1/completions prompt: text (NUL-terminated, len bytes), or token ids.
@@ -77,6 +80,7 @@ typedef struct rtr_prompt {
   int n_ids;
 } rtr_prompt;
 #define RTR_MAX_PROMPTS 64 // prompts in one /v1/completions request
+#define RTR_MAX_CHAT_TEMPLATE (256 * 1024) // bytes of a request's own chat_template
 
 typedef struct rtr_bias {
   int32_t id;
@@ -133,7 +137,10 @@ typedef struct rtr_request {
                             // "required" or a named function (one call, then the choice ends: finish "tool_calls")
   int has_tool_msgs;        // a message has role "tool" or tool_calls (the prompt needs the tool convention)
   char *chat_template;      // (owned) chat / tokenize with messages: the request's own template text, or NULL
-  const mdl_chat_template *chat_family; // (static) its family (models/chat.h), NULL: the server's
+  const mdl_chat_template *chat_family; // (static) its family (models/chat.h) when it names one, else NULL
+  struct mdl_jinja *chat_jinja; // (owned) the request's template text parsed as Jinja (not a family name), or NULL
+  const mdl_chat_tool_style *chat_jinja_tools; // (static) chat_jinja's call format (models/chat.h), NULL: none known
+  char *chat_kwargs;        // (owned) chat_template_kwargs (JSON text of a non-empty object), or NULL
   int api;                  // RTR_API_*: the API the client spoke (its answers take that API's shape)
   char *resp_echo;          // (owned) RTR_API_RESPONSES: the request's fields a response object repeats (JSON text)
   int add_special;          // tokenize: add_special_tokens (default 1)
@@ -183,20 +190,27 @@ void rtr_resp_stream_free(rtr_resp_stream *st);
 
 // The context check once the prompt is tokenized: n_prompt >= n_ctx, or max_tokens >= 0 and n_prompt + max_tokens
 // > n_ctx, is 400 context_length_exceeded with the counts in the message. An empty prompt is 400 too.
-// Tool calls in a chat choice's output text (text_len bytes), written between open and close (a template's markup,
-// models/chat.h mdl_chat_tool_style; whitespace around the tags is not significant) as {"name": NAME, "arguments":
-// {...}}. Each call naming one of q's call tools is appended to calls (a cJSON array) as OpenAI's
-// {"id": "call_...", "type": "function", "function": {"name", "arguments": JSON text}}; *content_len is the length
-// of the text before the first call, trailing whitespace dropped. A last block left unclosed (max_tokens cut it) is
-// dropped when calls precede it; otherwise, when a block is unclosed, not JSON, names no declared tool, or text
-// follows the calls, nothing is appended: the whole text is the content. Returns the number of calls (0 when q's
+// Tool calls in a chat choice's output text (text_len bytes), in the format of st (models/chat.h: Hermes/Qwen's
+// <tool_call> blocks, whitespace around the tags not significant; Llama 3's reply that is one {"name", "parameters"}
+// object, at its start or after <|python_tag|>; Mistral's [TOOL_CALLS] arrays of {"name", "arguments", "id"}). Each
+// call naming one of q's call tools is appended to calls (a cJSON array) as OpenAI's {"id": "call_..." (Mistral: its
+// own id, or 9 letters and digits), "type": "function", "function": {"name", "arguments": JSON text}}; *content_len
+// is the length of the text before the first call, trailing whitespace dropped. A last call left unclosed (max_tokens
+// cut it) is dropped when calls precede it; otherwise, when a call is unclosed, not JSON, names no declared tool, or
+// text follows the calls, nothing is appended: the whole text is the content. Returns the number of calls (0 when q's
 // tool_choice is RTR_TOOLS_OFF), -1 when out of memory.
-int rtr_parse_tool_calls(const rtr_request *q, const char *text, size_t text_len, const char *open, const char *close,
+int rtr_parse_tool_calls(const rtr_request *q, const mdl_chat_tool_style *st, const char *text, size_t text_len,
                          cJSON *calls, size_t *content_len) UTL_WARN_UNUSED;
 
 // The number of bytes at the end of text (n bytes) that may be the beginning of open (whitespace-trimmed): a stream
 // holds them back until it knows they are not a call.
 size_t rtr_tool_open_prefix(const char *text, size_t n, const char *open);
+
+// A stream's text not yet sent (held, n bytes) with tools on: how many of its first bytes can go to the client now.
+// The rest waits: a tail that may begin st's marker, or, once *in_call is set (the marker came, or with Llama 3's
+// format a reply whose first non-space byte is '{' while began is 0: no content went out yet), everything, read for
+// calls when the choice ends (rtr_parse_tool_calls). Whitespace before a call waits with it.
+size_t rtr_tool_hold(const mdl_chat_tool_style *st, const char *held, size_t n, int began, int *in_call);
 
 // 400 context_length_exceeded (param: the prompt's field for kind, or max_tokens) when the prompt and max_tokens do not fit
 // n_ctx; an empty prompt is a 400 too.

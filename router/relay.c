@@ -241,38 +241,16 @@ static void record_tokens(rtr_choice *c, const int32_t *toks, int n) {
 
 static int tools_on(const rtr_req *r) { return r->q.kind == RTR_CHAT && r->q.tool_choice != RTR_TOOLS_OFF; }
 
-static const mdl_chat_tool_style *tool_style(rtr_server *s, const rtr_req *r) {
-  char err[128];
-  const mdl_chat_tool_style *st = mdl_chat_template_tools(rtr_chat_of(s, &r->q), err, sizeof err);
-  return st ? st : mdl_chat_tool_style_of(NULL, err, sizeof err); // (calls come only where the prompt had tools)
-}
-
 // Adds t to c's held text and returns what can go to the client now (malloc'ed, maybe ""; NULL on out of memory):
-// the text before a call's opening tag, or all but a tail that may begin one.
+// the text before a call's beginning, or all but a tail that may begin one (rtr_tool_hold).
 static char *hold_text(rtr_server *s, const rtr_req *r, rtr_choice *c, const char *t) {
   add_or_drop(&c->held, t, strlen(t));
-  size_t n = c->held.n, send = 0;
-  if (!c->in_call && n) {
-    const char *open = tool_style(s, r)->call_open;
-    while (*open == ' ' || *open == '\n' || *open == '\t' || *open == '\r') open++;
-    size_t on = strlen(open);
-    while (on && (open[on - 1] == '\n' || open[on - 1] == ' ' || open[on - 1] == '\t' || open[on - 1] == '\r')) on--;
-    const char *at = memmem(c->held.p, n, open, on);
-    if (at) {
-      send = (size_t)(at - c->held.p);
-      c->in_call = 1;
-    } else {
-      send = n - rtr_tool_open_prefix(c->held.p, n, tool_style(s, r)->call_open);
-    }
-    // whitespace before a call is not content (as in the non-streamed message): it waits with the call
-    while (send && (c->held.p[send - 1] == ' ' || c->held.p[send - 1] == '\n' || c->held.p[send - 1] == '\t' ||
-                    c->held.p[send - 1] == '\r'))
-      send--;
-  }
+  size_t n = c->held.n, send = rtr_tool_hold(rtr_tool_style_of(s, &r->q), c->held.p, n, c->began, &c->in_call);
   char *out = malloc(send + 1);
   if (!out) return NULL;
   memcpy(out, c->held.p, send);
   out[send] = 0;
+  if (send) c->began = 1;
   memmove(c->held.p, c->held.p + send, n - send);
   c->held.n = n - send;
   return out;
@@ -307,8 +285,7 @@ static int flush_held(rtr_server *s, rtr_req *r, int ci) {
   if (!c->held.n) return 0;
   cJSON *calls = cJSON_CreateArray();
   size_t cl = 0;
-  const mdl_chat_tool_style *st = tool_style(s, r);
-  int n = c->in_call && calls ? rtr_parse_tool_calls(&r->q, c->held.p, c->held.n, st->call_open, st->call_close, calls,
+  int n = c->in_call && calls ? rtr_parse_tool_calls(&r->q, rtr_tool_style_of(s, &r->q), c->held.p, c->held.n, calls,
                                                      &cl)
                               : 0;
   if (n > 0) {
@@ -471,8 +448,7 @@ cJSON *rtr_final_response(rtr_req *r) {
       cJSON_AddStringToObject(m, "role", "assistant");
       cJSON *calls = tools_on(r) ? cJSON_CreateArray() : NULL;
       size_t cl = 0;
-      const mdl_chat_tool_style *st = calls ? tool_style(r->s, r) : NULL;
-      int nc = calls && c->text.p ? rtr_parse_tool_calls(&r->q, c->text.p, c->text.n, st->call_open, st->call_close,
+      int nc = calls && c->text.p ? rtr_parse_tool_calls(&r->q, rtr_tool_style_of(r->s, &r->q), c->text.p, c->text.n,
                                                          calls, &cl)
                                   : 0;
       if (nc > 0) { // the text before the calls (null when none), the calls

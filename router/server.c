@@ -9,9 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "models/chat.h"
+#include "models/jinja.h"
 #include "router/server_int.h"
 #include "util/err.h"
 #include "util/log.h"
@@ -80,12 +82,66 @@ static void make_metrics(rtr_server *s) {
   rtr_observe_metrics(s, lat, nl);
 }
 
-// The chat template family of the served model (rtr_server.chat), or a start-up error: an override or a template of
-// no known family, or a family whose end-of-turn token the vocabulary lacks or the workers would not stop on.
+// A Jinja chat template file's text (malloc'ed, *n bytes), or NULL with err naming the file.
+static char *read_template(const char *path, size_t *n, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  char *t = NULL;
+  if (!f) {
+    utl_seterr(err, errlen, "chat template file %s: %s", path, strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  long len = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) ? (long)st.st_size : -1;
+  if (len <= 0 || (size_t)len > MDL_JINJA_MAX_TEMPLATE)
+    utl_seterr(err, errlen, "chat template file %s: %s", path,
+               len < 0 ? "is not a regular file" : len == 0 ? "is empty" : "is larger than 1 MiB");
+  else if (!(t = malloc((size_t)len + 1)))
+    utl_seterr(err, errlen, "out of memory");
+  else if (fread(t, 1, (size_t)len, f) != (size_t)len) {
+    utl_seterr(err, errlen, "chat template file %s: cannot be read", path);
+    free(t);
+    t = NULL;
+  }
+  fclose(f);
+  if (t) t[*n = (size_t)len] = 0;
+  return t;
+}
+
+// The template chats render with, in this order: the config's chat_template family (--chat-template), the config's
+// chat_template_file (--chat-template-file) or the GGUF's tokenizer.chat_template run as Jinja (s->jinja), else
+// ChatML when the vocabulary has its tokens (s->chat); neither: not a chat model. A Jinja template that does not parse
+// fails the start naming its source and line; so does an unknown family or one whose end-of-turn token the vocabulary
+// lacks or the workers would not stop on.
 static int resolve_chat(rtr_server *s, const rtr_server_opts *o, char *err, size_t errlen) {
   char e[384];
-  if (mdl_chat_template_of(o->gguf, o->cfg->chat_template, &s->chat, e, sizeof e) != 0) {
-    utl_seterr(err, errlen, "%s", e);
+  const char *fam = o->cfg->chat_template, *file = o->cfg->chat_template_file;
+  mdl_str gt = {0};
+  int in_gguf = o->gguf && mdl_gguf_get_str(o->gguf, "tokenizer.chat_template", &gt) == 0;
+  if (!fam[0] && (file[0] || in_gguf)) {
+    size_t n = 0;
+    char *text = file[0] ? read_template(file, &n, err, errlen) : NULL;
+    if (file[0] && !text) return -1;
+    const char *src = text ? text : gt.p;
+    n = text ? n : (size_t)gt.n;
+    int rc = mdl_jinja_parse(src, n, &s->jinja, e, sizeof e);
+    if (rc == 0) s->jinja_tools = mdl_chat_tool_style_detect(src, n);
+    free(text);
+    if (rc != 0) {
+      utl_seterr(err, errlen, "chat template %s%s does not parse: %s", file[0] ? "file " : "",
+                 file[0] ? file : "(the GGUF's tokenizer.chat_template)", e);
+      return -1;
+    }
+    snprintf(s->chat_source, sizeof s->chat_source, "%s%s (Jinja)", file[0] ? "the file " : "the GGUF's ",
+             file[0] ? file : "tokenizer.chat_template");
+    utl_log("router", "chats render with %s; tool calls: %s", s->chat_source,
+            !mdl_jinja_uses_var(s->jinja, "tools") ? "none (the template does not read tools)"
+            : s->jinja_tools                       ? s->jinja_tools->name
+                                                   : "none (the template writes calls in no format known here)");
+    return 0;
+  }
+  if (fam[0] && !(s->chat = mdl_chat_template_named(fam))) {
+    utl_seterr(err, errlen, "chat_template '%.40s' is not a template family known here (%s)", fam,
+               mdl_chat_template_names());
     return -1;
   }
   // Without a template, ChatML (SmolLM2's) is assumed only for a vocabulary that has its tokens: a base model such
@@ -99,9 +155,10 @@ static int resolve_chat(rtr_server *s, const rtr_server_opts *o, char *err, size
                s->chat->eot, eot < 0 ? "does not have" : "does not mark as an end of generation");
     return -1;
   }
-  utl_log("router", "chats render with the %s template (%s)", s->chat->name,
-          o->cfg->chat_template[0] ? "config chat_template" : s->has_template ? "recognised in the GGUF" :
-                                                                                 "ChatML's tokens, no template");
+  snprintf(s->chat_source, sizeof s->chat_source, "the %s family (%s)", s->chat->name,
+           fam[0] ? "config chat_template" : "fallback: no template in the GGUF, ChatML's tokens in its vocabulary");
+  utl_log("router", "chats render with %s%s%s", s->chat_source, fam[0] && file[0] ? "; chat_template_file not used: "
+          "chat_template wins, " : "", fam[0] && file[0] ? file : "");
   return 0;
 }
 
@@ -119,6 +176,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   s->gguf = o->gguf;
   s->has_template = o->gguf && mdl_gguf_find(o->gguf, "tokenizer.chat_template");
   if (resolve_chat(s, o, err, errlen) != 0) {
+    mdl_jinja_free(s->jinja);
     free(s);
     return -1;
   }
@@ -277,6 +335,7 @@ void rtr_server_free(rtr_server *s) {
   free(s->links);
   rtr_kvindex_free(s->kv);
   rtr_metrics_free(s->m);
+  mdl_jinja_free(s->jinja);
   pthread_cond_destroy(&s->link_cv);
   pthread_cond_destroy(&s->admit_cv);
   pthread_mutex_destroy(&s->mu);

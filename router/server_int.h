@@ -102,7 +102,8 @@ typedef struct rtr_choice {
   size_t text_offset;
   utl_buf held;                // (owned) tools on, streamed: text not sent yet: a tail that may begin a call's opening
                                // tag, or everything from that tag on (read for calls when the choice ends)
-  int in_call;                 // held begins with a call's opening tag
+  int in_call;                 // held begins with a call's beginning (rtr_tool_hold)
+  int began;                   // tools on, streamed: content went out (a Llama 3 reply can no longer be a call)
   // observe.c: the access log's and the phase histograms' view of the choice
   char workers[96];            // every worker it ran on, in order: "p0>d0" (prefill>decode) or "d0"; a move adds ",d1"
   int64_t t_sent_us, t_first_us, t_move_us; // routed (last time), its first token, moved (0: no move pending a token)
@@ -170,7 +171,11 @@ struct rtr_server {
   int has_template;            // the GGUF has a tokenizer.chat_template (read for ChatML's default system prompt)
   // The chat template family (models/chat.h) chats render with: the config's chat_template, else the GGUF template's
   // family, else ChatML when the vocabulary has ChatML's tokens (SmolLM2's template assumed); NULL: not a chat model.
-  const mdl_chat_template *chat;
+  const mdl_chat_template *chat; // NULL too when jinja renders
+  struct mdl_jinja *jinja;     // (owned) the Jinja template chats render with (chat_template_file's, else the GGUF's),
+                               // unless the config names a family; NULL: chat (a family) renders
+  const mdl_chat_tool_style *jinja_tools; // jinja's call format (models/chat.h), NULL: none known here
+  char chat_source[1100];      // which template renders, for the log and /v1/models ("the GGUF's ... (Jinja)")
   const mdl_tok *tok;          // (borrowed)
   int n_ctx;
   char model[128];
@@ -218,10 +223,34 @@ struct rtr_server {
   rtr_hooks hooks;             // the upper layers' answers (see rtr_hooks)
 };
 
-// The chat template family q renders with: its own chat_template's, else the server's (NULL: not a chat model).
-static inline const mdl_chat_template *rtr_chat_of(const rtr_server *s, const rtr_request *q) {
-  return q->chat_family ? q->chat_family : s->chat;
+// The Jinja template q renders with: its own chat_template's, else the server's unless q names a family; NULL: a
+// family renders (rtr_chat_of).
+static inline const struct mdl_jinja *rtr_jinja_of(const rtr_server *s, const rtr_request *q) {
+  return q->chat_jinja ? q->chat_jinja : q->chat_family ? NULL : s->jinja;
 }
+
+// The chat template family q renders with when no Jinja template does: its own chat_template's, else the server's
+// (NULL: not a chat model, or a Jinja template renders).
+static inline const mdl_chat_template *rtr_chat_of(const rtr_server *s, const rtr_request *q) {
+  return rtr_jinja_of(s, q) ? NULL : q->chat_family ? q->chat_family : s->chat;
+}
+
+// The format q's calls are written in: the Jinja template's (detected from its text) or the family's; Hermes when
+// neither has one (a prompt with tools was refused then: calls come only where the prompt had tools).
+static inline const mdl_chat_tool_style *rtr_tool_style_of(const rtr_server *s, const rtr_request *q) {
+  char err[160];
+  const mdl_chat_tool_style *st = q->chat_jinja ? q->chat_jinja_tools
+                                  : rtr_jinja_of(s, q) ? s->jinja_tools
+                                                       : mdl_chat_template_tools(rtr_chat_of(s, q), err, sizeof err);
+  return st ? st : mdl_chat_tool_style_of(NULL, err, sizeof err);
+}
+
+// prompt.c: the prompt text of chat request q (q->msgs) rendered by its template (rtr_jinja_of, else rtr_chat_of):
+// *text malloc'ed, *spans ((*n_spans, 2), malloc'ed) the request's own text in it (mdl_tok_encode_guarded). 0, or -1
+// with e: not a chat model, tools the template cannot express, kwargs a family cannot take, the template's
+// raise_exception or runtime error (400s, docs/openai.md).
+int rtr_chat_prompt(rtr_server *s, const rtr_request *q, char **text, size_t **spans, size_t *n_spans,
+                    rtr_error *e) UTL_WARN_UNUSED;
 
 // A disaggregated choice whose decode worker streams: it holds all the KV, its prefill worker (plink) no longer matters.
 static inline int rtr_choice_handed_off(const rtr_choice *c) { return c->plink >= 0 && c->state == RTR_CH_STREAMING; }

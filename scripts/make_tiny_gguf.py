@@ -3,18 +3,20 @@
 # names llama.cpp reads, for checking dserve's forward pass against llama.cpp's (tests/models/golden/archs).
 """Writes ARCH-TYPE.gguf files (F32, Q8_0, Q4_K_M) of tiny models with a real tokenizer.
 
-The weights are seeded from (--seed, architecture, tensor name) and built so that the logits are peaked like a trained
-model's: the output rows are the token embeddings (tied) or a fixed permutation of them (untied), so the last hidden
-state, which carries the current token's embedding plus what the layers add, scores one token far above the rest;
---logit-scale sets by how much. Every value is made by element-wise float32 arithmetic and order-free reductions
-(max, min), so the bytes are the same on every machine; tests/models/golden/archs records each file's sha256.
+The weights are seeded from (--seed, architecture, tensor name) and scaled so that the logits are peaked like a trained
+model's (build_tensors: a few thousand "frequent" tokens with widely spread logits, the rest far below; the top token
+takes 0.8 of the probability on average, 0.9 at the median) and so that llama-perplexity's base files, which store
+only what lies within 16 nats of the top, stay small; --logit-scale scales the spread. Every value is made by
+element-wise float32 arithmetic and order-free reductions (max, min), so the bytes are the same on every machine;
+tests/models/golden/archs records each file's sha256.
 
 Q8_0, Q5_0 and Q5_1 come from the gguf package's quantizers. The gguf package cannot write K-quants, so Q4_K, Q5_K and
 Q6_K are quantized here (ggml's block layouts; simple min/max scales, not ggml's search). The Q4_K_M mix follows
 llama.cpp's llama-quantize (src/llama-quant.cpp): Q6_K for the output matrix (the token embedding when tied), Q6_K for
-attn_v and ffn_down on the layers use_more_bits picks, Q5_K for a fused attn_qkv, Q8_0 for attn_k/attn_v and Q5_K for
+attn_v (or a fused attn_qkv) and ffn_down on the layers use_more_bits picks, Q8_0 for attn_k/attn_v and Q5_K for
 attn_output with 8 experts, Q4_K elsewhere; a row length that is not a multiple of 256 falls back as llama-quantize's
-tensor_type_fallback does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). Norms, biases, the router and RoPE factors stay F32.
+tensor_type_fallback does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). Norms, biases, the router and RoPE factors stay
+F32. (Checked: llama-quantize Q4_K_M of each F32 file here gives every tensor the same type.)
 
 Examples:
   make_tiny_gguf.py --out DIR                          # every architecture, F32 Q8_0 Q4_K_M
@@ -48,6 +50,10 @@ DEFAULTS = {
     "gemma2": (4, 4, 2, 0, 768, 0, 0, 0, True),      # soft-caps 50/30, sliding window on even layers
 }
 SWA_WINDOW = 32  # gemma2/gemma3 sliding window: smaller than one 128-token chunk of the test text
+# Logit scales (before --logit-scale; see build_tensors): (frequent token count, their logit std, the others' logit
+# std); the second set for Gemma 2's final soft-cap (30), which squeezes large logits together: fewer frequent tokens,
+# further apart (the top token's probability about 0.6 instead of 0.8). EMB_RMS: the token embeddings' RMS.
+LOGITS, LOGITS_CAPPED, EMB_RMS = (4096, 12.0, 3.0), (256, 14.0, 2.0), 0.3
 
 
 def log(msg):
@@ -171,6 +177,10 @@ def quantize(arr, qt):
 class Shape:
     def __init__(self, arch, a):
         layers, heads, kvh, hd, ff, experts, used, eff, tied = DEFAULTS[arch]
+        if not experts and (a.experts is not None or a.used or a.expert_ff):
+            raise SystemExit(f"make_tiny_gguf: --experts/--used/--expert-ff are for qwen3moe and mixtral, not {arch}")
+        if experts and a.ff:
+            raise SystemExit(f"make_tiny_gguf: {arch} has no dense FFN: its feed-forward length follows --expert-ff")
         self.arch = arch
         self.d = a.hidden
         self.layers = a.layers or layers
@@ -186,6 +196,9 @@ class Shape:
             self.ff = self.eff * self.used  # as Qwen3-MoE's GGUFs carry it
         if arch == "mixtral":
             self.ff = self.eff
+        if not (a.head_dim or hd) and self.d % self.heads:
+            raise SystemExit(f"make_tiny_gguf: --hidden {self.d} is not a multiple of {self.heads} heads "
+                             "(or give --head-dim)")
         if self.heads % self.kv:
             raise SystemExit(f"make_tiny_gguf: {self.heads} heads are not a multiple of {self.kv} KV heads")
         if self.experts and not 0 < self.used <= self.experts:
@@ -198,21 +211,30 @@ def build_tensors(s, seed, vocab, logit_scale):
     gemma = arch in ("gemma2", "gemma3")
     t = {}
     W = lambda name, shape, std: normal(seed, arch, name, shape, std)  # noqa: E731
-    # Token embeddings: unit RMS in the residual stream (gemma multiplies by sqrt(hidden) on input).
-    emb_std = 1 / np.sqrt(d) if gemma else 1.0
-    t["token_embd.weight"] = W("token_embd.weight", (vocab, d), emb_std)
-    # The output matrix scores the hidden state against token embeddings; its norm's weight sets the logit scale
-    # (logit of the aligned token ~ hidden * logit_scale * cos, the others ~ N(0, (sqrt(hidden) * logit_scale)^2)).
-    t["output_norm.weight"] = around_one(seed, arch, "output_norm.weight", d, 0.05, logit_scale / emb_std)
+    # Logits like a trained model's: the first n_freq token ids (BPE ids run roughly by frequency) score
+    # N(0, lf^2), the rest N(0, lr^2); the top few frequent tokens then share most of the
+    # probability and the rare ones sit more than 16 nats below the top (zeros in llama-perplexity's base files).
+    n_freq, lf, lr = LOGITS_CAPPED if arch == "gemma2" else LOGITS
+    n_freq, lf, lr = min(n_freq, vocab), lf * logit_scale, lr * logit_scale
+    cls = np.full((vocab, 1), np.float32(lr / lf), dtype=np.float32)
+    cls[:n_freq] = 1
+    # Token embeddings of RMS EMB_RMS in the residual stream (gemma multiplies by sqrt(hidden) on input), small
+    # beside what the layers add, so that a tied output does not just repeat the current token.
+    emb_std = EMB_RMS / np.sqrt(d) if gemma else EMB_RMS
+    t["token_embd.weight"] = (W("token_embd.weight", (vocab, d), emb_std) * cls).astype(np.float32)
+    # logit std of a frequent token = |normed hidden| * row std = sqrt(hidden) * norm weight * row std
+    row_std = emb_std if s.tied else 1.0
+    t["output_norm.weight"] = around_one(seed, arch, "output_norm.weight", d, 0.05, lf / (np.sqrt(d) * row_std))
     if not s.tied:
-        perm = rng_for(seed, arch, "output.perm").permutation(vocab)
-        t["output.weight"] = t["token_embd.weight"][perm]
+        t["output.weight"] = (W("output.weight", (vocab, d), 1.0) * cls).astype(np.float32)
     if arch == "phi3":
         half = s.hd // 2
         u = rng_for(seed, arch, "rope_factors").uniform(0, 1, (2, half)).astype(np.float32)
         t["rope_factors_long.weight"] = (np.float32(1) + np.float32(30) * np.sort(u[0])).astype(np.float32)
         t["rope_factors_short.weight"] = (np.float32(1) + np.float32(0.5) * np.sort(u[1])).astype(np.float32)
-    qk_boost = 5.0 if arch == "gemma2" else 1.0  # attention scores of ~25 std: the 50 soft-cap matters
+    # Gemma 2: attention scores of std ~4 (2x larger q, k), so its 50 soft-cap bends the largest by a few percent;
+    # much larger and attention turns chaotic (Q8_0 rounding alone then moves the logits by ~1 nat of KL)
+    qk_boost = 2.0 if arch == "gemma2" else 1.0
     for i in range(s.layers):
         p = f"blk.{i}."
         t[p + "attn_norm.weight"] = around_one(seed, arch, p + "attn_norm.weight", d)
@@ -226,7 +248,7 @@ def build_tensors(s, seed, vocab, logit_scale):
             t[p + "attn_q.bias"] = W(p + "attn_q.bias", (H * hd,), 0.3)
             t[p + "attn_k.bias"] = W(p + "attn_k.bias", (KV * hd,), 0.3)
             t[p + "attn_v.bias"] = W(p + "attn_v.bias", (KV * hd,), 0.3)
-        t[p + "attn_output.weight"] = W(p + "attn_output.weight", (d, H * hd), 0.5 / np.sqrt(H * hd))
+        t[p + "attn_output.weight"] = W(p + "attn_output.weight", (d, H * hd), 1 / np.sqrt(H * hd))
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             t[p + "attn_q_norm.weight"] = around_one(seed, arch, p + "attn_q_norm.weight", hd)
             t[p + "attn_k_norm.weight"] = around_one(seed, arch, p + "attn_k_norm.weight", hd)
@@ -235,9 +257,12 @@ def build_tensors(s, seed, vocab, logit_scale):
         t[p + "ffn_norm.weight"] = around_one(seed, arch, p + "ffn_norm.weight", d)
         if s.experts:
             E, F = s.experts, s.eff
+            # The experts' output is kept small (0.3 of a dense FFN's): where two experts' router scores nearly tie,
+            # the 8-bit rounding of activations on quantized weights flips the choice, and full-size random experts
+            # then change the logits so much that llama.cpp's KL from itself (flash attention on/off) was 0.1-0.3.
             t[p + "ffn_gate_inp.weight"] = W(p + "ffn_gate_inp.weight", (E, d), 2 / np.sqrt(d))
             t[p + "ffn_gate_exps.weight"] = W(p + "ffn_gate_exps.weight", (E, F, d), 1 / np.sqrt(d))
-            t[p + "ffn_down_exps.weight"] = W(p + "ffn_down_exps.weight", (E, d, F), 1 / np.sqrt(F))
+            t[p + "ffn_down_exps.weight"] = W(p + "ffn_down_exps.weight", (E, d, F), 0.3 / np.sqrt(F))
             t[p + "ffn_up_exps.weight"] = W(p + "ffn_up_exps.weight", (E, F, d), 1 / np.sqrt(d))
         elif arch == "phi3":
             t[p + "ffn_up.weight"] = W(p + "ffn_up.weight", (2 * s.ff, d), 1 / np.sqrt(d))  # gate rows, then up
@@ -313,15 +338,13 @@ def tensor_type(name, arr, s, ftype):
 
     if name == "output.weight" or (s.tied and name == "token_embd.weight"):
         return QT.Q6_K if arr.shape[-1] % QK_K == 0 else QT.Q8_0
-    if ".attn_v." in name:
+    if ".attn_v." in name or ".attn_qkv." in name:  # (llama-quantize's category_is_attn_v)
         return QT.Q8_0 if n8 else QT.Q6_K if more_bits(layer) else QT.Q4_K
     if ".attn_k." in name and n8:
         return QT.Q8_0
     if ".ffn_down" in name:
         return QT.Q6_K if more_bits(layer) else QT.Q4_K
     if ".attn_output." in name and n8:
-        return QT.Q5_K
-    if ".attn_qkv." in name:
         return QT.Q5_K
     return QT.Q4_K
 
@@ -352,7 +375,9 @@ def write(path, s, ftype, tensors, tok, vocab):
     a, kv = metadata(s, vocab)
     w = gguf.GGUFWriter(path, a)
     w.add_string("general.type", "model")
-    w.add_string("general.name", f"dserve tiny {s.arch} {ftype}")
+    # (not "phi3": llama.cpp's vocabulary loader keys Phi-3's token attributes on a name containing it, and this
+    # vocabulary lacks Phi-3's tokens)
+    w.add_string("general.name", f"dserve tiny {s.arch.replace('phi3', 'phi 3')} {ftype}")
     for k, v, t in kv:
         w.add_key_value(k, v, t)
     w.add_uint32("general.file_type", TYPES[ftype])
@@ -376,7 +401,8 @@ def write(path, s, ftype, tensors, tok, vocab):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for ARCH-TYPE.gguf (or a file name with one --arch/--type)")
+    ap.add_argument("--list-archs", action="store_true", help="print the architectures, one a line, and exit")
+    ap.add_argument("--out", help="folder for ARCH-TYPE.gguf (or a file name with one --arch/--type)")
     ap.add_argument("--arch", action="append", choices=ARCHS, help="architecture (repeatable; default all)")
     ap.add_argument("--type", action="append", choices=list(TYPES), help="output type (repeatable; default all)")
     ap.add_argument("--vocab-from", default=None, help="GGUF whose tokenizer.* keys are copied "
@@ -391,9 +417,14 @@ def main():
     ap.add_argument("--experts", type=int, default=None, help="MoE architectures: expert count")
     ap.add_argument("--used", type=int, default=0, help="MoE architectures: experts used per token")
     ap.add_argument("--expert-ff", type=int, default=0, help="MoE architectures: one expert's feed-forward length")
-    ap.add_argument("--logit-scale", type=float, default=0.1,
+    ap.add_argument("--logit-scale", type=float, default=1.0,
                     help="how peaked the logits are (larger: the top token takes more of the probability)")
     a = ap.parse_args()
+    if a.list_archs:
+        print("\n".join(ARCHS))
+        return
+    if not a.out:
+        ap.error("--out is required")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     vocab_from = a.vocab_from or os.path.join(root, "models/weights/SmolLM2-135M-Instruct.Q4_1.gguf")
     archs, types = a.arch or ARCHS, a.type or list(TYPES)
@@ -408,7 +439,7 @@ def main():
         tensors = build_tensors(s, a.seed, vocab, a.logit_scale)
         for ft in types:
             path = a.out if one_file else os.path.join(a.out, f"{arch}-{ft}.gguf")
-            tmp = path + ".tmp"
+            tmp = f"{path}.tmp{os.getpid()}"  # (tests may write the same file at once: same bytes)
             counts = write(tmp, s, ft, tensors, tok, vocab)
             os.replace(tmp, path)
             log(f"{path}: {s.layers} layers, hidden {s.d}, heads {s.heads}/{s.kv} of {s.hd}"

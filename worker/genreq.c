@@ -26,21 +26,21 @@ void wrk_grammars_fini(wrk_grammars *c) {
 }
 
 // A grammar's cache key (grammar_key) and what it compiles to: "" any JSON object, "S" + a schema's JSON text, "T" +
-// '0'|'1' (parallel) + open US close US sep US tools (US: the unit separator, 0x1f, which neither the template's
-// markup nor JSON text holds).
+// '0'|'1' (parallel) + open US close US sep US args_key US tools (US: the unit separator, 0x1f, which neither the
+// template's markup nor JSON text holds).
 #define KEY_SEP '\x1f'
 static int grammar_compile(const char *key, mdl_grammar **g, char *err, size_t errlen) {
   if (!key[0]) return mdl_grammar_from_json_schema(NULL, 0, g, err, errlen);
   if (key[0] == 'S') return mdl_grammar_from_json_schema(key + 1, strlen(key + 1), g, err, errlen);
-  char *k = strdup(key + 2), *part[4] = {k, NULL, NULL, NULL};
+  char *k = strdup(key + 2), *part[5] = {k, NULL, NULL, NULL, NULL};
   if (!k) {
     snprintf(err, errlen, "out of memory");
     return -1;
   }
-  for (int i = 1; i < 4 && part[i - 1]; i++)
+  for (int i = 1; i < 5 && part[i - 1]; i++)
     if ((part[i] = strchr(part[i - 1], KEY_SEP))) *part[i]++ = 0;
-  int rc = part[3] ? mdl_grammar_from_tool_calls(part[3], strlen(part[3]), part[0], part[1], part[2][0] ? part[2] : NULL,
-                                                 key[1] == '1', g, err, errlen)
+  int rc = part[4] ? mdl_grammar_from_tool_calls(part[4], strlen(part[4]), part[0], part[1], part[2], part[3],
+                                                 key[1] == '1', g, err, errlen) // sep "": calls back to back
                    : (snprintf(err, errlen, "a malformed tool_calls grammar key"), -1);
   free(k);
   return rc;
@@ -83,8 +83,8 @@ static char *grammar_key(const prt_grammar *gm) {
   if (gm->type == PRT_GRAMMAR_JSON || (gm->type == PRT_GRAMMAR_JSON_SCHEMA && !gm->schema)) return strdup("");
   if (gm->type == PRT_GRAMMAR_JSON_SCHEMA) utl_buf_printf(&b, "S%s", gm->schema);
   else
-    utl_buf_printf(&b, "T%c%s%c%s%c%s%c%s", gm->parallel ? '1' : '0', gm->open, KEY_SEP, gm->close, KEY_SEP,
-                   gm->sep ? gm->sep : "", KEY_SEP, gm->tools);
+    utl_buf_printf(&b, "T%c%s%c%s%c%s%c%s%c%s", gm->parallel ? '1' : '0', gm->open, KEY_SEP, gm->close, KEY_SEP,
+                   gm->sep ? gm->sep : "", KEY_SEP, gm->args_key ? gm->args_key : "arguments", KEY_SEP, gm->tools);
   return utl_buf_take(&b);
 }
 

@@ -436,6 +436,22 @@ TEST(Config, ModelPaths) {
   }
 }
 
+// chat_template_file (--chat-template-file): resolved as the model is, next to chat_template; "" and non-strings refused.
+TEST(Config, ChatTemplateFile) {
+  Cfg x(R"({"model": "m.gguf", "chat_template_file": "t/qwen3.jinja", "workers": [{"port": 1}]})", "/etc/d/c.json");
+  ASSERT_EQ(x.rc, 0) << x.err;
+  EXPECT_STREQ(x.c->chat_template_file, "/etc/d/t/qwen3.jinja");
+  EXPECT_STREQ(x.c->chat_template, "");
+  Cfg none(kMin);
+  ASSERT_EQ(none.rc, 0) << none.err;
+  EXPECT_STREQ(none.c->chat_template_file, "");
+  for (const char *bad : {R"("chat_template_file": "")", R"("chat_template_file": 3)"}) {
+    Cfg b(std::string(R"({"model": "m.gguf", )") + bad + R"(, "workers": [{"port": 1}]})");
+    EXPECT_NE(b.rc, 0) << bad;
+    EXPECT_NE(std::string(b.err).find("chat_template_file"), std::string::npos) << b.err;
+  }
+}
+
 TEST(Config, NodeDefaults) {
   Cfg x(R"({"model": "m", "nodes": {"n1": {"host": "10.1.2.3"}}, "router": {},
            "workers": [{"port": 5, "kvxfer": {"port": 6}}, {"port": 7, "host": "0.0.0.0"}]})");

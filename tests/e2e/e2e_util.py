@@ -634,6 +634,31 @@ def worker_stats(port, host="127.0.0.1", secret=None):
         c.close()
 
 
+def prefix_fetch_cluster(test, prefix, fetch, tag, model=MODEL, block_size=16):
+    """Two prefill workers (p0, p1) and a decode worker over tcp, router.prefix_fetch = fetch, routing by free KV blocks
+    only: prefix (token ids) goes to one of the two idle prefill workers (the holder); the blocks it then keeps make the
+    other one (the asker) the emptier, so the next prompt goes there while the holder holds the prefix. Returns
+    (cluster, asker, holder) once the router's view shows the holder's kept blocks; test cleans the cluster up."""
+    c = Cluster([{"name": "p1", "role": "prefill", "kvxfer": {"backend": "tcp"}},
+                 {"name": "p0", "role": "prefill", "kvxfer": {"backend": "tcp"}},
+                 {"name": "d0", "role": "decode", "kvxfer": {"backend": "tcp"}}],
+                disagg_threshold=0, tag=tag, model=model,
+                router={"prefix_fetch": fetch, "routing": {"overlap": 0, "queue": 0, "free": 1}})
+    test.addCleanup(c.close)
+    c.start()
+    ports = c.ports()
+    first = complete(c.port, "completions", {"prompt": prefix, "max_tokens": 2})
+    test.assertEqual(first["status"], 200, first)
+    held = [n for n in ("p0", "p1") if worker_stats(ports[n])["prefix_cached_blocks"] >= len(prefix) // block_size]
+    test.assertEqual(len(held), 1, held)
+    holder = held[0]
+    kept = worker_stats(ports[holder])["prefix_cached_blocks"]
+    key = 'dserve:prefix_cache_blocks{worker="%s",tier="pool"}' % holder
+    seen = wait_until(lambda: metrics(c.port).get(key, 0) >= kept, 30 * SCALE, step=0.1)
+    test.assertTrue(seen, "the router never saw %s's %d kept blocks: %r" % (holder, kept, metrics(c.port)))
+    return c, ("p0" if holder == "p1" else "p1"), holder
+
+
 def main(argv):
     """`python3 e2e_util.py request HOST PORT KIND BODY` (for clients inside a network namespace): prints the result."""
     if len(argv) == 6 and argv[1] == "request":

@@ -27,12 +27,13 @@ def client(port):
                          timeout=300 * u.SCALE)
 
 
-def start(test_class, workers, disagg_threshold, tag):
-    """A cluster for test_class (closed after it), its router's port in test_class.PORT and the model id in MODEL_ID."""
+def start(test_class, workers, disagg_threshold, tag, extra=None):
+    """A cluster for test_class (closed after it), its router's port in test_class.PORT and the model id in MODEL_ID.
+    extra: more top-level config keys (e2e_util.local_config)."""
     u.require_env(test_class)
     if openai is None:
         raise unittest.SkipTest("the openai package is not installed (scripts/setup.sh makes the test venv)")
-    c = u.Cluster(workers, disagg_threshold=disagg_threshold, tag=tag)
+    c = u.Cluster(workers, disagg_threshold=disagg_threshold, tag=tag, extra=extra)
     test_class.addClassCleanup(c.close)
     c.start()
     test_class.PORT = c.port

@@ -11,7 +11,7 @@ class OneP1D(t.Tools, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         t.start(cls, [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode", "max_seqs": 8}], 0,
-                "tools-1p1d")
+                "tools-1p1d", extra=t.CHATML)
 
 
 if __name__ == "__main__":

@@ -92,14 +92,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (rc == 0 && !text) abort();
       free(text);
     }
-    if (r.tool_choice != RTR_TOOLS_OFF) { // the body itself read as a model's output that may hold calls
-      const mdl_chat_tool_style *st = mdl_chat_tool_style_of(NULL, NULL, 0);
+    // the body itself read as a model's output that may hold calls, in each format (models/chat.h)
+    static const char *const fmt[] = {"<tool_call>", "[TOOL_CALLS]", "<|start_header_id|>\"parameters\""};
+    for (int f = 0; f < 3 && r.tool_choice != RTR_TOOLS_OFF; f++) {
+      const mdl_chat_tool_style *st = mdl_chat_tool_style_detect(fmt[f], strlen(fmt[f]));
       cJSON *calls = cJSON_CreateArray();
       size_t content_len = 0;
+      int in_call = 0;
       if (st && calls) {
-        int n = rtr_parse_tool_calls(&r, body, len, st->call_open, st->call_close, calls, &content_len);
+        int n = rtr_parse_tool_calls(&r, st, body, len, calls, &content_len);
         if (n > 0 && (cJSON_GetArraySize(calls) != n || content_len > len)) abort();
-        (void)rtr_tool_open_prefix(body, len, st->call_open);
+        if (rtr_tool_hold(st, body, len, 0, &in_call) > len) abort();
       }
       cJSON_Delete(calls);
     }

@@ -226,12 +226,28 @@ def grammar_seeds():
     write("fuzz_grammar", "not_json.bin", b"{\"type\": \xff{}")
 
 
+# ---- jinja (template, NUL, context JSON; no NUL: the target's own conversation) ----
+def jinja_seeds():
+    tdir = os.path.join(ROOT, "tests", "models", "templates")
+    convs = json.load(open(os.path.join(ROOT, "tests", "models", "chat_corpus.json"), encoding="utf-8"))["conversations"]
+    ctx = {k: v for k, v in convs[5].items() if k != "name"}  # tool_call_and_result
+    ctx["bos_token"], ctx["eos_token"] = "<s>", "</s>"
+    for f in sorted(os.listdir(tdir)):
+        if f.endswith(".jinja"):
+            tpl = open(os.path.join(tdir, f), "rb").read()
+            write("fuzz_jinja", f[:-6] + ".bin", tpl + b"\x00" + json.dumps(ctx, ensure_ascii=False).encode())
+    write("fuzz_jinja", "own_context.bin", "{% for m in messages %}{{ m.role ~ ': ' ~ m.content | trim }}\n{% endfor %}")
+    write("fuzz_jinja", "macro_ns.bin", "{% macro f(x, y=2) %}{{ x * y }}{% endmacro %}{% set ns = namespace(a=[]) %}"
+          "{% for k, v in {'a': 1, 'b': 2}.items() if v > 1 %}{{ f(v) }}{{ loop.index }}{% endfor %}{{ 'x'[::-1] }}")
+    write("fuzz_jinja", "runaway.bin", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
+
+
 def main():
     if os.path.isdir(OUT) and "--keep" not in sys.argv:
-        for t in ("fuzz_gguf", "fuzz_tokenizer", "fuzz_chat", "fuzz_config", "fuzz_ctl", "fuzz_openai", "fuzz_kvxfer", "fuzz_grammar"):
+        for t in ("fuzz_gguf", "fuzz_tokenizer", "fuzz_chat", "fuzz_config", "fuzz_ctl", "fuzz_openai", "fuzz_kvxfer", "fuzz_grammar", "fuzz_jinja"):
             shutil.rmtree(os.path.join(OUT, t), ignore_errors=True)
     os.makedirs(os.path.join(OUT, "fuzz_config"), exist_ok=True)
-    gguf_seeds(); tokenizer_seeds(); chat_seeds(); config_seeds(); ctl_seeds(); openai_seeds(); kvxfer_seeds(); grammar_seeds()
+    gguf_seeds(); tokenizer_seeds(); chat_seeds(); config_seeds(); ctl_seeds(); openai_seeds(); kvxfer_seeds(); grammar_seeds(); jinja_seeds()
 
 
 if __name__ == "__main__":

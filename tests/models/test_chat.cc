@@ -93,8 +93,8 @@ struct G {
   int rc;
   char err[400] = {0};
   G(const char *tools, int parallel) {
-    rc = mdl_grammar_from_tool_calls(tools, strlen(tools), "<tool_call>\n", "\n</tool_call>", "\n", parallel, &g, err,
-                                     sizeof err);
+    rc = mdl_grammar_from_tool_calls(tools, strlen(tools), "<tool_call>\n", "\n</tool_call>", "\n", nullptr, parallel,
+                                     &g, err, sizeof err);
   }
   ~G() { mdl_grammar_unref(g); }
   bool ok(const std::string &s) const { return mdl_grammar_matches(g, s.data(), s.size()); }
@@ -150,7 +150,8 @@ TEST(ChatTools, CallGrammarErrors) {
   }
   mdl_grammar *g = nullptr;
   char err[128];
-  EXPECT_EQ(mdl_grammar_from_tool_calls(CALL_TOOLS, strlen(CALL_TOOLS), "<a>", "</a>", nullptr, 1, &g, err, sizeof err),
+  EXPECT_EQ(mdl_grammar_from_tool_calls(CALL_TOOLS, strlen(CALL_TOOLS), "<a>", "</a>", nullptr, nullptr, 1, &g, err,
+                                        sizeof err),
             -1); // parallel needs a separator
   // a $ref resolves in its own tool's parameters
   G ref(R"([{"name":"a","parameters":{"type":"object","properties":{"x":{"$ref":"#/$defs/n"}},"required":["x"],)"
@@ -238,25 +239,9 @@ TEST(ChatFamilies, UnknownTemplatesAreRefused) {
   }
 }
 
-// A request's own chat_template: a family's name or template text recognised by its markers; anything else is refused
-// saying why, never rendered by the default; its text gives ChatML's default system prompt.
+// A request's own chat_template naming a family renders with it; its text gives ChatML's default system prompt
+// (template text is run as Jinja instead: router/prompt.c).
 TEST(ChatFamilies, RequestTemplates) {
-  auto rec = [](const std::string &text) {
-    const mdl_chat_template *f = nullptr;
-    char err[512] = "";
-    if (mdl_chat_template_recognise(text.data(), text.size(), &f, err, sizeof err) != 0) return std::string("ERR ") + err;
-    return std::string(f ? f->name : "");
-  };
-  EXPECT_EQ(rec("gemma"), "gemma");
-  EXPECT_EQ(rec(GEMMA_TPL), "gemma");
-  EXPECT_EQ(rec(LLAMA3_TPL), "llama3");
-  EXPECT_EQ(rec(CHATML_TPL), "chatml");
-  std::string v = rec("<|im_start|>{{ role }}<|im_sep|>{{ content }}<|im_end|>");
-  EXPECT_NE(v.find("ERR "), std::string::npos) << v;
-  EXPECT_NE(v.find("<|im_sep|>"), std::string::npos) << v; // names the variant's marker
-  std::string none = rec("{{ '### Instruction:\\n' + message['content'] }}");
-  EXPECT_NE(none.find("does not interpret Jinja"), std::string::npos) << none;
-  EXPECT_EQ(rec("Gemma").rfind("ERR ", 0), 0u); // names are exact
   // ChatML's default system prompt comes from the request's text, not the model's
   mdl_chat_msg m[] = {{"user", "hi"}};
   std::string sys = "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}"

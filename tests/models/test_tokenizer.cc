@@ -411,6 +411,35 @@ TEST(TokenizerReal, GoldenIdsMatchLlamaCpp) {
   EXPECT_GE(n_round, 30);
 }
 
+// The end-of-generation set is llama.cpp's: a Jinja template's turn may end with any of them (Llama 3.1's tool calls
+// with <|eom_id|>), and the GGUF's eot/eom ids count too.
+TEST(Tokenizer, EogAsLlamaCpp) {
+  TinyVocab v;
+  int eom = v.add("<|eom_id|>", MDL_TOK_CONTROL), eot_text = v.add("<EOT>", MDL_TOK_CONTROL);
+  int utt = v.add("<end_of_utterance>", MDL_TOK_CONTROL), turn = v.add("<end_of_turn>", MDL_TOK_CONTROL);
+  int by_id = v.add("<my_turn_end>", MDL_TOK_CONTROL), other = v.add("<|python_tag|>", MDL_TOK_CONTROL);
+  std::vector<uint8_t> b = v.bytes();
+  Loaded plain(b);
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  for (int id : {256, eom, eot_text, utt, turn}) EXPECT_TRUE(mdl_tok_is_eog(plain.t, id)) << id;
+  EXPECT_FALSE(mdl_tok_is_eog(plain.t, by_id));
+  EXPECT_FALSE(mdl_tok_is_eog(plain.t, other));
+  GgufWriter w; // the same vocabulary naming its eot and eom ids
+  w.str("tokenizer.ggml.model", v.model);
+  w.str("tokenizer.ggml.pre", v.pre);
+  w.arr_str("tokenizer.ggml.tokens", v.tokens);
+  w.arr<int32_t>("tokenizer.ggml.token_type", MDL_GGUF_I32, v.types);
+  w.arr_str("tokenizer.ggml.merges", v.merges);
+  w.scalar<uint32_t>("tokenizer.ggml.eos_token_id", MDL_GGUF_U32, 256);
+  w.scalar<uint32_t>("tokenizer.ggml.eot_token_id", MDL_GGUF_U32, (uint32_t)by_id);
+  w.scalar<uint32_t>("tokenizer.ggml.eom_token_id", MDL_GGUF_U32, (uint32_t)eom);
+  Loaded ids(w.bytes());
+  ASSERT_EQ(ids.rc, 0) << ids.err;
+  EXPECT_TRUE(mdl_tok_is_eog(ids.t, by_id));
+  EXPECT_TRUE(mdl_tok_is_eog(ids.t, eom));
+  EXPECT_FALSE(mdl_tok_is_eog(ids.t, other));
+}
+
 TEST(TokenizerReal, SpecialIdsAndEog) {
   Real r;
   ASSERT_NE(r.t, nullptr);

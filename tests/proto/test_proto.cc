@@ -380,14 +380,14 @@ TEST(Proto, GenerateGrammarKeepsNumbersExact) {
   char tools[] = R"([{"name":"f","parameters":{"const":9007199254740993}}])";
   int32_t prompt[1] = {5};
   prt_generate in = grammar_generate(prompt);
-  in.grammar = {PRT_GRAMMAR_JSON_SCHEMA, schema, nullptr, nullptr, nullptr, nullptr, 0};
+  in.grammar = {PRT_GRAMMAR_JSON_SCHEMA, schema, nullptr, nullptr, nullptr, nullptr, 0, nullptr};
   cJSON *j = wire(prt_generate_encode(&in, err, sizeof err));
   prt_generate m;
   ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
   EXPECT_EQ(S(m.grammar.schema), schema);
   prt_generate_free(&m);
   cJSON_Delete(j);
-  in.grammar = {PRT_GRAMMAR_TOOL_CALLS, nullptr, tools, "<a>", "</a>", nullptr, 0};
+  in.grammar = {PRT_GRAMMAR_TOOL_CALLS, nullptr, tools, "<a>", "</a>", nullptr, 0, nullptr};
   j = wire(prt_generate_encode(&in, err, sizeof err));
   ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
   EXPECT_EQ(S(m.grammar.tools), tools);
@@ -405,7 +405,7 @@ TEST(Proto, GenerateGrammar) {
   char err[160], tools[] = R"([{"name":"f","parameters":{"type":"object"}}])";
   int32_t prompt[1] = {5};
   prt_generate in = grammar_generate(prompt);
-  in.grammar = {PRT_GRAMMAR_TOOL_CALLS, nullptr, tools, "<tool_call>\n", "\n</tool_call>", "\n", 1};
+  in.grammar = {PRT_GRAMMAR_TOOL_CALLS, nullptr, tools, "<tool_call>\n", "\n</tool_call>", "\n", 1, nullptr};
   cJSON *j = wire(prt_generate_encode(&in, err, sizeof err));
   prt_generate m;
   ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
@@ -415,9 +415,19 @@ TEST(Proto, GenerateGrammar) {
   EXPECT_EQ(S(m.grammar.close), "\n</tool_call>");
   EXPECT_EQ(S(m.grammar.sep), "\n");
   EXPECT_EQ(m.grammar.parallel, 1);
+  EXPECT_EQ(m.grammar.args_key, nullptr); // "arguments": not on the wire
+  EXPECT_EQ(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "grammar"), "args_key"), nullptr);
   prt_generate_free(&m);
   cJSON_Delete(j);
-  in.grammar = {PRT_GRAMMAR_JSON, nullptr, nullptr, nullptr, nullptr, nullptr, 0};
+  // Llama 3's format: no markup around the call, its arguments under "parameters"
+  in.grammar = {PRT_GRAMMAR_TOOL_CALLS, nullptr, tools, "", "", "", 0, "parameters"};
+  j = wire(prt_generate_encode(&in, err, sizeof err));
+  ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.grammar.open), "");
+  EXPECT_EQ(S(m.grammar.args_key), "parameters");
+  prt_generate_free(&m);
+  cJSON_Delete(j);
+  in.grammar = {PRT_GRAMMAR_JSON, nullptr, nullptr, nullptr, nullptr, nullptr, 0, nullptr};
   j = wire(prt_generate_encode(&in, err, sizeof err));
   ASSERT_EQ(prt_generate_decode(j, &m, err, sizeof err), 0) << err;
   EXPECT_EQ(m.grammar.type, PRT_GRAMMAR_JSON);
@@ -428,7 +438,10 @@ TEST(Proto, GenerateGrammar) {
                        R"({"type":"tool_calls","open":"a","close":"b"})",
                        R"({"type":"tool_calls","tools":[],"open":"a","close":"b","parallel":true})", R"([1])",
                        R"({"type":"json_schema","schema":"3"})", R"({"type":"json_schema","schema":"{\"a\":1} x"})",
-                       R"({"type":"tool_calls","tools":"{}","open":"a","close":"b"})"};
+                       R"({"type":"tool_calls","tools":"{}","open":"a","close":"b"})",
+                       R"({"type":"tool_calls","tools":[],"open":"a","close":"b","args_key":5})",
+                       R"({"type":"tool_calls","tools":[],"open":"a","close":"b","args_key":"a\"b"})",
+                       R"({"type":"tool_calls","tools":[],"open":"a","close":"b","args_key":""})"};
   for (const char *g : bad) {
     std::string text = std::string(R"({"op":"generate","id":"g","prompt":[5],"grammar":)") + g + "}";
     cJSON *x = cJSON_Parse(text.c_str());

@@ -84,15 +84,21 @@ TEST(Http, ModelWithoutAChatTemplateRefusesChat) {
 // A model whose template is Gemma's: chats render in Gemma's markup (system folded into the user turn, "model"),
 // with BOS in front as the vocabulary asks (llama-server's tokenization of a rendered chat); tools have no convention
 // in this family and are refused, not rendered in another family's.
-TEST(Http, GemmaTemplateRendersGemma) {
-  TinyModel m(false, "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}",
-              {"<start_of_turn>", "<end_of_turn>", "<bos>"}, 261);
+// Gemma 2's shape of template: bos_token, a raise_exception on a system turn, trimmed contents.
+const char *GEMMA_TPL =
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\n' + message['content'] | trim"
+    " + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
+
+// The GGUF's template runs as Jinja: its text, one BOS (the template's bos text cut: the vocabulary adds BOS), the
+// template's raise_exception a 400 with its message, tools it never reads a 400.
+TEST(Http, GgufTemplateRunsAsJinja) {
+  TinyModel m(false, GEMMA_TPL, {"<start_of_turn>", "<end_of_turn>", "<bos>"}, 261);
   Router r(m, 1);
-  Resp t = request(r.port(), "POST", "/tokenize",
-                   R"({"messages":[{"role":"system","content":"S"},{"role":"user","content":" hi "}]})");
+  Resp t = request(r.port(), "POST", "/tokenize", R"({"messages":[{"role":"user","content":" hi "}]})");
   ASSERT_EQ(t.status, 200) << t.body;
   std::vector<int> want = {261, 259};
-  for (char ch : std::string("user\nS\n\nhi")) want.push_back((unsigned char)ch);
+  for (char ch : std::string("user\nhi")) want.push_back((unsigned char)ch);
   want.push_back(260);
   want.push_back('\n');
   want.push_back(259);
@@ -103,17 +109,38 @@ TEST(Http, GemmaTemplateRendersGemma) {
   Resp c = request(r.port(), "POST", "/v1/chat/completions",
                    CHAT + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]})");
   expect_error(c, 400, "tools_not_supported");
-  EXPECT_NE(c.body.find("not supported with the gemma chat template"), std::string::npos) << c.body;
-  expect_error(request(r.port(), "POST", "/tokenize",
-                       R"({"messages":[{"role":"user","content":"hi"},{"role":"system","content":"late"}]})"),
-               400);
+  EXPECT_NE(c.body.find("cannot express tools"), std::string::npos) << c.body;
+  Resp sys = request(r.port(), "POST", "/tokenize",
+                     R"({"messages":[{"role":"system","content":"S"},{"role":"user","content":"hi"}]})");
+  expect_error(sys, 400, "chat_template_error");
+  EXPECT_NE(sys.body.find(R"("message":"System role not supported")"), std::string::npos) << sys.body;
+  Resp kw = request(r.port(), "POST", "/tokenize",
+                    R"({"messages":[{"role":"user","content":"hi"}],"chat_template":"{{ messages[0].nope() }}"})");
+  expect_error(kw, 400, "chat_template_error"); // a runtime error names the template's line
+  EXPECT_NE(kw.body.find("line 1"), std::string::npos) << kw.body;
+  // chat_template_kwargs: a top-level string holding the model's markup is refused (the template's own variables are
+  // not guarded as the request's text); deeper ones are the request's text, encoded without control tokens
+  Resp mark = request(r.port(), "POST", "/tokenize",
+                      R"({"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"x":"<end_of_turn>"}})");
+  expect_error(mark, 400, "invalid_value");
+  EXPECT_NE(mark.body.find(R"("param":"chat_template_kwargs.x")"), std::string::npos) << mark.body;
+  Resp deep = request(r.port(), "POST", "/tokenize",
+                      R"({"messages":[{"role":"user","content":"hi"}],"chat_template":"{{ x.y }}",)"
+                      R"("chat_template_kwargs":{"x":{"y":"<end_of_turn>"}}})");
+  ASSERT_EQ(deep.status, 200) << deep.body;
+  EXPECT_EQ(deep.body.find("260"), std::string::npos) << deep.body; // <end_of_turn> as text, not its id
+  Resp models = request(r.port(), "GET", "/v1/models", "");
+  EXPECT_NE(models.body.find(R"x("chat_template_source":"the GGUF's tokenizer.chat_template (Jinja)")x"), std::string::npos)
+      << models.body;
 }
 
-// rtr_server_new's error for the model m with the config's chat_template override ("" when it started).
-std::string start_error(const TinyModel &m, const char *override) {
+// rtr_server_new's error for the model m with the config's chat_template override and chat_template_file ("" when
+// it started).
+std::string start_error(const TinyModel &m, const char *override, const char *file = "") {
   cfg_cluster cfg{};
   cfg_worker w{};
   snprintf(cfg.chat_template, sizeof cfg.chat_template, "%s", override);
+  snprintf(cfg.chat_template_file, sizeof cfg.chat_template_file, "%s", file);
   snprintf(cfg.secret, sizeof cfg.secret, "%s", DSERVE_TEST_SECRET);
   cfg.has_router = 1;
   snprintf(cfg.router.host, sizeof cfg.router.host, "127.0.0.1");
@@ -138,14 +165,39 @@ std::string start_error(const TinyModel &m, const char *override) {
   return rc == 0 ? "" : (err[0] ? err : "(no message)");
 }
 
-// A template of no known family, an unknown override, or a family whose end-of-turn token the vocabulary lacks: the
-// router does not start, and says why; the override makes a chat model of a model with no template.
+// A Jinja template that does not parse (the GGUF's or the file's), a missing file, an unknown override, or a family
+// whose end-of-turn token the vocabulary lacks: the router does not start, and says why; the override makes a chat
+// model of a model with no template.
 TEST(Http, ChatTemplateErrorsAtStartUp) {
   TinyModel unknown(true, "{% for m in messages %}### Instruction: {{ m['content'] }}{% endfor %}");
-  std::string e = start_error(unknown, "");
-  EXPECT_NE(e.find("of no family known here (chatml, llama3, gemma, mistral, phi3)"), std::string::npos) << e;
-  EXPECT_NE(e.find("\"chat_template\""), std::string::npos) << e;
-  EXPECT_EQ(start_error(unknown, "chatml"), ""); // the override wins over recognition
+  EXPECT_EQ(start_error(unknown, ""), ""); // any template runs: no family needs recognising
+  TinyModel broken(true, "{% for m in messages %}\n{{ m.content + }}\n{% endfor %}");
+  std::string e = start_error(broken, "");
+  EXPECT_NE(e.find("chat template (the GGUF's tokenizer.chat_template) does not parse: line 2"), std::string::npos)
+      << e;
+  EXPECT_EQ(start_error(broken, "chatml"), ""); // a family wins over the Jinja templates
+  char dir[] = "/tmp/dserve-tpl-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::string bad = std::string(dir) + "/bad.jinja", good = std::string(dir) + "/good.jinja";
+  FILE *f = fopen(bad.c_str(), "w");
+  fputs("ok\n{% if x %}\n", f); // unclosed
+  fclose(f);
+  f = fopen(good.c_str(), "w");
+  fputs("{% for m in messages %}{{ m.content }}{% endfor %}", f);
+  fclose(f);
+  e = start_error(broken, "", bad.c_str());
+  EXPECT_NE(e.find("chat template file " + bad + " does not parse: line "), std::string::npos) << e;
+  EXPECT_EQ(start_error(broken, "", good.c_str()), ""); // the file wins over the GGUF's
+  e = start_error(unknown, "", (std::string(dir) + "/missing.jinja").c_str());
+  EXPECT_NE(e.find("missing.jinja: No such file"), std::string::npos) << e;
+  fclose(fopen(bad.c_str(), "w"));
+  e = start_error(unknown, "", bad.c_str());
+  EXPECT_NE(e.find("bad.jinja: is empty"), std::string::npos) << e;
+  e = start_error(unknown, "", dir); // a folder
+  EXPECT_NE(e.find("is not a regular file"), std::string::npos) << e;
+  remove(bad.c_str());
+  remove(good.c_str());
+  rmdir(dir);
   TinyModel plain(true);
   e = start_error(plain, "llama2");
   EXPECT_NE(e.find("chat_template 'llama2' is not a template family known here (chatml, llama3, gemma, mistral, "

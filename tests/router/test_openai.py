@@ -337,10 +337,13 @@ class OpenAITest(unittest.TestCase):
         self.assertEqual(ex.exception.body["param"], "prompt[1]")
 
     def test_chat_template(self):
-        """A request's chat_template renders the chat (its text gives ChatML's default system prompt); Jinja of no
-        family, or a family whose end-of-turn token the vocabulary lacks, is a 400 naming chat_template."""
+        """A request's chat_template renders the chat: Jinja text runs as a template; Jinja that does not parse, or a
+        family whose end-of-turn token the vocabulary lacks, is a 400 naming chat_template; a family takes no
+        kwargs."""
         tpl = ("{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nBe brief.<|im_end|>\\n' }}"
-               "{% endif %}{{ '<|im_start|>' + message['role'] }}{{ '<|im_end|>' }}")
+               "{% endif %}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+               "message['content'] + '<|im_end|>\\n' }}{% endfor %}"
+               "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
         want = prompt_ids_text("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSay something.<|im_end|>\n"
                                "<|im_start|>assistant\n")
         r = client().chat.completions.create(model="tiny", messages=MSGS, seed=3, max_tokens=2,
@@ -348,7 +351,7 @@ class OpenAITest(unittest.TestCase):
         self.assertEqual(sent_to_worker(r.id)["prompt"], want)
         self.assertNotEqual(want, prompt_ids_chat(MSGS))
         self.assertEqual(post("/tokenize", {"messages": MSGS, "chat_template": tpl})["tokens"], want)
-        for body, code, needle in [({"chat_template": "{{ messages }}"}, "invalid_value", "does not interpret Jinja"),
+        for body, code, needle in [({"chat_template": "{{ messages"}, "invalid_value", "line 1"),
                                    ({"chat_template": "gemma"}, "invalid_value", "<end_of_turn>"),
                                    ({"chat_template_kwargs": {"enable_thinking": False}}, "unsupported_parameter",
                                     "no template variables")]:

@@ -11,7 +11,7 @@ extern "C" {
 
 namespace {
 
-const char *OPEN = "<tool_call>\n", *CLOSE = "\n</tool_call>";
+const char *OPEN = "<tool_call>\n";
 const std::string M = R"("messages":[{"role":"user","content":"q"}])";
 const std::string TOOLS = R"("tools":[{"type":"function","function":{"name":"get_weather","description":"d",)"
                           R"("parameters":{"type":"object","properties":{"city":{"type":"string"}},)"
@@ -39,20 +39,33 @@ TEST(ChatTemplate, RequestTemplateAndKwargs) {
   ASSERT_NE(name.r.chat_family, nullptr);
   EXPECT_STREQ(name.r.chat_family->name, "llama3");
   EXPECT_STREQ(name.r.chat_template, "llama3");
-  Parsed jinja("{" + M + R"(,"chat_template":"{{ '<start_of_turn>' + role }}{{ '<end_of_turn>' }}"})");
+  // template text is Jinja, parsed at once (run at render); its call format is read from it
+  Parsed jinja("{" + M + R"(,"chat_template":"{% for m in messages %}<tool_call>{{ m.content }}{% endfor %}",)"
+               R"("chat_template_kwargs":{"enable_thinking":false}})");
   ASSERT_EQ(jinja.rc, 0) << jinja.e.message;
-  EXPECT_STREQ(jinja.r.chat_family->name, "gemma");
+  EXPECT_EQ(jinja.r.chat_family, nullptr);
+  ASSERT_NE(jinja.r.chat_jinja, nullptr);
+  ASSERT_NE(jinja.r.chat_jinja_tools, nullptr);
+  EXPECT_STREQ(jinja.r.chat_jinja_tools->name, "hermes");
+  EXPECT_STREQ(jinja.r.chat_kwargs, R"({"enable_thinking":false})");
   Parsed none("{" + M + "}");
   EXPECT_EQ(none.r.chat_family, nullptr);
+  EXPECT_EQ(none.r.chat_jinja, nullptr);
+  EXPECT_EQ(none.r.chat_kwargs, nullptr);
   struct {
     std::string body;
     const char *param, *code, *needle;
   } bad[] = {
-      {R"(,"chat_template":"{{ messages }}"})", "chat_template", "invalid_value", "does not interpret Jinja"},
+      {R"(,"chat_template":"hi\n{% if %}"})", "chat_template", "invalid_value", "line 2"},
+      {R"(,"chat_template":"{{ messages"})", "chat_template", "invalid_value", "nor a Jinja template that parses"},
+      {R"(,"chat_template":")" + std::string(RTR_MAX_CHAT_TEMPLATE + 1, 'x') + "\"}", "chat_template", "",
+       "at most"},
       {R"(,"chat_template":""})", "chat_template", "", "non-empty string"},
       {R"(,"chat_template":5})", "chat_template", "", "non-empty string"},
-      {R"(,"chat_template_kwargs":{"enable_thinking":false}})", "chat_template_kwargs.enable_thinking",
-       "unsupported_parameter", "take no template variables"},
+      {R"(,"chat_template_kwargs":{"x":1,"bos_token":"<s>"}})", "chat_template_kwargs.bos_token", "invalid_value",
+       "cannot be set"},
+      {R"(,"chat_template_kwargs":{"messages":[]}})", "chat_template_kwargs.messages", "invalid_value",
+       "cannot be set"},
       {R"(,"chat_template_kwargs":[1]})", "chat_template_kwargs", "", "an object"},
   };
   for (const auto &b : bad) {
@@ -127,7 +140,10 @@ TEST(Tools, ToolMessages) {
   EXPECT_STREQ(p.r.msgs[1].content, "");
   ASSERT_NE(p.r.msgs[1].tool_calls, nullptr);
   EXPECT_STREQ(p.r.msgs[1].tool_calls,
-               R"([{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"ping","arguments":"not json"}])");
+               R"([{"id":"call_1","name":"get_weather","arguments":{"city":"Paris"}},)"
+               R"({"id":"call_2","name":"ping","arguments":"not json"}])");
+  EXPECT_STREQ(p.r.msgs[2].tool_call_id, "call_1"); // read by a Jinja template
+  EXPECT_EQ(p.r.msgs[0].name, nullptr);
   EXPECT_STREQ(p.r.msgs[2].role, "tool");
   EXPECT_STREQ(p.r.msgs[3].content, "pong");
   EXPECT_STREQ(p.r.msgs[4].content, "");
@@ -140,9 +156,11 @@ struct Calls {
   cJSON *a = cJSON_CreateArray();
   int n;
   size_t content_len = 0;
-  Calls(const rtr_request *q, const std::string &text) {
-    n = rtr_parse_tool_calls(q, text.data(), text.size(), OPEN, CLOSE, a, &content_len);
+  Calls(const rtr_request *q, const std::string &text, const mdl_chat_tool_style *st = style("<tool_call>")) {
+    n = rtr_parse_tool_calls(q, st, text.data(), text.size(), a, &content_len);
   }
+  // a format by the markers of a template that writes it (models/chat.h mdl_chat_tool_style_detect)
+  static const mdl_chat_tool_style *style(const char *tpl) { return mdl_chat_tool_style_detect(tpl, strlen(tpl)); }
   ~Calls() { cJSON_Delete(a); }
   std::string name(int i) const {
     return cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(a, i), "function"), "name")->valuestring;
@@ -213,6 +231,118 @@ TEST(Tools, OpenPrefix) {
   EXPECT_EQ(rtr_tool_open_prefix("a <tool_call", 12, OPEN), 10u);
   EXPECT_EQ(rtr_tool_open_prefix("<tool_call>", 11, OPEN), 0u); // the whole tag is found, not held as a prefix
   EXPECT_EQ(rtr_tool_open_prefix("", 0, OPEN), 0u);
+}
+
+const char *LLAMA3_TPL = "<|start_header_id|>{{ '\"parameters\": ' }}", *MISTRAL_TPL = "[TOOL_CALLS]";
+
+TEST(Tools, DetectFormat) {
+  const char *none = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  EXPECT_EQ(Calls::style(none), nullptr);
+  EXPECT_EQ(Calls::style("<|start_header_id|>no tools<|eot_id|>"), nullptr);
+  EXPECT_STREQ(Calls::style("{{ '<tool_call>\\n' }}")->name, "hermes");
+  EXPECT_STREQ(Calls::style(LLAMA3_TPL)->name, "llama3_json");
+  EXPECT_STREQ(Calls::style("<|start_header_id|>{{ '<|python_tag|>' }}")->name, "llama3_json");
+  EXPECT_STREQ(Calls::style(MISTRAL_TPL)->name, "mistral");
+  EXPECT_STREQ(Calls::style(LLAMA3_TPL)->args_key, "parameters");
+}
+
+TEST(Tools, ParseCallsLlama3) {
+  Parsed p("{" + M + "," + TOOLS + "}");
+  ASSERT_EQ(p.rc, 0);
+  const mdl_chat_tool_style *st = Calls::style(LLAMA3_TPL);
+  { // the whole reply is the call
+    Calls c(&p.r, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n", st);
+    ASSERT_EQ(c.n, 1);
+    EXPECT_EQ(c.name(0), "get_weather");
+    EXPECT_EQ(c.args(0), R"({"city":"Paris"})");
+    EXPECT_EQ(c.id(0).rfind("call_", 0), 0u);
+    EXPECT_EQ(c.content_len, 0u);
+  }
+  { // after <|python_tag|>, with "arguments" as some Llama 3 fine-tunes write
+    std::string t = "Checking.<|python_tag|>{\"name\": \"ping\", \"arguments\": {}}";
+    Calls c(&p.r, t, st);
+    ASSERT_EQ(c.n, 1);
+    EXPECT_EQ(c.name(0), "ping");
+    EXPECT_EQ(c.content_len, strlen("Checking."));
+  }
+  // not calls: the whole text is the content
+  for (const char *t : {"The answer is {\"name\": \"ping\", \"parameters\": {}}", // not the whole reply
+                        "{\"name\": \"ping\", \"parameters\": {}} and more", "{\"name\": \"rm\", \"parameters\": {}}",
+                        "{\"name\": \"ping\", \"parameters\": {", "{\"city\": \"Paris\"}",
+                        "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>"}) {
+    Calls c(&p.r, t, st);
+    SCOPED_TRACE(t);
+    EXPECT_EQ(c.n, 0);
+    EXPECT_EQ(c.content_len, strlen(t));
+  }
+}
+
+TEST(Tools, ParseCallsMistral) {
+  Parsed p("{" + M + "," + TOOLS + "}");
+  ASSERT_EQ(p.rc, 0);
+  const mdl_chat_tool_style *st = Calls::style(MISTRAL_TPL);
+  { // one array of two calls, the model's own ids kept
+    Calls c(&p.r, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}, "
+                  "\"id\": \"a1b2c3d4e\"}, {\"name\": \"ping\", \"arguments\": {}, \"id\": \"zzzzzzzz9\"}]", st);
+    ASSERT_EQ(c.n, 2);
+    EXPECT_EQ(c.name(0), "get_weather");
+    EXPECT_EQ(c.args(0), R"({"city":"Oslo"})");
+    EXPECT_EQ(c.id(0), "a1b2c3d4e");
+    EXPECT_EQ(c.id(1), "zzzzzzzz9");
+  }
+  { // text first; an array per call (a forced parallel turn); no id: 9 letters and digits, as its template wants
+    std::string t = "Sure. [TOOL_CALLS][{\"name\": \"ping\", \"arguments\": {}}][TOOL_CALLS][{\"name\": \"ping\", "
+                    "\"arguments\": {}}]";
+    Calls c(&p.r, t, st);
+    ASSERT_EQ(c.n, 2);
+    EXPECT_EQ(c.content_len, strlen("Sure."));
+    EXPECT_EQ(c.id(0).size(), 9u);
+    EXPECT_NE(c.id(0), c.id(1));
+  }
+  { // cut by max_tokens in a second array: the first stands
+    Calls c(&p.r, "[TOOL_CALLS][{\"name\": \"ping\", \"arguments\": {}}][TOOL_CALLS][{\"name\": \"pi", st);
+    EXPECT_EQ(c.n, 1);
+  }
+  for (const char *t : {"[TOOL_CALLS]", "[TOOL_CALLS][{\"name\": \"pi", "[TOOL_CALLS]{\"name\": \"ping\"}",
+                        "[TOOL_CALLS][{\"name\": \"rm\", \"arguments\": {}}]",
+                        "[TOOL_CALLS][{\"name\": \"ping\", \"arguments\": {}}] then text", "[TOOL_CALLS][]"}) {
+    Calls c(&p.r, t, st);
+    SCOPED_TRACE(t);
+    EXPECT_EQ(c.n, 0);
+    EXPECT_EQ(c.content_len, strlen(t));
+  }
+}
+
+// What a stream may send now: rtr_tool_hold over the text held so far.
+TEST(Tools, StreamHold) {
+  const mdl_chat_tool_style *hermes = Calls::style("<tool_call>"), *llama = Calls::style(LLAMA3_TPL),
+                            *mistral = Calls::style(MISTRAL_TPL);
+  struct {
+    const mdl_chat_tool_style *st;
+    const char *held;
+    int began;
+    size_t send;
+    int in_call;
+  } cases[] = {
+      {hermes, "Hello <tool", 0, 5, 0},           // a tail that may begin the tag waits (and the space before it)
+      {hermes, "Hello <tool_call>{", 0, 5, 1},
+      {hermes, "{\"a\": 1}", 0, 8, 0},              // JSON is content in Hermes's format
+      {mistral, "Sure [TOOL_", 0, 4, 0},
+      {mistral, "[TOOL_CALLS][{", 0, 0, 1},
+      {llama, "  ", 0, 0, 0},                      // nothing but spaces yet: the reply may still be a call
+      {llama, " {\"name\"", 0, 0, 1},              // a reply that opens with '{' waits whole
+      {llama, "{\"name\"", 1, 7, 0},               // ... not once content went out
+      {llama, "Hi <|python", 0, 2, 0},
+      {llama, "Hi <|python_tag|>{", 0, 2, 1},
+  };
+  for (const auto &c : cases) {
+    int in_call = 0;
+    SCOPED_TRACE(std::string(c.st->name) + ": " + c.held);
+    EXPECT_EQ(rtr_tool_hold(c.st, c.held, strlen(c.held), c.began, &in_call), c.send);
+    EXPECT_EQ(in_call, c.in_call);
+  }
+  int in_call = 1; // a call began: everything waits
+  EXPECT_EQ(rtr_tool_hold(hermes, "more", 4, 1, &in_call), 0u);
 }
 
 } // namespace
