@@ -141,7 +141,7 @@ typedef struct krn_mm {
   const float *x; // NULL: the group's activation; else this product's own, of xn rows (0 allowed: nothing to do)
   int xn;
 } krn_mm;
-#define KRN_MM_GROUP_MAX 64 // products one matmul_group call takes at most (an MoE layer: its used experts' gate and up)
+#define KRN_MM_GROUP_MAX 64 // products one matmul_group call takes at most (an MoE layer's experts' gates and ups)
 
 // One table per backend. Pointers are host memory for cpu backends, device memory for cuda.
 typedef struct krn_backend {

@@ -122,8 +122,8 @@ int mdl_moe_load_layer(mdl_llama *m, int l, char *err, size_t errlen) {
   for (int i = 0; i < 4; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s.weight", l, names[i]);
   const mdl_gguf_tensor *r = mdl_gguf_tensor_find(m->g, n[0]);
   if (r && r->n_dims == 2 && r->ne[0] == c->n_embd && r->ne[1] != c->n_expert) {
-    snprintf(err, errlen, "model: tensor %s routes to %lld experts but %s.expert_count is %d", n[0], (long long)r->ne[1],
-             c->arch, c->n_expert);
+    snprintf(err, errlen, "model: tensor %s routes to %lld experts but %s.expert_count is %d", n[0],
+             (long long)r->ne[1], c->arch, c->n_expert);
     return -1;
   }
   if (mdl_llama_get_w(m, n[0], c->n_embd, c->n_expert, 0, 0, 0, &L->ffn_gate_inp, err, errlen) ||
@@ -195,7 +195,7 @@ static void route(const float *logits, int ne, int ku, int32_t *sel, float *w, f
   }
   float inv = (float)(1.0 / sum);
   for (int e = 0; e < ne; e++) p[e] *= inv;
-  for (int j = 0; j < ku; j++) { // ku is small (2..8): selection, not a sort
+  for (int j = 0; j < ku; j++) { // ku is small (8 at most in published models): selection, not a sort
     int best = -1;
     for (int e = 0; e < ne; e++) {
       int taken = 0;
@@ -259,8 +259,8 @@ void mdl_moe_ffn(mdl_llama *m, const mdl_layer *L, int T) {
   be->get_rows(kc, s->xe, m->xb, KRN_F32, s->d_gather, R, E);
   // each used expert's gate and up on its tokens, then its down: as few ops as the group size allows (at batch 1
   // every chosen expert's gate and up in one); expert e's matrix is the slice e of the 3-D tensor
-  size_t g_bytes = krn_row_size(L->gate_exps.type, E) * (size_t)F, u_bytes = krn_row_size(L->up_exps.type, E) * (size_t)F,
-         d_bytes = krn_row_size(L->down_exps.type, F) * (size_t)E;
+  size_t g_bytes = krn_row_size(L->gate_exps.type, E) * (size_t)F;
+  size_t u_bytes = krn_row_size(L->up_exps.type, E) * (size_t)F, d_bytes = krn_row_size(L->down_exps.type, F) * (size_t)E;
   mm_queue q = {.k = E};
   for (int e = 0; e < ne; e++) {
     if (!s->h_count[e]) continue;

@@ -1,5 +1,6 @@
 // tests/kernels/test_moe_ops.cc: the mixture-of-experts ops of every cpu backend: moe_combine against a hand
-// computation and bit for bit against the scalar reference, and matmul groups whose products bring their own activation.
+// computation and bit for bit against the scalar reference, and matmul groups whose products bring their own
+// activation.
 #include <gtest/gtest.h>
 
 #include <cmath>

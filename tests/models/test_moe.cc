@@ -200,7 +200,9 @@ TEST(Moe, BatchInvariant) {
       mdl_seq b0{pb.data(), 7, 0, bb.data(), 2, 1};
       ASSERT_EQ(mdl_llama_forward(e.m, &e.kv, &b0, 1, l2.data(), nullptr, nullptr, e.err, sizeof e.err), 0) << e.err;
       int32_t tb = 3;
-      mdl_seq step[3] = {{&tb, 1, 7, bb.data(), 2, 1}, {pa.data(), 21, 0, ba2.data(), 2, 1}, {pc.data(), 33, 0, bc.data(), 3, 1}};
+      mdl_seq step[3] = {{&tb, 1, 7, bb.data(), 2, 1},
+                         {pa.data(), 21, 0, ba2.data(), 2, 1},
+                         {pc.data(), 33, 0, bc.data(), 3, 1}};
       ASSERT_EQ(mdl_llama_forward(e.m, &e.kv, step, 3, l3.data(), nullptr, nullptr, e.err, sizeof e.err), 0) << e.err;
       EXPECT_TRUE(std::equal(alone.begin(), alone.end(), l3.begin() + V)) << arch << " prefill on " << be->name;
       tb = 5;
