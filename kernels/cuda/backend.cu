@@ -294,6 +294,8 @@ static const krn_backend cu_backend = {
     krn_cuda_rope_freqs,
     NULL, // matmul_group: krn_matmul_group runs matmul per product (each is one GEMV launch; a graph replays them)
     krn_cuda_moe_combine,
+    0,    // attn_softcap: no soft-capped paged attention here; a model that needs it (gemma2) refuses to load
+    NULL, // softcap
 };
 
 extern "C" const krn_backend *krn_cuda(void) { return &cu_backend; }
