@@ -308,13 +308,19 @@ class TestAgainstFakeServer(unittest.TestCase):
         self.assertLess(t["p99"], 50 + 60)
         i = rep["itl_ms"]
         self.assertEqual(i["count"], 4 * n_req)
-        self.assertAlmostEqual(i["mean"], 20, delta=5)
-        self.assertAlmostEqual(i["median"], 20, delta=5)
+        # The fake's sleeps never end early, but a loaded machine stretches them: the gaps' mean and median are checked
+        # from below tightly and from above loosely (the four gaps still sum to about TPOT * 4, checked below).
+        self.assertGreaterEqual(i["mean"], 15)
+        self.assertLess(i["mean"], 20 + 20)
+        self.assertGreaterEqual(i["median"], 15)
+        self.assertLess(i["median"], 20 + 20)
         self.assertLess(i["p99"], 20 + 40)
         self.assertGreater(i["min"], 5)  # a late client may read two events close together
         p = rep["tpot_ms"]
         self.assertEqual(p["count"], n_req)
-        self.assertAlmostEqual(p["mean"], 20, delta=5)
+        self.assertGreaterEqual(p["mean"], 19)
+        self.assertLess(p["mean"], 20 + 20)
+        self.assertAlmostEqual(p["mean"], i["mean"], delta=1)  # TPOT is the mean gap, whatever the load made them
         e = rep["e2e_ms"]
         self.assertGreaterEqual(e["mean"], 129)
         self.assertLess(e["mean"], 130 + 30)
