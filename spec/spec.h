@@ -59,7 +59,7 @@ void spc_index_add(spc_index *ix, const int32_t *toks, int n);
 // longest length L in [ngram_max .. ngram_min] that occurred earlier proposes what followed it:
 // - prompt lookup: its most recent earlier occurrence in toks itself; the draft stops at toks' end (it never proposes
 //   a token that is not in toks[0..n-1]);
-// - the suffix index (ix may be NULL: prompt lookup only): its most recent occurrence in a recent document; the draft
+// - the suffix index (ix may be NULL: prompt lookup only, with the default n-gram lengths): its most recent occurrence in a recent document; the draft
 //   stops at that document's end.
 // The longer match wins; on equal lengths prompt lookup. Writes draft[0..ret-1] and returns ret (0..k; 0: nothing to
 // propose). k <= 0, n < 1, a NULL toks or draft: 0.
