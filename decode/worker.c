@@ -708,22 +708,22 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   seq_free(w, s);
 }
 
-// Speculative decoding: a draft for each decoding sequence that drafts, within the step's budget (the cost model's
-// memory-bound part, wrk_engine_draft_budget), its own length (spc_want) and what it may still emit.
+// Speculative decoding: a draft for each decoding sequence that drafts, as long as its own length (spc_want), what it
+// may still emit and the step's cost allow: wrk_spec_pays keeps the drafts whose acceptance so far beats what a
+// drafted token costs this step (wrk_engine_draft_rho: under load, little or nothing).
 static void propose(dec_worker *w) {
   if (!w->spec) return;
   int k_max = spc_index_cfg(w->spec)->k_max;
-  int left = wrk_engine_draft_budget(&w->eng, k_max);
+  double rho = wrk_engine_draft_rho(&w->eng);
   for (int i = 0; i < w->eng.n_run; i++) {
     wrk_seq *sq = w->eng.run[i];
     dec_seq *s = OWNER(sq);
     if (!s->spec_on || sq->n_toks - sq->n_done != 1) continue;
-    int cap = left < k_max ? left : k_max;
+    int cap = wrk_spec_pays(s->spc.drafted, s->spc.accepted, rho, k_max);
     int room = s->req.max_tokens - s->n_gen - 1, ctx = w->sh.rt->n_ctx - sq->n_toks - 1; // never past max_tokens
     if (room < cap) cap = room;
     if (ctx < cap) cap = ctx;
-    int k = spc_want(&s->spc, cap > 0 ? cap : 0);
-    left -= wrk_spec_draft(w->spec, sq, k);
+    (void)wrk_spec_draft(w->spec, sq, spc_want(&s->spc, cap > 0 ? cap : 0));
   }
 }
 

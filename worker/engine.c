@@ -220,21 +220,22 @@ static int block_size(const wrk_engine *e) { return kv_pool_kv(e->rt->kv)->block
 // The most prompt tokens one step computes (workers[i].max_batch_tokens).
 static int max_chunk(const wrk_engine *e) { return e->rt->w->max_batch_tokens; }
 
-int wrk_draft_budget(const wrk_stepcost *c, int base_tokens, int light) {
-  if (c->n < 1 || !(c->fixed_ms > 0) || !(c->per_tok_ms > 0)) return base_tokens <= 8 ? light : 0;
-  double room = c->fixed_ms / c->per_tok_ms - base_tokens;
-  return room >= 1 ? (room > 1e6 ? 1000000 : (int)room) : 0;
+double wrk_draft_rho(const wrk_stepcost *c, int base_tokens, int n_decode) {
+  if (c->n < 1 || !(c->fixed_ms > 0) || !(c->per_tok_ms > 0)) return base_tokens <= 8 ? 0 : 1;
+  double t0 = wrk_stepcost_predict(c, base_tokens, 0), rho = t0 > 0 ? c->per_tok_ms * n_decode / t0 : 1;
+  return rho < 0 ? 0 : rho > 1 ? 1 : rho;
 }
 
-int wrk_engine_draft_budget(const wrk_engine *e, int light) {
-  int base = 0;
+double wrk_engine_draft_rho(const wrk_engine *e) {
+  int base = 0, n_decode = 0;
   for (int i = 0; i < e->n_run; i++) {
     const wrk_seq *s = e->run[i];
     int pending = s->n_toks - s->n_done - s->n_draft;
     base += pending < max_chunk(e) ? pending : max_chunk(e);
+    n_decode += pending == 1;
   }
   if (base > max_chunk(e)) base = max_chunk(e);
-  return wrk_draft_budget(&e->cost, base, light);
+  return wrk_draft_rho(&e->cost, base, n_decode);
 }
 
 void wrk_seq_drop_draft(wrk_seq *s) {

@@ -18,6 +18,19 @@ int wrk_spec_draft(const spc_index *ix, wrk_seq *s, int k) {
   return n;
 }
 
+int wrk_spec_pays(int64_t drafted, int64_t accepted, double rho, int k_max) {
+  if (!(rho < 1) || k_max < 1) return 0;
+  double p = drafted < WRK_SPEC_PAYS_MIN_DRAFTED ? 1 : (double)accepted / (double)drafted, e = 0, pk = 1;
+  int best = 0;
+  for (int k = 1; k <= k_max; k++) {
+    pk *= p;
+    e += pk;
+    if (e / k > rho) best = k; // E(k) / k falls with k: the last that passes is the longest
+    else break;
+  }
+  return best;
+}
+
 void wrk_spec_verify(mdl_sampler *sp, const float *logits, int n_vocab, const int32_t *draft, int k, wrk_verdict *v) {
   memset(v, 0, sizeof *v);
   if (k < 0) k = 0;

@@ -16,6 +16,12 @@ extern "C" {
 // them to s as its draft (s->n_draft): the next step computes them with its decode token. Returns how many.
 int wrk_spec_draft(const spc_index *ix, wrk_seq *s, int k);
 
+// The longest draft (0..k_max) that pays for itself: with a per-token acceptance p (accepted / drafted so far; a
+// sequence with fewer than WRK_SPEC_PAYS_MIN_DRAFTED drafted tokens counts as p = 1), a draft of k is expected to keep
+// E(k) = p + p^2 + ... + p^k tokens, and pays while E(k) / k > rho (wrk_draft_rho). rho >= 1: 0.
+#define WRK_SPEC_PAYS_MIN_DRAFTED 8
+int wrk_spec_pays(int64_t drafted, int64_t accepted, double rho, int k_max);
+
 // What verification of one sequence's draft decided: the tokens to emit in order, exactly those plain decode would
 // have sampled one step at a time.
 typedef struct wrk_verdict {
