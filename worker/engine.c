@@ -369,6 +369,29 @@ static int preempt(wrk_engine *e, const wrk_seq *keep, int n_batch) {
   return -1;
 }
 
+// Once every decode row has its token and blocks: each drafted row grows to its 1 + n_draft positions (logits for all
+// of them) while `room` tokens last, its blocks taken from free ones or cached ones nobody uses, never from another
+// sequence; a draft that does not fit is dropped. Returns the tokens added.
+static int add_drafts(wrk_engine *e, int n, int room, double *kpairs) {
+  int added = 0;
+  for (int i = 0; i < n; i++) {
+    wrk_seq *s = e->batch_of[i];
+    if (s->n_draft < 1) continue;
+    if (added + s->n_draft > room || reserve_evicting(e, s, s->n_toks)) {
+      wrk_seq_drop_draft(s);
+      continue;
+    }
+    mdl_seq *q = &e->batch[i];
+    *kpairs += wrk_row_kpairs(s->n_done, 1 + s->n_draft) - wrk_row_kpairs(s->n_done, 1);
+    q->n_tokens = e->batch_chunk[i] = 1 + s->n_draft;
+    q->want_logits = 1 + s->n_draft;
+    q->block_table = s->blocks.ids; // the table may have moved as it grew
+    q->n_blocks = s->blocks.n;
+    added += s->n_draft;
+  }
+  return added;
+}
+
 int wrk_engine_plan(wrk_engine *e) {
   int cap = max_chunk(e), used = 0, n = 0, n_decode = 0, n_prefill = 0;
   double kpairs = 0;
@@ -377,18 +400,16 @@ int wrk_engine_plan(wrk_engine *e) {
   double target = n_decode > 0 ? e->rt->w->tpot_target_ms : 0;
   e->n_batch = 0;
   for (int pass = 0; pass < 2; pass++) { // pass 0: single decode tokens; pass 1: prefill chunks, oldest first
+    if (pass == 1) used += add_drafts(e, n, cap - used, &kpairs);
     for (int i = 0; i < e->n_run; i++) {
       wrk_seq *s = e->run[i];
       int pending = s->n_toks - s->n_done - s->n_draft;
       if (pending < 1 || (pass == 0) != (pending == 1)) continue;
-      // a draft's rows come from free blocks or cached ones nobody uses, never from preempting another sequence
-      if (s->n_draft > 0 && (used + 1 + s->n_draft > cap || reserve_evicting(e, s, s->n_toks)))
-        wrk_seq_drop_draft(s);
-      int chunk = pass == 0 ? 1 + s->n_draft // decode tokens never wait behind prefills
+      int chunk = pass == 0 ? 1 // decode tokens never wait behind prefills
                             : wrk_step_chunk(&e->cost, target, used, kpairs, s->n_done, pending, cap - used,
                                              n_prefill == 0 ? WRK_MIN_PREFILL_CHUNK : 0);
       if (chunk < 1) break;
-      if (kv_pool_blocks_needed(e->rt->kv, s->n_done + chunk - s->n_draft, chunk) > kv_pool_total_blocks(e->rt->kv)) {
+      if (kv_pool_blocks_needed(e->rt->kv, s->n_done + chunk, chunk) > kv_pool_total_blocks(e->rt->kv)) {
         s->cannot_grow = 1; // the pool is its context length: preempting the others would not make room
         wrk_seq_drop_draft(s);
         continue;
@@ -402,7 +423,7 @@ int wrk_engine_plan(wrk_engine *e) {
       }
       e->batch[n] = (mdl_seq){.tokens = s->toks + s->n_done, .n_tokens = chunk, .pos0 = s->n_done,
                               .block_table = s->blocks.ids, .n_blocks = s->blocks.n,
-                              .want_logits = s->n_done + chunk == s->n_toks ? 1 + s->n_draft : 0};
+                              .want_logits = s->n_done + chunk == s->n_toks - s->n_draft};
       e->batch_of[n] = s;
       e->batch_chunk[n] = chunk;
       n++;
