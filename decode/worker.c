@@ -26,6 +26,7 @@
 #include "worker/engine.h"
 #include "worker/genreq.h"
 #include "worker/shell.h"
+#include "worker/spec.h"
 #include "worker/trace.h"
 
 // A prompt's KV must arrive within handoff_timeout_ms after the prefill worker started computing it (its
@@ -38,6 +39,8 @@
 // answers kv_freed, its control link closes, or KV_HOLD_MS (at most handoff_timeout_ms) passes: a responsive prefill
 // worker answers within milliseconds; the bound is for one that is stopped, hung or cut off (docs/protocol.md).
 #define KV_HOLD_MS 5000
+// The prompt tokens a finished request leaves in the suffix index beside its output (drafts for later requests).
+#define SPEC_PROMPT_TAIL 256
 
 typedef struct dec_seq {
   wrk_seq seq;           // tokens, cache progress, blocks (engine state)
@@ -45,6 +48,8 @@ typedef struct dec_seq {
   ctl_peer *router;      // (owned reference) where tokens go
   int n_gen;
   mdl_sampler *sampler;  // (owned)
+  spc_seq spc;           // its drafts' record and length (speculative decoding); drafts only when spec_on
+  int spec_on;
   mdl_detok *detok;      // (owned)
   dec_stopstr stop;
   int64_t deadline_ms;   // monotonic; 0 = none
@@ -72,6 +77,7 @@ typedef struct dec_worker {
   int n_prefills, cap_prefills;
   uint64_t n_finished;
   wrk_grammars gram;     // response_format grammars (compiled, cached) and the token trie the samplers mask with
+  spc_index *spec;       // (owned) finished requests' outputs that drafts come from; NULL: workers[].spec "off"
 } dec_worker;
 
 #define OWNER(sq) ((dec_seq *)(sq)->owner)
@@ -102,7 +108,8 @@ static void send_done(dec_seq *s, const char *finish_reason) {
   prt_done d = {.id = s->req.id, .finish_reason = finish_reason, .prompt_tokens = s->req.n_prompt,
                 .completion_tokens = s->n_gen,
                 .cached_tokens = s->seq.n_cached > s->remote_cached ? s->seq.n_cached : s->remote_cached,
-                .kv_bytes = s->kv_bytes, .kv_ms = s->kv_ms, .prefill_ms = s->prefill_ms};
+                .kv_bytes = s->kv_bytes, .kv_ms = s->kv_ms, .prefill_ms = s->prefill_ms,
+                .spec_drafts = s->spc.drafts, .spec_drafted = s->spc.drafted, .spec_accepted = s->spc.accepted};
   cJSON *m = prt_done_encode(&d, NULL, 0);
   if (m) ctl_peer_send(s->router, m);
   cJSON_Delete(m);
@@ -224,13 +231,18 @@ static void seq_finish(dec_worker *w, dec_seq *s, const char *reason) {
   if (n) send_token(s, out, n, NULL, 0, NULL);
   free(out);
   wrk_trace_span(&w->sh, &s->req, "decode", s->t_run_us, utl_now_us(), "dserve.completion_tokens", s->n_gen);
+  if (w->spec) { // later requests may repeat it: its prompt's tail and its output become drafts' source
+    int from = s->req.n_prompt > SPEC_PROMPT_TAIL ? s->req.n_prompt - SPEC_PROMPT_TAIL : 0;
+    spc_index_add(w->spec, s->seq.toks + from, s->seq.n_toks - from);
+  }
   send_done(s, reason);
   w->n_finished++;
   seq_drop(w, s);
 }
 
-// Records a sampled token and streams its text; finishes the choice on a stop condition. 1 when finished.
-static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm) {
+// Records a sampled token and streams its text; finishes the choice on a stop condition (gdone: the sampler's grammar
+// was complete right after sampling it). 1 when finished.
+static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm, int gdone) {
   int32_t tok = sm->token;
   if (!s->t_run_us) { // a local request's first token: its prefill phase ends here
     s->t_run_us = utl_now_us();
@@ -257,7 +269,7 @@ static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm) {
   int hit = dec_stopstr_push(&s->stop, piece, n, &out, &n_out);
   send_token(s, out ? out : "", n_out, &tok, 1, sm);
   free(out);
-  if (hit || mdl_sampler_grammar_done(s->sampler)) { // a stop string, or the grammar's output is complete
+  if (hit || gdone) { // a stop string, or the grammar's output is complete
     seq_finish(w, s, "stop");
     return 1;
   }
@@ -338,6 +350,8 @@ static dec_seq *seq_from_request(dec_worker *w, ctl_peer *from, const cJSON *m) 
                               &s->sampler, e, sizeof e))
     bad = e;
   if (!bad && mdl_detok_new(w->sh.rt->tok, &s->detok, e, sizeof e)) bad = e;
+  s->spec_on = w->spec && !s->req.no_spec;
+  if (w->spec) spc_seq_init(&s->spc, spc_index_cfg(w->spec));
   if (bad) {
     wrk_send_error(from, s->req.id, "invalid_request", "%s", bad);
     seq_free(w, s);
@@ -465,7 +479,7 @@ static void start(dec_worker *w, dec_seq *s) {
     return;
   }
   mdl_sampler_accept(s->sampler, s->first.token);
-  seq_emit(w, s, &s->first);
+  seq_emit(w, s, &s->first, mdl_sampler_grammar_done(s->sampler));
 }
 
 // ---- control messages ----
@@ -694,8 +708,49 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   seq_free(w, s);
 }
 
-// One engine step, then sampling for every row that finished its prompt or decoded a token.
+// Speculative decoding: a draft for each decoding sequence that drafts, as long as its own length (spc_want), what it
+// may still emit and the step's cost allow: wrk_spec_pays keeps the drafts whose acceptance so far beats what a
+// drafted token costs this step (wrk_engine_draft_rho: under load, little or nothing).
+static void propose(dec_worker *w) {
+  if (!w->spec) return;
+  int k_max = spc_index_cfg(w->spec)->k_max;
+  double rho = wrk_engine_draft_rho(&w->eng);
+  for (int i = 0; i < w->eng.n_run; i++) {
+    wrk_seq *sq = w->eng.run[i];
+    dec_seq *s = OWNER(sq);
+    if (!s->spec_on || sq->n_toks - sq->n_done != 1) continue;
+    int cap = wrk_spec_pays(s->spc.drafted, s->spc.accepted, rho, k_max);
+    int room = s->req.max_tokens - s->n_gen - 1, ctx = w->sh.rt->n_ctx - sq->n_toks - 1; // never past max_tokens
+    if (room < cap) cap = room;
+    if (ctx < cap) cap = ctx;
+    (void)wrk_spec_draft(w->spec, sq, spc_want(&s->spc, cap > 0 ? cap : 0));
+  }
+}
+
+// Emits what verification of a drafted row decided (wrk_spec_verify), in order, as plain decode would have one step at
+// a time; then the accepted positions' KV stands and the rejected ones' blocks go back (wrk_engine_accept).
+static void verify(dec_worker *w, dec_seq *s, const float *logits, int n_vocab) {
+  wrk_seq *sq = &s->seq;
+  int k = sq->n_draft;
+  int32_t draft[SPC_K_LIMIT];
+  memcpy(draft, sq->toks + sq->n_done, (size_t)k * sizeof *draft);
+  wrk_seq_drop_draft(sq); // emission pushes the accepted tokens again, then the correction or bonus
+  wrk_verdict v;
+  wrk_spec_verify(s->sampler, logits, n_vocab, draft, k, &v);
+  spc_seq_update(&s->spc, k, v.accepted); // its counts go to the router in done: the access line and the counters
+  for (int j = 0; j < v.n; j++)
+    if (seq_emit(w, s, &v.tok[j], v.grammar_done[j])) return; // finished (and freed)
+  if (v.too_costly) { // its grammar would stall every sequence here: it ends now
+    wrk_send_error(s->router, s->req.id, "grammar_too_complex", "%s", MDL_GRAMMAR_TOO_COSTLY_MESSAGE);
+    seq_drop(w, s);
+    return;
+  }
+  wrk_engine_accept(&w->eng, sq, v.accepted);
+}
+
+// One engine step, then sampling for every row that finished its prompt or decoded a token (and its draft).
 static int step(dec_worker *w, char *err, size_t errlen) {
+  propose(w);
   int rc = wrk_engine_step(&w->eng, NULL, NULL, err, errlen);
   for (int i = w->eng.n_run - 1; i >= 0; i--) // those the plan found could not grow end now, not at their deadline
     if (i < w->eng.n_run && w->eng.run[i]->cannot_grow)
@@ -705,15 +760,20 @@ static int step(dec_worker *w, char *err, size_t errlen) {
   for (int i = 0; i < w->eng.n_batch; i++) {
     wrk_seq *sq = w->eng.batch_of[i];
     if (!sq || !w->eng.batch[i].want_logits) continue;
-    mdl_sampled sm;
     dec_seq *s = OWNER(sq);
-    mdl_sampler_sample(s->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &sm);
+    const float *rows = w->eng.logits + (size_t)mdl_logit_row(w->eng.batch, i) * (size_t)n_vocab;
+    if (s->spec_on && sq->n_toks - sq->n_done == sq->n_draft) { // a decode row (with a draft or none)
+      verify(w, s, rows, n_vocab);
+      continue;
+    }
+    mdl_sampled sm;
+    mdl_sampler_sample(s->sampler, rows, &sm);
     if (mdl_sampler_grammar_too_costly(s->sampler)) { // its grammar would stall every sequence here: it ends now
       wrk_send_error(s->router, s->req.id, "grammar_too_complex", "%s", MDL_GRAMMAR_TOO_COSTLY_MESSAGE);
       seq_drop(w, s);
       continue;
     }
-    seq_emit(w, s, &sm);
+    seq_emit(w, s, &sm, mdl_sampler_grammar_done(s->sampler));
   }
   return 0;
 }
@@ -745,6 +805,16 @@ int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
     return -1;
   }
   wrk_grammars_init(&w.gram, w.sh.rt->tok);
+  if (strcmp(wc->spec, "off")) { // "auto" (or a config made without the file: CFG_DEF_SPEC)
+    spc_cfg sc;
+    spc_cfg_default(&sc);
+    if (spc_index_new(&sc, &w.spec, err, errlen)) {
+      wrk_grammars_fini(&w.gram);
+      wrk_engine_fini(&w.eng);
+      wrk_shell_close(&w.sh);
+      return -1;
+    }
+  }
   wrk_shell_announce(&w.sh);
   int64_t drain_until = 0;
   for (;;) {
@@ -780,6 +850,7 @@ int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
   free(w.held);
   wrk_engine_fini(&w.eng);
   wrk_grammars_fini(&w.gram);
+  spc_index_free(w.spec);
   free(w.prefills); // the peers themselves die with the hub (wrk_shell_close)
   free(w.handoffs);
   wrk_shell_close(&w.sh);
