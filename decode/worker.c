@@ -2,6 +2,7 @@
 // A decode worker also receives prompts' KV from prefill workers (docs/protocol.md, "Handoff").
 #include "decode/worker.h"
 #include "decode/handoff.h"
+#include "decode/worker_int.h"
 #include "proto/handoff.h"
 #include "proto/request.h"
 
@@ -39,48 +40,7 @@
 // answers kv_freed, its control link closes, or KV_HOLD_MS (at most handoff_timeout_ms) passes: a responsive prefill
 // worker answers within milliseconds; the bound is for one that is stopped, hung or cut off (docs/protocol.md).
 #define KV_HOLD_MS 5000
-// The prompt tokens a finished request leaves in the suffix index beside its output (drafts for later requests).
-#define SPEC_PROMPT_TAIL 256
 
-typedef struct dec_seq {
-  wrk_seq seq;           // tokens, cache progress, blocks (engine state)
-  wrk_genreq req;        // what was asked (prompt, sampling, stops)
-  ctl_peer *router;      // (owned reference) where tokens go
-  int n_gen;
-  mdl_sampler *sampler;  // (owned)
-  spc_seq spc;           // its drafts' record and length (speculative decoding); drafts only when spec_on
-  int spec_on;
-  mdl_detok *detok;      // (owned)
-  dec_stopstr stop;
-  int64_t deadline_ms;   // monotonic; 0 = none
-  // handoff (mode decode): the KV comes from a prefill worker
-  dec_state state;       // where it is (decode/handoff.h); changed by dec_seq_to only
-  int64_t hold_until_ms; // DEC_HELD: its blocks are released then at the latest
-  mdl_sampled first;     // the prefill worker's first token
-  int64_t handoff_deadline_ms; // DEC_WAIT_TABLE..DEC_GOT_FIRST: the queue bound, then (kv_started) the KV-arrival bound
-  int64_t t_start_ms;
-  double kv_bytes, kv_ms; // what the handoff moved and how long it took from the request
-  int remote_cached;      // prompt tokens the prefill worker found in its prefix cache
-  double prefill_ms;      // the prefill phase (kv_first's, or this worker's own for a local request); -1: unknown
-  int64_t t_recv_us, t_first_us, t_run_us; // generate, kv_first arrived, generating began (spans; 0: not yet)
-} dec_seq;
-
-typedef struct dec_worker {
-  wrk_shell sh;          // runtime, hub, signals; kvx (decode role: receives KV) and the staging mirror prefill
-                         // workers write into when the pool is out of their reach
-  wrk_engine eng;        // sequences' owner fields point at their dec_seq
-  dec_seq **handoffs;    // (owned array) (n_handoffs) waiting for their KV
-  int n_handoffs, cap_handoffs;
-  dec_seq **held;        // (owned array) (n_held) given up while their prefill worker may still write: blocks kept
-  int n_held, cap_held;
-  ctl_peer **prefills;   // (owned references) (n_prefills) connected prefill workers
-  int n_prefills, cap_prefills;
-  uint64_t n_finished;
-  wrk_grammars gram;     // response_format grammars (compiled, cached) and the token trie the samplers mask with
-  spc_index *spec;       // (owned) finished requests' outputs that drafts come from; NULL: workers[].spec "off"
-} dec_worker;
-
-#define OWNER(sq) ((dec_seq *)(sq)->owner)
 
 // ---- messages to the router ----
 
@@ -231,10 +191,7 @@ static void seq_finish(dec_worker *w, dec_seq *s, const char *reason) {
   if (n) send_token(s, out, n, NULL, 0, NULL);
   free(out);
   wrk_trace_span(&w->sh, &s->req, "decode", s->t_run_us, utl_now_us(), "dserve.completion_tokens", s->n_gen);
-  if (w->spec) { // later requests may repeat it: its prompt's tail and its output become drafts' source
-    int from = s->req.n_prompt > SPEC_PROMPT_TAIL ? s->req.n_prompt - SPEC_PROMPT_TAIL : 0;
-    spc_index_add(w->spec, s->seq.toks + from, s->seq.n_toks - from);
-  }
+  dec__spec_remember(w, s);
   send_done(s, reason);
   w->n_finished++;
   seq_drop(w, s);
@@ -350,8 +307,7 @@ static dec_seq *seq_from_request(dec_worker *w, ctl_peer *from, const cJSON *m) 
                               &s->sampler, e, sizeof e))
     bad = e;
   if (!bad && mdl_detok_new(w->sh.rt->tok, &s->detok, e, sizeof e)) bad = e;
-  s->spec_on = w->spec && !s->req.no_spec;
-  if (w->spec) spc_seq_init(&s->spc, spc_index_cfg(w->spec));
+  dec__spec_seq_init(w, s);
   if (bad) {
     wrk_send_error(from, s->req.id, "invalid_request", "%s", bad);
     seq_free(w, s);
@@ -708,36 +664,11 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   seq_free(w, s);
 }
 
-// Speculative decoding: a draft for each decoding sequence that drafts, as long as its own length (spc_want), what it
-// may still emit and the step's cost allow: wrk_spec_pays keeps the drafts whose acceptance so far beats what a
-// drafted token costs this step (wrk_engine_draft_rho: under load, little or nothing).
-static void propose(dec_worker *w) {
-  if (!w->spec) return;
-  int k_max = spc_index_cfg(w->spec)->k_max;
-  double rho = wrk_engine_draft_rho(&w->eng);
-  for (int i = 0; i < w->eng.n_run; i++) {
-    wrk_seq *sq = w->eng.run[i];
-    dec_seq *s = OWNER(sq);
-    if (!s->spec_on || sq->n_toks - sq->n_done != 1) continue;
-    int cap = wrk_spec_pays(s->spc.drafted, s->spc.accepted, rho, k_max);
-    int room = s->req.max_tokens - s->n_gen - 1, ctx = w->sh.rt->n_ctx - sq->n_toks - 1; // never past max_tokens
-    if (room < cap) cap = room;
-    if (ctx < cap) cap = ctx;
-    (void)wrk_spec_draft(w->spec, sq, spc_want(&s->spc, cap > 0 ? cap : 0));
-  }
-}
-
 // Emits what verification of a drafted row decided (wrk_spec_verify), in order, as plain decode would have one step at
 // a time; then the accepted positions' KV stands and the rejected ones' blocks go back (wrk_engine_accept).
 static void verify(dec_worker *w, dec_seq *s, const float *logits, int n_vocab) {
-  wrk_seq *sq = &s->seq;
-  int k = sq->n_draft;
-  int32_t draft[SPC_K_LIMIT];
-  memcpy(draft, sq->toks + sq->n_done, (size_t)k * sizeof *draft);
-  wrk_seq_drop_draft(sq); // emission pushes the accepted tokens again, then the correction or bonus
   wrk_verdict v;
-  wrk_spec_verify(s->sampler, logits, n_vocab, draft, k, &v);
-  spc_seq_update(&s->spc, k, v.accepted); // its counts go to the router in done: the access line and the counters
+  dec__spec_verdict(s, logits, n_vocab, &v);
   for (int j = 0; j < v.n; j++)
     if (seq_emit(w, s, &v.tok[j], v.grammar_done[j])) return; // finished (and freed)
   if (v.too_costly) { // its grammar would stall every sequence here: it ends now
@@ -745,12 +676,12 @@ static void verify(dec_worker *w, dec_seq *s, const float *logits, int n_vocab) 
     seq_drop(w, s);
     return;
   }
-  wrk_engine_accept(&w->eng, sq, v.accepted);
+  wrk_engine_accept(&w->eng, &s->seq, v.accepted);
 }
 
 // One engine step, then sampling for every row that finished its prompt or decoded a token (and its draft).
 static int step(dec_worker *w, char *err, size_t errlen) {
-  propose(w);
+  dec__spec_propose(w);
   int rc = wrk_engine_step(&w->eng, NULL, NULL, err, errlen);
   for (int i = w->eng.n_run - 1; i >= 0; i--) // those the plan found could not grow end now, not at their deadline
     if (i < w->eng.n_run && w->eng.run[i]->cannot_grow)
@@ -805,15 +736,11 @@ int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
     return -1;
   }
   wrk_grammars_init(&w.gram, w.sh.rt->tok);
-  if (strcmp(wc->spec, "off")) { // "auto" (or a config made without the file: CFG_DEF_SPEC)
-    spc_cfg sc;
-    spc_cfg_default(&sc);
-    if (spc_index_new(&sc, &w.spec, err, errlen)) {
-      wrk_grammars_fini(&w.gram);
-      wrk_engine_fini(&w.eng);
-      wrk_shell_close(&w.sh);
-      return -1;
-    }
+  if (dec__spec_open(&w, err, errlen)) {
+    wrk_grammars_fini(&w.gram);
+    wrk_engine_fini(&w.eng);
+    wrk_shell_close(&w.sh);
+    return -1;
   }
   wrk_shell_announce(&w.sh);
   int64_t drain_until = 0;
