@@ -42,9 +42,11 @@ pid=
 stop() { [ -n "$pid" ] && { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; }; pid=; }
 trap stop EXIT
 serve() {  # MODEL MODE LOG: starts one server, sets url; 1 when it does not become healthy
-  local port
+  local port tpl=
+  case "$(basename "$1")" in gemma-3-270m*) tpl=gemma ;; esac # the bundled Gemma 3 270M GGUF has no chat template
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  "$DSERVE_BIN" serve "$1" --port "$port" --spec "$2" ${THREADS:+--threads "$THREADS"} >"$3" 2>&1 &
+  "$DSERVE_BIN" serve "$1" --port "$port" --spec "$2" ${THREADS:+--threads "$THREADS"} \
+    ${tpl:+--chat-template "$tpl"} >"$3" 2>&1 &
   pid=$!
   url="http://127.0.0.1:$port"
   for _ in $(seq 240); do
