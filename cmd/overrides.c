@@ -35,6 +35,7 @@ static const ovr_flag FLAGS[] = {
     {"--kv-type", NULL, "workers.*.kv_type", OVR_STR, "T", "KV cache element type (default f16)"},
     {"--device", NULL, "workers.*.device", OVR_STR, "D", "cpu, cuda or cuda:N (default cpu)"},
     {"--kernels", NULL, "workers.*.kernels", OVR_STR, "K", "CPU kernels: auto, scalar, avx2, avx2vnni, avx512, amx"},
+    {"--spec", NULL, "workers.*.spec", OVR_STR, "MODE", "speculative decoding: auto (default) or off"},
     {"--prefix-cache-mb", NULL, "workers.*.prefix_cache_mb", OVR_NUM, "MB", "KV kept for prefix reuse (default: half)"},
     {"--temp", NULL, "sampling.temperature", OVR_NUM, "T", "default temperature (default: GGUF's, else 0.8)"},
     {"--top-k", NULL, "sampling.top_k", OVR_INT, "K", "default top_k (default: GGUF's, else 40)"},

@@ -97,10 +97,11 @@ static const char *const K_WORKER[] = {"name",    "node",       "role",     "hos
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "kv_budget_tokens", "block_size",
                                        "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", "prefix_cache_mb",
                                        "prefix_host_mb", "prefix_disk_mb", "prefix_disk_path", "cuda_graphs", "handoff_timeout_ms",
-                                       "table_timeout_ms", "drain_timeout_s", "tpot_target_ms", NULL};
+                                       "table_timeout_ms", "drain_timeout_s", "tpot_target_ms", "spec", NULL};
 static const char *const K_KVX[] = {"backend", "host", "port", "staging", "encrypt", NULL};
 static const char *const S_STAGING[] = {"auto", "on", "off", NULL};
 static const char *const S_ONOFF[] = {"off", "on", NULL};
+static const char *const S_SPEC[] = {"auto", "off", NULL};
 static const char *const S_KERNELS[] = {"auto", "scalar", "avx2", "avx2vnni", "avx512", "amx", NULL};
 static const char *const S_KVTYPE[] = {"f16", "f32", "q8_0", NULL};
 static const char *const S_DISAGG_POLICY[] = {"auto", "threshold", NULL};
@@ -297,6 +298,8 @@ static int parse_worker(cfg_ctx *x, const cJSON *w, int idx, cfg_worker *o, cons
   if (cfg_int32(x, w, p, "max_seqs", &o->max_seqs, 1, 65536, CFG_DEF_MAX_SEQS, 0)) return -1;
   if (cfg_int32(x, w, p, "max_batch_tokens", &o->max_batch_tokens, 1, 1 << 20, CFG_DEF_MAX_BATCH_TOKENS, 0)) return -1;
   if (cfg_num(x, w, p, "tpot_target_ms", &o->tpot_target_ms, 0, 0, 1e6, 0)) return -1;
+  if (cfg_str(x, w, p, "spec", o->spec, sizeof o->spec, CFG_DEF_SPEC) || cfg_one_of(x, p, "spec", o->spec, S_SPEC))
+    return -1;
   if (cfg_int32(x, w, p, "handoff_timeout_ms", &o->handoff_timeout_ms, 1, 86400000, CFG_DEF_HANDOFF_TIMEOUT_MS, 0) ||
       cfg_int32(x, w, p, "table_timeout_ms", &o->table_timeout_ms, 1, 86400000, CFG_DEF_TABLE_TIMEOUT_MS, 0) ||
       cfg_int32(x, w, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, CFG_DEF_DRAIN_TIMEOUT_S, 0))

@@ -17,6 +17,7 @@ typedef enum cfg_disagg_policy { CFG_DISAGG_AUTO = 0, CFG_DISAGG_THRESHOLD = 1 }
 
 // The one place each default lives: config.c fills a file's absent keys with these, and code that meets a config
 // made without the file (tests, a zeroed field) falls back to the same constant, never to a number of its own.
+#define CFG_DEF_SPEC "auto" // workers[].spec: drafts verified in the step, never changing an answer
 enum {
   CFG_DEF_ROUTER_PORT = 8000,
   CFG_DEF_CONN_TIMEOUT_S = 60,
@@ -66,6 +67,7 @@ typedef struct cfg_worker {
   int max_seqs;           // sequences in the running batch at most
   int max_batch_tokens;   // tokens per forward step at most (prefill chunk size); the hard cap of every step
   double tpot_target_ms;  // step scheduler: steps with decode rows aim at this many ms (0 = off: max_batch_tokens)
+  char spec[8];           // speculative decoding on decode and both workers: "auto" (CFG_DEF_SPEC) or "off"
   double prefix_cache_mb; // KV blocks the prefix cache may keep across requests (0 = no reuse)
   double prefix_host_mb;  // second tier in host DRAM for blocks evicted from the pool (0 = none)
   double prefix_disk_mb;  // third tier: one file on local disk (0 = none)

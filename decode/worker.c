@@ -2,6 +2,7 @@
 // A decode worker also receives prompts' KV from prefill workers (docs/protocol.md, "Handoff").
 #include "decode/worker.h"
 #include "decode/handoff.h"
+#include "decode/worker_int.h"
 #include "proto/handoff.h"
 #include "proto/request.h"
 
@@ -26,6 +27,7 @@
 #include "worker/engine.h"
 #include "worker/genreq.h"
 #include "worker/shell.h"
+#include "worker/spec.h"
 #include "worker/trace.h"
 
 // A prompt's KV must arrive within handoff_timeout_ms after the prefill worker started computing it (its
@@ -39,42 +41,6 @@
 // worker answers within milliseconds; the bound is for one that is stopped, hung or cut off (docs/protocol.md).
 #define KV_HOLD_MS 5000
 
-typedef struct dec_seq {
-  wrk_seq seq;           // tokens, cache progress, blocks (engine state)
-  wrk_genreq req;        // what was asked (prompt, sampling, stops)
-  ctl_peer *router;      // (owned reference) where tokens go
-  int n_gen;
-  mdl_sampler *sampler;  // (owned)
-  mdl_detok *detok;      // (owned)
-  dec_stopstr stop;
-  int64_t deadline_ms;   // monotonic; 0 = none
-  // handoff (mode decode): the KV comes from a prefill worker
-  dec_state state;       // where it is (decode/handoff.h); changed by dec_seq_to only
-  int64_t hold_until_ms; // DEC_HELD: its blocks are released then at the latest
-  mdl_sampled first;     // the prefill worker's first token
-  int64_t handoff_deadline_ms; // DEC_WAIT_TABLE..DEC_GOT_FIRST: the queue bound, then (kv_started) the KV-arrival bound
-  int64_t t_start_ms;
-  double kv_bytes, kv_ms; // what the handoff moved and how long it took from the request
-  int remote_cached;      // prompt tokens the prefill worker found in its prefix cache
-  double prefill_ms;      // the prefill phase (kv_first's, or this worker's own for a local request); -1: unknown
-  int64_t t_recv_us, t_first_us, t_run_us; // generate, kv_first arrived, generating began (spans; 0: not yet)
-} dec_seq;
-
-typedef struct dec_worker {
-  wrk_shell sh;          // runtime, hub, signals; kvx (decode role: receives KV) and the staging mirror prefill
-                         // workers write into when the pool is out of their reach
-  wrk_engine eng;        // sequences' owner fields point at their dec_seq
-  dec_seq **handoffs;    // (owned array) (n_handoffs) waiting for their KV
-  int n_handoffs, cap_handoffs;
-  dec_seq **held;        // (owned array) (n_held) given up while their prefill worker may still write: blocks kept
-  int n_held, cap_held;
-  ctl_peer **prefills;   // (owned references) (n_prefills) connected prefill workers
-  int n_prefills, cap_prefills;
-  uint64_t n_finished;
-  wrk_grammars gram;     // response_format grammars (compiled, cached) and the token trie the samplers mask with
-} dec_worker;
-
-#define OWNER(sq) ((dec_seq *)(sq)->owner)
 
 // ---- messages to the router ----
 
@@ -102,7 +68,8 @@ static void send_done(dec_seq *s, const char *finish_reason) {
   prt_done d = {.id = s->req.id, .finish_reason = finish_reason, .prompt_tokens = s->req.n_prompt,
                 .completion_tokens = s->n_gen,
                 .cached_tokens = s->seq.n_cached > s->remote_cached ? s->seq.n_cached : s->remote_cached,
-                .kv_bytes = s->kv_bytes, .kv_ms = s->kv_ms, .prefill_ms = s->prefill_ms};
+                .kv_bytes = s->kv_bytes, .kv_ms = s->kv_ms, .prefill_ms = s->prefill_ms,
+                .spec_drafts = s->spc.drafts, .spec_drafted = s->spc.drafted, .spec_accepted = s->spc.accepted};
   cJSON *m = prt_done_encode(&d, NULL, 0);
   if (m) ctl_peer_send(s->router, m);
   cJSON_Delete(m);
@@ -224,13 +191,15 @@ static void seq_finish(dec_worker *w, dec_seq *s, const char *reason) {
   if (n) send_token(s, out, n, NULL, 0, NULL);
   free(out);
   wrk_trace_span(&w->sh, &s->req, "decode", s->t_run_us, utl_now_us(), "dserve.completion_tokens", s->n_gen);
+  dec__spec_remember(w, s);
   send_done(s, reason);
   w->n_finished++;
   seq_drop(w, s);
 }
 
-// Records a sampled token and streams its text; finishes the choice on a stop condition. 1 when finished.
-static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm) {
+// Records a sampled token and streams its text; finishes the choice on a stop condition (gdone: the sampler's grammar
+// was complete right after sampling it). 1 when finished.
+static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm, int gdone) {
   int32_t tok = sm->token;
   if (!s->t_run_us) { // a local request's first token: its prefill phase ends here
     s->t_run_us = utl_now_us();
@@ -257,7 +226,7 @@ static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm) {
   int hit = dec_stopstr_push(&s->stop, piece, n, &out, &n_out);
   send_token(s, out ? out : "", n_out, &tok, 1, sm);
   free(out);
-  if (hit || mdl_sampler_grammar_done(s->sampler)) { // a stop string, or the grammar's output is complete
+  if (hit || gdone) { // a stop string, or the grammar's output is complete
     seq_finish(w, s, "stop");
     return 1;
   }
@@ -338,6 +307,7 @@ static dec_seq *seq_from_request(dec_worker *w, ctl_peer *from, const cJSON *m) 
                               &s->sampler, e, sizeof e))
     bad = e;
   if (!bad && mdl_detok_new(w->sh.rt->tok, &s->detok, e, sizeof e)) bad = e;
+  dec__spec_seq_init(w, s);
   if (bad) {
     wrk_send_error(from, s->req.id, "invalid_request", "%s", bad);
     seq_free(w, s);
@@ -465,7 +435,7 @@ static void start(dec_worker *w, dec_seq *s) {
     return;
   }
   mdl_sampler_accept(s->sampler, s->first.token);
-  seq_emit(w, s, &s->first);
+  seq_emit(w, s, &s->first, mdl_sampler_grammar_done(s->sampler));
 }
 
 // ---- control messages ----
@@ -694,8 +664,24 @@ static void reject(void *arg, wrk_seq *sq, int blocks_needed) {
   seq_free(w, s);
 }
 
-// One engine step, then sampling for every row that finished its prompt or decoded a token.
+// Emits what verification of a drafted row decided (wrk_spec_verify), in order, as plain decode would have one step at
+// a time; then the accepted positions' KV stands and the rejected ones' blocks go back (wrk_engine_accept).
+static void verify(dec_worker *w, dec_seq *s, const float *logits, int n_vocab) {
+  wrk_verdict v;
+  dec__spec_verdict(s, logits, n_vocab, &v);
+  for (int j = 0; j < v.n; j++)
+    if (seq_emit(w, s, &v.tok[j], v.grammar_done[j])) return; // finished (and freed)
+  if (v.too_costly) { // its grammar would stall every sequence here: it ends now
+    wrk_send_error(s->router, s->req.id, "grammar_too_complex", "%s", MDL_GRAMMAR_TOO_COSTLY_MESSAGE);
+    seq_drop(w, s);
+    return;
+  }
+  wrk_engine_accept(&w->eng, &s->seq, v.accepted);
+}
+
+// One engine step, then sampling for every row that finished its prompt or decoded a token (and its draft).
 static int step(dec_worker *w, char *err, size_t errlen) {
+  dec__spec_propose(w);
   int rc = wrk_engine_step(&w->eng, NULL, NULL, err, errlen);
   for (int i = w->eng.n_run - 1; i >= 0; i--) // those the plan found could not grow end now, not at their deadline
     if (i < w->eng.n_run && w->eng.run[i]->cannot_grow)
@@ -705,15 +691,20 @@ static int step(dec_worker *w, char *err, size_t errlen) {
   for (int i = 0; i < w->eng.n_batch; i++) {
     wrk_seq *sq = w->eng.batch_of[i];
     if (!sq || !w->eng.batch[i].want_logits) continue;
-    mdl_sampled sm;
     dec_seq *s = OWNER(sq);
-    mdl_sampler_sample(s->sampler, w->eng.logits + (size_t)i * (size_t)n_vocab, &sm);
+    const float *rows = w->eng.logits + (size_t)mdl_logit_row(w->eng.batch, i) * (size_t)n_vocab;
+    if (s->spec_on && sq->n_toks - sq->n_done == sq->n_draft) { // a decode row (with a draft or none)
+      verify(w, s, rows, n_vocab);
+      continue;
+    }
+    mdl_sampled sm;
+    mdl_sampler_sample(s->sampler, rows, &sm);
     if (mdl_sampler_grammar_too_costly(s->sampler)) { // its grammar would stall every sequence here: it ends now
       wrk_send_error(s->router, s->req.id, "grammar_too_complex", "%s", MDL_GRAMMAR_TOO_COSTLY_MESSAGE);
       seq_drop(w, s);
       continue;
     }
-    seq_emit(w, s, &sm);
+    seq_emit(w, s, &sm, mdl_sampler_grammar_done(s->sampler));
   }
   return 0;
 }
@@ -745,6 +736,12 @@ int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
     return -1;
   }
   wrk_grammars_init(&w.gram, w.sh.rt->tok);
+  if (dec__spec_open(&w, err, errlen)) {
+    wrk_grammars_fini(&w.gram);
+    wrk_engine_fini(&w.eng);
+    wrk_shell_close(&w.sh);
+    return -1;
+  }
   wrk_shell_announce(&w.sh);
   int64_t drain_until = 0;
   for (;;) {
@@ -780,6 +777,7 @@ int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
   free(w.held);
   wrk_engine_fini(&w.eng);
   wrk_grammars_fini(&w.gram);
+  spc_index_free(w.spec);
   free(w.prefills); // the peers themselves die with the hub (wrk_shell_close)
   free(w.handoffs);
   wrk_shell_close(&w.sh);

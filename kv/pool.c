@@ -427,6 +427,19 @@ void kv_blocks_release(kv_pool *p, kv_blocks *b) {
   b->n = b->cap = b->slid = 0;
 }
 
+void kv_blocks_truncate(kv_pool *p, kv_blocks *b, int n_tokens) {
+  if (!p || !b || n_tokens < 0) return;
+  int bs = p->kv.block_size, keep = (int)(((int64_t)n_tokens + bs - 1) / bs);
+  if (keep >= b->n) return;
+  pthread_mutex_lock(&p->mu);
+  for (int i = b->n - 1; i >= keep; i--) {
+    if (i >= b->slid) unpin_locked(p, b->ids[i]);
+    kvpool_drop_locked(p, b->ids[i]);
+  }
+  pthread_mutex_unlock(&p->mu);
+  b->n = keep;
+}
+
 int kv_blocks_append(kv_pool *p, kv_blocks *b, const int32_t *ids, int n) {
   if (!p || !b || n < 0 || (n > 0 && !ids)) return -1;
   if (n == 0) return 0;

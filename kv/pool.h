@@ -88,6 +88,10 @@ int kv_blocks_reserve(kv_pool *p, kv_blocks *b, int n_tokens) UTL_WARN_UNUSED;
 // Drops b's reference on every block (a block no one else holds returns to the pool); b is empty and
 // reusable after.
 void kv_blocks_release(kv_pool *p, kv_blocks *b);
+// Keeps the blocks that cover n_tokens positions and drops b's reference on the rest (a block no one else holds
+// returns to the pool): a speculative draft's rejected positions give back the blocks only they needed. Blocks are
+// dropped from the end; nothing happens when b covers no more than that.
+void kv_blocks_truncate(kv_pool *p, kv_blocks *b, int n_tokens);
 // Appends n blocks the caller already holds a reference on (e.g. from kv_prefix_match); the reference
 // moves to b, which pins them. -1 on out of memory (nothing appended, the references stay with the caller).
 int kv_blocks_append(kv_pool *p, kv_blocks *b, const int32_t *ids, int n) UTL_WARN_UNUSED;

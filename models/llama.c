@@ -151,7 +151,8 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
 static int step_graph(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a);
 
 // The step behind both entry points. all_rows (n_seqs 1): logits for every new token, row i for token i;
-// otherwise one row for each sequence with want_logits, row s for sequence s.
+// otherwise the rows of each sequence with want_logits (its last token's, or its last want_logits tokens') at
+// mdl_logit_row.
 static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits, int all_rows,
                    mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) {
   const mdl_llama_cfg *c = &m->cfg;
@@ -207,9 +208,13 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
                  (int)q->tokens[i], c->n_vocab - 1);
         return -1;
       }
+    if (q->want_logits < 0 || q->want_logits > q->n_tokens) {
+      snprintf(err, errlen, "forward: sequence %d wants logits of %d of its %d tokens", s, q->want_logits, q->n_tokens);
+      return -1;
+    }
     if (q->n_blocks > max_blocks) max_blocks = q->n_blocks;
     T64 += q->n_tokens;
-    R += all_rows ? q->n_tokens : q->want_logits != 0;
+    R += all_rows ? q->n_tokens : q->want_logits ? mdl_seq_rows(q) : 0;
   }
   if (T64 > (1 << 24)) {
     snprintf(err, errlen, "forward: batch of %lld tokens too large", (long long)T64);
@@ -242,7 +247,7 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
   m->bt_group_stride = n_seqs * max_blocks;
 
   // flatten the batch
-  int t = 0, r = 0;
+  int t = 0, r = 0, out_row = 0;
   for (int s = 0; s < n_seqs; s++) {
     const mdl_seq *q = &seqs[s];
     for (int i = 0; i < q->n_tokens; i++, t++) {
@@ -258,10 +263,12 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
     if (all_rows) {
       for (int i = 0; i < q->n_tokens; i++, r++) m->h_rows[r] = t - q->n_tokens + i;
     } else if (q->want_logits) {
-      m->h_rows[r] = t - 1;
-      m->h_rseq[r] = s;
-      r++;
+      for (int i = mdl_seq_rows(q); i > 0; i--, r++) {
+        m->h_rows[r] = t - i;
+        m->h_rseq[r] = out_row + mdl_seq_rows(q) - i;
+      }
     }
+    out_row += mdl_seq_rows(q);
   }
   be->upload(kc, m->d_ids, m->h_ids, (size_t)T * 4);
   be->upload(kc, m->d_seq, m->h_seq, (size_t)T * 4);

@@ -143,7 +143,8 @@ typedef struct mdl_seq {
   int pos0;                   // tokens already in the cache for this sequence
   const int32_t *block_table; // (n_blocks) covering positions [0, pos0 + n_tokens) (borrowed)
   int n_blocks;
-  int want_logits;            // 1: return logits of the last new token
+  int want_logits;            // 1: return logits of the last new token; n > 1: of the last n new tokens (at most
+                              // n_tokens: a draft's positions, verified in one step, docs/design.md); 0: none
 } mdl_seq;
 
 // Called once layer `layer`'s K and V writes for every sequence of the batch are queued on the model's
@@ -178,8 +179,18 @@ int mdl_llama_set_ctx(mdl_llama *m, int n_ctx, char *err, size_t errlen) UTL_WAR
 const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m);
 
 // Runs one step over n_seqs sequences (prefill chunks and single decode tokens mixed), writing K/V
-// into kv and the logits of each sequence with want_logits into logits (n_seqs, n_vocab) (host memory,
-// rows of sequences without want_logits are left untouched). Not thread-safe per model: one call at a time.
+// into kv and the logits of each sequence with want_logits into logits (mdl_logit_rows(seqs, n_seqs), n_vocab) (host
+// memory, rows of sequences without want_logits are left untouched): sequence s's rows start at
+// mdl_logit_row(seqs, s), one row, or want_logits rows in token order. A row's numbers do not depend on the step's other
+// rows (the cpu kernels are batch-invariant: tests/models/test_llama.cc), which is what lets a draft be verified
+// exactly. Not thread-safe per model: one call at a time.
+static inline int mdl_seq_rows(const mdl_seq *q) { return q->want_logits > 1 ? q->want_logits : 1; }
+static inline int mdl_logit_row(const mdl_seq *seqs, int s) {
+  int r = 0;
+  for (int i = 0; i < s; i++) r += mdl_seq_rows(&seqs[i]);
+  return r;
+}
+static inline int mdl_logit_rows(const mdl_seq *seqs, int n_seqs) { return mdl_logit_row(seqs, n_seqs); }
 int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
                       mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) UTL_WARN_UNUSED;
 

@@ -13,7 +13,8 @@ struct mdl_sampler {
   int n_vocab;
   int32_t *count;     // (n_vocab) times each token was generated
   uint8_t *seen;      // (n_vocab) 1 when the token is in the prompt or was generated
-  uint64_t rng[4];    // xoshiro256** state
+  uint64_t key;       // the seed, mixed: a position's draw is mix(key, pos) (rng_at)
+  int64_t pos;        // output tokens sampled or accepted so far: the position of the next draw
   float *work;        // (n_vocab) adjusted logits
   int32_t *idx;       // (n_vocab) candidate ids
   mdl_grammar_matcher *gm; // (owned) the request's place in p.grammar; NULL without one
@@ -29,20 +30,14 @@ static uint64_t splitmix64(uint64_t *x) {
   return z ^ (z >> 31);
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t xoshiro_next(uint64_t *s) {
-  uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-  s[2] ^= s[0];
-  s[3] ^= s[1];
-  s[1] ^= s[2];
-  s[0] ^= s[3];
-  s[2] ^= t;
-  s[3] = rotl(s[3], 45);
-  return r;
+// The uniform draw of output position pos, in [0, 1): a counter-based generator (splitmix64's finalizer over the
+// mixed seed and the position), so a position's draw depends only on (seed, position) -- the router folds the
+// choice index into the seed -- and never on how many tokens a step produced: speculative decoding, which samples
+// several positions in one step, draws what one-token steps draw (docs/design.md, "Speculative decoding").
+static double rng_at(uint64_t key, int64_t pos) {
+  uint64_t x = key ^ ((uint64_t)pos * 0xd1b54a32d192ed03ull);
+  return (double)(splitmix64(&x) >> 11) * 0x1.0p-53;
 }
-
-static double rng_uniform(uint64_t *s) { return (double)(xoshiro_next(s) >> 11) * 0x1.0p-53; } // [0, 1)
 
 int mdl_sampler_new(const mdl_sampling *s, int n_vocab, const int32_t *prompt, int n_prompt, mdl_sampler **out,
                     char *err, size_t errlen) {
@@ -120,7 +115,7 @@ int mdl_sampler_new(const mdl_sampling *s, int n_vocab, const int32_t *prompt, i
   for (int i = 0; i < n_prompt; i++)
     if (prompt[i] >= 0 && prompt[i] < n_vocab) m->seen[prompt[i]] = 1;
   uint64_t x = s->seed;
-  for (int i = 0; i < 4; i++) m->rng[i] = splitmix64(&x);
+  m->key = splitmix64(&x);
   *out = m;
   return 0;
 oom:
@@ -355,7 +350,7 @@ void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out) {
     }
     double total = 0;
     for (int i = 0; i < n; i++) total += w[idx[i]];
-    double r = rng_uniform(s->rng) * total, cum = 0;
+    double r = rng_at(s->key, s->pos) * total, cum = 0;
     tok = idx[n - 1];
     for (int i = 0; i < n; i++) {
       cum += w[idx[i]];
@@ -379,11 +374,12 @@ done:
   if (p->n_logprobs > 0) top_logprobs(s, logits, lse, out);
   if (s->count[tok] < INT32_MAX) s->count[tok]++;
   s->seen[tok] = 1;
+  s->pos++;
 }
 
 void mdl_sampler_accept(mdl_sampler *s, int32_t token) {
   if (token < 0 || token >= s->n_vocab) return;
-  if (s->p.temperature > 0) (void)rng_uniform(s->rng); // the draw mdl_sampler_sample would have made
+  s->pos++; // the next draw is the next position's
   if (s->count[token] < INT32_MAX) s->count[token]++;
   s->seen[token] = 1;
   if (s->gm) mdl_grammar_matcher_accept_token(s->gm, token);

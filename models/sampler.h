@@ -25,7 +25,8 @@ typedef struct mdl_sampling {
   float presence_penalty;   // -2..2, once per distinct token generated
   float frequency_penalty;  // -2..2, times the count of the token generated
   float repetition_penalty; // > 0, over prompt and generated tokens (llama.cpp / HF style)
-  uint64_t seed;            // the request's RNG seed (same seed -> same output)
+  uint64_t seed;            // the request's RNG seed (same seed -> same output): output position i's random draw
+                            // depends only on (seed, i), never on how many tokens a step produced
   const mdl_bias *bias;     // (borrowed) (n_bias)
   int n_bias;
   int n_logprobs;           // top-N logprobs to report, 0..20
@@ -58,7 +59,7 @@ int mdl_argmax(const float *v, int n);
 // tokens it does not allow are masked out first (before bias, penalties and filters) and the token advances it.
 void mdl_sampler_sample(mdl_sampler *s, const float *logits, mdl_sampled *out);
 // Records a token another process sampled for this request (the prefill worker's first token), as if
-// mdl_sampler_sample had picked it: penalties see it, the RNG advances by the same draw, the grammar takes it.
+// mdl_sampler_sample had picked it: penalties see it, the next draw is the next position's, the grammar takes it.
 void mdl_sampler_accept(mdl_sampler *s, int32_t token);
 // 1 when the request has a grammar and nothing but the end can follow: the output is complete (the caller ends the
 // choice with finish_reason "stop"), or a token the grammar refused was accepted.

@@ -161,7 +161,10 @@ cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen) {
       !cJSON_AddNumberToObject(j, "completion_tokens", m->completion_tokens) ||
       !cJSON_AddNumberToObject(j, "cached_tokens", m->cached_tokens) ||
       !cJSON_AddNumberToObject(j, "kv_bytes", m->kv_bytes) || !cJSON_AddNumberToObject(j, "kv_ms", m->kv_ms) ||
-      (m->prefill_ms >= 0 && !cJSON_AddNumberToObject(j, "prefill_ms", m->prefill_ms)))
+      (m->prefill_ms >= 0 && !cJSON_AddNumberToObject(j, "prefill_ms", m->prefill_ms)) ||
+      (m->spec_drafts > 0 && (!cJSON_AddNumberToObject(j, "spec_drafts", (double)m->spec_drafts) ||
+                              !cJSON_AddNumberToObject(j, "spec_drafted", (double)m->spec_drafted) ||
+                              !cJSON_AddNumberToObject(j, "spec_accepted", (double)m->spec_accepted))))
     return oom(j, err, errlen);
   return j;
 }
@@ -178,7 +181,10 @@ int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) {
     if (prt__int(j, PRT_OP_DONE, k[i], 0, -1, INT32_MAX, &v[i], err, errlen)) return -1;
   if (prt__num(j, PRT_OP_DONE, "kv_bytes", 0, -1, HUGE_VAL, &m->kv_bytes, err, errlen) ||
       prt__num(j, PRT_OP_DONE, "kv_ms", 0, -1, HUGE_VAL, &m->kv_ms, err, errlen) ||
-      prt__num(j, PRT_OP_DONE, "prefill_ms", 0, 0, HUGE_VAL, &m->prefill_ms, err, errlen))
+      prt__num(j, PRT_OP_DONE, "prefill_ms", 0, 0, HUGE_VAL, &m->prefill_ms, err, errlen) ||
+      prt__int(j, PRT_OP_DONE, "spec_drafts", 0, 0, INT64_MAX / 2, &m->spec_drafts, err, errlen) ||
+      prt__int(j, PRT_OP_DONE, "spec_drafted", 0, 0, INT64_MAX / 2, &m->spec_drafted, err, errlen) ||
+      prt__int(j, PRT_OP_DONE, "spec_accepted", 0, 0, m->spec_drafted, &m->spec_accepted, err, errlen))
     return -1;
   m->prompt_tokens = (int)v[0];
   m->completion_tokens = (int)v[1];
@@ -229,6 +235,7 @@ cJSON *prt_generate_encode(const prt_generate *m, char *err, size_t errlen) {
   }
   if (prt__add_ints(j, "stop_ids", m->stop_ids, m->n_stop_ids) ||
       !cJSON_AddBoolToObject(j, "ignore_eos", m->ignore_eos) ||
+      (m->no_spec && !cJSON_AddBoolToObject(j, "speculative", 0)) ||
       !cJSON_AddNumberToObject(j, "deadline_ms", m->deadline_ms) || !PRT_ADD_STR(j, "mode", m->mode) ||
       !PRT_ADD_STR(j, "prefill", m->prefill) || !PRT_ADD_STR(j, "decode", m->decode) ||
       (m->prefix_peer && (!cJSON_AddStringToObject(j, "prefix_peer", m->prefix_peer) ||
@@ -411,6 +418,12 @@ int prt_generate_decode(const cJSON *j, prt_generate *m, char *err, size_t errle
     goto fail;
   }
   m->ignore_eos = cJSON_IsTrue(ie);
+  ie = cJSON_GetObjectItemCaseSensitive(j, "speculative");
+  if (ie && !cJSON_IsNull(ie) && !cJSON_IsBool(ie)) {
+    utl_seterr(err, errlen, "%s: speculative must be a bool", GEN);
+    goto fail;
+  }
+  m->no_spec = cJSON_IsFalse(ie);
   utl_trace_ctx tc;
   if (prt__str(j, GEN, "traceparent", 0, &m->traceparent, err, errlen)) goto fail;
   if (m->traceparent && utl_traceparent_parse(m->traceparent, &tc)) {

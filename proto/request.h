@@ -66,6 +66,9 @@ typedef struct prt_done {
                              // its holding the whole prompt's KV (the prefill worker's queue and compute included)
   double prefill_ms;         // -1 when absent: the prefill phase, from the prefill worker's receipt of the request to
                              // its first token (kv_first's prefill_ms; a colocated worker's own); sent when >= 0
+  int64_t spec_drafts;       // speculative decoding on the decode worker: drafts verified, tokens they proposed and
+  int64_t spec_drafted;      // tokens accepted (0 when absent; sent when spec_drafts > 0)
+  int64_t spec_accepted;
 } prt_done;
 cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen);
 int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) UTL_WARN_UNUSED;
@@ -122,6 +125,7 @@ typedef struct prt_generate {
   int32_t *stop_ids;       // (owned) (n_stop_ids)
   int n_stop_ids;
   int ignore_eos;          // a bool; 0 when absent
+  int no_spec;             // "speculative": false (sent only then): decode without drafts; 0 when absent
   int deadline_ms;         // [0, 2^30] ms from receipt; 0 when absent (none)
   const char *mode;        // (borrowed) "local" / "prefill" / "decode" (the worker checks it); NULL when absent (local)
   const char *prefill;     // (borrowed) mode decode: the prefill worker; NULL when absent

@@ -417,6 +417,7 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
   for (int i = 0; i < q->n_bias; i++) bias[i] = (prt_bias){q->bias[i].id, q->bias[i].bias};
   prt_generate g = {.id = c->id, .prompt = prompt, .n_prompt = c->n_prompt + c->n_gen, .max_tokens = c->max_tokens,
                     .stop = (const char **)q->stop, .n_stop = q->n_stop, .ignore_eos = q->ignore_eos,
+                    .no_spec = q->no_spec,
                     .deadline_ms = s->rc->request_timeout_ms,
                     .mode = mode, .prefill = prefill, .decode = decode, .prefix_peer = prefix_peer,
                     .prefix_blocks = prefix_peer ? prefix_blocks : 0, .resume = c->n_gen};

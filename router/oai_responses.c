@@ -15,7 +15,8 @@
 static const char *const F_RESPONSES[] = {
     "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
     "parallel_tool_calls", "stream", "store", "metadata", "user", "text", "truncation", "service_tier",
-    "safety_identifier", "prompt_cache_key", "background", "include", "chat_template", "chat_template_kwargs", NULL};
+    "safety_identifier", "prompt_cache_key", "background", "include", "chat_template", "chat_template_kwargs",
+    "speculative", NULL};
 
 static int only(const cJSON *obj, const char *const *known, const char *where, rtr_error *e) {
   for (const cJSON *k = obj->child; k; k = k->next) {
@@ -327,7 +328,7 @@ static int to_chat(const cJSON *root, cJSON *chat, rtr_error *e) {
   // copied as they are: the chat parser checks them (and its errors are renamed by parse_responses)
   static const char *const same[] = {"model", "temperature", "top_p", "parallel_tool_calls", "stream", "metadata",
                                      "user", "service_tier", "safety_identifier", "prompt_cache_key", "chat_template",
-                                     "chat_template_kwargs", NULL};
+                                     "chat_template_kwargs", "speculative", NULL};
   for (const char *const *k = same; *k; k++)
     if ((v = rtr_oai_field(root, *k))) cJSON_AddItemToObject(chat, *k, cJSON_Duplicate(v, 1));
   if ((v = rtr_oai_field(root, "max_output_tokens")))

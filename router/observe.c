@@ -33,6 +33,14 @@ void rtr_observe_metrics(rtr_server *s, const double *bounds, int n_bounds) {
                                         NULL);
   s->m_handoffs = rtr_metrics_counter(m, "dserve:kv_handoffs_total",
                                       "Choices whose prompt KV moved from a prefill worker to a decode worker.", NULL);
+  // vLLM's names with dserve's prefix; the mean acceptance length is accepted / drafts + 1 (the bonus token)
+  s->m_spec_drafts = rtr_metrics_counter(m, "dserve:spec_decode_num_drafts_total",
+                                         "Speculative decoding: drafts verified (steps in which a sequence proposed "
+                                         "at least one token).", NULL);
+  s->m_spec_drafted = rtr_metrics_counter(m, "dserve:spec_decode_num_draft_tokens_total",
+                                          "Speculative decoding: tokens drafted.", NULL);
+  s->m_spec_accepted = rtr_metrics_counter(m, "dserve:spec_decode_num_accepted_tokens_total",
+                                           "Speculative decoding: drafted tokens verification accepted.", NULL);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -173,6 +181,13 @@ void rtr_observe_done_locked(rtr_server *s, rtr_req *r, int ci, const prt_done *
   c->kv_bytes = m->kv_bytes;
   c->kv_ms = m->kv_ms;
   c->prefill_ms = m->prefill_ms;
+  c->spec_drafted += m->spec_drafted; // a moved choice's workers each report theirs
+  c->spec_accepted += m->spec_accepted;
+  if (m->spec_drafts > 0) {
+    rtr_metric_add(s->m_spec_drafts, (double)m->spec_drafts);
+    rtr_metric_add(s->m_spec_drafted, (double)m->spec_drafted);
+    rtr_metric_add(s->m_spec_accepted, (double)m->spec_accepted);
+  }
   if (m->kv_bytes > 0) rtr_metric_add(s->m_kv_bytes, m->kv_bytes);
   int handoff = c->plink >= 0 && m->kv_ms >= 0;
   if (handoff) {
@@ -200,7 +215,7 @@ void rtr_observe_end(rtr_server *s, rtr_req *r, int status) {
   int64_t now = utl_now_us();
   pthread_mutex_lock(&s->mu);
   int comp = 0, cached = 0, moves = 0;
-  double kvb = 0;
+  double kvb = 0, drafted = 0, accepted = 0;
   char workers[256] = "", finish[16] = "";
   int routed = 0;
   for (int i = 0; r->ch && i < r->n_ch; i++) {
@@ -209,6 +224,8 @@ void rtr_observe_end(rtr_server *s, rtr_req *r, int status) {
     if (c->cached_tokens > cached) cached = c->cached_tokens;
     moves += c->resends;
     if (c->kv_bytes > 0) kvb += c->kv_bytes;
+    drafted += (double)c->spec_drafted;
+    accepted += (double)c->spec_accepted;
     size_t n = strlen(workers);
     snprintf(workers + n, sizeof workers - n, "%s%s", i ? ";" : "", c->workers[0] ? c->workers : "-");
     routed |= c->workers[0] != 0;
@@ -227,7 +244,8 @@ void rtr_observe_end(rtr_server *s, rtr_req *r, int status) {
       UTL_LF_N("stream", r->q.stream), UTL_LF_N("prompt_tokens", r->n_prompt), UTL_LF_N("completion_tokens", comp),
       UTL_LF_N("cached_tokens", cached), UTL_LF_S("finish", finish), UTL_LF_N("queue_ms", queue),
       UTL_LF_N("ttft_ms", ttft), UTL_LF_N("total_ms", total), UTL_LF_S("workers", workers),
-      UTL_LF_N("kv_bytes", kvb), UTL_LF_N("migrations", moves), UTL_LF_S("trace_id", trace)};
+      UTL_LF_N("kv_bytes", kvb), UTL_LF_N("migrations", moves), UTL_LF_N("spec_drafted", drafted),
+      UTL_LF_N("spec_accepted", accepted), UTL_LF_S("trace_id", trace)};
   if (r->traced && s->tracer) {
     utl_trace_ctx parent = r->trace;
     memcpy(parent.span_id, r->parent_span, sizeof parent.span_id);

@@ -417,11 +417,11 @@ static const char *const F_CHAT[] = {
     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "best_of", "ignore_eos", "stop",
     "logit_bias", "logprobs", "top_logprobs", "stream", "stream_options", "response_format", "tools", "tool_choice",
     "functions", "function_call", "parallel_tool_calls", "user", "store", "metadata", "service_tier",
-    "prompt_cache_key", "safety_identifier", "modalities", "chat_template", "chat_template_kwargs", NULL};
+    "prompt_cache_key", "safety_identifier", "modalities", "chat_template", "chat_template_kwargs", "speculative", NULL};
 static const char *const F_COMPLETION[] = {
     "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "best_of", "ignore_eos", "stop",
-    "logit_bias", "logprobs", "stream", "stream_options", "echo", "suffix", "user", NULL};
+    "logit_bias", "logprobs", "stream", "stream_options", "echo", "suffix", "user", "speculative", NULL};
 static const char *const F_TOKENIZE[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
                                          "chat_template", "chat_template_kwargs", "tools", NULL};
 static const char *const F_DETOKENIZE[] = {"model", "tokens", NULL};
@@ -470,6 +470,9 @@ static int parse_sampling(const cJSON *root, const rtr_limits *lim, rtr_request 
   if ((rc = get_int(root, "best_of", 1, lim->max_n, &iv, e)) < 0) return -1;
   if (rc && iv != r->n) return UNSUP(e, "best_of", "'best_of' other than n is not supported");
   if (rtr_oai_get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
+  int spec = 1;
+  if (rtr_oai_get_bool(root, "speculative", &spec, e) < 0) return -1;
+  r->no_spec = !spec;
   if (parse_stop(root, lim, r, e) < 0 || parse_bias(root, lim, r, e) < 0) return -1;
 
   if (r->kind == RTR_CHAT) {

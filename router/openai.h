@@ -126,6 +126,7 @@ typedef struct rtr_request {
   int n_bias;
   int stream, include_usage;
   int ignore_eos;
+  int no_spec;               // "speculative": false: this request's choices decode without drafts (docs/openai.md)
   int response_format;      // RTR_FORMAT_*: structured outputs (grammar-constrained decoding), chat only
   char *json_schema;        // (owned) RTR_FORMAT_JSON_SCHEMA: the schema's JSON text (compiled once to validate it)
   int tool_choice;          // RTR_TOOLS_*

@@ -108,6 +108,7 @@ typedef struct rtr_choice {
   char workers[96];            // every worker it ran on, in order: "p0>d0" (prefill>decode) or "d0"; a move adds ",d1"
   int64_t t_sent_us, t_first_us, t_move_us; // routed (last time), its first token, moved (0: no move pending a token)
   double kv_bytes, prefill_ms, kv_ms;        // from done: KV moved to its decode worker, the phases' times (-1: none)
+  int64_t spec_drafted, spec_accepted;       // from done: speculative decoding's drafted and accepted tokens
 } rtr_choice;
 
 typedef struct rtr_req {
@@ -210,6 +211,7 @@ struct rtr_server {
   rtr_metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue, *m_kv_usage,
       *m_prefix_hits, *m_prefix_queries, *m_kv_bytes, *m_kv_pushed, *m_kv_time, *m_ok_stop, *m_ok_length, *m_fail;
   rtr_metric *m_prefill_time, *m_transfer_time, *m_decode_time, *m_migrations, *m_handoffs; // observe.c
+  rtr_metric *m_spec_drafts, *m_spec_drafted, *m_spec_accepted;                            // observe.c
   rtr_metric *m_spans_dropped;  // dserve:trace_spans_dropped_total (NULL without tracing)
   utl_tracer *tracer;           // (owned) NULL: tracing off (the config has no "tracing" section)
   pthread_t stats_thread;       // observe.c: the stats lines (logging.stats_interval_s)

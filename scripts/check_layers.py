@@ -5,7 +5,8 @@ that call each other, or a control message's op name spelled outside proto/.
 usage: scripts/check_layers.py [ROOT]        (default: the repository this script is in)
 
 What it reads (C sources of the library folders and cmd/, comments and strings stripped):
-- folder edges: `#include "B/x.h"` in a file of folder A is A -> B. Any circle between folders fails.
+- folder edges: `#include "B/x.h"` in a file of folder A is A -> B. Any circle between folders fails, and so does an
+  include from a floor library (FLOORS: util/, spec/) of a folder it may not use.
 - file edges, inside each folder: a call in file X of a non-static function defined in file Y of the same folder is
   X -> Y (functions reached through a pointer that a higher file registered are not calls, which is the point: a
   lower layer reads a callback instead of calling up). Any circle between two or more files fails.
@@ -18,7 +19,7 @@ import os
 import re
 import sys
 
-FOLDERS = ["util", "kernels", "models", "kvxfer", "proto", "ctl", "config", "disco", "kv", "worker", "router", "prefill", "decode",
+FOLDERS = ["util", "spec", "kernels", "models", "kvxfer", "proto", "ctl", "config", "disco", "kv", "worker", "router", "prefill", "decode",
            "launch", "cmd"]
 
 
@@ -88,6 +89,10 @@ OTHER_MEANING = {("draining", "router/http.c"): "/health's status while the rout
 
 DEF_RE = re.compile(r"^(?!static\b)(?!typedef\b)[A-Za-z_][\w \t\*]*?\b([A-Za-z_]\w*)\s*\(([^;{}()]|\([^()]*\))*\)\s*\{", re.M)
 CALL_RE = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+# Floor libraries: each may include only the folders named here (a circle check alone would let them grow upward).
+# spec/ (the speculative drafts) sits above util/ and below worker/, prefill/ and decode/, which call it.
+FLOORS = {"util": (), "spec": ("util",)}
+
 INC_RE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/[^"]+"', re.M)
 
 
@@ -138,6 +143,11 @@ def main(argv):
             if to in FOLDERS and to != folder:
                 fedges.setdefault(folder, set()).add(to)
                 fwhy.setdefault((folder, to), rel + ': #include "' + to + '/..."')
+    for folder, tos in sorted(fedges.items()):
+        for to in sorted(tos):
+            if folder in FLOORS and to not in FLOORS[folder]:
+                fail.append("%s/ may include only %s: %s" % (folder, ", ".join(f + "/" for f in FLOORS[folder]) or "itself",
+                                                             fwhy[(folder, to)]))
     for comp in circles(fedges):
         fail.append("folders include each other: " + " <-> ".join(comp))
         for a in comp:

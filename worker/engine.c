@@ -214,10 +214,47 @@ void wrk_engine_remove(wrk_engine *e, wrk_seq *s) {
 
 int wrk_engine_busy(const wrk_engine *e) { return e->n_run > 0 || e->n_wait > 0; }
 
+
 static int block_size(const wrk_engine *e) { return kv_pool_kv(e->rt->kv)->block_size; }
 
 // The most prompt tokens one step computes (workers[i].max_batch_tokens).
 static int max_chunk(const wrk_engine *e) { return e->rt->w->max_batch_tokens; }
+
+double wrk_draft_rho(const wrk_stepcost *c, int base_tokens, int n_decode) {
+  if (c->n < 1 || !(c->fixed_ms > 0) || !(c->per_tok_ms > 0)) return base_tokens <= 8 ? 0 : 1;
+  double t0 = wrk_stepcost_predict(c, base_tokens, 0), rho = t0 > 0 ? c->per_tok_ms * n_decode / t0 : 1;
+  return rho < 0 ? 0 : rho > 1 ? 1 : rho;
+}
+
+double wrk_engine_draft_rho(const wrk_engine *e) {
+  int base = 0, n_decode = 0;
+  for (int i = 0; i < e->n_run; i++) {
+    const wrk_seq *s = e->run[i];
+    int pending = s->n_toks - s->n_done - s->n_draft;
+    base += pending < max_chunk(e) ? pending : max_chunk(e);
+    n_decode += pending == 1;
+  }
+  if (base > max_chunk(e)) base = max_chunk(e);
+  return wrk_draft_rho(&e->cost, base, n_decode);
+}
+
+void wrk_seq_drop_draft(wrk_seq *s) {
+  s->n_toks -= s->n_draft;
+  s->n_draft = 0;
+}
+
+void wrk_engine_accept(wrk_engine *e, wrk_seq *s, int m) {
+  if (m < 0) m = 0;
+  if (m > s->n_toks - s->n_done) m = s->n_toks - s->n_done;
+  s->n_done += m;
+  kv_blocks_truncate(e->rt->kv, &s->blocks, s->n_toks); // the next step writes position n_toks - 1 at most
+  kv_blocks_slide(e->rt->kv, &s->blocks, s->n_done);
+  int full = s->n_done / block_size(e);
+  if (e->prefix && full > s->n_inserted && !s->no_reuse) {
+    kv_prefix_insert(e->prefix, s->toks, s->n_done, s->blocks.ids, full);
+    s->n_inserted = full;
+  }
+}
 
 // Makes s's table cover n_tokens positions, evicting cached blocks nobody uses (LRU, leaves first) for as long as
 // the pool is short: first as many as the table lacks, then one at a time (a sliding-window pool's free count is
@@ -320,6 +357,7 @@ static int preempt(wrk_engine *e, const wrk_seq *keep, int n_batch) {
   for (int i = e->n_run - 1; i >= 0; i--) {
     wrk_seq *v = e->run[i];
     if (v == keep || find(e->batch_of, n_batch, v) >= 0) continue;
+    wrk_seq_drop_draft(v); // recomputed from its tokens: a draft is not one of them
     kv_blocks_release(e->rt->kv, &v->blocks);
     v->n_done = v->n_cached = v->n_inserted = 0;
     remove_at(e->run, &e->n_run, i);
@@ -331,17 +369,41 @@ static int preempt(wrk_engine *e, const wrk_seq *keep, int n_batch) {
   return -1;
 }
 
+// Once every decode row has its token and blocks: each drafted row grows to its 1 + n_draft positions (logits for all
+// of them) while `room` tokens last, its blocks taken from free ones or cached ones nobody uses, never from another
+// sequence; a draft that does not fit is dropped. Returns the tokens added.
+static int add_drafts(wrk_engine *e, int n, int room, double *kpairs) {
+  int added = 0;
+  for (int i = 0; i < n; i++) {
+    wrk_seq *s = e->batch_of[i];
+    if (s->n_draft < 1) continue;
+    if (added + s->n_draft > room || reserve_evicting(e, s, s->n_toks)) {
+      wrk_seq_drop_draft(s);
+      continue;
+    }
+    mdl_seq *q = &e->batch[i];
+    *kpairs += wrk_row_kpairs(s->n_done, 1 + s->n_draft) - wrk_row_kpairs(s->n_done, 1);
+    q->n_tokens = e->batch_chunk[i] = 1 + s->n_draft;
+    q->want_logits = 1 + s->n_draft;
+    q->block_table = s->blocks.ids; // the table may have moved as it grew
+    q->n_blocks = s->blocks.n;
+    added += s->n_draft;
+  }
+  return added;
+}
+
 int wrk_engine_plan(wrk_engine *e) {
   int cap = max_chunk(e), used = 0, n = 0, n_decode = 0, n_prefill = 0;
   double kpairs = 0;
-  for (int i = 0; i < e->n_run; i++) n_decode += e->run[i]->n_toks - e->run[i]->n_done == 1;
+  for (int i = 0; i < e->n_run; i++) n_decode += e->run[i]->n_toks - e->run[i]->n_done - e->run[i]->n_draft == 1;
   // the target paces prefill only while something decodes and once a step has been measured (wrk_step_chunk)
   double target = n_decode > 0 ? e->rt->w->tpot_target_ms : 0;
   e->n_batch = 0;
   for (int pass = 0; pass < 2; pass++) { // pass 0: single decode tokens; pass 1: prefill chunks, oldest first
+    if (pass == 1) used += add_drafts(e, n, cap - used, &kpairs);
     for (int i = 0; i < e->n_run; i++) {
       wrk_seq *s = e->run[i];
-      int pending = s->n_toks - s->n_done;
+      int pending = s->n_toks - s->n_done - s->n_draft;
       if (pending < 1 || (pass == 0) != (pending == 1)) continue;
       int chunk = pass == 0 ? 1 // decode tokens never wait behind prefills
                             : wrk_step_chunk(&e->cost, target, used, kpairs, s->n_done, pending, cap - used,
@@ -349,15 +411,19 @@ int wrk_engine_plan(wrk_engine *e) {
       if (chunk < 1) break;
       if (kv_pool_blocks_needed(e->rt->kv, s->n_done + chunk, chunk) > kv_pool_total_blocks(e->rt->kv)) {
         s->cannot_grow = 1; // the pool is its context length: preempting the others would not make room
+        wrk_seq_drop_draft(s);
         continue;
       }
       int ok;
       while (!(ok = !reserve_evicting(e, s, s->n_done + chunk)) && !preempt(e, s, n))
         i = find(e->run, e->n_run, s); // the list shifted
-      if (!ok) continue; // nothing left to take blocks from: it waits for others to finish
+      if (!ok) { // nothing left to take blocks from: it waits for others to finish
+        wrk_seq_drop_draft(s);
+        continue;
+      }
       e->batch[n] = (mdl_seq){.tokens = s->toks + s->n_done, .n_tokens = chunk, .pos0 = s->n_done,
                               .block_table = s->blocks.ids, .n_blocks = s->blocks.n,
-                              .want_logits = s->n_done + chunk == s->n_toks};
+                              .want_logits = s->n_done + chunk == s->n_toks - s->n_draft};
       e->batch_of[n] = s;
       e->batch_chunk[n] = chunk;
       n++;
@@ -372,16 +438,16 @@ int wrk_engine_plan(wrk_engine *e) {
 }
 
 int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen) {
-  int n = e->n_batch;
+  int n = e->n_batch, rows = mdl_logit_rows(e->batch, n);
   int n_vocab = mdl_llama_config(e->rt->model)->n_vocab;
-  if (n > e->cap_rows) {
-    float *l = realloc(e->logits, (size_t)n * (size_t)n_vocab * sizeof *l);
+  if (rows > e->cap_rows) {
+    float *l = realloc(e->logits, (size_t)rows * (size_t)n_vocab * sizeof *l);
     if (!l) {
       snprintf(err, errlen, "out of memory for logits");
       return -1;
     }
     e->logits = l;
-    e->cap_rows = n;
+    e->cap_rows = rows;
   }
   double t0 = utl_now_ms_f();
   if (e->step_t0_ms > 0) {
@@ -405,7 +471,7 @@ int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
   for (int i = 0; i < n; i++) {
     wrk_seq *s = e->batch_of[i];
     if (!s) continue;
-    s->n_done += e->batch_chunk[i];
+    s->n_done += e->batch_chunk[i] - s->n_draft; // a draft's positions count once verified (wrk_engine_accept)
     kv_blocks_slide(e->rt->kv, &s->blocks, s->n_done); // window pages no later step reads become reclaimable
     // Blocks this step filled become reusable by later requests (prompt and generated tokens alike).
     int full = s->n_done / block_size(e);

@@ -33,6 +33,9 @@ typedef struct wrk_seq {
   int cannot_grow; // set by wrk_engine_plan: its next step needs more KV blocks than the whole pool holds, so no
                    // eviction or preemption can make room; it stays in run, computing nothing, until the role ends
                    // it (a decode worker: finish_reason "length", as at the model's context length)
+  int n_draft;     // speculative decoding: the last n_draft of toks are a draft the role proposed after the token to
+                   // decode (n_toks == n_done + 1 + n_draft); the step computes all 1 + n_draft rows and returns their
+                   // logits; n_done then passes the decoded token only, until wrk_engine_accept (docs/design.md)
   void *owner;     // (borrowed) the role's per-request state
 } wrk_seq;
 
@@ -131,6 +134,23 @@ int wrk_engine_plan(wrk_engine *e); // fills batch / batch_of / batch_chunk; ret
 // 0 / -1
 int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, char *err, size_t errlen) UTL_WARN_UNUSED;
 int wrk_engine_busy(const wrk_engine *e);
+// Speculative decoding: what drafting costs the next step. A drafted token adds per_tok_ms to a step that produces
+// n_decode tokens in T0 = predict(base_tokens) ms (base: the decode tokens and the prefill the step computes
+// anyway), so drafts raise the step's output rate only when they are accepted at a rate above
+// rho = per_tok_ms * n_decode / T0 (tokens out per ms before and after: n / T0 < (n + a) / (T0 + per_tok_ms k) iff
+// a / k > rho). Returns rho in [0, 1]: near 0 where a step is memory-bound (a GPU at small batch: extra rows are
+// almost free), near 1 where it is compute-bound (many sequences, prefill rows, a CPU): then drafting pays only for
+// drafts that nearly always hold. Before the model separates a fixed cost from the per-token one (no observation, or
+// a fit through the origin because every step had the same size), rho is 0 under light load (base_tokens <= 8:
+// drafting also gives the fit steps of other sizes) and 1 otherwise. Pure arithmetic over the cost model.
+double wrk_draft_rho(const wrk_stepcost *c, int base_tokens, int n_decode);
+double wrk_engine_draft_rho(const wrk_engine *e);
+// After the role verified s's draft (its 1 + n_draft rows of logits): the draft is taken out of toks (n_draft 0) and
+// the role pushes what it emits. Then wrk_engine_accept(e, s, m): the first m drafted tokens (which the role has
+// pushed again, as emitted) were accepted, their K and V from the step stand (n_done moves past them); the blocks
+// only rejected positions needed go back to the pool, and the prefix store sees accepted positions only.
+void wrk_seq_drop_draft(wrk_seq *s);
+void wrk_engine_accept(wrk_engine *e, wrk_seq *s, int m);
 // The prefix cache's counters for stats_ok (proto/stats.h): prefix_hits / prefix_queries (tokens served from the
 // cache / prompt tokens looked up, running totals) and prefix_cached_blocks; with a cache also each configured
 // tier's hits, queries (tokens, running totals) and blocks (resident now) (kv_prefix_stats).

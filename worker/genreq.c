@@ -134,6 +134,7 @@ int wrk_genreq_parse(const prt_generate *g, int n_vocab, int n_ctx, wrk_grammars
     FAIL("invalid_request", "max_tokens %d leaves nothing to generate after %d resumed tokens", r->max_tokens, r->n_resume);
   r->deadline_ms = g->deadline_ms;
   r->ignore_eos = g->ignore_eos;
+  r->no_spec = g->no_spec;
   if (copy_name(g->mode, r->mode, sizeof r->mode) || copy_name(g->prefill, r->prefill, sizeof r->prefill) ||
       copy_name(g->decode, r->decode, sizeof r->decode))
     FAIL("invalid_request", "bad mode / prefill / decode field");

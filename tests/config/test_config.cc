@@ -477,7 +477,7 @@ TEST(Config, ValuesKept) {
                  "kv_type": "q8_0",
                  "kvxfer": {"backend": "rdma", "host": "10.0.0.9", "port": 7000, "staging": "off", "encrypt": false}},
                 {"name": "b", "role": "decode", "port": 0, "device": "cuda:3", "kernels": "avx512", "kv_type": "f32",
-                 "tpot_target_ms": 95.5}]})");
+                 "tpot_target_ms": 95.5, "spec": "off"}]})");
   ASSERT_EQ(x.rc, 0) << x.err;
   const cfg_cluster *c = x.c;
   EXPECT_TRUE(c->has_router);
@@ -506,6 +506,9 @@ TEST(Config, ValuesKept) {
   EXPECT_STREQ(c->workers[1].cuda_graphs, "off"); // the default
   EXPECT_DOUBLE_EQ(c->workers[1].tpot_target_ms, 95.5);
   EXPECT_DOUBLE_EQ(c->workers[0].tpot_target_ms, 0); // the default: off
+  EXPECT_STREQ(c->workers[1].spec, "off");
+  EXPECT_STREQ(c->workers[0].spec, CFG_DEF_SPEC); // the default: auto
+  EXPECT_STREQ(CFG_DEF_SPEC, "auto");
 }
 
 // A section made in code gets what cfg_parse gives an absent key for every field that may not be 0; what is set stays,
@@ -605,6 +608,8 @@ const BadCase kBad[] = {
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": "tcp"}]})", "t.json: workers[0].kvxfer: expected an object"},
     {R"({"model": "m", "workers": [{"port": 1, "cuda_graphs": true}]})", "t.json: workers[0].cuda_graphs: expected a string"},
     {R"({"model": "m", "workers": [{"port": 1, "cuda_graphs": "yes"}]})", "t.json: workers[0].cuda_graphs: \"yes\" is not one of: off, on"},
+    {R"({"model": "m", "workers": [{"port": 1, "spec": "on"}]})", "t.json: workers[0].spec: \"on\" is not one of: auto, off"},
+    {R"({"model": "m", "workers": [{"port": 1, "spec": false}]})", "t.json: workers[0].spec: expected a string"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"staging": "yes"}}]})", "t.json: workers[0].kvxfer.staging: \"yes\" is not one of: auto, on, off"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"encrypt": "no"}}]})", "t.json: workers[0].kvxfer.encrypt: expected true or false, got a string"},
     {R"({"model": "m", "workers": [{"port": 1, "kvxfer": {"port": 65536}}]})", "t.json: workers[0].kvxfer.port: expected an integer 0..65535"},

@@ -102,6 +102,7 @@ class ServeErrors(unittest.TestCase):
         self.check(["serve", u.MODEL, "--port", "70000"], "router.port")
         self.check(["serve", u.MODEL, "--threads", "0"], "workers[0].threads")
         self.check(["serve", u.MODEL, "--kv-type", "q9"], "workers[0].kv_type")
+        self.check(["serve", u.MODEL, "--spec", "on"], "workers[0].spec", '"on" is not one of: auto, off')
         self.check(["serve", u.MODEL, "--no-such-flag"], "unknown or incomplete option '--no-such-flag'")
         self.check(["serve", u.MODEL, "--port"], "--port needs a value")
         self.check(["launch", "--config", "/no/such.json", "--node", "local", "--port", "1"], "/no/such.json")
@@ -109,12 +110,14 @@ class ServeErrors(unittest.TestCase):
     def test_print_config(self):
         d = tempfile.mkdtemp(prefix="dserve-serve-")
         self.addCleanup(shutil.rmtree, d, True)
-        rc, out = run(["serve", os.path.relpath(u.MODEL, d), "--print-config", "-np", "4", "--temp", "0.5"], cwd=d)
+        rc, out = run(["serve", os.path.relpath(u.MODEL, d), "--print-config", "-np", "4", "--temp", "0.5",
+                       "--spec", "off"], cwd=d)
         self.assertEqual(rc, 0, out)
         cfg = json.loads(out)
         self.assertEqual(os.path.realpath(cfg["model"]), os.path.realpath(u.MODEL))  # absolute: means the same anywhere
         self.assertTrue(cfg["model"].startswith("/"))
         self.assertEqual(cfg["workers"][0]["max_seqs"], 4)
+        self.assertEqual(cfg["workers"][0]["spec"], "off")
         self.assertEqual(cfg["sampling"]["temperature"], 0.5)
         self.assertEqual(cfg["router"]["port"], 8080)
 

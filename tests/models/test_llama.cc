@@ -254,6 +254,50 @@ TEST(Llama, ForwardAllRowsEqualEachPrefixsLastLogits) {
   EXPECT_NE(std::string(e.err).find("no output buffer"), std::string::npos) << e.err;
 }
 
+// A draft's rows: a step of k+1 tokens with want_logits k+1 gives, bit for bit, the logits the k+1 single-token decode
+// steps give, with other sequences in either step; exact speculative decoding rests on this. Both bundled models.
+void draft_rows_equal_decode_steps(const char *model) {
+  Engine e;
+  ASSERT_TRUE(e.ModelEngine::open(model, 128, nullptr, KRN_F16));
+  const int V = e.cfg->n_vocab, k = 6;
+  std::vector<int32_t> p = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  for (auto &t : p) t = (t * 37) % 500 + 100;
+  std::vector<int32_t> other = {300, 301, 302, 303, 304};
+  auto bt_a = e.blocks(4), bt_b = e.blocks(4), bt_o = e.blocks(4);
+  const int n = (int)p.size();
+  // a: prompt, then k single-token greedy steps (with another sequence's prompt in the first one)
+  std::vector<float> la((size_t)2 * V);
+  mdl_seq s0[2] = {{p.data(), n, 0, bt_a.data(), 4, 1}, {other.data(), 5, 0, bt_o.data(), 4, 1}};
+  ASSERT_EQ(mdl_llama_forward(e.m, &e.kv, s0, 2, la.data(), nullptr, nullptr, e.err, sizeof e.err), 0) << e.err;
+  std::vector<int32_t> toks = {argmax(la.data(), V)};
+  std::vector<std::vector<float>> want;
+  for (int j = 0; j < k; j++) {
+    std::vector<float> l(V);
+    mdl_seq s = {&toks[j], 1, n + j, bt_a.data(), 4, 1};
+    ASSERT_EQ(mdl_llama_forward(e.m, &e.kv, &s, 1, l.data(), nullptr, nullptr, e.err, sizeof e.err), 0) << e.err;
+    want.push_back(l);
+    toks.push_back(argmax(l.data(), V));
+  }
+  // b: the same prompt, then one step of its k tokens with want_logits k, behind a decode row of another sequence
+  std::vector<float> lb((size_t)(k + 1) * V, -123.0f);
+  mdl_seq s1 = {p.data(), n, 0, bt_b.data(), 4, 0};
+  ASSERT_EQ(mdl_llama_forward(e.m, &e.kv, &s1, 1, nullptr, nullptr, nullptr, e.err, sizeof e.err), 0) << e.err;
+  int32_t o5 = 305;
+  mdl_seq s2[2] = {{&o5, 1, 5, bt_o.data(), 4, 1}, {toks.data(), k, n, bt_b.data(), 4, k}};
+  ASSERT_EQ(mdl_logit_rows(s2, 2), k + 1);
+  ASSERT_EQ(mdl_llama_forward(e.m, &e.kv, s2, 2, lb.data(), nullptr, nullptr, e.err, sizeof e.err), 0) << e.err;
+  for (int j = 0; j < k; j++)
+    EXPECT_EQ(0, memcmp(lb.data() + (size_t)(1 + j) * V, want[j].data(), (size_t)V * sizeof(float))) << "row " << j;
+  s2[1].want_logits = k + 1;
+  EXPECT_NE(mdl_llama_forward(e.m, &e.kv, s2, 2, lb.data(), nullptr, nullptr, e.err, sizeof e.err), 0);
+  EXPECT_NE(std::string(e.err).find("wants logits of 7 of its 6 tokens"), std::string::npos) << e.err;
+}
+
+TEST(Llama, DraftRowsEqualDecodeStepsBitForBitSmolLM2) { draft_rows_equal_decode_steps(kModel); }
+TEST(Llama, DraftRowsEqualDecodeStepsBitForBitGemma3) {
+  draft_rows_equal_decode_steps(DSERVE_SOURCE_DIR "/models/weights/gemma-3-270m-q4_k_m.gguf");
+}
+
 void count_layer(void *arg, int layer) {
   int *n = (int *)arg;
   EXPECT_EQ(layer, *n);

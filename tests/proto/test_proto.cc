@@ -232,9 +232,25 @@ TEST(Proto, Token) {
   cJSON_Delete(j);
 }
 
+// Speculative decoding's counts ride on done, sent only when the choice drafted; accepted never exceeds drafted.
+TEST(Proto, DoneWithDrafts) {
+  char err[128];
+  prt_done in = {"r-0", "stop", 12, 30, 0, -1, -1, -1, 7, 25, 19};
+  cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
+  prt_done m;
+  ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(m.spec_drafts, 7);
+  EXPECT_EQ(m.spec_drafted, 25);
+  EXPECT_EQ(m.spec_accepted, 19);
+  cJSON_ReplaceItemInObject(j, "spec_accepted", cJSON_CreateNumber(26));
+  EXPECT_NE(prt_done_decode(j, &m, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("spec_accepted"), std::string::npos) << err;
+  cJSON_Delete(j);
+}
+
 TEST(Proto, Done) {
   char err[128];
-  prt_done in = {"r-0", "length", 12, 5, 16, 4096, 3.5, -1};
+  prt_done in = {"r-0", "length", 12, 5, 16, 4096, 3.5, -1, 0, 0, 0};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
@@ -245,6 +261,8 @@ TEST(Proto, Done) {
   EXPECT_EQ(m.cached_tokens, 16);
   EXPECT_EQ(m.kv_bytes, 4096);
   EXPECT_EQ(m.kv_ms, 3.5);
+  EXPECT_EQ(m.spec_drafts, 0); // absent: no drafts
+  EXPECT_EQ(cJSON_GetObjectItem(j, "spec_drafts"), nullptr);
   refuses<prt_done>(j, "id", true, prt_done_decode, false);
   refuses<prt_done>(j, "finish_reason", false, prt_done_decode, false);
   for (const char *k : {"prompt_tokens", "completion_tokens", "cached_tokens", "kv_bytes", "kv_ms", "prefill_ms"})
@@ -255,7 +273,7 @@ TEST(Proto, Done) {
 // prefill_ms (the prefill phase) travels when >= 0, reads -1 when absent, and refuses a negative value.
 TEST(Proto, DonePrefillMs) {
   char err[128];
-  prt_done in = {"r-0", "stop", 12, 5, 0, 4096, 30.5, 21.25};
+  prt_done in = {"r-0", "stop", 12, 5, 0, 4096, 30.5, 21.25, 0, 0, 0};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
@@ -468,6 +486,7 @@ TEST(Proto, Generate) {
   in.stop_ids = stop_ids;
   in.n_stop_ids = 2;
   in.ignore_eos = 1;
+  in.no_spec = 1;
   in.deadline_ms = 600000;
   in.mode = "prefill";
   in.decode = "d0";
@@ -502,6 +521,7 @@ TEST(Proto, Generate) {
   ASSERT_EQ(m.n_stop_ids, 2);
   EXPECT_EQ(m.stop_ids[1], 9);
   EXPECT_EQ(m.ignore_eos, 1);
+  EXPECT_EQ(m.no_spec, 1); // "speculative": false
   EXPECT_EQ(m.deadline_ms, 600000);
   EXPECT_EQ(S(m.mode), "prefill");
   EXPECT_EQ(S(m.decode), "d0");
@@ -510,6 +530,19 @@ TEST(Proto, Generate) {
   EXPECT_EQ(m.prefix_blocks, 4);
   EXPECT_EQ(m.resume, 1);
   EXPECT_EQ(S(m.traceparent), in.traceparent);
+  { // "speculative" is a bool: another value is refused naming it; absent, speculation is allowed
+    prt_generate t;
+    char e2[256] = "";
+    cJSON *bad = with(j, "speculative", cJSON_CreateString("no"));
+    EXPECT_EQ(prt_generate_decode(bad, &t, e2, sizeof e2), -1);
+    EXPECT_NE(std::string(e2).find("speculative"), std::string::npos) << e2;
+    cJSON *none = with(j, "speculative", nullptr);
+    ASSERT_EQ(prt_generate_decode(none, &t, e2, sizeof e2), 0) << e2;
+    EXPECT_EQ(t.no_spec, 0);
+    prt_generate_free(&t);
+    cJSON_Delete(bad);
+    cJSON_Delete(none);
+  }
   { // a traceparent that is not W3C's is refused, naming the field; absent reads NULL (not traced)
     prt_generate t;
     char e2[256] = "";

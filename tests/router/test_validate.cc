@@ -450,6 +450,30 @@ TEST(Validate, ResponseFormatStructured) {
 }
 
 // The documented no-ops (docs/openai.md) are accepted with their neutral values and change nothing.
+// "speculative": false opts a request out of speculative decoding (passed to the worker, never ignored); absent or
+// true, it may draft; another value is refused naming the field. /v1/responses passes it through the same way.
+TEST(Validate, SpeculativeOptOut) {
+  Parsed dflt(RTR_CHAT, "{" + M + "}");
+  ASSERT_EQ(dflt.rc, 0) << dflt.e.message;
+  EXPECT_EQ(dflt.r.no_spec, 0);
+  Parsed off(RTR_COMPLETION, R"({"prompt":"x","speculative":false})");
+  ASSERT_EQ(off.rc, 0) << off.e.message;
+  EXPECT_EQ(off.r.no_spec, 1);
+  Parsed on(RTR_CHAT, "{" + M + R"(,"speculative":true})");
+  ASSERT_EQ(on.rc, 0) << on.e.message;
+  EXPECT_EQ(on.r.no_spec, 0);
+  Parsed bad(RTR_CHAT, "{" + M + R"(,"speculative":"off"})");
+  ASSERT_NE(bad.rc, 0);
+  EXPECT_STREQ(bad.e.param, "speculative");
+  rtr_request r{};
+  rtr_error e{};
+  rtr_limits l = limits();
+  const std::string body = R"({"input":"hi","speculative":false})";
+  ASSERT_EQ(rtr_request_parse_responses(body.data(), body.size(), &l, &r, &e), 0) << e.message;
+  EXPECT_EQ(r.no_spec, 1);
+  rtr_request_free(&r);
+}
+
 TEST(Validate, NoOpFieldsAccepted) {
   Parsed base(RTR_CHAT, "{" + M + "}");
   ASSERT_EQ(base.rc, 0) << base.e.message;

@@ -62,6 +62,13 @@ class CheckLayers(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn("folders include each other: router <-> worker", out)
 
+    def test_a_floor_library_including_upward_fails(self):
+        rc, out = run(tree(dict(PROTO, **{
+            "spec/s.c": '#include "util/err.h"\n#include "worker/w.h"\nint spc_s(void) { return 0; }\n',
+            "worker/w.h": '#include "spec/spec.h"\n'})))
+        self.assertEqual(rc, 1, out)
+        self.assertIn('spec/ may include only util/: spec/s.c: #include "worker/..."', out)
+
     def test_an_op_name_outside_proto_fails(self):
         rc, out = run(tree(dict(PROTO, **{
             "decode/d.c": 'const char *x = "kv_table"; // a comment with "op" is fine\n',
