@@ -279,7 +279,8 @@ void mdl_mla_attn(mdl_llama *m, const mdl_layer *L, const mdl_kv *kv, krn_attn_a
   float *xb = m->xb, *q = m->q; // q (T, H, hk)
   be->rmsnorm(kc, xb, m->x, L->attn_norm.data, T, E, c->rms_eps);
   if (qr) {
-    krn_mm mm[2] = {{s->qa, L->wq_a.data, L->wq_a.type, qr, NULL, 0}, {s->kv, L->wkv_a.data, L->wkv_a.type, W, NULL, 0}};
+    krn_mm mm[2] = {{s->qa, L->wq_a.data, L->wq_a.type, qr, NULL, 0},
+                    {s->kv, L->wkv_a.data, L->wkv_a.type, W, NULL, 0}};
     krn_matmul_group(kc, mm, 2, xb, T, E);
     be->rmsnorm(kc, s->qa, s->qa, L->q_a_norm.data, T, qr, c->rms_eps);
     be->matmul(kc, q, L->wq_b.data, L->wq_b.type, s->qa, T, qr, H * hk);
