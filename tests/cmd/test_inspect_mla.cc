@@ -13,18 +13,7 @@ namespace {
 
 using cmdtest::run_dserve;
 
-struct TempGguf {
-  std::string path;
-  explicit TempGguf(const std::vector<uint8_t> &b) {
-    char tmpl[] = "/tmp/dserve_mla_XXXXXX";
-    int fd = mkstemp(tmpl);
-    EXPECT_GE(fd, 0);
-    path = tmpl;
-    EXPECT_EQ(write(fd, b.data(), b.size()), (ssize_t)b.size());
-    close(fd);
-  }
-  ~TempGguf() { unlink(path.c_str()); }
-};
+using dserve_test::TempGguf;
 
 TEST(InspectMla, PrintsLatentRoutingAndKvBytes) {
   ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;
@@ -35,7 +24,8 @@ TEST(InspectMla, PrintsLatentRoutingAndKvBytes) {
   ASSERT_EQ(run_dserve("inspect '" + f.path + "'", &out, &err), 0) << err;
   for (const char *want : {
            "engine loads it        yes: 2 layers, head dim 32,",
-           "latent attention       kv_lora_rank 32, q_lora_rank 32, rope dim 16; 2 heads of key 32 (16 roped), value 16\n",
+           "latent attention       kv_lora_rank 32, q_lora_rank 32, rope dim 16; 2 heads of key 32 (16 roped), "
+           "value 16\n",
            "expert FFN length      32\n",
            "expert routing         1 shared, sigmoid gating (exp_probs_b: selection bias where present), weights "
            "normalised, scale 2, groups 2 (1 used), first 1 layers dense\n",

@@ -31,11 +31,7 @@ struct MlaShape {
 struct MlaModel {
   GgufWriter w;
   std::vector<uint8_t> bytes;
-  const float *f(const std::string &name) const {
-    for (auto &t : w.tensors)
-      if (t.name == name) return reinterpret_cast<const float *>(t.data.data());
-    return nullptr;
-  }
+  const float *f(const std::string &name) const { return w.f32(name); }
 };
 
 inline MlaModel make_mla(const MlaShape &s, uint32_t seed) {
