@@ -1,5 +1,5 @@
-// models/llama.h: the Llama-family forward pass (llama, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, Mixtral) over
-// a batch of sequences and a paged KV cache.
+// models/llama.h: the Llama-family forward pass (llama, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, Mixtral,
+// deepseek2) over a batch of sequences and a paged KV cache.
 #ifndef DSERVE_MDL_LLAMA_H
 #define DSERVE_MDL_LLAMA_H
 
@@ -55,7 +55,30 @@ typedef struct mdl_llama_cfg {
   // dense FFN. Each token's router picks its n_expert_used best experts (softmax, top-k, weights renormalised to
   // sum 1: llama.cpp's build_moe_ffn for both), each an FFN of width n_ff_exp.
   int n_expert, n_expert_used, n_ff_exp;
+  // deepseek2's MoE (llama.cpp's build_moe_ffn arguments; the others have softmax, norm 1, scale 0 and no groups):
+  // p = softmax or sigmoid of the router's logits; the experts are chosen by p + exp_probs_b (the selection bias,
+  // when the layer has one), within the n_group_used expert groups whose best two scores sum highest (when
+  // n_expert_groups > 1); their weights are their p, divided by the sum when expert_weights_norm, times
+  // expert_weights_scale (when not 0 or 1). n_expert_shared shared experts: one FFN of n_ff_exp * n_expert_shared
+  // on every token, added. The first n_layer_dense_lead layers have a dense FFN of n_ff instead.
+  int expert_gating;          // MDL_GATING_*
+  int expert_weights_norm;
+  float expert_weights_scale;
+  int n_expert_groups, n_group_used;
+  int n_expert_shared;
+  int n_layer_dense_lead;
+  int n_nextn_skipped;        // multi-token-prediction layers the file holds after the n_layer used (not loaded)
+  // Multi-head latent attention (deepseek2; all 0 elsewhere). kv_lora_rank > 0: the KV cache holds, per position and
+  // layer, ONE row of kv_lora_rank + n_rot values: the RMS-normed latent (kv_lora_rank) then the roped decoupled key
+  // (n_rot), shared by every head (mdl_kv_parts 1, mdl_kv_width). Each head's query is head_dim = qk_nope + n_rot
+  // values (n_rot of them roped); its value is head_dim_v values, up-projected from the latent.
+  int kv_lora_rank;     // latent width (attention.kv_lora_rank); 0: not MLA
+  int q_lora_rank;      // attention.q_lora_rank; 0: the query is one plain attn_q
+  int n_rot;            // qk_rope_head_dim (rope.dimension_count): the roped tail of each query and the shared key
+  int head_dim_v;       // v_head_dim: each head's value width after attn_v_b
 } mdl_llama_cfg;
+
+enum { MDL_GATING_SOFTMAX = 1, MDL_GATING_SIGMOID = 2 }; // llama.cpp's expert_gating_func values
 
 // ---- RoPE scaling ----
 // What a GGUF says (llama.cpp's keys, src/llama-model.cpp): <arch>.rope.scaling.type (none, linear, yarn; absent:
@@ -87,10 +110,16 @@ void mdl_rope_freqs(const mdl_rope_scaling *s, int n_dims, float base, float *in
 int mdl_llama_layer_window(const mdl_llama_cfg *c, int layer);
 
 // The paged KV cache the forward pass reads and writes.
-// Layout of base: (G, 2 /* K, V */, n_blocks, block_size, n_kv_head * head_dim) of type, where the model's layers are
+// Each layer stores P = mdl_kv_parts(cfg) parts per position, each a row of W = mdl_kv_width(cfg) values:
+//   P 2 (every model but MLA): part 0 is K, part 1 is V, W = n_kv_head * head_dim (heads consecutive in the row);
+//   P 1 (MLA, cfg.kv_lora_rank > 0): part 0 is the latent row, W = kv_lora_rank + n_rot (the normed latent, then the
+//       roped key; attention reads the first kv_lora_rank values of the same row as its value).
+// A row is krn_row_size(type, W) bytes (Q8_0: W / 32 blocks with their scales).
+// Layout of base: (G, P, n_blocks, block_size, W) of type, where the model's layers are
 // cut into n_groups groups of G = n_layer / n_groups layers each and layer l is slot layer_slot[l] of group
-// layer_group[l]: each (slot, K|V, page) is one contiguous chunk of mdl_kv_chunk_bytes() bytes, the unit kvxfer
-// moves, and a page holds one group's K and V for block_size positions.
+// layer_group[l]: each (slot, part, page) is one contiguous chunk of mdl_kv_chunk_bytes() = block_size rows, the unit
+// kvxfer moves, and a page holds one group's P parts for block_size positions. Chunk (slot, part, page) is chunk
+// number (slot * P + part) * n_blocks + page of base.
 // n_groups 1 (or 0, zero-initialized: the same), the plain layout: slot = layer, one page is a whole block.
 // More groups (mdl_kv_plan_groups: a model with sliding-window layers, whose groups are all-global or all-local) let
 // a local group's pages go back to the pool once its window has passed them, while the global groups keep theirs.
@@ -112,10 +141,15 @@ typedef struct mdl_kv {
 // with err naming the type. The pool, the forward pass and the one-machine commands all ask it.
 int mdl_kv_type_check(const mdl_llama_cfg *c, const krn_backend *be, krn_type type, char *err,
                       size_t errlen) UTL_WARN_UNUSED;
-size_t mdl_kv_chunk_bytes(const mdl_llama_cfg *c, const mdl_kv *kv);             // one (slot, K|V, page)
-size_t mdl_kv_block_bytes(const mdl_llama_cfg *c, krn_type type, int block_size); // one block over all layers, K and V
-// Address of layer's K (kv_idx 0) or V (1) chunk in page `page` (the page of that layer's group).
-void *mdl_kv_chunk(const mdl_llama_cfg *c, const mdl_kv *kv, int layer, int kv_idx /*0 K, 1 V*/, int page);
+int mdl_kv_parts(const mdl_llama_cfg *c); // parts per layer and position: 2 (K, V), or 1 (MLA's latent row)
+int mdl_kv_width(const mdl_llama_cfg *c); // values in one part's row: n_kv_head * head_dim, or kv_lora_rank + n_rot
+size_t mdl_kv_row_bytes(const mdl_llama_cfg *c, krn_type type); // one part's row: krn_row_size(type, width)
+size_t mdl_kv_chunk_bytes(const mdl_llama_cfg *c, const mdl_kv *kv); // one (slot, part, page): block_size rows
+// One block over all layers and parts: parts * n_layer * block_size rows (the bytes per token are this / block_size).
+size_t mdl_kv_block_bytes(const mdl_llama_cfg *c, krn_type type, int block_size);
+// Address of layer's chunk of part `part` (0 K, 1 V; or 0, the latent, when mdl_kv_parts is 1) in page `page` (the
+// page of that layer's group).
+void *mdl_kv_chunk(const mdl_llama_cfg *c, const mdl_kv *kv, int layer, int part, int page);
 static inline int mdl_kv_groups(const mdl_kv *kv) { return kv->n_groups > 1 ? kv->n_groups : 1; }
 static inline int mdl_kv_group_of(const mdl_kv *kv, int layer) { return kv->n_groups > 1 ? kv->layer_group[layer] : 0; }
 // The page of group g of block id b, or -1 when given back.

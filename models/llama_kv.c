@@ -8,7 +8,14 @@ int mdl_kv_type_check(const mdl_llama_cfg *c, const krn_backend *be, krn_type ty
     snprintf(err, errlen, "KV type %s not supported (f16, f32 or q8_0)", krn_type_name(type));
     return -1;
   }
-  if (!krn_kv_type_ok(type, c->head_dim)) {
+  if (c->kv_lora_rank > 0) { // MLA: one latent row, whose first kv_lora_rank values attention reads as V
+    if (!krn_kv_type_ok(type, c->kv_lora_rank) || !krn_kv_type_ok(type, mdl_kv_width(c))) {
+      snprintf(err, errlen,
+               "kv_type %s needs kv_lora_rank and kv_lora_rank + rope dim multiples of %d; this model's are "
+               "%d and %d", krn_kv_type_str(type), KRN_QK, c->kv_lora_rank, mdl_kv_width(c));
+      return -1;
+    }
+  } else if (!krn_kv_type_ok(type, c->head_dim)) {
     snprintf(err, errlen, "kv_type %s needs head_dim a multiple of %d; this model's is %d", krn_kv_type_str(type),
              KRN_QK, c->head_dim);
     return -1;
@@ -21,10 +28,14 @@ int mdl_kv_type_check(const mdl_llama_cfg *c, const krn_backend *be, krn_type ty
   return 0;
 }
 
-// Bytes of one position's K (or V) of one layer: n_kv_head * head_dim values of the type, Q8_0 with its scales.
-static size_t kv_row_bytes(const mdl_llama_cfg *c, krn_type t) {
-  return krn_row_size(t, (int64_t)c->n_kv_head * c->head_dim);
+int mdl_kv_parts(const mdl_llama_cfg *c) { return c->kv_lora_rank > 0 ? 1 : 2; }
+
+int mdl_kv_width(const mdl_llama_cfg *c) {
+  return c->kv_lora_rank > 0 ? c->kv_lora_rank + c->n_rot : c->n_kv_head * c->head_dim;
 }
+
+// Bytes of one position's part of one layer: its width in values of the type, Q8_0 with its scales.
+size_t mdl_kv_row_bytes(const mdl_llama_cfg *c, krn_type t) { return krn_row_size(t, (int64_t)mdl_kv_width(c)); }
 
 // The layer's sliding window (0: global): the first swa_pattern - 1 layers of each swa_pattern are local. Here, below
 // llama.c, because the KV layout's layer groups are cut by it.
@@ -34,17 +45,17 @@ int mdl_llama_layer_window(const mdl_llama_cfg *c, int layer) {
 }
 
 size_t mdl_kv_chunk_bytes(const mdl_llama_cfg *c, const mdl_kv *kv) {
-  return (size_t)kv->block_size * kv_row_bytes(c, kv->type);
+  return (size_t)kv->block_size * mdl_kv_row_bytes(c, kv->type);
 }
 
 size_t mdl_kv_block_bytes(const mdl_llama_cfg *c, krn_type type, int block_size) {
-  return 2 * (size_t)c->n_layer * (size_t)block_size * kv_row_bytes(c, type);
+  return (size_t)mdl_kv_parts(c) * (size_t)c->n_layer * (size_t)block_size * mdl_kv_row_bytes(c, type);
 }
 
-void *mdl_kv_chunk(const mdl_llama_cfg *c, const mdl_kv *kv, int layer, int kv_idx, int page) {
+void *mdl_kv_chunk(const mdl_llama_cfg *c, const mdl_kv *kv, int layer, int part, int page) {
   size_t chunk = mdl_kv_chunk_bytes(c, kv);
   size_t slot = kv->n_groups > 1 ? (size_t)kv->layer_slot[layer] : (size_t)layer;
-  size_t i = (slot * 2 + (size_t)kv_idx) * (size_t)kv->n_blocks + (size_t)page;
+  size_t i = (slot * (size_t)mdl_kv_parts(c) + (size_t)part) * (size_t)kv->n_blocks + (size_t)page;
   return (char *)kv->base + i * chunk;
 }
 

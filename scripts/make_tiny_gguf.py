@@ -21,6 +21,7 @@ F32. (Checked: llama-quantize Q4_K_M of each F32 file here gives every tensor th
 Examples:
   make_tiny_gguf.py --out DIR                          # every architecture, F32 Q8_0 Q4_K_M
   make_tiny_gguf.py --out DIR --arch qwen3moe --hidden 1024 --experts 32 --expert-ff 512 --used 4 --layers 8
+  make_tiny_gguf.py --out DIR --arch deepseek2 --kv-lora-rank 512 --rope-dim 64 --nope-dim 128 --v-dim 128  # V3's latent
 """
 import argparse
 import hashlib
@@ -33,7 +34,7 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
 
-ARCHS = ["llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "mixtral", "phi3", "gemma2"]
+ARCHS = ["llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "mixtral", "phi3", "gemma2", "deepseek2", "deepseek2lite"]
 TYPES = {"F32": 0, "Q8_0": 7, "Q4_K_M": 15}  # general.file_type (llama_ftype)
 QK_K = 256
 
@@ -48,6 +49,23 @@ DEFAULTS = {
     "mixtral": (4, 4, 2, 0, 0, 8, 2, 512, False),    # llama with 8 experts, 2 used
     "phi3": (4, 4, 4, 0, 768, 0, 0, 0, False),       # fused qkv and gate+up, LongRoPE factors
     "gemma2": (4, 4, 2, 0, 768, 0, 0, 0, True),      # soft-caps 50/30, sliding window on even layers
+    # DeepSeek V3's shape (MLA, see MLA below): heads 4 (head_count_kv 1, the latent), 16 experts in 4 groups, 4 used
+    "deepseek2": (4, 4, 1, 0, 512, 16, 4, 128, False),
+    # DeepSeek V2-Lite's (plain attn_q, the older combined attn_kv_b, MHA head_count_kv): written as "deepseek2"
+    "deepseek2lite": (4, 4, 4, 0, 512, 16, 4, 128, False),
+}
+# deepseek2's multi-head latent attention and MoE, per tiny architecture (each overridable by an option of the same
+# name): q_lora_rank (0: plain attn_q), kv_lora_rank, rope (qk_rope_head_dim), nope (qk_nope_head_dim), v_dim
+# (v_head_dim), kv_b ("split": attn_k_b and attn_v_b as llama.cpp's converter writes them now; "combined": the older
+# attn_kv_b), dense_lead (leading_dense_block_count), gating (softmax, or sigmoid with the selection bias exp_probs_b),
+# groups / groups_used (expert_group_count, expert_group_used_count; 0: none), shared (expert_shared_count),
+# wscale (expert_weights_scale), wnorm (expert_weights_norm), yarn (YaRN factor 40 over 4096 with DeepSeek's
+# yarn_log_multiplier 0.1, or none). Widths are multiples of 32 so that Q8_0 holds every row and the KV cache.
+MLA = {
+    "deepseek2": dict(q_lora_rank=96, kv_lora_rank=64, rope=32, nope=32, v_dim=32, kv_b="split", dense_lead=1,
+                      gating="sigmoid", groups=4, groups_used=2, shared=1, wscale=2.5, wnorm=1, yarn=1),
+    "deepseek2lite": dict(q_lora_rank=0, kv_lora_rank=64, rope=32, nope=32, v_dim=32, kv_b="combined", dense_lead=0,
+                          gating="softmax", groups=0, groups_used=0, shared=2, wscale=1.0, wnorm=0, yarn=0),
 }
 SWA_WINDOW = 32  # gemma2/gemma3 sliding window: smaller than one 128-token chunk of the test text
 # Logit scales (before --logit-scale; see build_tensors): (frequent token count, their logit std, the others' logit
@@ -179,7 +197,7 @@ class Shape:
         layers, heads, kvh, hd, ff, experts, used, eff, tied = DEFAULTS[arch]
         if not experts and (a.experts is not None or a.used or a.expert_ff):
             raise SystemExit(f"make_tiny_gguf: --experts/--used/--expert-ff are for qwen3moe and mixtral, not {arch}")
-        if experts and a.ff:
+        if experts and a.ff and arch not in MLA:
             raise SystemExit(f"make_tiny_gguf: {arch} has no dense FFN: its feed-forward length follows --expert-ff")
         self.arch = arch
         self.d = a.hidden
@@ -192,10 +210,27 @@ class Shape:
         self.used = (a.used or used) if self.experts else 0
         self.eff = (a.expert_ff or eff) if self.experts else 0
         self.tied = tied
+        self.mla = None
+        if arch in MLA:
+            self.mla = dict(MLA[arch])
+            for k in self.mla:  # --q-lora-rank etc.; None: the architecture's default
+                v = getattr(a, "mla_" + k, None)
+                if v is not None:
+                    self.mla[k] = v
+            m = self.mla
+            self.hd = m["nope"] + m["rope"]
+            self.kv = 1 if m["kv_b"] == "split" else self.heads
+            if not 0 <= m["dense_lead"] <= self.layers:
+                raise SystemExit(f"make_tiny_gguf: --dense-lead {m['dense_lead']} must be in 0..{self.layers}")
+            if m["groups"] and (self.experts % m["groups"] or not 0 < m["groups_used"] < m["groups"]):
+                raise SystemExit("make_tiny_gguf: --groups must divide the experts and --groups-used be in "
+                                 "1..groups-1")
         if arch == "qwen3moe":
             self.ff = self.eff * self.used  # as Qwen3-MoE's GGUFs carry it
         if arch == "mixtral":
             self.ff = self.eff
+        if self.mla:
+            self.ff = a.ff or ff  # the leading dense layers' FFN
         if not (a.head_dim or hd) and self.d % self.heads:
             raise SystemExit(f"make_tiny_gguf: --hidden {self.d} is not a multiple of {self.heads} heads "
                              "(or give --head-dim)")
@@ -203,6 +238,50 @@ class Shape:
             raise SystemExit(f"make_tiny_gguf: {self.heads} heads are not a multiple of {self.kv} KV heads")
         if self.experts and not 0 < self.used <= self.experts:
             raise SystemExit(f"make_tiny_gguf: --used {self.used} must be in 1..{self.experts}")
+
+
+def mla_layer(t, s, seed, p):
+    """A deepseek2 layer's attention and FFN tensors (llama.cpp's src/models/deepseek2.cpp names and shapes)."""
+    arch, d, H, m = s.arch, s.d, s.heads, s.mla
+    W = lambda name, shape, std: normal(seed, arch, name, shape, std)  # noqa: E731
+    R, rope, nope, vd, qr = m["kv_lora_rank"], m["rope"], m["nope"], m["v_dim"], m["q_lora_rank"]
+    hk = nope + rope
+    # YaRN's softmax scale grows by (1 + 0.1 ln 40)^2 = 1.87 (llama.cpp's deepseek2 kq_scale): q is that much smaller,
+    # so that attention is no sharper than the other architectures' (sharper, 8-bit rounding moves the logits more)
+    qs = 1 / (1 + 0.1 * np.log(40.0)) ** 2 if m["yarn"] else 1.0
+    if qr:
+        t[p + "attn_q_a.weight"] = W(p + "attn_q_a.weight", (qr, d), 1 / np.sqrt(d))
+        t[p + "attn_q_a_norm.weight"] = around_one(seed, arch, p + "attn_q_a_norm.weight", qr)
+        t[p + "attn_q_b.weight"] = W(p + "attn_q_b.weight", (H * hk, qr), qs / np.sqrt(qr))
+    else:
+        t[p + "attn_q.weight"] = W(p + "attn_q.weight", (H * hk, d), qs / np.sqrt(d))
+    t[p + "attn_kv_a_mqa.weight"] = W(p + "attn_kv_a_mqa.weight", (R + rope, d), 1 / np.sqrt(d))
+    t[p + "attn_kv_a_norm.weight"] = around_one(seed, arch, p + "attn_kv_a_norm.weight", R)
+    # one (H, nope + vd, R) up-projection, written split (k_b as the transpose of its nope rows) or combined
+    kvb = W(p + "attn_kv_b.weight", (H, nope + vd, R), 1 / np.sqrt(R))
+    if m["kv_b"] == "split":
+        t[p + "attn_k_b.weight"] = np.ascontiguousarray(kvb[:, :nope, :].transpose(0, 2, 1))  # (H, R, nope)
+        t[p + "attn_v_b.weight"] = np.ascontiguousarray(kvb[:, nope:, :])                     # (H, vd, R)
+    else:
+        t[p + "attn_kv_b.weight"] = kvb.reshape(H * (nope + vd), R)
+    t[p + "attn_output.weight"] = W(p + "attn_output.weight", (d, H * vd), 1 / np.sqrt(H * vd))
+    t[p + "ffn_norm.weight"] = around_one(seed, arch, p + "ffn_norm.weight", d)
+    if int(p.split(".")[1]) < m["dense_lead"]:
+        t[p + "ffn_gate.weight"] = W(p + "ffn_gate.weight", (s.ff, d), 1 / np.sqrt(d))
+        t[p + "ffn_up.weight"] = W(p + "ffn_up.weight", (s.ff, d), 1 / np.sqrt(d))
+        t[p + "ffn_down.weight"] = W(p + "ffn_down.weight", (d, s.ff), 1 / np.sqrt(s.ff))
+        return
+    E, F, S = s.experts, s.eff, m["shared"]
+    t[p + "ffn_gate_inp.weight"] = W(p + "ffn_gate_inp.weight", (E, d), 2 / np.sqrt(d))
+    if m["gating"] == "sigmoid":  # the selection bias: large enough to change which experts win
+        t[p + "exp_probs_b.bias"] = W(p + "exp_probs_b.bias", (E,), 0.3)
+    t[p + "ffn_gate_exps.weight"] = W(p + "ffn_gate_exps.weight", (E, F, d), 1 / np.sqrt(d))
+    # (0.3 of a dense FFN's after expert_weights_scale, as the other MoE models': see build_tensors)
+    t[p + "ffn_down_exps.weight"] = W(p + "ffn_down_exps.weight", (E, d, F), 0.3 / (m["wscale"] * np.sqrt(F)))
+    t[p + "ffn_up_exps.weight"] = W(p + "ffn_up_exps.weight", (E, F, d), 1 / np.sqrt(d))
+    t[p + "ffn_gate_shexp.weight"] = W(p + "ffn_gate_shexp.weight", (F * S, d), 1 / np.sqrt(d))
+    t[p + "ffn_down_shexp.weight"] = W(p + "ffn_down_shexp.weight", (d, F * S), 1 / np.sqrt(F * S))
+    t[p + "ffn_up_shexp.weight"] = W(p + "ffn_up_shexp.weight", (F * S, d), 1 / np.sqrt(d))
 
 
 def build_tensors(s, seed, vocab, logit_scale):
@@ -238,6 +317,9 @@ def build_tensors(s, seed, vocab, logit_scale):
     for i in range(s.layers):
         p = f"blk.{i}."
         t[p + "attn_norm.weight"] = around_one(seed, arch, p + "attn_norm.weight", d)
+        if s.mla:
+            mla_layer(t, s, seed, p)
+            continue
         if arch == "phi3":
             t[p + "attn_qkv.weight"] = W(p + "attn_qkv.weight", (H * hd + 2 * KV * hd, d), 1 / np.sqrt(d))
         else:
@@ -278,8 +360,10 @@ def build_tensors(s, seed, vocab, logit_scale):
 
 def metadata(s, vocab):
     """[(key, value, type)] for the architecture, as llama.cpp's converters write them."""
-    a = "llama" if s.arch == "mixtral" else s.arch
+    a = "llama" if s.arch == "mixtral" else "deepseek2" if s.mla else s.arch
     u32, f32 = VT.UINT32, VT.FLOAT32
+    if s.mla:
+        return a, mla_metadata(s, vocab, a)
     ctx = {"llama": 8192, "qwen2": 32768, "gemma3": 32768, "qwen3": 40960, "qwen3moe": 40960, "mixtral": 32768,
            "phi3": 131072, "gemma2": 8192}[s.arch]
     base = {"llama": 100000.0, "qwen2": 1000000.0, "gemma3": 1000000.0, "qwen3": 1000000.0, "qwen3moe": 1000000.0,
@@ -319,6 +403,49 @@ def metadata(s, vocab):
         kv += [(f"{a}.attention.sliding_window", SWA_WINDOW, u32),
                (f"{a}.attention.sliding_window_pattern", 2, u32)]
     return a, kv
+
+
+def mla_metadata(s, vocab, a):
+    """deepseek2's keys as llama.cpp's converter writes them (DeepseekV2Model / DeepseekV3Model)."""
+    u32, f32, m = VT.UINT32, VT.FLOAT32, s.mla
+    R, rope, nope, vd = m["kv_lora_rank"], m["rope"], m["nope"], m["v_dim"]
+    split = m["kv_b"] == "split"
+    kv = [
+        (f"{a}.context_length", 163840, u32),
+        (f"{a}.embedding_length", s.d, u32),
+        (f"{a}.block_count", s.layers, u32),
+        (f"{a}.feed_forward_length", s.ff, u32),
+        (f"{a}.attention.head_count", s.heads, u32),
+        (f"{a}.attention.head_count_kv", s.kv, u32),  # 1 with the split form: one latent "head"
+        (f"{a}.rope.freq_base", 10000.0, f32),
+        (f"{a}.attention.layer_norm_rms_epsilon", 1e-6, f32),
+        (f"{a}.vocab_size", vocab, u32),
+        (f"{a}.leading_dense_block_count", m["dense_lead"], u32),
+        (f"{a}.attention.q_lora_rank", m["q_lora_rank"], u32),
+        (f"{a}.attention.kv_lora_rank", R, u32),
+        # split (MLA as llama.cpp runs it): key/value lengths are the latent row's, the _mla ones the heads'
+        (f"{a}.attention.key_length", R + rope if split else nope + rope, u32),
+        (f"{a}.attention.value_length", R if split else vd, u32),
+    ]
+    if split:
+        kv += [(f"{a}.attention.key_length_mla", nope + rope, u32), (f"{a}.attention.value_length_mla", vd, u32)]
+    kv += [
+        (f"{a}.rope.dimension_count", rope, u32),
+        (f"{a}.expert_feed_forward_length", s.eff, u32),
+        (f"{a}.expert_count", s.experts, u32),
+        (f"{a}.expert_used_count", s.used, u32),
+        (f"{a}.expert_shared_count", m["shared"], u32),
+        (f"{a}.expert_weights_scale", float(m["wscale"]), f32),
+        (f"{a}.expert_weights_norm", bool(m["wnorm"]), VT.BOOL),
+        (f"{a}.expert_gating_func", 2 if m["gating"] == "sigmoid" else 1, u32),
+    ]
+    if m["groups"]:
+        kv += [(f"{a}.expert_group_count", m["groups"], u32), (f"{a}.expert_group_used_count", m["groups_used"], u32)]
+    if m["yarn"]:
+        kv += [(f"{a}.rope.scaling.type", "yarn", VT.STRING), (f"{a}.rope.scaling.factor", 40.0, f32),
+               (f"{a}.rope.scaling.original_context_length", 4096, u32),
+               (f"{a}.rope.scaling.yarn_log_multiplier", 0.1, f32)]
+    return kv
 
 
 def tensor_type(name, arr, s, ftype):
@@ -417,6 +544,21 @@ def main():
     ap.add_argument("--experts", type=int, default=None, help="MoE architectures: expert count")
     ap.add_argument("--used", type=int, default=0, help="MoE architectures: experts used per token")
     ap.add_argument("--expert-ff", type=int, default=0, help="MoE architectures: one expert's feed-forward length")
+    mla = ap.add_argument_group("deepseek2 (MLA; default: the architecture's, see MLA in the script)")
+    mla.add_argument("--q-lora-rank", dest="mla_q_lora_rank", type=int, help="0: plain attn_q")
+    mla.add_argument("--kv-lora-rank", dest="mla_kv_lora_rank", type=int)
+    mla.add_argument("--rope-dim", dest="mla_rope", type=int, help="qk_rope_head_dim")
+    mla.add_argument("--nope-dim", dest="mla_nope", type=int, help="qk_nope_head_dim")
+    mla.add_argument("--v-dim", dest="mla_v_dim", type=int, help="v_head_dim")
+    mla.add_argument("--kv-b", dest="mla_kv_b", choices=["split", "combined"])
+    mla.add_argument("--dense-lead", dest="mla_dense_lead", type=int, help="leading dense layers")
+    mla.add_argument("--gating", dest="mla_gating", choices=["softmax", "sigmoid"])
+    mla.add_argument("--groups", dest="mla_groups", type=int, help="expert groups (0: none)")
+    mla.add_argument("--groups-used", dest="mla_groups_used", type=int)
+    mla.add_argument("--shared", dest="mla_shared", type=int, help="shared experts")
+    mla.add_argument("--wscale", dest="mla_wscale", type=float, help="expert_weights_scale")
+    mla.add_argument("--wnorm", dest="mla_wnorm", type=int, choices=[0, 1], help="expert_weights_norm")
+    mla.add_argument("--yarn", dest="mla_yarn", type=int, choices=[0, 1])
     ap.add_argument("--logit-scale", type=float, default=1.0,
                     help="how peaked the logits are (larger: the top token takes more of the probability)")
     a = ap.parse_args()
@@ -443,6 +585,7 @@ def main():
             counts = write(tmp, s, ft, tensors, tok, vocab)
             os.replace(tmp, path)
             log(f"{path}: {s.layers} layers, hidden {s.d}, heads {s.heads}/{s.kv} of {s.hd}"
+                + (f", MLA {s.mla}" if s.mla else "")
                 + (f", {s.experts} experts of {s.eff}, {s.used} used" if s.experts else f", ff {s.ff}")
                 + f"; tensors {counts}")
 
