@@ -90,6 +90,22 @@ static void print_model(const mdl_gguf *g) {
     printf(", %s factors at the trained context %d (long above the original context)", c->rope_long ? "long" : "short",
            c->n_ctx_train);
   printf("\n");
+  if (c->kv_lora_rank)
+    printf("%-22s kv_lora_rank %d, q_lora_rank %d%s, rope dim %d; %d heads of key %d (%d roped), value %d\n",
+           "latent attention", c->kv_lora_rank, c->q_lora_rank, c->q_lora_rank ? "" : " (plain attn_q)", c->n_rot,
+           c->n_head, c->head_dim, c->n_rot, c->head_dim_v);
+  if (c->n_expert)
+    printf("%-22s %d shared, %s gating%s, weights %snormalised, scale %g, groups %d (%d used), first %d layers "
+           "dense\n", "expert routing", c->n_expert_shared, c->expert_gating == MDL_GATING_SIGMOID ? "sigmoid" : "softmax", c->n_layer > c->n_layer_dense_lead &&
+           c->expert_gating == MDL_GATING_SIGMOID ? " (exp_probs_b: selection bias where present)" : "",
+           c->expert_weights_norm ? "" : "not ", (double)(c->expert_weights_scale ? c->expert_weights_scale : 1),
+           c->n_expert_groups, c->n_group_used, c->n_layer_dense_lead);
+  if (c->n_nextn_skipped)
+    printf("%-22s %d layers after the %d used, not loaded (drafting with them is not built)\n",
+           "multi-token prediction", c->n_nextn_skipped, c->n_layer);
+  printf("%-22s %zu bytes per token per layer in f16 (%d part%s of %d values: %s)\n", "KV cache",
+         mdl_kv_block_bytes(c, KRN_F16, 1) / (size_t)c->n_layer, mdl_kv_parts(c), mdl_kv_parts(c) > 1 ? "s" : "",
+         mdl_kv_width(c), mdl_kv_parts(c) > 1 ? "K and V" : "the latent and the roped key");
   mdl_llama_free(m);
 }
 

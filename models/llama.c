@@ -51,6 +51,7 @@ void mdl_llama_free(mdl_llama *m) {
   if (m->graphs) drop_graphs(m);
   free_scratch(m);
   mdl_moe_free(m);
+  mdl_mla_free(m);
   for (int i = 0; i < m->n_uploads; i++) m->kc->be->free(m->kc, m->uploads[i]);
   free(m->uploads);
   free(m->layers);
@@ -76,7 +77,8 @@ static int grow_tokens(mdl_llama *m, int T, char *err, size_t errlen) {
   if (cap < 16) cap = 16;
   const mdl_llama_cfg *c = &m->cfg;
   size_t n = (size_t)cap, E = (size_t)c->n_embd, HD = (size_t)c->n_head * c->head_dim,
-         KD = (size_t)c->n_kv_head * c->head_dim, F = (size_t)c->n_ff;
+         KD = (size_t)c->n_kv_head * c->head_dim, F = (size_t)c->n_ff, FS = (size_t)c->n_ff_exp * c->n_expert_shared;
+  if (FS > F) F = FS; // (hb, hb2 also hold the shared experts' gate and up)
   float **fb[] = {&m->x, &m->xb, &m->q, &m->att, &m->k, &m->v, &m->hb, &m->hb2};
   size_t fs[] = {E, E, HD, HD, KD, KD, F, F};
   int ok = 1;
@@ -237,7 +239,7 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
   }
   if (grow_tokens(m, T, err, errlen) ||
       grow_seqs(m, R > n_seqs ? R : n_seqs, n_groups * n_seqs * max_blocks, err, errlen) ||
-      (c->n_expert && mdl_moe_reserve(m, T, err, errlen)))
+      (c->n_expert && mdl_moe_reserve(m, T, err, errlen)) || (c->kv_lora_rank && mdl_mla_reserve(m, T, err, errlen)))
     return -1;
   m->bt_group_stride = n_seqs * max_blocks;
 
@@ -404,6 +406,10 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
       gemma_layer(m, kv, &a, l, on_layer, on_layer_arg);
       continue;
     }
+    if (c->kv_lora_rank) { // deepseek2's latent attention (llama_mla.c), added into x; its FFN follows
+      mdl_mla_attn(m, L, kv, &a, l, on_layer, on_layer_arg);
+      goto ffn;
+    }
     be->rmsnorm(kc, xb, x, L->attn_norm.data, T, E, c->rms_eps);
     qkv(m, L, T);
     if (c->qk_norm) qk_norm(m, L, T); // qwen3, qwen3moe
@@ -416,9 +422,11 @@ static void run_layers(mdl_llama *m, const mdl_kv *kv, krn_attn_args *ap, int R,
     be->paged_attention(kc, m->att, m->q, &a);
     be->matmul(kc, xb, L->wo.data, L->wo.type, m->att, T, HD, E);
     be->add(kc, x, xb, (int64_t)T * E);
+  ffn:
     be->rmsnorm(kc, xb, x, L->ffn_norm.data, T, E, c->rms_eps);
-    if (c->n_expert) { // routed experts (llama_moe.c), added into x
+    if (c->n_expert && l >= c->n_layer_dense_lead) { // routed experts (llama_moe.c), added into x; shared ones too
       mdl_moe_ffn(m, L, T);
+      if (c->n_expert_shared) mdl_moe_shared(m, L, T);
       continue;
     }
     gate_up(m, L, T);

@@ -55,6 +55,19 @@ typedef struct mdl_llama_cfg {
   // dense FFN. Each token's router picks its n_expert_used best experts (softmax, top-k, weights renormalised to
   // sum 1: llama.cpp's build_moe_ffn for both), each an FFN of width n_ff_exp.
   int n_expert, n_expert_used, n_ff_exp;
+  // deepseek2's MoE (llama.cpp's build_moe_ffn arguments; the others have softmax, norm 1, scale 0 and no groups):
+  // p = softmax or sigmoid of the router's logits; the experts are chosen by p + exp_probs_b (the selection bias,
+  // when the layer has one), within the n_group_used expert groups whose best two scores sum highest (when
+  // n_expert_groups > 1); their weights are their p, divided by the sum when expert_weights_norm, times
+  // expert_weights_scale (when not 0 or 1). n_expert_shared shared experts: one FFN of n_ff_exp * n_expert_shared
+  // on every token, added. The first n_layer_dense_lead layers have a dense FFN of n_ff instead.
+  int expert_gating;          // MDL_GATING_*
+  int expert_weights_norm;
+  float expert_weights_scale;
+  int n_expert_groups, n_group_used;
+  int n_expert_shared;
+  int n_layer_dense_lead;
+  int n_nextn_skipped;        // multi-token-prediction layers the file holds after the n_layer used (not loaded)
   // Multi-head latent attention (deepseek2; all 0 elsewhere). kv_lora_rank > 0: the KV cache holds, per position and
   // layer, ONE row of kv_lora_rank + n_rot values: the RMS-normed latent (kv_lora_rank) then the roped decoupled key
   // (n_rot), shared by every head (mdl_kv_parts 1, mdl_kv_width). Each head's query is head_dim = qk_nope + n_rot
@@ -64,6 +77,8 @@ typedef struct mdl_llama_cfg {
   int n_rot;            // qk_rope_head_dim (rope.dimension_count): the roped tail of each query and the shared key
   int head_dim_v;       // v_head_dim: each head's value width after attn_v_b
 } mdl_llama_cfg;
+
+enum { MDL_GATING_SOFTMAX = 1, MDL_GATING_SIGMOID = 2 }; // llama.cpp's expert_gating_func values
 
 // ---- RoPE scaling ----
 // What a GGUF says (llama.cpp's keys, src/llama-model.cpp): <arch>.rope.scaling.type (none, linear, yarn; absent:

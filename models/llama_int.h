@@ -17,7 +17,26 @@ typedef struct mdl_layer {
   // gate/up (n_expert, n_ff_exp, n_embd) and down (n_expert, n_embd, n_ff_exp): expert e's matrix is the contiguous
   // slice e of the 3-D tensor, a plain matrix to the matmul kernels
   mdl_w ffn_gate_inp, gate_exps, up_exps, down_exps;
+  const float *probs_b;       // (n_expert) host memory: deepseek2's selection bias exp_probs_b, or NULL
+  mdl_w gate_shexp, up_shexp, down_shexp; // shared experts (n_ff_exp * n_expert_shared wide), data NULL when none
+  // MLA (llama_mla.c): wq_a (q_lora_rank, n_embd), q_a_norm, wq_b (n_head * head_dim, q_lora_rank), or wq alone;
+  // wkv_a (kv_lora_rank + n_rot, n_embd), kv_a_norm (kv_lora_rank); head h's k_b (kv_lora_rank, qk_nope) at wk_b +
+  // h * kv_lora_rank rows, and its v_b (head_dim_v, kv_lora_rank) at wv_b + h * vb_stride rows
+  mdl_w wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wk_b, wv_b;
+  int vb_stride;
 } mdl_layer;
+
+// MLA's step scratch (llama_mla.c), host memory (the cpu backends only), grown with the step's tokens.
+typedef struct mdl_mla_scratch {
+  int cap;
+  float *qa;   // (cap, q_lora_rank)
+  float *kv;   // (cap, kv_lora_rank + n_rot) the cache rows: normed latent, roped key
+  float *qw;   // (cap, n_head, kv_lora_rank + n_rot) absorbed queries
+  float *ow;   // (cap, n_head, kv_lora_rank + n_rot) attention's output (its latent part used)
+  float *g1;   // (n_head, cap, max(qk_nope, n_rot, kv_lora_rank)) per-head gathers
+  float *g2;   // (n_head, cap, max(kv_lora_rank, head_dim_v))
+  float *o;    // (cap, n_head * head_dim_v)
+} mdl_mla_scratch;
 
 // A mixture-of-experts step's scratch (llama_moe.c), grown with the step's tokens and kept across steps.
 typedef struct mdl_moe_scratch {
@@ -49,6 +68,20 @@ int mdl_moe_load_layer(mdl_llama *m, int l, char *err, size_t errlen);
 int mdl_moe_reserve(mdl_llama *m, int T, char *err, size_t errlen);
 void mdl_moe_ffn(mdl_llama *m, const mdl_layer *L, int T);
 void mdl_moe_free(mdl_llama *m);
+// The shared experts of layer L (n_expert_shared > 0) on m->xb (T rows), added into m->x.
+void mdl_moe_shared(mdl_llama *m, const mdl_layer *L, int T);
+
+// llama_mla.c (deepseek2). mdl_mla_load_cfg: the MLA keys into m->cfg (after the common ones; head_dim and n_kv_head
+// become the MLA's); mdl_mla_load_layer: layer l's attention weights; mdl_mla_attn: its attention on m->x (T rows,
+// positions and block tables in a), added into m->x, its cache rows written; 0, or -1 with err.
+int mdl_mla_load_cfg(mdl_llama *m, const char *arch, char *err, size_t errlen);
+// After the RoPE scaling is read: deepseek2's softmax scale and RoPE magnitude (YaRN's correction) into m->cfg.
+int mdl_mla_scales(mdl_llama *m, const char *arch, char *err, size_t errlen);
+int mdl_mla_load_layer(mdl_llama *m, int l, char *err, size_t errlen);
+int mdl_mla_reserve(mdl_llama *m, int T, char *err, size_t errlen);
+void mdl_mla_attn(mdl_llama *m, const mdl_layer *L, const mdl_kv *kv, krn_attn_args *a, int l,
+                  mdl_layer_done_fn on_layer, void *on_layer_arg);
+void mdl_mla_free(mdl_llama *m);
 
 // The shape of a decode step that a recorded graph replays (its buffers are the model's, fixed until they grow).
 typedef struct mdl_graph_key {
@@ -83,6 +116,7 @@ struct mdl_llama {
   mdl_graph_key last;              // the previous decode step's shape: a shape seen twice in a row is recorded
   long n_replayed, n_recorded;
   mdl_moe_scratch moe; // mixture-of-experts scratch (cfg.n_expert > 0), freed by mdl_moe_free
+  mdl_mla_scratch mla; // MLA scratch (cfg.kv_lora_rank > 0), freed by mdl_mla_free
 
   // Scratch, grown as needed and reused across calls; backend memory unless said host.
   int cap_t;           // token rows the activation buffers hold

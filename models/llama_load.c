@@ -81,7 +81,7 @@ static int rope_factor_tensor(const mdl_gguf *g, const char *name, int half, con
 static int rope_table(mdl_llama *m, int n_ctx, char *err, size_t errlen) {
   mdl_llama_cfg *c = &m->cfg;
   mdl_rope_scaling s = m->rope_s;
-  int half = c->head_dim / 2;
+  int rd = c->kv_lora_rank ? c->n_rot : c->head_dim, half = rd / 2; // (MLA ropes n_rot dims of each head)
   if (m->rope_factors[0] || m->rope_factors[1]) {
     c->rope_long = n_ctx > s.n_ctx_orig;
     s.freq_factors = m->rope_factors[c->rope_long]; // (both present: rope_scaling checked)
@@ -92,7 +92,7 @@ static int rope_table(mdl_llama *m, int n_ctx, char *err, size_t errlen) {
   }
   int identity = (s.type == MDL_ROPE_NONE || s.factor == 1.0f) && !s.freq_factors && s.attn_factor == 1.0f;
   if (identity) return 0;
-  mdl_rope_freqs(&s, c->head_dim, c->rope_theta, c->rope_inv_freq, &c->rope_mscale);
+  mdl_rope_freqs(&s, rd, c->rope_theta, c->rope_inv_freq, &c->rope_mscale);
   c->rope_scaled = 1;
   if (m->on_host) m->rope_freq = c->rope_inv_freq;
   else {
@@ -167,7 +167,7 @@ static int rope_scaling(mdl_llama *m, const mdl_gguf *g, const char *arch, char 
     }
     s.n_ctx_orig = (int)oc;
   }
-  int half = c->head_dim / 2, phi3 = !strcmp(arch, "phi3");
+  int half = (c->kv_lora_rank ? c->n_rot : c->head_dim) / 2, phi3 = !strcmp(arch, "phi3");
   c->rope_long = -1;
   if (mdl_gguf_tensor_find(g, "rope_freqs.weight")) { // Llama 3.x: llama.cpp reads it for the llama architecture only
     if (strcmp(arch, "llama") != 0) {
@@ -222,7 +222,8 @@ static int rope_scaling(mdl_llama *m, const mdl_gguf *g, const char *arch, char 
 static const struct {
   const char *name;
   int neox;
-} k_archs[] = {{"llama", 0}, {"qwen2", 1}, {"qwen3", 1}, {"phi3", 1}, {"gemma2", 1}, {"gemma3", 1}, {"qwen3moe", 1}};
+} k_archs[] = {{"llama", 0},  {"qwen2", 1},    {"qwen3", 1},    {"phi3", 1},
+               {"gemma2", 1}, {"gemma3", 1},   {"qwen3moe", 1}, {"deepseek2", 0}};
 #define N_ARCHS (int)(sizeof k_archs / sizeof k_archs[0])
 
 static int arch_index(const char *arch) {
@@ -337,10 +338,12 @@ static int layer_weights(mdl_llama *m, int l, char *err, size_t errlen) {
   char n[6][64];
   static const char *const names[6] = {"attn_norm", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
   for (int i = 0; i < 6; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s.weight", l, names[i]);
-  if (get_w(m, n[0], E, 0, 0, 1, &L->attn_norm, err, errlen) || attn_weights(m, l, L, err, errlen) ||
+  if (c->kv_lora_rank) HD = c->n_head * c->head_dim_v; // MLA's attention output is n_head values of head_dim_v
+  if (get_w(m, n[0], E, 0, 0, 1, &L->attn_norm, err, errlen) ||
+      (c->kv_lora_rank ? mdl_mla_load_layer(m, l, err, errlen) : attn_weights(m, l, L, err, errlen)) ||
       get_w(m, n[1], HD, E, 0, 0, &L->wo, err, errlen) || get_w(m, n[2], E, 0, 0, 1, &L->ffn_norm, err, errlen))
     return -1;
-  if (c->n_expert) { // the router and experts instead of ffn_gate, ffn_up, ffn_down (llama_moe.c)
+  if (c->n_expert && l >= c->n_layer_dense_lead) { // the router and experts instead of ffn_gate, ffn_up, ffn_down (llama_moe.c)
     if (mdl_moe_load_layer(m, l, err, errlen)) return -1;
   } else if (get_w(m, n[5], F, E, 0, 0, &L->wd, err, errlen)) {
     return -1;
@@ -381,7 +384,7 @@ int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o,
   }
   char arch[32];
   snprintf(arch, sizeof arch, "%.*s", (int)(a.n < 31 ? a.n : 31), a.p);
-  int ai = a.n < 31 ? arch_index(arch) : -1;
+  int ai = a.n < 31 ? arch_index(arch) : -1, mla = !strcmp(arch, "deepseek2");
   if (ai < 0) {
     char list[256] = "";
     for (int i = 0; i < N_ARCHS; i++) {
@@ -438,10 +441,12 @@ int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o,
   // key_length and value_length: n_embd / n_head unless given (qwen3's heads are not n_embd / n_head wide)
   if (get_int(g, arch, "attention.key_length", 0, c->n_embd / c->n_head, &c->head_dim, err, errlen)) goto fail;
   int vlen, rdim;
-  if (get_int(g, arch, "attention.value_length", 0, c->head_dim, &vlen, err, errlen) ||
-      get_int(g, arch, "rope.dimension_count", 0, c->head_dim, &rdim, err, errlen))
+  if (mla) { // its heads' dims and the latent's come from the MLA keys
+    if (mdl_mla_load_cfg(m, arch, err, errlen)) goto fail;
+  } else if (get_int(g, arch, "attention.value_length", 0, c->head_dim, &vlen, err, errlen) ||
+             get_int(g, arch, "rope.dimension_count", 0, c->head_dim, &rdim, err, errlen)) {
     goto fail;
-  if (vlen != c->head_dim || rdim != c->head_dim || (c->head_dim & 1) || c->head_dim < 2) {
+  } else if (vlen != c->head_dim || rdim != c->head_dim || (c->head_dim & 1) || c->head_dim < 2) {
     snprintf(err, errlen, "model: head dims (key %d, value %d, rope %d) differ; not supported (partial RoPE, as "
              "Phi-4-mini's, is not either)", c->head_dim, vlen, rdim);
     goto fail;
@@ -471,12 +476,13 @@ int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o,
 
   int E = c->n_embd;
   m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
-  m->uploads = calloc((size_t)c->n_layer * 16 + 4, sizeof *m->uploads);
+  m->uploads = calloc((size_t)c->n_layer * 24 + 4, sizeof *m->uploads);
   if (!m->layers || !m->uploads) {
     snprintf(err, errlen, "model: out of memory");
     goto fail;
   }
   if (rope_scaling(m, g, arch, err, errlen) != 0) goto fail; // (may upload its table: after m->uploads)
+  if (mla && mdl_mla_scales(m, arch, err, errlen)) goto fail;
   if (get_w(m, "token_embd.weight", E, c->n_vocab, 0, 0, &m->tok_embd, err, errlen) ||
       get_w(m, "output_norm.weight", E, 0, 0, 1, &m->output_norm, err, errlen))
     goto fail;

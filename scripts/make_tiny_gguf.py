@@ -245,12 +245,15 @@ def mla_layer(t, s, seed, p):
     W = lambda name, shape, std: normal(seed, arch, name, shape, std)  # noqa: E731
     R, rope, nope, vd, qr = m["kv_lora_rank"], m["rope"], m["nope"], m["v_dim"], m["q_lora_rank"]
     hk = nope + rope
+    # YaRN's softmax scale grows by (1 + 0.1 ln 40)^2 = 1.87 (llama.cpp's deepseek2 kq_scale): q is that much smaller,
+    # so that attention is no sharper than the other architectures' (sharper, 8-bit rounding moves the logits more)
+    qs = 1 / (1 + 0.1 * np.log(40.0)) ** 2 if m["yarn"] else 1.0
     if qr:
         t[p + "attn_q_a.weight"] = W(p + "attn_q_a.weight", (qr, d), 1 / np.sqrt(d))
         t[p + "attn_q_a_norm.weight"] = around_one(seed, arch, p + "attn_q_a_norm.weight", qr)
-        t[p + "attn_q_b.weight"] = W(p + "attn_q_b.weight", (H * hk, qr), 1 / np.sqrt(qr))
+        t[p + "attn_q_b.weight"] = W(p + "attn_q_b.weight", (H * hk, qr), qs / np.sqrt(qr))
     else:
-        t[p + "attn_q.weight"] = W(p + "attn_q.weight", (H * hk, d), 1 / np.sqrt(d))
+        t[p + "attn_q.weight"] = W(p + "attn_q.weight", (H * hk, d), qs / np.sqrt(d))
     t[p + "attn_kv_a_mqa.weight"] = W(p + "attn_kv_a_mqa.weight", (R + rope, d), 1 / np.sqrt(d))
     t[p + "attn_kv_a_norm.weight"] = around_one(seed, arch, p + "attn_kv_a_norm.weight", R)
     # one (H, nope + vd, R) up-projection, written split (k_b as the transpose of its nope rows) or combined
@@ -272,7 +275,8 @@ def mla_layer(t, s, seed, p):
     if m["gating"] == "sigmoid":  # the selection bias: large enough to change which experts win
         t[p + "exp_probs_b.bias"] = W(p + "exp_probs_b.bias", (E,), 0.3)
     t[p + "ffn_gate_exps.weight"] = W(p + "ffn_gate_exps.weight", (E, F, d), 1 / np.sqrt(d))
-    t[p + "ffn_down_exps.weight"] = W(p + "ffn_down_exps.weight", (E, d, F), 0.3 / np.sqrt(F))
+    # (0.3 of a dense FFN's after expert_weights_scale, as the other MoE models': see build_tensors)
+    t[p + "ffn_down_exps.weight"] = W(p + "ffn_down_exps.weight", (E, d, F), 0.3 / (m["wscale"] * np.sqrt(F)))
     t[p + "ffn_up_exps.weight"] = W(p + "ffn_up_exps.weight", (E, F, d), 1 / np.sqrt(d))
     t[p + "ffn_gate_shexp.weight"] = W(p + "ffn_gate_shexp.weight", (F * S, d), 1 / np.sqrt(d))
     t[p + "ffn_down_shexp.weight"] = W(p + "ffn_down_shexp.weight", (d, F * S), 1 / np.sqrt(F * S))
