@@ -63,11 +63,6 @@ static void print_model(const mdl_gguf *g) {
   const mdl_llama_cfg *c = mdl_llama_config(m);
   printf("%-22s yes: %d layers, head dim %d, %s RoPE, attention scale %g\n", "engine loads it", c->n_layer,
          c->head_dim, c->rope_neox ? "NeoX" : "GGUF-llama", (double)c->attn_scale);
-  // The cache's geometry and its bytes: what a pool block, a prefix tier and a P->D handoff hold per token.
-  int parts = mdl_kv_parts(c);
-  printf("%-22s %d part%s of %d values per position and layer: %zu bytes per token and layer at f16 (q8_0: %zu)\n",
-         "kv cache", parts, parts == 1 ? "" : "s", mdl_kv_width(c), (size_t)parts * mdl_kv_row_bytes(c, KRN_F16),
-         mdl_kv_width(c) % KRN_QK ? (size_t)0 : (size_t)parts * mdl_kv_row_bytes(c, KRN_Q8_0));
   if (c->qk_norm) printf("%-22s per-head RMS norms of q and k before RoPE\n", "q/k norm");
   if (c->fused_qkv) printf("%-22s %d layers: q, k, v are row ranges of attn_qkv\n", "fused qkv", c->fused_qkv);
   if (c->fused_gate_up) printf("%-22s gate and up are the halves of ffn_up\n", "fused gate/up");

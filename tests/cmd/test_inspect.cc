@@ -62,9 +62,6 @@ TEST(Inspect, PrintsEachArchitecturesOwnFields) {
   has(out, "engine loads it        yes: 2 layers, head dim 16, NeoX RoPE, attention scale 0.25\n");
   has(out, "attention soft-cap     50 (scores s -> cap tanh(s / cap))\n");
   has(out, "final logit soft-cap   30\n");
-  // 2 KV heads of 16: K and V rows of 32 values, 64 bytes each at f16 (q8_0: one 34-byte block)
-  has(out, "kv cache               2 parts of 32 values per position and layer: 128 bytes per token and layer at f16 "
-           "(q8_0: 68)\n");
   has(out, "sliding window         32 tokens on 1 of 2 layers (pattern 2: layer l is local when l % 2 < 1), local RoPE "
            "base 10000\n");
   has(out, "post norms             after attention and after the FFN; embeddings times sqrt(64)\n");
