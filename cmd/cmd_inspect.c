@@ -91,7 +91,8 @@ static void print_model(const mdl_gguf *g) {
            c->n_head, c->head_dim, c->n_rot, c->head_dim_v);
   if (c->n_expert)
     printf("%-22s %d shared, %s gating%s, weights %snormalised, scale %g, groups %d (%d used), first %d layers "
-           "dense\n", "expert routing", c->n_expert_shared, c->expert_gating == MDL_GATING_SIGMOID ? "sigmoid" : "softmax", c->n_layer > c->n_layer_dense_lead &&
+           "dense\n", "expert routing", c->n_expert_shared,
+           c->expert_gating == MDL_GATING_SIGMOID ? "sigmoid" : "softmax",
            c->expert_gating == MDL_GATING_SIGMOID ? " (exp_probs_b: selection bias where present)" : "",
            c->expert_weights_norm ? "" : "not ", (double)(c->expert_weights_scale ? c->expert_weights_scale : 1),
            c->n_expert_groups, c->n_group_used, c->n_layer_dense_lead);
@@ -141,7 +142,8 @@ int cmd_inspect(int argc, char **argv) {
     if (mdl_gguf_find(g, ek)) { // a mixture of experts (qwen3moe, Mixtral)
       print_int(g, "experts", arch, "expert_count");
       print_int(g, "experts used", arch, "expert_used_count");
-      if (!strcmp(arch, "qwen3moe")) print_int(g, "expert FFN length", arch, "expert_feed_forward_length");
+      if (!strcmp(arch, "qwen3moe") || !strcmp(arch, "deepseek2"))
+        print_int(g, "expert FFN length", arch, "expert_feed_forward_length");
       else printf("%-22s %s\n", "expert FFN length", "(the feed-forward length)");
     }
     print_float(g, "rope theta", arch, "rope.freq_base");

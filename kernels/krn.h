@@ -128,6 +128,9 @@ typedef struct krn_attn_args {
                                // local layers; only on tables with attn_window = 1); 0: all of [0, pos]
   float softcap;               // > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap) before the softmax
                                // (Gemma 2; only on tables with attn_softcap = 1); 0: scores as they are
+  int v_dim;                   // > 0: each position's value is the first v_dim (<= head_dim) values of its V row, and
+                               // out is (n_tokens, n_head, v_dim): MLA's latent row read as K and its latent part as V
+                               // (v_cache = k_cache; only on tables with attn_vdim = 1); 0: V rows of head_dim
 } krn_attn_args;
 
 // One product of a matmul group: y(n, m) = x(n, k) . w(m, k)^T, x and n, k being the group's unless the product
@@ -227,6 +230,7 @@ typedef struct krn_backend {
   int attn_softcap; // 1: paged_attention honors krn_attn_args.softcap
   // x(n) = cap * tanh(x / cap) (the final logits' soft-cap), cap > 0
   void (*softcap)(krn_ctx *c, float *x, float cap, int64_t n);
+  int attn_vdim; // 1: paged_attention honors krn_attn_args.v_dim (the cpu tables; 0 in cuda, where MLA cannot load)
 } krn_backend;
 
 // Backend-neutral events, so that a consumer of one layer's output (a KV push) waits for that layer only,

@@ -1,5 +1,5 @@
-// models/llama.c: Llama-family forward pass (llama, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, Mixtral) over a
-// mixed prefill/decode batch and a paged KV cache.
+// models/llama.c: Llama-family forward pass (llama, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, Mixtral, deepseek2)
+// over a mixed prefill/decode batch and a paged KV cache.
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>

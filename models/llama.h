@@ -1,5 +1,5 @@
-// models/llama.h: the Llama-family forward pass (llama, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, Mixtral) over
-// a batch of sequences and a paged KV cache.
+// models/llama.h: the Llama-family forward pass (llama, qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, Mixtral,
+// deepseek2) over a batch of sequences and a paged KV cache.
 #ifndef DSERVE_MDL_LLAMA_H
 #define DSERVE_MDL_LLAMA_H
 

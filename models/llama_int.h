@@ -32,7 +32,7 @@ typedef struct mdl_mla_scratch {
   float *qa;   // (cap, q_lora_rank)
   float *kv;   // (cap, kv_lora_rank + n_rot) the cache rows: normed latent, roped key
   float *qw;   // (cap, n_head, kv_lora_rank + n_rot) absorbed queries
-  float *ow;   // (cap, n_head, kv_lora_rank + n_rot) attention's output (its latent part used)
+  float *ow;   // (cap, n_head, kv_lora_rank) attention's output: each head's weighted latent
   float *g1;   // (n_head, cap, max(qk_nope, n_rot, kv_lora_rank)) per-head gathers
   float *g2;   // (n_head, cap, max(kv_lora_rank, head_dim_v))
   float *o;    // (cap, n_head * head_dim_v)

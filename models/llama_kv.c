@@ -10,7 +10,8 @@ int mdl_kv_type_check(const mdl_llama_cfg *c, const krn_backend *be, krn_type ty
   }
   if (c->kv_lora_rank > 0) { // MLA: one latent row, whose first kv_lora_rank values attention reads as V
     if (!krn_kv_type_ok(type, c->kv_lora_rank) || !krn_kv_type_ok(type, mdl_kv_width(c))) {
-      snprintf(err, errlen, "kv_type %s needs kv_lora_rank and kv_lora_rank + rope dim multiples of %d; this model's are "
+      snprintf(err, errlen,
+               "kv_type %s needs kv_lora_rank and kv_lora_rank + rope dim multiples of %d; this model's are "
                "%d and %d", krn_kv_type_str(type), KRN_QK, c->kv_lora_rank, mdl_kv_width(c));
       return -1;
     }

@@ -343,7 +343,7 @@ static int layer_weights(mdl_llama *m, int l, char *err, size_t errlen) {
       (c->kv_lora_rank ? mdl_mla_load_layer(m, l, err, errlen) : attn_weights(m, l, L, err, errlen)) ||
       get_w(m, n[1], HD, E, 0, 0, &L->wo, err, errlen) || get_w(m, n[2], E, 0, 0, 1, &L->ffn_norm, err, errlen))
     return -1;
-  if (c->n_expert && l >= c->n_layer_dense_lead) { // the router and experts instead of ffn_gate, ffn_up, ffn_down (llama_moe.c)
+  if (c->n_expert && l >= c->n_layer_dense_lead) { // the router and experts instead of ffn_gate, ffn_up, ffn_down
     if (mdl_moe_load_layer(m, l, err, errlen)) return -1;
   } else if (get_w(m, n[5], F, E, 0, 0, &L->wd, err, errlen)) {
     return -1;

@@ -70,7 +70,7 @@ int mdl_mla_scales(mdl_llama *m, const char *arch, char *err, size_t errlen) {
 int mdl_mla_load_cfg(mdl_llama *m, const char *arch, char *err, size_t errlen) {
   mdl_llama_cfg *c = &m->cfg;
   const mdl_gguf *g = m->g;
-  if (!m->on_host) { // the absorbed attention gathers heads on the host
+  if (!m->on_host || !m->kc->be->attn_vdim) { // the absorbed attention gathers heads on the host, reads V in K
     snprintf(err, errlen, "model: %s (multi-head latent attention) runs on the cpu backends only, not %s", arch,
              m->kc->be->name);
     return -1;
@@ -267,7 +267,7 @@ static void cols(float *dst, int dw, int d0, const float *src, int sw, int s0, i
 // and the roped q_pe; the latent kv_cmpr normed, the shared key k_pe roped; q_nope times each head's k_b gives a
 // latent query, so scores are [q_latent, q_pe] . [latent, k_pe] against the one cached row (MQA), and the values are
 // that row's latent, turned into each head's value by its v_b, then attn_output. The row is cached whole and read as
-// both K and V (the attention's output past the latent, the k_pe mix, is not used).
+// both K and V: the attention's v_dim is kv_lora_rank, so V is the latent part of the row (krn_attn_args.v_dim).
 void mdl_mla_attn(mdl_llama *m, const mdl_layer *L, const mdl_kv *kv, krn_attn_args *a, int l,
                   mdl_layer_done_fn on_layer, void *on_layer_arg) {
   const mdl_llama_cfg *c = &m->cfg;
@@ -279,7 +279,8 @@ void mdl_mla_attn(mdl_llama *m, const mdl_layer *L, const mdl_kv *kv, krn_attn_a
   float *xb = m->xb, *q = m->q; // q (T, H, hk)
   be->rmsnorm(kc, xb, m->x, L->attn_norm.data, T, E, c->rms_eps);
   if (qr) {
-    krn_mm mm[2] = {{s->qa, L->wq_a.data, L->wq_a.type, qr, NULL, 0}, {s->kv, L->wkv_a.data, L->wkv_a.type, W, NULL, 0}};
+    krn_mm mm[2] = {{s->qa, L->wq_a.data, L->wq_a.type, qr, NULL, 0},
+                    {s->kv, L->wkv_a.data, L->wkv_a.type, W, NULL, 0}};
     krn_matmul_group(kc, mm, 2, xb, T, E);
     be->rmsnorm(kc, s->qa, s->qa, L->q_a_norm.data, T, qr, c->rms_eps);
     be->matmul(kc, q, L->wq_b.data, L->wq_b.type, s->qa, T, qr, H * hk);
@@ -313,6 +314,7 @@ void mdl_mla_attn(mdl_llama *m, const mdl_layer *L, const mdl_kv *kv, krn_attn_a
   aa.k_cache = aa.v_cache = mdl_kv_chunk(c, kv, l, 0, 0);
   aa.block_tables = m->d_bt + (size_t)mdl_kv_group_of(kv, l) * m->bt_group_stride;
   aa.scale = c->attn_scale;
+  aa.v_dim = R;
   be->kv_store(kc, s->kv, s->kv, &aa); // K and V are the same row: written once per pointer, the same bytes
   if (on_layer) on_layer(on_layer_arg, l);
   be->paged_attention(kc, s->ow, s->qw, &aa);
@@ -320,7 +322,7 @@ void mdl_mla_attn(mdl_llama *m, const mdl_layer *L, const mdl_kv *kv, krn_attn_a
   size_t vb_row = krn_row_size(L->wv_b.type, R);
   for (int h = 0; h < H; h++) {
     float *ol = s->g1 + (size_t)h * T * R, *ov = s->g2 + (size_t)h * T * vd;
-    cols(ol, R, 0, s->ow, H * W, h * W, T, R);
+    cols(ol, R, 0, s->ow, H * R, h * R, T, R);
     be->matmul(kc, ov, (const char *)L->wv_b.data + (size_t)h * L->vb_stride * vb_row, L->wv_b.type, ol, T, R, vd);
     cols(s->o, H * vd, h * vd, ov, vd, 0, T, vd);
   }

@@ -79,8 +79,11 @@ static inline int krn_cpu_mm_ok(krn_type t, int n, int k, int m) {
 }
 static inline int krn_cpu_attn_ok(const krn_attn_args *a) {
   return a->n_tokens >= 0 && a->n_head > 0 && a->n_kv_head > 0 && a->n_head % a->n_kv_head == 0 && a->head_dim > 0 &&
-         a->block_size > 0 && a->max_blocks >= 0 && krn_kv_type_ok(a->kv_type, a->head_dim);
+         a->block_size > 0 && a->max_blocks >= 0 && krn_kv_type_ok(a->kv_type, a->head_dim) && a->v_dim >= 0 &&
+         a->v_dim <= a->head_dim && (a->v_dim == 0 || krn_kv_type_ok(a->kv_type, a->v_dim));
 }
+// Values in one head's output row (and read of each V row): krn_attn_args.v_dim, or head_dim.
+static inline int krn_cpu_attn_vd(const krn_attn_args *a) { return a->v_dim > 0 ? a->v_dim : a->head_dim; }
 // Byte offset of position pos's row (all kv heads) in block blk of a cache, and of kv head kh inside a row: a cache
 // row is krn_row_size(kv_type, n_kv_head * head_dim) bytes whatever the type (Q8_0's scales sit in its blocks).
 static inline size_t krn_cpu_kv_off(const krn_attn_args *a, int32_t blk, int32_t pos_in_block) {

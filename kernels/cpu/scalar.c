@@ -354,7 +354,7 @@ typedef struct attn_task {
 static void attn_run(void *vp, int ith, int nth) {
   attn_task *t = vp;
   const krn_attn_args *a = t->a;
-  int hd = a->head_dim, group = a->n_head / a->n_kv_head;
+  int hd = a->head_dim, vd = krn_cpu_attn_vd(a), group = a->n_head / a->n_kv_head;
   int64_t lo, hi;
   krn_cpu_range((int64_t)a->n_tokens * a->n_head, ith, nth, &lo, &hi);
   if (lo >= hi) return;
@@ -364,7 +364,7 @@ static void attn_run(void *vp, int ith, int nth) {
     int tok = (int)(it / a->n_head), h = (int)(it % a->n_head), kh = h / group;
     int32_t seq = a->tok_seq[tok], pos = a->tok_pos[tok];
     const float *q = t->q + ((size_t)tok * a->n_head + h) * hd;
-    float *o = t->out + ((size_t)tok * a->n_head + h) * hd;
+    float *o = t->out + ((size_t)tok * a->n_head + h) * vd;
     float mx = -INFINITY;
     const int32_t p_lo = krn_cpu_first_visible(a, pos);
     for (int32_t p = 0; p <= pos; p++) {
@@ -378,7 +378,7 @@ static void attn_run(void *vp, int ith, int nth) {
       if (a->softcap > 0) sc[p] = a->softcap * tanhf(sc[p] / a->softcap);
       mx = fmaxf(mx, sc[p]);
     }
-    for (int e = 0; e < hd; e++) o[e] = 0;
+    for (int e = 0; e < vd; e++) o[e] = 0;
     if (mx == -INFINITY) continue; // nothing visible
     double sum = 0;
     for (int32_t p = 0; p <= pos; p++) { sc[p] = expf(sc[p] - mx); sum += sc[p]; }
@@ -387,14 +387,14 @@ static void attn_run(void *vp, int ith, int nth) {
       if (blk < 0) continue;
       size_t base = krn_cpu_kv_off(a, blk, p % a->block_size) + krn_cpu_kv_head_off(a, kh);
       float w = (float)(sc[p] / sum);
-      for (int e = 0; e < hd; e++) o[e] += w * kv_at(a->v_cache, a->kv_type, base, e);
+      for (int e = 0; e < vd; e++) o[e] += w * kv_at(a->v_cache, a->kv_type, base, e);
     }
   }
   free(sc);
 }
 
 static void scalar_paged_attention(krn_ctx *c, float *out, const float *q, const krn_attn_args *a) {
-  if (!krn_cpu_attn_ok(a)) { if (a->n_tokens > 0 && a->n_head > 0 && a->head_dim > 0) krn_cpu_fill_nan(out, (int64_t)a->n_tokens * a->n_head * a->head_dim); return; }
+  if (!krn_cpu_attn_ok(a)) { if (a->n_tokens > 0 && a->n_head > 0 && a->head_dim > 0) krn_cpu_fill_nan(out, (int64_t)a->n_tokens * a->n_head * (a->v_dim > 0 ? a->v_dim : a->head_dim)); return; }
   attn_task t = {out, q, a};
   krn_cpu_par(c, attn_run, &t);
 }
@@ -428,6 +428,7 @@ static const krn_backend scalar_backend = {
     .rope_freqs = krn_scalar_rope_freqs,
     .moe_combine = scalar_moe_combine,
     .attn_softcap = 1,
+    .attn_vdim = 1,
     .softcap = krn_scalar_softcap,
 };
 

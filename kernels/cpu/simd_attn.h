@@ -170,7 +170,7 @@ KRN_INLINE void att_prefetch_block(const krn_attn_args *a, const int32_t *bt, in
 
 static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int kh) {
   const krn_attn_args *a = t->a;
-  int hd = a->head_dim, G = a->n_head / a->n_kv_head, bs = a->block_size;
+  int hd = a->head_dim, vd = krn_cpu_attn_vd(a), G = a->n_head / a->n_kv_head, bs = a->block_size;
   size_t ss = s->span, stride = krn_cpu_kv_off(a, 0, 1), hoff = krn_cpu_kv_head_off(a, kh); // bytes per position, head
   const int h16 = a->kv_type == KRN_F16;                        // f16 rows are read in place (not converted)
   const size_t head_row = krn_row_size(a->kv_type, hd);          // bytes of one head's row
@@ -190,7 +190,7 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
   }
   for (int i = 0; i < nt; i++)
     for (int g = 0; g < G; g++)
-      memset(t->out + ((size_t)(r0 + i) * a->n_head + kh * G + g) * hd, 0, (size_t)hd * sizeof(float));
+      memset(t->out + ((size_t)(r0 + i) * a->n_head + kh * G + g) * vd, 0, (size_t)vd * sizeof(float));
   if (plo >= phi) return; // nothing visible to any row
   plo = plo / bs * bs;
   const int32_t *bt = a->block_tables + (size_t)seq * a->max_blocks;
@@ -258,7 +258,7 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
     memset(row, 0, (size_t)lo * sizeof(float));
     if (end < n) memset(row + end, 0, (size_t)(n - end) * sizeof(float));
   }
-  // out = P . V, block by block
+  // out = P . V, block by block (the first vd values of each V row; s->o's rows keep the stride hd)
   memset(s->o, 0, (size_t)Rp * hd * sizeof(float));
   for (int32_t p0 = plo; p0 < phi; p0 += bs) {
     int32_t blk = bt[p0 / bs], np = p0 + bs < phi ? bs : phi - p0;
@@ -268,9 +268,9 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
     const void *v = vb;
     size_t vs = ks16;
     if (!h16) { // rows of another type are converted first
-      att_rows_f32(s->kv, vb, a->kv_type, stride, hd, np, np);
+      att_rows_f32(s->kv, vb, a->kv_type, stride, vd, np, np);
       v = s->kv;
-      vs = (size_t)hd;
+      vs = (size_t)vd;
     }
     const float *w0 = s->sc + (p0 - plo);
     for (int r = 0; r < Rp; r += ATT_PR) {
@@ -278,21 +278,21 @@ static void attn_tile(const attn_task *t, const attn_scratch *s, int tile, int k
       const float *w = w0 + (size_t)r * ss;
       int d = 0;
       if (h16) {
-        for (; d + 2 * VL <= hd; d += 2 * VL) att_pv(o, w, ss, v, vs, 1, np, hd, d, 2);
-        for (; d + VL <= hd; d += VL) att_pv(o, w, ss, v, vs, 1, np, hd, d, 1);
+        for (; d + 2 * VL <= vd; d += 2 * VL) att_pv(o, w, ss, v, vs, 1, np, hd, d, 2);
+        for (; d + VL <= vd; d += VL) att_pv(o, w, ss, v, vs, 1, np, hd, d, 1);
       } else {
-        for (; d + 2 * VL <= hd; d += 2 * VL) att_pv(o, w, ss, v, vs, 0, np, hd, d, 2);
-        for (; d + VL <= hd; d += VL) att_pv(o, w, ss, v, vs, 0, np, hd, d, 1);
+        for (; d + 2 * VL <= vd; d += 2 * VL) att_pv(o, w, ss, v, vs, 0, np, hd, d, 2);
+        for (; d + VL <= vd; d += VL) att_pv(o, w, ss, v, vs, 0, np, hd, d, 1);
       }
-      for (; d < hd; d++)
+      for (; d < vd; d++)
         for (int rr = 0; rr < ATT_PR; rr++)
           for (int p = 0; p < np; p++) o[(size_t)rr * hd + d] += w[(size_t)rr * ss + p] * att_at(v, vs, p, d, h16);
     }
   }
   for (int i = 0; i < nt; i++)
     for (int g = 0; g < G; g++)
-      memcpy(t->out + ((size_t)(r0 + i) * a->n_head + kh * G + g) * hd, s->o + ((size_t)i * G + g) * hd,
-             (size_t)hd * sizeof(float));
+      memcpy(t->out + ((size_t)(r0 + i) * a->n_head + kh * G + g) * vd, s->o + ((size_t)i * G + g) * hd,
+             (size_t)vd * sizeof(float));
 }
 
 static void attn_run(void *vp, int ith, int nth) {
@@ -320,7 +320,7 @@ static void attn_run(void *vp, int ith, int nth) {
 }
 
 static void simd_paged_attention(krn_ctx *c, float *out, const float *q, const krn_attn_args *a) {
-  if (!krn_cpu_attn_ok(a)) { if (a->n_tokens > 0 && a->n_head > 0 && a->head_dim > 0) krn_cpu_fill_nan(out, (int64_t)a->n_tokens * a->n_head * a->head_dim); return; }
+  if (!krn_cpu_attn_ok(a)) { if (a->n_tokens > 0 && a->n_head > 0 && a->head_dim > 0) krn_cpu_fill_nan(out, (int64_t)a->n_tokens * a->n_head * (a->v_dim > 0 ? a->v_dim : a->head_dim)); return; }
   if (a->n_tokens == 0) return;
   int G = a->n_head / a->n_kv_head, per = ATT_ROWS / G > 1 ? ATT_ROWS / G : 1;
   int32_t *tiles = malloc(((size_t)a->n_tokens + 1) * sizeof(int32_t));

@@ -41,6 +41,7 @@ static const krn_backend simd_backend = {
     .matmul_group = simd_matmul_group,
     .moe_combine = simd_moe_combine,
     .attn_softcap = 1,
+    .attn_vdim = 1,
     .softcap = simd_softcap,
 };
 

@@ -296,6 +296,7 @@ static const krn_backend cu_backend = {
     krn_cuda_moe_combine,
     0,    // attn_softcap: no soft-capped paged attention here; a model that needs it (gemma2) refuses to load
     NULL, // softcap
+    0,    // attn_vdim: no V-as-a-prefix-of-K attention here (MLA's latent); deepseek2 refuses to load on cuda
 };
 
 extern "C" const krn_backend *krn_cuda(void) { return &cu_backend; }

@@ -560,6 +560,48 @@ TEST_P(KrnOps, PagedAttentionSoftcap) {
   }
 }
 
+// MLA's latent row read as K and its first v_dim values as V (krn_attn_args.v_dim, v_cache = k_cache): the output is
+// (tokens, heads, v_dim) and equals the first v_dim values of each head of the plain attention over the same rows (the
+// scalar reference bit for bit, as it sums the same terms), and the SIMD tables match the scalar one; with GQA groups,
+// DeepSeek V3's 576 / 512, and a window.
+TEST_P(KrnOps, PagedAttentionValuePrefix) {
+  ASSERT_EQ(be->attn_vdim, 1) << be->name;
+  std::mt19937 rng(47);
+  struct Cfg { int nh, nkv, hd, vd; };
+  for (Cfg cfg : {Cfg{4, 1, 96, 64}, Cfg{8, 1, 576, 512}, Cfg{4, 2, 64, 32}, Cfg{2, 1, 48, 40}}) {
+    for (krn_type kt : {KRN_F32, KRN_F16, KRN_Q8_0}) {
+      if (!krn_kv_type_ok(kt, cfg.hd) || !krn_kv_type_ok(kt, cfg.vd)) continue;
+      std::vector<int> ctxl = {75, 1, 40}, news = {75, 1, 2};
+      PagedBatch pb = make_batch(rng, be, &ctx, cfg.nh, cfg.nkv, cfg.hd, kt, ctxl, news);
+      int nt = (int)pb.tok_seq.size();
+      auto q = random_floats(rng, (size_t)nt * cfg.nh * cfg.hd);
+      for (int window : {0, 20}) {
+        krn_attn_args a = pb.args();
+        a.window = window;
+        a.v_cache = a.k_cache;
+        std::vector<float> full((size_t)nt * cfg.nh * cfg.hd, NAN), want((size_t)nt * cfg.nh * cfg.vd, NAN),
+            out(want.size(), NAN);
+        ref->paged_attention(&rctx, full.data(), q.data(), &a);
+        a.v_dim = cfg.vd;
+        ref->paged_attention(&rctx, want.data(), q.data(), &a);
+        be->paged_attention(&ctx, out.data(), q.data(), &a);
+        for (int r = 0; r < nt * cfg.nh; r++)
+          for (int d = 0; d < cfg.vd; d++) {
+            ASSERT_EQ(want[(size_t)r * cfg.vd + d], full[(size_t)r * cfg.hd + d]) << "scalar, row " << r << " d " << d;
+            ASSERT_NEAR(out[(size_t)r * cfg.vd + d], want[(size_t)r * cfg.vd + d], 2e-5)
+                << be->name << " " << krn_type_name(kt) << " hd " << cfg.hd << " vd " << cfg.vd << " window " << window
+                << " row " << r << " d " << d;
+          }
+      }
+    }
+  }
+  krn_attn_args bad{}; // v_dim above head_dim: NaN, not a read past the row
+  bad.n_tokens = 1, bad.n_head = 1, bad.n_kv_head = 1, bad.head_dim = 32, bad.block_size = 16, bad.v_dim = 64;
+  std::vector<float> o(64, 0), q(32, 0);
+  be->paged_attention(&ctx, o.data(), q.data(), &bad);
+  EXPECT_TRUE(std::isnan(o[0]));
+}
+
 // The final logits' soft-cap op against cap * tanh(x / cap) in double, in place, over widths with and without a tail.
 TEST_P(KrnOps, Softcap) {
   ASSERT_NE(be->softcap, nullptr) << be->name;

@@ -237,15 +237,17 @@ std::vector<Vec> reference(const Model &mm, const Shape &s, const std::vector<in
       K[t].assign(H * hk, 0);
       V[t].assign(H * vd, 0);
       for (int hh = 0; hh < H; hh++) {
+        const float *kvb = mm.f(p + "attn_kv_b.weight"), *kb = mm.f(p + "attn_k_b.weight"),
+                    *vb = mm.f(p + "attn_v_b.weight");
         for (int j = 0; j < nope; j++)
           for (int r = 0; r < R; r++)
-            K[t][hh * hk + j] += lat[r] * (s.split ? mm.f(p + "attn_k_b.weight")[((size_t)hh * R + r) * nope + j]
-                                                   : mm.f(p + "attn_kv_b.weight")[((size_t)hh * (nope + vd) + j) * R + r]);
+            K[t][hh * hk + j] += lat[r] * (s.split ? kb[((size_t)hh * R + r) * nope + j]
+                                                   : kvb[((size_t)hh * (nope + vd) + j) * R + r]);
         for (int j = 0; j < rp; j++) K[t][hh * hk + nope + j] = kpe[j];
         for (int d = 0; d < vd; d++)
           for (int r = 0; r < R; r++)
-            V[t][hh * vd + d] += lat[r] * (s.split ? mm.f(p + "attn_v_b.weight")[((size_t)hh * vd + d) * R + r]
-                                                   : mm.f(p + "attn_kv_b.weight")[((size_t)hh * (nope + vd) + nope + d) * R + r]);
+            V[t][hh * vd + d] += lat[r] * (s.split ? vb[((size_t)hh * vd + d) * R + r]
+                                                   : kvb[((size_t)hh * (nope + vd) + nope + d) * R + r]);
       }
     }
     for (int t = 0; t < T; t++) {
@@ -269,12 +271,16 @@ std::vector<Vec> reference(const Model &mm, const Shape &s, const std::vector<in
     for (int t = 0; t < T; t++) {
       Vec h = rmsnorm(x[t], mm.f(p + "ffn_norm.weight")), out(E, 0);
       if (l < s.dense_lead) {
-        out = swiglu_ffn(mm.f(p + "ffn_gate.weight"), mm.f(p + "ffn_up.weight"), mm.f(p + "ffn_down.weight"), h, s.ff, E);
+        out = swiglu_ffn(mm.f(p + "ffn_gate.weight"), mm.f(p + "ffn_up.weight"), mm.f(p + "ffn_down.weight"), h, s.ff,
+                         E);
       } else {
         const int NE = s.n_expert, F = s.ff_exp;
         Vec lg = matvec(mm.f(p + "ffn_gate_inp.weight"), h, NE), pr(NE), sel(NE);
         double mx = *std::max_element(lg.begin(), lg.end()), sum = 0;
-        for (int e = 0; e < NE; e++) pr[e] = s.sigmoid ? 1 / (1 + std::exp(-lg[e])) : (sum += std::exp(lg[e] - mx), std::exp(lg[e] - mx));
+        for (int e = 0; e < NE; e++) {
+          pr[e] = s.sigmoid ? 1 / (1 + std::exp(-lg[e])) : std::exp(lg[e] - mx);
+          sum += pr[e];
+        }
         if (!s.sigmoid)
           for (double &v : pr) v /= sum;
         for (int e = 0; e < NE; e++) sel[e] = pr[e] + (s.sigmoid ? mm.f(p + "exp_probs_b.bias")[e] : 0);
@@ -294,7 +300,8 @@ std::vector<Vec> reference(const Model &mm, const Shape &s, const std::vector<in
         std::vector<int> order(NE);
         for (int e = 0; e < NE; e++) order[e] = e;
         std::stable_sort(order.begin(), order.end(), [&](int i, int j) { return sel[i] > sel[j]; });
-        if (sel[order[s.n_used]] > -1e299) *min_gap = std::min(*min_gap, sel[order[s.n_used - 1]] - sel[order[s.n_used]]);
+        if (sel[order[s.n_used]] > -1e299)
+          *min_gap = std::min(*min_gap, sel[order[s.n_used - 1]] - sel[order[s.n_used]]);
         double ws = 0;
         for (int j = 0; j < s.n_used; j++) ws += pr[order[j]];
         if (!s.wnorm) ws = 1;
@@ -443,6 +450,13 @@ TEST(Mla, SkipsNextnLayersAndSaysSo) {
   EXPECT_LT(max_err(e, s, &gap), 2e-4); // the trunk alone, as llama.cpp runs it
 }
 
+// A tweak that sets dimension d of every tensor whose name holds `part` to v.
+std::function<void(std::string &, std::vector<int64_t> &)> tensor_dim(const char *part, int d, int64_t v) {
+  return [=](std::string &n, std::vector<int64_t> &ne) {
+    if (n.find(part) != std::string::npos) ne[d] = v;
+  };
+}
+
 TEST(Mla, RefusesMismatchedRanks) {
   struct Case {
     std::function<void(Shape &)> set;
@@ -452,17 +466,13 @@ TEST(Mla, RefusesMismatchedRanks) {
        "attn_q_a", "q_lora_rank is 24"},
       {[](Shape &s) { s.key_tweak = [](std::string &k, int &v) { if (k == "attention.q_lora_rank") v = 0; }; },
        "attn_q_a", "q_lora_rank is 0"},
-      {[](Shape &s) {
-         s.tweak = [](std::string &n, std::vector<int64_t> &ne) { if (n.find("attn_kv_a_mqa") != std::string::npos) ne[1] = 40; };
-       },
+      {[](Shape &s) { s.tweak = tensor_dim("attn_kv_a_mqa", 1, 40); },
        "attn_kv_a_mqa", "kv_lora_rank"},
-      {[](Shape &s) {
-         s.tweak = [](std::string &n, std::vector<int64_t> &ne) { if (n.find("attn_k_b") != std::string::npos) ne[1] = 16; };
-       },
+      {[](Shape &s) { s.tweak = tensor_dim("attn_k_b", 1, 16); },
        "attn_k_b", "kv_lora_rank is 32"},
       {[](Shape &s) {
          s.split = false;
-         s.tweak = [](std::string &n, std::vector<int64_t> &ne) { if (n.find("attn_kv_b") != std::string::npos) ne[0] = 16; };
+         s.tweak = tensor_dim("attn_kv_b", 0, 16);
        },
        "attn_kv_b", "kv_lora_rank is 32"},
       {[](Shape &s) { s.key_tweak = [](std::string &k, int &v) { if (k == "attention.kv_lora_rank") v = -2; }; },
