@@ -13,8 +13,9 @@
 prt_kv_layout kv_wire_layout(const kv_pool *kv) {
   const mdl_llama_cfg *c = kv_pool_cfg(kv);
   const mdl_kv *v = kv_pool_kv(kv);
-  return (prt_kv_layout){.n_layer = c->n_layer, .parts = mdl_kv_parts(c), .width = mdl_kv_width(c), .type = (int)v->type,
-                         .block_size = v->block_size, .n_blocks = v->n_blocks, .n_groups = mdl_kv_groups(v),
+  return (prt_kv_layout){.n_layer = c->n_layer, .parts = mdl_kv_parts(c), .width = mdl_kv_width(c),
+                         .type = (int)v->type, .block_size = v->block_size, .n_blocks = v->n_blocks,
+                         .n_groups = mdl_kv_groups(v),
                          .base = kv_stage_addr(kv_pool_stage(kv), v->base)}; // the mirror, if staged
 }
 
@@ -134,7 +135,7 @@ int kv_wire_write_blocks(kvx_agent *a, const kv_pool *kv, const char *peer, cons
     return -1;
   }
   int i = 0, ng = mdl_kv_groups(v);
-  for (int l = l0; l < l1; l++) { // (layer, part, block) order: each layer's K blocks, then its V blocks (or its latent)
+  for (int l = l0; l < l1; l++) { // (layer, part, block) order: a layer's K blocks, then its V blocks (or its latent)
     int g = mdl_kv_group_of(v, l), slot = v->n_groups > 1 ? v->layer_slot[l] : l;
     for (int kvi = 0; kvi < parts; kvi++)
       for (int b = 0; b < n; b++) {

@@ -37,10 +37,11 @@ int kv_wire_check_layout(const prt_kv_layout *peer, const kv_pool *local, wrk_kv
 uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int part, int page);
 
 // Posts one kvxfer WRITE of layers [l0, l1), every part (K and V, or the latent), of our blocks local_ids (n) into
-// the peer's blocks, pairwise, with notif (notif_len bytes, may be NULL) delivered after the bytes. remote_pages (n, n_groups): the pages of each
-// of the peer's blocks, block by block (its block ids with one group); the pages of a group of [l0, l1) must exist on
-// both sides. *out is the posted request (owned by the caller), or NULL when there was nothing to write (n or l1 - l0
-// < 1: then nothing is posted and notif is not sent). -1 with err when it cannot be made or posted (nothing owned).
+// the peer's blocks, pairwise, with notif (notif_len bytes, may be NULL) delivered after the bytes. remote_pages
+// (n, n_groups): the pages of each of the peer's blocks, block by block (its block ids with one group); the pages of a
+// group of [l0, l1) must exist on both sides. *out is the posted request (owned by the caller), or NULL when there was
+// nothing to write (n or l1 - l0 < 1: then nothing is posted and notif is not sent). -1 with err when it cannot be
+// made or posted (nothing owned).
 int kv_wire_write_blocks(kvx_agent *a, const kv_pool *kv, const char *peer, const wrk_kv_remote *remote,
                             const int32_t *local_ids, const int32_t *remote_pages, int n, int l0, int l1,
                             const void *notif, size_t notif_len, kvx_xfer **out, char *err,

@@ -99,7 +99,8 @@ TEST_P(KvLatent, PoolHoldsOneLatentRowPerLayer) {
   EXPECT_EQ(bytes, 6 * mdl_kv_block_bytes(&lat, t, 16));
   for (int l = 0; l < 4; l++)
     for (int pg = 0; pg < 6; pg++)
-      EXPECT_EQ((char *)mdl_kv_chunk(&lat, ka, l, 0, pg), base + ((size_t)l * 6 + (size_t)pg) * chunk) << l << " " << pg;
+      EXPECT_EQ((char *)mdl_kv_chunk(&lat, ka, l, 0, pg), base + ((size_t)l * 6 + (size_t)pg) * chunk)
+          << l << " " << pg;
   int32_t ia[2], ib[3];
   ASSERT_EQ(kv_pool_alloc(a, ia, 2), 0);
   ASSERT_EQ(kv_pool_alloc(b, ib, 3), 0); // b's third id differs from a's second
@@ -156,7 +157,9 @@ TEST_P(KvLatent, WireLayoutCarriesPartsAndWidthAndRefusesAnother) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, KvLatent, ::testing::Values(KRN_F16, KRN_Q8_0),
-                         [](const ::testing::TestParamInfo<krn_type> &i) { return std::string(krn_kv_type_str(i.param)); });
+                         [](const ::testing::TestParamInfo<krn_type> &i) {
+                           return std::string(krn_kv_type_str(i.param));
+                         });
 
 // The prefix store's tiers move whole latent blocks: spilled to host DRAM and disk, then restored byte for byte.
 struct LatentPrefix : Prefix {
@@ -321,8 +324,8 @@ TEST_P(LatentPush, LayerWisePushLandsEveryLatentChunk) {
   std::vector<uint8_t> zero(chunk, 0);
   for (int l = 0; l < cfg.n_layer; l++) {
     for (int b = 0; b < 3; b++)
-      EXPECT_EQ(std::memcmp(mdl_kv_chunk(&cfg, kvd, l, 0, theirs[b + 1]), mdl_kv_chunk(&cfg, kvp, l, 0, mine[b]), chunk),
-                0)
+      EXPECT_EQ(
+          std::memcmp(mdl_kv_chunk(&cfg, kvd, l, 0, theirs[b + 1]), mdl_kv_chunk(&cfg, kvp, l, 0, mine[b]), chunk), 0)
           << "layer " << l << " block " << b;
     EXPECT_EQ(std::memcmp(mdl_kv_chunk(&cfg, kvd, l, 0, theirs[0]), zero.data(), chunk), 0) << "untouched, layer " << l;
   }
@@ -340,7 +343,8 @@ TEST_P(LatentPush, LayerWisePushLandsEveryLatentChunk) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, LatentPush,
-                         ::testing::Values(std::make_tuple("tcp", KRN_F16, false), std::make_tuple("shm", KRN_Q8_0, false),
+                         ::testing::Values(std::make_tuple("tcp", KRN_F16, false),
+                                           std::make_tuple("shm", KRN_Q8_0, false),
                                            std::make_tuple("tcp", KRN_Q8_0, true)),
                          [](const auto &i) {
                            return std::string(std::get<0>(i.param)) + "_" + krn_kv_type_str(std::get<1>(i.param)) +
