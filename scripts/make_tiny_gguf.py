@@ -21,6 +21,7 @@ F32. (Checked: llama-quantize Q4_K_M of each F32 file here gives every tensor th
 Examples:
   make_tiny_gguf.py --out DIR                          # every architecture, F32 Q8_0 Q4_K_M
   make_tiny_gguf.py --out DIR --arch qwen3moe --hidden 1024 --experts 32 --expert-ff 512 --used 4 --layers 8
+  make_tiny_gguf.py --out DIR --arch deepseek2 --kv-lora-rank 512 --rope-dim 64 --nope-dim 128 --v-dim 128  # V3's latent
 """
 import argparse
 import hashlib

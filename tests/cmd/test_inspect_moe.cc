@@ -15,19 +15,7 @@ namespace {
 
 using cmdtest::run_dserve;
 
-// The model's bytes in a temporary file, removed with it.
-struct TempGguf {
-  std::string path;
-  explicit TempGguf(const std::vector<uint8_t> &b) {
-    char tmpl[] = "/tmp/dserve_moe_XXXXXX";
-    int fd = mkstemp(tmpl);
-    EXPECT_GE(fd, 0);
-    path = tmpl;
-    EXPECT_EQ(write(fd, b.data(), b.size()), (ssize_t)b.size());
-    close(fd);
-  }
-  ~TempGguf() { unlink(path.c_str()); }
-};
+using dserve_test::TempGguf;
 
 TEST(InspectMoe, PrintsExpertsUsedAndWidth) {
   ASSERT_EQ(access(DSERVE_BINARY, X_OK), 0) << "dserve binary not built: " << DSERVE_BINARY;

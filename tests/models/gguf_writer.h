@@ -2,6 +2,8 @@
 #ifndef DSERVE_TESTS_GGUF_WRITER_H
 #define DSERVE_TESTS_GGUF_WRITER_H
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -89,6 +91,12 @@ struct GgufWriter {
     for (size_t i = 0; i < nbytes; i++) t.data[i] = (uint8_t)(i * 7 + tensors.size());
     tensors.push_back(t);
   }
+  // An F32 tensor's values by name (nullptr when absent), for tests' references.
+  const float *f32(const std::string &name) const {
+    for (auto &t : tensors)
+      if (t.name == name) return reinterpret_cast<const float *>(t.data.data());
+    return nullptr;
+  }
   std::vector<uint8_t> bytes() const {
     std::vector<uint8_t> b;
     static const char magic[4] = {'G', 'G', 'U', 'F'};
@@ -115,6 +123,23 @@ struct GgufWriter {
       b.insert(b.end(), tensors[i].data.begin(), tensors[i].data.end());
     }
     return b;
+  }
+};
+
+// GGUF bytes in a temporary file, removed with this (for the commands that read a path).
+struct TempGguf {
+  std::string path;
+  explicit TempGguf(const std::vector<uint8_t> &b) {
+    char tmpl[] = "/tmp/dserve_gguf_XXXXXX";
+    int fd = mkstemp(tmpl);
+    if (fd < 0) return;
+    path = tmpl;
+    bool ok = write(fd, b.data(), b.size()) == (ssize_t)b.size();
+    close(fd);
+    if (!ok) path.clear();
+  }
+  ~TempGguf() {
+    if (!path.empty()) unlink(path.c_str());
   }
 };
 

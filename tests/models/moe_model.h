@@ -31,11 +31,7 @@ struct MoeModel {
   GgufWriter w;
   std::vector<uint8_t> bytes;
   // F32 weights by name (only when wtype is F32; the router always)
-  const float *f(const std::string &name) const {
-    for (auto &t : w.tensors)
-      if (t.name == name) return reinterpret_cast<const float *>(t.data.data());
-    return nullptr;
-  }
+  const float *f(const std::string &name) const { return w.f32(name); }
 };
 
 inline MoeModel make_moe(const MoeShape &s, uint32_t seed) {
