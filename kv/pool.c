@@ -9,8 +9,9 @@
 
 #include "kvxfer/kvx.h"
 
-// Pages and blocks. kv.n_blocks pages, each one layer group's K and V for block_size positions (mdl_kv). A block is
-// n_groups pages: its id is its group-0 page, and page_map holds the others. With one group a page is a block.
+// Pages and blocks. kv.n_blocks pages, each one layer group's KV parts (K and V, or MLA's latent row: mdl_kv_parts)
+// for block_size positions (mdl_kv). A block is n_groups pages: its id is its group-0 page, and page_map holds the
+// others. With one group a page is a block.
 // Window pages: the pages of a block's local groups (sliding-window layers). A table that may still read them pins
 // them (pins); unpinned window pages stay attached, so the prefix store can still serve the block, but are
 // reclaimable: in the window LRU (oldest first), they go back to the free list when a new block finds it short.
@@ -65,8 +66,8 @@ int kv_pool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const kv_pool_opts *o, kv
     snprintf(err, errlen, "kvpool: block size %d out of range", bs);
     return -1;
   }
-  if (cfg->n_layer < 1 || cfg->n_kv_head < 1 || cfg->head_dim < 1) {
-    snprintf(err, errlen, "kvpool: model config has no layers or KV heads");
+  if (cfg->n_layer < 1 || mdl_kv_parts(cfg) < 1 || mdl_kv_width(cfg) < 1) {
+    snprintf(err, errlen, "kvpool: model config has no layers or no KV values per position");
     return -1;
   }
   if (o->shareable && kc->be->ctx_init) {
@@ -350,8 +351,9 @@ static int kvpool_copy_block(const kv_pool *p, int32_t block, void *host, int to
   if (!kv_pool_whole(p, block)) return -1; // a block without its window pages is not one block's bytes
   size_t chunk = mdl_kv_chunk_bytes(&p->cfg, &p->kv);
   char *h = host;
+  int parts = mdl_kv_parts(&p->cfg);
   for (int l = 0; l < p->cfg.n_layer; l++)
-    for (int kvi = 0; kvi < 2; kvi++, h += chunk) {
+    for (int kvi = 0; kvi < parts; kvi++, h += chunk) {
       void *dev = mdl_kv_chunk(&p->cfg, &p->kv, l, kvi, mdl_kv_page(&p->kv, block, mdl_kv_group_of(&p->kv, l)));
       if (to_host) {
         if (p->kc->be->download) p->kc->be->download(p->kc, h, dev, chunk);

@@ -44,7 +44,7 @@ int kv_pool_free_pages(const kv_pool *p, int *reclaimable);
 int kv_pool_groups(const kv_pool *p);  // layer groups (1: the plain layout)
 int kv_pool_window(const kv_pool *p);  // the local groups' sliding window in tokens (0: none)
 const mdl_llama_cfg *kv_pool_cfg(const kv_pool *p);
-size_t kv_pool_block_bytes(const kv_pool *p); // one block over all layers, K and V (mdl_kv_block_bytes)
+size_t kv_pool_block_bytes(const kv_pool *p); // one block over all layers and parts (mdl_kv_block_bytes)
 // The host mirror peers reach instead of the pool (kv/stage.h sets it), or NULL: kv_wire's layout and
 // writes go through it.
 void kv_pool_set_stage(kv_pool *p, kv_stage *s); // s borrowed
@@ -67,8 +67,8 @@ int kv_pool_alloc(kv_pool *p, int32_t *ids, int n) UTL_WARN_UNUSED;
 // positions per step: every block with one group; with layer groups, every block's global pages and the window
 // pages of the blocks a step's window reads. More than kv_pool_total_blocks: the pool can never hold it.
 int kv_pool_blocks_needed(const kv_pool *p, int n_tokens, int chunk);
-// Copy one block's bytes (every layer's K then V chunk, in mdl_kv_chunk order: layer 0 K, layer 0 V,
-// layer 1 K, ...) to / from a host buffer of kv_pool_block_bytes(p) bytes. Uses the backend's
+// Copy one block's bytes (every layer's parts, in mdl_kv_chunk order: layer 0 K, layer 0 V, layer 1 K, ...; one
+// latent chunk per layer for MLA) to / from a host buffer of kv_pool_block_bytes(p) bytes. Uses the backend's
 // download/upload (memcpy when the backend has none). -1 on a bad block id or a block that is not whole.
 int kv_pool_read_block(const kv_pool *p, int32_t block, void *host_dst) UTL_WARN_UNUSED;
 int kv_pool_write_block(kv_pool *p, int32_t block, const void *host_src) UTL_WARN_UNUSED;

@@ -127,11 +127,12 @@ int kv_stage_in(kv_stage *s, const int32_t *blocks, int n) {
   for (int i = 0; i < n; i++)
     if (blocks[i] < 0 || blocks[i] >= kv->n_blocks) return -1;
   const size_t chunk = mdl_kv_chunk_bytes(c, kv);
-  // Chunks of one (layer, K|V) are adjacent for consecutive pages: copy each run of them at once. A layer group's
+  const int parts = mdl_kv_parts(c);
+  // Chunks of one (layer, part) are adjacent for consecutive pages: copy each run of them at once. A layer group's
   // page that was given back (a window passed it: -1) received nothing.
   for (int l = 0; l < c->n_layer; l++) {
     const int g = mdl_kv_group_of(kv, l);
-    for (int kvi = 0; kvi < 2; kvi++)
+    for (int kvi = 0; kvi < parts; kvi++)
       for (int i = 0; i < n;) {
         const int32_t first = mdl_kv_page(kv, blocks[i], g);
         int j = i + 1;

@@ -3,7 +3,7 @@
 // A worker whose KV pool is in GPU memory can only hand it to kvxfer directly when the backend moves GPU
 // memory (rdma with GPUDirect, nccl). Otherwise (tcp, shm, rdma without GPUDirect, or a CPU peer) KV moves
 // through a host mirror of the pool: same layout, same block ids, registered with kvxfer instead of the pool.
-// A sender copies each (layer, K|V, block) chunk from the pool into its mirror slot before pushing it from
+// A sender copies each (layer, part, block) chunk from the pool into its mirror slot before pushing it from
 // there; a receiver advertises the mirror, lets the prefill worker write into it, and copies a prompt's
 // blocks into the pool once the notification says they have all landed. The peer never knows:
 // kv_stage_open hangs the stage on the pool (kv_pool_set_stage), and kv_wire's layout and block
@@ -43,7 +43,7 @@ uint64_t kv_stage_addr(const kv_stage *s, const void *p);
 // their writer's event) into their mirror slots; adjacent ranges are copied as one. No-op when s is NULL.
 // 0, or -1 when a range lies outside the pool (nothing copied).
 int kv_stage_out(kv_stage *s, const kvx_desc *ranges, size_t n) UTL_WARN_UNUSED;
-// Receiver: blocks (n) of the pool have landed in the mirror (every layer, K and V): copies them into the pool.
+// Receiver: blocks (n) of the pool have landed in the mirror (every layer and part): copies them into the pool.
 // No-op when s is NULL. 0, or -1 on a block id outside the pool (nothing copied).
 int kv_stage_in(kv_stage *s, const int32_t *blocks, int n) UTL_WARN_UNUSED;
 

@@ -13,8 +13,9 @@
 prt_kv_layout kv_wire_layout(const kv_pool *kv) {
   const mdl_llama_cfg *c = kv_pool_cfg(kv);
   const mdl_kv *v = kv_pool_kv(kv);
-  return (prt_kv_layout){.n_layer = c->n_layer, .kv_dim = c->n_kv_head * c->head_dim, .type = (int)v->type,
-                         .block_size = v->block_size, .n_blocks = v->n_blocks, .n_groups = mdl_kv_groups(v),
+  return (prt_kv_layout){.n_layer = c->n_layer, .parts = mdl_kv_parts(c), .width = mdl_kv_width(c),
+                         .type = (int)v->type, .block_size = v->block_size, .n_blocks = v->n_blocks,
+                         .n_groups = mdl_kv_groups(v),
                          .base = kv_stage_addr(kv_pool_stage(kv), v->base)}; // the mirror, if staged
 }
 
@@ -39,24 +40,28 @@ int kv_wire_check_layout(const prt_kv_layout *peer, const kv_pool *local, wrk_kv
              krn_kv_type_str(l.type), krn_kv_type_str(v->type));
     return -1;
   }
-  if (l.n_layer != c->n_layer || l.kv_dim != c->n_kv_head * c->head_dim || l.type != (int)v->type ||
-      l.block_size != v->block_size) {
+  int parts = mdl_kv_parts(c), width = mdl_kv_width(c);
+  if (l.n_layer != c->n_layer || l.parts != parts || l.width != width || l.block_size != v->block_size) {
+    // parts and width: a latent cache (one row of kv_lora_rank + rope values) is never read as K and V, nor back
     snprintf(err, errlen,
-             "KV layouts differ (peer: %d layers, kv_dim %d, type %d, block %d; here: %d, %d, %d, %d): "
-             "both workers must serve the same model with the same kv_type and block_size",
-             l.n_layer, l.kv_dim, l.type, l.block_size, c->n_layer, c->n_kv_head * c->head_dim, (int)v->type,
-             v->block_size);
+             "KV layouts differ: the peer's pool holds %d layers x %d part%s of %d values per position in blocks of "
+             "%d, this worker's %d layers x %d part%s of %d in blocks of %d: both workers must serve the same model "
+             "with the same block_size",
+             l.n_layer, l.parts, l.parts == 1 ? "" : "s", l.width, l.block_size, c->n_layer, parts,
+             parts == 1 ? "" : "s", width, v->block_size);
     return -1;
   }
   out->base = l.base;
   out->n_blocks = l.n_blocks;
   out->n_groups = l.n_groups;
+  out->n_parts = l.parts;
   out->chunk_bytes = mdl_kv_chunk_bytes(c, v);
   return 0;
 }
 
-uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int kv, int page) {
-  return r->base + (((uint64_t)slot * 2 + (uint64_t)kv) * (uint64_t)r->n_blocks + (uint64_t)page) * r->chunk_bytes;
+uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int part, int page) {
+  uint64_t np = r->n_parts > 0 ? (uint64_t)r->n_parts : 2; // as mdl_kv_chunk lays them out
+  return r->base + (((uint64_t)slot * np + (uint64_t)part) * (uint64_t)r->n_blocks + (uint64_t)page) * r->chunk_bytes;
 }
 
 int kv_wire_table(const kv_pool *kv, const int32_t *ids, int n, prt_kv_table *t) {
@@ -117,10 +122,10 @@ int kv_wire_write_blocks(kvx_agent *a, const kv_pool *kv, const char *peer, cons
                             const int32_t *local_ids, const int32_t *remote_pages, int n, int l0, int l1,
                             const void *notif, size_t notif_len, kvx_xfer **out, char *err, size_t errlen) {
   *out = NULL;
-  int k = (l1 - l0) * 2 * n;
   if (n < 1 || l1 <= l0) return 0;
   const mdl_llama_cfg *c = kv_pool_cfg(kv);
   const mdl_kv *v = kv_pool_kv(kv);
+  int parts = mdl_kv_parts(c), k = (l1 - l0) * parts * n;
   size_t chunk = mdl_kv_chunk_bytes(c, v);
   kvx_desc *loc = malloc((size_t)k * sizeof *loc), *rem = malloc((size_t)k * sizeof *rem);
   if (!loc || !rem) {
@@ -130,9 +135,9 @@ int kv_wire_write_blocks(kvx_agent *a, const kv_pool *kv, const char *peer, cons
     return -1;
   }
   int i = 0, ng = mdl_kv_groups(v);
-  for (int l = l0; l < l1; l++) { // (layer, K|V, block) order: each layer's K blocks, then its V blocks
+  for (int l = l0; l < l1; l++) { // (layer, part, block) order: a layer's K blocks, then its V blocks (or its latent)
     int g = mdl_kv_group_of(v, l), slot = v->n_groups > 1 ? v->layer_slot[l] : l;
-    for (int kvi = 0; kvi < 2; kvi++)
+    for (int kvi = 0; kvi < parts; kvi++)
       for (int b = 0; b < n; b++) {
         int32_t ours = mdl_kv_page(v, local_ids[b], g), theirs = remote_pages[(size_t)b * (size_t)ng + (size_t)g];
         if (ours < 0 || theirs < 0) {

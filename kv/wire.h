@@ -1,5 +1,5 @@
 // kv/wire.h: what prefill and decode workers tell each other about KV: pool layout, kvxfer metadata,
-// the first sampled token, and the addresses of a (layer, K|V, block) chunk in the peer's pool.
+// the first sampled token, and the addresses of a (layer, part, block) chunk in the peer's pool.
 #ifndef DSERVE_KV_WIRE_H
 #define DSERVE_KV_WIRE_H
 
@@ -24,22 +24,24 @@ typedef struct wrk_kv_remote {
   uint64_t base;       // address of its pool in its own address space
   int n_blocks;        // pages (mdl_kv)
   int n_groups;        // layer groups, the same as ours (checked)
-  size_t chunk_bytes;  // one (slot, K|V, page)
+  int n_parts;         // parts per layer and position (mdl_kv_parts: 2 K and V, 1 a latent), the same as ours
+  size_t chunk_bytes;  // one (slot, part, page)
 } wrk_kv_remote;
 
 prt_kv_layout kv_wire_layout(const kv_pool *kv); // the pool as hello_ok and prefix_pull describe it
 // Checks that the peer's layout (decoded from its hello_ok or prefix_pull; NULL: it sent none) matches ours (layers,
-// KV width, type, block size, layer groups) and reads where it lives.
+// parts and width per position, type, block size, layer groups; a mismatch names both) and reads where it lives.
 int kv_wire_check_layout(const prt_kv_layout *peer, const kv_pool *local, wrk_kv_remote *out, char *err,
                          size_t errlen) UTL_WARN_UNUSED;
-// Address of chunk (slot, kv, page) in the peer's pool (slot: the layer's place in its group, as in ours).
-uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int kv, int page);
+// Address of chunk (slot, part, page) in the peer's pool (slot: the layer's place in its group, as in ours).
+uint64_t wrk_kv_remote_chunk(const wrk_kv_remote *r, int slot, int part, int page);
 
-// Posts one kvxfer WRITE of layers [l0, l1), K and V, of our blocks local_ids (n) into the peer's blocks, pairwise,
-// with notif (notif_len bytes, may be NULL) delivered after the bytes. remote_pages (n, n_groups): the pages of each
-// of the peer's blocks, block by block (its block ids with one group); the pages of a group of [l0, l1) must exist on
-// both sides. *out is the posted request (owned by the caller), or NULL when there was nothing to write (n or l1 - l0
-// < 1: then nothing is posted and notif is not sent). -1 with err when it cannot be made or posted (nothing owned).
+// Posts one kvxfer WRITE of layers [l0, l1), every part (K and V, or the latent), of our blocks local_ids (n) into
+// the peer's blocks, pairwise, with notif (notif_len bytes, may be NULL) delivered after the bytes. remote_pages
+// (n, n_groups): the pages of each of the peer's blocks, block by block (its block ids with one group); the pages of a
+// group of [l0, l1) must exist on both sides. *out is the posted request (owned by the caller), or NULL when there was
+// nothing to write (n or l1 - l0 < 1: then nothing is posted and notif is not sent). -1 with err when it cannot be
+// made or posted (nothing owned).
 int kv_wire_write_blocks(kvx_agent *a, const kv_pool *kv, const char *peer, const wrk_kv_remote *remote,
                             const int32_t *local_ids, const int32_t *remote_pages, int n, int l0, int l1,
                             const void *notif, size_t notif_len, kvx_xfer **out, char *err,

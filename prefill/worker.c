@@ -123,7 +123,8 @@ static int write_layers(pfl_worker *w, pfl_req *r, int l0, int l1, int b0, int b
       kvx_xfer_free(x);
       return -1;
     }
-    w->bytes_pushed += (double)(l1 - l0) * 2.0 * (double)(b1 - b0) * (double)r->link->remote.chunk_bytes;
+    w->bytes_pushed += (double)(l1 - l0) * (double)r->link->remote.n_parts * (double)(b1 - b0) *
+                       (double)r->link->remote.chunk_bytes;
   }
   return 0;
 }

@@ -57,7 +57,8 @@ int prt_kv_layout_add(cJSON *msg, const prt_kv_layout *l) {
   char base[32];
   snprintf(base, sizeof base, "%" PRIu64, l->base);
   cJSON *o = cJSON_AddObjectToObject(msg, "kv_layout");
-  return o && cJSON_AddNumberToObject(o, "n_layer", l->n_layer) && cJSON_AddNumberToObject(o, "kv_dim", l->kv_dim) &&
+  return o && cJSON_AddNumberToObject(o, "n_layer", l->n_layer) && cJSON_AddNumberToObject(o, "parts", l->parts) &&
+                 cJSON_AddNumberToObject(o, "width", l->width) &&
                  cJSON_AddNumberToObject(o, "type", l->type) &&
                  cJSON_AddNumberToObject(o, "block_size", l->block_size) &&
                  cJSON_AddNumberToObject(o, "n_blocks", l->n_blocks) &&
@@ -69,14 +70,15 @@ int prt_kv_layout_add(cJSON *msg, const prt_kv_layout *l) {
 int prt_kv_layout_read(const cJSON *msg, const char *op, prt_kv_layout *l, char *err, size_t errlen) {
   const cJSON *o = NULL;
   const char *base = NULL;
-  int64_t v[6] = {0, 0, 0, 0, 0, 1};
-  static const char *const k[6] = {"n_layer", "kv_dim", "type", "block_size", "n_blocks", "n_groups"};
+  int64_t v[7] = {0, 0, 0, 0, 0, 0, 1};
+  static const char *const k[7] = {"n_layer", "parts", "width", "type", "block_size", "n_blocks", "n_groups"};
   char op2[48];
   snprintf(op2, sizeof op2, "%s kv_layout", op);
   memset(l, 0, sizeof *l);
   if (prt__obj(msg, op, "kv_layout", 1, &o, err, errlen)) return -1;
-  for (int i = 0; i < 6; i++)
-    if (prt__int(o, op2, k[i], i < 5, i == 2 ? 0 : i == 5 ? 1 : 0, INT32_MAX, &v[i], err, errlen)) return -1;
+  for (int i = 0; i < 7; i++) // type may be 0 (f32); parts and width at least 1; n_groups optional
+    if (prt__int(o, op2, k[i], i < 6, i == 3 ? 0 : i == 1 || i == 2 || i == 6 ? 1 : 0, INT32_MAX, &v[i], err, errlen))
+      return -1;
   if (prt__str(o, op2, "base", 1, &base, err, errlen)) return -1;
   char *end = NULL;
   unsigned long long b = strtoull(base, &end, 10);
@@ -84,7 +86,7 @@ int prt_kv_layout_read(const cJSON *msg, const char *op, prt_kv_layout *l, char 
     utl_seterr(err, errlen, "%s: base must be a decimal address", op2);
     return -1;
   }
-  *l = (prt_kv_layout){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5], (uint64_t)b};
+  *l = (prt_kv_layout){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5], (int)v[6], (uint64_t)b};
   return 0;
 }
 

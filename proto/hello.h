@@ -35,7 +35,9 @@ int prt_hello_decode(const cJSON *j, prt_hello *m, char *err, size_t errlen) UTL
 
 // A KV pool as a worker describes it (hello_ok, prefix_pull).
 typedef struct prt_kv_layout {
-  int n_layer, kv_dim, type, block_size;
+  int n_layer;
+  int parts, width; // per position and layer: parts (2: K and V; 1: a latent row) of width values each
+  int type, block_size;
   int n_blocks; // pages
   int n_groups; // layer groups; 1 when absent
   uint64_t base; // the pool's (or its staging mirror's) address in its own process, a decimal string on the wire

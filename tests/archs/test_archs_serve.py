@@ -4,7 +4,9 @@ f16 KV, every prompt handed off); a streamed and a non-streamed chat completion,
 the prefix store. The weights are random, so the checks are on status, token counts and finish_reason, not text; and
 a prefix fetched from a peer prefill worker gives the greedy tokens the 1P1D cluster computed without it (a
 sliding-window model computes the prefix instead, as docs/protocol.md says, and gives them too); a stream whose decode
-worker is killed mid-stream moves to the other decode worker and ends with the undisturbed run's greedy tokens."""
+worker is killed mid-stream moves to the other decode worker and ends with the undisturbed run's greedy tokens. A
+handoff moves exactly the prompt's blocks of the model's KV geometry as its GGUF describes it (K and V, or an MLA
+model's latent row: dserve:kv_pushed_bytes_total, what the prefill worker wrote over kvxfer)."""
 
 import os
 import shutil
@@ -22,6 +24,8 @@ MIGRATE_TOKENS = 200  # (about 1 s of decode at 1 thread: the kill lands mid-str
 # Token ids (the completions API takes them as the prompt): a 160-token prefix (10 blocks) and a question after it.
 FETCH_PREFIX = [(i * 37) % 4000 + 100 for i in range(160)]
 FETCH_QUESTION = [(i * 53) % 3000 + 200 for i in range(24)]
+# A prompt no other request shares (100 tokens: 7 blocks, the last partial), handed off for its bytes.
+HANDOFF_PROMPT = [(i * 41) % 3500 + 150 for i in range(100)]
 # Models whose pool keeps layer groups apart do not fetch prefixes from peers (docs/protocol.md, "Prefix fetch").
 SLIDING_WINDOW = {"gemma2", "gemma3"}
 # about 70 tokens: four full 16-token KV blocks for the prefix store
@@ -99,12 +103,33 @@ class Serve(unittest.TestCase):
         self.check_serving(c.port, "%s 1P1D" % arch)
         self.assertEqual(u.metrics(c.port)["dserve:kv_transfer_time_seconds_count"] - moved0, 3,
                          "each of the 3 requests should have been handed off")
+        self.check_handoff_bytes(arch, model, c)
         fetch_body = {"prompt": FETCH_PREFIX + FETCH_QUESTION, "max_tokens": MAX_TOKENS, "ignore_eos": True}
         want = u.complete(c.port, "completions", fetch_body)
         self.assertEqual(want["status"], 200, want)
         c.close()
         self.check_fetch(arch, model, fetch_body, want)
         self.check_migration(arch, model)
+
+    def check_handoff_bytes(self, arch, model, cluster):
+        """The bytes the prefill worker pushed over kvxfer for one fresh prompt (its stats) are the prompt's blocks of
+        the GGUF's KV geometry: a latent row per layer for an MLA model, never per-head K and V; the decode worker
+        counts the same (dserve:kv_transfer_bytes_total, per finished choice). A sliding-window model sends less (its
+        local layers' early blocks): printed, not checked."""
+        p0 = cluster.ports()["p0"]
+        pushed0 = u.worker_stats(p0)["kv_bytes_pushed"]
+        moved0 = u.metrics(cluster.port).get("dserve:kv_transfer_bytes_total", 0)
+        r = u.complete(cluster.port, "completions", {"prompt": HANDOFF_PROMPT, "max_tokens": 1})
+        self.assertEqual(r["status"], 200, r)
+        pushed = u.worker_stats(p0)["kv_bytes_pushed"] - pushed0  # posted before the decode worker could answer
+        moved = u.metrics(cluster.port).get("dserve:kv_transfer_bytes_total", 0) - moved0
+        blocks = (r["prompt_tokens"] + 15) // 16
+        print("%s 1P1D: %d prompt tokens handed off in %d bytes (%d per token; the decode worker counted %d)" % (
+            arch, r["prompt_tokens"], pushed, pushed // (blocks * 16), moved))
+        self.assertEqual(moved, pushed, "%s: the decode worker counted other bytes than were pushed" % arch)
+        if arch not in SLIDING_WINDOW:
+            self.assertEqual(pushed, blocks * 16 * t.kv_bytes_per_token(model),
+                             "%s: not %d blocks of the GGUF's KV geometry" % (arch, blocks))
 
     def check_fetch(self, arch, model, body, want):
         """Two prefill workers and router.prefix_fetch (u.prefix_fetch_cluster): the prefix + question goes to the

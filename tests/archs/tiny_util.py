@@ -78,3 +78,23 @@ def golden_base(arch, t, folder):
     with gzip.open(os.path.join(GOLDEN, "%s-%s.kld.gz" % (arch, t))) as src, open(out, "wb") as dst:
         shutil.copyfileobj(src, dst)
     return out
+
+
+def kv_bytes_per_token(path):
+    """Bytes of one token's KV cache over all layers at f16, read from the GGUF's own metadata (not dserve's code): an
+    MLA model (attention.kv_lora_rank) caches one row of kv_lora_rank + rope dimension values per layer, every other
+    model K and V rows of head_count_kv x key_length values."""
+    from gguf import GGUFReader  # the venv's (require_env)
+    r = GGUFReader(path)
+
+    def get(key, default=None):
+        f = r.fields.get(key)
+        return default if f is None else int(f.parts[f.data[0]][0])
+
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    n_layer, rank = get(arch + ".block_count"), get(arch + ".attention.kv_lora_rank", 0)
+    if rank > 0:
+        return n_layer * (rank + get(arch + ".rope.dimension_count")) * 2
+    n_head = get(arch + ".attention.head_count")
+    head_dim = get(arch + ".attention.key_length", get(arch + ".embedding_length") // n_head)
+    return n_layer * 2 * get(arch + ".attention.head_count_kv", n_head) * head_dim * 2

@@ -107,7 +107,7 @@ TEST(Proto, HelloOk) {
   in.n_vocab = 49152;
   in.total_blocks = 640;
   in.has_layout = 1;
-  in.kv_layout = {30, 192, 1, 16, 640, 6, 0xfedcba9876543210ull};
+  in.kv_layout = {30, 1, 576, 1, 16, 640, 6, 0xfedcba9876543210ull}; // a latent cache: one part of 576 values
   in.kvx_md = "bWQ=";
   in.auth = "back";
   cJSON *j = wire(prt_hello_ok_encode(&in, err, sizeof err));
@@ -128,9 +128,16 @@ TEST(Proto, HelloOk) {
   refuses<prt_hello_ok>(j, "kv_layout", false, prt_hello_ok_decode, false);
   refuses<prt_hello_ok>(j, "kvx_md", false, prt_hello_ok_decode, false);
   cJSON *lay = cJSON_GetObjectItem(j, "kv_layout");
-  for (const char *k : {"n_layer", "kv_dim", "type", "block_size", "n_blocks", "base"}) {
+  for (const char *k : {"n_layer", "parts", "width", "type", "block_size", "n_blocks", "base"}) {
     cJSON *c = cJSON_Duplicate(j, 1);
     cJSON_DeleteItemFromObject(cJSON_GetObjectItem(c, "kv_layout"), k);
+    EXPECT_EQ(prt_hello_ok_decode(c, &m, err, sizeof err), -1) << k;
+    EXPECT_NE(std::string(err).find(k), std::string::npos) << err;
+    cJSON_Delete(c);
+  }
+  for (const char *k : {"parts", "width"}) { // a layout of no values per position is no layout
+    cJSON *c = cJSON_Duplicate(j, 1);
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(c, "kv_layout"), k, cJSON_CreateNumber(0));
     EXPECT_EQ(prt_hello_ok_decode(c, &m, err, sizeof err), -1) << k;
     EXPECT_NE(std::string(err).find(k), std::string::npos) << err;
     cJSON_Delete(c);
@@ -629,7 +636,7 @@ TEST(Proto, PrefixPull) {
   in.blocks = blocks;
   in.n_blocks = 1;
   in.has_layout = 1;
-  in.kv_layout = {2, 8, 0, 4, 9, 1, 4096};
+  in.kv_layout = {2, 2, 8, 0, 4, 9, 1, 4096};
   in.kvx_md = "eA==";
   cJSON *j = wire(prt_prefix_pull_encode(&in, err, sizeof err));
   prt_prefix_pull m;
