@@ -44,7 +44,8 @@ void dec__spec_propose(dec_worker *w) {
     int room = s->req.max_tokens - s->n_gen - 1, ctx = w->sh.rt->n_ctx - sq->n_toks - 1; // never past max_tokens
     if (room < cap) cap = room;
     if (ctx < cap) cap = ctx;
-    (void)wrk_spec_draft(w->spec, sq, spc_want(&s->spc, cap > 0 ? cap : 0));
+    if (wrk_spec_draft(w->spec, sq, spc_want(&s->spc, cap > 0 ? cap : 0)) == 0)
+      spc_seq_update(&s->spc, 0, 0); // a step without a draft: counts towards the next probe (spec/spec.h)
   }
 }
 
