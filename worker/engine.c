@@ -377,11 +377,13 @@ static int add_drafts(wrk_engine *e, int n, int room, double *kpairs) {
   for (int i = 0; i < n; i++) {
     wrk_seq *s = e->batch_of[i];
     if (s->n_draft < 1) continue;
+    mdl_seq *q = &e->batch[i];
     if (added + s->n_draft > room || reserve_evicting(e, s, s->n_toks)) {
       wrk_seq_drop_draft(s);
+      q->block_table = s->blocks.ids; // a failed reserve may still have moved the table as it grew
+      q->n_blocks = s->blocks.n;
       continue;
     }
-    mdl_seq *q = &e->batch[i];
     *kpairs += wrk_row_kpairs(s->n_done, 1 + s->n_draft) - wrk_row_kpairs(s->n_done, 1);
     q->n_tokens = e->batch_chunk[i] = 1 + s->n_draft;
     q->want_logits = 1 + s->n_draft;
