@@ -300,31 +300,27 @@ class TestAgainstFakeServer(unittest.TestCase):
         self.assertEqual(rep["status_histogram"], {"200": n_req})
         self.assertEqual(rep["total_output_tokens"], 5 * n_req)
         self.assertEqual(rep["total_input_tokens"], 7 * n_req if usage else 0)
-        # hand-computed from the fake's delays: TTFT 50 ms, 4 gaps of 20 ms, TPOT (130-50)/4 = 20 ms, E2E 130 ms
+        # From the fake's delays: TTFT 50 ms, 4 gaps of 20 ms, TPOT (130-50)/4 = 20 ms, E2E 130 ms. Its sleeps never
+        # end early, so each figure is checked tightly from below; a loaded machine stretches them by any amount, so
+        # from above only within 10x (which still catches a unit mistake: seconds or microseconds for milliseconds).
         t = rep["ttft_ms"]
         self.assertGreaterEqual(t["mean"], 49.0)
-        self.assertLess(t["mean"], 50 + 50)  # a loaded 2-core CI machine adds connect and scheduling delay
         self.assertGreaterEqual(t["median"], 49.0)
-        self.assertLess(t["p99"], 50 + 60)
+        self.assertLess(t["p99"], 50 * 10)
         i = rep["itl_ms"]
         self.assertEqual(i["count"], 4 * n_req)
-        # The fake's sleeps never end early, but a loaded machine stretches them: the gaps' mean and median are checked
-        # from below tightly and from above loosely (the four gaps still sum to about TPOT * 4, checked below).
-        self.assertGreaterEqual(i["mean"], 15)
-        self.assertLess(i["mean"], 20 + 20)
+        self.assertGreaterEqual(i["mean"], 15)  # a late client may read two events close together
         self.assertGreaterEqual(i["median"], 15)
-        self.assertLess(i["median"], 20 + 20)
-        self.assertLess(i["p99"], 20 + 40)
-        self.assertGreater(i["min"], 5)  # a late client may read two events close together
+        self.assertLess(i["p99"], 20 * 10)
         p = rep["tpot_ms"]
         self.assertEqual(p["count"], n_req)
         self.assertGreaterEqual(p["mean"], 19)
-        self.assertLess(p["mean"], 20 + 20)
+        self.assertLess(p["mean"], 20 * 10)
         self.assertAlmostEqual(p["mean"], i["mean"], delta=1)  # TPOT is the mean gap, whatever the load made them
         e = rep["e2e_ms"]
         self.assertGreaterEqual(e["mean"], 129)
-        self.assertLess(e["mean"], 130 + 30)
-        self.assertLess(e["p90"], 130 + 60)
+        self.assertLess(e["p90"], 130 * 10)
+        self.assertAlmostEqual(e["mean"], t["mean"] + 4 * p["mean"], delta=1)  # E2E = TTFT + 4 gaps, per request
         for r in rep["requests"]:  # TPOT = (E2E - TTFT) / (tokens - 1), exactly
             self.assertAlmostEqual(r["tpot"], (r["e2e"] - r["ttft"]) / 4, places=9)
 
