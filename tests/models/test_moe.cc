@@ -100,7 +100,7 @@ std::vector<double> reference(const MoeModel &mm, const MoeShape &s, int tok, do
     std::vector<int> order(NE);
     for (int e = 0; e < NE; e++) order[e] = e;
     std::stable_sort(order.begin(), order.end(), [&](int i, int j) { return pr[i] > pr[j]; });
-    *min_gap = std::min(*min_gap, pr[order[K - 1]] - pr[order[K]]);
+    if (K < NE) *min_gap = std::min(*min_gap, pr[order[K - 1]] - pr[order[K]]); // (every expert used: no choice)
     double wsum = 0;
     for (int j = 0; j < K; j++) wsum += pr[order[j]];
     std::vector<double> out(E, 0.0);
