@@ -35,12 +35,16 @@ int main(int argc, char **argv) {
   char *tpl = slurp(argv[1], &tn), *ctx = slurp(argv[2], &cn);
   if (!tpl || !ctx) {
     fprintf(stderr, "jinja_render: cannot read %s\n", tpl ? argv[2] : argv[1]);
+    free(tpl);
+    free(ctx);
     return 1;
   }
   char err[512];
   mdl_jinja *t;
   if (mdl_jinja_parse(tpl, tn, &t, err, sizeof err) != 0) {
     fprintf(stderr, "parse error: %s\n", err);
+    free(tpl);
+    free(ctx);
     return 2;
   }
   mdl_jinja_opts o = {.now = argc > 3 ? strtoll(argv[3], NULL, 10) : 0};
