@@ -93,17 +93,21 @@ struct ModelEngine {
 struct MemModel {
   std::vector<uint8_t> bytes;
   mdl_gguf *g = nullptr;
+  krn_pool *pool = nullptr; // (threads > 1)
   krn_ctx kc{};
   mdl_llama *m = nullptr;
   mdl_kv kv{};
   char err[512] = "";
   int rc = -1;
-  MemModel(std::vector<uint8_t> b, const krn_backend *be, int n_blocks) : bytes(std::move(b)) {
+  MemModel(std::vector<uint8_t> b, const krn_backend *be, int n_blocks, int threads = 1, krn_type kv_type = KRN_F32)
+      : bytes(std::move(b)) {
     kc.be = be;
     if (mdl_gguf_from_memory(bytes.data(), bytes.size(), &g, err, sizeof err) != 0) return;
+    if (threads > 1 && !(pool = krn_pool_new(threads, err, sizeof err))) return;
+    kc.pool = pool;
     rc = mdl_llama_load(g, &kc, &m, err, sizeof err);
     if (rc != 0) return;
-    kv.type = KRN_F32;
+    kv.type = kv_type;
     kv.block_size = 16;
     kv.n_blocks = n_blocks;
     kv.base = kc.be->alloc(&kc, mdl_kv_block_bytes(cfg(), kv.type, kv.block_size) * (size_t)n_blocks);
@@ -111,6 +115,7 @@ struct MemModel {
   ~MemModel() {
     if (kv.base) kc.be->free(&kc, kv.base);
     mdl_llama_free(m);
+    krn_pool_free(pool);
     mdl_gguf_close(g);
   }
   const mdl_llama_cfg *cfg() const { return mdl_llama_config(m); }

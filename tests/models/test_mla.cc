@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/models/model_util.h"
 #include "tests/models/mla_model.h"
 
 extern "C" {
@@ -24,34 +25,13 @@ namespace {
 using Shape = dserve_test::MlaShape;
 using Model = dserve_test::MlaModel;
 
-struct Loaded {
-  Model mm;
-  mdl_gguf *g = nullptr;
-  krn_pool *pool = nullptr;
-  krn_ctx kc{};
-  mdl_llama *m = nullptr;
-  mdl_kv kv{};
-  int rc = -1;
-  char err[512] = "";
-  Loaded(const Shape &s, const krn_backend *be = nullptr, krn_type kvt = KRN_F32, uint32_t seed = 1) {
-    mm = dserve_test::make_mla(s, seed);
-    EXPECT_EQ(mdl_gguf_from_memory(mm.bytes.data(), mm.bytes.size(), &g, err, sizeof err), 0) << err;
-    pool = krn_pool_new(2, err, sizeof err);
-    kc.be = be ? be : krn_cpu_best();
-    kc.pool = pool;
-    rc = mdl_llama_load(g, &kc, &m, err, sizeof err);
-    if (rc != 0) return;
-    kv.type = kvt;
-    kv.block_size = 16;
-    kv.n_blocks = 8;
-    kv.base = kc.be->alloc(&kc, mdl_kv_block_bytes(mdl_llama_config(m), kv.type, kv.block_size) * 8);
-  }
-  ~Loaded() {
-    if (kv.base) kc.be->free(&kc, kv.base);
-    mdl_llama_free(m);
-    krn_pool_free(pool);
-    mdl_gguf_close(g);
-  }
+// An MLA GGUF loaded on a cpu backend (2 threads) with a paged KV cache of 8 blocks of kvt.
+struct Loaded : MemModel {
+  Model mm; // its tensors, for the references
+  Loaded(const Shape &s, const krn_backend *be = nullptr, krn_type kvt = KRN_F32, uint32_t seed = 1)
+      : Loaded(dserve_test::make_mla(s, seed), be, kvt) {}
+  Loaded(Model model, const krn_backend *be, krn_type kvt)
+      : MemModel(model.bytes, be ? be : krn_cpu_best(), 8, 2, kvt), mm(std::move(model)) {}
 };
 
 using Vec = std::vector<double>;

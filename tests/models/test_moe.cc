@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/models/model_util.h"
 #include "tests/models/moe_model.h"
 
 extern "C" {
@@ -21,36 +22,13 @@ using dserve_test::make_moe;
 using dserve_test::MoeModel;
 using dserve_test::MoeShape;
 
-// A MoE GGUF loaded on a cpu backend (2 threads) with an F32 paged KV cache.
-struct Moe {
-  MoeModel mm;
-  mdl_gguf *g = nullptr;
-  krn_pool *pool = nullptr;
-  krn_ctx kc{};
-  mdl_llama *m = nullptr;
-  mdl_kv kv{};
-  int rc = -1, next_block = 0;
-  char err[512] = "";
-  Moe(const MoeShape &s, const krn_backend *be = nullptr, uint32_t seed = 1) {
-    mm = make_moe(s, seed);
-    EXPECT_EQ(mdl_gguf_from_memory(mm.bytes.data(), mm.bytes.size(), &g, err, sizeof err), 0) << err;
-    pool = krn_pool_new(2, err, sizeof err);
-    kc.be = be ? be : krn_cpu_best();
-    kc.pool = pool;
-    rc = mdl_llama_load(g, &kc, &m, err, sizeof err);
-    if (rc != 0) return;
-    kv.type = KRN_F32;
-    kv.block_size = 16;
-    kv.n_blocks = 64;
-    kv.base = kc.be->alloc(&kc, mdl_kv_block_bytes(cfg(), kv.type, kv.block_size) * 64);
-  }
-  ~Moe() {
-    if (kv.base) kc.be->free(&kc, kv.base);
-    mdl_llama_free(m);
-    krn_pool_free(pool);
-    mdl_gguf_close(g);
-  }
-  const mdl_llama_cfg *cfg() const { return mdl_llama_config(m); }
+// A MoE GGUF loaded on a cpu backend (2 threads) with an F32 paged KV cache of 64 blocks.
+struct Moe : MemModel {
+  MoeModel mm; // its tensors, for the references
+  int next_block = 0;
+  Moe(const MoeShape &s, const krn_backend *be = nullptr, uint32_t seed = 1) : Moe(make_moe(s, seed), be) {}
+  Moe(MoeModel model, const krn_backend *be)
+      : MemModel(model.bytes, be ? be : krn_cpu_best(), 64, 2), mm(std::move(model)) {}
   std::vector<int32_t> blocks(int n) {
     std::vector<int32_t> b;
     for (int i = 0; i < n; i++) b.push_back(next_block++);
