@@ -360,6 +360,15 @@ static void exec_for(jj_render *r, jj_scope *s, const jj_node *st, jj_sbuf *out)
   if (!items->n) exec_body(r, scope_new(r, s), &st->els, out); // a frame of its own, as in jinja2
 }
 
+// The text a {% set %}...{% endset %} or {% filter %} block renders, its body run in a frame of its own.
+static jj_val block_text(jj_render *r, jj_scope *s, const jj_node *st) {
+  jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
+  jj_scope *t = scope_new(r, s);
+  shadow(r, t, st->shadow, st->nshadow);
+  exec_body(r, t, &st->body, &b);
+  return jj_strv(jj_sb_done(r->a, &b));
+}
+
 static void exec_body(jj_render *r, jj_scope *s, const jj_nodes *body, jj_sbuf *out) {
   for (size_t i = 0; i < body->n && !r->brk; i++) {
     const jj_node *st = body->v[i];
@@ -391,23 +400,14 @@ static void exec_body(jj_render *r, jj_scope *s, const jj_nodes *body, jj_sbuf *
       break;
     }
     case JS_FILTERBLOCK: {
-      jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
-      jj_scope *t = scope_new(r, s); // the body is a frame of its own
-      shadow(r, t, st->shadow, st->nshadow);
-      exec_body(r, t, &st->body, &b);
-      t = scope_new(r, s);
-      scope_set(r, t, JJ_BODY, jj_strv(jj_sb_done(r->a, &b)));
+      jj_scope *t = scope_new(r, s);
+      scope_set(r, t, JJ_BODY, block_text(r, s, st));
       jj_sb_str(r->a, out, jj_to_str(r->a, jj_eval(r, t, st->a)));
       break;
     }
-    case JS_SETBLOCK: {
-      jj_sbuf b = {.limit = MDL_JINJA_MAX_OUTPUT};
-      jj_scope *t = scope_new(r, s); // the body is a frame of its own
-      shadow(r, t, st->shadow, st->nshadow);
-      exec_body(r, t, &st->body, &b);
-      scope_set(r, s, st->name, jj_strv(jj_sb_done(r->a, &b)));
+    case JS_SETBLOCK:
+      scope_set(r, s, st->name, block_text(r, s, st));
       break;
-    }
     case JS_MACRO: scope_set(r, s, st->name, (jj_val){.t = JV_MACRO, .macro = st}); break;
     case JS_BREAK: case JS_CONTINUE: r->brk = st->kind == JS_BREAK ? 1 : 2; break;
     default: jj_rfail(r, "not a statement");
