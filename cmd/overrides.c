@@ -25,7 +25,7 @@ static const ovr_flag FLAGS[] = {
     {"--port", NULL, "router.port", OVR_INT, "N", "HTTP port (serve: 8080; launch: the config's)"},
     {"--api-key", NULL, "router.api_keys", OVR_APPEND, "KEY", "accept this API key (repeatable; default: none)"},
     {"--api-key-file", NULL, "router.api_keys_file", OVR_PATH, "FILE", "API keys, one per line (safer than --api-key)"},
-    {"--alias", "--served-model-name", "model_name", OVR_STR, "NAME", "model id in /v1/models (default: general.name)"},
+    {"--alias", "--served-model-name", "model_name", OVR_STR, "NAME", "model id in /v1/models (default: the file name)"},
     {"--chat-template", NULL, "chat_template", OVR_STR, "NAME", "chat template family (wins over the Jinja ones)"},
     {"--chat-template-file", NULL, "chat_template_file", OVR_PATH, "FILE", "Jinja chat template (default: the GGUF's)"},
     {"--threads", "-t", "workers.*.threads", OVR_INT, "N", "compute threads per worker (default: the CPUs)"},

@@ -251,6 +251,13 @@ class ServeErrors(unittest.TestCase):
             self.assertEqual(rc, 0, out)
             cfg = json.loads(out)
             self.assertEqual((cfg["max_model_len"], cfg["workers"][0]["kv_budget_tokens"]), (bound, pool), flags)
+        # launch: the same flags over a config's every worker
+        rc, out = run(["launch", "--config", os.path.join(u.SOURCE_DIR, "configs", "1p1d.json"), "--print-config",
+                       "-c", "8192", "-np", "2"])
+        self.assertEqual(rc, 0, out)
+        cfg = json.loads(out)
+        self.assertEqual(cfg["max_model_len"], 4096)
+        self.assertEqual({w["kv_budget_tokens"] for w in cfg["workers"]}, {8192})
 
 
 class LaunchOverrides(unittest.TestCase):
