@@ -89,8 +89,8 @@ int cmd_router(int argc, char **argv) {
     fprintf(stderr, "dserve router: %s: %s\n", cfg->model_path, err);
     goto out;
   }
-  // the id: the config's model_name (--alias), else the file's name without .gguf, as llama-server's (general.name
-  // is often a title with spaces that no client would type)
+  // the id: the config's model_name (--alias), else the file's name without .gguf (llama-server names it by its
+  // path; general.name is often a title with spaces that no client would type)
   char name[128];
   snprintf(name, sizeof name, "%s", cfg->model_name);
   if (!name[0]) {
