@@ -38,7 +38,7 @@ int cmd_launch(int argc, char **argv) {
   lch_opts o;
   lch_defaults(&o);
   int grace_given = 0, print_only = 0;
-  cmd_overrides ov = {0};
+  cmd_overrides ov = CMD_OVERRIDES_INIT;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -64,12 +64,15 @@ int cmd_launch(int argc, char **argv) {
     } else if (!strcmp(a, "--backoff-ms")) {
       if (launch_num(a, v, 1, 60000, &d)) return 2;
       o.backoff_ms = (int)d, i++;
+    } else if (!v && (!strcmp(a, "--config") || !strcmp(a, "--node") || !strcmp(a, "--dserve"))) {
+      fprintf(stderr, "dserve launch: %s needs a value (see dserve launch --help)\n", a);
+      return 2;
     } else {
-      fprintf(stderr, "dserve launch: unknown or incomplete option '%s'\n", a);
-      launch_usage(stderr);
+      cmd_overrides_refuse("dserve launch", a);
       return 2;
     }
   }
+  if (cmd_overrides_finish(&ov, "dserve launch")) return 2;
   if (!o.config_path || (!o.node && !print_only)) {
     fprintf(stderr, "dserve launch: --config and --node are required\n");
     launch_usage(stderr);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cmd/cmds.h"
@@ -88,12 +89,23 @@ int cmd_router(int argc, char **argv) {
     fprintf(stderr, "dserve router: %s: %s\n", cfg->model_path, err);
     goto out;
   }
+  // the id: the config's model_name (--alias), else the file's name without .gguf (llama-server names it by its
+  // path; general.name is often a title with spaces that no client would type)
   char name[128];
   snprintf(name, sizeof name, "%s", cfg->model_name);
-  mdl_str gn;
-  if (!name[0] && mdl_gguf_get_str(g, "general.name", &gn) == 0)
-    snprintf(name, sizeof name, "%.*s", (int)(gn.n > 120 ? 120 : gn.n), gn.p);
+  if (!name[0]) {
+    const char *base = strrchr(cfg->model_path, '/');
+    base = base ? base + 1 : cfg->model_path;
+    size_t n = strlen(base);
+    if (n > 5 && !strcasecmp(base + n - 5, ".gguf")) n -= 5;
+    snprintf(name, sizeof name, "%.*s", (int)(n > 120 ? 120 : n), base);
+  }
   if (!name[0]) snprintf(name, sizeof name, "model");
+  if (cfg->max_model_len > n_ctx)
+    utl_log("router", "max_model_len %d exceeds the model's training context (%d): capped to %d, as llama-server does",
+            cfg->max_model_len, n_ctx, n_ctx);
+  else if (cfg->max_model_len > 0)
+    n_ctx = cfg->max_model_len;
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "cmd/cmds.h"
+#include "cmd/model.h"
 #include "cmd/overrides.h"
 #include "config/config.h"
 #include "launch/launch.h"
@@ -24,29 +26,37 @@ static void serve_usage(FILE *f) {
           "  configs/README.md). --print-config prints that config instead of serving.\n"
           "options:\n"
           "  %-34s %s\n"
+          "  %-34s %s\n"
           "  %-34s %s\n",
           "-m, --model FILE", "the GGUF (or give it first, without -m)", "--print-config",
-          "print the config these options make, then exit");
+          "print the config these options make, then exit", "--worker-port N",
+          "the worker's control port (default: a free one) [workers[0].port]");
   cmd_overrides_usage(f);
 }
 
-// A loopback TCP port free now (the worker's control port: the router is told it through the config).
-static int free_port(void) {
+// Binds a loopback TCP port (0: any free one) and lets it go: the port it got, or -1 with errno (EADDRINUSE: another
+// process listens there). SO_REUSEADDR as the worker's own listener, so a port in TIME_WAIT is not "in use".
+static int probe_port(int want) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  int one = 1;
+  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)want),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t n = sizeof a;
   int port = -1;
-  if (!bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &n))
+  if (!bind(fd, (struct sockaddr *)&a, sizeof a) && !listen(fd, 1) && !getsockname(fd, (struct sockaddr *)&a, &n))
     port = ntohs(a.sin_port);
+  int saved = errno;
   close(fd);
+  errno = saved;
   return port;
 }
 
 int cmd_serve(int argc, char **argv) {
-  cmd_overrides ov = {0};
+  cmd_overrides ov = CMD_OVERRIDES_INIT;
   const char *model = NULL;
-  int print_only = 0;
+  int print_only = 0, wport = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int t = cmd_overrides_take(&ov, "dserve serve", argc, argv, &i);
@@ -61,12 +71,25 @@ int cmd_serve(int argc, char **argv) {
       model = argv[++i];
     } else if (a[0] != '-' && !model) {
       model = a;
+    } else if (!strcmp(a, "--worker-port") && i + 1 < argc) {
+      if (cmd_parse_int(argv[++i], 1, 65535, &wport)) {
+        fprintf(stderr, "dserve serve: --worker-port: expected a port in 1..65535, got '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (!strcmp(a, "--kvxfer-port")) { // a colocated worker has no kvxfer agent (decode/worker.c)
+      fprintf(stderr, "dserve serve: --kvxfer-port: the serve worker prefills and decodes itself and moves no KV, so "
+                      "it listens on no kvxfer port; a config's workers[].kvxfer.port fixes a prefill or decode "
+                      "worker's (see dserve serve --help)\n");
+      return 2;
+    } else if (i + 1 >= argc && (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--worker-port"))) {
+      fprintf(stderr, "dserve serve: %s needs a value (see dserve serve --help)\n", a);
+      return 2;
     } else {
-      fprintf(stderr, "dserve serve: unknown or incomplete option '%s'\n", a);
-      serve_usage(stderr);
+      cmd_overrides_refuse("dserve serve", a);
       return 2;
     }
   }
+  if (cmd_overrides_finish(&ov, "dserve serve")) return 2;
   if (!model) {
     fprintf(stderr, "dserve serve: no model: give the GGUF file, e.g. dserve serve models/weights/x.gguf\n");
     serve_usage(stderr);
@@ -77,8 +100,13 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "dserve serve: %s: cannot read the model: %s\n", model, strerror(errno));
     return 2;
   }
-  int wport = free_port();
-  if (wport <= 0) {
+  if (wport) { // a fixed port (a firewall's rule): one another process holds is an error now, not a restart loop
+    if (probe_port(wport) != wport) {
+      fprintf(stderr, "dserve serve: --worker-port %d: 127.0.0.1:%d %s\n", wport, wport,
+              errno == EADDRINUSE ? "is in use by another process" : strerror(errno));
+      return 2;
+    }
+  } else if ((wport = probe_port(0)) <= 0) {
     fprintf(stderr, "dserve serve: no free loopback port for the worker: %s\n", strerror(errno));
     return 2;
   }

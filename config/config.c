@@ -81,7 +81,8 @@ int cfg_has_node(const cfg_cluster *c, const char *node) {
 
 static const char *const K_TOP[] = {"model", "model_name", "chat_template", "chat_template_file", "secret",
                                     "secret_file", "nodes", "router", "workers", "sampling", "logging", "tracing",
-                                    "discovery", NULL};
+                                    "discovery",
+                                    "max_model_len", NULL};
 static const char *const K_SAMPLING[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", NULL};
 static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",  "api_keys_file",
@@ -91,7 +92,8 @@ static const char *const K_ROUTER[] = {"node",          "host",         "port", 
                                        "link_dead_ms",  "drain_timeout_s", "max_connections",
                                        "max_connections_per_client", "header_timeout_s", "body_timeout_s", "max_choices",
                                        "max_request_tokens", "migration_limit",
-                                       "migration_wait_ms", "migrate_silent_ms", "metrics_public", NULL};
+                                       "migration_wait_ms", "migrate_silent_ms", "metrics_public",
+                                       "strict_model_name", NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "kv_budget_tokens", "block_size",
@@ -197,6 +199,7 @@ static int parse_router(cfg_ctx *x, const cJSON *r, int present, cfg_router *o, 
   if (cfg_int32(x, r, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, CFG_DEF_DRAIN_TIMEOUT_S, 0) ||
       cfg_bool(x, r, p, "metrics_public", &o->metrics_public, 0))
     return -1;
+  if (cfg_bool(x, r, p, "strict_model_name", &o->strict_model_name, 0)) return -1;
   if (cfg_int32(x, r, p, "max_connections", &o->max_connections, 1, 1000000, CFG_DEF_MAX_CONNECTIONS, 0) ||
       cfg_int32(x, r, p, "max_connections_per_client", &o->max_connections_per_client, 1, 1000000,
                 CFG_DEF_MAX_CONNECTIONS_PER_CLIENT, 0) ||
@@ -423,6 +426,8 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, cfg_cluste
     return -1;
   if (model[0] && cfg_resolve_path(x, "secret_file", model, path, c->secret_file, sizeof c->secret_file)) return -1;
   if (cfg_item(root, "secret_file") && !model[0]) return cfg_fail(x, "secret_file", "must not be empty");
+  // the per-request context bound (prompt + max_tokens), 0: the GGUF's training context (`dserve serve -c` sets it)
+  if (cfg_int32(x, root, "", "max_model_len", &c->max_model_len, 0, 1 << 24, 0, 0)) return -1;
   if (cfg_str(x, root, "", "chat_template_file", model, sizeof model, "")) return -1;
   if (cfg_item(root, "chat_template_file") && !model[0]) return cfg_fail(x, "chat_template_file", "must not be empty");
   if (model[0] &&

@@ -121,6 +121,7 @@ typedef struct cfg_router {
   int migrate_silent_ms;       // a worker silent this long (no pong) has its choices moved; its link stays until
                                // link_dead_ms (2000; 0 = only when the link closes)
   int metrics_public;          // GET /metrics answers without an API key (false: it needs one like every route)
+  int strict_model_name;       // a request's "model" must be the served id (false: with one model, any name is it)
 } cfg_router;
 
 // Server-side sampling defaults (top-level "sampling"): what the router puts in a request that leaves a field out.
@@ -173,7 +174,8 @@ int cfg_parse_discovery(const struct cJSON *j, const char *path, const char *fil
 typedef struct cfg_cluster {
   char path[1024];          // the file it came from
   char model_path[1024];    // resolved against the config file's folder when relative
-  char model_name[128];     // the id /v1/models reports (default: the GGUF's general.name)
+  char model_name[128];     // the id /v1/models reports (default: the model file's name without .gguf)
+  int max_model_len;        // a request's prompt + max_tokens at most (0: the GGUF's context_length)
   char chat_template[32];   // a chat template family (models/chat.h) chats render with, winning over the Jinja
                             // templates ("" = the file's, else the GGUF's tokenizer.chat_template, else chatml)
   char chat_template_file[1024]; // a Jinja chat template file used instead of the GGUF's (resolved against the

@@ -131,8 +131,8 @@ static enum MHD_Result do_models(rtr_server *s, struct MHD_Connection *c) {
 // GET /v1/models/{id}: the served model, or 404 model_not_found (the id may hold slashes: "org/name").
 static enum MHD_Result do_model(rtr_server *s, struct MHD_Connection *c, const char *id) {
   if (strcmp(id, s->model))
-    return reply_err(c, 404, "not_found_error", "model_not_found", NULL, NULL, "The model '%.100s' does not exist",
-                     id);
+    return reply_err(c, 404, "not_found_error", "model_not_found", NULL, NULL,
+                     "The model '%.100s' does not exist; this server serves '%.100s'", id, s->model);
   return reply_json(c, 200, model_object(s));
 }
 
@@ -200,7 +200,7 @@ static int tokenize(rtr_server *s, const rtr_request *q, const rtr_prompt *pr, i
 // it leaves out: the config's "sampling", else the GGUF's general.sampling.*, else llama-server's (docs/openai.md).
 static rtr_limits limits_of(rtr_server *s, rtr_sampling *defaults) {
   rtr_limits l = {s->model, s->n_ctx, s->rc->max_tokens_limit, s->rc->max_n,
-                  s->rc->max_stop, mdl_tok_n_vocab(s->tok), NULL};
+                  s->rc->max_stop, mdl_tok_n_vocab(s->tok), NULL, !s->rc->strict_model_name};
   if (defaults) {
     rtr_sampling_resolve(&s->cfg->sampling, s->gguf, defaults, NULL, 0);
     l.defaults = defaults;

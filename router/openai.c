@@ -423,7 +423,8 @@ static const char *const F_COMPLETION[] = {
     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "n", "best_of", "ignore_eos", "stop",
     "logit_bias", "logprobs", "stream", "stream_options", "echo", "suffix", "user", "speculative", NULL};
 static const char *const F_TOKENIZE[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                                         "chat_template", "chat_template_kwargs", "tools", NULL};
+                                         "chat_template", "chat_template_kwargs", "tools",
+                                         "content", NULL}; // content: llama-server's name for prompt
 static const char *const F_DETOKENIZE[] = {"model", "tokens", NULL};
 
 static int check_known(rtr_kind kind, const cJSON *root, rtr_error *e) {
@@ -591,9 +592,10 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
     rc = BAD(e, "model", "'model' must be a string");
     goto done;
   }
-  if (model && lim->model_name && strcmp(model->valuestring, lim->model_name)) {
-    rc = rtr_fail(e, 404, "not_found_error", "model", "model_not_found", "The model '%.100s' does not exist",
-                  model->valuestring);
+  if (model && lim->model_name && !lim->any_model && strcmp(model->valuestring, lim->model_name)) {
+    rc = rtr_fail(e, 404, "not_found_error", "model", "model_not_found",
+                  "The model '%.100s' does not exist; this server serves '%.100s'", model->valuestring,
+                  lim->model_name);
     goto done;
   }
   switch (kind) {
@@ -611,20 +613,23 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
       rc = -1;
       break;
     }
-    if (rtr_oai_field(root, "messages")) { // tools as a chat lists them (vLLM's /tokenize takes them too)
+    if (rtr_oai_field(root, "content") && (rtr_oai_field(root, "prompt") || rtr_oai_field(root, "messages"))) {
+      rc = BAD(e, "content", "give 'prompt', llama-server's 'content' or 'messages', only one of them");
+    } else if (rtr_oai_field(root, "messages")) { // tools as a chat lists them (vLLM's /tokenize takes them too)
       if ((rc = parse_msgs(root, out, e)) == 0) rc = rtr_oai_parse_tools(root, out, e);
     } else if (rtr_oai_field(root, "tools")) {
       rc = BAD(e, "tools", "'tools' needs 'messages'");
-    } else if (rtr_oai_field(root, "prompt")) {
-      const cJSON *p = rtr_oai_field(root, "prompt");
-      if (!cJSON_IsString(p)) rc = BAD(e, "prompt", "'prompt' must be a string");
+    } else if (rtr_oai_field(root, "prompt") || rtr_oai_field(root, "content")) {
+      const char *name = rtr_oai_field(root, "prompt") ? "prompt" : "content";
+      const cJSON *p = rtr_oai_field(root, name);
+      if (!cJSON_IsString(p)) rc = BAD(e, name, "'%s' must be a string", name);
       else {
         out->prompt_len = strlen(p->valuestring);
         out->prompt = dupn(p->valuestring, out->prompt_len);
         if (!out->prompt) rc = OOM(e);
       }
     } else
-      rc = BAD(e, "prompt", "'prompt' or 'messages' is required");
+      rc = BAD(e, "prompt", "'prompt' (or 'content') or 'messages' is required");
     break;
   case RTR_DETOKENIZE: {
     const cJSON *t = rtr_oai_field(root, "tokens");

@@ -60,6 +60,7 @@ typedef struct rtr_limits {
   int n_vocab;            // token ids must be in [0, n_vocab)
   const rtr_sampling *defaults; // (borrowed, may be NULL) sampling for fields a request leaves out; NULL: the neutral
                                 // values (temperature 1, top_k off, top_p 1, min_p 0, repetition_penalty 1)
+  int any_model;          // 1: a request's "model" may name anything (one model served, router.strict_model_name off)
 } rtr_limits;
 
 typedef struct rtr_msg {

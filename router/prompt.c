@@ -53,7 +53,8 @@ int rtr_chat_prompt(rtr_server *s, const rtr_request *q, char **text, size_t **s
   if (!chat && !jt)
     return rtr_fail(e, 400, "invalid_request_error", "messages", "model_not_chat",
                     "this model has no chat template (tokenizer.chat_template) and no ChatML tokens: it is not a chat "
-                    "model; send a prompt to /v1/completions instead, or a chat_template");
+                    "model; send a prompt to /v1/completions instead, or a chat_template, or start dserve with "
+                    "--chat-template NAME (%s) or --chat-template-file F", mdl_chat_template_names());
   if (q->chat_family) { // the workers stop on the vocabulary's end-of-generation tokens
     int32_t eot = mdl_tok_find(s->tok, chat->eot);
     if (eot < 0 || !mdl_tok_is_eog(s->tok, eot))

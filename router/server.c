@@ -148,6 +148,10 @@ static int resolve_chat(rtr_server *s, const rtr_server_opts *o, char *err, size
   // as Gemma 3 270M would read ChatML's markup as text and answer garbage.
   if (!s->chat && o->tok && mdl_tok_find(o->tok, "<|im_start|>") >= 0 && mdl_tok_find(o->tok, "<|im_end|>") >= 0)
     s->chat = mdl_chat_template_named("chatml");
+  if (!s->chat) // said at start-up: nothing else would tell the operator that chat is off until a client fails
+    utl_log("router", "chats: no template: the GGUF has no tokenizer.chat_template and its vocabulary no ChatML tokens "
+            "(a base model?); chat requests get 400 model_not_chat, completions work; --chat-template NAME (%s) or "
+            "--chat-template-file F gives it one", mdl_chat_template_names());
   if (!s->chat || !o->tok) return 0;
   int32_t eot = mdl_tok_find(o->tok, s->chat->eot);
   if (eot < 0 || !mdl_tok_is_eog(o->tok, eot)) {

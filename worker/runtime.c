@@ -51,6 +51,11 @@ int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_
   if (!strcmp(w->cuda_graphs, "on") && mdl_llama_set_graphs(rt->model, 1, e, sizeof e)) goto fail;
   const mdl_llama_cfg *mc = mdl_llama_config(rt->model);
   rt->n_ctx = mc->n_ctx_train > 0 ? mc->n_ctx_train : 2048;
+  // config max_model_len (`dserve serve -c`): each request's bound, never past the training context (the router caps
+  // it the same way and says so)
+  if (cfg->max_model_len > 0 && cfg->max_model_len < rt->n_ctx) rt->n_ctx = cfg->max_model_len;
+  // LongRoPE (phi3) picks its factors by the sequence context, as llama.cpp does by n_ctx_seq
+  if (rt->n_ctx == cfg->max_model_len && mdl_llama_set_ctx(rt->model, rt->n_ctx, e, sizeof e)) goto fail;
   kv_pool_opts ko = {
       .budget_bytes = (size_t)(w->kv_budget_mb * 1024.0 * 1024.0),
       .type = (krn_type)krn_kv_type_parse(w->kv_type), // config checked the name: f16, f32 or q8_0

@@ -724,6 +724,27 @@ TEST(Config, ObservabilitySections) {
   }
 }
 
+// issue 45: max_model_len (dserve serve -c) and router.strict_model_name: defaults, values kept, strict errors
+TEST(Config, ContextBoundAndModelNames) {
+  Cfg none(kMin);
+  ASSERT_EQ(none.rc, 0) << none.err;
+  EXPECT_EQ(none.c->max_model_len, 0);             // the GGUF's context
+  EXPECT_EQ(none.c->router.strict_model_name, 0);  // any name is the one model
+  Cfg set(R"({"model": "m", "max_model_len": 4096, "router": {"strict_model_name": true}, "workers": [{"port": 1}]})");
+  ASSERT_EQ(set.rc, 0) << set.err;
+  EXPECT_EQ(set.c->max_model_len, 4096);
+  EXPECT_EQ(set.c->router.strict_model_name, 1);
+  const char *bad[][2] = {{R"("max_model_len": -1)", "max_model_len"},
+                          {R"("max_model_len": 1.5)", "max_model_len"},
+                          {R"("max_model_len": "4k")", "max_model_len"},
+                          {R"("router": {"strict_model_name": 1})", "router.strict_model_name: expected true or false"}};
+  for (auto &b : bad) {
+    Cfg x(std::string(R"({"model": "m", )") + b[0] + R"(, "workers": [{"port": 1}]})");
+    EXPECT_NE(x.rc, 0) << b[0];
+    EXPECT_NE(std::string(x.err).find(b[1]), std::string::npos) << b[0] << "\ngot: " << x.err;
+  }
+}
+
 TEST(Config, BadInputsNameTheField) {
   for (const BadCase &b : kBad) {
     Cfg x(b.json);

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import unittest
@@ -80,6 +81,104 @@ class ServeGemma(unittest.TestCase):
     def test_ctx_sizes_the_pool_in_tokens(self):
         self.assertIn("128 KV blocks", self.srv.text())  # -c 2048 / 16 tokens a block
 
+    def test_ctx_is_the_bound(self):
+        """Issue 45: after -c the 8,997-token prompts of the trial were served (the bound was the GGUF's 32768)."""
+        self.assertEqual(self.client.models.list().data[0].max_model_len, 2048)
+        with self.assertRaises(o.openai.BadRequestError) as e:
+            self.client.completions.create(model="gemma3", prompt="the quick brown fox " * 2250, max_tokens=4)
+        self.assertEqual(e.exception.code, "context_length_exceeded")
+        self.assertIn("maximum context length is 2048 tokens", e.exception.message)
+        with self.assertRaises(o.openai.BadRequestError) as e:  # prompt + max_tokens past the bound
+            self.client.completions.create(model="gemma3", prompt="Hello", max_tokens=2047)
+        self.assertIn("2048", e.exception.message)
+        self.assertEqual(e.exception.param, "max_tokens")
+
+    def test_template_said_at_start(self):
+        self.assertIn("chats render with the gemma family (config chat_template)", self.srv.text())
+
+
+class ServeFlags(unittest.TestCase):
+    """Issue 45: -c split by -np (llama-server's slots) with a fixed --worker-port; any model name with one model
+    served and the file's stem as the id; /tokenize's content; a GGUF without a chat template said at start-up."""
+
+    @classmethod
+    def setUpClass(cls):
+        u.require_env(cls)
+        if not os.path.exists(u.GEMMA):
+            raise unittest.SkipTest("the Gemma model is missing: run scripts/setup.sh")
+        cls.dir = tempfile.mkdtemp(prefix="dserve-serve-flags-")
+        cls.addClassCleanup(shutil.rmtree, cls.dir, True)
+        cls.port, cls.wport = u.free_ports(2)
+        # -c 1024 over 2 slots: 512 tokens each (llama-server's n_ctx_seq), a pool of 1024
+        cls.srv = Launched(["serve", u.GEMMA, "--port", str(cls.port), "-t", "1", "-c", "1024", "-np", "2",
+                            "--worker-port", str(cls.wport)], cls.dir)
+        cls.addClassCleanup(cls.srv.stop)
+        cls.srv.wait_ready()
+
+    def test_ctx_split_among_slots(self):
+        status, body = u.get(self.port, "/v1/models")
+        m = json.loads(body)["data"][0]
+        self.assertEqual((status, m["max_model_len"]), (200, 512), body)
+        self.assertIn("64 KV blocks", self.srv.text())  # the pool holds both slots: 1024 / 16
+        status, obj = u.post(self.port, "/v1/completions", {"prompt": "Hello there", "max_tokens": 511})
+        self.assertEqual(status, 400, obj)
+        self.assertEqual(obj["error"]["code"], "context_length_exceeded")
+        self.assertIn("maximum context length is 512 tokens", obj["error"]["message"])
+
+    def test_fixed_worker_port(self):
+        self.assertIn("worker listening on 127.0.0.1:%d " % self.wport, self.srv.text())
+        rc, out = run(["serve", u.GEMMA, "--port", str(u.free_ports(1)[0]), "--worker-port", str(self.wport)])
+        self.assertEqual(rc, 2, out)
+        self.assertIn("--worker-port %d: 127.0.0.1:%d is in use" % (self.wport, self.wport), out)
+        self.assertNotIn("ready (router", out)
+
+    def test_id_is_the_file_stem_and_any_name_is_it(self):
+        status, body = u.get(self.port, "/v1/models")
+        self.assertEqual(json.loads(body)["data"][0]["id"], "gemma-3-270m-q4_k_m")
+        for name in ("gemma-3-270m-q4_k_m", "gpt-4o", "anything at all"):
+            status, obj = u.post(self.port, "/v1/completions", {"model": name, "prompt": "Hello", "max_tokens": 2})
+            self.assertEqual(status, 200, (name, obj))
+            self.assertEqual(obj["model"], "gemma-3-270m-q4_k_m")
+
+    def test_tokenize_content(self):
+        a = u.post(self.port, "/tokenize", {"content": "Hello world"})
+        b = u.post(self.port, "/tokenize", {"prompt": "Hello world"})
+        self.assertEqual(a[0], 200, a)
+        self.assertEqual(a[1]["tokens"], b[1]["tokens"])
+        status, obj = u.post(self.port, "/tokenize", {"content": "a", "prompt": "a"})
+        self.assertEqual((status, obj["error"]["param"]), (400, "content"), obj)
+        status, obj = u.post(self.port, "/tokenize", {"content": "a", "messages": [{"role": "user", "content": "a"}]})
+        self.assertEqual((status, obj["error"]["param"]), (400, "content"), obj)
+        status, obj = u.post(self.port, "/tokenize", {"content": 5})
+        self.assertEqual((status, obj["error"]["param"]), (400, "content"), obj)
+
+    def test_no_template_said_and_how_to_fix(self):
+        self.assertIn("chats: no template", self.srv.text())
+        self.assertIn("chat requests get 400 model_not_chat", self.srv.text())
+        status, obj = u.post(self.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+        self.assertEqual((status, obj["error"]["code"]), (400, "model_not_chat"), obj)
+        self.assertIn("--chat-template NAME", obj["error"]["message"])
+
+
+class ServeReadmeExample(unittest.TestCase):
+    """README's own request (its model name, the bundled SmolLM2) against `dserve serve` without --alias, and the
+    template that renders it said at start-up."""
+
+    def test_readme_request(self):
+        u.require_env(self)
+        d = tempfile.mkdtemp(prefix="dserve-serve-readme-")
+        self.addCleanup(shutil.rmtree, d, True)
+        port = u.free_ports(1)[0]
+        srv = Launched(["serve", u.MODEL, "--port", str(port), "-t", "1", "-c", "1024"], d)
+        self.addCleanup(srv.stop)
+        srv.wait_ready()
+        self.assertIn("chats render with the GGUF's tokenizer.chat_template (Jinja)", srv.text())
+        status, obj = u.post(port, "/v1/chat/completions", {"model": "smollm2-135m-instruct", "max_tokens": 8,
+                                                           "messages": [{"role": "user", "content": "Hello!"}]})
+        self.assertEqual(status, 200, obj)
+        self.assertTrue(obj["choices"][0]["message"]["content"])
+        self.assertEqual(obj["model"], "SmolLM2-135M-Instruct.Q4_1")
+
 
 class ServeErrors(unittest.TestCase):
     """Every bad command line is a non-zero exit with a message, quickly, and starts nothing."""
@@ -103,8 +202,28 @@ class ServeErrors(unittest.TestCase):
         self.check(["serve", u.MODEL, "--threads", "0"], "workers[0].threads")
         self.check(["serve", u.MODEL, "--kv-type", "q9"], "workers[0].kv_type")
         self.check(["serve", u.MODEL, "--spec", "on"], "workers[0].spec", '"on" is not one of: auto, off')
-        self.check(["serve", u.MODEL, "--no-such-flag"], "unknown or incomplete option '--no-such-flag'")
+        self.check(["serve", u.MODEL, "--no-such-flag"], "unknown option '--no-such-flag'")
         self.check(["serve", u.MODEL, "--port"], "--port needs a value")
+        self.check(["serve", u.MODEL, "--worker-port", "0"], "--worker-port", "1..65535")
+        self.check(["serve", u.MODEL, "-c", "-5"], "-c", "not a context")
+
+    def test_hints_not_usage(self):
+        """Issue 45: llama-server's flags dserve does not take get one line saying what to do, never the usage."""
+        for argv, hint in [(["-ngl", "99"], "dserve has no layer offload: --device cuda puts the whole model on the GPU"),
+                           (["--n-gpu-layers", "99"], "no layer offload"),
+                           (["--jinja"], "--chat-template-file F"),
+                           (["-fa", "on"], "flash attention is always on"),
+                           (["--mlock"], "never locked"),
+                           (["--kvxfer-port", "9000"], "no kvxfer port"),
+                           (["--no-such-flag"], "unknown option '--no-such-flag'")]:
+            for cmd in (["serve", u.MODEL], ["launch", "--config", "x.json", "--node", "local"]):
+                rc, out = run(cmd + argv)
+                if cmd[0] == "launch" and argv[0] == "--kvxfer-port":
+                    continue  # serve's own
+                self.assertEqual(rc, 2, (argv, out))
+                self.assertIn(hint, out)
+                self.assertIn("(see dserve %s --help)" % cmd[0], out)
+                self.assertEqual(out.count("\n"), 1, out)  # one line, not the usage
         self.check(["launch", "--config", "/no/such.json", "--node", "local", "--port", "1"], "/no/such.json")
 
     def test_print_config(self):
@@ -120,6 +239,25 @@ class ServeErrors(unittest.TestCase):
         self.assertEqual(cfg["workers"][0]["spec"], "off")
         self.assertEqual(cfg["sampling"]["temperature"], 0.5)
         self.assertEqual(cfg["router"]["port"], 8080)
+        self.assertNotIn("max_model_len", cfg)  # no -c: the model's context
+
+    def test_ctx_as_llama_server(self):
+        """-c is llama-server's context: split among explicit -np slots (each padded to 256), whole with a unified
+        cache (--kv-unified, or no -np); the pool holds it."""
+        for flags, bound, pool in [(["-c", "4096"], 4096, 4096), (["--ctx-size", "4096", "-np", "4"], 1024, 4096),
+                                   (["-c", "4096", "-np", "3"], 1536, 4608), (["-c", "4096", "-np", "4", "-kvu"], 4096, 4096),
+                                   (["-c", "1000"], 1024, 1024), (["-np", "4", "--kv-unified", "-no-kvu", "-c", "2048"], 512, 2048)]:
+            rc, out = run(["serve", u.MODEL, "--print-config"] + flags)
+            self.assertEqual(rc, 0, out)
+            cfg = json.loads(out)
+            self.assertEqual((cfg["max_model_len"], cfg["workers"][0]["kv_budget_tokens"]), (bound, pool), flags)
+        # launch: the same flags over a config's every worker
+        rc, out = run(["launch", "--config", os.path.join(u.SOURCE_DIR, "configs", "1p1d.json"), "--print-config",
+                       "-c", "8192", "-np", "2"])
+        self.assertEqual(rc, 0, out)
+        cfg = json.loads(out)
+        self.assertEqual(cfg["max_model_len"], 4096)
+        self.assertEqual({w["kv_budget_tokens"] for w in cfg["workers"]}, {8192})
 
 
 class LaunchOverrides(unittest.TestCase):

@@ -223,7 +223,8 @@ struct Live : ::testing::Test {
   FakeWorker fw;
   std::unique_ptr<Router> r;
   void SetUp() override {
-    r.reset(new Router(m, fw.port()));
+    // strict: a request's model must be "tiny" (ErrorsAndKeepServing's 404); the default takes any name
+    r.reset(new Router(m, fw.port(), 16, 64, {}, 10, [](cfg_cluster &c) { c.router.strict_model_name = 1; }));
     ASSERT_TRUE(r->wait_up());
   }
   int port() { return r->port(); }
@@ -381,8 +382,9 @@ TEST_F(Live, ErrorsAndKeepServing) {
   const std::string J = "Content-Type: application/json\r\n";
   expect_error(request(port(), "GET", "/nope", ""), 404);
   healthy();
-  expect_error(request(port(), "POST", "/v1/chat/completions", R"({"model":"gpt-4","messages":[{"role":"user","content":"x"}]})"),
-               404, "model_not_found");
+  Resp nf = request(port(), "POST", "/v1/chat/completions", R"({"model":"gpt-4","messages":[{"role":"user","content":"x"}]})");
+  expect_error(nf, 404, "model_not_found");
+  EXPECT_NE(nf.body.find("this server serves 'tiny'"), std::string::npos) << nf.body; // the id to use instead
   healthy();
   Resp m = request(port(), "GET", "/v1/chat/completions", "");
   expect_error(m, 405);

@@ -112,7 +112,8 @@ def setUpModule():
     cfg = {
         "model": "tiny.gguf", "model_name": "tiny", "secret": fake_worker.SECRET,
         "nodes": {"local": {"host": "127.0.0.1"}},
-        "router": {"node": "local", "host": "127.0.0.1", "port": 0, "queue_limit": 256, "max_n": 4},
+        "router": {"node": "local", "host": "127.0.0.1", "port": 0, "queue_limit": 256, "max_n": 4,
+                   "strict_model_name": True},  # a request's model must be "tiny" (the 404s below)
         "sampling": {"temperature": 0.7, "top_k": 33, "top_p": 0.9},  # min_p, repetition_penalty: from the GGUF
         "workers": [{"name": "w0", "node": "local", "role": "both", "host": "127.0.0.1", "port": wport,
                      "max_seqs": 64}],
@@ -651,6 +652,7 @@ class FrontEndTest(unittest.TestCase):
         with self.assertRaises(openai.NotFoundError) as e:
             client().models.retrieve("gpt-9")
         self.assertEqual(e.exception.code, "model_not_found")
+        self.assertIn("this server serves 'tiny'", e.exception.message)
 
     def test_nul_refused(self):
         for path, body, param in [

@@ -150,6 +150,20 @@ TEST(Validate, TokenizeAndDetokenize) {
     EXPECT_EQ(p.r.n_msgs, 1);
     EXPECT_EQ(p.r.add_special, 1);
   }
+  { // llama-server's name for the prompt
+    Parsed p(RTR_TOKENIZE, R"({"content":"abc"})");
+    ASSERT_EQ(p.rc, 0) << p.e.message;
+    EXPECT_STREQ(p.r.prompt, "abc");
+  }
+  { // one model served: any name is it (router.strict_model_name off)
+    rtr_limits l = limits();
+    l.any_model = 1;
+    rtr_request r{};
+    rtr_error e{};
+    const std::string b = R"({"model":"gpt-4o","prompt":"x"})";
+    EXPECT_EQ(rtr_request_parse(RTR_COMPLETION, b.data(), b.size(), &l, &r, &e), 0) << e.message;
+    rtr_request_free(&r);
+  }
   {
     Parsed p(RTR_DETOKENIZE, R"({"tokens":[0,1,2]})");
     ASSERT_EQ(p.rc, 0) << p.e.message;
@@ -260,6 +274,9 @@ std::vector<Bad> bad_bodies() {
       {RTR_COMPLETION, R"({"prompt":"x","best_of":3})", 400, "best_of", "unsupported_parameter"},
       {RTR_TOKENIZE, R"({})", 400, "prompt", ""},
       {RTR_TOKENIZE, R"({"prompt":[1]})", 400, "prompt", ""},
+      {RTR_TOKENIZE, R"({"content":"x","prompt":"x"})", 400, "content", ""},
+      {RTR_TOKENIZE, "{\"content\":\"x\"," + M + "}", 400, "content", ""},
+      {RTR_TOKENIZE, R"({"content":7})", 400, "content", ""},
       {RTR_TOKENIZE, R"({"prompt":"x","add_special_tokens":"no"})", 400, "add_special_tokens", ""},
       {RTR_DETOKENIZE, R"({})", 400, "tokens", ""},
       {RTR_DETOKENIZE, R"({"tokens":"abc"})", 400, "tokens", ""},
