@@ -105,6 +105,7 @@ static void on_stats(rtr_server *s, rtr_link *l, const cJSON *msg) {
   l->waiting = (int)count(m->waiting);
   l->free_blocks = (int)count(m->free_blocks);
   l->total_blocks = (int)count(m->total_blocks);
+  l->evictable_blocks = (int)count(m->evictable_blocks);
   counter_from_total(s->m_prefix_hits, count(m->prefix_hits), &l->prefix_hits);
   counter_from_total(s->m_prefix_queries, count(m->prefix_queries), &l->prefix_queries);
   counter_from_total(s->m_kv_pushed, count(m->kv_bytes_pushed), &l->kv_pushed);
@@ -755,8 +756,9 @@ void rtr_links_leave_locked(rtr_server *s, int li) {
   utl_log(LOGC, "worker %s left the cluster%s", l->cfg->name, l->up && l->inflight ? "; moving its streams" : "");
   l->gone = 1;
   if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move (link_down_locked)
-  rtr_metric *gauges[3] = {l->m_w_running, l->m_w_waiting, l->m_w_kv_usage}; // its series stay; they read 0
-  for (int k = 0; k < 3; k++)
+  rtr_metric *gauges[5] = {l->m_w_running, l->m_w_waiting, l->m_w_kv_usage, l->m_w_kv_running,
+                           l->m_w_kv_cached}; // its series stay; they read 0
+  for (int k = 0; k < 5; k++)
     if (gauges[k]) rtr_metric_set(gauges[k], 0);
   capacity_locked(s);
   pthread_cond_broadcast(&s->link_cv);

@@ -59,6 +59,7 @@ typedef struct rtr_link {
   int block_size;              // hello_ok kv_layout.block_size (16 when absent): the prompt's key chain
   int kv_type;                 // hello_ok kv_layout.type (-1 when absent): who may hand off to whom
   int running, waiting, free_blocks, total_blocks, inflight;
+  int evictable_blocks;        // stats_ok evictable_blocks: cached blocks no sequence holds (0 when absent)
   double prefix_hits, prefix_queries, kv_pushed; // last cumulative values seen
   double auth_failures;        // stats_ok auth_failures: the worker's refused control + kvxfer connections (running
                                // total since the worker started; a restart starts it again)
@@ -73,6 +74,7 @@ typedef struct rtr_link {
   // router counted for it: prompt tokens routed to it, tokens it generated, handoffs it took part in
   rtr_metric *m_w_running, *m_w_waiting, *m_w_kv_usage, *m_w_prompt, *m_w_gen, *m_w_handoffs; // (owned by s->m)
   rtr_metric *m_w_spans_dropped; // (owned by s->m) created when the worker first reports trace_spans_dropped
+  rtr_metric *m_w_kv_running, *m_w_kv_cached; // (owned by s->m) its KV split: held by sequences / cached, evictable
   double n_prompt_tokens, n_gen_tokens, n_handoffs, spans_dropped_last;
   pthread_t thread;
   int has_thread;
@@ -220,8 +222,8 @@ struct rtr_server {
   // the router hub's own refusals (ctl_hub_auth_failures); hub_auth_last: the hub's count already added.
   rtr_metric *m_auth_failures;
   double hub_auth_last;
-  rtr_metric *m_role[5][3];    // (owned by m) scale.c's per-role series {workers, running, waiting, kv usage,
-                               // prefill backlog} x {prefill, decode, both}; NULL until first set
+  rtr_metric *m_role[6][3];    // (owned by m) scale.c's per-role series {workers, running, waiting, kv held by
+                               // sequences, prefill backlog, kv cached} x {prefill, decode, both}; NULL until first set
   rtr_hooks hooks;             // the upper layers' answers (see rtr_hooks)
 };
 
@@ -303,6 +305,8 @@ void rtr_links_leave_locked(rtr_server *s, int li);
 
 // scale.c: the per-role scaling signals (/metrics), recomputed from the links and the requests in flight
 void rtr_scale_update_locked(rtr_server *s);
+// The share of l's KV blocks its sequences hold (total - free - evictable over total; 0 before its first stats).
+double rtr_link_kv_running(const rtr_link *l);
 
 // members.c: discovery's watcher, whose joins and leaves become links (after the model check and a handshake)
 int rtr_members_start(rtr_server *s, char *err, size_t errlen); // no-op without a discovery section

@@ -269,6 +269,28 @@ class Observe(unittest.TestCase):
         for worker, role in (("router", "router"), ("p0", "prefill"), ("d0", "decode")):  # every process, none lost
             self.assertEqual(worker_value("dserve:trace_spans_dropped_total", worker, role), 0)
 
+    def test_kv_gauges_split_running_from_cached(self):
+        """An idle worker after a request: its sequences hold no KV block (running 0), its prefix cache does (cached >
+        0); the old usage gauge counts both, which is why autoscaling reads the running one (issue 45 item 8)."""
+        st, b, _ = call(self.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
+        self.assertEqual(st, 200, b)
+        want = {'dserve:worker_kv_running_perc{worker="p0",role="prefill"}': lambda v: v == 0,
+                'dserve:worker_kv_cached_perc{worker="p0",role="prefill"}': lambda v: v > 0,
+                'dserve:role_kv_running_perc{role="prefill"}': lambda v: v == 0,
+                'dserve:role_kv_cached_perc{role="prefill"}': lambda v: v > 0,
+                'dserve:worker_kv_running_perc{worker="d0",role="decode"}': lambda v: v == 0,
+                'dserve:role_kv_running_perc{role="decode"}': lambda v: v == 0}
+        seen = {}
+
+        def idle():  # the gauges follow the workers' stats, once a second
+            seen.update(u.metrics(self.port))
+            return all(k in seen and ok(seen[k]) for k, ok in want.items())
+        self.assertTrue(u.wait_until(idle, 10 * u.SCALE, 0.1), {k: seen.get(k) for k in want})
+        used = seen['dserve:worker_kv_cache_usage_perc{worker="p0",role="prefill"}']
+        cached = seen['dserve:worker_kv_cached_perc{worker="p0",role="prefill"}']
+        self.assertAlmostEqual(used, cached, 6)  # idle: what the old gauge counts is the cache
+        self.assertNotIn("dserve:role_kv_usage_perc", "\n".join(seen))  # replaced by the split
+
     def test_dashboard_queries_name_exported_metrics(self):
         call(self.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
         exported = set(self.scrape())

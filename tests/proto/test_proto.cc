@@ -697,6 +697,7 @@ TEST(Proto, StatsOk) {
   in.prefix_hits = 160;
   in.auth_failures = 0;
   in.trace_spans_dropped = 3;
+  in.evictable_blocks = 12;
   // field by field: a struct assigned whole may leave garbage in its padding, which the memcmp below reads
   in.tiers[PRT_TIER_HOST].present = 1;
   in.tiers[PRT_TIER_HOST].hits = 16;
@@ -708,7 +709,8 @@ TEST(Proto, StatsOk) {
   prt_stats_ok m;
   ASSERT_EQ(prt_stats_ok_decode(j, &m, err, sizeof err), 0) << err;
   EXPECT_EQ(memcmp(&m, &in, sizeof m), 0);
-  for (const char *k : {"running", "free_blocks", "prefix_hits", "auth_failures", "trace_spans_dropped"})
+  for (const char *k :
+       {"running", "free_blocks", "prefix_hits", "auth_failures", "trace_spans_dropped", "evictable_blocks"})
     refuses<prt_stats_ok>(j, k, false, prt_stats_ok_decode, true);
   refuses<prt_stats_ok>(j, "prefix_tiers", false, prt_stats_ok_decode, false);
   cJSON *old = cJSON_Duplicate(j, 1); // a worker from before `refused`: it reads as 0
