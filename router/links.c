@@ -276,6 +276,8 @@ static void link_up_locked(rtr_server *s, rtr_link *l, ctl_peer *p) {
   l->up = 1;
   l->draining = l->silent_moved = 0;
   l->inflight = 0;
+  l->fails = 0;
+  l->last_err[0] = 0;
   l->last_stats_ms = utl_now_ms();
   l->last_stats_sent_ms = 0;
   utl_log(LOGC, "worker %s (%s, %s:%d) connected", l->cfg->name, cfg_role_name(l->cfg->role), l->cfg->host,
@@ -322,6 +324,8 @@ static void *link_main(void *arg) {
         if (s->stopping || l->gone) break;
         continue; // its address changed while we connected: the new one
       }
+      l->fails++;
+      snprintf(l->last_err, sizeof l->last_err, "%s", err);
       utl_debug(LOGC, "worker %s: %s (retry in %d ms)", l->cfg->name, err, backoff);
       struct timespec dl = utl_deadline_ms(backoff);
       pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);

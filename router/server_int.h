@@ -64,6 +64,8 @@ typedef struct rtr_link {
   double auth_failures;        // stats_ok auth_failures: the worker's refused control + kvxfer connections (running
                                // total since the worker started; a restart starts it again)
   int connecting;              // 1 while the link thread is connecting (its peer may speak before it is stored)
+  int fails;                   // connects failed in a row (0 once up); last_err: the last one's error ("" none)
+  char last_err[256];
   // Per prefix-cache tier (pool, host, disk: stats_ok prefix_tiers): last cumulative hits / queries seen, and the
   // series {worker, tier} of hits, queries, resident blocks and refused blocks, created when the worker first reports
   // the tier (refused: tier_last[t][2]).
@@ -307,6 +309,24 @@ void rtr_links_leave_locked(rtr_server *s, int li);
 void rtr_scale_update_locked(rtr_server *s);
 // The share of l's KV blocks its sequences hold (total - free - evictable over total; 0 before its first stats).
 double rtr_link_kv_running(const rtr_link *l);
+
+// A member the router knows but has no link to (members.c), as GET /v1/cluster shows it; strings borrowed, valid while
+// mu is held.
+typedef struct rtr_member_info {
+  const char *name, *host, *key, *why; // key: its etcd key; why: "" or why it is refused / the last dial's error
+  cfg_role role;
+  int port, fails;                     // fails: dials failed in a row
+  int64_t incarnation;
+  const char *state;                   // "pending" (being dialled) or "refused" (another model, or its handshake)
+} rtr_member_info;
+// Writes the first max records without a link into out and returns how many there are (like snprintf).
+int rtr_members_unlinked_locked(rtr_server *s, rtr_member_info *out, int max);
+// 1 when err (ctl_hub_connect's) says the worker answered and the handshake failed (another shared secret, version
+// or member), not that it could not be reached (members.c; cluster.c asks it of config workers too).
+int rtr_handshake_refused(const char *err);
+// GET /v1/cluster's body: every worker, linked or not, with its state, load and KV use (cluster.c); NULL when out of
+// memory.
+cJSON *rtr_cluster_view(rtr_server *s);
 
 // members.c: discovery's watcher, whose joins and leaves become links (after the model check and a handshake)
 int rtr_members_start(rtr_server *s, char *err, size_t errlen); // no-op without a discovery section
