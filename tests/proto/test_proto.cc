@@ -76,6 +76,20 @@ TEST(Proto, Challenge) {
   cJSON_Delete(j);
 }
 
+TEST(Proto, LinkRefused) {
+  char err[128];
+  cJSON *j = wire(prt_refused_encode(&(const prt_refused &)prt_refused{"it serves model x", "another_model"}, err,
+                                     sizeof err));
+  EXPECT_TRUE(prt_is(j, PRT_OP_REFUSED));
+  prt_refused m;
+  ASSERT_EQ(prt_refused_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.reason), "it serves model x");
+  EXPECT_EQ(S(m.code), "another_model");
+  refuses<prt_refused>(j, "reason", true, prt_refused_decode, false); // a refusal without its why says nothing
+  refuses<prt_refused>(j, "code", false, prt_refused_decode, false);
+  cJSON_Delete(j);
+}
+
 TEST(Proto, Hello) {
   char err[128];
   prt_hello in = {"router", "r0", "proof", PRT_VERSION, "n0nce", "w0", "127.0.0.1:7001"};
