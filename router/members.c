@@ -108,8 +108,11 @@ static int on_join(void *arg, const char *key, int64_t lease, const dsc_member *
              m->fp.arch, m->fp.file_hash, s->fp.arch, s->fp.file_hash);
     utl_err(LOGC, "REFUSING worker %s (%s:%d): %s; it gets no link and no work (telling it so)", m->name, m->host,
             m->port, why);
-    if (e && e->state != MEM_REFUSED) drop_locked(s, e); // its record now names another model: its link goes
-    e = e && e->state == MEM_REFUSED ? e : add_locked(ms, key);
+    if (e && e->state != MEM_REFUSED) { // its record now names another model: its link goes
+      drop_locked(s, e);
+      e = NULL; // (its slot now holds another record)
+    }
+    if (!e) e = add_locked(ms, key);
     if (e) { // kept, to be shown (GET /v1/cluster) and told once (a dialer sends link_refused)
       if (e->state != MEM_REFUSED) ms->n_refused++;
       e->m = *m;

@@ -9,12 +9,6 @@ static const cfg_role ROLES[3] = {CFG_ROLE_PREFILL, CFG_ROLE_DECODE, CFG_ROLE_BO
 
 enum { N_SERIES = 6 };
 
-double rtr_link_kv_running(const rtr_link *l) {
-  if (l->total_blocks <= 0) return 0;
-  int held = l->total_blocks - l->free_blocks - l->evictable_blocks;
-  return held > 0 ? (double)held / l->total_blocks : 0;
-}
-
 // The series of role r (created on first use; owned by s->m).
 static rtr_metric *series(rtr_server *s, int k, int r) {
   static const char *const name[N_SERIES] = {"dserve:role_workers", "dserve:role_running", "dserve:role_waiting",

@@ -308,7 +308,12 @@ void rtr_links_leave_locked(rtr_server *s, int li);
 // scale.c: the per-role scaling signals (/metrics), recomputed from the links and the requests in flight
 void rtr_scale_update_locked(rtr_server *s);
 // The share of l's KV blocks its sequences hold (total - free - evictable over total; 0 before its first stats).
-double rtr_link_kv_running(const rtr_link *l);
+// Inline: observe.c, which calls no other router file, reads it too.
+static inline double rtr_link_kv_running(const rtr_link *l) {
+  if (l->total_blocks <= 0) return 0;
+  int held = l->total_blocks - l->free_blocks - l->evictable_blocks;
+  return held > 0 ? (double)held / l->total_blocks : 0;
+}
 
 // A member the router knows but has no link to (members.c), as GET /v1/cluster shows it; strings borrowed, valid while
 // mu is held.

@@ -138,6 +138,20 @@ class AnotherModelInEtcd(Cluster, unittest.TestCase):
         self.assertIsInstance(g["incarnation"], (int, float))
         self.assertEqual(by_name(view)["d0"]["state"], "linked")
         self.assertEqual(u.metrics(self.port).get('dserve:members{state="refused"}'), 1.0)
+        # a linked member's record rewritten to another model: its link goes, it is refused too, g0 stays as it was
+        prefix = "/dserve/e2e/workers/"
+        rec = self.etcd.keys(prefix)[prefix + "both/d0"]
+        self.etcd.put(prefix + "both/d0", dict(rec, model=dict(rec["model"], file_hash="1-0")))
+        self.router.line_time(r"REFUSING worker d0 ", 30 * S)
+        d0.line_time(r"ERROR d0: REFUSED by router 'router'", 30 * S)
+        view = cluster(self.port, key="")[1]
+        self.assertEqual({n: m["state"] for n, m in by_name(view).items()}, {"d0": "refused", "g0": "refused"})
+        self.assertIn("this router serves llama", by_name(view)["g0"]["reason"])
+        self.assertEqual(by_name(view)["g0"]["etcd_key"], prefix + "both/g0")
+        self.assertEqual(u.metrics(self.port).get('dserve:members{state="refused"}'), 2.0)
+        self.etcd.put(prefix + "both/d0", rec)  # and back: linked again
+        self.assertTrue(u.wait_until(lambda: by_name(cluster(self.port, key="")[1])["d0"]["state"] == "linked",
+                                     30 * S, 0.1))
         g0.signal(signal.SIGTERM)  # its lease revoked: its record goes, and with it the refused entry
         self.assertTrue(u.wait_until(lambda: "g0" not in by_name(cluster(self.port, key="")[1]), 30 * S, 0.1))
         self.assertEqual(u.metrics(self.port).get('dserve:members{state="refused"}'), 0.0)
