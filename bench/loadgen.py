@@ -13,6 +13,9 @@ import sys
 import time
 import urllib.parse
 
+# The Python of the venv scripts/setup.sh makes (it has matplotlib, for --plot).
+VENV_PYTHON = os.path.join(os.environ.get("DSERVE_CACHE") or "~/.cache/dserve", "venv", "bin", "python")
+
 # Fixed vocabulary for synthetic prompts: short common English words (each about one token for BPE vocabularies).
 VOCAB = (
     "the of and to in is you that it he was for on are as with his they at be this have from or one had by word "
@@ -28,7 +31,8 @@ VOCAB = (
 
 from loadgen_stats import (  # noqa: E402,F401 (re-exported: callers use loadgen.summarize etc.)
     CONN_ERROR, STREAM_ERROR, TIMEOUT, LoadgenError, compare_table, describe, first_error, format_report,
-    goodput_svg, parse_slo, peak_concurrency, percentile, plot, request_meets_slo, summarize, timeline)
+    goodput_svg, parse_slo, peak_concurrency, percentile, plot, plot_title, plot_unavailable, request_meets_slo,
+    summarize, timeline)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -559,6 +563,19 @@ async def resolve_model(args, target, headers):
     raise LoadgenError("GET %s listed no models; give --model NAME" % url)
 
 
+def lengths_of(args):
+    """The configured prompt and output lengths, as the report and the plot's title show them."""
+    if args.dataset == "sharegpt":
+        return "sharegpt lengths" + (", out %d" % args.sharegpt_output_len if args.sharegpt_output_len else "")
+    if args.dataset == "shared-prefix":
+        inp = "in %d+%d" % (args.prefix_len, args.suffix_len)
+    else:
+        inp = "in %d" % args.input_len
+    r = " ±%g%%" % (args.range_ratio * 100) if args.range_ratio else ""
+    turns = " x%d turns" % args.turns if args.dataset == "multi-turn" else ""
+    return "%s, out %d%s%s" % (inp, args.output_len, r, turns)
+
+
 async def run_benchmark(args):
     """Run the whole benchmark; returns the report dict."""
     target = Target(args.base_url)
@@ -592,6 +609,7 @@ async def run_benchmark(args):
         notes.append("stopped after %s; %d requests not sent" % (runner.aborted, args.num_requests - sent))
     extra = {
         "base_url": args.base_url, "endpoint": args.endpoint, "model": model, "dataset": args.dataset,
+        "lengths": lengths_of(args),
         "request_rate": "inf" if args.request_rate == float("inf") else args.request_rate,
         "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
         "num_requests": args.num_requests, "warmup": args.warmup, "aborted": runner.aborted or None,
@@ -654,7 +672,7 @@ def _pos_float(text):
 def parse_args(argv):
     p = argparse.ArgumentParser(description="Streaming load generator for OpenAI-compatible servers.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--base-url", default="http://127.0.0.1:8000",
+    p.add_argument("--base-url", default="http://127.0.0.1:8080",  # dserve serve's and the configs' router port
                    help="the server, with or without /v1 (http://HOST:PORT or http://HOST:PORT/v1)")
     p.add_argument("--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"])
     p.add_argument("--model", default="", help="model name (default: first of GET /v1/models)")
@@ -689,7 +707,7 @@ def parse_args(argv):
     p.add_argument("--json-out", default="")
     p.add_argument("--save-itl", action="store_true", help="keep every ITL per request in the JSON")
     p.add_argument("--plot", default="", help="PNG file: latency CDFs, TTFT/TPOT and throughput over time "
-                   "(matplotlib: scripts/setup.sh installs it in the venv)")
+                   "(needs matplotlib: run with %s, the venv scripts/setup.sh makes)" % VENV_PYTHON)
     p.add_argument("--quiet", action="store_true", help="no report on stdout")
     helps = {"num_requests": "requests counted (multi-turn: turns)", "dataset_path": "file for --dataset sharegpt",
              "prefix_len": "shared-prefix: ~words of each prefix", "suffix_len": "shared-prefix: ~words after it",
@@ -724,6 +742,13 @@ def main(argv=None):
         args = parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
+    if args.plot:  # before the run: a long benchmark must not end without the plot it was started for
+        why = plot_unavailable()
+        if why:
+            print("loadgen: error: --plot needs matplotlib, which %s cannot import: %s. scripts/setup.sh makes a "
+                  "venv with it: run %s bench/loadgen.py ... (or leave out --plot)" % (sys.executable, why,
+                                                                                     VENV_PYTHON), file=sys.stderr)
+            return 2
     try:
         parse_slo(args.slo)
         rep = asyncio.run(run_benchmark(args))

@@ -229,14 +229,30 @@ def first_error(rep):
     return ""
 
 
-def plot(rep, path):
-    """Write a PNG (latency CDFs, TTFT/TPOT over time, throughput over time); None on success or a reason string."""
+def plot_unavailable():
+    """None when plot() can draw, else why not (matplotlib does not import): main() checks before the run."""
     try:
         import matplotlib
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot  # noqa: F401
     except Exception as e:  # any import failure means: no plot
-        return "matplotlib is not importable (%s)" % type(e).__name__
+        return "matplotlib is not importable (%s: %s)" % (type(e).__name__, e)
+    return None
+
+
+def plot_title(rep):
+    """The figure's title: what was run (model, lengths, offered rate), so a PNG read alone says what it shows."""
+    rate = rep.get("request_rate")
+    rate = "unlimited" if rate in ("inf", None) else "%g req/s" % rate
+    return "%s · %s · %s · rate %s · %s" % (rep.get("model") or "?", rep.get("dataset") or "?",
+                                            rep.get("lengths") or "?", rate, rep.get("base_url") or "?")
+
+
+def plot_figure(rep):
+    """The figure plot() saves (latency CDFs, TTFT/TPOT over time, throughput over time); needs matplotlib."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     reqs = [r for r in rep["requests"] if r.get("status") == "200" and r.get("e2e") is not None]
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     ax = axes[0]
@@ -272,8 +288,21 @@ def plot(rep, path):
     ax2.plot(ts, tl["requests_completed"], color="tab:orange", marker=".", label="requests done/s")
     ax2.set_ylabel("requests/s")
     ax.grid(True, alpha=0.3)
-    fig.suptitle("%s %s rate=%s" % (rep["base_url"], rep["dataset"], rep["request_rate"]))
+    h1, l1 = ax.get_legend_handles_labels()  # one legend for both y axes' lines
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax2.legend(h1 + h2, l1 + l2, loc="upper right")
+    fig.suptitle(plot_title(rep))
     fig.tight_layout()
+    return fig
+
+
+def plot(rep, path):
+    """Write plot_figure(rep) as a PNG; None on success or a reason string."""
+    why = plot_unavailable()
+    if why:
+        return why
+    import matplotlib.pyplot as plt
+    fig = plot_figure(rep)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return None

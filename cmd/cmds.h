@@ -14,5 +14,6 @@ int cmd_decode(int argc, char **argv);       // cmd_worker.c
 int cmd_both(int argc, char **argv);         // cmd_worker.c
 int cmd_launch(int argc, char **argv);       // cmd_launch.c
 int cmd_serve(int argc, char **argv);        // cmd_serve.c
+int cmd_members(int argc, char **argv);      // cmd_members.c
 
 #endif

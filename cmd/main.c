@@ -27,6 +27,7 @@ static const cmd CMDS[] = {
     {"prefill", cmd_prefill, "--config F --name W", "run a prefill worker"},
     {"decode", cmd_decode, "--config F --name W", "run a decode worker"},
     {"kvxfer-bench", cmd_kvxfer_bench, "--backend B ...", "KV transfer bandwidth and latency"},
+    {"members", cmd_members, "--router URL", "list a router's workers: state, load, KV use"},
 };
 
 // A process that dies of a fault (SIGSEGV, SIGBUS, SIGILL, SIGFPE) says where first: the frames, as

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 #include "util/clock.h"
 #include "util/crypto.h"
 #include "util/log.h"
+#include "util/repeat.h"
 
 #define HELLO_TIMEOUT_MS 5000
 
@@ -58,6 +60,7 @@ struct ctl_hub {
   pthread_cond_t threads_cv;
   int stopping;
   atomic_long auth_failures; // control peers refused (bad or missing proof, no hello), and hellos refused to us
+  utl_repeat refusals;       // guarded by mu: refusal lines, once a minute per member (refusal_log)
 };
 
 void ctl_auth_proof(const char *secret, const char *nonce_l, const char *nonce_c, const char *name, const char *member,
@@ -104,6 +107,30 @@ int ctl_consttime_eq(const char *a, const char *b) {
 }
 
 long ctl_hub_auth_failures(ctl_hub *h) { return h ? atomic_load(&h->auth_failures) : 0; }
+
+// Logs a refusal at most once a minute per key (the member dialled, or the peer's claimed name and host): a peer with
+// another secret is dialled again every few seconds for as long as both run. The line logged after a quiet spell
+// says how many it held back; the refusals are all counted (auth_failures) either way.
+static void refusal_log(ctl_hub *h, utl_log_level lvl, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void refusal_log(ctl_hub *h, utl_log_level lvl, const char *key, const char *fmt, ...) {
+  long held = 0;
+  pthread_mutex_lock(&h->mu);
+  int pass = utl_repeat_pass(&h->refusals, key, utl_now_ms(), &held);
+  pthread_mutex_unlock(&h->mu);
+  if (!pass) return;
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (held)
+    utl_logl(lvl, h->name, "%s [%ld more like it since the last such line, not logged: once a minute per peer]", line,
+             held);
+  else
+    utl_logl(lvl, h->name, "%s", line);
+}
+
 
 // A peer-supplied name, safe to print: [A-Za-z0-9._-], else "?".
 static const char *printable_name(const cJSON *v) {
@@ -333,8 +360,22 @@ static int check_hello(ctl_peer *p, const char *nonce, cJSON *m) {
     ctl_auth_proof(h->secret, nonce, hm.nonce, hm.name, hm.member, hm.addr, want);
   if (!want[0] || !ctl_consttime_eq(hm.auth, want)) {
     long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
-    utl_warn(h->name, "refused a control peer from %s (hello as '%s'): %s shared-secret proof (%ld refused so far)",
-             p->addr, who, hm.auth ? "wrong" : "missing", n);
+    char key[160], host[64];
+    snprintf(host, sizeof host, "%s", p->addr);
+    char *colon = strrchr(host, ':'); // its port is new on every dial: the peer is its name and host
+    if (colon) *colon = 0;
+    snprintf(key, sizeof key, "hello %s %s", who, host);
+    if (hm.role && !strcmp(hm.role, "router") && strcmp(h->role, "router")) {
+      // A router dialled this worker and cannot prove our secret: the two were given different secrets, and this
+      // worker gets no work from it. An ERROR here, where the worker's operator looks (the router logs its side).
+      refusal_log(h, UTL_LOG_ERROR, key, "REFUSED by a secret mismatch: router '%s' (from %s) dialled this worker "
+                  "with a %s shared-secret proof: this worker and that router hold different secrets (config secret / "
+                  "secret_file, DSERVE_SECRET_FILE), so it gets no work from that router (%ld refused so far)",
+                  who, p->addr, hm.auth ? "wrong" : "missing", n);
+    } else {
+      refusal_log(h, UTL_LOG_WARN, key, "refused a control peer from %s (hello as '%s'): %s shared-secret proof "
+                  "(%ld refused so far)", p->addr, who, hm.auth ? "wrong" : "missing", n);
+    }
     return -1;
   }
   if (seal_link(p, h->secret, nonce, hm.nonce, hm.auth, 1)) {
@@ -453,6 +494,7 @@ int ctl_hub_new(const ctl_hub_opts *o, ctl_hub **out, char *err, size_t errlen) 
   h->hello_arg = o->hello_arg;
   h->lfd = -1;
   pthread_mutex_init(&h->mu, NULL);
+  h->refusals.period_ms = 60000;
   utl_cond_init_monotonic(&h->cv); // ctl_hub_next waits on it with a deadline
   pthread_cond_init(&h->threads_cv, NULL);
   if (pipe2(h->wake_pipe, O_CLOEXEC)) {
@@ -516,24 +558,25 @@ ctl_peer *ctl_hub_connect(ctl_hub *h, const char *member, const char *host, int 
         long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
         snprintf(err, errlen, "%s:%d (member %s) answered without %s proof of the shared secret: not a peer of this "
                  "cluster", host, port, member, back ? "the right" : "a");
-        utl_warn(h->name, "%s (%ld refused so far)", err, n);
+        refusal_log(h, UTL_LOG_WARN, member, "%s (%ld refused so far)", err, n);
       }
     } else if (ok && prt_is(ok, PRT_OP_ERROR) && !prt_error_decode(ok, &refusal, NULL, 0)) {
       snprintf(err, errlen, "%s:%d (member %s) refused the hello: %s", host, port, member, refusal.message);
-      utl_warn(h->name, "%s", err);
+      refusal_log(h, UTL_LOG_WARN, member, "%s", err);
     } else if (sent && strstr(err, CTL_FRAME_UNSEALED)) {
       // What came back was not sealed with this link's keys: not the listener the proof was for, or another
       // version's plain refusal.
       long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
       snprintf(err, errlen, "%s:%d (member %s) answered the hello with a frame that failed to open: not a peer of "
                "this cluster, or another protocol version", host, port, member);
-      utl_warn(h->name, "%s (%ld refused so far)", err, n);
+      refusal_log(h, UTL_LOG_WARN, member, "%s (%ld refused so far)", err, n);
     } else if (sent && !ok) {
       long n = atomic_fetch_add(&h->auth_failures, 1) + 1;
       snprintf(err, errlen, "%s:%d (member %s) refused the hello (wrong shared secret, or another protocol version?)",
                host, port, member);
-      utl_warn(h->name, "%s:%d (member %s) closed the control connection after our hello: wrong shared secret, or "
-               "another protocol version? (%ld refused so far)", host, port, member, n);
+      refusal_log(h, UTL_LOG_WARN, member, "member %s (%s:%d) closed the control connection after our hello: it holds "
+                  "another shared secret, or speaks another protocol version (%ld refused so far)", member, host, port,
+                  n);
     }
     cJSON_Delete(hello);
   } else if (ch) {

@@ -75,7 +75,8 @@ int dsc_registrar_registered(dsc_registrar *r); // 1 while the record is in etcd
 // join: a member appeared or its record changed (a restart: a new incarnation; a new lease): key, lease and record.
 // It returns 0 when the consumer takes it, non-zero when the consumer refuses it (another model): a refused record
 // holds no name (and when it was a member, the consumer has dropped it). leave: its key went away (lease expired
-// or revoked, deleted) or its record took another name; m is the last record the watcher saw under the key.
+// or revoked, deleted) or its record took another name; m is the last record the watcher saw under the key. A key the
+// consumer refused also gets a leave when it goes (a consumer may keep refused records, to show them).
 // Called from the watcher's thread, one at a time, in etcd's order.
 typedef struct dsc_watch_fns {
   int (*join)(void *arg, const char *key, int64_t lease, const dsc_member *m);

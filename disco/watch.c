@@ -150,6 +150,7 @@ static void on_put(dsc_watcher *w, const dsc_kv *kv) {
 static void drop(dsc_watcher *w, known *k) {
   known gone = *k;
   *k = w->k[--w->n_k];
+  if (gone.state == K_REFUSED) w->fns.leave(w->fns.arg, gone.key, &gone.m); // the consumer may keep refused records
   if (gone.state != K_MEMBER) return;
   w->fns.leave(w->fns.arg, gone.key, &gone.m);
   reconsider(w, gone.m.name);

@@ -630,6 +630,9 @@ int kv_prefix_pending_events(const kv_prefix *s) { return s->n_ev; }
 void kv_prefix_get_stats(const kv_prefix *s, kv_prefix_stats *out) {
   *out = s->st;
   for (int t = 0; t < NT; t++) out->blocks[t] = s->tier[t].n;
+  out->unused = 0; // counted when asked (once a second, from stats), not kept on every ref and unref
+  for (int i = s->tier[0].head; i >= 0; i = s->ents[i].next)
+    out->unused += kv_pool_refcount(s->pool, s->ents[i].block) == 1;
 }
 
 int kv_prefix_has_tier(const kv_prefix *s, int tier) {

@@ -72,6 +72,8 @@ typedef struct kv_prefix_stats {
   // was when it has children). The first refusal of each tier is logged once (WARN) with its reason.
   uint64_t refused[3];
   int blocks[3];          // entries resident per tier now
+  int unused;             // tier-0 entries only the store references (pool refcount 1): cached, no sequence holds
+                          // them, evictable when a sequence needs the room
 } kv_prefix_stats;
 
 // pool (borrowed) must outlive the store. -1 with err on bad options, out of memory or a disk file that

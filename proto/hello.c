@@ -1,4 +1,4 @@
-// proto/hello.c: the handshake's messages (challenge, hello, hello_ok) and the kv_layout object.
+// proto/hello.c: the handshake's messages (challenge, hello, hello_ok, refused) and the kv_layout object.
 #include "proto/hello.h"
 
 #include <inttypes.h>
@@ -19,6 +19,20 @@ cJSON *prt_challenge_encode(const prt_challenge *m, char *err, size_t errlen) {
   cJSON *j = prt_new(PRT_OP_CHALLENGE);
   if (!j || !PRT_ADD_STR(j, "nonce", m->nonce) || !PRT_ADD_STR(j, "name", m->name)) return oom(j, err, errlen);
   return j;
+}
+
+cJSON *prt_refused_encode(const prt_refused *m, char *err, size_t errlen) {
+  cJSON *j = prt_new(PRT_OP_REFUSED);
+  if (!j || !PRT_ADD_STR(j, "reason", m->reason) || !PRT_ADD_STR(j, "code", m->code)) return oom(j, err, errlen);
+  return j;
+}
+
+int prt_refused_decode(const cJSON *j, prt_refused *m, char *err, size_t errlen) {
+  memset(m, 0, sizeof *m);
+  return prt__str(j, PRT_OP_REFUSED, "reason", 1, &m->reason, err, errlen) ||
+                 prt__str(j, PRT_OP_REFUSED, "code", 0, &m->code, err, errlen)
+             ? -1
+             : 0;
 }
 
 int prt_challenge_decode(const cJSON *j, prt_challenge *m, char *err, size_t errlen) {

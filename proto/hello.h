@@ -57,6 +57,13 @@ typedef struct prt_hello_ok {
   const char *auth;        // (borrowed) the listener's proof over the hello's nonce (ctl_auth_proof_back), or NULL
 } prt_hello_ok;
 cJSON *prt_hello_ok_encode(const prt_hello_ok *m, char *err, size_t errlen);
+// link_refused: a router tells a worker it dialled why it gives it no link (its record names another model), then closes.
+typedef struct prt_refused {
+  const char *reason; // (borrowed) in words, for the worker's log
+  const char *code;   // (borrowed) "another_model"; NULL when absent
+} prt_refused;
+cJSON *prt_refused_encode(const prt_refused *m, char *err, size_t errlen);
+int prt_refused_decode(const cJSON *j, prt_refused *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 int prt_hello_ok_decode(const cJSON *j, prt_hello_ok *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 // The fields a worker adds to its hub's hello_ok (the hub writes op, role and name): 0, -1 on out of memory.
 int prt_hello_ok_add_worker(cJSON *msg, const prt_hello_ok *m) UTL_WARN_UNUSED;

@@ -13,6 +13,7 @@ const char *const prt_ops[] = {
     PRT_OP_ERROR,     PRT_OP_CANCEL,    PRT_OP_DRAINING,    PRT_OP_PING,       PRT_OP_PONG,        PRT_OP_STATS,
     PRT_OP_STATS_OK,  PRT_OP_KV_TABLE,  PRT_OP_KV_FIRST,    PRT_OP_KV_STARTED, PRT_OP_KV_FAIL,     PRT_OP_KV_FREED,
     PRT_OP_PREFIX_PULL, PRT_OP_PREFIX_PULLED, PRT_OP_PREFIX_FAIL, PRT_OP_KV_EVENTS,
+    PRT_OP_REFUSED,
 };
 const int prt_n_ops = (int)(sizeof prt_ops / sizeof prt_ops[0]);
 

@@ -39,6 +39,7 @@ extern "C" {
 #define PRT_OP_PREFIX_PULLED "prefix_pulled"
 #define PRT_OP_PREFIX_FAIL "prefix_fail"
 #define PRT_OP_KV_EVENTS "kv_events"
+#define PRT_OP_REFUSED "link_refused"
 
 extern const char *const prt_ops[]; // (prt_n_ops) every PRT_OP_*, in the table's order
 extern const int prt_n_ops;

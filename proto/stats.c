@@ -14,7 +14,7 @@ const char *const prt_tier_names[PRT_N_TIERS] = {"pool", "host", "disk"};
 #define COUNTS(X)                                                                                                     \
   X(running) X(waiting) X(free_blocks) X(total_blocks) X(finished) X(prefix_hits) X(prefix_queries)                   \
   X(prefix_cached_blocks) X(kv_bytes_pushed) X(prefix_fetches) X(prefix_fetched_blocks) X(prefix_fetch_misses)        \
-  X(prefix_served_blocks) X(auth_failures) X(trace_spans_dropped)
+  X(prefix_served_blocks) X(auth_failures) X(trace_spans_dropped) X(evictable_blocks)
 
 void prt_stats_ok_init(prt_stats_ok *m) {
   memset(m, 0, sizeof *m);

@@ -25,6 +25,8 @@ typedef struct prt_tier_stats {
 typedef struct prt_stats_ok {
   double running, waiting, free_blocks, total_blocks, finished;
   double prefix_hits, prefix_queries, prefix_cached_blocks;
+  double evictable_blocks; // KV blocks only the prefix store holds (cached, no sequence uses them): free_blocks
+                           // leaves them out, so total - free - evictable is what running sequences hold
   prt_tier_stats tiers[PRT_N_TIERS]; // prefix_tiers
   double kv_bytes_pushed, prefix_fetches, prefix_fetched_blocks, prefix_fetch_misses, prefix_served_blocks;
   double auth_failures;

@@ -475,7 +475,7 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
 typedef struct route {
   const char *path, *method;
   int kind; // 0 models, 1 health, 2 metrics, 3 chat, 4 completions, 5 tokenize, 6 detokenize, 7 one model, 8 live,
-            // 9 responses
+            // 9 responses, 11 cluster
 } route;
 
 static const route ROUTES[] = {
@@ -483,6 +483,7 @@ static const route ROUTES[] = {
     {"/health", "GET", 1},                {"/metrics", "GET", 2},         {"/tokenize", "POST", 5},
     {"/detokenize", "POST", 6},           {"/ready", "GET", 1},           {"/live", "GET", 8},
     {"/v1/responses", "POST", 9},
+    {"/v1/cluster", "GET", 11}, // the membership view (cluster.c)
 };
 static const route MODEL_ROUTE = {"/v1/models/", "GET", 7}; // a prefix: the rest of the path is the model id
 
@@ -664,6 +665,10 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
   case 8: // /live (liveness): the router answers, whatever its workers do
     return reply(c, 200, "application/json", "{\"status\":\"alive\"}", 18, NULL, NULL);
   case 2: return do_metrics(s, c);
+  case 11: {
+    cJSON *view = rtr_cluster_view(s);
+    return view ? reply_json(c, 200, view) : reply_err(c, 500, "server_error", NULL, NULL, NULL, "out of memory");
+  }
   case 3: return do_generate(s, c, cs, RTR_CHAT, RTR_API_CHAT);
   case 4: return do_generate(s, c, cs, RTR_COMPLETION, RTR_API_CHAT);
   case 9: return do_generate(s, c, cs, RTR_CHAT, RTR_API_RESPONSES);

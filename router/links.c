@@ -105,6 +105,7 @@ static void on_stats(rtr_server *s, rtr_link *l, const cJSON *msg) {
   l->waiting = (int)count(m->waiting);
   l->free_blocks = (int)count(m->free_blocks);
   l->total_blocks = (int)count(m->total_blocks);
+  l->evictable_blocks = (int)count(m->evictable_blocks);
   counter_from_total(s->m_prefix_hits, count(m->prefix_hits), &l->prefix_hits);
   counter_from_total(s->m_prefix_queries, count(m->prefix_queries), &l->prefix_queries);
   counter_from_total(s->m_kv_pushed, count(m->kv_bytes_pushed), &l->kv_pushed);
@@ -275,6 +276,8 @@ static void link_up_locked(rtr_server *s, rtr_link *l, ctl_peer *p) {
   l->up = 1;
   l->draining = l->silent_moved = 0;
   l->inflight = 0;
+  l->fails = 0;
+  l->last_err[0] = 0;
   l->last_stats_ms = utl_now_ms();
   l->last_stats_sent_ms = 0;
   utl_log(LOGC, "worker %s (%s, %s:%d) connected", l->cfg->name, cfg_role_name(l->cfg->role), l->cfg->host,
@@ -321,6 +324,8 @@ static void *link_main(void *arg) {
         if (s->stopping || l->gone) break;
         continue; // its address changed while we connected: the new one
       }
+      l->fails++;
+      snprintf(l->last_err, sizeof l->last_err, "%s", err);
       utl_debug(LOGC, "worker %s: %s (retry in %d ms)", l->cfg->name, err, backoff);
       struct timespec dl = utl_deadline_ms(backoff);
       pthread_cond_timedwait(&s->link_cv, &s->mu, &dl);
@@ -755,8 +760,9 @@ void rtr_links_leave_locked(rtr_server *s, int li) {
   utl_log(LOGC, "worker %s left the cluster%s", l->cfg->name, l->up && l->inflight ? "; moving its streams" : "");
   l->gone = 1;
   if (l->peer) ctl_peer_close(l->peer); // the dispatcher hears the close: its choices move (link_down_locked)
-  rtr_metric *gauges[3] = {l->m_w_running, l->m_w_waiting, l->m_w_kv_usage}; // its series stay; they read 0
-  for (int k = 0; k < 3; k++)
+  rtr_metric *gauges[5] = {l->m_w_running, l->m_w_waiting, l->m_w_kv_usage, l->m_w_kv_running,
+                           l->m_w_kv_cached}; // its series stay; they read 0
+  for (int k = 0; k < 5; k++)
     if (gauges[k]) rtr_metric_set(gauges[k], 0);
   capacity_locked(s);
   pthread_cond_broadcast(&s->link_cv);

@@ -56,7 +56,14 @@ static void worker_series(rtr_server *s, rtr_link *l) {
   l->m_w_waiting = rtr_metrics_gauge(m, "dserve:worker_num_requests_waiting",
                                      "Sequences queued at each worker (its last stats, every second).", lab);
   l->m_w_kv_usage = rtr_metrics_gauge(m, "dserve:worker_kv_cache_usage_perc",
-                                      "Each worker's KV-cache blocks in use (1 = full; its last stats).", lab);
+                                      "Each worker's KV-cache blocks in use: held by sequences and cached (1 = full; "
+                                      "its last stats).", lab);
+  l->m_w_kv_running = rtr_metrics_gauge(m, "dserve:worker_kv_running_perc",
+                                        "Each worker's KV-cache blocks held by its sequences (running, waiting, being "
+                                        "handed off), cached blocks left out (1 = full; its last stats).", lab);
+  l->m_w_kv_cached = rtr_metrics_gauge(m, "dserve:worker_kv_cached_perc",
+                                       "Each worker's KV-cache blocks only its prefix cache holds: reusable, evicted "
+                                       "when a sequence needs the room (1 = all; its last stats).", lab);
   l->m_w_prompt = rtr_metrics_counter(m, "dserve:worker_prompt_tokens_total",
                                       "Prompt tokens the router sent each worker to prefill.", lab);
   l->m_w_gen = rtr_metrics_counter(m, "dserve:worker_generation_tokens_total", "Tokens each worker generated.", lab);
@@ -84,6 +91,8 @@ void rtr_observe_stats_locked(rtr_server *s, rtr_link *l, const prt_stats_ok *m)
   rtr_metric_set(l->m_w_waiting, l->waiting);
   rtr_metric_set(l->m_w_kv_usage,
                  l->total_blocks > 0 ? (double)(l->total_blocks - l->free_blocks) / l->total_blocks : 0);
+  rtr_metric_set(l->m_w_kv_running, rtr_link_kv_running(l));
+  rtr_metric_set(l->m_w_kv_cached, l->total_blocks > 0 ? (double)l->evictable_blocks / l->total_blocks : 0);
 }
 
 static void count_prompt(rtr_server *s, int li, double n) {

@@ -59,10 +59,13 @@ typedef struct rtr_link {
   int block_size;              // hello_ok kv_layout.block_size (16 when absent): the prompt's key chain
   int kv_type;                 // hello_ok kv_layout.type (-1 when absent): who may hand off to whom
   int running, waiting, free_blocks, total_blocks, inflight;
+  int evictable_blocks;        // stats_ok evictable_blocks: cached blocks no sequence holds (0 when absent)
   double prefix_hits, prefix_queries, kv_pushed; // last cumulative values seen
   double auth_failures;        // stats_ok auth_failures: the worker's refused control + kvxfer connections (running
                                // total since the worker started; a restart starts it again)
   int connecting;              // 1 while the link thread is connecting (its peer may speak before it is stored)
+  int fails;                   // connects failed in a row (0 once up); last_err: the last one's error ("" none)
+  char last_err[256];
   // Per prefix-cache tier (pool, host, disk: stats_ok prefix_tiers): last cumulative hits / queries seen, and the
   // series {worker, tier} of hits, queries, resident blocks and refused blocks, created when the worker first reports
   // the tier (refused: tier_last[t][2]).
@@ -73,6 +76,7 @@ typedef struct rtr_link {
   // router counted for it: prompt tokens routed to it, tokens it generated, handoffs it took part in
   rtr_metric *m_w_running, *m_w_waiting, *m_w_kv_usage, *m_w_prompt, *m_w_gen, *m_w_handoffs; // (owned by s->m)
   rtr_metric *m_w_spans_dropped; // (owned by s->m) created when the worker first reports trace_spans_dropped
+  rtr_metric *m_w_kv_running, *m_w_kv_cached; // (owned by s->m) its KV split: held by sequences / cached, evictable
   double n_prompt_tokens, n_gen_tokens, n_handoffs, spans_dropped_last;
   pthread_t thread;
   int has_thread;
@@ -220,8 +224,8 @@ struct rtr_server {
   // the router hub's own refusals (ctl_hub_auth_failures); hub_auth_last: the hub's count already added.
   rtr_metric *m_auth_failures;
   double hub_auth_last;
-  rtr_metric *m_role[5][3];    // (owned by m) scale.c's per-role series {workers, running, waiting, kv usage,
-                               // prefill backlog} x {prefill, decode, both}; NULL until first set
+  rtr_metric *m_role[6][3];    // (owned by m) scale.c's per-role series {workers, running, waiting, kv held by
+                               // sequences, prefill backlog, kv cached} x {prefill, decode, both}; NULL until first set
   rtr_hooks hooks;             // the upper layers' answers (see rtr_hooks)
 };
 
@@ -303,6 +307,31 @@ void rtr_links_leave_locked(rtr_server *s, int li);
 
 // scale.c: the per-role scaling signals (/metrics), recomputed from the links and the requests in flight
 void rtr_scale_update_locked(rtr_server *s);
+// The share of l's KV blocks its sequences hold (total - free - evictable over total; 0 before its first stats).
+// Inline: observe.c, which calls no other router file, reads it too.
+static inline double rtr_link_kv_running(const rtr_link *l) {
+  if (l->total_blocks <= 0) return 0;
+  int held = l->total_blocks - l->free_blocks - l->evictable_blocks;
+  return held > 0 ? (double)held / l->total_blocks : 0;
+}
+
+// A member the router knows but has no link to (members.c), as GET /v1/cluster shows it; strings borrowed, valid while
+// mu is held.
+typedef struct rtr_member_info {
+  const char *name, *host, *key, *why; // key: its etcd key; why: "" or why it is refused / the last dial's error
+  cfg_role role;
+  int port, fails;                     // fails: dials failed in a row
+  int64_t incarnation;
+  const char *state;                   // "pending" (being dialled) or "refused" (another model, or its handshake)
+} rtr_member_info;
+// Writes the first max records without a link into out and returns how many there are (like snprintf).
+int rtr_members_unlinked_locked(rtr_server *s, rtr_member_info *out, int max);
+// 1 when err (ctl_hub_connect's) says the worker answered and the handshake failed (another shared secret, version
+// or member), not that it could not be reached (members.c; cluster.c asks it of config workers too).
+int rtr_handshake_refused(const char *err);
+// GET /v1/cluster's body: every worker, linked or not, with its state, load and KV use (cluster.c); NULL when out of
+// memory.
+cJSON *rtr_cluster_view(rtr_server *s);
 
 // members.c: discovery's watcher, whose joins and leaves become links (after the model check and a handshake)
 int rtr_members_start(rtr_server *s, char *err, size_t errlen); // no-op without a discovery section

@@ -84,6 +84,7 @@ def sources(root):
 COMMON_WORDS = ("error", "token", "done", "stats", "ping", "pong", "cancel", "hello")
 # The same word meaning something else there.
 OTHER_MEANING = {("draining", "router/http.c"): "/health's status while the router drains",
+                 ("draining", "router/cluster.c"): "a member's state in GET /v1/cluster",
                  ("generate", "cmd/main.c"): "the `dserve generate` command's name",
                  ("generate", "cmd/cmd_generate.c"): "the `dserve generate` command's name"}
 

@@ -496,6 +496,7 @@ void wrk_engine_prefix_stats(const wrk_engine *e, prt_stats_ok *out) {
   out->prefix_hits = (double)(st.hit_tokens[0] + st.hit_tokens[1] + st.hit_tokens[2]);
   out->prefix_queries = (double)st.query_tokens;
   out->prefix_cached_blocks = st.blocks[0];
+  out->evictable_blocks = st.unused; // 0 without a store: every held block is a sequence's
   for (int t = 0; e->prefix && t < PRT_N_TIERS; t++) // kv_prefix's tiers are proto's, in the same order
     if (kv_prefix_has_tier(e->prefix, t))
       out->tiers[t] = (prt_tier_stats){.present = 1, .hits = (double)st.hit_tokens[t],

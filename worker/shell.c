@@ -142,9 +142,27 @@ cJSON *wrk_shell_stats_new(const wrk_shell *sh, prt_stats_ok *st) {
   return prt_stats_ok_encode(st, NULL, 0);
 }
 
+// link_refused: a router that will give this worker no link says why (its model is not this one's), then closes. Every
+// role hears it here: the operator of this worker must see it in this worker's log, not only in the router's.
+static void on_refused(wrk_shell *sh, const ctl_event *ev) {
+  prt_refused r;
+  char why[128];
+  if (prt_refused_decode(ev->msg, &r, why, sizeof why)) {
+    utl_warn(sh->wc->name, "router %s sent a malformed refusal: %s", ctl_peer_name(ev->peer), why);
+    return;
+  }
+  utl_err(sh->wc->name, "REFUSED by router '%s': %s; this worker gets no link and no work from that router until its "
+          "record changes (serve the router's model, or register in another cluster)", ctl_peer_name(ev->peer),
+          r.reason);
+}
+
 static void dispatch(wrk_shell *sh, const ctl_event *ev) {
   // ctl_frame_recv passes on only JSON objects whose "op" is a string.
   const char *op = prt_op(ev->msg);
+  if (!strcmp(op, PRT_OP_REFUSED)) {
+    on_refused(sh, ev);
+    return;
+  }
   for (size_t i = 0; i < sh->o.n_ops; i++)
     if (!strcmp(sh->o.ops[i].op, op)) {
       if (sh->o.ops[i].fn) sh->o.ops[i].fn(sh->o.worker, ev->peer, ev->msg);

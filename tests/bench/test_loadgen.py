@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -33,6 +34,7 @@ class FakeServer:
         self.lock = threading.Lock()
         self.count = 0
         self.bodies = []  # received request bodies (parsed JSON), in arrival order
+        self.gets = 0  # GET requests (GET /v1/models)
         srv = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,6 +52,7 @@ class FakeServer:
                 self.wfile.flush()
 
             def do_GET(self):
+                srv.gets += 1
                 body = json.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model"}]}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -347,17 +350,8 @@ class TestAgainstFakeServer(unittest.TestCase):
     def test_chat_close_delimited_without_usage(self):
         srv = FakeServer(chunked=False, usage=False)
         try:
-            with tempfile.TemporaryDirectory() as d:
-                png = os.path.join(d, "run.png")
-                rc, out, err, rep = self.run_fake(srv, ["--endpoint", "/v1/chat/completions", "--num-requests",
-                                                        "4", "--model", "m1", "--plot", png])
-                try:
-                    import matplotlib  # noqa: F401
-                    self.assertIn("plot written", err)
-                    with open(png, "rb") as f:
-                        self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
-                except ImportError:
-                    self.assertIn("plot skipped: matplotlib is not importable", err)
+            rc, out, err, rep = self.run_fake(srv, ["--endpoint", "/v1/chat/completions", "--num-requests", "4",
+                                                    "--model", "m1"])
         finally:
             srv.close()
         self.assertEqual(rc, 0, err)
@@ -518,8 +512,27 @@ class TestCli(unittest.TestCase):
         p = subprocess.run([sys.executable, LOADGEN, "--help"], capture_output=True, text=True, timeout=60)
         self.assertEqual(p.returncode, 0)
         text = " ".join(p.stdout.split())
-        for want in ("(default: 100)", "(default: 128)", "(default: 64)", "(default: http://127.0.0.1:8000)"):
+        # the default base URL is where `dserve serve` listens (its router port in cmd/cmd_serve.c)
+        with open(os.path.join(HERE, "..", "..", "cmd", "cmd_serve.c"), encoding="utf-8") as f:
+            serve_port = re.search(r'\\"router\\": \{[^}]*\\"port\\": (\d+)', f.read()).group(1)
+        for want in ("(default: 100)", "(default: 128)", "(default: 64)",
+                     "(default: http://127.0.0.1:%s)" % serve_port):
             self.assertIn(want, text)
+
+    def test_plot_without_matplotlib_stops_before_the_run(self):
+        srv = FakeServer()
+        try:
+            code = ("import sys; sys.modules['matplotlib'] = None; sys.path.insert(0, %r); import loadgen; "
+                    "sys.exit(loadgen.main(sys.argv[1:]))" % os.path.dirname(LOADGEN))
+            p = subprocess.run([sys.executable, "-c", code, "--base-url", srv.url, "--num-requests", "2",
+                                "--plot", "x.png"], capture_output=True, text=True, timeout=60)
+        finally:
+            srv.close()
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("--plot needs matplotlib", p.stderr)
+        self.assertIn("scripts/setup.sh", p.stderr)
+        self.assertIn(os.path.join("venv", "bin", "python"), p.stderr)
+        self.assertEqual((srv.gets, len(srv.bodies)), (0, 0), "the run started")
 
     def test_plot_draws_a_png(self):
         venv = os.environ.get("DSERVE_VENV", "")
@@ -529,13 +542,28 @@ class TestCli(unittest.TestCase):
         srv = FakeServer()
         try:
             with tempfile.TemporaryDirectory() as d:
-                png = os.path.join(d, "p.png")
+                png, js = os.path.join(d, "p.png"), os.path.join(d, "p.json")
                 p = subprocess.run([py, LOADGEN, "--base-url", srv.url, "--num-requests", "4", "--input-len", "4",
                                     "--plot", png, "--quiet"], capture_output=True, text=True, timeout=120)
                 self.assertEqual(p.returncode, 0, p.stderr)
                 self.assertIn("plot written", p.stderr)
                 with open(png, "rb") as f:
                     self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+                # the figure itself: a title that says what ran, a legend on the throughput panel
+                code = ("import json, sys; sys.path.insert(0, %r); import loadgen_stats as s; "
+                        "f = s.plot_figure(json.load(open(sys.argv[1]))); ax = f.axes; "
+                        "print(json.dumps({'title': f._suptitle.get_text(), 'legend': [t.get_text() for a in ax[2:] "
+                        "if a.get_legend() for t in a.get_legend().get_texts()]}))" % os.path.dirname(LOADGEN))
+                p = subprocess.run([py, LOADGEN, "--base-url", srv.url, "--num-requests", "4", "--input-len", "4",
+                                    "--output-len", "5", "--request-rate", "50", "--json-out", js, "--quiet"],
+                                   capture_output=True, text=True, timeout=120)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                p = subprocess.run([py, "-c", code, js], capture_output=True, text=True, timeout=120)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                fig = json.loads(p.stdout)
+                for want in ("fake-model", "random", "in 4, out 5", "rate 50 req/s"):
+                    self.assertIn(want, fig["title"])
+                self.assertEqual(sorted(fig["legend"]), ["output tok/s", "requests done/s"])
         finally:
             srv.close()
 

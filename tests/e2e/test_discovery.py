@@ -201,7 +201,8 @@ class Discovery(Cluster, unittest.TestCase):
         t.join()
         self.assertTrue(all(r and r["status"] == 200 for r in res), res)
         self.assertGreater(peak[0], 150, "six queued prompts of 150+ tokens show as a prefill backlog")
-        self.assertIn('dserve:role_kv_usage_perc{role="decode"}', m)
+        self.assertIn('dserve:role_kv_running_perc{role="decode"}', m)
+        self.assertIn('dserve:role_kv_cached_perc{role="decode"}', m)
         self.assertIn('dserve:role_running{role="decode"}', m)
 
     def test_restart_is_a_new_incarnation(self):

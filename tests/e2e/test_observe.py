@@ -269,6 +269,28 @@ class Observe(unittest.TestCase):
         for worker, role in (("router", "router"), ("p0", "prefill"), ("d0", "decode")):  # every process, none lost
             self.assertEqual(worker_value("dserve:trace_spans_dropped_total", worker, role), 0)
 
+    def test_kv_gauges_split_running_from_cached(self):
+        """An idle worker after a request: its sequences hold no KV block (running 0), its prefix cache does (cached >
+        0); the old usage gauge counts both, which is why autoscaling reads the running one (issue 45 item 8)."""
+        st, b, _ = call(self.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
+        self.assertEqual(st, 200, b)
+        want = {'dserve:worker_kv_running_perc{worker="p0",role="prefill"}': lambda v: v == 0,
+                'dserve:worker_kv_cached_perc{worker="p0",role="prefill"}': lambda v: v > 0,
+                'dserve:role_kv_running_perc{role="prefill"}': lambda v: v == 0,
+                'dserve:role_kv_cached_perc{role="prefill"}': lambda v: v > 0,
+                'dserve:worker_kv_running_perc{worker="d0",role="decode"}': lambda v: v == 0,
+                'dserve:role_kv_running_perc{role="decode"}': lambda v: v == 0}
+        seen = {}
+
+        def idle():  # the gauges follow the workers' stats, once a second
+            seen.update(u.metrics(self.port))
+            return all(k in seen and ok(seen[k]) for k, ok in want.items())
+        self.assertTrue(u.wait_until(idle, 10 * u.SCALE, 0.1), {k: seen.get(k) for k in want})
+        used = seen['dserve:worker_kv_cache_usage_perc{worker="p0",role="prefill"}']
+        cached = seen['dserve:worker_kv_cached_perc{worker="p0",role="prefill"}']
+        self.assertAlmostEqual(used, cached, 6)  # idle: what the old gauge counts is the cache
+        self.assertNotIn("dserve:role_kv_usage_perc", "\n".join(seen))  # replaced by the split
+
     def test_dashboard_queries_name_exported_metrics(self):
         call(self.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
         exported = set(self.scrape())
@@ -292,9 +314,39 @@ class Observe(unittest.TestCase):
             for name in re.findall(r"dserve:[a-zA-Z0-9_:]+", e):
                 base = re.sub(r"_(bucket|sum|count)$", "", name)
                 named.add(base if base in exported else name)
-        missing = sorted(named - exported)
+        # exported only by a router with a "discovery" section (etcd membership): named in members.c instead
+        with open(os.path.join(u.SOURCE_DIR, "router", "members.c")) as f:
+            members_c = f.read()
+        discovery_only = {n for n in named - exported if '"%s"' % n in members_c}
+        self.assertEqual(discovery_only, {"dserve:members", "dserve:member_dial_failures_total"})
+        missing = sorted(named - exported - discovery_only)
         self.assertEqual(missing, [], "the dashboard queries metrics /metrics does not export")
         self.assertGreaterEqual(len(named), 12)
+        for want in ("dserve:role_kv_running_perc", "dserve:role_kv_cached_perc", "dserve:auth_failures_total",
+                     "dserve:worker_kv_running_perc", "dserve:worker_kv_cached_perc"):
+            self.assertIn(want, named)
+        # Grafana's import asks for the data source (__inputs), which becomes the datasource variable's default;
+        # every panel and query reads that variable
+        self.assertEqual([(i["name"], i["type"], i["pluginId"]) for i in dash["__inputs"]],
+                         [("DS_PROMETHEUS", "datasource", "prometheus")])
+        var = [v for v in dash["templating"]["list"] if v["name"] == "datasource"][0]
+        self.assertEqual(var["current"]["value"], "${DS_PROMETHEUS}")
+        ids = [p["id"] for p in dash["panels"]]
+        self.assertEqual(len(ids), len(set(ids)))
+        for p in dash["panels"]:
+            self.assertEqual(p["datasource"]["uid"], "${datasource}", p["title"])
+            for t in p["targets"]:
+                self.assertEqual(t["datasource"]["uid"], "${datasource}", p["title"])
+        cells = set()  # no two panels overlap on the 24-column grid
+        for p in dash["panels"]:
+            g = p["gridPos"]
+            mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+            self.assertFalse(mine & cells, p["title"])
+            self.assertLessEqual(g["x"] + g["w"], 24, p["title"])
+            cells |= mine
+        titles = " ".join(p["title"] for p in dash["panels"])
+        for want in ("KV per role", "per role", "refusals and auth failures"):
+            self.assertIn(want, titles)
 
     def test_trace_of_a_1p1d_request(self):
         trace_id, parent = os.urandom(16).hex(), os.urandom(8).hex()

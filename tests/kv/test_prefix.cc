@@ -132,8 +132,13 @@ TEST_F(Prefix, MatchInsertRoundTripLeavesTheLastToken) {
   EXPECT_EQ(s.hit_tokens[0], (10u + 2 + 3) * BS);
   EXPECT_EQ(s.query_blocks, 10u + 2 + 3);
   EXPECT_EQ(s.inserted, 10u);
+  EXPECT_EQ(s.unused, 0); // the sequence still holds every cached block
   kv_blocks_release(pool, &b);
   EXPECT_EQ(kv_pool_free_blocks(pool), 32 - 10); // the store's blocks
+  EXPECT_EQ(stats().unused, 10);                  // now only the store: cached, evictable
+  std::vector<int32_t> m4 = match(one_more);      // a new sequence holds the first 3 again
+  EXPECT_EQ(stats().unused, 7);
+  unref_all(m4);
   kv_prefix_clear(st);
   EXPECT_EQ(kv_pool_free_blocks(pool), 32);
   EXPECT_TRUE(match(p).empty());

@@ -76,6 +76,20 @@ TEST(Proto, Challenge) {
   cJSON_Delete(j);
 }
 
+TEST(Proto, LinkRefused) {
+  char err[128];
+  cJSON *j = wire(prt_refused_encode(&(const prt_refused &)prt_refused{"it serves model x", "another_model"}, err,
+                                     sizeof err));
+  EXPECT_TRUE(prt_is(j, PRT_OP_REFUSED));
+  prt_refused m;
+  ASSERT_EQ(prt_refused_decode(j, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(m.reason), "it serves model x");
+  EXPECT_EQ(S(m.code), "another_model");
+  refuses<prt_refused>(j, "reason", true, prt_refused_decode, false); // a refusal without its why says nothing
+  refuses<prt_refused>(j, "code", false, prt_refused_decode, false);
+  cJSON_Delete(j);
+}
+
 TEST(Proto, Hello) {
   char err[128];
   prt_hello in = {"router", "r0", "proof", PRT_VERSION, "n0nce", "w0", "127.0.0.1:7001"};
@@ -697,6 +711,7 @@ TEST(Proto, StatsOk) {
   in.prefix_hits = 160;
   in.auth_failures = 0;
   in.trace_spans_dropped = 3;
+  in.evictable_blocks = 12;
   // field by field: a struct assigned whole may leave garbage in its padding, which the memcmp below reads
   in.tiers[PRT_TIER_HOST].present = 1;
   in.tiers[PRT_TIER_HOST].hits = 16;
@@ -708,7 +723,8 @@ TEST(Proto, StatsOk) {
   prt_stats_ok m;
   ASSERT_EQ(prt_stats_ok_decode(j, &m, err, sizeof err), 0) << err;
   EXPECT_EQ(memcmp(&m, &in, sizeof m), 0);
-  for (const char *k : {"running", "free_blocks", "prefix_hits", "auth_failures", "trace_spans_dropped"})
+  for (const char *k :
+       {"running", "free_blocks", "prefix_hits", "auth_failures", "trace_spans_dropped", "evictable_blocks"})
     refuses<prt_stats_ok>(j, k, false, prt_stats_ok_decode, true);
   refuses<prt_stats_ok>(j, "prefix_tiers", false, prt_stats_ok_decode, false);
   cJSON *old = cJSON_Duplicate(j, 1); // a worker from before `refused`: it reads as 0

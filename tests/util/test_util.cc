@@ -1,5 +1,5 @@
 // tests/util/test_util.cc: the byte buffer (growth, binary content, printf, sticky out-of-memory), utl_seterr, the
-// growable array and the monotonic clock.
+// growable array, the monotonic clock and the once-a-minute gate of repeated log lines.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -9,6 +9,7 @@
 #include "util/buf.h"
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/repeat.h"
 #include "util/vec.h"
 
 TEST(Buf, EmptyTakeIsAnEmptyString) {
@@ -109,4 +110,27 @@ TEST(Clock, UnitsAgreeAndNeverGoBack) {
   EXPECT_GE(ms1 - ms0, 19);
   EXPECT_GE(us1, ns1 / 1000); // read after ns1
   EXPECT_NEAR(utl_now_s() * 1e3, utl_now_ms_f(), 5.0);
+}
+
+TEST(Repeat, OncePerPeriodPerKeyWithACountOfWhatWasHeld) {
+  utl_repeat r = {};
+  r.period_ms = 60000;
+  long held = -1;
+  EXPECT_EQ(utl_repeat_pass(&r, "worker d0", 1000, &held), 1); // the first line logs
+  EXPECT_EQ(held, 0);
+  for (int i = 1; i <= 29; i++) EXPECT_EQ(utl_repeat_pass(&r, "worker d0", 1000 + 2000 * i, &held), 0); // every 2 s
+  EXPECT_EQ(utl_repeat_pass(&r, "worker d1", 3000, &held), 1); // another key has its own minute
+  EXPECT_EQ(utl_repeat_pass(&r, "worker d0", 61000, &held), 1); // a minute on: logs, and says what it held
+  EXPECT_EQ(held, 29);
+  EXPECT_EQ(utl_repeat_pass(&r, "worker d0", 62000, &held), 0);
+  EXPECT_EQ(utl_repeat_pass(&r, "worker d0", 121000, &held), 1);
+  EXPECT_EQ(held, 1);
+  // more keys than slots: the stalest is forgotten, and a forgotten key logs at once rather than never
+  for (int i = 0; i < UTL_REPEAT_SLOTS + 4; i++) {
+    std::string k = "k" + std::to_string(i);
+    EXPECT_EQ(utl_repeat_pass(&r, k.c_str(), 200000 + i, &held), 1) << k;
+  }
+  EXPECT_EQ(utl_repeat_pass(&r, "worker d0", 200100, &held), 1);
+  r.period_ms = 0; // no gate: every line
+  EXPECT_EQ(utl_repeat_pass(&r, "worker d0", 200101, &held), 1);
 }
