@@ -264,9 +264,12 @@ static uint64_t mix(uint64_t z) { // splitmix64's finalizer
 
 float mdl_null_logit(const mdl_llama *m, int pos, int32_t tok, int32_t v) {
   (void)m;
-  if (v < NUL_FIRST_WORD || v >= NUL_N_VOCAB) return -20.0f; // finite: a grammar may need a byte or the end
+  // Whitespace is least likely, so that a grammar allowing it anywhere (JSON) still comes to its end under greedy.
+  int b = v - NUL_N_CONTROL;
+  if (b == ' ' || b == '\t' || b == '\n' || b == '\r' || b == 256) return -30.0f;
   uint64_t h = mix(((uint64_t)(uint32_t)pos << 32 | (uint32_t)tok) * 0x9e3779b97f4a7c15ull + (uint64_t)v);
-  return (float)(h >> 40) * (4.0f / 16777216.0f);
+  float x = (float)(h >> 40) * (4.0f / 16777216.0f);
+  return v >= NUL_FIRST_WORD ? x : x - 20.0f; // finite: a grammar may need a byte, a letter or the end
 }
 
 // The logits of one row: the token after tokens[i] of seq, at position pos0 + i.

@@ -47,7 +47,8 @@ typedef struct mdl_null_clock {
 int mdl_null_set_clock(mdl_llama *m, const mdl_null_clock *c, char *err, size_t errlen) UTL_WARN_UNUSED;
 // The step time in microseconds of a batch of n_seqs sequences (what a step waits for).
 int64_t mdl_null_step_us(const mdl_llama *m, const mdl_seq *seqs, int n_seqs);
-// The logit of vocabulary entry v for the token after `tok` at position pos (a word's: [0, 4); other tokens: -20).
+// The logit of vocabulary entry v for the token after `tok` at position pos: a word's in [0, 4), other tokens' in
+// [-20, -16), whitespace (bytes and U+2581 alone) -30.
 float mdl_null_logit(const mdl_llama *m, int pos, int32_t tok, int32_t v);
 
 // For models/llama*.c: load fills m->cfg and m->nul from g (architecture "null"); forward is mdl_llama_forward's
