@@ -200,28 +200,27 @@ async def level(cl, S, args):
             g.extend([0.0] * (n - 1))  # several events read at once: arrived together
             prev = tm
         gaps.extend(g)
-        if g:
-            worst.append(pct(g, 99))
-    failed = sum(1 for s in sts if s.err or (s.done and not s.err))  # ended before we hung up: a failure
+        worst.append(pct(g, 99) if g else float("inf"))  # no two tokens in the window: starved
+    failed = sum(1 for s in sts if s.err or s.done)  # an error, or an end before we hung up
     errs = [s.err for s in sts if s.err][:3]
     wall = t1 - t0
     return {"streams": S, "offered": S * 1000.0 / args.step_ms, "delivered": (ev1 - ev0) / wall,
             "router_cores": (c1 - c0) / wall, "client_cores": ((me1.user - me0.user) + (me1.system - me0.system)) / wall,
             "p50_ms": pct(gaps, 50) * 1000, "p99_ms": pct(gaps, 99) * 1000,
-            "worst_stream_p99_ms": max(worst) * 1000 if worst else float("nan"),
+            "worst_stream_p99_ms": max(worst) * 1000 if worst else float("nan"), "load": os.getloadavg()[0],
             "starved": sum(1 for w in worst if w > 5 * step), "router_rss_mb": rss, "failed": failed,
             "errors": errs, "step_ms": args.step_ms}
 
 
 def table(rows):
     out = ["| streams | offered tok/s | delivered tok/s | delivered | router cores | client cores | gap p50 ms | "
-           "gap p99 ms | worst stream p99 ms | streams p99 > 5x step | router RSS MB | failed |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "gap p99 ms | worst stream p99 ms | streams p99 > 5x step | router RSS MB | failed | load avg |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append("| %d | %.0f | %.0f | %.1f%% | %.2f | %.2f | %.1f | %.1f | %.1f | %d | %.1f | %d |" % (
+        out.append("| %d | %.0f | %.0f | %.1f%% | %.2f | %.2f | %.1f | %.1f | %.1f | %d | %.1f | %d | %.1f |" % (
             r["streams"], r["offered"], r["delivered"], 100.0 * r["delivered"] / r["offered"], r["router_cores"],
             r["client_cores"], r["p50_ms"], r["p99_ms"], r["worst_stream_p99_ms"], r["starved"], r["router_rss_mb"],
-            r["failed"]))
+            r["failed"], r["load"]))
     return "\n".join(out)
 
 
