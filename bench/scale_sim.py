@@ -163,6 +163,7 @@ async def one_stream(port, body, st, stop):
 
 async def level(cl, S, args):
     rpid = cl.router.proc.pid
+    wpids = [p.proc.pid for p in cl.procs if p is not cl.router]
     secs = args.warmup + args.window + args.ramp + 5
     tokens = int(secs * 1000.0 / args.step_ms) + 50
     body = json.dumps({"prompt": " togo guse", "max_tokens": tokens, "stream": True, "temperature": 0}).encode()
@@ -174,14 +175,14 @@ async def level(cl, S, args):
         if args.ramp > 0 and i % 50 == 49:
             await asyncio.sleep(args.ramp * 50.0 / S)
     await asyncio.sleep(args.warmup)
-    t0, c0, me0 = time.monotonic(), cpu_s(rpid), os.times()
+    t0, c0, me0, w0 = time.monotonic(), cpu_s(rpid), os.times(), sum(cpu_s(p) for p in wpids)
     ev0 = sum(s.events for s in sts)
     rss = 0.0
     end = t0 + args.window
     while time.monotonic() < end:
         await asyncio.sleep(0.5)
         rss = max(rss, rss_mb(rpid))
-    t1, c1, me1 = time.monotonic(), cpu_s(rpid), os.times()
+    t1, c1, me1, w1 = time.monotonic(), cpu_s(rpid), os.times(), sum(cpu_s(p) for p in wpids)
     ev1 = sum(s.events for s in sts)
     stop.set()
     for t in tasks:
@@ -205,7 +206,7 @@ async def level(cl, S, args):
     errs = [s.err for s in sts if s.err][:3]
     wall = t1 - t0
     return {"streams": S, "offered": S * 1000.0 / args.step_ms, "delivered": (ev1 - ev0) / wall,
-            "router_cores": (c1 - c0) / wall, "client_cores": ((me1.user - me0.user) + (me1.system - me0.system)) / wall,
+            "router_cores": (c1 - c0) / wall, "worker_cores": (w1 - w0) / wall, "client_cores": ((me1.user - me0.user) + (me1.system - me0.system)) / wall,
             "p50_ms": pct(gaps, 50) * 1000, "p99_ms": pct(gaps, 99) * 1000,
             "worst_stream_p99_ms": max(worst) * 1000 if worst else float("nan"), "load": os.getloadavg()[0],
             "starved": sum(1 for w in worst if w > 5 * step), "router_rss_mb": rss, "failed": failed,
@@ -213,12 +214,12 @@ async def level(cl, S, args):
 
 
 def table(rows):
-    out = ["| streams | offered tok/s | delivered tok/s | delivered | router cores | client cores | gap p50 ms | "
+    out = ["| streams | offered tok/s | delivered tok/s | delivered | router cores | workers' cores | client cores | gap p50 ms | "
            "gap p99 ms | worst stream p99 ms | streams p99 > 5x step | router RSS MB | failed | load avg |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append("| %d | %.0f | %.0f | %.1f%% | %.2f | %.2f | %.1f | %.1f | %.1f | %d | %.1f | %d | %.1f |" % (
-            r["streams"], r["offered"], r["delivered"], 100.0 * r["delivered"] / r["offered"], r["router_cores"],
+        out.append("| %d | %.0f | %.0f | %.1f%% | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %d | %.1f | %d | %.1f |" % (
+            r["streams"], r["offered"], r["delivered"], 100.0 * r["delivered"] / r["offered"], r["router_cores"], r["worker_cores"],
             r["client_cores"], r["p50_ms"], r["p99_ms"], r["worst_stream_p99_ms"], r["starved"], r["router_rss_mb"],
             r["failed"], r["load"]))
     return "\n".join(out)
