@@ -316,7 +316,8 @@ static int parse_worker(cfg_ctx *x, const cJSON *w, int idx, cfg_worker *o, cons
   if (cfg_num(x, w, p, "null_step_ms", &o->null_step_ms, 0, 0, 60000, CFG_DEF_NULL_STEP_MS) ||
       cfg_num(x, w, p, "null_prefill_us_per_token", &o->null_prefill_us_per_token, 0, 0, 1e6,
               CFG_DEF_NULL_PREFILL_US_PER_TOKEN) ||
-      cfg_int(x, w, p, "null_kv_bytes_per_token", &kvb, MDL_NULL_KV_QUANTUM, MDL_NULL_KV_QUANTUM * 4096, CFG_DEF_NULL_KV_BYTES_PER_TOKEN, 0))
+      cfg_int(x, w, p, "null_kv_bytes_per_token", &kvb, MDL_NULL_KV_QUANTUM, MDL_NULL_KV_QUANTUM * 4096,
+              CFG_DEF_NULL_KV_BYTES_PER_TOKEN, 0))
     return -1;
   o->null_kv_bytes_per_token = (long)kvb;
   if (kvb % MDL_NULL_KV_QUANTUM) {
