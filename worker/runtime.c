@@ -59,6 +59,7 @@ int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_
       .type = (krn_type)krn_kv_type_parse(w->kv_type), // config checked the name: f16, f32 or q8_0
       .block_size = w->block_size,
       .shareable = shareable_kv,
+      .unread = cfg->model_null, // the null model never reads its KV: moved pages need not stay resident
   };
   if (w->kv_budget_tokens > 0) // sized in tokens (llama-server's -c): whole blocks of every layer group
     ko.budget_bytes = (size_t)((w->kv_budget_tokens + w->block_size - 1) / w->block_size) *
