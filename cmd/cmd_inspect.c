@@ -7,6 +7,7 @@
 #include "kernels/krn.h"
 #include "models/gguf.h"
 #include "models/llama.h"
+#include "models/null.h"
 #include "models/tokenizer.h"
 
 // help: asked for (stdout, exit 0) or a bad command line (stderr, exit 2)
@@ -221,7 +222,7 @@ int cmd_tokenize(int argc, char **argv) {
   int32_t *ids = NULL;
   size_t n = 0;
   int rc = 1;
-  if (mdl_gguf_open(path, &g, err, sizeof err) != 0 || mdl_tok_load(g, &t, err, sizeof err) != 0 ||
+  if (mdl_model_open(path, NULL, &g, err, sizeof err) != 0 || mdl_tok_load(g, &t, err, sizeof err) != 0 ||
       mdl_tok_encode(t, text, strlen(text), special, &ids, &n, err, sizeof err) != 0) {
     fprintf(stderr, "dserve %s: %s\n", argv[0], err);
     goto done;

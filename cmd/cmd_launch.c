@@ -97,7 +97,7 @@ int cmd_launch(int argc, char **argv) {
     free(json);
     return 2;
   }
-  if (access(cfg->model_path, R_OK))
+  if (!cfg->model_null && access(cfg->model_path, R_OK))
     fprintf(stderr, "dserve launch: warning: model %s is not readable here (%s); its workers will fail to start\n",
             cfg->model_path, strerror(errno));
   // by default the router gets its whole drain (router.drain_timeout_s) plus 5 s before it is killed

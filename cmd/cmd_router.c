@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "ctl/secret.h"
 #include "models/gguf.h"
+#include "models/null.h"
 #include "models/tokenizer.h"
 #include "router/router.h"
 #include "util/log.h"
@@ -84,7 +85,7 @@ int cmd_router(int argc, char **argv) {
   mdl_tok *tok = NULL;
   int n_ctx = 0, rc = 1;
   rtr_server *s = NULL;
-  if (mdl_gguf_open(cfg->model_path, &g, err, sizeof err) < 0 || mdl_tok_load(g, &tok, err, sizeof err) < 0 ||
+  if (mdl_model_open(cfg->model_path, NULL, &g, err, sizeof err) < 0 || mdl_tok_load(g, &tok, err, sizeof err) < 0 ||
       context_length(g, &n_ctx, err, sizeof err) < 0) {
     fprintf(stderr, "dserve router: %s: %s\n", cfg->model_path, err);
     goto out;

@@ -16,6 +16,7 @@
 #include "cmd/overrides.h"
 #include "config/config.h"
 #include "launch/launch.h"
+#include "models/null.h"
 
 static void serve_usage(FILE *f) {
   fprintf(f,
@@ -28,8 +29,8 @@ static void serve_usage(FILE *f) {
           "  %-34s %s\n"
           "  %-34s %s\n"
           "  %-34s %s\n",
-          "-m, --model FILE", "the GGUF (or give it first, without -m)", "--print-config",
-          "print the config these options make, then exit", "--worker-port N",
+          "-m, --model FILE", "the GGUF (or give it first, without -m); null: the null model (docs/design.md)",
+          "--print-config", "print the config these options make, then exit", "--worker-port N",
           "the worker's control port (default: a free one) [workers[0].port]");
   cmd_overrides_usage(f);
 }
@@ -96,7 +97,9 @@ int cmd_serve(int argc, char **argv) {
     return 2;
   }
   char abs_model[PATH_MAX];
-  if (!realpath(model, abs_model) || access(abs_model, R_OK)) {
+  if (mdl_is_null_path(model)) // asked for by name: the null model (a file called null is ./null)
+    snprintf(abs_model, sizeof abs_model, "%s", model);
+  else if (!realpath(model, abs_model) || access(abs_model, R_OK)) {
     fprintf(stderr, "dserve serve: %s: cannot read the model: %s\n", model, strerror(errno));
     return 2;
   }

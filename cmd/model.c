@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/config.h"
+#include "models/null.h"
+
 int cmd_model_opts_ok(const char *cmd, const char *model, const char *kernels) {
   static const char *const known[] = {"auto", "scalar", "avx2", "avx2vnni", "avx512", "amx", "cuda"};
   size_t i = 0;
@@ -56,7 +59,8 @@ int cmd_model_open(cmd_model *e, const char *model, const char *kernels, int thr
     snprintf(err, errlen, "kernels '%s' are not available on this machine (%s)", kernels, CMD_KERNELS);
     return -1;
   }
-  if (mdl_gguf_open(model, &e->g, err, errlen) != 0) return -1;
+  mdl_null_opts no = {CFG_DEF_NULL_STEP_MS, CFG_DEF_NULL_PREFILL_US_PER_TOKEN, CFG_DEF_NULL_KV_BYTES_PER_TOKEN};
+  if (mdl_model_open(model, &no, &e->g, err, errlen) != 0) return -1; // "null": the null model, its defaults
   e->pool = krn_pool_new(threads, err, errlen);
   if (!e->pool) goto fail;
   e->kc.be = be;

@@ -4,6 +4,7 @@
 
 #include "ctl/secret.h"
 #include "kernels/krn.h"
+#include "models/null.h"
 #include "util/json.h"
 
 #include <cjson/cJSON.h>
@@ -99,7 +100,8 @@ static const char *const K_WORKER[] = {"name",    "node",       "role",     "hos
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "kv_budget_tokens", "block_size",
                                        "kv_type", "max_seqs",   "max_batch_tokens", "kvxfer", "prefix_cache_mb",
                                        "prefix_host_mb", "prefix_disk_mb", "prefix_disk_path", "cuda_graphs", "handoff_timeout_ms",
-                                       "table_timeout_ms", "drain_timeout_s", "tpot_target_ms", "spec", NULL};
+                                       "table_timeout_ms", "drain_timeout_s", "tpot_target_ms", "spec", "null_step_ms",
+                                       "null_prefill_us_per_token", "null_kv_bytes_per_token", NULL};
 static const char *const K_KVX[] = {"backend", "host", "port", "staging", "encrypt", NULL};
 static const char *const S_STAGING[] = {"auto", "on", "off", NULL};
 static const char *const S_ONOFF[] = {"off", "on", NULL};
@@ -307,6 +309,25 @@ static int parse_worker(cfg_ctx *x, const cJSON *w, int idx, cfg_worker *o, cons
       cfg_int32(x, w, p, "table_timeout_ms", &o->table_timeout_ms, 1, 86400000, CFG_DEF_TABLE_TIMEOUT_MS, 0) ||
       cfg_int32(x, w, p, "drain_timeout_s", &o->drain_timeout_s, 0, 3600, CFG_DEF_DRAIN_TIMEOUT_S, 0))
     return -1;
+  static const char *const null_keys[] = {"null_step_ms", "null_prefill_us_per_token", "null_kv_bytes_per_token"};
+  for (int i = 0; i < 3 && !x->null_model; i++)
+    if (cfg_item(w, null_keys[i])) {
+      snprintf(field, sizeof field, "%s.%s", p, null_keys[i]);
+      return cfg_fail(x, field, "is for model \"null\" only; this config's model is a GGUF file");
+    }
+  long long kvb;
+  if (cfg_num(x, w, p, "null_step_ms", &o->null_step_ms, 0, 0, 60000, CFG_DEF_NULL_STEP_MS) ||
+      cfg_num(x, w, p, "null_prefill_us_per_token", &o->null_prefill_us_per_token, 0, 0, 1e6,
+              CFG_DEF_NULL_PREFILL_US_PER_TOKEN) ||
+      cfg_int(x, w, p, "null_kv_bytes_per_token", &kvb, MDL_NULL_KV_QUANTUM, MDL_NULL_KV_QUANTUM * 4096,
+              CFG_DEF_NULL_KV_BYTES_PER_TOKEN, 0))
+    return -1;
+  o->null_kv_bytes_per_token = (long)kvb;
+  if (kvb % MDL_NULL_KV_QUANTUM) {
+    snprintf(field, sizeof field, "%s.null_kv_bytes_per_token", p);
+    return cfg_fail(x, field, "%lld is not a multiple of %d (%d layers of K and V, in heads of %d F16 values)", kvb,
+                    MDL_NULL_KV_QUANTUM, MDL_NULL_LAYERS, MDL_NULL_HEAD_DIM);
+  }
   // Default: the prefix cache may keep up to half of the KV pool (unused cached blocks are evicted on demand).
   if (cfg_num(x, w, p, "prefix_cache_mb", &o->prefix_cache_mb, 0, 0, 1e7, o->kv_budget_mb / 2)) return -1;
   // Second tier: blocks evicted from the pool are kept in host DRAM, then in one file on local disk (its path is
@@ -416,9 +437,11 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, cfg_cluste
   if (!cJSON_IsObject(root)) return cfg_fail(x, NULL, "expected a JSON object at the top, got %s", cfg_type_name(root));
   if (cfg_check_keys(x, root, "", K_TOP)) return -1;
   char model[1024];
-  if (cfg_str(x, root, "", "model", model, sizeof model, NULL) ||
-      cfg_resolve_path(x, "model", model, path, c->model_path, sizeof c->model_path))
-    return -1;
+  if (cfg_str(x, root, "", "model", model, sizeof model, NULL)) return -1;
+  // "null" exactly asks for the null model (models/null.h); a file of that name is "./null"
+  c->model_null = x->null_model = !strcmp(model, "null");
+  if (c->model_null) snprintf(c->model_path, sizeof c->model_path, "null");
+  else if (cfg_resolve_path(x, "model", model, path, c->model_path, sizeof c->model_path)) return -1;
   if (cfg_str(x, root, "", "model_name", c->model_name, sizeof c->model_name, "") ||
       cfg_str(x, root, "", "chat_template", c->chat_template, sizeof c->chat_template, "") ||
       cfg_str(x, root, "", "secret", c->secret, sizeof c->secret, "") ||
@@ -529,7 +552,7 @@ static void cfg_where(const char *json, size_t len, size_t off, int *line, int *
 
 int cfg_parse(const char *json, size_t len, const char *path_for_errors, cfg_cluster **out, char *err,
                      size_t errlen) {
-  cfg_ctx x = {path_for_errors, err, errlen};
+  cfg_ctx x = {path_for_errors, err, errlen, 0};
   if (err && errlen) err[0] = 0;
   if (!out) return cfg_fail(&x, NULL, "no output pointer");
   *out = NULL;
@@ -577,7 +600,7 @@ int cfg_parse(const char *json, size_t len, const char *path_for_errors, cfg_clu
 }
 
 int cfg_read_text(const char *path, char **text, size_t *len_out, char *err, size_t errlen) {
-  cfg_ctx x = {path, err, errlen};
+  cfg_ctx x = {path, err, errlen, 0};
   *text = NULL;
   *len_out = 0;
   if (!path) return cfg_fail(&x, NULL, "no path");
@@ -688,4 +711,5 @@ void cfg_worker_defaults(cfg_worker *o) {
   DEFAULT(block_size, CFG_DEF_BLOCK_SIZE);
   DEFAULT(max_seqs, CFG_DEF_MAX_SEQS);
   DEFAULT(max_batch_tokens, CFG_DEF_MAX_BATCH_TOKENS);
+  DEFAULT(null_kv_bytes_per_token, CFG_DEF_NULL_KV_BYTES_PER_TOKEN); // (a zero step time is a valid one)
 }

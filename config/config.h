@@ -48,7 +48,10 @@ enum {
   CFG_DEF_HANDOFF_TIMEOUT_MS = 30000,
   CFG_DEF_TABLE_TIMEOUT_MS = 30000,
   CFG_DEF_KVX_ENCRYPT = 1, // kvxfer.encrypt: seal KV bytes over the tcp backend
+  CFG_DEF_NULL_KV_BYTES_PER_TOKEN = 36864, // the null model (models/null.h): KV bytes per token (F16) ...
 };
+#define CFG_DEF_NULL_STEP_MS 20.0             // ... a step's time whatever its batch ...
+#define CFG_DEF_NULL_PREFILL_US_PER_TOKEN 50.0 // ... and each prompt token's on top
 
 typedef struct cfg_worker {
   char name[64];          // unique in the cluster
@@ -81,6 +84,9 @@ typedef struct cfg_worker {
   int handoff_timeout_ms; // decode: a prompt's KV must arrive this long after the request (plus a per-token allowance)
   int table_timeout_ms;   // prefill: the decode worker's block table must arrive this long after the request
   int drain_timeout_s;    // on SIGTERM: how long running requests may take to finish (0 = stop at once)
+  // model "null" only (models/null.h; a real model refuses them): a step's time, a prompt token's, KV bytes a token
+  double null_step_ms, null_prefill_us_per_token;
+  long null_kv_bytes_per_token;
 } cfg_worker;
 
 typedef struct cfg_router {
@@ -173,7 +179,8 @@ int cfg_parse_discovery(const struct cJSON *j, const char *path, const char *fil
 
 typedef struct cfg_cluster {
   char path[1024];          // the file it came from
-  char model_path[1024];    // resolved against the config file's folder when relative
+  char model_path[1024];    // resolved against the config file's folder when relative; "null": the null model
+  int model_null;           // model is "null" exactly: no weights (models/null.h); a path never falls back to it
   char model_name[128];     // the id /v1/models reports (default: the model file's name without .gguf)
   int max_model_len;        // a request's prompt + max_tokens at most (0: the GGUF's context_length)
   char chat_template[32];   // a chat template family (models/chat.h) chats render with, winning over the Jinja

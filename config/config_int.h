@@ -17,6 +17,7 @@ typedef struct cfg_ctx {
   const char *file; // (borrowed) prefix of every message; may be NULL
   char *err;        // (borrowed) (errlen)
   size_t errlen;
+  int null_model;   // the file's model is "null": the workers' null_* keys apply (else each is refused)
 } cfg_ctx;
 
 // fields.c: each returns 0, or -1 with x->err naming the field ("file: path.key: what is wrong").

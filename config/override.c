@@ -91,6 +91,7 @@ static int ovr_absolute(cJSON *obj, const char *key, const char *dir, char *err,
   if (!child) return 0;
   if (dot) return ovr_absolute(child, dot + 1, dir, err, errlen);
   if (!cJSON_IsString(child) || !child->valuestring[0] || child->valuestring[0] == '/') return 0;
+  if (!strcmp(key, "model") && !strcmp(child->valuestring, "null")) return 0; // the null model's name, no path
   char path[PATH_MAX + 1100];
   snprintf(path, sizeof path, "%s/%s", dir, child->valuestring);
   if (strlen(path) >= 1024) {

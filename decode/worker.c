@@ -427,6 +427,7 @@ static void start(dec_worker *w, dec_seq *s) {
   s->seq.no_reuse = dead && kv_pool_groups(w->sh.rt->kv) == 1;
   s->kv_ms = (double)(utl_now_ms() - s->t_start_ms);
   s->t_run_us = utl_now_us(); // the transfer's tail: from the prefill worker's first token to all of the KV here
+  kv_pool_discard(w->sh.rt->kv, s->seq.blocks.ids, s->seq.blocks.n); // landed: a pool nobody reads lets it go
   wrk_trace_span(&w->sh, &s->req, "kv_transfer", s->t_first_us ? s->t_first_us : s->t_run_us, s->t_run_us,
                  "dserve.kv_bytes", s->kv_bytes);
   if (wrk_engine_start(&w->eng, &s->seq)) {

@@ -1,9 +1,12 @@
 // kv/pool.c: the paged KV block pool: one buffer of pages sized from a byte budget, a locked free list, and the
 // local layer groups' pages that a sequence's sliding window has passed, given back least recently used first.
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kv/pool.h"
 
@@ -21,6 +24,7 @@ struct kv_pool {
   mdl_kv kv;         // kv.base (owned) from kc->be->alloc, or kvx_host_alloc when shared; its maps point below
   size_t bytes;      // size of kv.base
   int shared;        // kv.base is shareable host memory (kvx_host_alloc)
+  int unread;        // opts.unread: kv_pool_discard gives pages back (host memory only)
   kv_stage *stage; // (borrowed) host mirror peers reach instead, or NULL
   int n_groups;      // kv.n_groups, at least 1
   int n_global;      // groups 0 .. n_global - 1 are global, the rest local
@@ -123,6 +127,7 @@ int kv_pool_new(const mdl_llama_cfg *cfg, krn_ctx *kc, const kv_pool_opts *o, kv
   }
   char aerr[256] = "";
   p->shared = o->shareable;
+  p->unread = o->unread && !kc->be->ctx_init; // a backend with a context (cuda) keeps the pool on its device
   // A shareable pool is memfd-backed, so a prefill worker on this host can map it (kvxfer's shm backend).
   if (p->free_ids && p->refs && p->pins && p->lru_prev && p->lru_next && (p->n_groups == 1 || p->page_map))
     p->kv.base = p->shared ? kvx_host_alloc(p->bytes, aerr, sizeof aerr) : kc->be->alloc(kc, p->bytes);
@@ -466,4 +471,23 @@ int kv_blocks_slide(kv_pool *p, kv_blocks *b, int n_pos) {
   pthread_mutex_unlock(&p->mu);
   b->slid = live;
   return n;
+}
+
+void kv_pool_discard(kv_pool *p, const int32_t *ids, int n) {
+  if (!p->unread) return;
+  uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+  size_t chunk = mdl_kv_chunk_bytes(&p->cfg, &p->kv);
+  int parts = mdl_kv_parts(&p->cfg);
+  pthread_mutex_lock(&p->mu); // page_map
+  for (int i = 0; i < n; i++)
+    for (int l = 0; l < p->cfg.n_layer; l++) {
+      int32_t b = ids[i], page = b < 0 || b >= p->kv.n_blocks ? -1 : mdl_kv_page(&p->kv, b, mdl_kv_group_of(&p->kv, l));
+      for (int part = 0; part < parts && page >= 0; part++) {
+        uintptr_t a = (uintptr_t)mdl_kv_chunk(&p->cfg, &p->kv, l, part, page);
+        uintptr_t lo = (a + pg - 1) & ~(pg - 1), hi = (a + chunk) & ~(pg - 1);
+        // a memfd's pages go back with MADV_REMOVE (DONTNEED would only unmap them); others' with DONTNEED
+        if (hi > lo) madvise((void *)lo, hi - lo, p->shared ? MADV_REMOVE : MADV_DONTNEED);
+      }
+    }
+  pthread_mutex_unlock(&p->mu);
 }

@@ -22,6 +22,7 @@ typedef struct kv_pool_opts {
   int block_size;       // 16
   int shareable;        // 1: host memory from kvx_host_alloc (a peer on this host may map it: shm backend)
   int plain;            // 1: one layer group even for a model with sliding-window layers (nothing given back)
+  int unread;           // 1: nothing reads the KV (the null model): kv_pool_discard gives its pages back
 } kv_pool_opts;
 
 // Layer groups (models/llama.h, mdl_kv). For a model with sliding-window layers the pool keeps each block as one page
@@ -63,6 +64,11 @@ int kv_pool_whole(const kv_pool *p, int32_t block);    // 1: held and has every 
 int kv_pool_usable_prefix(const kv_pool *p, const int32_t *ids, int n);
 // Takes n free blocks (each with count 1) into ids (n): all or nothing; -1 when the pool is short.
 int kv_pool_alloc(kv_pool *p, int32_t *ids, int n) UTL_WARN_UNUSED;
+// A pool made with opts.unread (host memory only): the whole memory pages inside blocks ids (n) go back to the
+// system, reading as zeros after, so that KV moved for the null model, which nobody reads, does not stay resident
+// (docs/design.md, "The null model"). Called where a handoff's KV has landed (decode) or been sent (prefill); a
+// no-op for every other pool. Pages a block shares with a neighbour stay.
+void kv_pool_discard(kv_pool *p, const int32_t *ids, int n);
 // The most blocks' worth of pages one sequence of n_tokens positions holds at once when it is computed chunk
 // positions per step: every block with one group; with layer groups, every block's global pages and the window
 // pages of the blocks a step's window reads. More than kv_pool_total_blocks: the pool can never hold it.

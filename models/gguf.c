@@ -418,6 +418,7 @@ void mdl_gguf_close(mdl_gguf *g) {
   if (!g) return;
   free_parts(g);
   if (g->mapped) munmap((void *)g->base, g->size);
+  free(g->owned);
   free(g);
 }
 

@@ -49,6 +49,7 @@ typedef struct mdl_gguf {
   const uint8_t *base;      // (owned mapping unless from_memory) the whole file
   size_t size;
   int mapped;
+  void *owned;              // (owned) a buffer freed at close (the null model's GGUF in memory), or NULL
 } mdl_gguf;
 
 // Open and validate: every length, offset and size is checked against the file; no crash on any input.

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "models/llama_int.h"
+#include "models/null.h"
 
 const mdl_llama_cfg *mdl_llama_config(const mdl_llama *m) { return &m->cfg; }
 
@@ -48,6 +49,7 @@ static void free_scratch(mdl_llama *m) {
 
 void mdl_llama_free(mdl_llama *m) {
   if (!m) return;
+  mdl_null_free(m);
   if (m->graphs) drop_graphs(m);
   free_scratch(m);
   mdl_moe_free(m);
@@ -305,6 +307,7 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
 
 int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
                       mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) {
+  if (m->nul) return mdl_null_forward(m, seqs, n_seqs, logits, 0, on_layer, on_layer_arg, err, errlen);
   return forward(m, kv, seqs, n_seqs, logits, 0, on_layer, on_layer_arg, err, errlen);
 }
 
@@ -314,6 +317,7 @@ int mdl_llama_forward_all(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seq, fl
     snprintf(err, errlen, "forward: logits wanted but no output buffer");
     return -1;
   }
+  if (m->nul) return mdl_null_forward(m, seq, 1, logits, 1, NULL, NULL, err, errlen);
   return forward(m, kv, seq, 1, logits, 1, NULL, NULL, err, errlen);
 }
 

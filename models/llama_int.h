@@ -92,8 +92,11 @@ typedef struct mdl_graph_key {
 
 #define MDL_GRAPHS 8 // recorded decode steps kept (round robin)
 
+typedef struct mdl_null mdl_null;
+
 struct mdl_llama {
   mdl_llama_cfg cfg;
+  mdl_null *nul;       // (owned) the null model's state (architecture "null", models/null.c), else NULL
   const mdl_gguf *g;   // (borrowed)
   krn_ctx *kc;         // (borrowed)
   int on_host;         // 1: weights used in place from the mapping

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "models/llama_int.h"
+#include "models/null.h"
 
 static int get_int(const mdl_gguf *g, const char *arch, const char *key, int required, int dflt, int *out, char *err,
                    size_t errlen) {
@@ -384,8 +385,9 @@ int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o,
   }
   char arch[32];
   snprintf(arch, sizeof arch, "%.*s", (int)(a.n < 31 ? a.n : 31), a.p);
+  int is_null = mdl_str_eq(a, MDL_NULL_NAME); // no weights: these same functions run it (models/null.h)
   int ai = a.n < 31 ? arch_index(arch) : -1, mla = !strcmp(arch, "deepseek2");
-  if (ai < 0) {
+  if (ai < 0 && !is_null) {
     char list[256] = "";
     for (int i = 0; i < N_ARCHS; i++) {
       size_t l = strlen(list);
@@ -418,6 +420,14 @@ int mdl_llama_load_opts(const mdl_gguf *g, krn_ctx *kc, const mdl_llama_opts *o,
     snprintf(err, errlen, "model: F32 weights (a scoring reference) are for the cpu backends, not %s", kc->be->name);
     free(m);
     return -1;
+  }
+  if (is_null) {
+    if (mdl_null_load(m, g, err, errlen)) {
+      mdl_llama_free(m);
+      return -1;
+    }
+    *out = m;
+    return 0;
   }
   mdl_llama_cfg *c = &m->cfg;
   snprintf(c->arch, sizeof c->arch, "%s", arch);

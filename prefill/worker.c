@@ -32,6 +32,7 @@ static void req_free(pfl_worker *w, pfl_req *r) {
   if (r->pull) r->pull->req = NULL; // the fetch's blocks stay reserved until the peer answers
   for (int i = 0; i < r->n_xf; i++) kvx_xfer_free(r->xf[i]);
   free(r->xf);
+  kv_pool_discard(w->sh.rt->kv, r->seq.blocks.ids, r->seq.blocks.n); // sent: a pool nobody reads lets it go
   wrk_engine_remove(&w->eng, &r->seq);
   wrk_seq_fini(&r->seq, w->sh.rt->kv);
   mdl_sampler_free(r->sampler);

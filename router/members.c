@@ -324,7 +324,8 @@ int rtr_members_start(rtr_server *s, char *err, size_t errlen) {
   mdl_str arch = {0};
   if (s->gguf) mdl_gguf_get_str(s->gguf, "general.architecture", &arch);
   snprintf(s->fp.arch, sizeof s->fp.arch, "%.*s", (int)arch.n, arch.p ? arch.p : "");
-  if (dsc_file_hash(s->cfg->model_path, s->fp.file_hash, sizeof s->fp.file_hash, err, errlen)) return -1;
+  if (s->cfg->model_null) snprintf(s->fp.file_hash, sizeof s->fp.file_hash, "null"); // as worker/shell.c says it
+  else if (dsc_file_hash(s->cfg->model_path, s->fp.file_hash, sizeof s->fp.file_hash, err, errlen)) return -1;
   rtr_members *ms = calloc(1, sizeof *ms);
   if (!ms) {
     snprintf(err, errlen, "out of memory");

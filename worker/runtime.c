@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/null.h"
+
 static const krn_backend *pick_backend(const cfg_worker *w, char *err, size_t errlen) {
   if (!strncmp(w->device, "cuda", 4)) {
     const krn_backend *be = krn_cuda();
@@ -36,7 +38,8 @@ int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_
   char e[512] = "";
   const krn_backend *be = pick_backend(w, e, sizeof e);
   if (!be) goto fail;
-  if (mdl_gguf_open(cfg->model_path, &rt->gguf, e, sizeof e)) goto fail;
+  mdl_null_opts no = {w->null_step_ms, w->null_prefill_us_per_token, w->null_kv_bytes_per_token};
+  if (mdl_model_open(cfg->model_path, cfg->model_null ? &no : NULL, &rt->gguf, e, sizeof e)) goto fail;
   if (mdl_tok_load(rt->gguf, &rt->tok, e, sizeof e)) goto fail;
   rt->pool = krn_pool_new(w->threads > 0 ? w->threads : 1, e, sizeof e);
   if (!rt->pool) goto fail;
@@ -61,6 +64,7 @@ int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_
       .type = (krn_type)krn_kv_type_parse(w->kv_type), // config checked the name: f16, f32 or q8_0
       .block_size = w->block_size,
       .shareable = shareable_kv,
+      .unread = cfg->model_null, // the null model never reads its KV: moved pages need not stay resident
   };
   if (w->kv_budget_tokens > 0) // sized in tokens (llama-server's -c): whole blocks of every layer group
     ko.budget_bytes = (size_t)((w->kv_budget_tokens + w->block_size - 1) / w->block_size) *

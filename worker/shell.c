@@ -61,7 +61,8 @@ static int join_cluster(wrk_shell *sh, char *err, size_t errlen) {
   snprintf(m.fp.arch, sizeof m.fp.arch, "%.*s", (int)arch.n, arch.p ? arch.p : "");
   snprintf(m.fp.kv_type, sizeof m.fp.kv_type, "%s", wc->kv_type[0] ? wc->kv_type : "f16");
   m.fp.block_size = wc->block_size;
-  if (dsc_file_hash(sh->cfg->model_path, m.fp.file_hash, sizeof m.fp.file_hash, err, errlen)) return -1;
+  if (sh->cfg->model_null) snprintf(m.fp.file_hash, sizeof m.fp.file_hash, "null"); // no file: the build's vocabulary
+  else if (dsc_file_hash(sh->cfg->model_path, m.fp.file_hash, sizeof m.fp.file_hash, err, errlen)) return -1;
   struct timeval tv;
   gettimeofday(&tv, NULL);
   m.incarnation = (int64_t)tv.tv_sec * 1000000 + tv.tv_usec;

@@ -344,6 +344,7 @@ class Cluster:
 class DiscoCluster:
     """A TestCase mixin: a real etcd, a router watching it and workers that register there (no config lists them);
     every process an e2e_util.Proc in self.procs, stopped (and the temp dir removed) by the test's cleanup."""
+    model = MODEL  # a subclass may serve another ("null": the null model)
 
     def start_cluster(self, router, tag="disco", lease_ttl_s=2):
         """etcd and the router (router: its config's "router" section, less the port) in a temp dir."""
@@ -358,7 +359,7 @@ class DiscoCluster:
         self.addCleanup(self._cleanup)
         self.discovery = {"etcd": [self.etcd.url], "cluster": "e2e", "lease_ttl_s": lease_ttl_s}
         self.port = free_ports(1)[0]
-        cfg = {"model": MODEL, "discovery": self.discovery, "router": dict(router, port=self.port)}
+        cfg = {"model": self.model, "discovery": self.discovery, "router": dict(router, port=self.port)}
         self.router = self._start(["router", "--config", self._write("router.json", cfg)], "router.log")
 
     def _cleanup(self):
@@ -389,7 +390,7 @@ class DiscoCluster:
              # no prefix cache: the KV-aware policy would keep the two prompts where they are cached
              "prefix_cache_mb": 0}
         w.update(kw)
-        cfg = {"model": MODEL, "discovery": self.discovery, "workers": [w]}
+        cfg = {"model": self.model, "discovery": self.discovery, "workers": [w]}
         return self._start([role, "--config", self._write(log + ".json", cfg), "--name", name], log + ".log")
 
     def linked(self, name, timeout=60, role="decode|prefill"):
