@@ -17,6 +17,10 @@
 #include "kvstore/kvstore.h"
 #include "util/err.h"
 
+#ifdef __cplusplus
+extern "C" { // the tests check the slots and the value size
+#endif
+
 // ---- kvs_value.c
 // A value: header (KVS_HDR bytes, little-endian: "DSVK", version u32, space[32], key u64, parent u64,
 // block_tokens u32, reserved u32 (0), payload length u64), then block_tokens int32 tokens, the payload, then the
@@ -139,4 +143,7 @@ void kvs_probe_due(kvs *s, int timeout_ms);
 // kvs_write.c: writes a batch taken from the queue (the write-behind thread); frees the items.
 void kvs_write_batch(kvs *s, kvs_item **items, int n);
 
+#ifdef __cplusplus
+}
+#endif
 #endif
