@@ -117,6 +117,7 @@ struct kvs {
   pthread_cond_t done_cv;      // wakes kvs_flush: a batch finished
   kvs_topo topo;
   int need_refresh;            // cluster: a MOVED was seen, or the map is missing: reload CLUSTER SLOTS
+  int64_t refresh_ms;          // when the map was last asked for (at most one try per KVS_BACKOFF_MIN_MS)
   kvs_item *head, *tail;       // the queue (owned)
   size_t q_bytes;              // queued plus in flight
   uint64_t enq, done;          // blocks queued / finished (written, skipped or dropped) so far

@@ -138,7 +138,10 @@ static int walk(kvs *s, const kvs_block *blocks, rd_blk *b, int cut, int final) 
       } else {
         b[i].node = nd;
         b[i].st = kind == 1 ? B_MOVED : B_ASK;
-        if (kind == 1) s->need_refresh = 1; // the write-behind thread reloads the map
+        if (kind == 1) { // the write-behind thread reloads the map
+          s->need_refresh = 1;
+          pthread_cond_signal(&s->cv);
+        }
       }
     } else if (r->type == REDIS_REPLY_STRING) {
       pthread_mutex_unlock(&s->mu); // the MAC is the costly part: not under mu

@@ -105,6 +105,7 @@ int kvs_probe_node(kvs *s, int i, int64_t deadline) {
 // Cluster: asks the first node that answers for CLUSTER SLOTS and loads the map.
 static void refresh_map(kvs *s, int64_t deadline) {
   pthread_mutex_lock(&s->mu);
+  s->refresh_ms = utl_now_ms();
   int nn = s->topo.n_nodes;
   pthread_mutex_unlock(&s->mu);
   for (int i = 0; i < nn; i++) {
@@ -122,6 +123,7 @@ static void refresh_map(kvs *s, int64_t deadline) {
     int ok = rc == KVS_C_OK && kvs_topo_load(&s->topo, r, n->host, err, sizeof err) == 0;
     if (ok) {
       s->need_refresh = 0;
+      s->st.map_loads++;
     } else if (rc != KVS_C_OK) {
       s->st.errors++;
       kvs_mark_down(s, i, "CLUSTER SLOTS failed");

@@ -22,8 +22,8 @@ static void *writer(void *arg) {
     for (int i = 0; i < s->topo.n_nodes; i++)
       if (s->topo.nodes[i]->down && (next < 0 || s->topo.nodes[i]->next_probe_ms < next))
         next = s->topo.nodes[i]->next_probe_ms;
-    if (s->c.cluster && (s->need_refresh || !s->topo.have_map) && (next < 0 || next > now + KVS_BACKOFF_MIN_MS))
-      next = now + KVS_BACKOFF_MIN_MS;
+    int64_t refresh = s->refresh_ms + KVS_BACKOFF_MIN_MS;
+    if (s->c.cluster && (s->need_refresh || !s->topo.have_map) && (next < 0 || next > refresh)) next = refresh;
     if (next >= 0 && next <= now) {
       pthread_mutex_unlock(&s->mu);
       kvs_probe_due(s, s->write_timeout_ms);

@@ -66,6 +66,7 @@ typedef struct kvs_stats {
   uint64_t errors, timeouts, mac_failures, mismatches, queue_drops;
   uint64_t auth_failures; // AUTH refused (a wrong password): each time, though it is logged once per endpoint
   uint64_t read_skipped;  // read runs answered 0 at once: the store (or the first block's node) is down, backing off
+  uint64_t map_loads;     // cluster: CLUSTER SLOTS answers loaded (at open, then after a MOVED or a node's return)
   int up; // 1 when the last round trip succeeded
 } kvs_stats;
 void kvs_stats_get(kvs *s, kvs_stats *out);

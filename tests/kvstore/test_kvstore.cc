@@ -322,6 +322,28 @@ TEST(Kvstore, WriteQueueOverflowDrops) {
   kvs_close(s);
 }
 
+TEST(Kvstore, SlowStoreTimesOut) {
+  REQUIRE_REDIS();
+  Redis r;
+  ASSERT_TRUE(r.start());
+  Cfg f({r.port});
+  f.c.read_timeout_ms = 100;
+  kvs *s = open_ok(f.c);
+  Chain ch(2, 11);
+  ASSERT_EQ(ch.write(s), 2);
+  ASSERT_EQ(kvs_flush(s, 10000), 0);
+  // Every command waits 1.5 s: a store too slow for the budget. (No UNPAUSE: redis-cli itself would wait.)
+  ASSERT_EQ(r.cli("CLIENT PAUSE 1500 ALL"), "OK");
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(ch.read(s), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "the budget bounds the wait";
+  EXPECT_EQ(stats(s).timeouts, 1u);
+  EXPECT_EQ(ch.read(s), 0);
+  EXPECT_EQ(stats(s).read_skipped, 1u) << "backing off: answered at once";
+  EXPECT_TRUE(wait_for([&] { return ch.read(s) == 2; }));
+  kvs_close(s);
+}
+
 TEST(Kvstore, TtlApplied) {
   REQUIRE_REDIS();
   Redis r;
@@ -366,15 +388,46 @@ TEST(Kvstore, ClusterSpreadsAndSurvivesADeadMaster) {
   EXPECT_EQ(ch.read(s), 30);
   for (int i = 0; i < 30; i++) ASSERT_EQ(ch.out[i], ch.pay[i]) << i;
   int owner[30], total = 0;
+  auto owners = [&] {
+    for (int k = 0; k < 3; k++) {
+      std::string keys = n[k].cli("KEYS 'dsv:*'");
+      for (int i = 0; i < 30; i++)
+        if (keys.find(key_of(f.c, ch.b[i].key)) != std::string::npos) owner[i] = k;
+    }
+  };
+  owners();
   for (int k = 0; k < 3; k++) {
     int keys = std::stoi(n[k].cli("DBSIZE"));
     EXPECT_GT(keys, 0) << "node " << k << " holds none";
     total += keys;
-    for (int i = 0; i < 30; i++)
-      if (n[k].cli("EXISTS " + key_of(f.c, ch.b[i].key)) == "1") owner[i] = k;
   }
   EXPECT_EQ(total, 30);
   EXPECT_EQ(stats(s).errors, 0u);
+
+  // Resharding: block 0's slot moves from its node a to b. While it migrates (the key already on b) a answers ASK;
+  // once b owns the slot, a answers MOVED. Both are followed, within the run.
+  int a = owner[0], b = (a + 1) % 3;
+  std::string k0 = key_of(f.c, ch.b[0].key), slot = std::to_string(kvs_key_slot(k0.data(), k0.size()));
+  std::string ida = n[a].cli("CLUSTER MYID"), idb = n[b].cli("CLUSTER MYID");
+  ASSERT_EQ(n[b].cli("CLUSTER SETSLOT " + slot + " IMPORTING " + ida), "OK");
+  ASSERT_EQ(n[a].cli("CLUSTER SETSLOT " + slot + " MIGRATING " + idb), "OK");
+  ASSERT_EQ(n[a].cli("MIGRATE 127.0.0.1 " + std::to_string(n[b].port) + " " + k0 + " 0 5000"), "OK");
+  ASSERT_EQ(n[a].cli("GET " + k0).rfind("ASK", 0), 0u) << n[a].cli("GET " + k0);
+  std::fill(ch.out[0].begin(), ch.out[0].end(), 0);
+  EXPECT_EQ(ch.read(s), 30) << "ASK followed";
+  EXPECT_EQ(ch.out[0], ch.pay[0]);
+  for (int k = 0; k < 3; k++) ASSERT_EQ(n[k].cli("CLUSTER SETSLOT " + slot + " NODE " + idb), "OK");
+  ASSERT_EQ(n[a].cli("GET " + k0).rfind("MOVED", 0), 0u) << n[a].cli("GET " + k0);
+  std::fill(ch.out[0].begin(), ch.out[0].end(), 0);
+  uint64_t loads = stats(s).map_loads;
+  EXPECT_GE(loads, 1u);
+  EXPECT_EQ(ch.read(s), 30) << "MOVED followed";
+  EXPECT_EQ(ch.out[0], ch.pay[0]);
+  EXPECT_TRUE(wait_for([&] { return stats(s).map_loads > loads; })) << "a MOVED reloads the map";
+  EXPECT_EQ(ch.read(s), 30) << "after the map's reload";
+  EXPECT_EQ(stats(s).errors, 0u);
+  owners();
+  ASSERT_EQ(owner[0], b);
   // Kill the master of the first block that is not on block 0's node: the run ends right before it.
   int j = 1;
   while (j < 30 && owner[j] == owner[0]) j++;
