@@ -18,9 +18,15 @@ typedef struct rd_blk {
 // The read connection of node i, opened when missing: it, or NULL (the node is marked down). Under read_mu.
 static kvs_conn *read_conn(kvs *s, int i, int64_t deadline) {
   kvs_node *n = s->topo.nodes[i];
-  if (n->rc) return n->rc;
+  pthread_mutex_lock(&s->mu);
+  unsigned epoch = n->epoch;
+  pthread_mutex_unlock(&s->mu);
+  if (n->rc && n->rc_epoch == epoch) return n->rc;
+  kvs_conn_close(n->rc); // the node failed since (for the writer, say): the store may have restarted
+  n->rc = NULL;
   char err[256] = "";
   kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->password, deadline, &n->rc, err, sizeof err);
+  n->rc_epoch = epoch;
   if (rc == KVS_C_OK) return n->rc;
   pthread_mutex_lock(&s->mu);
   if (rc == KVS_C_TIMEOUT || utl_now_ms() >= deadline) s->st.timeouts++;

@@ -35,6 +35,7 @@ void kvs_mark_down(kvs *s, int i, const char *why) {
   int b = n->down && n->backoff_ms ? n->backoff_ms * 2 : KVS_BACKOFF_MIN_MS;
   n->backoff_ms = b > KVS_BACKOFF_MAX_MS ? KVS_BACKOFF_MAX_MS : b;
   n->down = 1;
+  n->epoch++;
   n->next_probe_ms = now + n->backoff_ms;
   s->st.up = 0;
   if (!n->logged) {

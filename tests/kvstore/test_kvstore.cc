@@ -295,7 +295,9 @@ TEST(Kvstore, KilledMidRun) {
   EXPECT_EQ(stats(s).read_skipped, st.read_skipped + 1);
   ASSERT_TRUE(r.start()); // empty again (no persistence)
   EXPECT_TRUE(wait_for([&] { return stats(s).up == 1; }));
+  st = stats(s);
   EXPECT_EQ(ch.read(s), 0);
+  EXPECT_EQ(stats(s).errors, st.errors) << "a miss on a fresh connection, not a failure on the old one";
   EXPECT_EQ(ch.write(s), 4) << "the store came back (maybe empty): blocks known present are checked again";
   ASSERT_EQ(kvs_flush(s, 10000), 0);
   EXPECT_EQ(ch.read(s), 4);
