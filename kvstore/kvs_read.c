@@ -25,7 +25,7 @@ static kvs_conn *read_conn(kvs *s, int i, int64_t deadline) {
   kvs_conn_close(n->rc); // the node failed since (for the writer, say): the store may have restarted
   n->rc = NULL;
   char err[256] = "";
-  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->password, deadline, &n->rc, err, sizeof err);
+  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &n->rc, err, sizeof err);
   n->rc_epoch = epoch;
   if (rc == KVS_C_OK) return n->rc;
   pthread_mutex_lock(&s->mu);

@@ -68,7 +68,7 @@ int kvs_probe_node(kvs *s, int i, int64_t deadline) {
   kvs_node *n = s->topo.nodes[i]; // host and port never change; fields under mu are read under it
   char err[256] = "";
   kvs_conn *c = NULL;
-  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->password, deadline, &c, err, sizeof err);
+  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &c, err, sizeof err);
   if (rc == KVS_C_OK) {
     redisReply *r = NULL;
     const char *argv[1] = {"PING"};

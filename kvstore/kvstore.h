@@ -21,7 +21,9 @@ typedef struct kvs_config {
   const char *const *endpoints; int n_endpoints; // "host:port"; with cluster, seed nodes
   int cluster;                                   // 1: Redis Cluster (CLUSTER SLOTS, CRC16 slots, MOVED/ASK)
   const char *password;                          // NULL: no AUTH (the config reads password_file)
-  const char *tls_ca, *tls_cert, *tls_key;       // all NULL: plain TCP
+  const char *tls_ca, *tls_cert, *tls_key;       // PEM files; all NULL: plain TCP. Any set: TLS, the store's
+                                                 // certificate checked against tls_ca (NULL: the system's) and the
+                                                 // endpoint; cert and key (both or neither): ours
   int read_timeout_ms;                           // a read run's whole budget (0: the default, 50)
   int ttl_s;                                     // 0: no expiry (the store's eviction policy decides)
   size_t write_queue_bytes;                      // write-behind queue bound (0: the default, 64 MiB); past it blocks

@@ -71,10 +71,26 @@ inline std::string run(const std::string &cmd) {
   return out;
 }
 
+// Writes a test CA (ca.crt), a server certificate for 127.0.0.1 (srv.crt, srv.key), a client certificate
+// (cli.crt, cli.key) and an unrelated CA (other.crt) into dir: whether openssl made them all.
+inline bool make_certs(const std::string &dir) {
+  std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  std::string cmd = "cd '" + dir + "' && printf 'subjectAltName=IP:127.0.0.1' > ext && " +
+                    "openssl req -x509" + ec + " -keyout ca.key -out ca.crt -days 2 -subj /CN=kvs-test-ca && " +
+                    "openssl req -x509" + ec + " -keyout other.key -out other.crt -days 2 -subj /CN=kvs-other-ca && " +
+                    "openssl req" + ec + " -keyout srv.key -out srv.csr -subj /CN=127.0.0.1 && " +
+                    "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt -days 2 "
+                    "-extfile ext && " +
+                    "openssl req" + ec + " -keyout cli.key -out cli.csr -subj /CN=kvs-test-client && " +
+                    "openssl x509 -req -in cli.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out cli.crt -days 2";
+  return std::system(("(" + cmd + ") >/dev/null 2>&1").c_str()) == 0;
+}
+
 struct Redis {
   int port = 0;
   pid_t pid = -1;
   std::string dir, password;
+  bool tls = false; // TLS only (--port 0 --tls-port), certificates from make_certs(dir), client certificates required
 
   Redis() {
     char tmpl[] = "/tmp/dserve-kvs-XXXXXX";
@@ -87,12 +103,19 @@ struct Redis {
   }
   std::string cli(const std::string &args) const {
     std::string auth = password.empty() ? "" : " -a '" + password + "' --no-auth-warning";
-    return run("redis-cli -p " + std::to_string(port) + auth + " " + args);
+    std::string t = tls ? " --tls --cacert '" + dir + "/ca.crt' --cert '" + dir + "/cli.crt' --key '" + dir +
+                              "/cli.key'"
+                        : "";
+    return run("redis-cli -p " + std::to_string(port) + t + auth + " " + args);
   }
   // Starts redis-server (extra: more arguments) and waits until it answers PING: true, or false after 10 s.
   bool start(const std::vector<std::string> &extra = {}) {
     std::vector<std::string> args = {"redis-server", "--port", std::to_string(port), "--bind", "127.0.0.1",
                                      "--save", "", "--appendonly", "no", "--dir", dir};
+    if (tls)
+      args = {"redis-server", "--port", "0", "--tls-port", std::to_string(port), "--tls-cert-file", dir + "/srv.crt",
+              "--tls-key-file", dir + "/srv.key", "--tls-ca-cert-file", dir + "/ca.crt", "--tls-auth-clients", "yes",
+              "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir};
     if (!password.empty()) args.insert(args.end(), {"--requirepass", password});
     args.insert(args.end(), extra.begin(), extra.end());
     pid = fork();
