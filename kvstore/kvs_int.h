@@ -82,6 +82,8 @@ typedef struct kvs_node {
   kvs_conn *rc;           // (owned) the readers' connection; only under kvs.read_mu
   unsigned rc_epoch;      // the node's epoch when rc was opened (under kvs.read_mu)
   unsigned epoch;         // counts the node's failures (under kvs.mu): an rc from an older epoch is dropped
+  kvs_conn *spare;        // (owned) a read connection a probe opened, for the readers to take (under kvs.mu)
+  unsigned spare_epoch;   // the node's epoch when spare was opened (under kvs.mu)
   kvs_conn *wc;           // (owned) the write-behind thread's connection; only that thread
   int down;               // 1: reads and writes skip this node until a probe reaches it (under kvs.mu)
   int64_t next_probe_ms;  // when the next probe may run (under kvs.mu)

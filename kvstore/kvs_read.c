@@ -20,10 +20,17 @@ static kvs_conn *read_conn(kvs *s, int i, int64_t deadline) {
   kvs_node *n = s->topo.nodes[i];
   pthread_mutex_lock(&s->mu);
   unsigned epoch = n->epoch;
+  kvs_conn *spare = NULL;
+  if (!(n->rc && n->rc_epoch == epoch) && n->spare && n->spare_epoch == epoch) {
+    spare = n->spare; // the probe's: connected, authenticated
+    n->spare = NULL;
+  }
   pthread_mutex_unlock(&s->mu);
   if (n->rc && n->rc_epoch == epoch) return n->rc;
   kvs_conn_close(n->rc); // the node failed since (for the writer, say): the store may have restarted
-  n->rc = NULL;
+  n->rc = spare;
+  n->rc_epoch = epoch;
+  if (spare) return spare;
   char err[256] = "";
   kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &n->rc, err, sizeof err);
   n->rc_epoch = epoch;

@@ -82,10 +82,20 @@ int kvs_probe_node(kvs *s, int i, int64_t deadline) {
     }
     if (r) freeReplyObject(r);
   }
+  // A second connection for the readers, so that a read after an outage spends its budget on GETs rather than on a
+  // connect, a TLS handshake and AUTH (which, over a slow link, could alone outlast it and mark the node down again).
+  // Without one the readers connect themselves.
+  kvs_conn *spare = NULL;
+  char err2[256];
+  if (rc == KVS_C_OK && kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &spare, err2, sizeof err2))
+    spare = NULL;
   pthread_mutex_lock(&s->mu);
   if (rc != KVS_C_OK) {
     kvs_conn_failed(s, i, rc, err);
   } else {
+    kvs_conn_close(n->spare); // an older one the readers never took
+    n->spare = spare;
+    n->spare_epoch = n->epoch;
     if (n->logged) utl_log(KVS_LOGC, "store %s:%d reachable again", n->host, n->port);
     // It may have restarted empty: what we knew present may be gone, so writes check again (EXISTS) from now.
     if (n->logged) memset(s->recent, 0, sizeof s->recent);
