@@ -114,7 +114,7 @@ int kvs_split_endpoint(const char *ep, char *host, size_t hostlen, int *port);
 #define KVS_RECENT 4096        // keys known present (direct-mapped): writes of them are skipped
 #define KVS_BATCH 64           // blocks the write-behind thread takes at once
 #define KVS_BACKOFF_MIN_MS 100 // first wait before probing a node that failed
-#define KVS_BACKOFF_MAX_MS 2000 // the longest
+#define KVS_BACKOFF_MAX_MS 1000 // the longest: a store that returns is used again within about a second
 
 typedef struct kvs_item { // one queued write, with its tokens and payload after it in the same allocation
   struct kvs_item *next;

@@ -39,8 +39,8 @@ void kvs_mark_down(kvs *s, int i, const char *why) {
   n->next_probe_ms = now + n->backoff_ms;
   s->st.up = 0;
   if (!n->logged) {
-    utl_warn(KVS_LOGC, "store %s:%d unavailable (%s): its blocks are misses until a background probe reaches it", n->host,
-             n->port, why);
+    utl_warn(KVS_LOGC, "store %s:%d unavailable (%s): its blocks are misses until a background probe reaches it",
+             n->host, n->port, why);
     n->logged = 1;
   }
   pthread_cond_signal(&s->cv); // the thread recomputes when to probe

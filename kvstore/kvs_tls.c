@@ -93,7 +93,9 @@ kvs_conn_rc kvs_tls_connect(SSL_CTX *ctx, int fd, const char *host, int64_t dead
     int r = SSL_connect(ssl);
     if (r == 1) break;
     int e = SSL_get_error(ssl, r);
-    int w = e == SSL_ERROR_WANT_READ ? wait_fd(fd, 1, deadline_ms) : e == SSL_ERROR_WANT_WRITE ? wait_fd(fd, 0, deadline_ms) : -1;
+    int w = e == SSL_ERROR_WANT_READ    ? wait_fd(fd, 1, deadline_ms)
+            : e == SSL_ERROR_WANT_WRITE ? wait_fd(fd, 0, deadline_ms)
+                                        : -1;
     if (w > 0) continue;
     if (w == 0) {
       utl_seterr(err, errlen, "TLS handshake with %s: timed out", host);
