@@ -427,7 +427,20 @@ TEST(Kvstore, ClusterSpreadsAndSurvivesADeadMaster) {
   std::fill(ch.out[0].begin(), ch.out[0].end(), 0);
   EXPECT_EQ(ch.read(s), 30) << "ASK followed";
   EXPECT_EQ(ch.out[0], ch.pay[0]);
+  // A write of a block in the migrating slot goes through ASK too.
+  Chain extra(2, 13);
+  for (uint64_t k = 1000;; k++) { // a chain key whose block falls in the slot
+    std::string name = key_of(f.c, k);
+    if (std::to_string(kvs_key_slot(name.data(), name.size())) == slot) {
+      extra.b[0].key = k;
+      break;
+    }
+  }
+  extra.b[1].parent = extra.b[0].key;
+  ASSERT_EQ(extra.write(s, 0, 1), 1);
+  ASSERT_EQ(kvs_flush(s, 10000), 0);
   for (int k = 0; k < 3; k++) ASSERT_EQ(n[k].cli("CLUSTER SETSLOT " + slot + " NODE " + idb), "OK");
+  EXPECT_EQ(n[b].cli("EXISTS " + key_of(f.c, extra.b[0].key)), "1") << "written through ASK";
   ASSERT_EQ(n[a].cli("GET " + k0).rfind("MOVED", 0), 0u) << n[a].cli("GET " + k0);
   std::fill(ch.out[0].begin(), ch.out[0].end(), 0);
   uint64_t loads = stats(s).map_loads;
@@ -436,6 +449,22 @@ TEST(Kvstore, ClusterSpreadsAndSurvivesADeadMaster) {
   EXPECT_EQ(ch.out[0], ch.pay[0]);
   EXPECT_TRUE(wait_for([&] { return stats(s).map_loads > loads; })) << "a MOVED reloads the map";
   EXPECT_EQ(ch.read(s), 30) << "after the map's reload";
+  // A write to a node that gave its (empty) slot away since the map was loaded: MOVED, followed.
+  std::string k1 = key_of(f.c, extra.b[1].key), slot1 = std::to_string(kvs_key_slot(k1.data(), k1.size()));
+  int x = 0;
+  while (x < 3 && n[x].cli("GET " + k1).rfind("MOVED", 0) == 0) x++; // the owner answers nil
+  ASSERT_LT(x, 3);
+  int y = (x + 1) % 3;
+  std::string idy = n[y].cli("CLUSTER MYID");
+  for (int k = 0; k < 3; k++) ASSERT_EQ(n[k].cli("CLUSTER SETSLOT " + slot1 + " NODE " + idy), "OK");
+  loads = stats(s).map_loads;
+  uint64_t written = stats(s).write_blocks;
+  ASSERT_EQ(extra.write(s, 1, 2), 1);
+  ASSERT_EQ(kvs_flush(s, 10000), 0);
+  EXPECT_EQ(n[y].cli("EXISTS " + k1), "1") << "written through MOVED";
+  EXPECT_EQ(stats(s).write_blocks, written + 1);
+  EXPECT_EQ(stats(s).queue_drops, 0u);
+  EXPECT_TRUE(wait_for([&] { return stats(s).map_loads > loads; })) << "the write's MOVED reloads the map";
   EXPECT_EQ(stats(s).errors, 0u);
   owners();
   ASSERT_EQ(owner[0], b);
