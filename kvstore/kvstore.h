@@ -42,7 +42,9 @@ typedef struct kvs kvs;
 // 0, or -1 with err on a bad config only. An unreachable store or a wrong password is NOT an error: logged once
 // (naming the endpoint), counted, retried with back-off in the background.
 int kvs_open(const kvs_config *c, kvs **out, char *err, size_t errlen);
-void kvs_close(kvs *s); // NULL is fine; drains nothing (queued writes are dropped)
+// NULL is fine. Drains nothing: queued writes are dropped (a batch already on the wire is let finish, at most
+// max(1 s, 20 x read_timeout_ms)).
+void kvs_close(kvs *s);
 
 // One block as the store names it: its chain key (kv_blockhash) and its parent's, and its tokens (block_tokens).
 typedef struct kvs_block { uint64_t key, parent; const int32_t *toks; } kvs_block;
