@@ -99,6 +99,7 @@ int kvs_probe_node(kvs *s, int i, int64_t deadline) {
     if (n->logged) utl_log(KVS_LOGC, "store %s:%d reachable again", n->host, n->port);
     // It may have restarted empty: what we knew present may be gone, so writes check again (EXISTS) from now.
     if (n->logged) memset(s->recent, 0, sizeof s->recent);
+    if (s->c.cluster && n->down) s->need_refresh = 1; // a node's return may come with a failover: ask again
     n->down = n->logged = n->auth_logged = 0;
     n->backoff_ms = 0;
     s->st.up = 1;

@@ -183,7 +183,7 @@ void kvs_write_batch(kvs *s, kvs_item **items, int n) {
   for (int i = 0; i < n; i++) {
     if (b[i].st == W_DONE) {
       s->st.write_blocks++;
-      s->st.write_bytes += b[i].len;
+      s->st.write_bytes += s->c.block_bytes;
       kvs_recent_add(s, kvs_name_hash(b[i].it->name), now);
     } else if (b[i].st == W_SKIP) {
       s->st.write_skipped++;

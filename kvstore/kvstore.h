@@ -66,7 +66,7 @@ int kvs_write(kvs *s, const kvs_block *b, const void *payload);
 int kvs_flush(kvs *s, int timeout_ms);
 
 typedef struct kvs_stats {
-  uint64_t read_blocks, read_bytes, read_misses, write_blocks, write_bytes, write_skipped;
+  uint64_t read_blocks, read_bytes, read_misses, write_blocks, write_bytes, write_skipped; // bytes: payload bytes
   uint64_t errors, timeouts, mac_failures, mismatches, queue_drops;
   uint64_t auth_failures; // AUTH refused (a wrong password): each time, though it is logged once per endpoint
   uint64_t read_skipped;  // read runs answered 0 at once: the store (or the first block's node) is down, backing off

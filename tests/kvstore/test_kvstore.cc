@@ -153,6 +153,8 @@ TEST(Kvstore, RoundTripAndStopAtFirstMiss) {
   EXPECT_EQ(ch.write(s, 0, 8), 0); // all known present now
   kvs_stats st = stats(s);
   EXPECT_EQ(st.write_blocks, 8u);
+  EXPECT_EQ(st.write_bytes, 8u * kBytes);
+  EXPECT_EQ(st.read_bytes, (3u + 3u + 8u) * kBytes);
   EXPECT_EQ(st.write_skipped, 8u);
   EXPECT_EQ(st.read_blocks, 3u + 3u + 8u);
   EXPECT_EQ(st.read_misses, 1u);
