@@ -71,31 +71,6 @@ static int pump_out(kvs_conn *c) {
   return 0;
 }
 
-// Reads what has arrived into the parser: 0, or -1 (closed by the peer, or the socket failed).
-static int pump_in(kvs_conn *c) {
-  char buf[65536];
-  for (;;) {
-    if (c->ssl) { // read until it would block: a record's rest may wait in libssl, where poll cannot see it
-      long k = kvs_tls_recv(c->ssl, buf, sizeof buf);
-      if (k < 0) return -1;
-      if (k == 0) return 0;
-      if (redisReaderFeed(c->rd, buf, (size_t)k) != REDIS_OK) return -1;
-      continue;
-    }
-    ssize_t k = recv(c->fd, buf, sizeof buf, 0);
-    if (k > 0) {
-      if (redisReaderFeed(c->rd, buf, (size_t)k) != REDIS_OK) return -1;
-      if ((size_t)k < sizeof buf) return 0;
-    } else if (k < 0 && errno == EINTR) {
-      continue;
-    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return 0;
-    } else {
-      return -1;
-    }
-  }
-}
-
 // Moves parsed replies into reps until want: 0, or -1 (a protocol error).
 static int take(kvs_conn *c, redisReply **reps, int want, int *got) {
   while (*got < want) {
@@ -105,6 +80,28 @@ static int take(kvs_conn *c, redisReply **reps, int want, int *got) {
     reps[(*got)++] = r;
   }
   return 0;
+}
+
+// Reads what has arrived into the parser, taking replies (into reps, up to want) after every chunk: hiredis moves the
+// unparsed rest of its buffer to the front each time it hands out a reply, so a buffer holding a whole pipeline of
+// large values would be copied once per reply. 0, or -1 (closed by the peer, the socket failed, a protocol error).
+static int pump_in(kvs_conn *c, redisReply **reps, int want, int *got) {
+  char buf[65536];
+  for (;;) {
+    long k;
+    if (c->ssl) { // read until it would block: a record's rest may wait in libssl, where poll cannot see it
+      k = kvs_tls_recv(c->ssl, buf, sizeof buf);
+      if (k == 0) return 0;
+    } else {
+      k = recv(c->fd, buf, sizeof buf, 0);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+      if (k == 0) k = -1; // closed
+    }
+    if (k < 0) return -1;
+    if (redisReaderFeed(c->rd, buf, (size_t)k) != REDIS_OK || take(c, reps, want, got) < 0) return -1;
+    if (!c->ssl && (size_t)k < sizeof buf) return 0;
+  }
 }
 
 void kvs_conn_exchange(kvs_conn **cs, int n, const int *want, redisReply ***reps, kvs_conn_rc *rc,
@@ -140,10 +137,8 @@ void kvs_conn_exchange(kvs_conn **cs, int n, const int *want, redisReply ***reps
       // TLS: a write may wait on a read (a renegotiation), so pump out again on POLLIN as well
       if (p[j].revents & (POLLOUT | (cs[i]->ssl ? POLLIN : 0)) && pump_out(cs[i]) < 0) rc[i] = KVS_C_IO;
       if (rc[i] == KVS_C_OK && p[j].revents & (POLLIN | POLLHUP | POLLERR)) {
-        if (pump_in(cs[i]) < 0) rc[i] = KVS_C_IO;
-        // replies that arrived with the close still count
-        if (take(cs[i], reps[i], want[i], &got[i]) < 0) rc[i] = KVS_C_IO;
-        if (rc[i] == KVS_C_IO && got[i] >= want[i]) rc[i] = KVS_C_OK;
+        if (pump_in(cs[i], reps[i], want[i], &got[i]) < 0) rc[i] = KVS_C_IO;
+        if (rc[i] == KVS_C_IO && got[i] >= want[i]) rc[i] = KVS_C_OK; // every reply came before the close
       }
       if (rc[i] == KVS_C_OK && (got[i] < want[i] || cs[i]->out.n)) open++;
     }
