@@ -2,10 +2,17 @@
 // three-master Redis Cluster): round trips, misses, forged and mismatched values, auth, outages, the write queue, TTL.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvstore/kvs_int.h"
@@ -313,6 +320,65 @@ TEST(Kvstore, KilledMidRun) {
   ASSERT_EQ(kvs_flush(s, 10000), 0);
   EXPECT_EQ(ch.read(s), 4);
   kvs_close(s);
+}
+
+// A store that dies in the middle of a reply: a loopback server that answers PING, then, to the first pipelined GETs,
+// half of one value, and closes. The read ends at once (not at its budget), 0 blocks, an error counted, no crash.
+TEST(Kvstore, DiesMidReply) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t al = sizeof a;
+  ASSERT_EQ(bind(lfd, (sockaddr *)&a, sizeof a), 0);
+  ASSERT_EQ(listen(lfd, 8), 0);
+  ASSERT_EQ(getsockname(lfd, (sockaddr *)&a, &al), 0);
+  std::atomic<int> gets{0};
+  std::thread srv([&] {
+    std::vector<std::thread> conns;
+    for (;;) {
+      int fd = accept(lfd, nullptr, nullptr);
+      if (fd < 0) break;
+      conns.emplace_back([fd, &gets] {
+        std::string in;
+        char buf[4096];
+        for (;;) {
+          ssize_t k = read(fd, buf, sizeof buf);
+          if (k <= 0) break;
+          in.append(buf, (size_t)k);
+          if (in.find("PING") != std::string::npos) {
+            in.clear();
+            if (write(fd, "+PONG\r\n", 7) != 7) break;
+          } else if (in.find("GET") != std::string::npos) {
+            gets++;
+            std::string half = "$" + std::to_string(kvs_value_len(kTokens, kBytes)) + "\r\n" + std::string(100, 'x');
+            if (write(fd, half.data(), half.size()) < 0) break;
+            break; // and close: the store died
+          }
+        }
+        close(fd);
+      });
+    }
+    for (auto &t : conns) t.join();
+  });
+  Cfg f({ntohs(a.sin_port)});
+  f.c.read_timeout_ms = 5000 * DSERVE_TIMEOUT_SCALE;
+  kvs *s = open_ok(f.c);
+  Chain ch(3, 14);
+  testing::internal::CaptureStderr();
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(ch.read(s), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4)) << "ended by the close, not the budget";
+  std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("unavailable (a read failed)"), std::string::npos) << log;
+  EXPECT_EQ(gets.load(), 1);
+  kvs_stats st = stats(s);
+  EXPECT_EQ(st.errors, 1u);
+  EXPECT_EQ(st.timeouts, 0u);
+  kvs_close(s);
+  shutdown(lfd, SHUT_RDWR);
+  close(lfd);
+  srv.join();
 }
 
 TEST(Kvstore, WriteQueueOverflowDrops) {
