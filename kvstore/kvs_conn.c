@@ -18,7 +18,7 @@
 struct kvs_conn {
   int fd;
   SSL *ssl;        // (owned) NULL: plain TCP
-  redisReader *rd; // (owned) replies parsed from what has arrived
+  kvs_parser parse; // replies parsed from what has arrived
   utl_buf out;     // commands queued, not yet sent
   size_t sent;     // bytes of out already on the socket
 };
@@ -27,7 +27,7 @@ void kvs_conn_close(kvs_conn *c) {
   if (!c) return;
   kvs_tls_free(c->ssl);
   if (c->fd >= 0) close(c->fd);
-  if (c->rd) redisReaderFree(c->rd);
+  kvs_parser_free(&c->parse);
   utl_buf_free(&c->out);
   free(c);
 }
@@ -74,8 +74,8 @@ static int pump_out(kvs_conn *c) {
 // Moves parsed replies into reps until want: 0, or -1 (a protocol error).
 static int take(kvs_conn *c, redisReply **reps, int want, int *got) {
   while (*got < want) {
-    void *r = NULL;
-    if (redisReaderGetReply(c->rd, &r) != REDIS_OK) return -1;
+    redisReply *r = NULL;
+    if (kvs_parser_get(&c->parse, &r) < 0) return -1;
     if (!r) return 0;
     reps[(*got)++] = r;
   }
@@ -99,7 +99,7 @@ static int pump_in(kvs_conn *c, redisReply **reps, int want, int *got) {
       if (k == 0) k = -1; // closed
     }
     if (k < 0) return -1;
-    if (redisReaderFeed(c->rd, buf, (size_t)k) != REDIS_OK || take(c, reps, want, got) < 0) return -1;
+    if (kvs_parser_feed(&c->parse, buf, (size_t)k) < 0 || take(c, reps, want, got) < 0) return -1;
     if (!c->ssl && (size_t)k < sizeof buf) return 0;
   }
 }
@@ -156,8 +156,8 @@ kvs_conn_rc kvs_conn_call(kvs_conn *c, int argc, const char **argv, const size_t
   return rc;
 }
 
-kvs_conn_rc kvs_conn_open(const char *host, int port, SSL_CTX *tls, const char *password, int64_t deadline_ms,
-                          kvs_conn **out, char *err, size_t errlen) {
+kvs_conn_rc kvs_conn_open(const char *host, int port, SSL_CTX *tls, const char *password, size_t max_reply,
+                          int64_t deadline_ms, kvs_conn **out, char *err, size_t errlen) {
   *out = NULL;
   int left = remaining(deadline_ms);
   int fd = left > 0 ? utl_tcp_connect(host, port, left, err, errlen) : -1;
@@ -166,7 +166,7 @@ kvs_conn_rc kvs_conn_open(const char *host, int port, SSL_CTX *tls, const char *
     return KVS_C_IO;
   }
   kvs_conn *c = calloc(1, sizeof *c);
-  if (!c || !(c->rd = redisReaderCreate())) {
+  if (!c || kvs_parser_init(&c->parse, max_reply) < 0) {
     close(fd);
     free(c);
     utl_seterr(err, errlen, "out of memory");

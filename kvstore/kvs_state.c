@@ -68,7 +68,7 @@ int kvs_probe_node(kvs *s, int i, int64_t deadline) {
   kvs_node *n = s->topo.nodes[i]; // host and port never change; fields under mu are read under it
   char err[256] = "";
   kvs_conn *c = NULL;
-  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &c, err, sizeof err);
+  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->tls, s->password, s->max_reply, deadline, &c, err, sizeof err);
   if (rc == KVS_C_OK) {
     redisReply *r = NULL;
     const char *argv[1] = {"PING"};
@@ -87,7 +87,8 @@ int kvs_probe_node(kvs *s, int i, int64_t deadline) {
   // Without one the readers connect themselves.
   kvs_conn *spare = NULL;
   char err2[256];
-  if (rc == KVS_C_OK && kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &spare, err2, sizeof err2))
+  if (rc == KVS_C_OK &&
+      kvs_conn_open(n->host, n->port, s->tls, s->password, s->max_reply, deadline, &spare, err2, sizeof err2))
     spare = NULL;
   pthread_mutex_lock(&s->mu);
   if (rc != KVS_C_OK) {

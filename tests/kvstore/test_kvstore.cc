@@ -322,63 +322,85 @@ TEST(Kvstore, KilledMidRun) {
   kvs_close(s);
 }
 
-// A store that dies in the middle of a reply: a loopback server that answers PING, then, to the first pipelined GETs,
-// half of one value, and closes. The read ends at once (not at its budget), 0 blocks, an error counted, no crash.
-TEST(Kvstore, DiesMidReply) {
-  int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t al = sizeof a;
-  ASSERT_EQ(bind(lfd, (sockaddr *)&a, sizeof a), 0);
-  ASSERT_EQ(listen(lfd, 8), 0);
-  ASSERT_EQ(getsockname(lfd, (sockaddr *)&a, &al), 0);
+// A fake store on loopback: answers PING, and to the first pipelined GETs sends `reply` and closes (close) or stays
+// silent until the client goes.
+struct FakeStore {
+  int lfd = -1, port = 0;
   std::atomic<int> gets{0};
-  std::thread srv([&] {
-    std::vector<std::thread> conns;
-    for (;;) {
-      int fd = accept(lfd, nullptr, nullptr);
-      if (fd < 0) break;
-      conns.emplace_back([fd, &gets] {
-        std::string in;
-        char buf[4096];
-        for (;;) {
-          ssize_t k = read(fd, buf, sizeof buf);
-          if (k <= 0) break;
-          in.append(buf, (size_t)k);
-          if (in.find("PING") != std::string::npos) {
-            in.clear();
-            if (write(fd, "+PONG\r\n", 7) != 7) break;
-          } else if (in.find("GET") != std::string::npos) {
-            gets++;
-            std::string half = "$" + std::to_string(kvs_value_len(kTokens, kBytes)) + "\r\n" + std::string(100, 'x');
-            if (write(fd, half.data(), half.size()) < 0) break;
-            break; // and close: the store died
+  std::thread srv;
+  FakeStore(std::string reply, bool close_after) {
+    lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a = {};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    if (bind(lfd, (sockaddr *)&a, sizeof a) || listen(lfd, 8) || getsockname(lfd, (sockaddr *)&a, &al)) return;
+    port = ntohs(a.sin_port);
+    srv = std::thread([this, reply, close_after] {
+      std::vector<std::thread> conns;
+      for (int fd; (fd = accept(lfd, nullptr, nullptr)) >= 0;) {
+        conns.emplace_back([this, fd, reply, close_after] {
+          std::string in;
+          char buf[4096];
+          for (ssize_t k; (k = read(fd, buf, sizeof buf)) > 0;) {
+            in.append(buf, (size_t)k);
+            if (in.find("PING") != std::string::npos) {
+              in.clear();
+              if (write(fd, "+PONG\r\n", 7) != 7) break;
+            } else if (in.find("GET") != std::string::npos && gets++ == 0) {
+              for (size_t off = 0; off < reply.size();) {
+                ssize_t w = write(fd, reply.data() + off, reply.size() - off);
+                if (w <= 0) break;
+                off += (size_t)w;
+              }
+              if (close_after) break;
+            }
           }
-        }
-        close(fd);
-      });
-    }
-    for (auto &t : conns) t.join();
-  });
-  Cfg f({ntohs(a.sin_port)});
+          close(fd);
+        });
+      }
+      for (auto &t : conns) t.join();
+    });
+  }
+  ~FakeStore() {
+    shutdown(lfd, SHUT_RDWR);
+    close(lfd);
+    if (srv.joinable()) srv.join();
+  }
+};
+
+// What a read of a fake store's reply does: 0 blocks, ended well before its 5 s budget, one error, no timeout.
+void read_fails_fast(const std::string &reply, bool close_after, const char *why) {
+  FakeStore fake(reply, close_after);
+  ASSERT_GT(fake.port, 0);
+  Cfg f({fake.port});
   f.c.read_timeout_ms = 5000 * DSERVE_TIMEOUT_SCALE;
   kvs *s = open_ok(f.c);
   Chain ch(3, 14);
   testing::internal::CaptureStderr();
   auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ(ch.read(s), 0);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4)) << "ended by the close, not the budget";
+  EXPECT_EQ(ch.read(s), 0) << why;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4)) << why << ": not ended by the budget";
   std::string log = testing::internal::GetCapturedStderr();
-  EXPECT_NE(log.find("unavailable (a read failed)"), std::string::npos) << log;
-  EXPECT_EQ(gets.load(), 1);
+  EXPECT_NE(log.find("unavailable (a read failed)"), std::string::npos) << why << ": " << log;
+  EXPECT_EQ(fake.gets.load(), 1) << why;
   kvs_stats st = stats(s);
-  EXPECT_EQ(st.errors, 1u);
-  EXPECT_EQ(st.timeouts, 0u);
+  EXPECT_EQ(st.errors, 1u) << why;
+  EXPECT_EQ(st.timeouts, 0u) << why;
   kvs_close(s);
-  shutdown(lfd, SHUT_RDWR);
-  close(lfd);
-  srv.join();
+}
+
+// A store that dies in the middle of a reply: half of one value, then the close.
+TEST(Kvstore, DiesMidReply) {
+  read_fails_fast("$" + std::to_string(kvs_value_len(kTokens, kBytes)) + "\r\n" + std::string(100, 'x'), true,
+                  "half a value");
+}
+
+// Replies no store of ours sends, which hiredis alone would buffer or allocate for: an array declared with two
+// billion elements (16 GB of pointers, asked for by 14 bytes), and a value far larger than a block, streaming.
+TEST(Kvstore, RefusesOversizedReplies) {
+  read_fails_fast("*2000000000\r\n", false, "a huge array");
+  read_fails_fast("$1000000000\r\n" + std::string((size_t)6 << 20, 'x'), false, "a huge value");
 }
 
 TEST(Kvstore, WriteQueueOverflowDrops) {
