@@ -588,7 +588,8 @@ TEST(Kvstore, Tls) {
   REQUIRE_REDIS();
   Redis r;
   r.tls = true;
-  ASSERT_TRUE(kvs_test::make_certs(r.dir)) << "openssl could not make the test certificates";
+  ASSERT_TRUE(kvs_test::make_certs(r.dir))
+      << "the openssl command could not make the test certificates: run scripts/setup.sh (it installs openssl)";
   ASSERT_TRUE(r.start());
   std::string ca = r.dir + "/ca.crt", cert = r.dir + "/cli.crt", key = r.dir + "/cli.key";
   Cfg f({r.port});
