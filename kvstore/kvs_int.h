@@ -144,7 +144,9 @@ typedef struct kvs_item { // one queued write, with its tokens and payload after
   uint8_t *payload;            // (block_bytes) inside this allocation
 } kvs_item;
 
-typedef struct kvs_recent { uint64_t h; int64_t t_ms; } kvs_recent;
+// A key we wrote or saw present lately (writes of it are skipped), or (bad) one whose value a read refused: the
+// next write of it overwrites without asking EXISTS, so a forged or corrupt value heals instead of staying.
+typedef struct kvs_recent { uint64_t h; int64_t t_ms; int bad; } kvs_recent;
 
 struct kvs {
   kvs_config c;                // endpoints and password point into this struct's copies
@@ -174,6 +176,8 @@ struct kvs {
 uint64_t kvs_name_hash(const char *name);                 // a key's digest as a number, never 0
 int kvs_recent_has(kvs *s, uint64_t h, int64_t now_ms);   // under mu: known present
 void kvs_recent_add(kvs *s, uint64_t h, int64_t now_ms);  // under mu
+void kvs_recent_bad(kvs *s, uint64_t h);                  // under mu: a read refused its value
+int kvs_recent_is_bad(kvs *s, uint64_t h);                // under mu
 int kvs_route(kvs *s, const char *name);                  // under mu: the node serving name, -1 none known
 void kvs_mark_down(kvs *s, int i, const char *why);       // under mu: node i is skipped until a probe reaches it
 void kvs_conn_failed(kvs *s, int i, kvs_conn_rc rc, const char *err); // under mu: connecting to i failed (counted)

@@ -175,6 +175,7 @@ static int walk(kvs *s, const kvs_block *blocks, rd_blk *b, int cut, int final) 
       } else {
         if (v == KVS_V_MAC) s->st.mac_failures++;
         else s->st.mismatches++;
+        kvs_recent_bad(s, kvs_name_hash(b[i].name)); // so the recomputed block's write replaces it
         stop = 1;
       }
     } else {

@@ -17,9 +17,11 @@ uint64_t kvs_name_hash(const char *name) { // the first 16 hex digits of the key
 // Under mu. Known present: written or seen by us lately (with a TTL, within half of it: it may have expired since).
 int kvs_recent_has(kvs *s, uint64_t h, int64_t now) {
   const kvs_recent *r = &s->recent[h % KVS_RECENT];
-  return r->h == h && (s->c.ttl_s <= 0 || now - r->t_ms < (int64_t)s->c.ttl_s * 500);
+  return r->h == h && !r->bad && (s->c.ttl_s <= 0 || now - r->t_ms < (int64_t)s->c.ttl_s * 500);
 }
-void kvs_recent_add(kvs *s, uint64_t h, int64_t now) { s->recent[h % KVS_RECENT] = (kvs_recent){h, now}; }
+void kvs_recent_add(kvs *s, uint64_t h, int64_t now) { s->recent[h % KVS_RECENT] = (kvs_recent){h, now, 0}; }
+void kvs_recent_bad(kvs *s, uint64_t h) { s->recent[h % KVS_RECENT] = (kvs_recent){h, 0, 1}; }
+int kvs_recent_is_bad(kvs *s, uint64_t h) { return s->recent[h % KVS_RECENT].h == h && s->recent[h % KVS_RECENT].bad; }
 
 // Under mu: the node that serves key, -1 when none is known.
 int kvs_route(kvs *s, const char *name) {

@@ -229,6 +229,15 @@ TEST(Kvstore, ForgedValuesAreDetected) {
   EXPECT_EQ(st.mac_failures, 3u);
   EXPECT_EQ(st.read_blocks, 0u);
   EXPECT_EQ(st.mismatches, 0u);
+  // The recomputed blocks' writes replace what was refused (block 0); block 1, never read, is checked as usual
+  // (EXISTS: there, skipped), and stays t's.
+  EXPECT_EQ(ch.write(s), 2);
+  ASSERT_EQ(kvs_flush(s, 10000), 0);
+  EXPECT_EQ(stats(s).write_blocks, 1u);
+  EXPECT_EQ(stats(s).write_skipped, 1u);
+  EXPECT_EQ(ch.read(s, 1), 1) << "the forged value healed";
+  EXPECT_EQ(ch.read(s), 1);
+  EXPECT_EQ(stats(s).mac_failures, 4u);
   kvs_close(t);
   kvs_close(s);
 }
