@@ -230,12 +230,12 @@ static void simd_rope_freqs(krn_ctx *c, float *x, const int32_t *pos, int n, int
 #else
 #define v_storeh(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
 #endif
-typedef struct kvs_task {
+typedef struct cache_write_task {
   const float *k, *v;
   const krn_attn_args *a;
-} kvs_task;
-static void kvs_run(void *vp, int ith, int nth) {
-  const kvs_task *t = vp;
+} cache_write_task;
+static void cache_write_run(void *vp, int ith, int nth) {
+  const cache_write_task *t = vp;
   const krn_attn_args *a = t->a;
   int kvd = a->n_kv_head * a->head_dim;
   int64_t lo, hi;
@@ -258,9 +258,9 @@ static void kvs_run(void *vp, int ith, int nth) {
 }
 static void simd_kv_store(krn_ctx *c, const float *k, const float *v, const krn_attn_args *a) {
   if (!krn_cpu_attn_ok(a)) return; // nothing sensible to write
-  kvs_task t = {k, v, a};
-  if ((int64_t)a->n_tokens * a->n_kv_head * a->head_dim >= KRN_PAR_MIN && a->n_tokens > 1) krn_cpu_par(c, kvs_run, &t);
-  else kvs_run(&t, 0, 1);
+  cache_write_task t = {k, v, a};
+  if ((int64_t)a->n_tokens * a->n_kv_head * a->head_dim >= KRN_PAR_MIN && a->n_tokens > 1) krn_cpu_par(c, cache_write_run, &t);
+  else cache_write_run(&t, 0, 1);
 }
 
 #endif
