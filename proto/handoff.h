@@ -29,6 +29,7 @@ typedef struct prt_kv_first {
   const char *id;    // (borrowed) required
   prt_sampled first; // the first sampled token: required
   int cached_tokens; // prompt tokens the prefill worker reused; 0 when absent
+  int cached_store_tokens; // of those, the ones read from the shared KV tier (kvstore); 0 when absent (sent when > 0)
   double prefill_ms; // from the prefill worker's receipt of the request to this first token; -1 when absent (sent
                      // when >= 0)
 } prt_kv_first;

@@ -61,6 +61,7 @@ typedef struct prt_done {
   int prompt_tokens;         // -1 when absent (each count)
   int completion_tokens;
   int cached_tokens;
+  int cached_store_tokens;   // of cached_tokens, read from the shared KV tier (kvstore); 0 when absent (sent when > 0)
   double kv_bytes;           // -1 when absent
   double kv_ms;              // -1 when absent: the handoff's time, from the decode worker's receipt of the request to
                              // its holding the whole prompt's KV (the prefill worker's queue and compute included)
