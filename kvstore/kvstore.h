@@ -48,7 +48,9 @@ typedef struct kvs_block { uint64_t key, parent; const int32_t *toks; } kvs_bloc
 // Reads the longest leading run of blocks[0..n) in one pipelined round trip per node, stopping at the first miss;
 // hit i's verified payload (block_bytes) is copied to dst[i]. A value whose MAC, space, key, parent, tokens or length
 // does not match is a miss (counted: mac_failures / mismatches), never returned. Returns the run length (0 when the
-// store is down, backing off, or slower than read_timeout_ms: counted, never an error).
+// store is down, backing off, or slower than read_timeout_ms: counted, never an error). A run shorter than n counts
+// one read_misses (the blocks after the first miss are not looked at). With a cluster, the run ends before the first
+// block whose node is down or failed; the other nodes are still read. dst[i] past the run is not written.
 int kvs_read_run(kvs *s, const kvs_block *blocks, int n, void *const *dst);
 
 // Queues one block for writing behind (copies toks and payload); returns 1 queued, 0 skipped (known present), -1
@@ -63,6 +65,7 @@ typedef struct kvs_stats {
   uint64_t read_blocks, read_bytes, read_misses, write_blocks, write_bytes, write_skipped;
   uint64_t errors, timeouts, mac_failures, mismatches, queue_drops;
   uint64_t auth_failures; // AUTH refused (a wrong password): each time, though it is logged once per endpoint
+  uint64_t read_skipped;  // read runs answered 0 at once: the store (or the first block's node) is down, backing off
   int up; // 1 when the last round trip succeeded
 } kvs_stats;
 void kvs_stats_get(kvs *s, kvs_stats *out);

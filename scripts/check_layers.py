@@ -6,7 +6,7 @@ usage: scripts/check_layers.py [ROOT]        (default: the repository this scrip
 
 What it reads (C sources of the library folders and cmd/, comments and strings stripped):
 - folder edges: `#include "B/x.h"` in a file of folder A is A -> B. Any circle between folders fails, and so does an
-  include from a floor library (FLOORS: util/, spec/) of a folder it may not use.
+  include from a floor library (FLOORS: util/, spec/, kvstore/) of a folder it may not use.
 - file edges, inside each folder: a call in file X of a non-static function defined in file Y of the same folder is
   X -> Y (functions reached through a pointer that a higher file registered are not calls, which is the point: a
   lower layer reads a callback instead of calling up). Any circle between two or more files fails.
@@ -19,7 +19,7 @@ import os
 import re
 import sys
 
-FOLDERS = ["util", "spec", "kernels", "models", "kvxfer", "proto", "ctl", "config", "disco", "kv", "worker", "router", "prefill", "decode",
+FOLDERS = ["util", "spec", "kvstore", "kernels", "models", "kvxfer", "proto", "ctl", "config", "disco", "kv", "worker", "router", "prefill", "decode",
            "launch", "cmd"]
 
 
@@ -91,7 +91,8 @@ DEF_RE = re.compile(r"^(?!static\b)(?!typedef\b)[A-Za-z_][\w \t\*]*?\b([A-Za-z_]
 CALL_RE = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
 # Floor libraries: each may include only the folders named here (a circle check alone would let them grow upward).
 # spec/ (the speculative drafts) sits above util/ and below worker/, prefill/ and decode/, which call it.
-FLOORS = {"util": (), "spec": ("util",)}
+# kvstore/ (the shared KV block tier on Redis) likewise: above util/, below worker/.
+FLOORS = {"util": (), "spec": ("util",), "kvstore": ("util",)}
 
 INC_RE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/[^"]+"', re.M)
 

@@ -1,0 +1,184 @@
+// kvstore/kvs_conn.c: one connection to one Redis node: our nonblocking socket and deadline, hiredis's command
+// formatting and reply parser, pipelined commands, and several connections' round trips in flight at once.
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "kvstore/kvs_int.h"
+#include "util/buf.h"
+#include "util/clock.h"
+#include "util/net.h"
+
+struct kvs_conn {
+  int fd;
+  redisReader *rd; // (owned) replies parsed from what has arrived
+  utl_buf out;     // commands queued, not yet sent
+  size_t sent;     // bytes of out already on the socket
+};
+
+void kvs_conn_close(kvs_conn *c) {
+  if (!c) return;
+  if (c->fd >= 0) close(c->fd);
+  if (c->rd) redisReaderFree(c->rd);
+  utl_buf_free(&c->out);
+  free(c);
+}
+
+int kvs_conn_cmd(kvs_conn *c, int argc, const char **argv, const size_t *lens) {
+  char *cmd = NULL;
+  int n = redisFormatCommandArgv(&cmd, argc, argv, lens);
+  if (n < 0) return -1;
+  int rc = utl_buf_add(&c->out, cmd, (size_t)n);
+  redisFreeCommand(cmd);
+  return rc;
+}
+
+static int remaining(int64_t deadline_ms) {
+  int64_t r = deadline_ms - utl_now_ms();
+  return r < 0 ? 0 : r > 1000000 ? 1000000 : (int)r;
+}
+
+// Writes what the socket takes now: 0 (maybe some left), or -1 (the socket failed).
+static int pump_out(kvs_conn *c) {
+  while (c->sent < c->out.n) {
+    ssize_t k = send(c->fd, c->out.p + c->sent, c->out.n - c->sent, MSG_NOSIGNAL);
+    if (k > 0) {
+      c->sent += (size_t)k;
+    } else if (k < 0 && errno == EINTR) {
+      continue;
+    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return 0;
+    } else {
+      return -1;
+    }
+  }
+  utl_buf_reset(&c->out);
+  c->sent = 0;
+  return 0;
+}
+
+// Reads what has arrived into the parser: 0, or -1 (closed by the peer, or the socket failed).
+static int pump_in(kvs_conn *c) {
+  char buf[65536];
+  for (;;) {
+    ssize_t k = recv(c->fd, buf, sizeof buf, 0);
+    if (k > 0) {
+      if (redisReaderFeed(c->rd, buf, (size_t)k) != REDIS_OK) return -1;
+      if ((size_t)k < sizeof buf) return 0;
+    } else if (k < 0 && errno == EINTR) {
+      continue;
+    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return 0;
+    } else {
+      return -1;
+    }
+  }
+}
+
+// Moves parsed replies into reps until want: 0, or -1 (a protocol error).
+static int take(kvs_conn *c, redisReply **reps, int want, int *got) {
+  while (*got < want) {
+    void *r = NULL;
+    if (redisReaderGetReply(c->rd, &r) != REDIS_OK) return -1;
+    if (!r) return 0;
+    reps[(*got)++] = r;
+  }
+  return 0;
+}
+
+void kvs_conn_exchange(kvs_conn **cs, int n, const int *want, redisReply ***reps, kvs_conn_rc *rc,
+                       int64_t deadline_ms) {
+  int got[KVS_MAX_NODES] = {0}, open = 0;
+  for (int i = 0; i < n; i++) {
+    for (int j = 0; j < want[i]; j++) reps[i][j] = NULL;
+    rc[i] = KVS_C_OK;
+    if (pump_out(cs[i]) < 0 || take(cs[i], reps[i], want[i], &got[i]) < 0) rc[i] = KVS_C_IO;
+    if (rc[i] == KVS_C_OK && (got[i] < want[i] || cs[i]->out.n)) open++;
+  }
+  struct pollfd p[KVS_MAX_NODES];
+  int idx[KVS_MAX_NODES];
+  while (open > 0) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+      if (rc[i] != KVS_C_OK || (got[i] >= want[i] && !cs[i]->out.n)) continue;
+      p[m] = (struct pollfd){.fd = cs[i]->fd, .events = (short)(POLLIN | (cs[i]->out.n ? POLLOUT : 0))};
+      idx[m++] = i;
+    }
+    int left = remaining(deadline_ms);
+    int k = left > 0 ? poll(p, (nfds_t)m, left) : 0;
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) { // the budget is spent: whoever has not answered has timed out
+      for (int j = 0; j < m; j++) rc[idx[j]] = k < 0 ? KVS_C_IO : KVS_C_TIMEOUT;
+      break;
+    }
+    open = 0;
+    for (int j = 0; j < m; j++) {
+      int i = idx[j];
+      if (p[j].revents & POLLOUT && pump_out(cs[i]) < 0) rc[i] = KVS_C_IO;
+      if (rc[i] == KVS_C_OK && p[j].revents & (POLLIN | POLLHUP | POLLERR)) {
+        if (pump_in(cs[i]) < 0) rc[i] = KVS_C_IO;
+        // replies that arrived with the close still count
+        if (take(cs[i], reps[i], want[i], &got[i]) < 0) rc[i] = KVS_C_IO;
+        if (rc[i] == KVS_C_IO && got[i] >= want[i]) rc[i] = KVS_C_OK;
+      }
+      if (rc[i] == KVS_C_OK && (got[i] < want[i] || cs[i]->out.n)) open++;
+    }
+  }
+}
+
+kvs_conn_rc kvs_conn_call(kvs_conn *c, int argc, const char **argv, const size_t *lens, int64_t deadline_ms,
+                          redisReply **reply) {
+  *reply = NULL;
+  if (kvs_conn_cmd(c, argc, argv, lens) < 0) return KVS_C_IO;
+  int want = 1;
+  redisReply **reps = reply;
+  kvs_conn_rc rc;
+  kvs_conn_exchange(&c, 1, &want, &reps, &rc, deadline_ms);
+  return rc;
+}
+
+kvs_conn_rc kvs_conn_open(const char *host, int port, const char *password, int64_t deadline_ms, kvs_conn **out,
+                          char *err, size_t errlen) {
+  *out = NULL;
+  int left = remaining(deadline_ms);
+  int fd = left > 0 ? utl_tcp_connect(host, port, left, err, errlen) : -1;
+  if (fd < 0) {
+    if (left <= 0) utl_seterr(err, errlen, "connect to %s:%d: no time left", host, port);
+    return KVS_C_IO;
+  }
+  kvs_conn *c = calloc(1, sizeof *c);
+  if (!c || !(c->rd = redisReaderCreate())) {
+    close(fd);
+    free(c);
+    utl_seterr(err, errlen, "out of memory");
+    return KVS_C_IO;
+  }
+  c->fd = fd;
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  if (password) {
+    const char *argv[2] = {"AUTH", password};
+    size_t lens[2] = {4, strlen(password)};
+    redisReply *r = NULL;
+    kvs_conn_rc rc = kvs_conn_call(c, 2, argv, lens, deadline_ms, &r);
+    if (rc != KVS_C_OK || r->type != REDIS_REPLY_STATUS) {
+      if (rc == KVS_C_OK) { // the store answered, and it was no
+        utl_seterr(err, errlen, "AUTH at %s:%d refused: %.*s", host, port, (int)(r->len > 200 ? 200 : r->len),
+                   r->str ? r->str : "");
+        rc = KVS_C_AUTH;
+      } else {
+        utl_seterr(err, errlen, "AUTH at %s:%d: %s", host, port, rc == KVS_C_TIMEOUT ? "timed out" : "I/O error");
+      }
+      if (r) freeReplyObject(r);
+      kvs_conn_close(c);
+      return rc;
+    }
+    freeReplyObject(r);
+  }
+  *out = c;
+  return KVS_C_OK;
+}
