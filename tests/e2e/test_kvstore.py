@@ -1,0 +1,151 @@
+"""tests/e2e/test_kvstore.py: the shared KV tier on a real redis-server: a fresh worker reads a prompt's blocks another
+worker wrote (tier store, identical output), a forged value is a counted MAC failure and recomputed, a killed store
+only means recompute."""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+import e2e_util as u
+
+BS = 16  # the workers' KV block size (tokens)
+N_BLOCKS = 12
+
+
+def prompt(seed, n=N_BLOCKS * BS + 8):
+    """n token ids no other prompt of this test shares (N_BLOCKS full blocks and a tail)."""
+    return [(seed * 7919 + i * 131) % 40000 + 100 for i in range(n)]
+
+
+class Redis:
+    """A redis-server of its own on a free loopback port, in a temp dir, without persistence; kill() ends it."""
+
+    def __init__(self):
+        self.bin = shutil.which("redis-server")
+        self.cli = shutil.which("redis-cli")
+        self.dir = tempfile.mkdtemp(prefix="dserve-redis-")
+        self.port = u.free_ports(1)[0]
+        self.log = open(os.path.join(self.dir, "redis.log"), "wb")
+        self.proc = subprocess.Popen([self.bin, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", self.dir, "--maxmemory-policy", "allkeys-lru"],
+                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if not u.wait_until(self.ping, 10 * u.SCALE, 0.05):
+            raise AssertionError("redis-server did not answer on port %d" % self.port)
+
+    def ping(self):
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), 1) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def run(self, *args):
+        return subprocess.run([self.cli, "-p", str(self.port)] + list(args), check=True, capture_output=True,
+                              timeout=30).stdout.decode()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def close(self):
+        self.kill()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SharedTier(unittest.TestCase):
+    def setUp(self):
+        u.require_env(self)
+        if not shutil.which("redis-server") or not shutil.which("redis-cli"):
+            self.fail("redis-server and redis-cli are needed (scripts/setup.sh installs redis-server and redis-tools)")
+        self.redis = Redis()
+        self.addCleanup(self.redis.close)
+
+    def cluster(self, tag):
+        """A fresh router and both worker w1 with the store (an empty pool: nothing of an earlier worker's)."""
+        c = u.Cluster([{"name": "w1", "role": "both"}], tag=tag,
+                      extra={"kvstore": {"type": "redis", "endpoints": ["127.0.0.1:%d" % self.redis.port],
+                                         "read_timeout_ms": int(2000 * u.SCALE)}})
+        self.addCleanup(c.close)
+        return c.start()
+
+    def complete(self, c, toks):
+        st, body = u.post(c.port, "/v1/completions", {"prompt": toks, "max_tokens": 8, "temperature": 0})
+        self.assertEqual(st, 200, body)
+        return body["choices"][0]["text"], body["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+
+    def wait_metric(self, c, name, cond, timeout=30.0):
+        """The router's /metrics value of name once cond(value) holds (the workers' stats arrive every second)."""
+        last = [None]
+
+        def ok():
+            last[0] = u.metrics(c.port).get(name, 0)
+            return cond(last[0])
+        if not u.wait_until(ok, timeout * u.SCALE, 0.2):
+            raise AssertionError("%s stayed %r" % (name, last[0]))
+        return last[0]
+
+    def stored_keys(self, n):
+        """The store's keys once the write-behind queue has written at least n."""
+        keys = []
+
+        def enough():
+            keys[:] = [k for k in self.redis.run("--scan", "--pattern", "dsv:*").split() if k]
+            return len(keys) >= n
+        self.assertTrue(u.wait_until(enough, 30 * u.SCALE, 0.1), "only %d keys written" % len(keys))
+        return keys
+
+    def test_fresh_worker_reads_the_store_forged_values_and_a_dead_store_recompute(self):
+        doc = prompt(1)
+        a = self.cluster("kvs-a")
+        text, cached = self.complete(a, doc)
+        self.assertEqual(cached, 0)
+        keys = self.stored_keys(N_BLOCKS)
+        self.wait_metric(a, 'dserve:kvstore_write_blocks_total{worker="w1",role="both"}', lambda v: v >= N_BLOCKS)
+        a.close()
+
+        # A fresh worker (nothing in its pool, host or disk tiers) reads the run from the store: identical output.
+        b = self.cluster("kvs-b")
+        text_b, cached_b = self.complete(b, doc)
+        self.assertEqual(text_b, text)
+        self.assertEqual(cached_b, N_BLOCKS * BS)
+        self.wait_metric(b, 'dserve:prefix_cache_tier_hits_total{worker="w1",tier="store"}', lambda v: v == N_BLOCKS * BS)
+        self.wait_metric(b, 'dserve:kvstore_read_blocks_total{worker="w1",role="both"}', lambda v: v == N_BLOCKS)
+        access = u.wait_until(lambda: re.search(r"cached_tokens=%d cached_store_tokens=%d" % (N_BLOCKS * BS, N_BLOCKS * BS),
+                                                b.node.text()), 10 * u.SCALE)
+        self.assertTrue(access, "no access line names the store's tokens:\n" + b.node.text()[-2000:])
+        b.close()
+
+        # Every value rewritten by a process without the secret (one payload byte changed): a MAC failure, counted,
+        # recomputed, the same output.
+        for k in keys:
+            self.redis.run("SETRANGE", k, "300", "X")
+        c = self.cluster("kvs-c")
+        text_c, cached_c = self.complete(c, doc)
+        self.assertEqual(text_c, text)
+        self.assertEqual(cached_c, 0)
+        self.wait_metric(c, 'dserve:kvstore_mac_failures_total{worker="w1",role="both"}', lambda v: v >= 1)
+        self.assertEqual(u.metrics(c.port).get('dserve:kvstore_read_blocks_total{worker="w1",role="both"}', 0), 0)
+
+        # The store killed: requests still succeed, recomputed; the failures are counted, never a failed request.
+        self.redis.kill()
+        for seed in (2, 3):
+            other = prompt(seed)
+            t1, cached1 = self.complete(c, other)
+            self.assertEqual(cached1, 0)
+        text_d, _ = self.complete(c, doc)
+        self.assertEqual(text_d, text)
+        self.wait_metric(c, 'dserve:kvstore_errors_total{worker="w1",role="both"}', lambda v: v >= 1)
+        self.assertEqual(u.metrics(c.port).get("dserve:request_failure_total", 0), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
