@@ -69,9 +69,9 @@ class SharedTier(unittest.TestCase):
         self.redis = Redis()
         self.addCleanup(self.redis.close)
 
-    def cluster(self, tag):
+    def cluster(self, tag, model=u.MODEL):
         """A fresh router and both worker w1 with the store (an empty pool: nothing of an earlier worker's)."""
-        c = u.Cluster([{"name": "w1", "role": "both"}], tag=tag,
+        c = u.Cluster([{"name": "w1", "role": "both"}], tag=tag, model=model,
                       extra={"kvstore": {"type": "redis", "endpoints": ["127.0.0.1:%d" % self.redis.port],
                                          "read_timeout_ms": int(2000 * u.SCALE)}})
         self.addCleanup(c.close)
@@ -145,6 +145,20 @@ class SharedTier(unittest.TestCase):
         self.assertEqual(text_d, text)
         self.wait_metric(c, 'dserve:kvstore_errors_total{worker="w1",role="both"}', lambda v: v >= 1)
         self.assertEqual(u.metrics(c.port).get("dserve:request_failure_total", 0), 0)
+
+    def test_sliding_window_model_stores_whole_blocks(self):
+        """Gemma 3's pool keeps window pages apart: a block is written whole right after its step, read whole."""
+        if not os.path.exists(u.GEMMA):
+            self.fail("the model %s is missing: run scripts/setup.sh" % u.GEMMA)
+        doc = prompt(4)
+        a = self.cluster("kvs-ga", model=u.GEMMA)
+        text, _ = self.complete(a, doc)
+        self.stored_keys(N_BLOCKS)
+        a.close()
+        b = self.cluster("kvs-gb", model=u.GEMMA)
+        text_b, cached_b = self.complete(b, doc)
+        self.assertEqual(cached_b, N_BLOCKS * BS)
+        self.assertEqual(text_b, text)
 
 
 if __name__ == "__main__":
