@@ -61,7 +61,6 @@ typedef struct prt_done {
   int prompt_tokens;         // -1 when absent (each count)
   int completion_tokens;
   int cached_tokens;
-  int cached_store_tokens;   // of cached_tokens, read from the shared KV tier (kvstore); 0 when absent (sent when > 0)
   double kv_bytes;           // -1 when absent
   double kv_ms;              // -1 when absent: the handoff's time, from the decode worker's receipt of the request to
                              // its holding the whole prompt's KV (the prefill worker's queue and compute included)
@@ -70,6 +69,7 @@ typedef struct prt_done {
   int64_t spec_drafts;       // speculative decoding on the decode worker: drafts verified, tokens they proposed and
   int64_t spec_drafted;      // tokens accepted (0 when absent; sent when spec_drafts > 0)
   int64_t spec_accepted;
+  int cached_store_tokens;   // of cached_tokens, read from the shared KV tier (kvstore); 0 when absent (sent when > 0)
 } prt_done;
 cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen);
 int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) UTL_WARN_UNUSED;
