@@ -5,14 +5,10 @@ only means recompute."""
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import tempfile
-import time
 import unittest
 
 import e2e_util as u
+from redis_util import Redis
 
 BS = 16  # the workers' KV block size (tokens)
 N_BLOCKS = 12
@@ -21,44 +17,6 @@ N_BLOCKS = 12
 def prompt(seed, n=N_BLOCKS * BS + 8):
     """n token ids no other prompt of this test shares (N_BLOCKS full blocks and a tail)."""
     return [(seed * 7919 + i * 131) % 40000 + 100 for i in range(n)]
-
-
-class Redis:
-    """A redis-server of its own on a free loopback port, in a temp dir, without persistence; kill() ends it."""
-
-    def __init__(self):
-        self.bin = shutil.which("redis-server")
-        self.cli = shutil.which("redis-cli")
-        self.dir = tempfile.mkdtemp(prefix="dserve-redis-")
-        self.port = u.free_ports(1)[0]
-        self.log = open(os.path.join(self.dir, "redis.log"), "wb")
-        self.proc = subprocess.Popen([self.bin, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", self.dir, "--maxmemory-policy", "allkeys-lru"],
-                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        if not u.wait_until(self.ping, 10 * u.SCALE, 0.05):
-            raise AssertionError("redis-server did not answer on port %d" % self.port)
-
-    def ping(self):
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), 1) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def run(self, *args):
-        return subprocess.run([self.cli, "-p", str(self.port)] + list(args), check=True, capture_output=True,
-                              timeout=30).stdout.decode()
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def close(self):
-        self.kill()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class SharedTier(unittest.TestCase):
