@@ -11,9 +11,10 @@
 #include "util/crypto.h"
 #include "util/log.h"
 
-// A read run is copied through a host buffer of at most this many bytes (one round trip per run; a longer prompt
-// reads run after run while every block comes back).
-#define READ_BUF_BYTES ((size_t)64 << 20)
+// One kvs_read_run (one pipelined round trip, read_timeout_ms its whole budget) asks for at most this many bytes of
+// blocks: a 3,000-token prompt of SmolLM2 is 69 MB, which no store returns within 50 ms, so a long prompt reads run
+// after run while every block comes back, each run with its own budget (a slow or dead store still costs one).
+#define READ_BUF_BYTES ((size_t)4 << 20)
 // HKDF labels: the store's MAC key is used for nothing else, and a change of the value format changes the space.
 #define MAC_SALT "dserve kvstore"
 #define MAC_INFO "dserve kvstore block mac v1"

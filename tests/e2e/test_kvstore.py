@@ -104,6 +104,18 @@ class SharedTier(unittest.TestCase):
         self.wait_metric(c, 'dserve:kvstore_errors_total{worker="w1",role="both"}', lambda v: v >= 1)
         self.assertEqual(u.metrics(c.port).get("dserve:request_failure_total", 0), 0)
 
+    def test_unreachable_store_at_start_is_a_warning(self):
+        """A store nobody listens on: the worker starts and serves (recomputing), the store is named in a warning."""
+        dead = u.free_ports(1)[0]
+        c = u.Cluster([{"name": "w1", "role": "both"}], tag="kvs-dead",
+                      extra={"kvstore": {"type": "redis", "endpoints": ["127.0.0.1:%d" % dead]}})
+        self.addCleanup(c.close)
+        c.start()
+        text, cached = self.complete(c, prompt(5))
+        self.assertEqual(cached, 0)
+        c.node.wait_for("store 127.0.0.1:%d unavailable" % dead, 10 * u.SCALE)
+        self.assertEqual(u.metrics(c.port).get("dserve:request_failure_total", 0), 0)
+
     def test_sliding_window_model_stores_whole_blocks(self):
         """Gemma 3's pool keeps window pages apart: a block is written whole right after its step, read whole."""
         if not os.path.exists(u.GEMMA):
