@@ -136,16 +136,23 @@ def cmd_outage(a):
     failed = [x for x in log if x[2] != 200]
     before = [x[1] for x in log if x[0] + x[1] < t_kill]
     during = [x[1] for x in log if t_kill + 3 < x[0] < t_back]
-    after = [x for x in log if x[0] >= t_back]
+    after = sorted(x for x in log if x[0] >= t_back)
     fast = statistics.median(before) * 1.5
-    back = next((x[0] + x[1] - t_back for x in sorted(after) if x[1] <= fast and x[3] > 0), None)
+    # When the store served again: the first request sent after its return that read from it (cached > 0), and the
+    # first answer after its return at the latency of before the outage.
+    hit = next((x[0] - t_back for x in after if x[3] > 0), None)
+    quick = next((x[0] + x[1] - t_back for x in after if x[1] <= fast), None)
     print("model %s, %d streams, %d-token shared prefix, store down %d s: %d requests, %d failed" %
           (a.model, a.streams, a.doc_len, a.down_s, len(log), len(failed)))
-    print("| median latency before | during the outage | after | first store-speed answer after the store's return |")
-    print("| %.3f s (%d) | %.3f s (%d) | %.3f s (%d) | %s |" % (
+    print("| median latency before | during the outage | after | first read from the store after its return (sent at) "
+          "| first answer at the earlier latency (done at) |")
+    print("| %.3f s (%d) | %.3f s (%d) | %.3f s (%d) | %s | %s |" % (
         statistics.median(before), len(before), statistics.median(during) if during else float("nan"), len(during),
         statistics.median([x[1] for x in after]) if after else float("nan"), len(after),
-        "%.2f s" % back if back is not None else "never"))
+        "+%.2f s" % hit if hit is not None else "never", "+%.2f s" % quick if quick is not None else "never"))
+    print("after the store's return (sent at, latency, cached tokens):")
+    for x in after[:40]:
+        print("  +%6.2f s  %6.3f s  %5d" % (x[0] - t_back, x[1], x[3]))
 
 
 def system_prompt(a):
@@ -213,14 +220,14 @@ def main():
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--down-s", type=int, default=30)
     p.add_argument("--before-s", type=int, default=15)
-    p.add_argument("--after-s", type=int, default=15)
+    p.add_argument("--after-s", type=int, default=30)
     p.add_argument("--convs", type=int, default=12)
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--system-words", type=int, default=400)
     p.add_argument("--max-tokens", type=int, default=8)
     a = p.parse_args()
     if a.doc_len is None:
-        a.doc_len = 3000 if a.what == "ttft" else 512
+        a.doc_len = 3000 if a.what == "ttft" else 256
     {"ttft": cmd_ttft, "outage": cmd_outage, "share": cmd_share}[a.what](a)
 
 

@@ -106,6 +106,14 @@ static void kvstore_series(rtr_server *s, rtr_link *l, const prt_stats_ok *m) {
     rtr_metric_add(l->m_w_kvs[i], v >= l->kvs_last[i] ? v - l->kvs_last[i] : v); // a restarted worker counts anew
     l->kvs_last[i] = v;
   }
+  if (m->kvstore_up < 0) return;
+  if (!l->m_w_kvs_up) {
+    char lab[160];
+    snprintf(lab, sizeof lab, "worker=\"%s\",role=\"%s\"", l->cfg->name, cfg_role_name(l->cfg->role));
+    l->m_w_kvs_up = rtr_metrics_gauge(s->m, "dserve:kvstore_up",
+                                      "1 while a worker's last round trip to the shared store succeeded.", lab);
+  }
+  rtr_metric_set(l->m_w_kvs_up, m->kvstore_up);
 }
 
 void rtr_observe_stats_locked(rtr_server *s, rtr_link *l, const prt_stats_ok *m) {

@@ -78,6 +78,7 @@ typedef struct rtr_link {
   double n_prompt_tokens, n_gen_tokens, n_handoffs, spans_dropped_last;
   rtr_metric *m_w_kvs[RTR_N_KVS]; // (owned by s->m) the shared KV tier's counters (observe.c), once the worker sends them
   double kvs_last[RTR_N_KVS];
+  rtr_metric *m_w_kvs_up;      // (owned by s->m) dserve:kvstore_up, once the worker sends kvstore_up
   pthread_t thread;
   int has_thread;
 } rtr_link;

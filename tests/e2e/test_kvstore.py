@@ -45,8 +45,8 @@ class SharedTier(unittest.TestCase):
         last = [None]
 
         def ok():
-            last[0] = u.metrics(c.port).get(name, 0)
-            return cond(last[0])
+            last[0] = u.metrics(c.port).get(name)  # None: no such series (yet)
+            return last[0] is not None and cond(last[0])
         if not u.wait_until(ok, timeout * u.SCALE, 0.2):
             raise AssertionError("%s stayed %r" % (name, last[0]))
         return last[0]
@@ -77,6 +77,7 @@ class SharedTier(unittest.TestCase):
         self.assertEqual(cached_b, N_BLOCKS * BS)
         self.wait_metric(b, 'dserve:prefix_cache_tier_hits_total{worker="w1",tier="store"}', lambda v: v == N_BLOCKS * BS)
         self.wait_metric(b, 'dserve:kvstore_read_blocks_total{worker="w1",role="both"}', lambda v: v == N_BLOCKS)
+        self.wait_metric(b, 'dserve:kvstore_up{worker="w1",role="both"}', lambda v: v == 1)
         access = u.wait_until(lambda: re.search(r"cached_tokens=%d cached_store_tokens=%d" % (N_BLOCKS * BS, N_BLOCKS * BS),
                                                 b.node.text()), 10 * u.SCALE)
         self.assertTrue(access, "no access line names the store's tokens:\n" + b.node.text()[-2000:])
@@ -102,6 +103,7 @@ class SharedTier(unittest.TestCase):
         text_d, _ = self.complete(c, doc)
         self.assertEqual(text_d, text)
         self.wait_metric(c, 'dserve:kvstore_errors_total{worker="w1",role="both"}', lambda v: v >= 1)
+        self.wait_metric(c, 'dserve:kvstore_up{worker="w1",role="both"}', lambda v: v == 0)
         self.assertEqual(u.metrics(c.port).get("dserve:request_failure_total", 0), 0)
 
     def test_unreachable_store_at_start_is_a_warning(self):
