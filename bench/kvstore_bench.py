@@ -9,9 +9,10 @@
   share   a shared-prefix chat workload (one system prompt, conversations of several turns) on two prefill workers with
           KV-aware routing off, with and without the store, against one prefill worker alone: prompt tokens served from a
           tier (usage.prompt_tokens_details.cached_tokens).
+  cluster a three-master Redis Cluster: how a document's blocks spread over the masters; one master killed.
 
 TTFT is the client's latency of a max_tokens=1 completion. Needs build/dserve (or DSERVE_BINARY), the models of
-scripts/setup.sh and redis-server. Usage: python3 bench/kvstore_bench.py ttft|outage|share [--model M] [options]."""
+scripts/setup.sh and redis-server. Usage: python3 bench/kvstore_bench.py ttft|outage|share|cluster [--model M] [options]."""
 
 import argparse
 import json
@@ -210,9 +211,42 @@ def cmd_share(a):
               (k, v["prompt"], v["cached"], 100.0 * v["cached"] / alone if alone else float("nan"), v["failed"]))
 
 
+def cmd_cluster(a):
+    """Three masters (redis-server --cluster-enabled yes, slots by redis-cli --cluster create): a document's blocks
+    spread over them; one master killed: the run stops at its first block (misses only), no request fails."""
+    nodes = [Redis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"])
+             for _ in range(3)]
+    try:
+        nodes[0].run("--cluster", "create", *["127.0.0.1:%d" % n.port for n in nodes], "--cluster-replicas", "0",
+                     "--cluster-yes")
+        u.wait_until(lambda: "cluster_state:ok" in nodes[0].run("CLUSTER", "INFO"), 30, 0.2)
+        c = u.Cluster([{"name": "w0", "role": "both", "threads": a.threads, "kv_budget_mb": 256, "prefix_cache_mb": 0,
+                        "max_batch_tokens": 512}], tag="kvs-cluster", model=MODELS[a.model],
+                      extra={"kvstore": {"type": "redis", "cluster": True, "endpoints": ["127.0.0.1:%d" % nodes[0].port]}})
+        try:
+            c.start(300)
+            doc = doc_tokens(a.doc_len, 11)
+            t_cold, st, usage = latency(c.port, {"prompt": doc, "max_tokens": 1})
+            want = (a.doc_len - 1) // 16
+            u.wait_until(lambda: sum(store_blocks(n) for n in nodes) >= want, 60, 0.2)
+            spread = [store_blocks(n) for n in nodes]
+            t_warm, st2, usage2 = latency(c.port, {"prompt": doc, "max_tokens": 1})
+            nodes[1].kill()
+            res = [latency(c.port, {"prompt": doc, "max_tokens": 1}) for _ in range(3)]
+        finally:
+            c.close()
+    finally:
+        for n in nodes:
+            n.close()
+    print("model %s, %d-token document, a three-master Redis Cluster: blocks per master %s" % (a.model, a.doc_len, spread))
+    print("| cold %.3f s (cached %d) | warm %.3f s (cached %d) | one master killed: %s |" % (
+        t_cold, cached(usage), t_warm, cached(usage2),
+        ", ".join("%.3f s status %s cached %d" % (t, st, cached(us)) for t, st, us in res)))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("ttft", "outage", "share"))
+    p.add_argument("what", choices=("ttft", "outage", "share", "cluster"))
     p.add_argument("--model", choices=sorted(MODELS), default="smollm2")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--doc-len", type=int, default=None, help="tokens of the document (ttft 3000, outage 512)")
@@ -227,8 +261,8 @@ def main():
     p.add_argument("--max-tokens", type=int, default=8)
     a = p.parse_args()
     if a.doc_len is None:
-        a.doc_len = 3000 if a.what == "ttft" else 256
-    {"ttft": cmd_ttft, "outage": cmd_outage, "share": cmd_share}[a.what](a)
+        a.doc_len = {"ttft": 3000, "cluster": 1024}.get(a.what, 256)
+    {"ttft": cmd_ttft, "outage": cmd_outage, "share": cmd_share, "cluster": cmd_cluster}[a.what](a)
 
 
 if __name__ == "__main__":
