@@ -6,7 +6,8 @@
   outage  8 streams of shared-prefix prompts on a both worker without a local prefix cache (every reuse is the store's);
           the store is killed (SIGKILL, after a SAVE) for DOWN seconds and started again on its snapshot: failed
           requests, latency before / during / after, and how long after the store's return store-speed TTFT is back.
-  share   a shared-prefix chat workload (one system prompt, conversations of several turns) on two prefill workers with
+  share   a shared-prefix chat workload (one system prompt, conversations of several turns, each pasting its own document
+          first) on two prefill workers with
           KV-aware routing off, with and without the store, against one prefill worker alone: prompt tokens served from a
           tier (usage.prompt_tokens_details.cached_tokens).
   cluster a three-master Redis Cluster: how a document's blocks spread over the masters; one master killed.
@@ -156,10 +157,19 @@ def cmd_outage(a):
         print("  +%6.2f s  %6.3f s  %5d" % (x[0] - t_back, x[1], x[3]))
 
 
+WORDS = ("store block prefix worker cache token layer shared cluster redis prompt answer request model chat turn value "
+         "key write read tier pool host disk fetch peer route decode prefill stream batch queue time").split()
+
+
 def system_prompt(a):
     """The one system prompt every conversation starts with (about system_words words)."""
-    words = ("the store keeps every block a prefill computed so that no worker computes a prefix twice; " * 40).split()
-    return " ".join(words[:a.system_words])
+    return "You answer questions about the documents users paste. " + " ".join(
+        WORDS[(i * 7) % len(WORDS)] for i in range(a.system_words))
+
+
+def pasted_doc(a, k):
+    """Conversation k's own document (doc_words words), pasted in its first turn."""
+    return " ".join(WORDS[(k * 31 + i * i * 17 + i) % len(WORDS)] for i in range(a.doc_words))
 
 
 def run_share(a, workers, extra, routing):
@@ -174,8 +184,9 @@ def run_share(a, workers, extra, routing):
         def conv(k):
             msgs = [{"role": "system", "content": system}]
             for turn in range(a.turns):
-                msgs.append({"role": "user", "content": "Conversation %d, question %d: what does the store keep?" %
-                             (k, turn)})
+                q = ("Here is my document:\n" + pasted_doc(a, k) + "\nWhat is it about?") if turn == 0 else \
+                    "And what does word %d of it mean?" % (turn * 3 + k)
+                msgs.append({"role": "user", "content": q})
                 st, b = u.post(c.port, "/v1/chat/completions",
                                {"messages": msgs, "max_tokens": a.max_tokens, "temperature": 0}, timeout=600)
                 with lock:
@@ -185,7 +196,20 @@ def run_share(a, workers, extra, routing):
                     totals["prompt"] += b["usage"]["prompt_tokens"]
                     totals["cached"] += cached(b["usage"])
                 msgs.append({"role": "assistant", "content": b["choices"][0]["message"]["content"]})
-        u.run_threads([lambda k=k: conv(k) for k in range(a.convs)], 3600)
+
+        def lane(j):  # a.parallel conversations at a time
+            for k in range(j, a.convs, a.parallel):
+                conv(k)
+        u.run_threads([lambda j=j: lane(j) for j in range(a.parallel)], 3600)
+        # What the prefill workers did not compute: their prefix hits, every tier (the store's included). The usage's
+        # cached_tokens says less here: a decode worker reports the blocks it held itself, whoever prefilled.
+        for name, port in c.ports().items():
+            if name.startswith("p"):
+                st = u.worker_stats(port)
+                totals["hits"] = totals.get("hits", 0) + st.get("prefix_hits", 0)
+                totals["queries"] = totals.get("queries", 0) + st.get("prefix_queries", 0)
+                store = st.get("prefix_tiers", {}).get("store")
+                totals["store"] = totals.get("store", 0) + (store["hits"] if store else 0)
     finally:
         c.close()
     return totals
@@ -193,7 +217,7 @@ def run_share(a, workers, extra, routing):
 
 def cmd_share(a):
     w = {"threads": a.threads, "kv_budget_mb": 256, "max_batch_tokens": 512, "kvxfer": {"backend": "shm"}}
-    off = {"overlap": 0, "queue": 1, "free": 0}  # KV-aware routing off: the shorter queue wins
+    off = {"overlap": 0}  # KV-aware routing off: the default weights of queue (0.5) and free blocks (0.2) alone
     two = [dict(w, name="p0", role="prefill"), dict(w, name="p1", role="prefill"), dict(w, name="d0", role="decode")]
     one = [dict(w, name="p0", role="prefill"), dict(w, name="d0", role="decode")]
     redis = Redis()
@@ -203,12 +227,15 @@ def cmd_share(a):
                "two prefill workers, store": run_share(a, two, kvstore_section(redis), off)}
     finally:
         redis.close()
-    alone = res["one prefill worker, no store"]["cached"]
-    print("model %s, %d conversations x %d turns, ~%d-word system prompt, routing overlap 0" %
-          (a.model, a.convs, a.turns, a.system_words))
+    alone = res["one prefill worker, no store"]["hits"]
+    print("model %s, %d conversations x %d turns (%d at a time), a %d-word system prompt, a %d-word document pasted in "
+          "each first turn, routing overlap 0" % (a.model, a.convs, a.turns, a.parallel, a.system_words, a.doc_words))
+    print("| setup | prompt tokens | prefill workers' tier hits (tokens) | of which the store | % of one worker alone "
+          "| usage cached_tokens | failed |")
     for k, v in res.items():
-        print("| %-30s | prompt %6d | from a tier %6d | %.1f%% of one worker alone | failed %d |" %
-              (k, v["prompt"], v["cached"], 100.0 * v["cached"] / alone if alone else float("nan"), v["failed"]))
+        print("| %s | %d | %d | %d | %.1f%% | %d | %d |" % (k, v["prompt"], v["hits"], v["store"],
+                                                           100.0 * v["hits"] / alone if alone else float("nan"),
+                                                           v["cached"], v["failed"]))
 
 
 def cmd_cluster(a):
@@ -257,7 +284,9 @@ def main():
     p.add_argument("--after-s", type=int, default=30)
     p.add_argument("--convs", type=int, default=12)
     p.add_argument("--turns", type=int, default=3)
-    p.add_argument("--system-words", type=int, default=400)
+    p.add_argument("--system-words", type=int, default=100)
+    p.add_argument("--doc-words", type=int, default=300)
+    p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=8)
     a = p.parse_args()
     if a.doc_len is None:
