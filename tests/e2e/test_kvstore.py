@@ -27,9 +27,10 @@ class SharedTier(unittest.TestCase):
         self.redis = Redis()
         self.addCleanup(self.redis.close)
 
-    def cluster(self, tag, model=u.MODEL):
+    def cluster(self, tag, model=u.MODEL, workers=None, disagg_threshold=1000):
         """A fresh router and both worker w1 with the store (an empty pool: nothing of an earlier worker's)."""
-        c = u.Cluster([{"name": "w1", "role": "both"}], tag=tag, model=model,
+        c = u.Cluster(workers or [{"name": "w1", "role": "both"}], tag=tag, model=model,
+                      disagg_threshold=disagg_threshold,
                       extra={"kvstore": {"type": "redis", "endpoints": ["127.0.0.1:%d" % self.redis.port],
                                          "read_timeout_ms": int(2000 * u.SCALE)}})
         self.addCleanup(c.close)
@@ -105,6 +106,24 @@ class SharedTier(unittest.TestCase):
         self.wait_metric(c, 'dserve:kvstore_errors_total{worker="w1",role="both"}', lambda v: v >= 1)
         self.wait_metric(c, 'dserve:kvstore_up{worker="w1",role="both"}', lambda v: v == 0)
         self.assertEqual(u.metrics(c.port).get("dserve:request_failure_total", 0), 0)
+
+    def test_prefill_worker_reads_the_store_and_hands_off(self):
+        """1P1D: a restarted pair's prefill worker reads the blocks, pushes them with the rest; kv_first and done say
+        which tokens came from the store."""
+        pd = [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}]
+        doc = prompt(6)
+        a = self.cluster("kvs-pa", workers=pd, disagg_threshold=0)
+        text, _ = self.complete(a, doc)
+        self.stored_keys(N_BLOCKS)
+        a.close()
+        b = self.cluster("kvs-pb", workers=pd, disagg_threshold=0)
+        text_b, cached_b = self.complete(b, doc)
+        self.assertEqual(cached_b, N_BLOCKS * BS)
+        self.assertEqual(text_b, text)
+        self.assertTrue(u.wait_until(lambda: re.search(r"cached_store_tokens=%d .*workers=p0>d0" % (N_BLOCKS * BS),
+                                                       b.node.text()), 10 * u.SCALE), b.node.text()[-2000:])
+        self.wait_metric(b, 'dserve:prefix_cache_tier_hits_total{worker="p0",tier="store"}', lambda v: v == N_BLOCKS * BS)
+        self.assertIsNone(u.metrics(b.port).get('dserve:kvstore_up{worker="d0",role="decode"}'))  # decode: no store
 
     def test_unreachable_store_at_start_is_a_warning(self):
         """A store nobody listens on: the worker starts and serves (recomputing), the store is named in a warning."""
