@@ -2,9 +2,11 @@
 worker wrote (tier store, identical output), a forged value is a counted MAC failure and recomputed, a killed store
 only means recompute."""
 
+import json
 import os
 import re
 import shutil
+import subprocess
 import unittest
 
 import e2e_util as u
@@ -124,6 +126,21 @@ class SharedTier(unittest.TestCase):
                                                        b.node.text()), 10 * u.SCALE), b.node.text()[-2000:])
         self.wait_metric(b, 'dserve:prefix_cache_tier_hits_total{worker="p0",tier="store"}', lambda v: v == N_BLOCKS * BS)
         self.assertIsNone(u.metrics(b.port).get('dserve:kvstore_up{worker="d0",role="decode"}'))  # decode: no store
+
+    def test_serve_flag(self):
+        """dserve serve --kvstore redis://HOST:PORT is the kvstore section; anything else is refused, naming it."""
+        def serve(*args):  # a bad value is refused before anything starts (--print-config prints without checking)
+            p = subprocess.run([u.DSERVE, "serve", u.MODEL] + list(args), capture_output=True, text=True, timeout=60)
+            return p.returncode, p.stdout + p.stderr
+        rc, out = serve("--print-config", "--kvstore", "redis://127.0.0.1:%d" % self.redis.port)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(json.loads(out)["kvstore"], {"type": "redis", "endpoints": ["127.0.0.1:%d" % self.redis.port]})
+        for bad, why in (("127.0.0.1:6379", "expected redis://HOST:PORT"), ("redis://h", "expected redis://HOST:PORT"),
+                         ("redis://user@h:1", "expected redis://HOST:PORT"),
+                         ("redis://h:99999", "kvstore.endpoints[0]: expected \"host:port\"")):
+            rc, out = serve("--kvstore", bad)
+            self.assertEqual(rc, 2, bad)
+            self.assertIn(why, out, bad)
 
     def test_unreachable_store_at_start_is_a_warning(self):
         """A store nobody listens on: the worker starts and serves (recomputing), the store is named in a warning."""
