@@ -1,5 +1,6 @@
-// kvstore/kvs_conn.c: one connection to one Redis node: our nonblocking socket and deadline, hiredis's command
-// formatting and reply parser, pipelined commands, and several connections' round trips in flight at once.
+// kvstore/kvs_conn.c: one connection to one Redis node: our nonblocking socket (TLS over it when configured) and
+// deadline, hiredis's command formatting and reply parser, pipelined commands, and several connections' round trips
+// in flight at once.
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -16,6 +17,7 @@
 
 struct kvs_conn {
   int fd;
+  SSL *ssl;        // (owned) NULL: plain TCP
   redisReader *rd; // (owned) replies parsed from what has arrived
   utl_buf out;     // commands queued, not yet sent
   size_t sent;     // bytes of out already on the socket
@@ -23,6 +25,7 @@ struct kvs_conn {
 
 void kvs_conn_close(kvs_conn *c) {
   if (!c) return;
+  kvs_tls_free(c->ssl);
   if (c->fd >= 0) close(c->fd);
   if (c->rd) redisReaderFree(c->rd);
   utl_buf_free(&c->out);
@@ -46,6 +49,12 @@ static int remaining(int64_t deadline_ms) {
 // Writes what the socket takes now: 0 (maybe some left), or -1 (the socket failed).
 static int pump_out(kvs_conn *c) {
   while (c->sent < c->out.n) {
+    if (c->ssl) {
+      long k = kvs_tls_send(c->ssl, c->out.p + c->sent, c->out.n - c->sent);
+      if (k <= 0) return (int)k; // 0: would block
+      c->sent += (size_t)k;
+      continue;
+    }
     ssize_t k = send(c->fd, c->out.p + c->sent, c->out.n - c->sent, MSG_NOSIGNAL);
     if (k > 0) {
       c->sent += (size_t)k;
@@ -66,6 +75,13 @@ static int pump_out(kvs_conn *c) {
 static int pump_in(kvs_conn *c) {
   char buf[65536];
   for (;;) {
+    if (c->ssl) { // read until it would block: a record's rest may wait in libssl, where poll cannot see it
+      long k = kvs_tls_recv(c->ssl, buf, sizeof buf);
+      if (k < 0) return -1;
+      if (k == 0) return 0;
+      if (redisReaderFeed(c->rd, buf, (size_t)k) != REDIS_OK) return -1;
+      continue;
+    }
     ssize_t k = recv(c->fd, buf, sizeof buf, 0);
     if (k > 0) {
       if (redisReaderFeed(c->rd, buf, (size_t)k) != REDIS_OK) return -1;
@@ -107,6 +123,8 @@ void kvs_conn_exchange(kvs_conn **cs, int n, const int *want, redisReply ***reps
     for (int i = 0; i < n; i++) {
       if (rc[i] != KVS_C_OK || (got[i] >= want[i] && !cs[i]->out.n)) continue;
       p[m] = (struct pollfd){.fd = cs[i]->fd, .events = (short)(POLLIN | (cs[i]->out.n ? POLLOUT : 0))};
+      // (TLS: a read that needs the socket writable, a key update while our buffer is full, is rare enough to wait
+      // for the next POLLIN or the deadline; polling POLLOUT always would spin.)
       idx[m++] = i;
     }
     int left = remaining(deadline_ms);
@@ -119,7 +137,8 @@ void kvs_conn_exchange(kvs_conn **cs, int n, const int *want, redisReply ***reps
     open = 0;
     for (int j = 0; j < m; j++) {
       int i = idx[j];
-      if (p[j].revents & POLLOUT && pump_out(cs[i]) < 0) rc[i] = KVS_C_IO;
+      // TLS: a write may wait on a read (a renegotiation), so pump out again on POLLIN as well
+      if (p[j].revents & (POLLOUT | (cs[i]->ssl ? POLLIN : 0)) && pump_out(cs[i]) < 0) rc[i] = KVS_C_IO;
       if (rc[i] == KVS_C_OK && p[j].revents & (POLLIN | POLLHUP | POLLERR)) {
         if (pump_in(cs[i]) < 0) rc[i] = KVS_C_IO;
         // replies that arrived with the close still count
@@ -142,8 +161,8 @@ kvs_conn_rc kvs_conn_call(kvs_conn *c, int argc, const char **argv, const size_t
   return rc;
 }
 
-kvs_conn_rc kvs_conn_open(const char *host, int port, const char *password, int64_t deadline_ms, kvs_conn **out,
-                          char *err, size_t errlen) {
+kvs_conn_rc kvs_conn_open(const char *host, int port, SSL_CTX *tls, const char *password, int64_t deadline_ms,
+                          kvs_conn **out, char *err, size_t errlen) {
   *out = NULL;
   int left = remaining(deadline_ms);
   int fd = left > 0 ? utl_tcp_connect(host, port, left, err, errlen) : -1;
@@ -160,6 +179,13 @@ kvs_conn_rc kvs_conn_open(const char *host, int port, const char *password, int6
   }
   c->fd = fd;
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  if (tls) {
+    kvs_conn_rc rc = kvs_tls_connect(tls, fd, host, deadline_ms, &c->ssl, err, errlen);
+    if (rc != KVS_C_OK) {
+      kvs_conn_close(c);
+      return rc;
+    }
+  }
   if (password) {
     const char *argv[2] = {"AUTH", password};
     size_t lens[2] = {4, strlen(password)};

@@ -5,17 +5,23 @@
 //   kvs_topo.c   nodes and the slot map: CLUSTER SLOTS, MOVED/ASK replies, CRC16 key slots
 //   kvs_conn.c   one connection to one node: nonblocking socket, AUTH, pipelined commands (hiredis formats them
 //                and parses replies; the socket and the deadline are ours), several connections in flight at once
+//   kvs_tls.c    TLS over those sockets (libssl): the client context, the handshake, record I/O
 //   kvs_value.c  keys and values: the header, the MAC, verification
 #ifndef DSERVE_KVS_INT_H
 #define DSERVE_KVS_INT_H
 
 #include <hiredis/hiredis.h>
+#include <openssl/ssl.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "kvstore/kvstore.h"
 #include "util/err.h"
+
+#ifdef __cplusplus
+extern "C" { // the tests check the slots and the value size
+#endif
 
 // ---- kvs_value.c
 // A value: header (KVS_HDR bytes, little-endian: "DSVK", version u32, space[32], key u64, parent u64,
@@ -34,13 +40,27 @@ typedef enum kvs_verdict { KVS_V_OK = 0, KVS_V_MAC = 1, KVS_V_MISMATCH = 2 } kvs
 kvs_verdict kvs_value_check(const kvs_config *c, const kvs_block *b, const uint8_t *v, size_t n);
 size_t kvs_value_payload_off(int block_tokens);
 
-// ---- kvs_conn.c
 typedef enum kvs_conn_rc { KVS_C_OK = 0, KVS_C_IO = -1, KVS_C_TIMEOUT = -2, KVS_C_AUTH = -3 } kvs_conn_rc;
+
+// ---- kvs_tls.c
+// A client context: the store's certificate must chain to ca (NULL: the system's trust store) and name the endpoint;
+// cert and key (both or neither) are ours, for a store that asks for one. NULL with err when a file does not load.
+SSL_CTX *kvs_tls_ctx_new(const char *ca, const char *cert, const char *key, char *err, size_t errlen);
+void kvs_tls_ctx_free(SSL_CTX *ctx); // NULL is fine
+// The handshake on connected nonblocking socket fd, verifying the certificate names host, by deadline_ms.
+kvs_conn_rc kvs_tls_connect(SSL_CTX *ctx, int fd, const char *host, int64_t deadline_ms, SSL **out, char *err,
+                            size_t errlen);
+void kvs_tls_free(SSL *ssl); // NULL is fine; the socket is the caller's
+// Record I/O: bytes moved (> 0), 0 when it would block (poll the socket, both ways), -1 when the connection failed.
+long kvs_tls_send(SSL *ssl, const void *p, size_t n);
+long kvs_tls_recv(SSL *ssl, void *p, size_t n);
+
+// ---- kvs_conn.c
 typedef struct kvs_conn kvs_conn;
-// Connects to host:port and, with a password, AUTHs, all by deadline_ms (utl_now_ms clock). KVS_C_OK with *out, or
-// an error with err (KVS_C_AUTH: the store refused the password).
-kvs_conn_rc kvs_conn_open(const char *host, int port, const char *password, int64_t deadline_ms, kvs_conn **out,
-                          char *err, size_t errlen);
+// Connects to host:port (with tls, TLS over it), and with a password AUTHs, all by deadline_ms (utl_now_ms clock).
+// KVS_C_OK with *out, or an error with err (KVS_C_AUTH: the store refused the password).
+kvs_conn_rc kvs_conn_open(const char *host, int port, SSL_CTX *tls, const char *password, int64_t deadline_ms,
+                          kvs_conn **out, char *err, size_t errlen);
 void kvs_conn_close(kvs_conn *c); // NULL is fine
 // Appends one command (argc arguments, binary-safe) to c's send buffer: 0, or -1 (out of memory).
 int kvs_conn_cmd(kvs_conn *c, int argc, const char **argv, const size_t *lens) UTL_WARN_UNUSED;
@@ -60,6 +80,10 @@ typedef struct kvs_node {
   char host[256];
   int port;
   kvs_conn *rc;           // (owned) the readers' connection; only under kvs.read_mu
+  unsigned rc_epoch;      // the node's epoch when rc was opened (under kvs.read_mu)
+  unsigned epoch;         // counts the node's failures (under kvs.mu): an rc from an older epoch is dropped
+  kvs_conn *spare;        // (owned) a read connection a probe opened, for the readers to take (under kvs.mu)
+  unsigned spare_epoch;   // the node's epoch when spare was opened (under kvs.mu)
   kvs_conn *wc;           // (owned) the write-behind thread's connection; only that thread
   int down;               // 1: reads and writes skip this node until a probe reaches it (under kvs.mu)
   int64_t next_probe_ms;  // when the next probe may run (under kvs.mu)
@@ -90,7 +114,7 @@ int kvs_split_endpoint(const char *ep, char *host, size_t hostlen, int *port);
 #define KVS_RECENT 4096        // keys known present (direct-mapped): writes of them are skipped
 #define KVS_BATCH 64           // blocks the write-behind thread takes at once
 #define KVS_BACKOFF_MIN_MS 100 // first wait before probing a node that failed
-#define KVS_BACKOFF_MAX_MS 2000 // the longest
+#define KVS_BACKOFF_MAX_MS 1000 // the longest: a store that returns is used again within about a second
 
 typedef struct kvs_item { // one queued write, with its tokens and payload after it in the same allocation
   struct kvs_item *next;
@@ -105,6 +129,7 @@ typedef struct kvs_recent { uint64_t h; int64_t t_ms; } kvs_recent;
 struct kvs {
   kvs_config c;                // endpoints and password point into this struct's copies
   char *password;              // (owned) NULL: no AUTH
+  SSL_CTX *tls;                // (owned) NULL: plain TCP
   char **endpoints;            // (owned, c.n_endpoints)
   int write_timeout_ms;        // one write batch's budget
   pthread_mutex_t mu;          // topo (slot map, node states), need_refresh, the queue, recent, stats
@@ -113,6 +138,7 @@ struct kvs {
   pthread_cond_t done_cv;      // wakes kvs_flush: a batch finished
   kvs_topo topo;
   int need_refresh;            // cluster: a MOVED was seen, or the map is missing: reload CLUSTER SLOTS
+  int64_t refresh_ms;          // when the map was last asked for (at most one try per KVS_BACKOFF_MIN_MS)
   kvs_item *head, *tail;       // the queue (owned)
   size_t q_bytes;              // queued plus in flight
   uint64_t enq, done;          // blocks queued / finished (written, skipped or dropped) so far
@@ -139,4 +165,7 @@ void kvs_probe_due(kvs *s, int timeout_ms);
 // kvs_write.c: writes a batch taken from the queue (the write-behind thread); frees the items.
 void kvs_write_batch(kvs *s, kvs_item **items, int n);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -13,14 +13,32 @@ typedef struct rd_blk {
   int node;          // where it is asked (after a redirect: the node named by it)
   blk_state st;
   redisReply *r;     // (owned) its GET reply, while B_PENDING
+  int asking, sent;  // this pass queued ASKING / the GET for it (so replies are matched even if a queueing failed)
 } rd_blk;
+
+static int selected(const rd_blk *b, int redirected) {
+  return redirected ? b->st == B_MOVED || b->st == B_ASK : b->st == B_PENDING;
+}
 
 // The read connection of node i, opened when missing: it, or NULL (the node is marked down). Under read_mu.
 static kvs_conn *read_conn(kvs *s, int i, int64_t deadline) {
   kvs_node *n = s->topo.nodes[i];
-  if (n->rc) return n->rc;
+  pthread_mutex_lock(&s->mu);
+  unsigned epoch = n->epoch;
+  kvs_conn *spare = NULL;
+  if (!(n->rc && n->rc_epoch == epoch) && n->spare && n->spare_epoch == epoch) {
+    spare = n->spare; // the probe's: connected, authenticated
+    n->spare = NULL;
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (n->rc && n->rc_epoch == epoch) return n->rc;
+  kvs_conn_close(n->rc); // the node failed since (for the writer, say): the store may have restarted
+  n->rc = spare;
+  n->rc_epoch = epoch;
+  if (spare) return spare;
   char err[256] = "";
-  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->password, deadline, &n->rc, err, sizeof err);
+  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &n->rc, err, sizeof err);
+  n->rc_epoch = epoch;
   if (rc == KVS_C_OK) return n->rc;
   pthread_mutex_lock(&s->mu);
   if (rc == KVS_C_TIMEOUT || utl_now_ms() >= deadline) s->st.timeouts++;
@@ -37,15 +55,15 @@ static void pass(kvs *s, rd_blk *b, int cut, int64_t deadline, int redirected) {
   int node_of[KVS_MAX_NODES], want[KVS_MAX_NODES], m = 0;
   int slot_of_node[KVS_MAX_NODES];
   for (int i = 0; i < KVS_MAX_NODES; i++) slot_of_node[i] = -1;
+  for (int i = 0; i < cut; i++) b[i].asking = b[i].sent = 0;
   for (int i = 0; i < cut; i++) {
-    int sel = redirected ? (b[i].st == B_MOVED || b[i].st == B_ASK) : b[i].st == B_PENDING;
-    if (!sel) continue;
+    if (!selected(&b[i], redirected)) continue;
     int nd = b[i].node;
     if (slot_of_node[nd] < 0) {
       kvs_conn *c = read_conn(s, nd, deadline);
       if (!c) {
         for (int j = i; j < cut; j++)
-          if (b[j].node == nd) b[j].st = B_FAIL;
+          if (b[j].node == nd && selected(&b[j], redirected)) b[j].st = B_FAIL;
         continue;
       }
       slot_of_node[nd] = m;
@@ -58,12 +76,13 @@ static void pass(kvs *s, rd_blk *b, int cut, int64_t deadline, int redirected) {
     size_t lens[2] = {3, KVS_KEY_LEN};
     const char *ask[1] = {"ASKING"};
     size_t asklen[1] = {6};
-    int ok = 1;
-    if (b[i].st == B_ASK) ok = kvs_conn_cmd(cs[k], 1, ask, asklen) == 0 && (want[k]++, 1);
-    if (ok && kvs_conn_cmd(cs[k], 2, argv, lens) == 0) {
+    if (b[i].st == B_ASK && kvs_conn_cmd(cs[k], 1, ask, asklen) == 0) {
+      b[i].asking = 1;
       want[k]++;
-    } else {
-      b[i].st = B_MISS; // out of memory for a command: this block is not read
+    }
+    if ((b[i].st != B_ASK || b[i].asking) && kvs_conn_cmd(cs[k], 2, argv, lens) == 0) {
+      b[i].sent = 1;
+      want[k]++;
     }
   }
   if (!m) return;
@@ -88,10 +107,13 @@ static void pass(kvs *s, rd_blk *b, int cut, int64_t deadline, int redirected) {
   kvs_conn_exchange(cs, m, want, reps, rc, deadline);
   int used[KVS_MAX_NODES] = {0};
   for (int i = 0; i < cut; i++) {
-    int sel = redirected ? (b[i].st == B_MOVED || b[i].st == B_ASK) : b[i].st == B_PENDING;
-    if (!sel || slot_of_node[b[i].node] < 0) continue;
+    if (!selected(&b[i], redirected) || slot_of_node[b[i].node] < 0) continue;
     int k = slot_of_node[b[i].node];
-    if (b[i].st == B_ASK) used[k]++; // ASKING's +OK
+    used[k] += b[i].asking; // ASKING's +OK
+    if (!b[i].sent) { // out of memory for the command: this block is not read
+      b[i].st = B_MISS;
+      continue;
+    }
     if (rc[k] != KVS_C_OK) {
       b[i].st = B_FAIL;
       continue;
@@ -138,7 +160,10 @@ static int walk(kvs *s, const kvs_block *blocks, rd_blk *b, int cut, int final) 
       } else {
         b[i].node = nd;
         b[i].st = kind == 1 ? B_MOVED : B_ASK;
-        if (kind == 1) s->need_refresh = 1; // the write-behind thread reloads the map
+        if (kind == 1) { // the write-behind thread reloads the map
+          s->need_refresh = 1;
+          pthread_cond_signal(&s->cv);
+        }
       }
     } else if (r->type == REDIS_REPLY_STRING) {
       pthread_mutex_unlock(&s->mu); // the MAC is the costly part: not under mu

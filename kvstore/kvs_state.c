@@ -35,11 +35,12 @@ void kvs_mark_down(kvs *s, int i, const char *why) {
   int b = n->down && n->backoff_ms ? n->backoff_ms * 2 : KVS_BACKOFF_MIN_MS;
   n->backoff_ms = b > KVS_BACKOFF_MAX_MS ? KVS_BACKOFF_MAX_MS : b;
   n->down = 1;
+  n->epoch++;
   n->next_probe_ms = now + n->backoff_ms;
   s->st.up = 0;
   if (!n->logged) {
-    utl_warn(KVS_LOGC, "store %s:%d unavailable (%s): its blocks are misses until a background probe reaches it", n->host,
-             n->port, why);
+    utl_warn(KVS_LOGC, "store %s:%d unavailable (%s): its blocks are misses until a background probe reaches it",
+             n->host, n->port, why);
     n->logged = 1;
   }
   pthread_cond_signal(&s->cv); // the thread recomputes when to probe
@@ -67,7 +68,7 @@ int kvs_probe_node(kvs *s, int i, int64_t deadline) {
   kvs_node *n = s->topo.nodes[i]; // host and port never change; fields under mu are read under it
   char err[256] = "";
   kvs_conn *c = NULL;
-  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->password, deadline, &c, err, sizeof err);
+  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &c, err, sizeof err);
   if (rc == KVS_C_OK) {
     redisReply *r = NULL;
     const char *argv[1] = {"PING"};
@@ -81,11 +82,24 @@ int kvs_probe_node(kvs *s, int i, int64_t deadline) {
     }
     if (r) freeReplyObject(r);
   }
+  // A second connection for the readers, so that a read after an outage spends its budget on GETs rather than on a
+  // connect, a TLS handshake and AUTH (which, over a slow link, could alone outlast it and mark the node down again).
+  // Without one the readers connect themselves.
+  kvs_conn *spare = NULL;
+  char err2[256];
+  if (rc == KVS_C_OK && kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &spare, err2, sizeof err2))
+    spare = NULL;
   pthread_mutex_lock(&s->mu);
   if (rc != KVS_C_OK) {
     kvs_conn_failed(s, i, rc, err);
   } else {
+    kvs_conn_close(n->spare); // an older one the readers never took
+    n->spare = spare;
+    n->spare_epoch = n->epoch;
     if (n->logged) utl_log(KVS_LOGC, "store %s:%d reachable again", n->host, n->port);
+    // It may have restarted empty: what we knew present may be gone, so writes check again (EXISTS) from now.
+    if (n->logged) memset(s->recent, 0, sizeof s->recent);
+    if (s->c.cluster && n->down) s->need_refresh = 1; // a node's return may come with a failover: ask again
     n->down = n->logged = n->auth_logged = 0;
     n->backoff_ms = 0;
     s->st.up = 1;
@@ -103,6 +117,7 @@ int kvs_probe_node(kvs *s, int i, int64_t deadline) {
 // Cluster: asks the first node that answers for CLUSTER SLOTS and loads the map.
 static void refresh_map(kvs *s, int64_t deadline) {
   pthread_mutex_lock(&s->mu);
+  s->refresh_ms = utl_now_ms();
   int nn = s->topo.n_nodes;
   pthread_mutex_unlock(&s->mu);
   for (int i = 0; i < nn; i++) {
@@ -120,6 +135,7 @@ static void refresh_map(kvs *s, int64_t deadline) {
     int ok = rc == KVS_C_OK && kvs_topo_load(&s->topo, r, n->host, err, sizeof err) == 0;
     if (ok) {
       s->need_refresh = 0;
+      s->st.map_loads++;
     } else if (rc != KVS_C_OK) {
       s->st.errors++;
       kvs_mark_down(s, i, "CLUSTER SLOTS failed");

@@ -59,6 +59,7 @@ void kvs_topo_free(kvs_topo *t) {
   for (int i = 0; i < t->n_nodes; i++) {
     kvs_conn_close(t->nodes[i]->rc);
     kvs_conn_close(t->nodes[i]->wc);
+    kvs_conn_close(t->nodes[i]->spare);
     free(t->nodes[i]);
   }
   t->n_nodes = 0;

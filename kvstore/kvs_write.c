@@ -14,6 +14,7 @@ typedef struct wr_blk {
   int node;
   wr_state st;
   int redirect;      // 1 MOVED, 2 ASK: to node, after the batch
+  int asking, sent;  // this round trip queued ASKING / the command for it
   uint8_t *val;      // (owned) the encoded value, while W_SET
   size_t len;
 } wr_blk;
@@ -46,6 +47,7 @@ static void round_trip(kvs *s, wr_blk *b, int n, wr_state st, redisReply **reply
   snprintf(ttl, sizeof ttl, "%d", s->c.ttl_s);
   for (int i = 0; i < n; i++) {
     reply[i] = NULL;
+    b[i].asking = b[i].sent = 0;
     if (b[i].st != st) continue;
     int nd = b[i].node;
     if (slot_of_node[nd] < 0) {
@@ -64,12 +66,17 @@ static void round_trip(kvs *s, wr_blk *b, int n, wr_state st, redisReply **reply
     int ask = b[i].redirect == 2;
     const char *asking[1] = {"ASKING"};
     size_t asklen[1] = {6};
-    if (ask && kvs_conn_cmd(cs[k], 1, asking, asklen) == 0) want[k]++;
+    if (ask && kvs_conn_cmd(cs[k], 1, asking, asklen) == 0) {
+      b[i].asking = 1;
+      want[k]++;
+    }
     const char *argv[5] = {st == W_SET ? "SET" : "EXISTS", b[i].it->name, (const char *)b[i].val, "EX", ttl};
     size_t lens[5] = {st == W_SET ? 3 : 6, KVS_KEY_LEN, b[i].len, 2, strlen(ttl)};
     int argc = st == W_CHECK ? 2 : s->c.ttl_s > 0 ? 5 : 3;
-    if (kvs_conn_cmd(cs[k], argc, argv, lens) == 0) want[k]++;
-    else b[i].st = W_DROP; // out of memory for the command
+    if ((!ask || b[i].asking) && kvs_conn_cmd(cs[k], argc, argv, lens) == 0) {
+      b[i].sent = 1;
+      want[k]++;
+    }
   }
   if (!m) return;
   int total = 0;
@@ -91,8 +98,8 @@ static void round_trip(kvs *s, wr_blk *b, int n, wr_state st, redisReply **reply
   for (int i = 0; i < n; i++) {
     if (b[i].st != st || slot_of_node[b[i].node] < 0) continue;
     int k = slot_of_node[b[i].node];
-    if (b[i].redirect == 2) used[k]++;
-    if (rc[k] != KVS_C_OK) {
+    used[k] += b[i].asking; // ASKING's +OK
+    if (!b[i].sent || rc[k] != KVS_C_OK) { // out of memory for the command, or the node failed
       b[i].st = W_DROP;
       continue;
     }
@@ -176,7 +183,7 @@ void kvs_write_batch(kvs *s, kvs_item **items, int n) {
   for (int i = 0; i < n; i++) {
     if (b[i].st == W_DONE) {
       s->st.write_blocks++;
-      s->st.write_bytes += b[i].len;
+      s->st.write_bytes += s->c.block_bytes;
       kvs_recent_add(s, kvs_name_hash(b[i].it->name), now);
     } else if (b[i].st == W_SKIP) {
       s->st.write_skipped++;

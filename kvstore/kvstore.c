@@ -22,8 +22,8 @@ static void *writer(void *arg) {
     for (int i = 0; i < s->topo.n_nodes; i++)
       if (s->topo.nodes[i]->down && (next < 0 || s->topo.nodes[i]->next_probe_ms < next))
         next = s->topo.nodes[i]->next_probe_ms;
-    if (s->c.cluster && (s->need_refresh || !s->topo.have_map) && (next < 0 || next > now + KVS_BACKOFF_MIN_MS))
-      next = now + KVS_BACKOFF_MIN_MS;
+    int64_t refresh = s->refresh_ms + KVS_BACKOFF_MIN_MS;
+    if (s->c.cluster && (s->need_refresh || !s->topo.have_map) && (next < 0 || next > refresh)) next = refresh;
     if (next >= 0 && next <= now) {
       pthread_mutex_unlock(&s->mu);
       kvs_probe_due(s, s->write_timeout_ms);
@@ -78,11 +78,6 @@ static int check_config(const kvs_config *c, char *err, size_t errlen) {
       return -1;
     }
   }
-  if (c->tls_ca || c->tls_cert || c->tls_key) {
-    utl_seterr(err, errlen, "kvstore: tls_ca/tls_cert/tls_key: TLS to the store is not built yet (plain TCP only; "
-                            "reach the store over a private network or a TLS tunnel)");
-    return -1;
-  }
   if (c->password && !c->password[0]) {
     utl_seterr(err, errlen, "kvstore: password: empty (NULL for no AUTH)");
     return -1;
@@ -125,7 +120,12 @@ int kvs_open(const kvs_config *c, kvs **out, char *err, size_t errlen) {
     return -1;
   }
   s->c = *c;
-  s->c.tls_ca = s->c.tls_cert = s->c.tls_key = NULL;
+  s->c.tls_ca = s->c.tls_cert = s->c.tls_key = NULL; // loaded into s->tls below; the paths are not kept
+  if ((c->tls_ca || c->tls_cert || c->tls_key) && !(s->tls = kvs_tls_ctx_new(c->tls_ca, c->tls_cert, c->tls_key,
+                                                                             err, errlen))) {
+    free(s);
+    return -1;
+  }
   if (!s->c.read_timeout_ms) s->c.read_timeout_ms = KVS_DEFAULT_READ_TIMEOUT_MS;
   if (!s->c.write_queue_bytes) s->c.write_queue_bytes = KVS_DEFAULT_WRITE_QUEUE_BYTES;
   // A write batch moves far more bytes than a read run waits for, and nobody waits on it: a longer budget.
@@ -185,6 +185,7 @@ void kvs_close(kvs *s) {
     free(it);
   }
   kvs_topo_free(&s->topo);
+  kvs_tls_ctx_free(s->tls);
   pthread_mutex_destroy(&s->mu);
   pthread_mutex_destroy(&s->read_mu);
   pthread_cond_destroy(&s->cv);

@@ -21,7 +21,9 @@ typedef struct kvs_config {
   const char *const *endpoints; int n_endpoints; // "host:port"; with cluster, seed nodes
   int cluster;                                   // 1: Redis Cluster (CLUSTER SLOTS, CRC16 slots, MOVED/ASK)
   const char *password;                          // NULL: no AUTH (the config reads password_file)
-  const char *tls_ca, *tls_cert, *tls_key;       // all NULL: plain TCP
+  const char *tls_ca, *tls_cert, *tls_key;       // PEM files; all NULL: plain TCP. Any set: TLS, the store's
+                                                 // certificate checked against tls_ca (NULL: the system's) and the
+                                                 // endpoint; cert and key (both or neither): ours
   int read_timeout_ms;                           // a read run's whole budget (0: the default, 50)
   int ttl_s;                                     // 0: no expiry (the store's eviction policy decides)
   size_t write_queue_bytes;                      // write-behind queue bound (0: the default, 64 MiB); past it blocks
@@ -40,7 +42,9 @@ typedef struct kvs kvs;
 // 0, or -1 with err on a bad config only. An unreachable store or a wrong password is NOT an error: logged once
 // (naming the endpoint), counted, retried with back-off in the background.
 int kvs_open(const kvs_config *c, kvs **out, char *err, size_t errlen);
-void kvs_close(kvs *s); // NULL is fine; drains nothing (queued writes are dropped)
+// NULL is fine. Drains nothing: queued writes are dropped (a batch already on the wire is let finish, at most
+// max(1 s, 20 x read_timeout_ms)).
+void kvs_close(kvs *s);
 
 // One block as the store names it: its chain key (kv_blockhash) and its parent's, and its tokens (block_tokens).
 typedef struct kvs_block { uint64_t key, parent; const int32_t *toks; } kvs_block;
@@ -62,10 +66,11 @@ int kvs_write(kvs *s, const kvs_block *b, const void *payload);
 int kvs_flush(kvs *s, int timeout_ms);
 
 typedef struct kvs_stats {
-  uint64_t read_blocks, read_bytes, read_misses, write_blocks, write_bytes, write_skipped;
+  uint64_t read_blocks, read_bytes, read_misses, write_blocks, write_bytes, write_skipped; // bytes: payload bytes
   uint64_t errors, timeouts, mac_failures, mismatches, queue_drops;
   uint64_t auth_failures; // AUTH refused (a wrong password): each time, though it is logged once per endpoint
   uint64_t read_skipped;  // read runs answered 0 at once: the store (or the first block's node) is down, backing off
+  uint64_t map_loads;     // cluster: CLUSTER SLOTS answers loaded (at open, then after a MOVED or a node's return)
   int up; // 1 when the last round trip succeeded
 } kvs_stats;
 void kvs_stats_get(kvs *s, kvs_stats *out);

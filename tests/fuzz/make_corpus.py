@@ -242,12 +242,25 @@ def jinja_seeds():
     write("fuzz_jinja", "runaway.bin", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
 
 
+# ---- kvstore (first byte odd: RESP replies; even: a value's body, which the target signs) ----
+def kvstore_seeds():
+    w = lambda name, data: write("fuzz_kvstore", name, data)
+    w("slots_one.bin", b"\x01*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:7000\r\n$3\r\nabc\r\n")
+    w("slots_two.bin", b"\x01*2\r\n*3\r\n:0\r\n:8191\r\n*3\r\n$0\r\n\r\n:7000\r\n$1\r\na\r\n"
+      b"*4\r\n:8192\r\n:16383\r\n*2\r\n$9\r\n127.0.0.2\r\n:7001\r\n*2\r\n$9\r\n127.0.0.3\r\n:7002\r\n")
+    w("redirects.bin", b"\x01-MOVED 3999 127.0.0.1:6381\r\n-ASK 3999 10.0.0.2:7001\r\n$-1\r\n+OK\r\n")
+    # the value fuzz_kvstore.c's config accepts: space 9s, key 5, parent 4, 2 tokens (1, 2), 16 payload bytes
+    hdr = b"DSVK" + struct.pack("<I", 1) + b"\x09" * 32 + struct.pack("<QQIIQ", 5, 4, 2, 0, 16)
+    w("value_ok.bin", b"\x00" + hdr + struct.pack("<ii", 1, 2) + bytes(range(16)))
+    w("value_parent.bin", b"\x00" + hdr[:48] + struct.pack("<Q", 3) + hdr[56:] + struct.pack("<ii", 1, 2) + bytes(16))
+
+
 def main():
     if os.path.isdir(OUT) and "--keep" not in sys.argv:
-        for t in ("fuzz_gguf", "fuzz_tokenizer", "fuzz_chat", "fuzz_config", "fuzz_ctl", "fuzz_openai", "fuzz_kvxfer", "fuzz_grammar", "fuzz_jinja"):
+        for t in ("fuzz_gguf", "fuzz_tokenizer", "fuzz_chat", "fuzz_config", "fuzz_ctl", "fuzz_openai", "fuzz_kvxfer", "fuzz_grammar", "fuzz_jinja", "fuzz_kvstore"):
             shutil.rmtree(os.path.join(OUT, t), ignore_errors=True)
     os.makedirs(os.path.join(OUT, "fuzz_config"), exist_ok=True)
-    gguf_seeds(); tokenizer_seeds(); chat_seeds(); config_seeds(); ctl_seeds(); openai_seeds(); kvxfer_seeds(); grammar_seeds(); jinja_seeds()
+    gguf_seeds(); tokenizer_seeds(); chat_seeds(); config_seeds(); ctl_seeds(); openai_seeds(); kvxfer_seeds(); grammar_seeds(); jinja_seeds(); kvstore_seeds()
 
 
 if __name__ == "__main__":
