@@ -180,7 +180,8 @@ typedef struct cfg_kvstore {
   int cluster;                                     // 1: Redis Cluster (slots, MOVED/ASK)
   char password_file[1024];                        // AUTH password: the file's first line ("" = no AUTH); resolved
                                                    // against the config file's folder, read by the worker at start
-  char tls_ca[1024], tls_cert[1024], tls_key[1024]; // TLS files ("" = plain TCP); cert and key go together
+  char tls_ca[1024], tls_cert[1024], tls_key[1024]; // TLS when any is set ("" = plain TCP; no tls_ca: the system's
+                                                    // trust store); cert and key, the worker's, go together
   int read_timeout_ms;                             // one read run's whole budget (50)
   int ttl_s;                                       // expiry of each written block (0 = none: the store's eviction)
   double write_queue_mb;                           // write-behind queue bound; past it blocks are dropped (64)

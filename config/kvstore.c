@@ -65,6 +65,5 @@ int cfg_parse_kvstore(cfg_ctx *x, const cJSON *j, const char *path, cfg_kvstore 
       cfg_num(x, j, "kvstore", "write_queue_mb", &k->write_queue_mb, 0, 1, 65536, CFG_DEF_KVSTORE_WRITE_QUEUE_MB))
     return -1;
   if (!k->tls_cert[0] != !k->tls_key[0]) return cfg_fail(x, "kvstore.tls_cert", "tls_cert and tls_key go together");
-  if (k->tls_cert[0] && !k->tls_ca[0]) return cfg_fail(x, "kvstore.tls_ca", "a client certificate needs tls_ca too");
   return 0;
 }

@@ -83,7 +83,7 @@ TEST(ConfigKvstore, BadInputsNameTheField) {
       {R"("kvstore": {"type": "redis", "endpoints": ["h:1"], "write_queue_mb": 0})", "kvstore.write_queue_mb"},
       {R"("kvstore": {"type": "redis", "endpoints": ["h:1"], "password_file": ""})", "kvstore.password_file"},
       {R"("kvstore": {"type": "redis", "endpoints": ["h:1"], "tls_cert": "c"})", "tls_cert and tls_key go together"},
-      {R"("kvstore": {"type": "redis", "endpoints": ["h:1"], "tls_cert": "c", "tls_key": "k"})", "kvstore.tls_ca"},
+      {R"("kvstore": {"type": "redis", "endpoints": ["h:1"], "tls_key": "k"})", "tls_cert and tls_key go together"},
       {R"("kvstore": {"type": "redis", "endpoints": ["h:1"], "timeout": 5})", "kvstore.timeout"},
   };
   for (auto &b : bad) {
