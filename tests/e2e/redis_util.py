@@ -35,7 +35,7 @@ class Redis:
         try:
             with socket.create_connection(("127.0.0.1", self.port), 1) as s:
                 s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up (with requirepass: up and locked)
         except OSError:
             return False
 

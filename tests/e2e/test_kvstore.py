@@ -169,5 +169,34 @@ class SharedTier(unittest.TestCase):
         self.assertEqual(text_b, text)
 
 
+class Password(unittest.TestCase):
+    """A store with requirepass: the worker AUTHs with password_file; a wrong one is logged once, naming the store,
+    counted, and requests recompute."""
+
+    def setUp(self):
+        u.require_env(self)
+        self.redis = Redis(["--requirepass", "s3cret-kv"])
+        self.addCleanup(self.redis.close)
+
+    def test_password_file_right_and_wrong(self):
+        for pw, ok in (("s3cret-kv", True), ("wrong", False)):
+            c = u.Cluster([{"name": "w1", "role": "both"}], tag="kvs-auth",
+                          extra={"kvstore": {"type": "redis", "endpoints": ["127.0.0.1:%d" % self.redis.port],
+                                             "password_file": "redis.pass"}})
+            self.addCleanup(c.close)
+            with open(os.path.join(c.dir, "redis.pass"), "w") as f:  # relative to the config file's folder
+                f.write(pw + "\n")
+            c.start()
+            st, body = u.post(c.port, "/v1/completions", {"prompt": prompt(7), "max_tokens": 2, "temperature": 0})
+            self.assertEqual(st, 200, body)
+            name = 'dserve:kvstore_%s{worker="w1",role="both"}' % ("write_blocks_total" if ok else "errors_total")
+            self.assertTrue(u.wait_until(lambda: u.metrics(c.port).get(name, 0) >= 1, 30 * u.SCALE),
+                            "%s: %s never counted\n%s" % (pw, name, c.node.text()[-2000:]))
+            if not ok:
+                c.node.wait_for("store 127.0.0.1:%d refused the password" % self.redis.port, 10 * u.SCALE)
+                self.assertEqual(c.node.text().count("refused the password"), 1)
+            c.close()
+
+
 if __name__ == "__main__":
     unittest.main()
