@@ -11,6 +11,7 @@ import unittest
 
 import e2e_util as u
 from redis_util import Redis
+from test_observe import Receiver  # an OTLP/HTTP JSON collector
 
 BS = 16  # the workers' KV block size (tokens)
 N_BLOCKS = 12
@@ -29,12 +30,12 @@ class SharedTier(unittest.TestCase):
         self.redis = Redis()
         self.addCleanup(self.redis.close)
 
-    def cluster(self, tag, model=u.MODEL, workers=None, disagg_threshold=1000):
+    def cluster(self, tag, model=u.MODEL, workers=None, disagg_threshold=1000, extra=None):
         """A fresh router and both worker w1 with the store (an empty pool: nothing of an earlier worker's)."""
         c = u.Cluster(workers or [{"name": "w1", "role": "both"}], tag=tag, model=model,
                       disagg_threshold=disagg_threshold,
-                      extra={"kvstore": {"type": "redis", "endpoints": ["127.0.0.1:%d" % self.redis.port],
-                                         "read_timeout_ms": int(2000 * u.SCALE)}})
+                      extra=dict(extra or {}, kvstore={"type": "redis", "endpoints": ["127.0.0.1:%d" % self.redis.port],
+                                                       "read_timeout_ms": int(2000 * u.SCALE)}))
         self.addCleanup(c.close)
         return c.start()
 
@@ -118,7 +119,10 @@ class SharedTier(unittest.TestCase):
         text, _ = self.complete(a, doc)
         self.stored_keys(N_BLOCKS)
         a.close()
-        b = self.cluster("kvs-pb", workers=pd, disagg_threshold=0)
+        rx = Receiver()
+        self.addCleanup(rx.shutdown)
+        b = self.cluster("kvs-pb", workers=pd, disagg_threshold=0, extra={"tracing": {
+            "endpoint": "http://127.0.0.1:%d/v1/traces" % rx.server_address[1], "flush_ms": 100}})
         text_b, cached_b = self.complete(b, doc)
         self.assertEqual(cached_b, N_BLOCKS * BS)
         self.assertEqual(text_b, text)
@@ -126,6 +130,14 @@ class SharedTier(unittest.TestCase):
                                                        b.node.text()), 10 * u.SCALE), b.node.text()[-2000:])
         self.wait_metric(b, 'dserve:prefix_cache_tier_hits_total{worker="p0",tier="store"}', lambda v: v == N_BLOCKS * BS)
         self.assertIsNone(u.metrics(b.port).get('dserve:kvstore_up{worker="d0",role="decode"}'))  # decode: no store
+
+        def read_span():  # the prefill worker's span of the read, with the tokens it brought
+            with rx.lock:
+                return [sp for sp in rx.spans if sp["name"] == "kvstore_read" and sp["service"] == "dserve-p0"]
+        spans = u.wait_until(read_span, 10 * u.SCALE)
+        self.assertTrue(spans, "no kvstore_read span")
+        attrs = {a["key"]: a["value"] for a in spans[-1]["attributes"]}
+        self.assertEqual(float(list(attrs["dserve.kvstore_tokens"].values())[0]), N_BLOCKS * BS)
 
     def test_serve_flag(self):
         """dserve serve --kvstore redis://HOST:PORT is the kvstore section; anything else is refused, naming it."""
