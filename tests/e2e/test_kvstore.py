@@ -87,6 +87,21 @@ class SharedTier(unittest.TestCase):
         self.assertTrue(access, "no access line names the store's tokens:\n" + b.node.text()[-2000:])
         b.close()
 
+        # Every value moved onto another block's key (a mix-up, or a replay by someone who can write the store): its
+        # MAC holds, its header names another block: a mismatch, counted, recomputed, the same output.
+        self.redis.run("COPY", keys[0], "swap")
+        for i in range(len(keys) - 1):
+            self.redis.run("COPY", keys[i + 1], keys[i], "REPLACE")
+        self.redis.run("COPY", "swap", keys[-1], "REPLACE")
+        self.redis.run("DEL", "swap")
+        m = self.cluster("kvs-m")
+        text_m, cached_m = self.complete(m, doc)
+        self.assertEqual(text_m, text)
+        self.assertEqual(cached_m, 0)
+        self.wait_metric(m, 'dserve:kvstore_mismatches_total{worker="w1",role="both"}', lambda v: v >= 1)
+        self.assertEqual(u.metrics(m.port).get('dserve:kvstore_mac_failures_total{worker="w1",role="both"}'), 0)
+        m.close()
+
         # Every value rewritten by a process without the secret (one payload byte changed): a MAC failure, counted,
         # recomputed, the same output.
         for k in keys:
@@ -166,19 +181,24 @@ class SharedTier(unittest.TestCase):
         c.node.wait_for("store 127.0.0.1:%d unavailable" % dead, 10 * u.SCALE)
         self.assertEqual(u.metrics(c.port).get("dserve:request_failure_total", 0), 0)
 
-    def test_sliding_window_model_stores_whole_blocks(self):
-        """Gemma 3's pool keeps window pages apart: a block is written whole right after its step, read whole."""
+    def test_sliding_window_and_q8_0_store_whole_blocks(self):
+        """Gemma 3's pool keeps window pages apart: a block is written whole right after its step, read whole; a q8_0
+        pool's blocks carry their scales. Each: written by one worker, read by a fresh one, the same output."""
         if not os.path.exists(u.GEMMA):
             self.fail("the model %s is missing: run scripts/setup.sh" % u.GEMMA)
-        doc = prompt(4)
-        a = self.cluster("kvs-ga", model=u.GEMMA)
-        text, _ = self.complete(a, doc)
-        self.stored_keys(N_BLOCKS)
-        a.close()
-        b = self.cluster("kvs-gb", model=u.GEMMA)
-        text_b, cached_b = self.complete(b, doc)
-        self.assertEqual(cached_b, N_BLOCKS * BS)
-        self.assertEqual(text_b, text)
+        for seed, model, kv_type in ((4, u.GEMMA, "f16"), (8, u.MODEL, "q8_0")):
+            with self.subTest(model=os.path.basename(model), kv_type=kv_type):
+                doc, w = prompt(seed), [{"name": "w1", "role": "both", "kv_type": kv_type}]
+                before = len(self.stored_keys(0))
+                a = self.cluster("kvs-wa", model=model, workers=w)
+                text, _ = self.complete(a, doc)
+                self.stored_keys(before + N_BLOCKS)
+                a.close()
+                b = self.cluster("kvs-wb", model=model, workers=w)
+                text_b, cached_b = self.complete(b, doc)
+                self.assertEqual(cached_b, N_BLOCKS * BS)
+                self.assertEqual(text_b, text)
+                b.close()
 
 
 class Password(unittest.TestCase):
