@@ -549,6 +549,7 @@ void wrk_engine_prefix_stats(const wrk_engine *e, prt_stats_ok *out) {
   wrk_kvtier_stats(e->kvt, out); // the store tier's hits count among the prefix hits too
   if (e->kvt) out->prefix_hits += out->tiers[PRT_TIER_STORE].hits;
   out->prefix_queries = (double)st.query_tokens;
+  if (!e->prefix && e->kvt) out->prefix_queries = out->tiers[PRT_TIER_STORE].queries; // the store is the only lookup
   out->prefix_cached_blocks = st.blocks[0];
   for (int t = 0; e->prefix && t < PRT_TIER_STORE; t++) // kv_prefix's tiers are proto's, in the same order
     if (kv_prefix_has_tier(e->prefix, t))
