@@ -160,7 +160,8 @@ static int read_run(wrk_kvtier *t, kv_pool *pool, kv_prefix *prefix, const int32
   if (got <= 0) return 0;
   // Room in the pool: unused cached blocks go first (as for any admission); what still does not fit is recomputed.
   if (prefix && kv_pool_free_blocks(pool) < got) kv_prefix_evict_for(prefix, got);
-  while (got > 0 && kv_pool_alloc(pool, ids_out, got) != 0) got--;
+  if (got > kv_pool_free_blocks(pool)) got = kv_pool_free_blocks(pool);
+  while (got > 0 && kv_pool_alloc(pool, ids_out, got) != 0) got--; // free pages may make fewer blocks of every group
   for (int i = 0; i < got; i++)
     if (kv_pool_write_block(pool, ids_out[i], t->dst[i])) { // cannot happen for a block just allocated whole
       utl_warn(t->name, "kvstore: cannot write a block read from the store into the pool: recomputing it");
