@@ -1,7 +1,11 @@
 // tests/config/test_kvstore.cc: the "kvstore" section (the shared KV tier on Redis): defaults, values, strict errors.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
+#include <cstring>
 #include <string>
+#include <unistd.h>
 
 extern "C" {
 #include "config/config.h"
@@ -92,6 +96,27 @@ TEST(ConfigKvstore, BadInputsNameTheField) {
     EXPECT_EQ(x.c, nullptr) << b[0];
     EXPECT_NE(std::string(x.err).find(b[1]), std::string::npos) << b[0] << "\ngot: " << x.err;
   }
+}
+
+// dserve launch's flags make an effective config read from elsewhere: the section's files still mean the file's folder.
+TEST(ConfigKvstore, EffectiveConfigKeepsTheFilesFolder) {
+  char dir[] = "/tmp/dserve_kvs_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::string path = std::string(dir) + "/c.json";
+  std::ofstream(path) << R"({"model": "m.gguf", "workers": [{"name": "w0", "port": 9100}],
+    "kvstore": {"type": "redis", "endpoints": ["h:1"], "password_file": "redis.pass", "tls_ca": "pki/ca.pem"}})";
+  char err[512] = "", *json = nullptr;
+  cfg_set set = {"kvstore.ttl_s", "60", CFG_SET_JSON};
+  ASSERT_EQ(cfg_effective_json(path.c_str(), nullptr, &set, 1, &json, err, sizeof err), 0) << err;
+  cfg_cluster *c = nullptr;
+  ASSERT_EQ(cfg_parse(json, strlen(json), "/elsewhere/effective.json", &c, err, sizeof err), 0) << err;
+  EXPECT_EQ(std::string(c->kvstore.password_file), std::string(dir) + "/redis.pass");
+  EXPECT_EQ(std::string(c->kvstore.tls_ca), std::string(dir) + "/pki/ca.pem");
+  EXPECT_EQ(c->kvstore.ttl_s, 60);
+  cfg_free(c);
+  free(json);
+  unlink(path.c_str());
+  rmdir(dir);
 }
 
 } // namespace
