@@ -18,7 +18,7 @@
 struct kvs_conn {
   int fd;
   SSL *ssl;        // (owned) NULL: plain TCP
-  redisReader *rd; // (owned) replies parsed from what has arrived
+  kvs_parser parse; // replies parsed from what has arrived
   utl_buf out;     // commands queued, not yet sent
   size_t sent;     // bytes of out already on the socket
 };
@@ -27,7 +27,7 @@ void kvs_conn_close(kvs_conn *c) {
   if (!c) return;
   kvs_tls_free(c->ssl);
   if (c->fd >= 0) close(c->fd);
-  if (c->rd) redisReaderFree(c->rd);
+  kvs_parser_free(&c->parse);
   utl_buf_free(&c->out);
   free(c);
 }
@@ -71,40 +71,37 @@ static int pump_out(kvs_conn *c) {
   return 0;
 }
 
-// Reads what has arrived into the parser: 0, or -1 (closed by the peer, or the socket failed).
-static int pump_in(kvs_conn *c) {
-  char buf[65536];
-  for (;;) {
-    if (c->ssl) { // read until it would block: a record's rest may wait in libssl, where poll cannot see it
-      long k = kvs_tls_recv(c->ssl, buf, sizeof buf);
-      if (k < 0) return -1;
-      if (k == 0) return 0;
-      if (redisReaderFeed(c->rd, buf, (size_t)k) != REDIS_OK) return -1;
-      continue;
-    }
-    ssize_t k = recv(c->fd, buf, sizeof buf, 0);
-    if (k > 0) {
-      if (redisReaderFeed(c->rd, buf, (size_t)k) != REDIS_OK) return -1;
-      if ((size_t)k < sizeof buf) return 0;
-    } else if (k < 0 && errno == EINTR) {
-      continue;
-    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return 0;
-    } else {
-      return -1;
-    }
-  }
-}
-
 // Moves parsed replies into reps until want: 0, or -1 (a protocol error).
 static int take(kvs_conn *c, redisReply **reps, int want, int *got) {
   while (*got < want) {
-    void *r = NULL;
-    if (redisReaderGetReply(c->rd, &r) != REDIS_OK) return -1;
+    redisReply *r = NULL;
+    if (kvs_parser_get(&c->parse, &r) < 0) return -1;
     if (!r) return 0;
     reps[(*got)++] = r;
   }
   return 0;
+}
+
+// Reads what has arrived into the parser, taking replies (into reps, up to want) after every chunk: hiredis moves the
+// unparsed rest of its buffer to the front each time it hands out a reply, so a buffer holding a whole pipeline of
+// large values would be copied once per reply. 0, or -1 (closed by the peer, the socket failed, a protocol error).
+static int pump_in(kvs_conn *c, redisReply **reps, int want, int *got) {
+  char buf[65536];
+  for (;;) {
+    long k;
+    if (c->ssl) { // read until it would block: a record's rest may wait in libssl, where poll cannot see it
+      k = kvs_tls_recv(c->ssl, buf, sizeof buf);
+      if (k == 0) return 0;
+    } else {
+      k = recv(c->fd, buf, sizeof buf, 0);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+      if (k == 0) k = -1; // closed
+    }
+    if (k < 0) return -1;
+    if (kvs_parser_feed(&c->parse, buf, (size_t)k) < 0 || take(c, reps, want, got) < 0) return -1;
+    if (!c->ssl && (size_t)k < sizeof buf) return 0;
+  }
 }
 
 void kvs_conn_exchange(kvs_conn **cs, int n, const int *want, redisReply ***reps, kvs_conn_rc *rc,
@@ -140,10 +137,8 @@ void kvs_conn_exchange(kvs_conn **cs, int n, const int *want, redisReply ***reps
       // TLS: a write may wait on a read (a renegotiation), so pump out again on POLLIN as well
       if (p[j].revents & (POLLOUT | (cs[i]->ssl ? POLLIN : 0)) && pump_out(cs[i]) < 0) rc[i] = KVS_C_IO;
       if (rc[i] == KVS_C_OK && p[j].revents & (POLLIN | POLLHUP | POLLERR)) {
-        if (pump_in(cs[i]) < 0) rc[i] = KVS_C_IO;
-        // replies that arrived with the close still count
-        if (take(cs[i], reps[i], want[i], &got[i]) < 0) rc[i] = KVS_C_IO;
-        if (rc[i] == KVS_C_IO && got[i] >= want[i]) rc[i] = KVS_C_OK;
+        if (pump_in(cs[i], reps[i], want[i], &got[i]) < 0) rc[i] = KVS_C_IO;
+        if (rc[i] == KVS_C_IO && got[i] >= want[i]) rc[i] = KVS_C_OK; // every reply came before the close
       }
       if (rc[i] == KVS_C_OK && (got[i] < want[i] || cs[i]->out.n)) open++;
     }
@@ -161,8 +156,8 @@ kvs_conn_rc kvs_conn_call(kvs_conn *c, int argc, const char **argv, const size_t
   return rc;
 }
 
-kvs_conn_rc kvs_conn_open(const char *host, int port, SSL_CTX *tls, const char *password, int64_t deadline_ms,
-                          kvs_conn **out, char *err, size_t errlen) {
+kvs_conn_rc kvs_conn_open(const char *host, int port, SSL_CTX *tls, const char *password, size_t max_reply,
+                          int64_t deadline_ms, kvs_conn **out, char *err, size_t errlen) {
   *out = NULL;
   int left = remaining(deadline_ms);
   int fd = left > 0 ? utl_tcp_connect(host, port, left, err, errlen) : -1;
@@ -171,7 +166,7 @@ kvs_conn_rc kvs_conn_open(const char *host, int port, SSL_CTX *tls, const char *
     return KVS_C_IO;
   }
   kvs_conn *c = calloc(1, sizeof *c);
-  if (!c || !(c->rd = redisReaderCreate())) {
+  if (!c || kvs_parser_init(&c->parse, max_reply) < 0) {
     close(fd);
     free(c);
     utl_seterr(err, errlen, "out of memory");

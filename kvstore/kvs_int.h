@@ -5,6 +5,7 @@
 //   kvs_topo.c   nodes and the slot map: CLUSTER SLOTS, MOVED/ASK replies, CRC16 key slots
 //   kvs_conn.c   one connection to one node: nonblocking socket, AUTH, pipelined commands (hiredis formats them
 //                and parses replies; the socket and the deadline are ours), several connections in flight at once
+//   kvs_parse.c  hiredis's reply parser with bounds (array sizes, one reply's bytes)
 //   kvs_tls.c    TLS over those sockets (libssl): the client context, the handshake, record I/O
 //   kvs_value.c  keys and values: the header, the MAC, verification
 #ifndef DSERVE_KVS_INT_H
@@ -22,6 +23,24 @@
 #ifdef __cplusplus
 extern "C" { // the tests check the slots and the value size
 #endif
+
+// ---- kvs_parse.c
+// hiredis's reply parser, bounded: an array of more than KVS_MAX_ARRAY elements (CLUSTER SLOTS of a fully
+// fragmented cluster is 16384) and more than max_pending bytes of one unfinished reply are protocol errors.
+// The struct must not move after kvs_parser_init (the reader points into it).
+#define KVS_MAX_ARRAY 65536
+typedef struct kvs_parser {
+  redisReader *rd;                                       // (owned)
+  redisReplyObjectFunctions fn;                          // hiredis's, createArray bounded
+  void *(*array)(const redisReadTask *task, int elements); // hiredis's createArray
+  size_t max_pending;
+} kvs_parser;
+int kvs_parser_init(kvs_parser *p, size_t max_pending) UTL_WARN_UNUSED; // 0, or -1 (out of memory)
+void kvs_parser_free(kvs_parser *p);
+int kvs_parser_feed(kvs_parser *p, const char *buf, size_t n) UTL_WARN_UNUSED; // 0, or -1
+// The next whole reply (the caller frees it with freeReplyObject): 0 with *out (NULL: none yet), or -1 (a protocol
+// error, a refused array, an unfinished reply past max_pending).
+int kvs_parser_get(kvs_parser *p, redisReply **out) UTL_WARN_UNUSED;
 
 // ---- kvs_value.c
 // A value: header (KVS_HDR bytes, little-endian: "DSVK", version u32, space[32], key u64, parent u64,
@@ -59,8 +78,9 @@ long kvs_tls_recv(SSL *ssl, void *p, size_t n);
 typedef struct kvs_conn kvs_conn;
 // Connects to host:port (with tls, TLS over it), and with a password AUTHs, all by deadline_ms (utl_now_ms clock).
 // KVS_C_OK with *out, or an error with err (KVS_C_AUTH: the store refused the password).
-kvs_conn_rc kvs_conn_open(const char *host, int port, SSL_CTX *tls, const char *password, int64_t deadline_ms,
-                          kvs_conn **out, char *err, size_t errlen);
+// max_reply: the most bytes one reply may have (a longer one is a protocol error: the connection fails).
+kvs_conn_rc kvs_conn_open(const char *host, int port, SSL_CTX *tls, const char *password, size_t max_reply,
+                          int64_t deadline_ms, kvs_conn **out, char *err, size_t errlen);
 void kvs_conn_close(kvs_conn *c); // NULL is fine
 // Appends one command (argc arguments, binary-safe) to c's send buffer: 0, or -1 (out of memory).
 int kvs_conn_cmd(kvs_conn *c, int argc, const char **argv, const size_t *lens) UTL_WARN_UNUSED;
@@ -124,7 +144,9 @@ typedef struct kvs_item { // one queued write, with its tokens and payload after
   uint8_t *payload;            // (block_bytes) inside this allocation
 } kvs_item;
 
-typedef struct kvs_recent { uint64_t h; int64_t t_ms; } kvs_recent;
+// A key we wrote or saw present lately (writes of it are skipped), or (bad) one whose value a read refused: the
+// next write of it overwrites without asking EXISTS, so a forged or corrupt value heals instead of staying.
+typedef struct kvs_recent { uint64_t h; int64_t t_ms; int bad; } kvs_recent;
 
 struct kvs {
   kvs_config c;                // endpoints and password point into this struct's copies
@@ -132,6 +154,7 @@ struct kvs {
   SSL_CTX *tls;                // (owned) NULL: plain TCP
   char **endpoints;            // (owned, c.n_endpoints)
   int write_timeout_ms;        // one write batch's budget
+  size_t max_reply;            // the longest reply a connection accepts: a value, or a cluster's CLUSTER SLOTS
   pthread_mutex_t mu;          // topo (slot map, node states), need_refresh, the queue, recent, stats
   pthread_mutex_t read_mu;     // one reader at a time owns the nodes' read connections
   pthread_cond_t cv;           // wakes the write-behind thread: work, a node down, or stop
@@ -153,6 +176,8 @@ struct kvs {
 uint64_t kvs_name_hash(const char *name);                 // a key's digest as a number, never 0
 int kvs_recent_has(kvs *s, uint64_t h, int64_t now_ms);   // under mu: known present
 void kvs_recent_add(kvs *s, uint64_t h, int64_t now_ms);  // under mu
+void kvs_recent_bad(kvs *s, uint64_t h);                  // under mu: a read refused its value
+int kvs_recent_is_bad(kvs *s, uint64_t h);                // under mu
 int kvs_route(kvs *s, const char *name);                  // under mu: the node serving name, -1 none known
 void kvs_mark_down(kvs *s, int i, const char *why);       // under mu: node i is skipped until a probe reaches it
 void kvs_conn_failed(kvs *s, int i, kvs_conn_rc rc, const char *err); // under mu: connecting to i failed (counted)

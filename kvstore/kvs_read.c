@@ -37,7 +37,8 @@ static kvs_conn *read_conn(kvs *s, int i, int64_t deadline) {
   n->rc_epoch = epoch;
   if (spare) return spare;
   char err[256] = "";
-  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &n->rc, err, sizeof err);
+  kvs_conn_rc rc =
+      kvs_conn_open(n->host, n->port, s->tls, s->password, s->max_reply, deadline, &n->rc, err, sizeof err);
   n->rc_epoch = epoch;
   if (rc == KVS_C_OK) return n->rc;
   pthread_mutex_lock(&s->mu);
@@ -174,6 +175,7 @@ static int walk(kvs *s, const kvs_block *blocks, rd_blk *b, int cut, int final) 
       } else {
         if (v == KVS_V_MAC) s->st.mac_failures++;
         else s->st.mismatches++;
+        kvs_recent_bad(s, kvs_name_hash(b[i].name)); // so the recomputed block's write replaces it
         stop = 1;
       }
     } else {

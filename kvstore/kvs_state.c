@@ -17,9 +17,11 @@ uint64_t kvs_name_hash(const char *name) { // the first 16 hex digits of the key
 // Under mu. Known present: written or seen by us lately (with a TTL, within half of it: it may have expired since).
 int kvs_recent_has(kvs *s, uint64_t h, int64_t now) {
   const kvs_recent *r = &s->recent[h % KVS_RECENT];
-  return r->h == h && (s->c.ttl_s <= 0 || now - r->t_ms < (int64_t)s->c.ttl_s * 500);
+  return r->h == h && !r->bad && (s->c.ttl_s <= 0 || now - r->t_ms < (int64_t)s->c.ttl_s * 500);
 }
-void kvs_recent_add(kvs *s, uint64_t h, int64_t now) { s->recent[h % KVS_RECENT] = (kvs_recent){h, now}; }
+void kvs_recent_add(kvs *s, uint64_t h, int64_t now) { s->recent[h % KVS_RECENT] = (kvs_recent){h, now, 0}; }
+void kvs_recent_bad(kvs *s, uint64_t h) { s->recent[h % KVS_RECENT] = (kvs_recent){h, 0, 1}; }
+int kvs_recent_is_bad(kvs *s, uint64_t h) { return s->recent[h % KVS_RECENT].h == h && s->recent[h % KVS_RECENT].bad; }
 
 // Under mu: the node that serves key, -1 when none is known.
 int kvs_route(kvs *s, const char *name) {
@@ -68,7 +70,7 @@ int kvs_probe_node(kvs *s, int i, int64_t deadline) {
   kvs_node *n = s->topo.nodes[i]; // host and port never change; fields under mu are read under it
   char err[256] = "";
   kvs_conn *c = NULL;
-  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &c, err, sizeof err);
+  kvs_conn_rc rc = kvs_conn_open(n->host, n->port, s->tls, s->password, s->max_reply, deadline, &c, err, sizeof err);
   if (rc == KVS_C_OK) {
     redisReply *r = NULL;
     const char *argv[1] = {"PING"};
@@ -87,7 +89,8 @@ int kvs_probe_node(kvs *s, int i, int64_t deadline) {
   // Without one the readers connect themselves.
   kvs_conn *spare = NULL;
   char err2[256];
-  if (rc == KVS_C_OK && kvs_conn_open(n->host, n->port, s->tls, s->password, deadline, &spare, err2, sizeof err2))
+  if (rc == KVS_C_OK &&
+      kvs_conn_open(n->host, n->port, s->tls, s->password, s->max_reply, deadline, &spare, err2, sizeof err2))
     spare = NULL;
   pthread_mutex_lock(&s->mu);
   if (rc != KVS_C_OK) {

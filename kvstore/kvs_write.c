@@ -152,7 +152,9 @@ void kvs_write_batch(kvs *s, kvs_item **items, int n) {
   int64_t deadline = utl_now_ms() + s->write_timeout_ms;
   pthread_mutex_lock(&s->mu);
   for (int i = 0; i < n; i++) {
-    b[i] = (wr_blk){.it = items[i], .node = kvs_route(s, items[i]->name), .st = W_CHECK};
+    // A key whose value a read refused is overwritten: EXISTS would say it is there.
+    int bad = kvs_recent_is_bad(s, kvs_name_hash(items[i]->name));
+    b[i] = (wr_blk){.it = items[i], .node = kvs_route(s, items[i]->name), .st = bad ? W_SET : W_CHECK};
     if (b[i].node < 0 || s->topo.nodes[b[i].node]->down) b[i].st = W_DROP;
   }
   pthread_mutex_unlock(&s->mu);

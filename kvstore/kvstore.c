@@ -130,6 +130,9 @@ int kvs_open(const kvs_config *c, kvs **out, char *err, size_t errlen) {
   if (!s->c.write_queue_bytes) s->c.write_queue_bytes = KVS_DEFAULT_WRITE_QUEUE_BYTES;
   // A write batch moves far more bytes than a read run waits for, and nobody waits on it: a longer budget.
   s->write_timeout_ms = s->c.read_timeout_ms * 20 > 1000 ? s->c.read_timeout_ms * 20 : 1000;
+  // A GET's reply is a value; CLUSTER SLOTS of a big cluster is the other large one (4 MiB holds thousands of ranges).
+  size_t v = kvs_value_len(c->block_tokens, c->block_bytes) + 64;
+  s->max_reply = v > ((size_t)4 << 20) ? v : (size_t)4 << 20;
   s->password = c->password ? strdup(c->password) : NULL;
   s->endpoints = calloc((size_t)c->n_endpoints, sizeof *s->endpoints);
   int ok = s->endpoints && (!c->password || s->password);

@@ -20,7 +20,7 @@ if [ $model_only = 0 ]; then
   pkgs=(cmake make gcc g++ pkg-config libmicrohttpd-dev libcjson-dev libibverbs-dev librdmacm-dev
         ibverbs-providers libgtest-dev googletest iproute2 python3 python3-venv unzip clang libclang-rt-14-dev
         libcurl4-openssl-dev libssl-dev etcd-server etcd-client python3-jsonschema stress-ng
-        redis-server redis-tools libhiredis-dev nginx)
+        redis-server redis-tools libhiredis-dev nginx openssl)
   missing=()
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,5 +1,5 @@
 // tests/fuzz/fuzz_kvstore.c: libFuzzer target for what kvstore reads from a store it does not trust: RESP replies
-// (hiredis's parser, then CLUSTER SLOTS and MOVED/ASK handling) and values (signed here with the right key, so the
+// (hiredis's parser with kvstore's bounds, then CLUSTER SLOTS and MOVED/ASK handling) and values (signed here with the right key, so the
 // checks after the MAC are reached too). Nothing may crash or leak.
 #include <stdint.h>
 #include <stdlib.h>
@@ -11,13 +11,13 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void replies(const uint8_t *data, size_t size) {
-  redisReader *rd = redisReaderCreate();
-  if (!rd) return;
+  kvs_parser p;
+  if (kvs_parser_init(&p, (size_t)1 << 16) < 0) return;
   kvs_topo t = {0};
-  if (redisReaderFeed(rd, (const char *)data, size) == REDIS_OK) {
+  if (kvs_parser_feed(&p, (const char *)data, size) == 0) {
     for (int i = 0; i < 16; i++) {
-      void *r = NULL;
-      if (redisReaderGetReply(rd, &r) != REDIS_OK || !r) break;
+      redisReply *r = NULL;
+      if (kvs_parser_get(&p, &r) < 0 || !r) break;
       char err[128], host[256];
       int port = 0;
       if (kvs_topo_load(&t, r, "127.0.0.1", err, sizeof err) == 0) {
@@ -29,7 +29,7 @@ static void replies(const uint8_t *data, size_t size) {
     }
   }
   kvs_topo_free(&t);
-  redisReaderFree(rd);
+  kvs_parser_free(&p);
 }
 
 static void value(const uint8_t *data, size_t size) {

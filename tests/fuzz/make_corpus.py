@@ -248,6 +248,7 @@ def kvstore_seeds():
     w("slots_one.bin", b"\x01*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:7000\r\n$3\r\nabc\r\n")
     w("slots_two.bin", b"\x01*2\r\n*3\r\n:0\r\n:8191\r\n*3\r\n$0\r\n\r\n:7000\r\n$1\r\na\r\n"
       b"*4\r\n:8192\r\n:16383\r\n*2\r\n$9\r\n127.0.0.2\r\n:7001\r\n*2\r\n$9\r\n127.0.0.3\r\n:7002\r\n")
+    w("huge_array.bin", b"\x01*2\r\n*1111111113\r\n:8&\n:72\r\n")  # hiredis would allocate 8.9 GB for it
     w("redirects.bin", b"\x01-MOVED 3999 127.0.0.1:6381\r\n-ASK 3999 10.0.0.2:7001\r\n$-1\r\n+OK\r\n")
     # the value fuzz_kvstore.c's config accepts: space 9s, key 5, parent 4, 2 tokens (1, 2), 16 payload bytes
     hdr = b"DSVK" + struct.pack("<I", 1) + b"\x09" * 32 + struct.pack("<QQIIQ", 5, 4, 2, 0, 16)

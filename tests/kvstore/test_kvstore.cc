@@ -2,10 +2,17 @@
 // three-master Redis Cluster): round trips, misses, forged and mismatched values, auth, outages, the write queue, TTL.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvstore/kvs_int.h"
@@ -222,6 +229,15 @@ TEST(Kvstore, ForgedValuesAreDetected) {
   EXPECT_EQ(st.mac_failures, 3u);
   EXPECT_EQ(st.read_blocks, 0u);
   EXPECT_EQ(st.mismatches, 0u);
+  // The recomputed blocks' writes replace what was refused (block 0); block 1, never read, is checked as usual
+  // (EXISTS: there, skipped), and stays t's.
+  EXPECT_EQ(ch.write(s), 2);
+  ASSERT_EQ(kvs_flush(s, 10000), 0);
+  EXPECT_EQ(stats(s).write_blocks, 1u);
+  EXPECT_EQ(stats(s).write_skipped, 1u);
+  EXPECT_EQ(ch.read(s, 1), 1) << "the forged value healed";
+  EXPECT_EQ(ch.read(s), 1);
+  EXPECT_EQ(stats(s).mac_failures, 4u);
   kvs_close(t);
   kvs_close(s);
 }
@@ -313,6 +329,87 @@ TEST(Kvstore, KilledMidRun) {
   ASSERT_EQ(kvs_flush(s, 10000), 0);
   EXPECT_EQ(ch.read(s), 4);
   kvs_close(s);
+}
+
+// A fake store on loopback: answers PING, and to the first pipelined GETs sends `reply` and closes (close) or stays
+// silent until the client goes.
+struct FakeStore {
+  int lfd = -1, port = 0;
+  std::atomic<int> gets{0};
+  std::thread srv;
+  FakeStore(std::string reply, bool close_after) {
+    lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a = {};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    if (bind(lfd, (sockaddr *)&a, sizeof a) || listen(lfd, 8) || getsockname(lfd, (sockaddr *)&a, &al)) return;
+    port = ntohs(a.sin_port);
+    srv = std::thread([this, reply, close_after] {
+      std::vector<std::thread> conns;
+      for (int fd; (fd = accept(lfd, nullptr, nullptr)) >= 0;) {
+        conns.emplace_back([this, fd, reply, close_after] {
+          std::string in;
+          char buf[4096];
+          for (ssize_t k; (k = read(fd, buf, sizeof buf)) > 0;) {
+            in.append(buf, (size_t)k);
+            if (in.find("PING") != std::string::npos) {
+              in.clear();
+              if (write(fd, "+PONG\r\n", 7) != 7) break;
+            } else if (in.find("GET") != std::string::npos && gets++ == 0) {
+              for (size_t off = 0; off < reply.size();) {
+                ssize_t w = write(fd, reply.data() + off, reply.size() - off);
+                if (w <= 0) break;
+                off += (size_t)w;
+              }
+              if (close_after) break;
+            }
+          }
+          close(fd);
+        });
+      }
+      for (auto &t : conns) t.join();
+    });
+  }
+  ~FakeStore() {
+    shutdown(lfd, SHUT_RDWR);
+    close(lfd);
+    if (srv.joinable()) srv.join();
+  }
+};
+
+// What a read of a fake store's reply does: 0 blocks, ended well before its 5 s budget, one error, no timeout.
+void read_fails_fast(const std::string &reply, bool close_after, const char *why) {
+  FakeStore fake(reply, close_after);
+  ASSERT_GT(fake.port, 0);
+  Cfg f({fake.port});
+  f.c.read_timeout_ms = 5000 * DSERVE_TIMEOUT_SCALE;
+  kvs *s = open_ok(f.c);
+  Chain ch(3, 14);
+  testing::internal::CaptureStderr();
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(ch.read(s), 0) << why;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4)) << why << ": not ended by the budget";
+  std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("unavailable (a read failed)"), std::string::npos) << why << ": " << log;
+  EXPECT_EQ(fake.gets.load(), 1) << why;
+  kvs_stats st = stats(s);
+  EXPECT_EQ(st.errors, 1u) << why;
+  EXPECT_EQ(st.timeouts, 0u) << why;
+  kvs_close(s);
+}
+
+// A store that dies in the middle of a reply: half of one value, then the close.
+TEST(Kvstore, DiesMidReply) {
+  read_fails_fast("$" + std::to_string(kvs_value_len(kTokens, kBytes)) + "\r\n" + std::string(100, 'x'), true,
+                  "half a value");
+}
+
+// Replies no store of ours sends, which hiredis alone would buffer or allocate for: an array declared with two
+// billion elements (16 GB of pointers, asked for by 14 bytes), and a value far larger than a block, streaming.
+TEST(Kvstore, RefusesOversizedReplies) {
+  read_fails_fast("*2000000000\r\n", false, "a huge array");
+  read_fails_fast("$1000000000\r\n" + std::string((size_t)6 << 20, 'x'), false, "a huge value");
 }
 
 TEST(Kvstore, WriteQueueOverflowDrops) {
@@ -500,7 +597,8 @@ TEST(Kvstore, Tls) {
   REQUIRE_REDIS();
   Redis r;
   r.tls = true;
-  ASSERT_TRUE(kvs_test::make_certs(r.dir)) << "openssl could not make the test certificates";
+  ASSERT_TRUE(kvs_test::make_certs(r.dir))
+      << "the openssl command could not make the test certificates: run scripts/setup.sh (it installs openssl)";
   ASSERT_TRUE(r.start());
   std::string ca = r.dir + "/ca.crt", cert = r.dir + "/cli.crt", key = r.dir + "/cli.key";
   Cfg f({r.port});
