@@ -28,10 +28,12 @@ static void serve_usage(FILE *f) {
           "options:\n"
           "  %-34s %s\n"
           "  %-34s %s\n"
+          "  %-34s %s\n"
           "  %-34s %s\n",
           "-m, --model FILE", "the GGUF (or give it first, without -m); null: the null model (docs/design.md)",
           "--print-config", "print the config these options make, then exit", "--worker-port N",
-          "the worker's control port (default: a free one) [workers[0].port]");
+          "the worker's control port (default: a free one) [workers[0].port]", "--kvstore redis://HOST:PORT",
+          "share KV blocks through this Redis server [kvstore]");
   cmd_overrides_usage(f);
 }
 
@@ -54,8 +56,17 @@ static int probe_port(int want) {
   return port;
 }
 
+// --kvstore redis://HOST:PORT as the JSON of a "kvstore" section (out, cap); -1 when url is not of that form.
+static int kvstore_json(const char *url, char *out, size_t cap) {
+  const char *hp = strncmp(url, "redis://", 8) ? NULL : url + 8;
+  if (!hp || !*hp || strpbrk(hp, "/\"\\@ ") || !strrchr(hp, ':') || strlen(hp) > 255) return -1;
+  int n = snprintf(out, cap, "{\"type\": \"redis\", \"endpoints\": [\"%s\"]}", hp);
+  return n > 0 && (size_t)n < cap ? 0 : -1; // the section's parser checks the host and port
+}
+
 int cmd_serve(int argc, char **argv) {
   cmd_overrides ov = CMD_OVERRIDES_INIT;
+  char kvstore[320] = "";
   const char *model = NULL;
   int print_only = 0, wport = 0;
   for (int i = 1; i < argc; i++) {
@@ -68,6 +79,11 @@ int cmd_serve(int argc, char **argv) {
       return 0;
     } else if (!strcmp(a, "--print-config")) {
       print_only = 1;
+    } else if (!strcmp(a, "--kvstore") && i + 1 < argc) {
+      if (kvstore_json(argv[++i], kvstore, sizeof kvstore)) {
+        fprintf(stderr, "dserve serve: --kvstore '%s': expected redis://HOST:PORT\n", argv[i]);
+        return 2;
+      }
     } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc) {
       model = argv[++i];
     } else if (a[0] != '-' && !model) {
@@ -121,11 +137,13 @@ int cmd_serve(int argc, char **argv) {
            " \"workers\": [{\"name\": \"w0\", \"node\": \"local\", \"role\": \"both\", \"host\": \"127.0.0.1\","
            " \"port\": %d}]}",
            wport);
-  cfg_set sets[CMD_MAX_OVERRIDES + 1];
+  cfg_set sets[CMD_MAX_OVERRIDES + 2];
   sets[0] = (cfg_set){"model", abs_model, CFG_SET_STRING};
   memcpy(sets + 1, ov.sets, (size_t)ov.n * sizeof *sets);
+  int n_sets = ov.n + 1;
+  if (kvstore[0]) sets[n_sets++] = (cfg_set){"kvstore", kvstore, CFG_SET_JSON};
   char err[1024], *json = NULL;
-  if (cfg_effective_json(NULL, base, sets, ov.n + 1, &json, err, sizeof err)) {
+  if (cfg_effective_json(NULL, base, sets, n_sets, &json, err, sizeof err)) {
     fprintf(stderr, "dserve serve: %s\n", err);
     return 2;
   }

@@ -83,7 +83,7 @@ int cfg_has_node(const cfg_cluster *c, const char *node) {
 static const char *const K_TOP[] = {"model", "model_name", "chat_template", "chat_template_file", "secret",
                                     "secret_file", "nodes", "router", "workers", "sampling", "logging", "tracing",
                                     "discovery",
-                                    "max_model_len", NULL};
+                                    "max_model_len", "kvstore", NULL};
 static const char *const K_SAMPLING[] = {"temperature", "top_k", "top_p", "min_p", "repetition_penalty", NULL};
 static const char *const K_NODE[] = {"host", NULL};
 static const char *const K_ROUTER[] = {"node",          "host",         "port",       "api_keys",  "api_keys_file",
@@ -499,6 +499,9 @@ static int cfg_build(cfg_ctx *x, const cJSON *root, const char *path, cfg_cluste
   const cJSON *jd = rc ? NULL : cfg_item(root, "discovery");
   c->has_discovery = jd != NULL;
   if (jd && cfg_parse_discovery(jd, path, x->file, &c->discovery, x->err, x->errlen)) rc = -1;
+  const cJSON *jk = rc ? NULL : cfg_item(root, "kvstore");
+  c->has_kvstore = jk != NULL;
+  if (jk && cfg_parse_kvstore(x, jk, path, &c->kvstore)) rc = -1;
   const cJSON *jw = rc ? NULL : cfg_item(root, "workers");
   if (!rc && !jw && !jd) rc = cfg_fail(x, "workers", "missing (an array of at least one worker, or a discovery section)");
   if (!rc && jw && !cJSON_IsArray(jw)) rc = cfg_fail(x, "workers", "expected an array, got %s", cfg_type_name(jw));

@@ -177,6 +177,23 @@ struct cJSON;
 int cfg_parse_discovery(const struct cJSON *j, const char *path, const char *file, cfg_discovery *d, char *err,
                         size_t errlen) UTL_WARN_UNUSED;
 
+// The "kvstore" section (configs/README.md): a shared KV block tier on Redis that prefill and both workers read
+// before recomputing a prompt's blocks and write behind (kvstore/kvstore.h; docs/design.md, "The shared KV tier").
+enum { CFG_MAX_KVSTORE_ENDPOINTS = 16, CFG_DEF_KVSTORE_READ_TIMEOUT_MS = 50, CFG_DEF_KVSTORE_WRITE_QUEUE_MB = 64 };
+typedef struct cfg_kvstore {
+  char type[8];                                    // "redis" (the only one)
+  char endpoints[CFG_MAX_KVSTORE_ENDPOINTS][256];  // (n_endpoints) "host:port"; with cluster, seed nodes
+  int n_endpoints;
+  int cluster;                                     // 1: Redis Cluster (slots, MOVED/ASK)
+  char password_file[1024];                        // AUTH password: the file's first line ("" = no AUTH); resolved
+                                                   // against the config file's folder, read by the worker at start
+  char tls_ca[1024], tls_cert[1024], tls_key[1024]; // TLS when any is set ("" = plain TCP; no tls_ca: the system's
+                                                    // trust store); cert and key, the worker's, go together
+  int read_timeout_ms;                             // one read run's whole budget (50)
+  int ttl_s;                                       // expiry of each written block (0 = none: the store's eviction)
+  double write_queue_mb;                           // write-behind queue bound; past it blocks are dropped (64)
+} cfg_kvstore;
+
 typedef struct cfg_cluster {
   char path[1024];          // the file it came from
   char model_path[1024];    // resolved against the config file's folder when relative; "null": the null model
@@ -201,6 +218,8 @@ typedef struct cfg_cluster {
   cfg_tracing tracing;   // the "tracing" section (endpoint "" when absent)
   int has_discovery;        // a "discovery" section was given: workers may also come and go through etcd
   cfg_discovery discovery;
+  int has_kvstore;          // a "kvstore" section was given (or dserve serve --kvstore)
+  cfg_kvstore kvstore;
   cfg_worker *workers;  // (owned) (n_workers); may be empty with discovery
   int n_workers;
   char **nodes;             // (owned) (n_nodes) every node named in the file

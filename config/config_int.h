@@ -40,4 +40,7 @@ int cfg_one_of(cfg_ctx *x, const char *path, const char *key, const char *val, c
 // observe.c: the top-level "logging" and "tracing" sections into c->logging and c->tracing.
 int cfg_parse_observe(cfg_ctx *x, const cJSON *root, cfg_cluster *c);
 
+// kvstore.c: the "kvstore" section j into k (path: the config file, relative file names resolve against its folder).
+int cfg_parse_kvstore(cfg_ctx *x, const cJSON *j, const char *path, cfg_kvstore *k);
+
 #endif

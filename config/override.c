@@ -15,7 +15,8 @@
 // The keys whose string values are paths (resolved against the config file's folder, as cfg_parse does).
 static const char *const PATH_KEYS[] = {"model", "secret_file", "router.api_keys_file", "workers.*.prefix_disk_path",
                                         "discovery.ca_file", "discovery.cert_file", "discovery.key_file",
-                                        "discovery.password_file", NULL};
+                                        "discovery.password_file", "kvstore.password_file", "kvstore.tls_ca",
+                                        "kvstore.tls_cert", "kvstore.tls_key", NULL};
 
 // Sets key (dotted; '*' = every element of an array) in obj to a copy of v, creating objects on the way. 0, or -1
 // with err when a step is not an object (or, for '*', not an array).

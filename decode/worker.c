@@ -68,6 +68,7 @@ static void send_done(dec_seq *s, const char *finish_reason) {
   prt_done d = {.id = s->req.id, .finish_reason = finish_reason, .prompt_tokens = s->req.n_prompt,
                 .completion_tokens = s->n_gen,
                 .cached_tokens = s->seq.n_cached > s->remote_cached ? s->seq.n_cached : s->remote_cached,
+                .cached_store_tokens = s->seq.n_cached > s->remote_cached ? s->seq.store_tokens : s->remote_store,
                 .kv_bytes = s->kv_bytes, .kv_ms = s->kv_ms, .prefill_ms = s->prefill_ms,
                 .spec_drafts = s->spc.drafts, .spec_drafted = s->spc.drafted, .spec_accepted = s->spc.accepted};
   cJSON *m = prt_done_encode(&d, NULL, 0);
@@ -205,6 +206,9 @@ static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm, int gdone)
     s->t_run_us = utl_now_us();
     s->prefill_ms = (double)(s->t_run_us - s->t_recv_us) / 1000.0;
     wrk_trace_span(&w->sh, &s->req, "prefill", s->t_recv_us, s->t_run_us, "dserve.cached_tokens", s->seq.n_cached);
+    if (s->seq.store_t1_us) // the shared KV tier's read at admission (worker/kvtier.h)
+      wrk_trace_span(&w->sh, &s->req, "kvstore_read", s->seq.store_t0_us, s->seq.store_t1_us, "dserve.kvstore_tokens",
+                     s->seq.store_tokens);
   }
   if (wrk_seq_push(&s->seq, tok)) {
     wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");
@@ -573,6 +577,7 @@ static void on_kv_first(void *arg, ctl_peer *from, const cJSON *m) {
   if (dec_seq_check(w, s, notified ? DEC_RUNNING : DEC_GOT_FIRST)) return; // e.g. a second kv_first
   kv_wire_sampled_from(&kf.first, &s->first);
   s->remote_cached = kf.cached_tokens;
+  s->remote_store = kf.cached_store_tokens;
   s->prefill_ms = kf.prefill_ms;
   s->t_first_us = utl_now_us();
   utl_debug(w->sh.rt->w->name, "%s: kv_first from %s (notif %s)", s->req.id, ctl_peer_name(from),

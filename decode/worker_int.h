@@ -35,6 +35,7 @@ typedef struct dec_seq {
   int64_t t_start_ms;
   double kv_bytes, kv_ms; // what the handoff moved and how long it took from the request
   int remote_cached;      // prompt tokens the prefill worker found in its prefix cache
+  int remote_store;       // ... of which it read from the shared KV tier (kv_first cached_store_tokens)
   double prefill_ms;      // the prefill phase (kv_first's, or this worker's own for a local request); -1: unknown
   int64_t t_recv_us, t_first_us, t_run_us; // generate, kv_first arrived, generating began (spans; 0: not yet)
 } dec_seq;

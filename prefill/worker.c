@@ -203,9 +203,12 @@ static int finish(pfl_worker *w, pfl_req *r) {
   if (r->pushed_blocks < full_blocks(w, r, r->req.n_prompt) && catch_up(w, r)) return -1;
   if (push(w, r, 0, 0, 0, 0, 1)) return -1; // the notification
   int64_t now = utl_now_us();
-  prt_kv_first kf = {.id = r->req.id, .cached_tokens = r->seq.n_cached,
+  prt_kv_first kf = {.id = r->req.id, .cached_tokens = r->seq.n_cached, .cached_store_tokens = r->seq.store_tokens,
                      .prefill_ms = (double)(now - r->t_recv_us) / 1000.0};
   wrk_trace_span(&w->sh, &r->req, "prefill", r->t_recv_us, now, "dserve.cached_tokens", r->seq.n_cached);
+  if (r->seq.store_t1_us) // the shared KV tier's read at admission (worker/kvtier.h)
+    wrk_trace_span(&w->sh, &r->req, "kvstore_read", r->seq.store_t0_us, r->seq.store_t1_us, "dserve.kvstore_tokens",
+                   r->seq.store_tokens);
   kv_wire_sampled_to(&r->first, &kf.first);
   cJSON *m = prt_kv_first_encode(&kf, NULL, 0);
   int rc = m ? ctl_peer_send(r->link->peer, m) : -1;

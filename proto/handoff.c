@@ -49,6 +49,7 @@ cJSON *prt_kv_first_encode(const prt_kv_first *m, char *err, size_t errlen) {
   cJSON *j = prt_new(PRT_OP_KV_FIRST);
   if (!j || !PRT_ADD_STR(j, "id", m->id) || prt_sampled_add(j, &m->first) ||
       !cJSON_AddNumberToObject(j, "cached_tokens", m->cached_tokens) ||
+      (m->cached_store_tokens > 0 && !cJSON_AddNumberToObject(j, "cached_store_tokens", m->cached_store_tokens)) ||
       (m->prefill_ms >= 0 && !cJSON_AddNumberToObject(j, "prefill_ms", m->prefill_ms)))
     return oom(j, err, errlen);
   return j;
@@ -57,13 +58,15 @@ cJSON *prt_kv_first_encode(const prt_kv_first *m, char *err, size_t errlen) {
 int prt_kv_first_decode(const cJSON *j, prt_kv_first *m, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
   m->prefill_ms = -1;
-  int64_t c = 0;
+  int64_t c = 0, cs = 0;
   if (prt__str(j, PRT_OP_KV_FIRST, "id", 1, &m->id, err, errlen) ||
       prt_sampled_read(j, PRT_OP_KV_FIRST, &m->first, err, errlen) ||
       prt__int(j, PRT_OP_KV_FIRST, "cached_tokens", 0, 0, INT32_MAX, &c, err, errlen) ||
+      prt__int(j, PRT_OP_KV_FIRST, "cached_store_tokens", 0, 0, c, &cs, err, errlen) ||
       prt__num(j, PRT_OP_KV_FIRST, "prefill_ms", 0, 0, HUGE_VAL, &m->prefill_ms, err, errlen))
     return -1;
   m->cached_tokens = (int)c;
+  m->cached_store_tokens = (int)cs;
   return 0;
 }
 

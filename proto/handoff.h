@@ -31,6 +31,7 @@ typedef struct prt_kv_first {
   int cached_tokens; // prompt tokens the prefill worker reused; 0 when absent
   double prefill_ms; // from the prefill worker's receipt of the request to this first token; -1 when absent (sent
                      // when >= 0)
+  int cached_store_tokens; // of cached_tokens, the ones read from the shared KV tier (kvstore); 0 when absent (sent when > 0)
 } prt_kv_first;
 cJSON *prt_kv_first_encode(const prt_kv_first *m, char *err, size_t errlen);
 int prt_kv_first_decode(const cJSON *j, prt_kv_first *m, char *err, size_t errlen) UTL_WARN_UNUSED;

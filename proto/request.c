@@ -160,6 +160,7 @@ cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen) {
       !cJSON_AddNumberToObject(j, "prompt_tokens", m->prompt_tokens) ||
       !cJSON_AddNumberToObject(j, "completion_tokens", m->completion_tokens) ||
       !cJSON_AddNumberToObject(j, "cached_tokens", m->cached_tokens) ||
+      (m->cached_store_tokens > 0 && !cJSON_AddNumberToObject(j, "cached_store_tokens", m->cached_store_tokens)) ||
       !cJSON_AddNumberToObject(j, "kv_bytes", m->kv_bytes) || !cJSON_AddNumberToObject(j, "kv_ms", m->kv_ms) ||
       (m->prefill_ms >= 0 && !cJSON_AddNumberToObject(j, "prefill_ms", m->prefill_ms)) ||
       (m->spec_drafts > 0 && (!cJSON_AddNumberToObject(j, "spec_drafts", (double)m->spec_drafts) ||
@@ -179,7 +180,9 @@ int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) {
     return -1;
   for (int i = 0; i < 3; i++)
     if (prt__int(j, PRT_OP_DONE, k[i], 0, -1, INT32_MAX, &v[i], err, errlen)) return -1;
-  if (prt__num(j, PRT_OP_DONE, "kv_bytes", 0, -1, HUGE_VAL, &m->kv_bytes, err, errlen) ||
+  int64_t cs = 0;
+  if (prt__int(j, PRT_OP_DONE, "cached_store_tokens", 0, 0, INT32_MAX, &cs, err, errlen) ||
+      prt__num(j, PRT_OP_DONE, "kv_bytes", 0, -1, HUGE_VAL, &m->kv_bytes, err, errlen) ||
       prt__num(j, PRT_OP_DONE, "kv_ms", 0, -1, HUGE_VAL, &m->kv_ms, err, errlen) ||
       prt__num(j, PRT_OP_DONE, "prefill_ms", 0, 0, HUGE_VAL, &m->prefill_ms, err, errlen) ||
       prt__int(j, PRT_OP_DONE, "spec_drafts", 0, 0, INT64_MAX / 2, &m->spec_drafts, err, errlen) ||
@@ -189,6 +192,7 @@ int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) {
   m->prompt_tokens = (int)v[0];
   m->completion_tokens = (int)v[1];
   m->cached_tokens = (int)v[2];
+  m->cached_store_tokens = (int)cs;
   return 0;
 }
 

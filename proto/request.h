@@ -69,6 +69,7 @@ typedef struct prt_done {
   int64_t spec_drafts;       // speculative decoding on the decode worker: drafts verified, tokens they proposed and
   int64_t spec_drafted;      // tokens accepted (0 when absent; sent when spec_drafts > 0)
   int64_t spec_accepted;
+  int cached_store_tokens;   // of cached_tokens, read from the shared KV tier (kvstore); 0 when absent (sent when > 0)
 } prt_done;
 cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen);
 int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) UTL_WARN_UNUSED;

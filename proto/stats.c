@@ -8,13 +8,15 @@
 #include "proto/prt_int.h"
 #include "util/err.h"
 
-const char *const prt_tier_names[PRT_N_TIERS] = {"pool", "host", "disk"};
+const char *const prt_tier_names[PRT_N_TIERS] = {"pool", "host", "disk", "store"};
 
 // The counts in field order: their names and where they live.
 #define COUNTS(X)                                                                                                     \
   X(running) X(waiting) X(free_blocks) X(total_blocks) X(finished) X(prefix_hits) X(prefix_queries)                   \
   X(prefix_cached_blocks) X(kv_bytes_pushed) X(prefix_fetches) X(prefix_fetched_blocks) X(prefix_fetch_misses)        \
-  X(prefix_served_blocks) X(auth_failures) X(trace_spans_dropped) X(evictable_blocks)
+  X(prefix_served_blocks) X(auth_failures) X(trace_spans_dropped) X(evictable_blocks) X(kvstore_read_blocks)         \
+  X(kvstore_read_bytes) X(kvstore_write_blocks) X(kvstore_write_bytes) X(kvstore_errors) X(kvstore_timeouts)          \
+  X(kvstore_mac_failures) X(kvstore_mismatches) X(kvstore_queue_drops) X(kvstore_up)
 
 void prt_stats_ok_init(prt_stats_ok *m) {
   memset(m, 0, sizeof *m);

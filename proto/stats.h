@@ -9,9 +9,10 @@
 extern "C" {
 #endif
 
-// Tiers of a prefix store, in prefix_tiers order.
-enum { PRT_TIER_POOL, PRT_TIER_HOST, PRT_TIER_DISK, PRT_N_TIERS };
-extern const char *const prt_tier_names[PRT_N_TIERS]; // "pool", "host", "disk"
+// Tiers of a prefix store, in prefix_tiers order; "store" is the shared KV tier on Redis (kvstore), whose blocks are
+// the store's (its blocks count is 0; refused: blocks its write-behind queue dropped).
+enum { PRT_TIER_POOL, PRT_TIER_HOST, PRT_TIER_DISK, PRT_TIER_STORE, PRT_N_TIERS };
+extern const char *const prt_tier_names[PRT_N_TIERS]; // "pool", "host", "disk", "store"
 
 typedef struct prt_tier_stats {
   int present;                  // the worker has this tier
@@ -31,6 +32,11 @@ typedef struct prt_stats_ok {
   double kv_bytes_pushed, prefix_fetches, prefix_fetched_blocks, prefix_fetch_misses, prefix_served_blocks;
   double auth_failures;
   double trace_spans_dropped; // spans the worker's exporter dropped on a full queue (running total; with tracing)
+  // The shared KV tier (a worker with a "kvstore" section; running totals but kvstore_up, 1 when its last round trip
+  // succeeded): blocks and bytes read and written, errors (connections, AUTH), reads past read_timeout_ms, values
+  // refused for their MAC or for another space, key or length, and blocks the write-behind queue dropped.
+  double kvstore_read_blocks, kvstore_read_bytes, kvstore_write_blocks, kvstore_write_bytes, kvstore_errors;
+  double kvstore_timeouts, kvstore_mac_failures, kvstore_mismatches, kvstore_queue_drops, kvstore_up;
 } prt_stats_ok;
 // A prt_stats_ok with every count absent (-1).
 void prt_stats_ok_init(prt_stats_ok *m);

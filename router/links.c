@@ -75,12 +75,14 @@ static void on_prefix_tiers(rtr_server *s, rtr_link *l, const prt_tier_stats *ti
                                             "Prefix-cache hit tokens served from each tier of each worker.", lab);
       l->m_tier[t][1] = rtr_metrics_counter(s->m, "dserve:prefix_cache_tier_queries_total",
                                             "Prefix-cache tokens looked up in each tier of each worker.", lab);
-      l->m_tier[t][2] = rtr_metrics_gauge(s->m, "dserve:prefix_cache_blocks",
-                                          "Prefix-cache blocks resident in each tier of each worker.", lab);
+      if (t != PRT_TIER_STORE) // the shared store's blocks are the store's own (Redis INFO keyspace)
+        l->m_tier[t][2] = rtr_metrics_gauge(s->m, "dserve:prefix_cache_blocks",
+                                            "Prefix-cache blocks resident in each tier of each worker.", lab);
       if (t != PRT_TIER_POOL)
         l->m_tier[t][3] = rtr_metrics_counter(s->m, "dserve:prefix_cache_tier_refused_total",
                                               "Blocks a prefix-cache tier could not store: full with nothing it may "
-                                              "evict, or a failed write (a full disk).", lab);
+                                              "evict, a failed write (a full disk), or the store tier's "
+                                              "write-behind queue full.", lab);
     }
     counter_from_total(l->m_tier[t][0], o->hits, &l->tier_last[t][0]);
     counter_from_total(l->m_tier[t][1], o->queries, &l->tier_last[t][1]);

@@ -5,6 +5,7 @@
 // series and span.
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,8 +76,56 @@ static void worker_series(rtr_server *s, rtr_link *l) {
 #define SPANS_DROPPED "dserve:trace_spans_dropped_total"
 #define SPANS_DROPPED_HELP "Spans dropped because a process's export queue was full (tracing.queue_spans)."
 
+// The shared KV tier's running totals of stats_ok, as counters {worker, role} (docs/observability.md).
+static const struct {
+  const char *name, *help;
+  size_t off;
+} KVS_SERIES[RTR_N_KVS] = {
+    {"dserve:kvstore_read_blocks_total", "KV blocks each worker read from the shared store.",
+     offsetof(prt_stats_ok, kvstore_read_blocks)},
+    {"dserve:kvstore_read_bytes_total", "Payload bytes each worker read from the shared store.",
+     offsetof(prt_stats_ok, kvstore_read_bytes)},
+    {"dserve:kvstore_write_blocks_total", "KV blocks each worker wrote to the shared store (behind).",
+     offsetof(prt_stats_ok, kvstore_write_blocks)},
+    {"dserve:kvstore_write_bytes_total", "Payload bytes each worker wrote to the shared store.",
+     offsetof(prt_stats_ok, kvstore_write_bytes)},
+    {"dserve:kvstore_errors_total", "Failed round trips to the shared store (connection, AUTH, protocol).",
+     offsetof(prt_stats_ok, kvstore_errors)},
+    {"dserve:kvstore_timeouts_total", "Shared-store reads abandoned past kvstore.read_timeout_ms (recomputed).",
+     offsetof(prt_stats_ok, kvstore_timeouts)},
+    {"dserve:kvstore_mac_failures_total", "Shared-store values whose MAC did not verify (dropped, recomputed).",
+     offsetof(prt_stats_ok, kvstore_mac_failures)},
+    {"dserve:kvstore_mismatches_total", "Shared-store values of another model, type, layout, block or length.",
+     offsetof(prt_stats_ok, kvstore_mismatches)},
+    {"dserve:kvstore_queue_drops_total", "Blocks dropped because the write-behind queue was full or the store down.",
+     offsetof(prt_stats_ok, kvstore_queue_drops)},
+};
+
+static void kvstore_series(rtr_server *s, rtr_link *l, const prt_stats_ok *m) {
+  for (int i = 0; i < RTR_N_KVS; i++) {
+    double v = *(const double *)((const char *)m + KVS_SERIES[i].off);
+    if (v < 0) continue; // a worker without the tier
+    if (!l->m_w_kvs[i]) {
+      char lab[160];
+      snprintf(lab, sizeof lab, "worker=\"%s\",role=\"%s\"", l->cfg->name, cfg_role_name(l->cfg->role));
+      l->m_w_kvs[i] = rtr_metrics_counter(s->m, KVS_SERIES[i].name, KVS_SERIES[i].help, lab);
+    }
+    rtr_metric_add(l->m_w_kvs[i], v >= l->kvs_last[i] ? v - l->kvs_last[i] : v); // a restarted worker counts anew
+    l->kvs_last[i] = v;
+  }
+  if (m->kvstore_up < 0) return;
+  if (!l->m_w_kvs_up) {
+    char lab[160];
+    snprintf(lab, sizeof lab, "worker=\"%s\",role=\"%s\"", l->cfg->name, cfg_role_name(l->cfg->role));
+    l->m_w_kvs_up = rtr_metrics_gauge(s->m, "dserve:kvstore_up",
+                                      "1 while a worker's last round trip to the shared store succeeded.", lab);
+  }
+  rtr_metric_set(l->m_w_kvs_up, m->kvstore_up);
+}
+
 void rtr_observe_stats_locked(rtr_server *s, rtr_link *l, const prt_stats_ok *m) {
   worker_series(s, l);
+  kvstore_series(s, l, m);
   if (m->trace_spans_dropped >= 0) { // a running total: what it grew by (a restarted worker counts anew)
     if (!l->m_w_spans_dropped) {
       char lab[160];
@@ -223,14 +272,14 @@ void rtr_observe_done_locked(rtr_server *s, rtr_req *r, int ci, const prt_done *
 void rtr_observe_end(rtr_server *s, rtr_req *r, int status) {
   int64_t now = utl_now_us();
   pthread_mutex_lock(&s->mu);
-  int comp = 0, cached = 0, moves = 0;
+  int comp = 0, cached = 0, cached_store = 0, moves = 0;
   double kvb = 0, drafted = 0, accepted = 0;
   char workers[256] = "", finish[16] = "";
   int routed = 0;
   for (int i = 0; r->ch && i < r->n_ch; i++) {
     const rtr_choice *c = &r->ch[i];
     comp += c->completion_tokens;
-    if (c->cached_tokens > cached) cached = c->cached_tokens;
+    if (c->cached_tokens > cached) cached = c->cached_tokens, cached_store = c->cached_store_tokens;
     moves += c->resends;
     if (c->kv_bytes > 0) kvb += c->kv_bytes;
     drafted += (double)c->spec_drafted;
@@ -251,7 +300,7 @@ void rtr_observe_end(rtr_server *s, rtr_req *r, int status) {
       UTL_LF_S("id", r->id[0] ? r->id : "-"), UTL_LF_S("route", r->route ? r->route : "-"), UTL_LF_N("status", status),
       UTL_LF_S("error", status >= 400 && r->err.code[0] ? r->err.code : ""), UTL_LF_N("n", r->q.n),
       UTL_LF_N("stream", r->q.stream), UTL_LF_N("prompt_tokens", r->n_prompt), UTL_LF_N("completion_tokens", comp),
-      UTL_LF_N("cached_tokens", cached), UTL_LF_S("finish", finish), UTL_LF_N("queue_ms", queue),
+      UTL_LF_N("cached_tokens", cached), UTL_LF_N("cached_store_tokens", cached_store), UTL_LF_S("finish", finish), UTL_LF_N("queue_ms", queue),
       UTL_LF_N("ttft_ms", ttft), UTL_LF_N("total_ms", total), UTL_LF_S("workers", workers),
       UTL_LF_N("kv_bytes", kvb), UTL_LF_N("migrations", moves), UTL_LF_N("spec_drafted", drafted),
       UTL_LF_N("spec_accepted", accepted), UTL_LF_S("trace_id", trace)};

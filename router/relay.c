@@ -395,6 +395,7 @@ static void on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
   if (m->completion_tokens >= 0) c->completion_tokens = m->completion_tokens;
   c->cached_tokens = m->cached_tokens >= 0 ? m->cached_tokens : 0;
   if (c->cached_tokens > c->n_prompt) c->cached_tokens = c->n_prompt; // a moved choice's worker cached its own output
+  c->cached_store_tokens = m->cached_store_tokens < c->cached_tokens ? m->cached_store_tokens : c->cached_tokens;
   c->prompt_tokens = m->prompt_tokens >= 0 ? m->prompt_tokens : c->n_prompt;
   rtr_observe_done_locked(s, r, ci, m); // KV moved, the phases' histograms
   rtr_choice_end_locked(s, r, ci);

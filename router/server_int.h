@@ -39,6 +39,8 @@ typedef struct rtr_members rtr_members;
                                // router's own link to that worker to go down (then it moves and waits for a worker)
                                // before it is sent again as it is (or fails when its moves are used up)
 
+enum { RTR_N_KVS = 9 }; // the kvstore_* counters of stats_ok the router exports (observe.c, KVS_SERIES)
+
 typedef struct rtr_link {
   rtr_server *s;               // (borrowed)
   const cfg_worker *cfg;   // (borrowed) from s->cfg, or &member for a worker that joined through discovery
@@ -66,11 +68,11 @@ typedef struct rtr_link {
   int connecting;              // 1 while the link thread is connecting (its peer may speak before it is stored)
   int fails;                   // connects failed in a row (0 once up); last_err: the last one's error ("" none)
   char last_err[256];
-  // Per prefix-cache tier (pool, host, disk: stats_ok prefix_tiers): last cumulative hits / queries seen, and the
+  // Per prefix-cache tier (pool, host, disk, store: stats_ok prefix_tiers): last cumulative hits / queries seen, and the
   // series {worker, tier} of hits, queries, resident blocks and refused blocks, created when the worker first reports
   // the tier (refused: tier_last[t][2]).
-  double tier_last[3][3];
-  rtr_metric *m_tier[3][4];    // (owned by s->m) hits, queries, blocks, refused (the host and disk tiers only)
+  double tier_last[PRT_N_TIERS][3];
+  rtr_metric *m_tier[PRT_N_TIERS][4]; // (owned by s->m) hits, queries, blocks (not the store's), refused (not the pool's)
   int64_t last_stats_ms, last_stats_sent_ms; // last_stats_ms: when the worker last answered (stats_ok or pong)
   // observe.c: the worker's series {model_name, worker, role} (created with the link's first stats) and what the
   // router counted for it: prompt tokens routed to it, tokens it generated, handoffs it took part in
@@ -78,6 +80,9 @@ typedef struct rtr_link {
   rtr_metric *m_w_spans_dropped; // (owned by s->m) created when the worker first reports trace_spans_dropped
   rtr_metric *m_w_kv_running, *m_w_kv_cached; // (owned by s->m) its KV split: held by sequences / cached, evictable
   double n_prompt_tokens, n_gen_tokens, n_handoffs, spans_dropped_last;
+  rtr_metric *m_w_kvs[RTR_N_KVS]; // (owned by s->m) the shared KV tier's counters (observe.c), once the worker sends them
+  double kvs_last[RTR_N_KVS];
+  rtr_metric *m_w_kvs_up;      // (owned by s->m) dserve:kvstore_up, once the worker sends kvstore_up
   pthread_t thread;
   int has_thread;
 } rtr_link;
@@ -99,6 +104,7 @@ typedef struct rtr_choice {
   // text_offset), comma-separated.
   utl_buf lp_text[4];          // (owned)
   int completion_tokens, cached_tokens, prompt_tokens;
+  int cached_store_tokens;     // of cached_tokens, read from the shared KV tier (done's cached_store_tokens)
   int resends;                 // times sent again after its decode/both worker died, went silent or drained
   int32_t *gen;                // (owned) (n_gen) the token ids streamed so far: a moved choice resumes from them
   int n_gen, cap_gen;

@@ -146,10 +146,20 @@ int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen) {
       return -1;
     }
   }
+  if (rt->cfg && rt->cfg->has_kvstore && rt->w->role != CFG_ROLE_DECODE) {
+    char why[512];
+    if (wrk_kvtier_open(rt, &e->kvt, why, sizeof why)) {
+      snprintf(err, errlen, "worker %s: %s", rt->w->name, why);
+      kv_prefix_free(e->prefix);
+      e->prefix = NULL;
+      return -1;
+    }
+  }
   return 0;
 }
 
 void wrk_engine_fini(wrk_engine *e) {
+  wrk_kvtier_close(e->kvt);
   kv_prefix_free(e->prefix);
   free(e->match_ids);
   free(e->run);
@@ -256,6 +266,42 @@ void wrk_engine_accept(wrk_engine *e, wrk_seq *s, int m) {
   }
 }
 
+// Blocks of s's prompt that steps have filled since the last call go to the shared tier's write-behind queue.
+static void store_computed(wrk_engine *e, wrk_seq *s) {
+  int bs = block_size(e), full = (s->n_done < s->store_upto ? s->n_done : s->store_upto) / bs;
+  if (!e->kvt || s->no_reuse || full <= s->n_stored) return;
+  wrk_kvtier_write(e->kvt, e->rt->kv, s->toks, s->blocks.ids, s->n_stored, full);
+  s->n_stored = full;
+}
+
+// After the pool, host and disk tiers (and a peer's fetched blocks): the shared tier's run of the prompt's next full
+// blocks, which join s's table and the prefix store (so the next request finds them in the pool).
+static void read_store(wrk_engine *e, wrk_seq *s) {
+  int bs = block_size(e), have = s->blocks.n, want = (s->n_toks - 1) / bs - have;
+  if (!e->kvt || s->kv_from_peer || s->no_reuse || want < 1 || s->n_done != have * bs) return;
+  if (want > e->cap_match) {
+    int32_t *m = realloc(e->match_ids, (size_t)want * sizeof *m);
+    if (!m) return;
+    e->match_ids = m;
+    e->cap_match = want;
+  }
+  s->store_t0_us = utl_now_us();
+  int n = wrk_kvtier_read(e->kvt, e->rt->kv, e->prefix, s->toks, s->n_toks, have, e->match_ids, want);
+  s->store_t1_us = utl_now_us();
+  if (n > 0 && kv_blocks_append(e->rt->kv, &s->blocks, e->match_ids, n)) {
+    for (int i = 0; i < n; i++) kv_pool_unref(e->rt->kv, e->match_ids[i]);
+    n = 0;
+  }
+  if (n < 1) return;
+  s->n_done = s->n_cached = (have + n) * bs;
+  s->store_tokens = n * bs;
+  if (e->prefix) {
+    kv_prefix_insert(e->prefix, s->toks, s->n_done, s->blocks.ids, have + n);
+    s->n_inserted = have + n;
+  }
+  kv_blocks_slide(e->rt->kv, &s->blocks, s->n_done);
+}
+
 // Makes s's table cover n_tokens positions, evicting cached blocks nobody uses (LRU, leaves first) for as long as
 // the pool is short: first as many as the table lacks, then one at a time (a sliding-window pool's free count is
 // in whole blocks, which can say less than a table of global-only blocks needs). -1 when the cache has nothing
@@ -305,6 +351,11 @@ int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
       for (int i = 0; i < n; i++) kv_pool_unref(e->rt->kv, e->match_ids[i]);
     }
   }
+  s->store_tokens = 0;
+  s->store_t0_us = s->store_t1_us = 0;
+  read_store(e, s);
+  s->n_stored = s->n_done / bs; // what came from a cache is not written again
+  s->store_upto = s->n_toks;
   int upto = s->n_toks + 1;
   if (kv_pool_groups(e->rt->kv) > 1) { // window pages (kv/pool.h)
     if (s->kv_from_peer) // the peer sends no window page before the window: those blocks get none
@@ -314,7 +365,7 @@ int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
   }
   if (reserve_evicting(e, s, upto) == 0) return 0;
   kv_blocks_release(e->rt->kv, &s->blocks); // nothing held while it waits
-  s->n_done = s->n_cached = s->n_inserted = 0;
+  s->n_done = s->n_cached = s->n_inserted = s->n_stored = s->store_tokens = 0;
   return -1;
 }
 
@@ -359,7 +410,7 @@ static int preempt(wrk_engine *e, const wrk_seq *keep, int n_batch) {
     if (v == keep || find(e->batch_of, n_batch, v) >= 0) continue;
     wrk_seq_drop_draft(v); // recomputed from its tokens: a draft is not one of them
     kv_blocks_release(e->rt->kv, &v->blocks);
-    v->n_done = v->n_cached = v->n_inserted = 0;
+    v->n_done = v->n_cached = v->n_inserted = v->n_stored = v->store_tokens = 0;
     remove_at(e->run, &e->n_run, i);
     memmove(e->wait + 1, e->wait, (size_t)e->n_wait * sizeof *e->wait);
     e->wait[0] = v;
@@ -481,6 +532,7 @@ int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
       kv_prefix_insert(e->prefix, s->toks, s->n_done, s->blocks.ids, full);
       s->n_inserted = full;
     }
+    store_computed(e, s);
   }
   return 0;
 }
@@ -494,10 +546,13 @@ void wrk_engine_prefix_stats(const wrk_engine *e, prt_stats_ok *out) {
   kv_prefix_stats st = {0};
   if (e->prefix) kv_prefix_get_stats(e->prefix, &st);
   out->prefix_hits = (double)(st.hit_tokens[0] + st.hit_tokens[1] + st.hit_tokens[2]);
+  wrk_kvtier_stats(e->kvt, out); // the store tier's hits count among the prefix hits too
+  if (e->kvt) out->prefix_hits += out->tiers[PRT_TIER_STORE].hits;
   out->prefix_queries = (double)st.query_tokens;
+  if (!e->prefix && e->kvt) out->prefix_queries = out->tiers[PRT_TIER_STORE].queries; // the store is the only lookup
   out->prefix_cached_blocks = st.blocks[0];
   out->evictable_blocks = st.unused; // 0 without a store: every held block is a sequence's
-  for (int t = 0; e->prefix && t < PRT_N_TIERS; t++) // kv_prefix's tiers are proto's, in the same order
+  for (int t = 0; e->prefix && t < PRT_TIER_STORE; t++) // kv_prefix's tiers are proto's, in the same order
     if (kv_prefix_has_tier(e->prefix, t))
       out->tiers[t] = (prt_tier_stats){.present = 1, .hits = (double)st.hit_tokens[t],
                                        .queries = (double)st.tier_query_tokens[t], .blocks = st.blocks[t],

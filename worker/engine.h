@@ -12,6 +12,7 @@
 #include "models/llama.h"
 #include "proto/stats.h"
 #include "util/err.h"
+#include "worker/kvtier.h"
 #include "worker/runtime.h"
 
 #ifdef __cplusplus
@@ -36,6 +37,11 @@ typedef struct wrk_seq {
   int n_draft;     // speculative decoding: the last n_draft of toks are a draft the role proposed after the token to
                    // decode (n_toks == n_done + 1 + n_draft); the step computes all 1 + n_draft rows and returns their
                    // logits; n_done then passes the decoded token only, until wrk_engine_accept (docs/design.md)
+  // The shared KV tier (worker/kvtier.h), set at admission: blocks [n_stored, store_upto / block_size) are written
+  // behind once computed (store_upto: the tokens known at admission, a prompt's; never the decode's output);
+  // store_tokens of n_cached came from the store, read over [store_t0_us, store_t1_us] (0: no read).
+  int n_stored, store_upto, store_tokens;
+  int64_t store_t0_us, store_t1_us;
   void *owner;     // (borrowed) the role's per-request state
 } wrk_seq;
 
@@ -93,6 +99,7 @@ typedef struct wrk_engine {
   float *logits;       // (owned) (cap_rows, n_vocab)
   int cap_rows;
   kv_prefix *prefix;  // (owned) cross-request block store; NULL when the worker's prefix_cache_mb is 0
+  wrk_kvtier *kvt;     // (owned) the shared KV tier (config "kvstore", prefill and both workers); NULL without
   int32_t *match_ids;  // (owned) (cap_match) scratch for prefix matches
   int cap_match;
   // Step scheduler (the worker's tpot_target_ms): each step's cycle, from the start of its forward to the start
@@ -105,7 +112,8 @@ typedef struct wrk_engine {
 } wrk_engine;
 
 // Also opens the prefix cache sized from the worker's prefix_cache_mb, with its host and disk tiers: -1 with err
-// (naming the worker and the tier's error) when one cannot be opened; the worker must not start without it.
+// (naming the worker and the tier's error) when one cannot be opened; the worker must not start without it. With a
+// "kvstore" section a prefill or both worker also opens the shared KV tier (an unreachable store is only a warning).
 int wrk_engine_init(wrk_engine *e, wrk_runtime *rt, char *err, size_t errlen) UTL_WARN_UNUSED;
 void wrk_engine_fini(wrk_engine *e); // the sequences themselves belong to the caller
 int wrk_engine_queue(wrk_engine *e, wrk_seq *s) UTL_WARN_UNUSED;   // waits for admission; -1 on out of memory
@@ -120,7 +128,8 @@ void wrk_engine_remove(wrk_engine *e, wrk_seq *s); // from either list; releases
 void wrk_engine_admit(wrk_engine *e, void (*reject)(void *arg, wrk_seq *s, int blocks_needed), void *arg);
 // What admission does for one sequence that holds no blocks: take its longest cached prefix (n_done and
 // n_cached move past it) and reserve blocks for the rest of its tokens, evicting unused cached blocks if
-// needed. 0, or -1 with nothing held when the pool is short. A sequence queued with leading blocks already
+// needed; after the pool, host and disk tiers (and a peer's fetched blocks), the shared KV tier's run of the next full
+// blocks. 0, or -1 with nothing held when the pool is short. A sequence queued with leading blocks already
 // in its table (n_done past them: a prefix a prefill worker fetched from a peer) is not matched again: only
 // the rest is reserved (on -1 it holds nothing, and is matched like any other next time).
 int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) UTL_WARN_UNUSED;

@@ -262,7 +262,7 @@ TEST(Proto, Token) {
 // Speculative decoding's counts ride on done, sent only when the choice drafted; accepted never exceeds drafted.
 TEST(Proto, DoneWithDrafts) {
   char err[128];
-  prt_done in = {"r-0", "stop", 12, 30, 0, -1, -1, -1, 7, 25, 19};
+  prt_done in = {"r-0", "stop", 12, 30, 0, -1, -1, -1, 7, 25, 19, 0};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
@@ -277,7 +277,7 @@ TEST(Proto, DoneWithDrafts) {
 
 TEST(Proto, Done) {
   char err[128];
-  prt_done in = {"r-0", "length", 12, 5, 16, 4096, 3.5, -1, 0, 0, 0};
+  prt_done in = {"r-0", "length", 12, 5, 16, 4096, 3.5, -1, 0, 0, 0, 0};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
@@ -300,7 +300,7 @@ TEST(Proto, Done) {
 // prefill_ms (the prefill phase) travels when >= 0, reads -1 when absent, and refuses a negative value.
 TEST(Proto, DonePrefillMs) {
   char err[128];
-  prt_done in = {"r-0", "stop", 12, 5, 0, 4096, 30.5, 21.25, 0, 0, 0};
+  prt_done in = {"r-0", "stop", 12, 5, 0, 4096, 30.5, 21.25, 0, 0, 0, 0};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
@@ -346,7 +346,7 @@ TEST(Proto, KvTable) {
 
 TEST(Proto, KvFirst) {
   char err[128];
-  prt_kv_first in = {"r-0", sampled(42), 32, 17.5};
+  prt_kv_first in = {"r-0", sampled(42), 32, 17.5, 0};
   cJSON *j = wire(prt_kv_first_encode(&in, err, sizeof err));
   prt_kv_first m;
   ASSERT_EQ(prt_kv_first_decode(j, &m, err, sizeof err), 0) << err;
