@@ -52,6 +52,14 @@ typedef struct dec_worker {
   uint64_t n_finished;
   wrk_grammars gram;     // response_format grammars (compiled, cached) and the token trie the samplers mask with
   spc_index *spec;       // (owned) finished requests' outputs that drafts come from; NULL: workers[].spec "off"
+  // While a step samples (batching): its tokens, one `tokens` message per router (docs/protocol.md), sent when the
+  // step's sampling ends, or before a done or error to that router so that nothing overtakes a choice's tokens.
+  struct dec_tok_batch {
+    ctl_peer *to;        // (borrowed: a sequence's router, alive through the step)
+    cJSON *msg;          // (owned) prt_tokens_new
+  } *batches;            // (owned array) (n_batches)
+  int n_batches, cap_batches;
+  int batching;
 } dec_worker;
 
 #define OWNER(sq) ((dec_seq *)(sq)->owner)
