@@ -207,10 +207,15 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
 // of that worker's name is connecting waits for it (polling, at most ~2 s) instead of being dropped. Called with mu
 // held; releases it while waiting.
 static rtr_link *link_of_locked(rtr_server *s, ctl_peer *p, int is_msg) {
+  // the link of the last message first: a worker's messages come in runs (a step's batch, its done messages)
+  if (s->last_link >= 0 && s->last_link < s->n_links && s->links[s->last_link].peer == p) return &s->links[s->last_link];
   for (int tries = 0;; tries++) {
     int connecting = 0;
     for (int i = 0; i < s->n_links; i++) {
-      if (s->links[i].peer == p) return &s->links[i];
+      if (s->links[i].peer == p) {
+        s->last_link = i;
+        return &s->links[i];
+      }
       connecting |= s->links[i].connecting && !strcmp(s->links[i].cfg->name, ctl_peer_name(p));
     }
     // a member's first connection is made by members.c's dialer, before the member has a link

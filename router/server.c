@@ -229,6 +229,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
     return -1;
   }
   s->n_links = o->cfg->n_workers;
+  s->last_link = -1;
   // The index is a hint: without memory for it the router routes by load.
   if (s->cap_links > 0 && rtr_kvindex_new(s->cap_links, 1 << 16, &s->kv, err, errlen) < 0) s->kv = NULL;
   pthread_mutex_lock(&s->mu);

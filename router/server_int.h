@@ -204,6 +204,7 @@ struct rtr_server {
   // a link's address holds only while mu is held: whoever lets go of mu finds its link again by index
   rtr_link *links;
   int n_links, cap_links;
+  int last_link;               // the link the dispatcher's last message came from (-1: none), tried first
   int capacity_static;         // the config's workers' max_seqs (capacity = this + the members' that are linked)
   dsc_watcher *watcher;        // (owned) the membership in etcd (config "discovery"); NULL without
   rtr_members *mem;            // (owned) members.c's records and their dialers; NULL without discovery
