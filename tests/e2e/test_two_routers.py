@@ -75,28 +75,34 @@ class TwoRouters(u.DiscoCluster, unittest.TestCase):
         return u.metrics(port).get('dserve:worker_num_requests_running{worker="%s",role="both"}' % name)
 
     def test_prefix_affinity_and_failover(self):
-        w = {"w1": self.worker("w1", role="both", prefix_cache_mb=16)}
+        # w1's pool is the larger: on load alone (free KV fraction, then queue, then link order) a router picks w1
+        w = {"w1": self.worker("w1", role="both", prefix_cache_mb=16, kv_budget_mb=64)}
         self.linked_both("w1")  # w1 first: on both routers it is the first link, the one a tie goes to
         w["w0"] = self.worker("w0", role="both", prefix_cache_mb=16)
         self.linked_both("w0")
         # 1. prefix affinity across routers. A's long stream holds w1, so A places PROMPT on w0; with w1 idle again
         # (as B sees it), B sends PROMPT to w0 only because w0's kv_events told it w0 holds the prompt's blocks (on
         # load alone it would pick w1, its first link).
-        started, held = threading.Event(), {}
+        started, release, held = threading.Event(), threading.Event(), {}
+
+        def on_event(i, o):
+            started.set()
+            return release.is_set()  # hung up once PROMPT is placed: w1 caches few blocks of it
 
         def hold():
             held["r"] = u.stream(self.port, "completions", {"prompt": "Count:", "max_tokens": 200, "ignore_eos": True},
-                                 on_event=lambda i, o: started.set())
+                                 on_event=on_event)
         th = threading.Thread(target=hold)
         th.start()
         self.assertTrue(started.wait(60 * S), "the long stream never started")
         st, a = u.post(self.port, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "temperature": 0})
         self.assertEqual(st, 200, a)
         self.assertEqual(self.served_by(self.router, a["id"]), "w0")
+        release.set()
         th.join(120 * S)
         self.assertEqual(held["r"]["status"], 200, held["r"])
-        rid = re.findall(r"id=(cmpl-\S+) .*workers=w1", self.router.text())
-        self.assertTrue(rid, "the long stream did not run on w1")
+        self.assertTrue(u.wait_until(lambda: re.search(r"id=cmpl-\S+ .*status=499 .*workers=w1", self.router.text()),
+                                     10 * S), "the long stream did not run on w1 (or was not cancelled)")
         self.assertTrue(u.wait_until(lambda: self.running_on(self.port_b, "w1") == 0.0 and
                                      self.running_on(self.port_b, "w0") == 0.0, 30 * S))
         st, b = u.post(self.port_b, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "temperature": 0})
