@@ -2,7 +2,7 @@
 """bench/router_load.py: the router's own cost under many concurrent streams with short outputs (docs/scale.md, "router").
 
 Starts tests/router/fake_worker.py in step mode (every --step-ms one token per running generation, sent as one
-`tokens` message per step, or one `token` message each with --no-batch), `dserve router` in front of it, and drives
+`token_batch` message per step, or one `token` message each with --no-batch), `dserve router` in front of it, and drives
 bench/loadgen.py through the router. Prints delivered tokens, the router's CPU seconds (from /proc) and its CPU
 microseconds per delivered token; with --perf FILE, records the router with `perf record -g` for the run and writes
 `perf report` (flat, by symbol) to FILE.

@@ -44,31 +44,6 @@
 
 // ---- messages to the router ----
 
-// Sends the step's batch for router p (all routers' when p is NULL).
-static void flush_tokens(dec_worker *w, ctl_peer *p) {
-  for (int i = 0; i < w->n_batches; i++) {
-    struct dec_tok_batch *b = &w->batches[i];
-    if (!b->msg || (p && b->to != p)) continue;
-    if (prt_tokens_count(b->msg) > 0) ctl_peer_send(b->to, b->msg);
-    cJSON_Delete(b->msg);
-    b->msg = NULL;
-  }
-  if (!p) w->n_batches = 0;
-}
-
-// Adds tm to the step's batch for s's router: 0, or -1 (out of memory: the caller sends it alone).
-static int batch_token(dec_worker *w, dec_seq *s, const prt_token *tm) {
-  struct dec_tok_batch *b = NULL;
-  for (int i = 0; i < w->n_batches && !b; i++)
-    if (w->batches[i].to == s->router) b = &w->batches[i];
-  if (!b) {
-    if (UTL_VEC_PUSH(w->batches, w->n_batches, w->cap_batches, ((struct dec_tok_batch){s->router, NULL}))) return -1;
-    b = &w->batches[w->n_batches - 1];
-  }
-  if (!b->msg && !(b->msg = prt_tokens_new())) return -1;
-  return prt_tokens_add(b->msg, tm);
-}
-
 static void send_token(dec_worker *w, dec_seq *s, const char *text, size_t len, const int32_t *ids, int n_ids,
                        const mdl_sampled *lp) {
   char *t = malloc(len + 1);
@@ -83,11 +58,11 @@ static void send_token(dec_worker *w, dec_seq *s, const char *text, size_t len, 
     kv_wire_sampled_to(lp, &one);
     tm.n_logprobs = 1;
   }
-  if (w->batching && batch_token(w, s, &tm) == 0) {
+  if (w->batching && dec__batch_token(w, s, &tm) == 0) {
     free(t);
     return;
   }
-  flush_tokens(w, s->router); // (out of memory) what the batch holds goes first
+  dec__flush_tokens(w, s->router); // (out of memory) what the batch holds goes first
   cJSON *m = prt_token_encode(&tm, NULL, 0);
   free(t);
   if (m) ctl_peer_send(s->router, m);
@@ -95,7 +70,7 @@ static void send_token(dec_worker *w, dec_seq *s, const char *text, size_t len, 
 }
 
 static void send_done(dec_worker *w, dec_seq *s, const char *finish_reason) {
-  flush_tokens(w, s->router); // its tokens first
+  dec__flush_tokens(w, s->router); // its tokens first
   prt_done d = {.id = s->req.id, .finish_reason = finish_reason, .prompt_tokens = s->req.n_prompt,
                 .completion_tokens = s->n_gen,
                 .cached_tokens = s->seq.n_cached > s->remote_cached ? s->seq.n_cached : s->remote_cached,
@@ -238,7 +213,7 @@ static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm, int gdone)
     wrk_trace_span(&w->sh, &s->req, "prefill", s->t_recv_us, s->t_run_us, "dserve.cached_tokens", s->seq.n_cached);
   }
   if (wrk_seq_push(&s->seq, tok)) {
-    flush_tokens(w, s->router);
+    dec__flush_tokens(w, s->router);
     wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");
     seq_drop(w, s);
     return 1;
@@ -704,7 +679,7 @@ static void verify(dec_worker *w, dec_seq *s, const float *logits, int n_vocab) 
   for (int j = 0; j < v.n; j++)
     if (seq_emit(w, s, &v.tok[j], v.grammar_done[j])) return; // finished (and freed)
   if (v.too_costly) { // its grammar would stall every sequence here: it ends now
-    flush_tokens(w, s->router);
+    dec__flush_tokens(w, s->router);
     wrk_send_error(s->router, s->req.id, "grammar_too_complex", "%s", MDL_GRAMMAR_TOO_COSTLY_MESSAGE);
     seq_drop(w, s);
     return;
@@ -734,7 +709,7 @@ static int step(dec_worker *w, char *err, size_t errlen) {
     mdl_sampled sm;
     mdl_sampler_sample(s->sampler, rows, &sm);
     if (mdl_sampler_grammar_too_costly(s->sampler)) { // its grammar would stall every sequence here: it ends now
-      flush_tokens(w, s->router);
+      dec__flush_tokens(w, s->router);
       wrk_send_error(s->router, s->req.id, "grammar_too_complex", "%s", MDL_GRAMMAR_TOO_COSTLY_MESSAGE);
       seq_drop(w, s);
       continue;
@@ -742,7 +717,7 @@ static int step(dec_worker *w, char *err, size_t errlen) {
     seq_emit(w, s, &sm, mdl_sampler_grammar_done(s->sampler));
   }
   w->batching = 0;
-  flush_tokens(w, NULL);
+  dec__flush_tokens(w, NULL);
   return 0;
 }
 

@@ -143,7 +143,7 @@ int prt_tokens_count(const cJSON *batch) {
 const cJSON *prt_tokens_items(const cJSON *j, char *err, size_t errlen) {
   const cJSON *items = cJSON_GetObjectItemCaseSensitive(j, "items");
   if (!cJSON_IsArray(items)) {
-    utl_seterr(err, errlen, "tokens: items must be an array of token messages");
+    utl_seterr(err, errlen, "token_batch: items must be an array of token messages");
     return NULL;
   }
   return items;

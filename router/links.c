@@ -162,7 +162,7 @@ static void on_choice_id_msg(rtr_server *s, rtr_link *l, const char *id, const c
   if (backlog) rtr_scale_update_locked(s); // (r may be gone now) it may have left the backlog
 }
 
-// tokens (docs/protocol.md): one step's token messages from one worker, each handled as a lone token would be.
+// token_batch (docs/protocol.md): one step's token messages from one worker, each handled as a lone token would be.
 static void on_tokens(rtr_server *s, rtr_link *l, const cJSON *m) {
   char why[256];
   const cJSON *items = prt_tokens_items(m, why, sizeof why), *it;
@@ -173,7 +173,7 @@ static void on_tokens(rtr_server *s, rtr_link *l, const cJSON *m) {
   cJSON_ArrayForEach(it, items) {
     const char *id = prt_id(it);
     if (id) on_choice_id_msg(s, l, id, PRT_OP_TOKEN, it);
-    else utl_warn(LOGC, "worker %s: tokens: an item without an id", l->cfg->name);
+    else utl_warn(LOGC, "worker %s: token_batch: an item without an id", l->cfg->name);
   }
 }
 

@@ -765,7 +765,7 @@ TEST(Proto, BareMessages) {
 
 // docs/protocol.md's message table (rows "| `op` | ...", a first cell may name two: "`ping` / `pong`") lists
 // exactly prt_ops.
-// tokens (protocol version 3): one step's token messages as one, each item a token message without its op.
+// token_batch (protocol version 3): one step's token messages as one, each item a token message without its op.
 TEST(Proto, TokensBatch) {
   char err[128];
   int32_t a[1] = {5}, b[2] = {6, 7};

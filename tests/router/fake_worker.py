@@ -10,7 +10,7 @@ string (finish "stop", the stop string left out) or after 8 words (finish "stop"
 With FAKE_WORKER_RECORD=PATH in the environment, every `generate` message received is appended to PATH as one JSON
 line, so a test can see what the router sent (its sampling defaults, for one).
 With FAKE_WORKER_STEP_MS=N a connection's generations advance together, as an engine's continuous batch would: every
-N ms one token each, sent as one `tokens` message (docs/protocol.md), or one `token` message each with
+N ms one token each, sent as one `token_batch` message (docs/protocol.md), or one `token` message each with
 FAKE_WORKER_BATCH=0 (a worker before protocol version 3). A prompt holding the bytes FLOOD streams max_tokens pieces
 of FAKE_WORKER_FLOOD_BYTES (4096) bytes each: a stream large enough to fill a client's socket that stops reading.
 """
@@ -107,7 +107,7 @@ def serve_conn(sock, n_ctx, delay):
                     ended.append(a)
             try:
                 if batch and items:
-                    send({"op": "tokens", "items": items})
+                    send({"op": "token_batch", "items": items})
                 elif items:
                     for it in items:
                         send(dict(it, op="token"))

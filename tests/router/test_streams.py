@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tests/router/test_streams.py: many streams through one router (issue 44): the fake worker in step mode sends each
-step's tokens as one `tokens` message (protocol version 3) and every stream still gets exactly its own text; a client
+step's tokens as one `token_batch` message (protocol version 3) and every stream still gets exactly its own text; a client
 that stops reading its stream is ended and counted (dserve:streams_ended_slow_total) while the other streams finish.
 
 Usage: test_streams.py DSERVE_BINARY. No timed asserts: every wait is on an observable, with a generous bound.
@@ -127,7 +127,7 @@ class Streams(unittest.TestCase):
             self.assertEqual(text, want, rid)
 
     def test_batched_steps_reach_each_stream(self):
-        # 24 generations advance together: each step's 24 tokens come as one `tokens` message
+        # 24 generations advance together: each step's 24 tokens come as one `token_batch` message
         self.check(run_streams(24, "many"))
 
     def test_slow_reader_ended_and_counted(self):
