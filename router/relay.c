@@ -48,7 +48,8 @@ static void slow_end(rtr_req *r) {
 // Queues a record on r's stream (s->mu held). On out of memory only this piece is lost, as with add_or_drop.
 static void pend_add(rtr_req *r, int kind, int ci, const char *p, size_t n) {
   if (r->slow) return;
-  if (r->pend.n + sizeof(out_rec) + n > (size_t)r->s->rc->stream_queue_bytes) {
+  // (one record larger than the bound still goes out to a reader that took everything before it)
+  if (r->pend.n && r->pend.n + sizeof(out_rec) + n > (size_t)r->s->rc->stream_queue_bytes) {
     slow_end(r);
     return;
   }
