@@ -37,6 +37,7 @@ enum {
   CFG_DEF_MAX_CHOICES = 64,
   CFG_DEF_MIGRATION_LIMIT = 2,
   CFG_DEF_MIGRATION_WAIT_MS = 10000,
+  CFG_DEF_STREAM_QUEUE_BYTES = 4 << 20,
   CFG_DEF_MIGRATE_SILENT_MS = 2000,
   CFG_DEF_STATS_INTERVAL_S = 10,
   CFG_DEF_TRACE_QUEUE_SPANS = 4096,
@@ -128,6 +129,8 @@ typedef struct cfg_router {
                                // link_dead_ms (2000; 0 = only when the link closes)
   int metrics_public;          // GET /metrics answers without an API key (false: it needs one like every route)
   int strict_model_name;       // a request's "model" must be the served id (false: with one model, any name is it)
+  int stream_queue_bytes;      // a stream's bytes not yet taken by its client's connection: past this the stream
+                               // ends (a client that stopped reading) and dserve:streams_ended_slow_total counts it
 } cfg_router;
 
 // Server-side sampling defaults (top-level "sampling"): what the router puts in a request that leaves a field out.

@@ -44,7 +44,7 @@
 
 // ---- messages to the router ----
 
-static void send_token(dec_seq *s, const char *text, size_t len, const int32_t *ids, int n_ids,
+static void send_token(dec_worker *w, dec_seq *s, const char *text, size_t len, const int32_t *ids, int n_ids,
                        const mdl_sampled *lp) {
   char *t = malloc(len + 1);
   if (t) {
@@ -58,13 +58,19 @@ static void send_token(dec_seq *s, const char *text, size_t len, const int32_t *
     kv_wire_sampled_to(lp, &one);
     tm.n_logprobs = 1;
   }
+  if (w->batching && dec__batch_token(w, s, &tm) == 0) {
+    free(t);
+    return;
+  }
+  dec__flush_tokens(w, s->router); // (out of memory) what the batch holds goes first
   cJSON *m = prt_token_encode(&tm, NULL, 0);
   free(t);
   if (m) ctl_peer_send(s->router, m);
   cJSON_Delete(m);
 }
 
-static void send_done(dec_seq *s, const char *finish_reason) {
+static void send_done(dec_worker *w, dec_seq *s, const char *finish_reason) {
+  dec__flush_tokens(w, s->router); // its tokens first
   prt_done d = {.id = s->req.id, .finish_reason = finish_reason, .prompt_tokens = s->req.n_prompt,
                 .completion_tokens = s->n_gen,
                 .cached_tokens = s->seq.n_cached > s->remote_cached ? s->seq.n_cached : s->remote_cached,
@@ -185,15 +191,15 @@ static void seq_finish(dec_worker *w, dec_seq *s, const char *reason) {
   mdl_detok_flush(s->detok, &tail, &nt);
   if (nt) { // bytes of an unfinished character at the end: released as replacement text
     if (dec_stopstr_push(&s->stop, tail, nt, &out, &n)) reason = "stop";
-    if (n) send_token(s, out, n, NULL, 0, NULL);
+    if (n) send_token(w, s, out, n, NULL, 0, NULL);
     free(out);
   }
   dec_stopstr_flush(&s->stop, &out, &n); // held-back text that never became a stop string
-  if (n) send_token(s, out, n, NULL, 0, NULL);
+  if (n) send_token(w, s, out, n, NULL, 0, NULL);
   free(out);
   wrk_trace_span(&w->sh, &s->req, "decode", s->t_run_us, utl_now_us(), "dserve.completion_tokens", s->n_gen);
   dec__spec_remember(w, s);
-  send_done(s, reason);
+  send_done(w, s, reason);
   w->n_finished++;
   seq_drop(w, s);
 }
@@ -211,6 +217,7 @@ static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm, int gdone)
                      s->seq.store_tokens);
   }
   if (wrk_seq_push(&s->seq, tok)) {
+    dec__flush_tokens(w, s->router);
     wrk_send_error(s->router, s->req.id, "internal_error", "out of memory");
     seq_drop(w, s);
     return 1;
@@ -219,7 +226,7 @@ static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm, int gdone)
   int is_stop = !s->req.ignore_eos && mdl_tok_is_eog(w->sh.rt->tok, tok);
   for (int i = 0; i < s->req.n_stop_ids && !is_stop; i++) is_stop = s->req.stop_ids[i] == tok;
   if (is_stop) { // the stop token counts as generated and is reported, but has no text
-    send_token(s, "", 0, &tok, 1, sm);
+    send_token(w, s, "", 0, &tok, 1, sm);
     seq_finish(w, s, "stop");
     return 1;
   }
@@ -228,7 +235,7 @@ static int seq_emit(dec_worker *w, dec_seq *s, const mdl_sampled *sm, int gdone)
   size_t n = 0, n_out = 0;
   mdl_detok_push(s->detok, tok, &piece, &n);
   int hit = dec_stopstr_push(&s->stop, piece, n, &out, &n_out);
-  send_token(s, out ? out : "", n_out, &tok, 1, sm);
+  send_token(w, s, out ? out : "", n_out, &tok, 1, sm);
   free(out);
   if (hit || gdone) { // a stop string, or the grammar's output is complete
     seq_finish(w, s, "stop");
@@ -264,7 +271,7 @@ static int resume(dec_worker *w, dec_seq *s) {
     if (p && m) ctl_peer_send(p, m);
     cJSON_Delete(m);
   }
-  send_done(s, "stop");
+  send_done(w, s, "stop");
   seq_free(w, s);
   return 1;
 }
@@ -678,6 +685,7 @@ static void verify(dec_worker *w, dec_seq *s, const float *logits, int n_vocab) 
   for (int j = 0; j < v.n; j++)
     if (seq_emit(w, s, &v.tok[j], v.grammar_done[j])) return; // finished (and freed)
   if (v.too_costly) { // its grammar would stall every sequence here: it ends now
+    dec__flush_tokens(w, s->router);
     wrk_send_error(s->router, s->req.id, "grammar_too_complex", "%s", MDL_GRAMMAR_TOO_COSTLY_MESSAGE);
     seq_drop(w, s);
     return;
@@ -694,6 +702,7 @@ static int step(dec_worker *w, char *err, size_t errlen) {
       end_at_pool(w, OWNER(w->eng.run[i]), kv_pool_blocks_needed(w->sh.rt->kv, w->eng.run[i]->n_toks, 1));
   if (rc <= 0) return rc;
   int n_vocab = mdl_tok_n_vocab(w->sh.rt->tok);
+  w->batching = 1; // the step's tokens: one message per router
   for (int i = 0; i < w->eng.n_batch; i++) {
     wrk_seq *sq = w->eng.batch_of[i];
     if (!sq || !w->eng.batch[i].want_logits) continue;
@@ -706,12 +715,15 @@ static int step(dec_worker *w, char *err, size_t errlen) {
     mdl_sampled sm;
     mdl_sampler_sample(s->sampler, rows, &sm);
     if (mdl_sampler_grammar_too_costly(s->sampler)) { // its grammar would stall every sequence here: it ends now
+      dec__flush_tokens(w, s->router);
       wrk_send_error(s->router, s->req.id, "grammar_too_complex", "%s", MDL_GRAMMAR_TOO_COSTLY_MESSAGE);
       seq_drop(w, s);
       continue;
     }
     seq_emit(w, s, &sm, mdl_sampler_grammar_done(s->sampler));
   }
+  w->batching = 0;
+  dec__flush_tokens(w, NULL);
   return 0;
 }
 
@@ -785,6 +797,7 @@ int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
   wrk_grammars_fini(&w.gram);
   spc_index_free(w.spec);
   free(w.prefills); // the peers themselves die with the hub (wrk_shell_close)
+  free(w.batches);  // (empty: every step sends its own)
   free(w.handoffs);
   wrk_shell_close(&w.sh);
   utl_log(wc->name, "stopped");

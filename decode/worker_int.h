@@ -9,6 +9,7 @@
 #include "decode/handoff.h"
 #include "decode/stopstr.h"
 #include "models/sampler.h"
+#include "proto/request.h"
 #include "models/tokenizer.h"
 #include "spec/spec.h"
 #include "worker/engine.h"
@@ -53,9 +54,23 @@ typedef struct dec_worker {
   uint64_t n_finished;
   wrk_grammars gram;     // response_format grammars (compiled, cached) and the token trie the samplers mask with
   spc_index *spec;       // (owned) finished requests' outputs that drafts come from; NULL: workers[].spec "off"
+  // While a step samples (batching): its tokens, one `token_batch` message per router (docs/protocol.md), sent when the
+  // step's sampling ends, or before a done or error to that router so that nothing overtakes a choice's tokens.
+  struct dec_tok_batch {
+    ctl_peer *to;        // (borrowed: a sequence's router, alive through the step)
+    cJSON *msg;          // (owned) prt_tokens_new
+  } *batches;            // (owned array) (n_batches)
+  int n_batches, cap_batches;
+  int batching;
 } dec_worker;
 
 #define OWNER(sq) ((dec_seq *)(sq)->owner)
+
+// ---- batch.c: a step's tokens, one token_batch message per router ----
+// Sends the step's batch for router p (every router's, and empties the list, when p is NULL).
+void dec__flush_tokens(dec_worker *w, ctl_peer *p);
+// Adds tm to the step's batch for s's router: 0, or -1 (out of memory: the caller sends it alone).
+int dec__batch_token(dec_worker *w, dec_seq *s, const prt_token *tm);
 
 // ---- spec.c: speculative decoding (docs/design.md, "Speculative decoding") ----
 // Opens the suffix index unless workers[].spec is "off" or the kernels are not batch-invariant (then w->spec stays

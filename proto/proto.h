@@ -14,7 +14,8 @@ extern "C" {
 #endif
 
 // The protocol version a hello carries ("proto"); a listener refuses a peer whose version differs.
-#define PRT_VERSION 2 // 2: sealed frames after the hello, the proof covering the member dialled (docs/protocol.md)
+#define PRT_VERSION 3 // 2: sealed frames after the hello, the proof covering the member dialled (docs/protocol.md);
+                      // 3: a decode worker's tokens of one step travel as one `token_batch` message per router
 
 // Every op, in docs/protocol.md's table order. These are the only spellings of the op names in the tree.
 #define PRT_OP_CHALLENGE "challenge"
@@ -22,6 +23,7 @@ extern "C" {
 #define PRT_OP_HELLO_OK "hello_ok"
 #define PRT_OP_GENERATE "generate"
 #define PRT_OP_TOKEN "token"
+#define PRT_OP_TOKENS "token_batch"
 #define PRT_OP_DONE "done"
 #define PRT_OP_ERROR "error"
 #define PRT_OP_CANCEL "cancel"

@@ -113,6 +113,42 @@ cJSON *prt_token_encode(const prt_token *m, char *err, size_t errlen) {
   return j;
 }
 
+cJSON *prt_tokens_new(void) {
+  cJSON *j = prt_new(PRT_OP_TOKENS);
+  if (j && !cJSON_AddArrayToObject(j, "items")) {
+    cJSON_Delete(j);
+    return NULL;
+  }
+  return j;
+}
+
+int prt_tokens_add(cJSON *batch, const prt_token *m) {
+  cJSON *items = cJSON_GetObjectItemCaseSensitive(batch, "items"), *t = prt_token_encode(m, NULL, 0);
+  if (!t || !cJSON_IsArray(items)) {
+    cJSON_Delete(t);
+    return -1;
+  }
+  cJSON_DeleteItemFromObjectCaseSensitive(t, "op"); // the batch's op says what its items are
+  if (!cJSON_AddItemToArray(items, t)) {
+    cJSON_Delete(t);
+    return -1;
+  }
+  return 0;
+}
+
+int prt_tokens_count(const cJSON *batch) {
+  return cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(batch, "items"));
+}
+
+const cJSON *prt_tokens_items(const cJSON *j, char *err, size_t errlen) {
+  const cJSON *items = cJSON_GetObjectItemCaseSensitive(j, "items");
+  if (!cJSON_IsArray(items)) {
+    utl_seterr(err, errlen, "token_batch: items must be an array of token messages");
+    return NULL;
+  }
+  return items;
+}
+
 void prt_token_free(prt_token *m) {
   free(m->tokens);
   free(m->logprobs);

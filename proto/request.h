@@ -55,6 +55,17 @@ cJSON *prt_token_encode(const prt_token *m, char *err, size_t errlen);
 int prt_token_decode(const cJSON *j, prt_token *m, char *err, size_t errlen) UTL_WARN_UNUSED;
 void prt_token_free(prt_token *m);
 
+// token_batch (PRT_VERSION 3): the token messages of one engine step to one router, {"op": "token_batch", "items":
+// [token...]}, each item a `token` message without its op, in the order they were produced. prt_tokens_new makes an
+// empty batch; prt_tokens_add appends m (0, -1 on out of memory: the batch is as it was); prt_tokens_count says how
+// many it holds.
+cJSON *prt_tokens_new(void);
+int prt_tokens_add(cJSON *batch, const prt_token *m) UTL_WARN_UNUSED;
+int prt_tokens_count(const cJSON *batch);
+// The items of a received batch (borrowed from j; decode each with prt_token_decode), or NULL with err when j has no
+// array "items".
+const cJSON *prt_tokens_items(const cJSON *j, char *err, size_t errlen);
+
 typedef struct prt_done {
   const char *id;            // (borrowed) required
   const char *finish_reason; // (borrowed) "stop" / "length"; NULL when absent

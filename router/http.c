@@ -269,19 +269,33 @@ void rtr_restore_timeout(rtr_server *s, struct MHD_Connection *c) {
   MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, t);
 }
 
-// What a streamed response's connection reads: the request's SSE bytes as they come (MHD content reader).
+// What a streamed response's connection reads: the request's SSE bytes as they come (MHD content reader). The
+// dispatcher queues records (r->pend) under s->mu; they are taken in one swap and formatted here, unlocked.
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   (void)pos;
   rtr_req *r = cls;
   rtr_server *s = r->s;
-  pthread_mutex_lock(&s->mu);
-  while (r->out_pos == r->out.n && !r->out_end) {
-    rtr_wait w = rtr_wait_locked(s, r);
-    if (w == RTR_WAIT_GONE) {
+  if (r->out_pos == r->out.n) { // all formatted bytes sent: take what was queued since
+    pthread_mutex_lock(&s->mu);
+    while (!r->pend.n && !r->out_end && !r->slow) {
+      rtr_wait w = rtr_wait_locked(s, r);
+      if (w == RTR_WAIT_GONE) {
+        pthread_mutex_unlock(&s->mu);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+      }
+      if (w == RTR_WAIT_TIMEOUT) break;
+    }
+    if (r->slow) { // it stopped reading and was ended (relay.c): no trailer
       pthread_mutex_unlock(&s->mu);
       return MHD_CONTENT_READER_END_WITH_ERROR;
     }
-    if (w == RTR_WAIT_TIMEOUT) break;
+    utl_buf t = r->taken; // (empty) the reader's: pend becomes it, and it the new pend
+    r->taken = r->pend;
+    r->pend = t;
+    pthread_mutex_unlock(&s->mu);
+    utl_buf_reset(&r->out);
+    r->out_pos = 0;
+    rtr_out_format(r);
   }
   ssize_t n;
   if (r->out_pos < r->out.n) {
@@ -291,9 +305,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     r->out_pos += k;
     n = (ssize_t)k;
   } else {
-    n = MHD_CONTENT_READER_END_OF_STREAM;
+    n = MHD_CONTENT_READER_END_OF_STREAM; // the trailer was read (or the request passed its bound)
   }
-  pthread_mutex_unlock(&s->mu);
   if (n == MHD_CONTENT_READER_END_OF_STREAM) rtr_restore_timeout(s, r->conn);
   return n;
 }
@@ -422,11 +435,12 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   snprintf(r->id, sizeof r->id, "%s-%llx%06llu", prefix,
            (unsigned long long)t0 & 0xffffffffffULL, id);
   for (int i = 0; i < r->n_ch; i++) snprintf(r->ch[i].id, sizeof r->ch[i].id, "%s-%d", r->id, i);
-  r->listed = 1;
-  r->refs++;
-  r->next = s->reqs;
-  s->reqs = r;
+  int listed = rtr_req_list_locked(s, r);
   pthread_mutex_unlock(&s->mu);
+  if (listed < 0) {
+    rtr_fail(&e, 500, "server_error", NULL, "internal_error", "out of memory");
+    return refuse(c, r, &e);
+  }
 
   if (rtr_admit_and_send(s, r, &e) < 0) {
     pthread_mutex_lock(&s->mu);

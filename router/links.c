@@ -32,19 +32,6 @@ static void send_cancel(rtr_server *s, rtr_req *r, int ci) {
 // ---------------------------------------------------------------------------------------------------------------
 // worker messages (dispatcher thread)
 
-static rtr_req *find_choice_locked(rtr_server *s, const char *id, int *ci) {
-  for (rtr_req *r = s->reqs; r; r = r->next) {
-    size_t k = strlen(r->id);
-    if (strncmp(id, r->id, k) || id[k] != '-') continue;
-    char *end;
-    long i = strtol(id + k + 1, &end, 10);
-    if ((*end && *end != '-') || i < 0 || i >= r->n_ch || strcmp(r->ch[i].id, id)) return NULL; // "-r": a retry
-    *ci = (int)i;
-    return r;
-  }
-  return NULL;
-}
-
 static void update_kv_gauge_locked(rtr_server *s) {
   double used = 0, total = 0;
   for (int i = 0; i < s->n_links; i++)
@@ -167,6 +154,32 @@ static void on_choice_msg(rtr_server *s, rtr_link *l, rtr_req *r, int ci, const 
 static void send_waiting_locked(rtr_server *s);
 static void move_all_locked(rtr_server *s, int li);
 
+// A token, done or error message m (op o) for the choice its id names; one for a choice that has moved on or ended
+// is dropped.
+static void on_choice_id_msg(rtr_server *s, rtr_link *l, const char *id, const char *o, const cJSON *m) {
+  int ci;
+  rtr_req *r = rtr_req_find_locked(s, id, &ci);
+  int backlog = r && r->ch[ci].plink >= 0 && r->ch[ci].state != RTR_CH_DONE &&
+                !rtr_choice_handed_off(&r->ch[ci]); // counted in the prefill backlog
+  if (r) on_choice_msg(s, l, r, ci, o, m);
+  if (backlog) rtr_scale_update_locked(s); // (r may be gone now) it may have left the backlog
+}
+
+// token_batch (docs/protocol.md): one step's token messages from one worker, each handled as a lone token would be.
+static void on_tokens(rtr_server *s, rtr_link *l, const cJSON *m) {
+  char why[256];
+  const cJSON *items = prt_tokens_items(m, why, sizeof why), *it;
+  if (!items) {
+    utl_warn(LOGC, "worker %s: %s", l->cfg->name, why);
+    return;
+  }
+  cJSON_ArrayForEach(it, items) {
+    const char *id = prt_id(it);
+    if (id) on_choice_id_msg(s, l, id, PRT_OP_TOKEN, it);
+    else utl_warn(LOGC, "worker %s: token_batch: an item without an id", l->cfg->name);
+  }
+}
+
 static void link_down_locked(rtr_server *s, rtr_link *l) {
   if (!l->peer) return;
   utl_warn(LOGC, "worker %s (%s:%d) disconnected", l->cfg->name, l->cfg->host, l->cfg->port);
@@ -197,10 +210,15 @@ static void link_down_locked(rtr_server *s, rtr_link *l) {
 // of that worker's name is connecting waits for it (polling, at most ~2 s) instead of being dropped. Called with mu
 // held; releases it while waiting.
 static rtr_link *link_of_locked(rtr_server *s, ctl_peer *p, int is_msg) {
+  // the link of the last message first: a worker's messages come in runs (a step's batch, its done messages)
+  if (s->last_link >= 0 && s->last_link < s->n_links && s->links[s->last_link].peer == p) return &s->links[s->last_link];
   for (int tries = 0;; tries++) {
     int connecting = 0;
     for (int i = 0; i < s->n_links; i++) {
-      if (s->links[i].peer == p) return &s->links[i];
+      if (s->links[i].peer == p) {
+        s->last_link = i;
+        return &s->links[i];
+      }
       connecting |= s->links[i].connecting && !strcmp(s->links[i].cfg->name, ctl_peer_name(p));
     }
     // a member's first connection is made by members.c's dialer, before the member has a link
@@ -237,21 +255,18 @@ void *rtr_dispatcher_main(void *arg) {
           on_stats(s, l, ev.msg);
         } else if (!strcmp(o, PRT_OP_KV_EVENTS)) {
           on_kv_events(s, l, ev.msg);
+        } else if (!strcmp(o, PRT_OP_TOKENS)) {
+          on_tokens(s, l, ev.msg);
         } else if (id &&
                    (!strcmp(o, PRT_OP_TOKEN) || !strcmp(o, PRT_OP_DONE) || !strcmp(o, PRT_OP_ERROR))) {
-          int ci;
-          rtr_req *r = find_choice_locked(s, id, &ci);
-          int backlog = r && r->ch[ci].plink >= 0 && r->ch[ci].state != RTR_CH_DONE &&
-                        !rtr_choice_handed_off(&r->ch[ci]); // counted in the prefill backlog
-          if (r) on_choice_msg(s, l, r, ci, o, ev.msg);
-          if (backlog) rtr_scale_update_locked(s); // (r may be gone now) it may have left the backlog
+          on_choice_id_msg(s, l, id, o, ev.msg);
         } else {
           utl_debug(LOGC, "worker %s: ignored message op '%s'", l->cfg->name, o);
         }
       }
     }
     if (!stop) {
-      send_waiting_locked(s);
+      if (s->n_held > 0) send_waiting_locked(s); // no scan of every request per message: only while some wait
       rtr_req *who;
       rtr_error e;
       // no worker for its next choice: a request with none running fails as a new one would; one whose choices run
@@ -581,7 +596,7 @@ int rtr_send_new_locked(rtr_server *s, rtr_req *first, rtr_req **who, rtr_error 
 // sent again under "<id>-<ci>-r<k>" with the tokens it has streamed, so the next worker continues the same stream; a
 // choice with no token yet simply starts again. At most router.migration_limit moves per choice (a choice with no
 // token may always move once: the retry of before). Messages still coming under the old id are dropped
-// (find_choice_locked), so the client sees each token once.
+// (rtr_req_find_locked), so the client sees each token once.
 int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait) {
   rtr_choice *c = &r->ch[ci];
   int limit = s->rc->migration_limit;
@@ -627,6 +642,7 @@ int rtr_move_choice_locked(rtr_server *s, rtr_req *r, int ci, int may_wait) {
 }
 
 // Choices waiting for a worker (rtr_move_choice_locked with no worker up): sent when one is, failed at their bound.
+// Also recounts s->n_held (a request freed with a choice still held would otherwise keep the scan going).
 static void send_waiting_locked(rtr_server *s) {
   int64_t now = utl_now_ms();
   for (rtr_req *r = s->reqs, *nx; r; r = nx) {
@@ -661,6 +677,11 @@ static void send_waiting_locked(rtr_server *s) {
       }
     }
   }
+  int held = 0;
+  for (rtr_req *r = s->reqs; r; r = r->next)
+    for (int i = 0; i < r->n_ch; i++)
+      held += r->ch[i].state == RTR_CH_DECODE_LOST || r->ch[i].state == RTR_CH_WAITING_WORKER;
+  s->n_held = held;
 }
 
 // Moves the choices running on link li elsewhere (its worker drains or is silent); those that cannot move stay.

@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "models/chat.h"
 #include "router/server_int.h"
+#include "util/log.h"
 #include "util/vec.h"
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -17,6 +19,78 @@
 // go in, as with the hand-written buffers before utl_buf: the callers never checked, so the sticky flag is cleared.
 static void add_or_drop(utl_buf *b, const char *p, size_t n) {
   if (utl_buf_add(b, p, n) < 0) b->oom = 0; // b is as it was before the call
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// a stream's queue (server_int.h, rtr_req.pend): records queued under s->mu, formatted by the connection's reader
+
+typedef struct out_rec {
+  int32_t kind;  // OUT_RAW: SSE bytes as they go out; OUT_DELTA: text of choice ci, a plain chunk once formatted
+  int32_t ci;
+  uint32_t len;  // the bytes that follow
+} out_rec;
+enum { OUT_RAW, OUT_DELTA };
+
+// The client stopped reading (server_int.h, rtr_req.slow): its stream ends here, counted; its choices are cancelled
+// and its socket shut down, so its connection closes whether or not the client ever reads again.
+static void slow_end(rtr_req *r) {
+  rtr_server *s = r->s;
+  r->slow = 1;
+  utl_buf_free(&r->pend);
+  rtr_metric_add(s->m_slow_ended, 1);
+  utl_warn(LOGC, "%s: its client read nothing while %d bytes waited (router.stream_queue_bytes): stream ended", r->id,
+           s->rc->stream_queue_bytes);
+  rtr_cancel_locked(s, r);
+  if (r->fd >= 0) shutdown(r->fd, SHUT_RDWR); // (the response still holds the connection: the fd is its own)
+  pthread_cond_broadcast(&r->cv);
+}
+
+// Queues a record on r's stream (s->mu held). On out of memory only this piece is lost, as with add_or_drop.
+static void pend_add(rtr_req *r, int kind, int ci, const char *p, size_t n) {
+  if (r->slow) return;
+  // (one record larger than the bound still goes out to a reader that took everything before it)
+  if (r->pend.n && r->pend.n + sizeof(out_rec) + n > (size_t)r->s->rc->stream_queue_bytes) {
+    slow_end(r);
+    return;
+  }
+  size_t was = r->pend.n;
+  out_rec h = {kind, ci, (uint32_t)n};
+  if (utl_buf_add(&r->pend, &h, sizeof h) < 0 || (n && utl_buf_add(&r->pend, p, n) < 0)) {
+    r->pend.n = was;
+    r->pend.oom = 0;
+  }
+}
+
+static cJSON *chunk_base(rtr_req *r);
+static cJSON *stream_choice(rtr_req *r, int index, const char *text, const char *finish);
+
+void rtr_out_format(rtr_req *r) {
+  // reads only what never changes after the request was made (its id, kind, created, the model's name)
+  for (size_t at = 0; at + sizeof(out_rec) <= r->taken.n;) {
+    out_rec h;
+    memcpy(&h, r->taken.p + at, sizeof h);
+    const char *p = r->taken.p + at + sizeof h;
+    at += sizeof h + h.len;
+    if (h.kind == OUT_RAW) {
+      add_or_drop(&r->out, p, h.len);
+      continue;
+    }
+    char *t = malloc(h.len + 1);
+    if (!t) continue;
+    memcpy(t, p, h.len);
+    t[h.len] = 0;
+    cJSON *o = chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
+    cJSON_AddItemToArray(arr, stream_choice(r, h.ci, t, NULL));
+    free(t);
+    char *j = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!j) continue;
+    add_or_drop(&r->out, "data: ", 6);
+    add_or_drop(&r->out, j, strlen(j));
+    add_or_drop(&r->out, "\n\n", 2);
+    free(j);
+  }
+  utl_buf_reset(&r->taken);
 }
 
 // A /v1/responses stream: the chunk (consumed) as the Responses events it means, "event: TYPE\ndata: JSON\n\n" each.
@@ -31,11 +105,10 @@ static void out_responses(rtr_req *r, cJSON *chunk) {
       free(j);
       continue;
     }
-    add_or_drop(&r->out, "event: ", 7);
-    add_or_drop(&r->out, type->valuestring, strlen(type->valuestring));
-    add_or_drop(&r->out, "\ndata: ", 7);
-    add_or_drop(&r->out, j, strlen(j));
-    add_or_drop(&r->out, "\n\n", 2);
+    utl_buf ev = {0};
+    utl_buf_printf(&ev, "event: %s\ndata: %s\n\n", type->valuestring, j);
+    if (ev.n) pend_add(r, OUT_RAW, 0, ev.p, ev.n);
+    utl_buf_free(&ev);
     free(j);
   }
   cJSON_Delete(events);
@@ -49,9 +122,10 @@ void rtr_out_event(rtr_req *r, cJSON *obj) { // "data: JSON\n\n"; consumes obj
   char *j = cJSON_PrintUnformatted(obj);
   cJSON_Delete(obj);
   if (!j) return;
-  add_or_drop(&r->out, "data: ", 6);
-  add_or_drop(&r->out, j, strlen(j));
-  add_or_drop(&r->out, "\n\n", 2);
+  utl_buf ev = {0};
+  utl_buf_printf(&ev, "data: %s\n\n", j);
+  if (ev.n) pend_add(r, OUT_RAW, 0, ev.p, ev.n);
+  utl_buf_free(&ev);
   free(j);
 }
 
@@ -103,7 +177,7 @@ static void stream_end(rtr_req *r) {
     cJSON_AddItemToObject(o, "usage", usage_json(r));
     rtr_out_event(r, o);
   }
-  if (r->q.api != RTR_API_RESPONSES) add_or_drop(&r->out, "data: [DONE]\n\n", 14); // (its last event ends it)
+  if (r->q.api != RTR_API_RESPONSES) pend_add(r, OUT_RAW, 0, "data: [DONE]\n\n", 14); // (its last event ends it)
   r->out_end = 1;
 }
 
@@ -355,7 +429,10 @@ static void on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
     char *now_text = tools_on(r) ? hold_text(s, r, c, t) : NULL; // tools: what may be a call waits (flush_held)
     const char *send = tools_on(r) ? (now_text && now_text[0] ? now_text : NULL) : t;
     int with_lp = r->q.logprobs >= 0 && m->n_logprobs >= 0;
-    if (send || with_lp || !tools_on(r)) {
+    if (!with_lp && !tools_on(r) && r->q.api != RTR_API_RESPONSES) { // plain text: formatted by the reader, unlocked
+      pend_add(r, OUT_DELTA, ci, t, strlen(t));
+      pthread_cond_broadcast(&r->cv);
+    } else if (send || with_lp || !tools_on(r)) {
       cJSON *o = chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
       cJSON *ch = stream_choice(r, ci, send, NULL);
       if (with_lp) {

@@ -18,7 +18,7 @@
 void rtr_req_unref_locked(rtr_req *r) {
   if (--r->refs > 0) return;
   if (--r->s->n_live == 0) pthread_cond_broadcast(&r->s->admit_cv); // rtr_server_drain waits for this
-  size_t freed = r->out.cap;
+  size_t freed = r->out.cap + r->pend.cap + r->taken.cap;
   for (int i = 0; i < r->n_ch && r->ch; i++) {
     freed += r->ch[i].text.cap;
     utl_buf_free(&r->ch[i].text);
@@ -32,6 +32,8 @@ void rtr_req_unref_locked(rtr_req *r) {
   free(r->ch);
   free(r->prompt);
   utl_buf_free(&r->out);
+  utl_buf_free(&r->pend);
+  utl_buf_free(&r->taken);
   rtr_resp_stream_free(&r->resp);
   rtr_request_free(&r->q);
   pthread_cond_destroy(&r->cv);
@@ -39,13 +41,33 @@ void rtr_req_unref_locked(rtr_req *r) {
   if (freed >= TRIM_AFTER_BYTES) malloc_trim(0);
 }
 
+int rtr_req_list_locked(rtr_server *s, rtr_req *r) {
+  if (rtr_reqtab_put(&s->reqtab, r->id, r) < 0) return -1;
+  r->listed = 1;
+  r->refs++;
+  r->prev = NULL;
+  r->next = s->reqs;
+  if (s->reqs) s->reqs->prev = r;
+  s->reqs = r;
+  return 0;
+}
+
+rtr_req *rtr_req_find_locked(rtr_server *s, const char *id, int *ci) {
+  int i;
+  size_t k = rtr_choice_id_split(id, &i);
+  rtr_req *r = k ? rtr_reqtab_get(&s->reqtab, id, k) : NULL;
+  if (!r || i < 0 || i >= r->n_ch || strcmp(r->ch[i].id, id)) return NULL; // an id the choice moved away from
+  *ci = i;
+  return r;
+}
+
 static void unlist_locked(rtr_server *s, rtr_req *r) {
   if (!r->listed) return;
-  for (rtr_req **pp = &s->reqs; *pp; pp = &(*pp)->next)
-    if (*pp == r) {
-      *pp = r->next;
-      break;
-    }
+  if (r->prev) r->prev->next = r->next;
+  else s->reqs = r->next;
+  if (r->next) r->next->prev = r->prev;
+  r->next = r->prev = NULL;
+  rtr_reqtab_del(&s->reqtab, r->id);
   r->listed = 0;
   rtr_req_unref_locked(r);
 }
@@ -99,6 +121,8 @@ int rtr_choice_to(rtr_server *s, rtr_req *r, int ci, rtr_ch_state next) {
                 : next == RTR_CH_WAITING_WORKER ? utl_now_ms() + s->rc->migration_wait_ms
                                                 : 0;
   if (next == RTR_CH_DONE) r->n_done++;
+  s->n_held += (next == RTR_CH_DECODE_LOST || next == RTR_CH_WAITING_WORKER) -
+               (from == RTR_CH_DECODE_LOST || from == RTR_CH_WAITING_WORKER);
   // admission slots are per choice: taken when it is first sent, given back when it ends (admit.c, links.c)
   if (from == RTR_CH_NEW && r->admitted) s->n_unsent--;
   if (from == RTR_CH_NEW && next != RTR_CH_DONE) {

@@ -54,6 +54,9 @@ static void make_metrics(rtr_server *s) {
                                      "finished_reason=\"stop\"");
   s->m_ok_length = rtr_metrics_counter(m, "dserve:request_success_total", "", "finished_reason=\"length\"");
   s->m_fail = rtr_metrics_counter(m, "dserve:request_failure_total", "Requests that failed or were cancelled.", NULL);
+  s->m_slow_ended = rtr_metrics_counter(m, "dserve:streams_ended_slow_total",
+                                        "Streams ended because their client stopped reading (router.stream_queue_bytes).",
+                                        NULL);
   s->m_auth_failures = rtr_metrics_counter(m, "dserve:auth_failures_total",
                                            "Connections refused for want of the shared secret (workers' control and "
                                            "kvxfer ports, the router's links).",
@@ -230,6 +233,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
     return -1;
   }
   s->n_links = o->cfg->n_workers;
+  s->last_link = -1;
   // The index is a hint: without memory for it the router routes by load.
   if (s->cap_links > 0 && rtr_kvindex_new(s->cap_links, 1 << 16, &s->kv, err, errlen) < 0) s->kv = NULL;
   pthread_mutex_lock(&s->mu);
@@ -337,6 +341,7 @@ void rtr_server_free(rtr_server *s) {
     if (s->links[i].peer) ctl_peer_unref(s->links[i].peer);
   ctl_hub_free(s->hub);
   free(s->links);
+  rtr_reqtab_free(&s->reqtab);
   rtr_kvindex_free(s->kv);
   rtr_metrics_free(s->m);
   mdl_jinja_free(s->jinja);

@@ -21,6 +21,7 @@
 #include "router/kvindex.h"
 #include "router/metrics.h"
 #include "router/openai.h"
+#include "router/reqtab.h"
 #include "router/router.h"
 #include "router/sched.h"
 #include "util/buf.h"
@@ -142,11 +143,18 @@ typedef struct rtr_req {
   int slots;                   // its choices sent and not done: each holds a slot of admission capacity
   int next_new;                // admitted: the choices before it have left RTR_CH_NEW (sent, or ended unsent)
   int waiting;                 // in the admission queue
-  struct rtr_req *next, *wnext; // s->reqs / s->wait lists
+  struct rtr_req *next, *prev, *wnext; // s->reqs (doubly linked: leaving it costs O(1)) / s->wait lists
+  // A stream's output, in two stages so that its SSE text is formatted by its own connection's thread, not under
+  // s->mu (relay.c, rtr_out_*): pend (guarded by s->mu) holds records the dispatcher queued: preformatted SSE bytes,
+  // or a text delta of one choice to be formatted; the connection's reader swaps pend with taken (reader-owned,
+  // empty), formats taken into out (reader-owned) outside the lock, and hands out out_pos..out.n to the client.
+  utl_buf pend, taken;         // (owned)
   utl_buf out;                 // (owned) stream bytes, those not yet read at out_pos..out.n
   rtr_resp_stream resp;        // (owned) q.api RTR_API_RESPONSES, streamed: the chunks' translation into its events
   size_t out_pos;
-  int out_end;
+  int out_end;                 // (s->mu) the trailer is in pend: the stream ends once pend and out are read
+  int slow;                    // (s->mu) its client stopped reading: pend passed router.stream_queue_bytes, the stream
+                               // was ended (cancelled, its connection closed) and counted
   int fd;                      // client socket (for disconnect checks)
   struct MHD_Connection *conn; // (borrowed) its connection, for restoring the idle timeout
   int64_t t_arrival_us, t_admit_us, t_first_us;
@@ -206,11 +214,15 @@ struct rtr_server {
   // a link's address holds only while mu is held: whoever lets go of mu finds its link again by index
   rtr_link *links;
   int n_links, cap_links;
+  int last_link;               // the link the dispatcher's last message came from (-1: none), tried first
   int capacity_static;         // the config's workers' max_seqs (capacity = this + the members' that are linked)
   dsc_watcher *watcher;        // (owned) the membership in etcd (config "discovery"); NULL without
   rtr_members *mem;            // (owned) members.c's records and their dialers; NULL without discovery
   dsc_fingerprint fp;          // the router's own model: a member serving another model is refused
-  rtr_req *reqs;               // active requests (linked through next)
+  rtr_req *reqs;               // active requests (linked through next and prev)
+  rtr_reqtab reqtab;           // the same requests by id: a worker's message finds its request in O(1)
+  int n_held;                  // choices in RTR_CH_DECODE_LOST or RTR_CH_WAITING_WORKER (rtr_choice_to counts them):
+                               // the dispatcher looks for them (send_waiting_locked) only while there are some
   rtr_req *wait_head, *wait_tail; // admission queue
   int n_waiting, running_slots, capacity; // requests queued; choices sent and not done; slots (decode max_seqs)
   int n_unsent;                // choices of admitted requests not sent yet (RTR_CH_NEW)
@@ -220,6 +232,7 @@ struct rtr_server {
   rtr_metrics *m;              // (owned)
   rtr_metric *m_running, *m_waiting, *m_prompt, *m_gen, *m_ttft, *m_itl, *m_e2e, *m_queue, *m_kv_usage,
       *m_prefix_hits, *m_prefix_queries, *m_kv_bytes, *m_kv_pushed, *m_kv_time, *m_ok_stop, *m_ok_length, *m_fail;
+  rtr_metric *m_slow_ended;    // dserve:streams_ended_slow_total: streams ended because their client stopped reading
   rtr_metric *m_prefill_time, *m_transfer_time, *m_decode_time, *m_migrations, *m_handoffs; // observe.c
   rtr_metric *m_spec_drafts, *m_spec_drafted, *m_spec_accepted;                            // observe.c
   rtr_metric *m_spans_dropped;  // dserve:trace_spans_dropped_total (NULL without tracing)
@@ -282,6 +295,10 @@ void rtr_choice_end_locked(rtr_server *s, rtr_req *r, int ci);  // choice ci fin
 // inflight count, DECODE_LOST and WAITING_WORKER set until_ms, DONE counts the choice done. 0, or -1 when refused.
 int rtr_choice_to(rtr_server *s, rtr_req *r, int ci, rtr_ch_state next);
 void rtr_finish_locked(rtr_server *s, rtr_req *r); // every choice ended: trailer, metrics, slots, off the list
+int rtr_req_list_locked(rtr_server *s, rtr_req *r); // r (its id set) joins s->reqs and the table: 0, -1 out of memory
+// The request choice id names (its own current id: messages under an id it moved away from find nothing), NULL when
+// none does; *ci its index.
+rtr_req *rtr_req_find_locked(rtr_server *s, const char *id, int *ci);
 typedef enum rtr_wait { RTR_WAIT_MORE, RTR_WAIT_GONE, RTR_WAIT_TIMEOUT } rtr_wait;
 // One bounded wait (WAIT_TICK_MS) for r to change, s->mu held: GONE when the client left (r is cancelled), TIMEOUT
 // when r passed the router's bound (r is failed with 504 timeout), MORE otherwise.
@@ -349,6 +366,8 @@ int rtr_admit_and_send(rtr_server *s, rtr_req *r, rtr_error *e); // 0, or -1 wit
 // relay.c: the OpenAI layer's output
 void rtr_relay_register(rtr_server *s); // s->hooks.on_token, on_done, on_error, choice_start, stream_end
 void rtr_out_event(rtr_req *r, cJSON *obj); // "data: JSON\n\n" onto r's stream; consumes obj
+// The stream reader's side (http.c, outside s->mu): the records r->taken holds, formatted as SSE onto r->out.
+void rtr_out_format(rtr_req *r);
 cJSON *rtr_final_response(rtr_req *r);
 
 // observe.c: the access log, the stats lines, the phase histograms, per-worker series and the request's spans. Called

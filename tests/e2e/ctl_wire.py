@@ -11,7 +11,7 @@ import struct
 import threading
 import time
 
-PROTO = 2  # PRT_VERSION (proto/proto.h)
+PROTO = 3  # PRT_VERSION (proto/proto.h)
 C2L, L2C = b"ctlC", b"ctlL"  # the seals' direction labels (ctl/hub.h)
 
 

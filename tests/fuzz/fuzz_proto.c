@@ -56,6 +56,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ROUND(prt_prefix_pulled, prt_prefix_pulled_decode, prt_prefix_pulled_encode, NOFREE);
   ROUND(prt_prefix_fail, prt_prefix_fail_decode, prt_prefix_fail_encode, NOFREE);
   ROUND(prt_kv_events, prt_kv_events_decode, prt_kv_events_encode, prt_kv_events_free);
+  // token_batch: every item of a batch decodes (or is refused) as a lone token would
+  const cJSON *items = prt_tokens_items(j, err, sizeof err), *it;
+  cJSON_ArrayForEach(it, items) {
+    prt_token t;
+    if (!prt_token_decode(it, &t, err, sizeof err)) (void)prt_tokens_count(j);
+    prt_token_free(&t);
+  }
   (void)prt_op(j);
   cJSON_Delete(j);
   return 0;

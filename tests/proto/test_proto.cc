@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "proto/events.h"
 #include "proto/handoff.h"
@@ -780,6 +781,50 @@ TEST(Proto, BareMessages) {
 
 // docs/protocol.md's message table (rows "| `op` | ...", a first cell may name two: "`ping` / `pong`") lists
 // exactly prt_ops.
+// token_batch (protocol version 3): one step's token messages as one, each item a token message without its op.
+TEST(Proto, TokensBatch) {
+  char err[128];
+  int32_t a[1] = {5}, b[2] = {6, 7};
+  prt_sampled lp = sampled(6);
+  cJSON *batch = prt_tokens_new();
+  ASSERT_NE(batch, nullptr);
+  EXPECT_EQ(prt_tokens_count(batch), 0);
+  prt_token t0 = {"r-0", "he", a, 1, nullptr, -1}, t1 = {"r-1-r1", "llo", b, 2, &lp, 1};
+  ASSERT_EQ(prt_tokens_add(batch, &t0), 0);
+  ASSERT_EQ(prt_tokens_add(batch, &t1), 0);
+  EXPECT_EQ(prt_tokens_count(batch), 2);
+  cJSON *j = wire(batch);
+  EXPECT_STREQ(prt_op(j), PRT_OP_TOKENS);
+  EXPECT_EQ(prt_id(j), nullptr); // a batch is about many choices: a receiver reads each item's id
+  const cJSON *items = prt_tokens_items(j, err, sizeof err), *it;
+  ASSERT_NE(items, nullptr) << err;
+  std::vector<std::string> ids, texts;
+  int n_ids = 0, n_lp = 0;
+  cJSON_ArrayForEach(it, items) {
+    EXPECT_EQ(cJSON_GetObjectItem(it, "op"), nullptr); // the batch's op says what they are
+    prt_token m;
+    ASSERT_EQ(prt_token_decode(it, &m, err, sizeof err), 0) << err;
+    ids.push_back(m.id);
+    texts.push_back(m.text);
+    n_ids += m.n_tokens;
+    if (m.n_logprobs == 1) {
+      expect_sampled(m.logprobs[0], lp);
+      n_lp++;
+    }
+    prt_token_free(&m);
+  }
+  EXPECT_EQ(ids, (std::vector<std::string>{"r-0", "r-1-r1"}));
+  EXPECT_EQ(texts, (std::vector<std::string>{"he", "llo"}));
+  EXPECT_EQ(n_ids, 3);
+  EXPECT_EQ(n_lp, 1);
+  for (cJSON *bad : {with(j, "items", nullptr), with(j, "items", cJSON_CreateString("x"))}) {
+    EXPECT_EQ(prt_tokens_items(bad, err, sizeof err), nullptr);
+    EXPECT_NE(std::string(err).find("items"), std::string::npos) << err;
+    cJSON_Delete(bad);
+  }
+  cJSON_Delete(j);
+}
+
 TEST(Proto, DocTableMatchesOps) {
   std::ifstream f(std::string(DSERVE_SOURCE_DIR) + "/docs/protocol.md");
   ASSERT_TRUE(f.good());

@@ -9,6 +9,10 @@ prompt ids and the seed (a random seed when none is given), cut at max_tokens (f
 string (finish "stop", the stop string left out) or after 8 words (finish "stop"). One word per `token` message.
 With FAKE_WORKER_RECORD=PATH in the environment, every `generate` message received is appended to PATH as one JSON
 line, so a test can see what the router sent (its sampling defaults, for one).
+With FAKE_WORKER_STEP_MS=N a connection's generations advance together, as an engine's continuous batch would: every
+N ms one token each, sent as one `token_batch` message (docs/protocol.md), or one `token` message each with
+FAKE_WORKER_BATCH=0 (a worker before protocol version 3). A prompt holding the bytes FLOOD streams max_tokens pieces
+of FAKE_WORKER_FLOOD_BYTES (4096) bytes each: a stream large enough to fill a client's socket that stops reading.
 """
 import hashlib
 import json
@@ -24,7 +28,7 @@ import ctl_wire  # noqa: E402  (the control protocol: handshake and sealed frame
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
          "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango"]
-NATURAL_LEN = 8
+NATURAL_LEN = int(os.environ.get("FAKE_WORKER_LEN", "8"))  # words a generation makes before any cut
 SECRET = "dc3c80b87648d296023e7386aece451e900f9b6bd254473a88a2fe5e7db030af"  # = tests/test_secret.h
 
 
@@ -78,6 +82,47 @@ def serve_conn(sock, n_ctx, delay):
         sock.close()
         return
 
+    send_lock = threading.Lock()
+    step_ms = float(os.environ.get("FAKE_WORKER_STEP_MS", "0"))
+    batch = os.environ.get("FAKE_WORKER_BATCH", "1") != "0"
+    active = []  # step mode: [id, pieces, next index, finish, n]
+    active_lock = threading.Lock()
+
+    def send(msg):
+        with send_lock:
+            c.send(msg)
+
+    def stepper():
+        while True:
+            time.sleep(step_ms / 1000.0)
+            with active_lock:
+                now = [a for a in active if a[0] not in cancelled]
+                active[:] = now
+            items, ended = [], []
+            for a in now:
+                if a[2] < len(a[1]):
+                    items.append({"id": a[0], "text": a[1][a[2]], "tokens": [1]})
+                    a[2] += 1
+                if a[2] >= len(a[1]):
+                    ended.append(a)
+            try:
+                if batch and items:
+                    send({"op": "token_batch", "items": items})
+                elif items:
+                    for it in items:
+                        send(dict(it, op="token"))
+                for a in ended:
+                    send({"op": "done", "id": a[0], "finish_reason": a[3], "prompt_tokens": 1,
+                          "completion_tokens": a[4], "cached_tokens": 0, "kv_bytes": 0, "kv_ms": 0})
+            except (OSError, ValueError):
+                return
+            if ended:
+                with active_lock:
+                    active[:] = [a for a in active if a not in ended]
+
+    if step_ms > 0:
+        threading.Thread(target=stepper, daemon=True).start()
+
     def generate(m):
         seed = m["sampling"].get("seed")
         if seed is None:
@@ -97,12 +142,20 @@ def serve_conn(sock, n_ctx, delay):
             text, finish = call, "stop"
             pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
             n = len(pieces)
+        if b"FLOOD" in bytes(t for t in m["prompt"] if 0 <= t < 256):
+            size = int(os.environ.get("FAKE_WORKER_FLOOD_BYTES", "4096"))
+            n, finish = m["max_tokens"], "length"
+            pieces = ["x" * size] * n
+        if step_ms > 0:
+            with active_lock:
+                active.append([m["id"], pieces, 0, finish, n])
+            return
         for p in pieces:
             if m["id"] in cancelled:
                 return
             time.sleep(delay)
-            c.send({"op": "token", "id": m["id"], "text": p, "tokens": [1]})
-        c.send({"op": "done", "id": m["id"], "finish_reason": finish, "prompt_tokens": len(m["prompt"]),
+            send({"op": "token", "id": m["id"], "text": p, "tokens": [1]})
+        send({"op": "done", "id": m["id"], "finish_reason": finish, "prompt_tokens": len(m["prompt"]),
                 "completion_tokens": n, "cached_tokens": 0, "kv_bytes": 0, "kv_ms": 0})
 
     try:
@@ -113,7 +166,7 @@ def serve_conn(sock, n_ctx, delay):
                 break
             op = m.get("op")
             if op == "stats":
-                c.send({"op": "stats_ok", "running": 0, "waiting": 0, "free_blocks": 100,
+                send({"op": "stats_ok", "running": 0, "waiting": 0, "free_blocks": 100,
                         "total_blocks": 100, "prefix_hits": 0, "prefix_queries": 0})
             elif op == "generate":
                 record = os.environ.get("FAKE_WORKER_RECORD")

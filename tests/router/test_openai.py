@@ -24,6 +24,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fake_worker  # noqa: E402
+import router_proc  # noqa: E402
 
 import openai  # noqa: E402
 
@@ -120,29 +121,7 @@ def setUpModule():
     }
     with open(os.path.join(TMP, "cluster.json"), "w") as f:
         json.dump(cfg, f)
-    ROUTER = subprocess.Popen([DSERVE, "router", "--config", os.path.join(TMP, "cluster.json")],
-                              stderr=subprocess.PIPE, text=True)
-    port = None
-    deadline = time.time() + 20
-    while time.time() < deadline and port is None:
-        line = ROUTER.stderr.readline()
-        if not line:
-            break
-        m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
-        if m:
-            port = int(m.group(1))
-    if port is None:
-        raise RuntimeError("the router did not start")
-    threading.Thread(target=lambda: [None for _ in ROUTER.stderr], daemon=True).start()  # keep draining its log
-    BASE = "http://127.0.0.1:%d" % port
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(BASE + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except Exception:
-            time.sleep(0.05)
-    raise RuntimeError("the router never became healthy")
+    ROUTER, BASE = router_proc.start_router(DSERVE, os.path.join(TMP, "cluster.json"))
 
 
 def tearDownModule():
