@@ -20,6 +20,7 @@ typedef struct dec_seq {
   wrk_seq seq;           // tokens, cache progress, blocks (engine state)
   wrk_genreq req;        // what was asked (prompt, sampling, stops)
   ctl_peer *router;      // (owned reference) where tokens go
+  const mdl_llama *model; // (borrowed) the runtime's, for an embedding's width
   int n_gen;
   mdl_sampler *sampler;  // (owned)
   spc_seq spc;           // its drafts' record and length (speculative decoding); drafts only when spec_on

@@ -36,6 +36,10 @@ typedef struct wrk_seq {
   int n_draft;     // speculative decoding: the last n_draft of toks are a draft the role proposed after the token to
                    // decode (n_toks == n_done + 1 + n_draft); the step computes all 1 + n_draft rows and returns their
                    // logits; n_done then passes the decoded token only, until wrk_engine_accept (docs/design.md)
+  int pool;        // an embedding (MDL_POOL_*, 0: none): its prompt's steps pool their hidden states into embd and
+                   // return no logits; it neither reuses nor offers cached prefix blocks (a cached prefix has no
+                   // hidden states to pool, and an embedding is one step of no later use)
+  float *embd;     // (owned) (n_embd) when pool: the pooled rows so far (mdl_pool_out)
   void *owner;     // (borrowed) the role's per-request state
 } wrk_seq;
 
@@ -89,6 +93,8 @@ typedef struct wrk_engine {
   mdl_seq *batch;      // (owned) (cap)
   wrk_seq **batch_of;  // (owned) (cap)
   int *batch_chunk;    // (owned) (cap)
+  mdl_pool_out *batch_pool; // (owned) (cap) each row's embedding output (wrk_seq.pool); read when batch_pooled
+  int batch_pooled;
   int n_batch;
   float *logits;       // (owned) (cap_rows, n_vocab)
   int cap_rows;

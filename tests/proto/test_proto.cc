@@ -248,7 +248,7 @@ TEST(Proto, Token) {
 // Speculative decoding's counts ride on done, sent only when the choice drafted; accepted never exceeds drafted.
 TEST(Proto, DoneWithDrafts) {
   char err[128];
-  prt_done in = {"r-0", "stop", 12, 30, 0, -1, -1, -1, 7, 25, 19};
+  prt_done in = {"r-0", "stop", 12, 30, 0, -1, -1, -1, 7, 25, 19, nullptr, nullptr, 0};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
@@ -263,7 +263,7 @@ TEST(Proto, DoneWithDrafts) {
 
 TEST(Proto, Done) {
   char err[128];
-  prt_done in = {"r-0", "length", 12, 5, 16, 4096, 3.5, -1, 0, 0, 0};
+  prt_done in = {"r-0", "length", 12, 5, 16, 4096, 3.5, -1, 0, 0, 0, nullptr, nullptr, 0};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
@@ -286,7 +286,7 @@ TEST(Proto, Done) {
 // prefill_ms (the prefill phase) travels when >= 0, reads -1 when absent, and refuses a negative value.
 TEST(Proto, DonePrefillMs) {
   char err[128];
-  prt_done in = {"r-0", "stop", 12, 5, 0, 4096, 30.5, 21.25, 0, 0, 0};
+  prt_done in = {"r-0", "stop", 12, 5, 0, 4096, 30.5, 21.25, 0, 0, 0, nullptr, nullptr, 0};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
@@ -789,6 +789,62 @@ TEST(Proto, DocTableMatchesOps) {
   for (int i = 0; i < prt_n_ops; i++) ops.insert(prt_ops[i]);
   EXPECT_FALSE(doc.empty());
   EXPECT_EQ(doc, ops);
+}
+
+// An embedding: generate's "embed" names the pooling; done's "embedding" carries the vector, every element a finite
+// number (an absent one reads as none).
+TEST(Proto, Embedding) {
+  char err[128];
+  int32_t prompt[2] = {5, 6};
+  prt_generate g = {};
+  g.id = "e-0";
+  g.prompt = prompt;
+  g.n_prompt = 2;
+  g.max_tokens = 1;
+  g.embed = "mean";
+  cJSON *j = wire(prt_generate_encode(&g, err, sizeof err));
+  prt_generate gm;
+  ASSERT_EQ(prt_generate_decode(j, &gm, err, sizeof err), 0) << err;
+  EXPECT_EQ(S(gm.embed), "mean");
+  prt_generate_free(&gm);
+  refuses<prt_generate>(j, "embed", false, [](const cJSON *x, prt_generate *m, char *e, size_t n) {
+    int rc = prt_generate_decode(x, m, e, n);
+    if (!rc) prt_generate_free(m);
+    return rc;
+  }, false);
+  cJSON_Delete(j);
+  g.embed = nullptr;
+  j = wire(prt_generate_encode(&g, err, sizeof err));
+  EXPECT_EQ(cJSON_GetObjectItem(j, "embed"), nullptr);
+  cJSON_Delete(j);
+
+  const float v[3] = {0.25f, -0.5f, 1e-7f};
+  prt_done d = {};
+  d.id = "e-0";
+  d.prompt_tokens = 2;
+  d.cached_tokens = d.completion_tokens = 0;
+  d.kv_bytes = d.kv_ms = d.prefill_ms = -1;
+  d.embedding = v;
+  d.n_embedding = 3;
+  j = wire(prt_done_encode(&d, err, sizeof err));
+  prt_done m;
+  ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
+  ASSERT_EQ(m.n_embedding, 3);
+  const cJSON *x = m.embedding_json->child;
+  for (int i = 0; i < 3; i++, x = x->next) EXPECT_EQ((float)x->valuedouble, v[i]); // exact through the text
+  for (cJSON *bad : {cJSON_CreateString("x"), cJSON_CreateArray(), cJSON_Parse("[1, \"a\"]")}) {
+    cJSON *b = with(j, "embedding", bad);
+    EXPECT_EQ(prt_done_decode(b, &m, err, sizeof err), -1);
+    EXPECT_NE(std::string(err).find("embedding"), std::string::npos) << err;
+    cJSON_Delete(b);
+  }
+  d.n_embedding = 0;
+  cJSON *none = wire(prt_done_encode(&d, err, sizeof err));
+  ASSERT_EQ(prt_done_decode(none, &m, err, sizeof err), 0) << err;
+  EXPECT_EQ(m.embedding_json, nullptr);
+  EXPECT_EQ(m.n_embedding, 0);
+  cJSON_Delete(none);
+  cJSON_Delete(j);
 }
 
 } // namespace

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""scripts/golden/make_embeddings_golden.py: llama.cpp's embeddings of a few texts on both bundled GGUFs, for
+tests/e2e/test_embeddings.py.
+
+  tests/models/golden/embeddings.json.gz (gzipped JSON): {"generator", "models": {GGUF file name: {"pooling", "inputs": [text...],
+    "embeddings": [[float...]...], "self_cosine": [float...]}}}: llama-embedding's vectors (--pooling mean --embd-normalize 2: the mean of the
+    final hidden states after the output norm, L2-normalised; the texts tokenized as llama.cpp does, with BOS when the
+    vocabulary adds one), printed with 7 decimals. dserve serves these GGUFs with mean pooling too (neither has a
+    pooling_type key). self_cosine is llama.cpp's agreement with itself: the cosine between its vectors with flash
+    attention on (the golden) and off. It is about 0.9999 on SmolLM2 but 0.998 on Gemma 3 270M, whose final hidden
+    states move that much with the order of one softmax's sums; the test asks dserve for cosine >= 0.999 per input, or
+    where llama.cpp itself is further apart, for no less than its own agreement minus 0.001.
+
+Needs llama.cpp's llama-embedding (bench/peer.sh builds it). Usage:
+  python3 scripts/golden/make_embeddings_golden.py [BIN_DIR]
+"""
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT = os.path.join(ROOT, "tests/models/golden/embeddings.json.gz")
+MODELS = ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"]
+BIN = sys.argv[1] if len(sys.argv) > 1 else subprocess.run(
+    [os.path.join(ROOT, "bench", "peer.sh")], check=True, capture_output=True, text=True).stdout.strip()
+SEP = "<#sep#>"
+INPUTS = [
+    "hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "Embeddings turn text into vectors: texts that mean similar things get vectors that point the same way, "
+    "which is what search, clustering and retrieval-augmented generation rely on.",
+    "café naïve 你好，世界 12345",
+]
+
+
+def embed(model, fa="on"):
+    cmd = [os.path.join(BIN, "llama-embedding"), "-m", os.path.join(ROOT, "models/weights", model),
+           "-p", SEP.join(INPUTS), "--embd-separator", SEP, "--pooling", "mean", "--embd-normalize", "2",
+           "--embd-output-format", "json", "-t", "2", "-c", "512", "-fa", fa]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    data = json.loads(out[out.index("{"):])["data"]
+    assert len(data) == len(INPUTS), (model, len(data))
+    return [d["embedding"] for d in sorted(data, key=lambda d: d["index"])]
+
+
+def cosine(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
+
+
+def main():
+    doc = {"generator": "scripts/golden/make_embeddings_golden.py (llama.cpp llama-embedding --pooling mean "
+                        "--embd-normalize 2)", "models": {}}
+    for m in MODELS:
+        on, off = embed(m, "on"), embed(m, "off")
+        doc["models"][m] = {"pooling": "mean", "inputs": INPUTS, "embeddings": on,
+                            "self_cosine": [round(cosine(a, b), 6) for a, b in zip(on, off)]}
+    with gzip.GzipFile(OUT, "wb", mtime=0) as f:  # mtime 0: the same inputs give the same bytes
+        f.write((json.dumps(doc, separators=(",", ":")) + "\n").encode())
+    print(f"wrote {OUT} ({os.path.getsize(OUT)} bytes)")
+
+
+if __name__ == "__main__":
+    main()
