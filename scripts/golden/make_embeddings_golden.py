@@ -11,14 +11,22 @@ tests/e2e/test_embeddings.py.
     states move that much with the order of one softmax's sums; the test asks dserve for cosine >= 0.999 per input, or
     where llama.cpp itself is further apart, for no less than its own agreement minus 0.001.
 
-Needs llama.cpp's llama-embedding (bench/peer.sh builds it). Usage:
-  python3 scripts/golden/make_embeddings_golden.py [BIN_DIR]
+  and "archs": {ARCH: {"file", "sha256", "inputs", "embeddings", "self_cosine"}}: the same for the tiny Q8_0 GGUF
+    of every architecture (scripts/make_tiny_gguf.py; tests/archs serves each and compares), run with the model's
+    own context (-c 0) as dserve serve runs it: phi3's LongRoPE factors follow the context (long above the original
+    one), which moves every position past the first.
+
+Needs llama.cpp's llama-embedding (bench/peer.sh builds it) and, for the tiny GGUFs, the test venv (numpy, gguf).
+Usage:
+  ~/.cache/dserve/venv/bin/python scripts/golden/make_embeddings_golden.py [BIN_DIR]
 """
 import gzip
 import json
 import os
+import hashlib
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests/models/golden/embeddings.json.gz")
@@ -26,6 +34,8 @@ MODELS = ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"]
 BIN = sys.argv[1] if len(sys.argv) > 1 else subprocess.run(
     [os.path.join(ROOT, "bench", "peer.sh")], check=True, capture_output=True, text=True).stdout.strip()
 SEP = "<#sep#>"
+ARCHS = ["llama", "qwen2", "gemma3", "qwen3", "qwen3moe", "mixtral", "phi3", "gemma2", "deepseek2", "deepseek2lite"]
+ARCH_INPUT = "The river rises in the hills north of the town and meets the sea at a small harbour."
 INPUTS = [
     "hello world",
     "The quick brown fox jumps over the lazy dog.",
@@ -35,13 +45,13 @@ INPUTS = [
 ]
 
 
-def embed(model, fa="on"):
-    cmd = [os.path.join(BIN, "llama-embedding"), "-m", os.path.join(ROOT, "models/weights", model),
-           "-p", SEP.join(INPUTS), "--embd-separator", SEP, "--pooling", "mean", "--embd-normalize", "2",
-           "--embd-output-format", "json", "-t", "2", "-c", "512", "-fa", fa]
+def embed(path, inputs, fa="on", ctx="512"):
+    cmd = [os.path.join(BIN, "llama-embedding"), "-m", path,
+           "-p", SEP.join(inputs), "--embd-separator", SEP, "--pooling", "mean", "--embd-normalize", "2",
+           "--embd-output-format", "json", "-t", "2", "-c", ctx, "-fa", fa]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     data = json.loads(out[out.index("{"):])["data"]
-    assert len(data) == len(INPUTS), (model, len(data))
+    assert len(data) == len(inputs), (path, len(data))
     return [d["embedding"] for d in sorted(data, key=lambda d: d["index"])]
 
 
@@ -54,9 +64,21 @@ def main():
     doc = {"generator": "scripts/golden/make_embeddings_golden.py (llama.cpp llama-embedding --pooling mean "
                         "--embd-normalize 2)", "models": {}}
     for m in MODELS:
-        on, off = embed(m, "on"), embed(m, "off")
+        path = os.path.join(ROOT, "models/weights", m)
+        on, off = embed(path, INPUTS, "on"), embed(path, INPUTS, "off")
         doc["models"][m] = {"pooling": "mean", "inputs": INPUTS, "embeddings": on,
                             "self_cosine": [round(cosine(a, b), 6) for a, b in zip(on, off)]}
+    doc["archs"] = {}
+    with tempfile.TemporaryDirectory() as tiny:
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts/make_tiny_gguf.py"), "--out", tiny, "--type",
+                        "Q8_0"] + [x for a in ARCHS for x in ("--arch", a)], check=True, capture_output=True)
+        for a in ARCHS:
+            path = os.path.join(tiny, "%s-Q8_0.gguf" % a)
+            with open(path, "rb") as f:
+                sha = hashlib.sha256(f.read()).hexdigest()
+            on, off = embed(path, [ARCH_INPUT], "on", "0"), embed(path, [ARCH_INPUT], "off", "0")
+            doc["archs"][a] = {"file": os.path.basename(path), "sha256": sha, "inputs": [ARCH_INPUT],
+                               "embeddings": on, "self_cosine": [round(cosine(x, y), 6) for x, y in zip(on, off)]}
     with gzip.GzipFile(OUT, "wb", mtime=0) as f:  # mtime 0: the same inputs give the same bytes
         f.write((json.dumps(doc, separators=(",", ":")) + "\n").encode())
     print(f"wrote {OUT} ({os.path.getsize(OUT)} bytes)")
