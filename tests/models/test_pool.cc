@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gguf_writer.h"
 #include "model_util.h"
 
 extern "C" {
@@ -118,6 +119,23 @@ TEST(Pool, GgufKeyOrMeanForACausalLM) {
   EXPECT_EQ(mdl_gguf_pooling(g, &pool, err, sizeof err), 0);
   EXPECT_EQ(pool, MDL_POOL_MEAN); // no llama.pooling_type key
   mdl_gguf_close(g);
+  // the key as llama.cpp's converters write it (a uint32), each of its values; one outside the enum is refused
+  for (uint32_t v : {0u, 1u, 2u, 3u, 4u, 9u}) {
+    dserve_test::GgufWriter w;
+    w.str("general.architecture", "qwen3");
+    w.scalar("qwen3.pooling_type", 4 /* uint32 */, v);
+    dserve_test::TempGguf f(w.bytes());
+    ASSERT_EQ(mdl_gguf_open(f.path.c_str(), &g, err, sizeof err), 0) << err;
+    int rc = mdl_gguf_pooling(g, &pool, err, sizeof err);
+    mdl_gguf_close(g);
+    if (v > 4) {
+      EXPECT_NE(rc, 0);
+      EXPECT_NE(std::string(err).find("qwen3.pooling_type is 9"), std::string::npos) << err;
+    } else {
+      EXPECT_EQ(rc, 0) << err;
+      EXPECT_EQ(pool, (int)v);
+    }
+  }
 }
 
 } // namespace
