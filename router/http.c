@@ -349,9 +349,13 @@ static int make_choices(rtr_server *s, rtr_req *r, rtr_error *e) {
     if (rc == 0 && lens[g] > INT32_MAX - total)
       rc = rtr_fail(e, 400, "invalid_request_error", "prompt", NULL, "the prompts are too long");
     if (rc == 0) total += lens[g];
-    if (rc == 0) tokens += embd ? lens[g] : (long long)q->n * (q->max_tokens >= 0 ? lens[g] + q->max_tokens : s->n_ctx);
+    if (rc == 0) // an embedding holds its input only
+      tokens += embd ? lens[g] : (long long)q->n * (q->max_tokens >= 0 ? lens[g] + q->max_tokens : s->n_ctx);
   }
-  if (rc == 0 && tokens > budget)
+  if (rc == 0 && tokens > budget && embd)
+    rc = rtr_fail(e, 400, "invalid_request_error", "input", "too_many_tokens", "the request's %d inputs hold %lld "
+                  "tokens; router.max_request_tokens allows at most %lld", groups, tokens, budget);
+  else if (rc == 0 && tokens > budget)
     rc = rtr_fail(e, 400, "invalid_request_error", "max_tokens", "too_many_tokens",
                   "the request's %d choices hold up to %lld tokens (prompt + max_tokens each, the context when "
                   "max_tokens is not given); router.max_request_tokens allows at most %lld: lower max_tokens, n or the "
@@ -430,7 +434,10 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   r->created = (long)time(NULL);
   pthread_mutex_lock(&s->mu);
   unsigned long long id = ++s->next_id;
-  const char *prefix = api == RTR_API_RESPONSES ? "resp" : kind == RTR_CHAT ? "chatcmpl" : kind == RTR_EMBEDDING ? "embd" : "cmpl";
+  const char *prefix = api == RTR_API_RESPONSES ? "resp"
+                       : kind == RTR_CHAT       ? "chatcmpl"
+                       : kind == RTR_EMBEDDING  ? "embd"
+                                                : "cmpl";
   snprintf(r->id, sizeof r->id, "%s-%llx%06llu", prefix,
            (unsigned long long)t0 & 0xffffffffffULL, id);
   for (int i = 0; i < r->n_ch; i++) snprintf(r->ch[i].id, sizeof r->ch[i].id, "%s-%d", r->id, i);

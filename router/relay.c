@@ -394,9 +394,12 @@ static void embedding_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m)
   rtr_choice *c = &r->ch[ci];
   rtr_error e;
   const cJSON *x;
-  if (m->n_embedding != s->n_embd || !(c->embd = malloc((size_t)s->n_embd * sizeof *c->embd))) {
+  if (m->n_embedding != s->n_embd)
     rtr_fail(&e, 502, "server_error", NULL, "worker_failure", "the worker answered an embedding with %d values, not "
              "the model's %d", m->n_embedding, s->n_embd);
+  else if (!(c->embd = malloc((size_t)s->n_embd * sizeof *c->embd)))
+    rtr_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+  if (!c->embd) {
     rtr_choice_end_locked(s, r, ci);
     rtr_fail_locked(s, r, &e);
     return;
