@@ -127,6 +127,7 @@ class SmolLM2(Served, unittest.TestCase):
                 ({"input": "a", "temperature": 0}, 400, "temperature", "unsupported_parameter"),
                 ({"input": [1] * n_ctx}, 400, "input", "context_length_exceeded"),
                 ({"input": ["a", [1] * n_ctx]}, 400, "input[1]", "context_length_exceeded"),
+                ({"input": ["a"] * 65}, 400, "input", "too_many_choices"),  # router.max_choices, 64 by default
                 ({"input": "a", "model": "other"}, 404, "model", "model_not_found")]:
             got, obj = u.post(self.port, "/v1/embeddings", body)
             self.assertEqual(got, status, body if len(json.dumps(body)) < 200 else param)
@@ -147,21 +148,48 @@ class Gemma3(Served, unittest.TestCase):
 
 class Disaggregated(unittest.TestCase):
     """A prefill and a decode worker, every generation handed off (disagg_threshold 0): an embedding runs on the
-    decode worker itself, whole (a prefill worker refuses one), and generations still hand off."""
+    decode worker itself, whole; a prefill worker refuses one; generations still hand off."""
 
     @classmethod
     def setUpClass(cls):
-        o.start(cls, [{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}], 0, "embed")
+        u.require_env(cls)
+        if o.openai is None:
+            raise unittest.SkipTest("the openai package is not installed (scripts/setup.sh makes the test venv)")
+        cls.cluster = u.Cluster([{"name": "p0", "role": "prefill"}, {"name": "d0", "role": "decode"}],
+                                disagg_threshold=0, tag="embed")
+        cls.addClassCleanup(cls.cluster.close)
+        cls.cluster.start()
         cls.gold = golden(u.MODEL)
 
     def test_on_the_decode_worker(self):
-        c = o.client(self.PORT)
-        r = c.embeddings.create(model=o.MODEL_ID[self.PORT], input=self.gold["inputs"], encoding_format="float")
+        port = self.cluster.port
+        c = o.client(port)
+        model = c.models.list().data[0].id
+        r = c.embeddings.create(model=model, input=self.gold["inputs"], encoding_format="float")
         for d, want, own in zip(r.data, self.gold["embeddings"], self.gold["self_cosine"]):
             self.assertGreaterEqual(cosine(d.embedding, want), floor_for(own))
-        t = c.completions.create(model=o.MODEL_ID[self.PORT], prompt="The capital of France is", max_tokens=4,
-                                 temperature=0)
+        t = c.completions.create(model=model, prompt="The capital of France is", max_tokens=4, temperature=0)
         self.assertTrue(t.choices[0].text)
+        # the router's access log: the embedding on d0 alone, the completion handed off p0>d0
+        self.cluster.node.wait_for("route=/v1/completions", 10 * u.SCALE)
+        log = self.cluster.node.text()
+        self.assertRegex(log, r"route=/v1/embeddings status=200 .*workers=d0")
+        self.assertNotRegex(log, r"route=/v1/embeddings .*workers=p0")
+        self.assertRegex(log, r"route=/v1/completions status=200 .*workers=p0>d0")
+
+    def test_a_prefill_worker_refuses_one(self):
+        ctl = u.Control("127.0.0.1", self.cluster.ports()["p0"])
+        try:
+            ctl.send({"op": "generate", "id": "e-1", "prompt": [1, 2, 3], "max_tokens": 1, "mode": "prefill",
+                      "decode": "d0", "embed": "mean"})
+            while True:
+                m = ctl.recv(10 * u.SCALE)
+                if m.get("id") == "e-1":
+                    break
+        finally:
+            ctl.close()
+        self.assertEqual(m["op"], "error", m)
+        self.assertIn("computes no embeddings", m["message"])
 
 
 if __name__ == "__main__":
