@@ -70,10 +70,6 @@ static void send_done(dec_seq *s, const char *finish_reason) {
                 .cached_tokens = s->seq.n_cached > s->remote_cached ? s->seq.n_cached : s->remote_cached,
                 .kv_bytes = s->kv_bytes, .kv_ms = s->kv_ms, .prefill_ms = s->prefill_ms,
                 .spec_drafts = s->spc.drafts, .spec_drafted = s->spc.drafted, .spec_accepted = s->spc.accepted};
-  if (s->seq.pool) { // an embedding: its vector, and no finish_reason
-    d.embedding = s->seq.embd;
-    d.n_embedding = mdl_llama_config(s->model)->n_embd;
-  }
   cJSON *m = prt_done_encode(&d, NULL, 0);
   if (m) ctl_peer_send(s->router, m);
   cJSON_Delete(m);
@@ -308,19 +304,13 @@ static dec_seq *seq_from_request(dec_worker *w, ctl_peer *from, const cJSON *m) 
   else if (s->req.embed && strcmp(s->req.mode, "local"))
     bad = "an embedding is computed where it is sent: mode \"local\"";
   if (!bad && wrk_seq_init(&s->seq, s->req.prompt, s->req.n_prompt, s)) bad = "out of memory";
-  if (!bad && s->req.embed) { // pooled by the forward pass: no logits, no sampling (mdl_seq.pool)
-    s->seq.pool = s->req.embed;
-    if (!(s->seq.embd = calloc((size_t)mdl_llama_config(w->sh.rt->model)->n_embd, sizeof *s->seq.embd)))
-      bad = "out of memory";
-  }
   if (!bad && dec_stopstr_init(&s->stop, (const char *const *)s->req.stop, s->req.n_stop)) bad = "out of memory";
   if (!bad && mdl_sampler_new(&s->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), s->req.prompt, s->req.n_prompt,
                               &s->sampler, e, sizeof e))
     bad = e;
   if (!bad && mdl_detok_new(w->sh.rt->tok, &s->detok, e, sizeof e)) bad = e;
   dec__spec_seq_init(w, s);
-  if (s->req.embed) s->spec_on = 0; // nothing is decoded
-  s->model = w->sh.rt->model;
+  if (!bad && s->req.embed) bad = dec__embed_init(w, s);
   if (bad) {
     wrk_send_error(from, s->req.id, "invalid_request", "%s", bad);
     seq_free(w, s);
@@ -692,17 +682,6 @@ static void verify(dec_worker *w, dec_seq *s, const float *logits, int n_vocab) 
   wrk_engine_accept(&w->eng, &s->seq, v.accepted);
 }
 
-// An embedding whose prompt's last chunk ran: its pooled vector, normalised, goes back in its done.
-static void embed_done(dec_worker *w, dec_seq *s) {
-  s->t_run_us = utl_now_us();
-  s->prefill_ms = (double)(s->t_run_us - s->t_recv_us) / 1000.0;
-  wrk_trace_span(&w->sh, &s->req, "prefill", s->t_recv_us, s->t_run_us, "dserve.cached_tokens", 0);
-  mdl_pool_finish(s->seq.embd, mdl_llama_config(w->sh.rt->model)->n_embd, s->seq.pool, s->seq.n_toks);
-  send_done(s, NULL);
-  w->n_finished++;
-  seq_drop(w, s);
-}
-
 // One engine step, then sampling for every row that finished its prompt or decoded a token (and its draft).
 static int step(dec_worker *w, char *err, size_t errlen) {
   dec__spec_propose(w);
@@ -714,8 +693,11 @@ static int step(dec_worker *w, char *err, size_t errlen) {
   int n_vocab = mdl_tok_n_vocab(w->sh.rt->tok);
   for (int i = 0; i < w->eng.n_batch; i++) {
     wrk_seq *sq = w->eng.batch_of[i];
-    if (sq && sq->pool) { // an embedding: done once its whole prompt ran
-      if (sq->n_done == sq->n_toks) embed_done(w, OWNER(sq));
+    if (sq && sq->pool) { // an embedding: answered once its whole prompt ran (decode/embed.c)
+      if (sq->n_done < sq->n_toks) continue;
+      dec__embed_answer(w, OWNER(sq));
+      w->n_finished++;
+      seq_drop(w, OWNER(sq));
       continue;
     }
     if (!sq || !w->eng.batch[i].want_logits) continue;
