@@ -204,11 +204,11 @@ int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) {
   if (!e || cJSON_IsNull(e)) return 0;
   int n = 0, ok = cJSON_IsArray(e);
   cJSON_ArrayForEach(x, e) {
-    ok = ok && cJSON_IsNumber(x) && isfinite(x->valuedouble);
+    ok = ok && cJSON_IsNumber(x) && fabs(x->valuedouble) <= FLT_MAX; // a float: finite and within its range
     n++;
   }
   if (!ok || n < 1) {
-    utl_seterr(err, errlen, "%s: embedding must be a non-empty array of finite numbers", PRT_OP_DONE);
+    utl_seterr(err, errlen, "%s: embedding must be a non-empty array of finite float32 numbers", PRT_OP_DONE);
     return -1;
   }
   m->embedding_json = e;

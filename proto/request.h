@@ -71,7 +71,7 @@ typedef struct prt_done {
   int64_t spec_accepted;
   // An embedding choice's pooled, normalised vector (generate's "embed"): "embedding", an array of n_embedding
   // numbers. Encode: embedding (borrowed) when n_embedding > 0. Decode: embedding_json (borrowed from the message,
-  // every element checked to be a finite number) and n_embedding; NULL and 0 when absent.
+  // every element checked to be a finite float32) and n_embedding; NULL and 0 when absent.
   const float *embedding;
   const cJSON *embedding_json;
   int n_embedding;

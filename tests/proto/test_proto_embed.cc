@@ -60,7 +60,7 @@ TEST(ProtoEmbed, DoneCarriesTheVector) {
   ASSERT_EQ(m.n_embedding, 3);
   const cJSON *x = m.embedding_json->child;
   for (int i = 0; i < 3; i++, x = x->next) EXPECT_EQ((float)x->valuedouble, v[i]); // exact through the text
-  for (const char *bad : {"\"x\"", "[]", "[1, \"a\"]", "[1, null]"}) {
+  for (const char *bad : {"\"x\"", "[]", "[1, \"a\"]", "[1, null]", "[1e39]"}) { // 1e39: past float32
     cJSON *b = cJSON_Duplicate(j, 1);
     cJSON_ReplaceItemInObject(b, "embedding", cJSON_Parse(bad));
     EXPECT_EQ(prt_done_decode(b, &m, err, sizeof err), -1) << bad;
