@@ -2,14 +2,15 @@
 """scripts/golden/make_embeddings_golden.py: llama.cpp's embeddings of a few texts on both bundled GGUFs, for
 tests/e2e/test_embeddings.py.
 
-  tests/models/golden/embeddings.json.gz (gzipped JSON): {"generator", "models": {GGUF file name: {"pooling", "inputs": [text...],
-    "embeddings": [[float...]...], "self_cosine": [float...]}}}: llama-embedding's vectors (--pooling mean --embd-normalize 2: the mean of the
-    final hidden states after the output norm, L2-normalised; the texts tokenized as llama.cpp does, with BOS when the
-    vocabulary adds one), printed with 7 decimals. dserve serves these GGUFs with mean pooling too (neither has a
-    pooling_type key). self_cosine is llama.cpp's agreement with itself: the cosine between its vectors with flash
-    attention on (the golden) and off. It is about 0.9999 on SmolLM2 but 0.998 on Gemma 3 270M, whose final hidden
-    states move that much with the order of one softmax's sums; the test asks dserve for cosine >= 0.999 per input, or
-    where llama.cpp itself is further apart, for no less than its own agreement minus 0.001.
+  tests/models/golden/embeddings.json.gz (gzipped JSON): {"generator", "models": {GGUF file name: {"sha256",
+    "pooling", "inputs": [text...], "embeddings": [[float...]...], "self_cosine": [float...]}}}: llama-embedding's
+    vectors (--pooling mean --embd-normalize 2: the mean of the final hidden states after the output norm,
+    L2-normalised; the texts tokenized as llama.cpp does, with BOS when the vocabulary adds one), printed with 7
+    decimals. dserve serves these GGUFs with mean pooling too (neither has a pooling_type key). self_cosine is
+    llama.cpp's agreement with itself: the cosine between its vectors with flash attention on (the golden) and off.
+    It is about 0.9999 on SmolLM2 but 0.998 on Gemma 3 270M, whose final hidden states move that much with the order
+    of one softmax's sums; the test asks dserve for cosine >= 0.999 per input, or where llama.cpp itself is further
+    apart, for no less than its own agreement minus 0.001.
 
   and "archs": {ARCH: {"file", "sha256", "inputs", "embeddings", "self_cosine"}}: the same for the tiny Q8_0 GGUF
     of every architecture (scripts/make_tiny_gguf.py; tests/archs serves each and compares), run with the model's
@@ -55,6 +56,11 @@ def embed(path, inputs, fa="on", ctx="512"):
     return [d["embedding"] for d in sorted(data, key=lambda d: d["index"])]
 
 
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def cosine(a, b):
     dot = sum(x * y for x, y in zip(a, b))
     return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
@@ -66,7 +72,7 @@ def main():
     for m in MODELS:
         path = os.path.join(ROOT, "models/weights", m)
         on, off = embed(path, INPUTS, "on"), embed(path, INPUTS, "off")
-        doc["models"][m] = {"pooling": "mean", "inputs": INPUTS, "embeddings": on,
+        doc["models"][m] = {"sha256": sha256(path), "pooling": "mean", "inputs": INPUTS, "embeddings": on,
                             "self_cosine": [round(cosine(a, b), 6) for a, b in zip(on, off)]}
     doc["archs"] = {}
     with tempfile.TemporaryDirectory() as tiny:
@@ -74,8 +80,7 @@ def main():
                         "Q8_0"] + [x for a in ARCHS for x in ("--arch", a)], check=True, capture_output=True)
         for a in ARCHS:
             path = os.path.join(tiny, "%s-Q8_0.gguf" % a)
-            with open(path, "rb") as f:
-                sha = hashlib.sha256(f.read()).hexdigest()
+            sha = sha256(path)
             on, off = embed(path, [ARCH_INPUT], "on", "0"), embed(path, [ARCH_INPUT], "off", "0")
             doc["archs"][a] = {"file": os.path.basename(path), "sha256": sha, "inputs": [ARCH_INPUT],
                                "embeddings": on, "self_cosine": [round(cosine(x, y), 6) for x, y in zip(on, off)]}

@@ -5,6 +5,7 @@ worker of a disaggregated cluster, and the refusals."""
 
 import base64
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -63,6 +64,10 @@ class Served:
         cls.client = o.client(cls.port)
         cls.model_id = cls.client.models.list().data[0].id
         cls.gold = golden(cls.MODEL)
+        with open(cls.MODEL, "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() != cls.gold["sha256"]:
+                raise AssertionError("%s is not the file the embedding golden was made from: regenerate it "
+                                     "(scripts/golden/make_embeddings_golden.py)" % cls.MODEL)
 
     def check_golden(self, data, what):
         self.assertEqual([d.index for d in data], list(range(len(self.gold["inputs"]))))
