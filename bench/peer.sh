@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# bench/peer.sh: builds the llama.cpp peer (llama-server, llama-bench, ...) once, outside the repo, and prints its bin dir.
+# bench/peer.sh: builds the llama.cpp peer (llama-server, llama-bench, ..., and llama-embedding, an example: the
+# embeddings golden, scripts/golden/make_embeddings_golden.py) once, outside the repo, and prints its bin dir.
 # The sources are the llama.cpp that llama-cpp-python's sdist vendors (PyPI is reachable here, GitHub is not), built
 # for this machine's ISA without -march=native and without AMX: the CPU may report AMX but AMX instructions trap.
 # The ISA options are the ones /proc/cpuinfo lists (an Intel machine here has AVX-VNNI, an AMD one only AVX512-VNNI,
@@ -23,7 +24,7 @@ dir=${PEER_CACHE:-$HOME/.cache/dserve/llama.cpp}/$version${isa_tag}
 jobs=${PEER_JOBS:-2}
 pip=${PIP:-pip3}
 model=${MODEL:-$root/models/weights/SmolLM2-135M-Instruct.Q4_1.gguf}
-targets=(llama-server llama-bench llama-batched-bench llama-perplexity llama-tokenize llama-quantize)
+targets=(llama-server llama-bench llama-batched-bench llama-perplexity llama-tokenize llama-quantize llama-embedding)
 
 have_all() {
   for t in "${targets[@]}"; do [ -x "$dir/bin/$t" ] || return 1; done
@@ -64,7 +65,7 @@ echo "peer: configuring llama.cpp in $dir/build (log: $dir/build.log)" >&2
 cmake -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
   -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON "${isa_opts[@]}" \
   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >"$dir/build.log" 2>&1 ||
   { tail -20 "$dir/build.log" >&2; exit 1; }
 start=$(date +%s)

@@ -312,6 +312,8 @@ static dec_seq *seq_from_request(dec_worker *w, ctl_peer *from, const cJSON *m) 
                                                 : "a both worker serves mode \"local\"";
   else if (handoff && !s->req.prefill[0])
     bad = "mode decode needs the prefill worker's name";
+  else if (s->req.embed && strcmp(s->req.mode, "local"))
+    bad = "an embedding is computed where it is sent: mode \"local\"";
   if (!bad && wrk_seq_init(&s->seq, s->req.prompt, s->req.n_prompt, s)) bad = "out of memory";
   if (!bad && dec_stopstr_init(&s->stop, (const char *const *)s->req.stop, s->req.n_stop)) bad = "out of memory";
   if (!bad && mdl_sampler_new(&s->req.sampling, mdl_tok_n_vocab(w->sh.rt->tok), s->req.prompt, s->req.n_prompt,
@@ -319,6 +321,7 @@ static dec_seq *seq_from_request(dec_worker *w, ctl_peer *from, const cJSON *m) 
     bad = e;
   if (!bad && mdl_detok_new(w->sh.rt->tok, &s->detok, e, sizeof e)) bad = e;
   dec__spec_seq_init(w, s);
+  if (!bad && s->req.embed) bad = dec__embed_init(w, s);
   if (bad) {
     wrk_send_error(from, s->req.id, "invalid_request", "%s", bad);
     seq_free(w, s);
@@ -705,6 +708,13 @@ static int step(dec_worker *w, char *err, size_t errlen) {
   w->batching = 1; // the step's tokens: one message per router
   for (int i = 0; i < w->eng.n_batch; i++) {
     wrk_seq *sq = w->eng.batch_of[i];
+    if (sq && sq->pool) { // an embedding: answered once its whole prompt ran (decode/embed.c)
+      if (sq->n_done < sq->n_toks) continue;
+      dec__embed_answer(w, OWNER(sq));
+      w->n_finished++;
+      seq_drop(w, OWNER(sq));
+      continue;
+    }
     if (!sq || !w->eng.batch[i].want_logits) continue;
     dec_seq *s = OWNER(sq);
     const float *rows = w->eng.logits + (size_t)mdl_logit_row(w->eng.batch, i) * (size_t)n_vocab;

@@ -85,4 +85,11 @@ void dec__spec_verdict(dec_seq *s, const float *logits, int n_vocab, wrk_verdict
 // A finished request's prompt tail and output into the suffix index (drafts for later requests).
 void dec__spec_remember(dec_worker *w, const dec_seq *s);
 
+// ---- embed.c: embeddings (generate's "embed", docs/openai.md) ----
+// Makes s an embedding: its steps pool the prompt's hidden states (wrk_seq.pool) and nothing is drafted. NULL, or
+// what is wrong (out of memory).
+const char *dec__embed_init(dec_worker *w, dec_seq *s);
+// Once the whole prompt ran: the vector finished (mean's division, L2 norm) and sent in s's done; the caller drops s.
+void dec__embed_answer(dec_worker *w, dec_seq *s);
+
 #endif

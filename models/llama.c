@@ -54,6 +54,7 @@ void mdl_llama_free(mdl_llama *m) {
   free_scratch(m);
   mdl_moe_free(m);
   mdl_mla_free(m);
+  free(m->h_embd);
   for (int i = 0; i < m->n_uploads; i++) m->kc->be->free(m->kc, m->uploads[i]);
   free(m->uploads);
   free(m->layers);
@@ -157,8 +158,9 @@ static int step_graph(mdl_llama *m, const mdl_kv *kv, krn_attn_args *a);
 // The step behind both entry points. all_rows (n_seqs 1): logits for every new token, row i for token i;
 // otherwise the rows of each sequence with want_logits (its last token's, or its last want_logits tokens') at
 // mdl_logit_row.
-static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits, int all_rows,
-                   mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) {
+static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, const mdl_pool_out *pools,
+                   float *logits, int all_rows, mdl_layer_done_fn on_layer, void *on_layer_arg, char *err,
+                   size_t errlen) {
   const mdl_llama_cfg *c = &m->cfg;
   krn_ctx *kc = m->kc;
   const krn_backend *be = kc->be;
@@ -174,7 +176,7 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
   }
   // validate and size the batch
   int64_t T64 = 0;
-  int max_blocks = 1, R = 0;
+  int max_blocks = 1, R = 0, pooled = 0;
   for (int s = 0; s < n_seqs; s++) {
     const mdl_seq *q = &seqs[s];
     if (q->n_tokens < 1 || q->pos0 < 0 || !q->tokens || q->n_blocks < 0 || (q->n_blocks > 0 && !q->block_table)) {
@@ -216,6 +218,11 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
       snprintf(err, errlen, "forward: sequence %d wants logits of %d of its %d tokens", s, q->want_logits, q->n_tokens);
       return -1;
     }
+    if (pools && pools[s].pool && (pools[s].pool < 0 || !pools[s].embd)) {
+      snprintf(err, errlen, "forward: sequence %d asks for pooling %d without an output vector", s, pools[s].pool);
+      return -1;
+    }
+    pooled |= pools && pools[s].pool;
     if (q->n_blocks > max_blocks) max_blocks = q->n_blocks;
     T64 += q->n_tokens;
     R += all_rows ? q->n_tokens : q->want_logits ? mdl_seq_rows(q) : 0;
@@ -232,7 +239,8 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
   // A pure decode step (one new token and logits per sequence, no layer callback) may run from a recorded
   // graph; its block tables are padded to a power-of-two width so that one graph serves many lengths.
   // (not an MoE step: its routing is decided on the host in the middle of the step, which a graph would freeze)
-  const int graph_step = m->graphs && !all_rows && T == n_seqs && R == n_seqs && !on_layer && !c->n_expert;
+  const int graph_step =
+      m->graphs && !all_rows && T == n_seqs && R == n_seqs && !on_layer && !c->n_expert && !pooled;
   if (graph_step)
     for (int w = 16;; w *= 2)
       if (w >= max_blocks) {
@@ -295,6 +303,7 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
       .softcap = c->attn_softcap,
   };
   if (!graph_step || step_graph(m, kv, &a) != 0) run_layers(m, kv, &a, R, on_layer, on_layer_arg);
+  if (pooled && mdl__pool_step(m, seqs, pools, n_seqs, err, errlen)) return -1;
   if (all_rows) // the rows are in order on both sides: one copy
     be->download(kc, logits, m->lo, (size_t)R * c->n_vocab * sizeof(float));
   else
@@ -308,7 +317,21 @@ static int forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_se
 int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
                       mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) {
   if (m->nul) return mdl_null_forward(m, seqs, n_seqs, logits, 0, on_layer, on_layer_arg, err, errlen);
-  return forward(m, kv, seqs, n_seqs, logits, 0, on_layer, on_layer_arg, err, errlen);
+  return forward(m, kv, seqs, n_seqs, NULL, logits, 0, on_layer, on_layer_arg, err, errlen);
+}
+
+int mdl_llama_forward_pooled(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs,
+                             const mdl_pool_out *pools, float *logits, mdl_layer_done_fn on_layer, void *on_layer_arg,
+                             char *err, size_t errlen) {
+  if (m->nul) { // no hidden states: it can step the others, never pool
+    for (int s = 0; pools && s < n_seqs; s++)
+      if (pools[s].pool) {
+        snprintf(err, errlen, "forward: the null model has no hidden states to pool (embeddings)");
+        return -1;
+      }
+    return mdl_null_forward(m, seqs, n_seqs, logits, 0, on_layer, on_layer_arg, err, errlen);
+  }
+  return forward(m, kv, seqs, n_seqs, pools, logits, 0, on_layer, on_layer_arg, err, errlen);
 }
 
 int mdl_llama_forward_all(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seq, float *logits, char *err,
@@ -318,7 +341,7 @@ int mdl_llama_forward_all(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seq, fl
     return -1;
   }
   if (m->nul) return mdl_null_forward(m, seq, 1, logits, 1, NULL, NULL, err, errlen);
-  return forward(m, kv, seq, 1, logits, 1, NULL, NULL, err, errlen);
+  return forward(m, kv, seq, 1, NULL, logits, 1, NULL, NULL, err, errlen);
 }
 
 // RoPE on m->q and m->k (T rows): plain with base theta, or the model's scaled frequencies when it has them and

@@ -181,6 +181,28 @@ typedef struct mdl_seq {
                               // n_tokens: a draft's positions, verified in one step, docs/design.md); 0: none
 } mdl_seq;
 
+// Embeddings (docs/openai.md, /v1/embeddings): what mdl_llama_forward_pooled returns for one sequence besides (or
+// instead of) logits: the final hidden states of its new tokens, after the output norm and before the LM head
+// (llama.cpp's t_embd), pooled into embd (n_embd floats, host memory, borrowed). pool MEAN adds each new token's row
+// to embd (zeroed first when the sequence's pos0 is 0, so one recomputed from its start begins again: the caller
+// divides by the prompt's length, mdl_pool_finish); CLS copies the row of position 0; LAST the last new token's row
+// (the prompt's last once its last chunk ran); 0: nothing.
+typedef struct mdl_pool_out {
+  int pool;   // MDL_POOL_*
+  float *embd;
+} mdl_pool_out;
+
+// llama.cpp's llama_pooling_type values, as a GGUF's <arch>.pooling_type stores them.
+enum { MDL_POOL_NONE = 0, MDL_POOL_MEAN = 1, MDL_POOL_CLS = 2, MDL_POOL_LAST = 3, MDL_POOL_RANK = 4 };
+const char *mdl_pool_name(int pool); // "none", "mean", "cls", "last", "rank"; "?" otherwise
+int mdl_pool_named(const char *name); // the MDL_POOL_* of a name, -1 for none of them
+// The pooling a GGUF asks for: <arch>.pooling_type when present (-1 with err when it is not one of llama.cpp's
+// values), else MDL_POOL_MEAN for a model without the key (a causal LM: docs/openai.md says how llama.cpp differs).
+int mdl_gguf_pooling(const mdl_gguf *g, int *pool, char *err, size_t errlen) UTL_WARN_UNUSED;
+// After a sequence's last chunk: embd (n) divided by n_tokens for MEAN, then scaled to unit L2 norm (a zero vector
+// stays zero), as llama.cpp's common_embd_normalize with --embd-normalize 2.
+void mdl_pool_finish(float *embd, int n, int pool, int n_tokens);
+
 // Called once layer `layer`'s K and V writes for every sequence of the batch are queued on the model's
 // krn_ctx (the prefill worker starts pushing that layer's blocks from here while the next layer computes).
 // On a backend that runs ahead of the host (cuda) they may not have landed yet: a reader records a
@@ -227,6 +249,10 @@ static inline int mdl_logit_row(const mdl_seq *seqs, int s) {
 static inline int mdl_logit_rows(const mdl_seq *seqs, int n_seqs) { return mdl_logit_row(seqs, n_seqs); }
 int mdl_llama_forward(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs, float *logits,
                       mdl_layer_done_fn on_layer, void *on_layer_arg, char *err, size_t errlen) UTL_WARN_UNUSED;
+// mdl_llama_forward, and pools[s] (n_seqs; NULL: none) says what sequence s's hidden states give (mdl_pool_out).
+int mdl_llama_forward_pooled(mdl_llama *m, const mdl_kv *kv, const mdl_seq *seqs, int n_seqs,
+                             const mdl_pool_out *pools, float *logits, mdl_layer_done_fn on_layer, void *on_layer_arg,
+                             char *err, size_t errlen) UTL_WARN_UNUSED;
 
 // One sequence's step that returns the logits of every new token, not only the last: (seq->n_tokens, n_vocab) into
 // logits (host memory), row i for token i, whatever seq->want_logits says. For scoring text (perplexity), where

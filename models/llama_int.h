@@ -120,6 +120,8 @@ struct mdl_llama {
   long n_replayed, n_recorded;
   mdl_moe_scratch moe; // mixture-of-experts scratch (cfg.n_expert > 0), freed by mdl_moe_free
   mdl_mla_scratch mla; // MLA scratch (cfg.kv_lora_rank > 0), freed by mdl_mla_free
+  float *h_embd;       // host (cap_embd, n_embd): a pooled sequence's normed hidden rows, downloaded (mdl_seq.pool)
+  int cap_embd;
 
   // Scratch, grown as needed and reused across calls; backend memory unless said host.
   int cap_t;           // token rows the activation buffers hold
@@ -139,5 +141,10 @@ struct mdl_llama {
   int32_t *h_rows, *h_rseq;       // host (cap_s): row in x, and row of the caller's logits, of each logits row
   int32_t *h_bt;                  // host (cap_bt)
 };
+
+// models/llama_pool.c: after the layers, each sequence s with pools[s].pool gets its pooled hidden rows in its embd.
+// 0, or -1 with err (an unknown pooling, out of memory).
+int mdl__pool_step(mdl_llama *m, const mdl_seq *seqs, const mdl_pool_out *pools, int n_seqs, char *err,
+                   size_t errlen);
 
 #endif

@@ -393,6 +393,8 @@ static void on_generate(void *arg, ctl_peer *from, const cJSON *m) {
   else if (wrk_genreq_parse(&g, mdl_tok_n_vocab(w->sh.rt->tok), w->sh.rt->n_ctx, &w->gram, &r->req, code, sizeof code,
                             e, sizeof e))
     bad = e;
+  else if (r->req.embed) // the router sends embeddings to decode and both workers (docs/openai.md)
+    bad = "a prefill worker computes no embeddings: decode and both workers do";
   else if (strcmp(r->req.mode, "prefill") || !r->req.decode[0])
     bad = "a prefill worker serves mode \"prefill\" with a decode worker";
   else if (!(r->link = pfl_link_for(w, r->req.decode, CFG_ROLE_DECODE, LINK_TIMEOUT_MS, e, sizeof e))) {

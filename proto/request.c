@@ -203,6 +203,17 @@ cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen) {
                               !cJSON_AddNumberToObject(j, "spec_drafted", (double)m->spec_drafted) ||
                               !cJSON_AddNumberToObject(j, "spec_accepted", (double)m->spec_accepted))))
     return oom(j, err, errlen);
+  if (m->n_embedding > 0) {
+    cJSON *a = cJSON_AddArrayToObject(j, "embedding");
+    for (int i = 0; a && i < m->n_embedding; i++) {
+      cJSON *x = cJSON_CreateNumber((double)m->embedding[i]);
+      if (!x || !cJSON_AddItemToArray(a, x)) {
+        cJSON_Delete(x);
+        a = NULL;
+      }
+    }
+    if (!a) return oom(j, err, errlen);
+  }
   return j;
 }
 
@@ -229,6 +240,19 @@ int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) {
   m->completion_tokens = (int)v[1];
   m->cached_tokens = (int)v[2];
   m->cached_store_tokens = (int)cs;
+  const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "embedding"), *x;
+  if (!e || cJSON_IsNull(e)) return 0;
+  int n = 0, ok = cJSON_IsArray(e);
+  cJSON_ArrayForEach(x, e) {
+    ok = ok && cJSON_IsNumber(x) && fabs(x->valuedouble) <= FLT_MAX; // a float: finite and within its range
+    n++;
+  }
+  if (!ok || n < 1) {
+    utl_seterr(err, errlen, "%s: embedding must be a non-empty array of finite float32 numbers", PRT_OP_DONE);
+    return -1;
+  }
+  m->embedding_json = e;
+  m->n_embedding = n;
   return 0;
 }
 
@@ -280,7 +304,7 @@ cJSON *prt_generate_encode(const prt_generate *m, char *err, size_t errlen) {
       !PRT_ADD_STR(j, "prefill", m->prefill) || !PRT_ADD_STR(j, "decode", m->decode) ||
       (m->prefix_peer && (!cJSON_AddStringToObject(j, "prefix_peer", m->prefix_peer) ||
                           !cJSON_AddNumberToObject(j, "prefix_blocks", m->prefix_blocks))) ||
-      !PRT_ADD_STR(j, "traceparent", m->traceparent))
+      !PRT_ADD_STR(j, "embed", m->embed) || !PRT_ADD_STR(j, "traceparent", m->traceparent))
     return oom(j, err, errlen);
   if (m->grammar.type != PRT_GRAMMAR_NONE && add_grammar(j, &m->grammar)) return oom(j, err, errlen);
   return j;
@@ -465,6 +489,7 @@ int prt_generate_decode(const cJSON *j, prt_generate *m, char *err, size_t errle
   }
   m->no_spec = cJSON_IsFalse(ie);
   utl_trace_ctx tc;
+  if (prt__str(j, GEN, "embed", 0, &m->embed, err, errlen)) goto fail;
   if (prt__str(j, GEN, "traceparent", 0, &m->traceparent, err, errlen)) goto fail;
   if (m->traceparent && utl_traceparent_parse(m->traceparent, &tc)) {
     utl_seterr(err, errlen, "%s: traceparent must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)", GEN);

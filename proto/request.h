@@ -81,6 +81,12 @@ typedef struct prt_done {
   int64_t spec_drafted;      // tokens accepted (0 when absent; sent when spec_drafts > 0)
   int64_t spec_accepted;
   int cached_store_tokens;   // of cached_tokens, read from the shared KV tier (kvstore); 0 when absent (sent when > 0)
+  // An embedding choice's pooled, normalised vector (generate's "embed"): "embedding", an array of n_embedding
+  // numbers. Encode: embedding (borrowed) when n_embedding > 0. Decode: embedding_json (borrowed from the message,
+  // every element checked to be a finite float32) and n_embedding; NULL and 0 when absent.
+  const float *embedding;
+  const cJSON *embedding_json;
+  int n_embedding;
 } prt_done;
 cJSON *prt_done_encode(const prt_done *m, char *err, size_t errlen);
 int prt_done_decode(const cJSON *j, prt_done *m, char *err, size_t errlen) UTL_WARN_UNUSED;
@@ -146,6 +152,8 @@ typedef struct prt_generate {
   int prefix_blocks;       // [1, 2^30]; 0 when absent
   int resume;              // [0, 2^31); 0 when absent
   prt_grammar grammar;     // type PRT_GRAMMAR_NONE: none
+  const char *embed;       // (borrowed) an embedding, not a generation: the pooling ("mean", "cls", "last") of the
+                           // prompt's final hidden states, answered by one done with "embedding"; NULL when absent
   const char *traceparent; // (borrowed) the W3C trace context of the request's span (util/trace.h: the decoder checks
                            // it); NULL when absent: the request is not traced
 } prt_generate;

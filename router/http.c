@@ -200,7 +200,7 @@ static int tokenize(rtr_server *s, const rtr_request *q, const rtr_prompt *pr, i
 // it leaves out: the config's "sampling", else the GGUF's general.sampling.*, else llama-server's (docs/openai.md).
 static rtr_limits limits_of(rtr_server *s, rtr_sampling *defaults) {
   rtr_limits l = {s->model, s->n_ctx, s->rc->max_tokens_limit, s->rc->max_n,
-                  s->rc->max_stop, mdl_tok_n_vocab(s->tok), NULL, !s->rc->strict_model_name};
+                  s->rc->max_stop, mdl_tok_n_vocab(s->tok), NULL, !s->rc->strict_model_name, s->n_embd};
   if (defaults) {
     rtr_sampling_resolve(&s->cfg->sampling, s->gguf, defaults, NULL, 0);
     l.defaults = defaults;
@@ -338,7 +338,11 @@ static void draw_seed(rtr_server *s, rtr_request *q) {
 // r's choices: q.n per prompt, each pointing at its prompt. 0, or -1 with e.
 static int make_choices(rtr_server *s, rtr_req *r, rtr_error *e) {
   const rtr_request *q = &r->q;
-  int groups = q->kind == RTR_COMPLETION ? q->n_prompts : 1, total = 0, rc = 0;
+  const int embd = q->kind == RTR_EMBEDDING, listed = q->kind == RTR_COMPLETION || embd; // a list of prompts
+  int groups = listed ? q->n_prompts : 1, total = 0, rc = 0;
+  if (embd && groups > s->rc->max_choices)
+    return rtr_fail(e, 400, "invalid_request_error", "input", "too_many_choices", "the request has %d inputs; "
+                    "router.max_choices allows at most %d", groups, s->rc->max_choices);
   if ((long long)groups * q->n > s->rc->max_choices)
     return rtr_fail(e, 400, "invalid_request_error", "n", "too_many_choices",
                     "the request asks for %d choices (%d prompt%s x n %d); router.max_choices allows at most %d",
@@ -350,16 +354,21 @@ static int make_choices(rtr_server *s, rtr_req *r, rtr_error *e) {
   int *lens = calloc((size_t)groups, sizeof *lens);
   if (!ids || !lens) rc = rtr_fail(e, 500, "server_error", NULL, NULL, "out of memory");
   for (int g = 0; g < groups && rc == 0; g++) {
-    if ((rc = tokenize(s, q, q->kind == RTR_COMPLETION ? &q->prompts[g] : NULL, &ids[g], &lens[g], e)) == 0 &&
+    if ((rc = tokenize(s, q, listed ? &q->prompts[g] : NULL, &ids[g], &lens[g], e)) == 0 &&
         (rc = rtr_check_context(q->kind, lens[g], q->max_tokens, s->n_ctx, e)) < 0 && groups > 1 &&
-        !strcmp(e->param, "prompt"))
-      snprintf(e->param, sizeof e->param, "prompt[%d]", g);
+        (!strcmp(e->param, "prompt") || !strcmp(e->param, "input")))
+      snprintf(e->param, sizeof e->param, "%s[%d]", embd ? "input" : "prompt", g);
+    if (rc < 0 && embd && !strcmp(e->param, "prompt")) snprintf(e->param, sizeof e->param, "input"); // the tokenizer's
     if (rc == 0 && lens[g] > INT32_MAX - total)
       rc = rtr_fail(e, 400, "invalid_request_error", "prompt", NULL, "the prompts are too long");
     if (rc == 0) total += lens[g];
-    if (rc == 0) tokens += (long long)q->n * (q->max_tokens >= 0 ? lens[g] + q->max_tokens : s->n_ctx);
+    if (rc == 0) // an embedding holds its input only
+      tokens += embd ? lens[g] : (long long)q->n * (q->max_tokens >= 0 ? lens[g] + q->max_tokens : s->n_ctx);
   }
-  if (rc == 0 && tokens > budget)
+  if (rc == 0 && tokens > budget && embd)
+    rc = rtr_fail(e, 400, "invalid_request_error", "input", "too_many_tokens", "the request's %d inputs hold %lld "
+                  "tokens; router.max_request_tokens allows at most %lld", groups, tokens, budget);
+  else if (rc == 0 && tokens > budget)
     rc = rtr_fail(e, 400, "invalid_request_error", "max_tokens", "too_many_tokens",
                   "the request's %d choices hold up to %lld tokens (prompt + max_tokens each, the context when "
                   "max_tokens is not given); router.max_request_tokens allows at most %lld: lower max_tokens, n or the "
@@ -415,11 +424,18 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   pthread_mutex_unlock(&s->mu);
   cs->req = r;
   r->conn = c;
-  r->route = api == RTR_API_RESPONSES ? "/v1/responses" : kind == RTR_CHAT ? "/v1/chat/completions" : "/v1/completions";
+  r->route = api == RTR_API_RESPONSES ? "/v1/responses"
+             : kind == RTR_CHAT       ? "/v1/chat/completions"
+             : kind == RTR_EMBEDDING  ? "/v1/embeddings"
+                                      : "/v1/completions";
   rtr_observe_begin(s, r, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "traceparent"));
   if ((api == RTR_API_RESPONSES ? rtr_request_parse_responses(cs->body.p, cs->body.n, &l, &r->q, &e)
                                 : rtr_request_parse(kind, cs->body.p, cs->body.n, &l, &r->q, &e)) < 0)
     return refuse(c, r, &e);
+  if (kind == RTR_EMBEDDING && s->embd_refusal[0]) { // the model's pooling (router/server.c embeddings_init)
+    rtr_fail(&e, 400, "invalid_request_error", "model", "model_not_embedding", "%s", s->embd_refusal);
+    return refuse(c, r, &e);
+  }
   if (!r->q.has_seed) draw_seed(s, &r->q);
   if (make_choices(s, r, &e) < 0) {
     if (api == RTR_API_RESPONSES && !strcmp(e.param, "messages")) snprintf(e.param, sizeof e.param, "input");
@@ -431,7 +447,10 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
   r->created = (long)time(NULL);
   pthread_mutex_lock(&s->mu);
   unsigned long long id = ++s->next_id;
-  const char *prefix = api == RTR_API_RESPONSES ? "resp" : kind == RTR_CHAT ? "chatcmpl" : "cmpl";
+  const char *prefix = api == RTR_API_RESPONSES ? "resp"
+                       : kind == RTR_CHAT       ? "chatcmpl"
+                       : kind == RTR_EMBEDDING  ? "embd"
+                                                : "cmpl";
   snprintf(r->id, sizeof r->id, "%s-%llx%06llu", prefix,
            (unsigned long long)t0 & 0xffffffffffULL, id);
   for (int i = 0; i < r->n_ch; i++) snprintf(r->ch[i].id, sizeof r->ch[i].id, "%s-%d", r->id, i);
@@ -489,14 +508,14 @@ static enum MHD_Result do_generate(rtr_server *s, struct MHD_Connection *c, conn
 typedef struct route {
   const char *path, *method;
   int kind; // 0 models, 1 health, 2 metrics, 3 chat, 4 completions, 5 tokenize, 6 detokenize, 7 one model, 8 live,
-            // 9 responses, 11 cluster
+            // 9 responses, 10 embeddings, 11 cluster
 } route;
 
 static const route ROUTES[] = {
     {"/v1/chat/completions", "POST", 3}, {"/v1/completions", "POST", 4}, {"/v1/models", "GET", 0},
     {"/health", "GET", 1},                {"/metrics", "GET", 2},         {"/tokenize", "POST", 5},
     {"/detokenize", "POST", 6},           {"/ready", "GET", 1},           {"/live", "GET", 8},
-    {"/v1/responses", "POST", 9},
+    {"/v1/responses", "POST", 9},         {"/v1/embeddings", "POST", 10},
     {"/v1/cluster", "GET", 11}, // the membership view (cluster.c)
 };
 static const route MODEL_ROUTE = {"/v1/models/", "GET", 7}; // a prefix: the rest of the path is the model id
@@ -606,10 +625,6 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
       return reply_err(c, 400, "invalid_request_error", "bad_framing", MHD_HTTP_HEADER_CONNECTION, "close", "%s",
                        bad);
     }
-    if (!rt && !strcmp(url, "/v1/embeddings")) // an OpenAI path this server does not serve: say so (docs/openai.md)
-      return refuse_head(c, cs, 404, "not_found_error", "not_found", NULL, NULL,
-                         "/v1/embeddings is not served: the workers generate text and return no hidden states to "
-                         "pool (docs/openai.md lists the routes)");
     if (!rt) return refuse_head(c, cs, 404, "not_found_error", "not_found", NULL, NULL, "no such path: %.200s", url);
     int is_head = !strcmp(method, "HEAD") && !strcmp(rt->method, "GET");
     if (strcmp(method, rt->method) && !is_head)
@@ -686,6 +701,7 @@ enum MHD_Result rtr_http_handler(void *cls, struct MHD_Connection *c, const char
   case 3: return do_generate(s, c, cs, RTR_CHAT, RTR_API_CHAT);
   case 4: return do_generate(s, c, cs, RTR_COMPLETION, RTR_API_CHAT);
   case 9: return do_generate(s, c, cs, RTR_CHAT, RTR_API_RESPONSES);
+  case 10: return do_generate(s, c, cs, RTR_EMBEDDING, RTR_API_CHAT);
   case 5: return do_tokenize(s, c, cs, 0);
   default: return do_tokenize(s, c, cs, 1);
   }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "models/chat.h"
+#include "models/llama.h"
 #include "proto/events.h"
 #include "proto/hello.h"
 #include "proto/proto.h"
@@ -442,7 +443,8 @@ static cJSON *generate_msg(rtr_server *s, rtr_req *r, int ci, const char *mode, 
                     .no_spec = q->no_spec,
                     .deadline_ms = s->rc->request_timeout_ms,
                     .mode = mode, .prefill = prefill, .decode = decode, .prefix_peer = prefix_peer,
-                    .prefix_blocks = prefix_peer ? prefix_blocks : 0, .resume = c->n_gen};
+                    .prefix_blocks = prefix_peer ? prefix_blocks : 0, .resume = c->n_gen,
+                    .embed = q->kind == RTR_EMBEDDING ? mdl_pool_name(s->embd_pool) : NULL};
   char traceparent[UTL_TRACEPARENT_LEN + 1];
   rtr_observe_traceparent(r, traceparent); // the workers' spans join the request's trace
   if (traceparent[0]) g.traceparent = traceparent;
@@ -477,6 +479,7 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
     rtr_link *l = &s->links[i];
     w[i] = (rtr_sched_worker){l->up && !l->draining && !l->silent_moved && !l->gone, l->cfg->role, l->running,
                               l->waiting, l->free_blocks, l->total_blocks, l->inflight, l->block_size, l->kv_type};
+    if (r->q.kind == RTR_EMBEDDING && l->cfg->role == CFG_ROLE_PREFILL) w[i].up = 0; // runs where it is sent: local
   }
   rtr_choice *c = &r->ch[ci];
   // A moved choice is routed on what its next worker computes: the prompt and the tokens streamed so far.

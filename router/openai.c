@@ -291,28 +291,33 @@ static int all_ints(const cJSON *arr) {
   return 1;
 }
 
-// prompt: a string, a list of token ids, or a list of strings / lists of token ids (one choice group each, as
-// OpenAI and vLLM number them: prompt i's choices are i*n .. i*n+n-1).
-static int parse_prompt(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
-  static const char shapes[] = "'prompt' must be a string, a list of token ids, or a list of strings or of lists of "
-                               "token ids";
-  const cJSON *p = rtr_oai_field(root, "prompt");
-  if (!p) return BAD(e, "prompt", "'prompt' is required");
-  if (!cJSON_IsString(p) && !cJSON_IsArray(p)) return BAD(e, "prompt", shapes);
-  if (cJSON_IsArray(p) && !p->child) return BAD(e, "prompt", "'prompt' must not be empty");
+// prompt (field "prompt"), or an embedding's "input": a string, a list of token ids, or a list of strings / lists of
+// token ids (one choice group each, as OpenAI and vLLM number them: prompt i's choices are i*n .. i*n+n-1). At most
+// max prompts; an input's strings must not be empty (OpenAI refuses an empty input string).
+static int parse_prompt_field(const cJSON *root, const char *field, int max, const rtr_limits *lim, rtr_request *r,
+                              rtr_error *e) {
+  char shapes[160];
+  snprintf(shapes, sizeof shapes, "'%s' must be a string, a list of token ids, or a list of strings or of lists of "
+           "token ids", field);
+  const int input = !strcmp(field, "input");
+  const cJSON *p = rtr_oai_field(root, field);
+  if (!p) return BAD(e, field, "'%s' is required", field);
+  if (!cJSON_IsString(p) && !cJSON_IsArray(p)) return BAD(e, field, "%s", shapes);
+  if (cJSON_IsArray(p) && !p->child) return BAD(e, field, "'%s' must not be empty", field);
   int single = cJSON_IsString(p) || all_ints(p), n = single ? 1 : cJSON_GetArraySize(p);
-  if (n > RTR_MAX_PROMPTS)
-    return BAD(e, "prompt", "'prompt' has %d prompts; at most %d are allowed", n, RTR_MAX_PROMPTS);
+  if (n > max) return BAD(e, field, "'%s' has %d prompts; at most %d are allowed", field, n, max);
   r->prompts = calloc((size_t)n, sizeof *r->prompts);
   if (!r->prompts) return OOM(e);
   const cJSON *it = single ? p : p->child;
   for (int i = 0; i < n; i++, it = it->next) {
     char param[32];
-    snprintf(param, sizeof param, single ? "prompt" : "prompt[%d]", i);
+    if (single) snprintf(param, sizeof param, "%s", field);
+    else snprintf(param, sizeof param, "%s[%d]", field, i);
     rtr_prompt *q = &r->prompts[i];
     r->n_prompts = i + 1;
     if (cJSON_IsString(it)) {
       q->len = strlen(it->valuestring);
+      if (input && q->len == 0) return BAD(e, param, "'%s' must not be an empty string", param);
       if (!(q->text = dupn(it->valuestring, q->len))) return OOM(e);
     } else if (cJSON_IsArray(it) && it->child && all_ints(it)) {
       if (parse_ids(it, param, lim, &q->ids, &q->n_ids, e) < 0) return -1;
@@ -323,6 +328,29 @@ static int parse_prompt(const cJSON *root, const rtr_limits *lim, rtr_request *r
     }
   }
   return 0;
+}
+
+static int parse_prompt(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
+  return parse_prompt_field(root, "prompt", RTR_MAX_PROMPTS, lim, r, e);
+}
+
+// /v1/embeddings (OpenAI's fields): input, encoding_format "float" or "base64", dimensions only as the model's width
+// (no Matryoshka truncation: the vector would no longer be the model's), user.
+static int parse_embedding(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
+  if (parse_prompt_field(root, "input", RTR_MAX_INPUTS, lim, r, e) < 0) return -1;
+  const cJSON *f = rtr_oai_field(root, "encoding_format");
+  if (f && !cJSON_IsString(f)) return BAD(e, "encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+  if (f && strcmp(f->valuestring, "float") && strcmp(f->valuestring, "base64"))
+    return INVAL(e, "encoding_format", "'encoding_format' must be \"float\" or \"base64\", not '%.40s'",
+                 f->valuestring);
+  r->embd_base64 = f && !strcmp(f->valuestring, "base64");
+  int64_t dim;
+  int rc = get_int(root, "dimensions", 1, 1 << 30, &dim, e);
+  if (rc < 0) return -1;
+  if (rc && dim != lim->n_embd)
+    return UNSUP(e, "dimensions", "'dimensions' %lld is not supported: this model's embeddings have %d dimensions "
+                 "(leave it out, or give %d)", (long long)dim, lim->n_embd, lim->n_embd);
+  return rtr_oai_check_str(root, "user", e);
 }
 
 static int parse_stop(const cJSON *root, const rtr_limits *lim, rtr_request *r, rtr_error *e) {
@@ -426,11 +454,13 @@ static const char *const F_TOKENIZE[] = {"model", "prompt", "messages", "add_spe
                                          "chat_template", "chat_template_kwargs", "tools",
                                          "content", NULL}; // content: llama-server's name for prompt
 static const char *const F_DETOKENIZE[] = {"model", "tokens", NULL};
+static const char *const F_EMBEDDING[] = {"model", "input", "encoding_format", "dimensions", "user", NULL};
 
 static int check_known(rtr_kind kind, const cJSON *root, rtr_error *e) {
   const char *const *known = kind == RTR_CHAT         ? F_CHAT
                              : kind == RTR_COMPLETION ? F_COMPLETION
                              : kind == RTR_TOKENIZE   ? F_TOKENIZE
+                             : kind == RTR_EMBEDDING  ? F_EMBEDDING
                                                       : F_DETOKENIZE;
   for (const cJSON *k = root->child; k; k = k->next) {
     int ok = 0;
@@ -631,6 +661,9 @@ int rtr_request_parse(rtr_kind kind, const char *body, size_t len, const rtr_lim
     } else
       rc = BAD(e, "prompt", "'prompt' (or 'content') or 'messages' is required");
     break;
+  case RTR_EMBEDDING:
+    rc = parse_embedding(root, lim, out, e);
+    break;
   case RTR_DETOKENIZE: {
     const cJSON *t = rtr_oai_field(root, "tokens");
     if (!t) rc = BAD(e, "tokens", "'tokens' is required");
@@ -649,7 +682,7 @@ done:
 }
 
 int rtr_check_context(rtr_kind kind, int n_prompt, int max_tokens, int n_ctx, rtr_error *e) {
-  const char *what = kind == RTR_CHAT ? "messages" : "prompt"; // the field that holds the prompt
+  const char *what = kind == RTR_CHAT ? "messages" : kind == RTR_EMBEDDING ? "input" : "prompt"; // the prompt's field
   if (n_prompt <= 0) return BAD(e, what, "the prompt is empty (0 tokens)");
   if (n_prompt >= n_ctx)
     return rtr_fail(e, 400, "invalid_request_error", what, "context_length_exceeded",

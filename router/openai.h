@@ -17,7 +17,13 @@
 extern "C" {
 #endif
 
-typedef enum rtr_kind { RTR_CHAT = 0, RTR_COMPLETION = 1, RTR_TOKENIZE = 2, RTR_DETOKENIZE = 3 } rtr_kind;
+typedef enum rtr_kind {
+  RTR_CHAT = 0,
+  RTR_COMPLETION = 1,
+  RTR_TOKENIZE = 2,
+  RTR_DETOKENIZE = 3,
+  RTR_EMBEDDING = 4, // /v1/embeddings: input in prompts (one choice each), no sampling
+} rtr_kind;
 
 // An error as the client sees it: {"error": {"message", "type", "param", "code"}} with an HTTP status.
 typedef struct rtr_error {
@@ -61,6 +67,7 @@ typedef struct rtr_limits {
   const rtr_sampling *defaults; // (borrowed, may be NULL) sampling for fields a request leaves out; NULL: the neutral
                                 // values (temperature 1, top_k off, top_p 1, min_p 0, repetition_penalty 1)
   int any_model;          // 1: a request's "model" may name anything (one model served, router.strict_model_name off)
+  int n_embd;             // embeddings: the model's width, the one `dimensions` accepted (0: unknown, none accepted)
 } rtr_limits;
 
 typedef struct rtr_msg {
@@ -81,6 +88,7 @@ typedef struct rtr_prompt {
   int n_ids;
 } rtr_prompt;
 #define RTR_MAX_PROMPTS 64 // prompts in one /v1/completions request
+#define RTR_MAX_INPUTS 2048 // inputs in one /v1/embeddings request (OpenAI's bound; router.max_choices bounds it too)
 #define RTR_MAX_CHAT_TEMPLATE (256 * 1024) // bytes of a request's own chat_template
 
 typedef struct rtr_bias {
@@ -108,7 +116,8 @@ typedef struct rtr_request {
   rtr_kind kind;
   rtr_msg *msgs;            // (owned) (n_msgs) chat, or tokenize with messages
   int n_msgs;
-  rtr_prompt *prompts;      // (owned) (n_prompts) completion: one choice group of n per prompt, in order
+  rtr_prompt *prompts;      // (owned) (n_prompts) completion: one choice group of n per prompt, in order; embedding:
+                            // its inputs, one choice each
   int n_prompts;
   char *prompt;             // (owned) tokenize's text prompt (NUL-terminated, prompt_len bytes), or NULL
   size_t prompt_len;
@@ -147,6 +156,7 @@ typedef struct rtr_request {
   char *resp_echo;          // (owned) RTR_API_RESPONSES: the request's fields a response object repeats (JSON text)
   int add_special;          // tokenize: add_special_tokens (default 1)
   int add_generation_prompt; // tokenize with messages (default 1)
+  int embd_base64;          // embedding: encoding_format "base64" (little-endian float32 bytes), else "float"
 } rtr_request;
 
 // Parses and validates body (len bytes, need not be NUL-terminated) as kind. Invalid UTF-8, malformed or too deeply

@@ -10,6 +10,7 @@
 #include "models/chat.h"
 #include "router/server_int.h"
 #include "util/log.h"
+#include "util/crypto.h"
 #include "util/vec.h"
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -464,9 +465,38 @@ static void on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
   }
 }
 
+// An embedding choice's done: its vector, which must have the model's width (a worker that predates `embed` would
+// have generated text instead and sends none).
+static void embedding_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
+  rtr_choice *c = &r->ch[ci];
+  rtr_error e;
+  const cJSON *x;
+  if (m->n_embedding != s->n_embd)
+    rtr_fail(&e, 502, "server_error", NULL, "worker_failure", "the worker answered an embedding with %d values, not "
+             "the model's %d", m->n_embedding, s->n_embd);
+  else if (!(c->embd = malloc((size_t)s->n_embd * sizeof *c->embd)))
+    rtr_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+  if (!c->embd) {
+    rtr_choice_end_locked(s, r, ci);
+    rtr_fail_locked(s, r, &e);
+    return;
+  }
+  c->n_embd = 0;
+  cJSON_ArrayForEach(x, m->embedding_json) c->embd[c->n_embd++] = (float)x->valuedouble;
+  snprintf(c->finish, sizeof c->finish, "stop");
+  c->prompt_tokens = m->prompt_tokens >= 0 ? m->prompt_tokens : c->n_prompt;
+  rtr_observe_done_locked(s, r, ci, m);
+  rtr_choice_end_locked(s, r, ci);
+  if (r->n_done == r->n_ch) rtr_finish_locked(s, r);
+}
+
 static void on_done(rtr_server *s, rtr_req *r, int ci, const prt_done *m) {
   rtr_choice *c = &r->ch[ci];
   if (c->state == RTR_CH_DONE) return;
+  if (r->q.kind == RTR_EMBEDDING) {
+    embedding_done(s, r, ci, m);
+    return;
+  }
   snprintf(c->finish, sizeof c->finish, "%s",
            m->finish_reason && !strcmp(m->finish_reason, "length") ? "length" : "stop");
   if (m->completion_tokens >= 0) c->completion_tokens = m->completion_tokens;
@@ -514,7 +544,49 @@ static void on_error(rtr_server *s, rtr_req *r, int ci, const prt_error *m) {
   rtr_fail_locked(s, r, &e);
 }
 
+// /v1/embeddings' answer (OpenAI's): {"object": "list", "data": [{"object": "embedding", "index", "embedding"}],
+// "model", "usage": {"prompt_tokens", "total_tokens"}}; each vector a list of numbers (9 significant digits: a float
+// exactly) or, for encoding_format base64, its little-endian float32 bytes in base64 (what OpenAI's client decodes).
+static cJSON *embedding_response(rtr_req *r) {
+  cJSON *o = cJSON_CreateObject(), *arr;
+  cJSON_AddStringToObject(o, "object", "list");
+  arr = cJSON_AddArrayToObject(o, "data");
+  for (int i = 0; i < r->n_ch; i++) {
+    const rtr_choice *c = &r->ch[i];
+    cJSON *d = cJSON_CreateObject(), *v = NULL;
+    cJSON_AddStringToObject(d, "object", "embedding");
+    cJSON_AddNumberToObject(d, "index", i);
+    if (r->q.embd_base64) {
+      uint8_t *b = malloc((size_t)c->n_embd * 4 + 1);
+      for (int k = 0; b && k < c->n_embd; k++) { // little-endian whatever the host
+        uint32_t u;
+        memcpy(&u, &c->embd[k], 4);
+        for (int j = 0; j < 4; j++) b[(size_t)k * 4 + j] = (uint8_t)(u >> (8 * j));
+      }
+      char *t = b ? utl_base64_encode(b, (size_t)c->n_embd * 4) : NULL;
+      if (t) v = cJSON_CreateString(t);
+      free(t);
+      free(b);
+    } else {
+      v = cJSON_CreateArray();
+      for (int k = 0; v && k < c->n_embd; k++) {
+        char num[32];
+        snprintf(num, sizeof num, "%.9g", (double)c->embd[k]);
+        cJSON_AddItemToArray(v, cJSON_CreateRaw(num));
+      }
+    }
+    cJSON_AddItemToObject(d, "embedding", v ? v : cJSON_CreateNull());
+    cJSON_AddItemToArray(arr, d);
+  }
+  cJSON_AddStringToObject(o, "model", r->s->model);
+  cJSON *u = cJSON_AddObjectToObject(o, "usage");
+  cJSON_AddNumberToObject(u, "prompt_tokens", r->n_prompt);
+  cJSON_AddNumberToObject(u, "total_tokens", r->n_prompt);
+  return o;
+}
+
 cJSON *rtr_final_response(rtr_req *r) {
+  if (r->q.kind == RTR_EMBEDDING) return embedding_response(r);
   cJSON *o = response_head(r, "chat.completion");
   cJSON *arr = cJSON_AddArrayToObject(o, "choices");
   for (int i = 0; i < r->n_ch; i++) {

@@ -28,6 +28,7 @@ void rtr_req_unref_locked(rtr_req *r) {
       utl_buf_free(&r->ch[i].lp_text[k]);
     }
     free(r->ch[i].gen);
+    free(r->ch[i].embd);
   }
   free(r->ch);
   free(r->prompt);

@@ -14,6 +14,7 @@
 
 #include "models/chat.h"
 #include "models/jinja.h"
+#include "models/llama.h"
 #include "router/server_int.h"
 #include "util/err.h"
 #include "util/log.h"
@@ -169,6 +170,28 @@ static int resolve_chat(rtr_server *s, const rtr_server_opts *o, char *err, size
   return 0;
 }
 
+// /v1/embeddings: the pooling the GGUF asks for and the model's width, or why embeddings are refused (a pooling
+// this server does not compute: none gives a vector per token and rank a score, neither an OpenAI embedding, as
+// llama-server refuses them on /v1/embeddings).
+static void embeddings_init(rtr_server *s, const mdl_gguf *g) {
+  char err[160] = "", key[96];
+  mdl_str a;
+  int64_t w = 0;
+  if (g && mdl_gguf_get_str(g, "general.architecture", &a) == 0 && a.n < 64) {
+    snprintf(key, sizeof key, "%.*s.embedding_length", (int)a.n, a.p);
+    if (mdl_gguf_get_i64(g, key, &w) != 0 || w < 1 || w > (1 << 20)) w = 0;
+  }
+  s->n_embd = (int)w;
+  if (mdl_gguf_pooling(g, &s->embd_pool, err, sizeof err) != 0)
+    snprintf(s->embd_refusal, sizeof s->embd_refusal, "this model's embeddings cannot be served: %s", err);
+  else if (s->embd_pool != MDL_POOL_MEAN && s->embd_pool != MDL_POOL_CLS && s->embd_pool != MDL_POOL_LAST)
+    snprintf(s->embd_refusal, sizeof s->embd_refusal, "this model's pooling_type is %s: /v1/embeddings serves mean, "
+             "cls and last pooling", mdl_pool_name(s->embd_pool));
+  else if (!s->n_embd)
+    snprintf(s->embd_refusal, sizeof s->embd_refusal, "the model's GGUF says no embedding_length: the embeddings' "
+             "width is unknown");
+}
+
 int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t errlen) {
   *out = NULL;
   rtr_server *s = calloc(1, sizeof *s);
@@ -189,6 +212,7 @@ int rtr_server_new(const rtr_server_opts *o, rtr_server **out, char *err, size_t
   }
   s->tok = o->tok;
   s->n_ctx = o->n_ctx;
+  embeddings_init(s, o->gguf);
   s->started = (long)time(NULL);
   {
     rtr_sampling d;

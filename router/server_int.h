@@ -120,6 +120,8 @@ typedef struct rtr_choice {
   int64_t t_sent_us, t_first_us, t_move_us; // routed (last time), its first token, moved (0: no move pending a token)
   double kv_bytes, prefill_ms, kv_ms;        // from done: KV moved to its decode worker, the phases' times (-1: none)
   int64_t spec_drafted, spec_accepted;       // from done: speculative decoding's drafted and accepted tokens
+  float *embd;                 // (owned) (n_embd) an embedding choice's vector, from its done; NULL until then
+  int n_embd;
 } rtr_choice;
 
 typedef struct rtr_req {
@@ -197,6 +199,9 @@ struct rtr_server {
   char chat_source[1100];      // which template renders, for the log and /v1/models ("the GGUF's ... (Jinja)")
   const mdl_tok *tok;          // (borrowed)
   int n_ctx;
+  int embd_pool;               // /v1/embeddings: the GGUF's pooling (MDL_POOL_*: mdl_gguf_pooling), sent in generate
+  int n_embd;                  // the model's width (<arch>.embedding_length; 0 without a GGUF)
+  char embd_refusal[200];      // why embeddings are refused ("" when served): a pooling of none or rank, a bad key
   char model[128];
   struct MHD_Daemon *mhd;
   rtr_gate *gate;              // (owned) listening socket, accept thread, connection caps (conns.c)

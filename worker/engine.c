@@ -112,6 +112,7 @@ void wrk_seq_fini(wrk_seq *s, kv_pool *kv) {
   kv_blocks_release(kv, &s->blocks);
   free(s->blocks.ids);
   free(s->toks);
+  free(s->embd);
   memset(s, 0, sizeof *s);
 }
 
@@ -167,6 +168,7 @@ void wrk_engine_fini(wrk_engine *e) {
   free(e->batch);
   free(e->batch_of);
   free(e->batch_chunk);
+  free(e->batch_pool);
   free(e->logits);
   memset(e, 0, sizeof *e);
 }
@@ -184,7 +186,9 @@ static int grow(wrk_engine *e) {
   if (bo) e->batch_of = bo;
   int *bc = realloc(e->batch_chunk, (size_t)cap * sizeof *bc);
   if (bc) e->batch_chunk = bc;
-  if (!r || !q || !b || !bo || !bc) return -1;
+  mdl_pool_out *bp = realloc(e->batch_pool, (size_t)cap * sizeof *bp);
+  if (bp) e->batch_pool = bp;
+  if (!r || !q || !b || !bo || !bc || !bp) return -1;
   e->cap = cap;
   return 0;
 }
@@ -260,7 +264,7 @@ void wrk_engine_accept(wrk_engine *e, wrk_seq *s, int m) {
   kv_blocks_truncate(e->rt->kv, &s->blocks, s->n_toks); // the next step writes position n_toks - 1 at most
   kv_blocks_slide(e->rt->kv, &s->blocks, s->n_done);
   int full = s->n_done / block_size(e);
-  if (e->prefix && full > s->n_inserted && !s->no_reuse) {
+  if (e->prefix && full > s->n_inserted && !s->no_reuse && !s->pool) {
     kv_prefix_insert(e->prefix, s->toks, s->n_done, s->blocks.ids, full);
     s->n_inserted = full;
   }
@@ -318,7 +322,7 @@ static int reserve_evicting(wrk_engine *e, wrk_seq *s, int n_tokens) {
 
 int wrk_engine_take_blocks(wrk_engine *e, wrk_seq *s) {
   int bs = block_size(e);
-  if (e->prefix && s->blocks.n == 0) {
+  if (e->prefix && s->blocks.n == 0 && !s->pool) {
     int want = s->n_toks / bs + 1;
     if (want > e->cap_match) {
       int32_t *m = realloc(e->match_ids, (size_t)want * sizeof *m);
@@ -446,7 +450,7 @@ static int add_drafts(wrk_engine *e, int n, int room, double *kpairs) {
 }
 
 int wrk_engine_plan(wrk_engine *e) {
-  int cap = max_chunk(e), used = 0, n = 0, n_decode = 0, n_prefill = 0;
+  int cap = max_chunk(e), used = 0, n = 0, n_decode = 0, n_prefill = 0, pooled = 0;
   double kpairs = 0;
   for (int i = 0; i < e->n_run; i++) n_decode += e->run[i]->n_toks - e->run[i]->n_done - e->run[i]->n_draft == 1;
   // the target paces prefill only while something decodes and once a step has been measured (wrk_step_chunk)
@@ -476,9 +480,11 @@ int wrk_engine_plan(wrk_engine *e) {
       }
       e->batch[n] = (mdl_seq){.tokens = s->toks + s->n_done, .n_tokens = chunk, .pos0 = s->n_done,
                               .block_table = s->blocks.ids, .n_blocks = s->blocks.n,
-                              .want_logits = s->n_done + chunk == s->n_toks - s->n_draft};
+                              .want_logits = !s->pool && s->n_done + chunk == s->n_toks - s->n_draft};
       e->batch_of[n] = s;
       e->batch_chunk[n] = chunk;
+      e->batch_pool[n] = (mdl_pool_out){s->pool, s->embd};
+      pooled |= s->pool != 0;
       n++;
       used += chunk;
       kpairs += wrk_row_kpairs(s->n_done, chunk);
@@ -486,6 +492,7 @@ int wrk_engine_plan(wrk_engine *e) {
     }
   }
   e->n_batch = n;
+  e->batch_pooled = pooled;
   if (n == 0) e->step_t0_ms = 0; // idle until the next step: that gap is no step's cost
   return n;
 }
@@ -517,7 +524,8 @@ int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
     e->step_tokens += e->batch_chunk[i];
     e->step_kpairs += wrk_row_kpairs(e->batch[i].pos0, e->batch_chunk[i]);
   }
-  if (mdl_llama_forward(e->rt->model, kv_pool_kv(e->rt->kv), e->batch, n, e->logits, on_layer, arg, err, errlen)) {
+  if (mdl_llama_forward_pooled(e->rt->model, kv_pool_kv(e->rt->kv), e->batch, n, e->batch_pooled ? e->batch_pool : NULL,
+                               e->logits, on_layer, arg, err, errlen)) {
     e->step_t0_ms = 0;
     return -1;
   }
@@ -528,7 +536,7 @@ int wrk_engine_forward(wrk_engine *e, mdl_layer_done_fn on_layer, void *arg, cha
     kv_blocks_slide(e->rt->kv, &s->blocks, s->n_done); // window pages no later step reads become reclaimable
     // Blocks this step filled become reusable by later requests (prompt and generated tokens alike).
     int full = s->n_done / block_size(e);
-    if (e->prefix && full > s->n_inserted && !s->no_reuse) {
+    if (e->prefix && full > s->n_inserted && !s->no_reuse && !s->pool) {
       kv_prefix_insert(e->prefix, s->toks, s->n_done, s->blocks.ids, full);
       s->n_inserted = full;
     }

@@ -42,6 +42,10 @@ typedef struct wrk_seq {
   // store_tokens of n_cached came from the store, read over [store_t0_us, store_t1_us] (0: no read).
   int n_stored, store_upto, store_tokens;
   int64_t store_t0_us, store_t1_us;
+  int pool;        // an embedding (MDL_POOL_*, 0: none): its prompt's steps pool their hidden states into embd and
+                   // return no logits; it neither reuses nor offers cached prefix blocks (a cached prefix has no
+                   // hidden states to pool, and an embedding is one step of no later use)
+  float *embd;     // (owned) (n_embd) when pool: the pooled rows so far (mdl_pool_out)
   void *owner;     // (borrowed) the role's per-request state
 } wrk_seq;
 
@@ -95,6 +99,8 @@ typedef struct wrk_engine {
   mdl_seq *batch;      // (owned) (cap)
   wrk_seq **batch_of;  // (owned) (cap)
   int *batch_chunk;    // (owned) (cap)
+  mdl_pool_out *batch_pool; // (owned) (cap) each row's embedding output (wrk_seq.pool); read when batch_pooled
+  int batch_pooled;
   int n_batch;
   float *logits;       // (owned) (cap_rows, n_vocab)
   int cap_rows;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/llama.h"
 #include "util/buf.h"
 
 void wrk_grammars_init(wrk_grammars *c, const mdl_tok *tok) {
@@ -135,6 +136,13 @@ int wrk_genreq_parse(const prt_generate *g, int n_vocab, int n_ctx, wrk_grammars
   r->deadline_ms = g->deadline_ms;
   r->ignore_eos = g->ignore_eos;
   r->no_spec = g->no_spec;
+  if (g->embed) {
+    r->embed = mdl_pool_named(g->embed);
+    if (r->embed != MDL_POOL_MEAN && r->embed != MDL_POOL_CLS && r->embed != MDL_POOL_LAST)
+      FAIL("invalid_request", "embed must be mean, cls or last (the pooling of the prompt's hidden states)");
+    if (g->grammar.type != PRT_GRAMMAR_NONE || g->resume > 0)
+      FAIL("invalid_request", "an embedding (embed) has no grammar and no resumed tokens");
+  }
   if (copy_name(g->mode, r->mode, sizeof r->mode) || copy_name(g->prefill, r->prefill, sizeof r->prefill) ||
       copy_name(g->decode, r->decode, sizeof r->decode))
     FAIL("invalid_request", "bad mode / prefill / decode field");

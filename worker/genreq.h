@@ -61,6 +61,7 @@ typedef struct wrk_genreq {
   int n_stop_ids;
   int ignore_eos;        // 0 whenever there is a grammar: it decides where the output ends
   int no_spec;           // 1: the client asked for no speculative decoding ("speculative": false)
+  int embed;             // an embedding (generate's "embed"): MDL_POOL_MEAN, _CLS or _LAST; 0: a generation
   mdl_grammar *grammar;  // (owned reference) the `grammar` field's, or NULL; sampling.grammar points at it and
                          // sampling.grammar_vocab at the worker's trie (borrowed from its wrk_grammars)
   int deadline_ms;       // 0 = none

@@ -6,7 +6,8 @@ a prefix fetched from a peer prefill worker gives the greedy tokens the 1P1D clu
 sliding-window model computes the prefix instead, as docs/protocol.md says, and gives them too); a stream whose decode
 worker is killed mid-stream moves to the other decode worker and ends with the undisturbed run's greedy tokens. A
 handoff moves exactly the prompt's blocks of the model's KV geometry as its GGUF describes it (K and V, or an MLA
-model's latent row: dserve:kv_pushed_bytes_total, what the prefill worker wrote over kvxfer)."""
+model's latent row: dserve:kv_pushed_bytes_total, what the prefill worker wrote over kvxfer). /v1/embeddings, colocated
+and on the decode worker, against llama.cpp's llama-embedding on the same file (tests/models/golden/embeddings.json.gz)."""
 
 import os
 import shutil
@@ -18,6 +19,7 @@ import tiny_util as t
 import e2e_util as u
 import oai_util as o
 from test_serve import Launched
+from test_embeddings import cosine, floor_for, golden_doc
 
 MAX_TOKENS = 8
 MIGRATE_TOKENS = 200  # (about 1 s of decode at 1 thread: the kill lands mid-stream)
@@ -92,6 +94,7 @@ class Serve(unittest.TestCase):
         self.addCleanup(srv.stop)
         srv.wait_ready()
         self.check_serving(port, "%s colocated (q8_0 KV)" % arch)
+        self.check_embedding(arch, model, port, "colocated (q8_0 KV)")
         srv.stop()
         # 1P1D: dserve launch, every prompt handed off over shm
         c = u.Cluster([{"name": "p0", "role": "prefill", "kvxfer": {"backend": "shm"}},
@@ -104,12 +107,25 @@ class Serve(unittest.TestCase):
         self.assertEqual(u.metrics(c.port)["dserve:kv_transfer_time_seconds_count"] - moved0, 3,
                          "each of the 3 requests should have been handed off")
         self.check_handoff_bytes(arch, model, c)
+        self.check_embedding(arch, model, c.port, "1P1D, on the decode worker")
         fetch_body = {"prompt": FETCH_PREFIX + FETCH_QUESTION, "max_tokens": MAX_TOKENS, "ignore_eos": True}
         want = u.complete(c.port, "completions", fetch_body)
         self.assertEqual(want["status"], 200, want)
         c.close()
         self.check_fetch(arch, model, fetch_body, want)
         self.check_migration(arch, model)
+
+    def check_embedding(self, arch, model, port, what):
+        """/v1/embeddings of the golden's input (mean pooling: the tiny GGUFs have no pooling_type) against
+        llama-embedding's on the very same file."""
+        g = golden_doc()["archs"][arch]
+        self.assertEqual(t.sha256(model), g["sha256"], "%s is not the file the embedding golden was made from: "
+                         "regenerate it (scripts/golden/make_embeddings_golden.py)" % g["file"])
+        r = o.client(port).embeddings.create(model=o.client(port).models.list().data[0].id, input=g["inputs"],
+                                             encoding_format="float")
+        c = cosine(r.data[0].embedding, g["embeddings"][0])
+        self.assertGreaterEqual(c, floor_for(g["self_cosine"][0]), "%s %s: cosine %.5f with llama.cpp's embedding "
+                                "(llama.cpp with itself: %.5f)" % (arch, what, c, g["self_cosine"][0]))
 
     def check_handoff_bytes(self, arch, model, cluster):
         """The bytes the prefill worker pushed over kvxfer for one fresh prompt (its stats) are the prompt's blocks of

@@ -44,17 +44,17 @@ static void responses_answers(const rtr_request *q) {
   rtr_resp_stream_free(&st);
 }
 
-// Input: byte 0 picks the kind (chat, completion, tokenize, detokenize, responses); the rest is the body.
+// Input: byte 0 picks the kind (chat, completion, tokenize, detokenize, responses, embeddings); the rest is the body.
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0) return 0;
-  int responses = data[0] % 5 == 4;
-  rtr_kind kind = responses ? RTR_CHAT : (rtr_kind)(data[0] % 5);
+  int responses = data[0] % 6 == 4;
+  rtr_kind kind = responses ? RTR_CHAT : data[0] % 6 == 5 ? RTR_EMBEDDING : (rtr_kind)(data[0] % 6);
   size_t len = size - 1;
   char *body = malloc(len ? len : 1); // exactly len bytes, not NUL-terminated
   if (!body) return 0;
   if (len) memcpy(body, data + 1, len);
   rtr_limits lim = {.model_name = "SmolLM2-135M-Instruct", .n_ctx = 8192, .max_tokens_limit = 0, .max_n = 8,
-                    .max_stop = 8, .n_vocab = 49152};
+                    .max_stop = 8, .n_vocab = 49152, .n_embd = 576};
   rtr_request r;
   memset(&r, 0x5a, sizeof r); // garbage in: the parser must set every field
   rtr_error e;
@@ -67,7 +67,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (r.max_tokens < -1 || r.max_tokens > lim.n_ctx) abort();
     for (int i = 0; i < r.n_prompt_ids; i++)
       if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= lim.n_vocab) abort();
-    if (r.n_prompts < 0 || r.n_prompts > RTR_MAX_PROMPTS || (kind == RTR_COMPLETION && r.n_prompts < 1)) abort();
+    if (r.n_prompts < 0 || r.n_prompts > (kind == RTR_EMBEDDING ? RTR_MAX_INPUTS : RTR_MAX_PROMPTS) ||
+        ((kind == RTR_COMPLETION || kind == RTR_EMBEDDING) && r.n_prompts < 1))
+      abort();
     for (int k = 0; k < r.n_prompts; k++) {
       const rtr_prompt *q = &r.prompts[k];
       if (!q->text == !q->ids) abort(); // text or ids, never both or neither

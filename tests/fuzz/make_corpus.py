@@ -128,7 +128,7 @@ def ctl_seeds():
                                              "temperature": 0.7, "stop": ["\n"], "decode": "d0"}))
 
 
-# ---- openai (byte 0 = kind: 0 chat, 1 completion, 2 tokenize, 3 detokenize) ----
+# ---- openai (byte 0 = kind: 0 chat, 1 completion, 2 tokenize, 3 detokenize, 4 responses, 5 embeddings) ----
 def openai_seeds():
     seeds = {
         "chat.bin": (0, {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}]}),
@@ -175,6 +175,8 @@ def openai_seeds():
                               "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
                               "text": {"format": {"type": "json_schema", "name": "n", "schema": {
                                   "type": "integer", "minimum": 1, "maximum": 99}}}}),
+        "embeddings.bin": (5, {"input": ["a", [1, 2]], "encoding_format": "base64", "dimensions": 576, "user": "u"}),
+        "embeddings_bad.bin": (5, {"input": ["", [[]]], "dimensions": 7}),
     }
     for n, (k, body) in seeds.items():
         write("fuzz_openai", n, bytes([k]) + json.dumps(body).encode())

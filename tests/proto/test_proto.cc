@@ -263,7 +263,7 @@ TEST(Proto, Token) {
 // Speculative decoding's counts ride on done, sent only when the choice drafted; accepted never exceeds drafted.
 TEST(Proto, DoneWithDrafts) {
   char err[128];
-  prt_done in = {"r-0", "stop", 12, 30, 0, -1, -1, -1, 7, 25, 19, 0};
+  prt_done in = {"r-0", "stop", 12, 30, 0, -1, -1, -1, 7, 25, 19, 0, nullptr, nullptr, 0};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
@@ -278,7 +278,7 @@ TEST(Proto, DoneWithDrafts) {
 
 TEST(Proto, Done) {
   char err[128];
-  prt_done in = {"r-0", "length", 12, 5, 16, 4096, 3.5, -1, 0, 0, 0, 0};
+  prt_done in = {"r-0", "length", 12, 5, 16, 4096, 3.5, -1, 0, 0, 0, 0, nullptr, nullptr, 0};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;
@@ -301,7 +301,7 @@ TEST(Proto, Done) {
 // prefill_ms (the prefill phase) travels when >= 0, reads -1 when absent, and refuses a negative value.
 TEST(Proto, DonePrefillMs) {
   char err[128];
-  prt_done in = {"r-0", "stop", 12, 5, 0, 4096, 30.5, 21.25, 0, 0, 0, 0};
+  prt_done in = {"r-0", "stop", 12, 5, 0, 4096, 30.5, 21.25, 0, 0, 0, 0, nullptr, nullptr, 0};
   cJSON *j = wire(prt_done_encode(&in, err, sizeof err));
   prt_done m;
   ASSERT_EQ(prt_done_decode(j, &m, err, sizeof err), 0) << err;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tests/router/test_openai_responses.py: /v1/responses with the official openai client against `dserve router` and
 the fake worker (the harness of test_openai.py): the chat request it becomes, the response object, the streamed
-events in the order the SDK expects, function tools, the refused fields, and /v1/embeddings' 404.
+events in the order the SDK expects, function tools, the refused fields, and /v1/embeddings' 400 for a model
+whose width it cannot know.
 
 Usage: test_openai_responses.py DSERVE_BINARY.
 """
@@ -105,11 +106,12 @@ class ResponsesTest(unittest.TestCase):
         r = client().responses.create(model="tiny", input=items, tools=tools, max_output_tokens=3)
         self.assertEqual(r.status, "incomplete")
 
-    def test_embeddings_are_absent(self):
+    def test_embeddings_need_the_width(self):
+        # the tiny GGUF has no llama.embedding_length (tests/e2e/test_embeddings.py serves real embeddings)
         status, obj = raw("/v1/embeddings", b'{"input":"x"}')
-        self.assertEqual((status, obj["error"]["type"]), (404, "not_found_error"))
-        self.assertIn("/v1/embeddings is not served", obj["error"]["message"])
-        with self.assertRaises(openai.NotFoundError):
+        self.assertEqual((status, obj["error"]["code"], obj["error"]["param"]), (400, "model_not_embedding", "model"))
+        self.assertIn("embedding_length", obj["error"]["message"])
+        with self.assertRaises(openai.BadRequestError):
             client().embeddings.create(model="tiny", input="x")
 
     def test_refused(self):
