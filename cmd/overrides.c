@@ -182,6 +182,8 @@ static const struct {
     {{"--rope-scaling", "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx"}, "RoPE settings are the GGUF's"},
     {{"--numa"}, "dserve has no NUMA options"},
     {{"-s", "--seed"}, "a request's seed field sets it (docs/openai.md)"},
+    {{"--embedding", "--embeddings", "--pooling"}, "/v1/embeddings is always served, pooled as the GGUF's pooling_type "
+                                                   "says (mean without it; docs/openai.md)"},
 };
 
 void cmd_overrides_refuse(const char *prog, const char *a) {

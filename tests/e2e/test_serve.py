@@ -214,6 +214,7 @@ class ServeErrors(unittest.TestCase):
                            (["--jinja"], "--chat-template-file F"),
                            (["-fa", "on"], "flash attention is always on"),
                            (["--mlock"], "never locked"),
+                           (["--embeddings"], "/v1/embeddings is always served"),
                            (["--kvxfer-port", "9000"], "no kvxfer port"),
                            (["--no-such-flag"], "unknown option '--no-such-flag'")]:
             for cmd in (["serve", u.MODEL], ["launch", "--config", "x.json", "--node", "local"]):
