@@ -77,7 +77,8 @@ def launch(name, workers, threshold, binary=None):
     ports = free_ports(1 + len(workers))
     for w, p in zip(workers, ports[1:]):
         w.update(port=p, threads=threads, kv_budget_mb=float(kv_budget))
-    cfg = {"model": model, "router": {"port": ports[0], "disagg_threshold": threshold, "disagg_policy": "threshold"}, "workers": workers}
+    cfg = {"model": model, "router": {"port": ports[0], "disagg_threshold": threshold, "disagg_policy": "threshold",
+                                      "request_timeout_ms": 1800000}, "workers": workers}
     path = os.path.join(tmp, name + ".json")
     with open(path, "w") as f:
         json.dump(cfg, f)
@@ -128,7 +129,7 @@ class BenchError(Exception):
 
 def ttft(port, prompt):
     """Seconds from sending the request to the first streamed token; BenchError when the request fails."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)  # a 16k prompt on one loaded core: minutes
     body = json.dumps({"prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": True})
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
