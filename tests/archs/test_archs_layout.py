@@ -1,7 +1,7 @@
-"""tests/archs/test_archs_layout.py: a prefill worker and a decode worker whose KV layouts differ (a deepseek2 tiny GGUF,
-one latent row per position and layer, beside a llama one, K and V) are never paired: the router logs the refusal
+"""tests/archs/test_archs_layout.py: a prefill worker and a decode worker whose KV layouts differ (a deepseek2 tiny
+GGUF, one latent row per position and layer, beside a llama one, K and V) are never paired: the router logs the refusal
 naming both layouts, no prompt is handed from one to the other, and every request is served by the decode worker
-computing its own prompt (docs/design.md, "KV layout"). Real processes: two `dserve launch` nodes of one cluster whose
+computing its own prompt (docs/design.md, "The KV cache's geometry"). Real processes: two `dserve launch` nodes of one cluster whose
 config files differ only in the model."""
 
 import json

@@ -135,7 +135,8 @@ class NullRepeatedHandoff(unittest.TestCase):
     def test_pushed_equals_transferred(self):
         u.require_env(self)
         knobs = {"null_step_ms": 2, "null_kv_bytes_per_token": KV_BYTES}
-        c = u.Cluster([dict(knobs, name="p0", role="prefill", kvxfer={"backend": "tcp"}, null_prefill_us_per_token=1500),
+        c = u.Cluster([dict(knobs, name="p0", role="prefill", kvxfer={"backend": "tcp"},
+                            null_prefill_us_per_token=1500),
                        dict(knobs, name="d0", role="decode", kvxfer={"backend": "tcp"})],
                       disagg_threshold=0, tag="null-repeat", model="null")
         self.addCleanup(c.close)
@@ -145,7 +146,8 @@ class NullRepeatedHandoff(unittest.TestCase):
         self.assertEqual(u.complete(c.port, "completions", body)["status"], 200)
         n = lambda: u.metrics(c.port)["dserve:kv_transfer_time_seconds_count"]
         pushed0 = u.worker_stats(p0)["kv_bytes_pushed"]  # the router has it with p0's next stats (every second)
-        self.assertTrue(u.wait_until(lambda: u.metrics(c.port)["dserve:kv_pushed_bytes_total"] == pushed0, 10 * u.SCALE))
+        seen = lambda: u.metrics(c.port)["dserve:kv_pushed_bytes_total"]
+        self.assertTrue(u.wait_until(lambda: seen() == pushed0, 10 * u.SCALE))
         m0 = u.metrics(c.port)
         long = {"prompt": WORD * 1000, "max_tokens": 1}  # 1.5 s of prefill
         got = [None, None]
