@@ -66,8 +66,10 @@ def main():
     port = s.getsockname()[1]
     s.close()
     log = tempfile.NamedTemporaryFile(prefix="dserve-fairness-", suffix=".log", delete=False)
+    # -kvu: -np caps the sequences decoded together; every request may use the model's whole context (without it,
+    # -np splits the context among the slots, as llama-server's does)
     p = subprocess.Popen([a.dserve, "serve", a.model, "--port", str(port), "-t", str(a.threads), "-np",
-                          str(a.parallel)], stdout=log, stderr=subprocess.STDOUT)
+                          str(a.parallel), "-kvu"], stdout=log, stderr=subprocess.STDOUT)
     try:
         end = time.time() + 120
         while True:

@@ -72,7 +72,6 @@ int cmd_launch(int argc, char **argv) {
       return 2;
     }
   }
-  if (cmd_overrides_finish(&ov, "dserve launch")) return 2;
   if (!o.config_path || (!o.node && !print_only)) {
     fprintf(stderr, "dserve launch: --config and --node are required\n");
     launch_usage(stderr);
@@ -80,6 +79,17 @@ int cmd_launch(int argc, char **argv) {
   }
   cfg_cluster *cfg = NULL;
   char err[1024], *json = NULL;
+  if (!ov.ctx && ov.np > 0 && ov.unified != 1) { // -np without -c: the config's model's context, split (serve's rule)
+    if (cfg_load(o.config_path, &cfg, err, sizeof err)) {
+      fprintf(stderr, "dserve launch: %s\n", err);
+      return 2;
+    }
+    int bad = cmd_overrides_model_ctx(&ov, cfg->model_null ? "null" : cfg->model_path, "dserve launch");
+    cfg_free(cfg);
+    cfg = NULL;
+    if (bad) return 2;
+  }
+  if (cmd_overrides_finish(&ov, "dserve launch")) return 2;
   // with overrides the children read the effective config, relative paths made absolute (cfg_effective_json)
   if ((ov.n || print_only) && cfg_effective_json(o.config_path, NULL, ov.sets, ov.n, &json, err, sizeof err)) {
     fprintf(stderr, "dserve launch: %s\n", err);

@@ -106,7 +106,6 @@ int cmd_serve(int argc, char **argv) {
       return 2;
     }
   }
-  if (cmd_overrides_finish(&ov, "dserve serve")) return 2;
   if (!model) {
     fprintf(stderr, "dserve serve: no model: give the GGUF file, e.g. dserve serve models/weights/x.gguf\n");
     serve_usage(stderr);
@@ -119,6 +118,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "dserve serve: %s: cannot read the model: %s\n", model, strerror(errno));
     return 2;
   }
+  if (cmd_overrides_model_ctx(&ov, abs_model, "dserve serve") || cmd_overrides_finish(&ov, "dserve serve")) return 2;
   if (wport) { // a fixed port (a firewall's rule): one another process holds is an error now, not a restart loop
     if (probe_port(wport) != wport) {
       fprintf(stderr, "dserve serve: --worker-port %d: 127.0.0.1:%d %s\n", wport, wport,

@@ -8,6 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "models/gguf.h"
+#include "models/null.h"
+
 // OVR_CTX and OVR_UNIFIED set no key themselves: cmd_overrides_finish turns -c, -np and --kv-unified into two.
 typedef enum ovr_kind { OVR_INT, OVR_NUM, OVR_STR, OVR_PATH, OVR_APPEND, OVR_CTX, OVR_UNIFIED } ovr_kind;
 
@@ -32,10 +35,12 @@ static const ovr_flag FLAGS[] = {
     {"--ctx-size", "-c", "max_model_len, workers.*.kv_budget_tokens", OVR_CTX, "N",
      "context: per sequence with -np, all of it with --kv-unified"},
     {"--ctx", NULL, "max_model_len, workers.*.kv_budget_tokens", OVR_CTX, "N", "the same as --ctx-size"},
-    {"--kv-unified", "-kvu", "max_model_len", OVR_UNIFIED, "", "a sequence may use all of -c (default without -np)"},
+    {"--kv-unified", "-kvu", "max_model_len", OVR_UNIFIED, "",
+     "a sequence may use the whole context (default without -np)"},
     {"--no-kv-unified", "-no-kvu", "max_model_len", OVR_UNIFIED, "", "-c split among the -np slots (default with -np)"},
     {"--kv-budget-mb", NULL, "workers.*.kv_budget_mb", OVR_NUM, "MB", "KV cache size in MiB (default 256)"},
-    {"--parallel", "-np", "workers.*.max_seqs", OVR_INT, "N", "sequences decoded together at most (default 64)"},
+    {"--parallel", "-np", "workers.*.max_seqs", OVR_INT, "N",
+     "sequences decoded together at most (default 64); the context's slots"},
     {"--batch-size", "-b", "workers.*.max_batch_tokens", OVR_INT, "N", "tokens per forward step at most (default 512)"},
     {"--kv-type", NULL, "workers.*.kv_type", OVR_STR, "T", "KV cache element type (default f16)"},
     {"--device", NULL, "workers.*.device", OVR_STR, "D", "cpu, cuda or cuda:N (default cpu)"},
@@ -125,6 +130,30 @@ int cmd_overrides_take(cmd_overrides *o, const char *prog, int argc, char **argv
 
 // llama-server's padding of a context (cparams.n_ctx, and each slot's share): up to a multiple of 256 tokens.
 static long long ovr_pad256(long long n) { return (n + 255) / 256 * 256; }
+
+int cmd_overrides_model_ctx(cmd_overrides *o, const char *model, const char *prog) {
+  if (o->ctx > 0 || o->np <= 0 || o->unified == 1) return 0; // -c given, or nothing to split
+  if (mdl_is_null_path(model)) {
+    o->ctx = MDL_NULL_CTX;
+    return 0;
+  }
+  mdl_gguf *g = NULL;
+  char err[256];
+  if (mdl_gguf_open(model, &g, err, sizeof err)) {
+    fprintf(stderr, "%s: %s: %s\n", prog, model, err);
+    return -1;
+  }
+  mdl_str arch = {0};
+  int64_t n = 0;
+  char key[160];
+  if (mdl_gguf_get_str(g, "general.architecture", &arch) == 0 && arch.n < 100) {
+    snprintf(key, sizeof key, "%.*s.context_length", (int)arch.n, arch.p);
+    if (mdl_gguf_get_i64(g, key, &n)) n = 0;
+  }
+  mdl_gguf_close(g);
+  o->ctx = n > 0 && n <= (1 << 30) ? (int)n : 2048; // the worker's fallback for a GGUF without it (worker/runtime.c)
+  return 0;
+}
 
 int cmd_overrides_finish(cmd_overrides *o, const char *prog) {
   if (o->ctx <= 0) return 0; // no -c, or -c 0: the model's context; the pool stays kv_budget_mb's

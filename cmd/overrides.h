@@ -25,6 +25,11 @@ typedef struct cmd_overrides {
 // value), 0 (not one of them) or -1 (a bad or missing value: the message is printed to stderr with prog).
 int cmd_overrides_take(cmd_overrides *o, const char *prog, int argc, char **argv, int *i);
 
+// After the last flag, before cmd_overrides_finish, where the model is known: -np N without -c (or with -c 0) and no
+// --kv-unified splits the model's context_length among the slots, as llama-server's n_ctx 0 does (-c takes that
+// context then). model: a GGUF path or "null". 0, or -1 after a message on stderr (an unreadable GGUF).
+int cmd_overrides_model_ctx(cmd_overrides *o, const char *model, const char *prog);
+
 // After the last flag: -c, -np and --kv-unified into the pool size (workers.*.kv_budget_tokens) and the per-request
 // bound (max_model_len), as llama-server sizes its context and slots. 0, or -1 after a message on stderr.
 int cmd_overrides_finish(cmd_overrides *o, const char *prog);

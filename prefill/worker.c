@@ -154,9 +154,12 @@ static int full_blocks(const pfl_worker *w, const pfl_req *r, int n_done) {
   return n_done >= r->req.n_prompt ? (r->req.n_prompt + bs - 1) / bs : n_done / bs;
 }
 
-// Catches up on everything computed before the table arrived: all layers of every finished block.
+// Catches up on everything computed before the table arrived: all layers of every finished block. A table that came
+// before the first step leaves pushed_blocks at its skip_blocks (the decode worker's own prefix cache): those are
+// never pushed, nor counted in kv_bytes_pushed, so it may not go back below them.
 static int catch_up(pfl_worker *w, pfl_req *r) {
   int upto = full_blocks(w, r, r->seq.n_done);
+  if (upto <= r->pushed_blocks) return 0;
   if (push(w, r, 0, kv_pool_cfg(w->sh.rt->kv)->n_layer, r->pushed_blocks, upto, 0)) return -1;
   r->pushed_blocks = upto;
   return 0;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/krn.h"
 #include "models/chat.h"
 #include "models/llama.h"
 #include "proto/events.h"
@@ -282,6 +283,36 @@ void *rtr_dispatcher_main(void *arg) {
 }
 
 
+// l's KV layout in words, for the log line that names two.
+static void layout_str(const rtr_link *l, char *out, size_t n) {
+  snprintf(out, n, "%d layers x %d part%s of %d values, kv_type %s, blocks of %d, %d layer group%s", l->n_layer,
+           l->kv_parts, l->kv_parts == 1 ? "" : "s", l->kv_width, krn_kv_type_str(l->kv_type), l->block_size,
+           l->kv_groups, l->kv_groups == 1 ? "" : "s");
+}
+
+// l (a prefill or decode worker) just came up: every up worker of the other role whose KV layout differs is never
+// paired with it (rtr_sched_pick): their link would be refused at the hello, and a latent or other-type block is
+// never read as this one's. Said once per link-up, naming both layouts, so a mixed deployment is seen at once.
+static void log_unpaired_locked(rtr_server *s, const rtr_link *l) {
+  if (l->cfg->role != CFG_ROLE_PREFILL && l->cfg->role != CFG_ROLE_DECODE) return;
+  for (int i = 0; i < s->n_links; i++) {
+    const rtr_link *o = &s->links[i];
+    if (o == l || !o->up || o->gone || o->cfg->role == l->cfg->role ||
+        (o->cfg->role != CFG_ROLE_PREFILL && o->cfg->role != CFG_ROLE_DECODE))
+      continue;
+    if (o->kv_type == l->kv_type && o->block_size == l->block_size && o->n_layer == l->n_layer &&
+        o->kv_parts == l->kv_parts && o->kv_width == l->kv_width && o->kv_groups == l->kv_groups)
+      continue;
+    const rtr_link *p = l->cfg->role == CFG_ROLE_PREFILL ? l : o, *d = p == l ? o : l;
+    char pl[160], dl[160];
+    layout_str(p, pl, sizeof pl);
+    layout_str(d, dl, sizeof dl);
+    utl_log(LOGC, "KV layouts differ: prefill worker %s holds %s, decode worker %s %s: never paired (%s prefills "
+            "its own prompts); both must serve the same model with the same kv_type and block_size",
+            p->cfg->name, pl, d->cfg->name, dl, d->cfg->name);
+  }
+}
+
 // p (hello_ok read) becomes l's peer: the link is up.
 static void link_up_locked(rtr_server *s, rtr_link *l, ctl_peer *p) {
   prt_hello_ok ho; // a malformed hello_ok reads as one without a worker's fields
@@ -289,6 +320,10 @@ static void link_up_locked(rtr_server *s, rtr_link *l, ctl_peer *p) {
   l->n_ctx = read && ho.has_worker ? ho.n_ctx : 0;
   l->block_size = read && ho.has_layout && ho.kv_layout.block_size >= 1 ? ho.kv_layout.block_size : 16;
   l->kv_type = read && ho.has_layout ? ho.kv_layout.type : -1;
+  l->n_layer = read && ho.has_layout ? ho.kv_layout.n_layer : 0;
+  l->kv_parts = read && ho.has_layout ? ho.kv_layout.parts : 0;
+  l->kv_width = read && ho.has_layout ? ho.kv_layout.width : 0;
+  l->kv_groups = read && ho.has_layout ? ho.kv_layout.n_groups : 0;
   if (s->kv) rtr_kvindex_remove_worker(s->kv, (int)(l - s->links)); // a new process: it tells us anew
   l->peer = p;
   l->up = 1;
@@ -300,6 +335,7 @@ static void link_up_locked(rtr_server *s, rtr_link *l, ctl_peer *p) {
   l->last_stats_sent_ms = 0;
   utl_log(LOGC, "worker %s (%s, %s:%d) connected", l->cfg->name, cfg_role_name(l->cfg->role), l->cfg->host,
           l->cfg->port);
+  log_unpaired_locked(s, l);
   update_kv_gauge_locked(s);
 }
 
@@ -478,7 +514,8 @@ int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker 
   for (int i = 0; i < s->n_links; i++) {
     rtr_link *l = &s->links[i];
     w[i] = (rtr_sched_worker){l->up && !l->draining && !l->silent_moved && !l->gone, l->cfg->role, l->running,
-                              l->waiting, l->free_blocks, l->total_blocks, l->inflight, l->block_size, l->kv_type};
+                              l->waiting, l->free_blocks, l->total_blocks, l->inflight, l->block_size, l->kv_type,
+                              l->n_layer, l->kv_parts, l->kv_width, l->kv_groups};
     if (r->q.kind == RTR_EMBEDDING && l->cfg->role == CFG_ROLE_PREFILL) w[i].up = 0; // runs where it is sent: local
   }
   rtr_choice *c = &r->ch[ci];

@@ -11,9 +11,11 @@ int rtr_sched_disagg(const rtr_disagg_rule *rule, int n_uncached, const rtr_sche
   return dec_busy && (long)pre->inflight + pre->waiting <= rule->max_prefill_queue;
 }
 
-// A prefill worker that may hand its KV to decode worker d: the same pool layout (kv_type, block size).
+// A prefill worker that may hand its KV to decode worker d: the same pool layout (kv_type, block size, shape).
 static int pairs_with(const rtr_sched_worker *p, const rtr_sched_worker *d) {
-  return p->kv_type == d->kv_type && (p->block_size > 0 ? p->block_size : 16) == (d->block_size > 0 ? d->block_size : 16);
+  int pb = p->block_size > 0 ? p->block_size : 16, db = d->block_size > 0 ? d->block_size : 16;
+  return p->kv_type == d->kv_type && pb == db && p->n_layer == d->n_layer && p->kv_parts == d->kv_parts &&
+         p->kv_width == d->kv_width && p->kv_groups == d->kv_groups;
 }
 
 int rtr_sched_pick(const rtr_sched_worker *w, int n, int n_prompt, const rtr_disagg_rule *rule,

@@ -22,6 +22,8 @@ typedef struct rtr_sched_worker {
   int block_size;  // its KV block size (hello_ok kv_layout.block_size); < 1 means 16
   int kv_type;     // its pool's kv_type (hello_ok kv_layout.type, ggml's numbering): a prefill worker is paired only
                    // with a decode worker of the same type and block size (their link refuses any other)
+  int n_layer, kv_parts, kv_width, kv_groups; // hello_ok kv_layout's shape (0 when absent): paired only when equal,
+                   // as their link refuses another (a latent cache of an MLA model is never read as K and V)
 } rtr_sched_worker;
 
 typedef struct rtr_sched_target {

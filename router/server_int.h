@@ -61,6 +61,7 @@ typedef struct rtr_link {
   int n_ctx;
   int block_size;              // hello_ok kv_layout.block_size (16 when absent): the prompt's key chain
   int kv_type;                 // hello_ok kv_layout.type (-1 when absent): who may hand off to whom
+  int n_layer, kv_parts, kv_width, kv_groups; // hello_ok kv_layout's shape (0 when absent): the same, to hand off
   int running, waiting, free_blocks, total_blocks, inflight;
   int evictable_blocks;        // stats_ok evictable_blocks: cached blocks no sequence holds (0 when absent)
   double prefix_hits, prefix_queries, kv_pushed; // last cumulative values seen

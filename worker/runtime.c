@@ -70,6 +70,21 @@ int wrk_runtime_open(const cfg_cluster *cfg, const cfg_worker *w, int shareable_
     ko.budget_bytes = (size_t)((w->kv_budget_tokens + w->block_size - 1) / w->block_size) *
                       mdl_kv_block_bytes(mc, ko.type, w->block_size);
   if (kv_pool_new(mc, &rt->kc, &ko, &rt->kv, e, sizeof e)) goto fail;
+  // A max_model_len the config asks for that this pool cannot hold one request of would admit such a request and then
+  // refuse it (or leave it waiting forever): said now, naming both. Without max_model_len (the model's context) a
+  // pool smaller than the context is the ordinary case: longer requests are refused one by one.
+  int need = kv_pool_blocks_needed(rt->kv, rt->n_ctx, w->max_batch_tokens), have = kv_pool_total_blocks(rt->kv);
+  if (cfg->max_model_len > 0 && need > have) {
+    char pool[64];
+    if (w->kv_budget_tokens > 0) snprintf(pool, sizeof pool, "kv_budget_tokens %d", w->kv_budget_tokens);
+    else snprintf(pool, sizeof pool, "kv_budget_mb %g", w->kv_budget_mb);
+    snprintf(e, sizeof e,
+             "max_model_len %d needs %d KV blocks of %d tokens for one request, but the pool of %s holds %d (%d "
+             "tokens): raise %s or lower max_model_len",
+             rt->n_ctx, need, w->block_size, pool, have, have * w->block_size,
+             w->kv_budget_tokens > 0 ? "kv_budget_tokens" : "kv_budget_mb");
+    goto fail;
+  }
   *out = rt;
   return 0;
 fail:

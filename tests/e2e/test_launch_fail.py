@@ -1,4 +1,4 @@
-"""tests/e2e/test_launch_fail.py: `dserve launch` fails fast (issue 29's replays): a missing or truncated model, a busy port, an out-of-range option or a secret file that is a FIFO make it exit non-zero within 5 s with the cause in its output, instead of restarting forever."""
+"""tests/e2e/test_launch_fail.py: `dserve launch` fails fast (issue 29's replays): a missing or truncated model, a busy port, an out-of-range option, a max_model_len the KV pool cannot hold one request of, or a secret file that is a FIFO make it exit non-zero within 5 s with the cause in its output, instead of restarting forever."""
 
 import json
 import os
@@ -86,6 +86,20 @@ class LaunchFailsFast(unittest.TestCase):
 
     def test_tiny_kv_budget(self):
         self.assert_fails_fast(self.config(worker={"kv_budget_mb": 0.0001}), "w0", "failed at start-up")
+
+    def test_max_model_len_beyond_the_pool(self):
+        # SmolLM2: 23,040 KV bytes a token at f16, so 16 MiB hold 728 tokens: never one request of 4096
+        cfg = self.config(worker={"kv_budget_mb": 16})
+        cfg["max_model_len"] = 4096
+        self.assert_fails_fast(cfg, "w0", "failed at start-up", "max_model_len 4096 needs 256 KV blocks",
+                                     "the pool of kv_budget_mb 16 holds 45 (720 tokens)")
+        cfg["max_model_len"] = 512  # what it holds: served
+        cfg["workers"][0]["port"], cfg["router"]["port"] = u.free_ports(2)
+        with open(os.path.join(self.dir, "ok.json"), "w") as f:
+            json.dump(cfg, f)
+        n = u.Node(os.path.join(self.dir, "ok.json"))
+        self.addCleanup(n.stop)
+        u.wait_serving([n], n, ["w0"], cfg["router"]["port"])
 
     def test_secret_file_that_is_a_fifo(self):
         fifo = os.path.join(self.dir, "secret.fifo")

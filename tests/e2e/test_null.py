@@ -1,12 +1,14 @@
 """tests/e2e/test_null.py: the null model (issue 44): `dserve serve null` streams through the HTTP API with its
 tokenizer, stop strings, grammars and seeds; a 1P1D null cluster gives the colocated text and moves exactly
-prompt tokens x null_kv_bytes_per_token of KV; a path is never taken for the null model."""
+prompt tokens x null_kv_bytes_per_token of KV, and a repeated prompt the blocks the decode worker lacks, counted alike
+on both sides; a path is never taken for the null model."""
 
 import json
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import unittest
 
 import e2e_util as u
@@ -121,6 +123,52 @@ class NullOneP1D(unittest.TestCase):
         self.assertEqual(m1["dserve:kv_transfer_bytes_total"] - m0["dserve:kv_transfer_bytes_total"], moved)
         pushed = lambda: u.metrics(c.port)["dserve:kv_pushed_bytes_total"] - m0["dserve:kv_pushed_bytes_total"]
         self.assertTrue(u.wait_until(lambda: pushed() >= moved, 10 * u.SCALE), pushed())
+        self.assertEqual(pushed(), moved)
+
+
+class NullRepeatedHandoff(unittest.TestCase):
+    """A repeated prompt whose leading blocks the decode worker caches: the prefill worker pushes only the others, and
+    its count (dserve:kv_pushed_bytes_total) is the decode worker's (dserve:kv_transfer_bytes_total). The block table
+    is made to come before the prefill worker's first step (it is busy with a long prompt), where it once forgot the
+    table's skip_blocks and wrote, and counted, the decode worker's cached blocks again."""
+
+    def test_pushed_equals_transferred(self):
+        u.require_env(self)
+        knobs = {"null_step_ms": 2, "null_kv_bytes_per_token": KV_BYTES}
+        c = u.Cluster([dict(knobs, name="p0", role="prefill", kvxfer={"backend": "tcp"},
+                            null_prefill_us_per_token=1500),
+                       dict(knobs, name="d0", role="decode", kvxfer={"backend": "tcp"})],
+                      disagg_threshold=0, tag="null-repeat", model="null")
+        self.addCleanup(c.close)
+        c.start()
+        p0 = c.ports()["p0"]
+        body = {"prompt": PROMPT + WORD, "max_tokens": 2}  # 33 tokens: two whole blocks the decode worker keeps
+        self.assertEqual(u.complete(c.port, "completions", body)["status"], 200)
+        n = lambda: u.metrics(c.port)["dserve:kv_transfer_time_seconds_count"]
+        pushed0 = u.worker_stats(p0)["kv_bytes_pushed"]  # the router has it with p0's next stats (every second)
+        seen = lambda: u.metrics(c.port)["dserve:kv_pushed_bytes_total"]
+        self.assertTrue(u.wait_until(lambda: seen() == pushed0, 10 * u.SCALE))
+        m0 = u.metrics(c.port)
+        long = {"prompt": WORD * 1000, "max_tokens": 1}  # 1.5 s of prefill
+        got = [None, None]
+
+        def send(i, b):
+            got[i] = u.complete(c.port, "completions", b)
+
+        t = threading.Thread(target=send, args=(0, long), daemon=True)
+        t.start()
+        self.assertTrue(u.wait_until(lambda: u.worker_stats(p0)["running"] >= 1, 10 * u.SCALE))
+        send(1, body)
+        t.join(30 * u.SCALE)
+        self.assertEqual([g and g["status"] for g in got], [200, 200], got)
+        self.assertTrue(u.wait_until(lambda: n() >= m0["dserve:kv_transfer_time_seconds_count"] + 2, 10 * u.SCALE))
+        moved = u.metrics(c.port)["dserve:kv_transfer_bytes_total"] - m0["dserve:kv_transfer_bytes_total"]
+        # each skips the two blocks the decode worker keeps (the long prompt starts with them too): 63 - 2, then 3 - 2
+        self.assertEqual(moved, ((1000 + 15) // 16 - 2 + 1) * 16 * KV_BYTES)
+        self.assertEqual(u.worker_stats(p0)["kv_bytes_pushed"] - pushed0, moved,
+                         "the prefill worker pushed other bytes than the decode worker counted")
+        pushed = lambda: u.metrics(c.port)["dserve:kv_pushed_bytes_total"] - m0["dserve:kv_pushed_bytes_total"]
+        self.assertTrue(u.wait_until(lambda: pushed() >= moved, 10 * u.SCALE), pushed())  # its next stats
         self.assertEqual(pushed(), moved)
 
 

@@ -240,24 +240,38 @@ class ServeErrors(unittest.TestCase):
         self.assertEqual(cfg["workers"][0]["spec"], "off")
         self.assertEqual(cfg["sampling"]["temperature"], 0.5)
         self.assertEqual(cfg["router"]["port"], 8080)
-        self.assertNotIn("max_model_len", cfg)  # no -c: the model's context
+        # no -c: the model's context (8192), split among the -np slots as llama-server's n_ctx 0 is
+        self.assertEqual((cfg["max_model_len"], cfg["workers"][0]["kv_budget_tokens"]), (2048, 8192))
 
     def test_ctx_as_llama_server(self):
         """-c is llama-server's context: split among explicit -np slots (each padded to 256), whole with a unified
         cache (--kv-unified, or no -np); the pool holds it."""
         for flags, bound, pool in [(["-c", "4096"], 4096, 4096), (["--ctx-size", "4096", "-np", "4"], 1024, 4096),
                                    (["-c", "4096", "-np", "3"], 1536, 4608), (["-c", "4096", "-np", "4", "-kvu"], 4096, 4096),
-                                   (["-c", "1000"], 1024, 1024), (["-np", "4", "--kv-unified", "-no-kvu", "-c", "2048"], 512, 2048)]:
+                                   (["-c", "1000"], 1024, 1024),
+                                   (["-np", "4", "--kv-unified", "-no-kvu", "-c", "2048"], 512, 2048),
+                                   (["-np", "3"], 2816, 8448), (["-c", "0", "-np", "2"], 4096, 8192)]:
             rc, out = run(["serve", u.MODEL, "--print-config"] + flags)
             self.assertEqual(rc, 0, out)
             cfg = json.loads(out)
             self.assertEqual((cfg["max_model_len"], cfg["workers"][0]["kv_budget_tokens"]), (bound, pool), flags)
+        for flags in (["-np", "4", "-kvu"], []):  # a unified cache without -c: the model's context, the MiB pool
+            rc, out = run(["serve", u.MODEL, "--print-config"] + flags)
+            self.assertEqual(rc, 0, out)
+            self.assertNotIn("max_model_len", json.loads(out), flags)
         # launch: the same flags over a config's every worker
         rc, out = run(["launch", "--config", os.path.join(u.SOURCE_DIR, "configs", "1p1d.json"), "--print-config",
                        "-c", "8192", "-np", "2"])
         self.assertEqual(rc, 0, out)
         cfg = json.loads(out)
         self.assertEqual(cfg["max_model_len"], 4096)
+        self.assertEqual({w["kv_budget_tokens"] for w in cfg["workers"]}, {8192})
+        # launch -np without -c: the config's model's context (SmolLM2's 8192), split as serve's
+        rc, out = run(["launch", "--config", os.path.join(u.SOURCE_DIR, "configs", "1p1d.json"), "--print-config",
+                       "-np", "4"])
+        self.assertEqual(rc, 0, out)
+        cfg = json.loads(out)
+        self.assertEqual(cfg["max_model_len"], 2048)
         self.assertEqual({w["kv_budget_tokens"] for w in cfg["workers"]}, {8192})
 
 

@@ -67,6 +67,20 @@ TEST(Sched, PrefillPairsOnlyWithTheSameKvLayout) {
   w[2].kv_type = 1;
   ASSERT_EQ(rtr_sched_pick(w, 3, 5000, Thr(100), &t), 0);
   EXPECT_EQ(t.prefill, -1);
+  // The same type and block size, another shape: an MLA model's latent row (1 part) beside K and V (2 parts).
+  w[1].kv_type = w[2].kv_type = 8;
+  w[0].n_layer = w[1].n_layer = w[2].n_layer = 2;
+  w[0].kv_parts = w[2].kv_parts = 2, w[1].kv_parts = 1;
+  w[0].kv_width = w[2].kv_width = 128, w[1].kv_width = 96;
+  w[0].kv_groups = w[1].kv_groups = w[2].kv_groups = 1;
+  ASSERT_EQ(rtr_sched_pick(w, 3, 5000, Thr(100), &t), 0);
+  EXPECT_EQ(t.prefill, 2); // the busier one: the idle one keeps a latent row
+  w[2].n_layer = 3;
+  ASSERT_EQ(rtr_sched_pick(w, 3, 5000, Thr(100), &t), 0);
+  EXPECT_EQ(t.prefill, -1);
+  w[2].n_layer = 2, w[2].kv_groups = 2; // a sliding-window pool's layer groups
+  ASSERT_EQ(rtr_sched_pick(w, 3, 5000, Thr(100), &t), 0);
+  EXPECT_EQ(t.prefill, -1);
 }
 
 TEST(Sched, DecodeAloneWhenNoPrefillUp) {
