@@ -50,6 +50,25 @@ class ServeNull(unittest.TestCase):
         c = u.stream(self.port, "chat", {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12})
         self.assertNotEqual(a["text"], c["text"])  # the logits depend on the tokens
 
+    def test_stream_of_several_choices_gets_every_token(self):
+        # A step's token_batch holds all three choices: the router wakes the stream's reader once for them, after
+        # letting go of its lock (router/req.c, rtr_wake_reader_locked); every choice's every token still arrives.
+        per = {}
+
+        def on_event(i, o):
+            for ch in o.get("choices", []):
+                per.setdefault(ch["index"], []).append(ch.get("text") or "")
+            return False
+        a = u.stream(self.port, "completions", {"prompt": PROMPT, "max_tokens": 16, "n": 3}, on_event=on_event)
+        self.assertIsNone(a["error"], a)
+        self.assertTrue(a["done"], a)
+        self.assertEqual(a["completion_tokens"], 48)
+        want = u.complete(self.port, "completions", {"prompt": PROMPT, "max_tokens": 16})["text"]
+        self.assertEqual(sorted(per), [0, 1, 2])
+        for i in range(3):
+            self.assertEqual("".join(per[i]), want, i)
+            self.assertEqual(len([p for p in per[i] if p]), 16, per[i])
+
     def test_same_seed_same_tokens(self):
         def run(seed):
             st, b = u.post(self.port, "/v1/completions", {"prompt": "x", "max_tokens": 16, "temperature": 1.0,
