@@ -89,6 +89,8 @@ class Cluster:
                 "router.json", {"model": "null", "discovery": disco, "router": self.router_cfg})], "router.log")
             for i in range(a.workers):
                 cfg = {"model": "null", "discovery": disco, "workers": [self.worker_entry(i, 0)]}
+                if i == 0:
+                    t_workers = time.monotonic()
                 self.start_proc(["both", "--config", self.write("w%d.json" % i, cfg), "--name", "w%d" % i],
                                 "w%d.log" % i)
         else:
@@ -97,9 +99,11 @@ class Cluster:
                    "workers": [self.worker_entry(i, p) for i, p in enumerate(ports)]}
             path = self.write("c.json", cfg)
             self.router = self.start_proc(["router", "--config", path], "router.log")
+            t_workers = time.monotonic()
             for i in range(a.workers):
                 self.start_proc(["both", "--config", path, "--name", "w%d" % i], "w%d.log" % i)
         self.router.wait_count(") connected", a.workers, 120)
+        self.link_s = time.monotonic() - t_workers  # the first worker started to the last one linked
         u.wait_workers(self.port, 60)
 
     def close(self):
@@ -247,8 +251,9 @@ def main():
     rows = []
     try:
         cl.start()
-        print("cluster: %d null workers (max_seqs %d, step %.0f ms)%s, router pid %d" % (
-            args.workers, args.max_seqs, args.step_ms, " via etcd" if args.etcd else "", cl.router.proc.pid),
+        print("cluster: %d null workers (max_seqs %d, step %.0f ms)%s, router pid %d; all linked %.1f s after the "
+              "first worker started" % (args.workers, args.max_seqs, args.step_ms, " via etcd" if args.etcd else "",
+                                        cl.router.proc.pid, cl.link_s),
             file=sys.stderr)
         for S in levels:
             r = asyncio.run(level(cl, S, args))
