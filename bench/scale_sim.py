@@ -59,6 +59,8 @@ class Cluster:
         self.port = u.free_ports(1)[0]
         self.router_cfg = {"port": self.port, "queue_limit": 100000, "max_connections": 20000,
                            "max_connections_per_client": 20000, "max_choices": 64}
+        if args.flush_ms:
+            self.router_cfg["stream_flush_ms"] = args.flush_ms
 
     def worker_entry(self, i, port):
         a = self.a
@@ -240,6 +242,7 @@ def main():
     ap.add_argument("--warmup", type=float, default=4.0, help="seconds after the last stream opened")
     ap.add_argument("--ramp", type=float, default=2.0, help="seconds over which a level's streams open")
     ap.add_argument("--etcd", action="store_true", help="workers register in an etcd this script starts")
+    ap.add_argument("--flush-ms", type=int, default=0, help="router.stream_flush_ms (0: the router's default)")
     ap.add_argument("--json", help="also write the rows as JSON to this file")
     ap.add_argument("--dserve", help="the dserve binary (default: DSERVE_BINARY or build/dserve)")
     args = ap.parse_args()

@@ -175,7 +175,8 @@ void rtr_cancel_locked(rtr_server *s, rtr_req *r) {
 }
 
 void rtr_wake_reader_locked(rtr_server *s, rtr_req *r) {
-  if (r->wake_queued) return; // (a batch with several of its choices) one wake does
+  if (r->wake_queued || r->paced) return; // one wake does (a batch with several of its choices); a paced reader
+                                          // wakes at its own time
   if (s->defer_wake && s->n_wake == s->cap_wake) {
     int cap = s->cap_wake ? 2 * s->cap_wake : 256;
     rtr_req **w = realloc(s->wake, (size_t)cap * sizeof *w);

@@ -156,6 +156,9 @@ typedef struct rtr_req {
   size_t out_pos;
   int out_end;                 // (s->mu) the trailer is in pend: the stream ends once pend and out are read
   int wake_queued;             // (s->mu) on s->wake: the dispatcher wakes its reader after letting go of s->mu
+  int paced;                   // (s->mu) its reader sleeps until flush_due_us (router.stream_flush_ms): a token
+                               // does not wake it
+  int64_t flush_due_us;        // (reader) the earliest time its reader takes the queue again; 0 at once
   int slow;                    // (s->mu) its client stopped reading: pend passed router.stream_queue_bytes, the stream
                                // was ended (cancelled, its connection closed) and counted
   int fd;                      // client socket (for disconnect checks)

@@ -143,6 +143,33 @@ class NullOneP1D(unittest.TestCase):
         self.assertEqual(pushed(), moved)
 
 
+class NullPacedStreams(unittest.TestCase):
+    """router.stream_flush_ms: a stream's connection takes its queued tokens at most that often, so one wake of its
+    thread sends several steps' tokens at once (docs/scale.md); the text is the unpaced one."""
+
+    def test_tokens_come_in_flushes_with_the_same_text(self):
+        u.require_env(self)
+        w = [{"name": "w0", "role": "both", "null_step_ms": 10, "spec": "off"}]
+        body = {"prompt": PROMPT, "max_tokens": 40}
+        co = u.Cluster(w, tag="null-unpaced", model="null")
+        self.addCleanup(co.close)
+        co.start()
+        want = u.stream(co.port, "completions", body)
+        self.assertIsNone(want["error"], want)
+        co.close()
+        c = u.Cluster(w, tag="null-paced", model="null", router={"stream_flush_ms": 100})
+        self.addCleanup(c.close)
+        c.start()
+        got = u.stream(c.port, "completions", body)
+        self.assertIsNone(got["error"], got)
+        self.assertEqual(got["text"], want["text"])
+        self.assertEqual(got["completion_tokens"], 40)
+        # 40 tokens a step (10 ms) apart, taken every 100 ms: most arrive together with the one before
+        t = got["t_events"]
+        together = sum(1 for a, b in zip(t, t[1:]) if b - a < 0.002)
+        self.assertGreaterEqual(together, 20, [round(b - a, 4) for a, b in zip(t, t[1:])])
+
+
 class NullByNameOnly(unittest.TestCase):
     def test_a_path_is_never_the_null_model(self):
         u.require_env(self)
