@@ -4,6 +4,8 @@ its own raw-socket client; prints delivered against offered tokens/s, router CPU
 
   python3 bench/scale_sim.py --streams 500,1000,2000,4000            # static workers, the config lists them
   python3 bench/scale_sim.py --streams 500 --etcd                    # workers register in etcd (started here)
+  python3 bench/scale_sim.py --etcd --workers 100 --max-seqs 8 --streams 400 --churn 10 --window 60
+                                                                     # 10% leave and 10% join a minute meanwhile
 
 Each level opens S streams (POST /v1/completions, stream, greedy, max_tokens enough for the level), lets them
 warm up, then measures for --window seconds: tokens delivered (SSE data events), each stream's gaps between
@@ -59,6 +61,8 @@ class Cluster:
         self.port = u.free_ports(1)[0]
         self.router_cfg = {"port": self.port, "queue_limit": 100000, "max_connections": 20000,
                            "max_connections_per_client": 20000, "max_choices": 64}
+        if args.flush_ms:
+            self.router_cfg["stream_flush_ms"] = args.flush_ms
 
     def worker_entry(self, i, port):
         a = self.a
@@ -87,20 +91,30 @@ class Cluster:
             disco = {"etcd": [self.etcd.url], "cluster": "scale", "lease_ttl_s": 5}
             self.router = self.start_proc(["router", "--config", self.write(
                 "router.json", {"model": "null", "discovery": disco, "router": self.router_cfg})], "router.log")
+            self.disco = disco
+            self.members = []
             for i in range(a.workers):
-                cfg = {"model": "null", "discovery": disco, "workers": [self.worker_entry(i, 0)]}
-                self.start_proc(["both", "--config", self.write("w%d.json" % i, cfg), "--name", "w%d" % i],
-                                "w%d.log" % i)
+                if i == 0:
+                    t_workers = time.monotonic()
+                self.members.append(self.member("w%d" % i))
         else:
             ports = u.free_ports(a.workers)
             cfg = {"model": "null", "router": self.router_cfg,
                    "workers": [self.worker_entry(i, p) for i, p in enumerate(ports)]}
             path = self.write("c.json", cfg)
             self.router = self.start_proc(["router", "--config", path], "router.log")
+            t_workers = time.monotonic()
             for i in range(a.workers):
                 self.start_proc(["both", "--config", path, "--name", "w%d" % i], "w%d.log" % i)
         self.router.wait_count(") connected", a.workers, 120)
+        self.link_s = time.monotonic() - t_workers  # the first worker started to the last one linked
         u.wait_workers(self.port, 60)
+
+    def member(self, name):
+        """A null worker that registers in etcd (the router is told of it by its watch, no config lists it)."""
+        cfg = {"model": "null", "discovery": self.disco, "workers": [self.worker_entry(0, 0)]}
+        cfg["workers"][0]["name"] = name
+        return self.start_proc(["both", "--config", self.write("%s.json" % name, cfg), "--name", name], name + ".log")
 
     def close(self):
         for p in reversed(self.procs):
@@ -161,6 +175,43 @@ async def one_stream(port, body, st, stop):
         w.close()
 
 
+def stamp(iso):
+    """Seconds of a log line's UTC timestamp (2026-12-06T08:05:56.961Z)."""
+    return time.mktime(time.strptime(iso[:19], "%Y-%m-%dT%H:%M:%S")) + float("0" + iso[19:-1])
+
+
+async def churner(cl, args, stop):
+    """--churn P: while the level is measured, P% of the workers leave (SIGTERM: they drain, their streams move) and
+    as many join a minute, one leave and one join at a time; returns the joins' start-to-linked seconds and the
+    leaves whose streams the router moved (its log's `draining; moving its streams`)."""
+    every = 60.0 / max(1e-9, len(cl.members) * args.churn / 100.0)
+    joins, leaves, k = [], 0, 0
+    moved0 = cl.router.text().count("is draining; moving its streams")
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), every)
+            break
+        except asyncio.TimeoutError:
+            pass
+        old = cl.members.pop(0)
+        old.signal(15)
+        leaves += 1
+        name = "j%d" % k
+        k += 1
+        t = time.monotonic()
+        cl.members.append(cl.member(name))
+        linked = re.compile(r"(\S+) INFO  router: worker %s \([^)]*\) connected" % name)
+        while not linked.search(cl.router.text()) and time.monotonic() - t < 30:
+            await asyncio.sleep(0.02)
+        m = linked.search(cl.router.text())
+        reg = re.search(r"^(\S+) INFO  %s: registered in etcd" % name, cl.members[-1].text(), re.M)
+        # registered (the joiner's log) to linked (the router's log): the clocks are the same host's
+        joins.append(stamp(m.group(1)) - stamp(reg.group(1)) if m and reg else float("inf"))
+    moved = cl.router.text().count("is draining; moving its streams") - moved0
+    return {"leaves": leaves, "moved": moved, "joins": len(joins), "join_max_s": max(joins) if joins else 0.0,
+            "join_p50_s": pct(joins, 50) if joins else 0.0}
+
+
 async def level(cl, S, args):
     rpid = cl.router.proc.pid
     wpids = [p.proc.pid for p in cl.procs if p is not cl.router]
@@ -175,6 +226,7 @@ async def level(cl, S, args):
         if args.ramp > 0 and i % 50 == 49:
             await asyncio.sleep(args.ramp * 50.0 / S)
     await asyncio.sleep(args.warmup)
+    churn = asyncio.ensure_future(churner(cl, args, stop)) if args.churn else None
     t0, c0, me0, w0 = time.monotonic(), cpu_s(rpid), os.times(), sum(cpu_s(p) for p in wpids)
     ev0 = sum(s.events for s in sts)
     rss = 0.0
@@ -185,6 +237,7 @@ async def level(cl, S, args):
     t1, c1, me1, w1 = time.monotonic(), cpu_s(rpid), os.times(), sum(cpu_s(p) for p in wpids)
     ev1 = sum(s.events for s in sts)
     stop.set()
+    churned = (await churn) if churn else None
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -210,7 +263,7 @@ async def level(cl, S, args):
             "p50_ms": pct(gaps, 50) * 1000, "p99_ms": pct(gaps, 99) * 1000,
             "worst_stream_p99_ms": max(worst) * 1000 if worst else float("nan"), "load": os.getloadavg()[0],
             "starved": sum(1 for w in worst if w > 5 * step), "router_rss_mb": rss, "failed": failed,
-            "errors": errs, "step_ms": args.step_ms}
+            "errors": errs, "step_ms": args.step_ms, "churn": churned}
 
 
 def table(rows):
@@ -236,10 +289,15 @@ def main():
     ap.add_argument("--warmup", type=float, default=4.0, help="seconds after the last stream opened")
     ap.add_argument("--ramp", type=float, default=2.0, help="seconds over which a level's streams open")
     ap.add_argument("--etcd", action="store_true", help="workers register in an etcd this script starts")
+    ap.add_argument("--flush-ms", type=int, default=0, help="router.stream_flush_ms (0: the router's default)")
+    ap.add_argument("--churn", type=float, default=0, help="with --etcd: percent of the workers that leave and as many "
+                    "that join a minute while a level is measured")
     ap.add_argument("--json", help="also write the rows as JSON to this file")
     ap.add_argument("--dserve", help="the dserve binary (default: DSERVE_BINARY or build/dserve)")
     args = ap.parse_args()
     levels = [int(x) for x in args.streams.split(",")]
+    if args.churn and not args.etcd:
+        ap.error("--churn needs --etcd (members join and leave through etcd)")
     u.DSERVE = args.dserve or os.environ.get("DSERVE_BINARY") or os.path.join(HERE, "..", "build", "dserve")
     if not args.workers:
         args.workers = max(1, -(-max(levels) // args.max_seqs))
@@ -247,13 +305,18 @@ def main():
     rows = []
     try:
         cl.start()
-        print("cluster: %d null workers (max_seqs %d, step %.0f ms)%s, router pid %d" % (
-            args.workers, args.max_seqs, args.step_ms, " via etcd" if args.etcd else "", cl.router.proc.pid),
+        print("cluster: %d null workers (max_seqs %d, step %.0f ms)%s, router pid %d; all linked %.1f s after the "
+              "first worker started" % (args.workers, args.max_seqs, args.step_ms, " via etcd" if args.etcd else "",
+                                        cl.router.proc.pid, cl.link_s),
             file=sys.stderr)
         for S in levels:
             r = asyncio.run(level(cl, S, args))
             rows.append(r)
             print(table([r]).splitlines()[-1], file=sys.stderr)
+            if r["churn"]:
+                print("  churn: %(leaves)d left (%(moved)d moved their streams), %(joins)d joined, linked after "
+                      "p50 %(join_p50_s).2f s, max %(join_max_s).2f s (registered in etcd to linked, from the logs)" % r["churn"],
+                      file=sys.stderr)
             if r["errors"]:
                 print("  errors: %s" % r["errors"], file=sys.stderr)
             if not u.wait_until(lambda: cl.running() == 0, 60):

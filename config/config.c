@@ -94,7 +94,7 @@ static const char *const K_ROUTER[] = {"node",          "host",         "port", 
                                        "max_connections_per_client", "header_timeout_s", "body_timeout_s", "max_choices",
                                        "max_request_tokens", "migration_limit",
                                        "migration_wait_ms", "migrate_silent_ms", "metrics_public",
-                                       "strict_model_name", "stream_queue_bytes", NULL};
+                                       "strict_model_name", "stream_queue_bytes", "stream_flush_ms", NULL};
 static const char *const K_ROUTING[] = {"overlap", "queue", "free", NULL};
 static const char *const K_WORKER[] = {"name",    "node",       "role",     "host",          "port",
                                        "threads", "kernels",    "device",   "kv_budget_mb",  "kv_budget_tokens", "block_size",
@@ -215,7 +215,8 @@ static int parse_router(cfg_ctx *x, const cJSON *r, int present, cfg_router *o, 
   if (cfg_int32(x, r, p, "migration_limit", &o->migration_limit, 0, 100, CFG_DEF_MIGRATION_LIMIT, 0) ||
       cfg_int32(x, r, p, "migration_wait_ms", &o->migration_wait_ms, 0, 3600000, CFG_DEF_MIGRATION_WAIT_MS, 0) ||
       cfg_int32(x, r, p, "migrate_silent_ms", &o->migrate_silent_ms, 0, 3600000, CFG_DEF_MIGRATE_SILENT_MS, 0) ||
-      cfg_int32(x, r, p, "stream_queue_bytes", &o->stream_queue_bytes, 4096, 1 << 30, CFG_DEF_STREAM_QUEUE_BYTES, 0))
+      cfg_int32(x, r, p, "stream_queue_bytes", &o->stream_queue_bytes, 4096, 1 << 30, CFG_DEF_STREAM_QUEUE_BYTES, 0) ||
+      cfg_int32(x, r, p, "stream_flush_ms", &o->stream_flush_ms, 0, 1000, 0, 0))
     return -1;
   const cJSON *rt;
   if (cfg_obj(x, r, p, "routing", &rt)) return -1;

@@ -131,6 +131,8 @@ typedef struct cfg_router {
   int strict_model_name;       // a request's "model" must be the served id (false: with one model, any name is it)
   int stream_queue_bytes;      // a stream's bytes not yet taken by its client's connection: past this the stream
                                // ends (a client that stopped reading) and dserve:streams_ended_slow_total counts it
+  int stream_flush_ms;         // a stream's connection takes its queued tokens at most this often (0: at each token):
+                               // fewer thread wakes per token, for gaps of up to this (docs/scale.md)
 } cfg_router;
 
 // Server-side sampling defaults (top-level "sampling"): what the router puts in a request that leaves a field out.

@@ -277,6 +277,14 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   rtr_server *s = r->s;
   if (r->out_pos == r->out.n) { // all formatted bytes sent: take what was queued since
     pthread_mutex_lock(&s->mu);
+    // router.stream_flush_ms: sleep until the flush is due whatever comes meanwhile (a token does not wake a paced
+    // reader; its end, a slow end or a cancel does), so that one wake takes several steps' tokens
+    while (r->flush_due_us && !r->out_end && !r->slow && utl_now_us() < r->flush_due_us) {
+      r->paced = 1;
+      struct timespec dl = utl_deadline_ms((int)((r->flush_due_us - utl_now_us() + 999) / 1000));
+      pthread_cond_timedwait(&r->cv, &s->mu, &dl);
+    }
+    r->paced = 0;
     while (!r->pend.n && !r->out_end && !r->slow) {
       rtr_wait w = rtr_wait_locked(s, r);
       if (w == RTR_WAIT_GONE) {
@@ -292,6 +300,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     utl_buf t = r->taken; // (empty) the reader's: pend becomes it, and it the new pend
     r->taken = r->pend;
     r->pend = t;
+    if (s->rc->stream_flush_ms > 0) r->flush_due_us = utl_now_us() + (int64_t)s->rc->stream_flush_ms * 1000;
     pthread_mutex_unlock(&s->mu);
     utl_buf_reset(&r->out);
     r->out_pos = 0;

@@ -258,7 +258,9 @@ void *rtr_dispatcher_main(void *arg) {
         } else if (!strcmp(o, PRT_OP_KV_EVENTS)) {
           on_kv_events(s, l, ev.msg);
         } else if (!strcmp(o, PRT_OP_TOKENS)) {
+          s->defer_wake = 1; // the readers wake after the unlock below (rtr_wake_flush)
           on_tokens(s, l, ev.msg);
+          s->defer_wake = 0;
         } else if (id &&
                    (!strcmp(o, PRT_OP_TOKEN) || !strcmp(o, PRT_OP_DONE) || !strcmp(o, PRT_OP_ERROR))) {
           on_choice_id_msg(s, l, id, o, ev.msg);
@@ -276,6 +278,7 @@ void *rtr_dispatcher_main(void *arg) {
       if (rtr_send_new_locked(s, NULL, &who, &e) < 0 && (e.status != 503 || who->slots == 0)) rtr_fail_locked(s, who, &e);
     }
     pthread_mutex_unlock(&s->mu);
+    rtr_wake_flush(s);
     if (got) ctl_event_done(&ev);
     if (stop && !got) break;
   }

@@ -432,7 +432,7 @@ static void on_token(rtr_server *s, rtr_req *r, int ci, const prt_token *m) {
     int with_lp = r->q.logprobs >= 0 && m->n_logprobs >= 0;
     if (!with_lp && !tools_on(r) && r->q.api != RTR_API_RESPONSES) { // plain text: formatted by the reader, unlocked
       pend_add(r, OUT_DELTA, ci, t, strlen(t));
-      pthread_cond_broadcast(&r->cv);
+      rtr_wake_reader_locked(s, r);
     } else if (send || with_lp || !tools_on(r)) {
       cJSON *o = chunk_base(r), *arr = cJSON_AddArrayToObject(o, "choices");
       cJSON *ch = stream_choice(r, ci, send, NULL);

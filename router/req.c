@@ -174,6 +174,38 @@ void rtr_cancel_locked(rtr_server *s, rtr_req *r) {
   rtr_finish_locked(s, r);
 }
 
+void rtr_wake_reader_locked(rtr_server *s, rtr_req *r) {
+  if (r->wake_queued || r->paced) return; // one wake does (a batch with several of its choices); a paced reader
+                                          // wakes at its own time
+  if (s->defer_wake && s->n_wake == s->cap_wake) {
+    int cap = s->cap_wake ? 2 * s->cap_wake : 256;
+    rtr_req **w = realloc(s->wake, (size_t)cap * sizeof *w);
+    if (w) s->wake = w, s->cap_wake = cap;
+  }
+  if (!s->defer_wake || s->n_wake == s->cap_wake) { // not collecting, or out of memory: now, under the lock
+    pthread_cond_broadcast(&r->cv);
+    return;
+  }
+  r->refs++; // (until rtr_wake_flush) the wake must not find r freed
+  r->wake_queued = 1;
+  s->wake[s->n_wake++] = r;
+}
+
+// A broadcast without the mutex loses no wake: the reader tests r->pend under s->mu before it waits, and the
+// records were queued under s->mu before it was let go.
+void rtr_wake_flush(rtr_server *s) {
+  int n = s->n_wake; // only the dispatcher adds to s->wake, and it is here
+  if (!n) return;
+  for (int i = 0; i < n; i++) pthread_cond_broadcast(&s->wake[i]->cv);
+  pthread_mutex_lock(&s->mu);
+  for (int i = 0; i < n; i++) {
+    s->wake[i]->wake_queued = 0;
+    rtr_req_unref_locked(s->wake[i]);
+  }
+  s->n_wake = 0;
+  pthread_mutex_unlock(&s->mu);
+}
+
 rtr_wait rtr_wait_locked(rtr_server *s, rtr_req *r) {
   if (s->hooks.client_gone(r->fd)) {
     rtr_cancel_locked(s, r);

@@ -365,6 +365,7 @@ void rtr_server_free(rtr_server *s) {
     if (s->links[i].peer) ctl_peer_unref(s->links[i].peer);
   ctl_hub_free(s->hub);
   free(s->links);
+  free(s->wake); // (empty: the dispatcher flushes it before it takes its next event)
   rtr_reqtab_free(&s->reqtab);
   rtr_kvindex_free(s->kv);
   rtr_metrics_free(s->m);

@@ -156,6 +156,10 @@ typedef struct rtr_req {
   rtr_resp_stream resp;        // (owned) q.api RTR_API_RESPONSES, streamed: the chunks' translation into its events
   size_t out_pos;
   int out_end;                 // (s->mu) the trailer is in pend: the stream ends once pend and out are read
+  int wake_queued;             // (s->mu) on s->wake: the dispatcher wakes its reader after letting go of s->mu
+  int paced;                   // (s->mu) its reader sleeps until flush_due_us (router.stream_flush_ms): a token
+                               // does not wake it
+  int64_t flush_due_us;        // (reader) the earliest time its reader takes the queue again; 0 at once
   int slow;                    // (s->mu) its client stopped reading: pend passed router.stream_queue_bytes, the stream
                                // was ended (cancelled, its connection closed) and counted
   int fd;                      // client socket (for disconnect checks)
@@ -221,6 +225,11 @@ struct rtr_server {
   rtr_link *links;
   int n_links, cap_links;
   int last_link;               // the link the dispatcher's last message came from (-1: none), tried first
+  // (owned) (n_wake, cap_wake) the readers a token_batch gave output, each with a reference: woken once the batch is
+  // handled and s->mu let go, so that a woken reader does not block at once on the mutex the dispatcher still holds
+  // (with a thread per stream, that second sleep was half the router's context switches); defer_wake: collecting
+  rtr_req **wake;
+  int n_wake, cap_wake, defer_wake;
   int capacity_static;         // the config's workers' max_seqs (capacity = this + the members' that are linked)
   dsc_watcher *watcher;        // (owned) the membership in etcd (config "discovery"); NULL without
   rtr_members *mem;            // (owned) members.c's records and their dialers; NULL without discovery
@@ -291,6 +300,9 @@ static inline int rtr_choice_handed_off(const rtr_choice *c) { return c->plink >
 
 // req.c: a request's life (the bottom layer)
 void rtr_req_unref_locked(rtr_req *r);
+void rtr_wake_reader_locked(rtr_server *s, rtr_req *r); // r's stream has output: wakes its reader, or queues the
+                                                         // wake on s->wake while s->defer_wake
+void rtr_wake_flush(rtr_server *s); // (s->mu NOT held) wakes what s->wake holds and drops their references
 void rtr_release_slots_locked(rtr_server *s, rtr_req *r);
 void rtr_fail_locked(rtr_server *s, rtr_req *r, const rtr_error *e); // fails the request, cancels its other choices
 void rtr_cancel_locked(rtr_server *s, rtr_req *r);                   // the client left: cancel what still runs

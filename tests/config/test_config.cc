@@ -369,6 +369,7 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c->router.migration_limit, 2);
   EXPECT_EQ(c->router.migration_wait_ms, 10000);
   EXPECT_EQ(c->router.migrate_silent_ms, 2000);
+  EXPECT_EQ(c->router.stream_flush_ms, 0);
   EXPECT_EQ(c->router.prefix_fetch, 0);
   EXPECT_EQ(c->router.prefix_fetch_min_blocks, 4);
   EXPECT_EQ(c->router.drain_timeout_s, 30);
@@ -415,6 +416,12 @@ TEST(Config, MaxChoicesAtLeastMaxN) {
   Cfg d(R"({"model": "m.gguf", "router": {"max_choices": 0}, "workers": [{"port": 1}]})");
   EXPECT_NE(d.rc, 0);
   EXPECT_NE(std::string(d.err).find("router.max_choices"), std::string::npos) << d.err;
+  Cfg f(R"({"model": "m.gguf", "router": {"stream_flush_ms": 40}, "workers": [{"port": 1}]})");
+  ASSERT_EQ(f.rc, 0) << f.err;
+  EXPECT_EQ(f.c->router.stream_flush_ms, 40);
+  Cfg g(R"({"model": "m.gguf", "router": {"stream_flush_ms": 1001}, "workers": [{"port": 1}]})");
+  EXPECT_NE(g.rc, 0);
+  EXPECT_NE(std::string(g.err).find("router.stream_flush_ms"), std::string::npos) << g.err;
 }
 
 TEST(Config, ModelPaths) {

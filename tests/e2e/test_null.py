@@ -52,6 +52,25 @@ class ServeNull(unittest.TestCase):
         c = u.stream(self.port, "chat", {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12})
         self.assertNotEqual(a["text"], c["text"])  # the logits depend on the tokens
 
+    def test_stream_of_several_choices_gets_every_token(self):
+        # A step's token_batch holds all three choices: the router wakes the stream's reader once for them, after
+        # letting go of its lock (router/req.c, rtr_wake_reader_locked); every choice's every token still arrives.
+        per = {}
+
+        def on_event(i, o):
+            for ch in o.get("choices", []):
+                per.setdefault(ch["index"], []).append(ch.get("text") or "")
+            return False
+        a = u.stream(self.port, "completions", {"prompt": PROMPT, "max_tokens": 16, "n": 3}, on_event=on_event)
+        self.assertIsNone(a["error"], a)
+        self.assertTrue(a["done"], a)
+        self.assertEqual(a["completion_tokens"], 48)
+        want = u.complete(self.port, "completions", {"prompt": PROMPT, "max_tokens": 16})["text"]
+        self.assertEqual(sorted(per), [0, 1, 2])
+        for i in range(3):
+            self.assertEqual("".join(per[i]), want, i)
+            self.assertEqual(len([p for p in per[i] if p]), 16, per[i])
+
     def test_same_seed_same_tokens(self):
         def run(seed):
             st, b = u.post(self.port, "/v1/completions", {"prompt": "x", "max_tokens": 16, "temperature": 1.0,
@@ -170,6 +189,33 @@ class NullRepeatedHandoff(unittest.TestCase):
         pushed = lambda: u.metrics(c.port)["dserve:kv_pushed_bytes_total"] - m0["dserve:kv_pushed_bytes_total"]
         self.assertTrue(u.wait_until(lambda: pushed() >= moved, 10 * u.SCALE), pushed())  # its next stats
         self.assertEqual(pushed(), moved)
+
+
+class NullPacedStreams(unittest.TestCase):
+    """router.stream_flush_ms: a stream's connection takes its queued tokens at most that often, so one wake of its
+    thread sends several steps' tokens at once (docs/scale.md); the text is the unpaced one."""
+
+    def test_tokens_come_in_flushes_with_the_same_text(self):
+        u.require_env(self)
+        w = [{"name": "w0", "role": "both", "null_step_ms": 10, "spec": "off"}]
+        body = {"prompt": PROMPT, "max_tokens": 40}
+        co = u.Cluster(w, tag="null-unpaced", model="null")
+        self.addCleanup(co.close)
+        co.start()
+        want = u.stream(co.port, "completions", body)
+        self.assertIsNone(want["error"], want)
+        co.close()
+        c = u.Cluster(w, tag="null-paced", model="null", router={"stream_flush_ms": 100})
+        self.addCleanup(c.close)
+        c.start()
+        got = u.stream(c.port, "completions", body)
+        self.assertIsNone(got["error"], got)
+        self.assertEqual(got["text"], want["text"])
+        self.assertEqual(got["completion_tokens"], 40)
+        # 40 tokens a step (10 ms) apart, taken every 100 ms: most arrive together with the one before
+        t = got["t_events"]
+        together = sum(1 for a, b in zip(t, t[1:]) if b - a < 0.002)
+        self.assertGreaterEqual(together, 20, [round(b - a, 4) for a, b in zip(t, t[1:])])
 
 
 class NullByNameOnly(unittest.TestCase):
