@@ -203,10 +203,18 @@ inline std::map<std::string, Result> collect(Cluster &c, int n, int timeout_ms =
     std::string op = cJSON_GetObjectItem(ev.msg, "op")->valuestring;
     const cJSON *id = cJSON_GetObjectItem(ev.msg, "id");
     Result &r = out[cJSON_IsString(id) ? id->valuestring : ""];
-    if (op == "token") {
-      r.text += cJSON_GetObjectItem(ev.msg, "text")->valuestring;
+    auto token = [&out](const cJSON *m) { // a token message, or one item of a token_batch (protocol version 3)
+      const cJSON *tid = cJSON_GetObjectItem(m, "id");
+      Result &tr = out[cJSON_IsString(tid) ? tid->valuestring : ""];
+      tr.text += cJSON_GetObjectItem(m, "text")->valuestring;
       const cJSON *t;
-      cJSON_ArrayForEach(t, cJSON_GetObjectItem(ev.msg, "tokens")) r.tokens.push_back(t->valueint);
+      cJSON_ArrayForEach(t, cJSON_GetObjectItem(m, "tokens")) tr.tokens.push_back(t->valueint);
+    };
+    if (op == "token") {
+      token(ev.msg);
+    } else if (op == "token_batch") {
+      const cJSON *item;
+      cJSON_ArrayForEach(item, cJSON_GetObjectItem(ev.msg, "items")) token(item);
     } else if (op == "done") {
       r.finish = cJSON_GetObjectItem(ev.msg, "finish_reason")->valuestring;
       r.kv_bytes = cJSON_GetObjectItem(ev.msg, "kv_bytes")->valuedouble;

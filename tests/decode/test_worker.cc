@@ -69,12 +69,20 @@ std::map<std::string, Result> collect(Worker &w, int n_requests) {
     std::string op = cJSON_GetObjectItem(m, "op")->valuestring;
     const cJSON *id = cJSON_GetObjectItem(m, "id");
     Result &r = out[id && cJSON_IsString(id) ? id->valuestring : ""];
-    if (op == "token") {
-      r.text += cJSON_GetObjectItem(m, "text")->valuestring;
-      if (cJSON_GetArraySize(cJSON_GetObjectItem(m, "tokens")) > 0)
-        r.pieces.push_back(cJSON_GetObjectItem(m, "text")->valuestring);
+    auto token = [&out](const cJSON *tm) { // a token message, or one item of a token_batch (protocol version 3)
+      const cJSON *tid = cJSON_GetObjectItem(tm, "id");
+      Result &tr = out[tid && cJSON_IsString(tid) ? tid->valuestring : ""];
+      tr.text += cJSON_GetObjectItem(tm, "text")->valuestring;
+      if (cJSON_GetArraySize(cJSON_GetObjectItem(tm, "tokens")) > 0)
+        tr.pieces.push_back(cJSON_GetObjectItem(tm, "text")->valuestring);
       const cJSON *t;
-      cJSON_ArrayForEach(t, cJSON_GetObjectItem(m, "tokens")) r.tokens.push_back(t->valueint);
+      cJSON_ArrayForEach(t, cJSON_GetObjectItem(tm, "tokens")) tr.tokens.push_back(t->valueint);
+    };
+    if (op == "token") {
+      token(m);
+    } else if (op == "token_batch") {
+      const cJSON *item;
+      cJSON_ArrayForEach(item, cJSON_GetObjectItem(m, "items")) token(item);
     } else if (op == "done") {
       r.finish = cJSON_GetObjectItem(m, "finish_reason")->valuestring;
       r.prompt_tokens = cJSON_GetObjectItem(m, "prompt_tokens")->valueint;
@@ -247,7 +255,7 @@ TEST(Worker, CancelAndDisconnectFreeBlocks) {
   w.send(generate_json("c", encode("Tell me a long story about a dragon."), 400, ",\"ignore_eos\":true"));
   cJSON *m = w.next(); // the first token shows the request is running
   ASSERT_NE(m, nullptr);
-  EXPECT_STREQ(cJSON_GetObjectItem(m, "op")->valuestring, "token");
+  EXPECT_STREQ(cJSON_GetObjectItem(m, "op")->valuestring, "token_batch"); // a step's tokens (protocol version 3)
   cJSON_Delete(m);
   w.send("{\"op\":\"cancel\",\"id\":\"c\"}");
   // Messages already in flight may still arrive; the free count returns to the total.

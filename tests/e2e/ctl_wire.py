@@ -135,6 +135,7 @@ class Conn:
         self.buf = b""
         self.tx = self.rx = None
         self.lock = threading.Lock()
+        self.pending = []  # token messages of a token_batch recv_op has read and not yet returned
         self.hello = None
 
     def seal(self, tx_key, tx_label, rx_key, rx_label):
@@ -175,10 +176,14 @@ class Conn:
         return json.loads(data)
 
     def recv_op(self, ops, timeout):
-        """The next message whose op is in ops (others are dropped), or TimeoutError."""
+        """The next message whose op is in ops (others are dropped), or TimeoutError. A token_batch (protocol version
+        3: one step's tokens) is read as its token messages, one by one, when ops asks for "token" and not for it."""
         deadline = time.time() + timeout
         while True:
-            m = self.recv(max(0.001, deadline - time.time()))
+            m = self.pending.pop(0) if self.pending else self.recv(max(0.001, deadline - time.time()))
+            if m.get("op") == "token_batch" and "token" in ops and "token_batch" not in ops:
+                self.pending += [dict(item, op="token") for item in m.get("items", [])]
+                continue
             if m.get("op") in ops:
                 return m
 
