@@ -335,22 +335,7 @@ static dec_seq *seq_from_request(dec_worker *w, ctl_peer *from, const cJSON *m) 
   return s;
 }
 
-// ---- looking requests up ----
-
-typedef int (*seq_pred)(const dec_seq *s, const void *arg);
-
-// Calls fn on every request that matches (running, waiting, or in handoff); fn may drop it.
-static void for_each(dec_worker *w, seq_pred match, const void *arg, void (*fn)(dec_worker *, dec_seq *, void *),
-                     void *fn_arg) {
-  for (int i = w->n_handoffs - 1; i >= 0; i--)
-    if (i < w->n_handoffs && match(w->handoffs[i], arg)) fn(w, w->handoffs[i], fn_arg);
-  for (int l = 0; l < 2; l++) {
-    wrk_seq **arr = l ? w->eng.wait : w->eng.run;
-    int *n = l ? &w->eng.n_wait : &w->eng.n_run;
-    for (int i = *n - 1; i >= 0; i--)
-      if (i < *n && match(OWNER(arr[i]), arg)) fn(w, OWNER(arr[i]), fn_arg);
-  }
-}
+// ---- dropping requests (finding them: lookup.c) ----
 
 typedef struct drop_reason { const char *code, *message; } drop_reason;
 
@@ -360,39 +345,9 @@ static void drop_fn(dec_worker *w, dec_seq *s, void *arg) {
   seq_drop(w, s);
 }
 
-static void drop_where(dec_worker *w, seq_pred match, const void *arg, const char *code, const char *message) {
+static void drop_where(dec_worker *w, dec_seq_pred match, const void *arg, const char *code, const char *message) {
   drop_reason r = {code, message};
-  for_each(w, match, arg, drop_fn, code ? &r : NULL);
-}
-
-typedef struct id_key { const char *id; const ctl_peer *router; const char *prefill; } id_key;
-
-static int has_id(const dec_seq *s, const void *arg) {
-  const id_key *k = arg;
-  return !strcmp(s->req.id, k->id) && (!k->router || s->router == k->router) &&
-         (!k->prefill || !strcmp(s->req.prefill, k->prefill));
-}
-static int routed_to(const dec_seq *s, const void *peer) { return s->router == peer; }
-static int from_prefill(const dec_seq *s, const void *name) {
-  return dec_state_in_handoff(s->state) && !strcmp(s->req.prefill, name);
-}
-static int any(const dec_seq *s, const void *arg) { (void)s; (void)arg; return 1; }
-static int past_deadline(const dec_seq *s, const void *now) {
-  return s->deadline_ms && *(const int64_t *)now > s->deadline_ms;
-}
-static int kv_overdue(const dec_seq *s, const void *now) {
-  return dec_state_in_handoff(s->state) && *(const int64_t *)now > s->handoff_deadline_ms;
-}
-
-static void first_fn(dec_worker *w, dec_seq *s, void *out) {
-  (void)w;
-  if (!*(dec_seq **)out) *(dec_seq **)out = s;
-}
-
-static dec_seq *find(dec_worker *w, const id_key *k) {
-  dec_seq *found = NULL;
-  for_each(w, has_id, k, first_fn, &found);
-  return found;
+  dec__for_each(w, match, arg, drop_fn, code ? &r : NULL);
 }
 
 // ---- handoff (decode role) ----
@@ -469,11 +424,11 @@ static void on_close(void *arg, ctl_peer *peer) {
         w->prefills[i] = w->prefills[--w->n_prefills];
         break;
       }
-    drop_where(w, from_prefill, ctl_peer_name(peer), "worker_failure",
+    drop_where(w, dec__from_prefill, ctl_peer_name(peer), "worker_failure",
                "the prefill worker failed before the prompt's KV arrived");
     release_held(w, ctl_peer_name(peer), NULL, 0);
   }
-  drop_where(w, routed_to, peer, NULL, NULL); // nobody left to stream to
+  drop_where(w, dec__routed_to, peer, NULL, NULL); // nobody left to stream to
 }
 
 // A prefill worker connected: the block tables waiting for it go out now. (A router's hello is kv_events'.)
@@ -507,8 +462,8 @@ static void on_cancel(void *arg, ctl_peer *from, const cJSON *m) {
   dec_worker *w = arg;
   prt_cancel c;
   if (prt_cancel_decode(m, &c, NULL, 0)) return;
-  id_key k = {c.id, from, NULL};
-  dec_seq *s = find(w, &k);
+  dec_id_key k = {c.id, from, NULL};
+  dec_seq *s = dec__find(w, &k);
   if (s) seq_drop(w, s);
 }
 
@@ -529,8 +484,8 @@ static void on_stats(void *arg, ctl_peer *from, const cJSON *msg) {
 
 // The handoff's request from prefill worker `from`, still waiting for its KV; NULL when cancelled meanwhile.
 static dec_seq *handoff_of(dec_worker *w, ctl_peer *from, const char *id) {
-  id_key k = {id, NULL, ctl_peer_name(from)};
-  dec_seq *s = find(w, &k);
+  dec_id_key k = {id, NULL, ctl_peer_name(from)};
+  dec_seq *s = dec__find(w, &k);
   return s && dec_state_in_handoff(s->state) ? s : NULL;
 }
 
@@ -613,8 +568,8 @@ static void take_notifs(dec_worker *w) {
       memcpy(id, nb[i].msg, len);
       id[len] = 0;
       free(nb[i].msg);
-      id_key k = {id, NULL, nb[i].peer};
-      dec_seq *s = find(w, &k);
+      dec_id_key k = {id, NULL, nb[i].peer};
+      dec_seq *s = dec__find(w, &k);
       utl_debug(w->sh.rt->w->name, "notification '%s' from %s%s", id, nb[i].peer, s ? "" : " (no such request)");
       if (s && dec_state_in_handoff(s->state) && s->state != DEC_GOT_NOTIF) { // (a second one changes nothing)
         dec_state next = s->state == DEC_GOT_FIRST ? DEC_RUNNING : DEC_GOT_NOTIF;
@@ -652,7 +607,7 @@ static void tell_draining(dec_worker *w, dec_seq *s, void *arg) {
 // (cancelling them here) where it has any; the rest finish here within drain_timeout_s.
 static void announce_drain(dec_worker *w) {
   ctl_peer **told = calloc((size_t)(w->eng.n_run + w->eng.n_wait + w->n_handoffs + 1), sizeof *told);
-  if (told) for_each(w, any, NULL, tell_draining, &told);
+  if (told) dec__for_each(w, dec__any, NULL, tell_draining, &told);
   free(told);
 }
 
@@ -789,18 +744,18 @@ int dec_worker_run(const cfg_cluster *cfg, const cfg_worker *wc, char *err, size
     }
     int64_t now = utl_now_ms();
     // Two causes, two messages: a client's deadline is the client's to widen, KV that never came is the cluster's
-    drop_where(&w, past_deadline, &now, "timeout", "request deadline passed");
-    drop_where(&w, kv_overdue, &now, "timeout",
+    drop_where(&w, dec__past_deadline, &now, "timeout", "request deadline passed");
+    drop_where(&w, dec__kv_overdue, &now, "timeout",
                "the prompt's KV did not arrive from the prefill worker in time (handoff_timeout_ms)");
     release_held(&w, NULL, NULL, now);
     wrk_engine_admit(&w.eng, reject, &w);
     if (step(&w, err, errlen)) {
       utl_err(wc->name, "forward step failed: %s", err);
-      drop_where(&w, any, NULL, "internal_error", "forward step failed");
+      drop_where(&w, dec__any, NULL, "internal_error", "forward step failed");
     }
     kv_events_flush(&w.sh.kvev, w.eng.prefix);
   }
-  drop_where(&w, any, NULL, "unavailable", "worker stopped before the request finished");
+  drop_where(&w, dec__any, NULL, "unavailable", "worker stopped before the request finished");
   while (w.n_held) seq_free(&w, w.held[--w.n_held]); // we exit: nothing can land in our pool any more
   free(w.held);
   wrk_engine_fini(&w.eng);

@@ -66,6 +66,23 @@ typedef struct dec_worker {
 
 #define OWNER(sq) ((dec_seq *)(sq)->owner)
 
+// ---- lookup.c: finding requests (running, waiting, or in handoff) ----
+typedef int (*dec_seq_pred)(const dec_seq *s, const void *arg);
+// Calls fn on every request that matches; fn may drop it (the walk goes from the end of each list).
+void dec__for_each(dec_worker *w, dec_seq_pred match, const void *arg, void (*fn)(dec_worker *, dec_seq *, void *),
+                   void *fn_arg);
+// A request's id, and when set the router it came from and the prefill worker it waits on.
+typedef struct dec_id_key { const char *id; const ctl_peer *router; const char *prefill; } dec_id_key;
+dec_seq *dec__find(dec_worker *w, const dec_id_key *k); // the first match, NULL for none
+// Predicates for dec__for_each: arg a dec_id_key, a ctl_peer (the router), a prefill worker's name, none, and the
+// time now (int64_t ms) against the request's deadline or its handoff's.
+int dec__has_id(const dec_seq *s, const void *key);
+int dec__routed_to(const dec_seq *s, const void *peer);
+int dec__from_prefill(const dec_seq *s, const void *name);
+int dec__any(const dec_seq *s, const void *arg);
+int dec__past_deadline(const dec_seq *s, const void *now);
+int dec__kv_overdue(const dec_seq *s, const void *now);
+
 // ---- batch.c: a step's tokens, one token_batch message per router ----
 // Sends the step's batch for router p (every router's, and empties the list, when p is NULL).
 void dec__flush_tokens(dec_worker *w, ctl_peer *p);

@@ -327,6 +327,11 @@ void rtr_links_register(rtr_server *s); // s->hooks.cancel_choice
 void *rtr_dispatcher_main(void *arg); // arg: the rtr_server
 // Starts link li's thread (it connects, keeps the link alive, reconnects). 0, or -1 when the thread did not start.
 int rtr_link_start_locked(rtr_server *s, int li);
+// link_stats.c (dispatcher thread, s->mu held): the KV-use gauges from every link up (and the scaler's inputs);
+// a worker's stats_ok into its link, counters and gauges; its kv_events into the KV index.
+void rtr_kv_gauge_update_locked(rtr_server *s);
+void rtr_link_on_stats(rtr_server *s, rtr_link *l, const cJSON *msg);
+void rtr_link_on_kv_events(rtr_server *s, rtr_link *l, const cJSON *m);
 int rtr_route_choice_locked(rtr_server *s, rtr_req *r, int ci, rtr_sched_worker *w, cJSON **msgs, int *to, int *n,
                             rtr_error *e);
 // Choice ci leaves its decode/both worker (dead, silent or draining) for another one; with may_wait and no worker
