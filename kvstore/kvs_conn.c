@@ -104,6 +104,25 @@ static int pump_in(kvs_conn *c, redisReply **reps, int want, int *got) {
   }
 }
 
+redisReply **kvs_conn_replies_new(int n, const int *want, redisReply ***reps) {
+  int total = 0;
+  for (int i = 0; i < n; i++) total += want[i];
+  redisReply **all = calloc((size_t)total + 1, sizeof *all);
+  for (int i = 0, off = 0; all && i < n; i++) {
+    reps[i] = all + off;
+    off += want[i];
+  }
+  return all;
+}
+
+void kvs_conn_replies_free(redisReply **all, int n, const int *want) {
+  int total = 0;
+  for (int i = 0; i < n; i++) total += want[i];
+  for (int j = 0; all && j < total; j++)
+    if (all[j]) freeReplyObject(all[j]);
+  free(all);
+}
+
 void kvs_conn_exchange(kvs_conn **cs, int n, const int *want, redisReply ***reps, kvs_conn_rc *rc,
                        int64_t deadline_ms) {
   int got[KVS_MAX_NODES] = {0}, open = 0;

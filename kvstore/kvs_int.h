@@ -87,6 +87,11 @@ int kvs_conn_cmd(kvs_conn *c, int argc, const char **argv, const size_t *lens) U
 // Sends what each of cs[0..n) has queued and reads want[i] replies from cs[i] into reps[i][0..want[i]) (replies the
 // caller frees with freeReplyObject), every connection in flight at once, until deadline_ms. rc[i]: KVS_C_OK, or
 // KVS_C_IO / KVS_C_TIMEOUT (then some of reps[i] may be NULL and the connection is useless: close it).
+// One table for the replies of an exchange with n connections: reps[i] points at connection i's want[i] slots (all
+// NULL). The table, or NULL (out of memory); kvs_conn_replies_free frees it with the replies still in it (a caller
+// that keeps a reply takes it out and sets its slot to NULL).
+redisReply **kvs_conn_replies_new(int n, const int *want, redisReply ***reps);
+void kvs_conn_replies_free(redisReply **all, int n, const int *want);
 void kvs_conn_exchange(kvs_conn **cs, int n, const int *want, redisReply ***reps, kvs_conn_rc *rc,
                        int64_t deadline_ms);
 // One command, one reply, by deadline_ms: KVS_C_OK with *reply, or an error.

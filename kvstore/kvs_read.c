@@ -89,9 +89,7 @@ static void pass(kvs *s, rd_blk *b, int cut, int64_t deadline, int redirected) {
   if (!m) return;
   redisReply **reps[KVS_MAX_NODES];
   kvs_conn_rc rc[KVS_MAX_NODES];
-  int total = 0;
-  for (int k = 0; k < m; k++) total += want[k];
-  redisReply **all = calloc((size_t)total + 1, sizeof *all);
+  redisReply **all = kvs_conn_replies_new(m, want, reps);
   if (!all) { // nothing was sent: drop the queued commands with the connections
     for (int k = 0; k < m; k++) {
       kvs_conn_close(s->topo.nodes[node_of[k]]->rc);
@@ -100,10 +98,6 @@ static void pass(kvs *s, rd_blk *b, int cut, int64_t deadline, int redirected) {
     for (int i = 0; i < cut; i++)
       if (b[i].st == B_PENDING || b[i].st == B_MOVED || b[i].st == B_ASK) b[i].st = B_MISS;
     return;
-  }
-  for (int k = 0, off = 0; k < m; k++) {
-    reps[k] = all + off;
-    off += want[k];
   }
   kvs_conn_exchange(cs, m, want, reps, rc, deadline);
   int used[KVS_MAX_NODES] = {0};
@@ -123,9 +117,8 @@ static void pass(kvs *s, rd_blk *b, int cut, int64_t deadline, int redirected) {
     reps[k][used[k]++] = NULL;
     b[i].st = B_PENDING;
   }
+  kvs_conn_replies_free(all, m, want);
   for (int k = 0; k < m; k++) {
-    for (int j = 0; j < want[k]; j++)
-      if (reps[k][j]) freeReplyObject(reps[k][j]);
     if (rc[k] == KVS_C_OK) continue;
     kvs_node *n = s->topo.nodes[node_of[k]];
     kvs_conn_close(n->rc); // replies may still be on their way: the connection is out of step
@@ -140,7 +133,6 @@ static void pass(kvs *s, rd_blk *b, int cut, int64_t deadline, int redirected) {
     }
     pthread_mutex_unlock(&s->mu);
   }
-  free(all);
 }
 
 // Classifies the replies of b[0..cut) in chain order up to the first that is not a hit: verified values become B_HIT,

@@ -79,19 +79,13 @@ static void round_trip(kvs *s, wr_blk *b, int n, wr_state st, redisReply **reply
     }
   }
   if (!m) return;
-  int total = 0;
-  for (int k = 0; k < m; k++) total += want[k];
-  redisReply **all = calloc((size_t)total + 1, sizeof *all), **reps[KVS_MAX_NODES];
+  redisReply **reps[KVS_MAX_NODES], **all = kvs_conn_replies_new(m, want, reps);
   kvs_conn_rc rc[KVS_MAX_NODES];
   if (!all) {
     for (int k = 0; k < m; k++) node_failed(s, node_of[k], KVS_C_IO);
     for (int i = 0; i < n; i++)
       if (b[i].st == st) b[i].st = W_DROP;
     return;
-  }
-  for (int k = 0, off = 0; k < m; k++) {
-    reps[k] = all + off;
-    off += want[k];
   }
   kvs_conn_exchange(cs, m, want, reps, rc, deadline);
   int used[KVS_MAX_NODES] = {0};
@@ -106,12 +100,9 @@ static void round_trip(kvs *s, wr_blk *b, int n, wr_state st, redisReply **reply
     reply[i] = reps[k][used[k]];
     reps[k][used[k]++] = NULL;
   }
-  for (int k = 0; k < m; k++) {
-    for (int j = 0; j < want[k]; j++)
-      if (reps[k][j]) freeReplyObject(reps[k][j]);
+  kvs_conn_replies_free(all, m, want);
+  for (int k = 0; k < m; k++)
     if (rc[k] != KVS_C_OK) node_failed(s, node_of[k], rc[k]);
-  }
-  free(all);
 }
 
 // Reads each block's reply to the round trip in state st and moves it on; redirections go to their node once.
