@@ -15,6 +15,8 @@ extern "C" {
 #include "worker/engine.h"
 }
 
+#include "tests/worker/engine_fixture.h"
+
 namespace {
 
 // Synthetic timings only: every "measured" step below is a number the test makes up, so nothing depends on the
@@ -197,64 +199,9 @@ TEST(StepChunk, LaterChunksOfALongPromptAreSmaller) {
 
 // ---- the plan: how the budget is shared by decode rows and prefill chunks ----
 
-void *t_alloc(krn_ctx *, size_t n) { return std::calloc(1, n); }
-void t_free(krn_ctx *, void *p) { std::free(p); }
-
-struct Plan : ::testing::Test {
-  krn_backend be{};
-  krn_ctx kc{};
-  mdl_llama_cfg cfg{};
-  cfg_worker wc{};
-  wrk_runtime rt{};
-  wrk_engine eng{};
-  std::vector<std::unique_ptr<wrk_seq>> seqs;
-  char err[256] = {0};
-
+struct Plan : engine_test::Engine {
   void SetUp() override { make(1024, 0); }
-  // A one-layer model's engine over a pool of pool_blocks blocks; prefix_mb > 0: with a prefix cache that size.
-  void make(int pool_blocks, double prefix_mb) {
-    be.name = "test";
-    be.alloc = t_alloc;
-    be.free = t_free;
-    kc.be = &be;
-    cfg.n_layer = 1;
-    cfg.n_kv_head = 1;
-    cfg.head_dim = 4;
-    cfg.n_head = 1;
-    cfg.n_embd = 4;
-    kv_pool_opts o{};
-    o.type = KRN_F32;
-    o.block_size = 16;
-    o.budget_bytes = mdl_kv_block_bytes(&cfg, KRN_F32, 16) * (size_t)pool_blocks;
-    ASSERT_EQ(kv_pool_new(&cfg, &kc, &o, &rt.kv, err, sizeof err), 0) << err;
-    ASSERT_EQ(kv_pool_total_blocks(rt.kv), pool_blocks);
-    wc.max_batch_tokens = 512;
-    wc.max_seqs = 64;
-    wc.prefix_cache_mb = prefix_mb;
-    rt.w = &wc;
-    ASSERT_EQ(wrk_engine_init(&eng, &rt, err, sizeof err), 0) << err;
-  }
-  void TearDown() override {
-    wrk_engine_fini(&eng);
-    for (auto &s : seqs) wrk_seq_fini(s.get(), rt.kv);
-    kv_pool_free(rt.kv);
-  }
-  // A running sequence of n tokens, done of them already in the cache (n - 1: a decode row).
-  wrk_seq *add(int n, int done) {
-    std::vector<int32_t> toks(n, 7);
-    seqs.push_back(std::make_unique<wrk_seq>());
-    wrk_seq *s = seqs.back().get();
-    EXPECT_EQ(wrk_seq_init(s, toks.data(), n, nullptr), 0);
-    EXPECT_EQ(kv_blocks_reserve(rt.kv, &s->blocks, done), 0);
-    s->n_done = done;
-    EXPECT_EQ(wrk_engine_start(&eng, s), 0);
-    return s;
-  }
-  int chunk_of(const wrk_seq *s) const {
-    for (int i = 0; i < eng.n_batch; i++)
-      if (eng.batch_of[i] == s) return eng.batch_chunk[i];
-    return 0;
-  }
+  int32_t token_at(int) const override { return 7; } // every prompt the same tokens
   void learn(double fixed, double per_tok) {
     for (int x : {8, 40, 8, 72}) wrk_stepcost_observe(&eng.cost, x, 0, fixed + per_tok * x);
   }
